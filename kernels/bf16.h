@@ -1,0 +1,59 @@
+// BF16 <-> FP32 conversions, bit-exact on host and device (integer arithmetic only).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/hd.h"
+
+namespace dq {
+
+DQ_HD uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+DQ_HD float f32_from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+DQ_HD float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest, ties to even; NaN stays NaN (quiet), Inf stays Inf.
+DQ_HD uint16_t f32_to_bf16_rne(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Round toward +infinity in magnitude for non-negative finite inputs (used for scales, so a
+// decoded scale is never smaller than the value it must cover). Saturates at the largest
+// finite BF16 instead of producing Inf.
+DQ_HD uint16_t f32_to_bf16_up(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) >= 0x7f800000u) return static_cast<uint16_t>(u >> 16);  // Inf/NaN
+  uint32_t h = u >> 16;
+  if ((u & 0xffffu) != 0 && !(u >> 31)) h += 1;  // positive with discarded bits: bump up
+  if ((h & 0x7fffu) == 0x7f80u) h -= 1;          // would be Inf: saturate to max finite
+  return static_cast<uint16_t>(h);
+}
+
+// Saturating round-to-nearest for finite values (statistics): never turns a finite value into Inf.
+DQ_HD uint16_t f32_to_bf16_sat(float f) {
+  uint16_t h = f32_to_bf16_rne(f);
+  if ((f32_bits(f) & 0x7fffffffu) < 0x7f800000u && (h & 0x7fffu) == 0x7f80u) h -= 1;
+  return h;
+}
+
+}  // namespace dq

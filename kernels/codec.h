@@ -1,0 +1,89 @@
+// The codec interface every compressor implements (DynamiQ and the baselines), so that every
+// comparison runs exactly the same hops. Sizes are fixed by plan(); the hot path is hop()/finish().
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace dq {
+
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1 };
+enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1 };
+
+inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+struct ConstTensor {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  size_t count = 0;  // elements
+};
+
+struct ByteView {
+  const uint8_t* data = nullptr;
+  size_t size = 0;  // bytes actually available to read
+};
+
+// Identifies one compression event. Every rank can rebuild it, so randomness is reproducible
+// and the CUDA kernels draw identical bits. Each worker compresses each chunk exactly once per
+// call (ring and butterfly), so `rank` is the hop index within the chunk's in-tree.
+struct RoundingKey {
+  uint64_t seed = 0;
+  uint64_t call = 0;      // per-communicator call sequence number
+  uint32_t rank = 0;      // compressing worker, 0 .. n_ranks-1
+  uint32_t n_ranks = 1;   // roundings that meet in one coordinate (correlated rounding strata)
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  virtual std::string name() const = 0;
+
+  // Fixes every size for a tensor of `count` elements cut into `n_chunks` chunk messages,
+  // reduced over `n_workers`. Called once per (count, topology); never in the hot path.
+  virtual Status plan(size_t count, int n_chunks, int n_workers) = 0;
+  size_t count() const { return count_; }
+  int n_chunks() const { return n_chunks_; }
+
+  // Per-rank statistics contribution (BF16 words, summed element-wise by the statistics
+  // all-reduce). 0 for codecs that need none.
+  virtual size_t stats_words() const { return 0; }
+  virtual Status local_stats(const ConstTensor& x, uint16_t* stats_bf16) const;
+  // Builds the per-call layout from the all-reduced statistics (nullptr when stats_words()==0).
+  // Deterministic: identical input bytes give identical layouts on every rank.
+  virtual Status agree(const uint16_t* reduced_stats_bf16, uint64_t call) = 0;
+
+  // Bytes of every chunk message; a function of (count, budget, n_chunks) alone.
+  virtual size_t chunk_capacity() const = 0;
+  // Bytes per coordinate actually carried by one full copy of the compressed vector
+  // (all chunk messages plus the statistics), times 8 / count.
+  double bits_per_coord() const;
+
+  // Fused hop: out = compress(own + sum_i decode(in[i])) for the elements of `chunk`.
+  // n_in == 0 is the leaf compression. `out` has chunk_capacity() bytes.
+  virtual Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in,
+                     uint8_t* out, const RoundingKey& key) const = 0;
+  // Decodes a chunk payload holding the sum of `n_contrib` workers into `out` (full tensor,
+  // elements of this chunk only), restoring means; AVG divides by n_contrib.
+  virtual Status finish(int chunk, ByteView in, void* out, DType out_dtype, ReduceOp op,
+                        int n_contrib) const = 0;
+
+  // Element ranges [begin, end) of `chunk` under the current layout (for analysis tools).
+  virtual void chunk_ranges(int chunk, std::vector<std::pair<size_t, size_t>>* ranges) const = 0;
+
+ protected:
+  size_t count_ = 0;
+  int n_chunks_ = 0;
+  int n_workers_ = 0;
+};
+
+// Parses a codec spec such as "dynamiq:5", "dynamiq:5:corr=0", "mxfp8", "mxfp6e3m2", "mxfp4",
+// "bf16", "uniform:5". On error returns nullptr and sets *error to a message naming the problem.
+std::unique_ptr<Codec> make_codec(std::string_view spec, std::string* error);
+
+}  // namespace dq
