@@ -1,0 +1,530 @@
+#include "kernels/dynamiq_codec.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/parallel_reduce.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "kernels/bitpack.h"
+#include "kernels/payload.h"
+
+namespace dq {
+
+void build_level_table(int bits, float eps, bool nonuniform, LevelTable* t) {
+  std::memset(t, 0, sizeof *t);
+  const int L = max_magnitude(bits);
+  t->max_mag = L;
+  const double q = 1.0 + 2.0 * static_cast<double>(eps) * eps;
+  const double top = std::pow(q, L) - 1.0;
+  for (int r = 0; r <= L; ++r) {
+    double f = (nonuniform && L > 1 && eps > 0.0f) ? (std::pow(q, r) - 1.0) / top
+                                                   : static_cast<double>(r) / L;
+    t->level[r] = static_cast<float>(f);
+  }
+  t->level[L] = 1.0f;
+  t->level[L + 1] = 2.0f;  // sentinel: never <= a magnitude in [0, 1]
+  for (int r = 0; r < L; ++r) t->inv_gap[r] = 1.0f / (t->level[r + 1] - t->level[r]);
+  t->inv_gap[L] = 0.0f;
+  int most = 0;
+  for (int cell = 0; cell <= kLevelGrid; ++cell) {
+    float lo = static_cast<float>(cell) / kLevelGrid;
+    int r = 0;
+    while (r < L && t->level[r + 1] <= lo) ++r;
+    t->start[cell] = static_cast<uint8_t>(r);
+    // Levels strictly inside this cell: each needs one fix-up step in level_floor().
+    float hi = static_cast<float>(cell + 1) / kLevelGrid;
+    int inside = 0;
+    for (int k = r + 1; k <= L; ++k)
+      if (t->level[k] < hi) ++inside;
+    most = std::max(most, inside);
+  }
+  t->extra_steps = most;
+}
+
+namespace {
+
+constexpr int kMaxInputs = 64;  // fused inputs per hop (butterfly: log2(n) + 1 <= 11)
+
+inline float load_value(const void* base, DType t, size_t i) {
+  if (t == DType::kF32) return static_cast<const float*>(base)[i];
+  return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+}
+
+uint32_t fnv1a(uint32_t h, uint32_t v) {
+  for (int i = 0; i < 4; ++i) {
+    h ^= (v >> (8 * i)) & 0xffu;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+class DynamiqCodec final : public Codec {
+ public:
+  explicit DynamiqCodec(const DynamiqOptions& o) : opt_(o) {
+    const int bits[3] = {2, 4, 8};
+    for (int i = 0; i < 3; ++i) build_level_table(bits[i], o.eps[i], o.nonuniform_levels, &levels_[i]);
+    for (int b : {2, 4, 8, 16}) record_[width_index(b)] = record_bytes(b, o.hierarchical_scales);
+  }
+
+  std::string name() const override {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "dynamiq:%g%s%s%s%s%s", opt_.budget_bits,
+                  opt_.correlated_rounding ? "" : ":corr=0",
+                  opt_.nonuniform_levels ? "" : ":levels=uniform",
+                  opt_.hierarchical_scales ? "" : ":scales=flat",
+                  opt_.variable_widths ? "" : ":widths=fixed", opt_.mean_subtraction ? "" : ":mean=0");
+    return buf;
+  }
+
+  Status plan(size_t count, int n_chunks, int n_workers) override {
+    if (n_chunks < 1 || n_workers < 1 || n_chunks > 65535 || n_workers > 65535)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq plan: n_chunks=%d n_workers=%d out of range 1..65535",
+              n_chunks, n_workers);
+    count_ = count;
+    n_chunks_ = n_chunks;
+    n_workers_ = n_workers;
+    n_sg_ = (count + kSuperGroup - 1) / kSuperGroup;
+    const size_t max_record = static_cast<size_t>(record_[opt_.allow_width16 ? 3 : 2]);
+    const size_t min_record = static_cast<size_t>(record_[0]);
+    if (n_sg_ == 0) {
+      capacity_ = kChunkHeaderBytes;
+      stride_ = 0;
+      honest_ = true;
+    } else {
+      // Bytes the budget allows for one compressed copy, minus the statistics (2 BF16 / SG).
+      const double budget_bytes = std::floor(opt_.budget_bits * static_cast<double>(count) / 8.0);
+      const double for_chunks = budget_bytes - 4.0 * static_cast<double>(n_sg_);
+      const size_t by_budget = for_chunks > 0 ? static_cast<size_t>(for_chunks) / n_chunks : 0;
+      // Cuts fall where a record starts: a chunk holds at most stride - 1 + max_record bytes.
+      const size_t all_min = (min_record * n_sg_ + n_chunks - 1) / n_chunks;
+      const size_t smallest = kChunkHeaderBytes + max_record - 1 + std::max<size_t>(1, all_min);
+      capacity_ = std::max(by_budget, smallest);
+      honest_ = by_budget >= smallest;
+      stride_ = capacity_ - kChunkHeaderBytes - max_record + 1;
+    }
+    mean_.assign(n_sg_, 0.0f);
+    restore_.assign(n_sg_, 0.0f);
+    key_.assign(n_sg_, 0.0f);
+    poisoned_.assign(n_sg_, 0);
+    width_.assign(n_sg_, 2);
+    order_.assign(n_sg_, 0);
+    offset_.assign(n_sg_, 0);
+    chunk_first_.assign(n_chunks + 1, 0);
+    chunk_check_.assign(n_chunks, 0);
+    chunk_content_.assign(n_chunks, 0);
+    return Status::kOk;
+  }
+
+  size_t stats_words() const override { return 2 * n_sg_; }
+
+  Status local_stats(const ConstTensor& x, uint16_t* stats) const override {
+    if (x.count != count_)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq stats: tensor has %zu elements, plan has %zu",
+              x.count, count_);
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n_sg_, 256), [&](const auto& range) {
+      for (size_t j = range.begin(); j != range.end(); ++j) {
+        const size_t base = j * kSuperGroup;
+        const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
+        float sum = 0.0f, sum_sq = 0.0f;
+        for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+          float gs = 0.0f, gq = 0.0f;
+          for (int k = g * kGroup; k < std::min(valid, (g + 1) * kGroup); ++k) {
+            float v = load_value(x.data, x.dtype, base + k);
+            gs += v;
+            gq += v * v;
+          }
+          sum += gs;
+          sum_sq += gq;
+        }
+        stats[2 * j] = f32_to_bf16_sat(sum / static_cast<float>(valid));
+        stats[2 * j + 1] = f32_to_bf16_sat(sum_sq);
+      }
+    });
+    return Status::kOk;
+  }
+
+  Status agree(const uint16_t* reduced, uint64_t call) override {
+    if (n_sg_ > 0 && reduced == nullptr)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq agree: statistics missing");
+    call_ = call;
+    const float n = static_cast<float>(n_workers_);
+    for (size_t j = 0; j < n_sg_; ++j) {
+      float mu = bf16_to_f32(reduced[2 * j]) / n;
+      bool finite_mu = std::isfinite(mu);
+      poisoned_[j] = finite_mu ? 0 : 1;
+      mean_[j] = (opt_.mean_subtraction && finite_mu) ? mu : 0.0f;
+      restore_[j] = finite_mu ? mean_[j] : mu;  // a non-finite mean poisons the output
+      float f = bf16_to_f32(reduced[2 * j + 1]);
+      key_[j] = (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
+    }
+    const uint64_t budget = static_cast<uint64_t>(stride_) * n_chunks_;
+    if (opt_.variable_widths) {
+      // Smallest threshold offset (float bit pattern, monotone for non-negative floats) whose
+      // widths fit: bytes(theta) never increases with theta and bytes(+inf) = all 2-bit fits.
+      uint32_t lo = 0, hi = 0x7f800000u;
+      while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (bytes_for(f32_from_bits(mid)) <= budget) hi = mid;
+        else lo = mid + 1;
+      }
+      const float theta = f32_from_bits(lo);
+      for (size_t j = 0; j < n_sg_; ++j) width_[j] = static_cast<uint8_t>(width_for(j, theta));
+    } else {
+      int fixed = 2;
+      for (int b : {16, 8, 4}) {
+        if (b == 16 && !opt_.allow_width16) continue;
+        uint64_t need = 0;
+        for (size_t j = 0; j < n_sg_; ++j) need += record_[width_index(poisoned_[j] ? 2 : b)];
+        if (need <= budget) { fixed = b; break; }
+      }
+      for (size_t j = 0; j < n_sg_; ++j) width_[j] = static_cast<uint8_t>(poisoned_[j] ? 2 : fixed);
+    }
+    // Reorder by width, widest first, stable (counting sort), then cut in byte space.
+    size_t pos = 0;
+    for (int b : {16, 8, 4, 2})
+      for (size_t j = 0; j < n_sg_; ++j)
+        if (width_[j] == b) order_[pos++] = static_cast<uint32_t>(j);
+    uint64_t start = 0;
+    int chunk = 0;
+    uint64_t chunk_start = 0;
+    chunk_first_[0] = 0;
+    for (size_t i = 0; i < n_sg_; ++i) {
+      while (chunk + 1 < n_chunks_ && start >= static_cast<uint64_t>(stride_) * (chunk + 1)) {
+        chunk_content_[chunk] = start - chunk_start;
+        chunk_first_[++chunk] = static_cast<uint32_t>(i);
+        chunk_start = start;
+      }
+      offset_[i] = static_cast<uint32_t>(start - chunk_start);
+      start += record_[width_index(width_[order_[i]])];
+    }
+    chunk_content_[chunk] = start - chunk_start;
+    while (chunk + 1 <= n_chunks_ - 1) {
+      chunk_first_[++chunk] = static_cast<uint32_t>(n_sg_);
+      chunk_content_[chunk] = 0;
+    }
+    chunk_first_[n_chunks_] = static_cast<uint32_t>(n_sg_);
+    for (int c = 0; c < n_chunks_; ++c) {
+      if (chunk_content_[c] + kChunkHeaderBytes > capacity_)
+        DQ_FAIL(Status::kInternal, "dynamiq layout: chunk %d needs %llu bytes, capacity %zu", c,
+                static_cast<unsigned long long>(chunk_content_[c] + kChunkHeaderBytes), capacity_);
+      uint32_t h = fnv1a(2166136261u, static_cast<uint32_t>(c));
+      h = fnv1a(h, static_cast<uint32_t>(count_));
+      for (uint32_t i = chunk_first_[c]; i < chunk_first_[c + 1]; ++i)
+        h = fnv1a(h, order_[i] * 32u + width_[order_[i]] + (poisoned_[order_[i]] ? 1u : 0u));
+      chunk_check_[c] = h;
+    }
+    return Status::kOk;
+  }
+
+  size_t chunk_capacity() const override { return capacity_; }
+
+  Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
+             const RoundingKey& key) const override {
+    DQ_CHECK(check_chunk_arg(chunk));
+    if (own.count != count_ || (own.data == nullptr && count_ > 0))
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: own tensor has %zu elements, plan has %zu",
+              own.count, count_);
+    if (n_in < 0 || n_in > kMaxInputs)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: %d inputs, at most %d", n_in, kMaxInputs);
+    if (key.n_ranks < 1 || key.rank >= key.n_ranks)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: rank %u of %u", key.rank, key.n_ranks);
+    int contrib = 1;
+    const uint8_t* inputs[kMaxInputs];
+    for (int i = 0; i < n_in; ++i) {
+      ChunkHeader h;
+      DQ_CHECK(check_input(chunk, in[i], &h));
+      contrib += h.n_contrib;
+      inputs[i] = in[i].data + kChunkHeaderBytes;
+    }
+    if (contrib > n_workers_)
+      DQ_FAIL(Status::kMalformedPayload, "dynamiq hop: inputs sum %d workers, only %d exist",
+              contrib, n_workers_);
+    write_chunk_header(out, ChunkHeader{CodecId::kDynamiq, static_cast<uint16_t>(chunk),
+                                        static_cast<uint16_t>(contrib),
+                                        static_cast<uint32_t>(call_), chunk_check_[chunk]});
+    uint8_t* body = out + kChunkHeaderBytes;
+    std::memset(body + chunk_content_[chunk], 0,
+                capacity_ - kChunkHeaderBytes - chunk_content_[chunk]);
+    std::atomic<bool> malformed{false};
+    const uint32_t first = chunk_first_[chunk], last = chunk_first_[chunk + 1];
+    tbb::parallel_for(tbb::blocked_range<uint32_t>(first, last, 16), [&](const auto& range) {
+      const uint8_t* recs[kMaxInputs];
+      for (uint32_t i = range.begin(); i != range.end(); ++i) {
+        for (int k = 0; k < n_in; ++k) recs[k] = inputs[k] + offset_[i];
+        if (!fuse_supergroup(order_[i], own, recs, n_in, body + offset_[i], key))
+          malformed.store(true, std::memory_order_relaxed);
+      }
+    });
+    if (malformed.load())
+      DQ_FAIL(Status::kMalformedPayload, "dynamiq hop: chunk %d input holds invalid codes or scales",
+              chunk);
+    return Status::kOk;
+  }
+
+  Status finish(int chunk, ByteView in, void* out, DType out_dtype, ReduceOp op,
+                int n_contrib) const override {
+    DQ_CHECK(check_chunk_arg(chunk));
+    ChunkHeader h;
+    DQ_CHECK(check_input(chunk, in, &h));
+    if (h.n_contrib != n_contrib)
+      DQ_FAIL(Status::kMalformedPayload, "dynamiq finish: payload sums %u workers, expected %d",
+              h.n_contrib, n_contrib);
+    const uint8_t* body = in.data + kChunkHeaderBytes;
+    std::atomic<bool> malformed{false};
+    const float contributors = static_cast<float>(n_contrib);
+    tbb::parallel_for(
+        tbb::blocked_range<uint32_t>(chunk_first_[chunk], chunk_first_[chunk + 1], 16),
+        [&](const auto& range) {
+          float v[kSuperGroup];
+          for (uint32_t i = range.begin(); i != range.end(); ++i) {
+            const uint32_t j = order_[i];
+            std::fill(v, v + kSuperGroup, 0.0f);
+            if (!accumulate_record(width_[j], body + offset_[i], v))
+              malformed.store(true, std::memory_order_relaxed);
+            const size_t base = static_cast<size_t>(j) * kSuperGroup;
+            const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
+            const float shift = width_[j] == 16 ? 0.0f : contributors * restore_[j];
+            for (int k = 0; k < valid; ++k) {
+              float s = v[k] + shift;
+              if (op == ReduceOp::kAvg) s = s / contributors;
+              if (out_dtype == DType::kF32) static_cast<float*>(out)[base + k] = s;
+              else static_cast<uint16_t*>(out)[base + k] = f32_to_bf16_rne(s);
+            }
+          }
+        });
+    if (malformed.load())
+      DQ_FAIL(Status::kMalformedPayload, "dynamiq finish: chunk %d holds invalid codes or scales",
+              chunk);
+    return Status::kOk;
+  }
+
+  void chunk_ranges(int chunk, std::vector<std::pair<size_t, size_t>>* ranges) const override {
+    ranges->clear();
+    if (chunk < 0 || chunk >= n_chunks_) return;
+    std::vector<uint32_t> sgs(order_.begin() + chunk_first_[chunk],
+                              order_.begin() + chunk_first_[chunk + 1]);
+    std::sort(sgs.begin(), sgs.end());
+    for (uint32_t j : sgs) {
+      size_t b = static_cast<size_t>(j) * kSuperGroup, e = std::min(count_, b + kSuperGroup);
+      if (!ranges->empty() && ranges->back().second == b) ranges->back().second = e;
+      else ranges->emplace_back(b, e);
+    }
+  }
+
+  DynamiqLayoutView view() const {
+    return DynamiqLayoutView{width_.data(), order_.data(), chunk_first_.data(), n_sg_, honest_};
+  }
+
+ private:
+  int width_for(size_t j, float theta) const {
+    if (poisoned_[j]) return 2;
+    // Equal error saved per extra bit fixes the threshold ratios (METHOD.md section 3).
+    const float t48 = theta * (257.0f / 131072.0f);
+    const float t24 = t48 * (17.0f / 512.0f);
+    const float f = key_[j];
+    if (f >= theta && opt_.allow_width16) return 16;
+    if (f >= t48) return 8;
+    if (f >= t24) return 4;
+    return 2;
+  }
+
+  uint64_t bytes_for(float theta) const {
+    return tbb::parallel_reduce(
+        tbb::blocked_range<size_t>(0, n_sg_, 4096), uint64_t{0},
+        [&](const auto& range, uint64_t acc) {
+          for (size_t j = range.begin(); j != range.end(); ++j)
+            acc += record_[width_index(width_for(j, theta))];
+          return acc;
+        },
+        [](uint64_t a, uint64_t b) { return a + b; });
+  }
+
+  Status check_chunk_arg(int chunk) const {
+    if (chunk < 0 || chunk >= n_chunks_)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq: chunk %d outside 0..%d", chunk, n_chunks_ - 1);
+    return Status::kOk;
+  }
+
+  Status check_input(int chunk, ByteView in, ChunkHeader* h) const {
+    const size_t need = kChunkHeaderBytes + chunk_content_[chunk];
+    if (in.data == nullptr || in.size < need)
+      DQ_FAIL(Status::kMalformedPayload, "dynamiq: chunk %d payload has %zu bytes, layout needs %zu",
+              chunk, in.size, need);
+    ChunkHeader expect{CodecId::kDynamiq, static_cast<uint16_t>(chunk), 0,
+                       static_cast<uint32_t>(call_), chunk_check_[chunk]};
+    return check_chunk_header(in, expect, n_workers_, h);
+  }
+
+  // Decodes one record and adds it into v[0..255]. Returns false on invalid content.
+  bool accumulate_record(int bits, const uint8_t* rec, float* v) const {
+    if (bits == 16) {
+      for (int k = 0; k < kSuperGroup; ++k)
+        v[k] += bf16_to_f32(static_cast<uint16_t>(rec[2 * k] | (rec[2 * k + 1] << 8)));
+      return true;
+    }
+    const LevelTable& t = levels_[width_index(bits)];
+    float scale[kGroupsPerSuperGroup];
+    const uint8_t* codes;
+    bool ok = true;
+    if (opt_.hierarchical_scales) {
+      const float unit = bf16_to_f32(static_cast<uint16_t>(rec[0] | (rec[1] << 8)));
+      ok &= (rec[1] & 0x80) == 0;  // negative unit: never written
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+        ok &= rec[2 + g] != 0;
+        scale[g] = static_cast<float>(rec[2 + g]) * unit;
+      }
+      codes = rec + 2 + kGroupsPerSuperGroup;
+    } else {
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+        ok &= (rec[2 * g + 1] & 0x80) == 0;
+        scale[g] = bf16_to_f32(static_cast<uint16_t>(rec[2 * g] | (rec[2 * g + 1] << 8)));
+      }
+      codes = rec + 2 * kGroupsPerSuperGroup;
+    }
+    const uint32_t max_code = 2u * t.max_mag;
+    uint32_t bad = 0;
+    for (int k = 0; k < kSuperGroup; ++k) {
+      uint32_t c = unpack_code(codes, k, bits);
+      bad |= c > max_code ? 1u : 0u;
+      if (c > max_code) c = t.max_mag;  // never index outside the table
+      v[k] += decode_code(t, c, scale[k / kGroup]);
+    }
+    return ok && bad == 0;
+  }
+
+  // One super-group of the fused hop: own (mean-subtracted) + decoded inputs -> record.
+  bool fuse_supergroup(uint32_t j, const ConstTensor& own, const uint8_t* const* recs, int n_in,
+                       uint8_t* out, const RoundingKey& key) const {
+    const int bits = width_[j];
+    const size_t base = static_cast<size_t>(j) * kSuperGroup;
+    const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
+    if (poisoned_[j]) {  // the non-finite mean carries the result; keep the record inert
+      const int scale_bytes = record_[0] - kSuperGroup * 2 / 8;
+      std::memset(out, 0, scale_bytes);                                  // unit / scales 0
+      if (opt_.hierarchical_scales) std::memset(out + 2, 1, kGroupsPerSuperGroup);  // factors 1
+      std::memset(out + scale_bytes, 0x55, kSuperGroup * 2 / 8);         // 2-bit code 1 = zero
+      return true;
+    }
+    float v[kSuperGroup];
+    const float mu = bits == 16 ? 0.0f : mean_[j];
+    if (own.dtype == DType::kF32) {
+      const float* x = static_cast<const float*>(own.data) + base;
+      for (int k = 0; k < valid; ++k) v[k] = x[k] - mu;
+    } else {
+      const uint16_t* x = static_cast<const uint16_t*>(own.data) + base;
+      for (int k = 0; k < valid; ++k) v[k] = bf16_to_f32(x[k]) - mu;
+    }
+    for (int k = valid; k < kSuperGroup; ++k) v[k] = 0.0f;
+    bool ok = true;
+    for (int i = 0; i < n_in; ++i) ok &= accumulate_record(bits, recs[i], v);
+    if (bits == 16) {
+      for (int k = 0; k < kSuperGroup; ++k) {
+        uint16_t h = f32_to_bf16_rne(v[k]);
+        out[2 * k] = static_cast<uint8_t>(h);
+        out[2 * k + 1] = static_cast<uint8_t>(h >> 8);
+      }
+      return ok;
+    }
+    quantize_supergroup(j, bits, v, out, key);
+    return ok;
+  }
+
+  void quantize_supergroup(uint32_t j, int bits, const float* v, uint8_t* out,
+                           const RoundingKey& key) const {
+    const LevelTable& t = levels_[width_index(bits)];
+    float gmax[kGroupsPerSuperGroup];
+    float sgmax = 0.0f;
+    for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+      float m = 0.0f;
+      for (int k = 0; k < kGroup; ++k) {
+        float a = v[g * kGroup + k];
+        a = a < 0.0f ? -a : a;
+        m = (a > m || a != a) ? a : m;  // NaN wins so it reaches the scale
+      }
+      gmax[g] = m;
+      sgmax = (m > sgmax || m != m) ? m : sgmax;
+    }
+    float scale[kGroupsPerSuperGroup];
+    uint8_t* codes_out;
+    if (opt_.hierarchical_scales) {
+      const uint16_t unit_bits = supergroup_unit_bf16(sgmax);
+      const float unit = bf16_to_f32(unit_bits);
+      out[0] = static_cast<uint8_t>(unit_bits);
+      out[1] = static_cast<uint8_t>(unit_bits >> 8);
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+        const uint8_t f = group_factor(gmax[g], unit);
+        out[2 + g] = f;
+        scale[g] = static_cast<float>(f) * unit;
+      }
+      codes_out = out + 2 + kGroupsPerSuperGroup;
+    } else {
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+        const uint16_t s = f32_to_bf16_up(gmax[g]);
+        out[2 * g] = static_cast<uint8_t>(s);
+        out[2 * g + 1] = static_cast<uint8_t>(s >> 8);
+        scale[g] = bf16_to_f32(s);
+      }
+      codes_out = out + 2 * kGroupsPerSuperGroup;
+    }
+    // Random bits: one Philox word per element keyed by (seed, call, hop = rank, element).
+    uint32_t words[kSuperGroup];
+    const uint64_t e0 = static_cast<uint64_t>(j) * kSuperGroup;
+    for (int b = 0; b < kSuperGroup / 4; ++b) {
+      Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
+                              static_cast<uint32_t>((e0 >> 2) + b));
+      words[4 * b] = w.v[0];
+      words[4 * b + 1] = w.v[1];
+      words[4 * b + 2] = w.v[2];
+      words[4 * b + 3] = w.v[3];
+    }
+    float pi[kGroupsPerSuperGroup];
+    const bool corr = opt_.correlated_rounding && key.n_ranks > 1;
+    const float strata = corr ? static_cast<float>(key.n_ranks) : 1.0f;
+    for (int g = 0; g < kGroupsPerSuperGroup; ++g)
+      pi[g] = corr ? static_cast<float>(correlated_stratum(
+                         key.seed, key.call, static_cast<uint64_t>(j) * kGroupsPerSuperGroup + g,
+                         key.rank, key.n_ranks))
+                   : 0.0f;
+    uint8_t codes[kSuperGroup];
+    for (int k = 0; k < kSuperGroup; ++k) {
+      const int g = k / kGroup;
+      const float m = magnitude_ratio(v[k], scale[g]);
+      const int mag = round_magnitude(t, m, pi[g], uniform24(words[k]), strata);
+      codes[k] = static_cast<uint8_t>(encode_code(mag, v[k] < 0.0f, t.max_mag));
+    }
+    pack_codes(codes, kSuperGroup, bits, codes_out);
+  }
+
+  DynamiqOptions opt_;
+  LevelTable levels_[3];
+  int record_[4];
+  size_t n_sg_ = 0;
+  size_t capacity_ = 0;  // bytes of every chunk message
+  size_t stride_ = 0;    // cut spacing in the record stream (bytes)
+  bool honest_ = true;
+  uint64_t call_ = 0;
+  std::vector<float> mean_, restore_, key_;
+  std::vector<uint8_t> poisoned_, width_;
+  std::vector<uint32_t> order_, offset_, chunk_first_, chunk_check_;
+  std::vector<uint64_t> chunk_content_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_dynamiq_codec(const DynamiqOptions& options) {
+  return std::make_unique<DynamiqCodec>(options);
+}
+
+DynamiqLayoutView dynamiq_layout(const Codec& codec) {
+  const auto* d = dynamic_cast<const DynamiqCodec*>(&codec);
+  return d ? d->view() : DynamiqLayoutView{};
+}
+
+}  // namespace dq

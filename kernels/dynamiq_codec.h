@@ -1,0 +1,38 @@
+// The DynamiQ codec (host implementation): statistics, budget-exact width allocation, mean
+// subtraction, reorder by width, hierarchical scales, non-uniform levels and (correlated)
+// stochastic rounding. Byte layout: docs/FORMAT.md.
+#pragma once
+#include <memory>
+
+#include "kernels/codec.h"
+#include "kernels/dynamiq_math.h"
+
+namespace dq {
+
+struct DynamiqOptions {
+  double budget_bits = 5.0;                 // bits per coordinate, every byte of metadata included
+  float eps[3] = {0.23f, 0.18f, 0.10f};     // level shape for 2 / 4 / 8 bits (METHOD.md)
+  bool correlated_rounding = true;          // shared permutation across the hops of a coordinate
+  bool nonuniform_levels = true;            // false: evenly spaced levels (ablation)
+  bool hierarchical_scales = true;          // false: one BF16 scale per group of 16 (ablation)
+  bool variable_widths = true;              // false: one width for every super-group (ablation)
+  bool mean_subtraction = true;
+  bool allow_width16 = true;                // raw BF16 super-groups where the allocation wants them
+};
+
+// Builds the level table of one width (host; uses libm once, the table is then plain data).
+void build_level_table(int bits, float eps, bool nonuniform, LevelTable* out);
+
+std::unique_ptr<Codec> make_dynamiq_codec(const DynamiqOptions& options);
+
+// Introspection for tests and tools (the codec must be a DynamiQ codec).
+struct DynamiqLayoutView {
+  const uint8_t* widths;   // per super-group, original order
+  const uint32_t* order;   // super-groups in wire order (by width, descending; stable)
+  const uint32_t* chunk_first;  // n_chunks + 1 entries into `order`
+  size_t n_supergroups;
+  bool budget_honest;      // the plan's messages fit the budget (false for tiny tensors)
+};
+DynamiqLayoutView dynamiq_layout(const Codec& codec);
+
+}  // namespace dq
