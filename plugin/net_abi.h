@@ -11,7 +11,10 @@
 //   net->devices(&n); net->getProperties(0, &props);
 //   char handle[NCCL_NET_HANDLE_MAXSIZE];
 //   net->listen(ctx, 0, handle, &listen_comm);      // receiver; ship `handle` to the sender
-//   net->connect(ctx, 0, handle, &send_comm, &dh);  // sender; repeat while send_comm == NULL
+//   net->connect(ctx, 0, handle, &send_comm, &dh);  // sender; repeat while send_comm == NULL,
+//                                                   // passing the SAME handle buffer each time
+//                                                   // (like NCCL, the plugin keeps its connect
+//                                                   // progress inside the handle bytes)
 //   net->accept(listen_comm, &recv_comm, &dh);      // receiver; repeat while recv_comm == NULL
 //   net->isend / irecv -> request (NULL = try again later), then test(request, &done, sizes)
 //   until done; closeSend / closeRecv / closeListen; finalize(ctx).
