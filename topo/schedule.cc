@@ -6,7 +6,9 @@
 namespace dq::topo {
 namespace {
 
-bool valid_kind(Kind k) { return k == Kind::kRing || k == Kind::kButterfly; }
+bool valid_kind(Kind k) {
+  return k == Kind::kRing || k == Kind::kButterfly;
+}
 
 int floor_pow2(int n) {
   int p = 1;
@@ -80,7 +82,8 @@ void build_butterfly(int n, Schedule* s) {
     for (int v = 0; v < p; ++v) {
       const int lo = v & ~(2 * d_reduce - 1);
       const int give_lo = (v & d_reduce) ? lo : lo + d_reduce;
-      red.push_back(Transfer{real_rank(v), real_rank(v ^ d_reduce), chunk_range(give_lo, d_reduce)});
+      red.push_back(
+          Transfer{real_rank(v), real_rank(v ^ d_reduce), chunk_range(give_lo, d_reduce)});
       const int own_lo = v & ~(d_gather - 1);
       gat.push_back(Transfer{real_rank(v), real_rank(v ^ d_gather), chunk_range(own_lo, d_gather)});
     }
@@ -170,7 +173,9 @@ Status make_schedule(Kind kind, int n_workers, Schedule* out) {
 }
 
 Status validate_schedule(const Schedule& s) {
-  if (!valid_kind(s.kind)) DQ_FAIL(Status::kInternal, "schedule: invalid kind %d", (int)s.kind);
+  if (!valid_kind(s.kind)) {
+    DQ_FAIL(Status::kInternal, "schedule: invalid kind %d", static_cast<int>(s.kind));
+  }
   const int n = s.n_workers;
   if (n < 1 || n > kMaxWorkers) DQ_FAIL(Status::kInternal, "schedule: n_workers %d invalid", n);
   const int nc = s.n_chunks;
@@ -212,8 +217,8 @@ Status validate_schedule(const Schedule& s) {
                   index, t.src, t.dst, c, nc);
         }
         if (chunk_stamp[c] == stamp) {
-          DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d repeats chunk %d", phase,
-                  index, t.src, t.dst, c);
+          DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d repeats chunk %d", phase, index,
+                  t.src, t.dst, c);
         }
         chunk_stamp[c] = stamp;
       }
@@ -265,8 +270,8 @@ Status validate_schedule(const Schedule& s) {
       // edge also makes the send graph acyclic, hence a tree spanning all workers into the sink.
       if (!is_sink && last_recv[i] >= send_step[i]) {
         DQ_FAIL(Status::kInternal,
-                "reduce: worker %d receives chunk %d at step %d, after sending it at step %d", w,
-                c, last_recv[i], send_step[i]);
+                "reduce: worker %d receives chunk %d at step %d, after sending it at step %d", w, c,
+                last_recv[i], send_step[i]);
       }
     }
   }
@@ -293,8 +298,8 @@ Status validate_schedule(const Schedule& s) {
                 node.parent, node.send_step, send_dst[i], send_step[i]);
       }
       if (static_cast<int>(node.children.size()) != recv_count[i]) {
-        DQ_FAIL(Status::kInternal, "tree %d: node %d has %zu inputs but receives %d messages", c,
-                w, node.children.size(), recv_count[i]);
+        DQ_FAIL(Status::kInternal, "tree %d: node %d has %zu inputs but receives %d messages", c, w,
+                node.children.size(), recv_count[i]);
       }
       int prev_step = -1, prev_child = -1;
       for (int child : node.children) {
@@ -302,7 +307,7 @@ Status validate_schedule(const Schedule& s) {
           DQ_FAIL(Status::kInternal, "tree %d: node %d lists %d, which does not send to it", c, w,
                   child);
         }
-        // Strictly increasing (step, node) rules out a repeated child standing in for a missing one.
+        // Strictly increasing (step, node): no repeated child can stand in for a missing one.
         const int child_step = send_step[static_cast<size_t>(c) * n + child];
         if (child_step < prev_step || (child_step == prev_step && child <= prev_child)) {
           DQ_FAIL(Status::kInternal, "tree %d: node %d inputs out of receive order at child %d", c,

@@ -21,18 +21,20 @@ int floor_log2(int n) {
   return l;
 }
 
-bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+bool is_pow2(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
 
 // What running a schedule produced; every field is measured, none is computed from formulas.
 struct SimResult {
   std::vector<std::string> errors;
-  std::vector<int> sink;              // per chunk: the worker that never sent it
-  std::vector<int> compress_count;    // [c * n + w]
-  std::vector<int> parent;            // [c * n + w]: worker it sent chunk c to, -1 if none
-  std::vector<int> send_step;         // [c * n + w]
+  std::vector<int> sink;            // per chunk: the worker that never sent it
+  std::vector<int> compress_count;  // [c * n + w]
+  std::vector<int> parent;          // [c * n + w]: worker it sent chunk c to, -1 if none
+  std::vector<int> send_step;       // [c * n + w]
   std::vector<std::vector<int>> received_from;  // [c * n + w]: senders in receive order
-  std::vector<int> chunks_sent;       // per worker, both phases, in chunk units
-  int max_depth = 0;                  // hops from the farthest leaf to the sink, over chunks
+  std::vector<int> chunks_sent;                 // per worker, both phases, in chunk units
+  int max_depth = 0;  // hops from the farthest leaf to the sink, over chunks
 };
 
 void note(SimResult* r, std::string msg) {
@@ -77,8 +79,8 @@ SimResult simulate(const Schedule& s) {
         const size_t i = at(c, t.src);
         ++r.compress_count[i];
         if (sent[i]) {
-          note(&r, "worker " + std::to_string(t.src) + " sends chunk " + std::to_string(c) +
-                       " twice");
+          note(&r,
+               "worker " + std::to_string(t.src) + " sends chunk " + std::to_string(c) + " twice");
         }
         sent[i] = 1;
         r.parent[i] = t.dst;
@@ -92,9 +94,8 @@ SimResult simulate(const Schedule& s) {
     for (InFlight& f : flight) {
       const size_t j = at(f.chunk, f.dst);
       if (sent[j]) {
-        note(&r, "worker " + std::to_string(f.dst) + " receives chunk " +
-                     std::to_string(f.chunk) + " at step " + std::to_string(step) +
-                     " after sending it: contributions lost");
+        note(&r, "worker " + std::to_string(f.dst) + " receives chunk " + std::to_string(f.chunk) +
+                     " at step " + std::to_string(step) + " after sending it: contributions lost");
       }
       r.received_from[j].push_back(f.src);
       hops[j] = std::max(hops[j], f.hops);
@@ -162,8 +163,8 @@ SimResult simulate(const Schedule& s) {
     }
     for (auto [j, when] : arrivals) {
       if (++receives[j] > 1 || got[j] != -2) {
-        note(&r, "worker " + std::to_string(j % n) + " receives chunk " +
-                     std::to_string(j / n) + "'s result twice");
+        note(&r, "worker " + std::to_string(j % n) + " receives chunk " + std::to_string(j / n) +
+                     "'s result twice");
       }
       got[j] = when;
     }
@@ -238,12 +239,24 @@ TEST_P(ScheduleTest, SimulatesCorrectly) {
         EXPECT_EQ(tree.nodes[node.children[j]].worker, got[j]);
         EXPECT_EQ(tree.nodes[node.children[j]].parent, i);
       }
-      // Depth from the tree's own parent pointers, bounded so a cycle fails instead of hanging.
-      int hops = 0;
-      for (int at = i; tree.nodes[at].parent != -1 && hops <= n; at = tree.nodes[at].parent) ++hops;
-      ASSERT_LE(hops, n - 1) << "cycle in tree " << c;
-      tree_depth = std::max(tree_depth, hops);
     }
+    // Depth from the tree's own parent pointers (memoized; a walk longer than n is a cycle).
+    std::vector<int> depth(n, -1);
+    depth[tree.sink] = 0;
+    std::vector<int> path;
+    for (int i = 0; i < n; ++i) {
+      path.clear();
+      int at = i;
+      while (depth[at] < 0 && static_cast<int>(path.size()) <= n) {
+        path.push_back(at);
+        at = tree.nodes[at].parent;
+        ASSERT_GE(at, 0) << "chunk " << c << ": a second root";
+      }
+      ASSERT_LE(static_cast<int>(path.size()), n) << "cycle in tree " << c;
+      int d = depth[at];
+      for (auto it = path.rbegin(); it != path.rend(); ++it) depth[*it] = ++d;
+    }
+    for (int d : depth) tree_depth = std::max(tree_depth, d);
   }
   EXPECT_EQ(tree_depth, r.max_depth);
 
