@@ -1,0 +1,304 @@
+// The one C-ABI boundary of the net plugin: every entry point converts dq::Status to the NCCL
+// result code and no exception crosses it. Older versions adapt their argument types to v11.
+#include "plugin/net_tables.h"
+
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "plugin/net_backend.h"
+#include "plugin/net_env.h"
+#include "plugin/net_log.h"
+
+namespace dq::net {
+namespace {
+
+dqNetResult ToResult(Status s) {
+  switch (s) {
+    case Status::kOk: return dqNetSuccess;
+    case Status::kInvalidArgument: return dqNetInvalidArgument;
+    case Status::kUnsupported: return dqNetInvalidUsage;
+    case Status::kMalformedPayload:
+    case Status::kTimeout: return dqNetRemoteError;
+    case Status::kSystemError:
+    case Status::kOutOfMemory: return dqNetSystemError;
+    case Status::kInternal: return dqNetInternalError;
+  }
+  return dqNetInternalError;
+}
+
+template <typename Fn>
+dqNetResult Guard(const char* what, Fn&& fn) {
+  try {
+    return ToResult(fn());
+  } catch (const std::bad_alloc&) {
+    NET_WARN("%s: out of memory", what);
+    return dqNetSystemError;
+  } catch (const std::exception& e) {
+    NET_WARN("%s: %s", what, e.what());
+    return dqNetInternalError;
+  } catch (...) {
+    NET_WARN("%s: unknown exception", what);
+    return dqNetInternalError;
+  }
+}
+
+NetBackend& Backend() {
+  // The seam for later transports: DYNAMIQ_NET_BACKEND picks one; only "socket" exists now.
+  static NetBackend* chosen = [] {
+    NetEnv env = ReadNetEnv();
+    if (env.backend != "socket") {
+      NET_WARN("DYNAMIQ_NET_BACKEND=%s is not available in this build; using socket",
+               env.backend.c_str());
+    }
+    return &SocketBackend();
+  }();
+  return *chosen;
+}
+
+const CommContext kNoCommContext{};
+
+const CommContext& ContextOf(void* ctx) {
+  return ctx != nullptr ? *static_cast<CommContext*>(ctx) : kNoCommContext;
+}
+
+// ---- shared entry points (same signature in every version) ----
+dqNetResult Devices(int* ndev) {
+  return Guard("devices", [&] { return ndev ? Backend().Devices(ndev) : Status::kInvalidArgument; });
+}
+dqNetResult Accept(void* listen_comm, void** recv_comm, dqNetDeviceHandle** /*dev_handle*/) {
+  return Guard("accept", [&] { return Backend().Accept(listen_comm, recv_comm); });
+}
+dqNetResult RegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return Guard("regMr", [&] { return Backend().RegMr(comm, data, size, type, mhandle); });
+}
+dqNetResult RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t /*offset*/,
+                        int /*fd*/, void** mhandle) {
+  return Guard("regMrDmaBuf", [&] {
+    if (type != NCCL_PTR_HOST) {
+      NET_WARN("regMrDmaBuf: DMA-BUF memory (type %d) is not supported; host memory only", type);
+      return Status::kInvalidArgument;
+    }
+    return Backend().RegMr(comm, data, size, type, mhandle);
+  });
+}
+dqNetResult DeregMr(void* comm, void* mhandle) {
+  return Guard("deregMr", [&] { return Backend().DeregMr(comm, mhandle); });
+}
+dqNetResult Iflush(void* /*recv_comm*/, int /*n*/, void** /*data*/, int* /*sizes*/,
+                   void** /*mhandles*/, void** request) {
+  // Host memory needs no flush: report "nothing to wait for".
+  if (request != nullptr) *request = nullptr;
+  return dqNetSuccess;
+}
+dqNetResult Test(void* request, int* done, int* sizes) {
+  return Guard("test", [&] { return done ? Backend().Test(request, done, sizes) : Status::kInvalidArgument; });
+}
+dqNetResult CloseSend(void* c) { return Guard("closeSend", [&] { return Backend().CloseSend(c); }); }
+dqNetResult CloseRecv(void* c) { return Guard("closeRecv", [&] { return Backend().CloseRecv(c); }); }
+dqNetResult CloseListen(void* c) {
+  return Guard("closeListen", [&] { return Backend().CloseListen(c); });
+}
+dqNetResult MakeVDevice(int* d, dqNetVDeviceProps* props) {
+  return Guard("makeVDevice", [&] {
+    int ndev = 0;
+    DQ_CHECK(Backend().Devices(&ndev));
+    if (d == nullptr || props == nullptr || props->ndevs != 1 || props->devs[0] < 0 ||
+        props->devs[0] >= ndev) {
+      NET_WARN("makeVDevice: only single-device virtual NICs are supported (ndevs=%d)",
+               props ? props->ndevs : -1);
+      return Status::kUnsupported;
+    }
+    *d = props->devs[0];
+    return Status::kOk;
+  });
+}
+dqNetResult IsendSized(void* send_comm, void* data, size_t size, int tag, void* mhandle,
+                       void** request) {
+  return Guard("isend", [&] { return Backend().Isend(send_comm, data, size, tag, mhandle, request); });
+}
+dqNetResult IrecvSized(void* recv_comm, int n, void** data, const size_t* sizes, int* tags,
+                       void** mhandles, void** request) {
+  return Guard("irecv", [&] {
+    if (data == nullptr || sizes == nullptr || tags == nullptr || request == nullptr) {
+      return Status::kInvalidArgument;
+    }
+    return Backend().Irecv(recv_comm, n, data, sizes, tags, mhandles, request);
+  });
+}
+
+// ---- v11 ----
+dqNetResult InitV11(void** ctx, uint64_t comm_id, dqNetCommConfig* config, dqNetLogger logger,
+                    dqNetProfilerCallback /*profiler*/) {
+  return Guard("init", [&] {
+    if (logger != nullptr) SetNetLogger(logger);
+    DQ_CHECK(Backend().Init());
+    if (ctx != nullptr) {
+      auto* c = new CommContext;
+      c->comm_id = comm_id;
+      c->has_comm_id = true;
+      if (config != nullptr) c->traffic_class = config->trafficClass;
+      *ctx = c;
+    }
+    return Status::kOk;
+  });
+}
+dqNetResult GetPropertiesV11(int dev, dqNetPropertiesV11* props) {
+  return Guard("getProperties", [&] {
+    return props ? Backend().GetProperties(dev, props) : Status::kInvalidArgument;
+  });
+}
+dqNetResult ListenV11(void* ctx, int dev, void* handle, void** listen_comm) {
+  return Guard("listen", [&] { return Backend().Listen(ContextOf(ctx), dev, handle, listen_comm); });
+}
+dqNetResult ConnectV11(void* ctx, int dev, void* handle, void** send_comm,
+                       dqNetDeviceHandle** /*dev_handle*/) {
+  return Guard("connect", [&] { return Backend().Connect(ContextOf(ctx), dev, handle, send_comm); });
+}
+dqNetResult IsendV11(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
+                     void** request) {
+  return IsendSized(c, data, size, tag, mh, request);
+}
+dqNetResult IrecvV11(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
+                     void** /*phandles*/, void** request) {
+  return IrecvSized(c, n, data, sizes, tags, mh, request);
+}
+dqNetResult FinalizeV11(void* ctx) {
+  delete static_cast<CommContext*>(ctx);
+  return dqNetSuccess;
+}
+dqNetResult SetNetAttrV11(void* /*ctx*/, dqNetAttr* /*attr*/) { return dqNetSuccess; }
+
+// ---- v10 / v9 / v8 adapters ----
+dqNetResult InitV10(dqNetLogger logger, dqNetProfilerCallback profiler) {
+  return InitV11(nullptr, 0, nullptr, logger, profiler);
+}
+dqNetResult InitV9(dqNetLogger logger) { return InitV11(nullptr, 0, nullptr, logger, nullptr); }
+
+dqNetResult GetPropertiesV10(int dev, dqNetPropertiesV10* out) {
+  dqNetPropertiesV11 p;
+  dqNetResult r = GetPropertiesV11(dev, out ? &p : nullptr);
+  if (r != dqNetSuccess) return r;
+  out->name = p.name;
+  out->pciPath = p.pciPath;
+  out->guid = p.guid;
+  out->ptrSupport = p.ptrSupport;
+  out->regIsGlobal = p.regIsGlobal;
+  out->forceFlush = p.forceFlush;
+  out->speed = p.speed;
+  out->port = p.port;
+  out->latency = p.latency;
+  out->maxComms = p.maxComms;
+  out->maxRecvs = p.maxRecvs;
+  out->netDeviceType = p.netDeviceType;
+  out->netDeviceVersion = p.netDeviceVersion;
+  out->vProps = p.vProps;
+  out->maxP2pBytes = p.maxP2pBytes;
+  out->maxCollBytes = p.maxCollBytes;
+  return dqNetSuccess;
+}
+dqNetResult GetPropertiesV8(int dev, dqNetPropertiesV8* out) {
+  dqNetPropertiesV11 p;
+  dqNetResult r = GetPropertiesV11(dev, out ? &p : nullptr);
+  if (r != dqNetSuccess) return r;
+  out->name = p.name;
+  out->pciPath = p.pciPath;
+  out->guid = p.guid;
+  out->ptrSupport = p.ptrSupport;
+  out->regIsGlobal = p.regIsGlobal;
+  out->speed = p.speed;
+  out->port = p.port;
+  out->latency = p.latency;
+  out->maxComms = p.maxComms;
+  out->maxRecvs = p.maxRecvs;
+  out->netDeviceType = p.netDeviceType;
+  out->netDeviceVersion = p.netDeviceVersion;
+  return dqNetSuccess;
+}
+dqNetResult ListenOld(int dev, void* handle, void** listen_comm) {
+  return ListenV11(nullptr, dev, handle, listen_comm);
+}
+dqNetResult ConnectV10(int dev, dqNetCommConfig* /*config*/, void* handle, void** send_comm,
+                       dqNetDeviceHandle** dh) {
+  return ConnectV11(nullptr, dev, handle, send_comm, dh);
+}
+dqNetResult ConnectOld(int dev, void* handle, void** send_comm, dqNetDeviceHandle** dh) {
+  return ConnectV11(nullptr, dev, handle, send_comm, dh);
+}
+dqNetResult IsendV10(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
+                     void** request) {
+  return IsendSized(c, data, size, tag, mh, request);
+}
+dqNetResult IrecvV10(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
+                     void** /*phandles*/, void** request) {
+  return IrecvSized(c, n, data, sizes, tags, mh, request);
+}
+dqNetResult IsendV9(void* c, void* data, size_t size, int tag, void* mh, void** request) {
+  return IsendSized(c, data, size, tag, mh, request);
+}
+dqNetResult IrecvV9(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
+                    void** request) {
+  return IrecvSized(c, n, data, sizes, tags, mh, request);
+}
+dqNetResult IsendV8(void* c, void* data, int size, int tag, void* mh, void** request) {
+  if (size < 0) {
+    NET_WARN("isend: negative size %d", size);
+    return dqNetInvalidArgument;
+  }
+  return IsendSized(c, data, static_cast<size_t>(size), tag, mh, request);
+}
+dqNetResult IrecvV8(void* c, int n, void** data, int* sizes, int* tags, void** mh,
+                    void** request) {
+  if (n < 1 || n > kMaxGroupedRecvs || sizes == nullptr) {
+    NET_WARN("irecv: %d grouped receives (maxRecvs is %d)", n, kMaxGroupedRecvs);
+    return dqNetInvalidArgument;
+  }
+  size_t wide[kMaxGroupedRecvs];
+  for (int i = 0; i < n; ++i) {
+    if (sizes[i] < 0) {
+      NET_WARN("irecv: negative size %d", sizes[i]);
+      return dqNetInvalidArgument;
+    }
+    wide[i] = static_cast<size_t>(sizes[i]);
+  }
+  return IrecvSized(c, n, data, wide, tags, mh, request);
+}
+
+constexpr const char* kName = "dynamiq";
+
+}  // namespace
+
+const dqNetV11& NetTableV11() {
+  static const dqNetV11 table = {
+      kName, InitV11, Devices, GetPropertiesV11, ListenV11, ConnectV11, Accept, RegMr,
+      RegMrDmaBuf, DeregMr, IsendV11, IrecvV11, Iflush, Test, CloseSend, CloseRecv, CloseListen,
+      /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, MakeVDevice, FinalizeV11, SetNetAttrV11};
+  return table;
+}
+
+const dqNetV10& NetTableV10() {
+  static const dqNetV10 table = {
+      kName, InitV10, Devices, GetPropertiesV10, ListenOld, ConnectV10, Accept, RegMr,
+      RegMrDmaBuf, DeregMr, IsendV10, IrecvV10, Iflush, Test, CloseSend, CloseRecv, CloseListen,
+      nullptr, nullptr, MakeVDevice};
+  return table;
+}
+
+const dqNetV9& NetTableV9() {
+  static const dqNetV9 table = {
+      kName, InitV9, Devices, GetPropertiesV10, ListenOld, ConnectOld, Accept, RegMr,
+      RegMrDmaBuf, DeregMr, IsendV9, IrecvV9, Iflush, Test, CloseSend, CloseRecv, CloseListen,
+      nullptr, nullptr, MakeVDevice};
+  return table;
+}
+
+const dqNetV8& NetTableV8() {
+  static const dqNetV8 table = {
+      kName, InitV9, Devices, GetPropertiesV8, ListenOld, ConnectOld, Accept, RegMr,
+      RegMrDmaBuf, DeregMr, IsendV8, IrecvV8, Iflush, Test, CloseSend, CloseRecv, CloseListen,
+      nullptr, nullptr};
+  return table;
+}
+
+}  // namespace dq::net
