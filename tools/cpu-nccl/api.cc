@@ -1,0 +1,514 @@
+// The extern "C" boundary of the CPU NCCL: argument checks, group semantics, error mapping.
+// No exception leaves this file; every entry point runs inside guarded().
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/cpu-nccl/comm.h"
+#include "tools/cpu-nccl/nccl_api.h"
+
+using dq::Status;
+using dq::Subsys;
+using dq::cpunccl::CollArgs;
+using dq::cpunccl::CollKind;
+using dq::cpunccl::Comm;
+using dq::cpunccl::DType;
+using dq::cpunccl::FailKind;
+using dq::cpunccl::P2pArgs;
+using dq::cpunccl::RedOp;
+
+namespace {
+
+Comm* impl(ncclComm_t comm) { return reinterpret_cast<Comm*>(comm); }
+ncclComm_t handle(Comm* comm) { return reinterpret_cast<ncclComm_t>(comm); }
+
+std::mutex g_last_error_mutex;
+char g_last_error[1024] = "";
+
+void set_last_error(const std::string& message) {
+  std::lock_guard<std::mutex> lock(g_last_error_mutex);
+  std::snprintf(g_last_error, sizeof g_last_error, "%s", message.c_str());
+}
+
+template <class F>
+ncclResult_t guarded(F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    set_last_error("cpu-nccl: out of memory");
+    return ncclSystemError;
+  } catch (...) {
+    set_last_error("cpu-nccl: internal error (exception)");
+    return ncclInternalError;
+  }
+}
+
+ncclResult_t fail_kind_result(FailKind kind) {
+  switch (kind) {
+    case FailKind::kNone: return ncclSuccess;
+    case FailKind::kRemote: return ncclRemoteError;
+    case FailKind::kInvalid: return ncclInvalidArgument;
+    default: return ncclSystemError;
+  }
+}
+
+ncclResult_t invalid(const char* what) {
+  DQ_WARN(Subsys::kCore, "cpu-nccl: invalid argument: %s", what);
+  set_last_error(std::string("cpu-nccl: invalid argument: ") + what);
+  return ncclInvalidArgument;
+}
+
+// Records a failed operation on `comm` and returns what the API reports for it.
+ncclResult_t record_failure(Comm* comm, Status s, const char* what) {
+  if (s == Status::kInvalidArgument) {
+    std::string msg = std::string("cpu-nccl: ") + what + ": invalid arguments (see WARN lines)";
+    set_last_error(msg);
+    return ncclInvalidArgument;
+  }
+  const FailKind kind =
+      (s == Status::kTimeout || s == Status::kSystemError || s == Status::kMalformedPayload)
+          ? FailKind::kRemote
+          : FailKind::kSystem;
+  std::string msg = "cpu-nccl rank " + std::to_string(comm->rank()) + ": " + what + " failed: " +
+                    dq::status_name(s) + " (see WARN lines naming the peer)";
+  comm->fail(kind, msg);
+  set_last_error(msg);
+  return fail_kind_result(comm->failure());
+}
+
+// ---- groups ----------------------------------------------------------------------------
+struct Task {
+  enum Kind { kInit, kColl, kP2p } kind;
+  Comm* comm;
+  CollArgs coll;
+  P2pArgs p2p;
+  ncclUniqueId id;
+};
+
+thread_local int t_group_depth = 0;
+thread_local std::vector<Task> t_tasks;
+
+// Runs one comm's share of a group: init first, then all point-to-point together, then the
+// collectives in the order they were issued.
+ncclResult_t run_comm_tasks(Comm* comm, const std::vector<const Task*>& tasks) {
+  std::vector<P2pArgs> p2p;
+  for (const Task* t : tasks) {
+    if (t->kind != Task::kInit) continue;
+    Status s = comm->init(reinterpret_cast<const unsigned char*>(t->id.internal));
+    if (s != Status::kOk) {
+      comm->fail(s == Status::kInvalidArgument ? FailKind::kInvalid : FailKind::kSystem,
+                 "cpu-nccl: ncclCommInitRank failed");
+      set_last_error("cpu-nccl: ncclCommInitRank failed (see WARN lines)");
+      return fail_kind_result(comm->failure());
+    }
+  }
+  if (comm->failure() != FailKind::kNone) return fail_kind_result(comm->failure());
+  for (const Task* t : tasks)
+    if (t->kind == Task::kP2p) p2p.push_back(t->p2p);
+  if (!p2p.empty()) {
+    Status s = comm->point_to_point(p2p);
+    if (s != Status::kOk) return record_failure(comm, s, "ncclSend/ncclRecv");
+  }
+  for (const Task* t : tasks) {
+    if (t->kind != Task::kColl) continue;
+    Status s = comm->collective(t->coll);
+    if (s != Status::kOk) return record_failure(comm, s, "collective");
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t run_group(std::vector<Task> tasks) {
+  std::vector<Comm*> comms;
+  std::vector<std::vector<const Task*>> per_comm;
+  for (const Task& t : tasks) {
+    size_t i = 0;
+    while (i < comms.size() && comms[i] != t.comm) ++i;
+    if (i == comms.size()) {
+      comms.push_back(t.comm);
+      per_comm.emplace_back();
+    }
+    per_comm[i].push_back(&t);
+  }
+  if (comms.empty()) return ncclSuccess;
+  if (comms.size() == 1) return run_comm_tasks(comms[0], per_comm[0]);
+  // Several comms in one group (one thread driving several ranks): each progresses in its own
+  // thread so that they can wait on each other.
+  std::vector<ncclResult_t> results(comms.size(), ncclSuccess);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < comms.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = guarded([&] { return run_comm_tasks(comms[i], per_comm[i]); });
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (ncclResult_t r : results)
+    if (r != ncclSuccess) return r;
+  return ncclSuccess;
+}
+
+// Queues the task inside a group, runs it at once otherwise.
+ncclResult_t submit(Task task) {
+  if (t_group_depth > 0) {
+    t_tasks.push_back(task);
+    return ncclSuccess;
+  }
+  std::vector<Task> one{task};
+  return run_group(std::move(one));
+}
+
+ncclResult_t check_comm(Comm* comm) {
+  if (!comm) return invalid("comm is NULL");
+  if (comm->failure() != FailKind::kNone) {
+    set_last_error(comm->last_error());
+    return fail_kind_result(comm->failure());
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op) {
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (!dq::cpunccl::dtype_valid(static_cast<int>(args.dtype))) return invalid("datatype");
+  if (needs_op && !dq::cpunccl::redop_valid(static_cast<int>(args.op)))
+    return invalid("reduction op (only sum, prod, max, min, avg are supported)");
+  if ((args.kind == CollKind::kBroadcast || args.kind == CollKind::kReduce) &&
+      (args.root < 0 || args.root >= comm->nranks()))
+    return invalid("root out of range");
+  if (args.count > 0) {
+    const bool is_root = args.root == comm->rank();
+    const bool needs_send = !(args.kind == CollKind::kBroadcast && !is_root);
+    const bool needs_recv = !(args.kind == CollKind::kReduce && !is_root);
+    if (needs_send && !args.sendbuff) return invalid("sendbuff is NULL");
+    if (needs_recv && !args.recvbuff) return invalid("recvbuff is NULL");
+  }
+  Task t{};
+  t.kind = Task::kColl;
+  t.comm = comm;
+  t.coll = args;
+  return submit(t);
+}
+
+ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t dtype, int peer,
+                        Comm* comm) {
+  if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
+  if (!dq::cpunccl::dtype_valid(dtype)) return invalid("datatype");
+  if (peer < 0 || peer >= comm->nranks()) return invalid("peer out of range");
+  if (count > 0 && !buffer) return invalid("buffer is NULL");
+  Task t{};
+  t.kind = Task::kP2p;
+  t.comm = comm;
+  t.p2p = P2pArgs{is_send, peer, buffer,
+                  count * dq::cpunccl::dtype_size(static_cast<DType>(dtype))};
+  return submit(t);
+}
+
+void apply_config(Comm* comm, const ncclConfig_t* config) {
+  if (!config) return;
+  if (config->magic != DQ_NCCL_CONFIG_MAGIC) {
+    DQ_WARN(Subsys::kCore, "cpu-nccl: ncclConfig_t not initialised with NCCL_CONFIG_INITIALIZER "
+            "(magic %#x); ignoring it", config->magic);
+    return;
+  }
+  if (config->size >= offsetof(ncclConfig_t, commName) + sizeof(const char*) &&
+      config->commName)
+    comm->set_name(config->commName);
+  if (config->blocking != DQ_NCCL_CONFIG_UNDEF_INT) comm->set_blocking(config->blocking);
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int* version) {
+  if (!version) return invalid("version is NULL");
+  *version = DQ_NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* unique_id) {
+  return guarded([&] {
+    if (!unique_id) return invalid("uniqueId is NULL");
+    Status s = Comm::make_unique_id(reinterpret_cast<unsigned char*>(unique_id->internal));
+    if (s != Status::kOk) {
+      set_last_error("cpu-nccl: ncclGetUniqueId failed (net plugin unavailable?)");
+      return ncclSystemError;
+    }
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank,
+                                    ncclConfig_t* config) {
+  return guarded([&] {
+    if (!comm) return invalid("comm is NULL");
+    *comm = nullptr;
+    if (nranks < 1) return invalid("nranks < 1");
+    if (rank < 0 || rank >= nranks) return invalid("rank out of range");
+    auto made = std::make_unique<Comm>(rank, nranks);
+    apply_config(made.get(), config);
+    Task t{};
+    t.kind = Task::kInit;
+    t.comm = made.get();
+    t.id = comm_id;
+    if (t_group_depth > 0) {  // initialised at the outermost ncclGroupEnd
+      t_tasks.push_back(t);
+      *comm = handle(made.release());
+      return ncclSuccess;
+    }
+    Status s = made->init(reinterpret_cast<const unsigned char*>(comm_id.internal));
+    if (s != Status::kOk) {
+      set_last_error("cpu-nccl: ncclCommInitRank failed (see WARN lines)");
+      return s == Status::kInvalidArgument ? ncclInvalidArgument
+             : s == Status::kTimeout       ? ncclRemoteError
+                                           : ncclSystemError;
+    }
+    *comm = handle(made.release());
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId comm_id, int rank) {
+  return ncclCommInitRankConfig(comm, nranks, comm_id, rank, nullptr);
+}
+
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int n_ids,
+                                      ncclUniqueId* comm_ids, ncclConfig_t* config) {
+  if (n_ids < 1 || !comm_ids) return invalid("no unique id");
+  // One bootstrap root suffices on a single host: every rank uses the first id.
+  return ncclCommInitRankConfig(comm, nranks, comm_ids[0], rank, config);
+}
+
+ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* /*devlist*/) {
+  return guarded([&] {
+    if (!comms) return invalid("comms is NULL");
+    if (ndev < 1) return invalid("ndev < 1");
+    ncclUniqueId id;
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) return r;
+    std::vector<ncclResult_t> results(ndev, ncclSuccess);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < ndev; ++i) {
+      threads.emplace_back([&, i] { results[i] = ncclCommInitRank(&comms[i], ndev, id, i); });
+    }
+    for (auto& th : threads) th.join();
+    for (int i = 0; i < ndev; ++i) {
+      if (results[i] != ncclSuccess) {
+        for (int j = 0; j < ndev; ++j) {
+          delete impl(comms[j]);
+          comms[j] = nullptr;
+        }
+        return results[i];
+      }
+    }
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config) {
+  return guarded([&] {
+    if (!newcomm) return invalid("newcomm is NULL");
+    *newcomm = nullptr;
+    Comm* parent = impl(comm);
+    if (ncclResult_t r = check_comm(parent); r != ncclSuccess) return r;
+    if (color < 0 && color != DQ_NCCL_SPLIT_NOCOLOR) return invalid("negative color");
+    std::string name = parent->name();
+    if (config && config->magic == DQ_NCCL_CONFIG_MAGIC && config->commName)
+      name = config->commName;
+    Comm* child = nullptr;
+    Status s = Comm::split(parent, color, key, name, &child);
+    if (s != Status::kOk) return record_failure(parent, s, "ncclCommSplit");
+    *newcomm = handle(child);
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  // Every operation completes before its call returns: nothing is left to flush.
+  return comm ? ncclSuccess : invalid("comm is NULL");
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return guarded([&] {
+    delete impl(comm);
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return guarded([&] {
+    if (Comm* c = impl(comm)) c->abort_connections();
+    delete impl(comm);
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  if (!comm || !count) return invalid("comm or count is NULL");
+  *count = impl(comm)->nranks();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  if (!comm || !device) return invalid("comm or device is NULL");
+  *device = 0;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (!comm || !rank) return invalid("comm or rank is NULL");
+  *rank = impl(comm)->rank();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  if (!comm || !async_error) return invalid("comm or asyncError is NULL");
+  *async_error = fail_kind_result(impl(comm)->failure());
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t /*size*/, void** handle) {
+  if (!comm || !handle) return invalid("comm or handle is NULL");
+  *handle = buff;  // host memory needs no registration; the plugin registers per operation
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* /*handle*/) {
+  return comm ? ncclSuccess : invalid("comm is NULL");
+}
+
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char* ncclGetLastError(ncclComm_t /*comm*/) {
+  std::lock_guard<std::mutex> lock(g_last_error_mutex);
+  return g_last_error;
+}
+
+ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  if (!ptr) return invalid("ptr is NULL");
+  *ptr = std::malloc(size ? size : 1);
+  return *ptr ? ncclSuccess : ncclSystemError;
+}
+
+ncclResult_t ncclMemFree(void* ptr) {
+  std::free(ptr);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t,
+                                      ncclComm_t) {
+  set_last_error("cpu-nccl: ncclRedOpCreatePreMulSum is not implemented");
+  return ncclInvalidUsage;
+}
+
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t, ncclComm_t) { return ncclInvalidUsage; }
+
+ncclResult_t ncclGroupStart(void) {
+  ++t_group_depth;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+  return guarded([&] {
+    if (t_group_depth <= 0) return invalid("ncclGroupEnd without ncclGroupStart");
+    if (--t_group_depth > 0) return ncclSuccess;
+    std::vector<Task> tasks;
+    tasks.swap(t_tasks);
+    return run_group(std::move(tasks));
+  });
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t) {
+  return guarded([&] {
+    return submit_p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, impl(comm));
+  });
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t) {
+  return guarded([&] { return submit_p2p(false, recvbuff, count, datatype, peer, impl(comm)); });
+}
+
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t) {
+  return guarded([&] {
+    return submit_coll({CollKind::kAllReduce, sendbuff, recvbuff, count,
+                        static_cast<DType>(datatype), static_cast<RedOp>(op), 0},
+                       impl(comm), true);
+  });
+}
+
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+  return guarded([&] {
+    return submit_coll({CollKind::kBroadcast, sendbuff, recvbuff, count,
+                        static_cast<DType>(datatype), RedOp::kSum, root},
+                       impl(comm), false);
+  });
+}
+
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                       ncclComm_t comm, cudaStream_t stream) {
+  return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                        cudaStream_t) {
+  return guarded([&] {
+    return submit_coll({CollKind::kReduce, sendbuff, recvbuff, count,
+                        static_cast<DType>(datatype), static_cast<RedOp>(op), root},
+                       impl(comm), true);
+  });
+}
+
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+  return guarded([&] {
+    return submit_coll({CollKind::kAllGather, sendbuff, recvbuff, sendcount,
+                        static_cast<DType>(datatype), RedOp::kSum, 0},
+                       impl(comm), false);
+  });
+}
+
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t) {
+  return guarded([&] {
+    return submit_coll({CollKind::kReduceScatter, sendbuff, recvbuff, recvcount,
+                        static_cast<DType>(datatype), static_cast<RedOp>(op), 0},
+                       impl(comm), true);
+  });
+}
+
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+  return guarded([&] {
+    return submit_coll({CollKind::kAllToAll, sendbuff, recvbuff, count,
+                        static_cast<DType>(datatype), RedOp::kSum, 0},
+                       impl(comm), false);
+  });
+}
+
+const char* dqCpuNcclCommName(ncclComm_t comm) {
+  return comm ? impl(comm)->name().c_str() : "";
+}
+
+}  // extern "C"

@@ -1,0 +1,109 @@
+// A CPU NCCL communicator: bootstrap over the net plugin, a full mesh of plugin connections
+// (one send and one receive comm per peer), and the collective algorithms on host memory.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "tools/cpu-nccl/net.h"
+#include "tools/cpu-nccl/reduce.h"
+
+namespace dq::cpunccl {
+
+constexpr size_t kUniqueIdBytes = 128;
+
+enum class CollKind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAllToAll };
+
+struct CollArgs {
+  CollKind kind;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;  // per NCCL's signature of each collective (recvcount, sendcount, ...)
+  DType dtype;
+  RedOp op;
+  int root;
+};
+
+// One send or receive of a grouped point-to-point batch.
+struct P2pArgs {
+  bool is_send;
+  int peer;
+  void* buffer;
+  size_t bytes;
+};
+
+// Why an operation failed, as the API reports it.
+enum class FailKind { kNone = 0, kRemote, kSystem, kInvalid };
+
+class Comm {
+ public:
+  Comm(int rank, int nranks) : rank_(rank), nranks_(nranks) {}
+  ~Comm();
+
+  // Unique id: [0,8) magic, [8,16) job id, [16,128) the bootstrap root's listen handle.
+  // Starts a root thread in this process that introduces the ranks to each other.
+  static Status make_unique_id(unsigned char id[kUniqueIdBytes]);
+
+  // Bootstrap from a unique id: every rank connects to the root, receives every rank's listen
+  // handle, then connects to every peer.
+  Status init(const unsigned char id[kUniqueIdBytes]);
+  // Collective over `parent`: ranks with the same color form *child (ordered by key, then by
+  // parent rank); color < 0 gives *child = nullptr.
+  static Status split(Comm* parent, int color, int key, const std::string& name, Comm** child);
+
+  Status collective(const CollArgs& args);
+  // All sends and receives progress together; returns when every one completed.
+  Status point_to_point(const std::vector<P2pArgs>& ops);
+
+  // Closes every connection so that peers blocked on us fail fast; idempotent.
+  void abort_connections();
+  // Records the first failure; the comm refuses further work afterwards.
+  void fail(FailKind kind, const std::string& message);
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  FailKind failure() const { return failure_.load(); }
+  std::string last_error() const;
+  const std::string& name() const { return name_; }
+  void set_name(const std::string& name) { name_ = name; }
+  void set_blocking(int blocking) { blocking_ = blocking; }
+  int timeout_ms() const { return timeout_ms_; }
+
+ private:
+  struct Hello;
+  Status init_plugin(uint64_t comm_tag);
+  // Accepts peers and connects to `handles[p]` for every p != rank until the mesh is complete.
+  // When `root_send` is set, the handles arrive first from the bootstrap root.
+  Status build_mesh(std::vector<NetHandle>* handles, bool handles_from_root);
+
+  Status ring(const CollArgs& args);
+  Status chain_broadcast(const CollArgs& args);
+  Status chain_reduce(const CollArgs& args);
+
+  const int rank_;
+  const int nranks_;
+  uint64_t comm_tag_ = 0;
+  uint64_t split_count_ = 0;
+  std::string name_;
+  int blocking_ = 1;
+  int timeout_ms_ = 60000;
+  size_t chunk_bytes_ = size_t{1} << 20;
+  Net* net_ = nullptr;
+  void* ctx_ = nullptr;
+  void* listen_comm_ = nullptr;
+  std::vector<void*> send_comms_;  // by peer rank
+  std::vector<void*> recv_comms_;
+  std::atomic<FailKind> failure_{FailKind::kNone};
+  mutable std::mutex error_mutex_;
+  std::string last_error_;
+  friend class Transfers;
+};
+
+// Environment knobs (read each time a comm is created).
+int timeout_ms_from_env();
+
+}  // namespace dq::cpunccl
