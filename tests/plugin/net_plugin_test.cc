@@ -1,0 +1,578 @@
+// Unit tests of the net plugin through its exported ABI (dlopen, like NCCL), in one process
+// over loopback (the test environment sets DYNAMIQ_NET_IFNAME=lo).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "plugin/net_env.h"
+#include "plugin/socket/socket_wire.h"
+#include "tests/plugin/plugin_harness.h"
+
+namespace dq::net::testing {
+namespace {
+
+class NetPluginTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PluginLib& pl = PluginLib::Get();
+    ASSERT_NE(pl.lib, nullptr) << pl.error;
+    net_ = pl.v11;
+    ASSERT_NE(net_, nullptr);
+    ASSERT_EQ(net_->init(&ctx_, 0x1234abcdull, nullptr, &LogCapture::Logger, nullptr),
+              dqNetSuccess);
+    ASSERT_EQ(net_->listen(ctx_, 0, handle_, &listen_comm_), dqNetSuccess);
+  }
+  void TearDown() override {
+    if (send_comm_) {
+      EXPECT_EQ(net_->closeSend(send_comm_), dqNetSuccess);
+    }
+    if (recv_comm_) {
+      EXPECT_EQ(net_->closeRecv(recv_comm_), dqNetSuccess);
+    }
+    if (listen_comm_) {
+      EXPECT_EQ(net_->closeListen(listen_comm_), dqNetSuccess);
+    }
+    if (ctx_) {
+      EXPECT_EQ(net_->finalize(ctx_), dqNetSuccess);
+    }
+  }
+  void Connect() {
+    ASSERT_TRUE(ConnectPair(net_, ctx_, listen_comm_, handle_, &send_comm_, &recv_comm_));
+  }
+  void* Send(std::vector<char>& buf, int tag) {
+    void* req = nullptr;
+    for (int i = 0; i < 1000 && req == nullptr; ++i) {
+      EXPECT_EQ(net_->isend(send_comm_, buf.data(), buf.size(), tag, nullptr, nullptr, &req),
+                dqNetSuccess);
+    }
+    EXPECT_NE(req, nullptr);
+    return req;
+  }
+  void* Recv(std::vector<char>& buf, int tag) {
+    void* data = buf.data();
+    size_t size = buf.size();
+    void* req = nullptr;
+    EXPECT_EQ(net_->irecv(recv_comm_, 1, &data, &size, &tag, nullptr, nullptr, &req),
+              dqNetSuccess);
+    EXPECT_NE(req, nullptr);
+    return req;
+  }
+  void Finish(void* req, int expected_size) {
+    int done = 0;
+    int size = -1;
+    ASSERT_EQ(WaitRequest(net_, req, &size, &done), dqNetSuccess);
+    ASSERT_EQ(done, 1);
+    EXPECT_EQ(size, expected_size);
+  }
+
+  const dqNetV11* net_ = nullptr;
+  void* ctx_ = nullptr;
+  char handle_[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* listen_comm_ = nullptr;
+  void* send_comm_ = nullptr;
+  void* recv_comm_ = nullptr;
+};
+
+TEST(NetPluginAbi, ExportsEveryVersionAndHidesInternals) {
+  PluginLib& pl = PluginLib::Get();
+  ASSERT_NE(pl.lib, nullptr) << pl.error;
+  ASSERT_NE(pl.v11, nullptr);
+  ASSERT_NE(pl.v10, nullptr);
+  ASSERT_NE(pl.v9, nullptr);
+  ASSERT_NE(pl.v8, nullptr);
+  EXPECT_STREQ(pl.v11->name, "dynamiq");
+  EXPECT_STREQ(pl.v8->name, "dynamiq");
+  // Core symbols stay hidden: the mangled name of the backend accessor must not resolve.
+  EXPECT_EQ(dlsym(pl.lib, "_ZN2dq3net13SocketBackendEv"), nullptr);
+  EXPECT_EQ(dlsym(pl.lib, "_ZN2dq11log_messageENS_8LogLevelENS_6SubsysEPKciS4_z"), nullptr);
+  // Entries NCCL calls unconditionally are present in every table.
+  EXPECT_NE(pl.v8->irecv, nullptr);
+  EXPECT_NE(pl.v9->makeVDevice, nullptr);
+  EXPECT_NE(pl.v11->finalize, nullptr);
+}
+
+TEST(NetPluginEnv, IfnamePrefixMatching) {
+  EXPECT_TRUE(IfnameMatches("", "eth0"));
+  EXPECT_TRUE(IfnameMatches("eth", "eth0"));
+  EXPECT_FALSE(IfnameMatches("eth", "lo"));
+  EXPECT_TRUE(IfnameMatches("ib,lo", "lo"));
+  EXPECT_FALSE(IfnameMatches("^lo,docker", "lo"));
+  EXPECT_TRUE(IfnameMatches("^lo,docker", "eth0"));
+  EXPECT_FALSE(IfnameMatches("=eth", "eth0"));
+  EXPECT_TRUE(IfnameMatches("=eth0", "eth0"));
+  EXPECT_FALSE(IfnameMatches("^=eth0", "eth0"));
+}
+
+TEST(NetPluginEnv, SplitCoversTheMessageExactly) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{131071}, size_t{131072}, size_t{4u << 20},
+                      size_t{(256u << 20) + 7}}) {
+    for (int nsocks = 1; nsocks <= wire::kMaxSocks; ++nsocks) {
+      wire::Split s = wire::SplitMessage(size, nsocks);
+      ASSERT_GE(s.parts, 1);
+      ASSERT_LE(s.parts, nsocks);
+      size_t covered = 0;
+      for (int k = 0; k < s.parts; ++k) {
+        EXPECT_EQ(s.Offset(k), covered);
+        if (size > 0) {
+          EXPECT_GT(s.Len(k, size), 0u) << size << " " << nsocks << " " << k;
+        }
+        covered += s.Len(k, size);
+      }
+      EXPECT_EQ(covered, size);
+    }
+  }
+}
+
+TEST_F(NetPluginTest, DeviceIsLoopbackWithHostProperties) {
+  int ndev = 0;
+  ASSERT_EQ(net_->devices(&ndev), dqNetSuccess);
+  ASSERT_EQ(ndev, 1);  // DYNAMIQ_NET_IFNAME=lo in the test environment
+  dqNetPropertiesV11 p{};
+  ASSERT_EQ(net_->getProperties(0, &p), dqNetSuccess);
+  EXPECT_STREQ(p.name, "lo");
+  EXPECT_EQ(p.ptrSupport, NCCL_PTR_HOST);
+  EXPECT_GT(p.maxRecvs, 1);
+  EXPECT_GT(p.speed, 0);
+  EXPECT_GT(p.maxComms, 0);
+  EXPECT_EQ(p.vProps.ndevs, 1);
+  EXPECT_EQ(p.vProps.devs[0], 0);
+  EXPECT_EQ(net_->getProperties(1, &p), dqNetInvalidArgument);
+
+  const PluginLib& pl = PluginLib::Get();
+  dqNetPropertiesV8 p8{};
+  ASSERT_EQ(pl.v8->getProperties(0, &p8), dqNetSuccess);
+  EXPECT_STREQ(p8.name, "lo");
+  EXPECT_EQ(p8.maxRecvs, p.maxRecvs);
+  EXPECT_EQ(p8.speed, p.speed);
+  dqNetPropertiesV10 p10{};
+  ASSERT_EQ(pl.v10->getProperties(0, &p10), dqNetSuccess);
+  EXPECT_EQ(p10.guid, p.guid);
+  EXPECT_EQ(p10.maxP2pBytes, p.maxP2pBytes);
+}
+
+TEST_F(NetPluginTest, HandleFitsAndConnectIsNonBlocking) {
+  wire::Handle h;
+  std::memcpy(&h, handle_, sizeof(h));
+  EXPECT_EQ(h.magic, wire::kHandleMagic);
+  EXPECT_NE(h.secret, 0u);
+  EXPECT_EQ(h.family, AF_INET);
+  // Nothing accepted yet: accept returns a NULL comm, without blocking.
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
+  EXPECT_EQ(rc, nullptr);
+  EXPECT_LT(SecondsSince(t), 0.5);
+  Connect();
+  // A second listen draws a different secret.
+  void* lc2 = nullptr;
+  char handle2[NCCL_NET_HANDLE_MAXSIZE];
+  ASSERT_EQ(net_->listen(ctx_, 0, handle2, &lc2), dqNetSuccess);
+  wire::Handle h2;
+  std::memcpy(&h2, handle2, sizeof(h2));
+  EXPECT_NE(h2.secret, h.secret);
+  EXPECT_EQ(net_->closeListen(lc2), dqNetSuccess);
+}
+
+TEST_F(NetPluginTest, MessageSizesFromZeroTo256MiB) {
+  Connect();
+  const size_t sizes[] = {0, 1, 7, 4096, 65535, 131075, (1u << 20) + 1, 4u << 20, 64u << 20,
+                          256u << 20};
+  int tag = 0;
+  for (size_t size : sizes) {
+    std::vector<char> out(size), in(size + 16, 0x5a);
+    Fill(out, static_cast<uint32_t>(size));
+    void* rreq = Recv(in, tag);
+    void* sreq = Send(out, tag);
+    Finish(sreq, static_cast<int>(size));
+    Finish(rreq, static_cast<int>(size));
+    EXPECT_EQ(std::memcmp(in.data(), out.data(), size), 0) << size;
+    EXPECT_EQ(in[size], 0x5a) << "wrote past the message end for size " << size;
+    ++tag;
+  }
+}
+
+TEST_F(NetPluginTest, OutOfOrderTagsMatchTheirOwnReceives) {
+  Connect();
+  constexpr int kN = 8;
+  std::vector<std::vector<char>> out(kN), in(kN);
+  std::vector<void*> sreq(kN), rreq(kN);
+  // Sends go out in tag order, including some sizes that use several sockets.
+  for (int t = 0; t < kN; ++t) {
+    out[t].resize(1000 + static_cast<size_t>(t) * 70000);
+    Fill(out[t], 100 + static_cast<uint32_t>(t));
+    in[t].assign(out[t].size(), 0);
+    sreq[t] = Send(out[t], t);
+  }
+  // Let some of them arrive before any receive is posted (staged path).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int t = kN - 1; t >= 0; --t) rreq[t] = Recv(in[t], t);
+  for (int t = 0; t < kN; ++t) {
+    Finish(sreq[t], static_cast<int>(out[t].size()));
+    Finish(rreq[t], static_cast<int>(out[t].size()));
+    EXPECT_EQ(in[t], out[t]) << "tag " << t;
+  }
+}
+
+TEST_F(NetPluginTest, SameTagIsFifo) {
+  Connect();
+  std::vector<std::vector<char>> out(5), in(5);
+  std::vector<void*> rreq(5), sreq(5);
+  for (int i = 0; i < 5; ++i) {
+    in[i].assign(300000, 0);
+    rreq[i] = Recv(in[i], 7);
+  }
+  for (int i = 0; i < 5; ++i) {
+    out[i].resize(300000 - static_cast<size_t>(i));
+    Fill(out[i], 900 + static_cast<uint32_t>(i));
+    sreq[i] = Send(out[i], 7);
+  }
+  for (int i = 0; i < 5; ++i) {
+    Finish(sreq[i], static_cast<int>(out[i].size()));
+    Finish(rreq[i], static_cast<int>(out[i].size()));
+    EXPECT_EQ(std::memcmp(in[i].data(), out[i].data(), out[i].size()), 0) << i;
+  }
+}
+
+TEST_F(NetPluginTest, ManyRequestsInFlight) {
+  Connect();
+  constexpr int kN = NCCL_NET_MAX_REQUESTS;
+  std::vector<std::vector<char>> out(kN), in(kN);
+  std::vector<void*> sreq(kN), rreq(kN);
+  for (int i = 0; i < kN; ++i) {
+    out[i].resize(static_cast<size_t>(1 + i) * 37001);
+    Fill(out[i], 5000 + static_cast<uint32_t>(i));
+    in[i].assign(out[i].size(), 0);
+    rreq[i] = Recv(in[i], i % 4);  // tags repeat: FIFO per tag must hold across the window
+  }
+  for (int i = 0; i < kN; ++i) sreq[i] = Send(out[i], i % 4);
+  // Complete in reverse order: test() of a later request must not depend on earlier ones.
+  for (int i = kN - 1; i >= 0; --i) {
+    Finish(rreq[i], static_cast<int>(out[i].size()));
+    Finish(sreq[i], static_cast<int>(out[i].size()));
+    EXPECT_EQ(in[i], out[i]) << i;
+  }
+}
+
+TEST_F(NetPluginTest, GroupedReceives) {
+  Connect();
+  dqNetPropertiesV11 p{};
+  ASSERT_EQ(net_->getProperties(0, &p), dqNetSuccess);
+  const int n = p.maxRecvs;
+  std::vector<std::vector<char>> out(n), in(n);
+  std::vector<void*> data(n);
+  std::vector<size_t> caps(n);
+  std::vector<int> tags(n);
+  for (int i = 0; i < n; ++i) {
+    out[i].resize(static_cast<size_t>(i) * 50000);  // includes an empty one
+    Fill(out[i], 77 + static_cast<uint32_t>(i));
+    in[i].assign(out[i].size() + 100, 0);
+    data[i] = in[i].data();
+    caps[i] = in[i].size();
+    tags[i] = 40 + i;
+  }
+  void* rreq = nullptr;
+  ASSERT_EQ(net_->irecv(recv_comm_, n, data.data(), caps.data(), tags.data(), nullptr, nullptr,
+                        &rreq),
+            dqNetSuccess);
+  ASSERT_NE(rreq, nullptr);
+  std::vector<void*> sreq(n);
+  for (int i = n - 1; i >= 0; --i) sreq[i] = Send(out[i], 40 + i);  // reverse tag order
+  for (int i = 0; i < n; ++i) Finish(sreq[i], static_cast<int>(out[i].size()));
+  std::vector<int> got(n, -1);
+  int done = 0;
+  ASSERT_EQ(WaitRequest(net_, rreq, got.data(), &done), dqNetSuccess);
+  ASSERT_EQ(done, 1);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(got[i], static_cast<int>(out[i].size())) << i;
+    EXPECT_EQ(std::memcmp(in[i].data(), out[i].data(), out[i].size()), 0) << i;
+  }
+  // More receives than maxRecvs is refused.
+  std::vector<void*> d2(n + 1, in[0].data());
+  std::vector<size_t> c2(n + 1, 1);
+  std::vector<int> t2(n + 1, 1);
+  void* bad = nullptr;
+  EXPECT_EQ(net_->irecv(recv_comm_, n + 1, d2.data(), c2.data(), t2.data(), nullptr, nullptr,
+                        &bad),
+            dqNetInvalidArgument);
+}
+
+TEST_F(NetPluginTest, MessageLargerThanReceiveIsAnError) {
+  Connect();
+  LogCapture::Clear();
+  std::vector<char> out(1000, 1), in(100, 0);
+  void* rreq = Recv(in, 3);
+  void* sreq = Send(out, 3);
+  Finish(sreq, 1000);
+  int done = 0;
+  int size = 0;
+  EXPECT_NE(WaitRequest(net_, rreq, &size, &done, 10), dqNetSuccess);
+  EXPECT_EQ(done, 0);
+  EXPECT_TRUE(LogCapture::Contains("1000 bytes", "holds only 100"));
+  EXPECT_EQ(in, std::vector<char>(100, 0)) << "no byte may be written into a too-small buffer";
+}
+
+TEST_F(NetPluginTest, RegistrationIsHostOnly) {
+  Connect();
+  std::vector<char> buf(4096, 3);
+  void* mh = nullptr;
+  EXPECT_EQ(net_->regMr(send_comm_, buf.data(), buf.size(), NCCL_PTR_CUDA, &mh),
+            dqNetInvalidArgument);
+  EXPECT_EQ(mh, nullptr);
+  EXPECT_NE(net_->regMrDmaBuf(send_comm_, buf.data(), buf.size(), NCCL_PTR_DMABUF, 0, 3, &mh),
+            dqNetSuccess);
+  ASSERT_EQ(net_->regMr(send_comm_, buf.data(), buf.size(), NCCL_PTR_HOST, &mh), dqNetSuccess);
+  ASSERT_NE(mh, nullptr);
+  void* req = nullptr;
+  // A buffer outside the registered region is refused.
+  std::vector<char> other(10);
+  EXPECT_EQ(net_->isend(send_comm_, other.data(), other.size(), 1, mh, nullptr, &req),
+            dqNetInvalidArgument);
+  ASSERT_EQ(net_->isend(send_comm_, buf.data(), buf.size(), 1, mh, nullptr, &req), dqNetSuccess);
+  std::vector<char> in(4096);
+  void* rreq = Recv(in, 1);
+  Finish(req, 4096);
+  Finish(rreq, 4096);
+  EXPECT_EQ(in, buf);
+  EXPECT_EQ(net_->deregMr(send_comm_, mh), dqNetSuccess);
+  void* flush_req = reinterpret_cast<void*>(1);
+  void* d = in.data();
+  int s = 4096;
+  EXPECT_EQ(net_->iflush(recv_comm_, 1, &d, &s, nullptr, &flush_req), dqNetSuccess);
+  EXPECT_EQ(flush_req, nullptr);
+}
+
+TEST_F(NetPluginTest, WrongSecretIsRefusedAndDeliversNothing) {
+  LogCapture::Clear();
+  char forged[NCCL_NET_HANDLE_MAXSIZE];
+  std::memcpy(forged, handle_, sizeof(forged));
+  wire::Handle h;
+  std::memcpy(&h, forged, sizeof(h));
+  h.secret ^= 0x1;  // one bit off
+  std::memcpy(forged, &h, sizeof(h));
+  void* intruder = nullptr;
+  Clock::time_point t = Clock::now();
+  while (intruder == nullptr && SecondsSince(t) < 5) {
+    ASSERT_EQ(net_->connect(ctx_, 0, forged, &intruder, nullptr), dqNetSuccess);
+  }
+  ASSERT_NE(intruder, nullptr);  // TCP-level connect succeeds; the handshake is what fails
+  std::vector<char> evil(1000, 'X');
+  void* evil_req = nullptr;
+  net_->isend(intruder, evil.data(), evil.size(), 9, nullptr, nullptr, &evil_req);
+  // accept never hands out the intruder's connection.
+  t = Clock::now();
+  void* rc = nullptr;
+  while (SecondsSince(t) < 1.0) {
+    ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
+    ASSERT_EQ(rc, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(LogCapture::Contains("wrong secret", "127.0.0.1"));
+  // The legitimate peer connects and only its data arrives on tag 9.
+  Connect();
+  std::vector<char> good(1000, 'G'), in(1000, 0);
+  void* rreq = Recv(in, 9);
+  Finish(Send(good, 9), 1000);
+  Finish(rreq, 1000);
+  EXPECT_EQ(in, good);
+  if (evil_req != nullptr) {
+    int done = 0;
+    net_->test(evil_req, &done, nullptr);  // either outcome; must not crash
+  }
+  net_->closeSend(intruder);
+}
+
+TEST_F(NetPluginTest, CommunicatorIdMismatchIsRefused) {
+  LogCapture::Clear();
+  void* other_ctx = nullptr;
+  ASSERT_EQ(net_->init(&other_ctx, 0x9999ull, nullptr, &LogCapture::Logger, nullptr),
+            dqNetSuccess);
+  char copy[NCCL_NET_HANDLE_MAXSIZE];
+  std::memcpy(copy, handle_, sizeof(copy));
+  void* sc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (sc == nullptr && SecondsSince(t) < 5) {
+    ASSERT_EQ(net_->connect(other_ctx, 0, copy, &sc, nullptr), dqNetSuccess);
+  }
+  ASSERT_NE(sc, nullptr);
+  void* rc = nullptr;
+  t = Clock::now();
+  while (SecondsSince(t) < 0.5) {
+    ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
+    ASSERT_EQ(rc, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(LogCapture::Contains("communicator id", "127.0.0.1"));
+  net_->closeSend(sc);
+  net_->finalize(other_ctx);
+}
+
+// A raw client that knows the secret but then speaks garbage: the receive must fail, fast.
+void RawClientSends(const char* handle, const void* frame, size_t len) {
+  wire::Handle h;
+  std::memcpy(&h, handle, sizeof(h));
+  for (int k = 0; k < h.nsocks; ++k) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = h.port_be;
+    std::memcpy(&a.sin_addr, h.addr, 4);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    wire::Hello hello{wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0,
+                      h.secret, 0, 0xfeedull};
+    ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+    if (k == 0) {
+      ASSERT_EQ(send(fd, frame, len, 0), static_cast<ssize_t>(len));
+    }
+    // Leak-free: the receiver owns the other end; our fd closes at exit of the test body.
+    std::thread([fd] {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      close(fd);
+    }).detach();
+  }
+}
+
+TEST_F(NetPluginTest, MalformedFramesFailTheReceive) {
+  struct Case {
+    wire::MsgHeader header;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {{0xdeadbeef, 1, 0, 10}, "bad message magic"},
+      {{wire::kMsgMagic, 1, 0, 1ull << 50}, "exceeds the 1 TiB limit"},
+      {{wire::kMsgMagic, 1, 5, 10}, "sequence 5"},
+  };
+  for (const Case& c : cases) {
+    LogCapture::Clear();
+    void* lc = nullptr;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
+    RawClientSends(handle, &c.header, sizeof(c.header));
+    void* rc = nullptr;
+    Clock::time_point t = Clock::now();
+    while (rc == nullptr && SecondsSince(t) < 5) {
+      ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
+    }
+    ASSERT_NE(rc, nullptr);
+    std::vector<char> in(64, 0);
+    void* data = in.data();
+    size_t size = in.size();
+    int tag = 1;
+    void* req = nullptr;
+    dqNetResult posted = net_->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &req);
+    if (posted == dqNetSuccess) {
+      ASSERT_NE(req, nullptr);
+      int done = 0;
+      t = Clock::now();
+      EXPECT_NE(WaitRequest(net_, req, nullptr, &done, 10), dqNetSuccess) << c.expect;
+      EXPECT_EQ(done, 0);
+      EXPECT_LT(SecondsSince(t), 5.0);
+    }
+    EXPECT_TRUE(LogCapture::Contains("malformed frame", c.expect)) << c.expect;
+    EXPECT_EQ(in, std::vector<char>(64, 0));
+    EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
+    EXPECT_EQ(net_->closeListen(lc), dqNetSuccess);
+  }
+}
+
+TEST_F(NetPluginTest, ClosedSenderFailsPendingReceive) {
+  Connect();
+  std::vector<char> in(1000);
+  void* rreq = Recv(in, 1);
+  ASSERT_EQ(net_->closeSend(send_comm_), dqNetSuccess);
+  send_comm_ = nullptr;
+  int done = 0;
+  Clock::time_point t = Clock::now();
+  EXPECT_NE(WaitRequest(net_, rreq, nullptr, &done, 10), dqNetSuccess);
+  EXPECT_LT(SecondsSince(t), 3.0);
+  // Later receives fail at once.
+  void* data = in.data();
+  size_t size = in.size();
+  int tag = 2;
+  void* req = nullptr;
+  EXPECT_NE(net_->irecv(recv_comm_, 1, &data, &size, &tag, nullptr, nullptr, &req), dqNetSuccess);
+}
+
+TEST_F(NetPluginTest, StagedMessageSurvivesSenderClose) {
+  Connect();
+  std::vector<char> out(200000), in(200000);
+  Fill(out, 4242);
+  Finish(Send(out, 11), 200000);
+  ASSERT_EQ(net_->closeSend(send_comm_), dqNetSuccess);
+  send_comm_ = nullptr;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The message arrived before the close; receiving it afterwards still works.
+  void* rreq = Recv(in, 11);
+  Finish(rreq, 200000);
+  EXPECT_EQ(in, out);
+}
+
+TEST_F(NetPluginTest, ConnectToClosedListenerFails) {
+  ASSERT_EQ(net_->closeListen(listen_comm_), dqNetSuccess);
+  listen_comm_ = nullptr;
+  void* sc = nullptr;
+  dqNetResult r = dqNetSuccess;
+  Clock::time_point t = Clock::now();
+  while (r == dqNetSuccess && sc == nullptr && SecondsSince(t) < 10) {
+    r = net_->connect(ctx_, 0, handle_, &sc, nullptr);
+  }
+  EXPECT_NE(r, dqNetSuccess);
+  EXPECT_EQ(sc, nullptr);
+}
+
+TEST(NetPluginAdapters, V8RoundTripWithIntSizes) {
+  const PluginLib& pl = PluginLib::Get();
+  ASSERT_NE(pl.v8, nullptr);
+  const dqNetV8* n = pl.v8;
+  ASSERT_EQ(n->init(&LogCapture::Logger), dqNetSuccess);
+  int ndev = 0;
+  ASSERT_EQ(n->devices(&ndev), dqNetSuccess);
+  ASSERT_GE(ndev, 1);
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc = nullptr;
+  ASSERT_EQ(n->listen(0, handle, &lc), dqNetSuccess);
+  void* sc = nullptr;
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  while ((sc == nullptr || rc == nullptr) && SecondsSince(t) < 10) {
+    if (sc == nullptr) {
+      ASSERT_EQ(n->connect(0, handle, &sc, nullptr), dqNetSuccess);
+    }
+    if (rc == nullptr) {
+      ASSERT_EQ(n->accept(lc, &rc, nullptr), dqNetSuccess);
+    }
+  }
+  ASSERT_NE(sc, nullptr);
+  ASSERT_NE(rc, nullptr);
+  std::vector<char> out(300001), in(300001);
+  Fill(out, 8);
+  void* data = in.data();
+  int size = static_cast<int>(in.size());
+  int tag = 5;
+  void* rreq = nullptr;
+  ASSERT_EQ(n->irecv(rc, 1, &data, &size, &tag, nullptr, &rreq), dqNetSuccess);
+  void* sreq = nullptr;
+  ASSERT_EQ(n->isend(sc, out.data(), static_cast<int>(out.size()), 5, nullptr, &sreq),
+            dqNetSuccess);
+  EXPECT_EQ(n->isend(sc, out.data(), -1, 5, nullptr, &sreq), dqNetInvalidArgument);
+  int done = 0;
+  int got = 0;
+  t = Clock::now();
+  while (!done && SecondsSince(t) < 10) ASSERT_EQ(n->test(rreq, &done, &got), dqNetSuccess);
+  EXPECT_EQ(got, 300001);
+  EXPECT_EQ(in, out);
+  // The v9/v10 tables agree on the shared entries.
+  EXPECT_EQ(pl.v9->test, n->test);
+  EXPECT_EQ(pl.v10->closeSend, n->closeSend);
+  EXPECT_EQ(n->closeSend(sc), dqNetSuccess);
+  EXPECT_EQ(n->closeRecv(rc), dqNetSuccess);
+  EXPECT_EQ(n->closeListen(lc), dqNetSuccess);
+}
+
+}  // namespace
+}  // namespace dq::net::testing

@@ -1,0 +1,136 @@
+// Test harness: loads libnccl-net-dynamiq.so the way NCCL does (dlopen + dlsym) and offers
+// helpers to connect a pair of comms and to drive requests to completion with a deadline.
+#pragma once
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plugin/net_abi.h"
+
+namespace dq::net::testing {
+
+using Clock = std::chrono::steady_clock;
+
+struct PluginLib {
+  void* lib = nullptr;
+  const dqNetV11* v11 = nullptr;
+  const dqNetV10* v10 = nullptr;
+  const dqNetV9* v9 = nullptr;
+  const dqNetV8* v8 = nullptr;
+  std::string error;
+
+  static PluginLib& Get() {
+    static PluginLib* p = [] {
+      auto* pl = new PluginLib;
+      const char* path = std::getenv("DYNAMIQ_NET_PLUGIN_PATH");
+      pl->lib = dlopen(path != nullptr ? path : "libnccl-net-dynamiq.so", RTLD_NOW | RTLD_LOCAL);
+      if (pl->lib == nullptr) {
+        pl->error = dlerror();
+        return pl;
+      }
+      pl->v11 = static_cast<const dqNetV11*>(dlsym(pl->lib, "ncclNetPlugin_v11"));
+      pl->v10 = static_cast<const dqNetV10*>(dlsym(pl->lib, "ncclNetPlugin_v10"));
+      pl->v9 = static_cast<const dqNetV9*>(dlsym(pl->lib, "ncclNetPlugin_v9"));
+      pl->v8 = static_cast<const dqNetV8*>(dlsym(pl->lib, "ncclNetPlugin_v8"));
+      return pl;
+    }();
+    return *p;
+  }
+};
+
+// Captures what the plugin sends through NCCL's logger.
+struct LogCapture {
+  static std::mutex& Mu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static std::vector<std::string>& Warnings() {
+    static std::vector<std::string> w;
+    return w;
+  }
+  static void Logger(dqNetLogLevel level, unsigned long /*flags*/, const char* /*file*/,
+                     int /*line*/, const char* fmt, ...) {
+    char buf[2048];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(buf, sizeof(buf), fmt, args);
+    va_end(args);
+    if (level == dqNetLogWarn) {
+      std::lock_guard<std::mutex> lock(Mu());
+      Warnings().push_back(buf);
+    }
+  }
+  static bool Contains(const std::string& a, const std::string& b) {
+    std::lock_guard<std::mutex> lock(Mu());
+    for (const auto& w : Warnings()) {
+      if (w.find(a) != std::string::npos && w.find(b) != std::string::npos) return true;
+    }
+    return false;
+  }
+  static void Clear() {
+    std::lock_guard<std::mutex> lock(Mu());
+    Warnings().clear();
+  }
+};
+
+inline double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Drives connect/accept until both comms exist (NCCL's non-blocking contract).
+inline bool ConnectPair(const dqNetV11* net, void* ctx, void* listen_comm, char* handle,
+                        void** send_comm, void** recv_comm, double limit_s = 10) {
+  *send_comm = nullptr;
+  *recv_comm = nullptr;
+  Clock::time_point start = Clock::now();
+  while ((*send_comm == nullptr || *recv_comm == nullptr) && SecondsSince(start) < limit_s) {
+    dqNetDeviceHandle* dh = nullptr;
+    if (*send_comm == nullptr &&
+        net->connect(ctx, 0, handle, send_comm, &dh) != dqNetSuccess) {
+      return false;
+    }
+    if (*recv_comm == nullptr && net->accept(listen_comm, recv_comm, &dh) != dqNetSuccess) {
+      return false;
+    }
+    if (*send_comm == nullptr || *recv_comm == nullptr) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  return *send_comm != nullptr && *recv_comm != nullptr;
+}
+
+// Polls test() until done or error; returns the result; *done tells which.
+inline dqNetResult WaitRequest(const dqNetV11* net, void* request, int* sizes, int* done,
+                               double limit_s = 60) {
+  Clock::time_point start = Clock::now();
+  *done = 0;
+  while (SecondsSince(start) < limit_s) {
+    dqNetResult r = net->test(request, done, sizes);
+    if (r != dqNetSuccess || *done) return r;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return dqNetSuccess;  // *done == 0: timed out
+}
+
+// Byte pattern that depends on a seed and the position (catches swaps and shifts).
+inline void Fill(std::vector<char>& buf, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < buf.size(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    buf[i] = static_cast<char>(x);
+  }
+}
+
+}  // namespace dq::net::testing
