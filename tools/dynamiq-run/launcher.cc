@@ -396,7 +396,9 @@ class Launcher {
     close(out_pipe[1]);
     close(err_pipe[1]);
     for (int fd : {out_pipe[0], err_pipe[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    const std::string prefix = "[" + std::to_string(rank) + "] ";
+    std::string prefix = "[";  // built in steps: GCC 12 warns falsely on "[" + std::string
+    prefix += std::to_string(rank);
+    prefix += "] ";
     forwarders_.emplace_back(out_pipe[0], STDOUT_FILENO, prefix);
     forwarders_.emplace_back(err_pipe[0], STDERR_FILENO, prefix);
     ranks_.push_back(RankProcess{rank, pid, false, 0});

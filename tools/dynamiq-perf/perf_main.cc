@@ -1,0 +1,503 @@
+// dynamiq-perf: an nccl-tests-style all-reduce benchmark and checker over the NCCL API.
+// Only <nccl.h> comes from NCCL (and, through it, CUDA's type declarations); CUDA runtime
+// calls are looked up with dlopen so the same binary runs with host buffers on a CPU NCCL and
+// with device buffers on a GPU with the real NCCL.
+#include <nccl.h>
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/dynamiq-perf/perf_check.h"
+#include "tools/dynamiq-perf/perf_options.h"
+#include "tools/dynamiq-run/rendezvous.h"
+
+namespace dq::perf {
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitFailed = 1;
+constexpr size_t kHostSlotBytes = 128;  // per-rank "Using devices" line, gathered by max
+constexpr unsigned char kSentinelByte = 0xA5;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kInt8: return ncclInt8;
+    case DType::kUint8: return ncclUint8;
+    case DType::kInt32: return ncclInt32;
+    case DType::kUint32: return ncclUint32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kUint64: return ncclUint64;
+    case DType::kHalf: return ncclFloat16;
+    case DType::kFloat: return ncclFloat32;
+    case DType::kDouble: return ncclFloat64;
+    case DType::kBfloat16: return ncclBfloat16;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(RedOp op) {
+  switch (op) {
+    case RedOp::kSum: return ncclSum;
+    case RedOp::kProd: return ncclProd;
+    case RedOp::kMax: return ncclMax;
+    case RedOp::kMin: return ncclMin;
+    case RedOp::kAvg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+int g_rank = 0;  // for messages only
+
+Status nccl_ok(ncclResult_t result, const char* what, ncclComm_t comm) {
+  if (result == ncclSuccess) return Status::kOk;
+  const char* detail = ncclGetLastError(comm);
+  std::fprintf(stderr, "dynamiq-perf: rank %d: %s failed: %s%s%s\n", g_rank, what,
+               ncclGetErrorString(result), detail && *detail ? ": " : "", detail ? detail : "");
+  return Status::kSystemError;
+}
+
+// ---- buffers: host memory, or device memory through a dlopen'ed CUDA runtime ----------------
+
+// cudaError_t is an int-sized enum whose success value is 0; cudaMemcpyKind likewise.
+struct CudaRuntime {
+  int (*get_device_count)(int*) = nullptr;
+  int (*set_device)(int) = nullptr;
+  int (*malloc)(void**, size_t) = nullptr;
+  int (*free)(void*) = nullptr;
+  int (*memcpy)(void*, const void*, size_t, int) = nullptr;
+  int (*memset)(void*, int, size_t) = nullptr;
+  int (*stream_create)(cudaStream_t*) = nullptr;
+  int (*stream_synchronize)(cudaStream_t) = nullptr;
+  int (*stream_destroy)(cudaStream_t) = nullptr;
+  const char* (*error_string)(int) = nullptr;
+  int (*pci_bus_id)(char*, int, int) = nullptr;
+};
+constexpr int kCudaMemcpyHostToDevice = 1;
+constexpr int kCudaMemcpyDeviceToHost = 2;
+
+// True when a CUDA runtime loads and all entry points resolve.
+bool load_cuda_runtime(CudaRuntime* rt) {
+  void* lib = nullptr;
+  for (const char* name : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) {
+    lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib != nullptr) break;
+  }
+  if (lib == nullptr) return false;
+  auto bind = [&](auto** fn, const char* symbol) {
+    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, symbol));
+    return *fn != nullptr;
+  };
+  return bind(&rt->get_device_count, "cudaGetDeviceCount") && bind(&rt->set_device, "cudaSetDevice") &&
+         bind(&rt->malloc, "cudaMalloc") && bind(&rt->free, "cudaFree") &&
+         bind(&rt->memcpy, "cudaMemcpy") && bind(&rt->memset, "cudaMemset") &&
+         bind(&rt->stream_create, "cudaStreamCreate") &&
+         bind(&rt->stream_synchronize, "cudaStreamSynchronize") &&
+         bind(&rt->stream_destroy, "cudaStreamDestroy") &&
+         bind(&rt->error_string, "cudaGetErrorString") &&
+         bind(&rt->pci_bus_id, "cudaDeviceGetPCIBusId");
+}
+
+class Buffers {
+ public:
+  ~Buffers() {
+    for (void* p : owned_) release(p);
+    if (stream_ != nullptr) cuda_.stream_destroy(stream_);
+  }
+
+  Status init(Memory mode, int local_rank) {
+    const char* cpu_nccl = std::getenv("DYNAMIQ_CPU_NCCL");
+    if (mode == Memory::kHost || (mode == Memory::kAuto && cpu_nccl && std::strcmp(cpu_nccl, "1") == 0)) {
+      description_ = "host memory";
+      return Status::kOk;
+    }
+    int devices = 0;
+    const bool have_cuda = load_cuda_runtime(&cuda_) && cuda_.get_device_count(&devices) == 0;
+    if (!have_cuda || devices < 1) {
+      if (mode == Memory::kDevice)
+        DQ_FAIL(Status::kUnsupported, "--memory device: no CUDA runtime with a device was found");
+      description_ = "host memory";
+      return Status::kOk;
+    }
+    device_ = local_rank % devices;
+    DQ_CHECK(cuda_ok(cuda_.set_device(device_), "cudaSetDevice"));
+    DQ_CHECK(cuda_ok(cuda_.stream_create(&stream_), "cudaStreamCreate"));
+    char bus_id[32] = "?";
+    cuda_.pci_bus_id(bus_id, sizeof bus_id, device_);
+    description_ = std::string("device ") + std::to_string(device_) + " [" + bus_id + "]";
+    on_device_ = true;
+    return Status::kOk;
+  }
+
+  bool on_device() const { return on_device_; }
+  const std::string& description() const { return description_; }
+  cudaStream_t stream() const { return stream_; }
+
+  Status alloc(size_t bytes, void** out) {
+    bytes = std::max<size_t>(bytes, 64);
+    if (on_device_) {
+      DQ_CHECK(cuda_ok(cuda_.malloc(out, bytes), "cudaMalloc"));
+    } else {
+      *out = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+      if (*out == nullptr) DQ_FAIL(Status::kOutOfMemory, "cannot allocate %zu bytes", bytes);
+    }
+    owned_.push_back(*out);
+    return Status::kOk;
+  }
+
+  Status upload(void* dst, const void* src, size_t bytes) {
+    if (!on_device_) {
+      if (dst != src && bytes) std::memcpy(dst, src, bytes);
+      return Status::kOk;
+    }
+    return cuda_ok(cuda_.memcpy(dst, src, bytes, kCudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+
+  Status download(void* dst, const void* src, size_t bytes) {
+    if (!on_device_) {
+      if (dst != src && bytes) std::memcpy(dst, src, bytes);
+      return Status::kOk;
+    }
+    return cuda_ok(cuda_.memcpy(dst, src, bytes, kCudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  }
+
+  Status fill(void* dst, unsigned char byte, size_t bytes) {
+    if (!on_device_) {
+      std::memset(dst, byte, bytes);
+      return Status::kOk;
+    }
+    return cuda_ok(cuda_.memset(dst, byte, bytes), "cudaMemset");
+  }
+
+  // A CPU NCCL completes each call before returning; on a GPU the stream must drain.
+  Status synchronize() {
+    if (!on_device_) return Status::kOk;
+    return cuda_ok(cuda_.stream_synchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  void release(void* p) {
+    if (on_device_) cuda_.free(p);
+    else std::free(p);
+  }
+
+  Status cuda_ok(int err, const char* what) {
+    if (err == 0) return Status::kOk;
+    DQ_FAIL(Status::kSystemError, "%s failed: %s", what,
+            cuda_.error_string ? cuda_.error_string(err) : "unknown CUDA error");
+  }
+
+  CudaRuntime cuda_;
+  bool on_device_ = false;
+  int device_ = -1;
+  cudaStream_t stream_ = nullptr;
+  std::string description_;
+  std::vector<void*> owned_;
+};
+
+// ---- the benchmark --------------------------------------------------------------------------
+
+struct Measured {
+  double seconds = 0;      // per operation
+  double wrong = 0;        // summed over ranks
+  double nonfinite = 0;    // summed over ranks
+  double vnmse = 0;        // max over ranks
+  bool identical = true;   // every rank's result bytes hash the same
+};
+
+class Bench {
+ public:
+  Bench(const PerfOptions& options, const rendezvous::JobEnv& job) : options_(options), job_(job) {}
+  ~Bench() {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+
+  Status run(bool* all_good) {
+    DQ_CHECK(buffers_.init(options_.memory, job_.local_rank));
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (job_.rank == 0) DQ_CHECK(nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr));
+    DQ_CHECK(rendezvous::share_bytes(job_, "nccl-unique-id", &id, sizeof id));
+    DQ_CHECK(nccl_ok(ncclCommInitRank(&comm_, job_.world_size, id, job_.rank),
+                     "ncclCommInitRank", nullptr));
+
+    size_t max_bytes = 0;
+    for (size_t s : sweep_sizes(options_)) max_bytes = std::max(max_bytes, s);
+    DQ_CHECK(buffers_.alloc(max_bytes, &send_));
+    DQ_CHECK(buffers_.alloc(max_bytes, &recv_));
+    DQ_CHECK(buffers_.alloc(std::max<size_t>(kHostSlotBytes * job_.world_size, 256), &scratch_));
+    host_input_.resize(max_bytes + 8);
+    host_result_.resize(max_bytes + 8);
+
+    DQ_CHECK(print_header());
+    double bus_bw_sum = 0;
+    long bw_samples = 0;
+    double wrong_total = 0;
+    int non_identical_rows = 0;
+    for (DType type : options_.dtypes) {
+      for (RedOp op : options_.ops) {
+        for (size_t size : sweep_sizes(options_)) {
+          const size_t count = size / dtype_bytes(type);
+          Measured oop, inplace;
+          DQ_CHECK(measure(type, op, count, &oop, &inplace));
+          print_row(type, op, count, oop, inplace);
+          for (const Measured* m : {&oop, &inplace}) {
+            bus_bw_sum += bus_bandwidth(count * dtype_bytes(type), m->seconds);
+            ++bw_samples;
+            if (options_.check_iters > 0) wrong_total += m->wrong;
+            if (options_.check_iters > 0 && !m->identical) ++non_identical_rows;
+          }
+        }
+      }
+    }
+    if (job_.rank == 0) {
+      std::printf("# Out of bounds values : %.0f %s\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
+      std::printf("# Avg bus bandwidth    : %g \n", bw_samples ? bus_bw_sum / bw_samples : 0.0);
+      if (options_.check_iters > 0)
+        std::printf("# Results identical on all ranks : %s\n",
+                    non_identical_rows == 0 ? "yes" : "NO");
+      std::printf("#\n");
+      std::fflush(stdout);
+    }
+    *all_good = wrong_total == 0 && non_identical_rows == 0;
+    return Status::kOk;
+  }
+
+ private:
+  double bus_bandwidth(size_t bytes, double seconds) const {
+    if (seconds <= 0) return 0;
+    const double n = job_.world_size;
+    return static_cast<double>(bytes) / seconds / 1e9 * (2 * (n - 1) / n);
+  }
+
+  Status allreduce(const void* send, void* recv, size_t count, DType type, RedOp op) {
+    return nccl_ok(ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), comm_,
+                                 buffers_.stream()),
+                   "ncclAllReduce", comm_);
+  }
+
+  // A few values combined across ranks through the scratch buffer.
+  Status combine(void* values, size_t count, ncclDataType_t type, size_t elem_bytes, ncclRedOp_t op) {
+    DQ_CHECK(buffers_.upload(scratch_, values, count * elem_bytes));
+    DQ_CHECK(nccl_ok(ncclAllReduce(scratch_, scratch_, count, type, op, comm_, buffers_.stream()),
+                     "ncclAllReduce(stats)", comm_));
+    DQ_CHECK(buffers_.synchronize());
+    return buffers_.download(values, scratch_, count * elem_bytes);
+  }
+
+  Status time_ops(const void* send, void* recv, size_t count, DType type, RedOp op,
+                  double* seconds) {
+    for (int w = 0; w < options_.warmup_iters; ++w) DQ_CHECK(allreduce(send, recv, count, type, op));
+    DQ_CHECK(buffers_.synchronize());
+    const auto start = std::chrono::steady_clock::now();
+    for (int it = 0; it < options_.iters; ++it) {
+      if (options_.agg_iters > 1) DQ_CHECK(nccl_ok(ncclGroupStart(), "ncclGroupStart", comm_));
+      for (int a = 0; a < options_.agg_iters; ++a) DQ_CHECK(allreduce(send, recv, count, type, op));
+      if (options_.agg_iters > 1) DQ_CHECK(nccl_ok(ncclGroupEnd(), "ncclGroupEnd", comm_));
+    }
+    DQ_CHECK(buffers_.synchronize());
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    *seconds = elapsed.count() / (static_cast<double>(options_.iters) * options_.agg_iters);
+    return Status::kOk;
+  }
+
+  // One validated operation; returns this rank's check of the result.
+  Status check_once(bool in_place, size_t count, DType type, RedOp op, CheckResult* out) {
+    const size_t bytes = count * dtype_bytes(type);
+    if (in_place) {
+      DQ_CHECK(buffers_.upload(recv_, host_input_.data(), bytes));
+      DQ_CHECK(allreduce(recv_, recv_, count, type, op));
+    } else {
+      DQ_CHECK(buffers_.upload(send_, host_input_.data(), bytes));
+      DQ_CHECK(buffers_.fill(recv_, kSentinelByte, bytes));
+      DQ_CHECK(allreduce(send_, recv_, count, type, op));
+    }
+    DQ_CHECK(buffers_.synchronize());
+    DQ_CHECK(buffers_.download(host_result_.data(), recv_, bytes));
+    *out = check_result(type, op, job_.world_size, count, host_result_.data());
+    return Status::kOk;
+  }
+
+  Status measure(DType type, RedOp op, size_t count, Measured* oop, Measured* inplace) {
+    const size_t bytes = count * dtype_bytes(type);
+    fill_input(type, op, job_.rank, count, host_input_.data());
+    DQ_CHECK(buffers_.upload(send_, host_input_.data(), bytes));
+    DQ_CHECK(time_ops(send_, recv_, count, type, op, &oop->seconds));
+    DQ_CHECK(buffers_.upload(recv_, host_input_.data(), bytes));
+    DQ_CHECK(time_ops(recv_, recv_, count, type, op, &inplace->seconds));
+
+    double times[2] = {oop->seconds, inplace->seconds};
+    ncclRedOp_t time_op = ncclSum;
+    if (options_.average == TimeAverage::kMin) time_op = ncclMin;
+    if (options_.average == TimeAverage::kMax) time_op = ncclMax;
+    if (options_.average == TimeAverage::kRank0 && job_.rank != 0) times[0] = times[1] = 0;
+    DQ_CHECK(combine(times, 2, ncclFloat64, sizeof(double), time_op));
+    if (options_.average == TimeAverage::kMean) {
+      times[0] /= job_.world_size;
+      times[1] /= job_.world_size;
+    }
+    oop->seconds = times[0];
+    inplace->seconds = times[1];
+    if (options_.check_iters == 0) return Status::kOk;
+
+    double counts[4] = {0, 0, 0, 0};  // wrong and non-finite, out-of-place then in-place
+    double errors[2] = {0, 0};        // vNMSE, max over check iterations
+    uint64_t hashes[4] = {0, ~0ull, 0, ~0ull};  // hash and its complement per placement
+    for (int c = 0; c < options_.check_iters; ++c) {
+      for (int placement = 0; placement < 2; ++placement) {
+        CheckResult r;
+        DQ_CHECK(check_once(placement == 1, count, type, op, &r));
+        counts[placement * 2] += static_cast<double>(r.wrong);
+        counts[placement * 2 + 1] += static_cast<double>(r.nonfinite);
+        errors[placement] = std::max(errors[placement], vnmse(r.error_sq, r.exact_sq));
+        const uint64_t h = c == 0 ? r.hash : hash_bytes(&r.hash, 8) ^ hashes[placement * 2];
+        hashes[placement * 2] = h;
+        hashes[placement * 2 + 1] = ~h;
+      }
+    }
+    DQ_CHECK(combine(counts, 4, ncclFloat64, sizeof(double), ncclSum));
+    DQ_CHECK(combine(errors, 2, ncclFloat64, sizeof(double), ncclMax));
+    // max(h) == ~max(~h) == min(h) exactly when every rank has the same h.
+    DQ_CHECK(combine(hashes, 4, ncclUint64, sizeof(uint64_t), ncclMax));
+    Measured* placements[2] = {oop, inplace};
+    for (int p = 0; p < 2; ++p) {
+      Measured* m = placements[p];
+      m->identical = hashes[p * 2] == ~hashes[p * 2 + 1];
+      m->nonfinite = counts[p * 2 + 1];
+      m->vnmse = errors[p];
+      // Lossy results are judged by finiteness and agreement, not by distance from exact.
+      m->wrong = options_.lossy
+                     ? m->nonfinite + (m->identical ? 0.0 : static_cast<double>(count))
+                     : counts[p * 2];
+    }
+    return Status::kOk;
+  }
+
+  Status print_header() {
+    std::vector<unsigned char> slots(kHostSlotBytes * job_.world_size, 0);
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    std::snprintf(reinterpret_cast<char*>(slots.data()) + kHostSlotBytes * job_.rank,
+                  kHostSlotBytes, "#  Rank %2d Group  0 Pid %6d on %10s %s", job_.rank,
+                  static_cast<int>(getpid()), host,
+                  buffers_.on_device() ? buffers_.description().c_str()
+                                       : "device -1 [host] host memory");
+    DQ_CHECK(combine(slots.data(), slots.size(), ncclUint8, 1, ncclMax));
+    if (job_.rank != 0) return Status::kOk;
+    int version = 0;
+    ncclGetVersion(&version);
+    std::printf("# dynamiq-perf all_reduce, nccl-tests all_reduce_perf columns\n");
+    std::printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %llu(%s) warmup iters: %d "
+                "iters: %d agg iters: %d validation: %d graph: 0\n",
+                options_.min_bytes, options_.max_bytes,
+                static_cast<unsigned long long>(options_.step_factor > 1 ? options_.step_factor
+                                                                          : options_.step_bytes),
+                options_.step_factor > 1 ? "factor" : "bytes", options_.warmup_iters,
+                options_.iters, options_.agg_iters, options_.check_iters);
+    std::printf("# NCCL version %d.%d.%d, %d ranks, %s, check: %s\n", version / 10000,
+                version % 10000 / 100, version % 100, job_.world_size,
+                buffers_.on_device() ? "device buffers" : "host buffers",
+                options_.lossy ? "lossy (finite and identical on all ranks)"
+                               : "exact (per-dtype tolerance)");
+    std::printf("#\n# Using devices\n");
+    for (int r = 0; r < job_.world_size; ++r) {
+      const char* line = reinterpret_cast<const char*>(slots.data()) + kHostSlotBytes * r;
+      std::printf("%.*s\n", static_cast<int>(strnlen(line, kHostSlotBytes)), line);
+    }
+    std::printf("#\n");
+    std::printf("#%75s%35s%33s\n", "out-of-place", "in-place", "vNMSE and identity");
+    std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s\n", "size", "count",
+                "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+                "busbw", "#wrong", "oop_vNMSE", "ident", "ip_vNMSE", "ident");
+    std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s\n", "(B)",
+                "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+                "(GB/s)", "", "", "", "", "");
+    std::fflush(stdout);
+    return Status::kOk;
+  }
+
+  static std::string format_time(double us) {
+    char text[32];
+    if (us < 100) std::snprintf(text, sizeof text, "%.2f", us);
+    else if (us < 10000) std::snprintf(text, sizeof text, "%.1f", us);
+    else std::snprintf(text, sizeof text, "%.0f", us);
+    return text;
+  }
+
+  void print_row(DType type, RedOp op, size_t count, const Measured& oop, const Measured& ip) {
+    if (job_.rank != 0) return;
+    const size_t bytes = count * dtype_bytes(type);
+    std::string line;
+    char cell[96];
+    std::snprintf(cell, sizeof cell, "%12zu  %12zu  %8s  %6s  %6d", bytes, count,
+                  dtype_name(type), redop_name(op), -1);
+    line += cell;
+    for (const Measured* m : {&oop, &ip}) {
+      const double alg_bw = m->seconds > 0 ? static_cast<double>(bytes) / m->seconds / 1e9 : 0;
+      const std::string wrong = options_.check_iters > 0
+                                    ? std::to_string(static_cast<long long>(m->wrong))
+                                    : std::string("N/A");
+      std::snprintf(cell, sizeof cell, "  %7s  %6.2f  %6.2f  %5s", format_time(m->seconds * 1e6).c_str(),
+                    alg_bw, bus_bandwidth(bytes, m->seconds), wrong.c_str());
+      line += cell;
+    }
+    for (const Measured* m : {&oop, &ip}) {
+      if (options_.check_iters > 0)
+        std::snprintf(cell, sizeof cell, "  %9.3g  %5s", m->vnmse, m->identical ? "yes" : "no");
+      else
+        std::snprintf(cell, sizeof cell, "  %9s  %5s", "N/A", "N/A");
+      line += cell;
+    }
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  const PerfOptions& options_;
+  const rendezvous::JobEnv& job_;
+  Buffers buffers_;
+  ncclComm_t comm_ = nullptr;
+  void* send_ = nullptr;
+  void* recv_ = nullptr;
+  void* scratch_ = nullptr;
+  std::vector<unsigned char> host_input_;
+  std::vector<unsigned char> host_result_;
+};
+
+}  // namespace
+}  // namespace dq::perf
+
+int main(int argc, char** argv) {
+  using namespace dq::perf;
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  PerfOptions options;
+  std::string error;
+  if (parse_perf_options(argc, argv, &options, &error) != dq::Status::kOk) {
+    std::fprintf(stderr, "dynamiq-perf: %s\n%s", error.c_str(), perf_usage());
+    return kExitUsage;
+  }
+  if (options.show_help) {
+    std::fputs(perf_usage(), stdout);
+    return 0;
+  }
+  dq::rendezvous::JobEnv job;
+  if (dq::rendezvous::read_job_env(&job) != dq::Status::kOk) return kExitFailed;
+  g_rank = job.rank;
+  bool all_good = false;
+  {
+    Bench bench(options, job);
+    if (bench.run(&all_good) != dq::Status::kOk) {
+      std::fprintf(stderr, "dynamiq-perf: rank %d: benchmark aborted\n", job.rank);
+      std::fflush(stdout);
+      _exit(kExitFailed);  // peers may be gone: skip ncclCommDestroy, which could wait on them
+    }
+  }
+  return all_good ? 0 : kExitFailed;
+}

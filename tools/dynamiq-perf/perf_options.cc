@@ -1,0 +1,273 @@
+#include "tools/dynamiq-perf/perf_options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+namespace dq::perf {
+namespace {
+
+struct NamedDType {
+  DType type;
+  const char* name;
+  size_t bytes;
+};
+constexpr NamedDType kDTypes[] = {
+    {DType::kInt8, "int8", 1},     {DType::kUint8, "uint8", 1},   {DType::kInt32, "int32", 4},
+    {DType::kUint32, "uint32", 4}, {DType::kInt64, "int64", 8},   {DType::kUint64, "uint64", 8},
+    {DType::kHalf, "half", 2},     {DType::kFloat, "float", 4},   {DType::kDouble, "double", 8},
+    {DType::kBfloat16, "bfloat16", 2}};
+
+struct NamedOp {
+  RedOp op;
+  const char* name;
+};
+constexpr NamedOp kOps[] = {{RedOp::kSum, "sum"},
+                            {RedOp::kProd, "prod"},
+                            {RedOp::kMax, "max"},
+                            {RedOp::kMin, "min"},
+                            {RedOp::kAvg, "avg"}};
+
+bool parse_int(const char* text, long lo, long hi, int* out) {
+  if (text == nullptr || *text == '\0') return false;
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+bool parse_dtypes(const char* text, std::vector<DType>* out) {
+  out->clear();
+  if (std::strcmp(text, "all") == 0) {
+    for (const auto& d : kDTypes) out->push_back(d.type);
+    return true;
+  }
+  // Aliases nccl-tests accepts besides the canonical names.
+  static const struct {
+    const char* alias;
+    DType type;
+  } kAliases[] = {{"char", DType::kInt8},     {"int", DType::kInt32},   {"fp16", DType::kHalf},
+                  {"float16", DType::kHalf},  {"fp32", DType::kFloat},  {"float32", DType::kFloat},
+                  {"fp64", DType::kDouble},   {"float64", DType::kDouble},
+                  {"bf16", DType::kBfloat16}};
+  for (const auto& d : kDTypes)
+    if (std::strcmp(text, d.name) == 0) out->push_back(d.type);
+  for (const auto& a : kAliases)
+    if (std::strcmp(text, a.alias) == 0) out->push_back(a.type);
+  return !out->empty();
+}
+
+bool parse_ops(const char* text, std::vector<RedOp>* out) {
+  out->clear();
+  for (const auto& o : kOps)
+    if (std::strcmp(text, "all") == 0 || std::strcmp(text, o.name) == 0) out->push_back(o.op);
+  return !out->empty();
+}
+
+struct Flag {
+  char short_name;
+  const char* long_name;
+  bool takes_value;
+};
+constexpr Flag kFlags[] = {
+    {'t', "nthreads", true},   {'g', "ngpus", true},        {'b', "minbytes", true},
+    {'e', "maxbytes", true},   {'i', "stepbytes", true},    {'f', "stepfactor", true},
+    {'n', "iters", true},      {'w', "warmup_iters", true}, {'m', "agg_iters", true},
+    {'c', "check", true},      {'o', "op", true},           {'d', "datatype", true},
+    {'a', "average", true},    {'r', "root", true},         {'z', "blocking", true},
+    {'G', "cudagraph", true},  {'h', "help", false},        {0, "lossy", false},
+    {0, "memory", true}};
+
+}  // namespace
+
+size_t dtype_bytes(DType t) {
+  for (const auto& d : kDTypes)
+    if (d.type == t) return d.bytes;
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  for (const auto& d : kDTypes)
+    if (d.type == t) return d.name;
+  return "?";
+}
+
+const char* redop_name(RedOp op) {
+  for (const auto& o : kOps)
+    if (o.op == op) return o.name;
+  return "?";
+}
+
+bool is_floating(DType t) {
+  return t == DType::kHalf || t == DType::kFloat || t == DType::kDouble || t == DType::kBfloat16;
+}
+
+bool parse_size(const char* text, size_t* out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;  // no sign, no blanks
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0) return false;
+  unsigned shift = 0;
+  switch (*end) {
+    case '\0': break;
+    case 'K': case 'k': shift = 10; ++end; break;
+    case 'M': case 'm': shift = 20; ++end; break;
+    case 'G': case 'g': shift = 30; ++end; break;
+    default: return false;
+  }
+  if (*end != '\0') return false;
+  if (v > (std::numeric_limits<size_t>::max() >> shift)) return false;
+  *out = static_cast<size_t>(v) << shift;
+  return true;
+}
+
+const char* perf_usage() {
+  return "usage: dynamiq-perf [options]   (all-reduce; nccl-tests all_reduce_perf flags)\n"
+         "  -b, --minbytes N      smallest message, e.g. 8, 1K, 64M, 1G (default 32M)\n"
+         "  -e, --maxbytes N      largest message (default 32M)\n"
+         "  -i, --stepbytes N     size increment when -f is 1 (default 1M)\n"
+         "  -f, --stepfactor F    size multiplier (default 1: use -i)\n"
+         "  -n, --iters N         timed iterations (default 20)\n"
+         "  -w, --warmup_iters N  warm-up iterations (default 5)\n"
+         "  -m, --agg_iters N     operations aggregated per group (default 1)\n"
+         "  -c, --check N         validation iterations, 0 to skip (default 1)\n"
+         "  -d, --datatype T      int8 uint8 int32 uint32 int64 uint64 half float double\n"
+         "                        bfloat16 or all (default float)\n"
+         "  -o, --op OP           sum prod max min avg or all (default sum)\n"
+         "  -a, --average A       time shown: 0 rank 0, 1 mean, 2 min, 3 max (default 1)\n"
+         "  -t, -g                threads / GPUs per process: only 1 is supported\n"
+         "  -r, -z, -G            accepted for compatibility (root, blocking, graph: 0 only)\n"
+         "  --lossy               #wrong counts non-finite results and cross-rank mismatches\n"
+         "                        instead of differences from the exact result\n"
+         "  --memory M            auto (default), host or device buffers\n"
+         "  -h, --help            print this help\n";
+}
+
+Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out,
+                          std::string* error) {
+  *out = PerfOptions{};
+  for (int i = 1; i < argc; ++i) {
+    const char* arg = argv[i];
+    const Flag* flag = nullptr;
+    const char* value = nullptr;
+    std::string shown;  // how the flag is named in messages
+    if (arg[0] == '-' && arg[1] == '-' && arg[2] != '\0') {
+      const char* eq = std::strchr(arg + 2, '=');
+      std::string name = eq ? std::string(arg + 2, eq - arg - 2) : std::string(arg + 2);
+      for (const auto& f : kFlags)
+        if (name == f.long_name) flag = &f;
+      shown = "--" + name;
+      if (flag != nullptr && eq != nullptr) {
+        if (!flag->takes_value) {
+          *error = shown + " takes no value";
+          return Status::kInvalidArgument;
+        }
+        value = eq + 1;
+      }
+    } else if (arg[0] == '-' && arg[1] != '\0' && arg[1] != '-') {
+      for (const auto& f : kFlags)
+        if (f.short_name == arg[1]) flag = &f;
+      shown = std::string("-") + arg[1];
+      if (flag != nullptr && arg[2] != '\0') {
+        if (!flag->takes_value) flag = nullptr;  // e.g. "-hx"
+        else value = arg + 2;                    // "-b1K"
+      }
+    }
+    if (flag == nullptr) {
+      *error = std::string("unknown option '") + arg + "'";
+      return Status::kInvalidArgument;
+    }
+    if (flag->takes_value && value == nullptr) {
+      if (i + 1 >= argc) {
+        *error = shown + " needs a value";
+        return Status::kInvalidArgument;
+      }
+      value = argv[++i];
+    }
+    auto bad = [&](const char* expected) {
+      *error = "bad value '" + std::string(value) + "' for " + shown + " (expected " + expected + ")";
+      return Status::kInvalidArgument;
+    };
+    int number = 0;
+    switch (flag->short_name) {
+      case 'h': out->show_help = true; return Status::kOk;
+      case 't':
+      case 'g':
+        if (!parse_int(value, 1, 1, &number)) return bad("1: one thread and one GPU per process");
+        break;
+      case 'b': if (!parse_size(value, &out->min_bytes)) return bad("a size such as 8, 1K, 64M"); break;
+      case 'e': if (!parse_size(value, &out->max_bytes)) return bad("a size such as 8, 1K, 64M"); break;
+      case 'i': if (!parse_size(value, &out->step_bytes)) return bad("a size such as 8, 1K, 64M"); break;
+      case 'f':
+        if (!parse_int(value, 1, 1 << 20, &number)) return bad("an integer factor >= 1");
+        out->step_factor = static_cast<uint64_t>(number);
+        break;
+      case 'n': if (!parse_int(value, 1, 1 << 30, &out->iters)) return bad("an integer >= 1"); break;
+      case 'w': if (!parse_int(value, 0, 1 << 30, &out->warmup_iters)) return bad("an integer >= 0"); break;
+      case 'm': if (!parse_int(value, 1, 1 << 20, &out->agg_iters)) return bad("an integer >= 1"); break;
+      case 'c': if (!parse_int(value, 0, 1 << 20, &out->check_iters)) return bad("an integer >= 0"); break;
+      case 'a':
+        if (!parse_int(value, 0, 3, &number)) return bad("0, 1, 2 or 3");
+        out->average = static_cast<TimeAverage>(number);
+        break;
+      case 'o': if (!parse_ops(value, &out->ops)) return bad("sum, prod, max, min, avg or all"); break;
+      case 'd':
+        if (!parse_dtypes(value, &out->dtypes))
+          return bad("int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
+        break;
+      case 'r': if (!parse_int(value, 0, 1 << 24, &number)) return bad("a rank >= 0"); break;
+      case 'z': if (!parse_int(value, 0, 1, &number)) return bad("0 or 1"); break;
+      case 'G': if (!parse_int(value, 0, 0, &number)) return bad("0: CUDA graphs are not supported"); break;
+      default:
+        if (std::strcmp(flag->long_name, "lossy") == 0) {
+          out->lossy = true;
+        } else if (std::strcmp(value, "auto") == 0) {
+          out->memory = Memory::kAuto;
+        } else if (std::strcmp(value, "host") == 0) {
+          out->memory = Memory::kHost;
+        } else if (std::strcmp(value, "device") == 0) {
+          out->memory = Memory::kDevice;
+        } else {
+          return bad("auto, host or device");
+        }
+    }
+  }
+  if (out->min_bytes > out->max_bytes) {
+    *error = "-b (" + std::to_string(out->min_bytes) + " B) is larger than -e (" +
+             std::to_string(out->max_bytes) + " B)";
+    return Status::kInvalidArgument;
+  }
+  if (out->step_factor > 1 && out->min_bytes == 0 && out->max_bytes > 0) {
+    *error = "-b 0 with -f > 1 never grows; give -b > 0";
+    return Status::kInvalidArgument;
+  }
+  if (out->step_factor <= 1 && out->step_bytes == 0 && out->max_bytes > out->min_bytes) {
+    *error = "-i 0 with -f 1 never grows; give -i > 0 or -f > 1";
+    return Status::kInvalidArgument;
+  }
+  if (sweep_sizes(*out).size() >= kMaxSweepSizes) {
+    *error = "the size sweep has more than " + std::to_string(kMaxSweepSizes) +
+             " sizes; raise -i or -f";
+    return Status::kInvalidArgument;
+  }
+  return Status::kOk;
+}
+
+std::vector<size_t> sweep_sizes(const PerfOptions& o) {
+  std::vector<size_t> sizes;
+  size_t size = o.min_bytes;
+  while (sizes.size() < kMaxSweepSizes && size <= o.max_bytes) {
+    sizes.push_back(size);
+    size_t next = o.step_factor > 1 ? size * o.step_factor : size + o.step_bytes;
+    bool overflow = o.step_factor > 1 ? (size != 0 && next / o.step_factor != size) : next < size;
+    if (overflow || next == size) break;
+    size = next;
+  }
+  return sizes;
+}
+
+}  // namespace dq::perf
