@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Checks dynamiq's OCP MX element codec against ml_dtypes, an independent implementation.
 
-Usage: mx_vs_ml_dtypes.py PATH/TO/libdynamiq-capi.so
+Usage: mx_vs_ml_dtypes.py PATH/TO/libdynamiq-capi.so [--exhaustive]
 
 For each element type (E4M3, E3M2, E2M3, E2M1): every code decodes to the value ml_dtypes gives
 it; and random values, exact element values, midpoints between neighbours (ties), their FP32
 neighbours and subnormal-range values, all within the finite range, encode to the same code as
 ml_dtypes' round-to-nearest-even cast. Saturation beyond the range is checked against the
-format's maximum. Exits 1 and prints every kind of mismatch found.
+format's maximum. --exhaustive also encodes every FP32 bit pattern from +0 up to the format's
+maximum, and their negatives (about 4.4e9 values in all; minutes). Exits 1 and prints every
+kind of mismatch found.
 """
 import ctypes
 import sys
 
-import ml_dtypes
-import numpy as np
+try:
+    import ml_dtypes
+    import numpy as np
+except ImportError as e:  # CI installs both: pip install numpy ml_dtypes
+    print(f"mx_vs_ml_dtypes: {e}; install with: pip install numpy ml_dtypes", file=sys.stderr)
+    sys.exit(1)
 
 KINDS = [  # (C enum value, name, ml_dtypes type, element bits)
     (0, "E4M3", ml_dtypes.float8_e4m3fn, 8),
@@ -112,15 +118,35 @@ def check_kind(lib, kind, name, dtype, bits, rng, errors):
           f"{big.size} saturating values checked")
 
 
+def check_exhaustive(lib, kind, name, dtype, errors, step=1 << 24):
+    """Every FP32 magnitude in [0, max] (and its negative) encodes as ml_dtypes casts it."""
+    max_bits = int(np.float32(ml_dtypes.finfo(dtype).max).view(np.uint32))
+    n_bad = 0
+    for start in range(0, max_bits + 1, step):
+        stop = min(start + step, max_bits + 1)
+        for sign in (0, 0x80000000):
+            values = (np.arange(start, stop, dtype=np.uint32) | np.uint32(sign)).view(np.float32)
+            got = dq_encode(lib, kind, values)
+            want = ml_codes(dtype, values)
+            if not np.array_equal(got, want):
+                n_bad += int(np.count_nonzero(got != want))
+                report(errors, "exhaustive encode", name, values, got, want, limit=4)
+    print(f"{name}: exhaustive check of {2 * (max_bits + 1)} FP32 values, {n_bad} mismatches")
+
+
 def main():
-    if len(sys.argv) != 2:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    if len(args) != 1 or any(f != "--exhaustive" for f in flags):
         print(__doc__)
         return 2
-    lib = load(sys.argv[1])
+    lib = load(args[0])
     rng = np.random.default_rng(12345)
     errors = []
     for kind, name, dtype, bits in KINDS:
         check_kind(lib, kind, name, dtype, bits, rng, errors)
+        if flags:
+            check_exhaustive(lib, kind, name, dtype, errors)
     # NaN: E4M3 has a NaN code, the FP6/FP4 types have none (the block's E8M0 scale carries it).
     nan_code = dq_encode(lib, 0, np.float32([np.nan]))[0]
     if not np.isnan(dq_decode(lib, 0, np.uint8([nan_code]))[0]):
