@@ -218,6 +218,25 @@ TEST_F(NetPluginTest, OutOfOrderTagsMatchTheirOwnReceives) {
   }
 }
 
+TEST_F(NetPluginTest, ReceivesPostedFirstInReverseTagOrder) {
+  Connect();
+  constexpr int kN = 6;
+  std::vector<std::vector<char>> out(kN), in(kN);
+  std::vector<void*> sreq(kN), rreq(kN);
+  for (int t = kN - 1; t >= 0; --t) {
+    out[t].resize(5000 + static_cast<size_t>(t) * 90001);
+    Fill(out[t], 300 + static_cast<uint32_t>(t));
+    in[t].assign(out[t].size(), 0);
+    rreq[t] = Recv(in[t], 20 + t);
+  }
+  for (int t = 0; t < kN; ++t) sreq[t] = Send(out[t], 20 + t);
+  for (int t = 0; t < kN; ++t) {
+    Finish(sreq[t], static_cast<int>(out[t].size()));
+    Finish(rreq[t], static_cast<int>(out[t].size()));
+    EXPECT_EQ(in[t], out[t]) << "tag " << 20 + t;
+  }
+}
+
 TEST_F(NetPluginTest, SameTagIsFifo) {
   Connect();
   std::vector<std::vector<char>> out(5), in(5);
