@@ -2,7 +2,7 @@
 // meet through ncclGetUniqueId / ncclCommInitRank over the real net plugin.
 //
 //   cpu_nccl_multirank <scenario> <nranks> [runs]
-// scenarios: allreduce, collectives, p2p, split, random, kill, initall, api
+// scenarios: allreduce, collectives, p2p, split, random, big [MiB], kill [runs], initall, api
 // Exit status 0 = pass. Built twice: against our own declarations and, where installed, against
 // the real nccl.h (proving that an unmodified NCCL program runs on this library).
 #include <fcntl.h>
@@ -690,6 +690,43 @@ int scenario_kill(int nranks, int runs) {
   return passed == runs ? 0 : 1;
 }
 
+// Large all-reduce (default 64 MiB) for every dtype x op, exact expected values. The data
+// repeat with a prime period so the reference is computed once per period; the library does
+// not know the period, and chunk boundaries never line up with it.
+int scenario_big(int rank, int nranks, size_t bytes) {
+  ncclComm_t comm;
+  if (init_comm(rank, nranks, &comm)) return 1;
+  const size_t period = 4099;
+  int seed = 5000;
+  for (const TypeInfo& t : kTypes) {
+    const size_t count = bytes / t.size;
+    std::vector<char> buf(count * t.size), want(count * t.size);
+    for (int op = 0; op < 5; ++op) {
+      ++seed;
+      std::vector<char> in_period(period * t.size), want_period(period * t.size);
+      fill_input(t, op, rank, seed, in_period.data(), period);
+      for (size_t i = 0; i < period; ++i)
+        expected_element(t, op, nranks, i, seed, want_period.data(), i, all_ranks(nranks));
+      for (size_t i = 0; i < count; i += period) {
+        size_t n = std::min(period, count - i);
+        std::memcpy(buf.data() + i * t.size, in_period.data(), n * t.size);
+        std::memcpy(want.data() + i * t.size, want_period.data(), n * t.size);
+      }
+      auto start = Clock::now();
+      NCCL_OK(ncclAllReduce(buf.data(), buf.data(), count, t.type, static_cast<ncclRedOp_t>(op),
+                            comm, nullptr));
+      double s = std::chrono::duration<double>(Clock::now() - start).count();
+      if (compare(t, buf.data(), want.data(), count, "big allreduce", op, count)) return 1;
+      g_shared->digest[rank][0] = fnv1a(buf.data(), buf.size());
+      if (rank == 0)
+        std::printf("allreduce %zu MiB %-8s %-4s on %d ranks: correct (%.3f s)\n", bytes >> 20,
+                    t.name, kOpNames[op], nranks, s);
+    }
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+  return 0;
+}
+
 // Single process: ncclCommInitAll, then one thread drives every rank inside one group.
 int scenario_initall(int nranks) {
   g_rank = 0;
@@ -799,7 +836,11 @@ int main(int argc, char** argv) {
     rc = run_ranks(nranks, 600, scenario_random);
     if (rc == 0) rc = check_digests(nranks);
   } else if (scenario == "kill") rc = scenario_kill(nranks, argc > 3 ? std::atoi(argv[3]) : 20);
-  else if (scenario == "initall") rc = scenario_initall(nranks);
+  else if (scenario == "big") {
+    size_t mib = argc > 3 ? static_cast<size_t>(std::atol(argv[3])) : 64;
+    setenv("DYNAMIQ_CPU_NCCL_CHUNK_BYTES", "1048576", 1);
+    rc = run_ranks(nranks, 1800, [mib](int r, int n) { return scenario_big(r, n, mib << 20); });
+  } else if (scenario == "initall") rc = scenario_initall(nranks);
   else if (scenario == "api") rc = scenario_api();
   std::printf("%s with %d ranks: %s\n", scenario.c_str(), nranks, rc == 0 ? "PASS" : "FAIL");
   return rc;

@@ -130,6 +130,39 @@ TEST(CpuNcclReduce, HalfSumRoundsOncePerStep) {
   EXPECT_EQ(avg[0], half_bits(static_cast<_Float16>(5.0 / 3.0)));
 }
 
+// The fast paths (float arithmetic for half/bf16, lookup tables for fp8) against one exact
+// operation in double followed by one rounding.
+TEST(CpuNcclReduce, NarrowOpsEqualExactOperationRoundedOnce) {
+  std::mt19937_64 gen(5);
+  for (DType dtype : {DType::kFloat16, DType::kBfloat16, DType::kFloat8e4m3, DType::kFloat8e5m2}) {
+    const size_t width = dtype_size(dtype);
+    const uint32_t mask = width == 2 ? 0xffffu : 0xffu;
+    const size_t n = 100000;
+    std::vector<uint8_t> a(n * width), b(n * width), o(n * width);
+    for (auto& x : a) x = static_cast<uint8_t>(gen());
+    for (auto& x : b) x = static_cast<uint8_t>(gen());
+    for (RedOp op : {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin}) {
+      reduce_elements(dtype, op, a.data(), b.data(), o.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t xa = 0, xb = 0, xo = 0;
+        std::memcpy(&xa, &a[i * width], width);
+        std::memcpy(&xb, &b[i * width], width);
+        std::memcpy(&xo, &o[i * width], width);
+        const double da = narrow_to_double(dtype, xa & mask), db = narrow_to_double(dtype, xb & mask);
+        double exact = op == RedOp::kSum ? da + db : op == RedOp::kProd ? da * db
+                     : op == RedOp::kMax ? (da > db ? da : db) : (da < db ? da : db);
+        const double got = narrow_to_double(dtype, xo);
+        if (std::isnan(exact)) {
+          if (op == RedOp::kSum || op == RedOp::kProd) EXPECT_TRUE(std::isnan(got));
+          continue;
+        }
+        EXPECT_EQ(xo, narrow_from_double(dtype, exact))
+            << dtype_name(dtype) << " " << redop_name(op) << " " << da << " " << db;
+      }
+    }
+  }
+}
+
 TEST(CpuNcclReduce, FloatOpsInPlace) {
   std::vector<float> a = {1.5f, -2.0f, 3.0f}, b = {0.25f, 4.0f, -1.0f};
   reduce_elements(DType::kFloat32, RedOp::kProd, a.data(), b.data(), a.data(), 3);

@@ -2,9 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 #include <vector>
+
+#include "kernels/bf16.h"
 
 namespace dq::cpunccl {
 namespace {
@@ -88,9 +91,8 @@ uint32_t encode(const NarrowFormat& f, double value) {
 
 // Decode tables: every 8-bit and 16-bit pattern, built once.
 struct DecodeTables {
-  std::vector<double> half, e4m3, e5m2;
-  DecodeTables() : half(65536), e4m3(256), e5m2(256) {
-    for (uint32_t b = 0; b < 65536; ++b) half[b] = decode(kHalf, b);
+  std::vector<double> e4m3, e5m2;
+  DecodeTables() : e4m3(256), e5m2(256) {
     for (uint32_t b = 0; b < 256; ++b) {
       e4m3[b] = decode(kE4m3, b);
       e5m2[b] = decode(kE5m2, b);
@@ -110,16 +112,6 @@ T apply_int(RedOp op, T a, T b) {
     case RedOp::kMax: return a > b ? a : b;
     case RedOp::kMin: return a < b ? a : b;
     default: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-  }
-}
-
-template <class T>
-T apply_float(RedOp op, T a, T b) {
-  switch (op) {
-    case RedOp::kProd: return a * b;
-    case RedOp::kMax: return a > b ? a : b;
-    case RedOp::kMin: return a < b ? a : b;
-    default: return a + b;
   }
 }
 
@@ -151,32 +143,100 @@ void reduce_native(RedOp op, const void* incoming, const void* local, void* out,
   }
 }
 
-template <class Bits>
-void reduce_narrow(DType dtype, RedOp op, const void* incoming, const void* local, void* out,
-                   size_t count) {
-  const NarrowFormat f = format_of(dtype);
-  const Bits* a = static_cast<const Bits*>(incoming);
-  const Bits* b = static_cast<const Bits*>(local);
-  Bits* o = static_cast<Bits*>(out);
+uint16_t half_from_float(float f) {
+#if defined(__FLT16_MAX__)
+  // The compiler's conversion rounds to nearest even (checked against our encoder in tests).
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+#else
+  return static_cast<uint16_t>(encode(kHalf, f));
+#endif
+}
+
+float bf16_to_float(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+const float* half_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t b = 0; b < 65536; ++b) t[b] = static_cast<float>(decode(kHalf, b));
+    return t;
+  }();
+  return table.data();
+}
+
+// 16-bit floats: a binary operation on two half / bf16 values is exact in float except where
+// it cannot matter (see the argument in README.md), so float arithmetic followed by one
+// round-to-nearest-even gives the correctly rounded result. Max/min pick one operand's bits.
+template <bool kIsHalf>
+void reduce_16(RedOp op, const uint16_t* a, const uint16_t* b, uint16_t* o, size_t count) {
+  const float* ht = kIsHalf ? half_table() : nullptr;
+  auto dec = [ht](uint16_t v) { return kIsHalf ? ht[v] : bf16_to_float(v); };
+  auto enc = [](float f) { return kIsHalf ? half_from_float(f) : f32_to_bf16_rne(f); };
+  switch (op) {
+    case RedOp::kMax:
+      for (size_t i = 0; i < count; ++i) o[i] = dec(a[i]) > dec(b[i]) ? a[i] : b[i];
+      return;
+    case RedOp::kMin:
+      for (size_t i = 0; i < count; ++i) o[i] = dec(a[i]) < dec(b[i]) ? a[i] : b[i];
+      return;
+    case RedOp::kProd:
+      for (size_t i = 0; i < count; ++i) {
+        const float p = dec(a[i]) * dec(b[i]);
+        // bf16 products below float's normal range were rounded twice: redo them exactly.
+        if (!kIsHalf && p != 0.0f && std::fabs(p) < std::numeric_limits<float>::min())
+          o[i] = static_cast<uint16_t>(encode(kBf16, static_cast<double>(dec(a[i])) * dec(b[i])));
+        else
+          o[i] = enc(p);
+      }
+      return;
+    default:
+      for (size_t i = 0; i < count; ++i) o[i] = enc(dec(a[i]) + dec(b[i]));
+      return;
+  }
+}
+
+// FP8: every (a, b) pair of a sum or product is precomputed exactly (64 KiB per table).
+const uint8_t* fp8_table(DType dtype, RedOp op) {
+  static std::once_flag once[2][2];
+  static std::vector<uint8_t> tables[2][2];
+  const int f = dtype == DType::kFloat8e4m3 ? 0 : 1;
+  const int k = op == RedOp::kProd ? 1 : 0;
+  std::call_once(once[f][k], [&] {
+    const NarrowFormat fmt = format_of(dtype);
+    std::vector<uint8_t>& t = tables[f][k];
+    t.resize(65536);
+    for (uint32_t x = 0; x < 256; ++x)
+      for (uint32_t y = 0; y < 256; ++y) {
+        const double dx = decode(fmt, x), dy = decode(fmt, y);
+        t[x * 256 + y] = static_cast<uint8_t>(encode(fmt, k ? dx * dy : dx + dy));
+      }
+  });
+  return tables[f][k].data();
+}
+
+void reduce_fp8(DType dtype, RedOp op, const uint8_t* a, const uint8_t* b, uint8_t* o,
+                size_t count) {
   const DecodeTables& t = tables();
-  const double* table = dtype == DType::kFloat16      ? t.half.data()
-                        : dtype == DType::kFloat8e4m3 ? t.e4m3.data()
-                        : dtype == DType::kFloat8e5m2 ? t.e5m2.data()
-                                                      : nullptr;
-  for (size_t i = 0; i < count; ++i) {
-    double x, y;
-    if (table) {
-      x = table[a[i]];
-      y = table[b[i]];
-    } else {  // bfloat16: the upper half of a float32
-      uint32_t ux = static_cast<uint32_t>(a[i]) << 16, uy = static_cast<uint32_t>(b[i]) << 16;
-      float fx, fy;
-      std::memcpy(&fx, &ux, 4);
-      std::memcpy(&fy, &uy, 4);
-      x = fx;
-      y = fy;
+  const double* dec = dtype == DType::kFloat8e4m3 ? t.e4m3.data() : t.e5m2.data();
+  switch (op) {
+    case RedOp::kMax:
+      for (size_t i = 0; i < count; ++i) o[i] = dec[a[i]] > dec[b[i]] ? a[i] : b[i];
+      return;
+    case RedOp::kMin:
+      for (size_t i = 0; i < count; ++i) o[i] = dec[a[i]] < dec[b[i]] ? a[i] : b[i];
+      return;
+    default: {
+      const uint8_t* table = fp8_table(dtype, op);
+      for (size_t i = 0; i < count; ++i) o[i] = table[a[i] * 256u + b[i]];
+      return;
     }
-    o[i] = static_cast<Bits>(encode(f, apply_float<double>(op, x, y)));
   }
 }
 
@@ -226,9 +286,16 @@ void reduce_elements(DType dtype, RedOp op, const void* incoming, const void* lo
     case DType::kFloat32: return reduce_native<float>(op, incoming, local, out, count);
     case DType::kFloat64: return reduce_native<double>(op, incoming, local, out, count);
     case DType::kFloat16:
+      return reduce_16<true>(op, static_cast<const uint16_t*>(incoming),
+                             static_cast<const uint16_t*>(local), static_cast<uint16_t*>(out),
+                             count);
     case DType::kBfloat16:
-      return reduce_narrow<uint16_t>(dtype, op, incoming, local, out, count);
-    default: return reduce_narrow<uint8_t>(dtype, op, incoming, local, out, count);
+      return reduce_16<false>(op, static_cast<const uint16_t*>(incoming),
+                              static_cast<const uint16_t*>(local), static_cast<uint16_t*>(out),
+                              count);
+    default:
+      return reduce_fp8(dtype, op, static_cast<const uint8_t*>(incoming),
+                        static_cast<const uint8_t*>(local), static_cast<uint8_t*>(out), count);
   }
 }
 
