@@ -1,0 +1,189 @@
+// Loopback throughput of the net plugin: one connection between two processes, fixed-size
+// messages with several in flight, through the exported v11 table (dlopen, like NCCL).
+// Usage: net_loopback_bench [--size BYTES] [--inflight N] [--seconds S]
+// Prints one line: "dynamiq-net loopback size=... inflight=... nsocks=... gbps=<Gbit/s>".
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <string>
+
+#include "tests/plugin/plugin_harness.h"
+
+namespace {
+
+using dq::net::testing::Clock;
+using dq::net::testing::PluginLib;
+using dq::net::testing::SecondsSince;
+
+constexpr int kDataTag = 0;
+constexpr int kEndTag = 1;
+
+void Die(const char* what) {
+  std::fprintf(stderr, "net_loopback_bench: %s\n", what);
+  std::exit(2);
+}
+
+// One test() call; while nothing completes, nap briefly instead of spinning so that the
+// plugin's I/O threads keep the CPU (the machine may have only a couple of cores).
+bool Poll(const dqNetV11* net, void* req, int* size, bool* failed = nullptr) {
+  int done = 0;
+  if (net->test(req, &done, size) != dqNetSuccess) {
+    if (failed == nullptr) Die("a request failed");
+    *failed = true;
+    return false;
+  }
+  return done != 0;
+}
+
+void Nap() { std::this_thread::sleep_for(std::chrono::microseconds(20)); }
+
+void RunSender(const dqNetV11* net, void* ctx, char* handle, size_t size, int inflight,
+               double seconds, int done_fd) {
+  void* sc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (sc == nullptr && SecondsSince(t) < 30) {
+    if (net->connect(ctx, 0, handle, &sc, nullptr) != dqNetSuccess) Die("connect failed");
+  }
+  if (sc == nullptr) Die("connect timed out");
+  std::vector<char> buf(size, 'x');
+  std::deque<void*> window;
+  t = Clock::now();
+  // Bounded by `seconds` (plus the time to drain at most `inflight` messages).
+  while (SecondsSince(t) < seconds) {
+    while (static_cast<int>(window.size()) < inflight) {
+      void* req = nullptr;
+      if (net->isend(sc, buf.data(), size, kDataTag, nullptr, nullptr, &req) != dqNetSuccess) {
+        Die("isend failed");
+      }
+      if (req == nullptr) break;
+      window.push_back(req);
+    }
+    if (!window.empty()) {
+      if (Poll(net, window.front(), nullptr)) {
+        window.pop_front();
+      } else {
+        Nap();
+      }
+    }
+  }
+  while (!window.empty()) {
+    if (Poll(net, window.front(), nullptr)) {
+      window.pop_front();
+    } else {
+      Nap();
+    }
+  }
+  void* end = nullptr;
+  while (end == nullptr) {
+    if (net->isend(sc, buf.data(), 0, kEndTag, nullptr, nullptr, &end) != dqNetSuccess) {
+      Die("isend failed");
+    }
+  }
+  while (!Poll(net, end, nullptr)) Nap();
+  // Close only after the receiver has closed: its still-posted receives would fail otherwise.
+  char byte = 0;
+  if (read(done_fd, &byte, 1) != 1) Die("receiver vanished");
+  net->closeSend(sc);
+}
+
+double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, int done_fd) {
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (rc == nullptr && SecondsSince(t) < 30) {
+    if (net->accept(lc, &rc, nullptr) != dqNetSuccess) Die("accept failed");
+  }
+  if (rc == nullptr) Die("accept timed out");
+  std::vector<std::vector<char>> bufs(static_cast<size_t>(inflight), std::vector<char>(size));
+  auto post = [&](int tag, void* data, size_t cap) {
+    void* req = nullptr;
+    int tag_copy = tag;
+    while (req == nullptr) {
+      if (net->irecv(rc, 1, &data, &cap, &tag_copy, nullptr, nullptr, &req) != dqNetSuccess) {
+        Die("irecv failed");
+      }
+    }
+    return req;
+  };
+  char end_byte = 0;
+  void* end_req = post(kEndTag, &end_byte, 1);
+  std::deque<std::pair<void*, int>> window;  // request, buffer index
+  for (int i = 0; i < inflight; ++i) window.emplace_back(post(kDataTag, bufs[i].data(), size), i);
+  long long completed = 0;
+  Clock::time_point first{};
+  Clock::time_point last{};
+  // Bounded by the sender's end marker (the sender runs for a fixed time).
+  for (;;) {
+    int got = 0;
+    bool failed = false;
+    // After the end marker the sender closes; the still-posted receives then fail, by design.
+    if (Poll(net, end_req, nullptr)) break;
+    if (Poll(net, window.front().first, &got, &failed)) {
+      if (static_cast<size_t>(got) != size) Die("short message");
+      last = Clock::now();
+      if (completed == 0) first = last;
+      ++completed;
+      int idx = window.front().second;
+      window.pop_front();
+      window.emplace_back(post(kDataTag, bufs[static_cast<size_t>(idx)].data(), size), idx);
+      continue;
+    }
+    if (failed) Die("a receive failed before the end marker");
+    Nap();
+  }
+  net->closeRecv(rc);
+  if (write(done_fd, "x", 1) != 1) Die("cannot signal the sender");
+  double secs = std::chrono::duration<double>(last - first).count();
+  if (completed < 2 || secs <= 0) Die("too few messages to time");
+  // The first completion starts the clock, so it is not counted.
+  return static_cast<double>(completed - 1) * static_cast<double>(size) * 8 / secs / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t size = 4u << 20;
+  int inflight = 8;
+  double seconds = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--size") size = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--inflight") inflight = std::atoi(argv[i + 1]);
+    else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
+    else Die("unknown option (use --size, --inflight, --seconds)");
+  }
+  if (size == 0 || inflight < 1 || inflight > NCCL_NET_MAX_REQUESTS || seconds <= 0) {
+    Die("bad arguments");
+  }
+  PluginLib& pl = PluginLib::Get();
+  if (pl.v11 == nullptr) Die(pl.error.c_str());
+  const dqNetV11* net = pl.v11;
+  void* ctx = nullptr;
+  if (net->init(&ctx, 7, nullptr, nullptr, nullptr) != dqNetSuccess) Die("init failed");
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc = nullptr;
+  if (net->listen(ctx, 0, handle, &lc) != dqNetSuccess) Die("listen failed");
+  std::fflush(stdout);
+  int done_pipe[2];
+  if (pipe(done_pipe) != 0) Die("pipe failed");
+  pid_t pid = fork();
+  if (pid < 0) Die("fork failed");
+  if (pid == 0) {
+    close(done_pipe[1]);
+    RunSender(net, ctx, handle, size, inflight, seconds, done_pipe[0]);
+    _exit(0);
+  }
+  close(done_pipe[0]);
+  double gbps = RunReceiver(net, lc, size, inflight, done_pipe[1]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("sender failed");
+  const char* nsocks = std::getenv("DYNAMIQ_NET_NSOCKS");
+  std::printf("dynamiq-net loopback size=%zu inflight=%d nsocks=%s gbps=%.3f\n", size, inflight,
+              nsocks != nullptr ? nsocks : "default", gbps);
+  net->closeListen(lc);
+  return 0;
+}
