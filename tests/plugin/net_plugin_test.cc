@@ -2,6 +2,7 @@
 // over loopback (the test environment sets DYNAMIQ_NET_IFNAME=lo).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -497,6 +498,42 @@ TEST_F(NetPluginTest, MalformedFramesFailTheReceive) {
     EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
     EXPECT_EQ(net_->closeListen(lc), dqNetSuccess);
   }
+}
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+TEST_F(NetPluginTest, IdleConnectionsDoNotBurnCpu) {
+  Connect();
+  // Several idle connections with a receive posted: the I/O threads must sleep, not spin.
+  std::vector<void*> extra_send, extra_recv;
+  for (int i = 0; i < 3; ++i) {
+    void* lc = nullptr;
+    char h[NCCL_NET_HANDLE_MAXSIZE];
+    ASSERT_EQ(net_->listen(ctx_, 0, h, &lc), dqNetSuccess);
+    void* sc = nullptr;
+    void* rc = nullptr;
+    ASSERT_TRUE(ConnectPair(net_, ctx_, lc, h, &sc, &rc));
+    extra_send.push_back(sc);
+    extra_recv.push_back(rc);
+    net_->closeListen(lc);
+  }
+  std::vector<char> in(100);
+  void* rreq = Recv(in, 1);
+  double cpu0 = ProcessCpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  double cpu = ProcessCpuSeconds() - cpu0;
+  // CPU time (not wall time) is immune to machine load; a spinning thread would use ~2 s.
+  EXPECT_LT(cpu, 0.2) << "idle connections used " << cpu << " s of CPU in 2 s";
+  std::vector<char> out(100, 'q');
+  Finish(Send(out, 1), 100);
+  Finish(rreq, 100);
+  for (void* sc : extra_send) EXPECT_EQ(net_->closeSend(sc), dqNetSuccess);
+  for (void* rc : extra_recv) EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
 }
 
 TEST_F(NetPluginTest, ClosedSenderFailsPendingReceive) {
