@@ -34,6 +34,7 @@ struct MxKernel {
   }
   bool validate(const uint8_t*, size_t) const { return true; }  // every byte pattern decodes
   void encode(const float* src, size_t n_blocks, size_t, const RoundingKey&, uint8_t* dst) const {
+    const MxFormat format = mx_format(kind);
     for (size_t b = 0; b < n_blocks; ++b, src += kMxBlockElems, dst += block_bytes) {
       uint32_t amax = 0;  // FP32 bits of the largest magnitude; NaN/Inf compare above finite
       for (size_t i = 0; i < kMxBlockElems; ++i) {
@@ -47,7 +48,7 @@ struct MxKernel {
         for (size_t i = 0; i < kMxBlockElems; ++i) codes[i] = 0;
       } else {
         const float inv = mx_inverse_scale(scale);  // exact power of two
-        for (size_t i = 0; i < kMxBlockElems; ++i) codes[i] = mx_encode_element(kind, src[i] * inv);
+        for (size_t i = 0; i < kMxBlockElems; ++i) codes[i] = mx_encode_element(format, src[i] * inv);
       }
       pack_codes(codes, static_cast<int>(kMxBlockElems), bits, dst + 1);
     }

@@ -54,35 +54,40 @@ DQ_HD float mx_pow2(int k) {
   return f32_from_bits(1u << (k + 149));
 }
 
-// Encodes an already scaled value: round to nearest, ties to even, saturating to the largest
-// finite magnitude (Inf included). NaN becomes the E4M3 NaN code, or 0 in formats without NaN
-// (the block's E8M0 scale then carries the NaN).
-DQ_HD uint8_t mx_encode_element(MxKind kind, float scaled_value) {
-  const MxFormat f = mx_format(kind);
+// Encodes an already scaled value with the format hoisted (branch-free, so a loop over a block
+// vectorises): round to nearest, ties to even, saturating to the largest finite magnitude (Inf
+// included). NaN becomes the E4M3 NaN code, or 0 in formats without NaN (the block's E8M0 scale
+// then carries the NaN).
+DQ_HD uint8_t mx_encode_element(const MxFormat& f, float scaled_value) {
   const uint32_t u = f32_bits(scaled_value);
   const uint32_t a = u & 0x7fffffffu;
   const uint32_t sign_code = (u >> 31) << (f.exp_bits + f.man_bits);
-  if (a > 0x7f800000u) return static_cast<uint8_t>(f.has_nan ? (sign_code | 0x7Fu) : 0u);
-  if (a >= f.max_f32) return static_cast<uint8_t>(sign_code | f.max_code);
-  if (a == 0) return static_cast<uint8_t>(sign_code);
-  const int emin = 1 - f.bias;  // exponent of the smallest normal element
-  // a = sig * 2^lsb_exp exactly.
-  int e_a = mx_floor_log2(a);
-  uint32_t sig = a >= 0x00800000u ? ((a & 0x007fffffu) | 0x00800000u) : a;
-  int lsb_exp = a >= 0x00800000u ? e_a - 23 : -149;
+  const int emin = 1 - f.bias;  // exponent of the smallest normal element (>= -6)
+  // a = sig * 2^lsb_exp exactly. Only max(floor(log2 a), emin) matters below, and every FP32
+  // denormal lies under 2^emin, so the biased exponent field is all that is needed (no clz).
+  const int biased = static_cast<int>(a >> 23);
+  const uint32_t sig = (a & 0x007fffffu) | (biased != 0 ? 0x00800000u : 0u);
+  const int lsb_exp = (biased != 0 ? biased : 1) - 150;
+  const int e_a = biased - 127;
   // Quantum of the element format at this magnitude (subnormal spacing below emin).
-  int quantum_exp = (e_a > emin ? e_a : emin) - f.man_bits;
-  int shift = quantum_exp - lsb_exp;  // >= 23 - man_bits > 0
-  if (shift >= 25) return static_cast<uint8_t>(sign_code);  // below half the smallest quantum
+  const int quantum_exp = (e_a > emin ? e_a : emin) - f.man_bits;
+  int shift = quantum_exp - lsb_exp;  // >= 23 - man_bits for normal a
+  // From 25 on, a < half the quantum: clamping keeps the shifts defined and still gives 0.
+  shift = shift < 25 ? shift : 25;
   uint32_t n = sig >> shift;
-  uint32_t rem = sig & ((1u << shift) - 1u);
-  uint32_t half = 1u << (shift - 1);
+  const uint32_t rem = sig & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
   n += (rem > half || (rem == half && (n & 1u))) ? 1u : 0u;
-  // n quanta of 2^quantum_exp; in the first binade the code is n itself, and each binade above
+  // n quanta of 2^quantum_exp: in the first binade the code is n itself, and each binade above
   // adds 2^man_bits (a carry into the next binade lands on the right code too).
   uint32_t mag = (static_cast<uint32_t>(quantum_exp - (emin - f.man_bits)) << f.man_bits) + n;
-  if (mag > f.max_code) mag = f.max_code;
-  return static_cast<uint8_t>(sign_code | mag);
+  mag = (a >= f.max_f32 || mag > f.max_code) ? f.max_code : mag;
+  const uint32_t nan_code = f.has_nan ? (sign_code | 0x7Fu) : 0u;
+  return static_cast<uint8_t>(a > 0x7f800000u ? nan_code : (sign_code | mag));
+}
+
+DQ_HD uint8_t mx_encode_element(MxKind kind, float scaled_value) {
+  return mx_encode_element(mx_format(kind), scaled_value);
 }
 
 // Decodes an element code (bits above the element width are ignored).
