@@ -7,8 +7,8 @@ randomly shuffling the same values destroys that locality, so the shuffled
 distribution is the baseline to compare against.
 
 For every dumped step (stepNNNNN.npy [workers, d] + stepNNNNN.json written by
-make_corpus.py) and for each part of the vector (all parameters; the word
-embedding matrix alone; everything else), this prints, for the real and the
+make_corpus.py) and for each part of the vector (all parameters; the
+embedding tables alone; everything else), this prints, for the real and the
 shuffled values: the share of gradient energy (sum of squares) held by the top
 10% of super-groups, quantiles of super-group norm / median, and the share of
 all-zero super-groups. Figures are means over workers (each worker's own
@@ -76,23 +76,34 @@ def load_corpus(folder):
         yield meta["step"], np.load(npy, mmap_mode="r"), meta
 
 
+def merge_ranges(ranges):
+    merged = []
+    for a, b in sorted(ranges):
+        if merged and merged[-1][1] == a:
+            merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    return merged
+
+
 def parts_of(meta, dim):
-    """[(part name, start, stop)] for all / embedding / non-embedding."""
-    layout = meta.get("layout")
-    if layout is not None:
-        emb = layout["embedding_slice"]
-        start, stop = emb["offset"], emb["offset"] + emb["numel"]
-    else:  # a sample sidecar lists only the parameters its slice covers
-        emb = [p for p in meta["params"]
-               if p["name"].endswith("embeddings.word_embeddings.weight")]
-        start = emb[0]["offset"] if emb else dim
-        stop = min(dim, start + emb[0]["numel"]) if emb else dim
+    """[(part name, [(start, stop), ...])] for all / embedding / the rest.
+
+    "embedding" is every embedding table (word, position, token type; the
+    sidecar's is_embedding flag), which DDP places contiguously at the end;
+    the word table is 98% of it.
+    """
+    params = meta["layout"]["params"] if "layout" in meta else meta["params"]
+    emb, rest = [], []
+    for p in params:
+        a = p["offset"]
+        b = min(dim, a + p["numel"])
+        if b > a:
+            (emb if p["is_embedding"] else rest).append((a, b))
     parts = [("all", [(0, dim)])]
-    if stop > start:
-        parts.append(("embedding", [(start, stop)]))
-    rest = [(a, b) for a, b in ((0, start), (stop, dim)) if b > a]
-    if stop > start:
-        parts.append(("non-embedding", rest))
+    if emb:
+        parts.append(("embedding", merge_ranges(emb)))
+        parts.append(("non-embedding", merge_ranges(rest)))
     return parts
 
 
