@@ -176,6 +176,31 @@ def print_table(results, out=sys.stdout):
           file=out)
 
 
+def param_energy(folder, max_workers, top):
+    """Per step, the parameters holding the most gradient energy.
+
+    Returns [(step, [(name, share of the vector's sum of squares, share of
+    its values)])], shares averaged over workers.
+    """
+    out = []
+    for step, grads, meta in load_corpus(folder):
+        params = meta["layout"]["params"] if "layout" in meta else \
+            meta["params"]
+        n = min(grads.shape[0], max_workers)
+        dim = grads.shape[1]
+        shares = np.zeros(len(params))
+        for w in range(n):
+            row = np.asarray(grads[w], dtype=np.float64)
+            energy = np.array([np.square(row[p["offset"]:
+                                             p["offset"] + p["numel"]]).sum()
+                               for p in params])
+            shares += energy / energy.sum() / n
+        order = np.argsort(-shares)[:top]
+        out.append((step, [(params[i]["name"], float(shares[i]),
+                            params[i]["numel"] / dim) for i in order]))
+    return out
+
+
 def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -212,7 +237,7 @@ def plot(results, path):
             ax.set_xscale("log")
             ax.set_title("step %d, %s%s" % (
                 step, part, "" if r["real"]["zero_group_share"] < 0.005 else
-                " (%.0f%% groups all-zero)" %
+                " (%.1f%% of groups all-zero)" %
                 (100 * r["real"]["zero_group_share"])), fontsize=9)
             ax.legend(fontsize=7, loc="upper left")
             ax.tick_params(labelsize=8)
@@ -220,8 +245,8 @@ def plot(results, path):
                 ax.set_xlabel("super-group L2 norm / median", fontsize=8)
             if j == 0:
                 ax.set_ylabel("fraction of super-groups", fontsize=8)
-    fig.suptitle("all-MiniLM-L6-v2 fine-tuning gradients: 256-value "
-                 "super-group norms, real vs randomly shuffled", fontsize=10)
+    fig.suptitle("all-MiniLM-L6-v2 fine-tuning gradients: norms of 256-value\n"
+                 "super-groups, real order vs randomly shuffled", fontsize=10)
     fig.tight_layout()
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -238,6 +263,8 @@ def main(argv=None):
     p.add_argument("--json", type=pathlib.Path, default=None,
                    help="write the statistics (without raw ratios) as JSON")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--by-param", type=int, default=0, metavar="N",
+                   help="also list the N parameters with the most energy")
     p.add_argument("--max-workers", type=int, default=4,
                    help="workers analysed per step")
     args = p.parse_args(argv)
@@ -246,6 +273,14 @@ def main(argv=None):
         print("no stepNNNNN.npy in %s" % args.corpus, file=sys.stderr)
         return 1
     print_table(results)
+    if args.by_param:
+        for step, rows in param_energy(args.corpus, args.max_workers,
+                                       args.by_param):
+            print("step %d: parameters with the most gradient energy "
+                  "(share of energy / share of values)" % step)
+            for name, share, size in rows:
+                print("  %6.2f%% / %6.2f%%  %s" % (100 * share, 100 * size,
+                                                  name))
     if args.json:
         args.json.write_text(json.dumps(
             [{k: v for k, v in r.items() if k != "ratios"} for r in results],
