@@ -97,7 +97,7 @@ typedef dqNetResult (*dqNetProfilerCallback)(void** event_handle, int type, void
 
 // Device-offload handle; identical for v8..v11. We never offload, so we never fill one.
 typedef struct {
-  int netDeviceType;     // enum, int-sized
+  int netDeviceType;  // enum, int-sized
   int netDeviceVersion;
   void* handle;
   size_t size;
@@ -115,16 +115,16 @@ typedef struct {
 
 // v8 properties (no forceFlush, no virtual devices, no size limits).
 typedef struct {
-  char* name;        // interface name, for logs
-  char* pciPath;     // sysfs path of the PCI device (NULL is accepted)
-  uint64_t guid;     // unique per physical NIC
-  int ptrSupport;    // NCCL_PTR_* bit mask
-  int regIsGlobal;   // 1: an mhandle is usable on every comm
-  int speed;         // Mbps
+  char* name;       // interface name, for logs
+  char* pciPath;    // sysfs path of the PCI device (NULL is accepted)
+  uint64_t guid;    // unique per physical NIC
+  int ptrSupport;   // NCCL_PTR_* bit mask
+  int regIsGlobal;  // 1: an mhandle is usable on every comm
+  int speed;        // Mbps
   int port;
-  float latency;     // microseconds
+  float latency;  // microseconds
   int maxComms;
-  int maxRecvs;      // receives grouped in one irecv
+  int maxRecvs;  // receives grouped in one irecv
   int netDeviceType;
   int netDeviceVersion;
 } dqNetPropertiesV8;
@@ -136,10 +136,10 @@ typedef struct {
   uint64_t guid;
   int ptrSupport;
   int regIsGlobal;
-  int forceFlush;    // 1: NCCL must call iflush after every receive
-  int speed;         // Mbps
+  int forceFlush;  // 1: NCCL must call iflush after every receive
+  int speed;       // Mbps
   int port;
-  float latency;     // microseconds
+  float latency;  // microseconds
   int maxComms;
   int maxRecvs;
   int netDeviceType;
@@ -158,9 +158,9 @@ typedef struct {
   int ptrSupport;
   int regIsGlobal;
   int forceFlush;
-  int speed;         // Mbps
+  int speed;  // Mbps
   int port;
-  float latency;     // microseconds
+  float latency;  // microseconds
   int maxComms;
   int maxRecvs;
   int netDeviceType;
@@ -206,8 +206,8 @@ typedef struct {
                          dqNetDeviceHandle** sendDevComm);
   dqNetResult (*accept)(void* listenComm, void** recvComm, dqNetDeviceHandle** recvDevComm);
   dqNetResult (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
-                             int fd, void** mhandle);
+  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle);
   dqNetResult (*deregMr)(void* comm, void* mhandle);
   dqNetResult (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
                        void* phandle, void** request);
@@ -236,8 +236,8 @@ typedef struct {
                          dqNetDeviceHandle** sendDevComm);
   dqNetResult (*accept)(void* listenComm, void** recvComm, dqNetDeviceHandle** recvDevComm);
   dqNetResult (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
-                             int fd, void** mhandle);
+  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle);
   dqNetResult (*deregMr)(void* comm, void* mhandle);
   dqNetResult (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
                        void* phandle, void** request);
@@ -263,8 +263,8 @@ typedef struct {
   dqNetResult (*connect)(int dev, void* handle, void** sendComm, dqNetDeviceHandle** sendDevComm);
   dqNetResult (*accept)(void* listenComm, void** recvComm, dqNetDeviceHandle** recvDevComm);
   dqNetResult (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
-                             int fd, void** mhandle);
+  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle);
   dqNetResult (*deregMr)(void* comm, void* mhandle);
   dqNetResult (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
                        void** request);
@@ -291,13 +291,13 @@ typedef struct {
   dqNetResult (*connect)(int dev, void* handle, void** sendComm, dqNetDeviceHandle** sendDevComm);
   dqNetResult (*accept)(void* listenComm, void** recvComm, dqNetDeviceHandle** recvDevComm);
   dqNetResult (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
-                             int fd, void** mhandle);
+  dqNetResult (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle);
   dqNetResult (*deregMr)(void* comm, void* mhandle);
   dqNetResult (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle,
                        void** request);
-  dqNetResult (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags,
-                       void** mhandles, void** request);
+  dqNetResult (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,
+                       void** request);
   dqNetResult (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
                         void** request);
   dqNetResult (*test)(void* request, int* done, int* sizes);

@@ -12,12 +12,12 @@
 namespace dq::net {
 
 struct NetDevice {
-  std::string name;           // interface name, e.g. "eth0"
-  std::string pci_path;       // realpath of /sys/class/net/<name>/device, empty if virtual
-  sockaddr_storage addr{};    // the address we bind to (port 0)
+  std::string name;         // interface name, e.g. "eth0"
+  std::string pci_path;     // realpath of /sys/class/net/<name>/device, empty if virtual
+  sockaddr_storage addr{};  // the address we bind to (port 0)
   socklen_t addr_len = 0;
-  int speed_mbps = 10000;     // from sysfs; 10000 when unknown
-  uint64_t guid = 0;          // stable per interface name
+  int speed_mbps = 10000;  // from sysfs; 10000 when unknown
+  uint64_t guid = 0;       // stable per interface name
 };
 
 // Enumerates up interfaces matching `ifname_spec` (NCCL_SOCKET_IFNAME syntax). Loopback is

@@ -27,7 +27,11 @@ int64_t EnvInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
 
 NetEnv ReadNetEnv() {
   NetEnv env;
-  if (const char* v = std::getenv("DYNAMIQ_NET_IFNAME")) env.ifname = v;
+  if (const char* v = std::getenv("DYNAMIQ_NET_IFNAME")) {
+    env.ifname = v;
+  } else if (const char* nccl = std::getenv("NCCL_SOCKET_IFNAME")) {
+    env.ifname = nccl;  // what an NCCL user already set for NCCL's own socket transport
+  }
   env.nsocks = static_cast<int>(EnvInt("DYNAMIQ_NET_NSOCKS", 2, 1, 8));
   env.timeout_ms = EnvInt("DYNAMIQ_NET_TIMEOUT_MS", 30000, 10, 24LL * 3600 * 1000);
   if (const char* v = std::getenv("DYNAMIQ_NET_BACKEND"); v != nullptr && *v != '\0') {

@@ -1,7 +1,8 @@
 // Environment knobs of the net plugin (all optional):
 //   DYNAMIQ_NET_IFNAME     interfaces to use, NCCL_SOCKET_IFNAME syntax: comma-separated name
 //                          prefixes; a leading '^' excludes, a leading '=' asks for exact names.
-//                          Unset: every up, non-loopback interface; loopback only if none.
+//                          Unset: NCCL_SOCKET_IFNAME if set, else every up, non-loopback
+//                          interface (loopback only when there is no other).
 //   DYNAMIQ_NET_NSOCKS     TCP sockets per connection, 1..8 (default 2).
 //   DYNAMIQ_NET_TIMEOUT_MS bound on every wait on a peer: connect/handshake, and a transfer that
 //                          stops making progress mid-message (default 30000 ms).

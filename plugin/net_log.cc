@@ -9,8 +9,12 @@ namespace {
 std::atomic<dqNetLogger> g_logger{nullptr};
 }  // namespace
 
-void SetNetLogger(dqNetLogger logger) { g_logger.store(logger); }
-dqNetLogger GetNetLogger() { return g_logger.load(); }
+void SetNetLogger(dqNetLogger logger) {
+  g_logger.store(logger);
+}
+dqNetLogger GetNetLogger() {
+  return g_logger.load();
+}
 
 void NetLog(LogLevel level, const char* file, int line, const char* fmt, ...) {
   dqNetLogger logger = g_logger.load();

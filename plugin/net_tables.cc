@@ -16,14 +16,20 @@ namespace {
 
 dqNetResult ToResult(Status s) {
   switch (s) {
-    case Status::kOk: return dqNetSuccess;
-    case Status::kInvalidArgument: return dqNetInvalidArgument;
-    case Status::kUnsupported: return dqNetInvalidUsage;
+    case Status::kOk:
+      return dqNetSuccess;
+    case Status::kInvalidArgument:
+      return dqNetInvalidArgument;
+    case Status::kUnsupported:
+      return dqNetInvalidUsage;
     case Status::kMalformedPayload:
-    case Status::kTimeout: return dqNetRemoteError;
+    case Status::kTimeout:
+      return dqNetRemoteError;
     case Status::kSystemError:
-    case Status::kOutOfMemory: return dqNetSystemError;
-    case Status::kInternal: return dqNetInternalError;
+    case Status::kOutOfMemory:
+      return dqNetSystemError;
+    case Status::kInternal:
+      return dqNetInternalError;
   }
   return dqNetInternalError;
 }
@@ -65,7 +71,8 @@ const CommContext& ContextOf(void* ctx) {
 
 // ---- shared entry points (same signature in every version) ----
 dqNetResult Devices(int* ndev) {
-  return Guard("devices", [&] { return ndev ? Backend().Devices(ndev) : Status::kInvalidArgument; });
+  return Guard("devices",
+               [&] { return ndev ? Backend().Devices(ndev) : Status::kInvalidArgument; });
 }
 dqNetResult Accept(void* listen_comm, void** recv_comm, dqNetDeviceHandle** /*dev_handle*/) {
   return Guard("accept", [&] { return Backend().Accept(listen_comm, recv_comm); });
@@ -93,10 +100,16 @@ dqNetResult Iflush(void* /*recv_comm*/, int /*n*/, void** /*data*/, int* /*sizes
   return dqNetSuccess;
 }
 dqNetResult Test(void* request, int* done, int* sizes) {
-  return Guard("test", [&] { return done ? Backend().Test(request, done, sizes) : Status::kInvalidArgument; });
+  return Guard("test", [&] {
+    return done ? Backend().Test(request, done, sizes) : Status::kInvalidArgument;
+  });
 }
-dqNetResult CloseSend(void* c) { return Guard("closeSend", [&] { return Backend().CloseSend(c); }); }
-dqNetResult CloseRecv(void* c) { return Guard("closeRecv", [&] { return Backend().CloseRecv(c); }); }
+dqNetResult CloseSend(void* c) {
+  return Guard("closeSend", [&] { return Backend().CloseSend(c); });
+}
+dqNetResult CloseRecv(void* c) {
+  return Guard("closeRecv", [&] { return Backend().CloseRecv(c); });
+}
 dqNetResult CloseListen(void* c) {
   return Guard("closeListen", [&] { return Backend().CloseListen(c); });
 }
@@ -116,7 +129,8 @@ dqNetResult MakeVDevice(int* d, dqNetVDeviceProps* props) {
 }
 dqNetResult IsendSized(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                        void** request) {
-  return Guard("isend", [&] { return Backend().Isend(send_comm, data, size, tag, mhandle, request); });
+  return Guard("isend",
+               [&] { return Backend().Isend(send_comm, data, size, tag, mhandle, request); });
 }
 dqNetResult IrecvSized(void* recv_comm, int n, void** data, const size_t* sizes, int* tags,
                        void** mhandles, void** request) {
@@ -150,11 +164,13 @@ dqNetResult GetPropertiesV11(int dev, dqNetPropertiesV11* props) {
   });
 }
 dqNetResult ListenV11(void* ctx, int dev, void* handle, void** listen_comm) {
-  return Guard("listen", [&] { return Backend().Listen(ContextOf(ctx), dev, handle, listen_comm); });
+  return Guard("listen",
+               [&] { return Backend().Listen(ContextOf(ctx), dev, handle, listen_comm); });
 }
 dqNetResult ConnectV11(void* ctx, int dev, void* handle, void** send_comm,
                        dqNetDeviceHandle** /*dev_handle*/) {
-  return Guard("connect", [&] { return Backend().Connect(ContextOf(ctx), dev, handle, send_comm); });
+  return Guard("connect",
+               [&] { return Backend().Connect(ContextOf(ctx), dev, handle, send_comm); });
 }
 dqNetResult IsendV11(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
                      void** request) {
@@ -168,13 +184,17 @@ dqNetResult FinalizeV11(void* ctx) {
   delete static_cast<CommContext*>(ctx);
   return dqNetSuccess;
 }
-dqNetResult SetNetAttrV11(void* /*ctx*/, dqNetAttr* /*attr*/) { return dqNetSuccess; }
+dqNetResult SetNetAttrV11(void* /*ctx*/, dqNetAttr* /*attr*/) {
+  return dqNetSuccess;
+}
 
 // ---- v10 / v9 / v8 adapters ----
 dqNetResult InitV10(dqNetLogger logger, dqNetProfilerCallback profiler) {
   return InitV11(nullptr, 0, nullptr, logger, profiler);
 }
-dqNetResult InitV9(dqNetLogger logger) { return InitV11(nullptr, 0, nullptr, logger, nullptr); }
+dqNetResult InitV9(dqNetLogger logger) {
+  return InitV11(nullptr, 0, nullptr, logger, nullptr);
+}
 
 dqNetResult GetPropertiesV10(int dev, dqNetPropertiesV10* out) {
   dqNetPropertiesV11 p;
@@ -248,8 +268,7 @@ dqNetResult IsendV8(void* c, void* data, int size, int tag, void* mh, void** req
   }
   return IsendSized(c, data, static_cast<size_t>(size), tag, mh, request);
 }
-dqNetResult IrecvV8(void* c, int n, void** data, int* sizes, int* tags, void** mh,
-                    void** request) {
+dqNetResult IrecvV8(void* c, int n, void** data, int* sizes, int* tags, void** mh, void** request) {
   if (n < 1 || n > kMaxGroupedRecvs || sizes == nullptr) {
     NET_WARN("irecv: %d grouped receives (maxRecvs is %d)", n, kMaxGroupedRecvs);
     return dqNetInvalidArgument;
@@ -270,34 +289,52 @@ constexpr const char* kName = "dynamiq";
 }  // namespace
 
 const dqNetV11& NetTableV11() {
-  static const dqNetV11 table = {
-      kName, InitV11, Devices, GetPropertiesV11, ListenV11, ConnectV11, Accept, RegMr,
-      RegMrDmaBuf, DeregMr, IsendV11, IrecvV11, Iflush, Test, CloseSend, CloseRecv, CloseListen,
-      /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, MakeVDevice, FinalizeV11, SetNetAttrV11};
+  static const dqNetV11 table = {kName,
+                                 InitV11,
+                                 Devices,
+                                 GetPropertiesV11,
+                                 ListenV11,
+                                 ConnectV11,
+                                 Accept,
+                                 RegMr,
+                                 RegMrDmaBuf,
+                                 DeregMr,
+                                 IsendV11,
+                                 IrecvV11,
+                                 Iflush,
+                                 Test,
+                                 CloseSend,
+                                 CloseRecv,
+                                 CloseListen,
+                                 /*getDeviceMr=*/nullptr,
+                                 /*irecvConsumed=*/nullptr,
+                                 MakeVDevice,
+                                 FinalizeV11,
+                                 SetNetAttrV11};
   return table;
 }
 
 const dqNetV10& NetTableV10() {
   static const dqNetV10 table = {
-      kName, InitV10, Devices, GetPropertiesV10, ListenOld, ConnectV10, Accept, RegMr,
-      RegMrDmaBuf, DeregMr, IsendV10, IrecvV10, Iflush, Test, CloseSend, CloseRecv, CloseListen,
-      nullptr, nullptr, MakeVDevice};
+      kName,     InitV10,     Devices,     GetPropertiesV10, ListenOld, ConnectV10, Accept,
+      RegMr,     RegMrDmaBuf, DeregMr,     IsendV10,         IrecvV10,  Iflush,     Test,
+      CloseSend, CloseRecv,   CloseListen, nullptr,          nullptr,   MakeVDevice};
   return table;
 }
 
 const dqNetV9& NetTableV9() {
   static const dqNetV9 table = {
-      kName, InitV9, Devices, GetPropertiesV10, ListenOld, ConnectOld, Accept, RegMr,
-      RegMrDmaBuf, DeregMr, IsendV9, IrecvV9, Iflush, Test, CloseSend, CloseRecv, CloseListen,
-      nullptr, nullptr, MakeVDevice};
+      kName,     InitV9,      Devices,     GetPropertiesV10, ListenOld, ConnectOld, Accept,
+      RegMr,     RegMrDmaBuf, DeregMr,     IsendV9,          IrecvV9,   Iflush,     Test,
+      CloseSend, CloseRecv,   CloseListen, nullptr,          nullptr,   MakeVDevice};
   return table;
 }
 
 const dqNetV8& NetTableV8() {
   static const dqNetV8 table = {
-      kName, InitV9, Devices, GetPropertiesV8, ListenOld, ConnectOld, Accept, RegMr,
-      RegMrDmaBuf, DeregMr, IsendV8, IrecvV8, Iflush, Test, CloseSend, CloseRecv, CloseListen,
-      nullptr, nullptr};
+      kName,     InitV9,      Devices,     GetPropertiesV8, ListenOld, ConnectOld, Accept,
+      RegMr,     RegMrDmaBuf, DeregMr,     IsendV8,         IrecvV8,   Iflush,     Test,
+      CloseSend, CloseRecv,   CloseListen, nullptr,         nullptr};
   return table;
 }
 

@@ -287,8 +287,10 @@ struct RecvComm {
                       std::to_string(next_seq));
         }
         ++next_seq;
-        msg = new RecvMsg{h.seq, h.tag, h.size, wire::SplitMessage(h.size, static_cast<int>(fds.size())),
-                          nullptr, nullptr, nullptr, 0, false};
+        msg = new RecvMsg{
+            h.seq,   h.tag,   h.size,  wire::SplitMessage(h.size, static_cast<int>(fds.size())),
+            nullptr, nullptr, nullptr, 0,
+            false};
         msg->parts_left = msg->split.parts;
         auto it = std::find_if(posted.begin(), posted.end(),
                                [&](const RecvSlot* s) { return s->tag == h.tag; });
@@ -314,8 +316,8 @@ struct RecvComm {
         active[msg->seq] = msg;
         cv.notify_all();
       }
-      end = ReadFull(fd, msg->dest, msg->split.Len(0, msg->size), false, stop, timeout_ms,
-                     &began, &err);
+      end = ReadFull(fd, msg->dest, msg->split.Len(0, msg->size), false, stop, timeout_ms, &began,
+                     &err);
       if (end != IoEnd::kDone) return EndOfStream(0, end, true, err);
       std::lock_guard<std::mutex> lock(mu);
       PartDone(msg);
@@ -575,8 +577,8 @@ class SocketNet final : public NetBackend {
     for (int i = 0; i < kMaxAcceptsPerCall; ++i) {
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
-      int fd = accept4(lc->fd, reinterpret_cast<sockaddr*>(&addr), &len,
-                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd =
+          accept4(lc->fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -883,17 +885,22 @@ class SocketNet final : public NetBackend {
     pc->peer = AddrToString(reinterpret_cast<sockaddr*>(&addr));
     pc->timeout_ms = ReadNetEnv().timeout_ms;
     pc->start = Clock::now();
-    pc->hello = wire::Hello{wire::kHelloMagic, wire::kVersion, 0, h.nsocks,
-                            static_cast<uint16_t>(ctx.has_comm_id ? wire::kHelloHasCommId : 0), 0,
-                            h.secret, ctx.comm_id, RandomU64()};
+    pc->hello = wire::Hello{wire::kHelloMagic,
+                            wire::kVersion,
+                            0,
+                            h.nsocks,
+                            static_cast<uint16_t>(ctx.has_comm_id ? wire::kHelloHasCommId : 0),
+                            0,
+                            h.secret,
+                            ctx.comm_id,
+                            RandomU64()};
     for (int k = 0; k < h.nsocks; ++k) {
       int fd = socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd < 0) return SysFail("socket", pc->peer);
       pc->fds.push_back(fd);
       pc->connected.push_back(false);
       pc->hello_sent.push_back(0);
-      if (connect(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 &&
-          errno != EINPROGRESS) {
+      if (connect(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 && errno != EINPROGRESS) {
         NET_WARN("connect to %s failed: %s", pc->peer.c_str(), std::strerror(errno));
         return Status::kSystemError;
       }
@@ -940,8 +947,8 @@ class SocketNet final : public NetBackend {
     }
     if (!all_sent) {
       if (MsSince(pc->start) > pc->timeout_ms) {
-        NET_WARN("connect to %s timed out after %lld ms (DYNAMIQ_NET_TIMEOUT_MS)",
-                 pc->peer.c_str(), static_cast<long long>(pc->timeout_ms));
+        NET_WARN("connect to %s timed out after %lld ms (DYNAMIQ_NET_TIMEOUT_MS)", pc->peer.c_str(),
+                 static_cast<long long>(pc->timeout_ms));
         return Status::kTimeout;
       }
       return Status::kOk;
@@ -1007,8 +1014,8 @@ class SocketNet final : public NetBackend {
     }
     bool peer_has_id = (h.flags & wire::kHelloHasCommId) != 0;
     if (peer_has_id && lc->has_comm_id && h.comm_id != lc->comm_id) {
-      NET_WARN("refused connection from %s: communicator id %#llx, expected %#llx",
-               p.peer.c_str(), static_cast<unsigned long long>(h.comm_id),
+      NET_WARN("refused connection from %s: communicator id %#llx, expected %#llx", p.peer.c_str(),
+               static_cast<unsigned long long>(h.comm_id),
                static_cast<unsigned long long>(lc->comm_id));
       return false;
     }
@@ -1022,8 +1029,8 @@ class SocketNet final : public NetBackend {
       if (cand.nonce == h.nonce) g = &cand;
     }
     if (g == nullptr) {
-      lc->groups.push_back(PendingGroup{h.nonce, p.peer, std::vector<int>(h.nsocks, -1),
-                                        Clock::now()});
+      lc->groups.push_back(
+          PendingGroup{h.nonce, p.peer, std::vector<int>(h.nsocks, -1), Clock::now()});
       g = &lc->groups.back();
     }
     if (g->fds.size() != h.nsocks || g->fds[h.sock_index] >= 0) {

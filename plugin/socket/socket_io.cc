@@ -110,11 +110,16 @@ IoEnd WriteFull(int fd, const void* head, size_t head_len, const void* body, siz
 
 const char* IoEndName(IoEnd end) {
   switch (end) {
-    case IoEnd::kDone: return "done";
-    case IoEnd::kEof: return "connection closed by peer";
-    case IoEnd::kStopped: return "stopped";
-    case IoEnd::kTimeout: return "peer stalled past DYNAMIQ_NET_TIMEOUT_MS";
-    case IoEnd::kError: return "socket error";
+    case IoEnd::kDone:
+      return "done";
+    case IoEnd::kEof:
+      return "connection closed by peer";
+    case IoEnd::kStopped:
+      return "stopped";
+    case IoEnd::kTimeout:
+      return "peer stalled past DYNAMIQ_NET_TIMEOUT_MS";
+    case IoEnd::kError:
+      return "socket error";
   }
   return "?";
 }

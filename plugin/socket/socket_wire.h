@@ -31,8 +31,8 @@ struct Handle {
   uint16_t port_be;  // network byte order
   uint16_t nsocks;   // sockets the listener expects per connection
   uint32_t reserved;
-  uint8_t addr[16];  // in_addr (first 4 bytes) or in6_addr
-  uint64_t secret;   // drawn at listen time; a connection must present it
+  uint8_t addr[16];        // in_addr (first 4 bytes) or in6_addr
+  uint64_t secret;         // drawn at listen time; a connection must present it
   uint64_t connect_state;  // connector-local progress (pointer), zero on the wire
 };
 static_assert(sizeof(Handle) == 48 && sizeof(Handle) <= 128, "handle must fit NCCL's 128 bytes");
@@ -44,11 +44,11 @@ struct Hello {
   uint16_t version;
   uint16_t sock_index;
   uint16_t nsocks;
-  uint16_t flags;     // kHelloHasCommId
+  uint16_t flags;  // kHelloHasCommId
   uint32_t reserved;
   uint64_t secret;
   uint64_t comm_id;
-  uint64_t nonce;     // same for every socket of one connection
+  uint64_t nonce;  // same for every socket of one connection
 };
 static_assert(sizeof(Hello) == 40);
 
@@ -82,7 +82,8 @@ struct Split {
 inline Split SplitMessage(size_t size, int nsocks) {
   Split s{1, size};
   if (nsocks > 1 && size >= 2 * kMinStripeBytes) {
-    s.parts = static_cast<int>(std::min<size_t>(static_cast<size_t>(nsocks), size / kMinStripeBytes));
+    s.parts =
+        static_cast<int>(std::min<size_t>(static_cast<size_t>(nsocks), size / kMinStripeBytes));
     s.stripe = (size + static_cast<size_t>(s.parts) - 1) / static_cast<size_t>(s.parts);
   }
   return s;

@@ -39,7 +39,9 @@ bool Poll(const dqNetV11* net, void* req, int* size, bool* failed = nullptr) {
   return done != 0;
 }
 
-void Nap() { std::this_thread::sleep_for(std::chrono::microseconds(20)); }
+void Nap() {
+  std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
 
 void RunSender(const dqNetV11* net, void* ctx, char* handle, size_t size, int inflight,
                double seconds, int done_fd) {
@@ -150,10 +152,14 @@ int main(int argc, char** argv) {
   double seconds = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--size") size = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--inflight") inflight = std::atoi(argv[i + 1]);
-    else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
-    else Die("unknown option (use --size, --inflight, --seconds)");
+    if (a == "--size")
+      size = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--inflight")
+      inflight = std::atoi(argv[i + 1]);
+    else if (a == "--seconds")
+      seconds = std::atof(argv[i + 1]);
+    else
+      Die("unknown option (use --size, --inflight, --seconds)");
   }
   if (size == 0 || inflight < 1 || inflight > NCCL_NET_MAX_REQUESTS || seconds <= 0) {
     Die("bad arguments");

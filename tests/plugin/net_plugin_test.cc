@@ -58,8 +58,7 @@ class NetPluginTest : public ::testing::Test {
     void* data = buf.data();
     size_t size = buf.size();
     void* req = nullptr;
-    EXPECT_EQ(net_->irecv(recv_comm_, 1, &data, &size, &tag, nullptr, nullptr, &req),
-              dqNetSuccess);
+    EXPECT_EQ(net_->irecv(recv_comm_, 1, &data, &size, &tag, nullptr, nullptr, &req), dqNetSuccess);
     EXPECT_NE(req, nullptr);
     return req;
   }
@@ -181,8 +180,8 @@ TEST_F(NetPluginTest, HandleFitsAndConnectIsNonBlocking) {
 
 TEST_F(NetPluginTest, MessageSizesFromZeroTo256MiB) {
   Connect();
-  const size_t sizes[] = {0, 1, 7, 4096, 65535, 131075, (1u << 20) + 1, 4u << 20, 64u << 20,
-                          256u << 20};
+  const size_t sizes[] = {0,        1,         7,         4096, 65535, 131075, (1u << 20) + 1,
+                          4u << 20, 64u << 20, 256u << 20};
   int tag = 0;
   for (size_t size : sizes) {
     std::vector<char> out(size), in(size + 16, 0x5a);
@@ -296,9 +295,9 @@ TEST_F(NetPluginTest, GroupedReceives) {
     tags[i] = 40 + i;
   }
   void* rreq = nullptr;
-  ASSERT_EQ(net_->irecv(recv_comm_, n, data.data(), caps.data(), tags.data(), nullptr, nullptr,
-                        &rreq),
-            dqNetSuccess);
+  ASSERT_EQ(
+      net_->irecv(recv_comm_, n, data.data(), caps.data(), tags.data(), nullptr, nullptr, &rreq),
+      dqNetSuccess);
   ASSERT_NE(rreq, nullptr);
   std::vector<void*> sreq(n);
   for (int i = n - 1; i >= 0; --i) sreq[i] = Send(out[i], 40 + i);  // reverse tag order
@@ -316,8 +315,7 @@ TEST_F(NetPluginTest, GroupedReceives) {
   std::vector<size_t> c2(n + 1, 1);
   std::vector<int> t2(n + 1, 1);
   void* bad = nullptr;
-  EXPECT_EQ(net_->irecv(recv_comm_, n + 1, d2.data(), c2.data(), t2.data(), nullptr, nullptr,
-                        &bad),
+  EXPECT_EQ(net_->irecv(recv_comm_, n + 1, d2.data(), c2.data(), t2.data(), nullptr, nullptr, &bad),
             dqNetInvalidArgument);
 }
 
@@ -409,8 +407,7 @@ TEST_F(NetPluginTest, WrongSecretIsRefusedAndDeliversNothing) {
 TEST_F(NetPluginTest, CommunicatorIdMismatchIsRefused) {
   LogCapture::Clear();
   void* other_ctx = nullptr;
-  ASSERT_EQ(net_->init(&other_ctx, 0x9999ull, nullptr, &LogCapture::Logger, nullptr),
-            dqNetSuccess);
+  ASSERT_EQ(net_->init(&other_ctx, 0x9999ull, nullptr, &LogCapture::Logger, nullptr), dqNetSuccess);
   char copy[NCCL_NET_HANDLE_MAXSIZE];
   std::memcpy(copy, handle_, sizeof(copy));
   void* sc = nullptr;
@@ -443,8 +440,9 @@ void RawClientSends(const char* handle, const void* frame, size_t len) {
     a.sin_port = h.port_be;
     std::memcpy(&a.sin_addr, h.addr, 4);
     ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    wire::Hello hello{wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0,
-                      h.secret, 0, 0xfeedull};
+    wire::Hello hello{
+        wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
+        0xfeedull};
     ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
     if (k == 0) {
       ASSERT_EQ(send(fd, frame, len, 0), static_cast<ssize_t>(len));

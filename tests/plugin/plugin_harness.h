@@ -95,8 +95,7 @@ inline bool ConnectPair(const dqNetV11* net, void* ctx, void* listen_comm, char*
   Clock::time_point start = Clock::now();
   while ((*send_comm == nullptr || *recv_comm == nullptr) && SecondsSince(start) < limit_s) {
     dqNetDeviceHandle* dh = nullptr;
-    if (*send_comm == nullptr &&
-        net->connect(ctx, 0, handle, send_comm, &dh) != dqNetSuccess) {
+    if (*send_comm == nullptr && net->connect(ctx, 0, handle, send_comm, &dh) != dqNetSuccess) {
       return false;
     }
     if (*recv_comm == nullptr && net->accept(listen_comm, recv_comm, &dh) != dqNetSuccess) {
