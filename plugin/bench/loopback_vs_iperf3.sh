@@ -16,23 +16,24 @@ bench="$build/tests/plugin/net_loopback_bench"
 command -v iperf3 >/dev/null || { echo "iperf3 not installed (apt-get install -y iperf3)" >&2; exit 2; }
 
 iperf_gbps() {
-  local port=$((20000 + RANDOM % 20000))
-  iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
-  local server=$!
-  local json=""
-  for _ in 1 2 3 4 5 6 7 8 9 10; do  # the server needs a moment to bind
-    if json=$(iperf3 -c 127.0.0.1 -p "$port" -t "$seconds" -J 2>/dev/null); then break; fi
-    json=""
-    sleep 0.2
+  local json="" attempt port server
+  for attempt in 1 2 3 4 5; do  # a fresh port per attempt: another user may hold one
+    port=$((20000 + RANDOM % 20000))
+    iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+    server=$!
+    sleep 1  # let the server bind, even on a loaded machine
+    json=$(timeout $((seconds + 30)) iperf3 -c 127.0.0.1 -p "$port" -t "$seconds" -J 2>/dev/null) || json=""
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+    [[ -n "$json" ]] && break
   done
-  wait "$server" 2>/dev/null || true
-  [[ -n "$json" ]] || { echo "iperf3 failed" >&2; exit 1; }
+  [[ -n "$json" ]] || { echo "iperf3 failed 5 times" >&2; exit 1; }
   python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))' <<<"$json"
 }
 
 plugin_gbps() {
   DYNAMIQ_NET_IFNAME=lo DYNAMIQ_NET_PLUGIN_PATH="$plugin" \
-    "$bench" --size $((4 << 20)) --inflight 8 --seconds "$seconds" | sed -n 's/.*gbps=//p'
+    timeout $((seconds + 120)) "$bench" --size $((4 << 20)) --inflight 8 --seconds "$seconds" | sed -n 's/.*gbps=//p'
 }
 
 ours=()
