@@ -40,7 +40,7 @@ bool Poll(const dqNetV11* net, void* req, int* size, bool* failed = nullptr) {
 }
 
 void Nap() {
-  std::this_thread::sleep_for(std::chrono::microseconds(20));
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 void RunSender(const dqNetV11* net, void* ctx, char* handle, size_t size, int inflight,
