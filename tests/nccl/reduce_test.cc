@@ -153,7 +153,9 @@ TEST(CpuNcclReduce, NarrowOpsEqualExactOperationRoundedOnce) {
                      : op == RedOp::kMax ? (da > db ? da : db) : (da < db ? da : db);
         const double got = narrow_to_double(dtype, xo);
         if (std::isnan(exact)) {
-          if (op == RedOp::kSum || op == RedOp::kProd) EXPECT_TRUE(std::isnan(got));
+          if (op == RedOp::kSum || op == RedOp::kProd) {
+            EXPECT_TRUE(std::isnan(got));
+          }
           continue;
         }
         EXPECT_EQ(xo, narrow_from_double(dtype, exact))

@@ -282,8 +282,12 @@ Status root_serve(const RootState& st) {
     if (status != Status::kOk) break;
     if (progress) clock.progressed();
     else if (!clock.idle()) {
-      DQ_WARN(Subsys::kNet, "cpu-nccl root: only %d of %d ranks arrived within %d ms",
-              seen_count, nranks, st.timeout_ms);
+      if (nranks < 0)
+        DQ_WARN(Subsys::kNet, "cpu-nccl root: no rank used this unique id within %d ms",
+                st.timeout_ms);
+      else
+        DQ_WARN(Subsys::kNet, "cpu-nccl root: only %d of %d ranks arrived within %d ms",
+                seen_count, nranks, st.timeout_ms);
       status = Status::kTimeout;
       break;
     }
