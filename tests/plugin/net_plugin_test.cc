@@ -534,6 +534,92 @@ TEST_F(NetPluginTest, IdleConnectionsDoNotBurnCpu) {
   for (void* rc : extra_recv) EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
 }
 
+// Raw socket to the listener of `handle`; sends `hello` (if given) and `bytes`, then stays open.
+int RawConnect(const char* handle) {
+  wire::Handle h;
+  std::memcpy(&h, handle, sizeof(h));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = h.port_be;
+  std::memcpy(&a.sin_addr, h.addr, 4);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
+  return fd;
+}
+
+TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
+  setenv("DYNAMIQ_NET_TIMEOUT_MS", "1000", 1);
+  LogCapture::Clear();
+  void* lc = nullptr;
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
+  setenv("DYNAMIQ_NET_TIMEOUT_MS", "5000", 1);
+  wire::Handle h;
+  std::memcpy(&h, handle, sizeof(h));
+  std::vector<int> fds;
+  for (int k = 0; k < h.nsocks; ++k) {
+    int fd = RawConnect(handle);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    wire::Hello hello{
+        wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
+        0xabcull};
+    ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+  }
+  // A valid header for 1000 bytes, then only 10 of them, then silence (socket stays open).
+  wire::MsgHeader mh{wire::kMsgMagic, 1, 0, 1000};
+  char ten[10] = {};
+  ASSERT_EQ(send(fds[0], &mh, sizeof(mh), 0), static_cast<ssize_t>(sizeof(mh)));
+  ASSERT_EQ(send(fds[0], ten, sizeof(ten), 0), static_cast<ssize_t>(sizeof(ten)));
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (rc == nullptr && SecondsSince(t) < 5) {
+    ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
+  }
+  ASSERT_NE(rc, nullptr);
+  std::vector<char> in(1000);
+  void* data = in.data();
+  size_t size = in.size();
+  int tag = 1;
+  void* req = nullptr;
+  ASSERT_EQ(net_->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &req), dqNetSuccess);
+  int done = 0;
+  t = Clock::now();
+  EXPECT_NE(WaitRequest(net_, req, nullptr, &done, 10), dqNetSuccess);
+  double waited = SecondsSince(t);
+  EXPECT_GT(waited, 0.5) << "failed before the 1000 ms stall bound";
+  EXPECT_LT(waited, 4.0) << "the stall bound was not enforced";
+  EXPECT_TRUE(LogCapture::Contains("stalled", "middle of a message"));
+  EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
+  EXPECT_EQ(net_->closeListen(lc), dqNetSuccess);
+  for (int fd : fds) close(fd);
+}
+
+TEST_F(NetPluginTest, SilentHandshakeIsDroppedAfterTheTimeout) {
+  setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
+  LogCapture::Clear();
+  void* lc = nullptr;
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
+  setenv("DYNAMIQ_NET_TIMEOUT_MS", "5000", 1);
+  int fd = RawConnect(handle);  // connects, never says hello
+  ASSERT_GE(fd, 0);
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (!LogCapture::Contains("handshake", "timed out") && SecondsSince(t) < 5) {
+    ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
+    ASSERT_EQ(rc, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(LogCapture::Contains("handshake", "timed out"));
+  EXPECT_LT(SecondsSince(t), 2.0);
+  // The listener dropped it: our end sees the close.
+  char byte;
+  EXPECT_EQ(recv(fd, &byte, 1, 0), 0);
+  close(fd);
+  EXPECT_EQ(net_->closeListen(lc), dqNetSuccess);
+}
+
 TEST_F(NetPluginTest, ClosedSenderFailsPendingReceive) {
   Connect();
   std::vector<char> in(1000);
