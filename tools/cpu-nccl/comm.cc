@@ -93,6 +93,8 @@ class MrSet {
     entries_.push_back(e);
     return Status::kOk;
   }
+  // After the comms were closed: their registrations went with them.
+  void forget() { entries_.clear(); }
   void* find(void* comm, const void* ptr, size_t bytes) const {
     const char* p = static_cast<const char*>(ptr);
     for (auto& e : entries_)
@@ -109,6 +111,25 @@ class MrSet {
   };
   Net* net_;
   std::vector<Entry> entries_;
+};
+
+// On an early return while requests are posted, closes every connection of the comm before
+// the buffers the plugin may still write to (temp slots, the caller's buffers) go away.
+// Declare it after those buffers and after the MrSet, so that it runs first.
+class AbortOnError {
+ public:
+  AbortOnError(Comm* comm, MrSet* mrs) : comm_(comm), mrs_(mrs) {}
+  ~AbortOnError() {
+    if (!armed_) return;
+    comm_->abort_connections();
+    mrs_->forget();
+  }
+  void dismiss() { armed_ = false; }
+
+ private:
+  Comm* comm_;
+  MrSet* mrs_;
+  bool armed_ = true;
 };
 
 struct Span {
@@ -721,6 +742,7 @@ Status run_pipeline(Comm* comm, Net* net, const std::vector<void*>& send_comms,
   }
   std::vector<void*> send_req(p.sends, nullptr);
   std::vector<uint8_t> send_done(p.sends, 0);
+  AbortOnError abort_on_error(comm, &mrs);
   std::vector<void*> recv_req(p.recvs, nullptr);
   std::vector<Span> recv_at(p.recvs, Span{nullptr, 0});
   size_t send_posted = 0, send_first_open = 0, sends_finished = 0, send_inflight = 0;
@@ -807,6 +829,7 @@ Status run_pipeline(Comm* comm, Net* net, const std::vector<void*>& send_comms,
               "(peer dead or not calling the same collective)", rank, peer, clock.idle_ms());
     }
   }
+  abort_on_error.dismiss();
   return Status::kOk;
 }
 
@@ -1088,6 +1111,7 @@ Status Comm::point_to_point(const std::vector<P2pArgs>& ops) {
     for (size_t off = 0; off < op.bytes; off += chunk)
       s.items.push_back(Item{base + off, std::min(chunk, op.bytes - off)});
   }
+  AbortOnError abort_on_error(this, &mrs);
   IdleClock clock(timeout_ms_);
   for (;;) {
     bool all_done = true, progress = false;
@@ -1126,7 +1150,10 @@ Status Comm::point_to_point(const std::vector<P2pArgs>& ops) {
       while (s.first_open < s.next_post && s.items[s.first_open].done) ++s.first_open;
       if (s.finished < s.items.size()) all_done = false;
     }
-    if (all_done) return Status::kOk;
+    if (all_done) {
+      abort_on_error.dismiss();
+      return Status::kOk;
+    }
     if (progress) {
       clock.progressed();
     } else if (!clock.idle()) {
