@@ -38,6 +38,8 @@ class Bf16Codec final : public baselines::BlockCodec {
 
 }  // namespace
 
-std::unique_ptr<Codec> make_bf16_codec() { return std::make_unique<Bf16Codec>(); }
+std::unique_ptr<Codec> make_bf16_codec() {
+  return std::make_unique<Bf16Codec>();
+}
 
 }  // namespace dq

@@ -82,8 +82,8 @@ Status BlockCodec::check_hop_args(int chunk, const ConstTensor& own, const ByteV
     DQ_FAIL(Status::kInvalidArgument, "hop(): unknown input dtype %d", static_cast<int>(own.dtype));
   // `own` is the whole local tensor; the hop reads only this chunk's elements.
   if (own.count != count_)
-    DQ_FAIL(Status::kInvalidArgument, "hop(): own tensor has %zu elements, plan has %zu",
-            own.count, count_);
+    DQ_FAIL(Status::kInvalidArgument, "hop(): own tensor has %zu elements, plan has %zu", own.count,
+            count_);
   if (own.data == nullptr && count_ > 0)
     DQ_FAIL(Status::kInvalidArgument, "hop(): null own tensor");
   return Status::kOk;

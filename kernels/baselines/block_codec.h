@@ -20,8 +20,8 @@ constexpr size_t kTileElems = 1024;
 constexpr size_t kParallelElems = size_t{1} << 16;
 
 struct ChunkSpan {
-  size_t begin = 0;     // first element
-  size_t end = 0;       // one past the last element
+  size_t begin = 0;  // first element
+  size_t end = 0;    // one past the last element
   size_t first_block = 0;
   size_t n_blocks = 0;  // blocks of this chunk, the last one possibly partial
 };
@@ -106,8 +106,7 @@ Status BlockCodec::run_hop(const Kernel& k, int chunk, const ConstTensor& own, c
     DQ_FAIL(Status::kMalformedPayload, "inputs of chunk %d sum %d workers; with this one %d > %d",
             chunk, contrib, contrib + 1, n_workers_);
   write_chunk_header(out, ChunkHeader{id_, static_cast<uint16_t>(chunk),
-                                      static_cast<uint16_t>(contrib + 1), call_,
-                                      layout_digest(s)});
+                                      static_cast<uint16_t>(contrib + 1), call_, layout_digest(s)});
   uint8_t* body_out = out + kChunkHeaderBytes;
   const size_t body_bytes = s.n_blocks * block_bytes_;
   std::memset(body_out + body_bytes, 0, capacity_ - kChunkHeaderBytes - body_bytes);
@@ -154,13 +153,12 @@ Status BlockCodec::run_finish(const Kernel& k, int chunk, ByteView in, void* out
   if (op != ReduceOp::kSum && op != ReduceOp::kAvg)
     DQ_FAIL(Status::kInvalidArgument, "unknown reduce op %d", static_cast<int>(op));
   const ChunkSpan s = span(chunk);
-  if (out == nullptr && s.end > s.begin)
-    DQ_FAIL(Status::kInvalidArgument, "finish(): null output");
+  if (out == nullptr && s.end > s.begin) DQ_FAIL(Status::kInvalidArgument, "finish(): null output");
   int contrib = 0;
   DQ_CHECK(check_inputs(chunk, s, &in, 1, &contrib));
   if (contrib != n_contrib)
-    DQ_FAIL(Status::kMalformedPayload, "chunk %d payload sums %d workers, caller expects %d",
-            chunk, contrib, n_contrib);
+    DQ_FAIL(Status::kMalformedPayload, "chunk %d payload sums %d workers, caller expects %d", chunk,
+            contrib, n_contrib);
   const uint8_t* body = in.data + kChunkHeaderBytes;
 
   // Validate everything before writing any output, so a bad payload leaves `out` untouched.

@@ -9,11 +9,20 @@ namespace {
 
 bool mx_kind_from_int(int kind, dq::MxKind* out) {
   switch (kind) {
-    case 0: *out = dq::MxKind::kFp8E4M3; return true;
-    case 1: *out = dq::MxKind::kFp6E3M2; return true;
-    case 2: *out = dq::MxKind::kFp6E2M3; return true;
-    case 3: *out = dq::MxKind::kFp4E2M1; return true;
-    default: return false;
+    case 0:
+      *out = dq::MxKind::kFp8E4M3;
+      return true;
+    case 1:
+      *out = dq::MxKind::kFp6E3M2;
+      return true;
+    case 2:
+      *out = dq::MxKind::kFp6E2M3;
+      return true;
+    case 3:
+      *out = dq::MxKind::kFp4E2M1;
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -15,8 +15,8 @@ constexpr size_t kMxBlockElems = 32;
 
 struct MxKernel {
   MxKind kind;
-  int bits;                       // element width
-  size_t block_bytes;             // 1 + 32 * bits / 8
+  int bits;                             // element width
+  size_t block_bytes;                   // 1 + 32 * bits / 8
   const std::array<float, 256>* table;  // element code -> value
 
   bool decode(const uint8_t* src, size_t n_blocks, float* dst) const {
@@ -48,7 +48,8 @@ struct MxKernel {
         for (size_t i = 0; i < kMxBlockElems; ++i) codes[i] = 0;
       } else {
         const float inv = mx_inverse_scale(scale);  // exact power of two
-        for (size_t i = 0; i < kMxBlockElems; ++i) codes[i] = mx_encode_element(format, src[i] * inv);
+        for (size_t i = 0; i < kMxBlockElems; ++i)
+          codes[i] = mx_encode_element(format, src[i] * inv);
       }
       pack_codes(codes, static_cast<int>(kMxBlockElems), bits, dst + 1);
     }
@@ -57,10 +58,14 @@ struct MxKernel {
 
 CodecId mx_codec_id(MxKind kind) {
   switch (kind) {
-    case MxKind::kFp8E4M3: return CodecId::kMxfp8;
-    case MxKind::kFp6E3M2: return CodecId::kMxfp6E3M2;
-    case MxKind::kFp6E2M3: return CodecId::kMxfp6E2M3;
-    default: return CodecId::kMxfp4;
+    case MxKind::kFp8E4M3:
+      return CodecId::kMxfp8;
+    case MxKind::kFp6E3M2:
+      return CodecId::kMxfp6E3M2;
+    case MxKind::kFp6E2M3:
+      return CodecId::kMxfp6E2M3;
+    default:
+      return CodecId::kMxfp4;
   }
 }
 
@@ -78,10 +83,14 @@ class MxCodec final : public baselines::BlockCodec {
   }
   std::string name() const override {
     switch (kind_) {
-      case MxKind::kFp8E4M3: return "mxfp8";
-      case MxKind::kFp6E3M2: return "mxfp6e3m2";
-      case MxKind::kFp6E2M3: return "mxfp6e2m3";
-      default: return "mxfp4";
+      case MxKind::kFp8E4M3:
+        return "mxfp8";
+      case MxKind::kFp6E3M2:
+        return "mxfp6e3m2";
+      case MxKind::kFp6E2M3:
+        return "mxfp6e2m3";
+      default:
+        return "mxfp4";
     }
   }
   Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
@@ -108,7 +117,8 @@ std::unique_ptr<Codec> make_mx_codec(MxKind kind) {
     case MxKind::kFp8E4M3:
     case MxKind::kFp6E3M2:
     case MxKind::kFp6E2M3:
-    case MxKind::kFp4E2M1: return std::make_unique<MxCodec>(kind);
+    case MxKind::kFp4E2M1:
+      return std::make_unique<MxCodec>(kind);
   }
   return nullptr;
 }

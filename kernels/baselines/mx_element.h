@@ -21,10 +21,14 @@ struct MxFormat {
 
 DQ_HD MxFormat mx_format(MxKind kind) {
   switch (kind) {
-    case MxKind::kFp8E4M3: return MxFormat{4, 3, 7, 8, 0x7Eu, 0x43E00000u, true};   // 448
-    case MxKind::kFp6E3M2: return MxFormat{3, 2, 3, 4, 0x1Fu, 0x41E00000u, false};  // 28
-    case MxKind::kFp6E2M3: return MxFormat{2, 3, 1, 2, 0x1Fu, 0x40F00000u, false};  // 7.5
-    default: return MxFormat{2, 1, 1, 2, 0x7u, 0x40C00000u, false};                 // 6
+    case MxKind::kFp8E4M3:
+      return MxFormat{4, 3, 7, 8, 0x7Eu, 0x43E00000u, true};  // 448
+    case MxKind::kFp6E3M2:
+      return MxFormat{3, 2, 3, 4, 0x1Fu, 0x41E00000u, false};  // 28
+    case MxKind::kFp6E2M3:
+      return MxFormat{2, 3, 1, 2, 0x1Fu, 0x40F00000u, false};  // 7.5
+    default:
+      return MxFormat{2, 1, 1, 2, 0x7u, 0x40C00000u, false};  // 6
   }
 }
 

@@ -57,9 +57,12 @@ std::vector<CodecSpec> all_specs() {
 
 std::unique_ptr<Codec> make(const CodecSpec& s) {
   switch (s.family) {
-    case Family::kBf16: return make_bf16_codec();
-    case Family::kMx: return make_mx_codec(s.mx);
-    default: return make_uniform_codec(s.uniform_bits);
+    case Family::kBf16:
+      return make_bf16_codec();
+    case Family::kMx:
+      return make_mx_codec(s.mx);
+    default:
+      return make_uniform_codec(s.uniform_bits);
   }
 }
 
@@ -83,7 +86,8 @@ void ref_pack(const std::vector<uint32_t>& codes, int bits, uint8_t* out) {
   std::fill(out, out + n_bytes, 0);
   for (size_t i = 0; i < codes.size(); ++i)
     for (int b = 0; b < bits; ++b)
-      if ((codes[i] >> b) & 1u) out[(i * bits + b) / 8] |= static_cast<uint8_t>(1u << ((i * bits + b) % 8));
+      if ((codes[i] >> b) & 1u)
+        out[(i * bits + b) / 8] |= static_cast<uint8_t>(1u << ((i * bits + b) % 8));
 }
 uint32_t ref_unpack(const uint8_t* in, size_t i, int bits) {
   uint32_t v = 0;
@@ -97,11 +101,13 @@ uint16_t ref_bf16(float x) {
   const uint32_t u = bits_of(x);
   const uint16_t lo = static_cast<uint16_t>(u >> 16);  // truncation toward zero
   if ((u & 0xffff) == 0) return lo;
-  const uint16_t hi = static_cast<uint16_t>(lo + 1);     // next magnitude (may be Inf)
+  const uint16_t hi = static_cast<uint16_t>(lo + 1);  // next magnitude (may be Inf)
   const double a = std::fabs(static_cast<double>(x));
   const double lo_v = std::fabs(static_cast<double>(float_of(static_cast<uint32_t>(lo) << 16)));
-  const double hi_v = (hi & 0x7fff) == 0x7f80 ? std::ldexp(1.0, 128)
-                                              : std::fabs(static_cast<double>(float_of(static_cast<uint32_t>(hi) << 16)));
+  const double hi_v =
+      (hi & 0x7fff) == 0x7f80
+          ? std::ldexp(1.0, 128)
+          : std::fabs(static_cast<double>(float_of(static_cast<uint32_t>(hi) << 16)));
   if (a - lo_v < hi_v - a) return lo;
   if (a - lo_v > hi_v - a) return hi;
   return (lo & 1) ? hi : lo;
@@ -113,20 +119,27 @@ struct RefMxFormat {
 };
 RefMxFormat ref_fmt(MxKind k) {
   switch (k) {
-    case MxKind::kFp8E4M3: return {4, 3, 7, 8, 448.0};
-    case MxKind::kFp6E3M2: return {3, 2, 3, 4, 28.0};
-    case MxKind::kFp6E2M3: return {2, 3, 1, 2, 7.5};
-    default: return {2, 1, 1, 2, 6.0};
+    case MxKind::kFp8E4M3:
+      return {4, 3, 7, 8, 448.0};
+    case MxKind::kFp6E3M2:
+      return {3, 2, 3, 4, 28.0};
+    case MxKind::kFp6E2M3:
+      return {2, 3, 1, 2, 7.5};
+    default:
+      return {2, 1, 1, 2, 6.0};
   }
 }
-int ref_elem_bits(MxKind k) { return 1 + ref_fmt(k).e_bits + ref_fmt(k).m_bits; }
+int ref_elem_bits(MxKind k) {
+  return 1 + ref_fmt(k).e_bits + ref_fmt(k).m_bits;
+}
 
 // Magnitude of a (sign-less) element code, from the format definition.
 double ref_elem_magnitude(MxKind k, uint32_t mag) {
   const RefMxFormat f = ref_fmt(k);
   const uint32_t e = mag >> f.m_bits, m = mag & ((1u << f.m_bits) - 1);
   if (e == 0) return std::ldexp(static_cast<double>(m), 1 - f.bias - f.m_bits);
-  return std::ldexp(1.0 + std::ldexp(static_cast<double>(m), -f.m_bits), static_cast<int>(e) - f.bias);
+  return std::ldexp(1.0 + std::ldexp(static_cast<double>(m), -f.m_bits),
+                    static_cast<int>(e) - f.bias);
 }
 // Finite magnitudes, indexed by magnitude code (E4M3 drops its NaN code 0x7F).
 std::vector<double> ref_magnitudes(MxKind k) {
@@ -168,7 +181,8 @@ void ref_mx_block(MxKind k, const float* v, uint8_t* out, const std::vector<doub
   } else {
     int e = amax == 0 ? -127 : std::clamp(std::ilogb(amax) - f.emax, -127, 127);
     out[0] = static_cast<uint8_t>(e + 127);
-    for (int i = 0; i < 32; ++i) codes[i] = ref_mx_encode(k, std::ldexp(static_cast<double>(v[i]), -e), mags);
+    for (int i = 0; i < 32; ++i)
+      codes[i] = ref_mx_encode(k, std::ldexp(static_cast<double>(v[i]), -e), mags);
   }
   ref_pack(codes, ref_elem_bits(k), out + 1);
 }
@@ -237,8 +251,8 @@ std::vector<uint8_t> ref_encode(const CodecSpec& spec, const std::vector<float>&
                                 size_t end, const RoundingKey& key) {
   const size_t n_blocks = (end - begin + spec.block_elems - 1) / spec.block_elems;
   std::vector<uint8_t> out(n_blocks * spec.block_bytes);
-  const std::vector<double> mags = spec.family == Family::kMx ? ref_magnitudes(spec.mx)
-                                                              : std::vector<double>{};
+  const std::vector<double> mags =
+      spec.family == Family::kMx ? ref_magnitudes(spec.mx) : std::vector<double>{};
   std::vector<float> block(spec.block_elems);
   for (size_t b = 0; b < n_blocks; ++b) {
     const size_t e0 = begin + b * spec.block_elems;
@@ -277,7 +291,9 @@ void ref_decode(const CodecSpec& spec, const uint8_t* in, size_t begin, size_t e
 // ---------------------------------------------------------------------------------------------
 // Driving a codec.
 
-ConstTensor f32(const std::vector<float>& v) { return ConstTensor{v.data(), DType::kF32, v.size()}; }
+ConstTensor f32(const std::vector<float>& v) {
+  return ConstTensor{v.data(), DType::kF32, v.size()};
+}
 
 size_t expected_capacity(const CodecSpec& s, size_t count, int n_chunks) {
   const size_t blocks = (count + s.block_elems - 1) / s.block_elems;
@@ -303,7 +319,9 @@ struct Msg {
   }
 };
 
-RoundingKey key_for(uint64_t seed, uint32_t rank, uint32_t n = 4) { return RoundingKey{seed, 7, rank, n}; }
+RoundingKey key_for(uint64_t seed, uint32_t rank, uint32_t n = 4) {
+  return RoundingKey{seed, 7, rank, n};
+}
 
 // Rejection tests provoke many WARN lines by design; silence them for the test's duration.
 struct QuietLog {
@@ -561,7 +579,8 @@ TEST_P(BaselineTest, ThreeHopChainAndTreeMatchReference) {
           << "tree hop, chunk " << ch;
       // Summing more workers than the plan has is rejected.
       ByteView four[3] = {root.view(), l1.view(), l1.view()};
-      EXPECT_EQ(c->hop(ch, f32(x[3]), four, 3, l2.data(), key_for(6, 3)), Status::kMalformedPayload);
+      EXPECT_EQ(c->hop(ch, f32(x[3]), four, 3, l2.data(), key_for(6, 3)),
+                Status::kMalformedPayload);
     }
   }
 }
@@ -619,7 +638,8 @@ TEST_P(BaselineTest, ZeroAndDenormalBlocks) {
   ASSERT_EQ(c->plan(count, 1, 1), Status::kOk);
   ASSERT_EQ(c->agree(nullptr, 0), Status::kOk);
   std::vector<float> x(count, 0.0f);
-  for (size_t i = 32; i < 64; ++i) x[i] = float_of(static_cast<uint32_t>(1 + 977 * i) & 0x7fffffu) * ((i & 1) ? -1.f : 1.f);
+  for (size_t i = 32; i < 64; ++i)
+    x[i] = float_of(static_cast<uint32_t>(1 + 977 * i) & 0x7fffffu) * ((i & 1) ? -1.f : 1.f);
   for (size_t i = 64; i < 96; ++i) x[i] = (i % 3 == 0) ? 1e-38f * static_cast<float>(i) : 0.0f;
   Msg m(c->chunk_capacity());
   ASSERT_EQ(c->hop(0, f32(x), nullptr, 0, m.data(), key_for(1, 0)), Status::kOk);
@@ -721,9 +741,9 @@ TEST_P(BaselineTest, TruncatedAndCorruptedPayloadsRejected) {
     // Exactly the needed bytes (no padding) are enough.
     std::unique_ptr<uint8_t[]> exact(new uint8_t[needed]);
     std::memcpy(exact.get(), m.data(), needed);
-    EXPECT_EQ(c->finish(ch, ByteView{exact.get(), needed}, out.data(), DType::kF32,
-                        ReduceOp::kSum, 1),
-              Status::kOk);
+    EXPECT_EQ(
+        c->finish(ch, ByteView{exact.get(), needed}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+        Status::kOk);
     // Any single-bit flip in the header is caught by finish (n_contrib must match exactly).
     for (size_t byte = 0; byte < kChunkHeaderBytes; ++byte)
       for (int bit = 0; bit < 8; ++bit) {
@@ -766,9 +786,9 @@ TEST_P(BaselineTest, TruncatedAndCorruptedPayloadsRejected) {
     ASSERT_EQ(o->agree(nullptr, 77), Status::kOk);
     std::vector<uint8_t> big(std::max(o->chunk_capacity(), m0.cap), 0);
     std::memcpy(big.data(), m0.data(), m0.cap);
-    EXPECT_EQ(o->finish(0, ByteView{big.data(), big.size()}, out.data(), DType::kF32,
-                        ReduceOp::kSum, 1),
-              Status::kMalformedPayload)
+    EXPECT_EQ(
+        o->finish(0, ByteView{big.data(), big.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+        Status::kMalformedPayload)
         << other.name << " accepted a " << spec.name << " payload";
   }
 }
@@ -797,10 +817,11 @@ TEST_P(MxTest, RepresentableValuesDecodeExactly) {
     }
     bool representable = true;  // FP32 denormals hold every element * 2^-127 exactly
     for (size_t i = 0; i < count; ++i)
-      representable &= std::fabs(static_cast<double>(x[i])) ==
-                       std::ldexp(mags[ref_mx_encode(k, std::ldexp(static_cast<double>(x[i]), -e), mags) &
-                                       ((1u << (ref_elem_bits(k) - 1)) - 1)],
-                                  e);
+      representable &=
+          std::fabs(static_cast<double>(x[i])) ==
+          std::ldexp(mags[ref_mx_encode(k, std::ldexp(static_cast<double>(x[i]), -e), mags) &
+                          ((1u << (ref_elem_bits(k) - 1)) - 1)],
+                     e);
     ASSERT_GE(std::fabs(static_cast<double>(x[5])), std::ldexp(top, e));
     auto c = make_mx_codec(k);
     ASSERT_EQ(c->plan(count, 1, 1), Status::kOk);
@@ -879,7 +900,8 @@ TEST(UniformTest, UnbiasedPerElementAndUncorrelated) {
     Msg m(c->chunk_capacity());
     std::vector<float> out(count);
     for (int s = 0; s < n_seeds; ++s) {
-      ASSERT_EQ(c->hop(0, f32(x), nullptr, 0, m.data(), RoundingKey{static_cast<uint64_t>(s) * 7919u, 3, 0, 1}),
+      ASSERT_EQ(c->hop(0, f32(x), nullptr, 0, m.data(),
+                       RoundingKey{static_cast<uint64_t>(s) * 7919u, 3, 0, 1}),
                 Status::kOk);
       ASSERT_EQ(c->finish(0, m.view(), out.data(), DType::kF32, ReduceOp::kSum, 1), Status::kOk);
       for (size_t i = 0; i < count; ++i) {
@@ -903,7 +925,8 @@ TEST(UniformTest, UnbiasedPerElementAndUncorrelated) {
     const double p1 = x[1] * levels - std::floor(x[1] * levels);
     const double p17 = x[17] * levels - std::floor(x[17] * levels);
     const double pj = p1 * p17;
-    EXPECT_LE(std::fabs(both_up / static_cast<double>(n_seeds) - pj), 4 * std::sqrt(pj * (1 - pj) / n_seeds));
+    EXPECT_LE(std::fabs(both_up / static_cast<double>(n_seeds) - pj),
+              4 * std::sqrt(pj * (1 - pj) / n_seeds));
     const double p2 = x[2] * levels - std::floor(x[2] * levels), pk = p1 * p2;
     EXPECT_LE(std::fabs(both_up_same_block / static_cast<double>(n_seeds) - pk),
               4 * std::sqrt(pk * (1 - pk) / n_seeds));
@@ -926,7 +949,8 @@ TEST(UniformTest, GarbageCodesAndScalesRejected) {
       for (int i = 0; i < 16; ++i) {
         Msg bad = m;
         uint8_t* codes = bad.data() + kChunkHeaderBytes + g * group_bytes + 2;
-        for (int b = 0; b < k; ++b) codes[(i * k + b) / 8] |= static_cast<uint8_t>(1u << ((i * k + b) % 8));
+        for (int b = 0; b < k; ++b)
+          codes[(i * k + b) / 8] |= static_cast<uint8_t>(1u << ((i * k + b) % 8));
         EXPECT_EQ(c->finish(0, bad.view(), out.data(), DType::kF32, ReduceOp::kSum, 1),
                   Status::kMalformedPayload)
             << "all-ones code at group " << g << " element " << i;
