@@ -2,7 +2,8 @@
 // meet through ncclGetUniqueId / ncclCommInitRank over the real net plugin.
 //
 //   cpu_nccl_multirank <scenario> <nranks> [runs]
-// scenarios: allreduce, collectives, p2p, split, random, big [MiB], kill [runs], initall, api
+// scenarios: allreduce, collectives, p2p, split, random, big [MiB], kill [runs], stall [runs],
+// initall, api
 // Exit status 0 = pass. Built twice: against our own declarations and, where installed, against
 // the real nccl.h (proving that an unmodified NCCL program runs on this library).
 #include <fcntl.h>
@@ -603,12 +604,12 @@ int scenario_random(int rank, int nranks) {
 
 // A rank is SIGKILLed mid-run; every other rank must get an error (not hang), see it in
 // ncclCommGetAsyncError, and exit with status 3 within the timeout.
-int kill_body(int rank, int nranks, int victim) {
+int kill_body(int rank, int nranks, int victim, int sig) {
   ncclComm_t comm;
   if (init_comm(rank, nranks, &comm)) return 1;
   std::vector<float> buf(1 << 18, 1.0f);
   for (int iter = 0; iter < 100000; ++iter) {
-    if (rank == victim && iter == 3) raise(SIGKILL);
+    if (rank == victim && iter == 3) raise(sig);
     ncclResult_t r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum,
                                    comm, nullptr);
     if (r != ncclSuccess) {
@@ -624,7 +625,9 @@ int kill_body(int rank, int nranks, int victim) {
   return 1;  // never saw the failure
 }
 
-int scenario_kill(int nranks, int runs) {
+// sig = SIGKILL: connections drop at once. sig = SIGSTOP: the victim hangs with its
+// connections open, so its neighbours must give up after DYNAMIQ_CPU_NCCL_TIMEOUT_MS.
+int scenario_kill(int nranks, int runs, int sig) {
   const int timeout_ms = 3000;
   setenv("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", std::to_string(timeout_ms).c_str(), 1);
   int passed = 0;
@@ -637,7 +640,7 @@ int scenario_kill(int nranks, int runs) {
       pid_t pid = fork();
       if (pid == 0) {
         g_rank = r;
-        int rc = kill_body(r, nranks, victim);
+        int rc = kill_body(r, nranks, victim, sig);
         std::fflush(stderr);
         _exit(rc);
       }
@@ -649,12 +652,16 @@ int scenario_kill(int nranks, int runs) {
     auto hard_deadline = Clock::now() + std::chrono::seconds(60);
     while (remaining > 0) {
       int st = 0;
-      pid_t done = waitpid(-1, &st, WNOHANG);
+      pid_t done = waitpid(-1, &st, WNOHANG | WUNTRACED);
       if (done > 0) {
-        --remaining;
         int r = static_cast<int>(std::find(pids.begin(), pids.end(), done) - pids.begin());
-        if (r == victim) {
+        if (r == victim && WIFSTOPPED(st)) {  // stalled victim: reaped after the others
           victim_death = Clock::now();
+          continue;
+        }
+        --remaining;
+        if (r == victim) {
+          if (sig == SIGKILL) victim_death = Clock::now();
           if (!WIFSIGNALED(st)) { std::fprintf(stderr, "run %d: victim not killed\n", run); ok = false; }
         } else {
           if (!WIFEXITED(st) || WEXITSTATUS(st) != 3) {
@@ -664,7 +671,7 @@ int scenario_kill(int nranks, int runs) {
           if (victim_death != Clock::time_point{}) {
             double s = std::chrono::duration<double>(Clock::now() - victim_death).count();
             worst_s = std::max(worst_s, s);
-            if (s > timeout_ms / 1000.0 + 2.0) {
+            if (s > timeout_ms / 1000.0 + 3.0) {
               std::fprintf(stderr, "run %d: rank %d took %.2f s after the kill\n", run, r, s);
               ok = false;
             }
@@ -680,12 +687,19 @@ int scenario_kill(int nranks, int runs) {
         ok = false;
         break;
       }
+      if (sig == SIGSTOP && remaining == 1 && victim_death != Clock::time_point{}) {
+        kill(pids[victim], SIGKILL);  // every survivor is done: end the stalled victim
+        waitpid(pids[victim], &st, 0);
+        remaining = 0;
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     if (ok) ++passed;
   }
-  std::printf("kill: %d/%d runs passed with %d ranks (timeout %d ms, slowest survivor %.2f s "
-              "after the kill)\n", passed, runs, nranks, timeout_ms, worst_s);
+  std::printf("%s: %d/%d runs passed with %d ranks (timeout %d ms, slowest survivor %.2f s "
+              "after the victim %s)\n", sig == SIGKILL ? "kill" : "stall", passed, runs, nranks,
+              timeout_ms, worst_s, sig == SIGKILL ? "died" : "stopped");
   return passed == runs ? 0 : 1;
 }
 
@@ -834,7 +848,11 @@ int main(int argc, char** argv) {
   else if (scenario == "random") {
     rc = run_ranks(nranks, 600, scenario_random);
     if (rc == 0) rc = check_digests(nranks);
-  } else if (scenario == "kill") rc = scenario_kill(nranks, argc > 3 ? std::atoi(argv[3]) : 20);
+  } else if (scenario == "kill") {
+    rc = scenario_kill(nranks, argc > 3 ? std::atoi(argv[3]) : 20, SIGKILL);
+  } else if (scenario == "stall") {
+    rc = scenario_kill(nranks, argc > 3 ? std::atoi(argv[3]) : 3, SIGSTOP);
+  }
   else if (scenario == "big") {
     size_t mib = argc > 3 ? static_cast<size_t>(std::atol(argv[3])) : 64;
     setenv("DYNAMIQ_CPU_NCCL_CHUNK_BYTES", "1048576", 1);
