@@ -1,0 +1,170 @@
+// Command lines of dynamiq-run and dynamiq-perf.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tools/dynamiq-perf/perf_options.h"
+#include "tools/dynamiq-run/launch_options.h"
+
+namespace dq {
+namespace {
+
+struct Argv {
+  explicit Argv(std::vector<std::string> a) : args(std::move(a)) {
+    for (auto& s : args) ptrs.push_back(s.c_str());
+  }
+  int argc() const { return static_cast<int>(ptrs.size()); }
+  const char* const* argv() const { return ptrs.data(); }
+  std::vector<std::string> args;
+  std::vector<const char*> ptrs;
+};
+
+Status parse_run(std::vector<std::string> args, run::LaunchOptions* o, std::string* error) {
+  Argv a(std::move(args));
+  return run::parse_launch_options(a.argc(), a.argv(), o, error);
+}
+
+Status parse_perf(std::vector<std::string> args, perf::PerfOptions* o, std::string* error) {
+  Argv a(std::move(args));
+  return perf::parse_perf_options(a.argc(), a.argv(), o, error);
+}
+
+TEST(LaunchOptions, ParsesRanksFlagsAndCommand) {
+  run::LaunchOptions o;
+  std::string error;
+  ASSERT_EQ(parse_run({"dynamiq-run", "-n", "4", "--cpu-nccl", "--timeout", "2.5", "--", "prog",
+                       "-n", "7", "--timeout"},
+                      &o, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(o.num_ranks, 4);
+  EXPECT_TRUE(o.cpu_nccl);
+  EXPECT_DOUBLE_EQ(o.timeout_s, 2.5);
+  // Everything after "--" belongs to the program, even when it looks like our options.
+  EXPECT_EQ(o.command, (std::vector<std::string>{"prog", "-n", "7", "--timeout"}));
+}
+
+TEST(LaunchOptions, AcceptsAttachedAndEqualsForms) {
+  run::LaunchOptions o;
+  std::string error;
+  ASSERT_EQ(parse_run({"dynamiq-run", "-n8", "--timeout=3", "--grace=0.5", "prog"}, &o, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(o.num_ranks, 8);
+  EXPECT_DOUBLE_EQ(o.timeout_s, 3);
+  EXPECT_DOUBLE_EQ(o.grace_s, 0.5);
+  EXPECT_FALSE(o.cpu_nccl);
+  EXPECT_EQ(o.command, std::vector<std::string>{"prog"});
+  ASSERT_EQ(parse_run({"dynamiq-run", "--nproc", "2", "--", "p"}, &o, &error), Status::kOk);
+  EXPECT_EQ(o.num_ranks, 2);
+}
+
+TEST(LaunchOptions, RejectsBadUsageWithAReason) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"dynamiq-run"},                                     // nothing
+      {"dynamiq-run", "--", "prog"},                       // no -n
+      {"dynamiq-run", "-n", "4"},                          // no program
+      {"dynamiq-run", "-n", "4", "--"},                    // no program after --
+      {"dynamiq-run", "-n", "0", "prog"},                  // zero ranks
+      {"dynamiq-run", "-n", "1025", "prog"},               // too many
+      {"dynamiq-run", "-n", "4x", "prog"},                 // not a number
+      {"dynamiq-run", "-n"},                               // missing value
+      {"dynamiq-run", "-n", "2", "--timeout", "-1", "p"},  // negative timeout
+      {"dynamiq-run", "-n", "2", "--timeout", "abc", "p"},
+      {"dynamiq-run", "-n", "2", "--bogus", "p"},
+      {"dynamiq-run", "-n", "2", "--cpu-nccl=1", "p"},
+  };
+  for (const auto& args : bad) {
+    run::LaunchOptions o;
+    std::string error;
+    EXPECT_EQ(parse_run(args, &o, &error), Status::kInvalidArgument) << args.size();
+    EXPECT_FALSE(error.empty());
+  }
+}
+
+TEST(PerfOptions, ParsesSizesWithSuffixes) {
+  size_t v = 0;
+  ASSERT_TRUE(perf::parse_size("0", &v));
+  EXPECT_EQ(v, 0u);
+  ASSERT_TRUE(perf::parse_size("1000", &v));
+  EXPECT_EQ(v, 1000u);
+  ASSERT_TRUE(perf::parse_size("1K", &v));
+  EXPECT_EQ(v, 1024u);
+  ASSERT_TRUE(perf::parse_size("3k", &v));
+  EXPECT_EQ(v, 3072u);
+  ASSERT_TRUE(perf::parse_size("64M", &v));
+  EXPECT_EQ(v, size_t{64} << 20);
+  ASSERT_TRUE(perf::parse_size("2G", &v));
+  EXPECT_EQ(v, size_t{2} << 30);
+  for (const char* bad : {"", "K", "-1", "1.5M", "1KB", "1T", " 1", "1 ", "99999999999999999999",
+                          "17179869184G"})
+    EXPECT_FALSE(perf::parse_size(bad, &v)) << bad;
+}
+
+TEST(PerfOptions, NcclTestsDefaults) {
+  perf::PerfOptions o;
+  std::string error;
+  ASSERT_EQ(parse_perf({"dynamiq-perf"}, &o, &error), Status::kOk);
+  EXPECT_EQ(o.min_bytes, size_t{32} << 20);
+  EXPECT_EQ(o.max_bytes, size_t{32} << 20);
+  EXPECT_EQ(o.iters, 20);
+  EXPECT_EQ(o.warmup_iters, 5);
+  EXPECT_EQ(o.check_iters, 1);
+  EXPECT_EQ(o.dtypes, std::vector<perf::DType>{perf::DType::kFloat});
+  EXPECT_EQ(o.ops, std::vector<perf::RedOp>{perf::RedOp::kSum});
+  EXPECT_FALSE(o.lossy);
+}
+
+TEST(PerfOptions, ParsesTheAcceptanceCommand) {
+  perf::PerfOptions o;
+  std::string error;
+  ASSERT_EQ(parse_perf({"dynamiq-perf", "-b", "1K", "-e", "1M", "-f", "4", "-d", "all", "-o", "all",
+                        "-c", "1", "-n5", "--warmup_iters=2", "--lossy", "--memory", "host"},
+                       &o, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(perf::sweep_sizes(o), (std::vector<size_t>{1024, 4096, 16384, 65536, 262144, 1048576}));
+  EXPECT_EQ(o.dtypes.size(), 10u);
+  EXPECT_EQ(o.ops.size(), 5u);
+  EXPECT_EQ(o.iters, 5);
+  EXPECT_EQ(o.warmup_iters, 2);
+  EXPECT_TRUE(o.lossy);
+  EXPECT_EQ(o.memory, perf::Memory::kHost);
+}
+
+TEST(PerfOptions, IncrementSweepAndSingleChoices) {
+  perf::PerfOptions o;
+  std::string error;
+  ASSERT_EQ(parse_perf({"dynamiq-perf", "-b", "1K", "-e", "3500", "-i", "1K", "-d", "bfloat16", "-o",
+                        "min"},
+                       &o, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(perf::sweep_sizes(o), (std::vector<size_t>{1024, 2048, 3072}));
+  EXPECT_EQ(o.dtypes, std::vector<perf::DType>{perf::DType::kBfloat16});
+  EXPECT_EQ(o.ops, std::vector<perf::RedOp>{perf::RedOp::kMin});
+}
+
+TEST(PerfOptions, RejectsBadFlagsWithAReason) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"dynamiq-perf", "-x"},           {"dynamiq-perf", "--bogus"},
+      {"dynamiq-perf", "-b"},           {"dynamiq-perf", "-b", "2Q"},
+      {"dynamiq-perf", "-b", "1M", "-e", "1K"},
+      {"dynamiq-perf", "-f", "0"},      {"dynamiq-perf", "-n", "0"},
+      {"dynamiq-perf", "-d", "float8"}, {"dynamiq-perf", "-o", "xor"},
+      {"dynamiq-perf", "-g", "2"},      {"dynamiq-perf", "-a", "4"},
+      {"dynamiq-perf", "-G", "1"},      {"dynamiq-perf", "--memory", "gpu"},
+      {"dynamiq-perf", "--lossy=1"},    {"dynamiq-perf", "-b", "0", "-e", "1K", "-f", "2"},
+      {"dynamiq-perf", "-b", "0", "-e", "1G", "-i", "1"},  // 2^30 sizes
+  };
+  for (const auto& args : bad) {
+    perf::PerfOptions o;
+    std::string error;
+    EXPECT_EQ(parse_perf(args, &o, &error), Status::kInvalidArgument) << args.back();
+    EXPECT_FALSE(error.empty());
+  }
+}
+
+}  // namespace
+}  // namespace dq

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""dynamiq-perf: usage errors, and full runs on the CPU NCCL under dynamiq-run.
+
+test_dynamiq_perf.py CASE --perf PATH [--run PATH --build DIR]; exit 0 pass, 1 fail, 77 skip.
+"""
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+               "half": 2, "float": 4, "double": 8, "bfloat16": 2}
+OPS = ["sum", "prod", "max", "min", "avg"]
+ROW = re.compile(r"^\[0\]\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)"
+                 r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)"
+                 r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$")
+
+
+def fail(message):
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+def case_usage(a):
+    for args in (["-x"], ["-b", "2Q"], ["-b", "1M", "-e", "1K"], ["-d", "nope"], ["-o", "xor"],
+                 ["-n", "0"], ["-b"], ["--memory", "gpu"]):
+        proc = subprocess.run([a.perf] + args, capture_output=True, text=True, timeout=30)
+        check(proc.returncode == 2, f"{args} -> exit {proc.returncode}: {proc.stderr}")
+        check(proc.stderr.startswith("dynamiq-perf: ") and "usage:" in proc.stderr,
+              f"{args}: message {proc.stderr!r}")
+    proc = subprocess.run([a.perf, "-h"], capture_output=True, text=True, timeout=30)
+    check(proc.returncode == 0 and "-b, --minbytes" in proc.stdout, "-h")
+
+
+def need_cpu_nccl(a):
+    build = os.path.abspath(a.build)
+    for lib in (os.path.join(build, "tools", "cpu-nccl", "libnccl.so.2"),
+                os.path.join(build, "plugin", "abi", "libnccl-net-dynamiq.so")):
+        if not os.path.exists(lib):
+            print(f"SKIP: {lib} is not built")
+            sys.exit(77)
+
+
+def run_perf(a, ranks, perf_args, timeout):
+    cmd = [a.run, "--cpu-nccl", "-n", str(ranks), "--timeout", str(timeout), "--", a.perf]
+    cmd += perf_args
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30)
+    sys.stdout.write(proc.stdout[-3000:])
+    check(proc.returncode == 0, f"exit {proc.returncode}; stderr: {proc.stderr[-2000:]}")
+    rows = []
+    for line in proc.stdout.splitlines():
+        m = ROW.match(line)
+        if m:
+            rows.append(m.groups())
+    return proc.stdout, rows
+
+
+def check_rows(rows, ranks, want_keys, lossy):
+    seen = set()
+    for r in rows:
+        size, count, dtype, op, root = int(r[0]), int(r[1]), r[2], r[3], int(r[4])
+        key = (dtype, op, size)
+        check(key not in seen, f"row {key} printed twice")
+        seen.add(key)
+        check(root == -1, f"root {root}")
+        check(count * DTYPE_BYTES[dtype] == size, f"{key}: count {count}")
+        for time_us, algbw, busbw, wrong in (r[5:9], r[9:13]):
+            check(float(time_us) > 0, f"{key}: time {time_us}")
+            # busbw = algbw * 2(n-1)/n, both printed with 2 decimals.
+            expected = float(algbw) * 2 * (ranks - 1) / ranks
+            check(abs(float(busbw) - expected) <= 0.011 + 0.01 * expected,
+                  f"{key}: busbw {busbw} vs algbw {algbw}")
+            check(wrong == "0", f"{key}: #wrong {wrong}")
+        for vnmse, ident in (r[13:15], r[15:17]):
+            check(ident == "yes", f"{key}: results differ across ranks")
+            v = float(vnmse)
+            check(math.isfinite(v), f"{key}: vNMSE {vnmse}")
+            exact_type = dtype not in ("half", "float", "double", "bfloat16")
+            if not lossy and (exact_type or op in ("max", "min")):
+                check(v == 0, f"{key}: vNMSE {vnmse} for an exact reduction")
+            else:
+                check(v < 1e-3, f"{key}: vNMSE {vnmse}")
+    check(seen == want_keys, f"missing rows: {sorted(want_keys - seen)[:10]}, "
+                             f"extra rows: {sorted(seen - want_keys)[:10]}")
+
+
+def check_footer(out, ranks):
+    check(re.search(r"^\[0\] # Out of bounds values : 0 OK$", out, re.M), "no OK footer")
+    check(re.search(r"^\[0\] # Avg bus bandwidth    : [0-9.e+-]+ ?$", out, re.M), "no bw footer")
+    check(re.search(r"^\[0\] # Results identical on all ranks : yes$", out, re.M),
+          "no identity footer")
+    check(len(re.findall(r"^\[0\] #  Rank +\d+ ", out, re.M)) == ranks, "rank lines")
+
+
+def case_all_types_ops(a):
+    need_cpu_nccl(a)
+    sizes = [1024 * 4 ** k for k in range(6)]  # 1K .. 1M, factor 4
+    out, rows = run_perf(a, 4, ["-b", "1K", "-e", "1M", "-f", "4", "-d", "all", "-o", "all",
+                                "-c", "1"], timeout=1100)
+    want = {(d, o, s) for d in DTYPE_BYTES for o in OPS for s in sizes}
+    check_rows(rows, 4, want, lossy=False)
+    check_footer(out, 4)
+
+
+def case_lossy(a):
+    need_cpu_nccl(a)
+    sizes = [1024 * 4 ** k for k in range(4)]
+    out, rows = run_perf(a, 3, ["-b", "1K", "-e", "64K", "-f", "4", "-d", "float", "-o", "sum",
+                                "-n", "3", "-w", "1", "--lossy"], timeout=240)
+    check("check: lossy" in out, "header does not say lossy")
+    check_rows(rows, 3, {("float", "sum", s) for s in sizes}, lossy=True)
+    check_footer(out, 3)
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--perf", required=True)
+    parser.add_argument("--run")
+    parser.add_argument("--build")
+    a = parser.parse_args()
+    CASES[a.case](a)
+    print("PASS", a.case)
+
+
+if __name__ == "__main__":
+    main()
