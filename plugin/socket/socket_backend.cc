@@ -184,6 +184,9 @@ struct RecvComm {
   bool failed = false;
   int clean_eofs = 0;
   uint64_t next_seq = 0;
+  // Socket 0 is inside a message (its own stall bound applies); other sockets waiting for a
+  // header do not count that time against their bound.
+  bool headers_busy = false;
   std::map<uint64_t, RecvMsg*> active;  // header read, parts outstanding
   std::deque<RecvMsg*> unexpected;      // header read, no receive matched yet (seq order)
   std::deque<RecvSlot*> posted;         // receives waiting for a message (posting order)
@@ -314,12 +317,14 @@ struct RecvComm {
           unexpected.push_back(msg);
         }
         active[msg->seq] = msg;
+        headers_busy = true;
         cv.notify_all();
       }
       end = ReadFull(fd, msg->dest, msg->split.Len(0, msg->size), false, stop, timeout_ms, &began,
                      &err);
       if (end != IoEnd::kDone) return EndOfStream(0, end, true, err);
       std::lock_guard<std::mutex> lock(mu);
+      headers_busy = false;
       PartDone(msg);
     }
   }
@@ -351,6 +356,7 @@ struct RecvComm {
             return Fail("malformed frame: part for message " + std::to_string(h.seq) +
                         " which is not in flight");
           }
+          if (headers_busy) start = Clock::now();
           if (MsSince(start) > timeout_ms) {
             return Fail("timed out waiting for the header of message " + std::to_string(h.seq));
           }
