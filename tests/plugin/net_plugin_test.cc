@@ -595,6 +595,51 @@ TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   for (int fd : fds) close(fd);
 }
 
+TEST_F(NetPluginTest, InconsistentPartFrameFailsTheReceive) {
+  LogCapture::Clear();
+  wire::Handle h;
+  std::memcpy(&h, handle_, sizeof(h));
+  ASSERT_GE(h.nsocks, 2) << "needs a striped connection (DYNAMIQ_NET_NSOCKS >= 2)";
+  std::vector<int> fds;
+  for (int k = 0; k < h.nsocks; ++k) {
+    int fd = RawConnect(handle_);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    wire::Hello hello{
+        wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
+        0x5151ull};
+    ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+  }
+  const size_t size = 1u << 20;  // striped over every socket
+  wire::Split split = wire::SplitMessage(size, h.nsocks);
+  ASSERT_GE(split.parts, 2);
+  // Socket 1 claims the wrong offset for its part.
+  wire::PartHeader ph{wire::kPartMagic, 1, 0, split.Offset(1) + 4096, split.Len(1, size)};
+  ASSERT_EQ(send(fds[1], &ph, sizeof(ph), 0), static_cast<ssize_t>(sizeof(ph)));
+  wire::MsgHeader mh{wire::kMsgMagic, 1, 0, size};
+  ASSERT_EQ(send(fds[0], &mh, sizeof(mh), 0), static_cast<ssize_t>(sizeof(mh)));
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (rc == nullptr && SecondsSince(t) < 5) {
+    ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
+  }
+  ASSERT_NE(rc, nullptr);
+  recv_comm_ = rc;
+  std::vector<char> in(size);
+  void* data = in.data();
+  size_t cap = in.size();
+  int tag = 1;
+  void* req = nullptr;
+  dqNetResult posted = net_->irecv(rc, 1, &data, &cap, &tag, nullptr, nullptr, &req);
+  if (posted == dqNetSuccess) {
+    int done = 0;
+    EXPECT_NE(WaitRequest(net_, req, nullptr, &done, 10), dqNetSuccess);
+    EXPECT_EQ(done, 0);
+  }
+  EXPECT_TRUE(LogCapture::Contains("malformed frame", "offset/length"));
+  for (int fd : fds) close(fd);
+}
+
 TEST_F(NetPluginTest, SilentHandshakeIsDroppedAfterTheTimeout) {
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
   LogCapture::Clear();
