@@ -120,10 +120,11 @@ class LineForwarder {
       start = nl + 1;
     }
     pending_.erase(0, start);
-    if (pending_.size() >= kMaxLineBytes) {
-      emit_line(pending_);
-      pending_.clear();
-    }
+    // A line without an end yet: forward it in kMaxLineBytes pieces.
+    size_t cut = 0;
+    for (; pending_.size() - cut >= kMaxLineBytes; cut += kMaxLineBytes)
+      emit_line(std::string_view(pending_).substr(cut, kMaxLineBytes));
+    pending_.erase(0, cut);
   }
 
   void emit_line(std::string_view line) {
