@@ -1,0 +1,183 @@
+// Real NCCL (libnccl.so.2) over our plugin, on a machine with a GPU: two processes on the same
+// GPU pretend to be two hosts (NCCL_HOSTID differs), so NCCL must connect them through the net
+// plugin; NCCL_NET=dynamiq forces ours. Each rank all-reduces a float buffer and checks the sum;
+// NCCL's own log must show that it loaded and used the dynamiq plugin.
+// Exit 77 (skipped) when real NCCL, the CUDA runtime or a device is missing. NCCL cannot load a
+// net plugin without a GPU: it initialises CUDA in ncclCommInitRank before loading plugins.
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kSkip = 77;
+constexpr int kRanks = 2;
+constexpr size_t kCount = 1 << 20;  // floats per rank
+
+struct UniqueId {
+  char bytes[128];  // ncclUniqueId
+};
+
+using GetUniqueIdFn = int (*)(UniqueId*);
+using CommInitRankFn = int (*)(void**, int, UniqueId, int);
+using AllReduceFn = int (*)(const void*, void*, size_t, int, int, void*, void*);
+using CommDestroyFn = int (*)(void*);
+using CudaIntFn = int (*)(int*);
+using CudaSetDeviceFn = int (*)(int);
+using CudaMallocFn = int (*)(void**, size_t);
+using CudaMemcpyFn = int (*)(void*, const void*, size_t, int);
+using CudaSyncFn = int (*)();
+
+constexpr int kNcclFloat32 = 7;
+constexpr int kNcclSum = 0;
+constexpr int kCudaMemcpyHostToDevice = 1;
+constexpr int kCudaMemcpyDeviceToHost = 2;
+
+void* OpenFirst(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (n == nullptr) continue;
+    if (void* lib = dlopen(n, RTLD_NOW | RTLD_GLOBAL)) return lib;
+  }
+  return nullptr;
+}
+
+void* OpenNccl() {
+  return OpenFirst({std::getenv("DYNAMIQ_REAL_NCCL"), "/usr/local/cuda/lib/libnccl.so.2",
+                    "/usr/local/cuda/lib64/libnccl.so.2", "libnccl.so.2"});
+}
+
+void* OpenCudart() {
+  return OpenFirst(
+      {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so"});
+}
+
+// Runs in a fresh child: CUDA must not be initialised in the parent before fork.
+int ProbeDevice() {
+  void* rt = OpenCudart();
+  if (rt == nullptr) return kSkip;
+  auto count_fn = reinterpret_cast<CudaIntFn>(dlsym(rt, "cudaGetDeviceCount"));
+  int count = 0;
+  if (count_fn == nullptr || count_fn(&count) != 0 || count < 1) return kSkip;
+  return 0;
+}
+
+int RunRank(int rank, const UniqueId& id, const std::string& log_path) {
+  setenv("NCCL_HOSTID", rank == 0 ? "dynamiq-fake-host-a" : "dynamiq-fake-host-b", 1);
+  setenv("NCCL_NET_PLUGIN", "dynamiq", 1);
+  setenv("NCCL_NET", "dynamiq", 1);
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
+  setenv("NCCL_DEBUG_FILE", log_path.c_str(), 1);
+  void* nccl = OpenNccl();
+  void* rt = OpenCudart();
+  if (nccl == nullptr || rt == nullptr) return 10;
+  auto init = reinterpret_cast<CommInitRankFn>(dlsym(nccl, "ncclCommInitRank"));
+  auto allreduce = reinterpret_cast<AllReduceFn>(dlsym(nccl, "ncclAllReduce"));
+  auto destroy = reinterpret_cast<CommDestroyFn>(dlsym(nccl, "ncclCommDestroy"));
+  auto set_device = reinterpret_cast<CudaSetDeviceFn>(dlsym(rt, "cudaSetDevice"));
+  auto cuda_malloc = reinterpret_cast<CudaMallocFn>(dlsym(rt, "cudaMalloc"));
+  auto memcpy_fn = reinterpret_cast<CudaMemcpyFn>(dlsym(rt, "cudaMemcpy"));
+  auto sync = reinterpret_cast<CudaSyncFn>(dlsym(rt, "cudaDeviceSynchronize"));
+  if (!init || !allreduce || !destroy || !set_device || !cuda_malloc || !memcpy_fn || !sync) {
+    return 11;
+  }
+  if (set_device(0) != 0) return 12;
+  void* comm = nullptr;
+  if (init(&comm, kRanks, id, rank) != 0) return 13;
+  void* dev = nullptr;
+  if (cuda_malloc(&dev, kCount * sizeof(float)) != 0) return 14;
+  std::vector<float> host(kCount);
+  for (size_t i = 0; i < kCount; ++i)
+    host[i] = static_cast<float>(rank + 1) + static_cast<float>(i % 7);
+  if (memcpy_fn(dev, host.data(), kCount * sizeof(float), kCudaMemcpyHostToDevice) != 0) return 15;
+  if (allreduce(dev, dev, kCount, kNcclFloat32, kNcclSum, comm, nullptr) != 0) return 16;
+  if (sync() != 0) return 17;
+  if (memcpy_fn(host.data(), dev, kCount * sizeof(float), kCudaMemcpyDeviceToHost) != 0) return 18;
+  for (size_t i = 0; i < kCount; ++i) {
+    float expect = 3.0f + 2.0f * static_cast<float>(i % 7);  // (1 + x) + (2 + x)
+    if (host[i] != expect) return 19;
+  }
+  destroy(comm);
+  return 0;
+}
+
+int WaitBounded(pid_t pid, int seconds) {
+  auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(seconds)) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+int main() {
+  void* nccl = OpenNccl();
+  if (nccl == nullptr) {
+    std::printf("SKIP: real libnccl.so.2 not found\n");
+    return kSkip;
+  }
+  pid_t probe = fork();
+  if (probe == 0) _exit(ProbeDevice());
+  if (int r = WaitBounded(probe, 60); r != 0) {
+    std::printf("SKIP: no CUDA device (probe exit %d)\n", r);
+    return kSkip;
+  }
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  setenv("DYNAMIQ_NET_IFNAME", "lo", 1);
+  auto get_id = reinterpret_cast<GetUniqueIdFn>(dlsym(nccl, "ncclGetUniqueId"));
+  UniqueId id{};
+  if (get_id == nullptr || get_id(&id) != 0) {
+    std::printf("FAIL: ncclGetUniqueId\n");
+    return 1;
+  }
+  char dir_template[] = "/tmp/dynamiq-real-nccl-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (dir == nullptr) return 1;
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    logs.push_back(std::string(dir) + "/rank" + std::to_string(rank) + ".log");
+    pid_t pid = fork();
+    if (pid == 0) _exit(RunRank(rank, id, logs.back()));
+    pids.push_back(pid);
+  }
+  int failures = 0;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    int r = WaitBounded(pids[static_cast<size_t>(rank)], 180);
+    std::string log = Slurp(logs[static_cast<size_t>(rank)]);
+    bool loaded = log.find("dynamiq") != std::string::npos;
+    std::printf("rank %d: exit %d, NCCL log mentions dynamiq: %s\n", rank, r,
+                loaded ? "yes" : "no");
+    if (r != 0 || !loaded) {
+      ++failures;
+      std::printf("---- %s ----\n%s\n", logs[static_cast<size_t>(rank)].c_str(), log.c_str());
+    }
+  }
+  std::printf(failures == 0 ? "PASS\n" : "FAIL\n");
+  return failures == 0 ? 0 : 1;
+}
