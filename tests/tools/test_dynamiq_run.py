@@ -202,6 +202,14 @@ for stream, fd in (('out', 1), ('err', 2)):
             check(m.group(1) == m.group(2), f"rank {m.group(2)} output under prefix [{m.group(1)}]")
             counts[int(m.group(1))] = counts.get(int(m.group(1)), 0) + 1
         check(counts == {r: 301 for r in range(4)}, f"{stream} line counts {counts}")
+    # A 150000-byte line comes out in 64 KiB pieces, each prefixed, none lost.
+    proc, _ = launch(a.run, ["-n", "2", "--", PY, "-c",
+                             "import sys; sys.stdout.write('y' * 150000 + '\\n')"])
+    check(proc.returncode == 0, f"exit {proc.returncode}")
+    for rank in (0, 1):
+        pieces = [len(l) - 4 for l in proc.stdout.splitlines() if l.startswith(f"[{rank}] ")]
+        check(pieces == [65536, 65536, 150000 - 131072], f"rank {rank} pieces {pieces}")
+        check(all(set(l[4:]) == {"y"} for l in proc.stdout.splitlines()), "mangled long line")
 
 
 def case_usage(a):

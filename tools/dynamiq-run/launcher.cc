@@ -120,19 +120,26 @@ class LineForwarder {
       start = nl + 1;
     }
     pending_.erase(0, start);
-    // A line without an end yet: forward it in kMaxLineBytes pieces.
-    size_t cut = 0;
-    for (; pending_.size() - cut >= kMaxLineBytes; cut += kMaxLineBytes)
-      emit_line(std::string_view(pending_).substr(cut, kMaxLineBytes));
-    pending_.erase(0, cut);
+    // A line without an end yet: forward its whole kMaxLineBytes pieces now.
+    const size_t cut = pending_.size() / kMaxLineBytes * kMaxLineBytes;
+    if (cut > 0) {
+      emit_line(std::string_view(pending_).substr(0, cut));
+      pending_.erase(0, cut);
+    }
   }
 
+  // Writes one line (in kMaxLineBytes pieces if longer), each piece prefixed, one writev each.
   void emit_line(std::string_view line) {
     static const char kNewline = '\n';
-    iovec parts[3] = {{const_cast<char*>(prefix_.data()), prefix_.size()},
-                      {const_cast<char*>(line.data()), line.size()},
-                      {const_cast<char*>(&kNewline), 1}};
-    write_all(dest_fd_, parts, 3);
+    size_t start = 0;
+    do {
+      std::string_view piece = line.substr(start, kMaxLineBytes);
+      iovec parts[3] = {{const_cast<char*>(prefix_.data()), prefix_.size()},
+                        {const_cast<char*>(piece.data()), piece.size()},
+                        {const_cast<char*>(&kNewline), 1}};
+      write_all(dest_fd_, parts, 3);
+      start += piece.size();
+    } while (start < line.size());
   }
 
   int fd_;
