@@ -97,8 +97,8 @@ TEST(PerfOptions, ParsesSizesWithSuffixes) {
   EXPECT_EQ(v, size_t{64} << 20);
   ASSERT_TRUE(perf::parse_size("2G", &v));
   EXPECT_EQ(v, size_t{2} << 30);
-  for (const char* bad : {"", "K", "-1", "1.5M", "1KB", "1T", " 1", "1 ", "99999999999999999999",
-                          "17179869184G"})
+  for (const char* bad :
+       {"", "K", "-1", "1.5M", "1KB", "1T", " 1", "1 ", "99999999999999999999", "17179869184G"})
     EXPECT_FALSE(perf::parse_size(bad, &v)) << bad;
 }
 
@@ -136,8 +136,8 @@ TEST(PerfOptions, ParsesTheAcceptanceCommand) {
 TEST(PerfOptions, IncrementSweepAndSingleChoices) {
   perf::PerfOptions o;
   std::string error;
-  ASSERT_EQ(parse_perf({"dynamiq-perf", "-b", "1K", "-e", "3500", "-i", "1K", "-d", "bfloat16", "-o",
-                        "min"},
+  ASSERT_EQ(parse_perf({"dynamiq-perf", "-b", "1K", "-e", "3500", "-i", "1K", "-d", "bfloat16",
+                        "-o", "min"},
                        &o, &error),
             Status::kOk)
       << error;
@@ -148,14 +148,21 @@ TEST(PerfOptions, IncrementSweepAndSingleChoices) {
 
 TEST(PerfOptions, RejectsBadFlagsWithAReason) {
   const std::vector<std::vector<std::string>> bad = {
-      {"dynamiq-perf", "-x"},           {"dynamiq-perf", "--bogus"},
-      {"dynamiq-perf", "-b"},           {"dynamiq-perf", "-b", "2Q"},
+      {"dynamiq-perf", "-x"},
+      {"dynamiq-perf", "--bogus"},
+      {"dynamiq-perf", "-b"},
+      {"dynamiq-perf", "-b", "2Q"},
       {"dynamiq-perf", "-b", "1M", "-e", "1K"},
-      {"dynamiq-perf", "-f", "0"},      {"dynamiq-perf", "-n", "0"},
-      {"dynamiq-perf", "-d", "float8"}, {"dynamiq-perf", "-o", "xor"},
-      {"dynamiq-perf", "-g", "2"},      {"dynamiq-perf", "-a", "4"},
-      {"dynamiq-perf", "-G", "1"},      {"dynamiq-perf", "--memory", "gpu"},
-      {"dynamiq-perf", "--lossy=1"},    {"dynamiq-perf", "-b", "0", "-e", "1K", "-f", "2"},
+      {"dynamiq-perf", "-f", "0"},
+      {"dynamiq-perf", "-n", "0"},
+      {"dynamiq-perf", "-d", "float8"},
+      {"dynamiq-perf", "-o", "xor"},
+      {"dynamiq-perf", "-g", "2"},
+      {"dynamiq-perf", "-a", "4"},
+      {"dynamiq-perf", "-G", "1"},
+      {"dynamiq-perf", "--memory", "gpu"},
+      {"dynamiq-perf", "--lossy=1"},
+      {"dynamiq-perf", "-b", "0", "-e", "1K", "-f", "2"},
       {"dynamiq-perf", "-b", "0", "-e", "1G", "-i", "1"},  // 2^30 sizes
   };
   for (const auto& args : bad) {

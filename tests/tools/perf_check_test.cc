@@ -13,8 +13,8 @@
 namespace dq::perf {
 namespace {
 
-const DType kAllTypes[] = {DType::kInt8,  DType::kUint8, DType::kInt32,  DType::kUint32,
-                           DType::kInt64, DType::kUint64, DType::kHalf,  DType::kFloat,
+const DType kAllTypes[] = {DType::kInt8,   DType::kUint8,   DType::kInt32, DType::kUint32,
+                           DType::kInt64,  DType::kUint64,  DType::kHalf,  DType::kFloat,
                            DType::kDouble, DType::kBfloat16};
 const RedOp kAllOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
 
@@ -24,12 +24,12 @@ TEST(HalfConversion, KnownValues) {
   EXPECT_EQ(float_to_half(65504.0f), 0x7BFF);
   EXPECT_EQ(float_to_half(65520.0f), 0x7C00);  // halfway to 65536: ties to even = overflow
   EXPECT_EQ(float_to_half(65519.0f), 0x7BFF);
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
-  EXPECT_EQ(float_to_half(std::ldexp(3.0f, -26)), 0x0001);  // above the tie
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
-  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3C00);        // tie to even
-  EXPECT_EQ(float_to_half(1.0f + std::ldexp(3.0f, -11)), 0x3C02);        // tie to even, up
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -25)), 0x0000);         // tie to even: zero
+  EXPECT_EQ(float_to_half(std::ldexp(3.0f, -26)), 0x0001);         // above the tie
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14)), 0x0400);         // smallest normal
+  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie to even
+  EXPECT_EQ(float_to_half(1.0f + std::ldexp(3.0f, -11)), 0x3C02);  // tie to even, up
   EXPECT_EQ(float_to_half(-0.0f), 0x8000);
   EXPECT_EQ(float_to_half(std::numeric_limits<float>::infinity()), 0x7C00);
   EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
@@ -88,13 +88,22 @@ void simulate(RedOp op, int n, size_t count, const std::vector<std::vector<unsig
     for (int r = n - 2; r >= 0; --r) {
       auto x = input(r);
       switch (op) {
-        case RedOp::kSum: acc = load_round(acc + x, load, store); break;
-        case RedOp::kProd: acc = load_round(acc * x, load, store); break;
-        case RedOp::kMax: acc = acc > x ? acc : x; break;
-        case RedOp::kMin: acc = acc < x ? acc : x; break;
+        case RedOp::kSum:
+          acc = load_round(acc + x, load, store);
+          break;
+        case RedOp::kProd:
+          acc = load_round(acc * x, load, store);
+          break;
+        case RedOp::kMax:
+          acc = acc > x ? acc : x;
+          break;
+        case RedOp::kMin:
+          acc = acc < x ? acc : x;
+          break;
         case RedOp::kAvg:
           if constexpr (std::is_floating_point_v<decltype(acc)>)
-            acc = load_round(acc + load_round(x * (decltype(acc))(1.0 / n), load, store), load, store);
+            acc = load_round(acc + load_round(x * (decltype(acc))(1.0 / n), load, store), load,
+                             store);
           else
             acc = load_round(acc + x, load, store);
           break;
@@ -105,7 +114,6 @@ void simulate(RedOp op, int n, size_t count, const std::vector<std::vector<unsig
     store(out, i, acc);
   }
 }
-
 
 // Runs `fn(load, store)` with the element type's accessors: floats travel as float (half,
 // bfloat16, float) or double; integers as int64/uint64, truncated on store.
@@ -120,18 +128,27 @@ void with_accessors(DType type, Fn fn) {
        });
   };
   switch (type) {
-    case DType::kInt8: return ints(int8_t{});
-    case DType::kUint8: return ints(uint8_t{});
-    case DType::kInt32: return ints(int32_t{});
-    case DType::kUint32: return ints(uint32_t{});
-    case DType::kInt64: return ints(int64_t{});
-    case DType::kUint64: return ints(uint64_t{});
+    case DType::kInt8:
+      return ints(int8_t{});
+    case DType::kUint8:
+      return ints(uint8_t{});
+    case DType::kInt32:
+      return ints(int32_t{});
+    case DType::kUint32:
+      return ints(uint32_t{});
+    case DType::kInt64:
+      return ints(int64_t{});
+    case DType::kUint64:
+      return ints(uint64_t{});
     case DType::kHalf:
-      return fn([](const void* p, size_t i) { return half_to_float(static_cast<const uint16_t*>(p)[i]); },
-                [](void* p, size_t i, float v) { static_cast<uint16_t*>(p)[i] = float_to_half(v); });
+      return fn(
+          [](const void* p, size_t i) { return half_to_float(static_cast<const uint16_t*>(p)[i]); },
+          [](void* p, size_t i, float v) { static_cast<uint16_t*>(p)[i] = float_to_half(v); });
     case DType::kBfloat16:
       return fn(
-          [](const void* p, size_t i) { return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]); },
+          [](const void* p, size_t i) {
+            return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
+          },
           [](void* p, size_t i, float v) { static_cast<uint16_t*>(p)[i] = float_to_bfloat16(v); });
     case DType::kFloat:
       return fn([](const void* p, size_t i) { return static_cast<const float*>(p)[i]; },

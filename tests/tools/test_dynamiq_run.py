@@ -148,7 +148,7 @@ def case_fail_fast(a):
                   f'  exit 3; fi; wait')
         proc, took = launch(a.run, ["-n", "4", "--", "sh", "-c", script])
         check(proc.returncode == 3, f"exit {proc.returncode}: {proc.stderr}")
-        check(took < 4, f"took {took:.1f} s to stop the other ranks")
+        check(took < 10, f"took {took:.1f} s to stop the other ranks (they sleep 60 s)")
         pids = [int(open(os.path.join(tmp, f)).read()) for f in os.listdir(tmp)]
         check(len(pids) == 8, f"pid files: {os.listdir(tmp)}")
         deadline = time.monotonic() + 2
@@ -160,18 +160,18 @@ def case_fail_fast(a):
                                 'if [ "$RANK" = 0 ]; then sleep 0.3; exit 4; fi; '
                                 'trap "" TERM; sleep 30 & wait; sleep 30'])
     check(proc.returncode == 4, f"exit {proc.returncode}")
-    check(1 <= took < 5, f"took {took:.1f} s (grace 1 s)")
+    check(1 <= took < 10, f"took {took:.1f} s (grace 1 s, ranks sleep 30 s)")
     check("SIGKILL" in proc.stderr, f"no SIGKILL notice: {proc.stderr!r}")
 
 
 def case_timeout(a):
     proc, took = launch(a.run, ["-n", "3", "--timeout", "1", "--", "sleep", "30"])
     check(proc.returncode == 124, f"exit {proc.returncode}")
-    check(0.9 <= took < 4, f"took {took:.1f} s for --timeout 1")
+    check(0.9 <= took < 10, f"took {took:.1f} s for --timeout 1 (ranks sleep 30 s)")
     check("timeout" in proc.stderr, f"message: {proc.stderr!r}")
     # A job that finishes in time is not affected by the timeout.
     proc, took = launch(a.run, ["-n", "2", "--timeout", "20", "--", "sleep", "0.2"])
-    check(proc.returncode == 0 and took < 5, f"exit {proc.returncode} after {took:.1f} s")
+    check(proc.returncode == 0 and took < 15, f"exit {proc.returncode} after {took:.1f} s")
 
 
 def case_prefix(a):
@@ -269,7 +269,7 @@ def case_rendezvous_file(a):
         proc = subprocess.run([a.probe], env=env, capture_output=True, text=True, timeout=30)
         took = time.monotonic() - started
         check(proc.returncode == 1, f"exit {proc.returncode}")
-        check(0.9 <= took < 5, f"gave up after {took:.1f} s")
+        check(0.9 <= took < 10, f"gave up after {took:.1f} s")
         check("never appeared" in proc.stderr, f"message: {proc.stderr!r}")
 
 
@@ -311,7 +311,7 @@ def case_rendezvous_tcp(a):
     started = time.monotonic()
     proc = subprocess.run([a.probe], env=env, capture_output=True, text=True, timeout=30)
     took = time.monotonic() - started
-    check(proc.returncode == 1 and 0.9 <= took < 5, f"exit {proc.returncode} after {took:.1f} s")
+    check(proc.returncode == 1 and 0.9 <= took < 10, f"exit {proc.returncode} after {took:.1f} s")
     check("within" in proc.stderr, f"message: {proc.stderr!r}")
     # Without any rendezvous variable a multi-rank job is refused at once.
     env = dict(base, RANK="1", WORLD_SIZE="2")

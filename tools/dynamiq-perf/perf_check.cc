@@ -66,15 +66,18 @@ T int_reference(DType type, RedOp op, int num_ranks, size_t i) {
     if (op == RedOp::kMin) best = std::min(best, x);
   }
   switch (op) {
-    case RedOp::kSum: return static_cast<T>(sum);
-    case RedOp::kProd: return static_cast<T>(product);
+    case RedOp::kSum:
+      return static_cast<T>(sum);
+    case RedOp::kProd:
+      return static_cast<T>(product);
     case RedOp::kAvg:
       if constexpr (std::is_signed_v<T>)
         return static_cast<T>(static_cast<int64_t>(static_cast<T>(sum)) / num_ranks);
       else
         return static_cast<T>(static_cast<uint64_t>(static_cast<T>(sum)) /
                               static_cast<uint64_t>(num_ranks));
-    default: return best;
+    default:
+      return best;
   }
 }
 
@@ -91,8 +94,8 @@ CheckResult check_int(DType type, RedOp op, int num_ranks, size_t count, const v
   for (size_t i = 0; i < count; ++i) {
     const T want = int_reference<T>(type, op, num_ranks, i);
     // long double holds any 64-bit integer exactly, so a difference of 1 survives.
-    const auto diff = static_cast<double>(static_cast<long double>(got[i]) -
-                                          static_cast<long double>(want));
+    const auto diff =
+        static_cast<double>(static_cast<long double>(got[i]) - static_cast<long double>(want));
     if (got[i] != want) ++c.wrong;
     c.error_sq += diff * diff;
     c.exact_sq += static_cast<double>(want) * static_cast<double>(want);
@@ -109,10 +112,14 @@ struct FloatFormat {
 
 FloatFormat format_of(DType type) {
   switch (type) {
-    case DType::kHalf: return {11, std::ldexp(1.0, -24)};
-    case DType::kBfloat16: return {8, std::ldexp(1.0, -133)};
-    case DType::kFloat: return {24, std::ldexp(1.0, -149)};
-    default: return {53, std::numeric_limits<double>::denorm_min()};
+    case DType::kHalf:
+      return {11, std::ldexp(1.0, -24)};
+    case DType::kBfloat16:
+      return {8, std::ldexp(1.0, -133)};
+    case DType::kFloat:
+      return {24, std::ldexp(1.0, -149)};
+    default:
+      return {53, std::numeric_limits<double>::denorm_min()};
   }
 }
 
@@ -138,17 +145,25 @@ void store_float(DType type, double value, void* out, size_t i) {
     case DType::kBfloat16:
       static_cast<uint16_t*>(out)[i] = float_to_bfloat16(static_cast<float>(value));
       break;
-    case DType::kFloat: static_cast<float*>(out)[i] = static_cast<float>(value); break;
-    default: static_cast<double*>(out)[i] = value; break;
+    case DType::kFloat:
+      static_cast<float*>(out)[i] = static_cast<float>(value);
+      break;
+    default:
+      static_cast<double*>(out)[i] = value;
+      break;
   }
 }
 
 double load_float(DType type, const void* data, size_t i) {
   switch (type) {
-    case DType::kHalf: return half_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::kBfloat16: return bfloat16_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::kFloat: return static_cast<const float*>(data)[i];
-    default: return static_cast<const double*>(data)[i];
+    case DType::kHalf:
+      return half_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBfloat16:
+      return bfloat16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::kFloat:
+      return static_cast<const float*>(data)[i];
+    default:
+      return static_cast<const double*>(data)[i];
   }
 }
 
@@ -174,13 +189,22 @@ CheckResult check_float(DType type, RedOp op, int num_ranks, size_t count, const
     }
     double exact = 0, tolerance = 0;
     switch (op) {
-      case RedOp::kSum: exact = sum; tolerance = steps * eps * magnitude + floor; break;
+      case RedOp::kSum:
+        exact = sum;
+        tolerance = steps * eps * magnitude + floor;
+        break;
       case RedOp::kAvg:
         exact = sum / n;
         tolerance = (steps * eps * magnitude) / n + eps * std::fabs(exact) + floor;
         break;
-      case RedOp::kProd: exact = product; tolerance = steps * eps * std::fabs(product) + floor; break;
-      default: exact = best; tolerance = 0; break;  // max and min pick an input: exact
+      case RedOp::kProd:
+        exact = product;
+        tolerance = steps * eps * std::fabs(product) + floor;
+        break;
+      default:
+        exact = best;
+        tolerance = 0;
+        break;  // max and min pick an input: exact
     }
     const double got = load_float(type, result, i);
     if (!std::isfinite(got)) {
@@ -252,12 +276,18 @@ uint16_t float_to_bfloat16(float value) {
 
 void fill_input(DType type, RedOp op, int rank, size_t count, void* out) {
   switch (type) {
-    case DType::kInt8: return fill_int<int8_t>(type, op, rank, count, out);
-    case DType::kUint8: return fill_int<uint8_t>(type, op, rank, count, out);
-    case DType::kInt32: return fill_int<int32_t>(type, op, rank, count, out);
-    case DType::kUint32: return fill_int<uint32_t>(type, op, rank, count, out);
-    case DType::kInt64: return fill_int<int64_t>(type, op, rank, count, out);
-    case DType::kUint64: return fill_int<uint64_t>(type, op, rank, count, out);
+    case DType::kInt8:
+      return fill_int<int8_t>(type, op, rank, count, out);
+    case DType::kUint8:
+      return fill_int<uint8_t>(type, op, rank, count, out);
+    case DType::kInt32:
+      return fill_int<int32_t>(type, op, rank, count, out);
+    case DType::kUint32:
+      return fill_int<uint32_t>(type, op, rank, count, out);
+    case DType::kInt64:
+      return fill_int<int64_t>(type, op, rank, count, out);
+    case DType::kUint64:
+      return fill_int<uint64_t>(type, op, rank, count, out);
     default:
       for (size_t i = 0; i < count; ++i)
         store_float(type, float_input(type, op, element_random(type, op, rank, i)), out, i);
@@ -267,13 +297,27 @@ void fill_input(DType type, RedOp op, int rank, size_t count, void* out) {
 CheckResult check_result(DType type, RedOp op, int num_ranks, size_t count, const void* result) {
   CheckResult c;
   switch (type) {
-    case DType::kInt8: c = check_int<int8_t>(type, op, num_ranks, count, result); break;
-    case DType::kUint8: c = check_int<uint8_t>(type, op, num_ranks, count, result); break;
-    case DType::kInt32: c = check_int<int32_t>(type, op, num_ranks, count, result); break;
-    case DType::kUint32: c = check_int<uint32_t>(type, op, num_ranks, count, result); break;
-    case DType::kInt64: c = check_int<int64_t>(type, op, num_ranks, count, result); break;
-    case DType::kUint64: c = check_int<uint64_t>(type, op, num_ranks, count, result); break;
-    default: c = check_float(type, op, num_ranks, count, result); break;
+    case DType::kInt8:
+      c = check_int<int8_t>(type, op, num_ranks, count, result);
+      break;
+    case DType::kUint8:
+      c = check_int<uint8_t>(type, op, num_ranks, count, result);
+      break;
+    case DType::kInt32:
+      c = check_int<int32_t>(type, op, num_ranks, count, result);
+      break;
+    case DType::kUint32:
+      c = check_int<uint32_t>(type, op, num_ranks, count, result);
+      break;
+    case DType::kInt64:
+      c = check_int<int64_t>(type, op, num_ranks, count, result);
+      break;
+    case DType::kUint64:
+      c = check_int<uint64_t>(type, op, num_ranks, count, result);
+      break;
+    default:
+      c = check_float(type, op, num_ranks, count, result);
+      break;
   }
   c.hash = hash_bytes(result, count * dtype_bytes(type));
   return c;

@@ -30,27 +30,42 @@ constexpr unsigned char kSentinelByte = 0xA5;
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::kInt8: return ncclInt8;
-    case DType::kUint8: return ncclUint8;
-    case DType::kInt32: return ncclInt32;
-    case DType::kUint32: return ncclUint32;
-    case DType::kInt64: return ncclInt64;
-    case DType::kUint64: return ncclUint64;
-    case DType::kHalf: return ncclFloat16;
-    case DType::kFloat: return ncclFloat32;
-    case DType::kDouble: return ncclFloat64;
-    case DType::kBfloat16: return ncclBfloat16;
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kUint8:
+      return ncclUint8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kUint32:
+      return ncclUint32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kUint64:
+      return ncclUint64;
+    case DType::kHalf:
+      return ncclFloat16;
+    case DType::kFloat:
+      return ncclFloat32;
+    case DType::kDouble:
+      return ncclFloat64;
+    case DType::kBfloat16:
+      return ncclBfloat16;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(RedOp op) {
   switch (op) {
-    case RedOp::kSum: return ncclSum;
-    case RedOp::kProd: return ncclProd;
-    case RedOp::kMax: return ncclMax;
-    case RedOp::kMin: return ncclMin;
-    case RedOp::kAvg: return ncclAvg;
+    case RedOp::kSum:
+      return ncclSum;
+    case RedOp::kProd:
+      return ncclProd;
+    case RedOp::kMax:
+      return ncclMax;
+    case RedOp::kMin:
+      return ncclMin;
+    case RedOp::kAvg:
+      return ncclAvg;
   }
   return ncclSum;
 }
@@ -96,10 +111,10 @@ bool load_cuda_runtime(CudaRuntime* rt) {
     *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, symbol));
     return *fn != nullptr;
   };
-  return bind(&rt->get_device_count, "cudaGetDeviceCount") && bind(&rt->set_device, "cudaSetDevice") &&
-         bind(&rt->malloc, "cudaMalloc") && bind(&rt->free, "cudaFree") &&
-         bind(&rt->memcpy, "cudaMemcpy") && bind(&rt->memset, "cudaMemset") &&
-         bind(&rt->stream_create, "cudaStreamCreate") &&
+  return bind(&rt->get_device_count, "cudaGetDeviceCount") &&
+         bind(&rt->set_device, "cudaSetDevice") && bind(&rt->malloc, "cudaMalloc") &&
+         bind(&rt->free, "cudaFree") && bind(&rt->memcpy, "cudaMemcpy") &&
+         bind(&rt->memset, "cudaMemset") && bind(&rt->stream_create, "cudaStreamCreate") &&
          bind(&rt->stream_synchronize, "cudaStreamSynchronize") &&
          bind(&rt->stream_destroy, "cudaStreamDestroy") &&
          bind(&rt->error_string, "cudaGetErrorString") &&
@@ -115,7 +130,8 @@ class Buffers {
 
   Status init(Memory mode, int local_rank) {
     const char* cpu_nccl = std::getenv("DYNAMIQ_CPU_NCCL");
-    if (mode == Memory::kHost || (mode == Memory::kAuto && cpu_nccl && std::strcmp(cpu_nccl, "1") == 0)) {
+    if (mode == Memory::kHost ||
+        (mode == Memory::kAuto && cpu_nccl && std::strcmp(cpu_nccl, "1") == 0)) {
       description_ = "host memory";
       return Status::kOk;
     }
@@ -185,8 +201,10 @@ class Buffers {
 
  private:
   void release(void* p) {
-    if (on_device_) cuda_.free(p);
-    else std::free(p);
+    if (on_device_)
+      cuda_.free(p);
+    else
+      std::free(p);
   }
 
   Status cuda_ok(int err, const char* what) {
@@ -206,11 +224,11 @@ class Buffers {
 // ---- the benchmark --------------------------------------------------------------------------
 
 struct Measured {
-  double seconds = 0;      // per operation
-  double wrong = 0;        // summed over ranks
-  double nonfinite = 0;    // summed over ranks
-  double vnmse = 0;        // max over ranks
-  bool identical = true;   // every rank's result bytes hash the same
+  double seconds = 0;     // per operation
+  double wrong = 0;       // summed over ranks
+  double nonfinite = 0;   // summed over ranks
+  double vnmse = 0;       // max over ranks
+  bool identical = true;  // every rank's result bytes hash the same
 };
 
 class Bench {
@@ -226,8 +244,8 @@ class Bench {
     std::memset(&id, 0, sizeof id);
     if (job_.rank == 0) DQ_CHECK(nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr));
     DQ_CHECK(rendezvous::share_bytes(job_, "nccl-unique-id", &id, sizeof id));
-    DQ_CHECK(nccl_ok(ncclCommInitRank(&comm_, job_.world_size, id, job_.rank),
-                     "ncclCommInitRank", nullptr));
+    DQ_CHECK(nccl_ok(ncclCommInitRank(&comm_, job_.world_size, id, job_.rank), "ncclCommInitRank",
+                     nullptr));
 
     size_t max_bytes = 0;
     for (size_t s : sweep_sizes(options_)) max_bytes = std::max(max_bytes, s);
@@ -259,7 +277,8 @@ class Bench {
       }
     }
     if (job_.rank == 0) {
-      std::printf("# Out of bounds values : %.0f %s\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
+      std::printf("# Out of bounds values : %.0f %s\n", wrong_total,
+                  wrong_total == 0 ? "OK" : "FAILED");
       std::printf("# Avg bus bandwidth    : %g \n", bw_samples ? bus_bw_sum / bw_samples : 0.0);
       if (options_.check_iters > 0)
         std::printf("# Results identical on all ranks : %s\n",
@@ -279,13 +298,14 @@ class Bench {
   }
 
   Status allreduce(const void* send, void* recv, size_t count, DType type, RedOp op) {
-    return nccl_ok(ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), comm_,
-                                 buffers_.stream()),
-                   "ncclAllReduce", comm_);
+    return nccl_ok(
+        ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), comm_, buffers_.stream()),
+        "ncclAllReduce", comm_);
   }
 
   // A few values combined across ranks through the scratch buffer.
-  Status combine(void* values, size_t count, ncclDataType_t type, size_t elem_bytes, ncclRedOp_t op) {
+  Status combine(void* values, size_t count, ncclDataType_t type, size_t elem_bytes,
+                 ncclRedOp_t op) {
     DQ_CHECK(buffers_.upload(scratch_, values, count * elem_bytes));
     DQ_CHECK(nccl_ok(ncclAllReduce(scratch_, scratch_, count, type, op, comm_, buffers_.stream()),
                      "ncclAllReduce(stats)", comm_));
@@ -295,7 +315,8 @@ class Bench {
 
   Status time_ops(const void* send, void* recv, size_t count, DType type, RedOp op,
                   double* seconds) {
-    for (int w = 0; w < options_.warmup_iters; ++w) DQ_CHECK(allreduce(send, recv, count, type, op));
+    for (int w = 0; w < options_.warmup_iters; ++w)
+      DQ_CHECK(allreduce(send, recv, count, type, op));
     DQ_CHECK(buffers_.synchronize());
     const auto start = std::chrono::steady_clock::now();
     for (int it = 0; it < options_.iters; ++it) {
@@ -348,8 +369,8 @@ class Bench {
     inplace->seconds = times[1];
     if (options_.check_iters == 0) return Status::kOk;
 
-    double counts[4] = {0, 0, 0, 0};  // wrong and non-finite, out-of-place then in-place
-    double errors[2] = {0, 0};        // vNMSE, max over check iterations
+    double counts[4] = {0, 0, 0, 0};            // wrong and non-finite, out-of-place then in-place
+    double errors[2] = {0, 0};                  // vNMSE, max over check iterations
     uint64_t hashes[4] = {0, ~0ull, 0, ~0ull};  // hash and its complement per placement
     for (int c = 0; c < options_.check_iters; ++c) {
       for (int placement = 0; placement < 2; ++placement) {
@@ -374,9 +395,8 @@ class Bench {
       m->nonfinite = counts[p * 2 + 1];
       m->vnmse = errors[p];
       // Lossy results are judged by finiteness and agreement, not by distance from exact.
-      m->wrong = options_.lossy
-                     ? m->nonfinite + (m->identical ? 0.0 : static_cast<double>(count))
-                     : counts[p * 2];
+      m->wrong = options_.lossy ? m->nonfinite + (m->identical ? 0.0 : static_cast<double>(count))
+                                : counts[p * 2];
     }
     return Status::kOk;
   }
@@ -385,23 +405,23 @@ class Bench {
     std::vector<unsigned char> slots(kHostSlotBytes * job_.world_size, 0);
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
-    std::snprintf(reinterpret_cast<char*>(slots.data()) + kHostSlotBytes * job_.rank,
-                  kHostSlotBytes, "#  Rank %2d Group  0 Pid %6d on %10s %s", job_.rank,
-                  static_cast<int>(getpid()), host,
-                  buffers_.on_device() ? buffers_.description().c_str()
-                                       : "device -1 [host] host memory");
+    std::snprintf(
+        reinterpret_cast<char*>(slots.data()) + kHostSlotBytes * job_.rank, kHostSlotBytes,
+        "#  Rank %2d Group  0 Pid %6d on %10s %s", job_.rank, static_cast<int>(getpid()), host,
+        buffers_.on_device() ? buffers_.description().c_str() : "device -1 [host] host memory");
     DQ_CHECK(combine(slots.data(), slots.size(), ncclUint8, 1, ncclMax));
     if (job_.rank != 0) return Status::kOk;
     int version = 0;
     ncclGetVersion(&version);
     std::printf("# dynamiq-perf all_reduce, nccl-tests all_reduce_perf columns\n");
-    std::printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %llu(%s) warmup iters: %d "
-                "iters: %d agg iters: %d validation: %d graph: 0\n",
-                options_.min_bytes, options_.max_bytes,
-                static_cast<unsigned long long>(options_.step_factor > 1 ? options_.step_factor
-                                                                          : options_.step_bytes),
-                options_.step_factor > 1 ? "factor" : "bytes", options_.warmup_iters,
-                options_.iters, options_.agg_iters, options_.check_iters);
+    std::printf(
+        "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %llu(%s) warmup iters: %d "
+        "iters: %d agg iters: %d validation: %d graph: 0\n",
+        options_.min_bytes, options_.max_bytes,
+        static_cast<unsigned long long>(options_.step_factor > 1 ? options_.step_factor
+                                                                 : options_.step_bytes),
+        options_.step_factor > 1 ? "factor" : "bytes", options_.warmup_iters, options_.iters,
+        options_.agg_iters, options_.check_iters);
     std::printf("# NCCL version %d.%d.%d, %d ranks, %s, check: %s\n", version / 10000,
                 version % 10000 / 100, version % 100, job_.world_size,
                 buffers_.on_device() ? "device buffers" : "host buffers",
@@ -417,18 +437,21 @@ class Bench {
     std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s\n", "size", "count",
                 "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
                 "busbw", "#wrong", "oop_vNMSE", "ident", "ip_vNMSE", "ident");
-    std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s\n", "(B)",
-                "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-                "(GB/s)", "", "", "", "", "");
+    std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s\n", "(B)", "(elements)",
+                "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "", "",
+                "", "");
     std::fflush(stdout);
     return Status::kOk;
   }
 
   static std::string format_time(double us) {
     char text[32];
-    if (us < 100) std::snprintf(text, sizeof text, "%.2f", us);
-    else if (us < 10000) std::snprintf(text, sizeof text, "%.1f", us);
-    else std::snprintf(text, sizeof text, "%.0f", us);
+    if (us < 100)
+      std::snprintf(text, sizeof text, "%.2f", us);
+    else if (us < 10000)
+      std::snprintf(text, sizeof text, "%.1f", us);
+    else
+      std::snprintf(text, sizeof text, "%.0f", us);
     return text;
   }
 
@@ -437,16 +460,17 @@ class Bench {
     const size_t bytes = count * dtype_bytes(type);
     std::string line;
     char cell[96];
-    std::snprintf(cell, sizeof cell, "%12zu  %12zu  %8s  %6s  %6d", bytes, count,
-                  dtype_name(type), redop_name(op), -1);
+    std::snprintf(cell, sizeof cell, "%12zu  %12zu  %8s  %6s  %6d", bytes, count, dtype_name(type),
+                  redop_name(op), -1);
     line += cell;
     for (const Measured* m : {&oop, &ip}) {
       const double alg_bw = m->seconds > 0 ? static_cast<double>(bytes) / m->seconds / 1e9 : 0;
       const std::string wrong = options_.check_iters > 0
                                     ? std::to_string(static_cast<long long>(m->wrong))
                                     : std::string("N/A");
-      std::snprintf(cell, sizeof cell, "  %7s  %6.2f  %6.2f  %5s", format_time(m->seconds * 1e6).c_str(),
-                    alg_bw, bus_bandwidth(bytes, m->seconds), wrong.c_str());
+      std::snprintf(cell, sizeof cell, "  %7s  %6.2f  %6.2f  %5s",
+                    format_time(m->seconds * 1e6).c_str(), alg_bw, bus_bandwidth(bytes, m->seconds),
+                    wrong.c_str());
       line += cell;
     }
     for (const Measured* m : {&oop, &ip}) {

@@ -13,11 +13,11 @@ struct NamedDType {
   const char* name;
   size_t bytes;
 };
-constexpr NamedDType kDTypes[] = {
-    {DType::kInt8, "int8", 1},     {DType::kUint8, "uint8", 1},   {DType::kInt32, "int32", 4},
-    {DType::kUint32, "uint32", 4}, {DType::kInt64, "int64", 8},   {DType::kUint64, "uint64", 8},
-    {DType::kHalf, "half", 2},     {DType::kFloat, "float", 4},   {DType::kDouble, "double", 8},
-    {DType::kBfloat16, "bfloat16", 2}};
+constexpr NamedDType kDTypes[] = {{DType::kInt8, "int8", 1},     {DType::kUint8, "uint8", 1},
+                                  {DType::kInt32, "int32", 4},   {DType::kUint32, "uint32", 4},
+                                  {DType::kInt64, "int64", 8},   {DType::kUint64, "uint64", 8},
+                                  {DType::kHalf, "half", 2},     {DType::kFloat, "float", 4},
+                                  {DType::kDouble, "double", 8}, {DType::kBfloat16, "bfloat16", 2}};
 
 struct NamedOp {
   RedOp op;
@@ -49,10 +49,10 @@ bool parse_dtypes(const char* text, std::vector<DType>* out) {
   static const struct {
     const char* alias;
     DType type;
-  } kAliases[] = {{"char", DType::kInt8},     {"int", DType::kInt32},   {"fp16", DType::kHalf},
-                  {"float16", DType::kHalf},  {"fp32", DType::kFloat},  {"float32", DType::kFloat},
-                  {"fp64", DType::kDouble},   {"float64", DType::kDouble},
-                  {"bf16", DType::kBfloat16}};
+  } kAliases[] = {
+      {"char", DType::kInt8},    {"int", DType::kInt32},      {"fp16", DType::kHalf},
+      {"float16", DType::kHalf}, {"fp32", DType::kFloat},     {"float32", DType::kFloat},
+      {"fp64", DType::kDouble},  {"float64", DType::kDouble}, {"bf16", DType::kBfloat16}};
   for (const auto& d : kDTypes)
     if (std::strcmp(text, d.name) == 0) out->push_back(d.type);
   for (const auto& a : kAliases)
@@ -73,12 +73,12 @@ struct Flag {
   bool takes_value;
 };
 constexpr Flag kFlags[] = {
-    {'t', "nthreads", true},   {'g', "ngpus", true},        {'b', "minbytes", true},
-    {'e', "maxbytes", true},   {'i', "stepbytes", true},    {'f', "stepfactor", true},
-    {'n', "iters", true},      {'w', "warmup_iters", true}, {'m', "agg_iters", true},
-    {'c', "check", true},      {'o', "op", true},           {'d', "datatype", true},
-    {'a', "average", true},    {'r', "root", true},         {'z', "blocking", true},
-    {'G', "cudagraph", true},  {'h', "help", false},        {0, "lossy", false},
+    {'t', "nthreads", true},  {'g', "ngpus", true},        {'b', "minbytes", true},
+    {'e', "maxbytes", true},  {'i', "stepbytes", true},    {'f', "stepfactor", true},
+    {'n', "iters", true},     {'w', "warmup_iters", true}, {'m', "agg_iters", true},
+    {'c', "check", true},     {'o', "op", true},           {'d', "datatype", true},
+    {'a', "average", true},   {'r', "root", true},         {'z', "blocking", true},
+    {'G', "cudagraph", true}, {'h', "help", false},        {0, "lossy", false},
     {0, "memory", true}};
 
 }  // namespace
@@ -113,11 +113,25 @@ bool parse_size(const char* text, size_t* out) {
   if (errno != 0) return false;
   unsigned shift = 0;
   switch (*end) {
-    case '\0': break;
-    case 'K': case 'k': shift = 10; ++end; break;
-    case 'M': case 'm': shift = 20; ++end; break;
-    case 'G': case 'g': shift = 30; ++end; break;
-    default: return false;
+    case '\0':
+      break;
+    case 'K':
+    case 'k':
+      shift = 10;
+      ++end;
+      break;
+    case 'M':
+    case 'm':
+      shift = 20;
+      ++end;
+      break;
+    case 'G':
+    case 'g':
+      shift = 30;
+      ++end;
+      break;
+    default:
+      return false;
   }
   if (*end != '\0') return false;
   if (v > (std::numeric_limits<size_t>::max() >> shift)) return false;
@@ -147,8 +161,7 @@ const char* perf_usage() {
          "  -h, --help            print this help\n";
 }
 
-Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out,
-                          std::string* error) {
+Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, std::string* error) {
   *out = PerfOptions{};
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];
@@ -173,8 +186,10 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out,
         if (f.short_name == arg[1]) flag = &f;
       shown = std::string("-") + arg[1];
       if (flag != nullptr && arg[2] != '\0') {
-        if (!flag->takes_value) flag = nullptr;  // e.g. "-hx"
-        else value = arg + 2;                    // "-b1K"
+        if (!flag->takes_value)
+          flag = nullptr;  // e.g. "-hx"
+        else
+          value = arg + 2;  // "-b1K"
       }
     }
     if (flag == nullptr) {
@@ -189,39 +204,65 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out,
       value = argv[++i];
     }
     auto bad = [&](const char* expected) {
-      *error = "bad value '" + std::string(value) + "' for " + shown + " (expected " + expected + ")";
+      *error =
+          "bad value '" + std::string(value) + "' for " + shown + " (expected " + expected + ")";
       return Status::kInvalidArgument;
     };
     int number = 0;
     switch (flag->short_name) {
-      case 'h': out->show_help = true; return Status::kOk;
+      case 'h':
+        out->show_help = true;
+        return Status::kOk;
       case 't':
       case 'g':
         if (!parse_int(value, 1, 1, &number)) return bad("1: one thread and one GPU per process");
         break;
-      case 'b': if (!parse_size(value, &out->min_bytes)) return bad("a size such as 8, 1K, 64M"); break;
-      case 'e': if (!parse_size(value, &out->max_bytes)) return bad("a size such as 8, 1K, 64M"); break;
-      case 'i': if (!parse_size(value, &out->step_bytes)) return bad("a size such as 8, 1K, 64M"); break;
+      case 'b':
+        if (!parse_size(value, &out->min_bytes)) return bad("a size such as 8, 1K, 64M");
+        break;
+      case 'e':
+        if (!parse_size(value, &out->max_bytes)) return bad("a size such as 8, 1K, 64M");
+        break;
+      case 'i':
+        if (!parse_size(value, &out->step_bytes)) return bad("a size such as 8, 1K, 64M");
+        break;
       case 'f':
         if (!parse_int(value, 1, 1 << 20, &number)) return bad("an integer factor >= 1");
         out->step_factor = static_cast<uint64_t>(number);
         break;
-      case 'n': if (!parse_int(value, 1, 1 << 30, &out->iters)) return bad("an integer >= 1"); break;
-      case 'w': if (!parse_int(value, 0, 1 << 30, &out->warmup_iters)) return bad("an integer >= 0"); break;
-      case 'm': if (!parse_int(value, 1, 1 << 20, &out->agg_iters)) return bad("an integer >= 1"); break;
-      case 'c': if (!parse_int(value, 0, 1 << 20, &out->check_iters)) return bad("an integer >= 0"); break;
+      case 'n':
+        if (!parse_int(value, 1, 1 << 30, &out->iters)) return bad("an integer >= 1");
+        break;
+      case 'w':
+        if (!parse_int(value, 0, 1 << 30, &out->warmup_iters)) return bad("an integer >= 0");
+        break;
+      case 'm':
+        if (!parse_int(value, 1, 1 << 20, &out->agg_iters)) return bad("an integer >= 1");
+        break;
+      case 'c':
+        if (!parse_int(value, 0, 1 << 20, &out->check_iters)) return bad("an integer >= 0");
+        break;
       case 'a':
         if (!parse_int(value, 0, 3, &number)) return bad("0, 1, 2 or 3");
         out->average = static_cast<TimeAverage>(number);
         break;
-      case 'o': if (!parse_ops(value, &out->ops)) return bad("sum, prod, max, min, avg or all"); break;
+      case 'o':
+        if (!parse_ops(value, &out->ops)) return bad("sum, prod, max, min, avg or all");
+        break;
       case 'd':
         if (!parse_dtypes(value, &out->dtypes))
-          return bad("int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
+          return bad(
+              "int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
         break;
-      case 'r': if (!parse_int(value, 0, 1 << 24, &number)) return bad("a rank >= 0"); break;
-      case 'z': if (!parse_int(value, 0, 1, &number)) return bad("0 or 1"); break;
-      case 'G': if (!parse_int(value, 0, 0, &number)) return bad("0: CUDA graphs are not supported"); break;
+      case 'r':
+        if (!parse_int(value, 0, 1 << 24, &number)) return bad("a rank >= 0");
+        break;
+      case 'z':
+        if (!parse_int(value, 0, 1, &number)) return bad("0 or 1");
+        break;
+      case 'G':
+        if (!parse_int(value, 0, 0, &number)) return bad("0: CUDA graphs are not supported");
+        break;
       default:
         if (std::strcmp(flag->long_name, "lossy") == 0) {
           out->lossy = true;
@@ -250,8 +291,8 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out,
     return Status::kInvalidArgument;
   }
   if (sweep_sizes(*out).size() >= kMaxSweepSizes) {
-    *error = "the size sweep has more than " + std::to_string(kMaxSweepSizes) +
-             " sizes; raise -i or -f";
+    *error =
+        "the size sweep has more than " + std::to_string(kMaxSweepSizes) + " sizes; raise -i or -f";
     return Status::kInvalidArgument;
   }
   return Status::kOk;

@@ -11,7 +11,18 @@
 
 namespace dq::perf {
 
-enum class DType { kInt8, kUint8, kInt32, kUint32, kInt64, kUint64, kHalf, kFloat, kDouble, kBfloat16 };
+enum class DType {
+  kInt8,
+  kUint8,
+  kInt32,
+  kUint32,
+  kInt64,
+  kUint64,
+  kHalf,
+  kFloat,
+  kDouble,
+  kBfloat16
+};
 enum class RedOp { kSum, kProd, kMax, kMin, kAvg };
 enum class Memory { kAuto, kHost, kDevice };
 // How the per-rank times are combined into the printed one (nccl-tests -a).
@@ -29,7 +40,7 @@ struct PerfOptions {
   uint64_t step_factor = 1;      // multiply the size by this when > 1
   int iters = 20;
   int warmup_iters = 5;
-  int agg_iters = 1;   // operations per timed group
+  int agg_iters = 1;    // operations per timed group
   int check_iters = 1;  // 0: no validation
   TimeAverage average = TimeAverage::kMean;
   std::vector<DType> dtypes = {DType::kFloat};

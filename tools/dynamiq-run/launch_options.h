@@ -12,8 +12,8 @@ struct LaunchOptions {
   int num_ranks = 0;
   bool cpu_nccl = false;
   bool show_help = false;
-  double timeout_s = 0;  // wall-clock limit of the whole job in seconds; 0 = none
-  double grace_s = 5;    // seconds between SIGTERM and SIGKILL when the job is stopped
+  double timeout_s = 0;              // wall-clock limit of the whole job in seconds; 0 = none
+  double grace_s = 5;                // seconds between SIGTERM and SIGKILL when the job is stopped
   std::vector<std::string> command;  // PROGRAM followed by its arguments
 };
 

@@ -14,9 +14,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdarg>
 #include <chrono>
 #include <csignal>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -244,7 +244,7 @@ bool program_is_runnable(const std::string& program) {
     size_t colon = dirs.find(':', start);
     std::string dir = dirs.substr(start, colon == std::string::npos ? colon : colon - start);
     std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
-    struct stat st{};
+    struct stat st {};
     if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
         access(candidate.c_str(), X_OK) == 0)
       return true;
@@ -257,16 +257,16 @@ bool program_is_runnable(const std::string& program) {
 // The environment every rank shares; RANK and LOCAL_RANK are added per rank.
 std::vector<std::string> base_environment(const LaunchOptions& options, int master_port,
                                           const std::string& run_dir, const LibraryDirs* libs) {
-  static const char* const kOwned[] = {"RANK",        "WORLD_SIZE",      "LOCAL_RANK",
-                                       "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                       "DYNAMIQ_RUN_DIR", "GROUP_RANK",   "NODE_RANK"};
+  static const char* const kOwned[] = {
+      "RANK",        "WORLD_SIZE",      "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+      "MASTER_PORT", "DYNAMIQ_RUN_DIR", "GROUP_RANK", "NODE_RANK"};
   std::vector<std::string> env;
   std::string old_library_path;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string_view entry(*e);
     std::string_view name = entry.substr(0, entry.find('='));
-    bool owned = std::any_of(std::begin(kOwned), std::end(kOwned),
-                             [&](const char* k) { return name == k; });
+    bool owned =
+        std::any_of(std::begin(kOwned), std::end(kOwned), [&](const char* k) { return name == k; });
     if (libs != nullptr && name == "LD_LIBRARY_PATH") {
       old_library_path = std::string(entry.substr(name.size() + 1));
       continue;
@@ -473,8 +473,8 @@ class Launcher {
         if (!stopping_) {
           stopping_ = true;
           signal_all(sig == SIGINT ? SIGINT : SIGTERM);
-          kill_at_ = Clock::now() +
-                     std::chrono::milliseconds(static_cast<long>(options_.grace_s * 1000));
+          kill_at_ =
+              Clock::now() + std::chrono::milliseconds(static_cast<long>(options_.grace_s * 1000));
         }
       }
     }
@@ -500,8 +500,8 @@ class Launcher {
       }
       if (stopping_ && !killed && now >= kill_at_) {
         killed = true;
-        if (!all_reaped()) say("ranks still running %.3g s after SIGTERM; sending SIGKILL",
-                               options_.grace_s);
+        if (!all_reaped())
+          say("ranks still running %.3g s after SIGTERM; sending SIGKILL", options_.grace_s);
         signal_all(SIGKILL);
       }
       const bool any_open = std::any_of(forwarders_.begin(), forwarders_.end(),
@@ -534,8 +534,10 @@ class Launcher {
       }
       for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
-        if (owners[i] == nullptr) on_signal_fd();
-        else owners[i]->on_readable();
+        if (owners[i] == nullptr)
+          on_signal_fd();
+        else
+          owners[i]->on_readable();
       }
     }
     for (auto& f : forwarders_) f.close_and_flush();

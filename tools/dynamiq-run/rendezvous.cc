@@ -82,8 +82,8 @@ Status publish_file(const JobEnv& env, const char* key, const void* data, size_t
   put_u32(&contents, static_cast<uint32_t>(size));
   contents.append(static_cast<const char*>(data), size);
   int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) DQ_FAIL(Status::kSystemError, "rendezvous: create %s: %s", temp_path.c_str(),
-                      strerror(errno));
+  if (fd < 0)
+    DQ_FAIL(Status::kSystemError, "rendezvous: create %s: %s", temp_path.c_str(), strerror(errno));
   size_t done = 0;
   for (int attempt = 0; attempt < 1000 && done < contents.size(); ++attempt) {
     ssize_t n = write(fd, contents.data() + done, contents.size() - done);
@@ -126,8 +126,8 @@ Status wait_file(const JobEnv& env, const char* key, void* data, size_t size) {
       if (got != 8 + size || std::memcmp(buf.data(), kMagic, 4) != 0 ||
           get_u32(buf.data() + 4) != size)
         DQ_FAIL(Status::kMalformedPayload,
-                "rendezvous: %s is not a %zu-byte rendezvous record (%zu bytes read)",
-                path.c_str(), size, got);
+                "rendezvous: %s is not a %zu-byte rendezvous record (%zu bytes read)", path.c_str(),
+                size, got);
       std::memcpy(data, buf.data() + 8, size);
       return Status::kOk;
     }
@@ -234,8 +234,10 @@ Status serve_one(int fd, const char* key, const void* data, size_t size, int wor
   if (recv_all(fd, their_key, key_len, deadline) != Status::kOk)
     DQ_FAIL(Status::kMalformedPayload, "rendezvous: dropped a hello cut short");
   uint32_t code = kReplyOk;
-  if (std::strcmp(their_key, key) != 0) code = kReplyOtherKey;
-  else if (want_size != size) code = kReplyBadSize;
+  if (std::strcmp(their_key, key) != 0)
+    code = kReplyOtherKey;
+  else if (want_size != size)
+    code = kReplyBadSize;
   std::string reply(kMagic, 4);
   put_u32(&reply, code);
   if (code == kReplyOk) reply.append(static_cast<const char*>(data), size);
@@ -337,8 +339,7 @@ Status fetch_tcp(const JobEnv& env, const char* key, void* data, size_t size) {
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, kMaxBackoff);
   }
   DQ_FAIL(Status::kTimeout, "rendezvous: rank %d got no '%s' from %s:%d within %.3g s (last: %s)",
-          env.rank, key, env.master_addr.c_str(), env.master_port + 1, env.timeout_s,
-          last_problem);
+          env.rank, key, env.master_addr.c_str(), env.master_port + 1, env.timeout_s, last_problem);
 }
 
 }  // namespace
@@ -355,8 +356,8 @@ Status read_job_env(JobEnv* out) {
   if (has_rank != has_world)
     DQ_FAIL(Status::kInvalidArgument, "rendezvous: RANK and WORLD_SIZE must be set together");
   if (out->rank >= out->world_size)
-    DQ_FAIL(Status::kInvalidArgument, "rendezvous: RANK %d is not below WORLD_SIZE %d",
-            out->rank, out->world_size);
+    DQ_FAIL(Status::kInvalidArgument, "rendezvous: RANK %d is not below WORLD_SIZE %d", out->rank,
+            out->world_size);
   if (!has_local) out->local_rank = out->rank;
   if (!has_port) out->master_port = -1;
   if (const char* dir = std::getenv("DYNAMIQ_RUN_DIR")) out->run_dir = dir;
@@ -365,9 +366,10 @@ Status read_job_env(JobEnv* out) {
     char* end = nullptr;
     double v = std::strtod(t, &end);
     if (*end != '\0' || !std::isfinite(v) || v <= 0 || v > 86400)
-      DQ_FAIL(Status::kInvalidArgument,
-              "rendezvous: DYNAMIQ_RENDEZVOUS_TIMEOUT='%s' is not a number of seconds in (0, 86400]",
-              t);
+      DQ_FAIL(
+          Status::kInvalidArgument,
+          "rendezvous: DYNAMIQ_RENDEZVOUS_TIMEOUT='%s' is not a number of seconds in (0, 86400]",
+          t);
     out->timeout_s = v;
   }
   return Status::kOk;
