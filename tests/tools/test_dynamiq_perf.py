@@ -120,6 +120,43 @@ def case_lossy(a):
     check_footer(out, 3)
 
 
+def case_torchrun_env(a):
+    """No launcher: torchrun's variables only, so the TCP rendezvous on MASTER_PORT+1 is used."""
+    need_cpu_nccl(a)
+    import socket
+    build = os.path.abspath(a.build)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if k != "DYNAMIQ_RUN_DIR"}
+    base.update(LD_LIBRARY_PATH=os.path.join(build, "tools", "cpu-nccl") + ":" +
+                os.path.join(build, "plugin", "abi"), NCCL_NET_PLUGIN="dynamiq",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3",
+                DYNAMIQ_RENDEZVOUS_TIMEOUT="60")
+    procs = []
+    for rank in (2, 1, 0):
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([a.perf, "-b", "4K", "-e", "64K", "-f", "4", "-d", "int32",
+                                       "-o", "max", "-n", "2", "-w", "1"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            fail("ranks did not finish")
+        check(p.returncode == 0, f"exit {p.returncode}: {err[-1000:]}")
+        outputs.append(out)
+    rank0 = outputs[2]
+    check(outputs[0] == "" and outputs[1] == "", "ranks other than 0 printed rows")
+    prefixed = "".join("[0] " + line + "\n" for line in rank0.splitlines())
+    rows = [m.groups() for m in map(ROW.match, prefixed.splitlines()) if m]
+    check_rows(rows, 3, {("int32", "max", s) for s in (4096, 16384, 65536)}, lossy=False)
+    check_footer(prefixed, 3)
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
