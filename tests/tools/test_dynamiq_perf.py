@@ -120,6 +120,30 @@ def case_lossy(a):
     check_footer(out, 3)
 
 
+def case_corrupt_rank(a):
+    """One rank's result altered (DYNAMIQ_PERF_CORRUPT_RANK): identity and #wrong must say so."""
+    need_cpu_nccl(a)
+    sizes = (4096, 16384)
+    for lossy in (False, True):
+        cmd = [a.run, "--cpu-nccl", "-n", "3", "--timeout", "240", "--", a.perf, "-b", "4K", "-e",
+               "16K", "-f", "4", "-d", "int32", "-o", "sum", "-n", "2", "-w", "1"]
+        cmd += ["--lossy"] if lossy else []
+        env = dict(os.environ, DYNAMIQ_PERF_CORRUPT_RANK="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=270, env=env)
+        check(proc.returncode == 1, f"lossy={lossy}: exit {proc.returncode}, expected 1")
+        rows = [m.groups() for m in map(ROW.match, proc.stdout.splitlines()) if m]
+        check(sorted(int(r[0]) for r in rows) == list(sizes), f"rows {rows}")
+        for r in rows:
+            count = int(r[1])
+            # Exact mode: the one flipped element on one rank; lossy: all elements, since the
+            # ranks disagree.
+            want = str(count) if lossy else "1"
+            check(r[8] == want and r[12] == want, f"lossy={lossy}: #wrong {r[8]}, {r[12]}")
+            check(r[14] == "no" and r[16] == "no", f"lossy={lossy}: identity {r[14]}, {r[16]}")
+        check("# Out of bounds values" in proc.stdout and "FAILED" in proc.stdout, "footer")
+        check("# Results identical on all ranks : NO" in proc.stdout, "identity footer")
+
+
 def case_torchrun_env(a):
     """No launcher: torchrun's variables only, so the TCP rendezvous on MASTER_PORT+1 is used."""
     need_cpu_nccl(a)

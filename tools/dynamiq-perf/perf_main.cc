@@ -239,6 +239,8 @@ class Bench {
   }
 
   Status run(bool* all_good) {
+    if (const char* r = std::getenv("DYNAMIQ_PERF_CORRUPT_RANK"); r && *r)
+      corrupt_this_rank_ = std::atoi(r) == job_.rank;
     DQ_CHECK(buffers_.init(options_.memory, job_.local_rank));
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);
@@ -287,6 +289,10 @@ class Bench {
       std::fflush(stdout);
     }
     *all_good = wrong_total == 0 && non_identical_rows == 0;
+    // A barrier after rank 0 printed: a failing verdict makes every rank exit 1, and a
+    // launcher that stops the job at the first failure must not cut rank 0's report short.
+    double barrier = 0;
+    DQ_CHECK(combine(&barrier, 1, ncclFloat64, sizeof barrier, ncclSum));
     return Status::kOk;
   }
 
@@ -343,6 +349,9 @@ class Bench {
     }
     DQ_CHECK(buffers_.synchronize());
     DQ_CHECK(buffers_.download(host_result_.data(), recv_, bytes));
+    // Self-test of the checker: DYNAMIQ_PERF_CORRUPT_RANK=R flips the lowest bit of rank R's
+    // first result byte, which the identity check (and, for integers, #wrong) must report.
+    if (corrupt_this_rank_ && bytes > 0) host_result_[0] ^= 1;
     *out = check_result(type, op, job_.world_size, count, host_result_.data());
     return Status::kOk;
   }
@@ -493,6 +502,7 @@ class Bench {
   void* scratch_ = nullptr;
   std::vector<unsigned char> host_input_;
   std::vector<unsigned char> host_result_;
+  bool corrupt_this_rank_ = false;
 };
 
 }  // namespace
