@@ -244,7 +244,7 @@ def plot(results, path):
             if i == len(parts) - 1:
                 ax.set_xlabel("super-group L2 norm / median", fontsize=8)
             if j == 0:
-                ax.set_ylabel("fraction of super-groups", fontsize=8)
+                ax.set_ylabel("fraction of non-zero groups", fontsize=8)
     fig.suptitle("all-MiniLM-L6-v2 fine-tuning gradients: norms of 256-value\n"
                  "super-groups, real order vs randomly shuffled", fontsize=10)
     fig.tight_layout()
