@@ -48,9 +48,10 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "data" / "gradients"
 DEFAULT_SAMPLE_DIR = pathlib.Path(__file__).resolve().parent / "sample"
 
-# DDP's default bucket cap (bytes), used by the fallback layout only; the real
-# layout is read back from a DDP instance when possible.
+# DDP's default bucket caps (bytes), used by the fallback layout only; the
+# real layout is read back from a DDP instance when possible.
 DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024
+DDP_FIRST_BUCKET_CAP_BYTES = 1024 * 1024
 
 # Parameters whose gradient rows are only non-zero for the rows looked up in
 # the batch (token, position and segment embedding tables).
@@ -277,12 +278,14 @@ def ddp_layout_from_reducer(model, batch):
 
 
 def reversed_order_layout(model):
-    """Fallback: reverse model.parameters(), cut into 25 MB buckets."""
+    """Fallback: reverse model.parameters(), cut like DDP's default caps."""
     buckets, current, size = [], [], 0
     for name, p in reversed(list(model.named_parameters())):
         current.append((name, p.numel()))
         size += p.numel() * 4
-        if size >= DDP_BUCKET_CAP_BYTES:
+        cap = DDP_FIRST_BUCKET_CAP_BYTES if not buckets else \
+            DDP_BUCKET_CAP_BYTES
+        if size >= cap:
             buckets.append(current)
             current, size = [], 0
     if current:
