@@ -165,6 +165,24 @@ TEST(CpuNcclReduce, NarrowOpsEqualExactOperationRoundedOnce) {
   }
 }
 
+// Average of half / bf16: one correctly rounded division, for every rank count tried.
+TEST(CpuNcclReduce, NarrowAverageRoundsOnce) {
+  std::mt19937 gen(9);
+  for (DType dtype : {DType::kFloat16, DType::kBfloat16}) {
+    for (int n : {2, 3, 5, 7, 8, 1000}) {
+      std::vector<uint16_t> v(50000);
+      for (auto& x : v) x = static_cast<uint16_t>(gen());
+      std::vector<uint16_t> avg = v;
+      finish_average(dtype, avg.data(), avg.size(), n);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const double exact = narrow_to_double(dtype, v[i]) / n;
+        if (std::isnan(exact)) continue;
+        EXPECT_EQ(avg[i], narrow_from_double(dtype, exact)) << dtype_name(dtype) << " " << n;
+      }
+    }
+  }
+}
+
 TEST(CpuNcclReduce, FloatOpsInPlace) {
   std::vector<float> a = {1.5f, -2.0f, 3.0f}, b = {0.25f, 4.0f, -1.0f};
   reduce_elements(DType::kFloat32, RedOp::kProd, a.data(), b.data(), a.data(), 3);

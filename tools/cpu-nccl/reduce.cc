@@ -155,6 +155,31 @@ uint16_t half_from_float(float f) {
 #endif
 }
 
+// One correctly rounded double -> half conversion.
+uint16_t half_from_double(double x) {
+#if defined(__FLT16_MAX__)
+  _Float16 h = static_cast<_Float16>(x);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+#else
+  return static_cast<uint16_t>(encode(kHalf, x));
+#endif
+}
+
+// double -> float rounding to odd: a later round-to-nearest-even to a format with at least two
+// fewer mantissa bits (bf16) then rounds exactly as one direct rounding would.
+float float_round_to_odd(double x) {
+  float f = static_cast<float>(x);
+  if (static_cast<double>(f) == x || !std::isfinite(f)) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u |= 1u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 float bf16_to_float(uint16_t b) {
   uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
@@ -317,6 +342,19 @@ void finish_average(DType dtype, void* data, size_t count, int nranks) {
       double* d = static_cast<double*>(data);
       const double n = static_cast<double>(nranks);
       for (size_t i = 0; i < count; ++i) d[i] = d[i] / n;
+      return;
+    }
+    case DType::kFloat16: {
+      uint16_t* d = static_cast<uint16_t*>(data);
+      const float* table = half_table();
+      for (size_t i = 0; i < count; ++i)
+        d[i] = half_from_double(static_cast<double>(table[d[i]]) / nranks);
+      return;
+    }
+    case DType::kBfloat16: {
+      uint16_t* d = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i)
+        d[i] = f32_to_bf16_rne(float_round_to_odd(static_cast<double>(bf16_to_float(d[i])) / nranks));
       return;
     }
     default: {
