@@ -227,7 +227,7 @@ struct RecvComm {
   void Finish(RecvMsg* msg) {  // mu held; msg complete and bound
     RecvSlot* slot = msg->slot;
     if (msg->staging != nullptr) {
-      std::memcpy(slot->data, msg->staging, msg->size);
+      if (msg->size > 0) std::memcpy(slot->data, msg->staging, msg->size);
       std::free(msg->staging);
     }
     slot->received = msg->size;

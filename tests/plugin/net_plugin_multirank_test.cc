@@ -148,7 +148,7 @@ TEST_F(MultiRank, TwoProcessesExchangeBothWays) {
     ASSERT_EQ(WaitRequest(Net(), req, &got, &done, 60), dqNetSuccess);
     ASSERT_EQ(done, 1);
     EXPECT_EQ(got, static_cast<int>(size));
-    EXPECT_EQ(std::memcmp(in.data(), expect.data(), size), 0) << size;
+    EXPECT_TRUE(SameBytes(in.data(), expect.data(), size)) << size;
   }
   char back[NCCL_NET_HANDLE_MAXSIZE];
   ASSERT_EQ(read(pipefd[0], back, sizeof(back)), static_cast<ssize_t>(sizeof(back)));

@@ -190,7 +190,7 @@ TEST_F(NetPluginTest, MessageSizesFromZeroTo256MiB) {
     void* sreq = Send(out, tag);
     Finish(sreq, static_cast<int>(size));
     Finish(rreq, static_cast<int>(size));
-    EXPECT_EQ(std::memcmp(in.data(), out.data(), size), 0) << size;
+    EXPECT_TRUE(SameBytes(in.data(), out.data(), size)) << size;
     EXPECT_EQ(in[size], 0x5a) << "wrote past the message end for size " << size;
     ++tag;
   }
@@ -253,7 +253,7 @@ TEST_F(NetPluginTest, SameTagIsFifo) {
   for (int i = 0; i < 5; ++i) {
     Finish(sreq[i], static_cast<int>(out[i].size()));
     Finish(rreq[i], static_cast<int>(out[i].size()));
-    EXPECT_EQ(std::memcmp(in[i].data(), out[i].data(), out[i].size()), 0) << i;
+    EXPECT_TRUE(SameBytes(in[i].data(), out[i].data(), out[i].size())) << i;
   }
 }
 
@@ -308,7 +308,7 @@ TEST_F(NetPluginTest, GroupedReceives) {
   ASSERT_EQ(done, 1);
   for (int i = 0; i < n; ++i) {
     EXPECT_EQ(got[i], static_cast<int>(out[i].size())) << i;
-    EXPECT_EQ(std::memcmp(in[i].data(), out[i].data(), out[i].size()), 0) << i;
+    EXPECT_TRUE(SameBytes(in[i].data(), out[i].data(), out[i].size())) << i;
   }
   // More receives than maxRecvs is refused.
   std::vector<void*> d2(n + 1, in[0].data());

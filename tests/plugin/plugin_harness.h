@@ -121,6 +121,11 @@ inline dqNetResult WaitRequest(const dqNetV11* net, void* request, int* sizes, i
   return dqNetSuccess;  // *done == 0: timed out
 }
 
+// memcmp that accepts empty (possibly NULL) ranges.
+inline bool SameBytes(const void* a, const void* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n) == 0;
+}
+
 // Byte pattern that depends on a seed and the position (catches swaps and shifts).
 inline void Fill(std::vector<char>& buf, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
