@@ -77,7 +77,7 @@ class Comm {
   struct Hello;
   Status init_plugin(uint64_t comm_tag);
   // Accepts peers and connects to `handles[p]` for every p != rank until the mesh is complete.
-  // When `root_send` is set, the handles arrive first from the bootstrap root.
+  // With `handles_from_root`, the handles first arrive from the bootstrap root.
   Status build_mesh(std::vector<NetHandle>* handles, bool handles_from_root);
 
   Status ring(const CollArgs& args);
@@ -100,7 +100,6 @@ class Comm {
   std::atomic<FailKind> failure_{FailKind::kNone};
   mutable std::mutex error_mutex_;
   std::string last_error_;
-  friend class Transfers;
 };
 
 // Environment knobs (read each time a comm is created).
