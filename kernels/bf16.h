@@ -56,4 +56,13 @@ DQ_HD uint16_t f32_to_bf16_sat(float f) {
   return h;
 }
 
+// Stochastic rounding: round the magnitude up with probability (discarded bits) / 2^16, using
+// the low 16 bits of `random`. Unbiased; exact when the value is already a BF16. NaN stays NaN.
+DQ_HD uint16_t f32_to_bf16_stochastic(float f, uint32_t random) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  const uint32_t discarded = u & 0xffffu;
+  return static_cast<uint16_t>((u >> 16) + ((random & 0xffffu) < discarded ? 1u : 0u));
+}
+
 }  // namespace dq

@@ -31,12 +31,19 @@ struct ByteView {
 
 // Identifies one compression event. Every rank can rebuild it, so randomness is reproducible
 // and the CUDA kernels draw identical bits. Each worker compresses each chunk exactly once per
-// call (ring and butterfly), so `rank` is the hop index within the chunk's in-tree.
+// call (ring and butterfly), so `rank` identifies the hop within the chunk's in-tree.
+//
+// Correlated rounding stratifies the uniforms of `strata` roundings that are independent of one
+// another: tree nodes of equal height (topo::rounding_strata). A rounding must never be
+// stratified with one that fed its own input, or the estimate becomes biased; in a ring every
+// hop feeds the next, so there every class has one member and rounding stays plain.
 struct RoundingKey {
   uint64_t seed = 0;
-  uint64_t call = 0;      // per-communicator call sequence number
-  uint32_t rank = 0;      // compressing worker, 0 .. n_ranks-1
-  uint32_t n_ranks = 1;   // roundings that meet in one coordinate (correlated rounding strata)
+  uint64_t call = 0;           // per-communicator call sequence number
+  uint32_t rank = 0;           // compressing worker: keys its private uniforms
+  uint32_t stratum = 0;        // its position among the stratified roundings, 0 .. strata-1
+  uint32_t strata = 1;         // size of that set (1 = plain stochastic rounding)
+  uint32_t stratum_class = 0;  // which set (tree height): keys the shared permutation
 };
 
 class Codec {

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/bitpack.h"
 #include "kernels/payload.h"
 
 namespace dq {
@@ -37,7 +36,7 @@ void build_level_table(int bits, float eps, bool nonuniform, LevelTable* t) {
     float lo = static_cast<float>(cell) / kLevelGrid;
     int r = 0;
     while (r < L && t->level[r + 1] <= lo) ++r;
-    t->start[cell] = static_cast<uint8_t>(r);
+    t->start[cell] = r;
     // Levels strictly inside this cell: each needs one fix-up step in level_floor().
     float hi = static_cast<float>(cell + 1) / kLevelGrid;
     int inside = 0;
@@ -46,11 +45,48 @@ void build_level_table(int bits, float eps, bool nonuniform, LevelTable* t) {
     most = std::max(most, inside);
   }
   t->extra_steps = most;
+  for (int code = 0; code <= 2 * L; ++code) {
+    const int signed_mag = code - L;
+    const float mag = t->level[signed_mag < 0 ? -signed_mag : signed_mag];
+    t->decode[code] = signed_mag < 0 ? -mag : mag;
+  }
 }
 
 namespace {
 
 constexpr int kMaxInputs = 64;  // fused inputs per hop (butterfly: log2(n) + 1 <= 11)
+
+// Width-specific code (un)packing, LSB-first in coordinate order; loops the compiler vectorises.
+void unpack_supergroup(int bits, const uint8_t* in, uint8_t* codes) {
+  if (bits == 8) {
+    std::memcpy(codes, in, kSuperGroup);
+  } else if (bits == 4) {
+    for (int i = 0; i < kSuperGroup / 2; ++i) {
+      codes[2 * i] = in[i] & 15;
+      codes[2 * i + 1] = in[i] >> 4;
+    }
+  } else {
+    for (int i = 0; i < kSuperGroup / 4; ++i) {
+      codes[4 * i] = in[i] & 3;
+      codes[4 * i + 1] = (in[i] >> 2) & 3;
+      codes[4 * i + 2] = (in[i] >> 4) & 3;
+      codes[4 * i + 3] = in[i] >> 6;
+    }
+  }
+}
+
+void pack_supergroup(int bits, const uint8_t* codes, uint8_t* out) {
+  if (bits == 8) {
+    std::memcpy(out, codes, kSuperGroup);
+  } else if (bits == 4) {
+    for (int i = 0; i < kSuperGroup / 2; ++i)
+      out[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+  } else {
+    for (int i = 0; i < kSuperGroup / 4; ++i)
+      out[i] = static_cast<uint8_t>(codes[4 * i] | (codes[4 * i + 1] << 2) |
+                                    (codes[4 * i + 2] << 4) | (codes[4 * i + 3] << 6));
+  }
+}
 
 inline float load_value(const void* base, DType t, size_t i) {
   if (t == DType::kF32) return static_cast<const float*>(base)[i];
@@ -103,10 +139,14 @@ class DynamiqCodec final : public Codec {
       const double for_chunks = budget_bytes - 4.0 * static_cast<double>(n_sg_);
       const size_t by_budget = for_chunks > 0 ? static_cast<size_t>(for_chunks) / n_chunks : 0;
       // Cuts fall where a record starts: a chunk holds at most stride - 1 + max_record bytes.
-      const size_t all_min = (min_record * n_sg_ + n_chunks - 1) / n_chunks;
-      const size_t smallest = kChunkHeaderBytes + max_record - 1 + std::max<size_t>(1, all_min);
-      capacity_ = std::max(by_budget, smallest);
-      honest_ = by_budget >= smallest;
+      auto capacity_for = [&](size_t record) {
+        const size_t per_chunk = (record * n_sg_ + n_chunks - 1) / n_chunks;
+        return kChunkHeaderBytes + max_record - 1 + std::max<size_t>(1, per_chunk);
+      };
+      // Too small for the budget (a few super-groups per chunk): compressing cannot pay, so
+      // give every super-group room for the widest record rather than starving it at 2 bits.
+      honest_ = by_budget >= capacity_for(min_record);
+      capacity_ = honest_ ? by_budget : capacity_for(max_record);
       stride_ = capacity_ - kChunkHeaderBytes - max_record + 1;
     }
     mean_.assign(n_sg_, 0.0f);
@@ -233,8 +273,8 @@ class DynamiqCodec final : public Codec {
               own.count, count_);
     if (n_in < 0 || n_in > kMaxInputs)
       DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: %d inputs, at most %d", n_in, kMaxInputs);
-    if (key.n_ranks < 1 || key.rank >= key.n_ranks)
-      DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: rank %u of %u", key.rank, key.n_ranks);
+    if (key.strata < 1 || key.stratum >= key.strata)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: stratum %u of %u", key.stratum, key.strata);
     int contrib = 1;
     const uint8_t* inputs[kMaxInputs];
     for (int i = 0; i < n_in; ++i) {
@@ -388,14 +428,12 @@ class DynamiqCodec final : public Codec {
       }
       codes = rec + 2 * kGroupsPerSuperGroup;
     }
-    const uint32_t max_code = 2u * t.max_mag;
-    uint32_t bad = 0;
-    for (int k = 0; k < kSuperGroup; ++k) {
-      uint32_t c = unpack_code(codes, k, bits);
-      bad |= c > max_code ? 1u : 0u;
-      if (c > max_code) c = t.max_mag;  // never index outside the table
-      v[k] += decode_code(t, c, scale[k / kGroup]);
-    }
+    const uint8_t max_code = static_cast<uint8_t>(2 * t.max_mag);
+    uint8_t unpacked[kSuperGroup];
+    unpack_supergroup(bits, codes, unpacked);
+    uint8_t bad = 0;
+    for (int k = 0; k < kSuperGroup; ++k) bad |= unpacked[k] > max_code ? 1 : 0;
+    for (int k = 0; k < kSuperGroup; ++k) v[k] += decode_code(t, unpacked[k], scale[k / kGroup]);
     return ok && bad == 0;
   }
 
@@ -425,81 +463,112 @@ class DynamiqCodec final : public Codec {
     bool ok = true;
     for (int i = 0; i < n_in; ++i) ok &= accumulate_record(bits, recs[i], v);
     if (bits == 16) {
-      for (int k = 0; k < kSuperGroup; ++k) {
-        uint16_t h = f32_to_bf16_rne(v[k]);
-        out[2 * k] = static_cast<uint8_t>(h);
-        out[2 * k + 1] = static_cast<uint8_t>(h >> 8);
-      }
+      write_bf16_record(j, v, out, key);
       return ok;
     }
     quantize_supergroup(j, bits, v, out, key);
     return ok;
   }
 
+  // Width 16: stochastic rounding to BF16 (unbiased; exact for BF16-representable sums),
+  // with the same per-element random words as the quantised widths.
+  static void rounding_words(uint32_t j, const RoundingKey& key, uint32_t* words) {
+    const uint32_t block0 = rounding_block(static_cast<uint64_t>(j) * kSuperGroup);
+    for (int b = 0; b < kSuperGroup / 4; ++b) {
+      const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding, block0 + b);
+      words[b] = w.v[0];
+      words[64 + b] = w.v[1];
+      words[128 + b] = w.v[2];
+      words[192 + b] = w.v[3];
+    }
+  }
+
+  static void write_bf16_record(uint32_t j, const float* v, uint8_t* out, const RoundingKey& key) {
+    uint32_t words[kSuperGroup];
+    rounding_words(j, key, words);
+    for (int k = 0; k < kSuperGroup; ++k) {
+      const uint16_t h = f32_to_bf16_stochastic(v[k], words[k]);
+      out[2 * k] = static_cast<uint8_t>(h);
+      out[2 * k + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  }
+
   void quantize_supergroup(uint32_t j, int bits, const float* v, uint8_t* out,
                            const RoundingKey& key) const {
     const LevelTable& t = levels_[width_index(bits)];
-    float gmax[kGroupsPerSuperGroup];
-    float sgmax = 0.0f;
+    // Group maxima on the magnitude bit patterns: ordered like the floats, NaN above Inf.
+    uint32_t gmax_bits[kGroupsPerSuperGroup];
+    uint32_t sgmax_bits = 0;
     for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
-      float m = 0.0f;
-      for (int k = 0; k < kGroup; ++k) {
-        float a = v[g * kGroup + k];
-        a = a < 0.0f ? -a : a;
-        m = (a > m || a != a) ? a : m;  // NaN wins so it reaches the scale
+      uint32_t m = 0;
+      for (int i = 0; i < kGroup; ++i) {
+        const uint32_t a = f32_bits(v[g * kGroup + i]) & 0x7fffffffu;
+        m = a > m ? a : m;
       }
-      gmax[g] = m;
-      sgmax = (m > sgmax || m != m) ? m : sgmax;
+      gmax_bits[g] = m;
+      sgmax_bits = m > sgmax_bits ? m : sgmax_bits;
     }
     float scale[kGroupsPerSuperGroup];
     uint8_t* codes_out;
     if (opt_.hierarchical_scales) {
-      const uint16_t unit_bits = supergroup_unit_bf16(sgmax);
+      const uint16_t unit_bits = supergroup_unit_bf16(f32_from_bits(sgmax_bits));
       const float unit = bf16_to_f32(unit_bits);
       out[0] = static_cast<uint8_t>(unit_bits);
       out[1] = static_cast<uint8_t>(unit_bits >> 8);
       for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
-        const uint8_t f = group_factor(gmax[g], unit);
+        const uint8_t f = group_factor(f32_from_bits(gmax_bits[g]), unit);
         out[2 + g] = f;
         scale[g] = static_cast<float>(f) * unit;
       }
       codes_out = out + 2 + kGroupsPerSuperGroup;
     } else {
       for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
-        const uint16_t s = f32_to_bf16_up(gmax[g]);
+        const uint16_t s = f32_to_bf16_up(f32_from_bits(gmax_bits[g]));
         out[2 * g] = static_cast<uint8_t>(s);
         out[2 * g + 1] = static_cast<uint8_t>(s >> 8);
         scale[g] = bf16_to_f32(s);
       }
       codes_out = out + 2 * kGroupsPerSuperGroup;
     }
-    // Random bits: one Philox word per element keyed by (seed, call, hop = rank, element).
+    // Magnitudes and their lower levels: simple passes over local arrays so each vectorises.
+    float scale_of[kSuperGroup];
+    for (int k = 0; k < kSuperGroup; ++k) scale_of[k] = scale[k / kGroup];
+    float m[kSuperGroup];
+    int32_t r[kSuperGroup];
+    for (int k = 0; k < kSuperGroup; ++k) m[k] = magnitude_ratio(v[k], scale_of[k]);
+    for (int k = 0; k < kSuperGroup; ++k)
+      r[k] = t.start[static_cast<int>(m[k] * static_cast<float>(kLevelGrid))];
+    for (int step = 0; step < t.extra_steps; ++step)
+      for (int k = 0; k < kSuperGroup; ++k) r[k] += t.level[r[k] + 1] <= m[k] ? 1 : 0;
+    // Random words: block j*64 + b gives elements b, 64+b, 128+b, 192+b (rounding_block()).
     uint32_t words[kSuperGroup];
-    const uint64_t e0 = static_cast<uint64_t>(j) * kSuperGroup;
-    for (int b = 0; b < kSuperGroup / 4; ++b) {
-      Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
-                              static_cast<uint32_t>((e0 >> 2) + b));
-      words[4 * b] = w.v[0];
-      words[4 * b + 1] = w.v[1];
-      words[4 * b + 2] = w.v[2];
-      words[4 * b + 3] = w.v[3];
-    }
+    rounding_words(j, key, words);
     float pi[kGroupsPerSuperGroup];
-    const bool corr = opt_.correlated_rounding && key.n_ranks > 1;
-    const float strata = corr ? static_cast<float>(key.n_ranks) : 1.0f;
-    for (int g = 0; g < kGroupsPerSuperGroup; ++g)
-      pi[g] = corr ? static_cast<float>(correlated_stratum(
-                         key.seed, key.call, static_cast<uint64_t>(j) * kGroupsPerSuperGroup + g,
-                         key.rank, key.n_ranks))
-                   : 0.0f;
-    uint8_t codes[kSuperGroup];
-    for (int k = 0; k < kSuperGroup; ++k) {
-      const int g = k / kGroup;
-      const float m = magnitude_ratio(v[k], scale[g]);
-      const int mag = round_magnitude(t, m, pi[g], uniform24(words[k]), strata);
-      codes[k] = static_cast<uint8_t>(encode_code(mag, v[k] < 0.0f, t.max_mag));
+    const bool corr = opt_.correlated_rounding && key.strata > 1;
+    const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
+    if (corr) {
+      uint32_t perm_key[kGroupsPerSuperGroup];
+      const uint64_t group0 = static_cast<uint64_t>(j) * kGroupsPerSuperGroup;
+      for (int q = 0; q < kGroupsPerSuperGroup / 4; ++q) {
+        const Philox4 w = philox_draw(key.seed, key.call, key.stratum_class, kStreamPermutation,
+                                      static_cast<uint32_t>((group0 >> 2) + q));
+        for (int i = 0; i < 4; ++i) perm_key[4 * q + i] = w.v[i];
+      }
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g)
+        pi[g] = static_cast<float>(shuffle_position(perm_key[g], key.stratum, key.strata));
+    } else {
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g) pi[g] = 0.0f;
     }
-    pack_codes(codes, kSuperGroup, bits, codes_out);
+    float pi_of[kSuperGroup];
+    for (int k = 0; k < kSuperGroup; ++k) pi_of[k] = pi[k / kGroup];
+    int32_t mag[kSuperGroup];
+    for (int k = 0; k < kSuperGroup; ++k)
+      mag[k] = round_from_floor(t, m[k], r[k], pi_of[k], uniform24(words[k]), strata);
+    uint8_t codes[kSuperGroup];
+    const int L = t.max_mag;
+    for (int k = 0; k < kSuperGroup; ++k)
+      codes[k] = static_cast<uint8_t>(v[k] < 0.0f ? L - mag[k] : L + mag[k]);
+    pack_supergroup(bits, codes, codes_out);
   }
 
   DynamiqOptions opt_;

@@ -36,7 +36,8 @@ struct LevelTable {
   int extra_steps;                  // most levels inside one grid cell (fix-up iterations)
   float level[130];                 // level[L+1] = sentinel > 1
   float inv_gap[129];               // 1 / (level[r+1] - level[r]); 0 at r = L
-  uint8_t start[kLevelGrid + 1];    // largest r with level[r] <= cell / kLevelGrid
+  int32_t start[kLevelGrid + 1];    // largest r with level[r] <= cell / kLevelGrid
+  float decode[256];                // signed level of each code 0..2L (offset binary), 0 beyond
 };
 
 // Magnitude m in [0, 1] -> lower level index r with level[r] <= m < level[r+1] (r = L at m = 1).
@@ -51,10 +52,14 @@ DQ_HD int level_floor(const LevelTable& t, float m) {
 // formed as (pi + gamma) / strata: with strata = 1 it is plain unbiased rounding; with strata =
 // n and pi a shared permutation index it is correlated rounding (one u per 1/n stratum).
 // Returns the magnitude code 0..L.
-DQ_HD int round_magnitude(const LevelTable& t, float m, float pi, float gamma, float strata) {
-  int r = level_floor(t, m);
+DQ_HD int round_from_floor(const LevelTable& t, float m, int r, float pi, float gamma,
+                           float strata) {
   float frac = (m - t.level[r]) * t.inv_gap[r];
   return r + ((pi + gamma < frac * strata) ? 1 : 0);
+}
+
+DQ_HD int round_magnitude(const LevelTable& t, float m, float pi, float gamma, float strata) {
+  return round_from_floor(t, m, level_floor(t, m), pi, gamma, strata);
 }
 
 // Offset-binary code with an exact zero: sign and magnitude -> 0..2L.
@@ -63,9 +68,7 @@ DQ_HD uint32_t encode_code(int mag, bool negative, int max_mag) {
 }
 
 DQ_HD float decode_code(const LevelTable& t, uint32_t code, float scale) {
-  int signed_mag = static_cast<int>(code) - t.max_mag;
-  float mag = t.level[signed_mag < 0 ? -signed_mag : signed_mag];
-  return (signed_mag < 0 ? -mag : mag) * scale;
+  return t.decode[code & 0xffu] * scale;
 }
 
 // |v| / scale clamped to [0, 1]; NaN (from an overflowed partial sum) maps to 1 so the lookup
@@ -88,22 +91,68 @@ DQ_HD uint8_t group_factor(float gmax, float unit) {
   return static_cast<uint8_t>(g < 1 ? 1 : g);
 }
 
-// Uniform in [0,1) for element `e` of a rounding keyed (seed, call, hop): one 32-bit Philox word
-// per element, 4 elements per counter block.
+// Random bits for stochastic rounding: one 32-bit Philox word per element, keyed by
+// (seed, call, hop). Within super-group j, element k uses counter block j*64 + (k mod 64) and
+// word k / 64, so a super-group's 64 blocks yield its 256 words as four contiguous runs.
+DQ_HD uint32_t rounding_block(uint64_t element) {
+  return static_cast<uint32_t>((element >> 8) * 64 + (element & 63));
+}
+DQ_HD int rounding_word(uint64_t element) { return static_cast<int>((element >> 6) & 3); }
+
 DQ_HD float rounding_uniform(uint64_t seed, uint64_t call, uint32_t hop, uint64_t e) {
-  Philox4 w = philox_draw(seed, call, hop, kStreamRounding, static_cast<uint32_t>(e >> 2));
-  return uniform24(w.v[e & 3]);
+  Philox4 w = philox_draw(seed, call, hop, kStreamRounding, rounding_block(e));
+  return uniform24(w.v[rounding_word(e)]);
 }
 
-// Correlated rounding: stratum of hop `rank` among `strata` for group `group` (16 values).
-// pi = (rank + shift) mod strata, shift drawn from a stream shared by all hops (hop field 0), so
-// the hops that meet in one coordinate take distinct strata: a shared cyclic permutation.
-DQ_HD uint32_t correlated_stratum(uint64_t seed, uint64_t call, uint64_t group, uint32_t rank,
-                                  uint32_t strata) {
-  Philox4 w = philox_draw(seed, call, 0, kStreamPermutation, static_cast<uint32_t>(group >> 2));
-  uint32_t shift = static_cast<uint32_t>((static_cast<uint64_t>(w.v[group & 3]) * strata) >> 32);
-  uint32_t pi = rank % strata + shift;
-  return pi >= strata ? pi - strata : pi;
+// 32-bit integer mixer (murmur3 finalizer): decorrelates consecutive inputs.
+DQ_HD uint32_t mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+constexpr int kShuffleRounds = 12;  // swap-or-not rounds; pairs of outputs ~ uniform distinct
+
+// Correlated rounding: the stratum of member `member` among `strata` for group `group` (16
+// values). pi is one random permutation of 0..strata-1 per group and class, shared by the
+// class's members and evaluated pointwise with a swap-or-not shuffle (Hoang, Morris,
+// Rogaway 2012), a bijection on any domain size. Distinct hops therefore take distinct strata,
+// and a pair of hops lands on a near-uniform pair of distinct strata, so their rounding errors
+// are negatively correlated (a fixed cyclic shift would correlate neighbours positively).
+DQ_HD uint32_t shuffle_position(uint32_t key, uint32_t member, uint32_t strata) {
+  uint32_t x = member % strata;
+#if defined(__CUDACC__)
+#pragma unroll
+#else
+#pragma GCC unroll 12
+#endif
+  for (int round = 0; round < kShuffleRounds; ++round) {
+    const uint32_t round_key = mix32(key + 0x9E3779B9u * static_cast<uint32_t>(round + 1));
+    const uint32_t pivot =
+        static_cast<uint32_t>((static_cast<uint64_t>(round_key) * strata) >> 32);
+    const uint32_t partner = pivot >= x ? pivot - x : pivot + strata - x;  // (pivot - x) mod n
+    const uint32_t hi = x > partner ? x : partner;
+    x = (mix32(round_key ^ (hi * 0x27d4eb2fu)) & 1u) ? partner : x;
+  }
+  return x;
+}
+
+// The permutation key of group `group` (16 values) for one stratum class: 4 groups per Philox
+// block; the class sits in the hop field, so each class shuffles independently.
+DQ_HD uint32_t permutation_key(uint64_t seed, uint64_t call, uint32_t stratum_class,
+                               uint64_t group) {
+  return philox_draw(seed, call, stratum_class, kStreamPermutation,
+                     static_cast<uint32_t>(group >> 2))
+      .v[group & 3];
+}
+
+DQ_HD uint32_t correlated_stratum(uint64_t seed, uint64_t call, uint32_t stratum_class,
+                                  uint64_t group, uint32_t member, uint32_t strata) {
+  if (strata <= 1) return 0;
+  return shuffle_position(permutation_key(seed, call, stratum_class, group), member, strata);
 }
 
 // Statistics of one super-group in a canonical order (sequential within each group of 16,

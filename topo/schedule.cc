@@ -352,4 +352,33 @@ Status validate_schedule(const Schedule& s) {
   return Status::kOk;
 }
 
+void rounding_strata(const ChunkTree& tree, RoundingStrata* out) {
+  const int n = static_cast<int>(tree.nodes.size());
+  std::vector<int> height(n, -1);
+  // Children send before their parent, so repeated relaxation converges within n passes; the
+  // trees are small (n <= 1024) and this runs once per communicator.
+  for (int pass = 0; pass < n + 1; ++pass) {
+    bool changed = false;
+    for (int i = 0; i < n; ++i) {
+      int h = 0;
+      bool ready = true;
+      for (int c : tree.nodes[i].children) {
+        if (height[c] < 0) ready = false;
+        h = std::max(h, height[c] + 1);
+      }
+      if (ready && height[i] != h) {
+        height[i] = h;
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  out->klass = height;
+  out->member.assign(n, 0);
+  out->size.assign(n, 0);
+  std::vector<int> count(n + 1, 0);
+  for (int i = 0; i < n; ++i) out->member[i] = count[height[i]]++;  // nodes are in worker order
+  for (int i = 0; i < n; ++i) out->size[i] = count[height[i]];
+}
+
 }  // namespace dq::topo

@@ -64,6 +64,14 @@ Status validate_schedule(const Schedule& s);
 // Ring: n chunks. Butterfly: the largest power of two <= n. 0 when n is out of range.
 int chunks_for(Kind kind, int n_workers);
 
+// Correlated rounding may only stratify roundings that do not feed one another; nodes of equal
+// height (0 = leaf, else 1 + the highest child) are such a set. Per node: its class (height),
+// its position in the class (by worker) and the class size. Ring classes all have one member.
+struct RoundingStrata {
+  std::vector<int> klass, member, size;
+};
+void rounding_strata(const ChunkTree& tree, RoundingStrata* out);
+
 Status parse_kind(std::string_view name, Kind* out);  // "ring", "butterfly"
 const char* kind_name(Kind k);                        // "unknown" for an invalid value
 

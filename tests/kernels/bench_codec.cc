@@ -1,0 +1,108 @@
+// Host codec throughput on one core, in bytes of FP32 input per second, with memcpy of the same
+// bytes measured in the same run as the ceiling. Run: build/tests/kernels/bench_codec
+#include <benchmark/benchmark.h>
+#include <tbb/global_control.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "tools/dynamiq-sim/gradients.h"
+
+namespace {
+
+constexpr size_t kCount = size_t{1} << 24;  // 64 MiB of FP32: beyond the caches
+constexpr int kWorkers = 4;
+
+struct Fixture {
+  dq::sim::Matrix data;
+  std::unique_ptr<dq::Codec> codec;
+  std::vector<uint8_t> leaf, hop;
+  std::vector<float> out;
+  explicit Fixture(const char* spec) {
+    dq::sim::SyntheticSpec syn;
+    syn.rows = 2;
+    syn.cols = kCount;
+    syn.spread = 1.0;
+    dq::sim::make_synthetic(syn, &data);
+    std::string err;
+    codec = dq::make_codec(spec, &err);
+    if (!codec || codec->plan(kCount, 1, kWorkers) != dq::Status::kOk) std::abort();
+    std::vector<uint16_t> stats(codec->stats_words());
+    if (!stats.empty()) {
+      codec->local_stats(tensor(0), stats.data());
+      for (auto& w : stats) w = dq::f32_to_bf16_rne(dq::bf16_to_f32(w) * kWorkers);
+    }
+    if (codec->agree(stats.empty() ? nullptr : stats.data(), 0) != dq::Status::kOk) std::abort();
+    leaf.resize(codec->chunk_capacity());
+    hop.resize(codec->chunk_capacity());
+    out.resize(kCount);
+    if (codec->hop(0, tensor(0), nullptr, 0, leaf.data(), key(0)) != dq::Status::kOk) std::abort();
+  }
+  dq::ConstTensor tensor(int r) const { return {data.row(r), dq::DType::kF32, kCount}; }
+  // A ring hop: plain rounding (each ring hop is its own stratum class).
+  static dq::RoundingKey key(uint32_t rank) { return {1, 0, rank, 0, 1, rank}; }
+};
+
+Fixture& fixture(const char* spec) {
+  static std::vector<std::pair<std::string, std::unique_ptr<Fixture>>> cache;
+  for (auto& [s, f] : cache)
+    if (s == spec) return *f;
+  cache.emplace_back(spec, std::make_unique<Fixture>(spec));
+  return *cache.back().second;
+}
+
+void BM_memcpy(benchmark::State& state) {
+  std::vector<float> a(kCount, 1.0f), b(kCount);
+  for (auto _ : state) {
+    std::memcpy(b.data(), a.data(), kCount * 4);
+    benchmark::DoNotOptimize(b.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
+void BM_compress(benchmark::State& state, const char* spec) {
+  Fixture& f = fixture(spec);
+  for (auto _ : state)
+    if (f.codec->hop(0, f.tensor(0), nullptr, 0, f.hop.data(), Fixture::key(0)) != dq::Status::kOk)
+      state.SkipWithError("hop failed");
+  state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
+void BM_fused_hop(benchmark::State& state, const char* spec) {
+  Fixture& f = fixture(spec);
+  dq::ByteView in{f.leaf.data(), f.leaf.size()};
+  for (auto _ : state)
+    if (f.codec->hop(0, f.tensor(1), &in, 1, f.hop.data(), Fixture::key(1)) != dq::Status::kOk)
+      state.SkipWithError("hop failed");
+  state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
+void BM_decompress(benchmark::State& state, const char* spec) {
+  Fixture& f = fixture(spec);
+  for (auto _ : state)
+    if (f.codec->finish(0, dq::ByteView{f.leaf.data(), f.leaf.size()}, f.out.data(),
+                        dq::DType::kF32, dq::ReduceOp::kSum, 1) != dq::Status::kOk)
+      state.SkipWithError("finish failed");
+  state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
+}  // namespace
+
+BENCHMARK(BM_memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_compress, dynamiq5, "dynamiq:5")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_fused_hop, dynamiq5, "dynamiq:5")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_decompress, dynamiq5, "dynamiq:5")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_fused_hop, mxfp8, "mxfp8")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+int main(int argc, char** argv) {
+  // One core: the figure is per-core throughput.
+  tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

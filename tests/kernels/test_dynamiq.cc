@@ -1,0 +1,420 @@
+// DynamiQ codec tests: each assertion targets a defect that would corrupt or bias a training run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_math.h"
+#include "kernels/payload.h"
+#include "kernels/philox.h"
+
+namespace dq {
+namespace {
+
+std::unique_ptr<Codec> codec(const char* spec) {
+  std::string err;
+  auto c = make_codec(spec, &err);
+  EXPECT_TRUE(c) << err;
+  return c;
+}
+
+// Statistics all-reduce as the engine does it: BF16 words summed over ranks, rounded to BF16.
+std::vector<uint16_t> reduce_stats(Codec& c, const std::vector<std::vector<float>>& rows) {
+  std::vector<float> sum(c.stats_words(), 0.0f);
+  std::vector<uint16_t> local(c.stats_words());
+  for (const auto& r : rows) {
+    EXPECT_EQ(c.local_stats({r.data(), DType::kF32, r.size()}, local.data()), Status::kOk);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(local[i]);
+  }
+  std::vector<uint16_t> out(sum.size());
+  for (size_t i = 0; i < sum.size(); ++i) out[i] = f32_to_bf16_rne(sum[i]);
+  return out;
+}
+
+// Compresses one worker's row as a leaf and decodes it alone (parameter-server view).
+std::vector<float> leaf_roundtrip(Codec& c, const std::vector<float>& x, uint32_t rank,
+                                  uint32_t n_ranks, uint64_t seed, uint64_t call = 0) {
+  std::vector<uint8_t> payload(c.chunk_capacity());
+  RoundingKey key{seed, call, rank, rank, n_ranks, 0};  // leaves: one stratum class
+  EXPECT_EQ(c.hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, payload.data(), key),
+            Status::kOk);
+  std::vector<float> out(x.size(), -12345.0f);
+  EXPECT_EQ(c.finish(0, {payload.data(), payload.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+            Status::kOk);
+  return out;
+}
+
+std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+TEST(Philox, KnownAnswers) {
+  // Random123 known-answer vectors for philox4x32-10.
+  Philox4 a = philox4x32_10(0, 0, 0, 0, 0, 0);
+  EXPECT_EQ(a.v[0], 0x6627e8d5u);
+  EXPECT_EQ(a.v[1], 0xe169c58du);
+  EXPECT_EQ(a.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(a.v[3], 0x9b00dbd8u);
+  Philox4 b = philox4x32_10(~0u, ~0u, ~0u, ~0u, ~0u, ~0u);
+  EXPECT_EQ(b.v[0], 0x408f276du);
+  EXPECT_EQ(b.v[1], 0x41c83b0eu);
+  EXPECT_EQ(b.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(b.v[3], 0x6d5451fdu);
+  Philox4 c = philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u,
+                            0x299f31d0u);
+  EXPECT_EQ(c.v[0], 0xd16cfe09u);
+  EXPECT_EQ(c.v[1], 0x94fdccebu);
+  EXPECT_EQ(c.v[2], 0x5001e420u);
+  EXPECT_EQ(c.v[3], 0x24126ea1u);
+}
+
+TEST(Bf16, StochasticRoundingIsUnbiasedAndExactOnBf16Values) {
+  EXPECT_EQ(f32_to_bf16_stochastic(1.0f, 0u), 0x3f80);
+  EXPECT_EQ(f32_to_bf16_stochastic(1.0f, 0xffffu), 0x3f80);
+  const float x = f32_from_bits(0x3f804000u);  // a quarter of the way from 0x3f80 to 0x3f81
+  double sum = 0;
+  for (uint32_t r = 0; r < 65536; ++r) sum += bf16_to_f32(f32_to_bf16_stochastic(x, r));
+  EXPECT_DOUBLE_EQ(sum / 65536, static_cast<double>(x));  // exact over the full random range
+  EXPECT_EQ(f32_to_bf16_stochastic(-x, 0u), 0xbf81);        // magnitude rounds, sign kept
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16_stochastic(NAN, 7u))));
+}
+
+TEST(Bf16, RoundingModes) {
+  EXPECT_EQ(f32_to_bf16_rne(1.0f), 0x3f80);
+  EXPECT_EQ(f32_to_bf16_rne(f32_from_bits(0x3f808000u)), 0x3f80);  // tie to even
+  EXPECT_EQ(f32_to_bf16_rne(f32_from_bits(0x3f818000u)), 0x3f82);  // tie to even (up)
+  EXPECT_EQ(f32_to_bf16_up(f32_from_bits(0x3f800001u)), 0x3f81);   // any excess rounds up
+  EXPECT_EQ(f32_to_bf16_up(3.4e38f), 0x7f7f);                      // saturates, never Inf
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16_rne(NAN))));
+  EXPECT_TRUE(std::isinf(bf16_to_f32(f32_to_bf16_rne(INFINITY))));
+  EXPECT_EQ(f32_to_bf16_sat(3.4e38f), 0x7f7f);
+}
+
+TEST(Levels, TableIsMonotoneAndLookupMatchesLinearScan) {
+  for (int bits : {2, 4, 8})
+    for (float eps : {0.0f, 0.1f, 0.18f, 0.23f, 0.4f}) {
+      LevelTable t;
+      build_level_table(bits, eps, true, &t);
+      ASSERT_EQ(t.level[0], 0.0f);
+      ASSERT_EQ(t.level[t.max_mag], 1.0f);
+      for (int r = 0; r < t.max_mag; ++r) ASSERT_LT(t.level[r], t.level[r + 1]);
+      std::mt19937 gen(bits * 100 + static_cast<int>(eps * 100));
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      for (int i = 0; i < 20000; ++i) {
+        float m = i < 2 ? static_cast<float>(i) : (i < 2 + t.max_mag ? t.level[i - 2] : u(gen));
+        int expect = 0;
+        while (expect < t.max_mag && t.level[expect + 1] <= m) ++expect;
+        ASSERT_EQ(level_floor(t, m), expect) << "bits " << bits << " eps " << eps << " m " << m;
+      }
+    }
+}
+
+TEST(Levels, NonUniformPutsMoreLevelsNearZero) {
+  LevelTable uni, non;
+  build_level_table(8, 0.1f, false, &uni);
+  build_level_table(8, 0.1f, true, &non);
+  // Convex levels: every inner level sits below its uniform counterpart, so the gaps near zero
+  // are smaller and those near the scale larger.
+  for (int r = 1; r < 127; ++r) EXPECT_LT(non.level[r], uni.level[r]) << r;
+  EXPECT_LT(non.level[1] - non.level[0], uni.level[1] - uni.level[0]);
+  EXPECT_GT(non.level[127] - non.level[126], uni.level[127] - uni.level[126]);
+}
+
+TEST(CorrelatedRounding, TwoWorkersAtOneHalfHaveZeroVarianceSum) {
+  LevelTable t;
+  build_level_table(2, 0.23f, true, &t);  // magnitudes {0, 1}: one bit of magnitude
+  int uncorrelated_varied = 0;
+  for (uint64_t group = 0; group < 4000; ++group) {
+    int sum = 0, sum_plain = 0;
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      float pi = static_cast<float>(correlated_stratum(7, 3, 0, group, rank, 2));
+      float gamma = rounding_uniform(7, 3, rank, group * 16);
+      sum += round_magnitude(t, 0.5f, pi, gamma, 2.0f);
+      sum_plain += round_magnitude(t, 0.5f, 0.0f, gamma, 1.0f);
+    }
+    ASSERT_EQ(sum, 1) << "group " << group;
+    uncorrelated_varied += sum_plain != 1;
+  }
+  EXPECT_GT(uncorrelated_varied, 1500);  // independent rounding: sum is 0 or 2 half the time
+}
+
+TEST(CorrelatedRounding, StrataArePermutationsAndPairsAreSpread) {
+  for (uint32_t n : {2u, 3u, 5u, 16u, 100u, 1024u}) {
+    std::vector<int> pair_count(n, 0);  // distance between the strata of rank 0 and rank 1
+    for (uint64_t group = 0; group < 200; ++group) {
+      std::vector<int> seen(n, 0);
+      for (uint32_t r = 0; r < n; ++r) {
+        uint32_t s = correlated_stratum(1, 0, 0, group, r, n);
+        ASSERT_LT(s, n);
+        seen[s]++;
+      }
+      for (uint32_t s = 0; s < n; ++s) ASSERT_EQ(seen[s], 1) << "n " << n;
+      uint32_t a = correlated_stratum(1, 0, 0, group, 0, n), b = correlated_stratum(1, 0, 0, group, 1, n);
+      pair_count[(b + n - a) % n]++;
+    }
+    // A fixed cyclic shift would put every pair at distance 1; the shuffle must not.
+    if (n > 3) EXPECT_LT(*std::max_element(pair_count.begin(), pair_count.end()), 200 / 2 + 1);
+  }
+}
+
+TEST(CorrelatedRounding, CodecSumOfTwoLeavesIsExact) {
+  // Values sit exactly halfway between the 2-bit levels 0 and scale (255, an exact scale).
+  for (const char* spec : {"dynamiq:3:widths=fixed:mean=0:corr=1", "dynamiq:3:widths=fixed:mean=0:corr=0"}) {
+    auto c = codec(spec);
+    std::vector<float> x(65536, 127.5f);  // large enough for the budget's 2-bit layout
+    for (size_t k = 0; k < x.size(); k += 16) x[k] = 255.0f;
+    ASSERT_EQ(c->plan(x.size(), 1, 2), Status::kOk);
+    auto stats = reduce_stats(*c, {x, x});
+    ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
+    ASSERT_EQ(dynamiq_layout(*c).widths[0], 2);
+    double sq = 0;
+    for (uint64_t seed = 1; seed <= 20; ++seed) {
+      auto a = leaf_roundtrip(*c, x, 0, 2, seed), b = leaf_roundtrip(*c, x, 1, 2, seed);
+      for (size_t k = 0; k < x.size(); ++k) sq += std::pow(a[k] + b[k] - 2.0 * x[k], 2);
+    }
+    if (std::string(spec).find("corr=1") != std::string::npos) EXPECT_EQ(sq, 0.0) << spec;
+    else EXPECT_GT(sq, 1e6) << spec;
+  }
+}
+
+// Mean of many independent roundings stays within a few standard errors of the input.
+void expect_unbiased(const char* spec, int expected_width) {
+  auto c = codec(spec);
+  const size_t total = 256 * 64, n = 512;  // large enough for the budget; first 512 checked
+  std::vector<float> x = gaussian(total, 5);
+  for (size_t k = 256; k < n; ++k) x[k] *= 1e-3f;  // a second super-group at another scale
+  ASSERT_EQ(c->plan(total, 1, 1), Status::kOk);
+  auto stats = reduce_stats(*c, {x});
+  ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
+  ASSERT_EQ(dynamiq_layout(*c).widths[0], expected_width) << spec;
+  const int trials = 3000;
+  std::vector<double> sum(n, 0), sum_sq(n, 0);
+  for (int s = 0; s < trials; ++s) {
+    auto y = leaf_roundtrip(*c, x, 0, 1, 1000 + s);
+    y.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      sum[k] += y[k];
+      sum_sq[k] += static_cast<double>(y[k]) * y[k];
+    }
+  }
+  int outliers = 0;
+  double worst = 0;
+  for (size_t k = 0; k < n; ++k) {
+    double mean = sum[k] / trials, var = sum_sq[k] / trials - mean * mean;
+    double se = std::sqrt(std::max(var, 0.0) / trials);
+    // A rounding with p within 1/trials of 0 or 1 shows no flips, so its sample SE is 0 while
+    // its mean is off by up to a few gaps / trials: floor the SE at that resolution.
+    double sg_scale = 0;
+    for (size_t i = k / 256 * 256; i < k / 256 * 256 + 256; ++i) sg_scale = std::max(sg_scale, double(std::fabs(x[i])));
+    double z = std::fabs(mean - x[k]) / (se + sg_scale / trials);
+    worst = std::max(worst, z);
+    outliers += z > 4.0;
+  }
+  EXPECT_LE(outliers, 2) << spec << " worst z " << worst;  // 512 tests at 4 sigma: ~0.03 expected
+  EXPECT_LT(worst, 6.0) << spec;
+}
+
+TEST(Unbiased, TwoBit) { expect_unbiased("dynamiq:3:widths=fixed", 2); }
+TEST(Unbiased, FourBit) { expect_unbiased("dynamiq:5:widths=fixed", 4); }
+TEST(Unbiased, EightBit) { expect_unbiased("dynamiq:9.5:widths=fixed", 8); }
+TEST(Unbiased, EightBitUniformLevelsFlatScales) {
+  expect_unbiased("dynamiq:10:widths=fixed:levels=uniform:scales=flat", 8);
+}
+
+// Two chained hops (leaf -> root). `stratified_chain` puts both in one stratum class, which the
+// engine never does: the root's input depends on the leaf's rounding, so the root's correlated
+// uniform is not independent of what it rounds and the sum becomes biased. The test pins both
+// facts: independent classes are unbiased, a chained class is measurably not.
+int chained_hop_outliers(bool stratified_chain) {
+  auto c = codec("dynamiq:5");
+  const size_t total = 256 * 64, n = 256;  // budget-sized tensor; the first 256 are checked
+  std::vector<float> x0 = gaussian(total, 1), x1 = gaussian(total, 2);
+  EXPECT_EQ(c->plan(total, 1, 2), Status::kOk);
+  auto stats = reduce_stats(*c, {x0, x1});
+  EXPECT_EQ(c->agree(stats.data(), 0), Status::kOk);
+  std::vector<double> sum(n, 0), sq(n, 0);
+  const int trials = 3000;
+  std::vector<uint8_t> leaf(c->chunk_capacity()), root(c->chunk_capacity());
+  std::vector<float> out(total);
+  for (int s = 0; s < trials; ++s) {
+    const RoundingKey leaf_key = stratified_chain ? RoundingKey{uint64_t(s), 0, 0, 0, 2, 0}
+                                                  : RoundingKey{uint64_t(s), 0, 0, 0, 1, 0};
+    const RoundingKey root_key = stratified_chain ? RoundingKey{uint64_t(s), 0, 1, 1, 2, 0}
+                                                  : RoundingKey{uint64_t(s), 0, 1, 0, 1, 1};
+    EXPECT_EQ(c->hop(0, {x0.data(), DType::kF32, total}, nullptr, 0, leaf.data(), leaf_key), Status::kOk);
+    ByteView in{leaf.data(), leaf.size()};
+    EXPECT_EQ(c->hop(0, {x1.data(), DType::kF32, total}, &in, 1, root.data(), root_key), Status::kOk);
+    EXPECT_EQ(c->finish(0, {root.data(), root.size()}, out.data(), DType::kF32, ReduceOp::kSum, 2), Status::kOk);
+    for (size_t k = 0; k < n; ++k) {
+      sum[k] += out[k];
+      sq[k] += double(out[k]) * out[k];
+    }
+  }
+  int outliers = 0;
+  for (size_t k = 0; k < n; ++k) {
+    double mean = sum[k] / trials, se = std::sqrt((sq[k] / trials - mean * mean) / trials);
+    outliers += std::fabs(mean - (double(x0[k]) + x1[k])) > 4 * se + 1e-7;
+  }
+  return outliers;
+}
+
+TEST(Unbiased, ChainedHopsInSeparateClasses) { EXPECT_LE(chained_hop_outliers(false), 2); }
+TEST(Unbiased, StratifyingAChainIsBiased) { EXPECT_GT(chained_hop_outliers(true), 20); }
+
+TEST(Budget, CapacityIsFixedBeforeDataAndFitsTheBudget) {
+  std::mt19937 gen(3);
+  for (size_t count : {size_t{1} << 14, size_t{100000}, size_t{1} << 20, size_t{3000017}})
+    for (int chunks : {1, 2, 4, 7, 16})
+      for (double budget : {3.0, 4.0, 5.0, 6.5, 8.0}) {
+        char spec[64];
+        std::snprintf(spec, sizeof spec, "dynamiq:%g", budget);
+        auto c = codec(spec);
+        ASSERT_EQ(c->plan(count, chunks, chunks), Status::kOk);
+        const size_t capacity = c->chunk_capacity();
+        const bool honest = dynamiq_layout(*c).budget_honest;
+        if (count >= (size_t{1} << 20)) EXPECT_TRUE(honest) << count << " " << chunks << " " << budget;
+        if (honest) {
+          EXPECT_LE(c->bits_per_coord(), budget) << count << " " << chunks << " " << budget;
+          EXPECT_GT(c->bits_per_coord(), budget - 0.05 - 8.0 * (chunks * 528.0) / count);
+        }
+        // Any statistics, however extreme, give a layout that fits the fixed capacity.
+        std::vector<uint16_t> stats(c->stats_words());
+        for (int trial = 0; trial < 4; ++trial) {
+          std::lognormal_distribution<float> spread(0.0f, trial * 3.0f);
+          for (size_t j = 0; j < stats.size() / 2; ++j) {
+            stats[2 * j] = f32_to_bf16_rne(0.0f);
+            stats[2 * j + 1] = f32_to_bf16_rne(trial == 3 ? (j % 2 ? 1e30f : 0.0f) : spread(gen));
+          }
+          ASSERT_EQ(c->agree(stats.data(), trial), Status::kOk);
+          EXPECT_EQ(c->chunk_capacity(), capacity);
+        }
+      }
+}
+
+TEST(Budget, BytesProducedEqualBytesPredictedAndNothingBeyond) {
+  auto c = codec("dynamiq:5");
+  const size_t n = 70000;
+  auto x = gaussian(n, 9);
+  ASSERT_EQ(c->plan(n, 3, 3), Status::kOk);
+  const size_t cap = c->chunk_capacity();
+  auto stats = reduce_stats(*c, {x, x, x});
+  ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
+  for (int chunk = 0; chunk < 3; ++chunk) {
+    std::vector<uint8_t> buf(cap + 64, 0xA5);
+    ASSERT_EQ(c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, buf.data(), {1, 0, 0, 0, 1, 0}), Status::kOk);
+    for (size_t i = cap; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xA5) << "wrote past capacity";
+    std::vector<uint8_t> again(cap, 0x5A);
+    ASSERT_EQ(c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, again.data(), {1, 0, 0, 0, 1, 0}), Status::kOk);
+    ASSERT_EQ(0, std::memcmp(again.data(), buf.data(), cap)) << "every byte up to capacity is defined";
+  }
+}
+
+TEST(Allocation, LargerEnergyNeverGetsFewerBits) {
+  auto c = codec("dynamiq:5");
+  const size_t n = 256 * 4096;
+  ASSERT_EQ(c->plan(n, 4, 4), Status::kOk);
+  std::mt19937 gen(11);
+  std::lognormal_distribution<float> spread(0.0f, 4.0f);
+  std::vector<uint16_t> stats(c->stats_words());
+  std::vector<float> energy(n / 256);
+  for (size_t j = 0; j < energy.size(); ++j) {
+    stats[2 * j] = 0;
+    stats[2 * j + 1] = f32_to_bf16_rne(spread(gen));
+    energy[j] = bf16_to_f32(stats[2 * j + 1]);
+  }
+  ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
+  auto view = dynamiq_layout(*c);
+  int count[17] = {0};
+  for (size_t a = 0; a < energy.size(); ++a) {
+    count[view.widths[a]]++;
+    for (size_t b = a + 1; b < std::min(energy.size(), a + 64); ++b)
+      if (energy[a] > energy[b]) ASSERT_GE(view.widths[a], view.widths[b]);
+      else if (energy[a] < energy[b]) ASSERT_LE(view.widths[a], view.widths[b]);
+  }
+  EXPECT_GT(count[2], 0);  // the spread uses several widths at 5 bits
+  EXPECT_GT(count[8] + count[16], 0);
+  // Wire order: widest first, stable; chunks cover every super-group once.
+  for (size_t i = 1; i < view.n_supergroups; ++i) {
+    ASSERT_GE(view.widths[view.order[i - 1]], view.widths[view.order[i]]);
+    if (view.widths[view.order[i - 1]] == view.widths[view.order[i]])
+      ASSERT_LT(view.order[i - 1], view.order[i]);
+  }
+  EXPECT_EQ(view.chunk_first[0], 0u);
+  EXPECT_EQ(view.chunk_first[4], view.n_supergroups);
+}
+
+TEST(Determinism, SameKeySameBytesDifferentSeedDifferentBytes) {
+  auto c = codec("dynamiq:5");
+  auto x = gaussian(10000, 4);
+  ASSERT_EQ(c->plan(x.size(), 1, 2), Status::kOk);
+  auto stats = reduce_stats(*c, {x, x});
+  ASSERT_EQ(c->agree(stats.data(), 5), Status::kOk);
+  std::vector<uint8_t> a(c->chunk_capacity()), b(a.size()), d(a.size()), e(a.size());
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, a.data(), {9, 5, 1, 1, 2, 0}), Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, b.data(), {9, 5, 1, 1, 2, 0}), Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, d.data(), {10, 5, 1, 1, 2, 0}), Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, e.data(), {9, 5, 0, 0, 2, 0}), Status::kOk);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, d);
+  EXPECT_NE(a, e);  // another hop draws other random bits
+}
+
+// Re-encodes a record with only the pointwise __host__ __device__ functions (what one CUDA thread
+// per value computes) and requires the host's vectorised bytes to match exactly.
+TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
+  for (const char* spec : {"dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
+    auto c = codec(spec);
+    const size_t n = 256 * 8;
+    auto x = gaussian(n, 21);
+    ASSERT_EQ(c->plan(n, 1, 5), Status::kOk);
+    auto stats = reduce_stats(*c, {x, x, x, x, x});
+    ASSERT_EQ(c->agree(stats.data(), 77), Status::kOk);
+    auto view = dynamiq_layout(*c);
+    const int bits = view.widths[0];
+    std::vector<uint8_t> out(c->chunk_capacity());
+    const RoundingKey key{123, 77, 3, 3, 5, 2};
+    ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kOk);
+    LevelTable t;
+    const float eps = bits == 2 ? 0.23f : bits == 4 ? 0.18f : 0.1f;
+    build_level_table(bits, eps, true, &t);
+    const uint8_t* rec = out.data() + kChunkHeaderBytes;
+    for (size_t i = 0; i < view.n_supergroups; ++i, rec += record_bytes(bits, true)) {
+      const uint32_t j = view.order[i];
+      const float mu = bf16_to_f32(stats[2 * j]) / 5.0f;
+      float v[256], sgmax = 0, gmax[16] = {0};
+      for (int k = 0; k < 256; ++k) {
+        v[k] = x[j * 256 + k] - mu;
+        gmax[k / 16] = std::max(gmax[k / 16], std::fabs(v[k]));
+        sgmax = std::max(sgmax, std::fabs(v[k]));
+      }
+      const uint16_t unit_bits = supergroup_unit_bf16(sgmax);
+      ASSERT_EQ(rec[0] | (rec[1] << 8), unit_bits);
+      const float unit = bf16_to_f32(unit_bits);
+      for (int k = 0; k < 256; ++k) {
+        const int g = k / 16;
+        const uint8_t f = group_factor(gmax[g], unit);
+        ASSERT_EQ(rec[2 + g], f);
+        const float scale = static_cast<float>(f) * unit;
+        const float pi = static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class, j * 16ull + g, key.stratum, key.strata));
+        const int mag = round_magnitude(t, magnitude_ratio(v[k], scale), pi,
+                                        rounding_uniform(key.seed, key.call, key.rank, j * 256ull + k), 5.0f);
+        const uint32_t code = encode_code(mag, v[k] < 0.0f, t.max_mag);
+        const uint32_t got = (rec[18 + k * bits / 8] >> ((k * bits) % 8)) & ((1u << bits) - 1);
+        ASSERT_EQ(got, code) << spec << " sg " << j << " k " << k;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dq

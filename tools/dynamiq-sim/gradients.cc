@@ -1,0 +1,129 @@
+#include "tools/dynamiq-sim/gradients.h"
+
+#include <tbb/parallel_for.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "kernels/philox.h"
+
+namespace dq::sim {
+namespace {
+
+struct FileCloser {
+  void operator()(FILE* f) const { if (f) std::fclose(f); }
+};
+using File = std::unique_ptr<FILE, FileCloser>;
+
+// Standard normal from two Philox words (Box-Muller); host only.
+double normal(uint64_t seed, uint32_t stream, uint64_t index) {
+  Philox4 w = philox_draw(seed, index >> 32, stream, 7, static_cast<uint32_t>(index));
+  double u1 = (static_cast<double>(w.v[0]) + 1.0) / 4294967297.0;
+  double u2 = static_cast<double>(w.v[1]) / 4294967296.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+}  // namespace
+
+Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::string* error) {
+  File f(std::fopen(path.c_str(), "rb"));
+  if (!f) {
+    *error = path + ": cannot open (" + std::strerror(errno) + ")";
+    return Status::kInvalidArgument;
+  }
+  unsigned char pre[10];
+  if (std::fread(pre, 1, 10, f.get()) != 10 || std::memcmp(pre, "\x93NUMPY", 6) != 0) {
+    *error = path + ": not a .npy file (bad magic)";
+    return Status::kInvalidArgument;
+  }
+  size_t header_len = pre[8] | (pre[9] << 8);
+  if (pre[6] >= 2) {
+    unsigned char more[2];
+    if (std::fread(more, 1, 2, f.get()) != 2) {
+      *error = path + ": truncated header";
+      return Status::kInvalidArgument;
+    }
+    header_len |= static_cast<size_t>(more[0]) << 16 | static_cast<size_t>(more[1]) << 24;
+  }
+  if (header_len > 65536) {
+    *error = path + ": header too long";
+    return Status::kInvalidArgument;
+  }
+  std::string header(header_len, '\0');
+  if (std::fread(header.data(), 1, header_len, f.get()) != header_len) {
+    *error = path + ": truncated header";
+    return Status::kInvalidArgument;
+  }
+  if (header.find("'descr': '<f4'") == std::string::npos) {
+    *error = path + ": dtype must be little-endian float32 ('<f4'); header: " + header;
+    return Status::kInvalidArgument;
+  }
+  if (header.find("'fortran_order': False") == std::string::npos) {
+    *error = path + ": must be C-ordered (fortran_order False)";
+    return Status::kInvalidArgument;
+  }
+  size_t lp = header.find("'shape': (");
+  unsigned long long r = 0, c = 0;
+  if (lp == std::string::npos ||
+      std::sscanf(header.c_str() + lp, "'shape': (%llu, %llu)", &r, &c) != 2) {
+    *error = path + ": shape must have 2 dimensions [n_rows, d]; header: " + header;
+    return Status::kInvalidArgument;
+  }
+  out->rows = std::min<size_t>(r, max_rows);
+  out->cols = c;
+  out->data.resize(out->rows * out->cols);
+  size_t want = out->data.size();
+  if (std::fread(out->data.data(), 4, want, f.get()) != want) {
+    *error = path + ": data shorter than its shape " + std::to_string(r) + "x" + std::to_string(c);
+    return Status::kInvalidArgument;
+  }
+  return Status::kOk;
+}
+
+Status write_npy(const std::string& path, const Matrix& m, std::string* error) {
+  File f(std::fopen(path.c_str(), "wb"));
+  if (!f) {
+    *error = path + ": cannot create (" + std::strerror(errno) + ")";
+    return Status::kInvalidArgument;
+  }
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (" +
+                     std::to_string(m.rows) + ", " + std::to_string(m.cols) + "), }";
+  size_t total = 10 + dict.size() + 1;
+  dict.append((64 - total % 64) % 64, ' ');
+  dict.push_back('\n');
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                           static_cast<unsigned char>(dict.size() & 0xff),
+                           static_cast<unsigned char>(dict.size() >> 8)};
+  bool ok = std::fwrite(pre, 1, 10, f.get()) == 10 &&
+            std::fwrite(dict.data(), 1, dict.size(), f.get()) == dict.size() &&
+            std::fwrite(m.data.data(), 4, m.data.size(), f.get()) == m.data.size();
+  if (!ok) {
+    *error = path + ": write failed";
+    return Status::kSystemError;
+  }
+  return Status::kOk;
+}
+
+void make_synthetic(const SyntheticSpec& spec, Matrix* out) {
+  out->rows = spec.rows;
+  out->cols = spec.cols;
+  out->data.resize(spec.rows * spec.cols);
+  const size_t n_sg = (spec.cols + 255) / 256;
+  std::vector<float> sg_scale(n_sg);
+  for (size_t j = 0; j < n_sg; ++j)
+    sg_scale[j] = static_cast<float>(std::pow(10.0, spec.spread * normal(spec.seed, 0, j)));
+  const double a = std::sqrt(spec.shared), b = std::sqrt(1.0 - spec.shared);
+  tbb::parallel_for(size_t{0}, spec.rows, [&](size_t r) {
+    float* row = out->data.data() + r * spec.cols;
+    for (size_t k = 0; k < spec.cols; ++k) {
+      double common = normal(spec.seed, 1, k);
+      double own = normal(spec.seed, 2 + static_cast<uint32_t>(r), k);
+      row[k] = static_cast<float>(sg_scale[k / 256] * (a * common + b * own) * 1e-3);
+    }
+  });
+}
+
+}  // namespace dq::sim

@@ -1,0 +1,209 @@
+// dynamiq-sim: the multi-hop error simulator. Prints one result per codec x topology x n.
+#include <tbb/global_control.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tools/dynamiq-sim/gradients.h"
+#include "tools/dynamiq-sim/simulate.h"
+
+namespace {
+
+using dq::Status;
+
+constexpr const char* kUsage =
+    "usage: dynamiq-sim (--input FILE.npy | --synthetic) [options]\n"
+    "  --input FILE.npy      float32 matrix [n_rows, d]; row i is worker i's gradient\n"
+    "  --synthetic           generate gradients instead (see --dim, --spread, --shared)\n"
+    "  --dim D               synthetic length (default 1048576)\n"
+    "  --spread S            synthetic std-dev of log10 super-group norm (default 2; 0 = none)\n"
+    "  --shared F            synthetic fraction of variance shared by workers (default 0.5)\n"
+    "  --save FILE.npy       write the synthetic matrix and exit\n"
+    "  --workers N[,N...]    worker counts, 1..1024 (default 4)\n"
+    "  --topo LIST           ring,butterfly (default ring)\n"
+    "  --codec LIST          e.g. dynamiq:5,mxfp8,mxfp6,mxfp4,bf16,uniform:5 (default dynamiq:5)\n"
+    "  --op sum|avg          reduction (default sum)\n"
+    "  --seed S              rounding seed (default 1)\n"
+    "  --calls K             average over K calls (call ids 0..K-1; default 1)\n"
+    "  --per-hop             report the error of every partial sum (hop_vnmse)\n"
+    "  --threads T           worker threads (default: all cores)\n"
+    "  --format jsonl|table  output (default table)\n"
+    "  --quiet               no progress on stderr\n";
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+int usage_error(const std::string& what) {
+  std::fprintf(stderr, "dynamiq-sim: %s\n%s", what.c_str(), kUsage);
+  return 2;
+}
+
+bool parse_ulong(const char* s, unsigned long long lo, unsigned long long hi, unsigned long long* v) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long x = std::strtoull(s, &end, 10);
+  if (errno || end == s || *end || x < lo || x > hi) return false;
+  *v = x;
+  return true;
+}
+
+bool parse_double(const char* s, double lo, double hi, double* v) {
+  char* end = nullptr;
+  double x = std::strtod(s, &end);
+  if (end == s || *end || !(x >= lo && x <= hi)) return false;
+  *v = x;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string input, save, format = "table", topo_list = "ring", codec_list = "dynamiq:5";
+  std::string worker_list = "4";
+  bool synthetic = false, quiet = false;
+  dq::sim::SyntheticSpec syn;
+  dq::sim::SimOptions opt;
+  unsigned long long calls = 1, threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    unsigned long long u = 0;
+    double d = 0;
+    if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); return 0; }
+    else if (a == "--synthetic") synthetic = true;
+    else if (a == "--per-hop") opt.per_hop = true;
+    else if (a == "--quiet") quiet = true;
+    else if (!(v = value())) return usage_error(a + " needs a value");
+    else if (a == "--input") input = v;
+    else if (a == "--save") save = v;
+    else if (a == "--workers") worker_list = v;
+    else if (a == "--topo") topo_list = v;
+    else if (a == "--codec") codec_list = v;
+    else if (a == "--format") format = v;
+    else if (a == "--dim") { if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31"); syn.cols = u; }
+    else if (a == "--spread") { if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]"); syn.spread = d; }
+    else if (a == "--shared") { if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]"); syn.shared = d; }
+    else if (a == "--seed") { if (!parse_ulong(v, 0, ~0ull, &u)) return usage_error("--seed must be an unsigned integer"); opt.seed = u; syn.seed = u; }
+    else if (a == "--calls") { if (!parse_ulong(v, 1, 1000, &calls)) return usage_error("--calls must be 1..1000"); }
+    else if (a == "--threads") { if (!parse_ulong(v, 1, 1024, &threads)) return usage_error("--threads must be 1..1024"); }
+    else if (a == "--op") {
+      if (!std::strcmp(v, "sum")) opt.op = dq::ReduceOp::kSum;
+      else if (!std::strcmp(v, "avg")) opt.op = dq::ReduceOp::kAvg;
+      else return usage_error("--op must be sum or avg");
+    } else return usage_error("unknown option " + a);
+  }
+  if (format != "jsonl" && format != "table") return usage_error("--format must be jsonl or table");
+  if (input.empty() == !synthetic) return usage_error("give exactly one of --input or --synthetic");
+
+  std::vector<int> workers;
+  for (const auto& w : split(worker_list)) {
+    unsigned long long u = 0;
+    if (!parse_ulong(w.c_str(), 1, 1024, &u)) return usage_error("--workers: '" + w + "' is not in 1..1024");
+    workers.push_back(static_cast<int>(u));
+  }
+  std::vector<dq::topo::Kind> topos;
+  for (const auto& t : split(topo_list)) {
+    dq::topo::Kind k;
+    if (dq::topo::parse_kind(t, &k) != Status::kOk) return usage_error("--topo: unknown topology '" + t + "' (ring, butterfly)");
+    topos.push_back(k);
+  }
+  std::vector<std::string> codecs = split(codec_list);
+  for (const auto& c : codecs) {
+    std::string err;
+    if (!dq::make_codec(c, &err)) return usage_error("--codec: " + err);
+  }
+  if (workers.empty() || topos.empty() || codecs.empty()) return usage_error("empty --workers, --topo or --codec list");
+  std::unique_ptr<tbb::global_control> limit;
+  if (threads) limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, threads);
+
+  int max_workers = 0;
+  for (int w : workers) max_workers = std::max(max_workers, w);
+  dq::sim::Matrix m;
+  std::string err;
+  if (synthetic) {
+    syn.rows = save.empty() ? max_workers : std::max<size_t>(max_workers, syn.rows);
+    double gib = static_cast<double>(syn.rows) * syn.cols * 4 / (1 << 30);
+    if (gib > 16) return usage_error("synthetic data would need " + std::to_string(gib) + " GiB; lower --dim or --workers");
+    dq::sim::make_synthetic(syn, &m);
+    if (!save.empty()) {
+      if (dq::sim::write_npy(save, m, &err) != Status::kOk) { std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str()); return 1; }
+      std::fprintf(stderr, "dynamiq-sim: wrote %zux%zu to %s\n", m.rows, m.cols, save.c_str());
+      return 0;
+    }
+  } else {
+    if (dq::sim::read_npy(input, max_workers, &m, &err) != Status::kOk) { std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str()); return 2; }
+    if (static_cast<int>(m.rows) < max_workers) {
+      std::fprintf(stderr, "dynamiq-sim: %s has %zu rows but --workers asks for %d; give a file with at least %d rows or fewer workers\n",
+                   input.c_str(), m.rows, max_workers, max_workers);
+      return 2;
+    }
+  }
+
+  if (format == "table")
+    std::printf("%-34s %-9s %5s %12s %9s %9s %7s\n", "codec", "topo", "n", "vNMSE", "bits/crd", "wire/crd", "sec");
+  const auto start = std::chrono::steady_clock::now();
+  size_t done = 0, total = workers.size() * topos.size() * codecs.size();
+  for (int n : workers)
+    for (auto topo : topos) {
+      dq::topo::Schedule sched;
+      if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
+      std::vector<const float*> rows;
+      for (int r = 0; r < n; ++r) rows.push_back(m.row(r));
+      for (const auto& spec : codecs) {
+        auto codec = dq::make_codec(spec, &err);
+        dq::sim::SimResult sum{}, r{};
+        std::vector<double> hop;
+        for (unsigned long long call = 0; call < calls; ++call) {
+          dq::sim::SimOptions o = opt;
+          o.call = call;
+          if (dq::sim::simulate_allreduce(*codec, sched, rows, m.cols, o, nullptr, &r) != Status::kOk) {
+            std::fprintf(stderr, "dynamiq-sim: %s on %s n=%d failed\n", spec.c_str(), dq::topo::kind_name(topo), n);
+            return 1;
+          }
+          sum.vnmse += r.vnmse / calls;
+          sum.seconds += r.seconds;
+          hop.resize(r.hop_error.size());
+          for (size_t k = 0; k < hop.size(); ++k) hop[k] += r.hop_error[k] / calls;
+        }
+        ++done;
+        if (!quiet)
+          std::fprintf(stderr, "[dynamiq-sim %zu/%zu, %.1f s] %s %s n=%d\n", done, total,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                       spec.c_str(), dq::topo::kind_name(topo), n);
+        if (format == "jsonl") {
+          std::printf("{\"codec\": \"%s\", \"topo\": \"%s\", \"workers\": %d, \"d\": %zu, \"vnmse\": %.6g, "
+                      "\"bits_per_coord\": %.6g, \"wire_bits_per_coord\": %.6g, \"budget_honest\": %s, "
+                      "\"calls\": %llu, \"seed\": %llu, \"seconds\": %.3f",
+                      spec.c_str(), dq::topo::kind_name(topo), n, m.cols, sum.vnmse, r.bits_per_coord,
+                      r.wire_bits_per_coord, r.budget_honest ? "true" : "false", calls,
+                      static_cast<unsigned long long>(opt.seed), sum.seconds);
+          if (opt.per_hop) {
+            std::printf(", \"hop_vnmse\": [");
+            for (size_t k = 0; k < hop.size(); ++k) std::printf("%s%.6g", k ? ", " : "", hop[k]);
+            std::printf("]");
+          }
+          std::printf("}\n");
+        } else {
+          std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f\n", spec.c_str(), dq::topo::kind_name(topo), n,
+                      sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds);
+        }
+        std::fflush(stdout);
+      }
+    }
+  return 0;
+}

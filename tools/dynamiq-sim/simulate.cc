@@ -1,0 +1,146 @@
+#include "tools/dynamiq-sim/simulate.h"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+
+#include "kernels/bf16.h"
+#include "kernels/dynamiq_codec.h"
+
+namespace dq::sim {
+namespace {
+
+// Workers whose contributions a tree node's payload holds (itself and its whole subtree).
+void subtree_workers(const topo::ChunkTree& t, int node, std::vector<int>* out) {
+  out->push_back(t.nodes[node].worker);
+  for (int c : t.nodes[node].children) subtree_workers(t, c, out);
+}
+
+}  // namespace
+
+Status simulate_allreduce(Codec& codec, const topo::Schedule& s,
+                          const std::vector<const float*>& rows, size_t d, const SimOptions& opt,
+                          std::vector<float>* result, SimResult* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = s.n_workers;
+  if (static_cast<int>(rows.size()) < n)
+    DQ_FAIL(Status::kInvalidArgument, "simulate: %zu input rows for %d workers", rows.size(), n);
+  DQ_CHECK(codec.plan(d, s.n_chunks, n));
+
+  // The statistics all-reduce: each rank's BF16 words summed in rank order, rounded to BF16.
+  const size_t words = codec.stats_words();
+  std::vector<uint16_t> reduced(words);
+  if (words > 0) {
+    std::vector<float> sum(words, 0.0f);
+    std::vector<uint16_t> local(words);
+    for (int w = 0; w < n; ++w) {
+      DQ_CHECK(codec.local_stats(ConstTensor{rows[w], DType::kF32, d}, local.data()));
+      for (size_t i = 0; i < words; ++i) sum[i] += bf16_to_f32(local[i]);
+    }
+    for (size_t i = 0; i < words; ++i) reduced[i] = f32_to_bf16_rne(sum[i]);
+  }
+  DQ_CHECK(codec.agree(words ? reduced.data() : nullptr, opt.call));
+
+  const size_t cap = codec.chunk_capacity();
+  std::vector<float> decoded(d, 0.0f);
+  std::vector<double> hop_err(n, 0.0);
+  std::mutex hop_mutex;
+  std::atomic<int> failed{0};
+  tbb::parallel_for(0, s.n_chunks, [&](int c) {
+    const topo::ChunkTree& tree = s.trees[c];
+    std::vector<std::vector<uint8_t>> payload(tree.nodes.size());
+    std::vector<int> order(tree.nodes.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+    auto step_of = [&](int i) {
+      return tree.nodes[i].send_step < 0 ? 1 << 30 : tree.nodes[i].send_step;
+    };
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return step_of(a) < step_of(b); });
+    std::vector<ByteView> in;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    if (opt.per_hop) codec.chunk_ranges(c, &ranges);
+    std::vector<double> local_err(n, 0.0);
+    topo::RoundingStrata strata;
+    topo::rounding_strata(tree, &strata);
+    std::vector<float> partial;
+    for (int node : order) {
+      const topo::TreeNode& tn = tree.nodes[node];
+      in.clear();
+      for (int child : tn.children) in.push_back(ByteView{payload[child].data(), cap});
+      payload[node].resize(cap);
+      RoundingKey key{opt.seed, opt.call, static_cast<uint32_t>(tn.worker),
+                      static_cast<uint32_t>(strata.member[node]),
+                      static_cast<uint32_t>(strata.size[node]),
+                      static_cast<uint32_t>(strata.klass[node])};
+      if (codec.hop(c, ConstTensor{rows[tn.worker], DType::kF32, d}, in.data(),
+                    static_cast<int>(in.size()), payload[node].data(), key) != Status::kOk) {
+        failed.store(1);
+        return;
+      }
+      if (opt.per_hop) {
+        std::vector<int> who;
+        subtree_workers(tree, node, &who);
+        partial.assign(d, 0.0f);
+        if (codec.finish(c, ByteView{payload[node].data(), cap}, partial.data(), DType::kF32,
+                         ReduceOp::kSum, static_cast<int>(who.size())) != Status::kOk) {
+          failed.store(1);
+          return;
+        }
+        double err = 0;
+        for (auto [b, e] : ranges)
+          for (size_t k = b; k < e; ++k) {
+            double exact = 0;
+            for (int w : who) exact += rows[w][k];
+            double diff = partial[k] - exact;
+            err += diff * diff;
+          }
+        local_err[who.size() - 1] += err;
+      }
+      for (int child : tn.children) std::vector<uint8_t>().swap(payload[child]);
+    }
+    if (codec.finish(c, ByteView{payload[tree.sink].data(), cap}, decoded.data(), DType::kF32,
+                     opt.op, n) != Status::kOk) {
+      failed.store(1);
+      return;
+    }
+    if (opt.per_hop) {
+      std::lock_guard<std::mutex> lock(hop_mutex);
+      for (int k = 0; k < n; ++k) hop_err[k] += local_err[k];
+    }
+  });
+  if (failed.load()) DQ_FAIL(Status::kInternal, "simulate: a hop or decode failed (see above)");
+
+  // Exact FP64 reference and the error.
+  double num = 0, den = 0, den_sum = 0;
+  for (size_t k = 0; k < d; ++k) {
+    double exact = 0;
+    for (int w = 0; w < n; ++w) exact += rows[w][k];
+    den_sum += exact * exact;
+    if (opt.op == ReduceOp::kAvg) exact /= n;
+    double diff = static_cast<double>(decoded[k]) - exact;
+    num += diff * diff;
+    den += exact * exact;
+  }
+  out->vnmse = den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
+  if (num != num) out->vnmse = NAN;
+  out->bits_per_coord = codec.bits_per_coord();
+  double sent = 0;  // bytes over all workers and hops
+  for (const auto* phase : {&s.reduce, &s.gather})
+    for (const auto& step : *phase)
+      for (const auto& t : step.transfers) sent += static_cast<double>(t.chunks.size()) * cap;
+  // Statistics all-reduce as a ring: each worker sends 2(n-1)/n of the statistics bytes.
+  sent += n > 1 ? 2.0 * (n - 1) * 2.0 * words : 0.0;
+  out->wire_bits_per_coord = d ? sent / n * 8.0 / static_cast<double>(d) : 0.0;
+  out->budget_honest = dynamiq_layout(codec).n_supergroups == 0 || dynamiq_layout(codec).budget_honest;
+  out->hop_error.clear();
+  if (opt.per_hop && den_sum > 0)
+    for (int k = 0; k < n; ++k) out->hop_error.push_back(hop_err[k] / den_sum);
+  if (result) *result = std::move(decoded);
+  out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Status::kOk;
+}
+
+}  // namespace dq::sim
