@@ -12,6 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/payload.h"
 
 namespace dq {
@@ -86,6 +90,60 @@ void pack_supergroup(int bits, const uint8_t* codes, uint8_t* out) {
       out[i] = static_cast<uint8_t>(codes[4 * i] | (codes[4 * i + 1] << 2) |
                                     (codes[4 * i + 2] << 4) | (codes[4 * i + 3] << 6));
   }
+}
+
+// The level-table lookups need gathers, which GCC will not emit for every target: explicit AVX2
+// versions of the three table passes. Same IEEE operations in the same order as the pointwise
+// functions in dynamiq_math.h (tests: DeviceMath.HostRecordMatchesPointwiseReference).
+void decode_accumulate(const LevelTable& t, const uint8_t* codes, const float* scale, float* v) {
+#if defined(__AVX2__)
+  for (int k = 0; k < kSuperGroup; k += 8) {
+    __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k));
+    __m256 level = _mm256_i32gather_ps(t.decode, _mm256_cvtepu8_epi32(c8), 4);
+    __m256 prod = _mm256_mul_ps(level, _mm256_set1_ps(scale[k / kGroup]));
+    _mm256_storeu_ps(v + k, _mm256_add_ps(_mm256_loadu_ps(v + k), prod));
+  }
+#else
+  for (int k = 0; k < kSuperGroup; ++k) v[k] += decode_code(t, codes[k], scale[k / kGroup]);
+#endif
+}
+
+void level_floors(const LevelTable& t, const float* m, int32_t* r) {
+#if defined(__AVX2__)
+  const __m256 grid = _mm256_set1_ps(static_cast<float>(kLevelGrid));
+  for (int k = 0; k < kSuperGroup; k += 8) {
+    const __m256 mk = _mm256_loadu_ps(m + k);
+    __m256i rk = _mm256_i32gather_epi32(t.start, _mm256_cvttps_epi32(_mm256_mul_ps(mk, grid)), 4);
+    for (int step = 0; step < t.extra_steps; ++step) {
+      const __m256 next = _mm256_i32gather_ps(t.level + 1, rk, 4);
+      rk = _mm256_sub_epi32(rk, _mm256_castps_si256(_mm256_cmp_ps(next, mk, _CMP_LE_OQ)));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k), rk);
+  }
+#else
+  for (int k = 0; k < kSuperGroup; ++k) r[k] = level_floor(t, m[k]);
+#endif
+}
+
+void round_magnitudes(const LevelTable& t, const float* m, const int32_t* r, const float* pi,
+                      const uint32_t* words, float strata, int32_t* mag) {
+#if defined(__AVX2__)
+  const __m256 vstrata = _mm256_set1_ps(strata), two24 = _mm256_set1_ps(0x1p-24f);
+  for (int k = 0; k < kSuperGroup; k += 8) {
+    const __m256i rk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k));
+    const __m256 level = _mm256_i32gather_ps(t.level, rk, 4);
+    const __m256 inv_gap = _mm256_i32gather_ps(t.inv_gap, rk, 4);
+    const __m256 frac = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(m + k), level), inv_gap);
+    const __m256i w = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + k)), 8);
+    const __m256 gamma = _mm256_mul_ps(_mm256_cvtepi32_ps(w), two24);
+    const __m256 lhs = _mm256_add_ps(_mm256_set1_ps(pi[k / kGroup]), gamma);
+    const __m256 up = _mm256_cmp_ps(lhs, _mm256_mul_ps(frac, vstrata), _CMP_LT_OQ);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mag + k), _mm256_sub_epi32(rk, _mm256_castps_si256(up)));
+  }
+#else
+  for (int k = 0; k < kSuperGroup; ++k)
+    mag[k] = round_from_floor(t, m[k], r[k], pi[k / kGroup], uniform24(words[k]), strata);
+#endif
 }
 
 inline float load_value(const void* base, DType t, size_t i) {
@@ -433,7 +491,7 @@ class DynamiqCodec final : public Codec {
     unpack_supergroup(bits, codes, unpacked);
     uint8_t bad = 0;
     for (int k = 0; k < kSuperGroup; ++k) bad |= unpacked[k] > max_code ? 1 : 0;
-    for (int k = 0; k < kSuperGroup; ++k) v[k] += decode_code(t, unpacked[k], scale[k / kGroup]);
+    decode_accumulate(t, unpacked, scale, v);
     return ok && bad == 0;
   }
 
@@ -536,10 +594,7 @@ class DynamiqCodec final : public Codec {
     float m[kSuperGroup];
     int32_t r[kSuperGroup];
     for (int k = 0; k < kSuperGroup; ++k) m[k] = magnitude_ratio(v[k], scale_of[k]);
-    for (int k = 0; k < kSuperGroup; ++k)
-      r[k] = t.start[static_cast<int>(m[k] * static_cast<float>(kLevelGrid))];
-    for (int step = 0; step < t.extra_steps; ++step)
-      for (int k = 0; k < kSuperGroup; ++k) r[k] += t.level[r[k] + 1] <= m[k] ? 1 : 0;
+    level_floors(t, m, r);
     // Random words: block j*64 + b gives elements b, 64+b, 128+b, 192+b (rounding_block()).
     uint32_t words[kSuperGroup];
     rounding_words(j, key, words);
@@ -559,11 +614,8 @@ class DynamiqCodec final : public Codec {
     } else {
       for (int g = 0; g < kGroupsPerSuperGroup; ++g) pi[g] = 0.0f;
     }
-    float pi_of[kSuperGroup];
-    for (int k = 0; k < kSuperGroup; ++k) pi_of[k] = pi[k / kGroup];
     int32_t mag[kSuperGroup];
-    for (int k = 0; k < kSuperGroup; ++k)
-      mag[k] = round_from_floor(t, m[k], r[k], pi_of[k], uniform24(words[k]), strata);
+    round_magnitudes(t, m, r, pi, words, strata, mag);
     uint8_t codes[kSuperGroup];
     const int L = t.max_mag;
     for (int k = 0; k < kSuperGroup; ++k)

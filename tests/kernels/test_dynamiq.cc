@@ -374,13 +374,15 @@ TEST(Determinism, SameKeySameBytesDifferentSeedDifferentBytes) {
 TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
   for (const char* spec : {"dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
     auto c = codec(spec);
-    const size_t n = 256 * 8;
+    const size_t n = 256 * 64;  // budget-sized, so the fixed width follows the budget
     auto x = gaussian(n, 21);
     ASSERT_EQ(c->plan(n, 1, 5), Status::kOk);
     auto stats = reduce_stats(*c, {x, x, x, x, x});
     ASSERT_EQ(c->agree(stats.data(), 77), Status::kOk);
     auto view = dynamiq_layout(*c);
+    ASSERT_TRUE(view.budget_honest);
     const int bits = view.widths[0];
+    ASSERT_TRUE(bits == 2 || bits == 4 || bits == 8) << spec;
     std::vector<uint8_t> out(c->chunk_capacity());
     const RoundingKey key{123, 77, 3, 3, 5, 2};
     ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kOk);

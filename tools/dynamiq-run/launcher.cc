@@ -288,6 +288,8 @@ std::vector<std::string> base_environment(const LaunchOptions& options, int mast
     env.push_back("LD_LIBRARY_PATH=" + path);
     env.push_back("NCCL_NET_PLUGIN=dynamiq");
     env.push_back("DYNAMIQ_CPU_NCCL=1");
+    // Every rank runs on this host: keep the plugin's traffic on loopback unless told otherwise.
+    if (std::getenv("DYNAMIQ_NET_IFNAME") == nullptr) env.push_back("DYNAMIQ_NET_IFNAME=lo");
   }
   return env;
 }
