@@ -387,8 +387,7 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
     const RoundingKey key{123, 77, 3, 3, 5, 2};
     ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kOk);
     LevelTable t;
-    const float eps = bits == 2 ? 0.23f : bits == 4 ? 0.18f : 0.1f;
-    build_level_table(bits, eps, true, &t);
+    build_level_table(bits, DynamiqOptions{}.eps[bits == 2 ? 0 : bits == 4 ? 1 : 2], true, &t);
     const uint8_t* rec = out.data() + kChunkHeaderBytes;
     for (size_t i = 0; i < view.n_supergroups; ++i, rec += record_bytes(bits, true)) {
       const uint32_t j = view.order[i];
