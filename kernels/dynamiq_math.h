@@ -124,7 +124,7 @@ constexpr int kShuffleRounds = 12;  // swap-or-not rounds; pairs of outputs ~ un
 // are negatively correlated (a fixed cyclic shift would correlate neighbours positively).
 DQ_HD uint32_t shuffle_position(uint32_t key, uint32_t member, uint32_t strata) {
   uint32_t x = member % strata;
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)
 #pragma unroll
 #else
 #pragma GCC unroll 12

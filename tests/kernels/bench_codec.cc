@@ -9,7 +9,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
-#include "tools/dynamiq-sim/gradients.h"
+#include "tools/sim/gradients.h"
 
 namespace {
 

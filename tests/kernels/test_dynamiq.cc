@@ -163,7 +163,9 @@ TEST(CorrelatedRounding, StrataArePermutationsAndPairsAreSpread) {
       pair_count[(b + n - a) % n]++;
     }
     // A fixed cyclic shift would put every pair at distance 1; the shuffle must not.
-    if (n > 3) EXPECT_LT(*std::max_element(pair_count.begin(), pair_count.end()), 200 / 2 + 1);
+    if (n > 3) {
+      EXPECT_LT(*std::max_element(pair_count.begin(), pair_count.end()), 200 / 2 + 1);
+    }
   }
 }
 
@@ -182,8 +184,11 @@ TEST(CorrelatedRounding, CodecSumOfTwoLeavesIsExact) {
       auto a = leaf_roundtrip(*c, x, 0, 2, seed), b = leaf_roundtrip(*c, x, 1, 2, seed);
       for (size_t k = 0; k < x.size(); ++k) sq += std::pow(a[k] + b[k] - 2.0 * x[k], 2);
     }
-    if (std::string(spec).find("corr=1") != std::string::npos) EXPECT_EQ(sq, 0.0) << spec;
-    else EXPECT_GT(sq, 1e6) << spec;
+    if (std::string(spec).find("corr=1") != std::string::npos) {
+      EXPECT_EQ(sq, 0.0) << spec;
+    } else {
+      EXPECT_GT(sq, 1e6) << spec;
+    }
   }
 }
 
@@ -282,7 +287,9 @@ TEST(Budget, CapacityIsFixedBeforeDataAndFitsTheBudget) {
         ASSERT_EQ(c->plan(count, chunks, chunks), Status::kOk);
         const size_t capacity = c->chunk_capacity();
         const bool honest = dynamiq_layout(*c).budget_honest;
-        if (count >= (size_t{1} << 20)) EXPECT_TRUE(honest) << count << " " << chunks << " " << budget;
+        if (count >= (size_t{1} << 20)) {
+          EXPECT_TRUE(honest) << count << " " << chunks << " " << budget;
+        }
         if (honest) {
           EXPECT_LE(c->bits_per_coord(), budget) << count << " " << chunks << " " << budget;
           EXPECT_GT(c->bits_per_coord(), budget - 0.05 - 8.0 * (chunks * 528.0) / count);
@@ -338,16 +345,20 @@ TEST(Allocation, LargerEnergyNeverGetsFewerBits) {
   for (size_t a = 0; a < energy.size(); ++a) {
     count[view.widths[a]]++;
     for (size_t b = a + 1; b < std::min(energy.size(), a + 64); ++b)
-      if (energy[a] > energy[b]) ASSERT_GE(view.widths[a], view.widths[b]);
-      else if (energy[a] < energy[b]) ASSERT_LE(view.widths[a], view.widths[b]);
+      if (energy[a] > energy[b]) {
+        ASSERT_GE(view.widths[a], view.widths[b]);
+      } else if (energy[a] < energy[b]) {
+        ASSERT_LE(view.widths[a], view.widths[b]);
+      }
   }
   EXPECT_GT(count[2], 0);  // the spread uses several widths at 5 bits
   EXPECT_GT(count[8] + count[16], 0);
   // Wire order: widest first, stable; chunks cover every super-group once.
   for (size_t i = 1; i < view.n_supergroups; ++i) {
     ASSERT_GE(view.widths[view.order[i - 1]], view.widths[view.order[i]]);
-    if (view.widths[view.order[i - 1]] == view.widths[view.order[i]])
+    if (view.widths[view.order[i - 1]] == view.widths[view.order[i]]) {
       ASSERT_LT(view.order[i - 1], view.order[i]);
+    }
   }
   EXPECT_EQ(view.chunk_first[0], 0u);
   EXPECT_EQ(view.chunk_first[4], view.n_supergroups);

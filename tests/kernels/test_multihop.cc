@@ -11,8 +11,8 @@
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/payload.h"
-#include "tools/dynamiq-sim/gradients.h"
-#include "tools/dynamiq-sim/simulate.h"
+#include "tools/sim/gradients.h"
+#include "tools/sim/simulate.h"
 #include "topo/schedule.h"
 
 namespace dq {
@@ -208,7 +208,9 @@ TEST(Malformed, TruncatedAndCorruptedPayloadsAreRejected) {
         ASSERT_EQ(c->finish(0, in, again.data(), DType::kF32, ReduceOp::kSum, 1), Status::kOk);
         ASSERT_EQ(0, std::memcmp(again.data(), reference.data(), n * 4)) << spec << " len " << len;
       }
-      if (len <= kChunkHeaderBytes + 32) ASSERT_NE(hs, Status::kOk) << spec << " len " << len;
+      if (len <= kChunkHeaderBytes + 32) {
+        ASSERT_NE(hs, Status::kOk) << spec << " len " << len;
+      }
     }
     // Header corruption: each header byte flipped must be caught.
     for (size_t b = 0; b < kChunkHeaderBytes; ++b) {

@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/dynamiq-perf/perf_options.h"
-#include "tools/dynamiq-run/launch_options.h"
+#include "tools/perf/perf_options.h"
+#include "tools/run/launch_options.h"
 
 namespace dq {
 namespace {

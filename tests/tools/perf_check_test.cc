@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "tools/dynamiq-perf/perf_check.h"
+#include "tools/perf/perf_check.h"
 
 namespace dq::perf {
 namespace {

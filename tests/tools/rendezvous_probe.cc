@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "tools/dynamiq-run/rendezvous.h"
+#include "tools/run/rendezvous.h"
 
 int main(int argc, char** argv) {
   const char* key = argc > 1 ? argv[1] : "probe-id";

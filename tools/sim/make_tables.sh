@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates the simulator figures of docs/RESULTS.md into docs/results/*.jsonl.
-# Usage: tools/dynamiq-sim/make_tables.sh [build-dir]   (about 5 minutes on 2 cores)
+# Usage: tools/sim/make_tables.sh [build-dir]   (about 5 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-sim="${1:-build}/tools/dynamiq-sim/dynamiq-sim"
+sim="${1:-build}/tools/dynamiq-sim"
 out=docs/results
 mkdir -p "$out"
 codecs=dynamiq:5,mxfp8,mxfp6,mxfp4,uniform:5,bf16

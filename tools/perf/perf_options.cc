@@ -1,4 +1,4 @@
-#include "tools/dynamiq-perf/perf_options.h"
+#include "tools/perf/perf_options.h"
 
 #include <cerrno>
 #include <cstdlib>

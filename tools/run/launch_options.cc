@@ -1,4 +1,4 @@
-#include "tools/dynamiq-run/launch_options.h"
+#include "tools/run/launch_options.h"
 
 #include <cerrno>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "tools/dynamiq-run/rendezvous.h"
+#include "tools/run/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

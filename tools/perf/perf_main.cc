@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "tools/dynamiq-perf/perf_check.h"
-#include "tools/dynamiq-perf/perf_options.h"
-#include "tools/dynamiq-run/rendezvous.h"
+#include "tools/perf/perf_check.h"
+#include "tools/perf/perf_options.h"
+#include "tools/run/rendezvous.h"
 
 namespace dq::perf {
 namespace {

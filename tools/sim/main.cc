@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/dynamiq-sim/gradients.h"
-#include "tools/dynamiq-sim/simulate.h"
+#include "tools/sim/gradients.h"
+#include "tools/sim/simulate.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "tools/dynamiq-sim/gradients.h"
+#include "tools/sim/gradients.h"
 
 #include <tbb/parallel_for.h>
 

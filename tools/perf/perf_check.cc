@@ -1,4 +1,4 @@
-#include "tools/dynamiq-perf/perf_check.h"
+#include "tools/perf/perf_check.h"
 
 #include <algorithm>
 #include <bit>

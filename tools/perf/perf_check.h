@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tools/dynamiq-perf/perf_options.h"
+#include "tools/perf/perf_options.h"
 
 namespace dq::perf {
 

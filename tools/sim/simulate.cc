@@ -1,4 +1,4 @@
-#include "tools/dynamiq-sim/simulate.h"
+#include "tools/sim/simulate.h"
 
 #include <tbb/parallel_for.h>
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "tools/dynamiq-run/launch_options.h"
+#include "tools/run/launch_options.h"
 
 extern char** environ;
 
@@ -213,13 +213,13 @@ struct LibraryDirs {
 };
 
 // The CPU NCCL (<build>/tools/cpu-nccl) and the plugin (<build>/plugin/abi), found relative to
-// this executable (<build>/tools/dynamiq-run/dynamiq-run).
+// this executable (<build>/tools/dynamiq-run).
 Status locate_cpu_nccl(LibraryDirs* dirs, std::string* error) {
   namespace fs = std::filesystem;
   fs::path here = executable_dir();
   std::error_code ec;
-  fs::path nccl = fs::weakly_canonical(here / ".." / "cpu-nccl", ec);
-  fs::path plugin = fs::weakly_canonical(here / ".." / ".." / "plugin" / "abi", ec);
+  fs::path nccl = fs::weakly_canonical(here / "cpu-nccl", ec);
+  fs::path plugin = fs::weakly_canonical(here / ".." / "plugin" / "abi", ec);
   if (!fs::exists(nccl / "libnccl.so.2")) {
     *error = "--cpu-nccl: " + (nccl / "libnccl.so.2").string() +
              " does not exist (build tools/cpu-nccl first)";
