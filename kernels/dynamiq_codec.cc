@@ -97,10 +97,20 @@ void pack_supergroup(int bits, const uint8_t* codes, uint8_t* out) {
 // functions in dynamiq_math.h (tests: DeviceMath.HostRecordMatchesPointwiseReference).
 void decode_accumulate(const LevelTable& t, const uint8_t* codes, const float* scale, float* v) {
 #if defined(__AVX2__)
+  // Tables of up to 16 entries live in two registers (vpermps); 8-bit codes need a gather.
+  const __m256 lo = _mm256_loadu_ps(t.decode), hi = _mm256_loadu_ps(t.decode + 8);
+  const bool small = t.max_mag <= 7;
   for (int k = 0; k < kSuperGroup; k += 8) {
-    __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k));
-    __m256 level = _mm256_i32gather_ps(t.decode, _mm256_cvtepu8_epi32(c8), 4);
-    __m256 prod = _mm256_mul_ps(level, _mm256_set1_ps(scale[k / kGroup]));
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
+    __m256 level;
+    if (small) {
+      const __m256 from_lo = _mm256_permutevar8x32_ps(lo, c), from_hi = _mm256_permutevar8x32_ps(hi, c);
+      const __m256 use_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(c, _mm256_set1_epi32(7)));
+      level = _mm256_blendv_ps(from_lo, from_hi, use_hi);
+    } else {
+      level = _mm256_i32gather_ps(t.decode, c, 4);
+    }
+    const __m256 prod = _mm256_mul_ps(level, _mm256_set1_ps(scale[k / kGroup]));
     _mm256_storeu_ps(v + k, _mm256_add_ps(_mm256_loadu_ps(v + k), prod));
   }
 #else
@@ -110,6 +120,16 @@ void decode_accumulate(const LevelTable& t, const uint8_t* codes, const float* s
 
 void level_floors(const LevelTable& t, const float* m, int32_t* r) {
 #if defined(__AVX2__)
+  if (t.max_mag <= 7) {  // r = number of levels 1..L at or below m: same as the table lookup
+    for (int k = 0; k < kSuperGroup; k += 8) {
+      const __m256 mk = _mm256_loadu_ps(m + k);
+      __m256i rk = _mm256_setzero_si256();
+      for (int i = 1; i <= t.max_mag; ++i)
+        rk = _mm256_sub_epi32(rk, _mm256_castps_si256(_mm256_cmp_ps(_mm256_set1_ps(t.level[i]), mk, _CMP_LE_OQ)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k), rk);
+    }
+    return;
+  }
   const __m256 grid = _mm256_set1_ps(static_cast<float>(kLevelGrid));
   for (int k = 0; k < kSuperGroup; k += 8) {
     const __m256 mk = _mm256_loadu_ps(m + k);
@@ -129,10 +149,18 @@ void round_magnitudes(const LevelTable& t, const float* m, const int32_t* r, con
                       const uint32_t* words, float strata, int32_t* mag) {
 #if defined(__AVX2__)
   const __m256 vstrata = _mm256_set1_ps(strata), two24 = _mm256_set1_ps(0x1p-24f);
+  const bool small = t.max_mag <= 7;
+  const __m256 level_lo = _mm256_loadu_ps(t.level), gap_lo = _mm256_loadu_ps(t.inv_gap);
   for (int k = 0; k < kSuperGroup; k += 8) {
     const __m256i rk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k));
-    const __m256 level = _mm256_i32gather_ps(t.level, rk, 4);
-    const __m256 inv_gap = _mm256_i32gather_ps(t.inv_gap, rk, 4);
+    __m256 level, inv_gap;
+    if (small) {  // r in 0..7: the tables fit one register each
+      level = _mm256_permutevar8x32_ps(level_lo, rk);
+      inv_gap = _mm256_permutevar8x32_ps(gap_lo, rk);
+    } else {
+      level = _mm256_i32gather_ps(t.level, rk, 4);
+      inv_gap = _mm256_i32gather_ps(t.inv_gap, rk, 4);
+    }
     const __m256 frac = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(m + k), level), inv_gap);
     const __m256i w = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + k)), 8);
     const __m256 gamma = _mm256_mul_ps(_mm256_cvtepi32_ps(w), two24);
@@ -589,11 +617,12 @@ class DynamiqCodec final : public Codec {
       codes_out = out + 2 * kGroupsPerSuperGroup;
     }
     // Magnitudes and their lower levels: simple passes over local arrays so each vectorises.
-    float scale_of[kSuperGroup];
-    for (int k = 0; k < kSuperGroup; ++k) scale_of[k] = scale[k / kGroup];
     float m[kSuperGroup];
     int32_t r[kSuperGroup];
-    for (int k = 0; k < kSuperGroup; ++k) m[k] = magnitude_ratio(v[k], scale_of[k]);
+    for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+      const float s = scale[g];
+      for (int i = 0; i < kGroup; ++i) m[g * kGroup + i] = magnitude_ratio(v[g * kGroup + i], s);
+    }
     level_floors(t, m, r);
     // Random words: block j*64 + b gives elements b, 64+b, 128+b, 192+b (rounding_block()).
     uint32_t words[kSuperGroup];
