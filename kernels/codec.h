@@ -70,6 +70,9 @@ class Codec {
   // Bytes per coordinate actually carried by one full copy of the compressed vector
   // (all chunk messages plus the statistics), times 8 / count.
   double bits_per_coord() const;
+  // False when the tensor is too small for the budget (the plan then exceeds it; callers should
+  // pass such tensors through uncompressed). Fixed by plan().
+  virtual bool fits_budget() const { return true; }
 
   // Fused hop: out = compress(own + sum_i decode(in[i])) for the elements of `chunk`.
   // n_in == 0 is the leaf compression. `out` has chunk_capacity() bytes.

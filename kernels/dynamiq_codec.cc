@@ -350,6 +350,7 @@ class DynamiqCodec final : public Codec {
   }
 
   size_t chunk_capacity() const override { return capacity_; }
+  bool fits_budget() const override { return honest_; }
 
   Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
              const RoundingKey& key) const override {

@@ -287,6 +287,7 @@ TEST(Budget, CapacityIsFixedBeforeDataAndFitsTheBudget) {
         ASSERT_EQ(c->plan(count, chunks, chunks), Status::kOk);
         const size_t capacity = c->chunk_capacity();
         const bool honest = dynamiq_layout(*c).budget_honest;
+        EXPECT_EQ(c->fits_budget(), honest);
         if (count >= (size_t{1} << 20)) {
           EXPECT_TRUE(honest) << count << " " << chunks << " " << budget;
         }

@@ -9,7 +9,6 @@
 #include <mutex>
 
 #include "kernels/bf16.h"
-#include "kernels/dynamiq_codec.h"
 
 namespace dq::sim {
 namespace {
@@ -134,7 +133,7 @@ Status simulate_allreduce(Codec& codec, const topo::Schedule& s,
   // Statistics all-reduce as a ring: each worker sends 2(n-1)/n of the statistics bytes.
   sent += n > 1 ? 2.0 * (n - 1) * 2.0 * words : 0.0;
   out->wire_bits_per_coord = d ? sent / n * 8.0 / static_cast<double>(d) : 0.0;
-  out->budget_honest = dynamiq_layout(codec).n_supergroups == 0 || dynamiq_layout(codec).budget_honest;
+  out->budget_honest = codec.fits_budget();
   out->hop_error.clear();
   if (opt.per_hop && den_sum > 0)
     for (int k = 0; k < n; ++k) out->hop_error.push_back(hop_err[k] / den_sum);
