@@ -82,6 +82,10 @@ def parse_args(argv):
     p.add_argument("--total-steps", type=int, default=80,
                    help="length of the training run (steps); every --steps "
                         "entry must be below it")
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="end the run after this step (the learning-rate "
+                        "schedule still follows --total-steps), e.g. to dump "
+                        "many workers at an early step without training on")
     p.add_argument("--train-batch", type=int, default=32,
                    help="global batch per optimizer step (sentences)")
     p.add_argument("--micro-batch", type=int, default=8,
@@ -126,6 +130,9 @@ def parse_args(argv):
         p.error("--train-batch must be a multiple of --micro-batch")
     if not args.steps or args.steps[0] < 0 or args.steps[-1] >= args.total_steps:
         p.error("--steps must lie within [0, --total-steps)")
+    if args.stop_after is not None and not (
+            args.steps[-1] <= args.stop_after < args.total_steps):
+        p.error("--stop-after must lie within [last of --steps, --total-steps)")
     if args.sample_steps is None:
         args.sample_steps = sorted({args.steps[0], args.steps[-1]})
     else:
@@ -467,7 +474,9 @@ def main(argv=None):
     }
     written = []
     t_train = time.time()
-    for step in range(args.total_steps):
+    last_step = args.total_steps - 1 if args.stop_after is None else \
+        args.stop_after
+    for step in range(last_step + 1):
         batch_ids = stream.take(args.train_batch)
         loss_value = 0.0
         if step in dump_steps:
@@ -532,7 +541,7 @@ def main(argv=None):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        if step % 10 == 0 or step == args.total_steps - 1:
+        if step % 10 == 0 or step == last_step:
             LOG.info("step %d/%d: train loss %.4f (%.1fs elapsed)", step,
                      args.total_steps, loss_value, time.time() - t_train)
         if args.eval_every and step % args.eval_every == 0 and \
@@ -542,10 +551,10 @@ def main(argv=None):
                             "val_loss": val_loss})
             LOG.info("step %d: val acc %.4f", step, val_acc)
     val_acc, val_loss = evaluate(model, tokenizer, val, args.seq_len)
-    history.append({"step": args.total_steps, "val_accuracy": val_acc,
+    history.append({"step": last_step + 1, "val_accuracy": val_acc,
                     "val_loss": val_loss})
     LOG.info("final: val acc %.4f, val loss %.4f after %d steps", val_acc,
-             val_loss, args.total_steps)
+             val_loss, last_step + 1)
     summary = dict(common_meta, dumped_steps=written, history=history,
                    layout=layout, seconds=time.time() - t_start)
     (args.out / "corpus.json").write_text(json.dumps(summary, indent=1))
