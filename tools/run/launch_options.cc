@@ -1,5 +1,6 @@
 #include "tools/run/launch_options.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -47,14 +48,66 @@ SplitArg split_arg(const char* arg) {
   return s;
 }
 
+// Variables the launcher itself gives every rank; --rank-env may not replace them.
+constexpr const char* kLauncherOwned[] = {
+    "RANK",        "WORLD_SIZE",      "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    "MASTER_PORT", "DYNAMIQ_RUN_DIR", "GROUP_RANK", "NODE_RANK"};
+
+bool valid_env_name(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  return true;
+}
+
+// A host name or address: no spaces, no control characters, not empty, at most 253 bytes.
+bool valid_host(const char* text) {
+  size_t n = std::strlen(text);
+  if (n == 0 || n > 253) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (std::isspace(static_cast<unsigned char>(text[i])) ||
+        std::iscntrl(static_cast<unsigned char>(text[i])))
+      return false;
+  return true;
+}
+
 }  // namespace
 
+std::string expand_rank(const std::string& pattern, int rank) {
+  static const std::string kToken = "{rank}";
+  const std::string value = std::to_string(rank);
+  std::string out;
+  size_t start = 0;
+  for (size_t guard = 0; guard <= pattern.size(); ++guard) {
+    size_t at = pattern.find(kToken, start);
+    if (at == std::string::npos) break;
+    out.append(pattern, start, at - start);
+    out += value;
+    start = at + kToken.size();
+  }
+  out.append(pattern, start, std::string::npos);
+  return out;
+}
+
+std::string rank_netns_path(const std::string& pattern, int rank) {
+  std::string name = expand_rank(pattern, rank);
+  if (name.find('/') != std::string::npos) return name;
+  return "/run/netns/" + name;
+}
+
 const char* launch_usage() {
-  return "usage: dynamiq-run -n N [--cpu-nccl] [--timeout S] [--grace S] -- PROGRAM [ARGS...]\n"
+  return "usage: dynamiq-run -n N [--cpu-nccl] [--timeout S] [--grace S] [--master-addr A]\n"
+         "                   [--rank-netns PATTERN] [--rank-env NAME=VALUE]... "
+         "-- PROGRAM [ARGS...]\n"
          "  -n, --nproc N   number of local ranks to start (1..1024)\n"
          "  --cpu-nccl      run on the CPU NCCL and the dynamiq net plugin of this build\n"
          "  --timeout S     stop every rank and exit 124 after S seconds\n"
          "  --grace S       seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
+         "  --master-addr A MASTER_ADDR of every rank (default 127.0.0.1)\n"
+         "  --rank-netns P  start rank r in network namespace P with {rank} replaced by r\n"
+         "                  (an `ip netns` name, or a path such as /proc/PID/ns/net)\n"
+         "  --rank-env NAME=VALUE  set NAME in each rank, {rank} in VALUE replaced by the\n"
+         "                  rank (repeatable; the last one for a NAME wins)\n"
          "  -h, --help      print this help\n";
 }
 
@@ -116,6 +169,38 @@ Status parse_launch_options(int argc, const char* const* argv, LaunchOptions* ou
                  "' (expected seconds > 0, at most 86400)";
         return Status::kInvalidArgument;
       }
+    } else if (split.name == "--master-addr") {
+      if (!take_value(&value) || !valid_host(value)) {
+        *error = "--master-addr needs a host name or address (no spaces)";
+        return Status::kInvalidArgument;
+      }
+      out->master_addr = value;
+    } else if (split.name == "--rank-netns") {
+      if (!take_value(&value) || *value == '\0') {
+        *error = "--rank-netns needs a namespace name or path pattern, e.g. 'bench-{rank}'";
+        return Status::kInvalidArgument;
+      }
+      out->rank_netns = value;
+    } else if (split.name == "--rank-env") {
+      if (!take_value(&value)) {
+        *error = "--rank-env needs NAME=VALUE";
+        return Status::kInvalidArgument;
+      }
+      const char* eq = std::strchr(value, '=');
+      std::string name = eq ? std::string(value, eq - value) : std::string(value);
+      if (eq == nullptr || !valid_env_name(name)) {
+        *error = std::string("bad --rank-env '") + value +
+                 "' (expected NAME=VALUE, NAME of letters, digits and _)";
+        return Status::kInvalidArgument;
+      }
+      for (const char* owned : kLauncherOwned) {
+        if (name == owned) {
+          *error = "--rank-env cannot set " + name + ": the launcher sets it" +
+                   (name == "MASTER_ADDR" ? " (use --master-addr)" : "");
+          return Status::kInvalidArgument;
+        }
+      }
+      out->rank_env.emplace_back(value);
     } else {
       *error = std::string("unknown option '") + arg + "'";
       return Status::kInvalidArgument;

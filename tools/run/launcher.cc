@@ -2,8 +2,11 @@
 // returns the first failure, stops the other ranks when one fails and enforces a timeout.
 // One thread, one poll() loop over the ranks' pipes and a signalfd; nothing spins.
 #include <fcntl.h>
+#include <linux/nsfs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -279,7 +282,7 @@ std::vector<std::string> base_environment(const LaunchOptions& options, int mast
   env.push_back("LOCAL_WORLD_SIZE=" + world);
   env.push_back("GROUP_RANK=0");
   env.push_back("NODE_RANK=0");
-  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back("MASTER_ADDR=" + options.master_addr);
   env.push_back("MASTER_PORT=" + std::to_string(master_port));
   env.push_back("DYNAMIQ_RUN_DIR=" + run_dir);
   if (libs != nullptr) {
@@ -292,6 +295,40 @@ std::vector<std::string> base_environment(const LaunchOptions& options, int mast
     if (std::getenv("DYNAMIQ_NET_IFNAME") == nullptr) env.push_back("DYNAMIQ_NET_IFNAME=lo");
   }
   return env;
+}
+
+// Sets NAME=VALUE in env, replacing an entry of the same NAME.
+void set_env_entry(std::vector<std::string>* env, const std::string& entry) {
+  const std::string prefix = entry.substr(0, entry.find('=') + 1);
+  env->erase(std::remove_if(
+                 env->begin(), env->end(),
+                 [&](const std::string& e) { return e.compare(0, prefix.size(), prefix) == 0; }),
+             env->end());
+  env->push_back(entry);
+}
+
+// Opens the network namespace file of every rank (--rank-netns) and checks that it is one, so a
+// typo fails before any rank starts. The descriptors are close-on-exec.
+Status open_rank_namespaces(const LaunchOptions& options, std::vector<int>* fds,
+                            std::string* error) {
+  fds->assign(options.num_ranks, -1);
+  if (options.rank_netns.empty()) return Status::kOk;
+  for (int r = 0; r < options.num_ranks; ++r) {
+    const std::string path = rank_netns_path(options.rank_netns, r);
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      *error = "--rank-netns: cannot open " + path + " for rank " + std::to_string(r) + ": " +
+               strerror(errno) + " (create it with `ip netns add`)";
+      return Status::kInvalidArgument;
+    }
+    (*fds)[r] = fd;
+    if (ioctl(fd, NS_GET_NSTYPE) != CLONE_NEWNET) {
+      *error =
+          "--rank-netns: " + path + " (rank " + std::to_string(r) + ") is not a network namespace";
+      return Status::kInvalidArgument;
+    }
+  }
+  return Status::kOk;
 }
 
 class Launcher {
@@ -311,19 +348,35 @@ class Launcher {
         return kExitUsage;
       }
     }
+    std::string netns_error;
+    if (open_rank_namespaces(options_, &netns_fds_, &netns_error) != Status::kOk) {
+      say("%s", netns_error.c_str());
+      close_namespaces();
+      return kExitUsage;
+    }
     int master_port = 0;
-    if (find_free_port(&master_port) != Status::kOk) return 1;
-    if (make_run_dir() != Status::kOk) return 1;
+    if (find_free_port(&master_port) != Status::kOk || make_run_dir() != Status::kOk) {
+      close_namespaces();
+      return 1;
+    }
     int code = 1;
     if (setup_signals() == Status::kOk) {
       env_ = base_environment(options_, master_port, run_dir_, options_.cpu_nccl ? &libs : nullptr);
       code = spawn_all() == Status::kOk ? supervise() : stop_after_spawn_failure();
     }
     remove_run_dir();
+    close_namespaces();
     return code;
   }
 
  private:
+  void close_namespaces() {
+    for (int& fd : netns_fds_) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+  }
+
   Status make_run_dir() {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/dynamiq-run.XXXXXX";
@@ -370,6 +423,12 @@ class Launcher {
     std::vector<std::string> env = env_;
     env.push_back("RANK=" + std::to_string(rank));
     env.push_back("LOCAL_RANK=" + std::to_string(rank));
+    for (const auto& entry : options_.rank_env) set_env_entry(&env, expand_rank(entry, rank));
+    const int netns_fd = netns_fds_[rank];
+    const std::string netns_failed =
+        "dynamiq-run: rank " + std::to_string(rank) + " cannot enter network namespace " +
+        (options_.rank_netns.empty() ? std::string() : rank_netns_path(options_.rank_netns, rank)) +
+        ": ";
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -394,6 +453,14 @@ class Launcher {
       dup2(err_pipe[1], STDERR_FILENO);
       signal(SIGPIPE, SIG_DFL);
       sigprocmask(SIG_SETMASK, &original_mask_, nullptr);
+      if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) {
+        const char* why = strerror(errno);
+        ssize_t ignored = write(STDERR_FILENO, netns_failed.data(), netns_failed.size());
+        ignored = write(STDERR_FILENO, why, strlen(why));
+        ignored = write(STDERR_FILENO, "\n", 1);
+        (void)ignored;
+        _exit(kExitCannotRun);
+      }
       execvpe(argv[0], argv.data(), envp.data());
       const char* reason = strerror(errno);
       ssize_t ignored = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
@@ -559,6 +626,7 @@ class Launcher {
 
   const LaunchOptions& options_;
   std::vector<std::string> env_;
+  std::vector<int> netns_fds_;  // per rank, -1 without --rank-netns
   std::string run_dir_;
   sigset_t handled_{};
   sigset_t original_mask_{};

@@ -1,0 +1,341 @@
+#!/usr/bin/env bash
+# 4-rank all-reduce over rate-limited links: network namespaces + veth + bridge + tc tbf.
+#
+#   tools/bench/netns_allreduce.sh [options]      (as root; see --help)
+#
+# Topology (a star, like ranks on one switch): a hub namespace dq-bench-hub holds a bridge
+# dqbr; each rank r has a namespace dq-bench-r whose only link dqr<r> (198.18.0.<r+1>/24, RFC
+# 2544 benchmark range) is a veth to dqh<r> on the bridge. Nothing is created in the host
+# namespace, so host interfaces, routes and firewalls are untouched. Each rank link is shaped
+# to RATE in both directions with a token bucket filter on each end's egress: dqr<r> (rank ->
+# switch) and dqh<r> (switch -> rank), i.e. what a rank's NIC port sees.
+#
+# Runs, in this order, in one invocation (each with a bounded timeout):
+#   iperf3      one TCP stream rank 0 -> rank 1 (the link's reference rate)
+#   pt-float    dynamiq-perf FP32 pass-through (no shim): checks correctness and busbw
+#   pt-bf16     dynamiq-perf BF16 pass-through (no shim)
+#   bf16        allreduce_client.py: the FP32 data converted to BF16, plain NCCL (no shim)
+#   fp32        allreduce_client.py: the FP32 data, plain NCCL (no shim)
+#   dynamiq5    allreduce_client.py: FP32 through the shim, DYNAMIQ_CODEC=dynamiq BITS=5
+#   mxfp8       allreduce_client.py: FP32 through the shim, DYNAMIQ_CODEC=mxfp8
+# and writes OUT/result.json, OUT/result.md and each run's log.
+set -u -o pipefail
+
+usage() {
+  cat <<'EOF'
+usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w WARMUP]
+                          [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [--no-limit] [--keep]
+  -B BUILD    meson build folder (default: build)
+  -o OUT      output folder (default: /tmp/dq-netns-bench)
+  -r RATE     tc rate of each rank link, each direction (default 1gbit; tc syntax)
+  -s SIZE     FP32 bytes per rank (default 256M)
+  -k ITERS    timed all-reduces per mode (default 5); the median is reported
+  -w WARMUP   untimed all-reduces before them (default 1)
+  -m MODES    comma list from iperf3,pt-float,pt-bf16,bf16,fp32,dynamiq5,mxfp8
+              (default iperf3,pt-float,pt-bf16,bf16,dynamiq5,mxfp8)
+  -t TIMEOUT  seconds allowed to each run (default 900)
+  -d DATA     allreduce_client.py input: sample (real gradients, tiled) or synthetic
+  --no-limit  no tc shaping (same namespaces): shows whether the CPU or the link limits
+  --keep      leave the namespaces up at the end (tear down with: netns_allreduce.sh --down)
+  --down      only tear down what an earlier run left
+EOF
+}
+
+BUILD=build
+OUT=/tmp/dq-netns-bench
+RATE=1gbit
+SIZE=256M
+ITERS=5
+WARMUP=1
+MODES=iperf3,pt-float,pt-bf16,bf16,dynamiq5,mxfp8
+RUN_TIMEOUT=900
+DATA=sample
+LIMIT=1
+KEEP=0
+DOWN_ONLY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -B) BUILD=$2; shift 2 ;;
+    -o) OUT=$2; shift 2 ;;
+    -r) RATE=$2; shift 2 ;;
+    -s) SIZE=$2; shift 2 ;;
+    -k) ITERS=$2; shift 2 ;;
+    -w) WARMUP=$2; shift 2 ;;
+    -m) MODES=$2; shift 2 ;;
+    -t) RUN_TIMEOUT=$2; shift 2 ;;
+    -d) DATA=$2; shift 2 ;;
+    --no-limit) LIMIT=0; shift ;;
+    --keep) KEEP=1; shift ;;
+    --down) DOWN_ONLY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "netns_allreduce.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+readonly NRANKS=4
+readonly PREFIX=dq-bench
+readonly HUB=$PREFIX-hub
+readonly BRIDGE=dqbr
+readonly SUBNET=198.18.0
+# tbf: burst 256 KiB holds four 64 KiB GSO segments (a veth passes TSO/GSO super-packets; a
+# bucket smaller than one would make tbf split or drop them) and is 2.1 ms at 1 Gbit/s;
+# latency 20 ms bounds the queue (about 2.5 MB at 1 Gbit/s) so TCP sees drops, not bufferbloat.
+readonly TBF_BURST=256kb
+readonly TBF_LATENCY=20ms
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SRC_ROOT=$(cd "$SCRIPT_DIR/../.." && pwd)
+readonly SCRIPT_DIR SRC_ROOT
+
+say() { echo "netns_allreduce: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+ns_names() {
+  local r
+  for ((r = 0; r < NRANKS; r++)); do echo "$PREFIX-$r"; done
+  echo "$HUB"
+}
+
+# Removes only what this script creates (its namespace names); deleting a namespace deletes
+# its veth ends and bridge with it.
+teardown() {
+  local ns
+  for ns in $(ns_names); do
+    if ip netns list | awk '{print $1}' | grep -qx -- "$ns"; then
+      ip netns pids "$ns" 2>/dev/null | while read -r pid; do
+        [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
+      done
+      ip netns del "$ns" 2>/dev/null || say "could not delete namespace $ns"
+    fi
+  done
+}
+
+[ "$(id -u)" = 0 ] || die "needs root (network namespaces and tc)"
+if [ "$DOWN_ONLY" = 1 ]; then teardown; exit 0; fi
+
+for tool in ip tc python3 timeout; do
+  command -v "$tool" >/dev/null || die "$tool not found"
+done
+case "$BUILD" in /*) ;; *) BUILD=$(pwd)/$BUILD ;; esac
+RUN=$BUILD/tools/dynamiq-run
+PERF=$BUILD/tools/dynamiq-perf
+SHIM=$BUILD/shim/libdynamiq.so
+CLIENT=$SCRIPT_DIR/allreduce_client.py
+[ -x "$RUN" ] || die "$RUN not found: build first (meson compile -C $BUILD)"
+[ -f "$BUILD/tools/cpu-nccl/libnccl.so.2" ] || die "$BUILD/tools/cpu-nccl/libnccl.so.2 not built"
+mkdir -p "$OUT" || die "cannot create $OUT"
+rm -f "$OUT"/*.log "$OUT"/result.json "$OUT"/result.md "$OUT"/results.jsonl
+
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+on_exit() {
+  local code=$?
+  if [ "$KEEP" = 1 ]; then
+    say "namespaces kept (--keep); remove them with: $0 --down"
+  else
+    teardown
+  fi
+  exit "$code"
+}
+trap on_exit EXIT
+trap 'say "interrupted"; exit 130' INT
+trap 'say "terminated"; exit 143' TERM HUP
+
+setup() {
+  local r ns
+  teardown  # a previous run that was killed outright may have left its namespaces
+  ip netns add "$HUB" || die "ip netns add $HUB failed"
+  ip -n "$HUB" link set lo up
+  ip -n "$HUB" link add "$BRIDGE" type bridge || die "cannot create bridge in $HUB"
+  ip -n "$HUB" link set "$BRIDGE" up
+  for ((r = 0; r < NRANKS; r++)); do
+    ns=$PREFIX-$r
+    ip netns add "$ns" || die "ip netns add $ns failed"
+    ip -n "$ns" link set lo up
+    ip -n "$HUB" link add "dqh$r" type veth peer name "dqr$r" netns "$ns" ||
+      die "cannot create veth dqh$r/dqr$r"
+    ip -n "$HUB" link set "dqh$r" master "$BRIDGE"
+    ip -n "$HUB" link set "dqh$r" up
+    ip -n "$ns" addr add "$SUBNET.$((r + 1))/24" dev "dqr$r"
+    ip -n "$ns" link set "dqr$r" up
+    if [ "$LIMIT" = 1 ]; then
+      tc -n "$ns" qdisc replace dev "dqr$r" root tbf rate "$RATE" burst "$TBF_BURST" \
+        latency "$TBF_LATENCY" || die "tc on dqr$r failed"
+      tc -n "$HUB" qdisc replace dev "dqh$r" root tbf rate "$RATE" burst "$TBF_BURST" \
+        latency "$TBF_LATENCY" || die "tc on dqh$r failed"
+    fi
+  done
+  # Reachability: every other rank opens a TCP connection to rank 0 (no ping needed; the
+  # bridge may need a moment before it forwards).
+  ip netns exec "$PREFIX-0" timeout 20 python3 -c '
+import socket, sys
+s = socket.create_server((sys.argv[1], 5299)); s.settimeout(15)
+for _ in range(int(sys.argv[2])): s.accept()[0].close()' "$SUBNET.1" "$((NRANKS - 1))" &
+  local server=$!
+  for ((r = 1; r < NRANKS; r++)); do
+    ip netns exec "$PREFIX-$r" timeout 15 python3 -c '
+import socket, sys, time
+for attempt in range(100):
+    try:
+        socket.create_connection((sys.argv[1], 5299), timeout=1).close(); sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit(1)' "$SUBNET.1" || die "rank $r cannot reach $SUBNET.1"
+  done
+  wait "$server" || die "rank 0 did not see every rank connect"
+}
+
+# Bytes sent by every rank link so far (sum of dqr* tx counters).
+tx_bytes() {
+  local r total=0 b
+  for ((r = 0; r < NRANKS; r++)); do
+    b=$(ip netns exec "$PREFIX-$r" cat "/sys/class/net/dqr$r/statistics/tx_bytes")
+    total=$((total + b))
+  done
+  echo "$total"
+}
+
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+
+run_iperf3() {
+  command -v iperf3 >/dev/null || { say "iperf3 not installed; skipping"; return 0; }
+  local log=$OUT/iperf3.log
+  ip netns exec "$PREFIX-1" timeout 60 iperf3 -s -1 -B "$SUBNET.2" -p 5201 >"$OUT/iperf3-server.log" 2>&1 &
+  local server=$!
+  local i
+  for ((i = 0; i < 100; i++)); do  # until the server listens (at most 10 s)
+    ip netns exec "$PREFIX-1" ss -Hltn "sport = :5201" | grep -q . && break
+    sleep 0.1
+  done
+  say "iperf3: load $(load)"
+  ip netns exec "$PREFIX-0" timeout 30 iperf3 -c "$SUBNET.2" -p 5201 -t 5 -O 1 -J >"$log" 2>&1
+  wait "$server" 2>/dev/null
+  grep -q '"sum_received"' "$log" || { say "iperf3 failed (see $log)"; return 1; }
+  python3 - "$log" "$OUT/results.jsonl" "$(load)" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+bps = d["end"]["sum_received"]["bits_per_second"]
+rec = {"label": "iperf3", "received_gbit_s": bps / 1e9, "load": sys.argv[3]}
+print(f"iperf3 rank0 -> rank1: {bps / 1e9:.3f} Gbit/s")
+open(sys.argv[2], "a").write(json.dumps(rec) + "\n")
+EOF
+}
+
+# launch LABEL [VAR=VALUE ...] -- PROGRAM ARGS: one 4-rank job, one rank per namespace.
+launch() {
+  local label=$1; shift
+  local rank_env=(--rank-env "DYNAMIQ_NET_IFNAME==dqr{rank}")
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do rank_env+=(--rank-env "$1"); shift; done
+  shift
+  local log=$OUT/$label.log
+  local before after start end rc
+  before=$(tx_bytes)
+  start=$(date +%s.%N)
+  say "$label: load $(load); $*"
+  timeout --kill-after=15 "$((RUN_TIMEOUT + 30))" \
+    "$RUN" --cpu-nccl -n "$NRANKS" --timeout "$RUN_TIMEOUT" --grace 5 \
+    --rank-netns "$PREFIX-{rank}" --master-addr "$SUBNET.1" "${rank_env[@]}" -- "$@" \
+    >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  after=$(tx_bytes)
+  LAST_WALL=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.3f", b - a }')
+  echo "# exit $rc, wall $LAST_WALL s, link tx bytes $((after - before)), load after $(load)" >>"$log"
+  [ "$rc" = 0 ] || say "$label: exit $rc (see $log)"
+  LAST_TX=$((after - before))
+  return "$rc"
+}
+
+run_perf() {
+  local label=$1 dtype=$2
+  [ -x "$PERF" ] || { say "$PERF not built; skipping $label"; return 0; }
+  launch "$label" -- "$PERF" -b "$SIZE" -e "$SIZE" -d "$dtype" -o sum -n "$ITERS" -w "$WARMUP" \
+    -c 1 -a 3
+  local rc=$?
+  python3 - "$OUT/$label.log" "$OUT/results.jsonl" "$label" "$dtype" "$(load)" "$rc" \
+    "$LAST_TX" <<'EOF'
+import json, re, sys
+log, out, label, dtype, load, rc, tx = sys.argv[1:8]
+rec = {"label": label, "tool": "dynamiq-perf", "dtype": dtype, "exit": int(rc),
+       "load_after": load, "link_tx_bytes": int(tx)}
+for line in open(log):
+    m = re.match(r"^\[0\]\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)",
+                 line)
+    if m:
+        rec.update(bytes=int(m.group(1)), time_us=float(m.group(6)), algbw_gb_s=float(m.group(7)),
+                   busbw_gb_s=float(m.group(8)), wrong=m.group(9))
+    if "Results identical on all ranks" in line:
+        rec["identical_on_all_ranks"] = line.rstrip().endswith("yes")
+if "busbw_gb_s" in rec:
+    print(f"{label}: {rec['time_us'] / 1e6:.3f} s per all-reduce (mean, slowest rank), "
+          f"busbw {rec['busbw_gb_s']:.3f} GB/s = {rec['busbw_gb_s'] * 8:.3f} Gbit/s, "
+          f"#wrong {rec['wrong']}")
+open(out, "a").write(json.dumps(rec) + "\n")
+EOF
+}
+
+run_client() {
+  local label=$1 dtype=$2; shift 2
+  launch "$label" "$@" -- python3 "$CLIENT" --bytes "$SIZE" --dtype "$dtype" --iters "$ITERS" \
+    --warmup "$WARMUP" --data "$DATA" --label "$label"
+  local rc=$?
+  python3 - "$OUT/$label.log" "$OUT/results.jsonl" "$label" "$(load)" "$rc" "$LAST_TX" \
+    "$LAST_WALL" "$OUT" <<'EOF'
+import glob, json, os, sys
+log, out, label, load, rc, tx, wall, folder = sys.argv[1:9]
+rec = {"label": label, "tool": "allreduce_client.py", "exit": int(rc), "load_after": load,
+       "link_tx_bytes": int(tx), "job_wall_s": float(wall)}
+for line in open(log):
+    if line.startswith("[0] RESULT "):
+        rec.update(json.loads(line[len("[0] RESULT "):]))
+metrics = sorted(glob.glob(os.path.join(folder, f"metrics-{label}-*.json")))
+if metrics:
+    rec["shim_metrics_rank0"] = json.load(open(metrics[0]))
+if "median_s" in rec:
+    print(f"{label}: median {rec['median_s']:.3f} s per all-reduce over {rec['iters']} "
+          f"(min {rec['min_s']:.3f}, max {rec['max_s']:.3f}), vNMSE {rec['vnmse']}, "
+          f"identical {rec['identical_on_all_ranks']}, link tx {int(tx) / 2**20:.1f} MiB")
+open(out, "a").write(json.dumps(rec) + "\n")
+EOF
+}
+
+
+say "start $(date -u +%FT%TZ); host $(uname -r); $(nproc) cores; load $(load)"
+setup
+say "namespaces up: $(ns_names | tr '\n' ' '); rate ${RATE} per direction per rank link$([ "$LIMIT" = 1 ] || echo ' (NOT LIMITED: --no-limit)')"
+{
+  echo "date_utc=$(date -u +%FT%TZ) kernel=$(uname -r) cores=$(nproc) load_start=$(load)"
+  echo "rate=$RATE limit=$LIMIT burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA"
+  echo "git=$(git -C "$SRC_ROOT" rev-parse --short HEAD 2>/dev/null)"
+  for ((r = 0; r < NRANKS; r++)); do tc -n "$PREFIX-$r" qdisc show dev "dqr$r"; done
+} >"$OUT/setup.txt"
+
+failed=0
+IFS=, read -ra mode_list <<<"$MODES"
+for mode in "${mode_list[@]}"; do
+  case "$mode" in
+    iperf3) run_iperf3 || failed=1 ;;
+    pt-float) run_perf pt-float float || failed=1 ;;
+    pt-bf16) run_perf pt-bf16 bfloat16 || failed=1 ;;
+    bf16) run_client bf16 bfloat16 || failed=1 ;;
+    fp32) run_client fp32 float || failed=1 ;;
+    dynamiq5|mxfp8|engine-bf16)
+      if [ ! -f "$SHIM" ]; then
+        say "$SHIM not built yet; skipping $mode"
+        echo "{\"label\": \"$mode\", \"skipped\": \"$SHIM not built\"}" >>"$OUT/results.jsonl"
+        continue
+      fi
+      # The shim is preloaded into the ranks only (a --rank-env), not into the launcher.
+      shim=("LD_PRELOAD=$SHIM" DYNAMIQ_ENABLE=1 "DYNAMIQ_METRICS_FILE=$OUT/metrics-$mode-%r.json")
+      case "$mode" in
+        dynamiq5) shim+=(DYNAMIQ_CODEC=dynamiq DYNAMIQ_BITS=5) ;;
+        mxfp8) shim+=(DYNAMIQ_CODEC=mxfp8) ;;
+        engine-bf16) shim+=(DYNAMIQ_CODEC=bf16) ;;
+      esac
+      run_client "$mode" float "${shim[@]}" || failed=1 ;;
+    *) say "unknown mode '$mode'"; failed=1 ;;
+  esac
+done
+
+python3 "$SCRIPT_DIR/summarize.py" "$OUT/results.jsonl" "$OUT/setup.txt" "$OUT/result.json" \
+  "$OUT/result.md" || failed=1
+say "done $(date -u +%FT%TZ); load $(load); results in $OUT/result.md"
+exit $failed

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Summarises one netns_allreduce.sh run: results.jsonl + setup.txt -> result.json, result.md.
+
+usage: summarize.py RESULTS.jsonl SETUP.txt OUT.json OUT.md
+
+Ratios are speed-ups of the DynamiQ 5-bit run (median time per all-reduce) over the BF16
+pass-through and over MXFP8 through the engine, all from the same invocation. The issue's
+targets (>= 2.5x and >= 1.5x at 1 Gbit/s) are printed next to them, never assumed.
+"""
+import json
+import sys
+
+TARGETS = {"bf16": 2.5, "mxfp8": 1.5}
+
+
+def main():
+    if len(sys.argv) != 5:
+        print(__doc__, file=sys.stderr)
+        return 2
+    records = []
+    with open(sys.argv[1]) as f:
+        for line in f:
+            if line.strip():
+                records.append(json.loads(line))
+    setup = open(sys.argv[2]).read()
+    by_label = {r["label"]: r for r in records}
+
+    ratios = {}
+    base = by_label.get("dynamiq5", {}).get("median_s")
+    for other in ("bf16", "mxfp8", "fp32", "engine-bf16"):
+        t = by_label.get(other, {}).get("median_s")
+        if base and t:
+            ratios[f"{other}_over_dynamiq5"] = t / base
+    summary = {"setup": setup, "runs": records, "speedups": ratios,
+               "targets": {f"{k}_over_dynamiq5": v for k, v in TARGETS.items()}}
+    with open(sys.argv[3], "w") as f:
+        json.dump(summary, f, indent=1)
+
+    lines = ["```", setup.rstrip(), "```", ""]
+    if "iperf3" in by_label:
+        lines.append(f"iperf3 (one TCP stream, rank 0 -> rank 1): "
+                     f"{by_label['iperf3']['received_gbit_s']:.3f} Gbit/s")
+        lines.append("")
+    perf_rows = [r for r in records if r.get("tool") == "dynamiq-perf" and "busbw_gb_s" in r]
+    if perf_rows:
+        lines += ["| dynamiq-perf run | dtype | time per all-reduce (s, mean) | busbw (GB/s) | "
+                  "busbw (Gbit/s) | #wrong | identical | link tx (MiB) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in perf_rows:
+            lines.append(f"| {r['label']} | {r['dtype']} | {r['time_us'] / 1e6:.3f} | "
+                         f"{r['busbw_gb_s']:.4f} | {r['busbw_gb_s'] * 8:.3f} | {r['wrong']} | "
+                         f"{r.get('identical_on_all_ranks')} | "
+                         f"{r['link_tx_bytes'] / 2**20:.1f} |")
+        lines.append("")
+    client_rows = [r for r in records if r.get("tool") == "allreduce_client.py"]
+    if client_rows or any("skipped" in r for r in records):
+        lines += ["| run | wire dtype | median s per all-reduce | min | max | vNMSE | "
+                  "identical | link tx (MiB, whole job) | load after |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in records:
+            if "skipped" in r:
+                lines.append(f"| {r['label']} | skipped: {r['skipped']} | | | | | | | |")
+            elif r.get("tool") == "allreduce_client.py" and "median_s" in r:
+                vn = r["vnmse"]
+                lines.append(f"| {r['label']} | {r['dtype']} | {r['median_s']:.3f} | "
+                             f"{r['min_s']:.3f} | {r['max_s']:.3f} | "
+                             f"{'n/a' if vn is None else f'{vn:.3e}'} | "
+                             f"{r['identical_on_all_ranks']} | "
+                             f"{r['link_tx_bytes'] / 2**20:.1f} | {r['load_after']} |")
+            elif r.get("tool") == "allreduce_client.py":
+                lines.append(f"| {r['label']} | FAILED (exit {r['exit']}) | | | | | | | |")
+        lines.append("")
+    for key, value in ratios.items():
+        other = key.split("_over_")[0]
+        target = TARGETS.get(other)
+        verdict = "" if target is None else (
+            f" (target >= {target}x: {'met' if value >= target else 'NOT met'})")
+        lines.append(f"- speed-up of dynamiq5 over {other}: {value:.2f}x{verdict}")
+    with open(sys.argv[4], "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
