@@ -60,6 +60,7 @@ namespace {
 
 constexpr int kMaxInputs = 64;  // fused inputs per hop (butterfly: log2(n) + 1 <= 11)
 
+#if !defined(__AVX2__)
 // Width-specific code (un)packing, LSB-first in coordinate order; loops the compiler vectorises.
 void unpack_supergroup(int bits, const uint8_t* in, uint8_t* codes) {
   if (bits == 8) {
@@ -92,87 +93,150 @@ void pack_supergroup(int bits, const uint8_t* codes, uint8_t* out) {
   }
 }
 
-// The level-table lookups need gathers, which GCC will not emit for every target: explicit AVX2
-// versions of the three table passes. Same IEEE operations in the same order as the pointwise
-// functions in dynamiq_math.h (tests: DeviceMath.HostRecordMatchesPointwiseReference).
-void decode_accumulate(const LevelTable& t, const uint8_t* codes, const float* scale, float* v) {
-#if defined(__AVX2__)
-  // Tables of up to 16 entries live in two registers (vpermps); 8-bit codes need a gather.
-  const __m256 lo = _mm256_loadu_ps(t.decode), hi = _mm256_loadu_ps(t.decode + 8);
-  const bool small = t.max_mag <= 7;
-  for (int k = 0; k < kSuperGroup; k += 8) {
-    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
-    __m256 level;
-    if (small) {
-      const __m256 from_lo = _mm256_permutevar8x32_ps(lo, c), from_hi = _mm256_permutevar8x32_ps(hi, c);
-      const __m256 use_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(c, _mm256_set1_epi32(7)));
-      level = _mm256_blendv_ps(from_lo, from_hi, use_hi);
-    } else {
-      level = _mm256_i32gather_ps(t.decode, c, 4);
-    }
-    const __m256 prod = _mm256_mul_ps(level, _mm256_set1_ps(scale[k / kGroup]));
-    _mm256_storeu_ps(v + k, _mm256_add_ps(_mm256_loadu_ps(v + k), prod));
-  }
-#else
-  for (int k = 0; k < kSuperGroup; ++k) v[k] += decode_code(t, codes[k], scale[k / kGroup]);
 #endif
+
+#if defined(__AVX2__)
+// Host AVX2 hot path. Each super-group is processed one group of 16 values (two vectors) at a
+// time: decode + accumulate, magnitude, level floor, stochastic rounding and packing happen in
+// registers, with the same IEEE operations in the same order as the pointwise functions in
+// dynamiq_math.h (tests: DeviceMath.HostRecordMatchesPointwiseReference,
+// DeviceMath.FusedHopMatchesPointwiseReference), so the bytes equal the device's.
+
+// Host-only lookup tables derived from a LevelTable for the 8-bit widths: the grid cell gives
+// its first level and the next level's value in one 64-bit gather, and the floor gives its
+// level and reciprocal gap in one more (2 x 8 loads per 8 values instead of 4 x 8).
+struct CellEntry {
+  int32_t start;  // LevelTable::start[cell]
+  float next;     // level[start + 1] (sentinel 2 beyond L)
+};
+struct LevelPair {
+  float level;    // level[r]
+  float inv_gap;  // inv_gap[r]
+};
+struct FastLevels {
+  alignas(64) CellEntry cell[kLevelGrid + 1];
+  alignas(64) LevelPair pair[130];
+};
+
+void build_fast_levels(const LevelTable& t, FastLevels* f) {
+  for (int c = 0; c <= kLevelGrid; ++c) f->cell[c] = CellEntry{t.start[c], t.level[t.start[c] + 1]};
+  for (int r = 0; r < 130; ++r) f->pair[r] = LevelPair{t.level[r], r < 129 ? t.inv_gap[r] : 0.0f};
 }
 
-void level_floors(const LevelTable& t, const float* m, int32_t* r) {
-#if defined(__AVX2__)
-  if (t.max_mag <= 7) {  // r = number of levels 1..L at or below m: same as the table lookup
-    for (int k = 0; k < kSuperGroup; k += 8) {
-      const __m256 mk = _mm256_loadu_ps(m + k);
-      __m256i rk = _mm256_setzero_si256();
-      for (int i = 1; i <= t.max_mag; ++i)
-        rk = _mm256_sub_epi32(rk, _mm256_castps_si256(_mm256_cmp_ps(_mm256_set1_ps(t.level[i]), mk, _CMP_LE_OQ)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k), rk);
-    }
-    return;
-  }
-  const __m256 grid = _mm256_set1_ps(static_cast<float>(kLevelGrid));
-  for (int k = 0; k < kSuperGroup; k += 8) {
-    const __m256 mk = _mm256_loadu_ps(m + k);
-    __m256i rk = _mm256_i32gather_epi32(t.start, _mm256_cvttps_epi32(_mm256_mul_ps(mk, grid)), 4);
-    for (int step = 0; step < t.extra_steps; ++step) {
-      const __m256 next = _mm256_i32gather_ps(t.level + 1, rk, 4);
-      rk = _mm256_sub_epi32(rk, _mm256_castps_si256(_mm256_cmp_ps(next, mk, _CMP_LE_OQ)));
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + k), rk);
-  }
-#else
-  for (int k = 0; k < kSuperGroup; ++k) r[k] = level_floor(t, m[k]);
-#endif
+// Gathers 8 {a, b} pairs (64-bit entries) at indices idx and splits them into a and b vectors.
+inline void gather_pairs(const void* table, __m256i idx, __m256i* a, __m256i* b) {
+  // Lanes 0,1,4,5 then 2,3,6,7, so that the 32-bit shuffles below restore lane order.
+  const __m256i spread = _mm256_permutevar8x32_epi32(idx, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  const auto* base = static_cast<const long long*>(table);
+  const __m256 lo = _mm256_castsi256_ps(_mm256_i32gather_epi64(base, _mm256_castsi256_si128(spread), 8));
+  const __m256 hi = _mm256_castsi256_ps(_mm256_i32gather_epi64(base, _mm256_extracti128_si256(spread, 1), 8));
+  *a = _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)));
+  *b = _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-void round_magnitudes(const LevelTable& t, const float* m, const int32_t* r, const float* pi,
-                      const uint32_t* words, float strata, int32_t* mag) {
-#if defined(__AVX2__)
-  const __m256 vstrata = _mm256_set1_ps(strata), two24 = _mm256_set1_ps(0x1p-24f);
-  const bool small = t.max_mag <= 7;
-  const __m256 level_lo = _mm256_loadu_ps(t.level), gap_lo = _mm256_loadu_ps(t.inv_gap);
-  for (int k = 0; k < kSuperGroup; k += 8) {
-    const __m256i rk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k));
-    __m256 level, inv_gap;
-    if (small) {  // r in 0..7: the tables fit one register each
-      level = _mm256_permutevar8x32_ps(level_lo, rk);
-      inv_gap = _mm256_permutevar8x32_ps(gap_lo, rk);
-    } else {
-      level = _mm256_i32gather_ps(t.level, rk, 4);
-      inv_gap = _mm256_i32gather_ps(t.inv_gap, rk, 4);
-    }
-    const __m256 frac = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(m + k), level), inv_gap);
-    const __m256i w = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + k)), 8);
-    const __m256 gamma = _mm256_mul_ps(_mm256_cvtepi32_ps(w), two24);
-    const __m256 lhs = _mm256_add_ps(_mm256_set1_ps(pi[k / kGroup]), gamma);
-    const __m256 up = _mm256_cmp_ps(lhs, _mm256_mul_ps(frac, vstrata), _CMP_LT_OQ);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mag + k), _mm256_sub_epi32(rk, _mm256_castps_si256(up)));
+// How a width's levels are looked up.
+enum class Lookup { kRegisters, kOneStep, kGeneric };
+
+struct LevelsX8 {
+  const LevelTable* t;
+  const FastLevels* fast;
+  Lookup lookup;
+  __m256 level_lo, gap_lo, decode_lo, decode_hi;  // first 8 levels / gaps, first 16 codes
+};
+
+// Unpacks the 16 codes of group g (LSB-first, `bits` wide) into two vectors of 8 lanes.
+inline void unpack_group(int bits, const uint8_t* codes, int g, __m256i* a, __m256i* b) {
+  if (bits == 8) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * g));
+    *a = _mm256_cvtepu8_epi32(x);
+    *b = _mm256_cvtepu8_epi32(_mm_srli_si128(x, 8));
+  } else if (bits == 4) {
+    uint32_t w[2];
+    std::memcpy(w, codes + 8 * g, 8);
+    const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), mask = _mm256_set1_epi32(15);
+    *a = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[0])), shift), mask);
+    *b = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[1])), shift), mask);
+  } else {
+    uint32_t w;
+    std::memcpy(&w, codes + 4 * g, 4);
+    const __m256i word = _mm256_set1_epi32(static_cast<int>(w)), mask = _mm256_set1_epi32(3);
+    *a = _mm256_and_si256(_mm256_srlv_epi32(word, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), mask);
+    *b = _mm256_and_si256(_mm256_srlv_epi32(word, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)), mask);
   }
-#else
-  for (int k = 0; k < kSuperGroup; ++k)
-    mag[k] = round_from_floor(t, m[k], r[k], pi[k / kGroup], uniform24(words[k]), strata);
-#endif
 }
+
+// Packs two vectors of 8 codes (group g) LSB-first into `bits`-wide fields.
+inline void pack_group(int bits, __m256i a, __m256i b, int g, uint8_t* codes) {
+  const __m256i words16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+  const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(words16), _mm256_extracti128_si256(words16, 1));
+  if (bits == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * g), bytes);
+  } else if (bits == 4) {  // byte i = c[2i] + 16 c[2i+1]  (<= 238)
+    const __m128i pairs = _mm_maddubs_epi16(bytes, _mm_set1_epi16(0x1001));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + 8 * g), _mm_packus_epi16(pairs, pairs));
+  } else {  // byte i = c[4i] + 4 c[4i+1] + 16 c[4i+2] + 64 c[4i+3]  (<= 170)
+    const __m128i pairs = _mm_maddubs_epi16(bytes, _mm_set1_epi16(0x0401));
+    const __m128i quads = _mm_madd_epi16(pairs, _mm_set1_epi32(0x00100001));
+    const __m128i packed = _mm_shuffle_epi8(quads, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const uint32_t w = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
+    std::memcpy(codes + 4 * g, &w, 4);
+  }
+}
+
+// Signed level of each code (decode table), as decode_code() without the scale.
+inline __m256 decode_levels(const LevelsX8& lv, __m256i c) {
+  if (lv.lookup == Lookup::kRegisters) {
+    const __m256 from_lo = _mm256_permutevar8x32_ps(lv.decode_lo, c);
+    const __m256 from_hi = _mm256_permutevar8x32_ps(lv.decode_hi, c);
+    const __m256 use_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(c, _mm256_set1_epi32(7)));
+    return _mm256_blendv_ps(from_lo, from_hi, use_hi);
+  }
+  return _mm256_i32gather_ps(lv.t->decode, c, 4);
+}
+
+// Stochastic rounding of 8 values of one group to offset-binary codes: magnitude_ratio(),
+// level_floor(), round_from_floor() and encode_code() of dynamiq_math.h.
+inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i words, __m256 pi,
+                           __m256 strata) {
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+  // min(q, 1) returns 1 for NaN, as magnitude_ratio() does.
+  const __m256 m = _mm256_min_ps(_mm256_div_ps(magnitude, scale), _mm256_set1_ps(1.0f));
+  __m256i r;
+  __m256 level, inv_gap;
+  if (lv.lookup == Lookup::kRegisters) {  // r = number of levels 1..L at or below m
+    r = _mm256_setzero_si256();
+    for (int i = 1; i <= lv.t->max_mag; ++i)
+      r = _mm256_sub_epi32(r, _mm256_castps_si256(_mm256_cmp_ps(_mm256_set1_ps(lv.t->level[i]), m, _CMP_LE_OQ)));
+    level = _mm256_permutevar8x32_ps(lv.level_lo, r);
+    inv_gap = _mm256_permutevar8x32_ps(lv.gap_lo, r);
+  } else {
+    const __m256i cell = _mm256_cvttps_epi32(_mm256_mul_ps(m, _mm256_set1_ps(static_cast<float>(kLevelGrid))));
+    if (lv.lookup == Lookup::kOneStep) {
+      __m256i start, next;
+      gather_pairs(lv.fast->cell, cell, &start, &next);
+      r = _mm256_sub_epi32(start, _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(next), m, _CMP_LE_OQ)));
+    } else {
+      r = _mm256_i32gather_epi32(lv.t->start, cell, 4);
+      for (int step = 0; step < lv.t->extra_steps; ++step) {
+        const __m256 next = _mm256_i32gather_ps(lv.t->level + 1, r, 4);
+        r = _mm256_sub_epi32(r, _mm256_castps_si256(_mm256_cmp_ps(next, m, _CMP_LE_OQ)));
+      }
+    }
+    __m256i level_bits, gap_bits;
+    gather_pairs(lv.fast->pair, r, &level_bits, &gap_bits);
+    level = _mm256_castsi256_ps(level_bits);
+    inv_gap = _mm256_castsi256_ps(gap_bits);
+  }
+  const __m256 frac = _mm256_mul_ps(_mm256_sub_ps(m, level), inv_gap);
+  const __m256 gamma = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words, 8)), _mm256_set1_ps(0x1p-24f));
+  const __m256 up = _mm256_cmp_ps(_mm256_add_ps(pi, gamma), _mm256_mul_ps(frac, strata), _CMP_LT_OQ);
+  const __m256i mag = _mm256_sub_epi32(r, _mm256_castps_si256(up));
+  const __m256i max_mag = _mm256_set1_epi32(lv.t->max_mag);
+  const __m256 negative = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
+  return _mm256_blendv_epi8(_mm256_add_epi32(max_mag, mag), _mm256_sub_epi32(max_mag, mag),
+                            _mm256_castps_si256(negative));
+}
+#endif
 
 inline float load_value(const void* base, DType t, size_t i) {
   if (t == DType::kF32) return static_cast<const float*>(base)[i];
@@ -189,9 +253,25 @@ uint32_t fnv1a(uint32_t h, uint32_t v) {
 
 class DynamiqCodec final : public Codec {
  public:
+  DynamiqCodec(const DynamiqCodec&) = delete;  // levels_x8_ points into this object
+  DynamiqCodec& operator=(const DynamiqCodec&) = delete;
   explicit DynamiqCodec(const DynamiqOptions& o) : opt_(o) {
     const int bits[3] = {2, 4, 8};
     for (int i = 0; i < 3; ++i) build_level_table(bits[i], o.eps[i], o.nonuniform_levels, &levels_[i]);
+#if defined(__AVX2__)
+    for (int i = 0; i < 3; ++i) {
+      const LevelTable& t = levels_[i];
+      build_fast_levels(t, &fast_[i]);
+      LevelsX8& lv = levels_x8_[i];
+      lv.t = &t;
+      lv.fast = &fast_[i];
+      lv.lookup = t.max_mag <= 7 ? Lookup::kRegisters : t.extra_steps <= 1 ? Lookup::kOneStep : Lookup::kGeneric;
+      lv.level_lo = _mm256_loadu_ps(t.level);
+      lv.gap_lo = _mm256_loadu_ps(t.inv_gap);
+      lv.decode_lo = _mm256_loadu_ps(t.decode);
+      lv.decode_hi = _mm256_loadu_ps(t.decode + 8);
+    }
+#endif
     for (int b : {2, 4, 8, 16}) record_[width_index(b)] = record_bytes(b, o.hierarchical_scales);
   }
 
@@ -515,13 +595,31 @@ class DynamiqCodec final : public Codec {
       }
       codes = rec + 2 * kGroupsPerSuperGroup;
     }
-    const uint8_t max_code = static_cast<uint8_t>(2 * t.max_mag);
+#if defined(__AVX2__)
+    const LevelsX8& lv = levels_x8_[width_index(bits)];
+    const __m256i max_code = _mm256_set1_epi32(2 * t.max_mag);
+    __m256i bad = _mm256_setzero_si256();
+    for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+      __m256i a, b;
+      unpack_group(bits, codes, g, &a, &b);
+      bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_cmpgt_epi32(a, max_code), _mm256_cmpgt_epi32(b, max_code)));
+      const __m256 s = _mm256_set1_ps(scale[g]);
+      float* vg = v + g * kGroup;
+      _mm256_storeu_ps(vg, _mm256_add_ps(_mm256_loadu_ps(vg), _mm256_mul_ps(decode_levels(lv, a), s)));
+      _mm256_storeu_ps(vg + 8, _mm256_add_ps(_mm256_loadu_ps(vg + 8), _mm256_mul_ps(decode_levels(lv, b), s)));
+    }
+    return ok && _mm256_testz_si256(bad, bad);
+#else
     uint8_t unpacked[kSuperGroup];
     unpack_supergroup(bits, codes, unpacked);
+    const uint8_t max_code = static_cast<uint8_t>(2 * t.max_mag);
     uint8_t bad = 0;
-    for (int k = 0; k < kSuperGroup; ++k) bad |= unpacked[k] > max_code ? 1 : 0;
-    decode_accumulate(t, unpacked, scale, v);
+    for (int k = 0; k < kSuperGroup; ++k) {
+      bad |= unpacked[k] > max_code ? 1 : 0;
+      v[k] += decode_code(t, unpacked[k], scale[k / kGroup]);
+    }
     return ok && bad == 0;
+#endif
   }
 
   // One super-group of the fused hop: own (mean-subtracted) + decoded inputs -> record.
@@ -537,7 +635,7 @@ class DynamiqCodec final : public Codec {
       std::memset(out + scale_bytes, 0x55, kSuperGroup * 2 / 8);         // 2-bit code 1 = zero
       return true;
     }
-    float v[kSuperGroup];
+    alignas(32) float v[kSuperGroup];
     const float mu = bits == 16 ? 0.0f : mean_[j];
     if (own.dtype == DType::kF32) {
       const float* x = static_cast<const float*>(own.data) + base;
@@ -557,19 +655,26 @@ class DynamiqCodec final : public Codec {
     return ok;
   }
 
-  // Width 16: stochastic rounding to BF16 (unbiased; exact for BF16-representable sums),
-  // with the same per-element random words as the quantised widths.
+  // The 256 rounding words of super-group j: block j*64 + b gives elements b, 64+b, 128+b,
+  // 192+b (rounding_block(), rounding_word()).
   static void rounding_words(uint32_t j, const RoundingKey& key, uint32_t* words) {
     const uint32_t block0 = rounding_block(static_cast<uint64_t>(j) * kSuperGroup);
+#if defined(__AVX2__)
+    for (int b = 0; b < kSuperGroup / 4; b += 8) {
+      const Philox4x8 w = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + b);
+      for (int i = 0; i < 4; ++i)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(words + 64 * i + b), w.v[i]);
+    }
+#else
     for (int b = 0; b < kSuperGroup / 4; ++b) {
       const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding, block0 + b);
-      words[b] = w.v[0];
-      words[64 + b] = w.v[1];
-      words[128 + b] = w.v[2];
-      words[192 + b] = w.v[3];
+      for (int i = 0; i < 4; ++i) words[64 * i + b] = w.v[i];
     }
+#endif
   }
 
+  // Width 16: stochastic rounding to BF16 (unbiased; exact for BF16-representable sums),
+  // with the same per-element random words as the quantised widths.
   static void write_bf16_record(uint32_t j, const float* v, uint8_t* out, const RoundingKey& key) {
     uint32_t words[kSuperGroup];
     rounding_words(j, key, words);
@@ -582,10 +687,23 @@ class DynamiqCodec final : public Codec {
 
   void quantize_supergroup(uint32_t j, int bits, const float* v, uint8_t* out,
                            const RoundingKey& key) const {
-    const LevelTable& t = levels_[width_index(bits)];
+    [[maybe_unused]] const LevelTable& t = levels_[width_index(bits)];
     // Group maxima on the magnitude bit patterns: ordered like the floats, NaN above Inf.
     uint32_t gmax_bits[kGroupsPerSuperGroup];
     uint32_t sgmax_bits = 0;
+#if defined(__AVX2__)
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+      const __m256i* vg = reinterpret_cast<const __m256i*>(v + g * kGroup);
+      const __m256i m8 = _mm256_max_epu32(_mm256_and_si256(_mm256_loadu_si256(vg), abs_mask),
+                                          _mm256_and_si256(_mm256_loadu_si256(vg + 1), abs_mask));
+      __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(m8), _mm256_extracti128_si256(m8, 1));
+      m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, _MM_SHUFFLE(1, 0, 3, 2)));
+      m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, _MM_SHUFFLE(2, 3, 0, 1)));
+      gmax_bits[g] = static_cast<uint32_t>(_mm_cvtsi128_si32(m4));
+    }
+    for (int g = 0; g < kGroupsPerSuperGroup; ++g) sgmax_bits = std::max(sgmax_bits, gmax_bits[g]);
+#else
     for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
       uint32_t m = 0;
       for (int i = 0; i < kGroup; ++i) {
@@ -595,6 +713,7 @@ class DynamiqCodec final : public Codec {
       gmax_bits[g] = m;
       sgmax_bits = m > sgmax_bits ? m : sgmax_bits;
     }
+#endif
     float scale[kGroupsPerSuperGroup];
     uint8_t* codes_out;
     if (opt_.hierarchical_scales) {
@@ -617,17 +736,6 @@ class DynamiqCodec final : public Codec {
       }
       codes_out = out + 2 * kGroupsPerSuperGroup;
     }
-    // Magnitudes and their lower levels: simple passes over local arrays so each vectorises.
-    float m[kSuperGroup];
-    int32_t r[kSuperGroup];
-    for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
-      const float s = scale[g];
-      for (int i = 0; i < kGroup; ++i) m[g * kGroup + i] = magnitude_ratio(v[g * kGroup + i], s);
-    }
-    level_floors(t, m, r);
-    // Random words: block j*64 + b gives elements b, 64+b, 128+b, 192+b (rounding_block()).
-    uint32_t words[kSuperGroup];
-    rounding_words(j, key, words);
     float pi[kGroupsPerSuperGroup];
     const bool corr = opt_.correlated_rounding && key.strata > 1;
     const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
@@ -644,17 +752,42 @@ class DynamiqCodec final : public Codec {
     } else {
       for (int g = 0; g < kGroupsPerSuperGroup; ++g) pi[g] = 0.0f;
     }
-    int32_t mag[kSuperGroup];
-    round_magnitudes(t, m, r, pi, words, strata, mag);
+#if defined(__AVX2__)
+    // Blocks j*64 + 16q .. +15 hold the words of groups q, 4+q, 8+q, 12+q (word g / 4), so each
+    // pair of 8-lane Philox draws feeds four groups straight from registers.
+    const LevelsX8& lv = levels_x8_[width_index(bits)];
+    const __m256 strata_v = _mm256_set1_ps(strata);
+    const uint32_t block0 = rounding_block(static_cast<uint64_t>(j) * kSuperGroup);
+    for (int q = 0; q < 4; ++q) {
+      const Philox4x8 w0 = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 16 * q);
+      const Philox4x8 w1 = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 16 * q + 8);
+      for (int word = 0; word < 4; ++word) {
+        const int g = 4 * word + q;
+        const __m256 s = _mm256_set1_ps(scale[g]), p = _mm256_set1_ps(pi[g]);
+        const __m256i a = round_codes(lv, _mm256_loadu_ps(v + g * kGroup), s, w0.v[word], p, strata_v);
+        const __m256i b = round_codes(lv, _mm256_loadu_ps(v + g * kGroup + 8), s, w1.v[word], p, strata_v);
+        pack_group(bits, a, b, g, codes_out);
+      }
+    }
+#else
+    uint32_t words[kSuperGroup];
+    rounding_words(j, key, words);
     uint8_t codes[kSuperGroup];
-    const int L = t.max_mag;
-    for (int k = 0; k < kSuperGroup; ++k)
-      codes[k] = static_cast<uint8_t>(v[k] < 0.0f ? L - mag[k] : L + mag[k]);
+    for (int k = 0; k < kSuperGroup; ++k) {
+      const int g = k / kGroup;
+      const int mag = round_magnitude(t, magnitude_ratio(v[k], scale[g]), pi[g], uniform24(words[k]), strata);
+      codes[k] = static_cast<uint8_t>(encode_code(mag, v[k] < 0.0f, t.max_mag));
+    }
     pack_supergroup(bits, codes, codes_out);
+#endif
   }
 
   DynamiqOptions opt_;
   LevelTable levels_[3];
+#if defined(__AVX2__)
+  FastLevels fast_[3];
+  LevelsX8 levels_x8_[3];
+#endif
   int record_[4];
   size_t n_sg_ = 0;
   size_t capacity_ = 0;  // bytes of every chunk message

@@ -5,6 +5,10 @@
 
 #include "kernels/hd.h"
 
+#if defined(__AVX2__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
+
 namespace dq {
 
 struct Philox4 {
@@ -57,5 +61,50 @@ DQ_HD Philox4 philox_draw(uint64_t seed, uint64_t call, uint32_t hop, uint32_t s
 
 // A uniform float in [0, 1) from the top 24 bits of a word (exact in FP32).
 DQ_HD float uniform24(uint32_t word) { return static_cast<float>(word >> 8) * 0x1p-24f; }
+
+#if defined(__AVX2__) && !defined(__CUDACC__)
+// Host only: eight Philox4x32-10 blocks at once with AVX2, counters {c0 + lane, c1, c2, c3}.
+// Lane i of out[w] is word w of philox4x32_10(c0 + i, c1, c2, c3, k0, k1), bit for bit (test
+// Philox.EightLanesMatchScalar); the device keeps the scalar function, one block per thread.
+struct Philox4x8 {
+  __m256i v[4];
+};
+
+inline Philox4x8 philox4x32_10_x8(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                  uint32_t k0, uint32_t k1) {
+  const __m256i mul0 = _mm256_set1_epi64x(0xD2511F53u), mul1 = _mm256_set1_epi64x(0xCD9E8D57u);
+  __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(c0)),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i x1 = _mm256_set1_epi32(static_cast<int>(c1));
+  __m256i x2 = _mm256_set1_epi32(static_cast<int>(c2));
+  __m256i x3 = _mm256_set1_epi32(static_cast<int>(c3));
+  for (int round = 0; round < 10; ++round) {
+    // 32x32 -> 64-bit products of the even lanes, then of the odd lanes (moved down).
+    const __m256i even0 = _mm256_mul_epu32(x0, mul0);
+    const __m256i odd0 = _mm256_mul_epu32(_mm256_srli_epi64(x0, 32), mul0);
+    const __m256i even1 = _mm256_mul_epu32(x2, mul1);
+    const __m256i odd1 = _mm256_mul_epu32(_mm256_srli_epi64(x2, 32), mul1);
+    const __m256i lo0 = _mm256_blend_epi32(even0, _mm256_slli_epi64(odd0, 32), 0xAA);
+    const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(even0, 32), odd0, 0xAA);
+    const __m256i lo1 = _mm256_blend_epi32(even1, _mm256_slli_epi64(odd1, 32), 0xAA);
+    const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(even1, 32), odd1, 0xAA);
+    x0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32(static_cast<int>(k0)));
+    x1 = lo1;
+    x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32(static_cast<int>(k1)));
+    x3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return Philox4x8{{x0, x1, x2, x3}};
+}
+
+// philox_draw() for blocks block .. block + 7.
+inline Philox4x8 philox_draw_x8(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
+                                uint32_t block) {
+  return philox4x32_10_x8(block, (hop & 0x00ffffffu) | (stream << 24),
+                          static_cast<uint32_t>(call), static_cast<uint32_t>(call >> 32),
+                          static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+#endif
 
 }  // namespace dq

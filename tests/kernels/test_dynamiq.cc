@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/bf16.h"
+#include "kernels/bitpack.h"
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_math.h"
@@ -76,6 +77,27 @@ TEST(Philox, KnownAnswers) {
   EXPECT_EQ(c.v[1], 0x94fdccebu);
   EXPECT_EQ(c.v[2], 0x5001e420u);
   EXPECT_EQ(c.v[3], 0x24126ea1u);
+}
+
+// The host's 8-lane AVX2 Philox must give the scalar (device) function's bits in every lane,
+// including where the 32-bit block counter wraps.
+TEST(Philox, EightLanesMatchScalar) {
+#if defined(__AVX2__)
+  const uint32_t firsts[] = {0u, 1u, 0x12345678u, 0xfffffffcu, 0xfffffff9u};
+  for (uint32_t first : firsts)
+    for (uint64_t seed : {0ull, 1ull, 0x0123456789abcdefull}) {
+      const uint64_t call = seed * 3 + first;
+      const Philox4x8 lanes = philox_draw_x8(seed, call, 5, kStreamRounding, first);
+      uint32_t got[4][8];
+      for (int w = 0; w < 4; ++w) std::memcpy(got[w], &lanes.v[w], sizeof got[w]);
+      for (uint32_t i = 0; i < 8; ++i) {
+        const Philox4 one = philox_draw(seed, call, 5, kStreamRounding, first + i);
+        for (int w = 0; w < 4; ++w) EXPECT_EQ(got[w][i], one.v[w]) << first << " lane " << i << " word " << w;
+      }
+    }
+#else
+  GTEST_SKIP() << "no AVX2 in this build";
+#endif
 }
 
 TEST(Bf16, StochasticRoundingIsUnbiasedAndExactOnBf16Values) {
@@ -425,6 +447,100 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
         const uint32_t got = (rec[18 + k * bits / 8] >> ((k * bits) % 8)) & ((1u << bits) - 1);
         ASSERT_EQ(got, code) << spec << " sg " << j << " k " << k;
       }
+    }
+  }
+}
+
+// The fused hop (decode the inputs, add own values, re-encode) against the pointwise
+// __host__ __device__ functions, record by record and byte for byte, for every width (the
+// variable-width plan mixes 2, 4, 8 and 16) and for each 8-bit lookup path of the host: one
+// grid step (default eps) and several (eps8 = 0.4 packs many levels into the first cells).
+TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
+  for (const char* spec : {"dynamiq:5", "dynamiq:7:corr=0", "dynamiq:9.5:widths=fixed:eps8=0.4",
+                           "dynamiq:5:widths=fixed", "dynamiq:3:widths=fixed"}) {
+    auto c = codec(spec);
+    const size_t n = 256 * 96 + 40;  // a partial last super-group
+    std::vector<std::vector<float>> rows;
+    for (uint32_t r = 0; r < 3; ++r) {
+      auto x = gaussian(n, 40 + r);
+      for (size_t k = 0; k < n; ++k) x[k] *= std::pow(10.0f, static_cast<float>((k / 256) % 9) - 4.0f);
+      for (size_t k = 3; k < n; k += 777) x[k] = 0.0f;
+      rows.push_back(x);
+    }
+    ASSERT_EQ(c->plan(n, 1, 3), Status::kOk);
+    auto stats = reduce_stats(*c, rows);
+    ASSERT_EQ(c->agree(stats.data(), 5), Status::kOk);
+    auto view = dynamiq_layout(*c);
+    std::vector<uint8_t> leaf(c->chunk_capacity()), out(c->chunk_capacity());
+    const RoundingKey leaf_key{9, 5, 0, 0, 1, 0}, key{9, 5, 2, 1, 3, 1};
+    ASSERT_EQ(c->hop(0, {rows[0].data(), DType::kF32, n}, nullptr, 0, leaf.data(), leaf_key), Status::kOk);
+    const ByteView in{leaf.data(), leaf.size()};
+    ASSERT_EQ(c->hop(0, {rows[2].data(), DType::kF32, n}, &in, 1, out.data(), key), Status::kOk);
+    DynamiqOptions defaults;
+    std::string s(spec);
+    const float eps8 = s.find("eps8=0.4") != std::string::npos ? 0.4f : defaults.eps[2];
+    const bool corr = s.find("corr=0") == std::string::npos;
+    LevelTable tables[3];
+    build_level_table(2, defaults.eps[0], true, &tables[0]);
+    build_level_table(4, defaults.eps[1], true, &tables[1]);
+    build_level_table(8, eps8, true, &tables[2]);
+    size_t offset = kChunkHeaderBytes;
+    int seen[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < view.n_supergroups; ++i) {
+      const uint32_t j = view.order[i];
+      const int bits = view.widths[j];
+      ++seen[width_index(bits)];
+      const uint8_t* rec_in = leaf.data() + offset;
+      const uint8_t* rec = out.data() + offset;
+      offset += record_bytes(bits, true);
+      const float mu = bits == 16 ? 0.0f : bf16_to_f32(stats[2 * j]) / 3.0f;
+      float v[256];
+      for (int k = 0; k < 256; ++k) {
+        const size_t e = j * 256ull + k;
+        v[k] = e < n ? rows[2][e] - mu : 0.0f;
+      }
+      if (bits == 16) {
+        for (int k = 0; k < 256; ++k) {
+          v[k] += bf16_to_f32(static_cast<uint16_t>(rec_in[2 * k] | (rec_in[2 * k + 1] << 8)));
+          const uint64_t e = j * 256ull + k;
+          const uint32_t word = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
+                                            rounding_block(e)).v[rounding_word(e)];
+          ASSERT_EQ(rec[2 * k] | (rec[2 * k + 1] << 8), f32_to_bf16_stochastic(v[k], word))
+              << spec << " sg " << j << " k " << k;
+        }
+        continue;
+      }
+      const LevelTable& t = tables[width_index(bits)];
+      const float unit_in = bf16_to_f32(static_cast<uint16_t>(rec_in[0] | (rec_in[1] << 8)));
+      for (int k = 0; k < 256; ++k)
+        v[k] += decode_code(t, unpack_code(rec_in + 18, k, bits), static_cast<float>(rec_in[2 + k / 16]) * unit_in);
+      float sgmax = 0, gmax[16] = {0};
+      for (int k = 0; k < 256; ++k) {
+        gmax[k / 16] = std::max(gmax[k / 16], std::fabs(v[k]));
+        sgmax = std::max(sgmax, std::fabs(v[k]));
+      }
+      const uint16_t unit_bits = supergroup_unit_bf16(sgmax);
+      ASSERT_EQ(rec[0] | (rec[1] << 8), unit_bits) << spec << " sg " << j;
+      const float unit = bf16_to_f32(unit_bits);
+      for (int k = 0; k < 256; ++k) {
+        const int g = k / 16;
+        const uint8_t f = group_factor(gmax[g], unit);
+        ASSERT_EQ(rec[2 + g], f);
+        const float scale = static_cast<float>(f) * unit;
+        const uint32_t strata = corr ? key.strata : 1;
+        const float pi = static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class,
+                                                               j * 16ull + g, key.stratum, strata));
+        const int mag = round_magnitude(t, magnitude_ratio(v[k], scale), pi,
+                                        rounding_uniform(key.seed, key.call, key.rank, j * 256ull + k),
+                                        static_cast<float>(strata));
+        ASSERT_EQ(unpack_code(rec + 18, k, bits), encode_code(mag, v[k] < 0.0f, t.max_mag))
+            << spec << " sg " << j << " k " << k;
+      }
+    }
+    if (s == "dynamiq:5") {  // the mixed plan exercised every quantised width
+      EXPECT_GT(seen[0], 0);
+      EXPECT_GT(seen[1], 0);
+      EXPECT_GT(seen[2], 0);
     }
   }
 }
