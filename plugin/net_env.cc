@@ -33,7 +33,10 @@ NetEnv ReadNetEnv() {
     env.ifname = nccl;  // what an NCCL user already set for NCCL's own socket transport
   }
   env.nsocks = static_cast<int>(EnvInt("DYNAMIQ_NET_NSOCKS", 2, 1, 8));
-  env.timeout_ms = EnvInt("DYNAMIQ_NET_TIMEOUT_MS", 30000, 10, 24LL * 3600 * 1000);
+  // DYNAMIQ_TIMEOUT_MS (the shim's one bound on every wait) applies unless the plugin has its own.
+  env.timeout_ms = EnvInt("DYNAMIQ_NET_TIMEOUT_MS",
+                          EnvInt("DYNAMIQ_TIMEOUT_MS", 30000, 10, 24LL * 3600 * 1000), 10,
+                          24LL * 3600 * 1000);
   if (const char* v = std::getenv("DYNAMIQ_NET_BACKEND"); v != nullptr && *v != '\0') {
     env.backend = v;
   }

@@ -1,4 +1,4 @@
-// Our NCCL declarations (tools/cpu-nccl/nccl_api.h) against the real nccl.h: every enum value,
+// Our NCCL declarations (common/nccl_api.h) against the real nccl.h: every enum value,
 // the ncclConfig_t layout and NCCL_CONFIG_INITIALIZER's magic/version. Compiled only where the
 // real header (and cuda_runtime.h, which it includes) is installed.
 #include <nccl.h>
@@ -9,7 +9,7 @@
 
 namespace mine {
 #define DQ_NCCL_API_TYPES_ONLY
-#include "tools/cpu-nccl/nccl_api.h"
+#include "common/nccl_api.h"
 }  // namespace mine
 
 #define SAME_VALUE(name) static_assert(static_cast<int>(mine::name) == static_cast<int>(::name), #name)

@@ -32,7 +32,7 @@
 #define TEST_SPLIT_NOCOLOR NCCL_SPLIT_NOCOLOR
 #define TEST_CONFIG_MAGIC 0xcafebeefu
 #else
-#include "tools/cpu-nccl/nccl_api.h"
+#include "common/nccl_api.h"
 #define TEST_SPLIT_NOCOLOR DQ_NCCL_SPLIT_NOCOLOR
 #define TEST_CONFIG_MAGIC DQ_NCCL_CONFIG_MAGIC
 #endif

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tools/cpu-nccl/comm.h"
-#include "tools/cpu-nccl/nccl_api.h"
+#include "common/nccl_api.h"
 
 using dq::Status;
 using dq::Subsys;

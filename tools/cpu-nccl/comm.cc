@@ -160,7 +160,10 @@ struct Pipeline {
 }  // namespace
 
 int timeout_ms_from_env() {
-  return static_cast<int>(env_size("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", 60000, 1, 86400000));
+  // DYNAMIQ_TIMEOUT_MS (the shim's bound on every wait) applies unless this one is set.
+  return static_cast<int>(env_size("DYNAMIQ_CPU_NCCL_TIMEOUT_MS",
+                                   env_size("DYNAMIQ_TIMEOUT_MS", 60000, 1, 86400000), 1,
+                                   86400000));
 }
 
 struct Comm::Hello {

@@ -229,7 +229,16 @@ struct Measured {
   double nonfinite = 0;   // summed over ranks
   double vnmse = 0;       // max over ranks
   bool identical = true;  // every rank's result bytes hash the same
+  int compressed = -1;    // dynamiq preloaded: 1 when it compressed the checked calls, else 0
 };
+
+// dynamiq's counters when libdynamiq.so is preloaded (nullptr otherwise): which calls it
+// compressed, so that those rows are judged as lossy results.
+using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+CountersFn dynamiq_counters() {
+  static CountersFn fn = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+  return fn;
+}
 
 class Bench {
  public:
@@ -378,6 +387,8 @@ class Bench {
     inplace->seconds = times[1];
     if (options_.check_iters == 0) return Status::kOk;
 
+    unsigned long long rerouted_before = 0, passed = 0, rerouted_after = 0;
+    if (dynamiq_counters()) dynamiq_counters()(comm_, &rerouted_before, &passed);
     double counts[4] = {0, 0, 0, 0};            // wrong and non-finite, out-of-place then in-place
     double errors[2] = {0, 0};                  // vNMSE, max over check iterations
     uint64_t hashes[4] = {0, ~0ull, 0, ~0ull};  // hash and its complement per placement
@@ -397,14 +408,16 @@ class Bench {
     DQ_CHECK(combine(errors, 2, ncclFloat64, sizeof(double), ncclMax));
     // max(h) == ~max(~h) == min(h) exactly when every rank has the same h.
     DQ_CHECK(combine(hashes, 4, ncclUint64, sizeof(uint64_t), ncclMax));
+    if (dynamiq_counters()) dynamiq_counters()(comm_, &rerouted_after, &passed);
     Measured* placements[2] = {oop, inplace};
     for (int p = 0; p < 2; ++p) {
       Measured* m = placements[p];
+      if (dynamiq_counters()) m->compressed = rerouted_after > rerouted_before ? 1 : 0;
       m->identical = hashes[p * 2] == ~hashes[p * 2 + 1];
       m->nonfinite = counts[p * 2 + 1];
       m->vnmse = errors[p];
       // Lossy results are judged by finiteness and agreement, not by distance from exact.
-      m->wrong = options_.lossy ? m->nonfinite + (m->identical ? 0.0 : static_cast<double>(count))
+      m->wrong = options_.lossy || m->compressed == 1 ? m->nonfinite + (m->identical ? 0.0 : static_cast<double>(count))
                                 : counts[p * 2];
     }
     return Status::kOk;
@@ -436,6 +449,9 @@ class Bench {
                 buffers_.on_device() ? "device buffers" : "host buffers",
                 options_.lossy ? "lossy (finite and identical on all ranks)"
                                : "exact (per-dtype tolerance)");
+    if (dynamiq_counters())
+      std::printf("# dynamiq: libdynamiq.so is loaded; rows it compressed (dynamiq = comp) are "
+                  "judged lossy: #wrong counts non-finite and cross-rank differences\n");
     std::printf("#\n# Using devices\n");
     for (int r = 0; r < job_.world_size; ++r) {
       const char* line = reinterpret_cast<const char*>(slots.data()) + kHostSlotBytes * r;
@@ -443,9 +459,10 @@ class Bench {
     }
     std::printf("#\n");
     std::printf("#%75s%35s%33s\n", "out-of-place", "in-place", "vNMSE and identity");
-    std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s\n", "size", "count",
+    std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s%s\n", "size", "count",
                 "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-                "busbw", "#wrong", "oop_vNMSE", "ident", "ip_vNMSE", "ident");
+                "busbw", "#wrong", "oop_vNMSE", "ident", "ip_vNMSE", "ident",
+                dynamiq_counters() ? "  dynamiq" : "");
     std::printf("#%11s%14s%10s%8s%8s%9s%8s%8s%7s%9s%8s%8s%7s%11s%7s%11s%7s\n", "(B)", "(elements)",
                 "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "", "",
                 "", "");
@@ -489,6 +506,7 @@ class Bench {
         std::snprintf(cell, sizeof cell, "  %9s  %5s", "N/A", "N/A");
       line += cell;
     }
+    if (oop.compressed >= 0) line += oop.compressed == 1 ? "     comp" : "     pass";
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "tools/cpu-nccl/nccl_api.h"
+#include "common/nccl_api.h"
 
 namespace {
 
