@@ -1,0 +1,39 @@
+// The control block: a few uint32 words every rank contributes to a MAX all-reduce, next to
+// the statistics. Each rank-local fact that must be agreed travels as a pair (v, ~v): after
+// MAX, every rank holds max(v) and ~min(v), so every rank sees the same "all equal or not".
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/settings.h"
+
+namespace dq::engine {
+
+// Bump when the wire protocol (control layout, payload format, schedule keys) changes.
+inline constexpr uint32_t kProtocolVersion = 1;
+
+struct LocalControl {
+  const config::Settings* settings = nullptr;
+  bool settings_valid = true;  // false when this rank's environment failed to parse
+  bool opted_in = false;       // this rank's opt-in decision for the communicator
+  bool is_root = false;        // rank 0: contributes the A/B switch
+  bool switch_on = true;       // rank 0's control-file state
+  bool local_failure = false;  // this rank cannot run the compressed path for this call
+};
+
+struct ControlDecision {
+  bool agreed = false;   // every agreed setting, the opt-in and the protocol match
+  std::string differs;   // when not agreed: what differs (env keys), for the one warning
+  bool enabled = false;  // every rank valid, enabled, opted in
+  bool switch_on = true;
+  bool any_failure = false;
+  bool compress() const { return agreed && enabled && switch_on && !any_failure; }
+};
+
+int control_words();
+void pack_control(const LocalControl& local, uint32_t* words);
+// Pure function of the reduced words: identical on every rank.
+ControlDecision decide_control(const uint32_t* reduced);
+
+}  // namespace dq::engine

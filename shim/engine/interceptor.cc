@@ -1,0 +1,222 @@
+#include "shim/engine/interceptor.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "config/optin.h"
+#include "config/settings.h"
+#include "shim/engine/engine.h"
+
+namespace dq::shim {
+namespace {
+
+template <class F>
+void resolve(const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+struct CommEntry {
+  config::CommIdentity identity;
+  bool finalizing = false;
+  bool explicit_opt = false;  // dynamiqCommRegister called
+  bool explicit_on = false;
+  std::unique_ptr<engine::Engine> engine;  // made at the first all-reduce
+  std::shared_ptr<engine::CommMetrics> metrics;
+  std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
+};
+
+struct Table {
+  std::mutex mutex;
+  std::unordered_map<ncclComm_t, std::shared_ptr<CommEntry>> comms;
+  int next_index = 0;
+};
+
+Table& table() {
+  static Table* t = new Table;  // never destroyed: NCCL calls may come from atexit handlers
+  return *t;
+}
+
+thread_local int t_group_depth = 0;
+
+std::shared_ptr<CommEntry> find(ncclComm_t comm) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.comms.find(comm);
+  return it == t.comms.end() ? nullptr : it->second;
+}
+
+// Creates the engine on first use (rank and size are only certain once init completed).
+engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) {
+  if (e.engine) return e.engine.get();
+  engine::CommInfo info{comm, 0, 1};
+  if (real.comm_user_rank(comm, &info.rank) != ncclSuccess ||
+      real.comm_count(comm, &info.nranks) != ncclSuccess)
+    return nullptr;
+  e.identity.size = info.nranks;
+  const config::Settings& s = config::global();
+  bool opted = false;
+  if (e.explicit_opt) {
+    opted = e.explicit_on;
+  } else {
+    config::OptInRules rules;
+    std::string ignored;
+    opted = config::parse_opt_in(s.comms, &rules, &ignored) == Status::kOk &&
+            config::opted_in(rules, e.identity);
+  }
+  // The host engine serves the CPU NCCL (host buffers). With a GPU NCCL there is no CUDA engine
+  // in this build yet: every call passes through.
+  engine::Device* device = real.cpu_nccl_comm_name ? engine::host_device() : nullptr;
+  static std::once_flag no_device_note;
+  if (device == nullptr && s.enable)
+    std::call_once(no_device_note, [] {
+      DQ_WARN(Subsys::kShim,
+              "dynamiq: the NCCL in this process is not dynamiq's CPU NCCL and this build has no "
+              "CUDA engine yet: every call passes through unchanged");
+    });
+  e.metrics = engine::metrics_register(e.identity.index, e.identity.name, info.rank, info.nranks);
+  e.engine = std::make_unique<engine::Engine>(s, config::global_valid(), info, real.ops, device,
+                                              e.metrics, opted);
+  DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d name '%s' rank %d/%d: %s",
+          e.identity.index, e.identity.name.c_str(), info.rank, info.nranks,
+          opted ? "opted in" : "not opted in");
+  return e.engine.get();
+}
+
+}  // namespace
+
+const RealNccl* real_nccl() {
+  static RealNccl real;
+  static bool ok = false;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    resolve("ncclGroupStart", &real.ops.group_start);
+    resolve("ncclGroupEnd", &real.ops.group_end);
+    resolve("ncclSend", &real.ops.send);
+    resolve("ncclRecv", &real.ops.recv);
+    resolve("ncclAllReduce", &real.ops.all_reduce);
+    resolve("ncclGetErrorString", &real.ops.error_string);
+    resolve("ncclCommInitRank", &real.comm_init_rank);
+    resolve("ncclCommInitRankConfig", &real.comm_init_rank_config);
+    resolve("ncclCommInitRankScalable", &real.comm_init_rank_scalable);
+    resolve("ncclCommInitAll", &real.comm_init_all);
+    resolve("ncclCommSplit", &real.comm_split);
+    resolve("ncclCommFinalize", &real.comm_finalize);
+    resolve("ncclCommDestroy", &real.comm_destroy);
+    resolve("ncclCommAbort", &real.comm_abort);
+    resolve("ncclCommCount", &real.comm_count);
+    resolve("ncclCommUserRank", &real.comm_user_rank);
+    resolve("dqCpuNcclCommName", &real.cpu_nccl_comm_name);
+    real.stream_is_capturing =
+        reinterpret_cast<int (*)(cudaStream_t, int*)>(dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing"));
+    ok = real.ops.complete() && real.comm_count && real.comm_user_rank;
+    if (!ok)
+      DQ_WARN(Subsys::kShim,
+              "dynamiq: libdynamiq.so is preloaded but no NCCL library follows it (ncclAllReduce, "
+              "ncclSend, ... not found): link or preload libnccl.so.2 after it");
+    // Parse and report the settings once, at the first NCCL call.
+    config::global();
+  });
+  return ok ? &real : nullptr;
+}
+
+void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent) {
+  if (comm == nullptr) return;
+  auto e = std::make_shared<CommEntry>();
+  // ncclConfig_t grew over releases: read commName only if this caller's struct has it.
+  if (config && config->magic == DQ_NCCL_CONFIG_MAGIC &&
+      config->size >= offsetof(ncclConfig_t, commName) + sizeof(const char*) && config->commName)
+    e->identity.name = config->commName;
+  e->identity.color = color;
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  if (e->identity.name.empty() && parent) {
+    auto it = t.comms.find(parent);
+    if (it != t.comms.end()) e->identity.name = it->second->identity.name;
+  }
+  e->identity.index = t.next_index++;
+  t.comms[comm] = e;
+}
+
+void comm_finalizing(ncclComm_t comm) {
+  if (auto e = find(comm)) {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    e->finalizing = true;
+  }
+}
+
+void comm_destroyed(ncclComm_t comm) {
+  std::shared_ptr<CommEntry> e;
+  {
+    Table& t = table();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.comms.find(comm);
+    if (it == t.comms.end()) return;
+    e = it->second;
+    t.comms.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(e->mutex);
+  e->engine.reset();
+  if (e->metrics) engine::metrics_unregister(e->metrics);
+}
+
+void group_started() { ++t_group_depth; }
+void group_ended() {
+  if (t_group_depth > 0) --t_group_depth;
+}
+
+ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  const RealNccl* real = real_nccl();
+  if (real == nullptr) return ncclSystemError;
+  std::shared_ptr<CommEntry> e = find(comm);
+  if (e == nullptr) return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream);
+  ncclResult_t result = ncclSuccess;
+  engine::PassReason reason = engine::PassReason::kDisabled;
+  {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, *real);
+    if (eng != nullptr) {
+      engine::CallArgs call{send, recv, count, dtype, op, stream, t_group_depth > 0, false};
+      int capturing = 0;
+      if (real->stream_is_capturing && stream && real->stream_is_capturing(stream, &capturing) == 0)
+        call.capturing = capturing != 0;
+      result = eng->all_reduce(call, &reason);
+    }
+  }
+  engine::metrics_tick();
+  if (result != ncclSuccess || reason == engine::PassReason::kRerouted) return result;
+  return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream);
+}
+
+ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed) {
+  std::shared_ptr<CommEntry> e = find(comm);
+  if (e == nullptr) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> lock(e->mutex);
+  *rerouted = *passed = 0;
+  if (e->metrics == nullptr) return ncclSuccess;
+  for (int k = 0; k < engine::kPassReasonCount; ++k)
+    (k == 0 ? *rerouted : *passed) += e->metrics->calls[k].load();
+  return ncclSuccess;
+}
+
+ncclResult_t register_comm(ncclComm_t comm, int enable) {
+  std::shared_ptr<CommEntry> e = find(comm);
+  if (e == nullptr) {
+    DQ_WARN(Subsys::kShim, "dynamiqCommRegister: %p is not a communicator created in this process "
+            "after libdynamiq.so was loaded", static_cast<void*>(comm));
+    return ncclInvalidArgument;
+  }
+  std::lock_guard<std::mutex> lock(e->mutex);
+  if (e->engine) {
+    if (e->engine->register_opt_in(enable != 0) != Status::kOk) return ncclInvalidUsage;
+    return ncclSuccess;
+  }
+  e->explicit_opt = true;
+  e->explicit_on = enable != 0;
+  return ncclSuccess;
+}
+
+}  // namespace dq::shim

@@ -1,0 +1,54 @@
+// The shim's logic behind the extern "C" boundary (shim/exports.cc): the real NCCL's entry
+// points, the table of communicators this process created, and the per-call routing decision.
+#pragma once
+#include <memory>
+
+#include "common/nccl_api.h"
+#include "shim/engine/nccl_ops.h"
+
+namespace dq::shim {
+
+// The real NCCL's functions, resolved once with dlsym(RTLD_NEXT) (the next library after ours).
+struct RealNccl {
+  engine::NcclOps ops;
+  ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
+  ncclResult_t (*comm_init_rank_config)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
+  ncclResult_t (*comm_init_rank_scalable)(ncclComm_t*, int, int, int, ncclUniqueId*,
+                                          ncclConfig_t*) = nullptr;
+  ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
+  ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
+  ncclResult_t (*comm_finalize)(ncclComm_t) = nullptr;
+  ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
+  ncclResult_t (*comm_count)(const ncclComm_t, int*) = nullptr;
+  ncclResult_t (*comm_user_rank)(const ncclComm_t, int*) = nullptr;
+  // Present only when the real NCCL is dynamiq's CPU NCCL: host buffers, the host engine.
+  const char* (*cpu_nccl_comm_name)(ncclComm_t) = nullptr;
+  // Present only when libcudart is loaded: graph capture shows through it.
+  int (*stream_is_capturing)(cudaStream_t, int*) = nullptr;
+};
+
+// Resolves once; nullptr (with one WARN) when the next library is not an NCCL.
+const RealNccl* real_nccl();
+
+// Lifecycle: record identity at creation (name, split color, creation order) and drop the
+// engine before the real destroy/abort.
+void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent);
+void comm_finalizing(ncclComm_t comm);
+void comm_destroyed(ncclComm_t comm);
+
+// Group depth of the calling thread (ncclGroupStart/End pass through us).
+void group_started();
+void group_ended();
+
+// The interposed ncclAllReduce: reroutes through the engine or forwards to the real NCCL.
+ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+
+// dynamiqCommRegister: explicit opt-in (1) or opt-out (0) before the first all-reduce.
+ncclResult_t register_comm(ncclComm_t comm, int enable);
+
+// Calls on `comm` so far: compressed, and passed through (any reason).
+ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed);
+
+}  // namespace dq::shim

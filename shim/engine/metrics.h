@@ -1,0 +1,53 @@
+// Per-communicator counters, written periodically as JSON or Prometheus text
+// (DYNAMIQ_METRICS_FILE, DYNAMIQ_METRICS_INTERVAL_S).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dq::engine {
+
+// Why a call was not compressed (kRerouted when it was).
+enum class PassReason : uint8_t {
+  kRerouted = 0,
+  kDisabled,         // DYNAMIQ_ENABLE=0 or the environment failed to parse
+  kNotOptedIn,       // communicator not selected by DYNAMIQ_COMMS / dynamiqCommRegister
+  kDtype,            // not FP32/BF16, or excluded by DYNAMIQ_DTYPES
+  kOp,               // not SUM/AVG
+  kSmall,            // below DYNAMIQ_MIN_BYTES
+  kSingleRank,       // communicator of one rank
+  kInGroup,          // inside the caller's ncclGroupStart/End
+  kCapturing,        // during CUDA graph capture
+  kOverBudget,       // too few elements for the budget (the plan would exceed it)
+  kSwitchOff,        // A/B control file says off
+  kSettingsDiffer,   // ranks disagree on an agreed setting
+  kNoDevice,         // buffers the engine's device cannot serve (no CUDA engine in this build)
+  kFailure,          // some rank could not run the compressed path for this call
+  kCount
+};
+inline constexpr int kPassReasonCount = static_cast<int>(PassReason::kCount);
+const char* reason_name(PassReason r);
+
+struct CommMetrics {
+  std::string label;  // "index=N name=... rank=R size=S"
+  int index = 0, rank = 0, size = 0;
+  std::string name;
+  std::atomic<uint64_t> calls[kPassReasonCount] = {};
+  std::atomic<uint64_t> bytes_in{0};    // caller bytes of rerouted calls
+  std::atomic<uint64_t> wire_bytes{0};  // bytes this rank sent for rerouted calls (all messages)
+  std::atomic<uint64_t> nanoseconds{0}; // time inside rerouted calls
+};
+
+// Registers a communicator's counters with the process-wide writer; unregistering writes the
+// file once more (so short jobs leave their numbers behind).
+std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name, int rank,
+                                              int size);
+void metrics_unregister(const std::shared_ptr<CommMetrics>& m);
+// Rewrites the file if the interval has elapsed (cheap otherwise: one clock read).
+void metrics_tick();
+// Renders every registered communicator (for tests and the writer).
+std::string metrics_render(bool prometheus);
+void metrics_flush();
+
+}  // namespace dq::engine

@@ -1,0 +1,160 @@
+// The extern "C" boundary of libdynamiq.so: the interposed NCCL entry points and dynamiq's C
+// API. Each entry catches every exception (none crosses into the application) and forwards to
+// the real NCCL whatever dynamiq does not reroute.
+#include <new>
+
+#include "common/log.h"
+#include "common/nccl_api.h"
+#include "shim/dynamiq.h"
+#include "shim/engine/interceptor.h"
+#include "shim/engine/metrics.h"
+
+#define DQ_SHIM_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using dq::shim::real_nccl;
+
+template <class F>
+ncclResult_t guarded(const char* what, F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    DQ_WARN(dq::Subsys::kShim, "dynamiq: %s: out of memory", what);
+    return ncclSystemError;
+  } catch (...) {
+    DQ_WARN(dq::Subsys::kShim, "dynamiq: %s: internal error (exception)", what);
+    return ncclInternalError;
+  }
+}
+
+#define DQ_REAL_OR_FAIL(fn)                                 \
+  const dq::shim::RealNccl* real = real_nccl();             \
+  if (real == nullptr || real->fn == nullptr) return ncclSystemError
+
+}  // namespace
+
+DQ_SHIM_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count,
+                                       ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
+                                       cudaStream_t stream) {
+  return guarded("ncclAllReduce", [&] {
+    return dq::shim::all_reduce(send, recv, count, dtype, op, comm, stream);
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclGroupStart(void) {
+  return guarded("ncclGroupStart", [&] {
+    DQ_REAL_OR_FAIL(ops.group_start);
+    const ncclResult_t r = real->ops.group_start();
+    if (r == ncclSuccess) dq::shim::group_started();
+    return r;
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclGroupEnd(void) {
+  return guarded("ncclGroupEnd", [&] {
+    DQ_REAL_OR_FAIL(ops.group_end);
+    dq::shim::group_ended();  // the group is closed even when NCCL reports an error
+    return real->ops.group_end();
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  return guarded("ncclCommInitRank", [&] {
+    DQ_REAL_OR_FAIL(comm_init_rank);
+    const ncclResult_t r = real->comm_init_rank(comm, nranks, id, rank);
+    if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, nullptr, -1, nullptr);
+    return r;
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                                int rank, ncclConfig_t* config) {
+  return guarded("ncclCommInitRankConfig", [&] {
+    DQ_REAL_OR_FAIL(comm_init_rank_config);
+    const ncclResult_t r = real->comm_init_rank_config(comm, nranks, id, rank, config);
+    if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, config, -1, nullptr);
+    return r;
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank,
+                                                  int n_ids, ncclUniqueId* ids,
+                                                  ncclConfig_t* config) {
+  return guarded("ncclCommInitRankScalable", [&] {
+    DQ_REAL_OR_FAIL(comm_init_rank_scalable);
+    const ncclResult_t r = real->comm_init_rank_scalable(comm, nranks, rank, n_ids, ids, config);
+    if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, config, -1, nullptr);
+    return r;
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  return guarded("ncclCommInitAll", [&] {
+    DQ_REAL_OR_FAIL(comm_init_all);
+    const ncclResult_t r = real->comm_init_all(comms, ndev, devlist);
+    if (r == ncclSuccess && comms)
+      for (int i = 0; i < ndev; ++i) dq::shim::comm_created(comms[i], nullptr, -1, nullptr);
+    return r;
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                       ncclConfig_t* config) {
+  return guarded("ncclCommSplit", [&] {
+    DQ_REAL_OR_FAIL(comm_split);
+    const ncclResult_t r = real->comm_split(comm, color, key, newcomm, config);
+    if ((r == ncclSuccess || r == ncclInProgress) && newcomm && *newcomm)
+      dq::shim::comm_created(*newcomm, config, color < 0 ? -1 : color, comm);
+    return r;
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return guarded("ncclCommFinalize", [&] {
+    DQ_REAL_OR_FAIL(comm_finalize);
+    dq::shim::comm_finalizing(comm);
+    return real->comm_finalize(comm);
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return guarded("ncclCommDestroy", [&] {
+    DQ_REAL_OR_FAIL(comm_destroy);
+    dq::shim::comm_destroyed(comm);
+    return real->comm_destroy(comm);
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return guarded("ncclCommAbort", [&] {
+    DQ_REAL_OR_FAIL(comm_abort);
+    dq::shim::comm_destroyed(comm);
+    return real->comm_abort(comm);
+  });
+}
+
+DQ_SHIM_API int dynamiqCommRegister(void* comm, int enable) {
+  return guarded("dynamiqCommRegister", [&] {
+    if (real_nccl() == nullptr) return ncclSystemError;
+    return dq::shim::register_comm(static_cast<ncclComm_t>(comm), enable);
+  });
+}
+
+DQ_SHIM_API int dynamiqCommCounters(void* comm, unsigned long long* rerouted,
+                                    unsigned long long* passed) {
+  return guarded("dynamiqCommCounters", [&] {
+    uint64_t r = 0, p = 0;
+    const ncclResult_t res = dq::shim::comm_counters(static_cast<ncclComm_t>(comm), &r, &p);
+    if (rerouted) *rerouted = r;
+    if (passed) *passed = p;
+    return res;
+  });
+}
+
+DQ_SHIM_API int dynamiqMetricsFlush(void) {
+  return guarded("dynamiqMetricsFlush", [&] {
+    dq::engine::metrics_flush();
+    return ncclSuccess;
+  });
+}
