@@ -24,7 +24,8 @@ set -u -o pipefail
 usage() {
   cat <<'EOF'
 usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w WARMUP]
-                          [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [--no-limit] [--keep]
+                          [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [-P PREFIX]
+                          [--no-limit] [--keep] [--down]
   -B BUILD    meson build folder (default: build)
   -o OUT      output folder (default: /tmp/dq-netns-bench)
   -r RATE     tc rate of each rank link, each direction (default 1gbit; tc syntax)
@@ -35,6 +36,7 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
               (default iperf3,pt-float,pt-bf16,bf16,dynamiq5,mxfp8)
   -t TIMEOUT  seconds allowed to each run (default 900)
   -d DATA     allreduce_client.py input: sample (real gradients, tiled) or synthetic
+  -P PREFIX   namespace names PREFIX-0..3 and PREFIX-hub (default dq-bench)
   --no-limit  no tc shaping (same namespaces): shows whether the CPU or the link limits
   --keep      leave the namespaces up at the end (tear down with: netns_allreduce.sh --down)
   --down      only tear down what an earlier run left
@@ -53,6 +55,7 @@ DATA=sample
 LIMIT=1
 KEEP=0
 DOWN_ONLY=0
+PREFIX=dq-bench
 while [ $# -gt 0 ]; do
   case "$1" in
     -B) BUILD=$2; shift 2 ;;
@@ -64,6 +67,7 @@ while [ $# -gt 0 ]; do
     -m) MODES=$2; shift 2 ;;
     -t) RUN_TIMEOUT=$2; shift 2 ;;
     -d) DATA=$2; shift 2 ;;
+    -P) PREFIX=$2; shift 2 ;;
     --no-limit) LIMIT=0; shift ;;
     --keep) KEEP=1; shift ;;
     --down) DOWN_ONLY=1; shift ;;
@@ -73,7 +77,11 @@ while [ $# -gt 0 ]; do
 done
 
 readonly NRANKS=4
-readonly PREFIX=dq-bench
+[[ "$PREFIX" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,30}$ ]] || { echo "bad -P '$PREFIX'" >&2; exit 2; }
+readonly PREFIX
+for value in "$ITERS" "$WARMUP" "$RUN_TIMEOUT"; do
+  [[ "$value" =~ ^[0-9]+$ ]] || { echo "netns_allreduce.sh: '$value' is not a count" >&2; exit 2; }
+done
 readonly HUB=$PREFIX-hub
 readonly BRIDGE=dqbr
 readonly SUBNET=198.18.0
@@ -125,9 +133,25 @@ CLIENT=$SCRIPT_DIR/allreduce_client.py
 mkdir -p "$OUT" || die "cannot create $OUT"
 rm -f "$OUT"/*.log "$OUT"/result.json "$OUT"/result.md "$OUT"/results.jsonl
 
+JOB_PID=
+# shellcheck disable=SC2317  # invoked by the traps
+stop_job() {  # the running job, if any: SIGTERM (timeout passes it on to dynamiq-run), then KILL
+  [ -n "$JOB_PID" ] || return 0
+  kill -TERM "$JOB_PID" 2>/dev/null
+  local i
+  for ((i = 0; i < 200; i++)); do  # at most 20 s (dynamiq-run's grace is 5 s)
+    kill -0 "$JOB_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$JOB_PID" 2>/dev/null
+  wait "$JOB_PID" 2>/dev/null
+  JOB_PID=
+}
+
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 on_exit() {
   local code=$?
+  stop_job
   if [ "$KEEP" = 1 ]; then
     say "namespaces kept (--keep); remove them with: $0 --down"
   else
@@ -136,8 +160,8 @@ on_exit() {
   exit "$code"
 }
 trap on_exit EXIT
-trap 'say "interrupted"; exit 130' INT
-trap 'say "terminated"; exit 143' TERM HUP
+trap 'say "interrupted"; stop_job; exit 130' INT
+trap 'say "terminated"; stop_job; exit 143' TERM HUP
 
 setup() {
   local r ns
@@ -230,11 +254,15 @@ launch() {
   before=$(tx_bytes)
   start=$(date +%s.%N)
   say "$label: load $(load); $*"
+  # In the background + wait, so that a signal to this script runs its trap at once.
   timeout --kill-after=15 "$((RUN_TIMEOUT + 30))" \
     "$RUN" --cpu-nccl -n "$NRANKS" --timeout "$RUN_TIMEOUT" --grace 5 \
     --rank-netns "$PREFIX-{rank}" --master-addr "$SUBNET.1" "${rank_env[@]}" -- "$@" \
-    >"$log" 2>&1
+    >"$log" 2>&1 &
+  JOB_PID=$!
+  wait "$JOB_PID"
   rc=$?
+  JOB_PID=
   end=$(date +%s.%N)
   after=$(tx_bytes)
   LAST_WALL=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.3f", b - a }')
