@@ -32,12 +32,26 @@ ncclResult_t guarded(const char* what, F&& body) {
   const dq::shim::RealNccl* real = real_nccl();             \
   if (real == nullptr || real->fn == nullptr) return ncclSystemError
 
+// Depth of NCCL calls this thread has in progress below us. An NCCL may call its own public
+// entry points internally (the CPU NCCL's ncclCommInitRank calls ncclCommInitRankConfig), and
+// those resolve to ours: they must go straight through, without bookkeeping.
+thread_local int t_below = 0;
+struct Below {
+  Below() { ++t_below; }
+  ~Below() { --t_below; }
+};
+
 }  // namespace
 
 DQ_SHIM_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count,
                                        ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
                                        cudaStream_t stream) {
   return guarded("ncclAllReduce", [&] {
+    if (t_below > 0) {
+      DQ_REAL_OR_FAIL(ops.all_reduce);
+      return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream);
+    }
+    Below below;  // the engine's own NCCL calls, and NCCL's internal ones, pass straight through
     return dq::shim::all_reduce(send, recv, count, dtype, op, comm, stream);
   });
 }
@@ -45,6 +59,8 @@ DQ_SHIM_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t coun
 DQ_SHIM_API ncclResult_t ncclGroupStart(void) {
   return guarded("ncclGroupStart", [&] {
     DQ_REAL_OR_FAIL(ops.group_start);
+    if (t_below > 0) return real->ops.group_start();
+    Below below;
     const ncclResult_t r = real->ops.group_start();
     if (r == ncclSuccess) dq::shim::group_started();
     return r;
@@ -54,6 +70,8 @@ DQ_SHIM_API ncclResult_t ncclGroupStart(void) {
 DQ_SHIM_API ncclResult_t ncclGroupEnd(void) {
   return guarded("ncclGroupEnd", [&] {
     DQ_REAL_OR_FAIL(ops.group_end);
+    if (t_below > 0) return real->ops.group_end();
+    Below below;
     dq::shim::group_ended();  // the group is closed even when NCCL reports an error
     return real->ops.group_end();
   });
@@ -62,6 +80,8 @@ DQ_SHIM_API ncclResult_t ncclGroupEnd(void) {
 DQ_SHIM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   return guarded("ncclCommInitRank", [&] {
     DQ_REAL_OR_FAIL(comm_init_rank);
+    if (t_below > 0) return real->comm_init_rank(comm, nranks, id, rank);
+    Below below;
     const ncclResult_t r = real->comm_init_rank(comm, nranks, id, rank);
     if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, nullptr, -1, nullptr);
     return r;
@@ -72,6 +92,8 @@ DQ_SHIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, nc
                                                 int rank, ncclConfig_t* config) {
   return guarded("ncclCommInitRankConfig", [&] {
     DQ_REAL_OR_FAIL(comm_init_rank_config);
+    if (t_below > 0) return real->comm_init_rank_config(comm, nranks, id, rank, config);
+    Below below;
     const ncclResult_t r = real->comm_init_rank_config(comm, nranks, id, rank, config);
     if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, config, -1, nullptr);
     return r;
@@ -83,6 +105,8 @@ DQ_SHIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, 
                                                   ncclConfig_t* config) {
   return guarded("ncclCommInitRankScalable", [&] {
     DQ_REAL_OR_FAIL(comm_init_rank_scalable);
+    if (t_below > 0) return real->comm_init_rank_scalable(comm, nranks, rank, n_ids, ids, config);
+    Below below;
     const ncclResult_t r = real->comm_init_rank_scalable(comm, nranks, rank, n_ids, ids, config);
     if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, config, -1, nullptr);
     return r;
@@ -92,6 +116,8 @@ DQ_SHIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, 
 DQ_SHIM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   return guarded("ncclCommInitAll", [&] {
     DQ_REAL_OR_FAIL(comm_init_all);
+    if (t_below > 0) return real->comm_init_all(comms, ndev, devlist);
+    Below below;
     const ncclResult_t r = real->comm_init_all(comms, ndev, devlist);
     if (r == ncclSuccess && comms)
       for (int i = 0; i < ndev; ++i) dq::shim::comm_created(comms[i], nullptr, -1, nullptr);
@@ -103,6 +129,8 @@ DQ_SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nccl
                                        ncclConfig_t* config) {
   return guarded("ncclCommSplit", [&] {
     DQ_REAL_OR_FAIL(comm_split);
+    if (t_below > 0) return real->comm_split(comm, color, key, newcomm, config);
+    Below below;
     const ncclResult_t r = real->comm_split(comm, color, key, newcomm, config);
     if ((r == ncclSuccess || r == ncclInProgress) && newcomm && *newcomm)
       dq::shim::comm_created(*newcomm, config, color < 0 ? -1 : color, comm);
@@ -113,6 +141,8 @@ DQ_SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nccl
 DQ_SHIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   return guarded("ncclCommFinalize", [&] {
     DQ_REAL_OR_FAIL(comm_finalize);
+    if (t_below > 0) return real->comm_finalize(comm);
+    Below below;
     dq::shim::comm_finalizing(comm);
     return real->comm_finalize(comm);
   });
@@ -121,6 +151,8 @@ DQ_SHIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 DQ_SHIM_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return guarded("ncclCommDestroy", [&] {
     DQ_REAL_OR_FAIL(comm_destroy);
+    if (t_below > 0) return real->comm_destroy(comm);
+    Below below;
     dq::shim::comm_destroyed(comm);
     return real->comm_destroy(comm);
   });
@@ -129,6 +161,8 @@ DQ_SHIM_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 DQ_SHIM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return guarded("ncclCommAbort", [&] {
     DQ_REAL_OR_FAIL(comm_abort);
+    if (t_below > 0) return real->comm_abort(comm);
+    Below below;
     dq::shim::comm_destroyed(comm);
     return real->comm_abort(comm);
   });

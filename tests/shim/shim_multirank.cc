@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -296,6 +297,311 @@ bool scenario_accuracy(int n, const std::string& topo) {
   return checked == 8;
 }
 
+
+// ---- pass-through: exactly NCCL's result for every call dynamiq does not reroute ------------
+// Integer-valued floats sum exactly in any order, so "exact" is checkable bit for bit.
+float exact_value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48); }
+
+bool exact_sum_check(int n, const float* got, size_t count, bool avg) {
+  for (size_t i = 0; i < count; ++i) {
+    double want = 0;
+    for (int r = 0; r < n; ++r) want += exact_value(r, i);
+    if (avg) want = static_cast<float>(want) / static_cast<float>(n);
+    if (got[i] != static_cast<float>(want)) return false;
+  }
+  return true;
+}
+
+// Runs one float all-reduce of `count` values; returns 0 when exact, 20 + k otherwise; sets
+// *rerouted from dynamiq's counters.
+int exact_float_call(int n, int rank, ncclComm_t comm, size_t count, ncclRedOp_t op,
+                     bool* rerouted, unsigned long long* seen) {
+  std::vector<float> in(count), out(count, -1.0f);
+  for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i);
+  if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, op, comm, nullptr) != ncclSuccess)
+    return 21;
+  *rerouted = rerouted_delta(comm, seen);
+  if (op == ncclMax) {
+    for (size_t i = 0; i < count; ++i) {
+      float want = exact_value(0, i);
+      for (int r = 1; r < n; ++r) want = std::max(want, exact_value(r, i));
+      if (out[i] != want) return 22;
+    }
+    return 0;
+  }
+  return exact_sum_check(n, out.data(), count, op == ncclAvg) ? 0 : 23;
+}
+
+bool scenario_passthrough(int n) {
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    bool rerouted = false;
+    int rc;
+    // Below DYNAMIQ_MIN_BYTES (1 MiB by default): 1000 floats.
+    if ((rc = exact_float_call(n, rank, comm, 1000, ncclSum, &rerouted, &seen)) || rerouted) return 30 + rc;
+    // Other ops at a size that would be rerouted for SUM.
+    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclMax, &rerouted, &seen)) || rerouted) return 40 + rc;
+    // Other dtypes: int32 sum.
+    {
+      const size_t count = 1 << 20;
+      std::vector<int32_t> in(count), out(count);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(i % 1000) * (rank + 1);
+      if (ncclAllReduce(in.data(), out.data(), count, ncclInt32, ncclSum, comm, nullptr) != ncclSuccess) return 50;
+      if (rerouted_delta(comm, &seen)) return 51;
+      for (size_t i = 0; i < count; ++i)
+        if (out[i] != static_cast<int32_t>(i % 1000) * n * (n + 1) / 2) return 52;
+    }
+    // Inside the caller's group: passes through (and completes at ncclGroupEnd).
+    {
+      const size_t count = 1 << 20;
+      std::vector<float> in(count), out(count);
+      for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i);
+      if (ncclGroupStart() != ncclSuccess) return 60;
+      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess) return 61;
+      if (ncclGroupEnd() != ncclSuccess) return 62;
+      if (rerouted_delta(comm, &seen)) return 63;
+      if (!exact_sum_check(n, out.data(), count, false)) return 64;
+    }
+    // Other collectives: broadcast is NCCL's own.
+    {
+      const size_t count = 1 << 20;
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = rank == 0 ? exact_value(0, i) : 0.0f;
+      if (ncclBroadcast(buf.data(), buf.data(), count, ncclFloat32, 0, comm, nullptr) != ncclSuccess) return 70;
+      for (size_t i = 0; i < count; ++i)
+        if (buf[i] != exact_value(0, i)) return 71;
+    }
+    // And an eligible call right after all of that is rerouted (the test would be vacuous if
+    // compression were simply off).
+    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen)) != 0 &&
+        rc != 23)
+      return 80 + rc;
+    return rerouted ? 0 : 89;
+  };
+  auto codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}}; }, body, 300);
+  return all_zero(codes, "passthrough");
+}
+
+// Communicators not opted in pass through; name and color rules and the C API select them.
+bool scenario_optin(int n) {
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen_a = 0, seen_b = 0, seen_c = 0;
+    bool rerouted = false;
+    int rc;
+    // `comm` is named "grad.main" (matches name=grad*).
+    rerouted_delta(comm, &seen_a);
+    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen_a)) != 0 && rc != 23) return 10 + rc;
+    if (!rerouted) return 11;
+    // A split of color 5 (DYNAMIQ_COMMS has no color=5 term): passes through, exact.
+    ncclComm_t split5 = nullptr;
+    if (ncclCommSplit(comm, 5, rank, &split5, nullptr) != ncclSuccess || !split5) return 20;
+    // A split of color 3 is selected by color=3 ... unless the C API opts it out first.
+    ncclComm_t split3 = nullptr;
+    if (ncclCommSplit(comm, 3, rank, &split3, nullptr) != ncclSuccess || !split3) return 30;
+    auto reg = reinterpret_cast<RegisterFn>(dlsym(RTLD_DEFAULT, "dynamiqCommRegister"));
+    if (reg == nullptr) return 31;
+    // The name "grad.main" is inherited by splits: opt split5 out explicitly, split3 stays in.
+    if (reg(split5, 0) != 0) return 32;
+    rerouted_delta(split5, &seen_b);
+    if ((rc = exact_float_call(n, rank, split5, 1 << 20, ncclSum, &rerouted, &seen_b)) != 0) return 40 + rc;
+    if (rerouted) return 41;
+    rerouted_delta(split3, &seen_c);
+    if ((rc = exact_float_call(n, rank, split3, 1 << 20, ncclSum, &rerouted, &seen_c)) != 0 && rc != 23) return 50 + rc;
+    if (!rerouted) return 51;
+    // Registering after the first all-reduce is refused (it could diverge across ranks).
+    if (reg(split3, 0) != ncclInvalidUsage) return 52;
+    ncclCommDestroy(split5);
+    ncclCommDestroy(split3);
+    return 0;
+  };
+  auto codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "name=grad*,color=3"}}; },
+                         body, 300, "grad.main");
+  if (!all_zero(codes, "optin")) return false;
+  // And a communicator matching no term is left alone.
+  auto body2 = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    bool rerouted = false;
+    rerouted_delta(comm, &seen);
+    const int rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen);
+    return rc ? rc : (rerouted ? 1 : 0);
+  };
+  codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "name=grad*"}}; },
+                    body2, 300, "optimizer.state");
+  return all_zero(codes, "optin (not selected)");
+}
+
+// Ranks with different settings: every rank passes through, results exact, one warning each.
+bool scenario_mismatch(int n) {
+  struct Case {
+    const char* key;
+    const char* value;
+  };
+  const Case cases[] = {{"DYNAMIQ_BITS", "6"}, {"DYNAMIQ_TOPO", "ring"}, {"DYNAMIQ_ENABLE", "0"},
+                        {"DYNAMIQ_MIN_BYTES", "64K"}, {"DYNAMIQ_BITS", "banana"}};
+  for (const Case& c : cases) {
+    const int odd = n - 1;  // the last rank differs
+    auto body = [&](int rank, ncclComm_t comm) -> int {
+      unsigned long long seen = 0;
+      bool rerouted = false;
+      rerouted_delta(comm, &seen);
+      for (int k = 0; k < 3; ++k) {  // several calls: still one warning
+        const int rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen);
+        if (rc) return rc;
+        if (rerouted) return 5;
+      }
+      return 0;
+    };
+    auto env = [&](int rank) {
+      Env e{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", "butterfly"}};
+      if (rank == odd) e.push_back({c.key, c.value});
+      return e;
+    };
+    auto codes = run_ranks(n, env, body, 300);
+    if (!all_zero(codes, c.key)) return false;
+    const bool invalid = std::string(c.value) == "banana";
+    for (int r = 0; r < n; ++r) {
+      const std::string log = read_file(g_dir + "/rank" + std::to_string(r) + ".log");
+      const int warnings = count_occurrences(log, "disagree on:");
+      EXPECT(warnings == 1, "%s=%s: rank %d printed %d disagreement warnings:\n%s", c.key, c.value, r,
+             warnings, log.c_str());
+      const char* named = invalid ? "validity of the DYNAMIQ_* environment" : c.key;
+      EXPECT(log.find(named) != std::string::npos, "%s: rank %d's warning does not name %s:\n%s",
+             c.key, r, named, log.c_str());
+      if (invalid && r == odd)
+        EXPECT(log.find("DYNAMIQ_BITS=banana is not valid; accepted: 3..16") != std::string::npos,
+               "rank %d does not explain its invalid setting:\n%s", r, log.c_str());
+    }
+    std::printf("%s differs on rank %d: every rank passed through, exact, one warning each\n", c.key, odd);
+  }
+  return true;
+}
+
+// A NaN in one rank's input: non-finite result on every rank, identical everywhere.
+bool scenario_nan(int n) {
+  const size_t count = 1 << 20, where = 777777;
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    for (int dt = 0; dt < 2; ++dt) {
+      std::vector<float> in(count), out(count);
+      for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i) * 1e-3f;
+      if (rank == n - 1) in[where] = dt ? INFINITY : NAN;
+      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess) return 10;
+      if (!rerouted_delta(comm, &seen)) return 11;
+      if (std::isfinite(out[where])) return 12;
+      if (!identical_everywhere(comm, out.data(), count * 4)) return 13;
+      // Only the poisoned super-group is lost: far-away values stay finite and close.
+      if (!std::isfinite(out[0]) || !std::isfinite(out[count - 1])) return 14;
+    }
+    return 0;
+  };
+  auto codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}}; }, body, 300);
+  return all_zero(codes, "nan");
+}
+
+// A rank killed mid-job: every other rank gets an error from ncclAllReduce within the timeout.
+bool scenario_kill(int n, int runs) {
+  const int timeout_ms = 3000;
+  for (int run = 0; run < runs; ++run) {
+    const int victim = run % n;
+    auto body = [&](int rank, ncclComm_t comm) -> int {
+      const size_t count = 4 << 20;
+      std::vector<float> in(count, 1.0f), out(count);
+      for (int k = 0; k < 3; ++k) {
+        if (rank == victim && k == 2) raise(SIGKILL);
+        const auto t0 = std::chrono::steady_clock::now();
+        const ncclResult_t r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r != ncclSuccess) {
+          std::fprintf(stderr, "rank %d: call %d failed after %.2f s: %s\n", rank, k, s, ncclGetErrorString(r));
+          write_text(rank_file(rank, "kill"), std::to_string(s));
+          _exit(k == 2 ? 0 : 40);  // the communicator is broken: no destroy
+        }
+      }
+      return 41;  // the call after the kill must not succeed
+    };
+    auto codes = run_ranks(n, [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}}; },
+                           body, 60);
+    for (int r = 0; r < n; ++r) {
+      if (r == victim) {
+        EXPECT(codes[r] == -SIGKILL, "run %d: victim %d exited %d", run, r, codes[r]);
+        continue;
+      }
+      EXPECT(codes[r] == 0, "run %d: rank %d exited %d (124 = hang):\n%s", run, r, codes[r],
+             read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
+      const double s = std::atof(read_file(rank_file(r, "kill")).c_str());
+      EXPECT(s <= timeout_ms / 1000.0 + 5.0, "run %d: rank %d took %.2f s", run, r, s);
+    }
+  }
+  std::printf("killed rank: all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d runs\n", runs, runs);
+  return true;
+}
+
+// The A/B switch: rank 0's control file flips every rank on the same call.
+bool scenario_toggle(int n) {
+  const std::string control = g_dir + "/switch";
+  write_text(control, "on\n");
+  const int calls = 8;
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    std::string pattern;
+    for (int k = 0; k < calls; ++k) {
+      if (rank == 0 && k == 3) write_text(control, "off\n");
+      if (rank == 0 && k == 6) write_text(control, "1\n");
+      bool rerouted = false;
+      const int rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen);
+      if (rc != 0 && !(rc == 23 && rerouted)) return 10 + rc;  // exact whenever passed through
+      pattern += rerouted ? '1' : '0';
+    }
+    write_text(rank_file(rank, "toggle"), pattern);
+    return 0;
+  };
+  auto codes = run_ranks(n, [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_CONTROL_FILE", control}}; },
+                         body, 300);
+  if (!all_zero(codes, "toggle")) return false;
+  for (int r = 0; r < n; ++r) {
+    const std::string p = read_file(rank_file(r, "toggle"));
+    EXPECT(p == "11100011", "rank %d compressed calls %s, expected 11100011", r, p.c_str());
+  }
+  std::printf("A/B switch: every rank compressed calls 11100011\n");
+  return true;
+}
+
+// Metrics: per-communicator counters with reasons, JSON and Prometheus.
+bool scenario_metrics(int n) {
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    bool rerouted = false;
+    exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen);
+    exact_float_call(n, rank, comm, 1000, ncclSum, &rerouted, &seen);
+    exact_float_call(n, rank, comm, 1 << 20, ncclMax, &rerouted, &seen);
+    return 0;
+  };
+  for (const char* ext : {".json", ".prom"}) {
+    const std::string path = g_dir + "/metrics.%r" + ext;
+    auto codes = run_ranks(n, [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_METRICS_FILE", path}}; },
+                           body, 300);
+    if (!all_zero(codes, "metrics")) return false;
+    for (int r = 0; r < n; ++r) {
+      const std::string text = read_file(g_dir + "/metrics." + std::to_string(r) + ext);
+      EXPECT(!text.empty(), "rank %d wrote no %s metrics", r, ext);
+      if (std::string(ext) == ".json") {
+        EXPECT(text.find("\"rerouted\":1,") != std::string::npos && text.find("\"small\":1") != std::string::npos &&
+                   text.find("\"op\":1") != std::string::npos && text.find("\"bytes_in\":4194304") != std::string::npos,
+               "rank %d metrics: %s", r, text.c_str());
+      } else {
+        EXPECT(text.find("outcome=\"rerouted\"} 1") != std::string::npos &&
+                   text.find("outcome=\"small\"} 1") != std::string::npos &&
+                   text.find("dynamiq_rerouted_bytes_in_total{comm=\"0\",rank=\"" + std::to_string(r) + "\"} 4194304") != std::string::npos,
+               "rank %d metrics: %s", r, text.c_str());
+      }
+    }
+  }
+  std::printf("metrics: JSON and Prometheus files name every outcome\n");
+  return true;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -315,6 +621,20 @@ int main(int argc, char** argv) {
   bool ok = false;
   if (scenario == "accuracy") {
     ok = scenario_accuracy(n, argc > 3 ? argv[3] : "ring");
+  } else if (scenario == "passthrough") {
+    ok = scenario_passthrough(n);
+  } else if (scenario == "optin") {
+    ok = scenario_optin(n);
+  } else if (scenario == "mismatch") {
+    ok = scenario_mismatch(n);
+  } else if (scenario == "nan") {
+    ok = scenario_nan(n);
+  } else if (scenario == "kill") {
+    ok = scenario_kill(n, argc > 3 ? std::atoi(argv[3]) : 5);
+  } else if (scenario == "toggle") {
+    ok = scenario_toggle(n);
+  } else if (scenario == "metrics") {
+    ok = scenario_metrics(n);
   } else {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
