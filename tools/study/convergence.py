@@ -9,9 +9,13 @@ optimizer (AdamW, warm-up then linear decay, gradient clipping at 1.0) and the s
 semantics (the global batch is split into n disjoint micro-batches, one per worker, and the
 update uses the all-reduced mean of the n workers' gradients).
 
-Sizing for a shared 2-core CPU: the bottom --frozen-layers encoder layers and the
-embeddings are frozen and their output is computed once and cached (data/study/), so a step
-runs only the top layers. Every trainable parameter's gradient goes through the all-reduce.
+Sizing for a shared 2-core CPU: the embeddings, the bottom --frozen-layers encoder layers
+and the self-attention of the next layer are frozen; that attention's output is computed
+once and cached (data/study/), so a step runs only the feed-forward block of layer
+--frozen-layers (intermediate + output dense + LayerNorm), the layers above it and the
+head. With the default (5) that is the last layer's feed-forward block + the head, 1.19M
+parameters. Every trainable parameter's gradient goes through the all-reduce. Dropout is
+off (the frozen part is evaluated once, so the trainable part follows it).
 
     python3 tools/study/convergence.py prepare            # dataset + frozen features (once)
     python3 tools/study/convergence.py run --jobs 2       # every (n, scheme, seed) run
@@ -62,14 +66,14 @@ def parse_args(argv):
                    "or the usual build folders)")
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--frozen-layers", type=int, default=5,
-                   help="bottom encoder layers frozen (0..6); their output is cached")
+                   help="encoder layers below the first trained feed-forward block (0..5)")
     p.add_argument("--labels", type=int, default=16)
     p.add_argument("--max-per-label", type=int, default=400)
     p.add_argument("--max-val", type=int, default=5000, help="validation sentences (all)")
     p.add_argument("--workers", default="4,16")
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--train-batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-steps", type=int, default=5)
@@ -91,21 +95,24 @@ def parse_args(argv):
 
 
 def cache_path(args):
-    return args.cache / ("features_L%d_F%d.pt" % (args.seq_len, args.frozen_layers))
+    return args.cache / ("attn_L%d_F%d.pt" % (args.seq_len, args.frozen_layers))
 
 
 # ----------------------------------------------------------------------------
 # The model split: frozen bottom (cached) and the trainable top.
 
 
-def top_forward(encoder, head, layers, hidden, mask):
-    """Runs `layers` (the unfrozen BertLayers) + mean pooling + head on cached states."""
-    import torch
-    ext, _ = encoder._create_attention_masks(attention_mask=mask, encoder_attention_mask=None,
-                                             embedding_output=hidden,
-                                             encoder_hidden_states=None, cache=None)
-    h = hidden
-    for layer in layers:
+def top_forward(encoder, head, layers, attn_out, mask):
+    """Runs the feed-forward block of layers[0] on its cached self-attention output, then
+    the remaining BertLayers, mean pooling and the head. Trims padding columns first."""
+    keep = int(mask.sum(1).max().item())
+    attn_out, mask = attn_out[:, :keep], mask[:, :keep]
+    h = layers[0].feed_forward_chunk(attn_out)
+    if len(layers) > 1:
+        ext, _ = encoder._create_attention_masks(attention_mask=mask, encoder_attention_mask=None,
+                                                 embedding_output=h,
+                                                 encoder_hidden_states=None, cache=None)
+    for layer in layers[1:]:
         h = layer(h, ext)
         if isinstance(h, tuple):
             h = h[0]
@@ -118,6 +125,9 @@ def prepare(args):
     import torch
     import make_corpus as mc
     torch.set_num_threads(max(1, args.threads))
+    if cache_path(args).exists() and not args.force:
+        LOG.info("%s exists (--force rebuilds it)", cache_path(args))
+        return
     t0 = time.time()
     train, val, names = mc.build_dataset(args.labels, args.max_per_label, 0.15,
                                          args.max_val, 0)
@@ -126,6 +136,10 @@ def prepare(args):
     encoder, tokenizer, model_dir = mc.load_encoder_and_tokenizer()
     encoder.eval()
 
+    captured = {}
+    hook = encoder.encoder.layer[args.frozen_layers].attention.register_forward_hook(
+        lambda _m, _i, out: captured.__setitem__("attn", out[0] if isinstance(out, tuple) else out))
+
     def features(items):
         hs, masks = [], []
         with torch.no_grad():
@@ -133,9 +147,8 @@ def prepare(args):
                 enc = tokenizer([t for t, _ in items[i:i + 128]], truncation=True,
                                 max_length=args.seq_len, padding="max_length",
                                 return_tensors="pt")
-                out = encoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                              output_hidden_states=True)
-                hs.append(out.hidden_states[args.frozen_layers].clone())
+                out = encoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+                hs.append(captured["attn"].clone())
                 masks.append(enc["attention_mask"].clone())
                 # The split must reproduce the full model exactly (up to FP rounding).
                 if i == 0:
@@ -152,6 +165,7 @@ def prepare(args):
     t1 = time.time()
     train_h, train_m = features(train)
     val_h, val_m = features(val)
+    hook.remove()
     LOG.info("frozen features: train %s, val %s (%.0f s)", tuple(train_h.shape),
              tuple(val_h.shape), time.time() - t1)
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -178,6 +192,9 @@ class Trainer:
         self.initial_top = [{k: v.clone() for k, v in layer.state_dict().items()}
                             for layer in encoder.encoder.layer[args.frozen_layers:]]
         self.layers = encoder.encoder.layer[args.frozen_layers:]
+        # Trainable: the first top layer's feed-forward block and every layer above it.
+        self.trainable = [self.layers[0].intermediate, self.layers[0].output] + \
+            list(self.layers[1:])
         for p in encoder.parameters():
             p.requires_grad_(False)
         self.torch = torch
@@ -190,7 +207,7 @@ class Trainer:
             layer.load_state_dict(state)
         torch.manual_seed(seed)
         head = torch.nn.Linear(self.encoder.config.hidden_size, len(data["labels"]))
-        params = [p for layer in self.layers for p in layer.parameters()] + list(head.parameters())
+        params = [p for m in self.trainable for p in m.parameters()] + list(head.parameters())
         for p in params:
             p.requires_grad_(True)
         d = sum(p.numel() for p in params)

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Summarises the convergence study (tools/study/convergence.py run): a markdown table,
+loss and accuracy curves as PNG, steps to 99% of exact averaging's final accuracy, and a
+modelled time-to-accuracy at 10 and 100 Gbit/s.
+
+    python3 tools/study/analyze.py [--runs docs/results/study/runs] \
+        [--figures docs/figures] [--out docs/results/study/summary.md]
+
+Time model (per step, one worker): measured compute (its share of forward+backward, plus
+the optimizer step) + wire_bits_per_coord x d / bandwidth, where wire_bits_per_coord is what
+the C API reports for the scheme (bytes each worker sends over every hop of the
+reduce-scatter and all-gather, statistics included; 2 (n-1)/n x 32 for exact FP32). Codec
+compute and link latency are left out (a GPU codec runs far faster than the link here).
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+ORDER = ["exact", "bf16", "mxfp8", "mxfp4", "uniform5", "dynamiq5-ring", "dynamiq5-butterfly"]
+
+
+def load(runs_dir):
+    runs = []
+    for path in sorted(pathlib.Path(runs_dir).glob("n*_s*.json")):
+        runs.append(json.loads(path.read_text()))
+    return runs
+
+
+def mean_std(xs):
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def steps_to(evals, target):
+    """First evaluated step whose validation accuracy reaches target (None if never)."""
+    for e in evals:
+        if e["val_accuracy"] >= target:
+            return e["step"]
+    return None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=pathlib.Path,
+                   default=REPO_ROOT / "docs" / "results" / "study" / "runs")
+    p.add_argument("--figures", type=pathlib.Path, default=REPO_ROOT / "docs" / "figures")
+    p.add_argument("--out", type=pathlib.Path,
+                   default=REPO_ROOT / "docs" / "results" / "study" / "summary.md")
+    args = p.parse_args(argv)
+    runs = load(args.runs)
+    if not runs:
+        raise SystemExit("no runs in %s" % args.runs)
+    ns = sorted({r["n"] for r in runs})
+    lines = []
+    r0 = runs[0]
+    lines.append("Runs: %d; trainable d = %d (top %d encoder layer(s) + head), %d steps, "
+                 "global batch %d, sequence length %d, lr %g.\n" % (
+                     len(runs), r0["d"], 6 - r0["frozen_layers"], r0["steps"],
+                     r0["train_batch"], r0["seq_len"], r0["lr"]))
+    summary = {}
+    for n in ns:
+        exact = [r for r in runs if r["n"] == n and r["scheme"] == "exact"]
+        exact_final, _ = mean_std([r["final_val_accuracy"] for r in exact])
+        target = 0.99 * exact_final
+        # Exact averaging's steps to target (mean over its seeds) is the reference.
+        lines.append("\n### n = %d workers\n" % n)
+        lines.append("Target: 99%% of exact averaging's mean final accuracy = %.4f.\n" % target)
+        lines.append("| scheme | seeds | final val acc (mean +- std) | diff vs exact (pp) | "
+                     "final val loss | steps to target (mean; per seed) | steps / exact | "
+                     "bits/coord | wire bits/coord | TTA 10 Gbit/s (s) | TTA 100 Gbit/s (s) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        exact_steps = None
+        for scheme in ORDER:
+            sel = [r for r in runs if r["n"] == n and r["scheme"] == scheme]
+            if not sel:
+                continue
+            acc_m, acc_s = mean_std([r["final_val_accuracy"] for r in sel])
+            loss_m, _ = mean_std([r["final_val_loss"] for r in sel])
+            per_seed = [steps_to(r["evals"], target) for r in sel]
+            reached = [s for s in per_seed if s is not None]
+            st_mean = statistics.mean(reached) if len(reached) == len(per_seed) else None
+            if scheme == "exact":
+                exact_steps = st_mean
+            ratio = (st_mean / exact_steps) if (st_mean is not None and exact_steps) else None
+            compute = statistics.mean(r["compute_s_per_step_per_worker"] +
+                                      r["optimizer_s_per_step"] for r in sel)
+            wire = sel[0]["wire_bits_per_coord"]
+            tta = {}
+            for gbit in (10, 100):
+                comm = wire * sel[0]["d"] / (gbit * 1e9)
+                tta[gbit] = st_mean * (compute + comm) if st_mean is not None else None
+            summary[(n, scheme)] = {"acc": acc_m, "std": acc_s, "steps": st_mean, "tta": tta}
+            lines.append("| %s | %d | %.4f +- %.4f | %+.2f | %.4f | %s; %s | %s | %.3f | %.3f | %s | %s |" % (
+                scheme, len(sel), acc_m, acc_s, 100 * (acc_m - exact_final), loss_m,
+                "%.1f" % st_mean if st_mean is not None else "not reached",
+                ",".join(str(s) if s is not None else "-" for s in per_seed),
+                "%.2f" % ratio if ratio is not None else "-", sel[0]["bits_per_coord"], wire,
+                "%.2f" % tta[10] if tta[10] is not None else "-",
+                "%.2f" % tta[100] if tta[100] is not None else "-"))
+        comp = statistics.mean(r["compute_s_per_step_per_worker"] + r["optimizer_s_per_step"]
+                               for r in runs if r["n"] == n)
+        lines.append("\nMeasured compute per step and worker (forward+backward share + optimizer), "
+                     "mean over runs: %.4f s." % comp)
+    wall = args.runs / "study_wall_seconds.json"
+    if wall.exists():
+        w = json.loads(wall.read_text())
+        lines.append("\nStudy wall time: %.0f s for %d runs (%d in parallel, %d thread(s) each)."
+                     % (w["wall_s"], w["runs"], w["jobs"], w["threads"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    args.figures.mkdir(parents=True, exist_ok=True)
+    for n in ns:
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        for i, scheme in enumerate(ORDER):
+            sel = [r for r in runs if r["n"] == n and r["scheme"] == scheme]
+            if not sel:
+                continue
+            color = "C%d" % i
+            steps = [e["step"] for e in sel[0]["evals"]]
+            accs = [statistics.mean(r["evals"][k]["val_accuracy"] for r in sel
+                                    if k < len(r["evals"])) for k in range(len(steps))]
+            vls = [statistics.mean(r["evals"][k]["val_loss"] for r in sel
+                                   if k < len(r["evals"])) for k in range(len(steps))]
+            axes[0].plot(steps, accs, color=color, label=scheme, marker=".")
+            axes[1].plot(steps, vls, color=color, label=scheme, marker=".")
+            hist = [statistics.mean(r["history"][k]["train_loss"] for r in sel
+                                    if k < len(r["history"])) for k in range(len(sel[0]["history"]))]
+            window = 5
+            smooth = [statistics.mean(hist[max(0, k - window + 1):k + 1]) for k in range(len(hist))]
+            axes[2].plot(range(len(smooth)), smooth, color=color, label=scheme)
+        axes[0].set_title("validation accuracy (mean of seeds), n=%d" % n)
+        axes[1].set_title("validation loss (mean of seeds), n=%d" % n)
+        axes[2].set_title("training loss (mean of seeds, 5-step mean), n=%d" % n)
+        for ax in axes:
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        path = args.figures / ("study_curves_n%d.png" % n)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
