@@ -195,13 +195,17 @@ def main():
     setup_s = time.monotonic() - t_setup
 
     times = np.zeros(a.warmup + a.iters, dtype=np.float64)
+    cpu = np.zeros_like(times)  # CPU seconds of this process (all its threads) per call
     for i in range(times.size):
         nccl.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         nccl.allreduce(send, recv, a.dtype, NCCL_SUM)
         times[i] = time.perf_counter() - t0
+        cpu[i] = time.process_time() - c0
     slowest = np.zeros_like(times)
     nccl.allreduce(times, slowest, "float64", NCCL_MAX)
+    cpu_all_ranks = np.zeros_like(cpu)
+    nccl.allreduce(cpu, cpu_all_ranks, "float64", NCCL_SUM)
     timed = slowest[a.warmup:]
 
     result = from_bf16_bits(recv) if a.dtype == "bfloat16" else recv
@@ -226,7 +230,12 @@ def main():
             "times_s": [round(float(t), 6) for t in timed],
             "warmup_times_s": [round(float(t), 6) for t in slowest[:a.warmup]],
             "median_s": float(np.median(timed)), "min_s": float(timed.min()),
-            "max_s": float(timed.max()), "vnmse": error, "identical_on_all_ranks": identical,
+            "max_s": float(timed.max()),
+            # CPU seconds all ranks together spent per call, and that over the wall time: how
+            # many cores the job kept busy (the machine has os.cpu_count()).
+            "cpu_s_all_ranks_median": float(np.median(cpu_all_ranks[a.warmup:])),
+            "cores_busy_median": float(np.median(cpu_all_ranks[a.warmup:] / timed)),
+            "cpu_count": os.cpu_count(), "vnmse": error, "identical_on_all_ranks": identical,
             "finite": finite, "setup_s": round(setup_s, 3),
         }
         print("RESULT " + json.dumps(report), flush=True)

@@ -33,9 +33,6 @@ def main():
             ratios[f"{other}_over_dynamiq5"] = t / base
     summary = {"setup": setup, "runs": records, "speedups": ratios,
                "targets": {f"{k}_over_dynamiq5": v for k, v in TARGETS.items()}}
-    with open(sys.argv[3], "w") as f:
-        json.dump(summary, f, indent=1)
-
     lines = ["```", setup.rstrip(), "```", ""]
     if "iperf3" in by_label:
         lines.append(f"iperf3 (one TCP stream, rank 0 -> rank 1): "
@@ -43,32 +40,41 @@ def main():
         lines.append("")
     perf_rows = [r for r in records if r.get("tool") == "dynamiq-perf" and "busbw_gb_s" in r]
     if perf_rows:
-        lines += ["| dynamiq-perf run | dtype | time per all-reduce (s, mean) | busbw (GB/s) | "
-                  "busbw (Gbit/s) | #wrong | identical | link tx (MiB) |",
+        lines += ["| dynamiq-perf run | dtype | time per all-reduce (s, mean) | busbw (GB/s, "
+                  "printed) | busbw (Gbit/s, from the time) | #wrong | identical | "
+                  "link tx (MiB) |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in perf_rows:
+            # dynamiq-perf prints busbw with two decimals; recompute it from the time:
+            # busbw = bytes / time * 2(n-1)/n with n = 4.
+            busbw_gbit = r["bytes"] / (r["time_us"] / 1e6) * 1.5 * 8 / 1e9
+            r["busbw_gbit_s_from_time"] = busbw_gbit
             lines.append(f"| {r['label']} | {r['dtype']} | {r['time_us'] / 1e6:.3f} | "
-                         f"{r['busbw_gb_s']:.4f} | {r['busbw_gb_s'] * 8:.3f} | {r['wrong']} | "
+                         f"{r['busbw_gb_s']:.2f} | {busbw_gbit:.3f} | {r['wrong']} | "
                          f"{r.get('identical_on_all_ranks')} | "
                          f"{r['link_tx_bytes'] / 2**20:.1f} |")
         lines.append("")
     client_rows = [r for r in records if r.get("tool") == "allreduce_client.py"]
     if client_rows or any("skipped" in r for r in records):
         lines += ["| run | wire dtype | median s per all-reduce | min | max | vNMSE | "
-                  "identical | link tx (MiB, whole job) | load after |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "identical | link tx (MiB, whole job) | CPU s per call (all ranks) | "
+                  "cores busy | load after |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in records:
             if "skipped" in r:
-                lines.append(f"| {r['label']} | skipped: {r['skipped']} | | | | | | | |")
+                lines.append(f"| {r['label']} | skipped: {r['skipped']} | | | | | | | | | |")
             elif r.get("tool") == "allreduce_client.py" and "median_s" in r:
                 vn = r["vnmse"]
                 lines.append(f"| {r['label']} | {r['dtype']} | {r['median_s']:.3f} | "
                              f"{r['min_s']:.3f} | {r['max_s']:.3f} | "
                              f"{'n/a' if vn is None else f'{vn:.3e}'} | "
                              f"{r['identical_on_all_ranks']} | "
-                             f"{r['link_tx_bytes'] / 2**20:.1f} | {r['load_after']} |")
+                             f"{r['link_tx_bytes'] / 2**20:.1f} | "
+                             f"{r.get('cpu_s_all_ranks_median', float('nan')):.2f} | "
+                             f"{r.get('cores_busy_median', float('nan')):.2f} | "
+                             f"{r['load_after']} |")
             elif r.get("tool") == "allreduce_client.py":
-                lines.append(f"| {r['label']} | FAILED (exit {r['exit']}) | | | | | | | |")
+                lines.append(f"| {r['label']} | FAILED (exit {r['exit']}) | | | | | | | | | |")
         lines.append("")
     for key, value in ratios.items():
         other = key.split("_over_")[0]
@@ -76,6 +82,8 @@ def main():
         verdict = "" if target is None else (
             f" (target >= {target}x: {'met' if value >= target else 'NOT met'})")
         lines.append(f"- speed-up of dynamiq5 over {other}: {value:.2f}x{verdict}")
+    with open(sys.argv[3], "w") as f:
+        json.dump(summary, f, indent=1)
     with open(sys.argv[4], "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
