@@ -1,0 +1,226 @@
+// Units of config/ (the settings table, opt-in rules) and the engine's control words.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "config/optin.h"
+#include "config/settings.h"
+#include "shim/engine/control.h"
+#include "shim/engine/engine.h"
+
+namespace dq {
+namespace {
+
+using Map = std::map<std::string, std::string>;
+
+const char* lookup(const char* key, void* ctx) {
+  auto* m = static_cast<Map*>(ctx);
+  auto it = m->find(key);
+  return it == m->end() ? nullptr : it->second.c_str();
+}
+
+Status load(Map env, config::Settings* s, std::string* error) {
+  return config::load(lookup, &env, s, error);
+}
+
+TEST(Settings, DefaultsAreValidAndOff) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({}, &s, &error), Status::kOk) << error;
+  EXPECT_FALSE(s.enable);
+  EXPECT_EQ(s.codec_spec, "dynamiq:5");
+  EXPECT_EQ(s.min_bytes, 1 << 20);
+  EXPECT_EQ(s.block_bytes, 16 << 20);
+  EXPECT_TRUE(s.allow_f32 && s.allow_bf16);
+  EXPECT_EQ(s.topology, "auto");
+}
+
+TEST(Settings, ParsesEveryKind) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "on"}, {"DYNAMIQ_BITS", "4.5"}, {"DYNAMIQ_MIN_BYTES", "64K"},
+                  {"DYNAMIQ_DTYPES", "bf16"}, {"DYNAMIQ_CORRELATED", "false"},
+                  {"DYNAMIQ_SEED", "0x10"}, {"DYNAMIQ_TOPO", "Ring"}, {"DYNAMIQ_CODEC", "MXFP8"}},
+                 &s, &error),
+            Status::kOk)
+      << error;
+  EXPECT_TRUE(s.enable);
+  EXPECT_DOUBLE_EQ(s.bits, 4.5);
+  EXPECT_EQ(s.min_bytes, 65536);
+  EXPECT_FALSE(s.allow_f32);
+  EXPECT_TRUE(s.allow_bf16);
+  EXPECT_FALSE(s.correlated);
+  EXPECT_EQ(s.seed, 16);
+  EXPECT_EQ(s.topology, "ring");
+  EXPECT_EQ(s.codec_spec, "mxfp8");
+  ASSERT_EQ(load({{"DYNAMIQ_CORRELATED", "0"}}, &s, &error), Status::kOk);
+  EXPECT_EQ(s.codec_spec, "dynamiq:5:corr=0");
+}
+
+// Every invalid value: one message naming the variable, the value and what is accepted; the
+// result is disabled (pass-through).
+TEST(Settings, InvalidValuesAreNamedAndDisable) {
+  struct Case {
+    const char* key;
+    const char* value;
+    const char* says;
+  } cases[] = {
+      {"DYNAMIQ_ENABLE", "maybe", "DYNAMIQ_ENABLE=maybe is not valid; accepted: 0|1"},
+      {"DYNAMIQ_BITS", "2", "DYNAMIQ_BITS=2 is not valid; accepted: 3..16"},
+      {"DYNAMIQ_BITS", "5x", "DYNAMIQ_BITS=5x is not valid"},
+      {"DYNAMIQ_MIN_BYTES", "-1", "DYNAMIQ_MIN_BYTES=-1 is not valid"},
+      {"DYNAMIQ_MIN_BYTES", "3Q", "DYNAMIQ_MIN_BYTES=3Q is not valid"},
+      {"DYNAMIQ_BLOCK_BYTES", "1K", "DYNAMIQ_BLOCK_BYTES=1K is not valid; accepted: 256K..1G"},
+      {"DYNAMIQ_TIMEOUT_MS", "10", "DYNAMIQ_TIMEOUT_MS=10 is not valid"},
+      {"DYNAMIQ_TOPO", "torus", "DYNAMIQ_TOPO=torus is not a topology; accepted: ring, butterfly, auto"},
+      {"DYNAMIQ_CODEC", "zip", "DYNAMIQ_CODEC=zip is not a codec"},
+      {"DYNAMIQ_DTYPES", "float32,int8", "DYNAMIQ_DTYPES=float32,int8 is not a comma list"},
+      {"DYNAMIQ_COMMS", "rank=3", "DYNAMIQ_COMMS=rank=3: unknown term 'rank=3'"},
+      {"DYNAMIQ_COMMS", "size=x", "DYNAMIQ_COMMS=size=x: term 'size=x' needs a non-negative integer"},
+      {"DYNAMIQ_METRICS_INTERVAL_S", "0", "DYNAMIQ_METRICS_INTERVAL_S=0 is not valid"},
+  };
+  for (const Case& c : cases) {
+    config::Settings s;
+    std::string error;
+    Map env{{c.key, c.value}};
+    env.emplace("DYNAMIQ_ENABLE", "1");  // no effect when c.key is DYNAMIQ_ENABLE itself
+    EXPECT_EQ(load(env, &s, &error), Status::kInvalidArgument)
+        << c.key << "=" << c.value;
+    EXPECT_NE(error.find(c.says), std::string::npos) << error;
+    EXPECT_FALSE(s.enable) << c.key;
+  }
+}
+
+TEST(Settings, DescribeListsEveryKeyWithItsValue) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_BITS", "6"}}, &s, &error), Status::kOk);
+  const std::string text = config::describe(s);
+  for (const char* key : {"DYNAMIQ_ENABLE=0", "DYNAMIQ_BITS=6", "DYNAMIQ_TOPO=auto",
+                          "DYNAMIQ_COMMS=all", "DYNAMIQ_CONTROL_FILE=", "DYNAMIQ_METRICS_FILE="})
+    EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
+}
+
+TEST(Settings, AgreedHashesSeeEveryAgreedSettingAndIgnoreLocalOnes) {
+  config::Settings a, b;
+  std::string error;
+  ASSERT_EQ(load({}, &a, &error), Status::kOk);
+  const int n = config::Agreed::count();
+  ASSERT_GE(n, 9);
+  for (const char* key : {"DYNAMIQ_BITS", "DYNAMIQ_TOPO", "DYNAMIQ_MIN_BYTES", "DYNAMIQ_SEED",
+                          "DYNAMIQ_CODEC", "DYNAMIQ_DTYPES", "DYNAMIQ_COMMS"}) {
+    Map env{{key, std::string(key) == "DYNAMIQ_TOPO"    ? "ring"
+                  : std::string(key) == "DYNAMIQ_CODEC" ? "mxfp4"
+                  : std::string(key) == "DYNAMIQ_DTYPES" ? "float32"
+                  : std::string(key) == "DYNAMIQ_COMMS"  ? "none"
+                                                         : "7"}};
+    ASSERT_EQ(load(env, &b, &error), Status::kOk) << key << error;
+    int differing = 0;
+    std::string which;
+    for (int i = 0; i < n; ++i)
+      if (config::Agreed::hash(a, i) != config::Agreed::hash(b, i)) {
+        ++differing;
+        which = config::Agreed::key(i);
+      }
+    EXPECT_EQ(differing, 1) << key;
+    EXPECT_EQ(which, key);
+  }
+  // Local settings (metrics, control file, timeout) may differ between ranks.
+  ASSERT_EQ(load({{"DYNAMIQ_METRICS_FILE", "/tmp/x"}, {"DYNAMIQ_TIMEOUT_MS", "1000"},
+                  {"DYNAMIQ_CONTROL_FILE", "/tmp/y"}},
+                 &b, &error),
+            Status::kOk);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(config::Agreed::hash(a, i), config::Agreed::hash(b, i));
+}
+
+TEST(OptIn, RulesMatchNameSizeIndexColor) {
+  config::OptInRules rules;
+  std::string error;
+  ASSERT_EQ(config::parse_opt_in("name=grad*,size=8,index=2,color=3", &rules, &error), Status::kOk);
+  EXPECT_TRUE(config::opted_in(rules, {"grad.0", 4, 0, -1}));
+  EXPECT_FALSE(config::opted_in(rules, {"optim", 4, 0, -1}));
+  EXPECT_TRUE(config::opted_in(rules, {"", 8, 0, -1}));
+  EXPECT_TRUE(config::opted_in(rules, {"", 4, 2, -1}));
+  EXPECT_TRUE(config::opted_in(rules, {"", 4, 0, 3}));
+  EXPECT_FALSE(config::opted_in(rules, {"", 4, 0, 4}));
+  ASSERT_EQ(config::parse_opt_in("none", &rules, &error), Status::kOk);
+  EXPECT_FALSE(config::opted_in(rules, {"grad", 8, 0, 3}));
+  ASSERT_EQ(config::parse_opt_in("all", &rules, &error), Status::kOk);
+  EXPECT_TRUE(config::opted_in(rules, {"", 2, 9, -1}));
+  EXPECT_TRUE(config::glob_match("a*b?c", "axxxbyc"));
+  EXPECT_FALSE(config::glob_match("a*b?c", "axxxbc"));
+  EXPECT_TRUE(config::glob_match("*", ""));
+  EXPECT_FALSE(config::glob_match("grad", "grad.0"));
+}
+
+// The control words, reduced with MAX across simulated ranks.
+std::vector<uint32_t> reduce_max(const std::vector<engine::LocalControl>& ranks) {
+  std::vector<uint32_t> out(engine::control_words(), 0), w(engine::control_words());
+  for (const auto& r : ranks) {
+    engine::pack_control(r, w.data());
+    for (size_t i = 0; i < w.size(); ++i) out[i] = std::max(out[i], w[i]);
+  }
+  return out;
+}
+
+TEST(Control, AgreementSwitchAndFailure) {
+  config::Settings s, other;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "1"}}, &s, &error), Status::kOk);
+  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BITS", "6"}}, &other, &error), Status::kOk);
+  engine::LocalControl root{&s, true, true, true, true, false};
+  engine::LocalControl peer{&s, true, true, false, true, false};
+  auto d = engine::decide_control(reduce_max({root, peer, peer}).data());
+  EXPECT_TRUE(d.agreed);
+  EXPECT_TRUE(d.compress());
+  // Rank 0's switch decides for everyone; other ranks' switch state is ignored.
+  root.switch_on = false;
+  d = engine::decide_control(reduce_max({root, peer, peer}).data());
+  EXPECT_TRUE(d.agreed);
+  EXPECT_FALSE(d.switch_on);
+  EXPECT_FALSE(d.compress());
+  root.switch_on = true;
+  peer.switch_on = false;
+  EXPECT_TRUE(engine::decide_control(reduce_max({root, peer}).data()).compress());
+  // A local failure anywhere stops compression everywhere.
+  engine::LocalControl sick = peer;
+  sick.local_failure = true;
+  d = engine::decide_control(reduce_max({root, peer, sick}).data());
+  EXPECT_TRUE(d.any_failure);
+  EXPECT_FALSE(d.compress());
+  // A differing setting is detected and named, whichever rank holds it.
+  engine::LocalControl odd{&other, true, true, false, true, false};
+  for (auto ranks : {std::vector<engine::LocalControl>{root, odd, peer},
+                     std::vector<engine::LocalControl>{root, peer, odd}}) {
+    d = engine::decide_control(reduce_max(ranks).data());
+    EXPECT_FALSE(d.agreed);
+    EXPECT_NE(d.differs.find("DYNAMIQ_BITS"), std::string::npos) << d.differs;
+    EXPECT_FALSE(d.compress());
+  }
+  // Opt-in on some ranks only.
+  engine::LocalControl out = peer;
+  out.opted_in = false;
+  d = engine::decide_control(reduce_max({root, out}).data());
+  EXPECT_FALSE(d.agreed);
+  EXPECT_NE(d.differs.find("opt-in"), std::string::npos);
+  // Everyone opted out: agreed, nothing compressed.
+  engine::LocalControl root_out = root;
+  root_out.opted_in = false;
+  d = engine::decide_control(reduce_max({root_out, out}).data());
+  EXPECT_TRUE(d.agreed);
+  EXPECT_FALSE(d.enabled);
+}
+
+TEST(Topology, AutoPicksButterflyForPowersOfTwoFromFour) {
+  EXPECT_EQ(engine::choose_topology("auto", 2), topo::Kind::kRing);
+  EXPECT_EQ(engine::choose_topology("auto", 3), topo::Kind::kRing);
+  EXPECT_EQ(engine::choose_topology("auto", 4), topo::Kind::kButterfly);
+  EXPECT_EQ(engine::choose_topology("auto", 6), topo::Kind::kRing);
+  EXPECT_EQ(engine::choose_topology("auto", 64), topo::Kind::kButterfly);
+  EXPECT_EQ(engine::choose_topology("ring", 64), topo::Kind::kRing);
+  EXPECT_EQ(engine::choose_topology("butterfly", 3), topo::Kind::kButterfly);
+}
+
+}  // namespace
+}  // namespace dq
