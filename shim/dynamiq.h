@@ -19,6 +19,10 @@ int dynamiqCommRegister(void* comm, int enable);
  * an unknown communicator. Tools use it to say which calls were compressed. */
 int dynamiqCommCounters(void* comm, unsigned long long* rerouted, unsigned long long* passed);
 
+/* Bytes of the caller's buffers in compressed calls on `comm`, and bytes this rank sent for them
+ * (every chunk message, plus the statistics as a ring all-reduce would send them). */
+int dynamiqCommBytes(void* comm, unsigned long long* bytes_in, unsigned long long* wire_bytes);
+
 /* Rewrites DYNAMIQ_METRICS_FILE now. Returns 0. */
 int dynamiqMetricsFlush(void);
 

@@ -186,6 +186,17 @@ DQ_SHIM_API int dynamiqCommCounters(void* comm, unsigned long long* rerouted,
   });
 }
 
+DQ_SHIM_API int dynamiqCommBytes(void* comm, unsigned long long* bytes_in,
+                                 unsigned long long* wire_bytes) {
+  return guarded("dynamiqCommBytes", [&] {
+    uint64_t in = 0, wire = 0;
+    const ncclResult_t res = dq::shim::comm_bytes(static_cast<ncclComm_t>(comm), &in, &wire);
+    if (bytes_in) *bytes_in = in;
+    if (wire_bytes) *wire_bytes = wire;
+    return res;
+  });
+}
+
 DQ_SHIM_API int dynamiqMetricsFlush(void) {
   return guarded("dynamiqMetricsFlush", [&] {
     dq::engine::metrics_flush();

@@ -202,6 +202,15 @@ ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed
   return ncclSuccess;
 }
 
+ncclResult_t comm_bytes(ncclComm_t comm, uint64_t* bytes_in, uint64_t* wire_bytes) {
+  std::shared_ptr<CommEntry> e = find(comm);
+  if (e == nullptr) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> lock(e->mutex);
+  *bytes_in = e->metrics ? e->metrics->bytes_in.load() : 0;
+  *wire_bytes = e->metrics ? e->metrics->wire_bytes.load() : 0;
+  return ncclSuccess;
+}
+
 ncclResult_t register_comm(ncclComm_t comm, int enable) {
   std::shared_ptr<CommEntry> e = find(comm);
   if (e == nullptr) {

@@ -50,5 +50,7 @@ ncclResult_t register_comm(ncclComm_t comm, int enable);
 
 // Calls on `comm` so far: compressed, and passed through (any reason).
 ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed);
+// Caller bytes of compressed calls and the bytes this rank sent for them.
+ncclResult_t comm_bytes(ncclComm_t comm, uint64_t* bytes_in, uint64_t* wire_bytes);
 
 }  // namespace dq::shim
