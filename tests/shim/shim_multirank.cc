@@ -2,6 +2,7 @@
 // is preloaded by the test's environment), gives each its own DYNAMIQ_* settings, and checks
 // what an application would see. Usage: shim_multirank SCENARIO NRANKS [TOPO]
 // Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
+// (accuracy takes TOPO and optionally DYNAMIQ_BLOCK_BYTES; kill takes the number of runs.)
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -173,7 +174,7 @@ void write_text(const std::string& path, const std::string& text) {
 // ---- accuracy: rerouted results against the simulator, both dtypes and ops ------------------
 constexpr size_t kCount = 1000003;  // not a multiple of 256: any element count
 
-bool scenario_accuracy(int n, const std::string& topo) {
+bool scenario_accuracy(int n, const std::string& topo, const std::string& block_bytes) {
   dq::sim::SyntheticSpec spec;
   spec.rows = n;
   spec.cols = kCount;
@@ -237,7 +238,7 @@ bool scenario_accuracy(int n, const std::string& topo) {
     write_text(rank_file(rank, "accuracy"), report);
     return 0;
   };
-  Env env = {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", topo}};
+  Env env = {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", topo}, {"DYNAMIQ_BLOCK_BYTES", block_bytes}};
   auto codes = run_ranks(n, [&](int) { return env; }, body, 600);
   if (!all_zero(codes, "accuracy")) return false;
 
@@ -620,7 +621,8 @@ int main(int argc, char** argv) {
   const int n = std::atoi(argv[2]);
   bool ok = false;
   if (scenario == "accuracy") {
-    ok = scenario_accuracy(n, argc > 3 ? argv[3] : "ring");
+    // Optional 4th argument: DYNAMIQ_BLOCK_BYTES (small blocks exercise the pipeline).
+    ok = scenario_accuracy(n, argc > 3 ? argv[3] : "ring", argc > 4 ? argv[4] : "16M");
   } else if (scenario == "passthrough") {
     ok = scenario_passthrough(n);
   } else if (scenario == "optin") {
