@@ -73,11 +73,11 @@ def parse_args(argv):
     p.add_argument("--workers", default="4,16")
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=100)
     p.add_argument("--train-batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-steps", type=int, default=5)
-    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     p.add_argument("--threads", type=int, default=1, help="torch and TBB threads per run")
     p.add_argument("--force", action="store_true", help="redo runs whose output exists")
@@ -104,14 +104,24 @@ def cache_path(args):
 
 def top_forward(encoder, head, layers, attn_out, mask):
     """Runs the feed-forward block of layers[0] on its cached self-attention output, then
-    the remaining BertLayers, mean pooling and the head. Trims padding columns first."""
+    the remaining BertLayers, mean pooling and the head.
+
+    With no layer above the feed-forward block, only real tokens are computed (the block is
+    per-token and the pooling ignores padding, so packing them is exact)."""
+    import torch
+    if len(layers) == 1:
+        real = mask.bool()
+        h = layers[0].feed_forward_chunk(attn_out[real])
+        sentence = torch.arange(mask.shape[0]).unsqueeze(1).expand_as(mask)[real]
+        pooled = torch.zeros(mask.shape[0], h.shape[-1], dtype=h.dtype).index_add_(0, sentence, h)
+        pooled = pooled / mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)
+        return head(pooled)
     keep = int(mask.sum(1).max().item())
     attn_out, mask = attn_out[:, :keep], mask[:, :keep]
     h = layers[0].feed_forward_chunk(attn_out)
-    if len(layers) > 1:
-        ext, _ = encoder._create_attention_masks(attention_mask=mask, encoder_attention_mask=None,
-                                                 embedding_output=h,
-                                                 encoder_hidden_states=None, cache=None)
+    ext, _ = encoder._create_attention_masks(attention_mask=mask, encoder_attention_mask=None,
+                                             embedding_output=h,
+                                             encoder_hidden_states=None, cache=None)
     for layer in layers[1:]:
         h = layer(h, ext)
         if isinstance(h, tuple):
