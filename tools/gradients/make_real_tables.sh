@@ -23,7 +23,7 @@ $RT vnmse --corpus data/gradients --steps 0,40,79 --workers 4 --topos butterfly 
 $RT match --corpus data/gradients --steps 0,40,79 --workers 4 --topos ring \
   --threads "$T" --out "$R/real_match.jsonl"
 # 3. n = 4 .. 64 (64 workers on disjoint micro-batches), every 16th block of 16384 values.
-$RT vnmse --corpus data/gradients64 --steps 40,0 --workers 4,8,16,32,64 --topos ring,butterfly \
+$RT vnmse --corpus data/gradients64 --steps 0,40 --workers 4,8,16,32,64 --topos ring,butterfly \
   --energy --subsample 16 --codecs dynamiq:5,mxfp8,mxfp6,mxfp4,uniform:5,bf16 \
   --threads "$T" --out "$R/real_n64.jsonl"
 $RT report "$R/real_n4.jsonl" "$R/real_match.jsonl" "$R/real_n64.jsonl" > "$R/real_tables.md"

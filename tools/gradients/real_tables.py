@@ -103,9 +103,15 @@ def energy_stats(rows):
             else float("nan")}
 
 
-def load_corpus(corpus, step):
+def load_corpus(corpus, step, wait_s=2400):
     npy = pathlib.Path(corpus) / ("step%05d.npy" % step)
-    meta = json.loads((pathlib.Path(corpus) / ("step%05d.json" % step)).read_text())
+    sidecar = pathlib.Path(corpus) / ("step%05d.json" % step)
+    # make_corpus.py writes the sidecar last: when it is missing the dump may still be on its
+    # way (a corpus run in progress), so wait for it, bounded, then fail.
+    deadline = time.time() + wait_s
+    while not sidecar.exists() and time.time() < deadline:
+        time.sleep(15)
+    meta = json.loads(sidecar.read_text())
     return np.load(npy, mmap_mode="r"), meta["layout"]
 
 
@@ -160,6 +166,32 @@ def vnmse_at(lib, rows, budget, topo, seed, calls):
                               average=False, want_result=False)
         vals.append(st["vnmse"])
     return float(np.mean(vals))
+
+
+def cmd_profile(args):
+    """Energy concentration profile of the exact sum of the first n rows, per part."""
+    n = args.workers[0]
+    with open(args.out, "a") as fh:
+        for step in args.steps:
+            matrix, layout = load_corpus(args.corpus, step)
+            for part in args.parts:
+                rows = part_rows(matrix, part_ranges(layout, part), n, args.subsample, args.block)
+                usable = rows[0].shape[0] // SUPER_GROUP * SUPER_GROUP
+                exact = np.zeros(usable, dtype=np.float64)
+                for r in rows:
+                    exact += np.asarray(r[:usable], dtype=np.float64)
+                f = (exact * exact).reshape(-1, SUPER_GROUP).sum(1)
+                nonzero = f[f > 0]
+                med = float(np.median(nonzero)) if nonzero.size else float("nan")
+                rec = {"kind": "profile", "corpus": str(args.corpus), "step": step, "part": part,
+                       "workers": n, "super_groups": int(f.size),
+                       "zero_fraction": float(np.mean(f == 0)),
+                       "top_share": {str(q): top_share(f, q) for q in (0.01, 0.05, 0.1, 0.25, 0.5)},
+                       "below_x_nonzero_median": {str(x): float(np.mean(f < x * med))
+                                                  for x in (1e-1, 1e-2, 1e-4)},
+                       "nonzero_median": med}
+                emit(fh, rec)
+                print(json.dumps(rec), file=sys.stderr, flush=True)
 
 
 def cmd_match(args, lib):
@@ -256,15 +288,29 @@ def cmd_report(args):
         out.append("| step | part | topo | n | MXFP8 vNMSE | DynamiQ budget (bits/coord) |")
         out.append("|---|---|---|---|---|---|")
         for r in ma:
-            out.append("| %d | %s | %s | %d | %.3e | %.2f |" % (
+            bits = r["match_budget_bits"]
+            out.append("| %d | %s | %s | %d | %.3e | %s |" % (
                 r["step"], r["part"], r["topo"], r["workers"], r["mxfp8_vnmse"],
-                r["match_budget_bits"]))
+                "<= 3 (below MXFP8 already at the 3-bit minimum)" if bits <= 3.0 else
+                "%.2f" % bits))
+    pr = [r for r in recs if r["kind"] == "profile"]
+    if pr:
+        out.append("\n#### Energy concentration profile (exact sum of the workers' rows)\n")
+        out.append("| step | part | super-groups | zero | top 1% | top 5% | top 10% | top 25% | "
+                   "top 50% | below 0.1 x median | below 0.01 x median | below 1e-4 x median |")
+        out.append("|---" * 12 + "|")
+        for r in pr:
+            t, b = r["top_share"], r["below_x_nonzero_median"]
+            out.append("| %d | %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
+                r["step"], r["part"], r["super_groups"], r["zero_fraction"], t["0.01"], t["0.05"],
+                t["0.1"], t["0.25"], t["0.5"], b["0.1"], b["0.01"], b["0.0001"]))
+        out.append("\n(median: of the non-zero super-groups' squared norms)")
     print("\n".join(out))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["vnmse", "match", "report"])
+    p.add_argument("mode", choices=["vnmse", "match", "profile", "report"])
     p.add_argument("inputs", nargs="*", help="report: jsonl files")
     p.add_argument("--corpus", type=pathlib.Path, default=REPO_ROOT / "data" / "gradients")
     p.add_argument("--steps", default="0,40,79")
@@ -294,6 +340,9 @@ def main(argv=None):
     args.parts = args.parts.split(",")
     if args.block % SUPER_GROUP:
         p.error("--block must be a multiple of 256")
+    if args.mode == "profile":
+        cmd_profile(args)
+        return 0
     from dynamiq_capi import DynamiqCapi
     lib = DynamiqCapi(args.capi)
     if args.threads:
