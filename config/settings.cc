@@ -286,9 +286,13 @@ std::string describe(const Settings& s) {
   for (int i = 0; i < kCount; ++i) {
     out += "  ";
     out += kTable[i].key;
-    out += "=" + kShow[i](s);
-    out += std::string("  (default ") + (*kTable[i].fallback ? kTable[i].fallback : "\"\"") +
-           ")  " + kTable[i].doc + "\n";
+    out += '=';
+    out += kShow[i](s);
+    out += "  (default ";
+    out += *kTable[i].fallback ? kTable[i].fallback : "\"\"";
+    out += ")  ";
+    out += kTable[i].doc;
+    out += '\n';
   }
   return out;
 }

@@ -163,6 +163,8 @@ PassReason Engine::screen(const CallArgs& call) const {
   if (device_ == nullptr) return PassReason::kNoDevice;
   if (state_ == State::kInert)
     return warned_differs_.empty() ? PassReason::kDisabled : PassReason::kSettingsDiffer;
+  // Not agreed yet: the handshake only runs outside a group and outside capture.
+  if (state_ == State::kPending) return call.capturing ? PassReason::kCapturing : PassReason::kInGroup;
   if (!settings_valid_ || !settings_.enable) return PassReason::kDisabled;
   if (!opted_in_) return PassReason::kNotOptedIn;
   size_t esize;
