@@ -270,7 +270,16 @@ const Settings& global() {
       DQ_WARN(Subsys::kEnv, "dynamiq: %s. Compression is OFF: every call passes through to NCCL.",
               error.c_str());
     } else if (log_enabled(LogLevel::kInfo, Subsys::kEnv)) {
-      DQ_INFO(Subsys::kEnv, "dynamiq settings:\n%s", describe(settings).c_str());
+      // One line per setting: log lines have a bounded length.
+      const std::string text = describe(settings);
+      size_t begin = 0;
+      for (int line = 0; line < 64 && begin < text.size(); ++line) {
+        const size_t end = text.find('\n', begin);
+        DQ_INFO(Subsys::kEnv, "dynamiq setting %s",
+                text.substr(begin + 2, end == std::string::npos ? std::string::npos : end - begin - 2).c_str());
+        if (end == std::string::npos) break;
+        begin = end + 1;
+      }
     }
   });
   return g_settings;

@@ -582,10 +582,17 @@ bool scenario_metrics(int n) {
   };
   for (const char* ext : {".json", ".prom"}) {
     const std::string path = g_dir + "/metrics.%r" + ext;
-    auto codes = run_ranks(n, [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_METRICS_FILE", path}}; },
-                           body, 300);
+    auto codes = run_ranks(n, [&](int) {
+      return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_METRICS_FILE", path},
+                 {"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "ENV"}};
+    }, body, 300);
     if (!all_zero(codes, "metrics")) return false;
     for (int r = 0; r < n; ++r) {
+      // DYNAMIQ_DEBUG=INFO prints every effective setting once.
+      const std::string log = read_file(g_dir + "/rank" + std::to_string(r) + ".log");
+      EXPECT(count_occurrences(log, "dynamiq setting DYNAMIQ_METRICS_FILE=" + path) == 1 &&
+                 count_occurrences(log, "dynamiq setting DYNAMIQ_") == 14,
+             "rank %d did not print its settings once:\n%s", r, log.c_str());
       const std::string text = read_file(g_dir + "/metrics." + std::to_string(r) + ext);
       EXPECT(!text.empty(), "rank %d wrote no %s metrics", r, ext);
       if (std::string(ext) == ".json") {
