@@ -505,10 +505,12 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
     return ncclSuccess;
   }
   ControlDecision decision;
+  const auto t_plan = std::chrono::steady_clock::now();
   {
     const ncclResult_t r = exchange(plan, call, &decision);
     if (r != ncclSuccess) return r;
   }
+  const auto t_exchange = std::chrono::steady_clock::now();
   const uint64_t call_index = call_seq_++;
   if (!decision.agreed) {
     warn_differs(decision.differs);
@@ -531,8 +533,19 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
       return ncclInternalError;  // deterministic on agreed bytes: every rank fails alike
   uint64_t wire = 2 * plan->stats_words * (comm_.nranks - 1) * 2 / comm_.nranks +
                   control_local_.size() * 4;  // statistics as a ring all-reduce would send them
+  const auto t_agree = std::chrono::steady_clock::now();
   const ncclResult_t r = compressed(*plan, call, &wire);
   if (r != ncclSuccess) return r;
+  if (log_enabled(LogLevel::kTrace, Subsys::kEngine)) {
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    const auto t_end = std::chrono::steady_clock::now();
+    DQ_TRACE(Subsys::kEngine,
+             "dynamiq: call %llu rank %d count %zu: plan %.2f ms, statistics + control %.2f ms, "
+             "agree %.2f ms, hops + messages %.2f ms, %llu bytes sent",
+             static_cast<unsigned long long>(call_index), comm_.rank, call.count, ms(t0, t_plan),
+             ms(t_plan, t_exchange), ms(t_exchange, t_agree), ms(t_agree, t_end),
+             static_cast<unsigned long long>(wire));
+  }
   if (metrics_) {
     metrics_->calls[0].fetch_add(1, std::memory_order_relaxed);
     metrics_->bytes_in.fetch_add(call.count * dtype_size(dtype), std::memory_order_relaxed);
