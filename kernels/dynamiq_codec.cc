@@ -198,11 +198,29 @@ inline __m256 decode_levels(const LevelsX8& lv, __m256i c) {
   return _mm256_i32gather_ps(lv.t->decode, c, 4);
 }
 
-// Stochastic rounding of 8 values of one group to offset-binary codes: magnitude_ratio(),
-// level_floor(), round_from_floor() and encode_code() of dynamiq_math.h.
+// Where 16 random bits leave a rounding undecided (probability 2^-16 per value): the lanes set in
+// `tie` get round_up_tie() with their element's tie word. Returns the updated up-mask.
+__attribute__((noinline)) __m256i resolve_ties(__m256i up, int tie, __m256 x, __m256i u16,
+                                               const RoundingKey& key, uint64_t e0) {
+  alignas(32) int32_t up_lanes[8], bits[8];
+  alignas(32) float xs[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(up_lanes), up);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bits), u16);
+  _mm256_store_ps(xs, x);
+  for (int lane = 0; lane < 8; ++lane) {
+    if (!((tie >> lane) & 1)) continue;
+    const float v = rounding_tie_uniform(key.seed, key.call, key.rank, e0 + lane);
+    up_lanes[lane] = round_up_tie(xs[lane], static_cast<uint32_t>(bits[lane]), v) ? -1 : 0;
+  }
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(up_lanes));
+}
+
+// Stochastic rounding of 8 values of one group (elements e0 .. e0 + 7) to offset-binary codes:
+// magnitude_ratio(), level_floor(), round_up_threshold(), round_up_coarse() / round_up_tie()
+// and encode_code() of dynamiq_math.h. u16: the elements' 16 random bits.
 template <int kBits, Lookup kLookup>
-inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i words, __m256 pi,
-                           __m256 strata) {
+inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i u16, __m256 pi,
+                           __m256 strata, const RoundingKey& key, uint64_t e0) {
   constexpr int kMaxMag = (1 << (kBits - 1)) - 1;
   const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
   // min(q, 1) returns 1 for NaN, as magnitude_ratio() does.
@@ -234,9 +252,14 @@ inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i w
     inv_gap = _mm256_castsi256_ps(gap_bits);
   }
   const __m256 frac = _mm256_mul_ps(_mm256_sub_ps(m, level), inv_gap);
-  const __m256 gamma = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words, 8)), _mm256_set1_ps(0x1p-24f));
-  const __m256 up = _mm256_cmp_ps(_mm256_add_ps(pi, gamma), _mm256_mul_ps(frac, strata), _CMP_LT_OQ);
-  const __m256i mag = _mm256_sub_epi32(r, _mm256_castps_si256(up));
+  const __m256 x = _mm256_sub_ps(_mm256_mul_ps(frac, strata), pi);
+  const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(65536.0f));
+  const __m256 k = _mm256_cvtepi32_ps(u16);
+  __m256i up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_add_ps(k, _mm256_set1_ps(1.0f)), y, _CMP_LE_OQ));
+  const __m256 below = _mm256_cmp_ps(k, y, _CMP_LT_OQ);
+  const int tie = _mm256_movemask_ps(_mm256_andnot_ps(_mm256_castsi256_ps(up), below));
+  if (__builtin_expect(tie != 0, 0)) up = resolve_ties(up, tie, x, u16, key, e0);
+  const __m256i mag = _mm256_sub_epi32(r, up);
   const __m256i max_mag = _mm256_set1_epi32(kMaxMag);
   const __m256 negative = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
   return _mm256_blendv_epi8(_mm256_add_epi32(max_mag, mag), _mm256_sub_epi32(max_mag, mag),
@@ -711,31 +734,34 @@ class DynamiqCodec final : public Codec {
     return ok;
   }
 
-  // The 256 rounding words of super-group j: block j*64 + b gives elements b, 64+b, 128+b,
-  // 192+b (rounding_block(), rounding_word()).
-  static void rounding_words(uint32_t j, const RoundingKey& key, uint32_t* words) {
+  // The 16 random bits of each of super-group j's 256 elements (rounding_bits16()).
+  static void rounding_bits(uint32_t j, const RoundingKey& key, uint16_t* bits) {
     const uint32_t block0 = rounding_block(static_cast<uint64_t>(j) * kSuperGroup);
+    for (int q = 0; q < 4; ++q) {
+      uint32_t words[4][8];
 #if defined(__AVX2__)
-    for (int b = 0; b < kSuperGroup / 4; b += 8) {
-      const Philox4x8 w = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + b);
-      for (int i = 0; i < 4; ++i)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(words + 64 * i + b), w.v[i]);
-    }
+      const Philox4x8 w = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q);
+      for (int word = 0; word < 4; ++word)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[word]), w.v[word]);
 #else
-    for (int b = 0; b < kSuperGroup / 4; ++b) {
-      const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding, block0 + b);
-      for (int i = 0; i < 4; ++i) words[64 * i + b] = w.v[i];
-    }
+      for (int i = 0; i < 8; ++i) {
+        const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q + i);
+        for (int word = 0; word < 4; ++word) words[word][i] = w.v[word];
+      }
 #endif
+      for (int word = 0; word < 4; ++word)
+        for (int p = 0; p < kGroup; ++p)
+          bits[(4 * word + q) * kGroup + p] = static_cast<uint16_t>(words[word][p & 7] >> (16 * (p >> 3)));
+    }
   }
 
-  // Width 16: stochastic rounding to BF16 (unbiased; exact for BF16-representable sums),
-  // with the same per-element random words as the quantised widths.
+  // Width 16: stochastic rounding to BF16 with the element's 16 random bits: unbiased (exactly
+  // 16 bits are discarded) and exact for BF16-representable sums.
   static void write_bf16_record(uint32_t j, const float* v, uint8_t* out, const RoundingKey& key) {
-    uint32_t words[kSuperGroup];
-    rounding_words(j, key, words);
+    uint16_t bits[kSuperGroup];
+    rounding_bits(j, key, bits);
     for (int k = 0; k < kSuperGroup; ++k) {
-      const uint16_t h = f32_to_bf16_stochastic(v[k], words[k]);
+      const uint16_t h = f32_to_bf16_stochastic(v[k], bits[k]);
       out[2 * k] = static_cast<uint8_t>(h);
       out[2 * k + 1] = static_cast<uint8_t>(h >> 8);
     }
@@ -777,10 +803,33 @@ class DynamiqCodec final : public Codec {
       const float unit = bf16_to_f32(unit_bits);
       out[0] = static_cast<uint8_t>(unit_bits);
       out[1] = static_cast<uint8_t>(unit_bits >> 8);
-      for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
-        const uint8_t f = group_factor(f32_from_bits(gmax_bits[g]), unit);
-        out[2 + g] = f;
-        scale[g] = static_cast<float>(f) * unit;
+#if defined(__AVX2__)
+      if (unit > 0.0f) {  // group_factor() for 8 groups at a time
+        const __m256 vunit = _mm256_set1_ps(unit);
+        __m256i factor[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256 gmax = _mm256_loadu_ps(reinterpret_cast<const float*>(gmax_bits + 8 * h));
+          const __m256 q = _mm256_div_ps(gmax, vunit);
+          __m256i f = _mm256_cvttps_epi32(q);
+          // ceil: one up where truncation dropped a fraction
+          f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(f), q, _CMP_LT_OQ)));
+          f = _mm256_max_epi32(f, _mm256_set1_epi32(1));
+          const __m256 below = _mm256_cmp_ps(q, _mm256_set1_ps(255.0f), _CMP_LT_OQ);  // false for NaN
+          f = _mm256_blendv_epi8(_mm256_set1_epi32(255), f, _mm256_castps_si256(below));
+          _mm256_storeu_ps(scale + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(f), vunit));
+          factor[h] = f;
+        }
+        const __m256i words16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(factor[0], factor[1]), 0xD8);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2),
+                         _mm_packus_epi16(_mm256_castsi256_si128(words16), _mm256_extracti128_si256(words16, 1)));
+      } else
+#endif
+      {
+        for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+          const uint8_t f = group_factor(f32_from_bits(gmax_bits[g]), unit);
+          out[2 + g] = f;
+          scale[g] = static_cast<float>(f) * unit;
+        }
       }
       codes_out = out + 2 + kGroupsPerSuperGroup;
     } else {
@@ -809,33 +858,35 @@ class DynamiqCodec final : public Codec {
       for (int g = 0; g < kGroupsPerSuperGroup; ++g) pi[g] = 0.0f;
     }
 #if defined(__AVX2__)
-    // Blocks j*64 + 16q .. +15 hold the words of groups q, 4+q, 8+q, 12+q (word g / 4), so each
-    // pair of 8-lane Philox draws feeds four groups straight from registers.
+    // Blocks j*32 + 8q .. +7 hold the random bits of groups q, 4+q, 8+q, 12+q (word g / 4, low
+    // halves then high halves; rounding_block()), so each 8-lane draw feeds four groups.
     const LevelsX8& lv = levels_x8_[width_index(bits)];
     const __m256 strata_v = _mm256_set1_ps(strata);
     const uint32_t block0 = rounding_block(static_cast<uint64_t>(j) * kSuperGroup);
     with_width(bits, lv.lookup, [&](auto width, auto lookup) {
       constexpr int kBits = decltype(width)::value;
       constexpr Lookup kLookup = decltype(lookup)::value;
+      const __m256i low16 = _mm256_set1_epi32(0xffff);
       for (int q = 0; q < 4; ++q) {
-        Philox4x8 w[2];
-        philox_draw_x16(key.seed, key.call, key.rank, kStreamRounding, block0 + 16 * q, w);
+        const Philox4x8 w = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q);
         for (int word = 0; word < 4; ++word) {
           const int g = 4 * word + q;
+          const uint64_t e0 = static_cast<uint64_t>(j) * kSuperGroup + g * kGroup;
           const __m256 s = _mm256_set1_ps(scale[g]), p = _mm256_set1_ps(pi[g]);
-          const __m256i a = round_codes<kBits, kLookup>(lv, _mm256_loadu_ps(v + g * kGroup), s, w[0].v[word], p, strata_v);
-          const __m256i b = round_codes<kBits, kLookup>(lv, _mm256_loadu_ps(v + g * kGroup + 8), s, w[1].v[word], p, strata_v);
+          const __m256i a = round_codes<kBits, kLookup>(lv, _mm256_loadu_ps(v + g * kGroup), s,
+                                                        _mm256_and_si256(w.v[word], low16), p, strata_v, key, e0);
+          const __m256i b = round_codes<kBits, kLookup>(lv, _mm256_loadu_ps(v + g * kGroup + 8), s,
+                                                        _mm256_srli_epi32(w.v[word], 16), p, strata_v, key, e0 + 8);
           pack_group<kBits>(a, b, g, codes_out);
         }
       }
     });
 #else
-    uint32_t words[kSuperGroup];
-    rounding_words(j, key, words);
     uint8_t codes[kSuperGroup];
     for (int k = 0; k < kSuperGroup; ++k) {
       const int g = k / kGroup;
-      const int mag = round_magnitude(t, magnitude_ratio(v[k], scale[g]), pi[g], uniform24(words[k]), strata);
+      const int mag = round_magnitude(t, magnitude_ratio(v[k], scale[g]), pi[g], strata, key.seed,
+                                      key.call, key.rank, static_cast<uint64_t>(j) * kSuperGroup + k);
       codes[k] = static_cast<uint8_t>(encode_code(mag, v[k] < 0.0f, t.max_mag));
     }
     pack_supergroup(bits, codes, codes_out);

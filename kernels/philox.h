@@ -45,9 +45,10 @@ DQ_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, 
 
 // Stream tags keep independent draws of the same call apart (counter word 1, high 8 bits).
 enum : uint32_t {
-  kStreamRounding = 1u,     // per-element uniform for stochastic rounding
+  kStreamRounding = 1u,     // per-element 16-bit uniforms for stochastic rounding
   kStreamPermutation = 2u,  // per-group shift of the shared permutation (correlated rounding)
   kStreamScale = 3u,        // reserved
+  kStreamRoundingTie = 4u,  // further uniform bits where 16 bits leave a rounding undecided
 };
 
 // Four 32-bit words for counter block `block` of `stream`, keyed by (seed, call, hop).

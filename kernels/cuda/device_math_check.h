@@ -16,7 +16,7 @@ struct MathProbe {
   uint32_t philox[4];
   uint32_t stratum;
   int32_t magnitude;
-  uint16_t bf16_rne, bf16_up, bf16_stochastic, unit;
+  uint16_t bf16_rne, bf16_up, bf16_stochastic, unit, bits16, tie_up;
   uint8_t factor, mx_fp8, mx_fp4, pad;
   float decoded;
 };
@@ -28,7 +28,11 @@ DQ_HD MathProbe compute_probe(float x, uint32_t e, const LevelTable& table, uint
   for (int i = 0; i < 4; ++i) p.philox[i] = w.v[i];
   p.stratum = correlated_stratum(seed, call, e % 3, e / 16, e % strata, strata);
   p.magnitude = round_magnitude(table, magnitude_ratio(x, 1.5f), static_cast<float>(p.stratum),
-                                rounding_uniform(seed, call, e & 7, e), static_cast<float>(strata));
+                                static_cast<float>(strata), seed, call, e & 7, e);
+  p.bits16 = static_cast<uint16_t>(rounding_bits16(seed, call, e & 7, e));
+  // The tie rule (rare in real data) on every element: x within one 2^-16 step of the bits.
+  const float x_tie = (static_cast<float>(p.bits16) + static_cast<float>(e & 255) / 256.0f) * 0x1p-16f;
+  p.tie_up = static_cast<uint16_t>(round_up_tie(x_tie, p.bits16, rounding_tie_uniform(seed, call, e & 7, e)));
   const float mag = x < 0 ? -x : x;
   p.bf16_rne = f32_to_bf16_rne(x);
   p.bf16_up = f32_to_bf16_up(mag);

@@ -100,6 +100,45 @@ TEST(Philox, EightLanesMatchScalar) {
 #endif
 }
 
+// Rounding draws 16 random bits per value and a tie word only where those bits leave the
+// decision open, so P(up) must equal x even below the 16-bit resolution: 16 bits alone would
+// give floor(x * 2^16) / 2^16 (0 for the first x here) or the ceiling (4x).
+TEST(Rounding, SixteenBitUniformsWithTieWordsAreUnbiasedBelowTheirResolution) {
+  const uint64_t n = uint64_t{1} << 23;
+  for (float x : {0.25f * 0x1p-16f, 3.75f * 0x1p-16f, 0.3f, 0.999f}) {
+    uint64_t ups = 0, ties = 0;
+    for (uint64_t e = 0; e < n; ++e) {
+      const uint32_t u16 = rounding_bits16(11, 2, 6, e);
+      int up = round_up_coarse(x, u16);
+      if (up < 0) {
+        ++ties;
+        up = round_up_tie(x, u16, rounding_tie_uniform(11, 2, 6, e));
+      }
+      ups += static_cast<uint64_t>(up);
+    }
+    const double expect = static_cast<double>(x) * n;
+    const double sigma = std::sqrt(expect * (1.0 - x));
+    EXPECT_NEAR(static_cast<double>(ups), expect, 5.0 * sigma + 1.0) << "x = " << x;
+    EXPECT_NEAR(static_cast<double>(ties), n / 65536.0, 5.0 * std::sqrt(n / 65536.0)) << "x = " << x;
+  }
+  // Certain decisions never consume a tie word.
+  EXPECT_EQ(round_up_coarse(1.0f, 65535u), 1);
+  EXPECT_EQ(round_up_coarse(0.0f, 0u), 0);
+  EXPECT_EQ(round_up_coarse(-3.0f, 0u), 0);
+  EXPECT_EQ(round_up_coarse(2.0f, 0u), 1);
+}
+
+// The 16-bit layout: every (block, word, half) serves exactly one element of a super-group.
+TEST(Rounding, EveryElementHasItsOwnSixteenBits) {
+  std::vector<int> seen(64 * 4 * 2, 0);  // two super-groups: 64 blocks of 4 words of 2 halves
+  for (uint64_t e = 0; e < 512; ++e) {
+    const uint32_t b = rounding_block(e);
+    ASSERT_LT(b, 64u);
+    ++seen[(b * 4 + rounding_word(e)) * 2 + rounding_half(e)];
+  }
+  for (int c : seen) EXPECT_EQ(c, 1);
+}
+
 TEST(Bf16, StochasticRoundingIsUnbiasedAndExactOnBf16Values) {
   EXPECT_EQ(f32_to_bf16_stochastic(1.0f, 0u), 0x3f80);
   EXPECT_EQ(f32_to_bf16_stochastic(1.0f, 0xffffu), 0x3f80);
@@ -160,9 +199,8 @@ TEST(CorrelatedRounding, TwoWorkersAtOneHalfHaveZeroVarianceSum) {
     int sum = 0, sum_plain = 0;
     for (uint32_t rank = 0; rank < 2; ++rank) {
       float pi = static_cast<float>(correlated_stratum(7, 3, 0, group, rank, 2));
-      float gamma = rounding_uniform(7, 3, rank, group * 16);
-      sum += round_magnitude(t, 0.5f, pi, gamma, 2.0f);
-      sum_plain += round_magnitude(t, 0.5f, 0.0f, gamma, 1.0f);
+      sum += round_magnitude(t, 0.5f, pi, 2.0f, 7, 3, rank, group * 16);
+      sum_plain += round_magnitude(t, 0.5f, 0.0f, 1.0f, 7, 3, rank, group * 16);
     }
     ASSERT_EQ(sum, 1) << "group " << group;
     uncorrelated_varied += sum_plain != 1;
@@ -441,8 +479,8 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
         ASSERT_EQ(rec[2 + g], f);
         const float scale = static_cast<float>(f) * unit;
         const float pi = static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class, j * 16ull + g, key.stratum, key.strata));
-        const int mag = round_magnitude(t, magnitude_ratio(v[k], scale), pi,
-                                        rounding_uniform(key.seed, key.call, key.rank, j * 256ull + k), 5.0f);
+        const int mag = round_magnitude(t, magnitude_ratio(v[k], scale), pi, 5.0f, key.seed,
+                                        key.call, key.rank, j * 256ull + k);
         const uint32_t code = encode_code(mag, v[k] < 0.0f, t.max_mag);
         const uint32_t got = (rec[18 + k * bits / 8] >> ((k * bits) % 8)) & ((1u << bits) - 1);
         ASSERT_EQ(got, code) << spec << " sg " << j << " k " << k;
@@ -456,10 +494,11 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
 // variable-width plan mixes 2, 4, 8 and 16) and for each 8-bit lookup path of the host: one
 // grid step (default eps) and several (eps8 = 0.4 packs many levels into the first cells).
 TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
+  int ties = 0;  // roundings the 16 random bits left open: the host's rare tie path ran
   for (const char* spec : {"dynamiq:5", "dynamiq:7:corr=0", "dynamiq:9.5:widths=fixed:eps8=0.4",
                            "dynamiq:5:widths=fixed", "dynamiq:3:widths=fixed"}) {
     auto c = codec(spec);
-    const size_t n = 256 * 96 + 40;  // a partial last super-group
+    const size_t n = 256 * 400 + 40;  // a partial last super-group; ~8 rounding ties per spec
     std::vector<std::vector<float>> rows;
     for (uint32_t r = 0; r < 3; ++r) {
       auto x = gaussian(n, 40 + r);
@@ -503,9 +542,8 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
         for (int k = 0; k < 256; ++k) {
           v[k] += bf16_to_f32(static_cast<uint16_t>(rec_in[2 * k] | (rec_in[2 * k + 1] << 8)));
           const uint64_t e = j * 256ull + k;
-          const uint32_t word = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
-                                            rounding_block(e)).v[rounding_word(e)];
-          ASSERT_EQ(rec[2 * k] | (rec[2 * k + 1] << 8), f32_to_bf16_stochastic(v[k], word))
+          const uint32_t bits16 = rounding_bits16(key.seed, key.call, key.rank, e);
+          ASSERT_EQ(rec[2 * k] | (rec[2 * k + 1] << 8), f32_to_bf16_stochastic(v[k], bits16))
               << spec << " sg " << j << " k " << k;
         }
         continue;
@@ -530,9 +568,11 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
         const uint32_t strata = corr ? key.strata : 1;
         const float pi = static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class,
                                                                j * 16ull + g, key.stratum, strata));
-        const int mag = round_magnitude(t, magnitude_ratio(v[k], scale), pi,
-                                        rounding_uniform(key.seed, key.call, key.rank, j * 256ull + k),
-                                        static_cast<float>(strata));
+        const float m = magnitude_ratio(v[k], scale);
+        const int mag = round_magnitude(t, m, pi, static_cast<float>(strata), key.seed, key.call,
+                                        key.rank, j * 256ull + k);
+        ties += round_up_coarse(round_up_threshold(t, m, level_floor(t, m), pi, static_cast<float>(strata)),
+                                rounding_bits16(key.seed, key.call, key.rank, j * 256ull + k)) < 0;
         ASSERT_EQ(unpack_code(rec + 18, k, bits), encode_code(mag, v[k] < 0.0f, t.max_mag))
             << spec << " sg " << j << " k " << k;
       }
@@ -543,6 +583,7 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
       EXPECT_GT(seen[2], 0);
     }
   }
+  EXPECT_GT(ties, 0);
 }
 
 }  // namespace
