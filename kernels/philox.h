@@ -71,68 +71,42 @@ struct Philox4x8 {
   __m256i v[4];
 };
 
-// Sixteen blocks as two interleaved sets of eight (out[0]: c0 + 0..7, out[1]: c0 + 8..15): two
-// independent dependency chains keep the multipliers busy where one chain waits on latency.
-inline void philox4x32_10_x16(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                              uint32_t k1, Philox4x8 out[2]) {
+inline Philox4x8 philox4x32_10_x8(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                  uint32_t k0, uint32_t k1) {
+  // Two sets of four blocks, one per 64-bit lane (value in the low half): _mm256_mul_epu32
+  // then yields each full 64-bit product in place, with no even/odd shuffling, and the high
+  // halves left behind are never read (products use the low halves only).
   const __m256i mul0 = _mm256_set1_epi64x(0xD2511F53u), mul1 = _mm256_set1_epi64x(0xCD9E8D57u);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  __m256i x0[2], x1[2], x2[2], x3[2];
+  const __m256i base = _mm256_set1_epi64x(c0);
+  __m256i x0[2] = {_mm256_add_epi64(base, _mm256_setr_epi64x(0, 1, 4, 5)),   // blocks 0,1,4,5
+                   _mm256_add_epi64(base, _mm256_setr_epi64x(2, 3, 6, 7))};  // blocks 2,3,6,7
+  __m256i x1[2], x2[2], x3[2];
   for (int s = 0; s < 2; ++s) {
-    x0[s] = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(c0 + 8u * s)), lane);
-    x1[s] = _mm256_set1_epi32(static_cast<int>(c1));
-    x2[s] = _mm256_set1_epi32(static_cast<int>(c2));
-    x3[s] = _mm256_set1_epi32(static_cast<int>(c3));
+    x1[s] = _mm256_set1_epi64x(c1);
+    x2[s] = _mm256_set1_epi64x(c2);
+    x3[s] = _mm256_set1_epi64x(c3);
   }
   for (int round = 0; round < 10; ++round) {
     const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
     const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
     for (int s = 0; s < 2; ++s) {
-      // 32x32 -> 64-bit products of the even lanes, then of the odd lanes (moved down).
-      const __m256i even0 = _mm256_mul_epu32(x0[s], mul0);
-      const __m256i odd0 = _mm256_mul_epu32(_mm256_srli_epi64(x0[s], 32), mul0);
-      const __m256i even1 = _mm256_mul_epu32(x2[s], mul1);
-      const __m256i odd1 = _mm256_mul_epu32(_mm256_srli_epi64(x2[s], 32), mul1);
-      const __m256i lo0 = _mm256_blend_epi32(even0, _mm256_slli_epi64(odd0, 32), 0xAA);
-      const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(even0, 32), odd0, 0xAA);
-      const __m256i lo1 = _mm256_blend_epi32(even1, _mm256_slli_epi64(odd1, 32), 0xAA);
-      const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(even1, 32), odd1, 0xAA);
-      x0[s] = _mm256_xor_si256(_mm256_xor_si256(hi1, x1[s]), key0);
-      x1[s] = lo1;
-      x2[s] = _mm256_xor_si256(_mm256_xor_si256(hi0, x3[s]), key1);
-      x3[s] = lo0;
+      const __m256i p0 = _mm256_mul_epu32(x0[s], mul0);  // {lo0, hi0} per lane
+      const __m256i p1 = _mm256_mul_epu32(x2[s], mul1);  // {lo1, hi1}
+      x0[s] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), x1[s]), key0);
+      x1[s] = p1;
+      x2[s] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), x3[s]), key1);
+      x3[s] = p0;
     }
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  for (int s = 0; s < 2; ++s) out[s] = Philox4x8{{x0[s], x1[s], x2[s], x3[s]}};
-}
-
-inline Philox4x8 philox4x32_10_x8(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                  uint32_t k0, uint32_t k1) {
-  const __m256i mul0 = _mm256_set1_epi64x(0xD2511F53u), mul1 = _mm256_set1_epi64x(0xCD9E8D57u);
-  __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(c0)),
-                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256i x1 = _mm256_set1_epi32(static_cast<int>(c1));
-  __m256i x2 = _mm256_set1_epi32(static_cast<int>(c2));
-  __m256i x3 = _mm256_set1_epi32(static_cast<int>(c3));
-  for (int round = 0; round < 10; ++round) {
-    const __m256i even0 = _mm256_mul_epu32(x0, mul0);
-    const __m256i odd0 = _mm256_mul_epu32(_mm256_srli_epi64(x0, 32), mul0);
-    const __m256i even1 = _mm256_mul_epu32(x2, mul1);
-    const __m256i odd1 = _mm256_mul_epu32(_mm256_srli_epi64(x2, 32), mul1);
-    const __m256i lo0 = _mm256_blend_epi32(even0, _mm256_slli_epi64(odd0, 32), 0xAA);
-    const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(even0, 32), odd0, 0xAA);
-    const __m256i lo1 = _mm256_blend_epi32(even1, _mm256_slli_epi64(odd1, 32), 0xAA);
-    const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(even1, 32), odd1, 0xAA);
-    x0 = _mm256_xor_si256(_mm256_xor_si256(hi1, x1), _mm256_set1_epi32(static_cast<int>(k0)));
-    x1 = lo1;
-    x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32(static_cast<int>(k1)));
-    x3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return Philox4x8{{x0, x1, x2, x3}};
+  // Low halves of {0,1,4,5} and {2,3,6,7}: the 32-bit shuffle restores block order 0..7.
+  auto merge = [](__m256i a, __m256i b) {
+    return _mm256_castps_si256(
+        _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), _MM_SHUFFLE(2, 0, 2, 0)));
+  };
+  return Philox4x8{{merge(x0[0], x0[1]), merge(x1[0], x1[1]), merge(x2[0], x2[1]),
+                    merge(x3[0], x3[1])}};
 }
 
 // philox_draw() for blocks block .. block + 7.
@@ -143,13 +117,6 @@ inline Philox4x8 philox_draw_x8(uint64_t seed, uint64_t call, uint32_t hop, uint
                           static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// philox_draw() for blocks block .. block + 15 (out[0]: the first eight).
-inline void philox_draw_x16(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
-                            uint32_t block, Philox4x8 out[2]) {
-  philox4x32_10_x16(block, (hop & 0x00ffffffu) | (stream << 24), static_cast<uint32_t>(call),
-                    static_cast<uint32_t>(call >> 32), static_cast<uint32_t>(seed),
-                    static_cast<uint32_t>(seed >> 32), out);
-}
 #endif
 
 }  // namespace dq
