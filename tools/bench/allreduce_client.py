@@ -190,7 +190,11 @@ def main():
         send = values
         recv = np.zeros_like(send)
     nccl = Nccl()
-    uid = share_unique_id(nccl, rank, run_dir or "/tmp", 300.0)
+    uid = UniqueId()
+    if world == 1:
+        nccl.check(nccl.get_unique_id(ctypes.byref(uid)), "ncclGetUniqueId")
+    else:
+        uid = share_unique_id(nccl, rank, run_dir, 300.0)
     nccl.check(nccl.comm_init_rank(ctypes.byref(nccl.comm), world, uid, rank), "ncclCommInitRank")
     setup_s = time.monotonic() - t_setup
 

@@ -131,7 +131,9 @@ CLIENT=$SCRIPT_DIR/allreduce_client.py
 [ -x "$RUN" ] || die "$RUN not found: build first (meson compile -C $BUILD)"
 [ -f "$BUILD/tools/cpu-nccl/libnccl.so.2" ] || die "$BUILD/tools/cpu-nccl/libnccl.so.2 not built"
 mkdir -p "$OUT" || die "cannot create $OUT"
-rm -f "$OUT"/*.log "$OUT"/result.json "$OUT"/result.md "$OUT"/results.jsonl
+# This script's own files from an earlier run in OUT (a stale metrics file would be read back).
+rm -f "$OUT"/*.log "$OUT"/metrics-*.json "$OUT"/result.json "$OUT"/result.md \
+  "$OUT"/results.jsonl "$OUT"/setup.txt
 
 JOB_PID=
 # shellcheck disable=SC2317  # invoked by the traps
