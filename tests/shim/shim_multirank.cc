@@ -504,23 +504,36 @@ bool scenario_nan(int n) {
 // A rank killed mid-job: every other rank gets an error from ncclAllReduce within the timeout.
 bool scenario_kill(int n, int runs) {
   const int timeout_ms = 3000;
+  double slowest = 0;
   for (int run = 0; run < runs; ++run) {
     const int victim = run % n;
     auto body = [&](int rank, ncclComm_t comm) -> int {
       const size_t count = 4 << 20;
       std::vector<float> in(count, 1.0f), out(count);
-      for (int k = 0; k < 3; ++k) {
-        if (rank == victim && k == 2) raise(SIGKILL);
+      for (int k = 0; k < 6; ++k) {
+        // The victim dies inside call 2, at a different point of it in each run (0-45 ms in;
+        // a call takes some tens of ms here), or just before it in run 0.
+        if (rank == victim && k == 2) {
+          const int delay_ms = (run * 9) % 50;
+          if (delay_ms == 0) raise(SIGKILL);
+          std::thread([delay_ms] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+            raise(SIGKILL);
+          }).detach();
+        }
         const auto t0 = std::chrono::steady_clock::now();
         const ncclResult_t r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r != ncclSuccess) {
           std::fprintf(stderr, "rank %d: call %d failed after %.2f s: %s\n", rank, k, s, ncclGetErrorString(r));
           write_text(rank_file(rank, "kill"), std::to_string(s));
-          _exit(k == 2 ? 0 : 40);  // the communicator is broken: no destroy
+          // Calls before the kill must succeed; the first failure comes with or after it. The
+          // communicator is broken then: exit without destroying it.
+          _exit(k >= 2 ? 0 : 40);
         }
       }
-      return 41;  // the call after the kill must not succeed
+      if (rank == victim) pause();  // killed by its timer thread during or after call 2
+      return 41;  // calls after the kill must not all succeed
     };
     auto codes = run_ranks(n, [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}}; },
                            body, 60);
@@ -533,9 +546,11 @@ bool scenario_kill(int n, int runs) {
              read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
       const double s = std::atof(read_file(rank_file(r, "kill")).c_str());
       EXPECT(s <= timeout_ms / 1000.0 + 5.0, "run %d: rank %d took %.2f s", run, r, s);
+      slowest = std::max(slowest, s);
     }
   }
-  std::printf("killed rank: all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d runs\n", runs, runs);
+  std::printf("killed rank: all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d runs; "
+              "slowest survivor's failing call took %.2f s\n", runs, runs, slowest);
   return true;
 }
 
