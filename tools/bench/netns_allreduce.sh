@@ -134,6 +134,7 @@ mkdir -p "$OUT" || die "cannot create $OUT"
 # This script's own files from an earlier run in OUT (a stale metrics file would be read back).
 rm -f "$OUT"/*.log "$OUT"/metrics-*.json "$OUT"/result.json "$OUT"/result.md \
   "$OUT"/results.jsonl "$OUT"/setup.txt
+: >"$OUT/results.jsonl"
 
 JOB_PID=
 # shellcheck disable=SC2317  # invoked by the traps
