@@ -25,6 +25,7 @@ usage() {
   cat <<'EOF'
 usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w WARMUP]
                           [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [-P PREFIX]
+                          [-e NAME=VALUE]...
                           [--no-limit] [--keep] [--down]
   -B BUILD    meson build folder (default: build)
   -o OUT      output folder (default: /tmp/dq-netns-bench)
@@ -37,6 +38,8 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
   -t TIMEOUT  seconds allowed to each run (default 900)
   -d DATA     allreduce_client.py input: sample (real gradients, tiled) or synthetic
   -P PREFIX   namespace names PREFIX-0..3 and PREFIX-hub (default dq-bench)
+  -e N=V      extra setting for the shim runs (dynamiq5, mxfp8, engine-bf16), e.g.
+              -e DYNAMIQ_TOPO=ring -e DYNAMIQ_BLOCK_BYTES=4M (repeatable)
   --no-limit  no tc shaping (same namespaces): shows whether the CPU or the link limits
   --keep      leave the namespaces up at the end (tear down with: netns_allreduce.sh --down)
   --down      only tear down what an earlier run left
@@ -56,6 +59,7 @@ LIMIT=1
 KEEP=0
 DOWN_ONLY=0
 PREFIX=dq-bench
+SHIM_EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -B) BUILD=$2; shift 2 ;;
@@ -68,6 +72,7 @@ while [ $# -gt 0 ]; do
     -t) RUN_TIMEOUT=$2; shift 2 ;;
     -d) DATA=$2; shift 2 ;;
     -P) PREFIX=$2; shift 2 ;;
+    -e) SHIM_EXTRA+=("$2"); shift 2 ;;
     --no-limit) LIMIT=0; shift ;;
     --keep) KEEP=1; shift ;;
     --down) DOWN_ONLY=1; shift ;;
@@ -335,7 +340,7 @@ say "namespaces up: $(ns_names | tr '\n' ' '); rate ${RATE} per direction per ra
 {
   echo "date_utc=$(date -u +%FT%TZ) kernel=$(uname -r) cores=$(nproc) load_start=$(load)"
   echo "rate=$RATE limit=$LIMIT burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA"
-  echo "git=$(git -C "$SRC_ROOT" rev-parse --short HEAD 2>/dev/null)"
+  echo "git=$(git -C "$SRC_ROOT" rev-parse --short HEAD 2>/dev/null) shim_extra=${SHIM_EXTRA[*]}"
   for ((r = 0; r < NRANKS; r++)); do tc -n "$PREFIX-$r" qdisc show dev "dqr$r"; done
 } >"$OUT/setup.txt"
 
@@ -361,7 +366,7 @@ for mode in "${mode_list[@]}"; do
         mxfp8) shim+=(DYNAMIQ_CODEC=mxfp8) ;;
         engine-bf16) shim+=(DYNAMIQ_CODEC=bf16) ;;
       esac
-      run_client "$mode" float "${shim[@]}" || failed=1 ;;
+      run_client "$mode" float "${shim[@]}" "${SHIM_EXTRA[@]}" || failed=1 ;;
     *) say "unknown mode '$mode'"; failed=1 ;;
   esac
 done
