@@ -52,8 +52,10 @@ Status parse_opt_in(const std::string& text, OptInRules* out, std::string* error
 bool opted_in(const OptInRules& rules, const CommIdentity& comm) {
   for (const auto& r : rules.rules) {
     switch (r.term) {
-      case OptInRules::Term::kAll: return true;
-      case OptInRules::Term::kNone: break;
+      case OptInRules::Term::kAll:
+        return true;
+      case OptInRules::Term::kNone:
+        break;
       case OptInRules::Term::kName:
         if (!comm.name.empty() && glob_match(r.glob.c_str(), comm.name.c_str())) return true;
         break;

@@ -61,11 +61,20 @@ bool parse_int(std::string_view v, bool allow_suffix, double* out) {
   double scale = 1;
   if (allow_suffix && *end != '\0') {
     switch (std::toupper(static_cast<unsigned char>(*end))) {
-      case 'K': scale = 1024.0; break;
-      case 'M': scale = 1024.0 * 1024; break;
-      case 'G': scale = 1024.0 * 1024 * 1024; break;
-      case 'T': scale = 1024.0 * 1024 * 1024 * 1024; break;
-      default: return false;
+      case 'K':
+        scale = 1024.0;
+        break;
+      case 'M':
+        scale = 1024.0 * 1024;
+        break;
+      case 'G':
+        scale = 1024.0 * 1024 * 1024;
+        break;
+      case 'T':
+        scale = 1024.0 * 1024 * 1024 * 1024;
+        break;
+      default:
+        return false;
     }
     ++end;
     if (*end == 'B' || *end == 'b') ++end;
@@ -88,7 +97,7 @@ bool parse_real(std::string_view v, double* out) {
 
 // Text validators; on failure return false (the caller reports key, value and accepted values).
 bool valid_codec(const std::string& v) {
-  static const char* kNames[] = {"dynamiq", "uniform", "mxfp8", "mxfp6",
+  static const char* kNames[] = {"dynamiq",   "uniform",   "mxfp8", "mxfp6",
                                  "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "bf16"};
   for (const char* n : kNames)
     if (v == n) return true;
@@ -101,7 +110,8 @@ bool parse_dtypes(const std::string& v, Settings* s) {
   int terms = 0;
   while (pos <= v.size() && terms < 16) {
     size_t comma = v.find(',', pos);
-    std::string t = lower(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    std::string t =
+        lower(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
     if (t == "float32" || t == "float" || t == "fp32") {
       s->allow_f32 = true;
     } else if (t == "bfloat16" || t == "bf16") {
@@ -128,14 +138,30 @@ struct Value {
   std::string text;
 };
 
-void store(bool* f, const Value& v) { *f = v.flag; }
-void store(int64_t* f, const Value& v) { *f = static_cast<int64_t>(v.number); }
-void store(double* f, const Value& v) { *f = v.number; }
-void store(std::string* f, const Value& v) { *f = v.text; }
-std::string text_of(bool f) { return f ? "1" : "0"; }
-std::string text_of(int64_t f) { return std::to_string(f); }
-std::string text_of(double f) { return format_real(f); }
-std::string text_of(const std::string& f) { return f; }
+void store(bool* f, const Value& v) {
+  *f = v.flag;
+}
+void store(int64_t* f, const Value& v) {
+  *f = static_cast<int64_t>(v.number);
+}
+void store(double* f, const Value& v) {
+  *f = v.number;
+}
+void store(std::string* f, const Value& v) {
+  *f = v.text;
+}
+std::string text_of(bool f) {
+  return f ? "1" : "0";
+}
+std::string text_of(int64_t f) {
+  return std::to_string(f);
+}
+std::string text_of(double f) {
+  return format_real(f);
+}
+std::string text_of(const std::string& f) {
+  return f;
+}
 
 // Per entry, in table order: store a parsed value; print the canonical text of the stored one.
 using Store = void (*)(Settings*, const Value&);
@@ -156,7 +182,8 @@ constexpr Show kShow[] = {
 // Parses one raw value for entry e; false if it is not acceptable.
 bool parse(const Entry& e, const std::string& raw, Value* v) {
   switch (e.kind) {
-    case Kind::Bool: return parse_bool(raw, &v->flag);
+    case Kind::Bool:
+      return parse_bool(raw, &v->flag);
     case Kind::Int:
     case Kind::Bytes:
       if (!parse_int(raw, e.kind == Kind::Bytes, &v->number)) return false;
@@ -164,7 +191,9 @@ bool parse(const Entry& e, const std::string& raw, Value* v) {
     case Kind::Real:
       if (!parse_real(raw, &v->number)) return false;
       return v->number >= e.lo && v->number <= e.hi;
-    case Kind::Text: v->text = raw; return true;
+    case Kind::Text:
+      v->text = raw;
+      return true;
   }
   return false;
 }
@@ -251,8 +280,8 @@ Status load(EnvLookup lookup, void* ctx, Settings* out, std::string* error) {
 }
 
 Status load_from_environment(Settings* out, std::string* error) {
-  return load([](const char* key, void*) -> const char* { return std::getenv(key); }, nullptr,
-              out, error);
+  return load([](const char* key, void*) -> const char* { return std::getenv(key); }, nullptr, out,
+              error);
 }
 
 namespace {
@@ -275,8 +304,10 @@ const Settings& global() {
       size_t begin = 0;
       for (int line = 0; line < 64 && begin < text.size(); ++line) {
         const size_t end = text.find('\n', begin);
-        DQ_INFO(Subsys::kEnv, "dynamiq setting %s",
-                text.substr(begin + 2, end == std::string::npos ? std::string::npos : end - begin - 2).c_str());
+        DQ_INFO(
+            Subsys::kEnv, "dynamiq setting %s",
+            text.substr(begin + 2, end == std::string::npos ? std::string::npos : end - begin - 2)
+                .c_str());
         if (end == std::string::npos) break;
         begin = end + 1;
       }

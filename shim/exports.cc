@@ -28,8 +28,8 @@ ncclResult_t guarded(const char* what, F&& body) {
   }
 }
 
-#define DQ_REAL_OR_FAIL(fn)                                 \
-  const dq::shim::RealNccl* real = real_nccl();             \
+#define DQ_REAL_OR_FAIL(fn)                     \
+  const dq::shim::RealNccl* real = real_nccl(); \
   if (real == nullptr || real->fn == nullptr) return ncclSystemError
 
 // Depth of NCCL calls this thread has in progress below us. An NCCL may call its own public
@@ -83,7 +83,8 @@ DQ_SHIM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniq
     if (t_below > 0) return real->comm_init_rank(comm, nranks, id, rank);
     Below below;
     const ncclResult_t r = real->comm_init_rank(comm, nranks, id, rank);
-    if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, nullptr, -1, nullptr);
+    if ((r == ncclSuccess || r == ncclInProgress) && comm)
+      dq::shim::comm_created(*comm, nullptr, -1, nullptr);
     return r;
   });
 }
@@ -95,20 +96,21 @@ DQ_SHIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, nc
     if (t_below > 0) return real->comm_init_rank_config(comm, nranks, id, rank, config);
     Below below;
     const ncclResult_t r = real->comm_init_rank_config(comm, nranks, id, rank, config);
-    if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, config, -1, nullptr);
+    if ((r == ncclSuccess || r == ncclInProgress) && comm)
+      dq::shim::comm_created(*comm, config, -1, nullptr);
     return r;
   });
 }
 
-DQ_SHIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank,
-                                                  int n_ids, ncclUniqueId* ids,
-                                                  ncclConfig_t* config) {
+DQ_SHIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int n_ids,
+                                                  ncclUniqueId* ids, ncclConfig_t* config) {
   return guarded("ncclCommInitRankScalable", [&] {
     DQ_REAL_OR_FAIL(comm_init_rank_scalable);
     if (t_below > 0) return real->comm_init_rank_scalable(comm, nranks, rank, n_ids, ids, config);
     Below below;
     const ncclResult_t r = real->comm_init_rank_scalable(comm, nranks, rank, n_ids, ids, config);
-    if ((r == ncclSuccess || r == ncclInProgress) && comm) dq::shim::comm_created(*comm, config, -1, nullptr);
+    if ((r == ncclSuccess || r == ncclInProgress) && comm)
+      dq::shim::comm_created(*comm, config, -1, nullptr);
     return r;
   });
 }

@@ -6,17 +6,23 @@ namespace {
 // Layout: [version pair][valid pair][enable pair][opt-in pair][agreed setting pairs...]
 //         [switch][failure]
 constexpr int kFixedPairs = 4;
-int pairs() { return kFixedPairs + config::Agreed::count(); }
+int pairs() {
+  return kFixedPairs + config::Agreed::count();
+}
 
 void put_pair(uint32_t v, uint32_t* w) {
   w[0] = v;
   w[1] = ~v;
 }
-bool pair_equal(const uint32_t* w) { return w[0] == ~w[1]; }  // max(v) == min(v)
+bool pair_equal(const uint32_t* w) {
+  return w[0] == ~w[1];
+}  // max(v) == min(v)
 
 }  // namespace
 
-int control_words() { return 2 * pairs() + 2; }
+int control_words() {
+  return 2 * pairs() + 2;
+}
 
 void pack_control(const LocalControl& local, uint32_t* words) {
   const config::Settings& s = *local.settings;

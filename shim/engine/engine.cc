@@ -64,9 +64,9 @@ struct Engine::Plan {
   struct Block {
     size_t begin = 0, count = 0;  // elements of the caller's buffer
     std::unique_ptr<Codec> codec;
-    size_t cap = 0;               // bytes per chunk payload
-    size_t stats_offset = 0;      // into the statistics words
-    uint8_t* arena = nullptr;     // slots * cap bytes (device memory)
+    size_t cap = 0;            // bytes per chunk payload
+    size_t stats_offset = 0;   // into the statistics words
+    uint8_t* arena = nullptr;  // slots * cap bytes (device memory)
   };
 
   size_t count = 0;
@@ -79,7 +79,7 @@ struct Engine::Plan {
   uint16_t* stats_local = nullptr;
   uint16_t* stats_reduced = nullptr;
   bool fits = true;
-  bool arenas_ok = false;  // payload buffers allocated (retried on the next call if not)
+  bool arenas_ok = false;        // payload buffers allocated (retried on the next call if not)
   std::vector<ByteView> inputs;  // scratch for hop inputs (no allocation per call)
   Device* device = nullptr;
 
@@ -164,7 +164,8 @@ PassReason Engine::screen(const CallArgs& call) const {
   if (state_ == State::kInert)
     return warned_differs_.empty() ? PassReason::kDisabled : PassReason::kSettingsDiffer;
   // Not agreed yet: the handshake only runs outside a group and outside capture.
-  if (state_ == State::kPending) return call.capturing ? PassReason::kCapturing : PassReason::kInGroup;
+  if (state_ == State::kPending)
+    return call.capturing ? PassReason::kCapturing : PassReason::kInGroup;
   if (!settings_valid_ || !settings_.enable) return PassReason::kDisabled;
   if (!opted_in_) return PassReason::kNotOptedIn;
   size_t esize;
@@ -214,10 +215,12 @@ Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
     blk.codec = make_codec(settings_.codec_spec, &error);
     if (!blk.codec) {
       *status = Status::kInternal;
-      DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", settings_.codec_spec.c_str(), error.c_str());
+      DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", settings_.codec_spec.c_str(),
+              error.c_str());
       return nullptr;
     }
-    if ((*status = blk.codec->plan(blk.count, p.schedule.n_chunks, n)) != Status::kOk) return nullptr;
+    if ((*status = blk.codec->plan(blk.count, p.schedule.n_chunks, n)) != Status::kOk)
+      return nullptr;
     p.fits = p.fits && blk.codec->fits_budget();
     blk.cap = blk.codec->chunk_capacity();
     blk.stats_offset = p.stats_words;
@@ -241,7 +244,8 @@ Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
       }
       if (t.dst == me) {
         st.recvs.push_back({t.src, t.chunks, slot});
-        for (size_t j = 0; j < t.chunks.size(); ++j) rx_slot[{t.chunks[j], t.src}] = slot + static_cast<int>(j);
+        for (size_t j = 0; j < t.chunks.size(); ++j)
+          rx_slot[{t.chunks[j], t.src}] = slot + static_cast<int>(j);
         slot += static_cast<int>(t.chunks.size());
       }
     }
@@ -281,7 +285,9 @@ Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
       }
       topo::RoundingStrata strata;
       topo::rounding_strata(tree, &strata);
-      h.key = RoundingKey{static_cast<uint64_t>(settings_.seed), 0, static_cast<uint32_t>(me),
+      h.key = RoundingKey{static_cast<uint64_t>(settings_.seed),
+                          0,
+                          static_cast<uint32_t>(me),
                           static_cast<uint32_t>(strata.member[me]),
                           static_cast<uint32_t>(strata.size[me]),
                           static_cast<uint32_t>(strata.klass[me])};
@@ -326,9 +332,9 @@ bool Engine::allocate_arenas(Plan& p) {
 ncclResult_t Engine::handshake(cudaStream_t stream) {
   LocalControl local{&settings_, settings_valid_, opted_in_, comm_.rank == 0, true, false};
   pack_control(local, control_local_.data());
-  const ncclResult_t r = ops_.all_reduce(control_local_.data(), control_reduced_.data(),
-                                         control_local_.size(), ncclUint32, ncclMax, comm_.comm,
-                                         stream);
+  const ncclResult_t r =
+      ops_.all_reduce(control_local_.data(), control_reduced_.data(), control_local_.size(),
+                      ncclUint32, ncclMax, comm_.comm, stream);
   if (r != ncclSuccess) {
     DQ_WARN(Subsys::kEngine, "dynamiq: handshake all-reduce failed: %s", ops_.error_string(r));
     return r;
@@ -356,8 +362,8 @@ ncclResult_t Engine::exchange(Plan* plan, const CallArgs& call, ControlDecision*
         Status::kOk)
       failure = true;
   }
-  LocalControl local{&settings_, settings_valid_, opted_in_, comm_.rank == 0, read_switch(),
-                     failure};
+  LocalControl local{&settings_,      settings_valid_, opted_in_,
+                     comm_.rank == 0, read_switch(),   failure};
   pack_control(local, control_local_.data());
   ncclResult_t r = ops_.group_start();
   if (r == ncclSuccess && p.stats_words > 0)
@@ -408,8 +414,9 @@ Status Engine::stage_compute(Plan& p, int block, int stage, const CallArgs& call
       void* out = static_cast<uint8_t*>(call.recv) + b.begin * esize;
       // finish() writes the chunk's elements at their positions in a tensor of b.count elements.
       for (int c = 0; c < p.schedule.n_chunks; ++c)
-        DQ_CHECK(device_->finish(*b.codec, c, ByteView{b.arena + static_cast<size_t>(c) * b.cap, b.cap},
-                                 out, p.dtype, op, comm_.nranks, call.stream));
+        DQ_CHECK(device_->finish(*b.codec, c,
+                                 ByteView{b.arena + static_cast<size_t>(c) * b.cap, b.cap}, out,
+                                 p.dtype, op, comm_.nranks, call.stream));
       return Status::kOk;
     }
   }
@@ -463,7 +470,8 @@ ncclResult_t Engine::compressed(Plan& p, const CallArgs& call, uint64_t* wire_by
     const bool parallel = has_next && n_blocks > 1;
     Status next_status = Status::kOk;
     if (parallel)
-      overlap.run([&] { next_status = stage_compute(p, unit_block(next), unit_stage(next), call); });
+      overlap.run(
+          [&] { next_status = stage_compute(p, unit_block(next), unit_stage(next), call); });
     const ncclResult_t r = stage_comm(p, unit_block(u), unit_stage(u), call.stream, wire_bytes);
     if (parallel) overlap.wait();
     if (r != ncclSuccess) {
@@ -471,7 +479,8 @@ ncclResult_t Engine::compressed(Plan& p, const CallArgs& call, uint64_t* wire_by
               comm_.rank, unit_stage(u), ops_.error_string(r));
       return r;
     }
-    if (has_next && !parallel) next_status = stage_compute(p, unit_block(next), unit_stage(next), call);
+    if (has_next && !parallel)
+      next_status = stage_compute(p, unit_block(next), unit_stage(next), call);
     if (next_status != Status::kOk) {
       DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: codec step failed in stage %d", comm_.rank,
               unit_stage(next));
@@ -491,7 +500,8 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
   }
   *reason = screen(call);
   if (*reason != PassReason::kRerouted) {
-    if (metrics_) metrics_->calls[static_cast<int>(*reason)].fetch_add(1, std::memory_order_relaxed);
+    if (metrics_)
+      metrics_->calls[static_cast<int>(*reason)].fetch_add(1, std::memory_order_relaxed);
     return ncclSuccess;
   }
   const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
@@ -527,8 +537,8 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
     return ncclSuccess;
   }
   for (Plan::Block& b : plan->blocks)
-    if (device_->agree(*b.codec, b.codec->stats_words() ? plan->stats_reduced + b.stats_offset
-                                                         : nullptr,
+    if (device_->agree(*b.codec,
+                       b.codec->stats_words() ? plan->stats_reduced + b.stats_offset : nullptr,
                        call_index, call.stream) != Status::kOk)
       return ncclInternalError;  // deterministic on agreed bytes: every rank fails alike
   uint64_t wire = 2 * plan->stats_words * (comm_.nranks - 1) * 2 / comm_.nranks +
@@ -537,7 +547,9 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
   const ncclResult_t r = compressed(*plan, call, &wire);
   if (r != ncclSuccess) return r;
   if (log_enabled(LogLevel::kTrace, Subsys::kEngine)) {
-    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto ms = [](auto a, auto b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
     const auto t_end = std::chrono::steady_clock::now();
     DQ_TRACE(Subsys::kEngine,
              "dynamiq: call %llu rank %d count %zu: plan %.2f ms, statistics + control %.2f ms, "

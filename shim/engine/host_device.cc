@@ -12,7 +12,8 @@ class HostDevice final : public Device {
   Status alloc(size_t bytes, void** out) override {
     // 64-byte alignment: whole cache lines for the codec's vector loads.
     *out = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    if (*out == nullptr) DQ_FAIL(Status::kOutOfMemory, "host device: cannot allocate %zu bytes", bytes);
+    if (*out == nullptr)
+      DQ_FAIL(Status::kOutOfMemory, "host device: cannot allocate %zu bytes", bytes);
     return Status::kOk;
   }
   void release(void* p) override { std::free(p); }

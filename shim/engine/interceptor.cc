@@ -162,7 +162,9 @@ void comm_destroyed(ncclComm_t comm) {
   if (e->metrics) engine::metrics_unregister(e->metrics);
 }
 
-void group_started() { ++t_group_depth; }
+void group_started() {
+  ++t_group_depth;
+}
 void group_ended() {
   if (t_group_depth > 0) --t_group_depth;
 }
@@ -214,8 +216,10 @@ ncclResult_t comm_bytes(ncclComm_t comm, uint64_t* bytes_in, uint64_t* wire_byte
 ncclResult_t register_comm(ncclComm_t comm, int enable) {
   std::shared_ptr<CommEntry> e = find(comm);
   if (e == nullptr) {
-    DQ_WARN(Subsys::kShim, "dynamiqCommRegister: %p is not a communicator created in this process "
-            "after libdynamiq.so was loaded", static_cast<void*>(comm));
+    DQ_WARN(Subsys::kShim,
+            "dynamiqCommRegister: %p is not a communicator created in this process "
+            "after libdynamiq.so was loaded",
+            static_cast<void*>(comm));
     return ncclInvalidArgument;
   }
   std::lock_guard<std::mutex> lock(e->mutex);

@@ -12,7 +12,8 @@ namespace dq::shim {
 struct RealNccl {
   engine::NcclOps ops;
   ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
-  ncclResult_t (*comm_init_rank_config)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
+  ncclResult_t (*comm_init_rank_config)(ncclComm_t*, int, ncclUniqueId, int,
+                                        ncclConfig_t*) = nullptr;
   ncclResult_t (*comm_init_rank_scalable)(ncclComm_t*, int, int, int, ncclUniqueId*,
                                           ncclConfig_t*) = nullptr;
   ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;

@@ -63,47 +63,47 @@ int64_t now_ns() {
 
 std::string render(const std::vector<std::shared_ptr<CommMetrics>>& comms, bool prom) {
   std::string text;
-    if (prom) {
-      text += "# TYPE dynamiq_calls_total counter\n";
-      for (auto& c : comms)
-        for (int k = 0; k < kPassReasonCount; ++k)
-          text += "dynamiq_calls_total{comm=\"" + std::to_string(c->index) + "\",name=\"" +
-                  escape(c->name) + "\",rank=\"" + std::to_string(c->rank) + "\",outcome=\"" +
-                  reason_name(static_cast<PassReason>(k)) + "\"} " +
-                  std::to_string(c->calls[k].load()) + "\n";
-      const char* kGauges[] = {"bytes_in", "wire_bytes", "seconds"};
-      for (int g = 0; g < 3; ++g) {
-        text += std::string("# TYPE dynamiq_rerouted_") + kGauges[g] + "_total counter\n";
-        for (auto& c : comms) {
-          char v[64];
-          if (g == 0) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->bytes_in.load());
-          if (g == 1) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->wire_bytes.load());
-          if (g == 2) std::snprintf(v, sizeof v, "%.9f", c->nanoseconds.load() * 1e-9);
-          text += std::string("dynamiq_rerouted_") + kGauges[g] + "_total{comm=\"" +
-                  std::to_string(c->index) + "\",rank=\"" + std::to_string(c->rank) + "\"} " + v +
-                  "\n";
-        }
+  if (prom) {
+    text += "# TYPE dynamiq_calls_total counter\n";
+    for (auto& c : comms)
+      for (int k = 0; k < kPassReasonCount; ++k)
+        text += "dynamiq_calls_total{comm=\"" + std::to_string(c->index) + "\",name=\"" +
+                escape(c->name) + "\",rank=\"" + std::to_string(c->rank) + "\",outcome=\"" +
+                reason_name(static_cast<PassReason>(k)) + "\"} " +
+                std::to_string(c->calls[k].load()) + "\n";
+    const char* kGauges[] = {"bytes_in", "wire_bytes", "seconds"};
+    for (int g = 0; g < 3; ++g) {
+      text += std::string("# TYPE dynamiq_rerouted_") + kGauges[g] + "_total counter\n";
+      for (auto& c : comms) {
+        char v[64];
+        if (g == 0) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->bytes_in.load());
+        if (g == 1) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->wire_bytes.load());
+        if (g == 2) std::snprintf(v, sizeof v, "%.9f", c->nanoseconds.load() * 1e-9);
+        text += std::string("dynamiq_rerouted_") + kGauges[g] + "_total{comm=\"" +
+                std::to_string(c->index) + "\",rank=\"" + std::to_string(c->rank) + "\"} " + v +
+                "\n";
       }
-    } else {
-      text += "{\"pid\":" + std::to_string(getpid()) + ",\"communicators\":[";
-      for (size_t i = 0; i < comms.size(); ++i) {
-        auto& c = comms[i];
-        char buf[256];
-        std::snprintf(buf, sizeof buf,
-                      "%s{\"index\":%d,\"name\":\"%s\",\"rank\":%d,\"size\":%d,\"bytes_in\":%llu,"
-                      "\"wire_bytes\":%llu,\"seconds\":%.9f,\"calls\":{",
-                      i ? "," : "", c->index, escape(c->name).c_str(), c->rank, c->size,
-                      (unsigned long long)c->bytes_in.load(),
-                      (unsigned long long)c->wire_bytes.load(), c->nanoseconds.load() * 1e-9);
-        text += buf;
-        for (int k = 0; k < kPassReasonCount; ++k)
-          text += std::string(k ? "," : "") + "\"" + reason_name(static_cast<PassReason>(k)) +
-                  "\":" + std::to_string(c->calls[k].load());
-        text += "}}";
-      }
-      text += "]}\n";
     }
-    return text;
+  } else {
+    text += "{\"pid\":" + std::to_string(getpid()) + ",\"communicators\":[";
+    for (size_t i = 0; i < comms.size(); ++i) {
+      auto& c = comms[i];
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "%s{\"index\":%d,\"name\":\"%s\",\"rank\":%d,\"size\":%d,\"bytes_in\":%llu,"
+                    "\"wire_bytes\":%llu,\"seconds\":%.9f,\"calls\":{",
+                    i ? "," : "", c->index, escape(c->name).c_str(), c->rank, c->size,
+                    (unsigned long long)c->bytes_in.load(),
+                    (unsigned long long)c->wire_bytes.load(), c->nanoseconds.load() * 1e-9);
+      text += buf;
+      for (int k = 0; k < kPassReasonCount; ++k)
+        text += std::string(k ? "," : "") + "\"" + reason_name(static_cast<PassReason>(k)) +
+                "\":" + std::to_string(c->calls[k].load());
+      text += "}}";
+    }
+    text += "]}\n";
+  }
+  return text;
 }
 
 // Caller holds the registry mutex.
@@ -133,21 +133,36 @@ void write_locked(Registry& r) {
 
 const char* reason_name(PassReason r) {
   switch (r) {
-    case PassReason::kRerouted: return "rerouted";
-    case PassReason::kDisabled: return "disabled";
-    case PassReason::kNotOptedIn: return "not_opted_in";
-    case PassReason::kDtype: return "dtype";
-    case PassReason::kOp: return "op";
-    case PassReason::kSmall: return "small";
-    case PassReason::kSingleRank: return "single_rank";
-    case PassReason::kInGroup: return "in_group";
-    case PassReason::kCapturing: return "graph_capture";
-    case PassReason::kOverBudget: return "over_budget";
-    case PassReason::kSwitchOff: return "switch_off";
-    case PassReason::kSettingsDiffer: return "settings_differ";
-    case PassReason::kNoDevice: return "no_device";
-    case PassReason::kFailure: return "failure";
-    case PassReason::kCount: break;
+    case PassReason::kRerouted:
+      return "rerouted";
+    case PassReason::kDisabled:
+      return "disabled";
+    case PassReason::kNotOptedIn:
+      return "not_opted_in";
+    case PassReason::kDtype:
+      return "dtype";
+    case PassReason::kOp:
+      return "op";
+    case PassReason::kSmall:
+      return "small";
+    case PassReason::kSingleRank:
+      return "single_rank";
+    case PassReason::kInGroup:
+      return "in_group";
+    case PassReason::kCapturing:
+      return "graph_capture";
+    case PassReason::kOverBudget:
+      return "over_budget";
+    case PassReason::kSwitchOff:
+      return "switch_off";
+    case PassReason::kSettingsDiffer:
+      return "settings_differ";
+    case PassReason::kNoDevice:
+      return "no_device";
+    case PassReason::kFailure:
+      return "failure";
+    case PassReason::kCount:
+      break;
   }
   return "unknown";
 }

@@ -11,19 +11,19 @@ namespace dq::engine {
 // Why a call was not compressed (kRerouted when it was).
 enum class PassReason : uint8_t {
   kRerouted = 0,
-  kDisabled,         // DYNAMIQ_ENABLE=0 or the environment failed to parse
-  kNotOptedIn,       // communicator not selected by DYNAMIQ_COMMS / dynamiqCommRegister
-  kDtype,            // not FP32/BF16, or excluded by DYNAMIQ_DTYPES
-  kOp,               // not SUM/AVG
-  kSmall,            // below DYNAMIQ_MIN_BYTES
-  kSingleRank,       // communicator of one rank
-  kInGroup,          // inside the caller's ncclGroupStart/End
-  kCapturing,        // during CUDA graph capture
-  kOverBudget,       // too few elements for the budget (the plan would exceed it)
-  kSwitchOff,        // A/B control file says off
-  kSettingsDiffer,   // ranks disagree on an agreed setting
-  kNoDevice,         // buffers the engine's device cannot serve (no CUDA engine in this build)
-  kFailure,          // some rank could not run the compressed path for this call
+  kDisabled,        // DYNAMIQ_ENABLE=0 or the environment failed to parse
+  kNotOptedIn,      // communicator not selected by DYNAMIQ_COMMS / dynamiqCommRegister
+  kDtype,           // not FP32/BF16, or excluded by DYNAMIQ_DTYPES
+  kOp,              // not SUM/AVG
+  kSmall,           // below DYNAMIQ_MIN_BYTES
+  kSingleRank,      // communicator of one rank
+  kInGroup,         // inside the caller's ncclGroupStart/End
+  kCapturing,       // during CUDA graph capture
+  kOverBudget,      // too few elements for the budget (the plan would exceed it)
+  kSwitchOff,       // A/B control file says off
+  kSettingsDiffer,  // ranks disagree on an agreed setting
+  kNoDevice,        // buffers the engine's device cannot serve (no CUDA engine in this build)
+  kFailure,         // some rank could not run the compressed path for this call
   kCount
 };
 inline constexpr int kPassReasonCount = static_cast<int>(PassReason::kCount);
@@ -34,9 +34,9 @@ struct CommMetrics {
   int index = 0, rank = 0, size = 0;
   std::string name;
   std::atomic<uint64_t> calls[kPassReasonCount] = {};
-  std::atomic<uint64_t> bytes_in{0};    // caller bytes of rerouted calls
-  std::atomic<uint64_t> wire_bytes{0};  // bytes this rank sent for rerouted calls (all messages)
-  std::atomic<uint64_t> nanoseconds{0}; // time inside rerouted calls
+  std::atomic<uint64_t> bytes_in{0};     // caller bytes of rerouted calls
+  std::atomic<uint64_t> wire_bytes{0};   // bytes this rank sent for rerouted calls (all messages)
+  std::atomic<uint64_t> nanoseconds{0};  // time inside rerouted calls
 };
 
 // Registers a communicator's counters with the process-wide writer; unregistering writes the

@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
     for (long i = 0; i < calls; ++i)
       ncclAllReduce(send.data(), recv.data(), bytes / 4, ncclFloat32, ncclSum, comm, nullptr);
     const double ns =
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / calls;
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+        calls;
     if (ns < best) best = ns;
   }
   std::printf("%.1f\n", best);

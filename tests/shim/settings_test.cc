@@ -39,9 +39,14 @@ TEST(Settings, DefaultsAreValidAndOff) {
 TEST(Settings, ParsesEveryKind) {
   config::Settings s;
   std::string error;
-  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "on"}, {"DYNAMIQ_BITS", "4.5"}, {"DYNAMIQ_MIN_BYTES", "64K"},
-                  {"DYNAMIQ_DTYPES", "bf16"}, {"DYNAMIQ_CORRELATED", "false"},
-                  {"DYNAMIQ_SEED", "0x10"}, {"DYNAMIQ_TOPO", "Ring"}, {"DYNAMIQ_CODEC", "MXFP8"}},
+  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "on"},
+                  {"DYNAMIQ_BITS", "4.5"},
+                  {"DYNAMIQ_MIN_BYTES", "64K"},
+                  {"DYNAMIQ_DTYPES", "bf16"},
+                  {"DYNAMIQ_CORRELATED", "false"},
+                  {"DYNAMIQ_SEED", "0x10"},
+                  {"DYNAMIQ_TOPO", "Ring"},
+                  {"DYNAMIQ_CODEC", "MXFP8"}},
                  &s, &error),
             Status::kOk)
       << error;
@@ -73,11 +78,13 @@ TEST(Settings, InvalidValuesAreNamedAndDisable) {
       {"DYNAMIQ_MIN_BYTES", "3Q", "DYNAMIQ_MIN_BYTES=3Q is not valid"},
       {"DYNAMIQ_BLOCK_BYTES", "1K", "DYNAMIQ_BLOCK_BYTES=1K is not valid; accepted: 256K..1G"},
       {"DYNAMIQ_TIMEOUT_MS", "10", "DYNAMIQ_TIMEOUT_MS=10 is not valid"},
-      {"DYNAMIQ_TOPO", "torus", "DYNAMIQ_TOPO=torus is not a topology; accepted: ring, butterfly, auto"},
+      {"DYNAMIQ_TOPO", "torus",
+       "DYNAMIQ_TOPO=torus is not a topology; accepted: ring, butterfly, auto"},
       {"DYNAMIQ_CODEC", "zip", "DYNAMIQ_CODEC=zip is not a codec"},
       {"DYNAMIQ_DTYPES", "float32,int8", "DYNAMIQ_DTYPES=float32,int8 is not a comma list"},
       {"DYNAMIQ_COMMS", "rank=3", "DYNAMIQ_COMMS=rank=3: unknown term 'rank=3'"},
-      {"DYNAMIQ_COMMS", "size=x", "DYNAMIQ_COMMS=size=x: term 'size=x' needs a non-negative integer"},
+      {"DYNAMIQ_COMMS", "size=x",
+       "DYNAMIQ_COMMS=size=x: term 'size=x' needs a non-negative integer"},
       {"DYNAMIQ_METRICS_INTERVAL_S", "0", "DYNAMIQ_METRICS_INTERVAL_S=0 is not valid"},
   };
   for (const Case& c : cases) {
@@ -85,8 +92,7 @@ TEST(Settings, InvalidValuesAreNamedAndDisable) {
     std::string error;
     Map env{{c.key, c.value}};
     env.emplace("DYNAMIQ_ENABLE", "1");  // no effect when c.key is DYNAMIQ_ENABLE itself
-    EXPECT_EQ(load(env, &s, &error), Status::kInvalidArgument)
-        << c.key << "=" << c.value;
+    EXPECT_EQ(load(env, &s, &error), Status::kInvalidArgument) << c.key << "=" << c.value;
     EXPECT_NE(error.find(c.says), std::string::npos) << error;
     EXPECT_FALSE(s.enable) << c.key;
   }
@@ -110,8 +116,8 @@ TEST(Settings, AgreedHashesSeeEveryAgreedSettingAndIgnoreLocalOnes) {
   ASSERT_GE(n, 9);
   for (const char* key : {"DYNAMIQ_BITS", "DYNAMIQ_TOPO", "DYNAMIQ_MIN_BYTES", "DYNAMIQ_SEED",
                           "DYNAMIQ_CODEC", "DYNAMIQ_DTYPES", "DYNAMIQ_COMMS"}) {
-    Map env{{key, std::string(key) == "DYNAMIQ_TOPO"    ? "ring"
-                  : std::string(key) == "DYNAMIQ_CODEC" ? "mxfp4"
+    Map env{{key, std::string(key) == "DYNAMIQ_TOPO"     ? "ring"
+                  : std::string(key) == "DYNAMIQ_CODEC"  ? "mxfp4"
                   : std::string(key) == "DYNAMIQ_DTYPES" ? "float32"
                   : std::string(key) == "DYNAMIQ_COMMS"  ? "none"
                                                          : "7"}};
@@ -127,7 +133,8 @@ TEST(Settings, AgreedHashesSeeEveryAgreedSettingAndIgnoreLocalOnes) {
     EXPECT_EQ(which, key);
   }
   // Local settings (metrics, control file, timeout) may differ between ranks.
-  ASSERT_EQ(load({{"DYNAMIQ_METRICS_FILE", "/tmp/x"}, {"DYNAMIQ_TIMEOUT_MS", "1000"},
+  ASSERT_EQ(load({{"DYNAMIQ_METRICS_FILE", "/tmp/x"},
+                  {"DYNAMIQ_TIMEOUT_MS", "1000"},
                   {"DYNAMIQ_CONTROL_FILE", "/tmp/y"}},
                  &b, &error),
             Status::kOk);

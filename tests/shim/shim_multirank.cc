@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -52,8 +52,8 @@ bool fail(const char* fmt, ...) {
   return false;
 }
 
-#define EXPECT(cond, ...) \
-  do {                    \
+#define EXPECT(cond, ...)                  \
+  do {                                     \
     if (!(cond)) return fail(__VA_ARGS__); \
   } while (0)
 
@@ -239,7 +239,8 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
     return 0;
   };
   Env env = {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", topo}, {"DYNAMIQ_BLOCK_BYTES", block_bytes}};
-  auto codes = run_ranks(n, [&](int) { return env; }, body, 600);
+  auto codes = run_ranks(
+      n, [&](int) { return env; }, body, 600);
   if (!all_zero(codes, "accuracy")) return false;
 
   // The simulator's vNMSE for the same rows, codec, schedule, seed and call numbers.
@@ -249,7 +250,8 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
   if (dq::topo::make_schedule(kind, n, &sched) != dq::Status::kOk) return fail("schedule");
   const std::string r0 = read_file(rank_file(0, "accuracy"));
   for (int r = 1; r < n; ++r)
-    EXPECT(read_file(rank_file(r, "accuracy")) == r0, "rank %d reports differ from rank 0's:\n%s\n%s", r,
+    EXPECT(read_file(rank_file(r, "accuracy")) == r0,
+           "rank %d reports differ from rank 0's:\n%s\n%s", r,
            read_file(rank_file(r, "accuracy")).c_str(), r0.c_str());
   std::istringstream lines(r0);
   int checked = 0;
@@ -263,7 +265,8 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
     std::vector<const float*> ptrs;
     for (int w = 0; w < n; ++w) {
       for (size_t i = 0; i < kCount; ++i)
-        conv[w * kCount + i] = dt ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
+        conv[w * kCount + i] =
+            dt ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
       ptrs.push_back(conv.data() + w * kCount);
     }
     std::string err;
@@ -273,13 +276,15 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
     opt.call = static_cast<uint64_t>(call);
     opt.op = op ? dq::ReduceOp::kAvg : dq::ReduceOp::kSum;
     dq::sim::SimResult sim;
-    if (dq::sim::simulate_allreduce(*codec, sched, ptrs, kCount, opt, nullptr, &sim) != dq::Status::kOk)
+    if (dq::sim::simulate_allreduce(*codec, sched, ptrs, kCount, opt, nullptr, &sim) !=
+        dq::Status::kOk)
       return fail("simulate");
     // A BF16 result adds its own rounding (2^-9 relative, squared ~1e-6 of the energy).
     const double floor = dt ? 4e-6 : 0.0;
-    std::printf("n=%d %s %s %s %s: rerouted %d identical %d finite %d vNMSE %.4e (simulated %.4e)\n",
-                n, topo.c_str(), dt ? "bf16" : "f32", op ? "avg" : "sum",
-                inplace ? "in-place" : "out-of-place", rerouted, same, finite, vnmse, sim.vnmse);
+    std::printf(
+        "n=%d %s %s %s %s: rerouted %d identical %d finite %d vNMSE %.4e (simulated %.4e)\n", n,
+        topo.c_str(), dt ? "bf16" : "f32", op ? "avg" : "sum",
+        inplace ? "in-place" : "out-of-place", rerouted, same, finite, vnmse, sim.vnmse);
     EXPECT(rerouted == 1, "call %d was not rerouted", call);
     EXPECT(same == 1, "call %d: results differ across ranks", call);
     EXPECT(finite == 1, "call %d: non-finite result from finite inputs", call);
@@ -292,16 +297,18 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
     floor_sum += floor;
     ++checked;
   }
-  std::printf("mean vNMSE over 8 calls: engine %.4e, simulator %.4e\n", engine_sum / 8, sim_sum / 8);
+  std::printf("mean vNMSE over 8 calls: engine %.4e, simulator %.4e\n", engine_sum / 8,
+              sim_sum / 8);
   EXPECT(engine_sum <= 1.25 * sim_sum + floor_sum && engine_sum >= 0.8 * sim_sum,
          "mean vNMSE %.4e vs simulated %.4e", engine_sum / 8, sim_sum / 8);
   return checked == 8;
 }
 
-
 // ---- pass-through: exactly NCCL's result for every call dynamiq does not reroute ------------
 // Integer-valued floats sum exactly in any order, so "exact" is checkable bit for bit.
-float exact_value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48); }
+float exact_value(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48);
+}
 
 bool exact_sum_check(int n, const float* got, size_t count, bool avg) {
   for (size_t i = 0; i < count; ++i) {
@@ -315,8 +322,8 @@ bool exact_sum_check(int n, const float* got, size_t count, bool avg) {
 
 // Runs one float all-reduce of `count` values; returns 0 when exact, 20 + k otherwise; sets
 // *rerouted from dynamiq's counters.
-int exact_float_call(int n, int rank, ncclComm_t comm, size_t count, ncclRedOp_t op,
-                     bool* rerouted, unsigned long long* seen) {
+int exact_float_call(int n, int rank, ncclComm_t comm, size_t count, ncclRedOp_t op, bool* rerouted,
+                     unsigned long long* seen) {
   std::vector<float> in(count), out(count, -1.0f);
   for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i);
   if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, op, comm, nullptr) != ncclSuccess)
@@ -340,15 +347,19 @@ bool scenario_passthrough(int n) {
     bool rerouted = false;
     int rc;
     // Below DYNAMIQ_MIN_BYTES (1 MiB by default): 1000 floats.
-    if ((rc = exact_float_call(n, rank, comm, 1000, ncclSum, &rerouted, &seen)) || rerouted) return 30 + rc;
+    if ((rc = exact_float_call(n, rank, comm, 1000, ncclSum, &rerouted, &seen)) || rerouted)
+      return 30 + rc;
     // Other ops at a size that would be rerouted for SUM.
-    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclMax, &rerouted, &seen)) || rerouted) return 40 + rc;
+    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclMax, &rerouted, &seen)) || rerouted)
+      return 40 + rc;
     // Other dtypes: int32 sum.
     {
       const size_t count = 1 << 20;
       std::vector<int32_t> in(count), out(count);
       for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(i % 1000) * (rank + 1);
-      if (ncclAllReduce(in.data(), out.data(), count, ncclInt32, ncclSum, comm, nullptr) != ncclSuccess) return 50;
+      if (ncclAllReduce(in.data(), out.data(), count, ncclInt32, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return 50;
       if (rerouted_delta(comm, &seen)) return 51;
       for (size_t i = 0; i < count; ++i)
         if (out[i] != static_cast<int32_t>(i % 1000) * n * (n + 1) / 2) return 52;
@@ -359,7 +370,9 @@ bool scenario_passthrough(int n) {
       std::vector<float> in(count), out(count);
       for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i);
       if (ncclGroupStart() != ncclSuccess) return 60;
-      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess) return 61;
+      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return 61;
       if (ncclGroupEnd() != ncclSuccess) return 62;
       if (rerouted_delta(comm, &seen)) return 63;
       if (!exact_sum_check(n, out.data(), count, false)) return 64;
@@ -369,18 +382,24 @@ bool scenario_passthrough(int n) {
       const size_t count = 1 << 20;
       std::vector<float> buf(count);
       for (size_t i = 0; i < count; ++i) buf[i] = rank == 0 ? exact_value(0, i) : 0.0f;
-      if (ncclBroadcast(buf.data(), buf.data(), count, ncclFloat32, 0, comm, nullptr) != ncclSuccess) return 70;
+      if (ncclBroadcast(buf.data(), buf.data(), count, ncclFloat32, 0, comm, nullptr) !=
+          ncclSuccess)
+        return 70;
       for (size_t i = 0; i < count; ++i)
         if (buf[i] != exact_value(0, i)) return 71;
     }
     // And an eligible call right after all of that is rerouted (the test would be vacuous if
     // compression were simply off).
-    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen)) != 0 &&
-        rc != 23)
+    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen)) != 0 && rc != 23)
       return 80 + rc;
     return rerouted ? 0 : 89;
   };
-  auto codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}}; }, body, 300);
+  auto codes = run_ranks(
+      n,
+      [](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"}};
+      },
+      body, 300);
   return all_zero(codes, "passthrough");
 }
 
@@ -392,7 +411,9 @@ bool scenario_optin(int n) {
     int rc;
     // `comm` is named "grad.main" (matches name=grad*).
     rerouted_delta(comm, &seen_a);
-    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen_a)) != 0 && rc != 23) return 10 + rc;
+    if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen_a)) != 0 &&
+        rc != 23)
+      return 10 + rc;
     if (!rerouted) return 11;
     // A split of color 5 (DYNAMIQ_COMMS has no color=5 term): passes through, exact.
     ncclComm_t split5 = nullptr;
@@ -405,10 +426,13 @@ bool scenario_optin(int n) {
     // The name "grad.main" is inherited by splits: opt split5 out explicitly, split3 stays in.
     if (reg(split5, 0) != 0) return 32;
     rerouted_delta(split5, &seen_b);
-    if ((rc = exact_float_call(n, rank, split5, 1 << 20, ncclSum, &rerouted, &seen_b)) != 0) return 40 + rc;
+    if ((rc = exact_float_call(n, rank, split5, 1 << 20, ncclSum, &rerouted, &seen_b)) != 0)
+      return 40 + rc;
     if (rerouted) return 41;
     rerouted_delta(split3, &seen_c);
-    if ((rc = exact_float_call(n, rank, split3, 1 << 20, ncclSum, &rerouted, &seen_c)) != 0 && rc != 23) return 50 + rc;
+    if ((rc = exact_float_call(n, rank, split3, 1 << 20, ncclSum, &rerouted, &seen_c)) != 0 &&
+        rc != 23)
+      return 50 + rc;
     if (!rerouted) return 51;
     // Registering after the first all-reduce is refused (it could diverge across ranks).
     if (reg(split3, 0) != ncclInvalidUsage) return 52;
@@ -416,8 +440,12 @@ bool scenario_optin(int n) {
     ncclCommDestroy(split3);
     return 0;
   };
-  auto codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "name=grad*,color=3"}}; },
-                         body, 300, "grad.main");
+  auto codes = run_ranks(
+      n,
+      [](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "name=grad*,color=3"}};
+      },
+      body, 300, "grad.main");
   if (!all_zero(codes, "optin")) return false;
   // And a communicator matching no term is left alone.
   auto body2 = [&](int rank, ncclComm_t comm) -> int {
@@ -427,8 +455,12 @@ bool scenario_optin(int n) {
     const int rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen);
     return rc ? rc : (rerouted ? 1 : 0);
   };
-  codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "name=grad*"}}; },
-                    body2, 300, "optimizer.state");
+  codes = run_ranks(
+      n,
+      [](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "name=grad*"}};
+      },
+      body2, 300, "optimizer.state");
   return all_zero(codes, "optin (not selected)");
 }
 
@@ -438,8 +470,11 @@ bool scenario_mismatch(int n) {
     const char* key;
     const char* value;
   };
-  const Case cases[] = {{"DYNAMIQ_BITS", "6"}, {"DYNAMIQ_TOPO", "ring"}, {"DYNAMIQ_ENABLE", "0"},
-                        {"DYNAMIQ_MIN_BYTES", "64K"}, {"DYNAMIQ_BITS", "banana"}};
+  const Case cases[] = {{"DYNAMIQ_BITS", "6"},
+                        {"DYNAMIQ_TOPO", "ring"},
+                        {"DYNAMIQ_ENABLE", "0"},
+                        {"DYNAMIQ_MIN_BYTES", "64K"},
+                        {"DYNAMIQ_BITS", "banana"}};
   for (const Case& c : cases) {
     const int odd = n - 1;  // the last rank differs
     auto body = [&](int rank, ncclComm_t comm) -> int {
@@ -464,8 +499,8 @@ bool scenario_mismatch(int n) {
     for (int r = 0; r < n; ++r) {
       const std::string log = read_file(g_dir + "/rank" + std::to_string(r) + ".log");
       const int warnings = count_occurrences(log, "disagree on:");
-      EXPECT(warnings == 1, "%s=%s: rank %d printed %d disagreement warnings:\n%s", c.key, c.value, r,
-             warnings, log.c_str());
+      EXPECT(warnings == 1, "%s=%s: rank %d printed %d disagreement warnings:\n%s", c.key, c.value,
+             r, warnings, log.c_str());
       const char* named = invalid ? "validity of the DYNAMIQ_* environment" : c.key;
       EXPECT(log.find(named) != std::string::npos, "%s: rank %d's warning does not name %s:\n%s",
              c.key, r, named, log.c_str());
@@ -473,7 +508,8 @@ bool scenario_mismatch(int n) {
         EXPECT(log.find("DYNAMIQ_BITS=banana is not valid; accepted: 3..16") != std::string::npos,
                "rank %d does not explain its invalid setting:\n%s", r, log.c_str());
     }
-    std::printf("%s differs on rank %d: every rank passed through, exact, one warning each\n", c.key, odd);
+    std::printf("%s differs on rank %d: every rank passed through, exact, one warning each\n",
+                c.key, odd);
   }
   return true;
 }
@@ -488,7 +524,9 @@ bool scenario_nan(int n) {
       std::vector<float> in(count), out(count);
       for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i) * 1e-3f;
       if (rank == n - 1) in[where] = dt ? INFINITY : NAN;
-      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess) return 10;
+      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return 10;
       if (!rerouted_delta(comm, &seen)) return 11;
       if (std::isfinite(out[where])) return 12;
       if (!identical_everywhere(comm, out.data(), count * 4)) return 13;
@@ -497,7 +535,12 @@ bool scenario_nan(int n) {
     }
     return 0;
   };
-  auto codes = run_ranks(n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}}; }, body, 300);
+  auto codes = run_ranks(
+      n,
+      [](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"}};
+      },
+      body, 300);
   return all_zero(codes, "nan");
 }
 
@@ -522,10 +565,13 @@ bool scenario_kill(int n, int runs) {
           }).detach();
         }
         const auto t0 = std::chrono::steady_clock::now();
-        const ncclResult_t r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const ncclResult_t r =
+            ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r != ncclSuccess) {
-          std::fprintf(stderr, "rank %d: call %d failed after %.2f s: %s\n", rank, k, s, ncclGetErrorString(r));
+          std::fprintf(stderr, "rank %d: call %d failed after %.2f s: %s\n", rank, k, s,
+                       ncclGetErrorString(r));
           write_text(rank_file(rank, "kill"), std::to_string(s));
           // Calls before the kill must succeed; the first failure comes with or after it. The
           // communicator is broken then: exit without destroying it.
@@ -533,10 +579,14 @@ bool scenario_kill(int n, int runs) {
         }
       }
       if (rank == victim) pause();  // killed by its timer thread during or after call 2
-      return 41;  // calls after the kill must not all succeed
+      return 41;                    // calls after the kill must not all succeed
     };
-    auto codes = run_ranks(n, [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}}; },
-                           body, 60);
+    auto codes = run_ranks(
+        n,
+        [&](int) {
+          return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}};
+        },
+        body, 60);
     for (int r = 0; r < n; ++r) {
       if (r == victim) {
         EXPECT(codes[r] == -SIGKILL, "run %d: victim %d exited %d", run, r, codes[r]);
@@ -549,8 +599,10 @@ bool scenario_kill(int n, int runs) {
       slowest = std::max(slowest, s);
     }
   }
-  std::printf("killed rank: all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d runs; "
-              "slowest survivor's failing call took %.2f s\n", runs, runs, slowest);
+  std::printf(
+      "killed rank: all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d runs; "
+      "slowest survivor's failing call took %.2f s\n",
+      runs, runs, slowest);
   return true;
 }
 
@@ -574,8 +626,12 @@ bool scenario_toggle(int n) {
     write_text(rank_file(rank, "toggle"), pattern);
     return 0;
   };
-  auto codes = run_ranks(n, [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_CONTROL_FILE", control}}; },
-                         body, 300);
+  auto codes = run_ranks(
+      n,
+      [&](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_CONTROL_FILE", control}};
+      },
+      body, 300);
   if (!all_zero(codes, "toggle")) return false;
   for (int r = 0; r < n; ++r) {
     const std::string p = read_file(rank_file(r, "toggle"));
@@ -597,10 +653,15 @@ bool scenario_metrics(int n) {
   };
   for (const char* ext : {".json", ".prom"}) {
     const std::string path = g_dir + "/metrics.%r" + ext;
-    auto codes = run_ranks(n, [&](int) {
-      return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_METRICS_FILE", path},
-                 {"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "ENV"}};
-    }, body, 300);
+    auto codes = run_ranks(
+        n,
+        [&](int) {
+          return Env{{"DYNAMIQ_ENABLE", "1"},
+                     {"DYNAMIQ_METRICS_FILE", path},
+                     {"DYNAMIQ_DEBUG", "INFO"},
+                     {"DYNAMIQ_DEBUG_SUBSYS", "ENV"}};
+        },
+        body, 300);
     if (!all_zero(codes, "metrics")) return false;
     for (int r = 0; r < n; ++r) {
       // DYNAMIQ_DEBUG=INFO prints every effective setting once.
@@ -611,13 +672,16 @@ bool scenario_metrics(int n) {
       const std::string text = read_file(g_dir + "/metrics." + std::to_string(r) + ext);
       EXPECT(!text.empty(), "rank %d wrote no %s metrics", r, ext);
       if (std::string(ext) == ".json") {
-        EXPECT(text.find("\"rerouted\":1,") != std::string::npos && text.find("\"small\":1") != std::string::npos &&
-                   text.find("\"op\":1") != std::string::npos && text.find("\"bytes_in\":4194304") != std::string::npos,
+        EXPECT(text.find("\"rerouted\":1,") != std::string::npos &&
+                   text.find("\"small\":1") != std::string::npos &&
+                   text.find("\"op\":1") != std::string::npos &&
+                   text.find("\"bytes_in\":4194304") != std::string::npos,
                "rank %d metrics: %s", r, text.c_str());
       } else {
         EXPECT(text.find("outcome=\"rerouted\"} 1") != std::string::npos &&
                    text.find("outcome=\"small\"} 1") != std::string::npos &&
-                   text.find("dynamiq_rerouted_bytes_in_total{comm=\"0\",rank=\"" + std::to_string(r) + "\"} 4194304") != std::string::npos,
+                   text.find("dynamiq_rerouted_bytes_in_total{comm=\"0\",rank=\"" +
+                             std::to_string(r) + "\"} 4194304") != std::string::npos,
                "rank %d metrics: %s", r, text.c_str());
       }
     }

@@ -41,7 +41,8 @@ struct Outcome {
 // Identical bytes on every rank: MAX of (h, ~h).
 bool identical(ncclComm_t comm, const void* data, size_t bytes) {
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  for (size_t i = 0; i < bytes; ++i)
+    h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
   uint64_t w[2] = {h, ~h};
   ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr);
   return w[0] == ~w[1];
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
 
   dq::sim::Matrix m;
   std::string error;
-  if (dq::sim::read_npy(input, static_cast<size_t>(n), &m, &error) != dq::Status::kOk) return die(rank, error.c_str());
+  if (dq::sim::read_npy(input, static_cast<size_t>(n), &m, &error) != dq::Status::kOk)
+    return die(rank, error.c_str());
   if (m.rows == 0) return die(rank, "empty input");
   const size_t d = m.cols;
   // Rank r contributes row r (rows are reused, scaled, when there are more ranks than rows).
@@ -112,7 +114,8 @@ int main(int argc, char** argv) {
       if (ncclAllReduce(in.data(), res.data(), d, bf16 ? ncclBfloat16 : ncclFloat32, ncclSum, comm,
                         nullptr) != ncclSuccess)
         return die(rank, "ncclAllReduce failed");
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      best = std::min(best,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     counters(comm, &r1, &p1);
     bytes_fn(comm, &b1, &w1);
@@ -140,17 +143,18 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf("dynamiq-demo: %d ranks, %zu values per rank from %s\n", n, d, input);
-    std::printf("%-34s %12s %16s %12s %10s %10s\n", "scheme", "vNMSE", "sent/rank (B)", "bits/value",
-                "ms/call", "identical");
+    std::printf("%-34s %12s %16s %12s %10s %10s\n", "scheme", "vNMSE", "sent/rank (B)",
+                "bits/value", "ms/call", "identical");
     const char* names[2] = {"dynamiq (FP32 in, DYNAMIQ_* set)", "NCCL BF16, uncompressed"};
     for (int s = 0; s < 2; ++s) {
       const Outcome& o = out[s];
-      std::printf("%-34s %12.3e %16.0f %12.2f %10.1f %10s%s\n", names[s], o.vnmse, o.sent_bytes,
-                  o.sent_bytes * 8.0 / (2.0 * (n - 1) / n * d), o.seconds * 1e3,
-                  o.identical ? "yes" : "NO",
-                  s == 0 && !o.compressed ? "   (NOT compressed: DYNAMIQ_ENABLE=1? see WARN lines)" : "");
+      std::printf(
+          "%-34s %12.3e %16.0f %12.2f %10.1f %10s%s\n", names[s], o.vnmse, o.sent_bytes,
+          o.sent_bytes * 8.0 / (2.0 * (n - 1) / n * d), o.seconds * 1e3, o.identical ? "yes" : "NO",
+          s == 0 && !o.compressed ? "   (NOT compressed: DYNAMIQ_ENABLE=1? see WARN lines)" : "");
     }
-    std::printf("wire bytes: dynamiq sends %.2fx fewer than BF16\n", out[1].sent_bytes / std::max(out[0].sent_bytes, 1.0));
+    std::printf("wire bytes: dynamiq sends %.2fx fewer than BF16\n",
+                out[1].sent_bytes / std::max(out[0].sent_bytes, 1.0));
   }
   const bool ok = out[0].identical && out[1].identical && std::isfinite(out[0].vnmse);
   ncclCommDestroy(grad);
