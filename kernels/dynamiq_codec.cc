@@ -366,6 +366,9 @@ class DynamiqCodec final : public Codec {
     width_.assign(n_sg_, 2);
     order_.assign(n_sg_, 0);
     offset_.assign(n_sg_, 0);
+    position_.assign(n_sg_, 0);
+    by_index_.assign(n_sg_, 0);
+    cursor_.assign(n_chunks, 0);
     chunk_first_.assign(n_chunks + 1, 0);
     chunk_check_.assign(n_chunks, 0);
     chunk_content_.assign(n_chunks, 0);
@@ -460,6 +463,17 @@ class DynamiqCodec final : public Codec {
       chunk_content_[chunk] = 0;
     }
     chunk_first_[n_chunks_] = static_cast<uint32_t>(n_sg_);
+    // Each chunk's records in super-group order (by_index_), so the hot loops read the tensor
+    // front to back, a stream the hardware prefetcher follows, rather than width class by
+    // width class.
+    for (size_t i = 0; i < n_sg_; ++i) position_[order_[i]] = static_cast<uint32_t>(i);
+    for (int c = 0; c < n_chunks_; ++c) cursor_[c] = chunk_first_[c];
+    for (size_t j = 0; j < n_sg_; ++j) {
+      const uint32_t i = position_[j];
+      const int c = static_cast<int>(std::upper_bound(chunk_first_.begin(), chunk_first_.end() - 1, i) -
+                                     chunk_first_.begin()) - 1;
+      by_index_[cursor_[c]++] = i;
+    }
     for (int c = 0; c < n_chunks_; ++c) {
       if (chunk_content_[c] + kChunkHeaderBytes > capacity_)
         DQ_FAIL(Status::kInternal, "dynamiq layout: chunk %d needs %llu bytes, capacity %zu", c,
@@ -507,12 +521,14 @@ class DynamiqCodec final : public Codec {
     const uint32_t first = chunk_first_[chunk], last = chunk_first_[chunk + 1];
     tbb::parallel_for(tbb::blocked_range<uint32_t>(first, last, 16), [&](const auto& range) {
       const uint8_t* recs[kMaxInputs];
-      for (uint32_t i = range.begin(); i != range.end(); ++i) {
-        // Wire order jumps between super-groups of the input, which the hardware prefetcher
-        // does not follow: fetch the own values kPrefetchAhead super-groups ahead.
-        if (i + kPrefetchAhead < last) {
-          prefetch_own(own, order_[i + kPrefetchAhead]);
-          for (int k = 0; k < n_in; ++k) prefetch_line(reinterpret_cast<const char*>(inputs[k] + offset_[i + kPrefetchAhead]));
+      for (uint32_t t = range.begin(); t != range.end(); ++t) {
+        const uint32_t i = by_index_[t];  // wire position, visited in super-group order
+        // The records of the four width classes are four interleaved streams: fetch them and
+        // the own values kPrefetchAhead super-groups ahead.
+        if (t + kPrefetchAhead < last) {
+          const uint32_t ahead = by_index_[t + kPrefetchAhead];
+          prefetch_own(own, order_[ahead]);
+          for (int k = 0; k < n_in; ++k) prefetch_line(reinterpret_cast<const char*>(inputs[k] + offset_[ahead]));
         }
         for (int k = 0; k < n_in; ++k) recs[k] = inputs[k] + offset_[i];
         if (!fuse_supergroup(order_[i], own, recs, n_in, body + offset_[i], key))
@@ -540,7 +556,8 @@ class DynamiqCodec final : public Codec {
         tbb::blocked_range<uint32_t>(chunk_first_[chunk], chunk_first_[chunk + 1], 16),
         [&](const auto& range) {
           float v[kSuperGroup];
-          for (uint32_t i = range.begin(); i != range.end(); ++i) {
+          for (uint32_t t = range.begin(); t != range.end(); ++t) {
+            const uint32_t i = by_index_[t];  // the output is written front to back
             const uint32_t j = order_[i];
             std::fill(v, v + kSuperGroup, 0.0f);
             if (!accumulate_record(width_[j], body + offset_[i], v))
@@ -908,6 +925,9 @@ class DynamiqCodec final : public Codec {
   std::vector<float> mean_, restore_, key_;
   std::vector<uint8_t> poisoned_, width_;
   std::vector<uint32_t> order_, offset_, chunk_first_, chunk_check_;
+  // position_[j]: wire position of super-group j; by_index_: each chunk's wire positions in
+  // super-group order (same chunk_first_ bounds); cursor_: scratch for building it.
+  std::vector<uint32_t> position_, by_index_, cursor_;
   std::vector<uint64_t> chunk_content_;
 };
 
