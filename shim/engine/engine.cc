@@ -255,13 +255,23 @@ Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
   for (int c = 0; c < s.n_chunks; ++c)
     if (s.sink_worker[c] == me) sink.hops.push_back({c, {}, c, {}});
   p.stages.push_back(std::move(sink));
+  // Gather messages of consecutive chunks go straight from / into the final slots (slot c holds
+  // chunk c); others are staged so that each message is one contiguous buffer.
+  auto consecutive = [](const std::vector<int>& chunks) {
+    for (size_t j = 1; j < chunks.size(); ++j)
+      if (chunks[j] != chunks[0] + static_cast<int>(j)) return false;
+    return !chunks.empty();
+  };
   for (const topo::Step& step : s.gather) {
     Plan::Stage st{Plan::StageKind::kGather, {}, {}, {}};
     for (const topo::Transfer& t : step.transfers) {
-      if (t.src == me) st.sends.push_back({t.dst, t.chunks, slot});
-      if (t.src == me) slot += static_cast<int>(t.chunks.size());
-      if (t.dst == me) st.recvs.push_back({t.src, t.chunks, slot});
-      if (t.dst == me) slot += static_cast<int>(t.chunks.size());
+      if (t.src != me && t.dst != me) continue;
+      int first = t.chunks.empty() ? 0 : t.chunks[0];
+      if (!consecutive(t.chunks)) {
+        first = slot;
+        slot += static_cast<int>(t.chunks.size());
+      }
+      (t.src == me ? st.sends : st.recvs).push_back({t.src == me ? t.dst : t.src, t.chunks, first});
     }
     p.stages.push_back(std::move(st));
   }
@@ -306,11 +316,13 @@ Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
     return nullptr;
   p.stats_reduced = static_cast<uint16_t*>(words);
 
+  double arena_mb = 0;
+  for (const Plan::Block& b : p.blocks) arena_mb += 1e-6 * static_cast<double>(p.slots) * b.cap;
   DQ_INFO(Subsys::kEngine,
           "dynamiq: plan rank %d/%d count %zu %s: %s, %zu block(s), %d chunk(s) of %zu B, %d "
-          "slots, %zu statistics words, fits budget: %s",
+          "slots (%.1f MB of payload buffers), %zu statistics words, fits budget: %s",
           me, n, count, dtype == DType::kF32 ? "float32" : "bfloat16", topo::kind_name(kind_),
-          p.blocks.size(), s.n_chunks, p.blocks.front().cap, p.slots, p.stats_words,
+          p.blocks.size(), s.n_chunks, p.blocks.front().cap, p.slots, arena_mb, p.stats_words,
           p.fits ? "yes" : "no");
   plans_.push_front(std::move(plan));
   if (plans_.size() > kMaxPlans) plans_.pop_back();
@@ -404,7 +416,7 @@ Status Engine::stage_compute(Plan& p, int block, int stage, const CallArgs& call
       return Status::kOk;
     case Plan::StageKind::kGather:
       for (const Plan::Xfer& x : st.sends)
-        for (size_t j = 0; j < x.chunks.size(); ++j)
+        for (size_t j = 0; j < x.chunks.size() && x.first_slot != x.chunks[0]; ++j)
           DQ_CHECK(device_->copy(b.arena + (x.first_slot + j) * b.cap,
                                  b.arena + static_cast<size_t>(x.chunks[j]) * b.cap, b.cap,
                                  call.stream));
@@ -446,7 +458,7 @@ ncclResult_t Engine::stage_comm(Plan& p, int block, int stage, cudaStream_t stre
   if (r != ncclSuccess) return r;
   if (st.kind == Plan::StageKind::kGather)
     for (const Plan::Xfer& x : st.recvs)
-      for (size_t j = 0; j < x.chunks.size(); ++j)
+      for (size_t j = 0; j < x.chunks.size() && x.first_slot != x.chunks[0]; ++j)
         if (device_->copy(b.arena + static_cast<size_t>(x.chunks[j]) * b.cap,
                           b.arena + (x.first_slot + j) * b.cap, b.cap, stream) != Status::kOk)
           return ncclInternalError;
