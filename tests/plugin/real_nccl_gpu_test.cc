@@ -2,6 +2,8 @@
 // GPU pretend to be two hosts (NCCL_HOSTID differs), so NCCL must connect them through the net
 // plugin; NCCL_NET=dynamiq forces ours. Each rank all-reduces a float buffer and checks the sum;
 // NCCL's own log must show that it loaded and used the dynamiq plugin.
+// With LD_PRELOAD=libdynamiq.so DYNAMIQ_ENABLE=1 DQ_TEST_VIA_GLOBAL=1 it checks that the shim,
+// which has no CUDA engine yet, passes the GPU all-reduce through with NCCL's exact result.
 // Exit 77 (skipped) when real NCCL, the CUDA runtime or a device is missing. NCCL cannot load a
 // net plugin without a GPU: it initialises CUDA in ncclCommInitRank before loading plugins.
 #include <dlfcn.h>
@@ -82,9 +84,12 @@ int RunRank(int rank, const UniqueId& id, const std::string& log_path) {
   void* nccl = OpenNccl();
   void* rt = OpenCudart();
   if (nccl == nullptr || rt == nullptr) return 10;
-  auto init = reinterpret_cast<CommInitRankFn>(dlsym(nccl, "ncclCommInitRank"));
-  auto allreduce = reinterpret_cast<AllReduceFn>(dlsym(nccl, "ncclAllReduce"));
-  auto destroy = reinterpret_cast<CommDestroyFn>(dlsym(nccl, "ncclCommDestroy"));
+  // DQ_TEST_VIA_GLOBAL=1: resolve the NCCL calls in the global scope, as a linked program
+  // would, so that a preloaded libdynamiq.so intercepts them (the shim test below).
+  void* scope = std::getenv("DQ_TEST_VIA_GLOBAL") ? RTLD_DEFAULT : nccl;
+  auto init = reinterpret_cast<CommInitRankFn>(dlsym(scope, "ncclCommInitRank"));
+  auto allreduce = reinterpret_cast<AllReduceFn>(dlsym(scope, "ncclAllReduce"));
+  auto destroy = reinterpret_cast<CommDestroyFn>(dlsym(scope, "ncclCommDestroy"));
   auto set_device = reinterpret_cast<CudaSetDeviceFn>(dlsym(rt, "cudaSetDevice"));
   auto cuda_malloc = reinterpret_cast<CudaMallocFn>(dlsym(rt, "cudaMalloc"));
   auto memcpy_fn = reinterpret_cast<CudaMemcpyFn>(dlsym(rt, "cudaMemcpy"));
