@@ -346,9 +346,17 @@ bool scenario_passthrough(int n) {
     rerouted_delta(comm, &seen);
     bool rerouted = false;
     int rc;
-    // Below DYNAMIQ_MIN_BYTES (1 MiB by default): 1000 floats.
+    // Below DYNAMIQ_MIN_BYTES (set to 64 KiB here): 1000 floats.
     if ((rc = exact_float_call(n, rank, comm, 1000, ncclSum, &rerouted, &seen)) || rerouted)
       return 30 + rc;
+    // Above it, but with fewer than 64 super-groups per chunk message (the budget's fixed costs
+    // would leave most widths at 2 bits): passes through, exact. One super-group more per chunk
+    // and it is compressed. (auto topology: n chunks for ring and butterfly alike here.)
+    const size_t edge = static_cast<size_t>(n) * 64 * 256;
+    if ((rc = exact_float_call(n, rank, comm, edge - 256, ncclSum, &rerouted, &seen)) || rerouted)
+      return 35 + rc;
+    rc = exact_float_call(n, rank, comm, edge, ncclSum, &rerouted, &seen);
+    if ((rc != 0 && rc != 23) || !rerouted) return 38;
     // Other ops at a size that would be rerouted for SUM.
     if ((rc = exact_float_call(n, rank, comm, 1 << 20, ncclMax, &rerouted, &seen)) || rerouted)
       return 40 + rc;
@@ -397,7 +405,7 @@ bool scenario_passthrough(int n) {
   auto codes = run_ranks(
       n,
       [](int) {
-        return Env{{"DYNAMIQ_ENABLE", "1"}};
+        return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "64K"}};
       },
       body, 300);
   return all_zero(codes, "passthrough");
