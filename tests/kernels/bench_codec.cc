@@ -14,6 +14,7 @@
 namespace {
 
 constexpr size_t kCount = size_t{1} << 24;  // 64 MiB of FP32: beyond the caches
+constexpr size_t kSmallCount = size_t{1} << 16;  // 256 KiB: in cache, the arithmetic alone
 constexpr int kWorkers = 4;
 
 struct Fixture {
@@ -21,15 +22,16 @@ struct Fixture {
   std::unique_ptr<dq::Codec> codec;
   std::vector<uint8_t> leaf, hop;
   std::vector<float> out;
-  explicit Fixture(const char* spec) {
+  size_t count;
+  Fixture(const char* spec, size_t n) : count(n) {
     dq::sim::SyntheticSpec syn;
     syn.rows = 2;
-    syn.cols = kCount;
+    syn.cols = count;
     syn.spread = 1.0;
     dq::sim::make_synthetic(syn, &data);
     std::string err;
     codec = dq::make_codec(spec, &err);
-    if (!codec || codec->plan(kCount, 1, kWorkers) != dq::Status::kOk) std::abort();
+    if (!codec || codec->plan(count, 1, kWorkers) != dq::Status::kOk) std::abort();
     std::vector<uint16_t> stats(codec->stats_words());
     if (!stats.empty()) {
       codec->local_stats(tensor(0), stats.data());
@@ -38,19 +40,20 @@ struct Fixture {
     if (codec->agree(stats.empty() ? nullptr : stats.data(), 0) != dq::Status::kOk) std::abort();
     leaf.resize(codec->chunk_capacity());
     hop.resize(codec->chunk_capacity());
-    out.resize(kCount);
+    out.resize(count);
     if (codec->hop(0, tensor(0), nullptr, 0, leaf.data(), key(0)) != dq::Status::kOk) std::abort();
   }
-  dq::ConstTensor tensor(int r) const { return {data.row(r), dq::DType::kF32, kCount}; }
+  dq::ConstTensor tensor(int r) const { return {data.row(r), dq::DType::kF32, count}; }
   // A ring hop: plain rounding (each ring hop is its own stratum class).
   static dq::RoundingKey key(uint32_t rank) { return {1, 0, rank, 0, 1, rank}; }
 };
 
-Fixture& fixture(const char* spec) {
+Fixture& fixture(const char* spec, size_t count = kCount) {
   static std::vector<std::pair<std::string, std::unique_ptr<Fixture>>> cache;
+  const std::string name = std::string(spec) + "@" + std::to_string(count);
   for (auto& [s, f] : cache)
-    if (s == spec) return *f;
-  cache.emplace_back(spec, std::make_unique<Fixture>(spec));
+    if (s == name) return *f;
+  cache.emplace_back(name, std::make_unique<Fixture>(spec, count));
   return *cache.back().second;
 }
 
@@ -81,6 +84,17 @@ void BM_fused_hop(benchmark::State& state, const char* spec) {
   state.SetBytesProcessed(state.iterations() * kCount * 4);
 }
 
+// The fused hop on 64 Ki values that stay in cache: the arithmetic without the memory stalls
+// (which vary with what else the machine runs), per width when the spec fixes it.
+void BM_fused_hop_in_cache(benchmark::State& state, const char* spec) {
+  Fixture& f = fixture(spec, kSmallCount);
+  dq::ByteView in{f.leaf.data(), f.leaf.size()};
+  for (auto _ : state)
+    if (f.codec->hop(0, f.tensor(1), &in, 1, f.hop.data(), Fixture::key(1)) != dq::Status::kOk)
+      state.SkipWithError("hop failed");
+  state.SetBytesProcessed(state.iterations() * kSmallCount * 4);
+}
+
 void BM_decompress(benchmark::State& state, const char* spec) {
   Fixture& f = fixture(spec);
   for (auto _ : state)
@@ -101,6 +115,11 @@ BENCHMARK_CAPTURE(BM_fused_hop, mxfp8, "mxfp8")->Unit(benchmark::kMillisecond)->
 // machine, time-slicing inflates real time but not the work one core does per byte.
 BENCHMARK(BM_memcpy)->Name("BM_memcpy_cputime")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_fused_hop, dynamiq5_cputime, "dynamiq:5")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_fused_hop_in_cache, dynamiq5, "dynamiq:5")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width2, "dynamiq:3:widths=fixed")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width4, "dynamiq:5:widths=fixed")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width8, "dynamiq:9.5:widths=fixed")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width16, "dynamiq:17:widths=fixed")->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   // One core: the figure is per-core throughput.
