@@ -7,7 +7,9 @@ modelled time-to-accuracy at 10 and 100 Gbit/s.
         [--figures docs/figures] [--out docs/results/study/summary.md]
 
 Time model (per step, one worker): measured compute (its share of forward+backward, plus
-the optimizer step) + wire_bits_per_coord x d / bandwidth, where wire_bits_per_coord is what
+the optimizer step; the mean over every run with the same n, since the computation does not
+depend on the scheme and per-run timings mostly measure the machine's load) +
+wire_bits_per_coord x d / bandwidth, where wire_bits_per_coord is what
 the C API reports for the scheme (bytes each worker sends over every hop of the
 reduce-scatter and all-gather, statistics included; 2 (n-1)/n x 32 for exact FP32). Codec
 compute and link latency are left out (a GPU codec runs far faster than the link here).
@@ -78,9 +80,12 @@ def main(argv=None):
         lines.append("Target: 99%% of exact averaging's mean final accuracy = %.4f.\n" % target)
         lines.append("| scheme | seeds | final val acc (mean +- std) | diff vs exact (pp) | "
                      "final val loss | steps to target (mean; per seed, interpolated between evaluations) | steps / exact | "
-                     "bits/coord | wire bits/coord | TTA 10 Gbit/s (s) | TTA 100 Gbit/s (s) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                     "bits/coord | wire bits/coord | comm per step at 10 Gbit/s (ms) | TTA 10 Gbit/s (s) | "
+                     "TTA 100 Gbit/s (s) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         exact_steps = None
+        compute = statistics.mean(r["compute_s_per_step_per_worker"] + r["optimizer_s_per_step"]
+                                  for r in runs if r["n"] == n)
         for scheme in ORDER:
             sel = [r for r in runs if r["n"] == n and r["scheme"] == scheme]
             if not sel:
@@ -93,25 +98,23 @@ def main(argv=None):
             if scheme == "exact":
                 exact_steps = st_mean
             ratio = (st_mean / exact_steps) if (st_mean is not None and exact_steps) else None
-            compute = statistics.mean(r["compute_s_per_step_per_worker"] +
-                                      r["optimizer_s_per_step"] for r in sel)
             wire = sel[0]["wire_bits_per_coord"]
             tta = {}
             for gbit in (10, 100):
                 comm = wire * sel[0]["d"] / (gbit * 1e9)
                 tta[gbit] = st_mean * (compute + comm) if st_mean is not None else None
             summary[(n, scheme)] = {"acc": acc_m, "std": acc_s, "steps": st_mean, "tta": tta}
-            lines.append("| %s | %d | %.4f +- %.4f | %+.2f | %.4f | %s; %s | %s | %.3f | %.3f | %s | %s |" % (
+            lines.append("| %s | %d | %.4f +- %.4f | %+.2f | %.4f | %s; %s | %s | %.3f | %.3f | %.2f | %s | %s |" % (
                 scheme, len(sel), acc_m, acc_s, 100 * (acc_m - exact_final), loss_m,
                 "%.1f" % st_mean if st_mean is not None else "not reached",
                 ",".join("%.1f" % s if s is not None else "-" for s in per_seed),
                 "%.2f" % ratio if ratio is not None else "-", sel[0]["bits_per_coord"], wire,
+                1e3 * wire * sel[0]["d"] / 10e9,
                 "%.2f" % tta[10] if tta[10] is not None else "-",
                 "%.2f" % tta[100] if tta[100] is not None else "-"))
-        comp = statistics.mean(r["compute_s_per_step_per_worker"] + r["optimizer_s_per_step"]
-                               for r in runs if r["n"] == n)
         lines.append("\nMeasured compute per step and worker (forward+backward share + optimizer), "
-                     "mean over runs: %.4f s." % comp)
+                     "mean over the %d runs with n = %d: %.4f s (used for every scheme's TTA)."
+                     % (len([r for r in runs if r["n"] == n]), n, compute))
     wall = args.runs / "study_wall_seconds.json"
     if wall.exists():
         w = json.loads(wall.read_text())
