@@ -129,7 +129,10 @@ def main(argv=None):
     import matplotlib.pyplot as plt
     args.figures.mkdir(parents=True, exist_ok=True)
     for n in ns:
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
+        exact_sel = [r for r in runs if r["n"] == n and r["scheme"] == "exact"]
+        exact_acc = [statistics.mean(r["evals"][k]["val_accuracy"] for r in exact_sel)
+                     for k in range(len(exact_sel[0]["evals"]))] if exact_sel else None
         for i, scheme in enumerate(ORDER):
             sel = [r for r in runs if r["n"] == n and r["scheme"] == scheme]
             if not sel:
@@ -147,9 +150,13 @@ def main(argv=None):
             window = 5
             smooth = [statistics.mean(hist[max(0, k - window + 1):k + 1]) for k in range(len(hist))]
             axes[2].plot(range(len(smooth)), smooth, color=color, label=scheme)
+            if exact_acc is not None:
+                axes[3].plot(steps, [100 * (a - b) for a, b in zip(accs, exact_acc)],
+                             color=color, label=scheme, marker=".")
         axes[0].set_title("validation accuracy (mean of seeds), n=%d" % n)
         axes[1].set_title("validation loss (mean of seeds), n=%d" % n)
         axes[2].set_title("training loss (mean of seeds, 5-step mean), n=%d" % n)
+        axes[3].set_title("val accuracy minus exact (pp, mean of seeds), n=%d" % n)
         for ax in axes:
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
