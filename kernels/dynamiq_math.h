@@ -160,7 +160,7 @@ DQ_HD uint32_t shuffle_position(uint32_t key, uint32_t member, uint32_t strata) 
   uint32_t x = member % strata;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
-#else
+#elif !defined(__CUDACC__)  // nvcc's host pass does not know GCC pragmas
 #pragma GCC unroll 12
 #endif
   for (int round = 0; round < kShuffleRounds; ++round) {

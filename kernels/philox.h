@@ -28,7 +28,7 @@ DQ_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, 
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
-#else
+#elif !defined(__CUDACC__)  // nvcc's host pass does not know GCC pragmas
 #pragma GCC unroll 10
 #endif
   for (int round = 0; round < 10; ++round) {
