@@ -114,14 +114,48 @@ struct LevelPair {
   float level;    // level[r]
   float inv_gap;  // inv_gap[r]
 };
+// One-step widths: each grid cell's first level index and the three levels from it, so that one
+// 16-byte load per value gives the floor, its level and the next level (inv_gap is recomputed as
+// 1 / (next - level), the same IEEE operations build_level_table() uses). Plain loads and an
+// in-register transpose replace the two 64-bit gather pairs, which are slow on Zen 3.
+struct CellQuad {
+  int32_t start;  // LevelTable::start[cell]
+  float level0;   // level[start]
+  float level1;   // level[start + 1] (sentinel 2 beyond L)
+  float level2;   // level[start + 2] (any value beyond the sentinel: never selected)
+};
 struct FastLevels {
   alignas(64) CellEntry cell[kLevelGrid + 1];
   alignas(64) LevelPair pair[130];
+  alignas(64) CellQuad quad[kLevelGrid + 1];
 };
 
 void build_fast_levels(const LevelTable& t, FastLevels* f) {
   for (int c = 0; c <= kLevelGrid; ++c) f->cell[c] = CellEntry{t.start[c], t.level[t.start[c] + 1]};
   for (int r = 0; r < 130; ++r) f->pair[r] = LevelPair{t.level[r], r < 129 ? t.inv_gap[r] : 0.0f};
+  for (int c = 0; c <= kLevelGrid; ++c) {
+    const int s = t.start[c];
+    f->quad[c] = CellQuad{s, t.level[s], t.level[s + 1], s + 2 < 130 ? t.level[s + 2] : 2.0f};
+  }
+}
+
+// Loads the CellQuad of each lane's cell and transposes them into start / level0..2 vectors.
+inline void load_quads(const CellQuad* table, __m256i cell, __m256* start, __m256* l0, __m256* l1,
+                       __m256* l2) {
+  alignas(32) int32_t idx[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(idx), cell);
+  const float* base = reinterpret_cast<const float*>(table);
+  auto row = [&](int lo, int hi) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_load_ps(base + 4 * idx[lo])),
+                                _mm_load_ps(base + 4 * idx[hi]), 1);
+  };
+  const __m256 a = row(0, 4), b = row(1, 5), c = row(2, 6), d = row(3, 7);
+  const __m256 ab_lo = _mm256_unpacklo_ps(a, b), ab_hi = _mm256_unpackhi_ps(a, b);
+  const __m256 cd_lo = _mm256_unpacklo_ps(c, d), cd_hi = _mm256_unpackhi_ps(c, d);
+  *start = _mm256_shuffle_ps(ab_lo, cd_lo, _MM_SHUFFLE(1, 0, 1, 0));
+  *l0 = _mm256_shuffle_ps(ab_lo, cd_lo, _MM_SHUFFLE(3, 2, 3, 2));
+  *l1 = _mm256_shuffle_ps(ab_hi, cd_hi, _MM_SHUFFLE(1, 0, 1, 0));
+  *l2 = _mm256_shuffle_ps(ab_hi, cd_hi, _MM_SHUFFLE(3, 2, 3, 2));
 }
 
 // Gathers 8 {a, b} pairs (64-bit entries) at indices idx and splits them into a and b vectors.
@@ -236,9 +270,14 @@ inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i u
   } else {
     const __m256i cell = _mm256_cvttps_epi32(_mm256_mul_ps(m, _mm256_set1_ps(static_cast<float>(kLevelGrid))));
     if constexpr (kLookup == Lookup::kOneStep) {
-      __m256i start, next;
-      gather_pairs(lv.fast->cell, cell, &start, &next);
-      r = _mm256_sub_epi32(start, _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(next), m, _CMP_LE_OQ)));
+      __m256 start, l0, l1, l2;
+      load_quads(lv.fast->quad, cell, &start, &l0, &l1, &l2);
+      const __m256 step = _mm256_cmp_ps(l1, m, _CMP_LE_OQ);
+      r = _mm256_sub_epi32(_mm256_castps_si256(start), _mm256_castps_si256(step));
+      level = _mm256_blendv_ps(l0, l1, step);
+      // inv_gap[r] exactly (build_level_table()); at r = L it gives 1, not 0, but there m = 1 =
+      // level[L], so frac = 0 * inv_gap = +0 either way.
+      inv_gap = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_sub_ps(_mm256_blendv_ps(l1, l2, step), level));
     } else {
       r = _mm256_i32gather_epi32(lv.t->start, cell, 4);
       for (int step = 0; step < lv.t->extra_steps; ++step) {
@@ -246,10 +285,12 @@ inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i u
         r = _mm256_sub_epi32(r, _mm256_castps_si256(_mm256_cmp_ps(next, m, _CMP_LE_OQ)));
       }
     }
-    __m256i level_bits, gap_bits;
-    gather_pairs(lv.fast->pair, r, &level_bits, &gap_bits);
-    level = _mm256_castsi256_ps(level_bits);
-    inv_gap = _mm256_castsi256_ps(gap_bits);
+    if constexpr (kLookup != Lookup::kOneStep) {
+      __m256i level_bits, gap_bits;
+      gather_pairs(lv.fast->pair, r, &level_bits, &gap_bits);
+      level = _mm256_castsi256_ps(level_bits);
+      inv_gap = _mm256_castsi256_ps(gap_bits);
+    }
   }
   const __m256 frac = _mm256_mul_ps(_mm256_sub_ps(m, level), inv_gap);
   const __m256 x = _mm256_sub_ps(_mm256_mul_ps(frac, strata), pi);
