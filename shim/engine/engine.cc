@@ -134,6 +134,10 @@ void Engine::warn_differs(const std::string& what) {
           comm_.rank, comm_.nranks, what.c_str());
 }
 
+void Engine::count(PassReason reason) {
+  if (metrics_) metrics_->calls[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
+}
+
 bool Engine::read_switch() {
   if (settings_.control_file.empty() || comm_.rank != 0) return true;
   struct stat st;
@@ -520,8 +524,7 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
   }
   *reason = screen(call);
   if (*reason != PassReason::kRerouted) {
-    if (metrics_)
-      metrics_->calls[static_cast<int>(*reason)].fetch_add(1, std::memory_order_relaxed);
+    count(*reason);
     return ncclSuccess;
   }
   const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
@@ -531,7 +534,7 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
     // Identical on every rank: planning depends on (count, dtype, settings) alone. (A failed
     // payload allocation is local; it keeps the plan and travels in the control words.)
     *reason = plan == nullptr ? PassReason::kFailure : PassReason::kOverBudget;
-    if (metrics_) metrics_->calls[static_cast<int>(*reason)].fetch_add(1);
+    count(*reason);
     return ncclSuccess;
   }
   ControlDecision decision;
@@ -553,7 +556,7 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
     *reason = PassReason::kDisabled;
   }
   if (*reason != PassReason::kRerouted) {
-    if (metrics_) metrics_->calls[static_cast<int>(*reason)].fetch_add(1);
+    count(*reason);
     return ncclSuccess;
   }
   for (Plan::Block& b : plan->blocks)
@@ -578,8 +581,8 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
              ms(t_plan, t_exchange), ms(t_exchange, t_agree), ms(t_agree, t_end),
              static_cast<unsigned long long>(wire));
   }
+  count(PassReason::kRerouted);
   if (metrics_) {
-    metrics_->calls[0].fetch_add(1, std::memory_order_relaxed);
     metrics_->bytes_in.fetch_add(call.count * dtype_size(dtype), std::memory_order_relaxed);
     metrics_->wire_bytes.fetch_add(wire, std::memory_order_relaxed);
     metrics_->nanoseconds.fetch_add(

@@ -45,9 +45,7 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  bool opted_in() const { return opted_in_; }
   enum class State { kPending, kAgreed, kInert };
-  State state() const { return state_; }
 
   // The whole rerouting decision and, when it says so, the compressed all-reduce. On return
   // *reason says whether the call was compressed (kRerouted) or must now be passed through by
@@ -65,10 +63,6 @@ class Engine {
   // Explicit opt-in (dynamiqCommRegister): only before the handshake, so it cannot diverge.
   Status register_opt_in(bool on);
 
-  // The A/B switch as rank 0 reads it (control file), exposed for tests.
-  bool read_switch();
-  uint64_t calls_agreed() const { return call_seq_; }
-
  private:
   struct Plan;
   Plan* plan_for(size_t count, DType dtype, Status* status);
@@ -80,6 +74,10 @@ class Engine {
                           uint64_t* wire_bytes);
   Status stage_compute(Plan& plan, int block, int stage, const CallArgs& call);
   void warn_differs(const std::string& what);
+  // The A/B switch as rank 0 reads it (control file); always on for other ranks.
+  bool read_switch();
+  // Counts one call under `reason` in this communicator's metrics.
+  void count(PassReason reason);
 
   config::Settings settings_;
   bool settings_valid_;

@@ -205,12 +205,6 @@ void metrics_tick() {
   write_locked(r);
 }
 
-std::string metrics_render(bool prometheus) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return render(r.comms, prometheus);
-}
-
 void metrics_flush() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

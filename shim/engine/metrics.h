@@ -30,7 +30,6 @@ inline constexpr int kPassReasonCount = static_cast<int>(PassReason::kCount);
 const char* reason_name(PassReason r);
 
 struct CommMetrics {
-  std::string label;  // "index=N name=... rank=R size=S"
   int index = 0, rank = 0, size = 0;
   std::string name;
   std::atomic<uint64_t> calls[kPassReasonCount] = {};
@@ -46,8 +45,6 @@ std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name
 void metrics_unregister(const std::shared_ptr<CommMetrics>& m);
 // Rewrites the file if the interval has elapsed (cheap otherwise: one clock read).
 void metrics_tick();
-// Renders every registered communicator (for tests and the writer).
-std::string metrics_render(bool prometheus);
 void metrics_flush();
 
 }  // namespace dq::engine
