@@ -66,10 +66,14 @@ def main(argv=None):
     ns = sorted({r["n"] for r in runs})
     lines = []
     r0 = runs[0]
-    lines.append("Runs: %d; trainable d = %d (top %d encoder layer(s) + head), %d steps, "
-                 "global batch %d, sequence length %d, lr %g.\n" % (
-                     len(runs), r0["d"], 6 - r0["frozen_layers"], r0["steps"],
-                     r0["train_batch"], r0["seq_len"], r0["lr"]))
+    if r0.get("trainable", "top") == "full":
+        what = "every parameter: encoder incl. word embeddings + head"
+    else:
+        what = "top %d encoder layer(s) + head" % (6 - r0["frozen_layers"])
+    lines.append("Runs: %d; trainable d = %d (%s), %d steps, global batch %d, sequence "
+                 "length %d, lr %g, %s validation sentences.\n" % (
+                     len(runs), r0["d"], what, r0["steps"], r0["train_batch"], r0["seq_len"],
+                     r0["lr"], r0.get("val_sentences", "all")))
     summary = {}
     for n in ns:
         exact = [r for r in runs if r["n"] == n and r["scheme"] == "exact"]
