@@ -65,7 +65,7 @@ SCHEMES = {
 # Per-size defaults; an explicit flag overrides them. "full" is sized so that the 42 runs
 # (7 schemes x n = 4, 16 x 3 seeds) take under 60 minutes on an idle 2-core machine.
 SIZE_DEFAULTS = {
-    "full": {"seq_len": 24, "steps": 60, "lr": 2e-4, "max_val": 480, "eval_every": 10,
+    "full": {"seq_len": 16, "steps": 40, "lr": 3e-4, "max_val": 480, "eval_every": 10,
              "warmup_steps": 5},
     "top": {"seq_len": 32, "steps": 100, "lr": 1e-3, "max_val": 5000, "eval_every": 10,
             "warmup_steps": 5},
@@ -314,6 +314,10 @@ class FullModel:
                 named[e["name"]].numel() != e["numel"] for e in layout["params"]):
             raise RuntimeError("%s does not match the classifier's parameters" % DDP_LAYOUT)
         self.params = [named[name] for name in order]
+        # The word-embedding gradient touches only the batch's rows; a sparse backward adds
+        # just those rows into the dense .grad view (the same values as the dense backward,
+        # without writing 11.7M zeros per worker).
+        self.model.encoder.embeddings.word_embeddings.sparse = True
 
     def reset(self, seed):
         import torch
@@ -398,17 +402,18 @@ class Trainer:
             losses = []
             for k in range(n):
                 part = ids[k * micro:(k + 1) * micro]
+                # Worker k's gradient accumulates straight into its row of the all-reduce
+                # input (zeroed views as .grad): no allocation and no copy per worker.
+                row = torch.from_numpy(rows[k])
+                row.zero_()
+                off = 0
                 for p in params:
-                    p.grad = None
+                    p.grad = row[off:off + p.numel()].view_as(p)
+                    off += p.numel()
                 loss = torch.nn.functional.cross_entropy(self.net.logits("train", part),
                                                          data["train_y"][part])
                 loss.backward()
                 losses.append(loss.item())
-                off = 0
-                row = torch.from_numpy(rows[k])
-                for p in params:
-                    row[off:off + p.numel()].copy_(p.grad.reshape(-1))
-                    off += p.numel()
             t1 = time.time()
             stats = {}
             if codec is None:
