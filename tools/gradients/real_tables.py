@@ -94,13 +94,17 @@ def energy_stats(rows):
         exact += x
         f_sum += (x * x).reshape(-1, SUPER_GROUP).sum(1)
     f_exact = (exact * exact).reshape(-1, SUPER_GROUP).sum(1)
-    med = np.median(f_exact)
+    # The median of the non-zero super-groups, as in the profile: with more than half of
+    # the super-groups exactly zero (the embedding) the plain median is 0.
+    nonzero = f_exact[f_exact > 0]
+    med = float(np.median(nonzero)) if nonzero.size else 0.0
     return {"top10_share_exact_sum": top_share(f_exact),
             "top10_share_F": top_share(f_sum),
             "super_groups": int(f_exact.size),
             "zero_super_groups_fraction": float(np.mean(f_exact == 0)),
             "below_1e-4_median_fraction": float(np.mean(f_exact < 1e-4 * med)) if med > 0
-            else float("nan")}
+            else float("nan"),
+            "median": "non-zero super-groups"}
 
 
 def load_corpus(corpus, step, wait_s=2400):
@@ -195,50 +199,51 @@ def cmd_profile(args):
 
 
 def cmd_match(args, lib):
-    """Budget at which DynamiQ's vNMSE equals MXFP8's: bisection on log(vNMSE) vs bits."""
-    n = args.workers[0]
+    """Budget at which DynamiQ's vNMSE equals MXFP8's, for every --workers count:
+    bisection on log(vNMSE) vs bits."""
     with open(args.out, "a") as fh:
-        for step in args.steps:
-            matrix, layout = load_corpus(args.corpus, step)
-            for part in args.parts:
-                rows = part_rows(matrix, part_ranges(layout, part), n, args.subsample, args.block)
-                for topo in args.topos:
-                    target = np.mean([lib.allreduce("mxfp8", topo, rows, seed=args.seed, call=c,
-                                                    average=False, want_result=False)[1]["vnmse"]
-                                      for c in range(args.calls)])
-                    lo, hi = 3.0, 12.0
-                    v_lo = vnmse_at(lib, rows, lo, topo, args.seed, args.calls)
-                    v_hi = vnmse_at(lib, rows, hi, topo, args.seed, args.calls)
-                    probes = [(lo, v_lo), (hi, v_hi)]
-                    if v_lo <= target:
-                        match = lo
-                    elif v_hi > target:
-                        match = float("inf")
-                    else:
-                        # vNMSE falls about 4x per bit: interpolate log(vNMSE) linearly between
-                        # the bracketing probes (regula falsi), keeping the bracket.
-                        for _ in range(args.match_iters):
+        for n in args.workers:
+            for step in args.steps:
+                matrix, layout = load_corpus(args.corpus, step)
+                for part in args.parts:
+                    rows = part_rows(matrix, part_ranges(layout, part), n, args.subsample, args.block)
+                    for topo in args.topos:
+                        target = np.mean([lib.allreduce("mxfp8", topo, rows, seed=args.seed, call=c,
+                                                        average=False, want_result=False)[1]["vnmse"]
+                                          for c in range(args.calls)])
+                        lo, hi = 3.0, 12.0
+                        v_lo = vnmse_at(lib, rows, lo, topo, args.seed, args.calls)
+                        v_hi = vnmse_at(lib, rows, hi, topo, args.seed, args.calls)
+                        probes = [(lo, v_lo), (hi, v_hi)]
+                        if v_lo <= target:
+                            match = lo
+                        elif v_hi > target:
+                            match = float("inf")
+                        else:
+                            # vNMSE falls about 4x per bit: interpolate log(vNMSE) linearly between
+                            # the bracketing probes (regula falsi), keeping the bracket.
+                            for _ in range(args.match_iters):
+                                t = (math.log(v_lo) - math.log(target)) / (math.log(v_lo) - math.log(v_hi))
+                                mid = min(max(lo + t * (hi - lo), lo + 0.02), hi - 0.02)
+                                mid = round(mid, 3)
+                                v_mid = vnmse_at(lib, rows, mid, topo, args.seed, args.calls)
+                                probes.append((mid, v_mid))
+                                if v_mid > target:
+                                    lo, v_lo = mid, v_mid
+                                else:
+                                    hi, v_hi = mid, v_mid
+                                if hi - lo < 0.05:
+                                    break
                             t = (math.log(v_lo) - math.log(target)) / (math.log(v_lo) - math.log(v_hi))
-                            mid = min(max(lo + t * (hi - lo), lo + 0.02), hi - 0.02)
-                            mid = round(mid, 3)
-                            v_mid = vnmse_at(lib, rows, mid, topo, args.seed, args.calls)
-                            probes.append((mid, v_mid))
-                            if v_mid > target:
-                                lo, v_lo = mid, v_mid
-                            else:
-                                hi, v_hi = mid, v_mid
-                            if hi - lo < 0.05:
-                                break
-                        t = (math.log(v_lo) - math.log(target)) / (math.log(v_lo) - math.log(v_hi))
-                        match = lo + t * (hi - lo)
-                    emit(fh, {"kind": "match", "corpus": str(args.corpus), "step": step,
-                              "part": part, "topo": topo, "workers": n,
-                              "d": int(rows[0].shape[0]), "mxfp8_vnmse": float(target),
-                              "match_budget_bits": match, "probes": probes,
-                              "subsample": args.subsample, "seed": args.seed,
-                              "calls": args.calls})
-                    print("step %d %-9s %s: DynamiQ matches MXFP8 (%.4e) at %.3f bits" %
-                          (step, part, topo, target, match), file=sys.stderr, flush=True)
+                            match = lo + t * (hi - lo)
+                        emit(fh, {"kind": "match", "corpus": str(args.corpus), "step": step,
+                                  "part": part, "topo": topo, "workers": n,
+                                  "d": int(rows[0].shape[0]), "mxfp8_vnmse": float(target),
+                                  "match_budget_bits": match, "probes": probes,
+                                  "subsample": args.subsample, "seed": args.seed,
+                                  "calls": args.calls})
+                        print("step %d %-9s %s: DynamiQ matches MXFP8 (%.4e) at %.3f bits" %
+                              (step, part, topo, target, match), file=sys.stderr, flush=True)
 
 
 def fmt(v):
@@ -336,7 +341,7 @@ def main(argv=None):
     args.steps = [int(s) for s in args.steps.split(",")]
     args.workers = [int(s) for s in args.workers.split(",")]
     args.topos = args.topos.split(",")
-    args.codecs = args.codecs.split(",")
+    args.codecs = [c for c in args.codecs.split(",") if c]  # "" with --energy: energy only
     args.parts = args.parts.split(",")
     if args.block % SUPER_GROUP:
         p.error("--block must be a multiple of 256")
