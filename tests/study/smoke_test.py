@@ -12,22 +12,14 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools" / "capi"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-try:
-    import torch
-except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
-    print("skipped: torch is not importable (%s)" % e)
-    sys.exit(77)
+from checklist import check, exit_code, require_modules  # noqa: E402
+
+require_modules("torch")
+import torch  # noqa: E402
 
 from dynamiq_capi import CapiError, DynamiqCapi  # noqa: E402
-
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
 
 
 def spread_rows(rng, n, d, identical=False):
@@ -152,11 +144,7 @@ def main():
     lib.set_max_threads(1)
     test_capi(lib)
     test_training(lib)
-    if FAILURES:
-        print("%d check(s) failed" % len(FAILURES))
-        return 1
-    print("all checks passed")
-    return 0
+    return exit_code()
 
 
 if __name__ == "__main__":
