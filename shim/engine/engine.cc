@@ -16,13 +16,6 @@ namespace {
 
 constexpr size_t kMaxPlans = 16;  // distinct (count, dtype) kept: DDP uses a few bucket sizes
 
-// Fewer super-groups per chunk message than this and the budget's fixed costs (header, one
-// widest record of slack per message) push most widths down to 2 bits: measured with
-// dynamiq-sim --synthetic --spread 0 at 5 bits, ring, n = 3 and 8: vNMSE 0.022 / 0.044 at 64
-// super-groups per chunk, 0.13 / 0.17 at 32, 0.45 / 0.57 at 16, 1.0 / 1.2 at 8. Such calls
-// pass through (reason over_budget).
-constexpr size_t kMinSuperGroupsPerChunk = 64;
-
 // NCCL result of an engine-side failure that is not NCCL's own.
 ncclResult_t engine_failure(Status s) {
   return s == Status::kOutOfMemory ? ncclSystemError : ncclInternalError;
@@ -232,8 +225,9 @@ Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
     }
     if ((*status = blk.codec->plan(blk.count, p.schedule.n_chunks, n)) != Status::kOk)
       return nullptr;
+    // Too few super-groups per chunk message (kernels/codec.h) pass through: reason over_budget.
     p.fits = p.fits && blk.codec->fits_budget() &&
-             blk.count / 256 >= kMinSuperGroupsPerChunk * static_cast<size_t>(p.schedule.n_chunks);
+             chunks_large_enough(blk.count, p.schedule.n_chunks);
     blk.cap = blk.codec->chunk_capacity();
     blk.stats_offset = p.stats_words;
     p.stats_words += blk.codec->stats_words();

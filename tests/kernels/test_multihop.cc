@@ -74,6 +74,23 @@ TEST(Sizes, EveryCodecEveryTopologyAwkwardCounts) {
         }
 }
 
+// The simulator flags tensors with too few super-groups per chunk message, and the flag marks a
+// real cliff: the same data cut into 8 super-groups per chunk is far worse than at 64.
+TEST(Sizes, SimulatorFlagsChunksBelowTheSuperGroupFloor) {
+  const int n = 4;  // ring of 4: 4 chunk messages
+  const size_t at_floor = kMinSuperGroupsPerChunk * 256 * n;
+  EXPECT_TRUE(chunks_large_enough(at_floor, n));
+  EXPECT_FALSE(chunks_large_enough(at_floor - 256, n));
+  EXPECT_FALSE(chunks_large_enough(at_floor, 0));
+  SimRun big = run("dynamiq:5", topo::Kind::kRing, rows_of(n, at_floor, 11, 0.0));
+  SimRun small = run("dynamiq:5", topo::Kind::kRing, rows_of(n, 8 * 256 * n, 11, 0.0));
+  EXPECT_TRUE(big.result.chunks_large_enough);
+  EXPECT_FALSE(small.result.chunks_large_enough);
+  EXPECT_TRUE(small.result.budget_honest);  // within budget: why the separate flag exists
+  EXPECT_GT(small.result.vnmse, 5 * big.result.vnmse)
+      << "small " << small.result.vnmse << " big " << big.result.vnmse;
+}
+
 TEST(SpecialValues, ZeroSuperGroupsDecodeToExactZero) {
   for (const char* spec : kAllCodecs) {
     auto rows = rows_of(4, 2048, 5);

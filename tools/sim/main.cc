@@ -188,9 +188,10 @@ int main(int argc, char** argv) {
         if (format == "jsonl") {
           std::printf("{\"codec\": \"%s\", \"topo\": \"%s\", \"workers\": %d, \"d\": %zu, \"vnmse\": %.6g, "
                       "\"bits_per_coord\": %.6g, \"wire_bits_per_coord\": %.6g, \"budget_honest\": %s, "
-                      "\"calls\": %llu, \"seed\": %llu, \"seconds\": %.3f",
+                      "\"chunks_large_enough\": %s, \"calls\": %llu, \"seed\": %llu, \"seconds\": %.3f",
                       spec.c_str(), dq::topo::kind_name(topo), n, m.cols, sum.vnmse, r.bits_per_coord,
-                      r.wire_bits_per_coord, r.budget_honest ? "true" : "false", calls,
+                      r.wire_bits_per_coord, r.budget_honest ? "true" : "false",
+                      r.chunks_large_enough ? "true" : "false", calls,
                       static_cast<unsigned long long>(opt.seed), sum.seconds);
           if (opt.per_hop) {
             std::printf(", \"hop_vnmse\": [");
@@ -199,8 +200,9 @@ int main(int argc, char** argv) {
           }
           std::printf("}\n");
         } else {
-          std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f\n", spec.c_str(), dq::topo::kind_name(topo), n,
-                      sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds);
+          std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f%s\n", spec.c_str(), dq::topo::kind_name(topo), n,
+                      sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds,
+                      r.chunks_large_enough ? "" : "  (< 64 super-groups per chunk: the engine passes this through)");
         }
         std::fflush(stdout);
       }

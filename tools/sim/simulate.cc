@@ -134,6 +134,7 @@ Status simulate_allreduce(Codec& codec, const topo::Schedule& s,
   sent += n > 1 ? 2.0 * (n - 1) * 2.0 * words : 0.0;
   out->wire_bits_per_coord = d ? sent / n * 8.0 / static_cast<double>(d) : 0.0;
   out->budget_honest = codec.fits_budget();
+  out->chunks_large_enough = chunks_large_enough(d, s.n_chunks);
   out->hop_error.clear();
   if (opt.per_hop && den_sum > 0)
     for (int k = 0; k < n; ++k) out->hop_error.push_back(hop_err[k] / den_sum);

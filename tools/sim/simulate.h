@@ -21,6 +21,9 @@ struct SimResult {
   double bits_per_coord = 0;       // one compressed copy: every chunk message + statistics
   double wire_bits_per_coord = 0;  // bytes each worker sends over all hops, average, per coord
   bool budget_honest = true;       // false when the tensor is too small for the budget's cuts
+  // false below kMinSuperGroupsPerChunk super-groups per chunk message (kernels/codec.h): the
+  // result is valid but far worse than at larger sizes, and the engine passes such tensors through
+  bool chunks_large_enough = true;
   // hop_error[k-1]: squared error of payloads summing k workers, against their exact partial
   // sums, over ||x||^2 (summed over chunks); only with per_hop.
   std::vector<double> hop_error;
