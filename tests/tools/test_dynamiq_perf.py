@@ -149,9 +149,23 @@ def case_torchrun_env(a):
     need_cpu_nccl(a)
     import socket
     build = os.path.abspath(a.build)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # The rendezvous listens on MASTER_PORT + 1, so both ports must be free: an ephemeral port
+    # taken by another test's connection on P + 1 made rank 0 fail to listen (and the other
+    # ranks wait out their timeout). Bounded retries; a small race remains until rank 0 binds.
+    port = None
+    for _ in range(64):
+        with socket.socket() as s, socket.socket() as t:
+            s.bind(("127.0.0.1", 0))
+            candidate = s.getsockname()[1]
+            if candidate >= 65535:
+                continue
+            try:
+                t.bind(("127.0.0.1", candidate + 1))
+            except OSError:
+                continue
+            port = candidate
+            break
+    check(port is not None, "no free pair of adjacent loopback ports in 64 tries")
     base = {k: v for k, v in os.environ.items() if k != "DYNAMIQ_RUN_DIR"}
     base.update(LD_LIBRARY_PATH=os.path.join(build, "tools", "cpu-nccl") + ":" +
                 os.path.join(build, "plugin", "abi"), NCCL_NET_PLUGIN="dynamiq",
@@ -163,7 +177,7 @@ def case_torchrun_env(a):
         procs.append(subprocess.Popen([a.perf, "-b", "4K", "-e", "64K", "-f", "4", "-d", "int32",
                                        "-o", "max", "-n", "2", "-w", "1"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = []
+    outputs, errors = [], []
     for p in procs:
         try:
             out, err = p.communicate(timeout=240)
@@ -171,8 +185,11 @@ def case_torchrun_env(a):
             for q in procs:
                 q.kill()
             fail("ranks did not finish")
-        check(p.returncode == 0, f"exit {p.returncode}: {err[-1000:]}")
         outputs.append(out)
+        errors.append((p.returncode, err))
+    # Rank 0 (launched last) first: its failure explains the others' timeouts.
+    for rank, (code, err) in zip((0, 1, 2), reversed(errors)):
+        check(code == 0, f"rank {rank} exit {code}: {err[-1000:]}")
     rank0 = outputs[2]
     check(outputs[0] == "" and outputs[1] == "", "ranks other than 0 printed rows")
     prefixed = "".join("[0] " + line + "\n" for line in rank0.splitlines())
