@@ -349,10 +349,11 @@ bool scenario_passthrough(int n) {
     // Below DYNAMIQ_MIN_BYTES (set to 64 KiB here): 1000 floats.
     if ((rc = exact_float_call(n, rank, comm, 1000, ncclSum, &rerouted, &seen)) || rerouted)
       return 30 + rc;
-    // Above it, but with fewer than 64 super-groups per chunk message (the budget's fixed costs
-    // would leave most widths at 2 bits): passes through, exact. One super-group more per chunk
-    // and it is compressed. (auto topology: n chunks for ring and butterfly alike here.)
-    const size_t edge = static_cast<size_t>(n) * 64 * 256;
+    // Above it, but with fewer than dq::kMinSuperGroupsPerChunk (64) super-groups per chunk
+    // message (the budget's fixed costs would leave most widths at 2 bits): passes through,
+    // exact. At the floor it is compressed. (auto topology: n chunks for ring and butterfly.)
+    static_assert(dq::kMinSuperGroupsPerChunk == 64, "the scenario is sized for 64");
+    const size_t edge = static_cast<size_t>(n) * dq::kMinSuperGroupsPerChunk * 256;
     if ((rc = exact_float_call(n, rank, comm, edge - 256, ncclSum, &rerouted, &seen)) || rerouted)
       return 35 + rc;
     rc = exact_float_call(n, rank, comm, edge, ncclSum, &rerouted, &seen);

@@ -200,9 +200,12 @@ int main(int argc, char** argv) {
           }
           std::printf("}\n");
         } else {
-          std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f%s\n", spec.c_str(), dq::topo::kind_name(topo), n,
-                      sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds,
-                      r.chunks_large_enough ? "" : "  (< 64 super-groups per chunk: the engine passes this through)");
+          std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", spec.c_str(), dq::topo::kind_name(topo), n,
+                      sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds);
+          if (!r.chunks_large_enough)
+            std::printf("  (< %zu super-groups per chunk: the engine passes this through)",
+                        dq::kMinSuperGroupsPerChunk);
+          std::printf("\n");
         }
         std::fflush(stdout);
       }

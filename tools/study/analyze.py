@@ -78,7 +78,6 @@ def main(argv=None):
                  "length %d, lr %g, %s validation sentences.\n" % (
                      len(runs), r0["d"], what, r0["steps"], r0["train_batch"], r0["seq_len"],
                      r0["lr"], r0.get("val_sentences", "all")))
-    summary = {}
     for n in ns:
         exact = [r for r in runs if r["n"] == n and r["scheme"] == "exact"]
         exact_final, _ = mean_std([r["final_val_accuracy"] for r in exact])
@@ -92,7 +91,7 @@ def main(argv=None):
                      "bits/coord | wire bits/coord | comm per step at 10 Gbit/s (ms) | TTA 10 Gbit/s (s, "
                      "paired steps) | TTA 100 Gbit/s (s, paired steps) |")
         lines.append("|---" * 14 + "|")
-        exact_by_seed = {r["seed"]: r["final_val_accuracy"] for r in exact}
+        exact_run = {r["seed"]: r for r in exact}
         exact_steps = None
         compute = statistics.mean(r["compute_s_per_step_per_worker"] + r["optimizer_s_per_step"]
                                   for r in runs if r["n"] == n)
@@ -110,7 +109,6 @@ def main(argv=None):
             ratio = (st_mean / exact_steps) if (st_mean is not None and exact_steps) else None
             # Paired: each seed's target is 99% of the same seed's exact final accuracy, which
             # that exact run always reaches; a low-accuracy seed cannot then hide the others.
-            exact_run = {r["seed"]: r for r in exact}
             paired_steps, paired_abs = [], []
             for r in sel:
                 ex = exact_run.get(r["seed"])
@@ -125,27 +123,25 @@ def main(argv=None):
             tta_steps = statistics.mean(paired_abs) if paired_abs and all(
                 x is not None for x in paired_abs) else None
             wire = sel[0]["wire_bits_per_coord"]
-            tta = {}
-            for gbit in (10, 100):
-                comm = wire * sel[0]["d"] / (gbit * 1e9)
-                tta[gbit] = tta_steps * (compute + comm) if tta_steps is not None else None
-            summary[(n, scheme)] = {"acc": acc_m, "std": acc_s, "steps": st_mean, "tta": tta}
+            comm = {gbit: wire * sel[0]["d"] / (gbit * 1e9) for gbit in (10, 100)}  # s per step
+            tta = {gbit: tta_steps * (compute + c) if tta_steps is not None else None
+                   for gbit, c in comm.items()}
             if paired_steps and all(x is not None for x in paired_steps):
                 paired_txt = "%.2f; %s" % (statistics.mean(paired_steps),
                                            ",".join("%.2f" % x for x in paired_steps))
             else:
                 paired_txt = "not reached; " + ",".join(
                     "%.2f" % x if x is not None else "-" for x in paired_steps)
-            summary[(n, scheme)]["paired_steps"] = paired_steps
-            paired_m, paired_s = mean_std([100 * (r["final_val_accuracy"] - exact_by_seed[r["seed"]])
-                                           for r in sel if r["seed"] in exact_by_seed])
+            paired_m, paired_s = mean_std(
+                [100 * (r["final_val_accuracy"] - exact_run[r["seed"]]["final_val_accuracy"])
+                 for r in sel if r["seed"] in exact_run])
             lines.append("| %s | %d | %.4f +- %.4f | %+.2f | %+.2f +- %.2f | %.4f | %s; %s | %s | %s | %.3f | %.3f | %.2f | %s | %s |" % (
                 scheme, len(sel), acc_m, acc_s, 100 * (acc_m - exact_final), paired_m, paired_s, loss_m,
                 "%.1f" % st_mean if st_mean is not None else "not reached",
                 ",".join("%.1f" % s if s is not None else "-" for s in per_seed),
                 "%.2f" % ratio if ratio is not None else "-", paired_txt,
                 sel[0]["bits_per_coord"], wire,
-                1e3 * wire * sel[0]["d"] / 10e9,
+                1e3 * comm[10],
                 "%.2f" % tta[10] if tta[10] is not None else "-",
                 "%.2f" % tta[100] if tta[100] is not None else "-"))
         lines.append("\nMeasured compute per step and worker (forward+backward share + optimizer), "

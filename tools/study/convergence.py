@@ -263,7 +263,7 @@ class TopModel:
 
     def __init__(self, args, data):
         import make_corpus as mc
-        self.args, self.data = args, data
+        self.data = data
         encoder, _, _ = mc.load_encoder_and_tokenizer()
         self.encoder = encoder
         self.layers = encoder.encoder.layer[args.frozen_layers:]
@@ -303,7 +303,7 @@ class FullModel:
 
     def __init__(self, args, data):
         import make_corpus as mc
-        self.args, self.data = args, data
+        self.data = data
         encoder, _, _ = mc.load_encoder_and_tokenizer()
         self.model = mc.make_classifier(encoder, len(data["labels"]), 0)
         self.initial = {k: v.clone() for k, v in self.model.encoder.state_dict().items()}
@@ -324,9 +324,7 @@ class FullModel:
         self.model.encoder.load_state_dict(self.initial)
         torch.manual_seed(seed)
         self.model.head.reset_parameters()
-        for p in self.params:
-            p.requires_grad_(True)
-        return self.params
+        return self.params  # all require grad: nothing in this variant freezes any
 
     def train_mode(self, on):
         self.model.train(on)  # dropout as in make_corpus.py's fine-tuning
