@@ -13,6 +13,13 @@ namespace dq {
 
 Status Codec::local_stats(const ConstTensor&, uint16_t*) const { return Status::kOk; }
 
+Status Codec::agree(const uint16_t* reduced_stats_bf16, uint64_t call) {
+  owned_layout_.assign((layout_bytes() + 7) / 8, 0);
+  const Status s = build_layout(reduced_stats_bf16, call, owned_layout_.data());
+  if (s != Status::kOk) owned_layout_.clear();  // hop()/finish() then refuse, not use half a layout
+  return s;
+}
+
 double Codec::bits_per_coord() const {
   if (count_ == 0) return 0.0;
   const double bytes = 2.0 * stats_words() + static_cast<double>(n_chunks_) * chunk_capacity();

@@ -1,5 +1,8 @@
 // The codec interface every compressor implements (DynamiQ and the baselines), so that every
-// comparison runs exactly the same hops. Sizes are fixed by plan(); the hot path is hop()/finish().
+// comparison runs exactly the same hops. Sizes are fixed by plan(); after it a codec is immutable
+// plain parameters. What one call agrees on (widths, order, chunk cuts, digests, the call number)
+// is a flat per-call layout in memory the caller owns (device memory in the engine), built by
+// build_layout() and read by the hot path, fused_hop() / decode_finish().
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -75,9 +78,15 @@ class Codec {
   // all-reduce). 0 for codecs that need none.
   virtual size_t stats_words() const { return 0; }
   virtual Status local_stats(const ConstTensor& x, uint16_t* stats_bf16) const;
-  // Builds the per-call layout from the all-reduced statistics (nullptr when stats_words()==0).
-  // Deterministic: identical input bytes give identical layouts on every rank.
-  virtual Status agree(const uint16_t* reduced_stats_bf16, uint64_t call) = 0;
+
+  // Bytes of the per-call layout (widths, order, chunk cuts, digests, the call number): memory the
+  // caller owns (device memory in the engine). Fixed by plan(). At least 8.
+  virtual size_t layout_bytes() const = 0;
+  // Builds the per-call layout from the all-reduced statistics (nullptr when stats_words() == 0)
+  // into `layout` (layout_bytes() bytes, 8-byte aligned). Deterministic: identical input bytes
+  // give identical layout bytes on every rank.
+  virtual Status build_layout(const uint16_t* reduced_stats_bf16, uint64_t call,
+                              void* layout) const = 0;
 
   // Bytes of every chunk message; a function of (count, budget, n_chunks) alone.
   virtual size_t chunk_capacity() const = 0;
@@ -88,22 +97,49 @@ class Codec {
   // pass such tensors through uncompressed). Fixed by plan().
   virtual bool fits_budget() const { return true; }
 
-  // Fused hop: out = compress(own + sum_i decode(in[i])) for the elements of `chunk`.
-  // n_in == 0 is the leaf compression. `out` has chunk_capacity() bytes.
-  virtual Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in,
-                     uint8_t* out, const RoundingKey& key) const = 0;
+  // Fused hop under `layout`: out = compress(own + sum_i decode(in[i])) for the elements of
+  // `chunk`. n_in == 0 is the leaf compression. `out` has chunk_capacity() bytes.
+  virtual Status fused_hop(const void* layout, int chunk, const ConstTensor& own,
+                           const ByteView* in, int n_in, uint8_t* out,
+                           const RoundingKey& key) const = 0;
   // Decodes a chunk payload holding the sum of `n_contrib` workers into `out` (full tensor,
   // elements of this chunk only), restoring means; AVG divides by n_contrib.
-  virtual Status finish(int chunk, ByteView in, void* out, DType out_dtype, ReduceOp op,
-                        int n_contrib) const = 0;
+  virtual Status decode_finish(const void* layout, int chunk, ByteView in, void* out,
+                               DType out_dtype, ReduceOp op, int n_contrib) const = 0;
+  // Element ranges [begin, end) of `chunk` under `layout` (for analysis tools); empty when the
+  // layout is needed and null.
+  virtual void layout_ranges(const void* layout, int chunk,
+                             std::vector<std::pair<size_t, size_t>>* ranges) const = 0;
 
-  // Element ranges [begin, end) of `chunk` under the current layout (for analysis tools).
-  virtual void chunk_ranges(int chunk, std::vector<std::pair<size_t, size_t>>* ranges) const = 0;
+  // Conveniences for tools and tests: the same operations on a layout this object owns.
+  // agree() builds it (= build_layout into the owned buffer); before agree() the others see a
+  // null layout and hop()/finish() fail with kInvalidArgument.
+  Status agree(const uint16_t* reduced_stats_bf16, uint64_t call);
+  Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
+             const RoundingKey& key) const {
+    return fused_hop(owned_layout(), chunk, own, in, n_in, out, key);
+  }
+  Status finish(int chunk, ByteView in, void* out, DType out_dtype, ReduceOp op,
+                int n_contrib) const {
+    return decode_finish(owned_layout(), chunk, in, out, out_dtype, op, n_contrib);
+  }
+  void chunk_ranges(int chunk, std::vector<std::pair<size_t, size_t>>* ranges) const {
+    layout_ranges(owned_layout(), chunk, ranges);
+  }
+  // The layout agree() built, or nullptr (none yet, or one from before a plan() that needs more).
+  const void* owned_layout() const {
+    return !owned_layout_.empty() && owned_layout_.size() * 8 >= layout_bytes()
+               ? owned_layout_.data()
+               : nullptr;
+  }
 
  protected:
   size_t count_ = 0;
   int n_chunks_ = 0;
   int n_workers_ = 0;
+
+ private:
+  std::vector<uint64_t> owned_layout_;  // 8-byte words: the layout's alignment
 };
 
 // Parses a codec spec such as "dynamiq:5", "dynamiq:5:corr=0", "mxfp8", "mxfp6e3m2", "mxfp4",

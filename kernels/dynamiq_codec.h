@@ -28,7 +28,8 @@ void build_level_table(int bits, float eps, bool nonuniform, LevelTable* out);
 
 std::unique_ptr<Codec> make_dynamiq_codec(const DynamiqOptions& options);
 
-// Introspection for tests and tools (the codec must be a DynamiQ codec).
+// Introspection for tests and tools (the codec must be a DynamiQ codec): pointers into a layout
+// built by its build_layout(), or into the one its agree() owns. Null pointers without a layout.
 struct DynamiqLayoutView {
   const uint8_t* widths;   // per super-group, original order
   const uint32_t* order;   // super-groups in wire order (by width, descending; stable)
@@ -37,5 +38,6 @@ struct DynamiqLayoutView {
   bool budget_honest;      // the plan's messages fit the budget (false for tiny tensors)
 };
 DynamiqLayoutView dynamiq_layout(const Codec& codec);
+DynamiqLayoutView dynamiq_layout(const Codec& codec, const void* layout);
 
 }  // namespace dq

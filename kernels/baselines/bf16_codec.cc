@@ -26,13 +26,13 @@ class Bf16Codec final : public baselines::BlockCodec {
  public:
   Bf16Codec() : BlockCodec(CodecId::kBf16, 0, 1, 2) {}
   std::string name() const override { return "bf16"; }
-  Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
-             const RoundingKey& key) const override {
-    return run_hop(Bf16Kernel{}, chunk, own, in, n_in, out, key);
+  Status fused_hop(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
+                   int n_in, uint8_t* out, const RoundingKey& key) const override {
+    return run_hop(Bf16Kernel{}, layout, chunk, own, in, n_in, out, key);
   }
-  Status finish(int chunk, ByteView in, void* out, DType out_dtype, ReduceOp op,
-                int n_contrib) const override {
-    return run_finish(Bf16Kernel{}, chunk, in, out, out_dtype, op, n_contrib);
+  Status decode_finish(const void* layout, int chunk, ByteView in, void* out, DType out_dtype,
+                       ReduceOp op, int n_contrib) const override {
+    return run_finish(Bf16Kernel{}, layout, chunk, in, out, out_dtype, op, n_contrib);
   }
 };
 

@@ -39,8 +39,10 @@ Status BlockCodec::plan(size_t count, int n_chunks, int n_workers) {
   return Status::kOk;
 }
 
-Status BlockCodec::agree(const uint16_t* /*reduced_stats_bf16: none*/, uint64_t call) {
-  call_ = static_cast<uint32_t>(call);
+Status BlockCodec::build_layout(const uint16_t* /*reduced_stats_bf16: none*/, uint64_t call,
+                                void* layout) const {
+  if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "%s: no layout buffer", name().c_str());
+  std::memcpy(layout, &call, sizeof call);
   return Status::kOk;
 }
 
@@ -63,16 +65,19 @@ uint32_t BlockCodec::layout_digest(const ChunkSpan& s) const {
   return static_cast<uint32_t>(h) ^ static_cast<uint32_t>(h >> 32);
 }
 
-void BlockCodec::chunk_ranges(int chunk, std::vector<std::pair<size_t, size_t>>* ranges) const {
+void BlockCodec::layout_ranges(const void* /*layout: ranges follow from the plan*/, int chunk,
+                               std::vector<std::pair<size_t, size_t>>* ranges) const {
   ranges->clear();
   if (!planned_ || chunk < 0 || chunk >= n_chunks_) return;
   const ChunkSpan s = span(chunk);
   ranges->emplace_back(s.begin, s.end);
 }
 
-Status BlockCodec::check_hop_args(int chunk, const ConstTensor& own, const ByteView* in, int n_in,
-                                  const uint8_t* out) const {
+Status BlockCodec::check_hop_args(const void* layout, int chunk, const ConstTensor& own,
+                                  const ByteView* in, int n_in, const uint8_t* out) const {
   if (!planned_) DQ_FAIL(Status::kInvalidArgument, "%s: hop() before plan()", name().c_str());
+  if (layout == nullptr)
+    DQ_FAIL(Status::kInvalidArgument, "%s: hop() without a layout (agree() first)", name().c_str());
   if (chunk < 0 || chunk >= n_chunks_)
     DQ_FAIL(Status::kInvalidArgument, "chunk %d out of range 0..%d", chunk, n_chunks_ - 1);
   if (n_in < 0 || (n_in > 0 && in == nullptr))
@@ -89,9 +94,9 @@ Status BlockCodec::check_hop_args(int chunk, const ConstTensor& own, const ByteV
   return Status::kOk;
 }
 
-Status BlockCodec::check_inputs(int chunk, const ChunkSpan& s, const ByteView* in, int n_in,
-                                int* contrib) const {
-  const ChunkHeader expected{id_, static_cast<uint16_t>(chunk), 0, call_, layout_digest(s)};
+Status BlockCodec::check_inputs(uint32_t call, int chunk, const ChunkSpan& s, const ByteView* in,
+                                int n_in, int* contrib) const {
+  const ChunkHeader expected{id_, static_cast<uint16_t>(chunk), 0, call, layout_digest(s)};
   const size_t needed = kChunkHeaderBytes + s.n_blocks * block_bytes_;
   int sum = 0;
   for (int j = 0; j < n_in; ++j) {

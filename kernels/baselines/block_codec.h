@@ -1,5 +1,6 @@
 // Shared machinery of the baseline codecs: fixed-size blocks, chunks cut on block boundaries,
 // the chunk header, and the tiled hop/finish drivers (TBB over tiles, no heap allocation).
+// Chunks follow from the plan alone, so the per-call layout is one u64 word: the call number.
 // Internal to kernels/baselines.
 #pragma once
 #include <atomic>
@@ -31,9 +32,12 @@ struct ChunkSpan {
 class BlockCodec : public Codec {
  public:
   Status plan(size_t count, int n_chunks, int n_workers) override;
-  Status agree(const uint16_t* reduced_stats_bf16, uint64_t call) override;
+  size_t layout_bytes() const override { return sizeof(uint64_t); }
+  Status build_layout(const uint16_t* reduced_stats_bf16, uint64_t call,
+                      void* layout) const override;
   size_t chunk_capacity() const override { return capacity_; }
-  void chunk_ranges(int chunk, std::vector<std::pair<size_t, size_t>>* ranges) const override;
+  void layout_ranges(const void* layout, int chunk,
+                     std::vector<std::pair<size_t, size_t>>* ranges) const override;
 
  protected:
   // variant distinguishes codecs sharing an id (the uniform bit count); block_elems divides
@@ -43,11 +47,17 @@ class BlockCodec : public Codec {
 
   ChunkSpan span(int chunk) const;
   uint32_t layout_digest(const ChunkSpan& s) const;
-  Status check_hop_args(int chunk, const ConstTensor& own, const ByteView* in, int n_in,
-                        const uint8_t* out) const;
+  Status check_hop_args(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
+                        int n_in, const uint8_t* out) const;
   // Validates the header and size of every input payload; *contrib = sum of their n_contrib.
-  Status check_inputs(int chunk, const ChunkSpan& s, const ByteView* in, int n_in,
+  Status check_inputs(uint32_t call, int chunk, const ChunkSpan& s, const ByteView* in, int n_in,
                       int* contrib) const;
+  // Low 32 bits of the layout's call number (chunk headers carry these).
+  static uint32_t layout_call(const void* layout) {
+    uint64_t call;
+    std::memcpy(&call, layout, sizeof call);
+    return static_cast<uint32_t>(call);
+  }
 
   // Kernel interface (all members const, called concurrently on disjoint tiles):
   //   bool decode(const uint8_t* src, size_t n_blocks, float* dst) const;
@@ -56,11 +66,11 @@ class BlockCodec : public Codec {
   //   void encode(const float* src, size_t n_blocks, size_t first_elem, const RoundingKey& key,
   //               uint8_t* dst) const;   // first_elem: global index of src[0]
   template <class Kernel>
-  Status run_hop(const Kernel& k, int chunk, const ConstTensor& own, const ByteView* in, int n_in,
-                 uint8_t* out, const RoundingKey& key) const;
+  Status run_hop(const Kernel& k, const void* layout, int chunk, const ConstTensor& own,
+                 const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key) const;
   template <class Kernel>
-  Status run_finish(const Kernel& k, int chunk, ByteView in, void* out, DType out_dtype,
-                    ReduceOp op, int n_contrib) const;
+  Status run_finish(const Kernel& k, const void* layout, int chunk, ByteView in, void* out,
+                    DType out_dtype, ReduceOp op, int n_contrib) const;
 
  private:
   template <class Body>
@@ -72,7 +82,6 @@ class BlockCodec : public Codec {
   const size_t block_bytes_;
   size_t n_blocks_total_ = 0;
   size_t capacity_ = 0;
-  uint32_t call_ = 0;
   bool planned_ = false;
 };
 
@@ -96,17 +105,19 @@ void BlockCodec::for_each_tile(const ChunkSpan& s, Body&& body) const {
 }
 
 template <class Kernel>
-Status BlockCodec::run_hop(const Kernel& k, int chunk, const ConstTensor& own, const ByteView* in,
-                           int n_in, uint8_t* out, const RoundingKey& key) const {
-  DQ_CHECK(check_hop_args(chunk, own, in, n_in, out));
+Status BlockCodec::run_hop(const Kernel& k, const void* layout, int chunk, const ConstTensor& own,
+                           const ByteView* in, int n_in, uint8_t* out,
+                           const RoundingKey& key) const {
+  DQ_CHECK(check_hop_args(layout, chunk, own, in, n_in, out));
+  const uint32_t call = layout_call(layout);
   const ChunkSpan s = span(chunk);
   int contrib = 0;
-  DQ_CHECK(check_inputs(chunk, s, in, n_in, &contrib));
+  DQ_CHECK(check_inputs(call, chunk, s, in, n_in, &contrib));
   if (contrib + 1 > n_workers_)
     DQ_FAIL(Status::kMalformedPayload, "inputs of chunk %d sum %d workers; with this one %d > %d",
             chunk, contrib, contrib + 1, n_workers_);
   write_chunk_header(out, ChunkHeader{id_, static_cast<uint16_t>(chunk),
-                                      static_cast<uint16_t>(contrib + 1), call_, layout_digest(s)});
+                                      static_cast<uint16_t>(contrib + 1), call, layout_digest(s)});
   uint8_t* body_out = out + kChunkHeaderBytes;
   const size_t body_bytes = s.n_blocks * block_bytes_;
   std::memset(body_out + body_bytes, 0, capacity_ - kChunkHeaderBytes - body_bytes);
@@ -141,9 +152,11 @@ Status BlockCodec::run_hop(const Kernel& k, int chunk, const ConstTensor& own, c
 }
 
 template <class Kernel>
-Status BlockCodec::run_finish(const Kernel& k, int chunk, ByteView in, void* out, DType out_dtype,
-                              ReduceOp op, int n_contrib) const {
+Status BlockCodec::run_finish(const Kernel& k, const void* layout, int chunk, ByteView in, void* out,
+                              DType out_dtype, ReduceOp op, int n_contrib) const {
   if (!planned_) DQ_FAIL(Status::kInvalidArgument, "%s: finish() before plan()", name().c_str());
+  if (layout == nullptr)
+    DQ_FAIL(Status::kInvalidArgument, "%s: finish() without a layout (agree() first)", name().c_str());
   if (chunk < 0 || chunk >= n_chunks_)
     DQ_FAIL(Status::kInvalidArgument, "chunk %d out of range 0..%d", chunk, n_chunks_ - 1);
   if (n_contrib < 1 || n_contrib > n_workers_)
@@ -155,7 +168,7 @@ Status BlockCodec::run_finish(const Kernel& k, int chunk, ByteView in, void* out
   const ChunkSpan s = span(chunk);
   if (out == nullptr && s.end > s.begin) DQ_FAIL(Status::kInvalidArgument, "finish(): null output");
   int contrib = 0;
-  DQ_CHECK(check_inputs(chunk, s, &in, 1, &contrib));
+  DQ_CHECK(check_inputs(layout_call(layout), chunk, s, &in, 1, &contrib));
   if (contrib != n_contrib)
     DQ_FAIL(Status::kMalformedPayload, "chunk %d payload sums %d workers, caller expects %d", chunk,
             contrib, n_contrib);

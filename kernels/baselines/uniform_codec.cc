@@ -99,13 +99,13 @@ class UniformCodec final : public baselines::BlockCodec {
                    2 + 2 * static_cast<size_t>(total_bits - 1)),
         total_bits_(total_bits) {}
   std::string name() const override { return "uniform:" + std::to_string(total_bits_); }
-  Status hop(int chunk, const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
-             const RoundingKey& key) const override {
-    return run_hop(kernel(), chunk, own, in, n_in, out, key);
+  Status fused_hop(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
+                   int n_in, uint8_t* out, const RoundingKey& key) const override {
+    return run_hop(kernel(), layout, chunk, own, in, n_in, out, key);
   }
-  Status finish(int chunk, ByteView in, void* out, DType out_dtype, ReduceOp op,
-                int n_contrib) const override {
-    return run_finish(kernel(), chunk, in, out, out_dtype, op, n_contrib);
+  Status decode_finish(const void* layout, int chunk, ByteView in, void* out, DType out_dtype,
+                       ReduceOp op, int n_contrib) const override {
+    return run_finish(kernel(), layout, chunk, in, out, out_dtype, op, n_contrib);
   }
 
  private:

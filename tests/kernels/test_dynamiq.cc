@@ -441,6 +441,55 @@ TEST(Determinism, SameKeySameBytesDifferentSeedDifferentBytes) {
   EXPECT_NE(a, e);  // another hop draws other random bits
 }
 
+// The layout lives in memory the caller owns: a layout built into a caller's buffer works like the
+// codec's own, hops and finishes of one call need nothing else, and one codec serves two calls'
+// layouts side by side.
+TEST(Layout, CallerOwnedLayoutsAreIndependentOfTheCodec) {
+  auto c = codec("dynamiq:5");
+  const size_t n = 256 * 300;
+  auto x = gaussian(n, 12), y = gaussian(n, 13);
+  for (size_t k = 0; k < n; ++k) y[k] *= 1.0f + static_cast<float>(k % 4096) / 64.0f;
+  ASSERT_EQ(c->plan(n, 2, 1), Status::kOk);
+  ASSERT_GE(c->layout_bytes(), 8u);
+  auto sx = reduce_stats(*c, {x}), sy = reduce_stats(*c, {y});
+  std::vector<uint64_t> lx(c->layout_bytes() / 8 + 1, 0xdeadbeefdeadbeefull), ly(lx);
+  ASSERT_EQ(c->build_layout(sx.data(), 10, lx.data()), Status::kOk);
+  ASSERT_EQ(c->build_layout(sy.data(), 11, ly.data()), Status::kOk);
+  EXPECT_EQ(lx.back(), 0xdeadbeefdeadbeefull) << "wrote past layout_bytes()";
+  std::vector<uint64_t> again(lx.size(), 0);
+  ASSERT_EQ(c->build_layout(sx.data(), 10, again.data()), Status::kOk);
+  EXPECT_EQ(0, std::memcmp(again.data(), lx.data(), c->layout_bytes())) << "not deterministic";
+  EXPECT_NE(0, std::memcmp(ly.data(), lx.data(), c->layout_bytes()));
+  // The codec's own layout (agree) gives the same bytes as the caller's buffer.
+  ASSERT_EQ(c->agree(sx.data(), 10), Status::kOk);
+  EXPECT_EQ(0, std::memcmp(c->owned_layout(), lx.data(), c->layout_bytes()));
+  const RoundingKey key{2, 10, 0, 0, 1, 0};
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    std::vector<uint8_t> own(c->chunk_capacity()), mine(own.size());
+    ASSERT_EQ(c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, own.data(), key), Status::kOk);
+    ASSERT_EQ(c->fused_hop(lx.data(), chunk, {x.data(), DType::kF32, n}, nullptr, 0, mine.data(), key), Status::kOk);
+    EXPECT_EQ(own, mine);
+    // A payload of one call is not valid under the other call's layout.
+    std::vector<float> out(n);
+    EXPECT_EQ(c->decode_finish(ly.data(), chunk, {mine.data(), mine.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+              Status::kMalformedPayload);
+    ASSERT_EQ(c->decode_finish(lx.data(), chunk, {mine.data(), mine.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+              Status::kOk);
+    std::vector<std::pair<size_t, size_t>> a, b;
+    c->chunk_ranges(chunk, &a);
+    c->layout_ranges(lx.data(), chunk, &b);
+    EXPECT_EQ(a, b);
+  }
+  // A layout built for another plan is refused, not misread.
+  auto other = codec("dynamiq:5");
+  ASSERT_EQ(other->plan(n, 3, 1), Status::kOk);
+  std::vector<uint8_t> out(c->chunk_capacity());
+  EXPECT_EQ(other->fused_hop(lx.data(), 0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key),
+            Status::kInvalidArgument);
+  EXPECT_EQ(c->fused_hop(nullptr, 0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key),
+            Status::kInvalidArgument);
+}
+
 // Re-encodes a record with only the pointwise __host__ __device__ functions (what one CUDA thread
 // per value computes) and requires the host's vectorised bytes to match exactly.
 TEST(DeviceMath, HostRecordMatchesPointwiseReference) {

@@ -1,0 +1,183 @@
+#include "kernels/dynamiq_layout.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_reduce.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/bf16.h"
+#include "kernels/dynamiq_math.h"
+#include "kernels/payload.h"
+
+namespace dq {
+namespace {
+
+using LayoutOut = DynamiqLayoutT<uint8_t>;
+
+uint32_t fnv1a(uint32_t h, uint32_t v) {
+  for (int i = 0; i < 4; ++i) {
+    h ^= (v >> (8 * i)) & 0xffu;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+// The energy key F_j: the summed sum of squares, non-finite clamped to FLT_MAX.
+float energy(const uint16_t* reduced, size_t j) {
+  const float f = bf16_to_f32(reduced[2 * j + 1]);
+  return (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
+}
+
+// Width of super-group j for threshold offset theta (T816).
+int width_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced, size_t j,
+              float theta) {
+  if (l.poisoned(j)) return 2;
+  // Equal error saved per extra bit fixes the threshold ratios (METHOD.md section 3).
+  const float t48 = theta * (257.0f / 131072.0f);
+  const float t24 = t48 * (17.0f / 512.0f);
+  const float f = energy(reduced, j);
+  if (f >= theta && p.allow_width16) return 16;
+  if (f >= t48) return 8;
+  if (f >= t24) return 4;
+  return 2;
+}
+
+// Record bytes of all super-groups at threshold offset theta.
+uint64_t bytes_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced, float theta) {
+  return tbb::parallel_reduce(
+      tbb::blocked_range<size_t>(0, p.n_sg, 4096), uint64_t{0},
+      [&](const auto& range, uint64_t acc) {
+        for (size_t j = range.begin(); j != range.end(); ++j)
+          acc += p.record[width_index(width_for(p, l, reduced, j, theta))];
+        return acc;
+      },
+      [](uint64_t a, uint64_t b) { return a + b; });
+}
+
+void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced) {
+  const uint64_t budget = static_cast<uint64_t>(p.stride) * p.n_chunks;
+  if (p.variable_widths) {
+    // Smallest threshold offset (float bit pattern, monotone for non-negative floats) whose
+    // widths fit: bytes(theta) never increases with theta and bytes(+inf) = all 2-bit fits.
+    uint32_t lo = 0, hi = 0x7f800000u;
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (bytes_for(p, l, reduced, f32_from_bits(mid)) <= budget) hi = mid;
+      else lo = mid + 1;
+    }
+    const float theta = f32_from_bits(lo);
+    for (size_t j = 0; j < p.n_sg; ++j) l.width[j] = static_cast<uint8_t>(width_for(p, l, reduced, j, theta));
+    return;
+  }
+  int fixed = 2;
+  for (int b : {16, 8, 4}) {
+    if (b == 16 && !p.allow_width16) continue;
+    uint64_t need = 0;
+    for (size_t j = 0; j < p.n_sg; ++j) need += p.record[width_index(l.poisoned(j) ? 2 : b)];
+    if (need <= budget) {
+      fixed = b;
+      break;
+    }
+  }
+  for (size_t j = 0; j < p.n_sg; ++j) l.width[j] = static_cast<uint8_t>(l.poisoned(j) ? 2 : fixed);
+}
+
+// Wire order: by width, widest first, stable (counting sort). starts[w] receives the first wire
+// position of width class w (indexed by width_index()).
+void sort_by_width(const DynamiqPlan& p, const LayoutOut& l, uint32_t starts[4]) {
+  uint32_t n[4] = {0, 0, 0, 0};
+  for (size_t j = 0; j < p.n_sg; ++j) ++n[width_index(l.width[j])];
+  starts[3] = 0;                  // 16
+  starts[2] = n[3];               // 8
+  starts[1] = starts[2] + n[2];   // 4
+  starts[0] = starts[1] + n[1];   // 2
+  uint32_t next[4] = {starts[0], starts[1], starts[2], starts[3]};
+  for (size_t j = 0; j < p.n_sg; ++j) l.order[next[width_index(l.width[j])]++] = static_cast<uint32_t>(j);
+}
+
+// Cuts the record stream in byte space: chunk c holds the records starting in
+// [c * stride, (c + 1) * stride) (the last chunk also everything beyond).
+void cut_chunks(const DynamiqPlan& p, const LayoutOut& l) {
+  const uint64_t stride = p.stride;
+  uint64_t start = 0, chunk_start = 0;
+  int chunk = 0;
+  l.chunk_first[0] = 0;
+  for (size_t i = 0; i < p.n_sg; ++i) {
+    while (chunk + 1 < p.n_chunks && start >= stride * (chunk + 1)) {
+      l.chunk_content[chunk] = start - chunk_start;
+      l.chunk_first[++chunk] = static_cast<uint32_t>(i);
+      chunk_start = start;
+    }
+    l.offset[i] = static_cast<uint32_t>(start - chunk_start);
+    start += p.record[width_index(l.width[l.order[i]])];
+  }
+  l.chunk_content[chunk] = start - chunk_start;
+  while (chunk + 1 < p.n_chunks) {
+    l.chunk_first[++chunk] = static_cast<uint32_t>(p.n_sg);
+    l.chunk_content[chunk] = 0;
+  }
+  l.chunk_first[p.n_chunks] = static_cast<uint32_t>(p.n_sg);
+}
+
+// Each chunk's wire positions in super-group order, so the hot loops read the tensor front to
+// back (a stream the hardware prefetcher follows) rather than width class by width class.
+// Visiting j in order, the wire position of j is its class's next position; within a class the
+// positions grow with j, so each class walks the chunks forward once. chunk_check serves as the
+// per-chunk cursor until the digests overwrite it.
+void index_chunks(const DynamiqPlan& p, const LayoutOut& l, const uint32_t starts[4]) {
+  uint32_t* cursor = l.chunk_check;
+  for (int c = 0; c < p.n_chunks; ++c) cursor[c] = l.chunk_first[c];
+  uint32_t next[4] = {starts[0], starts[1], starts[2], starts[3]};
+  int chunk_of[4] = {0, 0, 0, 0};
+  for (size_t j = 0; j < p.n_sg; ++j) {
+    const int w = width_index(l.width[j]);
+    const uint32_t i = next[w]++;
+    int& c = chunk_of[w];
+    while (l.chunk_first[c + 1] <= i) ++c;
+    l.by_index[cursor[c]++] = i;
+  }
+}
+
+}  // namespace
+
+Status build_dynamiq_layout(const DynamiqPlan& p, const uint16_t* reduced, uint64_t call,
+                            void* layout) {
+  if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "dynamiq layout: no buffer");
+  if (p.n_chunks < 1) DQ_FAIL(Status::kInvalidArgument, "dynamiq layout: codec not planned");
+  if (p.n_sg > 0 && reduced == nullptr)
+    DQ_FAIL(Status::kInvalidArgument, "dynamiq agree: statistics missing");
+  const DynamiqSections sections = dynamiq_sections(p.n_sg, p.n_chunks);
+  std::memset(layout, 0, sections.bytes);  // the padding too: the bytes depend on the input alone
+  const LayoutOut l(static_cast<uint8_t*>(layout), sections);
+  l.header[0] = call;
+  l.header[1] = p.count;
+  l.header[2] = dynamiq_plan_shape(p.n_chunks, p.n_workers);
+  const float n = static_cast<float>(p.n_workers);
+  for (size_t j = 0; j < p.n_sg; ++j) {
+    const float mu = bf16_to_f32(reduced[2 * j]) / n;
+    // A non-finite mean poisons the output; without mean subtraction finite means stay 0.
+    l.mean[j] = (p.mean_subtraction || !std::isfinite(mu)) ? mu : 0.0f;
+  }
+  assign_widths(p, l, reduced);
+  uint32_t starts[4];
+  sort_by_width(p, l, starts);
+  cut_chunks(p, l);
+  index_chunks(p, l, starts);
+  for (int c = 0; c < p.n_chunks; ++c) {
+    if (l.chunk_content[c] + kChunkHeaderBytes > p.capacity)
+      DQ_FAIL(Status::kInternal, "dynamiq layout: chunk %d needs %llu bytes, capacity %zu", c,
+              static_cast<unsigned long long>(l.chunk_content[c] + kChunkHeaderBytes), p.capacity);
+    uint32_t h = fnv1a(2166136261u, static_cast<uint32_t>(c));
+    h = fnv1a(h, static_cast<uint32_t>(p.count));
+    for (uint32_t i = l.chunk_first[c]; i < l.chunk_first[c + 1]; ++i) {
+      const uint32_t j = l.order[i];
+      h = fnv1a(h, j * 32u + l.width[j] + (l.poisoned(j) ? 1u : 0u));
+    }
+    l.chunk_check[c] = h;
+  }
+  return Status::kOk;
+}
+
+}  // namespace dq

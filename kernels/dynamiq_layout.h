@@ -1,0 +1,115 @@
+// The per-call DynamiQ layout (docs/FORMAT.md, "DynamiQ"): what every rank derives from the
+// all-reduced statistics (means, widths, wire order, chunk cuts, digests, the call number), as
+// one flat buffer the caller owns (device memory in the engine). build_dynamiq_layout() writes it
+// once per call; the hot path reads it through DynamiqLayout, whose section pointers are plain
+// arithmetic on (n_sg, n_chunks), computed once per hop.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/status.h"
+
+namespace dq {
+
+// Plan parameters the layout build needs; fixed by DynamiqCodec::plan().
+struct DynamiqPlan {
+  size_t count = 0;     // elements
+  size_t n_sg = 0;      // super-groups, ceil(count / 256)
+  int n_chunks = 0;
+  int n_workers = 0;
+  size_t capacity = 0;  // bytes of every chunk message
+  size_t stride = 0;    // spacing of the chunk cuts in the record stream, bytes
+  int record[4] = {};   // record bytes of widths 2, 4, 8, 16
+  bool mean_subtraction = true;
+  bool variable_widths = true;
+  bool allow_width16 = true;
+};
+
+// Byte offsets of the sections of one layout buffer, a function of (n_sg, n_chunks) alone.
+// Wider elements first, so every section is aligned in an 8-byte aligned buffer.
+struct DynamiqSections {
+  size_t header;         // u64[3]: call, count, n_chunks | n_workers << 32 (the plan it is for)
+  size_t chunk_content;  // u64[n_chunks]: body bytes of chunk c
+  size_t mean;           // f32[n_sg]: mu_j, subtracted by hops and restored by finish (0 without
+                         //   mean subtraction); non-finite marks a poisoned super-group
+  size_t order;          // u32[n_sg]: super-group at wire position i (widest first, stable)
+  size_t offset;         // u32[n_sg]: byte offset of wire record i in its chunk's body
+  size_t by_index;       // u32[n_sg]: each chunk's wire positions in super-group order
+  size_t chunk_first;    // u32[n_chunks + 1]: first wire position of chunk c
+  size_t chunk_check;    // u32[n_chunks]: layout digest of chunk c (its chunk header)
+  size_t width;          // u8[n_sg]: bits of super-group j (2, 4, 8, 16)
+  size_t bytes;          // total, a multiple of 8
+};
+
+constexpr DynamiqSections dynamiq_sections(size_t n_sg, size_t n_chunks) {
+  DynamiqSections s{};
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t here = at;
+    at += (bytes + 7) / 8 * 8;
+    return here;
+  };
+  s.header = take(3 * 8);
+  s.chunk_content = take(8 * n_chunks);
+  s.mean = take(4 * n_sg);
+  s.order = take(4 * n_sg);
+  s.offset = take(4 * n_sg);
+  s.by_index = take(4 * n_sg);
+  s.chunk_first = take(4 * (n_chunks + 1));
+  s.chunk_check = take(4 * n_chunks);
+  s.width = take(n_sg);
+  s.bytes = at;
+  return s;
+}
+
+// Typed pointers into one layout buffer: Byte = const uint8_t to read, uint8_t to build.
+template <class Byte>
+struct DynamiqLayoutT {
+  template <class T>
+  using Ptr = std::conditional_t<std::is_const_v<Byte>, const T*, T*>;
+  Ptr<uint64_t> header, chunk_content;
+  Ptr<float> mean;
+  Ptr<uint32_t> order, offset, by_index, chunk_first, chunk_check;
+  Ptr<uint8_t> width;
+
+  DynamiqLayoutT(Byte* base, const DynamiqSections& s)
+      : header(at<uint64_t>(base, s.header)),
+        chunk_content(at<uint64_t>(base, s.chunk_content)),
+        mean(at<float>(base, s.mean)),
+        order(at<uint32_t>(base, s.order)),
+        offset(at<uint32_t>(base, s.offset)),
+        by_index(at<uint32_t>(base, s.by_index)),
+        chunk_first(at<uint32_t>(base, s.chunk_first)),
+        chunk_check(at<uint32_t>(base, s.chunk_check)),
+        width(at<uint8_t>(base, s.width)) {}
+
+  uint64_t call() const { return header[0]; }
+  // Exponent all ones: the mean is Inf or NaN, so a non-finite input was present.
+  bool poisoned(size_t j) const {
+    uint32_t bits;
+    std::memcpy(&bits, mean + j, 4);
+    return (bits & 0x7f800000u) == 0x7f800000u;
+  }
+
+ private:
+  template <class T>
+  static Ptr<T> at(Byte* base, size_t offset) {
+    return reinterpret_cast<Ptr<T>>(base + offset);
+  }
+};
+using DynamiqLayout = DynamiqLayoutT<const uint8_t>;
+
+// The plan a layout header must name (words 1 and 2).
+constexpr uint64_t dynamiq_plan_shape(int n_chunks, int n_workers) {
+  return static_cast<uint32_t>(n_chunks) | static_cast<uint64_t>(static_cast<uint32_t>(n_workers)) << 32;
+}
+
+// Builds the layout for `plan` from the all-reduced statistics (2 BF16 words per super-group)
+// into `layout` (dynamiq_sections(plan.n_sg, plan.n_chunks).bytes bytes, 8-byte aligned).
+// Deterministic: identical inputs give identical bytes. Host code (TBB inside).
+Status build_dynamiq_layout(const DynamiqPlan& plan, const uint16_t* reduced_stats_bf16,
+                            uint64_t call, void* layout);
+
+}  // namespace dq
