@@ -13,6 +13,18 @@ namespace dq {
 
 Status Codec::local_stats(const ConstTensor&, uint16_t*) const { return Status::kOk; }
 
+Status check_element_base(const RoundingKey& key, size_t count) {
+  if (key.element_base % 256 != 0)
+    DQ_FAIL(Status::kInvalidArgument, "rounding key: element_base %llu is not a multiple of 256",
+            static_cast<unsigned long long>(key.element_base));
+  if (count > kMaxElementIndex || key.element_base > kMaxElementIndex - count)
+    DQ_FAIL(Status::kInvalidArgument,
+            "rounding key: elements %llu .. %llu + %zu exceed the 2^34 index limit",
+            static_cast<unsigned long long>(key.element_base),
+            static_cast<unsigned long long>(key.element_base), count);
+  return Status::kOk;
+}
+
 Status Codec::agree(const uint16_t* reduced_stats_bf16, uint64_t call) {
   owned_layout_.assign((layout_bytes() + 7) / 8, 0);
   const Status s = build_layout(reduced_stats_bf16, call, owned_layout_.data());

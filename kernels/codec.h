@@ -47,7 +47,19 @@ struct RoundingKey {
   uint32_t stratum = 0;        // its position among the stratified roundings, 0 .. strata-1
   uint32_t strata = 1;         // size of that set (1 = plain stochastic rounding)
   uint32_t stratum_class = 0;  // which set (tree height): keys the shared permutation
+  // Index in the caller's whole tensor of this tensor's element 0 (a multiple of 256). The
+  // engine cuts large calls into pipeline blocks, each a codec planned over its own slice: every
+  // draw is keyed by element_base + local index, so no two blocks reuse the same randomness.
+  uint64_t element_base = 0;
 };
+
+// Rounding draws key element indices into 32-bit Philox counters (index / 4): element_base +
+// count must stay within this many elements.
+inline constexpr uint64_t kMaxElementIndex = uint64_t{1} << 34;
+
+// kInvalidArgument unless key.element_base is a multiple of 256 and element_base + count <=
+// kMaxElementIndex (every fused_hop checks this).
+Status check_element_base(const RoundingKey& key, size_t count);
 
 // Fewer 256-value super-groups per chunk message than this and the budget's fixed costs (one
 // header and one widest record of slack per message) push most DynamiQ widths down to 2 bits,

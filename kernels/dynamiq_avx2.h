@@ -162,7 +162,8 @@ inline __attribute__((noinline)) __m256i resolve_ties(__m256i up, int tie, __m25
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(up_lanes));
 }
 
-// Stochastic rounding of 8 values of one group (elements e0 .. e0 + 7) to offset-binary codes:
+// Stochastic rounding of 8 values of one group (elements e0 .. e0 + 7, indices in the caller's
+// whole tensor: they key the tie words) to offset-binary codes:
 // magnitude_ratio(), level_floor(), round_up_threshold(), round_up_coarse() / round_up_tie()
 // and encode_code() of dynamiq_math.h. u16: the elements' 16 random bits.
 template <int kBits, Lookup kLookup>

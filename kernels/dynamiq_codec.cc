@@ -133,6 +133,8 @@ class DynamiqCodec final : public Codec {
     if (n_chunks < 1 || n_workers < 1 || n_chunks > 65535 || n_workers > 65535)
       DQ_FAIL(Status::kInvalidArgument, "dynamiq plan: n_chunks=%d n_workers=%d out of range 1..65535",
               n_chunks, n_workers);
+    if (count > kMaxElementIndex)
+      DQ_FAIL(Status::kInvalidArgument, "dynamiq plan: %zu elements exceed the 2^34 limit", count);
     const size_t n_sg = (count + kSuperGroup - 1) / kSuperGroup;
     const size_t max_record = static_cast<size_t>(record_[opt_.allow_width16 ? 3 : 2]);
     const size_t min_record = static_cast<size_t>(record_[0]);
@@ -220,6 +222,7 @@ class DynamiqCodec final : public Codec {
     if (out == nullptr) DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: no output buffer");
     if (key.strata < 1 || key.stratum >= key.strata)
       DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: stratum %u of %u", key.stratum, key.strata);
+    DQ_CHECK(check_element_base(key, count_));
     const DynamiqLayout l = view(layout);
     int contrib = 1;
     const uint8_t* inputs[kMaxInputs];
@@ -240,6 +243,7 @@ class DynamiqCodec final : public Codec {
                 plan_.capacity - kChunkHeaderBytes - l.chunk_content[chunk]);
     std::atomic<bool> malformed{false};
     const uint32_t first = l.chunk_first[chunk], last = l.chunk_first[chunk + 1];
+    const uint64_t sg_base = key.element_base / kSuperGroup;  // whole-tensor index of super-group 0
     tbb::parallel_for(tbb::blocked_range<uint32_t>(first, last, 16), [&](const auto& range) {
       const uint8_t* recs[kMaxInputs];
       for (uint32_t t = range.begin(); t != range.end(); ++t) {
@@ -252,7 +256,7 @@ class DynamiqCodec final : public Codec {
           for (int k = 0; k < n_in; ++k) prefetch_line(reinterpret_cast<const char*>(inputs[k] + l.offset[ahead]));
         }
         for (int k = 0; k < n_in; ++k) recs[k] = inputs[k] + l.offset[i];
-        if (!fuse_supergroup(l, l.order[i], own, recs, n_in, body + l.offset[i], key))
+        if (!fuse_supergroup(l, l.order[i], own, recs, n_in, body + l.offset[i], key, sg_base))
           malformed.store(true, std::memory_order_relaxed);
       }
     });
@@ -443,9 +447,10 @@ class DynamiqCodec final : public Codec {
   }
 
   // One super-group of the fused hop: own (mean-subtracted) + decoded inputs -> record.
+  // sg_base + j, the super-group's index in the caller's whole tensor, keys its randomness.
   bool fuse_supergroup(const DynamiqLayout& l, uint32_t j, const ConstTensor& own,
-                       const uint8_t* const* recs, int n_in, uint8_t* out,
-                       const RoundingKey& key) const {
+                       const uint8_t* const* recs, int n_in, uint8_t* out, const RoundingKey& key,
+                       uint64_t sg_base) const {
     const int bits = l.width[j];
     const size_t base = static_cast<size_t>(j) * kSuperGroup;
     const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
@@ -469,14 +474,15 @@ class DynamiqCodec final : public Codec {
     bool ok = true;
     for (int i = 0; i < n_in; ++i) ok &= accumulate_record(bits, recs[i], v);
     if (bits == 16) {
-      write_bf16_record(j, v, out, key);
+      write_bf16_record(sg_base + j, v, out, key);
       return ok;
     }
-    quantize_supergroup(j, bits, v, out, key);
+    quantize_supergroup(sg_base + j, bits, v, out, key);
     return ok;
   }
 
-  // The 16 random bits of each of super-group jr's 256 elements (rounding_bits16()).
+  // The 16 random bits of each of super-group jr's 256 elements (rounding_bits16()); jr is the
+  // super-group's index in the caller's whole tensor.
   static void rounding_bits(uint64_t jr, const RoundingKey& key, uint16_t* bits) {
     const uint32_t block0 = rounding_block(jr * kSuperGroup);
     for (int q = 0; q < 4; ++q) {
@@ -509,8 +515,8 @@ class DynamiqCodec final : public Codec {
     }
   }
 
-  // Records the 256 values v of super-group jr (its index keys the uniforms and the
-  // permutation) at `bits` wide.
+  // Records the 256 values v of super-group jr (index in the caller's whole tensor: it keys the
+  // uniforms and the permutation) at `bits` wide.
   void quantize_supergroup(uint64_t jr, int bits, const float* v, uint8_t* out,
                            const RoundingKey& key) const {
     [[maybe_unused]] const LevelTable& t = levels_[width_index(bits)];

@@ -74,7 +74,8 @@ void BlockCodec::layout_ranges(const void* /*layout: ranges follow from the plan
 }
 
 Status BlockCodec::check_hop_args(const void* layout, int chunk, const ConstTensor& own,
-                                  const ByteView* in, int n_in, const uint8_t* out) const {
+                                  const ByteView* in, int n_in, const uint8_t* out,
+                                  const RoundingKey& key) const {
   if (!planned_) DQ_FAIL(Status::kInvalidArgument, "%s: hop() before plan()", name().c_str());
   if (layout == nullptr)
     DQ_FAIL(Status::kInvalidArgument, "%s: hop() without a layout (agree() first)", name().c_str());
@@ -91,7 +92,7 @@ Status BlockCodec::check_hop_args(const void* layout, int chunk, const ConstTens
             count_);
   if (own.data == nullptr && count_ > 0)
     DQ_FAIL(Status::kInvalidArgument, "hop(): null own tensor");
-  return Status::kOk;
+  return check_element_base(key, count_);
 }
 
 Status BlockCodec::check_inputs(uint32_t call, int chunk, const ChunkSpan& s, const ByteView* in,

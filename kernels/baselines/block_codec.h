@@ -48,7 +48,7 @@ class BlockCodec : public Codec {
   ChunkSpan span(int chunk) const;
   uint32_t layout_digest(const ChunkSpan& s) const;
   Status check_hop_args(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
-                        int n_in, const uint8_t* out) const;
+                        int n_in, const uint8_t* out, const RoundingKey& key) const;
   // Validates the header and size of every input payload; *contrib = sum of their n_contrib.
   Status check_inputs(uint32_t call, int chunk, const ChunkSpan& s, const ByteView* in, int n_in,
                       int* contrib) const;
@@ -64,7 +64,8 @@ class BlockCodec : public Codec {
   //     writes n_blocks * block_elems values; false when the bytes are not a valid encoding.
   //   bool validate(const uint8_t* src, size_t n_blocks) const;
   //   void encode(const float* src, size_t n_blocks, size_t first_elem, const RoundingKey& key,
-  //               uint8_t* dst) const;   // first_elem: global index of src[0]
+  //               uint8_t* dst) const;   // first_elem: index of src[0] in the caller's whole
+  //                                      // tensor (key.element_base included): keys the draws
   template <class Kernel>
   Status run_hop(const Kernel& k, const void* layout, int chunk, const ConstTensor& own,
                  const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key) const;
@@ -108,7 +109,7 @@ template <class Kernel>
 Status BlockCodec::run_hop(const Kernel& k, const void* layout, int chunk, const ConstTensor& own,
                            const ByteView* in, int n_in, uint8_t* out,
                            const RoundingKey& key) const {
-  DQ_CHECK(check_hop_args(layout, chunk, own, in, n_in, out));
+  DQ_CHECK(check_hop_args(layout, chunk, own, in, n_in, out, key));
   const uint32_t call = layout_call(layout);
   const ChunkSpan s = span(chunk);
   int contrib = 0;
@@ -142,7 +143,7 @@ Status BlockCodec::run_hop(const Kernel& k, const void* layout, int chunk, const
       if (!k.decode(src, nb, decoded)) malformed.store(true, std::memory_order_relaxed);
       for (size_t i = 0; i < valid; ++i) acc[i] += decoded[i];
     }
-    k.encode(acc, nb, e0, key, body_out + b0 * block_bytes_);
+    k.encode(acc, nb, key.element_base + e0, key, body_out + b0 * block_bytes_);
   });
   if (malformed.load()) {
     std::memset(out, 0, capacity_);

@@ -66,7 +66,8 @@ struct UniformKernel {
       } else {
         scale_bits = f32_to_bf16_up(f32_from_bits(amax));  // >= amax unless beyond BF16 max
         const float scale = bf16_to_f32(scale_bits);
-        // Element index e draws word e % 4 of Philox block e / 4; groups start at multiples of 16.
+        // Element e (index in the caller's whole tensor) draws word e % 4 of Philox block e / 4;
+        // groups start at multiples of 16.
         const size_t e0 = first_elem + g * kGroupElems;
         uint32_t words[kGroupElems];
         for (uint32_t w = 0; w < kGroupElems / 4; ++w) {

@@ -631,6 +631,62 @@ TEST_P(BaselineTest, DeterministicBytesAndSeedDependence) {
   EXPECT_EQ(a.buf, b.buf);
 }
 
+// A pipeline block (a codec planned over a slice, key.element_base = its first element in the
+// whole tensor) encodes exactly what the whole tensor's codec encodes for those elements; and two
+// blocks holding the same values under the same key draw different uniforms (stochastic codecs).
+TEST_P(BaselineTest, ElementBaseKeysDrawsByIndexInTheWholeTensor) {
+  const CodecSpec spec = GetParam();
+  const size_t block = 4096 + 256, whole = 3 * block;  // bases: multiples of 256
+  const std::vector<float> x = random_vector(whole, 21);
+  auto w = make(spec);
+  ASSERT_EQ(w->plan(whole, 1, 2), Status::kOk);
+  ASSERT_EQ(w->agree(nullptr, 5), Status::kOk);
+  Msg all(w->chunk_capacity());
+  ASSERT_EQ(w->hop(0, f32(x), nullptr, 0, all.data(), key_for(3, 1)), Status::kOk);
+  std::vector<std::vector<uint8_t>> bodies;
+  for (size_t k = 0; k < 3; ++k) {
+    SCOPED_TRACE("block " + std::to_string(k));
+    const std::vector<float> slice(x.begin() + k * block, x.begin() + (k + 1) * block);
+    auto b = make(spec);
+    ASSERT_EQ(b->plan(block, 1, 2), Status::kOk);
+    ASSERT_EQ(b->agree(nullptr, 5), Status::kOk);
+    Msg m(b->chunk_capacity());
+    RoundingKey key = key_for(3, 1);
+    key.element_base = k * block;
+    ASSERT_EQ(b->hop(0, f32(slice), nullptr, 0, m.data(), key), Status::kOk);
+    const size_t body = block / spec.block_elems * spec.block_bytes;
+    const uint8_t* from = all.data() + kChunkHeaderBytes + k * body;
+    EXPECT_TRUE(std::equal(from, from + body, m.data() + kChunkHeaderBytes));
+    EXPECT_EQ(ref_encode(spec, x, k * block, (k + 1) * block, key_for(3, 1)),
+              std::vector<uint8_t>(m.data() + kChunkHeaderBytes, m.data() + kChunkHeaderBytes + body));
+    // The same values again as the next block: other draws.
+    key.element_base = (k + 1) * block;
+    Msg next(b->chunk_capacity());
+    ASSERT_EQ(b->hop(0, f32(slice), nullptr, 0, next.data(), key), Status::kOk);
+    if (spec.family == Family::kUniform)
+      EXPECT_NE(m.buf, next.buf) << "two blocks reused the same uniforms";
+    else
+      EXPECT_EQ(m.buf, next.buf) << "a deterministic codec depends on element_base";
+  }
+}
+
+TEST_P(BaselineTest, ElementBaseMustBeAMultipleOf256WithinTheIndexLimit) {
+  const CodecSpec spec = GetParam();
+  QuietLog quiet;
+  auto c = make(spec);
+  ASSERT_EQ(c->plan(1024, 1, 1), Status::kOk);
+  ASSERT_EQ(c->agree(nullptr, 0), Status::kOk);
+  const std::vector<float> x = random_vector(1024, 2);
+  Msg m(c->chunk_capacity());
+  RoundingKey key = key_for(1, 0);
+  for (uint64_t base : {uint64_t{32}, uint64_t{1000}, kMaxElementIndex - 768, kMaxElementIndex}) {
+    key.element_base = base;
+    EXPECT_EQ(c->hop(0, f32(x), nullptr, 0, m.data(), key), Status::kInvalidArgument) << base;
+  }
+  key.element_base = kMaxElementIndex - 1024;
+  EXPECT_EQ(c->hop(0, f32(x), nullptr, 0, m.data(), key), Status::kOk);
+}
+
 TEST_P(BaselineTest, ZeroAndDenormalBlocks) {
   const CodecSpec spec = GetParam();
   const size_t count = 96;

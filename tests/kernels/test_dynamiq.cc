@@ -441,6 +441,86 @@ TEST(Determinism, SameKeySameBytesDifferentSeedDifferentBytes) {
   EXPECT_NE(a, e);  // another hop draws other random bits
 }
 
+// The engine cuts a large call into pipeline blocks, each a codec planned over its own slice.
+// Two blocks holding the same values under the same key must still draw different randomness
+// (uniforms, tie words, permutations, BF16 stochastic bits): key.element_base, the block's first
+// element in the whole tensor, keys every draw. Same layout, so the headers agree.
+TEST(ElementBase, BlocksAtDifferentBasesDrawDifferently) {
+  const size_t n = 256 * 64;  // budget-sized block
+  auto x = gaussian(n, 31);
+  for (const char* spec : {"dynamiq:5", "dynamiq:3:widths=fixed", "dynamiq:17:widths=fixed"}) {
+    for (uint32_t strata : {1u, 3u}) {  // plain, and correlated (the permutation draws)
+      auto c = codec(spec);
+      ASSERT_EQ(c->plan(n, 1, 3), Status::kOk);
+      auto stats = reduce_stats(*c, {x, x, x});
+      ASSERT_EQ(c->agree(stats.data(), 4), Status::kOk);
+      std::vector<uint8_t> first(c->chunk_capacity()), second(first.size());
+      RoundingKey key{6, 4, 1, strata - 1, strata, 0};
+      ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, first.data(), key), Status::kOk);
+      key.element_base = n;  // the next block of the same tensor
+      ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, second.data(), key), Status::kOk);
+      EXPECT_EQ(0, std::memcmp(first.data(), second.data(), kChunkHeaderBytes)) << spec;
+      EXPECT_NE(first, second) << spec << " strata " << strata << ": two blocks reused the same draws";
+    }
+  }
+}
+
+// What element_base means: a block at base B draws, element for element, what the whole tensor
+// draws for elements B.. . With fixed widths both plans give every super-group the same width and
+// the same wire order (index order), so the block's records equal the whole tensor's records from
+// super-group B / 256 on, byte for byte; a fused hop (decode an input, add, re-encode) included.
+// 2^18 values per block: about 4 roundings per hop that 16 random bits leave open, so the tie
+// words are keyed too.
+TEST(ElementBase, ABlockEncodesLikeItsPartOfTheWholeTensor) {
+  const size_t block = 256 * 1024, whole = 2 * block;
+  std::vector<std::vector<float>> rows = {gaussian(whole, 51), gaussian(whole, 52)};
+  for (const char* spec : {"dynamiq:5:widths=fixed", "dynamiq:17:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
+    auto w = codec(spec), b = codec(spec);
+    ASSERT_EQ(w->plan(whole, 1, 2), Status::kOk);
+    ASSERT_EQ(b->plan(block, 1, 2), Status::kOk);
+    std::vector<std::vector<float>> tails;
+    for (const auto& r : rows) tails.emplace_back(r.begin() + block, r.end());
+    auto w_stats = reduce_stats(*w, rows);
+    auto b_stats = reduce_stats(*b, tails);
+    ASSERT_TRUE(std::equal(b_stats.begin(), b_stats.end(), w_stats.begin() + b_stats.size()));
+    ASSERT_EQ(w->agree(w_stats.data(), 8), Status::kOk);
+    ASSERT_EQ(b->agree(b_stats.data(), 8), Status::kOk);
+    const int bits = dynamiq_layout(*b).widths[0];
+    for (size_t j = 0; j < whole / 256; ++j) ASSERT_EQ(dynamiq_layout(*w).widths[j], bits) << spec;
+    const size_t record = record_bytes(bits, true), skip = kChunkHeaderBytes + block / 256 * record;
+    std::vector<uint8_t> w_leaf(w->chunk_capacity()), w_out(w_leaf.size());
+    std::vector<uint8_t> b_leaf(b->chunk_capacity()), b_out(b_leaf.size());
+    RoundingKey leaf{3, 8, 0, 0, 2, 0}, root{3, 8, 1, 1, 2, 0};  // correlated: one class of two
+    ASSERT_EQ(w->hop(0, {rows[0].data(), DType::kF32, whole}, nullptr, 0, w_leaf.data(), leaf), Status::kOk);
+    const ByteView w_in{w_leaf.data(), w_leaf.size()};
+    ASSERT_EQ(w->hop(0, {rows[1].data(), DType::kF32, whole}, &w_in, 1, w_out.data(), root), Status::kOk);
+    leaf.element_base = root.element_base = block;
+    ASSERT_EQ(b->hop(0, {tails[0].data(), DType::kF32, block}, nullptr, 0, b_leaf.data(), leaf), Status::kOk);
+    const ByteView b_in{b_leaf.data(), b_leaf.size()};
+    ASSERT_EQ(b->hop(0, {tails[1].data(), DType::kF32, block}, &b_in, 1, b_out.data(), root), Status::kOk);
+    const size_t body = block / 256 * record;
+    EXPECT_EQ(0, std::memcmp(b_leaf.data() + kChunkHeaderBytes, w_leaf.data() + skip, body)) << spec << " leaf";
+    EXPECT_EQ(0, std::memcmp(b_out.data() + kChunkHeaderBytes, w_out.data() + skip, body)) << spec << " fused hop";
+  }
+}
+
+TEST(ElementBase, MustBeAMultipleOf256WithinTheIndexLimit) {
+  auto c = codec("dynamiq:5");
+  const size_t n = 256 * 64;
+  auto x = gaussian(n, 3);
+  ASSERT_EQ(c->plan(n, 1, 1), Status::kOk);
+  auto stats = reduce_stats(*c, {x});
+  ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
+  std::vector<uint8_t> out(c->chunk_capacity());
+  RoundingKey key{1, 0, 0, 0, 1, 0};
+  for (uint64_t base : {uint64_t{16}, uint64_t{255}, kMaxElementIndex - n + 256, kMaxElementIndex}) {
+    key.element_base = base;
+    EXPECT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kInvalidArgument) << base;
+  }
+  key.element_base = kMaxElementIndex - n;  // the last block that fits
+  EXPECT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kOk);
+}
+
 // The layout lives in memory the caller owns: a layout built into a caller's buffer works like the
 // codec's own, hops and finishes of one call need nothing else, and one codec serves two calls'
 // layouts side by side.
