@@ -170,6 +170,18 @@ DQ_SHIM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   });
 }
 
+DQ_SHIM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  return guarded("ncclCommGetAsyncError", [&] {
+    if (async_error == nullptr) return ncclInvalidArgument;
+    if (t_below > 0) {
+      DQ_REAL_OR_FAIL(comm_get_async_error);
+      return real->comm_get_async_error(comm, async_error);
+    }
+    Below below;
+    return dq::shim::comm_async_error(comm, async_error);
+  });
+}
+
 DQ_SHIM_API int dynamiqCommRegister(void* comm, int enable) {
   return guarded("dynamiqCommRegister", [&] {
     if (real_nccl() == nullptr) return ncclSystemError;

@@ -62,4 +62,12 @@ ControlDecision decide_control(const uint32_t* w) {
   return d;
 }
 
+void pack_call_control(bool is_root, bool switch_on, uint32_t* words) {
+  words[0] = is_root ? (switch_on ? 2u : 1u) : 0u;  // as in pack_control: MAX is rank 0's value
+}
+
+bool decide_call_switch(const uint32_t* reduced) {
+  return reduced[0] != 1u;  // 0 (no root?) or 2 = on
+}
+
 }  // namespace dq::engine

@@ -36,4 +36,11 @@ void pack_control(const LocalControl& local, uint32_t* words);
 // Pure function of the reduced words: identical on every rank.
 ControlDecision decide_control(const uint32_t* reduced);
 
+// The word every eligible call adds to its statistics all-reduce (MAX): rank 0's A/B switch,
+// written by the host before the call's first enqueue and read by every rank one eligible call
+// later, so every rank switches on the same call.
+inline constexpr int kCallControlWords = 1;
+void pack_call_control(bool is_root, bool switch_on, uint32_t* words);
+bool decide_call_switch(const uint32_t* reduced);
+
 }  // namespace dq::engine

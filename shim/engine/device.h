@@ -1,40 +1,91 @@
 // Where the engine's work runs. The engine only enqueues through this interface, in stream
-// order; it never waits on the device. The host implementation runs each step at once on host
-// buffers (with the CPU NCCL); a CUDA implementation enqueues the same steps as kernels on the
-// caller's stream, with the same codec arithmetic (kernels/dynamiq_math.h).
+// order, and never reads device memory between a call's first and last enqueue (docs/ENGINE.md
+// section 2). The host device runs the steps on host buffers with the CPU NCCL, on streams of its
+// own (ordered work queues); a CUDA device enqueues the same steps as kernels.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 
+#include "common/nccl_api.h"
 #include "common/status.h"
 #include "kernels/codec.h"
 
 namespace dq::engine {
 
+using StreamHandle = void*;  // a device stream (cudaStream_t on a GPU)
+using EventHandle = void*;
+
+// The per-communicator device error word (mapped memory: the device writes it, the host reads
+// it lazily, as NCCL's ncclCommGetAsyncError does). 0 = no error; the first failure wins.
+// Layout: bits 16..23 say what failed, bits 0..15 the code.
+enum class ErrorSource : uint32_t { kNone = 0, kCodec = 1, kNccl = 2 };
+inline uint32_t error_word(ErrorSource source, int code) {
+  return (static_cast<uint32_t>(source) << 16) | (static_cast<uint32_t>(code) & 0xffffu);
+}
+inline ErrorSource error_source(uint32_t word) { return static_cast<ErrorSource>(word >> 16); }
+inline int error_code(uint32_t word) { return static_cast<int>(word & 0xffffu); }
+
+// Where an enqueued step runs and where it reports a failure found in data. Once the error word
+// is set, later steps on the engine's streams do nothing (the call is failing; its peers learn it
+// through their own timeouts or the next call's control words).
+struct Lane {
+  StreamHandle stream = nullptr;
+  uint32_t* error = nullptr;  // mapped memory
+};
+
 class Device {
  public:
   virtual ~Device() = default;
   virtual const char* name() const = 0;
-  // Engine-owned buffers (payloads, statistics): device memory on a GPU.
-  virtual Status alloc(size_t bytes, void** out) = 0;
-  virtual void release(void* p) = 0;
-  // True while `stream` is being captured into a CUDA graph (such calls pass through).
-  virtual bool capturing(void* stream) const = 0;
-  // True when `p` is memory this device can read and write (host memory for the host device).
-  virtual bool owns(const void* p) const = 0;
 
+  // ---- memory: plan time, never inside a call -------------------------------------------------
+  virtual Status alloc(size_t bytes, void** out) = 0;         // device memory
+  virtual Status alloc_mapped(size_t bytes, void** out) = 0;  // host memory the device can write
+  // Stream-ordered release: freed once the work enqueued on `stream` so far has completed.
+  virtual void release(void* p, StreamHandle stream) = 0;
+
+  // ---- streams and events (CUDA semantics: a wait refers to the event's latest record) -------
+  virtual Status create_stream(StreamHandle* out) = 0;
+  // Waits for the stream's work, then destroys it.
+  virtual void destroy_stream(StreamHandle s) = 0;
+  virtual Status create_event(EventHandle* out) = 0;
+  virtual void destroy_event(EventHandle e) = 0;
+  virtual Status record(EventHandle e, StreamHandle s) = 0;
+  virtual Status wait(StreamHandle s, EventHandle e) = 0;
+  // The host blocks until `e`'s latest record completed. Used by the blocking steps only: the
+  // handshake, a plan's agreement, and the one-call-late read of the previous call's words.
+  virtual Status synchronize(EventHandle e) = 0;
+  // True while `s` (a caller's stream) is being captured into a CUDA graph.
+  virtual bool capturing(StreamHandle s) const = 0;
+
+  // ---- enqueued steps ---------------------------------------------------------------------------
   virtual Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
-                             void* stream) = 0;
-  virtual Status agree(Codec& codec, const uint16_t* reduced_stats, uint64_t call,
-                       void* stream) = 0;
-  virtual Status hop(const Codec& codec, int chunk, const ConstTensor& own, const ByteView* in,
-                     int n_in, uint8_t* out, const RoundingKey& key, void* stream) = 0;
-  virtual Status finish(const Codec& codec, int chunk, ByteView in, void* out, DType dtype,
-                        ReduceOp op, int n_contrib, void* stream) = 0;
-  virtual Status copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
+                             Lane lane) = 0;
+  virtual Status build_layout(const Codec& codec, const uint16_t* reduced_stats, uint64_t call,
+                              void* layout, Lane lane) = 0;
+  virtual Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
+                     const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
+                     Lane lane) = 0;
+  virtual Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
+                        DType dtype, ReduceOp op, int n_contrib, Lane lane) = 0;
+  virtual Status copy(void* dst, const void* src, size_t bytes, Lane lane) = 0;
+  // NCCL calls in stream order. On a GPU NCCL's own calls are stream-ordered, so `calls` runs at
+  // once and its result is returned; the host device queues it behind the stream's earlier work
+  // and reports a failure through the error word.
+  virtual Status nccl(Lane lane, std::function<ncclResult_t()> calls) = 0;
 };
 
-// Host memory, work done synchronously on the calling thread (codec kernels use TBB inside).
+// The process-wide host device: host memory, the CPU NCCL. Streams are ordered work queues, each
+// with a worker thread; any other stream handle (the caller's) is the calling thread itself.
 Device* host_device();
+
+// A host device that records every host read or write of its memory made between an enqueue
+// and the next blocking wait (audit mode: queued work is held back until that wait, and the
+// memory is protected meanwhile). For tests.
+std::unique_ptr<Device> make_audited_host_device();
+// Host accesses the audited device recorded so far (0 for any other device).
+uint64_t audited_host_accesses(const Device* device);
 
 }  // namespace dq::engine

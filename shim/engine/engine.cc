@@ -1,15 +1,14 @@
 #include "shim/engine/engine.h"
 
 #include <sys/stat.h>
-#include <tbb/task_group.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <map>
 
 #include "kernels/bf16.h"
+#include "shim/engine/program.h"
 
 namespace dq::engine {
 namespace {
@@ -41,72 +40,6 @@ topo::Kind choose_topology(const std::string& setting, int nranks) {
   const bool pow2 = nranks > 0 && (nranks & (nranks - 1)) == 0;
   return pow2 && nranks >= 4 ? topo::Kind::kButterfly : topo::Kind::kRing;
 }
-
-// ---- the plan: everything fixed by (count, dtype) --------------------------------------
-struct Engine::Plan {
-  struct Xfer {
-    int peer;
-    std::vector<int> chunks;
-    int first_slot;  // payload slots first_slot .. first_slot + chunks.size() - 1
-  };
-  struct HopJob {
-    int chunk;
-    std::vector<int> in_slots;
-    int out_slot;
-    RoundingKey key;  // seed, rank and strata; `call` is set per call
-  };
-  enum class StageKind { kReduce, kSink, kGather, kFinish };
-  struct Stage {
-    StageKind kind;
-    std::vector<HopJob> hops;
-    std::vector<Xfer> sends, recvs;
-  };
-  struct Block {
-    size_t begin = 0, count = 0;  // elements of the caller's buffer
-    std::unique_ptr<Codec> codec;
-    size_t cap = 0;            // bytes per chunk payload
-    size_t stats_offset = 0;   // into the statistics words
-    uint8_t* arena = nullptr;  // slots * cap bytes (device memory)
-  };
-
-  size_t count = 0;
-  DType dtype = DType::kF32;
-  topo::Schedule schedule;
-  std::vector<Stage> stages;
-  int slots = 0;
-  std::vector<Block> blocks;
-  size_t stats_words = 0;
-  uint16_t* stats_local = nullptr;
-  uint16_t* stats_reduced = nullptr;
-  bool fits = true;
-  bool arenas_ok = false;        // payload buffers allocated (retried on the next call if not)
-  std::vector<ByteView> inputs;  // scratch for hop inputs (no allocation per call)
-  Device* device = nullptr;
-
-  ~Plan() {
-    for (Block& b : blocks)
-      if (b.arena) device->release(b.arena);
-    if (stats_local) device->release(stats_local);
-    if (stats_reduced) device->release(stats_reduced);
-  }
-};
-
-Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo comm,
-               const NcclOps& ops, Device* device, std::shared_ptr<CommMetrics> metrics,
-               bool opted_in)
-    : settings_(settings),
-      settings_valid_(settings_valid),
-      comm_(comm),
-      ops_(ops),
-      device_(device),
-      metrics_(std::move(metrics)),
-      opted_in_(opted_in),
-      kind_(choose_topology(settings.topology, comm.nranks)) {
-  control_local_.resize(control_words());
-  control_reduced_.resize(control_words());
-}
-
-Engine::~Engine() = default;
 
 Status Engine::register_opt_in(bool on) {
   if (state_ != State::kPending)
@@ -162,14 +95,112 @@ bool Engine::read_switch() {
   return switch_on_;
 }
 
+// ---- the control block: mapped words the host writes before a call's first enqueue, or reads
+// after waiting for the words' own event (one call late) ----------------------------------------
+namespace {
+int scratch_words() { return control_words(); }   // handshake / plan agreement: send, then recv
+int call_send_word() { return 2 * scratch_words(); }
+int call_recv_word(int parity) { return call_send_word() + kCallControlWords * (1 + parity); }
+int error_word_index() { return call_send_word() + 3 * kCallControlWords; }
+int control_block_words() { return error_word_index() + 1; }
+}  // namespace
+
+// ---- the plan: everything fixed by (count, dtype) --------------------------------------
+struct Engine::Plan {
+  struct Block {
+    size_t begin = 0, count = 0;  // elements of the caller's buffer
+    std::unique_ptr<Codec> codec;
+    size_t cap = 0;            // bytes per chunk payload
+    size_t stats_offset = 0;   // into the statistics words
+    uint8_t* arena = nullptr;  // slots * cap bytes (device memory)
+    void* layout = nullptr;    // the codec's per-call layout (device memory)
+  };
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  Program program;
+  std::vector<Block> blocks;
+  size_t stats_words = 0;
+  uint16_t* stats_local = nullptr;    // device memory
+  uint16_t* stats_reduced = nullptr;  // device memory
+  bool fits = true;
+  std::vector<ByteView> inputs;         // scratch for hop inputs
+  std::vector<EventHandle> block_wait;  // scratch: per block, the event its next step waits on
+};
+
+Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo comm,
+               const NcclOps& ops, Device* device, std::shared_ptr<CommMetrics> metrics,
+               bool opted_in)
+    : settings_(settings),
+      settings_valid_(settings_valid),
+      comm_(comm),
+      ops_(ops),
+      device_(device),
+      metrics_(std::move(metrics)),
+      opted_in_(opted_in),
+      kind_(choose_topology(settings.topology, comm.nranks)) {
+  if (device_ != nullptr && setup_device() != Status::kOk) {
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d: cannot set up the %s device (streams, events, control words); "
+            "compression is off for this communicator",
+            comm_.rank, device_->name());
+    teardown_device();
+    device_ = nullptr;
+  }
+}
+
+Engine::~Engine() {
+  while (!plans_.empty()) {
+    retire(std::move(plans_.back()));
+    plans_.pop_back();
+  }
+  teardown_device();
+}
+
+Status Engine::setup_device() {
+  DQ_CHECK(device_->create_stream(&comm_stream_));
+  DQ_CHECK(device_->create_stream(&compute_stream_));
+  for (EventHandle* e : {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_,
+                         &ev_compute_done_})
+    DQ_CHECK(device_->create_event(e));
+  void* words = nullptr;
+  DQ_CHECK(device_->alloc_mapped(static_cast<size_t>(control_block_words()) * 4, &words));
+  control_ = static_cast<uint32_t*>(words);
+  std::memset(control_, 0, static_cast<size_t>(control_block_words()) * 4);
+  return Status::kOk;
+}
+
+void Engine::teardown_device() {
+  if (device_ == nullptr) return;
+  // Streams first: destroying one waits for its work, so nothing queued still uses the rest.
+  if (comm_stream_) device_->destroy_stream(comm_stream_);
+  if (compute_stream_) device_->destroy_stream(compute_stream_);
+  comm_stream_ = compute_stream_ = nullptr;
+  for (EventHandle* e : {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_,
+                         &ev_compute_done_})
+    if (*e) device_->destroy_event(*e), *e = nullptr;
+  for (EventHandle e : ev_units_) device_->destroy_event(e);
+  ev_units_.clear();
+  if (control_) device_->release(control_, nullptr);
+  control_ = nullptr;
+}
+
+Status Engine::ensure_events(size_t n) {
+  while (ev_units_.size() < n) {
+    EventHandle e = nullptr;
+    DQ_CHECK(device_->create_event(&e));
+    ev_units_.push_back(e);
+  }
+  return Status::kOk;
+}
+
 PassReason Engine::screen(const CallArgs& call) const {
   if (comm_.nranks < 2) return PassReason::kSingleRank;
   if (device_ == nullptr) return PassReason::kNoDevice;
   if (state_ == State::kInert)
     return warned_differs_.empty() ? PassReason::kDisabled : PassReason::kSettingsDiffer;
+  const bool capturing = call.capturing || device_->capturing(call.stream);
   // Not agreed yet: the handshake only runs outside a group and outside capture.
-  if (state_ == State::kPending)
-    return call.capturing ? PassReason::kCapturing : PassReason::kInGroup;
+  if (state_ == State::kPending) return capturing ? PassReason::kCapturing : PassReason::kInGroup;
   if (!settings_valid_ || !settings_.enable) return PassReason::kDisabled;
   if (!opted_in_) return PassReason::kNotOptedIn;
   size_t esize;
@@ -184,26 +215,23 @@ PassReason Engine::screen(const CallArgs& call) const {
   if (call.count * esize < static_cast<size_t>(settings_.min_bytes) || call.count == 0)
     return PassReason::kSmall;
   if (call.in_group) return PassReason::kInGroup;
-  if (call.capturing) return PassReason::kCapturing;
-  if (!device_->owns(call.send) || !device_->owns(call.recv)) return PassReason::kNoDevice;
+  // A captured graph would freeze the plan, the call number that keys the rounding and the A/B
+  // switch, and replay them: captured calls pass through (docs/ENGINE.md section 5).
+  if (capturing) return PassReason::kCapturing;
   return PassReason::kRerouted;
 }
 
 // ---- planning ---------------------------------------------------------------------------
-Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
-  *status = Status::kOk;
-  for (auto it = plans_.begin(); it != plans_.end(); ++it)
-    if ((*it)->count == count && (*it)->dtype == dtype) {
-      plans_.splice(plans_.begin(), plans_, it);  // most recently used first
-      return plans_.front().get();
-    }
+std::unique_ptr<Engine::Plan> Engine::build_plan(size_t count, DType dtype, Status* status) {
   auto plan = std::make_unique<Plan>();
   Plan& p = *plan;
   p.count = count;
   p.dtype = dtype;
-  p.device = device_;
-  const int n = comm_.nranks, me = comm_.rank;
-  if ((*status = topo::make_schedule(kind_, n, &p.schedule)) != Status::kOk) return nullptr;
+  const int n = comm_.nranks;
+  if ((*status = compile_program(kind_, n, comm_.rank, static_cast<uint64_t>(settings_.seed),
+                                 &p.program)) != Status::kOk)
+    return plan;
+  const int n_chunks = p.program.schedule.n_chunks;
 
   // Blocks of whole super-groups; the last one takes the remainder (up to twice the size), so no
   // block is so small that it cannot meet the budget.
@@ -221,368 +249,399 @@ Engine::Plan* Engine::plan_for(size_t count, DType dtype, Status* status) {
       *status = Status::kInternal;
       DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", settings_.codec_spec.c_str(),
               error.c_str());
-      return nullptr;
+      return plan;
     }
-    if ((*status = blk.codec->plan(blk.count, p.schedule.n_chunks, n)) != Status::kOk)
-      return nullptr;
+    if ((*status = blk.codec->plan(blk.count, n_chunks, n)) != Status::kOk) return plan;
     // Too few super-groups per chunk message (kernels/codec.h) pass through: reason over_budget.
-    p.fits = p.fits && blk.codec->fits_budget() &&
-             chunks_large_enough(blk.count, p.schedule.n_chunks);
+    p.fits = p.fits && blk.codec->fits_budget() && chunks_large_enough(blk.count, n_chunks);
     blk.cap = blk.codec->chunk_capacity();
     blk.stats_offset = p.stats_words;
     p.stats_words += blk.codec->stats_words();
     p.blocks.push_back(std::move(blk));
   }
+  p.inputs.resize(p.program.max_inputs + 1);
+  p.block_wait.assign(p.blocks.size(), nullptr);
+  if (!p.fits) return plan;  // passes through: no buffers
 
-  // This rank's program: payload slots (final results first), then per stage its hops and
-  // messages, straight from the schedule.
-  const topo::Schedule& s = p.schedule;
-  int slot = s.n_chunks;  // slots 0 .. n_chunks-1 hold the final payload of each chunk
-  std::map<std::pair<int, int>, int> rx_slot;  // (chunk, sender) -> slot
-  for (const topo::Step& step : s.reduce) {
-    Plan::Stage st{Plan::StageKind::kReduce, {}, {}, {}};
-    for (const topo::Transfer& t : step.transfers) {
-      if (t.src == me) {
-        st.sends.push_back({t.dst, t.chunks, slot});
-        for (size_t j = 0; j < t.chunks.size(); ++j)
-          st.hops.push_back({t.chunks[j], {}, slot + static_cast<int>(j), {}});
-        slot += static_cast<int>(t.chunks.size());
-      }
-      if (t.dst == me) {
-        st.recvs.push_back({t.src, t.chunks, slot});
-        for (size_t j = 0; j < t.chunks.size(); ++j)
-          rx_slot[{t.chunks[j], t.src}] = slot + static_cast<int>(j);
-        slot += static_cast<int>(t.chunks.size());
-      }
-    }
-    p.stages.push_back(std::move(st));
-  }
-  Plan::Stage sink{Plan::StageKind::kSink, {}, {}, {}};
-  for (int c = 0; c < s.n_chunks; ++c)
-    if (s.sink_worker[c] == me) sink.hops.push_back({c, {}, c, {}});
-  p.stages.push_back(std::move(sink));
-  // Gather messages of consecutive chunks go straight from / into the final slots (slot c holds
-  // chunk c); others are staged so that each message is one contiguous buffer.
-  auto consecutive = [](const std::vector<int>& chunks) {
-    for (size_t j = 1; j < chunks.size(); ++j)
-      if (chunks[j] != chunks[0] + static_cast<int>(j)) return false;
-    return !chunks.empty();
+  auto alloc = [&](size_t bytes, void** out) {
+    if (*status == Status::kOk) *status = device_->alloc(std::max<size_t>(bytes, 1), out);
   };
-  for (const topo::Step& step : s.gather) {
-    Plan::Stage st{Plan::StageKind::kGather, {}, {}, {}};
-    for (const topo::Transfer& t : step.transfers) {
-      if (t.src != me && t.dst != me) continue;
-      int first = t.chunks.empty() ? 0 : t.chunks[0];
-      if (!consecutive(t.chunks)) {
-        first = slot;
-        slot += static_cast<int>(t.chunks.size());
-      }
-      (t.src == me ? st.sends : st.recvs).push_back({t.src == me ? t.dst : t.src, t.chunks, first});
-    }
-    p.stages.push_back(std::move(st));
-  }
-  p.stages.push_back(Plan::Stage{Plan::StageKind::kFinish, {}, {}, {}});
-  p.slots = slot;
-
-  // Hop inputs and rounding keys from each chunk's in-tree (node index == worker).
-  for (Plan::Stage& st : p.stages)
-    for (Plan::HopJob& h : st.hops) {
-      const topo::ChunkTree& tree = s.trees[h.chunk];
-      const topo::TreeNode& node = tree.nodes[me];
-      for (int child : node.children) {
-        auto it = rx_slot.find({h.chunk, tree.nodes[child].worker});
-        if (it == rx_slot.end()) {
-          *status = Status::kInternal;
-          DQ_WARN(Subsys::kEngine, "dynamiq: schedule gives rank %d no message for chunk %d", me,
-                  h.chunk);
-          return nullptr;
-        }
-        h.in_slots.push_back(it->second);
-      }
-      topo::RoundingStrata strata;
-      topo::rounding_strata(tree, &strata);
-      h.key = RoundingKey{static_cast<uint64_t>(settings_.seed),
-                          0,
-                          static_cast<uint32_t>(me),
-                          static_cast<uint32_t>(strata.member[me]),
-                          static_cast<uint32_t>(strata.size[me]),
-                          static_cast<uint32_t>(strata.klass[me])};
-    }
-  size_t max_inputs = 0;
-  for (const Plan::Stage& st : p.stages)
-    for (const Plan::HopJob& h : st.hops) max_inputs = std::max(max_inputs, h.in_slots.size());
-  p.inputs.resize(max_inputs + 1);
-
-  allocate_arenas(p);
-  void* words = nullptr;
-  if ((*status = device_->alloc(std::max<size_t>(p.stats_words, 1) * 2, &words)) != Status::kOk)
-    return nullptr;
-  p.stats_local = static_cast<uint16_t*>(words);
-  if ((*status = device_->alloc(std::max<size_t>(p.stats_words, 1) * 2, &words)) != Status::kOk)
-    return nullptr;
-  p.stats_reduced = static_cast<uint16_t*>(words);
-
   double arena_mb = 0;
-  for (const Plan::Block& b : p.blocks) arena_mb += 1e-6 * static_cast<double>(p.slots) * b.cap;
-  DQ_INFO(Subsys::kEngine,
-          "dynamiq: plan rank %d/%d count %zu %s: %s, %zu block(s), %d chunk(s) of %zu B, %d "
-          "slots (%.1f MB of payload buffers), %zu statistics words, fits budget: %s",
-          me, n, count, dtype == DType::kF32 ? "float32" : "bfloat16", topo::kind_name(kind_),
-          p.blocks.size(), s.n_chunks, p.blocks.front().cap, p.slots, arena_mb, p.stats_words,
-          p.fits ? "yes" : "no");
+  for (Plan::Block& b : p.blocks) {
+    void* arena = nullptr;
+    alloc(static_cast<size_t>(p.program.slots) * b.cap, &arena);
+    b.arena = static_cast<uint8_t*>(arena);
+    alloc(b.codec->layout_bytes(), &b.layout);
+    arena_mb += 1e-6 * static_cast<double>(p.program.slots) * b.cap;
+  }
+  void* words = nullptr;
+  alloc(p.stats_words * 2, &words);
+  p.stats_local = static_cast<uint16_t*>(words);
+  words = nullptr;
+  alloc(p.stats_words * 2, &words);
+  p.stats_reduced = static_cast<uint16_t*>(words);
+  if (*status == Status::kOk)
+    DQ_INFO(Subsys::kEngine,
+            "dynamiq: plan rank %d/%d count %zu %s: %s, %zu block(s), %d chunk(s) of %zu B, %d "
+            "slots (%.1f MB of payload buffers), %zu statistics words",
+            comm_.rank, n, count, dtype == DType::kF32 ? "float32" : "bfloat16",
+            topo::kind_name(kind_), p.blocks.size(), n_chunks, p.blocks.front().cap,
+            p.program.slots, arena_mb, p.stats_words);
+  return plan;
+}
+
+void Engine::retire(std::unique_ptr<Plan> plan) {
+  if (!plan || device_ == nullptr) return;
+  // Stream-ordered: the comm stream waits for the last codec step, then frees.
+  device_->wait(comm_stream_, ev_compute_done_);
+  for (Plan::Block& b : plan->blocks) {
+    device_->release(b.arena, comm_stream_);
+    device_->release(b.layout, comm_stream_);
+  }
+  device_->release(plan->stats_local, comm_stream_);
+  device_->release(plan->stats_reduced, comm_stream_);
+}
+
+Engine::Plan* Engine::plan_for(size_t count, DType dtype, ncclResult_t* nccl_failure) {
+  *nccl_failure = ncclSuccess;
+  for (auto it = plans_.begin(); it != plans_.end(); ++it)
+    if ((*it)->count == count && (*it)->dtype == dtype) {
+      plans_.splice(plans_.begin(), plans_, it);  // most recently used first
+      return plans_.front().get();
+    }
+  // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
+  // not send that rank alone down the pass-through path while its peers compress.
+  Status status = Status::kOk;
+  std::unique_ptr<Plan> plan = build_plan(count, dtype, &status);
+  const uint32_t local_failure = status == Status::kOk ? 0u : 1u;
+  uint32_t any_failure = 0;
+  *nccl_failure = blocking_max(&local_failure, &any_failure, 1);
+  if (*nccl_failure != ncclSuccess || any_failure != 0) {
+    if (*nccl_failure == ncclSuccess)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: a plan for %zu elements could not be made on %s (this rank: "
+              "%s); the call passes through on every rank and the next one retries",
+              comm_.rank, count, local_failure ? "this rank" : "another rank",
+              local_failure ? status_name(status) : "ok");
+    retire(std::move(plan));
+    return nullptr;
+  }
   plans_.push_front(std::move(plan));
-  if (plans_.size() > kMaxPlans) plans_.pop_back();
+  if (plans_.size() > kMaxPlans) {
+    retire(std::move(plans_.back()));
+    plans_.pop_back();
+  }
   return plans_.front().get();
 }
 
-bool Engine::allocate_arenas(Plan& p) {
-  for (Plan::Block& b : p.blocks) {
-    if (b.arena != nullptr) continue;
-    void* arena = nullptr;
-    if (device_->alloc(static_cast<size_t>(p.slots) * b.cap, &arena) != Status::kOk) return false;
-    b.arena = static_cast<uint8_t*>(arena);
+// ---- agreement ----------------------------------------------------------------------------
+ncclResult_t Engine::fail_async(uint32_t word) {
+  if (broken_ != ncclSuccess) return broken_;
+  if (error_source(word) == ErrorSource::kNccl) {
+    broken_ = static_cast<ncclResult_t>(error_code(word));
+    DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: an enqueued NCCL call failed: %s", comm_.rank,
+            ops_.error_string(broken_));
+  } else {
+    const Status s = static_cast<Status>(error_code(word));
+    broken_ = engine_failure(s);
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d: a codec step failed on the device (%s); the communicator "
+            "reports it as its asynchronous error",
+            comm_.rank, status_name(s));
   }
-  p.arenas_ok = true;
-  return true;
+  return broken_;
 }
 
-// ---- agreement ----------------------------------------------------------------------------
-ncclResult_t Engine::handshake(cudaStream_t stream) {
-  LocalControl local{&settings_, settings_valid_, opted_in_, comm_.rank == 0, true, false};
-  pack_control(local, control_local_.data());
-  const ncclResult_t r =
-      ops_.all_reduce(control_local_.data(), control_reduced_.data(), control_local_.size(),
-                      ncclUint32, ncclMax, comm_.comm, stream);
+ncclResult_t Engine::async_error() {
+  if (broken_ != ncclSuccess || control_ == nullptr) return broken_;
+  const uint32_t word = __atomic_load_n(control_ + error_word_index(), __ATOMIC_ACQUIRE);
+  return word != 0 ? fail_async(word) : ncclSuccess;
+}
+
+ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
+  uint32_t* send = control_;
+  uint32_t* recv = control_ + scratch_words();
+  std::memcpy(send, in, static_cast<size_t>(n) * 4);
+  const Lane lane{comm_stream_, control_ + error_word_index()};
+  const NcclOps ops = ops_;
+  ncclComm_t comm = comm_.comm;
+  auto stream = static_cast<cudaStream_t>(comm_stream_);
+  if (device_->nccl(lane, [=] {
+        return ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax, comm,
+                              stream);
+      }) != Status::kOk ||
+      device_->record(ev_comm_done_, comm_stream_) != Status::kOk ||
+      device_->synchronize(ev_comm_done_) != Status::kOk)
+    return ncclSystemError;
+  if (const ncclResult_t r = async_error(); r != ncclSuccess) return r;
+  std::memcpy(out, recv, static_cast<size_t>(n) * 4);
+  return ncclSuccess;
+}
+
+ncclResult_t Engine::handshake() {
+  LocalControl local{&settings_, settings_valid_, opted_in_, comm_.rank == 0, read_switch(), false};
+  std::vector<uint32_t> words(control_words()), reduced(control_words());
+  pack_control(local, words.data());
+  const ncclResult_t r = blocking_max(words.data(), reduced.data(), control_words());
   if (r != ncclSuccess) {
     DQ_WARN(Subsys::kEngine, "dynamiq: handshake all-reduce failed: %s", ops_.error_string(r));
     return r;
   }
-  const ControlDecision d = decide_control(control_reduced_.data());
+  const ControlDecision d = decide_control(reduced.data());
   if (!d.agreed) {
     warn_differs(d.differs);
     state_ = State::kInert;
   } else {
     state_ = d.enabled ? State::kAgreed : State::kInert;
   }
+  switch_agreed_ = d.switch_on;
   DQ_INFO(Subsys::kEngine, "dynamiq: handshake rank %d/%d: %s", comm_.rank, comm_.nranks,
           state_ == State::kAgreed ? "compression on" : "pass-through");
   return ncclSuccess;
 }
 
-ncclResult_t Engine::exchange(Plan* plan, const CallArgs& call, ControlDecision* decision) {
-  Plan& p = *plan;
-  bool failure = !p.arenas_ok && !allocate_arenas(p);
-  for (Plan::Block& b : p.blocks) {
-    if (b.codec->stats_words() == 0) continue;
-    const ConstTensor own{static_cast<const uint8_t*>(call.send) + b.begin * dtype_size(p.dtype),
-                          p.dtype, b.count};
-    if (device_->local_stats(*b.codec, own, p.stats_local + b.stats_offset, call.stream) !=
-        Status::kOk)
-      failure = true;
+// One call late: the words of the previous eligible call (its A/B switch) and this rank's error
+// word, read after waiting for the previous call's control all-reduce, before anything of this
+// call is enqueued.
+ncclResult_t Engine::absorb_previous_call() {
+  if (control_pending_) {
+    if (device_->synchronize(ev_control_) != Status::kOk) return ncclSystemError;
+    const bool on = decide_call_switch(control_ + call_recv_word(control_parity_));
+    if (on != switch_agreed_)
+      DQ_INFO(Subsys::kEngine, "dynamiq: rank %d: the A/B switch turns compression %s", comm_.rank,
+              on ? "on" : "off");
+    switch_agreed_ = on;
+    control_pending_ = false;
   }
-  LocalControl local{&settings_,      settings_valid_, opted_in_,
-                     comm_.rank == 0, read_switch(),   failure};
-  pack_control(local, control_local_.data());
-  ncclResult_t r = ops_.group_start();
-  if (r == ncclSuccess && p.stats_words > 0)
-    r = ops_.all_reduce(p.stats_local, p.stats_reduced, p.stats_words, ncclBfloat16, ncclSum,
-                        comm_.comm, call.stream);
-  if (r == ncclSuccess)
-    r = ops_.all_reduce(control_local_.data(), control_reduced_.data(), control_local_.size(),
-                        ncclUint32, ncclMax, comm_.comm, call.stream);
-  const ncclResult_t end = ops_.group_end();
-  if (r == ncclSuccess) r = end;
-  if (r != ncclSuccess) {
-    DQ_WARN(Subsys::kEngine, "dynamiq: statistics all-reduce failed on rank %d: %s", comm_.rank,
-            ops_.error_string(r));
-    return r;
-  }
-  *decision = decide_control(control_reduced_.data());
-  return ncclSuccess;
+  return async_error();
+}
+
+Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
+                                    size_t stats_words, uint64_t* wire_bytes) {
+  control_parity_ ^= 1;
+  uint32_t* send = control_ + call_send_word();
+  uint32_t* recv = control_ + call_recv_word(control_parity_);
+  const Lane lane{comm_stream_, control_ + error_word_index()};
+  const NcclOps ops = ops_;
+  ncclComm_t comm = comm_.comm;
+  auto stream = static_cast<cudaStream_t>(comm_stream_);
+  DQ_CHECK(device_->nccl(lane, [=] {
+    ncclResult_t r = ops.group_start();
+    if (r == ncclSuccess && stats_words > 0)
+      r = ops.all_reduce(stats_local, stats_reduced, stats_words, ncclBfloat16, ncclSum, comm,
+                         stream);
+    if (r == ncclSuccess)
+      r = ops.all_reduce(send, recv, kCallControlWords, ncclUint32, ncclMax, comm, stream);
+    const ncclResult_t end = ops.group_end();
+    return r == ncclSuccess ? end : r;
+  }));
+  DQ_CHECK(device_->record(ev_control_, comm_stream_));
+  control_pending_ = true;
+  // As a ring all-reduce sends them: 2 (n-1)/n of the words.
+  const size_t n = static_cast<size_t>(comm_.nranks);
+  *wire_bytes += (2 * stats_words * 2 + kCallControlWords * 4) * (n - 1) / n;
+  return Status::kOk;
 }
 
 // ---- the compressed all-reduce --------------------------------------------------------------
-Status Engine::stage_compute(Plan& p, int block, int stage, const CallArgs& call) {
+Status Engine::enqueue_compute(Plan& p, int block, int stage, const CallArgs& call,
+                               uint64_t call_index) {
   Plan::Block& b = p.blocks[block];
-  const Plan::Stage& st = p.stages[stage];
+  const Program::Stage& st = p.program.stages[stage];
+  const Lane lane{compute_stream_, control_ + error_word_index()};
   const size_t esize = dtype_size(p.dtype);
   const ConstTensor own{static_cast<const uint8_t*>(call.send) + b.begin * esize, p.dtype, b.count};
+  auto slot = [&](int s) { return b.arena + static_cast<size_t>(s) * b.cap; };
   switch (st.kind) {
-    case Plan::StageKind::kReduce:
-    case Plan::StageKind::kSink:
-      for (const Plan::HopJob& h : st.hops) {
+    case Program::StageKind::kReduce:
+    case Program::StageKind::kSink:
+      for (const Program::HopJob& h : st.hops) {
         for (size_t i = 0; i < h.in_slots.size(); ++i)
-          p.inputs[i] = ByteView{b.arena + static_cast<size_t>(h.in_slots[i]) * b.cap, b.cap};
+          p.inputs[i] = ByteView{slot(h.in_slots[i]), b.cap};
         RoundingKey key = h.key;
-        key.call = call_seq_;
-        DQ_CHECK(device_->hop(*b.codec, h.chunk, own, p.inputs.data(),
-                              static_cast<int>(h.in_slots.size()),
-                              b.arena + static_cast<size_t>(h.out_slot) * b.cap, key, call.stream));
+        key.call = call_index;
+        key.element_base = b.begin;  // draws keyed by the index in the whole tensor
+        DQ_CHECK(device_->hop(*b.codec, b.layout, h.chunk, own, p.inputs.data(),
+                              static_cast<int>(h.in_slots.size()), slot(h.out_slot), key, lane));
       }
       return Status::kOk;
-    case Plan::StageKind::kGather:
-      for (const Plan::Xfer& x : st.sends)
-        for (size_t j = 0; j < x.chunks.size() && x.first_slot != x.chunks[0]; ++j)
-          DQ_CHECK(device_->copy(b.arena + (x.first_slot + j) * b.cap,
-                                 b.arena + static_cast<size_t>(x.chunks[j]) * b.cap, b.cap,
-                                 call.stream));
+    case Program::StageKind::kGather:
+      for (const Program::Xfer& x : st.sends)
+        if (!gather_in_place(x))
+          for (size_t j = 0; j < x.chunks.size(); ++j)
+            DQ_CHECK(device_->copy(slot(x.first_slot + static_cast<int>(j)), slot(x.chunks[j]),
+                                   b.cap, lane));
       return Status::kOk;
-    case Plan::StageKind::kFinish: {
+    case Program::StageKind::kFinish: {
       const ReduceOp op = call.op == ncclAvg ? ReduceOp::kAvg : ReduceOp::kSum;
       void* out = static_cast<uint8_t*>(call.recv) + b.begin * esize;
       // finish() writes the chunk's elements at their positions in a tensor of b.count elements.
-      for (int c = 0; c < p.schedule.n_chunks; ++c)
-        DQ_CHECK(device_->finish(*b.codec, c,
-                                 ByteView{b.arena + static_cast<size_t>(c) * b.cap, b.cap}, out,
-                                 p.dtype, op, comm_.nranks, call.stream));
+      for (int c = 0; c < p.program.schedule.n_chunks; ++c)
+        DQ_CHECK(device_->finish(*b.codec, b.layout, c, ByteView{slot(c), b.cap}, out, p.dtype, op,
+                                 comm_.nranks, lane));
       return Status::kOk;
     }
   }
   return Status::kInternal;
 }
 
-ncclResult_t Engine::stage_comm(Plan& p, int block, int stage, cudaStream_t stream,
-                                uint64_t* wire_bytes) {
+Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes) {
   Plan::Block& b = p.blocks[block];
-  const Plan::Stage& st = p.stages[stage];
-  if (st.sends.empty() && st.recvs.empty()) return ncclSuccess;
-  ncclResult_t r = ops_.group_start();
-  for (const Plan::Xfer& x : st.sends) {
-    if (r != ncclSuccess) break;
-    const size_t bytes = x.chunks.size() * b.cap;
-    r = ops_.send(b.arena + static_cast<size_t>(x.first_slot) * b.cap, bytes, ncclUint8, x.peer,
-                  comm_.comm, stream);
-    *wire_bytes += bytes;
+  const Program::Stage& st = p.program.stages[stage];
+  const Lane lane{comm_stream_, control_ + error_word_index()};
+  auto slot = [&](int s) { return b.arena + static_cast<size_t>(s) * b.cap; };
+  struct Message {
+    uint8_t* buffer;
+    size_t bytes;
+    int peer;
+    bool send;
+  };
+  std::vector<Message> messages;
+  for (const Program::Xfer& x : st.sends) {
+    messages.push_back({slot(x.first_slot), x.chunks.size() * b.cap, x.peer, true});
+    *wire_bytes += x.chunks.size() * b.cap;
   }
-  for (const Plan::Xfer& x : st.recvs) {
-    if (r != ncclSuccess) break;
-    r = ops_.recv(b.arena + static_cast<size_t>(x.first_slot) * b.cap, x.chunks.size() * b.cap,
-                  ncclUint8, x.peer, comm_.comm, stream);
-  }
-  const ncclResult_t end = ops_.group_end();
-  if (r == ncclSuccess) r = end;
-  if (r != ncclSuccess) return r;
-  if (st.kind == Plan::StageKind::kGather)
-    for (const Plan::Xfer& x : st.recvs)
-      for (size_t j = 0; j < x.chunks.size() && x.first_slot != x.chunks[0]; ++j)
-        if (device_->copy(b.arena + static_cast<size_t>(x.chunks[j]) * b.cap,
-                          b.arena + (x.first_slot + j) * b.cap, b.cap, stream) != Status::kOk)
-          return ncclInternalError;
-  return ncclSuccess;
+  for (const Program::Xfer& x : st.recvs)
+    messages.push_back({slot(x.first_slot), x.chunks.size() * b.cap, x.peer, false});
+  const NcclOps ops = ops_;
+  ncclComm_t comm = comm_.comm;
+  auto stream = static_cast<cudaStream_t>(comm_stream_);
+  DQ_CHECK(device_->nccl(lane, [=] {
+    ncclResult_t r = ops.group_start();
+    for (const Message& m : messages) {
+      if (r != ncclSuccess) break;
+      r = m.send ? ops.send(m.buffer, m.bytes, ncclUint8, m.peer, comm, stream)
+                 : ops.recv(m.buffer, m.bytes, ncclUint8, m.peer, comm, stream);
+    }
+    const ncclResult_t end = ops.group_end();
+    return r == ncclSuccess ? end : r;
+  }));
+  if (st.kind == Program::StageKind::kGather)
+    for (const Program::Xfer& x : st.recvs)
+      if (!gather_in_place(x))
+        for (size_t j = 0; j < x.chunks.size(); ++j)
+          DQ_CHECK(device_->copy(slot(x.chunks[j]), slot(x.first_slot + static_cast<int>(j)),
+                                 b.cap, lane));
+  return Status::kOk;
 }
 
-ncclResult_t Engine::compressed(Plan& p, const CallArgs& call, uint64_t* wire_bytes) {
-  // Units (stage, block) in stage-major order. compute(u + 1) depends on comm(u) only when both
-  // belong to the same block, so with several blocks the next block's hops run while this
-  // block's messages are in flight.
+Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_index,
+                                  uint64_t* wire_bytes) {
+  const Lane compute{compute_stream_, control_ + error_word_index()};
+  const size_t esize = dtype_size(p.dtype);
+  // Statistics on the compute stream, their all-reduce (with the call's control word) on the
+  // comm stream, then every block's layout from the reduced statistics.
+  for (Plan::Block& b : p.blocks)
+    if (b.codec->stats_words() > 0) {
+      const ConstTensor own{static_cast<const uint8_t*>(call.send) + b.begin * esize, p.dtype,
+                            b.count};
+      DQ_CHECK(device_->local_stats(*b.codec, own, p.stats_local + b.stats_offset, compute));
+    }
+  DQ_CHECK(device_->record(ev_stats_, compute_stream_));
+  DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
+  DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, p.stats_words, wire_bytes));
+  DQ_CHECK(device_->record(ev_reduced_, comm_stream_));
+  DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
+  for (Plan::Block& b : p.blocks)
+    DQ_CHECK(device_->build_layout(
+        *b.codec, b.codec->stats_words() ? p.stats_reduced + b.stats_offset : nullptr, call_index,
+        b.layout, compute));
+
+  // Units (stage, block) in stage-major order: codec steps on the compute stream, messages on
+  // the comm stream. A block's step waits for its own previous messages only, so the compute
+  // stream runs ahead (the next block's hops, all leaf compressions) while messages fly.
   const int n_blocks = static_cast<int>(p.blocks.size());
-  const int n_units = static_cast<int>(p.stages.size()) * n_blocks;
-  auto unit_block = [&](int u) { return u % n_blocks; };
-  auto unit_stage = [&](int u) { return u / n_blocks; };
-  Status computed = stage_compute(p, 0, 0, call);
-  if (computed != Status::kOk) return engine_failure(computed);
-  tbb::task_group overlap;
-  for (int u = 0; u < n_units; ++u) {
-    const int next = u + 1;
-    const bool has_next = next < n_units;
-    const bool parallel = has_next && n_blocks > 1;
-    Status next_status = Status::kOk;
-    if (parallel)
-      overlap.run(
-          [&] { next_status = stage_compute(p, unit_block(next), unit_stage(next), call); });
-    const ncclResult_t r = stage_comm(p, unit_block(u), unit_stage(u), call.stream, wire_bytes);
-    if (parallel) overlap.wait();
-    if (r != ncclSuccess) {
-      DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: point-to-point failed in stage %d: %s",
-              comm_.rank, unit_stage(u), ops_.error_string(r));
-      return r;
+  const int n_stages = static_cast<int>(p.program.stages.size());
+  DQ_CHECK(ensure_events(2 * static_cast<size_t>(n_stages) * n_blocks));
+  std::fill(p.block_wait.begin(), p.block_wait.end(), nullptr);
+  for (int s = 0; s < n_stages; ++s)
+    for (int b = 0; b < n_blocks; ++b) {
+      const size_t u = static_cast<size_t>(s) * n_blocks + b;
+      if (p.block_wait[b]) DQ_CHECK(device_->wait(compute_stream_, p.block_wait[b]));
+      p.block_wait[b] = nullptr;
+      DQ_CHECK(enqueue_compute(p, b, s, call, call_index));
+      const Program::Stage& st = p.program.stages[s];
+      if (st.sends.empty() && st.recvs.empty()) continue;
+      DQ_CHECK(device_->record(ev_units_[2 * u], compute_stream_));
+      DQ_CHECK(device_->wait(comm_stream_, ev_units_[2 * u]));
+      DQ_CHECK(enqueue_comm(p, b, s, wire_bytes));
+      DQ_CHECK(device_->record(ev_units_[2 * u + 1], comm_stream_));
+      p.block_wait[b] = ev_units_[2 * u + 1];
     }
-    if (has_next && !parallel)
-      next_status = stage_compute(p, unit_block(next), unit_stage(next), call);
-    if (next_status != Status::kOk) {
-      DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: codec step failed in stage %d", comm_.rank,
-              unit_stage(next));
-      return engine_failure(next_status);
-    }
-  }
-  return ncclSuccess;
+  return Status::kOk;
 }
 
 ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
   const auto t0 = std::chrono::steady_clock::now();
   *reason = PassReason::kSingleRank;
-  if (comm_.nranks >= 2 && device_ != nullptr && state_ == State::kPending && !call.in_group &&
-      !call.capturing) {
-    const ncclResult_t r = handshake(call.stream);
-    if (r != ncclSuccess) return r;
+  if (broken_ != ncclSuccess) return broken_;
+  if (comm_.nranks >= 2 && device_ != nullptr) {
+    if (const ncclResult_t r = absorb_previous_call(); r != ncclSuccess) return r;
+    if (state_ == State::kPending && !call.in_group && !call.capturing &&
+        !device_->capturing(call.stream))
+      if (const ncclResult_t r = handshake(); r != ncclSuccess) return r;
   }
   *reason = screen(call);
   if (*reason != PassReason::kRerouted) {
     count(*reason);
     return ncclSuccess;
   }
+  // From here on every rank takes the same branch: the switch was agreed one call ago, plans are
+  // agreed when made.
+  uint64_t wire = 0;
+  pack_call_control(comm_.rank == 0, read_switch(), control_ + call_send_word());
+  if (!switch_agreed_) {
+    // Passes through, but still carries this call's switch word, so switching back on works.
+    Status s = device_->record(ev_start_, call.stream);
+    if (s == Status::kOk) s = device_->wait(comm_stream_, ev_start_);
+    if (s == Status::kOk) s = enqueue_call_control(nullptr, nullptr, 0, &wire);
+    if (s == Status::kOk) s = device_->record(ev_comm_done_, comm_stream_);
+    if (s == Status::kOk) s = device_->wait(call.stream, ev_comm_done_);
+    if (s != Status::kOk) return engine_failure(s);
+    *reason = PassReason::kSwitchOff;
+    count(*reason);
+    return async_error();
+  }
   const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
-  Status status;
-  Plan* plan = plan_for(call.count, dtype, &status);
+  ncclResult_t nccl_failure;
+  Plan* plan = plan_for(call.count, dtype, &nccl_failure);
+  if (nccl_failure != ncclSuccess) return nccl_failure;
   if (plan == nullptr || !plan->fits) {
-    // Identical on every rank: planning depends on (count, dtype, settings) alone. (A failed
-    // payload allocation is local; it keeps the plan and travels in the control words.)
     *reason = plan == nullptr ? PassReason::kFailure : PassReason::kOverBudget;
     count(*reason);
     return ncclSuccess;
   }
-  ControlDecision decision;
-  const auto t_plan = std::chrono::steady_clock::now();
-  {
-    const ncclResult_t r = exchange(plan, call, &decision);
-    if (r != ncclSuccess) return r;
-  }
-  const auto t_exchange = std::chrono::steady_clock::now();
   const uint64_t call_index = call_seq_++;
-  if (!decision.agreed) {
-    warn_differs(decision.differs);
-    *reason = PassReason::kSettingsDiffer;
-  } else if (decision.any_failure) {
-    *reason = PassReason::kFailure;
-  } else if (!decision.switch_on) {
-    *reason = PassReason::kSwitchOff;
-  } else if (!decision.enabled) {
-    *reason = PassReason::kDisabled;
+  Status s = device_->record(ev_start_, call.stream);
+  if (s == Status::kOk) s = device_->wait(comm_stream_, ev_start_);
+  if (s == Status::kOk) s = device_->wait(compute_stream_, ev_start_);
+  if (s == Status::kOk) s = enqueue_compressed(*plan, call, call_index, &wire);
+  // The caller's stream waits for both engine streams: later work on it (or, on the host device,
+  // the caller itself) sees the result. This is the call's last enqueue.
+  if (s == Status::kOk) s = device_->record(ev_compute_done_, compute_stream_);
+  if (s == Status::kOk) s = device_->record(ev_comm_done_, comm_stream_);
+  if (s == Status::kOk) s = device_->wait(call.stream, ev_compute_done_);
+  if (s == Status::kOk) s = device_->wait(call.stream, ev_comm_done_);
+  if (s != Status::kOk) {
+    DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: enqueueing call %llu failed: %s", comm_.rank,
+            static_cast<unsigned long long>(call_index), status_name(s));
+    return engine_failure(s);
   }
-  if (*reason != PassReason::kRerouted) {
-    count(*reason);
-    return ncclSuccess;
-  }
-  for (Plan::Block& b : plan->blocks)
-    if (device_->agree(*b.codec,
-                       b.codec->stats_words() ? plan->stats_reduced + b.stats_offset : nullptr,
-                       call_index, call.stream) != Status::kOk)
-      return ncclInternalError;  // deterministic on agreed bytes: every rank fails alike
-  uint64_t wire = 2 * plan->stats_words * (comm_.nranks - 1) * 2 / comm_.nranks +
-                  control_local_.size() * 4;  // statistics as a ring all-reduce would send them
-  const auto t_agree = std::chrono::steady_clock::now();
-  const ncclResult_t r = compressed(*plan, call, &wire);
-  if (r != ncclSuccess) return r;
-  if (log_enabled(LogLevel::kTrace, Subsys::kEngine)) {
-    auto ms = [](auto a, auto b) {
-      return std::chrono::duration<double, std::milli>(b - a).count();
-    };
-    const auto t_end = std::chrono::steady_clock::now();
-    DQ_TRACE(Subsys::kEngine,
-             "dynamiq: call %llu rank %d count %zu: plan %.2f ms, statistics + control %.2f ms, "
-             "agree %.2f ms, hops + messages %.2f ms, %llu bytes sent",
-             static_cast<unsigned long long>(call_index), comm_.rank, call.count, ms(t0, t_plan),
-             ms(t_plan, t_exchange), ms(t_exchange, t_agree), ms(t_agree, t_end),
-             static_cast<unsigned long long>(wire));
-  }
+  // A lazy read after the last enqueue: on the host device the call is complete, so a failure in
+  // it is reported now; on a GPU it shows here or on a later call.
+  if (const ncclResult_t r = async_error(); r != ncclSuccess) return r;
+  const auto t_end = std::chrono::steady_clock::now();
+  DQ_TRACE(Subsys::kEngine, "dynamiq: call %llu rank %d count %zu: %.2f ms, %llu bytes sent",
+           static_cast<unsigned long long>(call_index), comm_.rank, call.count,
+           std::chrono::duration<double, std::milli>(t_end - t0).count(),
+           static_cast<unsigned long long>(wire));
   count(PassReason::kRerouted);
   if (metrics_) {
     metrics_->bytes_in.fetch_add(call.count * dtype_size(dtype), std::memory_order_relaxed);
     metrics_->wire_bytes.fetch_add(wire, std::memory_order_relaxed);
     metrics_->nanoseconds.fetch_add(
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now() - t0)
-                                  .count()),
+        static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(t_end - t0).count()),
         std::memory_order_relaxed);
   }
   return ncclSuccess;

@@ -47,16 +47,21 @@ class Engine {
 
   enum class State { kPending, kAgreed, kInert };
 
-  // The whole rerouting decision and, when it says so, the compressed all-reduce. On return
-  // *reason says whether the call was compressed (kRerouted) or must now be passed through by
-  // the caller (nothing was written to recv). A non-success result is an NCCL or peer failure
-  // to hand to the caller.
+  // The whole rerouting decision and, when it says so, the compressed all-reduce, enqueued on
+  // the device in stream order. On return *reason says whether the call was compressed
+  // (kRerouted) or must now be passed through by the caller (nothing was written to recv). A
+  // non-success result is an NCCL failure, or the communicator's asynchronous error.
   //
-  // The first call on a communicator (outside a group or capture) runs a handshake: a MAX
-  // all-reduce of the control words, so every rank learns whether the agreed settings and the
-  // opt-in match before any rank screens a call by them. A mismatch makes the communicator
-  // pass everything through, with one warning naming what differs.
+  // Blocking steps (the only ones): the handshake at the first call outside a group or capture
+  // (a MAX all-reduce of the control words: settings, opt-in), and the agreement of each new
+  // plan (a MAX of every rank's planning failure). Everything else the host must know (the A/B
+  // switch, any rank's device error) travels in the words of each eligible call and is applied
+  // one eligible call later (docs/ENGINE.md section 3).
   ncclResult_t all_reduce(const CallArgs& call, PassReason* reason);
+
+  // The communicator's asynchronous error (ncclCommGetAsyncError semantics): a failure found in
+  // data or in an enqueued NCCL call, read lazily from the device's error word. Sticky.
+  ncclResult_t async_error();
 
   // Decision from the call's arguments and this communicator's agreed state alone.
   PassReason screen(const CallArgs& call) const;
@@ -65,14 +70,24 @@ class Engine {
 
  private:
   struct Plan;
-  Plan* plan_for(size_t count, DType dtype, Status* status);
-  bool allocate_arenas(Plan& plan);
-  ncclResult_t handshake(cudaStream_t stream);
-  ncclResult_t exchange(Plan* plan, const CallArgs& call, ControlDecision* decision);
-  ncclResult_t compressed(Plan& plan, const CallArgs& call, uint64_t* wire_bytes);
-  ncclResult_t stage_comm(Plan& plan, int block, int stage, cudaStream_t stream,
-                          uint64_t* wire_bytes);
-  Status stage_compute(Plan& plan, int block, int stage, const CallArgs& call);
+  Status setup_device();
+  void teardown_device();
+  Plan* plan_for(size_t count, DType dtype, ncclResult_t* nccl_failure);
+  std::unique_ptr<Plan> build_plan(size_t count, DType dtype, Status* status);
+  void retire(std::unique_ptr<Plan> plan);
+  // One MAX all-reduce of `n` words through the control block, waited for on the host.
+  ncclResult_t blocking_max(const uint32_t* in, uint32_t* out, int n);
+  ncclResult_t handshake();
+  ncclResult_t absorb_previous_call();
+  Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
+                              size_t stats_words, uint64_t* wire_bytes);
+  Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index,
+                            uint64_t* wire_bytes);
+  Status enqueue_compute(Plan& plan, int block, int stage, const CallArgs& call,
+                         uint64_t call_index);
+  Status enqueue_comm(Plan& plan, int block, int stage, uint64_t* wire_bytes);
+  Status ensure_events(size_t n);
+  ncclResult_t fail_async(uint32_t word);
   void warn_differs(const std::string& what);
   // The A/B switch as rank 0 reads it (control file); always on for other ranks.
   bool read_switch();
@@ -88,10 +103,22 @@ class Engine {
   bool opted_in_ = false;
   State state_ = State::kPending;
   topo::Kind kind_;
-  uint64_t call_seq_ = 0;  // agreed calls so far: keys the rounding generator
+  uint64_t call_seq_ = 0;  // compressed calls so far (identical on every rank): keys the rounding
   std::string warned_differs_;
   std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
-  std::vector<uint32_t> control_local_, control_reduced_;
+
+  // Device state: two engine streams (NCCL calls in order on one, codec steps on the other),
+  // events, and the mapped control block (words the host writes before a call's first enqueue
+  // and reads one call late, the error word).
+  StreamHandle comm_stream_ = nullptr, compute_stream_ = nullptr;
+  EventHandle ev_start_ = nullptr, ev_control_ = nullptr, ev_stats_ = nullptr,
+              ev_reduced_ = nullptr, ev_comm_done_ = nullptr, ev_compute_done_ = nullptr;
+  std::vector<EventHandle> ev_units_;  // two per (stage, block): computed, sent
+  uint32_t* control_ = nullptr;        // mapped words, see ControlBlock
+  bool control_pending_ = false;       // the last eligible call's words are still to be read
+  int control_parity_ = 0;             // which receive buffer the last call wrote
+  bool switch_agreed_ = true;          // the A/B switch every rank applies now
+  ncclResult_t broken_ = ncclSuccess;  // sticky asynchronous error
   // Control file state (rank 0 only).
   int64_t switch_mtime_ns_ = -1;
   bool switch_on_ = true;

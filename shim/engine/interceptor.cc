@@ -66,7 +66,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) 
     opted = config::parse_opt_in(s.comms, &rules, &ignored) == Status::kOk &&
             config::opted_in(rules, e.identity);
   }
-  // The host engine serves the CPU NCCL (host buffers). With a GPU NCCL there is no CUDA engine
+  // The host device serves the CPU NCCL (host buffers). With a GPU NCCL there is no CUDA device
   // in this build yet: every call passes through.
   engine::Device* device = real.cpu_nccl_comm_name ? engine::host_device() : nullptr;
   static std::once_flag no_device_note;
@@ -108,6 +108,7 @@ const RealNccl* real_nccl() {
     resolve("ncclCommAbort", &real.comm_abort);
     resolve("ncclCommCount", &real.comm_count);
     resolve("ncclCommUserRank", &real.comm_user_rank);
+    resolve("ncclCommGetAsyncError", &real.comm_get_async_error);
     resolve("dqCpuNcclCommName", &real.cpu_nccl_comm_name);
     real.stream_is_capturing =
         reinterpret_cast<int (*)(cudaStream_t, int*)>(dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing"));
@@ -210,6 +211,18 @@ ncclResult_t comm_bytes(ncclComm_t comm, uint64_t* bytes_in, uint64_t* wire_byte
   std::lock_guard<std::mutex> lock(e->mutex);
   *bytes_in = e->metrics ? e->metrics->bytes_in.load() : 0;
   *wire_bytes = e->metrics ? e->metrics->wire_bytes.load() : 0;
+  return ncclSuccess;
+}
+
+ncclResult_t comm_async_error(ncclComm_t comm, ncclResult_t* async_error) {
+  const RealNccl* real = real_nccl();
+  if (real == nullptr || real->comm_get_async_error == nullptr) return ncclSystemError;
+  const ncclResult_t r = real->comm_get_async_error(comm, async_error);
+  if (r != ncclSuccess || *async_error != ncclSuccess) return r;
+  if (std::shared_ptr<CommEntry> e = find(comm)) {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    if (e->engine) *async_error = e->engine->async_error();
+  }
   return ncclSuccess;
 }
 

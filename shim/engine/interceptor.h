@@ -23,6 +23,7 @@ struct RealNccl {
   ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_count)(const ncclComm_t, int*) = nullptr;
   ncclResult_t (*comm_user_rank)(const ncclComm_t, int*) = nullptr;
+  ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;
   // Present only when the real NCCL is dynamiq's CPU NCCL: host buffers, the host engine.
   const char* (*cpu_nccl_comm_name)(ncclComm_t) = nullptr;
   // Present only when libcudart is loaded: graph capture shows through it.
@@ -45,6 +46,10 @@ void group_ended();
 // The interposed ncclAllReduce: reroutes through the engine or forwards to the real NCCL.
 ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+
+// ncclCommGetAsyncError: the real NCCL's answer, or else the engine's asynchronous error (a
+// failure found by an enqueued step; docs/ENGINE.md section 4).
+ncclResult_t comm_async_error(ncclComm_t comm, ncclResult_t* async_error);
 
 // dynamiqCommRegister: explicit opt-in (1) or opt-out (0) before the first all-reduce.
 ncclResult_t register_comm(ncclComm_t comm, int enable);

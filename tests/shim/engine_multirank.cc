@@ -1,0 +1,415 @@
+// The engine itself (no shim) on forked rank processes over the CPU NCCL, with devices a test
+// controls. Usage: engine_multirank SCENARIO NRANKS [TOPO]. Exit 0 pass, 1 fail.
+//   audit       the audited host device records no host access to device memory between a
+//               call's first enqueue and its last, and its results equal the plain host
+//               device's byte for byte (both dtypes, both ops, multi-block calls)
+//   alloc_fail  rank 1's first plan allocation fails: every rank passes that call through
+//               (no hang, exact), and the next call is compressed on every rank
+//   blocks      two pipeline blocks holding identical data round differently
+//   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
+//               error word), and every rank's call fails within the timeout; none succeeds
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/nccl_api.h"
+#include "config/settings.h"
+#include "kernels/bf16.h"
+#include "shim/engine/engine.h"
+
+namespace {
+
+using dq::engine::CallArgs;
+using dq::engine::Device;
+using dq::engine::Engine;
+using dq::engine::PassReason;
+
+#define CHECK_OR(code, cond, ...)                  \
+  do {                                             \
+    if (!(cond)) {                                 \
+      std::fprintf(stderr, "FAIL: " __VA_ARGS__);  \
+      std::fprintf(stderr, "\n");                  \
+      return code;                                 \
+    }                                              \
+  } while (0)
+
+dq::engine::NcclOps cpu_nccl_ops() {
+  dq::engine::NcclOps ops;
+  ops.group_start = ncclGroupStart;
+  ops.group_end = ncclGroupEnd;
+  ops.send = ncclSend;
+  ops.recv = ncclRecv;
+  ops.all_reduce = ncclAllReduce;
+  ops.error_string = ncclGetErrorString;
+  return ops;
+}
+
+dq::config::Settings settings_for(const std::map<std::string, std::string>& env) {
+  dq::config::Settings s;
+  std::string error;
+  auto lookup = [](const char* key, void* ctx) -> const char* {
+    const auto* m = static_cast<const std::map<std::string, std::string>*>(ctx);
+    auto it = m->find(key);
+    return it == m->end() ? nullptr : it->second.c_str();
+  };
+  if (dq::config::load(lookup, const_cast<std::map<std::string, std::string>*>(&env), &s,
+                       &error) != dq::Status::kOk) {
+    std::fprintf(stderr, "settings: %s\n", error.c_str());
+    std::exit(2);
+  }
+  return s;
+}
+
+// Forks n ranks, each with `comms` communicators; returns their exit codes (124: hang, killed).
+std::vector<int> run_ranks(int n, int comms, const std::function<int(int, ncclComm_t*)>& body,
+                           int timeout_s) {
+  std::vector<ncclUniqueId> ids(comms);
+  for (auto& id : ids)
+    if (ncclGetUniqueId(&id) != ncclSuccess) return std::vector<int>(n, 99);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<ncclComm_t> c(comms);
+      for (int k = 0; k < comms; ++k)
+        if (ncclCommInitRank(&c[k], n, ids[k], r) != ncclSuccess) _exit(97);
+      const int rc = body(r, c.data());
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes(n, -999);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  for (int left = n; left > 0;) {  // bounded by the deadline
+    for (int r = 0; r < n; ++r) {
+      int st = 0;
+      if (codes[r] == -999 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < n; ++r)
+        if (codes[r] == -999) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], nullptr, 0);
+          codes[r] = 124;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return codes;
+}
+
+bool all_zero(const std::vector<int>& codes, const char* what) {
+  bool ok = true;
+  for (size_t r = 0; r < codes.size(); ++r)
+    if (codes[r] != 0) {
+      std::fprintf(stderr, "FAIL: %s: rank %zu exited with %d%s\n", what, r, codes[r],
+                   codes[r] == 124 ? " (hang: killed at the deadline)" : "");
+      ok = false;
+    }
+  return ok;
+}
+
+uint64_t fnv(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// True when `h` is the same on every rank: MAX of (h, ~h) gives max and ~min.
+bool same_everywhere(ncclComm_t comm, uint64_t h) {
+  uint64_t w[2] = {h, ~h};
+  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
+  return w[0] == ~w[1];
+}
+
+float gradient_value(int rank, size_t i) {
+  // Smooth per-rank data with varied magnitudes, like a gradient bucket.
+  const double x = static_cast<double>(i);
+  return static_cast<float>(std::sin(0.001 * x + rank) * (1.0 + 4.0 * std::cos(0.00003 * x)));
+}
+
+std::vector<unsigned char> make_input(int rank, size_t count, bool bf16) {
+  std::vector<unsigned char> in(count * (bf16 ? 2 : 4));
+  for (size_t i = 0; i < count; ++i) {
+    const float v = gradient_value(rank, i);
+    if (bf16) {
+      const uint16_t b = dq::f32_to_bf16_rne(v);
+      std::memcpy(&in[i * 2], &b, 2);
+    } else {
+      std::memcpy(&in[i * 4], &v, 4);
+    }
+  }
+  return in;
+}
+
+// ---- audit ------------------------------------------------------------------------------------
+int scenario_audit(int n, const std::string& topo) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_TOPO", topo},
+                                      {"DYNAMIQ_BLOCK_BYTES", "256K"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    std::unique_ptr<Device> audited = dq::engine::make_audited_host_device();
+    const dq::engine::NcclOps ops = cpu_nccl_ops();
+    Engine plain(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
+                 true);
+    Engine checked(settings, true, {comms[1], rank, n}, ops, audited.get(), nullptr, true);
+    constexpr size_t kCount = 600000 + 77;  // several 256 KiB blocks, a partial super-group
+    int call = 0;
+    for (int bf16 = 0; bf16 < 2; ++bf16)
+      for (int avg = 0; avg < 2; ++avg, ++call) {
+        const auto in = make_input(rank, kCount, bf16);
+        std::vector<unsigned char> out_plain(in.size(), 0xCD), out_checked(in.size(), 0xEF);
+        CallArgs args;
+        args.count = kCount;
+        args.dtype = bf16 ? ncclBfloat16 : ncclFloat32;
+        args.op = avg ? ncclAvg : ncclSum;
+        PassReason rp, rc;
+        args.send = in.data();
+        args.recv = out_plain.data();
+        CHECK_OR(10, plain.all_reduce(args, &rp) == ncclSuccess, "rank %d call %d: plain", rank,
+                 call);
+        args.recv = out_checked.data();
+        CHECK_OR(11, checked.all_reduce(args, &rc) == ncclSuccess, "rank %d call %d: audited",
+                 rank, call);
+        CHECK_OR(12, rp == PassReason::kRerouted && rc == PassReason::kRerouted,
+                 "rank %d call %d: not compressed (%s / %s)", rank, call,
+                 dq::engine::reason_name(rp), dq::engine::reason_name(rc));
+        CHECK_OR(13, out_plain == out_checked,
+                 "rank %d call %d: the audited device's result differs from the host device's",
+                 rank, call);
+        CHECK_OR(14, same_everywhere(comms[0], fnv(out_plain.data(), out_plain.size())),
+                 "rank %d call %d: results differ across ranks", rank, call);
+      }
+    const uint64_t accesses = dq::engine::audited_host_accesses(audited.get());
+    CHECK_OR(15, accesses == 0,
+             "rank %d: %llu host access(es) to device memory between a call's first and last "
+             "enqueue",
+             rank, static_cast<unsigned long long>(accesses));
+    std::fprintf(stderr, "rank %d: 4 calls, audited bytes equal plain bytes, 0 host accesses\n",
+                 rank);
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 2, body, 300), "audit")) return 1;
+  std::printf("audit %s %d ranks: no host access inside a call; audited == plain bytes\n",
+              topo.c_str(), n);
+  return 0;
+}
+
+// ---- allocation failure on one rank -------------------------------------------------------
+// The host device, but alloc fails while `failing` is set, and every hop's output header is
+// overwritten (in stream order) while `corrupting` is set.
+class FailingDevice final : public Device {
+ public:
+  explicit FailingDevice(Device* inner) : inner_(inner) {}
+  bool failing = false;
+  bool corrupting = false;
+  const char* name() const override { return "failing host"; }
+  dq::Status alloc(size_t bytes, void** out) override {
+    if (failing) return dq::Status::kOutOfMemory;
+    return inner_->alloc(bytes, out);
+  }
+  dq::Status alloc_mapped(size_t bytes, void** out) override {
+    return inner_->alloc_mapped(bytes, out);
+  }
+  void release(void* p, dq::engine::StreamHandle s) override { inner_->release(p, s); }
+  dq::Status create_stream(dq::engine::StreamHandle* s) override {
+    return inner_->create_stream(s);
+  }
+  void destroy_stream(dq::engine::StreamHandle s) override { inner_->destroy_stream(s); }
+  dq::Status create_event(dq::engine::EventHandle* e) override { return inner_->create_event(e); }
+  void destroy_event(dq::engine::EventHandle e) override { inner_->destroy_event(e); }
+  dq::Status record(dq::engine::EventHandle e, dq::engine::StreamHandle s) override {
+    return inner_->record(e, s);
+  }
+  dq::Status wait(dq::engine::StreamHandle s, dq::engine::EventHandle e) override {
+    return inner_->wait(s, e);
+  }
+  dq::Status synchronize(dq::engine::EventHandle e) override { return inner_->synchronize(e); }
+  bool capturing(dq::engine::StreamHandle s) const override { return inner_->capturing(s); }
+  dq::Status local_stats(const dq::Codec& c, const dq::ConstTensor& x, uint16_t* st,
+                         dq::engine::Lane l) override {
+    return inner_->local_stats(c, x, st, l);
+  }
+  dq::Status build_layout(const dq::Codec& c, const uint16_t* r, uint64_t call, void* layout,
+                          dq::engine::Lane l) override {
+    return inner_->build_layout(c, r, call, layout, l);
+  }
+  dq::Status hop(const dq::Codec& c, const void* layout, int chunk, const dq::ConstTensor& own,
+                 const dq::ByteView* in, int n_in, uint8_t* out, const dq::RoundingKey& key,
+                 dq::engine::Lane l) override {
+    const dq::Status s = inner_->hop(c, layout, chunk, own, in, n_in, out, key, l);
+    static const unsigned char kGarbage[16] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4,
+                                               5,    6,    7,    8,    9, 10, 11, 12};
+    if (s != dq::Status::kOk || !corrupting) return s;
+    return inner_->copy(out, kGarbage, sizeof kGarbage, l);
+  }
+  dq::Status finish(const dq::Codec& c, const void* layout, int chunk, dq::ByteView in, void* out,
+                    dq::DType t, dq::ReduceOp op, int n, dq::engine::Lane l) override {
+    return inner_->finish(c, layout, chunk, in, out, t, op, n, l);
+  }
+  dq::Status copy(void* d, const void* s, size_t b, dq::engine::Lane l) override {
+    return inner_->copy(d, s, b, l);
+  }
+  dq::Status nccl(dq::engine::Lane l, std::function<ncclResult_t()> calls) override {
+    return inner_->nccl(l, std::move(calls));
+  }
+
+ private:
+  Device* inner_;
+};
+
+int scenario_alloc_fail(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount), out(kCount);
+    for (size_t i = 0; i < kCount; ++i)
+      in[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48);
+    std::string reasons;
+    for (int call = 0; call < 2; ++call) {
+      device.failing = rank == 1 && call == 0;
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      CHECK_OR(20, engine.all_reduce(args, &reason) == ncclSuccess, "rank %d call %d: error",
+               rank, call);
+      if (reason != PassReason::kRerouted) {
+        // What the shim does: pass the call through to NCCL.
+        CHECK_OR(21, ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comms[0],
+                                   nullptr) == ncclSuccess,
+                 "rank %d call %d: pass-through failed", rank, call);
+        for (size_t i = 0; i < kCount; ++i) {
+          float exact = 0;
+          for (int r = 0; r < n; ++r)
+            exact += static_cast<float>(static_cast<int>((i * 7 + r * 13) % 97) - 48);
+          CHECK_OR(22, out[i] == exact, "rank %d call %d: element %zu = %g, exact %g", rank, call,
+                   i, out[i], exact);
+        }
+      }
+      reasons += dq::engine::reason_name(reason);
+      reasons += ' ';
+    }
+    CHECK_OR(23, same_everywhere(comms[0], fnv(reasons.data(), reasons.size())),
+             "rank %d: outcomes differ across ranks (mine: %s)", rank, reasons.c_str());
+    const std::string expect = std::string(dq::engine::reason_name(PassReason::kFailure)) + " " +
+                               dq::engine::reason_name(PassReason::kRerouted) + " ";
+    CHECK_OR(24, reasons == expect, "rank %d: outcomes '%s', expected '%s'", rank,
+             reasons.c_str(), expect.c_str());
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 1, body, 120), "alloc_fail")) return 1;
+  std::printf("alloc_fail %d ranks: rank 1's failed plan passed through on every rank, then "
+              "every rank compressed\n",
+              n);
+  return 0;
+}
+
+// ---- a malformed payload --------------------------------------------------------------------
+int scenario_corrupt(int n) {
+  constexpr int kTimeoutMs = 3000;
+  setenv("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", std::to_string(kTimeoutMs).c_str(), 1);
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", "ring"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount), out(kCount, 0.0f);
+    for (size_t i = 0; i < kCount; ++i) in[i] = gradient_value(rank, i);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    PassReason reason;
+    // One clean call first: the engine works on this data.
+    CHECK_OR(40, engine.all_reduce(args, &reason) == ncclSuccess &&
+                     reason == PassReason::kRerouted,
+             "rank %d: the clean call failed", rank);
+    device.corrupting = rank == 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    const ncclResult_t r = engine.all_reduce(args, &reason);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK_OR(41, r != ncclSuccess, "rank %d: the corrupted call returned success", rank);
+    CHECK_OR(42, engine.async_error() == r, "rank %d: async error %d, call returned %d", rank,
+             static_cast<int>(engine.async_error()), static_cast<int>(r));
+    // Sticky, as NCCL's asynchronous errors: the next call reports it at once.
+    CHECK_OR(43, engine.all_reduce(args, &reason) == r, "rank %d: the error is not sticky", rank);
+    std::fprintf(stderr, "rank %d: failed with %s after %.1f s\n", rank, ncclGetErrorString(r), s);
+    // Within the timeout plus a margin for the cascade (each rank's wait is bounded on its own).
+    CHECK_OR(44, s < 4.0 * kTimeoutMs / 1000.0, "rank %d: took %.1f s to fail", rank, s);
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 1, body, 120), "corrupt")) return 1;
+  std::printf("corrupt %d ranks: every rank's call failed, none returned a result\n", n);
+  return 0;
+}
+
+// ---- rounding draws across blocks ------------------------------------------------------------
+int scenario_blocks(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BLOCK_BYTES", "1M"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                  nullptr, true);
+    constexpr size_t kBlock = (1 << 20) / 4;  // elements per 1 MiB FP32 block
+    std::vector<float> in(2 * kBlock), out(2 * kBlock);
+    for (size_t i = 0; i < kBlock; ++i) in[i] = in[kBlock + i] = gradient_value(rank, i);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = in.size();
+    PassReason reason;
+    CHECK_OR(30, engine.all_reduce(args, &reason) == ncclSuccess, "rank %d: error", rank);
+    CHECK_OR(31, reason == PassReason::kRerouted, "rank %d: not compressed (%s)", rank,
+             dq::engine::reason_name(reason));
+    size_t differ = 0;
+    for (size_t i = 0; i < kBlock; ++i) differ += out[i] != out[kBlock + i];
+    // Independent draws: almost every element rounds differently somewhere along its hops.
+    CHECK_OR(32, differ > kBlock / 2,
+             "rank %d: only %zu of %zu elements differ between two blocks holding the same data "
+             "(the blocks reuse each other's rounding draws)",
+             rank, differ, kBlock);
+    if (rank == 0)
+      std::printf("blocks: %zu of %zu elements differ between identical blocks\n", differ, kBlock);
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "blocks") ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: engine_multirank audit|alloc_fail|blocks|corrupt NRANKS [TOPO]\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const int n = std::atoi(argv[2]);
+  const std::string topo = argc > 3 ? argv[3] : "auto";
+  if (scenario == "audit") return scenario_audit(n, topo);
+  if (scenario == "alloc_fail") return scenario_alloc_fail(n);
+  if (scenario == "blocks") return scenario_blocks(n);
+  if (scenario == "corrupt") return scenario_corrupt(n);
+  std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+  return 2;
+}
