@@ -24,8 +24,12 @@ enum class ErrorSource : uint32_t { kNone = 0, kCodec = 1, kNccl = 2 };
 inline uint32_t error_word(ErrorSource source, int code) {
   return (static_cast<uint32_t>(source) << 16) | (static_cast<uint32_t>(code) & 0xffffu);
 }
-inline ErrorSource error_source(uint32_t word) { return static_cast<ErrorSource>(word >> 16); }
-inline int error_code(uint32_t word) { return static_cast<int>(word & 0xffffu); }
+inline ErrorSource error_source(uint32_t word) {
+  return static_cast<ErrorSource>(word >> 16);
+}
+inline int error_code(uint32_t word) {
+  return static_cast<int>(word & 0xffffu);
+}
 
 // Where an enqueued step runs and where it reports a failure found in data. Once the error word
 // is set, later steps on the engine's streams do nothing (the call is failing; its peers learn it

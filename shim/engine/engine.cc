@@ -98,11 +98,21 @@ bool Engine::read_switch() {
 // ---- the control block: mapped words the host writes before a call's first enqueue, or reads
 // after waiting for the words' own event (one call late) ----------------------------------------
 namespace {
-int scratch_words() { return control_words(); }   // handshake / plan agreement: send, then recv
-int call_send_word() { return 2 * scratch_words(); }
-int call_recv_word(int parity) { return call_send_word() + kCallControlWords * (1 + parity); }
-int error_word_index() { return call_send_word() + 3 * kCallControlWords; }
-int control_block_words() { return error_word_index() + 1; }
+int scratch_words() {
+  return control_words();
+}  // handshake / plan agreement: send, then recv
+int call_send_word() {
+  return 2 * scratch_words();
+}
+int call_recv_word(int parity) {
+  return call_send_word() + kCallControlWords * (1 + parity);
+}
+int error_word_index() {
+  return call_send_word() + 3 * kCallControlWords;
+}
+int control_block_words() {
+  return error_word_index() + 1;
+}
 }  // namespace
 
 // ---- the plan: everything fixed by (count, dtype) --------------------------------------
@@ -159,8 +169,8 @@ Engine::~Engine() {
 Status Engine::setup_device() {
   DQ_CHECK(device_->create_stream(&comm_stream_));
   DQ_CHECK(device_->create_stream(&compute_stream_));
-  for (EventHandle* e : {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_,
-                         &ev_compute_done_})
+  for (EventHandle* e :
+       {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_, &ev_compute_done_})
     DQ_CHECK(device_->create_event(e));
   void* words = nullptr;
   DQ_CHECK(device_->alloc_mapped(static_cast<size_t>(control_block_words()) * 4, &words));
@@ -175,8 +185,8 @@ void Engine::teardown_device() {
   if (comm_stream_) device_->destroy_stream(comm_stream_);
   if (compute_stream_) device_->destroy_stream(compute_stream_);
   comm_stream_ = compute_stream_ = nullptr;
-  for (EventHandle* e : {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_,
-                         &ev_compute_done_})
+  for (EventHandle* e :
+       {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_, &ev_compute_done_})
     if (*e) device_->destroy_event(*e), *e = nullptr;
   for (EventHandle e : ev_units_) device_->destroy_event(e);
   ev_units_.clear();
@@ -366,10 +376,11 @@ ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
-  if (device_->nccl(lane, [=] {
-        return ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax, comm,
-                              stream);
-      }) != Status::kOk ||
+  if (device_->nccl(lane,
+                    [=] {
+                      return ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax,
+                                            comm, stream);
+                    }) != Status::kOk ||
       device_->record(ev_comm_done_, comm_stream_) != Status::kOk ||
       device_->synchronize(ev_comm_done_) != Status::kOk)
     return ncclSystemError;
@@ -520,8 +531,8 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
     for (const Program::Xfer& x : st.recvs)
       if (!gather_in_place(x))
         for (size_t j = 0; j < x.chunks.size(); ++j)
-          DQ_CHECK(device_->copy(slot(x.chunks[j]), slot(x.first_slot + static_cast<int>(j)),
-                                 b.cap, lane));
+          DQ_CHECK(device_->copy(slot(x.chunks[j]), slot(x.first_slot + static_cast<int>(j)), b.cap,
+                                 lane));
   return Status::kOk;
 }
 

@@ -175,8 +175,7 @@ class HostDevice final : public Device {
     }
     const size_t n = page_round(bytes);
     void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      DQ_FAIL(Status::kOutOfMemory, "host device: cannot map %zu bytes", bytes);
+    if (p == MAP_FAILED) DQ_FAIL(Status::kOutOfMemory, "host device: cannot map %zu bytes", bytes);
     std::lock_guard<std::mutex> lock(audit_m_);
     for (AuditRegion& r : g_regions)
       if (r.begin.load() == 0) {
@@ -334,7 +333,8 @@ class HostDevice final : public Device {
     auto step = [body = std::forward<F>(body), error = lane.error]() -> Status {
       if (error_set(error)) return Status::kOk;
       const Status s = body();
-      if (s != Status::kOk && error) set_error(error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+      if (s != Status::kOk && error)
+        set_error(error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
       return s;
     };
     if (HostStream* s = ours(lane.stream)) {
@@ -404,7 +404,9 @@ Device* host_device() {
   return device;
 }
 
-std::unique_ptr<Device> make_audited_host_device() { return std::make_unique<HostDevice>(true); }
+std::unique_ptr<Device> make_audited_host_device() {
+  return std::make_unique<HostDevice>(true);
+}
 
 uint64_t audited_host_accesses(const Device* device) {
   const auto* d = dynamic_cast<const HostDevice*>(device);

@@ -35,13 +35,13 @@ using dq::engine::Device;
 using dq::engine::Engine;
 using dq::engine::PassReason;
 
-#define CHECK_OR(code, cond, ...)                  \
-  do {                                             \
-    if (!(cond)) {                                 \
-      std::fprintf(stderr, "FAIL: " __VA_ARGS__);  \
-      std::fprintf(stderr, "\n");                  \
-      return code;                                 \
-    }                                              \
+#define CHECK_OR(code, cond, ...)                 \
+  do {                                            \
+    if (!(cond)) {                                \
+      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
+      std::fprintf(stderr, "\n");                 \
+      return code;                                \
+    }                                             \
   } while (0)
 
 dq::engine::NcclOps cpu_nccl_ops() {
@@ -63,8 +63,8 @@ dq::config::Settings settings_for(const std::map<std::string, std::string>& env)
     auto it = m->find(key);
     return it == m->end() ? nullptr : it->second.c_str();
   };
-  if (dq::config::load(lookup, const_cast<std::map<std::string, std::string>*>(&env), &s,
-                       &error) != dq::Status::kOk) {
+  if (dq::config::load(lookup, const_cast<std::map<std::string, std::string>*>(&env), &s, &error) !=
+      dq::Status::kOk) {
     std::fprintf(stderr, "settings: %s\n", error.c_str());
     std::exit(2);
   }
@@ -162,9 +162,8 @@ std::vector<unsigned char> make_input(int rank, size_t count, bool bf16) {
 
 // ---- audit ------------------------------------------------------------------------------------
 int scenario_audit(int n, const std::string& topo) {
-  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
-                                      {"DYNAMIQ_TOPO", topo},
-                                      {"DYNAMIQ_BLOCK_BYTES", "256K"}});
+  const auto settings = settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", topo}, {"DYNAMIQ_BLOCK_BYTES", "256K"}});
   auto body = [&](int rank, ncclComm_t* comms) -> int {
     std::unique_ptr<Device> audited = dq::engine::make_audited_host_device();
     const dq::engine::NcclOps ops = cpu_nccl_ops();
@@ -187,8 +186,8 @@ int scenario_audit(int n, const std::string& topo) {
         CHECK_OR(10, plain.all_reduce(args, &rp) == ncclSuccess, "rank %d call %d: plain", rank,
                  call);
         args.recv = out_checked.data();
-        CHECK_OR(11, checked.all_reduce(args, &rc) == ncclSuccess, "rank %d call %d: audited",
-                 rank, call);
+        CHECK_OR(11, checked.all_reduce(args, &rc) == ncclSuccess, "rank %d call %d: audited", rank,
+                 call);
         CHECK_OR(12, rp == PassReason::kRerouted && rc == PassReason::kRerouted,
                  "rank %d call %d: not compressed (%s / %s)", rank, call,
                  dq::engine::reason_name(rp), dq::engine::reason_name(rc));
@@ -256,7 +255,7 @@ class FailingDevice final : public Device {
                  const dq::ByteView* in, int n_in, uint8_t* out, const dq::RoundingKey& key,
                  dq::engine::Lane l) override {
     const dq::Status s = inner_->hop(c, layout, chunk, own, in, n_in, out, key, l);
-    static const unsigned char kGarbage[16] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4,
+    static const unsigned char kGarbage[16] = {0xde, 0xad, 0xbe, 0xef, 1, 2,  3,  4,
                                                5,    6,    7,    8,    9, 10, 11, 12};
     if (s != dq::Status::kOk || !corrupting) return s;
     return inner_->copy(out, kGarbage, sizeof kGarbage, l);
@@ -293,12 +292,13 @@ int scenario_alloc_fail(int n) {
       args.recv = out.data();
       args.count = kCount;
       PassReason reason;
-      CHECK_OR(20, engine.all_reduce(args, &reason) == ncclSuccess, "rank %d call %d: error",
-               rank, call);
+      CHECK_OR(20, engine.all_reduce(args, &reason) == ncclSuccess, "rank %d call %d: error", rank,
+               call);
       if (reason != PassReason::kRerouted) {
         // What the shim does: pass the call through to NCCL.
-        CHECK_OR(21, ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comms[0],
-                                   nullptr) == ncclSuccess,
+        CHECK_OR(21,
+                 ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comms[0],
+                               nullptr) == ncclSuccess,
                  "rank %d call %d: pass-through failed", rank, call);
         for (size_t i = 0; i < kCount; ++i) {
           float exact = 0;
@@ -315,14 +315,15 @@ int scenario_alloc_fail(int n) {
              "rank %d: outcomes differ across ranks (mine: %s)", rank, reasons.c_str());
     const std::string expect = std::string(dq::engine::reason_name(PassReason::kFailure)) + " " +
                                dq::engine::reason_name(PassReason::kRerouted) + " ";
-    CHECK_OR(24, reasons == expect, "rank %d: outcomes '%s', expected '%s'", rank,
-             reasons.c_str(), expect.c_str());
+    CHECK_OR(24, reasons == expect, "rank %d: outcomes '%s', expected '%s'", rank, reasons.c_str(),
+             expect.c_str());
     return 0;
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "alloc_fail")) return 1;
-  std::printf("alloc_fail %d ranks: rank 1's failed plan passed through on every rank, then "
-              "every rank compressed\n",
-              n);
+  std::printf(
+      "alloc_fail %d ranks: rank 1's failed plan passed through on every rank, then "
+      "every rank compressed\n",
+      n);
   return 0;
 }
 
@@ -343,8 +344,7 @@ int scenario_corrupt(int n) {
     args.count = kCount;
     PassReason reason;
     // One clean call first: the engine works on this data.
-    CHECK_OR(40, engine.all_reduce(args, &reason) == ncclSuccess &&
-                     reason == PassReason::kRerouted,
+    CHECK_OR(40, engine.all_reduce(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
              "rank %d: the clean call failed", rank);
     device.corrupting = rank == 1;
     const auto t0 = std::chrono::steady_clock::now();

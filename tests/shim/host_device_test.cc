@@ -39,17 +39,21 @@ TEST(HostDevice, WorkOnAStreamRunsInOrderAndAnotherStreamWaitsOnItsEvent) {
   std::atomic<int> step{0};
   int seen_by_b = -1;
   // Stream a: a slow step, then the event; stream b waits for the event, then reads `step`.
-  ASSERT_EQ(d->nccl({s.a, s.error}, [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    step = 1;
-    return ncclSuccess;
-  }), Status::kOk);
+  ASSERT_EQ(d->nccl({s.a, s.error},
+                    [&] {
+                      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                      step = 1;
+                      return ncclSuccess;
+                    }),
+            Status::kOk);
   ASSERT_EQ(d->record(s.e, s.a), Status::kOk);
   ASSERT_EQ(d->wait(s.b, s.e), Status::kOk);
-  ASSERT_EQ(d->nccl({s.b, s.error}, [&] {
-    seen_by_b = step.load();
-    return ncclSuccess;
-  }), Status::kOk);
+  ASSERT_EQ(d->nccl({s.b, s.error},
+                    [&] {
+                      seen_by_b = step.load();
+                      return ncclSuccess;
+                    }),
+            Status::kOk);
   ASSERT_EQ(d->record(s.e, s.b), Status::kOk);
   ASSERT_EQ(d->synchronize(s.e), Status::kOk);
   EXPECT_EQ(seen_by_b, 1);
@@ -61,10 +65,12 @@ TEST(HostDevice, AFailedStepSetsTheErrorWordAndLaterStepsAreSkipped) {
   Streams s(d);
   bool later_ran = false;
   ASSERT_EQ(d->nccl({s.a, s.error}, [] { return ncclRemoteError; }), Status::kOk);
-  ASSERT_EQ(d->nccl({s.a, s.error}, [&] {
-    later_ran = true;
-    return ncclSuccess;
-  }), Status::kOk);
+  ASSERT_EQ(d->nccl({s.a, s.error},
+                    [&] {
+                      later_ran = true;
+                      return ncclSuccess;
+                    }),
+            Status::kOk);
   ASSERT_EQ(d->record(s.e, s.a), Status::kOk);  // records still complete
   ASSERT_EQ(d->synchronize(s.e), Status::kOk);
   EXPECT_FALSE(later_ran);
