@@ -126,6 +126,28 @@ bool parse_dtypes(const std::string& v, Settings* s) {
   return true;
 }
 
+bool parse_collectives(const std::string& v, Settings* s) {
+  s->allow_all_reduce = s->allow_reduce_scatter = s->allow_reduce = false;
+  size_t pos = 0;
+  for (int terms = 0; pos <= v.size() && terms < 16; ++terms) {
+    const size_t comma = v.find(',', pos);
+    const std::string t =
+        lower(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (t == "allreduce") {
+      s->allow_all_reduce = true;
+    } else if (t == "reducescatter") {
+      s->allow_reduce_scatter = true;
+    } else if (t == "reduce") {
+      s->allow_reduce = true;
+    } else if (!t.empty()) {
+      return false;
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return true;
+}
+
 std::string format_real(double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", x);
@@ -228,6 +250,11 @@ bool finish(Settings* s, std::string* error) {
   if (!parse_dtypes(s->dtypes, s)) {
     *error = "DYNAMIQ_DTYPES=" + s->dtypes +
              " is not a comma list of float32, bfloat16 (aliases: float, fp32, bf16)";
+    return false;
+  }
+  if (!parse_collectives(s->collectives, s)) {
+    *error = "DYNAMIQ_COLLECTIVES=" + s->collectives +
+             " is not a comma list of allreduce, reducescatter, reduce";
     return false;
   }
   OptInRules rules;

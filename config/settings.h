@@ -15,6 +15,7 @@ struct Settings {
   std::string topology;
   int64_t min_bytes = 0;
   std::string dtypes;
+  std::string collectives;
   bool correlated = true;
   int64_t seed = 0;
   int64_t timeout_ms = 0;
@@ -27,6 +28,7 @@ struct Settings {
   // Derived once by load(): the codec spec handed to make_codec, the dtype mask.
   std::string codec_spec;
   bool allow_f32 = true, allow_bf16 = true;
+  bool allow_all_reduce = true, allow_reduce_scatter = true, allow_reduce = true;
 };
 
 // Where a value comes from: the environment in production, a map in tests.

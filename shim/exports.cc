@@ -56,6 +56,32 @@ DQ_SHIM_API ncclResult_t ncclAllReduce(const void* send, void* recv, size_t coun
   });
 }
 
+DQ_SHIM_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount,
+                                           ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
+                                           cudaStream_t stream) {
+  return guarded("ncclReduceScatter", [&] {
+    if (t_below > 0) {
+      DQ_REAL_OR_FAIL(reduce_scatter);
+      return real->reduce_scatter(send, recv, recvcount, dtype, op, comm, stream);
+    }
+    Below below;
+    return dq::shim::reduce_scatter(send, recv, recvcount, dtype, op, comm, stream);
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count,
+                                    ncclDataType_t dtype, ncclRedOp_t op, int root, ncclComm_t comm,
+                                    cudaStream_t stream) {
+  return guarded("ncclReduce", [&] {
+    if (t_below > 0) {
+      DQ_REAL_OR_FAIL(reduce);
+      return real->reduce(send, recv, count, dtype, op, root, comm, stream);
+    }
+    Below below;
+    return dq::shim::reduce(send, recv, count, dtype, op, root, comm, stream);
+  });
+}
+
 DQ_SHIM_API ncclResult_t ncclGroupStart(void) {
   return guarded("ncclGroupStart", [&] {
     DQ_REAL_OR_FAIL(ops.group_start);

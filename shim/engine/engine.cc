@@ -117,14 +117,32 @@ int control_block_words() {
 
 // ---- the plan: everything fixed by (count, dtype) --------------------------------------
 struct Engine::Plan {
-  struct Block {
-    size_t begin = 0, count = 0;  // elements of the caller's buffer
+  // One codec over a contiguous range of the caller's elements.
+  struct Part {
     std::unique_ptr<Codec> codec;
-    size_t cap = 0;            // bytes per chunk payload
-    size_t stats_offset = 0;   // into the statistics words
-    uint8_t* arena = nullptr;  // slots * cap bytes (device memory)
-    void* layout = nullptr;    // the codec's per-call layout (device memory)
+    size_t in_begin = 0;      // first element in the send buffer
+    size_t out_begin = 0;     // where finish() writes element 0, in the recv buffer
+    size_t count = 0;         // elements
+    uint64_t key_base = 0;    // RoundingKey::element_base: unique per element of the call
+    size_t stats_offset = 0;  // into the statistics words
+    void* layout = nullptr;   // the codec's per-call layout (device memory)
   };
+  // A pipeline block: all-reduce and reduce, one part cut into every chunk; reduce-scatter, one
+  // part per chunk, each over the block's slice of the rank block that chunk ends at, so each
+  // message is budget-exact on its own block.
+  struct Block {
+    std::vector<Part> parts;
+    size_t cap = 0;            // bytes per chunk payload (equal for every part)
+    uint8_t* arena = nullptr;  // slots * cap bytes (device memory)
+  };
+  // The part holding `chunk`, and the chunk's index within that part's codec.
+  Part& part_of(Block& b, int chunk, int* local) {
+    const bool per_chunk = b.parts.size() > 1;
+    *local = per_chunk ? 0 : chunk;
+    return b.parts[per_chunk ? chunk : 0];
+  }
+  Collective collective = Collective::kAllReduce;
+  int root = 0;
   size_t count = 0;
   DType dtype = DType::kF32;
   Program program;
@@ -222,6 +240,12 @@ PassReason Engine::screen(const CallArgs& call) const {
     return PassReason::kDtype;
   }
   if (call.op != ncclSum && call.op != ncclAvg) return PassReason::kOp;
+  const bool allowed =
+      (call.collective == Collective::kAllReduce && settings_.allow_all_reduce) ||
+      (call.collective == Collective::kReduceScatter && settings_.allow_reduce_scatter) ||
+      (call.collective == Collective::kReduce && settings_.allow_reduce && call.root >= 0 &&
+       call.root < comm_.nranks);
+  if (!allowed) return PassReason::kCollective;
   if (call.count * esize < static_cast<size_t>(settings_.min_bytes) || call.count == 0)
     return PassReason::kSmall;
   if (call.in_group) return PassReason::kInGroup;
@@ -232,41 +256,69 @@ PassReason Engine::screen(const CallArgs& call) const {
 }
 
 // ---- planning ---------------------------------------------------------------------------
-std::unique_ptr<Engine::Plan> Engine::build_plan(size_t count, DType dtype, Status* status) {
+topo::Kind Engine::kind_for(Collective collective) const {
+  const int n = comm_.nranks;
+  const bool pow2 = n > 0 && (n & (n - 1)) == 0;
+  if (collective == Collective::kReduceScatter && kind_ == topo::Kind::kButterfly && !pow2)
+    return topo::Kind::kRing;
+  return kind_;
+}
+
+std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dtype,
+                                                 Status* status) {
   auto plan = std::make_unique<Plan>();
   Plan& p = *plan;
-  p.count = count;
+  p.collective = call.collective;
+  p.root = call.root;
+  p.count = call.count;
   p.dtype = dtype;
   const int n = comm_.nranks;
-  if ((*status = compile_program(kind_, n, comm_.rank, static_cast<uint64_t>(settings_.seed),
+  if ((*status = compile_program(kind_for(call.collective), n, comm_.rank,
+                                 static_cast<uint64_t>(settings_.seed), call.collective, call.root,
                                  &p.program)) != Status::kOk)
     return plan;
-  const int n_chunks = p.program.schedule.n_chunks;
+  const topo::Schedule& sched = p.program.schedule;
+  const int n_chunks = sched.n_chunks;
+  const bool scatter = call.collective == Collective::kReduceScatter;
 
-  // Blocks of whole super-groups; the last one takes the remainder (up to twice the size), so no
-  // block is so small that it cannot meet the budget.
+  // Blocks of whole super-groups of each part; the last block takes the remainder (up to twice
+  // the size), so no block is so small that it cannot meet the budget. DYNAMIQ_BLOCK_BYTES counts
+  // the caller's bytes: a reduce-scatter block spans one slice of every rank block.
   const size_t esize = dtype_size(dtype);
-  size_t block_elems = static_cast<size_t>(settings_.block_bytes) / esize / 256 * 256;
+  const size_t span = scatter ? call.count / n : call.count;  // elements a part is cut from
+  size_t block_elems =
+      static_cast<size_t>(settings_.block_bytes) / esize / (scatter ? n : 1) / 256 * 256;
   block_elems = std::max<size_t>(block_elems, 256);
-  const size_t n_blocks = std::max<size_t>(1, count / block_elems);
+  const size_t n_blocks = std::max<size_t>(1, span / block_elems);
+  const uint64_t padded_span = (span + 255) / 256 * 256;  // keeps key bases multiples of 256
   std::string error;
   for (size_t b = 0; b < n_blocks; ++b) {
     Plan::Block blk;
-    blk.begin = b * block_elems;
-    blk.count = b + 1 == n_blocks ? count - blk.begin : block_elems;
-    blk.codec = make_codec(settings_.codec_spec, &error);
-    if (!blk.codec) {
-      *status = Status::kInternal;
-      DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", settings_.codec_spec.c_str(),
-              error.c_str());
-      return plan;
+    const size_t begin = b * block_elems;
+    const size_t count = b + 1 == n_blocks ? span - begin : block_elems;
+    for (int part_index = 0; part_index < (scatter ? n_chunks : 1); ++part_index) {
+      Plan::Part part;
+      const int owner = scatter ? sched.sink_worker[part_index] : 0;
+      part.in_begin = static_cast<size_t>(owner) * span + begin;
+      part.out_begin = begin;
+      part.count = count;
+      part.key_base = static_cast<uint64_t>(owner) * padded_span + begin;
+      part.codec = make_codec(settings_.codec_spec, &error);
+      if (!part.codec) {
+        *status = Status::kInternal;
+        DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", settings_.codec_spec.c_str(),
+                error.c_str());
+        return plan;
+      }
+      const int part_chunks = scatter ? 1 : n_chunks;
+      if ((*status = part.codec->plan(count, part_chunks, n)) != Status::kOk) return plan;
+      // Too few super-groups per chunk message (kernels/codec.h) pass through: over_budget.
+      p.fits = p.fits && part.codec->fits_budget() && chunks_large_enough(count, part_chunks);
+      blk.cap = part.codec->chunk_capacity();  // a function of (count, budget): equal for all
+      part.stats_offset = p.stats_words;
+      p.stats_words += part.codec->stats_words();
+      blk.parts.push_back(std::move(part));
     }
-    if ((*status = blk.codec->plan(blk.count, n_chunks, n)) != Status::kOk) return plan;
-    // Too few super-groups per chunk message (kernels/codec.h) pass through: reason over_budget.
-    p.fits = p.fits && blk.codec->fits_budget() && chunks_large_enough(blk.count, n_chunks);
-    blk.cap = blk.codec->chunk_capacity();
-    blk.stats_offset = p.stats_words;
-    p.stats_words += blk.codec->stats_words();
     p.blocks.push_back(std::move(blk));
   }
   p.inputs.resize(p.program.max_inputs + 1);
@@ -281,7 +333,7 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(size_t count, DType dtype, Stat
     void* arena = nullptr;
     alloc(static_cast<size_t>(p.program.slots) * b.cap, &arena);
     b.arena = static_cast<uint8_t*>(arena);
-    alloc(b.codec->layout_bytes(), &b.layout);
+    for (Plan::Part& part : b.parts) alloc(part.codec->layout_bytes(), &part.layout);
     arena_mb += 1e-6 * static_cast<double>(p.program.slots) * b.cap;
   }
   void* words = nullptr;
@@ -292,11 +344,12 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(size_t count, DType dtype, Stat
   p.stats_reduced = static_cast<uint16_t*>(words);
   if (*status == Status::kOk)
     DQ_INFO(Subsys::kEngine,
-            "dynamiq: plan rank %d/%d count %zu %s: %s, %zu block(s), %d chunk(s) of %zu B, %d "
-            "slots (%.1f MB of payload buffers), %zu statistics words",
-            comm_.rank, n, count, dtype == DType::kF32 ? "float32" : "bfloat16",
-            topo::kind_name(kind_), p.blocks.size(), n_chunks, p.blocks.front().cap,
-            p.program.slots, arena_mb, p.stats_words);
+            "dynamiq: plan rank %d/%d %s count %zu %s: %s, %zu block(s), %d chunk(s) of %zu B, "
+            "%d slots (%.1f MB of payload buffers), %zu statistics words",
+            comm_.rank, n, collective_name(call.collective), call.count,
+            dtype == DType::kF32 ? "float32" : "bfloat16",
+            topo::kind_name(kind_for(call.collective)), p.blocks.size(), n_chunks,
+            p.blocks.front().cap, p.program.slots, arena_mb, p.stats_words);
   return plan;
 }
 
@@ -306,23 +359,25 @@ void Engine::retire(std::unique_ptr<Plan> plan) {
   device_->wait(comm_stream_, ev_compute_done_);
   for (Plan::Block& b : plan->blocks) {
     device_->release(b.arena, comm_stream_);
-    device_->release(b.layout, comm_stream_);
+    for (Plan::Part& part : b.parts) device_->release(part.layout, comm_stream_);
   }
   device_->release(plan->stats_local, comm_stream_);
   device_->release(plan->stats_reduced, comm_stream_);
 }
 
-Engine::Plan* Engine::plan_for(size_t count, DType dtype, ncclResult_t* nccl_failure) {
+Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, ncclResult_t* nccl_failure) {
   *nccl_failure = ncclSuccess;
+  const size_t count = call.count;
   for (auto it = plans_.begin(); it != plans_.end(); ++it)
-    if ((*it)->count == count && (*it)->dtype == dtype) {
+    if ((*it)->count == count && (*it)->dtype == dtype && (*it)->collective == call.collective &&
+        (*it)->root == call.root) {
       plans_.splice(plans_.begin(), plans_, it);  // most recently used first
       return plans_.front().get();
     }
   // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
   // not send that rank alone down the pass-through path while its peers compress.
   Status status = Status::kOk;
-  std::unique_ptr<Plan> plan = build_plan(count, dtype, &status);
+  std::unique_ptr<Plan> plan = build_plan(call, dtype, &status);
   const uint32_t local_failure = status == Status::kOk ? 0u : 1u;
   uint32_t any_failure = 0;
   *nccl_failure = blocking_max(&local_failure, &any_failure, 1);
@@ -461,18 +516,21 @@ Status Engine::enqueue_compute(Plan& p, int block, int stage, const CallArgs& ca
   const Program::Stage& st = p.program.stages[stage];
   const Lane lane{compute_stream_, control_ + error_word_index()};
   const size_t esize = dtype_size(p.dtype);
-  const ConstTensor own{static_cast<const uint8_t*>(call.send) + b.begin * esize, p.dtype, b.count};
   auto slot = [&](int s) { return b.arena + static_cast<size_t>(s) * b.cap; };
   switch (st.kind) {
     case Program::StageKind::kReduce:
     case Program::StageKind::kSink:
       for (const Program::HopJob& h : st.hops) {
+        int local = 0;
+        const Plan::Part& part = p.part_of(b, h.chunk, &local);
+        const ConstTensor own{static_cast<const uint8_t*>(call.send) + part.in_begin * esize,
+                              p.dtype, part.count};
         for (size_t i = 0; i < h.in_slots.size(); ++i)
           p.inputs[i] = ByteView{slot(h.in_slots[i]), b.cap};
         RoundingKey key = h.key;
         key.call = call_index;
-        key.element_base = b.begin;  // draws keyed by the index in the whole tensor
-        DQ_CHECK(device_->hop(*b.codec, b.layout, h.chunk, own, p.inputs.data(),
+        key.element_base = part.key_base;  // draws keyed by the element, never by the block
+        DQ_CHECK(device_->hop(*part.codec, part.layout, local, own, p.inputs.data(),
                               static_cast<int>(h.in_slots.size()), slot(h.out_slot), key, lane));
       }
       return Status::kOk;
@@ -485,11 +543,15 @@ Status Engine::enqueue_compute(Plan& p, int block, int stage, const CallArgs& ca
       return Status::kOk;
     case Program::StageKind::kFinish: {
       const ReduceOp op = call.op == ncclAvg ? ReduceOp::kAvg : ReduceOp::kSum;
-      void* out = static_cast<uint8_t*>(call.recv) + b.begin * esize;
-      // finish() writes the chunk's elements at their positions in a tensor of b.count elements.
-      for (int c = 0; c < p.program.schedule.n_chunks; ++c)
-        DQ_CHECK(device_->finish(*b.codec, b.layout, c, ByteView{slot(c), b.cap}, out, p.dtype, op,
-                                 comm_.nranks, lane));
+      // finish() writes the chunk's elements at their positions in a tensor of part.count
+      // elements starting at out_begin.
+      for (int c : p.program.finish_chunks) {
+        int local = 0;
+        const Plan::Part& part = p.part_of(b, c, &local);
+        void* out = static_cast<uint8_t*>(call.recv) + part.out_begin * esize;
+        DQ_CHECK(device_->finish(*part.codec, part.layout, local, ByteView{slot(c), b.cap}, out,
+                                 p.dtype, op, comm_.nranks, lane));
+      }
       return Status::kOk;
     }
   }
@@ -543,20 +605,23 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   // Statistics on the compute stream, their all-reduce (with the call's control word) on the
   // comm stream, then every block's layout from the reduced statistics.
   for (Plan::Block& b : p.blocks)
-    if (b.codec->stats_words() > 0) {
-      const ConstTensor own{static_cast<const uint8_t*>(call.send) + b.begin * esize, p.dtype,
-                            b.count};
-      DQ_CHECK(device_->local_stats(*b.codec, own, p.stats_local + b.stats_offset, compute));
-    }
+    for (Plan::Part& part : b.parts)
+      if (part.codec->stats_words() > 0) {
+        const ConstTensor own{static_cast<const uint8_t*>(call.send) + part.in_begin * esize,
+                              p.dtype, part.count};
+        DQ_CHECK(
+            device_->local_stats(*part.codec, own, p.stats_local + part.stats_offset, compute));
+      }
   DQ_CHECK(device_->record(ev_stats_, compute_stream_));
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
   DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, p.stats_words, wire_bytes));
   DQ_CHECK(device_->record(ev_reduced_, comm_stream_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
   for (Plan::Block& b : p.blocks)
-    DQ_CHECK(device_->build_layout(
-        *b.codec, b.codec->stats_words() ? p.stats_reduced + b.stats_offset : nullptr, call_index,
-        b.layout, compute));
+    for (Plan::Part& part : b.parts)
+      DQ_CHECK(device_->build_layout(
+          *part.codec, part.codec->stats_words() ? p.stats_reduced + part.stats_offset : nullptr,
+          call_index, part.layout, compute));
 
   // Units (stage, block) in stage-major order: codec steps on the compute stream, messages on
   // the comm stream. A block's step waits for its own previous messages only, so the compute
@@ -582,7 +647,7 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   return Status::kOk;
 }
 
-ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
+ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
   const auto t0 = std::chrono::steady_clock::now();
   *reason = PassReason::kSingleRank;
   if (broken_ != ncclSuccess) return broken_;
@@ -615,7 +680,7 @@ ncclResult_t Engine::all_reduce(const CallArgs& call, PassReason* reason) {
   }
   const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
   ncclResult_t nccl_failure;
-  Plan* plan = plan_for(call.count, dtype, &nccl_failure);
+  Plan* plan = plan_for(call, dtype, &nccl_failure);
   if (nccl_failure != ncclSuccess) return nccl_failure;
   if (plan == nullptr || !plan->fits) {
     *reason = plan == nullptr ? PassReason::kFailure : PassReason::kOverBudget;

@@ -14,6 +14,7 @@
 #include "shim/engine/device.h"
 #include "shim/engine/metrics.h"
 #include "shim/engine/nccl_ops.h"
+#include "shim/engine/program.h"
 #include "topo/schedule.h"
 
 namespace dq::engine {
@@ -25,9 +26,11 @@ struct CommInfo {
 };
 
 struct CallArgs {
+  Collective collective = Collective::kAllReduce;
+  int root = 0;  // ncclReduce's root
   const void* send = nullptr;
   void* recv = nullptr;
-  size_t count = 0;
+  size_t count = 0;  // elements of the send buffer (a reduce-scatter: recvcount x nranks)
   ncclDataType_t dtype = ncclFloat32;
   ncclRedOp_t op = ncclSum;
   cudaStream_t stream = nullptr;
@@ -47,7 +50,8 @@ class Engine {
 
   enum class State { kPending, kAgreed, kInert };
 
-  // The whole rerouting decision and, when it says so, the compressed all-reduce, enqueued on
+  // The whole rerouting decision and, when it says so, the compressed collective (all-reduce,
+  // reduce-scatter or reduce), enqueued on
   // the device in stream order. On return *reason says whether the call was compressed
   // (kRerouted) or must now be passed through by the caller (nothing was written to recv). A
   // non-success result is an NCCL failure, or the communicator's asynchronous error.
@@ -57,7 +61,7 @@ class Engine {
   // plan (a MAX of every rank's planning failure). Everything else the host must know (the A/B
   // switch, any rank's device error) travels in the words of each eligible call and is applied
   // one eligible call later (docs/ENGINE.md section 3).
-  ncclResult_t all_reduce(const CallArgs& call, PassReason* reason);
+  ncclResult_t run(const CallArgs& call, PassReason* reason);
 
   // The communicator's asynchronous error (ncclCommGetAsyncError semantics): a failure found in
   // data or in an enqueued NCCL call, read lazily from the device's error word. Sticky.
@@ -72,8 +76,11 @@ class Engine {
   struct Plan;
   Status setup_device();
   void teardown_device();
-  Plan* plan_for(size_t count, DType dtype, ncclResult_t* nccl_failure);
-  std::unique_ptr<Plan> build_plan(size_t count, DType dtype, Status* status);
+  Plan* plan_for(const CallArgs& call, DType dtype, ncclResult_t* nccl_failure);
+  std::unique_ptr<Plan> build_plan(const CallArgs& call, DType dtype, Status* status);
+  // The schedule a collective runs on: a reduce-scatter needs one chunk ending at every rank, so
+  // a butterfly of a rank count that is not a power of two runs it on the ring.
+  topo::Kind kind_for(Collective collective) const;
   void retire(std::unique_ptr<Plan> plan);
   // One MAX all-reduce of `n` words through the control block, waited for on the host.
   ncclResult_t blocking_max(const uint32_t* in, uint32_t* out, int n);

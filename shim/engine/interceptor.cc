@@ -109,6 +109,8 @@ const RealNccl* real_nccl() {
     resolve("ncclCommCount", &real.comm_count);
     resolve("ncclCommUserRank", &real.comm_user_rank);
     resolve("ncclCommGetAsyncError", &real.comm_get_async_error);
+    resolve("ncclReduceScatter", &real.reduce_scatter);
+    resolve("ncclReduce", &real.reduce);
     resolve("dqCpuNcclCommName", &real.cpu_nccl_comm_name);
     real.stream_is_capturing =
         reinterpret_cast<int (*)(cudaStream_t, int*)>(dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing"));
@@ -170,28 +172,83 @@ void group_ended() {
   if (t_group_depth > 0) --t_group_depth;
 }
 
-ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
-                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  const RealNccl* real = real_nccl();
-  if (real == nullptr) return ncclSystemError;
+namespace {
+
+// Runs `call` through the communicator's engine; forwards it with `pass` unless the engine
+// rerouted it or failed.
+template <class Pass>
+ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real, Pass&& pass) {
   std::shared_ptr<CommEntry> e = find(comm);
-  if (e == nullptr) return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream);
+  if (e == nullptr) return pass();
   ncclResult_t result = ncclSuccess;
   engine::PassReason reason = engine::PassReason::kDisabled;
   {
     std::lock_guard<std::mutex> lock(e->mutex);
-    engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, *real);
+    engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, real);
     if (eng != nullptr) {
-      engine::CallArgs call{send, recv, count, dtype, op, stream, t_group_depth > 0, false};
+      call.in_group = t_group_depth > 0;
       int capturing = 0;
-      if (real->stream_is_capturing && stream && real->stream_is_capturing(stream, &capturing) == 0)
+      if (real.stream_is_capturing && call.stream &&
+          real.stream_is_capturing(call.stream, &capturing) == 0)
         call.capturing = capturing != 0;
-      result = eng->all_reduce(call, &reason);
+      result = eng->run(call, &reason);
     }
   }
   engine::metrics_tick();
   if (result != ncclSuccess || reason == engine::PassReason::kRerouted) return result;
-  return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream);
+  return pass();
+}
+
+}  // namespace
+
+ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  const RealNccl* real = real_nccl();
+  if (real == nullptr) return ncclSystemError;
+  engine::CallArgs call;
+  call.send = send;
+  call.recv = recv;
+  call.count = count;
+  call.dtype = dtype;
+  call.op = op;
+  call.stream = stream;
+  return route(call, comm, *real,
+               [&] { return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream); });
+}
+
+ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
+                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  const RealNccl* real = real_nccl();
+  if (real == nullptr || real->reduce_scatter == nullptr) return ncclSystemError;
+  auto pass = [&] { return real->reduce_scatter(send, recv, recvcount, dtype, op, comm, stream); };
+  int nranks = 0;
+  if (real->comm_count(comm, &nranks) != ncclSuccess || nranks < 1) return pass();
+  engine::CallArgs call;
+  call.collective = engine::Collective::kReduceScatter;
+  call.send = send;
+  call.recv = recv;
+  call.count = recvcount * static_cast<size_t>(nranks);
+  call.dtype = dtype;
+  call.op = op;
+  call.stream = stream;
+  return route(call, comm, *real, pass);
+}
+
+ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                    ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  const RealNccl* real = real_nccl();
+  if (real == nullptr || real->reduce == nullptr) return ncclSystemError;
+  engine::CallArgs call;
+  call.collective = engine::Collective::kReduce;
+  call.root = root;
+  call.send = send;
+  call.recv = recv;
+  call.count = count;
+  call.dtype = dtype;
+  call.op = op;
+  call.stream = stream;
+  return route(call, comm, *real,
+               [&] { return real->reduce(send, recv, count, dtype, op, root, comm, stream); });
 }
 
 ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed) {

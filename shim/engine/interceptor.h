@@ -24,6 +24,10 @@ struct RealNccl {
   ncclResult_t (*comm_count)(const ncclComm_t, int*) = nullptr;
   ncclResult_t (*comm_user_rank)(const ncclComm_t, int*) = nullptr;
   ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;
+  ncclResult_t (*reduce_scatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                 ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                         cudaStream_t) = nullptr;
   // Present only when the real NCCL is dynamiq's CPU NCCL: host buffers, the host engine.
   const char* (*cpu_nccl_comm_name)(ncclComm_t) = nullptr;
   // Present only when libcudart is loaded: graph capture shows through it.
@@ -43,9 +47,14 @@ void comm_destroyed(ncclComm_t comm);
 void group_started();
 void group_ended();
 
-// The interposed ncclAllReduce: reroutes through the engine or forwards to the real NCCL.
+// The interposed gradient collectives: each reroutes through the engine or forwards to the real
+// NCCL.
 ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
+                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                    ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 
 // ncclCommGetAsyncError: the real NCCL's answer, or else the engine's asynchronous error (a
 // failure found by an enqueued step; docs/ENGINE.md section 4).

@@ -161,6 +161,8 @@ const char* reason_name(PassReason r) {
       return "no_device";
     case PassReason::kFailure:
       return "failure";
+    case PassReason::kCollective:
+      return "collective";
     case PassReason::kCount:
       break;
   }

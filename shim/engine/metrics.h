@@ -24,6 +24,7 @@ enum class PassReason : uint8_t {
   kSettingsDiffer,  // ranks disagree on an agreed setting
   kNoDevice,        // buffers the engine's device cannot serve (no CUDA engine in this build)
   kFailure,         // some rank could not run the compressed path for this call
+  kCollective,      // a collective DYNAMIQ_COLLECTIVES excludes (or an invalid root)
   kCount
 };
 inline constexpr int kPassReasonCount = static_cast<int>(PassReason::kCount);

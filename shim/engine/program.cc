@@ -8,7 +8,20 @@ bool gather_in_place(const Program::Xfer& x) {
   return !x.chunks.empty() && x.first_slot == x.chunks[0];
 }
 
-Status compile_program(topo::Kind kind, int n, int me, uint64_t seed, Program* out) {
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "allreduce";
+    case Collective::kReduceScatter:
+      return "reducescatter";
+    case Collective::kReduce:
+      return "reduce";
+  }
+  return "?";
+}
+
+Status compile_program(topo::Kind kind, int n, int me, uint64_t seed, Collective collective,
+                       int root, Program* out) {
   Program& p = *out;
   p = Program{};
   DQ_CHECK(topo::make_schedule(kind, n, &p.schedule));
@@ -40,9 +53,33 @@ Status compile_program(topo::Kind kind, int n, int me, uint64_t seed, Program* o
   for (int c = 0; c < s.n_chunks; ++c)
     if (s.sink_worker[c] == me) sink.hops.push_back({c, {}, c, {}});
   p.stages.push_back(std::move(sink));
+  if (collective == Collective::kReduceScatter) {
+    std::vector<int> sunk(n, 0);
+    for (int c = 0; c < s.n_chunks; ++c) ++sunk[s.sink_worker[c]];
+    for (int w = 0; w < n; ++w)
+      if (sunk[w] != 1)
+        DQ_FAIL(Status::kInvalidArgument,
+                "dynamiq: a reduce-scatter needs every rank to end one chunk; the %s schedule of "
+                "%d ranks gives rank %d %d",
+                topo::kind_name(kind), n, w, sunk[w]);
+  }
+  // What follows the sink: the all-gather (all-reduce), or one step to the root (reduce).
+  std::vector<topo::Step> after;
+  if (collective == Collective::kAllReduce) after = s.gather;
+  if (collective == Collective::kReduce) {
+    topo::Step to_root;
+    for (int w = 0; w < n; ++w) {
+      if (w == root) continue;
+      std::vector<int> chunks;
+      for (int c = 0; c < s.n_chunks; ++c)
+        if (s.sink_worker[c] == w) chunks.push_back(c);
+      if (!chunks.empty()) to_root.transfers.push_back(topo::Transfer{w, root, chunks});
+    }
+    after.push_back(std::move(to_root));
+  }
   // Gather messages of consecutive chunks go straight from / into the final slots (slot c holds
   // chunk c); others are staged so that each message is one contiguous buffer.
-  for (const topo::Step& step : s.gather) {
+  for (const topo::Step& step : after) {
     Stage st{StageKind::kGather, {}, {}, {}};
     for (const topo::Transfer& t : step.transfers) {
       if (t.src != me && t.dst != me) continue;
@@ -60,6 +97,12 @@ Status compile_program(topo::Kind kind, int n, int me, uint64_t seed, Program* o
   }
   p.stages.push_back(Stage{StageKind::kFinish, {}, {}, {}});
   p.slots = slot;
+  for (int c = 0; c < s.n_chunks; ++c) {
+    const bool mine = collective == Collective::kAllReduce ||
+                      (collective == Collective::kReduceScatter && s.sink_worker[c] == me) ||
+                      (collective == Collective::kReduce && me == root);
+    if (mine) p.finish_chunks.push_back(c);
+  }
 
   // Hop inputs and rounding keys from each chunk's in-tree (node index == worker).
   for (Stage& st : p.stages)

@@ -11,6 +11,13 @@
 
 namespace dq::engine {
 
+// The collectives the engine compresses. All three share the reduce phase of the schedule; they
+// differ in what follows the sink's final compression: an all-gather of the final payloads
+// (all-reduce), nothing (reduce-scatter: each rank decodes the chunk it sank, which holds its own
+// block), or one step sending every final payload to the root (reduce).
+enum class Collective : uint8_t { kAllReduce = 0, kReduceScatter = 1, kReduce = 2 };
+const char* collective_name(Collective c);
+
 struct Program {
   struct Xfer {
     int peer;
@@ -33,11 +40,15 @@ struct Program {
   topo::Schedule schedule;
   std::vector<Stage> stages;
   int slots = 0;
-  size_t max_inputs = 0;  // most inputs of one hop
+  size_t max_inputs = 0;           // most inputs of one hop
+  std::vector<int> finish_chunks;  // the chunks this rank decodes into the caller's buffer
 };
 
-// Compiles rank `me`'s program for `kind` over `nranks` ranks.
-Status compile_program(topo::Kind kind, int nranks, int me, uint64_t seed, Program* out);
+// Compiles rank `me`'s program for `collective` (`root`: ncclReduce's) over the schedule `kind`
+// of `nranks` ranks. A reduce-scatter needs every rank to sink exactly one chunk (the ring; the
+// butterfly for a power of two): kInvalidArgument otherwise.
+Status compile_program(topo::Kind kind, int nranks, int me, uint64_t seed, Collective collective,
+                       int root, Program* out);
 
 // True when a gather message's chunks are consecutive, so it goes straight from / into the
 // final slots; otherwise it is staged through slots of its own.

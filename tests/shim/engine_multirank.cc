@@ -6,6 +6,9 @@
 //   alloc_fail  rank 1's first plan allocation fails: every rank passes that call through
 //               (no hang, exact), and the next call is compressed on every rank
 //   blocks      two pipeline blocks holding identical data round differently
+//   collectives reduce-scatter and reduce (every root), FP32/BF16, SUM/AVG, in and out of place:
+//               compressed on every rank, each rank's output near the exact sum, the same
+//               bytes when the same call is repeated on a fresh engine (same seed)
 //   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
 //               error word), and every rank's call fails within the timeout; none succeeds
 #include <signal.h>
@@ -183,11 +186,9 @@ int scenario_audit(int n, const std::string& topo) {
         PassReason rp, rc;
         args.send = in.data();
         args.recv = out_plain.data();
-        CHECK_OR(10, plain.all_reduce(args, &rp) == ncclSuccess, "rank %d call %d: plain", rank,
-                 call);
+        CHECK_OR(10, plain.run(args, &rp) == ncclSuccess, "rank %d call %d: plain", rank, call);
         args.recv = out_checked.data();
-        CHECK_OR(11, checked.all_reduce(args, &rc) == ncclSuccess, "rank %d call %d: audited", rank,
-                 call);
+        CHECK_OR(11, checked.run(args, &rc) == ncclSuccess, "rank %d call %d: audited", rank, call);
         CHECK_OR(12, rp == PassReason::kRerouted && rc == PassReason::kRerouted,
                  "rank %d call %d: not compressed (%s / %s)", rank, call,
                  dq::engine::reason_name(rp), dq::engine::reason_name(rc));
@@ -292,8 +293,7 @@ int scenario_alloc_fail(int n) {
       args.recv = out.data();
       args.count = kCount;
       PassReason reason;
-      CHECK_OR(20, engine.all_reduce(args, &reason) == ncclSuccess, "rank %d call %d: error", rank,
-               call);
+      CHECK_OR(20, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
       if (reason != PassReason::kRerouted) {
         // What the shim does: pass the call through to NCCL.
         CHECK_OR(21,
@@ -327,6 +327,92 @@ int scenario_alloc_fail(int n) {
   return 0;
 }
 
+// ---- reduce-scatter and reduce -----------------------------------------------------------------
+// Runs one compressed collective on a fresh engine and returns the relative squared error of
+// this rank's output against the exact sum (FP64) over the elements it receives.
+int one_collective(int n, int rank, ncclComm_t comm, dq::engine::Collective collective, int root,
+                   bool bf16, bool avg, bool in_place, size_t recvcount,
+                   std::vector<unsigned char>* out_bytes, double* rel_err) {
+  const auto settings = settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BLOCK_BYTES", "1M"}, {"DYNAMIQ_MIN_BYTES", "0"}});
+  Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), dq::engine::host_device(), nullptr,
+                true);
+  const bool scatter = collective == dq::engine::Collective::kReduceScatter;
+  const size_t count = scatter ? recvcount * n : recvcount;
+  const size_t esize = bf16 ? 2 : 4;
+  std::vector<unsigned char> in = make_input(rank, count, bf16);
+  std::vector<unsigned char> out(in_place ? 0 : (scatter ? recvcount : count) * esize, 0xCD);
+  CallArgs args;
+  args.collective = collective;
+  args.root = root;
+  args.send = in.data();
+  args.recv = in_place ? in.data() + (scatter ? rank * recvcount * esize : 0) : out.data();
+  args.count = count;
+  args.dtype = bf16 ? ncclBfloat16 : ncclFloat32;
+  args.op = avg ? ncclAvg : ncclSum;
+  PassReason reason;
+  if (engine.run(args, &reason) != ncclSuccess) return 50;
+  if (reason != PassReason::kRerouted) return 51;
+  const bool receives = scatter || rank == root;
+  const size_t first = scatter ? rank * recvcount : 0, n_out = scatter ? recvcount : count;
+  const auto* got = static_cast<const unsigned char*>(args.recv);
+  double num = 0, den = 0;
+  for (size_t i = 0; receives && i < n_out; ++i) {
+    double exact = 0;
+    for (int w = 0; w < n; ++w) {
+      const float v = gradient_value(w, first + i);
+      exact += bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(v)) : v;
+    }
+    if (avg) exact /= n;
+    float g;
+    if (bf16) {
+      uint16_t h;
+      std::memcpy(&h, got + 2 * i, 2);
+      g = dq::bf16_to_f32(h);
+    } else {
+      std::memcpy(&g, got + 4 * i, 4);
+    }
+    num += (g - exact) * (g - exact);
+    den += exact * exact;
+  }
+  *rel_err = receives ? num / den : 0.0;
+  out_bytes->assign(got, got + (receives ? n_out * esize : 0));
+  return 0;
+}
+
+int scenario_collectives(int n) {
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    constexpr size_t kRecv = 300001;  // odd: rank blocks start off super-group boundaries
+    int k = 0;
+    for (int scatter = 1; scatter >= 0; --scatter)
+      for (int root = 0; root < (scatter ? 1 : n); ++root)
+        for (int variant = 0; variant < 4; ++variant, ++k) {
+          const bool bf16 = variant & 1, avg = variant & 2, in_place = (k % 3) == 0;
+          const auto c =
+              scatter ? dq::engine::Collective::kReduceScatter : dq::engine::Collective::kReduce;
+          std::vector<unsigned char> first, again;
+          double err = 0, err_again = 0;
+          int rc =
+              one_collective(n, rank, comms[0], c, root, bf16, avg, in_place, kRecv, &first, &err);
+          if (rc == 0)
+            rc = one_collective(n, rank, comms[0], c, root, bf16, avg, in_place, kRecv, &again,
+                                &err_again);
+          CHECK_OR(rc, rc == 0, "rank %d case %d: %s failed or passed through", rank, k,
+                   dq::engine::collective_name(c));
+          CHECK_OR(52, first == again, "rank %d case %d: repeated call gave different bytes", rank,
+                   k);
+          // DynamiQ 5 bits on smooth data: about 1e-3; a wrong block, order or scale gives ~1.
+          CHECK_OR(53, err < 3e-2, "rank %d case %d (%s root %d bf16 %d avg %d): error %.3e", rank,
+                   k, dq::engine::collective_name(c), root, bf16, avg, err);
+          if (rank == 0 && variant == 0)
+            std::printf("%s root %d: relative error %.3e\n", dq::engine::collective_name(c), root,
+                        err);
+        }
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 600), "collectives") ? 0 : 1;
+}
+
 // ---- a malformed payload --------------------------------------------------------------------
 int scenario_corrupt(int n) {
   constexpr int kTimeoutMs = 3000;
@@ -344,17 +430,17 @@ int scenario_corrupt(int n) {
     args.count = kCount;
     PassReason reason;
     // One clean call first: the engine works on this data.
-    CHECK_OR(40, engine.all_reduce(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+    CHECK_OR(40, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
              "rank %d: the clean call failed", rank);
     device.corrupting = rank == 1;
     const auto t0 = std::chrono::steady_clock::now();
-    const ncclResult_t r = engine.all_reduce(args, &reason);
+    const ncclResult_t r = engine.run(args, &reason);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK_OR(41, r != ncclSuccess, "rank %d: the corrupted call returned success", rank);
     CHECK_OR(42, engine.async_error() == r, "rank %d: async error %d, call returned %d", rank,
              static_cast<int>(engine.async_error()), static_cast<int>(r));
     // Sticky, as NCCL's asynchronous errors: the next call reports it at once.
-    CHECK_OR(43, engine.all_reduce(args, &reason) == r, "rank %d: the error is not sticky", rank);
+    CHECK_OR(43, engine.run(args, &reason) == r, "rank %d: the error is not sticky", rank);
     std::fprintf(stderr, "rank %d: failed with %s after %.1f s\n", rank, ncclGetErrorString(r), s);
     // Within the timeout plus a margin for the cascade (each rank's wait is bounded on its own).
     CHECK_OR(44, s < 4.0 * kTimeoutMs / 1000.0, "rank %d: took %.1f s to fail", rank, s);
@@ -379,7 +465,7 @@ int scenario_blocks(int n) {
     args.recv = out.data();
     args.count = in.size();
     PassReason reason;
-    CHECK_OR(30, engine.all_reduce(args, &reason) == ncclSuccess, "rank %d: error", rank);
+    CHECK_OR(30, engine.run(args, &reason) == ncclSuccess, "rank %d: error", rank);
     CHECK_OR(31, reason == PassReason::kRerouted, "rank %d: not compressed (%s)", rank,
              dq::engine::reason_name(reason));
     size_t differ = 0;
@@ -400,7 +486,9 @@ int scenario_blocks(int n) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: engine_multirank audit|alloc_fail|blocks|corrupt NRANKS [TOPO]\n");
+    std::fprintf(
+        stderr,
+        "usage: engine_multirank audit|alloc_fail|blocks|corrupt|collectives NRANKS [TOPO]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -410,6 +498,7 @@ int main(int argc, char** argv) {
   if (scenario == "alloc_fail") return scenario_alloc_fail(n);
   if (scenario == "blocks") return scenario_blocks(n);
   if (scenario == "corrupt") return scenario_corrupt(n);
+  if (scenario == "collectives") return scenario_collectives(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
