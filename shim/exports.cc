@@ -98,8 +98,7 @@ DQ_SHIM_API ncclResult_t ncclGroupEnd(void) {
     DQ_REAL_OR_FAIL(ops.group_end);
     if (t_below > 0) return real->ops.group_end();
     Below below;
-    dq::shim::group_ended();  // the group is closed even when NCCL reports an error
-    return real->ops.group_end();
+    return dq::shim::group_end(*real);
   });
 }
 

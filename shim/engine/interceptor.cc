@@ -2,9 +2,11 @@
 
 #include <dlfcn.h>
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "config/optin.h"
 #include "config/settings.h"
@@ -40,6 +42,14 @@ Table& table() {
 }
 
 thread_local int t_group_depth = 0;
+
+// A collective held back until the outermost ncclGroupEnd.
+struct Deferred {
+  engine::CallArgs call;
+  ncclComm_t comm;
+  std::function<ncclResult_t()> pass;  // the real NCCL call
+};
+thread_local std::vector<Deferred> t_deferred;
 
 std::shared_ptr<CommEntry> find(ncclComm_t comm) {
   Table& t = table();
@@ -168,9 +178,6 @@ void comm_destroyed(ncclComm_t comm) {
 void group_started() {
   ++t_group_depth;
 }
-void group_ended() {
-  if (t_group_depth > 0) --t_group_depth;
-}
 
 namespace {
 
@@ -185,8 +192,18 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
   {
     std::lock_guard<std::mutex> lock(e->mutex);
     engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, real);
+    if (eng != nullptr && t_group_depth > 0) {
+      // Inside the caller's group: hold back what the engine may compress once the group ends
+      // (a communicator still before its handshake included); everything else joins the group.
+      const engine::PassReason outside = eng->screen(call);
+      if (outside == engine::PassReason::kRerouted ||
+          outside == engine::PassReason::kInGroup /* handshake still to come */) {
+        t_deferred.push_back(Deferred{call, comm, std::function<ncclResult_t()>(pass)});
+        return ncclSuccess;
+      }
+      call.in_group = true;
+    }
     if (eng != nullptr) {
-      call.in_group = t_group_depth > 0;
       int capturing = 0;
       if (real.stream_is_capturing && call.stream &&
           real.stream_is_capturing(call.stream, &capturing) == 0)
@@ -201,6 +218,30 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
 
 }  // namespace
 
+ncclResult_t group_end(const RealNccl& real) {
+  if (t_group_depth > 0) --t_group_depth;  // the group is closed even when NCCL reports an error
+  const ncclResult_t end = real.ops.group_end();
+  if (t_group_depth > 0 || t_deferred.empty()) return end;
+  std::vector<Deferred> held;
+  held.swap(t_deferred);
+  if (end != ncclSuccess) return end;  // the caller aborts; the held calls never ran
+  bool one_comm = true;
+  for (const Deferred& d : held) one_comm = one_comm && d.comm == held.front().comm;
+  ncclResult_t result = ncclSuccess;
+  if (!one_comm) {
+    if ((result = real.ops.group_start()) != ncclSuccess) return result;
+    for (Deferred& d : held)
+      if (result == ncclSuccess) result = d.pass();
+    const ncclResult_t again = real.ops.group_end();
+    return result == ncclSuccess ? again : result;
+  }
+  for (Deferred& d : held) {
+    if (result != ncclSuccess) break;
+    result = route(d.call, d.comm, real, d.pass);
+  }
+  return result;
+}
+
 ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const RealNccl* real = real_nccl();
@@ -213,14 +254,15 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
   call.op = op;
   call.stream = stream;
   return route(call, comm, *real,
-               [&] { return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream); });
+               [=] { return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream); });
 }
 
 ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
                             ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const RealNccl* real = real_nccl();
   if (real == nullptr || real->reduce_scatter == nullptr) return ncclSystemError;
-  auto pass = [&] { return real->reduce_scatter(send, recv, recvcount, dtype, op, comm, stream); };
+  // By value: a call held back in a group runs after this function returned.
+  auto pass = [=] { return real->reduce_scatter(send, recv, recvcount, dtype, op, comm, stream); };
   int nranks = 0;
   if (real->comm_count(comm, &nranks) != ncclSuccess || nranks < 1) return pass();
   engine::CallArgs call;
@@ -248,7 +290,7 @@ ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t d
   call.op = op;
   call.stream = stream;
   return route(call, comm, *real,
-               [&] { return real->reduce(send, recv, count, dtype, op, root, comm, stream); });
+               [=] { return real->reduce(send, recv, count, dtype, op, root, comm, stream); });
 }
 
 ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed) {

@@ -43,9 +43,14 @@ void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclCo
 void comm_finalizing(ncclComm_t comm);
 void comm_destroyed(ncclComm_t comm);
 
-// Group depth of the calling thread (ncclGroupStart/End pass through us).
+// Group depth of the calling thread (ncclGroupStart/End pass through us). Gradient collectives
+// a framework coalesces in a group (Megatron: every bucket) that the engine may compress are held
+// back and run, in order, when the outermost group ends, after the real ncclGroupEnd: group
+// members are independent by NCCL's contract. Members on more than one communicator are issued
+// unchanged in a second real group instead (one thread may drive several communicators whose
+// members must progress together). docs/ENGINE.md section 8.
 void group_started();
-void group_ended();
+ncclResult_t group_end(const RealNccl& real);
 
 // The interposed gradient collectives: each reroutes through the engine or forwards to the real
 // NCCL.

@@ -1,0 +1,223 @@
+// Gradient collectives inside the caller's ncclGroupStart/End, through the preloaded shim on the
+// CPU NCCL (Megatron coalesces every bucket this way). Usage: shim_groups NRANKS.
+// Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
+//   1. one all-reduce in a group (Megatron's DDP bucket): compressed when the group ends
+//   2. the first call of a fresh communicator in a group: the handshake runs at the group's end
+//   3. an all-reduce, a reduce-scatter and a small all-reduce in one group: the two large ones
+//      compressed, the small one passed through inside the group, exact
+//   4. members on two communicators in one group: every member passes through, exact, no hang
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "common/nccl_api.h"
+
+namespace {
+
+using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+
+#define CHECK_OR(code, cond, ...)                 \
+  do {                                            \
+    if (!(cond)) {                                \
+      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
+      std::fprintf(stderr, "\n");                 \
+      return code;                                \
+    }                                             \
+  } while (0)
+
+unsigned long long rerouted(ncclComm_t comm) {
+  static auto fn = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+  unsigned long long r = 0, p = 0;
+  fn(comm, &r, &p);
+  return r;
+}
+
+// Integer-valued data: sums are exact in FP32, so a pass-through result is checkable bit for bit.
+float value(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48);
+}
+std::vector<float> input(int rank, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = value(rank, i);
+  return v;
+}
+float exact(int n, size_t i) {
+  float s = 0;
+  for (int r = 0; r < n; ++r) s += value(r, i);
+  return s;
+}
+// Relative squared error against the exact sum, elements [first, first + out.size()).
+double rel_error(int n, const std::vector<float>& out, size_t first) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double e = exact(n, first + i);
+    num += (out[i] - e) * (out[i] - e);
+    den += e * e;
+  }
+  return num / den;
+}
+bool is_exact(int n, const std::vector<float>& out, size_t first) {
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i] != exact(n, first + i)) return false;
+  return true;
+}
+
+constexpr size_t kLarge = 1 << 20;  // 4 MiB FP32: above DYNAMIQ_MIN_BYTES
+// This data has no locality (values spread evenly over -48..48): DynamiQ 5 bits measures about
+// 2e-2 on it; a wrong block, order or scale gives 0.5 or more.
+constexpr double kMaxError = 0.1;
+constexpr size_t kSmall = 1000;  // below it
+
+int rank_body(int n, int rank, const ncclUniqueId* ids) {
+  ncclComm_t a = nullptr, b = nullptr, fresh = nullptr;
+  CHECK_OR(90, ncclCommInitRank(&a, n, ids[0], rank) == ncclSuccess, "init a");
+  CHECK_OR(91, ncclCommInitRank(&b, n, ids[1], rank) == ncclSuccess, "init b");
+  CHECK_OR(92, ncclCommInitRank(&fresh, n, ids[2], rank) == ncclSuccess, "init fresh");
+  // Outside any group first, so communicator a has its handshake behind it.
+  {
+    auto in = input(rank, kLarge);
+    std::vector<float> out(kLarge);
+    CHECK_OR(10,
+             ncclAllReduce(in.data(), out.data(), kLarge, ncclFloat32, ncclSum, a, nullptr) ==
+                 ncclSuccess,
+             "warm-up");
+    CHECK_OR(11, rerouted(a) == 1, "warm-up not compressed");
+  }
+  // 1. Megatron's bucket: one in-place all-reduce in a group.
+  {
+    auto buf = input(rank, kLarge);
+    CHECK_OR(20, ncclGroupStart() == ncclSuccess, "group start");
+    CHECK_OR(21,
+             ncclAllReduce(buf.data(), buf.data(), kLarge, ncclFloat32, ncclSum, a, nullptr) ==
+                 ncclSuccess,
+             "member");
+    CHECK_OR(22, ncclGroupEnd() == ncclSuccess, "group end");
+    CHECK_OR(23, rerouted(a) == 2, "1: the grouped all-reduce was not compressed");
+    const double err = rel_error(n, buf, 0);
+    CHECK_OR(24, err > 0 && err < kMaxError, "1: relative error %.3e", err);
+  }
+  // 2. A fresh communicator's first call inside a group.
+  {
+    auto in = input(rank, kLarge);
+    std::vector<float> out(kLarge);
+    CHECK_OR(30, ncclGroupStart() == ncclSuccess, "group start");
+    CHECK_OR(31,
+             ncclAllReduce(in.data(), out.data(), kLarge, ncclFloat32, ncclSum, fresh, nullptr) ==
+                 ncclSuccess,
+             "member");
+    CHECK_OR(32, ncclGroupEnd() == ncclSuccess, "group end");
+    CHECK_OR(33, rerouted(fresh) == 1, "2: not compressed after the handshake at group end");
+    const double err = rel_error(n, out, 0);
+    CHECK_OR(34, err > 0 && err < kMaxError, "2: relative error %.3e", err);
+  }
+  // 3. Three members: all-reduce, reduce-scatter (in place, as Megatron's distributed optimizer),
+  //    and a small all-reduce that passes through inside the group.
+  {
+    auto ar = input(rank, kLarge);
+    auto rs = input(rank, kLarge * n);
+    auto small = input(rank, kSmall);
+    CHECK_OR(40, ncclGroupStart() == ncclSuccess, "group start");
+    CHECK_OR(41,
+             ncclAllReduce(ar.data(), ar.data(), kLarge, ncclFloat32, ncclSum, a, nullptr) ==
+                 ncclSuccess,
+             "member ar");
+    float* shard = rs.data() + static_cast<size_t>(rank) * kLarge;
+    CHECK_OR(42,
+             ncclReduceScatter(rs.data(), shard, kLarge, ncclFloat32, ncclSum, a, nullptr) ==
+                 ncclSuccess,
+             "member rs");
+    CHECK_OR(43,
+             ncclAllReduce(small.data(), small.data(), kSmall, ncclFloat32, ncclSum, a, nullptr) ==
+                 ncclSuccess,
+             "member small");
+    CHECK_OR(44, ncclGroupEnd() == ncclSuccess, "group end");
+    CHECK_OR(45, rerouted(a) == 4, "3: %llu compressed calls so far, expected 4", rerouted(a));
+    CHECK_OR(46, is_exact(n, small, 0), "3: the small member is not exact");
+    const double e_ar = rel_error(n, ar, 0);
+    const double e_rs = rel_error(n, std::vector<float>(shard, shard + kLarge), rank * kLarge);
+    CHECK_OR(47, e_ar > 0 && e_ar < kMaxError && e_rs > 0 && e_rs < kMaxError,
+             "3: relative errors %.3e (all-reduce) %.3e (reduce-scatter)", e_ar, e_rs);
+  }
+  // 4. Members on two communicators: both pass through, exactly.
+  {
+    auto x = input(rank, kLarge), y = input(rank, kLarge);
+    const unsigned long long ra = rerouted(a), rb = rerouted(b);
+    CHECK_OR(50, ncclGroupStart() == ncclSuccess, "group start");
+    CHECK_OR(
+        51,
+        ncclAllReduce(x.data(), x.data(), kLarge, ncclFloat32, ncclSum, a, nullptr) == ncclSuccess,
+        "member a");
+    CHECK_OR(
+        52,
+        ncclAllReduce(y.data(), y.data(), kLarge, ncclFloat32, ncclSum, b, nullptr) == ncclSuccess,
+        "member b");
+    CHECK_OR(53, ncclGroupEnd() == ncclSuccess, "group end");
+    CHECK_OR(54, rerouted(a) == ra && rerouted(b) == rb, "4: a member was compressed");
+    CHECK_OR(55, is_exact(n, x, 0) && is_exact(n, y, 0), "4: not exact");
+  }
+  ncclCommDestroy(a);
+  ncclCommDestroy(b);
+  ncclCommDestroy(fresh);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (dlsym(RTLD_DEFAULT, "dynamiqCommCounters") == nullptr) {
+    std::printf("SKIP: libdynamiq.so is not preloaded\n");
+    return 77;
+  }
+  const int n = argc > 1 ? std::atoi(argv[1]) : 4;
+  setenv("DYNAMIQ_ENABLE", "1", 1);
+  ncclUniqueId ids[3];
+  for (auto& id : ids)
+    if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int rc = rank_body(n, r, ids);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  std::vector<int> codes(n, -999);
+  for (int left = n; left > 0;) {  // bounded by the deadline
+    for (int r = 0; r < n; ++r) {
+      int st = 0;
+      if (codes[r] == -999 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < n; ++r)
+        if (codes[r] == -999) kill(pids[r], SIGKILL), waitpid(pids[r], nullptr, 0), codes[r] = 124;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < n; ++r)
+    if (codes[r] != 0) {
+      std::fprintf(stderr, "FAIL: rank %d exited with %d%s\n", r, codes[r],
+                   codes[r] == 124 ? " (hang)" : "");
+      failed = 1;
+    }
+  if (!failed) std::printf("groups %d ranks: all four cases pass\n", n);
+  return failed;
+}
