@@ -277,7 +277,20 @@ class DynamiqCodec final : public Codec {
       DQ_FAIL(Status::kMalformedPayload, "dynamiq finish: payload sums %u workers, expected %d",
               h.n_contrib, n_contrib);
     const uint8_t* body = in.data + kChunkHeaderBytes;
+    // Validate the whole chunk before writing anything: a malformed payload leaves the caller's
+    // output untouched (one extra read of the compressed bytes, about 1/6 of the output's).
     std::atomic<bool> malformed{false};
+    tbb::parallel_for(
+        tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 64),
+        [&](const auto& range) {
+          for (uint32_t i = range.begin(); i != range.end(); ++i)
+            if (!record_valid(l.width[l.order[i]], body + l.offset[i]))
+              malformed.store(true, std::memory_order_relaxed);
+        });
+    if (malformed.load())
+      DQ_FAIL(Status::kMalformedPayload,
+              "dynamiq finish: chunk %d holds invalid codes or scales; output left untouched",
+              chunk);
     const float contributors = static_cast<float>(n_contrib);
     tbb::parallel_for(
         tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 16),
@@ -288,8 +301,7 @@ class DynamiqCodec final : public Codec {
             const uint32_t j = l.order[i];
             const int bits = l.width[j];
             std::fill(v, v + kSuperGroup, 0.0f);
-            if (!accumulate_record(bits, body + l.offset[i], v))
-              malformed.store(true, std::memory_order_relaxed);
+            accumulate_record(bits, body + l.offset[i], v);  // validated above
             const size_t base = static_cast<size_t>(j) * kSuperGroup;
             const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
             const float shift = bits == 16 ? 0.0f : contributors * l.mean[j];
@@ -301,9 +313,6 @@ class DynamiqCodec final : public Codec {
             }
           }
         });
-    if (malformed.load())
-      DQ_FAIL(Status::kMalformedPayload, "dynamiq finish: chunk %d holds invalid codes or scales",
-              chunk);
     return Status::kOk;
   }
 
@@ -386,6 +395,31 @@ class DynamiqCodec final : public Codec {
 #else
     __builtin_prefetch(p, 0, 3);
 #endif
+  }
+
+  // True when a record holds only valid content (docs/FORMAT.md: a non-negative unit, non-zero
+  // group factors, no all-ones code).
+  bool record_valid(int bits, const uint8_t* rec) const {
+    if (bits == 16) return true;
+    const uint8_t* codes;
+    if (opt_.hierarchical_scales) {
+      if (rec[1] & 0x80) return false;
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g)
+        if (rec[2 + g] == 0) return false;
+      codes = rec + 2 + kGroupsPerSuperGroup;
+    } else {
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g)
+        if (rec[2 * g + 1] & 0x80) return false;
+      codes = rec + 2 * kGroupsPerSuperGroup;
+    }
+    int bad = 0;
+    for (int i = 0; i < kSuperGroup * bits / 8; ++i) {
+      const uint8_t x = codes[i];
+      if (bits == 8) bad |= x == 0xFF;
+      else if (bits == 4) bad |= (x & 0x0F) == 0x0F || (x & 0xF0) == 0xF0;
+      else bad |= (x & (x >> 1) & 0x55) != 0;  // a 2-bit code 3
+    }
+    return bad == 0;
   }
 
   // Decodes one record and adds it into v[0..255]. Returns false on invalid content.
