@@ -173,6 +173,7 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
             comm_.rank, device_->name());
     teardown_device();
     device_ = nullptr;
+    setup_failed_ = true;
   }
 }
 
@@ -466,6 +467,21 @@ ncclResult_t Engine::handshake() {
   return ncclSuccess;
 }
 
+// A rank whose device could not be set up still answers its peers' handshake, with invalid
+// settings, so that every rank passes the communicator's calls through (rather than its peers
+// waiting in a handshake it never joins). Host words, through the real NCCL on the caller's
+// stream, waited for as the CPU NCCL does it.
+ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
+  LocalControl local{&settings_, false, opted_in_, comm_.rank == 0, true, false};
+  std::vector<uint32_t> words(control_words()), reduced(control_words());
+  pack_control(local, words.data());
+  const ncclResult_t r = ops_.all_reduce(words.data(), reduced.data(), words.size(), ncclUint32,
+                                         ncclMax, comm_.comm, stream);
+  if (r != ncclSuccess) return r;
+  state_ = State::kInert;
+  return ncclSuccess;
+}
+
 // One call late: the words of the previous eligible call (its A/B switch) and this rank's error
 // word, read after waiting for the previous call's control all-reduce, before anything of this
 // call is enqueued.
@@ -657,6 +673,9 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
         !device_->capturing(call.stream))
       if (const ncclResult_t r = handshake(); r != ncclSuccess) return r;
   }
+  if (comm_.nranks >= 2 && setup_failed_ && state_ == State::kPending && !call.in_group &&
+      !call.capturing)
+    if (const ncclResult_t r = handshake_without_device(call.stream); r != ncclSuccess) return r;
   *reason = screen(call);
   if (*reason != PassReason::kRerouted) {
     count(*reason);

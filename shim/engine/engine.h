@@ -85,6 +85,7 @@ class Engine {
   // One MAX all-reduce of `n` words through the control block, waited for on the host.
   ncclResult_t blocking_max(const uint32_t* in, uint32_t* out, int n);
   ncclResult_t handshake();
+  ncclResult_t handshake_without_device(cudaStream_t stream);
   ncclResult_t absorb_previous_call();
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
                               size_t stats_words, uint64_t* wire_bytes);
@@ -126,6 +127,7 @@ class Engine {
   int control_parity_ = 0;             // which receive buffer the last call wrote
   bool switch_agreed_ = true;          // the A/B switch every rank applies now
   ncclResult_t broken_ = ncclSuccess;  // sticky asynchronous error
+  bool setup_failed_ = false;          // the device could not be set up on this rank
   // Control file state (rank 0 only).
   int64_t switch_mtime_ns_ = -1;
   bool switch_on_ = true;

@@ -9,6 +9,7 @@
 //   collectives reduce-scatter and reduce (every root), FP32/BF16, SUM/AVG, in and out of place:
 //               compressed on every rank, each rank's output near the exact sum, the same
 //               bytes when the same call is repeated on a fresh engine (same seed)
+//   setup_fail  rank 1's device cannot create streams: every rank passes through, no hang
 //   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
 //               error word), and every rank's call fails within the timeout; none succeeds
 #include <signal.h>
@@ -221,6 +222,7 @@ class FailingDevice final : public Device {
   explicit FailingDevice(Device* inner) : inner_(inner) {}
   bool failing = false;
   bool corrupting = false;
+  bool no_streams = false;
   const char* name() const override { return "failing host"; }
   dq::Status alloc(size_t bytes, void** out) override {
     if (failing) return dq::Status::kOutOfMemory;
@@ -231,6 +233,7 @@ class FailingDevice final : public Device {
   }
   void release(void* p, dq::engine::StreamHandle s) override { inner_->release(p, s); }
   dq::Status create_stream(dq::engine::StreamHandle* s) override {
+    if (no_streams) return dq::Status::kSystemError;
     return inner_->create_stream(s);
   }
   void destroy_stream(dq::engine::StreamHandle s) override { inner_->destroy_stream(s); }
@@ -451,6 +454,38 @@ int scenario_corrupt(int n) {
   return 0;
 }
 
+// ---- a device that cannot be set up on one rank
+// ---------------------------------------------------
+int scenario_setup_fail(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    FailingDevice device(dq::engine::host_device());
+    device.no_streams = rank == 1;
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount, 0.0f);
+    for (int call = 0; call < 2; ++call) {
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      CHECK_OR(60, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
+      CHECK_OR(61, reason != PassReason::kRerouted, "rank %d call %d: compressed", rank, call);
+      CHECK_OR(62,
+               ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comms[0],
+                             nullptr) == ncclSuccess,
+               "rank %d call %d: pass-through failed", rank, call);
+      CHECK_OR(63, out[0] == static_cast<float>(n * (n + 1) / 2) && out[kCount - 1] == out[0],
+               "rank %d call %d: pass-through result %g", rank, call, out[0]);
+    }
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 1, body, 120), "setup_fail")) return 1;
+  std::printf("setup_fail %d ranks: rank 1 without streams; every rank passed through, exact\n", n);
+  return 0;
+}
+
 // ---- rounding draws across blocks ------------------------------------------------------------
 int scenario_blocks(int n) {
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BLOCK_BYTES", "1M"}});
@@ -486,9 +521,9 @@ int scenario_blocks(int n) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(
-        stderr,
-        "usage: engine_multirank audit|alloc_fail|blocks|corrupt|collectives NRANKS [TOPO]\n");
+    std::fprintf(stderr,
+                 "usage: engine_multirank audit|alloc_fail|blocks|corrupt|collectives|setup_fail "
+                 "NRANKS [TOPO]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -499,6 +534,7 @@ int main(int argc, char** argv) {
   if (scenario == "blocks") return scenario_blocks(n);
   if (scenario == "corrupt") return scenario_corrupt(n);
   if (scenario == "collectives") return scenario_collectives(n);
+  if (scenario == "setup_fail") return scenario_setup_fail(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
