@@ -129,6 +129,9 @@ const GoldenCase kCases[] = {
     {"uniform5", "uniform:5", 0, 520},
 };
 
+// gtest names a failing case by this instead of its bytes.
+void PrintTo(const GoldenCase& gc, std::ostream* os) { *os << gc.name << " (" << gc.spec << ")"; }
+
 constexpr int kChunks = 2;
 constexpr int kWorkers = 2;
 constexpr uint64_t kCall = (uint64_t{1} << 32) + 7;  // the header carries the low 32 bits: 7

@@ -117,18 +117,25 @@ fi
 summary=()
 status=0
 for k in "${!names[@]}"; do
-  name=${names[$k]} file=${files[$k]} script=${scripts[$k]}
-  echo "mutation $name ($file)"
-  cp "$wt/$file" "$wt/$file.orig"
-  sed -i -e "$script" "$wt/$file"
-  if cmp -s "$wt/$file" "$wt/$file.orig"; then
-    echo "    NOT APPLIED: the sed script changed nothing"
+  name=${names[$k]} script=${scripts[$k]}
+  echo "mutation $name (${files[$k]})"
+  applied=1
+  for file in ${files[$k]}; do
+    cp "$wt/$file" "$wt/$file.orig"
+    sed -i -e "$script" "$wt/$file"
+    if cmp -s "$wt/$file" "$wt/$file.orig"; then
+      echo "    NOT APPLIED: the sed script changed nothing in $file"
+      applied=0
+    fi
+    diff -u "$wt/$file.orig" "$wt/$file" | sed -n '3,$p' | grep '^[-+]' | sed "s|^|    $file: |"
+  done
+  restore() { for file in ${files[$k]}; do mv "$wt/$file.orig" "$wt/$file"; done; }
+  if [ $applied = 0 ]; then
     summary+=("$name: NOT APPLIED")
     status=1
-    mv "$wt/$file.orig" "$wt/$file"
+    restore
     continue
   fi
-  diff -u "$wt/$file.orig" "$wt/$file" | sed -n '3,$p' | grep '^[-+]' | sed 's/^/    /'
   # shellcheck disable=SC2086
   targets=$(for t in ${tests[$k]}; do targets_of "$t"; done | sed '/^$/d' | sort -u | tr '\n' ' ')
   # shellcheck disable=SC2086
@@ -142,15 +149,15 @@ for k in "${!names[@]}"; do
     caught_by=$(echo "$out" | awk '$2 == "FAIL" {print $1}' | tr '\n' ' ')
     if [ -n "$caught_by" ]; then
       summary+=("$name: CAUGHT by ${caught_by% }")
-      for t in $caught_by; do  # the first failure lines of each catching test
-        grep -m 4 -E 'differ|FAILED  \]|FAIL ' "$wt/$name.$t" 2>/dev/null | cut -c1-150 | sed 's/^/      /'
+      for t in $caught_by; do  # the gtest cases that failed in each catching test
+        grep -E '^\[  FAILED  \] [A-Za-z]' "$wt/$name.$t" 2>/dev/null | sed 's/ ([0-9]* ms)$//' | sort -u | cut -c1-150 | sed 's/^/      /'
       done
     else
       summary+=("$name: SURVIVED")
       status=1
     fi
   fi
-  mv "$wt/$file.orig" "$wt/$file"
+  restore
 done
 # Leave the build as the unmutated tree would have it (KEEP=1 users run tests there).
 # shellcheck disable=SC2086
