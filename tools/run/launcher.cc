@@ -215,27 +215,60 @@ struct LibraryDirs {
   std::string plugin;
 };
 
-// The CPU NCCL (<build>/tools/cpu-nccl) and the plugin (<build>/plugin/abi), found relative to
-// this executable (<build>/tools/dynamiq-run).
+#ifndef DQ_INSTALL_BINDIR
+#define DQ_INSTALL_BINDIR "bin"
+#endif
+#ifndef DQ_INSTALL_LIBDIR
+#define DQ_INSTALL_LIBDIR "lib"
+#endif
+#ifndef DQ_INSTALL_PREFIX
+#define DQ_INSTALL_PREFIX "/usr/local"
+#endif
+
+// The library folder of an installed tree: <prefix>/<libdir>, with the prefix taken from this
+// executable's folder (<prefix>/<bindir>) so that a staged (DESTDIR) or moved tree works too.
+// Meson's bindir and libdir are relative to the prefix unless configured as absolute paths.
+std::filesystem::path installed_libdir(const std::filesystem::path& here) {
+  namespace fs = std::filesystem;
+  const fs::path bindir(DQ_INSTALL_BINDIR), libdir(DQ_INSTALL_LIBDIR);
+  if (libdir.is_absolute()) return libdir;
+  if (bindir.is_absolute()) return fs::path(DQ_INSTALL_PREFIX) / libdir;
+  fs::path prefix = here;
+  for (const auto& part : bindir.lexically_normal()) {
+    if (part.empty() || part == ".") continue;
+    prefix = prefix.parent_path();
+  }
+  return prefix / libdir;
+}
+
+// The CPU NCCL and the plugin: in a build tree relative to this executable
+// (<build>/tools/dynamiq-run: <build>/tools/cpu-nccl and <build>/plugin/abi), else in an
+// installed tree (<prefix>/<libdir>/dynamiq/cpu-nccl and <prefix>/<libdir>).
 Status locate_cpu_nccl(LibraryDirs* dirs, std::string* error) {
   namespace fs = std::filesystem;
-  fs::path here = executable_dir();
-  std::error_code ec;
-  fs::path nccl = fs::weakly_canonical(here / "cpu-nccl", ec);
-  fs::path plugin = fs::weakly_canonical(here / ".." / "plugin" / "abi", ec);
-  if (!fs::exists(nccl / "libnccl.so.2")) {
-    *error = "--cpu-nccl: " + (nccl / "libnccl.so.2").string() +
-             " does not exist (build tools/cpu-nccl first)";
-    return Status::kInvalidArgument;
+  const fs::path here = executable_dir();
+  const fs::path lib = installed_libdir(here);
+  const fs::path candidates[2][2] = {{here / "cpu-nccl", here / ".." / "plugin" / "abi"},
+                                     {lib / "dynamiq" / "cpu-nccl", lib}};
+  for (const auto& [nccl_dir, plugin_dir] : candidates) {
+    std::error_code ec;
+    fs::path nccl = fs::weakly_canonical(nccl_dir, ec);
+    fs::path plugin = fs::weakly_canonical(plugin_dir, ec);
+    if (!fs::exists(nccl / "libnccl.so.2")) continue;
+    if (!fs::exists(plugin / "libnccl-net-dynamiq.so")) {
+      *error = "--cpu-nccl: " + (plugin / "libnccl-net-dynamiq.so").string() +
+               " does not exist (build or install plugin/abi)";
+      return Status::kInvalidArgument;
+    }
+    dirs->cpu_nccl = nccl.string();
+    dirs->plugin = plugin.string();
+    return Status::kOk;
   }
-  if (!fs::exists(plugin / "libnccl-net-dynamiq.so")) {
-    *error = "--cpu-nccl: " + (plugin / "libnccl-net-dynamiq.so").string() +
-             " does not exist (build plugin/abi first)";
-    return Status::kInvalidArgument;
-  }
-  dirs->cpu_nccl = nccl.string();
-  dirs->plugin = plugin.string();
-  return Status::kOk;
+  *error = "--cpu-nccl: no CPU NCCL: neither " +
+           (here / "cpu-nccl" / "libnccl.so.2").lexically_normal().string() + " (build tree) nor " +
+           (lib / "dynamiq" / "cpu-nccl" / "libnccl.so.2").lexically_normal().string() +
+           " (installed tree) exists";
+  return Status::kInvalidArgument;
 }
 
 bool program_is_runnable(const std::string& program) {
