@@ -35,16 +35,29 @@ class CapiError(RuntimeError):
 
 
 def default_library_path():
-    """DQ_CAPI_LIB, else the usual build folders of this checkout."""
+    """DQ_CAPI_LIB, else the usual build folders of this checkout, else where the `dynamiq`
+    package finds it (DYNAMIQ_PREFIX, or the installation both were installed into)."""
     env = os.environ.get("DQ_CAPI_LIB")
     if env:
         return pathlib.Path(env)
-    root = pathlib.Path(__file__).resolve().parents[2]
-    for build in (root / "build", pathlib.Path("/tmp/build-study")):
-        candidate = build / "tools" / "capi" / "libdynamiq-capi.so"
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError("libdynamiq-capi.so not found; set DQ_CAPI_LIB or build tools/capi")
+    here = pathlib.Path(__file__).resolve()
+    if len(here.parents) > 2:
+        root = here.parents[2]
+        for build in (root / "build", pathlib.Path("/tmp/build-study")):
+            candidate = build / "tools" / "capi" / "libdynamiq-capi.so"
+            if candidate.exists():
+                return candidate
+    try:
+        import dynamiq
+    except ImportError:
+        dynamiq = None
+    if dynamiq is not None:
+        try:
+            return dynamiq.library_path("capi")
+        except FileNotFoundError:
+            pass
+    raise FileNotFoundError("libdynamiq-capi.so not found; set DQ_CAPI_LIB or DYNAMIQ_PREFIX, "
+                            "or build tools/capi")
 
 
 class DynamiqCapi:

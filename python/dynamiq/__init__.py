@@ -1,0 +1,205 @@
+"""Python entry points of dynamiq, the compressed gradient all-reduce for NCCL jobs.
+
+    LD_PRELOAD=$(python3 -m dynamiq library-path) DYNAMIQ_ENABLE=1 torchrun ... train.py
+
+    import dynamiq
+    dynamiq.register(process_group)   # opt a torch.distributed NCCL group in (C API)
+    dynamiq.counters(process_group)   # {'rerouted': 3, 'passed': 41, 'bytes_in': ..., ...}
+    dynamiq.counters()                # the DYNAMIQ_METRICS_FILE of this process (JSON)
+
+Pure Python over ctypes. Importing it never imports torch; only register() and counters()
+given a torch ProcessGroup (or None for the default group) do.
+"""
+
+import ctypes
+import json
+import os
+
+from . import _locate
+
+__version__ = "0.1.0"
+__all__ = ["library_path", "register", "counters", "comm_handle", "metrics_path",
+           "DynamiqError"]
+
+# ncclResult_t values the C API returns (shim/dynamiq.h).
+_NCCL_INVALID_ARGUMENT = 4
+_NCCL_INVALID_USAGE = 5
+
+
+class DynamiqError(RuntimeError):
+    """A C API call failed; `code` is the ncclResult_t it returned."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+def library_path(kind="shim"):
+    """Path of a dynamiq library (a pathlib.Path that exists).
+
+    kind: "shim" (libdynamiq.so, for LD_PRELOAD), "plugin" (libnccl-net-dynamiq.so, the NCCL
+    net plugin; its folder goes on LD_LIBRARY_PATH with NCCL_NET_PLUGIN=dynamiq), "capi"
+    (libdynamiq-capi.so, the simulator's C API) or "cpu-nccl" (the CPU NCCL's libnccl.so.2).
+    Looked up in DYNAMIQ_PREFIX (an install prefix or a build directory), then in the
+    installation this package belongs to, then in the checkout's build/ folder, then under
+    /usr/local and /usr; raises FileNotFoundError naming every path tried.
+    """
+    if kind not in _locate.FILES:
+        raise ValueError("kind must be one of %s, not %r" % (", ".join(_locate.FILES), kind))
+    return _locate.find(kind)
+
+
+def _shim():
+    """The C API of the libdynamiq.so loaded in this process (it must be preloaded: loading it
+    later would not interpose NCCL)."""
+    lib = ctypes.CDLL(None)
+    try:
+        lib.dynamiqCommRegister
+    except AttributeError:
+        raise RuntimeError(
+            "libdynamiq.so is not loaded in this process: start the process with "
+            "LD_PRELOAD=<path> (dynamiq.library_path() or `python3 -m dynamiq library-path` "
+            "prints it)") from None
+    lib.dynamiqCommRegister.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.dynamiqCommRegister.restype = ctypes.c_int
+    for name in ("dynamiqCommCounters", "dynamiqCommBytes"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong),
+                       ctypes.POINTER(ctypes.c_ulonglong)]
+        fn.restype = ctypes.c_int
+    lib.dynamiqMetricsFlush.argtypes = []
+    lib.dynamiqMetricsFlush.restype = ctypes.c_int
+    return lib
+
+
+def _default_group():
+    import torch.distributed as dist  # only when the caller asks for the default group
+
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized (call init_process_group first)")
+    return dist.group.WORLD
+
+
+def comm_handle(group):
+    """The raw ncclComm_t of `group` as an int.
+
+    group: a torch.distributed ProcessGroup using NCCL (its NCCL backend's `_comm_ptr()`, for
+    the current CUDA device), a backend object with `_comm_ptr()`, an int or ctypes.c_void_p
+    holding the handle, or None for torch.distributed's default group.
+    """
+    if group is None:
+        group = _default_group()
+    if isinstance(group, bool):
+        raise TypeError("a communicator handle cannot be a bool")
+    if isinstance(group, int):
+        ptr = group
+    elif isinstance(group, ctypes.c_void_p):
+        ptr = group.value or 0
+    else:
+        getter = getattr(group, "_comm_ptr", None)
+        if getter is None and hasattr(group, "_get_backend"):
+            import torch  # a torch ProcessGroup: torch is necessarily importable here
+
+            backend = group._get_backend(torch.device("cuda"))
+            getter = getattr(backend, "_comm_ptr", None)
+            if getter is None:
+                raise TypeError(
+                    "the CUDA backend of this process group (%s) exposes no _comm_ptr(): not an "
+                    "NCCL group, or a PyTorch too old to expose its communicator"
+                    % type(backend).__name__)
+        if getter is None:
+            raise TypeError("cannot get an NCCL communicator from %r: expected a "
+                            "torch.distributed ProcessGroup, an object with _comm_ptr(), or an "
+                            "int handle" % (group,))
+        ptr = int(getter() if callable(getter) else getter)
+    if ptr == 0:
+        raise RuntimeError(
+            "the NCCL communicator does not exist yet (PyTorch creates it at the group's first "
+            "collective on the current CUDA device); create it with a collective that is not "
+            "an all-reduce, e.g. a broadcast, then register before the first all-reduce")
+    return ptr
+
+
+def register(group=None, enable=True):
+    """Opts `group`'s NCCL communicator in (enable=True) or out of compression, overriding
+    DYNAMIQ_COMMS, through the C API dynamiqCommRegister(comm, enable).
+
+    Call it on every rank of the group, after the communicator exists and before its first
+    all-reduce. group: see comm_handle(). Returns the handle. Raises RuntimeError when
+    libdynamiq.so is not preloaded, DynamiqError (code 4) for a communicator the shim did not
+    see created, DynamiqError (code 5) after the communicator's first all-reduce.
+    """
+    ptr = comm_handle(group)
+    rc = _shim().dynamiqCommRegister(ctypes.c_void_p(ptr), 1 if enable else 0)
+    if rc == _NCCL_INVALID_ARGUMENT:
+        raise DynamiqError(rc, "dynamiqCommRegister: communicator 0x%x unknown to dynamiq (not "
+                           "created by this process after libdynamiq.so was loaded)" % ptr)
+    if rc == _NCCL_INVALID_USAGE:
+        raise DynamiqError(rc, "dynamiqCommRegister: communicator 0x%x already ran its first "
+                           "all-reduce; register before it" % ptr)
+    if rc != 0:
+        raise DynamiqError(rc, "dynamiqCommRegister returned %d" % rc)
+    return ptr
+
+
+def metrics_path(pattern=None, rank=None):
+    """The metrics file of this process: `pattern` (default DYNAMIQ_METRICS_FILE) with %p
+    replaced by the pid and %r by `rank` (default: the RANK environment variable, else 0). The
+    shim writes %r as the rank of the process's first communicator, which is RANK under
+    torchrun and dynamiq-run."""
+    pattern = pattern if pattern is not None else os.environ.get("DYNAMIQ_METRICS_FILE", "")
+    if not pattern:
+        return None
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0") or 0)
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in "rp":
+            out.append(str(rank) if pattern[i + 1] == "r" else str(os.getpid()))
+            i += 2
+        else:
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
+
+
+def counters(group=None, metrics_file=None, rank=None):
+    """The engine's counters as a dict.
+
+    With `group` (anything comm_handle() accepts except None): that communicator's counters
+    from the preloaded shim's C API, {'rerouted', 'passed', 'bytes_in', 'wire_bytes'}: calls
+    compressed and passed through to NCCL, caller bytes of the compressed calls and the bytes
+    this rank sent for them.
+
+    Without `group`: the metrics file of this process (`metrics_file`, else
+    DYNAMIQ_METRICS_FILE, see metrics_path()), rewritten first through dynamiqMetricsFlush()
+    when the shim is loaded, parsed as JSON and returned as the shim wrote it. Prometheus
+    files (.prom) are refused with ValueError: use a JSON name.
+    """
+    if group is not None:
+        lib = _shim()
+        ptr = ctypes.c_void_p(comm_handle(group))
+        a, b = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+        rc = lib.dynamiqCommCounters(ptr, ctypes.byref(a), ctypes.byref(b))
+        if rc != 0:
+            raise DynamiqError(rc, "dynamiqCommCounters: communicator 0x%x unknown to dynamiq"
+                               % ptr.value)
+        out = {"rerouted": a.value, "passed": b.value}
+        rc = lib.dynamiqCommBytes(ptr, ctypes.byref(a), ctypes.byref(b))
+        if rc != 0:
+            raise DynamiqError(rc, "dynamiqCommBytes returned %d" % rc)
+        out.update(bytes_in=a.value, wire_bytes=b.value)
+        return out
+    path = metrics_path(metrics_file, rank)
+    if path is None:
+        raise RuntimeError("no metrics file: pass a communicator, or set DYNAMIQ_METRICS_FILE "
+                           "(a .json name) in the job's environment")
+    if path.endswith(".prom"):
+        raise ValueError("%s is Prometheus text; counters() reads the JSON form (a metrics file "
+                         "name not ending in .prom)" % path)
+    try:
+        _shim().dynamiqMetricsFlush()
+    except RuntimeError:
+        pass  # no shim in this process: read what a shim process wrote
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Unit tests of the Python package `dynamiq` (python/dynamiq) that need neither torch, a GPU,
+nor the shim in the process: finding the libraries, turning process-group-like objects into
+communicator handles, the errors of register() without the shim, reading a metrics file.
+
+usage: package_test.py  (environment: DQ_BUILD_ROOT = a Meson build directory of this tree)
+"""
+
+import contextlib
+import ctypes
+import importlib.abc
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))
+
+
+class BlockTorch(importlib.abc.MetaPathFinder):
+    """Makes `import torch` fail as it does where torch is not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("No module named %r (blocked by the test)" % name)
+        return None
+
+
+sys.meta_path.insert(0, BlockTorch())
+import dynamiq  # noqa: E402  (after the blocker: the package must import without torch)
+
+
+@contextlib.contextmanager
+def env(**values):
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Backend:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def _comm_ptr(self):
+        return self.ptr
+
+
+class TorchLikeGroup:
+    """A ProcessGroup's shape: the handle is only reachable through _get_backend(device)."""
+
+    def _get_backend(self, device):
+        return Backend(0x1234)
+
+
+class ImportTest(unittest.TestCase):
+    def test_no_torch(self):
+        self.assertNotIn("torch", sys.modules)
+        with self.assertRaises(ImportError):
+            import torch  # noqa: F401
+
+    def test_versions_agree(self):
+        meson = (REPO / "meson.build").read_text()
+        pyproject = (REPO / "python" / "pyproject.toml").read_text()
+        want = re.search(r"version: '([^']+)'", meson).group(1)
+        self.assertEqual(dynamiq.__version__, want)
+        self.assertEqual(re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1), want)
+
+
+class HandleTest(unittest.TestCase):
+    def test_accepted_shapes(self):
+        self.assertEqual(dynamiq.comm_handle(0x1234), 0x1234)
+        self.assertEqual(dynamiq.comm_handle(ctypes.c_void_p(0x1234)), 0x1234)
+        self.assertEqual(dynamiq.comm_handle(Backend(0x1234)), 0x1234)
+
+    def test_refused_shapes(self):
+        with self.assertRaisesRegex(RuntimeError, "does not exist yet"):
+            dynamiq.comm_handle(Backend(0))
+        with self.assertRaises(TypeError):
+            dynamiq.comm_handle(True)
+        with self.assertRaisesRegex(TypeError, "cannot get an NCCL communicator"):
+            dynamiq.comm_handle(object())
+
+    def test_torch_objects_need_torch(self):
+        # A ProcessGroup or the default group (None) can only be read with torch; without it
+        # the ImportError says so instead of a crash elsewhere.
+        with self.assertRaises(ImportError):
+            dynamiq.comm_handle(TorchLikeGroup())
+        with self.assertRaises(ImportError):
+            dynamiq.comm_handle(None)
+
+    def test_register_without_shim(self):
+        with self.assertRaisesRegex(RuntimeError, "LD_PRELOAD"):
+            dynamiq.register(Backend(0x1234))
+        with self.assertRaisesRegex(RuntimeError, "LD_PRELOAD"):
+            dynamiq.counters(Backend(0x1234))
+
+
+class LocateTest(unittest.TestCase):
+    def test_build_directory(self):
+        build = os.environ.get("DQ_BUILD_ROOT")
+        if not build:
+            self.skipTest("DQ_BUILD_ROOT not set")
+        with env(DYNAMIQ_PREFIX=build):
+            self.assertEqual(dynamiq.library_path(),
+                             pathlib.Path(build).resolve() / "shim" / "libdynamiq.so")
+            for kind in ("plugin", "capi", "cpu-nccl"):
+                self.assertTrue(dynamiq.library_path(kind).is_file(), kind)
+
+    def test_prefix_and_errors(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = pathlib.Path(tmp) / "lib"
+            (lib / "dynamiq" / "cpu-nccl").mkdir(parents=True)
+            for name in ("libdynamiq.so", "dynamiq/cpu-nccl/libnccl.so.2"):
+                (lib / name).write_bytes(b"")
+            with env(DYNAMIQ_PREFIX=tmp):
+                self.assertEqual(dynamiq.library_path(), lib / "libdynamiq.so")
+                self.assertEqual(dynamiq.library_path("cpu-nccl"),
+                                 lib / "dynamiq" / "cpu-nccl" / "libnccl.so.2")
+        with self.assertRaises(ValueError):
+            dynamiq.library_path("nccl")
+
+    def test_not_found(self):
+        # A copy of the package outside any checkout or installation, DYNAMIQ_PREFIX empty of
+        # libraries: the error names every path tried.
+        from dynamiq import _locate
+        if any((d / "libnccl-net-dynamiq.so").exists()
+               for prefix in _locate.SYSTEM_PREFIXES for d in _locate._libdirs(prefix)):
+            self.skipTest("dynamiq is installed under %s" % (_locate.SYSTEM_PREFIXES,))
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(REPO / "python" / "dynamiq", pathlib.Path(tmp) / "py" / "dynamiq",
+                            ignore=shutil.ignore_patterns("*.in", "__pycache__"))
+            out = subprocess.run(
+                [sys.executable, "-m", "dynamiq", "library-path", "plugin"], capture_output=True,
+                text=True, env=dict(os.environ, PYTHONPATH=tmp + "/py", DYNAMIQ_PREFIX=tmp),
+                cwd=tmp, timeout=60)
+            self.assertEqual(out.returncode, 1)
+            self.assertIn("libnccl-net-dynamiq.so not found; tried: %s/plugin/abi/" % tmp,
+                          out.stderr)
+
+    def test_installed_layout_is_relocatable(self):
+        # What meson install writes (python/meson.build): the package with _install.py, below
+        # <prefix>/<python dir>; found from wherever the tree was copied to.
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = pathlib.Path(tmp) / "staged" / "opt" / "dq"
+            pydir = "lib/python3/site-packages"
+            pkg = prefix / pydir / "dynamiq"
+            shutil.copytree(REPO / "python" / "dynamiq", pkg,
+                            ignore=shutil.ignore_patterns("*.in", "__pycache__"))
+            (pkg / "_install.py").write_text(
+                'VERSION = "%s"\nPREFIX = "/opt/dq"\nLIBDIR = "lib/x86_64-linux-gnu"\n'
+                'BINDIR = "bin"\nDATADIR = "share"\nPYTHONDIR = "%s/"\n'
+                % (dynamiq.__version__, pydir))
+            lib = prefix / "lib" / "x86_64-linux-gnu"
+            lib.mkdir(parents=True)
+            (lib / "libdynamiq.so").write_bytes(b"")
+            out = subprocess.run(
+                [sys.executable, "-m", "dynamiq", "library-path"], capture_output=True,
+                text=True, env=dict(os.environ, PYTHONPATH=str(prefix / pydir),
+                                    DYNAMIQ_PREFIX=""), cwd=tmp, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.strip(), str(lib / "libdynamiq.so"))
+
+    def test_cli(self):
+        out = subprocess.run([sys.executable, "-m", "dynamiq", "version"], capture_output=True,
+                             text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "python")),
+                             timeout=60)
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, dynamiq.__version__))
+        out = subprocess.run([sys.executable, "-m", "dynamiq", "bogus"], capture_output=True,
+                             text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "python")),
+                             timeout=60)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("library-path", out.stderr)
+
+
+class MetricsFileTest(unittest.TestCase):
+    def test_path_substitution(self):
+        with env(DYNAMIQ_METRICS_FILE="/m/%r-%p.json", RANK="3"):
+            self.assertEqual(dynamiq.metrics_path(), "/m/3-%d.json" % os.getpid())
+            self.assertEqual(dynamiq.metrics_path(rank=5), "/m/5-%d.json" % os.getpid())
+        with env(DYNAMIQ_METRICS_FILE=None):
+            self.assertIsNone(dynamiq.metrics_path())
+
+    def test_reads_json(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            data = {"pid": os.getpid(), "communicators": [{"index": 0, "calls": {"rerouted": 2}}]}
+            (pathlib.Path(tmp) / "m.1.json").write_text(json.dumps(data))
+            with env(DYNAMIQ_METRICS_FILE=tmp + "/m.%r.json", RANK="1"):
+                self.assertEqual(dynamiq.counters(), data)
+            with env(DYNAMIQ_METRICS_FILE=tmp + "/m.prom"):
+                with self.assertRaisesRegex(ValueError, "Prometheus"):
+                    dynamiq.counters()
+        with env(DYNAMIQ_METRICS_FILE=None):
+            with self.assertRaisesRegex(RuntimeError, "DYNAMIQ_METRICS_FILE"):
+                dynamiq.counters()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
