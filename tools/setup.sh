@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# Installs what dynamiq needs on a fresh Debian 12 machine (apt + pip) and builds it into
-# ./build. Idempotent: a second run only rebuilds what changed.
+# Installs what dynamiq needs on a fresh Debian 12 machine and builds it into ./build.
+# Idempotent: a second run only rebuilds what changed.
+#
+# System packages come from apt (sudo when not root). Python packages (meson, numpy, ml_dtypes)
+# go into a virtual environment, .venv (DYNAMIQ_VENV names another), never into the system
+# Python: Debian 12 marks it externally managed (PEP 668) and has no pip. The environment sees
+# the system's site-packages, so what is installed there already is used, not downloaded again.
+# Afterwards .venv/bin/meson and .venv/bin/python3 are the tools to use; the build's tests run
+# with .venv/bin/python3 (set in the native file build/../.venv/dynamiq-native.ini at setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need_apt=()
-for pkg in libtbb-dev libgtest-dev libbenchmark-dev libibverbs-dev pkg-config iperf3 iproute2; do
+for pkg in g++ pkg-config ninja-build python3-venv libtbb-dev libgtest-dev libbenchmark-dev \
+           nlohmann-json3-dev libcli11-dev \
+           libibverbs-dev iperf3 iproute2; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
@@ -12,10 +21,28 @@ if ((${#need_apt[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-python3 -c "import mesonbuild, ninja, numpy, ml_dtypes" 2>/dev/null ||
-  python3 -m pip install -q meson ninja numpy ml_dtypes
-if [ ! -f build/build.ninja ]; then
-  python3 -m mesonbuild.mesonmain setup build --buildtype=release >/dev/null ||
-    meson setup build --buildtype=release
+
+venv=${DYNAMIQ_VENV:-.venv}
+if [ ! -x "$venv/bin/python3" ]; then
+  python3 -m venv --system-site-packages "$venv"
 fi
-meson compile -C build
+venv=$(cd "$venv" && pwd)
+py=$venv/bin/python3
+if ! "$py" -c "import mesonbuild, numpy, ml_dtypes" 2>/dev/null ||
+   ! "$py" -c "import sys, mesonbuild.coredata as c; sys.exit(tuple(map(int, c.version.split('.')[:2])) < (1, 1))"; then
+  "$py" -m pip install -q "meson>=1.1" numpy ml_dtypes
+fi
+# A meson found only in the system's site-packages has no script in the environment: add one.
+if [ ! -x "$venv/bin/meson" ]; then
+  printf '#!/bin/sh\nexec "%s" -m mesonbuild.mesonmain "$@"\n' "$py" >"$venv/bin/meson"
+  chmod +x "$venv/bin/meson"
+fi
+# Meson's find_program('python3') would take the system python3 (no numpy) from PATH: the
+# native file names the environment's.
+native=$venv/dynamiq-native.ini
+printf "[binaries]\npython3 = '%s'\npython = '%s'\n" "$py" "$py" >"$native"
+
+if [ ! -f build/build.ninja ]; then
+  "$venv/bin/meson" setup build --buildtype=release --native-file "$native" >/dev/null
+fi
+"$venv/bin/meson" compile -C build
