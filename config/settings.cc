@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "config/bytes.h"
 #include "config/optin.h"
 #include "kernels/codec.h"
 
@@ -49,38 +50,22 @@ bool parse_bool(std::string_view v, bool* out) {
   return false;
 }
 
-// Integer (decimal or 0x hex); Bytes also takes one K/M/G/T suffix (powers of 1024).
-bool parse_int(std::string_view v, bool allow_suffix, double* out) {
+// Int: decimal or 0x hex, no sign. Bytes: config/bytes.h (8, 64K, 1MB, 1MiB, ...).
+bool parse_int(std::string_view v, bool bytes, double* out) {
   std::string s(v);
+  if (bytes) {
+    uint64_t x = 0;
+    if (!parse_bytes(s, &x)) return false;
+    *out = static_cast<double>(x);
+    return true;
+  }
   if (s.empty() || s[0] == '-' || s[0] == '+' || std::isspace(static_cast<unsigned char>(s[0])))
     return false;
   errno = 0;
   char* end = nullptr;
   unsigned long long x = std::strtoull(s.c_str(), &end, 0);
-  if (errno != 0 || end == s.c_str()) return false;
-  double scale = 1;
-  if (allow_suffix && *end != '\0') {
-    switch (std::toupper(static_cast<unsigned char>(*end))) {
-      case 'K':
-        scale = 1024.0;
-        break;
-      case 'M':
-        scale = 1024.0 * 1024;
-        break;
-      case 'G':
-        scale = 1024.0 * 1024 * 1024;
-        break;
-      case 'T':
-        scale = 1024.0 * 1024 * 1024 * 1024;
-        break;
-      default:
-        return false;
-    }
-    ++end;
-    if (*end == 'B' || *end == 'b') ++end;
-  }
-  if (*end != '\0') return false;
-  *out = static_cast<double>(x) * scale;
+  if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+  *out = static_cast<double>(x);
   return true;
 }
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "config/bytes.h"
+
 namespace dq::perf {
 namespace {
 
@@ -106,36 +108,10 @@ bool is_floating(DType t) {
 }
 
 bool parse_size(const char* text, size_t* out) {
-  if (text == nullptr || *text < '0' || *text > '9') return false;  // no sign, no blanks
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0) return false;
-  unsigned shift = 0;
-  switch (*end) {
-    case '\0':
-      break;
-    case 'K':
-    case 'k':
-      shift = 10;
-      ++end;
-      break;
-    case 'M':
-    case 'm':
-      shift = 20;
-      ++end;
-      break;
-    case 'G':
-    case 'g':
-      shift = 30;
-      ++end;
-      break;
-    default:
-      return false;
-  }
-  if (*end != '\0') return false;
-  if (v > (std::numeric_limits<size_t>::max() >> shift)) return false;
-  *out = static_cast<size_t>(v) << shift;
+  uint64_t v = 0;  // the one size syntax of dynamiq (config/bytes.h): 8, 1K, 1MB, 1MiB, ...
+  if (text == nullptr || !config::parse_bytes(text, &v) || v > std::numeric_limits<size_t>::max())
+    return false;
+  *out = static_cast<size_t>(v);
   return true;
 }
 

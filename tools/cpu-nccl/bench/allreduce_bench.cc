@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "common/nccl_api.h"
+#include "config/bytes.h"
 
 namespace {
 
@@ -27,12 +29,12 @@ struct Shared {
   ncclUniqueId id;
 };
 
-size_t parse_size(const char* s) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  if (*end == 'K' || *end == 'k') v *= 1024;
-  if (*end == 'M' || *end == 'm') v *= 1024 * 1024;
-  if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024;
+size_t parse_size(const char* s) {  // config/bytes.h: 8, 1K, 1MB, 1MiB, ...
+  uint64_t v = 0;
+  if (!dq::config::parse_bytes(s, &v) || v > SIZE_MAX) {
+    std::fprintf(stderr, "not a size: %s (e.g. 8, 64K, 1M, 1MiB)\n", s);
+    std::exit(2);
+  }
   return static_cast<size_t>(v);
 }
 
