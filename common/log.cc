@@ -1,21 +1,36 @@
 #include "common/log.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <unistd.h>
+#include <set>
+#include <vector>
 
 #include "common/status.h"
+#include "config/settings.h"
 
 namespace dq {
 namespace {
 
-std::atomic<int> g_level{-1};         // -1: not read from the environment yet
-std::atomic<unsigned> g_subsys_mask{~0u};
-std::mutex g_write_mutex;             // one line at a time on stderr
+// ---- configuration (from the settings table) --------------------------------------------------
+
+std::atomic<int> g_level{-1};  // -1: not configured yet
+std::atomic<unsigned> g_subsys_mask{kAllSubsys};
+std::mutex g_config_mutex;        // configuring
+std::atomic<bool> g_reported{false};
+thread_local bool t_quiet = false;
+
+std::mutex g_out_mutex;  // one line at a time on stderr
 
 struct SubsysName {
   Subsys id;
@@ -31,31 +46,168 @@ const char* subsys_name(Subsys s) {
   return "?";
 }
 
-void read_env() {
-  int level = static_cast<int>(LogLevel::kWarn);
-  if (const char* v = std::getenv("DYNAMIQ_DEBUG")) {
-    if (!strcasecmp(v, "NONE")) level = static_cast<int>(LogLevel::kNone);
-    else if (!strcasecmp(v, "INFO")) level = static_cast<int>(LogLevel::kInfo);
-    else if (!strcasecmp(v, "TRACE")) level = static_cast<int>(LogLevel::kTrace);
+bool equal_nocase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
+}
+
+void apply(const config::Settings& s) {
+  g_subsys_mask.store(s.log_subsys, std::memory_order_relaxed);
+  g_level.store(static_cast<int>(s.log_level), std::memory_order_release);
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+void emit(LogLevel level, Subsys subsys, const char* file, int line, const char* body) {
+  const char* base = std::strrchr(file, '/');
+  base = base ? base + 1 : file;
+  std::lock_guard<std::mutex> lock(g_out_mutex);
+  if (level == LogLevel::kWarn)
+    std::fprintf(stderr, "dynamiq %d WARN %s %s:%d %s\n", static_cast<int>(getpid()),
+                 subsys_name(subsys), base, line, body);
+  else
+    std::fprintf(stderr, "dynamiq %d %s %s %s\n", static_cast<int>(getpid()),
+                 level == LogLevel::kInfo ? "INFO" : "TRACE", subsys_name(subsys), body);
+}
+
+// Configures the log from the settings table at the first use in this library, then reports
+// (once per process) the settings' problems and values (config::report).
+void ensure_configured() {
+  std::vector<config::Problem> problems;
+  const config::Settings* s = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    s = &config::global_unreported(&problems);
+    if (g_level.load(std::memory_order_acquire) < 0) apply(*s);
   }
-  unsigned mask = ~0u;
-  if (const char* v = std::getenv("DYNAMIQ_DEBUG_SUBSYS"); v && *v) {
-    mask = static_cast<unsigned>(Subsys::kCore);  // CORE warnings are never filtered out
-    for (const auto& n : kSubsysNames)
-      if (strcasestr(v, n.name)) mask |= static_cast<unsigned>(n.id);
+  if (g_reported.exchange(true)) return;
+  config::report(*s, problems);
+}
+
+// ---- once per process -------------------------------------------------------------------------
+
+// "pidns.pid.starttime": names this process among every process the kernel runs, whichever
+// pid namespace it is in, even after its pid is reused.
+std::string process_identity() {
+  struct stat ns {};
+  const unsigned long long pidns = stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
+  unsigned long long start = 0;
+  if (FILE* f = std::fopen("/proc/self/stat", "r")) {
+    char buf[1024];
+    const size_t got = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[got] = '\0';
+    // After the command name's closing parenthesis: field 3 (state) onwards; 22 is starttime.
+    if (const char* p = std::strrchr(buf, ')')) {
+      ++p;
+      for (int field = 3; field < 22 && *p; ++field) {
+        while (*p == ' ') ++p;
+        while (*p && *p != ' ') ++p;
+      }
+      start = std::strtoull(p, nullptr, 10);
+    }
   }
-  g_subsys_mask.store(mask, std::memory_order_relaxed);
-  g_level.store(level, std::memory_order_release);
+  return std::to_string(pidns) + "." + std::to_string(getpid()) + "." + std::to_string(start);
+}
+
+// Binds the abstract socket "dynamiq.<process identity>.<hash of key>". true: bound (first in
+// the process; the descriptor stays open until the process ends) or no socket can be made
+// here; false: another copy bound it first.
+bool claim(std::string_view key) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(h));
+  const std::string name = "dynamiq." + process_identity() + "." + hash;
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t len = std::min(name.size(), sizeof addr.sun_path - 1);
+  std::memcpy(addr.sun_path + 1, name.data(), len);  // sun_path[0] = 0: abstract, no file
+  const auto addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) == 0) return true;
+  const int err = errno;
+  close(fd);
+  return err != EADDRINUSE;
 }
 
 }  // namespace
 
-void log_reload_from_env() { read_env(); }
+bool log_first_in_process(std::string_view key) {
+  static std::mutex mutex;
+  static auto& seen = *new std::set<std::string, std::less<>>;  // this copy's keys, this pid
+  static pid_t seen_pid = 0;
+  static int sockets = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  const pid_t pid = getpid();
+  if (pid != seen_pid) {  // a forked child starts afresh
+    seen.clear();
+    seen_pid = pid;
+    sockets = 0;
+  }
+  if (!seen.emplace(key).second) return false;
+  // Bounded: past 64 keys (tests that change the environment again and again) this copy
+  // answers for itself.
+  if (++sockets > 64) return true;
+  return claim(key);
+}
+
+LogQuietScope::LogQuietScope() : was_(t_quiet) {
+  t_quiet = true;
+}
+LogQuietScope::~LogQuietScope() {
+  t_quiet = was_;
+}
+
+bool log_parse_level(std::string_view text, LogLevel* out) {
+  static constexpr std::pair<const char*, LogLevel> kLevels[] = {{"NONE", LogLevel::kNone},
+                                                                 {"WARN", LogLevel::kWarn},
+                                                                 {"INFO", LogLevel::kInfo},
+                                                                 {"TRACE", LogLevel::kTrace}};
+  for (const auto& [name, level] : kLevels)
+    if (equal_nocase(text, name)) return *out = level, true;
+  return false;
+}
+
+bool log_parse_subsys(std::string_view text, unsigned* mask) {
+  const bool invert = !text.empty() && text.front() == '^';
+  if (invert) text.remove_prefix(1);
+  unsigned listed = 0;
+  while (true) {  // one term per comma
+    const size_t comma = text.find(',');
+    const std::string_view term = text.substr(0, comma);
+    if (equal_nocase(term, "ALL")) {
+      listed = kAllSubsys;
+    } else if (!term.empty()) {
+      bool known = false;
+      for (const auto& n : kSubsysNames)
+        if (equal_nocase(term, n.name)) listed |= static_cast<unsigned>(n.id), known = true;
+      if (!known) return false;
+    }
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  *mask = invert ? kAllSubsys & ~listed : listed;
+  return true;
+}
+
+void log_reload_from_env() {
+  if (g_level.load(std::memory_order_acquire) < 0) ensure_configured();
+  config::Settings s;
+  std::string error;
+  {
+    LogQuietScope quiet;
+    config::load_from_environment(&s, &error);
+  }
+  std::lock_guard<std::mutex> lock(g_config_mutex);
+  apply(s);
+}
 
 bool log_enabled(LogLevel level, Subsys subsys) {
+  if (t_quiet) return false;
   int current = g_level.load(std::memory_order_acquire);
   if (current < 0) {
-    read_env();
+    ensure_configured();
     current = g_level.load(std::memory_order_acquire);
   }
   if (static_cast<int>(level) > current) return false;
@@ -70,27 +222,27 @@ void log_message(LogLevel level, Subsys subsys, const char* file, int line, cons
   va_start(ap, fmt);
   vsnprintf(body, sizeof body, fmt, ap);
   va_end(ap);
-  const char* base = std::strrchr(file, '/');
-  base = base ? base + 1 : file;
-  std::lock_guard<std::mutex> lock(g_write_mutex);
-  if (level == LogLevel::kWarn)
-    std::fprintf(stderr, "dynamiq %d WARN %s %s:%d %s\n", static_cast<int>(getpid()),
-                 subsys_name(subsys), base, line, body);
-  else
-    std::fprintf(stderr, "dynamiq %d %s %s %s\n", static_cast<int>(getpid()),
-                 level == LogLevel::kInfo ? "INFO" : "TRACE", subsys_name(subsys), body);
+  emit(level, subsys, file, line, body);
 }
 
 const char* status_name(Status s) {
   switch (s) {
-    case Status::kOk: return "ok";
-    case Status::kInvalidArgument: return "invalid argument";
-    case Status::kMalformedPayload: return "malformed payload";
-    case Status::kOutOfMemory: return "out of memory";
-    case Status::kSystemError: return "system error";
-    case Status::kTimeout: return "timeout";
-    case Status::kInternal: return "internal error";
-    case Status::kUnsupported: return "unsupported";
+    case Status::kOk:
+      return "ok";
+    case Status::kInvalidArgument:
+      return "invalid argument";
+    case Status::kMalformedPayload:
+      return "malformed payload";
+    case Status::kOutOfMemory:
+      return "out of memory";
+    case Status::kSystemError:
+      return "system error";
+    case Status::kTimeout:
+      return "timeout";
+    case Status::kInternal:
+      return "internal error";
+    case Status::kUnsupported:
+      return "unsupported";
   }
   return "unknown status";
 }

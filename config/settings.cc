@@ -9,14 +9,11 @@
 #include <mutex>
 #include <string_view>
 
-#include "config/bytes.h"
 #include "config/optin.h"
 #include "kernels/codec.h"
 
 namespace dq::config {
 namespace {
-
-enum class Kind { Bool, Int, Bytes, Real, Text };
 
 struct Entry {
   const char* field;
@@ -24,18 +21,43 @@ struct Entry {
   const char* key;
   const char* fallback;
   double lo, hi;
-  bool agreed;
+  Scope scope;
   const char* accepted;
   const char* doc;
 };
 
-#define DQ_SETTING(field, kind, key, fallback, lo, hi, agreed, accepted, doc) \
-  Entry{#field, Kind::kind, key, fallback, lo, hi, agreed != 0, accepted, doc},
+#define DQ_SETTING(field, kind, key, fallback, lo, hi, scope, accepted, doc) \
+  Entry{#field, Kind::kind, key, fallback, lo, hi, Scope::scope, accepted, doc},
 constexpr Entry kTable[] = {
 #include "config/settings.def"
 };
 #undef DQ_SETTING
 constexpr int kCount = static_cast<int>(sizeof kTable / sizeof kTable[0]);
+
+// Every default of the table parses and lies in its range (else the build stops here).
+template <Kind K>
+constexpr bool default_ok(const char* text, double lo, double hi) {
+  table::Type<K> v{};
+  if (!table::parse_default<K>(text, &v)) return false;
+  if constexpr (K == Kind::Int || K == Kind::Bytes || K == Kind::Real)
+    return static_cast<double>(v) >= lo && static_cast<double>(v) <= hi;
+  return true;
+}
+#define DQ_SETTING(field, kind, key, fallback, lo, hi, scope, accepted, doc) \
+  static_assert(default_ok<Kind::kind>(fallback, lo, hi), key ": the default does not parse");
+#include "config/settings.def"
+#undef DQ_SETTING
+
+constexpr int index_of(std::string_view key) {
+  for (int i = 0; i < kCount; ++i)
+    if (key == kTable[i].key) return i;
+  return -1;
+}
+constexpr int kTimeout = index_of("DYNAMIQ_TIMEOUT_MS");
+constexpr int kNetTimeout = index_of("DYNAMIQ_NET_TIMEOUT_MS");
+constexpr int kCpuNcclTimeout = index_of("DYNAMIQ_CPU_NCCL_TIMEOUT_MS");
+constexpr int kNetIfname = index_of("DYNAMIQ_NET_IFNAME");
+static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0 && kNetIfname >= 0);
 
 std::string lower(std::string_view v) {
   std::string s(v);
@@ -50,37 +72,28 @@ bool parse_bool(std::string_view v, bool* out) {
   return false;
 }
 
-// Int: decimal or 0x hex, no sign. Bytes: config/bytes.h (8, 64K, 1MB, 1MiB, ...).
-bool parse_int(std::string_view v, bool bytes, double* out) {
-  std::string s(v);
-  if (bytes) {
-    uint64_t x = 0;
-    if (!parse_bytes(s, &x)) return false;
-    *out = static_cast<double>(x);
-    return true;
-  }
+// Int: decimal or 0x hex, no sign.
+bool parse_int(const std::string& s, double* out) {
   if (s.empty() || s[0] == '-' || s[0] == '+' || std::isspace(static_cast<unsigned char>(s[0])))
     return false;
   errno = 0;
   char* end = nullptr;
-  unsigned long long x = std::strtoull(s.c_str(), &end, 0);
+  const unsigned long long x = std::strtoull(s.c_str(), &end, 0);
   if (errno != 0 || end == s.c_str() || *end != '\0') return false;
   *out = static_cast<double>(x);
   return true;
 }
 
-bool parse_real(std::string_view v, double* out) {
-  std::string s(v);
+bool parse_real(const std::string& s, double* out) {
   if (s.empty()) return false;
   char* end = nullptr;
   errno = 0;
-  double x = std::strtod(s.c_str(), &end);
+  const double x = std::strtod(s.c_str(), &end);
   if (errno != 0 || *end != '\0' || !std::isfinite(x)) return false;
   *out = x;
   return true;
 }
 
-// Text validators; on failure return false (the caller reports key, value and accepted values).
 bool valid_codec(const std::string& v) {
   static const char* kNames[] = {"dynamiq",   "uniform",   "mxfp8", "mxfp6",
                                  "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "bf16"};
@@ -92,10 +105,9 @@ bool valid_codec(const std::string& v) {
 bool parse_dtypes(const std::string& v, Settings* s) {
   s->allow_f32 = s->allow_bf16 = false;
   size_t pos = 0;
-  int terms = 0;
-  while (pos <= v.size() && terms < 16) {
-    size_t comma = v.find(',', pos);
-    std::string t =
+  for (int terms = 0; pos <= v.size() && terms < 16; ++terms) {
+    const size_t comma = v.find(',', pos);
+    const std::string t =
         lower(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
     if (t == "float32" || t == "float" || t == "fp32") {
       s->allow_f32 = true;
@@ -104,7 +116,6 @@ bool parse_dtypes(const std::string& v, Settings* s) {
     } else if (!t.empty()) {
       return false;
     }
-    ++terms;
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
@@ -170,21 +181,51 @@ std::string text_of(const std::string& f) {
   return f;
 }
 
-// Per entry, in table order: store a parsed value; print the canonical text of the stored one.
+// Settings{} holds the table's defaults (settings.h); a function-local static, so that it
+// exists before any use, however early.
+const Settings& defaults() {
+  static const Settings& d = *new Settings;
+  return d;
+}
+
+// Per entry, in table order: store a parsed value; print the canonical text of the stored one;
+// put back the default.
 using Store = void (*)(Settings*, const Value&);
 using Show = std::string (*)(const Settings&);
-#define DQ_SETTING(field, kind, key, fallback, lo, hi, agreed, accepted, doc) \
+using Reset = void (*)(Settings*);
+#define DQ_SETTING(field, kind, key, fallback, lo, hi, scope, accepted, doc) \
   [](Settings* s, const Value& v) { store(&s->field, v); },
 constexpr Store kStore[] = {
 #include "config/settings.def"
 };
 #undef DQ_SETTING
-#define DQ_SETTING(field, kind, key, fallback, lo, hi, agreed, accepted, doc) \
+#define DQ_SETTING(field, kind, key, fallback, lo, hi, scope, accepted, doc) \
   [](const Settings& s) { return text_of(s.field); },
 constexpr Show kShow[] = {
 #include "config/settings.def"
 };
 #undef DQ_SETTING
+#define DQ_SETTING(field, kind, key, fallback, lo, hi, scope, accepted, doc) \
+  [](Settings* s) { s->field = defaults().field; },
+constexpr Reset kReset[] = {
+#include "config/settings.def"
+};
+#undef DQ_SETTING
+
+// Text entries checked on their own (the others are checked with their neighbours in finish()).
+bool valid_text(const Entry& e, const std::string& raw) {
+  const std::string_view key = e.key;
+  if (key == "DYNAMIQ_DEBUG") {
+    LogLevel level;
+    return log_parse_level(raw, &level);
+  }
+  if (key == "DYNAMIQ_DEBUG_SUBSYS") {
+    unsigned mask;
+    return log_parse_subsys(raw, &mask);
+  }
+  if (key == "DYNAMIQ_NET_BACKEND") return raw == "socket";
+  return true;
+}
 
 // Parses one raw value for entry e; false if it is not acceptable.
 bool parse(const Entry& e, const std::string& raw, Value* v) {
@@ -192,145 +233,255 @@ bool parse(const Entry& e, const std::string& raw, Value* v) {
     case Kind::Bool:
       return parse_bool(raw, &v->flag);
     case Kind::Int:
-    case Kind::Bytes:
-      if (!parse_int(raw, e.kind == Kind::Bytes, &v->number)) return false;
+      if (!parse_int(raw, &v->number)) return false;
       return v->number >= e.lo && v->number <= e.hi;
+    case Kind::Bytes: {
+      uint64_t bytes = 0;
+      if (!parse_bytes(raw, &bytes)) return false;
+      v->number = static_cast<double>(bytes);
+      return v->number >= e.lo && v->number <= e.hi;
+    }
     case Kind::Real:
       if (!parse_real(raw, &v->number)) return false;
       return v->number >= e.lo && v->number <= e.hi;
     case Kind::Text:
       v->text = raw;
-      return true;
+      return valid_text(e, raw);
   }
   return false;
 }
 
-// Cross-field checks and derived values; false with *error set on failure.
-bool finish(Settings* s, std::string* error) {
-  const std::string codec = lower(s->codec);
-  if (!valid_codec(codec)) {
-    *error = "DYNAMIQ_CODEC=" + s->codec +
-             " is not a codec; accepted: dynamiq, uniform, mxfp8, mxfp6, mxfp6e2m3, mxfp4, bf16";
-    return false;
+// What an invalid value of this entry does, appended to its message.
+std::string consequence(const Entry& e) {
+  const std::string fallback = *e.fallback ? e.fallback : "(empty)";
+  switch (e.scope) {
+    case Scope::Agreed:
+    case Scope::Shim:
+      return "; compression is OFF: every call passes through to NCCL";
+    case Scope::Log:
+      return "; the log uses the default " + fallback;
+    case Scope::Net:
+      return "; the net plugin uses the default " + fallback;
+    case Scope::CpuNccl:
+      return "; the CPU NCCL uses the default " + fallback;
   }
-  s->codec = codec;
-  if (codec == "dynamiq" || codec == "uniform") {
-    s->codec_spec = codec + ":" + format_real(s->bits);
-    if (codec == "dynamiq" && !s->correlated) s->codec_spec += ":corr=0";
-  } else {
-    s->codec_spec = codec;
-  }
-  std::string why;
-  if (make_codec(s->codec_spec, &why) == nullptr) {
-    *error = "DYNAMIQ_CODEC=" + s->codec + " with DYNAMIQ_BITS=" + format_real(s->bits) +
-             " is not a valid codec: " + why;
-    return false;
-  }
-  const std::string topo = lower(s->topology);
-  if (topo != "ring" && topo != "butterfly" && topo != "auto") {
-    *error = "DYNAMIQ_TOPO=" + s->topology + " is not a topology; accepted: ring, butterfly, auto";
-    return false;
-  }
-  s->topology = topo;
-  if (!parse_dtypes(s->dtypes, s)) {
-    *error = "DYNAMIQ_DTYPES=" + s->dtypes +
-             " is not a comma list of float32, bfloat16 (aliases: float, fp32, bf16)";
-    return false;
-  }
-  if (!parse_collectives(s->collectives, s)) {
-    *error = "DYNAMIQ_COLLECTIVES=" + s->collectives +
-             " is not a comma list of allreduce, reducescatter, reduce";
-    return false;
-  }
-  OptInRules rules;
-  if (parse_opt_in(s->comms, &rules, &why) != Status::kOk) {
-    *error = "DYNAMIQ_COMMS=" + s->comms + ": " + why +
-             "; accepted: comma list of all, none, name=GLOB, size=N, index=N, color=N";
-    return false;
-  }
-  return true;
+  return "";
 }
 
-Status load_defaults(Settings* out) {
-  for (int i = 0; i < kCount; ++i) {
-    Value v;
-    if (!parse(kTable[i], kTable[i].fallback, &v)) return Status::kInternal;
-    kStore[i](out, v);
+class Loader {
+ public:
+  Loader(EnvLookup lookup, void* ctx) : lookup_(lookup), ctx_(ctx) {}
+
+  void run(Settings* s) {
+    *s = defaults();
+    for (int i = 0; i < kCount; ++i) {
+      const Entry& e = kTable[i];
+      const char* raw = lookup_(e.key, ctx_);
+      if (raw == nullptr || *raw == '\0') continue;
+      Value v;
+      if (!parse(e, raw, &v)) {
+        fail(i, std::string(e.key) + "=" + raw + " is not valid; accepted: " + e.accepted);
+        continue;
+      }
+      kStore[i](s, v);
+      set_[i] = true;
+    }
+    finish(s);
+    for (const Problem& p : problems_)
+      if (p.scope == Scope::Agreed || p.scope == Scope::Shim) s->enable = false;
   }
-  std::string ignored;
-  return finish(out, &ignored) ? Status::kOk : Status::kInternal;
+
+  std::vector<Problem>& problems() { return problems_; }
+
+ private:
+  void fail(int i, const std::string& what) {
+    problems_.push_back({kTable[i].scope, what + consequence(kTable[i])});
+  }
+
+  // Cross-field checks, derived values and fallbacks; an invalid value goes back to its default.
+  void finish(Settings* s) {
+    const int codec = index_of("DYNAMIQ_CODEC"), bits = index_of("DYNAMIQ_BITS");
+    std::string why;
+    const std::string codec_text = s->codec;
+    s->codec = lower(s->codec);
+    if (!valid_codec(s->codec)) {
+      fail(codec, "DYNAMIQ_CODEC=" + codec_text +
+                      " is not a codec; accepted: dynamiq, uniform, mxfp8, mxfp6, mxfp6e2m3, "
+                      "mxfp4, bf16");
+      kReset[codec](s);
+    }
+    derive_codec_spec(s);
+    if (make_codec(s->codec_spec, &why) == nullptr) {
+      fail(codec, "DYNAMIQ_CODEC=" + s->codec + " with DYNAMIQ_BITS=" + format_real(s->bits) +
+                      " is not a valid codec: " + why);
+      kReset[codec](s);
+      kReset[bits](s);
+      derive_codec_spec(s);
+    }
+    const int topo = index_of("DYNAMIQ_TOPO");
+    const std::string topo_text = s->topology;
+    s->topology = lower(s->topology);
+    if (s->topology != "ring" && s->topology != "butterfly" && s->topology != "auto") {
+      fail(topo,
+           "DYNAMIQ_TOPO=" + topo_text + " is not a topology; accepted: ring, butterfly, auto");
+      kReset[topo](s);
+    }
+    if (!parse_dtypes(s->dtypes, s)) {
+      fail(index_of("DYNAMIQ_DTYPES"),
+           "DYNAMIQ_DTYPES=" + s->dtypes +
+               " is not a comma list of float32, bfloat16 (aliases: float, fp32, bf16)");
+      kReset[index_of("DYNAMIQ_DTYPES")](s);
+      parse_dtypes(s->dtypes, s);
+    }
+    if (!parse_collectives(s->collectives, s)) {
+      fail(index_of("DYNAMIQ_COLLECTIVES"),
+           "DYNAMIQ_COLLECTIVES=" + s->collectives +
+               " is not a comma list of allreduce, reducescatter, reduce");
+      kReset[index_of("DYNAMIQ_COLLECTIVES")](s);
+      parse_collectives(s->collectives, s);
+    }
+    OptInRules rules;
+    if (parse_opt_in(s->comms, &rules, &why) != Status::kOk) {
+      fail(index_of("DYNAMIQ_COMMS"),
+           "DYNAMIQ_COMMS=" + s->comms + ": " + why +
+               "; accepted: comma list of all, none, name=GLOB, size=N, index=N, color=N");
+      kReset[index_of("DYNAMIQ_COMMS")](s);
+    }
+    // The log's level and subsystems (both validated by parse()).
+    log_parse_level(s->debug, &s->log_level);
+    log_parse_subsys(s->debug_subsys, &s->log_subsys);
+    // DYNAMIQ_TIMEOUT_MS, when set, bounds the plugin's and the CPU NCCL's waits too, unless
+    // their own variables are set; NCCL_SOCKET_IFNAME picks the plugin's interfaces unless
+    // DYNAMIQ_NET_IFNAME does.
+    if (set_[kTimeout] && !set_[kNetTimeout]) s->net_timeout_ms = s->timeout_ms;
+    if (set_[kTimeout] && !set_[kCpuNcclTimeout]) s->cpu_nccl_timeout_ms = s->timeout_ms;
+    if (!set_[kNetIfname]) {
+      const char* nccl = lookup_("NCCL_SOCKET_IFNAME", ctx_);
+      if (nccl != nullptr) s->net_ifname = nccl;
+    }
+  }
+
+  static void derive_codec_spec(Settings* s) {
+    if (s->codec == "dynamiq" || s->codec == "uniform") {
+      s->codec_spec = s->codec + ":" + format_real(s->bits);
+      if (s->codec == "dynamiq" && !s->correlated) s->codec_spec += ":corr=0";
+    } else {
+      s->codec_spec = s->codec;
+    }
+  }
+
+  EnvLookup lookup_;
+  void* ctx_;
+  bool set_[kCount] = {};
+  std::vector<Problem> problems_;
+};
+
+const char* from_environment(const char* key, void*) {
+  return std::getenv(key);
 }
 
 }  // namespace
 
-Status load(EnvLookup lookup, void* ctx, Settings* out, std::string* error) {
-  *out = Settings{};
-  if (load_defaults(out) != Status::kOk) {
-    *error = "dynamiq: the built-in defaults are invalid (a bug)";
-    out->enable = false;
-    return Status::kInternal;
-  }
-  Settings parsed = *out;
-  for (int i = 0; i < kCount; ++i) {
-    const Entry& e = kTable[i];
-    const char* raw = lookup(e.key, ctx);
-    if (raw == nullptr || *raw == '\0') continue;
-    Value v;
-    if (!parse(e, raw, &v)) {
-      *error = std::string(e.key) + "=" + raw + " is not valid; accepted: " + e.accepted;
-      out->enable = false;
-      return Status::kInvalidArgument;
+Status load(EnvLookup lookup, void* ctx, Settings* out, std::string* error,
+            std::vector<Problem>* problems) {
+  Loader loader(lookup, ctx);
+  loader.run(out);
+  if (error != nullptr) {
+    error->clear();
+    for (const Problem& p : loader.problems()) {
+      if (!error->empty()) *error += '\n';
+      *error += p.message;
     }
-    kStore[i](&parsed, v);
   }
-  if (!finish(&parsed, error)) {
-    out->enable = false;
-    return Status::kInvalidArgument;
-  }
-  *out = parsed;
-  return Status::kOk;
+  const bool ok = loader.problems().empty();
+  if (problems != nullptr) *problems = std::move(loader.problems());
+  return ok ? Status::kOk : Status::kInvalidArgument;
 }
 
-Status load_from_environment(Settings* out, std::string* error) {
-  return load([](const char* key, void*) -> const char* { return std::getenv(key); }, nullptr, out,
-              error);
+Status load_from_environment(Settings* out, std::string* error, std::vector<Problem>* problems) {
+  return load(from_environment, nullptr, out, error, problems);
 }
 
 namespace {
-Settings g_settings;
-bool g_valid = false;
-std::once_flag g_once;
+// Built at the first use, however early, and never destroyed: destructors of other statics
+// (metrics written at exit) may still read the settings.
+struct GlobalState {
+  Settings settings;
+  std::vector<Problem> problems;
+  bool valid = false;
+  std::once_flag once;
+};
+GlobalState& parse_global() {
+  static GlobalState& g = *new GlobalState;
+  std::call_once(g.once, [] {
+    LogQuietScope quiet;  // reported by the log layer once it is configured from these values
+    load_from_environment(&g.settings, nullptr, &g.problems);
+    g.valid = true;
+    for (const Problem& p : g.problems)
+      if (p.scope == Scope::Agreed || p.scope == Scope::Shim) g.valid = false;
+  });
+  return g;
+}
 }  // namespace
 
+const Settings& global_unreported(std::vector<Problem>* problems) {
+  const GlobalState& g = parse_global();
+  if (problems != nullptr) *problems = g.problems;
+  return g.settings;
+}
+
 const Settings& global() {
-  std::call_once(g_once, [] {
-    Settings& settings = g_settings;
-    std::string error;
-    g_valid = load_from_environment(&settings, &error) == Status::kOk;
-    if (!g_valid) {
-      DQ_WARN(Subsys::kEnv, "dynamiq: %s. Compression is OFF: every call passes through to NCCL.",
-              error.c_str());
-    } else if (log_enabled(LogLevel::kInfo, Subsys::kEnv)) {
-      // One line per setting: log lines have a bounded length.
-      const std::string text = describe(settings);
-      size_t begin = 0;
-      for (int line = 0; line < 64 && begin < text.size(); ++line) {
-        const size_t end = text.find('\n', begin);
-        DQ_INFO(
-            Subsys::kEnv, "dynamiq setting %s",
-            text.substr(begin + 2, end == std::string::npos ? std::string::npos : end - begin - 2)
-                .c_str());
-        if (end == std::string::npos) break;
-        begin = end + 1;
-      }
-    }
-  });
-  return g_settings;
+  const GlobalState& g = parse_global();
+  // The first use of the log configures it from these settings and reports them (common/log.cc).
+  log_enabled(LogLevel::kWarn, Subsys::kEnv);
+  return g.settings;
 }
 
 bool global_valid() {
   global();
-  return g_valid;
+  return parse_global().valid;
+}
+
+Settings current() {
+  static std::mutex mutex;
+  static bool loaded = false;
+  static std::string& seen = *new std::string;  // the raw values `cached` was parsed from
+  static Settings& cached = *new Settings;
+  std::string now;
+  for (const Entry& e : kTable) {
+    const char* v = std::getenv(e.key);
+    now += v != nullptr ? '=' : '-';
+    now += v != nullptr ? v : "";
+    now += '\0';
+  }
+  const char* nccl = std::getenv("NCCL_SOCKET_IFNAME");
+  now += nccl != nullptr ? nccl : "-";
+  std::vector<Problem> problems;
+  Settings out;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (loaded && now == seen) return cached;
+    {
+      LogQuietScope quiet;
+      load_from_environment(&cached, nullptr, &problems);
+    }
+    seen = std::move(now);
+    loaded = true;
+    out = cached;
+  }
+  report(out, problems);
+  return out;
+}
+
+void report(const Settings& s, const std::vector<Problem>& problems) {
+  for (const Problem& p : problems)
+    if (log_first_in_process("warn:" + p.message)) DQ_WARN(Subsys::kEnv, "%s", p.message.c_str());
+  if (!log_enabled(LogLevel::kInfo, Subsys::kEnv) || !log_first_in_process("settings")) return;
+  for (int i = 0; i < kCount; ++i) {
+    // One line per setting: log lines have a bounded length.
+    DQ_INFO(Subsys::kEnv, "dynamiq setting %s=%s  (default %s)  %s", kTable[i].key,
+            kShow[i](s).c_str(), *kTable[i].fallback ? kTable[i].fallback : "\"\"", kTable[i].doc);
+  }
 }
 
 std::string describe(const Settings& s) {
@@ -351,14 +502,14 @@ std::string describe(const Settings& s) {
 
 int Agreed::count() {
   int n = 0;
-  for (const Entry& e : kTable) n += e.agreed;
+  for (const Entry& e : kTable) n += e.scope == Scope::Agreed;
   return n;
 }
 
 namespace {
 int agreed_index(int i) {
   for (int k = 0; k < kCount; ++k)
-    if (kTable[k].agreed && i-- == 0) return k;
+    if (kTable[k].scope == Scope::Agreed && i-- == 0) return k;
   return -1;
 }
 }  // namespace

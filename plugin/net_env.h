@@ -1,12 +1,7 @@
-// Environment knobs of the net plugin (all optional):
-//   DYNAMIQ_NET_IFNAME     interfaces to use, NCCL_SOCKET_IFNAME syntax: comma-separated name
-//                          prefixes; a leading '^' excludes, a leading '=' asks for exact names.
-//                          Unset: NCCL_SOCKET_IFNAME if set, else every up, non-loopback
-//                          interface (loopback only when there is no other).
-//   DYNAMIQ_NET_NSOCKS     TCP sockets per connection, 1..8 (default 2).
-//   DYNAMIQ_NET_TIMEOUT_MS bound on every wait on a peer: connect/handshake, and a transfer that
-//                          stops making progress mid-message (default 30000 ms).
-//   DYNAMIQ_NET_BACKEND    transport behind the tables: "socket" (default; the only one so far).
+// The net plugin's settings, entries of the settings table (config/settings.def:
+// DYNAMIQ_NET_IFNAME, DYNAMIQ_NET_NSOCKS, DYNAMIQ_NET_TIMEOUT_MS, DYNAMIQ_NET_BACKEND, with
+// DYNAMIQ_TIMEOUT_MS and NCCL_SOCKET_IFNAME as their fallbacks), parsed and validated there; an
+// invalid value is warned about once per process and leaves that setting at its default.
 #pragma once
 
 #include <cstdint>
@@ -14,14 +9,16 @@
 
 namespace dq::net {
 
+// Filled by ReadNetEnv(); the defaults are the table's.
 struct NetEnv {
-  std::string ifname;          // DYNAMIQ_NET_IFNAME, empty when unset
-  int nsocks = 2;              // DYNAMIQ_NET_NSOCKS
-  int64_t timeout_ms = 30000;  // DYNAMIQ_NET_TIMEOUT_MS
-  std::string backend = "socket";
+  std::string ifname;      // DYNAMIQ_NET_IFNAME, else NCCL_SOCKET_IFNAME; empty: the default choice
+  int nsocks = 0;          // DYNAMIQ_NET_NSOCKS
+  int64_t timeout_ms = 0;  // DYNAMIQ_NET_TIMEOUT_MS, else DYNAMIQ_TIMEOUT_MS
+  std::string backend;     // DYNAMIQ_NET_BACKEND
 };
 
-// Reads the environment on every call (tests change it between calls).
+// The values the environment gives now (config::current(): parsed again only when a variable
+// changed since the last call; tests change them between calls).
 NetEnv ReadNetEnv();
 
 // NCCL_SOCKET_IFNAME-style matching of one interface name against a spec ("" matches all).

@@ -1,18 +1,31 @@
-// The settings table as a whole and what it shares with the tools: one size syntax
-// (config/bytes.h) for the settings and every tool's size options.
+// The settings table as a whole (config/settings.def: every variable, one loader, one size syntax,
+// the struct's defaults) and the log's part in it (common/log.h). Log behaviour depends on a
+// process's first use, so those tests run this binary again as a child (--child NAME) with a
+// given environment and read what it wrote.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdarg>
+#include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "common/log.h"
 #include "config/bytes.h"
 #include "config/settings.h"
+#include "plugin/net_abi.h"
 #include "tools/perf/perf_options.h"
 
 namespace dq {
 namespace {
 
 using Map = std::map<std::string, std::string>;
+const char* g_plugin_path = nullptr;  // argv[1]: libnccl-net-dynamiq.so
 
 const char* lookup(const char* key, void* ctx) {
   auto* m = static_cast<Map*>(ctx);
@@ -20,8 +33,9 @@ const char* lookup(const char* key, void* ctx) {
   return it == m->end() ? nullptr : it->second.c_str();
 }
 
-Status load(Map env, config::Settings* s, std::string* error) {
-  return config::load(lookup, &env, s, error);
+Status load(Map env, config::Settings* s, std::string* error,
+            std::vector<config::Problem>* problems = nullptr) {
+  return config::load(lookup, &env, s, error, problems);
 }
 
 // ---- one size syntax ------------------------------------------------------------------------
@@ -68,7 +82,259 @@ TEST(Bytes, OneSyntaxForSettingsAndTools) {
     ASSERT_EQ(load({{"DYNAMIQ_MIN_BYTES", text}}, &s, &error), Status::kOk) << text << error;
     EXPECT_EQ(s.min_bytes, 1 << 20) << text;
   }
+  ASSERT_EQ(load({{"DYNAMIQ_CPU_NCCL_CHUNK_BYTES", "64KiB"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.cpu_nccl_chunk_bytes, 64 << 10);
+}
+
+// ---- one table ------------------------------------------------------------------------------
+
+TEST(Table, StructDefaultsAreTheLoadedDefaults) {
+  config::Settings loaded;
+  std::string error;
+  ASSERT_EQ(load({}, &loaded, &error), Status::kOk) << error;
+  const config::Settings plain{};
+  EXPECT_TRUE(plain == loaded) << "Settings{}:\n"
+                               << config::describe(plain) << "codec_spec=" << plain.codec_spec
+                               << "\nloaded:\n"
+                               << config::describe(loaded) << "codec_spec=" << loaded.codec_spec;
+  EXPECT_EQ(plain.codec, "dynamiq");
+  EXPECT_EQ(plain.min_bytes, 1 << 20);
+  EXPECT_EQ(plain.block_bytes, 16 << 20);
+  EXPECT_EQ(plain.timeout_ms, 60000);
+  EXPECT_EQ(plain.seed, 24301);
+  EXPECT_DOUBLE_EQ(plain.metrics_interval_s, 10);
+  EXPECT_EQ(plain.net_nsocks, 2);
+  EXPECT_EQ(plain.net_timeout_ms, 30000);
+  EXPECT_EQ(plain.cpu_nccl_chunk_bytes, 1 << 20);
+  EXPECT_EQ(plain.log_level, LogLevel::kWarn);
+  EXPECT_EQ(plain.log_subsys, kAllSubsys);
+}
+
+TEST(Table, HoldsTheLogNetAndCpuNcclVariables) {
+  const std::string text = config::describe(config::Settings{});
+  for (const char* key : {"DYNAMIQ_DEBUG=WARN", "DYNAMIQ_DEBUG_SUBSYS=ALL",
+                          "DYNAMIQ_NET_IFNAME=", "DYNAMIQ_NET_NSOCKS=2",
+                          "DYNAMIQ_NET_TIMEOUT_MS=30000", "DYNAMIQ_NET_BACKEND=socket",
+                          "DYNAMIQ_CPU_NCCL_TIMEOUT_MS=60000",
+                          "DYNAMIQ_CPU_NCCL_CHUNK_BYTES=1048576", "DYNAMIQ_CPU_NCCL_NET_PLUGIN="})
+    EXPECT_NE(text.find(std::string("  ") + key + "  "), std::string::npos) << key << "\n" << text;
+}
+
+// Invalid log, plugin and CPU NCCL values keep their default, are named with what happens, and
+// leave compression alone; invalid shim values turn it off.
+TEST(Table, InvalidValuesSayWhatHappens) {
+  struct Case {
+    const char* key;
+    const char* value;
+    const char* says;
+    bool disables;
+  } cases[] = {
+      {"DYNAMIQ_NET_NSOCKS", "99",
+       "DYNAMIQ_NET_NSOCKS=99 is not valid; accepted: 1..8; the net plugin uses the default 2",
+       false},
+      {"DYNAMIQ_NET_TIMEOUT_MS", "5s", "DYNAMIQ_NET_TIMEOUT_MS=5s is not valid", false},
+      {"DYNAMIQ_NET_BACKEND", "ib",
+       "DYNAMIQ_NET_BACKEND=ib is not valid; accepted: socket; the net plugin uses the default "
+       "socket",
+       false},
+      {"DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "0",
+       "DYNAMIQ_CPU_NCCL_TIMEOUT_MS=0 is not valid; accepted: 1..86400000; the CPU NCCL uses the "
+       "default 60000",
+       false},
+      {"DYNAMIQ_CPU_NCCL_CHUNK_BYTES", "32", "DYNAMIQ_CPU_NCCL_CHUNK_BYTES=32 is not valid", false},
+      {"DYNAMIQ_DEBUG", "verbose",
+       "DYNAMIQ_DEBUG=verbose is not valid; accepted: NONE|WARN|INFO|TRACE; the log uses the "
+       "default WARN",
+       false},
+      {"DYNAMIQ_DEBUG_SUBSYS", "SHIM,BOGUS", "DYNAMIQ_DEBUG_SUBSYS=SHIM,BOGUS is not valid", false},
+      {"DYNAMIQ_BITS", "2",
+       "DYNAMIQ_BITS=2 is not valid; accepted: 3..16; compression is OFF: every call passes "
+       "through to NCCL",
+       true},
+      {"DYNAMIQ_TOPO", "torus", "DYNAMIQ_TOPO=torus is not a topology", true},
+  };
+  const config::Settings defaults{};
+  for (const Case& c : cases) {
+    config::Settings s;
+    std::string error;
+    std::vector<config::Problem> problems;
+    Map env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_NET_NSOCKS", "4"}};
+    env[c.key] = c.value;
+    EXPECT_EQ(load(env, &s, &error, &problems), Status::kInvalidArgument) << c.key;
+    ASSERT_EQ(problems.size(), 1u) << error;
+    EXPECT_NE(problems[0].message.find(c.says), std::string::npos) << problems[0].message;
+    EXPECT_EQ(error, problems[0].message);
+    EXPECT_EQ(s.enable, !c.disables) << c.key;
+    // The invalid setting is back at its default; a valid neighbour keeps its value.
+    config::Settings expect = defaults;
+    expect.enable = s.enable;
+    expect.net_nsocks = std::string(c.key) == "DYNAMIQ_NET_NSOCKS" ? 2 : 4;
+    EXPECT_TRUE(s == expect) << c.key << "\n" << config::describe(s);
+  }
+}
+
+TEST(Table, TimeoutAndInterfaceFallbacks) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_TIMEOUT_MS", "5000"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.net_timeout_ms, 5000);
+  EXPECT_EQ(s.cpu_nccl_timeout_ms, 5000);
+  ASSERT_EQ(load({{"DYNAMIQ_TIMEOUT_MS", "5000"},
+                  {"DYNAMIQ_NET_TIMEOUT_MS", "700"},
+                  {"DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "800"}},
+                 &s, &error),
+            Status::kOk);
+  EXPECT_EQ(s.net_timeout_ms, 700);
+  EXPECT_EQ(s.cpu_nccl_timeout_ms, 800);
+  ASSERT_EQ(load({{"NCCL_SOCKET_IFNAME", "eth"}}, &s, &error), Status::kOk);
+  EXPECT_EQ(s.net_ifname, "eth");
+  ASSERT_EQ(load({{"NCCL_SOCKET_IFNAME", "eth"}, {"DYNAMIQ_NET_IFNAME", "lo"}}, &s, &error),
+            Status::kOk);
+  EXPECT_EQ(s.net_ifname, "lo");
+}
+
+// ---- the log's parsers ----------------------------------------------------------------------
+
+TEST(Log, SubsystemsAsNcclDefinesThem) {
+  const unsigned net = static_cast<unsigned>(Subsys::kNet);
+  const unsigned env = static_cast<unsigned>(Subsys::kEnv);
+  struct Case {
+    const char* text;
+    unsigned mask;
+  } cases[] = {{"ALL", kAllSubsys},
+               {"all", kAllSubsys},
+               {"NET", net},
+               {"net,ENV", net | env},
+               {"^NET", kAllSubsys & ~net},
+               {"^NET,ENV", kAllSubsys & ~(net | env)},
+               {"^ALL", 0},
+               {"NET,,ENV", net | env}};
+  for (const Case& c : cases) {
+    unsigned mask = 12345;
+    EXPECT_TRUE(log_parse_subsys(c.text, &mask)) << c.text;
+    EXPECT_EQ(mask, c.mask) << c.text;
+  }
+  unsigned mask = 0;
+  EXPECT_FALSE(log_parse_subsys("NETS", &mask));
+  EXPECT_FALSE(log_parse_subsys("NET,^ENV", &mask));
+  LogLevel level;
+  EXPECT_TRUE(log_parse_level("info", &level));
+  EXPECT_EQ(level, LogLevel::kInfo);
+  EXPECT_FALSE(log_parse_level("verbose", &level));
+}
+
+// ---- the log, in a child process --------------------------------------------------------------
+
+struct Child {
+  int status = -1;
+  std::string err;  // its stderr
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::string g_self;
+
+// Runs this binary with --child NAME and the given variables set (every DYNAMIQ_* and rank
+// variable of ours unset first).
+Child run_child(const std::string& name, const Map& env) {
+  char tmpl[] = "/tmp/dq-config-test-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  Child out;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    for (const char* key :
+         {"DYNAMIQ_DEBUG", "DYNAMIQ_DEBUG_SUBSYS", "DYNAMIQ_DEBUG_FILE", "DYNAMIQ_NET_NSOCKS",
+          "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+      unsetenv(key);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    dup2(fd, STDERR_FILENO);
+    execl(g_self.c_str(), g_self.c_str(), "--child", name.c_str(),
+          g_plugin_path ? g_plugin_path : "", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fd);
+  waitpid(pid, &out.status, 0);
+  out.err = read_file(tmpl);
+  unlink(tmpl);
+  return out;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Child scenario "settings": the table loaded by the shim's way and the plugin's way, again and
+// again, then the net plugin library (its own copy of the core library) loaded and initialised.
+int child_settings(const char* plugin) {
+  for (int i = 0; i < 3; ++i) {
+    config::global();
+    config::current();
+  }
+  if (plugin == nullptr || *plugin == '\0') return 0;
+  void* lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    std::fprintf(stderr, "dlopen: %s\n", dlerror());
+    return 3;
+  }
+  const auto* net = static_cast<const dqNetV8*>(dlsym(lib, "ncclNetPlugin_v8"));
+  if (net == nullptr) return 4;
+  // Without NCCL's logger the plugin logs through its own copy of common/log.
+  if (net->init(nullptr) != dqNetSuccess) return 5;
+  int ndev = 0;
+  net->devices(&ndev);
+  DQ_WARN(Subsys::kCore, "child done");
+  return 0;
+}
+
+TEST(Log, EachProblemOncePerProcessAcrossLibraryCopies) {
+  const Child c = run_child(
+      "settings",
+      {{"DYNAMIQ_DEBUG", "verbose"}, {"DYNAMIQ_NET_NSOCKS", "99"}, {"DYNAMIQ_NET_IFNAME", "lo"}});
+  ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+  EXPECT_EQ(count(c.err, "DYNAMIQ_DEBUG=verbose is not valid"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "DYNAMIQ_NET_NSOCKS=99 is not valid"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "child done"), 1) << c.err;
+  EXPECT_EQ(count(c.err, " WARN "), 3) << c.err;
+}
+
+TEST(Log, SettingsListedOncePerProcessAtInfo) {
+  const Child c = run_child(
+      "settings",
+      {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "ENV"}, {"DYNAMIQ_NET_IFNAME", "lo"}});
+  ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_ENABLE=0"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_NET_IFNAME=lo"), 1) << c.err;
+}
+
+TEST(Log, FirstInProcessOncePerKeyAndAgainInAForkedChild) {
+  EXPECT_TRUE(log_first_in_process("config_test key"));
+  EXPECT_FALSE(log_first_in_process("config_test key"));
+  EXPECT_TRUE(log_first_in_process("config_test other key"));
+  const pid_t pid = fork();
+  if (pid == 0) _exit(log_first_in_process("config_test key") ? 0 : 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 }  // namespace
 }  // namespace dq
+
+int main(int argc, char** argv) {
+  dq::g_self = argv[0];
+  if (argc >= 3 && std::string(argv[1]) == "--child") {
+    const std::string name = argv[2];
+    if (name == "settings") return dq::child_settings(argc > 3 ? argv[3] : nullptr);
+    return 2;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc > 1) dq::g_plugin_path = argv[1];
+  return RUN_ALL_TESTS();
+}

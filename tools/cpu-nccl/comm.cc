@@ -9,6 +9,8 @@
 #include <random>
 #include <thread>
 
+#include "config/settings.h"
+
 namespace dq::cpunccl {
 namespace {
 
@@ -33,18 +35,6 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser: derives child comm tags
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-size_t env_size(const char* name, size_t fallback, size_t lo, size_t hi) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  if (end == v || x < lo || x > hi) {
-    DQ_WARN(Subsys::kEnv, "cpu-nccl: ignoring %s=%s (allowed %zu..%zu)", name, v, lo, hi);
-    return fallback;
-  }
-  return static_cast<size_t>(x);
 }
 
 // Tracks time since the last progress and backs off while idle (no core burnt on waiting).
@@ -160,10 +150,8 @@ struct Pipeline {
 }  // namespace
 
 int timeout_ms_from_env() {
-  // DYNAMIQ_TIMEOUT_MS (the shim's bound on every wait) applies unless this one is set.
-  return static_cast<int>(env_size("DYNAMIQ_CPU_NCCL_TIMEOUT_MS",
-                                   env_size("DYNAMIQ_TIMEOUT_MS", 60000, 1, 86400000), 1,
-                                   86400000));
+  // DYNAMIQ_CPU_NCCL_TIMEOUT_MS, else DYNAMIQ_TIMEOUT_MS (config/settings.def).
+  return static_cast<int>(config::current().cpu_nccl_timeout_ms);
 }
 
 struct Comm::Hello {
@@ -460,8 +448,9 @@ Status Comm::make_unique_id(unsigned char id[kUniqueIdBytes]) {
 
 Status Comm::init_plugin(uint64_t comm_tag) {
   comm_tag_ = comm_tag;
-  timeout_ms_ = timeout_ms_from_env();
-  chunk_bytes_ = env_size("DYNAMIQ_CPU_NCCL_CHUNK_BYTES", chunk_bytes_, 64, size_t{1} << 30);
+  const config::Settings settings = config::current();  // DYNAMIQ_CPU_NCCL_*
+  timeout_ms_ = static_cast<int>(settings.cpu_nccl_timeout_ms);
+  chunk_bytes_ = static_cast<size_t>(settings.cpu_nccl_chunk_bytes);
   DQ_CHECK(Net::get(&net_));
   chunk_bytes_ = std::min(chunk_bytes_, net_->max_message_bytes());
   DQ_CHECK(net_->init(comm_tag, &ctx_));
