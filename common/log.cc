@@ -1,10 +1,12 @@
 #include "common/log.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
@@ -12,12 +14,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <set>
 #include <vector>
 
 #include "common/status.h"
 #include "config/settings.h"
+#include "config/version.h"
 
 namespace dq {
 namespace {
@@ -26,11 +30,21 @@ namespace {
 
 std::atomic<int> g_level{-1};  // -1: not configured yet
 std::atomic<unsigned> g_subsys_mask{kAllSubsys};
+std::atomic<int> g_rank{-1};      // log_set_rank()
+std::atomic<int> g_env_rank{-1};  // the launcher's, read when configured
 std::mutex g_config_mutex;        // configuring
 std::atomic<bool> g_reported{false};
 thread_local bool t_quiet = false;
 
-std::mutex g_out_mutex;  // one line at a time on stderr
+// The output: stderr, or the debug file opened at the first line (g_fd < 0: not open yet).
+// Objects with destructors are never destroyed: destructors of other statics may still log.
+std::mutex g_out_mutex;
+std::string& file_pattern() {  // guarded by g_out_mutex
+  static std::string& pattern = *new std::string;
+  return pattern;
+}
+int g_fd = -1;
+pid_t g_fd_pid = 0;
 
 struct SubsysName {
   Subsys id;
@@ -50,27 +64,124 @@ bool equal_nocase(std::string_view a, std::string_view b) {
   return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
 
+int rank_from_launcher() {
+  for (const char* key : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(key);
+    if (v == nullptr || *v < '0' || *v > '9') continue;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    if (*end == '\0' && r >= 0 && r < (1L << 30)) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+std::string rank_text() {
+  int r = g_rank.load(std::memory_order_relaxed);
+  if (r < 0) r = g_env_rank.load(std::memory_order_relaxed);
+  return r < 0 ? std::string("-") : std::to_string(r);
+}
+
+const std::string& host_name() {  // up to the first dot, as NCCL prints it
+  static const std::string& name = *new std::string([] {
+    char buf[256] = {};
+    if (gethostname(buf, sizeof buf - 1) != 0) return std::string("unknown");
+    std::string h(buf);
+    const size_t dot = h.find('.');
+    return dot == std::string::npos ? h : h.substr(0, dot);
+  }());
+  return name;
+}
+
 void apply(const config::Settings& s) {
+  {
+    std::lock_guard<std::mutex> out(g_out_mutex);
+    if (g_fd > 2) close(g_fd);
+    g_fd = -1;
+    file_pattern() = s.debug_file;
+  }
+  g_env_rank.store(rank_from_launcher(), std::memory_order_relaxed);
   g_subsys_mask.store(s.log_subsys, std::memory_order_relaxed);
   g_level.store(static_cast<int>(s.log_level), std::memory_order_release);
 }
 
 // ---- output -----------------------------------------------------------------------------------
 
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+std::string format_line(LogLevel level, Subsys subsys, const char* file, int line,
+                        const char* body);
+
+// The descriptor lines go to; g_out_mutex held. Opens the debug file on the first line (and again
+// in a forked child when the name holds %p): truncated by the first opener in the process, the
+// other library copies append. A file that cannot be opened: one warning, then stderr.
+int output_fd() {
+  if (file_pattern().empty()) return STDERR_FILENO;
+  const pid_t pid = getpid();
+  if (g_fd >= 0 && (g_fd_pid == pid || file_pattern().find("%p") == std::string::npos)) return g_fd;
+  if (g_fd > 2) close(g_fd);
+  const std::string path = log_expand_path(file_pattern(), host_name(), pid, rank_text());
+  const int trunc = log_first_in_process("debug-file:" + path) ? O_TRUNC : 0;
+  g_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | trunc, 0644);
+  g_fd_pid = pid;
+  if (g_fd < 0) {
+    const std::string why = "cannot open DYNAMIQ_DEBUG_FILE " + path + ": " + std::strerror(errno) +
+                            "; logging to stderr";
+    const std::string msg =
+        format_line(LogLevel::kWarn, Subsys::kEnv, __FILE__, __LINE__, why.c_str());
+    write_all(STDERR_FILENO, msg.data(), msg.size());
+    file_pattern().clear();
+    return STDERR_FILENO;
+  }
+  return g_fd;
+}
+
+std::string format_line(LogLevel level, Subsys subsys, const char* file, int line,
+                        const char* body) {
+  char prefix[192];
+  size_t n = 0;
+  if (level == LogLevel::kWarn) {
+    const time_t now = time(nullptr);
+    struct tm tm_now;
+    localtime_r(&now, &tm_now);
+    n = strftime(prefix, sizeof prefix, "[%Y-%m-%d %H:%M:%S] ", &tm_now);
+  }
+  const char* level_name = level == LogLevel::kWarn   ? "WARN"
+                           : level == LogLevel::kInfo ? "INFO"
+                                                      : "TRACE";
+  const int more =
+      std::snprintf(prefix + n, sizeof prefix - n, "%s:%d:%d [%s] dynamiq %s %s ",
+                    host_name().c_str(), static_cast<int>(getpid()), static_cast<int>(gettid()),
+                    rank_text().c_str(), level_name, subsys_name(subsys));
+  n = std::min(n + static_cast<size_t>(std::max(more, 0)), sizeof prefix - 1);
+  std::string text(prefix, n);
+  if (level == LogLevel::kWarn) {
+    const char* base = std::strrchr(file, '/');
+    text += base ? base + 1 : file;
+    text += ':';
+    text += std::to_string(line);
+    text += ' ';
+  }
+  text += body;
+  text += '\n';
+  return text;
+}
+
 void emit(LogLevel level, Subsys subsys, const char* file, int line, const char* body) {
-  const char* base = std::strrchr(file, '/');
-  base = base ? base + 1 : file;
+  const std::string text = format_line(level, subsys, file, line, body);
   std::lock_guard<std::mutex> lock(g_out_mutex);
-  if (level == LogLevel::kWarn)
-    std::fprintf(stderr, "dynamiq %d WARN %s %s:%d %s\n", static_cast<int>(getpid()),
-                 subsys_name(subsys), base, line, body);
-  else
-    std::fprintf(stderr, "dynamiq %d %s %s %s\n", static_cast<int>(getpid()),
-                 level == LogLevel::kInfo ? "INFO" : "TRACE", subsys_name(subsys), body);
+  write_all(output_fd(), text.data(), text.size());
 }
 
 // Configures the log from the settings table at the first use in this library, then reports
-// (once per process) the settings' problems and values (config::report).
+// (once per process): the version (INFO), the settings' problems and values (config::report).
 void ensure_configured() {
   std::vector<config::Problem> problems;
   const config::Settings* s = nullptr;
@@ -80,6 +191,11 @@ void ensure_configured() {
     if (g_level.load(std::memory_order_acquire) < 0) apply(*s);
   }
   if (g_reported.exchange(true)) return;
+  if (g_level.load(std::memory_order_acquire) >= static_cast<int>(LogLevel::kInfo) &&
+      log_first_in_process("version")) {
+    emit(LogLevel::kInfo, Subsys::kCore, __FILE__, __LINE__,
+         "version " DYNAMIQ_VERSION " (git " DYNAMIQ_GIT_REVISION ")");
+  }
   config::report(*s, problems);
 }
 
@@ -189,6 +305,41 @@ bool log_parse_subsys(std::string_view text, unsigned* mask) {
   }
   *mask = invert ? kAllSubsys & ~listed : listed;
   return true;
+}
+
+std::string log_expand_path(std::string_view pattern, std::string_view host, long pid,
+                            std::string_view rank) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    switch (pattern[i + 1]) {
+      case 'h':
+        out += host;
+        break;
+      case 'p':
+        out += std::to_string(pid);
+        break;
+      case 'r':
+        out += rank == "-" ? std::to_string(pid) : std::string(rank);
+        break;
+      case '%':
+        out += '%';
+        break;
+      default:
+        out += pattern[i];
+        out += pattern[i + 1];
+        break;
+    }
+    ++i;
+  }
+  return out;
+}
+
+void log_set_rank(int rank) {
+  g_rank.store(rank < 0 ? -1 : rank, std::memory_order_relaxed);
 }
 
 void log_reload_from_env() {

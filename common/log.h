@@ -1,8 +1,18 @@
-// Logging, configured from the settings table (config/settings.def) at the first use:
+// Logging, NCCL-style. Configured from the settings table (config/settings.def) at the first use:
 //   DYNAMIQ_DEBUG         NONE | WARN (default) | INFO | TRACE
 //   DYNAMIQ_DEBUG_SUBSYS  ALL (default), or a comma list of CORE,SHIM,ENGINE,KERNEL,NET,ENV;
 //                         a leading ^ selects every subsystem but those listed (NCCL_DEBUG_SUBSYS).
-//                         Filters INFO and TRACE lines; warnings always print, with file:line.
+//                         Filters INFO and TRACE lines; warnings are always printed.
+//   DYNAMIQ_DEBUG_FILE    a file instead of stderr; %h host, %p pid, %r rank, %% a percent sign.
+// Lines:
+//   [2026-05-05 06:16:47] host:pid:tid [rank] dynamiq WARN SUBSYS file.cc:123 message
+//   host:pid:tid [rank] dynamiq INFO SUBSYS message
+// host is the host name up to its first dot, tid the kernel's thread id, rank the one given to
+// log_set_rank(), else the launcher's RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID,
+// else '-'. With DYNAMIQ_DEBUG=INFO the first line of a process gives dynamiq's version and git
+// revision: "... dynamiq INFO CORE version 0.1.0 (git 0a62516)", whatever the subsystems. Each
+// line is one write(2): lines of several threads, processes or library copies never interleave
+// within a line.
 #pragma once
 
 #include <string>
@@ -25,8 +35,14 @@ bool log_enabled(LogLevel level, Subsys subsys);
 void log_message(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-// Re-reads DYNAMIQ_DEBUG and DYNAMIQ_DEBUG_SUBSYS from the environment (tests change them at
-// run time).
+// The rank shown in every later line of this library's log ([rank]) and, if the debug file is
+// not open yet, in its name (%r). The shim's engine calls it with the process's rank in the first
+// communicator it serves; a process with several communicators keeps that one. Per library copy:
+// the net plugin and the CPU NCCL show the launcher's rank (RANK, ...) or '-'. rank < 0: unknown.
+void log_set_rank(int rank);
+
+// Re-reads DYNAMIQ_DEBUG, DYNAMIQ_DEBUG_SUBSYS and DYNAMIQ_DEBUG_FILE from the environment
+// (tests change them at run time); the debug file is reopened on the next line.
 void log_reload_from_env();
 
 // True the first time this process asks with this key, false afterwards: for reports that must
@@ -40,6 +56,9 @@ bool log_first_in_process(std::string_view key);
 // Parsers of the settings table's logging entries (config/settings.cc validates with them).
 bool log_parse_level(std::string_view text, LogLevel* out);
 bool log_parse_subsys(std::string_view text, unsigned* mask);
+// DYNAMIQ_DEBUG_FILE's pattern with %h, %p, %r and %% replaced; other % sequences stay.
+std::string log_expand_path(std::string_view pattern, std::string_view host, long pid,
+                            std::string_view rank);
 
 // While one exists on a thread, that thread logs nothing (the settings loader: its problems are
 // reported once the log is configured, and logging from inside it would recurse).

@@ -1,8 +1,10 @@
 // The settings table as a whole (config/settings.def: every variable, one loader, one size syntax,
-// the struct's defaults) and the log's part in it (common/log.h). Log behaviour depends on a
+// the struct's defaults) and the NCCL-style log (common/log.h). Log behaviour depends on a
 // process's first use, so those tests run this binary again as a child (--child NAME) with a
 // given environment and read what it wrote.
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -113,7 +116,7 @@ TEST(Table, StructDefaultsAreTheLoadedDefaults) {
 TEST(Table, HoldsTheLogNetAndCpuNcclVariables) {
   const std::string text = config::describe(config::Settings{});
   for (const char* key : {"DYNAMIQ_DEBUG=WARN", "DYNAMIQ_DEBUG_SUBSYS=ALL",
-                          "DYNAMIQ_NET_IFNAME=", "DYNAMIQ_NET_NSOCKS=2",
+                          "DYNAMIQ_DEBUG_FILE=", "DYNAMIQ_NET_IFNAME=", "DYNAMIQ_NET_NSOCKS=2",
                           "DYNAMIQ_NET_TIMEOUT_MS=30000", "DYNAMIQ_NET_BACKEND=socket",
                           "DYNAMIQ_CPU_NCCL_TIMEOUT_MS=60000",
                           "DYNAMIQ_CPU_NCCL_CHUNK_BYTES=1048576", "DYNAMIQ_CPU_NCCL_NET_PLUGIN="})
@@ -223,6 +226,12 @@ TEST(Log, SubsystemsAsNcclDefinesThem) {
   EXPECT_FALSE(log_parse_level("verbose", &level));
 }
 
+TEST(Log, FileNameSubstitution) {
+  EXPECT_EQ(log_expand_path("/tmp/dq.%h.%p.%r.log", "node7", 4242, "3"),
+            "/tmp/dq.node7.4242.3.log");
+  EXPECT_EQ(log_expand_path("%r-%%-%x-%", "h", 9, "-"), "9-%-%x-%");  // no rank: the pid
+}
+
 // ---- the log, in a child process --------------------------------------------------------------
 
 struct Child {
@@ -270,6 +279,106 @@ int count(const std::string& text, const std::string& what) {
   return n;
 }
 
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream s(text);
+  for (std::string line; std::getline(s, line);) out.push_back(line);
+  return out;
+}
+
+std::string short_host() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  std::string h(buf);
+  return h.substr(0, h.find('.'));
+}
+
+// Child scenario "lines": a warning, an INFO line, the rank set by the engine, a filtered line.
+int child_lines() {
+  DQ_WARN(Subsys::kShim, "hello %d", 1);
+  DQ_INFO(Subsys::kNet, "net info");
+  DQ_INFO(Subsys::kEngine, "engine info");
+  log_set_rank(7);
+  DQ_INFO(Subsys::kNet, "after rank");
+  return 0;
+}
+
+TEST(Log, LinesLookLikeNccl) {
+  const Child c = run_child(
+      "lines", {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "^ENGINE,ENV"}, {"RANK", "5"}});
+  ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+  const std::string id = short_host() + ":[0-9]+:[0-9]+ ";
+  const std::vector<std::string> lines = lines_of(c.err);
+  ASSERT_EQ(lines.size(), 4u) << c.err;
+  // First use at INFO: the version and git revision, once.
+  EXPECT_TRUE(std::regex_match(lines[0], std::regex(id + "\\[5\\] dynamiq INFO CORE version "
+                                                         "[0-9]+\\.[0-9]+\\.[0-9]+ \\(git .+\\)")))
+      << lines[0];
+  EXPECT_TRUE(std::regex_match(
+      lines[1], std::regex("\\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\\] " + id +
+                           "\\[5\\] dynamiq WARN SHIM config_test\\.cc:[0-9]+ hello 1")))
+      << lines[1];
+  EXPECT_TRUE(std::regex_match(lines[2], std::regex(id + "\\[5\\] dynamiq INFO NET net info")))
+      << lines[2];
+  // ^ENGINE,ENV: the ENGINE line (and the settings) left out; log_set_rank() replaces the
+  // launcher's rank.
+  EXPECT_TRUE(std::regex_match(lines[3], std::regex(id + "\\[7\\] dynamiq INFO NET after rank")))
+      << lines[3];
+  // The pid and thread id are this child's.
+  EXPECT_EQ(lines[2].substr(0, lines[2].find(' ')), lines[3].substr(0, lines[3].find(' ')));
+}
+
+TEST(Log, AllSelectsEverySubsystemAndNoRankShowsADash) {
+  const Child c = run_child("lines", {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "ALL"}});
+  ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+  EXPECT_EQ(count(c.err, "[-] dynamiq INFO NET net info"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "[-] dynamiq INFO ENGINE engine info"), 1) << c.err;
+  const Child only =
+      run_child("lines", {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "NET"}});
+  EXPECT_EQ(count(only.err, "net info"), 1) << only.err;
+  EXPECT_EQ(count(only.err, "engine info"), 0) << only.err;
+}
+
+TEST(Log, DebugFileWithHostPidAndRank) {
+  char dir[] = "/tmp/dq-config-test-dir-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string pattern = std::string(dir) + "/dq.%h.%p.%r.log";
+  // The process's first line truncates what an earlier process left under that name.
+  const Child c = run_child(
+      "lines", {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_FILE", pattern}, {"RANK", "2"}});
+  ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+  EXPECT_EQ(c.err, "");
+  std::vector<std::string> names;
+  std::string listing;
+  if (DIR* d = opendir(dir)) {
+    while (const dirent* e = readdir(d))
+      if (e->d_name[0] != '.') names.push_back(e->d_name), listing += std::string(e->d_name) + "\n";
+    closedir(d);
+  }
+  ASSERT_EQ(names.size(), 1u) << listing;
+  EXPECT_TRUE(
+      std::regex_match(names[0], std::regex("dq\\." + short_host() + "\\.[0-9]+\\.2\\.log")))
+      << names[0];
+  const std::string path = std::string(dir) + "/" + names[0];
+  const std::string text = read_file(path);
+  EXPECT_EQ(count(text, "dynamiq WARN SHIM"), 1) << text;
+  EXPECT_EQ(count(text, "net info"), 1) << text;
+  // Again under the same name: truncated, not appended.
+  const std::string fixed = std::string(dir) + "/fixed.log";
+  {
+    std::ofstream junk(fixed);
+    junk << "left by an earlier process\n";
+  }
+  const Child again = run_child("lines", {{"DYNAMIQ_DEBUG_FILE", fixed}});
+  ASSERT_TRUE(WIFEXITED(again.status) && WEXITSTATUS(again.status) == 0) << again.err;
+  const std::string fresh = read_file(fixed);
+  EXPECT_EQ(count(fresh, "earlier process"), 0) << fresh;
+  EXPECT_EQ(count(fresh, "hello 1"), 1) << fresh;
+  unlink(fixed.c_str());
+  unlink(path.c_str());
+  rmdir(dir);
+}
+
 // Child scenario "settings": the table loaded by the shim's way and the plugin's way, again and
 // again, then the net plugin library (its own copy of the core library) loaded and initialised.
 int child_settings(const char* plugin) {
@@ -311,6 +420,7 @@ TEST(Log, SettingsListedOncePerProcessAtInfo) {
   ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
   EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_ENABLE=0"), 1) << c.err;
   EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_NET_IFNAME=lo"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq INFO CORE version "), 1) << c.err;
 }
 
 TEST(Log, FirstInProcessOncePerKeyAndAgainInAForkedChild) {
@@ -331,6 +441,7 @@ int main(int argc, char** argv) {
   dq::g_self = argv[0];
   if (argc >= 3 && std::string(argv[1]) == "--child") {
     const std::string name = argv[2];
+    if (name == "lines") return dq::child_lines();
     if (name == "settings") return dq::child_settings(argc > 3 ? argv[3] : nullptr);
     return 2;
   }

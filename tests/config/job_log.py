@@ -4,14 +4,23 @@ preloaded, so that every process holds three copies of the core library (the shi
 the net plugin).
 
 job_log.py --run DYNAMIQ_RUN --perf DYNAMIQ_PERF --shim LIBDYNAMIQ
-  1. DYNAMIQ_NET_NSOCKS=99: one warning per process (22 in all before); the job still runs and
-     compresses.
+  1. DYNAMIQ_NET_NSOCKS=99: one warning per process (22 in all before), in NCCL's line format
+     with the rank; the job still runs and compresses.
+  2. DYNAMIQ_DEBUG=INFO DYNAMIQ_DEBUG_SUBSYS=ENV DYNAMIQ_DEBUG_FILE=DIR/dq.%h.%p.%r.log: one file
+     per rank, named with host, pid and rank, holding the version once and every setting once;
+     nothing of the log on the terminal. dynamiq-perf -b 1MiB -e 1MB: one size syntax.
 Exit 0 pass, 1 fail."""
 import argparse
+import glob
 import os
 import re
+import socket
 import subprocess
 import sys
+import tempfile
+
+SETTINGS_DEF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "config",
+                            "settings.def")
 
 
 def fail(msg):
@@ -39,6 +48,7 @@ def main():
     p.add_argument("--perf", required=True)
     p.add_argument("--shim", required=True)
     a = p.parse_args()
+    host = socket.gethostname().split(".")[0]
 
     # 1. An invalid plugin setting: warned about once per process, not once per call or copy.
     out = run(a, {"DYNAMIQ_NET_NSOCKS": "99"}, ["-b", "1M", "-e", "4M", "-f", "4", "-n", "2"])
@@ -46,14 +56,41 @@ def main():
     if len(warnings) != 2:
         fail(f"{len(warnings)} warnings about DYNAMIQ_NET_NSOCKS=99, expected 2 (one per rank):\n"
              + "\n".join(warnings[:30]))
-    line = re.compile(r"^\[([01])\] .*dynamiq.* WARN ENV settings\.cc:\d+ DYNAMIQ_NET_NSOCKS=99"
+    line = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] " + re.escape(host) +
+                      r":\d+:\d+ \[([01])\] dynamiq WARN ENV settings\.cc:\d+ DYNAMIQ_NET_NSOCKS=99"
                       r" is not valid; accepted: 1\.\.8; the net plugin uses the default 2$")
     ranks = sorted(m[1] for m in (line.search(w) for w in warnings) if m)
     if ranks != ["0", "1"]:
         fail("warnings not in the expected form:\n" + "\n".join(warnings))
     if not re.search(r"\bcomp$", out, re.M):
         fail("nothing was compressed: an invalid plugin setting must not turn compression off")
-    print("PASS: one warning per process; still compressed")
+    print("PASS: one warning per process, NCCL-style, with the rank; still compressed")
+
+    # 2. INFO into per-rank files.
+    entries = re.findall(r'DQ_SETTING\(\w+, \w+, "(DYNAMIQ_\w+)"', open(SETTINGS_DEF).read())
+    with tempfile.TemporaryDirectory() as d:
+        out = run(a, {"DYNAMIQ_DEBUG": "INFO", "DYNAMIQ_DEBUG_SUBSYS": "ENV",
+                      "DYNAMIQ_DEBUG_FILE": os.path.join(d, "dq.%h.%p.%r.log")},
+                  ["-b", "1MiB", "-e", "1MB", "-n", "1", "-w", "0"])
+        if "dynamiq INFO" in out or "dynamiq WARN" in out:
+            fail("log lines on the terminal although DYNAMIQ_DEBUG_FILE is set:\n" + out[-3000:])
+        files = sorted(glob.glob(os.path.join(d, "*")))
+        names = [os.path.basename(f) for f in files]
+        pattern = re.compile(r"dq\." + re.escape(host) + r"\.\d+\.([01])\.log$")
+        if sorted(pattern.match(n)[1] if pattern.match(n) else "?" for n in names) != ["0", "1"]:
+            fail(f"log files {names}, expected dq.{host}.PID.0.log and dq.{host}.PID.1.log")
+        for f in files:
+            text = open(f).read()
+            if len(re.findall(r"dynamiq INFO CORE version \d+\.\d+\.\d+ \(git \S+\)$", text,
+                              re.M)) != 1:
+                fail(f"{f}: the version line is not there once:\n{text[:3000]}")
+            for key in entries:
+                n = text.count(f"dynamiq setting {key}=")
+                if n != 1:
+                    fail(f"{f}: {key} listed {n} times:\n{text[:3000]}")
+        if not re.search(r"^\[0\]\s+1048576\s", out, re.M):
+            fail("dynamiq-perf -b 1MiB -e 1MB did not run the 1 MiB size:\n" + out[-2000:])
+    print(f"PASS: one log file per rank, the version and all {len(entries)} settings once each")
 
 
 if __name__ == "__main__":
