@@ -10,7 +10,8 @@
 #   -l LIST  mutation list (format: see the list's header); default tools/mutations/list
 #   -r REV   commit to mutate; default HEAD
 #   NAME     run only these mutations (default: all of the list)
-# Environment: JOBS (ninja -j, default 2), KEEP=1 keeps the worktree and build.
+# Environment: JOBS (ninja -j, default 2), KEEP=1 keeps the worktree and build, MESON_ARGS
+# (extra meson setup options, e.g. -Dnative=true for the AVX2 paths; the default build is scalar).
 # Exit status: 0 every mutation caught; 1 some survived or could not be applied; 2 setup failed.
 set -u -o pipefail
 
@@ -22,7 +23,7 @@ while getopts "l:r:" opt; do
   case $opt in
     l) list=$OPTARG ;;
     r) rev=$OPTARG ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -74,8 +75,9 @@ git -C "$repo" worktree add --detach "$wt" "$commit" >/dev/null 2>&1 || {
   echo "cannot create the worktree $wt" >&2
   exit 2
 }
-echo "mutating $(git -C "$wt" log -1 --format='%h %s' | cut -c1-90) in $wt"
-meson setup "$build" "$wt" --buildtype=release >"$wt/setup.log" 2>&1 || {
+echo "mutating $(git -C "$wt" log -1 --format='%h %s' | cut -c1-90) in $wt ${MESON_ARGS:-}"
+# shellcheck disable=SC2086
+meson setup "$build" "$wt" --buildtype=release ${MESON_ARGS:-} >"$wt/setup.log" 2>&1 || {
   echo "meson setup failed: $wt/setup.log" >&2
   tail -20 "$wt/setup.log" >&2
   exit 2
