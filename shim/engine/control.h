@@ -26,6 +26,9 @@ struct ControlDecision {
   bool agreed = false;   // every agreed setting, the opt-in and the protocol match
   std::string differs;   // when not agreed: what differs (env keys), for the one warning
   bool enabled = false;  // every rank valid, enabled, opted in
+  // Every rank valid and enabled (opted in or not): the communicator screens its calls, and a
+  // communicator nobody opted in counts them as not_opted_in rather than disabled.
+  bool settings_enabled = false;
   bool switch_on = true;
   bool any_failure = false;
   bool compress() const { return agreed && enabled && switch_on && !any_failure; }

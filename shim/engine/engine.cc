@@ -459,7 +459,7 @@ ncclResult_t Engine::handshake() {
     warn_differs(d.differs);
     state_ = State::kInert;
   } else {
-    state_ = d.enabled ? State::kAgreed : State::kInert;
+    state_ = d.settings_enabled ? State::kAgreed : State::kInert;
   }
   switch_agreed_ = d.switch_on;
   DQ_INFO(Subsys::kEngine, "dynamiq: handshake rank %d/%d: %s", comm_.rank, comm_.nranks,

@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -15,10 +18,12 @@ namespace {
 
 struct Registry {
   std::mutex mutex;
+  // Every communicator since the process started, destroyed ones included (their totals stay:
+  // counters never go back), in registration order.
   std::vector<std::shared_ptr<CommMetrics>> comms;
-  std::chrono::steady_clock::time_point last_write{};
   std::atomic<int64_t> next_due_ns{0};
   bool warned = false;
+  bool atexit_registered = false;
 };
 
 Registry& registry() {
@@ -46,65 +51,107 @@ std::string expand_path(const std::string& pattern, int rank) {
   return out;
 }
 
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) o += c;
-  }
-  return o;
-}
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-std::string render(const std::vector<std::shared_ptr<CommMetrics>>& comms, bool prom) {
-  std::string text;
-  if (prom) {
-    text += "# TYPE dynamiq_calls_total counter\n";
-    for (auto& c : comms)
+}  // namespace
+
+ProcessLabels process_labels() {
+  ProcessLabels l;
+  // The launcher's job id, where one is set, so that two jobs on one node stay distinct.
+  for (const char* key : {"DYNAMIQ_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID",
+                          "LSB_JOBID", "JOB_ID"})
+    if (const char* v = std::getenv(key); v != nullptr && *v != '\0') {
+      l.job = v;
+      break;
+    }
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) == 0) l.host = host;
+  l.pid = static_cast<int>(getpid());
+  return l;
+}
+
+std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comms,
+                           const ProcessLabels& labels, bool prometheus) {
+  if (!prometheus) {
+    nlohmann::json doc;
+    doc["job"] = labels.job;
+    doc["host"] = labels.host;
+    doc["pid"] = labels.pid;
+    doc["communicators"] = nlohmann::json::array();
+    for (const auto& c : comms) {
+      nlohmann::json calls = nlohmann::json::object();
       for (int k = 0; k < kPassReasonCount; ++k)
-        text += "dynamiq_calls_total{comm=\"" + std::to_string(c->index) + "\",name=\"" +
-                escape(c->name) + "\",rank=\"" + std::to_string(c->rank) + "\",outcome=\"" +
-                reason_name(static_cast<PassReason>(k)) + "\"} " +
-                std::to_string(c->calls[k].load()) + "\n";
-    const char* kGauges[] = {"bytes_in", "wire_bytes", "seconds"};
-    for (int g = 0; g < 3; ++g) {
-      text += std::string("# TYPE dynamiq_rerouted_") + kGauges[g] + "_total counter\n";
-      for (auto& c : comms) {
-        char v[64];
-        if (g == 0) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->bytes_in.load());
-        if (g == 1) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->wire_bytes.load());
-        if (g == 2) std::snprintf(v, sizeof v, "%.9f", c->nanoseconds.load() * 1e-9);
-        text += std::string("dynamiq_rerouted_") + kGauges[g] + "_total{comm=\"" +
-                std::to_string(c->index) + "\",rank=\"" + std::to_string(c->rank) + "\"} " + v +
-                "\n";
+        calls[reason_name(static_cast<PassReason>(k))] = c->calls[k].load();
+      doc["communicators"].push_back({{"index", c->index},
+                                      {"name", c->name},
+                                      {"rank", c->rank},
+                                      {"size", c->size},
+                                      {"destroyed", c->destroyed.load()},
+                                      {"bytes_in", c->bytes_in.load()},
+                                      {"wire_bytes", c->wire_bytes.load()},
+                                      {"seconds", c->nanoseconds.load() * 1e-9},
+                                      {"calls", calls}});
+    }
+    // Invalid UTF-8 in a communicator name is replaced, never a throw or an invalid file.
+    return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  }
+  // Prometheus text: one label set on every sample (job, host, pid, comm, name, rank), plus the
+  // outcome on the calls counter.
+  auto quote = [](const std::string& v) {
+    std::string o = "\"";
+    for (char ch : v) {
+      if (ch == '\\' || ch == '"') o += '\\';
+      if (ch == '\n') {
+        o += "\\n";
+        continue;
       }
+      o += ch;
     }
-  } else {
-    text += "{\"pid\":" + std::to_string(getpid()) + ",\"communicators\":[";
-    for (size_t i = 0; i < comms.size(); ++i) {
-      auto& c = comms[i];
-      char buf[256];
-      std::snprintf(buf, sizeof buf,
-                    "%s{\"index\":%d,\"name\":\"%s\",\"rank\":%d,\"size\":%d,\"bytes_in\":%llu,"
-                    "\"wire_bytes\":%llu,\"seconds\":%.9f,\"calls\":{",
-                    i ? "," : "", c->index, escape(c->name).c_str(), c->rank, c->size,
-                    (unsigned long long)c->bytes_in.load(),
-                    (unsigned long long)c->wire_bytes.load(), c->nanoseconds.load() * 1e-9);
-      text += buf;
-      for (int k = 0; k < kPassReasonCount; ++k)
-        text += std::string(k ? "," : "") + "\"" + reason_name(static_cast<PassReason>(k)) +
-                "\":" + std::to_string(c->calls[k].load());
-      text += "}}";
+    return o + "\"";
+  };
+  auto label_set = [&](const CommMetrics& c) {
+    return "job=" + quote(labels.job) + ",host=" + quote(labels.host) +
+           ",pid=" + quote(std::to_string(labels.pid)) + ",comm=" + quote(std::to_string(c.index)) +
+           ",name=" + quote(c.name) + ",rank=" + quote(std::to_string(c.rank));
+  };
+  std::string text;
+  text +=
+      "# HELP dynamiq_calls_total Collective calls seen on a communicator, by outcome "
+      "(rerouted = compressed; otherwise why it passed through).\n";
+  text += "# TYPE dynamiq_calls_total counter\n";
+  for (const auto& c : comms)
+    for (int k = 0; k < kPassReasonCount; ++k)
+      text += "dynamiq_calls_total{" + label_set(*c) +
+              ",outcome=" + quote(reason_name(static_cast<PassReason>(k))) + "} " +
+              std::to_string(c->calls[k].load()) + "\n";
+  struct Counter {
+    const char* name;
+    const char* help;
+  };
+  const Counter kCounters[] = {
+      {"dynamiq_rerouted_bytes_in_total", "Bytes of the caller's buffers in compressed calls."},
+      {"dynamiq_rerouted_wire_bytes_total",
+       "Bytes this rank sent for compressed calls (every message, statistics included)."},
+      {"dynamiq_rerouted_seconds_total", "Seconds spent inside compressed calls on the host."}};
+  for (int g = 0; g < 3; ++g) {
+    text += std::string("# HELP ") + kCounters[g].name + " " + kCounters[g].help + "\n";
+    text += std::string("# TYPE ") + kCounters[g].name + " counter\n";
+    for (const auto& c : comms) {
+      char v[64];
+      if (g == 0) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->bytes_in.load());
+      if (g == 1) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->wire_bytes.load());
+      if (g == 2) std::snprintf(v, sizeof v, "%.9f", c->nanoseconds.load() * 1e-9);
+      text += std::string(kCounters[g].name) + "{" + label_set(*c) + "} " + v + "\n";
     }
-    text += "]}\n";
   }
   return text;
 }
+
+namespace {
 
 // Caller holds the registry mutex.
 void write_locked(Registry& r) {
@@ -120,7 +167,8 @@ void write_locked(Registry& r) {
     r.warned = true;
     return;
   }
-  const std::string text = render(r.comms, prom);
+  static const ProcessLabels labels = process_labels();
+  const std::string text = metrics_render(r.comms, labels, prom);
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     if (!r.warned) DQ_WARN(Subsys::kShim, "dynamiq: cannot write metrics file %s", path.c_str());
@@ -179,18 +227,18 @@ std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.comms.push_back(m);
+  if (!r.atexit_registered) {
+    r.atexit_registered = true;
+    std::atexit([] { metrics_flush(); });  // the job's final totals
+  }
   return m;
 }
 
 void metrics_unregister(const std::shared_ptr<CommMetrics>& m) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
+  m->destroyed.store(true);  // kept: its totals are part of the job's
   write_locked(r);
-  for (size_t i = 0; i < r.comms.size(); ++i)
-    if (r.comms[i] == m) {
-      r.comms.erase(r.comms.begin() + static_cast<long>(i));
-      break;
-    }
 }
 
 void metrics_tick() {

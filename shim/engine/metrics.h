@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dq::engine {
 
@@ -37,10 +38,25 @@ struct CommMetrics {
   std::atomic<uint64_t> bytes_in{0};     // caller bytes of rerouted calls
   std::atomic<uint64_t> wire_bytes{0};   // bytes this rank sent for rerouted calls (all messages)
   std::atomic<uint64_t> nanoseconds{0};  // time inside rerouted calls
+  std::atomic<bool> destroyed{false};    // the communicator is gone; its totals stay
 };
 
-// Registers a communicator's counters with the process-wide writer; unregistering writes the
-// file once more (so short jobs leave their numbers behind).
+// What tells this process's metrics apart from another job's on the same node.
+struct ProcessLabels {
+  std::string
+      job;  // DYNAMIQ_JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID, PBS_JOBID, LSB_JOBID, JOB_ID
+  std::string host;
+  int pid = 0;
+};
+ProcessLabels process_labels();
+// The metrics file's text: Prometheus exposition format (HELP, TYPE, one label set on every
+// sample) or JSON (written by a JSON library).
+std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comms,
+                           const ProcessLabels& labels, bool prometheus);
+
+// Registers a communicator's counters with the process-wide writer. Unregistering marks them
+// destroyed and writes the file once more; they stay in every later write, and the file is
+// written again at exit (so a job's final totals survive its communicators).
 std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name, int rank,
                                               int size);
 void metrics_unregister(const std::shared_ptr<CommMetrics>& m);

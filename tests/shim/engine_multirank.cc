@@ -10,6 +10,7 @@
 //               compressed on every rank, each rank's output near the exact sum, the same
 //               bytes when the same call is repeated on a fresh engine (same seed)
 //   setup_fail  rank 1's device cannot create streams: every rank passes through, no hang
+//   not_opted_in  DYNAMIQ_COMMS=none: calls count as not_opted_in (not disabled)
 //   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
 //               error word), and every rank's call fails within the timeout; none succeeds
 #include <signal.h>
@@ -486,6 +487,26 @@ int scenario_setup_fail(int n) {
   return 0;
 }
 
+// ---- a communicator no rank opted in ------------------------------------------------------------
+int scenario_not_opted_in(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "none"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                  nullptr, false);
+    std::vector<float> in(1 << 20, 1.0f), out(1 << 20);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = in.size();
+    PassReason reason;
+    CHECK_OR(70, engine.run(args, &reason) == ncclSuccess, "rank %d: error", rank);
+    CHECK_OR(71, reason == PassReason::kNotOptedIn, "rank %d: counted as %s, not not_opted_in",
+             rank, dq::engine::reason_name(reason));
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 60), "not_opted_in") ? 0 : 1;
+}
+
 // ---- rounding draws across blocks ------------------------------------------------------------
 int scenario_blocks(int n) {
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BLOCK_BYTES", "1M"}});
@@ -535,6 +556,7 @@ int main(int argc, char** argv) {
   if (scenario == "corrupt") return scenario_corrupt(n);
   if (scenario == "collectives") return scenario_collectives(n);
   if (scenario == "setup_fail") return scenario_setup_fail(n);
+  if (scenario == "not_opted_in") return scenario_not_opted_in(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }

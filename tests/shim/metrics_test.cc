@@ -1,0 +1,103 @@
+// The metrics an operator scrapes (issue 15 item 4): what the file holds and how it is labelled.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "shim/engine/metrics.h"
+
+namespace dq::engine {
+namespace {
+
+std::shared_ptr<CommMetrics> comm(int index, const std::string& name, uint64_t rerouted) {
+  auto c = std::make_shared<CommMetrics>();
+  c->index = index;
+  c->name = name;
+  c->rank = 3;
+  c->size = 8;
+  c->calls[0] = rerouted;
+  c->calls[static_cast<int>(PassReason::kSmall)] = 2;
+  c->bytes_in = 4096 * rerouted;
+  return c;
+}
+
+TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
+  ProcessLabels labels{"job-42", "node7", 1234};
+  const std::string text = metrics_render({comm(0, "dp", 5), comm(1, "tp", 0)}, labels, true);
+  int samples = 0;
+  std::istringstream lines(text);
+  std::string line;
+  const std::regex labelled(
+      R"re(^dynamiq_\w+\{job="job-42",host="node7",pid="1234",comm="[01]",name="(dp|tp)",rank="3"(,outcome="\w+")?\} [0-9.]+$)re");
+  while (std::getline(lines, line)) {
+    if (line.rfind("# ", 0) == 0) continue;
+    ++samples;
+    EXPECT_TRUE(std::regex_match(line, labelled)) << line;
+  }
+  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3);
+  for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
+                           "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total"}) {
+    EXPECT_NE(text.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
+    EXPECT_NE(text.find(std::string("# TYPE ") + name + " counter"), std::string::npos) << name;
+  }
+  // Two jobs on one node differ in their labels.
+  const std::string other = metrics_render({comm(0, "dp", 5)}, {"job-43", "node7", 1234}, true);
+  EXPECT_EQ(other.find("job=\"job-42\""), std::string::npos);
+}
+
+TEST(Metrics, JsonIsValidWhateverTheCommunicatorIsCalled) {
+  const std::string odd = std::string("q\"b\\s\x01n\n") + "\xff\xfe";  // invalid UTF-8 at the end
+  const std::string text = metrics_render({comm(0, odd, 1)}, {"j", "h", 9}, false);
+  nlohmann::json doc;
+  ASSERT_NO_THROW(doc = nlohmann::json::parse(text)) << text;
+  EXPECT_EQ(doc["job"], "j");
+  EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 1);
+  EXPECT_EQ(doc["communicators"][0]["bytes_in"], 4096);
+  EXPECT_EQ(doc["communicators"][0]["name"].get<std::string>().substr(0, 7), "q\"b\\s\x01n");
+}
+
+TEST(Metrics, JobIdComesFromTheLaunchersEnvironment) {
+  setenv("SLURM_JOB_ID", "777", 1);
+  EXPECT_EQ(process_labels().job, "777");
+  setenv("DYNAMIQ_JOB_ID", "mine", 1);
+  EXPECT_EQ(process_labels().job, "mine");
+  unsetenv("DYNAMIQ_JOB_ID");
+  unsetenv("SLURM_JOB_ID");
+  EXPECT_EQ(process_labels().pid, static_cast<int>(getpid()));
+}
+
+// A destroyed communicator's totals stay in the file, and the file is written at exit.
+TEST(Metrics, DestroyedCommunicatorsAndTheExitAreWritten) {
+  const std::string path = "/tmp/dq-metrics-test-" + std::to_string(getpid()) + ".json";
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DYNAMIQ_METRICS_FILE", path.c_str(), 1);
+    setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);  // no periodic write: only the two below
+    auto gone = metrics_register(0, "gone", 0, 2);
+    gone->calls[0] = 11;
+    metrics_unregister(gone);
+    auto alive = metrics_register(1, "alive", 0, 2);
+    alive->calls[0] = 7;  // never unregistered: only the write at exit can carry it
+    std::exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::remove(path.c_str());
+  ASSERT_EQ(doc["communicators"].size(), 2u) << doc.dump();
+  EXPECT_EQ(doc["communicators"][0]["name"], "gone");
+  EXPECT_EQ(doc["communicators"][0]["destroyed"], true);
+  EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 11);
+  EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 7);
+}
+
+}  // namespace
+}  // namespace dq::engine
