@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need_apt=()
-for pkg in g++ pkg-config ninja-build python3-venv libtbb-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev \
+for pkg in g++ pkg-config ninja-build python3-venv libtbb-dev libgtest-dev libbenchmark-dev \
            nlohmann-json3-dev libcli11-dev \
            libibverbs-dev iperf3 iproute2; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
