@@ -66,6 +66,9 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) 
       real.comm_count(comm, &info.nranks) != ncclSuccess)
     return nullptr;
   e.identity.size = info.nranks;
+  // The process's rank in the first communicator it serves names it in log lines.
+  static std::once_flag rank_named;
+  std::call_once(rank_named, [&] { log_set_rank(info.rank); });
   const config::Settings& s = config::global();
   bool opted = false;
   if (e.explicit_opt) {
