@@ -10,6 +10,8 @@
 //               compressed on every rank, each rank's output near the exact sum, the same
 //               bytes when the same call is repeated on a fresh engine (same seed)
 //   setup_fail  rank 1's device cannot create streams: every rank passes through, no hang
+//   budget      exactly DYNAMIQ_MIN_BYTES is compressed, 4 bytes less is not; bytes sent per rank
+//               against the budget
 //   not_opted_in  DYNAMIQ_COMMS=none: calls count as not_opted_in (not disabled)
 //   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
 //               error word), and every rank's call fails within the timeout; none succeeds
@@ -487,6 +489,46 @@ int scenario_setup_fail(int n) {
   return 0;
 }
 
+// ---- the budget on the wire, and the size floor -------------------------------------------------
+// Exactly DYNAMIQ_MIN_BYTES is compressed, 4 bytes less is not; what a rank sends for a compressed
+// call is the budget: 2 (n-1)/n copies of b/8 bytes per value, statistics and headers included.
+int scenario_budget(int n, const std::string& topo) {
+  const auto settings =
+      settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "1M"}, {"DYNAMIQ_TOPO", topo}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    auto metrics = std::make_shared<dq::engine::CommMetrics>();
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                  metrics, true);
+    std::vector<float> in(4 << 20), out(4 << 20);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = gradient_value(rank, i);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    PassReason reason;
+    for (size_t count : {size_t{1} << 18, (size_t{1} << 18) - 1}) {  // 1 MiB of FP32, and less
+      args.count = count;
+      CHECK_OR(80, engine.run(args, &reason) == ncclSuccess, "rank %d: error", rank);
+      const PassReason expect = count == (1u << 18) ? PassReason::kRerouted : PassReason::kSmall;
+      CHECK_OR(81, reason == expect, "rank %d: %zu bytes: %s, expected %s", rank, count * 4,
+               dq::engine::reason_name(reason), dq::engine::reason_name(expect));
+    }
+    const uint64_t before = metrics->wire_bytes.load();
+    args.count = in.size();
+    CHECK_OR(82, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+             "rank %d: the 16 MiB call was not compressed", rank);
+    const double sent = static_cast<double>(metrics->wire_bytes.load() - before);
+    const double budget = 2.0 * (n - 1) / n * 5.0 / 8.0 * static_cast<double>(in.size());
+    CHECK_OR(83, sent <= budget + 64 && sent >= 0.97 * budget,
+             "rank %d: sent %.0f bytes for a budget of %.0f (5 bits, 2 (n-1)/n copies)", rank, sent,
+             budget);
+    if (rank == 0)
+      std::printf("budget %s %d ranks: sent %.0f bytes, budget %.0f (%.4f)\n", topo.c_str(), n,
+                  sent, budget, sent / budget);
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "budget") ? 0 : 1;
+}
+
 // ---- a communicator no rank opted in ------------------------------------------------------------
 int scenario_not_opted_in(int n) {
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COMMS", "none"}});
@@ -557,6 +599,7 @@ int main(int argc, char** argv) {
   if (scenario == "collectives") return scenario_collectives(n);
   if (scenario == "setup_fail") return scenario_setup_fail(n);
   if (scenario == "not_opted_in") return scenario_not_opted_in(n);
+  if (scenario == "budget") return scenario_budget(n, topo);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
