@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 
+#include "config/settings.h"
+
 namespace dq::cpunccl {
 namespace {
 
@@ -43,9 +45,9 @@ std::string own_directory() {
 }
 
 void* open_plugin(std::string* tried) {
-  if (const char* path = std::getenv("DYNAMIQ_CPU_NCCL_NET_PLUGIN"); path && *path) {
+  if (const std::string path = config::current().cpu_nccl_net_plugin; !path.empty()) {
     *tried += path;
-    return dlopen(path, RTLD_NOW | RTLD_LOCAL);  // an explicit path must not fall back
+    return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // an explicit path must not fall back
   }
   void* lib = dlopen(kPluginName, RTLD_NOW | RTLD_LOCAL);
   *tried += kPluginName;
