@@ -43,6 +43,11 @@ native=$venv/dynamiq-native.ini
 printf "[binaries]\npython3 = '%s'\npython = '%s'\n" "$py" "$py" >"$native"
 
 if [ ! -f build/build.ninja ]; then
-  "$venv/bin/meson" setup build --buildtype=release --native-file "$native" >/dev/null
+  # Quiet when it works; Meson's own report (on stdout) when it does not.
+  if ! log=$("$venv/bin/meson" setup build --buildtype=release --native-file "$native" 2>&1); then
+    printf '%s\n' "$log" >&2
+    echo "tools/setup.sh: meson setup failed (full log: build/meson-logs/meson-log.txt)" >&2
+    exit 1
+  fi
 fi
 "$venv/bin/meson" compile -C build
