@@ -56,6 +56,53 @@ with tempfile.TemporaryDirectory() as d:
     r = run("--input", saved, "--workers", "3", "--topo", "butterfly", "--format", "jsonl", "--quiet")
     check(r.returncode == 0 and json.loads(r.stdout)["workers"] == 3, f"saved file: {r.stderr}")
 
+# The reduce-scatter (issue 13): each rank block's vNMSE, bits within the budget, deterministic.
+def jsonl(*args):
+    r = run(*args, "--format", "jsonl", "--quiet")
+    check(r.returncode == 0, f"{args} failed: {r.stderr}")
+    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+
+
+ar = {(x["topo"], x["workers"]): x for x in jsonl(
+    "--input", sample, "--workers", "2,3,4", "--topo", "ring,butterfly", "--codec", "dynamiq:5")}
+rs_rows = jsonl("--input", sample, "--workers", "2,3,4", "--topo", "ring,butterfly",
+                "--codec", "dynamiq:5", "--collective", "reducescatter")
+check(len(rs_rows) == 6, f"expected 6 reduce-scatter results, got {len(rs_rows)}")
+for x in rs_rows:
+    n = x["workers"]
+    check(x["collective"] == "reducescatter", f"collective field: {x}")
+    check(x["recvcount"] * n == x["d"], f"d is n x recvcount: {x}")
+    check(len(x["block_vnmse"]) == n, f"one vNMSE per rank block: {x}")
+    check(all(0 < b < 0.1 for b in x["block_vnmse"]), f"implausible block vNMSE: {x}")
+    # 5 bits per coordinate, statistics included, for one copy; on the wire each worker sends
+    # (n-1)/n of that: (n-1) chunk messages of its rank block plus its ring share of the
+    # statistics (2 BF16 words per super-group and rank block, 2(n-1)/n of them).
+    check(x["bits_per_coord"] <= 5.0, f"reduce-scatter over budget: {x}")
+    check(x["wire_bits_per_coord"] <= (n - 1) / n * 5.0 + 2 * (n - 1) / n * 32 / 256 + 1e-9,
+          f"reduce-scatter wire bits: {x}")
+    check(x["budget_honest"] and x["chunks_large_enough"], f"sample too small? {x}")
+    # The same data all-reduced on the same schedule: the reduce phase is the same, so the error
+    # is of the same size (a non-power-of-two butterfly reduce-scatter runs on the ring).
+    ref = ar[(x["topo"], n)]["vnmse"]
+    check(0.5 * ref <= x["vnmse"] <= 2 * ref, f"reduce-scatter {x['vnmse']} vs all-reduce {ref}")
+check([x["topo"] for x in rs_rows if x["workers"] == 3] == ["ring", "ring"],
+      f"butterfly n=3 reduce-scatter must run on the ring: {rs_rows}")
+again = jsonl("--input", sample, "--workers", "4", "--topo", "butterfly", "--codec", "dynamiq:5",
+              "--collective", "reducescatter")
+first = [x for x in rs_rows if x["workers"] == 4 and x["topo"] == "butterfly"][0]
+check(again[0]["block_vnmse"] == first["block_vnmse"], "reduce-scatter is not deterministic")
+other = jsonl("--input", sample, "--workers", "4", "--topo", "butterfly", "--codec", "dynamiq:5",
+              "--collective", "reducescatter", "--seed", "2")
+check(other[0]["block_vnmse"] != first["block_vnmse"], "another seed gave the same draws")
+bf16 = jsonl("--input", sample, "--workers", "4", "--codec", "bf16", "--collective",
+             "reducescatter", "--op", "avg")
+check(bf16[0]["vnmse"] < 1e-4 and abs(bf16[0]["bits_per_coord"] - 16) < 0.01, f"bf16: {bf16}")
+r = run("--input", sample, "--collective", "gather")
+check(r.returncode == 2 and "--collective" in r.stderr, f"bad collective: {r.stderr}")
+r = run("--input", sample, "--collective", "reducescatter", "--per-hop")
+check(r.returncode == 2 and "per-hop" in r.stderr, f"per-hop with reducescatter: {r.stderr}")
+check(all(x.get("collective") == "allreduce" for x in ar.values()), "all-reduce is the default")
+
 for f in failures:
     print("FAIL:", f)
 print(f"{len(failures)} failures")

@@ -28,6 +28,11 @@ constexpr const char* kUsage =
     "  --topo LIST           ring,butterfly (default ring)\n"
     "  --codec LIST          e.g. dynamiq:5,mxfp8,mxfp6,mxfp4,bf16,uniform:5 (default dynamiq:5)\n"
     "  --op sum|avg          reduction (default sum)\n"
+    "  --collective C        allreduce (default) or reducescatter: each worker's row of d values\n"
+    "                        is n blocks of d/n (the last d mod n values are left out); worker r\n"
+    "                        ends with block r, each chunk its own codec over its block, as the\n"
+    "                        engine runs ncclReduceScatter (a non-power-of-two butterfly runs\n"
+    "                        on the ring, as in the engine); reports each block's vNMSE\n"
     "  --seed S              rounding seed (default 1)\n"
     "  --calls K             average over K calls (call ids 0..K-1; default 1)\n"
     "  --per-hop             report the error of every partial sum (hop_vnmse)\n"
@@ -73,7 +78,7 @@ bool parse_double(const char* s, double lo, double hi, double* v) {
 
 int main(int argc, char** argv) {
   std::string input, save, format = "table", topo_list = "ring", codec_list = "dynamiq:5";
-  std::string worker_list = "4";
+  std::string worker_list = "4", collective = "allreduce";
   bool synthetic = false, quiet = false;
   dq::sim::SyntheticSpec syn;
   dq::sim::SimOptions opt;
@@ -95,6 +100,7 @@ int main(int argc, char** argv) {
     else if (a == "--topo") topo_list = v;
     else if (a == "--codec") codec_list = v;
     else if (a == "--format") format = v;
+    else if (a == "--collective") collective = v;
     else if (a == "--dim") { if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31"); syn.cols = u; }
     else if (a == "--spread") { if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]"); syn.spread = d; }
     else if (a == "--shared") { if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]"); syn.shared = d; }
@@ -108,6 +114,10 @@ int main(int argc, char** argv) {
     } else return usage_error("unknown option " + a);
   }
   if (format != "jsonl" && format != "table") return usage_error("--format must be jsonl or table");
+  if (collective != "allreduce" && collective != "reducescatter")
+    return usage_error("--collective must be allreduce or reducescatter");
+  const bool scatter = collective == "reducescatter";
+  if (scatter && opt.per_hop) return usage_error("--per-hop is for --collective allreduce only");
   if (input.empty() == !synthetic) return usage_error("give exactly one of --input or --synthetic");
 
   std::vector<int> workers;
@@ -160,25 +170,41 @@ int main(int argc, char** argv) {
   size_t done = 0, total = workers.size() * topos.size() * codecs.size();
   for (int n : workers)
     for (auto topo : topos) {
+      // A reduce-scatter needs one chunk ending at every worker: the engine runs a butterfly of
+      // a rank count that is not a power of two on the ring, and so does the simulator.
+      const bool pow2 = (n & (n - 1)) == 0;
+      if (scatter && topo == dq::topo::Kind::kButterfly && !pow2) {
+        if (!quiet)
+          std::fprintf(stderr, "dynamiq-sim: reducescatter n=%d: butterfly runs on the ring, as in the engine\n", n);
+        topo = dq::topo::Kind::kRing;
+      }
       dq::topo::Schedule sched;
       if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
       std::vector<const float*> rows;
       for (int r = 0; r < n; ++r) rows.push_back(m.row(r));
+      const size_t recvcount = m.cols / static_cast<size_t>(n);
+      if (scatter && recvcount == 0) return usage_error("--collective reducescatter needs d >= workers");
+      const size_t d = scatter ? recvcount * n : m.cols;
       for (const auto& spec : codecs) {
         auto codec = dq::make_codec(spec, &err);
         dq::sim::SimResult sum{}, r{};
-        std::vector<double> hop;
+        std::vector<double> hop, blocks;
         for (unsigned long long call = 0; call < calls; ++call) {
           dq::sim::SimOptions o = opt;
           o.call = call;
-          if (dq::sim::simulate_allreduce(*codec, sched, rows, m.cols, o, nullptr, &r) != Status::kOk) {
-            std::fprintf(stderr, "dynamiq-sim: %s on %s n=%d failed\n", spec.c_str(), dq::topo::kind_name(topo), n);
+          const Status st = scatter ? dq::sim::simulate_reduce_scatter(spec, sched, rows, recvcount, o, nullptr, &r)
+                                    : dq::sim::simulate_allreduce(*codec, sched, rows, m.cols, o, nullptr, &r);
+          if (st != Status::kOk) {
+            std::fprintf(stderr, "dynamiq-sim: %s %s on %s n=%d failed\n", collective.c_str(), spec.c_str(),
+                         dq::topo::kind_name(topo), n);
             return 1;
           }
           sum.vnmse += r.vnmse / calls;
           sum.seconds += r.seconds;
           hop.resize(r.hop_error.size());
           for (size_t k = 0; k < hop.size(); ++k) hop[k] += r.hop_error[k] / calls;
+          blocks.resize(r.block_vnmse.size());
+          for (size_t k = 0; k < blocks.size(); ++k) blocks[k] += r.block_vnmse[k] / calls;
         }
         ++done;
         if (!quiet)
@@ -186,13 +212,18 @@ int main(int argc, char** argv) {
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                        spec.c_str(), dq::topo::kind_name(topo), n);
         if (format == "jsonl") {
-          std::printf("{\"codec\": \"%s\", \"topo\": \"%s\", \"workers\": %d, \"d\": %zu, \"vnmse\": %.6g, "
+          std::printf("{\"collective\": \"%s\", \"codec\": \"%s\", \"topo\": \"%s\", \"workers\": %d, \"d\": %zu, \"vnmse\": %.6g, "
                       "\"bits_per_coord\": %.6g, \"wire_bits_per_coord\": %.6g, \"budget_honest\": %s, "
                       "\"chunks_large_enough\": %s, \"calls\": %llu, \"seed\": %llu, \"seconds\": %.3f",
-                      spec.c_str(), dq::topo::kind_name(topo), n, m.cols, sum.vnmse, r.bits_per_coord,
+                      collective.c_str(), spec.c_str(), dq::topo::kind_name(topo), n, d, sum.vnmse, r.bits_per_coord,
                       r.wire_bits_per_coord, r.budget_honest ? "true" : "false",
                       r.chunks_large_enough ? "true" : "false", calls,
                       static_cast<unsigned long long>(opt.seed), sum.seconds);
+          if (scatter) {
+            std::printf(", \"recvcount\": %zu, \"block_vnmse\": [", recvcount);
+            for (size_t k = 0; k < blocks.size(); ++k) std::printf("%s%.6g", k ? ", " : "", blocks[k]);
+            std::printf("]");
+          }
           if (opt.per_hop) {
             std::printf(", \"hop_vnmse\": [");
             for (size_t k = 0; k < hop.size(); ++k) std::printf("%s%.6g", k ? ", " : "", hop[k]);
@@ -202,6 +233,11 @@ int main(int argc, char** argv) {
         } else {
           std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", spec.c_str(), dq::topo::kind_name(topo), n,
                       sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds);
+          if (scatter) {
+            double lo = blocks.empty() ? 0 : blocks[0], hi = lo;
+            for (double b : blocks) lo = std::min(lo, b), hi = std::max(hi, b);
+            std::printf("  (reducescatter: block vNMSE %.3e..%.3e)", lo, hi);
+          }
           if (!r.chunks_large_enough)
             std::printf("  (< %zu super-groups per chunk: the engine passes this through)",
                         dq::kMinSuperGroupsPerChunk);

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <mutex>
+#include <string>
 
 #include "kernels/bf16.h"
 
@@ -136,8 +138,178 @@ Status simulate_allreduce(Codec& codec, const topo::Schedule& s,
   out->budget_honest = codec.fits_budget();
   out->chunks_large_enough = chunks_large_enough(d, s.n_chunks);
   out->hop_error.clear();
+  out->block_vnmse.clear();
   if (opt.per_hop && den_sum > 0)
     for (int k = 0; k < n; ++k) out->hop_error.push_back(hop_err[k] / den_sum);
+  if (result) *result = std::move(decoded);
+  out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Status::kOk;
+}
+
+size_t reduce_scatter_block_elems(uint64_t block_bytes, size_t element_bytes, int n_workers) {
+  if (element_bytes == 0 || n_workers < 1) return 256;
+  const uint64_t elems = block_bytes / element_bytes / static_cast<uint64_t>(n_workers) / 256 * 256;
+  return std::max<size_t>(static_cast<size_t>(elems), 256);
+}
+
+Status simulate_reduce_scatter(std::string_view codec_spec, const topo::Schedule& s,
+                               const std::vector<const float*>& rows, size_t recvcount,
+                               const SimOptions& opt, std::vector<float>* result, SimResult* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = s.n_workers;
+  if (static_cast<int>(rows.size()) < n)
+    DQ_FAIL(Status::kInvalidArgument, "simulate: %zu input rows for %d workers", rows.size(), n);
+  if (recvcount == 0) DQ_FAIL(Status::kInvalidArgument, "simulate: reduce-scatter of 0 elements");
+  if (opt.per_hop)
+    DQ_FAIL(Status::kInvalidArgument, "simulate: per-hop errors are measured for the all-reduce only");
+  // Every worker must end exactly one chunk: its own rank block.
+  std::vector<int> chunk_of(n, -1);
+  for (int c = 0; c < s.n_chunks; ++c) {
+    const int w = s.sink_worker[c];
+    if (w < 0 || w >= n || chunk_of[w] != -1)
+      DQ_FAIL(Status::kInvalidArgument,
+              "simulate: the %s schedule of %d workers does not end one chunk at every worker; "
+              "a reduce-scatter needs that (ring, or butterfly for a power of two)",
+              topo::kind_name(s.kind), n);
+    chunk_of[w] = c;
+  }
+  if (s.n_chunks != n)
+    DQ_FAIL(Status::kInvalidArgument,
+            "simulate: the %s schedule of %d workers has %d chunks; a reduce-scatter needs %d",
+            topo::kind_name(s.kind), n, s.n_chunks, n);
+
+  // Parts as the engine plans them: per pipeline block, one codec per chunk over the block's
+  // slice of the rank block that chunk ends at.
+  const size_t block = opt.block_elems ? opt.block_elems : recvcount;
+  const size_t n_blocks = std::max<size_t>(1, recvcount / block);
+  const uint64_t padded = (static_cast<uint64_t>(recvcount) + 255) / 256 * 256;
+  struct Part {
+    int chunk = 0, owner = 0;
+    size_t begin = 0, count = 0;
+    std::unique_ptr<Codec> codec;
+  };
+  std::vector<Part> parts;
+  std::string error;
+  for (size_t b = 0; b < n_blocks; ++b)
+    for (int c = 0; c < s.n_chunks; ++c) {
+      Part p;
+      p.chunk = c;
+      p.owner = s.sink_worker[c];
+      p.begin = b * block;
+      p.count = b + 1 == n_blocks ? recvcount - p.begin : block;
+      p.codec = make_codec(codec_spec, &error);
+      if (!p.codec) DQ_FAIL(Status::kInvalidArgument, "simulate: codec %.*s: %s",
+                            static_cast<int>(codec_spec.size()), codec_spec.data(), error.c_str());
+      DQ_CHECK(p.codec->plan(p.count, 1, n));
+      parts.push_back(std::move(p));
+    }
+
+  std::vector<float> decoded(static_cast<size_t>(n) * recvcount, 0.0f);
+  std::atomic<int> failed{0};
+  tbb::parallel_for(0, static_cast<int>(parts.size()), [&](int index) {
+    Part& p = parts[index];
+    Codec& codec = *p.codec;
+    const size_t offset = static_cast<size_t>(p.owner) * recvcount + p.begin;
+    // The statistics all-reduce over this slice: BF16 words summed in rank order, rounded.
+    const size_t words = codec.stats_words();
+    std::vector<uint16_t> reduced(words);
+    if (words > 0) {
+      std::vector<float> sum(words, 0.0f);
+      std::vector<uint16_t> local(words);
+      for (int w = 0; w < n; ++w) {
+        if (codec.local_stats(ConstTensor{rows[w] + offset, DType::kF32, p.count}, local.data()) !=
+            Status::kOk) {
+          failed.store(1);
+          return;
+        }
+        for (size_t i = 0; i < words; ++i) sum[i] += bf16_to_f32(local[i]);
+      }
+      for (size_t i = 0; i < words; ++i) reduced[i] = f32_to_bf16_rne(sum[i]);
+    }
+    if (codec.agree(words ? reduced.data() : nullptr, opt.call) != Status::kOk) {
+      failed.store(1);
+      return;
+    }
+    // The hops of chunk p.chunk's in-tree, as the engine's program runs them: codec chunk 0.
+    const size_t cap = codec.chunk_capacity();
+    const topo::ChunkTree& tree = s.trees[p.chunk];
+    std::vector<std::vector<uint8_t>> payload(tree.nodes.size());
+    std::vector<int> order(tree.nodes.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+    auto step_of = [&](int i) {
+      return tree.nodes[i].send_step < 0 ? 1 << 30 : tree.nodes[i].send_step;
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return step_of(a) < step_of(b); });
+    topo::RoundingStrata strata;
+    topo::rounding_strata(tree, &strata);
+    std::vector<ByteView> in;
+    for (int node : order) {
+      const topo::TreeNode& tn = tree.nodes[node];
+      in.clear();
+      for (int child : tn.children) in.push_back(ByteView{payload[child].data(), cap});
+      payload[node].resize(cap);
+      RoundingKey key{opt.seed, opt.call, static_cast<uint32_t>(tn.worker),
+                      static_cast<uint32_t>(strata.member[node]),
+                      static_cast<uint32_t>(strata.size[node]),
+                      static_cast<uint32_t>(strata.klass[node])};
+      key.element_base = static_cast<uint64_t>(p.owner) * padded + p.begin;
+      if (codec.hop(0, ConstTensor{rows[tn.worker] + offset, DType::kF32, p.count}, in.data(),
+                    static_cast<int>(in.size()), payload[node].data(), key) != Status::kOk) {
+        failed.store(1);
+        return;
+      }
+      for (int child : tn.children) std::vector<uint8_t>().swap(payload[child]);
+    }
+    if (codec.finish(0, ByteView{payload[tree.sink].data(), cap}, decoded.data() + offset,
+                     DType::kF32, opt.op, n) != Status::kOk)
+      failed.store(1);
+  });
+  if (failed.load()) DQ_FAIL(Status::kInternal, "simulate: a hop or decode failed (see above)");
+
+  // Exact FP64 reference per rank block.
+  out->block_vnmse.assign(n, 0.0);
+  double num_all = 0, den_all = 0;
+  for (int r = 0; r < n; ++r) {
+    double num = 0, den = 0;
+    for (size_t k = static_cast<size_t>(r) * recvcount; k < static_cast<size_t>(r + 1) * recvcount;
+         ++k) {
+      double exact = 0;
+      for (int w = 0; w < n; ++w) exact += rows[w][k];
+      if (opt.op == ReduceOp::kAvg) exact /= n;
+      const double diff = static_cast<double>(decoded[k]) - exact;
+      num += diff * diff;
+      den += exact * exact;
+    }
+    double v = den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
+    if (num != num) v = NAN;
+    out->block_vnmse[r] = v;
+    num_all += num;
+    den_all += den;
+  }
+  out->vnmse = den_all > 0 ? num_all / den_all : (num_all > 0 ? INFINITY : 0.0);
+  if (num_all != num_all) out->vnmse = NAN;
+
+  // One compressed copy: every part's chunk message and statistics; on the wire: each non-sink
+  // node of a chunk's tree sends that chunk's message once, and the statistics all-reduce (a
+  // ring) sends 2(n-1)/n of the statistics bytes from every worker.
+  const double coords = static_cast<double>(n) * static_cast<double>(recvcount);
+  double copy_bytes = 0, sent = 0;
+  out->budget_honest = true;
+  out->chunks_large_enough = true;
+  for (const Part& p : parts) {
+    const double cap = static_cast<double>(p.codec->chunk_capacity());
+    const double words = static_cast<double>(p.codec->stats_words());
+    copy_bytes += cap + 2.0 * words;
+    int senders = 0;
+    for (const topo::TreeNode& tn : s.trees[p.chunk].nodes) senders += tn.parent >= 0 ? 1 : 0;
+    sent += senders * cap + (n > 1 ? 2.0 * (n - 1) * 2.0 * words : 0.0);
+    out->budget_honest = out->budget_honest && p.codec->fits_budget();
+    out->chunks_large_enough = out->chunks_large_enough && chunks_large_enough(p.count, 1);
+  }
+  out->bits_per_coord = copy_bytes * 8.0 / coords;
+  out->wire_bits_per_coord = sent / n * 8.0 / coords;
+  out->hop_error.clear();
   if (result) *result = std::move(decoded);
   out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::kOk;

@@ -1,7 +1,10 @@
 // Runs n simulated workers through a schedule with a codec: the same hops, the same fused-input
 // order and the same rounding keys (seed, call, compressing rank, element) the engine uses.
+// Two collectives: the all-reduce (simulate_allreduce; ncclReduce to a root has the same error,
+// its root decoding the same final payloads) and the reduce-scatter (simulate_reduce_scatter).
 #pragma once
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "kernels/codec.h"
@@ -13,7 +16,10 @@ struct SimOptions {
   uint64_t seed = 1;
   uint64_t call = 0;
   ReduceOp op = ReduceOp::kSum;
-  bool per_hop = false;  // also decode every intermediate payload and measure its error
+  bool per_hop = false;  // also decode every intermediate payload and measure its error (all-reduce)
+  // Reduce-scatter only: elements per pipeline block inside each rank block, as the engine cuts
+  // a call (reduce_scatter_block_elems); 0 = the whole rank block is one block.
+  size_t block_elems = 0;
 };
 
 struct SimResult {
@@ -27,6 +33,9 @@ struct SimResult {
   // hop_error[k-1]: squared error of payloads summing k workers, against their exact partial
   // sums, over ||x||^2 (summed over chunks); only with per_hop.
   std::vector<double> hop_error;
+  // Reduce-scatter only: per rank r, the vNMSE of rank r's output block against the exact FP64
+  // sum (or average) of that block; `vnmse` is then over all blocks together.
+  std::vector<double> block_vnmse;
   double seconds = 0;
 };
 
@@ -34,5 +43,26 @@ struct SimResult {
 Status simulate_allreduce(Codec& codec, const topo::Schedule& schedule,
                           const std::vector<const float*>& rows, size_t d, const SimOptions& opt,
                           std::vector<float>* result, SimResult* out);
+
+// The compressed reduce-scatter as the engine runs it (shim/engine: build_plan with
+// Collective::kReduceScatter). rows[i] is worker i's input of n * recvcount floats; rank block r is
+// elements [r * recvcount, (r + 1) * recvcount). The schedule must end exactly one chunk at every
+// worker (ring; butterfly for a power of two). Chunk c ends at worker owner = sink_worker[c] and
+// is its own codec (made from codec_spec) over the owner's rank block, planned with
+// plan(block count, 1 chunk, n): statistics over that slice only (summed over workers in rank
+// order, rounded to BF16, as for the all-reduce), the hops of chunk c's in-tree, and rounding
+// keys with element_base = owner * roundup(recvcount, 256) + the block's offset in the rank block.
+// The owner decodes its chunk with finish(): no gather. `result` (optional) receives n *
+// recvcount floats, rank block r as rank r outputs it. bits_per_coord counts one compressed copy
+// (every chunk message and every statistic) and wire_bits_per_coord what each worker sends (its
+// reduce messages plus its share of the statistics all-reduce), both per input coordinate (n *
+// recvcount of them).
+Status simulate_reduce_scatter(std::string_view codec_spec, const topo::Schedule& schedule,
+                               const std::vector<const float*>& rows, size_t recvcount,
+                               const SimOptions& opt, std::vector<float>* result, SimResult* out);
+
+// The engine's pipeline blocks of a reduce-scatter (DYNAMIQ_BLOCK_BYTES counts the caller's
+// bytes, and a block spans one slice of every rank block): elements per block in a rank block.
+size_t reduce_scatter_block_elems(uint64_t block_bytes, size_t element_bytes, int n_workers);
 
 }  // namespace dq::sim
