@@ -97,8 +97,15 @@ TEST(PerfOptions, ParsesSizesWithSuffixes) {
   EXPECT_EQ(v, size_t{64} << 20);
   ASSERT_TRUE(perf::parse_size("2G", &v));
   EXPECT_EQ(v, size_t{2} << 30);
+  // dynamiq's one size syntax (config/bytes.h): every unit a power of 1024, whatever its spelling.
+  ASSERT_TRUE(perf::parse_size("1KB", &v));
+  EXPECT_EQ(v, 1024u);
+  ASSERT_TRUE(perf::parse_size("1MiB", &v));
+  EXPECT_EQ(v, size_t{1} << 20);
+  ASSERT_TRUE(perf::parse_size("1T", &v));
+  EXPECT_EQ(v, size_t{1} << 40);
   for (const char* bad :
-       {"", "K", "-1", "1.5M", "1KB", "1T", " 1", "1 ", "99999999999999999999", "17179869184G"})
+       {"", "K", "-1", "1.5M", "1Q", " 1", "1 ", "99999999999999999999", "17179869184G"})
     EXPECT_FALSE(perf::parse_size(bad, &v)) << bad;
 }
 
@@ -144,6 +151,44 @@ TEST(PerfOptions, IncrementSweepAndSingleChoices) {
   EXPECT_EQ(perf::sweep_sizes(o), (std::vector<size_t>{1024, 2048, 3072}));
   EXPECT_EQ(o.dtypes, std::vector<perf::DType>{perf::DType::kBfloat16});
   EXPECT_EQ(o.ops, std::vector<perf::RedOp>{perf::RedOp::kMin});
+}
+
+// -c: a number is nccl-tests' validation count, a name picks the collective (issue 13); -r is
+// ncclReduce's root, -1 for every root in turn.
+TEST(PerfOptions, CollectiveAndRoot) {
+  perf::PerfOptions o;
+  std::string error;
+  ASSERT_EQ(parse_perf({"dynamiq-perf"}, &o, &error), Status::kOk);
+  EXPECT_EQ(o.collective, perf::Collective::kAllReduce);
+  EXPECT_EQ(o.root, 0);
+  ASSERT_EQ(parse_perf({"dynamiq-perf", "-c", "reducescatter", "-c", "3"}, &o, &error), Status::kOk)
+      << error;
+  EXPECT_EQ(o.collective, perf::Collective::kReduceScatter);
+  EXPECT_EQ(o.check_iters, 3);
+  ASSERT_EQ(parse_perf({"dynamiq-perf", "-creduce", "-r", "2"}, &o, &error), Status::kOk) << error;
+  EXPECT_EQ(o.collective, perf::Collective::kReduce);
+  EXPECT_EQ(o.check_iters, 1);
+  EXPECT_EQ(o.root, 2);
+  ASSERT_EQ(parse_perf({"dynamiq-perf", "--collective=reduce_scatter", "--root", "-1"}, &o, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(o.collective, perf::Collective::kReduceScatter);
+  EXPECT_EQ(o.root, -1);
+  ASSERT_EQ(parse_perf({"dynamiq-perf", "--check", "allreduce", "-c", "0"}, &o, &error),
+            Status::kOk);
+  EXPECT_EQ(o.collective, perf::Collective::kAllReduce);
+  EXPECT_EQ(o.check_iters, 0);
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"dynamiq-perf", "-c", "allgather"},
+           {"dynamiq-perf", "-c", "-1"},
+           {"dynamiq-perf", "--collective", "3"},
+           {"dynamiq-perf", "-r", "-2"},
+           {"dynamiq-perf", "-r", "x"}}) {
+    EXPECT_EQ(parse_perf(args, &o, &error), Status::kInvalidArgument) << args.back();
+    EXPECT_NE(error.find(args.back()), std::string::npos) << error;
+  }
+  EXPECT_STREQ(perf::collective_name(perf::Collective::kReduceScatter), "reducescatter");
+  EXPECT_STREQ(perf::nccl_tests_name(perf::Collective::kReduceScatter), "reduce_scatter");
 }
 
 TEST(PerfOptions, RejectsBadFlagsWithAReason) {

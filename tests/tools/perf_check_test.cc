@@ -190,6 +190,61 @@ TEST(CheckResult, AcceptsAnIndependentlyComputedAllReduceOfEveryTypeAndOp) {
   }
 }
 
+// A reduce-scatter's block r is elements r x recvcount .. of the all-reduce: check_result's
+// offset. Checking the block against another offset finds it wrong.
+TEST(CheckResult, ReduceScatterBlockAtItsOffset) {
+  constexpr size_t kRecv = 1000;
+  for (int n : {2, 3, 4}) {
+    for (DType type : {DType::kFloat, DType::kInt32, DType::kBfloat16, DType::kHalf}) {
+      for (RedOp op : {RedOp::kSum, RedOp::kAvg, RedOp::kMax}) {
+        auto all = simulated_allreduce(type, op, n, kRecv * n);
+        const size_t esize = dtype_bytes(type);
+        for (int r = 0; r < n; ++r) {
+          const unsigned char* block = all.data() + r * kRecv * esize;
+          CheckResult c = check_result(type, op, n, kRecv, block, r * kRecv);
+          EXPECT_EQ(c.wrong, 0u) << dtype_name(type) << " " << redop_name(op) << " r=" << r;
+          CheckResult other = check_result(type, op, n, kRecv, block, ((r + 1) % n) * kRecv);
+          EXPECT_GT(other.wrong, kRecv / 2) << dtype_name(type) << " " << redop_name(op);
+        }
+      }
+    }
+  }
+}
+
+// nccl-tests' sizes and bandwidths: all_reduce_perf, reduce_scatter_perf, reduce_perf.
+TEST(CollCounts, NcclTestsConventions) {
+  // Reduce-scatter: recvcount = (bytes / element / n) rounded down to 16 bytes of elements.
+  CollCounts c = coll_counts(Collective::kReduceScatter, 1 << 20, 4, 4);
+  EXPECT_EQ(c.recv, 65536u);
+  EXPECT_EQ(c.param, 65536u);
+  EXPECT_EQ(c.send, 262144u);
+  c = coll_counts(Collective::kReduceScatter, 1000, 4, 3);  // 250 / 3 = 83 -> 80
+  EXPECT_EQ(c.recv, 80u);
+  EXPECT_EQ(c.send, 240u);
+  c = coll_counts(Collective::kReduceScatter, 1000, 2, 3);  // 500 / 3 = 166 -> 160
+  EXPECT_EQ(c.recv, 160u);
+  c = coll_counts(Collective::kReduceScatter, 1000, 1, 3);  // 333 -> 320
+  EXPECT_EQ(c.recv, 320u);
+  c = coll_counts(Collective::kReduceScatter, 100, 8, 8);  // 12 / 8 = 1 -> 0
+  EXPECT_EQ(c.recv, 0u);
+  for (Collective k : {Collective::kAllReduce, Collective::kReduce}) {
+    c = coll_counts(k, 1002, 4, 3);
+    EXPECT_EQ(c.send, 250u);
+    EXPECT_EQ(c.recv, 250u);
+    EXPECT_EQ(c.param, 250u);
+  }
+  // algbw over the send buffer (n x recvcount for a reduce-scatter, the message for a reduce);
+  // busbw factors 2(n-1)/n, (n-1)/n, 1.
+  c = coll_counts(Collective::kReduceScatter, 1 << 20, 4, 4);
+  EXPECT_DOUBLE_EQ(alg_bandwidth(Collective::kReduceScatter, c, 4, 1e-3), 1048576 / 1e-3 / 1e9);
+  EXPECT_DOUBLE_EQ(bus_factor(Collective::kReduceScatter, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor(Collective::kAllReduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_factor(Collective::kReduce, 4), 1.0);
+  c = coll_counts(Collective::kReduce, 4000, 4, 8);
+  EXPECT_DOUBLE_EQ(alg_bandwidth(Collective::kReduce, c, 4, 2.0), 4000 / 2.0 / 1e9);
+  EXPECT_EQ(alg_bandwidth(Collective::kAllReduce, c, 4, 0.0), 0.0);
+}
+
 TEST(CheckResult, CountsACorruptedElement) {
   constexpr size_t kCount = 1000;
   for (DType type : kAllTypes) {

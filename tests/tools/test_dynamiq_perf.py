@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """dynamiq-perf: usage errors, and full runs on the CPU NCCL under dynamiq-run.
 
-test_dynamiq_perf.py CASE --perf PATH [--run PATH --build DIR]; exit 0 pass, 1 fail, 77 skip.
+test_dynamiq_perf.py CASE --perf PATH [--run PATH --build DIR --shim PATH]; exit 0 pass, 1 fail,
+77 skip.
 """
 import argparse
 import math
@@ -16,6 +17,8 @@ OPS = ["sum", "prod", "max", "min", "avg"]
 ROW = re.compile(r"^\[0\]\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)"
                  r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)"
                  r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$")
+# The same, with the `dynamiq` column (comp / pass) a preloaded shim adds.
+ROW_SHIM = re.compile(ROW.pattern[:-1] + r"\s+(comp|pass)$")
 
 
 def fail(message):
@@ -30,13 +33,15 @@ def check(condition, message):
 
 def case_usage(a):
     for args in (["-x"], ["-b", "2Q"], ["-b", "1M", "-e", "1K"], ["-d", "nope"], ["-o", "xor"],
-                 ["-n", "0"], ["-b"], ["--memory", "gpu"]):
+                 ["-n", "0"], ["-b"], ["--memory", "gpu"], ["-c", "allgather"],
+                 ["--collective", "2"], ["-r", "-3"]):
         proc = subprocess.run([a.perf] + args, capture_output=True, text=True, timeout=30)
         check(proc.returncode == 2, f"{args} -> exit {proc.returncode}: {proc.stderr}")
         check(proc.stderr.startswith("dynamiq-perf: ") and "usage:" in proc.stderr,
               f"{args}: message {proc.stderr!r}")
     proc = subprocess.run([a.perf, "-h"], capture_output=True, text=True, timeout=30)
     check(proc.returncode == 0 and "-b, --minbytes" in proc.stdout, "-h")
+    check("reducescatter" in proc.stdout and "-r, --root" in proc.stdout, "-h names -c and -r")
 
 
 def need_cpu_nccl(a):
@@ -198,6 +203,148 @@ def case_torchrun_env(a):
     check_footer(prefixed, 3)
 
 
+# ---- reduce-scatter and reduce (issue 13) ---------------------------------------------------
+def coll_counts(coll, size, esize, n):
+    """nccl-tests' element counts: (send, recv, printed count)."""
+    count = size // esize
+    if coll != "reducescatter":
+        return count, count, count
+    align = 16 // esize
+    recv = count // n // align * align
+    return recv * n, recv, recv
+
+
+def check_coll_rows(rows, coll, ranks, want_keys, exact_ident="-"):
+    """Rows of -c reducescatter / reduce: nccl-tests sizes, bandwidths and roots."""
+    seen = set()
+    for r in rows:
+        size, count, dtype, op, root = int(r[0]), int(r[1]), r[2], r[3], int(r[4])
+        esize = DTYPE_BYTES[dtype]
+        key = (dtype, op, root, size)
+        check(key not in seen, f"row {key} printed twice")
+        seen.add(key)
+        if coll == "reducescatter":
+            check(root == -1, f"{key}: root {root}")
+            # The printed size is the larger buffer (the send buffer, n x recvcount); the count
+            # is recvcount, a multiple of 16 bytes of elements.
+            check(count * esize % 16 == 0 and size == count * esize * ranks, f"{key}: count {count}")
+            factor = (ranks - 1) / ranks
+        else:
+            check(0 <= root < ranks and size == count * esize, f"{key}: count {count}")
+            factor = 1.0
+        for time_us, algbw, busbw, wrong in (r[5:9], r[9:13]):
+            check(float(time_us) > 0, f"{key}: time {time_us}")
+            # algbw = send bytes / time (nccl-tests), both printed with 2 decimals.
+            expected_alg = size / (float(time_us) * 1e-6) / 1e9
+            check(abs(float(algbw) - expected_alg) <= 0.011 + 0.01 * expected_alg,
+                  f"{key}: algbw {algbw} vs {expected_alg}")
+            expected = float(algbw) * factor
+            check(abs(float(busbw) - expected) <= 0.011 + 0.01 * expected,
+                  f"{key}: busbw {busbw} vs algbw {algbw}")
+            check(wrong == "0", f"{key}: #wrong {wrong}")
+        for vnmse, ident in (r[13:15], r[15:17]):
+            check(ident == exact_ident, f"{key}: ident {ident}")
+            v = float(vnmse)
+            exact_type = dtype not in ("half", "float", "double", "bfloat16")
+            if exact_type or op in ("max", "min"):
+                check(v == 0, f"{key}: vNMSE {vnmse} for an exact reduction")
+            else:
+                check(v < 1e-3, f"{key}: vNMSE {vnmse}")
+    check(seen == want_keys, f"missing rows: {sorted(want_keys - seen)[:10]}, "
+                             f"extra rows: {sorted(seen - want_keys)[:10]}")
+
+
+def check_coll_footer(out, coll):
+    check(re.search(r"^\[0\] # Out of bounds values : 0 OK$", out, re.M), "no OK footer")
+    what = "only the root holds the result" if coll == "reduce" else "each rank holds its own block"
+    check(f"# Results identical on all ranks : n/a ({what})" in out, "identity footer")
+    m = re.search(r"^\[0\] # Result digest        : ([0-9a-f]{16})$", out, re.M)
+    check(m is not None, "no digest footer")
+    check(f"# dynamiq-perf {'reduce_scatter' if coll == 'reducescatter' else 'reduce'}, "
+          f"nccl-tests" in out, "header names the collective")
+    return m.group(1)
+
+
+def case_collectives(a):
+    """The CPU NCCL alone: every type and op, exact; nccl-tests' sizes, roots and busbw."""
+    need_cpu_nccl(a)
+    ranks = 3  # recvcount rounding and (n-1)/n are visible at 3
+    sizes = [1024 * 4 ** k for k in range(4)]  # 1K .. 64K
+    out, rows = run_perf(a, ranks, ["-b", "1K", "-e", "64K", "-f", "4", "-d", "all", "-o", "all",
+                                    "-c", "reducescatter", "-n", "2", "-w", "1"], timeout=900)
+    want = set()
+    for d in DTYPE_BYTES:
+        for s in sizes:
+            send, _, _ = coll_counts("reducescatter", s, DTYPE_BYTES[d], ranks)
+            want |= {(d, o, -1, send * DTYPE_BYTES[d]) for o in OPS}
+    check_coll_rows(rows, "reducescatter", ranks, want)
+    check_coll_footer(out, "reducescatter")
+    # Reduce to every root in turn (-r -1, as nccl-tests): non-roots' buffers stay untouched.
+    out, rows = run_perf(a, ranks, ["-b", "1K", "-e", "16K", "-f", "4", "-d", "all", "-o", "sum",
+                                    "-c", "reduce", "-r", "-1", "-n", "2", "-w", "1"], timeout=600)
+    want = {(d, "sum", root, s) for d in DTYPE_BYTES for root in range(ranks)
+            for s in (1024, 4096, 16384)}
+    check_coll_rows(rows, "reduce", ranks, want)
+    check_coll_footer(out, "reduce")
+    out, rows = run_perf(a, ranks, ["-b", "4K", "-e", "4K", "-d", "float", "-o", "max", "-c",
+                                    "reduce", "-r", "1", "-n", "1", "-w", "0"], timeout=120)
+    check_coll_rows(rows, "reduce", ranks, {("float", "max", 1, 4096)})
+    # A root the job does not have: named, exit 1.
+    cmd = [a.run, "--cpu-nccl", "-n", "2", "--timeout", "60", "--", a.perf, "-c", "reduce", "-r",
+           "5", "-b", "1K", "-e", "1K"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    check(proc.returncode != 0 and "-r 5" in proc.stderr, f"root 5 of 2: {proc.stderr[-500:]}")
+
+
+def run_shim_perf(a, ranks, perf_args, env_extra=None):
+    env = dict(os.environ, LD_PRELOAD=os.path.abspath(a.shim), DYNAMIQ_ENABLE="1")
+    env.update(env_extra or {})
+    cmd = [a.run, "--cpu-nccl", "-n", str(ranks), "--timeout", "300", "--", a.perf] + perf_args
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=330, env=env)
+    sys.stdout.write(proc.stdout[-2500:])
+    check(proc.returncode == 0, f"exit {proc.returncode}; stderr: {proc.stderr[-2000:]}")
+    rows = [m.groups() for m in map(ROW_SHIM.match, proc.stdout.splitlines()) if m]
+    return proc.stdout, rows
+
+
+def case_collectives_shim(a):
+    """Through the preloaded shim: compressed rows judged by vNMSE, pass-through rows exact, the
+    digest the same when the job is repeated (same seed) and different with another seed."""
+    need_cpu_nccl(a)
+    if not a.shim or not os.path.exists(a.shim):
+        print("SKIP: libdynamiq.so is not built")
+        sys.exit(77)
+    args = ["-b", "256K", "-e", "4M", "-f", "4", "-d", "float", "-o", "avg", "-c",
+            "reducescatter", "-n", "2", "-w", "1"]
+    out, rows = run_shim_perf(a, 4, args)
+    check(len(rows) == 3, f"rows: {rows}")
+    for r in rows:
+        size, comp = int(r[0]), r[17]
+        # DYNAMIQ_MIN_BYTES (1 MiB) counts the send buffer: 256 KiB passes through, exact.
+        check(comp == ("comp" if size >= 1 << 20 else "pass"), f"{size}: {comp}")
+        check(r[8] == "0" and r[12] == "0", f"{size}: #wrong {r[8]} {r[12]}")
+        for v in (float(r[13]), float(r[15])):
+            if comp == "pass":
+                check(v < 1e-12, f"{size}: pass-through vNMSE {v}")
+            else:
+                # Uniform inputs without locality: 5 bits give 0.02-0.04 (ENGINE.md section 2).
+                check(0.005 < v < 0.05, f"{size}: compressed vNMSE {v}")
+    digest = check_coll_footer(out, "reducescatter")
+    again, _ = run_shim_perf(a, 4, args)
+    check(check_coll_footer(again, "reducescatter") == digest,
+          "the same job gave other bytes: not deterministic")
+    other, _ = run_shim_perf(a, 4, args, {"DYNAMIQ_SEED": "7"})
+    check(check_coll_footer(other, "reducescatter") != digest, "another seed, the same bytes")
+    # Reduce to rank 1, BF16: compressed; the other ranks' receive buffers untouched (#wrong 0).
+    out, rows = run_shim_perf(a, 4, ["-b", "4M", "-e", "4M", "-d", "bfloat16", "-o", "sum", "-c",
+                                     "reduce", "-r", "1", "-n", "2", "-w", "1"])
+    check(len(rows) == 1 and rows[0][17] == "comp" and rows[0][4] == "1", f"reduce rows {rows}")
+    check(rows[0][8] == "0" and rows[0][12] == "0", f"reduce #wrong {rows[0]}")
+    check(0.005 < float(rows[0][13]) < 0.05, f"reduce vNMSE {rows[0][13]}")
+    check_coll_footer(out, "reduce")
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
@@ -207,6 +354,7 @@ def main():
     parser.add_argument("--perf", required=True)
     parser.add_argument("--run")
     parser.add_argument("--build")
+    parser.add_argument("--shim")
     a = parser.parse_args()
     CASES[a.case](a)
     print("PASS", a.case)

@@ -88,11 +88,12 @@ void fill_int(DType type, RedOp op, int rank, size_t count, void* out) {
 }
 
 template <typename T>
-CheckResult check_int(DType type, RedOp op, int num_ranks, size_t count, const void* result) {
+CheckResult check_int(DType type, RedOp op, int num_ranks, size_t count, const void* result,
+                      size_t offset) {
   CheckResult c;
   const T* got = static_cast<const T*>(result);
   for (size_t i = 0; i < count; ++i) {
-    const T want = int_reference<T>(type, op, num_ranks, i);
+    const T want = int_reference<T>(type, op, num_ranks, offset + i);
     // long double holds any 64-bit integer exactly, so a difference of 1 survives.
     const auto diff =
         static_cast<double>(static_cast<long double>(got[i]) - static_cast<long double>(want));
@@ -167,7 +168,8 @@ double load_float(DType type, const void* data, size_t i) {
   }
 }
 
-CheckResult check_float(DType type, RedOp op, int num_ranks, size_t count, const void* result) {
+CheckResult check_float(DType type, RedOp op, int num_ranks, size_t count, const void* result,
+                        size_t offset) {
   CheckResult c;
   const FloatFormat format = format_of(type);
   const double eps = std::ldexp(1.0, -format.precision);  // unit roundoff of the element type
@@ -178,9 +180,10 @@ CheckResult check_float(DType type, RedOp op, int num_ranks, size_t count, const
   const double floor = n * format.denorm_min;  // subnormal flushing or rounding at each step
   for (size_t i = 0; i < count; ++i) {
     double sum = 0, magnitude = 0, product = 1;
-    double best = float_input(type, op, element_random(type, op, 0, i));
+    const size_t at = offset + i;  // the element's index in every rank's input
+    double best = float_input(type, op, element_random(type, op, 0, at));
     for (int r = 0; r < num_ranks; ++r) {
-      const double x = r == 0 ? best : float_input(type, op, element_random(type, op, r, i));
+      const double x = r == 0 ? best : float_input(type, op, element_random(type, op, r, at));
       sum += x;
       magnitude += std::fabs(x);
       product *= x;
@@ -294,29 +297,30 @@ void fill_input(DType type, RedOp op, int rank, size_t count, void* out) {
   }
 }
 
-CheckResult check_result(DType type, RedOp op, int num_ranks, size_t count, const void* result) {
+CheckResult check_result(DType type, RedOp op, int num_ranks, size_t count, const void* result,
+                         size_t offset) {
   CheckResult c;
   switch (type) {
     case DType::kInt8:
-      c = check_int<int8_t>(type, op, num_ranks, count, result);
+      c = check_int<int8_t>(type, op, num_ranks, count, result, offset);
       break;
     case DType::kUint8:
-      c = check_int<uint8_t>(type, op, num_ranks, count, result);
+      c = check_int<uint8_t>(type, op, num_ranks, count, result, offset);
       break;
     case DType::kInt32:
-      c = check_int<int32_t>(type, op, num_ranks, count, result);
+      c = check_int<int32_t>(type, op, num_ranks, count, result, offset);
       break;
     case DType::kUint32:
-      c = check_int<uint32_t>(type, op, num_ranks, count, result);
+      c = check_int<uint32_t>(type, op, num_ranks, count, result, offset);
       break;
     case DType::kInt64:
-      c = check_int<int64_t>(type, op, num_ranks, count, result);
+      c = check_int<int64_t>(type, op, num_ranks, count, result, offset);
       break;
     case DType::kUint64:
-      c = check_int<uint64_t>(type, op, num_ranks, count, result);
+      c = check_int<uint64_t>(type, op, num_ranks, count, result, offset);
       break;
     default:
-      c = check_float(type, op, num_ranks, count, result);
+      c = check_float(type, op, num_ranks, count, result, offset);
       break;
   }
   c.hash = hash_bytes(result, count * dtype_bytes(type));

@@ -22,8 +22,10 @@ struct CheckResult {
   uint64_t hash = 0;       // hash_bytes() of the result
 };
 
-// Compares `result` (count elements) with the all-reduce of fill_input() over `num_ranks`.
-CheckResult check_result(DType type, RedOp op, int num_ranks, size_t count, const void* result);
+// Compares `result` (count elements) with elements offset .. offset + count - 1 of the
+// all-reduce of fill_input() over `num_ranks` (a reduce-scatter's block r: offset r x recvcount).
+CheckResult check_result(DType type, RedOp op, int num_ranks, size_t count, const void* result,
+                         size_t offset = 0);
 
 // ||result - exact||^2 / ||exact||^2; 0 when both are 0, +inf when only the error is not.
 double vnmse(double error_sq, double exact_sq);

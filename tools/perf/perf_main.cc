@@ -1,4 +1,5 @@
-// dynamiq-perf: an nccl-tests-style all-reduce benchmark and checker over the NCCL API.
+// dynamiq-perf: an nccl-tests-style benchmark and checker of ncclAllReduce, ncclReduceScatter and
+// ncclReduce (-c) over the NCCL API.
 // Only <nccl.h> comes from NCCL (and, through it, CUDA's type declarations); CUDA runtime
 // calls are looked up with dlopen so the same binary runs with host buffers on a CPU NCCL and
 // with device buffers on a GPU with the real NCCL.
@@ -226,7 +227,8 @@ class Buffers {
 struct Measured {
   double seconds = 0;     // per operation
   double wrong = 0;       // summed over ranks
-  double nonfinite = 0;   // summed over ranks
+  double nonfinite = 0;   // summed over ranks: non-finite results, and changed elements of a
+                          // buffer that must stay untouched (ncclReduce's non-root receive buffer)
   double vnmse = 0;       // max over ranks
   bool identical = true;  // every rank's result bytes hash the same
   int compressed = -1;    // dynamiq preloaded: 1 when it compressed the checked calls, else 0
@@ -258,6 +260,12 @@ class Bench {
     DQ_CHECK(nccl_ok(ncclCommInitRank(&comm_, job_.world_size, id, job_.rank), "ncclCommInitRank",
                      nullptr));
 
+    const Collective coll = options_.collective;
+    if (coll == Collective::kReduce && options_.root >= job_.world_size) {
+      std::fprintf(stderr, "dynamiq-perf: -r %d: the job has %d ranks (roots 0..%d, or -1)\n",
+                   options_.root, job_.world_size, job_.world_size - 1);
+      return Status::kInvalidArgument;
+    }
     size_t max_bytes = 0;
     for (size_t s : sweep_sizes(options_)) max_bytes = std::max(max_bytes, s);
     DQ_CHECK(buffers_.alloc(max_bytes, &send_));
@@ -271,29 +279,53 @@ class Bench {
     long bw_samples = 0;
     double wrong_total = 0;
     int non_identical_rows = 0;
+    // ncclReduce: one root, or every root in turn (-r -1); the others have no root (-1).
+    std::vector<int> roots = {-1};
+    if (coll == Collective::kReduce) {
+      roots.clear();
+      for (int r = 0; r < job_.world_size; ++r)
+        if (options_.root == -1 || options_.root == r) roots.push_back(r);
+    }
     for (DType type : options_.dtypes) {
       for (RedOp op : options_.ops) {
-        for (size_t size : sweep_sizes(options_)) {
-          const size_t count = size / dtype_bytes(type);
-          Measured oop, inplace;
-          DQ_CHECK(measure(type, op, count, &oop, &inplace));
-          print_row(type, op, count, oop, inplace);
-          for (const Measured* m : {&oop, &inplace}) {
-            bus_bw_sum += bus_bandwidth(count * dtype_bytes(type), m->seconds);
-            ++bw_samples;
-            if (options_.check_iters > 0) wrong_total += m->wrong;
-            if (options_.check_iters > 0 && !m->identical) ++non_identical_rows;
+        for (int root : roots) {
+          for (size_t size : sweep_sizes(options_)) {
+            const CollCounts counts = coll_counts(coll, size, dtype_bytes(type), job_.world_size);
+            Measured oop, inplace;
+            DQ_CHECK(measure(type, op, counts, root, &oop, &inplace));
+            print_row(type, op, counts, root, oop, inplace);
+            for (const Measured* m : {&oop, &inplace}) {
+              bus_bw_sum += alg_bandwidth(coll, counts, dtype_bytes(type), m->seconds) *
+                            bus_factor(coll, job_.world_size);
+              ++bw_samples;
+              if (options_.check_iters > 0) wrong_total += m->wrong;
+              if (options_.check_iters > 0 && !m->identical) ++non_identical_rows;
+            }
           }
         }
       }
     }
+    // Every rank's digest of every result it checked, in rank order: equal across two runs
+    // exactly when every rank got the same bytes in both (determinism of a compressed path,
+    // whose results differ from the exact ones by design).
+    std::vector<uint64_t> digests(job_.world_size, 0);
+    digests[job_.rank] = digest_;
+    DQ_CHECK(combine(digests.data(), digests.size(), ncclUint64, sizeof(uint64_t), ncclSum));
+    const uint64_t digest = hash_bytes(digests.data(), digests.size() * sizeof(uint64_t));
     if (job_.rank == 0) {
       std::printf("# Out of bounds values : %.0f %s\n", wrong_total,
                   wrong_total == 0 ? "OK" : "FAILED");
       std::printf("# Avg bus bandwidth    : %g \n", bw_samples ? bus_bw_sum / bw_samples : 0.0);
-      if (options_.check_iters > 0)
+      if (options_.check_iters > 0 && coll == Collective::kAllReduce)
         std::printf("# Results identical on all ranks : %s\n",
                     non_identical_rows == 0 ? "yes" : "NO");
+      if (options_.check_iters > 0 && coll != Collective::kAllReduce)
+        std::printf("# Results identical on all ranks : n/a (%s)\n",
+                    coll == Collective::kReduce ? "only the root holds the result"
+                                                : "each rank holds its own block");
+      if (options_.check_iters > 0)
+        std::printf("# Result digest        : %016llx\n",
+                    static_cast<unsigned long long>(digest));
       std::printf("#\n");
       std::fflush(stdout);
     }
@@ -306,16 +338,39 @@ class Bench {
   }
 
  private:
-  double bus_bandwidth(size_t bytes, double seconds) const {
-    if (seconds <= 0) return 0;
-    const double n = job_.world_size;
-    return static_cast<double>(bytes) / seconds / 1e9 * (2 * (n - 1) / n);
+  // One operation of the collective under test.
+  Status collective(const void* send, void* recv, const CollCounts& counts, DType type, RedOp op,
+                    int root) {
+    switch (options_.collective) {
+      case Collective::kAllReduce:
+        return nccl_ok(ncclAllReduce(send, recv, counts.param, nccl_type(type), nccl_op(op), comm_,
+                                     buffers_.stream()),
+                       "ncclAllReduce", comm_);
+      case Collective::kReduceScatter:
+        return nccl_ok(ncclReduceScatter(send, recv, counts.param, nccl_type(type), nccl_op(op),
+                                         comm_, buffers_.stream()),
+                       "ncclReduceScatter", comm_);
+      case Collective::kReduce:
+        return nccl_ok(ncclReduce(send, recv, counts.param, nccl_type(type), nccl_op(op), root,
+                                  comm_, buffers_.stream()),
+                       "ncclReduce", comm_);
+    }
+    return Status::kInternal;
   }
 
-  Status allreduce(const void* send, void* recv, size_t count, DType type, RedOp op) {
-    return nccl_ok(
-        ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), comm_, buffers_.stream()),
-        "ncclAllReduce", comm_);
+  // The buffers of one placement. In place, as nccl-tests: the send buffer is the receive
+  // buffer, and a reduce-scatter's output is this rank's block of it (recvbuff = sendbuff +
+  // rank x recvcount).
+  struct Placement {
+    void* send;
+    void* recv;
+  };
+  Placement placement(bool in_place, const CollCounts& counts, DType type) const {
+    if (!in_place) return {send_, recv_};
+    const size_t offset = options_.collective == Collective::kReduceScatter
+                              ? static_cast<size_t>(job_.rank) * counts.recv * dtype_bytes(type)
+                              : 0;
+    return {recv_, static_cast<unsigned char*>(recv_) + offset};
   }
 
   // A few values combined across ranks through the scratch buffer.
@@ -328,15 +383,16 @@ class Bench {
     return buffers_.download(values, scratch_, count * elem_bytes);
   }
 
-  Status time_ops(const void* send, void* recv, size_t count, DType type, RedOp op,
+  Status time_ops(Placement at, const CollCounts& counts, DType type, RedOp op, int root,
                   double* seconds) {
     for (int w = 0; w < options_.warmup_iters; ++w)
-      DQ_CHECK(allreduce(send, recv, count, type, op));
+      DQ_CHECK(collective(at.send, at.recv, counts, type, op, root));
     DQ_CHECK(buffers_.synchronize());
     const auto start = std::chrono::steady_clock::now();
     for (int it = 0; it < options_.iters; ++it) {
       if (options_.agg_iters > 1) DQ_CHECK(nccl_ok(ncclGroupStart(), "ncclGroupStart", comm_));
-      for (int a = 0; a < options_.agg_iters; ++a) DQ_CHECK(allreduce(send, recv, count, type, op));
+      for (int a = 0; a < options_.agg_iters; ++a)
+        DQ_CHECK(collective(at.send, at.recv, counts, type, op, root));
       if (options_.agg_iters > 1) DQ_CHECK(nccl_ok(ncclGroupEnd(), "ncclGroupEnd", comm_));
     }
     DQ_CHECK(buffers_.synchronize());
@@ -346,32 +402,49 @@ class Bench {
   }
 
   // One validated operation; returns this rank's check of the result.
-  Status check_once(bool in_place, size_t count, DType type, RedOp op, CheckResult* out) {
-    const size_t bytes = count * dtype_bytes(type);
-    if (in_place) {
-      DQ_CHECK(buffers_.upload(recv_, host_input_.data(), bytes));
-      DQ_CHECK(allreduce(recv_, recv_, count, type, op));
-    } else {
-      DQ_CHECK(buffers_.upload(send_, host_input_.data(), bytes));
-      DQ_CHECK(buffers_.fill(recv_, kSentinelByte, bytes));
-      DQ_CHECK(allreduce(send_, recv_, count, type, op));
-    }
+  Status check_once(bool in_place, const CollCounts& counts, DType type, RedOp op, int root,
+                    CheckResult* out) {
+    const size_t esize = dtype_bytes(type);
+    const size_t send_bytes = counts.send * esize, recv_bytes = counts.recv * esize;
+    const Placement at = placement(in_place, counts, type);
+    DQ_CHECK(buffers_.upload(at.send, host_input_.data(), send_bytes));
+    if (!in_place) DQ_CHECK(buffers_.fill(recv_, kSentinelByte, recv_bytes));
+    DQ_CHECK(collective(at.send, at.recv, counts, type, op, root));
     DQ_CHECK(buffers_.synchronize());
-    DQ_CHECK(buffers_.download(host_result_.data(), recv_, bytes));
+    DQ_CHECK(buffers_.download(host_result_.data(), at.recv, recv_bytes));
     // Self-test of the checker: DYNAMIQ_PERF_CORRUPT_RANK=R flips the lowest bit of rank R's
     // first result byte, which the identity check (and, for integers, #wrong) must report.
-    if (corrupt_this_rank_ && bytes > 0) host_result_[0] ^= 1;
-    *out = check_result(type, op, job_.world_size, count, host_result_.data());
+    if (corrupt_this_rank_ && recv_bytes > 0) host_result_[0] ^= 1;
+    const Collective coll = options_.collective;
+    if (coll == Collective::kReduce && job_.rank != root) {
+      // Not the root: its receive buffer must be left as it was (the sentinel out of place, the
+      // input in place). Every changed element is wrong, in every mode.
+      *out = CheckResult{};
+      const unsigned char* got = host_result_.data();
+      for (size_t i = 0; i < counts.recv; ++i) {
+        bool same = true;
+        for (size_t b = 0; b < esize; ++b)
+          same = same && got[i * esize + b] ==
+                             (in_place ? host_input_[i * esize + b] : kSentinelByte);
+        if (!same) ++out->wrong, ++out->nonfinite;
+      }
+      out->hash = hash_bytes(got, recv_bytes);
+      return Status::kOk;
+    }
+    const size_t offset =
+        coll == Collective::kReduceScatter ? static_cast<size_t>(job_.rank) * counts.recv : 0;
+    *out = check_result(type, op, job_.world_size, counts.recv, host_result_.data(), offset);
     return Status::kOk;
   }
 
-  Status measure(DType type, RedOp op, size_t count, Measured* oop, Measured* inplace) {
-    const size_t bytes = count * dtype_bytes(type);
-    fill_input(type, op, job_.rank, count, host_input_.data());
-    DQ_CHECK(buffers_.upload(send_, host_input_.data(), bytes));
-    DQ_CHECK(time_ops(send_, recv_, count, type, op, &oop->seconds));
-    DQ_CHECK(buffers_.upload(recv_, host_input_.data(), bytes));
-    DQ_CHECK(time_ops(recv_, recv_, count, type, op, &inplace->seconds));
+  Status measure(DType type, RedOp op, const CollCounts& counts, int root, Measured* oop,
+                 Measured* inplace) {
+    const size_t send_bytes = counts.send * dtype_bytes(type);
+    fill_input(type, op, job_.rank, counts.send, host_input_.data());
+    DQ_CHECK(buffers_.upload(send_, host_input_.data(), send_bytes));
+    DQ_CHECK(time_ops(placement(false, counts, type), counts, type, op, root, &oop->seconds));
+    DQ_CHECK(buffers_.upload(recv_, host_input_.data(), send_bytes));
+    DQ_CHECK(time_ops(placement(true, counts, type), counts, type, op, root, &inplace->seconds));
 
     double times[2] = {oop->seconds, inplace->seconds};
     ncclRedOp_t time_op = ncclSum;
@@ -389,36 +462,41 @@ class Bench {
 
     unsigned long long rerouted_before = 0, passed = 0, rerouted_after = 0;
     if (dynamiq_counters()) dynamiq_counters()(comm_, &rerouted_before, &passed);
-    double counts[4] = {0, 0, 0, 0};            // wrong and non-finite, out-of-place then in-place
+    double tallies[4] = {0, 0, 0, 0};  // wrong and non-finite (or touched), oop then in-place
     double errors[2] = {0, 0};                  // vNMSE, max over check iterations
     uint64_t hashes[4] = {0, ~0ull, 0, ~0ull};  // hash and its complement per placement
     for (int c = 0; c < options_.check_iters; ++c) {
-      for (int placement = 0; placement < 2; ++placement) {
+      for (int place = 0; place < 2; ++place) {
         CheckResult r;
-        DQ_CHECK(check_once(placement == 1, count, type, op, &r));
-        counts[placement * 2] += static_cast<double>(r.wrong);
-        counts[placement * 2 + 1] += static_cast<double>(r.nonfinite);
-        errors[placement] = std::max(errors[placement], vnmse(r.error_sq, r.exact_sq));
-        const uint64_t h = c == 0 ? r.hash : hash_bytes(&r.hash, 8) ^ hashes[placement * 2];
-        hashes[placement * 2] = h;
-        hashes[placement * 2 + 1] = ~h;
+        DQ_CHECK(check_once(place == 1, counts, type, op, root, &r));
+        digest_ = hash_bytes(&digest_, sizeof digest_) ^ r.hash;
+        tallies[place * 2] += static_cast<double>(r.wrong);
+        tallies[place * 2 + 1] += static_cast<double>(r.nonfinite);
+        errors[place] = std::max(errors[place], vnmse(r.error_sq, r.exact_sq));
+        const uint64_t h = c == 0 ? r.hash : hash_bytes(&r.hash, 8) ^ hashes[place * 2];
+        hashes[place * 2] = h;
+        hashes[place * 2 + 1] = ~h;
       }
     }
-    DQ_CHECK(combine(counts, 4, ncclFloat64, sizeof(double), ncclSum));
+    DQ_CHECK(combine(tallies, 4, ncclFloat64, sizeof(double), ncclSum));
     DQ_CHECK(combine(errors, 2, ncclFloat64, sizeof(double), ncclMax));
     // max(h) == ~max(~h) == min(h) exactly when every rank has the same h.
     DQ_CHECK(combine(hashes, 4, ncclUint64, sizeof(uint64_t), ncclMax));
     if (dynamiq_counters()) dynamiq_counters()(comm_, &rerouted_after, &passed);
     Measured* placements[2] = {oop, inplace};
+    const size_t count = counts.recv;
     for (int p = 0; p < 2; ++p) {
       Measured* m = placements[p];
       if (dynamiq_counters()) m->compressed = rerouted_after > rerouted_before ? 1 : 0;
-      m->identical = hashes[p * 2] == ~hashes[p * 2 + 1];
-      m->nonfinite = counts[p * 2 + 1];
+      // Only an all-reduce leaves the same result on every rank.
+      m->identical = options_.collective != Collective::kAllReduce ||
+                     hashes[p * 2] == ~hashes[p * 2 + 1];
+      m->nonfinite = tallies[p * 2 + 1];
       m->vnmse = errors[p];
       // Lossy results are judged by finiteness and agreement, not by distance from exact.
-      m->wrong = options_.lossy || m->compressed == 1 ? m->nonfinite + (m->identical ? 0.0 : static_cast<double>(count))
-                                : counts[p * 2];
+      m->wrong = options_.lossy || m->compressed == 1
+                     ? m->nonfinite + (m->identical ? 0.0 : static_cast<double>(count))
+                     : tallies[p * 2];
     }
     return Status::kOk;
   }
@@ -435,7 +513,8 @@ class Bench {
     if (job_.rank != 0) return Status::kOk;
     int version = 0;
     ncclGetVersion(&version);
-    std::printf("# dynamiq-perf all_reduce, nccl-tests all_reduce_perf columns\n");
+    std::printf("# dynamiq-perf %s, nccl-tests %s_perf columns\n",
+                nccl_tests_name(options_.collective), nccl_tests_name(options_.collective));
     std::printf(
         "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %llu(%s) warmup iters: %d "
         "iters: %d agg iters: %d validation: %d graph: 0\n",
@@ -481,26 +560,33 @@ class Bench {
     return text;
   }
 
-  void print_row(DType type, RedOp op, size_t count, const Measured& oop, const Measured& ip) {
+  void print_row(DType type, RedOp op, const CollCounts& counts, int root, const Measured& oop,
+                 const Measured& ip) {
     if (job_.rank != 0) return;
-    const size_t bytes = count * dtype_bytes(type);
+    const size_t esize = dtype_bytes(type);
+    // nccl-tests prints the larger buffer's bytes and the count passed to NCCL.
+    const size_t bytes = std::max(counts.send, counts.recv) * esize;
+    const Collective coll = options_.collective;
     std::string line;
     char cell[96];
-    std::snprintf(cell, sizeof cell, "%12zu  %12zu  %8s  %6s  %6d", bytes, count, dtype_name(type),
-                  redop_name(op), -1);
+    std::snprintf(cell, sizeof cell, "%12zu  %12zu  %8s  %6s  %6d", bytes, counts.param,
+                  dtype_name(type), redop_name(op), root);
     line += cell;
     for (const Measured* m : {&oop, &ip}) {
-      const double alg_bw = m->seconds > 0 ? static_cast<double>(bytes) / m->seconds / 1e9 : 0;
+      const double alg_bw = alg_bandwidth(coll, counts, esize, m->seconds);
       const std::string wrong = options_.check_iters > 0
                                     ? std::to_string(static_cast<long long>(m->wrong))
                                     : std::string("N/A");
       std::snprintf(cell, sizeof cell, "  %7s  %6.2f  %6.2f  %5s",
-                    format_time(m->seconds * 1e6).c_str(), alg_bw, bus_bandwidth(bytes, m->seconds),
+                    format_time(m->seconds * 1e6).c_str(), alg_bw,
+                    alg_bw * bus_factor(coll, job_.world_size),
                     wrong.c_str());
       line += cell;
     }
     for (const Measured* m : {&oop, &ip}) {
-      if (options_.check_iters > 0)
+      if (options_.check_iters > 0 && coll != Collective::kAllReduce)
+        std::snprintf(cell, sizeof cell, "  %9.3g  %5s", m->vnmse, "-");
+      else if (options_.check_iters > 0)
         std::snprintf(cell, sizeof cell, "  %9.3g  %5s", m->vnmse, m->identical ? "yes" : "no");
       else
         std::snprintf(cell, sizeof cell, "  %9s  %5s", "N/A", "N/A");
@@ -521,6 +607,7 @@ class Bench {
   std::vector<unsigned char> host_input_;
   std::vector<unsigned char> host_result_;
   bool corrupt_this_rank_ = false;
+  uint64_t digest_ = 0;  // this rank's running hash of every result it checked
 };
 
 }  // namespace

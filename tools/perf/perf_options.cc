@@ -81,7 +81,24 @@ constexpr Flag kFlags[] = {
     {'c', "check", true},     {'o', "op", true},           {'d', "datatype", true},
     {'a', "average", true},   {'r', "root", true},         {'z', "blocking", true},
     {'G', "cudagraph", true}, {'h', "help", false},        {0, "lossy", false},
-    {0, "memory", true}};
+    {0, "memory", true},      {0, "collective", true}};
+
+bool parse_collective(const char* text, Collective* out) {
+  static const struct {
+    const char* name;
+    Collective c;
+  } kNames[] = {{"allreduce", Collective::kAllReduce},
+                {"all_reduce", Collective::kAllReduce},
+                {"reducescatter", Collective::kReduceScatter},
+                {"reduce_scatter", Collective::kReduceScatter},
+                {"reduce", Collective::kReduce}};
+  for (const auto& n : kNames)
+    if (std::strcmp(text, n.name) == 0) {
+      *out = n.c;
+      return true;
+    }
+  return false;
+}
 
 }  // namespace
 
@@ -103,6 +120,65 @@ const char* redop_name(RedOp op) {
   return "?";
 }
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "allreduce";
+    case Collective::kReduceScatter:
+      return "reducescatter";
+    case Collective::kReduce:
+      return "reduce";
+  }
+  return "?";
+}
+
+const char* nccl_tests_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kReduce:
+      return "reduce";
+  }
+  return "?";
+}
+
+CollCounts coll_counts(Collective c, size_t bytes, size_t element_bytes, int num_ranks) {
+  CollCounts out;
+  if (element_bytes == 0 || num_ranks < 1) return out;
+  const size_t count = bytes / element_bytes;
+  if (c != Collective::kReduceScatter) {
+    out.send = out.recv = out.param = count;
+    return out;
+  }
+  // nccl-tests reduce_scatter.cu: base = (count / nranks) & -(16 / eltSize).
+  const size_t align = element_bytes < 16 ? 16 / element_bytes : 1;
+  out.recv = out.param = count / static_cast<size_t>(num_ranks) / align * align;
+  out.send = out.recv * static_cast<size_t>(num_ranks);
+  return out;
+}
+
+double alg_bandwidth(Collective c, const CollCounts& counts, size_t element_bytes,
+                     double seconds) {
+  if (seconds <= 0) return 0;
+  const size_t elements = c == Collective::kReduce ? counts.param : counts.send;
+  return static_cast<double>(elements * element_bytes) / seconds / 1e9;
+}
+
+double bus_factor(Collective c, int num_ranks) {
+  const double n = num_ranks;
+  switch (c) {
+    case Collective::kAllReduce:
+      return 2 * (n - 1) / n;
+    case Collective::kReduceScatter:
+      return (n - 1) / n;
+    case Collective::kReduce:
+      return 1;
+  }
+  return 1;
+}
+
 bool is_floating(DType t) {
   return t == DType::kHalf || t == DType::kFloat || t == DType::kDouble || t == DType::kBfloat16;
 }
@@ -116,7 +192,8 @@ bool parse_size(const char* text, size_t* out) {
 }
 
 const char* perf_usage() {
-  return "usage: dynamiq-perf [options]   (all-reduce; nccl-tests all_reduce_perf flags)\n"
+  return "usage: dynamiq-perf [options]   (nccl-tests all_reduce_perf, reduce_scatter_perf and\n"
+         "                                  reduce_perf flags; -c picks the collective)\n"
          "  -b, --minbytes N      smallest message, e.g. 8, 1K, 64M, 1G (default 32M)\n"
          "  -e, --maxbytes N      largest message (default 32M)\n"
          "  -i, --stepbytes N     size increment when -f is 1 (default 1M)\n"
@@ -125,12 +202,15 @@ const char* perf_usage() {
          "  -w, --warmup_iters N  warm-up iterations (default 5)\n"
          "  -m, --agg_iters N     operations aggregated per group (default 1)\n"
          "  -c, --check N         validation iterations, 0 to skip (default 1)\n"
+         "  -c, --collective C    allreduce (default), reducescatter or reduce: -c takes a\n"
+         "                        number (validation) or a collective name\n"
+         "  -r, --root R          ncclReduce's root (default 0; -1: every root in turn)\n"
          "  -d, --datatype T      int8 uint8 int32 uint32 int64 uint64 half float double\n"
          "                        bfloat16 or all (default float)\n"
          "  -o, --op OP           sum prod max min avg or all (default sum)\n"
          "  -a, --average A       time shown: 0 rank 0, 1 mean, 2 min, 3 max (default 1)\n"
          "  -t, -g                threads / GPUs per process: only 1 is supported\n"
-         "  -r, -z, -G            accepted for compatibility (root, blocking, graph: 0 only)\n"
+         "  -z, -G                accepted for compatibility (blocking, graph: 0 only)\n"
          "  --lossy               #wrong counts non-finite results and cross-rank mismatches\n"
          "                        instead of differences from the exact result\n"
          "  --memory M            auto (default), host or device buffers\n"
@@ -216,7 +296,11 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, s
         if (!parse_int(value, 1, 1 << 20, &out->agg_iters)) return bad("an integer >= 1");
         break;
       case 'c':
-        if (!parse_int(value, 0, 1 << 20, &out->check_iters)) return bad("an integer >= 0");
+        // nccl-tests' -c is the validation count; a name picks the collective instead.
+        if (!parse_int(value, 0, 1 << 20, &out->check_iters) &&
+            !parse_collective(value, &out->collective))
+          return bad(
+              "an integer >= 0 (validation iterations) or allreduce, reducescatter, reduce");
         break;
       case 'a':
         if (!parse_int(value, 0, 3, &number)) return bad("0, 1, 2 or 3");
@@ -231,7 +315,7 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, s
               "int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
         break;
       case 'r':
-        if (!parse_int(value, 0, 1 << 24, &number)) return bad("a rank >= 0");
+        if (!parse_int(value, -1, 1 << 24, &out->root)) return bad("a rank >= 0, or -1 for all");
         break;
       case 'z':
         if (!parse_int(value, 0, 1, &number)) return bad("0 or 1");
@@ -242,6 +326,9 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, s
       default:
         if (std::strcmp(flag->long_name, "lossy") == 0) {
           out->lossy = true;
+        } else if (std::strcmp(flag->long_name, "collective") == 0) {
+          if (!parse_collective(value, &out->collective))
+            return bad("allreduce, reducescatter or reduce");
         } else if (std::strcmp(value, "auto") == 0) {
           out->memory = Memory::kAuto;
         } else if (std::strcmp(value, "host") == 0) {
