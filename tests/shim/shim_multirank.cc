@@ -2,7 +2,8 @@
 // is preloaded by the test's environment), gives each its own DYNAMIQ_* settings, and checks
 // what an application would see. Usage: shim_multirank SCENARIO NRANKS [TOPO]
 // Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
-// (accuracy takes TOPO and optionally DYNAMIQ_BLOCK_BYTES; kill takes the number of runs.)
+// (accuracy takes TOPO and optionally DYNAMIQ_BLOCK_BYTES; kill, kill_reducescatter and
+// kill_reduce take the number of runs; reducescatter and reduce take TOPO.)
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "common/nccl_api.h"
+#include "config/settings.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
 #include "tools/sim/gradients.h"
@@ -33,10 +35,15 @@ namespace {
 
 using Env = std::vector<std::pair<std::string, std::string>>;
 using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+using BytesFn = int (*)(void*, unsigned long long*, unsigned long long*);
 using RegisterFn = int (*)(void*, int);
 
 CountersFn counters_fn() {
   return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+}
+
+BytesFn bytes_fn() {
+  return reinterpret_cast<BytesFn>(dlsym(RTLD_DEFAULT, "dynamiqCommBytes"));
 }
 
 std::string g_dir;  // per-run scratch directory (rank logs, result files)
@@ -373,18 +380,23 @@ bool scenario_passthrough(int n) {
       for (size_t i = 0; i < count; ++i)
         if (out[i] != static_cast<int32_t>(i % 1000) * n * (n + 1) / 2) return 52;
     }
-    // Inside the caller's group: passes through (and completes at ncclGroupEnd).
+    // Inside the caller's group, an eligible call is held back and compressed when the group
+    // ends (docs/ENGINE.md section 8); a small one joins the real group and is exact.
     {
       const size_t count = 1 << 20;
-      std::vector<float> in(count), out(count);
+      std::vector<float> in(count), out(count), small_out(1000);
       for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i);
       if (ncclGroupStart() != ncclSuccess) return 60;
-      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
+      if (ncclAllReduce(in.data(), small_out.data(), 1000, ncclFloat32, ncclSum, comm, nullptr) !=
           ncclSuccess)
         return 61;
-      if (ncclGroupEnd() != ncclSuccess) return 62;
-      if (rerouted_delta(comm, &seen)) return 63;
-      if (!exact_sum_check(n, out.data(), count, false)) return 64;
+      if (rerouted_delta(comm, &seen)) return 62;  // nothing has run yet
+      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return 63;
+      if (ncclGroupEnd() != ncclSuccess) return 64;
+      if (!rerouted_delta(comm, &seen)) return 65;
+      if (!exact_sum_check(n, small_out.data(), 1000, false)) return 66;
     }
     // Other collectives: broadcast is NCCL's own.
     {
@@ -553,8 +565,10 @@ bool scenario_nan(int n) {
   return all_zero(codes, "nan");
 }
 
-// A rank killed mid-job: every other rank gets an error from ncclAllReduce within the timeout.
-bool scenario_kill(int n, int runs) {
+// A rank killed mid-job: every other rank gets an error from its collective within the timeout.
+// `collective`: allreduce, reducescatter (4M floats of input, n blocks) or reduce (root 0; the
+// victim runs through every rank, root included).
+bool scenario_kill(int n, int runs, const std::string& collective = "allreduce") {
   const int timeout_ms = 3000;
   double slowest = 0;
   for (int run = 0; run < runs; ++run) {
@@ -574,8 +588,14 @@ bool scenario_kill(int n, int runs) {
           }).detach();
         }
         const auto t0 = std::chrono::steady_clock::now();
-        const ncclResult_t r =
-            ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+        ncclResult_t r;
+        if (collective == "reducescatter")
+          r = ncclReduceScatter(in.data(), out.data(), count / n, ncclFloat32, ncclSum, comm,
+                                nullptr);
+        else if (collective == "reduce")
+          r = ncclReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, 0, comm, nullptr);
+        else
+          r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r != ncclSuccess) {
@@ -609,9 +629,9 @@ bool scenario_kill(int n, int runs) {
     }
   }
   std::printf(
-      "killed rank: all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d runs; "
-      "slowest survivor's failing call took %.2f s\n",
-      runs, runs, slowest);
+      "killed rank (%s): all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d "
+      "runs; slowest survivor's failing call took %.2f s\n",
+      collective.c_str(), runs, runs, slowest);
   return true;
 }
 
@@ -675,11 +695,13 @@ bool scenario_metrics(int n) {
         body, 300);
     if (!all_zero(codes, "metrics")) return false;
     for (int r = 0; r < n; ++r) {
-      // DYNAMIQ_DEBUG=INFO prints every effective setting once.
+      // DYNAMIQ_DEBUG=INFO prints every effective setting once: one line per entry of the
+      // settings table (describe() writes one line per entry).
       const std::string log = read_file(g_dir + "/rank" + std::to_string(r) + ".log");
+      const int settings = count_occurrences(dq::config::describe(dq::config::Settings{}), "\n");
       EXPECT(count_occurrences(log, "dynamiq setting DYNAMIQ_METRICS_FILE=" + path) == 1 &&
-                 count_occurrences(log, "dynamiq setting DYNAMIQ_") == 14,
-             "rank %d did not print its settings once:\n%s", r, log.c_str());
+                 count_occurrences(log, "dynamiq setting DYNAMIQ_") == settings,
+             "rank %d did not print its %d settings once:\n%s", r, settings, log.c_str());
       const std::string text = read_file(g_dir + "/metrics." + std::to_string(r) + ext);
       EXPECT(!text.empty(), "rank %d wrote no %s metrics", r, ext);
       if (std::string(ext) == ".json") {
@@ -698,6 +720,510 @@ bool scenario_metrics(int n) {
     }
   }
   std::printf("metrics: JSON and Prometheus files name every outcome\n");
+  return true;
+}
+// ---- reduce-scatter and reduce (issue 13) --------------------------------------------------
+// The schedule the engine runs: DYNAMIQ_TOPO (auto: butterfly for a power of two >= 4, else the
+// ring); a reduce-scatter on a butterfly of a rank count that is not a power of two runs on the
+// ring (it needs one chunk ending at every rank).
+dq::topo::Kind engine_kind(const std::string& topo, int n, bool reduce_scatter) {
+  const bool pow2 = (n & (n - 1)) == 0;
+  dq::topo::Kind kind = dq::topo::Kind::kRing;
+  if (topo == "butterfly" || (topo == "auto" && pow2 && n >= 4)) kind = dq::topo::Kind::kButterfly;
+  if (reduce_scatter && kind == dq::topo::Kind::kButterfly && !pow2) kind = dq::topo::Kind::kRing;
+  return kind;
+}
+
+// The eight variants of a compressed call, in call order: dtype (FP32, BF16) x op (SUM, AVG) x
+// placement (out of place, in place). Call k is the engine's compressed call k on the
+// communicator, which keys its rounding draws.
+struct Variant {
+  bool bf16, avg, in_place;
+};
+Variant variant(int k) {
+  return Variant{(k & 4) != 0, (k & 2) != 0, (k & 1) != 0};
+}
+
+// Rank r's input in the call's element type (`rows` holds FP32; BF16 rounds to nearest even).
+std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, size_t count,
+                                       bool bf16) {
+  std::vector<unsigned char> out(count * (bf16 ? 2 : 4));
+  for (size_t i = 0; i < count; ++i) {
+    const float v = rows.row(rank)[i];
+    if (bf16) {
+      const uint16_t b = dq::f32_to_bf16_rne(v);
+      std::memcpy(&out[i * 2], &b, 2);
+    } else {
+      std::memcpy(&out[i * 4], &v, 4);
+    }
+  }
+  return out;
+}
+
+// The inputs as the reduction sees them: every rank's row in FP32, BF16-rounded for BF16 calls.
+std::vector<float> seen_rows(const dq::sim::Matrix& rows, int n, size_t count, bool bf16,
+                             std::vector<const float*>* ptrs) {
+  std::vector<float> conv(static_cast<size_t>(n) * count);
+  ptrs->clear();
+  for (int w = 0; w < n; ++w) {
+    for (size_t i = 0; i < count; ++i)
+      conv[w * count + i] = bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i]))
+                                 : rows.row(w)[i];
+  }
+  for (int w = 0; w < n; ++w) ptrs->push_back(conv.data() + w * count);
+  return conv;
+}
+
+float typed_value(const std::string& bytes, size_t i, bool bf16) {
+  if (bf16) {
+    uint16_t b;
+    std::memcpy(&b, bytes.data() + i * 2, 2);
+    return dq::bf16_to_f32(b);
+  }
+  float f;
+  std::memcpy(&f, bytes.data() + i * 4, 4);
+  return f;
+}
+
+// vNMSE of `count` result values (the call's element type) against the exact FP64 sum (or
+// average) of the inputs `ptrs` at elements offset .. offset + count - 1.
+double block_vnmse(const std::string& bytes, size_t count, bool bf16, bool avg,
+                   const std::vector<const float*>& ptrs, size_t offset, bool* finite,
+                   double* num_out = nullptr, double* den_out = nullptr) {
+  double num = 0, den = 0;
+  *finite = true;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (const float* row : ptrs) exact += row[offset + i];
+    if (avg) exact /= static_cast<double>(ptrs.size());
+    const float got = typed_value(bytes, i, bf16);
+    *finite = *finite && std::isfinite(got);
+    num += (got - exact) * (got - exact);
+    den += exact * exact;
+  }
+  if (num_out) *num_out += num;
+  if (den_out) *den_out += den;
+  return den > 0 ? num / den : 0.0;
+}
+
+// How many of `count` result values equal the simulator's decode (rounded to BF16 for BF16).
+size_t same_as_simulator(const std::string& bytes, size_t count, bool bf16, const float* sim) {
+  size_t same = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const float want = bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(sim[i])) : sim[i];
+    const float got = typed_value(bytes, i, bf16);
+    same += std::memcmp(&want, &got, 4) == 0 ? 1 : 0;
+  }
+  return same;
+}
+
+// The engine's wire bytes for one compressed reduce-scatter of `recv` elements per rank, as
+// dynamiqCommBytes counts them, and the bound they must stay under. Each pipeline block of
+// the rank block (reduce_scatter_block_elems) has one codec per chunk, planned with
+// plan(C_b, 1 chunk, n): a chunk message of cap_b = floor(5 C_b / 8) - 4 g_b bytes (g_b =
+// ceil(C_b / 256) super-groups, whose 2 BF16 statistics words take the rest of the budget), and
+// every rank sends n - 1 of them per block. The statistics all-reduce (every rank block's words,
+// S = n sum_b 2 g_b) plus one control word are counted as a ring sends them: (4 S + 4)(n-1)/n.
+// So wire = (n-1) sum_b cap_b + floor((4 S + 4)(n-1)/n)
+//        <= (n-1)/n x (n recv) x 5/8 + 4 (n-1) sum_b g_b + 4:
+// 5 bits per input coordinate on (n-1)/n of the input, plus the statistics.
+void scatter_wire_bytes(size_t recv, size_t esize, int n, uint64_t block_bytes, uint64_t* expected,
+                        double* bound) {
+  const size_t block = dq::sim::reduce_scatter_block_elems(block_bytes, esize, n);
+  const size_t n_blocks = std::max<size_t>(1, recv / block);
+  uint64_t caps = 0, words = 0, groups = 0;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const size_t count = b + 1 == n_blocks ? recv - b * block : block;
+    std::string err;
+    auto codec = dq::make_codec("dynamiq:5", &err);
+    codec->plan(count, 1, n);
+    caps += codec->chunk_capacity();
+    words += codec->stats_words();
+    groups += (count + 255) / 256;
+  }
+  const uint64_t nn = static_cast<uint64_t>(n);
+  *expected = (nn - 1) * caps + (4 * nn * words + 4) * (nn - 1) / nn;
+  *bound = (n - 1.0) / n * static_cast<double>(nn * recv) * 5.0 / 8.0 +
+           4.0 * (n - 1) * static_cast<double>(groups) + 4.0;
+}
+
+constexpr size_t kScatterRecv = 50001;  // odd: rank blocks start off super-group boundaries
+constexpr size_t kReduceCount = 300007;
+
+// Compressed reduce-scatter: 8 calls (FP32/BF16, SUM/AVG, out of place / in place with recvbuff
+// = sendbuff + rank x recvcount), run twice from fresh processes with the same seed. Every call
+// rerouted; every rank's block within [0.5, 2]x of the simulator's vNMSE for that block and call;
+// each rank's block bit-identical across the two runs; wire bytes as derived above.
+// `block_bytes`: DYNAMIQ_BLOCK_BYTES (K/M suffix); small blocks cut each rank block into several
+// pipeline blocks, which the simulator mirrors (SimOptions::block_elems).
+bool scenario_reducescatter(int n, const std::string& topo, const std::string& block_bytes) {
+  uint64_t block = std::strtoull(block_bytes.c_str(), nullptr, 10);
+  if (block_bytes.back() == 'K') block <<= 10;
+  if (block_bytes.back() == 'M') block <<= 20;
+  const size_t recv = kScatterRecv, total = recv * static_cast<size_t>(n);
+  dq::sim::SyntheticSpec spec;
+  spec.rows = n;
+  spec.cols = total;
+  spec.spread = 1.0;
+  spec.seed = 11;
+  dq::sim::Matrix rows;
+  dq::sim::make_synthetic(spec, &rows);
+  auto body = [&](const std::string& tag, int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0, in0 = 0, wire0 = 0, in1 = 0, wire1 = 0;
+    rerouted_delta(comm, &seen);
+    std::string report;
+    for (int k = 0; k < 8; ++k) {
+      const Variant v = variant(k);
+      const size_t esize = v.bf16 ? 2 : 4;
+      std::vector<unsigned char> in = typed_input(rows, rank, total, v.bf16);
+      std::vector<unsigned char> out(recv * esize, 0xCD);
+      unsigned char* dst = v.in_place ? in.data() + rank * recv * esize : out.data();
+      bytes_fn()(comm, &in0, &wire0);
+      if (ncclReduceScatter(in.data(), dst, recv, v.bf16 ? ncclBfloat16 : ncclFloat32,
+                            v.avg ? ncclAvg : ncclSum, comm, nullptr) != ncclSuccess)
+        return 10 + k;
+      const bool rerouted = rerouted_delta(comm, &seen);
+      bytes_fn()(comm, &in1, &wire1);
+      write_text(rank_file(rank, (tag + "rs" + std::to_string(k) + "_").c_str()),
+                 std::string(reinterpret_cast<const char*>(dst), recv * esize));
+      report += std::to_string(k) + " " + std::to_string(rerouted) + " " +
+                std::to_string(in1 - in0) + " " + std::to_string(wire1 - wire0) + "\n";
+    }
+    write_text(rank_file(rank, (tag + "rs_report").c_str()), report);
+    return 0;
+  };
+  // 64 KiB: every call here is compressed whatever n (the default 1 MiB counts the send buffer).
+  const Env env = {{"DYNAMIQ_ENABLE", "1"},
+                   {"DYNAMIQ_TOPO", topo},
+                   {"DYNAMIQ_MIN_BYTES", "64K"},
+                   {"DYNAMIQ_BLOCK_BYTES", block_bytes}};
+  for (const std::string tag : {"a", "b"}) {
+    auto codes = run_ranks(
+        n, [&](int) { return env; },
+        [&](int rank, ncclComm_t comm) { return body(tag, rank, comm); }, 600);
+    if (!all_zero(codes, ("reducescatter run " + tag).c_str())) return false;
+  }
+
+  dq::topo::Schedule sched;
+  const dq::topo::Kind kind = engine_kind(topo, n, true);
+  if (dq::topo::make_schedule(kind, n, &sched) != dq::Status::kOk) return fail("schedule");
+  double engine_sum = 0, sim_sum = 0;
+  size_t bit_same = 0, bit_total = 0;
+  for (int k = 0; k < 8; ++k) {
+    const Variant v = variant(k);
+    const size_t esize = v.bf16 ? 2 : 4;
+    std::vector<const float*> ptrs;
+    const std::vector<float> conv = seen_rows(rows, n, total, v.bf16, &ptrs);
+    dq::sim::SimOptions opt;
+    opt.seed = 24301;  // DYNAMIQ_SEED's default
+    opt.call = static_cast<uint64_t>(k);
+    opt.op = v.avg ? dq::ReduceOp::kAvg : dq::ReduceOp::kSum;
+    opt.block_elems = dq::sim::reduce_scatter_block_elems(block, esize, n);
+    dq::sim::SimResult sim;
+    std::vector<float> sim_out;
+    if (dq::sim::simulate_reduce_scatter("dynamiq:5", sched, ptrs, recv, opt, &sim_out, &sim) !=
+        dq::Status::kOk)
+      return fail("simulate");
+    uint64_t expected_wire = 0;
+    double bound = 0;
+    scatter_wire_bytes(recv, esize, n, block, &expected_wire, &bound);
+    // A BF16 result adds its own rounding (2^-9 relative, squared ~1e-6 of the energy).
+    const double floor = v.bf16 ? 4e-6 : 0.0;
+    double worst = 0, num = 0, den = 0;
+    size_t call_same = 0;
+    for (int r = 0; r < n; ++r) {
+      std::istringstream report(read_file(rank_file(r, "ars_report")));
+      int kk = -1, rerouted = 0;
+      unsigned long long bytes_in = 0, wire = 0;
+      for (int j = 0; j <= k; ++j) report >> kk >> rerouted >> bytes_in >> wire;
+      EXPECT(report && kk == k, "rank %d: report truncated", r);
+      EXPECT(rerouted == 1, "call %d: rank %d did not reroute the reduce-scatter", k, r);
+      EXPECT(bytes_in == total * esize, "call %d rank %d: bytes_in %llu", k, r, bytes_in);
+      EXPECT(wire == expected_wire && wire <= bound,
+             "call %d rank %d: %llu wire bytes; derived %llu, bound %.0f", k, r, wire,
+             static_cast<unsigned long long>(expected_wire), bound);
+      const std::string a = read_file(rank_file(r, ("ars" + std::to_string(k) + "_").c_str()));
+      const std::string b = read_file(rank_file(r, ("brs" + std::to_string(k) + "_").c_str()));
+      EXPECT(a.size() == recv * esize, "call %d rank %d: %zu result bytes", k, r, a.size());
+      EXPECT(a == b, "call %d: rank %d's block differs between two runs with the same seed", k, r);
+      bool finite = true;
+      const double vn = block_vnmse(a, recv, v.bf16, v.avg, ptrs, r * recv, &finite, &num, &den);
+      const double want = sim.block_vnmse[r];
+      EXPECT(finite, "call %d rank %d: non-finite result from finite inputs", k, r);
+      // One block's vNMSE varies by tens of % with the draws; a wrong slice, key or statistic
+      // costs far more than 2x.
+      EXPECT(vn >= 0.5 * want && vn <= 2.0 * want + floor,
+             "call %d rank %d: block vNMSE %.4e vs simulated %.4e", k, r, vn, want);
+      worst = std::max(worst, vn / want);
+      engine_sum += vn;
+      sim_sum += want;
+      const size_t same = same_as_simulator(a, recv, v.bf16, sim_out.data() + r * recv);
+      call_same += same;
+      bit_same += same;
+      bit_total += recv;
+    }
+    std::printf(
+        "n=%d %s %zu block(s) %s %s %s: all ranks rerouted, identical across runs; vNMSE %.4e over all "
+        "blocks (simulated %.4e), worst block/simulated %.2f, %.1f%% of values bit-identical to "
+        "the simulator's; wire %llu B per rank = %.3f bits per input coordinate (bound %.0f "
+        "B)\n",
+        n, dq::topo::kind_name(kind), std::max<size_t>(1, recv / opt.block_elems),
+        v.bf16 ? "bf16" : "f32", v.avg ? "avg" : "sum",
+        v.in_place ? "in-place" : "out-of-place", num / den, sim.vnmse, worst,
+        100.0 * call_same / (recv * n),
+        static_cast<unsigned long long>(expected_wire),
+        8.0 * expected_wire / static_cast<double>(total), bound);
+  }
+  std::printf("mean block vNMSE over 8 calls x %d ranks: engine %.4e, simulator %.4e; %.1f%% of "
+              "result values bit-identical to the simulator's\n",
+              n, engine_sum / (8 * n), sim_sum / (8 * n), 100.0 * bit_same / bit_total);
+  EXPECT(engine_sum <= 1.25 * sim_sum && engine_sum >= 0.8 * sim_sum,
+         "mean block vNMSE %.4e vs simulated %.4e", engine_sum / (8 * n), sim_sum / (8 * n));
+  return true;
+}
+
+// Compressed reduce to roots 0 and n-1: 16 calls (8 variants per root), twice. The root's result
+// within [0.5, 2]x of the simulator's all-reduce vNMSE for that call (same reduce phase, and the
+// root decodes the same final payloads), bit-identical across the two runs; every other rank's
+// receive buffer untouched.
+bool scenario_reduce(int n, const std::string& topo) {
+  const size_t count = kReduceCount;
+  dq::sim::SyntheticSpec spec;
+  spec.rows = n;
+  spec.cols = count;
+  spec.spread = 1.0;
+  spec.seed = 13;
+  dq::sim::Matrix rows;
+  dq::sim::make_synthetic(spec, &rows);
+  const int roots[2] = {0, n - 1};
+  auto body = [&](const std::string& tag, int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    std::string report;
+    for (int call = 0; call < 16; ++call) {
+      const int root = roots[call / 8];
+      const Variant v = variant(call % 8);
+      const size_t esize = v.bf16 ? 2 : 4;
+      std::vector<unsigned char> in = typed_input(rows, rank, count, v.bf16);
+      const std::vector<unsigned char> before = in;
+      std::vector<unsigned char> out(count * esize, 0xCD);
+      unsigned char* dst = v.in_place ? in.data() : out.data();
+      if (ncclReduce(in.data(), dst, count, v.bf16 ? ncclBfloat16 : ncclFloat32,
+                     v.avg ? ncclAvg : ncclSum, root, comm, nullptr) != ncclSuccess)
+        return 10 + call;
+      const bool rerouted = rerouted_delta(comm, &seen);
+      bool untouched = true;
+      if (rank == root)
+        write_text(rank_file(rank, (tag + "red" + std::to_string(call) + "_").c_str()),
+                   std::string(reinterpret_cast<const char*>(dst), count * esize));
+      else
+        untouched = v.in_place ? in == before
+                               : std::all_of(out.begin(), out.end(),
+                                             [](unsigned char c) { return c == 0xCD; });
+      report += std::to_string(call) + " " + std::to_string(rerouted) + " " +
+                std::to_string(untouched) + "\n";
+    }
+    write_text(rank_file(rank, (tag + "red_report").c_str()), report);
+    return 0;
+  };
+  // 64 KiB: every call here is compressed whatever n (the default 1 MiB counts the send buffer).
+  const Env env = {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", topo}, {"DYNAMIQ_MIN_BYTES", "64K"}};
+  for (const std::string tag : {"a", "b"}) {
+    auto codes = run_ranks(
+        n, [&](int) { return env; },
+        [&](int rank, ncclComm_t comm) { return body(tag, rank, comm); }, 600);
+    if (!all_zero(codes, ("reduce run " + tag).c_str())) return false;
+  }
+  dq::topo::Schedule sched;
+  const dq::topo::Kind kind = engine_kind(topo, n, false);
+  if (dq::topo::make_schedule(kind, n, &sched) != dq::Status::kOk) return fail("schedule");
+  double engine_sum = 0, sim_sum = 0;
+  size_t bit_same = 0, bit_total = 0;
+  for (int r = 0; r < n; ++r) {
+    std::istringstream report(read_file(rank_file(r, "ared_report")));
+    for (int call = 0; call < 16; ++call) {
+      int c = -1, rerouted = 0, untouched = 0;
+      report >> c >> rerouted >> untouched;
+      EXPECT(report && c == call, "rank %d: report truncated", r);
+      EXPECT(rerouted == 1, "call %d: rank %d did not reroute the reduce", call, r);
+      EXPECT(untouched == 1, "call %d: rank %d (not the root) had its receive buffer written",
+             call, r);
+    }
+  }
+  for (int call = 0; call < 16; ++call) {
+    const int root = roots[call / 8];
+    const Variant v = variant(call % 8);
+    std::vector<const float*> ptrs;
+    const std::vector<float> conv = seen_rows(rows, n, count, v.bf16, &ptrs);
+    std::string err;
+    auto codec = dq::make_codec("dynamiq:5", &err);
+    dq::sim::SimOptions opt;
+    opt.seed = 24301;
+    opt.call = static_cast<uint64_t>(call);
+    opt.op = v.avg ? dq::ReduceOp::kAvg : dq::ReduceOp::kSum;
+    dq::sim::SimResult sim;
+    std::vector<float> sim_out;
+    if (dq::sim::simulate_allreduce(*codec, sched, ptrs, count, opt, &sim_out, &sim) !=
+        dq::Status::kOk)
+      return fail("simulate");
+    const std::string a = read_file(rank_file(root, ("ared" + std::to_string(call) + "_").c_str()));
+    const std::string b = read_file(rank_file(root, ("bred" + std::to_string(call) + "_").c_str()));
+    EXPECT(a.size() == count * (v.bf16 ? 2 : 4), "call %d: root wrote %zu bytes", call, a.size());
+    EXPECT(a == b, "call %d: the root's result differs between two runs with the same seed", call);
+    bool finite = true;
+    const double vn = block_vnmse(a, count, v.bf16, v.avg, ptrs, 0, &finite);
+    const double floor = v.bf16 ? 4e-6 : 0.0;
+    EXPECT(finite, "call %d: non-finite result", call);
+    EXPECT(vn >= 0.5 * sim.vnmse && vn <= 2.0 * sim.vnmse + floor,
+           "call %d (root %d): vNMSE %.4e vs simulated %.4e", call, root, vn, sim.vnmse);
+    engine_sum += vn;
+    sim_sum += sim.vnmse;
+    const size_t same = same_as_simulator(a, count, v.bf16, sim_out.data());
+    bit_same += same;
+    bit_total += count;
+    std::printf("n=%d %s root %d %s %s %s: rerouted on every rank, identical across runs, "
+                "others untouched; vNMSE %.4e (simulated %.4e), %.1f%% of values bit-identical "
+                "to the simulator's\n",
+                n, dq::topo::kind_name(kind), root, v.bf16 ? "bf16" : "f32", v.avg ? "avg" : "sum",
+                v.in_place ? "in-place" : "out-of-place", vn, sim.vnmse, 100.0 * same / count);
+  }
+  std::printf("mean vNMSE over 16 calls: engine %.4e, simulator %.4e; %.1f%% of result values "
+              "bit-identical to the simulator's\n",
+              engine_sum / 16, sim_sum / 16, 100.0 * bit_same / bit_total);
+  EXPECT(engine_sum <= 1.25 * sim_sum && engine_sum >= 0.8 * sim_sum,
+         "mean vNMSE %.4e vs simulated %.4e", engine_sum / 16, sim_sum / 16);
+  return true;
+}
+
+// Exact reference of an integer-valued reduce-scatter / reduce (exact_value inputs): element
+// `at` of the sum (or max) over ranks.
+float exact_reduced(int n, size_t at, ncclRedOp_t op) {
+  float best = exact_value(0, at);
+  double sum = 0;
+  for (int r = 0; r < n; ++r) {
+    sum += exact_value(r, at);
+    best = std::max(best, exact_value(r, at));
+  }
+  return op == ncclMax ? best : static_cast<float>(sum);
+}
+
+// One float reduce-scatter (recvcount `recv`) or reduce (root `root`) of exact_value inputs:
+// 0 when the result is exact (non-roots: untouched), else an error code; *rerouted from the
+// counters. `group`: issued inside ncclGroupStart/End.
+int exact_collective(int n, int rank, ncclComm_t comm, bool scatter, size_t recv, int root,
+                     ncclRedOp_t op, bool group, bool* rerouted, unsigned long long* seen) {
+  const size_t total = scatter ? recv * n : recv;
+  std::vector<float> in(total), out(recv, -1.0f);
+  for (size_t i = 0; i < total; ++i) in[i] = exact_value(rank, i);
+  if (group && ncclGroupStart() != ncclSuccess) return 1;
+  const ncclResult_t res =
+      scatter ? ncclReduceScatter(in.data(), out.data(), recv, ncclFloat32, op, comm, nullptr)
+              : ncclReduce(in.data(), out.data(), recv, ncclFloat32, op, root, comm, nullptr);
+  if (res != ncclSuccess) return 2;
+  if (group && ncclGroupEnd() != ncclSuccess) return 3;
+  *rerouted = rerouted_delta(comm, seen);
+  if (!scatter && rank != root) {
+    for (size_t i = 0; i < recv; ++i)
+      if (out[i] != -1.0f) return 4;
+    return 0;
+  }
+  const size_t offset = scatter ? static_cast<size_t>(rank) * recv : 0;
+  for (size_t i = 0; i < recv; ++i)
+    if (out[i] != exact_reduced(n, offset + i, op)) {
+      std::fprintf(stderr, "rank %d: %s %zu: element %zu is %g, exact %g\n", rank,
+                   scatter ? "reduce-scatter" : "reduce", recv, i, out[i],
+                   exact_reduced(n, offset + i, op));
+      return 5;
+    }
+  return 0;
+}
+
+// Reduce-scatter and reduce calls dynamiq does not compress give exactly NCCL's result:
+// below DYNAMIQ_MIN_BYTES, below 64 super-groups per chunk message, other ops and dtypes,
+// inside the caller's group, and collectives DYNAMIQ_COLLECTIVES leaves out. Each phase ends
+// with an eligible call that is compressed (else the test would be vacuous).
+bool scenario_collectives_passthrough(int n) {
+  // Phase 1: every collective allowed (the default), DYNAMIQ_MIN_BYTES=64K.
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    bool rr = false;
+    int rc;
+    const size_t floor_recv = dq::kMinSuperGroupsPerChunk * 256;  // one chunk per rank block
+    // Small: 1000 floats per rank block (n x 4000 B < 64 KiB for n <= 8).
+    if ((rc = exact_collective(n, rank, comm, true, 1000, 0, ncclSum, false, &rr, &seen)) || rr)
+      return 10 + rc;
+    if ((rc = exact_collective(n, rank, comm, false, 1000, 0, ncclSum, false, &rr, &seen)) || rr)
+      return 20 + rc;
+    // A rank block one super-group short of 64 per chunk message: passes through, exact. At 64
+    // the reduce-scatter is compressed.
+    if ((rc = exact_collective(n, rank, comm, true, floor_recv - 256, 0, ncclSum, false, &rr,
+                               &seen)) ||
+        rr)
+      return 30 + rc;
+    rc = exact_collective(n, rank, comm, true, floor_recv, 0, ncclSum, false, &rr, &seen);
+    if ((rc != 0 && rc != 5) || !rr) return 38;
+    // Max: NCCL's.
+    if ((rc = exact_collective(n, rank, comm, true, 1 << 18, 0, ncclMax, false, &rr, &seen)) || rr)
+      return 40 + rc;
+    if ((rc = exact_collective(n, rank, comm, false, 1 << 18, n - 1, ncclMax, false, &rr, &seen)) ||
+        rr)
+      return 45 + rc;
+    // Inside the caller's group: small ones join the real group (exact); eligible ones are held
+    // back and compressed when the group ends (docs/ENGINE.md section 8).
+    if ((rc = exact_collective(n, rank, comm, true, 1000, 0, ncclSum, true, &rr, &seen)) || rr)
+      return 50 + rc;
+    rc = exact_collective(n, rank, comm, true, 1 << 18, 0, ncclSum, true, &rr, &seen);
+    if ((rc != 0 && rc != 5) || !rr) return 53;
+    rc = exact_collective(n, rank, comm, false, 1 << 18, 0, ncclSum, true, &rr, &seen);
+    if ((rc != 0 && rc != 5) || !rr) return 55;
+    // int32 reduce-scatter: NCCL's.
+    {
+      const size_t recv = 1 << 18;
+      std::vector<int32_t> in(recv * n), out(recv);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int32_t>(i % 1000) * (rank + 1);
+      if (ncclReduceScatter(in.data(), out.data(), recv, ncclInt32, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return 60;
+      if (rerouted_delta(comm, &seen)) return 61;
+      for (size_t i = 0; i < recv; ++i)
+        if (out[i] != static_cast<int32_t>((rank * recv + i) % 1000) * n * (n + 1) / 2) return 62;
+    }
+    // Eligible: compressed (not exact).
+    rc = exact_collective(n, rank, comm, false, 1 << 18, n - 1, ncclSum, false, &rr, &seen);
+    if ((rc != 0 && rc != 5) || !rr) return 70 + rc;
+    return 0;
+  };
+  auto codes = run_ranks(
+      n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "64K"}}; }, body,
+      300);
+  if (!all_zero(codes, "collectives passthrough")) return false;
+  // Phase 2: DYNAMIQ_COLLECTIVES picks which collectives are compressed; the rest pass through.
+  for (const std::string allowed : {"allreduce", "reducescatter", "reduce"}) {
+    auto body2 = [&](int rank, ncclComm_t comm) -> int {
+      unsigned long long seen = 0;
+      rerouted_delta(comm, &seen);
+      bool rr = false;
+      int rc;
+      const size_t recv = 1 << 18;
+      rc = exact_collective(n, rank, comm, true, recv, 0, ncclSum, false, &rr, &seen);
+      if (rr != (allowed == "reducescatter") || (!rr && rc != 0)) return 10 + rc;
+      rc = exact_collective(n, rank, comm, false, recv, 0, ncclSum, false, &rr, &seen);
+      if (rr != (allowed == "reduce") || (!rr && rc != 0)) return 20 + rc;
+      rc = exact_float_call(n, rank, comm, recv, ncclSum, &rr, &seen);
+      if (rr != (allowed == "allreduce") || (!rr && rc != 0)) return 30 + rc;
+      return 0;
+    };
+    codes = run_ranks(
+        n,
+        [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COLLECTIVES", allowed}}; },
+        body2, 300);
+    if (!all_zero(codes, ("DYNAMIQ_COLLECTIVES=" + allowed).c_str())) return false;
+  }
+  std::printf("reduce-scatter and reduce: small (also grouped), short of 64 super-groups, max and "
+              "int32 calls passed through exactly; eligible grouped ones compressed at "
+              "ncclGroupEnd; DYNAMIQ_COLLECTIVES=allreduce|reducescatter|reduce compressed that "
+              "collective alone, the others exact\n");
   return true;
 }
 }  // namespace
@@ -730,6 +1256,14 @@ int main(int argc, char** argv) {
     ok = scenario_nan(n);
   } else if (scenario == "kill") {
     ok = scenario_kill(n, argc > 3 ? std::atoi(argv[3]) : 5);
+  } else if (scenario == "kill_reducescatter" || scenario == "kill_reduce") {
+    ok = scenario_kill(n, argc > 3 ? std::atoi(argv[3]) : 5, scenario.substr(5));
+  } else if (scenario == "reducescatter") {
+    ok = scenario_reducescatter(n, argc > 3 ? argv[3] : "auto", argc > 4 ? argv[4] : "16M");
+  } else if (scenario == "reduce") {
+    ok = scenario_reduce(n, argc > 3 ? argv[3] : "auto");
+  } else if (scenario == "collectives_passthrough") {
+    ok = scenario_collectives_passthrough(n);
   } else if (scenario == "toggle") {
     ok = scenario_toggle(n);
   } else if (scenario == "metrics") {
