@@ -86,6 +86,48 @@ def case_smoke(a):
             check(d["vnmse"] < 0.05, f"dynamiq5 vNMSE {d['vnmse']}")
 
 
+def case_smoke_reducescatter(a):
+    """-c reducescatter: the same runs as ncclReduceScatter (each rank's 2 MiB is the send
+    buffer): exact FP32, link bytes 0.75 x the send buffer per call, DynamiQ compressed."""
+    preconditions(a)
+    prefix = f"dqt{os.getpid()}"
+    shim = os.path.exists(os.path.join(a.build, "shim/libdynamiq.so"))
+    modes = "bf16,fp32" + (",dynamiq5" if shim else "")
+    with tempfile.TemporaryDirectory() as out:
+        proc = subprocess.run([a.script, "-B", a.build, "-o", out, "-P", prefix, "-r", "2gbit",
+                               "-s", "2M", "-k", "2", "-w", "1", "-m", modes, "-t", "120",
+                               "-c", "reducescatter"],
+                              capture_output=True, text=True, timeout=600)
+        check(proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}")
+        check(namespaces_with(prefix) == [], f"namespaces left: {namespaces_with(prefix)}")
+        result = json.load(open(os.path.join(out, "result.json")))
+        check("collective=reducescatter" in result["setup"], f"setup: {result['setup']!r}")
+        runs = {r["label"]: r for r in result["runs"]}
+        for label in modes.split(","):
+            r = runs.get(label)
+            check(r is not None and r["exit"] == 0, f"{label}: {r}")
+            check(r["collective"] == "reducescatter", f"{label}: {r}")
+            check(r["identical_on_all_ranks"] is None and r["finite"] is True, f"{label}: {r}")
+            check(len(r["times_s"]) == 2 and r["median_s"] > 0, f"{label} times: {r}")
+        check(runs["fp32"]["vnmse"] < 1e-12, f"fp32 pass-through is not exact: {runs['fp32']}")
+        check(1e-7 < runs["bf16"]["vnmse"] < 1e-4, f"bf16 vNMSE off: {runs['bf16']['vnmse']}")
+        # Ring reduce-scatter: every rank sends (n-1)/n of its send buffer per call, 3 calls, plus
+        # barriers and the final pass-through all-gather of the blocks (3/4 of 2 MiB per rank).
+        fp32_tx, bf16_tx = runs["fp32"]["link_tx_bytes"], runs["bf16"]["link_tx_bytes"]
+        expected = 4 * 0.75 * 2 * 2**20 * 3 + 4 * 0.75 * 2 * 2**20
+        check(expected <= fp32_tx < 1.3 * expected, f"fp32 link bytes {fp32_tx} vs {expected}")
+        check(0.45 < bf16_tx / fp32_tx < 0.6, f"bf16/fp32 link bytes {bf16_tx}/{fp32_tx}")
+        if shim:
+            d = runs["dynamiq5"]
+            check(d["shim_metrics_rank0"]["communicators"][0]["calls"]["rerouted"] >= 3,
+                  f"dynamiq5 calls not rerouted: {d.get('shim_metrics_rank0')}")
+            # 3 compressed calls at ~5/16 of BF16's bytes, and one all-gather of FP32 blocks.
+            gather = 4 * 0.75 * 2 * 2**20
+            check(d["link_tx_bytes"] - gather < 0.4 * (bf16_tx - gather / 2),
+                  f"dynamiq5 link bytes {d['link_tx_bytes']} vs bf16 {bf16_tx}")
+            check(d["vnmse"] < 0.05, f"dynamiq5 vNMSE {d['vnmse']}")
+
+
 def case_interrupt(a):
     """Ctrl-C in the middle of a run: every namespace and rank process goes away."""
     preconditions(a)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One rank of a timed all-reduce over the NCCL API, for tools/bench/netns_allreduce.sh.
+"""One rank of a timed all-reduce (or reduce-scatter) over the NCCL API, for netns_allreduce.sh.
 
 Started by dynamiq-run (RANK, WORLD_SIZE, DYNAMIQ_RUN_DIR). It calls NCCL through ctypes and
 resolves every nccl* symbol in the process's global scope, so an LD_PRELOADed shim
@@ -10,6 +10,11 @@ make_input); the all-reduce runs on it as float32 or converted to bfloat16. Each
 timed between two barriers (a 1-value all-reduce), and the per-iteration time is the maximum
 over ranks. Rank 0 prints one JSON object: times, median, vNMSE of the result against the exact
 FP64 sum of the float32 inputs, and whether every rank holds identical result bytes.
+
+--collective reducescatter runs ncclReduceScatter instead, out of place: the vector (rounded down
+to a multiple of the rank count) is the send buffer and rank r receives block r. The vNMSE is
+then over every rank's block (gathered with a pass-through ncclAllGather after the timed calls),
+and identity does not apply (each rank holds its own block).
 """
 import argparse
 import ctypes
@@ -59,6 +64,10 @@ class Nccl:
         self.all_reduce = scope.ncclAllReduce
         self.all_reduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self.reduce_scatter = scope.ncclReduceScatter
+        self.reduce_scatter.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                        ctypes.c_void_p]
         self.all_gather = scope.ncclAllGather
         self.all_gather.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                     ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -76,6 +85,11 @@ class Nccl:
         count = send.size
         self.check(self.all_reduce(send.ctypes.data, recv.ctypes.data, count,
                                    NCCL_DTYPES[dtype], op, self.comm, None), "ncclAllReduce")
+
+    def reducescatter(self, send, recv, dtype, op):
+        self.check(self.reduce_scatter(send.ctypes.data, recv.ctypes.data, recv.size,
+                                       NCCL_DTYPES[dtype], op, self.comm, None),
+                   "ncclReduceScatter")
 
     def barrier(self):
         one = np.ones(1, dtype=np.float32)
@@ -171,6 +185,8 @@ def main():
                                                     "../gradients/sample/step00079.npy"))
     p.add_argument("--label", default="run")
     p.add_argument("--no-check", action="store_true", help="skip vNMSE and identity")
+    p.add_argument("-c", "--collective", choices=["allreduce", "reducescatter"],
+                   default="allreduce")
     a = p.parse_args()
     if not (1 <= a.iters <= 1000 and 0 <= a.warmup <= 100):
         die("--iters must be 1..1000 and --warmup 0..100")
@@ -180,15 +196,14 @@ def main():
     if world > 1 and not run_dir:
         die("DYNAMIQ_RUN_DIR is not set; start this under dynamiq-run")
     count = parse_bytes(a.bytes) // 4
+    scatter = a.collective == "reducescatter"
+    if scatter:
+        count -= count % world  # n blocks of count / n
 
     t_setup = time.monotonic()
     values = make_input(rank, count, a.data, a.sample)
-    if a.dtype == "bfloat16":
-        send = to_bf16_bits(values)
-        recv = np.zeros_like(send)
-    else:
-        send = values
-        recv = np.zeros_like(send)
+    send = to_bf16_bits(values) if a.dtype == "bfloat16" else values
+    recv = np.zeros(count // world if scatter else count, dtype=send.dtype)
     nccl = Nccl()
     uid = UniqueId()
     if world == 1:
@@ -203,7 +218,10 @@ def main():
     for i in range(times.size):
         nccl.barrier()
         c0, t0 = time.process_time(), time.perf_counter()
-        nccl.allreduce(send, recv, a.dtype, NCCL_SUM)
+        if scatter:
+            nccl.reducescatter(send, recv, a.dtype, NCCL_SUM)
+        else:
+            nccl.allreduce(send, recv, a.dtype, NCCL_SUM)
         times[i] = time.perf_counter() - t0
         cpu[i] = time.process_time() - c0
     slowest = np.zeros_like(times)
@@ -212,9 +230,18 @@ def main():
     nccl.allreduce(cpu, cpu_all_ranks, "float64", NCCL_SUM)
     timed = slowest[a.warmup:]
 
+    if scatter and not a.no_check:
+        # Every rank's block, gathered (pass-through) for the vNMSE over the whole vector.
+        blocks = np.zeros(count, dtype=recv.dtype)
+        nccl.check(nccl.all_gather(recv.ctypes.data, blocks.ctypes.data, recv.nbytes,
+                                   NCCL_DTYPES["uint8"], nccl.comm, None), "ncclAllGather")
+        recv = blocks
     result = from_bf16_bits(recv) if a.dtype == "bfloat16" else recv
     identical, error = None, None
-    if not a.no_check:
+    if not a.no_check and scatter:
+        if rank == 0:
+            error = vnmse(result, world, count, a.data, a.sample)
+    elif not a.no_check:
         digest = np.frombuffer(hashlib.blake2b(recv.tobytes(), digest_size=32).digest(),
                                dtype=np.uint8).copy()
         digests = np.zeros(32 * world, dtype=np.uint8)
@@ -228,7 +255,8 @@ def main():
     nccl.check(nccl.destroy(nccl.comm), "ncclCommDestroy")
     if rank == 0:
         report = {
-            "label": a.label, "dtype": a.dtype, "data": a.data, "ranks": world,
+            "label": a.label, "collective": a.collective, "dtype": a.dtype, "data": a.data,
+            "ranks": world,
             "fp32_bytes_per_rank": count * 4, "wire_dtype_bytes": send.nbytes,
             "warmup": a.warmup, "iters": a.iters,
             "times_s": [round(float(t), 6) for t in timed],

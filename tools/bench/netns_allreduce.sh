@@ -18,14 +18,15 @@
 #   fp32        allreduce_client.py: the FP32 data, plain NCCL (no shim)
 #   dynamiq5    allreduce_client.py: FP32 through the shim, DYNAMIQ_CODEC=dynamiq BITS=5
 #   mxfp8       allreduce_client.py: FP32 through the shim, DYNAMIQ_CODEC=mxfp8
-# and writes OUT/result.json, OUT/result.md and each run's log.
+# and writes OUT/result.json, OUT/result.md and each run's log. -c reducescatter runs every mode's
+# collective as ncclReduceScatter instead (each rank's SIZE is the send buffer).
 set -u -o pipefail
 
 usage() {
   cat <<'EOF'
 usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w WARMUP]
                           [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [-P PREFIX]
-                          [-e NAME=VALUE]...
+                          [-e NAME=VALUE]... [-c allreduce|reducescatter]
                           [--no-limit] [--keep] [--down]
   -B BUILD    meson build folder (default: build)
   -o OUT      output folder (default: /tmp/dq-netns-bench)
@@ -40,6 +41,8 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
   -P PREFIX   namespace names PREFIX-0..3 and PREFIX-hub (default dq-bench)
   -e N=V      extra setting for the shim runs (dynamiq5, mxfp8, engine-bf16), e.g.
               -e DYNAMIQ_TOPO=ring -e DYNAMIQ_BLOCK_BYTES=4M (repeatable)
+  -c COLL     allreduce (default) or reducescatter: the collective every mode runs (the
+              client's --collective, dynamiq-perf's -c); SIZE is each rank's send buffer
   --no-limit  no tc shaping (same namespaces): shows whether the CPU or the link limits
   --keep      leave the namespaces up at the end (tear down with: netns_allreduce.sh --down)
   --down      only tear down what an earlier run left
@@ -59,6 +62,7 @@ LIMIT=1
 KEEP=0
 DOWN_ONLY=0
 PREFIX=dq-bench
+COLLECTIVE=allreduce
 SHIM_EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -73,6 +77,7 @@ while [ $# -gt 0 ]; do
     -d) DATA=$2; shift 2 ;;
     -P) PREFIX=$2; shift 2 ;;
     -e) SHIM_EXTRA+=("$2"); shift 2 ;;
+    -c) COLLECTIVE=$2; shift 2 ;;
     --no-limit) LIMIT=0; shift ;;
     --keep) KEEP=1; shift ;;
     --down) DOWN_ONLY=1; shift ;;
@@ -82,6 +87,11 @@ while [ $# -gt 0 ]; do
 done
 
 readonly NRANKS=4
+case "$COLLECTIVE" in
+  allreduce|reducescatter) ;;
+  *) echo "netns_allreduce.sh: -c must be allreduce or reducescatter, not '$COLLECTIVE'" >&2; exit 2 ;;
+esac
+readonly COLLECTIVE
 [[ "$PREFIX" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,30}$ ]] || { echo "bad -P '$PREFIX'" >&2; exit 2; }
 readonly PREFIX
 for value in "$ITERS" "$WARMUP" "$RUN_TIMEOUT"; do
@@ -284,14 +294,14 @@ run_perf() {
   local label=$1 dtype=$2
   [ -x "$PERF" ] || { say "$PERF not built; skipping $label"; return 0; }
   launch "$label" -- "$PERF" -b "$SIZE" -e "$SIZE" -d "$dtype" -o sum -n "$ITERS" -w "$WARMUP" \
-    -c 1 -a 3
+    -c 1 -a 3 -c "$COLLECTIVE"
   local rc=$?
   python3 - "$OUT/$label.log" "$OUT/results.jsonl" "$label" "$dtype" "$(load)" "$rc" \
-    "$LAST_TX" <<'EOF'
+    "$LAST_TX" "$COLLECTIVE" <<'EOF'
 import json, re, sys
-log, out, label, dtype, load, rc, tx = sys.argv[1:8]
-rec = {"label": label, "tool": "dynamiq-perf", "dtype": dtype, "exit": int(rc),
-       "load_after": load, "link_tx_bytes": int(tx)}
+log, out, label, dtype, load, rc, tx, collective = sys.argv[1:9]
+rec = {"label": label, "tool": "dynamiq-perf", "collective": collective, "dtype": dtype,
+       "exit": int(rc), "load_after": load, "link_tx_bytes": int(tx)}
 for line in open(log):
     m = re.match(r"^\[0\]\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)",
                  line)
@@ -299,9 +309,10 @@ for line in open(log):
         rec.update(bytes=int(m.group(1)), time_us=float(m.group(6)), algbw_gb_s=float(m.group(7)),
                    busbw_gb_s=float(m.group(8)), wrong=m.group(9))
     if "Results identical on all ranks" in line:
-        rec["identical_on_all_ranks"] = line.rstrip().endswith("yes")
+        rec["identical_on_all_ranks"] = (None if "n/a" in line
+                                         else line.rstrip().endswith("yes"))
 if "busbw_gb_s" in rec:
-    print(f"{label}: {rec['time_us'] / 1e6:.3f} s per all-reduce (mean, slowest rank), "
+    print(f"{label}: {rec['time_us'] / 1e6:.3f} s per {collective} (mean, slowest rank), "
           f"busbw {rec['busbw_gb_s']:.3f} GB/s = {rec['busbw_gb_s'] * 8:.3f} Gbit/s, "
           f"#wrong {rec['wrong']}")
 open(out, "a").write(json.dumps(rec) + "\n")
@@ -311,7 +322,7 @@ EOF
 run_client() {
   local label=$1 dtype=$2; shift 2
   launch "$label" "$@" -- python3 "$CLIENT" --bytes "$SIZE" --dtype "$dtype" --iters "$ITERS" \
-    --warmup "$WARMUP" --data "$DATA" --label "$label"
+    --warmup "$WARMUP" --data "$DATA" --label "$label" --collective "$COLLECTIVE"
   local rc=$?
   python3 - "$OUT/$label.log" "$OUT/results.jsonl" "$label" "$(load)" "$rc" "$LAST_TX" \
     "$LAST_WALL" "$OUT" <<'EOF'
@@ -326,7 +337,7 @@ metrics = sorted(glob.glob(os.path.join(folder, f"metrics-{label}-*.json")))
 if metrics:
     rec["shim_metrics_rank0"] = json.load(open(metrics[0]))
 if "median_s" in rec:
-    print(f"{label}: median {rec['median_s']:.3f} s per all-reduce over {rec['iters']} "
+    print(f"{label}: median {rec['median_s']:.3f} s per {rec['collective']} over {rec['iters']} "
           f"(min {rec['min_s']:.3f}, max {rec['max_s']:.3f}), vNMSE {rec['vnmse']}, "
           f"identical {rec['identical_on_all_ranks']}, link tx {int(tx) / 2**20:.1f} MiB")
 open(out, "a").write(json.dumps(rec) + "\n")
@@ -339,7 +350,7 @@ setup
 say "namespaces up: $(ns_names | tr '\n' ' '); rate ${RATE} per direction per rank link$([ "$LIMIT" = 1 ] || echo ' (NOT LIMITED: --no-limit)')"
 {
   echo "date_utc=$(date -u +%FT%TZ) kernel=$(uname -r) cores=$(nproc) load_start=$(load)"
-  echo "rate=$RATE limit=$LIMIT burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA"
+  echo "rate=$RATE limit=$LIMIT burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA collective=$COLLECTIVE"
   echo "git=$(git -C "$SRC_ROOT" rev-parse --short HEAD 2>/dev/null) shim_extra=${SHIM_EXTRA[*]}"
   for ((r = 0; r < NRANKS; r++)); do tc -n "$PREFIX-$r" qdisc show dev "dqr$r"; done
 } >"$OUT/setup.txt"

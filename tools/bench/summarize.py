@@ -3,8 +3,9 @@
 
 usage: summarize.py RESULTS.jsonl SETUP.txt OUT.json OUT.md
 
-Ratios are speed-ups of the DynamiQ 5-bit run (median time per all-reduce) over the BF16
-pass-through and over MXFP8 through the engine, all from the same invocation. The issue's
+Ratios are speed-ups of the DynamiQ 5-bit run (median time per call) over the BF16 pass-through
+and over MXFP8 through the engine, all from the same invocation; the collective (all-reduce or,
+with netns_allreduce.sh -c reducescatter, reduce-scatter) is the same in every run. The issue's
 targets (>= 2.5x and >= 1.5x at 1 Gbit/s) are printed next to them, never assumed.
 """
 import json
@@ -40,14 +41,15 @@ def main():
         lines.append("")
     perf_rows = [r for r in records if r.get("tool") == "dynamiq-perf" and "busbw_gb_s" in r]
     if perf_rows:
-        lines += ["| dynamiq-perf run | dtype | time per all-reduce (s, mean) | busbw (GB/s, "
+        lines += ["| dynamiq-perf run | dtype | time per call (s, mean) | busbw (GB/s, "
                   "printed) | busbw (Gbit/s, from the time) | #wrong | identical | "
                   "link tx (MiB) |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in perf_rows:
-            # dynamiq-perf prints busbw with two decimals; recompute it from the time:
-            # busbw = bytes / time * 2(n-1)/n with n = 4.
-            busbw_gbit = r["bytes"] / (r["time_us"] / 1e6) * 1.5 * 8 / 1e9
+            # dynamiq-perf prints busbw with two decimals; recompute it from the time (nccl-tests,
+            # n = 4): bytes / time x 2(n-1)/n for an all-reduce, x (n-1)/n for a reduce-scatter.
+            factor = 0.75 if r.get("collective") == "reducescatter" else 1.5
+            busbw_gbit = r["bytes"] / (r["time_us"] / 1e6) * factor * 8 / 1e9
             r["busbw_gbit_s_from_time"] = busbw_gbit
             lines.append(f"| {r['label']} | {r['dtype']} | {r['time_us'] / 1e6:.3f} | "
                          f"{r['busbw_gb_s']:.2f} | {busbw_gbit:.3f} | {r['wrong']} | "
@@ -56,7 +58,7 @@ def main():
         lines.append("")
     client_rows = [r for r in records if r.get("tool") == "allreduce_client.py"]
     if client_rows or any("skipped" in r for r in records):
-        lines += ["| run | wire dtype | median s per all-reduce | min | max | vNMSE | "
+        lines += ["| run | wire dtype | median s per call | min | max | vNMSE | "
                   "identical | link tx (MiB, whole job) | CPU s per call (all ranks) | "
                   "cores busy | load after |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
