@@ -488,14 +488,44 @@ bool scenario_optin(int n) {
 // Ranks with different settings: every rank passes through, results exact, one warning each.
 bool scenario_mismatch(int n) {
   struct Case {
-    const char* key;
-    const char* value;
+    std::string key;
+    std::string value;
   };
-  const Case cases[] = {{"DYNAMIQ_BITS", "6"},
-                        {"DYNAMIQ_TOPO", "ring"},
-                        {"DYNAMIQ_ENABLE", "0"},
-                        {"DYNAMIQ_MIN_BYTES", "64K"},
-                        {"DYNAMIQ_BITS", "banana"}};
+  // A valid value other than the default for every setting the wire protocol depends on. Each of
+  // them must be agreed (a rank with another value would issue other messages); the test is
+  // driven from the table: every agreed entry of settings.def is tried on its own, and an agreed
+  // entry missing here fails the test, as does one of these no longer agreed.
+  const std::vector<std::pair<std::string, std::string>> kAlternative = {
+      {"DYNAMIQ_ENABLE", "0"},
+      {"DYNAMIQ_CODEC", "mxfp8"},
+      {"DYNAMIQ_BITS", "6"},
+      {"DYNAMIQ_TOPO", "ring"},
+      {"DYNAMIQ_MIN_BYTES", "64K"},
+      {"DYNAMIQ_DTYPES", "float32"},
+      {"DYNAMIQ_COLLECTIVES", "reduce"},
+      {"DYNAMIQ_CORRELATED", "0"},
+      {"DYNAMIQ_SEED", "7"},
+      {"DYNAMIQ_COMMS", "name=nothing*"},
+      {"DYNAMIQ_BLOCK_BYTES", "4M"}};
+  std::vector<Case> cases;
+  for (int i = 0; i < dq::config::Agreed::count(); ++i) {
+    const std::string key = dq::config::Agreed::key(i);
+    auto it = std::find_if(kAlternative.begin(), kAlternative.end(),
+                           [&](const auto& kv) { return kv.first == key; });
+    EXPECT(it != kAlternative.end(),
+           "agreed setting %s has no alternative value in this test: add one", key.c_str());
+    cases.push_back({key, it->second});
+  }
+  for (const auto& [key, value] : kAlternative) {
+    bool agreed = false;
+    for (int i = 0; i < dq::config::Agreed::count(); ++i)
+      agreed |= key == dq::config::Agreed::key(i);
+    EXPECT(agreed,
+           "%s is no longer an agreed setting: ranks with different values would issue "
+           "different messages",
+           key.c_str());
+  }
+  cases.push_back({"DYNAMIQ_BITS", "banana"});  // invalid on one rank
   for (const Case& c : cases) {
     const int odd = n - 1;  // the last rank differs
     auto body = [&](int rank, ncclComm_t comm) -> int {
@@ -515,22 +545,22 @@ bool scenario_mismatch(int n) {
       return e;
     };
     auto codes = run_ranks(n, env, body, 300);
-    if (!all_zero(codes, c.key)) return false;
-    const bool invalid = std::string(c.value) == "banana";
+    if (!all_zero(codes, c.key.c_str())) return false;
+    const bool invalid = c.value == "banana";
     for (int r = 0; r < n; ++r) {
       const std::string log = read_file(g_dir + "/rank" + std::to_string(r) + ".log");
       const int warnings = count_occurrences(log, "disagree on:");
-      EXPECT(warnings == 1, "%s=%s: rank %d printed %d disagreement warnings:\n%s", c.key, c.value,
-             r, warnings, log.c_str());
-      const char* named = invalid ? "validity of the DYNAMIQ_* environment" : c.key;
+      EXPECT(warnings == 1, "%s=%s: rank %d printed %d disagreement warnings:\n%s", c.key.c_str(),
+             c.value.c_str(), r, warnings, log.c_str());
+      const std::string named = invalid ? "validity of the DYNAMIQ_* environment" : c.key;
       EXPECT(log.find(named) != std::string::npos, "%s: rank %d's warning does not name %s:\n%s",
-             c.key, r, named, log.c_str());
+             c.key.c_str(), r, named.c_str(), log.c_str());
       if (invalid && r == odd)
         EXPECT(log.find("DYNAMIQ_BITS=banana is not valid; accepted: 3..16") != std::string::npos,
                "rank %d does not explain its invalid setting:\n%s", r, log.c_str());
     }
     std::printf("%s differs on rank %d: every rank passed through, exact, one warning each\n",
-                c.key, odd);
+                c.key.c_str(), odd);
   }
   return true;
 }
@@ -598,6 +628,19 @@ bool scenario_kill(int n, int runs, const std::string& collective = "allreduce")
           r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r == ncclSuccess && k < 2) {
+          // Before the kill: a correct result (all ones sum to n exactly: mean subtraction
+          // leaves nothing to round), on the elements this rank receives.
+          const size_t n_out = collective == "reducescatter"         ? count / n
+                               : collective == "reduce" && rank != 0 ? 0
+                                                                     : count;
+          for (size_t i = 0; i < n_out; ++i)
+            if (out[i] != static_cast<float>(n)) {
+              std::fprintf(stderr, "rank %d: call %d element %zu = %g, expected %d\n", rank, k, i,
+                           out[i], n);
+              _exit(42);
+            }
+        }
         if (r != ncclSuccess) {
           std::fprintf(stderr, "rank %d: call %d failed after %.2f s: %s\n", rank, k, s,
                        ncclGetErrorString(r));
@@ -713,8 +756,9 @@ bool scenario_metrics(int n) {
       } else {
         EXPECT(text.find("outcome=\"rerouted\"} 1") != std::string::npos &&
                    text.find("outcome=\"small\"} 1") != std::string::npos &&
-                   text.find("dynamiq_rerouted_bytes_in_total{comm=\"0\",rank=\"" +
-                             std::to_string(r) + "\"} 4194304") != std::string::npos,
+                   text.find("dynamiq_rerouted_bytes_in_total{job=") != std::string::npos &&
+                   text.find(",comm=\"0\",name=\"\",rank=\"" + std::to_string(r) + "\"} 4194304") !=
+                       std::string::npos,
                "rank %d metrics: %s", r, text.c_str());
       }
     }
@@ -767,8 +811,8 @@ std::vector<float> seen_rows(const dq::sim::Matrix& rows, int n, size_t count, b
   ptrs->clear();
   for (int w = 0; w < n; ++w) {
     for (size_t i = 0; i < count; ++i)
-      conv[w * count + i] = bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i]))
-                                 : rows.row(w)[i];
+      conv[w * count + i] =
+          bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
   }
   for (int w = 0; w < n; ++w) ptrs->push_back(conv.data() + w * count);
   return conv;
@@ -963,20 +1007,21 @@ bool scenario_reducescatter(int n, const std::string& topo, const std::string& b
       bit_total += recv;
     }
     std::printf(
-        "n=%d %s %zu block(s) %s %s %s: all ranks rerouted, identical across runs; vNMSE %.4e over all "
+        "n=%d %s %zu block(s) %s %s %s: all ranks rerouted, identical across runs; vNMSE %.4e over "
+        "all "
         "blocks (simulated %.4e), worst block/simulated %.2f, %.1f%% of values bit-identical to "
         "the simulator's; wire %llu B per rank = %.3f bits per input coordinate (bound %.0f "
         "B)\n",
         n, dq::topo::kind_name(kind), std::max<size_t>(1, recv / opt.block_elems),
-        v.bf16 ? "bf16" : "f32", v.avg ? "avg" : "sum",
-        v.in_place ? "in-place" : "out-of-place", num / den, sim.vnmse, worst,
-        100.0 * call_same / (recv * n),
+        v.bf16 ? "bf16" : "f32", v.avg ? "avg" : "sum", v.in_place ? "in-place" : "out-of-place",
+        num / den, sim.vnmse, worst, 100.0 * call_same / (recv * n),
         static_cast<unsigned long long>(expected_wire),
         8.0 * expected_wire / static_cast<double>(total), bound);
   }
-  std::printf("mean block vNMSE over 8 calls x %d ranks: engine %.4e, simulator %.4e; %.1f%% of "
-              "result values bit-identical to the simulator's\n",
-              n, engine_sum / (8 * n), sim_sum / (8 * n), 100.0 * bit_same / bit_total);
+  std::printf(
+      "mean block vNMSE over 8 calls x %d ranks: engine %.4e, simulator %.4e; %.1f%% of "
+      "result values bit-identical to the simulator's\n",
+      n, engine_sum / (8 * n), sim_sum / (8 * n), 100.0 * bit_same / bit_total);
   EXPECT(engine_sum <= 1.25 * sim_sum && engine_sum >= 0.8 * sim_sum,
          "mean block vNMSE %.4e vs simulated %.4e", engine_sum / (8 * n), sim_sum / (8 * n));
   return true;
@@ -1046,8 +1091,8 @@ bool scenario_reduce(int n, const std::string& topo) {
       report >> c >> rerouted >> untouched;
       EXPECT(report && c == call, "rank %d: report truncated", r);
       EXPECT(rerouted == 1, "call %d: rank %d did not reroute the reduce", call, r);
-      EXPECT(untouched == 1, "call %d: rank %d (not the root) had its receive buffer written",
-             call, r);
+      EXPECT(untouched == 1, "call %d: rank %d (not the root) had its receive buffer written", call,
+             r);
     }
   }
   for (int call = 0; call < 16; ++call) {
@@ -1081,15 +1126,17 @@ bool scenario_reduce(int n, const std::string& topo) {
     const size_t same = same_as_simulator(a, count, v.bf16, sim_out.data());
     bit_same += same;
     bit_total += count;
-    std::printf("n=%d %s root %d %s %s %s: rerouted on every rank, identical across runs, "
-                "others untouched; vNMSE %.4e (simulated %.4e), %.1f%% of values bit-identical "
-                "to the simulator's\n",
-                n, dq::topo::kind_name(kind), root, v.bf16 ? "bf16" : "f32", v.avg ? "avg" : "sum",
-                v.in_place ? "in-place" : "out-of-place", vn, sim.vnmse, 100.0 * same / count);
+    std::printf(
+        "n=%d %s root %d %s %s %s: rerouted on every rank, identical across runs, "
+        "others untouched; vNMSE %.4e (simulated %.4e), %.1f%% of values bit-identical "
+        "to the simulator's\n",
+        n, dq::topo::kind_name(kind), root, v.bf16 ? "bf16" : "f32", v.avg ? "avg" : "sum",
+        v.in_place ? "in-place" : "out-of-place", vn, sim.vnmse, 100.0 * same / count);
   }
-  std::printf("mean vNMSE over 16 calls: engine %.4e, simulator %.4e; %.1f%% of result values "
-              "bit-identical to the simulator's\n",
-              engine_sum / 16, sim_sum / 16, 100.0 * bit_same / bit_total);
+  std::printf(
+      "mean vNMSE over 16 calls: engine %.4e, simulator %.4e; %.1f%% of result values "
+      "bit-identical to the simulator's\n",
+      engine_sum / 16, sim_sum / 16, 100.0 * bit_same / bit_total);
   EXPECT(engine_sum <= 1.25 * sim_sum && engine_sum >= 0.8 * sim_sum,
          "mean vNMSE %.4e vs simulated %.4e", engine_sum / 16, sim_sum / 16);
   return true;
@@ -1195,8 +1242,11 @@ bool scenario_collectives_passthrough(int n) {
     return 0;
   };
   auto codes = run_ranks(
-      n, [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "64K"}}; }, body,
-      300);
+      n,
+      [](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "64K"}};
+      },
+      body, 300);
   if (!all_zero(codes, "collectives passthrough")) return false;
   // Phase 2: DYNAMIQ_COLLECTIVES picks which collectives are compressed; the rest pass through.
   for (const std::string allowed : {"allreduce", "reducescatter", "reduce"}) {
@@ -1216,14 +1266,17 @@ bool scenario_collectives_passthrough(int n) {
     };
     codes = run_ranks(
         n,
-        [&](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COLLECTIVES", allowed}}; },
+        [&](int) {
+          return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_COLLECTIVES", allowed}};
+        },
         body2, 300);
     if (!all_zero(codes, ("DYNAMIQ_COLLECTIVES=" + allowed).c_str())) return false;
   }
-  std::printf("reduce-scatter and reduce: small (also grouped), short of 64 super-groups, max and "
-              "int32 calls passed through exactly; eligible grouped ones compressed at "
-              "ncclGroupEnd; DYNAMIQ_COLLECTIVES=allreduce|reducescatter|reduce compressed that "
-              "collective alone, the others exact\n");
+  std::printf(
+      "reduce-scatter and reduce: small (also grouped), short of 64 super-groups, max and "
+      "int32 calls passed through exactly; eligible grouped ones compressed at "
+      "ncclGroupEnd; DYNAMIQ_COLLECTIVES=allreduce|reducescatter|reduce compressed that "
+      "collective alone, the others exact\n");
   return true;
 }
 }  // namespace
