@@ -113,6 +113,18 @@ int RunRank(int rank, const UniqueId& id, const std::string& log_path) {
     float expect = 3.0f + 2.0f * static_cast<float>(i % 7);  // (1 + x) + (2 + x)
     if (host[i] != expect) return 19;
   }
+  // Through the shim: its own counters must show the call, passed through (no CUDA device in
+  // this build), not compressed. NCCL's log naming "dynamiq" proves only the plugin loaded.
+  if (std::getenv("DQ_TEST_VIA_GLOBAL")) {
+    using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+    auto counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+    unsigned long long rerouted = 0, passed = 0;
+    if (counters == nullptr) return 20;  // the shim is not preloaded
+    if (counters(comm, &rerouted, &passed) != 0) return 21;
+    std::printf("rank %d: shim counters: %llu compressed, %llu passed through\n", rank, rerouted,
+                passed);
+    if (rerouted != 0 || passed != 1) return 22;
+  }
   destroy(comm);
   return 0;
 }
