@@ -1,0 +1,544 @@
+// Soak (issue 16 section 3): N ranks through the preloaded shim on the CPU NCCL, CALLS calls of
+// random shape, checked one by one, with the process's resources sampled after every call.
+//
+// Usage: soak CALLS MAX_BYTES [SEED] [NRANKS] [WARMUP] [RSS_LIMIT_PCT]
+//        (exit 0 pass, 1 fail, 77 not preloaded)
+// WARMUP: calls before the resource baseline (default CALLS/10); RSS_LIMIT_PCT: allowed RSS growth
+// after it (default 1). The engine keeps 16 plans (LRU by shape), so with random sizes its live
+// memory follows the sizes of the 16 latest shapes: RSS is bounded but not flat (RESULTS.md
+// section 13); CI's short run allows 100%, which a per-call leak of plan buffers still exceeds.
+//
+// Every rank draws the same sequence from SEED. Each call picks: a collective (ncclAllReduce 1/2,
+// ncclReduceScatter 1/4, ncclReduce 1/4, random root), a dtype (FP32, BF16), an op (SUM, AVG,
+// or MAX 1/10, which always passes through), in place or not, a communicator (the opted-in one
+// 4/5, or a split of it opted out with dynamiqCommRegister(comm, 0) before its first call), and a
+// size log-uniform in [1 KiB, MAX_BYTES] (DYNAMIQ_MIN_BYTES is 64K, so most calls on the opted-in
+// communicator are eligible). Before a call, with probability 1/20, rank 0 flips the A/B switch
+// (DYNAMIQ_CONTROL_FILE); the switch read on an eligible call applies from the next eligible call
+// (docs/ENGINE.md section 3), so every rank predicts which calls are compressed.
+//
+// Data are small integers (a bell-shaped sum of four nibbles, -30..30), so every sum and average
+// is exact in FP32 and BF16 whatever the order of additions. Per call, every rank checks:
+//  - compressed exactly when predicted (dynamiqCommCounters), the same on every rank;
+//  - a pass-through result is bit-exact;
+//  - a compressed result is finite with vNMSE (squared error over squared exact result) below
+//    kMaxVnmse; all-reduce results are bit-identical on every rank (a hash, MAX-reduced);
+//  - the caller's input of an out-of-place call is untouched (a hash before and after).
+// One small check all-reduce per call (on the opted-out communicator) carries every rank's
+// verdict, so all ranks stop together on the first failure.
+// Resources, sampled after every call on every rank: VmRSS (/proc/self/status), open file
+// descriptors (/proc/self/fd) and threads (/proc/self/task). After a warm-up of the first 10% of
+// calls (WARMUP), RSS may grow by less than 1% (end against the end of warm-up), fds and threads
+// not at all. The bytes malloc has in use (mallinfo2) are printed next to RSS: flat in-use bytes
+// with a rising RSS is the allocator keeping freed memory, not a leak.
+#include <dirent.h>
+#include <malloc.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/nccl_api.h"
+#include "kernels/bf16.h"
+
+namespace {
+
+using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+using RegisterFn = int (*)(void*, int);
+
+constexpr size_t kMinBytes = 64 * 1024;  // DYNAMIQ_MIN_BYTES for the run
+constexpr double kMaxVnmse = 0.05;       // measured: ~1e-3..2e-2 (see docs/RESULTS.md section 13)
+constexpr int kFlipOneIn = 20;
+
+std::string g_dir;
+bool g_trace = false;  // DQ_SOAK_TRACE=1: one line per call in the rank logs
+
+CountersFn counters_fn() {
+  return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+}
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The value rank r contributes at element i of call k: -30..30, bell-shaped.
+inline int value(uint64_t key, int r, size_t i) {
+  const uint64_t h = splitmix(key ^ (static_cast<uint64_t>(r) << 56) ^ i);
+  return static_cast<int>((h & 15) + ((h >> 4) & 15) + ((h >> 8) & 15) + ((h >> 12) & 15)) - 30;
+}
+
+uint64_t fnv(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Same sequence on every rank.
+struct Rng {
+  uint64_t s;
+  uint64_t next() { return s = splitmix(s); }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+};
+
+enum Coll { kAllReduce, kReduceScatter, kReduce };
+const char* coll_name(int c) {
+  return c == kAllReduce ? "allreduce" : c == kReduceScatter ? "reducescatter" : "reduce";
+}
+
+struct Call {
+  int coll, root;
+  bool bf16, inplace, opted, flip;
+  ncclRedOp_t op;
+  size_t count;  // send elements (reduce-scatter: recvcount * n)
+  uint64_t key;
+};
+
+Call draw(Rng& rng, int n, size_t max_bytes) {
+  Call c;
+  const int cr = rng.below(4);
+  c.coll = cr < 2 ? kAllReduce : cr == 2 ? kReduceScatter : kReduce;
+  c.root = rng.below(n);
+  c.bf16 = rng.below(2) == 1;
+  const int o = rng.below(10);
+  c.op = o == 0 ? ncclMax : o <= 5 ? ncclSum : ncclAvg;
+  c.inplace = rng.below(2) == 1;
+  c.opted = rng.below(5) != 0;
+  c.flip = rng.below(kFlipOneIn) == 0;
+  const double lo = std::log(1024.0), hi = std::log(static_cast<double>(max_bytes));
+  const size_t bytes = static_cast<size_t>(std::exp(lo + (hi - lo) * rng.uniform()));
+  const size_t esize = c.bf16 ? 2 : 4;
+  c.count = std::max<size_t>(1, bytes / esize);
+  if (c.coll == kReduceScatter) c.count = std::max<size_t>(1, c.count / n) * n;
+  c.key = rng.next();
+  return c;
+}
+
+long vmrss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  return -1;
+}
+
+int count_dir(const char* path) {
+  DIR* d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  closedir(d);
+  return n - (std::strcmp(path, "/proc/self/fd") == 0 ? 1 : 0);  // opendir's own descriptor
+}
+
+struct Sample {
+  long rss;
+  int fds, threads;
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+float load(const unsigned char* p, size_t i, bool bf16) {
+  if (bf16) {
+    uint16_t b;
+    std::memcpy(&b, p + i * 2, 2);
+    return dq::bf16_to_f32(b);
+  }
+  float f;
+  std::memcpy(&f, p + i * 4, 4);
+  return f;
+}
+
+void store(unsigned char* p, size_t i, bool bf16, float v) {
+  if (bf16) {
+    const uint16_t b = dq::f32_to_bf16_rne(v);
+    std::memcpy(p + i * 2, &b, 2);
+  } else {
+    std::memcpy(p + i * 4, &v, 4);
+  }
+}
+
+struct Stats {
+  int calls = 0, compressed = 0, passed = 0, flips = 0, over_budget = 0, switch_off = 0;
+  // Per (collective, dtype): the largest count passed as over budget, the smallest compressed.
+  size_t max_over[6] = {0, 0, 0, 0, 0, 0};
+  size_t min_fit[6] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  double max_vnmse = 0, sum_vnmse = 0;
+  long rss_first = 0, rss_warm = 0, rss_end = 0, rss_max_after = 0, heap_warm = 0, heap_end = 0;
+  int fds_warm = 0, fds_end = 0, fds_max_after = 0, threads_warm = 0, threads_end = 0,
+      threads_max_after = 0;
+  double seconds = 0;
+};
+
+// One rank. Returns 0, or a code naming the failed check (the message is in the rank's log).
+int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_bytes,
+              uint64_t seed, const std::string& control, Stats* st) {
+  auto reg = reinterpret_cast<RegisterFn>(dlsym(RTLD_DEFAULT, "dynamiqCommRegister"));
+  if (!reg) return 2;
+  ncclComm_t off = nullptr;
+  if (ncclCommSplit(comm, 0, rank, &off, nullptr) != ncclSuccess || !off) return 3;
+  if (reg(off, 0) != 0) return 4;
+  // Buffers of the largest call, touched once, reused: the test's own memory stays flat.
+  std::vector<unsigned char> send(max_bytes + 64), recv(max_bytes + 64);
+  std::memset(send.data(), 1, send.size());
+  std::memset(recv.data(), 1, recv.size());
+  Rng rng{seed};
+  bool file_on = true;      // what the control file says (rank 0 writes it)
+  bool applied_on = true;   // the switch the next eligible call applies
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < calls; ++k) {
+    Call c = draw(rng, n, max_bytes);
+    if (c.flip) {
+      file_on = !file_on;
+      if (rank == 0) write_text(control, file_on ? "on\n" : "off\n");
+      ++st->flips;
+    }
+    const size_t esize = c.bf16 ? 2 : 4;
+    const size_t recvcount = c.coll == kReduceScatter ? c.count / n : c.count;
+    ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
+    for (size_t i = 0; i < c.count; ++i)
+      store(send.data(), i, c.bf16, static_cast<float>(value(c.key, rank, i)));
+    const uint64_t send_hash = c.inplace ? 0 : fnv(send.data(), c.count * esize);
+    // Where the result lands, and which elements of the full vector it holds.
+    unsigned char* dst = recv.data();
+    size_t first = 0;  // element offset of the result in the full reduced vector
+    if (c.coll == kReduceScatter) first = static_cast<size_t>(rank) * recvcount;
+    if (c.inplace) dst = send.data() + (c.coll == kReduceScatter ? first * esize : 0);
+    else std::memset(recv.data(), 0xCD, recvcount * esize);
+    const bool eligible = c.opted && c.op != ncclMax && c.count * esize >= kMinBytes;
+    // The switch model (docs/ENGINE.md section 3): an eligible call applies the switch word
+    // agreed on the last eligible call that sent one. A call passed through by the switch sends
+    // its word; a compressed call sends its word; a call whose plan does not fit the bit budget
+    // (too few elements: "over_budget") passes through without sending one.
+    const bool expect_compressed = eligible && applied_on;
+    ncclComm_t use = c.opted ? comm : off;
+    unsigned long long r0 = 0, p0 = 0, r1 = 0, p1 = 0;
+    counters_fn()(use, &r0, &p0);
+    ncclResult_t res;
+    if (c.coll == kAllReduce)
+      res = ncclAllReduce(send.data(), dst, c.count, dt, c.op, use, nullptr);
+    else if (c.coll == kReduceScatter)
+      res = ncclReduceScatter(send.data(), dst, recvcount, dt, c.op, use, nullptr);
+    else
+      res = ncclReduce(send.data(), dst, c.count, dt, c.op, c.root, use, nullptr);
+    counters_fn()(use, &r1, &p1);
+    const bool compressed = r1 > r0;
+    bool over_budget = false;
+    if (eligible && applied_on && !compressed) {
+      over_budget = true;  // checked against the shim's own counters at the end of the run
+      ++st->over_budget;
+      const int slot = c.coll * 2 + (c.bf16 ? 1 : 0);
+      st->max_over[slot] = std::max(st->max_over[slot], c.count);
+    } else if (compressed) {
+      const int slot = c.coll * 2 + (c.bf16 ? 1 : 0);
+      st->min_fit[slot] = std::min(st->min_fit[slot], c.count);
+    }
+    if (eligible && !applied_on) ++st->switch_off;
+    if (eligible && !over_budget) applied_on = file_on;  // rank 0 read the file in this call
+    if (g_trace)
+      std::fprintf(stderr, "call %d: %s %s %s count %zu %s %s flip %d eligible %d expected %d got %d\n",
+                   k, coll_name(c.coll), c.bf16 ? "bf16" : "f32",
+                   c.op == ncclMax ? "max" : c.op == ncclSum ? "sum" : "avg", c.count,
+                   c.inplace ? "in-place" : "out-of-place", c.opted ? "opted-in" : "opted-out",
+                   c.flip, eligible, expect_compressed, compressed);
+    // The checks.
+    int bad = 0;
+    char why[256] = {0};
+    const bool has_result = c.coll != kReduce || rank == c.root;
+    double num = 0, den = 0;
+    bool finite = true;
+    if (res != ncclSuccess) {
+      bad = 10;
+      std::snprintf(why, sizeof why, "returned %d", static_cast<int>(res));
+    } else if (compressed != expect_compressed && !over_budget) {
+      bad = 11;
+      std::snprintf(why, sizeof why, "compressed %d, expected %d (eligible %d)", compressed,
+                    expect_compressed, eligible);
+    } else if (has_result) {
+      const size_t m = c.coll == kReduceScatter ? recvcount : c.count;
+      for (size_t j = 0; j < m && !bad; ++j) {
+        const size_t i = first + j;
+        double want = c.op == ncclMax ? -1e9 : 0;
+        for (int r = 0; r < n; ++r) {
+          const int v = value(c.key, r, i);
+          want = c.op == ncclMax ? std::max(want, static_cast<double>(v)) : want + v;
+        }
+        if (c.op == ncclAvg) want /= n;
+        const float got = load(dst, j, c.bf16);
+        if (!compressed) {
+          if (got != static_cast<float>(want)) {
+            bad = 12;
+            std::snprintf(why, sizeof why, "pass-through element %zu is %g, exact %g", i,
+                          static_cast<double>(got), want);
+          }
+        } else {
+          finite = finite && std::isfinite(got);
+          num += (got - want) * (got - want);
+          den += want * want;
+        }
+      }
+      if (!bad && compressed) {
+        const double v = den > 0 ? num / den : num;
+        st->max_vnmse = std::max(st->max_vnmse, v);
+        st->sum_vnmse += v;
+        if (!finite || !(v < kMaxVnmse)) {
+          bad = 13;
+          std::snprintf(why, sizeof why, "compressed result: finite %d, vNMSE %.4e (bound %.2g)",
+                        finite, v, kMaxVnmse);
+        }
+      }
+    }
+    if (!bad && !c.inplace && fnv(send.data(), c.count * esize) != send_hash) {
+      bad = 14;
+      std::snprintf(why, sizeof why, "the input of an out-of-place call changed");
+    }
+    // Every rank's verdict, and the result's identity: MAX of (x, ~x) is (max, ~min).
+    const uint64_t h = c.coll == kAllReduce ? fnv(dst, c.count * esize) : 0;
+    uint64_t w[6] = {h, ~h, static_cast<uint64_t>(compressed), ~static_cast<uint64_t>(compressed),
+                     static_cast<uint64_t>(bad), 0};
+    if (ncclAllReduce(w, w, 6, ncclUint64, ncclMax, off, nullptr) != ncclSuccess) {
+      std::fprintf(stderr, "call %d: the check all-reduce failed\n", k);
+      return 20;
+    }
+    if (!bad && w[0] != ~w[1]) {
+      bad = 15;
+      std::snprintf(why, sizeof why, "results differ across ranks");
+    }
+    if (!bad && w[2] != ~w[3]) {
+      bad = 16;
+      std::snprintf(why, sizeof why, "compressed on some ranks only");
+    }
+    if (bad || w[4] != 0) {
+      std::fprintf(stderr,
+                   "call %d (%s %s %s %s %s, %zu elements, root %d, comm %s): %s (worst verdict "
+                   "over ranks %llu)\n",
+                   k, coll_name(c.coll), c.bf16 ? "bf16" : "f32",
+                   c.op == ncclMax ? "max" : c.op == ncclSum ? "sum" : "avg",
+                   c.inplace ? "in-place" : "out-of-place", compressed ? "compressed" : "passed",
+                   c.count, c.root, c.opted ? "opted-in" : "opted-out",
+                   bad ? why : "another rank failed", static_cast<unsigned long long>(w[4]));
+      return bad ? bad : 30;
+    }
+    ++st->calls;
+    compressed ? ++st->compressed : ++st->passed;
+    const Sample s{vmrss_kib(), count_dir("/proc/self/fd"), count_dir("/proc/self/task")};
+    if (k == 0) st->rss_first = s.rss;
+    if (k == warm - 1) {
+      st->rss_warm = s.rss;
+      st->heap_warm = static_cast<long>((mallinfo2().uordblks + mallinfo2().hblkhd) / 1024);
+      st->fds_warm = s.fds;
+      st->threads_warm = s.threads;
+    }
+    if (k >= warm) {
+      st->rss_max_after = std::max(st->rss_max_after, s.rss);
+      st->fds_max_after = std::max(st->fds_max_after, s.fds);
+      st->threads_max_after = std::max(st->threads_max_after, s.threads);
+    }
+    st->rss_end = s.rss;
+    if (k == calls - 1)
+      st->heap_end = static_cast<long>((mallinfo2().uordblks + mallinfo2().hblkhd) / 1024);
+    st->fds_end = s.fds;
+    st->threads_end = s.threads;
+    if (rank == 0 && (k + 1) % std::max(1, calls / 10) == 0)
+      std::fprintf(stderr, "soak: %d/%d calls, RSS %ld KiB, malloc in use %zu KiB, fds %d, threads %d\n",
+                   k + 1, calls, s.rss, (mallinfo2().uordblks + mallinfo2().hblkhd) / 1024,
+                   s.fds, s.threads);
+  }
+  st->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The shim's own reasons for the opted-in communicator (index 0) must match the model: every
+  // inferred over-budget pass-through really was one, and the switch passed through exactly the
+  // calls predicted.
+  auto flush = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "dynamiqMetricsFlush"));
+  if (!flush || flush() != 0) return 40;
+  const char* mpath = std::getenv("DYNAMIQ_METRICS_FILE");
+  std::string m;
+  {
+    std::ifstream f(mpath ? mpath : "");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    m = ss.str();
+  }
+  auto field = [&](const std::string& obj, const char* key) -> long long {
+    const std::string k = std::string("\"") + key + "\":";
+    const size_t p = obj.find(k);
+    return p == std::string::npos ? -1 : std::atoll(obj.c_str() + p + k.size());
+  };
+  bool found = false;
+  for (size_t p = m.find("{\"bytes_in\""); p != std::string::npos;
+       p = m.find("{\"bytes_in\"", p + 1)) {
+    const std::string obj = m.substr(p, m.find('}', m.find('}', p) + 1) - p + 1);
+    if (field(obj, "index") != 0) continue;
+    found = true;
+    if (field(obj, "over_budget") != st->over_budget ||
+        field(obj, "switch_off") != st->switch_off || field(obj, "rerouted") != st->compressed) {
+      std::fprintf(stderr,
+                   "the shim's counters (rerouted %lld, over_budget %lld, switch_off %lld) differ "
+                   "from the soak's (%d, %d, %d)\n%s\n",
+                   field(obj, "rerouted"), field(obj, "over_budget"), field(obj, "switch_off"),
+                   st->compressed, st->over_budget, st->switch_off, m.c_str());
+      return 41;
+    }
+  }
+  if (!found) {
+    std::fprintf(stderr, "no communicator 0 in the metrics file %s:\n%s\n", mpath, m.c_str());
+    return 42;
+  }
+  for (int slot = 0; slot < 6; ++slot)
+    if (st->max_over[slot] > 0 && st->min_fit[slot] != SIZE_MAX &&
+        st->max_over[slot] >= st->min_fit[slot]) {
+      std::fprintf(stderr, "%s %s: %zu elements passed as over budget, %zu were compressed\n",
+                   coll_name(slot / 2), slot % 2 ? "bf16" : "f32", st->max_over[slot],
+                   st->min_fit[slot]);
+      return 43;
+    }
+  ncclCommDestroy(off);
+  return 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+size_t parse_bytes(const char* s) {
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  if (end && (*end == 'K' || *end == 'k')) v *= 1024;
+  if (end && (*end == 'M' || *end == 'm')) v *= 1024 * 1024;
+  return static_cast<size_t>(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: soak CALLS MAX_BYTES [SEED] [NRANKS]\n");
+    return 2;
+  }
+  if (counters_fn() == nullptr) {
+    std::printf("SKIP: libdynamiq.so is not preloaded\n");
+    return 77;
+  }
+  const int calls = std::atoi(argv[1]);
+  const size_t max_bytes = std::max<size_t>(2048, parse_bytes(argv[2]));
+  const uint64_t seed = argc > 3 ? std::strtoull(argv[3], nullptr, 0) : 16;
+  const int n = argc > 4 ? std::atoi(argv[4]) : 4;
+  const int warm = std::min(calls, std::max(1, argc > 5 ? std::atoi(argv[5]) : calls / 10));
+  const double rss_limit = argc > 6 ? std::atof(argv[6]) : 1.0;
+  char tmpl[] = "/tmp/dq-soak-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return 1;
+  g_dir = tmpl;
+  g_trace = std::getenv("DQ_SOAK_TRACE") != nullptr;
+  const std::string control = g_dir + "/switch";
+  write_text(control, "on\n");
+  std::printf("soak: %d ranks, %d calls (warm-up %d), sizes 1 KiB..%zu bytes, seed %llu, scratch %s\n",
+              n, calls, warm, max_bytes, static_cast<unsigned long long>(seed), g_dir.c_str());
+  std::fflush(stdout);
+
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
+      if (std::freopen(log.c_str(), "w", stderr) == nullptr) _exit(98);
+      setenv("DYNAMIQ_ENABLE", "1", 1);
+      setenv("DYNAMIQ_MIN_BYTES", "64K", 1);
+      setenv("DYNAMIQ_CONTROL_FILE", control.c_str(), 1);
+      setenv("DYNAMIQ_METRICS_FILE", (g_dir + "/metrics" + std::to_string(r) + ".json").c_str(), 1);
+      setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+      ncclComm_t comm = nullptr;
+      if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) _exit(97);
+      Stats st;
+      const int rc = rank_body(n, r, comm, calls, warm, max_bytes, seed, control, &st);
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "%d %d %d %d %.4e %.4e %ld %ld %ld %ld %d %d %d %d %d %d %.1f %d %d %ld %ld\n", st.calls,
+                    st.compressed, st.passed, st.flips, st.max_vnmse,
+                    st.compressed ? st.sum_vnmse / st.compressed : 0.0, st.rss_first, st.rss_warm,
+                    st.rss_end, st.rss_max_after, st.fds_warm, st.fds_end, st.fds_max_after,
+                    st.threads_warm, st.threads_end, st.threads_max_after, st.seconds,
+                    st.over_budget, st.switch_off, st.heap_warm, st.heap_end);
+      write_text(g_dir + "/stats" + std::to_string(r), line);
+      std::fflush(stderr);
+      if (rc == 0) ncclCommDestroy(comm);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    if (code != 0) {
+      std::printf("FAIL: rank %d exited with %d; its log:\n%s", r, code,
+                  read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
+      ok = false;
+    }
+  }
+  if (!ok) return 1;
+  for (int r = 0; r < n; ++r) {
+    std::istringstream in(read_file(g_dir + "/stats" + std::to_string(r)));
+    Stats st;
+    double mean_vnmse;
+    in >> st.calls >> st.compressed >> st.passed >> st.flips >> st.max_vnmse >> mean_vnmse >>
+        st.rss_first >> st.rss_warm >> st.rss_end >> st.rss_max_after >> st.fds_warm >>
+        st.fds_end >> st.fds_max_after >> st.threads_warm >> st.threads_end >>
+        st.threads_max_after >> st.seconds >> st.over_budget >> st.switch_off >>
+        st.heap_warm >> st.heap_end;
+    if (!in) {
+      std::printf("FAIL: rank %d wrote no statistics\n", r);
+      return 1;
+    }
+    const double growth = 100.0 * (st.rss_end - st.rss_warm) / st.rss_warm;
+    const double growth_max = 100.0 * (st.rss_max_after - st.rss_warm) / st.rss_warm;
+    std::printf(
+        "rank %d: %d calls (%d compressed, %d passed through of which %d by the switch and %d over "
+        "budget; %d switch flips) in %.1f s; "
+        "vNMSE max %.3e mean %.3e; RSS KiB first %ld, after warm-up %ld, end %ld (%+.2f%%), "
+        "max after warm-up %ld (%+.2f%%); malloc in use KiB %ld -> %ld; fds %d -> %d (max %d); threads %d -> %d (max %d)\n",
+        r, st.calls, st.compressed, st.passed, st.switch_off, st.over_budget, st.flips, st.seconds, st.max_vnmse, mean_vnmse,
+        st.rss_first, st.rss_warm, st.rss_end, growth, st.rss_max_after, growth_max, st.heap_warm, st.heap_end, st.fds_warm,
+        st.fds_end, st.fds_max_after, st.threads_warm, st.threads_end, st.threads_max_after);
+    if (st.calls != calls || st.compressed == 0 || st.passed == 0) {
+      std::printf("FAIL: rank %d: expected %d calls, some compressed and some passed\n", r, calls);
+      ok = false;
+    }
+    if (!(growth < rss_limit)) {
+      std::printf("FAIL: rank %d: RSS grew %.2f%% after warm-up (limit %g%%)\n", r, growth,
+                  rss_limit);
+      ok = false;
+    }
+    if (st.fds_max_after != st.fds_warm || st.fds_end != st.fds_warm ||
+        st.threads_max_after != st.threads_warm || st.threads_end != st.threads_warm) {
+      std::printf("FAIL: rank %d: file descriptors or threads changed after warm-up\n", r);
+      ok = false;
+    }
+  }
+  std::printf(ok ? "PASS\n" : "FAIL\n");
+  return ok ? 0 : 1;
+}
