@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/bf16.h"
+#include "tools/cli/cli.h"
 #include "tools/run/rendezvous.h"
 #include "tools/sim/gradients.h"
 
@@ -48,11 +49,48 @@ bool identical(ncclComm_t comm, const void* data, size_t bytes) {
   return w[0] == ~w[1];
 }
 
+constexpr const char* kUsage =
+    "usage: dynamiq-demo [INPUT.npy [ITERS]]   (N ranks under dynamiq-run, libdynamiq.so preloaded)\n"
+    "  INPUT.npy     float32 matrix [n_rows, d]; rank r all-reduces row r mod n_rows\n"
+    "                (default tools/gradients/sample/step00079.npy)\n"
+    "  ITERS         all-reduces per scheme, the fastest is shown (1..1000000, default 3)\n"
+    "  -h, --help    print this help\n"
+    "  --version     print the version and exit\n"
+    "e.g. LD_PRELOAD=build/shim/libdynamiq.so DYNAMIQ_ENABLE=1 build/tools/dynamiq-run --cpu-nccl \\\n"
+    "       -n 4 -- build/tools/dynamiq-demo tools/gradients/sample/step00079.npy\n";
+
+int usage_error(const std::string& what) {
+  std::fprintf(stderr, "dynamiq-demo: %s\n%s", what.c_str(), kUsage);
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* input = argc > 1 ? argv[1] : "tools/gradients/sample/step00079.npy";
-  const int iters = argc > 2 ? std::atoi(argv[2]) : 3;
+  std::string input_arg = "tools/gradients/sample/step00079.npy", iters_arg = "3";
+  CLI::App app;
+  dq::cli::configure(&app, "dynamiq-demo");
+  app.add_option("input", input_arg)->allow_extra_args(false);
+  app.add_option("iters", iters_arg)->allow_extra_args(false);
+  std::string parse_error;
+  switch (dq::cli::parse(&app, argc, argv, &parse_error)) {
+    case dq::cli::Parsed::kHelp:
+      std::fputs(kUsage, stdout);
+      return 0;
+    case dq::cli::Parsed::kVersion:
+      std::printf("%s\n", dq::cli::version_line("dynamiq-demo").c_str());
+      return 0;
+    case dq::cli::Parsed::kError:
+      return usage_error(parse_error);
+    case dq::cli::Parsed::kRun:
+      break;
+  }
+  const char* input = input_arg.c_str();
+  char* end = nullptr;
+  const long iters_long = std::strtol(iters_arg.c_str(), &end, 10);
+  if (iters_arg.empty() || *end != '\0' || iters_long < 1 || iters_long > 1000000)
+    return usage_error("ITERS must be 1..1000000, not '" + iters_arg + "'");
+  const int iters = static_cast<int>(iters_long);
   dq::rendezvous::JobEnv job;
   if (dq::rendezvous::read_job_env(&job) != dq::Status::kOk) return die(0, "no job environment");
   const int n = job.world_size, rank = job.rank;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/cli/cli.h"
 #include "tools/perf/perf_check.h"
 #include "tools/perf/perf_options.h"
 #include "tools/run/rendezvous.h"
@@ -624,6 +625,10 @@ int main(int argc, char** argv) {
   }
   if (options.show_help) {
     std::fputs(perf_usage(), stdout);
+    return 0;
+  }
+  if (options.show_version) {
+    std::printf("%s\n", dq::cli::version_line("dynamiq-perf").c_str());
     return 0;
   }
   dq::rendezvous::JobEnv job;

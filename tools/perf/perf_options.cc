@@ -5,7 +5,11 @@
 #include <cstring>
 #include <limits>
 
+#include <map>
+#include <type_traits>
+
 #include "config/bytes.h"
+#include "tools/cli/cli.h"
 
 namespace dq::perf {
 namespace {
@@ -68,20 +72,6 @@ bool parse_ops(const char* text, std::vector<RedOp>* out) {
     if (std::strcmp(text, "all") == 0 || std::strcmp(text, o.name) == 0) out->push_back(o.op);
   return !out->empty();
 }
-
-struct Flag {
-  char short_name;
-  const char* long_name;
-  bool takes_value;
-};
-constexpr Flag kFlags[] = {
-    {'t', "nthreads", true},  {'g', "ngpus", true},        {'b', "minbytes", true},
-    {'e', "maxbytes", true},  {'i', "stepbytes", true},    {'f', "stepfactor", true},
-    {'n', "iters", true},     {'w', "warmup_iters", true}, {'m', "agg_iters", true},
-    {'c', "check", true},     {'o', "op", true},           {'d', "datatype", true},
-    {'a', "average", true},   {'r', "root", true},         {'z', "blocking", true},
-    {'G', "cudagraph", true}, {'h', "help", false},        {0, "lossy", false},
-    {0, "memory", true},      {0, "collective", true}};
 
 bool parse_collective(const char* text, Collective* out) {
   static const struct {
@@ -214,51 +204,53 @@ const char* perf_usage() {
          "  --lossy               #wrong counts non-finite results and cross-rank mismatches\n"
          "                        instead of differences from the exact result\n"
          "  --memory M            auto (default), host or device buffers\n"
-         "  -h, --help            print this help\n";
+         "  -h, --help            print this help\n"
+         "  --version             print the version and exit\n"
+         "Every option takes its value as -x V, -xV, --name V or --name=V.\n";
 }
 
 Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, std::string* error) {
   *out = PerfOptions{};
-  for (int i = 1; i < argc; ++i) {
-    const char* arg = argv[i];
-    const Flag* flag = nullptr;
-    const char* value = nullptr;
-    std::string shown;  // how the flag is named in messages
-    if (arg[0] == '-' && arg[1] == '-' && arg[2] != '\0') {
-      const char* eq = std::strchr(arg + 2, '=');
-      std::string name = eq ? std::string(arg + 2, eq - arg - 2) : std::string(arg + 2);
-      for (const auto& f : kFlags)
-        if (name == f.long_name) flag = &f;
-      shown = "--" + name;
-      if (flag != nullptr && eq != nullptr) {
-        if (!flag->takes_value) {
-          *error = shown + " takes no value";
-          return Status::kInvalidArgument;
-        }
-        value = eq + 1;
-      }
-    } else if (arg[0] == '-' && arg[1] != '\0' && arg[1] != '-') {
-      for (const auto& f : kFlags)
-        if (f.short_name == arg[1]) flag = &f;
-      shown = std::string("-") + arg[1];
-      if (flag != nullptr && arg[2] != '\0') {
-        if (!flag->takes_value)
-          flag = nullptr;  // e.g. "-hx"
-        else
-          value = arg + 2;  // "-b1K"
-      }
-    }
-    if (flag == nullptr) {
-      *error = std::string("unknown option '") + arg + "'";
+  // nccl-tests' flags, each with its long name: "-b 1K", "-b1K", "--minbytes 1K",
+  // "--minbytes=1K". The short letter identifies the option below (0: long name only).
+  static const struct {
+    char short_name;
+    const char* long_name;
+    bool takes_value;
+  } kFlags[] = {
+      {'t', "nthreads", true},  {'g', "ngpus", true},        {'b', "minbytes", true},
+      {'e', "maxbytes", true},  {'i', "stepbytes", true},    {'f', "stepfactor", true},
+      {'n', "iters", true},     {'w', "warmup_iters", true}, {'m', "agg_iters", true},
+      {'c', "check", true},     {'o', "op", true},           {'d', "datatype", true},
+      {'a', "average", true},   {'r', "root", true},         {'z', "blocking", true},
+      {'G', "cudagraph", true}, {0, "lossy", false},         {0, "memory", true},
+      {0, "collective", true}};
+  CLI::App app;
+  cli::configure(&app, "dynamiq-perf");
+  std::map<const CLI::Option*, const std::remove_extent_t<decltype(kFlags)>*> flag_of;
+  for (const auto& f : kFlags) {
+    std::string names = f.short_name ? std::string("-") + f.short_name + ",--" + f.long_name
+                                     : std::string("--") + f.long_name;
+    flag_of[f.takes_value ? cli::add_value(&app, names) : cli::add_switch(&app, names)] = &f;
+  }
+  switch (cli::parse(&app, argc, argv, error)) {
+    case cli::Parsed::kHelp:
+      out->show_help = true;
+      return Status::kOk;
+    case cli::Parsed::kVersion:
+      out->show_version = true;
+      return Status::kOk;
+    case cli::Parsed::kError:
       return Status::kInvalidArgument;
-    }
-    if (flag->takes_value && value == nullptr) {
-      if (i + 1 >= argc) {
-        *error = shown + " needs a value";
-        return Status::kInvalidArgument;
-      }
-      value = argv[++i];
-    }
+    case cli::Parsed::kRun:
+      break;
+  }
+  // In command-line order, as nccl-tests: a repeated option's last value wins.
+  for (const auto& occurrence : cli::in_order(app)) {
+    const auto* flag = flag_of.at(occurrence.option);
+    const char* value = occurrence.value.c_str();
+    const std::string shown =
+        flag->short_name ? std::string("-") + flag->short_name : std::string("--") + flag->long_name;
     auto bad = [&](const char* expected) {
       *error =
           "bad value '" + std::string(value) + "' for " + shown + " (expected " + expected + ")";
@@ -266,9 +258,6 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, s
     };
     int number = 0;
     switch (flag->short_name) {
-      case 'h':
-        out->show_help = true;
-        return Status::kOk;
       case 't':
       case 'g':
         if (!parse_int(value, 1, 1, &number)) return bad("1: one thread and one GPU per process");

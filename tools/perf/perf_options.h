@@ -72,6 +72,7 @@ struct PerfOptions {
   Collective collective = Collective::kAllReduce;
   int root = 0;  // ncclReduce's root (-r); -1: every root in turn, as nccl-tests
   bool show_help = false;
+  bool show_version = false;  // --version
 };
 
 // Parses "1024", "1K", "64M", "2G" (powers of 1024, either case). False on anything else.

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tools/cli/cli.h"
+
 namespace dq::run {
 namespace {
 
@@ -28,24 +30,6 @@ bool parse_seconds(const char* text, double* out) {
   if (errno != 0 || *end != '\0' || !std::isfinite(v) || v <= 0 || v > 86400) return false;
   *out = v;
   return true;
-}
-
-// Splits "--name=value" into name and value; returns the plain argument otherwise.
-struct SplitArg {
-  std::string name;
-  const char* inline_value = nullptr;
-};
-
-SplitArg split_arg(const char* arg) {
-  SplitArg s;
-  const char* eq = (std::strncmp(arg, "--", 2) == 0) ? std::strchr(arg, '=') : nullptr;
-  if (eq != nullptr) {
-    s.name.assign(arg, eq - arg);
-    s.inline_value = eq + 1;
-  } else {
-    s.name = arg;
-  }
-  return s;
 }
 
 // Variables the launcher itself gives every rank; --rank-env may not replace them.
@@ -108,84 +92,84 @@ const char* launch_usage() {
          "                  (an `ip netns` name, or a path such as /proc/PID/ns/net)\n"
          "  --rank-env NAME=VALUE  set NAME in each rank, {rank} in VALUE replaced by the\n"
          "                  rank (repeatable; the last one for a NAME wins)\n"
-         "  -h, --help      print this help\n";
+         "  -h, --help      print this help\n"
+         "  --version       print the version and exit\n"
+         "Options take their value as --opt V or --opt=V (-n also as -nV).\n";
 }
 
 Status parse_launch_options(int argc, const char* const* argv, LaunchOptions* out,
                             std::string* error) {
   *out = LaunchOptions{};
-  bool have_ranks = false;
-  int i = 1;
-  for (; i < argc; ++i) {
-    const char* arg = argv[i];
-    if (std::strcmp(arg, "--") == 0) {
-      ++i;
-      break;
-    }
-    if (arg[0] != '-' || arg[1] == '\0') break;  // first non-option: PROGRAM
-    SplitArg split = split_arg(arg);
-    // Options that take a value accept "--opt V", "--opt=V" and, for -n, "-nV".
-    auto take_value = [&](const char** value) {
-      if (split.inline_value != nullptr) {
-        *value = split.inline_value;
-        return true;
-      }
-      if (i + 1 >= argc) return false;
-      *value = argv[++i];
-      return true;
-    };
-    const char* value = nullptr;
-    if (split.name == "-h" || split.name == "--help") {
+  // Options take "--opt V", "--opt=V" and, for -n, "-nV". Parsing stops at "--" or at the first
+  // argument that is not an option: PROGRAM, whose own arguments are never read as ours.
+  CLI::App app;
+  cli::configure(&app, "dynamiq-run");
+  app.prefix_command();
+  CLI::Option* o_ranks = cli::add_value(&app, "-n,--nproc");
+  CLI::Option* o_cpu_nccl = cli::add_switch(&app, "--cpu-nccl");
+  CLI::Option* o_timeout = cli::add_value(&app, "--timeout");
+  CLI::Option* o_grace = cli::add_value(&app, "--grace");
+  CLI::Option* o_master = cli::add_value(&app, "--master-addr");
+  CLI::Option* o_netns = cli::add_value(&app, "--rank-netns");
+  CLI::Option* o_rank_env = cli::add_value(&app, "--rank-env");
+  switch (cli::parse(&app, argc, argv, error)) {
+    case cli::Parsed::kHelp:
       out->show_help = true;
       return Status::kOk;
-    } else if (split.name == "--cpu-nccl") {
-      if (split.inline_value != nullptr) {
-        *error = "--cpu-nccl takes no value";
-        return Status::kInvalidArgument;
-      }
+    case cli::Parsed::kVersion:
+      out->show_version = true;
+      return Status::kOk;
+    case cli::Parsed::kError:
+      return Status::kInvalidArgument;
+    case cli::Parsed::kRun:
+      break;
+  }
+  // What CLI11 left is the tail of argv: "--" (CLI11 keeps it) and PROGRAM with its arguments,
+  // or an option CLI11 does not know, which stopped it.
+  std::vector<std::string> rest = app.remaining();
+  const int first = argc - static_cast<int>(rest.size());
+  bool after_separator = first > 1 && std::strcmp(argv[first - 1], "--") == 0;
+  if (!after_separator && !rest.empty() && rest[0] == "--") {
+    rest.erase(rest.begin());
+    after_separator = true;
+  }
+  if (!after_separator && !rest.empty() && rest[0].size() > 1 && rest[0][0] == '-') {
+    *error = "unknown option '" + rest[0] + "'";
+    return Status::kInvalidArgument;
+  }
+  bool have_ranks = false;
+  for (const auto& [option, text] : cli::in_order(app)) {
+    const char* value = text.c_str();
+    if (option == o_cpu_nccl) {
       out->cpu_nccl = true;
-    } else if (split.name == "-n" || split.name == "--nproc" ||
-               (std::strncmp(arg, "-n", 2) == 0 && arg[2] != '-')) {
-      if (split.name != "-n" && split.name != "--nproc") {
-        value = arg + 2;  // -n4
-      } else if (!take_value(&value)) {
-        *error = split.name + " needs a number of ranks";
-        return Status::kInvalidArgument;
-      }
+    } else if (option == o_ranks) {
       if (!parse_int(value, 1, kMaxRanks, &out->num_ranks)) {
         *error = std::string("bad number of ranks '") + value + "' (expected 1.." +
                  std::to_string(kMaxRanks) + ")";
         return Status::kInvalidArgument;
       }
       have_ranks = true;
-    } else if (split.name == "--timeout" || split.name == "--grace") {
-      if (!take_value(&value)) {
-        *error = split.name + " needs a number of seconds";
-        return Status::kInvalidArgument;
-      }
-      double* target = split.name == "--timeout" ? &out->timeout_s : &out->grace_s;
+    } else if (option == o_timeout || option == o_grace) {
+      const char* name = option == o_timeout ? "--timeout" : "--grace";
+      double* target = option == o_timeout ? &out->timeout_s : &out->grace_s;
       if (!parse_seconds(value, target)) {
-        *error = std::string("bad ") + split.name + " value '" + value +
+        *error = std::string("bad ") + name + " value '" + value +
                  "' (expected seconds > 0, at most 86400)";
         return Status::kInvalidArgument;
       }
-    } else if (split.name == "--master-addr") {
-      if (!take_value(&value) || !valid_host(value)) {
+    } else if (option == o_master) {
+      if (!valid_host(value)) {
         *error = "--master-addr needs a host name or address (no spaces)";
         return Status::kInvalidArgument;
       }
-      out->master_addr = value;
-    } else if (split.name == "--rank-netns") {
-      if (!take_value(&value) || *value == '\0') {
+      out->master_addr = text;
+    } else if (option == o_netns) {
+      if (*value == '\0') {
         *error = "--rank-netns needs a namespace name or path pattern, e.g. 'bench-{rank}'";
         return Status::kInvalidArgument;
       }
-      out->rank_netns = value;
-    } else if (split.name == "--rank-env") {
-      if (!take_value(&value)) {
-        *error = "--rank-env needs NAME=VALUE";
-        return Status::kInvalidArgument;
-      }
+      out->rank_netns = text;
+    } else if (option == o_rank_env) {
       const char* eq = std::strchr(value, '=');
       std::string name = eq ? std::string(value, eq - value) : std::string(value);
       if (eq == nullptr || !valid_env_name(name)) {
@@ -200,21 +184,18 @@ Status parse_launch_options(int argc, const char* const* argv, LaunchOptions* ou
           return Status::kInvalidArgument;
         }
       }
-      out->rank_env.emplace_back(value);
-    } else {
-      *error = std::string("unknown option '") + arg + "'";
-      return Status::kInvalidArgument;
+      out->rank_env.push_back(text);
     }
   }
   if (!have_ranks) {
     *error = "missing -n N (number of ranks)";
     return Status::kInvalidArgument;
   }
-  if (i >= argc) {
+  if (rest.empty()) {
     *error = "missing PROGRAM after the options (use: -- PROGRAM ARGS...)";
     return Status::kInvalidArgument;
   }
-  out->command.assign(argv + i, argv + argc);
+  out->command = rest;
   if (out->command[0].empty()) {
     *error = "PROGRAM is an empty string";
     return Status::kInvalidArgument;

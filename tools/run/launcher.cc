@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "tools/cli/cli.h"
 #include "tools/run/launch_options.h"
 
 extern char** environ;
@@ -685,6 +686,10 @@ int main(int argc, char** argv) {
   }
   if (options.show_help) {
     std::fputs(dq::run::launch_usage(), stdout);
+    return 0;
+  }
+  if (options.show_version) {
+    std::printf("%s\n", dq::cli::version_line("dynamiq-run").c_str());
     return 0;
   }
   dq::run::Launcher launcher(options);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/cli/cli.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 
@@ -38,7 +39,12 @@ constexpr const char* kUsage =
     "  --per-hop             report the error of every partial sum (hop_vnmse)\n"
     "  --threads T           worker threads (default: all cores)\n"
     "  --format jsonl|table  output (default table)\n"
-    "  --quiet               no progress on stderr\n";
+    "  --quiet               no progress on stderr\n"
+    "  -h, --help            print this help\n"
+    "  --version             print the version and exit\n"
+    "Options take their value as --opt VALUE or --opt=VALUE. In jsonl output a number that is\n"
+    "not finite (an input holding infinities or NaNs) is null, with \"vnmse_finite\": false\n"
+    "(always present) or \"<key>_finite\": false beside it.\n";
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -83,35 +89,64 @@ int main(int argc, char** argv) {
   dq::sim::SyntheticSpec syn;
   dq::sim::SimOptions opt;
   unsigned long long calls = 1, threads = 0;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
+  CLI::App app;
+  dq::cli::configure(&app, "dynamiq-sim");
+  CLI::Option* o_synthetic = dq::cli::add_switch(&app, "--synthetic");
+  CLI::Option* o_per_hop = dq::cli::add_switch(&app, "--per-hop");
+  CLI::Option* o_quiet = dq::cli::add_switch(&app, "--quiet");
+  CLI::Option* o_input = dq::cli::add_value(&app, "--input");
+  CLI::Option* o_save = dq::cli::add_value(&app, "--save");
+  CLI::Option* o_workers = dq::cli::add_value(&app, "--workers");
+  CLI::Option* o_topo = dq::cli::add_value(&app, "--topo");
+  CLI::Option* o_codec = dq::cli::add_value(&app, "--codec");
+  CLI::Option* o_format = dq::cli::add_value(&app, "--format");
+  CLI::Option* o_collective = dq::cli::add_value(&app, "--collective");
+  CLI::Option* o_dim = dq::cli::add_value(&app, "--dim");
+  CLI::Option* o_spread = dq::cli::add_value(&app, "--spread");
+  CLI::Option* o_shared = dq::cli::add_value(&app, "--shared");
+  CLI::Option* o_seed = dq::cli::add_value(&app, "--seed");
+  CLI::Option* o_calls = dq::cli::add_value(&app, "--calls");
+  CLI::Option* o_threads = dq::cli::add_value(&app, "--threads");
+  CLI::Option* o_op = dq::cli::add_value(&app, "--op");
+  std::string error;
+  switch (dq::cli::parse(&app, argc, argv, &error)) {
+    case dq::cli::Parsed::kHelp:
+      std::fputs(kUsage, stdout);
+      return 0;
+    case dq::cli::Parsed::kVersion:
+      std::printf("%s\n", dq::cli::version_line("dynamiq-sim").c_str());
+      return 0;
+    case dq::cli::Parsed::kError:
+      return usage_error(error);
+    case dq::cli::Parsed::kRun:
+      break;
+  }
+  // Applied in command-line order: the last of a repeated option wins.
+  for (const auto& [o, value] : dq::cli::in_order(app)) {
+    const char* v = value.c_str();
     unsigned long long u = 0;
     double d = 0;
-    if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); return 0; }
-    else if (a == "--synthetic") synthetic = true;
-    else if (a == "--per-hop") opt.per_hop = true;
-    else if (a == "--quiet") quiet = true;
-    else if (!(v = value())) return usage_error(a + " needs a value");
-    else if (a == "--input") input = v;
-    else if (a == "--save") save = v;
-    else if (a == "--workers") worker_list = v;
-    else if (a == "--topo") topo_list = v;
-    else if (a == "--codec") codec_list = v;
-    else if (a == "--format") format = v;
-    else if (a == "--collective") collective = v;
-    else if (a == "--dim") { if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31"); syn.cols = u; }
-    else if (a == "--spread") { if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]"); syn.spread = d; }
-    else if (a == "--shared") { if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]"); syn.shared = d; }
-    else if (a == "--seed") { if (!parse_ulong(v, 0, ~0ull, &u)) return usage_error("--seed must be an unsigned integer"); opt.seed = u; syn.seed = u; }
-    else if (a == "--calls") { if (!parse_ulong(v, 1, 1000, &calls)) return usage_error("--calls must be 1..1000"); }
-    else if (a == "--threads") { if (!parse_ulong(v, 1, 1024, &threads)) return usage_error("--threads must be 1..1024"); }
-    else if (a == "--op") {
-      if (!std::strcmp(v, "sum")) opt.op = dq::ReduceOp::kSum;
-      else if (!std::strcmp(v, "avg")) opt.op = dq::ReduceOp::kAvg;
+    if (o == o_synthetic) synthetic = true;
+    else if (o == o_per_hop) opt.per_hop = true;
+    else if (o == o_quiet) quiet = true;
+    else if (o == o_input) input = value;
+    else if (o == o_save) save = value;
+    else if (o == o_workers) worker_list = value;
+    else if (o == o_topo) topo_list = value;
+    else if (o == o_codec) codec_list = value;
+    else if (o == o_format) format = value;
+    else if (o == o_collective) collective = value;
+    else if (o == o_dim) { if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31"); syn.cols = u; }
+    else if (o == o_spread) { if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]"); syn.spread = d; }
+    else if (o == o_shared) { if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]"); syn.shared = d; }
+    else if (o == o_seed) { if (!parse_ulong(v, 0, ~0ull, &u)) return usage_error("--seed must be an unsigned integer"); opt.seed = u; syn.seed = u; }
+    else if (o == o_calls) { if (!parse_ulong(v, 1, 1000, &calls)) return usage_error("--calls must be 1..1000"); }
+    else if (o == o_threads) { if (!parse_ulong(v, 1, 1024, &threads)) return usage_error("--threads must be 1..1024"); }
+    else if (o == o_op) {
+      if (value == "sum") opt.op = dq::ReduceOp::kSum;
+      else if (value == "avg") opt.op = dq::ReduceOp::kAvg;
       else return usage_error("--op must be sum or avg");
-    } else return usage_error("unknown option " + a);
+    }
   }
   if (format != "jsonl" && format != "table") return usage_error("--format must be jsonl or table");
   if (collective != "allreduce" && collective != "reducescatter")
@@ -212,24 +247,30 @@ int main(int argc, char** argv) {
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                        spec.c_str(), dq::topo::kind_name(topo), n);
         if (format == "jsonl") {
-          std::printf("{\"collective\": \"%s\", \"codec\": \"%s\", \"topo\": \"%s\", \"workers\": %d, \"d\": %zu, \"vnmse\": %.6g, "
-                      "\"bits_per_coord\": %.6g, \"wire_bits_per_coord\": %.6g, \"budget_honest\": %s, "
-                      "\"chunks_large_enough\": %s, \"calls\": %llu, \"seed\": %llu, \"seconds\": %.3f",
-                      collective.c_str(), spec.c_str(), dq::topo::kind_name(topo), n, d, sum.vnmse, r.bits_per_coord,
-                      r.wire_bits_per_coord, r.budget_honest ? "true" : "false",
-                      r.chunks_large_enough ? "true" : "false", calls,
-                      static_cast<unsigned long long>(opt.seed), sum.seconds);
+          // nlohmann-json, keys in this order. A non-finite number (an input holding infinities
+          // or NaNs) is written as null, never as nan or inf, which are not JSON; "vnmse_finite"
+          // is always there and false then, and a list or other number that is not finite gets
+          // its own "<key>_finite": false.
+          nlohmann::ordered_json row;
+          row["collective"] = collective;
+          row["codec"] = spec;
+          row["topo"] = dq::topo::kind_name(topo);
+          row["workers"] = n;
+          row["d"] = d;
+          dq::cli::put_number(&row, "vnmse", sum.vnmse, /*always_flag=*/true);
+          dq::cli::put_number(&row, "bits_per_coord", r.bits_per_coord);
+          dq::cli::put_number(&row, "wire_bits_per_coord", r.wire_bits_per_coord);
+          row["budget_honest"] = r.budget_honest;
+          row["chunks_large_enough"] = r.chunks_large_enough;
+          row["calls"] = calls;
+          row["seed"] = static_cast<unsigned long long>(opt.seed);
+          dq::cli::put_number(&row, "seconds", sum.seconds);
           if (scatter) {
-            std::printf(", \"recvcount\": %zu, \"block_vnmse\": [", recvcount);
-            for (size_t k = 0; k < blocks.size(); ++k) std::printf("%s%.6g", k ? ", " : "", blocks[k]);
-            std::printf("]");
+            row["recvcount"] = recvcount;
+            dq::cli::put_numbers(&row, "block_vnmse", blocks);
           }
-          if (opt.per_hop) {
-            std::printf(", \"hop_vnmse\": [");
-            for (size_t k = 0; k < hop.size(); ++k) std::printf("%s%.6g", k ? ", " : "", hop[k]);
-            std::printf("]");
-          }
-          std::printf("}\n");
+          if (opt.per_hop) dq::cli::put_numbers(&row, "hop_vnmse", hop);
+          std::printf("%s\n", row.dump().c_str());
         } else {
           std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", spec.c_str(), dq::topo::kind_name(topo), n,
                       sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds);

@@ -17,13 +17,16 @@ def main(paths):
             cells = []
             for t, n in cols:
                 r = by.get((c, t, n))
-                cells.append("" if r is None else f"{r['vnmse']:.3g} ({r['bits_per_coord']:.2f})")
+                # dynamiq-sim writes a vNMSE that is not finite as null (vnmse_finite: false).
+                vnmse = "non-finite" if r is not None and r["vnmse"] is None else \
+                    "" if r is None else f"{r['vnmse']:.3g}"
+                cells.append("" if r is None else f"{vnmse} ({r['bits_per_coord']:.2f})")
             print(f"| {c} | " + " | ".join(cells) + " |")
         if any("hop_vnmse" in r for r in rows):
             print("\nPer-hop error (payloads summing k workers), k = 1..n:\n")
             for r in rows:
                 print(f"- {r['codec']} {r['topo']} n={r['workers']}: " +
-                      ", ".join(f"{v:.3g}" for v in r["hop_vnmse"]))
+                      ", ".join("non-finite" if v is None else f"{v:.3g}" for v in r["hop_vnmse"]))
         print()
 
 
