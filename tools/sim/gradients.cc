@@ -5,8 +5,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kernels/philox.h"
 
@@ -24,6 +27,35 @@ double normal(uint64_t seed, uint32_t stream, uint64_t index) {
   double u1 = (static_cast<double>(w.v[0]) + 1.0) / 4294967297.0;
   double u2 = static_cast<double>(w.v[1]) / 4294967296.0;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// The dimensions of a .npy header's 'shape': (...) tuple, e.g. "(4, 1024)" or "(5,)"; *text is
+// the tuple as written. False when there is no tuple of non-negative integers.
+bool npy_shape(const std::string& header, std::vector<unsigned long long>* dims, std::string* text) {
+  dims->clear();
+  size_t open = header.find("'shape':");
+  if (open == std::string::npos) return false;
+  open = header.find('(', open);
+  size_t close = open == std::string::npos ? open : header.find(')', open);
+  if (close == std::string::npos) return false;
+  *text = header.substr(open, close - open + 1);
+  const std::string inner = header.substr(open + 1, close - open - 1);
+  size_t pos = 0;
+  while (pos < inner.size()) {
+    while (pos < inner.size() && inner[pos] == ' ') ++pos;
+    if (pos == inner.size()) break;  // "(5,)": a trailing comma
+    char* end = nullptr;
+    errno = 0;
+    if (inner[pos] < '0' || inner[pos] > '9') return false;
+    const unsigned long long v = std::strtoull(inner.c_str() + pos, &end, 10);
+    if (errno) return false;
+    dims->push_back(v);
+    pos = end - inner.c_str();
+    while (pos < inner.size() && inner[pos] == ' ') ++pos;
+    if (pos < inner.size() && inner[pos] != ',') return false;
+    ++pos;
+  }
+  return true;
 }
 
 }  // namespace
@@ -65,11 +97,21 @@ Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::stri
     *error = path + ": must be C-ordered (fortran_order False)";
     return Status::kInvalidArgument;
   }
-  size_t lp = header.find("'shape': (");
-  unsigned long long r = 0, c = 0;
-  if (lp == std::string::npos ||
-      std::sscanf(header.c_str() + lp, "'shape': (%llu, %llu)", &r, &c) != 2) {
-    *error = path + ": shape must have 2 dimensions [n_rows, d]; header: " + header;
+  // Exactly two dimensions [n_rows, d]: a 1-D or a 3-D array is refused, naming its shape.
+  std::vector<unsigned long long> dims;
+  std::string shape;
+  if (!npy_shape(header, &dims, &shape)) {
+    *error = path + ": no readable shape in the header: " + header;
+    return Status::kInvalidArgument;
+  }
+  if (dims.size() != 2) {
+    *error = path + ": shape " + shape + " has " + std::to_string(dims.size()) +
+             " dimensions; dynamiq reads 2-D float32 arrays [n_rows, d]";
+    return Status::kInvalidArgument;
+  }
+  const unsigned long long r = dims[0], c = dims[1];
+  if (c != 0 && r > (1ull << 62) / 4 / c) {
+    *error = path + ": shape " + shape + " is too large";
     return Status::kInvalidArgument;
   }
   out->rows = std::min<size_t>(r, max_rows);
