@@ -28,6 +28,7 @@
 #include "plugin/net_env.h"
 #include "plugin/net_log.h"
 #include "plugin/socket/socket_io.h"
+#include "plugin/socket/socket_parse.h"
 #include "plugin/socket/socket_wire.h"
 
 namespace dq::net {
@@ -169,6 +170,7 @@ struct RecvMsg {
   RecvSlot* slot = nullptr;
   int parts_left;
   bool complete = false;
+  uint32_t parts_seen = 1;  // bit k: part k's header was read (part 0 comes with the header)
 };
 
 struct RecvComm {
@@ -182,6 +184,9 @@ struct RecvComm {
   std::mutex mu;
   std::condition_variable cv;
   bool failed = false;
+  // What a receive on a failed connection returns: kMalformedPayload when the peer's bytes
+  // failed validation, kSystemError otherwise (closed, reset, timed out, out of memory).
+  Status fail_status = Status::kSystemError;
   int clean_eofs = 0;
   uint64_t next_seq = 0;
   // Socket 0 is inside a message (its own stall bound applies); other sockets waiting for a
@@ -216,6 +221,13 @@ struct RecvComm {
     }
     for (int fd : fds) shutdown(fd, SHUT_RDWR);
     cv.notify_all();
+  }
+
+  // The peer's bytes failed validation.
+  void Malformed(const std::string& why) {  // mu held
+    if (failed) return;
+    Fail("malformed frame: " + why);
+    fail_status = Status::kMalformedPayload;
   }
 
   // The receive `slot` takes message `msg`; copies now if the message is already complete.
@@ -280,20 +292,23 @@ struct RecvComm {
       {
         std::lock_guard<std::mutex> lock(mu);
         if (failed) return;
-        if (h.magic != wire::kMsgMagic) return Fail("malformed frame: bad message magic");
-        if (h.size > wire::kMaxMessageBytes) {
-          return Fail("malformed frame: message size " + std::to_string(h.size) +
-                      " exceeds the 1 TiB limit");
-        }
-        if (h.seq != next_seq) {
-          return Fail("malformed frame: sequence " + std::to_string(h.seq) + ", expected " +
-                      std::to_string(next_seq));
+        switch (wire::CheckMsgHeader(h, next_seq)) {
+          case wire::MsgCheck::kOk:
+            break;
+          case wire::MsgCheck::kBadMagic:
+            return Malformed("bad message magic");
+          case wire::MsgCheck::kTooLarge:
+            return Malformed("message size " + std::to_string(h.size) +
+                             " exceeds the 1 TiB limit");
+          case wire::MsgCheck::kBadSeq:
+            return Malformed("sequence " + std::to_string(h.seq) + ", expected " +
+                             std::to_string(next_seq));
         }
         ++next_seq;
         msg = new RecvMsg{
             h.seq,   h.tag,   h.size,  wire::SplitMessage(h.size, static_cast<int>(fds.size())),
             nullptr, nullptr, nullptr, 0,
-            false};
+            false,   1u};
         msg->parts_left = msg->split.parts;
         auto it = std::find_if(posted.begin(), posted.end(),
                                [&](const RecvSlot* s) { return s->tag == h.tag; });
@@ -340,8 +355,8 @@ struct RecvComm {
       RecvMsg* msg = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu);
-        if (h.magic != wire::kPartMagic || h.sock_index != static_cast<uint32_t>(k)) {
-          return Fail("malformed frame: bad part header on socket " + std::to_string(k));
+        if (!wire::PartHeaderValid(h, k)) {
+          return Malformed("bad part header on socket " + std::to_string(k));
         }
         // The header for this seq comes on socket 0; wait for it, bounded by the timeout.
         Clock::time_point start = Clock::now();
@@ -353,8 +368,8 @@ struct RecvComm {
             break;
           }
           if (h.seq < next_seq) {
-            return Fail("malformed frame: part for message " + std::to_string(h.seq) +
-                        " which is not in flight");
+            return Malformed("part for message " + std::to_string(h.seq) +
+                             " which is not in flight");
           }
           if (headers_busy) start = Clock::now();
           if (MsSince(start) > timeout_ms) {
@@ -362,12 +377,16 @@ struct RecvComm {
           }
           cv.wait_for(lock, std::chrono::milliseconds(kPollSliceMs));
         }
-        if (k >= msg->split.parts || h.offset != msg->split.Offset(k) ||
-            h.len != msg->split.Len(k, msg->size)) {
-          return Fail("malformed frame: part " + std::to_string(k) + " of message " +
-                      std::to_string(h.seq) + " has offset/length " + std::to_string(h.offset) +
-                      "/" + std::to_string(h.len));
+        if ((msg->parts_seen >> k) & 1u) {
+          return Malformed("part " + std::to_string(k) + " of message " + std::to_string(h.seq) +
+                           " arrived twice");
         }
+        if (!wire::PartMatches(h, k, msg->split, msg->size, msg->parts_seen)) {
+          return Malformed("part " + std::to_string(k) + " of message " + std::to_string(h.seq) +
+                           " has offset/length " + std::to_string(h.offset) + "/" +
+                           std::to_string(h.len));
+        }
+        msg->parts_seen |= 1u << k;
       }
       end = ReadFull(fd, msg->dest + h.offset, h.len, false, stop, timeout_ms, &began, &err);
       if (end != IoEnd::kDone) return EndOfStream(k, end, true, err);
@@ -387,12 +406,7 @@ struct PendingSocket {
   Clock::time_point start;
 };
 
-struct PendingGroup {
-  uint64_t nonce = 0;
-  std::string peer;
-  std::vector<int> fds;  // -1 until that index arrives
-  Clock::time_point start;
-};
+using wire::PendingGroup;
 
 struct ListenComm {
   uint32_t magic = kListenCommMagic;
@@ -430,11 +444,6 @@ struct PendingConnect {
 
 std::mutex g_pending_mu;
 std::unordered_set<PendingConnect*> g_pending_connects;
-
-bool CheckSecret(uint64_t a, uint64_t b) {
-  uint64_t diff = a ^ b;  // no early exit on the first differing byte
-  return diff == 0;
-}
 
 // ---------------------------------------------------------------- the backend
 
@@ -541,9 +550,7 @@ class SocketNet final : public NetBackend {
     DQ_CHECK(CheckDev(dev));
     wire::Handle h;
     std::memcpy(&h, handle, sizeof(h));
-    if (h.magic != wire::kHandleMagic || h.version != wire::kVersion ||
-        (h.family != AF_INET && h.family != AF_INET6) || h.nsocks < 1 ||
-        h.nsocks > wire::kMaxSocks) {
+    if (!wire::HandleValid(h)) {
       NET_WARN("connect: the handle is not a dynamiq listen handle (magic %#x, version %u)",
                h.magic, h.version);
       return Status::kInvalidArgument;
@@ -700,7 +707,7 @@ class SocketNet final : public NetBackend {
     if (rc->requests.size() >= kMaxRequestsPerComm) return Status::kOk;  // NULL: retry later
     if (rc->failed && !CompletableFromStaging(rc, n, tags)) {
       NET_WARN("irecv from %s: the connection has failed", rc->peer.c_str());
-      return Status::kSystemError;
+      return rc->fail_status;
     }
     auto* req = new RecvRequest;
     req->comm = rc;
@@ -768,7 +775,7 @@ class SocketNet final : public NetBackend {
         delete req;
         return Status::kOk;
       }
-      if (rc->failed) return Status::kSystemError;
+      if (rc->failed) return rc->fail_status;
       return Status::kOk;
     }
     NET_WARN("test: %p is not a request of this plugin", request);
@@ -1008,43 +1015,32 @@ class SocketNet final : public NetBackend {
   // Validates a complete hello; on success the socket joins its connection's group.
   bool AdmitSocket(ListenComm* lc, const PendingSocket& p) {
     const wire::Hello& h = p.hello;
-    if (h.magic != wire::kHelloMagic || h.version != wire::kVersion) {
-      NET_WARN("refused connection from %s: not a dynamiq handshake (magic %#x, version %u)",
-               p.peer.c_str(), h.magic, h.version);
-      return false;
+    switch (wire::CheckHello(h, lc->secret, lc->has_comm_id, lc->comm_id)) {
+      case wire::HelloCheck::kOk:
+        break;
+      case wire::HelloCheck::kNotDynamiq:
+        NET_WARN("refused connection from %s: not a dynamiq handshake (magic %#x, version %u)",
+                 p.peer.c_str(), h.magic, h.version);
+        return false;
+      case wire::HelloCheck::kWrongSecret:
+        NET_WARN("refused connection from %s: wrong secret (it does not hold this listen handle)",
+                 p.peer.c_str());
+        return false;
+      case wire::HelloCheck::kWrongCommId:
+        NET_WARN("refused connection from %s: communicator id %#llx, expected %#llx",
+                 p.peer.c_str(), static_cast<unsigned long long>(h.comm_id),
+                 static_cast<unsigned long long>(lc->comm_id));
+        return false;
+      case wire::HelloCheck::kBadSocket:
+        NET_WARN("refused connection from %s: socket %u of %u", p.peer.c_str(), h.sock_index,
+                 h.nsocks);
+        return false;
     }
-    if (!CheckSecret(h.secret, lc->secret)) {
-      NET_WARN("refused connection from %s: wrong secret (it does not hold this listen handle)",
-               p.peer.c_str());
-      return false;
-    }
-    bool peer_has_id = (h.flags & wire::kHelloHasCommId) != 0;
-    if (peer_has_id && lc->has_comm_id && h.comm_id != lc->comm_id) {
-      NET_WARN("refused connection from %s: communicator id %#llx, expected %#llx", p.peer.c_str(),
-               static_cast<unsigned long long>(h.comm_id),
-               static_cast<unsigned long long>(lc->comm_id));
-      return false;
-    }
-    if (h.nsocks < 1 || h.nsocks > wire::kMaxSocks || h.sock_index >= h.nsocks) {
-      NET_WARN("refused connection from %s: socket %u of %u", p.peer.c_str(), h.sock_index,
-               h.nsocks);
-      return false;
-    }
-    PendingGroup* g = nullptr;
-    for (auto& cand : lc->groups) {
-      if (cand.nonce == h.nonce) g = &cand;
-    }
-    if (g == nullptr) {
-      lc->groups.push_back(
-          PendingGroup{h.nonce, p.peer, std::vector<int>(h.nsocks, -1), Clock::now()});
-      g = &lc->groups.back();
-    }
-    if (g->fds.size() != h.nsocks || g->fds[h.sock_index] >= 0) {
+    if (!wire::JoinGroup(&lc->groups, h, p.peer, p.fd)) {
       NET_WARN("refused connection from %s: inconsistent socket %u of %u", p.peer.c_str(),
                h.sock_index, h.nsocks);
       return false;
     }
-    g->fds[h.sock_index] = p.fd;
     return true;
   }
 
