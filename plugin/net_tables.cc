@@ -7,6 +7,7 @@
 #include <exception>
 #include <new>
 
+#include "common/nccl_result.h"
 #include "plugin/net_backend.h"
 #include "plugin/net_env.h"
 #include "plugin/net_log.h"
@@ -14,25 +15,15 @@
 namespace dq::net {
 namespace {
 
-dqNetResult ToResult(Status s) {
-  switch (s) {
-    case Status::kOk:
-      return dqNetSuccess;
-    case Status::kInvalidArgument:
-      return dqNetInvalidArgument;
-    case Status::kUnsupported:
-      return dqNetInvalidUsage;
-    case Status::kMalformedPayload:
-    case Status::kTimeout:
-      return dqNetRemoteError;
-    case Status::kSystemError:
-    case Status::kOutOfMemory:
-      return dqNetSystemError;
-    case Status::kInternal:
-      return dqNetInternalError;
-  }
-  return dqNetInternalError;
-}
+// NCCL's result values (common/nccl_result.h): dqNetResult is NCCL's enum under another name.
+static_assert(dqNetSuccess == static_cast<int>(ncclSuccess) &&
+              dqNetSystemError == static_cast<int>(ncclSystemError) &&
+              dqNetInternalError == static_cast<int>(ncclInternalError) &&
+              dqNetInvalidArgument == static_cast<int>(ncclInvalidArgument) &&
+              dqNetInvalidUsage == static_cast<int>(ncclInvalidUsage) &&
+              dqNetRemoteError == static_cast<int>(ncclRemoteError));
+
+dqNetResult ToResult(Status s) { return static_cast<dqNetResult>(nccl_result(s)); }
 
 template <typename Fn>
 dqNetResult Guard(const char* what, Fn&& fn) {

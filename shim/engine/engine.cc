@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/nccl_result.h"
 #include "kernels/bf16.h"
 #include "shim/engine/program.h"
 
@@ -15,10 +16,8 @@ namespace {
 
 constexpr size_t kMaxPlans = 16;  // distinct (count, dtype) kept: DDP uses a few bucket sizes
 
-// NCCL result of an engine-side failure that is not NCCL's own.
-ncclResult_t engine_failure(Status s) {
-  return s == Status::kOutOfMemory ? ncclSystemError : ncclInternalError;
-}
+// NCCL result of an engine-side failure that is not NCCL's own: the project's one mapping.
+ncclResult_t engine_failure(Status s) { return nccl_result(s); }
 
 bool parse_switch(const char* text, bool* on) {
   std::string t(text);

@@ -11,6 +11,7 @@
 
 #include "tools/cpu-nccl/comm.h"
 #include "common/nccl_api.h"
+#include "common/nccl_result.h"
 
 using dq::Status;
 using dq::Subsys;
@@ -53,7 +54,22 @@ ncclResult_t fail_kind_result(FailKind kind) {
     case FailKind::kNone: return ncclSuccess;
     case FailKind::kRemote: return ncclRemoteError;
     case FailKind::kInvalid: return ncclInvalidArgument;
+    case FailKind::kInternal: return ncclInternalError;
+    case FailKind::kUsage: return ncclInvalidUsage;
     default: return ncclSystemError;
+  }
+}
+
+// The failure a communicator records for a failed Status: the project's one mapping
+// (common/nccl_result.h), kept on the comm so later calls report the same code.
+FailKind fail_kind_of(Status s) {
+  switch (dq::nccl_result(s)) {
+    case ncclSuccess: return FailKind::kNone;
+    case ncclRemoteError: return FailKind::kRemote;
+    case ncclInvalidArgument: return FailKind::kInvalid;
+    case ncclInternalError: return FailKind::kInternal;
+    case ncclInvalidUsage: return FailKind::kUsage;
+    default: return FailKind::kSystem;
   }
 }
 
@@ -70,10 +86,7 @@ ncclResult_t record_failure(Comm* comm, Status s, const char* what) {
     set_last_error(msg);
     return ncclInvalidArgument;
   }
-  const FailKind kind =
-      (s == Status::kTimeout || s == Status::kSystemError || s == Status::kMalformedPayload)
-          ? FailKind::kRemote
-          : FailKind::kSystem;
+  const FailKind kind = fail_kind_of(s);
   std::string msg = "cpu-nccl rank " + std::to_string(comm->rank()) + ": " + what + " failed: " +
                     dq::status_name(s) + " (see WARN lines naming the peer)";
   comm->fail(kind, msg);
@@ -101,8 +114,7 @@ ncclResult_t run_comm_tasks(Comm* comm, const std::vector<const Task*>& tasks) {
     if (t->kind != Task::kInit) continue;
     Status s = comm->init(reinterpret_cast<const unsigned char*>(t->id.internal));
     if (s != Status::kOk) {
-      comm->fail(s == Status::kInvalidArgument ? FailKind::kInvalid : FailKind::kSystem,
-                 "cpu-nccl: ncclCommInitRank failed");
+      comm->fail(fail_kind_of(s), "cpu-nccl: ncclCommInitRank failed");
       set_last_error("cpu-nccl: ncclCommInitRank failed (see WARN lines)");
       return fail_kind_result(comm->failure());
     }
@@ -262,9 +274,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     Status s = made->init(reinterpret_cast<const unsigned char*>(comm_id.internal));
     if (s != Status::kOk) {
       set_last_error("cpu-nccl: ncclCommInitRank failed (see WARN lines)");
-      return s == Status::kInvalidArgument ? ncclInvalidArgument
-             : s == Status::kTimeout       ? ncclRemoteError
-                                           : ncclSystemError;
+      return dq::nccl_result(s);
     }
     *comm = handle(made.release());
     return ncclSuccess;

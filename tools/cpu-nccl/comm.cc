@@ -801,8 +801,9 @@ Status run_pipeline(Comm* comm, Net* net, const std::vector<void*>& send_comms,
       if (recv_at[i].bytes != 0) {
         bool done = false;
         size_t bytes = 0;
-        if (net->test(recv_req[i], &done, &bytes) != Status::kOk)
-          DQ_FAIL(Status::kSystemError, "cpu-nccl rank %d: receive from peer rank %d failed "
+        // The plugin's own status: a malformed frame stays kMalformedPayload.
+        if (const Status ts = net->test(recv_req[i], &done, &bytes); ts != Status::kOk)
+          DQ_FAIL(ts, "cpu-nccl rank %d: receive from peer rank %d failed "
                   "(connection lost?)", rank, p.recv_peer);
         if (!done) break;
         if (bytes != recv_at[i].bytes)

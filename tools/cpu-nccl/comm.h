@@ -37,7 +37,7 @@ struct P2pArgs {
 };
 
 // Why an operation failed, as the API reports it.
-enum class FailKind { kNone = 0, kRemote, kSystem, kInvalid };
+enum class FailKind { kNone = 0, kRemote, kSystem, kInvalid, kInternal, kUsage };
 
 class Comm {
  public:

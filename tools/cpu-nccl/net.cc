@@ -62,6 +62,8 @@ Status net_to_status(dqNetResult r) {
     case dqNetSuccess: return Status::kOk;
     case dqNetInvalidArgument: case dqNetInvalidUsage: return Status::kInvalidArgument;
     case dqNetInternalError: return Status::kInternal;
+    // A peer's bytes failed validation (or it timed out): maps back to ncclRemoteError.
+    case dqNetRemoteError: return Status::kMalformedPayload;
     default: return Status::kSystemError;
   }
 }
