@@ -264,6 +264,8 @@ std::string consequence(const Entry& e) {
       return "; the net plugin uses the default " + fallback;
     case Scope::CpuNccl:
       return "; the CPU NCCL uses the default " + fallback;
+    case Scope::Tool:
+      return "; the tool uses the default " + fallback;
   }
   return "";
 }

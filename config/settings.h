@@ -25,8 +25,9 @@ namespace dq::config {
 
 enum class Kind { Bool, Int, Bytes, Real, Text };
 // Who reads a setting, and what an invalid value does (settings.def): Agreed and Shim: the
-// shim turns compression off; Log, Net, CpuNccl: the setting keeps its default.
-enum class Scope { Agreed, Shim, Log, Net, CpuNccl };
+// shim turns compression off; Log, Net, CpuNccl, Tool (dynamiq-run, dynamiq-perf): the setting
+// keeps its default.
+enum class Scope { Agreed, Shim, Log, Net, CpuNccl, Tool };
 
 // Compile-time parsing of the table's default texts, so that the struct below carries them.
 // A default that does not parse stops the build (settings.cc static_asserts each one).

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "config/settings.h"
 #include "tools/cli/cli.h"
 #include "tools/perf/perf_check.h"
 #include "tools/perf/perf_options.h"
@@ -131,9 +132,7 @@ class Buffers {
   }
 
   Status init(Memory mode, int local_rank) {
-    const char* cpu_nccl = std::getenv("DYNAMIQ_CPU_NCCL");
-    if (mode == Memory::kHost ||
-        (mode == Memory::kAuto && cpu_nccl && std::strcmp(cpu_nccl, "1") == 0)) {
+    if (mode == Memory::kHost || (mode == Memory::kAuto && config::current().cpu_nccl)) {
       description_ = "host memory";
       return Status::kOk;
     }
@@ -251,8 +250,7 @@ class Bench {
   }
 
   Status run(bool* all_good) {
-    if (const char* r = std::getenv("DYNAMIQ_PERF_CORRUPT_RANK"); r && *r)
-      corrupt_this_rank_ = std::atoi(r) == job_.rank;
+    corrupt_this_rank_ = config::current().perf_corrupt_rank == job_.rank;
     DQ_CHECK(buffers_.init(options_.memory, job_.local_rank));
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);

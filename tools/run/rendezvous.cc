@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "config/settings.h"
+
 namespace dq::rendezvous {
 namespace {
 
@@ -360,18 +362,12 @@ Status read_job_env(JobEnv* out) {
             out->world_size);
   if (!has_local) out->local_rank = out->rank;
   if (!has_port) out->master_port = -1;
-  if (const char* dir = std::getenv("DYNAMIQ_RUN_DIR")) out->run_dir = dir;
+  // dynamiq's own variables come from the settings table (validated there: an invalid value
+  // warns once and keeps the default); MASTER_ADDR is the launcher's (torchrun's).
+  const config::Settings settings = config::current();
+  if (!settings.run_dir.empty()) out->run_dir = settings.run_dir;
   if (const char* addr = std::getenv("MASTER_ADDR")) out->master_addr = addr;
-  if (const char* t = std::getenv("DYNAMIQ_RENDEZVOUS_TIMEOUT"); t && *t) {
-    char* end = nullptr;
-    double v = std::strtod(t, &end);
-    if (*end != '\0' || !std::isfinite(v) || v <= 0 || v > 86400)
-      DQ_FAIL(
-          Status::kInvalidArgument,
-          "rendezvous: DYNAMIQ_RENDEZVOUS_TIMEOUT='%s' is not a number of seconds in (0, 86400]",
-          t);
-    out->timeout_s = v;
-  }
+  out->timeout_s = settings.rendezvous_timeout_s;
   return Status::kOk;
 }
 
