@@ -1,8 +1,6 @@
 #include "kernels/dynamiq_codec.h"
 
 #include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-#include <tbb/parallel_reduce.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +11,7 @@
 
 #include "kernels/dynamiq_avx2.h"
 #include "kernels/dynamiq_layout.h"
+#include "kernels/parallel.h"
 #include "kernels/payload.h"
 
 namespace dq {
@@ -180,7 +179,7 @@ class DynamiqCodec final : public Codec {
     if (x.count != count_)
       DQ_FAIL(Status::kInvalidArgument, "dynamiq stats: tensor has %zu elements, plan has %zu",
               x.count, count_);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, plan_.n_sg, 256), [&](const auto& range) {
+    dq::parallel_for(tbb::blocked_range<size_t>(0, plan_.n_sg, 256), [&](const auto& range) {
       for (size_t j = range.begin(); j != range.end(); ++j) {
         const size_t base = j * kSuperGroup;
         const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
@@ -244,7 +243,7 @@ class DynamiqCodec final : public Codec {
     std::atomic<bool> malformed{false};
     const uint32_t first = l.chunk_first[chunk], last = l.chunk_first[chunk + 1];
     const uint64_t sg_base = key.element_base / kSuperGroup;  // whole-tensor index of super-group 0
-    tbb::parallel_for(tbb::blocked_range<uint32_t>(first, last, 16), [&](const auto& range) {
+    dq::parallel_for(tbb::blocked_range<uint32_t>(first, last, 16), [&](const auto& range) {
       const uint8_t* recs[kMaxInputs];
       for (uint32_t t = range.begin(); t != range.end(); ++t) {
         const uint32_t i = l.by_index[t];  // wire position, visited in super-group order
@@ -280,7 +279,7 @@ class DynamiqCodec final : public Codec {
     // Validate the whole chunk before writing anything: a malformed payload leaves the caller's
     // output untouched (one extra read of the compressed bytes, about 1/6 of the output's).
     std::atomic<bool> malformed{false};
-    tbb::parallel_for(
+    dq::parallel_for(
         tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 64),
         [&](const auto& range) {
           for (uint32_t i = range.begin(); i != range.end(); ++i)
@@ -292,7 +291,7 @@ class DynamiqCodec final : public Codec {
               "dynamiq finish: chunk %d holds invalid codes or scales; output left untouched",
               chunk);
     const float contributors = static_cast<float>(n_contrib);
-    tbb::parallel_for(
+    dq::parallel_for(
         tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 16),
         [&](const auto& range) {
           float v[kSuperGroup];

@@ -1,14 +1,15 @@
 #include "kernels/dynamiq_layout.h"
 
 #include <tbb/blocked_range.h>
-#include <tbb/parallel_reduce.h>
 
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/parallel.h"
 #include "kernels/payload.h"
 
 namespace dq {
@@ -46,14 +47,16 @@ int width_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced,
 
 // Record bytes of all super-groups at threshold offset theta.
 uint64_t bytes_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced, float theta) {
-  return tbb::parallel_reduce(
-      tbb::blocked_range<size_t>(0, p.n_sg, 4096), uint64_t{0},
-      [&](const auto& range, uint64_t acc) {
-        for (size_t j = range.begin(); j != range.end(); ++j)
-          acc += p.record[width_index(width_for(p, l, reduced, j, theta))];
-        return acc;
-      },
-      [](uint64_t a, uint64_t b) { return a + b; });
+  // One atomic add per range (an integer sum: the same in any order); dq::parallel_for keeps
+  // the fork-join order visible to ThreadSanitizer, which tbb::parallel_reduce's joins are not.
+  std::atomic<uint64_t> total{0};
+  dq::parallel_for(tbb::blocked_range<size_t>(0, p.n_sg, 4096), [&](const auto& range) {
+    uint64_t acc = 0;
+    for (size_t j = range.begin(); j != range.end(); ++j)
+      acc += p.record[width_index(width_for(p, l, reduced, j, theta))];
+    total.fetch_add(acc, std::memory_order_relaxed);
+  });
+  return total.load();
 }
 
 void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced) {

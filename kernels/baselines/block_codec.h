@@ -7,10 +7,10 @@
 #include <cstring>
 
 #include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "kernels/parallel.h"
 #include "kernels/payload.h"
 
 namespace dq::baselines {
@@ -98,8 +98,8 @@ void BlockCodec::for_each_tile(const ChunkSpan& s, Body&& body) const {
     }
   };
   if (s.end - s.begin > kParallelElems) {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n_tiles, 8),
-                      [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); });
+    dq::parallel_for(tbb::blocked_range<size_t>(0, n_tiles, 8),
+                     [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); });
   } else {
     run(0, n_tiles);
   }
