@@ -245,18 +245,31 @@ ncclResult_t group_end(const RealNccl& real) {
   return result;
 }
 
-ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
-                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  const RealNccl* real = real_nccl();
-  if (real == nullptr) return ncclSystemError;
+namespace {
+
+engine::CallArgs call_args(engine::Collective collective, const void* send, void* recv,
+                           size_t count, ncclDataType_t dtype, ncclRedOp_t op,
+                           cudaStream_t stream) {
   engine::CallArgs call;
+  call.collective = collective;
   call.send = send;
   call.recv = recv;
   call.count = count;
   call.dtype = dtype;
   call.op = op;
   call.stream = stream;
-  return route(call, comm, *real,
+  return call;
+}
+
+}  // namespace
+
+// The real calls are captured by value: a call held back in a group runs after these return.
+ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  const RealNccl* real = real_nccl();
+  if (real == nullptr) return ncclSystemError;
+  return route(call_args(engine::Collective::kAllReduce, send, recv, count, dtype, op, stream),
+               comm, *real,
                [=] { return real->ops.all_reduce(send, recv, count, dtype, op, comm, stream); });
 }
 
@@ -264,34 +277,21 @@ ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, nccl
                             ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const RealNccl* real = real_nccl();
   if (real == nullptr || real->reduce_scatter == nullptr) return ncclSystemError;
-  // By value: a call held back in a group runs after this function returned.
   auto pass = [=] { return real->reduce_scatter(send, recv, recvcount, dtype, op, comm, stream); };
   int nranks = 0;
   if (real->comm_count(comm, &nranks) != ncclSuccess || nranks < 1) return pass();
-  engine::CallArgs call;
-  call.collective = engine::Collective::kReduceScatter;
-  call.send = send;
-  call.recv = recv;
-  call.count = recvcount * static_cast<size_t>(nranks);
-  call.dtype = dtype;
-  call.op = op;
-  call.stream = stream;
-  return route(call, comm, *real, pass);
+  const size_t count = recvcount * static_cast<size_t>(nranks);  // the engine counts the input
+  return route(call_args(engine::Collective::kReduceScatter, send, recv, count, dtype, op, stream),
+               comm, *real, pass);
 }
 
 ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                     ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   const RealNccl* real = real_nccl();
   if (real == nullptr || real->reduce == nullptr) return ncclSystemError;
-  engine::CallArgs call;
-  call.collective = engine::Collective::kReduce;
+  engine::CallArgs call =
+      call_args(engine::Collective::kReduce, send, recv, count, dtype, op, stream);
   call.root = root;
-  call.send = send;
-  call.recv = recv;
-  call.count = count;
-  call.dtype = dtype;
-  call.op = op;
-  call.stream = stream;
   return route(call, comm, *real,
                [=] { return real->reduce(send, recv, count, dtype, op, root, comm, stream); });
 }
