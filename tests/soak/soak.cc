@@ -533,9 +533,10 @@ int main(int argc, char** argv) {
                   rss_limit);
       ok = false;
     }
-    if (st.fds_max_after != st.fds_warm || st.fds_end != st.fds_warm ||
-        st.threads_max_after != st.threads_warm || st.threads_end != st.threads_warm) {
-      std::printf("FAIL: rank %d: file descriptors or threads changed after warm-up\n", r);
+    // Flat means no growth: a leak only ever adds. Fewer threads at the end is TBB's pool or an
+    // engine's stream workers going idle and exiting (a CI run saw 30 -> 24 on one rank).
+    if (st.fds_max_after > st.fds_warm || st.threads_max_after > st.threads_warm) {
+      std::printf("FAIL: rank %d: file descriptors or threads grew after warm-up\n", r);
       ok = false;
     }
   }
