@@ -49,6 +49,16 @@ with tempfile.TemporaryDirectory() as d:
     open(bad, "wb").write(b"not a numpy file")
     r = run("--input", bad)
     check(r.returncode == 2 and "bad.npy" in r.stderr, f"bad file: {r.stderr}")
+    # A header whose shape claims more than the file holds is refused before anything is
+    # allocated (fuzz_npy found a 3e18-byte allocation here): the error names the shape.
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 8160894870124), }"
+    header += b" " * ((64 - (10 + len(header) + 1) % 64) % 64) + b"\n"
+    huge = os.path.join(d, "huge.npy")
+    open(huge, "wb").write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header +
+                           b"\0" * 64)
+    r = run("--input", huge)
+    check(r.returncode == 2 and "shorter than its shape" in r.stderr,
+          f"oversized shape: rc {r.returncode} {r.stderr}")
     # Synthetic round trip through --save.
     saved = os.path.join(d, "syn.npy")
     r = run("--synthetic", "--dim", "5000", "--workers", "3", "--save", saved)

@@ -114,7 +114,27 @@ Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::stri
     *error = path + ": shape " + shape + " is too large";
     return Status::kInvalidArgument;
   }
-  out->rows = std::min<size_t>(r, max_rows);
+  // The shape is the file's claim: check it against the bytes that follow before allocating, so
+  // a hostile or truncated header cannot make us allocate (and zero) more than the file holds.
+  const long data_start = std::ftell(f.get());
+  if (data_start < 0 || std::fseek(f.get(), 0, SEEK_END) != 0) {
+    *error = path + ": cannot seek (" + std::strerror(errno) + ")";
+    return Status::kInvalidArgument;
+  }
+  const long file_end = std::ftell(f.get());
+  if (file_end < data_start || std::fseek(f.get(), data_start, SEEK_SET) != 0) {
+    *error = path + ": cannot seek (" + std::strerror(errno) + ")";
+    return Status::kInvalidArgument;
+  }
+  const unsigned long long rows_read = std::min<unsigned long long>(r, max_rows);
+  const unsigned long long bytes_needed = rows_read * c * 4;
+  const unsigned long long bytes_left = static_cast<unsigned long long>(file_end - data_start);
+  if (bytes_needed > bytes_left) {
+    *error = path + ": data shorter than its shape " + shape + ": " + std::to_string(bytes_left) +
+             " bytes follow the header, " + std::to_string(bytes_needed) + " needed";
+    return Status::kInvalidArgument;
+  }
+  out->rows = static_cast<size_t>(rows_read);
   out->cols = c;
   out->data.resize(out->rows * out->cols);
   size_t want = out->data.size();
