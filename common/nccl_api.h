@@ -23,6 +23,15 @@ extern "C" {
 #define DQ_NCCL_CONFIG_UNDEF_INT INT_MIN
 #define DQ_NCCL_UNIQUE_ID_BYTES 128
 
+// In C++ the enums get int as their fixed underlying type (the C ABI is unchanged: NCCL's enums
+// are int-sized). Without it a caller's out-of-range value (a bad dtype, a negative op) is
+// undefined the moment it is loaded, before any validation (UBSan's enum check reported it).
+#ifdef __cplusplus
+#define DQ_NCCL_ENUM enum : int
+#else
+#define DQ_NCCL_ENUM enum
+#endif
+
 typedef struct ncclComm* ncclComm_t;
 typedef struct CUstream_st* cudaStream_t;  // accepted and ignored: everything is host memory
 
@@ -30,7 +39,7 @@ typedef struct {
   char internal[DQ_NCCL_UNIQUE_ID_BYTES];
 } ncclUniqueId;
 
-typedef enum {
+typedef DQ_NCCL_ENUM {
   ncclSuccess = 0,
   ncclUnhandledCudaError = 1,
   ncclSystemError = 2,
@@ -42,7 +51,7 @@ typedef enum {
   ncclNumResults = 8
 } ncclResult_t;
 
-typedef enum {
+typedef DQ_NCCL_ENUM {
   ncclInt8 = 0,
   ncclUint8 = 1,
   ncclInt32 = 2,
@@ -59,7 +68,7 @@ typedef enum {
 } ncclDataType_t;
 
 // Signed 32-bit in NCCL (values above ncclNumOps are user-created operators).
-typedef enum {
+typedef DQ_NCCL_ENUM {
   ncclSum = 0,
   ncclProd = 1,
   ncclMax = 2,
@@ -69,7 +78,7 @@ typedef enum {
   ncclMaxRedOp = 0x7fffffff
 } ncclRedOp_t;
 
-typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
+typedef DQ_NCCL_ENUM { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
 
 // ncclConfig_t of NCCL 2.28 (struct ncclConfig_v22800).
 typedef struct {

@@ -442,8 +442,17 @@ struct PendingConnect {
   }
 };
 
-std::mutex g_pending_mu;
-std::unordered_set<PendingConnect*> g_pending_connects;
+// Connects in progress, keyed by the pointer stored in the caller's handle. Never destroyed: a
+// proxy thread may still be connecting while the process exits, and a static set's destructor
+// would run under it (ThreadSanitizer reported that race at exit).
+struct PendingConnects {
+  std::mutex mu;
+  std::unordered_set<PendingConnect*> set;
+};
+PendingConnects& pending_connects() {
+  static auto* registry = new PendingConnects;
+  return *registry;
+}
 
 // ---------------------------------------------------------------- the backend
 
@@ -557,9 +566,9 @@ class SocketNet final : public NetBackend {
     }
     PendingConnect* pc = nullptr;
     {
-      std::lock_guard<std::mutex> lock(g_pending_mu);
-      auto it = g_pending_connects.find(reinterpret_cast<PendingConnect*>(h.connect_state));
-      if (h.connect_state != 0 && it != g_pending_connects.end()) pc = *it;
+      std::lock_guard<std::mutex> lock(pending_connects().mu);
+      auto it = pending_connects().set.find(reinterpret_cast<PendingConnect*>(h.connect_state));
+      if (h.connect_state != 0 && it != pending_connects().set.end()) pc = *it;
     }
     if (pc == nullptr) {
       DQ_CHECK(StartConnect(ctx, h, &pc));
@@ -569,8 +578,8 @@ class SocketNet final : public NetBackend {
     Status st = ProgressConnect(pc, send_comm);
     if (st != Status::kOk || *send_comm != nullptr) {
       {
-        std::lock_guard<std::mutex> lock(g_pending_mu);
-        g_pending_connects.erase(pc);
+        std::lock_guard<std::mutex> lock(pending_connects().mu);
+        pending_connects().set.erase(pc);
       }
       delete pc;
       h.connect_state = 0;
@@ -919,8 +928,8 @@ class SocketNet final : public NetBackend {
       }
     }
     *out = pc.release();
-    std::lock_guard<std::mutex> lock(g_pending_mu);
-    g_pending_connects.insert(*out);
+    std::lock_guard<std::mutex> lock(pending_connects().mu);
+    pending_connects().set.insert(*out);
     return Status::kOk;
   }
 
