@@ -1,0 +1,337 @@
+// One rank of the fault campaign (issue 16 section 4; tests/faults/campaign.sh starts N of them,
+// each in its own network namespace, and injects a fault from outside).
+//
+// Usage: fault_worker DIR CALLS SEED      (RANK and WORLD_SIZE from the environment)
+//
+// Runs under the preloaded shim (LD_PRELOAD=libdynamiq.so) on the CPU NCCL. Rank 0 creates the
+// NCCL unique id and publishes it as DIR/uid (temp file + rename); the others poll for it. Then
+// CALLS all-reduces, the same sequence on every rank (drawn from SEED): about half eligible for
+// compression (FP32 or BF16 SUM, 32K..64K elements per rank of the job, above
+// DYNAMIQ_MIN_BYTES=64K), the others
+// passed through (INT32 SUM, FP32 SUM below the size threshold, FP32 MAX). Inputs are small
+// integers, so every pass-through result is exact in any order of additions and is checked
+// bit-exactly; a compressed result (the shim's counters say which calls were compressed) is
+// checked to be finite with vNMSE below kMaxVnmse. The campaign compares the hash of each
+// call's result across ranks (rank identity).
+//
+// DIR/rank<R>.txt, one line per event, written with one write(2) each (a killed rank keeps
+// every line it wrote); times are CLOCK_REALTIME in microseconds, comparable with bash's
+// $EPOCHREALTIME:
+//   S rank world pid t_us                      after ncclCommInitRank returned
+//   C k kind rc t_start_us t_end_us compressed verified hash vnmse
+//       kind: c (eligible for compression) or p (pass-through); rc: the ncclResult_t;
+//       verified: 1 checked and correct, 0 wrong, - not checked (the call failed)
+//   E status t_us                              ok | error | wrong | initfail
+// DIR/progress<R>: the index of the call in flight (or about to start), rewritten in place.
+//
+// Harness self-test: DQF_CORRUPT_RANK=R DQF_CORRUPT_CALL=K make rank R alter its result of call
+// K after it returned (so the campaign must report a wrong result).
+//
+// Exit codes: 0 every call succeeded and verified; 3 a call returned an error (the rank stops
+// at once, without ncclCommDestroy: the communicator is broken); 4 a call returned ncclSuccess
+// with a wrong result; 5 ncclCommInitRank failed; 6 no unique id within the rendezvous time;
+// 2 usage; 77 the shim is not preloaded.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/nccl_api.h"
+#include "kernels/bf16.h"
+
+namespace {
+
+using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+
+// Bound on a compressed result's vNMSE. Measured on this data at 5 bits: up to 0.053 (ring, 7
+// ranks). A rank's contribution lost (or counted twice) gives about 1/n >= 0.125 for n <= 8.
+constexpr double kMaxVnmse = 0.1;
+constexpr int kRendezvousMs = 30000;
+
+enum ExitCode { kOk = 0, kUsage = 2, kCallError = 3, kWrong = 4, kInitFail = 5, kNoId = 6 };
+
+long long now_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// What rank r contributes at element i of the call keyed `key`: -30..30, bell-shaped.
+int value(uint64_t key, int r, size_t i) {
+  const uint64_t h = splitmix(key ^ (static_cast<uint64_t>(r) << 56) ^ i);
+  return static_cast<int>((h & 15) + ((h >> 4) & 15) + ((h >> 8) & 15) + ((h >> 12) & 15)) - 30;
+}
+
+uint64_t fnv(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() { return s = splitmix(s); }
+  size_t between(size_t lo, size_t hi) { return lo + next() % (hi - lo + 1); }
+};
+
+enum Shape { kF32Sum, kBf16Sum, kI32Sum, kF32Small, kF32Max };
+
+struct Call {
+  Shape shape;
+  size_t count;
+  uint64_t key;
+  bool eligible() const { return shape == kF32Sum || shape == kBf16Sum; }
+  size_t esize() const { return shape == kBf16Sum ? 2 : 4; }
+  ncclDataType_t dtype() const {
+    return shape == kBf16Sum ? ncclBfloat16 : shape == kI32Sum ? ncclInt32 : ncclFloat32;
+  }
+  ncclRedOp_t op() const { return shape == kF32Max ? ncclMax : ncclSum; }
+};
+
+// Compressed sizes grow with the rank count: the engine passes a tensor through ("over budget")
+// below 64 super-groups of 256 values per chunk message, i.e. 16384 * n elements (kernels/codec.h
+// kMinSuperGroupsPerChunk); 2x..4x that keeps every eligible call compressed and its vNMSE well
+// inside the bound.
+Call draw(Rng& rng, int n) {
+  Call c{};
+  const size_t pick = rng.between(0, 9);
+  if (pick < 4) c.shape = kF32Sum;
+  else if (pick < 5) c.shape = kBf16Sum;
+  else if (pick < 7) c.shape = kI32Sum;
+  else if (pick < 9) c.shape = kF32Small;
+  else c.shape = kF32Max;
+  switch (c.shape) {
+    case kF32Sum: case kBf16Sum:
+      c.count = rng.between(32768 * static_cast<size_t>(n), 65536 * static_cast<size_t>(n));
+      break;
+    case kI32Sum: c.count = rng.between(1 << 10, 64 << 10); break;
+    case kF32Small: c.count = rng.between(1, 15 << 10); break;  // < 64 KiB: passes through
+    case kF32Max: c.count = rng.between(16 << 10, 64 << 10); break;  // MAX: passes through
+  }
+  c.key = rng.next();
+  return c;
+}
+
+void store(unsigned char* p, size_t i, const Call& c, int v) {
+  if (c.shape == kBf16Sum) {
+    const uint16_t b = dq::f32_to_bf16_rne(static_cast<float>(v));
+    std::memcpy(p + i * 2, &b, 2);
+  } else if (c.shape == kI32Sum) {
+    const int32_t x = v;
+    std::memcpy(p + i * 4, &x, 4);
+  } else {
+    const float f = static_cast<float>(v);
+    std::memcpy(p + i * 4, &f, 4);
+  }
+}
+
+double load(const unsigned char* p, size_t i, const Call& c) {
+  if (c.shape == kBf16Sum) {
+    uint16_t b;
+    std::memcpy(&b, p + i * 2, 2);
+    return dq::bf16_to_f32(b);
+  }
+  if (c.shape == kI32Sum) {
+    int32_t x;
+    std::memcpy(&x, p + i * 4, 4);
+    return x;
+  }
+  float f;
+  std::memcpy(&f, p + i * 4, 4);
+  return f;
+}
+
+int g_log = -1;
+int g_progress = -1;
+
+void emit(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void emit(const char* fmt, ...) {
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  const int len = vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (len <= 0 || g_log < 0) return;
+  ssize_t ignored = write(g_log, line, std::min<size_t>(static_cast<size_t>(len), sizeof line - 1));
+  (void)ignored;
+}
+
+void progress(int k) {
+  char text[16];
+  const int len = std::snprintf(text, sizeof text, "%8d\n", k);
+  ssize_t ignored = pwrite(g_progress, text, static_cast<size_t>(len), 0);
+  (void)ignored;
+}
+
+// Rank 0 publishes the id; the others wait for it (bounded).
+bool share_id(const std::string& dir, int rank, ncclUniqueId* id) {
+  const std::string path = dir + "/uid";
+  if (rank == 0) {
+    if (ncclGetUniqueId(id) != ncclSuccess) return false;
+    const std::string tmp = path + ".tmp";
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return false;
+    const bool ok = write(fd, id, sizeof *id) == static_cast<ssize_t>(sizeof *id);
+    close(fd);
+    return ok && rename(tmp.c_str(), path.c_str()) == 0;
+  }
+  for (int waited = 0; waited < kRendezvousMs; waited += 5) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      const bool ok = read(fd, id, sizeof *id) == static_cast<ssize_t>(sizeof *id);
+      close(fd);
+      if (ok) return true;
+    }
+    usleep(5000);
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: fault_worker DIR CALLS SEED   (RANK, WORLD_SIZE in the environment)\n");
+    return kUsage;
+  }
+  const auto counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+  if (counters == nullptr) {
+    std::printf("SKIP: libdynamiq.so is not preloaded\n");
+    return 77;
+  }
+  const std::string dir = argv[1];
+  const int calls = std::atoi(argv[2]);
+  const uint64_t seed = std::strtoull(argv[3], nullptr, 0);
+  const char* rank_s = std::getenv("RANK");
+  const char* world_s = std::getenv("WORLD_SIZE");
+  if (!rank_s || !world_s || calls < 1) return kUsage;
+  const int rank = std::atoi(rank_s), n = std::atoi(world_s);
+  if (n < 1 || rank < 0 || rank >= n) return kUsage;
+
+  const std::string log_path = dir + "/rank" + std::to_string(rank) + ".txt";
+  g_log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  const std::string prog_path = dir + "/progress" + std::to_string(rank);
+  g_progress = open(prog_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (g_log < 0 || g_progress < 0) {
+    std::perror("fault_worker: open");
+    return kUsage;
+  }
+  progress(-1);
+
+  ncclUniqueId id{};
+  if (!share_id(dir, rank, &id)) {
+    emit("E initfail %lld\n", now_us());
+    return kNoId;
+  }
+  ncclComm_t comm = nullptr;
+  const ncclResult_t init = ncclCommInitRank(&comm, n, id, rank);
+  if (init != ncclSuccess) {
+    std::fprintf(stderr, "rank %d: ncclCommInitRank: %s\n", rank, ncclGetErrorString(init));
+    emit("E initfail %lld\n", now_us());
+    return kInitFail;
+  }
+  emit("S %d %d %d %lld\n", rank, n, static_cast<int>(getpid()), now_us());
+
+  const char* cr = std::getenv("DQF_CORRUPT_RANK");
+  const char* cc = std::getenv("DQF_CORRUPT_CALL");
+  const int corrupt_rank = cr ? std::atoi(cr) : -1, corrupt_call = cc ? std::atoi(cc) : -1;
+  const size_t max_bytes = 65536 * static_cast<size_t>(n) * 4;
+  std::vector<unsigned char> send(max_bytes), recv(max_bytes);
+  Rng rng{seed};
+  for (int k = 0; k < calls; ++k) {
+    const Call c = draw(rng, n);
+    const size_t bytes = c.count * c.esize();
+    for (size_t i = 0; i < c.count; ++i) store(send.data(), i, c, value(c.key, rank, i));
+    std::memset(recv.data(), 0xCD, bytes);
+    unsigned long long r0 = 0, p0 = 0, r1 = 0, p1 = 0;
+    counters(comm, &r0, &p0);
+    progress(k);
+    const long long t0 = now_us();
+    const ncclResult_t res =
+        ncclAllReduce(send.data(), recv.data(), c.count, c.dtype(), c.op(), comm, nullptr);
+    const long long t1 = now_us();
+    counters(comm, &r1, &p1);
+    const bool compressed = r1 > r0;
+    const char kind = c.eligible() ? 'c' : 'p';
+    if (res != ncclSuccess) {
+      emit("C %d %c %d %lld %lld %d - 0 0\n", k, kind, static_cast<int>(res), t0, t1, compressed);
+      emit("E error %lld\n", now_us());
+      std::fprintf(stderr, "rank %d: call %d (%c) failed after %.3f s: %s\n", rank, k, kind,
+                   (t1 - t0) / 1e6, ncclGetErrorString(res));
+      return kCallError;  // the communicator is broken: no ncclCommDestroy
+    }
+    if (rank == corrupt_rank && k == corrupt_call) {
+      // Harness self-test (DQF_CORRUPT_RANK/CALL): a pass-through result fails its exact check
+      // here; a compressed one stays within the vNMSE bound, so only the campaign's comparison of
+      // hashes across ranks can catch it.
+      float f;
+      std::memcpy(&f, recv.data(), 4);
+      f += c.shape == kI32Sum ? 0.0f : 1.0f;
+      if (c.shape == kI32Sum) recv[0] ^= 1;
+      else if (c.shape != kBf16Sum) std::memcpy(recv.data(), &f, 4);
+      else recv[1] ^= 1;
+    }
+    bool ok = true;
+    double num = 0, den = 0;
+    char why[160] = {0};
+    for (size_t i = 0; i < c.count && ok; ++i) {
+      double want = c.op() == ncclMax ? -1e9 : 0;
+      for (int r = 0; r < n; ++r) {
+        const int v = value(c.key, r, i);
+        want = c.op() == ncclMax ? std::max(want, static_cast<double>(v)) : want + v;
+      }
+      const double got = load(recv.data(), i, c);
+      if (!compressed) {
+        // BF16 holds every integer up to 256 exactly; |sum| <= 8 * 30.
+        if (got != want) {
+          ok = false;
+          std::snprintf(why, sizeof why, "element %zu is %g, exact %g", i, got, want);
+        }
+      } else {
+        if (!std::isfinite(got)) {
+          ok = false;
+          std::snprintf(why, sizeof why, "element %zu is not finite", i);
+        }
+        num += (got - want) * (got - want);
+        den += want * want;
+      }
+    }
+    const double vnmse = compressed ? (den > 0 ? num / den : num) : 0.0;
+    if (ok && compressed && !(vnmse < kMaxVnmse)) {
+      ok = false;
+      std::snprintf(why, sizeof why, "vNMSE %.4e over the bound %.2g", vnmse, kMaxVnmse);
+    }
+    const uint64_t h = fnv(recv.data(), bytes);
+    emit("C %d %c 0 %lld %lld %d %d %016llx %.4e\n", k, kind, t0, t1, compressed, ok ? 1 : 0,
+         static_cast<unsigned long long>(h), vnmse);
+    if (!ok) {
+      std::fprintf(stderr, "rank %d: call %d (%c, %s) returned success with a wrong result: %s\n",
+                   rank, k, kind, compressed ? "compressed" : "passed through", why);
+      emit("E wrong %lld\n", now_us());
+      return kWrong;
+    }
+  }
+  progress(calls);
+  ncclCommDestroy(comm);
+  emit("E ok %lld\n", now_us());
+  return kOk;
+}
