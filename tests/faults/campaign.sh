@@ -89,7 +89,8 @@ for k in "${KIND_LIST[@]}"; do
   case "$k" in kill|stop|cut|slow|reset|foreign) ;; *) echo "campaign.sh: unknown kind '$k'" >&2; exit 2 ;; esac
 done
 
-say() { echo "campaign: $*" >&2; }
+exec 3>&2  # the real stderr: say() writes there while the runs' shell noise goes to a file
+say() { echo "campaign: $*" >&3; }
 skip() { echo "SKIP: $*"; exit 77; }
 
 # --- can this machine run it? ---------------------------------------------------------------
@@ -436,7 +437,7 @@ run_one() {
       kill -CONT "${PIDS[$r]}" 2>/dev/null
       kill -KILL "${PIDS[$r]}" 2>/dev/null
     fi
-    wait "${PIDS[$r]}"
+    wait "${PIDS[$r]}" 2>/dev/null
     codes[$r]=$?
     echo "M $r ${codes[$r]} ${hung[$r]}" >>"$RUN_DIR/meta.txt"
   done
@@ -505,7 +506,7 @@ run_one() {
 
 # --- the campaign ----------------------------------------------------------------------------
 mkdir -p "$OUT" || exit 1
-rm -rf "$OUT/runs" "$OUT/runs.tsv" "$OUT/summary.md"
+rm -rf "$OUT/runs" "$OUT/runs.tsv" "$OUT/summary.md" "$OUT/shell.log"
 mkdir -p "$OUT/runs"
 setup || { say "network setup failed"; exit 1; }
 printf 'kind\trun\tranks\tvictim\tcall\tcalls\tmethod\toutcome\thangs\twrong\tcrashes\terrors\tfault_in\tdetect_s\treturn_after_ref_s\twhy\twall_ms\n' \
@@ -537,6 +538,9 @@ rm -rf "$RUN_DIR"
 say "baseline: $BASE_N ranks, 60 calls, no fault: completed, verified, rank-identical"
 
 HOOKS=1  # the self-test hooks (DQF_CORRUPT_*) apply to the campaign's runs, not the baseline
+# bash reports each killed victim ("line N: PID Killed ...") whenever it reaps it: that, and any
+# other stray message of the runs, goes to shell.log instead of the summary.
+exec 2>>"$OUT/shell.log"
 for kind in "${KIND_LIST[@]}"; do
   for ((run = 1; run <= RUNS; run++)); do
     run_one "$kind" "$run"
@@ -544,6 +548,7 @@ for kind in "${KIND_LIST[@]}"; do
   say "$kind: $RUNS runs done ($(( ($(now_us) - T0) / 1000000 )) s so far)"
 done
 
+exec 2>&3
 # --- the table -------------------------------------------------------------------------------
 awk -F'\t' -v limit="$LIMIT_MS" -v tmo="$TIMEOUT_MS" -v margin="$MARGIN_MS" -v kinds="$KINDS" '
   NR == 1 { next }
