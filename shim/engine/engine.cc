@@ -150,6 +150,7 @@ struct Engine::Plan {
   uint16_t* stats_local = nullptr;    // device memory
   uint16_t* stats_reduced = nullptr;  // device memory
   bool fits = true;
+  size_t held_bytes = 0;  // bytes allocated for this plan (the held_bytes metric)
   std::vector<ByteView> inputs;         // scratch for hop inputs
   std::vector<EventHandle> block_wait;  // scratch: per block, the event its next step waits on
 };
@@ -326,7 +327,9 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   if (!p.fits) return plan;  // passes through: no buffers
 
   auto alloc = [&](size_t bytes, void** out) {
-    if (*status == Status::kOk) *status = device_->alloc(std::max<size_t>(bytes, 1), out);
+    if (*status != Status::kOk) return;
+    *status = device_->alloc(std::max<size_t>(bytes, 1), out);
+    if (*status == Status::kOk) p.held_bytes += std::max<size_t>(bytes, 1);
   };
   double arena_mb = 0;
   for (Plan::Block& b : p.blocks) {
@@ -342,6 +345,7 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   words = nullptr;
   alloc(p.stats_words * 2, &words);
   p.stats_reduced = static_cast<uint16_t*>(words);
+  if (metrics_) metrics_->held_bytes.fetch_add(static_cast<int64_t>(p.held_bytes));
   if (*status == Status::kOk)
     DQ_INFO(Subsys::kEngine,
             "dynamiq: plan rank %d/%d %s count %zu %s: %s, %zu block(s), %d chunk(s) of %zu B, "
@@ -363,6 +367,7 @@ void Engine::retire(std::unique_ptr<Plan> plan) {
   }
   device_->release(plan->stats_local, comm_stream_);
   device_->release(plan->stats_reduced, comm_stream_);
+  if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(plan->held_bytes));
 }
 
 Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, ncclResult_t* nccl_failure) {

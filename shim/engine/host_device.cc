@@ -19,6 +19,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -58,6 +59,9 @@ void on_segv(int sig, siginfo_t* info, void* context) {
   }
   signal(SIGSEGV, SIG_DFL);  // the faulting instruction runs again and kills the process
 }
+
+// Buffers of at least this many bytes are mapped, not malloc'd (see HostDevice::alloc).
+constexpr size_t kMapAtLeastBytes = 256 * 1024;
 
 size_t page_round(size_t bytes) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -166,6 +170,20 @@ class HostDevice final : public Device {
   const char* name() const override { return audit_ ? "host (audited)" : "host"; }
 
   Status alloc(size_t bytes, void** out) override {
+    if (!audit_ && bytes >= kMapAtLeastBytes) {
+      // Payload arenas: straight from the kernel, so a retired plan's pages go back at once.
+      // Through malloc they would stay in the caller's heap (glibc raises its mmap threshold to
+      // the largest block freed), and the process's RSS would keep the high-water mark of
+      // every plan set it ever held.
+      const size_t n = page_round(bytes);
+      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED)
+        DQ_FAIL(Status::kOutOfMemory, "host device: cannot map %zu bytes", bytes);
+      std::lock_guard<std::mutex> lock(mapped_m_);
+      mapped_[p] = n;
+      *out = p;
+      return Status::kOk;
+    }
     if (!audit_) {
       // 64-byte alignment: whole cache lines for the codec's vector loads.
       *out = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
@@ -346,7 +364,18 @@ class HostDevice final : public Device {
   }
 
   void free_now(void* p) {
-    if (!audit_) return std::free(p);
+    if (!audit_) {
+      {
+        std::lock_guard<std::mutex> lock(mapped_m_);
+        auto it = mapped_.find(p);
+        if (it != mapped_.end()) {
+          munmap(p, it->second);
+          mapped_.erase(it);
+          return;
+        }
+      }
+      return std::free(p);
+    }
     std::lock_guard<std::mutex> lock(audit_m_);
     for (AuditRegion& r : g_regions)
       if (r.begin.load() == reinterpret_cast<uintptr_t>(p)) {
@@ -395,6 +424,8 @@ class HostDevice final : public Device {
   std::unordered_set<HostStream*> streams_;
   std::mutex audit_m_;
   std::atomic<bool> armed_{false};
+  std::mutex mapped_m_;
+  std::unordered_map<void*, size_t> mapped_;  // buffers from mmap: address -> mapped bytes
 };
 
 }  // namespace

@@ -94,6 +94,7 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
                                       {"bytes_in", c->bytes_in.load()},
                                       {"wire_bytes", c->wire_bytes.load()},
                                       {"seconds", c->nanoseconds.load() * 1e-9},
+                                      {"held_bytes", c->held_bytes.load()},
                                       {"calls", calls}});
     }
     // Invalid UTF-8 in a communicator name is replaced, never a throw or an invalid file.
@@ -148,6 +149,13 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       text += std::string(kCounters[g].name) + "{" + label_set(*c) + "} " + v + "\n";
     }
   }
+  text +=
+      "# HELP dynamiq_held_bytes Bytes of buffers the communicator's cached plans hold now (the "
+      "payload arenas, layouts and statistics of up to 16 call shapes).\n";
+  text += "# TYPE dynamiq_held_bytes gauge\n";
+  for (const auto& c : comms)
+    text += "dynamiq_held_bytes{" + label_set(*c) + "} " + std::to_string(c->held_bytes.load()) +
+            "\n";
   return text;
 }
 

@@ -38,6 +38,7 @@ struct CommMetrics {
   std::atomic<uint64_t> bytes_in{0};     // caller bytes of rerouted calls
   std::atomic<uint64_t> wire_bytes{0};   // bytes this rank sent for rerouted calls (all messages)
   std::atomic<uint64_t> nanoseconds{0};  // time inside rerouted calls
+  std::atomic<int64_t> held_bytes{0};    // gauge: device/host bytes held by cached plans
   std::atomic<bool> destroyed{false};    // the communicator is gone; its totals stay
 };
 

@@ -23,6 +23,7 @@ std::shared_ptr<CommMetrics> comm(int index, const std::string& name, uint64_t r
   c->calls[0] = rerouted;
   c->calls[static_cast<int>(PassReason::kSmall)] = 2;
   c->bytes_in = 4096 * rerouted;
+  c->held_bytes = 1000 + index;
   return c;
 }
 
@@ -39,7 +40,8 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
     ++samples;
     EXPECT_TRUE(std::regex_match(line, labelled)) << line;
   }
-  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3);
+  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2);  // calls, three counters, one gauge
+  EXPECT_NE(text.find("# TYPE dynamiq_held_bytes gauge"), std::string::npos);
   for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
                            "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total"}) {
     EXPECT_NE(text.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
@@ -58,6 +60,7 @@ TEST(Metrics, JsonIsValidWhateverTheCommunicatorIsCalled) {
   EXPECT_EQ(doc["job"], "j");
   EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 1);
   EXPECT_EQ(doc["communicators"][0]["bytes_in"], 4096);
+  EXPECT_EQ(doc["communicators"][0]["held_bytes"], 1000);
   EXPECT_EQ(doc["communicators"][0]["name"].get<std::string>().substr(0, 7), "q\"b\\s\x01n");
 }
 
