@@ -36,6 +36,7 @@
 #define TEST_SPLIT_NOCOLOR DQ_NCCL_SPLIT_NOCOLOR
 #define TEST_CONFIG_MAGIC DQ_NCCL_CONFIG_MAGIC
 #endif
+#include "tests/common/rank_harness.h"
 
 extern "C" const char* dqCpuNcclCommName(ncclComm_t comm);
 
@@ -102,45 +103,18 @@ int init_comm(int rank, int nranks, ncclComm_t* comm, ncclConfig_t* config = nul
 // Forks nranks processes running body(rank); returns 0 when every one exits 0 in time.
 int run_ranks(int nranks, int timeout_s, const std::function<int(int, int)>& body) {
   std::memset(static_cast<void*>(g_shared), 0, sizeof(Shared));
-  std::vector<pid_t> pids;
-  for (int r = 0; r < nranks; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("fork");
-      return 1;
+  dq::test::RankOptions opt;
+  opt.timeout_s = timeout_s;
+  const auto exits = dq::test::run_ranks(nranks, opt, [&](int r) {
+    g_rank = r;
+    return body(r, nranks);
+  });
+  int failures = 0;
+  for (int r = 0; r < nranks; ++r)
+    if (!exits[r].exited(0)) {
+      std::fprintf(stderr, "rank %d %s\n", r, exits[r].describe().c_str());
+      ++failures;
     }
-    if (pid == 0) {
-      g_rank = r;
-      int rc = body(r, nranks);
-      std::fflush(stdout);
-      std::fflush(stderr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  int failures = 0, remaining = nranks;
-  auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
-  while (remaining > 0) {
-    int st = 0;
-    pid_t done = waitpid(-1, &st, WNOHANG);
-    if (done > 0) {
-      --remaining;
-      int r = static_cast<int>(std::find(pids.begin(), pids.end(), done) - pids.begin());
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        std::fprintf(stderr, "rank %d failed (status %#x)\n", r, st);
-        ++failures;
-      }
-      continue;
-    }
-    if (Clock::now() > deadline) {
-      std::fprintf(stderr, "ranks did not finish within %d s; killing them\n", timeout_s);
-      for (pid_t p : pids) kill(p, SIGKILL);
-      while (waitpid(-1, &st, 0) > 0) {
-      }
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
   return failures ? 1 : 0;
 }
 

@@ -15,10 +15,6 @@
 //   not_opted_in  DYNAMIQ_COMMS=none: calls count as not_opted_in (not disabled)
 //   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
 //               error word), and every rank's call fails within the timeout; none succeeds
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,13 +23,13 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "kernels/bf16.h"
 #include "shim/engine/engine.h"
+#include "tests/common/rank_harness.h"
 
 namespace {
 
@@ -78,47 +74,21 @@ dq::config::Settings settings_for(const std::map<std::string, std::string>& env)
   return s;
 }
 
-// Forks n ranks, each with `comms` communicators; returns their exit codes (124: hang, killed).
+// Forks n ranks, each with `comms` communicators; returns their exit codes (124: hang, killed;
+// 125: killed after another rank failed).
 std::vector<int> run_ranks(int n, int comms, const std::function<int(int, ncclComm_t*)>& body,
                            int timeout_s) {
-  std::vector<ncclUniqueId> ids(comms);
-  for (auto& id : ids)
-    if (ncclGetUniqueId(&id) != ncclSuccess) return std::vector<int>(n, 99);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      std::vector<ncclComm_t> c(comms);
-      for (int k = 0; k < comms; ++k)
-        if (ncclCommInitRank(&c[k], n, ids[k], r) != ncclSuccess) _exit(97);
-      const int rc = body(r, c.data());
-      std::fflush(stdout);
-      std::fflush(stderr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes(n, -999);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  for (int left = n; left > 0;) {  // bounded by the deadline
-    for (int r = 0; r < n; ++r) {
-      int st = 0;
-      if (codes[r] == -999 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
-      for (int r = 0; r < n; ++r)
-        if (codes[r] == -999) {
-          kill(pids[r], SIGKILL);
-          waitpid(pids[r], nullptr, 0);
-          codes[r] = 124;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  dq::test::RankOptions opt;
+  opt.timeout_s = timeout_s;
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      n, comms, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* ids) {
+        std::vector<ncclComm_t> c(comms);
+        for (int k = 0; k < comms; ++k)
+          if (ncclCommInitRank(&c[k], n, ids[k], r) != ncclSuccess) return 97;
+        return body(r, c.data());
+      });
+  std::vector<int> codes;
+  for (const auto& e : exits) codes.push_back(e.code());
   return codes;
 }
 
@@ -127,7 +97,9 @@ bool all_zero(const std::vector<int>& codes, const char* what) {
   for (size_t r = 0; r < codes.size(); ++r)
     if (codes[r] != 0) {
       std::fprintf(stderr, "FAIL: %s: rank %zu exited with %d%s\n", what, r, codes[r],
-                   codes[r] == 124 ? " (hang: killed at the deadline)" : "");
+                   codes[r] == 124   ? " (hang: killed at the deadline)"
+                   : codes[r] == 125 ? " (killed: another rank failed)"
+                                     : "");
       ok = false;
     }
   return ok;

@@ -18,12 +18,8 @@
 // workers of all-MiniLM-L6-v2 fine-tuning, the head and last encoder layer), one per parameter.
 // Usage: framework_sequences fsdp2|zero2 SAMPLE_DIR
 #include <dlfcn.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -33,12 +29,12 @@
 #include <functional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "tests/common/rank_harness.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
@@ -90,51 +86,26 @@ bool fail(const char* fmt, ...) {
 // body(r, comm) on a fresh communicator, its stderr in g_dir/rank<r>.log. True when every rank
 // exits 0 within the timeout.
 bool run_ranks(const std::function<int(int, ncclComm_t)>& body, int timeout_s) {
-  ncclUniqueId id;
-  if (ncclGetUniqueId(&id) != ncclSuccess) return fail("ncclGetUniqueId");
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kRanks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      if (!std::freopen((g_dir + "/rank" + std::to_string(r) + ".log").c_str(), "w", stderr))
-        _exit(98);
-      setenv("DYNAMIQ_ENABLE", "1", 1);
-      ncclComm_t comm = nullptr;
-      if (ncclCommInitRank(&comm, kRanks, id, r) != ncclSuccess) _exit(97);
-      const int rc = body(r, comm);
-      std::fflush(stderr);
-      if (rc == 0) ncclCommDestroy(comm);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes(kRanks, -999);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  for (int left = kRanks; left > 0;) {  // bounded by the deadline
-    for (int r = 0; r < kRanks; ++r) {
-      int st = 0;
-      if (codes[r] == -999 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
-      for (int r = 0; r < kRanks; ++r)
-        if (codes[r] == -999) {
-          kill(pids[r], SIGKILL);
-          waitpid(pids[r], nullptr, 0);
-          codes[r] = 124;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  dq::test::RankOptions opt;
+  opt.timeout_s = timeout_s;
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      kRanks, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* id) {
+        if (!std::freopen((g_dir + "/rank" + std::to_string(r) + ".log").c_str(), "w", stderr))
+          return 98;
+        setenv("DYNAMIQ_ENABLE", "1", 1);
+        ncclComm_t comm = nullptr;
+        if (ncclCommInitRank(&comm, kRanks, *id, r) != ncclSuccess) return 97;
+        const int rc = body(r, comm);
+        std::fflush(stderr);
+        if (rc == 0) ncclCommDestroy(comm);
+        return rc;
+      });
   bool ok = true;
   for (int r = 0; r < kRanks; ++r)
-    if (codes[r] != 0) {
+    if (exits[r].code() != 0) {
       std::fprintf(stderr, "--- rank %d log ---\n%s", r,
                    read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
-      ok = fail("rank %d exited with %d%s", r, codes[r], codes[r] == 124 ? " (hang)" : "");
+      ok = fail("rank %d %s", r, exits[r].describe().c_str());
     }
   return ok;
 }

@@ -7,20 +7,16 @@
 //      compressed, the small one passed through inside the group, exact
 //   4. members on two communicators in one group: every member passes through, exact, no hang
 #include <dlfcn.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "common/nccl_api.h"
+#include "tests/common/rank_harness.h"
 
 namespace {
 
@@ -180,42 +176,15 @@ int main(int argc, char** argv) {
   }
   const int n = argc > 1 ? std::atoi(argv[1]) : 4;
   setenv("DYNAMIQ_ENABLE", "1", 1);
-  ncclUniqueId ids[3];
-  for (auto& id : ids)
-    if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int rc = rank_body(n, r, ids);
-      std::fflush(stdout);
-      std::fflush(stderr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
+  dq::test::RankOptions opt;
+  opt.timeout_s = 240;
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      n, 3, ncclGetUniqueId, opt,
+      [n](int r, const ncclUniqueId* ids) { return rank_body(n, r, ids); });
   int failed = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
-  std::vector<int> codes(n, -999);
-  for (int left = n; left > 0;) {  // bounded by the deadline
-    for (int r = 0; r < n; ++r) {
-      int st = 0;
-      if (codes[r] == -999 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
-      for (int r = 0; r < n; ++r)
-        if (codes[r] == -999) kill(pids[r], SIGKILL), waitpid(pids[r], nullptr, 0), codes[r] = 124;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
   for (int r = 0; r < n; ++r)
-    if (codes[r] != 0) {
-      std::fprintf(stderr, "FAIL: rank %d exited with %d%s\n", r, codes[r],
-                   codes[r] == 124 ? " (hang)" : "");
+    if (!exits[r].exited(0)) {
+      std::fprintf(stderr, "FAIL: rank %d %s\n", r, exits[r].describe().c_str());
       failed = 1;
     }
   if (!failed) std::printf("groups %d ranks: all four cases pass\n", n);

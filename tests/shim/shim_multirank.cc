@@ -6,7 +6,7 @@
 // kill_reduce take the number of runs; reducescatter and reduce take TOPO.)
 #include <dlfcn.h>
 #include <signal.h>
-#include <sys/wait.h>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +27,7 @@
 #include "config/settings.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "tests/common/rank_harness.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
@@ -65,66 +66,43 @@ bool fail(const char* fmt, ...) {
   } while (0)
 
 // Forks n ranks; rank r applies env(r), creates its communicator and runs body(rank, comm).
-// A rank's stderr goes to g_dir/rank<r>.log. Returns the ranks' exit codes (-signal if killed).
+// A rank's stderr goes to g_dir/rank<r>.log. Returns the ranks' exit codes (-signal if killed,
+// 124 if hung, 125 if killed after another rank failed). `expected` says which ends pass (empty:
+// exit 0); the first other end kills the remaining ranks.
 std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
                            const std::function<int(int, ncclComm_t)>& body, int timeout_s,
-                           const char* comm_name = nullptr) {
-  ncclUniqueId id;
-  if (ncclGetUniqueId(&id) != ncclSuccess) return std::vector<int>(n, 99);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
-      if (std::freopen(log.c_str(), "w", stderr) == nullptr) _exit(98);
-      for (auto& [k, v] : env(r)) setenv(k.c_str(), v.c_str(), 1);
-      ncclComm_t comm = nullptr;
-      ncclResult_t res;
-      if (comm_name) {
-        ncclConfig_t config;
-        std::memset(&config, 0, sizeof config);
-        config.size = sizeof config;
-        config.magic = DQ_NCCL_CONFIG_MAGIC;
-        config.version = DQ_NCCL_VERSION_CODE;
-        config.blocking = 1;
-        config.commName = comm_name;
-        res = ncclCommInitRankConfig(&comm, n, id, r, &config);
-      } else {
-        res = ncclCommInitRank(&comm, n, id, r);
-      }
-      if (res != ncclSuccess) _exit(97);
-      const int rc = body(r, comm);
-      std::fflush(stderr);
-      if (rc == 0) ncclCommDestroy(comm);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes(n, -999);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  int left = n;
-  while (left > 0) {  // bounded by the deadline
-    for (int r = 0; r < n; ++r) {
-      if (codes[r] != -999) continue;
-      int st = 0;
-      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "ranks still running after %d s: killing them (a hang)\n", timeout_s);
-      for (int r = 0; r < n; ++r)
-        if (codes[r] == -999) kill(pids[r], SIGKILL);
-      for (int r = 0; r < n; ++r)
-        if (codes[r] == -999) {
-          waitpid(pids[r], nullptr, 0);
-          codes[r] = 124;
+                           const char* comm_name = nullptr,
+                           std::function<bool(int, const dq::test::RankExit&)> expected = {}) {
+  dq::test::RankOptions opt;
+  opt.timeout_s = timeout_s;
+  opt.expected = std::move(expected);
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* id) {
+        const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
+        if (std::freopen(log.c_str(), "w", stderr) == nullptr) return 98;
+        for (auto& [k, v] : env(r)) setenv(k.c_str(), v.c_str(), 1);
+        ncclComm_t comm = nullptr;
+        ncclResult_t res;
+        if (comm_name) {
+          ncclConfig_t config;
+          std::memset(&config, 0, sizeof config);
+          config.size = sizeof config;
+          config.magic = DQ_NCCL_CONFIG_MAGIC;
+          config.version = DQ_NCCL_VERSION_CODE;
+          config.blocking = 1;
+          config.commName = comm_name;
+          res = ncclCommInitRankConfig(&comm, n, *id, r, &config);
+        } else {
+          res = ncclCommInitRank(&comm, n, *id, r);
         }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+        if (res != ncclSuccess) return 97;
+        const int rc = body(r, comm);
+        std::fflush(stderr);
+        if (rc == 0) ncclCommDestroy(comm);
+        return rc;
+      });
+  std::vector<int> codes;
+  for (const auto& e : exits) codes.push_back(e.code());
   return codes;
 }
 
@@ -142,13 +120,22 @@ int count_occurrences(const std::string& text, const std::string& what) {
 }
 
 bool all_zero(const std::vector<int>& codes, const char* what) {
-  for (size_t r = 0; r < codes.size(); ++r)
-    if (codes[r] != 0) {
-      std::fprintf(stderr, "--- rank %zu log ---\n%s", r,
-                   read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
-      return fail("%s: rank %zu exited with %d", what, r, codes[r]);
-    }
+  // Ranks killed because another failed (125) come last: the failure is the one to show.
+  for (const bool cut : {false, true})
+    for (size_t r = 0; r < codes.size(); ++r)
+      if (codes[r] != 0 && (codes[r] == 125) == cut) {
+        std::fprintf(stderr, "--- rank %zu log ---\n%s", r,
+                     read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
+        return fail("%s: rank %zu exited with %d", what, r, codes[r]);
+      }
   return true;
+}
+
+// The ranks' data, made in the parent before it forks them: on one thread, as TBB's workers
+// would outlive the call (rank_harness.h).
+void make_rows(const dq::sim::SyntheticSpec& spec, dq::sim::Matrix* rows) {
+  tbb::task_arena serial(1);
+  serial.execute([&] { dq::sim::make_synthetic(spec, rows); });
 }
 
 // Rank-side helpers ---------------------------------------------------------------------------
@@ -188,7 +175,7 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
   spec.spread = 1.0;
   spec.seed = 7;
   dq::sim::Matrix rows;
-  dq::sim::make_synthetic(spec, &rows);
+  make_rows(spec, &rows);
   auto body = [&](int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0;
     rerouted_delta(comm, &seen);
@@ -658,7 +645,10 @@ bool scenario_kill(int n, int runs, const std::string& collective = "allreduce")
         [&](int) {
           return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}};
         },
-        body, 60);
+        body, 60, nullptr,
+        [victim](int r, const dq::test::RankExit& e) {
+          return r == victim ? e.signaled(SIGKILL) : e.exited(0);
+        });
     for (int r = 0; r < n; ++r) {
       if (r == victim) {
         EXPECT(codes[r] == -SIGKILL, "run %d: victim %d exited %d", run, r, codes[r]);
@@ -911,7 +901,7 @@ bool scenario_reducescatter(int n, const std::string& topo, const std::string& b
   spec.spread = 1.0;
   spec.seed = 11;
   dq::sim::Matrix rows;
-  dq::sim::make_synthetic(spec, &rows);
+  make_rows(spec, &rows);
   auto body = [&](const std::string& tag, int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0, in0 = 0, wire0 = 0, in1 = 0, wire1 = 0;
     rerouted_delta(comm, &seen);
@@ -1039,7 +1029,7 @@ bool scenario_reduce(int n, const std::string& topo) {
   spec.spread = 1.0;
   spec.seed = 13;
   dq::sim::Matrix rows;
-  dq::sim::make_synthetic(spec, &rows);
+  make_rows(spec, &rows);
   const int roots[2] = {0, n - 1};
   auto body = [&](const std::string& tag, int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0;
