@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 for pkg in g++ pkg-config ninja-build python3-venv libtbb-dev libgtest-dev libbenchmark-dev \
            nlohmann-json3-dev libcli11-dev \
-           libibverbs-dev iperf3 iproute2; do
+           libibverbs-dev iperf3 iproute2 libboost-context-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

@@ -1,0 +1,27 @@
+// The one header a kernel file includes: the CUDA runtime under nvcc, the CPU emulation of the
+// execution model otherwise (kernels/cuda/EMULATION.md). Kernels launch only through DQ_LAUNCH
+// and take dynamic shared memory only through DQ_DYNAMIC_SHARED, so one source serves both.
+#pragma once
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+// kernel<<<grid, block, shmem, stream>>>(args...); check cudaGetLastError() afterwards.
+#define DQ_LAUNCH(kernel, grid, block, shmem, stream, ...) \
+  kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+// The launch's dynamic shared memory as a T*, 16-byte aligned.
+#define DQ_DYNAMIC_SHARED(T, name)                                \
+  extern __shared__ __align__(16) unsigned char dq_dynamic_shared_[]; \
+  T* name = reinterpret_cast<T*>(dq_dynamic_shared_)
+#define DQ_CUDA_EMULATED 0
+#define DQ_UNROLL _Pragma("unroll")
+#else
+#include "kernels/cuda/emu/emu.h"
+#define DQ_CUDA_EMULATED 1
+#define DQ_UNROLL
+#endif
+
+namespace dq::cuda {
+// Warp width as a constant expression (nvcc's warpSize is not one).
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+}  // namespace dq::cuda

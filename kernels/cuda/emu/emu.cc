@@ -1,0 +1,679 @@
+// The CUDA execution-model emulator's scheduler (kernels/cuda/EMULATION.md): fibers on
+// Boost.Context's fcontext, one block at a time, barrier and warp-collective bookkeeping, the
+// checks, shared-memory poisoning and guard pages, and the reports.
+#include "kernels/cuda/emu/emu.h"
+
+#include <boost/context/detail/fcontext.hpp>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+// Static __shared__ objects live in this section; the linker defines its bounds. Weak: a program
+// whose kernels declare no static shared memory has no such section.
+extern "C" char __start_dq_emu_shared[] __attribute__((weak));
+extern "C" char __stop_dq_emu_shared[] __attribute__((weak));
+// UBSan / ASan call this back just before they end the process (a shared array index out of
+// bounds under -fsanitize=bounds-strict): the emulator adds which thread was running.
+extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
+namespace dq::emu {
+namespace {
+
+namespace fc = boost::context::detail;
+
+constexpr size_t kPage = 4096;
+constexpr int kMaxThreads = 1024;
+constexpr size_t kMaxDynamicShared = 227 * 1024;  // sm_90's opt-in limit per block
+constexpr unsigned char kPoison = 0xFF;
+constexpr unsigned char kCanary = 0xA5;  // the bytes before the dynamic shared buffer
+
+struct Cancelled {};  // thrown inside a fiber to unwind it; caught at the fiber's entry
+
+enum class State : uint8_t { kReady, kBarrier, kWarp, kExited };
+
+struct Thread {
+  fc::fcontext_t context = nullptr;
+  State state = State::kReady;
+  bool started = false;
+  uint3 idx{0, 0, 0};
+  std::source_location site;  // where it waits
+  // Its slot in the warp's collective exchange.
+  detail::Op op = detail::Op::kIdx;
+  unsigned mask = 0;
+  int param = 0, width = 32;
+  uint64_t value = 0, result = 0;
+};
+
+struct Warp {
+  unsigned exists = 0;   // lanes present in the block
+  unsigned parked = 0;   // lanes waiting in a collective
+  unsigned claimed = 0;  // lanes named by the mask of a pending collective
+  uint8_t owner[32] = {};  // per claimed lane: a parked lane of the group that claimed it
+};
+
+struct Launch {
+  dim3 grid, block;
+  size_t dynamic_bytes = 0;
+  void (*body)(void*) = nullptr;
+  void* context = nullptr;
+  detail::LaunchSite site{};
+  int n = 0;  // threads per block
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  std::vector<int> ring;  // ready queue (each thread at most once)
+  size_t head = 0, count = 0;
+  int current = -1;
+  int live = 0;
+  fc::fcontext_t scheduler = nullptr;
+  int arrived = 0;  // barrier arrivals in the current round
+  std::source_location barrier_site;
+  int barrier_first = -1;
+  bool cancelling = false;
+  Fault fault = Fault::kNone;
+  std::string message;
+  char* dynamic = nullptr;  // this launch's dynamic shared buffer
+  Counters counters;
+};
+
+Launch* g_launch = nullptr;
+std::thread::id g_launch_owner;
+std::mutex g_launch_mutex;
+Report g_report;
+Counters g_counters;
+cudaError_t g_last_error = cudaSuccess;
+
+// ---- memory: fiber stacks and the dynamic shared region, each with guard pages -----------------
+struct Stacks {
+  std::vector<char*> bases;  // lowest address: a guard page, then kFiberStackBytes
+  char* top(int i) {
+    while (static_cast<int>(bases.size()) <= i) {
+      void* p = mmap(nullptr, kFiberStackBytes + kPage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) {
+        std::perror("dq-emu: fiber stack mmap");
+        std::abort();
+      }
+      mprotect(p, kPage, PROT_NONE);
+      bases.push_back(static_cast<char*>(p));
+    }
+    return bases[i] + kPage + kFiberStackBytes;
+  }
+  bool is_guard(uintptr_t a) const {
+    for (char* b : bases)
+      if (a >= reinterpret_cast<uintptr_t>(b) && a < reinterpret_cast<uintptr_t>(b) + kPage)
+        return true;
+    return false;
+  }
+};
+Stacks g_stacks;
+
+// [guard page][data pages][guard page]; the buffer ends where the second guard starts.
+struct SharedRegion {
+  char* base = nullptr;
+  size_t data_pages = 0;
+  char* data() const { return base + kPage; }
+  char* end() const { return data() + data_pages * kPage; }
+  char* prepare(size_t bytes) {
+    const size_t pages = (bytes + kPage - 1) / kPage + 1;
+    if (pages > data_pages) {
+      if (base) munmap(base, (data_pages + 2) * kPage);
+      void* p = mmap(nullptr, (pages + 2) * kPage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        std::perror("dq-emu: shared memory mmap");
+        std::abort();
+      }
+      base = static_cast<char*>(p);
+      data_pages = pages;
+      mprotect(base, kPage, PROT_NONE);
+      mprotect(end(), kPage, PROT_NONE);
+    }
+    return end() - ((bytes + 15) / 16) * 16;
+  }
+  bool is_guard(uintptr_t a) const {
+    if (!base) return false;
+    auto in = [a](const char* p) {
+      return a >= reinterpret_cast<uintptr_t>(p) && a < reinterpret_cast<uintptr_t>(p) + kPage;
+    };
+    return in(base) || in(end());
+  }
+};
+SharedRegion g_shared;
+
+// ---- reporting -----------------------------------------------------------------------------------
+std::string where(const std::source_location& l) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s:%u:%u", l.file_name(), static_cast<unsigned>(l.line()),
+                static_cast<unsigned>(l.column()));
+  return buf;
+}
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
+}
+
+std::string who(const Launch& L, int t) {
+  const uint3& i = L.threads[t].idx;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "thread %d (threadIdx %u,%u,%u; warp %d lane %d) of block (%u,%u,%u)",
+                t, i.x, i.y, i.z, t / 32, t % 32, detail::g_block_idx.x, detail::g_block_idx.y,
+                detail::g_block_idx.z);
+  return buf;
+}
+
+const char* op_name(detail::Op op) {
+  switch (op) {
+    case detail::Op::kIdx: return "__shfl_sync";
+    case detail::Op::kUp: return "__shfl_up_sync";
+    case detail::Op::kDown: return "__shfl_down_sync";
+    case detail::Op::kXor: return "__shfl_xor_sync";
+    case detail::Op::kBallot: return "__ballot_sync";
+    case detail::Op::kAny: return "__any_sync";
+    case detail::Op::kAll: return "__all_sync";
+    case detail::Op::kSyncWarp: return "__syncwarp";
+  }
+  return "?";
+}
+
+std::string collective(const Thread& t) {
+  char buf[100];
+  if (t.op <= detail::Op::kXor)
+    std::snprintf(buf, sizeof buf, "%s(mask 0x%08x, width %d)", op_name(t.op), t.mask, t.width);
+  else
+    std::snprintf(buf, sizeof buf, "%s(mask 0x%08x)", op_name(t.op), t.mask);
+  return std::string(buf) + " at " + where(t.site);
+}
+
+// "0-199, 256" from a sorted list of thread ids.
+std::string ranges(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(ids[i]);
+    if (j > i) {
+      s += '-';
+      s += std::to_string(ids[j]);
+    }
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string header(const Launch& L) {
+  char buf[600];
+  std::snprintf(buf, sizeof buf, "kernel %s (launched at %s:%d), block (%u,%u,%u) of grid (%u,%u,%u), %d threads: ",
+                L.site.kernel, L.site.file, L.site.line, detail::g_block_idx.x, detail::g_block_idx.y,
+                detail::g_block_idx.z, L.grid.x, L.grid.y, L.grid.z, L.n);
+  return buf;
+}
+
+void record(Launch& L, Fault f, const std::string& what) {
+  if (L.fault != Fault::kNone) return;  // the first fault wins
+  L.fault = f;
+  L.message = std::string("dq-emu: ") + fault_name(f) + " in " + header(L) + what;
+  std::fprintf(stderr, "%s\n", L.message.c_str());
+}
+
+[[noreturn]] void fail_in_fiber(Fault f, const std::string& what) {
+  record(*g_launch, f, what);
+  throw Cancelled{};
+}
+
+// ---- fibers ---------------------------------------------------------------------------------------
+void push_ready(Launch& L, int t) {
+  L.ring[(L.head + L.count) % L.n] = t;
+  ++L.count;
+}
+
+// Back to the scheduler; returns when this fiber is resumed (or unwinds it when the launch is
+// being cancelled).
+void park() {
+  Launch& L = *g_launch;
+  fc::transfer_t back = fc::jump_fcontext(L.scheduler, nullptr);
+  L.scheduler = back.fctx;
+  if (L.cancelling) throw Cancelled{};
+}
+
+void fiber_entry(fc::transfer_t from) {
+  Launch& L = *g_launch;
+  L.scheduler = from.fctx;
+  try {
+    L.body(L.context);
+  } catch (const Cancelled&) {
+  } catch (const std::exception& e) {
+    record(L, Fault::kException, who(L, L.current) + " threw: " + e.what());
+  } catch (...) {
+    record(L, Fault::kException, who(L, L.current) + " threw an exception");
+  }
+  L.threads[L.current].state = State::kExited;
+  --L.live;
+  fc::jump_fcontext(L.scheduler, nullptr);
+  std::abort();  // an exited fiber is never resumed
+}
+
+void resume(Launch& L, int t) {
+  Thread& th = L.threads[t];
+  L.current = t;
+  detail::g_thread_idx = th.idx;
+  th.started = true;
+  fc::transfer_t back = fc::jump_fcontext(th.context, nullptr);
+  th.context = back.fctx;
+}
+
+void report_deadlock(Launch& L) {
+  // Group the waiting threads by what they wait at.
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  std::vector<int> exited;
+  for (int t = 0; t < L.n; ++t) {
+    const Thread& th = L.threads[t];
+    if (th.state == State::kExited) {
+      exited.push_back(t);
+      continue;
+    }
+    std::string key = th.state == State::kBarrier ? "__syncthreads() at " + where(th.site)
+                                                  : collective(th);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == key; });
+    if (it == groups.end()) groups.push_back({key, {t}});
+    else it->second.push_back(t);
+  }
+  std::string what = "no thread can run.";
+  for (auto& [key, ids] : groups) {
+    what += ' ';
+    what += std::to_string(ids.size());
+    what += " wait at ";
+    what += key;
+    what += " [threads ";
+    what += ranges(ids);
+    what += "];";
+  }
+  if (!exited.empty()) {
+    what += ' ';
+    what += std::to_string(exited.size());
+    what += " exited [threads ";
+    what += ranges(exited);
+    what += ']';
+  } else
+    what += " none exited";
+  record(L, Fault::kDeadlock, what);
+}
+
+// Runs one block to completion (or to its first fault); returns false on a fault.
+bool run_block(Launch& L) {
+  char* const shared_begin = __start_dq_emu_shared;
+  char* const shared_end = __stop_dq_emu_shared;
+  if (shared_begin && shared_end > shared_begin)
+    std::memset(shared_begin, kPoison, static_cast<size_t>(shared_end - shared_begin));
+  if (L.dynamic) {
+    std::memset(g_shared.data(), kCanary, L.dynamic - g_shared.data());
+    std::memset(L.dynamic, kPoison, g_shared.end() - L.dynamic);
+  }
+  for (int t = 0; t < L.n; ++t) {
+    Thread& th = L.threads[t];
+    th.context = fc::make_fcontext(g_stacks.top(t), kFiberStackBytes, &fiber_entry);
+    th.state = State::kReady;
+    th.started = false;
+    L.ring[t] = t;
+  }
+  for (Warp& w : L.warps) w.parked = w.claimed = 0;
+  L.head = 0;
+  L.count = L.n;
+  L.live = L.n;
+  L.arrived = 0;
+  L.cancelling = false;
+  while (L.count > 0 && L.fault == Fault::kNone) {
+    const int t = L.ring[L.head];
+    L.head = (L.head + 1) % L.n;
+    --L.count;
+    resume(L, t);
+  }
+  if (L.fault == Fault::kNone && L.live > 0) report_deadlock(L);
+  if (L.fault != Fault::kNone) {
+    // Unwind every fiber that is parked inside the kernel, so its destructors run.
+    L.cancelling = true;
+    for (int t = 0; t < L.n; ++t)
+      if (L.threads[t].started && L.threads[t].state != State::kExited) resume(L, t);
+    return false;
+  }
+  if (L.dynamic) {
+    for (const char* p = g_shared.data(); p < L.dynamic; ++p)
+      if (static_cast<unsigned char>(*p) != kCanary) {
+        record(L, Fault::kSharedUnderrun,
+               "a byte " + std::to_string(L.dynamic - p) +
+                   " before the start of the dynamic shared memory was written");
+        return false;
+      }
+  }
+  return true;
+}
+
+// ---- signals: guard pages and sanitizer deaths name the emulated thread ----------------------
+void write_context(const char* what) {
+  char buf[1024];
+  int len;
+  if (g_launch && g_launch->current >= 0) {
+    const Launch& L = *g_launch;
+    const uint3& i = detail::g_thread_idx;
+    len = std::snprintf(buf, sizeof buf,
+                        "dq-emu: %s in kernel %s (launched at %s:%d), thread %d (threadIdx %u,%u,%u; "
+                        "warp %d lane %d) of block (%u,%u,%u)\n",
+                        what, L.site.kernel, L.site.file, L.site.line, L.current, i.x, i.y, i.z,
+                        L.current / 32, L.current % 32, detail::g_block_idx.x,
+                        detail::g_block_idx.y, detail::g_block_idx.z);
+  } else {
+    len = std::snprintf(buf, sizeof buf, "dq-emu: %s outside an emulated kernel\n", what);
+  }
+  if (len > 0) {
+    ssize_t ignored = write(2, buf, std::min<size_t>(len, sizeof buf - 1));
+    (void)ignored;
+  }
+}
+
+void on_sanitizer_death() { write_context("sanitizer error"); }
+
+void on_segv(int sig, siginfo_t* info, void*) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (g_shared.is_guard(a)) {
+    char what[200];
+    const long off = static_cast<long>(a - reinterpret_cast<uintptr_t>(g_launch ? g_launch->dynamic : nullptr));
+    std::snprintf(what, sizeof what,
+                  "shared memory out of bounds: dynamic shared memory of %zu bytes accessed at offset %ld",
+                  g_launch ? g_launch->dynamic_bytes : 0, off);
+    write_context(what);
+  } else if (g_stacks.is_guard(a)) {
+    write_context("fiber stack overflow (kFiberStackBytes per thread)");
+  } else {
+    write_context(sig == SIGBUS ? "bus error" : "segmentation fault");
+  }
+  signal(sig, SIG_DFL);
+  std::abort();
+}
+
+struct SignalScope {
+  struct sigaction old_segv{}, old_bus{};
+  SignalScope() {
+    static char* alt = [] {
+      const size_t bytes = 64 * 1024;
+      char* p = static_cast<char*>(std::malloc(bytes));
+      stack_t ss{};
+      ss.ss_sp = p;
+      ss.ss_size = bytes;
+      sigaltstack(&ss, nullptr);
+      if (__sanitizer_set_death_callback) __sanitizer_set_death_callback(&on_sanitizer_death);
+      return p;
+    }();
+    (void)alt;
+    struct sigaction sa{};
+    sa.sa_sigaction = &on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old_segv);
+    sigaction(SIGBUS, &sa, &old_bus);
+  }
+  ~SignalScope() {
+    sigaction(SIGSEGV, &old_segv, nullptr);
+    sigaction(SIGBUS, &old_bus, nullptr);
+  }
+};
+
+cudaError_t finish(Fault f, const std::string& message, cudaError_t code) {
+  g_report.fault = f;
+  g_report.message = message;
+  g_last_error = code;
+  return code;
+}
+
+}  // namespace
+
+const char* fault_name(Fault f) {
+  switch (f) {
+    case Fault::kNone: return "no fault";
+    case Fault::kBadConfig: return "invalid launch configuration";
+    case Fault::kNestedLaunch: return "launch from inside a kernel";
+    case Fault::kDeadlock: return "deadlock";
+    case Fault::kBarrierDivergence: return "divergent __syncthreads";
+    case Fault::kWarpMismatch: return "warp collective mismatch";
+    case Fault::kBadMask: return "invalid warp mask";
+    case Fault::kLaneOutsideMask: return "shuffle reads a lane outside its mask";
+    case Fault::kBadWidth: return "invalid shuffle width";
+    case Fault::kSharedUnderrun: return "shared memory out of bounds";
+    case Fault::kException: return "exception in a kernel";
+  }
+  return "?";
+}
+
+const Report& last_report() { return g_report; }
+const Counters& last_counters() { return g_counters; }
+
+namespace detail {
+
+cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(void*),
+                     void* context, const LaunchSite& site) {
+  if (g_launch && g_launch_owner == std::this_thread::get_id()) {
+    record(*g_launch, Fault::kNestedLaunch,
+           who(*g_launch, g_launch->current) + " launched " + site.kernel);
+    throw Cancelled{};
+  }
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  g_counters = Counters{};
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  char bad[300] = "";
+  if (threads == 0 || threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64)
+    std::snprintf(bad, sizeof bad, "block (%u,%u,%u)", block.x, block.y, block.z);
+  else if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
+           grid.z > 65535)
+    std::snprintf(bad, sizeof bad, "grid (%u,%u,%u)", grid.x, grid.y, grid.z);
+  else if (dynamic_bytes > kMaxDynamicShared)
+    std::snprintf(bad, sizeof bad, "%zu bytes of dynamic shared memory", dynamic_bytes);
+  if (bad[0]) {
+    std::string m = std::string("dq-emu: ") + fault_name(Fault::kBadConfig) + ": kernel " +
+                    site.kernel + " launched at " + site.file + ":" + std::to_string(site.line) +
+                    " with " + bad;
+    std::fprintf(stderr, "%s\n", m.c_str());
+    return finish(Fault::kBadConfig, m, cudaErrorInvalidConfiguration);
+  }
+  Launch L;
+  L.grid = grid;
+  L.block = block;
+  L.dynamic_bytes = dynamic_bytes;
+  L.body = body;
+  L.context = context;
+  L.site = site;
+  L.n = static_cast<int>(threads);
+  L.threads.resize(L.n);
+  L.ring.resize(L.n);
+  L.warps.resize((L.n + 31) / 32);
+  for (int t = 0; t < L.n; ++t) {
+    L.threads[t].idx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+    L.warps[t / 32].exists |= 1u << (t % 32);
+  }
+  L.dynamic = g_shared.prepare(dynamic_bytes);
+  SignalScope signals;
+  g_launch = &L;
+  g_launch_owner = std::this_thread::get_id();
+  g_block_dim = block;
+  g_grid_dim = grid;
+  bool ok = true;
+  for (unsigned z = 0; z < grid.z && ok; ++z)
+    for (unsigned y = 0; y < grid.y && ok; ++y)
+      for (unsigned x = 0; x < grid.x && ok; ++x) {
+        g_block_idx = uint3{x, y, z};
+        ok = run_block(L);
+        ++L.counters.blocks;
+        L.counters.threads += L.n;
+      }
+  g_launch = nullptr;
+  L.current = -1;
+  g_counters = L.counters;
+  if (!ok) return finish(L.fault, L.message, cudaErrorLaunchFailure);
+  return finish(Fault::kNone, "", cudaSuccess);
+}
+
+void* dynamic_shared() { return g_launch ? g_launch->dynamic : nullptr; }
+
+void barrier(const std::source_location& loc) {
+  Launch& L = *g_launch;
+  ++L.counters.barriers;
+  if (L.arrived == 0) {
+    L.barrier_site = loc;
+    L.barrier_first = L.current;
+  } else if (!same_site(loc, L.barrier_site)) {
+    fail_in_fiber(Fault::kBarrierDivergence,
+                  who(L, L.current) + " reached __syncthreads() at " + where(loc) + " while " +
+                      who(L, L.barrier_first) + " waits at __syncthreads() at " +
+                      where(L.barrier_site));
+  }
+  if (++L.arrived == L.n) {  // the round is complete: release the others, continue at once
+    L.arrived = 0;
+    for (int t = 0; t < L.n; ++t)
+      if (L.threads[t].state == State::kBarrier) {
+        L.threads[t].state = State::kReady;
+        push_ready(L, t);
+      }
+    return;
+  }
+  Thread& me = L.threads[L.current];
+  me.state = State::kBarrier;
+  me.site = loc;
+  park();
+}
+
+uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
+                 const std::source_location& loc) {
+  Launch& L = *g_launch;
+  ++L.counters.collectives;
+  const int tid = L.current, lane = tid & 31;
+  Warp& w = L.warps[tid >> 5];
+  Thread& me = L.threads[tid];
+  me.op = op;
+  me.mask = mask;
+  me.param = param;
+  me.width = width;
+  me.value = value;
+  me.site = loc;
+  const unsigned bit = 1u << lane;
+  char hex[64];
+  if (!(mask & bit))
+    fail_in_fiber(Fault::kBadMask, who(L, tid) + " calls " + collective(me) +
+                                       " with a mask that leaves out its own lane");
+  if (mask & ~w.exists) {
+    std::snprintf(hex, sizeof hex, "0x%08x", w.exists);
+    fail_in_fiber(Fault::kBadMask, who(L, tid) + " calls " + collective(me) +
+                                       " naming lanes absent from the block (present: " + hex + ")");
+  }
+  if (op <= Op::kXor && (width < 1 || width > 32 || (width & (width - 1)) != 0))
+    fail_in_fiber(Fault::kBadWidth, who(L, tid) + " calls " + collective(me));
+  auto matches = [&](const Thread& o) {
+    return o.op == op && o.mask == mask && (op > Op::kXor || o.width == width) &&
+           same_site(o.site, loc);
+  };
+  if (w.claimed & bit) {  // a pending collective names this lane: it must be the same one
+    const Thread& o = L.threads[(tid & ~31) + w.owner[lane]];
+    if (!matches(o))
+      fail_in_fiber(Fault::kWarpMismatch, who(L, tid) + " calls " + collective(me) + " while lane " +
+                                              std::to_string(w.owner[lane]) + " waits in " +
+                                              collective(o));
+  } else if (w.claimed & mask) {  // a new collective overlapping a pending one
+    const int other = w.owner[__builtin_ctz(w.claimed & mask)];
+    fail_in_fiber(Fault::kWarpMismatch, who(L, tid) + " calls " + collective(me) + " while lane " +
+                                            std::to_string(other) + " waits in " +
+                                            collective(L.threads[(tid & ~31) + other]));
+  } else {
+    w.claimed |= mask;
+    for (unsigned m = mask; m; m &= m - 1) w.owner[__builtin_ctz(m)] = static_cast<uint8_t>(lane);
+  }
+  w.parked |= bit;
+  if ((w.parked & mask) != mask) {
+    me.state = State::kWarp;
+    park();
+    return me.result;
+  }
+  // Every lane of the mask is here: compute each lane's result by the PTX shfl/vote rules.
+  const int base = tid & ~31;
+  uint64_t ballot = 0;
+  if (op == Op::kBallot || op == Op::kAny || op == Op::kAll)
+    for (unsigned m = mask; m; m &= m - 1)
+      if (L.threads[base + __builtin_ctz(m)].value) ballot |= 1u << __builtin_ctz(m);
+  for (unsigned m = mask; m; m &= m - 1) {
+    const int l = __builtin_ctz(m);
+    Thread& t = L.threads[base + l];
+    switch (op) {
+      case Op::kBallot: t.result = ballot; break;
+      case Op::kAny: t.result = ballot != 0; break;
+      case Op::kAll: t.result = ballot == mask; break;
+      case Op::kSyncWarp: t.result = 0; break;
+      default: {
+        const int seg = (32 - t.width) & 31;               // c[12:8]: the segment's lane bits
+        const int min_lane = l & seg;
+        const int max_lane = min_lane | (op == Op::kUp ? 0 : (31 & ~seg));
+        const int b = t.param & 31;
+        int j = 0;
+        bool take = false;
+        if (op == Op::kUp) {
+          j = l - b;
+          take = j >= max_lane;
+        } else if (op == Op::kDown) {
+          j = l + b;
+          take = j <= max_lane;
+        } else if (op == Op::kXor) {
+          j = l ^ b;
+          take = j <= max_lane;
+        } else {
+          j = min_lane | (b & ~seg);
+          take = j <= max_lane;
+        }
+        if (!take) {
+          t.result = t.value;
+        } else if (!(mask & (1u << j))) {
+          std::snprintf(hex, sizeof hex, "%d", j);
+          fail_in_fiber(Fault::kLaneOutsideMask,
+                        who(L, base + l) + " in " + collective(t) + " reads lane " + hex +
+                            ", which is not in the mask");
+        } else {
+          t.result = L.threads[base + j].value;
+        }
+      }
+    }
+    if (l != lane) {
+      t.state = State::kReady;
+      push_ready(L, base + l);
+    }
+  }
+  w.parked &= ~mask;
+  w.claimed &= ~mask;
+  return me.result;
+}
+
+}  // namespace detail
+}  // namespace dq::emu
+
+// ---- the runtime subset ---------------------------------------------------------------------------
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = dq::emu::g_last_error;
+  dq::emu::g_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return dq::emu::g_last_error; }
+cudaError_t cudaDeviceSynchronize() { return cudaGetLastError(); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaGetLastError(); }
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (see dq::emu::last_report())";
+  }
+  return "unknown error";
+}

@@ -1,0 +1,294 @@
+// An emulation of CUDA's execution model on the CPU, so that kernel source written for nvcc runs
+// unchanged under g++ in CI (kernels/cuda/EMULATION.md). Kernel files never include this header
+// directly: they include kernels/cuda/cuda_compat.h, which picks the CUDA runtime under nvcc and
+// this header otherwise.
+//
+// Model: every CUDA thread is a fiber; the blocks of a grid run one after another on the calling
+// OS thread; a fiber gives up the CPU only at __syncthreads and at warp collectives, so plain
+// memory operations (atomics included) between two of those are never interleaved. Launches are
+// synchronous. What the scheduler checks (divergent barriers, deadlocks, warp masks) ends the
+// launch with cudaErrorLaunchFailure and a report (dq::emu::last_report()).
+#pragma once
+#if defined(__CUDACC__)
+#error "kernels/cuda/emu/emu.h is the host emulation; under nvcc include cuda_runtime.h"
+#endif
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <source_location>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ---- qualifiers --------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// Static shared memory: one static object per kernel, in a section the emulator fills with 0xFF
+// before every block. Only in non-template, non-inline kernels (EMULATION.md, rules).
+#define __shared__ static __attribute__((section("dq_emu_shared")))
+
+// ---- built-in types and variables ---------------------------------------------------------------
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1)
+      : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+
+namespace dq::emu::detail {
+// The running thread's coordinates, set by the scheduler before it resumes a fiber.
+inline uint3 g_thread_idx{0, 0, 0};
+inline uint3 g_block_idx{0, 0, 0};
+inline dim3 g_block_dim{1, 1, 1};
+inline dim3 g_grid_dim{1, 1, 1};
+}  // namespace dq::emu::detail
+
+inline const uint3& threadIdx = dq::emu::detail::g_thread_idx;
+inline const uint3& blockIdx = dq::emu::detail::g_block_idx;
+inline const dim3& blockDim = dq::emu::detail::g_block_dim;
+inline const dim3& gridDim = dq::emu::detail::g_grid_dim;
+constexpr int warpSize = 32;
+
+// ---- the runtime subset the kernels' launchers use ---------------------------------------------
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+const char* cudaGetErrorString(cudaError_t error);
+
+namespace dq::emu {
+
+// What ended a launch early.
+enum class Fault : uint8_t {
+  kNone = 0,
+  kBadConfig,          // grid / block / shared-memory size CUDA would refuse
+  kNestedLaunch,       // a launch from inside an emulated kernel
+  kDeadlock,           // nothing runnable while threads remain (a barrier or collective never met)
+  kBarrierDivergence,  // threads of one barrier round at different __syncthreads call sites
+  kWarpMismatch,       // lanes of one mask at different intrinsics, masks, widths or call sites
+  kBadMask,            // the calling lane is not in its mask, or the mask names absent lanes
+  kLaneOutsideMask,    // a shuffle reads a lane outside the mask
+  kBadWidth,           // shuffle width not a power of two in 1..32
+  kSharedUnderrun,     // bytes before the dynamic shared buffer were written
+  kException,          // a C++ exception left the kernel
+};
+const char* fault_name(Fault f);
+
+struct Report {
+  Fault fault = Fault::kNone;
+  std::string message;  // empty when the launch succeeded
+};
+// The report of the latest launch on this process (kept until the next launch).
+const Report& last_report();
+
+// Counters of the latest launch: barrier arrivals (thread-barriers), warp-collective arrivals,
+// threads run, blocks run.
+struct Counters {
+  uint64_t barriers = 0, collectives = 0, threads = 0, blocks = 0;
+};
+const Counters& last_counters();
+
+// Bytes of each fiber's stack (a kernel's locals live there); one guard page below it.
+inline constexpr size_t kFiberStackBytes = 64 * 1024;
+
+namespace detail {
+
+enum class Op : uint8_t { kIdx, kUp, kDown, kXor, kBallot, kAny, kAll, kSyncWarp };
+
+struct LaunchSite {
+  const char* kernel;
+  const char* file;
+  int line;
+};
+
+cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*body)(void*),
+                     void* context, const LaunchSite& site);
+void barrier(const std::source_location& loc);
+uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
+                 const std::source_location& loc);
+void* dynamic_shared();
+
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffle of a type over 8 bytes");
+  uint64_t u = 0;
+  std::memcpy(&u, &v, sizeof(T));
+  return u;
+}
+template <class T>
+T from_bits(uint64_t u) {
+  T v;
+  std::memcpy(&v, &u, sizeof(T));
+  return v;
+}
+
+template <class... P, class... A>
+cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                   cudaStream_t, const LaunchSite& site, A&&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "DQ_LAUNCH: wrong number of kernel arguments");
+  // Arguments are converted to the parameter types once; every thread gets its own copy.
+  using Params = std::tuple<std::decay_t<P>...>;
+  struct Context {
+    void (*kernel)(P...);
+    Params params;
+  };
+  Context context{kernel, Params(static_cast<std::decay_t<P>>(std::forward<A>(args))...)};
+  auto body = [](void* c) {
+    auto* ctx = static_cast<Context*>(c);
+    Params mine = ctx->params;
+    std::apply(ctx->kernel, mine);
+  };
+  return run_grid(grid, block, dynamic_shared_bytes, body, &context, site);
+}
+
+}  // namespace detail
+}  // namespace dq::emu
+
+// ---- launch and dynamic shared memory -----------------------------------------------------------
+// The emulated launch runs the whole grid before it returns and evaluates to a cudaError_t (also
+// left for cudaGetLastError()).
+#define DQ_LAUNCH(kernel, grid, block, shmem, stream, ...)                                      \
+  ::dq::emu::detail::launch(kernel, grid, block, shmem, stream,                                \
+                            ::dq::emu::detail::LaunchSite{#kernel, __FILE__, __LINE__}, \
+                            ##__VA_ARGS__)
+// The launch's dynamic shared memory (0xFF before every block; a guard page right after it).
+#define DQ_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::dq::emu::detail::dynamic_shared())
+
+// ---- synchronisation and warp collectives -------------------------------------------------------
+inline void __syncthreads(std::source_location loc = std::source_location::current()) {
+  dq::emu::detail::barrier(loc);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu,
+                       std::source_location loc = std::source_location::current()) {
+  dq::emu::detail::warp_op(dq::emu::detail::Op::kSyncWarp, mask, 0, 0, 32, loc);
+}
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32,
+              std::source_location loc = std::source_location::current()) {
+  using namespace dq::emu::detail;
+  return from_bits<T>(warp_op(Op::kIdx, mask, to_bits(var), src_lane, width, loc));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned int delta, int width = 32,
+                 std::source_location loc = std::source_location::current()) {
+  using namespace dq::emu::detail;
+  return from_bits<T>(warp_op(Op::kUp, mask, to_bits(var), static_cast<int>(delta), width, loc));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned int delta, int width = 32,
+                   std::source_location loc = std::source_location::current()) {
+  using namespace dq::emu::detail;
+  return from_bits<T>(warp_op(Op::kDown, mask, to_bits(var), static_cast<int>(delta), width, loc));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32,
+                  std::source_location loc = std::source_location::current()) {
+  using namespace dq::emu::detail;
+  return from_bits<T>(warp_op(Op::kXor, mask, to_bits(var), lane_mask, width, loc));
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate,
+                              std::source_location loc = std::source_location::current()) {
+  using namespace dq::emu::detail;
+  return static_cast<unsigned>(warp_op(Op::kBallot, mask, predicate != 0, 0, 32, loc));
+}
+inline int __any_sync(unsigned mask, int predicate,
+                      std::source_location loc = std::source_location::current()) {
+  using namespace dq::emu::detail;
+  return static_cast<int>(warp_op(Op::kAny, mask, predicate != 0, 0, 32, loc));
+}
+inline int __all_sync(unsigned mask, int predicate,
+                      std::source_location loc = std::source_location::current()) {
+  using namespace dq::emu::detail;
+  return static_cast<int>(warp_op(Op::kAll, mask, predicate != 0, 0, 32, loc));
+}
+
+// ---- integer and bit intrinsics -----------------------------------------------------------------
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __clzll(long long x) {
+  return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x));
+}
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned int __brev(unsigned int x) {
+  unsigned int r = 0;
+  for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
+  return r;
+}
+inline unsigned int __float_as_uint(float f) { return dq::emu::detail::from_bits<unsigned>(dq::emu::detail::to_bits(f)); }
+inline float __uint_as_float(unsigned int u) { return dq::emu::detail::from_bits<float>(u); }
+inline int __float_as_int(float f) { return dq::emu::detail::from_bits<int>(dq::emu::detail::to_bits(f)); }
+inline float __int_as_float(int i) { return dq::emu::detail::from_bits<float>(static_cast<uint32_t>(i)); }
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+
+// ---- atomics: the overloads CUDA has, as plain read-modify-write (no fiber switch inside) ------
+#define DQ_EMU_ATOMIC(name, type, expr)      \
+  inline type name(type* address, type val) { \
+    type old = *address;                      \
+    *address = (expr);                        \
+    return old;                               \
+  }
+DQ_EMU_ATOMIC(atomicAdd, int, old + val)
+DQ_EMU_ATOMIC(atomicAdd, unsigned int, old + val)
+DQ_EMU_ATOMIC(atomicAdd, unsigned long long, old + val)
+DQ_EMU_ATOMIC(atomicAdd, float, old + val)
+DQ_EMU_ATOMIC(atomicAdd, double, old + val)
+DQ_EMU_ATOMIC(atomicSub, int, old - val)
+DQ_EMU_ATOMIC(atomicSub, unsigned int, old - val)
+DQ_EMU_ATOMIC(atomicExch, int, val)
+DQ_EMU_ATOMIC(atomicExch, unsigned int, val)
+DQ_EMU_ATOMIC(atomicExch, unsigned long long, val)
+DQ_EMU_ATOMIC(atomicExch, float, val)
+DQ_EMU_ATOMIC(atomicMax, int, old > val ? old : val)
+DQ_EMU_ATOMIC(atomicMax, unsigned int, old > val ? old : val)
+DQ_EMU_ATOMIC(atomicMax, long long, old > val ? old : val)
+DQ_EMU_ATOMIC(atomicMax, unsigned long long, old > val ? old : val)
+DQ_EMU_ATOMIC(atomicMin, int, old < val ? old : val)
+DQ_EMU_ATOMIC(atomicMin, unsigned int, old < val ? old : val)
+DQ_EMU_ATOMIC(atomicMin, long long, old < val ? old : val)
+DQ_EMU_ATOMIC(atomicMin, unsigned long long, old < val ? old : val)
+DQ_EMU_ATOMIC(atomicOr, int, old | val)
+DQ_EMU_ATOMIC(atomicOr, unsigned int, old | val)
+DQ_EMU_ATOMIC(atomicOr, unsigned long long, old | val)
+DQ_EMU_ATOMIC(atomicAnd, int, old & val)
+DQ_EMU_ATOMIC(atomicAnd, unsigned int, old & val)
+DQ_EMU_ATOMIC(atomicAnd, unsigned long long, old & val)
+DQ_EMU_ATOMIC(atomicXor, int, old ^ val)
+DQ_EMU_ATOMIC(atomicXor, unsigned int, old ^ val)
+DQ_EMU_ATOMIC(atomicXor, unsigned long long, old ^ val)
+#undef DQ_EMU_ATOMIC
+#define DQ_EMU_ATOMIC_CAS(type)                                       \
+  inline type atomicCAS(type* address, type compare, type val) {      \
+    type old = *address;                                              \
+    if (old == compare) *address = val;                               \
+    return old;                                                       \
+  }
+DQ_EMU_ATOMIC_CAS(int)
+DQ_EMU_ATOMIC_CAS(unsigned int)
+DQ_EMU_ATOMIC_CAS(unsigned long long)
+DQ_EMU_ATOMIC_CAS(unsigned short)
+#undef DQ_EMU_ATOMIC_CAS
