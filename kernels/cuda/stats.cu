@@ -1,0 +1,87 @@
+// Per-super-group statistics for DynamiQ's statistics all-reduce: the mean and the sum of squares
+// of every 256 values, as BF16 words, with the bits of the host's DynamiqCodec::local_stats
+// (kernels/dynamiq_codec.cc). The host's order is kept exactly: within each group of 16 values a
+// sequential sum from +0, then a sequential sum of the 16 group sums from +0; the mean divides by
+// the super-group's count of valid values (the last super-group may be partial); both words go
+// through f32_to_bf16_sat. With --fmad=false, IEEE division and no flush-to-zero on the device
+// (and -ffp-contract=off under the emulator) every operation is the host's.
+//
+// Work split: a block of 256 threads takes a tile of 16 super-groups (4096 values): it loads the
+// tile coalesced into shared memory, then thread t sums group t % 16 of super-group t / 16 and a
+// half-warp shuffle sums the 16 group sums in group order. Blocks stride over the tiles.
+#include "kernels/cuda/stats.h"
+
+#include "kernels/bf16.h"
+#include "kernels/cuda/block.cuh"
+#include "kernels/dynamiq_math.h"
+
+namespace dq::cuda {
+namespace {
+
+constexpr int kTileSuperGroups = kStatsThreads / kGroupsPerSuperGroup;  // 16
+constexpr int kTileValues = kTileSuperGroups * kSuperGroup;              // 4096
+constexpr int kRowPitch = kGroup + 1;  // one group per row, padded: no bank conflicts
+constexpr int kTileRows = kTileValues / kGroup;
+static_assert(kStatsThreads == kTileRows, "one thread per group of the tile");
+
+}  // namespace
+
+__global__ void __launch_bounds__(kStatsThreads)
+    supergroup_stats_kernel(const void* x, int bf16, unsigned long long count, uint16_t* stats) {
+  __shared__ float tile[kTileRows * kRowPitch];
+  const int t = static_cast<int>(threadIdx.x);
+  const unsigned long long n_sg = (count + kSuperGroup - 1) / kSuperGroup;
+  const unsigned long long n_tiles = (n_sg + kTileSuperGroups - 1) / kTileSuperGroups;
+  const float* x32 = static_cast<const float*>(x);
+  const uint16_t* x16 = static_cast<const uint16_t*>(x);
+  for (unsigned long long tile_index = blockIdx.x; tile_index < n_tiles; tile_index += gridDim.x) {
+    const unsigned long long first = tile_index * kTileValues;
+    DQ_UNROLL
+    for (int k = 0; k < kTileValues / kStatsThreads; ++k) {
+      const int i = k * kStatsThreads + t;
+      const unsigned long long e = first + static_cast<unsigned long long>(i);
+      float v = 0.0f;
+      if (e < count) v = bf16 ? bf16_to_f32(x16[e]) : x32[e];
+      tile[(i / kGroup) * kRowPitch + (i % kGroup)] = v;
+    }
+    __syncthreads();
+    const int g = t % kGroupsPerSuperGroup;
+    const unsigned long long sg = tile_index * kTileSuperGroups + static_cast<unsigned>(t / kGroupsPerSuperGroup);
+    int valid = 0;
+    if (sg < n_sg) {
+      const unsigned long long left = count - sg * kSuperGroup;
+      valid = left < kSuperGroup ? static_cast<int>(left) : kSuperGroup;
+    }
+    int in_group = valid - g * kGroup;
+    in_group = in_group < 0 ? 0 : in_group > kGroup ? kGroup : in_group;
+    const float* row = &tile[t * kRowPitch];  // group g of super-group t / 16 is row t
+    float group_sum = 0.0f, group_sq = 0.0f;
+    for (int k = 0; k < in_group; ++k) {
+      const float v = row[k];
+      group_sum += v;
+      group_sq += v * v;
+    }
+    const float sum = segment_ordered_sum<kGroupsPerSuperGroup>(group_sum);
+    const float sum_sq = segment_ordered_sum<kGroupsPerSuperGroup>(group_sq);
+    if (g == 0 && sg < n_sg) {
+      stats[2 * sg] = f32_to_bf16_sat(sum / static_cast<float>(valid));
+      stats[2 * sg + 1] = f32_to_bf16_sat(sum_sq);
+    }
+    __syncthreads();  // the tile is overwritten next
+  }
+}
+
+cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint16_t* stats,
+                                    cudaStream_t stream, int max_blocks) {
+  if (count == 0) return cudaSuccess;
+  if (x == nullptr || stats == nullptr) return cudaErrorInvalidValue;
+  const size_t n_sg = (count + kSuperGroup - 1) / kSuperGroup;
+  const size_t n_tiles = (n_sg + kTileSuperGroups - 1) / kTileSuperGroups;
+  const size_t cap = max_blocks > 0 ? static_cast<size_t>(max_blocks) : 1024;
+  const unsigned blocks = static_cast<unsigned>(n_tiles < cap ? n_tiles : cap);
+  DQ_LAUNCH(supergroup_stats_kernel, dim3(blocks), dim3(kStatsThreads), 0, stream, x, bf16 ? 1 : 0,
+            static_cast<unsigned long long>(count), stats);
+  return cudaGetLastError();
+}
+
+}  // namespace dq::cuda

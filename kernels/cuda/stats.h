@@ -1,0 +1,22 @@
+// The per-super-group statistics kernel (kernels/cuda/stats.cu): what DynamiQ's
+// Codec::local_stats computes on the host, byte for byte, on device buffers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_compat.h"
+
+namespace dq::cuda {
+
+// Threads per block of the statistics kernel; each block handles 16 super-groups at a time.
+constexpr int kStatsThreads = 256;
+
+// Enqueues the statistics of `count` values at `x` (FP32, or BF16 when `bf16`) on `stream`:
+// stats[2j] = BF16(mean of super-group j), stats[2j+1] = BF16(its sum of squares), for the
+// ceil(count / 256) super-groups, the last one possibly partial. `max_blocks` caps the grid
+// (0: as many blocks as needed, up to 1024). Returns the launch's error (cudaSuccess when
+// count == 0: nothing to do).
+cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint16_t* stats,
+                                    cudaStream_t stream, int max_blocks = 0);
+
+}  // namespace dq::cuda

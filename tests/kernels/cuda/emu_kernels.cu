@@ -1,0 +1,225 @@
+// Self-test kernels of the CUDA emulation: each exercises one part of the execution model, or
+// breaks one rule on purpose. The same file compiles with nvcc (the nvcc leg of the tests).
+#include "tests/kernels/cuda/emu_kernels.h"
+
+#include "kernels/cuda/block.cuh"
+
+namespace dq::cuda::selftest {
+
+__global__ void reduce_scan_kernel(const int* in, int* reduced, int* scanned, int* totals) {
+  __shared__ int scratch[kWarp + 1];
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int v = in[i];
+  const int sum = block_reduce(v, SumOp{}, scratch);
+  const int max = block_reduce(v, MaxOp{}, scratch);
+  const int min = block_reduce(v, MinOp{}, scratch);
+  int total = 0;
+  scanned[i] = block_exclusive_scan(v, scratch, &total);
+  if (threadIdx.x == 0) {
+    reduced[3 * blockIdx.x] = sum;
+    reduced[3 * blockIdx.x + 1] = max;
+    reduced[3 * blockIdx.x + 2] = min;
+    totals[blockIdx.x] = total;
+  }
+}
+
+cudaError_t reduce_and_scan(const int* in, int blocks, int threads, int* reduced, int* scanned,
+                            int* totals) {
+  DQ_LAUNCH(reduce_scan_kernel, dim3(blocks), dim3(threads), 0, nullptr, in, reduced, scanned, totals);
+  return cudaGetLastError();
+}
+
+__global__ void early_return_kernel(int arrive) {
+  if (static_cast<int>(threadIdx.x) >= arrive) return;
+  __syncthreads();
+}
+
+cudaError_t early_return(int threads, int arrive) {
+  DQ_LAUNCH(early_return_kernel, dim3(1), dim3(threads), 0, nullptr, arrive);
+  return cudaGetLastError();
+}
+
+__global__ void divergent_barrier_kernel(int* sink) {
+  if (threadIdx.x % 2 == 0) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  if (sink) sink[threadIdx.x] = 1;
+}
+
+cudaError_t divergent_barrier(int threads) {
+  DQ_LAUNCH(divergent_barrier_kernel, dim3(1), dim3(threads), 0, nullptr, nullptr);
+  return cudaGetLastError();
+}
+
+__global__ void partial_warp_shuffle_kernel(int lanes, int* out) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  if (lane >= lanes) return;
+  out[threadIdx.x] = __shfl_sync(kFullMask, static_cast<int>(threadIdx.x), 0);
+}
+
+cudaError_t partial_warp_shuffle(int threads, int lanes, int* out) {
+  DQ_LAUNCH(partial_warp_shuffle_kernel, dim3(1), dim3(threads), 0, nullptr, lanes, out);
+  return cudaGetLastError();
+}
+
+__global__ void read_unwritten_kernel(uint32_t* out_static, uint32_t* out_dynamic) {
+  __shared__ uint32_t never_written[1024];
+  DQ_DYNAMIC_SHARED(uint32_t, dynamic_words);
+  out_static[threadIdx.x] = never_written[threadIdx.x];
+  out_dynamic[threadIdx.x] = dynamic_words[threadIdx.x];
+}
+
+cudaError_t read_unwritten_shared(int threads, uint32_t* out_static, uint32_t* out_dynamic) {
+  DQ_LAUNCH(read_unwritten_kernel, dim3(2), dim3(threads), threads * sizeof(uint32_t), nullptr,
+            out_static, out_dynamic);
+  return cudaGetLastError();
+}
+
+__global__ void static_index_kernel(int index, int* out) {
+  __shared__ int words[32];
+  words[threadIdx.x] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  if (threadIdx.x == 0) *out = words[index];
+}
+
+cudaError_t static_shared_index(int index, int* out) {
+  DQ_LAUNCH(static_index_kernel, dim3(1), dim3(32), 0, nullptr, index, out);
+  return cudaGetLastError();
+}
+
+__global__ void dynamic_index_kernel(int index, float* out) {
+  DQ_DYNAMIC_SHARED(float, values);
+  values[threadIdx.x] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  if (threadIdx.x == 0) *out = values[index];
+}
+
+cudaError_t dynamic_shared_index(int index, float* out) {
+  DQ_LAUNCH(dynamic_index_kernel, dim3(1), dim3(32), 32 * sizeof(float), nullptr, index, out);
+  return cudaGetLastError();
+}
+
+__global__ void shuffles_kernel(int width, int src, int delta, int lane_mask, int* out) {
+  const int t = static_cast<int>(threadIdx.x);
+  const int v = 100 + t;
+  out[4 * t] = __shfl_sync(kFullMask, v, src, width);
+  out[4 * t + 1] = __shfl_up_sync(kFullMask, v, static_cast<unsigned>(delta), width);
+  out[4 * t + 2] = __shfl_down_sync(kFullMask, v, static_cast<unsigned>(delta), width);
+  out[4 * t + 3] = __shfl_xor_sync(kFullMask, v, lane_mask, width);
+}
+
+cudaError_t shuffles(int threads, int width, int src, int delta, int lane_mask, int* out) {
+  DQ_LAUNCH(shuffles_kernel, dim3(1), dim3(threads), 0, nullptr, width, src, delta, lane_mask, out);
+  return cudaGetLastError();
+}
+
+__global__ void votes_kernel(unsigned bits, unsigned mask, unsigned* out) {
+  const unsigned lane = threadIdx.x % kWarp;
+  if (!((mask >> lane) & 1u)) return;
+  const int pred = static_cast<int>((bits >> lane) & 1u);
+  out[3 * threadIdx.x] = __ballot_sync(mask, pred);
+  out[3 * threadIdx.x + 1] = static_cast<unsigned>(__any_sync(mask, pred));
+  out[3 * threadIdx.x + 2] = static_cast<unsigned>(__all_sync(mask, pred));
+}
+
+cudaError_t votes(unsigned bits, unsigned mask, unsigned* out) {
+  DQ_LAUNCH(votes_kernel, dim3(1), dim3(kWarp), 0, nullptr, bits, mask, out);
+  return cudaGetLastError();
+}
+
+__global__ void shuffle_lane_kernel(unsigned mask, int src, int* out) {
+  const unsigned lane = threadIdx.x % kWarp;
+  if (!((mask >> lane) & 1u)) return;
+  out[threadIdx.x] = __shfl_sync(mask, static_cast<int>(lane) * 10, src);
+}
+
+cudaError_t shuffle_lane(unsigned mask, int src, int* out) {
+  DQ_LAUNCH(shuffle_lane_kernel, dim3(1), dim3(kWarp), 0, nullptr, mask, src, out);
+  return cudaGetLastError();
+}
+
+__global__ void mismatched_kernel(int* out) {
+  if (threadIdx.x % 2 == 0)
+    out[threadIdx.x] = __shfl_sync(kFullMask, 1, 0);
+  else
+    out[threadIdx.x] = static_cast<int>(__ballot_sync(kFullMask, 1));
+}
+
+cudaError_t mismatched_collectives(int* out) {
+  DQ_LAUNCH(mismatched_kernel, dim3(1), dim3(kWarp), 0, nullptr, out);
+  return cudaGetLastError();
+}
+
+__global__ void atomics_kernel(int* counter, float* fsum, int* max, unsigned* cas_counter) {
+  const int id = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  atomicAdd(counter, 1);
+  atomicAdd(fsum, 0.5f);
+  atomicMax(max, id);
+  unsigned seen = *cas_counter;
+  for (;;) {
+    const unsigned before = atomicCAS(cas_counter, seen, seen + 1u);
+    if (before == seen) break;
+    seen = before;
+  }
+}
+
+cudaError_t atomics(int blocks, int threads, int* counter, float* fsum, int* max, unsigned* cas_counter) {
+  DQ_LAUNCH(atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, counter, fsum, max, cas_counter);
+  return cudaGetLastError();
+}
+
+__global__ void indices_kernel(unsigned* out, unsigned* dims) {
+  const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
+  const unsigned thread = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+  unsigned* o = out + 6 * (block * blockDim.x * blockDim.y * blockDim.z + thread);
+  o[0] = threadIdx.x;
+  o[1] = threadIdx.y;
+  o[2] = threadIdx.z;
+  o[3] = blockIdx.x;
+  o[4] = blockIdx.y;
+  o[5] = blockIdx.z;
+  if (block == 0 && thread == 0) {
+    dims[0] = blockDim.x;
+    dims[1] = blockDim.y;
+    dims[2] = blockDim.z;
+    dims[3] = gridDim.x;
+    dims[4] = gridDim.y;
+    dims[5] = gridDim.z;
+  }
+}
+
+cudaError_t indices(dim3 grid, dim3 block, unsigned* out, unsigned* dims) {
+  DQ_LAUNCH(indices_kernel, grid, block, 0, nullptr, out, dims);
+  return cudaGetLastError();
+}
+
+__global__ void barrier_loop_kernel(int iterations) {
+  for (int i = 0; i < iterations; ++i) __syncthreads();
+}
+
+cudaError_t barrier_loop(int blocks, int threads, int iterations) {
+  DQ_LAUNCH(barrier_loop_kernel, dim3(blocks), dim3(threads), 0, nullptr, iterations);
+  return cudaGetLastError();
+}
+
+__global__ void shuffle_loop_kernel(int iterations, int* out) {
+  int v = static_cast<int>(threadIdx.x);
+  for (int i = 0; i < iterations; ++i) v += __shfl_xor_sync(kFullMask, v, 1 + i % 31);
+  out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
+cudaError_t shuffle_loop(int blocks, int threads, int iterations, int* out) {
+  DQ_LAUNCH(shuffle_loop_kernel, dim3(blocks), dim3(threads), 0, nullptr, iterations, out);
+  return cudaGetLastError();
+}
+
+__global__ void configured_kernel() {}
+
+cudaError_t configured(int threads, size_t shared) {
+  DQ_LAUNCH(configured_kernel, dim3(1), dim3(threads), shared, nullptr);
+  return cudaGetLastError();
+}
+
+}  // namespace dq::cuda::selftest

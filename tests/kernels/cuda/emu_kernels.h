@@ -1,0 +1,49 @@
+// Self-test kernels of the CUDA emulation (emu_kernels.cu): host launchers, each returning the
+// launch's error. Under the emulator the pointers are host memory.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cuda/cuda_compat.h"
+
+namespace dq::cuda::selftest {
+
+// Per block of `threads`: reduced[3b] = sum, [3b+1] = max, [3b+2] = min of in[b*threads ..];
+// scanned = exclusive prefix sums within each block; totals[b] = block sum from the scan.
+cudaError_t reduce_and_scan(const int* in, int blocks, int threads, int* reduced, int* scanned,
+                            int* totals);
+// Threads >= `arrive` return before a __syncthreads the others wait at.
+cudaError_t early_return(int threads, int arrive);
+// Odd and even threads wait at two different __syncthreads (an if/else).
+cudaError_t divergent_barrier(int threads);
+// Lanes < `lanes` of every warp call a full-mask __shfl_sync; the others exit.
+cudaError_t partial_warp_shuffle(int threads, int lanes, int* out);
+// out_static[t] / out_dynamic[t]: bits of static / dynamic shared memory never written.
+cudaError_t read_unwritten_shared(int threads, uint32_t* out_static, uint32_t* out_dynamic);
+// Reads static shared int[32] at `index` (a bounds error when index >= 32).
+cudaError_t static_shared_index(int index, int* out);
+// Reads a dynamic shared float[32] (128 bytes) at `index`.
+cudaError_t dynamic_shared_index(int index, float* out);
+// Per thread of one block: out[4t..4t+3] = __shfl_sync(v, src), __shfl_up_sync(v, delta),
+// __shfl_down_sync(v, delta), __shfl_xor_sync(v, lane_mask), all with `width`; v = 100 + t.
+cudaError_t shuffles(int threads, int width, int src, int delta, int lane_mask, int* out);
+// Per thread: out[3t..3t+2] = ballot, any, all of pred = (bits >> lane) & 1 over `mask` (only
+// the lanes in `mask` call; the others skip).
+cudaError_t votes(unsigned bits, unsigned mask, unsigned* out);
+// Lanes of `mask` read lane `src` with __shfl_sync (an error when src is outside the mask).
+cudaError_t shuffle_lane(unsigned mask, int src, int* out);
+// Even lanes call __shfl_sync, odd lanes __ballot_sync.
+cudaError_t mismatched_collectives(int* out);
+// Every thread of `blocks` x `threads`: atomicAdd(counter, 1), atomicAdd(fsum, 0.5f),
+// atomicMax(max, global id), and increments cas_counter through an atomicCAS loop.
+cudaError_t atomics(int blocks, int threads, int* counter, float* fsum, int* max, unsigned* cas_counter);
+// out[6 * linear id ...]: threadIdx.xyz, blockIdx.xyz for a 3-D block in a 2-D grid; dims[0..5]:
+// blockDim.xyz, gridDim.xyz (written by thread 0 of block 0).
+cudaError_t indices(dim3 grid, dim3 block, unsigned* out, unsigned* dims);
+// `iterations` __syncthreads in a loop, `blocks` x `threads`.
+cudaError_t barrier_loop(int blocks, int threads, int iterations);
+// `iterations` full-warp __shfl_xor_sync in a loop; out[t] = the final value.
+cudaError_t shuffle_loop(int blocks, int threads, int iterations, int* out);
+// A launch with `threads` threads and `shared` bytes of dynamic shared memory.
+cudaError_t configured(int threads, size_t shared);
+
+}  // namespace dq::cuda::selftest

@@ -1,0 +1,258 @@
+// Self-tests of the CUDA emulation (kernels/cuda/EMULATION.md): block reductions and scans
+// against sequential results, the warp intrinsics against the PTX rules, and every rule break the
+// emulator must report: a barrier not every thread reaches, divergent barriers, a partial warp in
+// a full-mask shuffle, lanes outside a mask, mismatched collectives, unwritten shared memory, and
+// out-of-bounds shared-memory indices.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tests/kernels/cuda/emu_kernels.h"
+
+namespace dq::cuda::selftest {
+namespace {
+
+using dq::emu::Fault;
+using dq::emu::last_report;
+
+TEST(CudaEmu, BlockReduceAndScanMatchSequential) {
+  std::mt19937 rng(7);
+  for (int threads : {32, 64, 96, 256, 1024}) {
+    const int blocks = 3;
+    std::vector<int> in(blocks * threads);
+    for (int& v : in) v = static_cast<int>(rng() % 2001) - 1000;
+    std::vector<int> reduced(3 * blocks), scanned(in.size()), totals(blocks);
+    ASSERT_EQ(reduce_and_scan(in.data(), blocks, threads, reduced.data(), scanned.data(), totals.data()),
+              cudaSuccess)
+        << last_report().message;
+    for (int b = 0; b < blocks; ++b) {
+      const int* x = &in[b * threads];
+      int sum = 0, max = x[0], min = x[0];
+      for (int t = 0; t < threads; ++t) {
+        EXPECT_EQ(scanned[b * threads + t], sum) << "block " << b << " thread " << t;
+        sum += x[t];
+        max = std::max(max, x[t]);
+        min = std::min(min, x[t]);
+      }
+      EXPECT_EQ(reduced[3 * b], sum);
+      EXPECT_EQ(reduced[3 * b + 1], max);
+      EXPECT_EQ(reduced[3 * b + 2], min);
+      EXPECT_EQ(totals[b], sum);
+    }
+  }
+}
+
+TEST(CudaEmu, EarlyReturnBeforeBarrierIsADeadlock) {
+  EXPECT_EQ(early_return(256, 200), cudaErrorLaunchFailure);
+  EXPECT_EQ(last_report().fault, Fault::kDeadlock);
+  const std::string& m = last_report().message;
+  EXPECT_NE(m.find("200 wait at __syncthreads() at"), std::string::npos) << m;
+  EXPECT_NE(m.find("emu_kernels.cu:"), std::string::npos) << m;
+  EXPECT_NE(m.find("[threads 0-199]"), std::string::npos) << m;
+  EXPECT_NE(m.find("56 exited [threads 200-255]"), std::string::npos) << m;
+  EXPECT_NE(m.find("early_return_kernel"), std::string::npos) << m;
+  // The failed launch is over: the next one runs normally.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(early_return(256, 256), cudaSuccess) << last_report().message;
+}
+
+TEST(CudaEmu, BarriersInBothBranchesAreDivergence) {
+  EXPECT_EQ(divergent_barrier(64), cudaErrorLaunchFailure);
+  EXPECT_EQ(last_report().fault, Fault::kBarrierDivergence);
+  const std::string& m = last_report().message;
+  // Both call sites are named: thread 0 waits at the first, thread 1 arrives at the second.
+  const size_t first = m.find("emu_kernels.cu:");
+  ASSERT_NE(first, std::string::npos) << m;
+  const size_t second = m.find("emu_kernels.cu:", first + 1);
+  ASSERT_NE(second, std::string::npos) << m;
+  EXPECT_NE(m.substr(first, 20), m.substr(second, 20)) << m;
+  EXPECT_NE(m.find("thread 1 "), std::string::npos) << m;
+  EXPECT_NE(m.find("thread 0 "), std::string::npos) << m;
+}
+
+TEST(CudaEmu, HalfAWarpInAFullMaskShuffleIsReported) {
+  std::vector<int> out(64, -1);
+  EXPECT_EQ(partial_warp_shuffle(64, 16, out.data()), cudaErrorLaunchFailure);
+  EXPECT_EQ(last_report().fault, Fault::kDeadlock);
+  const std::string& m = last_report().message;
+  EXPECT_NE(m.find("32 wait at __shfl_sync(mask 0xffffffff, width 32)"), std::string::npos) << m;
+  EXPECT_NE(m.find("[threads 0-15, 32-47]"), std::string::npos) << m;
+  EXPECT_NE(m.find("32 exited [threads 16-31, 48-63]"), std::string::npos) << m;
+  // All 32 lanes: no fault, every lane reads lane 0 of its warp.
+  EXPECT_EQ(partial_warp_shuffle(64, 32, out.data()), cudaSuccess) << last_report().message;
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(out[t], t / 32 * 32);
+}
+
+TEST(CudaEmu, UnwrittenSharedMemoryShowsThePoison) {
+  std::vector<uint32_t> st(128, 0), dy(128, 0);
+  ASSERT_EQ(read_unwritten_shared(128, st.data(), dy.data()), cudaSuccess) << last_report().message;
+  for (int t = 0; t < 128; ++t) {
+    EXPECT_EQ(st[t], 0xffffffffu) << t;
+    EXPECT_EQ(dy[t], 0xffffffffu) << t;
+  }
+  float as_float;
+  std::memcpy(&as_float, &st[0], 4);
+  EXPECT_TRUE(std::isnan(as_float));
+}
+
+TEST(CudaEmu, SharedIndicesInBoundsWork) {
+  int out = -1;
+  ASSERT_EQ(static_shared_index(31, &out), cudaSuccess);
+  EXPECT_EQ(out, 31);
+  float f = -1;
+  ASSERT_EQ(dynamic_shared_index(31, &f), cudaSuccess);
+  EXPECT_EQ(f, 31.0f);
+}
+
+TEST(CudaEmuDeathTest, StaticSharedIndexOutOfBoundsIsDetected) {
+#if !defined(DQ_EMU_BOUNDS_CHECKED)
+  GTEST_SKIP() << "this build has no -fsanitize=bounds-strict for the emulated tests";
+#else
+  int out = 0;
+  EXPECT_DEATH(static_shared_index(32, &out),
+               "index 32 out of bounds for type 'int \\[32\\]'(.|\n)*dq-emu: sanitizer error in kernel "
+               "static_index_kernel.*thread 0 ");
+#endif
+}
+
+TEST(CudaEmuDeathTest, DynamicSharedIndexOutOfBoundsIsDetected) {
+  float out = 0;
+  EXPECT_DEATH(dynamic_shared_index(32, &out),
+               "dq-emu: shared memory out of bounds: dynamic shared memory of 128 bytes accessed at "
+               "offset 128 in kernel dynamic_index_kernel.*thread 0 ");
+}
+
+// The PTX shfl.sync rules, written out per mode for the expected values.
+int expect_shuffle(int mode, int t, int width, int b) {
+  const int lane = t % 32, warp_base = t - lane;
+  const int seg_base = lane / width * width;
+  int j = lane;
+  switch (mode) {
+    case 0: j = seg_base + (b % width); break;
+    case 1: j = lane - b >= seg_base ? lane - b : lane; break;
+    case 2: j = lane + b < seg_base + width ? lane + b : lane; break;
+    case 3: j = (lane ^ b) < seg_base + width ? (lane ^ b) : lane; break;
+  }
+  return 100 + warp_base + j;
+}
+
+TEST(CudaEmu, ShufflesFollowThePtxRules) {
+  const int threads = 64;
+  std::vector<int> out(4 * threads);
+  for (int width : {32, 16, 8, 4, 2, 1})
+    for (int src : {0, 3, 17, 31, 40})
+      for (int delta : {0, 1, 5, 16})
+        for (int xmask : {1, 6, 16, 31}) {
+          ASSERT_EQ(shuffles(threads, width, src, delta, xmask, out.data()), cudaSuccess)
+              << last_report().message;
+          for (int t = 0; t < threads; ++t) {
+            ASSERT_EQ(out[4 * t], expect_shuffle(0, t, width, src)) << width << " " << src << " " << t;
+            ASSERT_EQ(out[4 * t + 1], expect_shuffle(1, t, width, delta)) << width << " " << delta << " " << t;
+            ASSERT_EQ(out[4 * t + 2], expect_shuffle(2, t, width, delta)) << width << " " << delta << " " << t;
+            ASSERT_EQ(out[4 * t + 3], expect_shuffle(3, t, width, xmask)) << width << " " << xmask << " " << t;
+          }
+        }
+  EXPECT_EQ(shuffles(32, 12, 0, 0, 1, out.data()), cudaErrorLaunchFailure);
+  EXPECT_EQ(last_report().fault, Fault::kBadWidth);
+}
+
+TEST(CudaEmu, VotesOverMasks) {
+  std::vector<unsigned> out(3 * 32);
+  for (unsigned mask : {0xffffffffu, 0x0000ffffu, 0xf0f0f0f0u, 0x80000001u})
+    for (unsigned bits : {0u, 0xffffffffu, 0x12345678u, 0x0000ffffu}) {
+      std::fill(out.begin(), out.end(), 7u);
+      ASSERT_EQ(votes(bits, mask, out.data()), cudaSuccess) << last_report().message;
+      for (int lane = 0; lane < 32; ++lane) {
+        if (!((mask >> lane) & 1u)) {
+          EXPECT_EQ(out[3 * lane], 7u);
+          continue;
+        }
+        EXPECT_EQ(out[3 * lane], bits & mask);
+        EXPECT_EQ(out[3 * lane + 1], (bits & mask) != 0 ? 1u : 0u);
+        EXPECT_EQ(out[3 * lane + 2], (bits & mask) == mask ? 1u : 0u);
+      }
+    }
+}
+
+TEST(CudaEmu, ReadingALaneOutsideTheMaskIsReported) {
+  std::vector<int> out(32, -1);
+  ASSERT_EQ(shuffle_lane(0x0000ffffu, 5, out.data()), cudaSuccess) << last_report().message;
+  for (int lane = 0; lane < 16; ++lane) EXPECT_EQ(out[lane], 50);
+  EXPECT_EQ(shuffle_lane(0x0000ffffu, 20, out.data()), cudaErrorLaunchFailure);
+  EXPECT_EQ(last_report().fault, Fault::kLaneOutsideMask);
+  EXPECT_NE(last_report().message.find("reads lane 20, which is not in the mask"), std::string::npos)
+      << last_report().message;
+}
+
+TEST(CudaEmu, MismatchedCollectivesAreReported) {
+  std::vector<int> out(32);
+  EXPECT_EQ(mismatched_collectives(out.data()), cudaErrorLaunchFailure);
+  EXPECT_EQ(last_report().fault, Fault::kWarpMismatch);
+  const std::string& m = last_report().message;
+  EXPECT_NE(m.find("__ballot_sync(mask 0xffffffff) at"), std::string::npos) << m;
+  EXPECT_NE(m.find("waits in __shfl_sync(mask 0xffffffff, width 32) at"), std::string::npos) << m;
+}
+
+TEST(CudaEmu, Atomics) {
+  int counter = 0, max = -1;
+  float fsum = 0.0f;
+  unsigned cas = 0;
+  ASSERT_EQ(atomics(5, 96, &counter, &fsum, &max, &cas), cudaSuccess) << last_report().message;
+  EXPECT_EQ(counter, 480);
+  EXPECT_EQ(fsum, 240.0f);
+  EXPECT_EQ(max, 479);
+  EXPECT_EQ(cas, 480u);
+}
+
+TEST(CudaEmu, ThreadAndBlockIndices) {
+  const dim3 grid(3, 2), block(4, 2, 3);
+  const int per_block = 24, n = 6 * per_block;
+  std::vector<unsigned> out(6 * n, 999), dims(6, 0);
+  ASSERT_EQ(indices(grid, block, out.data(), dims.data()), cudaSuccess) << last_report().message;
+  EXPECT_EQ(dims, (std::vector<unsigned>{4, 2, 3, 3, 2, 1}));
+  for (unsigned by = 0; by < 2; ++by)
+    for (unsigned bx = 0; bx < 3; ++bx)
+      for (unsigned z = 0; z < 3; ++z)
+        for (unsigned y = 0; y < 2; ++y)
+          for (unsigned x = 0; x < 4; ++x) {
+            const unsigned id = (by * 3 + bx) * per_block + (z * 2 + y) * 4 + x;
+            const std::vector<unsigned> want{x, y, z, bx, by, 0};
+            EXPECT_EQ(std::vector<unsigned>(out.begin() + 6 * id, out.begin() + 6 * id + 6), want);
+          }
+}
+
+TEST(CudaEmu, InvalidConfigurationsAreRefused) {
+  EXPECT_EQ(configured(1025, 0), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(last_report().fault, Fault::kBadConfig);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the launcher took the error
+  EXPECT_EQ(configured(128, 300 * 1024), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(configured(1024, 100 * 1024), cudaSuccess);
+  EXPECT_EQ(configured(33, 0), cudaSuccess);  // a partial last warp
+}
+
+// Throughput of the emulator (printed; the limits only catch a pathological slowdown).
+TEST(CudaEmu, Speed) {
+  const int blocks = 4, threads = 256, iterations = 500;
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(barrier_loop(blocks, threads, iterations), cudaSuccess) << last_report().message;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double barriers = static_cast<double>(dq::emu::last_counters().barriers);
+  EXPECT_EQ(barriers, double{blocks} * threads * iterations);
+  std::vector<int> out(blocks * threads);
+  t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(shuffle_loop(blocks, threads, iterations, out.data()), cudaSuccess) << last_report().message;
+  const double s2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double shuffles = static_cast<double>(dq::emu::last_counters().collectives);
+  std::printf("emulator: %.1f M thread-barriers/s, %.1f M lane-shuffles/s (%d threads x %d blocks)\n",
+              barriers / s / 1e6, shuffles / s2 / 1e6, threads, blocks);
+  EXPECT_GT(barriers / s, 2e5);
+}
+
+}  // namespace
+}  // namespace dq::cuda::selftest

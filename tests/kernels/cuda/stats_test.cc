@@ -1,0 +1,132 @@
+// kernels/cuda/stats.cu under the CUDA emulation against the host codec's statistics
+// (DynamiqCodec::local_stats), word for word (a NaN word only as a NaN): FP32 and BF16 inputs, counts that leave a partial
+// last super-group and a partial last tile, zeros, denormals, overflowing squares, NaN / Inf
+// (poisoned super-groups), one block to many blocks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "kernels/cuda/stats.h"
+#include "kernels/dynamiq_codec.h"
+
+namespace dq::cuda {
+namespace {
+
+// Values of super-group j drawn from one of several regimes, so that every path of the
+// arithmetic is met: plain, tiny, denormal, huge (squares overflow), zeros, NaN and Inf.
+std::vector<float> make_values(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(count);
+  for (size_t base = 0; base < count; base += 256) {
+    const int regime = static_cast<int>(rng() % 9);
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    for (size_t i = base; i < std::min(count, base + 256); ++i) {
+      float v = normal(rng) * scale;
+      switch (regime) {
+        case 1: v = 0.0f; break;
+        case 2: v = normal(rng) * 1e-39f; break;               // denormals
+        case 3: v = normal(rng) * 1e37f; break;                // sum of squares overflows
+        case 4: v = (rng() % 2) ? 3.0e38f : -3.0e38f; break;    // the sum itself overflows
+        case 5: if (rng() % 64 == 0) v = std::numeric_limits<float>::quiet_NaN(); break;
+        case 6: if (rng() % 64 == 0) v = (rng() % 2) ? INFINITY : -INFINITY; break;
+        case 7: v = (rng() % 2) ? -0.0f : 0.0f; break;
+        default: break;
+      }
+      x[i] = v;
+    }
+  }
+  return x;
+}
+
+std::vector<uint16_t> host_stats(const void* x, DType dtype, size_t count) {
+  auto codec = make_dynamiq_codec(DynamiqOptions{});
+  EXPECT_EQ(codec->plan(count, 1, 1), Status::kOk);
+  std::vector<uint16_t> stats(codec->stats_words(), 0x1234);
+  EXPECT_EQ(codec->local_stats(ConstTensor{x, dtype, count}, stats.data()), Status::kOk);
+  return stats;
+}
+
+bool is_nan(uint16_t w) { return (w & 0x7fffu) > 0x7f80u; }
+
+// Word for word, except that any NaN equals any NaN: which operand's payload and sign a NaN sum
+// carries depends on the order the compiler puts the operands of a commutative add in (x86 keeps
+// the first's), so even two host builds may differ there, and a GPU returns the canonical NaN.
+// Every other word, Inf and -0 included, must be identical.
+void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>& dev, const char* what,
+                 size_t count, int blocks) {
+  ASSERT_EQ(host.size(), dev.size());
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (is_nan(host[i]) && is_nan(dev[i])) continue;
+    ASSERT_EQ(host[i], dev[i]) << what << " count " << count << " blocks " << blocks << ": super-group "
+                               << i / 2 << (i % 2 ? " sum of squares" : " mean");
+  }
+}
+
+const size_t kCounts[] = {0, 1, 2, 15, 16, 17, 255, 256, 257, 511, 4095, 4096, 4097,
+                          3 * 4096 + 1000, 40000};
+
+TEST(CudaStats, Fp32MatchesHostByteForByte) {
+  uint32_t seed = 1;
+  for (size_t count : kCounts)
+    for (int blocks : {1, 3, 0}) {
+      const std::vector<float> x = make_values(count, seed++);
+      const std::vector<uint16_t> host = host_stats(x.data(), DType::kF32, count);
+      std::vector<uint16_t> dev(host.size(), 0xBEEF);
+      ASSERT_EQ(launch_supergroup_stats(x.data(), false, count, dev.data(), nullptr, blocks), cudaSuccess)
+          << emu::last_report().message;
+      expect_same(host, dev, "fp32", count, blocks);
+    }
+}
+
+TEST(CudaStats, Bf16MatchesHostByteForByte) {
+  uint32_t seed = 100;
+  for (size_t count : kCounts)
+    for (int blocks : {1, 2, 0}) {
+      const std::vector<float> f = make_values(count, seed++);
+      std::vector<uint16_t> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = f32_to_bf16_rne(f[i]);
+      const std::vector<uint16_t> host = host_stats(x.data(), DType::kBF16, count);
+      std::vector<uint16_t> dev(host.size(), 0xBEEF);
+      ASSERT_EQ(launch_supergroup_stats(x.data(), true, count, dev.data(), nullptr, blocks), cudaSuccess)
+          << emu::last_report().message;
+      expect_same(host, dev, "bf16", count, blocks);
+    }
+}
+
+// Random bit patterns: every exponent, signalling and quiet NaNs, infinities.
+TEST(CudaStats, Bf16RandomBitPatterns) {
+  std::mt19937 rng(5);
+  const size_t count = 5000;
+  std::vector<uint16_t> x(count);
+  for (auto& w : x) w = static_cast<uint16_t>(rng());
+  // Keep most super-groups finite so their words are not all NaN.
+  for (size_t i = 0; i < count; ++i)
+    if ((i / 256) % 3 != 0 && (x[i] & 0x7f80u) == 0x7f80u) x[i] &= 0xbfffu;
+  const std::vector<uint16_t> host = host_stats(x.data(), DType::kBF16, count);
+  std::vector<uint16_t> dev(host.size(), 0xBEEF);
+  ASSERT_EQ(launch_supergroup_stats(x.data(), true, count, dev.data(), nullptr, 0), cudaSuccess)
+      << emu::last_report().message;
+  expect_same(host, dev, "bf16 bits", count, 0);
+}
+
+TEST(CudaStats, PoisonedSuperGroupsStayNonFinite) {
+  std::vector<float> x(1000, 1.0f);
+  x[300] = std::numeric_limits<float>::quiet_NaN();
+  x[600] = INFINITY;
+  std::vector<uint16_t> dev(8);
+  ASSERT_EQ(launch_supergroup_stats(x.data(), false, x.size(), dev.data(), nullptr, 0), cudaSuccess);
+  EXPECT_EQ(dev[0], f32_to_bf16_sat(1.0f));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(dev[2])));
+  EXPECT_TRUE(std::isinf(bf16_to_f32(dev[4])));
+  expect_same(host_stats(x.data(), DType::kF32, x.size()), dev, "poisoned", x.size(), 0);
+}
+
+}  // namespace
+}  // namespace dq::cuda
