@@ -1,0 +1,98 @@
+// DynamiQ's per-call kernels on device buffers (kernels/cuda/dynamiq_layout.cu,
+// kernels/cuda/dynamiq_hop.cu): the layout build, the fused hop (leaf included) and the finish,
+// with the bytes of the host codec's DynamiqCodec::build_layout, fused_hop and decode_finish
+// (kernels/dynamiq_layout.cc, kernels/dynamiq_codec.cc; byte layout docs/FORMAT.md). The
+// arithmetic is the host's DQ_HD functions of kernels/dynamiq_math.h; where the host has AVX2 code
+// the kernels follow its scalar path, which gives the same bytes (tests/kernels/golden_test.cc).
+//
+// Every launch is asynchronous on `stream`. Errors of the data (what the host returns as
+// kMalformedPayload or kInternal) cannot come back from a launch: the kernels OR flags into a
+// device word the caller zeroes first and reads when the stream is done (DynamiqError).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/codec.h"
+#include "kernels/cuda/cuda_compat.h"
+#include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_layout.h"
+#include "kernels/dynamiq_math.h"
+#include "kernels/payload.h"
+
+namespace dq::cuda {
+
+constexpr int kLayoutThreads = 512;  // one block builds the whole layout
+constexpr int kHopThreads = 256;     // one thread per value of a super-group
+constexpr int kMaxHopInputs = 64;    // as the host codec
+
+// What the kernels need of a planned DynamiQ codec, passed to them by value.
+struct DynamiqDeviceParams {
+  DynamiqPlan plan;          // the host's plan (kernels/dynamiq_layout.h)
+  DynamiqSections sections;  // where the layout's sections lie
+  bool hierarchical_scales = true;
+  bool correlated_rounding = true;
+};
+
+// The parameters of a DynamiQ codec with `options`, planned for (count, n_chunks, n_workers),
+// whose chunk_capacity() is `capacity`: the same plan DynamiqCodec::plan() fixes (host code).
+inline DynamiqDeviceParams dynamiq_device_params(size_t count, int n_chunks, int n_workers,
+                                                 size_t capacity, const DynamiqOptions& o) {
+  DynamiqDeviceParams d;
+  DynamiqPlan& p = d.plan;
+  for (int b : {2, 4, 8, 16}) p.record[width_index(b)] = record_bytes(b, o.hierarchical_scales);
+  p.count = count;
+  p.n_sg = (count + kSuperGroup - 1) / kSuperGroup;
+  p.n_chunks = n_chunks;
+  p.n_workers = n_workers;
+  p.capacity = capacity;
+  const size_t max_record = static_cast<size_t>(p.record[o.allow_width16 ? 3 : 2]);
+  p.stride = p.n_sg > 0 ? capacity - kChunkHeaderBytes - max_record + 1 : 0;
+  p.mean_subtraction = o.mean_subtraction;
+  p.variable_widths = o.variable_widths;
+  p.allow_width16 = o.allow_width16;
+  d.sections = dynamiq_sections(p.n_sg, static_cast<size_t>(n_chunks));
+  d.hierarchical_scales = o.hierarchical_scales;
+  d.correlated_rounding = o.correlated_rounding;
+  return d;
+}
+
+// The host codec's level tables for widths 2, 4, 8 (build_level_table, the host's own builder:
+// the kernels never compute a level). Copy `out` to device memory for the kernels.
+inline void dynamiq_level_tables(const DynamiqOptions& o, LevelTable out[3]) {
+  const int bits[3] = {2, 4, 8};
+  for (int i = 0; i < 3; ++i) build_level_table(bits[i], o.eps[i], o.nonuniform_levels, &out[i]);
+}
+
+// Flags OR-ed into the caller's error word.
+enum DynamiqError : unsigned {
+  kDynamiqBadHeader = 1u,         // an input's chunk header disagrees (host: kMalformedPayload)
+  kDynamiqBadRecord = 2u,         // invalid codes or scales (host: kMalformedPayload)
+  kDynamiqTooManyWorkers = 4u,    // inputs sum more workers than exist (host: kMalformedPayload)
+  kDynamiqChunkOverCapacity = 8u  // the layout's chunk does not fit its message (host: kInternal)
+};
+
+// The layout of `params` for this call from the all-reduced statistics (2 BF16 words per
+// super-group) into `layout` (params.sections.bytes bytes, 8-byte aligned): the bytes of
+// build_dynamiq_layout(), padding included. One block.
+cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
+                                  uint64_t call, void* layout, unsigned* error, cudaStream_t stream);
+
+// The fused hop of `chunk`: out (chunk_capacity() bytes) = compress(own + sum of the n_in input
+// chunk messages `inputs[i]`), keyed by `key`; n_in = 0 is the leaf. `levels`: the three tables
+// of dynamiq_level_tables() in device memory. `max_blocks` caps the grid (0: up to 4096).
+cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTable* levels,
+                               const void* layout, int chunk, const void* own, bool own_bf16,
+                               const uint8_t* const* inputs, int n_in, uint8_t* out,
+                               const RoundingKey& key, unsigned* error, cudaStream_t stream,
+                               int max_blocks = 0);
+
+// The finish of `chunk`: decodes the chunk message `in` (the sum of n_contrib workers), restores
+// the means, divides by n_contrib for AVG, and writes this chunk's elements of `out` (the whole
+// tensor, FP32 or BF16). A message whose header or records are invalid leaves `out` untouched
+// (and sets the error word), as on the host.
+cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const LevelTable* levels,
+                                  const void* layout, int chunk, const uint8_t* in, void* out,
+                                  bool out_bf16, bool avg, int n_contrib, unsigned* error,
+                                  cudaStream_t stream, int max_blocks = 0);
+
+}  // namespace dq::cuda

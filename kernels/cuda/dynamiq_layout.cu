@@ -1,0 +1,264 @@
+// DynamiQ's per-call layout on the device: the bytes of build_dynamiq_layout()
+// (kernels/dynamiq_layout.cc), padding included, from the all-reduced statistics.
+//
+// One block builds it, in phases separated by barriers:
+//  1. zero the buffer; the header and the means (mu_j = BF16 mean / n_workers);
+//  2. the widths: the host's bisection over the threshold's bit pattern, each step a block sum of
+//     record bytes (an integer sum: any order gives the host's total);
+//  3. the width classes' sizes (block sums), hence each class's first wire position;
+//  4. the chunk cuts: in wire order the record sizes are constant within a class, so the byte
+//     offset of wire position i is a closed form, and the chunk of position i is
+//     min(n_chunks - 1, offset / stride): chunk c starts at the first position whose record
+//     starts at or after c * stride (the host's cut_chunks, empty chunks included);
+//  5. the stable partition by width: a block exclusive scan of one-hot class counts (four 16-bit
+//     fields of one 64-bit word per tile) gives each super-group its rank in its class, so its
+//     wire position; its rank among its chunk's super-groups (by_index) is the sum over the four
+//     classes of its class prefix clamped to the class's range in that chunk;
+//  6. the digests: one thread per chunk, FNV-1a over the chunk's records in wire order.
+#include <cfloat>
+
+#include "kernels/bf16.h"
+#include "kernels/cuda/block.cuh"
+#include "kernels/cuda/dynamiq.h"
+
+namespace dq::cuda {
+namespace {
+
+struct LayoutPtrs {
+  uint64_t* header;
+  uint64_t* chunk_content;
+  float* mean;
+  uint32_t* order;
+  uint32_t* offset;
+  uint32_t* by_index;
+  uint32_t* chunk_first;
+  uint32_t* chunk_check;
+  uint8_t* width;
+};
+
+__device__ __forceinline__ uint32_t fnv1a_word(uint32_t h, uint32_t v) {
+  for (int i = 0; i < 4; ++i) {
+    h ^= (v >> (8 * i)) & 0xffu;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+__device__ __forceinline__ bool non_finite(float f) {
+  return (f32_bits(f) & 0x7f800000u) == 0x7f800000u;
+}
+
+// mu_j before mean subtraction is applied: non-finite marks a poisoned super-group.
+__device__ __forceinline__ float raw_mean(const uint16_t* reduced, size_t j, float n_workers) {
+  return bf16_to_f32(reduced[2 * j]) / n_workers;
+}
+
+// The energy key F_j: the summed sum of squares, non-finite clamped to FLT_MAX.
+__device__ __forceinline__ float energy(const uint16_t* reduced, size_t j) {
+  const float f = bf16_to_f32(reduced[2 * j + 1]);
+  return (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
+}
+
+// The host's width_for(): the width of a super-group at threshold offset theta.
+__device__ __forceinline__ int width_for(bool poisoned, float f, float theta, bool allow_width16) {
+  if (poisoned) return 2;
+  const float t48 = theta * (257.0f / 131072.0f);
+  const float t24 = t48 * (17.0f / 512.0f);
+  if (f >= theta && allow_width16) return 16;
+  if (f >= t48) return 8;
+  if (f >= t24) return 4;
+  return 2;
+}
+
+struct Classes {
+  uint32_t start[4];  // first wire position of width class w (width_index order)
+  uint32_t size[4];
+  int record[4];
+};
+
+// Byte offset in the record stream of wire position i (0 <= i <= n_sg): classes lie widest first.
+__device__ __forceinline__ unsigned long long wire_offset(const Classes& k, uint32_t i) {
+  unsigned long long at = 0;
+  for (int w = 3; w >= 0; --w) {
+    uint32_t in_class = i > k.start[w] ? i - k.start[w] : 0u;
+    if (in_class > k.size[w]) in_class = k.size[w];
+    at += static_cast<unsigned long long>(in_class) * static_cast<unsigned long long>(k.record[w]);
+  }
+  return at;
+}
+
+// The chunk holding wire position i < n_sg.
+__device__ __forceinline__ uint32_t chunk_of(const Classes& k, uint32_t i, unsigned long long stride,
+                                             int n_chunks) {
+  const unsigned long long c = wire_offset(k, i) / stride;
+  const unsigned long long last = static_cast<unsigned long long>(n_chunks - 1);
+  return static_cast<uint32_t>(c < last ? c : last);
+}
+
+__device__ __forceinline__ uint32_t clamp_u32(uint32_t x, uint32_t lo, uint32_t hi) {
+  return x < lo ? lo : x > hi ? hi : x;
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(kLayoutThreads)
+    dynamiq_layout_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
+                          unsigned long long call, unsigned char* base, unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  const uint32_t t = threadIdx.x, nt = blockDim.x;
+  const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
+  const LayoutPtrs l{reinterpret_cast<uint64_t*>(base + s.header),
+                     reinterpret_cast<uint64_t*>(base + s.chunk_content),
+                     reinterpret_cast<float*>(base + s.mean),
+                     reinterpret_cast<uint32_t*>(base + s.order),
+                     reinterpret_cast<uint32_t*>(base + s.offset),
+                     reinterpret_cast<uint32_t*>(base + s.by_index),
+                     reinterpret_cast<uint32_t*>(base + s.chunk_first),
+                     reinterpret_cast<uint32_t*>(base + s.chunk_check),
+                     reinterpret_cast<uint8_t*>(base + s.width)};
+
+  // 1. Zero (the padding too: the bytes depend on the input alone), then header and means.
+  uint64_t* words = reinterpret_cast<uint64_t*>(base);
+  for (size_t b = t; b < s.bytes / 8; b += nt) words[b] = 0;
+  __syncthreads();
+  if (t == 0) {
+    l.header[0] = call;
+    l.header[1] = p.count;
+    l.header[2] = static_cast<uint32_t>(p.n_chunks) |
+                  static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
+  }
+  const float n = static_cast<float>(p.n_workers);
+  for (uint32_t j = t; j < n_sg; j += nt) {
+    const float mu = raw_mean(reduced, j, n);
+    l.mean[j] = (p.mean_subtraction || non_finite(mu)) ? mu : 0.0f;
+  }
+
+  // 2. Widths.
+  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
+  uint32_t count[4] = {0, 0, 0, 0};  // this thread's super-groups per class
+  if (p.variable_widths) {
+    // Smallest threshold (bit pattern, monotone for non-negative floats) whose widths fit.
+    uint32_t lo = 0, hi = 0x7f800000u;
+    while (lo < hi) {  // lo and hi are the same in every thread
+      const uint32_t mid = lo + (hi - lo) / 2;
+      const float theta = f32_from_bits(mid);
+      unsigned long long bytes = 0;
+      for (uint32_t j = t; j < n_sg; j += nt)
+        bytes += p.record[width_index(width_for(non_finite(raw_mean(reduced, j, n)),
+                                                energy(reduced, j), theta, p.allow_width16))];
+      const unsigned long long total = block_reduce(bytes, SumOp(), scratch);
+      if (total <= budget) hi = mid;
+      else lo = mid + 1;
+    }
+    const float theta = f32_from_bits(lo);
+    for (uint32_t j = t; j < n_sg; j += nt) {
+      const int w = width_for(non_finite(raw_mean(reduced, j, n)), energy(reduced, j), theta,
+                              p.allow_width16);
+      l.width[j] = static_cast<uint8_t>(w);
+      ++count[width_index(w)];
+    }
+  } else {
+    unsigned long long poisoned = 0;
+    for (uint32_t j = t; j < n_sg; j += nt) poisoned += non_finite(raw_mean(reduced, j, n)) ? 1 : 0;
+    poisoned = block_reduce(poisoned, SumOp(), scratch);
+    int fixed = 2;
+    const int candidates[3] = {16, 8, 4};
+    for (int c = 0; c < 3; ++c) {
+      const int b = candidates[c];
+      if (b == 16 && !p.allow_width16) continue;
+      const unsigned long long need =
+          poisoned * static_cast<unsigned long long>(p.record[0]) +
+          (n_sg - poisoned) * static_cast<unsigned long long>(p.record[width_index(b)]);
+      if (need <= budget) {
+        fixed = b;
+        break;
+      }
+    }
+    for (uint32_t j = t; j < n_sg; j += nt) {
+      const int w = non_finite(raw_mean(reduced, j, n)) ? 2 : fixed;
+      l.width[j] = static_cast<uint8_t>(w);
+      ++count[width_index(w)];
+    }
+  }
+
+  // 3. Class sizes and first wire positions (widest first).
+  Classes k;
+  for (int w = 0; w < 4; ++w) {
+    k.size[w] = static_cast<uint32_t>(block_reduce(static_cast<unsigned long long>(count[w]), SumOp(), scratch));
+    k.record[w] = p.record[w];
+  }
+  k.start[3] = 0;
+  k.start[2] = k.size[3];
+  k.start[1] = k.start[2] + k.size[2];
+  k.start[0] = k.start[1] + k.size[1];
+
+  // 4. Chunk cuts: chunk c starts at the first wire position i with chunk_of(i) >= c.
+  const unsigned long long stride = p.stride;
+  for (uint32_t i = t; i < n_sg; i += nt) {
+    const uint32_t c = chunk_of(k, i, stride, p.n_chunks);
+    const uint32_t before = i == 0 ? 0u : chunk_of(k, i - 1, stride, p.n_chunks);
+    for (uint32_t cc = before + 1; cc <= c; ++cc) l.chunk_first[cc] = i;
+  }
+  if (t == 0) {
+    l.chunk_first[0] = 0;
+    const uint32_t last = n_sg > 0 ? chunk_of(k, n_sg - 1, stride, p.n_chunks) : 0u;
+    for (uint32_t cc = last + 1; cc <= static_cast<uint32_t>(p.n_chunks); ++cc) l.chunk_first[cc] = n_sg;
+  }
+  __syncthreads();  // chunk_first and the widths are read by every thread below
+
+  // 5. Stable partition by width, record offsets within the chunks, by_index.
+  for (uint32_t c = t; c < static_cast<uint32_t>(p.n_chunks); c += nt)
+    l.chunk_content[c] = wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
+  uint32_t running[4] = {0, 0, 0, 0};  // class members before this tile
+  for (uint32_t tile = 0; tile < n_sg; tile += nt) {  // the same trips in every thread
+    const uint32_t j = tile + t;
+    const int w = j < n_sg ? width_index(l.width[j]) : -1;
+    const unsigned long long one = w >= 0 ? 1ull << (16 * w) : 0ull;
+    unsigned long long tile_total = 0;
+    const unsigned long long before = block_exclusive_scan(one, scratch, &tile_total);
+    if (w >= 0) {
+      uint32_t prefix[4];  // class members before j
+      for (int v = 0; v < 4; ++v) prefix[v] = running[v] + static_cast<uint32_t>((before >> (16 * v)) & 0xffffu);
+      const uint32_t pos = k.start[w] + prefix[w];
+      l.order[pos] = j;
+      const uint32_t c = chunk_of(k, pos, stride, p.n_chunks);
+      const uint32_t first = l.chunk_first[c], end = l.chunk_first[c + 1];
+      l.offset[pos] = static_cast<uint32_t>(wire_offset(k, pos) - wire_offset(k, first));
+      // Chunk c holds class v's ranks [lo, hi); those before j are [lo, clamp(prefix)).
+      uint32_t rank = 0;
+      for (int v = 0; v < 4; ++v) {
+        const uint32_t lo = clamp_u32(first > k.start[v] ? first - k.start[v] : 0u, 0u, k.size[v]);
+        const uint32_t hi = clamp_u32(end > k.start[v] ? end - k.start[v] : 0u, 0u, k.size[v]);
+        rank += clamp_u32(prefix[v], lo, hi) - lo;
+      }
+      l.by_index[first + rank] = pos;
+    }
+    for (int v = 0; v < 4; ++v) running[v] += static_cast<uint32_t>((tile_total >> (16 * v)) & 0xffffu);
+  }
+  __syncthreads();  // order is complete
+
+  // 6. Digests, and the capacity check (the host's kInternal).
+  for (uint32_t c = t; c < static_cast<uint32_t>(p.n_chunks); c += nt) {
+    if (l.chunk_content[c] + kChunkHeaderBytes > p.capacity) atomicOr(error, kDynamiqChunkOverCapacity);
+    uint32_t h = fnv1a_word(2166136261u, c);
+    h = fnv1a_word(h, static_cast<uint32_t>(p.count));
+    for (uint32_t i = l.chunk_first[c]; i < l.chunk_first[c + 1]; ++i) {
+      const uint32_t j = l.order[i];
+      h = fnv1a_word(h, j * 32u + l.width[j] + (non_finite(l.mean[j]) ? 1u : 0u));
+    }
+    l.chunk_check[c] = h;
+  }
+}
+
+cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
+                                  uint64_t call, void* layout, unsigned* error, cudaStream_t stream) {
+  const DynamiqPlan& p = params.plan;
+  if (layout == nullptr || error == nullptr || p.n_chunks < 1 || (p.n_sg > 0 && reduced_stats == nullptr))
+    return cudaErrorInvalidValue;
+  DQ_LAUNCH(dynamiq_layout_kernel, dim3(1), dim3(kLayoutThreads), 0, stream, p, params.sections,
+            reduced_stats, static_cast<unsigned long long>(call), static_cast<unsigned char*>(layout),
+            error);
+  return cudaGetLastError();
+}
+
+}  // namespace dq::cuda

@@ -1,0 +1,343 @@
+// DynamiQ's layout, fused-hop and finish kernels (kernels/cuda/dynamiq_layout.cu,
+// kernels/cuda/dynamiq_hop.cu) under the CUDA emulation against the host codec byte for byte:
+//  - CudaDynamiqLayout: the whole layout buffer (padding included) of build_layout() for counts
+//    from 0 to 4097 super-groups (odd, partial last super-group), 1 to 64 chunks, 1 and 4 workers,
+//    poisoned super-groups, every option the layout reads (fixed widths, no width 16, no mean
+//    subtraction, flat scales); widths 2, 4, 8 and 16 all occur.
+//  - CudaDynamiqHop: every chunk's message of fused_hop() (header, records, padding) for n_in =
+//    0..3 inputs, FP32 and BF16 own values, 2 to 64 chunks, correlated and plain rounding,
+//    hierarchical and flat scales, a non-zero element base; then decode_finish() of the 4-worker
+//    message into FP32 and BF16, SUM and AVG, every output word compared (NaN only as NaN).
+//  - Malformed inputs: both sides flag the same messages; the finish leaves the output untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "kernels/cuda/dynamiq.h"
+#include "kernels/dynamiq_codec.h"
+
+namespace dq::cuda {
+namespace {
+
+struct Config {
+  size_t count;
+  int n_chunks;
+  int n_workers;
+  bool bf16;
+  bool poison;
+  DynamiqOptions opt;
+  uint64_t element_base = 0;
+};
+
+// Super-group scales spread over 2^-20..2^20, so the allocation uses every width; NaN or Inf
+// in one worker's super-group where `poison`.
+std::vector<float> make_values(size_t count, uint32_t seed, bool poison) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(count);
+  for (size_t base = 0; base < count; base += 256) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    const float offset = (rng() % 3 == 0) ? normal(rng) * scale * 4.0f : 0.0f;
+    const bool zero = rng() % 17 == 0;
+    for (size_t i = base; i < std::min(count, base + 256); ++i)
+      x[i] = zero ? 0.0f : normal(rng) * scale + offset;
+    if (poison && rng() % 6 == 0) {
+      const size_t at = base + rng() % std::min<size_t>(256, count - base);
+      x[at] = (rng() % 2) ? std::numeric_limits<float>::quiet_NaN() : -INFINITY;
+    }
+  }
+  return x;
+}
+
+struct Case {
+  Config cfg;
+  std::unique_ptr<Codec> codec;
+  DynamiqDeviceParams params;
+  LevelTable levels[3];
+  std::vector<std::vector<float>> f32;       // per worker
+  std::vector<std::vector<uint16_t>> bf16;   // per worker
+  std::vector<uint16_t> reduced;
+  std::vector<uint64_t> host_layout, dev_layout;
+  uint64_t call = 0;
+
+  const void* own(int rank) const {
+    return cfg.bf16 ? static_cast<const void*>(bf16[rank].data()) : static_cast<const void*>(f32[rank].data());
+  }
+  ConstTensor tensor(int rank) const {
+    return ConstTensor{own(rank), cfg.bf16 ? DType::kBF16 : DType::kF32, cfg.count};
+  }
+};
+
+void make_case(const Config& cfg, uint32_t seed, Case* s) {
+  s->cfg = cfg;
+  s->codec = make_dynamiq_codec(cfg.opt);
+  ASSERT_EQ(s->codec->plan(cfg.count, cfg.n_chunks, cfg.n_workers), Status::kOk);
+  s->params = dynamiq_device_params(cfg.count, cfg.n_chunks, cfg.n_workers, s->codec->chunk_capacity(), cfg.opt);
+  ASSERT_EQ(s->params.sections.bytes, s->codec->layout_bytes());
+  dynamiq_level_tables(cfg.opt, s->levels);
+  s->f32.resize(cfg.n_workers);
+  s->bf16.resize(cfg.n_workers);
+  std::vector<float> sum(s->codec->stats_words(), 0.0f);
+  for (int r = 0; r < cfg.n_workers; ++r) {
+    s->f32[r] = make_values(cfg.count, seed * 31 + r, cfg.poison && r == cfg.n_workers - 1);
+    s->bf16[r].resize(cfg.count);
+    for (size_t i = 0; i < cfg.count; ++i) s->bf16[r][i] = f32_to_bf16_rne(s->f32[r][i]);
+    std::vector<uint16_t> local(s->codec->stats_words());
+    ASSERT_EQ(s->codec->local_stats(s->tensor(r), local.data()), Status::kOk);
+    for (size_t w = 0; w < local.size(); ++w) sum[w] += bf16_to_f32(local[w]);
+  }
+  s->reduced.resize(sum.size());
+  for (size_t w = 0; w < sum.size(); ++w) s->reduced[w] = f32_to_bf16_sat(sum[w]);
+  s->call = 0x100000000ull * seed + 17;
+  const size_t words = s->codec->layout_bytes() / 8;
+  s->host_layout.assign(words, 0x5a5a5a5a5a5a5a5aull);
+  s->dev_layout.assign(words, 0xa5a5a5a5a5a5a5a5ull);
+  ASSERT_EQ(s->codec->build_layout(s->reduced.data(), s->call, s->host_layout.data()), Status::kOk);
+  unsigned error = 0;
+  ASSERT_EQ(launch_dynamiq_layout(s->params, s->reduced.data(), s->call, s->dev_layout.data(), &error, nullptr),
+            cudaSuccess)
+      << emu::last_report().message;
+  EXPECT_EQ(error, 0u);
+}
+
+bool nan32(uint32_t w) { return (w & 0x7fffffffu) > 0x7f800000u; }
+bool nan16(uint16_t w) { return (w & 0x7fffu) > 0x7f80u; }
+
+// The layouts byte for byte, except that a NaN mean equals any NaN mean: x86 keeps the NaN
+// operand's payload in mu = NaN / n, a GPU returns the canonical NaN (EMULATION.md). Under the
+// emulation both are the host CPU's, so this only matters on a GPU.
+void expect_same_layout(const Case& s, const char* what) {
+  const uint8_t* h = reinterpret_cast<const uint8_t*>(s.host_layout.data());
+  const uint8_t* d = reinterpret_cast<const uint8_t*>(s.dev_layout.data());
+  const DynamiqSections& sec = s.params.sections;
+  for (size_t b = 0; b < sec.bytes; ++b) {
+    if (h[b] == d[b]) continue;
+    if (b >= sec.mean && b < sec.mean + 4 * s.params.plan.n_sg) {
+      const size_t w = (b - sec.mean) / 4;
+      uint32_t hw, dw;
+      std::memcpy(&hw, h + sec.mean + 4 * w, 4);
+      std::memcpy(&dw, d + sec.mean + 4 * w, 4);
+      if (nan32(hw) && nan32(dw)) continue;
+    }
+    FAIL() << what << ": count " << s.cfg.count << " chunks " << s.cfg.n_chunks << " workers "
+           << s.cfg.n_workers << ": layout byte " << b << " host " << int(h[b]) << " device " << int(d[b])
+           << " (sections: content " << sec.chunk_content << " mean " << sec.mean << " order " << sec.order
+           << " offset " << sec.offset << " by_index " << sec.by_index << " chunk_first " << sec.chunk_first
+           << " check " << sec.chunk_check << " width " << sec.width << ")";
+  }
+}
+
+void note_widths(const Case& s, std::set<int>* widths, int* poisoned) {
+  const DynamiqLayoutView v = dynamiq_layout(*s.codec, s.host_layout.data());
+  for (size_t j = 0; j < v.n_supergroups; ++j) widths->insert(v.widths[j]);
+  const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
+  for (size_t j = 0; j < v.n_supergroups; ++j) *poisoned += l.poisoned(j) ? 1 : 0;
+}
+
+TEST(CudaDynamiqLayout, MatchesHostByteForByte) {
+  DynamiqOptions fixed, no16, no_mean, flat;
+  fixed.variable_widths = false;
+  no16.allow_width16 = false;
+  no_mean.mean_subtraction = false;
+  flat.hierarchical_scales = false;
+  const DynamiqOptions options[] = {DynamiqOptions{}, fixed, no16, no_mean, flat};
+  const size_t counts[] = {0, 1, 255, 256, 257, 21 * 256 + 77, 100 * 256 + 1, 517 * 256 + 255, 4097 * 256 + 3};
+  const int chunk_counts[] = {1, 2, 3, 8, 64};
+  std::set<int> widths;
+  int poisoned = 0, runs = 0, honest = 0;
+  uint32_t seed = 1;
+  for (size_t oi = 0; oi < std::size(options); ++oi)
+    for (size_t count : counts)
+      for (int chunks : chunk_counts) {
+        // Every option on the middle sizes; the defaults on all.
+        if (oi > 0 && (count < 256 || count > 600 * 256)) continue;
+        for (int workers : {1, 4}) {
+          if (workers == 1 && (oi > 0 || count > 600 * 256)) continue;
+          Case s;
+          make_case(Config{count, chunks, workers, false, (seed % 2) == 0, options[oi]}, seed++, &s);
+          if (HasFatalFailure()) return;
+          expect_same_layout(s, "layout");
+          if (HasFatalFailure()) return;
+          note_widths(s, &widths, &poisoned);
+          honest += s.codec->fits_budget() ? 1 : 0;
+          ++runs;
+        }
+      }
+  EXPECT_EQ(widths, (std::set<int>{2, 4, 8, 16}));
+  EXPECT_GT(poisoned, 0);
+  EXPECT_GT(honest, runs / 3);
+}
+
+// The host's hop and the device's on the same inputs; returns the message for the next step.
+void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::vector<uint8_t>>& inputs,
+                     const RoundingKey& key, std::vector<uint8_t>* message) {
+  const size_t cap = s.codec->chunk_capacity();
+  std::vector<ByteView> views;
+  std::vector<const uint8_t*> ptrs;
+  for (int i = 0; i < n_in; ++i) {
+    views.push_back(ByteView{inputs[i].data(), inputs[i].size()});
+    ptrs.push_back(inputs[i].data());
+  }
+  std::vector<uint8_t> host(cap, 0xAB), dev(cap, 0xCD);
+  ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(key.rank), views.data(), n_in,
+                               host.data(), key),
+            Status::kOk);
+  unsigned error = 0;
+  ASSERT_EQ(launch_dynamiq_hop(s.params, s.levels, s.dev_layout.data(), chunk, s.own(key.rank), s.cfg.bf16,
+                               ptrs.data(), n_in, dev.data(), key, &error, nullptr, 1 + chunk % 3),
+            cudaSuccess)
+      << emu::last_report().message;
+  EXPECT_EQ(error, 0u);
+  for (size_t b = 0; b < cap; ++b)
+    ASSERT_EQ(int(host[b]), int(dev[b])) << "count " << s.cfg.count << " chunks " << s.cfg.n_chunks << " chunk "
+                                         << chunk << " n_in " << n_in << (s.cfg.bf16 ? " bf16" : " fp32")
+                                         << ": message byte " << b << " of " << cap;
+  *message = host;
+}
+
+void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& message, int n_contrib) {
+  for (bool out_bf16 : {false, true})
+    for (bool avg : {false, true}) {
+      const size_t bytes = s.cfg.count * (out_bf16 ? 2 : 4);
+      std::vector<uint8_t> host(bytes + 1, 0x77), dev(bytes + 1, 0x77);
+      ASSERT_EQ(s.codec->decode_finish(s.host_layout.data(), chunk, ByteView{message.data(), message.size()},
+                                       host.data(), out_bf16 ? DType::kBF16 : DType::kF32,
+                                       avg ? ReduceOp::kAvg : ReduceOp::kSum, n_contrib),
+                Status::kOk);
+      unsigned error = 0;
+      ASSERT_EQ(launch_dynamiq_finish(s.params, s.levels, s.dev_layout.data(), chunk, message.data(), dev.data(),
+                                      out_bf16, avg, n_contrib, &error, nullptr, 2),
+                cudaSuccess)
+          << emu::last_report().message;
+      EXPECT_EQ(error, 0u);
+      const size_t word = out_bf16 ? 2 : 4;
+      for (size_t i = 0; i < s.cfg.count; ++i) {
+        uint32_t h = 0, d = 0;
+        std::memcpy(&h, host.data() + i * word, word);
+        std::memcpy(&d, dev.data() + i * word, word);
+        if (h == d) continue;
+        // NaN only as NaN (a poisoned super-group: x86 keeps a payload, a GPU does not).
+        if (out_bf16 ? (nan16(h) && nan16(d)) : (nan32(h) && nan32(d))) continue;
+        FAIL() << "finish count " << s.cfg.count << " chunk " << chunk << (out_bf16 ? " bf16" : " fp32")
+               << (avg ? " avg" : " sum") << ": element " << i << " host 0x" << std::hex << h << " device 0x" << d;
+      }
+      EXPECT_EQ(host[bytes], 0x77);
+      EXPECT_EQ(dev[bytes], 0x77);
+    }
+}
+
+void run_hops(const Config& cfg, uint32_t seed, const std::vector<int>& n_ins, std::set<int>* widths) {
+  Case s;
+  make_case(cfg, seed, &s);
+  if (::testing::Test::HasFatalFailure()) return;
+  expect_same_layout(s, "hop setup");
+  if (::testing::Test::HasFatalFailure()) return;
+  int poisoned = 0;
+  note_widths(s, widths, &poisoned);
+  if (cfg.poison) {
+    EXPECT_GT(poisoned, 0) << "count " << cfg.count;
+  }
+  const size_t cap = s.codec->chunk_capacity();
+  for (int chunk = 0; chunk < cfg.n_chunks; ++chunk) {
+    // Leaves of workers 1..3, stratified rounding among the 4 workers of class 0.
+    std::vector<std::vector<uint8_t>> leaves(3, std::vector<uint8_t>(cap));
+    for (int r = 1; r <= 3; ++r) {
+      const RoundingKey leaf{seed, s.call, static_cast<uint32_t>(r), static_cast<uint32_t>(r), 4, 0, cfg.element_base};
+      ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(r), nullptr, 0, leaves[r - 1].data(), leaf),
+                Status::kOk);
+    }
+    for (int n_in : n_ins) {
+      const RoundingKey key{seed, s.call, 0, static_cast<uint32_t>(n_in % 2), static_cast<uint32_t>(n_in > 0 ? 2 : 1),
+                            static_cast<uint32_t>(n_in), cfg.element_base};
+      std::vector<uint8_t> message;
+      expect_same_hop(s, chunk, n_in, leaves, key, &message);
+      if (::testing::Test::HasFatalFailure()) return;
+      expect_same_finish(s, chunk, message, 1 + n_in);  // 1..4 workers: AVG divides by 3 too
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(CudaDynamiqHop, MatchesHostByteForByte) {
+  DynamiqOptions flat_plain, fixed_no16;
+  flat_plain.hierarchical_scales = false;
+  flat_plain.correlated_rounding = false;
+  fixed_no16.variable_widths = false;
+  fixed_no16.allow_width16 = false;
+  std::set<int> widths;
+  uint32_t seed = 11;
+  const std::vector<int> all{0, 1, 2, 3};
+  run_hops(Config{21 * 256 + 77, 2, 4, false, true, DynamiqOptions{}, 0}, seed++, all, &widths);
+  run_hops(Config{40 * 256, 3, 4, true, true, DynamiqOptions{}, 256 * 7}, seed++, all, &widths);
+  run_hops(Config{33 * 256 + 1, 2, 4, true, false, flat_plain, 0}, seed++, all, &widths);
+  run_hops(Config{19 * 256 + 200, 2, 4, false, true, fixed_no16, 256 * 3}, seed++, all, &widths);
+  run_hops(Config{9 * 256 + 5, 8, 4, false, true, DynamiqOptions{}, 0}, seed++, all, &widths);  // whole-record plan
+  run_hops(Config{470 * 256 + 129, 64, 4, true, true, DynamiqOptions{}, 0}, seed++, {0, 2, 3}, &widths);
+  EXPECT_EQ(widths, (std::set<int>{2, 4, 8, 16}));
+}
+
+TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {
+  Case s;
+  make_case(Config{24 * 256, 2, 4, false, false, DynamiqOptions{}, 0}, 99, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t cap = s.codec->chunk_capacity();
+  const RoundingKey leaf_key{99, s.call, 1, 0, 1, 0, 0};
+  std::vector<uint8_t> leaf(cap);
+  ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(1), nullptr, 0, leaf.data(), leaf_key), Status::kOk);
+  const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
+  // A record at width < 16 in chunk 0: set one of its codes to all ones.
+  uint32_t victim = UINT32_MAX;
+  for (uint32_t i = l.chunk_first[0]; i < l.chunk_first[1] && victim == UINT32_MAX; ++i)
+    if (l.width[l.order[i]] < 16) victim = i;
+  ASSERT_NE(victim, UINT32_MAX);
+  std::vector<uint8_t> bad = leaf;
+  bad[kChunkHeaderBytes + l.offset[victim] + 2 + kGroupsPerSuperGroup + 5] = 0xFF;
+  const RoundingKey key{99, s.call, 0, 0, 1, 0, 0};
+  const ByteView view{bad.data(), bad.size()};
+  std::vector<uint8_t> host(cap), dev(cap);
+  EXPECT_EQ(s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(0), &view, 1, host.data(), key),
+            Status::kMalformedPayload);
+  unsigned error = 0;
+  const uint8_t* ptr = bad.data();
+  ASSERT_EQ(launch_dynamiq_hop(s.params, s.levels, s.dev_layout.data(), 0, s.own(0), false, &ptr, 1, dev.data(), key,
+                               &error, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(error, unsigned{kDynamiqBadRecord});
+  EXPECT_EQ(host, dev);  // both still write the whole message
+  // A header naming another call.
+  std::vector<uint8_t> other = leaf;
+  other[8] ^= 1;
+  ptr = other.data();
+  error = 0;
+  ASSERT_EQ(launch_dynamiq_hop(s.params, s.levels, s.dev_layout.data(), 0, s.own(0), false, &ptr, 1, dev.data(), key,
+                               &error, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(error, unsigned{kDynamiqBadHeader});
+  // The finish: a bad record, or the wrong worker count, leaves the output untouched.
+  for (int variant = 0; variant < 2; ++variant) {
+    const std::vector<uint8_t>& msg = variant == 0 ? bad : leaf;
+    const int n_contrib = variant == 0 ? 1 : 2;
+    std::vector<float> h(s.cfg.count, 5.0f), d(s.cfg.count, 5.0f);
+    EXPECT_EQ(s.codec->decode_finish(s.host_layout.data(), 0, ByteView{msg.data(), msg.size()}, h.data(), DType::kF32,
+                                     ReduceOp::kSum, n_contrib),
+              Status::kMalformedPayload);
+    error = 0;
+    ASSERT_EQ(launch_dynamiq_finish(s.params, s.levels, s.dev_layout.data(), 0, msg.data(), d.data(), false, false,
+                                    n_contrib, &error, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(error, variant == 0 ? unsigned{kDynamiqBadRecord} : unsigned{kDynamiqBadHeader});
+    EXPECT_EQ(std::memcmp(h.data(), d.data(), 4 * h.size()), 0);
+    EXPECT_EQ(d[0], 5.0f);
+  }
+}
+
+}  // namespace
+}  // namespace dq::cuda
