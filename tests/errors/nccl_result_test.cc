@@ -207,12 +207,24 @@ int engine_rank(int rank, int n, ncclComm_t comm) {
 TEST(NcclResult, EngineMalformedPayloadIsTheMappedCode) {
   constexpr int kRanks = 2;
   setenv("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "3000", 1);
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  // Rank 0, a child, makes the unique id and passes it on through a pipe: ncclGetUniqueId starts
+  // the bootstrap root's threads, and a child forked from a multi-threaded parent may inherit a
+  // lock one of them held (ASan's allocator hung ranks that way).
+  int id_pipe[2];
+  ASSERT_EQ(pipe(id_pipe), 0);
   std::vector<pid_t> pids;
   for (int r = 0; r < kRanks; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
+      ncclUniqueId id;
+      if (r == 0) {
+        if (ncclGetUniqueId(&id) != ncclSuccess) _exit(102);
+        for (int peer = 1; peer < kRanks; ++peer)
+          if (write(id_pipe[1], &id, sizeof id) != static_cast<ssize_t>(sizeof id)) _exit(103);
+      } else {
+        close(id_pipe[1]);  // rank 0 dying closes the last writer: read returns 0, no hang
+        if (read(id_pipe[0], &id, sizeof id) != static_cast<ssize_t>(sizeof id)) _exit(104);
+      }
       ncclComm_t comm = nullptr;
       if (ncclCommInitRank(&comm, kRanks, id, r) != ncclSuccess) _exit(100);
       const int code = engine_rank(r, kRanks, comm);
@@ -222,6 +234,8 @@ TEST(NcclResult, EngineMalformedPayloadIsTheMappedCode) {
     ASSERT_GT(pid, 0);
     pids.push_back(pid);
   }
+  close(id_pipe[0]);
+  close(id_pipe[1]);
   for (int r = 0; r < kRanks; ++r) {
     int st = 0;
     // Each rank's wait is bounded by DYNAMIQ_CPU_NCCL_TIMEOUT_MS; meson's timeout bounds the rest.
