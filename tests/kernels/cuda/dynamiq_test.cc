@@ -6,8 +6,9 @@
 //    subtraction, flat scales); widths 2, 4, 8 and 16 all occur.
 //  - CudaDynamiqHop: every chunk's message of fused_hop() (header, records, padding) for n_in =
 //    0..3 inputs, FP32 and BF16 own values, 2 to 64 chunks, correlated and plain rounding,
-//    hierarchical and flat scales, a non-zero element base; then decode_finish() of the 4-worker
-//    message into FP32 and BF16, SUM and AVG, every output word compared (NaN only as NaN).
+//    hierarchical and flat scales, uniform levels, no mean subtraction, fixed widths without
+//    width 16, a non-zero element base; then decode_finish() of each message (1..4 workers)
+//    into FP32 and BF16, SUM and AVG, every output word compared (NaN only as NaN).
 //  - Malformed inputs: both sides flag the same messages; the finish leaves the output untouched.
 #include <gtest/gtest.h>
 
@@ -267,11 +268,14 @@ void run_hops(const Config& cfg, uint32_t seed, const std::vector<int>& n_ins, s
 }
 
 TEST(CudaDynamiqHop, MatchesHostByteForByte) {
-  DynamiqOptions flat_plain, fixed_no16;
+  DynamiqOptions flat_plain, fixed_no16, uniform_no_mean;
   flat_plain.hierarchical_scales = false;
   flat_plain.correlated_rounding = false;
   fixed_no16.variable_widths = false;
   fixed_no16.allow_width16 = false;
+  uniform_no_mean.nonuniform_levels = false;
+  uniform_no_mean.mean_subtraction = false;
+  uniform_no_mean.eps[1] = 0.2f;
   std::set<int> widths;
   uint32_t seed = 11;
   const std::vector<int> all{0, 1, 2, 3};
@@ -279,6 +283,7 @@ TEST(CudaDynamiqHop, MatchesHostByteForByte) {
   run_hops(Config{40 * 256, 3, 4, true, true, DynamiqOptions{}, 256 * 7}, seed++, all, &widths);
   run_hops(Config{33 * 256 + 1, 2, 4, true, false, flat_plain, 0}, seed++, all, &widths);
   run_hops(Config{19 * 256 + 200, 2, 4, false, true, fixed_no16, 256 * 3}, seed++, all, &widths);
+  run_hops(Config{27 * 256 + 31, 2, 4, false, true, uniform_no_mean, 0}, seed++, all, &widths);
   run_hops(Config{9 * 256 + 5, 8, 4, false, true, DynamiqOptions{}, 0}, seed++, all, &widths);  // whole-record plan
   run_hops(Config{470 * 256 + 129, 64, 4, true, true, DynamiqOptions{}, 0}, seed++, {0, 2, 3}, &widths);
   EXPECT_EQ(widths, (std::set<int>{2, 4, 8, 16}));
