@@ -286,8 +286,8 @@ reset_connections() {  # VICTIM N
   if [ "$mode" = 3 ]; then
     local hold_ms=$((200 + RANDOM % 801))
     echo "reset: iptables INPUT REJECT tcp-reset in $PREFIX-r$v for $hold_ms ms" >>"$RUN_DIR/inject.log"
+    stamp T_INJ  # before the rule: it acts as soon as it is in, before iptables returns
     ip netns exec "$PREFIX-r$v" iptables -w -I INPUT -p tcp -j REJECT --reject-with tcp-reset
-    stamp T_INJ
     (sleep "$(printf '%d.%03d' $((hold_ms / 1000)) $((hold_ms % 1000)))"
      ip netns exec "$PREFIX-r$v" iptables -w -F INPUT) &
     HELPERS+=($!)
@@ -406,6 +406,7 @@ run_one() {
     esac
   fi
 
+  echo "injected at $T_INJ us (0: not injected); victim rank $v in call $p" >>"$RUN_DIR/inject.log"
   # Wait for every rank, until the hard deadline (bounded loop: at most ~2000 s of 10 ms turns).
   local deadline
   if [ "$injected" = 1 ]; then
