@@ -12,6 +12,7 @@
 //  - Malformed inputs: both sides flag the same messages; the finish leaves the output untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -177,6 +178,23 @@ TEST(CudaDynamiqLayout, MatchesHostByteForByte) {
   EXPECT_GT(honest, runs / 3);
 }
 
+// A plan whose chunk messages are too small for the layout: the host's kInternal, a flag here.
+TEST(CudaDynamiqLayout, ChunkOverCapacityIsFlagged) {
+  Case s;
+  make_case(Config{30 * 256, 2, 4, false, false, DynamiqOptions{}}, 5, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
+  const uint64_t most = std::max(l.chunk_content[0], l.chunk_content[1]);
+  for (uint64_t capacity : {most + kChunkHeaderBytes, most + kChunkHeaderBytes - 1}) {
+    DynamiqDeviceParams p = s.params;
+    p.plan.capacity = capacity;
+    unsigned error = 0;
+    ASSERT_EQ(launch_dynamiq_layout(p, s.reduced.data(), s.call, s.dev_layout.data(), &error, nullptr), cudaSuccess);
+    EXPECT_EQ(error, capacity < most + kChunkHeaderBytes ? unsigned{kDynamiqChunkOverCapacity} : 0u)
+        << "capacity " << capacity << ", largest chunk body " << most;
+  }
+}
+
 // The host's hop and the device's on the same inputs; returns the message for the next step.
 void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::vector<uint8_t>>& inputs,
                      const RoundingKey& key, std::vector<uint8_t>* message) {
@@ -193,7 +211,7 @@ void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::
             Status::kOk);
   unsigned error = 0;
   ASSERT_EQ(launch_dynamiq_hop(s.params, s.levels, s.dev_layout.data(), chunk, s.own(key.rank), s.cfg.bf16,
-                               ptrs.data(), n_in, dev.data(), key, &error, nullptr, 1 + chunk % 3),
+                               ptrs.data(), n_in, dev.data(), key, &error, nullptr, chunk % 4 == 3 ? 0 : 1 + chunk % 3),
             cudaSuccess)
       << emu::last_report().message;
   EXPECT_EQ(error, 0u);
