@@ -329,6 +329,11 @@ class DynamiqCodec final : public Codec {
     }
   }
 
+  void parameters(DynamiqOptions* options, DynamiqPlan* plan) const {
+    *options = opt_;
+    *plan = plan_;
+  }
+
   // Introspection (tests): pointers into `layout`, null where it is.
   DynamiqLayoutView introspect(const void* layout) const {
     DynamiqLayoutView v{nullptr, nullptr, nullptr, plan_.n_sg, honest_};
@@ -701,6 +706,13 @@ DynamiqLayoutView dynamiq_layout(const Codec& codec, const void* layout) {
 
 DynamiqLayoutView dynamiq_layout(const Codec& codec) {
   return dynamiq_layout(codec, codec.owned_layout());
+}
+
+bool dynamiq_parameters(const Codec& codec, DynamiqOptions* options, DynamiqPlan* plan) {
+  const auto* d = dynamic_cast<const DynamiqCodec*>(&codec);
+  if (d == nullptr) return false;
+  d->parameters(options, plan);
+  return true;
 }
 
 }  // namespace dq

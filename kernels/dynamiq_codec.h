@@ -40,4 +40,9 @@ struct DynamiqLayoutView {
 DynamiqLayoutView dynamiq_layout(const Codec& codec);
 DynamiqLayoutView dynamiq_layout(const Codec& codec, const void* layout);
 
+// For a device that runs a DynamiQ codec's steps as kernels (shim/engine/cuda_device.cc): the
+// codec's options and its plan as plan() fixed it. False, writing nothing, for any other codec.
+struct DynamiqPlan;
+bool dynamiq_parameters(const Codec& codec, DynamiqOptions* options, DynamiqPlan* plan);
+
 }  // namespace dq
