@@ -1,0 +1,334 @@
+// The CUDA device (shim/engine/cuda_device.h): the engine's codec steps as the kernels of
+// kernels/cuda/, with the host codec's bytes. This file is built by the host compiler against the
+// CPU emulation of CUDA (kernels/cuda/EMULATION.md) for the tests; the nvcc build is part 3.
+//
+// What is common to both builds (below, "steps"): from a planned codec the kernels' parameters
+// (the codec's own options and plan, kernels/cuda/dynamiq.h) and its level tables (built once
+// per option set, by the host's builder, and kept for the device's life); the host codec's
+// argument checks, with the host codec's Status; the kernels' error flags turned into that
+// Status; and the Lane contract of device.h: a step does nothing once the lane's error word is
+// set, and a failing step writes error_word(ErrorSource::kCodec, status) there, first failure
+// wins, exactly as the host device does.
+//
+// What the emulated build does (below, "backend"): an emulated launch runs the whole grid on the
+// calling thread before it returns, so a kernel step is a host function queued in stream order.
+// Memory, streams, events, copies and NCCL calls are a host device's; a step on one of its streams
+// goes into that stream's ordered queue through Device::nccl (the interface's one "run this in
+// stream order" entry, in the place cudaLaunchHostFunc would have), and runs there on the
+// stream's worker thread: check, launch, read the flags, set the error word. On any other stream
+// (the caller's) it runs at once and returns its Status, as on the host device.
+//
+// What the nvcc build will change (part 3): cudaMalloc / cudaHostAlloc(mapped) memory, cudaStream_t
+// and cudaEvent_t streams and events, cudaMemcpyAsync copies, NCCL calls issued at once; each
+// kernel step launched straight onto the lane's cudaStream_t with a per-lane device flags word,
+// followed by a one-thread kernel that folds the flags into the lane's mapped error word (and the
+// step's kernels returning at once when that word is already set); the level tables copied to
+// device memory. The argument checks then run at enqueue and a failure is written to the error
+// word from the host.
+#include "shim/engine/cuda_device.h"
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/dynamiq.h"
+#include "kernels/cuda/stats.h"
+#include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_layout.h"
+#include "kernels/payload.h"
+
+#if !DQ_CUDA_EMULATED
+#error "shim/engine/cuda_device.cc has only its emulated build so far (issue 11 part 3: nvcc)"
+#endif
+
+namespace dq::engine {
+namespace {
+
+void set_error(uint32_t* error, uint32_t word) {
+  uint32_t expected = 0;
+  __atomic_compare_exchange_n(error, &expected, word, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+bool error_set(const uint32_t* error) {
+  return error != nullptr && __atomic_load_n(error, __ATOMIC_ACQUIRE) != 0;
+}
+
+// ---- steps: common to both builds -------------------------------------------------------------
+
+// The host codec's Status for a launch's result and the error flags its kernels raised. Call it
+// with the launch's result in a variable: as two arguments of one call, the flags could be read
+// before the launch (unspecified order; g++ does), and every failure would read as none.
+Status step_status(cudaError_t launch, unsigned flags, const char* kernel) {
+  if (launch == cudaErrorInvalidValue)
+    DQ_FAIL(Status::kInvalidArgument, "cuda device: %s: invalid launch arguments", kernel);
+  if (launch != cudaSuccess)
+    DQ_FAIL(Status::kSystemError, "cuda device: %s: %s", kernel, cudaGetErrorString(launch));
+  if (flags & (cuda::kDynamiqBadHeader | cuda::kDynamiqBadRecord | cuda::kDynamiqTooManyWorkers))
+    DQ_FAIL(Status::kMalformedPayload, "cuda device: %s: malformed input (flags 0x%x)", kernel,
+            flags);
+  if (flags & cuda::kDynamiqChunkOverCapacity)
+    DQ_FAIL(Status::kInternal, "cuda device: %s: a chunk exceeds its message (flags 0x%x)", kernel,
+            flags);
+  if (flags != 0) DQ_FAIL(Status::kInternal, "cuda device: %s: flags 0x%x", kernel, flags);
+  return Status::kOk;
+}
+
+// The level tables of one option set: 3 tables (widths 2, 4, 8), built by the host's builder.
+struct Levels {
+  float eps[3];
+  bool nonuniform;
+  LevelTable table[3];
+};
+
+// What a DynamiQ codec's kernels need: their parameters and the level tables.
+struct KernelArgs {
+  cuda::DynamiqDeviceParams params;
+  const LevelTable* levels = nullptr;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(Device* host) : host_(host) {}
+  const char* name() const override { return "cuda (emulated)"; }
+
+  // ---- backend: memory, streams and events are the host device's ----------------------------
+  Status alloc(size_t bytes, void** out) override { return host_->alloc(bytes, out); }
+  Status alloc_mapped(size_t bytes, void** out) override { return host_->alloc_mapped(bytes, out); }
+  void release(void* p, StreamHandle stream) override { host_->release(p, stream); }
+  Status create_stream(StreamHandle* out) override {
+    DQ_CHECK(host_->create_stream(out));
+    std::lock_guard<std::mutex> lock(m_);
+    streams_.insert(*out);
+    return Status::kOk;
+  }
+  void destroy_stream(StreamHandle s) override {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      streams_.erase(s);
+    }
+    host_->destroy_stream(s);
+  }
+  Status create_event(EventHandle* out) override { return host_->create_event(out); }
+  void destroy_event(EventHandle e) override { host_->destroy_event(e); }
+  Status record(EventHandle e, StreamHandle s) override { return host_->record(e, s); }
+  Status wait(StreamHandle s, EventHandle e) override { return host_->wait(s, e); }
+  Status synchronize(EventHandle e) override { return host_->synchronize(e); }
+  bool capturing(StreamHandle s) const override { return host_->capturing(s); }
+  Status copy(void* dst, const void* src, size_t bytes, Lane lane) override {
+    return host_->copy(dst, src, bytes, lane);
+  }
+  Status nccl(Lane lane, std::function<ncclResult_t()> calls) override {
+    return host_->nccl(lane, std::move(calls));
+  }
+
+  // ---- steps ------------------------------------------------------------------------------------
+  Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
+                     Lane lane) override {
+    KernelArgs k;
+    if (!kernel_args(codec, &k))
+      return fallback([&] { return host_->local_stats(codec, x, stats, lane); });
+    return run(lane, [this, k, x, stats](cudaStream_t stream) -> Status {
+      if (x.count != k.params.plan.count)
+        DQ_FAIL(Status::kInvalidArgument,
+                "cuda device stats: tensor has %zu elements, plan has %zu", x.count,
+                k.params.plan.count);
+      const cudaError_t e =
+          cuda::launch_supergroup_stats(x.data, x.dtype == DType::kBF16, x.count, stats, stream);
+      DQ_CHECK(step_status(e, 0, "statistics"));
+      counts_.stats.fetch_add(1, std::memory_order_relaxed);
+      return Status::kOk;
+    });
+  }
+
+  Status build_layout(const Codec& codec, const uint16_t* reduced, uint64_t call, void* layout,
+                      Lane lane) override {
+    KernelArgs k;
+    if (!kernel_args(codec, &k))
+      return fallback([&] { return host_->build_layout(codec, reduced, call, layout, lane); });
+    return run(lane, [this, k, reduced, call, layout](cudaStream_t stream) -> Status {
+      unsigned flags = 0;
+      const cudaError_t e =
+          cuda::launch_dynamiq_layout(k.params, reduced, call, layout, &flags, stream);
+      DQ_CHECK(step_status(e, flags, "layout"));
+      counts_.layouts.fetch_add(1, std::memory_order_relaxed);
+      return Status::kOk;
+    });
+  }
+
+  Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
+             const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
+             Lane lane) override {
+    KernelArgs k;
+    if (!kernel_args(codec, &k))
+      return fallback(
+          [&] { return host_->hop(codec, layout, chunk, own, in, n_in, out, key, lane); });
+    std::vector<ByteView> inputs;  // the caller reuses its array
+    if (n_in > 0 && in != nullptr) inputs.assign(in, in + n_in);
+    return run(
+        lane,
+        [this, k, layout, chunk, own, inputs = std::move(inputs), n_in, out,
+         key](cudaStream_t stream) -> Status {
+          const DynamiqPlan& p = k.params.plan;
+          // The host codec's checks of its arguments, in its order and with its Status.
+          DQ_CHECK(check_chunk(p, chunk));
+          if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no layout");
+          if (own.count != p.count || (own.data == nullptr && p.count > 0))
+            DQ_FAIL(Status::kInvalidArgument,
+                    "cuda device hop: own tensor has %zu elements, plan has %zu", own.count,
+                    p.count);
+          if (n_in < 0 || n_in > cuda::kMaxHopInputs || static_cast<int>(inputs.size()) != n_in)
+            DQ_FAIL(Status::kInvalidArgument, "cuda device hop: %d inputs, at most %d", n_in,
+                    cuda::kMaxHopInputs);
+          if (out == nullptr)
+            DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no output buffer");
+          if (key.strata < 1 || key.stratum >= key.strata)
+            DQ_FAIL(Status::kInvalidArgument, "cuda device hop: stratum %u of %u", key.stratum,
+                    key.strata);
+          DQ_CHECK(check_element_base(key, p.count));
+          const uint8_t* ptrs[cuda::kMaxHopInputs];
+          for (int i = 0; i < n_in; ++i) {
+            DQ_CHECK(check_message(p, chunk, inputs[i], "hop"));
+            ptrs[i] = inputs[i].data;
+          }
+          unsigned flags = 0;
+          const cudaError_t e = cuda::launch_dynamiq_hop(k.params, k.levels, layout, chunk,
+                                                         own.data, own.dtype == DType::kBF16, ptrs,
+                                                         n_in, out, key, &flags, stream);
+          DQ_CHECK(step_status(e, flags, "hop"));
+          counts_.hops.fetch_add(1, std::memory_order_relaxed);
+          return Status::kOk;
+        });
+  }
+
+  Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
+                DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+    KernelArgs k;
+    if (!kernel_args(codec, &k))
+      return fallback(
+          [&] { return host_->finish(codec, layout, chunk, in, out, dtype, op, n_contrib, lane); });
+    return run(
+        lane,
+        [this, k, layout, chunk, in, out, dtype, op, n_contrib](cudaStream_t stream) -> Status {
+          const DynamiqPlan& p = k.params.plan;
+          DQ_CHECK(check_chunk(p, chunk));
+          if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device finish: no layout");
+          DQ_CHECK(check_message(p, chunk, in, "finish"));
+          unsigned flags = 0;
+          const cudaError_t e = cuda::launch_dynamiq_finish(
+              k.params, k.levels, layout, chunk, in.data, out, dtype == DType::kBF16,
+              op == ReduceOp::kAvg, n_contrib, &flags, stream);
+          DQ_CHECK(step_status(e, flags, "finish"));
+          counts_.finishes.fetch_add(1, std::memory_order_relaxed);
+          return Status::kOk;
+        });
+  }
+
+  CudaDeviceCounts counts() const {
+    CudaDeviceCounts c;
+    c.stats = counts_.stats.load();
+    c.layouts = counts_.layouts.load();
+    c.hops = counts_.hops.load();
+    c.finishes = counts_.finishes.load();
+    c.host_fallbacks = counts_.host_fallbacks.load();
+    return c;
+  }
+
+ private:
+  static Status check_chunk(const DynamiqPlan& p, int chunk) {
+    if (chunk < 0 || chunk >= p.n_chunks)
+      DQ_FAIL(Status::kInvalidArgument, "cuda device: chunk %d outside 0..%d", chunk,
+              p.n_chunks - 1);
+    return Status::kOk;
+  }
+  // The kernels read a whole chunk message (its length is in the layout, on the device): the
+  // engine's payload slots are chunk_capacity() bytes. The host codec accepts a shorter view
+  // that still holds the chunk's body; this device does not, with the host's Status.
+  static Status check_message(const DynamiqPlan& p, int chunk, ByteView m, const char* what) {
+    if (m.data == nullptr || m.size < p.capacity)
+      DQ_FAIL(Status::kMalformedPayload,
+              "cuda device %s: chunk %d message has %zu bytes, the plan's messages %zu", what,
+              chunk, m.size, p.capacity);
+    return Status::kOk;
+  }
+
+  // The kernels' arguments for `codec`; false when it has no kernels (not DynamiQ).
+  bool kernel_args(const Codec& codec, KernelArgs* k) {
+    DynamiqOptions o;
+    DynamiqPlan plan;
+    if (!dynamiq_parameters(codec, &o, &plan)) return false;
+    k->params =
+        cuda::dynamiq_device_params(plan.count, plan.n_chunks, plan.n_workers, plan.capacity, o);
+    k->levels = levels_for(o);
+    return true;
+  }
+
+  const LevelTable* levels_for(const DynamiqOptions& o) {
+    std::lock_guard<std::mutex> lock(m_);
+    for (const Levels& l : levels_)
+      if (std::memcmp(l.eps, o.eps, sizeof l.eps) == 0 && l.nonuniform == o.nonuniform_levels)
+        return l.table;
+    Levels& l = levels_.emplace_back();
+    std::memcpy(l.eps, o.eps, sizeof l.eps);
+    l.nonuniform = o.nonuniform_levels;
+    cuda::dynamiq_level_tables(o, l.table);
+    return l.table;
+  }
+
+  // A codec without kernels: the host device's step, unchanged (same stream, same error word).
+  template <class F>
+  Status fallback(F&& step) {
+    counts_.host_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    return step();
+  }
+
+  bool ours(StreamHandle s) {
+    std::lock_guard<std::mutex> lock(m_);
+    return streams_.count(s) != 0;
+  }
+
+  // ---- backend: a kernel step in stream order -----------------------------------------------
+  // `body(stream)` checks, launches and returns the step's Status. Skipped once the lane's error
+  // word is set; a failure sets it (ErrorSource::kCodec, as the host device). On a stream of ours
+  // it is queued behind the stream's earlier work; on the caller's it runs at once.
+  template <class F>
+  Status run(Lane lane, F&& body) {
+    auto step = [body = std::forward<F>(body), error = lane.error]() -> Status {
+      if (error_set(error)) return Status::kOk;
+      const Status s = body(static_cast<cudaStream_t>(nullptr));  // emulated launches ignore it
+      if (s != Status::kOk && error)
+        set_error(error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+      return s;
+    };
+    if (!ours(lane.stream)) return step();
+    // The host stream's queue runs it in order; it never fails as an NCCL call (its own failure
+    // is in the error word already, with the codec's source).
+    return host_->nccl(lane, [step = std::move(step)]() mutable {
+      step();
+      return ncclSuccess;
+    });
+  }
+
+  Device* host_;
+  std::mutex m_;
+  std::unordered_set<StreamHandle> streams_;
+  std::deque<Levels> levels_;  // stable addresses: kernels hold pointers into it
+  struct {
+    std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0};
+  } counts_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_emulated_cuda_device(Device* host) {
+  return std::make_unique<CudaDevice>(host ? host : host_device());
+}
+
+CudaDeviceCounts cuda_device_counts(const Device* device) {
+  const auto* d = dynamic_cast<const CudaDevice*>(device);
+  return d ? d->counts() : CudaDeviceCounts{};
+}
+
+}  // namespace dq::engine

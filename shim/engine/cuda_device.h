@@ -1,0 +1,35 @@
+// The CUDA device: the engine's codec steps as the CUDA kernels of kernels/cuda/ (statistics,
+// layout build, fused hop, finish), enqueued in stream order, with the bytes of the host codec.
+//
+// Only the emulated build exists so far (issue 11 part 2): cuda_device.cc compiled by the host
+// compiler runs the kernels under the CPU emulation of CUDA's execution model
+// (kernels/cuda/EMULATION.md) on host memory, so the whole engine runs them over the CPU NCCL in
+// CI. It is a test-only library (tests/shim/meson.build), never part of the core library or
+// libdynamiq.so. The nvcc build of the same file (cudaStream_t/cudaEvent_t, device memory, the
+// caller's buffers detected as device memory) is part 3.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "shim/engine/device.h"
+
+namespace dq::engine {
+
+// What an emulated CUDA device has run so far, per step kind: as kernels, or on the host codec
+// (a codec with no kernels yet: the baselines).
+struct CudaDeviceCounts {
+  uint64_t stats = 0, layouts = 0, hops = 0, finishes = 0;  // kernel steps run
+  uint64_t host_fallbacks = 0;                              // codec steps run by the host codec
+};
+
+// A device whose codec steps are the CUDA kernels run under the emulation, and whose memory,
+// streams, events, copies and NCCL calls are `host`'s (nullptr: host_device()): an emulated
+// launch is a host function that runs the whole grid before it returns, queued on `host`'s
+// stream in order. DynamiQ codecs run as kernels; a codec without kernels (the baselines) runs
+// its steps through `host` unchanged, counted in host_fallbacks.
+std::unique_ptr<Device> make_emulated_cuda_device(Device* host = nullptr);
+
+// The counts of a device from make_emulated_cuda_device() (zeros for any other device).
+CudaDeviceCounts cuda_device_counts(const Device* device);
+
+}  // namespace dq::engine

@@ -1,0 +1,401 @@
+// The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
+// kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
+// the same inputs (issue 11 part 2). Usage: engine_emulated_cuda NRANKS [TOPO]. Exit 0 pass.
+//
+// Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
+// device, both with the same settings, and runs the same calls on both: all-reduce and
+// reduce-scatter, FP32 and BF16, SUM and AVG, odd counts (a partial last super-group), two
+// pipeline blocks each, one input with an infinite value (a poisoned super-group). Every call
+// must be compressed by both engines, the emulated device's output must equal the host
+// device's byte for byte, an all-reduce's output must be the same on every rank, and the
+// DynamiQ steps must have run as kernels (none on the host codec). One MXFP8 all-reduce checks
+// the other side: a codec without kernels runs on the host codec, with the host's bytes.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/nccl_api.h"
+#include "config/settings.h"
+#include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "kernels/payload.h"
+#include "shim/engine/cuda_device.h"
+#include "shim/engine/engine.h"
+#include "tests/common/rank_harness.h"
+
+namespace {
+
+using dq::engine::CallArgs;
+using dq::engine::Collective;
+using dq::engine::CudaDeviceCounts;
+using dq::engine::Engine;
+using dq::engine::PassReason;
+
+#define CHECK_OR(code, cond, ...)                 \
+  do {                                            \
+    if (!(cond)) {                                \
+      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
+      std::fprintf(stderr, "\n");                 \
+      return code;                                \
+    }                                             \
+  } while (0)
+
+dq::engine::NcclOps cpu_nccl_ops() {
+  dq::engine::NcclOps ops;
+  ops.group_start = ncclGroupStart;
+  ops.group_end = ncclGroupEnd;
+  ops.send = ncclSend;
+  ops.recv = ncclRecv;
+  ops.all_reduce = ncclAllReduce;
+  ops.error_string = ncclGetErrorString;
+  return ops;
+}
+
+dq::config::Settings settings_for(const std::map<std::string, std::string>& env) {
+  dq::config::Settings s;
+  std::string error;
+  auto lookup = [](const char* key, void* ctx) -> const char* {
+    const auto* m = static_cast<const std::map<std::string, std::string>*>(ctx);
+    auto it = m->find(key);
+    return it == m->end() ? nullptr : it->second.c_str();
+  };
+  if (dq::config::load(lookup, const_cast<std::map<std::string, std::string>*>(&env), &s, &error) !=
+      dq::Status::kOk) {
+    std::fprintf(stderr, "settings: %s\n", error.c_str());
+    std::exit(2);
+  }
+  return s;
+}
+
+uint64_t fnv(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// True when `h` is the same on every rank: MAX of (h, ~h) gives max and ~min.
+bool same_everywhere(ncclComm_t comm, uint64_t h) {
+  uint64_t w[2] = {h, ~h};
+  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
+  return w[0] == ~w[1];
+}
+
+// Gradient-like values whose magnitude changes along the tensor (so the widths vary), different
+// on every rank; `poison` puts +Inf at one element.
+std::vector<unsigned char> make_input(int rank, size_t count, bool bf16, bool poison) {
+  std::vector<unsigned char> in(count * (bf16 ? 2 : 4));
+  for (size_t i = 0; i < count; ++i) {
+    const double x = static_cast<double>(i);
+    float v =
+        static_cast<float>(std::sin(0.0013 * x + rank) * std::exp(4.0 * std::sin(0.0001 * x)));
+    if (poison && i == count / 3) v = std::numeric_limits<float>::infinity();
+    if (bf16) {
+      const uint16_t b = dq::f32_to_bf16_rne(v);
+      std::memcpy(&in[i * 2], &b, 2);
+    } else {
+      std::memcpy(&in[i * 4], &v, 4);
+    }
+  }
+  return in;
+}
+
+struct Case {
+  const char* what;
+  Collective collective;
+  bool bf16, avg, poison;
+  const char* codec;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
+  const std::unique_ptr<dq::engine::Device> cuda = dq::engine::make_emulated_cuda_device();
+  const dq::engine::NcclOps ops = cpu_nccl_ops();
+  const Case cases[] = {
+      {"all-reduce FP32 SUM", Collective::kAllReduce, false, false, false, "dynamiq"},
+      {"all-reduce FP32 AVG, poisoned", Collective::kAllReduce, false, true, true, "dynamiq"},
+      {"all-reduce BF16 SUM", Collective::kAllReduce, true, false, false, "dynamiq"},
+      {"all-reduce BF16 AVG", Collective::kAllReduce, true, true, false, "dynamiq"},
+      {"reduce-scatter FP32 SUM", Collective::kReduceScatter, false, false, false, "dynamiq"},
+      {"reduce-scatter FP32 AVG", Collective::kReduceScatter, false, true, false, "dynamiq"},
+      {"reduce-scatter BF16 SUM, poisoned", Collective::kReduceScatter, true, false, true,
+       "dynamiq"},
+      {"reduce-scatter BF16 AVG", Collective::kReduceScatter, true, true, false, "dynamiq"},
+      {"all-reduce FP32 SUM, MXFP8 (no kernels: host codec)", Collective::kAllReduce, false, false,
+       false, "mxfp8"},
+  };
+  double host_s = 0, cuda_s = 0;
+  for (const Case& c : cases) {
+    const size_t esize = c.bf16 ? 2 : 4;
+    const bool scatter = c.collective == Collective::kReduceScatter;
+    // Two pipeline blocks of the smallest DYNAMIQ_BLOCK_BYTES (256 KiB; FP32 on 4 ranks: 64
+    // super-groups per chunk message, the least a plan compresses), the second with an odd
+    // remainder. A block counts the caller's bytes, a reduce-scatter's one slice per rank.
+    const size_t block_bytes = 256 * 1024;
+    const size_t block_elems = block_bytes / esize / (scatter ? n : 1);
+    const size_t span = 2 * block_elems + (scatter ? 77 : 333);
+    const size_t count = scatter ? span * n : span;
+    const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                        {"DYNAMIQ_TOPO", topo},
+                                        {"DYNAMIQ_CODEC", c.codec},
+                                        {"DYNAMIQ_MIN_BYTES", "0"},
+                                        {"DYNAMIQ_BLOCK_BYTES", std::to_string(block_bytes)}});
+    Engine on_host(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
+                   true);
+    Engine on_cuda(settings, true, {comms[1], rank, n}, ops, cuda.get(), nullptr, true);
+    const auto in = make_input(rank, count, c.bf16, c.poison && rank == n - 1);
+    const size_t out_bytes = (scatter ? span : count) * esize;
+    std::vector<unsigned char> out_host(out_bytes, 0xCD), out_cuda(out_bytes, 0xEF);
+    CallArgs args;
+    args.collective = c.collective;
+    args.send = in.data();
+    args.count = count;
+    args.dtype = c.bf16 ? ncclBfloat16 : ncclFloat32;
+    args.op = c.avg ? ncclAvg : ncclSum;
+    const CudaDeviceCounts before = dq::engine::cuda_device_counts(cuda.get());
+    PassReason rh = PassReason::kRerouted, rc = PassReason::kRerouted;
+    args.recv = out_host.data();
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK_OR(10, on_host.run(args, &rh) == ncclSuccess, "rank %d, %s: host device call failed",
+             rank, c.what);
+    host_s += seconds_since(t0);
+    args.recv = out_cuda.data();
+    t0 = std::chrono::steady_clock::now();
+    CHECK_OR(11, on_cuda.run(args, &rc) == ncclSuccess, "rank %d, %s: emulated CUDA call failed",
+             rank, c.what);
+    CHECK_OR(12, on_cuda.async_error() == ncclSuccess, "rank %d, %s: emulated CUDA async error",
+             rank, c.what);
+    cuda_s += seconds_since(t0);
+    CHECK_OR(13, rh == PassReason::kRerouted && rc == PassReason::kRerouted,
+             "rank %d, %s: not compressed (host %s, emulated CUDA %s)", rank, c.what,
+             dq::engine::reason_name(rh), dq::engine::reason_name(rc));
+    for (size_t b = 0; b < out_bytes; ++b)
+      CHECK_OR(14, out_host[b] == out_cuda[b],
+               "rank %d, %s: output byte %zu (element %zu) is 0x%02x on the emulated CUDA device, "
+               "0x%02x on the host device",
+               rank, c.what, b, b / esize, out_cuda[b], out_host[b]);
+    if (!scatter)
+      CHECK_OR(15, same_everywhere(comms[0], fnv(out_cuda.data(), out_bytes)),
+               "rank %d, %s: all-reduce results differ across ranks", rank, c.what);
+    const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda.get());
+    const bool kernels = std::string(c.codec) == "dynamiq";
+    const uint64_t kernel_steps = (after.stats - before.stats) + (after.layouts - before.layouts) +
+                                  (after.hops - before.hops) + (after.finishes - before.finishes);
+    const uint64_t fallbacks = after.host_fallbacks - before.host_fallbacks;
+    if (kernels)
+      CHECK_OR(16,
+               after.stats > before.stats && after.layouts > before.layouts &&
+                   after.hops > before.hops && after.finishes > before.finishes && fallbacks == 0,
+               "rank %d, %s: steps as kernels: %llu stats, %llu layouts, %llu hops, %llu "
+               "finishes; %llu on the host codec",
+               rank, c.what, static_cast<unsigned long long>(after.stats - before.stats),
+               static_cast<unsigned long long>(after.layouts - before.layouts),
+               static_cast<unsigned long long>(after.hops - before.hops),
+               static_cast<unsigned long long>(after.finishes - before.finishes),
+               static_cast<unsigned long long>(fallbacks));
+    else
+      CHECK_OR(17, kernel_steps == 0 && fallbacks > 0,
+               "rank %d, %s: %llu kernel steps, %llu host-codec steps", rank, c.what,
+               static_cast<unsigned long long>(kernel_steps),
+               static_cast<unsigned long long>(fallbacks));
+    if (rank == 0)
+      std::fprintf(stderr, "rank 0: %s: %zu elements, identical bytes (%llu kernel steps)\n",
+                   c.what, count, static_cast<unsigned long long>(kernel_steps));
+  }
+  const CudaDeviceCounts total = dq::engine::cuda_device_counts(cuda.get());
+  std::fprintf(stderr,
+               "rank %d: %zu calls equal; kernels ran %llu stats, %llu layouts, %llu hops, %llu "
+               "finishes; host %.2f s, emulated CUDA %.2f s\n",
+               rank, std::size(cases), static_cast<unsigned long long>(total.stats),
+               static_cast<unsigned long long>(total.layouts),
+               static_cast<unsigned long long>(total.hops),
+               static_cast<unsigned long long>(total.finishes), host_s, cuda_s);
+  return 0;
+}
+
+// ---- steps: each device step on its own, both devices, one process ---------------------------
+// The statistics, layout, leaf and fused hops and finish of one DynamiQ codec (4 chunks, 4
+// workers) through the Device interface on a device stream: every output byte the same on both
+// devices. Then the error word: an input whose chunk header is corrupt, one with an invalid
+// record and one that sums more workers than exist each set it to the same word on both devices
+// (kCodec, kMalformedPayload); a step queued after that does nothing; on the caller's stream the
+// step returns that Status at once.
+struct Lanes {
+  dq::engine::Device* d;
+  dq::engine::StreamHandle stream = nullptr;
+  dq::engine::EventHandle done = nullptr;
+  uint32_t* error = nullptr;
+  dq::engine::Lane lane() const { return dq::engine::Lane{stream, error}; }
+  void sync() const {
+    d->record(done, stream);
+    d->synchronize(done);
+  }
+};
+
+int steps_check() {
+  const std::unique_ptr<dq::engine::Device> cuda = dq::engine::make_emulated_cuda_device();
+  std::string why;
+  const std::unique_ptr<dq::Codec> codec = dq::make_codec("dynamiq:5", &why);
+  constexpr int kChunks = 4, kWorkers = 4;
+  constexpr size_t kCount = 300 * 256 + 77;
+  CHECK_OR(30, codec && codec->plan(kCount, kChunks, kWorkers) == dq::Status::kOk, "plan: %s",
+           why.c_str());
+  const size_t cap = codec->chunk_capacity(), words = codec->stats_words();
+  std::vector<std::vector<unsigned char>> x(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) x[r] = make_input(r, kCount, r == 2, r == 3);
+  auto tensor = [&](int r) {
+    return dq::ConstTensor{x[r].data(), r == 2 ? dq::DType::kBF16 : dq::DType::kF32, kCount};
+  };
+  // Everything one device produces, in order.
+  struct Result {
+    std::vector<uint16_t> stats;
+    std::vector<uint64_t> layout;
+    std::vector<std::vector<uint8_t>> leaf;
+    std::vector<uint8_t> fused, out;
+    uint32_t errors[3] = {0, 0, 0};
+    bool untouched = false;
+    dq::Status caller = dq::Status::kOk;
+  } res[2];
+  dq::engine::Device* devices[2] = {dq::engine::host_device(), cuda.get()};
+  for (int k = 0; k < 2; ++k) {
+    Lanes l{devices[k]};
+    Result& out = res[k];
+    CHECK_OR(31,
+             l.d->create_stream(&l.stream) == dq::Status::kOk &&
+                 l.d->create_event(&l.done) == dq::Status::kOk &&
+                 l.d->alloc_mapped(4, reinterpret_cast<void**>(&l.error)) == dq::Status::kOk,
+             "%s: setup", l.d->name());
+    *l.error = 0;
+    // Statistics of every worker, summed as the statistics all-reduce does (BF16 words).
+    std::vector<float> sum(words, 0.0f);
+    out.stats.assign(words * kWorkers, 0);
+    for (int r = 0; r < kWorkers; ++r)
+      l.d->local_stats(*codec, tensor(r), out.stats.data() + r * words, l.lane());
+    l.sync();
+    for (int r = 0; r < kWorkers; ++r)
+      for (size_t w = 0; w < words; ++w) sum[w] += dq::bf16_to_f32(out.stats[r * words + w]);
+    std::vector<uint16_t> reduced(words);
+    for (size_t w = 0; w < words; ++w) reduced[w] = dq::f32_to_bf16_sat(sum[w]);
+    out.layout.assign((codec->layout_bytes() + 7) / 8, 0x5a5a5a5a5a5a5a5aull);
+    l.d->build_layout(*codec, reduced.data(), 7, out.layout.data(), l.lane());
+    // Leaves of chunk 1 on every worker, then worker 3's fused hop of the other three.
+    dq::RoundingKey key;
+    key.seed = 11;
+    key.call = 7;
+    out.leaf.assign(kWorkers, std::vector<uint8_t>(cap, 0xEE));
+    for (int r = 0; r < kWorkers - 1; ++r) {
+      key.rank = static_cast<uint32_t>(r);
+      l.d->hop(*codec, out.layout.data(), 1, tensor(r), nullptr, 0, out.leaf[r].data(), key,
+               l.lane());
+    }
+    const dq::ByteView in[3] = {
+        {out.leaf[0].data(), cap}, {out.leaf[1].data(), cap}, {out.leaf[2].data(), cap}};
+    out.fused.assign(cap, 0xEE);
+    key.rank = 3;
+    l.d->hop(*codec, out.layout.data(), 1, tensor(3), in, 3, out.fused.data(), key, l.lane());
+    out.out.assign(kCount * 4, 0xEE);
+    l.d->finish(*codec, out.layout.data(), 1, dq::ByteView{out.fused.data(), cap}, out.out.data(),
+                dq::DType::kF32, dq::ReduceOp::kAvg, kWorkers, l.lane());
+    l.sync();
+    CHECK_OR(32, *l.error == 0, "%s: error word 0x%x on valid inputs", l.d->name(), *l.error);
+    // Malformed inputs: a chunk header byte (the magic), every record byte 0xFF (negative scales,
+    // invalid codes), and a message that sums every worker already (with own: one too many).
+    for (int e = 0; e < 3; ++e) {
+      std::vector<uint8_t> bad = out.leaf[0], sink(cap, 0xEE);
+      if (e == 0) bad[1] ^= 0x40;
+      if (e == 1)
+        std::memset(bad.data() + dq::kChunkHeaderBytes, 0xFF, cap - dq::kChunkHeaderBytes);
+      if (e == 2) bad = out.fused;
+      const dq::ByteView v{bad.data(), cap};
+      *l.error = 0;
+      l.d->hop(*codec, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key, l.lane());
+      l.sync();
+      out.errors[e] = *l.error;
+    }
+    // With the word set, a later step does nothing.
+    std::vector<uint8_t> skipped(cap, 0xEE);
+    l.d->hop(*codec, out.layout.data(), 1, tensor(3), nullptr, 0, skipped.data(), key, l.lane());
+    l.sync();
+    out.untouched = skipped == std::vector<uint8_t>(cap, 0xEE);
+    // On the caller's stream: at once, with the Status.
+    *l.error = 0;
+    std::vector<uint8_t> bad = out.leaf[0], sink(cap, 0xEE);
+    bad[1] ^= 0x40;
+    const dq::ByteView v{bad.data(), cap};
+    out.caller = l.d->hop(*codec, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key,
+                          dq::engine::Lane{nullptr, l.error});
+    l.d->destroy_event(l.done);
+    l.d->destroy_stream(l.stream);
+    l.d->release(l.error, nullptr);
+  }
+  const Result &h = res[0], &c = res[1];
+  CHECK_OR(33, h.stats == c.stats, "statistics differ");
+  CHECK_OR(34, h.layout == c.layout, "layouts differ");
+  for (int r = 0; r < kWorkers - 1; ++r)
+    CHECK_OR(35, h.leaf[r] == c.leaf[r], "worker %d's leaf message differs", r);
+  CHECK_OR(36, h.fused == c.fused, "the fused hop's message differs");
+  CHECK_OR(37, h.out == c.out, "the finish's output differs");
+  const uint32_t malformed = dq::engine::error_word(
+      dq::engine::ErrorSource::kCodec, static_cast<int>(dq::Status::kMalformedPayload));
+  for (int e = 0; e < 3; ++e)
+    CHECK_OR(38, h.errors[e] == malformed && c.errors[e] == malformed,
+             "malformed input %d: error word 0x%x on the host device, 0x%x on the emulated CUDA "
+             "device, expected 0x%x",
+             e, h.errors[e], c.errors[e], malformed);
+  CHECK_OR(39, h.untouched && c.untouched, "a step ran after the error word was set");
+  CHECK_OR(40, h.caller == dq::Status::kMalformedPayload && c.caller == h.caller,
+           "caller's stream: %s on the host device, %s on the emulated CUDA device",
+           dq::status_name(h.caller), dq::status_name(c.caller));
+  const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda.get());
+  CHECK_OR(41, n.host_fallbacks == 0 && n.stats == kWorkers && n.layouts == 1,
+           "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
+  std::printf(
+      "emulated CUDA device steps: statistics, layout, leaves, fused hop, finish equal the host "
+      "device's; malformed inputs set the same error word; later steps skipped\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s NRANKS [TOPO] | steps\n", argv[0]);
+    return 2;
+  }
+  if (std::string(argv[1]) == "steps") return steps_check();
+  const int n = std::atoi(argv[1]);
+  const std::string topo = argc > 2 ? argv[2] : "auto";
+  dq::test::RankOptions opt;
+  opt.timeout_s = 240;
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      n, 2, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* ids) {
+        ncclComm_t comms[2];
+        for (int k = 0; k < 2; ++k)
+          if (ncclCommInitRank(&comms[k], n, ids[k], r) != ncclSuccess) return 97;
+        return body(n, topo, r, comms);
+      });
+  bool ok = true;
+  for (size_t r = 0; r < exits.size(); ++r)
+    if (exits[r].code() != 0) {
+      const int code = exits[r].code();
+      std::fprintf(stderr, "FAIL: rank %zu exited with %d%s\n", r, code,
+                   code == 124   ? " (hang: killed at the deadline)"
+                   : code == 125 ? " (killed: another rank failed)"
+                                 : "");
+      ok = false;
+    }
+  if (!ok) return 1;
+  std::printf("emulated CUDA device, %d ranks, %s: every call's bytes equal the host device's\n", n,
+              topo.c_str());
+  return 0;
+}
