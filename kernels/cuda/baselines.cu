@@ -1,0 +1,419 @@
+// The baseline codecs' layout, fused hop (leaf included) and finish on the device: the bytes of
+// the host codecs' BlockCodec::build_layout, run_hop and run_finish with the BF16, MX and uniform
+// kernels of kernels/baselines/ (bf16_codec.cc, mx_codec.cc, uniform_codec.cc).
+//
+// Work split: a block of 256 threads takes 256 consecutive values of the chunk at a time (blocks
+// stride over the chunk); thread k owns value k, so an MX block of 32 values is one warp and a
+// uniform group of 16 values is a half warp. Per value of the hop:
+//  - v = own, plus each input's decoded value in input order (the host's order); values past the
+//    end of the tensor in the chunk's last block stay 0 and take nothing from the inputs;
+//  - the block's (group's) largest magnitude by shuffles on the FP32 bit patterns (NaN and Inf
+//    above every finite value, as on the host), the scale from it (mx_scale_byte,
+//    f32_to_bf16_up), the element code (mx_encode_element; the uniform rounding with Philox word
+//    e % 4 of block e / 4, e the value's index in the caller's whole tensor);
+//  - codes packed LSB first by shuffles (every byte from the up to four codes it holds bits of).
+// Chunk spans and layout digests follow from the plan alone, so the launch functions compute
+// them on the host, as BlockCodec::span and layout_digest do.
+#include "kernels/baselines/mx_element.h"
+#include "kernels/bf16.h"
+#include "kernels/bitpack.h"
+#include "kernels/cuda/baselines.h"
+#include "kernels/cuda/block.cuh"
+#include "kernels/philox.h"
+
+namespace dq::cuda {
+namespace {
+
+enum Family : int { kFamilyBf16 = 0, kFamilyMx = 1, kFamilyUniform = 2 };
+
+struct HopInputs {
+  const uint8_t* p[kMaxBaselineInputs];
+};
+
+// One chunk of the plan: BlockCodec::span() and the header fields expected of its messages.
+struct ChunkArgs {
+  unsigned long long begin;     // first element
+  unsigned long long n_real;    // elements of the chunk (end - begin)
+  unsigned long long n_blocks;  // blocks of the chunk, the last one possibly partial
+  uint32_t digest;              // BlockCodec::layout_digest()
+  int chunk;
+};
+
+constexpr uint16_t kUniformScaleNaN = 0x7FC0;
+
+__device__ __forceinline__ uint16_t get16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+__device__ __forceinline__ uint32_t get32(const uint8_t* p) {
+  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+__device__ __forceinline__ uint32_t layout_call(const void* layout) {
+  return static_cast<uint32_t>(*static_cast<const uint64_t*>(layout));
+}
+
+// check_chunk_header() of payload.cc against the chunk's expected header: n_contrib in
+// [1, max_contrib]; returns n_contrib, or 0 when anything disagrees.
+__device__ __forceinline__ int check_header(const uint8_t* h, CodecId codec, const ChunkArgs& c,
+                                            uint32_t call, int max_contrib) {
+  const uint16_t n_contrib = get16(h + 6);
+  const bool ok = get16(h) == kPayloadMagic && h[2] == kPayloadVersion &&
+                  h[3] == static_cast<uint8_t>(codec) && get16(h + 4) == static_cast<uint16_t>(c.chunk) &&
+                  get32(h + 8) == call && get32(h + 12) == c.digest && n_contrib >= 1 &&
+                  n_contrib <= max_contrib;
+  return ok ? n_contrib : 0;
+}
+
+// UniformKernel::scale_valid: NaN (a non-finite input upstream), or non-negative and finite.
+__device__ __forceinline__ bool uniform_scale_valid(uint16_t s) {
+  return (s & 0x7fffu) > 0x7f80u || s < 0x7f80u;
+}
+
+// The decoded value at position `pos` of block `blk` (the host kernels' decode()); *bad is set
+// where the block holds content the host's validate() refuses (uniform only).
+template <int F>
+__device__ __forceinline__ float decode_value(const BaselineDeviceParams& d, const uint8_t* blk, int pos,
+                                              bool* bad) {
+  if (F == kFamilyBf16) return bf16_to_f32(get16(blk));
+  if (F == kFamilyMx) {
+    const MxKind kind = static_cast<MxKind>(d.variant);
+    const uint32_t code = unpack_code(blk + 1, pos, d.element_bits);
+    return mx_decode_element(kind, static_cast<uint8_t>(code)) * mx_scale_value(blk[0]);
+  }
+  const uint16_t scale_bits = get16(blk);
+  const uint32_t code = unpack_code(blk + 2, pos, d.element_bits);
+  *bad |= !uniform_scale_valid(scale_bits) || code == (1u << d.element_bits) - 1u;
+  const int q = static_cast<int>(code) - d.levels;
+  return (static_cast<float>(q) * bf16_to_f32(scale_bits)) / static_cast<float>(d.levels);
+}
+
+// Byte `lane % width` of the codes of the `width` lanes of this segment packed LSB first at
+// `bits` each (pack_codes()); meaningful for the first width * bits / 8 lanes. Every lane of the
+// warp calls it. A byte holds bits of at most four codes (bits >= 2); codes past the segment
+// come in only above bit 7.
+__device__ __forceinline__ uint8_t pack_byte(uint32_t code, int bits, int width) {
+  const int b = static_cast<int>(threadIdx.x) & (width - 1);
+  const int bit0 = 8 * b;
+  const int first = bit0 / bits, shift = bit0 % bits;
+  uint32_t acc = 0;
+  DQ_UNROLL
+  for (int t = 0; t < 4; ++t) {
+    const uint32_t c = __shfl_sync(kFullMask, code, first + t, width);  // lane first + t mod width
+    acc |= t == 0 ? (c >> shift) : (c << (t * bits - shift));        // shifts of 1 .. 24
+  }
+  return static_cast<uint8_t>(acc);
+}
+
+// Largest magnitude bit pattern over the `width` lanes of this segment.
+__device__ __forceinline__ uint32_t segment_max(uint32_t a, int width) {
+  DQ_UNROLL
+  for (int off = 16; off > 0; off >>= 1) {
+    const uint32_t o = __shfl_xor_sync(kFullMask, a, off, 32);
+    a = (off < width && o > a) ? o : a;
+  }
+  return a;
+}
+
+__device__ __forceinline__ uint32_t word_of(const Philox4& r, uint64_t i) {
+  const uint32_t j = static_cast<uint32_t>(i & 3u);
+  return j == 0 ? r.v[0] : j == 1 ? r.v[1] : j == 2 ? r.v[2] : r.v[3];
+}
+
+template <int F>
+__global__ void __launch_bounds__(kBaselineThreads)
+    baseline_hop_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const void* own,
+                        int own_bf16, HopInputs in, int n_in, uint8_t* out, RoundingKey key,
+                        unsigned* error) {
+  const int k = static_cast<int>(threadIdx.x);
+  const uint32_t call = layout_call(layout);
+  // Every thread checks the headers (a few bytes, the same answer everywhere): a message the host
+  // refuses before writing leaves `out` untouched here too.
+  int contrib = 0;
+  bool bad_header = false;
+  for (int m = 0; m < n_in; ++m) {
+    const int n = check_header(in.p[m], d.codec, c, call, d.n_workers);
+    bad_header |= n == 0;
+    contrib += n;
+  }
+  if (bad_header || contrib + 1 > d.n_workers) {
+    if (blockIdx.x == 0 && k == 0)
+      atomicOr(error, (bad_header ? unsigned{kBaselineBadHeader} : 0u) |
+                          (contrib + 1 > d.n_workers ? unsigned{kBaselineTooManyWorkers} : 0u));
+    return;  // the whole grid: no barrier follows
+  }
+  if (blockIdx.x == 0 && k == 0) {
+    const uint32_t n = static_cast<uint32_t>(contrib + 1);
+    const uint8_t h[kChunkHeaderBytes] = {
+        static_cast<uint8_t>(kPayloadMagic & 0xff), static_cast<uint8_t>(kPayloadMagic >> 8),
+        kPayloadVersion, static_cast<uint8_t>(d.codec),
+        static_cast<uint8_t>(c.chunk & 0xff), static_cast<uint8_t>((c.chunk >> 8) & 0xff),
+        static_cast<uint8_t>(n & 0xff), static_cast<uint8_t>((n >> 8) & 0xff),
+        static_cast<uint8_t>(call), static_cast<uint8_t>(call >> 8),
+        static_cast<uint8_t>(call >> 16), static_cast<uint8_t>(call >> 24),
+        static_cast<uint8_t>(c.digest), static_cast<uint8_t>(c.digest >> 8),
+        static_cast<uint8_t>(c.digest >> 16), static_cast<uint8_t>(c.digest >> 24)};
+    for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
+  }
+  uint8_t* body = out + kChunkHeaderBytes;
+  const unsigned long long body_bytes = c.n_blocks * static_cast<unsigned long long>(d.block_bytes);
+  const unsigned long long body_capacity = d.capacity - kChunkHeaderBytes;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * kBaselineThreads;
+  for (unsigned long long b = body_bytes + blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k;
+       b < body_capacity; b += stride)
+    body[b] = 0;
+
+  const unsigned long long n_vals = c.n_blocks * static_cast<unsigned long long>(d.block_elems);
+  const float levels = static_cast<float>(d.levels);
+  bool bad = false;
+  // The same trips in every thread of the block (the shuffles below need the whole warp).
+  for (unsigned long long t = blockIdx.x; t * kBaselineThreads < n_vals; t += gridDim.x) {
+    const unsigned long long rel = t * kBaselineThreads + static_cast<unsigned long long>(k);
+    const bool in_block = rel < n_vals;  // a value of one of the chunk's blocks (maybe padding)
+    const bool real = rel < c.n_real;    // an element of the tensor
+    const unsigned long long blk = rel / static_cast<unsigned long long>(d.block_elems);
+    const int pos = static_cast<int>(rel % static_cast<unsigned long long>(d.block_elems));
+    float v = 0.0f;
+    if (real) {
+      const unsigned long long e = c.begin + rel;
+      v = own_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(own)[e]) : static_cast<const float*>(own)[e];
+    }
+    if (in_block)
+      for (int m = 0; m < n_in; ++m) {
+        const uint8_t* src = in.p[m] + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes);
+        const float x = decode_value<F>(d, src, pos, &bad);
+        if (real) v += x;
+      }
+    uint8_t* dst = body + blk * static_cast<unsigned long long>(d.block_bytes);
+    if (F == kFamilyBf16) {
+      const uint16_t h = f32_to_bf16_rne(v);
+      if (in_block) {
+        dst[0] = static_cast<uint8_t>(h);
+        dst[1] = static_cast<uint8_t>(h >> 8);
+      }
+      continue;
+    }
+    const uint32_t amax = segment_max(f32_bits(v) & 0x7fffffffu, d.block_elems);
+    uint32_t code;
+    if (F == kFamilyMx) {
+      const MxKind kind = static_cast<MxKind>(d.variant);
+      const uint8_t scale = mx_scale_byte(kind, amax);
+      code = scale == kMxScaleNaN ? 0u
+                                  : mx_encode_element(mx_format(kind), v * mx_inverse_scale(scale));
+      const uint8_t byte = pack_byte(code, d.element_bits, 32);
+      if (in_block) {
+        if (pos == 0) dst[0] = scale;
+        if (pos < 32 * d.element_bits / 8) dst[1 + pos] = byte;
+      }
+    } else {
+      uint16_t scale_bits;
+      if (amax >= 0x7f800000u || amax == 0) {
+        scale_bits = amax == 0 ? 0 : kUniformScaleNaN;
+        code = static_cast<uint32_t>(d.levels);
+      } else {
+        scale_bits = f32_to_bf16_up(f32_from_bits(amax));
+        const float scale = bf16_to_f32(scale_bits);
+        const uint64_t e = key.element_base + c.begin + rel;
+        const Philox4 r = philox_draw(key.seed, key.call, key.rank, kStreamRounding, static_cast<uint32_t>(e / 4));
+        float x = (v / scale) * levels;
+        x = x > levels ? levels : (x < -levels ? -levels : x);
+        int fl = static_cast<int>(x);
+        fl -= static_cast<float>(fl) > x ? 1 : 0;
+        const float frac = x - static_cast<float>(fl);
+        int q = fl + (uniform24(word_of(r, e)) < frac ? 1 : 0);
+        q = q > d.levels ? d.levels : q;
+        code = static_cast<uint32_t>(q + d.levels);
+      }
+      const uint8_t byte = pack_byte(code, d.element_bits, 16);
+      if (in_block) {
+        if (pos == 0) {
+          dst[0] = static_cast<uint8_t>(scale_bits);
+          dst[1] = static_cast<uint8_t>(scale_bits >> 8);
+        }
+        if (pos < 2 * d.element_bits) dst[2 + pos] = byte;
+      }
+    }
+  }
+  if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
+}
+
+// After a uniform hop: an input with invalid codes leaves the whole message zero (run_hop()).
+__global__ void __launch_bounds__(kBaselineThreads)
+    baseline_hop_clear_kernel(unsigned long long capacity, uint8_t* out, const unsigned* error) {
+  if ((*error & kBaselineBadCodes) == 0) return;
+  for (unsigned long long b = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+       b < capacity; b += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads)
+    out[b] = 0;
+}
+
+// The finish's validation pass: the header (its worker count n_contrib), and for uniform every
+// code and scale of the chunk's groups, padding included (UniformKernel::validate()).
+__global__ void __launch_bounds__(kBaselineThreads)
+    baseline_finish_check_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const uint8_t* in,
+                                 int n_contrib, unsigned* error) {
+  const int k = static_cast<int>(threadIdx.x);
+  if (blockIdx.x == 0 && k == 0 && check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib)
+    atomicOr(error, unsigned{kBaselineBadHeader});
+  if (d.codec != CodecId::kUniform) return;
+  const unsigned long long n_vals = c.n_blocks * static_cast<unsigned long long>(d.block_elems);
+  bool bad = false;
+  for (unsigned long long rel = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k; rel < n_vals;
+       rel += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads) {
+    const uint8_t* blk = in + kChunkHeaderBytes + (rel / 16) * static_cast<unsigned long long>(d.block_bytes);
+    (void)decode_value<kFamilyUniform>(d, blk, static_cast<int>(rel % 16), &bad);
+  }
+  if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
+}
+
+template <int F>
+__global__ void __launch_bounds__(kBaselineThreads)
+    baseline_finish_kernel(BaselineDeviceParams d, ChunkArgs c, const uint8_t* in, void* out, int out_bf16,
+                           int avg, int n_contrib, const unsigned* error) {
+  if (*error != 0) return;  // the same in every thread: nothing is written
+  const float divisor = static_cast<float>(n_contrib);
+  bool bad = false;
+  for (unsigned long long rel = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+       rel < c.n_real; rel += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads) {
+    const unsigned long long blk = rel / static_cast<unsigned long long>(d.block_elems);
+    const int pos = static_cast<int>(rel % static_cast<unsigned long long>(d.block_elems));
+    float v = decode_value<F>(d, in + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes),
+                              pos, &bad);
+    if (avg) v /= divisor;
+    const unsigned long long e = c.begin + rel;
+    if (out_bf16) static_cast<uint16_t*>(out)[e] = f32_to_bf16_rne(v);
+    else static_cast<float*>(out)[e] = v;
+  }
+}
+
+__global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *layout = call;
+}
+
+// BlockCodec::span() and layout_digest() (host code).
+ChunkArgs chunk_args(const BaselineDeviceParams& d, int chunk) {
+  const unsigned long long n = static_cast<unsigned long long>(d.n_chunks);
+  const unsigned long long ch = static_cast<unsigned long long>(chunk);
+  const unsigned long long first = ch * d.n_blocks / n;
+  const unsigned long long n_blocks = (ch + 1) * d.n_blocks / n - first;
+  unsigned long long begin = first * static_cast<unsigned long long>(d.block_elems);
+  unsigned long long end = (first + n_blocks) * static_cast<unsigned long long>(d.block_elems);
+  begin = begin > d.count ? d.count : begin;
+  end = end > d.count ? d.count : end;
+  // FNV-1a-64 over the little-endian bytes of [codec id, variant, count, begin, end], folded.
+  const uint64_t words[5] = {static_cast<uint64_t>(d.codec), d.variant, d.count, begin, end};
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t w : words)
+    for (int b = 0; b < 8; ++b) {
+      h ^= (w >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  return ChunkArgs{begin, end - begin, n_blocks, static_cast<uint32_t>(h) ^ static_cast<uint32_t>(h >> 32), chunk};
+}
+
+unsigned grid_for(unsigned long long work, int max_blocks) {
+  const unsigned long long cap = max_blocks > 0 ? static_cast<unsigned long long>(max_blocks) : 4096;
+  const unsigned long long n = work < cap ? work : cap;
+  return static_cast<unsigned>(n > 0 ? n : 1);
+}
+
+int family_of(CodecId codec) {
+  return codec == CodecId::kBf16 ? kFamilyBf16 : codec == CodecId::kUniform ? kFamilyUniform : kFamilyMx;
+}
+
+bool params_ok(const BaselineDeviceParams& d) {
+  const bool mx = d.codec == CodecId::kMxfp8 || d.codec == CodecId::kMxfp6E3M2 ||
+                  d.codec == CodecId::kMxfp6E2M3 || d.codec == CodecId::kMxfp4;
+  if (!mx && d.codec != CodecId::kBf16 && d.codec != CodecId::kUniform) return false;
+  if (mx && (d.variant > 3 || d.block_elems != 32)) return false;
+  if (d.codec == CodecId::kUniform && (d.block_elems != 16 || d.element_bits < 2 || d.element_bits > 8))
+    return false;
+  if (d.codec == CodecId::kBf16 && d.block_elems != 1) return false;
+  return d.n_chunks >= 1 && d.n_workers >= 1 && d.capacity >= kChunkHeaderBytes;
+}
+
+}  // namespace
+
+cudaError_t launch_baseline_layout(uint64_t call, void* layout, cudaStream_t stream) {
+  if (layout == nullptr) return cudaErrorInvalidValue;
+  DQ_LAUNCH(baseline_layout_kernel, dim3(1), dim3(kWarp), 0, stream, call, static_cast<uint64_t*>(layout));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* layout, int chunk,
+                                const void* own, bool own_bf16, const uint8_t* const* inputs, int n_in,
+                                uint8_t* out, const RoundingKey& key, unsigned* error,
+                                cudaStream_t stream, int max_blocks) {
+  // check_hop_args() and check_element_base() of the host.
+  if (!params_ok(params) || layout == nullptr || out == nullptr || error == nullptr || chunk < 0 ||
+      chunk >= params.n_chunks || n_in < 0 || n_in > kMaxBaselineInputs || (n_in > 0 && inputs == nullptr) ||
+      (own == nullptr && params.count > 0) || key.element_base % 256 != 0 ||
+      params.count > kMaxElementIndex || key.element_base > kMaxElementIndex - params.count)
+    return cudaErrorInvalidValue;
+  HopInputs in{};
+  for (int i = 0; i < n_in; ++i) {
+    if (inputs[i] == nullptr) return cudaErrorInvalidValue;
+    in.p[i] = inputs[i];
+  }
+  const ChunkArgs c = chunk_args(params, chunk);
+  const unsigned long long tiles =
+      (c.n_blocks * static_cast<unsigned long long>(params.block_elems) + kBaselineThreads - 1) / kBaselineThreads;
+  const dim3 grid(grid_for(tiles, max_blocks));
+  const int b16 = own_bf16 ? 1 : 0;
+  switch (family_of(params.codec)) {
+    case kFamilyBf16:
+      DQ_LAUNCH(baseline_hop_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params, layout, c,
+                own, b16, in, n_in, out, key, error);
+      break;
+    case kFamilyMx:
+      DQ_LAUNCH(baseline_hop_kernel<kFamilyMx>, grid, dim3(kBaselineThreads), 0, stream, params, layout, c, own,
+                b16, in, n_in, out, key, error);
+      break;
+    default: {
+      DQ_LAUNCH(baseline_hop_kernel<kFamilyUniform>, grid, dim3(kBaselineThreads), 0, stream, params, layout, c,
+                own, b16, in, n_in, out, key, error);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess || n_in == 0) return e;
+      DQ_LAUNCH(baseline_hop_clear_kernel, dim3(grid_for((params.capacity + kBaselineThreads - 1) / kBaselineThreads,
+                                                         max_blocks)),
+                dim3(kBaselineThreads), 0, stream, params.capacity, out, static_cast<const unsigned*>(error));
+    }
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout, int chunk,
+                                   const uint8_t* in, void* out, bool out_bf16, bool avg, int n_contrib,
+                                   unsigned* error, cudaStream_t stream, int max_blocks) {
+  // run_finish()'s argument checks.
+  if (!params_ok(params) || layout == nullptr || in == nullptr || error == nullptr || chunk < 0 ||
+      chunk >= params.n_chunks || n_contrib < 1 || n_contrib > params.n_workers ||
+      (out == nullptr && params.count > 0))
+    return cudaErrorInvalidValue;
+  const ChunkArgs c = chunk_args(params, chunk);
+  const int family = family_of(params.codec);
+  const unsigned long long vals = c.n_blocks * static_cast<unsigned long long>(params.block_elems);
+  // Only uniform has codes to validate; the others check the header alone.
+  const dim3 check_grid(family == kFamilyUniform ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
+                                                 : 1u);
+  DQ_LAUNCH(baseline_finish_check_kernel, check_grid, dim3(kBaselineThreads), 0, stream, params, layout, c, in,
+            n_contrib, error);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const dim3 grid(grid_for((c.n_real + kBaselineThreads - 1) / kBaselineThreads, max_blocks));
+  const int b16 = out_bf16 ? 1 : 0, av = avg ? 1 : 0;
+  const unsigned* err = error;
+  switch (family) {
+    case kFamilyBf16:
+      DQ_LAUNCH(baseline_finish_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params, c, in, out,
+                b16, av, n_contrib, err);
+      break;
+    case kFamilyMx:
+      DQ_LAUNCH(baseline_finish_kernel<kFamilyMx>, grid, dim3(kBaselineThreads), 0, stream, params, c, in, out, b16,
+                av, n_contrib, err);
+      break;
+    default:
+      DQ_LAUNCH(baseline_finish_kernel<kFamilyUniform>, grid, dim3(kBaselineThreads), 0, stream, params, c, in,
+                out, b16, av, n_contrib, err);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace dq::cuda
