@@ -14,9 +14,13 @@
 #include "kernels/codec.h"
 #include "kernels/cuda/stats.h"
 #include "kernels/dynamiq_codec.h"
+#include "tests/kernels/cuda/device_buffers.h"
 
 namespace dq::cuda {
 namespace {
+
+using test::DeviceArray;
+using test::kernel_fault;
 
 // Values of super-group j drawn from one of several regimes, so that every path of the
 // arithmetic is met: plain, tiny, denormal, huge (squares overflow), zeros, NaN and Inf.
@@ -72,6 +76,15 @@ void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>&
 const size_t kCounts[] = {0, 1, 2, 15, 16, 17, 255, 256, 257, 511, 4095, 4096, 4097,
                           3 * 4096 + 1000, 40000};
 
+// The kernel's statistics of x (device copies of x and of the output, as the kernel sees them).
+template <class T>
+cudaError_t device_stats(const std::vector<T>& x, bool bf16, std::vector<uint16_t>* dev, int blocks) {
+  const DeviceArray<T> d_x(x);
+  const DeviceArray<uint16_t> d_stats(*dev);
+  const cudaError_t e = launch_supergroup_stats(d_x.get(), bf16, x.size(), d_stats.get(), nullptr, blocks);
+  return e != cudaSuccess ? e : d_stats.fetch(*dev);
+}
+
 TEST(CudaStats, Fp32MatchesHostByteForByte) {
   uint32_t seed = 1;
   for (size_t count : kCounts)
@@ -79,8 +92,7 @@ TEST(CudaStats, Fp32MatchesHostByteForByte) {
       const std::vector<float> x = make_values(count, seed++);
       const std::vector<uint16_t> host = host_stats(x.data(), DType::kF32, count);
       std::vector<uint16_t> dev(host.size(), 0xBEEF);
-      ASSERT_EQ(launch_supergroup_stats(x.data(), false, count, dev.data(), nullptr, blocks), cudaSuccess)
-          << emu::last_report().message;
+      ASSERT_EQ(device_stats(x, false, &dev, blocks), cudaSuccess) << kernel_fault();
       expect_same(host, dev, "fp32", count, blocks);
     }
 }
@@ -94,8 +106,7 @@ TEST(CudaStats, Bf16MatchesHostByteForByte) {
       for (size_t i = 0; i < count; ++i) x[i] = f32_to_bf16_rne(f[i]);
       const std::vector<uint16_t> host = host_stats(x.data(), DType::kBF16, count);
       std::vector<uint16_t> dev(host.size(), 0xBEEF);
-      ASSERT_EQ(launch_supergroup_stats(x.data(), true, count, dev.data(), nullptr, blocks), cudaSuccess)
-          << emu::last_report().message;
+      ASSERT_EQ(device_stats(x, true, &dev, blocks), cudaSuccess) << kernel_fault();
       expect_same(host, dev, "bf16", count, blocks);
     }
 }
@@ -111,8 +122,7 @@ TEST(CudaStats, Bf16RandomBitPatterns) {
     if ((i / 256) % 3 != 0 && (x[i] & 0x7f80u) == 0x7f80u) x[i] &= 0xbfffu;
   const std::vector<uint16_t> host = host_stats(x.data(), DType::kBF16, count);
   std::vector<uint16_t> dev(host.size(), 0xBEEF);
-  ASSERT_EQ(launch_supergroup_stats(x.data(), true, count, dev.data(), nullptr, 0), cudaSuccess)
-      << emu::last_report().message;
+  ASSERT_EQ(device_stats(x, true, &dev, 0), cudaSuccess) << kernel_fault();
   expect_same(host, dev, "bf16 bits", count, 0);
 }
 
@@ -121,7 +131,7 @@ TEST(CudaStats, PoisonedSuperGroupsStayNonFinite) {
   x[300] = std::numeric_limits<float>::quiet_NaN();
   x[600] = INFINITY;
   std::vector<uint16_t> dev(8);
-  ASSERT_EQ(launch_supergroup_stats(x.data(), false, x.size(), dev.data(), nullptr, 0), cudaSuccess);
+  ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
   EXPECT_EQ(dev[0], f32_to_bf16_sat(1.0f));
   EXPECT_TRUE(std::isnan(bf16_to_f32(dev[2])));
   EXPECT_TRUE(std::isinf(bf16_to_f32(dev[4])));

@@ -1,0 +1,97 @@
+// Device memory for the kernel-vs-host tests, so that one test source runs both under the CPU
+// emulation (kernels/cuda/EMULATION.md: kernels take host pointers) and, compiled by nvcc
+// (tests/gpu/meson.build), on a real device:
+//  - DeviceArray<T>: a host array as the kernels see it. Under the emulation it is the host
+//    array itself, and fetch() does nothing, so the emulated tests run exactly as before. Under
+//    CUDA it is a cudaMalloc'ed copy written from the host array when made; fetch() waits for
+//    the device and copies it back into a host array.
+//  - kernel_fault(): what went wrong in the last launch, for a test's failure message.
+//  - reduced_matrix(): DQ_KERNEL_TESTS_REDUCED=1 (set by tests/gpu/check.sh under
+//    compute-sanitizer, which is slow) leaves out the largest cases of the matrix.
+#pragma once
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_compat.h"
+
+namespace dq::cuda::test {
+
+inline bool reduced_matrix() {
+  const char* v = std::getenv("DQ_KERNEL_TESTS_REDUCED");
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+#if DQ_CUDA_EMULATED
+
+inline std::string kernel_fault() { return emu::last_report().message; }
+
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray(const T* host, size_t n) : ptr_(const_cast<T*>(host)), n_(n) {}
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.data(), host.size()) {}
+  T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+  // The kernels wrote the host array itself; only a different destination needs a copy.
+  cudaError_t fetch(T* host) const {
+    if (host != ptr_ && n_ > 0) std::memcpy(host, ptr_, n_ * sizeof(T));
+    return cudaSuccess;
+  }
+  cudaError_t fetch(std::vector<T>& host) const { return fetch(host.data()); }
+
+ private:
+  T* ptr_;
+  size_t n_;
+};
+
+#else  // real CUDA
+
+inline std::string kernel_fault() {
+  const cudaError_t e = cudaPeekAtLastError();
+  return std::string("CUDA: ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+}
+
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray(const T* host, size_t n) : n_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    status_ = cudaMalloc(&p, n * sizeof(T));
+    if (status_ != cudaSuccess) return;
+    ptr_ = static_cast<T*>(p);
+    status_ = cudaMemcpy(ptr_, host, n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.data(), host.size()) {}
+  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_), status_(o.status_) { o.ptr_ = nullptr; }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray& operator=(DeviceArray&&) = delete;
+  ~DeviceArray() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  // nullptr for an empty array or a failed allocation (fetch() then returns the error).
+  T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+  // Waits for the device, then copies the array into `host` (n elements). Returns the first
+  // error: the allocation's, the device's (a kernel that faulted) or the copy's.
+  cudaError_t fetch(T* host) const {
+    if (status_ != cudaSuccess) return status_;
+    const cudaError_t sync = cudaDeviceSynchronize();
+    if (sync != cudaSuccess || n_ == 0) return sync;
+    return cudaMemcpy(host, ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+  }
+  cudaError_t fetch(std::vector<T>& host) const { return fetch(host.data()); }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+  cudaError_t status_ = cudaSuccess;
+};
+
+#endif
+
+}  // namespace dq::cuda::test
