@@ -1,0 +1,207 @@
+// The fused-hop kernel's throughput against a device-to-device cudaMemcpy in the same run
+// (issue 11's target: the hop at least 60% of the copy's bandwidth). Not a test: it prints the
+// numbers and fails only on a CUDA error or a kernel's error flag, never on the ratio.
+//
+//   hop_bandwidth [count (default 2^26)] [chunks (default 8)] [iterations (default 20)]
+//
+// Two workers' FP32 tensors of `count` values; statistics and layout on the device; then, timed
+// with CUDA events over `iterations` rounds after one warm-up round:
+//  - copy: cudaMemcpyAsync device to device of the tensor (count * 4 bytes);
+//  - leaf: the hop with no input (n_in = 0) of every chunk, i.e. the whole tensor compressed;
+//  - hop:  the hop with one input message (n_in = 1, the other worker's leaf) of every chunk,
+//          the step of a ring all-reduce;
+//  - stats: the statistics kernel over the tensor.
+// "GB/s" is tensor bytes (count * 4) per second, so each ratio is the copy's time over the
+// kernel's for the same tensor; "traffic" adds what each moves besides (the copy reads and
+// writes the tensor; a hop reads the tensor and its inputs and writes a chunk_capacity()
+// message per chunk). Exit 77 without a device.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "kernels/cuda/dynamiq.h"
+#include "kernels/cuda/stats.h"
+#include "kernels/dynamiq_codec.h"
+
+namespace {
+
+#define CHECK(call)                                                                                      \
+  do {                                                                                                   \
+    const cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) {                                                                             \
+      std::fprintf(stderr, "FAIL: %s at %s:%d: %s\n", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                      \
+    }                                                                                                    \
+  } while (0)
+
+// Roughly normal values, one scale per super-group over 2^-20..2^20 (every width occurs).
+std::vector<float> make_values(size_t count, uint64_t seed) {
+  std::vector<float> x(count);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&s] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  };
+  for (size_t base = 0; base < count; base += 256) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(next() % 40) - 20);
+    for (size_t i = base; i < count && i < base + 256; ++i) {
+      const uint64_t r = next();
+      const float u = static_cast<float>(r & 0xffff) + static_cast<float>((r >> 16) & 0xffff) +
+                      static_cast<float>((r >> 32) & 0xffff) + static_cast<float>((r >> 48) & 0xffff);
+      x[i] = (u / 65536.0f - 2.0f) * 1.7320508f * scale;
+    }
+  }
+  return x;
+}
+
+struct Timer {
+  cudaEvent_t start, stop;
+  Timer() {
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+  }
+  template <class F>
+  double seconds_per_round(F round, int iterations) {
+    round();  // warm-up
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaEventRecord(start));
+    for (int i = 0; i < iterations; ++i) round();
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms / 1e3 / iterations;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dq;
+  using namespace dq::cuda;
+  const size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (size_t{1} << 26);
+  const int n_chunks = argc > 2 ? std::atoi(argv[2]) : 8;
+  const int iterations = argc > 3 ? std::atoi(argv[3]) : 20;
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+    return 77;
+  }
+  if (count == 0 || n_chunks < 1 || iterations < 1) {
+    std::fprintf(stderr, "usage: %s [count > 0] [chunks >= 1] [iterations >= 1]\n", argv[0]);
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (compute capability %d.%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount);
+
+  const DynamiqOptions options{};
+  auto codec = make_dynamiq_codec(options);
+  if (codec->plan(count, n_chunks, 2) != Status::kOk) {
+    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count, n_chunks);
+    return 1;
+  }
+  const size_t cap = codec->chunk_capacity();
+  const DynamiqDeviceParams params = dynamiq_device_params(count, n_chunks, 2, cap, options);
+  LevelTable levels[3];
+  dynamiq_level_tables(options, levels);
+  const size_t bytes = count * sizeof(float);
+  const size_t stats_words = codec->stats_words();
+
+  float *own[2], *copy_dst;
+  uint16_t *d_stats, *d_reduced;
+  LevelTable* d_levels;
+  void* d_layout;
+  uint8_t *leaves, *out;
+  unsigned* d_error;
+  for (int r = 0; r < 2; ++r) {
+    CHECK(cudaMalloc(&own[r], bytes));
+    const std::vector<float> x = make_values(count, 1 + r);
+    CHECK(cudaMemcpy(own[r], x.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  CHECK(cudaMalloc(&copy_dst, bytes));
+  CHECK(cudaMalloc(&d_stats, 2 * stats_words * sizeof(uint16_t)));
+  CHECK(cudaMalloc(&d_reduced, stats_words * sizeof(uint16_t)));
+  CHECK(cudaMalloc(&d_levels, sizeof levels));
+  CHECK(cudaMalloc(&d_layout, params.sections.bytes));
+  CHECK(cudaMalloc(&leaves, cap * n_chunks));
+  CHECK(cudaMalloc(&out, cap * n_chunks));
+  CHECK(cudaMalloc(&d_error, sizeof(unsigned)));
+  CHECK(cudaMemset(d_error, 0, sizeof(unsigned)));
+  CHECK(cudaMemcpy(d_levels, levels, sizeof levels, cudaMemcpyHostToDevice));
+
+  // Statistics of both workers on the device, summed on the host as the all-reduce would.
+  for (int r = 0; r < 2; ++r)
+    CHECK(launch_supergroup_stats(own[r], false, count, d_stats + r * stats_words, nullptr));
+  std::vector<uint16_t> stats(2 * stats_words), reduced(stats_words);
+  CHECK(cudaMemcpy(stats.data(), d_stats, stats.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  for (size_t w = 0; w < stats_words; ++w)
+    reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[stats_words + w]));
+  CHECK(cudaMemcpy(d_reduced, reduced.data(), stats_words * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  const uint64_t call = 7;
+  CHECK(launch_dynamiq_layout(params, d_reduced, call, d_layout, d_error, nullptr));
+  // Worker 1's leaves: the inputs of worker 0's hops.
+  for (int c = 0; c < n_chunks; ++c) {
+    const RoundingKey key{1, call, 1, 1, 2, 0, 0};
+    CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[1], false, nullptr, 0, leaves + c * cap, key,
+                             d_error, nullptr));
+  }
+  CHECK(cudaDeviceSynchronize());
+
+  Timer timer;
+  const double t_copy = timer.seconds_per_round(
+      [&] { CHECK(cudaMemcpyAsync(copy_dst, own[0], bytes, cudaMemcpyDeviceToDevice, nullptr)); }, iterations);
+  const double t_stats = timer.seconds_per_round(
+      [&] { CHECK(launch_supergroup_stats(own[0], false, count, d_stats, nullptr)); }, iterations);
+  const double t_leaf = timer.seconds_per_round(
+      [&] {
+        const RoundingKey key{1, call, 0, 0, 1, 0, 0};
+        for (int c = 0; c < n_chunks; ++c)
+          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, nullptr, 0, out + c * cap, key,
+                                   d_error, nullptr));
+      },
+      iterations);
+  const double t_hop = timer.seconds_per_round(
+      [&] {
+        const RoundingKey key{1, call, 0, 0, 2, 1, 0};
+        for (int c = 0; c < n_chunks; ++c) {
+          const uint8_t* in = leaves + c * cap;
+          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, &in, 1, out + c * cap, key,
+                                   d_error, nullptr));
+        }
+      },
+      iterations);
+  unsigned error = 0;
+  CHECK(cudaMemcpy(&error, d_error, sizeof error, cudaMemcpyDeviceToHost));
+
+  const double gb = 1e9;
+  const double msgs = static_cast<double>(cap) * n_chunks;
+  std::printf("count %zu FP32 (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d iterations\n",
+              count, bytes / 1e6, n_chunks, cap, msgs / 1e6, iterations);
+  std::printf("%-6s %10s %10s %14s %14s\n", "step", "ms", "GB/s", "traffic GB/s", "vs copy");
+  auto row = [&](const char* name, double t, double traffic) {
+    std::printf("%-6s %10.3f %10.1f %14.1f %13.1f%%\n", name, t * 1e3, bytes / t / gb, traffic / t / gb,
+                100.0 * t_copy / t);
+  };
+  row("copy", t_copy, 2.0 * bytes);
+  row("stats", t_stats, bytes + 4.0 * stats_words / 2);
+  row("leaf", t_leaf, bytes + msgs);
+  row("hop", t_hop, bytes + 2.0 * msgs);
+  std::printf("RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f hop_GBps=%.1f\n",
+              t_copy / t_hop, t_copy / t_leaf, bytes / t_copy / gb, bytes / t_hop / gb);
+  if (error != 0) {
+    std::printf("FAIL: the kernels raised error flags 0x%x\n", error);
+    return 1;
+  }
+  return 0;
+}
