@@ -91,8 +91,10 @@ struct KernelArgs {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(Device* host) : host_(host) {}
+  CudaDevice(Device* host, EmulatedCudaFault fault) : host_(host), fault_(fault) {}
   const char* name() const override { return "cuda (emulated)"; }
+  // Kernels, not the host codec's code: the engine checks them once per communicator.
+  bool needs_canary() const override { return true; }
 
   // ---- backend: memory, streams and events are the host device's ----------------------------
   Status alloc(size_t bytes, void** out) override { return host_->alloc(bytes, out); }
@@ -198,6 +200,10 @@ class CudaDevice final : public Device {
                                                          own.data, own.dtype == DType::kBF16, ptrs,
                                                          n_in, out, key, &flags, stream);
           DQ_CHECK(step_status(e, flags, "hop"));
+          // The test-only corrupted kernel (make_emulated_cuda_device's `fault`).
+          if (n_in > 0 && fault_.hop_output_byte >= 0 &&
+              static_cast<uint64_t>(fault_.hop_output_byte) < p.capacity)
+            out[fault_.hop_output_byte] ^= fault_.mask;
           counts_.hops.fetch_add(1, std::memory_order_relaxed);
           return Status::kOk;
         });
@@ -312,6 +318,7 @@ class CudaDevice final : public Device {
   }
 
   Device* host_;
+  const EmulatedCudaFault fault_;
   std::mutex m_;
   std::unordered_set<StreamHandle> streams_;
   std::deque<Levels> levels_;  // stable addresses: kernels hold pointers into it
@@ -322,8 +329,8 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_emulated_cuda_device(Device* host) {
-  return std::make_unique<CudaDevice>(host ? host : host_device());
+std::unique_ptr<Device> make_emulated_cuda_device(Device* host, EmulatedCudaFault fault) {
+  return std::make_unique<CudaDevice>(host ? host : host_device(), fault);
 }
 
 CudaDeviceCounts cuda_device_counts(const Device* device) {

@@ -27,7 +27,17 @@ struct CudaDeviceCounts {
 // launch is a host function that runs the whole grid before it returns, queued on `host`'s
 // stream in order. DynamiQ codecs run as kernels; a codec without kernels (the baselines) runs
 // its steps through `host` unchanged, counted in host_fallbacks.
-std::unique_ptr<Device> make_emulated_cuda_device(Device* host = nullptr);
+//
+// `fault` (tests only, and only in this emulated build): a deliberately corrupted kernel, for the
+// canary's test (docs/ENGINE.md section 6).
+struct EmulatedCudaFault {
+  // Every fused hop with at least one input has this byte of its output XORed with `mask` after
+  // the kernel ran (-1: none; a byte past the chunk's capacity: none).
+  int64_t hop_output_byte = -1;
+  uint8_t mask = 0x02;
+};
+std::unique_ptr<Device> make_emulated_cuda_device(Device* host = nullptr,
+                                                  EmulatedCudaFault fault = {});
 
 // The counts of a device from make_emulated_cuda_device() (zeros for any other device).
 CudaDeviceCounts cuda_device_counts(const Device* device);

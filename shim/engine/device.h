@@ -63,6 +63,10 @@ class Device {
   virtual Status synchronize(EventHandle e) = 0;
   // True while `s` (a caller's stream) is being captured into a CUDA graph.
   virtual bool capturing(StreamHandle s) const = 0;
+  // True when the codec steps are not the host codec's own code (a CUDA device): the engine then
+  // checks them against the host codec once per communicator, before its first compressed call
+  // (the canary, docs/ENGINE.md section 6). The host device runs the host codec: no canary.
+  virtual bool needs_canary() const { return false; }
 
   // ---- enqueued steps ---------------------------------------------------------------------------
   virtual Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,

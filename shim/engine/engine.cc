@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -227,6 +228,7 @@ PassReason Engine::screen(const CallArgs& call) const {
   if (device_ == nullptr) return PassReason::kNoDevice;
   if (state_ == State::kInert)
     return warned_differs_.empty() ? PassReason::kDisabled : PassReason::kSettingsDiffer;
+  if (canary_ == Canary::kFailed) return PassReason::kCanaryFailed;
   const bool capturing = call.capturing || device_->capturing(call.stream);
   // Not agreed yet: the handshake only runs outside a group and outside capture.
   if (state_ == State::kPending) return capturing ? PassReason::kCapturing : PassReason::kInGroup;
@@ -254,6 +256,211 @@ PassReason Engine::screen(const CallArgs& call) const {
   // switch, and replay them: captured calls pass through (docs/ENGINE.md section 5).
   if (capturing) return PassReason::kCapturing;
   return PassReason::kRerouted;
+}
+
+// ---- the canary ---------------------------------------------------------------------------
+std::vector<float> canary_tensor(int worker) {
+  // Magnitudes 2^6 apart (energies 2^12 apart, more than the width thresholds' ratios), in
+  // counts the 5-bit budget of 32 super-groups in 2 chunks allocates as: one 16-bit super-group
+  // (3), two 8-bit (10, 17), three 4-bit (1, 22, 28), the rest 2-bit, magnitudes 2^-20 .. 2^4;
+  // super-group 5 is all zeros and the last one partial.
+  std::vector<float> x(kCanaryCount);
+  for (size_t i = 0; i < kCanaryCount; ++i) {
+    const size_t j = i / 256;
+    static const int kSmall[4] = {-20, -8, 0, 4};
+    const int e = j == 3                         ? 24
+                  : j == 10 || j == 17           ? 18
+                  : j == 1 || j == 22 || j == 28 ? 12
+                                                 : kSmall[j % 4];
+    const double v = std::sin(0.731 * static_cast<double>(i) + 1.7 * worker + 0.3 * j) +
+                     0.25 * (worker + 1) * std::cos(0.05 * static_cast<double>(j));
+    x[i] = j == 5 ? 0.0f : static_cast<float>(std::ldexp(v, e));
+  }
+  return x;
+}
+
+std::string CanaryResult::describe() const {
+  char line[256];
+  if (device_status != Status::kOk)
+    std::snprintf(line, sizeof line, "a device step failed (%s)", status_name(device_status));
+  else
+    std::snprintf(line, sizeof line,
+                  "the device's %s differs from the host codec at byte %zu (0x%02x, expected "
+                  "0x%02x)",
+                  step.c_str(), byte, got, expected);
+  return line;
+}
+
+CanaryResult run_canary(Device* device, const std::string& codec_spec, StreamHandle stream,
+                        uint64_t seed) {
+  CanaryResult r;
+  std::string error;
+  const std::unique_ptr<Codec> codec = make_codec(codec_spec, &error);
+  // A codec that cannot be made or planned: its plans fail the same way on every rank.
+  if (!codec || codec->plan(kCanaryCount, kCanaryChunks, kCanaryWorkers) != Status::kOk) return r;
+  const size_t words = codec->stats_words(), cap = codec->chunk_capacity();
+  const size_t layout_bytes = codec->layout_bytes(), x_bytes = kCanaryCount * 4;
+
+  // One image holds every buffer the device reads or writes, each at a 256-byte boundary: it
+  // goes to the device in one copy and comes back in one.
+  struct Region {
+    std::string name;
+    size_t at = 0, bytes = 0;
+    bool output = false;
+  };
+  std::vector<Region> regions;
+  size_t image_bytes = 0;
+  auto place = [&](std::string name, size_t bytes, bool output) {
+    regions.push_back({std::move(name), image_bytes, bytes, output});
+    image_bytes += (bytes + 255) / 256 * 256;
+    return regions.back().at;
+  };
+  constexpr int W = kCanaryWorkers, C = kCanaryChunks;
+  size_t x_at[W], stats_at[W], leaf_out[C][W - 1], leaf_in[C][W - 1], hop_out[C], hop_in[C];
+  for (int w = 0; w < W; ++w)
+    x_at[w] = place("input of worker " + std::to_string(w), x_bytes, false);
+  for (int w = 0; w < W; ++w)
+    stats_at[w] = place("statistics of worker " + std::to_string(w), words * 2, true);
+  const size_t reduced_at = place("reduced statistics", words * 2, false);
+  const size_t layout_out = place("layout", layout_bytes, true);
+  const size_t layout_in = place("layout input", layout_bytes, false);
+  for (int c = 0; c < C; ++c) {
+    const std::string chunk = " (chunk " + std::to_string(c) + ")";
+    for (int w = 0; w < W - 1; ++w) {
+      leaf_out[c][w] = place("leaf payload of worker " + std::to_string(w) + chunk, cap, true);
+      leaf_in[c][w] = place("leaf input" + chunk, cap, false);
+    }
+    hop_out[c] = place("hop payload" + chunk, cap, true);
+    hop_in[c] = place("hop input" + chunk, cap, false);
+  }
+  const size_t finish_out = place("finished output", x_bytes, true);
+
+  // The host codec's bytes, straight from the codec: every output, and the inputs of each device
+  // step (so each step is compared on its own).
+  std::vector<uint8_t> host(image_bytes, 0);
+  auto at = [&](std::vector<uint8_t>& image, size_t offset) { return image.data() + offset; };
+  auto tensor = [&](uint8_t* base, int w) {
+    return ConstTensor{base + x_at[w], DType::kF32, kCanaryCount};
+  };
+  auto key = [&](int w) {
+    RoundingKey k;
+    k.seed = seed;
+    k.rank = static_cast<uint32_t>(w);
+    return k;
+  };
+  for (int w = 0; w < W; ++w) {
+    const std::vector<float> x = canary_tensor(w);
+    std::memcpy(at(host, x_at[w]), x.data(), x_bytes);
+  }
+  bool ok = true;
+  auto host_step = [&ok](Status s) { ok = ok && s == Status::kOk; };
+  if (words > 0) {
+    std::vector<float> sum(words, 0.0f);
+    for (int w = 0; w < W; ++w) {
+      auto* stats = reinterpret_cast<uint16_t*>(at(host, stats_at[w]));
+      host_step(codec->local_stats(tensor(host.data(), w), stats));
+      for (size_t k = 0; k < words; ++k) sum[k] += bf16_to_f32(stats[k]);
+    }
+    auto* reduced = reinterpret_cast<uint16_t*>(at(host, reduced_at));
+    for (size_t k = 0; k < words; ++k) reduced[k] = f32_to_bf16_sat(sum[k]);
+  }
+  const auto* reduced =
+      words > 0 ? reinterpret_cast<const uint16_t*>(at(host, reduced_at)) : nullptr;
+  host_step(codec->build_layout(reduced, 0, at(host, layout_out)));
+  std::memcpy(at(host, layout_in), at(host, layout_out), layout_bytes);
+  for (int c = 0; ok && c < C; ++c) {
+    for (int w = 0; w < W - 1; ++w) {
+      host_step(codec->fused_hop(at(host, layout_in), c, tensor(host.data(), w), nullptr, 0,
+                                 at(host, leaf_out[c][w]), key(w)));
+      std::memcpy(at(host, leaf_in[c][w]), at(host, leaf_out[c][w]), cap);
+    }
+    const ByteView in[2] = {{at(host, leaf_in[c][0]), cap}, {at(host, leaf_in[c][1]), cap}};
+    host_step(codec->fused_hop(at(host, layout_in), c, tensor(host.data(), W - 1), in, 2,
+                               at(host, hop_out[c]), key(W - 1)));
+    std::memcpy(at(host, hop_in[c]), at(host, hop_out[c]), cap);
+    host_step(codec->decode_finish(at(host, layout_in), c, ByteView{at(host, hop_in[c]), cap},
+                                   at(host, finish_out), DType::kF32, ReduceOp::kSum, W));
+  }
+  if (!ok) {
+    DQ_INFO(Subsys::kEngine, "dynamiq: canary: the host codec %s failed on the canary; not run",
+            codec_spec.c_str());
+    return r;
+  }
+  r.host_layout.assign(at(host, layout_out), at(host, layout_out) + layout_bytes);
+
+  // The device: the same steps from the same inputs, on `stream`, waited for once.
+  std::vector<uint8_t> upload = host, device_image(image_bytes, 0);
+  for (const Region& g : regions)
+    if (g.output) std::memset(at(upload, g.at), 0, g.bytes);
+  r.ran = true;
+  void* base = nullptr;
+  void* word = nullptr;
+  EventHandle done = nullptr;
+  Status s = device->alloc(image_bytes, &base);
+  if (s == Status::kOk) s = device->alloc_mapped(4, &word);
+  if (s == Status::kOk) s = device->create_event(&done);
+  if (s == Status::kOk) {
+    auto* error_word = static_cast<uint32_t*>(word);
+    *error_word = 0;
+    const Lane lane{stream, error_word};
+    auto* dev = static_cast<uint8_t*>(base);
+    auto step = [&s](Status enqueued) {
+      if (s == Status::kOk) s = enqueued;
+    };
+    step(device->copy(dev, upload.data(), image_bytes, lane));
+    if (words > 0)
+      for (int w = 0; w < W; ++w)
+        step(device->local_stats(*codec, tensor(dev, w),
+                                 reinterpret_cast<uint16_t*>(dev + stats_at[w]), lane));
+    step(device->build_layout(
+        *codec, words > 0 ? reinterpret_cast<const uint16_t*>(dev + reduced_at) : nullptr, 0,
+        dev + layout_out, lane));
+    for (int c = 0; c < C; ++c) {
+      for (int w = 0; w < W - 1; ++w)
+        step(device->hop(*codec, dev + layout_in, c, tensor(dev, w), nullptr, 0,
+                         dev + leaf_out[c][w], key(w), lane));
+      const ByteView in[2] = {{dev + leaf_in[c][0], cap}, {dev + leaf_in[c][1], cap}};
+      step(device->hop(*codec, dev + layout_in, c, tensor(dev, W - 1), in, 2, dev + hop_out[c],
+                       key(W - 1), lane));
+      step(device->finish(*codec, dev + layout_in, c, ByteView{dev + hop_in[c], cap},
+                          dev + finish_out, DType::kF32, ReduceOp::kSum, W, lane));
+    }
+    step(device->copy(device_image.data(), dev, image_bytes, lane));
+    // The one blocking wait of the canary (once per communicator, at its first plan).
+    step(device->record(done, stream));
+    step(device->synchronize(done));
+    const uint32_t failed = __atomic_load_n(error_word, __ATOMIC_ACQUIRE);
+    if (s == Status::kOk && failed != 0) s = static_cast<Status>(error_code(failed));
+  }
+  if (done) device->destroy_event(done);
+  if (word) device->release(word, stream);
+  if (base) device->release(base, stream);
+  if (s != Status::kOk) {
+    r.differs = true;
+    r.device_status = s;
+    return r;
+  }
+  // Outputs in the order the steps ran, then the inputs (a step must not write them), then the
+  // padding between buffers (nor those).
+  auto compare = [&](const std::string& name, size_t offset, size_t bytes) {
+    for (size_t b = 0; b < bytes; ++b)
+      if (device_image[offset + b] != host[offset + b]) {
+        r.differs = true;
+        r.step = name;
+        r.byte = b;
+        r.got = device_image[offset + b];
+        r.expected = host[offset + b];
+        return true;
+      }
+    return false;
+  };
+  for (bool outputs : {true, false})
+    for (const Region& g : regions)
+      if (g.output == outputs &&
+          compare(outputs ? g.name : g.name + " (an input: overwritten)", g.at, g.bytes))
+        return r;
+  compare("memory between its buffers", 0, image_bytes);
+  return r;
 }
 
 // ---- planning ---------------------------------------------------------------------------
@@ -379,20 +586,46 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, ncclResult_t* 
       plans_.splice(plans_.begin(), plans_, it);  // most recently used first
       return plans_.front().get();
     }
+  // The canary, at the communicator's first plan (its first call that would be compressed; the
+  // same call on every rank): this rank's verdict joins the plan's agreement below, so no rank
+  // compresses unless every rank's device matched the host codec. It waits for the device once,
+  // here; later calls never run it.
+  CanaryResult canary;
+  if (!canary_agreed_ && device_->needs_canary())
+    canary = run_canary(device_, settings_.codec_spec, compute_stream_,
+                        static_cast<uint64_t>(settings_.seed));
   // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
-  // not send that rank alone down the pass-through path while its peers compress.
+  // not send that rank alone down the pass-through path while its peers compress. Word 0: this
+  // rank's planning failure; word 1: its canary failed (0 on a device without one, and after the
+  // first plan).
   Status status = Status::kOk;
   std::unique_ptr<Plan> plan = build_plan(call, dtype, &status);
-  const uint32_t local_failure = status == Status::kOk ? 0u : 1u;
-  uint32_t any_failure = 0;
-  *nccl_failure = blocking_max(&local_failure, &any_failure, 1);
-  if (*nccl_failure != ncclSuccess || any_failure != 0) {
-    if (*nccl_failure == ncclSuccess)
+  const uint32_t local[2] = {status == Status::kOk ? 0u : 1u, canary.differs ? 1u : 0u};
+  uint32_t any[2] = {0, 0};
+  *nccl_failure = blocking_max(local, any, 2);
+  if (*nccl_failure == ncclSuccess && !canary_agreed_) {
+    canary_agreed_ = true;
+    canary_ = any[1] != 0 ? Canary::kFailed : canary.ran ? Canary::kPassed : Canary::kNotRun;
+    if (canary.differs)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d of %d: canary: %s on the %s device: this communicator passes "
+              "every call through to NCCL (the device's kernels do not reproduce the host codec: "
+              "a driver, compiler or architecture they were not checked on)",
+              comm_.rank, comm_.nranks, canary.describe().c_str(), device_->name());
+    else if (any[1] != 0)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d of %d: canary: another rank's device does not reproduce the host "
+              "codec (its warning names the first differing byte): this communicator passes "
+              "every call through to NCCL",
+              comm_.rank, comm_.nranks);
+  }
+  if (*nccl_failure != ncclSuccess || any[0] != 0 || canary_ == Canary::kFailed) {
+    if (*nccl_failure == ncclSuccess && any[0] != 0)
       DQ_WARN(Subsys::kEngine,
               "dynamiq: rank %d: a plan for %zu elements could not be made on %s (this rank: "
               "%s); the call passes through on every rank and the next one retries",
-              comm_.rank, count, local_failure ? "this rank" : "another rank",
-              local_failure ? status_name(status) : "ok");
+              comm_.rank, count, local[0] ? "this rank" : "another rank",
+              local[0] ? status_name(status) : "ok");
     retire(std::move(plan));
     return nullptr;
   }
@@ -706,7 +939,9 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
   Plan* plan = plan_for(call, dtype, &nccl_failure);
   if (nccl_failure != ncclSuccess) return nccl_failure;
   if (plan == nullptr || !plan->fits) {
-    *reason = plan == nullptr ? PassReason::kFailure : PassReason::kOverBudget;
+    *reason = canary_ == Canary::kFailed ? PassReason::kCanaryFailed
+              : plan == nullptr          ? PassReason::kFailure
+                                         : PassReason::kOverBudget;
     count(*reason);
     return ncclSuccess;
   }

@@ -38,6 +38,37 @@ struct CallArgs {
   bool capturing = false;
 };
 
+// ---- the canary (docs/ENGINE.md section 6) ----------------------------------------------------
+// A fixed tensor of kCanaryCount FP32 values per worker (kCanaryWorkers workers, kCanaryChunks
+// chunks) through a device's codec steps and through the host codec directly: every worker's
+// statistics, the layout, each chunk's leaves (workers 0 and 1), its 2-input fused hop (worker 2)
+// and its finish. Finite data: the two must agree byte for byte.
+inline constexpr size_t kCanaryCount = 31 * 256 + 93;  // a partial last super-group
+inline constexpr int kCanaryWorkers = 3;
+inline constexpr int kCanaryChunks = 2;
+
+// Worker `worker`'s canary tensor: super-groups of very different magnitudes (so the layout
+// gives widths 2, 4, 8 and 16), one of zeros, nonzero means.
+std::vector<float> canary_tensor(int worker);
+
+struct CanaryResult {
+  bool ran = false;      // the host codec produced the expected bytes and the device was run
+  bool differs = false;  // the device's bytes differ from the host codec's, or a device step failed
+  std::string step;      // the first output that differs: "statistics of worker 1", ...
+  size_t byte = 0;       // its first differing byte
+  unsigned got = 0, expected = 0;
+  Status device_status = Status::kOk;  // a device step (or its memory) failed instead
+  std::vector<uint8_t> host_layout;    // the host codec's layout (tests read its widths)
+  // One line for the warning: what differs, where, the bytes.
+  std::string describe() const;
+};
+
+// Runs the canary of `codec_spec` on `device`'s stream `stream` and waits for it (one blocking
+// wait: a one-time self-test). Device memory is allocated and released here; the device's steps
+// report into a mapped error word of the canary's own, never a communicator's.
+CanaryResult run_canary(Device* device, const std::string& codec_spec, StreamHandle stream,
+                        uint64_t seed);
+
 class Engine {
  public:
   // `settings_valid` false: this rank's environment failed to parse (it still takes part in the
@@ -71,6 +102,11 @@ class Engine {
   PassReason screen(const CallArgs& call) const;
   // Explicit opt-in (dynamiqCommRegister): only before the handshake, so it cannot diverge.
   Status register_opt_in(bool on);
+
+  // The canary of this communicator: not run (yet, or never: a device that needs none, such as
+  // the host device), agreed passed, or agreed failed (on some rank: every call passes through).
+  enum class Canary { kNotRun, kPassed, kFailed };
+  Canary canary() const { return canary_; }
 
  private:
   struct Plan;
@@ -113,6 +149,8 @@ class Engine {
   topo::Kind kind_;
   uint64_t call_seq_ = 0;  // compressed calls so far (identical on every rank): keys the rounding
   std::string warned_differs_;
+  Canary canary_ = Canary::kNotRun;
+  bool canary_agreed_ = false;  // the canary's verdict was agreed (at the first plan made)
   std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
 
   // Device state: two engine streams (NCCL calls in order on one, codec steps on the other),

@@ -219,6 +219,8 @@ const char* reason_name(PassReason r) {
       return "failure";
     case PassReason::kCollective:
       return "collective";
+    case PassReason::kCanaryFailed:
+      return "canary_failed";
     case PassReason::kCount:
       break;
   }

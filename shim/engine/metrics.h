@@ -26,6 +26,7 @@ enum class PassReason : uint8_t {
   kNoDevice,        // buffers the engine's device cannot serve (no CUDA engine in this build)
   kFailure,         // some rank could not run the compressed path for this call
   kCollective,      // a collective DYNAMIQ_COLLECTIVES excludes (or an invalid root)
+  kCanaryFailed,    // the device's canary differed from the host codec on some rank
   kCount
 };
 inline constexpr int kPassReasonCount = static_cast<int>(PassReason::kCount);

@@ -1,6 +1,8 @@
 // The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
 // kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
-// the same inputs (issue 11 part 2). Usage: engine_emulated_cuda NRANKS [TOPO]. Exit 0 pass.
+// the same inputs (issue 11 part 2). Usage: engine_emulated_cuda NRANKS [TOPO] | steps |
+// canary_steps | canary NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and
+// canary_body below, issue 11 part 3.)
 //
 // Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
 // device, both with the same settings, and runs the same calls on both: all-reduce and
@@ -10,6 +12,8 @@
 // device's byte for byte, an all-reduce's output must be the same on every rank, and the
 // DynamiQ steps must have run as kernels (none on the host codec). One MXFP8 all-reduce checks
 // the other side: a codec without kernels runs on the host codec, with the host's bytes.
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,10 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "common/log.h"
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "kernels/dynamiq_codec.h"
 #include "kernels/payload.h"
 #include "shim/engine/cuda_device.h"
 #include "shim/engine/engine.h"
@@ -365,14 +371,228 @@ int steps_check() {
   return 0;
 }
 
+// ---- the canary (docs/ENGINE.md section 6) ----------------------------------------------------
+// One process: run_canary on the emulated device matches the host codec; its tensor gives every
+// width (2, 4, 8, 16); a corrupted fused-hop kernel is found at the byte it corrupts, in the first
+// hop payload; the host device reports no canary needed; a codec without kernels matches too.
+constexpr int64_t kCorruptByte = 276;
+
+int canary_steps_check() {
+  const std::unique_ptr<dq::engine::Device> good = dq::engine::make_emulated_cuda_device();
+  dq::engine::EmulatedCudaFault fault;
+  fault.hop_output_byte = kCorruptByte;
+  const std::unique_ptr<dq::engine::Device> bad =
+      dq::engine::make_emulated_cuda_device(nullptr, fault);
+  CHECK_OR(
+      50, good->needs_canary() && bad->needs_canary() && !dq::engine::host_device()->needs_canary(),
+      "needs_canary: emulated CUDA %d, host %d", good->needs_canary(),
+      dq::engine::host_device()->needs_canary());
+  auto canary = [](dq::engine::Device* d, const char* spec) {
+    dq::engine::StreamHandle s = nullptr;
+    if (d->create_stream(&s) != dq::Status::kOk) std::exit(51);
+    dq::engine::CanaryResult r = dq::engine::run_canary(d, spec, s, 0x5eed);
+    d->destroy_stream(s);
+    return r;
+  };
+  const dq::engine::CanaryResult ok = canary(good.get(), "dynamiq:5");
+  CHECK_OR(52, ok.ran && !ok.differs, "emulated device, dynamiq:5: %s",
+           ok.ran ? ok.describe().c_str() : "not run");
+  std::string why;
+  const std::unique_ptr<dq::Codec> codec = dq::make_codec("dynamiq:5", &why);
+  CHECK_OR(53,
+           codec &&
+               codec->plan(dq::engine::kCanaryCount, dq::engine::kCanaryChunks,
+                           dq::engine::kCanaryWorkers) == dq::Status::kOk &&
+               ok.host_layout.size() == codec->layout_bytes(),
+           "plan: %s", why.c_str());
+  const dq::DynamiqLayoutView view = dq::dynamiq_layout(*codec, ok.host_layout.data());
+  std::map<int, int> widths;
+  for (size_t j = 0; j < view.n_supergroups; ++j) ++widths[view.widths[j]];
+  CHECK_OR(54, widths[2] > 0 && widths[4] > 0 && widths[8] > 0 && widths[16] > 0,
+           "canary widths: %d x 2, %d x 4, %d x 8, %d x 16 bits", widths[2], widths[4], widths[8],
+           widths[16]);
+  const dq::engine::CanaryResult host = canary(dq::engine::host_device(), "dynamiq:5");
+  CHECK_OR(55, host.ran && !host.differs, "host device: %s", host.describe().c_str());
+  const dq::engine::CanaryResult mx = canary(good.get(), "mxfp8");
+  CHECK_OR(56, mx.ran && !mx.differs, "emulated device, mxfp8: %s", mx.describe().c_str());
+  const dq::engine::CanaryResult corrupt = canary(bad.get(), "dynamiq:5");
+  CHECK_OR(57,
+           corrupt.ran && corrupt.differs && corrupt.device_status == dq::Status::kOk &&
+               corrupt.step == "hop payload (chunk 0)" &&
+               corrupt.byte == static_cast<size_t>(kCorruptByte) &&
+               corrupt.got == (corrupt.expected ^ fault.mask),
+           "corrupted hop kernel: %s",
+           corrupt.differs ? corrupt.describe().c_str() : "no difference");
+  std::printf("canary: emulated device matches (widths 2/4/8/16: %d/%d/%d/%d super-groups); %s\n",
+              widths[2], widths[4], widths[8], widths[16], corrupt.describe().c_str());
+  return 0;
+}
+
+// Four ranks, three communicators each: (0) the host device and (1) the emulated device, the same
+// compressed calls on both: compressed, bytes equal, the canary run on the emulated device only;
+// (2) the emulated device whose fused-hop kernel is corrupted on rank 1 alone: the canary fails
+// there, every rank agrees, and every call passes through on every rank (recv untouched by the
+// engine, then NCCL's own result), counted as canary_failed; one canary warning per rank, the
+// corrupted rank's naming the step and the byte.
+int canary_body(int n, int rank, ncclComm_t* comms, const std::string& log_dir) {
+  const std::string log = log_dir + "/rank" + std::to_string(rank) + ".log";
+  setenv("DYNAMIQ_DEBUG_FILE", log.c_str(), 1);
+  dq::log_reload_from_env();
+  const std::unique_ptr<dq::engine::Device> good = dq::engine::make_emulated_cuda_device();
+  dq::engine::EmulatedCudaFault fault;
+  fault.hop_output_byte = kCorruptByte;
+  const std::unique_ptr<dq::engine::Device> bad =
+      dq::engine::make_emulated_cuda_device(nullptr, fault);
+  const dq::engine::NcclOps ops = cpu_nccl_ops();
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "0"}});
+  auto metrics = [] { return std::make_shared<dq::engine::CommMetrics>(); };
+  const auto m_host = metrics(), m_cuda = metrics(), m_bad = metrics();
+  Engine on_host(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), m_host, true);
+  Engine on_cuda(settings, true, {comms[1], rank, n}, ops, good.get(), m_cuda, true);
+  Engine corrupted(settings, true, {comms[2], rank, n}, ops, rank == 1 ? bad.get() : good.get(),
+                   m_bad, true);
+  struct Call {
+    const char* what;
+    Collective collective;
+    bool bf16, avg;
+  };
+  const Call calls[] = {{"all-reduce FP32 SUM", Collective::kAllReduce, false, false},
+                        {"all-reduce BF16 AVG", Collective::kAllReduce, true, true},
+                        {"reduce-scatter FP32 SUM", Collective::kReduceScatter, false, false}};
+  for (const Call& c : calls) {
+    const bool scatter = c.collective == Collective::kReduceScatter;
+    const size_t esize = c.bf16 ? 2 : 4;
+    const size_t span = 4 * 64 * 256 + 333;  // 64 super-groups per chunk message and more
+    const size_t count = scatter ? span * n : span, out_count = span;
+    const auto in = make_input(rank, count, c.bf16, false);
+    CallArgs args;
+    args.collective = c.collective;
+    args.send = in.data();
+    args.count = count;
+    args.dtype = c.bf16 ? ncclBfloat16 : ncclFloat32;
+    args.op = c.avg ? ncclAvg : ncclSum;
+    std::vector<unsigned char> out_host(out_count * esize, 0xCD), out_cuda(out_count * esize, 0xEF),
+        out_bad(out_count * esize, 0xAB), expect(out_count * esize, 0);
+    PassReason rh, rc, rb;
+    args.recv = out_host.data();
+    CHECK_OR(60, on_host.run(args, &rh) == ncclSuccess, "rank %d, %s: host call", rank, c.what);
+    args.recv = out_cuda.data();
+    CHECK_OR(61, on_cuda.run(args, &rc) == ncclSuccess, "rank %d, %s: emulated call", rank, c.what);
+    CHECK_OR(62, rh == PassReason::kRerouted && rc == PassReason::kRerouted,
+             "rank %d, %s: host %s, emulated CUDA %s (expected rerouted)", rank, c.what,
+             dq::engine::reason_name(rh), dq::engine::reason_name(rc));
+    CHECK_OR(63, out_host == out_cuda, "rank %d, %s: emulated device's bytes differ", rank, c.what);
+    args.recv = out_bad.data();
+    CHECK_OR(64, corrupted.run(args, &rb) == ncclSuccess && corrupted.async_error() == ncclSuccess,
+             "rank %d, %s: the corrupted communicator's call failed", rank, c.what);
+    CHECK_OR(65, rb == PassReason::kCanaryFailed, "rank %d, %s: %s, expected canary_failed", rank,
+             c.what, dq::engine::reason_name(rb));
+    CHECK_OR(66, out_bad == std::vector<unsigned char>(out_bad.size(), 0xAB),
+             "rank %d, %s: the engine wrote into a passed-through call's recv", rank, c.what);
+    // The caller passes it through (as the shim does); NCCL's own result on another
+    // communicator is the reference.
+    const ncclDataType_t t = args.dtype;
+    const ncclRedOp_t op = args.op;
+    ncclResult_t pass, ref;
+    if (scatter) {
+      pass = ncclReduceScatter(in.data(), out_bad.data(), out_count, t, op, comms[2], nullptr);
+      ref = ncclReduceScatter(in.data(), expect.data(), out_count, t, op, comms[0], nullptr);
+    } else {
+      pass = ncclAllReduce(in.data(), out_bad.data(), count, t, op, comms[2], nullptr);
+      ref = ncclAllReduce(in.data(), expect.data(), count, t, op, comms[0], nullptr);
+    }
+    CHECK_OR(67, pass == ncclSuccess && ref == ncclSuccess && out_bad == expect,
+             "rank %d, %s: the passed-through result differs from NCCL's", rank, c.what);
+  }
+  CHECK_OR(68,
+           on_host.canary() == Engine::Canary::kNotRun &&
+               on_cuda.canary() == Engine::Canary::kPassed &&
+               corrupted.canary() == Engine::Canary::kFailed,
+           "rank %d: canary state host %d, emulated %d, corrupted %d", rank,
+           static_cast<int>(on_host.canary()), static_cast<int>(on_cuda.canary()),
+           static_cast<int>(corrupted.canary()));
+  const uint64_t n_calls = std::size(calls);
+  for (int k = 0; k < dq::engine::kPassReasonCount; ++k) {
+    const auto reason = static_cast<PassReason>(k);
+    const uint64_t want_good = reason == PassReason::kRerouted ? n_calls : 0;
+    const uint64_t want_bad = reason == PassReason::kCanaryFailed ? n_calls : 0;
+    CHECK_OR(69,
+             m_host->calls[k].load() == want_good && m_cuda->calls[k].load() == want_good &&
+                 m_bad->calls[k].load() == want_bad,
+             "rank %d: %s counted %llu / %llu / %llu times (host / emulated / corrupted)", rank,
+             dq::engine::reason_name(reason),
+             static_cast<unsigned long long>(m_host->calls[k].load()),
+             static_cast<unsigned long long>(m_cuda->calls[k].load()),
+             static_cast<unsigned long long>(m_bad->calls[k].load()));
+  }
+  // The warnings: one canary line per rank.
+  std::vector<std::string> lines;
+  if (std::FILE* f = std::fopen(log.c_str(), "r")) {
+    char line[2048];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strstr(line, "canary")) lines.emplace_back(line);
+    std::fclose(f);
+  }
+  CHECK_OR(70, lines.size() == 1, "rank %d: %zu canary lines in the log, expected 1", rank,
+           lines.size());
+  const std::string& w = lines.front();
+  const std::string byte = "hop payload (chunk 0) differs from the host codec at byte " +
+                           std::to_string(kCorruptByte) + " (0x";
+  if (rank == 1)
+    CHECK_OR(71, w.find("WARN") != std::string::npos && w.find(byte) != std::string::npos,
+             "rank 1: the warning does not name the step and byte: %s", w.c_str());
+  else
+    CHECK_OR(
+        72,
+        w.find("WARN") != std::string::npos && w.find("another rank's device") != std::string::npos,
+        "rank %d: the warning does not name a peer's canary: %s", rank, w.c_str());
+  if (rank <= 1) std::fprintf(stderr, "rank %d: %s", rank, w.c_str());
+  return 0;
+}
+
+int canary_check(int n) {
+  char dir[] = "/tmp/dq_canary_XXXXXX";
+  CHECK_OR(2, mkdtemp(dir) != nullptr, "mkdtemp");
+  dq::test::RankOptions opt;
+  opt.timeout_s = 180;
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      n, 3, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* ids) {
+        ncclComm_t comms[3];
+        for (int k = 0; k < 3; ++k)
+          if (ncclCommInitRank(&comms[k], n, ids[k], r) != ncclSuccess) return 97;
+        return canary_body(n, r, comms, dir);
+      });
+  bool ok = true;
+  for (size_t r = 0; r < exits.size(); ++r) {
+    const std::string log = std::string(dir) + "/rank" + std::to_string(r) + ".log";
+    std::remove(log.c_str());
+    if (exits[r].code() != 0) {
+      std::fprintf(stderr, "FAIL: rank %zu exited with %d%s\n", r, exits[r].code(),
+                   exits[r].code() == 124 ? " (hang: killed at the deadline)" : "");
+      ok = false;
+    }
+  }
+  rmdir(dir);
+  if (!ok) return 1;
+  std::printf(
+      "canary, %d ranks: passes on the emulated device (calls compressed, bytes equal the "
+      "host device's; no canary on the host device); a corrupted hop kernel on rank 1 "
+      "turns the communicator to pass-through on every rank, one warning each\n",
+      n);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s NRANKS [TOPO] | steps\n", argv[0]);
+    std::fprintf(stderr, "usage: %s NRANKS [TOPO] | steps | canary_steps | canary NRANKS\n",
+                 argv[0]);
     return 2;
   }
   if (std::string(argv[1]) == "steps") return steps_check();
+  if (std::string(argv[1]) == "canary_steps") return canary_steps_check();
+  if (std::string(argv[1]) == "canary") return canary_check(argc > 2 ? std::atoi(argv[2]) : 4);
   const int n = std::atoi(argv[1]);
   const std::string topo = argc > 2 ? argv[2] : "auto";
   dq::test::RankOptions opt;
