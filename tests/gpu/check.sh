@@ -1,0 +1,420 @@
+#!/usr/bin/env bash
+# The prepared GPU check of issue 11 part 4: one command that, on a machine with a CUDA device
+# (one H200, 16 cores: under 8 minutes), builds what the checks need and runs them, each step
+# under its own timeout, continuing after a failed step.
+#
+#   tests/gpu/check.sh OUT_DIR [BUILD_DIR]
+#
+# OUT_DIR receives (few files, so that the device tool's $OUT brings them all back):
+#   summary.txt    the table: step, result (pass / FAIL / skip / TIMEOUT), seconds, note
+#   check.log      every step's output in order, under a header naming the step
+#   steps.tar.gz   the same per step (steps/NAME.log) and meson's test logs
+# BUILD_DIR: default build-gpu (gitignored), configured with -Dcuda=enabled when it has no
+# build.ninja yet; an existing configured build dir is used as it is (never re-set up).
+#
+# Steps, in order (expected times on the H200 machine, from a fresh build dir):
+#   gpu_info         nvidia-smi, nvcc, compute-sanitizer, compilers (1 s)
+#   deps             gtest, TBB, nlohmann-json: the system's, else the Debian packages carried in
+#                    build-gpu-deps/ (tests/gpu/fetch_deps.sh fetches them where apt works),
+#                    unpacked under BUILD_DIR-sysroot; NVIDIA's NCCL from the CUDA toolkit or pip (1 s)
+#   configure        meson setup BUILD_DIR -Dcuda=enabled (20-40 s)
+#   build            ninja -j$(nproc): the gpu suite's executables and their dependencies,
+#                    hop_bandwidth (60-150 s: the core library and nvcc for sm_80, sm_90 + PTX)
+#   gpu_math         the device's codec arithmetic against the host's, bit for bit (1 s)
+#   cuda_stats_device, cuda_dynamiq_layout_device, cuda_dynamiq_hop_device
+#                    tests/kernels/cuda/{stats,dynamiq}_test.cc on the device: every kernel
+#                    against the host codec byte for byte, the emulated tests' matrix (5-30 s)
+#   other gpu suite tests (real_nccl_with_plugin, shim_passes_gpu_allreduce_through, any added
+#                    later): meson test, one step each (10-60 s)
+#   hop_bandwidth    the fused hop (and the leaf, and the statistics) against a device-to-device
+#                    cudaMemcpy of the same tensor in the same run; prints GB/s and the ratio
+#                    (target hop >= 60% of the copy); never fails on the ratio (5 s)
+#   memcheck_stats, memcheck_dynamiq, racecheck_stats, racecheck_dynamiq
+#                    compute-sanitizer on the kernel tests with DQ_KERNEL_TESTS_REDUCED=1 (the
+#                    largest cases left out); any report fails the step (30-120 s each)
+#   then three steps present but skipping, with the reason (what this does NOT cover yet):
+#   cpu_nccl_4proc_device_buffers  4 processes on the one GPU through the CPU NCCL with device
+#                    buffers, results identical to the host engine: needs the real-CUDA variant of
+#                    the engine's device (shim/engine/cuda_device is emulated only) and the CPU
+#                    NCCL staging device buffers (issue 11 part 3), neither built yet
+#   engine_real_cuda_device  the engine on a real CUDA device and its canary self-test: same
+#   real_nccl_compressed_2ranks  the compressed path over NVIDIA's NCCL on 2+ ranks: needs 2+ GPUs
+#                    (NVIDIA's NCCL refuses two ranks on one device) and the real-CUDA device
+# A time budget (DQ_GPU_CHECK_BUDGET_S, default 450 s from the start) caps every step's timeout;
+# a step that would start with under 10 s left is skipped with that reason.
+#
+# Exit status: 0 every step passed or skipped with a CUDA device present; 1 some step failed or
+# timed out; 3 nothing failed but no CUDA device was found (the GPU steps skipped: a machine
+# without a GPU, where only the build is checked); 2 usage.
+#
+# Environment: DQ_GPU_CHECK_BUDGET_S (450), DQ_GPU_DEPS (build-gpu-deps: the carried .deb
+# folder), DQ_GPU_DEPS_FORCE=1 (use the carried packages even where the system has them: to
+# test that path), MESON (meson on PATH, else .venv/bin/meson), JOBS (nproc).
+set -u
+set -o pipefail
+
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  echo "usage: $0 OUT_DIR [BUILD_DIR]" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT" || exit 2
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
+BUILD=${2:-build-gpu}
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+LOGS="$BUILD-check-logs"
+rm -rf "$LOGS"
+mkdir -p "$LOGS/steps" || exit 2
+: >"$OUT/check.log"
+: >"$LOGS/summary.rows"
+JOBS=${JOBS:-$(nproc)}
+BUDGET=${DQ_GPU_CHECK_BUDGET_S:-450}
+T0=$(date +%s)
+HAVE_DEVICE=0       # set by gpu_info
+BUILD_OK=0          # set by build
+CONFIGURED=0
+ANY_FAIL=0
+
+if command -v meson >/dev/null 2>&1; then MESON=${MESON:-meson}; else MESON=${MESON:-$ROOT/.venv/bin/meson}; fi
+
+note() { printf '%s\n' "$*" | tee -a "$OUT/check.log"; }
+
+# step NAME TIMEOUT_S COMMAND...: runs COMMAND under `timeout`, its output into steps/NAME.log
+# and check.log; a command exiting 77 is a skip (its last "SKIP: ..." line is the reason).
+# The note column: the step's own NOTE= line if it printed one, else its SKIP reason.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local now left start rc status why secs
+  now=$(date +%s)
+  left=$((BUDGET - (now - T0)))
+  if [ "$left" -lt 10 ]; then
+    record "$name" skip 0 "time budget (${BUDGET} s) spent before this step"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  note ""
+  note "=== $name (timeout ${limit} s) === $*"
+  start=$(date +%s.%N)
+  # In a child bash, so that the step may be one of this script's (exported) functions.
+  timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >"$LOGS/steps/$name.log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  cat "$LOGS/steps/$name.log" >>"$OUT/check.log"
+  why=$(grep -E '^NOTE: ' "$LOGS/steps/$name.log" | tail -n 1 | sed 's/^NOTE: //')
+  case $rc in
+    0) status=pass ;;
+    77) status=skip
+        [ -z "$why" ] && why=$(grep -E 'SKIP:? ' "$LOGS/steps/$name.log" | tail -n 1 | sed 's/.*SKIP:\{0,1\} //') ;;
+    124|137) status=TIMEOUT; why="killed after ${limit} s${why:+; $why}" ;;
+    *) status=FAIL; why="exit $rc${why:+; $why}" ;;
+  esac
+  note "--- $name: $status ($secs s) $why"
+  record "$name" "$status" "$secs" "$why"
+  return 0
+}
+
+# record NAME STATUS SECONDS NOTE: one row of the summary.
+record() {
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$LOGS/summary.rows"
+  case $2 in FAIL|TIMEOUT) ANY_FAIL=1 ;; esac
+}
+
+skip_step() { record "$1" skip 0 "$2"; note ""; note "=== $1: skip: $2"; }
+
+# ---------------------------------------------------------------------------------------------
+gpu_info() {
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  cores: $(nproc)  commit: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | grep -q . && echo '(working tree has changes)')"
+  grep PRETTY_NAME /etc/os-release 2>/dev/null
+  echo "c++: $(c++ --version 2>/dev/null | head -n 1)"
+  echo "meson: $($MESON --version 2>/dev/null) ninja: $(ninja --version 2>/dev/null)"
+  echo "nvcc: $( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) | xargs -I{} sh -c '{} --version 2>/dev/null | tail -n 2 | head -n 1')"
+  echo "compute-sanitizer: ${SANITIZER:-not found}"
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "SKIP: nvidia-smi not found: no NVIDIA driver on this machine"
+    return 77
+  fi
+  if ! nvidia-smi; then
+    echo "SKIP: nvidia-smi found no usable GPU"
+    return 77
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+  echo "NOTE: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
+}
+
+# The Debian packages carried in $DQ_GPU_DEPS, unpacked under $BUILD-sysroot; writes the exports.
+DEPS_PREFIX="$BUILD-sysroot"  # not build-gpu-deps: that is the carried .deb folder
+use_carried_deps() {
+  local debs=${DQ_GPU_DEPS:-$ROOT/build-gpu-deps}
+  if ! ls "$debs"/*.deb >/dev/null 2>&1; then
+    echo "no carried packages in $debs (tests/gpu/fetch_deps.sh makes them)"
+    return 1
+  fi
+  rm -rf "$DEPS_PREFIX"
+  mkdir -p "$DEPS_PREFIX"
+  local f
+  for f in "$debs"/*.deb; do
+    dpkg-deb -x "$f" "$DEPS_PREFIX" || { echo "cannot unpack $f"; return 1; }
+  done
+  # Their .pc files name /usr: point them at the prefix.
+  find "$DEPS_PREFIX" -name '*.pc' -exec sed -i -e "s|=/usr|=$DEPS_PREFIX/usr|g" \
+    -e "s|-I/usr/|-I$DEPS_PREFIX/usr/|g" -e "s|-L/usr/|-L$DEPS_PREFIX/usr/|g" {} +
+  local P=$DEPS_PREFIX/usr lib=$DEPS_PREFIX/usr/lib/x86_64-linux-gnu
+  echo "export PKG_CONFIG_LIBDIR='$lib/pkgconfig:$P/share/pkgconfig:/usr/lib/x86_64-linux-gnu/pkgconfig:/usr/lib/pkgconfig:/usr/share/pkgconfig'" >"$LOGS/deps.env"
+  [ -x "$P/bin/pkgconf" ] && echo "export PKG_CONFIG='$P/bin/pkgconf'" >>"$LOGS/deps.env"
+  cat >>"$LOGS/deps.env" <<EOF
+export CMAKE_PREFIX_PATH='$P'\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}
+export CPATH='$P/include'\${CPATH:+:\$CPATH}
+export LIBRARY_PATH='$lib'\${LIBRARY_PATH:+:\$LIBRARY_PATH}
+export LD_LIBRARY_PATH='$lib'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
+EOF
+  # Tests run with their own LD_LIBRARY_PATH (meson's env.set: the plugin's folder), and the
+  # preloaded shim needs libtbb: where the loader cannot find it, register the carried TBB
+  # runtime alone (a folder of its own) with ldconfig, as root.
+  if ! ldconfig -p 2>/dev/null | grep -q 'libtbb\.so\.12'; then
+    mkdir -p "$DEPS_PREFIX/runtime"
+    cp -a "$lib"/libtbb*.so.* "$DEPS_PREFIX/runtime/" 2>/dev/null
+    if [ "$(id -u)" = 0 ] && [ -d /etc/ld.so.conf.d ]; then
+      echo "$DEPS_PREFIX/runtime" >/etc/ld.so.conf.d/zz-dynamiq-gpu-check.conf && ldconfig &&
+        echo "registered $DEPS_PREFIX/runtime with ldconfig (libtbb for the preloaded shim)"
+    else
+      echo "not root: tests that set their own LD_LIBRARY_PATH may not find libtbb.so.12"
+    fi
+  fi
+  echo "carried packages unpacked under $DEPS_PREFIX:"
+  ls "$debs"/*.deb
+}
+
+deps() {
+  : >"$LOGS/deps.env"
+  local missing=""
+  [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ] || missing="$missing gtest"
+  [ -f /usr/include/oneapi/tbb.h ] || [ -f /usr/include/tbb/tbb.h ] || [ -f /usr/local/include/oneapi/tbb.h ] || missing="$missing tbb"
+  [ -f /usr/include/nlohmann/json.hpp ] || [ -f /usr/local/include/nlohmann/json.hpp ] || missing="$missing nlohmann-json"
+  command -v pkg-config >/dev/null 2>&1 || command -v pkgconf >/dev/null 2>&1 || missing="$missing pkg-config"
+  if [ -n "$missing" ] || [ "${DQ_GPU_DEPS_FORCE:-0}" = 1 ]; then
+    echo "the system lacks:${missing:- nothing (DQ_GPU_DEPS_FORCE=1)}; using the carried packages"
+    use_carried_deps || { echo "the build needs:$missing"; return 1; }
+  else
+    echo "gtest, TBB, nlohmann-json and pkg-config: the system's"
+  fi
+  # NVIDIA's NCCL: the toolkit's, else the pip wheel's (nvidia-nccl-cu13) for headers and library.
+  if [ ! -f /usr/local/cuda/include/nccl.h ] && [ -z "${NCCL_HOME:-}" ]; then
+    local pip_nccl
+    pip_nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+    if [ -n "$pip_nccl" ] && [ -f "$pip_nccl/include/nccl.h" ]; then
+      echo "export NCCL_HOME='$pip_nccl'" >>"$LOGS/deps.env"
+      echo "NCCL: the pip wheel's, $pip_nccl"
+    else
+      echo "NCCL: no nccl.h found (the real-NCCL tests will skip or not build)"
+    fi
+  fi
+  local lib
+  for lib in /usr/local/cuda/lib/libnccl.so.2 /usr/local/cuda/lib64/libnccl.so.2 \
+             ${NCCL_HOME:+$NCCL_HOME/lib/libnccl.so.2} \
+             "$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)/lib/libnccl.so.2"; do
+    if [ -f "$lib" ]; then
+      echo "export DYNAMIQ_REAL_NCCL='$lib'" >>"$LOGS/deps.env"
+      echo "NVIDIA's libnccl.so.2 for the real-NCCL tests: $lib"
+      break
+    fi
+  done
+  echo "--- exported:"
+  cat "$LOGS/deps.env"
+}
+
+configure() {
+  if [ -f "$BUILD/build.ninja" ]; then
+    echo "NOTE: using the configured $BUILD as it is"
+    "$MESON" introspect "$BUILD" --buildoptions | python3 -c 'import json,sys; print({o["name"]: o["value"] for o in json.load(sys.stdin) if o["name"] in ("cuda","gpu_archs","buildtype","native")})'
+    return 0
+  fi
+  "$MESON" setup "$BUILD" -Dcuda=enabled -Dbuildtype=release -Dnative=false
+}
+
+# Targets: the executables (and depends) of every test in suite gpu, and hop_bandwidth.
+gpu_targets() {
+  "$MESON" introspect "$BUILD" --tests --targets 2>/dev/null | python3 -c '
+import json, os, sys
+d = json.load(sys.stdin)
+build = sys.argv[1]
+by_id = {t["id"]: t for t in d["targets"]}
+out = set()
+def add(path):
+    if path.startswith(build + "/"):
+        out.add(os.path.relpath(path, build))
+for t in d["tests"]:
+    if "gpu" not in t["suite"] and not any(s.endswith(":gpu") for s in t["suite"]):
+        continue
+    add(t["cmd"][0])
+    for dep in t.get("depends", []):
+        for f in by_id.get(dep, {}).get("filename", []):
+            add(f)
+for t in d["targets"]:
+    if t["name"] == "hop_bandwidth":
+        for f in t["filename"]:
+            add(f)
+print("\n".join(sorted(out)))
+' "$BUILD"
+}
+
+build() {
+  local targets
+  targets=$(gpu_targets) || return 1
+  [ -n "$targets" ] || { echo "no gpu targets found in $BUILD"; return 1; }
+  echo "targets:"
+  echo "$targets"
+  # shellcheck disable=SC2086
+  ninja -C "$BUILD" -j"$JOBS" $targets
+}
+
+# The result meson recorded for test NAME in its last run (OK, SKIP, FAIL, TIMEOUT, ...), then
+# the last line the test printed (a skip's reason).
+meson_result() {
+  python3 - "$BUILD/meson-logs/testlog.json" "$1" <<'EOF'
+import json, sys
+res, last = "NONE", ""
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    if t["name"] == sys.argv[2] or t["name"].endswith(":" + sys.argv[2]):
+        res = t["result"]
+        lines = [l for l in (t.get("stdout") or "").splitlines() if l.strip()]
+        last = lines[-1].strip() if lines else ""
+print(res)
+print(last)
+EOF
+}
+
+# One registered test through meson (its env: LD_PRELOAD, plugin paths): 0 OK, 77 SKIP, else 1.
+meson_one() {
+  local name=$1
+  "$MESON" test -C "$BUILD" --no-rebuild --print-errorlogs -v "$name"
+  local out res
+  out=$(meson_result "$name")
+  res=$(echo "$out" | head -n 1)
+  echo "meson result: $res"
+  case $res in
+    OK|EXPECTEDFAIL) return 0 ;;
+    SKIP) echo "NOTE: $(echo "$out" | sed -n 2p | sed 's/^SKIP:* *//')"; return 77 ;;
+    *) return 1 ;;
+  esac
+}
+
+# compute-sanitizer TOOL on a kernel test executable, the reduced matrix; a report fails.
+sanitize() {
+  local tool=$1 exe=$2
+  shift 2
+  local extra=()
+  [ "$tool" = memcheck ] && extra=(--leak-check full)
+  [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+  DQ_KERNEL_TESTS_REDUCED=1 "$SANITIZER" --tool "$tool" --error-exitcode 10 --print-limit 20 "${extra[@]}" \
+    "$BUILD/$exe" "$@"
+  local rc=$?
+  [ $rc = 10 ] && echo "compute-sanitizer $tool reported errors"
+  return $rc
+}
+
+# ---------------------------------------------------------------------------------------------
+SANITIZER=$(command -v compute-sanitizer 2>/dev/null)
+if [ -z "$SANITIZER" ]; then
+  for s in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+           /opt/nvidia/compute-sanitizer/compute-sanitizer; do
+    [ -x "$s" ] && SANITIZER=$s && break
+  done
+fi
+
+export ROOT OUT BUILD LOGS JOBS MESON SANITIZER DEPS_PREFIX
+export -f gpu_info use_carried_deps deps configure gpu_targets build meson_result meson_one sanitize
+
+note "tests/gpu/check.sh: out $OUT, build $BUILD, jobs $JOBS, budget ${BUDGET} s"
+step gpu_info 30 gpu_info
+grep -q $'^gpu_info\tpass' "$LOGS/summary.rows" && HAVE_DEVICE=1
+
+step deps 120 deps
+# shellcheck disable=SC1091
+[ -s "$LOGS/deps.env" ] && . "$LOGS/deps.env"
+
+step configure 180 configure
+grep -q $'^configure\tpass' "$LOGS/summary.rows" && CONFIGURED=1
+if [ $CONFIGURED = 1 ]; then
+  step build 400 build
+  grep -q $'^build\tpass' "$LOGS/summary.rows" && BUILD_OK=1
+else
+  skip_step build "configure failed"
+fi
+
+NO_DEVICE_REASON="no CUDA device (nvidia-smi: see gpu_info)"
+run_test() {  # run_test NAME TIMEOUT: a registered meson test, with the reason when it cannot run
+  if [ $BUILD_OK != 1 ]; then skip_step "$1" "the build failed"; return; fi
+  step "$1" "$2" meson_one "$1"
+}
+
+run_test gpu_math 60
+for t in cuda_stats_device cuda_dynamiq_layout_device cuda_dynamiq_hop_device; do
+  run_test "$t" 150
+done
+
+# Every other test of suite gpu.
+if [ $BUILD_OK = 1 ]; then
+  others=$("$MESON" introspect "$BUILD" --tests | python3 -c '
+import json, sys
+done = {"gpu_math", "cuda_stats_device", "cuda_dynamiq_layout_device", "cuda_dynamiq_hop_device"}
+for t in json.load(sys.stdin):
+    if ("gpu" in t["suite"] or any(s.endswith(":gpu") for s in t["suite"])) and t["name"] not in done:
+        print(t["name"])')
+  for t in $others; do run_test "$t" 120; done
+else
+  skip_step gpu_suite_others "the build failed"
+fi
+
+if [ $BUILD_OK != 1 ]; then
+  skip_step hop_bandwidth "the build failed"
+else
+  step hop_bandwidth 60 "$BUILD/tests/gpu/hop_bandwidth"
+fi
+
+for tool in memcheck racecheck; do
+  for t in stats dynamiq; do
+    name=${tool}_$t
+    if [ $BUILD_OK != 1 ]; then skip_step "$name" "the build failed"
+    elif [ -z "$SANITIZER" ]; then skip_step "$name" "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+    elif [ $HAVE_DEVICE != 1 ]; then skip_step "$name" "$NO_DEVICE_REASON"
+    else step "$name" 120 sanitize "$tool" "tests/gpu/test_cuda_${t}_device"
+    fi
+  done
+done
+
+PENDING="not built yet: the engine's CUDA device exists only under the emulation (shim/engine/cuda_device), no real-CUDA variant"
+skip_step cpu_nccl_4proc_device_buffers "$PENDING; nor does the CPU NCCL stage device buffers (issue 11 part 3)"
+skip_step engine_real_cuda_device "$PENDING (nor its canary self-test)"
+gpus=0
+[ $HAVE_DEVICE = 1 ] && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$gpus" -ge 2 ]; then
+  skip_step real_nccl_compressed_2ranks "$PENDING"
+else
+  skip_step real_nccl_compressed_2ranks "needs 2+ GPUs (this machine has $gpus: NVIDIA's NCCL refuses two ranks on one device); and $PENDING"
+fi
+
+# ---------------------------------------------------------------------------------------------
+total=$(( $(date +%s) - T0 ))
+{
+  echo ""
+  echo "tests/gpu/check.sh summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), ${total} s in all, budget ${BUDGET} s)"
+  printf '%-34s %-8s %8s  %s\n' step result seconds note
+  while IFS=$'\t' read -r n s t w; do printf '%-34s %-8s %8s  %s\n' "$n" "$s" "$t" "$w"; done <"$LOGS/summary.rows"
+  grep -h '^RESULT ' "$LOGS/steps/hop_bandwidth.log" 2>/dev/null
+  printf 'pass %d, fail %d, timeout %d, skip %d\n' \
+    "$(grep -c $'\tpass\t' "$LOGS/summary.rows")" "$(grep -c $'\tFAIL\t' "$LOGS/summary.rows")" \
+    "$(grep -c $'\tTIMEOUT\t' "$LOGS/summary.rows")" "$(grep -c $'\tskip\t' "$LOGS/summary.rows")"
+} >"$OUT/summary.txt"
+cat "$OUT/summary.txt" | tee -a "$OUT/check.log"
+cp "$BUILD/meson-logs/testlog.txt" "$LOGS/steps/meson-testlog.txt" 2>/dev/null
+tar -czf "$OUT/steps.tar.gz" -C "$LOGS" steps summary.rows 2>/dev/null
+
+if [ $ANY_FAIL = 1 ]; then exit 1; fi
+if [ $HAVE_DEVICE != 1 ]; then
+  echo "no CUDA device: the GPU steps were skipped (exit 3)"
+  exit 3
+fi
+exit 0
