@@ -2,11 +2,12 @@
 // kernels/cuda/, with the host codec's bytes. This file is built by the host compiler against the
 // CPU emulation of CUDA (kernels/cuda/EMULATION.md) for the tests; the nvcc build is part 3.
 //
-// What is common to both builds (below, "steps"): from a planned codec the kernels' parameters
-// (the codec's own options and plan, kernels/cuda/dynamiq.h) and its level tables (built once
-// per option set, by the host's builder, and kept for the device's life); the host codec's
-// argument checks, with the host codec's Status; the kernels' error flags turned into that
-// Status; and the Lane contract of device.h: a step does nothing once the lane's error word is
+// What is common to both builds (shim/engine/cuda_steps.h, shared with the real device of
+// shim/engine/cuda_device_gpu.cu): from a planned codec the kernels' parameters (the codec's own
+// options and plan, kernels/cuda/dynamiq.h) and its level tables (built once per option set, by
+// the host's builder, and kept for the device's life); the host codec's argument checks, with the
+// host codec's Status; the kernels' error flags turned into that Status; and the Lane contract of
+// device.h: a step does nothing once the lane's error word is
 // set, and a failing step writes error_word(ErrorSource::kCodec, status) there, first failure
 // wins, exactly as the host device does.
 //
@@ -18,13 +19,12 @@
 // stream's worker thread: check, launch, read the flags, set the error word. On any other stream
 // (the caller's) it runs at once and returns its Status, as on the host device.
 //
-// What the nvcc build will change (part 3): cudaMalloc / cudaHostAlloc(mapped) memory, cudaStream_t
-// and cudaEvent_t streams and events, cudaMemcpyAsync copies, NCCL calls issued at once; each
-// kernel step launched straight onto the lane's cudaStream_t with a per-lane device flags word,
-// followed by a one-thread kernel that folds the flags into the lane's mapped error word (and the
-// step's kernels returning at once when that word is already set); the level tables copied to
-// device memory. The argument checks then run at enqueue and a failure is written to the error
-// word from the host.
+// The real-CUDA device is a separate file (shim/engine/cuda_device_gpu.cu, nvcc): cudaMalloc /
+// cudaHostAlloc(mapped) memory, cudaStream_t and cudaEvent_t, cudaMemcpyAsync copies, NCCL calls
+// issued at once; each kernel step launched onto the lane's stream with a per-stream device flags
+// word, followed by a one-thread kernel that folds the flags into the lane's mapped error word;
+// the level tables copied to device memory once per option set. Its argument checks run at
+// enqueue (the same functions as here) and a failure is written to the error word from the host.
 #include "shim/engine/cuda_device.h"
 
 #include <atomic>
@@ -40,6 +40,7 @@
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
 #include "kernels/payload.h"
+#include "shim/engine/cuda_steps.h"
 
 #if !DQ_CUDA_EMULATED
 #error "shim/engine/cuda_device.cc has only its emulated build so far (issue 11 part 3: nvcc)"
@@ -58,30 +59,10 @@ bool error_set(const uint32_t* error) {
 
 // ---- steps: common to both builds -------------------------------------------------------------
 
-// The host codec's Status for a launch's result and the error flags its kernels raised. Call it
-// with the launch's result in a variable: as two arguments of one call, the flags could be read
-// before the launch (unspecified order; g++ does), and every failure would read as none.
-Status step_status(cudaError_t launch, unsigned flags, const char* kernel) {
-  if (launch == cudaErrorInvalidValue)
-    DQ_FAIL(Status::kInvalidArgument, "cuda device: %s: invalid launch arguments", kernel);
-  if (launch != cudaSuccess)
-    DQ_FAIL(Status::kSystemError, "cuda device: %s: %s", kernel, cudaGetErrorString(launch));
-  if (flags & (cuda::kDynamiqBadHeader | cuda::kDynamiqBadRecord | cuda::kDynamiqTooManyWorkers))
-    DQ_FAIL(Status::kMalformedPayload, "cuda device: %s: malformed input (flags 0x%x)", kernel,
-            flags);
-  if (flags & cuda::kDynamiqChunkOverCapacity)
-    DQ_FAIL(Status::kInternal, "cuda device: %s: a chunk exceeds its message (flags 0x%x)", kernel,
-            flags);
-  if (flags != 0) DQ_FAIL(Status::kInternal, "cuda device: %s: flags 0x%x", kernel, flags);
-  return Status::kOk;
-}
-
-// The level tables of one option set: 3 tables (widths 2, 4, 8), built by the host's builder.
-struct Levels {
-  float eps[3];
-  bool nonuniform;
-  LevelTable table[3];
-};
+using cuda_steps::check_finish;
+using cuda_steps::check_hop;
+using cuda_steps::check_stats;
+using cuda_steps::step_status;
 
 // What a DynamiQ codec's kernels need: their parameters and the level tables.
 struct KernelArgs {
@@ -133,10 +114,7 @@ class CudaDevice final : public Device {
     if (!kernel_args(codec, &k))
       return fallback([&] { return host_->local_stats(codec, x, stats, lane); });
     return run(lane, [this, k, x, stats](cudaStream_t stream) -> Status {
-      if (x.count != k.params.plan.count)
-        DQ_FAIL(Status::kInvalidArgument,
-                "cuda device stats: tensor has %zu elements, plan has %zu", x.count,
-                k.params.plan.count);
+      DQ_CHECK(check_stats(k.params.plan, x));
       const cudaError_t e =
           cuda::launch_supergroup_stats(x.data, x.dtype == DType::kBF16, x.count, stats, stream);
       DQ_CHECK(step_status(e, 0, "statistics"));
@@ -175,26 +153,8 @@ class CudaDevice final : public Device {
          key](cudaStream_t stream) -> Status {
           const DynamiqPlan& p = k.params.plan;
           // The host codec's checks of its arguments, in its order and with its Status.
-          DQ_CHECK(check_chunk(p, chunk));
-          if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no layout");
-          if (own.count != p.count || (own.data == nullptr && p.count > 0))
-            DQ_FAIL(Status::kInvalidArgument,
-                    "cuda device hop: own tensor has %zu elements, plan has %zu", own.count,
-                    p.count);
-          if (n_in < 0 || n_in > cuda::kMaxHopInputs || static_cast<int>(inputs.size()) != n_in)
-            DQ_FAIL(Status::kInvalidArgument, "cuda device hop: %d inputs, at most %d", n_in,
-                    cuda::kMaxHopInputs);
-          if (out == nullptr)
-            DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no output buffer");
-          if (key.strata < 1 || key.stratum >= key.strata)
-            DQ_FAIL(Status::kInvalidArgument, "cuda device hop: stratum %u of %u", key.stratum,
-                    key.strata);
-          DQ_CHECK(check_element_base(key, p.count));
           const uint8_t* ptrs[cuda::kMaxHopInputs];
-          for (int i = 0; i < n_in; ++i) {
-            DQ_CHECK(check_message(p, chunk, inputs[i], "hop"));
-            ptrs[i] = inputs[i].data;
-          }
+          DQ_CHECK(check_hop(p, layout, chunk, own, inputs.data(), n_in, out, key, ptrs));
           unsigned flags = 0;
           const cudaError_t e = cuda::launch_dynamiq_hop(k.params, k.levels, layout, chunk,
                                                          own.data, own.dtype == DType::kBF16, ptrs,
@@ -219,9 +179,7 @@ class CudaDevice final : public Device {
         lane,
         [this, k, layout, chunk, in, out, dtype, op, n_contrib](cudaStream_t stream) -> Status {
           const DynamiqPlan& p = k.params.plan;
-          DQ_CHECK(check_chunk(p, chunk));
-          if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device finish: no layout");
-          DQ_CHECK(check_message(p, chunk, in, "finish"));
+          DQ_CHECK(check_finish(p, layout, chunk, in));
           unsigned flags = 0;
           const cudaError_t e = cuda::launch_dynamiq_finish(
               k.params, k.levels, layout, chunk, in.data, out, dtype == DType::kBF16,
@@ -243,44 +201,16 @@ class CudaDevice final : public Device {
   }
 
  private:
-  static Status check_chunk(const DynamiqPlan& p, int chunk) {
-    if (chunk < 0 || chunk >= p.n_chunks)
-      DQ_FAIL(Status::kInvalidArgument, "cuda device: chunk %d outside 0..%d", chunk,
-              p.n_chunks - 1);
-    return Status::kOk;
-  }
-  // The kernels read a whole chunk message (its length is in the layout, on the device): the
-  // engine's payload slots are chunk_capacity() bytes. The host codec accepts a shorter view
-  // that still holds the chunk's body; this device does not, with the host's Status.
-  static Status check_message(const DynamiqPlan& p, int chunk, ByteView m, const char* what) {
-    if (m.data == nullptr || m.size < p.capacity)
-      DQ_FAIL(Status::kMalformedPayload,
-              "cuda device %s: chunk %d message has %zu bytes, the plan's messages %zu", what,
-              chunk, m.size, p.capacity);
-    return Status::kOk;
-  }
-
   // The kernels' arguments for `codec`; false when it has no kernels (not DynamiQ).
   bool kernel_args(const Codec& codec, KernelArgs* k) {
     DynamiqOptions o;
-    DynamiqPlan plan;
-    if (!dynamiq_parameters(codec, &o, &plan)) return false;
-    k->params =
-        cuda::dynamiq_device_params(plan.count, plan.n_chunks, plan.n_workers, plan.capacity, o);
-    k->levels = levels_for(o);
+    if (!cuda_steps::kernel_params(codec, &o, &k->params)) return false;
+    // Emulated kernels read the host tables in place.
+    k->levels = levels_.get(o, [](cuda_steps::LevelSet& l) {
+                          l.device = l.table;
+                          return true;
+                        })->device;
     return true;
-  }
-
-  const LevelTable* levels_for(const DynamiqOptions& o) {
-    std::lock_guard<std::mutex> lock(m_);
-    for (const Levels& l : levels_)
-      if (std::memcmp(l.eps, o.eps, sizeof l.eps) == 0 && l.nonuniform == o.nonuniform_levels)
-        return l.table;
-    Levels& l = levels_.emplace_back();
-    std::memcpy(l.eps, o.eps, sizeof l.eps);
-    l.nonuniform = o.nonuniform_levels;
-    cuda::dynamiq_level_tables(o, l.table);
-    return l.table;
   }
 
   // A codec without kernels: the host device's step, unchanged (same stream, same error word).
@@ -321,7 +251,7 @@ class CudaDevice final : public Device {
   const EmulatedCudaFault fault_;
   std::mutex m_;
   std::unordered_set<StreamHandle> streams_;
-  std::deque<Levels> levels_;  // stable addresses: kernels hold pointers into it
+  cuda_steps::LevelSets levels_;  // stable addresses: kernels hold pointers into it
   struct {
     std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0};
   } counts_;
