@@ -10,6 +10,7 @@
 
 #include "config/optin.h"
 #include "config/settings.h"
+#include "shim/engine/cuda_device_gpu.h"
 #include "shim/engine/engine.h"
 
 namespace dq::shim {
@@ -26,6 +27,7 @@ struct CommEntry {
   bool explicit_opt = false;  // dynamiqCommRegister called
   bool explicit_on = false;
   std::unique_ptr<engine::Engine> engine;  // made at the first all-reduce
+  int cuda_ordinal = -1;                   // >= 0: the engine runs on that CUDA device
   std::shared_ptr<engine::CommMetrics> metrics;
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
 };
@@ -79,15 +81,51 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) 
     opted = config::parse_opt_in(s.comms, &rules, &ignored) == Status::kOk &&
             config::opted_in(rules, e.identity);
   }
-  // The host device serves the CPU NCCL (host buffers). With a GPU NCCL there is no CUDA device
-  // in this build yet: every call passes through.
-  engine::Device* device = real.cpu_nccl_comm_name ? engine::host_device() : nullptr;
+  // Which device serves the communicator, fixed here for its life (docs/ENGINE.md section 2):
+  // - dynamiq's CPU NCCL (it exports dqCpuNcclCommName, which NVIDIA's does not): the host device
+  //   (host buffers);
+  // - any other NCCL is NVIDIA's (same ABI): the CUDA device of the communicator's GPU
+  //   (ncclCommCuDevice) when this libdynamiq.so has one (a CUDA build) and CUDA works in this
+  //   process (a driver new enough for the runtime linked into it, a device); otherwise none,
+  //   and every call passes through (kNoDevice), with one line saying why.
+  // Every input here is the same on every rank of a job that runs one build of the shim on one
+  // driver version; a rank whose CUDA device is unavailable while its peers' is available would
+  // pass through while they compress (there is no device memory to take part in their handshake
+  // with), so that one case, a job mixing drivers too old for the shim's runtime, is unsupported
+  // and its line is a warning.
+  engine::Device* device = nullptr;
+  std::string why;
+  if (real.cpu_nccl_comm_name) {
+    device = engine::host_device();
+  } else if (info.nranks < 2) {
+    why = "a 1-rank communicator";  // passes through anyway (kSingleRank): CUDA is not touched
+  } else if (!engine::cuda_gpu_linked()) {
+    why = "this build of libdynamiq.so has no CUDA device (built without CUDA)";
+  } else {
+    using CuDevice = ncclResult_t (*)(ncclComm_t, int*);
+    static const auto cu_device = reinterpret_cast<CuDevice>(dlsym(RTLD_NEXT, "ncclCommCuDevice"));
+    int ordinal = -1;
+    if (cu_device == nullptr || cu_device(comm, &ordinal) != ncclSuccess) ordinal = -1;
+    device = engine::cuda_gpu_device(ordinal, &why);
+    if (device != nullptr) {
+      e.cuda_ordinal = ordinal;
+      DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d: NVIDIA's NCCL, the %s device",
+              e.identity.index, device->name());
+    }
+  }
   static std::once_flag no_device_note;
-  if (device == nullptr && s.enable)
-    std::call_once(no_device_note, [] {
-      DQ_WARN(Subsys::kShim,
-              "dynamiq: the NCCL in this process is not dynamiq's CPU NCCL and this build has no "
-              "CUDA engine yet: every call passes through unchanged");
+  if (device == nullptr && s.enable && info.nranks >= 2)
+    std::call_once(no_device_note, [&] {
+      if (engine::cuda_gpu_linked())
+        DQ_WARN(Subsys::kShim,
+                "dynamiq: the NCCL in this process is not dynamiq's CPU NCCL and the CUDA device "
+                "is unavailable (%s): every call passes through unchanged",
+                why.c_str());
+      else
+        DQ_INFO(Subsys::kShim,
+                "dynamiq: the NCCL in this process is not dynamiq's CPU NCCL and %s: every call "
+                "passes through unchanged",
+                why.c_str());
     });
   e.metrics = engine::metrics_register(e.identity.index, e.identity.name, info.rank, info.nranks);
   e.engine = std::make_unique<engine::Engine>(s, config::global_valid(), info, real.ops, device,
@@ -184,6 +222,34 @@ void group_started() {
 
 namespace {
 
+// A call on a communicator served by the CUDA device: its buffers are classified
+// (cudaPointerGetAttributes, each call: a lookup in the driver, and a cache by address range
+// would go stale when memory is freed and reused as another kind). This never makes one rank
+// pass a call through while its peers compress it (docs/ENGINE.md section 2): every buffer that
+// NVIDIA's NCCL can use (device or managed memory, pinned host memory mapped into the device, or
+// pageable memory on a device that reads it through HMM/ATS) is one the kernels read and write
+// at the same address, so the decision stays the call's arguments' and the agreed state's. A
+// buffer the device cannot reach is one NVIDIA's NCCL cannot use either: the call fails on this
+// rank with ncclInvalidArgument (what NCCL's own pointer check returns), where NCCL would fail
+// or fault, and its peers time out as they would with NCCL. Only calls the engine may compress
+// are classified (or the first one, before the handshake).
+ncclResult_t check_cuda_buffers(CommEntry& e, engine::Engine& eng, const engine::CallArgs& call) {
+  const engine::PassReason r = eng.screen(call);
+  if (r != engine::PassReason::kRerouted && r != engine::PassReason::kInGroup) return ncclSuccess;
+  for (const void* p : {call.send, static_cast<const void*>(call.recv)}) {
+    if (p == nullptr) continue;  // ncclReduce's recv on a non-root rank
+    std::string why;
+    const engine::CudaBuffer kind = engine::cuda_gpu_classify(p, e.cuda_ordinal, &why);
+    if (kind == engine::CudaBuffer::kDevice || kind == engine::CudaBuffer::kPageable) continue;
+    DQ_WARN(Subsys::kShim,
+            "dynamiq: communicator index %d: buffer %p cannot be used on CUDA device %d (%s); "
+            "NVIDIA's NCCL cannot use it either: the call fails with ncclInvalidArgument",
+            e.identity.index, p, e.cuda_ordinal, why.c_str());
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
 // Runs `call` through the communicator's engine; forwards it with `pass` unless the engine
 // rerouted it or failed.
 template <class Pass>
@@ -211,7 +277,8 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
       if (real.stream_is_capturing && call.stream &&
           real.stream_is_capturing(call.stream, &capturing) == 0)
         call.capturing = capturing != 0;
-      result = eng->run(call, &reason);
+      if (e->cuda_ordinal >= 0) result = check_cuda_buffers(*e, *eng, call);
+      if (result == ncclSuccess) result = eng->run(call, &reason);
     }
   }
   engine::metrics_tick();

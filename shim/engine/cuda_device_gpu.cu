@@ -1,0 +1,494 @@
+// The real CUDA device (shim/engine/cuda_device_gpu.h): the engine's Device on a GPU. Built by
+// nvcc (flags of kernels/cuda: --fmad=false -prec-div=true -prec-sqrt=true -ftz=false) into
+// libdynamiq.so with the kernels of kernels/cuda/ it launches, and the CUDA runtime linked
+// statically (so the library loads without a driver; shim/engine/meson.build).
+//
+// Compared with the emulated device (shim/engine/cuda_device.cc), which shares its host side
+// (shim/engine/cuda_steps.h: parameters, argument checks, flags to Status, level tables):
+// - memory: device memory from the stream-ordered allocator (cudaMallocAsync on a private stream,
+//   waited for: allocation is plan time), released with cudaFreeAsync on the given stream; mapped
+//   memory from cudaHostAlloc(mapped), released once the given stream's work is done (teardown
+//   and the canary only, both allowed to block);
+// - streams and events: cudaStream_t (non-blocking) and cudaEvent_t (timing off); a wait refers to
+//   the event's latest record (cudaStreamWaitEvent);
+// - copies: cudaMemcpyAsync on the lane's stream; NCCL calls: issued at once, on the stream the
+//   engine passes in them (the lane's), as NVIDIA's NCCL orders them itself;
+// - codec steps: argument checks on the host at enqueue (a failure is written to the lane's error
+//   word from the host, as the host device does), then the kernels on the lane's stream between
+//   two one-thread kernels: `arm` sets the stream's flags word to kSkipFlag when the lane's error
+//   word is already set (else 0), and `fold` turns the kernels' flags into the error word with the
+//   host device's encoding (ErrorSource::kCodec, the Status step_status() gives), first failure
+//   wins (compare-and-swap from 0). An armed flags word makes the finish kernel (the only one that
+//   writes the caller's buffer) write nothing. The statistics, layout and hop kernels do not read
+//   their flags word (kernels/cuda is theirs to change): after a failure they still run, on the
+//   engine's own buffers, and their flags are not folded (the first failure stays);
+// - level tables: built by the host's builder once per option set and copied to device memory
+//   once (stream-ordered, an event marks the copy; other streams wait for it);
+// - nothing here blocks inside a call: no synchronize, no cudaMalloc/cudaFree on the call path
+//   (only the stream-ordered allocator), pageable level tables copied H2D (staged, no device sync).
+#include "shim/engine/cuda_device_gpu.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "common/log.h"
+#include "kernels/cuda/dynamiq.h"
+#include "kernels/cuda/stats.h"
+#include "shim/engine/cuda_steps.h"
+
+#if DQ_CUDA_EMULATED
+#error "shim/engine/cuda_device_gpu.cu is the nvcc build; the emulated device is cuda_device.cc"
+#endif
+
+namespace dq::engine {
+namespace {
+
+using cuda_steps::check_finish;
+using cuda_steps::check_hop;
+using cuda_steps::check_stats;
+using cuda_steps::step_status;
+
+// In a stream's flags word: the lane's error word was set when the step's kernels were reached.
+constexpr unsigned kSkipFlag = 0x80000000u;
+
+__global__ void arm_flags_kernel(const uint32_t* error, unsigned* flags) {
+  const uint32_t word = error != nullptr ? *static_cast<const volatile uint32_t*>(error) : 0u;
+  *flags = word != 0 ? kSkipFlag : 0u;
+}
+
+__global__ void fold_flags_kernel(const unsigned* flags, uint32_t* error, unsigned malformed_mask,
+                                  uint32_t malformed, uint32_t internal) {
+  const unsigned f = *flags;
+  if (f == 0 || (f & kSkipFlag) != 0 || error == nullptr) return;
+  atomicCAS_system(reinterpret_cast<unsigned*>(error), 0u,
+                   (f & malformed_mask) != 0 ? malformed : internal);
+}
+
+void set_error(uint32_t* error, uint32_t word) {
+  if (error == nullptr) return;
+  uint32_t expected = 0;
+  __atomic_compare_exchange_n(error, &expected, word, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+bool error_set(const uint32_t* error) {
+  return error != nullptr && __atomic_load_n(error, __ATOMIC_ACQUIRE) != 0;
+}
+
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::kOk;
+  cudaGetLastError();  // clear a sticky-free error so it does not show on the next launch
+  if (e == cudaErrorMemoryAllocation)
+    DQ_FAIL(Status::kOutOfMemory, "cuda device: %s: %s", what, cudaGetErrorString(e));
+  DQ_FAIL(Status::kSystemError, "cuda device: %s: %s", what, cudaGetErrorString(e));
+}
+
+// Runs the enclosing scope on device `d`, restoring the thread's device after.
+class OnDevice {
+ public:
+  explicit OnDevice(int d) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != d && cudaSetDevice(d) == cudaSuccess)
+      prev_ = cur;
+  }
+  ~OnDevice() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+struct KernelArgs {
+  cuda::DynamiqDeviceParams params;
+  const LevelTable* levels = nullptr;
+};
+
+class CudaGpuDevice final : public Device {
+ public:
+  explicit CudaGpuDevice(int ordinal) : ordinal_(ordinal) {
+    std::snprintf(name_, sizeof name_, "cuda (device %d)", ordinal);
+  }
+  Status init() {
+    OnDevice on(ordinal_);
+    int pools = 0;
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_) != cudaSuccess)
+      pools = 0;
+    pools_ = pools != 0;
+    return cuda_status(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking),
+                       "the allocation stream");
+  }
+
+  const char* name() const override { return name_; }
+  bool needs_canary() const override { return true; }
+
+  // ---- memory -------------------------------------------------------------------------------
+  Status alloc(size_t bytes, void** out) override {
+    OnDevice on(ordinal_);
+    *out = nullptr;
+    if (!pools_) return cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
+    // Plan time: waiting for the private stream makes the memory usable on any stream at once.
+    DQ_CHECK(cuda_status(cudaMallocAsync(out, bytes, alloc_stream_), "cudaMallocAsync"));
+    return cuda_status(cudaStreamSynchronize(alloc_stream_), "cudaMallocAsync");
+  }
+  Status alloc_mapped(size_t bytes, void** out) override {
+    OnDevice on(ordinal_);
+    *out = nullptr;
+    DQ_CHECK(cuda_status(cudaHostAlloc(out, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
+                         "cudaHostAlloc"));
+    std::lock_guard<std::mutex> lock(m_);
+    mapped_.insert(*out);
+    return Status::kOk;
+  }
+  void release(void* p, StreamHandle stream) override {
+    if (p == nullptr) return;
+    OnDevice on(ordinal_);
+    bool mapped;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      mapped = mapped_.erase(p) != 0;
+    }
+    auto s = static_cast<cudaStream_t>(stream);
+    if (mapped) {
+      // Mapped words are released at teardown and by the canary, after their last use.
+      if (s != nullptr) cudaStreamSynchronize(s);
+      cudaFreeHost(p);
+    } else if (pools_ && s != nullptr) {
+      cudaFreeAsync(p, s);  // stream-ordered: freed once the stream's work so far completed
+    } else {
+      cudaFree(p);  // no stream (teardown): cudaFree waits for the device
+    }
+  }
+
+  // ---- streams and events -------------------------------------------------------------------
+  Status create_stream(StreamHandle* out) override {
+    OnDevice on(ordinal_);
+    cudaStream_t s = nullptr;
+    DQ_CHECK(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+    *out = s;
+    return Status::kOk;
+  }
+  void destroy_stream(StreamHandle stream) override {
+    OnDevice on(ordinal_);
+    auto s = static_cast<cudaStream_t>(stream);
+    unsigned* flags = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      auto it = flags_.find(stream);
+      if (it != flags_.end()) flags = it->second, flags_.erase(it);
+    }
+    if (flags != nullptr) {
+      if (pools_) cudaFreeAsync(flags, s);
+    }
+    cudaStreamSynchronize(s);
+    if (flags != nullptr && !pools_) cudaFree(flags);
+    cudaStreamDestroy(s);
+  }
+  Status create_event(EventHandle* out) override {
+    OnDevice on(ordinal_);
+    cudaEvent_t e = nullptr;
+    DQ_CHECK(cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+    *out = e;
+    return Status::kOk;
+  }
+  void destroy_event(EventHandle e) override {
+    OnDevice on(ordinal_);
+    cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+  Status record(EventHandle e, StreamHandle s) override {
+    OnDevice on(ordinal_);
+    return cuda_status(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)),
+                       "cudaEventRecord");
+  }
+  Status wait(StreamHandle s, EventHandle e) override {
+    OnDevice on(ordinal_);
+    return cuda_status(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0),
+        "cudaStreamWaitEvent");
+  }
+  Status synchronize(EventHandle e) override {
+    OnDevice on(ordinal_);
+    return cuda_status(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
+  }
+  bool capturing(StreamHandle s) const override {
+    OnDevice on(ordinal_);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &status) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  // ---- copies and NCCL calls ----------------------------------------------------------------
+  Status copy(void* dst, const void* src, size_t bytes, Lane lane) override {
+    if (error_set(lane.error) || bytes == 0) return Status::kOk;
+    OnDevice on(ordinal_);
+    const Status s = cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                                 static_cast<cudaStream_t>(lane.stream)),
+                                 "cudaMemcpyAsync");
+    if (s != Status::kOk) set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+    return s;
+  }
+  // NVIDIA's NCCL orders its calls on the stream they name: issued now, result returned (and,
+  // as on the host device, a failure written to the error word).
+  Status nccl(Lane lane, std::function<ncclResult_t()> calls) override {
+    if (error_set(lane.error)) return Status::kOk;
+    OnDevice on(ordinal_);
+    const ncclResult_t r = calls();
+    if (r == ncclSuccess) return Status::kOk;
+    set_error(lane.error, error_word(ErrorSource::kNccl, r));
+    return Status::kSystemError;
+  }
+
+  // ---- codec steps --------------------------------------------------------------------------
+  Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
+                     Lane lane) override {
+    return step(codec, lane, "statistics", false,
+                [&](const KernelArgs& k, cudaStream_t stream, unsigned*) -> Status {
+                  DQ_CHECK(check_stats(k.params.plan, x));
+                  const cudaError_t e = cuda::launch_supergroup_stats(
+                      x.data, x.dtype == DType::kBF16, x.count, stats, stream);
+                  return step_status(e, 0, "statistics");
+                });
+  }
+
+  Status build_layout(const Codec& codec, const uint16_t* reduced, uint64_t call, void* layout,
+                      Lane lane) override {
+    return step(codec, lane, "layout", true,
+                [&](const KernelArgs& k, cudaStream_t stream, unsigned* flags) -> Status {
+                  const cudaError_t e =
+                      cuda::launch_dynamiq_layout(k.params, reduced, call, layout, flags, stream);
+                  return step_status(e, 0, "layout");
+                });
+  }
+
+  Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
+             const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
+             Lane lane) override {
+    return step(codec, lane, "hop", true,
+                [&](const KernelArgs& k, cudaStream_t stream, unsigned* flags) -> Status {
+                  const uint8_t* ptrs[cuda::kMaxHopInputs];
+                  DQ_CHECK(check_hop(k.params.plan, layout, chunk, own, in, n_in, out, key, ptrs));
+                  const cudaError_t e = cuda::launch_dynamiq_hop(
+                      k.params, k.levels, layout, chunk, own.data, own.dtype == DType::kBF16, ptrs,
+                      n_in, out, key, flags, stream);
+                  return step_status(e, 0, "hop");
+                });
+  }
+
+  Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
+                DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+    return step(codec, lane, "finish", true,
+                [&](const KernelArgs& k, cudaStream_t stream, unsigned* flags) -> Status {
+                  DQ_CHECK(check_finish(k.params.plan, layout, chunk, in));
+                  const cudaError_t e = cuda::launch_dynamiq_finish(
+                      k.params, k.levels, layout, chunk, in.data, out, dtype == DType::kBF16,
+                      op == ReduceOp::kAvg, n_contrib, flags, stream);
+                  return step_status(e, 0, "finish");
+                });
+  }
+
+ private:
+  // One codec step on the lane's stream: skipped when the lane's error word is already set (as
+  // seen from the host); the kernels' parameters and level tables; with `flagged`, the arm and
+  // fold kernels around `body`'s launches. A failure found on the host is written to the error
+  // word here, with the host device's encoding.
+  template <class Body>
+  Status step(const Codec& codec, Lane lane, const char* what, bool flagged, Body&& body) {
+    if (error_set(lane.error)) return Status::kOk;
+    OnDevice on(ordinal_);
+    auto stream = static_cast<cudaStream_t>(lane.stream);
+    Status s = Status::kOk;
+    KernelArgs k;
+    DynamiqOptions o;
+    if (!cuda_steps::kernel_params(codec, &o, &k.params)) {
+      // The baselines have kernels (kernels/cuda/baselines.cu) but no device step yet: the step
+      // fails, so the canary fails and the communicator passes through on every rank.
+      s = Status::kUnsupported;
+      DQ_WARN(Subsys::kEngine, "cuda device %s: codec %s has no kernel steps on this device", what,
+              codec.name().c_str());
+    }
+    if (s == Status::kOk && flagged) s = levels_for(o, stream, &k.levels);
+    unsigned* flags = nullptr;
+    if (s == Status::kOk && flagged) s = flags_for(lane.stream, stream, &flags);
+    if (s == Status::kOk && flagged) {
+      arm_flags_kernel<<<1, 1, 0, stream>>>(lane.error, flags);
+      s = cuda_status(cudaGetLastError(), "arm kernel");
+    }
+    if (s == Status::kOk) s = body(k, stream, flags);
+    if (s == Status::kOk && flagged) {
+      fold_flags_kernel<<<1, 1, 0, stream>>>(flags, lane.error, cuda_steps::kMalformedFlags,
+                                             cuda_steps::malformed_word(),
+                                             cuda_steps::internal_word());
+      s = cuda_status(cudaGetLastError(), "fold kernel");
+    }
+    if (s != Status::kOk) set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+    return s;
+  }
+
+  // The level tables of `o` in device memory, copied once per option set; `stream` waits for
+  // the copy (a no-op once it is done).
+  Status levels_for(const DynamiqOptions& o, cudaStream_t stream, const LevelTable** out) {
+    Status made = Status::kOk;
+    cuda_steps::LevelSet* l = levels_.get(o, [&](cuda_steps::LevelSet& set) {
+      void* d = nullptr;
+      cudaEvent_t ready = nullptr;
+      made = pools_ ? cuda_status(cudaMallocAsync(&d, sizeof set.table, stream), "cudaMallocAsync")
+                    : cuda_status(cudaMalloc(&d, sizeof set.table), "cudaMalloc");
+      if (made == Status::kOk)
+        made = cuda_status(
+            cudaMemcpyAsync(d, set.table, sizeof set.table, cudaMemcpyHostToDevice, stream),
+            "level tables");
+      if (made == Status::kOk)
+        made = cuda_status(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event");
+      if (made == Status::kOk) made = cuda_status(cudaEventRecord(ready, stream), "event");
+      if (made != Status::kOk) {
+        if (ready) cudaEventDestroy(ready);
+        if (d != nullptr && pools_) cudaFreeAsync(d, stream);
+        if (d != nullptr && !pools_) cudaFree(d);
+        return false;
+      }
+      set.device = static_cast<const LevelTable*>(d);
+      set.ready = ready;
+      return true;
+    });
+    if (l == nullptr) return made;
+    *out = l->device;
+    return cuda_status(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(l->ready), 0),
+                       "level tables");
+  }
+
+  // The stream's flags word (device memory), made on its first flagged step, stream-ordered.
+  Status flags_for(StreamHandle key, cudaStream_t stream, unsigned** out) {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = flags_.find(key);
+    if (it != flags_.end()) {
+      *out = it->second;
+      return Status::kOk;
+    }
+    void* d = nullptr;
+    DQ_CHECK(pools_ ? cuda_status(cudaMallocAsync(&d, sizeof(unsigned), stream), "cudaMallocAsync")
+                    : cuda_status(cudaMalloc(&d, sizeof(unsigned)), "cudaMalloc"));
+    *out = flags_[key] = static_cast<unsigned*>(d);
+    return Status::kOk;
+  }
+
+  const int ordinal_;
+  char name_[32];
+  bool pools_ = false;
+  cudaStream_t alloc_stream_ = nullptr;
+  std::mutex m_;
+  std::unordered_set<void*> mapped_;
+  std::unordered_map<StreamHandle, unsigned*> flags_;
+  cuda_steps::LevelSets levels_;
+};
+
+// The driver library the static runtime loads (a test may name a missing one).
+const char* driver_library() {
+  const char* name = std::getenv("DQ_TEST_CUDA_DRIVER_LIB");
+  return name != nullptr && *name != '\0' ? name : "libcuda.so.1";
+}
+
+// Whether CUDA can run in this process at all, asked before any runtime call: the runtime would
+// load the driver itself, but this gives the clearer reason.
+bool driver_present(std::string* why) {
+  const char* lib = driver_library();
+  void* h = dlopen(lib, RTLD_LAZY | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* err = dlerror();
+    *why = std::string("no CUDA driver: ") + lib + " cannot be loaded (" + (err ? err : "?") + ")";
+    return false;
+  }
+  dlclose(h);
+  return true;
+}
+
+std::string runtime_reason(cudaError_t e, const char* what) {
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  char line[320];
+  std::snprintf(line, sizeof line, "%s: %s (%s; runtime %d.%d linked into libdynamiq.so, driver %d.%d)",
+                what, cudaGetErrorName(e), cudaGetErrorString(e), runtime / 1000,
+                runtime % 1000 / 10, driver / 1000, driver % 1000 / 10);
+  return line;
+}
+
+}  // namespace
+
+Device* cuda_gpu_device(int ordinal, std::string* why) {
+  static std::mutex* m = new std::mutex;
+  static auto* devices = new std::map<int, CudaGpuDevice*>;  // never destroyed (atexit NCCL calls)
+  std::string reason;
+  std::lock_guard<std::mutex> lock(*m);
+  if (!driver_present(&reason)) {
+    if (why) *why = reason;
+    return nullptr;
+  }
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count < 1) {
+    cudaGetLastError();
+    if (why) *why = e != cudaSuccess ? runtime_reason(e, "cudaGetDeviceCount") : "no CUDA device";
+    return nullptr;
+  }
+  if (ordinal < 0 && (e = cudaGetDevice(&ordinal)) != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = runtime_reason(e, "cudaGetDevice");
+    return nullptr;
+  }
+  if (ordinal >= count) {
+    if (why) *why = "device " + std::to_string(ordinal) + " of " + std::to_string(count);
+    return nullptr;
+  }
+  auto it = devices->find(ordinal);
+  if (it != devices->end()) return it->second;
+  auto device = std::make_unique<CudaGpuDevice>(ordinal);
+  if (device->init() != Status::kOk) {
+    if (why) *why = "cannot create a stream on device " + std::to_string(ordinal);
+    return nullptr;
+  }
+  return (*devices)[ordinal] = device.release();
+}
+
+CudaBuffer cuda_gpu_classify(const void* p, int ordinal, std::string* why) {
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = runtime_reason(e, "cudaPointerGetAttributes");
+    return CudaBuffer::kUnknown;
+  }
+  switch (a.type) {
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged:
+      return CudaBuffer::kDevice;
+    case cudaMemoryTypeHost:  // pinned: the kernels read it at the same address (UVA)
+      return a.devicePointer == p ? CudaBuffer::kDevice : CudaBuffer::kInaccessible;
+    default: {
+      int pageable = 0;
+      if (ordinal < 0 && cudaGetDevice(&ordinal) != cudaSuccess) ordinal = 0;
+      if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, ordinal) !=
+          cudaSuccess) {
+        cudaGetLastError();
+        pageable = 0;
+      }
+      if (pageable) return CudaBuffer::kPageable;
+      if (why) *why = "pageable host memory, and the device cannot access pageable memory";
+      return CudaBuffer::kInaccessible;
+    }
+  }
+}
+
+}  // namespace dq::engine
