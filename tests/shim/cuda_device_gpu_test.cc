@@ -1,0 +1,186 @@
+// The real CUDA device (shim/engine/cuda_device_gpu.cu). Usage: cuda_device_gpu_test MODE.
+//   unavailable  (suite unit, runs anywhere) Without a driver (this machine, CI; or with
+//                DQ_TEST_CUDA_DRIVER_LIB naming a library that does not exist) the device is
+//                unavailable with a reason, nothing crashes, and classifying a pointer answers
+//                kUnknown/kInaccessible with a reason. With a driver and a GPU it must be available.
+//   steps        (suite gpu; exit 77 without a device, with the reason) The engine's codec steps on
+//                the GPU against the host codec byte for byte: run_canary (statistics, layout, two
+//                leaf hops and a 2-input fused hop per chunk, finish; every output and its inputs
+//                compared) for several DynamiQ option sets, on the device's own stream and again
+//                on a second stream (the level tables uploaded once, waited for there); then the
+//                error word: a malformed input makes the hop's kernels set it with the host
+//                device's encoding (kCodec, kMalformedPayload), the finish after it writes nothing,
+//                and an enqueue returns without waiting for the device.
+// Exit 0 pass, 77 skip, other: the failing check.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "shim/engine/cuda_device_gpu.h"
+#include "shim/engine/engine.h"
+
+namespace {
+
+#define CHECK_OR(code, cond, ...)               \
+  do {                                          \
+    if (!(cond)) {                              \
+      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
+      std::fprintf(stderr, "\n");               \
+      return code;                              \
+    }                                           \
+  } while (0)
+
+using dq::Status;
+using dq::engine::CudaBuffer;
+using dq::engine::Device;
+
+int unavailable_check() {
+  CHECK_OR(10, dq::engine::cuda_gpu_linked(), "the CUDA device is not linked into this test");
+  const char* forced = std::getenv("DQ_TEST_CUDA_DRIVER_LIB");
+  std::string why;
+  Device* d = dq::engine::cuda_gpu_device(-1, &why);
+  if (d != nullptr) {
+    CHECK_OR(11, forced == nullptr, "a missing driver (%s) still gave a device", forced);
+    std::printf("a CUDA device is available here (%s): nothing to check for its absence\n",
+                d->name());
+    return 0;
+  }
+  CHECK_OR(12, !why.empty(), "unavailable without a reason");
+  if (forced != nullptr)
+    CHECK_OR(13, why.find(forced) != std::string::npos, "reason does not name %s: %s", forced,
+             why.c_str());
+  // Asking twice gives the same answer (nothing half-initialised is kept).
+  std::string again;
+  CHECK_OR(14, dq::engine::cuda_gpu_device(0, &again) == nullptr && !again.empty(),
+           "second ask: %s", again.c_str());
+  std::vector<float> host(16, 1.0f);
+  std::string cwhy;
+  const CudaBuffer kind = dq::engine::cuda_gpu_classify(host.data(), -1, &cwhy);
+  if (forced == nullptr)
+    CHECK_OR(15, kind == CudaBuffer::kUnknown && !cwhy.empty(),
+             "classify without a driver: kind %d, '%s'", static_cast<int>(kind), cwhy.c_str());
+  CHECK_OR(16, kind != CudaBuffer::kDevice, "a host vector classified as device memory");
+  std::printf("CUDA device unavailable, as expected: %s\nclassify: kind %d (%s)\n", why.c_str(),
+              static_cast<int>(kind), cwhy.c_str());
+  return 0;
+}
+
+int steps_check() {
+  std::string why;
+  Device* d = dq::engine::cuda_gpu_device(-1, &why);
+  if (d == nullptr) {
+    std::printf("SKIP: no CUDA device: %s\n", why.c_str());
+    return 77;
+  }
+  CHECK_OR(20, d->needs_canary(), "the CUDA device must ask for the canary");
+  const char* specs[] = {"dynamiq:5", "dynamiq:3", "dynamiq:8", "dynamiq:4,levels=uniform",
+                         "dynamiq:5,scales=flat", "dynamiq:6,corr=0", "dynamiq:5,mean=0,w16=0"};
+  dq::engine::StreamHandle s1 = nullptr, s2 = nullptr;
+  CHECK_OR(21, d->create_stream(&s1) == Status::kOk && d->create_stream(&s2) == Status::kOk,
+           "streams");
+  int n = 0;
+  for (const char* spec : specs) {
+    const dq::engine::CanaryResult host = dq::engine::run_canary(dq::engine::host_device(), spec,
+                                                                 nullptr, 0x5eed);
+    CHECK_OR(22, host.ran && !host.differs, "host device, %s: %s", spec,
+             host.ran ? host.describe().c_str() : "not run (spec?)");
+    for (dq::engine::StreamHandle s : {s1, s2}) {
+      const dq::engine::CanaryResult r = dq::engine::run_canary(d, spec, s, 0x5eed);
+      CHECK_OR(23, r.ran && !r.differs, "%s, %s, stream %d: %s", d->name(), spec,
+               s == s1 ? 1 : 2, r.ran ? r.describe().c_str() : "not run");
+      ++n;
+    }
+    std::printf("%s: %s equals the host codec byte for byte (both streams)\n", spec, d->name());
+  }
+  // A codec without device steps fails its canary (the communicator then passes through).
+  const dq::engine::CanaryResult mx = dq::engine::run_canary(d, "mxfp8", s1, 0x5eed);
+  CHECK_OR(24, mx.ran && mx.differs && mx.device_status == Status::kUnsupported,
+           "mxfp8 on the CUDA device: %s", mx.describe().c_str());
+
+  // The error word: a malformed hop input, then a finish that must write nothing.
+  std::string err;
+  std::unique_ptr<dq::Codec> codec = dq::make_codec("dynamiq:5", &err);
+  const size_t count = 64 * 256 * 2;
+  CHECK_OR(30, codec && codec->plan(count, 2, 2) == Status::kOk, "plan: %s", err.c_str());
+  const size_t cap = codec->chunk_capacity(), words = codec->stats_words();
+  const size_t layout_bytes = codec->layout_bytes();
+  void *x = nullptr, *stats = nullptr, *layout = nullptr, *bad = nullptr, *out = nullptr,
+       *finished = nullptr, *word = nullptr;
+  CHECK_OR(31,
+           d->alloc(count * 4, &x) == Status::kOk && d->alloc(words * 2, &stats) == Status::kOk &&
+               d->alloc(layout_bytes, &layout) == Status::kOk &&
+               d->alloc(cap, &bad) == Status::kOk && d->alloc(cap, &out) == Status::kOk &&
+               d->alloc(count * 4, &finished) == Status::kOk &&
+               d->alloc_mapped(4, &word) == Status::kOk,
+           "allocations");
+  auto* error = static_cast<uint32_t*>(word);
+  *error = 0;
+  const dq::engine::Lane lane{s1, error};
+  std::vector<float> input(count);
+  for (size_t i = 0; i < count; ++i) input[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+  const std::vector<uint8_t> garbage(cap, 0xa5);
+  const std::vector<float> sentinel(count, 7.0f);
+  dq::RoundingKey key;
+  key.seed = 1;
+  const dq::ConstTensor own{x, dq::DType::kF32, count};
+  const dq::ByteView in[1] = {{static_cast<const uint8_t*>(bad), cap}};
+  dq::engine::EventHandle done = nullptr;
+  CHECK_OR(32, d->create_event(&done) == Status::kOk, "event");
+  bool enqueued = d->copy(x, input.data(), count * 4, lane) == Status::kOk &&
+                  d->copy(bad, garbage.data(), cap, lane) == Status::kOk &&
+                  d->copy(finished, sentinel.data(), count * 4, lane) == Status::kOk &&
+                  d->record(done, s1) == Status::kOk && d->synchronize(done) == Status::kOk;
+  CHECK_OR(33, enqueued, "uploads");
+  const auto t0 = std::chrono::steady_clock::now();
+  enqueued = d->local_stats(*codec, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
+             d->build_layout(*codec, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
+                 Status::kOk &&
+             d->hop(*codec, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) ==
+                 Status::kOk &&
+             d->finish(*codec, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2,
+                       lane) == Status::kOk;
+  const double enqueue_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_OR(34, enqueued, "the steps' enqueues failed (host-side checks?)");
+  CHECK_OR(35, d->record(done, s1) == Status::kOk && d->synchronize(done) == Status::kOk, "sync");
+  const uint32_t expected = dq::engine::error_word(dq::engine::ErrorSource::kCodec,
+                                                   static_cast<int>(Status::kMalformedPayload));
+  CHECK_OR(36, __atomic_load_n(error, __ATOMIC_ACQUIRE) == expected,
+           "error word 0x%08x, expected 0x%08x (kCodec, kMalformedPayload)", *error, expected);
+  std::vector<float> back(count, 0.0f);
+  const dq::engine::Lane clean{s1, nullptr};
+  CHECK_OR(37,
+           d->copy(back.data(), finished, count * 4, clean) == Status::kOk &&
+               d->record(done, s1) == Status::kOk && d->synchronize(done) == Status::kOk,
+           "read back");
+  CHECK_OR(38, std::memcmp(back.data(), sentinel.data(), count * 4) == 0,
+           "the finish after a failed hop wrote the output");
+  // Once set (seen by the host), a step enqueues nothing and succeeds, as on the host device.
+  CHECK_OR(39,
+           d->hop(*codec, layout, 0, own, nullptr, 0, static_cast<uint8_t*>(out), key, lane) ==
+               Status::kOk,
+           "a step after the error");
+  d->destroy_event(done);
+  for (void* p : {x, stats, layout, bad, out, finished}) d->release(p, s1);
+  d->release(word, s1);
+  d->destroy_stream(s1);
+  d->destroy_stream(s2);
+  std::printf("%d canaries on %s equal the host codec; malformed input: error word 0x%08x, finish "
+              "skipped; 4 steps enqueued in %.3f ms\n",
+              n, d->name(), expected, enqueue_ms);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "unavailable") return unavailable_check();
+  if (mode == "steps") return steps_check();
+  std::fprintf(stderr, "usage: %s unavailable|steps\n", argv[0]);
+  return 2;
+}
