@@ -118,11 +118,20 @@ __device__ __forceinline__ uint32_t word_of(const Philox4& r, uint64_t i) {
   return j == 0 ? r.v[0] : j == 1 ? r.v[1] : j == 2 ? r.v[2] : r.v[3];
 }
 
+// Before a launch whose kernels raise flags from several blocks: a word already non-zero gains
+// kSkipFlag, which those kernels test at their start (cuda_compat.h).
+__global__ void baseline_skip_gate_kernel(unsigned* error) {
+  if (*error != 0) *error |= kSkipFlag;
+}
+
 template <int F>
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_hop_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const void* own,
                         int own_bf16, HopInputs in, int n_in, uint8_t* out, RoundingKey key,
                         unsigned* error) {
+  // The lane failed before this step (the gate set the bit): nothing is written. This launch never
+  // raises kSkipFlag, so every thread of the grid decides alike, before any shuffle.
+  if ((*error & kSkipFlag) != 0) return;
   const int k = static_cast<int>(threadIdx.x);
   const uint32_t call = layout_call(layout);
   // Every thread checks the headers (a few bytes, the same answer everywhere): a message the host
@@ -238,7 +247,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
 // After a uniform hop: an input with invalid codes leaves the whole message zero (run_hop()).
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_hop_clear_kernel(unsigned long long capacity, uint8_t* out, const unsigned* error) {
-  if ((*error & kBaselineBadCodes) == 0) return;
+  if ((*error & kSkipFlag) != 0 || (*error & kBaselineBadCodes) == 0) return;
   for (unsigned long long b = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
        b < capacity; b += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads)
     out[b] = 0;
@@ -249,6 +258,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_finish_check_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const uint8_t* in,
                                  int n_contrib, unsigned* error) {
+  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the gate set the bit)
   const int k = static_cast<int>(threadIdx.x);
   if (blockIdx.x == 0 && k == 0 && check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib)
     atomicOr(error, unsigned{kBaselineBadHeader});
@@ -283,7 +293,8 @@ __global__ void __launch_bounds__(kBaselineThreads)
   }
 }
 
-__global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout) {
+__global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout, const unsigned* error) {
+  if (error != nullptr && *error != 0) return;  // the lane failed before: the layout stays
   if (blockIdx.x == 0 && threadIdx.x == 0) *layout = call;
 }
 
@@ -331,9 +342,11 @@ bool params_ok(const BaselineDeviceParams& d) {
 
 }  // namespace
 
-cudaError_t launch_baseline_layout(uint64_t call, void* layout, cudaStream_t stream) {
+cudaError_t launch_baseline_layout(uint64_t call, void* layout, cudaStream_t stream,
+                                   const unsigned* error) {
   if (layout == nullptr) return cudaErrorInvalidValue;
-  DQ_LAUNCH(baseline_layout_kernel, dim3(1), dim3(kWarp), 0, stream, call, static_cast<uint64_t*>(layout));
+  DQ_LAUNCH(baseline_layout_kernel, dim3(1), dim3(kWarp), 0, stream, call, static_cast<uint64_t*>(layout),
+            error);
   return cudaGetLastError();
 }
 
@@ -357,6 +370,9 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
       (c.n_blocks * static_cast<unsigned long long>(params.block_elems) + kBaselineThreads - 1) / kBaselineThreads;
   const dim3 grid(grid_for(tiles, max_blocks));
   const int b16 = own_bf16 ? 1 : 0;
+  DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
+  const cudaError_t gate = cudaGetLastError();
+  if (gate != cudaSuccess) return gate;
   switch (family_of(params.codec)) {
     case kFamilyBf16:
       DQ_LAUNCH(baseline_hop_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params, layout, c,
@@ -393,6 +409,9 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
   // Only uniform has codes to validate; the others check the header alone.
   const dim3 check_grid(family == kFamilyUniform ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
                                                  : 1u);
+  DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
+  const cudaError_t gate = cudaGetLastError();
+  if (gate != cudaSuccess) return gate;
   DQ_LAUNCH(baseline_finish_check_kernel, check_grid, dim3(kBaselineThreads), 0, stream, params, layout, c, in,
             n_contrib, error);
   const cudaError_t e = cudaGetLastError();

@@ -11,6 +11,8 @@
 // checked on the host (arguments, the rounding key's element base) comes back from the launch as
 // cudaErrorInvalidValue, as the host's kInvalidArgument. Input messages must each have
 // chunk_capacity() readable bytes (the host also checks the sizes it is given; here there are none).
+// A word that is already non-zero when a launch starts means the lane failed before: the launch's
+// kernels then write nothing (the word gains kSkipFlag, cuda_compat.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -91,8 +93,10 @@ enum BaselineError : unsigned {
 };
 
 // The per-call layout (Codec::layout_bytes() = 8 bytes, 8-byte aligned): the call number, as
-// BlockCodec::build_layout(). One thread.
-cudaError_t launch_baseline_layout(uint64_t call, void* layout, cudaStream_t stream);
+// BlockCodec::build_layout(). One thread. `error`: the lane's error/flags word; non-zero when the
+// kernel starts leaves the layout untouched (nullptr: no word, always runs).
+cudaError_t launch_baseline_layout(uint64_t call, void* layout, cudaStream_t stream,
+                                   const unsigned* error = nullptr);
 
 // The fused hop of `chunk`: out (capacity bytes) = compress(own + the n_in input chunk messages
 // `inputs[i]` decoded, in order), keyed by `key`; n_in = 0 is the leaf. `own` is the whole tensor.

@@ -24,4 +24,10 @@ namespace dq::cuda {
 // Warp width as a constant expression (nvcc's warpSize is not one).
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
+// In a kernel's error/flags word: the word was already non-zero when the step's kernels were
+// reached (the lane had failed before), so they write nothing. No kernel raises it for a failure
+// of its own. The launch functions whose kernels raise flags from several blocks set it first (a
+// one-thread gate kernel) and their kernels test this bit, never "non-zero": a block must not skip
+// because another block of the same launch raised a flag a moment earlier.
+constexpr unsigned kSkipFlag = 0x80000000u;
 }  // namespace dq::cuda

@@ -8,6 +8,8 @@
 // Every launch is asynchronous on `stream`. Errors of the data (what the host returns as
 // kMalformedPayload or kInternal) cannot come back from a launch: the kernels OR flags into a
 // device word the caller zeroes first and reads when the stream is done (DynamiqError).
+// A word that is already non-zero when a launch starts means the lane failed before: the launch's
+// kernels then write nothing (the word gains kSkipFlag, cuda_compat.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -68,7 +70,9 @@ enum DynamiqError : unsigned {
   kDynamiqBadHeader = 1u,         // an input's chunk header disagrees (host: kMalformedPayload)
   kDynamiqBadRecord = 2u,         // invalid codes or scales (host: kMalformedPayload)
   kDynamiqTooManyWorkers = 4u,    // inputs sum more workers than exist (host: kMalformedPayload)
-  kDynamiqChunkOverCapacity = 8u  // the layout's chunk does not fit its message (host: kInternal)
+  kDynamiqChunkOverCapacity = 8u  // a chunk does not fit its message (host: kInternal): raised
+                                  // by the layout, and by the hop (and the finish's check) for a
+                                  // record past the capacity, which they then neither write nor read
 };
 
 // The layout of `params` for this call from the all-reduced statistics (2 BF16 words per

@@ -111,7 +111,21 @@ __device__ __forceinline__ bool record_scales_bad(bool hierarchical, int bits, c
   return (rec[2 * k + 1] & 0x80) != 0;
 }
 
+// Whether a record (its offset in the body, `bits` wide) ends past the message's capacity: the
+// layout claims more than the message holds. The same answer in every thread.
+__device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint32_t offset, int bits) {
+  return kChunkHeaderBytes + static_cast<unsigned long long>(offset) +
+             static_cast<unsigned long long>(p.record[width_index(bits)]) >
+         p.capacity;
+}
+
 }  // namespace
+
+// Before a launch whose kernels raise flags from several blocks: a word already non-zero gains
+// kSkipFlag, which those kernels test at their start (cuda_compat.h).
+__global__ void dynamiq_skip_gate_kernel(unsigned* error) {
+  if (*error != 0) *error |= kSkipFlag;
+}
 
 __global__ void __launch_bounds__(kHopThreads)
     dynamiq_hop_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout, int chunk,
@@ -121,11 +135,16 @@ __global__ void __launch_bounds__(kHopThreads)
   __shared__ float s_pi[kGroupsPerSuperGroup];
   __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
   __shared__ uint8_t s_codes[kSuperGroup];
+  // The lane failed before this step (the gate set the bit): nothing is written. This launch never
+  // raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
+  if ((*error & kSkipFlag) != 0) return;
   const int k = static_cast<int>(threadIdx.x);
   const DynamiqPlan& p = d.plan;
   const LayoutView l = layout_view(layout, d.sections);
   uint8_t* body = out + kChunkHeaderBytes;
   const unsigned long long content = l.chunk_content[chunk];
+  if (blockIdx.x == 0 && k == 0 && content + kChunkHeaderBytes > p.capacity)
+    atomicOr(error, kDynamiqChunkOverCapacity);
 
   // The chunk header (block 0), the padding after the body (all blocks).
   if (blockIdx.x == 0 && k == 0) {
@@ -162,6 +181,12 @@ __global__ void __launch_bounds__(kHopThreads)
   for (uint32_t i = first + blockIdx.x; i < last; i += gridDim.x) {  // the same trips in the block
     const uint32_t j = l.order[i];
     const int bits = l.width[j];
+    // A record the message cannot hold is neither written nor read from the inputs (the same
+    // layout words in every thread: the whole block skips it).
+    if (record_past_capacity(p, l.offset[i], bits)) {
+      if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
+      continue;
+    }
     uint8_t* rec = body + l.offset[i];
     if (poisoned(l, j)) {  // the non-finite mean carries the result: an inert 2-bit record
       const int scale_bytes = p.record[0] - kSuperGroup * 2 / 8;
@@ -269,6 +294,7 @@ __global__ void __launch_bounds__(kHopThreads)
 __global__ void __launch_bounds__(kHopThreads)
     dynamiq_finish_check_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
                                 int chunk, const uint8_t* in, int n_contrib, unsigned* error) {
+  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the gate set the bit)
   const int k = static_cast<int>(threadIdx.x);
   const LayoutView l = layout_view(layout, d.sections);
   if (blockIdx.x == 0 && k == 0 && check_header(in, l, chunk, d.plan.n_workers) != n_contrib)
@@ -276,6 +302,10 @@ __global__ void __launch_bounds__(kHopThreads)
   const uint8_t* body = in + kChunkHeaderBytes;
   for (uint32_t i = l.chunk_first[chunk] + blockIdx.x; i < l.chunk_first[chunk + 1]; i += gridDim.x) {
     const int bits = l.width[l.order[i]];
+    if (record_past_capacity(d.plan, l.offset[i], bits)) {  // never read past the message
+      if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
+      continue;
+    }
     const uint8_t* rec = body + l.offset[i];
     bool bad = record_scales_bad(d.hierarchical_scales, bits, rec, k);
     (void)decode_value(levels, d.hierarchical_scales, bits, rec, k, &bad);
@@ -330,6 +360,9 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
     return cudaErrorInvalidValue;
   HopInputs in{};
   for (int i = 0; i < n_in; ++i) in.p[i] = inputs[i];
+  DQ_LAUNCH(dynamiq_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
+  const cudaError_t gate = cudaGetLastError();
+  if (gate != cudaSuccess) return gate;
   // As many blocks as the chunk may hold super-groups (the layout is on the device).
   DQ_LAUNCH(dynamiq_hop_kernel, dim3(grid_for(p.n_sg, max_blocks)), dim3(kHopThreads), 0, stream,
             params, levels, layout, chunk, own, own_bf16 ? 1 : 0, in, n_in, out, key, error);
@@ -345,6 +378,9 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
       chunk >= p.n_chunks || (out == nullptr && p.count > 0))
     return cudaErrorInvalidValue;
   const dim3 grid(grid_for(p.n_sg, max_blocks));
+  DQ_LAUNCH(dynamiq_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
+  const cudaError_t gate = cudaGetLastError();
+  if (gate != cudaSuccess) return gate;
   DQ_LAUNCH(dynamiq_finish_check_kernel, grid, dim3(kHopThreads), 0, stream, params, levels, layout,
             chunk, in, n_contrib, error);
   const cudaError_t e = cudaGetLastError();

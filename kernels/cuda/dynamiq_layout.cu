@@ -105,6 +105,10 @@ __global__ void __launch_bounds__(kLayoutThreads)
     dynamiq_layout_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
                           unsigned long long call, unsigned char* base, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
+  // The lane failed before this step: the layout is left as it is. One block; its only flag is
+  // raised after the last barrier, so every thread reads the word before anything of this launch
+  // can change it: the same decision in the whole block, before any barrier.
+  if (*error != 0) return;
   const uint32_t t = threadIdx.x, nt = blockDim.x;
   const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
   const LayoutPtrs l{reinterpret_cast<uint64_t*>(base + s.header),

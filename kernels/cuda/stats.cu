@@ -27,8 +27,12 @@ static_assert(kStatsThreads == kTileRows, "one thread per group of the tile");
 }  // namespace
 
 __global__ void __launch_bounds__(kStatsThreads)
-    supergroup_stats_kernel(const void* x, int bf16, unsigned long long count, uint16_t* stats) {
+    supergroup_stats_kernel(const void* x, int bf16, unsigned long long count, uint16_t* stats,
+                            const unsigned* error) {
   __shared__ float tile[kTileRows * kRowPitch];
+  // The lane failed before this step: nothing is written. Every thread of the grid reads the same
+  // word, which this kernel never writes, before any barrier: the whole block returns.
+  if (error != nullptr && *error != 0) return;
   const int t = static_cast<int>(threadIdx.x);
   const unsigned long long n_sg = (count + kSuperGroup - 1) / kSuperGroup;
   const unsigned long long n_tiles = (n_sg + kTileSuperGroups - 1) / kTileSuperGroups;
@@ -72,7 +76,7 @@ __global__ void __launch_bounds__(kStatsThreads)
 }
 
 cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint16_t* stats,
-                                    cudaStream_t stream, int max_blocks) {
+                                    cudaStream_t stream, int max_blocks, const unsigned* error) {
   if (count == 0) return cudaSuccess;
   if (x == nullptr || stats == nullptr) return cudaErrorInvalidValue;
   const size_t n_sg = (count + kSuperGroup - 1) / kSuperGroup;
@@ -80,7 +84,7 @@ cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint
   const size_t cap = max_blocks > 0 ? static_cast<size_t>(max_blocks) : 1024;
   const unsigned blocks = static_cast<unsigned>(n_tiles < cap ? n_tiles : cap);
   DQ_LAUNCH(supergroup_stats_kernel, dim3(blocks), dim3(kStatsThreads), 0, stream, x, bf16 ? 1 : 0,
-            static_cast<unsigned long long>(count), stats);
+            static_cast<unsigned long long>(count), stats, error);
   return cudaGetLastError();
 }
 

@@ -15,8 +15,11 @@ constexpr int kStatsThreads = 256;
 // stats[2j] = BF16(mean of super-group j), stats[2j+1] = BF16(its sum of squares), for the
 // ceil(count / 256) super-groups, the last one possibly partial. `max_blocks` caps the grid
 // (0: as many blocks as needed, up to 1024). Returns the launch's error (cudaSuccess when
-// count == 0: nothing to do).
+// count == 0: nothing to do). `error`: the lane's error/flags word in device memory; when it is
+// non-zero as the kernel starts, nothing is written (nullptr: no word, always runs). The kernel
+// raises no flags of its own.
 cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint16_t* stats,
-                                    cudaStream_t stream, int max_blocks = 0);
+                                    cudaStream_t stream, int max_blocks = 0,
+                                    const unsigned* error = nullptr);
 
 }  // namespace dq::cuda

@@ -289,6 +289,49 @@ TEST(CudaBaselines, HopAndFinishMatchHostByteForByte) {
   }
 }
 
+// A lane that failed before the step: the word is non-zero when the launch starts, so the layout,
+// the hop (leaf, and with an input: uniform's clear pass included, which kBaselineBadCodes in the
+// word would otherwise trigger) and the finish write nothing, and add no flag of their own.
+TEST(CudaBaselines, PresetErrorWordWritesNothing) {
+  uint32_t seed = 301;
+  for (const char* spec : kSpecs) {
+    Case s;
+    make_case(spec, 5000, 2, false, 0, seed++, false, &s);
+    ASSERT_FALSE(HasFatalFailure());
+    const unsigned preset = kBaselineBadCodes;
+    uint64_t layout = 0x3c3c3c3c3c3c3c3cull;
+    unsigned error = preset;
+    ASSERT_EQ(launch_baseline_layout(s.call + 1, &layout, nullptr, &error), cudaSuccess) << emu::last_report().message;
+    EXPECT_EQ(layout, 0x3c3c3c3c3c3c3c3cull) << spec;
+    EXPECT_EQ(error, preset) << spec;
+    const size_t cap = s.codec->chunk_capacity();
+    const RoundingKey key{seed, s.call, 1, 0, 1, 0, 0};
+    std::vector<uint8_t> leaf(cap);
+    ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(1), nullptr, 0, leaf.data(), key), Status::kOk);
+    const uint8_t* ptr = leaf.data();
+    for (int n_in : {0, 1})
+      for (int max_blocks : {1, 0}) {
+        std::vector<uint8_t> out(cap, 0xCD);
+        error = preset;
+        ASSERT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 1, s.own(0), false, &ptr, n_in, out.data(), key,
+                                      &error, nullptr, max_blocks),
+                  cudaSuccess)
+            << emu::last_report().message;
+        EXPECT_EQ(error, preset | kSkipFlag) << spec << " n_in " << n_in;
+        for (size_t b = 0; b < cap; ++b) ASSERT_EQ(int(out[b]), 0xCD) << spec << " n_in " << n_in << ": hop byte " << b;
+      }
+    // The finish, with a worker count its check would refuse.
+    std::vector<float> out(s.count, 5.0f);
+    error = preset;
+    ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false, false, 2, &error,
+                                     nullptr),
+              cudaSuccess)
+        << emu::last_report().message;
+    EXPECT_EQ(error, preset | kSkipFlag) << spec;
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 5.0f) << spec << " finish element " << i;
+  }
+}
+
 TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
   uint32_t seed = 77;
   for (const char* spec : kSpecs) {

@@ -249,6 +249,71 @@ TEST(CudaDynamiqLayout, ChunkOverCapacityIsFlagged) {
   }
 }
 
+// A layout that claims more than the message holds (the plan's capacity one byte short of the
+// largest chunk): the hop flags it and writes nothing past the capacity (guard bytes after the
+// message stay as they were), on one block and many.
+TEST(CudaDynamiqHop, ChunkOverCapacityIsFlaggedAndNothingIsWrittenPastIt) {
+  Case s;
+  make_case(Config{30 * 256, 2, 4, false, false, DynamiqOptions{}, 0}, 5, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
+  const int big = l.chunk_content[0] >= l.chunk_content[1] ? 0 : 1;
+  const uint64_t capacity = l.chunk_content[big] + kChunkHeaderBytes - 1;
+  s.params.plan.capacity = capacity;
+  unsigned error = 0;
+  ASSERT_EQ(device_layout(s.params, s.reduced, s.call, &s.dev_layout, &error), cudaSuccess) << kernel_fault();
+  ASSERT_EQ(error, unsigned{kDynamiqChunkOverCapacity});
+  constexpr size_t kGuard = 512;
+  for (int max_blocks : {1, 0}) {
+    std::vector<uint8_t> out(capacity + kGuard, 0xEE);
+    error = 0;  // the hop alone: it must find the overflow itself
+    const RoundingKey key{99, s.call, 1, 0, 1, 0, 0};
+    ASSERT_EQ(device_hop(s, big, nullptr, 0, &out, key, &error, max_blocks), cudaSuccess) << kernel_fault();
+    EXPECT_EQ(error, unsigned{kDynamiqChunkOverCapacity}) << "max_blocks " << max_blocks;
+    for (size_t b = capacity; b < out.size(); ++b)
+      ASSERT_EQ(int(out[b]), 0xEE) << "max_blocks " << max_blocks << ": byte " << b - capacity << " past the "
+                                   << capacity << "-byte message";
+    EXPECT_EQ(out[0], kPayloadMagic & 0xff) << "the header is still written";
+  }
+}
+
+// A lane that failed before the step: the word is non-zero when the launch starts, so the layout,
+// the hop and the finish write nothing (their outputs keep the sentinel), and the finish's check
+// adds no flag of its own (the word only gains kSkipFlag).
+TEST(CudaDynamiqHop, PresetErrorWordWritesNothing) {
+  Case s;
+  make_case(Config{24 * 256 + 100, 3, 4, false, false, DynamiqOptions{}, 0}, 41, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const unsigned preset = kDynamiqBadRecord;
+  // The layout.
+  std::vector<uint64_t> layout(s.dev_layout.size(), 0x3c3c3c3c3c3c3c3cull);
+  unsigned error = preset;
+  ASSERT_EQ(device_layout(s.params, s.reduced, s.call, &layout, &error), cudaSuccess) << kernel_fault();
+  EXPECT_EQ(error, preset);
+  for (size_t w = 0; w < layout.size(); ++w) ASSERT_EQ(layout[w], 0x3c3c3c3c3c3c3c3cull) << "layout word " << w;
+  // The hop, leaf and with an input whose header is wrong (it would raise a flag).
+  const size_t cap = s.codec->chunk_capacity();
+  const RoundingKey key{99, s.call, 1, 0, 1, 0, 0};
+  std::vector<uint8_t> other(cap, 0);
+  const uint8_t* ptr = other.data();
+  for (int n_in : {0, 1})
+    for (int max_blocks : {1, 0}) {
+      std::vector<uint8_t> out(cap, 0xCD);
+      error = preset;
+      ASSERT_EQ(device_hop(s, 1, &ptr, n_in, &out, key, &error, max_blocks), cudaSuccess) << kernel_fault();
+      EXPECT_EQ(error, preset | kSkipFlag) << "n_in " << n_in;
+      for (size_t b = 0; b < cap; ++b) ASSERT_EQ(int(out[b]), 0xCD) << "n_in " << n_in << ": hop byte " << b;
+    }
+  // The finish of a valid message with the wrong worker count (its check would raise a flag).
+  std::vector<uint8_t> leaf(cap);
+  ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), 1, s.tensor(1), nullptr, 0, leaf.data(), key), Status::kOk);
+  std::vector<float> out(s.cfg.count, 5.0f);
+  error = preset;
+  ASSERT_EQ(device_finish(s, 1, leaf, &out, false, false, 2, &error), cudaSuccess) << kernel_fault();
+  EXPECT_EQ(error, preset | kSkipFlag);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 5.0f) << "finish element " << i;
+}
+
 // The host's hop and the device's on the same inputs; returns the message for the next step.
 void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::vector<uint8_t>>& inputs,
                      const RoundingKey& key, std::vector<uint8_t>* message) {

@@ -85,6 +85,34 @@ cudaError_t device_stats(const std::vector<T>& x, bool bf16, std::vector<uint16_
   return e != cudaSuccess ? e : d_stats.fetch(*dev);
 }
 
+// A lane that failed before the step: the error word is already set when the kernel starts, so
+// not one statistics word is written (the output keeps its sentinel), on one block and many.
+TEST(CudaStats, PresetErrorWordWritesNothing) {
+  for (size_t count : {size_t{257}, size_t{40000}})
+    for (int blocks : {1, 0}) {
+      const std::vector<float> x = make_values(count, 7);
+      std::vector<uint16_t> dev(2 * ((count + 255) / 256), 0xBEEF);
+      unsigned error = 2;  // any failure before this step
+      const DeviceArray<float> d_x(x);
+      const DeviceArray<uint16_t> d_stats(dev);
+      const DeviceArray<unsigned> d_error(&error, 1);
+      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks, d_error.get()),
+                cudaSuccess)
+          << kernel_fault();
+      ASSERT_EQ(d_stats.fetch(dev), cudaSuccess);
+      ASSERT_EQ(d_error.fetch(&error), cudaSuccess);
+      EXPECT_EQ(error, 2u) << "the kernel raises no flags of its own";
+      for (size_t i = 0; i < dev.size(); ++i) ASSERT_EQ(dev[i], 0xBEEF) << "count " << count << " word " << i;
+      // A clear word: the same launch writes every word.
+      error = 0;
+      const DeviceArray<unsigned> d_clear(&error, 1);
+      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks, d_clear.get()),
+                cudaSuccess);
+      ASSERT_EQ(d_stats.fetch(dev), cudaSuccess);
+      expect_same(host_stats(x.data(), DType::kF32, count), dev, "clear word", count, blocks);
+    }
+}
+
 TEST(CudaStats, Fp32MatchesHostByteForByte) {
   uint32_t seed = 1;
   for (size_t count : kCounts)
