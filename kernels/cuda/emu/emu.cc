@@ -25,6 +25,12 @@ extern "C" char __stop_dq_emu_shared[] __attribute__((weak));
 // UBSan / ASan call this back just before they end the process (a shared array index out of
 // bounds under -fsanitize=bounds-strict): the emulator adds which thread was running.
 extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+// AddressSanitizer's fiber annotations (weak: absent without ASan). Without them ASan takes a
+// fiber's stack for a corrupt main stack and reports false stack-buffer errors.
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom,
+                                               size_t size) __attribute__((weak));
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old,
+                                                size_t* size_old) __attribute__((weak));
 
 namespace dq::emu {
 namespace {
@@ -39,10 +45,27 @@ constexpr unsigned char kCanary = 0xA5;  // the bytes before the dynamic shared 
 
 struct Cancelled {};  // thrown inside a fiber to unwind it; caught at the fiber's entry
 
+// Tells ASan (when present) about every stack switch: the scheduler's stack is learnt the first
+// time a fiber starts, each fiber's from its mmap.
+struct AsanStacks {
+  const void* scheduler_bottom = nullptr;
+  size_t scheduler_size = 0;
+  void* scheduler_fake = nullptr;  // the scheduler's fake stack while a fiber runs
+};
+AsanStacks g_asan;
+void asan_leave(void** fake_save, const void* bottom, size_t size) {
+  if (__sanitizer_start_switch_fiber) __sanitizer_start_switch_fiber(fake_save, bottom, size);
+}
+void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
+  if (__sanitizer_finish_switch_fiber)
+    __sanitizer_finish_switch_fiber(fake_save, bottom_old, size_old);
+}
+
 enum class State : uint8_t { kReady, kBarrier, kWarp, kExited };
 
 struct Thread {
   fc::fcontext_t context = nullptr;
+  void* asan_fake = nullptr;  // this fiber's fake stack while it is parked (ASan)
   State state = State::kReady;
   bool started = false;
   uint3 idx{0, 0, 0};
@@ -242,12 +265,16 @@ void push_ready(Launch& L, int t) {
 // being cancelled).
 void park() {
   Launch& L = *g_launch;
+  Thread& me = L.threads[L.current];
+  asan_leave(&me.asan_fake, g_asan.scheduler_bottom, g_asan.scheduler_size);
   fc::transfer_t back = fc::jump_fcontext(L.scheduler, nullptr);
+  asan_arrive(L.threads[L.current].asan_fake, &g_asan.scheduler_bottom, &g_asan.scheduler_size);
   L.scheduler = back.fctx;
   if (L.cancelling) throw Cancelled{};
 }
 
 void fiber_entry(fc::transfer_t from) {
+  asan_arrive(nullptr, &g_asan.scheduler_bottom, &g_asan.scheduler_size);
   Launch& L = *g_launch;
   L.scheduler = from.fctx;
   try {
@@ -260,6 +287,7 @@ void fiber_entry(fc::transfer_t from) {
   }
   L.threads[L.current].state = State::kExited;
   --L.live;
+  asan_leave(nullptr, g_asan.scheduler_bottom, g_asan.scheduler_size);  // this fiber is done
   fc::jump_fcontext(L.scheduler, nullptr);
   std::abort();  // an exited fiber is never resumed
 }
@@ -269,7 +297,9 @@ void resume(Launch& L, int t) {
   L.current = t;
   detail::g_thread_idx = th.idx;
   th.started = true;
+  asan_leave(&g_asan.scheduler_fake, g_stacks.top(t) - kFiberStackBytes, kFiberStackBytes);
   fc::transfer_t back = fc::jump_fcontext(th.context, nullptr);
+  asan_arrive(g_asan.scheduler_fake, nullptr, nullptr);
   th.context = back.fctx;
 }
 
@@ -406,7 +436,9 @@ struct SignalScope {
   SignalScope() {
     static char* alt = [] {
       const size_t bytes = 64 * 1024;
-      char* p = static_cast<char*>(std::malloc(bytes));
+      // mmap, not malloc: kept for the process's life, and LeakSanitizer does not count it.
+      char* p = static_cast<char*>(
+          mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
       stack_t ss{};
       ss.ss_sp = p;
       ss.ss_size = bytes;
