@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tools/cpu-nccl/comm.h"
+#include "tools/cpu-nccl/cuda_staging.h"
 #include "common/nccl_api.h"
 #include "common/nccl_result.h"
 
@@ -56,6 +57,7 @@ ncclResult_t fail_kind_result(FailKind kind) {
     case FailKind::kInvalid: return ncclInvalidArgument;
     case FailKind::kInternal: return ncclInternalError;
     case FailKind::kUsage: return ncclInvalidUsage;
+    case FailKind::kCuda: return ncclUnhandledCudaError;
     default: return ncclSystemError;
   }
 }
@@ -101,6 +103,7 @@ struct Task {
   CollArgs coll;
   P2pArgs p2p;
   ncclUniqueId id;
+  void* stream;  // the caller's cudaStream_t: orders the staging of device buffers
 };
 
 thread_local int t_group_depth = 0;
@@ -108,7 +111,40 @@ thread_local std::vector<Task> t_tasks;
 
 // Runs one comm's share of a group: init first, then all point-to-point together, then the
 // collectives in the order they were issued.
+// A device buffer that could not be staged fails the communicator (its peers then fail fast
+// instead of waiting for their timeout).
+ncclResult_t staging_failure(Comm* comm, const dq::cpunccl::cuda::Staging& st) {
+  std::string msg = "cpu-nccl rank " + std::to_string(comm->rank()) + ": " + st.error();
+  DQ_WARN(Subsys::kCore, "%s", msg.c_str());
+  comm->fail(FailKind::kCuda, msg);
+  set_last_error(msg);
+  return ncclUnhandledCudaError;
+}
+
+// The caller buffers a collective reads and writes (sizes per NCCL's signatures), for staging.
+void add_buffers(dq::cpunccl::cuda::Staging* st, const CollArgs& a, const Comm& comm,
+                 void* stream) {
+  const size_t bytes = a.count * dq::cpunccl::dtype_size(a.dtype);
+  const size_t all = bytes * static_cast<size_t>(comm.nranks());
+  const bool root = a.root == comm.rank();
+  size_t send = bytes, recv = bytes;
+  switch (a.kind) {
+    case CollKind::kAllReduce: break;
+    case CollKind::kBroadcast: send = root ? bytes : 0; break;  // sendbuff: the root's only
+    case CollKind::kReduce: recv = root ? bytes : 0; break;     // recvbuff: the root's only
+    case CollKind::kAllGather: recv = all; break;
+    case CollKind::kReduceScatter: send = all; break;
+    case CollKind::kAllToAll: send = recv = all; break;
+  }
+  st->add(a.sendbuff, send, true, false, stream);
+  st->add(a.recvbuff, recv, false, true, stream);
+}
+
+// Runs one comm's share of a group: init first, then all point-to-point together, then the
+// collectives in the order they were issued. Device buffers are staged around each of these
+// (cuda_staging.h); host buffers go through unchanged.
 ncclResult_t run_comm_tasks(Comm* comm, const std::vector<const Task*>& tasks) {
+  using dq::cpunccl::cuda::Staging;
   std::vector<P2pArgs> p2p;
   for (const Task* t : tasks) {
     if (t->kind != Task::kInit) continue;
@@ -120,16 +156,30 @@ ncclResult_t run_comm_tasks(Comm* comm, const std::vector<const Task*>& tasks) {
     }
   }
   if (comm->failure() != FailKind::kNone) return fail_kind_result(comm->failure());
-  for (const Task* t : tasks)
-    if (t->kind == Task::kP2p) p2p.push_back(t->p2p);
+  Staging p2p_staging;
+  for (const Task* t : tasks) {
+    if (t->kind != Task::kP2p) continue;
+    p2p.push_back(t->p2p);
+    p2p_staging.add(t->p2p.buffer, t->p2p.bytes, t->p2p.is_send, !t->p2p.is_send, t->stream);
+  }
   if (!p2p.empty()) {
+    if (p2p_staging.begin() != Status::kOk) return staging_failure(comm, p2p_staging);
+    for (P2pArgs& op : p2p) op.buffer = p2p_staging.host(op.buffer);
     Status s = comm->point_to_point(p2p);
     if (s != Status::kOk) return record_failure(comm, s, "ncclSend/ncclRecv");
+    if (p2p_staging.end() != Status::kOk) return staging_failure(comm, p2p_staging);
   }
   for (const Task* t : tasks) {
     if (t->kind != Task::kColl) continue;
-    Status s = comm->collective(t->coll);
+    Staging staging;
+    add_buffers(&staging, t->coll, *comm, t->stream);
+    if (staging.begin() != Status::kOk) return staging_failure(comm, staging);
+    CollArgs args = t->coll;
+    args.sendbuff = staging.host(args.sendbuff);
+    args.recvbuff = staging.host(args.recvbuff);
+    Status s = comm->collective(args);
     if (s != Status::kOk) return record_failure(comm, s, "collective");
+    if (staging.end() != Status::kOk) return staging_failure(comm, staging);
   }
   return ncclSuccess;
 }
@@ -182,7 +232,8 @@ ncclResult_t check_comm(Comm* comm) {
   return ncclSuccess;
 }
 
-ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op) {
+ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op,
+                         cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (!dq::cpunccl::dtype_valid(static_cast<int>(args.dtype))) return invalid("datatype");
   if (needs_op && !dq::cpunccl::redop_valid(static_cast<int>(args.op)))
@@ -201,11 +252,12 @@ ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op) {
   t.kind = Task::kColl;
   t.comm = comm;
   t.coll = args;
+  t.stream = stream;
   return submit(t);
 }
 
 ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t dtype, int peer,
-                        Comm* comm) {
+                        Comm* comm, cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (!dq::cpunccl::dtype_valid(dtype)) return invalid("datatype");
   if (peer < 0 || peer >= comm->nranks()) return invalid("peer out of range");
@@ -215,6 +267,7 @@ ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t
   t.comm = comm;
   t.p2p = P2pArgs{is_send, peer, buffer,
                   count * dq::cpunccl::dtype_size(static_cast<DType>(dtype))};
+  t.stream = stream;
   return submit(t);
 }
 
@@ -444,33 +497,35 @@ ncclResult_t ncclGroupEnd(void) {
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                      ncclComm_t comm, cudaStream_t) {
+                      ncclComm_t comm, cudaStream_t stream) {
   return guarded([&] {
-    return submit_p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, impl(comm));
+    return submit_p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, impl(comm), stream);
   });
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                      ncclComm_t comm, cudaStream_t) {
-  return guarded([&] { return submit_p2p(false, recvbuff, count, datatype, peer, impl(comm)); });
+                      ncclComm_t comm, cudaStream_t stream) {
+  return guarded(
+      [&] { return submit_p2p(false, recvbuff, count, datatype, peer, impl(comm), stream); });
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   return guarded([&] {
     return submit_coll({CollKind::kAllReduce, sendbuff, recvbuff, count,
                         static_cast<DType>(datatype), static_cast<RedOp>(op), 0},
-                       impl(comm), true);
+                       impl(comm), true, stream);
   });
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+                           ncclDataType_t datatype, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
   return guarded([&] {
     return submit_coll({CollKind::kBroadcast, sendbuff, recvbuff, count,
                         static_cast<DType>(datatype), RedOp::kSum, root},
-                       impl(comm), false);
+                       impl(comm), false, stream);
   });
 }
 
@@ -481,39 +536,39 @@ ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int ro
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
-                        cudaStream_t) {
+                        cudaStream_t stream) {
   return guarded([&] {
     return submit_coll({CollKind::kReduce, sendbuff, recvbuff, count,
                         static_cast<DType>(datatype), static_cast<RedOp>(op), root},
-                       impl(comm), true);
+                       impl(comm), true, stream);
   });
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return guarded([&] {
     return submit_coll({CollKind::kAllGather, sendbuff, recvbuff, sendcount,
                         static_cast<DType>(datatype), RedOp::kSum, 0},
-                       impl(comm), false);
+                       impl(comm), false, stream);
   });
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                               cudaStream_t) {
+                               cudaStream_t stream) {
   return guarded([&] {
     return submit_coll({CollKind::kReduceScatter, sendbuff, recvbuff, recvcount,
                         static_cast<DType>(datatype), static_cast<RedOp>(op), 0},
-                       impl(comm), true);
+                       impl(comm), true, stream);
   });
 }
 
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return guarded([&] {
     return submit_coll({CollKind::kAllToAll, sendbuff, recvbuff, count,
                         static_cast<DType>(datatype), RedOp::kSum, 0},
-                       impl(comm), false);
+                       impl(comm), false, stream);
   });
 }
 

@@ -37,7 +37,8 @@ struct P2pArgs {
 };
 
 // Why an operation failed, as the API reports it.
-enum class FailKind { kNone = 0, kRemote, kSystem, kInvalid, kInternal, kUsage };
+// kCuda: a device buffer could not be staged (cuda_staging.h): ncclUnhandledCudaError.
+enum class FailKind { kNone = 0, kRemote, kSystem, kInvalid, kInternal, kUsage, kCuda };
 
 class Comm {
  public:
