@@ -1,0 +1,408 @@
+// The CPU NCCL with CUDA device buffers (tools/cpu-nccl/cuda_staging.h): N forked rank
+// processes, each with its own device buffers, through libnccl.so.2 over the net plugin.
+//
+//   cpu_nccl_device_buffers fake|cuda NRANKS
+//
+// fake: the device is tests/nccl/fake_cuda_driver.cc, named by DYNAMIQ_CPU_NCCL_CUDA_DRIVER
+//       (the CPU NCCL loads it as its driver; this program dlopens the same file to allocate
+//       and write "device" memory). Runs anywhere: its device memory is PROT_NONE to the host,
+//       and its streams run their work only when synchronised, so a missed staging or a missed
+//       synchronisation fails the test.
+// cuda: the real driver (libcuda.so.1, dlopen'ed here too, so this builds without CUDA): all
+//       ranks on device 0, buffers from cuMemAlloc in the primary context (what cudaMalloc
+//       allocates), each write landing through a device-to-device copy enqueued behind a 64 MiB
+//       memset on a non-blocking stream, so the CPU NCCL must wait for the stream to see it.
+//       Exit 77, with the reason, where there is no driver or no device (asked in a forked
+//       child: this process must not initialise CUDA before it forks its ranks).
+//
+// Every rank checks, with integer-valued data (exact in FP32 and BF16 for these sums):
+// ncclAllReduce FP32 SUM (out of place, and identical bytes to the same call on host buffers),
+// ncclAllReduce BF16 SUM in place, ncclReduceScatter FP32 SUM, ncclAllGather in place, a ring of
+// ncclSend/ncclRecv in a group, a group of an all-reduce followed by a broadcast of its result
+// (staged in issue order), and an all-reduce from a host buffer into a device buffer.
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/nccl_api.h"
+#include "tests/common/rank_harness.h"
+
+namespace {
+
+int g_rank = -1;
+
+#define CHECK(cond, ...)                                                     \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::fprintf(stderr, "[rank %d] %s:%d: ", g_rank, __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                                     \
+      std::fprintf(stderr, "\n");                                            \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
+#define NCCL_OK(call)                                                      \
+  do {                                                                     \
+    ncclResult_t r_ = (call);                                              \
+    CHECK(r_ == ncclSuccess, "%s -> %d (%s)", #call, static_cast<int>(r_), \
+          ncclGetLastError(nullptr));                                      \
+  } while (0)
+
+// The device as the test sees it.
+struct Device {
+  std::function<void*(size_t)> alloc;
+  // Writes host bytes to device memory, ordered on `stream` after its earlier work.
+  std::function<bool(void* dst, const void* src, size_t bytes)> write;
+  // Reads device memory now (the test never synchronises the stream itself).
+  std::function<bool(void* dst, const void* src, size_t bytes)> read;
+  void* stream = nullptr;
+  std::function<std::string()> counts;  // what the device saw, for the log
+};
+
+template <class F>
+F sym(void* h, const char* name) {
+  return reinterpret_cast<F>(dlsym(h, name));
+}
+
+bool fake_device(Device* d, std::string* why) {
+  const char* path = std::getenv("DYNAMIQ_CPU_NCCL_CUDA_DRIVER");
+  void* h = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+  if (h == nullptr) {
+    *why = "fake mode needs DYNAMIQ_CPU_NCCL_CUDA_DRIVER naming the fake driver";
+    return false;
+  }
+  sym<void (*)()>(h, "fakeCudaInit")();
+  auto malloc_fn = sym<void* (*)(size_t)>(h, "fakeCudaMalloc");
+  auto write_fn = sym<int (*)(void*, const void*, size_t, void*)>(h, "fakeCudaWriteAsync");
+  auto read_fn = sym<int (*)(void*, const void*, size_t)>(h, "fakeCudaReadNow");
+  auto counts_fn = sym<void (*)(unsigned long long*)>(h, "fakeCudaCounts");
+  d->stream = sym<void* (*)()>(h, "fakeCudaStreamCreate")();
+  d->alloc = [=](size_t n) { return malloc_fn(n); };
+  d->write = [=](void* dst, const void* src, size_t n) {
+    return write_fn(dst, src, n, d->stream) == 0;
+  };
+  d->read = [=](void* dst, const void* src, size_t n) { return read_fn(dst, src, n) == 0; };
+  d->counts = [=] {
+    unsigned long long c[4];
+    counts_fn(c);
+    return "fake driver: " + std::to_string(c[0]) + " device-to-host copies, " +
+           std::to_string(c[1]) + " host-to-device, " + std::to_string(c[2]) +
+           " stream synchronisations, " + std::to_string(c[3]) + " pointer queries";
+  };
+  return true;
+}
+
+// The real driver, through dlopen (this program links no CUDA library).
+struct Cu {
+  using R = int;
+  R (*init)(unsigned);
+  R (*device_get_count)(int*);
+  R (*device_get)(int*, int);
+  R (*primary_retain)(void**, int);
+  R (*ctx_set_current)(void*);
+  R (*stream_create)(void**, unsigned);
+  R (*mem_alloc)(unsigned long long*, size_t);
+  R (*htod)(unsigned long long, const void*, size_t);
+  R (*dtoh)(void*, unsigned long long, size_t);
+  R (*dtod_async)(unsigned long long, unsigned long long, size_t, void*);
+  R (*memset_async)(unsigned long long, unsigned, size_t, void*);
+};
+
+bool load_cu(Cu* cu, std::string* why) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    *why = std::string("no CUDA driver: libcuda.so.1 cannot be loaded (") + (e ? e : "?") + ")";
+    return false;
+  }
+  cu->init = sym<decltype(cu->init)>(h, "cuInit");
+  cu->device_get_count = sym<decltype(cu->device_get_count)>(h, "cuDeviceGetCount");
+  cu->device_get = sym<decltype(cu->device_get)>(h, "cuDeviceGet");
+  cu->primary_retain = sym<decltype(cu->primary_retain)>(h, "cuDevicePrimaryCtxRetain");
+  cu->ctx_set_current = sym<decltype(cu->ctx_set_current)>(h, "cuCtxSetCurrent");
+  cu->stream_create = sym<decltype(cu->stream_create)>(h, "cuStreamCreate");
+  cu->mem_alloc = sym<decltype(cu->mem_alloc)>(h, "cuMemAlloc_v2");
+  cu->htod = sym<decltype(cu->htod)>(h, "cuMemcpyHtoD_v2");
+  cu->dtoh = sym<decltype(cu->dtoh)>(h, "cuMemcpyDtoH_v2");
+  cu->dtod_async = sym<decltype(cu->dtod_async)>(h, "cuMemcpyDtoDAsync_v2");
+  cu->memset_async = sym<decltype(cu->memset_async)>(h, "cuMemsetD32Async");
+  if (!cu->init || !cu->device_get_count || !cu->device_get || !cu->primary_retain ||
+      !cu->ctx_set_current || !cu->stream_create || !cu->mem_alloc || !cu->htod || !cu->dtoh ||
+      !cu->dtod_async || !cu->memset_async) {
+    *why = "libcuda.so.1 lacks a driver function this test uses";
+    return false;
+  }
+  int r = cu->init(0), n = 0;
+  if (r != 0) {
+    *why = "cuInit failed with CUDA error " + std::to_string(r) + " (no usable CUDA device)";
+    return false;
+  }
+  if ((r = cu->device_get_count(&n)) != 0 || n < 1) {
+    *why = "no CUDA device (cuDeviceGetCount: error " + std::to_string(r) + ", " +
+           std::to_string(n) + " devices)";
+    return false;
+  }
+  return true;
+}
+
+bool cuda_device(Device* d, std::string* why) {
+  static Cu cu;
+  if (!load_cu(&cu, why)) return false;
+  int dev = 0;
+  void* ctx = nullptr;
+  if (cu.device_get(&dev, 0) != 0 || cu.primary_retain(&ctx, dev) != 0 ||
+      cu.ctx_set_current(ctx) != 0 || cu.stream_create(&d->stream, 1 /* non-blocking */) != 0) {
+    *why = "cannot set up device 0's primary context and a stream";
+    return false;
+  }
+  constexpr size_t kFiller = size_t{64} << 20;
+  unsigned long long filler = 0;
+  if (cu.mem_alloc(&filler, kFiller) != 0) {
+    *why = "cuMemAlloc of the filler failed";
+    return false;
+  }
+  d->alloc = [](size_t n) -> void* {
+    unsigned long long p = 0;
+    return cu.mem_alloc(&p, n ? n : 1) == 0 ? reinterpret_cast<void*>(p) : nullptr;
+  };
+  d->write = [d, filler](void* dst, const void* src, size_t n) {
+    // Into a scratch buffer now; onto dst only behind a 64 MiB memset on the stream.
+    unsigned long long scratch = 0;
+    if (cu.mem_alloc(&scratch, n) != 0 || cu.htod(scratch, src, n) != 0) return false;
+    for (int k = 0; k < 4; ++k)
+      if (cu.memset_async(filler, 0x3f800000u + k, kFiller / 4, d->stream) != 0) return false;
+    return cu.dtod_async(reinterpret_cast<unsigned long long>(dst), scratch, n, d->stream) == 0;
+  };
+  d->read = [](void* dst, const void* src, size_t n) {
+    return cu.dtoh(dst, reinterpret_cast<unsigned long long>(src), n) == 0;
+  };
+  d->counts = [] { return std::string("real CUDA device 0"); };
+  return true;
+}
+
+// Integer values in [-16, 16]: every sum over up to 8 ranks is exact in FP32 and BF16.
+float value(int rank, size_t i, int salt) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13 + salt) % 33) -
+                            16);
+}
+
+uint16_t bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);  // exact: small integers have no bits below
+}
+
+float from_bf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+int rank_body(int rank, int n, const ncclUniqueId& id, bool fake) {
+  g_rank = rank;
+  Device dev;
+  std::string why;
+  CHECK(fake ? fake_device(&dev, &why) : cuda_device(&dev, &why), "device: %s", why.c_str());
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
+  const cudaStream_t stream = static_cast<cudaStream_t>(dev.stream);
+  const size_t count = 262147;  // odd, over one pipeline chunk per segment
+  const size_t fbytes = count * sizeof(float);
+
+  // 1. ncclAllReduce FP32 SUM, out of place, against the same call on host buffers.
+  {
+    std::vector<float> mine(count), got(count), host_out(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = value(rank, i, 0);
+    void* send = dev.alloc(fbytes);
+    void* recv = dev.alloc(fbytes);
+    CHECK(send && recv && dev.write(send, mine.data(), fbytes), "device alloc/write");
+    NCCL_OK(ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream));
+    CHECK(dev.read(got.data(), recv, fbytes), "device read");
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i, 0);
+      CHECK(got[i] == want, "all-reduce fp32: element %zu is %g, want %g", i, got[i], want);
+    }
+    NCCL_OK(ncclAllReduce(mine.data(), host_out.data(), count, ncclFloat32, ncclSum, comm, stream));
+    CHECK(std::memcmp(host_out.data(), got.data(), fbytes) == 0,
+          "all-reduce fp32: device result differs from the host buffers' result");
+  }
+  // 2. ncclAllReduce BF16 SUM in place.
+  {
+    std::vector<uint16_t> mine(count), got(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = bf16(value(rank, i, 5));
+    void* buf = dev.alloc(count * 2);
+    CHECK(buf && dev.write(buf, mine.data(), count * 2), "device alloc/write");
+    NCCL_OK(ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, comm, stream));
+    CHECK(dev.read(got.data(), buf, count * 2), "device read");
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i, 5);
+      CHECK(from_bf16(got[i]) == want, "all-reduce bf16 in place: element %zu is %g, want %g", i,
+            from_bf16(got[i]), want);
+    }
+  }
+  // 3. ncclReduceScatter FP32 SUM.
+  {
+    const size_t all = count * static_cast<size_t>(n);
+    std::vector<float> mine(all), got(count);
+    for (size_t i = 0; i < all; ++i) mine[i] = value(rank, i, 11);
+    void* send = dev.alloc(all * 4);
+    void* recv = dev.alloc(fbytes);
+    CHECK(send && recv && dev.write(send, mine.data(), all * 4), "device alloc/write");
+    NCCL_OK(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm, stream));
+    CHECK(dev.read(got.data(), recv, fbytes), "device read");
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, static_cast<size_t>(rank) * count + i, 11);
+      CHECK(got[i] == want, "reduce-scatter: element %zu is %g, want %g", i, got[i], want);
+    }
+  }
+  // 4. ncclAllGather in place: the send buffer is this rank's slice of the receive buffer.
+  {
+    const size_t per = 1001, all = per * static_cast<size_t>(n);
+    std::vector<int32_t> mine(per), got(all);
+    for (size_t i = 0; i < per; ++i) mine[i] = rank * 100000 + static_cast<int32_t>(i);
+    auto* buf = static_cast<char*>(dev.alloc(all * 4));
+    CHECK(buf && dev.write(buf + static_cast<size_t>(rank) * per * 4, mine.data(), per * 4),
+          "device alloc/write");
+    NCCL_OK(ncclAllGather(buf + static_cast<size_t>(rank) * per * 4, buf, per, ncclInt32, comm,
+                          stream));
+    CHECK(dev.read(got.data(), buf, all * 4), "device read");
+    for (size_t i = 0; i < all; ++i) {
+      const int32_t want = static_cast<int32_t>(i / per) * 100000 + static_cast<int32_t>(i % per);
+      CHECK(got[i] == want, "all-gather in place: element %zu is %d, want %d", i, got[i], want);
+    }
+  }
+  // 5. A ring of ncclSend/ncclRecv in one group.
+  {
+    const size_t m = 300007;
+    std::vector<int32_t> mine(m), got(m);
+    for (size_t i = 0; i < m; ++i) mine[i] = rank * 7 + static_cast<int32_t>(i);
+    void* send = dev.alloc(m * 4);
+    void* recv = dev.alloc(m * 4);
+    CHECK(send && recv && dev.write(send, mine.data(), m * 4), "device alloc/write");
+    const int to = (rank + 1) % n, from = (rank + n - 1) % n;
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(send, m, ncclInt32, to, comm, stream));
+    NCCL_OK(ncclRecv(recv, m, ncclInt32, from, comm, stream));
+    NCCL_OK(ncclGroupEnd());
+    CHECK(dev.read(got.data(), recv, m * 4), "device read");
+    for (size_t i = 0; i < m; ++i)
+      CHECK(got[i] == from * 7 + static_cast<int32_t>(i), "send/recv: element %zu is %d, want %d",
+            i, got[i], from * 7 + static_cast<int32_t>(i));
+  }
+  // 6. A group: an all-reduce, then a broadcast of its result from rank 0's buffer (the second
+  //    reads what the first wrote: staged in issue order).
+  {
+    const size_t m = 4099;
+    std::vector<float> mine(m), got(m);
+    for (size_t i = 0; i < m; ++i) mine[i] = value(rank, i, 3);
+    void* buf = dev.alloc(m * 4);
+    void* out = dev.alloc(m * 4);
+    CHECK(buf && out && dev.write(buf, mine.data(), m * 4), "device alloc/write");
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(buf, buf, m, ncclFloat32, ncclSum, comm, stream));
+    NCCL_OK(ncclBroadcast(buf, out, m, ncclFloat32, 0, comm, stream));
+    NCCL_OK(ncclGroupEnd());
+    CHECK(dev.read(got.data(), out, m * 4), "device read");
+    for (size_t i = 0; i < m; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i, 3);
+      CHECK(got[i] == want, "group all-reduce + broadcast: element %zu is %g, want %g", i, got[i],
+            want);
+    }
+  }
+  // 7. From a host buffer into a device buffer.
+  {
+    const size_t m = 777;
+    std::vector<float> mine(m), got(m);
+    for (size_t i = 0; i < m; ++i) mine[i] = value(rank, i, 9);
+    void* recv = dev.alloc(m * 4);
+    CHECK(recv != nullptr, "device alloc");
+    NCCL_OK(ncclAllReduce(mine.data(), recv, m, ncclFloat32, ncclSum, comm, stream));
+    CHECK(dev.read(got.data(), recv, m * 4), "device read");
+    for (size_t i = 0; i < m; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i, 9);
+      CHECK(got[i] == want, "host to device all-reduce: element %zu is %g, want %g", i, got[i],
+            want);
+    }
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+  if (rank == 0) std::printf("rank 0: %s\n", dev.counts().c_str());
+  return 0;
+}
+
+// Whether this machine has a CUDA device, asked in a child (CUDA must not be initialised in a
+// process that forks ranks which use it). Empty: yes; else the reason.
+std::string probe_cuda() {
+  int p[2];
+  if (pipe(p) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    Cu cu;
+    std::string why;
+    if (!load_cu(&cu, &why)) {
+      (void)!write(p[1], why.data(), why.size());
+      _exit(77);
+    }
+    _exit(0);
+  }
+  close(p[1]);
+  std::string why;
+  char buf[256];
+  ssize_t k;
+  while ((k = read(p[0], buf, sizeof buf)) > 0) why.append(buf, static_cast<size_t>(k));
+  close(p[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return why.empty() ? "the CUDA probe crashed" : why;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3 || (std::strcmp(argv[1], "fake") != 0 && std::strcmp(argv[1], "cuda") != 0)) {
+    std::fprintf(stderr, "usage: %s fake|cuda NRANKS\n", argv[0]);
+    return 2;
+  }
+  const bool fake = std::strcmp(argv[1], "fake") == 0;
+  const int n = std::atoi(argv[2]);
+  if (!fake) {
+    const std::string why = probe_cuda();
+    if (!why.empty()) {
+      std::printf("SKIP: %s\n", why.c_str());
+      return 77;
+    }
+  }
+  dq::test::RankOptions opt;
+  opt.timeout_s = 240;
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      n, 1, [](ncclUniqueId* id) { return ncclGetUniqueId(id); }, opt,
+      [&](int rank, const ncclUniqueId* ids) { return rank_body(rank, n, ids[0], fake); });
+  int bad = 0;
+  for (int r = 0; r < n; ++r) {
+    if (exits[r].exited(0)) continue;
+    std::fprintf(stderr, "rank %d: %s\n", r, exits[r].describe().c_str());
+    ++bad;
+  }
+  if (bad) return 1;
+  std::printf(
+      "PASS: %d processes, %s device buffers through the CPU NCCL: all-reduce FP32/BF16 "
+      "SUM, reduce-scatter, all-gather in place, send/recv, grouped, host-to-device: "
+      "exact\n",
+      n, fake ? "fake-driver" : "CUDA");
+  return 0;
+}
