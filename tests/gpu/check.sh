@@ -32,11 +32,11 @@
 #   memcheck_stats, memcheck_dynamiq, racecheck_stats, racecheck_dynamiq
 #                    compute-sanitizer on the kernel tests with DQ_KERNEL_TESTS_REDUCED=1 (the
 #                    largest cases left out); any report fails the step (30-120 s each)
-#   then three steps present but skipping, with the reason (what this does NOT cover yet):
-#   cpu_nccl_4proc_device_buffers  4 processes on the one GPU through the CPU NCCL with device
-#                    buffers, results identical to the host engine: needs the real-CUDA variant of
-#                    the engine's device (shim/engine/cuda_device is emulated only) and the CPU
-#                    NCCL staging device buffers (issue 11 part 3), neither built yet
+#   cpu_nccl_4proc_device_buffers  4 processes on the one GPU through the CPU NCCL with
+#                    cuMemAlloc'd buffers staged in stream order: all-reduce FP32/BF16 SUM,
+#                    reduce-scatter, all-gather in place, send/recv, exact (10-30 s); the CPU NCCL
+#                    alone, not yet through the shim's engine
+#   then two steps present but skipping, with the reason (what this does NOT cover yet):
 #   engine_real_cuda_device  the engine on a real CUDA device and its canary self-test: same
 #   real_nccl_compressed_2ranks  the compressed path over NVIDIA's NCCL on 2+ ranks: needs 2+ GPUs
 #                    (NVIDIA's NCCL refuses two ranks on one device) and the real-CUDA device
@@ -359,7 +359,8 @@ done
 if [ $BUILD_OK = 1 ]; then
   others=$("$MESON" introspect "$BUILD" --tests | python3 -c '
 import json, sys
-done = {"gpu_math", "cuda_stats_device", "cuda_dynamiq_layout_device", "cuda_dynamiq_hop_device"}
+done = {"gpu_math", "cuda_stats_device", "cuda_dynamiq_layout_device", "cuda_dynamiq_hop_device",
+        "cpu_nccl_4proc_device_buffers"}
 for t in json.load(sys.stdin):
     if ("gpu" in t["suite"] or any(s.endswith(":gpu") for s in t["suite"])) and t["name"] not in done:
         print(t["name"])')
@@ -386,7 +387,9 @@ for tool in memcheck racecheck; do
 done
 
 PENDING="not built yet: the engine's CUDA device exists only under the emulation (shim/engine/cuda_device), no real-CUDA variant"
-skip_step cpu_nccl_4proc_device_buffers "$PENDING; nor does the CPU NCCL stage device buffers (issue 11 part 3)"
+# 4 processes on the one GPU through the CPU NCCL, device buffers staged in stream order
+# (tests/nccl/device_buffers_main.cc; the CPU NCCL only: the shim's host engine is not involved).
+run_test cpu_nccl_4proc_device_buffers 180
 skip_step engine_real_cuda_device "$PENDING (nor its canary self-test)"
 gpus=0
 [ $HAVE_DEVICE = 1 ] && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
