@@ -35,11 +35,6 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/dynamiq.h"
-#include "kernels/cuda/stats.h"
-#include "kernels/dynamiq_codec.h"
-#include "kernels/dynamiq_layout.h"
-#include "kernels/payload.h"
 #include "shim/engine/cuda_steps.h"
 
 #if !DQ_CUDA_EMULATED
@@ -59,16 +54,7 @@ bool error_set(const uint32_t* error) {
 
 // ---- steps: common to both builds -------------------------------------------------------------
 
-using cuda_steps::check_finish;
-using cuda_steps::check_hop;
-using cuda_steps::check_stats;
 using cuda_steps::step_status;
-
-// What a DynamiQ codec's kernels need: their parameters and the level tables.
-struct KernelArgs {
-  cuda::DynamiqDeviceParams params;
-  const LevelTable* levels = nullptr;
-};
 
 class CudaDevice final : public Device {
  public:
@@ -108,86 +94,66 @@ class CudaDevice final : public Device {
   }
 
   // ---- steps ------------------------------------------------------------------------------------
+  // Each one: the codec's kernels (DynamiQ or a baseline) through cuda_steps.h's launches, which
+  // check the arguments as the host codec does; a codec without kernels runs on the host codec.
   Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
                      Lane lane) override {
-    KernelArgs k;
+    cuda_steps::StepParams k;
     if (!kernel_args(codec, &k))
       return fallback([&] { return host_->local_stats(codec, x, stats, lane); });
-    return run(lane, [this, k, x, stats](cudaStream_t stream) -> Status {
-      DQ_CHECK(check_stats(k.params.plan, x));
-      const cudaError_t e =
-          cuda::launch_supergroup_stats(x.data, x.dtype == DType::kBF16, x.count, stats, stream);
-      DQ_CHECK(step_status(e, 0, "statistics"));
-      counts_.stats.fetch_add(1, std::memory_order_relaxed);
-      return Status::kOk;
-    });
+    return run(lane, "statistics", &counts_.stats,
+               [k, x, stats](cudaStream_t stream, unsigned* flags) {
+                 return cuda_steps::launch_stats(k, x, stats, flags, stream);
+               });
   }
 
   Status build_layout(const Codec& codec, const uint16_t* reduced, uint64_t call, void* layout,
                       Lane lane) override {
-    KernelArgs k;
+    cuda_steps::StepParams k;
     if (!kernel_args(codec, &k))
       return fallback([&] { return host_->build_layout(codec, reduced, call, layout, lane); });
-    return run(lane, [this, k, reduced, call, layout](cudaStream_t stream) -> Status {
-      unsigned flags = 0;
-      const cudaError_t e =
-          cuda::launch_dynamiq_layout(k.params, reduced, call, layout, &flags, stream);
-      DQ_CHECK(step_status(e, flags, "layout"));
-      counts_.layouts.fetch_add(1, std::memory_order_relaxed);
-      return Status::kOk;
-    });
+    return run(lane, "layout", &counts_.layouts,
+               [k, reduced, call, layout](cudaStream_t stream, unsigned* flags) {
+                 return cuda_steps::launch_layout(k, reduced, call, layout, flags, stream);
+               });
   }
 
   Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {
-    KernelArgs k;
+    cuda_steps::StepParams k;
     if (!kernel_args(codec, &k))
       return fallback(
           [&] { return host_->hop(codec, layout, chunk, own, in, n_in, out, key, lane); });
     std::vector<ByteView> inputs;  // the caller reuses its array
     if (n_in > 0 && in != nullptr) inputs.assign(in, in + n_in);
-    return run(
-        lane,
-        [this, k, layout, chunk, own, inputs = std::move(inputs), n_in, out,
-         key](cudaStream_t stream) -> Status {
-          const DynamiqPlan& p = k.params.plan;
-          // The host codec's checks of its arguments, in its order and with its Status.
-          const uint8_t* ptrs[cuda::kMaxHopInputs];
-          DQ_CHECK(check_hop(p, layout, chunk, own, inputs.data(), n_in, out, key, ptrs));
-          unsigned flags = 0;
-          const cudaError_t e = cuda::launch_dynamiq_hop(k.params, k.levels, layout, chunk,
-                                                         own.data, own.dtype == DType::kBF16, ptrs,
-                                                         n_in, out, key, &flags, stream);
-          DQ_CHECK(step_status(e, flags, "hop"));
-          // The test-only corrupted kernel (make_emulated_cuda_device's `fault`).
-          if (n_in > 0 && fault_.hop_output_byte >= 0 &&
-              static_cast<uint64_t>(fault_.hop_output_byte) < p.capacity)
-            out[fault_.hop_output_byte] ^= fault_.mask;
-          counts_.hops.fetch_add(1, std::memory_order_relaxed);
-          return Status::kOk;
-        });
+    const size_t capacity = codec.chunk_capacity();
+    return run(lane, "hop", &counts_.hops,
+               [this, k, layout, chunk, own, inputs = std::move(inputs), n_in, out, key,
+                capacity](cudaStream_t stream, unsigned* flags) -> Status {
+                 DQ_CHECK(cuda_steps::launch_hop(k, layout, chunk, own,
+                                                 n_in > 0 && inputs.empty() ? nullptr : inputs.data(),
+                                                 n_in, out, key, flags, stream));
+                 // The test-only corrupted kernel (make_emulated_cuda_device's `fault`).
+                 if (n_in > 0 && *flags == 0 && fault_.hop_output_byte >= 0 &&
+                     static_cast<uint64_t>(fault_.hop_output_byte) < capacity)
+                   out[fault_.hop_output_byte] ^= fault_.mask;
+                 return Status::kOk;
+               });
   }
 
   Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
                 DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
-    KernelArgs k;
+    cuda_steps::StepParams k;
     if (!kernel_args(codec, &k))
       return fallback(
           [&] { return host_->finish(codec, layout, chunk, in, out, dtype, op, n_contrib, lane); });
-    return run(
-        lane,
-        [this, k, layout, chunk, in, out, dtype, op, n_contrib](cudaStream_t stream) -> Status {
-          const DynamiqPlan& p = k.params.plan;
-          DQ_CHECK(check_finish(p, layout, chunk, in));
-          unsigned flags = 0;
-          const cudaError_t e = cuda::launch_dynamiq_finish(
-              k.params, k.levels, layout, chunk, in.data, out, dtype == DType::kBF16,
-              op == ReduceOp::kAvg, n_contrib, &flags, stream);
-          DQ_CHECK(step_status(e, flags, "finish"));
-          counts_.finishes.fetch_add(1, std::memory_order_relaxed);
-          return Status::kOk;
-        });
+    return run(lane, "finish", &counts_.finishes,
+               [k, layout, chunk, in, out, dtype, op, n_contrib](cudaStream_t stream,
+                                                                 unsigned* flags) {
+                 return cuda_steps::launch_finish(k, layout, chunk, in, out, dtype, op, n_contrib,
+                                                  flags, stream);
+               });
   }
 
   CudaDeviceCounts counts() const {
@@ -201,15 +167,16 @@ class CudaDevice final : public Device {
   }
 
  private:
-  // The kernels' arguments for `codec`; false when it has no kernels (not DynamiQ).
-  bool kernel_args(const Codec& codec, KernelArgs* k) {
-    DynamiqOptions o;
-    if (!cuda_steps::kernel_params(codec, &o, &k->params)) return false;
+  // The kernels' arguments for `codec`; false when no kernels serve it.
+  bool kernel_args(const Codec& codec, cuda_steps::StepParams* k) {
+    const cuda_steps::Family family = cuda_steps::step_params(codec, k);
+    if (family == cuda_steps::Family::kNone) return false;
     // Emulated kernels read the host tables in place.
-    k->levels = levels_.get(o, [](cuda_steps::LevelSet& l) {
-                          l.device = l.table;
-                          return true;
-                        })->device;
+    if (family == cuda_steps::Family::kDynamiq)
+      k->levels = levels_.get(k->options, [](cuda_steps::LevelSet& l) {
+                            l.device = l.table;
+                            return true;
+                          })->device;
     return true;
   }
 
@@ -226,14 +193,19 @@ class CudaDevice final : public Device {
   }
 
   // ---- backend: a kernel step in stream order -----------------------------------------------
-  // `body(stream)` checks, launches and returns the step's Status. Skipped once the lane's error
-  // word is set; a failure sets it (ErrorSource::kCodec, as the host device). On a stream of ours
-  // it is queued behind the stream's earlier work; on the caller's it runs at once.
+  // `body(stream, flags)` checks and launches (flags: the step's word, zero as it starts) and
+  // returns their Status; the kernels' flags then give the step's Status, as the host codec's,
+  // and a step that succeeds is counted in `count`. Skipped once the lane's error word is set; a
+  // failure sets it (ErrorSource::kCodec, as the host device). On a stream of ours it is queued
+  // behind the stream's earlier work; on the caller's it runs at once.
   template <class F>
-  Status run(Lane lane, F&& body) {
-    auto step = [body = std::forward<F>(body), error = lane.error]() -> Status {
+  Status run(Lane lane, const char* what, std::atomic<uint64_t>* count, F&& body) {
+    auto step = [body = std::forward<F>(body), error = lane.error, what, count]() -> Status {
       if (error_set(error)) return Status::kOk;
-      const Status s = body(static_cast<cudaStream_t>(nullptr));  // emulated launches ignore it
+      unsigned flags = 0;
+      Status s = body(static_cast<cudaStream_t>(nullptr), &flags);  // emulated launches ignore it
+      if (s == Status::kOk) s = step_status(cudaSuccess, flags, what);
+      if (s == Status::kOk) count->fetch_add(1, std::memory_order_relaxed);
       if (s != Status::kOk && error)
         set_error(error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
       return s;

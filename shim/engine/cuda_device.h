@@ -15,8 +15,9 @@
 
 namespace dq::engine {
 
-// What an emulated CUDA device has run so far, per step kind: as kernels, or on the host codec
-// (a codec with no kernels yet: the baselines).
+// What an emulated CUDA device has run so far, per step kind: as kernels (DynamiQ and the
+// baselines; a baseline's statistics step has nothing to launch and counts as run), or on the
+// host codec (a codec no kernels serve).
 struct CudaDeviceCounts {
   uint64_t stats = 0, layouts = 0, hops = 0, finishes = 0;  // kernel steps run
   uint64_t host_fallbacks = 0;                              // codec steps run by the host codec
@@ -25,8 +26,9 @@ struct CudaDeviceCounts {
 // A device whose codec steps are the CUDA kernels run under the emulation, and whose memory,
 // streams, events, copies and NCCL calls are `host`'s (nullptr: host_device()): an emulated
 // launch is a host function that runs the whole grid before it returns, queued on `host`'s
-// stream in order. DynamiQ codecs run as kernels; a codec without kernels (the baselines) runs
-// its steps through `host` unchanged, counted in host_fallbacks.
+// stream in order. DynamiQ and the baselines (bf16, mxfp8, mxfp6e3m2/e2m3, mxfp4, uniform:B) run
+// as kernels; a codec without kernels runs its steps through `host` unchanged, counted in
+// host_fallbacks.
 //
 // `fault` (tests only, and only in this emulated build): a deliberately corrupted kernel, for the
 // canary's test (docs/ENGINE.md section 6).

@@ -18,10 +18,9 @@
 //   two one-thread kernels: `arm` sets the stream's flags word to kSkipFlag when the lane's error
 //   word is already set (else 0), and `fold` turns the kernels' flags into the error word with the
 //   host device's encoding (ErrorSource::kCodec, the Status step_status() gives), first failure
-//   wins (compare-and-swap from 0). An armed flags word makes the finish kernel (the only one that
-//   writes the caller's buffer) write nothing. The statistics, layout and hop kernels do not read
-//   their flags word (kernels/cuda is theirs to change): after a failure they still run, on the
-//   engine's own buffers, and their flags are not folded (the first failure stays);
+//   wins (compare-and-swap from 0). Every kernel (statistics, layout, hop, finish, of DynamiQ and
+//   of the baselines) reads the flags word as it starts and writes nothing when it is armed; the
+//   steps' launches are cuda_steps.h's, shared with the emulated device;
 // - level tables: built by the host's builder once per option set and copied to device memory
 //   once (stream-ordered, an event marks the copy; other streams wait for it);
 // - nothing here blocks inside a call: no synchronize, no cudaMalloc/cudaFree on the call path
@@ -42,8 +41,6 @@
 #include <utility>
 
 #include "common/log.h"
-#include "kernels/cuda/dynamiq.h"
-#include "kernels/cuda/stats.h"
 #include "shim/engine/cuda_steps.h"
 
 #if DQ_CUDA_EMULATED
@@ -53,13 +50,7 @@
 namespace dq::engine {
 namespace {
 
-using cuda_steps::check_finish;
-using cuda_steps::check_hop;
-using cuda_steps::check_stats;
-using cuda_steps::step_status;
-
-// In a stream's flags word: the lane's error word was set when the step's kernels were reached.
-constexpr unsigned kSkipFlag = 0x80000000u;
+using cuda::kSkipFlag;  // in a stream's flags word: the lane's error word was set already
 
 __global__ void arm_flags_kernel(const uint32_t* error, unsigned* flags) {
   const uint32_t word = error != nullptr ? *static_cast<const volatile uint32_t*>(error) : 0u;
@@ -107,11 +98,6 @@ class OnDevice {
 
  private:
   int prev_ = -1;
-};
-
-struct KernelArgs {
-  cuda::DynamiqDeviceParams params;
-  const LevelTable* levels = nullptr;
 };
 
 class CudaGpuDevice final : public Device {
@@ -254,80 +240,69 @@ class CudaGpuDevice final : public Device {
   // ---- codec steps --------------------------------------------------------------------------
   Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
                      Lane lane) override {
-    return step(codec, lane, "statistics", false,
-                [&](const KernelArgs& k, cudaStream_t stream, unsigned*) -> Status {
-                  DQ_CHECK(check_stats(k.params.plan, x));
-                  const cudaError_t e = cuda::launch_supergroup_stats(
-                      x.data, x.dtype == DType::kBF16, x.count, stats, stream);
-                  return step_status(e, 0, "statistics");
+    return step(codec, lane, "statistics",
+                [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
+                  return cuda_steps::launch_stats(k, x, stats, flags, stream);
                 });
   }
 
   Status build_layout(const Codec& codec, const uint16_t* reduced, uint64_t call, void* layout,
                       Lane lane) override {
-    return step(codec, lane, "layout", true,
-                [&](const KernelArgs& k, cudaStream_t stream, unsigned* flags) -> Status {
-                  const cudaError_t e =
-                      cuda::launch_dynamiq_layout(k.params, reduced, call, layout, flags, stream);
-                  return step_status(e, 0, "layout");
+    return step(codec, lane, "layout",
+                [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
+                  return cuda_steps::launch_layout(k, reduced, call, layout, flags, stream);
                 });
   }
 
   Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {
-    return step(codec, lane, "hop", true,
-                [&](const KernelArgs& k, cudaStream_t stream, unsigned* flags) -> Status {
-                  const uint8_t* ptrs[cuda::kMaxHopInputs];
-                  DQ_CHECK(check_hop(k.params.plan, layout, chunk, own, in, n_in, out, key, ptrs));
-                  const cudaError_t e = cuda::launch_dynamiq_hop(
-                      k.params, k.levels, layout, chunk, own.data, own.dtype == DType::kBF16, ptrs,
-                      n_in, out, key, flags, stream);
-                  return step_status(e, 0, "hop");
+    return step(codec, lane, "hop",
+                [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
+                  return cuda_steps::launch_hop(k, layout, chunk, own, in, n_in, out, key, flags,
+                                                stream);
                 });
   }
 
   Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
                 DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
-    return step(codec, lane, "finish", true,
-                [&](const KernelArgs& k, cudaStream_t stream, unsigned* flags) -> Status {
-                  DQ_CHECK(check_finish(k.params.plan, layout, chunk, in));
-                  const cudaError_t e = cuda::launch_dynamiq_finish(
-                      k.params, k.levels, layout, chunk, in.data, out, dtype == DType::kBF16,
-                      op == ReduceOp::kAvg, n_contrib, flags, stream);
-                  return step_status(e, 0, "finish");
+    return step(codec, lane, "finish",
+                [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
+                  return cuda_steps::launch_finish(k, layout, chunk, in, out, dtype, op, n_contrib,
+                                                   flags, stream);
                 });
   }
 
  private:
   // One codec step on the lane's stream: skipped when the lane's error word is already set (as
-  // seen from the host); the kernels' parameters and level tables; with `flagged`, the arm and
-  // fold kernels around `body`'s launches. A failure found on the host is written to the error
-  // word here, with the host device's encoding.
+  // seen from the host); the kernels' parameters (and DynamiQ's level tables); the arm and fold
+  // kernels around `body`'s launches. A failure found on the host is written to the error word
+  // here, with the host device's encoding.
   template <class Body>
-  Status step(const Codec& codec, Lane lane, const char* what, bool flagged, Body&& body) {
+  Status step(const Codec& codec, Lane lane, const char* what, Body&& body) {
     if (error_set(lane.error)) return Status::kOk;
     OnDevice on(ordinal_);
     auto stream = static_cast<cudaStream_t>(lane.stream);
     Status s = Status::kOk;
-    KernelArgs k;
-    DynamiqOptions o;
-    if (!cuda_steps::kernel_params(codec, &o, &k.params)) {
-      // The baselines have kernels (kernels/cuda/baselines.cu) but no device step yet: the step
-      // fails, so the canary fails and the communicator passes through on every rank.
+    cuda_steps::StepParams k;
+    const cuda_steps::Family family = cuda_steps::step_params(codec, &k);
+    if (family == cuda_steps::Family::kNone) {
+      // No kernels serve this codec: the step fails, so the canary fails and the communicator
+      // passes through on every rank.
       s = Status::kUnsupported;
       DQ_WARN(Subsys::kEngine, "cuda device %s: codec %s has no kernel steps on this device", what,
               codec.name().c_str());
     }
-    if (s == Status::kOk && flagged) s = levels_for(o, stream, &k.levels);
+    if (s == Status::kOk && family == cuda_steps::Family::kDynamiq)
+      s = levels_for(k.options, stream, &k.levels);
     unsigned* flags = nullptr;
-    if (s == Status::kOk && flagged) s = flags_for(lane.stream, stream, &flags);
-    if (s == Status::kOk && flagged) {
+    if (s == Status::kOk) s = flags_for(lane.stream, stream, &flags);
+    if (s == Status::kOk) {
       arm_flags_kernel<<<1, 1, 0, stream>>>(lane.error, flags);
       s = cuda_status(cudaGetLastError(), "arm kernel");
     }
     if (s == Status::kOk) s = body(k, stream, flags);
-    if (s == Status::kOk && flagged) {
+    if (s == Status::kOk) {
       fold_flags_kernel<<<1, 1, 0, stream>>>(flags, lane.error, cuda_steps::kMalformedFlags,
                                              cuda_steps::malformed_word(),
                                              cuda_steps::internal_word());

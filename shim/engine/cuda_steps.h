@@ -4,9 +4,11 @@
 // exactly alike and turn the kernels' flags into the same Status and error word, so that one
 // engine behaves the same on either; only where the kernels run differs.
 //
-// What is here: the kernels' parameters for a planned DynamiQ codec, the host codec's argument
-// checks in its order and with its Status, the kernels' flags as a Status (and as the error word
-// the real device's fold kernel writes), and the level tables built once per option set.
+// What is here: the kernels' parameters for a planned codec (DynamiQ, or a baseline: bf16, the MX
+// formats, uniform:B), the host codec's argument checks in its order and with its Status, each
+// step's launches (checks, then the kernels of the codec's family, given the stream's flags word),
+// the kernels' flags as a Status (and as the error word the real device's fold kernel writes), and
+// the level tables built once per option set.
 // Include after nothing special: kernels/cuda/cuda_compat.h picks the CUDA runtime under nvcc and
 // the emulation otherwise.
 #pragma once
@@ -16,7 +18,9 @@
 #include <mutex>
 
 #include "common/status.h"
+#include "kernels/cuda/baselines.h"
 #include "kernels/cuda/dynamiq.h"
+#include "kernels/cuda/stats.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
 #include "kernels/payload.h"
@@ -28,6 +32,12 @@ namespace dq::engine::cuda_steps {
 // other flag is a broken invariant (kInternal).
 constexpr unsigned kMalformedFlags =
     cuda::kDynamiqBadHeader | cuda::kDynamiqBadRecord | cuda::kDynamiqTooManyWorkers;
+// Every flag of the baselines' kernels is malformed data (the host's kMalformedPayload), and the
+// same bits: one mapping serves both families.
+static_assert((cuda::kBaselineBadHeader | cuda::kBaselineBadCodes | cuda::kBaselineTooManyWorkers) ==
+                  kMalformedFlags,
+              "the baselines' flags are the malformed-data flags");
+static_assert(cuda::kMaxBaselineInputs == cuda::kMaxHopInputs, "one input limit for both families");
 
 // The Status of a step whose kernels raised `flags` (no logging; see step_status).
 inline Status flags_status(unsigned flags) {
@@ -71,23 +81,70 @@ inline bool kernel_params(const Codec& codec, DynamiqOptions* o, cuda::DynamiqDe
   return true;
 }
 
+// The workers a baseline codec was planned for (Codec keeps it protected, with no accessor): a
+// pointer to the member, named through a derived class, reads it from any Codec.
+struct PlannedWorkers : Codec {
+  static int of(const Codec& c) { return c.*(&PlannedWorkers::n_workers_); }
+};
+
+// Which kernels serve a planned codec, and their parameters.
+enum class Family { kNone, kDynamiq, kBaseline };
+struct StepParams {
+  Family family = Family::kNone;
+  DynamiqOptions options;               // kDynamiq: the codec's options (its level tables' key)
+  cuda::DynamiqDeviceParams dynamiq{};  // kDynamiq
+  cuda::BaselineDeviceParams baseline{};  // kBaseline
+  const LevelTable* levels = nullptr;   // kDynamiq: the tables the kernels read (the device's)
+};
+
+// The kernels' parameters for `codec`; Family::kNone when no kernels serve it.
+inline Family step_params(const Codec& codec, StepParams* out) {
+  out->family = Family::kNone;
+  if (kernel_params(codec, &out->options, &out->dynamiq)) {
+    out->family = Family::kDynamiq;
+  } else if (cuda::baseline_device_params(codec.name(), codec.count(), codec.n_chunks(),
+                                          PlannedWorkers::of(codec), &out->baseline) &&
+             out->baseline.capacity == codec.chunk_capacity()) {
+    out->family = Family::kBaseline;
+  }
+  return out->family;
+}
+
 // ---- the host codec's argument checks, in its order, with its Status ---------------------------
 
-inline Status check_chunk(const DynamiqPlan& p, int chunk) {
-  if (chunk < 0 || chunk >= p.n_chunks)
-    DQ_FAIL(Status::kInvalidArgument, "cuda device: chunk %d outside 0..%d", chunk,
-            p.n_chunks - 1);
+inline Status check_chunk(int n_chunks, int chunk) {
+  if (chunk < 0 || chunk >= n_chunks)
+    DQ_FAIL(Status::kInvalidArgument, "cuda device: chunk %d outside 0..%d", chunk, n_chunks - 1);
   return Status::kOk;
 }
 
 // The kernels read a whole chunk message (its length is in the layout, on the device): the
 // engine's payload slots are chunk_capacity() bytes. The host codec accepts a shorter view
 // that still holds the chunk's body; this device does not, with the host's Status.
-inline Status check_message(const DynamiqPlan& p, int chunk, ByteView m, const char* what) {
-  if (m.data == nullptr || m.size < p.capacity)
+inline Status check_message(size_t capacity, int chunk, ByteView m, const char* what) {
+  if (m.data == nullptr || m.size < capacity)
     DQ_FAIL(Status::kMalformedPayload,
             "cuda device %s: chunk %d message has %zu bytes, the plan's messages %zu", what, chunk,
-            m.size, p.capacity);
+            m.size, capacity);
+  return Status::kOk;
+}
+
+// The hop's input count and output, as both families' host codecs check them.
+inline Status check_hop_buffers(const ByteView* in, int n_in, const uint8_t* out) {
+  if (n_in < 0 || n_in > cuda::kMaxHopInputs || (n_in > 0 && in == nullptr))
+    DQ_FAIL(Status::kInvalidArgument, "cuda device hop: %d inputs, at most %d", n_in,
+            cuda::kMaxHopInputs);
+  if (out == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no output buffer");
+  return Status::kOk;
+}
+
+// Every input message's size; `ptrs` receives their data for the launch.
+inline Status check_hop_inputs(size_t capacity, int chunk, const ByteView* in, int n_in,
+                               const uint8_t* ptrs[cuda::kMaxHopInputs]) {
+  for (int i = 0; i < n_in; ++i) {
+    DQ_CHECK(check_message(capacity, chunk, in[i], "hop"));
+    ptrs[i] = in[i].data;
+  }
   return Status::kOk;
 }
 
@@ -102,31 +159,118 @@ inline Status check_stats(const DynamiqPlan& p, const ConstTensor& x) {
 inline Status check_hop(const DynamiqPlan& p, const void* layout, int chunk, const ConstTensor& own,
                         const ByteView* in, int n_in, const uint8_t* out, const RoundingKey& key,
                         const uint8_t* ptrs[cuda::kMaxHopInputs]) {
-  DQ_CHECK(check_chunk(p, chunk));
+  DQ_CHECK(check_chunk(p.n_chunks, chunk));
   if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no layout");
   if (own.count != p.count || (own.data == nullptr && p.count > 0))
     DQ_FAIL(Status::kInvalidArgument, "cuda device hop: own tensor has %zu elements, plan has %zu",
             own.count, p.count);
-  if (n_in < 0 || n_in > cuda::kMaxHopInputs || (n_in > 0 && in == nullptr))
-    DQ_FAIL(Status::kInvalidArgument, "cuda device hop: %d inputs, at most %d", n_in,
-            cuda::kMaxHopInputs);
-  if (out == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no output buffer");
+  DQ_CHECK(check_hop_buffers(in, n_in, out));
   if (key.strata < 1 || key.stratum >= key.strata)
     DQ_FAIL(Status::kInvalidArgument, "cuda device hop: stratum %u of %u", key.stratum,
             key.strata);
   DQ_CHECK(check_element_base(key, p.count));
-  for (int i = 0; i < n_in; ++i) {
-    DQ_CHECK(check_message(p, chunk, in[i], "hop"));
-    ptrs[i] = in[i].data;
-  }
-  return Status::kOk;
+  return check_hop_inputs(p.capacity, chunk, in, n_in, ptrs);
 }
 
 inline Status check_finish(const DynamiqPlan& p, const void* layout, int chunk, ByteView in) {
-  DQ_CHECK(check_chunk(p, chunk));
+  DQ_CHECK(check_chunk(p.n_chunks, chunk));
   if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device finish: no layout");
-  DQ_CHECK(check_message(p, chunk, in, "finish"));
+  DQ_CHECK(check_message(p.capacity, chunk, in, "finish"));
   return Status::kOk;
+}
+
+// A baseline's hop (BlockCodec::check_hop_args, then check_inputs' sizes; the headers are the
+// kernel's).
+inline Status check_baseline_hop(const cuda::BaselineDeviceParams& p, const void* layout, int chunk,
+                                 const ConstTensor& own, const ByteView* in, int n_in,
+                                 const uint8_t* out, const RoundingKey& key,
+                                 const uint8_t* ptrs[cuda::kMaxHopInputs]) {
+  if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device hop: no layout");
+  DQ_CHECK(check_chunk(p.n_chunks, chunk));
+  DQ_CHECK(check_hop_buffers(in, n_in, out));
+  if (own.dtype != DType::kF32 && own.dtype != DType::kBF16)
+    DQ_FAIL(Status::kInvalidArgument, "cuda device hop: dtype %d", static_cast<int>(own.dtype));
+  if (own.count != p.count || (own.data == nullptr && p.count > 0))
+    DQ_FAIL(Status::kInvalidArgument, "cuda device hop: own tensor has %zu elements, plan has %llu",
+            own.count, p.count);
+  DQ_CHECK(check_element_base(key, p.count));
+  return check_hop_inputs(p.capacity, chunk, in, n_in, ptrs);
+}
+
+// A baseline's finish (BlockCodec::run_finish's checks; the header and codes are the kernels').
+inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const void* layout,
+                                    int chunk, ByteView in, void* out, DType dtype, ReduceOp op,
+                                    int n_contrib) {
+  if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "cuda device finish: no layout");
+  DQ_CHECK(check_chunk(p.n_chunks, chunk));
+  if (n_contrib < 1 || n_contrib > p.n_workers)
+    DQ_FAIL(Status::kInvalidArgument, "cuda device finish: n_contrib %d outside 1..%d", n_contrib,
+            p.n_workers);
+  if ((dtype != DType::kF32 && dtype != DType::kBF16) || (op != ReduceOp::kSum && op != ReduceOp::kAvg))
+    DQ_FAIL(Status::kInvalidArgument, "cuda device finish: dtype %d, op %d",
+            static_cast<int>(dtype), static_cast<int>(op));
+  if (out == nullptr && p.count > 0)
+    DQ_FAIL(Status::kInvalidArgument, "cuda device finish: no output");
+  return check_message(p.capacity, chunk, in, "finish");
+}
+
+// ---- each step: the checks, then its kernels on `stream` ---------------------------------------
+// `flags`: the stream's flags word in device memory, zero or kSkipFlag as the step starts (the
+// kernels write nothing when it is non-zero, cuda_compat.h) and the kernels' flags after; the
+// caller reads it (the emulated device, after the launch) or folds it into the error word (the
+// real device, a kernel). The Status returned is the checks' and the launches' only.
+
+inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
+                           const unsigned* flags, cudaStream_t stream) {
+  if (k.family == Family::kBaseline) return Status::kOk;  // stats_words() is 0: nothing to do
+  DQ_CHECK(check_stats(k.dynamiq.plan, x));
+  const cudaError_t e = cuda::launch_supergroup_stats(x.data, x.dtype == DType::kBF16, x.count,
+                                                      stats, stream, 0, flags);
+  return step_status(e, 0, "statistics");
+}
+
+inline Status launch_layout(const StepParams& k, const uint16_t* reduced, uint64_t call,
+                            void* layout, unsigned* flags, cudaStream_t stream) {
+  const cudaError_t e =
+      k.family == Family::kBaseline
+          ? cuda::launch_baseline_layout(call, layout, stream, flags)
+          : cuda::launch_dynamiq_layout(k.dynamiq, reduced, call, layout, flags, stream);
+  return step_status(e, 0, "layout");
+}
+
+inline Status launch_hop(const StepParams& k, const void* layout, int chunk, const ConstTensor& own,
+                         const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
+                         unsigned* flags, cudaStream_t stream) {
+  const uint8_t* ptrs[cuda::kMaxHopInputs];
+  const bool bf16 = own.dtype == DType::kBF16;
+  cudaError_t e;
+  if (k.family == Family::kBaseline) {
+    DQ_CHECK(check_baseline_hop(k.baseline, layout, chunk, own, in, n_in, out, key, ptrs));
+    e = cuda::launch_baseline_hop(k.baseline, layout, chunk, own.data, bf16, ptrs, n_in, out, key,
+                                  flags, stream);
+  } else {
+    DQ_CHECK(check_hop(k.dynamiq.plan, layout, chunk, own, in, n_in, out, key, ptrs));
+    e = cuda::launch_dynamiq_hop(k.dynamiq, k.levels, layout, chunk, own.data, bf16, ptrs, n_in,
+                                 out, key, flags, stream);
+  }
+  return step_status(e, 0, "hop");
+}
+
+inline Status launch_finish(const StepParams& k, const void* layout, int chunk, ByteView in,
+                            void* out, DType dtype, ReduceOp op, int n_contrib, unsigned* flags,
+                            cudaStream_t stream) {
+  const bool bf16 = dtype == DType::kBF16, avg = op == ReduceOp::kAvg;
+  cudaError_t e;
+  if (k.family == Family::kBaseline) {
+    DQ_CHECK(check_baseline_finish(k.baseline, layout, chunk, in, out, dtype, op, n_contrib));
+    e = cuda::launch_baseline_finish(k.baseline, layout, chunk, in.data, out, bf16, avg, n_contrib,
+                                     flags, stream);
+  } else {
+    DQ_CHECK(check_finish(k.dynamiq.plan, layout, chunk, in));
+    e = cuda::launch_dynamiq_finish(k.dynamiq, k.levels, layout, chunk, in.data, out, bf16, avg,
+                                    n_contrib, flags, stream);
+  }
+  return step_status(e, 0, "finish");
 }
 
 // ---- level tables: built once per option set, by the host's builder ----------------------------
