@@ -23,7 +23,8 @@ enum class PassReason : uint8_t {
   kOverBudget,      // too few elements for the budget (the plan would exceed it)
   kSwitchOff,       // A/B control file says off
   kSettingsDiffer,  // ranks disagree on an agreed setting
-  kNoDevice,        // buffers the engine's device cannot serve (no CUDA engine in this build)
+  kNoDevice,        // no device serves this communicator (NVIDIA's NCCL, CUDA unavailable: no
+                    // driver or GPU, or a build without CUDA)
   kFailure,         // some rank could not run the compressed path for this call
   kCollective,      // a collective DYNAMIQ_COLLECTIVES excludes (or an invalid root)
   kCanaryFailed,    // the device's canary differed from the host codec on some rank
