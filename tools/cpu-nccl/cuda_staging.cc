@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "common/log.h"
+#include "config/settings.h"
 
 namespace dq::cpunccl::cuda {
 namespace {
@@ -45,9 +46,9 @@ struct Driver {
   std::string why;  // when not loaded
 };
 
-const char* driver_library() {
-  const char* name = std::getenv("DYNAMIQ_CPU_NCCL_CUDA_DRIVER");
-  return name != nullptr && *name != '\0' ? name : "libcuda.so.1";
+std::string driver_library() {
+  const std::string name = config::current().cpu_nccl_cuda_driver;  // DYNAMIQ_CPU_NCCL_CUDA_DRIVER
+  return name.empty() ? "libcuda.so.1" : name;
 }
 
 template <class F>
@@ -62,8 +63,8 @@ bool resolve(void* h, const char* name, F* out, std::string* why) {
 const Driver& driver() {
   static const Driver* d = [] {
     auto* drv = new Driver;
-    const char* lib = driver_library();
-    void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    const std::string lib = driver_library();
+    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
       const char* err = dlerror();
       drv->why = std::string("no CUDA driver: ") + lib + " cannot be loaded (" + (err ? err : "?") +
