@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -187,7 +188,12 @@ void* fakeCudaMalloc(size_t bytes) {
 }
 
 void* fakeCudaStreamCreate() {
-  return new Stream;
+  // Owned by a registry for the process's life: a fake stream is never destroyed by its users,
+  // and LeakSanitizer would count it.
+  static std::vector<std::unique_ptr<Stream>> streams;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  streams.push_back(std::make_unique<Stream>());
+  return streams.back().get();
 }
 
 // Enqueues a write of host bytes (copied now) to device memory on `stream`: it lands only when

@@ -205,9 +205,10 @@ cudaError_t barrier_loop(int blocks, int threads, int iterations) {
 }
 
 __global__ void shuffle_loop_kernel(int iterations, int* out) {
-  int v = static_cast<int>(threadIdx.x);
+  // Unsigned: the sums wrap on purpose (signed overflow is undefined; UBSan reported it).
+  unsigned v = threadIdx.x;
   for (int i = 0; i < iterations; ++i) v += __shfl_xor_sync(kFullMask, v, 1 + i % 31);
-  out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = static_cast<int>(v);
 }
 
 cudaError_t shuffle_loop(int blocks, int threads, int iterations, int* out) {
