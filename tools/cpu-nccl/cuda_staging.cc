@@ -89,7 +89,8 @@ const Driver& driver() {
       return drv;
     }
     drv->loaded = true;
-    DQ_INFO(Subsys::kCore, "cpu-nccl: CUDA driver %s loaded: device buffers are staged", lib);
+    DQ_INFO(Subsys::kCore, "cpu-nccl: CUDA driver %s loaded: device buffers are staged",
+            lib.c_str());
     return drv;
   }();
   return *d;
