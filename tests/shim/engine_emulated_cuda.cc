@@ -34,6 +34,7 @@
 #include "kernels/payload.h"
 #include "shim/engine/cuda_device.h"
 #include "shim/engine/engine.h"
+#include "tests/common/engine_test_util.h"
 #include "tests/common/rank_harness.h"
 
 namespace {
@@ -44,41 +45,8 @@ using dq::engine::CudaDeviceCounts;
 using dq::engine::Engine;
 using dq::engine::PassReason;
 
-#define CHECK_OR(code, cond, ...)                 \
-  do {                                            \
-    if (!(cond)) {                                \
-      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
-      std::fprintf(stderr, "\n");                 \
-      return code;                                \
-    }                                             \
-  } while (0)
-
-dq::engine::NcclOps cpu_nccl_ops() {
-  dq::engine::NcclOps ops;
-  ops.group_start = ncclGroupStart;
-  ops.group_end = ncclGroupEnd;
-  ops.send = ncclSend;
-  ops.recv = ncclRecv;
-  ops.all_reduce = ncclAllReduce;
-  ops.error_string = ncclGetErrorString;
-  return ops;
-}
-
-dq::config::Settings settings_for(const std::map<std::string, std::string>& env) {
-  dq::config::Settings s;
-  std::string error;
-  auto lookup = [](const char* key, void* ctx) -> const char* {
-    const auto* m = static_cast<const std::map<std::string, std::string>*>(ctx);
-    auto it = m->find(key);
-    return it == m->end() ? nullptr : it->second.c_str();
-  };
-  if (dq::config::load(lookup, const_cast<std::map<std::string, std::string>*>(&env), &s, &error) !=
-      dq::Status::kOk) {
-    std::fprintf(stderr, "settings: %s\n", error.c_str());
-    std::exit(2);
-  }
-  return s;
-}
+using dq::test::cpu_nccl_ops;
+using dq::test::settings_for;
 
 uint64_t fnv(const void* data, size_t bytes) {
   uint64_t h = 1469598103934665603ull;

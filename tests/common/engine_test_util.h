@@ -1,0 +1,54 @@
+// Helpers shared by the tests that run dq::engine::Engine directly over the CPU NCCL.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "common/nccl_api.h"
+#include "config/settings.h"
+#include "shim/engine/engine.h"
+
+// Returns `code` from the enclosing function, after printing "FAIL: <message>", unless `cond`.
+#define CHECK_OR(code, cond, ...)                 \
+  do {                                            \
+    if (!(cond)) {                                \
+      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
+      std::fprintf(stderr, "\n");                 \
+      return code;                                \
+    }                                             \
+  } while (0)
+
+namespace dq::test {
+
+// The engine's NCCL entry points, bound to the CPU NCCL this test links.
+inline dq::engine::NcclOps cpu_nccl_ops() {
+  dq::engine::NcclOps ops;
+  ops.group_start = ncclGroupStart;
+  ops.group_end = ncclGroupEnd;
+  ops.send = ncclSend;
+  ops.recv = ncclRecv;
+  ops.all_reduce = ncclAllReduce;
+  ops.error_string = ncclGetErrorString;
+  return ops;
+}
+
+// Settings parsed from `env` alone (not the process environment); exits 2 on an invalid value.
+inline dq::config::Settings settings_for(const std::map<std::string, std::string>& env) {
+  dq::config::Settings s;
+  std::string error;
+  auto lookup = [](const char* key, void* ctx) -> const char* {
+    const auto* m = static_cast<const std::map<std::string, std::string>*>(ctx);
+    auto it = m->find(key);
+    return it == m->end() ? nullptr : it->second.c_str();
+  };
+  if (dq::config::load(lookup, const_cast<std::map<std::string, std::string>*>(&env), &s, &error) !=
+      dq::Status::kOk) {
+    std::fprintf(stderr, "settings: %s\n", error.c_str());
+    std::exit(2);
+  }
+  return s;
+}
+
+}  // namespace dq::test
