@@ -2,12 +2,14 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/cuda_staging.h"
 #include "config/optin.h"
 #include "config/settings.h"
 #include "shim/engine/cuda_device_gpu.h"
@@ -28,6 +30,7 @@ struct CommEntry {
   bool explicit_on = false;
   std::unique_ptr<engine::Engine> engine;  // made at the first all-reduce
   int cuda_ordinal = -1;                   // >= 0: the engine runs on that CUDA device
+  bool host_engine = false;                // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
 };
@@ -97,6 +100,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) 
   std::string why;
   if (real.cpu_nccl_comm_name) {
     device = engine::host_device();
+    e.host_engine = true;
   } else if (info.nranks < 2) {
     why = "a 1-rank communicator";  // passes through anyway (kSingleRank): CUDA is not touched
   } else if (!engine::cuda_gpu_linked()) {
@@ -250,6 +254,53 @@ ncclResult_t check_cuda_buffers(CommEntry& e, engine::Engine& eng, const engine:
   return ncclSuccess;
 }
 
+size_t eligible_element_bytes(ncclDataType_t dtype) {
+  return dtype == ncclFloat32 ? 4 : dtype == ncclBfloat16 ? 2 : 0;
+}
+
+// A call on a CPU NCCL communicator (the host device) whose buffers may be CUDA device memory:
+// the CPU NCCL given a CUDA driver (DYNAMIQ_CPU_NCCL_CUDA_DRIVER, common/cuda_staging.h) accepts
+// them, but the host device's steps read and write the caller's buffers directly, and device
+// memory is not host memory. The engine then runs on host copies made in the order of the
+// caller's stream, and the result is copied back after it (the host device has completed the
+// call when run() returns). The copies move bytes, never decisions: a rank with device buffers
+// and one with host buffers take the same branch and produce the same bytes. When the engine
+// does not reroute the call the copies are dropped unwritten, and the call goes to the CPU NCCL
+// with the caller's own pointers (which stages them itself).
+ncclResult_t run_host_staged(CommEntry& e, engine::Engine& eng, const engine::CallArgs& call,
+                             engine::PassReason* reason) {
+  const engine::PassReason screened = eng.screen(call);
+  const size_t esize = eligible_element_bytes(call.dtype);
+  if (call.in_group || esize == 0 || !staging::available() ||
+      (screened != engine::PassReason::kRerouted && screened != engine::PassReason::kInGroup))
+    return eng.run(call, reason);
+  size_t recv_count = call.count;
+  if (call.collective == engine::Collective::kReduceScatter)
+    recv_count = call.count / static_cast<size_t>(std::max(e.identity.size, 1));
+  staging::Staging st;
+  st.add(call.send, call.count * esize, /*reads=*/true, /*writes=*/false, call.stream);
+  // Copied in as well (the staging copies in every region): a reduce writes only the root's
+  // buffer, and what goes back to the other ranks' buffers is then their own bytes.
+  st.add(call.recv, recv_count * esize, /*reads=*/false, /*writes=*/true, call.stream);
+  if (st.begin() != Status::kOk) {
+    DQ_WARN(Subsys::kShim, "dynamiq: communicator index %d: staging device buffers failed: %s",
+            e.identity.index, st.error().c_str());
+    return ncclUnhandledCudaError;
+  }
+  if (!st.active()) return eng.run(call, reason);
+  engine::CallArgs host_call = call;
+  host_call.send = st.host(call.send);
+  host_call.recv = st.host(call.recv);
+  const ncclResult_t result = eng.run(host_call, reason);
+  if (result != ncclSuccess || *reason != engine::PassReason::kRerouted) return result;
+  if (st.end() != Status::kOk) {
+    DQ_WARN(Subsys::kShim, "dynamiq: communicator index %d: copying the result back failed: %s",
+            e.identity.index, st.error().c_str());
+    return ncclUnhandledCudaError;
+  }
+  return ncclSuccess;
+}
+
 // Runs `call` through the communicator's engine; forwards it with `pass` unless the engine
 // rerouted it or failed.
 template <class Pass>
@@ -278,7 +329,9 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
           real.stream_is_capturing(call.stream, &capturing) == 0)
         call.capturing = capturing != 0;
       if (e->cuda_ordinal >= 0) result = check_cuda_buffers(*e, *eng, call);
-      if (result == ncclSuccess) result = eng->run(call, &reason);
+      if (result == ncclSuccess)
+        result =
+            e->host_engine ? run_host_staged(*e, *eng, call, &reason) : eng->run(call, &reason);
     }
   }
   engine::metrics_tick();

@@ -1,7 +1,11 @@
-// The CPU NCCL with CUDA device buffers (tools/cpu-nccl/cuda_staging.h): N forked rank
+// The CPU NCCL with CUDA device buffers (common/cuda_staging.h): N forked rank
 // processes, each with its own device buffers, through libnccl.so.2 over the net plugin.
 //
-//   cpu_nccl_device_buffers fake|cuda NRANKS
+//   cpu_nccl_device_buffers fake|cuda NRANKS [shim]
+//
+// shim: libdynamiq.so is preloaded with compression on (the test's environment); the calls are
+//       compressed by the shim's host engine on host copies of the device buffers (see
+//       shim_rank_body below) instead of passing through exact.
 //
 // fake: the device is tests/nccl/fake_cuda_driver.cc, named by DYNAMIQ_CPU_NCCL_CUDA_DRIVER
 //       (the CPU NCCL loads it as its driver; this program dlopens the same file to allocate
@@ -343,6 +347,170 @@ int rank_body(int rank, int n, const ncclUniqueId& id, bool fake) {
   return 0;
 }
 
+// ---- shim mode: libdynamiq.so preloaded, compression on -----------------------------------
+// The shim's host engine serves CPU NCCL communicators; given device buffers it must compute on
+// host copies (shim/engine/interceptor.cc, run_host_staged): touching them directly is a SIGSEGV
+// with the fake driver, as with real device memory. Compressed results are not exact: each call
+// must be compressed (the shim's own counter), rank-identical (a hash of the result bytes
+// gathered from every rank), and within a vNMSE bound of the exact sum.
+
+using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+
+// Reproducible values of mixed signs and magnitudes (not integers: compression is visible).
+float shim_value(int rank, size_t i, int salt) {
+  uint64_t z = (static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(salt) << 56) ^ i;
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const double u = static_cast<double>(z >> 11) / 9007199254740992.0;  // [0, 1)
+  return static_cast<float>((u - 0.5) * (1.0 + static_cast<double>(i % 7)));
+}
+
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  return h;
+}
+
+// Whether every rank's `h` is the same (an all-gather of host words: not intercepted).
+bool same_on_every_rank(uint64_t h, int n, ncclComm_t comm, cudaStream_t stream) {
+  std::vector<uint64_t> all(static_cast<size_t>(n));
+  if (ncclAllGather(&h, all.data(), 1, ncclUint64, comm, stream) != ncclSuccess) return false;
+  for (uint64_t x : all)
+    if (x != h) return false;
+  return true;
+}
+
+double vnmse(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return norm > 0 ? err / norm : 1;
+}
+
+constexpr double kMaxVnmse = 0.05;  // DynamiQ at its 5-bit default measures ~1e-2 and below
+
+int shim_rank_body(int rank, int n, const ncclUniqueId& id, bool fake) {
+  g_rank = rank;
+  const auto counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+  CHECK(counters != nullptr, "shim mode needs libdynamiq.so preloaded (no dynamiqCommCounters)");
+  Device dev;
+  std::string why;
+  CHECK(fake ? fake_device(&dev, &why) : cuda_device(&dev, &why), "device: %s", why.c_str());
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
+  const cudaStream_t stream = static_cast<cudaStream_t>(dev.stream);
+  const size_t count = 262147;
+  unsigned long long rerouted = 0, passed = 0, before = 0;
+  auto compressed_once = [&]() {
+    before = rerouted;
+    return counters(comm, &rerouted, &passed) == 0 && rerouted == before + 1;
+  };
+  CHECK(counters(comm, &rerouted, &passed) == 0, "dynamiqCommCounters failed");
+
+  // 1. FP32 SUM out of place, device buffers on every rank; 4. the same with rank 0 on host
+  //    buffers (its peers on device buffers).
+  for (int mixed = 0; mixed < 2; ++mixed) {
+    std::vector<float> mine(count), got(count);
+    std::vector<double> want(count, 0.0);
+    for (size_t i = 0; i < count; ++i) {
+      mine[i] = shim_value(rank, i, mixed);
+      for (int r = 0; r < n; ++r) want[i] += shim_value(r, i, mixed);
+    }
+    if (mixed && rank == 0) {
+      NCCL_OK(ncclAllReduce(mine.data(), got.data(), count, ncclFloat32, ncclSum, comm, stream));
+    } else {
+      void* send = dev.alloc(count * 4);
+      void* recv = dev.alloc(count * 4);
+      CHECK(send && recv && dev.write(send, mine.data(), count * 4), "device alloc/write");
+      NCCL_OK(ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream));
+      CHECK(dev.read(got.data(), recv, count * 4), "device read");
+    }
+    const char* what = mixed ? "fp32 all-reduce, rank 0 on host buffers" : "fp32 all-reduce";
+    CHECK(compressed_once(), "%s: not compressed (rerouted %llu -> %llu)", what, before, rerouted);
+    const double e = vnmse(got, want);
+    CHECK(e < kMaxVnmse, "%s: vNMSE %.3g over %.3g", what, e, kMaxVnmse);
+    CHECK(same_on_every_rank(fnv1a(got.data(), count * 4), n, comm, stream),
+          "%s: results differ between ranks", what);
+  }
+  // 2. BF16 SUM in place.
+  {
+    std::vector<uint16_t> mine(count), got_bits(count);
+    std::vector<float> got(count);
+    std::vector<double> want(count, 0.0);
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t u;
+      const float f = shim_value(rank, i, 2);
+      std::memcpy(&u, &f, 4);
+      mine[i] = static_cast<uint16_t>(u >> 16);  // truncation: the sum below uses these values
+      for (int r = 0; r < n; ++r) {
+        const float fr = shim_value(r, i, 2);
+        std::memcpy(&u, &fr, 4);
+        want[i] += from_bf16(static_cast<uint16_t>(u >> 16));
+      }
+    }
+    void* buf = dev.alloc(count * 2);
+    CHECK(buf && dev.write(buf, mine.data(), count * 2), "device alloc/write");
+    NCCL_OK(ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, comm, stream));
+    CHECK(dev.read(got_bits.data(), buf, count * 2), "device read");
+    for (size_t i = 0; i < count; ++i) got[i] = from_bf16(got_bits[i]);
+    CHECK(compressed_once(), "bf16 all-reduce in place: not compressed");
+    const double e = vnmse(got, want);
+    CHECK(e < kMaxVnmse, "bf16 all-reduce in place: vNMSE %.3g over %.3g", e, kMaxVnmse);
+    CHECK(same_on_every_rank(fnv1a(got_bits.data(), count * 2), n, comm, stream),
+          "bf16 all-reduce in place: results differ between ranks");
+  }
+  // 3. FP32 SUM reduce-scatter: this rank's slice.
+  {
+    const size_t all = count * static_cast<size_t>(n);
+    std::vector<float> mine(all), got(count);
+    std::vector<double> want(count, 0.0);
+    for (size_t i = 0; i < all; ++i) mine[i] = shim_value(rank, i, 3);
+    for (size_t i = 0; i < count; ++i)
+      for (int r = 0; r < n; ++r)
+        want[i] += shim_value(r, static_cast<size_t>(rank) * count + i, 3);
+    void* send = dev.alloc(all * 4);
+    void* recv = dev.alloc(count * 4);
+    CHECK(send && recv && dev.write(send, mine.data(), all * 4), "device alloc/write");
+    NCCL_OK(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm, stream));
+    CHECK(dev.read(got.data(), recv, count * 4), "device read");
+    CHECK(compressed_once(), "reduce-scatter: not compressed");
+    const double e = vnmse(got, want);
+    CHECK(e < kMaxVnmse, "reduce-scatter: vNMSE %.3g over %.3g", e, kMaxVnmse);
+  }
+  // 5. FP32 SUM reduce to rank 1: every other rank's receive buffer keeps its bytes.
+  {
+    const int root = 1 % n;
+    std::vector<float> mine(count), got(count), sentinel(count, -7.25f);
+    std::vector<double> want(count, 0.0);
+    for (size_t i = 0; i < count; ++i) {
+      mine[i] = shim_value(rank, i, 5);
+      for (int r = 0; r < n; ++r) want[i] += shim_value(r, i, 5);
+    }
+    void* send = dev.alloc(count * 4);
+    void* recv = dev.alloc(count * 4);
+    CHECK(send && recv && dev.write(send, mine.data(), count * 4) &&
+              dev.write(recv, sentinel.data(), count * 4),
+          "device alloc/write");
+    NCCL_OK(ncclReduce(send, recv, count, ncclFloat32, ncclSum, root, comm, stream));
+    CHECK(dev.read(got.data(), recv, count * 4), "device read");
+    CHECK(compressed_once(), "reduce: not compressed");
+    if (rank == root) {
+      const double e = vnmse(got, want);
+      CHECK(e < kMaxVnmse, "reduce: vNMSE %.3g at the root, over %.3g", e, kMaxVnmse);
+    } else {
+      CHECK(std::memcmp(got.data(), sentinel.data(), count * 4) == 0,
+            "reduce: the receive buffer of non-root rank %d changed", rank);
+    }
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+  if (rank == 0) std::printf("rank 0: %s\n", dev.counts().c_str());
+  return 0;
+}
+
 // Whether this machine has a CUDA device, asked in a child (CUDA must not be initialised in a
 // process that forks ranks which use it). Empty: yes; else the reason.
 std::string probe_cuda() {
@@ -374,11 +542,14 @@ std::string probe_cuda() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 || (std::strcmp(argv[1], "fake") != 0 && std::strcmp(argv[1], "cuda") != 0)) {
-    std::fprintf(stderr, "usage: %s fake|cuda NRANKS\n", argv[0]);
+  if ((argc != 3 && argc != 4) ||
+      (std::strcmp(argv[1], "fake") != 0 && std::strcmp(argv[1], "cuda") != 0) ||
+      (argc == 4 && std::strcmp(argv[3], "shim") != 0)) {
+    std::fprintf(stderr, "usage: %s fake|cuda NRANKS [shim]\n", argv[0]);
     return 2;
   }
   const bool fake = std::strcmp(argv[1], "fake") == 0;
+  const bool shim = argc == 4;
   const int n = std::atoi(argv[2]);
   if (!fake) {
     const std::string why = probe_cuda();
@@ -391,7 +562,9 @@ int main(int argc, char** argv) {
   opt.timeout_s = 240;
   const auto exits = dq::test::run_ranks<ncclUniqueId>(
       n, 1, [](ncclUniqueId* id) { return ncclGetUniqueId(id); }, opt,
-      [&](int rank, const ncclUniqueId* ids) { return rank_body(rank, n, ids[0], fake); });
+      [&](int rank, const ncclUniqueId* ids) {
+        return shim ? shim_rank_body(rank, n, ids[0], fake) : rank_body(rank, n, ids[0], fake);
+      });
   int bad = 0;
   for (int r = 0; r < n; ++r) {
     if (exits[r].exited(0)) continue;
@@ -399,6 +572,14 @@ int main(int argc, char** argv) {
     ++bad;
   }
   if (bad) return 1;
+  if (shim) {
+    std::printf(
+        "PASS: %d processes, %s device buffers through the shim on the CPU NCCL: all-reduce "
+        "FP32 (also mixed host/device ranks) and BF16 in place, reduce-scatter, reduce: "
+        "compressed, rank-identical, vNMSE under %.2g\n",
+        n, fake ? "fake-driver" : "CUDA", kMaxVnmse);
+    return 0;
+  }
   std::printf(
       "PASS: %d processes, %s device buffers through the CPU NCCL: all-reduce FP32/BF16 "
       "SUM, reduce-scatter, all-gather in place, send/recv, grouped, host-to-device: "

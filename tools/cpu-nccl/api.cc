@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tools/cpu-nccl/comm.h"
-#include "tools/cpu-nccl/cuda_staging.h"
+#include "common/cuda_staging.h"
 #include "common/nccl_api.h"
 #include "common/nccl_result.h"
 
@@ -113,7 +113,7 @@ thread_local std::vector<Task> t_tasks;
 // collectives in the order they were issued.
 // A device buffer that could not be staged fails the communicator (its peers then fail fast
 // instead of waiting for their timeout).
-ncclResult_t staging_failure(Comm* comm, const dq::cpunccl::cuda::Staging& st) {
+ncclResult_t staging_failure(Comm* comm, const dq::staging::Staging& st) {
   std::string msg = "cpu-nccl rank " + std::to_string(comm->rank()) + ": " + st.error();
   DQ_WARN(Subsys::kCore, "%s", msg.c_str());
   comm->fail(FailKind::kCuda, msg);
@@ -122,7 +122,7 @@ ncclResult_t staging_failure(Comm* comm, const dq::cpunccl::cuda::Staging& st) {
 }
 
 // The caller buffers a collective reads and writes (sizes per NCCL's signatures), for staging.
-void add_buffers(dq::cpunccl::cuda::Staging* st, const CollArgs& a, const Comm& comm,
+void add_buffers(dq::staging::Staging* st, const CollArgs& a, const Comm& comm,
                  void* stream) {
   const size_t bytes = a.count * dq::cpunccl::dtype_size(a.dtype);
   const size_t all = bytes * static_cast<size_t>(comm.nranks());
@@ -144,7 +144,7 @@ void add_buffers(dq::cpunccl::cuda::Staging* st, const CollArgs& a, const Comm& 
 // collectives in the order they were issued. Device buffers are staged around each of these
 // (cuda_staging.h); host buffers go through unchanged.
 ncclResult_t run_comm_tasks(Comm* comm, const std::vector<const Task*>& tasks) {
-  using dq::cpunccl::cuda::Staging;
+  using dq::staging::Staging;
   std::vector<P2pArgs> p2p;
   for (const Task* t : tasks) {
     if (t->kind != Task::kInit) continue;

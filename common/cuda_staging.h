@@ -1,6 +1,7 @@
 // CUDA device buffers on the CPU NCCL: an operation given device memory runs on host copies of
 // it, made in the order of the caller's stream (issue 11 part 3: several processes share one
-// GPU in tests). The CUDA driver is loaded with dlopen at first use (libcuda.so.1, or
+// GPU in tests). The shim's host engine, which serves CPU NCCL communicators, computes on the
+// same host copies (shim/engine/interceptor.cc, run_host_staged). The CUDA driver is loaded with dlopen at first use (libcuda.so.1, or
 // $DYNAMIQ_CPU_NCCL_CUDA_DRIVER), never linked: without it every buffer is host memory, as
 // before, and the only cost per operation is one check of a cached flag.
 //
@@ -26,7 +27,7 @@
 
 #include "common/status.h"
 
-namespace dq::cpunccl::cuda {
+namespace dq::staging {
 
 // Whether the driver library was loaded with every function staging needs; `why` gets the
 // reason when not. Loaded once per process (the answer is cached).
@@ -81,4 +82,4 @@ class Staging {
   std::string error_;
 };
 
-}  // namespace dq::cpunccl::cuda
+}  // namespace dq::staging

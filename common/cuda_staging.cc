@@ -3,7 +3,7 @@
 // at a fixed name (the runtime's soname changes with the toolkit, and a program may link it
 // statically), and it is what shim/engine/cuda_device_gpu.cu looks for too. Streams and
 // contexts of the runtime are the driver's (a cudaStream_t is a CUstream).
-#include "tools/cpu-nccl/cuda_staging.h"
+#include "common/cuda_staging.h"
 
 #include <dlfcn.h>
 
@@ -17,7 +17,7 @@
 #include "common/log.h"
 #include "config/settings.h"
 
-namespace dq::cpunccl::cuda {
+namespace dq::staging {
 namespace {
 
 // The few driver API types and values used here (cuda.h is not needed to build this library).
@@ -190,7 +190,7 @@ Status Staging::begin() {
     r.stream = b.stream;
     r.context = context_of(d, b.p);
     if (r.context == nullptr) {
-      error_ = "cpu-nccl: device buffer " + std::to_string(reinterpret_cast<uintptr_t>(b.p)) +
+      error_ = "device buffer " + std::to_string(reinterpret_cast<uintptr_t>(b.p)) +
                " has no CUDA context to copy it in";
       regions_.clear();
       return Status::kSystemError;
@@ -246,4 +246,4 @@ Status Staging::end() {
   return s;
 }
 
-}  // namespace dq::cpunccl::cuda
+}  // namespace dq::staging
