@@ -35,7 +35,8 @@
 #   cpu_nccl_4proc_device_buffers  4 processes on the one GPU through the CPU NCCL with
 #                    cuMemAlloc'd buffers staged in stream order: all-reduce FP32/BF16 SUM,
 #                    reduce-scatter, all-gather in place, send/recv, exact (10-30 s); the CPU NCCL
-#                    alone, not yet through the shim's engine
+#                    alone. shim_4proc_device_buffers (among the other gpu suite tests): the
+#                    same buffers compressed by the shim's host engine on host copies
 #   then two steps present but skipping, with the reason (what this does NOT cover yet):
 #   engine_real_cuda_device  the engine on a real CUDA device and its canary self-test: same
 #   real_nccl_compressed_2ranks  the compressed path over NVIDIA's NCCL on 2+ ranks: needs 2+ GPUs
