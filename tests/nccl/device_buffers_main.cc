@@ -5,7 +5,7 @@
 //
 // shim: libdynamiq.so is preloaded with compression on (the test's environment); the calls are
 //       compressed by the shim's host engine on host copies of the device buffers (see
-//       shim_rank_body below) instead of passing through exact.
+//       shim_checks below) instead of passing through exact.
 //
 // fake: the device is tests/nccl/fake_cuda_driver.cc, named by DYNAMIQ_CPU_NCCL_CUDA_DRIVER
 //       (the CPU NCCL loads it as its driver; this program dlopens the same file to allocate
@@ -211,13 +211,8 @@ float from_bf16(uint16_t h) {
   return f;
 }
 
-int rank_body(int rank, int n, const ncclUniqueId& id, bool fake) {
-  g_rank = rank;
-  Device dev;
-  std::string why;
-  CHECK(fake ? fake_device(&dev, &why) : cuda_device(&dev, &why), "device: %s", why.c_str());
-  ncclComm_t comm = nullptr;
-  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
+// The CPU NCCL alone: exact results.
+int exact_checks(int rank, int n, Device& dev, ncclComm_t comm) {
   const cudaStream_t stream = static_cast<cudaStream_t>(dev.stream);
   const size_t count = 262147;  // odd, over one pipeline chunk per segment
   const size_t fbytes = count * sizeof(float);
@@ -342,8 +337,6 @@ int rank_body(int rank, int n, const ncclUniqueId& id, bool fake) {
             want);
     }
   }
-  NCCL_OK(ncclCommDestroy(comm));
-  if (rank == 0) std::printf("rank 0: %s\n", dev.counts().c_str());
   return 0;
 }
 
@@ -393,15 +386,9 @@ double vnmse(const std::vector<float>& got, const std::vector<double>& want) {
 
 constexpr double kMaxVnmse = 0.05;  // DynamiQ at its 5-bit default measures ~1e-2 and below
 
-int shim_rank_body(int rank, int n, const ncclUniqueId& id, bool fake) {
-  g_rank = rank;
+int shim_checks(int rank, int n, Device& dev, ncclComm_t comm) {
   const auto counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
   CHECK(counters != nullptr, "shim mode needs libdynamiq.so preloaded (no dynamiqCommCounters)");
-  Device dev;
-  std::string why;
-  CHECK(fake ? fake_device(&dev, &why) : cuda_device(&dev, &why), "device: %s", why.c_str());
-  ncclComm_t comm = nullptr;
-  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
   const cudaStream_t stream = static_cast<cudaStream_t>(dev.stream);
   const size_t count = 262147;
   unsigned long long rerouted = 0, passed = 0, before = 0;
@@ -506,6 +493,18 @@ int shim_rank_body(int rank, int n, const ncclUniqueId& id, bool fake) {
             "reduce: the receive buffer of non-root rank %d changed", rank);
     }
   }
+  return 0;
+}
+
+int rank_body(int rank, int n, const ncclUniqueId& id, bool fake, bool shim) {
+  g_rank = rank;
+  Device dev;
+  std::string why;
+  CHECK(fake ? fake_device(&dev, &why) : cuda_device(&dev, &why), "device: %s", why.c_str());
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
+  const int rc = shim ? shim_checks(rank, n, dev, comm) : exact_checks(rank, n, dev, comm);
+  if (rc != 0) return rc;
   NCCL_OK(ncclCommDestroy(comm));
   if (rank == 0) std::printf("rank 0: %s\n", dev.counts().c_str());
   return 0;
@@ -562,9 +561,7 @@ int main(int argc, char** argv) {
   opt.timeout_s = 240;
   const auto exits = dq::test::run_ranks<ncclUniqueId>(
       n, 1, [](ncclUniqueId* id) { return ncclGetUniqueId(id); }, opt,
-      [&](int rank, const ncclUniqueId* ids) {
-        return shim ? shim_rank_body(rank, n, ids[0], fake) : rank_body(rank, n, ids[0], fake);
-      });
+      [&](int rank, const ncclUniqueId* ids) { return rank_body(rank, n, ids[0], fake, shim); });
   int bad = 0;
   for (int r = 0; r < n; ++r) {
     if (exits[r].exited(0)) continue;
