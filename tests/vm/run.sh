@@ -158,7 +158,7 @@ build_image() {
     rm -f "$tmp/vmlinux"; cp "/boot/vmlinuz-$kver" "$tmp/vmlinuz" && echo vmlinuz > "$tmp/kernel" || return 1
   fi
   cp "$busybox" "$st/bin/busybox" || return 1
-  for m in sh mount umount mkdir insmod modprobe chroot poweroff reboot sleep cat echo ln sync; do
+  for m in sh mount umount mkdir insmod modprobe chroot poweroff reboot sleep cat echo ln sync ip hostname; do
     ln -s busybox "$st/bin/$m"
   done
   # The modules, their dependencies resolved by modprobe (modules.dep), in load order.
@@ -193,9 +193,11 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 kver=$(cat /etc/kver)
 while read -r m; do insmod "/lib/modules/$kver/$m" 2>/dev/null; done < /etc/modules.load
+read -r t_mods _ < /proc/uptime
 o9=trans=virtio,version=9p2000.L,msize=262144
 mount -t 9p -o $o9,cache=none dqctl /ctl || { echo "dynamiq-vm: no ctl share"; poweroff -f; }
 echo "$t_init" > /ctl/t_init
+echo "$t_mods" > /ctl/t_mods
 r=/newroot
 if ! mount -t 9p -o $o9,ro,cache=loose hostroot $r; then
   echo "dynamiq-vm: cannot mount the host root" > /ctl/guest_error; poweroff -f
@@ -210,10 +212,18 @@ mount -t tmpfs -o mode=1777 tmp $r/tmp
 mount -t tmpfs -o mode=755 run $r/run
 mkdir -p $r/run/dynamiq-vm
 mount -o bind /ctl $r/run/dynamiq-vm
+# The guest has rxe devices only: libibverbs loads the rxe provider alone (not the 17 the host
+# lists, 1 s per program under TCG).
+mount -t tmpfs -o mode=755 verbs $r/etc/libibverbs.d && echo "driver rxe" > $r/etc/libibverbs.d/rxe.driver
 while read -r tag path; do
   mkdir -p "$r$path" 2>/dev/null
   mount -t 9p -o $o9,cache=mmap "$tag" "$r$path" || echo "dynamiq-vm: cannot mount $path" >> /ctl/guest_error
 done < /ctl/shares
+hostname dynamiq-vm
+ip link set lo up && ip link set eth0 up && ip addr add 198.18.0.2/24 dev eth0 ||
+  echo "dynamiq-vm: eth0 setup failed" >> /ctl/guest_error
+read -r t_mounted _ < /proc/uptime
+echo "$t_mounted" > /ctl/t_mounted
 chroot $r /bin/bash /run/dynamiq-vm/inner.sh
 sync
 poweroff -f
@@ -235,6 +245,9 @@ if [ ! -r "$image/initramfs.cpio" ]; then
       cat "$tmp/build.log" >&2; rm -rf "$tmp"; die "could not build the guest image for kernel $kver"
     fi
     rm -rf "$image"; mv "$tmp" "$image" || die "cannot move the guest image into $image"
+    for old in "$cache_root/$kver"-*; do  # images of other versions of this script
+      [ "$old" = "$image" ] || rm -rf "$old"
+    done
     note "built the guest image $image ($(since "$t_build") s)"
   fi
   exec 9>&-
@@ -282,17 +295,17 @@ cat > "$run/inner.sh" <<'INNER'
 # The guest side of tests/vm/run.sh, run by bash in the chroot of the host's root: the network,
 # rxe0, then the command with the caller's environment, output and exit status to /run/dynamiq-vm.
 ctl=/run/dynamiq-vm
-setup() {
-  hostname dynamiq-vm 2>/dev/null
-  ip link set lo up && ip link set eth0 up && ip addr add 198.18.0.2/24 dev eth0 || return 1
+setup() {  # busybox set up eth0 already (faster than execs over 9p); bash builtins below
   rdma link add rxe0 type rxe netdev eth0 || return 1
-  local i
-  for i in $(seq 100); do
-    grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null && return 0
+  local i state
+  for ((i = 0; i < 100; i++)); do
+    read -r state < /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null
+    case "$state" in *ACTIVE*) return 0 ;; esac
     sleep 0.1
   done
   echo "rxe0 port 1 not active after 10 s" >&2; return 1
 }
+read -r t_chroot _ < /proc/uptime; echo "$t_chroot" > "$ctl/t_chroot"
 if ! setup > "$ctl/setup.log" 2>&1; then
   echo "dynamiq-vm: network or rxe0 setup failed: $(tr '\n' ' ' < "$ctl/setup.log")" >> "$ctl/guest_error"
 fi
@@ -302,7 +315,8 @@ ulimit -c 0
 . "$ctl/env"
 . "$ctl/cmd"
 export DYNAMIQ_VM=1 DYNAMIQ_NET_IFNAME=eth0 HOME=${HOME:-/root}
-cd "$(cat "$ctl/cwd")" || echo "dynamiq-vm: no working directory $(cat "$ctl/cwd") in the guest" >> "$ctl/guest_error"
+read -r cwd < "$ctl/cwd"
+cd "$cwd" || echo "dynamiq-vm: no working directory $cwd in the guest" >> "$ctl/guest_error"
 "${cmd[@]}" < /dev/null > "$ctl/out" 2> "$ctl/err"
 rc=$?
 read -r t_end _ < /proc/uptime; echo "$t_end" > "$ctl/t_end"
@@ -317,10 +331,10 @@ case "$accel" in
   *) die "DYNAMIQ_VM_ACCEL is tcg or kvm, not $accel" ;;
 esac
 kernel_file="$image/$(cat "$image/kernel")"
-qemu=(qemu-system-x86_64 -nodefaults -no-user-config -machine pc "${accel_args[@]}" -smp 2 -m "$mem_mib"
+qemu=(qemu-system-x86_64 ${DYNAMIQ_VM_QEMU_EXTRA:-} -nodefaults -no-user-config -machine pc "${accel_args[@]}" -smp 2 -m "$mem_mib"
       -display none -monitor none -serial "file:$run/console.log" -no-reboot
       -kernel "$kernel_file" -initrd "$image/initramfs.cpio"
-      -append "console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off"
+      -append "console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off ${DYNAMIQ_VM_APPEND:-}"
       -netdev user,id=n0,restrict=on,net=198.18.0.0/24,host=198.18.0.1,dhcpstart=198.18.0.100
       -device virtio-net-pci,netdev=n0
       -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
@@ -337,6 +351,7 @@ timed_out=0; rc_seen=""
 while kill -0 "$qpid" 2>/dev/null; do
   sleep 0.1
   if [ "$(date +%s)" -ge "$deadline" ]; then timed_out=1; kill -9 "$qpid" 2>/dev/null; break; fi
+  [ -z "${t_init_wall:-}" ] && [ -s "$run/t_init" ] && t_init_wall=$(since "$t_qemu")
   if [ -s "$run/rc" ]; then  # the command is done: the guest powers off now, or is made to
     [ -z "$rc_seen" ] && rc_seen=$(date +%s)
     [ $(( $(date +%s) - rc_seen )) -ge 10 ] && { kill -9 "$qpid" 2>/dev/null; break; }
@@ -350,8 +365,8 @@ tails=()
 if [ "$verbose" = 1 ]; then
   echo "[vm] guest console:" >&2; sed 's/^/[vm]   /' "$run/console.log" >&2
   read_t() { cat "$run/$1" 2>/dev/null || echo '?'; }
-  echo "[vm] guest uptime: /init $(read_t t_init) s, command start $(read_t t_cmd) s, command end $(read_t t_end) s;" \
-       "qemu wall $(since "$t_qemu") s, run.sh total $(since "$t_start") s" >&2
+  echo "[vm] guest uptime: /init $(read_t t_init) s, modules loaded $(read_t t_mods) s, 9p mounted $(read_t t_mounted) s, chroot $(read_t t_chroot) s, command start $(read_t t_cmd) s, command end $(read_t t_end) s;" \
+       "host wall: /init seen at ${t_init_wall:-?} s (polled every 0.1 s after 9p is up), qemu exit $(since "$t_qemu") s, run.sh total $(since "$t_start") s" >&2
 fi
 [ -s "$run/guest_error" ] && sed 's/^/[vm] /' "$run/guest_error" >&2
 if [ "$timed_out" = 1 ]; then
