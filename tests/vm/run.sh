@@ -47,6 +47,11 @@ done
 case "$timeout_s" in ''|*[!0-9]*) die "--timeout wants whole seconds, not $timeout_s" ;; esac
 case "$mem_mib" in ''|*[!0-9]*) die "--mem wants MiB, not $mem_mib" ;; esac
 
+# Already in the guest (a script that calls run.sh, run by run.sh): the command runs here.
+if [ "${DYNAMIQ_VM:-0}" = 1 ]; then
+  timeout -k 5 "$timeout_s" "$@"; exit $?
+fi
+
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo=$(cd "$script_dir/../.." && pwd -P)
 t_start=$(now)
@@ -114,6 +119,11 @@ if [ -n "$pkgs" ]; then
 fi
 kver=$(find_kernel)
 busybox=$(busybox_static)
+# A qemu without what the guest needs (9p, virtio NIC, user network) counts as no qemu.
+qemu_devices=$(timeout 30 qemu-system-x86_64 -machine pc -device help 2>&1) || skip "qemu-system-x86_64 does not run: $(echo "$qemu_devices" | tail -n 1)"
+for d in virtio-9p-pci virtio-net-pci; do
+  case "$qemu_devices" in *"\"$d\""*) ;; *) skip "qemu-system-x86_64 has no $d device" ;; esac
+done
 note "host packages ready ($(since "$t_start") s); kernel $kver"
 
 # ---- 2. the guest's kernel and initramfs, built once per kernel and script version -----------
