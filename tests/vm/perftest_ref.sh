@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The verbs bandwidth reference over rxe0: perftest's ib_write_bw and ib_send_bw (RC, GID index 1,
 # server and client processes in the same guest) at 64 KiB and 4 MiB messages, in MiB/s as
-# perftest prints it ("BW average[MB/sec]": 2^20 bytes per second, the client's report).
+# perftest prints it ("BW average[MB/sec]": 2^20 bytes per second; the client's report for
+# WRITE, the receiver's for SEND), over eth0 MTU 9000 (rxe0 active MTU 4096; run.sh).
 #
 #   tests/vm/perftest_ref.sh [--runs N] [--sizes "B..."] [--tests "write send"]
 #       on the host: boots the guest (tests/vm/run.sh) and runs the --inside form there
@@ -39,9 +40,12 @@ perftest_bw() {
   timeout 120 "ib_${test}_bw" "${common[@]}" 127.0.0.1 > "$dir/client" 2>&1
   crc=$?
   wait "$spid"; src=$?
-  # The results line: the message size first, then iterations, peak and average bandwidth.
-  bw=$(awk -v s="$size" '$1 == s && NF >= 4 { print $4 }' "$dir/client" | tail -n 1)
-  if [ "$src" != 0 ] || [ "$crc" != 0 ] || [ -z "$bw" ]; then
+  # The results line: the message size first, then iterations, peak and average bandwidth. For
+  # SEND the receiver's (server's) own measurement; for WRITE only the client measures (the
+  # server prints the client's figure).
+  local side=client; [ "$test" = send ] && side=server
+  bw=$(awk -v s="$size" '$1 == s && NF >= 4 { print $4 }' "$dir/$side" | tail -n 1)
+  if [ "$src" != 0 ] || [ "$crc" != 0 ] || [ -z "$bw" ] || awk -v b="$bw" 'BEGIN { exit !(b + 0 <= 0) }'; then
     echo "perftest ib_${test}_bw size=$size failed: server exit $src, client exit $crc" >&2
     sed 's/^/  server: /' "$dir/server" >&2; sed 's/^/  client: /' "$dir/client" >&2
     rm -rf "$dir"; return 1
