@@ -21,6 +21,7 @@
 # this was written on), DYNAMIQ_VM_VERBOSE=1 (timings and the guest console on stderr),
 # DYNAMIQ_VM_KEEP=1 (keep the per-run folder). tests/vm/README.md says more.
 set -u -o pipefail
+{  # The whole script is read before it runs: an edit of this file never disturbs a run in flight.
 
 prog=tests/vm/run.sh
 skip() { echo "SKIP: $prog: $*" >&2; exit 77; }
@@ -381,8 +382,12 @@ tails=()
 if [ "$verbose" = 1 ]; then
   echo "[vm] guest console:" >&2; sed 's/^/[vm]   /' "$run/console.log" >&2
   read_t() { cat "$run/$1" 2>/dev/null || echo '?'; }
-  echo "[vm] guest uptime: /init $(read_t t_init) s, modules loaded $(read_t t_mods) s, 9p mounted $(read_t t_mounted) s, chroot $(read_t t_chroot) s, command start $(read_t t_cmd) s, command end $(read_t t_end) s;" \
-       "host wall: /init seen at ${t_init_wall:-?} s (polled every 0.1 s after 9p is up), qemu exit $(since "$t_qemu") s, run.sh total $(since "$t_start") s" >&2
+  # t_init is written once the ctl share is up (after the modules): its host-side arrival less
+  # the guest's uptime then is the time before the guest's clock started (qemu, firmware, loading).
+  pre=$(awk -v seen="${t_init_wall:-x}" -v m="$(read_t t_mods)" 'BEGIN { if (seen == "x" || m == "?") print "?"; else printf "%.2f", seen - m }')
+  echo "[vm] guest uptime: /init $(read_t t_init) s, modules loaded $(read_t t_mods) s, 9p mounted $(read_t t_mounted) s," \
+       "chroot $(read_t t_chroot) s, command start $(read_t t_cmd) s, command end $(read_t t_end) s;" \
+       "before the guest clock ~$pre s (+-0.1); qemu exit $(since "$t_qemu") s after start, run.sh total $(since "$t_start") s" >&2
 fi
 [ -s "$run/guest_error" ] && sed 's/^/[vm] /' "$run/guest_error" >&2
 if [ "$timed_out" = 1 ]; then
@@ -397,3 +402,4 @@ if [ ! -s "$run/rc" ]; then
   exit 125
 fi
 exit "$(cat "$run/rc")"
+}
