@@ -17,8 +17,8 @@
 #
 # Environment: DYNAMIQ_VM_CACHE (image cache, default /tmp/dynamiq-vm-cache), DYNAMIQ_VM_KERNEL
 # (a kernel version under /lib/modules, default the newest with rdma_rxe), DYNAMIQ_VM_ACCEL
-# (tcg, the default, or kvm: only where KVM is known to boot a stock kernel, not on the machine
-# this was written on), DYNAMIQ_VM_VERBOSE=1 (timings and the guest console on stderr),
+# (tcg, the default; kvm: only where KVM is known to boot a stock kernel, not on the machine
+# this was written on; auto: KVM once a probe boot with it passed, else TCG), DYNAMIQ_VM_VERBOSE=1 (timings and the guest console on stderr),
 # DYNAMIQ_VM_KEEP=1 (keep the per-run folder). tests/vm/README.md says more.
 set -u -o pipefail
 {  # The whole script is read before it runs: an edit of this file never disturbs a run in flight.
@@ -342,10 +342,27 @@ INNER
 
 # ---- 4. the guest -------------------------------------------------------------------------------
 accel=${DYNAMIQ_VM_ACCEL:-tcg}
+if [ "$accel" = auto ]; then
+  # KVM where a guest has been seen to boot with it on this host (probed once per image: a
+  # 60 s boot of `true` under KVM; /dev/kvm on the machine this was written on hangs it), else TCG.
+  accel=tcg
+  if [ -w /dev/kvm ]; then
+    if [ ! -e "$image/kvm-ok" ] && [ ! -e "$image/kvm-bad" ]; then
+      note "probing KVM (at most 60 s, once per image)"
+      if DYNAMIQ_VM_ACCEL=kvm DYNAMIQ_VM_VERBOSE=0 "$0" --timeout 60 -- true > /dev/null 2>&1; then
+        touch "$image/kvm-ok"
+      else
+        touch "$image/kvm-bad"
+      fi
+    fi
+    [ -e "$image/kvm-ok" ] && accel=kvm
+  fi
+  note "accelerator: $accel"
+fi
 case "$accel" in
   tcg) accel_args=(-accel tcg,thread=multi -cpu max) ;;
   kvm) accel_args=(-accel kvm -cpu host) ;;
-  *) die "DYNAMIQ_VM_ACCEL is tcg or kvm, not $accel" ;;
+  *) die "DYNAMIQ_VM_ACCEL is tcg, kvm or auto, not $accel" ;;
 esac
 kernel_file="$image/$(cat "$image/kernel")"
 qemu=(qemu-system-x86_64 ${DYNAMIQ_VM_QEMU_EXTRA:-} -nodefaults -no-user-config -machine pc "${accel_args[@]}" -smp 2 -m "$mem_mib"
