@@ -157,6 +157,15 @@ MemKind classify(const void* p) {
   return type == kMemoryTypeDevice ? MemKind::kDevice : MemKind::kHost;
 }
 
+int device_ordinal(const void* p) {
+  if (classify(p) != MemKind::kDevice) return -1;
+  int ordinal = -1;
+  if (driver().pointer_get_attribute(&ordinal, kAttrDeviceOrdinal,
+                                     reinterpret_cast<CUdeviceptr>(p)) != kCudaSuccess)
+    return -1;
+  return ordinal;
+}
+
 void Staging::add(const void* p, size_t bytes, bool reads, bool writes, void* stream) {
   if (p == nullptr || bytes == 0 || !driver().loaded) return;
   pending_.push_back(Pending{static_cast<const char*>(p), bytes, reads, writes, stream});

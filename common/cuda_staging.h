@@ -1,9 +1,10 @@
 // CUDA device buffers on the CPU NCCL: an operation given device memory runs on host copies of
 // it, made in the order of the caller's stream (issue 11 part 3: several processes share one
 // GPU in tests). The shim's host engine, which serves CPU NCCL communicators, computes on the
-// same host copies (shim/engine/interceptor.cc, run_host_staged). The CUDA driver is loaded with dlopen at first use (libcuda.so.1, or
-// $DYNAMIQ_CPU_NCCL_CUDA_DRIVER), never linked: without it every buffer is host memory, as
-// before, and the only cost per operation is one check of a cached flag.
+// same host copies (shim/engine/interceptor.cc, run_host_staged). The CUDA driver is loaded with
+// dlopen at first use (libcuda.so.1, or $DYNAMIQ_CPU_NCCL_CUDA_DRIVER), never linked: without it
+// every buffer is host memory, as before, and the only cost per operation is one check of a cached
+// flag.
 //
 // What is staged: memory the driver reports as CU_MEMORYTYPE_DEVICE (cudaMalloc,
 // cudaMallocAsync, managed memory). Pinned or registered host memory and memory CUDA does not
@@ -37,6 +38,8 @@ bool available(std::string* why = nullptr);
 enum class MemKind { kHost, kDevice };
 // kDevice only for memory the (loaded, initialised) driver reports as device memory.
 MemKind classify(const void* p);
+// The CUDA device ordinal of device memory at `p`; -1 for anything classify() calls host.
+int device_ordinal(const void* p);
 
 // The host copies of one operation's caller buffers. Usage: add() every buffer the operation
 // reads or writes, begin(), run the operation on host(ptr) for each of them, end().

@@ -63,8 +63,30 @@ std::shared_ptr<CommEntry> find(ncclComm_t comm) {
   return it == t.comms.end() ? nullptr : it->second;
 }
 
-// Creates the engine on first use (rank and size are only certain once init completed).
-engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) {
+// The CUDA device for a CPU NCCL communicator whose first call (`call`) gives device memory,
+// when this libdynamiq.so has one and CUDA works here; nullptr (the host device serves it, on
+// host copies of device buffers) otherwise, with the reason in `why` when a device buffer was
+// seen. The buffers are classified through the driver the CPU NCCL stages with
+// (common/cuda_staging.h), which never initialises CUDA: a process that has not used CUDA has no
+// device buffers and never starts the runtime here.
+engine::Device* cuda_device_for_cpu_nccl(const engine::CallArgs& call, int* ordinal,
+                                         std::string* why) {
+  *ordinal = -1;
+  if (!staging::available()) return nullptr;
+  for (const void* p : {call.send, static_cast<const void*>(call.recv)})
+    if (*ordinal < 0) *ordinal = staging::device_ordinal(p);
+  if (*ordinal < 0) return nullptr;
+  if (!engine::cuda_gpu_linked()) {
+    *why = "this build of libdynamiq.so has no CUDA device";
+    return nullptr;
+  }
+  return engine::cuda_gpu_device(*ordinal, why);
+}
+
+// Creates the engine on first use (rank and size are only certain once init completed); `call`
+// is that first call.
+engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
+                           const engine::CallArgs& call) {
   if (e.engine) return e.engine.get();
   engine::CommInfo info{comm, 0, 1};
   if (real.comm_user_rank(comm, &info.rank) != ncclSuccess ||
@@ -85,8 +107,11 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) 
             config::opted_in(rules, e.identity);
   }
   // Which device serves the communicator, fixed here for its life (docs/ENGINE.md section 2):
-  // - dynamiq's CPU NCCL (it exports dqCpuNcclCommName, which NVIDIA's does not): the host device
-  //   (host buffers);
+  // - dynamiq's CPU NCCL (it exports dqCpuNcclCommName, which NVIDIA's does not): the CUDA device
+  //   of the first call's buffers when they are device memory and CUDA works here (several
+  //   processes sharing one GPU in tests: the kernels run, the CPU NCCL stages the hops'
+  //   buffers); otherwise the host device, which computes on host copies of any device buffers
+  //   (run_host_staged). Both produce the same bytes, so ranks may differ in this;
   // - any other NCCL is NVIDIA's (same ABI): the CUDA device of the communicator's GPU
   //   (ncclCommCuDevice) when this libdynamiq.so has one (a CUDA build) and CUDA works in this
   //   process (a driver new enough for the runtime linked into it, a device); otherwise none,
@@ -99,8 +124,21 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real) 
   engine::Device* device = nullptr;
   std::string why;
   if (real.cpu_nccl_comm_name) {
-    device = engine::host_device();
-    e.host_engine = true;
+    int ordinal = -1;
+    if (info.nranks >= 2) device = cuda_device_for_cpu_nccl(call, &ordinal, &why);
+    if (device != nullptr) {
+      e.cuda_ordinal = ordinal;
+      DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d: CPU NCCL, device buffers: the %s",
+              e.identity.index, device->name());
+    } else {
+      if (ordinal >= 0)
+        DQ_INFO(Subsys::kShim,
+                "dynamiq: communicator index %d: CPU NCCL, device buffers but no CUDA device "
+                "(%s): the host device, on host copies of them",
+                e.identity.index, why.c_str());
+      device = engine::host_device();
+      e.host_engine = true;
+    }
   } else if (info.nranks < 2) {
     why = "a 1-rank communicator";  // passes through anyway (kSingleRank): CUDA is not touched
   } else if (!engine::cuda_gpu_linked()) {
@@ -311,7 +349,7 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
   engine::PassReason reason = engine::PassReason::kDisabled;
   {
     std::lock_guard<std::mutex> lock(e->mutex);
-    engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, real);
+    engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, real, call);
     if (eng != nullptr && t_group_depth > 0) {
       // Inside the caller's group: hold back what the engine may compress once the group ends
       // (a communicator still before its handshake included); everything else joins the group.

@@ -386,42 +386,53 @@ double vnmse(const std::vector<float>& got, const std::vector<double>& want) {
 
 constexpr double kMaxVnmse = 0.05;  // DynamiQ at its 5-bit default measures ~1e-2 and below
 
-int shim_checks(int rank, int n, Device& dev, ncclComm_t comm) {
+// `more` holds two more communicators of the same ranks: `mixed` (rank 0 gives host buffers,
+// the others device buffers) and `host` (every rank host buffers: the host engine's reference).
+int shim_checks(int rank, int n, Device& dev, ncclComm_t comm, ncclComm_t mixed, ncclComm_t host) {
   const auto counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
   CHECK(counters != nullptr, "shim mode needs libdynamiq.so preloaded (no dynamiqCommCounters)");
   const cudaStream_t stream = static_cast<cudaStream_t>(dev.stream);
   const size_t count = 262147;
-  unsigned long long rerouted = 0, passed = 0, before = 0;
-  auto compressed_once = [&]() {
-    before = rerouted;
-    return counters(comm, &rerouted, &passed) == 0 && rerouted == before + 1;
+  // The calls the shim compressed on communicator `c` so far (its own counter).
+  auto compressed = [&](ncclComm_t c) {
+    unsigned long long rerouted = 0, passed = 0;
+    return counters(c, &rerouted, &passed) == 0 ? rerouted : ~0ull;
   };
-  CHECK(counters(comm, &rerouted, &passed) == 0, "dynamiqCommCounters failed");
 
-  // 1. FP32 SUM out of place, device buffers on every rank; 4. the same with rank 0 on host
-  //    buffers (its peers on device buffers).
-  for (int mixed = 0; mixed < 2; ++mixed) {
-    std::vector<float> mine(count), got(count);
-    std::vector<double> want(count, 0.0);
-    for (size_t i = 0; i < count; ++i) {
-      mine[i] = shim_value(rank, i, mixed);
-      for (int r = 0; r < n; ++r) want[i] += shim_value(r, i, mixed);
-    }
-    if (mixed && rank == 0) {
-      NCCL_OK(ncclAllReduce(mine.data(), got.data(), count, ncclFloat32, ncclSum, comm, stream));
+  // 1. FP32 SUM out of place, the first compressed call of each of the three communicators, on
+  //    the same data: device buffers everywhere (on a GPU the CUDA device serves them), rank 0 on
+  //    host buffers and its peers on device buffers, and host buffers everywhere (the host
+  //    engine). Same settings, same call number, so the same rounding: the three results must
+  //    be the same bytes, on every rank.
+  std::vector<float> mine(count), reference(count);
+  std::vector<double> want(count, 0.0);
+  for (size_t i = 0; i < count; ++i) {
+    mine[i] = shim_value(rank, i, 0);
+    for (int r = 0; r < n; ++r) want[i] += shim_value(r, i, 0);
+  }
+  NCCL_OK(ncclAllReduce(mine.data(), reference.data(), count, ncclFloat32, ncclSum, host, stream));
+  CHECK(compressed(host) == 1, "fp32 all-reduce on host buffers: not compressed");
+  const double e_host = vnmse(reference, want);
+  CHECK(e_host < kMaxVnmse, "fp32 all-reduce on host buffers: vNMSE %.3g over %.3g", e_host,
+        kMaxVnmse);
+  CHECK(same_on_every_rank(fnv1a(reference.data(), count * 4), n, host, stream),
+        "fp32 all-reduce on host buffers: results differ between ranks");
+  for (ncclComm_t c : {comm, mixed}) {
+    const bool on_host = c == mixed && rank == 0;
+    const char* what = c == mixed ? "fp32 all-reduce, rank 0 on host buffers" : "fp32 all-reduce";
+    std::vector<float> got(count);
+    if (on_host) {
+      NCCL_OK(ncclAllReduce(mine.data(), got.data(), count, ncclFloat32, ncclSum, c, stream));
     } else {
       void* send = dev.alloc(count * 4);
       void* recv = dev.alloc(count * 4);
       CHECK(send && recv && dev.write(send, mine.data(), count * 4), "device alloc/write");
-      NCCL_OK(ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream));
+      NCCL_OK(ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, c, stream));
       CHECK(dev.read(got.data(), recv, count * 4), "device read");
     }
-    const char* what = mixed ? "fp32 all-reduce, rank 0 on host buffers" : "fp32 all-reduce";
-    CHECK(compressed_once(), "%s: not compressed (rerouted %llu -> %llu)", what, before, rerouted);
-    const double e = vnmse(got, want);
-    CHECK(e < kMaxVnmse, "%s: vNMSE %.3g over %.3g", what, e, kMaxVnmse);
-    CHECK(same_on_every_rank(fnv1a(got.data(), count * 4), n, comm, stream),
-          "%s: results differ between ranks", what);
+    CHECK(compressed(c) == 1, "%s: not compressed", what);
+    CHECK(std::memcmp(got.data(), reference.data(), count * 4) == 0,
+          "%s: the result differs from the host engine's on host buffers", what);
   }
   // 2. BF16 SUM in place.
   {
@@ -444,7 +455,7 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm) {
     NCCL_OK(ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, comm, stream));
     CHECK(dev.read(got_bits.data(), buf, count * 2), "device read");
     for (size_t i = 0; i < count; ++i) got[i] = from_bf16(got_bits[i]);
-    CHECK(compressed_once(), "bf16 all-reduce in place: not compressed");
+    CHECK(compressed(comm) == 2, "bf16 all-reduce in place: not compressed");
     const double e = vnmse(got, want);
     CHECK(e < kMaxVnmse, "bf16 all-reduce in place: vNMSE %.3g over %.3g", e, kMaxVnmse);
     CHECK(same_on_every_rank(fnv1a(got_bits.data(), count * 2), n, comm, stream),
@@ -464,7 +475,7 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm) {
     CHECK(send && recv && dev.write(send, mine.data(), all * 4), "device alloc/write");
     NCCL_OK(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm, stream));
     CHECK(dev.read(got.data(), recv, count * 4), "device read");
-    CHECK(compressed_once(), "reduce-scatter: not compressed");
+    CHECK(compressed(comm) == 3, "reduce-scatter: not compressed");
     const double e = vnmse(got, want);
     CHECK(e < kMaxVnmse, "reduce-scatter: vNMSE %.3g over %.3g", e, kMaxVnmse);
   }
@@ -484,7 +495,7 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm) {
           "device alloc/write");
     NCCL_OK(ncclReduce(send, recv, count, ncclFloat32, ncclSum, root, comm, stream));
     CHECK(dev.read(got.data(), recv, count * 4), "device read");
-    CHECK(compressed_once(), "reduce: not compressed");
+    CHECK(compressed(comm) == 4, "reduce: not compressed");
     if (rank == root) {
       const double e = vnmse(got, want);
       CHECK(e < kMaxVnmse, "reduce: vNMSE %.3g at the root, over %.3g", e, kMaxVnmse);
@@ -496,16 +507,21 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm) {
   return 0;
 }
 
-int rank_body(int rank, int n, const ncclUniqueId& id, bool fake, bool shim) {
+// `ids`: kIds unique ids (the shim checks use three communicators, the exact checks one).
+constexpr int kIds = 3;
+
+int rank_body(int rank, int n, const ncclUniqueId* ids, bool fake, bool shim) {
   g_rank = rank;
   Device dev;
   std::string why;
   CHECK(fake ? fake_device(&dev, &why) : cuda_device(&dev, &why), "device: %s", why.c_str());
-  ncclComm_t comm = nullptr;
-  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
-  const int rc = shim ? shim_checks(rank, n, dev, comm) : exact_checks(rank, n, dev, comm);
+  ncclComm_t comms[kIds] = {};
+  for (int k = 0; k < (shim ? kIds : 1); ++k) NCCL_OK(ncclCommInitRank(&comms[k], n, ids[k], rank));
+  const int rc = shim ? shim_checks(rank, n, dev, comms[0], comms[1], comms[2])
+                      : exact_checks(rank, n, dev, comms[0]);
   if (rc != 0) return rc;
-  NCCL_OK(ncclCommDestroy(comm));
+  for (ncclComm_t c : comms)
+    if (c != nullptr) NCCL_OK(ncclCommDestroy(c));
   if (rank == 0) std::printf("rank 0: %s\n", dev.counts().c_str());
   return 0;
 }
@@ -560,8 +576,8 @@ int main(int argc, char** argv) {
   dq::test::RankOptions opt;
   opt.timeout_s = 240;
   const auto exits = dq::test::run_ranks<ncclUniqueId>(
-      n, 1, [](ncclUniqueId* id) { return ncclGetUniqueId(id); }, opt,
-      [&](int rank, const ncclUniqueId* ids) { return rank_body(rank, n, ids[0], fake, shim); });
+      n, kIds, [](ncclUniqueId* id) { return ncclGetUniqueId(id); }, opt,
+      [&](int rank, const ncclUniqueId* ids) { return rank_body(rank, n, ids, fake, shim); });
   int bad = 0;
   for (int r = 0; r < n; ++r) {
     if (exits[r].exited(0)) continue;
@@ -572,8 +588,8 @@ int main(int argc, char** argv) {
   if (shim) {
     std::printf(
         "PASS: %d processes, %s device buffers through the shim on the CPU NCCL: all-reduce "
-        "FP32 (also mixed host/device ranks) and BF16 in place, reduce-scatter, reduce: "
-        "compressed, rank-identical, vNMSE under %.2g\n",
+        "FP32 the same bytes as the host engine's (also with rank 0 on host buffers), BF16 in "
+        "place, reduce-scatter, reduce: compressed, rank-identical, vNMSE under %.2g\n",
         n, fake ? "fake-driver" : "CUDA", kMaxVnmse);
     return 0;
   }
