@@ -174,9 +174,13 @@ class HostDevice final : public Device {
       // Payload arenas: straight from the kernel, so a retired plan's pages go back at once.
       // Through malloc they would stay in the caller's heap (glibc raises its mmap threshold to
       // the largest block freed), and the process's RSS would keep the high-water mark of
-      // every plan set it ever held.
+      // every plan set it ever held. Populated now (MAP_POPULATE): a call never faults a page
+      // in mid-hop, and what the plans hold (the held_bytes metric) is what is resident; left
+      // to fault in, a plan's untouched slack made RSS less held_bytes swing by 10+ MiB with
+      // the mix of cached plans (docs/RESULTS.md section 13).
       const size_t n = page_round(bytes);
-      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                     -1, 0);
       if (p == MAP_FAILED)
         DQ_FAIL(Status::kOutOfMemory, "host device: cannot map %zu bytes", bytes);
       std::lock_guard<std::mutex> lock(mapped_m_);
