@@ -273,7 +273,9 @@ namespace {
 // at the same address, so the decision stays the call's arguments' and the agreed state's. A
 // buffer the device cannot reach is one NVIDIA's NCCL cannot use either: the call fails on this
 // rank with ncclInvalidArgument (what NCCL's own pointer check returns), where NCCL would fail
-// or fault, and its peers time out as they would with NCCL. Only calls the engine may compress
+// or fault, and its peers time out as they would with NCCL. The same holds on a CPU NCCL
+// communicator that the CUDA device serves (its first call gave device buffers): its later calls
+// must give buffers the device can reach. Only calls the engine may compress
 // are classified (or the first one, before the handshake).
 ncclResult_t check_cuda_buffers(CommEntry& e, engine::Engine& eng, const engine::CallArgs& call) {
   const engine::PassReason r = eng.screen(call);
@@ -284,8 +286,9 @@ ncclResult_t check_cuda_buffers(CommEntry& e, engine::Engine& eng, const engine:
     const engine::CudaBuffer kind = engine::cuda_gpu_classify(p, e.cuda_ordinal, &why);
     if (kind == engine::CudaBuffer::kDevice || kind == engine::CudaBuffer::kPageable) continue;
     DQ_WARN(Subsys::kShim,
-            "dynamiq: communicator index %d: buffer %p cannot be used on CUDA device %d (%s); "
-            "NVIDIA's NCCL cannot use it either: the call fails with ncclInvalidArgument",
+            "dynamiq: communicator index %d: buffer %p cannot be used on CUDA device %d, which "
+            "serves this communicator (%s); NVIDIA's NCCL cannot use it either: the call fails "
+            "with ncclInvalidArgument",
             e.identity.index, p, e.cuda_ordinal, why.c_str());
     return ncclInvalidArgument;
   }
