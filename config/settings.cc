@@ -223,7 +223,16 @@ bool valid_text(const Entry& e, const std::string& raw) {
     unsigned mask;
     return log_parse_subsys(raw, &mask);
   }
-  if (key == "DYNAMIQ_NET_BACKEND") return raw == "socket";
+  if (key == "DYNAMIQ_NET_BACKEND") return raw == "socket" || raw == "ib" || raw == "auto";
+  if (key == "DYNAMIQ_NET_IB_GID_INDEX") {
+    // -1 (auto) or a GID table index 0..255, decimal.
+    if (raw == "-1") return true;
+    if (raw.empty() || raw.size() > 3) return false;
+    for (char c : raw) {
+      if (c < '0' || c > '9') return false;
+    }
+    return std::stoi(raw) <= 255;
+  }
   return true;
 }
 

@@ -1,10 +1,11 @@
 // The seam between the ABI tables and a transport. The tables (net_tables.cc) translate every
-// ABI version to these calls; a backend implements them once. Socket is the only backend now;
-// an ibverbs backend will implement the same interface and be chosen by DYNAMIQ_NET_BACKEND.
+// ABI version to these calls; a backend implements them once: socket (plugin/socket/) or ibverbs
+// (plugin/ibverbs/), chosen by DYNAMIQ_NET_BACKEND (net_tables.cc).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "common/status.h"
 #include "plugin/net_abi.h"
@@ -46,5 +47,11 @@ class NetBackend {
 
 // The socket backend (plugin/socket/).
 NetBackend& SocketBackend();
+
+// The ibverbs backend (plugin/ibverbs/); usable only when IbUsable() says so.
+NetBackend& IbBackend();
+// Whether the ibverbs backend found an active, selected port; otherwise *why says what is
+// missing (libibverbs, a device, an active port, an address). Initialises it on first call.
+bool IbUsable(std::string* why);
 
 }  // namespace dq::net

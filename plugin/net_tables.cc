@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "common/nccl_result.h"
 #include "plugin/net_backend.h"
@@ -42,12 +43,25 @@ dqNetResult Guard(const char* what, Fn&& fn) {
 }
 
 NetBackend& Backend() {
-  // The seam for later transports: DYNAMIQ_NET_BACKEND picks one; only "socket" exists now.
+  // DYNAMIQ_NET_BACKEND picks the transport once per process. A misconfiguration never breaks a
+  // job: `ib` without a usable verbs port warns once and runs on sockets.
   static NetBackend* chosen = [] {
     NetEnv env = ReadNetEnv();
-    if (env.backend != "socket") {
-      NET_WARN("DYNAMIQ_NET_BACKEND=%s is not available in this build; using socket",
+    if (env.backend == "socket") {
+      NET_INFO("backend socket (DYNAMIQ_NET_BACKEND=socket)");
+      return &SocketBackend();
+    }
+    std::string why;
+    if (IbUsable(&why)) {
+      NET_INFO("backend ib (DYNAMIQ_NET_BACKEND=%s, an active verbs port exists)",
                env.backend.c_str());
+      return &IbBackend();
+    }
+    if (env.backend == "ib") {
+      NET_WARN("DYNAMIQ_NET_BACKEND=ib but the verbs backend cannot run: %s; using socket",
+               why.c_str());
+    } else {
+      NET_INFO("backend socket (DYNAMIQ_NET_BACKEND=auto: %s)", why.c_str());
     }
     return &SocketBackend();
   }();

@@ -136,9 +136,13 @@ TEST(Table, InvalidValuesSayWhatHappens) {
        "DYNAMIQ_NET_NSOCKS=99 is not valid; accepted: 1..8; the net plugin uses the default 2",
        false},
       {"DYNAMIQ_NET_TIMEOUT_MS", "5s", "DYNAMIQ_NET_TIMEOUT_MS=5s is not valid", false},
-      {"DYNAMIQ_NET_BACKEND", "ib",
-       "DYNAMIQ_NET_BACKEND=ib is not valid; accepted: socket; the net plugin uses the default "
-       "socket",
+      {"DYNAMIQ_NET_BACKEND", "verbs",
+       "DYNAMIQ_NET_BACKEND=verbs is not valid; accepted: socket|ib|auto; the net plugin uses the "
+       "default socket",
+       false},
+      {"DYNAMIQ_NET_IB_GID_INDEX", "256",
+       "DYNAMIQ_NET_IB_GID_INDEX=256 is not valid; accepted: -1|0..255; the net plugin uses the "
+       "default -1",
        false},
       {"DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "0",
        "DYNAMIQ_CPU_NCCL_TIMEOUT_MS=0 is not valid; accepted: 1..86400000; the CPU NCCL uses the "
