@@ -418,5 +418,10 @@ if [ ! -s "$run/rc" ]; then
   tail -n 40 "$run/console.log" | sed 's/^/[vm]   /' >&2
   exit 125
 fi
-exit "$(cat "$run/rc")"
+rc=$(cat "$run/rc")
+if [ "$rc" = 132 ]; then  # SIGILL
+  echo "[vm] COMMAND died of SIGILL: the guest CPU (TCG, -cpu max) has AVX2 but no AVX-512; a build" \
+       "configured -Dnative=true on an AVX-512 host does not run in the guest (use -Dnative=false)" >&2
+fi
+exit "$rc"
 }
