@@ -28,7 +28,7 @@ wait_listen() {
   local hex i
   hex=$(printf ':%04X ' "$1")
   for ((i = 0; i < $2 * 10; i++)); do
-    grep -q "$hex[0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+    grep -q "${hex}[0-9A-F:]* 0A " /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
     sleep 0.1
   done
   return 1

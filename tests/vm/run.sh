@@ -18,8 +18,11 @@
 # Environment: DYNAMIQ_VM_CACHE (image cache, default /tmp/dynamiq-vm-cache), DYNAMIQ_VM_KERNEL
 # (a kernel version under /lib/modules, default the newest with rdma_rxe), DYNAMIQ_VM_ACCEL
 # (tcg, the default; kvm: only where KVM is known to boot a stock kernel, not on the machine
-# this was written on; auto: KVM once a probe boot with it passed, else TCG), DYNAMIQ_VM_VERBOSE=1 (timings and the guest console on stderr),
-# DYNAMIQ_VM_KEEP=1 (keep the per-run folder). tests/vm/README.md says more.
+# this was written on; auto: KVM once a probe boot with it passed, else TCG),
+# DYNAMIQ_VM_VERBOSE=1 (timings and the guest console on stderr),
+# DYNAMIQ_VM_KEEP=1 (keep the per-run folder), DYNAMIQ_VM_MTU (eth0's, default 9000),
+# DYNAMIQ_VM_APPEND (more kernel arguments), DYNAMIQ_VM_QEMU_EXTRA (more qemu arguments, split on
+# spaces; e.g. "-bios /usr/share/qemu/qboot.rom"). tests/vm/README.md says more.
 set -u -o pipefail
 {  # The whole script is read before it runs: an edit of this file never disturbs a run in flight.
 
@@ -359,12 +362,14 @@ if [ "$accel" = auto ]; then
   fi
   note "accelerator: $accel"
 fi
+# shellcheck disable=SC2054  # (commas inside qemu's option values)
 case "$accel" in
   tcg) accel_args=(-accel tcg,thread=multi -cpu max) ;;
   kvm) accel_args=(-accel kvm -cpu host) ;;
   *) die "DYNAMIQ_VM_ACCEL is tcg, kvm or auto, not $accel" ;;
 esac
 kernel_file="$image/$(cat "$image/kernel")"
+# shellcheck disable=SC2054,SC2206  # (commas inside option values; the extra arguments split on spaces)
 qemu=(qemu-system-x86_64 ${DYNAMIQ_VM_QEMU_EXTRA:-} -nodefaults -no-user-config -machine pc "${accel_args[@]}" -smp 2 -m "$mem_mib"
       -display none -monitor none -serial "file:$run/console.log" -no-reboot
       -kernel "$kernel_file" -initrd "$image/initramfs.cpio"
