@@ -382,6 +382,9 @@ qemu=(qemu-system-x86_64 ${DYNAMIQ_VM_QEMU_EXTRA:-} -nodefaults -no-user-config 
 t_qemu=$(now)
 "${qemu[@]}" > "$run/qemu.log" 2>&1 &
 qpid=$!
+# A watchdog outside this shell: qemu ends 30 s after the deadline even if run.sh itself was
+# killed with SIGKILL (no trap runs then).
+( timeout $((timeout_s + 30)) tail --pid="$qpid" -s 1 -f /dev/null; [ $? = 124 ] && kill -9 "$qpid" && sleep 1 && rm -rf "$run" ) > /dev/null 2>&1 &
 tail -c +1 -s 0.1 -f --pid="$qpid" "$run/out" & tails+=($!)
 tail -c +1 -s 0.1 -f --pid="$qpid" "$run/err" >&2 & tails+=($!)
 
