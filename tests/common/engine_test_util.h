@@ -9,16 +9,7 @@
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "shim/engine/engine.h"
-
-// Returns `code` from the enclosing function, after printing "FAIL: <message>", unless `cond`.
-#define CHECK_OR(code, cond, ...)                 \
-  do {                                            \
-    if (!(cond)) {                                \
-      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
-      std::fprintf(stderr, "\n");                 \
-      return code;                                \
-    }                                             \
-  } while (0)
+#include "tests/common/check.h"
 
 namespace dq::test {
 

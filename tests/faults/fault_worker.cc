@@ -49,10 +49,13 @@
 
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
+#include "tests/common/test_data.h"
 
 namespace {
 
 using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+using dq::test::Rng;
+using dq::test::splitmix;
 
 // Bound on a compressed result's vNMSE. Measured on this data at 5 bits: up to 0.053 (ring, 7
 // ranks). A rank's contribution lost (or counted twice) gives about 1/n >= 0.125 for n <= 8.
@@ -66,32 +69,6 @@ long long now_us() {
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<long long>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
-
-uint64_t splitmix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// What rank r contributes at element i of the call keyed `key`: -30..30, bell-shaped.
-int value(uint64_t key, int r, size_t i) {
-  const uint64_t h = splitmix(key ^ (static_cast<uint64_t>(r) << 56) ^ i);
-  return static_cast<int>((h & 15) + ((h >> 4) & 15) + ((h >> 8) & 15) + ((h >> 12) & 15)) - 30;
-}
-
-uint64_t fnv(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-struct Rng {
-  uint64_t s;
-  uint64_t next() { return s = splitmix(s); }
-  size_t between(size_t lo, size_t hi) { return lo + next() % (hi - lo + 1); }
-};
 
 enum Shape { kF32Sum, kBf16Sum, kI32Sum, kF32Small, kF32Max };
 
@@ -114,18 +91,30 @@ struct Call {
 Call draw(Rng& rng, int n) {
   Call c{};
   const size_t pick = rng.between(0, 9);
-  if (pick < 4) c.shape = kF32Sum;
-  else if (pick < 5) c.shape = kBf16Sum;
-  else if (pick < 7) c.shape = kI32Sum;
-  else if (pick < 9) c.shape = kF32Small;
-  else c.shape = kF32Max;
+  if (pick < 4)
+    c.shape = kF32Sum;
+  else if (pick < 5)
+    c.shape = kBf16Sum;
+  else if (pick < 7)
+    c.shape = kI32Sum;
+  else if (pick < 9)
+    c.shape = kF32Small;
+  else
+    c.shape = kF32Max;
   switch (c.shape) {
-    case kF32Sum: case kBf16Sum:
+    case kF32Sum:
+    case kBf16Sum:
       c.count = rng.between(32768 * static_cast<size_t>(n), 65536 * static_cast<size_t>(n));
       break;
-    case kI32Sum: c.count = rng.between(1 << 10, 64 << 10); break;
-    case kF32Small: c.count = rng.between(1, 15 << 10); break;  // < 64 KiB: passes through
-    case kF32Max: c.count = rng.between(16 << 10, 64 << 10); break;  // MAX: passes through
+    case kI32Sum:
+      c.count = rng.between(1 << 10, 64 << 10);
+      break;
+    case kF32Small:
+      c.count = rng.between(1, 15 << 10);
+      break;  // < 64 KiB: passes through
+    case kF32Max:
+      c.count = rng.between(16 << 10, 64 << 10);
+      break;  // MAX: passes through
   }
   c.key = rng.next();
   return c;
@@ -210,7 +199,8 @@ bool share_id(const std::string& dir, int rank, ncclUniqueId* id) {
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: fault_worker DIR CALLS SEED   (RANK, WORLD_SIZE in the environment)\n");
+    std::fprintf(stderr,
+                 "usage: fault_worker DIR CALLS SEED   (RANK, WORLD_SIZE in the environment)\n");
     return kUsage;
   }
   const auto counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
@@ -260,7 +250,8 @@ int main(int argc, char** argv) {
   for (int k = 0; k < calls; ++k) {
     const Call c = draw(rng, n);
     const size_t bytes = c.count * c.esize();
-    for (size_t i = 0; i < c.count; ++i) store(send.data(), i, c, value(c.key, rank, i));
+    for (size_t i = 0; i < c.count; ++i)
+      store(send.data(), i, c, dq::test::bell_value(c.key, rank, i));
     std::memset(recv.data(), 0xCD, bytes);
     unsigned long long r0 = 0, p0 = 0, r1 = 0, p1 = 0;
     counters(comm, &r0, &p0);
@@ -286,9 +277,12 @@ int main(int argc, char** argv) {
       float f;
       std::memcpy(&f, recv.data(), 4);
       f += c.shape == kI32Sum ? 0.0f : 1.0f;
-      if (c.shape == kI32Sum) recv[0] ^= 1;
-      else if (c.shape != kBf16Sum) std::memcpy(recv.data(), &f, 4);
-      else recv[1] ^= 1;
+      if (c.shape == kI32Sum)
+        recv[0] ^= 1;
+      else if (c.shape != kBf16Sum)
+        std::memcpy(recv.data(), &f, 4);
+      else
+        recv[1] ^= 1;
     }
     bool ok = true;
     double num = 0, den = 0;
@@ -296,7 +290,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < c.count && ok; ++i) {
       double want = c.op() == ncclMax ? -1e9 : 0;
       for (int r = 0; r < n; ++r) {
-        const int v = value(c.key, r, i);
+        const int v = dq::test::bell_value(c.key, r, i);
         want = c.op() == ncclMax ? std::max(want, static_cast<double>(v)) : want + v;
       }
       const double got = load(recv.data(), i, c);
@@ -320,7 +314,7 @@ int main(int argc, char** argv) {
       ok = false;
       std::snprintf(why, sizeof why, "vNMSE %.4e over the bound %.2g", vnmse, kMaxVnmse);
     }
-    const uint64_t h = fnv(recv.data(), bytes);
+    const uint64_t h = dq::test::fnv1a(recv.data(), bytes);
     emit("C %d %c 0 %lld %lld %d %d %016llx %.4e\n", k, kind, t0, t1, compressed, ok ? 1 : 0,
          static_cast<unsigned long long>(h), vnmse);
     if (!ok) {

@@ -38,6 +38,7 @@
 
 #include "common/nccl_api.h"
 #include "tests/common/rank_harness.h"
+#include "tests/common/test_data.h"
 
 namespace {
 
@@ -351,19 +352,10 @@ using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
 
 // Reproducible values of mixed signs and magnitudes (not integers: compression is visible).
 float shim_value(int rank, size_t i, int salt) {
-  uint64_t z = (static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(salt) << 56) ^ i;
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
+  const uint64_t z = dq::test::splitmix((static_cast<uint64_t>(rank) << 40) ^
+                                        (static_cast<uint64_t>(salt) << 56) ^ i);
   const double u = static_cast<double>(z >> 11) / 9007199254740992.0;  // [0, 1)
   return static_cast<float>((u - 0.5) * (1.0 + static_cast<double>(i % 7)));
-}
-
-uint64_t fnv1a(const void* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
-  return h;
 }
 
 // Whether every rank's `h` is the same (an all-gather of host words: not intercepted).
@@ -415,7 +407,7 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm, ncclComm_t mixed,
   const double e_host = vnmse(reference, want);
   CHECK(e_host < kMaxVnmse, "fp32 all-reduce on host buffers: vNMSE %.3g over %.3g", e_host,
         kMaxVnmse);
-  CHECK(same_on_every_rank(fnv1a(reference.data(), count * 4), n, host, stream),
+  CHECK(same_on_every_rank(dq::test::fnv1a(reference.data(), count * 4), n, host, stream),
         "fp32 all-reduce on host buffers: results differ between ranks");
   for (ncclComm_t c : {comm, mixed}) {
     const bool on_host = c == mixed && rank == 0;
@@ -458,7 +450,7 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm, ncclComm_t mixed,
     CHECK(compressed(comm) == 2, "bf16 all-reduce in place: not compressed");
     const double e = vnmse(got, want);
     CHECK(e < kMaxVnmse, "bf16 all-reduce in place: vNMSE %.3g over %.3g", e, kMaxVnmse);
-    CHECK(same_on_every_rank(fnv1a(got_bits.data(), count * 2), n, comm, stream),
+    CHECK(same_on_every_rank(dq::test::fnv1a(got_bits.data(), count * 2), n, comm, stream),
           "bf16 all-reduce in place: results differ between ranks");
   }
   // 3. FP32 SUM reduce-scatter: this rank's slice.

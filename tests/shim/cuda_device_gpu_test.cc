@@ -2,7 +2,8 @@
 //   unavailable  (suite unit, runs anywhere) Without a driver (this machine, CI; or with
 //                DQ_TEST_CUDA_DRIVER_LIB naming a library that does not exist) the device is
 //                unavailable with a reason, nothing crashes, and classifying a pointer answers
-//                kUnknown/kInaccessible with a reason. With a driver and a GPU it must be available.
+//                kUnknown/kInaccessible with a reason. With a driver and a GPU it must be
+//                available.
 //   steps        (suite gpu; exit 77 without a device, with the reason) The engine's codec steps on
 //                the GPU against the host codec byte for byte: run_canary (statistics, layout, two
 //                leaf hops and a 2-input fused hop per chunk, finish; every output and its inputs
@@ -22,17 +23,9 @@
 #include "kernels/codec.h"
 #include "shim/engine/cuda_device_gpu.h"
 #include "shim/engine/engine.h"
+#include "tests/common/check.h"
 
 namespace {
-
-#define CHECK_OR(code, cond, ...)               \
-  do {                                          \
-    if (!(cond)) {                              \
-      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
-      std::fprintf(stderr, "\n");               \
-      return code;                              \
-    }                                           \
-  } while (0)
 
 using dq::Status;
 using dq::engine::CudaBuffer;
@@ -70,12 +63,17 @@ int unavailable_check() {
 }
 
 int steps_check() {
-  const char* specs[] = {"dynamiq:5", "dynamiq:3", "dynamiq:8", "dynamiq:4:levels=uniform",
-                         "dynamiq:5:scales=flat", "dynamiq:6:corr=0", "dynamiq:5:mean=0:w16=0"};
+  const char* specs[] = {"dynamiq:5",
+                         "dynamiq:3",
+                         "dynamiq:8",
+                         "dynamiq:4:levels=uniform",
+                         "dynamiq:5:scales=flat",
+                         "dynamiq:6:corr=0",
+                         "dynamiq:5:mean=0:w16=0"};
   // The host codec's canaries first (they run anywhere): every option set is a valid spec.
   for (const char* spec : specs) {
-    const dq::engine::CanaryResult host = dq::engine::run_canary(dq::engine::host_device(), spec,
-                                                                 nullptr, 0x5eed);
+    const dq::engine::CanaryResult host =
+        dq::engine::run_canary(dq::engine::host_device(), spec, nullptr, 0x5eed);
     CHECK_OR(19, host.ran && !host.differs, "host device, %s: %s", spec,
              host.ran ? host.describe().c_str() : "not run (spec?)");
   }
@@ -93,8 +91,8 @@ int steps_check() {
   for (const char* spec : specs) {
     for (dq::engine::StreamHandle s : {s1, s2}) {
       const dq::engine::CanaryResult r = dq::engine::run_canary(d, spec, s, 0x5eed);
-      CHECK_OR(23, r.ran && !r.differs, "%s, %s, stream %d: %s", d->name(), spec,
-               s == s1 ? 1 : 2, r.ran ? r.describe().c_str() : "not run");
+      CHECK_OR(23, r.ran && !r.differs, "%s, %s, stream %d: %s", d->name(), spec, s == s1 ? 1 : 2,
+               r.ran ? r.describe().c_str() : "not run");
       ++n;
     }
     std::printf("%s: %s equals the host codec byte for byte (both streams)\n", spec, d->name());
@@ -139,13 +137,13 @@ int steps_check() {
                   d->record(done, s1) == Status::kOk && d->synchronize(done) == Status::kOk;
   CHECK_OR(33, enqueued, "uploads");
   const auto t0 = std::chrono::steady_clock::now();
-  enqueued = d->local_stats(*codec, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
-             d->build_layout(*codec, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
-                 Status::kOk &&
-             d->hop(*codec, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) ==
-                 Status::kOk &&
-             d->finish(*codec, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2,
-                       lane) == Status::kOk;
+  enqueued =
+      d->local_stats(*codec, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
+      d->build_layout(*codec, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
+          Status::kOk &&
+      d->hop(*codec, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) == Status::kOk &&
+      d->finish(*codec, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2, lane) ==
+          Status::kOk;
   const double enqueue_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK_OR(34, enqueued, "the steps' enqueues failed (host-side checks?)");
@@ -172,9 +170,10 @@ int steps_check() {
   d->release(word, s1);
   d->destroy_stream(s1);
   d->destroy_stream(s2);
-  std::printf("%d canaries on %s equal the host codec; malformed input: error word 0x%08x, finish "
-              "skipped; 4 steps enqueued in %.3f ms\n",
-              n, d->name(), expected, enqueue_ms);
+  std::printf(
+      "%d canaries on %s equal the host codec; malformed input: error word 0x%08x, finish "
+      "skipped; 4 steps enqueued in %.3f ms\n",
+      n, d->name(), expected, enqueue_ms);
   return 0;
 }
 

@@ -16,20 +16,12 @@
 #include <vector>
 
 #include "common/nccl_api.h"
+#include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
 
 namespace {
 
 using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
-
-#define CHECK_OR(code, cond, ...)                 \
-  do {                                            \
-    if (!(cond)) {                                \
-      std::fprintf(stderr, "FAIL: " __VA_ARGS__); \
-      std::fprintf(stderr, "\n");                 \
-      return code;                                \
-    }                                             \
-  } while (0)
 
 unsigned long long rerouted(ncclComm_t comm) {
   static auto fn = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));

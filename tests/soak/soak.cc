@@ -60,10 +60,13 @@
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "tests/common/rank_harness.h"
+#include "tests/common/test_data.h"
 
 namespace {
 
 using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+using dq::test::Rng;
+using dq::test::splitmix;
 using RegisterFn = int (*)(void*, int);
 
 constexpr size_t kMinBytes = 64 * 1024;  // DYNAMIQ_MIN_BYTES for the run
@@ -76,34 +79,6 @@ bool g_trace = false;  // DQ_SOAK_TRACE=1: one line per call in the rank logs
 CountersFn counters_fn() {
   return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
 }
-
-uint64_t splitmix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// The value rank r contributes at element i of call k: -30..30, bell-shaped.
-inline int value(uint64_t key, int r, size_t i) {
-  const uint64_t h = splitmix(key ^ (static_cast<uint64_t>(r) << 56) ^ i);
-  return static_cast<int>((h & 15) + ((h >> 4) & 15) + ((h >> 8) & 15) + ((h >> 12) & 15)) - 30;
-}
-
-uint64_t fnv(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-// Same sequence on every rank.
-struct Rng {
-  uint64_t s;
-  uint64_t next() { return s = splitmix(s); }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
-};
 
 enum Coll { kAllReduce, kReduceScatter, kReduce };
 const char* coll_name(int c) {
@@ -272,8 +247,8 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
     const size_t recvcount = c.coll == kReduceScatter ? c.count / n : c.count;
     ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
     for (size_t i = 0; i < c.count; ++i)
-      store(send.data(), i, c.bf16, static_cast<float>(value(c.key, rank, i)));
-    const uint64_t send_hash = c.inplace ? 0 : fnv(send.data(), c.count * esize);
+      store(send.data(), i, c.bf16, static_cast<float>(dq::test::bell_value(c.key, rank, i)));
+    const uint64_t send_hash = c.inplace ? 0 : dq::test::fnv1a(send.data(), c.count * esize);
     // Where the result lands, and which elements of the full vector it holds.
     unsigned char* dst = recv.data();
     size_t first = 0;  // element offset of the result in the full reduced vector
@@ -340,7 +315,7 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
         const size_t i = first + j;
         double want = c.op == ncclMax ? -1e9 : 0;
         for (int r = 0; r < n; ++r) {
-          const int v = value(c.key, r, i);
+          const int v = dq::test::bell_value(c.key, r, i);
           want = c.op == ncclMax ? std::max(want, static_cast<double>(v)) : want + v;
         }
         if (c.op == ncclAvg) want /= n;
@@ -368,12 +343,12 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
         }
       }
     }
-    if (!bad && !c.inplace && fnv(send.data(), c.count * esize) != send_hash) {
+    if (!bad && !c.inplace && dq::test::fnv1a(send.data(), c.count * esize) != send_hash) {
       bad = 14;
       std::snprintf(why, sizeof why, "the input of an out-of-place call changed");
     }
     // Every rank's verdict, and the result's identity: MAX of (x, ~x) is (max, ~min).
-    const uint64_t h = c.coll == kAllReduce ? fnv(dst, c.count * esize) : 0;
+    const uint64_t h = c.coll == kAllReduce ? dq::test::fnv1a(dst, c.count * esize) : 0;
     uint64_t w[6] = {h,
                      ~h,
                      static_cast<uint64_t>(compressed),

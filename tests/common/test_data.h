@@ -1,0 +1,42 @@
+// Reproducible test data shared by the soak and the fault campaign's worker: every rank draws
+// the same sequence from the same seed, and sums of the values are exact in FP32 and BF16.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dq::test {
+
+// splitmix64's output function: a well-mixed 64-bit value from any 64-bit input.
+inline uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// What rank r contributes at element i of the call keyed `key`: an integer in -30..30,
+// bell-shaped (a sum of four nibbles), so every sum and average over a few ranks is exact.
+inline int bell_value(uint64_t key, int r, size_t i) {
+  const uint64_t h = splitmix(key ^ (static_cast<uint64_t>(r) << 56) ^ i);
+  return static_cast<int>((h & 15) + ((h >> 4) & 15) + ((h >> 8) & 15) + ((h >> 12) & 15)) - 30;
+}
+
+// FNV-1a over `bytes` bytes: a result's fingerprint, compared across ranks.
+inline uint64_t fnv1a(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// The same sequence on every rank that starts from the same state.
+struct Rng {
+  uint64_t s;
+  uint64_t next() { return s = splitmix(s); }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+  size_t between(size_t lo, size_t hi) { return lo + next() % (hi - lo + 1); }  // inclusive
+};
+
+}  // namespace dq::test
