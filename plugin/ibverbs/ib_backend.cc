@@ -46,6 +46,7 @@ constexpr int kSqDepth = 512;                            // send work requests p
 constexpr int kRqDepth = kFifoDepth * kMaxGroupedRecvs;  // one per grouped receive in flight
 constexpr int kCqDepth = kSqDepth + kRqDepth;
 constexpr size_t kMaxWriteBytes = 1u << 30;  // one RDMA WRITE at most (and the port's max_msg_sz)
+constexpr size_t kMinChunkBytes = 1u << 20;  // RDMA WRITE size below which a message is one write
 constexpr uint64_t kWrFifo = 1;              // wr_id of the receiver's FIFO writes
 constexpr uint64_t kWrRecv = 2;              // wr_id of receive work requests
 constexpr int kSideTag = 0;                  // tag of every side-channel message
@@ -617,7 +618,7 @@ struct SendReq {
   size_t size = 0;
   uint32_t lkey = 0;
   ibv_mr* own_mr = nullptr;  // registered for this request only (no mhandle given)
-  int nwr = 0;               // work requests posted for it
+  int wr_left = 0;           // work requests posted for it and not completed yet
   bool posted = false;
   bool done = false;
 };
@@ -643,6 +644,15 @@ struct SendComm : Conn {
 
   const volatile FifoSlot* Slot(uint64_t k) const { return &fifo[k % kFifoDepth]; }
 
+  // Payload bytes per RDMA WRITE: every write is signaled, so the stall bound
+  // (DYNAMIQ_NET_TIMEOUT_MS) sees progress within a large message; at most 256 writes.
+  size_t ChunkBytes(size_t size) const {
+    return std::min(dev->max_write, std::max<size_t>(kMinChunkBytes, (size + 255) / 256));
+  }
+  int WorkRequests(size_t size) const {
+    return static_cast<int>((size + ChunkBytes(size) - 1) / ChunkBytes(size)) + 1;
+  }
+
   bool SlotPosted(uint64_t k) const {
     uint64_t seq = Slot(k)->seq;
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -659,19 +669,20 @@ struct SendComm : Conn {
     records[idx] = fits ? r->size : (r->size | ibwire::kOversize);
     std::vector<ibv_send_wr> wrs;
     std::vector<ibv_sge> sges;
-    const size_t chunks = fits ? (r->size + dev->max_write - 1) / dev->max_write : 0;
+    const size_t chunk = ChunkBytes(r->size);
+    const size_t chunks = fits ? (r->size + chunk - 1) / chunk : 0;
     wrs.resize(chunks + 1);
     sges.resize(chunks + 1);
     for (size_t c = 0; c < chunks; ++c) {
-      size_t off = c * dev->max_write;
+      size_t off = c * chunk;
       sges[c].addr = reinterpret_cast<uint64_t>(r->data + off);
-      sges[c].length = static_cast<uint32_t>(std::min(dev->max_write, r->size - off));
+      sges[c].length = static_cast<uint32_t>(std::min(chunk, r->size - off));
       sges[c].lkey = r->lkey;
-      wrs[c].wr_id = 0;
+      wrs[c].wr_id = reinterpret_cast<uint64_t>(r);
       wrs[c].sg_list = &sges[c];
       wrs[c].num_sge = 1;
       wrs[c].opcode = IBV_WR_RDMA_WRITE;
-      wrs[c].send_flags = 0;
+      wrs[c].send_flags = IBV_SEND_SIGNALED;
       wrs[c].wr.rdma.remote_addr = fe.addr + off;
       wrs[c].wr.rdma.rkey = fe.rkey;
       wrs[c].next = &wrs[c + 1];
@@ -696,8 +707,8 @@ struct SendComm : Conn {
       return Status::kSystemError;
     }
     if (sq_used == 0) last_progress = Clock::now();
-    r->nwr = static_cast<int>(chunks + 1);
-    sq_used += r->nwr;
+    r->wr_left = static_cast<int>(chunks + 1);
+    sq_used += r->wr_left;
     r->posted = true;
     return Status::kOk;
   }
@@ -712,17 +723,21 @@ struct SendComm : Conn {
         if (wc[i].status != IBV_WC_SUCCESS) return Fail(WcError(wc[i]));
         auto* r = reinterpret_cast<SendReq*>(wc[i].wr_id);
         if (reqs.count(r) == 0) return Fail("completion for an unknown request");
-        r->done = true;
-        sq_used -= r->nwr;
+        --sq_used;
         last_progress = Clock::now();
+        // RC completes a QP's work requests in order: the size record (last) completes last.
+        if (--r->wr_left == 0) r->done = true;
       }
     }
     if (n < 0) return Fail("ibv_poll_cq failed");
-    // Match in isend order; each send takes the oldest unused posted entry with its tag.
-    for (auto it = waiting.begin(); it != waiting.end();) {
+    // Match in isend order; each send takes the oldest unused posted entry with its tag. A full
+    // send queue stops matching but not the retiring below: a slot whose last entry was just
+    // matched must be retired before the receiver can reuse it.
+    bool sq_full = false;
+    for (auto it = waiting.begin(); it != waiting.end() && !sq_full && !failed;) {
       SendReq* r = *it;
       bool matched = false;
-      for (uint64_t k = head; k < head + kFifoDepth && SlotPosted(k); ++k) {
+      for (uint64_t k = head; k < head + kFifoDepth && SlotPosted(k) && !matched; ++k) {
         const size_t pos = static_cast<size_t>(k % kFifoDepth);
         uint32_t nrecv = Slot(k)->n;
         if (nrecv < 1 || nrecv > static_cast<uint32_t>(kMaxGroupedRecvs)) {
@@ -731,13 +746,16 @@ struct SendComm : Conn {
         }
         for (uint32_t e = 0; e < nrecv; ++e) {
           if (((used[pos] >> e) & 1u) != 0 || Slot(k)->e[e].tag != r->tag) continue;
-          if (sq_used + 2 + static_cast<int>(r->size / dev->max_write) > kSqDepth) return;
+          if (sq_used + WorkRequests(r->size) > kSqDepth) {
+            sq_full = true;
+            break;
+          }
           if (Post(r, k, static_cast<int>(e)) != Status::kOk) return;
           used[pos] = static_cast<uint8_t>(used[pos] | (1u << e));
           matched = true;
           break;
         }
-        if (matched) break;
+        if (sq_full) break;
       }
       it = matched ? waiting.erase(it) : it + 1;
     }
