@@ -630,9 +630,9 @@ struct SendComm : Conn {
   uint32_t records_lkey = 0;
   uint64_t remote_records = 0;  // the receiver's size record array
   uint32_t remote_records_rkey = 0;
-  uint64_t head = 0;              // oldest receive index whose slot is not fully used
-  uint8_t used[kFifoDepth] = {};  // per slot: bit i = entry i matched
-  std::deque<SendReq*> waiting;   // isend order, not matched yet
+  uint64_t cur_seq[kFifoDepth] = {};  // per slot: the posting its `used` bits belong to
+  uint8_t used[kFifoDepth] = {};      // per slot: bit i = entry i matched
+  std::deque<SendReq*> waiting;       // isend order, not matched yet
   std::unordered_set<SendReq*> reqs;
 
   ~SendComm() {
@@ -651,12 +651,6 @@ struct SendComm : Conn {
   }
   int WorkRequests(size_t size) const {
     return static_cast<int>((size + ChunkBytes(size) - 1) / ChunkBytes(size)) + 1;
-  }
-
-  bool SlotPosted(uint64_t k) const {
-    uint64_t seq = Slot(k)->seq;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    return seq == k + 1;
   }
 
   // Posts the payload write(s) and the size record for `r` into entry `e` of slot `k`.
@@ -730,42 +724,47 @@ struct SendComm : Conn {
       }
     }
     if (n < 0) return Fail("ibv_poll_cq failed");
-    // Match in isend order; each send takes the oldest unused posted entry with its tag. A full
-    // send queue stops matching but not the retiring below: a slot whose last entry was just
-    // matched must be retired before the receiver can reuse it.
+    // The receiver reuses a slot only once every entry of it has been received, so a slot whose
+    // seq changed is a new posting; posted slots are taken in seq (posting) order.
+    std::pair<uint64_t, uint32_t> live[kFifoDepth];  // (seq, slot)
+    int nlive = 0;
+    for (uint32_t pos = 0; pos < kFifoDepth; ++pos) {
+      uint64_t seq = Slot(pos)->seq;
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (seq == 0) continue;
+      if (seq != cur_seq[pos]) {
+        cur_seq[pos] = seq;
+        used[pos] = 0;
+      }
+      uint32_t nrecv = Slot(pos)->n;
+      if (nrecv < 1 || nrecv > static_cast<uint32_t>(kMaxGroupedRecvs)) {
+        fail_status = Status::kMalformedPayload;
+        return Fail("malformed FIFO slot: " + std::to_string(nrecv) + " grouped receives");
+      }
+      if (used[pos] != (1u << nrecv) - 1) live[nlive++] = {seq, pos};
+    }
+    std::sort(live, live + nlive);
+    // Match in isend order; each send takes the oldest unused posted entry with its tag.
     bool sq_full = false;
     for (auto it = waiting.begin(); it != waiting.end() && !sq_full && !failed;) {
       SendReq* r = *it;
       bool matched = false;
-      for (uint64_t k = head; k < head + kFifoDepth && SlotPosted(k) && !matched; ++k) {
-        const size_t pos = static_cast<size_t>(k % kFifoDepth);
-        uint32_t nrecv = Slot(k)->n;
-        if (nrecv < 1 || nrecv > static_cast<uint32_t>(kMaxGroupedRecvs)) {
-          fail_status = Status::kMalformedPayload;
-          return Fail("malformed FIFO slot: " + std::to_string(nrecv) + " grouped receives");
-        }
+      for (int l = 0; l < nlive && !matched && !sq_full; ++l) {
+        const uint32_t pos = live[l].second;
+        const uint32_t nrecv = Slot(pos)->n;
         for (uint32_t e = 0; e < nrecv; ++e) {
-          if (((used[pos] >> e) & 1u) != 0 || Slot(k)->e[e].tag != r->tag) continue;
+          if (((used[pos] >> e) & 1u) != 0 || Slot(pos)->e[e].tag != r->tag) continue;
           if (sq_used + WorkRequests(r->size) > kSqDepth) {
             sq_full = true;
             break;
           }
-          if (Post(r, k, static_cast<int>(e)) != Status::kOk) return;
+          if (Post(r, pos, static_cast<int>(e)) != Status::kOk) return;
           used[pos] = static_cast<uint8_t>(used[pos] | (1u << e));
           matched = true;
           break;
         }
-        if (sq_full) break;
       }
       it = matched ? waiting.erase(it) : it + 1;
-    }
-    // Retire fully used slots so the receiver may reuse them.
-    while (SlotPosted(head)) {
-      const size_t pos = static_cast<size_t>(head % kFifoDepth);
-      uint32_t full = (1u << Slot(head)->n) - 1;
-      if (used[pos] != full) break;
-      used[pos] = 0;
-      ++head;
     }
     PollSide();
     if (failed) return;
@@ -790,7 +789,8 @@ struct RecvReq {
   RecvComm* comm = nullptr;
   int n = 0;
   int remaining = 0;
-  uint64_t seq = 0;  // receive index (FIFO slot seq % kFifoDepth)
+  uint64_t seq = 0;   // receive index (the FIFO slot's seq - 1)
+  uint32_t slot = 0;  // FIFO slot it was posted in (free again once every entry arrived)
   size_t capacity[kMaxGroupedRecvs] = {};
   int tag[kMaxGroupedRecvs] = {};
   size_t received[kMaxGroupedRecvs] = {};
@@ -850,7 +850,8 @@ struct RecvComm : Conn {
         }
         r->got[e] = true;
         r->received[e] = size;
-        --r->remaining;
+        // The sender matched every entry of the slot: it may carry the next posting.
+        if (--r->remaining == 0) by_slot[slot] = nullptr;
       }
     }
     if (n < 0) return Fail("ibv_poll_cq failed");
@@ -1231,13 +1232,20 @@ class IbNet final : public NetBackend {
                rc->failed ? "failed" : "been closed by the peer");
       return rc->failed ? rc->fail_status : Status::kSystemError;
     }
-    const size_t pos = static_cast<size_t>(rc->next_seq % kFifoDepth);
-    if (rc->by_slot[pos] != nullptr || rc->sq_used >= kSqDepth) return Status::kOk;  // NULL
+    // Any free slot: a receive that stays posted long (an end marker, a control message) holds
+    // its slot only, not the ring.
+    size_t pos = kFifoDepth;
+    for (size_t i = 0; i < kFifoDepth && pos == kFifoDepth; ++i) {
+      size_t cand = (rc->next_seq + i) % kFifoDepth;
+      if (rc->by_slot[cand] == nullptr) pos = cand;
+    }
+    if (pos == kFifoDepth || rc->sq_used >= kSqDepth) return Status::kOk;  // NULL: retry
     auto r = std::make_unique<RecvReq>();
     r->comm = rc;
     r->n = n;
     r->remaining = n;
     r->seq = rc->next_seq;
+    r->slot = static_cast<uint32_t>(pos);
     FifoSlot& s = rc->fifo_src[pos];
     std::memset(&s, 0, sizeof(s));
     for (int i = 0; i < n; ++i) {
@@ -1341,7 +1349,6 @@ class IbNet final : public NetBackend {
         for (ibv_mr* own : r->own_mr) {
           if (own != nullptr) V().dereg_mr(own);
         }
-        rc->by_slot[r->seq % kFifoDepth] = nullptr;
         rc->reqs.erase(r);
         r->magic = 0;
         delete r;

@@ -10,8 +10,9 @@
 //
 // Data path (the receiver drives it, so large messages need no copy):
 //  - the sender owns a FIFO of kFifoDepth slots in registered, remote-writable memory;
-//  - irecv k writes slot k % kFifoDepth with one RDMA WRITE: each grouped receive's address,
-//    rkey, capacity and tag, then the slot's seq = k + 1 (read by the sender as "posted");
+//  - irecv k writes a free slot (one whose entries have all arrived) with one RDMA WRITE: each
+//    grouped receive's address, rkey, capacity and tag, then the slot's seq = k + 1 (a new seq
+//    is a new posting; the sender takes posted slots in seq order);
 //  - isend matches the oldest posted entry with its tag, RDMA WRITEs the payload there, then
 //    RDMA WRITE WITH IMMEDIATE of an 8-byte size record into the receiver's record array at
 //    [slot][entry] with imm = slot * kMaxGroupedRecvs + entry (RC keeps the two in order);
