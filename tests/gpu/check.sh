@@ -36,11 +36,11 @@
 #                    cuMemAlloc'd buffers staged in stream order: all-reduce FP32/BF16 SUM,
 #                    reduce-scatter, all-gather in place, send/recv, exact (10-30 s); the CPU NCCL
 #                    alone. shim_4proc_device_buffers (among the other gpu suite tests): the
-#                    same buffers compressed by the shim's host engine on host copies
-#   then two steps present but skipping, with the reason (what this does NOT cover yet):
-#   engine_real_cuda_device  the engine on a real CUDA device and its canary self-test: same
+#                    same buffers compressed by the shim's engine on the CUDA device (canary
+#                    included), its bytes against the host engine's
+#   then one step present but skipping, with the reason (what this does NOT cover yet):
 #   real_nccl_compressed_2ranks  the compressed path over NVIDIA's NCCL on 2+ ranks: needs 2+ GPUs
-#                    (NVIDIA's NCCL refuses two ranks on one device) and the real-CUDA device
+#                    (NVIDIA's NCCL refuses two ranks on one device), and its test is not written
 # A time budget (DQ_GPU_CHECK_BUDGET_S, default 450 s from the start) caps every step's timeout;
 # a step that would start with under 10 s left is skipped with that reason.
 #
@@ -387,11 +387,11 @@ for tool in memcheck racecheck; do
   done
 done
 
-PENDING="not built yet: the engine's CUDA device exists only under the emulation (shim/engine/cuda_device), no real-CUDA variant"
+PENDING="not written yet: no test runs the shim over NVIDIA's NCCL on 2+ GPUs (the engine on the real CUDA device runs in cuda_device_gpu_steps and, 4 processes on one GPU through the CPU NCCL, in shim_4proc_device_buffers)"
 # 4 processes on the one GPU through the CPU NCCL, device buffers staged in stream order
-# (tests/nccl/device_buffers_main.cc; the CPU NCCL only: the shim's host engine is not involved).
+# (tests/nccl/device_buffers_main.cc; the CPU NCCL alone; shim_4proc_device_buffers, among the
+# gpu suite's others above, runs the same with the shim's engine on the CUDA device).
 run_test cpu_nccl_4proc_device_buffers 180
-skip_step engine_real_cuda_device "$PENDING (nor its canary self-test)"
 gpus=0
 [ $HAVE_DEVICE = 1 ] && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$gpus" -ge 2 ]; then
