@@ -1361,44 +1361,36 @@ class IbNet final : public NetBackend {
   }
 
   Status CloseSend(void* send_comm) override {
-    auto* sc = static_cast<SendComm*>(send_comm);
-    if (sc == nullptr) return Status::kOk;
-    if (sc->magic != kSendMagic) {
-      NET_WARN("closeSend: not a verbs send comm");
-      return Status::kInvalidArgument;
-    }
-    sc->Close();
-    sc->magic = 0;
-    delete sc;
-    return Status::kOk;
+    return CloseComm(static_cast<SendComm*>(send_comm), kSendMagic,
+                     "closeSend: not a verbs send comm");
   }
 
   Status CloseRecv(void* recv_comm) override {
-    auto* rc = static_cast<RecvComm*>(recv_comm);
-    if (rc == nullptr) return Status::kOk;
-    if (rc->magic != kRecvMagic) {
-      NET_WARN("closeRecv: not a verbs receive comm");
-      return Status::kInvalidArgument;
-    }
-    rc->Close();
-    rc->magic = 0;
-    delete rc;
-    return Status::kOk;
+    return CloseComm(static_cast<RecvComm*>(recv_comm), kRecvMagic,
+                     "closeRecv: not a verbs receive comm");
   }
 
   Status CloseListen(void* listen_comm) override {
-    auto* lc = static_cast<ListenComm*>(listen_comm);
-    if (lc == nullptr) return Status::kOk;
-    if (lc->magic != kListenMagic) {
-      NET_WARN("closeListen: not a verbs listen comm");
-      return Status::kInvalidArgument;
-    }
-    lc->magic = 0;
-    delete lc;
-    return Status::kOk;
+    return CloseComm(static_cast<ListenComm*>(listen_comm), kListenMagic,
+                     "closeListen: not a verbs listen comm");
   }
 
  private:
+  // One close for the three kinds of comm: NULL is a no-op, a foreign pointer is refused, and the
+  // magic is cleared before the delete so a second close of the same pointer is caught.
+  template <class Comm>
+  static Status CloseComm(Comm* c, uint32_t magic, const char* foreign) {
+    if (c == nullptr) return Status::kOk;
+    if (c->magic != magic) {
+      NET_WARN("%s", foreign);
+      return Status::kInvalidArgument;
+    }
+    if constexpr (requires { c->Close(); }) c->Close();
+    c->magic = 0;
+    delete c;
+    return Status::kOk;
+  }
+
   Status CheckDev(int dev) {
     DQ_CHECK(Init());
     if (dev < 0 || dev >= static_cast<int>(devices_.size())) {
