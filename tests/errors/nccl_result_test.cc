@@ -23,6 +23,7 @@
 #include "plugin/net_abi.h"
 #include "plugin/socket/socket_wire.h"
 #include "shim/engine/engine.h"
+#include "tests/common/engine_test_util.h"
 
 namespace {
 
@@ -66,8 +67,14 @@ int plugin_malformed_frame_result() {
     a.sin_port = h.port_be;
     std::memcpy(&a.sin_addr, h.addr, 4);
     if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -4;
-    const dq::net::wire::Hello hello{dq::net::wire::kHelloMagic, dq::net::wire::kVersion,
-                                     static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
+    const dq::net::wire::Hello hello{dq::net::wire::kHelloMagic,
+                                     dq::net::wire::kVersion,
+                                     static_cast<uint16_t>(k),
+                                     h.nsocks,
+                                     0,
+                                     0,
+                                     h.secret,
+                                     0,
                                      0xfeedull};
     if (send(fd, &hello, sizeof(hello), 0) != static_cast<ssize_t>(sizeof(hello))) return -5;
     if (k == 0) {
@@ -180,13 +187,7 @@ dq::config::Settings engine_settings() {
 // call's ncclResult_t, or 100 + a step that went wrong.
 int engine_rank(int rank, int n, ncclComm_t comm) {
   const dq::config::Settings settings = engine_settings();
-  dq::engine::NcclOps ops;
-  ops.group_start = ncclGroupStart;
-  ops.group_end = ncclGroupEnd;
-  ops.send = ncclSend;
-  ops.recv = ncclRecv;
-  ops.all_reduce = ncclAllReduce;
-  ops.error_string = ncclGetErrorString;
+  const dq::engine::NcclOps ops = dq::test::cpu_nccl_ops();
   CorruptingDevice device(dq::engine::host_device());
   dq::engine::Engine engine(settings, true, {comm, rank, n}, ops, &device, nullptr, true);
   constexpr size_t kCount = 1 << 20;
