@@ -1,0 +1,110 @@
+// The error-targeted budget (DYNAMIQ_BITS=auto, docs/ENGINE.md section 10): a model of the vNMSE
+// a DynamiQ all-reduce will have at each budget of a fixed ladder, and of MXFP8's and MXFP6's on
+// the same data, from nothing but the all-reduced statistics every rank holds identically (per
+// super-group: the sum of the workers' means and the sum of their sums of squares).
+//
+// Every rank must choose the same budget, so everything here is a pure function of those bytes:
+// IEEE +, -, *, / in double in a fixed order (no libm, no reduction whose order depends on threads
+// or ranks), and the width allocation replays the codec's own float comparisons.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/dynamiq_layout.h"
+#include "topo/schedule.h"
+
+namespace dq {
+
+// The ladder of budgets auto chooses from: 3, 3.5, ..., 8 bits per coordinate (metadata
+// included, as DYNAMIQ_BITS).
+inline constexpr int kLadderRungs = 11;
+constexpr double ladder_bits(int rung) { return 3.0 + 0.5 * rung; }
+
+// Expected squared error of one rounding of a super-group, as a fraction of the energy (sum of
+// squares) rounded. Derived for values that are Gaussian within a super-group (docs/ENGINE.md
+// section 10; tools/sim/derive_error_constants.py recomputes them): DynamiQ's stochastic rounding
+// of widths 2, 4, 8 with the default level tables (eps 0.23, 0.30, 0.05) and hierarchical scales
+// (BF16 unit rounded up, UINT8 group factors rounded up), BF16 stochastic rounding for width 16;
+// MX round-to-nearest-even with a shared E8M0 exponent per 32 values.
+inline constexpr double kRoundingError[4] = {0.70368, 0.013509, 4.424e-05, 5.5199e-06};
+inline constexpr double kRoundingErrorMxfp8 = 8.6307e-04;      // E4M3
+inline constexpr double kRoundingErrorMxfp6 = 2.9144e-03;      // E3M2 (the codec "mxfp6")
+
+// How one coordinate's roundings compound along a schedule: over the compressions of one chunk
+// (every node of its in-tree compresses once; the sink's compression feeds the all-gather),
+// linear = sum of (contributors / n) and square = sum of (contributors / n)^2, averaged over
+// the chunks. With workers' deviations independent, a partial sum of k workers holds k/n of the
+// centred energy and (k/n)^2 of the mean's. Ring: linear = (n + 1) / 2.
+struct HopProfile {
+  double linear = 1.0;
+  double square = 1.0;
+};
+HopProfile hop_profile(const topo::Schedule& schedule);
+
+// DYNAMIQ_TARGET: the error auto must meet. mxfp8 / mxfp6: that format's predicted vNMSE on the
+// same statistics; vnmse:X: X itself.
+struct BudgetTarget {
+  enum class Kind : uint8_t { kMxfp8, kMxfp6, kVnmse };
+  Kind kind = Kind::kMxfp8;
+  double vnmse = 0;  // kVnmse only
+};
+// "mxfp8", "mxfp6" or "vnmse:X" with X a decimal in (0, 10] (case-insensitive names).
+bool parse_budget_target(std::string_view text, BudgetTarget* out);
+std::string budget_target_name(const BudgetTarget& t);
+
+// Super-groups per width (2, 4, 8, 16), by width_index().
+struct WidthCounts {
+  uint64_t n[4] = {0, 0, 0, 0};
+};
+
+// One codec part's statistics (a pipeline block, or a reduce-scatter chunk), summarised once so
+// that every budget's prediction costs O(log S).
+class StatsSummary {
+ public:
+  // reduced: 2 BF16 words per super-group (summed means, summed sums of squares) of a tensor of
+  // `count` elements summed over `n_workers`. False (no prediction) when a statistic is not
+  // finite: a poisoned super-group, or an energy that overflowed.
+  bool load(const uint16_t* reduced, size_t count, int n_workers);
+  // The widths the codec planned as `plan` gives these statistics (the same bisection on the
+  // same float comparisons as build_dynamiq_layout) and the expected squared error of the result
+  // (units of the data squared).
+  double dynamiq_error(const DynamiqPlan& plan, const HopProfile& hop, WidthCounts* widths) const;
+  // The expected squared error of an MX format with relative rounding error k.
+  double mx_error(double k, const HopProfile& hop) const;
+  // Expected energy of the exact sum: the vNMSE's denominator.
+  double energy() const { return energy_; }
+  size_t supergroups() const { return key_.size(); }
+
+ private:
+  std::vector<float> key_;       // F_j, descending (ties by index): the codec's width key
+  std::vector<double> centred_;  // prefix sums over that order of the centred energy C_j
+  std::vector<double> mean_;     // prefix sums of the mean's energy c_j M_j^2
+  double energy_ = 0;
+};
+
+// What auto predicts for one call of a bucket: per rung, the vNMSE (negative: that rung's plan
+// does not fit the budget) and the widths; the target's vNMSE; the rung chosen.
+struct BudgetPrediction {
+  double vnmse[kLadderRungs] = {};
+  WidthCounts widths[kLadderRungs];
+  double target = 0;
+  int rung = kLadderRungs - 1;
+};
+
+// Predicts every rung for a call made of `parts` (their summaries and, per part, the plan of
+// each rung: plans[part][rung]) and chooses the smallest rung whose vNMSE meets the target; the
+// top rung when none does. All parts share `hop`.
+void predict_budget(const std::vector<const StatsSummary*>& parts,
+                    const std::vector<std::vector<DynamiqPlan>>& plans,
+                    const std::vector<std::vector<bool>>& fits, const HopProfile& hop,
+                    const BudgetTarget& target, BudgetPrediction* out);
+
+// The predicted vNMSE of one plan alone (for a fixed budget): -1 when the parts are empty.
+double predict_vnmse(const std::vector<const StatsSummary*>& parts,
+                     const std::vector<const DynamiqPlan*>& plans, const HopProfile& hop,
+                     WidthCounts* widths);
+
+}  // namespace dq
