@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "config/optin.h"
+#include "kernels/budget_model.h"
 #include "kernels/codec.h"
 
 namespace dq::config {
@@ -223,6 +224,15 @@ bool valid_text(const Entry& e, const std::string& raw) {
     unsigned mask;
     return log_parse_subsys(raw, &mask);
   }
+  if (key == "DYNAMIQ_BITS") {
+    // A budget in bits per value, or auto (canonicalised in finish()).
+    double bits = 0;
+    return lower(raw) == "auto" || (parse_real(raw, &bits) && bits >= 3 && bits <= 16);
+  }
+  if (key == "DYNAMIQ_TARGET") {
+    BudgetTarget target;
+    return parse_budget_target(raw, &target);
+  }
   if (key == "DYNAMIQ_NET_BACKEND") return raw == "socket" || raw == "ib" || raw == "auto";
   if (key == "DYNAMIQ_NET_IB_GID_INDEX") {
     // -1 (auto) or a GID table index 0..255, decimal.
@@ -313,6 +323,20 @@ class Loader {
   void finish(Settings* s) {
     const int codec = index_of("DYNAMIQ_CODEC"), bits = index_of("DYNAMIQ_BITS");
     std::string why;
+    // DYNAMIQ_BITS (checked by valid_text): its canonical text, "auto" or the shortest decimal,
+    // is what the agreement hashes, so 5 and 5.0 agree. auto starts every bucket at the
+    // table's fixed default.
+    if (lower(s->bits) == "auto") {
+      s->bits = "auto";
+      s->bits_auto = true;
+      s->budget_bits = defaults().budget_bits;
+    } else {
+      parse_real(s->bits, &s->budget_bits);
+      s->bits = format_real(s->budget_bits);
+    }
+    BudgetTarget parsed_target;
+    parse_budget_target(s->target, &parsed_target);  // validated by valid_text()
+    s->target = budget_target_name(parsed_target);
     const std::string codec_text = s->codec;
     s->codec = lower(s->codec);
     if (!valid_codec(s->codec)) {
@@ -323,10 +347,16 @@ class Loader {
     }
     derive_codec_spec(s);
     if (make_codec(s->codec_spec, &why) == nullptr) {
-      fail(codec, "DYNAMIQ_CODEC=" + s->codec + " with DYNAMIQ_BITS=" + format_real(s->bits) +
+      fail(codec, "DYNAMIQ_CODEC=" + s->codec + " with DYNAMIQ_BITS=" + s->bits +
                       " is not a valid codec: " + why);
       kReset[codec](s);
-      kReset[bits](s);
+      reset_bits(s);
+      derive_codec_spec(s);
+    }
+    if (s->bits_auto && s->codec != "dynamiq") {
+      fail(bits, "DYNAMIQ_BITS=auto is for DYNAMIQ_CODEC=dynamiq only (DYNAMIQ_CODEC=" + s->codec +
+                     ": a fixed format has no budget to choose)");
+      reset_bits(s);
       derive_codec_spec(s);
     }
     const int topo = index_of("DYNAMIQ_TOPO");
@@ -372,9 +402,15 @@ class Loader {
     }
   }
 
+  static void reset_bits(Settings* s) {
+    kReset[index_of("DYNAMIQ_BITS")](s);
+    s->bits_auto = defaults().bits_auto;
+    s->budget_bits = defaults().budget_bits;
+  }
+
   static void derive_codec_spec(Settings* s) {
     if (s->codec == "dynamiq" || s->codec == "uniform") {
-      s->codec_spec = s->codec + ":" + format_real(s->bits);
+      s->codec_spec = s->codec + ":" + format_real(s->budget_bits);
       if (s->codec == "dynamiq" && !s->correlated) s->codec_spec += ":corr=0";
     } else {
       s->codec_spec = s->codec;

@@ -99,7 +99,9 @@ struct Settings {
 
   // Derived by load() from the table's values; these initialisers are what load() derives from
   // the defaults (tests/config checks that Settings{} equals the loaded defaults).
-  std::string codec_spec = "dynamiq:5";  // handed to make_codec
+  std::string codec_spec = "dynamiq:5";  // handed to make_codec (auto: a bucket's first call)
+  double budget_bits = 5.0;              // DYNAMIQ_BITS as a number (auto: the fixed default)
+  bool bits_auto = false;                // DYNAMIQ_BITS=auto
   bool allow_f32 = true, allow_bf16 = true;
   bool allow_all_reduce = true, allow_reduce_scatter = true, allow_reduce = true;
   LogLevel log_level = LogLevel::kWarn;

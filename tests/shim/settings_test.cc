@@ -51,7 +51,8 @@ TEST(Settings, ParsesEveryKind) {
             Status::kOk)
       << error;
   EXPECT_TRUE(s.enable);
-  EXPECT_DOUBLE_EQ(s.bits, 4.5);
+  EXPECT_DOUBLE_EQ(s.budget_bits, 4.5);
+  EXPECT_EQ(s.bits, "4.5");
   EXPECT_EQ(s.min_bytes, 65536);
   EXPECT_FALSE(s.allow_f32);
   EXPECT_TRUE(s.allow_bf16);
@@ -95,6 +96,55 @@ TEST(Settings, InvalidValuesAreNamedAndDisable) {
     EXPECT_EQ(load(env, &s, &error), Status::kInvalidArgument) << c.key << "=" << c.value;
     EXPECT_NE(error.find(c.says), std::string::npos) << error;
     EXPECT_FALSE(s.enable) << c.key;
+  }
+}
+
+// DYNAMIQ_BITS=auto and DYNAMIQ_TARGET (issue 14): accepted spellings, their canonical text (what
+// the agreement hashes), and a bad target or auto with a fixed format: one message, compression
+// off.
+TEST(Settings, AutoBudgetAndTarget) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_BITS", "AUTO"}, {"DYNAMIQ_TARGET", "VNMSE:1e-3"}}, &s, &error),
+            Status::kOk)
+      << error;
+  EXPECT_TRUE(s.bits_auto);
+  EXPECT_EQ(s.bits, "auto");
+  EXPECT_DOUBLE_EQ(s.budget_bits, 5.0);  // a bucket's first call
+  EXPECT_EQ(s.codec_spec, "dynamiq:5");
+  EXPECT_EQ(s.target, "vnmse:0.001");
+  ASSERT_EQ(load({{"DYNAMIQ_BITS", "5.0"}, {"DYNAMIQ_TARGET", "mxfp6"}}, &s, &error), Status::kOk);
+  EXPECT_FALSE(s.bits_auto);
+  EXPECT_EQ(s.bits, "5");  // 5.0 and 5 agree
+  EXPECT_EQ(s.target, "mxfp6");
+  config::Settings fixed, automatic;
+  ASSERT_EQ(load({}, &fixed, &error), Status::kOk);
+  ASSERT_EQ(load({{"DYNAMIQ_BITS", "auto"}}, &automatic, &error), Status::kOk);
+  bool differs = false;
+  for (int i = 0; i < config::Agreed::count(); ++i)
+    differs = differs || config::Agreed::hash(fixed, i) != config::Agreed::hash(automatic, i);
+  EXPECT_TRUE(differs) << "auto and the fixed default 5 must not agree";
+  struct Case {
+    Map env;
+    const char* says;
+  } cases[] = {
+      {{{"DYNAMIQ_BITS", "auto"}, {"DYNAMIQ_TARGET", "fp8"}},
+       "DYNAMIQ_TARGET=fp8 is not valid; accepted: mxfp8|mxfp6|vnmse:X (0 < X <= 10); "
+       "compression is OFF"},
+      {{{"DYNAMIQ_TARGET", "vnmse:0"}}, "DYNAMIQ_TARGET=vnmse:0 is not valid"},
+      {{{"DYNAMIQ_TARGET", "vnmse:11"}}, "DYNAMIQ_TARGET=vnmse:11 is not valid"},
+      {{{"DYNAMIQ_TARGET", "vnmse:"}}, "DYNAMIQ_TARGET=vnmse: is not valid"},
+      {{{"DYNAMIQ_BITS", "automatic"}}, "DYNAMIQ_BITS=automatic is not valid; accepted: 3..16 or auto"},
+      {{{"DYNAMIQ_BITS", "auto"}, {"DYNAMIQ_CODEC", "mxfp8"}},
+       "DYNAMIQ_BITS=auto is for DYNAMIQ_CODEC=dynamiq only"},
+  };
+  for (Case& c : cases) {
+    c.env.emplace("DYNAMIQ_ENABLE", "1");
+    std::vector<config::Problem> problems;
+    EXPECT_EQ(config::load(lookup, &c.env, &s, &error, &problems), Status::kInvalidArgument);
+    EXPECT_EQ(problems.size(), 1u) << error;
+    EXPECT_NE(error.find(c.says), std::string::npos) << error;
+    EXPECT_FALSE(s.enable) << c.says;
   }
 }
 
