@@ -630,8 +630,10 @@ struct SendComm : Conn {
   uint32_t records_lkey = 0;
   uint64_t remote_records = 0;  // the receiver's size record array
   uint32_t remote_records_rkey = 0;
-  uint64_t cur_seq[kFifoDepth] = {};  // per slot: the posting its `used` bits belong to
-  uint8_t used[kFifoDepth] = {};      // per slot: bit i = entry i matched
+  FifoSlot snap[kFifoDepth] = {};     // per slot: the last posting whose check word matched
+  uint64_t cur_seq[kFifoDepth] = {};  // per slot: that posting's seq (0: none yet)
+  uint8_t used[kFifoDepth] = {};      // per slot: bit i = entry i of snap matched
+  uint64_t frontier = 0;  // every posting with seq <= frontier has been taken into snap
   std::deque<SendReq*> waiting;       // isend order, not matched yet
   std::unordered_set<SendReq*> reqs;
 
@@ -642,7 +644,23 @@ struct SendComm : Conn {
     }
   }
 
-  const volatile FifoSlot* Slot(uint64_t k) const { return &fifo[k % kFifoDepth]; }
+  // Takes slot `pos` if the receiver wrote a new posting there and all of it has landed (its
+  // check word matches): false while there is none or it is still arriving.
+  bool TakeNewPosting(uint32_t pos) {
+    const auto* src = reinterpret_cast<const volatile uint64_t*>(&fifo[pos]);
+    if (src[offsetof(FifoSlot, seq) / 8] == cur_seq[pos]) return false;
+    uint64_t w[sizeof(FifoSlot) / 8];
+    for (size_t i = 0; i < sizeof(FifoSlot) / 8; ++i) w[i] = src[i];
+    std::atomic_thread_fence(std::memory_order_acquire);
+    FifoSlot copy;
+    std::memcpy(&copy, w, sizeof(copy));
+    if (copy.seq == 0 || copy.seq == cur_seq[pos]) return false;
+    if (ibwire::SlotCheck(w, ibwire::kSlotCheckedWords) != copy.check) return false;
+    snap[pos] = copy;
+    cur_seq[pos] = copy.seq;
+    used[pos] = 0;
+    return true;
+  }
 
   // Payload bytes per RDMA WRITE: every write is signaled, so the stall bound
   // (DYNAMIQ_NET_TIMEOUT_MS) sees progress within a large message; at most 256 writes.
@@ -655,7 +673,7 @@ struct SendComm : Conn {
 
   // Posts the payload write(s) and the size record for `r` into entry `e` of slot `k`.
   Status Post(SendReq* r, uint64_t k, int e) {
-    const volatile ibwire::FifoEntry& fe = Slot(k)->e[e];
+    const ibwire::FifoEntry& fe = snap[k % kFifoDepth].e[e];
     const uint64_t cap = fe.size;
     const bool fits = r->size <= cap;
     const size_t pos = static_cast<size_t>(k % kFifoDepth);
@@ -725,25 +743,33 @@ struct SendComm : Conn {
     }
     if (n < 0) return Fail("ibv_poll_cq failed");
     // The receiver reuses a slot only once every entry of it has been received, so a slot whose
-    // seq changed is a new posting; posted slots are taken in seq (posting) order.
+    // seq changed is a new posting. Postings are matched strictly in seq (posting) order: the
+    // scan below reads the slots one after another while the receiver's writes keep landing, so
+    // it can see posting k + 1 and miss posting k (its slot read a moment before it landed);
+    // k + 1 waits for k (taking it first paired the wrong send and receive: wrong data, size
+    // mismatches). A slot cannot be reposted before its posting was matched, so a posting
+    // beyond the frontier stays in its slot until the gap fills.
     std::pair<uint64_t, uint32_t> live[kFifoDepth];  // (seq, slot)
     int nlive = 0;
     for (uint32_t pos = 0; pos < kFifoDepth; ++pos) {
-      uint64_t seq = Slot(pos)->seq;
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (seq == 0) continue;
-      if (seq != cur_seq[pos]) {
-        cur_seq[pos] = seq;
-        used[pos] = 0;
+      if (TakeNewPosting(pos)) {
+        const uint32_t nrecv = snap[pos].n;
+        if (nrecv < 1 || nrecv > static_cast<uint32_t>(kMaxGroupedRecvs) ||
+            cur_seq[pos] <= frontier) {
+          fail_status = Status::kMalformedPayload;
+          return Fail("malformed FIFO slot: posting " + std::to_string(cur_seq[pos]) + " with " +
+                      std::to_string(nrecv) + " grouped receives (postings up to " +
+                      std::to_string(frontier) + " already taken)");
+        }
       }
-      uint32_t nrecv = Slot(pos)->n;
-      if (nrecv < 1 || nrecv > static_cast<uint32_t>(kMaxGroupedRecvs)) {
-        fail_status = Status::kMalformedPayload;
-        return Fail("malformed FIFO slot: " + std::to_string(nrecv) + " grouped receives");
-      }
-      if (used[pos] != (1u << nrecv) - 1) live[nlive++] = {seq, pos};
+      if (cur_seq[pos] == 0) continue;
+      if (used[pos] != (1u << snap[pos].n) - 1) live[nlive++] = {cur_seq[pos], pos};
     }
     std::sort(live, live + nlive);
+    for (int l = 0; l < nlive; ++l) {
+      if (live[l].first == frontier + 1) ++frontier;
+    }
+    while (nlive > 0 && live[nlive - 1].first > frontier) --nlive;  // not in order yet
     // Match in isend order; each send takes the oldest unused posted entry with its tag.
     bool sq_full = false;
     for (auto it = waiting.begin(); it != waiting.end() && !sq_full && !failed;) {
@@ -751,9 +777,9 @@ struct SendComm : Conn {
       bool matched = false;
       for (int l = 0; l < nlive && !matched && !sq_full; ++l) {
         const uint32_t pos = live[l].second;
-        const uint32_t nrecv = Slot(pos)->n;
+        const uint32_t nrecv = snap[pos].n;
         for (uint32_t e = 0; e < nrecv; ++e) {
-          if (((used[pos] >> e) & 1u) != 0 || Slot(pos)->e[e].tag != r->tag) continue;
+          if (((used[pos] >> e) & 1u) != 0 || snap[pos].e[e].tag != r->tag) continue;
           if (sq_used + WorkRequests(r->size) > kSqDepth) {
             sq_full = true;
             break;
@@ -774,8 +800,13 @@ struct SendComm : Conn {
                   " ms (DYNAMIQ_NET_TIMEOUT_MS) with " + std::to_string(sq_used) +
                   " work requests in flight");
     }
-    if (peer_closed && (!waiting.empty() || sq_used > 0)) {
-      Fail("the peer closed the connection with sends pending");
+    // kBye travels on TCP, the ACKs of our last writes on the QP: a receiver that got every
+    // message and closed may overtake them, so writes in flight are left to their completions
+    // (success, or an error once the retries to the destroyed peer QP run out) and the stall
+    // bound above. A send no posted receive took can never complete.
+    if (peer_closed && !waiting.empty()) {
+      Fail("the peer closed the connection with " + std::to_string(waiting.size()) +
+           " sends that no receive of its took");
     }
   }
 };
@@ -839,7 +870,15 @@ struct RecvComm : Conn {
         RecvReq* r = slot < kFifoDepth ? by_slot[slot] : nullptr;
         if (r == nullptr || e >= r->n || r->got[e]) {
           fail_status = Status::kMalformedPayload;
-          return Fail("immediate " + std::to_string(idx) + " names no pending receive");
+          return Fail("immediate " + std::to_string(idx) + " (slot " + std::to_string(slot) +
+                      ", entry " + std::to_string(e) + ") names no pending receive: " +
+                      (r == nullptr ? std::string("the slot is free")
+                                    : "posting " + std::to_string(r->seq) + " of " +
+                                          std::to_string(r->n) + " entries, entry " +
+                                          (e >= r->n ? "out of range" : "already received")) +
+                      " (next posting " + std::to_string(next_seq) + ", local QP " +
+                      std::to_string(wc[i].qp_num) + ", " + std::to_string(wc[i].byte_len) +
+                      " bytes)");
         }
         const uint64_t rec = records[idx];
         const uint64_t size = rec & ~ibwire::kOversize;
@@ -1274,6 +1313,7 @@ class IbNet final : public NetBackend {
     }
     s.n = static_cast<uint32_t>(n);
     s.seq = rc->next_seq + 1;
+    s.check = ibwire::SlotCheck(reinterpret_cast<const uint64_t*>(&s), ibwire::kSlotCheckedWords);
     // One receive work request per grouped receive: each takes one WRITE WITH IMM.
     ibv_recv_wr rw[kMaxGroupedRecvs];
     for (int i = 0; i < n; ++i) {

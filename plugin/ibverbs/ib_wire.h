@@ -11,8 +11,11 @@
 // Data path (the receiver drives it, so large messages need no copy):
 //  - the sender owns a FIFO of kFifoDepth slots in registered, remote-writable memory;
 //  - irecv k writes a free slot (one whose entries have all arrived) with one RDMA WRITE: each
-//    grouped receive's address, rkey, capacity and tag, then the slot's seq = k + 1 (a new seq
-//    is a new posting; the sender takes posted slots in seq order);
+//    grouped receive's address, rkey, capacity and tag, the slot's seq = k + 1 (a new seq is a
+//    new posting; the sender takes posted slots in seq order) and a check word over all of it.
+//    The sender acts on a slot only once its check matches: nothing orders the bytes of one
+//    RDMA WRITE as the sender's CPU sees them (soft-RoCE places them with the kernel's memcpy,
+//    which may copy backwards, so a new seq can be visible before the entries it announces);
 //  - isend matches the oldest posted entry with its tag, RDMA WRITEs the payload there, then
 //    RDMA WRITE WITH IMMEDIATE of an 8-byte size record into the receiver's record array at
 //    [slot][entry] with imm = slot * kMaxGroupedRecvs + entry (RC keeps the two in order);
@@ -30,7 +33,7 @@ namespace dq::net::ibwire {
 
 inline constexpr uint32_t kHandleMagic = 0x49514e44;  // "DNQI"
 inline constexpr uint32_t kCtlMagic = 0x43514e44;     // "DNQC"
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: FifoSlot::check
 // Receives in flight per connection; at least NCCL_NET_MAX_REQUESTS (32).
 inline constexpr uint32_t kFifoDepth = 64;
 inline constexpr uint64_t kOversize = 1ull << 63;  // size record flag: the payload did not fit
@@ -53,12 +56,29 @@ struct FifoEntry {
 };
 
 struct FifoSlot {
-  FifoEntry e[kMaxGroupedRecvs];
-  uint32_t n;  // grouped receives in this slot, 1..kMaxGroupedRecvs
-  uint32_t reserved;
-  uint64_t seq;  // receive index + 1; written last (in the same RDMA WRITE)
+  FifoEntry e[kMaxGroupedRecvs];  // unused entries zero
+  uint32_t n;                     // grouped receives in this slot, 1..kMaxGroupedRecvs
+  uint32_t reserved;              // zero
+  uint64_t seq;                   // receive index + 1
+  uint64_t check;                 // SlotCheck of everything above
 };
-static_assert(sizeof(FifoSlot) == 24 * kMaxGroupedRecvs + 16);
+static_assert(sizeof(FifoSlot) == 24 * kMaxGroupedRecvs + 24);
+
+// Check word of a slot: every 8-byte word before `check`, each folded in with splitmix64's
+// finalizer, so a slot that mixes two postings' bytes (or a torn word) matches with probability
+// about 2^-64. Plain words in, so the caller can run it on a snapshot.
+inline uint64_t SlotCheck(const uint64_t* words, size_t nwords) {
+  uint64_t h = 0x6479'6e61'6d69'7121ull;  // any constant; "dynamiq!"
+  for (size_t i = 0; i < nwords; ++i) {
+    uint64_t z = h ^ words[i];
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    h = z ^ (z >> 31);
+  }
+  return h;
+}
+inline constexpr size_t kSlotCheckedWords = offsetof(FifoSlot, check) / sizeof(uint64_t);
+static_assert(offsetof(FifoSlot, check) % sizeof(uint64_t) == 0);
 
 enum CtlKind : uint16_t { kConnect = 1, kAccept = 2, kBye = 3 };
 
