@@ -1,7 +1,7 @@
 // Soak (issue 16 section 3): N ranks through the preloaded shim on the CPU NCCL, CALLS calls of
 // random shape, checked one by one, with the process's resources sampled after every call.
 //
-// Usage: soak CALLS MAX_BYTES [SEED] [NRANKS] [WARMUP] [RSS_LIMIT_PCT]
+// Usage: soak CALLS MAX_BYTES [SEED] [NRANKS] [WARMUP] [RSS_LIMIT_PCT] [TRIM]
 //        (exit 0 pass, 1 fail, 77 not preloaded)
 // WARMUP: calls before the resource baseline (default CALLS/10); RSS_LIMIT_PCT: allowed growth
 // after it (default 1) of RSS less the shim's plan cache. The engine keeps 16 plans (LRU by
@@ -37,6 +37,9 @@
 // four ranks whose malloc in-use bytes grew 0.2%; RESULTS.md section 13), while a leak raises
 // every later sample. The end-point figures are printed too, with the bytes malloc has in use
 // (mallinfo2): flat in-use bytes with a rising RSS is the allocator keeping freed memory.
+// TRIM=1 (default 0) calls malloc_trim(0) before each of the kNetSamples samples, so they count
+// what the process holds, not the free heap pages glibc keeps: it tells a leak (still grows)
+// from the allocator's retention (flat once trimmed). The judged series is then the trimmed one.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <malloc.h>
@@ -75,6 +78,7 @@ constexpr int kFlipOneIn = 20;
 
 std::string g_dir;
 bool g_trace = false;  // DQ_SOAK_TRACE=1: one line per call in the rank logs
+bool g_trim = false;   // TRIM argument: malloc_trim(0) before each RSS sample
 
 CountersFn counters_fn() {
   return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
@@ -408,6 +412,7 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
         static_cast<long>(k - warm + 1) * kNetSamples / after !=
             static_cast<long>(k - warm) * kNetSamples / after) {
       const long held = held_kib();
+      if (g_trim) malloc_trim(0);
       if (held >= 0) st->net_samples.push_back(vmrss_kib() - held);
     }
     st->fds_end = s.fds;
@@ -498,6 +503,7 @@ int main(int argc, char** argv) {
   const int n = argc > 4 ? std::atoi(argv[4]) : 4;
   const int warm = std::min(calls, std::max(1, argc > 5 ? std::atoi(argv[5]) : calls / 10));
   const double rss_limit = argc > 6 ? std::atof(argv[6]) : 1.0;
+  g_trim = argc > 7 && std::atoi(argv[7]) != 0;
   char tmpl[] = "/tmp/dq-soak-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return 1;
   g_dir = tmpl;
@@ -505,8 +511,9 @@ int main(int argc, char** argv) {
   const std::string control = g_dir + "/switch";
   write_text(control, "on\n");
   std::printf(
-      "soak: %d ranks, %d calls (warm-up %d), sizes 1 KiB..%zu bytes, seed %llu, scratch %s\n", n,
-      calls, warm, max_bytes, static_cast<unsigned long long>(seed), g_dir.c_str());
+      "soak: %d ranks, %d calls (warm-up %d), sizes 1 KiB..%zu bytes, seed %llu, scratch %s%s\n", n,
+      calls, warm, max_bytes, static_cast<unsigned long long>(seed), g_dir.c_str(),
+      g_trim ? ", RSS samples after malloc_trim(0)" : "");
   std::fflush(stdout);
 
   // No deadline of the harness's own: a full soak runs for hours, and the ranks stop together on
