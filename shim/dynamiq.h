@@ -23,6 +23,16 @@ int dynamiqCommCounters(void* comm, unsigned long long* rerouted, unsigned long 
  * (every chunk message, plus the statistics as a ring all-reduce would send them). */
 int dynamiqCommBytes(void* comm, unsigned long long* bytes_in, unsigned long long* wire_bytes);
 
+/* The budget of compressed DynamiQ calls on `comm` (docs/ENGINE.md section 10), without any
+ * communication: `widths` (4 entries, may be NULL) receives the super-groups at 2, 4, 8 and 16
+ * bits of every call whose statistics were read (one call of its bucket late), `predicted_calls`
+ * their count, `predicted_vnmse_mean` and `predicted_vnmse_last` their mean and latest predicted
+ * vNMSE (-1 when none yet), `mean_bits` the mean budget of compressed DynamiQ calls in bits per
+ * coordinate (0 when none). Any pointer may be NULL. Returns 0, or 4 for an unknown communicator. */
+int dynamiqCommBudget(void* comm, unsigned long long* widths, unsigned long long* predicted_calls,
+                      double* predicted_vnmse_mean, double* predicted_vnmse_last,
+                      double* mean_bits);
+
 /* Rewrites DYNAMIQ_METRICS_FILE now. Returns 0. */
 int dynamiqMetricsFlush(void);
 

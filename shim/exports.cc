@@ -236,6 +236,26 @@ DQ_SHIM_API int dynamiqCommBytes(void* comm, unsigned long long* bytes_in,
   });
 }
 
+DQ_SHIM_API int dynamiqCommBudget(void* comm, unsigned long long* widths,
+                                  unsigned long long* predicted_calls,
+                                  double* predicted_vnmse_mean, double* predicted_vnmse_last,
+                                  double* mean_bits) {
+  return guarded("dynamiqCommBudget", [&] {
+    dq::engine::BudgetMetrics b;
+    const ncclResult_t res = dq::shim::comm_budget(static_cast<ncclComm_t>(comm), &b);
+    if (widths)
+      for (int w = 0; w < 4; ++w) widths[w] = b.widths[w];
+    if (predicted_calls) *predicted_calls = b.predicted_calls;
+    if (predicted_vnmse_mean)
+      *predicted_vnmse_mean =
+          b.predicted_calls ? b.predicted_vnmse_sum / static_cast<double>(b.predicted_calls) : -1.0;
+    if (predicted_vnmse_last) *predicted_vnmse_last = b.predicted_vnmse_last;
+    if (mean_bits)
+      *mean_bits = b.budget_calls ? b.bits_sum / static_cast<double>(b.budget_calls) : 0.0;
+    return res;
+  });
+}
+
 DQ_SHIM_API int dynamiqMetricsFlush(void) {
   return guarded("dynamiqMetricsFlush", [&] {
     dq::engine::metrics_flush();

@@ -10,12 +10,19 @@
 
 #include "common/nccl_result.h"
 #include "kernels/bf16.h"
+#include "kernels/dynamiq_codec.h"
 #include "shim/engine/program.h"
 
 namespace dq::engine {
 namespace {
 
 constexpr size_t kMaxPlans = 16;  // distinct (count, dtype) kept: DDP uses a few bucket sizes
+// Buckets whose statistics and budget the engine keeps (DYNAMIQ_BITS=auto). More than plans: a
+// bucket holds only its statistics (4 bytes per 256 elements), and an evicted bucket starts
+// again at the fixed default.
+constexpr size_t kMaxBuckets = 64;
+
+const char* dtype_label(DType d) { return d == DType::kF32 ? "float32" : "bfloat16"; }
 
 // NCCL result of an engine-side failure that is not NCCL's own: the project's one mapping.
 ncclResult_t engine_failure(Status s) { return nccl_result(s); }
@@ -145,6 +152,7 @@ struct Engine::Plan {
   int root = 0;
   size_t count = 0;
   DType dtype = DType::kF32;
+  double bits = 0;  // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
   Program program;
   std::vector<Block> blocks;
   size_t stats_words = 0;
@@ -154,6 +162,33 @@ struct Engine::Plan {
   size_t held_bytes = 0;  // bytes allocated for this plan (the held_bytes metric)
   std::vector<ByteView> inputs;         // scratch for hop inputs
   std::vector<EventHandle> block_wait;  // scratch: per block, the event its next step waits on
+};
+
+// ---- the budget's buckets (docs/ENGINE.md section 10) --------------------------------------
+struct Engine::Bucket {
+  // Identity: a call shape, the same on every rank (NCCL's contract on the call's arguments).
+  Collective collective = Collective::kAllReduce;
+  int root = 0;
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  struct Part {
+    size_t count = 0;         // elements of this codec part
+    size_t stats_offset = 0;  // into the statistics words
+    int chunks = 1;           // chunks its codec is planned with
+  };
+  std::vector<Part> parts;  // as every plan of this shape cuts it (the budget changes no cut)
+  size_t stats_words = 0;
+  uint16_t* stats = nullptr;  // mapped: the reduced statistics of the latest call
+  bool stats_pending = false;  // the latest call's statistics are still to be read
+  double bits = 0;             // budget of the latest call
+  std::vector<DynamiqPlan> used;  // per part: the plan of the latest call
+  // DYNAMIQ_BITS=auto: per part, per rung, its plan and whether it fits; the rung for the next
+  // call (-1: the fixed default, for a first call or a missing prediction).
+  std::vector<std::vector<DynamiqPlan>> rungs;
+  std::vector<std::vector<bool>> fits;
+  int rung = -1;
+  HopProfile hop;
+  uint64_t calls = 0;
 };
 
 Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo comm,
@@ -167,6 +202,12 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
       metrics_(std::move(metrics)),
       opted_in_(opted_in),
       kind_(choose_topology(settings.topology, comm.nranks)) {
+  parse_budget_target(settings_.target, &target_);  // validated with the settings
+  if (metrics_) {
+    std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
+    metrics_->budget.auto_budget = settings_.bits_auto;
+    metrics_->budget.target = settings_.bits_auto ? budget_target_name(target_) : "";
+  }
   if (device_ != nullptr && setup_device() != Status::kOk) {
     DQ_WARN(Subsys::kEngine,
             "dynamiq: rank %d: cannot set up the %s device (streams, events, control words); "
@@ -179,6 +220,8 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
 }
 
 Engine::~Engine() {
+  for (auto& b : buckets_) release_bucket(*b);
+  buckets_.clear();
   while (!plans_.empty()) {
     retire(std::move(plans_.back()));
     plans_.pop_back();
@@ -472,7 +515,7 @@ topo::Kind Engine::kind_for(Collective collective) const {
   return kind_;
 }
 
-std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dtype,
+std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dtype, double bits,
                                                  Status* status) {
   auto plan = std::make_unique<Plan>();
   Plan& p = *plan;
@@ -480,6 +523,14 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   p.root = call.root;
   p.count = call.count;
   p.dtype = dtype;
+  p.bits = bits;
+  // The settings' codec, or with DYNAMIQ_BITS=auto the same codec at the chosen rung.
+  std::string spec = settings_.codec_spec;
+  if (settings_.bits_auto && bits != settings_.budget_bits) {
+    char text[32];
+    std::snprintf(text, sizeof text, "dynamiq:%g", bits);
+    spec = std::string(text) + (settings_.correlated ? "" : ":corr=0");
+  }
   const int n = comm_.nranks;
   if ((*status = compile_program(kind_for(call.collective), n, comm_.rank,
                                  static_cast<uint64_t>(settings_.seed), call.collective, call.root,
@@ -511,11 +562,10 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
       part.out_begin = begin;
       part.count = count;
       part.key_base = static_cast<uint64_t>(owner) * padded_span + begin;
-      part.codec = make_codec(settings_.codec_spec, &error);
+      part.codec = make_codec(spec, &error);
       if (!part.codec) {
         *status = Status::kInternal;
-        DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", settings_.codec_spec.c_str(),
-                error.c_str());
+        DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", spec.c_str(), error.c_str());
         return plan;
       }
       const int part_chunks = scatter ? 1 : n_chunks;
@@ -555,9 +605,9 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   if (metrics_) metrics_->held_bytes.fetch_add(static_cast<int64_t>(p.held_bytes));
   if (*status == Status::kOk)
     DQ_INFO(Subsys::kEngine,
-            "dynamiq: plan rank %d/%d %s count %zu %s: %s, %zu block(s), %d chunk(s) of %zu B, "
-            "%d slots (%.1f MB of payload buffers), %zu statistics words",
-            comm_.rank, n, collective_name(call.collective), call.count,
+            "dynamiq: plan rank %d/%d %s count %zu at %g bits %s: %s, %zu block(s), %d chunk(s) "
+            "of %zu B, %d slots (%.1f MB of payload buffers), %zu statistics words",
+            comm_.rank, n, collective_name(call.collective), call.count, bits,
             dtype == DType::kF32 ? "float32" : "bfloat16",
             topo::kind_name(kind_for(call.collective)), p.blocks.size(), n_chunks,
             p.blocks.front().cap, p.program.slots, arena_mb, p.stats_words);
@@ -577,12 +627,13 @@ void Engine::retire(std::unique_ptr<Plan> plan) {
   if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(plan->held_bytes));
 }
 
-Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, ncclResult_t* nccl_failure) {
+Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits, Bucket* bucket,
+                              ncclResult_t* nccl_failure) {
   *nccl_failure = ncclSuccess;
   const size_t count = call.count;
   for (auto it = plans_.begin(); it != plans_.end(); ++it)
     if ((*it)->count == count && (*it)->dtype == dtype && (*it)->collective == call.collective &&
-        (*it)->root == call.root) {
+        (*it)->root == call.root && (*it)->bits == bits) {
       plans_.splice(plans_.begin(), plans_, it);  // most recently used first
       return plans_.front().get();
     }
@@ -599,7 +650,11 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, ncclResult_t* 
   // rank's planning failure; word 1: its canary failed (0 on a device without one, and after the
   // first plan).
   Status status = Status::kOk;
-  std::unique_ptr<Plan> plan = build_plan(call, dtype, &status);
+  std::unique_ptr<Plan> plan = build_plan(call, dtype, bits, &status);
+  // A bucket's first plan also sets the bucket up (its mapped statistics copy may fail to
+  // allocate on one rank): agreed with the plan, so no rank alone skips the copy.
+  if (status == Status::kOk && bucket != nullptr && bucket->stats == nullptr && plan->fits)
+    status = init_bucket(*bucket, *plan);
   const uint32_t local[2] = {status == Status::kOk ? 0u : 1u, canary.differs ? 1u : 0u};
   uint32_t any[2] = {0, 0};
   *nccl_failure = blocking_max(local, any, 2);
@@ -627,6 +682,7 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, ncclResult_t* 
               comm_.rank, count, local[0] ? "this rank" : "another rank",
               local[0] ? status_name(status) : "ok");
     retire(std::move(plan));
+    if (bucket != nullptr) release_bucket(*bucket);
     return nullptr;
   }
   plans_.push_front(std::move(plan));
@@ -635,6 +691,188 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, ncclResult_t* 
     plans_.pop_back();
   }
   return plans_.front().get();
+}
+
+// ---- the budget (docs/ENGINE.md section 10) ---------------------------------------------------
+Engine::Bucket* Engine::bucket_for(const CallArgs& call, DType dtype) {
+  for (auto it = buckets_.begin(); it != buckets_.end(); ++it) {
+    const Bucket& b = **it;
+    if (b.count == call.count && b.dtype == dtype && b.collective == call.collective &&
+        b.root == call.root) {
+      buckets_.splice(buckets_.begin(), buckets_, it);  // most recently used first
+      return buckets_.front().get();
+    }
+  }
+  // Every rank makes the same calls, so every rank creates and evicts the same buckets.
+  if (buckets_.size() >= kMaxBuckets) {
+    release_bucket(*buckets_.back());
+    buckets_.pop_back();
+  }
+  auto b = std::make_unique<Bucket>();
+  b->collective = call.collective;
+  b->root = call.root;
+  b->count = call.count;
+  b->dtype = dtype;
+  buckets_.push_front(std::move(b));
+  return buckets_.front().get();
+}
+
+Status Engine::init_bucket(Bucket& b, const Plan& p) {
+  b.parts.clear();
+  b.used.clear();
+  b.rungs.clear();
+  b.fits.clear();
+  b.rung = -1;
+  b.stats_pending = false;
+  for (const Plan::Block& blk : p.blocks)
+    for (const Plan::Part& part : blk.parts) {
+      Bucket::Part bp;
+      bp.count = part.count;
+      bp.stats_offset = part.stats_offset;
+      bp.chunks = blk.parts.size() > 1 ? 1 : p.program.schedule.n_chunks;
+      b.parts.push_back(bp);
+    }
+  b.stats_words = p.stats_words;
+  b.hop = hop_profile(p.program.schedule);
+  if (settings_.bits_auto) {
+    // Every rung's plan of every part, made once: auto's prediction then costs no codec.
+    std::string error;
+    for (const Bucket::Part& bp : b.parts) {
+      std::vector<DynamiqPlan> plans(kLadderRungs);
+      std::vector<bool> fits(kLadderRungs, false);
+      for (int r = 0; r < kLadderRungs; ++r) {
+        char spec[32];
+        std::snprintf(spec, sizeof spec, "dynamiq:%g", ladder_bits(r));
+        const std::unique_ptr<Codec> codec = make_codec(spec, &error);
+        DynamiqOptions options;
+        if (!codec || codec->plan(bp.count, bp.chunks, comm_.nranks) != Status::kOk ||
+            !dynamiq_parameters(*codec, &options, &plans[r]))
+          continue;
+        fits[r] = codec->fits_budget() && chunks_large_enough(bp.count, bp.chunks);
+      }
+      b.rungs.push_back(std::move(plans));
+      b.fits.push_back(std::move(fits));
+    }
+  }
+  void* words = nullptr;
+  DQ_CHECK(device_->alloc_mapped(std::max<size_t>(b.stats_words * 2, 2), &words));
+  b.stats = static_cast<uint16_t*>(words);
+  if (metrics_) {
+    std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
+    std::vector<BucketMetrics>& list = metrics_->budget.buckets;
+    bool listed = false;
+    for (const BucketMetrics& m : list)
+      listed = listed || (m.count == b.count && m.dtype == dtype_label(b.dtype) &&
+                          m.collective == collective_name(b.collective) && m.root == b.root);
+    if (!listed) {
+      if (list.size() >= kMaxBuckets) list.erase(list.begin());
+      BucketMetrics m;
+      m.collective = collective_name(b.collective);
+      m.dtype = dtype_label(b.dtype);
+      m.count = b.count;
+      m.root = b.root;
+      list.push_back(m);
+    }
+  }
+  return Status::kOk;
+}
+
+void Engine::release_bucket(Bucket& b) {
+  // Stream-ordered: a copy into it may still be queued on the comm stream.
+  if (b.stats != nullptr && device_ != nullptr) device_->release(b.stats, comm_stream_);
+  b.stats = nullptr;
+  b.stats_pending = false;
+  b.rung = -1;
+  b.parts.clear();
+}
+
+void Engine::read_bucket(Bucket& b) {
+  b.stats_pending = false;
+  std::vector<StatsSummary> summaries(b.parts.size());
+  std::vector<const StatsSummary*> parts;
+  std::vector<const DynamiqPlan*> used;
+  bool ok = b.used.size() == b.parts.size();
+  for (size_t i = 0; ok && i < b.parts.size(); ++i) {
+    ok = summaries[i].load(b.stats + b.parts[i].stats_offset, b.parts[i].count, comm_.nranks);
+    parts.push_back(&summaries[i]);
+    used.push_back(&b.used[i]);
+  }
+  if (!ok) {
+    // A non-finite statistic (a poisoned call): no prediction, the next call takes the fixed
+    // default.
+    b.rung = -1;
+    return;
+  }
+  WidthCounts widths;
+  const double vnmse = predict_vnmse(parts, used, b.hop, &widths);
+  if (settings_.bits_auto) {
+    BudgetPrediction prediction;
+    predict_budget(parts, b.rungs, b.fits, b.hop, target_, &prediction);
+    if (prediction.rung != b.rung)
+      DQ_TRACE(Subsys::kEngine,
+               "dynamiq: rank %d %s count %zu: %g bits next (predicted vNMSE %.3g, target %s "
+               "%.3g)",
+               comm_.rank, collective_name(b.collective), b.count, ladder_bits(prediction.rung),
+               prediction.vnmse[prediction.rung], budget_target_name(target_).c_str(),
+               prediction.target);
+    b.rung = prediction.rung;
+  }
+  ++window_.predicted;
+  window_.vnmse += vnmse;
+  for (int w = 0; w < 4; ++w) window_.widths[w] += widths.n[w];
+  if (!metrics_) return;
+  std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
+  BudgetMetrics& m = metrics_->budget;
+  for (int w = 0; w < 4; ++w) m.widths[w] += widths.n[w];
+  ++m.predicted_calls;
+  m.predicted_vnmse_sum += vnmse;
+  m.predicted_vnmse_last = vnmse;
+  for (BucketMetrics& k : m.buckets)
+    if (k.count == b.count && k.dtype == dtype_label(b.dtype) &&
+        k.collective == collective_name(b.collective) && k.root == b.root)
+      k.predicted_vnmse = vnmse;
+}
+
+void Engine::note_budget(Bucket& b, const Plan& p) {
+  b.bits = p.bits;
+  ++b.calls;
+  b.used.clear();
+  for (const Plan::Block& blk : p.blocks)
+    for (const Plan::Part& part : blk.parts) {
+      DynamiqOptions options;
+      DynamiqPlan plan;
+      dynamiq_parameters(*part.codec, &options, &plan);
+      b.used.push_back(plan);
+    }
+  ++window_.calls;
+  window_.bits += p.bits;
+  if (metrics_) {
+    std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
+    BudgetMetrics& m = metrics_->budget;
+    m.bits_sum += p.bits;
+    ++m.budget_calls;
+    for (BucketMetrics& k : m.buckets)
+      if (k.count == b.count && k.dtype == dtype_label(b.dtype) &&
+          k.collective == collective_name(b.collective) && k.root == b.root) {
+        k.budget_bits = p.bits;
+        ++k.calls;
+      }
+  }
+  const int64_t every = settings_.summary_calls;
+  if (every <= 0 || window_.calls < static_cast<uint64_t>(every)) return;
+  const Window w = window_;
+  window_ = Window{};
+  const double sgs = static_cast<double>(w.widths[0] + w.widths[1] + w.widths[2] + w.widths[3]);
+  auto share = [&](int i) { return sgs > 0 ? 100.0 * static_cast<double>(w.widths[i]) / sgs : 0.0; };
+  DQ_INFO(Subsys::kEngine,
+          "dynamiq: rank %d/%d budget: %llu calls, %s%s mean %.2f bits, widths 2/4/8/16 bits "
+          "%.1f/%.1f/%.1f/%.1f%% of super-groups, predicted vNMSE mean %.3g over %llu calls",
+          comm_.rank, comm_.nranks, static_cast<unsigned long long>(w.calls),
+          settings_.bits_auto ? "auto, target " : "fixed",
+          settings_.bits_auto ? (budget_target_name(target_) + ",").c_str() : ",",
+          w.bits / static_cast<double>(w.calls), share(0), share(1), share(2), share(3),
+          w.predicted > 0 ? w.vnmse / static_cast<double>(w.predicted) : 0.0,
+          static_cast<unsigned long long>(w.predicted));
 }
 
 // ---- agreement ----------------------------------------------------------------------------
@@ -736,7 +974,8 @@ ncclResult_t Engine::absorb_previous_call() {
 }
 
 Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                                    size_t stats_words, uint64_t* wire_bytes) {
+                                    size_t stats_words, uint16_t* stats_copy,
+                                    uint64_t* wire_bytes) {
   control_parity_ ^= 1;
   uint32_t* send = control_ + call_send_word();
   uint32_t* recv = control_ + call_recv_word(control_parity_);
@@ -754,6 +993,10 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
     const ncclResult_t end = ops.group_end();
     return r == ncclSuccess ? end : r;
   }));
+  // The budget's statistics, into the bucket's mapped copy before the control event: the host
+  // reads them once it has waited for this event or a later one (the one-call-late wait).
+  if (stats_copy != nullptr && stats_words > 0)
+    DQ_CHECK(device_->copy(stats_copy, stats_reduced, stats_words * 2, lane));
   DQ_CHECK(device_->record(ev_control_, comm_stream_));
   control_pending_ = true;
   // As a ring all-reduce sends them: 2 (n-1)/n of the words.
@@ -852,7 +1095,7 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
 }
 
 Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_index,
-                                  uint64_t* wire_bytes) {
+                                  uint16_t* stats_copy, uint64_t* wire_bytes) {
   const Lane compute{compute_stream_, control_ + error_word_index()};
   const size_t esize = dtype_size(p.dtype);
   // Statistics on the compute stream, their all-reduce (with the call's control word) on the
@@ -867,7 +1110,8 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
       }
   DQ_CHECK(device_->record(ev_stats_, compute_stream_));
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
-  DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, p.stats_words, wire_bytes));
+  DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, p.stats_words, stats_copy,
+                                wire_bytes));
   DQ_CHECK(device_->record(ev_reduced_, comm_stream_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
   for (Plan::Block& b : p.blocks)
@@ -926,7 +1170,7 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
     // Passes through, but still carries this call's switch word, so switching back on works.
     Status s = device_->record(ev_start_, call.stream);
     if (s == Status::kOk) s = device_->wait(comm_stream_, ev_start_);
-    if (s == Status::kOk) s = enqueue_call_control(nullptr, nullptr, 0, &wire);
+    if (s == Status::kOk) s = enqueue_call_control(nullptr, nullptr, 0, nullptr, &wire);
     if (s == Status::kOk) s = device_->record(ev_comm_done_, comm_stream_);
     if (s == Status::kOk) s = device_->wait(call.stream, ev_comm_done_);
     if (s != Status::kOk) return engine_failure(s);
@@ -935,8 +1179,17 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
     return async_error();
   }
   const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
+  // The budget: the fixed one, or auto's choice from this bucket's previous call. Its
+  // statistics are complete: absorb_previous_call() waited for the latest control all-reduce,
+  // which the comm stream ran after them. Nothing is enqueued between that wait and this read.
+  Bucket* bucket = settings_.codec == "dynamiq" ? bucket_for(call, dtype) : nullptr;
+  double bits = settings_.budget_bits;
+  if (bucket != nullptr) {
+    if (bucket->stats_pending) read_bucket(*bucket);
+    if (settings_.bits_auto && bucket->rung >= 0) bits = ladder_bits(bucket->rung);
+  }
   ncclResult_t nccl_failure;
-  Plan* plan = plan_for(call, dtype, &nccl_failure);
+  Plan* plan = plan_for(call, dtype, bits, bucket, &nccl_failure);
   if (nccl_failure != ncclSuccess) return nccl_failure;
   if (plan == nullptr || !plan->fits) {
     *reason = canary_ == Canary::kFailed ? PassReason::kCanaryFailed
@@ -949,7 +1202,9 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
   Status s = device_->record(ev_start_, call.stream);
   if (s == Status::kOk) s = device_->wait(comm_stream_, ev_start_);
   if (s == Status::kOk) s = device_->wait(compute_stream_, ev_start_);
-  if (s == Status::kOk) s = enqueue_compressed(*plan, call, call_index, &wire);
+  uint16_t* stats_copy =
+      bucket != nullptr && bucket->stats_words == plan->stats_words ? bucket->stats : nullptr;
+  if (s == Status::kOk) s = enqueue_compressed(*plan, call, call_index, stats_copy, &wire);
   // The caller's stream waits for both engine streams: later work on it (or, on the host device,
   // the caller itself) sees the result. This is the call's last enqueue.
   if (s == Status::kOk) s = device_->record(ev_compute_done_, compute_stream_);
@@ -970,6 +1225,10 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
            std::chrono::duration<double, std::milli>(t_end - t0).count(),
            static_cast<unsigned long long>(wire));
   count(PassReason::kRerouted);
+  if (bucket != nullptr) {
+    bucket->stats_pending = stats_copy != nullptr;
+    note_budget(*bucket, *plan);
+  }
   if (metrics_) {
     metrics_->bytes_in.fetch_add(call.count * dtype_size(dtype), std::memory_order_relaxed);
     metrics_->wire_bytes.fetch_add(wire, std::memory_order_relaxed);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/settings.h"
+#include "kernels/budget_model.h"
 #include "shim/engine/control.h"
 #include "shim/engine/device.h"
 #include "shim/engine/metrics.h"
@@ -110,10 +111,27 @@ class Engine {
 
  private:
   struct Plan;
+  struct Bucket;
   Status setup_device();
   void teardown_device();
-  Plan* plan_for(const CallArgs& call, DType dtype, ncclResult_t* nccl_failure);
-  std::unique_ptr<Plan> build_plan(const CallArgs& call, DType dtype, Status* status);
+  Plan* plan_for(const CallArgs& call, DType dtype, double bits, Bucket* bucket,
+                 ncclResult_t* nccl_failure);
+  std::unique_ptr<Plan> build_plan(const CallArgs& call, DType dtype, double bits,
+                                   Status* status);
+  // The budget (docs/ENGINE.md section 10). A bucket is a call shape (collective, root, count,
+  // dtype) of a DynamiQ communicator: the same on every rank, and the same across iterations.
+  Bucket* bucket_for(const CallArgs& call, DType dtype);
+  // Its part geometry, every rung's plan, and the mapped copy of its statistics; at the
+  // bucket's first plan, whose agreement carries a failure here.
+  Status init_bucket(Bucket& b, const Plan& p);
+  void release_bucket(Bucket& b);
+  // The statistics of the bucket's latest call (complete: the host waited for a later control
+  // all-reduce on the same stream): that call's widths and predicted vNMSE into the metrics, and
+  // with DYNAMIQ_BITS=auto the rung of this call.
+  void read_bucket(Bucket& b);
+  // A compressed call of `b` was enqueued with plan `p`: its budget into the metrics, and the
+  // INFO summary every DYNAMIQ_SUMMARY_CALLS calls.
+  void note_budget(Bucket& b, const Plan& p);
   // The schedule a collective runs on: a reduce-scatter needs one chunk ending at every rank, so
   // a butterfly of a rank count that is not a power of two runs it on the ring.
   topo::Kind kind_for(Collective collective) const;
@@ -123,10 +141,11 @@ class Engine {
   ncclResult_t handshake();
   ncclResult_t handshake_without_device(cudaStream_t stream);
   ncclResult_t absorb_previous_call();
+  // stats_copy: where the reduced statistics are copied (a bucket's mapped copy), or null.
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                              size_t stats_words, uint64_t* wire_bytes);
+                              size_t stats_words, uint16_t* stats_copy, uint64_t* wire_bytes);
   Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index,
-                            uint64_t* wire_bytes);
+                            uint16_t* stats_copy, uint64_t* wire_bytes);
   Status enqueue_compute(Plan& plan, int block, int stage, const CallArgs& call,
                          uint64_t call_index);
   Status enqueue_comm(Plan& plan, int block, int stage, uint64_t* wire_bytes);
@@ -152,6 +171,14 @@ class Engine {
   Canary canary_ = Canary::kNotRun;
   bool canary_agreed_ = false;  // the canary's verdict was agreed (at the first plan made)
   std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
+  std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
+  BudgetTarget target_;                      // DYNAMIQ_TARGET, parsed
+  // The INFO summary's window: compressed DynamiQ calls since the last summary line.
+  struct Window {
+    uint64_t calls = 0, predicted = 0;
+    double bits = 0, vnmse = 0;
+    uint64_t widths[4] = {0, 0, 0, 0};
+  } window_;
 
   // Device state: two engine streams (NCCL calls in order on one, codec steps on the other),
   // events, and the mapped control block (words the host writes before a call's first enqueue

@@ -477,6 +477,17 @@ ncclResult_t comm_bytes(ncclComm_t comm, uint64_t* bytes_in, uint64_t* wire_byte
   return ncclSuccess;
 }
 
+ncclResult_t comm_budget(ncclComm_t comm, engine::BudgetMetrics* out) {
+  std::shared_ptr<CommEntry> e = find(comm);
+  if (e == nullptr) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> lock(e->mutex);
+  *out = engine::BudgetMetrics{};
+  if (e->metrics == nullptr) return ncclSuccess;
+  std::lock_guard<std::mutex> budget_lock(e->metrics->budget_mutex);
+  *out = e->metrics->budget;
+  return ncclSuccess;
+}
+
 ncclResult_t comm_async_error(ncclComm_t comm, ncclResult_t* async_error) {
   const RealNccl* real = real_nccl();
   if (real == nullptr || real->comm_get_async_error == nullptr) return ncclSystemError;

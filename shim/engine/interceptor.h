@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "common/nccl_api.h"
+#include "shim/engine/metrics.h"
 #include "shim/engine/nccl_ops.h"
 
 namespace dq::shim {
@@ -72,5 +73,7 @@ ncclResult_t register_comm(ncclComm_t comm, int enable);
 ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed);
 // Caller bytes of compressed calls and the bytes this rank sent for them.
 ncclResult_t comm_bytes(ncclComm_t comm, uint64_t* bytes_in, uint64_t* wire_bytes);
+// A copy of the budget metrics of `comm` (dynamiqCommBudget).
+ncclResult_t comm_budget(ncclComm_t comm, engine::BudgetMetrics* out);
 
 }  // namespace dq::shim

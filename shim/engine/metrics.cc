@@ -86,6 +86,30 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       nlohmann::json calls = nlohmann::json::object();
       for (int k = 0; k < kPassReasonCount; ++k)
         calls[reason_name(static_cast<PassReason>(k))] = c->calls[k].load();
+      nlohmann::json budget;
+      {
+        std::lock_guard<std::mutex> lock(c->budget_mutex);
+        const BudgetMetrics& b = c->budget;
+        nlohmann::json buckets = nlohmann::json::array();
+        for (const BucketMetrics& k : b.buckets)
+          buckets.push_back({{"collective", k.collective},
+                             {"dtype", k.dtype},
+                             {"count", k.count},
+                             {"root", k.root},
+                             {"calls", k.calls},
+                             {"budget_bits", k.budget_bits},
+                             {"predicted_vnmse", k.predicted_vnmse}});
+        budget = {{"auto", b.auto_budget},
+                  {"target", b.target},
+                  {"mean_bits", b.budget_calls ? b.bits_sum / b.budget_calls : 0.0},
+                  {"widths", {{"2", b.widths[0]}, {"4", b.widths[1]}, {"8", b.widths[2]},
+                              {"16", b.widths[3]}}},
+                  {"predicted_calls", b.predicted_calls},
+                  {"predicted_vnmse_mean",
+                   b.predicted_calls ? b.predicted_vnmse_sum / b.predicted_calls : -1.0},
+                  {"predicted_vnmse_last", b.predicted_vnmse_last},
+                  {"buckets", buckets}};
+      }
       doc["communicators"].push_back({{"index", c->index},
                                       {"name", c->name},
                                       {"rank", c->rank},
@@ -95,7 +119,8 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
                                       {"wire_bytes", c->wire_bytes.load()},
                                       {"seconds", c->nanoseconds.load() * 1e-9},
                                       {"held_bytes", c->held_bytes.load()},
-                                      {"calls", calls}});
+                                      {"calls", calls},
+                                      {"budget", budget}});
     }
     // Invalid UTF-8 in a communicator name is replaced, never a throw or an invalid file.
     return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -156,6 +181,52 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
   for (const auto& c : comms)
     text += "dynamiq_held_bytes{" + label_set(*c) + "} " + std::to_string(c->held_bytes.load()) +
             "\n";
+  // The budget (docs/ENGINE.md section 10): widths and predicted vNMSE of the calls whose
+  // statistics were read, and each bucket's latest budget.
+  text +=
+      "# HELP dynamiq_width_supergroups_total Super-groups of compressed DynamiQ calls by width "
+      "(bits), counted one call of their bucket late.\n";
+  text += "# TYPE dynamiq_width_supergroups_total counter\n";
+  std::string predicted_calls, predicted_sum, predicted_last, bucket_lines;
+  for (const auto& c : comms) {
+    std::lock_guard<std::mutex> lock(c->budget_mutex);
+    const BudgetMetrics& b = c->budget;
+    static const char* kWidth[4] = {"2", "4", "8", "16"};
+    for (int w = 0; w < 4; ++w)
+      text += "dynamiq_width_supergroups_total{" + label_set(*c) + ",width=" + quote(kWidth[w]) +
+              "} " + std::to_string(b.widths[w]) + "\n";
+    char v[160];
+    predicted_calls += "dynamiq_predicted_calls_total{" + label_set(*c) + "} " +
+                       std::to_string(b.predicted_calls) + "\n";
+    std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_sum);
+    predicted_sum += "dynamiq_predicted_vnmse_sum_total{" + label_set(*c) + v;
+    std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_last);
+    predicted_last += "dynamiq_predicted_vnmse{" + label_set(*c) + v;
+    for (const BucketMetrics& k : b.buckets) {
+      std::snprintf(v, sizeof v, "} %.9g\n", k.budget_bits);
+      bucket_lines += "dynamiq_bucket_budget_bits{" + label_set(*c) +
+                      ",collective=" + quote(k.collective) + ",dtype=" + quote(k.dtype) +
+                      ",count=" + quote(std::to_string(k.count)) +
+                      ",root=" + quote(std::to_string(k.root)) + v;
+    }
+  }
+  text +=
+      "# HELP dynamiq_predicted_calls_total Compressed DynamiQ calls with a predicted vNMSE (from "
+      "their own all-reduced statistics, read one call of their bucket late).\n";
+  text += "# TYPE dynamiq_predicted_calls_total counter\n" + predicted_calls;
+  text +=
+      "# HELP dynamiq_predicted_vnmse_sum_total Sum of the predicted vNMSE of those calls (divide "
+      "by dynamiq_predicted_calls_total for the mean).\n";
+  text += "# TYPE dynamiq_predicted_vnmse_sum_total counter\n" + predicted_sum;
+  text +=
+      "# HELP dynamiq_predicted_vnmse Predicted vNMSE of the latest of those calls (-1: none "
+      "yet).\n";
+  text += "# TYPE dynamiq_predicted_vnmse gauge\n" + predicted_last;
+  text +=
+      "# HELP dynamiq_bucket_budget_bits Budget of the latest compressed call of each bucket "
+      "(call shape), bits per coordinate.\n";
+  text += "# TYPE dynamiq_bucket_budget_bits gauge\n";
+  text += bucket_lines;
   return text;
 }
 

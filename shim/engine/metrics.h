@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,32 @@ enum class PassReason : uint8_t {
 inline constexpr int kPassReasonCount = static_cast<int>(PassReason::kCount);
 const char* reason_name(PassReason r);
 
+// The budget of compressed DynamiQ calls (docs/ENGINE.md section 10): per bucket (a call shape),
+// the budget of its latest call; per communicator, the widths and the predicted vNMSE of every
+// call whose statistics have been read. A call's statistics are read one call of its bucket
+// late (no extra communication, no host synchronisation), so the latest call of each bucket is
+// not counted yet.
+struct BucketMetrics {
+  std::string collective;        // allreduce, reducescatter, reduce
+  std::string dtype;             // float32, bfloat16
+  uint64_t count = 0;            // elements of the call
+  int root = 0;                  // ncclReduce's root (0 otherwise)
+  uint64_t calls = 0;            // compressed calls of this bucket
+  double budget_bits = 0;        // budget of its latest call, bits per coordinate
+  double predicted_vnmse = -1;   // predicted vNMSE of its latest predicted call; -1: none yet
+};
+struct BudgetMetrics {
+  bool auto_budget = false;            // DYNAMIQ_BITS=auto
+  std::string target;                  // DYNAMIQ_TARGET (auto only)
+  std::vector<BucketMetrics> buckets;  // at most the engine's bucket limit, in first-use order
+  uint64_t widths[4] = {0, 0, 0, 0};   // super-groups of predicted calls at width 2, 4, 8, 16
+  uint64_t predicted_calls = 0;        // calls with a prediction
+  double predicted_vnmse_sum = 0;      // sum of their predicted vNMSE
+  double predicted_vnmse_last = -1;    // the latest one; -1: none yet
+  double bits_sum = 0;                 // sum over compressed DynamiQ calls of their budgets
+  uint64_t budget_calls = 0;           // compressed DynamiQ calls
+};
+
 struct CommMetrics {
   int index = 0, rank = 0, size = 0;
   std::string name;
@@ -42,6 +69,8 @@ struct CommMetrics {
   std::atomic<uint64_t> nanoseconds{0};  // time inside rerouted calls
   std::atomic<int64_t> held_bytes{0};    // gauge: device/host bytes held by cached plans
   std::atomic<bool> destroyed{false};    // the communicator is gone; its totals stay
+  mutable std::mutex budget_mutex;       // guards budget (written by the engine per call)
+  BudgetMetrics budget;
 };
 
 // What tells this process's metrics apart from another job's on the same node.

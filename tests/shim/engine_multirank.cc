@@ -15,6 +15,11 @@
 //   not_opted_in  DYNAMIQ_COMMS=none: calls count as not_opted_in (not disabled)
 //   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
 //               error word), and every rank's call fails within the timeout; none succeeds
+//   auto        DYNAMIQ_BITS=auto, two buckets called 5 times each: a bucket's first call takes 5
+//               bits, every rank chooses the same budgets, a loose target gives 3 bits and an
+//               unreachable one 8, a NaN
+//               call leaves the next call at 5 bits, and each call's predicted vNMSE is within
+//               [0.5, 2] of its measured one
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +27,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,6 +38,7 @@
 #include "shim/engine/engine.h"
 #include "tests/common/engine_test_util.h"
 #include "tests/common/rank_harness.h"
+#include "tests/common/test_data.h"
 
 namespace {
 
@@ -520,6 +528,109 @@ int scenario_blocks(int n) {
   return all_zero(run_ranks(n, 1, body, 120), "blocks") ? 0 : 1;
 }
 
+// ---- DYNAMIQ_BITS=auto (docs/ENGINE.md section 10) ----------------------------------------------
+// Gradient-like data for the budget model: per rank, independent bell-shaped deviations (a sum
+// of four uniforms) around a small common part, with super-group scales spread over 2^0..2^8
+// (the locality DynamiQ's widths exploit). The model assumes independent deviations across
+// ranks; the smooth gradient_value() above is correlated across ranks, which it overpredicts.
+float noisy_value(int rank, size_t i) {
+  auto uniform = [](uint64_t key) {
+    return static_cast<double>(dq::test::splitmix(key) >> 11) * 0x1.0p-53;
+  };
+  const uint64_t base = (static_cast<uint64_t>(rank) + 1) << 40;
+  double bell = -2.0;
+  for (uint64_t k = 0; k < 4; ++k) bell += uniform(base + 4 * i + k);
+  const double scale = std::exp2(8.0 * uniform(0xabcdefull + i / 256));
+  return static_cast<float>(scale * (bell * 1.7 + 0.3 * std::sin(0.01 * static_cast<double>(i))));
+}
+
+int scenario_auto(int n) {
+  constexpr int kCalls = 5;
+  const size_t sizes[2] = {size_t{1} << 19, size_t{3} << 18};  // 2 MiB and 3 MiB of FP32
+  for (const char* target : {"mxfp8", "vnmse:1", "vnmse:1e-7"}) {
+    const bool loose = std::string(target) == "vnmse:1";
+    const bool strict = std::string(target) == "vnmse:1e-7";
+    const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                        {"DYNAMIQ_BITS", "auto"},
+                                        {"DYNAMIQ_TARGET", target},
+                                        {"DYNAMIQ_TOPO", "ring"}});
+    auto body = [&](int rank, ncclComm_t* comms) -> int {
+      auto metrics = std::make_shared<dq::engine::CommMetrics>();
+      Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                    metrics, true);
+      auto bucket = [&](size_t count) {
+        std::lock_guard<std::mutex> lock(metrics->budget_mutex);
+        for (const auto& b : metrics->budget.buckets)
+          if (b.count == count) return b;
+        return dq::engine::BucketMetrics{};
+      };
+      std::vector<double> budgets;
+      double measured[2][kCalls] = {};
+      for (int k = 0; k < kCalls; ++k)
+        for (int s = 0; s < 2; ++s) {
+          const size_t count = sizes[s];
+          // The data moves from call to call by whole super-groups: statistics alike, not equal.
+          const size_t shift = static_cast<size_t>(k) * 31 * 256;
+          std::vector<float> in(count), out(count);
+          for (size_t i = 0; i < count; ++i) in[i] = noisy_value(rank, i + shift);
+          const bool poisoned = s == 0 && k == 2;  // rank 1 holds a NaN: no prediction next
+          if (poisoned && rank == 1) in[100] = NAN;
+          CallArgs args;
+          args.send = in.data();
+          args.recv = out.data();
+          args.count = count;
+          PassReason reason;
+          CHECK_OR(90, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+                   "rank %d: call %d of %zu elements not compressed (%s)", rank, k, count,
+                   dq::engine::reason_name(reason));
+          const dq::engine::BucketMetrics b = bucket(count);
+          budgets.push_back(b.budget_bits);
+          if (k == 0 || (s == 0 && k == 3))
+            CHECK_OR(91, b.budget_bits == 5.0,
+                     "rank %d: %s call %d of bucket %zu took %g bits, not the fixed default 5",
+                     rank, k == 0 ? "the first" : "after a NaN,", k, count, b.budget_bits);
+          else if (loose)
+            CHECK_OR(92, b.budget_bits == 3.0, "rank %d: vnmse:1 gave %g bits, not 3", rank,
+                     b.budget_bits);
+          else if (strict)
+            CHECK_OR(93, b.budget_bits == 8.0, "rank %d: vnmse:1e-7 gave %g bits, not 8", rank,
+                     b.budget_bits);
+          else
+            CHECK_OR(93, b.budget_bits >= 3.0 && b.budget_bits <= 8.0 &&
+                             std::floor(2 * b.budget_bits) == 2 * b.budget_bits,
+                     "rank %d: mxfp8 gave %g bits, not a rung of 3, 3.5, ..., 8", rank,
+                     b.budget_bits);
+          double err = 0, energy = 0;
+          for (size_t i = 0; i < count && !poisoned; ++i) {
+            double exact = 0;
+            for (int r = 0; r < n; ++r) exact += noisy_value(r, i + shift);
+            err += (out[i] - exact) * (out[i] - exact);
+            energy += exact * exact;
+          }
+          measured[s][k] = poisoned ? -1 : err / energy;
+          // This call read the previous call's statistics: that call's prediction.
+          if (k > 0 && measured[s][k - 1] > 0) {
+            const double ratio = b.predicted_vnmse / measured[s][k - 1];
+            CHECK_OR(94, ratio >= 0.5 && ratio <= 2.0,
+                     "rank %d: bucket %zu call %d: predicted vNMSE %.3g, measured %.3g", rank,
+                     count, k - 1, b.predicted_vnmse, measured[s][k - 1]);
+            if (rank == 0)
+              std::printf("auto %s bucket %zu call %d: %g bits, predicted %.3g, measured %.3g\n",
+                          target, count, k - 1, budgets[budgets.size() - 3], b.predicted_vnmse,
+                          measured[s][k - 1]);
+          }
+          CHECK_OR(95, same_everywhere(comms[0], fnv(out.data(), count * 4)),
+                   "rank %d: results differ between ranks", rank);
+        }
+      CHECK_OR(96, same_everywhere(comms[0], fnv(budgets.data(), budgets.size() * 8)),
+               "rank %d: ranks chose different budgets", rank);
+      return 0;
+    };
+    if (!all_zero(run_ranks(n, 1, body, 240), target)) return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -540,6 +651,7 @@ int main(int argc, char** argv) {
   if (scenario == "setup_fail") return scenario_setup_fail(n);
   if (scenario == "not_opted_in") return scenario_not_opted_in(n);
   if (scenario == "budget") return scenario_budget(n, topo);
+  if (scenario == "auto") return scenario_auto(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }

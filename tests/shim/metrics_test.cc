@@ -34,13 +34,14 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
   std::istringstream lines(text);
   std::string line;
   const std::regex labelled(
-      R"re(^dynamiq_\w+\{job="job-42",host="node7",pid="1234",comm="[01]",name="(dp|tp)",rank="3"(,outcome="\w+")?\} [0-9.]+$)re");
+      R"re(^dynamiq_\w+\{job="job-42",host="node7",pid="1234",comm="[01]",name="(dp|tp)",rank="3"(,outcome="\w+"|,width="\d+"|,collective="\w+",dtype="\w+",count="\d+",root="\d+")?\} -?[0-9.e+-]+$)re");
   while (std::getline(lines, line)) {
     if (line.rfind("# ", 0) == 0) continue;
     ++samples;
     EXPECT_TRUE(std::regex_match(line, labelled)) << line;
   }
-  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2);  // calls, three counters, one gauge
+  // calls, three counters, one gauge; the budget's 4 widths, 3 predicted-vNMSE samples.
+  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 + 2 * 4 + 2 * 3);
   EXPECT_NE(text.find("# TYPE dynamiq_held_bytes gauge"), std::string::npos);
   for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
                            "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total"}) {
@@ -100,6 +101,54 @@ TEST(Metrics, DestroyedCommunicatorsAndTheExitAreWritten) {
   EXPECT_EQ(doc["communicators"][0]["destroyed"], true);
   EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 11);
   EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 7);
+}
+
+// The budget (issue 14): per bucket its latest budget, the width histogram and the predicted
+// vNMSE, in both formats.
+TEST(Metrics, BudgetInJsonAndPrometheus) {
+  auto c = comm(0, "dp", 3);
+  {
+    std::lock_guard<std::mutex> lock(c->budget_mutex);
+    BudgetMetrics& b = c->budget;
+    b.auto_budget = true;
+    b.target = "mxfp8";
+    b.widths[0] = 10, b.widths[1] = 20, b.widths[2] = 30, b.widths[3] = 1;
+    b.predicted_calls = 2;
+    b.predicted_vnmse_sum = 0.004;
+    b.predicted_vnmse_last = 0.0015;
+    b.bits_sum = 13.5;
+    b.budget_calls = 2;
+    BucketMetrics k;
+    k.collective = "allreduce";
+    k.dtype = "float32";
+    k.count = 1048576;
+    k.calls = 2;
+    k.budget_bits = 7.5;
+    k.predicted_vnmse = 0.0015;
+    b.buckets.push_back(k);
+  }
+  nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, {"j", "h", 9}, false));
+  const nlohmann::json& b = doc["communicators"][0]["budget"];
+  EXPECT_EQ(b["auto"], true);
+  EXPECT_EQ(b["target"], "mxfp8");
+  EXPECT_DOUBLE_EQ(b["mean_bits"].get<double>(), 6.75);
+  EXPECT_EQ(b["widths"]["8"], 30);
+  EXPECT_EQ(b["predicted_calls"], 2);
+  EXPECT_DOUBLE_EQ(b["predicted_vnmse_mean"].get<double>(), 0.002);
+  EXPECT_DOUBLE_EQ(b["buckets"][0]["budget_bits"].get<double>(), 7.5);
+  EXPECT_EQ(b["buckets"][0]["count"], 1048576);
+  const std::string text = metrics_render({c}, {"j", "h", 9}, true);
+  for (const char* line :
+       {"dynamiq_width_supergroups_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "rank=\"3\",width=\"8\"} 30\n",
+        "dynamiq_predicted_calls_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "rank=\"3\"} 2\n",
+        "dynamiq_predicted_vnmse{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\",rank=\"3\"} "
+        "0.0015\n",
+        "dynamiq_bucket_budget_bits{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "rank=\"3\",collective=\"allreduce\",dtype=\"float32\",count=\"1048576\",root=\"0\"} 7.5\n",
+        "# TYPE dynamiq_predicted_vnmse gauge\n", "# TYPE dynamiq_bucket_budget_bits gauge\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << text;
 }
 
 }  // namespace

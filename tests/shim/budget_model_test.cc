@@ -1,0 +1,226 @@
+// The budget model of DYNAMIQ_BITS=auto (kernels/budget_model.h, docs/ENGINE.md section 10):
+// the widths it replays are the codec's, its choice is monotone in the target and a pure function
+// of the statistics' bytes, a non-finite statistic gives no prediction, and its vNMSE is within a
+// bound of the simulator's on fixed seeds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/budget_model.h"
+#include "kernels/dynamiq_codec.h"
+#include "tools/sim/gradients.h"
+#include "tools/sim/simulate.h"
+#include "topo/schedule.h"
+
+namespace dq {
+namespace {
+
+struct Case {
+  sim::Matrix m;
+  topo::Schedule sched;
+  std::vector<const float*> rows;
+  size_t d = 0;
+  std::vector<uint16_t> stats;  // reduced, as the engine's all-reduce gives them
+};
+
+// Synthetic gradients of `n` workers (independent deviations: the model's assumption unless
+// `shared` says otherwise) through `topo`, with their reduced statistics.
+Case make_case(int n, topo::Kind topo, double spread, double shared, uint64_t seed,
+               size_t d = 1 << 18) {
+  Case c;
+  sim::SyntheticSpec spec;
+  spec.rows = static_cast<size_t>(n);
+  spec.cols = d;
+  spec.spread = spread;
+  spec.shared = shared;
+  spec.seed = seed;
+  sim::make_synthetic(spec, &c.m);
+  EXPECT_EQ(topo::make_schedule(topo, n, &c.sched), Status::kOk);
+  for (int r = 0; r < n; ++r) c.rows.push_back(c.m.row(r));
+  c.d = d;
+  std::string error;
+  auto codec = make_codec("dynamiq:5", &error);
+  EXPECT_EQ(codec->plan(d, c.sched.n_chunks, n), Status::kOk);
+  std::vector<float> sum(codec->stats_words(), 0.0f);
+  std::vector<uint16_t> local(codec->stats_words());
+  for (const float* row : c.rows) {
+    EXPECT_EQ(codec->local_stats(ConstTensor{row, DType::kF32, d}, local.data()), Status::kOk);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(local[i]);
+  }
+  for (float v : sum) c.stats.push_back(f32_to_bf16_rne(v));
+  return c;
+}
+
+std::unique_ptr<Codec> planned(double bits, const Case& c, DynamiqPlan* plan) {
+  std::string error;
+  char spec[32];
+  std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
+  auto codec = make_codec(spec, &error);
+  EXPECT_EQ(codec->plan(c.d, c.sched.n_chunks, c.sched.n_workers), Status::kOk);
+  DynamiqOptions options;
+  EXPECT_TRUE(dynamiq_parameters(*codec, &options, plan));
+  return codec;
+}
+
+BudgetPrediction predict(const Case& c, const BudgetTarget& target) {
+  StatsSummary s;
+  EXPECT_TRUE(s.load(c.stats.data(), c.d, c.sched.n_workers));
+  std::vector<std::vector<DynamiqPlan>> plans(1, std::vector<DynamiqPlan>(kLadderRungs));
+  std::vector<std::vector<bool>> fits(1, std::vector<bool>(kLadderRungs));
+  for (int r = 0; r < kLadderRungs; ++r) {
+    auto codec = planned(ladder_bits(r), c, &plans[0][r]);
+    fits[0][r] = codec->fits_budget();
+  }
+  BudgetPrediction p;
+  predict_budget({&s}, plans, fits, hop_profile(c.sched), target, &p);
+  return p;
+}
+
+TEST(BudgetModel, HopProfileOfRingAndButterfly) {
+  for (int n : {2, 3, 4, 8, 16}) {
+    topo::Schedule s;
+    ASSERT_EQ(topo::make_schedule(topo::Kind::kRing, n, &s), Status::kOk);
+    const HopProfile h = hop_profile(s);
+    // Every node of a ring chunk compresses once, holding 1, 2, ..., n workers.
+    EXPECT_NEAR(h.linear, (n + 1) / 2.0, 1e-12) << n;
+    EXPECT_NEAR(h.square, (n + 1) * (2.0 * n + 1) / (6.0 * n), 1e-12) << n;
+  }
+  topo::Schedule s;
+  ASSERT_EQ(topo::make_schedule(topo::Kind::kButterfly, 8, &s), Status::kOk);
+  // Butterfly of 8: 4 nodes of 1, 2 of 2, 1 of 4 and the sink of 8 per chunk: 1 + log2(8) / 2.
+  EXPECT_NEAR(hop_profile(s).linear, 2.5, 1e-12);
+}
+
+// The model replays the codec's width allocation: the same count of each width as the layout
+// the codec builds from the same statistics, at every rung.
+TEST(BudgetModel, WidthsAreTheCodecs) {
+  for (double spread : {0.0, 1.0, 2.5}) {
+    const Case c = make_case(4, topo::Kind::kRing, spread, 0.0, 11);
+    StatsSummary s;
+    ASSERT_TRUE(s.load(c.stats.data(), c.d, 4));
+    for (int r = 0; r < kLadderRungs; ++r) {
+      DynamiqPlan plan;
+      auto codec = planned(ladder_bits(r), c, &plan);
+      ASSERT_EQ(codec->agree(c.stats.data(), 0), Status::kOk);
+      const DynamiqLayoutView v = dynamiq_layout(*codec);
+      uint64_t codec_widths[4] = {0, 0, 0, 0};
+      for (size_t j = 0; j < v.n_supergroups; ++j) ++codec_widths[width_index(v.widths[j])];
+      WidthCounts model;
+      s.dynamiq_error(plan, hop_profile(c.sched), &model);
+      for (int w = 0; w < 4; ++w)
+        EXPECT_EQ(model.n[w], codec_widths[w])
+            << "spread " << spread << ", " << ladder_bits(r) << " bits, width class " << w;
+    }
+  }
+}
+
+// A tighter target never gives a smaller budget; a loose one gives the smallest rung, an
+// impossible one the largest.
+TEST(BudgetModel, LadderChoiceIsMonotoneInTheTarget) {
+  for (double spread : {0.0, 1.0}) {
+    const Case c = make_case(4, topo::Kind::kRing, spread, 0.0, 5);
+    int previous = -1;
+    for (double x : {5.0, 1.0, 0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-7}) {
+      const BudgetPrediction p = predict(c, BudgetTarget{BudgetTarget::Kind::kVnmse, x});
+      EXPECT_GE(p.rung, previous) << "vnmse:" << x;
+      if (p.rung < kLadderRungs - 1) {
+        EXPECT_LE(p.vnmse[p.rung], x) << "vnmse:" << x;
+      }
+      if (p.rung > 0) {
+        EXPECT_GT(p.vnmse[p.rung - 1], x) << "vnmse:" << x;  // the smallest rung
+      }
+      previous = p.rung;
+    }
+    EXPECT_EQ(predict(c, BudgetTarget{BudgetTarget::Kind::kVnmse, 10.0}).rung, 0);
+    EXPECT_EQ(predict(c, BudgetTarget{BudgetTarget::Kind::kVnmse, 1e-9}).rung, kLadderRungs - 1);
+    // MXFP6's target is looser than MXFP8's.
+    EXPECT_LE(predict(c, BudgetTarget{BudgetTarget::Kind::kMxfp6, 0}).rung,
+              predict(c, BudgetTarget{BudgetTarget::Kind::kMxfp8, 0}).rung);
+  }
+}
+
+// Every rank computes from the same bytes: the prediction is identical bit for bit whatever
+// else the process did (a fresh summary, a different order of calls), and the rung follows.
+TEST(BudgetModel, ChoiceIsAPureFunctionOfTheStatistics) {
+  const Case a = make_case(8, topo::Kind::kButterfly, 1.0, 0.0, 3);
+  const Case b = make_case(8, topo::Kind::kButterfly, 1.0, 0.0, 3);
+  ASSERT_EQ(a.stats, b.stats);
+  const BudgetTarget t{BudgetTarget::Kind::kMxfp8, 0};
+  const BudgetPrediction p = predict(a, t);
+  predict(make_case(8, topo::Kind::kRing, 2.0, 0.5, 9), t);  // unrelated work in between
+  const BudgetPrediction q = predict(b, t);
+  EXPECT_EQ(p.rung, q.rung);
+  EXPECT_EQ(std::memcmp(p.vnmse, q.vnmse, sizeof p.vnmse), 0);
+  EXPECT_EQ(std::memcmp(&p.target, &q.target, sizeof p.target), 0);
+}
+
+// A non-finite statistic (a NaN in some rank's input): no prediction, so the engine uses the
+// fixed default.
+TEST(BudgetModel, NonFiniteStatisticsGiveNoPrediction) {
+  Case c = make_case(4, topo::Kind::kRing, 1.0, 0.0, 2);
+  StatsSummary s;
+  EXPECT_TRUE(s.load(c.stats.data(), c.d, 4));
+  for (uint16_t bad : {uint16_t{0x7fc0}, uint16_t{0x7f80}, uint16_t{0xff80}}) {
+    for (size_t word : {size_t{10}, size_t{11}}) {
+      std::vector<uint16_t> stats = c.stats;
+      stats[word] = bad;
+      EXPECT_FALSE(s.load(stats.data(), c.d, 4)) << word << " " << bad;
+    }
+  }
+}
+
+TEST(BudgetModel, TargetParsing) {
+  BudgetTarget t;
+  EXPECT_TRUE(parse_budget_target("MXFP8", &t));
+  EXPECT_EQ(t.kind, BudgetTarget::Kind::kMxfp8);
+  EXPECT_TRUE(parse_budget_target("vnmse:2.5e-3", &t));
+  EXPECT_EQ(t.kind, BudgetTarget::Kind::kVnmse);
+  EXPECT_DOUBLE_EQ(t.vnmse, 2.5e-3);
+  EXPECT_EQ(budget_target_name(t), "vnmse:0.0025");
+  for (const char* bad : {"", "mxfp4", "vnmse", "vnmse:", "vnmse:-1", "vnmse:0", "vnmse:nan",
+                          "vnmse:inf", "vnmse:1x", "vnmse:20"})
+    EXPECT_FALSE(parse_budget_target(bad, &t)) << bad;
+}
+
+// The model against the simulator on fixed seeds (docs/RESULTS.md section 17 has the full
+// validation): predicted / measured within [0.6, 1.6] for each fixed budget 4..8 and for MXFP8
+// and MXFP6, ring and butterfly, 4 and 8 workers, independent deviations.
+TEST(BudgetModel, PredictionWithinBoundOfTheSimulator) {
+  for (int n : {4, 8})
+    for (topo::Kind topo : {topo::Kind::kRing, topo::Kind::kButterfly})
+      for (double spread : {0.0, 1.0}) {
+        const Case c = make_case(n, topo, spread, 0.0, 1);
+        StatsSummary s;
+        ASSERT_TRUE(s.load(c.stats.data(), c.d, n));
+        const HopProfile hop = hop_profile(c.sched);
+        auto check = [&](const std::string& spec, double predicted) {
+          std::string error;
+          auto codec = make_codec(spec, &error);
+          sim::SimResult r;
+          ASSERT_EQ(sim::simulate_allreduce(*codec, c.sched, c.rows, c.d, sim::SimOptions{},
+                                            nullptr, &r),
+                    Status::kOk);
+          const double ratio = predicted / r.vnmse;
+          EXPECT_TRUE(ratio >= 0.6 && ratio <= 1.6)
+              << spec << " " << topo::kind_name(topo) << " n=" << n << " spread " << spread
+              << ": predicted " << predicted << ", measured " << r.vnmse;
+        };
+        for (double bits : {4.0, 5.0, 6.0, 7.0, 8.0}) {
+          DynamiqPlan plan;
+          planned(bits, c, &plan);
+          char spec[32];
+          std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
+          check(spec, predict_vnmse({&s}, {&plan}, hop, nullptr));
+        }
+        check("mxfp8", s.mx_error(kRoundingErrorMxfp8, hop) / s.energy());
+        check("mxfp6", s.mx_error(kRoundingErrorMxfp6, hop) / s.energy());
+      }
+}
+
+}  // namespace
+}  // namespace dq
