@@ -24,8 +24,11 @@
 #   cuda_stats_device, cuda_dynamiq_layout_device, cuda_dynamiq_hop_device
 #                    tests/kernels/cuda/{stats,dynamiq}_test.cc on the device: every kernel
 #                    against the host codec byte for byte, the emulated tests' matrix (5-30 s)
-#   other gpu suite tests (real_nccl_with_plugin, shim_passes_gpu_allreduce_through, any added
-#                    later): meson test, one step each (10-60 s)
+#   other gpu suite tests (real_nccl_with_plugin, shim_passes_gpu_allreduce_through,
+#                    real_nccl_compressed_2ranks, any added later): meson test, one step each
+#                    (10-60 s). real_nccl_compressed_2ranks: the shim's compressed all-reduce on
+#                    the CUDA device over NVIDIA's NCCL, 2 ranks as two fake hosts (NCCL_HOSTID),
+#                    so one GPU serves (one each where there are two)
 #   hop_bandwidth    the fused hop (and the leaf, and the statistics) against a device-to-device
 #                    cudaMemcpy of the same tensor in the same run; prints GB/s and the ratio
 #                    (target hop >= 60% of the copy); never fails on the ratio (5 s)
@@ -38,9 +41,6 @@
 #                    alone. shim_4proc_device_buffers (among the other gpu suite tests): the
 #                    same buffers compressed by the shim's engine on the CUDA device (canary
 #                    included), its bytes against the host engine's
-#   then one step present but skipping, with the reason (what this does NOT cover yet):
-#   real_nccl_compressed_2ranks  the compressed path over NVIDIA's NCCL on 2+ ranks: needs 2+ GPUs
-#                    (NVIDIA's NCCL refuses two ranks on one device), and its test is not written
 # A time budget (DQ_GPU_CHECK_BUDGET_S, default 450 s from the start) caps every step's timeout;
 # a step that would start with under 10 s left is skipped with that reason.
 #
@@ -387,18 +387,10 @@ for tool in memcheck racecheck; do
   done
 done
 
-PENDING="not written yet: no test runs the shim over NVIDIA's NCCL on 2+ GPUs (the engine on the real CUDA device runs in cuda_device_gpu_steps and, 4 processes on one GPU through the CPU NCCL, in shim_4proc_device_buffers)"
 # 4 processes on the one GPU through the CPU NCCL, device buffers staged in stream order
 # (tests/nccl/device_buffers_main.cc; the CPU NCCL alone; shim_4proc_device_buffers, among the
 # gpu suite's others above, runs the same with the shim's engine on the CUDA device).
 run_test cpu_nccl_4proc_device_buffers 180
-gpus=0
-[ $HAVE_DEVICE = 1 ] && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "$gpus" -ge 2 ]; then
-  skip_step real_nccl_compressed_2ranks "$PENDING"
-else
-  skip_step real_nccl_compressed_2ranks "needs 2+ GPUs (this machine has $gpus: NVIDIA's NCCL refuses two ranks on one device); and $PENDING"
-fi
 
 # ---------------------------------------------------------------------------------------------
 total=$(( $(date +%s) - T0 ))
