@@ -60,8 +60,9 @@ struct WidthCounts {
   uint64_t n[4] = {0, 0, 0, 0};
 };
 
-// One codec part's statistics (a pipeline block, or a reduce-scatter chunk), summarised once so
-// that every budget's prediction costs O(log S).
+// One codec part's statistics (a pipeline block, or a reduce-scatter chunk), summarised once in
+// O(S) (a counting sort of the BF16 width keys) so that every budget's prediction costs a few
+// binary searches.
 class StatsSummary {
  public:
   // reduced: 2 BF16 words per super-group (summed means, summed sums of squares) of a tensor of
@@ -76,12 +77,16 @@ class StatsSummary {
   double mx_error(double k, const HopProfile& hop) const;
   // Expected energy of the exact sum: the vNMSE's denominator.
   double energy() const { return energy_; }
-  size_t supergroups() const { return key_.size(); }
+  size_t supergroups() const { return count_.back(); }
 
  private:
-  std::vector<float> key_;       // F_j, descending (ties by index): the codec's width key
-  std::vector<double> centred_;  // prefix sums over that order of the centred energy C_j
-  std::vector<double> mean_;     // prefix sums of the mean's energy c_j M_j^2
+  // The distinct values of the codec's width key F_j (a BF16 value), descending, and from the
+  // largest down to each: the super-groups (count_[k] over the first k values), their centred
+  // energy C_j and their mean's energy c_j M_j^2 (each of size values + 1, starting at 0).
+  std::vector<float> value_;
+  std::vector<uint64_t> count_;
+  std::vector<double> centred_;
+  std::vector<double> mean_;
   double energy_ = 0;
 };
 
