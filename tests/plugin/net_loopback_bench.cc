@@ -1,6 +1,8 @@
 // Loopback throughput of the net plugin: one connection between two processes, fixed-size
 // messages with several in flight, through the exported v11 table (dlopen, like NCCL).
-// Usage: net_loopback_bench [--size BYTES] [--inflight N] [--seconds S]
+// Usage: net_loopback_bench [--size BYTES] [--inflight N] [--seconds S] [--register 0|1]
+// --register 1 registers every buffer once with regMr and passes its handle, as NCCL does
+// (default 0: no handle, so a backend that needs registration, verbs, registers per request).
 // Prints one line: "dynamiq-net loopback size=... inflight=... nsocks=... gbps=<Gbit/s>".
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,8 +45,15 @@ void Nap() {
   std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
+// The buffer's memory handle when `reg` (regMr once, as NCCL does), else nullptr.
+void* Register(const dqNetV11* net, bool reg, void* comm, void* data, size_t size) {
+  void* mh = nullptr;
+  if (reg && net->regMr(comm, data, size, NCCL_PTR_HOST, &mh) != dqNetSuccess) Die("regMr failed");
+  return mh;
+}
+
 void RunSender(const dqNetV11* net, void* ctx, char* handle, size_t size, int inflight,
-               double seconds, int done_fd) {
+               double seconds, bool reg, int done_fd) {
   void* sc = nullptr;
   Clock::time_point t = Clock::now();
   while (sc == nullptr && SecondsSince(t) < 30) {
@@ -52,13 +61,14 @@ void RunSender(const dqNetV11* net, void* ctx, char* handle, size_t size, int in
   }
   if (sc == nullptr) Die("connect timed out");
   std::vector<char> buf(size, 'x');
+  void* mh = Register(net, reg, sc, buf.data(), size);
   std::deque<void*> window;
   t = Clock::now();
   // Bounded by `seconds` (plus the time to drain at most `inflight` messages).
   while (SecondsSince(t) < seconds) {
     while (static_cast<int>(window.size()) < inflight) {
       void* req = nullptr;
-      if (net->isend(sc, buf.data(), size, kDataTag, nullptr, nullptr, &req) != dqNetSuccess) {
+      if (net->isend(sc, buf.data(), size, kDataTag, mh, nullptr, &req) != dqNetSuccess) {
         Die("isend failed");
       }
       if (req == nullptr) break;
@@ -89,10 +99,12 @@ void RunSender(const dqNetV11* net, void* ctx, char* handle, size_t size, int in
   // Close only after the receiver has closed: its still-posted receives would fail otherwise.
   char byte = 0;
   if (read(done_fd, &byte, 1) != 1) Die("receiver vanished");
+  if (mh != nullptr) net->deregMr(sc, mh);
   net->closeSend(sc);
 }
 
-double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, int done_fd) {
+double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, bool reg,
+                   int done_fd) {
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
   while (rc == nullptr && SecondsSince(t) < 30) {
@@ -100,20 +112,24 @@ double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, int
   }
   if (rc == nullptr) Die("accept timed out");
   std::vector<std::vector<char>> bufs(static_cast<size_t>(inflight), std::vector<char>(size));
-  auto post = [&](int tag, void* data, size_t cap) {
+  std::vector<void*> mhs;
+  for (auto& b : bufs) mhs.push_back(Register(net, reg, rc, b.data(), size));
+  auto post = [&](int tag, void* data, size_t cap, void* mh) {
     void* req = nullptr;
     int tag_copy = tag;
     while (req == nullptr) {
-      if (net->irecv(rc, 1, &data, &cap, &tag_copy, nullptr, nullptr, &req) != dqNetSuccess) {
+      if (net->irecv(rc, 1, &data, &cap, &tag_copy, &mh, nullptr, &req) != dqNetSuccess) {
         Die("irecv failed");
       }
     }
     return req;
   };
   char end_byte = 0;
-  void* end_req = post(kEndTag, &end_byte, 1);
+  void* end_req = post(kEndTag, &end_byte, 1, nullptr);
   std::deque<std::pair<void*, int>> window;  // request, buffer index
-  for (int i = 0; i < inflight; ++i) window.emplace_back(post(kDataTag, bufs[i].data(), size), i);
+  for (int i = 0; i < inflight; ++i) {
+    window.emplace_back(post(kDataTag, bufs[i].data(), size, mhs[static_cast<size_t>(i)]), i);
+  }
   long long completed = 0;
   Clock::time_point first{};
   Clock::time_point last{};
@@ -130,11 +146,16 @@ double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, int
       ++completed;
       int idx = window.front().second;
       window.pop_front();
-      window.emplace_back(post(kDataTag, bufs[static_cast<size_t>(idx)].data(), size), idx);
+      window.emplace_back(
+          post(kDataTag, bufs[static_cast<size_t>(idx)].data(), size, mhs[static_cast<size_t>(idx)]),
+          idx);
       continue;
     }
     if (failed) Die("a receive failed before the end marker");
     Nap();
+  }
+  for (void* mh : mhs) {
+    if (mh != nullptr) net->deregMr(rc, mh);
   }
   net->closeRecv(rc);
   if (write(done_fd, "x", 1) != 1) Die("cannot signal the sender");
@@ -150,6 +171,7 @@ int main(int argc, char** argv) {
   size_t size = 4u << 20;
   int inflight = 8;
   double seconds = 5;
+  bool reg = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--size")
@@ -158,8 +180,10 @@ int main(int argc, char** argv) {
       inflight = std::atoi(argv[i + 1]);
     else if (a == "--seconds")
       seconds = std::atof(argv[i + 1]);
+    else if (a == "--register")
+      reg = std::atoi(argv[i + 1]) != 0;
     else
-      Die("unknown option (use --size, --inflight, --seconds)");
+      Die("unknown option (use --size, --inflight, --seconds, --register)");
   }
   if (size == 0 || inflight < 1 || inflight > NCCL_NET_MAX_REQUESTS || seconds <= 0) {
     Die("bad arguments");
@@ -179,17 +203,17 @@ int main(int argc, char** argv) {
   if (pid < 0) Die("fork failed");
   if (pid == 0) {
     close(done_pipe[1]);
-    RunSender(net, ctx, handle, size, inflight, seconds, done_pipe[0]);
+    RunSender(net, ctx, handle, size, inflight, seconds, reg, done_pipe[0]);
     _exit(0);
   }
   close(done_pipe[0]);
-  double gbps = RunReceiver(net, lc, size, inflight, done_pipe[1]);
+  double gbps = RunReceiver(net, lc, size, inflight, reg, done_pipe[1]);
   int status = 0;
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("sender failed");
   const char* nsocks = std::getenv("DYNAMIQ_NET_NSOCKS");
-  std::printf("dynamiq-net loopback size=%zu inflight=%d nsocks=%s gbps=%.3f\n", size, inflight,
-              nsocks != nullptr ? nsocks : "default", gbps);
+  std::printf("dynamiq-net loopback size=%zu inflight=%d nsocks=%s registered=%d gbps=%.3f\n",
+              size, inflight, nsocks != nullptr ? nsocks : "default", reg ? 1 : 0, gbps);
   net->closeListen(lc);
   return 0;
 }
