@@ -128,7 +128,7 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
     b.buckets.push_back(k);
   }
   nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, {"j", "h", 9}, false));
-  const nlohmann::json& b = doc["communicators"][0]["budget"];
+  const nlohmann::json& b = doc["communicators"][0]["quantization"];
   EXPECT_EQ(b["auto"], true);
   EXPECT_EQ(b["target"], "mxfp8");
   EXPECT_DOUBLE_EQ(b["mean_bits"].get<double>(), 6.75);
