@@ -207,15 +207,42 @@ long long json_field(const std::string& obj, const char* key) {
   return p == std::string::npos ? -1 : std::atoll(obj.c_str() + p + k.size());
 }
 
-// Bytes all of this process's communicators' cached plans hold, in KiB, or -1.
+// The text of each object of the metrics JSON's "communicators" array, found by brace depth
+// (strings skipped), so nested objects such as "budget" and "calls" stay inside their
+// communicator whatever their order.
+std::vector<std::string> communicator_objects(const std::string& m) {
+  std::vector<std::string> out;
+  const std::string key = "\"communicators\":[";
+  size_t p = m.find(key);
+  if (p == std::string::npos) return out;
+  int depth = 0;
+  size_t start = 0;
+  bool in_string = false;
+  for (p += key.size(); p < m.size(); ++p) {
+    const char c = m[p];
+    if (in_string) {
+      if (c == '\\') ++p;  // skip the escaped character
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{') {
+      if (depth++ == 0) start = p;
+    } else if (c == '}') {
+      if (--depth == 0) out.push_back(m.substr(start, p - start + 1));
+      if (depth < 0) break;
+    } else if (c == ']' && depth == 0) {
+      break;
+    }
+  }
+  return out;
+}
+
+// Bytes all of this process's communicators' cached plans hold (their "held_bytes"), in KiB, or
+// -1 when a communicator lacks it.
 long held_kib() {
-  const std::string m = flushed_metrics();
   long long total = 0;
   bool any = false;
-  for (size_t p = m.find("{\"bytes_in\""); p != std::string::npos;
-       p = m.find("{\"bytes_in\"", p + 1)) {
-    // The object ends at its second '}' (the first closes its "calls").
-    const std::string obj = m.substr(p, m.find('}', m.find('}', p) + 1) - p + 1);
+  for (const std::string& obj : communicator_objects(flushed_metrics())) {
     const long long held = json_field(obj, "held_bytes");
     if (held < 0) return -1;
     total += held;
@@ -440,9 +467,7 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
     return 44;
   }
   bool found = false;
-  for (size_t p = m.find("{\"bytes_in\""); p != std::string::npos;
-       p = m.find("{\"bytes_in\"", p + 1)) {
-    const std::string obj = m.substr(p, m.find('}', m.find('}', p) + 1) - p + 1);
+  for (const std::string& obj : communicator_objects(m)) {
     if (field(obj, "index") != 0) continue;
     found = true;
     if (field(obj, "over_budget") != st->over_budget ||
