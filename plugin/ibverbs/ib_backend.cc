@@ -671,12 +671,11 @@ struct SendComm : Conn {
     return static_cast<int>((size + ChunkBytes(size) - 1) / ChunkBytes(size)) + 1;
   }
 
-  // Posts the payload write(s) and the size record for `r` into entry `e` of slot `k`.
-  Status Post(SendReq* r, uint64_t k, int e) {
-    const ibwire::FifoEntry& fe = snap[k % kFifoDepth].e[e];
+  // Posts the payload write(s) and the size record for `r` into entry `e` of slot `pos`.
+  Status Post(SendReq* r, uint32_t pos, int e) {
+    const ibwire::FifoEntry& fe = snap[pos].e[e];
     const uint64_t cap = fe.size;
     const bool fits = r->size <= cap;
-    const size_t pos = static_cast<size_t>(k % kFifoDepth);
     const uint32_t idx = static_cast<uint32_t>(pos * kMaxGroupedRecvs + static_cast<size_t>(e));
     records[idx] = fits ? r->size : (r->size | ibwire::kOversize);
     std::vector<ibv_send_wr> wrs;
@@ -820,8 +819,7 @@ struct RecvReq {
   RecvComm* comm = nullptr;
   int n = 0;
   int remaining = 0;
-  uint64_t seq = 0;   // receive index (the FIFO slot's seq - 1)
-  uint32_t slot = 0;  // FIFO slot it was posted in (free again once every entry arrived)
+  uint64_t seq = 0;  // receive index (the FIFO slot's seq - 1)
   size_t capacity[kMaxGroupedRecvs] = {};
   int tag[kMaxGroupedRecvs] = {};
   size_t received[kMaxGroupedRecvs] = {};
@@ -1284,7 +1282,6 @@ class IbNet final : public NetBackend {
     r->n = n;
     r->remaining = n;
     r->seq = rc->next_seq;
-    r->slot = static_cast<uint32_t>(pos);
     FifoSlot& s = rc->fifo_src[pos];
     std::memset(&s, 0, sizeof(s));
     for (int i = 0; i < n; ++i) {
