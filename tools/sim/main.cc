@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tools/cli/cli.h"
+#include "tools/sim/cli_common.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 
@@ -46,22 +47,7 @@ constexpr const char* kUsage =
     "not finite (an input holding infinities or NaNs) is null, with \"vnmse_finite\": false\n"
     "(always present) or \"<key>_finite\": false beside it.\n";
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
-int usage_error(const std::string& what) {
-  std::fprintf(stderr, "dynamiq-sim: %s\n%s", what.c_str(), kUsage);
-  return 2;
-}
+int usage_error(const std::string& what) { return dq::sim::usage_error("dynamiq-sim", what, kUsage); }
 
 bool parse_ulong(const char* s, unsigned long long lo, unsigned long long hi, unsigned long long* v) {
   char* end = nullptr;
@@ -156,18 +142,18 @@ int main(int argc, char** argv) {
   if (input.empty() == !synthetic) return usage_error("give exactly one of --input or --synthetic");
 
   std::vector<int> workers;
-  for (const auto& w : split(worker_list)) {
+  for (const auto& w : dq::sim::split_list(worker_list)) {
     unsigned long long u = 0;
     if (!parse_ulong(w.c_str(), 1, 1024, &u)) return usage_error("--workers: '" + w + "' is not in 1..1024");
     workers.push_back(static_cast<int>(u));
   }
   std::vector<dq::topo::Kind> topos;
-  for (const auto& t : split(topo_list)) {
+  for (const auto& t : dq::sim::split_list(topo_list)) {
     dq::topo::Kind k;
     if (dq::topo::parse_kind(t, &k) != Status::kOk) return usage_error("--topo: unknown topology '" + t + "' (ring, butterfly)");
     topos.push_back(k);
   }
-  std::vector<std::string> codecs = split(codec_list);
+  std::vector<std::string> codecs = dq::sim::split_list(codec_list);
   for (const auto& c : codecs) {
     std::string err;
     if (!dq::make_codec(c, &err)) return usage_error("--codec: " + err);

@@ -22,6 +22,7 @@
 #include "kernels/bf16.h"
 #include "kernels/budget_model.h"
 #include "kernels/dynamiq_codec.h"
+#include "tools/sim/cli_common.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 
@@ -40,22 +41,7 @@ constexpr const char* kUsage =
     "  --budgets LIST      fixed budgets to check (default 3,4,5,6,7,8)\n"
     "  --target T          auto's target: mxfp8, mxfp6 or vnmse:X (default mxfp8)\n";
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    size_t e = s.find(',', b);
-    if (e == std::string::npos) e = s.size();
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
-
-int fail(const std::string& what) {
-  std::fprintf(stderr, "dynamiq-predict: %s\n%s", what.c_str(), kUsage);
-  return 2;
-}
+int fail(const std::string& what) { return dq::sim::usage_error("dynamiq-predict", what, kUsage); }
 
 // The statistics all-reduce as the simulator and the engine do it: each worker's BF16 words
 // summed in rank order in FP32, rounded to BF16.
@@ -134,15 +120,15 @@ int main(int argc, char** argv) {
   if (!dq::parse_budget_target(target_s, &target))
     return fail("--target " + target_s + ": expected mxfp8, mxfp6 or vnmse:X");
   std::vector<int> workers;
-  for (const auto& w : split(workers_s)) workers.push_back(std::atoi(w.c_str()));
+  for (const auto& w : dq::sim::split_list(workers_s)) workers.push_back(std::atoi(w.c_str()));
   std::vector<dq::topo::Kind> topos;
-  for (const auto& t : split(topo_s)) {
+  for (const auto& t : dq::sim::split_list(topo_s)) {
     dq::topo::Kind k;
     if (dq::topo::parse_kind(t, &k) != Status::kOk) return fail("unknown topology " + t);
     topos.push_back(k);
   }
   std::vector<double> budgets;
-  for (const auto& b : split(budgets_s)) budgets.push_back(std::strtod(b.c_str(), nullptr));
+  for (const auto& b : dq::sim::split_list(budgets_s)) budgets.push_back(std::strtod(b.c_str(), nullptr));
   int max_workers = 0;
   for (int w : workers) {
     if (w < 2 || w > 1024) return fail("--workers: each in 2..1024");
@@ -198,6 +184,18 @@ int main(int argc, char** argv) {
           j["codec"] = codec;
           return j;
         };
+        // Measures `spec`, prints its predicted-against-measured row and keeps the ratio.
+        auto compare = [&](const char* kind, const std::string& spec, double pred,
+                           std::vector<double>* ratios, Measured* me) {
+          if (!measure(spec, sched, rows, d, me)) return false;
+          auto j = row(kind, spec);
+          j["predicted"] = pred;
+          j["measured"] = me->vnmse;
+          j["ratio"] = pred / me->vnmse;
+          ratios->push_back(pred / me->vnmse);
+          std::printf("%s\n", j.dump().c_str());
+          return true;
+        };
         auto plan_of = [&](double bits, dq::DynamiqPlan* plan, bool* fits) {
           auto c = dq::make_codec("dynamiq:" + std::to_string(bits), &err);
           c->plan(d, sched.n_chunks, n);
@@ -214,13 +212,7 @@ int main(int argc, char** argv) {
           char spec[32];
           std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
           Measured me;
-          if (!measure(spec, sched, rows, d, &me)) return 1;
-          auto j = row("fixed", spec);
-          j["predicted"] = pred;
-          j["measured"] = me.vnmse;
-          j["ratio"] = pred / me.vnmse;
-          ratio_fixed.push_back(pred / me.vnmse);
-          std::printf("%s\n", j.dump().c_str());
+          if (!compare("fixed", spec, pred, &ratio_fixed, &me)) return 1;
         }
         Measured mx8, five;
         for (const char* spec : {"mxfp8", "mxfp6"}) {
@@ -228,14 +220,8 @@ int main(int argc, char** argv) {
                                                             : dq::kRoundingErrorMxfp6;
           const double pred = summary.mx_error(k, hop) / summary.energy();
           Measured me;
-          if (!measure(spec, sched, rows, d, &me)) return 1;
+          if (!compare("mx", spec, pred, &ratio_mx, &me)) return 1;
           if (std::strcmp(spec, "mxfp8") == 0) mx8 = me;
-          auto j = row("mx", spec);
-          j["predicted"] = pred;
-          j["measured"] = me.vnmse;
-          j["ratio"] = pred / me.vnmse;
-          ratio_mx.push_back(pred / me.vnmse);
-          std::printf("%s\n", j.dump().c_str());
         }
         // auto: every rung's plan, the model's choice, measured at that budget.
         std::vector<std::vector<dq::DynamiqPlan>> plans(1, std::vector<dq::DynamiqPlan>(dq::kLadderRungs));
