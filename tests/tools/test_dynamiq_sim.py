@@ -113,6 +113,30 @@ r = run("--input", sample, "--collective", "reducescatter", "--per-hop")
 check(r.returncode == 2 and "per-hop" in r.stderr, f"per-hop with reducescatter: {r.stderr}")
 check(all(x.get("collective") == "allreduce" for x in ar.values()), "all-reduce is the default")
 
+# --bits-breakdown (issue 14 section 2): the parts sum to the budget, the shares to 1, the
+# per-width vNMSE parts to the vNMSE; only for DynamiQ on the all-reduce.
+parts = ["values", "group_factors", "units", "statistics", "headers", "padding", "slack",
+         "unallocated"]
+for x in jsonl("--input", sample, "--workers", "4", "--topo", "ring,butterfly",
+               "--codec", "dynamiq:4,dynamiq:5", "--bits-breakdown", "--calls", "2"):
+    b = x["bits_breakdown"]
+    check(abs(sum(b[p] for p in parts) - b["budget"]) < 1e-9, f"parts do not sum: {b}")
+    check(abs(b["copy_bits_per_coord"] - x["bits_per_coord"]) < 1e-12, f"copy bits: {x}")
+    check(abs(b["statistics"] - 0.125) < 1e-12 and abs(b["units"] - 0.0625) < 1e-12,
+          f"statistics and units of whole super-groups: {b}")
+    w = b["widths"]
+    check([y["bits"] for y in w] == [2, 4, 8, 16], f"widths: {w}")
+    for key in ("supergroup_share", "error_share", "energy_share", "record_bit_share"):
+        check(abs(sum(y[key] for y in w) - 1) < 1e-9, f"{key} does not sum to 1: {w}")
+    check(abs(sum(y["vnmse_part"] for y in w) - x["vnmse"]) < 1e-9 * x["vnmse"],
+          f"vNMSE parts: {x}")
+r = run("--input", sample, "--codec", "mxfp8", "--bits-breakdown")
+check(r.returncode == 2 and "not a DynamiQ codec" in r.stderr, f"breakdown of mxfp8: {r.stderr}")
+r = run("--input", sample, "--collective", "reducescatter", "--bits-breakdown")
+check(r.returncode == 2 and "allreduce only" in r.stderr, f"breakdown of reducescatter: {r.stderr}")
+r = run("--input", sample, "--bits-breakdown", "--quiet")
+check(r.returncode == 0 and "err share" in r.stdout and "slack" in r.stdout, f"table: {r.stdout}")
+
 for f in failures:
     print("FAIL:", f)
 print(f"{len(failures)} failures")

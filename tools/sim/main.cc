@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_layout.h"
 #include "tools/cli/cli.h"
+#include "tools/sim/bit_breakdown.h"
 #include "tools/sim/cli_common.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -38,6 +41,11 @@ constexpr const char* kUsage =
     "  --seed S              rounding seed (default 1)\n"
     "  --calls K             average over K calls (call ids 0..K-1; default 1)\n"
     "  --per-hop             report the error of every partial sum (hop_vnmse)\n"
+    "  --bits-breakdown      DynamiQ codecs, all-reduce: where one compressed copy's bits per\n"
+    "                        coordinate go (values, group factors, super-group units,\n"
+    "                        statistics, headers, padding, slack, and what the budget's rounding\n"
+    "                        leaves unallocated; they sum to the budget), and per width 2/4/8/16\n"
+    "                        the share of super-groups and of the squared error\n"
     "  --threads T           worker threads (default: all cores)\n"
     "  --format jsonl|table  output (default table)\n"
     "  --quiet               no progress on stderr\n"
@@ -66,12 +74,82 @@ bool parse_double(const char* s, double lo, double hi, double* v) {
   return true;
 }
 
+// Shares of the breakdown: the parts per coordinate, and per width the super-groups, the record
+// bits and the squared error (each share of its own total; 0 when the total is 0).
+struct Shares {
+  double parts[8];  // values, group factors, units, statistics, headers, padding, slack, unallocated
+  double sg[4], bits[4], error[4];
+};
+
+Shares shares(const dq::sim::BitBreakdown& b) {
+  Shares s{};
+  const uint64_t parts[7] = {b.values, b.group_factors, b.units, b.statistics, b.headers, b.padding, b.slack};
+  for (int i = 0; i < 7; ++i) s.parts[i] = b.per_coord(parts[i]);
+  s.parts[7] = b.count ? b.unallocated / static_cast<double>(b.count) : 0.0;
+  uint64_t record_bits = 0;
+  for (int w = 0; w < 4; ++w) record_bits += b.record_bits_by_width[w];
+  const double err = b.error_total();
+  for (int w = 0; w < 4; ++w) {
+    s.sg[w] = b.supergroups ? static_cast<double>(b.sg_by_width[w]) / static_cast<double>(b.supergroups) : 0.0;
+    s.bits[w] = record_bits ? static_cast<double>(b.record_bits_by_width[w]) / static_cast<double>(record_bits) : 0.0;
+    s.error[w] = err > 0 ? b.error_by_width[w] / err : 0.0;
+  }
+  return s;
+}
+
+constexpr const char* kPartNames[8] = {"values", "group_factors", "units", "statistics",
+                                       "headers", "padding", "slack", "unallocated"};
+
+nlohmann::ordered_json breakdown_json(const dq::sim::BitBreakdown& b) {
+  const Shares s = shares(b);
+  nlohmann::ordered_json j;
+  j["budget"] = b.budget_bits;
+  j["copy_bits_per_coord"] = b.per_coord(b.copy_bits());
+  for (int i = 0; i < 8; ++i) j[kPartNames[i]] = s.parts[i];
+  nlohmann::ordered_json widths = nlohmann::ordered_json::array();
+  double energy = 0;
+  for (double e : b.energy_by_width) energy += e;
+  for (int w = 0; w < 4; ++w) {
+    nlohmann::ordered_json x;
+    x["bits"] = dq::sim::kBreakdownWidths[w];
+    x["supergroups"] = b.sg_by_width[w];
+    x["supergroup_share"] = s.sg[w];
+    x["record_bit_share"] = s.bits[w];
+    dq::cli::put_number(&x, "energy_share", energy > 0 ? b.energy_by_width[w] / energy : 0.0);
+    dq::cli::put_number(&x, "error_share", s.error[w]);
+    // This width's part of the vNMSE (the parts add up to the vNMSE over the calls).
+    dq::cli::put_number(&x, "vnmse_part", energy > 0 ? b.error_by_width[w] / energy : 0.0);
+    widths.push_back(x);
+  }
+  j["widths"] = widths;
+  return j;
+}
+
+void print_breakdown(const dq::sim::BitBreakdown& b) {
+  const Shares s = shares(b);
+  std::printf("  bits/crd of one copy, budget %g:", b.budget_bits);
+  double total = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::printf(" %s %.4f", kPartNames[i], s.parts[i]);
+    total += s.parts[i];
+  }
+  std::printf(" = %.4f%s\n", total, b.budget_honest ? "" : " (not budget honest)");
+  double energy = 0;
+  for (double e : b.energy_by_width) energy += e;
+  std::printf("  %-6s %12s %9s %9s %9s %11s\n", "width", "super-groups", "sg share", "bit share",
+              "err share", "energy shr");
+  for (int w = 0; w < 4; ++w)
+    std::printf("  %-6d %12zu %8.2f%% %8.2f%% %8.2f%% %10.2f%%\n", dq::sim::kBreakdownWidths[w],
+                b.sg_by_width[w], 100 * s.sg[w], 100 * s.bits[w], 100 * s.error[w],
+                energy > 0 ? 100 * b.energy_by_width[w] / energy : 0.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string input, save, format = "table", topo_list = "ring", codec_list = "dynamiq:5";
   std::string worker_list = "4", collective = "allreduce";
-  bool synthetic = false, quiet = false;
+  bool synthetic = false, quiet = false, breakdown = false;
   dq::sim::SyntheticSpec syn;
   dq::sim::SimOptions opt;
   unsigned long long calls = 1, threads = 0;
@@ -80,6 +158,7 @@ int main(int argc, char** argv) {
   CLI::Option* o_synthetic = dq::cli::add_switch(&app, "--synthetic");
   CLI::Option* o_per_hop = dq::cli::add_switch(&app, "--per-hop");
   CLI::Option* o_quiet = dq::cli::add_switch(&app, "--quiet");
+  CLI::Option* o_breakdown = dq::cli::add_switch(&app, "--bits-breakdown");
   CLI::Option* o_input = dq::cli::add_value(&app, "--input");
   CLI::Option* o_save = dq::cli::add_value(&app, "--save");
   CLI::Option* o_workers = dq::cli::add_value(&app, "--workers");
@@ -115,6 +194,7 @@ int main(int argc, char** argv) {
     if (o == o_synthetic) synthetic = true;
     else if (o == o_per_hop) opt.per_hop = true;
     else if (o == o_quiet) quiet = true;
+    else if (o == o_breakdown) breakdown = true;
     else if (o == o_input) input = value;
     else if (o == o_save) save = value;
     else if (o == o_workers) worker_list = value;
@@ -139,6 +219,7 @@ int main(int argc, char** argv) {
     return usage_error("--collective must be allreduce or reducescatter");
   const bool scatter = collective == "reducescatter";
   if (scatter && opt.per_hop) return usage_error("--per-hop is for --collective allreduce only");
+  if (scatter && breakdown) return usage_error("--bits-breakdown is for --collective allreduce only");
   if (input.empty() == !synthetic) return usage_error("give exactly one of --input or --synthetic");
 
   std::vector<int> workers;
@@ -156,7 +237,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> codecs = dq::sim::split_list(codec_list);
   for (const auto& c : codecs) {
     std::string err;
-    if (!dq::make_codec(c, &err)) return usage_error("--codec: " + err);
+    auto codec = dq::make_codec(c, &err);
+    if (!codec) return usage_error("--codec: " + err);
+    dq::DynamiqOptions dyn;
+    dq::DynamiqPlan plan;
+    if (breakdown && !dq::dynamiq_parameters(*codec, &dyn, &plan))
+      return usage_error("--bits-breakdown: " + c + " is not a DynamiQ codec");
   }
   if (workers.empty() || topos.empty() || codecs.empty()) return usage_error("empty --workers, --topo or --codec list");
   std::unique_ptr<tbb::global_control> limit;
@@ -210,15 +296,27 @@ int main(int argc, char** argv) {
         auto codec = dq::make_codec(spec, &err);
         dq::sim::SimResult sum{}, r{};
         std::vector<double> hop, blocks;
+        std::vector<float> decoded;
+        dq::sim::BitBreakdown bits;
         for (unsigned long long call = 0; call < calls; ++call) {
           dq::sim::SimOptions o = opt;
           o.call = call;
           const Status st = scatter ? dq::sim::simulate_reduce_scatter(spec, sched, rows, recvcount, o, nullptr, &r)
-                                    : dq::sim::simulate_allreduce(*codec, sched, rows, m.cols, o, nullptr, &r);
+                                    : dq::sim::simulate_allreduce(*codec, sched, rows, m.cols, o,
+                                                                  breakdown ? &decoded : nullptr, &r);
           if (st != Status::kOk) {
             std::fprintf(stderr, "dynamiq-sim: %s %s on %s n=%d failed\n", collective.c_str(), spec.c_str(),
                          dq::topo::kind_name(topo), n);
             return 1;
+          }
+          if (breakdown) {
+            // The plan and the widths are the same every call (the statistics do not change);
+            // the error is summed over the calls.
+            if ((call == 0 && !dq::sim::bit_breakdown(*codec, &bits, &err)) ||
+                !dq::sim::accumulate_width_error(*codec, rows, n, decoded.data(), opt.op, &bits, &err)) {
+              std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str());
+              return 1;
+            }
           }
           sum.vnmse += r.vnmse / calls;
           sum.seconds += r.seconds;
@@ -256,6 +354,7 @@ int main(int argc, char** argv) {
             dq::cli::put_numbers(&row, "block_vnmse", blocks);
           }
           if (opt.per_hop) dq::cli::put_numbers(&row, "hop_vnmse", hop);
+          if (breakdown) row["bits_breakdown"] = breakdown_json(bits);
           std::printf("%s\n", row.dump().c_str());
         } else {
           std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", spec.c_str(), dq::topo::kind_name(topo), n,
@@ -269,6 +368,7 @@ int main(int argc, char** argv) {
             std::printf("  (< %zu super-groups per chunk: the engine passes this through)",
                         dq::kMinSuperGroupsPerChunk);
           std::printf("\n");
+          if (breakdown) print_breakdown(bits);
         }
         std::fflush(stdout);
       }
