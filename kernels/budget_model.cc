@@ -179,11 +179,9 @@ double StatsSummary::mx_error(double k, const HopProfile& hop) const {
   return k * (hop.linear * centred_.back() + hop.square * mean_.back());
 }
 
-namespace {
-double target_of(const std::vector<const StatsSummary*>& parts, const HopProfile& hop,
-                 const BudgetTarget& t) {
-  if (t.kind == BudgetTarget::Kind::kVnmse) return t.vnmse;
-  const double k = t.kind == BudgetTarget::Kind::kMxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6;
+double predict_mx_vnmse(const std::vector<const StatsSummary*>& parts, double k,
+                        const HopProfile& hop) {
+  if (parts.empty()) return -1.0;
   double err = 0, energy = 0;
   for (const StatsSummary* s : parts) {
     err += s->mx_error(k, hop);
@@ -191,7 +189,23 @@ double target_of(const std::vector<const StatsSummary*>& parts, const HopProfile
   }
   return energy > 0 ? err / energy : 0.0;
 }
+
+namespace {
+double target_of(const std::vector<const StatsSummary*>& parts, const HopProfile& hop,
+                 const BudgetTarget& t) {
+  if (t.kind == BudgetTarget::Kind::kVnmse) return t.vnmse;
+  const double k = t.kind == BudgetTarget::Kind::kMxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6;
+  return std::max(0.0, predict_mx_vnmse(parts, k, hop));
+}
 }  // namespace
+
+std::string candidate_spec(int c) {
+  if (c == kCandidateMxfp8) return "mxfp8";
+  if (c == kCandidateMxfp6) return "mxfp6";
+  char spec[32];
+  std::snprintf(spec, sizeof spec, "dynamiq:%g", ladder_bits(c));
+  return spec;
+}
 
 void predict_budget(const std::vector<const StatsSummary*>& parts,
                     const std::vector<std::vector<DynamiqPlan>>& plans,
@@ -201,20 +215,31 @@ void predict_budget(const std::vector<const StatsSummary*>& parts,
   out->target = target_of(parts, hop, target);
   double energy = 0;
   for (const StatsSummary* s : parts) energy += s->energy();
-  int chosen = -1, top_fit = -1;
-  for (int r = 0; r < kLadderRungs; ++r) {
+  for (int c = 0; c < kCandidates; ++c) {
     bool ok = true;
     double err = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
-      ok = ok && fits[i][r];
-      err += parts[i]->dynamiq_error(plans[i][r], hop, &out->widths[r]);
+      ok = ok && static_cast<size_t>(c) < fits[i].size() && fits[i][c];
+      if (!candidate_is_mx(c))
+        err += parts[i]->dynamiq_error(plans[i][c], hop, &out->widths[c]);
+      else
+        err += parts[i]->mx_error(c == kCandidateMxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6,
+                                  hop);
     }
-    out->vnmse[r] = !ok ? -1.0 : energy > 0 ? err / energy : 0.0;
-    if (!ok) continue;
-    top_fit = r;
-    if (chosen < 0 && out->vnmse[r] <= out->target) chosen = r;
+    out->vnmse[c] = !ok ? -1.0 : energy > 0 ? err / energy : 0.0;
   }
-  out->rung = chosen >= 0 ? chosen : top_fit >= 0 ? top_fit : kLadderRungs - 1;
+  // Fewest bits meeting the target (no two candidates have the same bits); failing that, the
+  // smallest error (ties: the lower index). Strict comparisons in index order: one answer for
+  // the same bytes on every rank.
+  int chosen = -1, best = -1;
+  for (int c = 0; c < kCandidates; ++c) {
+    if (out->vnmse[c] < 0) continue;
+    if (best < 0 || out->vnmse[c] < out->vnmse[best]) best = c;
+    if (out->vnmse[c] <= out->target &&
+        (chosen < 0 || candidate_bits(c) < candidate_bits(chosen)))
+      chosen = c;
+  }
+  out->rung = chosen >= 0 ? chosen : best >= 0 ? best : kLadderRungs - 1;
 }
 
 double predict_vnmse(const std::vector<const StatsSummary*>& parts,

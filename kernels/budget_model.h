@@ -23,6 +23,23 @@ namespace dq {
 inline constexpr int kLadderRungs = 11;
 constexpr double ladder_bits(int rung) { return 3.0 + 0.5 * rung; }
 
+// Auto's candidates: the ladder's rungs 0..kLadderRungs-1, then the MX formats a call falls back
+// to when no rung that costs fewer bits meets the target. On dense buckets whose super-groups
+// share one scale, DynamiQ needs about 8.6 bits to beat MXFP8's error (docs/RESULTS.md section
+// 17), so "never worse than MXFP8" means sending such a bucket as MXFP8 (8.25 bits). Candidates
+// are ordered by bits, not by index: MXFP6 (6.25) sits between the rungs 6 and 6.5.
+inline constexpr int kCandidateMxfp6 = kLadderRungs;
+inline constexpr int kCandidateMxfp8 = kLadderRungs + 1;
+inline constexpr int kCandidates = kLadderRungs + 2;
+constexpr bool candidate_is_mx(int c) { return c >= kLadderRungs; }
+// Bits per coordinate of one copy: the rung's budget; MX: 8 or 6 bits per element plus an E8M0
+// exponent per 32.
+constexpr double candidate_bits(int c) {
+  return c == kCandidateMxfp8 ? 8.25 : c == kCandidateMxfp6 ? 6.25 : ladder_bits(c);
+}
+// The codec spec of an MX candidate ("mxfp8", "mxfp6"); a rung's is "dynamiq:<bits>".
+std::string candidate_spec(int c);
+
 // Expected squared error of one rounding of a super-group, as a fraction of the energy (sum of
 // squares) rounded. Derived for values that are Gaussian within a super-group (docs/ENGINE.md
 // section 10; tools/sim/derive_error_constants.py recomputes them): DynamiQ's stochastic rounding
@@ -90,22 +107,29 @@ class StatsSummary {
   double energy_ = 0;
 };
 
-// What auto predicts for one call of a bucket: per rung, the vNMSE (negative: that rung's plan
-// does not fit the budget) and the widths; the target's vNMSE; the rung chosen.
+// What auto predicts for one call of a bucket: per candidate, the vNMSE (negative: that
+// candidate's plan does not fit the budget) and the widths (none for MX); the target's vNMSE;
+// the candidate chosen.
 struct BudgetPrediction {
-  double vnmse[kLadderRungs] = {};
-  WidthCounts widths[kLadderRungs];
+  double vnmse[kCandidates] = {};
+  WidthCounts widths[kCandidates];
   double target = 0;
   int rung = kLadderRungs - 1;
 };
 
-// Predicts every rung for a call made of `parts` (their summaries and, per part, the plan of
-// each rung: plans[part][rung]) and chooses the smallest rung whose vNMSE meets the target; the
-// top rung when none does. All parts share `hop`.
+// Predicts every candidate for a call made of `parts` (their summaries; per part, the plan of
+// each rung, plans[part][rung], and whether each candidate fits, fits[part][candidate]: a
+// candidate with no entry does not) and chooses the one with the fewest bits whose vNMSE meets
+// the target; when none does, the one with the smallest predicted vNMSE. All parts share `hop`.
 void predict_budget(const std::vector<const StatsSummary*>& parts,
                     const std::vector<std::vector<DynamiqPlan>>& plans,
                     const std::vector<std::vector<bool>>& fits, const HopProfile& hop,
                     const BudgetTarget& target, BudgetPrediction* out);
+
+// The predicted vNMSE of a call sent in an MX format of relative rounding error k: -1 when the
+// parts are empty.
+double predict_mx_vnmse(const std::vector<const StatsSummary*>& parts, double k,
+                        const HopProfile& hop);
 
 // The predicted vNMSE of one plan alone (for a fixed budget): -1 when the parts are empty.
 double predict_vnmse(const std::vector<const StatsSummary*>& parts,

@@ -21,6 +21,10 @@ constexpr size_t kMaxPlans = 16;  // distinct (count, dtype) kept: DDP uses a fe
 // bucket holds only its statistics (4 bytes per 256 elements), and an evicted bucket starts
 // again at the fixed default.
 constexpr size_t kMaxBuckets = 64;
+// A bucket that auto sends as an MX format computes and all-reduces its DynamiQ statistics
+// (0.125 bits per coordinate) only every this many calls, to decide again: 0.016 bits on
+// average over MXFP8's 8.25.
+constexpr uint32_t kMxStatisticsEvery = 8;
 
 const char* dtype_label(DType d) { return d == DType::kF32 ? "float32" : "bfloat16"; }
 
@@ -133,6 +137,10 @@ struct Engine::Plan {
     uint64_t key_base = 0;    // RoundingKey::element_base: unique per element of the call
     size_t stats_offset = 0;  // into the statistics words
     void* layout = nullptr;   // the codec's per-call layout (device memory)
+    // An MX fallback of a DynamiQ bucket (DYNAMIQ_BITS=auto): the DynamiQ codec whose statistics
+    // the call still computes, so the bucket can decide again. Null otherwise.
+    std::unique_ptr<Codec> stats_codec;
+    const Codec& stats_source() const { return stats_codec ? *stats_codec : *codec; }
   };
   // A pipeline block: all-reduce and reduce, one part cut into every chunk; reduce-scatter, one
   // part per chunk, each over the block's slice of the rank block that chunk ends at, so each
@@ -153,6 +161,8 @@ struct Engine::Plan {
   size_t count = 0;
   DType dtype = DType::kF32;
   double bits = 0;  // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
+  std::string spec;  // the codec spec its codecs were made with
+  bool mx_fallback = false;  // auto sends this DynamiQ bucket as an MX format
   Program program;
   std::vector<Block> blocks;
   size_t stats_words = 0;
@@ -181,9 +191,12 @@ struct Engine::Bucket {
   uint16_t* stats = nullptr;  // mapped: the reduced statistics of the latest call
   bool stats_pending = false;  // the latest call's statistics are still to be read
   double bits = 0;             // budget of the latest call
-  std::vector<DynamiqPlan> used;  // per part: the plan of the latest call
-  // DYNAMIQ_BITS=auto: per part, per rung, its plan and whether it fits; the rung for the next
-  // call (-1: the fixed default, for a first call or a missing prediction).
+  std::vector<DynamiqPlan> used;  // per part: the plan of the latest call (DynamiQ)
+  double used_mx = 0;  // the latest call's MX rounding error constant; 0: it was DynamiQ
+  uint32_t calls_since_stats = 0;  // calls without statistics since the last with them
+  // DYNAMIQ_BITS=auto: per part, per rung, its plan, and per candidate (rungs, then the MX
+  // fallbacks) whether it fits; the candidate for the next call (-1: the fixed default, for a
+  // first call or a missing prediction).
   std::vector<std::vector<DynamiqPlan>> rungs;
   std::vector<std::vector<bool>> fits;
   int rung = -1;
@@ -516,7 +529,7 @@ topo::Kind Engine::kind_for(Collective collective) const {
 }
 
 std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dtype, double bits,
-                                                 Status* status) {
+                                                 const std::string& spec, Status* status) {
   auto plan = std::make_unique<Plan>();
   Plan& p = *plan;
   p.collective = call.collective;
@@ -524,13 +537,10 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   p.count = call.count;
   p.dtype = dtype;
   p.bits = bits;
-  // The settings' codec, or with DYNAMIQ_BITS=auto the same codec at the chosen rung.
-  std::string spec = settings_.codec_spec;
-  if (settings_.bits_auto && bits != settings_.budget_bits) {
-    char text[32];
-    std::snprintf(text, sizeof text, "dynamiq:%g", bits);
-    spec = std::string(text) + (settings_.correlated ? "" : ":corr=0");
-  }
+  p.spec = spec;
+  // An MX candidate of a DynamiQ communicator (auto's fallback) keeps computing the statistics.
+  p.mx_fallback = settings_.codec == "dynamiq" && spec != settings_.codec_spec &&
+                  spec.rfind("dynamiq", 0) != 0;
   const int n = comm_.nranks;
   if ((*status = compile_program(kind_for(call.collective), n, comm_.rank,
                                  static_cast<uint64_t>(settings_.seed), call.collective, call.root,
@@ -570,11 +580,19 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
       }
       const int part_chunks = scatter ? 1 : n_chunks;
       if ((*status = part.codec->plan(count, part_chunks, n)) != Status::kOk) return plan;
+      if (p.mx_fallback) {
+        part.stats_codec = make_codec(settings_.codec_spec, &error);
+        if (!part.stats_codec) {
+          *status = Status::kInternal;
+          return plan;
+        }
+        if ((*status = part.stats_codec->plan(count, part_chunks, n)) != Status::kOk) return plan;
+      }
       // Too few super-groups per chunk message (kernels/codec.h) pass through: over_budget.
       p.fits = p.fits && part.codec->fits_budget() && chunks_large_enough(count, part_chunks);
       blk.cap = part.codec->chunk_capacity();  // a function of (count, budget): equal for all
       part.stats_offset = p.stats_words;
-      p.stats_words += part.codec->stats_words();
+      p.stats_words += part.stats_source().stats_words();
       blk.parts.push_back(std::move(part));
     }
     p.blocks.push_back(std::move(blk));
@@ -605,9 +623,9 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   if (metrics_) metrics_->held_bytes.fetch_add(static_cast<int64_t>(p.held_bytes));
   if (*status == Status::kOk)
     DQ_INFO(Subsys::kEngine,
-            "dynamiq: plan rank %d/%d %s count %zu at %g bits %s: %s, %zu block(s), %d chunk(s) "
-            "of %zu B, %d slots (%.1f MB of payload buffers), %zu statistics words",
-            comm_.rank, n, collective_name(call.collective), call.count, bits,
+            "dynamiq: plan rank %d/%d %s count %zu, %s at %g bits %s: %s, %zu block(s), %d "
+            "chunk(s) of %zu B, %d slots (%.1f MB of payload buffers), %zu statistics words",
+            comm_.rank, n, collective_name(call.collective), call.count, spec.c_str(), bits,
             dtype == DType::kF32 ? "float32" : "bfloat16",
             topo::kind_name(kind_for(call.collective)), p.blocks.size(), n_chunks,
             p.blocks.front().cap, p.program.slots, arena_mb, p.stats_words);
@@ -627,13 +645,14 @@ void Engine::retire(std::unique_ptr<Plan> plan) {
   if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(plan->held_bytes));
 }
 
-Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits, Bucket* bucket,
+Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
+                              const std::string& spec, Bucket* bucket,
                               ncclResult_t* nccl_failure) {
   *nccl_failure = ncclSuccess;
   const size_t count = call.count;
   for (auto it = plans_.begin(); it != plans_.end(); ++it)
     if ((*it)->count == count && (*it)->dtype == dtype && (*it)->collective == call.collective &&
-        (*it)->root == call.root && (*it)->bits == bits) {
+        (*it)->root == call.root && (*it)->bits == bits && (*it)->spec == spec) {
       plans_.splice(plans_.begin(), plans_, it);  // most recently used first
       return plans_.front().get();
     }
@@ -642,15 +661,22 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits, B
   // compresses unless every rank's device matched the host codec. It waits for the device once,
   // here; later calls never run it.
   CanaryResult canary;
-  if (!canary_agreed_ && device_->needs_canary())
+  if (!canary_agreed_ && device_->needs_canary()) {
     canary = run_canary(device_, settings_.codec_spec, compute_stream_,
                         static_cast<uint64_t>(settings_.seed));
+    // Auto may send a bucket as an MX format: those kernels must match the host codec too.
+    for (int c = kLadderRungs; settings_.bits_auto && c < kCandidates && !canary.differs; ++c) {
+      CanaryResult mx = run_canary(device_, candidate_spec(c), compute_stream_,
+                                   static_cast<uint64_t>(settings_.seed));
+      if (mx.differs) canary = std::move(mx);
+    }
+  }
   // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
   // not send that rank alone down the pass-through path while its peers compress. Word 0: this
   // rank's planning failure; word 1: its canary failed (0 on a device without one, and after the
   // first plan).
   Status status = Status::kOk;
-  std::unique_ptr<Plan> plan = build_plan(call, dtype, bits, &status);
+  std::unique_ptr<Plan> plan = build_plan(call, dtype, bits, spec, &status);
   // A bucket's first plan also sets the bucket up (its mapped statistics copy may fail to
   // allocate on one rank): agreed with the plan, so no rank alone skips the copy.
   if (status == Status::kOk && bucket != nullptr && bucket->stats == nullptr && plan->fits)
@@ -739,14 +765,12 @@ Status Engine::init_bucket(Bucket& b, const Plan& p) {
     std::string error;
     for (const Bucket::Part& bp : b.parts) {
       std::vector<DynamiqPlan> plans(kLadderRungs);
-      std::vector<bool> fits(kLadderRungs, false);
-      for (int r = 0; r < kLadderRungs; ++r) {
-        char spec[32];
-        std::snprintf(spec, sizeof spec, "dynamiq:%g", ladder_bits(r));
-        const std::unique_ptr<Codec> codec = make_codec(spec, &error);
+      std::vector<bool> fits(kCandidates, false);
+      for (int r = 0; r < kCandidates; ++r) {
+        const std::unique_ptr<Codec> codec = make_codec(candidate_spec(r), &error);
         DynamiqOptions options;
         if (!codec || codec->plan(bp.count, bp.chunks, comm_.nranks) != Status::kOk ||
-            !dynamiq_parameters(*codec, &options, &plans[r]))
+            (!candidate_is_mx(r) && !dynamiq_parameters(*codec, &options, &plans[r])))
           continue;
         fits[r] = codec->fits_budget() && chunks_large_enough(bp.count, bp.chunks);
       }
@@ -784,6 +808,9 @@ void Engine::release_bucket(Bucket& b) {
   b.stats_pending = false;
   b.rung = -1;
   b.parts.clear();
+  b.used.clear();
+  b.used_mx = 0;
+  b.calls_since_stats = 0;
 }
 
 void Engine::read_bucket(Bucket& b) {
@@ -791,11 +818,11 @@ void Engine::read_bucket(Bucket& b) {
   std::vector<StatsSummary> summaries(b.parts.size());
   std::vector<const StatsSummary*> parts;
   std::vector<const DynamiqPlan*> used;
-  bool ok = b.used.size() == b.parts.size();
+  bool ok = b.used_mx > 0 || b.used.size() == b.parts.size();
   for (size_t i = 0; ok && i < b.parts.size(); ++i) {
     ok = summaries[i].load(b.stats + b.parts[i].stats_offset, b.parts[i].count, comm_.nranks);
     parts.push_back(&summaries[i]);
-    used.push_back(&b.used[i]);
+    if (b.used_mx == 0) used.push_back(&b.used[i]);
   }
   if (!ok) {
     // A non-finite statistic (a poisoned call): no prediction, the next call takes the fixed
@@ -803,16 +830,17 @@ void Engine::read_bucket(Bucket& b) {
     b.rung = -1;
     return;
   }
-  WidthCounts widths;
-  const double vnmse = predict_vnmse(parts, used, b.hop, &widths);
+  WidthCounts widths;  // none for a call sent as MX
+  const double vnmse = b.used_mx > 0 ? predict_mx_vnmse(parts, b.used_mx, b.hop)
+                                     : predict_vnmse(parts, used, b.hop, &widths);
   if (settings_.bits_auto) {
     BudgetPrediction prediction;
     predict_budget(parts, b.rungs, b.fits, b.hop, target_, &prediction);
     if (prediction.rung != b.rung)
       DQ_TRACE(Subsys::kEngine,
-               "dynamiq: rank %d %s count %zu: %g bits next (predicted vNMSE %.3g, target %s "
-               "%.3g)",
-               comm_.rank, collective_name(b.collective), b.count, ladder_bits(prediction.rung),
+               "dynamiq: rank %d %s count %zu: %s next (predicted vNMSE %.3g, target %s %.3g)",
+               comm_.rank, collective_name(b.collective), b.count,
+               candidate_spec(prediction.rung).c_str(),
                prediction.vnmse[prediction.rung], budget_target_name(target_).c_str(),
                prediction.target);
     b.rung = prediction.rung;
@@ -837,24 +865,30 @@ void Engine::note_budget(Bucket& b, const Plan& p) {
   b.bits = p.bits;
   ++b.calls;
   b.used.clear();
+  b.used_mx = !p.mx_fallback ? 0.0
+              : p.spec == "mxfp8" ? kRoundingErrorMxfp8
+                                  : kRoundingErrorMxfp6;
   for (const Plan::Block& blk : p.blocks)
     for (const Plan::Part& part : blk.parts) {
       DynamiqOptions options;
       DynamiqPlan plan;
-      dynamiq_parameters(*part.codec, &options, &plan);
-      b.used.push_back(plan);
+      if (!p.mx_fallback && dynamiq_parameters(*part.codec, &options, &plan))
+        b.used.push_back(plan);
     }
   ++window_.calls;
   window_.bits += p.bits;
+  if (p.mx_fallback) ++window_.mx_calls;
   if (metrics_) {
     std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
     BudgetMetrics& m = metrics_->budget;
     m.bits_sum += p.bits;
     ++m.budget_calls;
+    if (p.mx_fallback) ++m.mx_calls;
     for (BucketMetrics& k : m.buckets)
       if (k.count == b.count && k.dtype == dtype_label(b.dtype) &&
           k.collective == collective_name(b.collective) && k.root == b.root) {
         k.budget_bits = p.bits;
+        k.codec = p.mx_fallback ? p.spec : "dynamiq";
         ++k.calls;
       }
   }
@@ -865,12 +899,14 @@ void Engine::note_budget(Bucket& b, const Plan& p) {
   const double sgs = static_cast<double>(w.widths[0] + w.widths[1] + w.widths[2] + w.widths[3]);
   auto share = [&](int i) { return sgs > 0 ? 100.0 * static_cast<double>(w.widths[i]) / sgs : 0.0; };
   DQ_INFO(Subsys::kEngine,
-          "dynamiq: rank %d/%d budget: %llu calls, %s%s mean %.2f bits, widths 2/4/8/16 bits "
-          "%.1f/%.1f/%.1f/%.1f%% of super-groups, predicted vNMSE mean %.3g over %llu calls",
+          "dynamiq: rank %d/%d budget: %llu calls, %s%s mean %.2f bits, %llu sent as MX, widths "
+          "2/4/8/16 bits %.1f/%.1f/%.1f/%.1f%% of super-groups, predicted vNMSE mean %.3g over "
+          "%llu calls",
           comm_.rank, comm_.nranks, static_cast<unsigned long long>(w.calls),
           settings_.bits_auto ? "auto, target " : "fixed",
           settings_.bits_auto ? (budget_target_name(target_) + ",").c_str() : ",",
-          w.bits / static_cast<double>(w.calls), share(0), share(1), share(2), share(3),
+          w.bits / static_cast<double>(w.calls), static_cast<unsigned long long>(w.mx_calls),
+          share(0), share(1), share(2), share(3),
           w.predicted > 0 ? w.vnmse / static_cast<double>(w.predicted) : 0.0,
           static_cast<unsigned long long>(w.predicted));
 }
@@ -1095,23 +1131,25 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
 }
 
 Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_index,
-                                  uint16_t* stats_copy, uint64_t* wire_bytes) {
+                                  bool with_stats, uint16_t* stats_copy, uint64_t* wire_bytes) {
   const Lane compute{compute_stream_, control_ + error_word_index()};
   const size_t esize = dtype_size(p.dtype);
   // Statistics on the compute stream, their all-reduce (with the call's control word) on the
   // comm stream, then every block's layout from the reduced statistics.
+  // An MX fallback's statistics (its codec needs none) only `with_stats`.
   for (Plan::Block& b : p.blocks)
     for (Plan::Part& part : b.parts)
-      if (part.codec->stats_words() > 0) {
+      if (part.stats_source().stats_words() > 0 && (with_stats || !part.stats_codec)) {
         const ConstTensor own{static_cast<const uint8_t*>(call.send) + part.in_begin * esize,
                               p.dtype, part.count};
-        DQ_CHECK(
-            device_->local_stats(*part.codec, own, p.stats_local + part.stats_offset, compute));
+        DQ_CHECK(device_->local_stats(part.stats_source(), own,
+                                      p.stats_local + part.stats_offset, compute));
       }
   DQ_CHECK(device_->record(ev_stats_, compute_stream_));
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
-  DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, p.stats_words, stats_copy,
-                                wire_bytes));
+  const bool skip_stats = p.mx_fallback && !with_stats;
+  DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, skip_stats ? 0 : p.stats_words,
+                                skip_stats ? nullptr : stats_copy, wire_bytes));
   DQ_CHECK(device_->record(ev_reduced_, comm_stream_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
   for (Plan::Block& b : p.blocks)
@@ -1184,12 +1222,23 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
   // which the comm stream ran after them. Nothing is enqueued between that wait and this read.
   Bucket* bucket = settings_.codec == "dynamiq" ? bucket_for(call, dtype) : nullptr;
   double bits = settings_.budget_bits;
+  std::string spec = settings_.codec_spec;
+  bool with_stats = true;
   if (bucket != nullptr) {
     if (bucket->stats_pending) read_bucket(*bucket);
-    if (settings_.bits_auto && bucket->rung >= 0) bits = ladder_bits(bucket->rung);
+    if (settings_.bits_auto && bucket->rung >= 0) {
+      bits = candidate_bits(bucket->rung);
+      // The settings' own spec at its own budget; another rung of the same codec; or MX.
+      if (candidate_is_mx(bucket->rung))
+        spec = candidate_spec(bucket->rung);
+      else if (bits != settings_.budget_bits)
+        spec = candidate_spec(bucket->rung) + (settings_.correlated ? "" : ":corr=0");
+      with_stats = !candidate_is_mx(bucket->rung) ||
+                   bucket->calls_since_stats + 1 >= kMxStatisticsEvery;
+    }
   }
   ncclResult_t nccl_failure;
-  Plan* plan = plan_for(call, dtype, bits, bucket, &nccl_failure);
+  Plan* plan = plan_for(call, dtype, bits, spec, bucket, &nccl_failure);
   if (nccl_failure != ncclSuccess) return nccl_failure;
   if (plan == nullptr || !plan->fits) {
     *reason = canary_ == Canary::kFailed ? PassReason::kCanaryFailed
@@ -1204,7 +1253,8 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
   if (s == Status::kOk) s = device_->wait(compute_stream_, ev_start_);
   uint16_t* stats_copy =
       bucket != nullptr && bucket->stats_words == plan->stats_words ? bucket->stats : nullptr;
-  if (s == Status::kOk) s = enqueue_compressed(*plan, call, call_index, stats_copy, &wire);
+  if (s == Status::kOk)
+    s = enqueue_compressed(*plan, call, call_index, with_stats, stats_copy, &wire);
   // The caller's stream waits for both engine streams: later work on it (or, on the host device,
   // the caller itself) sees the result. This is the call's last enqueue.
   if (s == Status::kOk) s = device_->record(ev_compute_done_, compute_stream_);
@@ -1226,7 +1276,8 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
            static_cast<unsigned long long>(wire));
   count(PassReason::kRerouted);
   if (bucket != nullptr) {
-    bucket->stats_pending = stats_copy != nullptr;
+    bucket->stats_pending = stats_copy != nullptr && with_stats;
+    bucket->calls_since_stats = with_stats ? 0 : bucket->calls_since_stats + 1;
     note_budget(*bucket, *plan);
   }
   if (metrics_) {

@@ -114,10 +114,11 @@ class Engine {
   struct Bucket;
   Status setup_device();
   void teardown_device();
-  Plan* plan_for(const CallArgs& call, DType dtype, double bits, Bucket* bucket,
-                 ncclResult_t* nccl_failure);
+  // A plan of `spec` (a codec spec) at `bits` (its budget, the cache key with it).
+  Plan* plan_for(const CallArgs& call, DType dtype, double bits, const std::string& spec,
+                 Bucket* bucket, ncclResult_t* nccl_failure);
   std::unique_ptr<Plan> build_plan(const CallArgs& call, DType dtype, double bits,
-                                   Status* status);
+                                   const std::string& spec, Status* status);
   // The budget (docs/ENGINE.md section 10). A bucket is a call shape (collective, root, count,
   // dtype) of a DynamiQ communicator: the same on every rank, and the same across iterations.
   Bucket* bucket_for(const CallArgs& call, DType dtype);
@@ -144,8 +145,9 @@ class Engine {
   // stats_copy: where the reduced statistics are copied (a bucket's mapped copy), or null.
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
                               size_t stats_words, uint16_t* stats_copy, uint64_t* wire_bytes);
+  // with_stats false: an MX fallback call that skips its statistics (kMxStatisticsEvery).
   Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index,
-                            uint16_t* stats_copy, uint64_t* wire_bytes);
+                            bool with_stats, uint16_t* stats_copy, uint64_t* wire_bytes);
   Status enqueue_compute(Plan& plan, int block, int stage, const CallArgs& call,
                          uint64_t call_index);
   Status enqueue_comm(Plan& plan, int block, int stage, uint64_t* wire_bytes);
@@ -175,7 +177,7 @@ class Engine {
   BudgetTarget target_;                      // DYNAMIQ_TARGET, parsed
   // The INFO summary's window: compressed DynamiQ calls since the last summary line.
   struct Window {
-    uint64_t calls = 0, predicted = 0;
+    uint64_t calls = 0, predicted = 0, mx_calls = 0;
     double bits = 0, vnmse = 0;
     uint64_t widths[4] = {0, 0, 0, 0};
   } window_;

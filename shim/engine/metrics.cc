@@ -98,10 +98,12 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
                              {"root", k.root},
                              {"calls", k.calls},
                              {"budget_bits", k.budget_bits},
+                             {"codec", k.codec},
                              {"predicted_vnmse", k.predicted_vnmse}});
         budget = {{"auto", b.auto_budget},
                   {"target", b.target},
                   {"mean_bits", b.budget_calls ? b.bits_sum / b.budget_calls : 0.0},
+                  {"mx_calls", b.mx_calls},
                   {"widths", {{"2", b.widths[0]}, {"4", b.widths[1]}, {"8", b.widths[2]},
                               {"16", b.widths[3]}}},
                   {"predicted_calls", b.predicted_calls},
@@ -189,7 +191,7 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       "# HELP dynamiq_width_supergroups_total Super-groups of compressed DynamiQ calls by width "
       "(bits), counted one call of their bucket late.\n";
   text += "# TYPE dynamiq_width_supergroups_total counter\n";
-  std::string predicted_calls, predicted_sum, predicted_last, bucket_lines;
+  std::string predicted_calls, predicted_sum, predicted_last, bucket_lines, mx_calls;
   for (const auto& c : comms) {
     std::lock_guard<std::mutex> lock(c->budget_mutex);
     const BudgetMetrics& b = c->budget;
@@ -200,6 +202,8 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
     char v[160];
     predicted_calls += "dynamiq_predicted_calls_total{" + label_set(*c) + "} " +
                        std::to_string(b.predicted_calls) + "\n";
+    mx_calls += "dynamiq_mx_fallback_calls_total{" + label_set(*c) + "} " +
+                std::to_string(b.mx_calls) + "\n";
     std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_sum);
     predicted_sum += "dynamiq_predicted_vnmse_sum_total{" + label_set(*c) + v;
     std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_last);
@@ -209,7 +213,7 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       bucket_lines += "dynamiq_bucket_budget_bits{" + label_set(*c) +
                       ",collective=" + quote(k.collective) + ",dtype=" + quote(k.dtype) +
                       ",count=" + quote(std::to_string(k.count)) +
-                      ",root=" + quote(std::to_string(k.root)) + v;
+                      ",root=" + quote(std::to_string(k.root)) + ",codec=" + quote(k.codec) + v;
     }
   }
   text +=
@@ -229,6 +233,10 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       "(call shape), bits per coordinate.\n";
   text += "# TYPE dynamiq_bucket_budget_bits gauge\n";
   text += bucket_lines;
+  text +=
+      "# HELP dynamiq_mx_fallback_calls_total Compressed DynamiQ calls that DYNAMIQ_BITS=auto sent "
+      "as MXFP8 or MXFP6 (no rung with fewer bits met the target).\n";
+  text += "# TYPE dynamiq_mx_fallback_calls_total counter\n" + mx_calls;
   return text;
 }
 

@@ -46,6 +46,7 @@ struct BucketMetrics {
   int root = 0;                  // ncclReduce's root (0 otherwise)
   uint64_t calls = 0;            // compressed calls of this bucket
   double budget_bits = 0;        // budget of its latest call, bits per coordinate
+  std::string codec = "dynamiq";  // codec of its latest call: dynamiq, or auto's mxfp8/mxfp6
   double predicted_vnmse = -1;   // predicted vNMSE of its latest predicted call; -1: none yet
 };
 struct BudgetMetrics {
@@ -58,6 +59,7 @@ struct BudgetMetrics {
   double predicted_vnmse_last = -1;    // the latest one; -1: none yet
   double bits_sum = 0;                 // sum over compressed DynamiQ calls of their budgets
   uint64_t budget_calls = 0;           // compressed DynamiQ calls
+  uint64_t mx_calls = 0;               // of which auto sent as MXFP8 or MXFP6 (its fallback)
 };
 
 struct CommMetrics {

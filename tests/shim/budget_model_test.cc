@@ -67,15 +67,17 @@ std::unique_ptr<Codec> planned(double bits, const Case& c, DynamiqPlan* plan) {
   return codec;
 }
 
-BudgetPrediction predict(const Case& c, const BudgetTarget& target) {
+// with_mx: the MX fallbacks are candidates too (the engine's auto); without, the ladder alone.
+BudgetPrediction predict(const Case& c, const BudgetTarget& target, bool with_mx = false) {
   StatsSummary s;
   EXPECT_TRUE(s.load(c.stats.data(), c.d, c.sched.n_workers));
   std::vector<std::vector<DynamiqPlan>> plans(1, std::vector<DynamiqPlan>(kLadderRungs));
-  std::vector<std::vector<bool>> fits(1, std::vector<bool>(kLadderRungs));
+  std::vector<std::vector<bool>> fits(1, std::vector<bool>(with_mx ? kCandidates : kLadderRungs));
   for (int r = 0; r < kLadderRungs; ++r) {
     auto codec = planned(ladder_bits(r), c, &plans[0][r]);
     fits[0][r] = codec->fits_budget();
   }
+  for (int r = kLadderRungs; with_mx && r < kCandidates; ++r) fits[0][r] = true;
   BudgetPrediction p;
   predict_budget({&s}, plans, fits, hop_profile(c.sched), target, &p);
   return p;
@@ -142,6 +144,44 @@ TEST(BudgetModel, LadderChoiceIsMonotoneInTheTarget) {
     EXPECT_LE(predict(c, BudgetTarget{BudgetTarget::Kind::kMxfp6, 0}).rung,
               predict(c, BudgetTarget{BudgetTarget::Kind::kMxfp8, 0}).rung);
   }
+}
+
+// The MX fallbacks: on data without scale locality no rung of 8 bits or fewer meets MXFP8's
+// error, so auto sends MXFP8 (the format's own error is the target: met with equality); with
+// locality a rung meets it with fewer bits. Whatever the target, the choice is the candidate
+// with the fewest bits among those predicted to meet it, or the least error when none does.
+TEST(BudgetModel, FallsBackToMxOnlyWhenNoCheaperRungMeetsTheTarget) {
+  const BudgetTarget mxfp8{BudgetTarget::Kind::kMxfp8, 0};
+  const Case dense = make_case(4, topo::Kind::kRing, 0.0, 0.0, 5);
+  const BudgetPrediction d = predict(dense, mxfp8, true);
+  EXPECT_EQ(d.rung, kCandidateMxfp8);
+  EXPECT_EQ(d.vnmse[kCandidateMxfp8], d.target);
+  EXPECT_GT(d.vnmse[kLadderRungs - 1], d.target);  // 8 bits of DynamiQ: worse than MXFP8 here
+  EXPECT_EQ(candidate_spec(d.rung), "mxfp8");
+  EXPECT_EQ(candidate_bits(d.rung), 8.25);
+  const Case local = make_case(4, topo::Kind::kRing, 2.0, 0.0, 5);
+  const BudgetPrediction l = predict(local, mxfp8, true);
+  EXPECT_LT(l.rung, kLadderRungs);
+  EXPECT_LT(candidate_bits(l.rung), 8.25);
+  EXPECT_LE(l.vnmse[l.rung], l.target);
+  for (const Case* c : {&dense, &local})
+    for (double x : {1.0, 0.1, 0.01, 3e-3, 1e-3, 3e-4, 1e-4, 1e-6}) {
+      const BudgetPrediction p = predict(*c, BudgetTarget{BudgetTarget::Kind::kVnmse, x}, true);
+      bool any = false;
+      for (int k = 0; k < kCandidates; ++k) {
+        ASSERT_GE(p.vnmse[k], 0.0) << k;  // every candidate fits these sizes
+        if (p.vnmse[k] > x) continue;
+        any = true;
+        EXPECT_GE(candidate_bits(k), candidate_bits(p.rung)) << "vnmse:" << x << ": " << k;
+      }
+      if (any) {
+        EXPECT_LE(p.vnmse[p.rung], x) << "vnmse:" << x;
+      } else {
+        for (int k = 0; k < kCandidates; ++k) EXPECT_GE(p.vnmse[k], p.vnmse[p.rung]) << k;
+      }
+    }
+  // Without the MX entries in `fits` (a caller of the ladder alone), MX is never chosen.
+  EXPECT_EQ(predict(dense, mxfp8, false).rung, kLadderRungs - 1);
 }
 
 // Every rank computes from the same bytes: the prediction is identical bit for bit whatever

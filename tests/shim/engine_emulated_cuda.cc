@@ -11,7 +11,10 @@
 // must be compressed by both engines, the emulated device's output must equal the host
 // device's byte for byte, an all-reduce's output must be the same on every rank, and the
 // DynamiQ steps must have run as kernels (none on the host codec). One MXFP8 all-reduce checks
-// the other side: a codec without kernels runs on the host codec, with the host's bytes.
+// the other side: a codec without kernels runs on the host codec, with the host's bytes. Then
+// DYNAMIQ_BITS=auto with the MXFP8 target on data without scale locality: after its first call
+// the bucket goes as MXFP8 while its DynamiQ statistics still run as kernels every 8th call, the
+// same bytes and the same choices on both devices.
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +25,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -90,6 +94,75 @@ struct Case {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Auto's MX fallback on both devices (see the file comment): 10 calls of one bucket.
+int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
+                  dq::engine::Device* cuda) {
+  constexpr int kCalls = 10;
+  constexpr size_t kCount = 256 * 1024;  // FP32: 1 MiB, 1,024 super-groups
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_TOPO", topo},
+                                      {"DYNAMIQ_BITS", "auto"},
+                                      {"DYNAMIQ_TARGET", "mxfp8"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"}});
+  auto metrics_host = std::make_shared<dq::engine::CommMetrics>();
+  auto metrics_cuda = std::make_shared<dq::engine::CommMetrics>();
+  Engine on_host(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                 metrics_host, true);
+  Engine on_cuda(settings, true, {comms[1], rank, n}, cpu_nccl_ops(), cuda, metrics_cuda, true);
+  CudaDeviceCounts before;  // after the first call (its canary computes statistics too)
+  std::vector<float> in(kCount), out_host(kCount), out_cuda(kCount);
+  for (int k = 0; k < kCalls; ++k) {
+    if (k == 1) before = dq::engine::cuda_device_counts(cuda);
+    // One scale everywhere: no rung of 8 bits or fewer meets MXFP8's error.
+    for (size_t i = 0; i < kCount; ++i)
+      in[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * rank + k) +
+                                 0.5 * std::sin(0.0011 * static_cast<double>(i)));
+    CallArgs args;
+    args.send = in.data();
+    args.count = kCount;
+    PassReason rh = PassReason::kRerouted, rc = PassReason::kRerouted;
+    args.recv = out_host.data();
+    CHECK_OR(60, on_host.run(args, &rh) == ncclSuccess && rh == PassReason::kRerouted,
+             "rank %d: auto call %d on the host device", rank, k);
+    args.recv = out_cuda.data();
+    CHECK_OR(61,
+             on_cuda.run(args, &rc) == ncclSuccess && rc == PassReason::kRerouted &&
+                 on_cuda.async_error() == ncclSuccess,
+             "rank %d: auto call %d on the emulated CUDA device", rank, k);
+    CHECK_OR(62, std::memcmp(out_host.data(), out_cuda.data(), kCount * 4) == 0,
+             "rank %d: auto call %d: the devices' outputs differ", rank, k);
+    CHECK_OR(63, same_everywhere(comms[0], fnv(out_cuda.data(), kCount * 4)),
+             "rank %d: auto call %d: results differ across ranks", rank, k);
+  }
+  const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
+  std::lock_guard<std::mutex> lh(metrics_host->budget_mutex), lc(metrics_cuda->budget_mutex);
+  const dq::engine::BudgetMetrics &bh = metrics_host->budget, &bc = metrics_cuda->budget;
+  // Calls 1..9 as MXFP8; statistics computed at calls 0 and 8 (as kernels), read at 1 and 9.
+  CHECK_OR(64,
+           bh.mx_calls == kCalls - 1 && bc.mx_calls == kCalls - 1 && bh.predicted_calls == 2 &&
+               bc.predicted_calls == 2 && bc.buckets.size() == 1 &&
+               bc.buckets[0].codec == "mxfp8" && bc.buckets[0].budget_bits == 8.25,
+           "rank %d: auto: MX calls host %llu, CUDA %llu; predicted calls %llu, %llu; latest %s "
+           "at %g bits",
+           rank, static_cast<unsigned long long>(bh.mx_calls),
+           static_cast<unsigned long long>(bc.mx_calls),
+           static_cast<unsigned long long>(bh.predicted_calls),
+           static_cast<unsigned long long>(bc.predicted_calls),
+           bc.buckets.empty() ? "-" : bc.buckets[0].codec.c_str(),
+           bc.buckets.empty() ? 0.0 : bc.buckets[0].budget_bits);
+  CHECK_OR(65, after.stats - before.stats == 1 && after.host_fallbacks == before.host_fallbacks,
+           "rank %d: auto: %llu statistics kernels in calls 1-9 (expected 1), %llu steps on the "
+           "host codec",
+           rank, static_cast<unsigned long long>(after.stats - before.stats),
+           static_cast<unsigned long long>(after.host_fallbacks - before.host_fallbacks));
+  if (rank == 0)
+    std::fprintf(stderr,
+                 "rank 0: auto, target mxfp8, dense data: %d calls identical on both devices, "
+                 "%llu as MXFP8, of which one computed the statistics (as kernels)\n",
+                 kCalls, static_cast<unsigned long long>(bc.mx_calls));
+  return 0;
 }
 
 int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
@@ -193,7 +266,7 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
                static_cast<unsigned long long>(total.layouts),
                static_cast<unsigned long long>(total.hops),
                static_cast<unsigned long long>(total.finishes), host_s, cuda_s);
-  return 0;
+  return auto_fallback(n, topo, rank, comms, cuda.get());
 }
 
 // ---- steps: each device step on its own, both devices, one process ---------------------------

@@ -19,7 +19,9 @@
 //               bits, every rank chooses the same budgets, a loose target gives 3 bits and an
 //               unreachable one 8, a NaN
 //               call leaves the next call at 5 bits, and each call's predicted vNMSE is within
-//               [0.5, 2] of its measured one
+//               [0.5, 2] of its measured one; on dense data (one scale everywhere) the MXFP8
+//               target sends the bucket as MXFP8 after its first call, with the statistics
+//               of every 8th call only, and its error is MXFP8's
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -533,23 +535,28 @@ int scenario_blocks(int n) {
 // of four uniforms) around a small common part, with super-group scales spread over 2^0..2^8
 // (the locality DynamiQ's widths exploit). The model assumes independent deviations across
 // ranks; the smooth gradient_value() above is correlated across ranks, which it overpredicts.
-float noisy_value(int rank, size_t i) {
+// dense: one scale everywhere (no locality), where DynamiQ needs more bits than MXFP8.
+float noisy_value(int rank, size_t i, bool dense = false) {
   auto uniform = [](uint64_t key) {
     return static_cast<double>(dq::test::splitmix(key) >> 11) * 0x1.0p-53;
   };
   const uint64_t base = (static_cast<uint64_t>(rank) + 1) << 40;
   double bell = -2.0;
   for (uint64_t k = 0; k < 4; ++k) bell += uniform(base + 4 * i + k);
-  const double scale = std::exp2(8.0 * uniform(0xabcdefull + i / 256));
+  const double scale = dense ? 1.0 : std::exp2(8.0 * uniform(0xabcdefull + i / 256));
   return static_cast<float>(scale * (bell * 1.7 + 0.3 * std::sin(0.01 * static_cast<double>(i))));
 }
 
 int scenario_auto(int n) {
-  constexpr int kCalls = 5;
+  constexpr int kMaxCalls = 10;
   const size_t sizes[2] = {size_t{1} << 19, size_t{3} << 18};  // 2 MiB and 3 MiB of FP32
-  for (const char* target : {"mxfp8", "vnmse:1", "vnmse:1e-7"}) {
-    const bool loose = std::string(target) == "vnmse:1";
-    const bool strict = std::string(target) == "vnmse:1e-7";
+  for (const char* run : {"mxfp8", "vnmse:1", "vnmse:1e-7", "mxfp8 dense"}) {
+    const std::string target = std::string(run).substr(0, std::string(run).find(' '));
+    const bool loose = target == "vnmse:1";
+    const bool strict = target == "vnmse:1e-7";
+    const bool dense = std::string(run) == "mxfp8 dense";
+    // Dense: long enough for the MX fallback's statistics call (the 9th) and its reading.
+    const int kCalls = dense ? kMaxCalls : 5;
     const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
                                         {"DYNAMIQ_BITS", "auto"},
                                         {"DYNAMIQ_TARGET", target},
@@ -565,15 +572,17 @@ int scenario_auto(int n) {
         return dq::engine::BucketMetrics{};
       };
       std::vector<double> budgets;
-      double measured[2][kCalls] = {};
+      double measured[2][kMaxCalls] = {};
+      bool with_stats[2][kMaxCalls] = {};
       for (int k = 0; k < kCalls; ++k)
         for (int s = 0; s < 2; ++s) {
           const size_t count = sizes[s];
           // The data moves from call to call by whole super-groups: statistics alike, not equal.
           const size_t shift = static_cast<size_t>(k) * 31 * 256;
           std::vector<float> in(count), out(count);
-          for (size_t i = 0; i < count; ++i) in[i] = noisy_value(rank, i + shift);
-          const bool poisoned = s == 0 && k == 2;  // rank 1 holds a NaN: no prediction next
+          for (size_t i = 0; i < count; ++i) in[i] = noisy_value(rank, i + shift, dense);
+          // Rank 1 holds a NaN: no prediction next (not in the dense run, which counts calls).
+          const bool poisoned = s == 0 && k == 2 && !dense;
           if (poisoned && rank == 1) in[100] = NAN;
           CallArgs args;
           args.send = in.data();
@@ -585,7 +594,14 @@ int scenario_auto(int n) {
                    dq::engine::reason_name(reason));
           const dq::engine::BucketMetrics b = bucket(count);
           budgets.push_back(b.budget_bits);
-          if (k == 0 || (s == 0 && k == 3))
+          // An MX call carries the statistics every 8th call (the 9th of the bucket here).
+          with_stats[s][k] = b.codec == "dynamiq" || k == 8;
+          if (dense)
+            CHECK_OR(97, k == 0 ? b.budget_bits == 5.0 && b.codec == "dynamiq"
+                                : b.budget_bits == 8.25 && b.codec == "mxfp8",
+                     "rank %d: dense call %d of bucket %zu: %s at %g bits, not %s", rank, k,
+                     count, b.codec.c_str(), b.budget_bits, k == 0 ? "dynamiq at 5" : "mxfp8");
+          else if (k == 0 || (s == 0 && k == 3))
             CHECK_OR(91, b.budget_bits == 5.0,
                      "rank %d: %s call %d of bucket %zu took %g bits, not the fixed default 5",
                      rank, k == 0 ? "the first" : "after a NaN,", k, count, b.budget_bits);
@@ -603,20 +619,20 @@ int scenario_auto(int n) {
           double err = 0, energy = 0;
           for (size_t i = 0; i < count && !poisoned; ++i) {
             double exact = 0;
-            for (int r = 0; r < n; ++r) exact += noisy_value(r, i + shift);
+            for (int r = 0; r < n; ++r) exact += noisy_value(r, i + shift, dense);
             err += (out[i] - exact) * (out[i] - exact);
             energy += exact * exact;
           }
           measured[s][k] = poisoned ? -1 : err / energy;
           // This call read the previous call's statistics: that call's prediction.
-          if (k > 0 && measured[s][k - 1] > 0) {
+          if (k > 0 && measured[s][k - 1] > 0 && with_stats[s][k - 1]) {
             const double ratio = b.predicted_vnmse / measured[s][k - 1];
             CHECK_OR(94, ratio >= 0.5 && ratio <= 2.0,
                      "rank %d: bucket %zu call %d: predicted vNMSE %.3g, measured %.3g", rank,
                      count, k - 1, b.predicted_vnmse, measured[s][k - 1]);
             if (rank == 0)
               std::printf("auto %s bucket %zu call %d: %g bits, predicted %.3g, measured %.3g\n",
-                          target, count, k - 1, budgets[budgets.size() - 3], b.predicted_vnmse,
+                          run, count, k - 1, budgets[budgets.size() - 3], b.predicted_vnmse,
                           measured[s][k - 1]);
           }
           CHECK_OR(95, same_everywhere(comms[0], fnv(out.data(), count * 4)),
@@ -624,9 +640,23 @@ int scenario_auto(int n) {
         }
       CHECK_OR(96, same_everywhere(comms[0], fnv(budgets.data(), budgets.size() * 8)),
                "rank %d: ranks chose different budgets", rank);
+      if (dense) {
+        // The fallback is MXFP8's error, below the 5-bit first call's; its statistics calls
+        // were 1 in 8 (the counters: 2 buckets x 9 MX calls, 2 x 2 predicted calls).
+        for (int s = 0; s < 2; ++s)
+          for (int k = 1; k < kCalls; ++k)
+            CHECK_OR(98, measured[s][k] < measured[s][0] / 4,
+                     "rank %d: bucket %zu: MX call %d vNMSE %.3g, the 5-bit call's %.3g", rank,
+                     sizes[s], k, measured[s][k], measured[s][0]);
+        std::lock_guard<std::mutex> lock(metrics->budget_mutex);
+        CHECK_OR(99, metrics->budget.mx_calls == 18 && metrics->budget.predicted_calls == 4,
+                 "rank %d: %llu MX calls, %llu predicted calls (expected 18 and 4)", rank,
+                 static_cast<unsigned long long>(metrics->budget.mx_calls),
+                 static_cast<unsigned long long>(metrics->budget.predicted_calls));
+      }
       return 0;
     };
-    if (!all_zero(run_ranks(n, 1, body, 240), target)) return 1;
+    if (!all_zero(run_ranks(n, 1, body, 240), run)) return 1;
   }
   return 0;
 }

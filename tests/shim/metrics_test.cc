@@ -34,14 +34,15 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
   std::istringstream lines(text);
   std::string line;
   const std::regex labelled(
-      R"re(^dynamiq_\w+\{job="job-42",host="node7",pid="1234",comm="[01]",name="(dp|tp)",rank="3"(,outcome="\w+"|,width="\d+"|,collective="\w+",dtype="\w+",count="\d+",root="\d+")?\} -?[0-9.e+-]+$)re");
+      R"re(^dynamiq_\w+\{job="job-42",host="node7",pid="1234",comm="[01]",name="(dp|tp)",rank="3"(,outcome="\w+"|,width="\d+"|,collective="\w+",dtype="\w+",count="\d+",root="\d+",codec="\w+")?\} -?[0-9.e+-]+$)re");
   while (std::getline(lines, line)) {
     if (line.rfind("# ", 0) == 0) continue;
     ++samples;
     EXPECT_TRUE(std::regex_match(line, labelled)) << line;
   }
-  // calls, three counters, one gauge; the budget's 4 widths, 3 predicted-vNMSE samples.
-  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 + 2 * 4 + 2 * 3);
+  // calls, three counters, one gauge; the budget's 4 widths, 3 predicted-vNMSE samples, the MX
+  // fallback counter.
+  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 + 2 * 4 + 2 * 3 + 2);
   EXPECT_NE(text.find("# TYPE dynamiq_held_bytes gauge"), std::string::npos);
   for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
                            "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total"}) {
@@ -118,6 +119,7 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
     b.predicted_vnmse_last = 0.0015;
     b.bits_sum = 13.5;
     b.budget_calls = 2;
+    b.mx_calls = 1;
     BucketMetrics k;
     k.collective = "allreduce";
     k.dtype = "float32";
@@ -125,6 +127,10 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
     k.calls = 2;
     k.budget_bits = 7.5;
     k.predicted_vnmse = 0.0015;
+    b.buckets.push_back(k);
+    k.count = 4096;
+    k.budget_bits = 8.25;
+    k.codec = "mxfp8";
     b.buckets.push_back(k);
   }
   nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, {"j", "h", 9}, false));
@@ -137,6 +143,9 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
   EXPECT_DOUBLE_EQ(b["predicted_vnmse_mean"].get<double>(), 0.002);
   EXPECT_DOUBLE_EQ(b["buckets"][0]["budget_bits"].get<double>(), 7.5);
   EXPECT_EQ(b["buckets"][0]["count"], 1048576);
+  EXPECT_EQ(b["buckets"][0]["codec"], "dynamiq");
+  EXPECT_EQ(b["buckets"][1]["codec"], "mxfp8");
+  EXPECT_EQ(b["mx_calls"], 1);
   const std::string text = metrics_render({c}, {"j", "h", 9}, true);
   for (const char* line :
        {"dynamiq_width_supergroups_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
@@ -146,7 +155,13 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
         "dynamiq_predicted_vnmse{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\",rank=\"3\"} "
         "0.0015\n",
         "dynamiq_bucket_budget_bits{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
-        "rank=\"3\",collective=\"allreduce\",dtype=\"float32\",count=\"1048576\",root=\"0\"} 7.5\n",
+        "rank=\"3\",collective=\"allreduce\",dtype=\"float32\",count=\"1048576\",root=\"0\","
+        "codec=\"dynamiq\"} 7.5\n",
+        "dynamiq_bucket_budget_bits{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "rank=\"3\",collective=\"allreduce\",dtype=\"float32\",count=\"4096\",root=\"0\","
+        "codec=\"mxfp8\"} 8.25\n",
+        "dynamiq_mx_fallback_calls_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "rank=\"3\"} 1\n",
         "# TYPE dynamiq_predicted_vnmse gauge\n", "# TYPE dynamiq_bucket_budget_bits gauge\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << text;
 }
