@@ -202,6 +202,29 @@ struct Engine::Bucket {
   int rung = -1;
   HopProfile hop;
   uint64_t calls = 0;
+  uint64_t last_call_index = 0;  // call_seq_ of its latest compressed call
+};
+
+// ---- the sampled check (DYNAMIQ_CHECK_EVERY, docs/ENGINE.md section 10) -----------------------
+struct Engine::Check {
+  static constexpr size_t kSuperGroups = 64;        // sampled per checked call
+  static constexpr size_t kBytes = kSuperGroups * 256 * 4;  // FP32 at most
+  enum class State { kNone, kEnqueued, kArmed };
+  State state = State::kNone;
+  void* in = nullptr;          // device: the sampled inputs
+  void* exact = nullptr;       // device: their exact all-reduce
+  void* host_out = nullptr;    // mapped: the call's output at the sampled super-groups
+  void* host_exact = nullptr;  // mapped: the exact all-reduce
+  EventHandle gathered = nullptr, done = nullptr;
+  // The call checked (state != kNone), and what is known of it.
+  uint64_t call_index = 0;
+  size_t groups = 0;
+  DType dtype = DType::kF32;
+  std::vector<size_t> first;  // first element of each sampled super-group
+  bool has_call = false;      // a call was checked (the fields above describe it)
+  double sampled = -1;        // sampled vNMSE, once read
+  double predicted = -1;      // predicted vNMSE, once its bucket read the statistics
+  bool paired = false;        // counted in the paired metrics
 };
 
 Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo comm,
@@ -252,6 +275,15 @@ Status Engine::setup_device() {
   DQ_CHECK(device_->alloc_mapped(static_cast<size_t>(control_block_words()) * 4, &words));
   control_ = static_cast<uint32_t*>(words);
   std::memset(control_, 0, static_cast<size_t>(control_block_words()) * 4);
+  if (settings_.check_every > 0) {
+    check_ = std::make_unique<Check>();
+    DQ_CHECK(device_->alloc(Check::kBytes, &check_->in));
+    DQ_CHECK(device_->alloc(Check::kBytes, &check_->exact));
+    DQ_CHECK(device_->alloc_mapped(Check::kBytes, &check_->host_out));
+    DQ_CHECK(device_->alloc_mapped(Check::kBytes, &check_->host_exact));
+    DQ_CHECK(device_->create_event(&check_->gathered));
+    DQ_CHECK(device_->create_event(&check_->done));
+  }
   return Status::kOk;
 }
 
@@ -268,6 +300,13 @@ void Engine::teardown_device() {
   ev_units_.clear();
   if (control_) device_->release(control_, nullptr);
   control_ = nullptr;
+  if (check_) {
+    for (void* p : {check_->in, check_->exact, check_->host_out, check_->host_exact})
+      if (p) device_->release(p, nullptr);
+    for (EventHandle e : {check_->gathered, check_->done})
+      if (e) device_->destroy_event(e);
+    check_.reset();
+  }
 }
 
 Status Engine::ensure_events(size_t n) {
@@ -845,6 +884,10 @@ void Engine::read_bucket(Bucket& b) {
                prediction.target);
     b.rung = prediction.rung;
   }
+  if (check_ && check_->has_call && check_->call_index == b.last_call_index) {
+    check_->predicted = vnmse;
+    pair_check();  // now, or when the check is read
+  }
   ++window_.predicted;
   window_.vnmse += vnmse;
   for (int w = 0; w < 4; ++w) window_.widths[w] += widths.n[w];
@@ -898,17 +941,154 @@ void Engine::note_budget(Bucket& b, const Plan& p) {
   window_ = Window{};
   const double sgs = static_cast<double>(w.widths[0] + w.widths[1] + w.widths[2] + w.widths[3]);
   auto share = [&](int i) { return sgs > 0 ? 100.0 * static_cast<double>(w.widths[i]) / sgs : 0.0; };
+  char checked[96] = "";
+  if (w.checked > 0)
+    std::snprintf(checked, sizeof checked, ", sampled check vNMSE %.3g over %llu calls",
+                  w.checked_sq_error / w.checked_energy, static_cast<unsigned long long>(w.checked));
   DQ_INFO(Subsys::kEngine,
           "dynamiq: rank %d/%d budget: %llu calls, %s%s mean %.2f bits, %llu sent as MX, widths "
           "2/4/8/16 bits %.1f/%.1f/%.1f/%.1f%% of super-groups, predicted vNMSE mean %.3g over "
-          "%llu calls",
+          "%llu calls%s",
           comm_.rank, comm_.nranks, static_cast<unsigned long long>(w.calls),
           settings_.bits_auto ? "auto, target " : "fixed",
           settings_.bits_auto ? (budget_target_name(target_) + ",").c_str() : ",",
           w.bits / static_cast<double>(w.calls), static_cast<unsigned long long>(w.mx_calls),
           share(0), share(1), share(2), share(3),
           w.predicted > 0 ? w.vnmse / static_cast<double>(w.predicted) : 0.0,
-          static_cast<unsigned long long>(w.predicted));
+          static_cast<unsigned long long>(w.predicted), checked);
+}
+
+// ---- the sampled check ----------------------------------------------------------------------
+namespace {
+// SplitMix64's finaliser: the sample's offset from (seed, call), the same on every rank.
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+Status Engine::enqueue_check_gather(const CallArgs& call, DType dtype, uint64_t call_index) {
+  Check& c = *check_;
+  const size_t esize = dtype_size(dtype), bytes = 256 * esize;
+  // Whole super-groups only, evenly spaced from an offset drawn per call.
+  const size_t full = call.count / 256;
+  c.groups = std::min(Check::kSuperGroups, full);
+  const size_t stride = full / c.groups;
+  const size_t offset = static_cast<size_t>(
+      mix64(static_cast<uint64_t>(settings_.seed) ^ (call_index << 20)) % full);
+  c.first.clear();
+  const Lane lane{comm_stream_, control_ + error_word_index()};
+  for (size_t i = 0; i < c.groups; ++i) {
+    const size_t g = (offset + i * stride) % full;
+    c.first.push_back(g * 256);
+    DQ_CHECK(device_->copy(static_cast<uint8_t*>(c.in) + i * bytes,
+                           static_cast<const uint8_t*>(call.send) + g * bytes, bytes, lane));
+  }
+  // The codec steps (which may write the output over an in-place input) start after the copies.
+  DQ_CHECK(device_->record(c.gathered, comm_stream_));
+  DQ_CHECK(device_->wait(compute_stream_, c.gathered));
+  c.call_index = call_index;
+  c.dtype = dtype;
+  c.has_call = true;
+  c.sampled = c.predicted = -1;
+  c.paired = false;
+  return Status::kOk;
+}
+
+Status Engine::enqueue_check_finish(const CallArgs& call, uint64_t* wire_bytes) {
+  Check& c = *check_;
+  const size_t esize = dtype_size(c.dtype), bytes = 256 * esize, elems = c.groups * 256;
+  const Lane comm{comm_stream_, control_ + error_word_index()};
+  const Lane compute{compute_stream_, control_ + error_word_index()};
+  // The exact all-reduce of the sample, after the call's messages on the comm stream (the same
+  // place on every rank), with the call's dtype and op.
+  const NcclOps ops = ops_;
+  ncclComm_t nccl = comm_.comm;
+  auto stream = static_cast<cudaStream_t>(comm_stream_);
+  const void* in = c.in;
+  void* exact = c.exact;
+  const ncclDataType_t dtype = call.dtype;
+  const ncclRedOp_t op = call.op;
+  DQ_CHECK(device_->nccl(
+      comm, [=] { return ops.all_reduce(in, exact, elems, dtype, op, nccl, stream); }));
+  DQ_CHECK(device_->copy(c.host_exact, c.exact, elems * esize, comm));
+  // The output after the call's last codec step (the compute stream is in order).
+  for (size_t i = 0; i < c.groups; ++i)
+    DQ_CHECK(device_->copy(static_cast<uint8_t*>(c.host_out) + i * bytes,
+                           static_cast<const uint8_t*>(call.recv) + c.first[i] * esize, bytes,
+                           compute));
+  DQ_CHECK(device_->record(c.gathered, compute_stream_));
+  DQ_CHECK(device_->wait(comm_stream_, c.gathered));
+  DQ_CHECK(device_->record(c.done, comm_stream_));
+  c.state = Check::State::kEnqueued;
+  const size_t n = static_cast<size_t>(comm_.nranks);
+  *wire_bytes += 2 * elems * esize * (n - 1) / n;
+  return Status::kOk;
+}
+
+void Engine::read_check() {
+  Check& c = *check_;
+  c.state = Check::State::kNone;
+  double err = 0, energy = 0;
+  bool finite = true;
+  for (size_t i = 0; i < c.groups * 256 && finite; ++i) {
+    double out, exact;
+    if (c.dtype == DType::kF32) {
+      out = static_cast<const float*>(c.host_out)[i];
+      exact = static_cast<const float*>(c.host_exact)[i];
+    } else {
+      out = bf16_to_f32(static_cast<const uint16_t*>(c.host_out)[i]);
+      exact = bf16_to_f32(static_cast<const uint16_t*>(c.host_exact)[i]);
+    }
+    finite = std::isfinite(out) && std::isfinite(exact);
+    err += (out - exact) * (out - exact);
+    energy += exact * exact;
+  }
+  // A non-finite value (the input held one: the output shows it, as it must) or an all-zero
+  // sample gives no vNMSE.
+  const bool usable = finite && energy > 0;
+  if (usable) {
+    c.sampled = err / energy;
+    ++window_.checked;
+    window_.checked_sq_error += err;
+    window_.checked_energy += energy;
+  }
+  if (metrics_) {
+    std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
+    BudgetMetrics& m = metrics_->budget;
+    if (!usable) {
+      ++m.checked_nonfinite;
+    } else {
+      ++m.checked_calls;
+      m.checked_sq_error += err;
+      m.checked_energy += energy;
+      m.checked_vnmse_last = c.sampled;
+    }
+  }
+  DQ_TRACE(Subsys::kEngine, "dynamiq: rank %d check of call %llu: sampled vNMSE %.4g over %zu "
+           "super-groups", comm_.rank, static_cast<unsigned long long>(c.call_index),
+           usable ? c.sampled : -1.0, c.groups);
+  pair_check();
+}
+
+void Engine::pair_check() {
+  Check& c = *check_;
+  if (c.paired || c.sampled < 0 || c.predicted < 0) return;
+  c.paired = true;
+  if (metrics_) {
+    std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
+    BudgetMetrics& m = metrics_->budget;
+    ++m.paired_calls;
+    m.paired_predicted_sum += c.predicted;
+    m.paired_sampled_sum += c.sampled;
+  }
+  DQ_INFO(Subsys::kEngine,
+          "dynamiq: rank %d/%d sampled check of call %llu: vNMSE %.4g over %zu super-groups, "
+          "predicted %.4g (sampled/predicted %.2f)",
+          comm_.rank, comm_.nranks, static_cast<unsigned long long>(c.call_index), c.sampled,
+          c.groups, c.predicted, c.predicted > 0 ? c.sampled / c.predicted : 0.0);
 }
 
 // ---- agreement ----------------------------------------------------------------------------
@@ -1005,6 +1185,8 @@ ncclResult_t Engine::absorb_previous_call() {
               on ? "on" : "off");
     switch_agreed_ = on;
     control_pending_ = false;
+    // That control event came after the comm stream waited for an armed check: it is complete.
+    if (check_ && check_->state == Check::State::kArmed) read_check();
   }
   return async_error();
 }
@@ -1019,6 +1201,10 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
+  // A check enqueued by an earlier call: this control event comes after it, so the host's wait
+  // for this event (or a later one) finds the check's copies complete. No host wait here.
+  const bool arm = check_ && check_->state == Check::State::kEnqueued;
+  if (arm) DQ_CHECK(device_->wait(comm_stream_, check_->done));
   DQ_CHECK(device_->nccl(lane, [=] {
     ncclResult_t r = ops.group_start();
     if (r == ncclSuccess && stats_words > 0)
@@ -1035,6 +1221,7 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
     DQ_CHECK(device_->copy(stats_copy, stats_reduced, stats_words * 2, lane));
   DQ_CHECK(device_->record(ev_control_, comm_stream_));
   control_pending_ = true;
+  if (arm) check_->state = Check::State::kArmed;
   // As a ring all-reduce sends them: 2 (n-1)/n of the words.
   const size_t n = static_cast<size_t>(comm_.nranks);
   *wire_bytes += (2 * stats_words * 2 + kCallControlWords * 4) * (n - 1) / n;
@@ -1253,8 +1440,15 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
   if (s == Status::kOk) s = device_->wait(compute_stream_, ev_start_);
   uint16_t* stats_copy =
       bucket != nullptr && bucket->stats_words == plan->stats_words ? bucket->stats : nullptr;
+  // The sampled check: every DYNAMIQ_CHECK_EVERY-th compressed call, an all-reduce, one check
+  // in flight at a time. Every input of this decision is identical on every rank.
+  const bool checking = check_ && check_->state == Check::State::kNone &&
+                        call.collective == Collective::kAllReduce && call.count >= 256 &&
+                        (call_index + 1) % static_cast<uint64_t>(settings_.check_every) == 0;
+  if (s == Status::kOk && checking) s = enqueue_check_gather(call, dtype, call_index);
   if (s == Status::kOk)
     s = enqueue_compressed(*plan, call, call_index, with_stats, stats_copy, &wire);
+  if (s == Status::kOk && checking) s = enqueue_check_finish(call, &wire);
   // The caller's stream waits for both engine streams: later work on it (or, on the host device,
   // the caller itself) sees the result. This is the call's last enqueue.
   if (s == Status::kOk) s = device_->record(ev_compute_done_, compute_stream_);
@@ -1278,6 +1472,7 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
   if (bucket != nullptr) {
     bucket->stats_pending = stats_copy != nullptr && with_stats;
     bucket->calls_since_stats = with_stats ? 0 : bucket->calls_since_stats + 1;
+    bucket->last_call_index = call_index;
     note_budget(*bucket, *plan);
   }
   if (metrics_) {

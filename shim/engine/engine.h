@@ -112,6 +112,7 @@ class Engine {
  private:
   struct Plan;
   struct Bucket;
+  struct Check;
   Status setup_device();
   void teardown_device();
   // A plan of `spec` (a codec spec) at `bits` (its budget, the cache key with it).
@@ -158,6 +159,14 @@ class Engine {
   bool read_switch();
   // Counts one call under `reason` in this communicator's metrics.
   void count(PassReason reason);
+  // The sampled check (DYNAMIQ_CHECK_EVERY, docs/ENGINE.md section 10): enqueued around a
+  // compressed all-reduce (`gather` before its codec steps, `finish` after), read on the host
+  // after the control wait of a later call whose comm stream waited for it; paired with the
+  // checked call's prediction when its bucket reads that call's statistics.
+  Status enqueue_check_gather(const CallArgs& call, DType dtype, uint64_t call_index);
+  Status enqueue_check_finish(const CallArgs& call, uint64_t* wire_bytes);
+  void read_check();
+  void pair_check();
 
   config::Settings settings_;
   bool settings_valid_;
@@ -174,10 +183,12 @@ class Engine {
   bool canary_agreed_ = false;  // the canary's verdict was agreed (at the first plan made)
   std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
   std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
+  std::unique_ptr<Check> check_;                // DYNAMIQ_CHECK_EVERY > 0 only
   BudgetTarget target_;                      // DYNAMIQ_TARGET, parsed
   // The INFO summary's window: compressed DynamiQ calls since the last summary line.
   struct Window {
-    uint64_t calls = 0, predicted = 0, mx_calls = 0;
+    uint64_t calls = 0, predicted = 0, mx_calls = 0, checked = 0;
+    double checked_sq_error = 0, checked_energy = 0;
     double bits = 0, vnmse = 0;
     uint64_t widths[4] = {0, 0, 0, 0};
   } window_;

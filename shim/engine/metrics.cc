@@ -110,7 +110,18 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
                   {"predicted_vnmse_mean",
                    b.predicted_calls ? b.predicted_vnmse_sum / b.predicted_calls : -1.0},
                   {"predicted_vnmse_last", b.predicted_vnmse_last},
-                  {"buckets", buckets}};
+                  {"buckets", buckets},
+                  {"check",
+                   {{"calls", b.checked_calls},
+                    {"sampled_vnmse",
+                     b.checked_energy > 0 ? b.checked_sq_error / b.checked_energy : -1.0},
+                    {"sampled_vnmse_last", b.checked_vnmse_last},
+                    {"nonfinite", b.checked_nonfinite},
+                    {"paired_calls", b.paired_calls},
+                    {"paired_predicted_mean",
+                     b.paired_calls ? b.paired_predicted_sum / b.paired_calls : -1.0},
+                    {"paired_sampled_mean",
+                     b.paired_calls ? b.paired_sampled_sum / b.paired_calls : -1.0}}}};
       }
       doc["communicators"].push_back({{"index", c->index},
                                       {"name", c->name},
@@ -191,7 +202,7 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       "# HELP dynamiq_width_supergroups_total Super-groups of compressed DynamiQ calls by width "
       "(bits), counted one call of their bucket late.\n";
   text += "# TYPE dynamiq_width_supergroups_total counter\n";
-  std::string predicted_calls, predicted_sum, predicted_last, bucket_lines, mx_calls;
+  std::string predicted_calls, predicted_sum, predicted_last, bucket_lines, mx_calls, check_lines;
   for (const auto& c : comms) {
     std::lock_guard<std::mutex> lock(c->budget_mutex);
     const BudgetMetrics& b = c->budget;
@@ -204,6 +215,17 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
                        std::to_string(b.predicted_calls) + "\n";
     mx_calls += "dynamiq_mx_fallback_calls_total{" + label_set(*c) + "} " +
                 std::to_string(b.mx_calls) + "\n";
+    const std::pair<const char*, double> checks[] = {
+        {"calls", static_cast<double>(b.checked_calls)},
+        {"sq_error", b.checked_sq_error},
+        {"energy", b.checked_energy},
+        {"paired_calls", static_cast<double>(b.paired_calls)},
+        {"paired_predicted_vnmse_sum", b.paired_predicted_sum},
+        {"paired_sampled_vnmse_sum", b.paired_sampled_sum}};
+    for (const auto& [what, value] : checks) {
+      std::snprintf(v, sizeof v, "} %.9g\n", value);
+      check_lines += std::string("dynamiq_check_") + what + "_total{" + label_set(*c) + v;
+    }
     std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_sum);
     predicted_sum += "dynamiq_predicted_vnmse_sum_total{" + label_set(*c) + v;
     std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_last);
@@ -237,6 +259,25 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       "# HELP dynamiq_mx_fallback_calls_total Compressed DynamiQ calls that DYNAMIQ_BITS=auto sent "
       "as MXFP8 or MXFP6 (no rung with fewer bits met the target).\n";
   text += "# TYPE dynamiq_mx_fallback_calls_total counter\n" + mx_calls;
+  // The sampled check (DYNAMIQ_CHECK_EVERY): one HELP/TYPE per family, samples grouped by it.
+  static const std::pair<const char*, const char*> kCheckHelp[] = {
+      {"calls", "Calls whose sampled check was read (an exact all-reduce of 64 super-groups)."},
+      {"sq_error", "Summed squared error of the checked samples (against the exact sum)."},
+      {"energy", "Summed squared exact values of the checked samples (sq_error / energy: the "
+                 "sampled vNMSE)."},
+      {"paired_calls", "Checked calls whose predicted vNMSE is known too."},
+      {"paired_predicted_vnmse_sum", "Sum of the predicted vNMSE of the paired calls."},
+      {"paired_sampled_vnmse_sum", "Sum of the sampled vNMSE of the paired calls."}};
+  for (const auto& [what, help] : kCheckHelp) {
+    const std::string name = std::string("dynamiq_check_") + what + "_total";
+    text += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n";
+    const std::string prefix = name + "{";
+    for (size_t at = 0; (at = check_lines.find(prefix, at)) != std::string::npos;) {
+      const size_t end = check_lines.find('\n', at);
+      text += check_lines.substr(at, end + 1 - at);
+      at = end + 1;
+    }
+  }
   return text;
 }
 

@@ -60,6 +60,16 @@ struct BudgetMetrics {
   double bits_sum = 0;                 // sum over compressed DynamiQ calls of their budgets
   uint64_t budget_calls = 0;           // compressed DynamiQ calls
   uint64_t mx_calls = 0;               // of which auto sent as MXFP8 or MXFP6 (its fallback)
+  // The sampled check (DYNAMIQ_CHECK_EVERY): calls checked, and over their samples the summed
+  // squared error and exact energy (their ratio: the sampled vNMSE); the latest call's sampled
+  // vNMSE; checks skipped for a non-finite value. Paired: checked calls whose prediction is
+  // known, with the sums of their predicted and sampled vNMSE.
+  uint64_t checked_calls = 0;
+  double checked_sq_error = 0, checked_energy = 0;
+  double checked_vnmse_last = -1;
+  uint64_t checked_nonfinite = 0;
+  uint64_t paired_calls = 0;
+  double paired_predicted_sum = 0, paired_sampled_sum = 0;
 };
 
 struct CommMetrics {

@@ -14,7 +14,8 @@
 // the other side: a codec without kernels runs on the host codec, with the host's bytes. Then
 // DYNAMIQ_BITS=auto with the MXFP8 target on data without scale locality: after its first call
 // the bucket goes as MXFP8 while its DynamiQ statistics still run as kernels every 8th call, the
-// same bytes and the same choices on both devices.
+// same bytes and the same choices on both devices, and the sampled check (DYNAMIQ_CHECK_EVERY)
+// reads the same samples on both.
 #include <unistd.h>
 
 #include <chrono>
@@ -105,6 +106,7 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
                                       {"DYNAMIQ_TOPO", topo},
                                       {"DYNAMIQ_BITS", "auto"},
                                       {"DYNAMIQ_TARGET", "mxfp8"},
+                                      {"DYNAMIQ_CHECK_EVERY", "3"},
                                       {"DYNAMIQ_MIN_BYTES", "0"}});
   auto metrics_host = std::make_shared<dq::engine::CommMetrics>();
   auto metrics_cuda = std::make_shared<dq::engine::CommMetrics>();
@@ -152,6 +154,15 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
            static_cast<unsigned long long>(bc.predicted_calls),
            bc.buckets.empty() ? "-" : bc.buckets[0].codec.c_str(),
            bc.buckets.empty() ? 0.0 : bc.buckets[0].budget_bits);
+  // The sampled check (calls 2, 5, 8; the first two read): the same samples on both devices,
+  // copied from the output only after the last codec step on the device's streams.
+  CHECK_OR(66,
+           bh.checked_calls == 2 && bc.checked_calls == 2 &&
+               bh.checked_sq_error == bc.checked_sq_error && bh.checked_energy == bc.checked_energy &&
+               bc.checked_sq_error > 0,
+           "rank %d: sampled checks: host %llu (error %.6g), emulated CUDA %llu (error %.6g)",
+           rank, static_cast<unsigned long long>(bh.checked_calls), bh.checked_sq_error,
+           static_cast<unsigned long long>(bc.checked_calls), bc.checked_sq_error);
   CHECK_OR(65, after.stats - before.stats == 1 && after.host_fallbacks == before.host_fallbacks,
            "rank %d: auto: %llu statistics kernels in calls 1-9 (expected 1), %llu steps on the "
            "host codec",

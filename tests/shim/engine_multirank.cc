@@ -22,6 +22,10 @@
 //               [0.5, 2] of its measured one; on dense data (one scale everywhere) the MXFP8
 //               target sends the bucket as MXFP8 after its first call, with the statistics
 //               of every 8th call only, and its error is MXFP8's
+//   check       DYNAMIQ_CHECK_EVERY=2: every other all-reduce is checked against an exact
+//               all-reduce of 64 super-groups; the sampled vNMSE is near the measured one and
+//               the predicted one, outputs are the bytes of the same calls without the check,
+//               in place too, and a NaN call's check counts as non-finite
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -661,6 +665,101 @@ int scenario_auto(int n) {
   return 0;
 }
 
+// ---- the sampled check (DYNAMIQ_CHECK_EVERY) ------------------------------------------------------
+int scenario_check(int n) {
+  constexpr int kCalls = 12;
+  constexpr size_t kCount = size_t{1} << 19;  // 2 MiB of FP32: 2,048 super-groups
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    std::vector<std::vector<float>> outputs[2];
+    std::shared_ptr<dq::engine::CommMetrics> checked_metrics;
+    double measured_sum = 0;
+    int measured_calls = 0;
+    for (int with_check = 0; with_check < 2; ++with_check) {
+      const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                          {"DYNAMIQ_TOPO", "ring"},
+                                          {"DYNAMIQ_CHECK_EVERY", with_check ? "2" : "0"}});
+      auto metrics = std::make_shared<dq::engine::CommMetrics>();
+      Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(),
+                    dq::engine::host_device(), metrics, true);
+      for (int k = 0; k < kCalls; ++k) {
+        const size_t shift = static_cast<size_t>(k) * 31 * 256;
+        std::vector<float> in(kCount), out(kCount);
+        for (size_t i = 0; i < kCount; ++i) in[i] = noisy_value(rank, i + shift);
+        // Call 9 (checked: the odd calls are) holds a NaN in every super-group on rank 2, so
+        // every sampled one is non-finite.
+        for (size_t i = 0; k == 9 && rank == 2 && i < kCount; i += 256) in[i] = NAN;
+        const bool in_place = k % 4 == 3;               // checked calls in place too
+        CallArgs args;
+        args.send = in.data();
+        args.recv = in_place ? in.data() : out.data();
+        args.count = kCount;
+        PassReason reason;
+        CHECK_OR(110, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+                 "rank %d: check %d call %d not compressed (%s)", rank, with_check, k,
+                 dq::engine::reason_name(reason));
+        outputs[with_check].push_back(in_place ? in : out);
+        if (with_check && k != 9) {
+          double err = 0, energy = 0;
+          const std::vector<float>& got = outputs[1].back();
+          for (size_t i = 0; i < kCount; ++i) {
+            double exact = 0;
+            for (int r = 0; r < n; ++r) exact += noisy_value(r, i + shift);
+            err += (got[i] - exact) * (got[i] - exact);
+            energy += exact * exact;
+          }
+          measured_sum += err / energy;
+          ++measured_calls;
+        }
+      }
+      // Two more calls so the last check (call 11) is read: armed by one, read by the next.
+      std::vector<float> in(kCount, 1.0f), out(kCount);
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      for (int k = 0; k < 2; ++k)
+        CHECK_OR(111, engine.run(args, &reason) == ncclSuccess, "rank %d: tail call", rank);
+      if (with_check) checked_metrics = metrics;
+    }
+    // The check changes no output byte (its own all-reduce is separate; the rounding keys are
+    // the calls').
+    for (int k = 0; k < kCalls; ++k)
+      CHECK_OR(112,
+               std::memcmp(outputs[0][k].data(), outputs[1][k].data(), kCount * 4) == 0,
+               "rank %d: call %d: the output differs with the check on", rank, k);
+    std::lock_guard<std::mutex> lock(checked_metrics->budget_mutex);
+    const dq::engine::BudgetMetrics& m = checked_metrics->budget;
+    const double measured = measured_sum / measured_calls;
+    const double sampled = m.checked_sq_error / m.checked_energy;
+    // Calls 1, 3, 5, 7, 11 checked and read; 9 is non-finite; 13 (the tail's second) not read.
+    CHECK_OR(113, m.checked_calls == 5 && m.checked_nonfinite == 1,
+             "rank %d: %llu checks read, %llu non-finite (expected 5 and 1)", rank,
+             static_cast<unsigned long long>(m.checked_calls),
+             static_cast<unsigned long long>(m.checked_nonfinite));
+    CHECK_OR(114, sampled > 0.5 * measured && sampled < 2.0 * measured,
+             "rank %d: sampled vNMSE %.4g, measured over the whole calls %.4g", rank, sampled,
+             measured);
+    // Paired with the prediction of the same calls (the bucket's next call reads it): calls 1,
+    // 3, 5, 7 and 11 (call 9's statistics are not finite: no prediction).
+    CHECK_OR(115, m.paired_calls == 5,
+             "rank %d: %llu checked calls paired with their prediction", rank,
+             static_cast<unsigned long long>(m.paired_calls));
+    const double ratio = m.paired_sampled_sum / m.paired_predicted_sum;
+    CHECK_OR(116, ratio > 0.5 && ratio < 2.0,
+             "rank %d: sampled / predicted vNMSE over paired calls %.3g", rank, ratio);
+    CHECK_OR(117, same_everywhere(comms[0], fnv(&m.checked_sq_error, 8)),
+             "rank %d: the checks differ between ranks", rank);
+    if (rank == 0)
+      std::printf("check: %llu checks, sampled vNMSE %.4g, measured %.4g, paired %llu: "
+                  "sampled/predicted %.3f\n",
+                  static_cast<unsigned long long>(m.checked_calls), sampled, measured,
+                  static_cast<unsigned long long>(m.paired_calls), ratio);
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 240), "check") ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -682,6 +781,7 @@ int main(int argc, char** argv) {
   if (scenario == "not_opted_in") return scenario_not_opted_in(n);
   if (scenario == "budget") return scenario_budget(n, topo);
   if (scenario == "auto") return scenario_auto(n);
+  if (scenario == "check") return scenario_check(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }

@@ -41,8 +41,8 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
     EXPECT_TRUE(std::regex_match(line, labelled)) << line;
   }
   // calls, three counters, one gauge; the budget's 4 widths, 3 predicted-vNMSE samples, the MX
-  // fallback counter.
-  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 + 2 * 4 + 2 * 3 + 2);
+  // fallback counter, the sampled check's 6 counters.
+  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 + 2 * 4 + 2 * 3 + 2 + 2 * 6);
   EXPECT_NE(text.find("# TYPE dynamiq_held_bytes gauge"), std::string::npos);
   for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
                            "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total"}) {
@@ -120,6 +120,12 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
     b.bits_sum = 13.5;
     b.budget_calls = 2;
     b.mx_calls = 1;
+    b.checked_calls = 4;
+    b.checked_sq_error = 0.5;
+    b.checked_energy = 100;
+    b.paired_calls = 2;
+    b.paired_predicted_sum = 0.012;
+    b.paired_sampled_sum = 0.010;
     BucketMetrics k;
     k.collective = "allreduce";
     k.dtype = "float32";
@@ -146,6 +152,10 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
   EXPECT_EQ(b["buckets"][0]["codec"], "dynamiq");
   EXPECT_EQ(b["buckets"][1]["codec"], "mxfp8");
   EXPECT_EQ(b["mx_calls"], 1);
+  EXPECT_EQ(b["check"]["calls"], 4);
+  EXPECT_DOUBLE_EQ(b["check"]["sampled_vnmse"].get<double>(), 0.005);
+  EXPECT_DOUBLE_EQ(b["check"]["paired_predicted_mean"].get<double>(), 0.006);
+  EXPECT_DOUBLE_EQ(b["check"]["paired_sampled_mean"].get<double>(), 0.005);
   const std::string text = metrics_render({c}, {"j", "h", 9}, true);
   for (const char* line :
        {"dynamiq_width_supergroups_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
@@ -162,6 +172,10 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
         "codec=\"mxfp8\"} 8.25\n",
         "dynamiq_mx_fallback_calls_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\"} 1\n",
+        "# TYPE dynamiq_check_energy_total counter\ndynamiq_check_energy_total{job=\"j\",host=\"h\","
+        "pid=\"9\",comm=\"0\",name=\"dp\",rank=\"3\"} 100\n",
+        "dynamiq_check_paired_sampled_vnmse_sum_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\","
+        "name=\"dp\",rank=\"3\"} 0.01\n",
         "# TYPE dynamiq_predicted_vnmse gauge\n", "# TYPE dynamiq_bucket_budget_bits gauge\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << text;
 }

@@ -487,6 +487,7 @@ bool scenario_mismatch(int n) {
       {"DYNAMIQ_CODEC", "mxfp8"},
       {"DYNAMIQ_BITS", "6"},
       {"DYNAMIQ_TARGET", "mxfp6"},
+      {"DYNAMIQ_CHECK_EVERY", "5"},
       {"DYNAMIQ_TOPO", "ring"},
       {"DYNAMIQ_MIN_BYTES", "64K"},
       {"DYNAMIQ_DTYPES", "float32"},
