@@ -234,6 +234,7 @@ bool valid_text(const Entry& e, const std::string& raw) {
     return parse_budget_target(raw, &target);
   }
   if (key == "DYNAMIQ_NET_BACKEND") return raw == "socket" || raw == "ib" || raw == "auto";
+  if (key == "DYNAMIQ_NET_IB_GDR") return raw == "auto" || raw == "off" || raw == "flush-all";
   if (key == "DYNAMIQ_NET_IB_GID_INDEX") {
     // -1 (auto) or a GID table index 0..255, decimal.
     if (raw == "-1") return true;

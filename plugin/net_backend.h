@@ -33,11 +33,19 @@ class NetBackend {
   virtual Status Connect(const CommContext& ctx, int dev, void* handle, void** send_comm) = 0;
   virtual Status Accept(void* listen_comm, void** recv_comm) = 0;
   virtual Status RegMr(void* comm, void* data, size_t size, int type, void** mhandle) = 0;
+  // Device memory exported as a DMA-BUF file descriptor (`offset` into it); only where the
+  // device's properties advertise NCCL_PTR_DMABUF.
+  virtual Status RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset,
+                             int fd, void** mhandle);
   virtual Status DeregMr(void* comm, void* mhandle) = 0;
   virtual Status Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                        void** request) = 0;
   virtual Status Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
                        void** mhandles, void** request) = 0;
+  // Makes completed receives into device memory visible to the device (GPUDirect RDMA); a NULL
+  // *request: nothing to wait for.
+  virtual Status Iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles,
+                        void** request);
   // sizes (when non-NULL) gets one entry per grouped receive (one for a send).
   virtual Status Test(void* request, int* done, int* sizes) = 0;
   virtual Status CloseSend(void* send_comm) = 0;

@@ -16,6 +16,7 @@ NetEnv ReadNetEnv() {
   env.backend = s.net_backend;
   env.ib_hca = s.net_ib_hca;
   env.ib_gid_index = std::stoi(s.net_ib_gid_index);  // validated: -1 or 0..255
+  env.ib_gdr = s.net_ib_gdr;
   return env;
 }
 

@@ -14,6 +14,23 @@
 #include "plugin/net_log.h"
 
 namespace dq::net {
+
+// The defaults of the optional backend calls (the socket backend keeps them): DMA-BUF and flushes
+// exist only for device memory, which a backend without GPUDirect never advertises.
+Status NetBackend::RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t /*offset*/,
+                               int /*fd*/, void** mhandle) {
+  if (type == NCCL_PTR_HOST) return RegMr(comm, data, size, type, mhandle);
+  NET_WARN("regMrDmaBuf: DMA-BUF memory (type %d) is not supported by this transport; host "
+           "memory only",
+           type);
+  return Status::kInvalidArgument;
+}
+
+Status NetBackend::Iflush(void* /*recv_comm*/, int /*n*/, void** /*data*/, const int* /*sizes*/,
+                          void** /*mhandles*/, void** request) {
+  *request = nullptr;  // host memory needs no flush: nothing to wait for
+  return Status::kOk;
+}
 namespace {
 
 // NCCL's result values (common/nccl_result.h): dqNetResult is NCCL's enum under another name.
@@ -85,24 +102,24 @@ dqNetResult Accept(void* listen_comm, void** recv_comm, dqNetDeviceHandle** /*de
 dqNetResult RegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
   return Guard("regMr", [&] { return Backend().RegMr(comm, data, size, type, mhandle); });
 }
-dqNetResult RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t /*offset*/,
-                        int /*fd*/, void** mhandle) {
+dqNetResult RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                        void** mhandle) {
   return Guard("regMrDmaBuf", [&] {
-    if (type != NCCL_PTR_HOST) {
-      NET_WARN("regMrDmaBuf: DMA-BUF memory (type %d) is not supported; host memory only", type);
-      return Status::kInvalidArgument;
-    }
-    return Backend().RegMr(comm, data, size, type, mhandle);
+    return mhandle ? Backend().RegMrDmaBuf(comm, data, size, type, offset, fd, mhandle)
+                   : Status::kInvalidArgument;
   });
 }
 dqNetResult DeregMr(void* comm, void* mhandle) {
   return Guard("deregMr", [&] { return Backend().DeregMr(comm, mhandle); });
 }
-dqNetResult Iflush(void* /*recv_comm*/, int /*n*/, void** /*data*/, int* /*sizes*/,
-                   void** /*mhandles*/, void** request) {
-  // Host memory needs no flush: report "nothing to wait for".
-  if (request != nullptr) *request = nullptr;
-  return dqNetSuccess;
+dqNetResult Iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
+                   void** request) {
+  return Guard("iflush", [&] {
+    if (request == nullptr || (n > 0 && (data == nullptr || sizes == nullptr)))
+      return Status::kInvalidArgument;
+    *request = nullptr;
+    return Backend().Iflush(recv_comm, n, data, sizes, mhandles, request);
+  });
 }
 dqNetResult Test(void* request, int* done, int* sizes) {
   return Guard("test", [&] {

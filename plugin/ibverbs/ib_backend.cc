@@ -41,6 +41,7 @@ constexpr uint32_t kRecvMagic = 0x52494e44;
 constexpr uint32_t kSendReqMagic = 0x73494e44;
 constexpr uint32_t kRecvReqMagic = 0x72494e44;
 constexpr uint32_t kMrMagic = 0x6d494e44;
+constexpr uint32_t kFlushReqMagic = 0x66494e44;
 constexpr size_t kMaxSendsPerComm = 1024;                // isend returns a NULL request beyond this
 constexpr int kSqDepth = 512;                            // send work requests per QP
 constexpr int kRqDepth = kFifoDepth * kMaxGroupedRecvs;  // one per grouped receive in flight
@@ -84,6 +85,9 @@ struct Verbs {
   int (*destroy_qp)(ibv_qp*) = nullptr;
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int) = nullptr;
   const char* (*wc_status_str)(ibv_wc_status) = nullptr;
+  // Optional (rdma-core 34 and later): device memory exported as a DMA-BUF.
+  ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
+                           int access) = nullptr;
 };
 
 template <typename Fn>
@@ -100,6 +104,7 @@ bool LoadVerbs(Verbs* v, std::string* why) {
     *why = std::string("cannot load libibverbs.so.1: ") + (e != nullptr ? e : "unknown error");
     return false;
   }
+  std::string optional;
   return LoadSym(v->lib, "ibv_get_device_list", &v->get_device_list, why) &&
          LoadSym(v->lib, "ibv_free_device_list", &v->free_device_list, why) &&
          LoadSym(v->lib, "ibv_get_device_name", &v->get_device_name, why) &&
@@ -118,7 +123,9 @@ bool LoadVerbs(Verbs* v, std::string* why) {
          LoadSym(v->lib, "ibv_create_qp", &v->create_qp, why) &&
          LoadSym(v->lib, "ibv_destroy_qp", &v->destroy_qp, why) &&
          LoadSym(v->lib, "ibv_modify_qp", &v->modify_qp, why) &&
-         LoadSym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why);
+         LoadSym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why) &&
+         // Optional: absent from older libibverbs (then no DMA-BUF).
+         (LoadSym(v->lib, "ibv_reg_dmabuf_mr", &v->reg_dmabuf_mr, &optional) || true);
 }
 
 Verbs& V() {
@@ -143,7 +150,51 @@ struct IbDevice {
   size_t max_write = kMaxWriteBytes;
   ibv_context* ctx = nullptr;  // shared by the ports of one device, kept open
   ibv_pd* pd = nullptr;        // one per verbs device, shared by every comm on it
+  // GPUDirect RDMA (DYNAMIQ_NET_IB_GDR): GPU memory registered through the peer-memory module;
+  // DMA-BUF registration accepted by the device; every receive flushed (flush-all).
+  bool gdr = false;
+  bool dmabuf = false;
+  bool flush_all = false;
 };
+
+// Whether NVIDIA's peer-memory module is loaded (nvidia-peermem, or the older nv_peer_mem):
+// then ibv_reg_mr accepts CUDA device pointers. *why: what was looked for.
+bool PeerMemoryLoaded(std::string* why) {
+  for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
+                           "/sys/module/nvidia_peermem/version", "/sys/module/nvidia_peermem"}) {
+    if (access(path, F_OK) == 0) {
+      *why = std::string("peer memory: ") + path;
+      return true;
+    }
+  }
+  *why = "no peer-memory module (nvidia-peermem) loaded";
+  return false;
+}
+
+// Whether the device takes DMA-BUF registrations: a registration of no fd (-1) fails with
+// EOPNOTSUPP / EPROTONOSUPPORT where the device or kernel cannot, with another error (EBADF)
+// where it can. *why: the answer's reason.
+bool DmaBufAccepted(ibv_pd* pd, std::string* why) {
+  if (V().reg_dmabuf_mr == nullptr) {
+    *why = "libibverbs has no ibv_reg_dmabuf_mr";
+    return false;
+  }
+  errno = 0;
+  ibv_mr* mr = V().reg_dmabuf_mr(pd, 0, 0, 0, -1, 0);
+  if (mr != nullptr) {  // cannot happen with fd -1; undo it if a provider accepts it anyway
+    V().dereg_mr(mr);
+    *why = "DMA-BUF accepted";
+    return true;
+  }
+  const int e = errno;
+  if (e == EOPNOTSUPP || e == EPROTONOSUPPORT) {
+    *why = std::string("the device refuses DMA-BUF (") + std::strerror(e) + ")";
+    return false;
+  }
+  *why = std::string("DMA-BUF accepted (a probe without a buffer failed with: ") +
+         std::strerror(e) + ")";
+  return true;
+}
 
 // Per-lane rate of enum ibv_port_attr::active_speed, in Mbps.
 int LaneMbps(uint8_t speed) {
@@ -341,6 +392,19 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
       }
       d.ctx = ctx;
       d.pd = pd;
+      if (env.ib_gdr != "off") {
+        std::string peer_why, dmabuf_why;
+        d.gdr = PeerMemoryLoaded(&peer_why);
+        d.dmabuf = DmaBufAccepted(pd, &dmabuf_why);
+        d.flush_all = env.ib_gdr == "flush-all";
+        NET_INFO("verbs port %s:%d GPUDirect RDMA: GPU memory %s (%s); DMA-BUF %s (%s)%s",
+                 name.c_str(), port, d.gdr ? "yes" : "no", peer_why.c_str(),
+                 d.dmabuf ? "yes" : "no", dmabuf_why.c_str(),
+                 d.flush_all ? "; every receive flushed (DYNAMIQ_NET_IB_GDR=flush-all)" : "");
+      } else {
+        NET_INFO("verbs port %s:%d: host memory only (DYNAMIQ_NET_IB_GDR=off)", name.c_str(),
+                 port);
+      }
       out->push_back(d);
     }
     if (out->size() == first) {
@@ -363,6 +427,7 @@ struct IbMr {
   ibv_mr* mr = nullptr;
   const char* base = nullptr;
   size_t size = 0;
+  int type = NCCL_PTR_HOST;  // NCCL_PTR_CUDA: device memory (a receive into it is flushed)
 };
 
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
@@ -465,7 +530,9 @@ struct Conn {
     return p;
   }
 
-  Status MakeQp() {
+  // remote_access: what the peer's work requests may do to this QP's memory (the flush QP, whose
+  // peer is itself, reads).
+  Status MakeQp(int remote_access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE) {
     cq = V().create_cq(dev->ctx, kCqDepth, nullptr, nullptr, 0);
     if (cq == nullptr) {
       NET_WARN("ibv_create_cq on %s failed: %s", dev->name.c_str(), std::strerror(errno));
@@ -488,7 +555,7 @@ struct Conn {
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
     a.port_num = static_cast<uint8_t>(dev->port);
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+    a.qp_access_flags = static_cast<unsigned>(remote_access);
     if (V().modify_qp(qp, &a,
                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
       NET_WARN("QP to INIT on %s failed: %s", dev->name.c_str(), std::strerror(errno));
@@ -827,8 +894,71 @@ struct RecvReq {
   ibv_mr* own_mr[kMaxGroupedRecvs] = {};
 };
 
+// An iflush: RDMA READs of one byte from each received buffer into a scratch word, on a QP
+// connected to itself. A READ completes only after the HCA's earlier writes to that memory are
+// visible to the reader, so for GPU memory it orders the received bytes before the GPU's use.
+struct FlushReq {
+  uint32_t magic = kFlushReqMagic;
+  RecvComm* comm = nullptr;
+  bool done = false;
+  int wrs = 0;  // send queue entries its READs hold until the signalled last one completes
+  Clock::time_point start = Clock::now();
+};
+
 struct RecvComm : Conn {
   RecvComm() { magic = kRecvMagic; }
+  // The flush QP (made at the first iflush that needs one; peer: itself) and its scratch.
+  std::unique_ptr<Conn> flush;
+  uint32_t* flush_scratch = nullptr;
+  uint32_t flush_lkey = 0;
+  std::unordered_set<FlushReq*> flushes;
+
+  Status MakeFlushQp() {  // mu held
+    auto f = std::make_unique<Conn>();
+    f->dev = dev;
+    f->peer = dev->name + " (its own flush QP)";
+    f->timeout_ms = timeout_ms;
+    DQ_CHECK(f->MakeQp(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE));
+    ibwire::Ctl self{};
+    f->FillCtl(&self, ibwire::kConnect);
+    DQ_CHECK(f->Connect(self, -1));
+    void* scratch = f->Alloc(64);
+    ibv_mr* mr = nullptr;
+    if (scratch == nullptr) return Status::kOutOfMemory;
+    DQ_CHECK(RegisterBytes(dev->pd, scratch, 64, &mr));
+    f->mrs.push_back(mr);
+    flush_scratch = static_cast<uint32_t*>(scratch);
+    flush_lkey = mr->lkey;
+    flush = std::move(f);
+    return Status::kOk;
+  }
+
+  // Polls the flush QP's completions into their requests.
+  Status PollFlushes() {  // mu held
+    if (!flush) return Status::kOk;
+    ibv_wc wc[16];
+    int n = 0;
+    while ((n = ibv_poll_cq(flush->cq, 16, wc)) > 0) {  // bounded by the READs in flight
+      for (int i = 0; i < n; ++i) {
+        if (wc[i].status != IBV_WC_SUCCESS) {
+          Fail("flush: " + WcError(wc[i]));
+          return Status::kSystemError;
+        }
+        auto* r = reinterpret_cast<FlushReq*>(wc[i].wr_id);
+        if (flushes.count(r) == 0) {
+          Fail("flush: a completion names no pending flush");
+          return Status::kInternal;
+        }
+        r->done = true;
+        flush->sq_used -= r->wrs;
+      }
+    }
+    if (n < 0) {
+      Fail("flush: ibv_poll_cq failed");
+      return Status::kSystemError;
+    }
+    return Status::kOk;
+  }
   FifoSlot* fifo_src = nullptr;  // local copy of each slot, source of the FIFO writes
   uint32_t fifo_src_lkey = 0;
   uint64_t* records = nullptr;  // written by the sender (size records)
@@ -839,6 +969,8 @@ struct RecvComm : Conn {
   std::unordered_set<RecvReq*> reqs;
 
   ~RecvComm() {
+    if (flush) flush->Close();
+    for (FlushReq* f : flushes) delete f;
     for (RecvReq* r : reqs) {
       for (ibv_mr* m : r->own_mr) {
         if (m != nullptr) V().dereg_mr(m);
@@ -1034,9 +1166,10 @@ class IbNet final : public NetBackend {
     props->name = const_cast<char*>(d.name.c_str());
     props->pciPath = d.pci_path.empty() ? nullptr : const_cast<char*>(d.pci_path.c_str());
     props->guid = d.guid;
-    props->ptrSupport = NCCL_PTR_HOST;  // no GPUDirect RDMA in this backend yet
+    props->ptrSupport = NCCL_PTR_HOST | (d.gdr ? NCCL_PTR_CUDA : 0) |
+                        (d.dmabuf ? NCCL_PTR_DMABUF : 0);
     props->regIsGlobal = 0;
-    props->forceFlush = 0;
+    props->forceFlush = d.flush_all ? 1 : 0;
     props->speed = d.speed_mbps;
     props->port = d.port;
     props->latency = 0;
@@ -1168,21 +1301,120 @@ class IbNet final : public NetBackend {
 
   Status RegMr(void* comm, void* data, size_t size, int type, void** mhandle) override {
     *mhandle = nullptr;
-    if (type != NCCL_PTR_HOST) {
-      NET_WARN("regMr: memory type %d is not supported (this plugin advertises host memory only)",
-               type);
-      return Status::kInvalidArgument;
-    }
     const IbDevice* dev = DevOf(comm);
     if (dev == nullptr) {
       NET_WARN("regMr: not a verbs comm");
       return Status::kInvalidArgument;
     }
+    if (type != NCCL_PTR_HOST && !(type == NCCL_PTR_CUDA && dev->gdr)) {
+      NET_WARN("regMr: memory type %d is not supported on %s (GPU memory needs the peer-memory "
+               "module, and DYNAMIQ_NET_IB_GDR not off)",
+               type, dev->name.c_str());
+      return Status::kInvalidArgument;
+    }
     auto m = std::make_unique<IbMr>();
     m->base = static_cast<const char*>(data);
     m->size = size;
+    m->type = type;
     if (size > 0) DQ_CHECK(RegisterBytes(dev->pd, data, size, &m->mr));
     *mhandle = m.release();
+    return Status::kOk;
+  }
+
+  Status RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                     void** mhandle) override {
+    *mhandle = nullptr;
+    if (type == NCCL_PTR_HOST) return RegMr(comm, data, size, type, mhandle);
+    const IbDevice* dev = DevOf(comm);
+    if (dev == nullptr) {
+      NET_WARN("regMrDmaBuf: not a verbs comm");
+      return Status::kInvalidArgument;
+    }
+    if (type != NCCL_PTR_CUDA || !dev->dmabuf || fd < 0) {
+      NET_WARN("regMrDmaBuf: memory type %d, fd %d not supported on %s (DMA-BUF %s)", type, fd,
+               dev->name.c_str(), dev->dmabuf ? "accepted" : "not accepted by the device");
+      return Status::kInvalidArgument;
+    }
+    auto m = std::make_unique<IbMr>();
+    m->base = static_cast<const char*>(data);
+    m->size = size;
+    m->type = type;
+    if (size > 0) {
+      m->mr = V().reg_dmabuf_mr(dev->pd, offset, size, reinterpret_cast<uint64_t>(data), fd,
+                                kAccess);
+      if (m->mr == nullptr) {
+        NET_WARN("ibv_reg_dmabuf_mr of %p+%zu (fd %d, offset %llu) failed: %s", data, size, fd,
+                 static_cast<unsigned long long>(offset), std::strerror(errno));
+        return Status::kSystemError;
+      }
+    }
+    *mhandle = m.release();
+    return Status::kOk;
+  }
+
+  Status Iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles,
+                void** request) override {
+    *request = nullptr;
+    auto* rc = static_cast<RecvComm*>(recv_comm);
+    if (rc == nullptr || rc->magic != kRecvMagic) {
+      NET_WARN("iflush: not a verbs receive comm");
+      return Status::kInvalidArgument;
+    }
+    if (n < 0 || n > kMaxGroupedRecvs) {
+      NET_WARN("iflush: %d grouped receives (maxRecvs is %d)", n, kMaxGroupedRecvs);
+      return Status::kInvalidArgument;
+    }
+    // The buffers that need one: received bytes in GPU memory (or any, with flush-all).
+    ibv_sge sge[kMaxGroupedRecvs];
+    ibv_send_wr wr[kMaxGroupedRecvs];
+    int k = 0;
+    for (int i = 0; i < n; ++i) {
+      auto* m = mhandles != nullptr ? static_cast<IbMr*>(mhandles[i]) : nullptr;
+      if (sizes[i] <= 0) continue;
+      if (m == nullptr || m->magic != kMrMagic || m->mr == nullptr) {
+        if (!rc->dev->flush_all) continue;  // unregistered host memory: nothing to flush
+        NET_WARN("iflush: buffer %d (%p) has no memory handle of this plugin", i, data[i]);
+        return Status::kInvalidArgument;
+      }
+      if (m->type == NCCL_PTR_HOST && !rc->dev->flush_all) continue;
+      DQ_CHECK(CheckRegion(m, data[i], 1));
+      sge[k] = ibv_sge{0, 1, 0};  // address and key below, when the scratch exists
+      wr[k] = ibv_send_wr{};
+      wr[k].opcode = IBV_WR_RDMA_READ;
+      wr[k].wr.rdma.remote_addr = reinterpret_cast<uint64_t>(data[i]);
+      wr[k].wr.rdma.rkey = m->mr->rkey;
+      ++k;
+    }
+    if (k == 0) return Status::kOk;  // nothing to wait for
+    std::lock_guard<std::mutex> lock(rc->mu);
+    if (rc->failed) return rc->fail_status;
+    if (!rc->flush) DQ_CHECK(rc->MakeFlushQp());
+    DQ_CHECK(rc->PollFlushes());
+    if (rc->flush->sq_used + k > kSqDepth) return Status::kOk;  // NULL: retry later
+    auto r = std::make_unique<FlushReq>();
+    r->comm = rc;
+    for (int j = 0; j < k; ++j) {
+      sge[j].addr = reinterpret_cast<uint64_t>(rc->flush_scratch);
+      sge[j].lkey = rc->flush_lkey;
+      wr[j].sg_list = &sge[j];
+      wr[j].num_sge = 1;
+      wr[j].next = j + 1 < k ? &wr[j + 1] : nullptr;
+      // Only the last is signalled: READs on one QP complete in order.
+      wr[j].send_flags = j + 1 == k ? IBV_SEND_SIGNALED : 0;
+      wr[j].wr_id = j + 1 == k ? reinterpret_cast<uint64_t>(r.get()) : 0;
+    }
+    ibv_send_wr* bad = nullptr;
+    const int e = ibv_post_send(rc->flush->qp, wr, &bad);
+    if (e != 0) {
+      NET_WARN("iflush: ibv_post_send failed: %s", std::strerror(e));
+      return Status::kSystemError;
+    }
+    // Unsignalled READs still take send queue entries until the signalled one completes.
+    r->wrs = k;
+    rc->flush->sq_used += k;
+    FlushReq* raw = r.release();
+    rc->flushes.insert(raw);
+    *request = raw;
     return Status::kOk;
   }
 
@@ -1372,6 +1604,27 @@ class IbNet final : public NetBackend {
         return Status::kOk;
       }
       return sc->failed ? sc->fail_status : Status::kOk;
+    }
+    if (*magic == kFlushReqMagic) {
+      auto* r = static_cast<FlushReq*>(request);
+      RecvComm* rc = r->comm;
+      std::lock_guard<std::mutex> lock(rc->mu);
+      Status st = r->done ? Status::kOk : rc->PollFlushes();
+      if (r->done) {
+        *done = 1;
+        if (sizes != nullptr) sizes[0] = 0;
+        rc->flushes.erase(r);
+        r->magic = 0;
+        delete r;
+        return Status::kOk;
+      }
+      if (st == Status::kOk && MsSince(r->start) > rc->timeout_ms) {
+        rc->fail_status = Status::kTimeout;
+        rc->Fail("a flush did not complete within " + std::to_string(rc->timeout_ms) +
+                 " ms (DYNAMIQ_NET_TIMEOUT_MS)");
+        return Status::kTimeout;
+      }
+      return rc->failed ? rc->fail_status : st;
     }
     if (*magic == kRecvReqMagic) {
       auto* r = static_cast<RecvReq*>(request);

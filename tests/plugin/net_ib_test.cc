@@ -7,6 +7,7 @@
 #include <dirent.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -157,6 +158,131 @@ TEST_F(NetIbTest, RegisteredBuffersAllSizes) {
   }
   EXPECT_EQ(net_->deregMr(sc_, smh), dqNetSuccess);
   EXPECT_EQ(net_->deregMr(rc_, rmh), dqNetSuccess);
+}
+
+// GPUDirect RDMA as far as a machine without a GPU can check it: GPU memory is advertised
+// exactly when the peer-memory module is loaded (never on rxe in the guest), GPU and DMA-BUF
+// registrations the device cannot take are refused with an error (never a crash), host memory
+// through regMrDmaBuf is an ordinary registration, and a receive into host memory needs no
+// flush (NULL request) unless DYNAMIQ_NET_IB_GDR=flush-all.
+bool PeerMemoryLoaded() {
+  for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
+                           "/sys/module/nvidia_peermem/version", "/sys/module/nvidia_peermem"}) {
+    std::ifstream f(path);
+    if (f.good()) return true;
+  }
+  return false;
+}
+
+bool FlushAll() {
+  const char* v = std::getenv("DYNAMIQ_NET_IB_GDR");
+  return v != nullptr && std::string(v) == "flush-all";
+}
+
+// One registered 1 MiB message from sc_ to rc_ into `in` (registered as *rmh).
+void Transfer(const dqNetV11* net, void* sc, void* rc, std::vector<char>* in, void** rmh,
+              int tag) {
+  std::vector<char> out(in->size());
+  Fill(out, static_cast<uint32_t>(tag));
+  void* smh = nullptr;
+  ASSERT_EQ(net->regMr(sc, out.data(), out.size(), NCCL_PTR_HOST, &smh), dqNetSuccess);
+  void* data = in->data();
+  size_t cap = in->size();
+  void* rreq = nullptr;
+  ASSERT_EQ(net->irecv(rc, 1, &data, &cap, &tag, rmh, nullptr, &rreq), dqNetSuccess);
+  ASSERT_NE(rreq, nullptr);
+  void* sreq = nullptr;
+  for (int i = 0; i < 1000 && sreq == nullptr; ++i) {
+    ASSERT_EQ(net->isend(sc, out.data(), out.size(), tag, smh, nullptr, &sreq), dqNetSuccess);
+  }
+  ASSERT_NE(sreq, nullptr);
+  int done = 0;
+  int got = -1;
+  ASSERT_EQ(WaitRequest(net, sreq, &got, &done, 60), dqNetSuccess);
+  ASSERT_EQ(WaitRequest(net, rreq, &got, &done, 60), dqNetSuccess);
+  ASSERT_EQ(done, 1);
+  EXPECT_EQ(*in, out);
+  EXPECT_EQ(net->deregMr(sc, smh), dqNetSuccess);
+}
+
+TEST_F(NetIbTest, GpuDirectAdvertisedOnlyWhereTheMachineHasIt) {
+  if (!HaveVerbs()) GTEST_SKIP() << "no active verbs port";
+  dqNetPropertiesV11 p{};
+  ASSERT_EQ(net_->getProperties(0, &p), dqNetSuccess);
+  EXPECT_NE(p.ptrSupport & NCCL_PTR_HOST, 0);
+  EXPECT_EQ((p.ptrSupport & NCCL_PTR_CUDA) != 0, PeerMemoryLoaded()) << p.ptrSupport;
+  EXPECT_EQ(p.forceFlush, FlushAll() ? 1 : 0);
+  std::printf("ptrSupport %d (DMA-BUF %s), forceFlush %d\n", p.ptrSupport,
+              (p.ptrSupport & NCCL_PTR_DMABUF) ? "yes" : "no", p.forceFlush);
+  Connect();
+  std::vector<char> buf(1 << 20);
+  void* mh = nullptr;
+  if ((p.ptrSupport & NCCL_PTR_CUDA) == 0) {
+    EXPECT_NE(net_->regMr(rc_, buf.data(), buf.size(), NCCL_PTR_CUDA, &mh), dqNetSuccess);
+    EXPECT_EQ(mh, nullptr);
+    EXPECT_TRUE(LogCapture::Contains("regMr: memory type", "not supported"));
+  }
+  if ((p.ptrSupport & NCCL_PTR_DMABUF) == 0) {
+    EXPECT_NE(net_->regMrDmaBuf(rc_, buf.data(), buf.size(), NCCL_PTR_CUDA, 0, 3, &mh),
+              dqNetSuccess);
+    EXPECT_EQ(mh, nullptr);
+  }
+  // Host memory through regMrDmaBuf: an ordinary registration that carries a transfer.
+  ASSERT_EQ(net_->regMrDmaBuf(rc_, buf.data(), buf.size(), NCCL_PTR_HOST, 0, -1, &mh),
+            dqNetSuccess);
+  ASSERT_NE(mh, nullptr);
+  Transfer(net_, sc_, rc_, &buf, &mh, 7);
+  void* data = buf.data();
+  int size = static_cast<int>(buf.size());
+  void* freq = reinterpret_cast<void*>(1);
+  ASSERT_EQ(net_->iflush(rc_, 1, &data, &size, &mh, &freq), dqNetSuccess);
+  if (!FlushAll()) EXPECT_EQ(freq, nullptr) << "a host receive needs no flush";
+  if (freq != nullptr) {
+    int done = 0;
+    ASSERT_EQ(WaitRequest(net_, freq, nullptr, &done, 20), dqNetSuccess);
+  }
+  EXPECT_EQ(net_->deregMr(rc_, mh), dqNetSuccess);
+}
+
+// DYNAMIQ_NET_IB_GDR=flush-all (its own process: rdma_net_ib_flush): every receive is flushed
+// through the receive comm's own loopback QP: a flush request per iflush, completed by an RDMA
+// READ of each buffer; grouped buffers, repeated flushes, and a buffer outside its registration
+// refused.
+TEST_F(NetIbTest, FlushAllReadsBackEveryReceive) {
+  if (!HaveVerbs()) GTEST_SKIP() << "no active verbs port";
+  if (!FlushAll()) GTEST_SKIP() << "needs DYNAMIQ_NET_IB_GDR=flush-all (rdma_net_ib_flush)";
+  Connect();
+  std::vector<char> a(1 << 20), b(1 << 20);
+  void* mh[2] = {nullptr, nullptr};
+  ASSERT_EQ(net_->regMr(rc_, a.data(), a.size(), NCCL_PTR_HOST, &mh[0]), dqNetSuccess);
+  ASSERT_EQ(net_->regMr(rc_, b.data(), b.size(), NCCL_PTR_HOST, &mh[1]), dqNetSuccess);
+  for (int round = 0; round < 20; ++round) {
+    Transfer(net_, sc_, rc_, &a, &mh[0], 2 * round);
+    Transfer(net_, sc_, rc_, &b, &mh[1], 2 * round + 1);
+    void* data[2] = {a.data(), b.data()};
+    int sizes[2] = {static_cast<int>(a.size()), round % 2 ? 0 : static_cast<int>(b.size())};
+    void* freq = nullptr;
+    ASSERT_EQ(net_->iflush(rc_, 2, data, sizes, mh, &freq), dqNetSuccess);
+    ASSERT_NE(freq, nullptr) << "round " << round;
+    int done = 0;
+    ASSERT_EQ(WaitRequest(net_, freq, nullptr, &done, 20), dqNetSuccess);
+    ASSERT_EQ(done, 1);
+  }
+  // Nothing received (sizes 0): nothing to flush.
+  void* data = a.data();
+  int zero = 0;
+  void* freq = reinterpret_cast<void*>(1);
+  ASSERT_EQ(net_->iflush(rc_, 1, &data, &zero, mh, &freq), dqNetSuccess);
+  EXPECT_EQ(freq, nullptr);
+  // A buffer outside its registration: refused, no request.
+  std::vector<char> other(4096);
+  data = other.data();
+  int one = 1;
+  freq = nullptr;
+  EXPECT_NE(net_->iflush(rc_, 1, &data, &one, mh, &freq), dqNetSuccess);
+  EXPECT_EQ(freq, nullptr);
+  EXPECT_EQ(net_->deregMr(rc_, mh[0]), dqNetSuccess);
+  EXPECT_EQ(net_->deregMr(rc_, mh[1]), dqNetSuccess);
 }
 
 }  // namespace
