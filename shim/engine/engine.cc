@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/nccl_result.h"
+#include "common/splitmix.h"
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_codec.h"
 #include "shim/engine/program.h"
@@ -959,15 +960,6 @@ void Engine::note_budget(Bucket& b, const Plan& p) {
 }
 
 // ---- the sampled check ----------------------------------------------------------------------
-namespace {
-// SplitMix64's finaliser: the sample's offset from (seed, call), the same on every rank.
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-}  // namespace
 
 Status Engine::enqueue_check_gather(const CallArgs& call, DType dtype, uint64_t call_index) {
   Check& c = *check_;
@@ -977,7 +969,7 @@ Status Engine::enqueue_check_gather(const CallArgs& call, DType dtype, uint64_t 
   c.groups = std::min(Check::kSuperGroups, full);
   const size_t stride = full / c.groups;
   const size_t offset = static_cast<size_t>(
-      mix64(static_cast<uint64_t>(settings_.seed) ^ (call_index << 20)) % full);
+      splitmix64(static_cast<uint64_t>(settings_.seed) ^ (call_index << 20)) % full);
   c.first.clear();
   const Lane lane{comm_stream_, control_ + error_word_index()};
   for (size_t i = 0; i < c.groups; ++i) {

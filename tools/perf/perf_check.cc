@@ -7,15 +7,12 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/splitmix.h"
+
 namespace dq::perf {
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using dq::splitmix64;
 
 // The random word behind element i of rank r; the (type, op) salt gives every combination
 // its own data so that a stale buffer from the previous test cannot pass the check.
