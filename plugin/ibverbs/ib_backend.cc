@@ -104,28 +104,31 @@ bool LoadVerbs(Verbs* v, std::string* why) {
     *why = std::string("cannot load libibverbs.so.1: ") + (e != nullptr ? e : "unknown error");
     return false;
   }
-  std::string optional;
-  return LoadSym(v->lib, "ibv_get_device_list", &v->get_device_list, why) &&
-         LoadSym(v->lib, "ibv_free_device_list", &v->free_device_list, why) &&
-         LoadSym(v->lib, "ibv_get_device_name", &v->get_device_name, why) &&
-         LoadSym(v->lib, "ibv_get_device_guid", &v->get_device_guid, why) &&
-         LoadSym(v->lib, "ibv_open_device", &v->open_device, why) &&
-         LoadSym(v->lib, "ibv_close_device", &v->close_device, why) &&
-         LoadSym(v->lib, "ibv_query_device", &v->query_device, why) &&
-         LoadSym(v->lib, "ibv_query_port", &v->query_port, why) &&
-         LoadSym(v->lib, "ibv_query_gid", &v->query_gid, why) &&
-         LoadSym(v->lib, "ibv_alloc_pd", &v->alloc_pd, why) &&
-         LoadSym(v->lib, "ibv_dealloc_pd", &v->dealloc_pd, why) &&
-         LoadSym(v->lib, "ibv_reg_mr", &v->reg_mr, why) &&
-         LoadSym(v->lib, "ibv_dereg_mr", &v->dereg_mr, why) &&
-         LoadSym(v->lib, "ibv_create_cq", &v->create_cq, why) &&
-         LoadSym(v->lib, "ibv_destroy_cq", &v->destroy_cq, why) &&
-         LoadSym(v->lib, "ibv_create_qp", &v->create_qp, why) &&
-         LoadSym(v->lib, "ibv_destroy_qp", &v->destroy_qp, why) &&
-         LoadSym(v->lib, "ibv_modify_qp", &v->modify_qp, why) &&
-         LoadSym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why) &&
-         // Optional: absent from older libibverbs (then no DMA-BUF).
-         (LoadSym(v->lib, "ibv_reg_dmabuf_mr", &v->reg_dmabuf_mr, &optional) || true);
+  const bool required =
+      LoadSym(v->lib, "ibv_get_device_list", &v->get_device_list, why) &&
+      LoadSym(v->lib, "ibv_free_device_list", &v->free_device_list, why) &&
+      LoadSym(v->lib, "ibv_get_device_name", &v->get_device_name, why) &&
+      LoadSym(v->lib, "ibv_get_device_guid", &v->get_device_guid, why) &&
+      LoadSym(v->lib, "ibv_open_device", &v->open_device, why) &&
+      LoadSym(v->lib, "ibv_close_device", &v->close_device, why) &&
+      LoadSym(v->lib, "ibv_query_device", &v->query_device, why) &&
+      LoadSym(v->lib, "ibv_query_port", &v->query_port, why) &&
+      LoadSym(v->lib, "ibv_query_gid", &v->query_gid, why) &&
+      LoadSym(v->lib, "ibv_alloc_pd", &v->alloc_pd, why) &&
+      LoadSym(v->lib, "ibv_dealloc_pd", &v->dealloc_pd, why) &&
+      LoadSym(v->lib, "ibv_reg_mr", &v->reg_mr, why) &&
+      LoadSym(v->lib, "ibv_dereg_mr", &v->dereg_mr, why) &&
+      LoadSym(v->lib, "ibv_create_cq", &v->create_cq, why) &&
+      LoadSym(v->lib, "ibv_destroy_cq", &v->destroy_cq, why) &&
+      LoadSym(v->lib, "ibv_create_qp", &v->create_qp, why) &&
+      LoadSym(v->lib, "ibv_destroy_qp", &v->destroy_qp, why) &&
+      LoadSym(v->lib, "ibv_modify_qp", &v->modify_qp, why) &&
+      LoadSym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why);
+  if (!required) return false;
+  // Optional: absent from older libibverbs (then no DMA-BUF).
+  v->reg_dmabuf_mr =
+      reinterpret_cast<decltype(v->reg_dmabuf_mr)>(dlsym(v->lib, "ibv_reg_dmabuf_mr"));
+  return true;
 }
 
 Verbs& V() {
@@ -335,6 +338,11 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
     *why = std::string("ibv_get_device_list failed: ") + std::strerror(errno);
     return Status::kUnsupported;
   }
+  // GPUDirect: the peer-memory module is the machine's (looked up once), DMA-BUF the device's
+  // (probed once per device, with its protection domain).
+  const bool gdr_on = env.ib_gdr != "off";
+  std::string peer_why;
+  const bool peer_memory = gdr_on && PeerMemoryLoaded(&peer_why);
   for (int i = 0; i < n; ++i) {
     const std::string name = V().get_device_name(list[i]);
     ibv_context* ctx = V().open_device(list[i]);
@@ -349,6 +357,8 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
       continue;
     }
     ibv_pd* pd = nullptr;
+    int dmabuf = -1;  // probed at the device's first usable port
+    std::string dmabuf_why;
     size_t first = out->size();
     for (int port = 1; port <= attr.phys_port_cnt; ++port) {
       if (!HcaSelected(env.ib_hca, name, port)) continue;
@@ -392,10 +402,10 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
       }
       d.ctx = ctx;
       d.pd = pd;
-      if (env.ib_gdr != "off") {
-        std::string peer_why, dmabuf_why;
-        d.gdr = PeerMemoryLoaded(&peer_why);
-        d.dmabuf = DmaBufAccepted(pd, &dmabuf_why);
+      if (gdr_on) {
+        if (dmabuf < 0) dmabuf = DmaBufAccepted(pd, &dmabuf_why) ? 1 : 0;
+        d.gdr = peer_memory;
+        d.dmabuf = dmabuf == 1;
         d.flush_all = env.ib_gdr == "flush-all";
         NET_INFO("verbs port %s:%d GPUDirect RDMA: GPU memory %s (%s); DMA-BUF %s (%s)%s",
                  name.c_str(), port, d.gdr ? "yes" : "no", peer_why.c_str(),
@@ -1355,15 +1365,8 @@ class IbNet final : public NetBackend {
   Status Iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles,
                 void** request) override {
     *request = nullptr;
-    auto* rc = static_cast<RecvComm*>(recv_comm);
-    if (rc == nullptr || rc->magic != kRecvMagic) {
-      NET_WARN("iflush: not a verbs receive comm");
-      return Status::kInvalidArgument;
-    }
-    if (n < 0 || n > kMaxGroupedRecvs) {
-      NET_WARN("iflush: %d grouped receives (maxRecvs is %d)", n, kMaxGroupedRecvs);
-      return Status::kInvalidArgument;
-    }
+    RecvComm* rc = nullptr;
+    if (Status st = GroupedCall("iflush", recv_comm, n, 0, &rc); st != Status::kOk) return st;
     // The buffers that need one: received bytes in GPU memory (or any, with flush-all).
     ibv_sge sge[kMaxGroupedRecvs];
     ibv_send_wr wr[kMaxGroupedRecvs];
@@ -1478,15 +1481,8 @@ class IbNet final : public NetBackend {
   Status Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
                void** mhandles, void** request) override {
     *request = nullptr;
-    auto* rc = static_cast<RecvComm*>(recv_comm);
-    if (rc == nullptr || rc->magic != kRecvMagic) {
-      NET_WARN("irecv: not a verbs receive comm");
-      return Status::kInvalidArgument;
-    }
-    if (n < 1 || n > kMaxGroupedRecvs) {
-      NET_WARN("irecv: %d grouped receives (maxRecvs is %d)", n, kMaxGroupedRecvs);
-      return Status::kInvalidArgument;
-    }
+    RecvComm* rc = nullptr;
+    if (Status st = GroupedCall("irecv", recv_comm, n, 1, &rc); st != Status::kOk) return st;
     for (int i = 0; i < n; ++i) {
       DQ_CHECK(CheckRegion(mhandles != nullptr ? mhandles[i] : nullptr, data[i], sizes[i]));
       if (sizes[i] > 0 && data[i] == nullptr) {
@@ -1653,6 +1649,20 @@ class IbNet final : public NetBackend {
   Status CloseSend(void* send_comm) override {
     return CloseComm(static_cast<SendComm*>(send_comm), kSendMagic,
                      "closeSend: not a verbs send comm");
+  }
+
+  // `recv_comm` as a verbs receive comm for a call on n grouped buffers (min_n..maxRecvs).
+  static Status GroupedCall(const char* call, void* recv_comm, int n, int min_n, RecvComm** rc) {
+    *rc = static_cast<RecvComm*>(recv_comm);
+    if (*rc == nullptr || (*rc)->magic != kRecvMagic) {
+      NET_WARN("%s: not a verbs receive comm", call);
+      return Status::kInvalidArgument;
+    }
+    if (n < min_n || n > kMaxGroupedRecvs) {
+      NET_WARN("%s: %d grouped receives (maxRecvs is %d)", call, n, kMaxGroupedRecvs);
+      return Status::kInvalidArgument;
+    }
+    return Status::kOk;
   }
 
   Status CloseRecv(void* recv_comm) override {
