@@ -199,6 +199,10 @@ double target_of(const std::vector<const StatsSummary*>& parts, const HopProfile
 }
 }  // namespace
 
+double mx_rounding_error(std::string_view spec) {
+  return spec == "mxfp8" ? kRoundingErrorMxfp8 : spec == "mxfp6" ? kRoundingErrorMxfp6 : 0.0;
+}
+
 std::string candidate_spec(int c) {
   if (c == kCandidateMxfp8) return "mxfp8";
   if (c == kCandidateMxfp6) return "mxfp6";
@@ -223,8 +227,7 @@ void predict_budget(const std::vector<const StatsSummary*>& parts,
       if (!candidate_is_mx(c))
         err += parts[i]->dynamiq_error(plans[i][c], hop, &out->widths[c]);
       else
-        err += parts[i]->mx_error(c == kCandidateMxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6,
-                                  hop);
+        err += parts[i]->mx_error(mx_rounding_error(candidate_spec(c)), hop);
     }
     out->vnmse[c] = !ok ? -1.0 : energy > 0 ? err / energy : 0.0;
   }

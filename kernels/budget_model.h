@@ -49,6 +49,8 @@ std::string candidate_spec(int c);
 inline constexpr double kRoundingError[4] = {0.70368, 0.013509, 4.424e-05, 5.5199e-06};
 inline constexpr double kRoundingErrorMxfp8 = 8.6307e-04;      // E4M3
 inline constexpr double kRoundingErrorMxfp6 = 2.9144e-03;      // E3M2 (the codec "mxfp6")
+// The relative rounding error of the MX codec `spec` ("mxfp8", "mxfp6"); 0 for any other codec.
+double mx_rounding_error(std::string_view spec);
 
 // How one coordinate's roundings compound along a schedule: over the compressions of one chunk
 // (every node of its in-tree compresses once; the sink's compression feeds the all-gather),

@@ -163,7 +163,10 @@ struct Engine::Plan {
   DType dtype = DType::kF32;
   double bits = 0;  // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
   std::string spec;  // the codec spec its codecs were made with
-  bool mx_fallback = false;  // auto sends this DynamiQ bucket as an MX format
+  // Auto sends this DynamiQ bucket as an MX format of this relative rounding error; 0: it does
+  // not (the plan is of the communicator's own codec).
+  double mx_error = 0;
+  bool mx_fallback() const { return mx_error > 0; }
   Program program;
   std::vector<Block> blocks;
   size_t stats_words = 0;
@@ -579,8 +582,7 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   p.bits = bits;
   p.spec = spec;
   // An MX candidate of a DynamiQ communicator (auto's fallback) keeps computing the statistics.
-  p.mx_fallback = settings_.codec == "dynamiq" && spec != settings_.codec_spec &&
-                  spec.rfind("dynamiq", 0) != 0;
+  p.mx_error = settings_.codec == "dynamiq" ? mx_rounding_error(spec) : 0.0;
   const int n = comm_.nranks;
   if ((*status = compile_program(kind_for(call.collective), n, comm_.rank,
                                  static_cast<uint64_t>(settings_.seed), call.collective, call.root,
@@ -620,7 +622,7 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
       }
       const int part_chunks = scatter ? 1 : n_chunks;
       if ((*status = part.codec->plan(count, part_chunks, n)) != Status::kOk) return plan;
-      if (p.mx_fallback) {
+      if (p.mx_fallback()) {
         part.stats_codec = make_codec(settings_.codec_spec, &error);
         if (!part.stats_codec) {
           *status = Status::kInternal;
@@ -909,30 +911,28 @@ void Engine::note_budget(Bucket& b, const Plan& p) {
   b.bits = p.bits;
   ++b.calls;
   b.used.clear();
-  b.used_mx = !p.mx_fallback ? 0.0
-              : p.spec == "mxfp8" ? kRoundingErrorMxfp8
-                                  : kRoundingErrorMxfp6;
+  b.used_mx = p.mx_error;
   for (const Plan::Block& blk : p.blocks)
     for (const Plan::Part& part : blk.parts) {
       DynamiqOptions options;
       DynamiqPlan plan;
-      if (!p.mx_fallback && dynamiq_parameters(*part.codec, &options, &plan))
+      if (!p.mx_fallback() && dynamiq_parameters(*part.codec, &options, &plan))
         b.used.push_back(plan);
     }
   ++window_.calls;
   window_.bits += p.bits;
-  if (p.mx_fallback) ++window_.mx_calls;
+  if (p.mx_fallback()) ++window_.mx_calls;
   if (metrics_) {
     std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
     BudgetMetrics& m = metrics_->budget;
     m.bits_sum += p.bits;
     ++m.budget_calls;
-    if (p.mx_fallback) ++m.mx_calls;
+    if (p.mx_fallback()) ++m.mx_calls;
     for (BucketMetrics& k : m.buckets)
       if (k.count == b.count && k.dtype == dtype_label(b.dtype) &&
           k.collective == collective_name(b.collective) && k.root == b.root) {
         k.budget_bits = p.bits;
-        k.codec = p.mx_fallback ? p.spec : "dynamiq";
+        k.codec = p.mx_fallback() ? p.spec : "dynamiq";
         ++k.calls;
       }
   }
@@ -1326,7 +1326,7 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
       }
   DQ_CHECK(device_->record(ev_stats_, compute_stream_));
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
-  const bool skip_stats = p.mx_fallback && !with_stats;
+  const bool skip_stats = p.mx_fallback() && !with_stats;
   DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, skip_stats ? 0 : p.stats_words,
                                 skip_stats ? nullptr : stats_copy, wire_bytes));
   DQ_CHECK(device_->record(ev_reduced_, comm_stream_));

@@ -216,8 +216,7 @@ int main(int argc, char** argv) {
         }
         Measured mx8, five;
         for (const char* spec : {"mxfp8", "mxfp6"}) {
-          const double k = std::strcmp(spec, "mxfp8") == 0 ? dq::kRoundingErrorMxfp8
-                                                            : dq::kRoundingErrorMxfp6;
+          const double k = dq::mx_rounding_error(spec);
           const double pred = summary.mx_error(k, hop) / summary.energy();
           Measured me;
           if (!compare("mx", spec, pred, &ratio_mx, &me)) return 1;
