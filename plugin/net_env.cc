@@ -17,6 +17,7 @@ NetEnv ReadNetEnv() {
   env.ib_hca = s.net_ib_hca;
   env.ib_gid_index = std::stoi(s.net_ib_gid_index);  // validated: -1 or 0..255
   env.ib_gdr = s.net_ib_gdr;
+  env.ib_qps = static_cast<int>(s.net_ib_qps);
   return env;
 }
 

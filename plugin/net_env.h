@@ -1,6 +1,6 @@
 // The net plugin's settings, entries of the settings table (config/settings.def:
 // DYNAMIQ_NET_IFNAME, DYNAMIQ_NET_NSOCKS, DYNAMIQ_NET_TIMEOUT_MS, DYNAMIQ_NET_BACKEND,
-// DYNAMIQ_NET_IB_HCA, DYNAMIQ_NET_IB_GID_INDEX, DYNAMIQ_NET_IB_GDR, with
+// DYNAMIQ_NET_IB_HCA, DYNAMIQ_NET_IB_GID_INDEX, DYNAMIQ_NET_IB_GDR, DYNAMIQ_NET_IB_QPS, with
 // DYNAMIQ_TIMEOUT_MS and NCCL_SOCKET_IFNAME as their fallbacks), parsed and validated there; an
 // invalid value is warned about once per process and leaves that setting at its default.
 #pragma once
@@ -19,6 +19,7 @@ struct NetEnv {
   std::string ib_hca;      // DYNAMIQ_NET_IB_HCA; empty: every active verbs port
   int ib_gid_index = -1;   // DYNAMIQ_NET_IB_GID_INDEX; -1: the first IPv4-mapped RoCE v2 GID
   std::string ib_gdr;      // DYNAMIQ_NET_IB_GDR: auto, off or flush-all
+  int ib_qps = 1;          // DYNAMIQ_NET_IB_QPS: queue pairs per verbs connection, 1..8
 };
 
 // The values the environment gives now (config::current(): parsed again only when a variable

@@ -45,7 +45,8 @@ constexpr uint32_t kFlushReqMagic = 0x66494e44;
 constexpr size_t kMaxSendsPerComm = 1024;                // isend returns a NULL request beyond this
 constexpr int kSqDepth = 512;                            // send work requests per QP
 constexpr int kRqDepth = kFifoDepth * kMaxGroupedRecvs;  // one per grouped receive in flight
-constexpr int kCqDepth = kSqDepth + kRqDepth;
+// Completions per QP of a connection: its sends and, on a receiver, its pool of receives.
+constexpr int kCqDepthPerQp = kSqDepth + kRqDepth;
 constexpr size_t kMaxWriteBytes = 1u << 30;  // one RDMA WRITE at most (and the port's max_msg_sz)
 constexpr size_t kMinChunkBytes = 1u << 20;  // RDMA WRITE size below which a message is one write
 constexpr uint64_t kWrFifo = 1;              // wr_id of the receiver's FIFO writes
@@ -469,15 +470,18 @@ Status CheckRegion(void* mhandle, const void* data, size_t size) {
 
 // ---------------------------------------------------------------- one endpoint (QP + CQ)
 
-// What every connection has: a QP, its CQ, the side channel, the failure state.
+// What every connection has: its QPs (qps[0] also carries the FIFO and the size records), one
+// CQ for all of them, the side channel, the failure state.
 struct Conn {
   uint32_t magic = 0;  // first: kSendMagic or kRecvMagic (DevOf reads it)
   const IbDevice* dev = nullptr;
   std::string peer;  // for logs: "verbs device <- side channel peer"
   int64_t timeout_ms = 30000;
   ibv_cq* cq = nullptr;
-  ibv_qp* qp = nullptr;
-  uint32_t psn = 0;
+  ibv_qp* qp = nullptr;        // qps[0]
+  std::vector<ibv_qp*> qps;    // 1..kMaxQps
+  std::vector<uint32_t> psns;  // their initial packet sequence numbers
+  int qp_used[ibwire::kMaxQps] = {};  // per QP: send work requests posted and not yet retired
   void* side_send = nullptr;  // socket send comm to the peer
   void* side_recv = nullptr;  // socket receive comm from the peer
   void* bye_req = nullptr;    // receive posted on side_recv: kBye, or an error when the peer dies
@@ -489,7 +493,7 @@ struct Conn {
   bool failed = false;
   Status fail_status = Status::kSystemError;
   bool peer_closed = false;
-  int sq_used = 0;  // send work requests posted and not yet retired
+  int sq_used = 0;  // send work requests posted and not yet retired, all QPs
   Clock::time_point last_progress = Clock::now();
 
   void Fail(const std::string& why, bool warn = true) {  // mu held
@@ -540,40 +544,51 @@ struct Conn {
     return p;
   }
 
-  // remote_access: what the peer's work requests may do to this QP's memory (the flush QP, whose
-  // peer is itself, reads).
-  Status MakeQp(int remote_access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE) {
-    cq = V().create_cq(dev->ctx, kCqDepth, nullptr, nullptr, 0);
+  // `nqps` RC QPs on one CQ. remote_access: what the peer's work requests may do to this
+  // connection's memory (the flush QP, whose peer is itself, reads).
+  Status MakeQps(uint32_t nqps, int remote_access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE) {
+    cq = V().create_cq(dev->ctx, kCqDepthPerQp * static_cast<int>(nqps), nullptr, nullptr, 0);
     if (cq == nullptr) {
       NET_WARN("ibv_create_cq on %s failed: %s", dev->name.c_str(), std::strerror(errno));
       return Status::kSystemError;
     }
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = kSqDepth;
-    ia.cap.max_recv_wr = kRqDepth;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    qp = V().create_qp(dev->pd, &ia);
-    if (qp == nullptr) {
-      NET_WARN("ibv_create_qp on %s failed: %s", dev->name.c_str(), std::strerror(errno));
-      return Status::kSystemError;
+    for (uint32_t i = 0; i < nqps; ++i) {
+      ibv_qp_init_attr ia{};
+      ia.send_cq = cq;
+      ia.recv_cq = cq;
+      ia.qp_type = IBV_QPT_RC;
+      ia.cap.max_send_wr = kSqDepth;
+      ia.cap.max_recv_wr = kRqDepth;
+      ia.cap.max_send_sge = 1;
+      ia.cap.max_recv_sge = 1;
+      ibv_qp* q = V().create_qp(dev->pd, &ia);
+      if (q == nullptr) {
+        NET_WARN("ibv_create_qp on %s failed: %s", dev->name.c_str(), std::strerror(errno));
+        return Status::kSystemError;
+      }
+      qps.push_back(q);
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_INIT;
+      a.pkey_index = 0;
+      a.port_num = static_cast<uint8_t>(dev->port);
+      a.qp_access_flags = static_cast<unsigned>(remote_access);
+      if (V().modify_qp(q, &a,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+        NET_WARN("QP to INIT on %s failed: %s", dev->name.c_str(), std::strerror(errno));
+        return Status::kSystemError;
+      }
+      psns.push_back(static_cast<uint32_t>(RandomU64() & 0xffffff));
     }
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = static_cast<uint8_t>(dev->port);
-    a.qp_access_flags = static_cast<unsigned>(remote_access);
-    if (V().modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
-      NET_WARN("QP to INIT on %s failed: %s", dev->name.c_str(), std::strerror(errno));
-      return Status::kSystemError;
-    }
-    uint64_t r = RandomU64();
-    psn = static_cast<uint32_t>(r & 0xffffff);
+    qp = qps[0];
     return Status::kOk;
+  }
+
+  // Index of the QP of a work completion (wc.qp_num) in qps, or -1.
+  int QpIndex(uint32_t qp_num) const {
+    for (size_t i = 0; i < qps.size(); ++i) {
+      if (qps[i]->qp_num == qp_num) return static_cast<int>(i);
+    }
+    return -1;
   }
 
   void FillCtl(Ctl* c, uint16_t kind) const {
@@ -581,8 +596,11 @@ struct Conn {
     c->magic = ibwire::kCtlMagic;
     c->version = ibwire::kVersion;
     c->kind = kind;
-    c->qpn = qp->qp_num;
-    c->psn = psn;
+    c->nqps = static_cast<uint32_t>(qps.size());
+    for (size_t i = 0; i < qps.size(); ++i) {
+      c->qpn[i] = qps[i]->qp_num;
+      c->psn[i] = psns[i];
+    }
     std::memcpy(c->gid, dev->gid.raw, 16);
     c->lid = dev->lid;
     c->link_layer = dev->link_layer;
@@ -591,18 +609,28 @@ struct Conn {
     c->max_recvs = kMaxGroupedRecvs;
   }
 
-  // INIT -> RTR -> RTS towards the peer described by `c` (already checked).
+  // Every QP INIT -> RTR -> RTS towards its peer QP described by `c` (already checked).
   Status Connect(const Ctl& c, int traffic_class) {
     if (c.link_layer != dev->link_layer) {
       NET_WARN("peer %s uses link layer %u, this port %u", peer.c_str(), c.link_layer,
                dev->link_layer);
       return Status::kInvalidArgument;
     }
+    if (c.nqps != qps.size()) {
+      NET_WARN("peer %s has %u queue pairs for this connection, this end %zu", peer.c_str(),
+               c.nqps, qps.size());
+      return Status::kMalformedPayload;
+    }
+    for (size_t i = 0; i < qps.size(); ++i) DQ_CHECK(ConnectQp(i, c, traffic_class));
+    return Status::kOk;
+  }
+
+  Status ConnectQp(size_t i, const Ctl& c, int traffic_class) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = static_cast<ibv_mtu>(std::min<int>(c.mtu, dev->mtu));
-    a.dest_qp_num = c.qpn;
-    a.rq_psn = c.psn;
+    a.dest_qp_num = c.qpn[i];
+    a.rq_psn = c.psn[i];
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = kRnrTimer;
     a.ah_attr.port_num = static_cast<uint8_t>(dev->port);
@@ -617,7 +645,7 @@ struct Conn {
       a.ah_attr.is_global = 0;
       a.ah_attr.dlid = c.lid;
     }
-    if (V().modify_qp(qp, &a,
+    if (V().modify_qp(qps[i], &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
       NET_WARN("QP to RTR towards %s failed: %s", peer.c_str(), std::strerror(errno));
@@ -625,12 +653,12 @@ struct Conn {
     }
     std::memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = psn;
+    a.sq_psn = psns[i];
     a.timeout = kAckTimeout;
     a.retry_cnt = kRetryCount;
     a.rnr_retry = kRnrRetry;
     a.max_rd_atomic = 1;
-    if (V().modify_qp(qp, &a,
+    if (V().modify_qp(qps[i], &a,
                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
       NET_WARN("QP to RTS towards %s failed: %s", peer.c_str(), std::strerror(errno));
@@ -667,7 +695,8 @@ struct Conn {
     }
     if (side_recv != nullptr) SocketBackend().CloseRecv(side_recv);
     side_recv = nullptr;
-    if (qp != nullptr) V().destroy_qp(qp);
+    for (ibv_qp* q : qps) V().destroy_qp(q);
+    qps.clear();
     qp = nullptr;
     if (cq != nullptr) V().destroy_cq(cq);
     cq = nullptr;
@@ -740,63 +769,89 @@ struct SendComm : Conn {
   }
 
   // Payload bytes per RDMA WRITE: every write is signaled, so the stall bound
-  // (DYNAMIQ_NET_TIMEOUT_MS) sees progress within a large message; at most 256 writes.
+  // (DYNAMIQ_NET_TIMEOUT_MS) sees progress within a large message; at most 256 writes a stripe.
   size_t ChunkBytes(size_t size) const {
     return std::min(dev->max_write, std::max<size_t>(kMinChunkBytes, (size + 255) / 256));
   }
-  int WorkRequests(size_t size) const {
-    return static_cast<int>((size + ChunkBytes(size) - 1) / ChunkBytes(size)) + 1;
+  // How a message of `size` bytes (0 when it does not fit: only its size record travels) is cut:
+  // its stripes, and the work requests stripe i takes on QP i (its writes and its immediate).
+  uint32_t Stripes(size_t size) const {
+    return ibwire::StripeCount(size, static_cast<uint32_t>(qps.size()));
+  }
+  int StripeWorkRequests(size_t size, uint32_t stripes, uint32_t i) const {
+    uint64_t off = 0, len = 0;
+    ibwire::StripeRange(size, stripes, i, &off, &len);
+    return static_cast<int>((len + ChunkBytes(len) - 1) / ChunkBytes(len)) + 1;
+  }
+  bool Fits(size_t size) const {  // room on every QP the message's stripes take
+    const uint32_t k = Stripes(size);
+    for (uint32_t i = 0; i < k; ++i) {
+      if (qp_used[i] + StripeWorkRequests(size, k, i) > kSqDepth) return false;
+    }
+    return true;
   }
 
-  // Posts the payload write(s) and the size record for `r` into entry `e` of slot `pos`.
+  // Posts the payload write(s) and the stripes' immediates for `r` into entry `e` of slot `pos`.
   Status Post(SendReq* r, uint32_t pos, int e) {
     const ibwire::FifoEntry& fe = snap[pos].e[e];
-    const uint64_t cap = fe.size;
-    const bool fits = r->size <= cap;
+    const bool fits = r->size <= fe.size;
+    const size_t payload = fits ? r->size : 0;
     const uint32_t idx = static_cast<uint32_t>(pos * kMaxGroupedRecvs + static_cast<size_t>(e));
     records[idx] = fits ? r->size : (r->size | ibwire::kOversize);
+    const uint32_t stripes = Stripes(payload);
     std::vector<ibv_send_wr> wrs;
     std::vector<ibv_sge> sges;
-    const size_t chunk = ChunkBytes(r->size);
-    const size_t chunks = fits ? (r->size + chunk - 1) / chunk : 0;
-    wrs.resize(chunks + 1);
-    sges.resize(chunks + 1);
-    for (size_t c = 0; c < chunks; ++c) {
-      size_t off = c * chunk;
-      sges[c].addr = reinterpret_cast<uint64_t>(r->data + off);
-      sges[c].length = static_cast<uint32_t>(std::min(chunk, r->size - off));
-      sges[c].lkey = r->lkey;
-      wrs[c].wr_id = reinterpret_cast<uint64_t>(r);
-      wrs[c].sg_list = &sges[c];
-      wrs[c].num_sge = 1;
-      wrs[c].opcode = IBV_WR_RDMA_WRITE;
-      wrs[c].send_flags = IBV_SEND_SIGNALED;
-      wrs[c].wr.rdma.remote_addr = fe.addr + off;
-      wrs[c].wr.rdma.rkey = fe.rkey;
-      wrs[c].next = &wrs[c + 1];
-    }
-    ibv_send_wr& last = wrs[chunks];
-    sges[chunks].addr = reinterpret_cast<uint64_t>(&records[idx]);
-    sges[chunks].length = sizeof(uint64_t);
-    sges[chunks].lkey = records_lkey;
-    last.wr_id = reinterpret_cast<uint64_t>(r);
-    last.sg_list = &sges[chunks];
-    last.num_sge = 1;
-    last.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    last.send_flags = IBV_SEND_SIGNALED;
-    last.imm_data = htobe32(idx);
-    last.wr.rdma.remote_addr = remote_records + idx * sizeof(uint64_t);
-    last.wr.rdma.rkey = remote_records_rkey;
-    last.next = nullptr;
-    ibv_send_wr* bad = nullptr;
-    int rc = ibv_post_send(qp, wrs.data(), &bad);
-    if (rc != 0) {
-      Fail(std::string("ibv_post_send failed: ") + std::strerror(rc));
-      return Status::kSystemError;
+    int posted = 0;
+    for (uint32_t q = 0; q < stripes; ++q) {
+      uint64_t begin = 0, len = 0;
+      ibwire::StripeRange(payload, stripes, q, &begin, &len);
+      const size_t chunk = ChunkBytes(len);
+      const size_t chunks = (len + chunk - 1) / chunk;
+      wrs.assign(chunks + 1, ibv_send_wr{});
+      sges.assign(chunks + 1, ibv_sge{});
+      for (size_t c = 0; c < chunks; ++c) {
+        const size_t off = begin + c * chunk;
+        sges[c].addr = reinterpret_cast<uint64_t>(r->data + off);
+        sges[c].length = static_cast<uint32_t>(std::min<uint64_t>(chunk, begin + len - off));
+        sges[c].lkey = r->lkey;
+        wrs[c].wr_id = reinterpret_cast<uint64_t>(r);
+        wrs[c].sg_list = &sges[c];
+        wrs[c].num_sge = 1;
+        wrs[c].opcode = IBV_WR_RDMA_WRITE;
+        wrs[c].send_flags = IBV_SEND_SIGNALED;
+        wrs[c].wr.rdma.remote_addr = fe.addr + off;
+        wrs[c].wr.rdma.rkey = fe.rkey;
+        wrs[c].next = &wrs[c + 1];
+      }
+      // The stripe's end: QP 0 writes the size record, the others nothing; each immediate tells
+      // the receiver one more stripe of the entry is in place (RC: after this QP's writes).
+      ibv_send_wr& last = wrs[chunks];
+      if (q == 0) {
+        sges[chunks].addr = reinterpret_cast<uint64_t>(&records[idx]);
+        sges[chunks].length = sizeof(uint64_t);
+        sges[chunks].lkey = records_lkey;
+        last.sg_list = &sges[chunks];
+        last.num_sge = 1;
+      }
+      last.wr_id = reinterpret_cast<uint64_t>(r);
+      last.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      last.send_flags = IBV_SEND_SIGNALED;
+      last.imm_data = htobe32(ibwire::StripeImm(idx, stripes));
+      last.wr.rdma.remote_addr = remote_records + idx * sizeof(uint64_t);
+      last.wr.rdma.rkey = remote_records_rkey;
+      last.next = nullptr;
+      ibv_send_wr* bad = nullptr;
+      int rc = ibv_post_send(qps[q], wrs.data(), &bad);
+      if (rc != 0) {
+        Fail(std::string("ibv_post_send failed: ") + std::strerror(rc));
+        return Status::kSystemError;
+      }
+      qp_used[q] += static_cast<int>(chunks + 1);
+      posted += static_cast<int>(chunks + 1);
     }
     if (sq_used == 0) last_progress = Clock::now();
-    r->wr_left = static_cast<int>(chunks + 1);
-    sq_used += r->wr_left;
+    r->wr_left = posted;
+    sq_used += posted;
     r->posted = true;
     return Status::kOk;
   }
@@ -810,10 +865,12 @@ struct SendComm : Conn {
       for (int i = 0; i < n; ++i) {
         if (wc[i].status != IBV_WC_SUCCESS) return Fail(WcError(wc[i]));
         auto* r = reinterpret_cast<SendReq*>(wc[i].wr_id);
-        if (reqs.count(r) == 0) return Fail("completion for an unknown request");
+        const int q = QpIndex(wc[i].qp_num);
+        if (reqs.count(r) == 0 || q < 0) return Fail("completion for an unknown request");
         --sq_used;
+        --qp_used[q];
         last_progress = Clock::now();
-        // RC completes a QP's work requests in order: the size record (last) completes last.
+        // Done when the work requests of every stripe, on every QP, have completed.
         if (--r->wr_left == 0) r->done = true;
       }
     }
@@ -856,7 +913,7 @@ struct SendComm : Conn {
         const uint32_t nrecv = snap[pos].n;
         for (uint32_t e = 0; e < nrecv; ++e) {
           if (((used[pos] >> e) & 1u) != 0 || snap[pos].e[e].tag != r->tag) continue;
-          if (sq_used + WorkRequests(r->size) > kSqDepth) {
+          if (!Fits(r->size <= snap[pos].e[e].size ? r->size : 0)) {
             sq_full = true;
             break;
           }
@@ -901,6 +958,7 @@ struct RecvReq {
   int tag[kMaxGroupedRecvs] = {};
   size_t received[kMaxGroupedRecvs] = {};
   bool got[kMaxGroupedRecvs] = {};
+  ibwire::StripeTracker stripes[kMaxGroupedRecvs];
   ibv_mr* own_mr[kMaxGroupedRecvs] = {};
 };
 
@@ -928,7 +986,7 @@ struct RecvComm : Conn {
     f->dev = dev;
     f->peer = dev->name + " (its own flush QP)";
     f->timeout_ms = timeout_ms;
-    DQ_CHECK(f->MakeQp(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE));
+    DQ_CHECK(f->MakeQps(1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE));
     ibwire::Ctl self{};
     f->FillCtl(&self, ibwire::kConnect);
     DQ_CHECK(f->Connect(self, -1));
@@ -989,6 +1047,29 @@ struct RecvComm : Conn {
     }
   }
 
+  // Posts n zero-length receives on QP q: each takes one WRITE WITH IMM. Every QP keeps
+  // kRqDepth posted (one per grouped receive the FIFO can hold; an entry takes at most one per
+  // QP), topped up as they complete, so a stripe never meets an empty receive queue.
+  Status PostReceives(size_t q, int n) {
+    ibv_recv_wr rw[16];
+    while (n > 0) {
+      const int k = std::min(n, 16);
+      for (int i = 0; i < k; ++i) {
+        rw[i] = ibv_recv_wr{};
+        rw[i].wr_id = kWrRecv;
+        rw[i].next = i + 1 < k ? &rw[i + 1] : nullptr;
+      }
+      ibv_recv_wr* bad = nullptr;
+      const int e = ibv_post_recv(qps[q], rw, &bad);
+      if (e != 0) {
+        Fail(std::string("posting receives failed: ") + std::strerror(e));
+        return Status::kSystemError;
+      }
+      n -= k;
+    }
+    return Status::kOk;
+  }
+
   void Progress() {  // mu held
     if (failed) return;
     ibv_wc wc[16];
@@ -1001,25 +1082,40 @@ struct RecvComm : Conn {
           --sq_used;
           continue;
         }
-        if (wc[i].wr_id != kWrRecv || wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM) {
+        const int q = QpIndex(wc[i].qp_num);
+        if (wc[i].wr_id != kWrRecv || wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM || q < 0) {
           return Fail("unexpected completion (opcode " + std::to_string(wc[i].opcode) + ")");
         }
-        uint32_t idx = be32toh(wc[i].imm_data);
+        if (PostReceives(static_cast<size_t>(q), 1) != Status::kOk) return;
+        const uint32_t imm = be32toh(wc[i].imm_data);
+        const uint32_t idx = ibwire::ImmIndex(imm);
         const uint32_t slot = idx / kMaxGroupedRecvs;
         const int e = static_cast<int>(idx % kMaxGroupedRecvs);
         RecvReq* r = slot < kFifoDepth ? by_slot[slot] : nullptr;
-        if (r == nullptr || e >= r->n || r->got[e]) {
+        if (r == nullptr || e >= r->n || r->got[e] || ibwire::ImmStripes(imm) > ibwire::kMaxQps) {
           fail_status = Status::kMalformedPayload;
           return Fail("immediate " + std::to_string(idx) + " (slot " + std::to_string(slot) +
                       ", entry " + std::to_string(e) + ") names no pending receive: " +
                       (r == nullptr ? std::string("the slot is free")
                                     : "posting " + std::to_string(r->seq) + " of " +
                                           std::to_string(r->n) + " entries, entry " +
-                                          (e >= r->n ? "out of range" : "already received")) +
+                                          (e >= r->n ? "out of range"
+                                           : r->got[e] ? "already received"
+                                                       : "stripe count out of range")) +
                       " (next posting " + std::to_string(next_seq) + ", local QP " +
                       std::to_string(wc[i].qp_num) + ", " + std::to_string(wc[i].byte_len) +
                       " bytes)");
         }
+        bool complete = false;
+        const char* refused = r->stripes[e].Take(static_cast<uint32_t>(q), ibwire::ImmStripes(imm),
+                                                  static_cast<uint32_t>(qps.size()), &complete);
+        if (refused != nullptr) {
+          fail_status = Status::kMalformedPayload;
+          return Fail("immediate " + std::to_string(imm) + " on QP " + std::to_string(q) +
+                      " for posting " + std::to_string(r->seq) + ", entry " + std::to_string(e) +
+                      ": " + refused);
+        }
+        if (!complete) continue;  // the size record came with QP 0's stripe
         const uint64_t rec = records[idx];
         const uint64_t size = rec & ~ibwire::kOversize;
         if ((rec & ibwire::kOversize) != 0 || size > r->capacity[e]) {
@@ -1539,17 +1635,7 @@ class IbNet final : public NetBackend {
     s.n = static_cast<uint32_t>(n);
     s.seq = rc->next_seq + 1;
     s.check = ibwire::SlotCheck(reinterpret_cast<const uint64_t*>(&s), ibwire::kSlotCheckedWords);
-    // One receive work request per grouped receive: each takes one WRITE WITH IMM.
-    ibv_recv_wr rw[kMaxGroupedRecvs];
-    for (int i = 0; i < n; ++i) {
-      rw[i] = ibv_recv_wr{};
-      rw[i].wr_id = kWrRecv;
-      rw[i].sg_list = nullptr;
-      rw[i].num_sge = 0;
-      rw[i].next = i + 1 < n ? &rw[i + 1] : nullptr;
-    }
-    ibv_recv_wr* bad_r = nullptr;
-    int e = ibv_post_recv(rc->qp, rw, &bad_r);
+    // The immediates' receive work requests are the QPs' standing pool (PostReceives).
     ibv_sge sge{reinterpret_cast<uint64_t>(&s), sizeof(s), rc->fifo_src_lkey};
     ibv_send_wr w{};
     w.wr_id = kWrFifo;
@@ -1560,7 +1646,7 @@ class IbNet final : public NetBackend {
     w.wr.rdma.remote_addr = rc->remote_fifo + pos * sizeof(FifoSlot);
     w.wr.rdma.rkey = rc->remote_fifo_rkey;
     ibv_send_wr* bad_s = nullptr;
-    if (e == 0) e = ibv_post_send(rc->qp, &w, &bad_s);
+    const int e = ibv_post_send(rc->qp, &w, &bad_s);
     if (e != 0) {
       rc->Fail(std::string("posting a receive failed: ") + std::strerror(e));
       for (ibv_mr* own : r->own_mr) {
@@ -1736,7 +1822,7 @@ class IbNet final : public NetBackend {
     sc->dev = dev;
     sc->timeout_ms = ReadNetEnv().timeout_ms;
     sc->peer = dev->name + " (connecting)";
-    DQ_CHECK(sc->MakeQp());
+    DQ_CHECK(sc->MakeQps(static_cast<uint32_t>(ReadNetEnv().ib_qps)));
     void* p = nullptr;
     ibv_mr* fifo_mr = nullptr;
     DQ_CHECK(AddRegion(sc, sizeof(FifoSlot) * kFifoDepth, &p, &fifo_mr));
@@ -1787,7 +1873,8 @@ class IbNet final : public NetBackend {
     sc->remote_records_rkey = pc->in.rkey;
     DQ_CHECK(sc->Connect(pc->in, pc->ctx.traffic_class));
     DQ_CHECK(sc->PostSideRecv());
-    sc->peer = sc->dev->name + " -> QP " + std::to_string(pc->in.qpn);
+    sc->peer = sc->dev->name + " -> QP " + std::to_string(pc->in.qpn[0]) +
+               (pc->in.nqps > 1 ? " (+" + std::to_string(pc->in.nqps - 1) + " striped)" : "");
     sc->last_progress = Clock::now();
     NET_INFO("verbs connected: %s", sc->peer.c_str());
     SocketBackend().CloseListen(pc->reply_lc);
@@ -1817,7 +1904,7 @@ class IbNet final : public NetBackend {
       }
       reply.connect_state = 0;
       std::memcpy(p->reply, &reply, sizeof(reply));
-      DQ_CHECK(rc->MakeQp());
+      DQ_CHECK(rc->MakeQps(p->in.nqps));  // the connector's count (CheckCtl bounded it)
       void* ptr = nullptr;
       ibv_mr* src_mr = nullptr;
       DQ_CHECK(AddRegion(rc, sizeof(FifoSlot) * kFifoDepth, &ptr, &src_mr));
@@ -1829,6 +1916,7 @@ class IbNet final : public NetBackend {
       rc->remote_fifo = p->in.addr;
       rc->remote_fifo_rkey = p->in.rkey;
       DQ_CHECK(rc->Connect(p->in, lc->ctx.traffic_class));
+      for (size_t q = 0; q < rc->qps.size(); ++q) DQ_CHECK(rc->PostReceives(q, kRqDepth));
       rc->FillCtl(&p->out, ibwire::kAccept);
       p->out.addr = reinterpret_cast<uint64_t>(rc->records);
       p->out.rkey = rec_mr->rkey;
@@ -1843,7 +1931,8 @@ class IbNet final : public NetBackend {
     DQ_CHECK(SendCtl(rc->side_send, &p->out, &p->req, &done));
     if (!done) return Status::kOk;
     DQ_CHECK(rc->PostSideRecv());
-    rc->peer = rc->dev->name + " <- QP " + std::to_string(p->in.qpn);
+    rc->peer = rc->dev->name + " <- QP " + std::to_string(p->in.qpn[0]) +
+               (p->in.nqps > 1 ? " (+" + std::to_string(p->in.nqps - 1) + " striped)" : "");
     rc->last_progress = Clock::now();
     *ready = true;
     return Status::kOk;

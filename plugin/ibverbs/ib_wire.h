@@ -18,9 +18,15 @@
 //    which may copy backwards, so a new seq can be visible before the entries it announces);
 //  - isend matches the oldest posted entry with its tag, RDMA WRITEs the payload there, then
 //    RDMA WRITE WITH IMMEDIATE of an 8-byte size record into the receiver's record array at
-//    [slot][entry] with imm = slot * kMaxGroupedRecvs + entry (RC keeps the two in order);
-//  - the receiver's completion (the immediate) names the request and entry; the record gives the
-//    size, with kOversize set when the payload did not fit (then nothing was written).
+//    [slot][entry] (RC keeps the two in order);
+//  - a connection has 1..kMaxQps queue pairs (DYNAMIQ_NET_IB_QPS): a message of at least
+//    2 x kMinStripeBytes is cut into StripeCount contiguous stripes, stripe i written on QP i and
+//    ended there by its own WRITE WITH IMMEDIATE (QP 0's carries the size record, the others are
+//    zero-length), because RC orders the writes of one QP only;
+//  - every immediate is StripeImm(slot * kMaxGroupedRecvs + entry, stripes): the receiver counts
+//    one per stripe, each from a different QP (StripeTracker), and the entry is complete when all
+//    have arrived; the record gives the size, with kOversize set when the payload did not fit
+//    (then nothing was written).
 #pragma once
 
 #include <cstddef>
@@ -33,10 +39,14 @@ namespace dq::net::ibwire {
 
 inline constexpr uint32_t kHandleMagic = 0x49514e44;  // "DNQI"
 inline constexpr uint32_t kCtlMagic = 0x43514e44;     // "DNQC"
-inline constexpr uint16_t kVersion = 2;  // 2: FifoSlot::check
+inline constexpr uint16_t kVersion = 3;  // 2: FifoSlot::check; 3: several QPs per connection
 // Receives in flight per connection; at least NCCL_NET_MAX_REQUESTS (32).
 inline constexpr uint32_t kFifoDepth = 64;
 inline constexpr uint64_t kOversize = 1ull << 63;  // size record flag: the payload did not fit
+inline constexpr uint32_t kMaxQps = 8;  // queue pairs per connection, DYNAMIQ_NET_IB_QPS's bound
+// Smallest stripe, in bytes: below it the extra work requests and completions cost more than a
+// second QP's parallelism gains.
+inline constexpr uint64_t kMinStripeBytes = 512u << 10;
 
 // NCCL's 128-byte listen handle: the socket listener's handle (side channel), then ours.
 struct Handle {
@@ -85,9 +95,11 @@ enum CtlKind : uint16_t { kConnect = 1, kAccept = 2, kBye = 3 };
 struct Ctl {
   uint32_t magic;  // kCtlMagic
   uint16_t version;
-  uint16_t kind;  // CtlKind
-  uint32_t qpn;   // 24 bits
-  uint32_t psn;   // 24 bits
+  uint16_t kind;           // CtlKind
+  uint32_t nqps;           // queue pairs, 1..kMaxQps: the connector's choice, echoed by kAccept
+  uint32_t reserved;       // zero
+  uint32_t qpn[kMaxQps];   // 24 bits each; zero past nqps
+  uint32_t psn[kMaxQps];   // 24 bits each; zero past nqps
   uint8_t gid[16];
   uint16_t lid;
   uint8_t link_layer;  // IBV_LINK_LAYER_*
@@ -98,15 +110,23 @@ struct Ctl {
   uint32_t max_recvs;                          // kMaxGroupedRecvs (must match)
   uint8_t reply_handle[sizeof(wire::Handle)];  // kConnect: where the acceptor answers
 };
-static_assert(sizeof(Ctl) == 56 + sizeof(wire::Handle));
+static_assert(sizeof(Ctl) == 120 + sizeof(wire::Handle));
 
 // Why a Ctl is refused, or nullptr when it is well formed and of kind `want`.
 inline const char* CheckCtl(const Ctl& c, uint16_t want) {
   if (c.magic != kCtlMagic || c.version != kVersion) return "not a dynamiq verbs control message";
   if (c.kind != want) return "unexpected control message kind";
   if (want == kBye) return nullptr;
-  if (c.qpn == 0 || c.qpn >= (1u << 24)) return "queue pair number out of range";
-  if (c.psn >= (1u << 24)) return "packet sequence number out of range";
+  if (c.nqps < 1 || c.nqps > kMaxQps) return "queue pair count out of range";
+  if (c.reserved != 0) return "reserved field not zero";
+  for (uint32_t i = 0; i < kMaxQps; ++i) {
+    if (i >= c.nqps) {
+      if (c.qpn[i] != 0 || c.psn[i] != 0) return "queue pair fields past the count not zero";
+      continue;
+    }
+    if (c.qpn[i] == 0 || c.qpn[i] >= (1u << 24)) return "queue pair number out of range";
+    if (c.psn[i] >= (1u << 24)) return "packet sequence number out of range";
+  }
   if (c.mtu < 1 || c.mtu > 5) return "path MTU out of range";
   if (c.fifo_depth != kFifoDepth || c.max_recvs != static_cast<uint32_t>(kMaxGroupedRecvs)) {
     return "FIFO geometry differs (another build of the plugin)";
@@ -114,5 +134,53 @@ inline const char* CheckCtl(const Ctl& c, uint16_t want) {
   if (c.addr == 0) return "NULL remote address";
   return nullptr;
 }
+
+// ---- striping over the connection's queue pairs
+
+// Stripes of a message of `size` bytes on a connection of `nqps` QPs: one per kMinStripeBytes,
+// at least 1, at most nqps.
+inline uint32_t StripeCount(uint64_t size, uint32_t nqps) {
+  const uint64_t k = size / kMinStripeBytes;
+  return static_cast<uint32_t>(k < 1 ? 1 : (k < nqps ? k : nqps));
+}
+
+// Bytes [*offset, *offset + *length) of stripe i of k: equal parts, rounded up to 4 KiB pages,
+// the last one shorter. With size >= k * kMinStripeBytes no stripe is empty.
+inline void StripeRange(uint64_t size, uint32_t k, uint32_t i, uint64_t* offset,
+                        uint64_t* length) {
+  uint64_t part = (size + k - 1) / k;
+  part = (part + 4095) & ~uint64_t{4095};
+  const uint64_t begin = i * part < size ? i * part : size;
+  const uint64_t end = begin + part < size ? begin + part : size;
+  *offset = begin;
+  *length = end - begin;
+}
+
+// Immediate of every stripe of entry `index` (slot * kMaxGroupedRecvs + entry, < 2^16).
+inline uint32_t StripeImm(uint32_t index, uint32_t stripes) { return index | (stripes << 16); }
+static_assert(kFifoDepth * kMaxGroupedRecvs <= (1u << 16), "entry index must fit 16 bits");
+inline uint32_t ImmIndex(uint32_t imm) { return imm & 0xffff; }
+inline uint32_t ImmStripes(uint32_t imm) { return imm >> 16; }
+
+// The receiver's count of one entry's stripes: each arrives once, from its own QP, and all carry
+// the same stripe count.
+struct StripeTracker {
+  uint8_t stripes = 0;  // 0: none arrived yet
+  uint8_t seen = 0;     // bit q: QP q's stripe arrived
+
+  // Takes the stripe that arrived on QP `qp` of a connection of `nqps` QPs, announcing
+  // `stripes`. nullptr when taken (*complete: every stripe is in), else why it is refused.
+  const char* Take(uint32_t qp, uint32_t stripes_announced, uint32_t nqps, bool* complete) {
+    *complete = false;
+    if (stripes_announced < 1 || stripes_announced > nqps) return "stripe count out of range";
+    if (stripes != 0 && stripes != stripes_announced) return "stripe count differs between stripes";
+    if (qp >= stripes_announced) return "a stripe on a QP past the stripe count";
+    if (((seen >> qp) & 1u) != 0) return "a second stripe from the same QP";
+    stripes = static_cast<uint8_t>(stripes_announced);
+    seen = static_cast<uint8_t>(seen | (1u << qp));
+    *complete = seen == (1u << stripes) - 1;
+    return nullptr;
+  }
+};
 
 }  // namespace dq::net::ibwire

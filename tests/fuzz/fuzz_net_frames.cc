@@ -10,7 +10,13 @@
 //      checked as RunHeaders/RunParts do (CheckMsgHeader, PartHeaderValid, PartMatches). Bodies
 //      are not in the input: the parser never reads them.
 //      Invariant: every accepted part lies inside its message and parts never overlap;
-//   2: a 48-byte listen handle as a connector receives it (HandleValid).
+//   2: a 48-byte listen handle as a connector receives it (HandleValid);
+//   3: the verbs backend's control message (CheckCtl; the second byte picks connect, accept or
+//      bye). Invariant: an accepted connect or accept names 1..kMaxQps QPs, each in range;
+//   4: the verbs receiver's stripe immediates for one entry on a connection of 1 + byte % 8 QPs:
+//      [QP byte][32-bit immediate] records (StripeTracker::Take). Invariant: the entry completes
+//      exactly when as many distinct QPs as the announced stripe count have been taken, and
+//      never takes the same QP twice.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +24,7 @@
 #include <map>
 #include <vector>
 
+#include "plugin/ibverbs/ib_wire.h"
 #include "plugin/socket/socket_parse.h"
 
 namespace {
@@ -128,18 +135,58 @@ void frames(Reader r, int nsocks) {
   }
 }
 
+namespace ibwire = dq::net::ibwire;
+
+void verbs_control(Reader r, uint8_t which) {
+  static const uint16_t kinds[] = {ibwire::kConnect, ibwire::kAccept, ibwire::kBye};
+  ibwire::Ctl c{};
+  if (!r.take(&c)) return;
+  const uint16_t want = kinds[which % 3];
+  if (ibwire::CheckCtl(c, want) != nullptr || want == ibwire::kBye) return;
+  check(c.nqps >= 1 && c.nqps <= ibwire::kMaxQps);
+  for (uint32_t i = 0; i < ibwire::kMaxQps; ++i) {
+    if (i < c.nqps) {
+      check(c.qpn[i] != 0 && c.qpn[i] < (1u << 24) && c.psn[i] < (1u << 24));
+    } else {
+      check(c.qpn[i] == 0 && c.psn[i] == 0);
+    }
+  }
+}
+
+void verbs_stripes(Reader r, uint32_t nqps) {
+  ibwire::StripeTracker t;
+  uint32_t taken = 0;  // QPs taken, as a mask kept apart from the tracker's
+  uint8_t qp = 0;
+  uint32_t imm = 0;
+  while (r.take(&qp) && r.take(&imm)) {
+    bool complete = false;
+    if (t.Take(qp, ibwire::ImmStripes(imm), nqps, &complete) != nullptr) continue;  // refused
+    check(qp < nqps && ((taken >> qp) & 1u) == 0);
+    taken |= 1u << qp;
+    const uint32_t stripes = ibwire::ImmStripes(imm);
+    check(complete == (static_cast<uint32_t>(__builtin_popcount(taken)) == stripes));
+    if (complete) return;  // the backend marks the entry received: later immediates are refused
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const uint8_t mode = data[0];
   Reader r{data + 2, size - 2};
-  switch (mode % 3) {
+  switch (mode % 5) {
     case 0:
       handshake(r, data[1]);
       break;
     case 1:
       frames(r, 1 + data[1] % wire::kMaxSocks);
+      break;
+    case 3:
+      verbs_control(r, data[1]);
+      break;
+    case 4:
+      verbs_stripes(r, 1 + data[1] % ibwire::kMaxQps);
       break;
     default: {
       wire::Handle h{};

@@ -1,9 +1,12 @@
-// The verbs FIFO's check word (plugin/ibverbs/ib_wire.h): a sender must never act on a slot whose
+// The verbs wire (plugin/ibverbs/ib_wire.h). The FIFO's check word: a sender must never act on a slot whose
 // bytes mix two postings, whatever order the RDMA WRITE's bytes land in (soft-RoCE's kernel
 // memcpy may copy backwards, so the new seq can land before the entries it announces; that was
-// the 4-rank rdma all-reduce's wrong results and stray immediates).
+// the 4-rank rdma all-reduce's wrong results and stray immediates). The control message's checks,
+// and the striping of a message over a connection's queue pairs: stripes tile the message, and
+// the receiver completes an entry exactly when every stripe has arrived once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -11,7 +14,13 @@
 
 namespace {
 
+using dq::net::ibwire::Ctl;
 using dq::net::ibwire::FifoSlot;
+using dq::net::ibwire::kMaxQps;
+using dq::net::ibwire::kMinStripeBytes;
+using dq::net::ibwire::StripeCount;
+using dq::net::ibwire::StripeRange;
+using dq::net::ibwire::StripeTracker;
 using dq::net::ibwire::kSlotCheckedWords;
 using dq::net::ibwire::SlotCheck;
 constexpr size_t kWords = sizeof(FifoSlot) / 8;
@@ -79,6 +88,121 @@ TEST(IbWire, ACorruptedWordIsRefused) {
       EXPECT_FALSE(Matches(t)) << "word " << i << " bit " << bit;
     }
   }
+}
+
+// ---- the control message
+
+Ctl GoodConnect(uint32_t nqps) {
+  Ctl c;
+  std::memset(&c, 0, sizeof(c));
+  c.magic = dq::net::ibwire::kCtlMagic;
+  c.version = dq::net::ibwire::kVersion;
+  c.kind = dq::net::ibwire::kConnect;
+  c.nqps = nqps;
+  for (uint32_t i = 0; i < nqps; ++i) {
+    c.qpn[i] = 0x11 + i;
+    c.psn[i] = 0xabcdef - i;
+  }
+  c.mtu = 3;
+  c.addr = 0x7f0000001000;
+  c.fifo_depth = dq::net::ibwire::kFifoDepth;
+  c.max_recvs = dq::net::kMaxGroupedRecvs;
+  return c;
+}
+
+TEST(IbWire, ControlMessageChecksEveryQueuePair) {
+  using dq::net::ibwire::CheckCtl;
+  using dq::net::ibwire::kConnect;
+  for (uint32_t n = 1; n <= kMaxQps; ++n) EXPECT_EQ(CheckCtl(GoodConnect(n), kConnect), nullptr) << n;
+  Ctl c = GoodConnect(0);
+  EXPECT_STREQ(CheckCtl(c, kConnect), "queue pair count out of range");
+  c = GoodConnect(1);
+  c.nqps = kMaxQps + 1;
+  EXPECT_STREQ(CheckCtl(c, kConnect), "queue pair count out of range");
+  c = GoodConnect(4);
+  c.qpn[3] = 0;  // the last QP of the count
+  EXPECT_STREQ(CheckCtl(c, kConnect), "queue pair number out of range");
+  c = GoodConnect(4);
+  c.qpn[2] = 1u << 24;
+  EXPECT_STREQ(CheckCtl(c, kConnect), "queue pair number out of range");
+  c = GoodConnect(4);
+  c.psn[1] = 1u << 24;
+  EXPECT_STREQ(CheckCtl(c, kConnect), "packet sequence number out of range");
+  c = GoodConnect(2);
+  c.qpn[2] = 0x99;  // a QP past the count
+  EXPECT_STREQ(CheckCtl(c, kConnect), "queue pair fields past the count not zero");
+  c = GoodConnect(2);
+  c.reserved = 1;
+  EXPECT_STREQ(CheckCtl(c, kConnect), "reserved field not zero");
+  c = GoodConnect(2);
+  c.version = 2;  // the single-QP wire of the previous version
+  EXPECT_NE(CheckCtl(c, kConnect), nullptr);
+}
+
+// ---- striping
+
+TEST(IbWire, StripesTileTheMessage) {
+  for (uint32_t nqps = 1; nqps <= kMaxQps; ++nqps) {
+    for (uint64_t size : {uint64_t{0}, uint64_t{1}, kMinStripeBytes - 1, kMinStripeBytes,
+                          2 * kMinStripeBytes - 1, 2 * kMinStripeBytes, 3 * kMinStripeBytes + 7,
+                          uint64_t{4} << 20, (uint64_t{64} << 20) + 12345, uint64_t{256} << 20}) {
+      const uint32_t k = StripeCount(size, nqps);
+      ASSERT_GE(k, 1u);
+      ASSERT_LE(k, nqps);
+      // One stripe below two minimum stripes; all QPs from nqps minimum stripes on.
+      EXPECT_EQ(k, std::min<uint64_t>(nqps, std::max<uint64_t>(1, size / kMinStripeBytes)))
+          << size << " on " << nqps;
+      uint64_t next = 0;
+      for (uint32_t i = 0; i < k; ++i) {
+        uint64_t off = 0, len = 0;
+        StripeRange(size, k, i, &off, &len);
+        EXPECT_EQ(off, next) << "stripe " << i << " of " << size;
+        if (size > 0) EXPECT_GT(len, 0u) << "stripe " << i << " of " << size << " is empty";
+        if (i + 1 < k) EXPECT_EQ(off % 4096, 0u);
+        next = off + len;
+      }
+      EXPECT_EQ(next, size) << size << " on " << nqps;
+    }
+  }
+}
+
+TEST(IbWire, ImmediateCarriesEntryAndStripes) {
+  using namespace dq::net::ibwire;
+  for (uint32_t idx : {0u, 1u, 511u}) {
+    for (uint32_t k = 1; k <= kMaxQps; ++k) {
+      const uint32_t imm = StripeImm(idx, k);
+      EXPECT_EQ(ImmIndex(imm), idx);
+      EXPECT_EQ(ImmStripes(imm), k);
+    }
+  }
+}
+
+TEST(IbWire, AnEntryCompletesWhenEveryStripeArrivedOnce) {
+  // Every arrival order of 4 stripes completes on the last one, not before.
+  uint32_t order[4] = {0, 1, 2, 3};
+  do {
+    StripeTracker t;
+    for (int j = 0; j < 4; ++j) {
+      bool complete = true;
+      ASSERT_EQ(t.Take(order[j], 4, 8, &complete), nullptr);
+      EXPECT_EQ(complete, j == 3);
+    }
+  } while (std::next_permutation(order, order + 4));
+  StripeTracker one;
+  bool complete = false;
+  ASSERT_EQ(one.Take(0, 1, 1, &complete), nullptr);
+  EXPECT_TRUE(complete);
+  // Refused: the same QP twice, a count that changes, a QP past the count, a count past the
+  // connection's QPs or zero.
+  StripeTracker t;
+  ASSERT_EQ(t.Take(1, 3, 4, &complete), nullptr);
+  EXPECT_STREQ(t.Take(1, 3, 4, &complete), "a second stripe from the same QP");
+  EXPECT_STREQ(t.Take(0, 2, 4, &complete), "stripe count differs between stripes");
+  EXPECT_STREQ(t.Take(3, 3, 4, &complete), "a stripe on a QP past the stripe count");
+  StripeTracker u;
+  EXPECT_STREQ(u.Take(0, 5, 4, &complete), "stripe count out of range");
+  EXPECT_STREQ(u.Take(0, 0, 4, &complete), "stripe count out of range");
+  EXPECT_FALSE(complete);
 }
 
 }  // namespace

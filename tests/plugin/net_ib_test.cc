@@ -131,8 +131,10 @@ TEST_F(NetIbTest, RegisteredBuffersAllSizes) {
   ASSERT_EQ(net_->regMr(sc_, out.data(), out.size(), NCCL_PTR_HOST, &smh), dqNetSuccess);
   ASSERT_EQ(net_->regMr(rc_, in.data(), in.size(), NCCL_PTR_HOST, &rmh), dqNetSuccess);
   int tag = 0;
-  for (size_t size :
-       {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{(4u << 20) + 3}, kMax}) {
+  // Around the striping bounds too (DYNAMIQ_NET_IB_QPS > 1: 1 stripe below 1 MiB, then one per
+  // 512 KiB up to the QP count, the last stripe shorter).
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{(1u << 20) - 1},
+                      size_t{1u << 20}, size_t{(3u << 19) + 7}, size_t{(4u << 20) + 3}, kMax}) {
     Fill(out, static_cast<uint32_t>(size));
     std::fill(in.begin(), in.end(), 0x5a);
     void* data = in.data();
@@ -158,6 +160,24 @@ TEST_F(NetIbTest, RegisteredBuffersAllSizes) {
   }
   EXPECT_EQ(net_->deregMr(sc_, smh), dqNetSuccess);
   EXPECT_EQ(net_->deregMr(rc_, rmh), dqNetSuccess);
+}
+
+// Every connection has the queue pairs the connecting side asked for (DYNAMIQ_NET_IB_QPS), and
+// both ends say so: "verbs connected: DEV -> QP n (+k striped)".
+TEST_F(NetIbTest, ConnectionsHaveTheQueuePairsAsked) {
+  if (!HaveVerbs()) GTEST_SKIP() << "no active verbs port";
+  const char* env = std::getenv("DYNAMIQ_NET_IB_QPS");
+  const int qps = env != nullptr ? std::atoi(env) : 1;
+  LogCapture::Clear();
+  Connect();
+  EXPECT_EQ(LogCapture::CountInfo("verbs connected:", " -> QP "), 1);
+  if (qps > 1) {
+    const std::string striped = "(+" + std::to_string(qps - 1) + " striped)";
+    EXPECT_EQ(LogCapture::CountInfo("verbs connected:", striped), 1) << striped;
+    EXPECT_EQ(LogCapture::CountInfo("<- QP ", striped), 1) << "the accepting side: " << striped;
+  } else {
+    EXPECT_EQ(LogCapture::CountInfo("", "striped"), 0);
+  }
 }
 
 // GPUDirect RDMA as far as a machine without a GPU can check it: GPU memory is advertised

@@ -65,10 +65,22 @@ struct LogCapture {
     va_start(args, fmt);
     std::vsnprintf(buf, sizeof(buf), fmt, args);
     va_end(args);
-    if (level == dqNetLogWarn) {
-      std::lock_guard<std::mutex> lock(Mu());
-      Warnings().push_back(buf);
+    std::lock_guard<std::mutex> lock(Mu());
+    if (level == dqNetLogWarn) Warnings().push_back(buf);
+    if (level == dqNetLogInfo) Infos().push_back(buf);
+  }
+  static std::vector<std::string>& Infos() {
+    static std::vector<std::string> i;
+    return i;
+  }
+  // INFO lines containing a, and b ("" matches any).
+  static int CountInfo(const std::string& a, const std::string& b) {
+    std::lock_guard<std::mutex> lock(Mu());
+    int n = 0;
+    for (const auto& i : Infos()) {
+      n += i.find(a) != std::string::npos && i.find(b) != std::string::npos;
     }
+    return n;
   }
   static bool Contains(const std::string& a, const std::string& b) {
     std::lock_guard<std::mutex> lock(Mu());
@@ -80,6 +92,7 @@ struct LogCapture {
   static void Clear() {
     std::lock_guard<std::mutex> lock(Mu());
     Warnings().clear();
+    Infos().clear();
   }
 };
 
