@@ -2,7 +2,8 @@
 """The C API half of the convergence study's path, numpy only (no torch): libdynamiq-capi.so
 through its ctypes binding (tools/capi/dynamiq_capi.py) against the project's codecs and
 schedules: error bounds, the bit budget, the bytes a ring sends, determinism of the rounding
-keys, the codecs' order by error, and errors returned as codes with a message.
+keys, the codecs' order by error, errors returned as codes with a message, and auto's choice
+(dq_auto_choose, the study's auto-mxfp8 scheme).
 The torch half (training through the C API) is smoke_test.py.
 
 usage: capi_test.py /path/to/libdynamiq-capi.so
@@ -83,6 +84,45 @@ def test_capi(lib):
             check(e.code == code and len(str(e)) > 30, "%s/%s rejected: %s" % (codec, topo, e))
 
 
+def test_auto_choose(lib):
+    rng = np.random.default_rng(9)
+    d, n = 1 << 16, 4
+    # Super-group locality (scales spread over orders of magnitude): auto meets MXFP8's error
+    # with a DynamiQ rung that costs fewer bits than MXFP8's 8.25, and that rung's measured
+    # vNMSE is at most MXFP8's (the issue's target, on data where DynamiQ can win).
+    rows = spread_rows(rng, n, d)
+    spec, predicted = lib.auto_choose("mxfp8", "ring", rows)
+    check(spec.startswith("dynamiq:") and float(spec.split(":")[1]) < 8.25,
+          "locality: auto chooses a DynamiQ rung under 8.25 bits (%s)" % spec)
+    chosen = lib.allreduce(spec, "ring", rows, want_result=False)[1]
+    mx8 = lib.allreduce("mxfp8", "ring", rows, want_result=False)[1]
+    check(chosen["vnmse"] <= mx8["vnmse"] and chosen["bits_per_coord"] < mx8["bits_per_coord"],
+          "locality: %s %.3e at %.2f bits against MXFP8 %.3e at %.2f" %
+          (spec, chosen["vnmse"], chosen["bits_per_coord"], mx8["vnmse"], mx8["bits_per_coord"]))
+    check(0.67 <= predicted / chosen["vnmse"] <= 1.5,
+          "prediction %.3e within [0.67, 1.5] of the measured %.3e" % (predicted, chosen["vnmse"]))
+    # One scale for the whole tensor (dense, no locality): no rung under 8.25 bits beats MXFP8,
+    # so auto falls back to MXFP8 itself (docs/RESULTS.md section 17).
+    dense = rng.standard_normal((n, d)).astype(np.float32)
+    spec, _ = lib.auto_choose("mxfp8", "ring", dense)
+    check(spec == "mxfp8", "dense: auto falls back to mxfp8 (%s)" % spec)
+    # A loose target takes the cheapest rung; a tighter one never fewer bits.
+    loose, _ = lib.auto_choose("vnmse:0.5", "ring", rows)
+    check(loose == "dynamiq:3", "vnmse:0.5 takes the cheapest rung (%s)" % loose)
+    tight, _ = lib.auto_choose("vnmse:1e-5", "ring", rows)
+    check(tight != loose, "vnmse:1e-5 needs more than the cheapest rung (%s)" % tight)
+    # Bad targets and non-finite statistics are errors with a message (the engine then keeps its
+    # fixed budget), never a guess.
+    bad = rows.copy()
+    bad[1, 77] = np.nan
+    for target, r in (("fp8", rows), ("vnmse:0", rows), ("mxfp8", bad)):
+        try:
+            lib.auto_choose(target, "ring", r)
+            check(False, "auto_choose(%s) is refused" % target)
+        except CapiError as e:
+            check(e.code == 1 and len(str(e)) > 20, "auto_choose(%s) refused: %s" % (target, e))
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -90,6 +130,7 @@ def main():
     lib = DynamiqCapi(sys.argv[1])
     lib.set_max_threads(1)
     test_capi(lib)
+    test_auto_choose(lib)
     return exit_code()
 
 

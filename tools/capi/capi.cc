@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tools/capi/dynamiq_capi.h"
+#include "tools/sim/auto_choice.h"
 #include "tools/sim/simulate.h"
 
 #define DQ_CAPI_EXPORT extern "C" __attribute__((visibility("default")))
@@ -38,6 +39,31 @@ int guarded(char* err, size_t err_len, Body&& body) {
   } catch (...) {
     return set_error(err, err_len, Status::kInternal, "unknown exception");
   }
+}
+
+// The arguments every call of n worker rows takes: validated, the rows as a list, the schedule.
+int load_call(const char* topo, int n_workers, const float* const* rows, size_t d,
+              std::vector<const float*>* row_list, dq::topo::Schedule* schedule, char* err,
+              size_t err_len) {
+  if (!topo || !rows)
+    return set_error(err, err_len, Status::kInvalidArgument, "topo and rows must not be NULL");
+  if (n_workers < 1 || n_workers > dq::topo::kMaxWorkers)
+    return set_error(err, err_len, Status::kInvalidArgument,
+                     "n_workers must be 1.." + std::to_string(dq::topo::kMaxWorkers) + ", got " +
+                         std::to_string(n_workers));
+  if (d == 0) return set_error(err, err_len, Status::kInvalidArgument, "d must be positive");
+  row_list->assign(rows, rows + n_workers);
+  for (int w = 0; w < n_workers; ++w)
+    if (!(*row_list)[w])
+      return set_error(err, err_len, Status::kInvalidArgument, "rows[" + std::to_string(w) + "] is NULL");
+  dq::topo::Kind kind;
+  if (dq::topo::parse_kind(topo, &kind) != Status::kOk)
+    return set_error(err, err_len, Status::kInvalidArgument,
+                     std::string("unknown topology '") + topo + "' (ring, butterfly)");
+  const Status s = dq::topo::make_schedule(kind, n_workers, schedule);
+  if (s != Status::kOk)
+    return set_error(err, err_len, s, "make_schedule failed for " + std::to_string(n_workers) + " workers");
+  return 0;
 }
 
 std::mutex g_threads_mutex;
@@ -71,29 +97,15 @@ DQ_CAPI_EXPORT int dq_allreduce_sim(const char* codec_spec, const char* topo, in
                                     uint64_t call, int average, float* out, dq_sim_stats* stats,
                                     char* err, size_t err_len) {
   return guarded(err, err_len, [&]() -> int {
-    if (!codec_spec || !topo || !rows)
-      return set_error(err, err_len, Status::kInvalidArgument, "codec_spec, topo and rows must not be NULL");
-    if (n_workers < 1 || n_workers > dq::topo::kMaxWorkers)
-      return set_error(err, err_len, Status::kInvalidArgument,
-                       "n_workers must be 1.." + std::to_string(dq::topo::kMaxWorkers) + ", got " +
-                           std::to_string(n_workers));
-    if (d == 0) return set_error(err, err_len, Status::kInvalidArgument, "d must be positive");
-    std::vector<const float*> row_list(rows, rows + n_workers);
-    for (int w = 0; w < n_workers; ++w)
-      if (!row_list[w])
-        return set_error(err, err_len, Status::kInvalidArgument, "rows[" + std::to_string(w) + "] is NULL");
-
+    if (!codec_spec)
+      return set_error(err, err_len, Status::kInvalidArgument, "codec_spec must not be NULL");
+    std::vector<const float*> row_list;
+    dq::topo::Schedule schedule;
+    if (int rc = load_call(topo, n_workers, rows, d, &row_list, &schedule, err, err_len)) return rc;
     std::string why;
     std::unique_ptr<dq::Codec> codec = dq::make_codec(codec_spec, &why);
     if (!codec) return set_error(err, err_len, Status::kInvalidArgument, why);
-    dq::topo::Kind kind;
-    if (dq::topo::parse_kind(topo, &kind) != Status::kOk)
-      return set_error(err, err_len, Status::kInvalidArgument,
-                       std::string("unknown topology '") + topo + "' (ring, butterfly)");
-    dq::topo::Schedule schedule;
-    Status s = dq::topo::make_schedule(kind, n_workers, &schedule);
-    if (s != Status::kOk)
-      return set_error(err, err_len, s, "make_schedule failed for " + std::to_string(n_workers) + " workers");
+    Status s = Status::kOk;
 
     dq::sim::SimOptions opt;
     opt.seed = seed;
@@ -117,6 +129,36 @@ DQ_CAPI_EXPORT int dq_allreduce_sim(const char* codec_spec, const char* topo, in
       stats->seconds = result.seconds;
       stats->budget_honest = result.budget_honest ? 1 : 0;
     }
+    return 0;
+  });
+}
+
+DQ_CAPI_EXPORT int dq_auto_choose(const char* target, const char* topo, int n_workers,
+                                  const float* const* rows, size_t d, char* spec_out,
+                                  size_t spec_len, double* predicted_vnmse, char* err,
+                                  size_t err_len) {
+  return guarded(err, err_len, [&]() -> int {
+    if (!target || !spec_out || spec_len == 0)
+      return set_error(err, err_len, Status::kInvalidArgument,
+                       "target and spec_out (spec_len > 0) must not be NULL");
+    dq::BudgetTarget parsed;
+    if (!dq::parse_budget_target(target, &parsed))
+      return set_error(err, err_len, Status::kInvalidArgument,
+                       std::string("unknown target '") + target + "' (mxfp8, mxfp6, vnmse:X)");
+    std::vector<const float*> row_list;
+    dq::topo::Schedule schedule;
+    if (int rc = load_call(topo, n_workers, rows, d, &row_list, &schedule, err, err_len)) return rc;
+    dq::BudgetPrediction prediction;
+    std::string why;
+    const Status s = dq::sim::predict_auto(row_list, d, schedule, parsed, &prediction, &why);
+    if (s != Status::kOk) return set_error(err, err_len, s, why);
+    const std::string spec = dq::candidate_spec(prediction.rung);
+    if (spec.size() + 1 > spec_len)
+      return set_error(err, err_len, Status::kInvalidArgument,
+                       "spec_out holds " + std::to_string(spec_len) + " bytes, " +
+                           std::to_string(spec.size() + 1) + " needed");
+    std::memcpy(spec_out, spec.c_str(), spec.size() + 1);
+    if (predicted_vnmse) *predicted_vnmse = prediction.vnmse[prediction.rung];
     return 0;
   });
 }

@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or dq_sim_stats changes. */
-#define DQ_CAPI_ABI_VERSION 1
+#define DQ_CAPI_ABI_VERSION 2  /* 2: dq_auto_choose */
 
 typedef struct dq_sim_stats {
   double vnmse;               /* ||result - exact||^2 / ||exact||^2, exact in FP64 */
@@ -39,6 +39,16 @@ int dq_set_max_threads(int threads, char* err, size_t err_len);
 int dq_allreduce_sim(const char* codec_spec, const char* topo, int n_workers,
                      const float* const* rows, size_t d, uint64_t seed, uint64_t call,
                      int average, float* out, dq_sim_stats* stats, char* err, size_t err_len);
+
+/* The codec DYNAMIQ_BITS=auto with DYNAMIQ_TARGET=target ("mxfp8", "mxfp6", "vnmse:X") chooses
+ * for the next call of a bucket whose previous call all-reduced rows[0..n_workers-1] (d floats
+ * each) over topo, from that call's all-reduced statistics as the engine does: spec_out
+ * (spec_len bytes) receives "dynamiq:<bits>", "mxfp6" or "mxfp8"; predicted_vnmse (may be NULL)
+ * the model's vNMSE for it. invalid-argument when a statistic is not finite (the engine then
+ * keeps the fixed budget). */
+int dq_auto_choose(const char* target, const char* topo, int n_workers, const float* const* rows,
+                   size_t d, char* spec_out, size_t spec_len, double* predicted_vnmse, char* err,
+                   size_t err_len);
 
 #ifdef __cplusplus
 }

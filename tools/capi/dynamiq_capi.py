@@ -13,7 +13,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: dq_auto_choose
 _ERR_LEN = 1024
 
 
@@ -76,6 +76,11 @@ class DynamiqCapi:
             ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(SimStats),
             ctypes.c_char_p, ctypes.c_size_t]
         lib.dq_allreduce_sim.restype = ctypes.c_int
+        lib.dq_auto_choose.argtypes = [
+            ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_double),
+            ctypes.c_char_p, ctypes.c_size_t]
+        lib.dq_auto_choose.restype = ctypes.c_int
         version = lib.dq_capi_abi_version()
         if version != ABI_VERSION:
             raise CapiError(7, "unsupported", "library ABI %d, binding expects %d" %
@@ -90,9 +95,9 @@ class DynamiqCapi:
         err = ctypes.create_string_buffer(_ERR_LEN)
         self._check(self.lib.dq_set_max_threads(int(threads), err, _ERR_LEN), err)
 
-    def allreduce(self, codec, topo, rows, seed=1, call=0, average=True, out=None,
-                  want_result=True):
-        """Returns (result or None, stats dict). rows: [n, d] float32, rows contiguous."""
+    @staticmethod
+    def _row_pointers(rows):
+        """(pointers, d) of [n, d] float32 rows, each contiguous."""
         n = len(rows)
         d = None
         pointers = (ctypes.c_void_p * n)()
@@ -104,6 +109,25 @@ class DynamiqCapi:
             elif row.shape[0] != d:
                 raise ValueError("row %d has %d values, row 0 has %d" % (i, row.shape[0], d))
             pointers[i] = row.ctypes.data
+        return pointers, d
+
+    def auto_choose(self, target, topo, rows):
+        """(codec spec, predicted vNMSE) that DYNAMIQ_BITS=auto chooses for the next call of a
+        bucket whose previous call all-reduced rows ([n, d] float32) over topo."""
+        pointers, d = self._row_pointers(rows)
+        spec = ctypes.create_string_buffer(64)
+        predicted = ctypes.c_double(0.0)
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        code = self.lib.dq_auto_choose(target.encode(), topo.encode(), len(rows), pointers, d,
+                                       spec, 64, ctypes.byref(predicted), err, _ERR_LEN)
+        self._check(code, err)
+        return spec.value.decode(), predicted.value
+
+    def allreduce(self, codec, topo, rows, seed=1, call=0, average=True, out=None,
+                  want_result=True):
+        """Returns (result or None, stats dict). rows: [n, d] float32, rows contiguous."""
+        n = len(rows)
+        pointers, d = self._row_pointers(rows)
         if want_result and out is None:
             out = np.empty(d, dtype=np.float32)
         if out is not None and (out.dtype != np.float32 or out.shape != (d,) or

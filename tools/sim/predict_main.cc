@@ -22,6 +22,7 @@
 #include "kernels/bf16.h"
 #include "kernels/budget_model.h"
 #include "kernels/dynamiq_codec.h"
+#include "tools/sim/auto_choice.h"
 #include "tools/sim/cli_common.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -42,21 +43,6 @@ constexpr const char* kUsage =
     "  --target T          auto's target: mxfp8, mxfp6 or vnmse:X (default mxfp8)\n";
 
 int fail(const std::string& what) { return dq::sim::usage_error("dynamiq-predict", what, kUsage); }
-
-// The statistics all-reduce as the simulator and the engine do it: each worker's BF16 words
-// summed in rank order in FP32, rounded to BF16.
-std::vector<uint16_t> reduced_stats(dq::Codec& codec, const std::vector<const float*>& rows,
-                                    size_t d) {
-  const size_t words = codec.stats_words();
-  std::vector<float> sum(words, 0.0f);
-  std::vector<uint16_t> local(words), out(words);
-  for (const float* r : rows) {
-    codec.local_stats(dq::ConstTensor{r, dq::DType::kF32, d}, local.data());
-    for (size_t i = 0; i < words; ++i) sum[i] += dq::bf16_to_f32(local[i]);
-  }
-  for (size_t i = 0; i < words; ++i) out[i] = dq::f32_to_bf16_rne(sum[i]);
-  return out;
-}
 
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return NAN;
@@ -169,7 +155,7 @@ int main(int argc, char** argv) {
         }
         auto base = dq::make_codec("dynamiq:5", &err);
         base->plan(d, sched.n_chunks, n);
-        const std::vector<uint16_t> stats = reduced_stats(*base, rows, d);
+        const std::vector<uint16_t> stats = dq::sim::reduced_stats(*base, rows, d);
         dq::StatsSummary summary;
         if (!summary.load(stats.data(), d, n)) continue;
         const std::vector<const dq::StatsSummary*> parts{&summary};
@@ -196,17 +182,13 @@ int main(int argc, char** argv) {
           std::printf("%s\n", j.dump().c_str());
           return true;
         };
-        auto plan_of = [&](double bits, dq::DynamiqPlan* plan, bool* fits) {
-          auto c = dq::make_codec("dynamiq:" + std::to_string(bits), &err);
-          c->plan(d, sched.n_chunks, n);
-          dq::DynamiqOptions o;
-          dq::dynamiq_parameters(*c, &o, plan);
-          *fits = c->fits_budget() && dq::chunks_large_enough(d, sched.n_chunks);
-        };
         for (double bits : budgets) {
           dq::DynamiqPlan plan;
-          bool fits;
-          plan_of(bits, &plan, &fits);
+          bool fits = false;
+          if (dq::sim::auto_rung_plan(bits, d, sched, &plan, &fits, &err) != Status::kOk) {
+            std::fprintf(stderr, "dynamiq-predict: %s\n", err.c_str());
+            return 1;
+          }
           if (!fits) continue;
           const double pred = dq::predict_vnmse(parts, {&plan}, hop, nullptr);
           char spec[32];
@@ -222,17 +204,9 @@ int main(int argc, char** argv) {
           if (!compare("mx", spec, pred, &ratio_mx, &me)) return 1;
           if (std::strcmp(spec, "mxfp8") == 0) mx8 = me;
         }
-        // auto: every rung's plan, the model's choice (the MX fallbacks too, as the engine
-        // does), measured with that codec.
-        std::vector<std::vector<dq::DynamiqPlan>> plans(1, std::vector<dq::DynamiqPlan>(dq::kLadderRungs));
-        std::vector<std::vector<bool>> fits(1, std::vector<bool>(dq::kCandidates, true));
-        for (int r = 0; r < dq::kLadderRungs; ++r) {
-          bool f;
-          plan_of(dq::ladder_bits(r), &plans[0][r], &f);
-          fits[0][r] = f;
-        }
+        // auto: the model's choice over every rung and the MX fallbacks, as the engine makes it.
         dq::BudgetPrediction pred;
-        dq::predict_budget(parts, plans, fits, hop, target, &pred);
+        if (dq::sim::predict_auto(rows, d, sched, target, &pred, &err) != Status::kOk) continue;
         const std::string spec = dq::candidate_spec(pred.rung);
         Measured me;
         if (!measure(spec.c_str(), sched, rows, d, &me) ||

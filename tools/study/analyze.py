@@ -26,7 +26,8 @@ import pathlib
 import statistics
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-ORDER = ["exact", "bf16", "mxfp8", "mxfp4", "uniform5", "dynamiq5-ring", "dynamiq5-butterfly"]
+ORDER = ["exact", "bf16", "mxfp8", "mxfp4", "uniform5", "dynamiq5-ring", "dynamiq5-butterfly",
+         "auto-mxfp8"]
 
 
 def load(runs_dir):

@@ -60,7 +60,14 @@ SCHEMES = {
     "uniform5": ("uniform:5", "ring"),
     "dynamiq5-ring": ("dynamiq:5", "ring"),
     "dynamiq5-butterfly": ("dynamiq:5", "butterfly"),
+    # DYNAMIQ_BITS=auto, DYNAMIQ_TARGET=mxfp8 (issue 14): each step's codec is the one the
+    # budget model chooses from the previous step's all-reduced statistics (C API
+    # dq_auto_choose), the first step at the fixed 5 bits, as the engine does per bucket.
+    "auto-mxfp8": ("auto:mxfp8", "ring"),
 }
+# Bits per coordinate an MX call of auto adds: the engine all-reduces an MX bucket's statistics
+# (1/8 bit per coordinate) every 8th call, to keep its prediction current.
+AUTO_MX_STATS_BITS = 0.125 / 8
 
 # Per-size defaults; an explicit flag overrides them. "full" is sized so that the 42 runs
 # (7 schemes x n = 4, 16 x 3 seeds) take under 60 minutes on an idle 2-core machine.
@@ -385,6 +392,9 @@ class Trainer:
         history, evals = [], []
         t_compute = t_allreduce = t_opt = t_eval = 0.0
         bits = wire = None
+        auto_target = codec[len("auto:"):] if codec and codec.startswith("auto:") else None
+        step_codec = "dynamiq:5" if auto_target else codec  # auto's first call: the default
+        auto_bits, auto_wire, auto_codecs = [], [], {}
 
         t_run = time.time()
         for step in range(args.steps):
@@ -417,9 +427,17 @@ class Trainer:
             if codec is None:
                 np.mean(rows, axis=0, dtype=np.float32, out=mean)
             else:
-                _, stats = capi.allreduce(codec, topo, rows, seed=seed + 1, call=step,
+                _, stats = capi.allreduce(step_codec, topo, rows, seed=seed + 1, call=step,
                                           average=True, out=mean)
                 bits, wire = stats["bits_per_coord"], stats["wire_bits_per_coord"]
+                if auto_target:
+                    extra = AUTO_MX_STATS_BITS if step_codec.startswith("mx") else 0.0
+                    auto_bits.append(bits + extra)
+                    auto_wire.append(wire + extra * 2.0 * (n - 1) / n)
+                    auto_codecs[step_codec] = auto_codecs.get(step_codec, 0) + 1
+                    stats["codec"] = step_codec
+                    # The next step's codec, from this step's statistics (one call late).
+                    step_codec, stats["predicted_next"] = capi.auto_choose(auto_target, topo, rows)
             t2 = time.time()
             off = 0
             for p in params:
@@ -437,6 +455,8 @@ class Trainer:
             entry = {"step": step, "train_loss": float(np.mean(losses))}
             if stats:
                 entry["vnmse"] = stats["vnmse"]
+                if "codec" in stats:
+                    entry["codec"] = stats["codec"]
             history.append(entry)
             if not np.isfinite(entry["train_loss"]):
                 LOG.warning("n=%d %s seed %d: non-finite loss at step %d", n, scheme, seed, step)
@@ -448,12 +468,15 @@ class Trainer:
             p.grad = None
         if codec is None:  # exact FP32 ring all-reduce: 2 (n-1)/n x 32 bits per coordinate
             bits, wire = 32.0, 2.0 * (n - 1) / n * 32.0
+        if auto_target and auto_bits:  # mean over the steps (every step sends d values)
+            bits, wire = float(np.mean(auto_bits)), float(np.mean(auto_wire))
         return {
             "n": n, "scheme": scheme, "codec": codec or "fp32-exact", "topo": topo,
             "seed": seed, "d": d, "trainable": args.trainable, "steps": args.steps,
             "train_batch": args.train_batch, "micro_batch": micro, "seq_len": args.seq_len,
             "frozen_layers": args.frozen_layers, "lr": args.lr, "val_sentences": self.n_val,
             "bits_per_coord": bits, "wire_bits_per_coord": wire,
+            "auto_codecs": auto_codecs,
             # Seconds per step: all n workers' forward+backward run here one after another;
             # one worker's share is compute / n.
             "compute_s_per_step_all_workers": t_compute / args.steps,

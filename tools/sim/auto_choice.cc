@@ -1,0 +1,64 @@
+#include "tools/sim/auto_choice.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "kernels/bf16.h"
+#include "kernels/dynamiq_codec.h"
+
+namespace dq::sim {
+
+std::vector<uint16_t> reduced_stats(Codec& codec, const std::vector<const float*>& rows,
+                                    size_t d) {
+  const size_t words = codec.stats_words();
+  std::vector<float> sum(words, 0.0f);
+  std::vector<uint16_t> local(words), out(words);
+  for (const float* r : rows) {
+    codec.local_stats(ConstTensor{r, DType::kF32, d}, local.data());
+    for (size_t i = 0; i < words; ++i) sum[i] += bf16_to_f32(local[i]);
+  }
+  for (size_t i = 0; i < words; ++i) out[i] = f32_to_bf16_rne(sum[i]);
+  return out;
+}
+
+Status auto_rung_plan(double bits, size_t d, const topo::Schedule& sched, DynamiqPlan* plan,
+                      bool* fits, std::string* error) {
+  char spec[32];
+  std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
+  std::unique_ptr<Codec> c = make_codec(spec, error);
+  if (!c) return Status::kInvalidArgument;
+  c->plan(d, sched.n_chunks, sched.n_workers);
+  DynamiqOptions o;
+  if (!dynamiq_parameters(*c, &o, plan)) {
+    *error = std::string(spec) + " is not a DynamiQ codec";
+    return Status::kInternal;
+  }
+  *fits = c->fits_budget() && chunks_large_enough(d, sched.n_chunks);
+  return Status::kOk;
+}
+
+Status predict_auto(const std::vector<const float*>& rows, size_t d, const topo::Schedule& sched,
+                    const BudgetTarget& target, BudgetPrediction* out, std::string* error) {
+  // The statistics are the same for every rung (they do not depend on the budget).
+  std::unique_ptr<Codec> base = make_codec("dynamiq:5", error);
+  if (!base) return Status::kInternal;
+  base->plan(d, sched.n_chunks, sched.n_workers);
+  const std::vector<uint16_t> stats = reduced_stats(*base, rows, d);
+  StatsSummary summary;
+  if (!summary.load(stats.data(), d, sched.n_workers)) {
+    *error = "a statistic is not finite (non-finite input, or an energy that overflowed)";
+    return Status::kInvalidArgument;
+  }
+  std::vector<std::vector<DynamiqPlan>> plans(1, std::vector<DynamiqPlan>(kLadderRungs));
+  std::vector<std::vector<bool>> fits(1, std::vector<bool>(kCandidates, true));
+  for (int r = 0; r < kLadderRungs; ++r) {
+    bool f = false;
+    const Status st = auto_rung_plan(ladder_bits(r), d, sched, &plans[0][r], &f, error);
+    if (st != Status::kOk) return st;
+    fits[0][r] = f;
+  }
+  predict_budget({&summary}, plans, fits, hop_profile(sched), target, out);
+  return Status::kOk;
+}
+
+}  // namespace dq::sim
