@@ -397,6 +397,16 @@ def evaluate(model, tokenizer, val, seq_len):
     return correct / len(val), loss_sum / len(val)
 
 
+def worker_seed(seed, step, worker):
+    """Seed of worker `worker`'s randomness (dropout) at `step`: a function of (seed, step,
+    worker) alone, so a worker's gradient does not depend on how many workers exist (before,
+    the extra workers' forward passes consumed dropout draws, and --workers 8 gave workers 0-3
+    other gradients than --workers 4). worker -1: the training pass of a step that dumps
+    nothing."""
+    state = np.random.SeedSequence([seed, step, worker + 1]).generate_state(2, np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO,
@@ -456,7 +466,6 @@ def main(argv=None):
 
     args.out.mkdir(parents=True, exist_ok=True)
     stream = BatchStream(len(train), args.seed)
-    extra_rng = np.random.default_rng(args.seed + 2)
     train_workers = args.train_batch // args.micro_batch
     dump_steps = set(args.steps)
     history = []
@@ -481,9 +490,12 @@ def main(argv=None):
         loss_value = 0.0
         if step in dump_steps:
           # Workers beyond the training batch draw further disjoint sentences.
+            # A permutation of the pool keyed by (seed, step) alone: worker k's sentences are
+            # the same whatever the number of workers beyond it.
             extra = max(0, args.workers - train_workers) * args.micro_batch
             pool = np.setdiff1d(np.arange(len(train)), batch_ids)
-            extra_ids = extra_rng.choice(pool, size=extra, replace=False).tolist()
+            extra_ids = np.random.default_rng([args.seed, step, 2]).permutation(
+                pool)[:extra].tolist()
             worker_ids = batch_ids + extra_ids
             npy_path = args.out / ("step%05d.npy" % step)
             grads = np.lib.format.open_memmap(npy_path, mode="w+",
@@ -496,6 +508,7 @@ def main(argv=None):
                 batch = encode(tokenizer, [train[i][0] for i in ids], args.seq_len)
                 labels = torch.tensor([train[i][1] for i in ids])
                 model.zero_grad(set_to_none=True)
+                torch.manual_seed(worker_seed(args.seed, step, k))  # this worker's dropout
                 loss = torch.nn.functional.cross_entropy(model(**batch), labels)
                 loss.backward()
                 row = grads[k] if k < args.workers else np.empty(d, np.float32)
@@ -535,6 +548,7 @@ def main(argv=None):
                            args.seq_len)
             labels = torch.tensor([train[i][1] for i in batch_ids])
             model.zero_grad(set_to_none=True)
+            torch.manual_seed(worker_seed(args.seed, step, -1))
             loss = torch.nn.functional.cross_entropy(model(**batch), labels)
             loss.backward()
             loss_value = loss.item()
