@@ -33,6 +33,17 @@ int dynamiqCommBudget(void* comm, unsigned long long* widths, unsigned long long
                       double* predicted_vnmse_mean, double* predicted_vnmse_last,
                       double* mean_bits);
 
+/* Auto's MX fallback and the sampled check on `comm` (DYNAMIQ_BITS=auto, DYNAMIQ_CHECK_EVERY;
+ * docs/ENGINE.md section 10), without any communication: `mx_calls` the compressed calls auto
+ * sent as MXFP8 or MXFP6, `checked_calls` the calls the sampled check measured,
+ * `sampled_vnmse` their vNMSE over all samples (-1 when none yet), `paired_calls` the checked
+ * calls whose prediction is known and `paired_predicted_mean` / `paired_sampled_mean` the means
+ * of their predicted and sampled vNMSE (-1 when none). Any pointer may be NULL. Returns 0, or 4
+ * for an unknown communicator. */
+int dynamiqCommCheck(void* comm, unsigned long long* mx_calls, unsigned long long* checked_calls,
+                     double* sampled_vnmse, unsigned long long* paired_calls,
+                     double* paired_predicted_mean, double* paired_sampled_mean);
+
 /* Rewrites DYNAMIQ_METRICS_FILE now. Returns 0. */
 int dynamiqMetricsFlush(void);
 

@@ -256,6 +256,27 @@ DQ_SHIM_API int dynamiqCommBudget(void* comm, unsigned long long* widths,
   });
 }
 
+DQ_SHIM_API int dynamiqCommCheck(void* comm, unsigned long long* mx_calls,
+                                 unsigned long long* checked_calls, double* sampled_vnmse,
+                                 unsigned long long* paired_calls, double* paired_predicted_mean,
+                                 double* paired_sampled_mean) {
+  return guarded("dynamiqCommCheck", [&] {
+    dq::engine::BudgetMetrics b;
+    const ncclResult_t res = dq::shim::comm_budget(static_cast<ncclComm_t>(comm), &b);
+    const double paired = static_cast<double>(b.paired_calls);
+    if (mx_calls) *mx_calls = b.mx_calls;
+    if (checked_calls) *checked_calls = b.checked_calls;
+    if (sampled_vnmse)
+      *sampled_vnmse = b.checked_energy > 0 ? b.checked_sq_error / b.checked_energy : -1.0;
+    if (paired_calls) *paired_calls = b.paired_calls;
+    if (paired_predicted_mean)
+      *paired_predicted_mean = b.paired_calls ? b.paired_predicted_sum / paired : -1.0;
+    if (paired_sampled_mean)
+      *paired_sampled_mean = b.paired_calls ? b.paired_sampled_sum / paired : -1.0;
+    return res;
+  });
+}
+
 DQ_SHIM_API int dynamiqMetricsFlush(void) {
   return guarded("dynamiqMetricsFlush", [&] {
     dq::engine::metrics_flush();

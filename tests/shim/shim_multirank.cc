@@ -707,6 +707,137 @@ bool scenario_toggle(int n) {
   return true;
 }
 
+// The number on the Prometheus line of metric `name` whose labels contain `label` ("" for
+// any); NAN when there is none.
+double prom_value(const std::string& text, const std::string& name, const std::string& label) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + "{", 0) != 0 || line.find(label) == std::string::npos) continue;
+    const size_t close = line.rfind("} ");
+    if (close != std::string::npos) return std::strtod(line.c_str() + close + 2, nullptr);
+  }
+  return NAN;
+}
+
+// The C API's budget figures (dynamiqCommBudget, dynamiqCommCheck) under DYNAMIQ_BITS=auto with
+// the sampled check on every second call: each figure equals what the same rank's Prometheus
+// file says (the API and the metrics read the same counters; a swapped or stale field differs),
+// the counts fit the calls made, and every rank reports the same (the statistics, choices and
+// checks are all-reduced, so they are identical by construction).
+bool scenario_budget_api(int n) {
+  using BudgetFn = int (*)(void*, unsigned long long*, unsigned long long*, double*, double*,
+                           double*);
+  using CheckFn = int (*)(void*, unsigned long long*, unsigned long long*, double*,
+                          unsigned long long*, double*, double*);
+  using FlushFn = int (*)();
+  const int calls = 8;
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    auto budget = reinterpret_cast<BudgetFn>(dlsym(RTLD_DEFAULT, "dynamiqCommBudget"));
+    auto check = reinterpret_cast<CheckFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCheck"));
+    auto flush = reinterpret_cast<FlushFn>(dlsym(RTLD_DEFAULT, "dynamiqMetricsFlush"));
+    if (budget == nullptr || check == nullptr || flush == nullptr) return 2;
+    // Gradient-like rows (super-group scales spread over decades), another draw per call.
+    const size_t count = 1 << 20;
+    std::vector<float> in(count), out(count);
+    for (int k = 0; k < calls; ++k) {
+      dq::sim::SyntheticSpec spec;
+      spec.rows = static_cast<size_t>(n);
+      spec.cols = count;
+      spec.spread = 1.5;
+      spec.seed = 100 + static_cast<uint64_t>(k);
+      dq::sim::Matrix rows;
+      make_rows(spec, &rows);
+      std::copy(rows.row(static_cast<size_t>(rank)), rows.row(static_cast<size_t>(rank)) + count,
+                in.begin());
+      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return 3;
+    }
+    unsigned long long widths[4] = {}, predicted = 0, mx = 0, checked = 0, paired = 0;
+    double vmean = 0, vlast = 0, bits = 0, sampled = 0, pmean = 0, smean = 0;
+    if (budget(comm, widths, &predicted, &vmean, &vlast, &bits) != 0) return 4;
+    if (check(comm, &mx, &checked, &sampled, &paired, &pmean, &smean) != 0) return 5;
+    int dummy = 0;  // not a communicator of ours
+    if (budget(&dummy, nullptr, nullptr, nullptr, nullptr, nullptr) != ncclInvalidArgument ||
+        check(&dummy, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) != ncclInvalidArgument)
+      return 6;
+    if (flush() != 0) return 7;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%llu %llu %llu %llu %llu %.17g %.17g %.17g %llu %llu %.17g %llu %.17g %.17g\n",
+                  widths[0], widths[1], widths[2], widths[3], predicted, vmean, vlast, bits, mx,
+                  checked, sampled, paired, pmean, smean);
+    write_text(rank_file(rank, "budget_api"), line);
+    return 0;
+  };
+  const std::string path = g_dir + "/budget.%r.prom";
+  auto codes = run_ranks(
+      n,
+      [&](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"},     {"DYNAMIQ_BITS", "auto"},
+                   {"DYNAMIQ_TARGET", "mxfp8"}, {"DYNAMIQ_CHECK_EVERY", "2"},
+                   {"DYNAMIQ_METRICS_FILE", path}};
+      },
+      body, 300);
+  if (!all_zero(codes, "budget_api")) return false;
+  const std::string line0 = read_file(rank_file(0, "budget_api"));
+  for (int r = 1; r < n; ++r)
+    EXPECT(read_file(rank_file(r, "budget_api")) == line0, "rank %d reports %s, rank 0 %s", r,
+           read_file(rank_file(r, "budget_api")).c_str(), line0.c_str());
+  unsigned long long w[4], predicted, mx, checked, paired;
+  double vmean, vlast, bits, sampled, pmean, smean;
+  EXPECT(std::sscanf(line0.c_str(), "%llu %llu %llu %llu %llu %lg %lg %lg %llu %llu %lg %llu %lg %lg",
+                     &w[0], &w[1], &w[2], &w[3], &predicted, &vmean, &vlast, &bits, &mx, &checked,
+                     &sampled, &paired, &pmean, &smean) == 14,
+         "rank 0 wrote %s", line0.c_str());
+  const std::string prom = read_file(g_dir + "/budget.0.prom");
+  // The file prints %.9g: equal within 1e-6 relative (a swapped or stale field is far off).
+  bool all_same = true;
+  auto same = [&](double api, double file, const std::string& what) {
+    if (std::fabs(api - file) <= 1e-6 * std::fabs(file)) return;
+    fail("%s: API %.9g, metrics file %.9g", what.c_str(), api, file);
+    all_same = false;
+  };
+  auto metric = [&](const char* name, const std::string& label = "") {
+    return prom_value(prom, name, label);
+  };
+  static const char* kWidth[4] = {"2", "4", "8", "16"};
+  for (int k = 0; k < 4; ++k) {
+    const std::string label = std::string("width=\"") + kWidth[k] + "\"";
+    same(static_cast<double>(w[k]), metric("dynamiq_width_supergroups_total", label),
+         "width " + std::string(kWidth[k]));
+  }
+  same(static_cast<double>(predicted), metric("dynamiq_predicted_calls_total"), "predicted calls");
+  same(vmean * static_cast<double>(predicted), metric("dynamiq_predicted_vnmse_sum_total"),
+       "predicted vNMSE sum");
+  same(vlast, metric("dynamiq_predicted_vnmse"), "latest predicted vNMSE");
+  same(static_cast<double>(mx), metric("dynamiq_mx_fallback_calls_total"), "MX calls");
+  same(static_cast<double>(checked), metric("dynamiq_check_calls_total"), "checked calls");
+  same(sampled, metric("dynamiq_check_sq_error_total") / metric("dynamiq_check_energy_total"),
+       "sampled vNMSE");
+  same(static_cast<double>(paired), metric("dynamiq_check_paired_calls_total"), "paired calls");
+  same(pmean * static_cast<double>(paired),
+       metric("dynamiq_check_paired_predicted_vnmse_sum_total"), "paired predicted sum");
+  same(smean * static_cast<double>(paired), metric("dynamiq_check_paired_sampled_vnmse_sum_total"),
+       "paired sampled sum");
+  if (!all_same) return false;
+  // Counts that fit the calls: predictions for calls 2..8 at most (one call late), checks on
+  // every second call, at least one of each; the figures of a real prediction.
+  EXPECT(predicted >= 1 && predicted <= calls - 1, "%llu predicted calls of %d", predicted, calls);
+  EXPECT(checked >= 1 && checked <= calls / 2 && paired <= checked, "%llu checked, %llu paired",
+         checked, paired);
+  EXPECT(vmean > 0 && vmean < 0.1 && sampled > 0 && sampled < 0.1,
+         "predicted mean %.3g, sampled %.3g", vmean, sampled);
+  EXPECT(mx <= static_cast<unsigned long long>(calls) && (bits == 0) == (mx == calls) &&
+             (bits == 0 || (bits >= 3 && bits <= 8)),
+         "mean bits %.3f with %llu MX calls of %d", bits, mx, calls);
+  std::printf("budget API: %llu predicted calls (mean vNMSE %.3g), %llu MX, %llu checked (sampled "
+              "%.3g), mean %.2f bits; equal to the metrics file and on every rank\n",
+              predicted, vmean, mx, checked, sampled, bits);
+  return true;
+}
+
 // Metrics: per-communicator counters with reasons, JSON and Prometheus.
 bool scenario_metrics(int n) {
   auto body = [&](int rank, ncclComm_t comm) -> int {
@@ -1313,6 +1444,8 @@ int main(int argc, char** argv) {
     ok = scenario_toggle(n);
   } else if (scenario == "metrics") {
     ok = scenario_metrics(n);
+  } else if (scenario == "budget_api") {
+    ok = scenario_budget_api(n);
   } else {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
