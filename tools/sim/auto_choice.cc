@@ -49,6 +49,11 @@ Status predict_auto(const std::vector<const float*>& rows, size_t d, const topo:
     *error = "a statistic is not finite (non-finite input, or an energy that overflowed)";
     return Status::kInvalidArgument;
   }
+  return predict_auto(summary, d, sched, target, out, error);
+}
+
+Status predict_auto(const StatsSummary& summary, size_t d, const topo::Schedule& sched,
+                    const BudgetTarget& target, BudgetPrediction* out, std::string* error) {
   std::vector<std::vector<DynamiqPlan>> plans(1, std::vector<DynamiqPlan>(kLadderRungs));
   std::vector<std::vector<bool>> fits(1, std::vector<bool>(kCandidates, true));
   for (int r = 0; r < kLadderRungs; ++r) {

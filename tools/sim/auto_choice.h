@@ -29,5 +29,9 @@ Status auto_rung_plan(double bits, size_t d, const topo::Schedule& sched, Dynami
 // kInvalidArgument when a statistic is not finite (the engine then keeps the fixed default).
 Status predict_auto(const std::vector<const float*>& rows, size_t d, const topo::Schedule& sched,
                     const BudgetTarget& target, BudgetPrediction* out, std::string* error);
+// The same from the call's loaded statistics summary (of reduced_stats), for a caller that has
+// already made it.
+Status predict_auto(const StatsSummary& summary, size_t d, const topo::Schedule& sched,
+                    const BudgetTarget& target, BudgetPrediction* out, std::string* error);
 
 }  // namespace dq::sim

@@ -61,6 +61,11 @@ bool npy_shape(const std::string& header, std::vector<unsigned long long>* dims,
 }  // namespace
 
 Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::string* error) {
+  return read_npy_columns(path, max_rows, 0, SIZE_MAX, out, error);
+}
+
+Status read_npy_columns(const std::string& path, size_t max_rows, size_t col_begin,
+                        size_t col_end, Matrix* out, std::string* error) {
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) {
     *error = path + ": cannot open (" + std::strerror(errno) + ")";
@@ -134,13 +139,27 @@ Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::stri
              " bytes follow the header, " + std::to_string(bytes_needed) + " needed";
     return Status::kInvalidArgument;
   }
-  out->rows = static_cast<size_t>(rows_read);
-  out->cols = c;
-  out->data.resize(out->rows * out->cols);
-  size_t want = out->data.size();
-  if (std::fread(out->data.data(), 4, want, f.get()) != want) {
-    *error = path + ": data shorter than its shape " + std::to_string(r) + "x" + std::to_string(c);
+  const unsigned long long end = col_end == SIZE_MAX ? c : col_end;
+  if (col_begin >= end || end > c) {
+    *error = path + ": columns [" + std::to_string(col_begin) + ", " + std::to_string(col_end) +
+             ") are empty or past the " + std::to_string(c) + " columns of shape " + shape;
     return Status::kInvalidArgument;
+  }
+  out->rows = static_cast<size_t>(rows_read);
+  out->cols = static_cast<size_t>(end - col_begin);
+  out->data.resize(out->rows * out->cols);
+  for (size_t row = 0; row < out->rows; ++row) {
+    // The whole file is checked against its shape above, so every seek lands inside it.
+    const unsigned long long at = data_start + (row * c + col_begin) * 4ull;
+    if (out->cols != c && std::fseek(f.get(), static_cast<long>(at), SEEK_SET) != 0) {
+      *error = path + ": cannot seek (" + std::strerror(errno) + ")";
+      return Status::kInvalidArgument;
+    }
+    if (std::fread(out->data.data() + row * out->cols, 4, out->cols, f.get()) != out->cols) {
+      *error = path + ": data shorter than its shape " + std::to_string(r) + "x" +
+               std::to_string(c);
+      return Status::kInvalidArgument;
+    }
   }
   return Status::kOk;
 }

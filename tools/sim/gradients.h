@@ -18,6 +18,9 @@ struct Matrix {
 // Reads a little-endian float32, C-order .npy of 2 dimensions; max_rows limits what is loaded.
 // Errors name the file and what was wrong with it.
 Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::string* error);
+// The same, columns [col_begin, col_end) of each row only (col_end SIZE_MAX: to the end), so that a part of a multi-GB corpus is read without the rest.
+Status read_npy_columns(const std::string& path, size_t max_rows, size_t col_begin,
+                        size_t col_end, Matrix* out, std::string* error);
 Status write_npy(const std::string& path, const Matrix& m, std::string* error);
 
 struct SyntheticSpec {

@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -38,6 +40,7 @@ constexpr const char* kUsage =
     "  --dim D --spread S --shared F --seed K   as dynamiq-sim (defaults 1048576, 2, 0.5, 1)\n"
     "  --workers LIST      worker counts (default 4)\n"
     "  --topo LIST         ring,butterfly (default ring)\n"
+    "  --columns B:E       only columns [B, E) of --input (a part of a corpus; E may be end)\n"
     "  --bucket N          elements per bucket (default 262144; the last takes the rest)\n"
     "  --budgets LIST      fixed budgets to check (default 3,4,5,6,7,8)\n"
     "  --target T          auto's target: mxfp8, mxfp6 or vnmse:X (default mxfp8)\n";
@@ -57,8 +60,8 @@ struct Measured {
   double vnmse = 0, bits = 0;
 };
 
-bool measure(const std::string& spec, const dq::topo::Schedule& sched,
-             const std::vector<const float*>& rows, size_t d, Measured* out) {
+bool measure_uncached(const std::string& spec, const dq::topo::Schedule& sched,
+                      const std::vector<const float*>& rows, size_t d, Measured* out) {
   std::string err;
   auto codec = dq::make_codec(spec, &err);
   if (!codec) return false;
@@ -71,11 +74,33 @@ bool measure(const std::string& spec, const dq::topo::Schedule& sched,
   return true;
 }
 
+// One bucket's simulations by codec spec: a codec the fixed, MX and auto rows share ("dynamiq:5",
+// "mxfp8", auto's choice) is simulated once (the simulator is deterministic in its inputs).
+class BucketMeasurements {
+ public:
+  BucketMeasurements(const dq::topo::Schedule& sched, const std::vector<const float*>& rows,
+                     size_t d)
+      : sched_(sched), rows_(rows), d_(d) {}
+  bool get(const std::string& spec, Measured* out) {
+    for (const auto& [s, m] : done_)
+      if (s == spec) return *out = m, true;
+    if (!measure_uncached(spec, sched_, rows_, d_, out)) return false;
+    done_.emplace_back(spec, *out);
+    return true;
+  }
+
+ private:
+  const dq::topo::Schedule& sched_;
+  const std::vector<const float*>& rows_;
+  size_t d_;
+  std::vector<std::pair<std::string, Measured>> done_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string input, workers_s = "4", topo_s = "ring", budgets_s = "3,4,5,6,7,8";
-  std::string target_s = "mxfp8";
+  std::string target_s = "mxfp8", columns_s;
   bool synthetic = false;
   size_t bucket = 262144;
   dq::sim::SyntheticSpec syn;
@@ -93,6 +118,7 @@ int main(int argc, char** argv) {
     else if (a == "--topo") topo_s = v;
     else if (a == "--budgets") budgets_s = v;
     else if (a == "--target") target_s = v;
+    else if (a == "--columns") columns_s = v;
     else if (a == "--bucket") bucket = std::strtoull(v.c_str(), nullptr, 10);
     else if (a == "--dim") syn.cols = std::strtoull(v.c_str(), nullptr, 10);
     else if (a == "--spread") syn.spread = std::strtod(v.c_str(), nullptr);
@@ -102,6 +128,19 @@ int main(int argc, char** argv) {
   }
   if (input.empty() == !synthetic) return fail("give exactly one of --input or --synthetic");
   if (bucket < 256) return fail("--bucket must be at least 256");
+  size_t col_begin = 0, col_end = SIZE_MAX;
+  if (!columns_s.empty()) {
+    const size_t colon = columns_s.find(':');
+    char* e1 = nullptr;
+    char* e2 = nullptr;
+    const std::string b = columns_s.substr(0, colon);
+    const std::string e = colon == std::string::npos ? "" : columns_s.substr(colon + 1);
+    col_begin = std::strtoull(b.c_str(), &e1, 10);
+    if (e != "end") col_end = std::strtoull(e.c_str(), &e2, 10);
+    if (synthetic || b.empty() || *e1 != '\0' || e.empty() ||
+        (e != "end" && (*e2 != '\0' || col_end <= col_begin)))
+      return fail("--columns " + columns_s + ": expected B:E or B:end with B < E, with --input");
+  }
   dq::BudgetTarget target;
   if (!dq::parse_budget_target(target_s, &target))
     return fail("--target " + target_s + ": expected mxfp8, mxfp6 or vnmse:X");
@@ -126,7 +165,8 @@ int main(int argc, char** argv) {
   if (synthetic) {
     syn.rows = static_cast<size_t>(max_workers);
     dq::sim::make_synthetic(syn, &m);
-  } else if (dq::sim::read_npy(input, max_workers, &m, &err) != Status::kOk ||
+  } else if (dq::sim::read_npy_columns(input, max_workers, col_begin, col_end, &m, &err) !=
+                 Status::kOk ||
              static_cast<int>(m.rows) < max_workers) {
     return fail(err.empty() ? input + ": fewer rows than --workers" : err);
   }
@@ -159,11 +199,12 @@ int main(int argc, char** argv) {
         dq::StatsSummary summary;
         if (!summary.load(stats.data(), d, n)) continue;
         const std::vector<const dq::StatsSummary*> parts{&summary};
+        BucketMeasurements measured(sched, rows, d);
         auto row = [&](const char* kind, const std::string& codec) {
           nlohmann::ordered_json j;
           j["kind"] = kind;
           j["bucket"] = b;
-          j["offset"] = begin;
+          j["offset"] = col_begin + begin;
           j["count"] = d;
           j["topo"] = dq::topo::kind_name(topo);
           j["workers"] = n;
@@ -173,7 +214,7 @@ int main(int argc, char** argv) {
         // Measures `spec`, prints its predicted-against-measured row and keeps the ratio.
         auto compare = [&](const char* kind, const std::string& spec, double pred,
                            std::vector<double>* ratios, Measured* me) {
-          if (!measure(spec, sched, rows, d, me)) return false;
+          if (!measured.get(spec, me)) return false;
           auto j = row(kind, spec);
           j["predicted"] = pred;
           j["measured"] = me->vnmse;
@@ -206,11 +247,10 @@ int main(int argc, char** argv) {
         }
         // auto: the model's choice over every rung and the MX fallbacks, as the engine makes it.
         dq::BudgetPrediction pred;
-        if (dq::sim::predict_auto(rows, d, sched, target, &pred, &err) != Status::kOk) continue;
+        if (dq::sim::predict_auto(summary, d, sched, target, &pred, &err) != Status::kOk) continue;
         const std::string spec = dq::candidate_spec(pred.rung);
         Measured me;
-        if (!measure(spec.c_str(), sched, rows, d, &me) ||
-            !measure("dynamiq:5", sched, rows, d, &five))
+        if (!measured.get(spec, &me) || !measured.get("dynamiq:5", &five))
           return 1;
         // An MX bucket of the engine also all-reduces its statistics every 8th call.
         if (dq::candidate_is_mx(pred.rung)) me.bits += 0.125 / 8;
@@ -223,6 +263,8 @@ int main(int argc, char** argv) {
         j["mxfp8_measured"] = mx8.vnmse;
         j["mxfp8_bits_per_coord"] = mx8.bits;
         j["dynamiq5_measured"] = five.vnmse;
+        j["dynamiq5_bits_per_coord"] = five.bits;
+        j["energy"] = energy;
         std::printf("%s\n", j.dump().c_str());
         ++auto_buckets;
         auto_meets += me.vnmse <= mx8.vnmse;
