@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,8 @@ constexpr const char* kUsage =
     "usage: dynamiq-sim (--input FILE.npy | --synthetic) [options]\n"
     "  --input FILE.npy      float32 matrix [n_rows, d]; row i is worker i's gradient\n"
     "  --synthetic           generate gradients instead (see --dim, --spread, --shared)\n"
+    "  --columns B:E         only columns [B, E) of --input, read without the rest (a part of\n"
+    "                        a corpus, as dynamiq-predict's; E may be end)\n"
     "  --dim D               synthetic length (default 1048576)\n"
     "  --spread S            synthetic std-dev of log10 super-group norm (default 2; 0 = none)\n"
     "  --shared F            synthetic fraction of variance shared by workers (default 0.5)\n"
@@ -148,7 +151,7 @@ void print_breakdown(const dq::sim::BitBreakdown& b) {
 
 int main(int argc, char** argv) {
   std::string input, save, format = "table", topo_list = "ring", codec_list = "dynamiq:5";
-  std::string worker_list = "4", collective = "allreduce";
+  std::string worker_list = "4", collective = "allreduce", columns;
   bool synthetic = false, quiet = false, breakdown = false;
   dq::sim::SyntheticSpec syn;
   dq::sim::SimOptions opt;
@@ -160,6 +163,7 @@ int main(int argc, char** argv) {
   CLI::Option* o_quiet = dq::cli::add_switch(&app, "--quiet");
   CLI::Option* o_breakdown = dq::cli::add_switch(&app, "--bits-breakdown");
   CLI::Option* o_input = dq::cli::add_value(&app, "--input");
+  CLI::Option* o_columns = dq::cli::add_value(&app, "--columns");
   CLI::Option* o_save = dq::cli::add_value(&app, "--save");
   CLI::Option* o_workers = dq::cli::add_value(&app, "--workers");
   CLI::Option* o_topo = dq::cli::add_value(&app, "--topo");
@@ -196,6 +200,7 @@ int main(int argc, char** argv) {
     else if (o == o_quiet) quiet = true;
     else if (o == o_breakdown) breakdown = true;
     else if (o == o_input) input = value;
+    else if (o == o_columns) columns = value;
     else if (o == o_save) save = value;
     else if (o == o_workers) worker_list = value;
     else if (o == o_topo) topo_list = value;
@@ -221,6 +226,20 @@ int main(int argc, char** argv) {
   if (scatter && opt.per_hop) return usage_error("--per-hop is for --collective allreduce only");
   if (scatter && breakdown) return usage_error("--bits-breakdown is for --collective allreduce only");
   if (input.empty() == !synthetic) return usage_error("give exactly one of --input or --synthetic");
+  // --columns B:E (E a number or "end"), the same syntax as dynamiq-predict's.
+  size_t col_begin = 0, col_end = SIZE_MAX;
+  if (!columns.empty()) {
+    const std::string bad = "--columns " + columns + ": expected B:E or B:end with B < E, with --input";
+    if (synthetic) return usage_error(bad);
+    const size_t colon = columns.find(':');
+    if (colon == std::string::npos) return usage_error(bad);
+    const std::string b = columns.substr(0, colon), e = columns.substr(colon + 1);
+    unsigned long long ub = 0, ue = 0;
+    if (!parse_ulong(b.c_str(), 0, ~0ull, &ub)) return usage_error(bad);
+    if (e != "end" && (!parse_ulong(e.c_str(), 1, ~0ull, &ue) || ue <= ub)) return usage_error(bad);
+    col_begin = static_cast<size_t>(ub);
+    if (e != "end") col_end = static_cast<size_t>(ue);
+  }
 
   std::vector<int> workers;
   for (const auto& w : dq::sim::split_list(worker_list)) {
@@ -263,7 +282,14 @@ int main(int argc, char** argv) {
       return 0;
     }
   } else {
-    if (dq::sim::read_npy(input, max_workers, &m, &err) != Status::kOk) { std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str()); return 2; }
+    if (dq::sim::read_npy_columns(input, max_workers, col_begin, col_end, &m, &err) != Status::kOk) {
+      // A range past the file's columns is the option's fault: name it.
+      if (!columns.empty() && err.find(": columns [") != std::string::npos)
+        std::fprintf(stderr, "dynamiq-sim: --columns %s: %s\n", columns.c_str(), err.c_str());
+      else
+        std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str());
+      return 2;
+    }
     if (static_cast<int>(m.rows) < max_workers) {
       std::fprintf(stderr, "dynamiq-sim: %s has %zu rows but --workers asks for %d; give a file with at least %d rows or fewer workers\n",
                    input.c_str(), m.rows, max_workers, max_workers);
