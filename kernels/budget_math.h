@@ -1,0 +1,368 @@
+// The error-targeted budget's arithmetic (DYNAMIQ_BITS=auto, docs/ENGINE.md section 10), shared
+// by the host (kernels/budget_model.cc) and the CUDA kernel (kernels/cuda/budget.cu), so that a
+// GPU computes the choice itself and every rank, host or GPU, gets the same bits.
+//
+// Per call part, from the all-reduced statistics: each super-group's energy about its mean and
+// its mean's energy, summed per BF16 energy key (the codec's width key) as fixed-point integers,
+// then cumulated from the largest key down. Integer sums do not depend on the order of addition,
+// so a kernel's atomics and the host's loop agree exactly. One plan's predicted error is then a
+// bisection over the codec's threshold in which each step is O(1).
+#pragma once
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/bf16.h"
+#include "kernels/dynamiq_layout.h"
+#include "kernels/hd.h"
+
+namespace dq {
+
+// ---- the candidates auto chooses from ---------------------------------------------------------
+// The ladder of budgets: 3, 3.5, ..., 8 bits per coordinate (metadata included, as DYNAMIQ_BITS).
+inline constexpr int kLadderRungs = 11;
+DQ_HD constexpr double ladder_bits(int rung) { return 3.0 + 0.5 * rung; }
+// Then the MX formats a call falls back to when no rung that costs fewer bits meets the target.
+// On dense buckets whose super-groups share one scale, DynamiQ needs about 8.6 bits to beat
+// MXFP8's error (docs/RESULTS.md section 17), so "never worse than MXFP8" means sending such a
+// bucket as MXFP8 (8.25 bits). Candidates are ordered by bits, not by index: MXFP6 (6.25) sits
+// between the rungs 6 and 6.5.
+inline constexpr int kCandidateMxfp6 = kLadderRungs;
+inline constexpr int kCandidateMxfp8 = kLadderRungs + 1;
+inline constexpr int kCandidates = kLadderRungs + 2;
+DQ_HD constexpr bool candidate_is_mx(int c) { return c >= kLadderRungs; }
+// Bits per coordinate of one copy: the rung's budget; MX: 8 or 6 bits per element plus an E8M0
+// exponent per 32.
+DQ_HD constexpr double candidate_bits(int c) {
+  return c == kCandidateMxfp8 ? 8.25 : c == kCandidateMxfp6 ? 6.25 : ladder_bits(c);
+}
+
+// Expected squared error of one rounding of a super-group, as a fraction of the energy rounded.
+// Derived for values that are Gaussian within a super-group (docs/ENGINE.md section 10;
+// tools/sim/derive_error_constants.py recomputes them): DynamiQ's stochastic rounding of widths
+// 2, 4, 8 with the default level tables (eps 0.23, 0.30, 0.05) and hierarchical scales (BF16
+// unit rounded up, UINT8 group factors rounded up), BF16 stochastic rounding for width 16; MX
+// round-to-nearest-even with a shared E8M0 exponent per 32 values.
+inline constexpr double kRoundingErrorWidth2 = 0.70368;
+inline constexpr double kRoundingErrorWidth4 = 0.013509;
+inline constexpr double kRoundingErrorWidth8 = 4.424e-05;
+inline constexpr double kRoundingErrorWidth16 = 5.5199e-06;
+inline constexpr double kRoundingErrorMxfp8 = 8.6307e-04;  // E4M3
+inline constexpr double kRoundingErrorMxfp6 = 2.9144e-03;  // E3M2 (the codec "mxfp6")
+DQ_HD constexpr double candidate_mx_error(int c) {
+  return c == kCandidateMxfp8 ? kRoundingErrorMxfp8 : c == kCandidateMxfp6 ? kRoundingErrorMxfp6 : 0.0;
+}
+
+// How one coordinate's roundings compound along a schedule: over the compressions of one chunk
+// (every node of its in-tree compresses once; the sink's compression feeds the all-gather),
+// linear = sum of (contributors / n) and square = sum of (contributors / n)^2, averaged over
+// the chunks. With workers' deviations independent, a partial sum of k workers holds k/n of the
+// centred energy and (k/n)^2 of the mean's. Ring: linear = (n + 1) / 2.
+struct HopProfile {
+  double linear = 1.0;
+  double square = 1.0;
+};
+
+// DYNAMIQ_TARGET: the error auto must meet. mxfp8 / mxfp6: that format's predicted vNMSE on the
+// same statistics; vnmse:X: X itself.
+struct BudgetTarget {
+  enum class Kind : uint8_t { kMxfp8, kMxfp6, kVnmse };
+  Kind kind = Kind::kMxfp8;
+  double vnmse = 0;  // kVnmse only
+};
+
+// Super-groups per width (2, 4, 8, 16), by width_index().
+struct WidthCounts {
+  uint64_t n[4] = {0, 0, 0, 0};
+};
+
+// What auto predicts for one call of a bucket: per candidate, the vNMSE (negative: that
+// candidate's plan does not fit the budget) and the widths (none for MX); the target's vNMSE;
+// the candidate chosen.
+struct BudgetPrediction {
+  double vnmse[kCandidates] = {};
+  WidthCounts widths[kCandidates];
+  double target = 0;
+  int rung = kLadderRungs - 1;
+};
+
+// ---- one super-group ----------------------------------------------------------------------------
+// The width key's values: the finite non-negative BF16 bit patterns 0 .. 0x7F7F.
+inline constexpr uint32_t kEnergyKeys = 0x7F80;
+
+struct SupergroupEnergy {
+  uint32_t key = 0;    // BF16 pattern of the summed sum of squares F_j (-0 as 0)
+  double centred = 0;  // the workers' energy about the sum's mean, estimated (see below)
+  double mean = 0;     // the exact sum's mean energy, c_j M_j^2
+};
+
+// Super-group j of a part of `count` elements (n_sg super-groups) summed over `n_workers`:
+// false when a statistic is not finite (a poisoned super-group) or F_j is negative.
+DQ_HD bool supergroup_energy(const uint16_t* reduced, size_t j, size_t n_sg, size_t count,
+                             int n_workers, SupergroupEnergy* out) {
+  const float m = bf16_to_f32(reduced[2 * j]);      // sum over workers of their means
+  const float f = bf16_to_f32(reduced[2 * j + 1]);  // sum over workers of sums of squares
+  if (!(m - m == 0.0f) || !(f >= 0.0f && f <= FLT_MAX)) return false;
+  out->key = f == 0.0f ? 0u : reduced[2 * j + 1];
+  const double c = static_cast<double>(j + 1 == n_sg ? count - 256 * j : 256);
+  const double md = m;
+  const double cm2 = c * md * md;
+  // The workers' energy about their own means is F - c sum_i mu_i^2 <= F - c M^2 / n (M the sum
+  // of the means): the estimate assumes the means agree. The exact sum's mean is M.
+  const double centred = static_cast<double>(f) - cm2 / n_workers;
+  out->centred = centred > 0.0 ? centred : 0.0;
+  out->mean = cm2;
+  return true;
+}
+
+DQ_HD uint64_t f64_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+#endif
+}
+
+DQ_HD double f64_from_bits(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+#endif
+}
+
+// The fixed-point scale of a part: 2^s, so that n_sg values of at most `max_value` each, times
+// 2^s, sum below 2^63. max_value < 2^(e+1) and n_sg < 2^l give s = 62 - l - e. A super-group
+// below 2^-s of the largest is counted as 0; the relative error of a sum is below n_sg^2 2^-62.
+DQ_HD double fixed_point_scale(double max_value, uint64_t n_sg) {
+  if (!(max_value > 0.0)) return 1.0;
+  const int e = static_cast<int>((f64_bits(max_value) >> 52) & 0x7ff) - 1023;
+  int l = 0;
+  while (l < 64 && (n_sg >> l) != 0) ++l;
+  int s = 62 - l - e;
+  s = s < -1022 ? -1022 : s > 1023 ? 1023 : s;
+  return f64_from_bits(static_cast<uint64_t>(s + 1023) << 52);
+}
+
+DQ_HD uint64_t to_fixed_point(double value, double scale) {
+  return static_cast<uint64_t>(value * scale);  // exact scaling by a power of two, truncated
+}
+
+// ---- one part's cumulative sums -----------------------------------------------------------------
+// Index k in [0, kEnergyKeys]: the super-groups whose key is at least k (index kEnergyKeys:
+// none), their count and their fixed-point centred and mean energies; unit = 1 / scale.
+struct BudgetSums {
+  const uint64_t* count;
+  const uint64_t* centred;
+  const uint64_t* mean;
+  double unit;
+};
+
+// The first key whose BF16 value is at least t (t >= 0 or +Inf): keys >= it hold F_j >= t.
+DQ_HD uint32_t first_key_at_least(float t) {
+  if (!(t > 0.0f)) return 0;
+  const uint32_t u = f32_bits(t);
+  const uint32_t k = (u >> 16) + ((u & 0xffffu) != 0 ? 1u : 0u);
+  return k < kEnergyKeys ? k : kEnergyKeys;
+}
+
+DQ_HD double part_energy(const BudgetSums& s) {
+  return static_cast<double>(s.centred[0]) * s.unit + static_cast<double>(s.mean[0]) * s.unit;
+}
+
+// The expected squared error of an MX format of relative rounding error k: no mean subtraction,
+// every hop rounds the partial sum whole.
+DQ_HD double part_mx_error(const BudgetSums& s, double k, const HopProfile& hop) {
+  const double centred = static_cast<double>(s.centred[0]) * s.unit;
+  const double mean = static_cast<double>(s.mean[0]) * s.unit;
+  return k * (hop.linear * centred + hop.square * mean);
+}
+
+// The first keys of the width classes 16, 8 (and wider) and 4 (and wider) at threshold offset
+// theta: build_dynamiq_layout's width_for() on the same float comparisons.
+struct WidthCut {
+  uint32_t k16, k8, k4;
+};
+DQ_HD WidthCut width_cut(float theta, bool allow_width16) {
+  const float t48 = theta * (257.0f / 131072.0f);
+  const float t24 = t48 * (17.0f / 512.0f);
+  WidthCut c;
+  c.k16 = allow_width16 ? first_key_at_least(theta) : kEnergyKeys;
+  const uint32_t k8 = first_key_at_least(t48);
+  c.k8 = k8 < c.k16 ? k8 : c.k16;
+  const uint32_t k4 = first_key_at_least(t24);
+  c.k4 = k4 < c.k8 ? k4 : c.k8;
+  return c;
+}
+
+// The widths the codec planned as `p` gives the part (build_dynamiq_layout's bisection over the
+// threshold's bit pattern) and the expected squared error of the result (units of the data
+// squared); the widths are added to *widths.
+DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, const HopProfile& hop,
+                             WidthCounts* widths) {
+  const uint64_t n_sg = s.count[0];
+  WidthCut cut{kEnergyKeys, kEnergyKeys, kEnergyKeys};  // fixed widths: modelled as all 2-bit
+  if (p.variable_widths) {
+    const uint64_t budget = static_cast<uint64_t>(p.stride) * static_cast<uint64_t>(p.n_chunks);
+    uint32_t lo = 0, hi = 0x7f800000u;
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      const WidthCut c = width_cut(f32_from_bits(mid), p.allow_width16);
+      const uint64_t bytes = s.count[c.k16] * static_cast<uint64_t>(p.record[3]) +
+                             (s.count[c.k8] - s.count[c.k16]) * static_cast<uint64_t>(p.record[2]) +
+                             (s.count[c.k4] - s.count[c.k8]) * static_cast<uint64_t>(p.record[1]) +
+                             (n_sg - s.count[c.k4]) * static_cast<uint64_t>(p.record[0]);
+      if (bytes <= budget) hi = mid;
+      else lo = mid + 1;
+    }
+    cut = width_cut(f32_from_bits(lo), p.allow_width16);
+  }
+  const uint32_t k16 = cut.k16, k8 = cut.k8, k4 = cut.k4;
+  if (widths != nullptr) {
+    widths->n[3] += s.count[k16];
+    widths->n[2] += s.count[k8] - s.count[k16];
+    widths->n[1] += s.count[k4] - s.count[k8];
+    widths->n[0] += n_sg - s.count[k4];
+  }
+  const double u = s.unit;
+  const double c16 = static_cast<double>(s.centred[k16]) * u;
+  const double m16 = static_cast<double>(s.mean[k16]) * u;
+  const double c8 = static_cast<double>(s.centred[k8] - s.centred[k16]) * u;
+  const double c4 = static_cast<double>(s.centred[k4] - s.centred[k8]) * u;
+  const double c2 = static_cast<double>(s.centred[0] - s.centred[k4]) * u;
+  // Widths 2, 4, 8 round the partial sums less their means (restored exactly); width 16 rounds
+  // them whole.
+  double e = kRoundingErrorWidth16 * (hop.linear * c16 + hop.square * m16);
+  e += kRoundingErrorWidth8 * hop.linear * c8;
+  e += kRoundingErrorWidth4 * hop.linear * c4;
+  e += kRoundingErrorWidth2 * hop.linear * c2;
+  return e;
+}
+
+// ---- a call: its parts in order ------------------------------------------------------------------
+// What a call's prediction needs besides the statistics, in memory the device reads (the engine
+// keeps it in mapped memory, written before the call's first enqueue). Per part: its geometry,
+// the plan of each rung and which candidates fit (auto only), the plan the call used.
+struct BudgetPartJob {
+  uint64_t count = 0;         // elements of this codec part
+  uint64_t stats_offset = 0;  // into the statistics words (2 per super-group)
+  DynamiqPlan rungs[kLadderRungs];
+  uint8_t fits[kCandidates] = {};
+  DynamiqPlan used;  // the call's plan of this part (a DynamiQ call)
+};
+struct BudgetJob {
+  uint32_t n_parts = 0;
+  int32_t n_workers = 1;
+  uint32_t auto_budget = 0;  // predict every candidate and choose (DYNAMIQ_BITS=auto)
+  HopProfile hop;
+  BudgetTarget target;
+  // > 0: the call went as MX of this rounding error; 0: as DynamiQ with the parts' `used` plans;
+  // < 0: no plan to predict (a prediction of the candidates alone).
+  double used_mx = 0;
+  const BudgetPartJob* parts = nullptr;
+};
+// The prediction, written by the device into mapped memory for the host's one-call-late read.
+enum BudgetState : uint32_t { kBudgetPending = 0, kBudgetPredicted = 1, kBudgetNoPrediction = 2 };
+struct BudgetResult {
+  uint32_t state = kBudgetPending;
+  BudgetPrediction prediction;  // auto_budget only
+  double used_vnmse = -1;       // the call's own predicted vNMSE
+  WidthCounts used_widths;
+};
+
+// One part's contribution to the call's sums, computed per candidate (independently: a kernel
+// computes them in parallel), then added in part order.
+struct PartTerms {
+  double energy = 0, target_error = 0, used_error = 0;
+  double error[kCandidates] = {};
+  WidthCounts widths[kCandidates];
+  WidthCounts used_widths;
+};
+
+// Term `c` of a part: candidate c < kCandidates (auto only), or c == kCandidates: the energy, the
+// target's error (auto only) and the error of the plan the call used (job.used_mx < 0: none).
+DQ_HD void part_term(const BudgetJob& job, const BudgetPartJob& part, const BudgetSums& s, int c,
+                     PartTerms* t) {
+  if (c < kCandidates) {
+    if (candidate_is_mx(c)) t->error[c] = part_mx_error(s, candidate_mx_error(c), job.hop);
+    else t->error[c] = part_plan_error(s, part.rungs[c], job.hop, &t->widths[c]);
+    return;
+  }
+  t->energy = part_energy(s);
+  if (job.auto_budget) {
+    const bool mxfp8 = job.target.kind == BudgetTarget::Kind::kMxfp8;
+    t->target_error = part_mx_error(s, mxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6, job.hop);
+  }
+  if (job.used_mx > 0) t->used_error = part_mx_error(s, job.used_mx, job.hop);
+  else if (job.used_mx == 0) t->used_error = part_plan_error(s, part.used, job.hop, &t->used_widths);
+}
+
+// Running sums over a call's parts, in part order (the same order on host and device).
+struct BudgetAccumulator {
+  double energy = 0, target_error = 0, used_error = 0;
+  double error[kCandidates] = {};
+  uint8_t fits[kCandidates] = {};
+  WidthCounts widths[kCandidates];
+  WidthCounts used_widths;
+  uint32_t parts = 0;
+};
+
+DQ_HD void add_widths(const WidthCounts& from, WidthCounts* to) {
+  for (int w = 0; w < 4; ++w) to->n[w] += from.n[w];
+}
+
+DQ_HD void add_part(const BudgetJob& job, const BudgetPartJob& part, const PartTerms& t,
+                    BudgetAccumulator* a) {
+  const bool first = a->parts == 0;
+  ++a->parts;
+  a->energy += t.energy;
+  a->used_error += t.used_error;
+  add_widths(t.used_widths, &a->used_widths);
+  if (!job.auto_budget) return;
+  a->target_error += t.target_error;
+  for (int c = 0; c < kCandidates; ++c) {
+    a->fits[c] = static_cast<uint8_t>((first || a->fits[c]) && part.fits[c]);
+    a->error[c] += t.error[c];
+    add_widths(t.widths[c], &a->widths[c]);
+  }
+}
+
+// The call's predicted vNMSE (of the plan used) and, with auto, every candidate's and the choice:
+// the fewest bits meeting the target (no two candidates have the same bits); failing that, the
+// smallest error (ties: the lower index). Strict comparisons in index order: one answer for the
+// same bytes on every rank.
+DQ_HD void finish_budget(const BudgetJob& job, const BudgetAccumulator& a, BudgetResult* out) {
+  const bool any = a.parts > 0;
+  out->used_vnmse = !any ? -1.0 : a.energy > 0 ? a.used_error / a.energy : 0.0;
+  out->used_widths = a.used_widths;
+  BudgetPrediction& p = out->prediction;
+  p = BudgetPrediction{};
+  if (job.auto_budget) {
+    if (job.target.kind == BudgetTarget::Kind::kVnmse) {
+      p.target = job.target.vnmse;
+    } else {
+      const double t = !any ? -1.0 : a.energy > 0 ? a.target_error / a.energy : 0.0;
+      p.target = t > 0.0 ? t : 0.0;
+    }
+    for (int c = 0; c < kCandidates; ++c) {
+      p.vnmse[c] = !(any && a.fits[c]) ? -1.0 : a.energy > 0 ? a.error[c] / a.energy : 0.0;
+      p.widths[c] = a.widths[c];
+    }
+    int chosen = -1, best = -1;
+    for (int c = 0; c < kCandidates; ++c) {
+      if (p.vnmse[c] < 0) continue;
+      if (best < 0 || p.vnmse[c] < p.vnmse[best]) best = c;
+      if (p.vnmse[c] <= p.target && (chosen < 0 || candidate_bits(c) < candidate_bits(chosen)))
+        chosen = c;
+    }
+    p.rung = chosen >= 0 ? chosen : best >= 0 ? best : kLadderRungs - 1;
+  }
+  out->state = kBudgetPredicted;
+}
+
+}  // namespace dq

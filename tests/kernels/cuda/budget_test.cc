@@ -1,0 +1,184 @@
+// kernels/cuda/budget.cu under the CUDA emulation against the host's run_budget_job()
+// (kernels/budget_model.h), bit for bit: calls of one to several parts, partial last
+// super-groups, zero, tiny and huge energies, every target kind, DynamiQ and MX calls, fixed and
+// auto budgets, candidates that do not fit; a non-finite statistic; a preset error word.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/budget_model.h"
+#include "kernels/codec.h"
+#include "kernels/cuda/budget.h"
+#include "kernels/dynamiq_codec.h"
+
+namespace dq::cuda {
+namespace {
+
+uint64_t bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+
+// Reduced statistics of `n_sg` super-groups as the all-reduce leaves them: summed means and
+// summed sums of squares (BF16), super-group scales spread over `decades` orders of magnitude,
+// some super-groups all zero.
+void append_stats(size_t n_sg, int n_workers, double decades, std::mt19937* rng,
+                  std::vector<uint16_t>* out) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (size_t j = 0; j < n_sg; ++j) {
+    const double scale = std::pow(10.0, decades * normal(*rng) / 2.0);
+    const bool zero = (*rng)() % 16 == 0;
+    const double mean = zero ? 0.0 : 0.1 * scale * normal(*rng);
+    const double energy = zero ? 0.0 : 256.0 * n_workers * scale * scale * (1.0 + 0.1 * normal(*rng));
+    out->push_back(f32_to_bf16_rne(static_cast<float>(mean)));
+    out->push_back(f32_to_bf16_rne(static_cast<float>(std::fabs(energy))));
+  }
+}
+
+DynamiqPlan plan_of(const char* spec, size_t count, int chunks, int n_workers) {
+  std::string err;
+  std::unique_ptr<Codec> c = make_codec(spec, &err);
+  EXPECT_TRUE(c) << err;
+  EXPECT_EQ(c->plan(count, chunks, n_workers), Status::kOk);
+  DynamiqOptions o;
+  DynamiqPlan p;
+  EXPECT_TRUE(dynamiq_parameters(*c, &o, &p));
+  return p;
+}
+
+struct Call {
+  std::vector<BudgetPartJob> parts;
+  std::vector<uint16_t> stats;
+  BudgetJob job;
+};
+
+// A call of `counts.size()` parts of these element counts, planned for `chunks` chunks each.
+Call make_call(const std::vector<size_t>& counts, int n_workers, int chunks, double decades,
+               uint32_t seed) {
+  std::mt19937 rng(seed);
+  Call call;
+  for (size_t count : counts) {
+    BudgetPartJob part;
+    part.count = count;
+    part.stats_offset = call.stats.size();
+    for (int r = 0; r < kLadderRungs; ++r) {
+      char spec[32];
+      std::snprintf(spec, sizeof spec, "dynamiq:%g", ladder_bits(r));
+      part.rungs[r] = plan_of(spec, count, chunks, n_workers);
+    }
+    for (int c = 0; c < kCandidates; ++c) part.fits[c] = rng() % 8 != 0 ? 1 : 0;
+    part.used = part.rungs[rng() % kLadderRungs];
+    append_stats((count + 255) / 256, n_workers, decades, &rng, &call.stats);
+    call.parts.push_back(part);
+  }
+  call.job.n_parts = static_cast<uint32_t>(call.parts.size());
+  call.job.n_workers = n_workers;
+  call.job.hop = HopProfile{(n_workers + 1) / 2.0, 1.3};
+  call.job.parts = call.parts.data();
+  return call;
+}
+
+void expect_same(const BudgetResult& host, const BudgetResult& dev, const std::string& what) {
+  ASSERT_EQ(host.state, dev.state) << what;
+  EXPECT_EQ(bits(host.used_vnmse), bits(dev.used_vnmse)) << what << ": " << host.used_vnmse
+                                                          << " vs " << dev.used_vnmse;
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(host.used_widths.n[w], dev.used_widths.n[w]) << what;
+  const BudgetPrediction& h = host.prediction;
+  const BudgetPrediction& d = dev.prediction;
+  EXPECT_EQ(h.rung, d.rung) << what;
+  EXPECT_EQ(bits(h.target), bits(d.target)) << what;
+  for (int c = 0; c < kCandidates; ++c) {
+    EXPECT_EQ(bits(h.vnmse[c]), bits(d.vnmse[c])) << what << " candidate " << c;
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(h.widths[c].n[w], d.widths[c].n[w]) << what;
+  }
+}
+
+BudgetResult on_device(const Call& call, const unsigned* error = nullptr) {
+  std::vector<unsigned char> scratch(budget_scratch_bytes(), 0xA5);  // garbage: must be cleared
+  BudgetResult out;
+  out.state = 77;  // a sentinel no run writes
+  EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), &out, error, nullptr),
+            cudaSuccess);
+  return out;
+}
+
+TEST(CudaBudget, MatchesHostBitForBit) {
+  uint32_t seed = 1;
+  const std::vector<std::vector<size_t>> shapes = {
+      {256}, {1}, {300}, {65536}, {100000}, {40000, 40000, 12345}, {4096, 1, 70000, 257}};
+  const BudgetTarget targets[] = {{BudgetTarget::Kind::kMxfp8, 0},
+                                  {BudgetTarget::Kind::kMxfp6, 0},
+                                  {BudgetTarget::Kind::kVnmse, 3e-3}};
+  int predicted = 0, mx_chosen = 0, dynamiq_chosen = 0;
+  for (const auto& shape : shapes)
+    for (int n_workers : {2, 16})
+      for (double decades : {0.0, 1.5, 6.0})
+        for (int t = 0; t < 3; ++t) {
+          Call call = make_call(shape, n_workers, shape.size() > 1 ? 1 : n_workers, decades, seed++);
+          call.job.auto_budget = t != 2 || decades > 1.0;  // some fixed-budget calls
+          call.job.target = targets[t];
+          call.job.used_mx = seed % 5 == 0 ? kRoundingErrorMxfp8 : 0.0;
+          BudgetResult host;
+          run_budget_job(call.job, call.stats.data(), &host);
+          const BudgetResult dev = on_device(call);
+          const std::string what = "parts " + std::to_string(shape.size()) + " n " +
+                                   std::to_string(n_workers) + " decades " +
+                                   std::to_string(decades) + " target " + std::to_string(t);
+          expect_same(host, dev, what);
+          ASSERT_EQ(host.state, kBudgetPredicted) << what;
+          ++predicted;
+          if (call.job.auto_budget) {
+            candidate_is_mx(host.prediction.rung) ? ++mx_chosen : ++dynamiq_chosen;
+            // The host's two entry points agree: the engine's job and the tools' summaries.
+            std::vector<StatsSummary> summaries(shape.size());
+            std::vector<const StatsSummary*> parts;
+            std::vector<std::vector<DynamiqPlan>> plans;
+            std::vector<std::vector<bool>> fits;
+            for (size_t i = 0; i < shape.size(); ++i) {
+              const BudgetPartJob& p = call.parts[i];
+              ASSERT_TRUE(summaries[i].load(call.stats.data() + p.stats_offset, p.count, n_workers));
+              parts.push_back(&summaries[i]);
+              plans.emplace_back(p.rungs, p.rungs + kLadderRungs);
+              fits.emplace_back(p.fits, p.fits + kCandidates);
+            }
+            BudgetPrediction direct;
+            predict_budget(parts, plans, fits, call.job.hop, call.job.target, &direct);
+            EXPECT_EQ(direct.rung, host.prediction.rung) << what;
+            EXPECT_EQ(bits(direct.vnmse[direct.rung]), bits(host.prediction.vnmse[direct.rung]));
+          }
+        }
+  // The matrix reaches both kinds of choice, so a kernel that always took one would fail.
+  EXPECT_GT(mx_chosen, 0);
+  EXPECT_GT(dynamiq_chosen, 0);
+  EXPECT_GT(predicted, 100);
+}
+
+TEST(CudaBudget, NonFiniteStatisticGivesNoPrediction) {
+  Call call = make_call({4096, 4096}, 4, 1, 1.0, 99);
+  call.job.auto_budget = 1;
+  call.stats[call.parts[1].stats_offset + 2 * 7] = 0x7fc0;  // a NaN mean in the second part
+  BudgetResult host;
+  run_budget_job(call.job, call.stats.data(), &host);
+  EXPECT_EQ(host.state, kBudgetNoPrediction);
+  EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
+  call.stats[call.parts[1].stats_offset + 2 * 7] = 0x3f80;
+  call.stats[2 * 3 + 1] = 0x7f80;  // an infinite energy in the first part
+  EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
+}
+
+TEST(CudaBudget, PresetErrorWordWritesNothing) {
+  Call call = make_call({70000}, 4, 4, 1.0, 5);
+  call.job.auto_budget = 1;
+  const unsigned failed = 2, clear = 0;
+  EXPECT_EQ(on_device(call, &failed).state, 77u);
+  EXPECT_EQ(on_device(call, &clear).state, kBudgetPredicted);
+}
+
+}  // namespace
+}  // namespace dq::cuda
