@@ -1,26 +1,31 @@
 #!/usr/bin/env python3
 """Scatter of predicted against measured vNMSE per bucket, from dynamiq-predict's JSON lines.
 
-Usage: plot_prediction.py OUT.png LABEL=FILE.jsonl [LABEL=FILE.jsonl ...]
+Usage: plot_prediction.py OUT.png LABEL=FILE.jsonl[,FILE.jsonl...] [LABEL=FILES ...]
+
+A label may pool several files (comma-separated); a file ending in .xz is read compressed.
 
 Every "fixed" row (DynamiQ at a fixed budget) and "mx" row (MXFP8, MXFP6) of each file is one
-point, log-log, coloured by file; the diagonal and the band [0.67, 1.5] of issue 14's target are
-drawn. Prints, per file and over all, the median and 90th percentile of predicted / measured and
+point, log-log, coloured by label; the diagonal and the band [0.67, 1.5] of issue 14's target are
+drawn. Prints, per label and over all, the median and 90th percentile of predicted / measured and
 the share of points inside the band. Needs matplotlib (tools/gradients/requirements.txt).
 """
 import json
+import lzma
 import sys
 
 
-def load(path):
+def load(paths):
     points = []
-    with open(path) as f:
-        for line in f:
-            row = json.loads(line)
-            if row.get("kind") not in ("fixed", "mx"):
-                continue
-            if row["measured"] > 0 and row["predicted"] > 0:
-                points.append((row["kind"], row["predicted"], row["measured"]))
+    for path in paths.split(","):
+        f = lzma.open(path, "rt") if path.endswith(".xz") else open(path)
+        with f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("kind") not in ("fixed", "mx"):
+                    continue
+                if row["measured"] > 0 and row["predicted"] > 0:
+                    points.append((row["kind"], row["predicted"], row["measured"]))
     return points
 
 
