@@ -45,7 +45,7 @@ def main(argv):
     fig, ax = plt.subplots(figsize=(6.4, 6.0))
     everything = []
     for spec in argv[2:]:
-        label, path = spec.split("=", 1)
+        label, path = spec.rsplit("=", 1)  # a label may hold "=", a path not
         points = load(path)
         if not points:
             sys.exit(f"{path}: no fixed or mx rows")
