@@ -154,6 +154,10 @@ DQ_HD uint64_t to_fixed_point(double value, double scale) {
 }
 
 // ---- one part's cumulative sums -----------------------------------------------------------------
+// Device memory a kernel predicting on a GPU works in (kernels/cuda/budget.h): per key, the
+// count and the two fixed-point energies.
+inline constexpr size_t kBudgetScratchBytes = 3 * (kEnergyKeys + 1) * sizeof(uint64_t);
+
 // Index k in [0, kEnergyKeys]: the super-groups whose key is at least k (index kEnergyKeys:
 // none), their count and their fixed-point centred and mean energies; unit = 1 / scale.
 struct BudgetSums {

@@ -16,7 +16,7 @@ constexpr int kBudgetThreads = 512;
 
 // Device memory the kernel works in: per key, the count and the two fixed-point energies
 // (kEnergyKeys + 1 entries each), reused part after part.
-constexpr size_t budget_scratch_bytes() { return 3 * (kEnergyKeys + 1) * sizeof(uint64_t); }
+constexpr size_t budget_scratch_bytes() { return kBudgetScratchBytes; }
 
 // Enqueues the prediction of a call on `stream`: for each of job->n_parts parts in order, its
 // statistics at reduced + stats_offset (device memory, 2 BF16 words per super-group) summarised

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/budget.h"
 #include "shim/engine/cuda_steps.h"
 
 #if !DQ_CUDA_EMULATED
@@ -91,6 +92,15 @@ class CudaDevice final : public Device {
   }
   Status nccl(Lane lane, std::function<ncclResult_t()> calls) override {
     return host_->nccl(lane, std::move(calls));
+  }
+  size_t budget_scratch_bytes() const override { return cuda::budget_scratch_bytes(); }
+  Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
+                        BudgetResult* out, Lane lane) override {
+    return run(lane, "budget", &counts_.budgets,
+               [job, reduced, scratch, out](cudaStream_t stream, unsigned* flags) {
+                 return cuda_steps::step_status(
+                     cuda::launch_budget(job, reduced, scratch, out, flags, stream), 0, "budget");
+               });
   }
 
   // ---- steps ------------------------------------------------------------------------------------
@@ -163,6 +173,7 @@ class CudaDevice final : public Device {
     c.hops = counts_.hops.load();
     c.finishes = counts_.finishes.load();
     c.host_fallbacks = counts_.host_fallbacks.load();
+    c.budgets = counts_.budgets.load();
     return c;
   }
 
@@ -225,7 +236,8 @@ class CudaDevice final : public Device {
   std::unordered_set<StreamHandle> streams_;
   cuda_steps::LevelSets levels_;  // stable addresses: kernels hold pointers into it
   struct {
-    std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0};
+    std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0},
+        budgets{0};
   } counts_;
 };
 

@@ -21,6 +21,7 @@ namespace dq::engine {
 struct CudaDeviceCounts {
   uint64_t stats = 0, layouts = 0, hops = 0, finishes = 0;  // kernel steps run
   uint64_t host_fallbacks = 0;                              // codec steps run by the host codec
+  uint64_t budgets = 0;                                     // budget predictions run as kernels
 };
 
 // A device whose codec steps are the CUDA kernels run under the emulation, and whose memory,

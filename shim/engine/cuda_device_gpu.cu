@@ -41,6 +41,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "kernels/cuda/budget.h"
 #include "shim/engine/cuda_steps.h"
 
 #if DQ_CUDA_EMULATED
@@ -223,6 +224,20 @@ class CudaGpuDevice final : public Device {
     const Status s = cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                                                  static_cast<cudaStream_t>(lane.stream)),
                                  "cudaMemcpyAsync");
+    if (s != Status::kOk) set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+    return s;
+  }
+  // The budget's prediction: one kernel (kernels/cuda/budget.cu), which reads the job and writes
+  // the result in mapped memory and skips itself when the lane's error word is set.
+  size_t budget_scratch_bytes() const override { return cuda::budget_scratch_bytes(); }
+  Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
+                        BudgetResult* out, Lane lane) override {
+    if (error_set(lane.error)) return Status::kOk;
+    OnDevice on(ordinal_);
+    const Status s = cuda_status(
+        cuda::launch_budget(job, reduced, scratch, out, lane.error,
+                            static_cast<cudaStream_t>(lane.stream)),
+        "budget kernel");
     if (s != Status::kOk) set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
   }

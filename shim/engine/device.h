@@ -10,6 +10,7 @@
 
 #include "common/nccl_api.h"
 #include "common/status.h"
+#include "kernels/budget_math.h"
 #include "kernels/codec.h"
 
 namespace dq::engine {
@@ -79,6 +80,15 @@ class Device {
   virtual Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
                         DType dtype, ReduceOp op, int n_contrib, Lane lane) = 0;
   virtual Status copy(void* dst, const void* src, size_t bytes, Lane lane) = 0;
+  // The budget's prediction of a call (DYNAMIQ_BITS=auto and the predicted-vNMSE metrics,
+  // docs/ENGINE.md section 10) from its reduced statistics (device memory) into `out` (mapped
+  // memory the host reads one call late): run_budget_job() on the host device, the kernel of
+  // kernels/cuda/budget.cu on a CUDA device, with the same bits. `job` (mapped) is not written
+  // until the host has waited for this step. `scratch`: budget_scratch_bytes() of device memory.
+  virtual Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
+                                BudgetResult* out, Lane lane) = 0;
+  // Device memory predict_budget needs (0: none).
+  virtual size_t budget_scratch_bytes() const { return 0; }
   // NCCL calls in stream order. On a GPU NCCL's own calls are stream-ordered, so `calls` runs at
   // once and its result is returned; the host device queues it behind the stream's earlier work
   // and reports a failure through the error word.

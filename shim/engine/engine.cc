@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "common/nccl_result.h"
 #include "common/splitmix.h"
@@ -192,19 +193,20 @@ struct Engine::Bucket {
   };
   std::vector<Part> parts;  // as every plan of this shape cuts it (the budget changes no cut)
   size_t stats_words = 0;
-  uint16_t* stats = nullptr;  // mapped: the reduced statistics of the latest call
-  bool stats_pending = false;  // the latest call's statistics are still to be read
+  // The prediction of its latest call (Device::predict_budget), in one mapped block: the job
+  // (the parts' geometry; with DYNAMIQ_BITS=auto every rung's plan and which candidates fit; the
+  // plan the call used, written before the call's first enqueue), then the result the device
+  // writes from the call's reduced statistics, read here one call late.
+  void* budget_block = nullptr;
+  BudgetJob* job = nullptr;
+  BudgetPartJob* part_jobs = nullptr;
+  BudgetResult* result = nullptr;
+  bool stats_pending = false;  // the latest call's prediction is still to be read
   double bits = 0;             // budget of the latest call
-  std::vector<DynamiqPlan> used;  // per part: the plan of the latest call (DynamiQ)
-  double used_mx = 0;  // the latest call's MX rounding error constant; 0: it was DynamiQ
   uint32_t calls_since_stats = 0;  // calls without statistics since the last with them
-  // DYNAMIQ_BITS=auto: per part, per rung, its plan, and per candidate (rungs, then the MX
-  // fallbacks) whether it fits; the candidate for the next call (-1: the fixed default, for a
-  // first call or a missing prediction).
-  std::vector<std::vector<DynamiqPlan>> rungs;
-  std::vector<std::vector<bool>> fits;
+  // DYNAMIQ_BITS=auto: the candidate for the next call (-1: the fixed default, for a first call
+  // or a missing prediction).
   int rung = -1;
-  HopProfile hop;
   uint64_t calls = 0;
   uint64_t last_call_index = 0;  // call_seq_ of its latest compressed call
 };
@@ -279,6 +281,8 @@ Status Engine::setup_device() {
   DQ_CHECK(device_->alloc_mapped(static_cast<size_t>(control_block_words()) * 4, &words));
   control_ = static_cast<uint32_t*>(words);
   std::memset(control_, 0, static_cast<size_t>(control_block_words()) * 4);
+  if (device_->budget_scratch_bytes() > 0 && settings_.codec == "dynamiq")
+    DQ_CHECK(device_->alloc(device_->budget_scratch_bytes(), &budget_scratch_));
   if (settings_.check_every > 0) {
     check_ = std::make_unique<Check>();
     DQ_CHECK(device_->alloc(Check::kBytes, &check_->in));
@@ -304,6 +308,8 @@ void Engine::teardown_device() {
   ev_units_.clear();
   if (control_) device_->release(control_, nullptr);
   control_ = nullptr;
+  if (budget_scratch_) device_->release(budget_scratch_, nullptr);
+  budget_scratch_ = nullptr;
   if (check_) {
     for (void* p : {check_->in, check_->exact, check_->host_out, check_->host_exact})
       if (p) device_->release(p, nullptr);
@@ -721,7 +727,7 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
   std::unique_ptr<Plan> plan = build_plan(call, dtype, bits, spec, &status);
   // A bucket's first plan also sets the bucket up (its mapped statistics copy may fail to
   // allocate on one rank): agreed with the plan, so no rank alone skips the copy.
-  if (status == Status::kOk && bucket != nullptr && bucket->stats == nullptr && plan->fits)
+  if (status == Status::kOk && bucket != nullptr && bucket->job == nullptr && plan->fits)
     status = init_bucket(*bucket, *plan);
   const uint32_t local[2] = {status == Status::kOk ? 0u : 1u, canary.differs ? 1u : 0u};
   uint32_t any[2] = {0, 0};
@@ -787,9 +793,6 @@ Engine::Bucket* Engine::bucket_for(const CallArgs& call, DType dtype) {
 
 Status Engine::init_bucket(Bucket& b, const Plan& p) {
   b.parts.clear();
-  b.used.clear();
-  b.rungs.clear();
-  b.fits.clear();
   b.rung = -1;
   b.stats_pending = false;
   for (const Plan::Block& blk : p.blocks)
@@ -801,28 +804,37 @@ Status Engine::init_bucket(Bucket& b, const Plan& p) {
       b.parts.push_back(bp);
     }
   b.stats_words = p.stats_words;
-  b.hop = hop_profile(p.program.schedule);
-  if (settings_.bits_auto) {
+  // The mapped block: the job, its parts, the result (each a multiple of 8 bytes).
+  const size_t parts_at = sizeof(BudgetJob);
+  const size_t result_at = parts_at + b.parts.size() * sizeof(BudgetPartJob);
+  static_assert(sizeof(BudgetJob) % 8 == 0 && sizeof(BudgetPartJob) % 8 == 0, "alignment");
+  DQ_CHECK(device_->alloc_mapped(result_at + sizeof(BudgetResult), &b.budget_block));
+  auto* base = static_cast<unsigned char*>(b.budget_block);
+  b.job = new (base) BudgetJob();
+  b.part_jobs = reinterpret_cast<BudgetPartJob*>(base + parts_at);
+  b.result = new (base + result_at) BudgetResult();
+  b.job->n_parts = static_cast<uint32_t>(b.parts.size());
+  b.job->n_workers = comm_.nranks;
+  b.job->auto_budget = settings_.bits_auto ? 1 : 0;
+  b.job->hop = hop_profile(p.program.schedule);
+  b.job->target = target_;
+  b.job->parts = b.part_jobs;
+  std::string error;
+  for (size_t i = 0; i < b.parts.size(); ++i) {
+    const Bucket::Part& bp = b.parts[i];
+    BudgetPartJob* job = new (&b.part_jobs[i]) BudgetPartJob();
+    job->count = bp.count;
+    job->stats_offset = bp.stats_offset;
     // Every rung's plan of every part, made once: auto's prediction then costs no codec.
-    std::string error;
-    for (const Bucket::Part& bp : b.parts) {
-      std::vector<DynamiqPlan> plans(kLadderRungs);
-      std::vector<bool> fits(kCandidates, false);
-      for (int r = 0; r < kCandidates; ++r) {
-        const std::unique_ptr<Codec> codec = make_codec(candidate_spec(r), &error);
-        DynamiqOptions options;
-        if (!codec || codec->plan(bp.count, bp.chunks, comm_.nranks) != Status::kOk ||
-            (!candidate_is_mx(r) && !dynamiq_parameters(*codec, &options, &plans[r])))
-          continue;
-        fits[r] = codec->fits_budget() && chunks_large_enough(bp.count, bp.chunks);
-      }
-      b.rungs.push_back(std::move(plans));
-      b.fits.push_back(std::move(fits));
+    for (int r = 0; settings_.bits_auto && r < kCandidates; ++r) {
+      const std::unique_ptr<Codec> codec = make_codec(candidate_spec(r), &error);
+      DynamiqOptions options;
+      if (!codec || codec->plan(bp.count, bp.chunks, comm_.nranks) != Status::kOk ||
+          (!candidate_is_mx(r) && !dynamiq_parameters(*codec, &options, &job->rungs[r])))
+        continue;
+      job->fits[r] = codec->fits_budget() && chunks_large_enough(bp.count, bp.chunks) ? 1 : 0;
     }
   }
-  void* words = nullptr;
-  DQ_CHECK(device_->alloc_mapped(std::max<size_t>(b.stats_words * 2, 2), &words));
-  b.stats = static_cast<uint16_t*>(words);
   if (metrics_) {
     std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
     std::vector<BucketMetrics>& list = metrics_->budget.buckets;
@@ -844,40 +856,49 @@ Status Engine::init_bucket(Bucket& b, const Plan& p) {
 }
 
 void Engine::release_bucket(Bucket& b) {
-  // Stream-ordered: a copy into it may still be queued on the comm stream.
-  if (b.stats != nullptr && device_ != nullptr) device_->release(b.stats, comm_stream_);
-  b.stats = nullptr;
+  // Stream-ordered: a prediction into it may still be queued on the comm stream.
+  if (b.budget_block != nullptr && device_ != nullptr) device_->release(b.budget_block, comm_stream_);
+  b.budget_block = nullptr;
+  b.job = nullptr;
+  b.part_jobs = nullptr;
+  b.result = nullptr;
   b.stats_pending = false;
   b.rung = -1;
   b.parts.clear();
-  b.used.clear();
-  b.used_mx = 0;
   b.calls_since_stats = 0;
+}
+
+bool Engine::stage_budget(Bucket& b, const Plan& p) {
+  if (b.job == nullptr || b.stats_words != p.stats_words) return false;
+  b.job->used_mx = p.mx_error;
+  size_t i = 0;
+  for (const Plan::Block& blk : p.blocks)
+    for (const Plan::Part& part : blk.parts) {
+      if (i >= b.parts.size() || part.count != b.parts[i].count) return false;
+      DynamiqOptions options;
+      if (!p.mx_fallback() && !dynamiq_parameters(*part.codec, &options, &b.part_jobs[i].used))
+        return false;
+      ++i;
+    }
+  if (i != b.parts.size()) return false;
+  b.result->state = kBudgetPending;
+  return true;
 }
 
 void Engine::read_bucket(Bucket& b) {
   b.stats_pending = false;
-  std::vector<StatsSummary> summaries(b.parts.size());
-  std::vector<const StatsSummary*> parts;
-  std::vector<const DynamiqPlan*> used;
-  bool ok = b.used_mx > 0 || b.used.size() == b.parts.size();
-  for (size_t i = 0; ok && i < b.parts.size(); ++i) {
-    ok = summaries[i].load(b.stats + b.parts[i].stats_offset, b.parts[i].count, comm_.nranks);
-    parts.push_back(&summaries[i]);
-    if (b.used_mx == 0) used.push_back(&b.used[i]);
-  }
-  if (!ok) {
-    // A non-finite statistic (a poisoned call): no prediction, the next call takes the fixed
-    // default.
+  // Complete: the host waited for the control event recorded after the prediction.
+  const BudgetResult r = *b.result;
+  if (r.state != kBudgetPredicted) {
+    // A non-finite statistic (a poisoned call), or a step that did not run (a failed lane): no
+    // prediction, the next call takes the fixed default.
     b.rung = -1;
     return;
   }
-  WidthCounts widths;  // none for a call sent as MX
-  const double vnmse = b.used_mx > 0 ? predict_mx_vnmse(parts, b.used_mx, b.hop)
-                                     : predict_vnmse(parts, used, b.hop, &widths);
+  const double vnmse = r.used_vnmse;
+  const WidthCounts widths = r.used_widths;  // none for a call sent as MX
   if (settings_.bits_auto) {
-    BudgetPrediction prediction;
-    predict_budget(parts, b.rungs, b.fits, b.hop, target_, &prediction);
+    const BudgetPrediction& prediction = r.prediction;
     if (prediction.rung != b.rung)
       DQ_TRACE(Subsys::kEngine,
                "dynamiq: rank %d %s count %zu: %s next (predicted vNMSE %.3g, target %s %.3g)",
@@ -910,15 +931,6 @@ void Engine::read_bucket(Bucket& b) {
 void Engine::note_budget(Bucket& b, const Plan& p) {
   b.bits = p.bits;
   ++b.calls;
-  b.used.clear();
-  b.used_mx = p.mx_error;
-  for (const Plan::Block& blk : p.blocks)
-    for (const Plan::Part& part : blk.parts) {
-      DynamiqOptions options;
-      DynamiqPlan plan;
-      if (!p.mx_fallback() && dynamiq_parameters(*part.codec, &options, &plan))
-        b.used.push_back(plan);
-    }
   ++window_.calls;
   window_.bits += p.bits;
   if (p.mx_fallback()) ++window_.mx_calls;
@@ -1184,7 +1196,7 @@ ncclResult_t Engine::absorb_previous_call() {
 }
 
 Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                                    size_t stats_words, uint16_t* stats_copy,
+                                    size_t stats_words, Bucket* predict,
                                     uint64_t* wire_bytes) {
   control_parity_ ^= 1;
   uint32_t* send = control_ + call_send_word();
@@ -1207,10 +1219,12 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
     const ncclResult_t end = ops.group_end();
     return r == ncclSuccess ? end : r;
   }));
-  // The budget's statistics, into the bucket's mapped copy before the control event: the host
-  // reads them once it has waited for this event or a later one (the one-call-late wait).
-  if (stats_copy != nullptr && stats_words > 0)
-    DQ_CHECK(device_->copy(stats_copy, stats_reduced, stats_words * 2, lane));
+  // The budget's prediction from the reduced statistics, on the device, before the control
+  // event: the host reads it once it has waited for this event or a later one (the one-call-late
+  // wait). The host never reads the statistics.
+  if (predict != nullptr && stats_words > 0)
+    DQ_CHECK(device_->predict_budget(predict->job, stats_reduced, budget_scratch_, predict->result,
+                                     lane));
   DQ_CHECK(device_->record(ev_control_, comm_stream_));
   control_pending_ = true;
   if (arm) check_->state = Check::State::kArmed;
@@ -1310,7 +1324,7 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
 }
 
 Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_index,
-                                  bool with_stats, uint16_t* stats_copy, uint64_t* wire_bytes) {
+                                  bool with_stats, Bucket* predict, uint64_t* wire_bytes) {
   const Lane compute{compute_stream_, control_ + error_word_index()};
   const size_t esize = dtype_size(p.dtype);
   // Statistics on the compute stream, their all-reduce (with the call's control word) on the
@@ -1328,7 +1342,7 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
   const bool skip_stats = p.mx_fallback() && !with_stats;
   DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, skip_stats ? 0 : p.stats_words,
-                                skip_stats ? nullptr : stats_copy, wire_bytes));
+                                skip_stats ? nullptr : predict, wire_bytes));
   DQ_CHECK(device_->record(ev_reduced_, comm_stream_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
   for (Plan::Block& b : p.blocks)
@@ -1427,11 +1441,11 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
     return ncclSuccess;
   }
   const uint64_t call_index = call_seq_++;
+  // The job of this call's prediction, in mapped memory before the call's first enqueue.
+  Bucket* predict = bucket != nullptr && with_stats && stage_budget(*bucket, *plan) ? bucket : nullptr;
   Status s = device_->record(ev_start_, call.stream);
   if (s == Status::kOk) s = device_->wait(comm_stream_, ev_start_);
   if (s == Status::kOk) s = device_->wait(compute_stream_, ev_start_);
-  uint16_t* stats_copy =
-      bucket != nullptr && bucket->stats_words == plan->stats_words ? bucket->stats : nullptr;
   // The sampled check: every DYNAMIQ_CHECK_EVERY-th compressed call, an all-reduce, one check
   // in flight at a time. Every input of this decision is identical on every rank.
   const bool checking = check_ && check_->state == Check::State::kNone &&
@@ -1439,7 +1453,7 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
                         (call_index + 1) % static_cast<uint64_t>(settings_.check_every) == 0;
   if (s == Status::kOk && checking) s = enqueue_check_gather(call, dtype, call_index);
   if (s == Status::kOk)
-    s = enqueue_compressed(*plan, call, call_index, with_stats, stats_copy, &wire);
+    s = enqueue_compressed(*plan, call, call_index, with_stats, predict, &wire);
   if (s == Status::kOk && checking) s = enqueue_check_finish(call, &wire);
   // The caller's stream waits for both engine streams: later work on it (or, on the host device,
   // the caller itself) sees the result. This is the call's last enqueue.
@@ -1462,7 +1476,7 @@ ncclResult_t Engine::run(const CallArgs& call, PassReason* reason) {
            static_cast<unsigned long long>(wire));
   count(PassReason::kRerouted);
   if (bucket != nullptr) {
-    bucket->stats_pending = stats_copy != nullptr && with_stats;
+    bucket->stats_pending = predict != nullptr;
     bucket->calls_since_stats = with_stats ? 0 : bucket->calls_since_stats + 1;
     bucket->last_call_index = call_index;
     note_budget(*bucket, *plan);

@@ -123,11 +123,14 @@ class Engine {
   // The budget (docs/ENGINE.md section 10). A bucket is a call shape (collective, root, count,
   // dtype) of a DynamiQ communicator: the same on every rank, and the same across iterations.
   Bucket* bucket_for(const CallArgs& call, DType dtype);
-  // Its part geometry, every rung's plan, and the mapped copy of its statistics; at the
-  // bucket's first plan, whose agreement carries a failure here.
+  // Its part geometry and its prediction's job (every rung's plan) and result, in mapped memory;
+  // at the bucket's first plan, whose agreement carries a failure here.
   Status init_bucket(Bucket& b, const Plan& p);
   void release_bucket(Bucket& b);
-  // The statistics of the bucket's latest call (complete: the host waited for a later control
+  // The plan `p` a call of `b` is about to use, into the job of its prediction; false when the
+  // plan's parts are not the bucket's (no prediction for that call).
+  bool stage_budget(Bucket& b, const Plan& p);
+  // The prediction from the bucket's latest call (complete: the host waited for a later control
   // all-reduce on the same stream): that call's widths and predicted vNMSE into the metrics, and
   // with DYNAMIQ_BITS=auto the rung of this call.
   void read_bucket(Bucket& b);
@@ -143,12 +146,13 @@ class Engine {
   ncclResult_t handshake();
   ncclResult_t handshake_without_device(cudaStream_t stream);
   ncclResult_t absorb_previous_call();
-  // stats_copy: where the reduced statistics are copied (a bucket's mapped copy), or null.
+  // predict: the bucket whose prediction is made from the reduced statistics (its job staged),
+  // or null.
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                              size_t stats_words, uint16_t* stats_copy, uint64_t* wire_bytes);
+                              size_t stats_words, Bucket* predict, uint64_t* wire_bytes);
   // with_stats false: an MX fallback call that skips its statistics (kMxStatisticsEvery).
   Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index,
-                            bool with_stats, uint16_t* stats_copy, uint64_t* wire_bytes);
+                            bool with_stats, Bucket* predict, uint64_t* wire_bytes);
   Status enqueue_compute(Plan& plan, int block, int stage, const CallArgs& call,
                          uint64_t call_index);
   Status enqueue_comm(Plan& plan, int block, int stage, uint64_t* wire_bytes);
@@ -201,6 +205,7 @@ class Engine {
               ev_reduced_ = nullptr, ev_comm_done_ = nullptr, ev_compute_done_ = nullptr;
   std::vector<EventHandle> ev_units_;  // two per (stage, block): computed, sent
   uint32_t* control_ = nullptr;        // mapped words, see ControlBlock
+  void* budget_scratch_ = nullptr;     // device memory of the budget kernel (CUDA devices)
   bool control_pending_ = false;       // the last eligible call's words are still to be read
   int control_parity_ = 0;             // which receive buffer the last call wrote
   bool switch_agreed_ = true;          // the A/B switch every rank applies now

@@ -23,6 +23,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/budget_model.h"
 #include "shim/engine/device.h"
 
 namespace dq::engine {
@@ -321,6 +322,13 @@ class HostDevice final : public Device {
   Status copy(void* dst, const void* src, size_t bytes, Lane lane) override {
     return run(lane, [dst, src, bytes] {
       if (bytes) std::memcpy(dst, src, bytes);
+      return Status::kOk;
+    });
+  }
+  Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void*, BudgetResult* out,
+                        Lane lane) override {
+    return run(lane, [job, reduced, out] {
+      run_budget_job(*job, reduced, out);
       return Status::kOk;
     });
   }

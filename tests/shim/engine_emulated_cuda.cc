@@ -97,6 +97,73 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Auto on data with scale locality and a loose target (vNMSE 0.02: fewer bits than the first
+// call's fixed 5): the prediction runs as the budget kernel on the emulated device, from the
+// reduced statistics alone; every call's choice (a DynamiQ rung), predicted
+// vNMSE and output must be the host device's.
+int auto_rungs(int n, const std::string& topo, int rank, ncclComm_t* comms,
+               dq::engine::Device* cuda) {
+  constexpr int kCalls = 6;
+  constexpr size_t kCount = 3 * 65536 + 1000;  // two pipeline blocks, a partial super-group
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_TOPO", topo},
+                                      {"DYNAMIQ_BITS", "auto"},
+                                      {"DYNAMIQ_TARGET", "vnmse:0.02"},
+                                      {"DYNAMIQ_BLOCK_BYTES", "524288"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"}});
+  auto metrics_host = std::make_shared<dq::engine::CommMetrics>();
+  auto metrics_cuda = std::make_shared<dq::engine::CommMetrics>();
+  Engine on_host(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                 metrics_host, true);
+  Engine on_cuda(settings, true, {comms[1], rank, n}, cpu_nccl_ops(), cuda, metrics_cuda, true);
+  const CudaDeviceCounts before = dq::engine::cuda_device_counts(cuda);
+  std::vector<float> out_host(kCount), out_cuda(kCount);
+  for (int k = 0; k < kCalls; ++k) {
+    const std::vector<unsigned char> in = make_input(rank + 7 * k, kCount, false, false);
+    CallArgs args;
+    args.send = in.data();
+    args.count = kCount;
+    PassReason rh = PassReason::kRerouted, rc = PassReason::kRerouted;
+    args.recv = out_host.data();
+    CHECK_OR(70, on_host.run(args, &rh) == ncclSuccess && rh == PassReason::kRerouted,
+             "rank %d: auto call %d on the host device", rank, k);
+    args.recv = out_cuda.data();
+    CHECK_OR(71,
+             on_cuda.run(args, &rc) == ncclSuccess && rc == PassReason::kRerouted &&
+                 on_cuda.async_error() == ncclSuccess,
+             "rank %d: auto call %d on the emulated CUDA device", rank, k);
+    CHECK_OR(72, std::memcmp(out_host.data(), out_cuda.data(), kCount * 4) == 0,
+             "rank %d: auto call %d: the devices' outputs differ", rank, k);
+    std::lock_guard<std::mutex> lh(metrics_host->budget_mutex), lc(metrics_cuda->budget_mutex);
+    const dq::engine::BudgetMetrics &bh = metrics_host->budget, &bc = metrics_cuda->budget;
+    CHECK_OR(73,
+             bh.bits_sum == bc.bits_sum && bh.predicted_vnmse_sum == bc.predicted_vnmse_sum &&
+                 bh.predicted_vnmse_last == bc.predicted_vnmse_last,
+             "rank %d: auto call %d: bits %g vs %g, predicted vNMSE %.17g vs %.17g", rank, k,
+             bh.bits_sum, bc.bits_sum, bh.predicted_vnmse_last, bc.predicted_vnmse_last);
+  }
+  const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
+  std::lock_guard<std::mutex> lc(metrics_cuda->budget_mutex);
+  const dq::engine::BudgetMetrics& bc = metrics_cuda->budget;
+  // Every call predicted on the device (read one call late: kCalls - 1 read), none sent as MX,
+  // and the budget moved off the fixed default of the first call.
+  CHECK_OR(74,
+           after.budgets - before.budgets == static_cast<uint64_t>(kCalls) &&
+               bc.predicted_calls == static_cast<uint64_t>(kCalls - 1) && bc.mx_calls == 0 &&
+               bc.bits_sum != 5.0 * kCalls,
+           "rank %d: auto with locality: %llu budget kernels, %llu predictions read, %llu MX "
+           "calls, mean %g bits",
+           rank, static_cast<unsigned long long>(after.budgets - before.budgets),
+           static_cast<unsigned long long>(bc.predicted_calls),
+           static_cast<unsigned long long>(bc.mx_calls), bc.bits_sum / kCalls);
+  if (rank == 0)
+    std::fprintf(stderr,
+                 "rank 0: auto with scale locality: %d calls, mean %.2f bits, the same choices, "
+                 "predictions and bytes on both devices (predicted by the budget kernel)\n",
+                 kCalls, bc.bits_sum / kCalls);
+  return 0;
+}
+
 // Auto's MX fallback on both devices (see the file comment): 10 calls of one bucket.
 int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
                   dq::engine::Device* cuda) {
@@ -145,6 +212,8 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
   CHECK_OR(64,
            bh.mx_calls == kCalls - 1 && bc.mx_calls == kCalls - 1 && bh.predicted_calls == 2 &&
                bc.predicted_calls == 2 && bc.buckets.size() == 1 &&
+               bh.predicted_vnmse_sum == bc.predicted_vnmse_sum &&
+               after.budgets - before.budgets == 1 &&
                bc.buckets[0].codec == "mxfp8" && bc.buckets[0].budget_bits == 8.25,
            "rank %d: auto: MX calls host %llu, CUDA %llu; predicted calls %llu, %llu; latest %s "
            "at %g bits",
@@ -277,6 +346,7 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
                static_cast<unsigned long long>(total.layouts),
                static_cast<unsigned long long>(total.hops),
                static_cast<unsigned long long>(total.finishes), host_s, cuda_s);
+  if (const int rc = auto_rungs(n, topo, rank, comms, cuda.get()); rc != 0) return rc;
   return auto_fallback(n, topo, rank, comms, cuda.get());
 }
 
