@@ -97,6 +97,45 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Two engines with the same settings on one rank, one on the host device and one on the emulated
+// CUDA device, each with its metrics; call() runs the same FP32 all-reduce on both, which must
+// be compressed by both, with no asynchronous error and the same output bytes.
+struct DevicePair {
+  DevicePair(const dq::config::Settings& settings, int n, int rank, ncclComm_t* comms,
+             dq::engine::Device* cuda)
+      : rank(rank),
+        on_host(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                metrics_host, true),
+        on_cuda(settings, true, {comms[1], rank, n}, cpu_nccl_ops(), cuda, metrics_cuda, true) {}
+  // Exit codes code, code + 1, code + 2 name the failing check. The outputs stay in out_cuda.
+  int call(const void* send, size_t count, int k, int code) {
+    out_host.assign(count, 0.0f);
+    out_cuda.assign(count, 0.0f);
+    CallArgs args;
+    args.send = send;
+    args.count = count;
+    PassReason rh = PassReason::kRerouted, rc = PassReason::kRerouted;
+    args.recv = out_host.data();
+    CHECK_OR(code, on_host.run(args, &rh) == ncclSuccess && rh == PassReason::kRerouted,
+             "rank %d: auto call %d on the host device", rank, k);
+    args.recv = out_cuda.data();
+    CHECK_OR(code + 1,
+             on_cuda.run(args, &rc) == ncclSuccess && rc == PassReason::kRerouted &&
+                 on_cuda.async_error() == ncclSuccess,
+             "rank %d: auto call %d on the emulated CUDA device", rank, k);
+    CHECK_OR(code + 2, std::memcmp(out_host.data(), out_cuda.data(), count * 4) == 0,
+             "rank %d: auto call %d: the devices' outputs differ", rank, k);
+    return 0;
+  }
+  const int rank;
+  std::shared_ptr<dq::engine::CommMetrics> metrics_host =
+      std::make_shared<dq::engine::CommMetrics>();
+  std::shared_ptr<dq::engine::CommMetrics> metrics_cuda =
+      std::make_shared<dq::engine::CommMetrics>();
+  Engine on_host, on_cuda;
+  std::vector<float> out_host, out_cuda;
+};
+
 // Auto on data with scale locality and a loose target (vNMSE 0.02: fewer bits than the first
 // call's fixed 5): the prediction runs as the budget kernel on the emulated device, from the
 // reduced statistics alone; every call's choice (a DynamiQ rung), predicted
@@ -111,31 +150,14 @@ int auto_rungs(int n, const std::string& topo, int rank, ncclComm_t* comms,
                                       {"DYNAMIQ_TARGET", "vnmse:0.02"},
                                       {"DYNAMIQ_BLOCK_BYTES", "524288"},
                                       {"DYNAMIQ_MIN_BYTES", "0"}});
-  auto metrics_host = std::make_shared<dq::engine::CommMetrics>();
-  auto metrics_cuda = std::make_shared<dq::engine::CommMetrics>();
-  Engine on_host(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
-                 metrics_host, true);
-  Engine on_cuda(settings, true, {comms[1], rank, n}, cpu_nccl_ops(), cuda, metrics_cuda, true);
+  DevicePair pair(settings, n, rank, comms, cuda);
   const CudaDeviceCounts before = dq::engine::cuda_device_counts(cuda);
-  std::vector<float> out_host(kCount), out_cuda(kCount);
   for (int k = 0; k < kCalls; ++k) {
     const std::vector<unsigned char> in = make_input(rank + 7 * k, kCount, false, false);
-    CallArgs args;
-    args.send = in.data();
-    args.count = kCount;
-    PassReason rh = PassReason::kRerouted, rc = PassReason::kRerouted;
-    args.recv = out_host.data();
-    CHECK_OR(70, on_host.run(args, &rh) == ncclSuccess && rh == PassReason::kRerouted,
-             "rank %d: auto call %d on the host device", rank, k);
-    args.recv = out_cuda.data();
-    CHECK_OR(71,
-             on_cuda.run(args, &rc) == ncclSuccess && rc == PassReason::kRerouted &&
-                 on_cuda.async_error() == ncclSuccess,
-             "rank %d: auto call %d on the emulated CUDA device", rank, k);
-    CHECK_OR(72, std::memcmp(out_host.data(), out_cuda.data(), kCount * 4) == 0,
-             "rank %d: auto call %d: the devices' outputs differ", rank, k);
-    std::lock_guard<std::mutex> lh(metrics_host->budget_mutex), lc(metrics_cuda->budget_mutex);
-    const dq::engine::BudgetMetrics &bh = metrics_host->budget, &bc = metrics_cuda->budget;
+    if (const int rc = pair.call(in.data(), kCount, k, 70); rc != 0) return rc;
+    std::lock_guard<std::mutex> lh(pair.metrics_host->budget_mutex),
+        lc(pair.metrics_cuda->budget_mutex);
+    const dq::engine::BudgetMetrics &bh = pair.metrics_host->budget, &bc = pair.metrics_cuda->budget;
     CHECK_OR(73,
              bh.bits_sum == bc.bits_sum && bh.predicted_vnmse_sum == bc.predicted_vnmse_sum &&
                  bh.predicted_vnmse_last == bc.predicted_vnmse_last,
@@ -143,8 +165,8 @@ int auto_rungs(int n, const std::string& topo, int rank, ncclComm_t* comms,
              bh.bits_sum, bc.bits_sum, bh.predicted_vnmse_last, bc.predicted_vnmse_last);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
-  std::lock_guard<std::mutex> lc(metrics_cuda->budget_mutex);
-  const dq::engine::BudgetMetrics& bc = metrics_cuda->budget;
+  std::lock_guard<std::mutex> lc(pair.metrics_cuda->budget_mutex);
+  const dq::engine::BudgetMetrics& bc = pair.metrics_cuda->budget;
   // Every call predicted on the device (read one call late: kCalls - 1 read), none sent as MX,
   // and the budget moved off the fixed default of the first call.
   CHECK_OR(74,
@@ -175,39 +197,23 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
                                       {"DYNAMIQ_TARGET", "mxfp8"},
                                       {"DYNAMIQ_CHECK_EVERY", "3"},
                                       {"DYNAMIQ_MIN_BYTES", "0"}});
-  auto metrics_host = std::make_shared<dq::engine::CommMetrics>();
-  auto metrics_cuda = std::make_shared<dq::engine::CommMetrics>();
-  Engine on_host(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
-                 metrics_host, true);
-  Engine on_cuda(settings, true, {comms[1], rank, n}, cpu_nccl_ops(), cuda, metrics_cuda, true);
+  DevicePair pair(settings, n, rank, comms, cuda);
   CudaDeviceCounts before;  // after the first call (its canary computes statistics too)
-  std::vector<float> in(kCount), out_host(kCount), out_cuda(kCount);
+  std::vector<float> in(kCount);
   for (int k = 0; k < kCalls; ++k) {
     if (k == 1) before = dq::engine::cuda_device_counts(cuda);
     // One scale everywhere: no rung of 8 bits or fewer meets MXFP8's error.
     for (size_t i = 0; i < kCount; ++i)
       in[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * rank + k) +
                                  0.5 * std::sin(0.0011 * static_cast<double>(i)));
-    CallArgs args;
-    args.send = in.data();
-    args.count = kCount;
-    PassReason rh = PassReason::kRerouted, rc = PassReason::kRerouted;
-    args.recv = out_host.data();
-    CHECK_OR(60, on_host.run(args, &rh) == ncclSuccess && rh == PassReason::kRerouted,
-             "rank %d: auto call %d on the host device", rank, k);
-    args.recv = out_cuda.data();
-    CHECK_OR(61,
-             on_cuda.run(args, &rc) == ncclSuccess && rc == PassReason::kRerouted &&
-                 on_cuda.async_error() == ncclSuccess,
-             "rank %d: auto call %d on the emulated CUDA device", rank, k);
-    CHECK_OR(62, std::memcmp(out_host.data(), out_cuda.data(), kCount * 4) == 0,
-             "rank %d: auto call %d: the devices' outputs differ", rank, k);
-    CHECK_OR(63, same_everywhere(comms[0], fnv(out_cuda.data(), kCount * 4)),
+    if (const int rc = pair.call(in.data(), kCount, k, 60); rc != 0) return rc;
+    CHECK_OR(63, same_everywhere(comms[0], fnv(pair.out_cuda.data(), kCount * 4)),
              "rank %d: auto call %d: results differ across ranks", rank, k);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
-  std::lock_guard<std::mutex> lh(metrics_host->budget_mutex), lc(metrics_cuda->budget_mutex);
-  const dq::engine::BudgetMetrics &bh = metrics_host->budget, &bc = metrics_cuda->budget;
+  std::lock_guard<std::mutex> lh(pair.metrics_host->budget_mutex),
+      lc(pair.metrics_cuda->budget_mutex);
+  const dq::engine::BudgetMetrics &bh = pair.metrics_host->budget, &bc = pair.metrics_cuda->budget;
   // Calls 1..9 as MXFP8; statistics computed at calls 0 and 8 (as kernels), read at 1 and 9.
   CHECK_OR(64,
            bh.mx_calls == kCalls - 1 && bc.mx_calls == kCalls - 1 && bh.predicted_calls == 2 &&
