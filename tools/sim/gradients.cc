@@ -164,6 +164,23 @@ Status read_npy_columns(const std::string& path, size_t max_rows, size_t col_beg
   return Status::kOk;
 }
 
+bool parse_column_range(const std::string& text, size_t* col_begin, size_t* col_end) {
+  // Digits only (strtoull alone would take a sign or spaces), at most 19 of them (no overflow).
+  auto number = [](const std::string& s, size_t* out) {
+    if (s.empty() || s.size() > 19) return false;
+    for (char c : s)
+      if (c < '0' || c > '9') return false;
+    *out = static_cast<size_t>(std::strtoull(s.c_str(), nullptr, 10));
+    return true;
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return false;
+  const std::string end = text.substr(colon + 1);
+  if (!number(text.substr(0, colon), col_begin)) return false;
+  if (end == "end") return *col_end = SIZE_MAX, true;
+  return number(end, col_end) && *col_end > *col_begin;
+}
+
 Status write_npy(const std::string& path, const Matrix& m, std::string* error) {
   File f(std::fopen(path.c_str(), "wb"));
   if (!f) {

@@ -21,6 +21,9 @@ Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::stri
 // The same, columns [col_begin, col_end) of each row only (col_end SIZE_MAX: to the end), so that a part of a multi-GB corpus is read without the rest.
 Status read_npy_columns(const std::string& path, size_t max_rows, size_t col_begin,
                         size_t col_end, Matrix* out, std::string* error);
+// The tools' --columns value: "B:E" (decimal, B < E) or "B:end" (*col_end = SIZE_MAX). False
+// for anything else.
+bool parse_column_range(const std::string& text, size_t* col_begin, size_t* col_end);
 Status write_npy(const std::string& path, const Matrix& m, std::string* error);
 
 struct SyntheticSpec {

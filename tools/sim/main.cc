@@ -228,18 +228,8 @@ int main(int argc, char** argv) {
   if (input.empty() == !synthetic) return usage_error("give exactly one of --input or --synthetic");
   // --columns B:E (E a number or "end"), the same syntax as dynamiq-predict's.
   size_t col_begin = 0, col_end = SIZE_MAX;
-  if (!columns.empty()) {
-    const std::string bad = "--columns " + columns + ": expected B:E or B:end with B < E, with --input";
-    if (synthetic) return usage_error(bad);
-    const size_t colon = columns.find(':');
-    if (colon == std::string::npos) return usage_error(bad);
-    const std::string b = columns.substr(0, colon), e = columns.substr(colon + 1);
-    unsigned long long ub = 0, ue = 0;
-    if (!parse_ulong(b.c_str(), 0, ~0ull, &ub)) return usage_error(bad);
-    if (e != "end" && (!parse_ulong(e.c_str(), 1, ~0ull, &ue) || ue <= ub)) return usage_error(bad);
-    col_begin = static_cast<size_t>(ub);
-    if (e != "end") col_end = static_cast<size_t>(ue);
-  }
+  if (!columns.empty() && (synthetic || !dq::sim::parse_column_range(columns, &col_begin, &col_end)))
+    return usage_error("--columns " + columns + ": expected B:E or B:end with B < E, with --input");
 
   std::vector<int> workers;
   for (const auto& w : dq::sim::split_list(worker_list)) {

@@ -129,18 +129,9 @@ int main(int argc, char** argv) {
   if (input.empty() == !synthetic) return fail("give exactly one of --input or --synthetic");
   if (bucket < 256) return fail("--bucket must be at least 256");
   size_t col_begin = 0, col_end = SIZE_MAX;
-  if (!columns_s.empty()) {
-    const size_t colon = columns_s.find(':');
-    char* e1 = nullptr;
-    char* e2 = nullptr;
-    const std::string b = columns_s.substr(0, colon);
-    const std::string e = colon == std::string::npos ? "" : columns_s.substr(colon + 1);
-    col_begin = std::strtoull(b.c_str(), &e1, 10);
-    if (e != "end") col_end = std::strtoull(e.c_str(), &e2, 10);
-    if (synthetic || b.empty() || *e1 != '\0' || e.empty() ||
-        (e != "end" && (*e2 != '\0' || col_end <= col_begin)))
-      return fail("--columns " + columns_s + ": expected B:E or B:end with B < E, with --input");
-  }
+  if (!columns_s.empty() &&
+      (synthetic || !dq::sim::parse_column_range(columns_s, &col_begin, &col_end)))
+    return fail("--columns " + columns_s + ": expected B:E or B:end with B < E, with --input");
   dq::BudgetTarget target;
   if (!dq::parse_budget_target(target_s, &target))
     return fail("--target " + target_s + ": expected mxfp8, mxfp6 or vnmse:X");
