@@ -17,6 +17,10 @@ import tempfile
 import time
 
 
+# The bench script runs `python3` for its NCCL client (numpy): make that the Python running this
+# test (meson's, with numpy), not whichever python3 comes first on PATH.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
 def fail(message):
     print("FAIL:", message)
     sys.exit(1)
