@@ -7,6 +7,8 @@
 
 namespace dq {
 
+inline constexpr uint16_t kBf16One = 0x3F80;  // 1.0
+
 DQ_HD uint32_t f32_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);

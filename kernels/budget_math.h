@@ -3,9 +3,10 @@
 // GPU computes the choice itself and every rank, host or GPU, gets the same bits.
 //
 // Per call part, from the all-reduced statistics: each super-group's energy about its mean and
-// its mean's energy, summed per BF16 energy key (the codec's width key) as fixed-point integers,
-// then cumulated from the largest key down. Integer sums do not depend on the order of addition,
-// so a kernel's atomics and the host's loop agree exactly. One plan's predicted error is then a
+// its mean's energy, each weighted by how often it is rounded along the schedule (which depends
+// on how many workers' super-groups are not all zero), summed per BF16 energy key (the codec's
+// width key) as fixed-point integers, then cumulated from the largest key down. Integer sums do
+// not depend on the order of addition, so a kernel's atomics and the host's loop agree exactly. One plan's predicted error is then a
 // bisection over the codec's threshold in which each step is O(1).
 #pragma once
 #include <cfloat>
@@ -54,14 +55,22 @@ DQ_HD constexpr double candidate_mx_error(int c) {
   return c == kCandidateMxfp8 ? kRoundingErrorMxfp8 : c == kCandidateMxfp6 ? kRoundingErrorMxfp6 : 0.0;
 }
 
-// How one coordinate's roundings compound along a schedule: over the compressions of one chunk
-// (every node of its in-tree compresses once; the sink's compression feeds the all-gather),
-// linear = sum of (contributors / n) and square = sum of (contributors / n)^2, averaged over
-// the chunks. With workers' deviations independent, a partial sum of k workers holds k/n of the
-// centred energy and (k/n)^2 of the mean's. Ring: linear = (n + 1) / 2.
+// How one super-group's roundings compound along a schedule, given that m of the n workers'
+// super-groups are not all zero (n less the statistics' summed kStatAllZero word): every node of a chunk's in-tree
+// compresses its partial sum once (the sink's compression feeds the all-gather), but a partial
+// sum that equals one input already rounded is rounded again to the same values (round to
+// nearest is idempotent; stochastic rounding leaves a value on its grid), so a node adds error
+// only when its own values are non-zero or two or more of its children's subtrees are. With the
+// m non-zero workers placed uniformly at random and their deviations independent of equal
+// energy, a partial sum of X of them holds X/m of the centred energy and (X/m)^2 of the mean's:
+//   linear[m] = sum over nodes of E[X 1{adds error}] / m,
+//   square[m] = sum over nodes of E[X^2 1{adds error}] / m^2,
+// averaged over the chunks (kernels/budget_model.cc computes them exactly, hypergeometric
+// moments). Ring: linear[m] = (m + 1) / 2; m = n gives the dense profile. Tables of n + 1
+// entries (m = 0 .. n), in memory the predicting device reads.
 struct HopProfile {
-  double linear = 1.0;
-  double square = 1.0;
+  const double* linear = nullptr;
+  const double* square = nullptr;
 };
 
 // DYNAMIQ_TARGET: the error auto must meet. mxfp8 / mxfp6: that format's predicted vNMSE on the
@@ -95,25 +104,51 @@ struct SupergroupEnergy {
   uint32_t key = 0;    // BF16 pattern of the summed sum of squares F_j (-0 as 0)
   double centred = 0;  // the workers' energy about the sum's mean, estimated (see below)
   double mean = 0;     // the exact sum's mean energy, c_j M_j^2
+  int contributors = 1;    // workers whose super-group is not all zero, 1 .. n_workers
+  double hop_centred = 0;  // the energy the hops round with the mean subtracted, weighted by
+  double hop_mean = 0;     // the hop profile; and the mean's (rounded only at width 16)
 };
 
 // Super-group j of a part of `count` elements (n_sg super-groups) summed over `n_workers`:
 // false when a statistic is not finite (a poisoned super-group) or F_j is negative.
 DQ_HD bool supergroup_energy(const uint16_t* reduced, size_t j, size_t n_sg, size_t count,
-                             int n_workers, SupergroupEnergy* out) {
-  const float m = bf16_to_f32(reduced[2 * j]);      // sum over workers of their means
-  const float f = bf16_to_f32(reduced[2 * j + 1]);  // sum over workers of sums of squares
+                             int n_workers, const HopProfile& hop, SupergroupEnergy* out) {
+  const float m = bf16_to_f32(reduced[stat_word(j, kStatMean)]);    // sum of the workers' means
+  const float f = bf16_to_f32(reduced[stat_word(j, kStatEnergy)]);  // sum of sums of squares
   if (!(m - m == 0.0f) || !(f >= 0.0f && f <= FLT_MAX)) return false;
-  out->key = f == 0.0f ? 0u : reduced[2 * j + 1];
+  out->key = f == 0.0f ? 0u : reduced[stat_word(j, kStatEnergy)];
+  // Workers whose values are all zero: a BF16 sum of ones, exact up to 256 workers; a value out
+  // of range (a peer's bad word) counts as none: the most roundings.
+  const float zeros = bf16_to_f32(reduced[stat_word(j, kStatAllZero)]);
+  const int all_zero = !(zeros >= 0.0f && zeros <= static_cast<float>(n_workers - 1))
+                           ? 0
+                           : static_cast<int>(zeros + 0.5f);
+  out->contributors = n_workers - all_zero;
   const double c = static_cast<double>(j + 1 == n_sg ? count - 256 * j : 256);
   const double md = m;
   const double cm2 = c * md * md;
-  // The workers' energy about their own means is F - c sum_i mu_i^2 <= F - c M^2 / n (M the sum
-  // of the means): the estimate assumes the means agree. The exact sum's mean is M.
-  const double centred = static_cast<double>(f) - cm2 / n_workers;
+  // The contributors' energy about their own means is F - c sum_i mu_i^2 <= F - c M^2 / k (M the
+  // sum of the means, k contributors): the estimate assumes their means agree. The exact sum's
+  // mean is M.
+  const double centred = static_cast<double>(f) - cm2 / out->contributors;
   out->centred = centred > 0.0 ? centred : 0.0;
   out->mean = cm2;
+  const double linear = hop.linear[out->contributors], square = hop.square[out->contributors];
+  if (supergroup_dense(reduced, j)) {  // the codec subtracts the mean (widths 2, 4, 8)
+    out->hop_centred = out->centred * linear;
+    out->hop_mean = out->mean * square;
+  } else {  // no mean subtracted: every width rounds the mean's energy too
+    out->hop_centred = out->centred * linear + out->mean * square;
+    out->hop_mean = 0.0;
+  }
   return true;
+}
+
+// The largest of a super-group's energies: what the fixed-point scale must hold.
+DQ_HD double largest_energy(const SupergroupEnergy& e) {
+  double v = e.centred > e.mean ? e.centred : e.mean;
+  v = v > e.hop_centred ? v : e.hop_centred;
+  return v > e.hop_mean ? v : e.hop_mean;
 }
 
 DQ_HD uint64_t f64_bits(double d) {
@@ -155,15 +190,18 @@ DQ_HD uint64_t to_fixed_point(double value, double scale) {
 
 // ---- one part's cumulative sums -----------------------------------------------------------------
 // Device memory a kernel predicting on a GPU works in (kernels/cuda/budget.h): per key, the
-// count and the two fixed-point energies.
+// count and the two fixed-point rounded energies.
 inline constexpr size_t kBudgetScratchBytes = 3 * (kEnergyKeys + 1) * sizeof(uint64_t);
 
 // Index k in [0, kEnergyKeys]: the super-groups whose key is at least k (index kEnergyKeys:
-// none), their count and their fixed-point centred and mean energies; unit = 1 / scale.
+// none), their count and their fixed-point centred and mean energies weighted by the hop
+// profile (hop_centred, hop_mean); the part's unweighted energies (the vNMSE's denominator);
+// unit = 1 / scale.
 struct BudgetSums {
   const uint64_t* count;
-  const uint64_t* centred;
-  const uint64_t* mean;
+  const uint64_t* hop_centred;
+  const uint64_t* hop_mean;
+  uint64_t centred, mean;
   double unit;
 };
 
@@ -176,15 +214,15 @@ DQ_HD uint32_t first_key_at_least(float t) {
 }
 
 DQ_HD double part_energy(const BudgetSums& s) {
-  return static_cast<double>(s.centred[0]) * s.unit + static_cast<double>(s.mean[0]) * s.unit;
+  return static_cast<double>(s.centred) * s.unit + static_cast<double>(s.mean) * s.unit;
 }
 
 // The expected squared error of an MX format of relative rounding error k: no mean subtraction,
 // every hop rounds the partial sum whole.
-DQ_HD double part_mx_error(const BudgetSums& s, double k, const HopProfile& hop) {
-  const double centred = static_cast<double>(s.centred[0]) * s.unit;
-  const double mean = static_cast<double>(s.mean[0]) * s.unit;
-  return k * (hop.linear * centred + hop.square * mean);
+DQ_HD double part_mx_error(const BudgetSums& s, double k) {
+  const double centred = static_cast<double>(s.hop_centred[0]) * s.unit;
+  const double mean = static_cast<double>(s.hop_mean[0]) * s.unit;
+  return k * (centred + mean);
 }
 
 // The first keys of the width classes 16, 8 (and wider) and 4 (and wider) at threshold offset
@@ -207,8 +245,7 @@ DQ_HD WidthCut width_cut(float theta, bool allow_width16) {
 // The widths the codec planned as `p` gives the part (build_dynamiq_layout's bisection over the
 // threshold's bit pattern) and the expected squared error of the result (units of the data
 // squared); the widths are added to *widths.
-DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, const HopProfile& hop,
-                             WidthCounts* widths) {
+DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, WidthCounts* widths) {
   const uint64_t n_sg = s.count[0];
   WidthCut cut{kEnergyKeys, kEnergyKeys, kEnergyKeys};  // fixed widths: modelled as all 2-bit
   if (p.variable_widths) {
@@ -234,17 +271,18 @@ DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, const Ho
     widths->n[0] += n_sg - s.count[k4];
   }
   const double u = s.unit;
-  const double c16 = static_cast<double>(s.centred[k16]) * u;
-  const double m16 = static_cast<double>(s.mean[k16]) * u;
-  const double c8 = static_cast<double>(s.centred[k8] - s.centred[k16]) * u;
-  const double c4 = static_cast<double>(s.centred[k4] - s.centred[k8]) * u;
-  const double c2 = static_cast<double>(s.centred[0] - s.centred[k4]) * u;
+  const uint64_t* c = s.hop_centred;
+  const double c16 = static_cast<double>(c[k16]) * u;
+  const double m16 = static_cast<double>(s.hop_mean[k16]) * u;
+  const double c8 = static_cast<double>(c[k8] - c[k16]) * u;
+  const double c4 = static_cast<double>(c[k4] - c[k8]) * u;
+  const double c2 = static_cast<double>(c[0] - c[k4]) * u;
   // Widths 2, 4, 8 round the partial sums less their means (restored exactly); width 16 rounds
   // them whole.
-  double e = kRoundingErrorWidth16 * (hop.linear * c16 + hop.square * m16);
-  e += kRoundingErrorWidth8 * hop.linear * c8;
-  e += kRoundingErrorWidth4 * hop.linear * c4;
-  e += kRoundingErrorWidth2 * hop.linear * c2;
+  double e = kRoundingErrorWidth16 * (c16 + m16);
+  e += kRoundingErrorWidth8 * c8;
+  e += kRoundingErrorWidth4 * c4;
+  e += kRoundingErrorWidth2 * c2;
   return e;
 }
 
@@ -254,7 +292,7 @@ DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, const Ho
 // the plan of each rung and which candidates fit (auto only), the plan the call used.
 struct BudgetPartJob {
   uint64_t count = 0;         // elements of this codec part
-  uint64_t stats_offset = 0;  // into the statistics words (2 per super-group)
+  uint64_t stats_offset = 0;  // into the statistics words (kStatsWordsPerSupergroup per super-group)
   DynamiqPlan rungs[kLadderRungs];
   uint8_t fits[kCandidates] = {};
   DynamiqPlan used;  // the call's plan of this part (a DynamiQ call)
@@ -263,7 +301,7 @@ struct BudgetJob {
   uint32_t n_parts = 0;
   int32_t n_workers = 1;
   uint32_t auto_budget = 0;  // predict every candidate and choose (DYNAMIQ_BITS=auto)
-  HopProfile hop;
+  HopProfile hop;            // n_workers + 1 entries per table
   BudgetTarget target;
   // > 0: the call went as MX of this rounding error; 0: as DynamiQ with the parts' `used` plans;
   // < 0: no plan to predict (a prediction of the candidates alone).
@@ -293,17 +331,17 @@ struct PartTerms {
 DQ_HD void part_term(const BudgetJob& job, const BudgetPartJob& part, const BudgetSums& s, int c,
                      PartTerms* t) {
   if (c < kCandidates) {
-    if (candidate_is_mx(c)) t->error[c] = part_mx_error(s, candidate_mx_error(c), job.hop);
-    else t->error[c] = part_plan_error(s, part.rungs[c], job.hop, &t->widths[c]);
+    if (candidate_is_mx(c)) t->error[c] = part_mx_error(s, candidate_mx_error(c));
+    else t->error[c] = part_plan_error(s, part.rungs[c], &t->widths[c]);
     return;
   }
   t->energy = part_energy(s);
   if (job.auto_budget) {
     const bool mxfp8 = job.target.kind == BudgetTarget::Kind::kMxfp8;
-    t->target_error = part_mx_error(s, mxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6, job.hop);
+    t->target_error = part_mx_error(s, mxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6);
   }
-  if (job.used_mx > 0) t->used_error = part_mx_error(s, job.used_mx, job.hop);
-  else if (job.used_mx == 0) t->used_error = part_plan_error(s, part.used, job.hop, &t->used_widths);
+  if (job.used_mx > 0) t->used_error = part_mx_error(s, job.used_mx);
+  else if (job.used_mx == 0) t->used_error = part_plan_error(s, part.used, &t->used_widths);
 }
 
 // Running sums over a call's parts, in part order (the same order on host and device).

@@ -5,31 +5,90 @@
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_math.h"
 
 namespace dq {
 
-HopProfile hop_profile(const topo::Schedule& s) {
-  HopProfile h{0.0, 0.0};
-  if (s.trees.empty() || s.n_workers < 1) return HopProfile{};
-  const double n = static_cast<double>(s.n_workers);
+namespace {
+
+// Expectations over X ~ Hypergeometric(population, successes, draws): the non-zero workers among
+// `draws` given slots when `successes` of `population` slots are non-zero, uniformly placed.
+struct Moments {
+  double first, second;  // E[X], E[X^2]
+};
+Moments hypergeometric(int population, int successes, int draws) {
+  const double n = population, k = successes, d = draws;
+  const double mean = d * k / n;
+  const double var = population > 1 ? d * (k / n) * ((n - k) / n) * ((n - d) / (n - 1)) : 0.0;
+  return Moments{mean, var + mean * mean};
+}
+
+// A node of an in-tree up to its shape: its subtree's size, then its children's subtree sizes,
+// sorted. Nodes of the same shape add the same expected error.
+using NodeShape = std::vector<int>;
+
+}  // namespace
+
+HopTables hop_profile(const topo::Schedule& s) {
+  const int n = s.n_workers;
+  HopTables t;
+  if (s.trees.empty() || n < 1) {  // no schedule: one rounding of everything
+    t.linear.assign(static_cast<size_t>(std::max(n, 1)) + 1, 1.0);
+    t.square = t.linear;
+    return t;
+  }
+  // Every node's shape, counted over all chunks. Subtree sizes in one pass from the leaves:
+  // a node's size is final once its children's are (reverse breadth-first order from the sink).
+  std::map<NodeShape, int64_t> shapes;
   for (const topo::ChunkTree& tree : s.trees) {
-    // Contributors of each node: itself plus its subtree. Children precede nothing in
-    // particular, so sizes come from a walk to the root from every node.
-    std::vector<int> size(tree.nodes.size(), 0);
-    for (size_t i = 0; i < tree.nodes.size(); ++i)
-      for (int v = static_cast<int>(i); v >= 0; v = tree.nodes[v].parent) ++size[v];
-    for (int k : size) {
-      const double share = k / n;
-      h.linear += share;
-      h.square += share * share;
+    std::vector<int> order{tree.sink};
+    for (size_t i = 0; i < order.size(); ++i)
+      for (int c : tree.nodes[order[i]].children) order.push_back(c);
+    std::vector<int> size(tree.nodes.size(), 1);
+    for (size_t i = order.size(); i-- > 0;)
+      for (int c : tree.nodes[order[i]].children) size[order[i]] += size[c];
+    for (int v : order) {
+      NodeShape shape{size[v]};
+      for (int c : tree.nodes[v].children) shape.push_back(size[c]);
+      std::sort(shape.begin() + 1, shape.end());
+      ++shapes[shape];
     }
   }
-  h.linear /= static_cast<double>(s.trees.size());
-  h.square /= static_cast<double>(s.trees.size());
-  return h;
+  t.linear.assign(static_cast<size_t>(n) + 1, 0.0);
+  t.square.assign(static_cast<size_t>(n) + 1, 0.0);
+  std::vector<double> none(static_cast<size_t>(n) + 1);  // P(r given slots are all zero)
+  const double trees = static_cast<double>(s.trees.size());
+  for (int m = 1; m <= n; ++m) {
+    none[0] = 1.0;
+    for (int r = 1; r <= n; ++r)
+      none[r] = n - m - (r - 1) <= 0 ? 0.0 : none[r - 1] * (n - m - (r - 1)) / (n - (r - 1));
+    double linear = 0, square = 0;
+    for (const auto& [shape, copies] : shapes) {
+      // X = non-zero workers in the subtree. The node adds no error when its own values are zero
+      // and at most one child's subtree holds non-zero workers: subtract, per child i, E[X; the
+      // rest of the subtree (r = size - size_i slots) zero], where X is then the child's count,
+      // hypergeometric over the n - r other slots.
+      const Moments all = hypergeometric(n, m, shape[0]);
+      double first = all.first, second = all.second;
+      for (size_t i = 1; i < shape.size(); ++i) {
+        const int r = shape[0] - shape[i];
+        if (none[r] == 0.0) continue;
+        const Moments child = hypergeometric(n - r, m, shape[i]);
+        first -= none[r] * child.first;
+        second -= none[r] * child.second;
+      }
+      linear += static_cast<double>(copies) * first;
+      square += static_cast<double>(copies) * second;
+    }
+    t.linear[m] = linear / (trees * m);
+    t.square[m] = square / (trees * m * static_cast<double>(m));
+  }
+  t.linear[0] = t.linear[1];  // unused: a super-group counts at least one contributor
+  t.square[0] = t.square[1];
+  return t;
 }
 
 bool parse_budget_target(std::string_view text, BudgetTarget* out) {
@@ -60,43 +119,48 @@ std::string budget_target_name(const BudgetTarget& t) {
   return buf;
 }
 
-bool StatsSummary::load(const uint16_t* reduced, size_t count, int n_workers) {
+bool StatsSummary::load(const uint16_t* reduced, size_t count, int n_workers,
+                        const HopProfile& hop) {
   std::fill(count_.begin(), count_.end(), 0);
-  std::fill(centred_.begin(), centred_.end(), 0);
-  std::fill(mean_.begin(), mean_.end(), 0);
+  std::fill(hop_centred_.begin(), hop_centred_.end(), 0);
+  std::fill(hop_mean_.begin(), hop_mean_.end(), 0);
+  centred_ = mean_ = 0;
   unit_ = 1.0;
   const size_t n_sg = (count + 255) / 256;
-  if (n_workers < 1 || (n_sg > 0 && reduced == nullptr)) return false;
+  if (n_workers < 1 || (n_sg > 0 && reduced == nullptr) || hop.linear == nullptr ||
+      hop.square == nullptr)
+    return false;
   // Two passes: the largest energy fixes the fixed-point scale, then the sums per key. Integer
   // sums: the kernel's atomics (any order) give the same bits.
   double max_value = 0;
   SupergroupEnergy e;
   for (size_t j = 0; j < n_sg; ++j) {
-    if (!supergroup_energy(reduced, j, n_sg, count, n_workers, &e)) return false;
-    max_value = std::max(max_value, std::max(e.centred, e.mean));
+    if (!supergroup_energy(reduced, j, n_sg, count, n_workers, hop, &e)) return false;
+    max_value = std::max(max_value, largest_energy(e));
   }
   const double scale = fixed_point_scale(max_value, n_sg);
   for (size_t j = 0; j < n_sg; ++j) {
-    supergroup_energy(reduced, j, n_sg, count, n_workers, &e);
+    supergroup_energy(reduced, j, n_sg, count, n_workers, hop, &e);
     ++count_[e.key];
-    centred_[e.key] += to_fixed_point(e.centred, scale);
-    mean_[e.key] += to_fixed_point(e.mean, scale);
+    hop_centred_[e.key] += to_fixed_point(e.hop_centred, scale);
+    hop_mean_[e.key] += to_fixed_point(e.hop_mean, scale);
+    centred_ += to_fixed_point(e.centred, scale);
+    mean_ += to_fixed_point(e.mean, scale);
   }
   for (size_t k = kEnergyKeys; k-- > 0;) {  // entry k: keys >= k
     count_[k] += count_[k + 1];
-    centred_[k] += centred_[k + 1];
-    mean_[k] += mean_[k + 1];
+    hop_centred_[k] += hop_centred_[k + 1];
+    hop_mean_[k] += hop_mean_[k + 1];
   }
   unit_ = 1.0 / scale;  // a power of two: exact
   return true;
 }
 
-double predict_mx_vnmse(const std::vector<const StatsSummary*>& parts, double k,
-                        const HopProfile& hop) {
+double predict_mx_vnmse(const std::vector<const StatsSummary*>& parts, double k) {
   if (parts.empty()) return -1.0;
   double err = 0, energy = 0;
   for (const StatsSummary* s : parts) {
-    err += s->mx_error(k, hop);
+    err += s->mx_error(k);
     energy += s->energy();
   }
   return energy > 0 ? err / energy : 0.0;
@@ -116,11 +180,10 @@ std::string candidate_spec(int c) {
 
 void predict_budget(const std::vector<const StatsSummary*>& parts,
                     const std::vector<std::vector<DynamiqPlan>>& plans,
-                    const std::vector<std::vector<bool>>& fits, const HopProfile& hop,
-                    const BudgetTarget& target, BudgetPrediction* out) {
+                    const std::vector<std::vector<bool>>& fits, const BudgetTarget& target,
+                    BudgetPrediction* out) {
   BudgetJob job;
   job.auto_budget = 1;
-  job.hop = hop;
   job.target = target;
   job.used_mx = -1;  // candidates only
   BudgetAccumulator acc;
@@ -141,12 +204,11 @@ void predict_budget(const std::vector<const StatsSummary*>& parts,
 }
 
 double predict_vnmse(const std::vector<const StatsSummary*>& parts,
-                     const std::vector<const DynamiqPlan*>& plans, const HopProfile& hop,
-                     WidthCounts* widths) {
+                     const std::vector<const DynamiqPlan*>& plans, WidthCounts* widths) {
   if (parts.empty()) return -1.0;
   double err = 0, energy = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    err += parts[i]->dynamiq_error(*plans[i], hop, widths);
+    err += parts[i]->dynamiq_error(*plans[i], widths);
     energy += parts[i]->energy();
   }
   return energy > 0 ? err / energy : 0.0;
@@ -158,7 +220,7 @@ void run_budget_job(const BudgetJob& job, const uint16_t* reduced, BudgetResult*
   BudgetAccumulator acc;
   for (uint32_t i = 0; i < job.n_parts; ++i) {
     const BudgetPartJob& part = job.parts[i];
-    if (!summary.load(reduced + part.stats_offset, part.count, job.n_workers)) {
+    if (!summary.load(reduced + part.stats_offset, part.count, job.n_workers, job.hop)) {
       out->state = kBudgetNoPrediction;
       return;
     }

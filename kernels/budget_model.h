@@ -1,7 +1,7 @@
 // The error-targeted budget (DYNAMIQ_BITS=auto, docs/ENGINE.md section 10): a model of the vNMSE
 // a DynamiQ all-reduce will have at each budget of a fixed ladder, and of MXFP8's and MXFP6's on
 // the same data, from nothing but the all-reduced statistics every rank holds identically (per
-// super-group: the sum of the workers' means and the sum of their sums of squares).
+// super-group: the sums of the workers' means, of their sums of squares and of "all zero").
 //
 // Every rank must choose the same budget, so everything here is a pure function of those bytes:
 // integer sums, IEEE +, -, *, / in double in a fixed order (no libm, no reduction whose order
@@ -24,8 +24,12 @@ namespace dq {
 std::string candidate_spec(int c);
 // The relative rounding error of the MX codec `spec` ("mxfp8", "mxfp6"); 0 for any other codec.
 double mx_rounding_error(std::string_view spec);
-// The hop profile (budget_math.h) of a schedule.
-HopProfile hop_profile(const topo::Schedule& schedule);
+// The hop profile (budget_math.h) of a schedule: its tables, owned, and a view of them.
+struct HopTables {
+  std::vector<double> linear, square;  // n_workers + 1 entries: m = 0 .. n_workers
+  HopProfile view() const { return HopProfile{linear.data(), square.data()}; }
+};
+HopTables hop_profile(const topo::Schedule& schedule);
 // "mxfp8", "mxfp6" or "vnmse:X" with X a decimal in (0, 10] (case-insensitive names).
 bool parse_budget_target(std::string_view text, BudgetTarget* out);
 std::string budget_target_name(const BudgetTarget& t);
@@ -36,51 +40,51 @@ std::string budget_target_name(const BudgetTarget& t);
 // O(1) steps.
 class StatsSummary {
  public:
-  // reduced: 2 BF16 words per super-group (summed means, summed sums of squares) of a tensor of
-  // `count` elements summed over `n_workers`. False (no prediction) when a statistic is not
-  // finite: a poisoned super-group, or an energy that overflowed.
-  bool load(const uint16_t* reduced, size_t count, int n_workers);
+  // reduced: kStatsWordsPerSupergroup BF16 words per super-group of a tensor of `count`
+  // elements summed over `n_workers`, whose schedule has the hop profile `hop` (n_workers + 1
+  // entries). False (no prediction) when a statistic is not finite: a poisoned super-group, or
+  // an energy that overflowed.
+  bool load(const uint16_t* reduced, size_t count, int n_workers, const HopProfile& hop);
   // The widths the codec planned as `plan` gives these statistics (the same bisection on the
   // same float comparisons as build_dynamiq_layout) and the expected squared error of the result
   // (units of the data squared).
-  double dynamiq_error(const DynamiqPlan& plan, const HopProfile& hop, WidthCounts* widths) const {
-    return part_plan_error(sums(), plan, hop, widths);
+  double dynamiq_error(const DynamiqPlan& plan, WidthCounts* widths) const {
+    return part_plan_error(sums(), plan, widths);
   }
   // The expected squared error of an MX format with relative rounding error k.
-  double mx_error(double k, const HopProfile& hop) const { return part_mx_error(sums(), k, hop); }
+  double mx_error(double k) const { return part_mx_error(sums(), k); }
   // Expected energy of the exact sum: the vNMSE's denominator.
   double energy() const { return part_energy(sums()); }
   size_t supergroups() const { return static_cast<size_t>(count_[0]); }
   BudgetSums sums() const {
-    return BudgetSums{count_.data(), centred_.data(), mean_.data(), unit_};
+    return BudgetSums{count_.data(), hop_centred_.data(), hop_mean_.data(), centred_, mean_, unit_};
   }
 
  private:
   // kEnergyKeys + 1 entries each (see BudgetSums); all zero when nothing is loaded.
   std::vector<uint64_t> count_ = std::vector<uint64_t>(kEnergyKeys + 1, 0);
-  std::vector<uint64_t> centred_ = std::vector<uint64_t>(kEnergyKeys + 1, 0);
-  std::vector<uint64_t> mean_ = std::vector<uint64_t>(kEnergyKeys + 1, 0);
+  std::vector<uint64_t> hop_centred_ = std::vector<uint64_t>(kEnergyKeys + 1, 0);
+  std::vector<uint64_t> hop_mean_ = std::vector<uint64_t>(kEnergyKeys + 1, 0);
+  uint64_t centred_ = 0, mean_ = 0;
   double unit_ = 1.0;
 };
 
 // Predicts every candidate for a call made of `parts` (their summaries; per part, the plan of
 // each rung, plans[part][rung], and whether each candidate fits, fits[part][candidate]: a
 // candidate with no entry does not) and chooses the one with the fewest bits whose vNMSE meets
-// the target; when none does, the one with the smallest predicted vNMSE. All parts share `hop`.
+// the target; when none does, the one with the smallest predicted vNMSE.
 void predict_budget(const std::vector<const StatsSummary*>& parts,
                     const std::vector<std::vector<DynamiqPlan>>& plans,
-                    const std::vector<std::vector<bool>>& fits, const HopProfile& hop,
-                    const BudgetTarget& target, BudgetPrediction* out);
+                    const std::vector<std::vector<bool>>& fits, const BudgetTarget& target,
+                    BudgetPrediction* out);
 
 // The predicted vNMSE of a call sent in an MX format of relative rounding error k: -1 when the
 // parts are empty.
-double predict_mx_vnmse(const std::vector<const StatsSummary*>& parts, double k,
-                        const HopProfile& hop);
+double predict_mx_vnmse(const std::vector<const StatsSummary*>& parts, double k);
 
 // The predicted vNMSE of one plan alone (for a fixed budget): -1 when the parts are empty.
 double predict_vnmse(const std::vector<const StatsSummary*>& parts,
-                     const std::vector<const DynamiqPlan*>& plans, const HopProfile& hop,
-                     WidthCounts* widths);
+                     const std::vector<const DynamiqPlan*>& plans, WidthCounts* widths);
 
 // A call's prediction as the engine enqueues it (Device::predict_budget), on the host: each of
 // the job's parts loaded from `reduced` and accumulated in order, then finish_budget(); the same

@@ -140,9 +140,10 @@ class DynamiqCodec final : public Codec {
     size_t capacity = kChunkHeaderBytes, stride = 0;
     bool honest = true;
     if (n_sg > 0) {
-      // Bytes the budget allows for one compressed copy, minus the statistics (2 BF16 / SG).
+      // Bytes the budget allows for one compressed copy, minus the statistics (BF16 words).
       const double budget_bytes = std::floor(opt_.budget_bits * static_cast<double>(count) / 8.0);
-      const double for_chunks = budget_bytes - 4.0 * static_cast<double>(n_sg);
+      const double for_chunks =
+          budget_bytes - 2.0 * static_cast<double>(kStatsWordsPerSupergroup * n_sg);
       const size_t by_budget = for_chunks > 0 ? static_cast<size_t>(for_chunks) / n_chunks : 0;
       // Cuts fall where a record starts: a chunk holds at most stride - 1 + max_record bytes.
       auto capacity_for = [&](size_t record) {
@@ -173,7 +174,7 @@ class DynamiqCodec final : public Codec {
     return Status::kOk;
   }
 
-  size_t stats_words() const override { return 2 * plan_.n_sg; }
+  size_t stats_words() const override { return kStatsWordsPerSupergroup * plan_.n_sg; }
 
   Status local_stats(const ConstTensor& x, uint16_t* stats) const override {
     if (x.count != count_)
@@ -184,18 +185,21 @@ class DynamiqCodec final : public Codec {
         const size_t base = j * kSuperGroup;
         const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
         float sum = 0.0f, sum_sq = 0.0f;
+        bool non_zero = false;  // any value != 0 (NaN included): this worker changes the sum
         for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
           float gs = 0.0f, gq = 0.0f;
           for (int k = g * kGroup; k < std::min(valid, (g + 1) * kGroup); ++k) {
             float v = load_value(x.data, x.dtype, base + k);
             gs += v;
             gq += v * v;
+            non_zero = non_zero || v != 0.0f;
           }
           sum += gs;
           sum_sq += gq;
         }
-        stats[2 * j] = f32_to_bf16_sat(sum / static_cast<float>(valid));
-        stats[2 * j + 1] = f32_to_bf16_sat(sum_sq);
+        stats[stat_word(j, kStatMean)] = f32_to_bf16_sat(sum / static_cast<float>(valid));
+        stats[stat_word(j, kStatEnergy)] = f32_to_bf16_sat(sum_sq);
+        stats[stat_word(j, kStatAllZero)] = non_zero ? 0 : kBf16One;
       }
     });
     return Status::kOk;

@@ -27,7 +27,7 @@ uint32_t fnv1a(uint32_t h, uint32_t v) {
 
 // The energy key F_j: the summed sum of squares, non-finite clamped to FLT_MAX.
 float energy(const uint16_t* reduced, size_t j) {
-  const float f = bf16_to_f32(reduced[2 * j + 1]);
+  const float f = bf16_to_f32(reduced[stat_word(j, kStatEnergy)]);
   return (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
 }
 
@@ -159,9 +159,11 @@ Status build_dynamiq_layout(const DynamiqPlan& p, const uint16_t* reduced, uint6
   l.header[2] = dynamiq_plan_shape(p.n_chunks, p.n_workers);
   const float n = static_cast<float>(p.n_workers);
   for (size_t j = 0; j < p.n_sg; ++j) {
-    const float mu = bf16_to_f32(reduced[2 * j]) / n;
-    // A non-finite mean poisons the output; without mean subtraction finite means stay 0.
-    l.mean[j] = (p.mean_subtraction || !std::isfinite(mu)) ? mu : 0.0f;
+    const float mu = bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n;
+    // A non-finite mean poisons the output; without mean subtraction (or in a super-group some
+    // worker has all zero) finite means stay 0.
+    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j);
+    l.mean[j] = (subtract || !std::isfinite(mu)) ? mu : 0.0f;
   }
   assign_widths(p, l, reduced);
   uint32_t starts[4];

@@ -10,8 +10,25 @@
 #include <type_traits>
 
 #include "common/status.h"
+#include "kernels/hd.h"
 
 namespace dq {
+
+// The statistics all-reduce (docs/FORMAT.md, "Statistics"): per super-group j, BF16 words at
+// kStatsWordsPerSupergroup * j + kStat*, summed element-wise over the workers.
+inline constexpr size_t kStatsWordsPerSupergroup = 3;
+inline constexpr size_t kStatMean = 0;     // the worker's mean over the valid elements
+inline constexpr size_t kStatEnergy = 1;   // the worker's sum of squares
+// 1 if every one of the worker's values is zero (a sum of these is exact at 0 for any number of
+// workers: the super-group is dense exactly when it is 0)
+inline constexpr size_t kStatAllZero = 2;
+DQ_HD constexpr size_t stat_word(size_t j, size_t word) { return kStatsWordsPerSupergroup * j + word; }
+// Super-group j is dense when no worker's values are all zero. Only a dense super-group has its
+// mean subtracted: a worker whose values are all zero then adds exact zeros, and re-rounding a
+// partial sum that did not change adds no error (docs/FORMAT.md).
+DQ_HD constexpr bool supergroup_dense(const uint16_t* reduced_stats, size_t j) {
+  return (reduced_stats[stat_word(j, kStatAllZero)] & 0x7fffu) == 0;  // +0 or -0
+}
 
 // Plan parameters the layout build needs; fixed by DynamiqCodec::plan().
 struct DynamiqPlan {
@@ -106,7 +123,7 @@ constexpr uint64_t dynamiq_plan_shape(int n_chunks, int n_workers) {
   return static_cast<uint32_t>(n_chunks) | static_cast<uint64_t>(static_cast<uint32_t>(n_workers)) << 32;
 }
 
-// Builds the layout for `plan` from the all-reduced statistics (2 BF16 words per super-group)
+// Builds the layout for `plan` from the all-reduced statistics (kStatsWordsPerSupergroup words)
 // into `layout` (dynamiq_sections(plan.n_sg, plan.n_chunks).bytes bytes, 8-byte aligned).
 // Deterministic: identical inputs give identical bytes. Host code (TBB inside).
 Status build_dynamiq_layout(const DynamiqPlan& plan, const uint16_t* reduced_stats_bf16,

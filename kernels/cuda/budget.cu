@@ -3,7 +3,8 @@
 //  1. zero the per-key tables;
 //  2. each super-group's energies (budget_math.h): a block max of the largest (order does not
 //     matter for a max) fixes the fixed-point scale, a block OR of "not finite" ends the job;
-//  3. the per-key sums: integer atomics, whose totals do not depend on their order;
+//  3. the per-key sums: integer atomics, whose totals do not depend on their order (the part's
+//     unweighted energies: a block sum of integers);
 //  4. the sums cumulated from the largest key down: each thread owns a run of consecutive keys,
 //     a block exclusive scan of the runs' totals gives each run its start;
 //  5. one thread per candidate (and one for the energy, the target and the plan used) computes
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kBudgetThreads)
   if (skip != 0) return;
   const BudgetJob job = *job_in;
   uint64_t* count = tables;
-  uint64_t* centred = tables + (kKeys + 1);
+  uint64_t* centred = tables + (kKeys + 1);  // weighted by the hop profile
   uint64_t* mean = tables + 2 * (kKeys + 1);
   if (t == 0) acc = BudgetAccumulator{};
   bool finite = true;
@@ -65,11 +66,11 @@ __global__ void __launch_bounds__(kBudgetThreads)
     unsigned long long bad = 0;
     SupergroupEnergy e;
     for (unsigned long long j = t; j < n_sg; j += nt) {
-      if (!supergroup_energy(r, j, n_sg, n_elems, job.n_workers, &e)) {
+      if (!supergroup_energy(r, j, n_sg, n_elems, job.n_workers, job.hop, &e)) {
         bad = 1;
         continue;
       }
-      const double v = e.centred < e.mean ? e.mean : e.centred;
+      const double v = largest_energy(e);
       local_max = local_max < v ? v : local_max;
     }
     const double max_value = block_reduce(local_max, MaxOp(), scratch_d);
@@ -77,13 +78,18 @@ __global__ void __launch_bounds__(kBudgetThreads)
     if (!finite) break;
     // 3. (block_reduce ended with a barrier: the tables are zero)
     const double scale = fixed_point_scale(max_value, n_sg);
+    unsigned long long own_centred = 0, own_mean = 0;
     for (unsigned long long j = t; j < n_sg; j += nt) {
-      supergroup_energy(r, j, n_sg, n_elems, job.n_workers, &e);
+      supergroup_energy(r, j, n_sg, n_elems, job.n_workers, job.hop, &e);
       atomicAdd(as_ull(&count[e.key]), 1ull);
-      atomicAdd(as_ull(&centred[e.key]), static_cast<unsigned long long>(to_fixed_point(e.centred, scale)));
-      atomicAdd(as_ull(&mean[e.key]), static_cast<unsigned long long>(to_fixed_point(e.mean, scale)));
+      atomicAdd(as_ull(&centred[e.key]), static_cast<unsigned long long>(to_fixed_point(e.hop_centred, scale)));
+      atomicAdd(as_ull(&mean[e.key]), static_cast<unsigned long long>(to_fixed_point(e.hop_mean, scale)));
+      own_centred += to_fixed_point(e.centred, scale);
+      own_mean += to_fixed_point(e.mean, scale);
     }
-    __syncthreads();
+    // block_reduce ends with a barrier: the atomics are done when it returns.
+    const unsigned long long total_centred = block_reduce(own_centred, SumOp(), scratch);
+    const unsigned long long total_mean = block_reduce(own_mean, SumOp(), scratch);
     // 4. Thread t owns the keys at descending positions [t kRun, (t + 1) kRun).
     const uint32_t begin = t * kRun < kKeys ? t * kRun : kKeys;
     const uint32_t end = begin + kRun < kKeys ? begin + kRun : kKeys;
@@ -103,7 +109,7 @@ __global__ void __launch_bounds__(kBudgetThreads)
     // 5.
     if (t == 0) terms = PartTerms{};
     __syncthreads();
-    const BudgetSums sums{count, centred, mean, 1.0 / scale};
+    const BudgetSums sums{count, centred, mean, total_centred, total_mean, 1.0 / scale};
     const int c = static_cast<int>(t);
     if (c == kCandidates || (c < kCandidates && job.auto_budget)) part_term(job, *part, sums, c, &terms);
     __syncthreads();

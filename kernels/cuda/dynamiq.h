@@ -75,8 +75,8 @@ enum DynamiqError : unsigned {
                                   // record past the capacity, which they then neither write nor read
 };
 
-// The layout of `params` for this call from the all-reduced statistics (2 BF16 words per
-// super-group) into `layout` (params.sections.bytes bytes, 8-byte aligned): the bytes of
+// The layout of `params` for this call from the all-reduced statistics
+// (kStatsWordsPerSupergroup BF16 words per super-group) into `layout` (params.sections.bytes bytes, 8-byte aligned): the bytes of
 // build_dynamiq_layout(), padding included. One block.
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error, cudaStream_t stream);

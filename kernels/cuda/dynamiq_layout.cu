@@ -50,12 +50,12 @@ __device__ __forceinline__ bool non_finite(float f) {
 
 // mu_j before mean subtraction is applied: non-finite marks a poisoned super-group.
 __device__ __forceinline__ float raw_mean(const uint16_t* reduced, size_t j, float n_workers) {
-  return bf16_to_f32(reduced[2 * j]) / n_workers;
+  return bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n_workers;
 }
 
 // The energy key F_j: the summed sum of squares, non-finite clamped to FLT_MAX.
 __device__ __forceinline__ float energy(const uint16_t* reduced, size_t j) {
-  const float f = bf16_to_f32(reduced[2 * j + 1]);
+  const float f = bf16_to_f32(reduced[stat_word(j, kStatEnergy)]);
   return (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
 }
 
@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kLayoutThreads)
   const float n = static_cast<float>(p.n_workers);
   for (uint32_t j = t; j < n_sg; j += nt) {
     const float mu = raw_mean(reduced, j, n);
-    l.mean[j] = (p.mean_subtraction || non_finite(mu)) ? mu : 0.0f;
+    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j);  // host: the same
+    l.mean[j] = (subtract || non_finite(mu)) ? mu : 0.0f;
   }
 
   // 2. Widths.

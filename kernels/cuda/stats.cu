@@ -1,10 +1,11 @@
-// Per-super-group statistics for DynamiQ's statistics all-reduce: the mean and the sum of squares
-// of every 256 values, as BF16 words, with the bits of the host's DynamiqCodec::local_stats
-// (kernels/dynamiq_codec.cc). The host's order is kept exactly: within each group of 16 values a
-// sequential sum from +0, then a sequential sum of the 16 group sums from +0; the mean divides by
-// the super-group's count of valid values (the last super-group may be partial); both words go
-// through f32_to_bf16_sat. With --fmad=false, IEEE division and no flush-to-zero on the device
-// (and -ffp-contract=off under the emulator) every operation is the host's.
+// Per-super-group statistics for DynamiQ's statistics all-reduce: the mean, the sum of squares
+// and whether all values are zero, of every 256 values, as BF16 words (docs/FORMAT.md), with
+// the bits of the host's DynamiqCodec::local_stats (kernels/dynamiq_codec.cc). The host's order
+// is kept exactly: within each group of 16 values a sequential sum from +0, then a sequential
+// sum of the 16 group sums from +0; the mean divides by the super-group's count of valid values
+// (the last super-group may be partial); both go through f32_to_bf16_sat. With --fmad=false, IEEE
+// division and no flush-to-zero on the device (and -ffp-contract=off under the emulator) every
+// operation is the host's; the count of non-zero values is a small integer, exact in any order.
 //
 // Work split: a block of 256 threads takes a tile of 16 super-groups (4096 values): it loads the
 // tile coalesced into shared memory, then thread t sums group t % 16 of super-group t / 16 and a
@@ -13,6 +14,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
+#include "kernels/dynamiq_layout.h"
 #include "kernels/dynamiq_math.h"
 
 namespace dq::cuda {
@@ -60,16 +62,20 @@ __global__ void __launch_bounds__(kStatsThreads)
     in_group = in_group < 0 ? 0 : in_group > kGroup ? kGroup : in_group;
     const float* row = &tile[t * kRowPitch];  // group g of super-group t / 16 is row t
     float group_sum = 0.0f, group_sq = 0.0f;
+    float group_non_zero = 0.0f;  // values != 0 in the group (NaN included), at most 16: exact
     for (int k = 0; k < in_group; ++k) {
       const float v = row[k];
       group_sum += v;
       group_sq += v * v;
+      group_non_zero += v != 0.0f ? 1.0f : 0.0f;
     }
     const float sum = segment_ordered_sum<kGroupsPerSuperGroup>(group_sum);
     const float sum_sq = segment_ordered_sum<kGroupsPerSuperGroup>(group_sq);
+    const float non_zero = segment_ordered_sum<kGroupsPerSuperGroup>(group_non_zero);
     if (g == 0 && sg < n_sg) {
-      stats[2 * sg] = f32_to_bf16_sat(sum / static_cast<float>(valid));
-      stats[2 * sg + 1] = f32_to_bf16_sat(sum_sq);
+      stats[stat_word(sg, kStatMean)] = f32_to_bf16_sat(sum / static_cast<float>(valid));
+      stats[stat_word(sg, kStatEnergy)] = f32_to_bf16_sat(sum_sq);
+      stats[stat_word(sg, kStatAllZero)] = non_zero > 0.0f ? 0 : kBf16One;
     }
     __syncthreads();  // the tile is overwritten next
   }

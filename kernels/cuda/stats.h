@@ -12,7 +12,8 @@ namespace dq::cuda {
 constexpr int kStatsThreads = 256;
 
 // Enqueues the statistics of `count` values at `x` (FP32, or BF16 when `bf16`) on `stream`:
-// stats[2j] = BF16(mean of super-group j), stats[2j+1] = BF16(its sum of squares), for the
+// stats[3j] = BF16(mean of super-group j), stats[3j+1] = BF16(its sum of squares), stats[3j+2] =
+// 1.0 if all of its values are zero, else 0 (kernels/dynamiq_layout.h, stat_word), for the
 // ceil(count / 256) super-groups, the last one possibly partial. `max_blocks` caps the grid
 // (0: as many blocks as needed, up to 1024). Returns the launch's error (cudaSuccess when
 // count == 0: nothing to do). `error`: the lane's error/flags word in device memory; when it is

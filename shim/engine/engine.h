@@ -189,6 +189,8 @@ class Engine {
   std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
   std::unique_ptr<Check> check_;                // DYNAMIQ_CHECK_EVERY > 0 only
   BudgetTarget target_;                      // DYNAMIQ_TARGET, parsed
+  // The hop profile of each topology's schedule (kernels/budget_model.h), made once: O(n^2).
+  std::vector<std::pair<topo::Kind, HopTables>> hop_tables_;
   // The INFO summary's window: compressed DynamiQ calls since the last summary line.
   struct Window {
     uint64_t calls = 0, predicted = 0, mx_calls = 0, checked = 0;

@@ -37,6 +37,9 @@ class Mismatch(Exception):
     pass
 
 
+# Statistics words per super-group (docs/FORMAT.md): mean, sum of squares, all zero.
+STATS_WORDS = 3
+
 def expect(cond, what):
     if not cond:
         raise Mismatch(what)
@@ -135,7 +138,7 @@ class DynamiqLayout:
         R = {w: record_bytes(w) for w in (2, 4, 8, 16)}
         self.R = R
         r_max = R[16]
-        by_budget = max(0, (math.floor(b * self.count / 8) - 4 * S)) // self.P
+        by_budget = max(0, (math.floor(b * self.count / 8) - 2 * STATS_WORDS * S)) // self.P
         honest_need = HEADER_BYTES + r_max - 1 + max(1, -(-R[2] * S // self.P))
         if by_budget >= honest_need:
             self.capacity = by_budget
@@ -143,13 +146,17 @@ class DynamiqLayout:
             self.capacity = HEADER_BYTES + r_max - 1 + max(1, -(-r_max * S // self.P))
         self.honest = by_budget >= honest_need
         self.stride = self.capacity - HEADER_BYTES - r_max + 1
-        expect(len(stats) == 2 * S, f"{len(stats)} statistics words, expected {2 * S}")
+        W = STATS_WORDS
+        expect(len(stats) == W * S, f"{len(stats)} statistics words, expected {W * S}")
         n = F32(self.n)
-        self.mu = [bf16(stats[2 * j]) / n for j in range(S)]
-        self.poisoned = [not np.isfinite(m) for m in self.mu]
+        raw_mu = [bf16(stats[W * j]) / n for j in range(S)]
+        self.poisoned = [not np.isfinite(m) for m in raw_mu]
+        # The mean is subtracted only where no worker's super-group is all zero (word 2 sums to 0).
+        dense = [(int(stats[W * j + 2]) & 0x7FFF) == 0 for j in range(S)]
+        self.mu = [m if (d or not np.isfinite(m)) else F32(0) for m, d in zip(raw_mu, dense)]
         energy = []
         for j in range(S):
-            f = bf16(stats[2 * j + 1])
+            f = bf16(stats[W * j + 1])
             energy.append(f if np.isfinite(f) else FLT_MAX)
         self.energy = energy
         # T816: the smallest non-negative float (bisection over its bit pattern) whose widths fit.

@@ -11,6 +11,7 @@
 #include "kernels/bitpack.h"
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_layout.h"
 #include "kernels/dynamiq_math.h"
 #include "kernels/payload.h"
 #include "kernels/philox.h"
@@ -255,7 +256,7 @@ TEST(CorrelatedRounding, CodecSumOfTwoLeavesIsExact) {
 // Mean of many independent roundings stays within a few standard errors of the input.
 void expect_unbiased(const char* spec, int expected_width) {
   auto c = codec(spec);
-  const size_t total = 256 * 64, n = 512;  // large enough for the budget; first 512 checked
+  const size_t total = 256 * 128, n = 512;  // large enough for the budget; first 512 checked
   std::vector<float> x = gaussian(total, 5);
   for (size_t k = 256; k < n; ++k) x[k] *= 1e-3f;  // a second super-group at another scale
   ASSERT_EQ(c->plan(total, 1, 1), Status::kOk);
@@ -359,9 +360,9 @@ TEST(Budget, CapacityIsFixedBeforeDataAndFitsTheBudget) {
         std::vector<uint16_t> stats(c->stats_words());
         for (int trial = 0; trial < 4; ++trial) {
           std::lognormal_distribution<float> spread(0.0f, trial * 3.0f);
-          for (size_t j = 0; j < stats.size() / 2; ++j) {
-            stats[2 * j] = f32_to_bf16_rne(0.0f);
-            stats[2 * j + 1] = f32_to_bf16_rne(trial == 3 ? (j % 2 ? 1e30f : 0.0f) : spread(gen));
+          for (size_t j = 0; j < stats.size() / kStatsWordsPerSupergroup; ++j) {
+            stats[stat_word(j, kStatMean)] = f32_to_bf16_rne(0.0f);
+            stats[stat_word(j, kStatEnergy)] = f32_to_bf16_rne(trial == 3 ? (j % 2 ? 1e30f : 0.0f) : spread(gen));
           }
           ASSERT_EQ(c->agree(stats.data(), trial), Status::kOk);
           EXPECT_EQ(c->chunk_capacity(), capacity);
@@ -396,9 +397,9 @@ TEST(Allocation, LargerEnergyNeverGetsFewerBits) {
   std::vector<uint16_t> stats(c->stats_words());
   std::vector<float> energy(n / 256);
   for (size_t j = 0; j < energy.size(); ++j) {
-    stats[2 * j] = 0;
-    stats[2 * j + 1] = f32_to_bf16_rne(spread(gen));
-    energy[j] = bf16_to_f32(stats[2 * j + 1]);
+    stats[stat_word(j, kStatMean)] = 0;
+    stats[stat_word(j, kStatEnergy)] = f32_to_bf16_rne(spread(gen));
+    energy[j] = bf16_to_f32(stats[stat_word(j, kStatEnergy)]);
   }
   ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
   auto view = dynamiq_layout(*c);
@@ -575,7 +576,7 @@ TEST(Layout, CallerOwnedLayoutsAreIndependentOfTheCodec) {
 TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
   for (const char* spec : {"dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
     auto c = codec(spec);
-    const size_t n = 256 * 64;  // budget-sized, so the fixed width follows the budget
+    const size_t n = 256 * 128;  // budget-sized, so the fixed width follows the budget
     auto x = gaussian(n, 21);
     ASSERT_EQ(c->plan(n, 1, 5), Status::kOk);
     auto stats = reduce_stats(*c, {x, x, x, x, x});
@@ -592,7 +593,7 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
     const uint8_t* rec = out.data() + kChunkHeaderBytes;
     for (size_t i = 0; i < view.n_supergroups; ++i, rec += record_bytes(bits, true)) {
       const uint32_t j = view.order[i];
-      const float mu = bf16_to_f32(stats[2 * j]) / 5.0f;
+      const float mu = supergroup_dense(stats.data(), j) ? bf16_to_f32(stats[stat_word(j, kStatMean)]) / 5.0f : 0.0f;
       float v[256], sgmax = 0, gmax[16] = {0};
       for (int k = 0; k < 256; ++k) {
         v[k] = x[j * 256 + k] - mu;
@@ -661,7 +662,9 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
       const uint8_t* rec_in = leaf.data() + offset;
       const uint8_t* rec = out.data() + offset;
       offset += record_bytes(bits, true);
-      const float mu = bits == 16 ? 0.0f : bf16_to_f32(stats[2 * j]) / 3.0f;
+      const float mu = bits == 16 || !supergroup_dense(stats.data(), j)
+                           ? 0.0f
+                           : bf16_to_f32(stats[stat_word(j, kStatMean)]) / 3.0f;
       float v[256];
       for (int k = 0; k < 256; ++k) {
         const size_t e = j * 256ull + k;

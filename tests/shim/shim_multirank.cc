@@ -26,6 +26,7 @@
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "kernels/bf16.h"
+#include "kernels/dynamiq_layout.h"
 #include "kernels/codec.h"
 #include "tests/common/rank_harness.h"
 #include "tools/sim/gradients.h"
@@ -987,12 +988,13 @@ size_t same_as_simulator(const std::string& bytes, size_t count, bool bf16, cons
 // The engine's wire bytes for one compressed reduce-scatter of `recv` elements per rank, as
 // dynamiqCommBytes counts them, and the bound they must stay under. Each pipeline block of
 // the rank block (reduce_scatter_block_elems) has one codec per chunk, planned with
-// plan(C_b, 1 chunk, n): a chunk message of cap_b = floor(5 C_b / 8) - 4 g_b bytes (g_b =
-// ceil(C_b / 256) super-groups, whose 2 BF16 statistics words take the rest of the budget), and
-// every rank sends n - 1 of them per block. The statistics all-reduce (every rank block's words,
-// S = n sum_b 2 g_b) plus one control word are counted as a ring sends them: (4 S + 4)(n-1)/n.
+// plan(C_b, 1 chunk, n): a chunk message of cap_b = floor(5 C_b / 8) - 2 W g_b bytes (g_b =
+// ceil(C_b / 256) super-groups, whose W = kStatsWordsPerSupergroup BF16 statistics words take
+// the rest of the budget), and every rank sends n - 1 of them per block. The statistics
+// all-reduce (every rank block's words, S = n sum_b W g_b) plus one control word are counted as a
+// ring sends them: (4 S + 4)(n-1)/n.
 // So wire = (n-1) sum_b cap_b + floor((4 S + 4)(n-1)/n)
-//        <= (n-1)/n x (n recv) x 5/8 + 4 (n-1) sum_b g_b + 4:
+//        <= (n-1)/n x (n recv) x 5/8 + 2 W (n-1) sum_b g_b + 4:
 // 5 bits per input coordinate on (n-1)/n of the input, plus the statistics.
 void scatter_wire_bytes(size_t recv, size_t esize, int n, uint64_t block_bytes, uint64_t* expected,
                         double* bound) {
@@ -1011,7 +1013,7 @@ void scatter_wire_bytes(size_t recv, size_t esize, int n, uint64_t block_bytes, 
   const uint64_t nn = static_cast<uint64_t>(n);
   *expected = (nn - 1) * caps + (4 * nn * words + 4) * (nn - 1) / nn;
   *bound = (n - 1.0) / n * static_cast<double>(nn * recv) * 5.0 / 8.0 +
-           4.0 * (n - 1) * static_cast<double>(groups) + 4.0;
+           2.0 * dq::kStatsWordsPerSupergroup * (n - 1) * static_cast<double>(groups) + 4.0;
 }
 
 constexpr size_t kScatterRecv = 50001;  // odd: rank blocks start off super-group boundaries

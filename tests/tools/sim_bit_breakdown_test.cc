@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/codec.h"
+#include "kernels/dynamiq_layout.h"
 #include "tools/sim/bit_breakdown.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -69,7 +70,7 @@ void expect_consistent(const Outcome& r, double budget, const std::string& what)
     // The budget is rounded down to whole bytes, then split into P equal whole-byte messages.
     EXPECT_LT(b.unallocated, 8.0 * (1 + b.chunks));
   }
-  EXPECT_EQ(b.statistics, 32u * b.supergroups);
+  EXPECT_EQ(b.statistics, 16u * kStatsWordsPerSupergroup * b.supergroups);
   EXPECT_EQ(b.headers, 128u * static_cast<uint64_t>(b.chunks));
   // Shares of super-groups and of the error add up to 1; the error is the simulator's.
   size_t sgs = 0;

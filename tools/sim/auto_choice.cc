@@ -45,7 +45,8 @@ Status predict_auto(const std::vector<const float*>& rows, size_t d, const topo:
   base->plan(d, sched.n_chunks, sched.n_workers);
   const std::vector<uint16_t> stats = reduced_stats(*base, rows, d);
   StatsSummary summary;
-  if (!summary.load(stats.data(), d, sched.n_workers)) {
+  const HopTables hop = hop_profile(sched);
+  if (!summary.load(stats.data(), d, sched.n_workers, hop.view())) {
     *error = "a statistic is not finite (non-finite input, or an energy that overflowed)";
     return Status::kInvalidArgument;
   }
@@ -62,7 +63,7 @@ Status predict_auto(const StatsSummary& summary, size_t d, const topo::Schedule&
     if (st != Status::kOk) return st;
     fits[0][r] = f;
   }
-  predict_budget({&summary}, plans, fits, hop_profile(sched), target, out);
+  predict_budget({&summary}, plans, fits, target, out);
   return Status::kOk;
 }
 

@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     for (dq::topo::Kind topo : topos) {
       dq::topo::Schedule sched;
       if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
-      const dq::HopProfile hop = dq::hop_profile(sched);
+      const dq::HopTables hop = dq::hop_profile(sched);
       for (size_t b = 0; b < n_buckets; ++b) {
         const size_t begin = b * bucket;
         const size_t d = b + 1 == n_buckets ? m.cols - begin : bucket;
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
         base->plan(d, sched.n_chunks, n);
         const std::vector<uint16_t> stats = dq::sim::reduced_stats(*base, rows, d);
         dq::StatsSummary summary;
-        if (!summary.load(stats.data(), d, n)) continue;
+        if (!summary.load(stats.data(), d, n, hop.view())) continue;
         const std::vector<const dq::StatsSummary*> parts{&summary};
         BucketMeasurements measured(sched, rows, d);
         auto row = [&](const char* kind, const std::string& codec) {
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
             return 1;
           }
           if (!fits) continue;
-          const double pred = dq::predict_vnmse(parts, {&plan}, hop, nullptr);
+          const double pred = dq::predict_vnmse(parts, {&plan}, nullptr);
           char spec[32];
           std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
           Measured me;
@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
         Measured mx8, five;
         for (const char* spec : {"mxfp8", "mxfp6"}) {
           const double k = dq::mx_rounding_error(spec);
-          const double pred = summary.mx_error(k, hop) / summary.energy();
+          const double pred = summary.mx_error(k) / summary.energy();
           Measured me;
           if (!compare("mx", spec, pred, &ratio_mx, &me)) return 1;
           if (std::strcmp(spec, "mxfp8") == 0) mx8 = me;
@@ -244,7 +244,8 @@ int main(int argc, char** argv) {
         if (!measured.get(spec, &me) || !measured.get("dynamiq:5", &five))
           return 1;
         // An MX bucket of the engine also all-reduces its statistics every 8th call.
-        if (dq::candidate_is_mx(pred.rung)) me.bits += 0.125 / 8;
+        if (dq::candidate_is_mx(pred.rung))
+          me.bits += 16.0 * dq::kStatsWordsPerSupergroup / 256.0 / 8.0;
         auto j = row("auto", spec);
         j["target"] = dq::budget_target_name(target);
         j["target_vnmse"] = pred.target;

@@ -66,8 +66,9 @@ SCHEMES = {
     "auto-mxfp8": ("auto:mxfp8", "ring"),
 }
 # Bits per coordinate an MX call of auto adds: the engine all-reduces an MX bucket's statistics
-# (1/8 bit per coordinate) every 8th call, to keep its prediction current.
-AUTO_MX_STATS_BITS = 0.125 / 8
+# (3 BF16 words per 256 values: 3/16 bit per coordinate) every 8th call, to keep its prediction
+# current.
+AUTO_MX_STATS_BITS = 0.1875 / 8
 
 # Per-size defaults; an explicit flag overrides them. "full" is sized so that the 42 runs
 # (7 schemes x n = 4, 16 x 3 seeds) take under 60 minutes on an idle 2-core machine.

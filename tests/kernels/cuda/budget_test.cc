@@ -15,6 +15,7 @@
 #include "kernels/codec.h"
 #include "kernels/cuda/budget.h"
 #include "kernels/dynamiq_codec.h"
+#include "topo/schedule.h"
 
 namespace dq::cuda {
 namespace {
@@ -25,9 +26,10 @@ uint64_t bits(double d) {
   return u;
 }
 
-// Reduced statistics of `n_sg` super-groups as the all-reduce leaves them: summed means and
-// summed sums of squares (BF16), super-group scales spread over `decades` orders of magnitude,
-// some super-groups all zero.
+// Reduced statistics of `n_sg` super-groups as the all-reduce leaves them: summed means, summed
+// sums of squares and all-zero counts (BF16), super-group scales spread over `decades` orders of
+// magnitude, some super-groups all zero, counts anywhere in 1 .. n_workers and now and then out
+// of range (a bad peer word: NaN, negative, above n).
 void append_stats(size_t n_sg, int n_workers, double decades, std::mt19937* rng,
                   std::vector<uint16_t>* out) {
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -38,6 +40,13 @@ void append_stats(size_t n_sg, int n_workers, double decades, std::mt19937* rng,
     const double energy = zero ? 0.0 : 256.0 * n_workers * scale * scale * (1.0 + 0.1 * normal(*rng));
     out->push_back(f32_to_bf16_rne(static_cast<float>(mean)));
     out->push_back(f32_to_bf16_rne(static_cast<float>(std::fabs(energy))));
+    const uint32_t pick = (*rng)() % 64;
+    const float count = zero ? 0.0f
+                        : pick == 0 ? std::nanf("")
+                        : pick == 1 ? -1.0f
+                        : pick == 2 ? static_cast<float>(n_workers + 3)
+                                    : static_cast<float>(1 + (*rng)() % n_workers);
+    out->push_back(f32_to_bf16_rne(count));
   }
 }
 
@@ -55,6 +64,7 @@ DynamiqPlan plan_of(const char* spec, size_t count, int chunks, int n_workers) {
 struct Call {
   std::vector<BudgetPartJob> parts;
   std::vector<uint16_t> stats;
+  HopTables hop;
   BudgetJob job;
 };
 
@@ -79,7 +89,12 @@ Call make_call(const std::vector<size_t>& counts, int n_workers, int chunks, dou
   }
   call.job.n_parts = static_cast<uint32_t>(call.parts.size());
   call.job.n_workers = n_workers;
-  call.job.hop = HopProfile{(n_workers + 1) / 2.0, 1.3};
+  topo::Schedule sched;
+  EXPECT_EQ(topo::make_schedule(seed % 2 ? topo::Kind::kRing : topo::Kind::kButterfly, n_workers,
+                                &sched),
+            Status::kOk);
+  call.hop = hop_profile(sched);
+  call.job.hop = call.hop.view();
   call.job.parts = call.parts.data();
   return call;
 }
@@ -142,13 +157,14 @@ TEST(CudaBudget, MatchesHostBitForBit) {
             std::vector<std::vector<bool>> fits;
             for (size_t i = 0; i < shape.size(); ++i) {
               const BudgetPartJob& p = call.parts[i];
-              ASSERT_TRUE(summaries[i].load(call.stats.data() + p.stats_offset, p.count, n_workers));
+              ASSERT_TRUE(summaries[i].load(call.stats.data() + p.stats_offset, p.count, n_workers,
+                                            call.job.hop));
               parts.push_back(&summaries[i]);
               plans.emplace_back(p.rungs, p.rungs + kLadderRungs);
               fits.emplace_back(p.fits, p.fits + kCandidates);
             }
             BudgetPrediction direct;
-            predict_budget(parts, plans, fits, call.job.hop, call.job.target, &direct);
+            predict_budget(parts, plans, fits, call.job.target, &direct);
             EXPECT_EQ(direct.rung, host.prediction.rung) << what;
             EXPECT_EQ(bits(direct.vnmse[direct.rung]), bits(host.prediction.vnmse[direct.rung]));
           }
@@ -162,13 +178,14 @@ TEST(CudaBudget, MatchesHostBitForBit) {
 TEST(CudaBudget, NonFiniteStatisticGivesNoPrediction) {
   Call call = make_call({4096, 4096}, 4, 1, 1.0, 99);
   call.job.auto_budget = 1;
-  call.stats[call.parts[1].stats_offset + 2 * 7] = 0x7fc0;  // a NaN mean in the second part
+  const size_t nan_at = call.parts[1].stats_offset + stat_word(7, kStatMean);
+  call.stats[nan_at] = 0x7fc0;  // a NaN mean in the second part
   BudgetResult host;
   run_budget_job(call.job, call.stats.data(), &host);
   EXPECT_EQ(host.state, kBudgetNoPrediction);
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
-  call.stats[call.parts[1].stats_offset + 2 * 7] = 0x3f80;
-  call.stats[2 * 3 + 1] = 0x7f80;  // an infinite energy in the first part
+  call.stats[nan_at] = 0x3f80;
+  call.stats[stat_word(3, kStatEnergy)] = 0x7f80;  // an infinite energy in the first part
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
 }
 

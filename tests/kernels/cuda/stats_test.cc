@@ -14,6 +14,7 @@
 #include "kernels/codec.h"
 #include "kernels/cuda/stats.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_layout.h"
 #include "tests/kernels/cuda/device_buffers.h"
 
 namespace dq::cuda {
@@ -69,7 +70,7 @@ void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>&
   for (size_t i = 0; i < host.size(); ++i) {
     if (is_nan(host[i]) && is_nan(dev[i])) continue;
     ASSERT_EQ(host[i], dev[i]) << what << " count " << count << " blocks " << blocks << ": super-group "
-                               << i / 2 << (i % 2 ? " sum of squares" : " mean");
+                               << i / kStatsWordsPerSupergroup << " word " << i % kStatsWordsPerSupergroup;
   }
 }
 
@@ -91,7 +92,7 @@ TEST(CudaStats, PresetErrorWordWritesNothing) {
   for (size_t count : {size_t{257}, size_t{40000}})
     for (int blocks : {1, 0}) {
       const std::vector<float> x = make_values(count, 7);
-      std::vector<uint16_t> dev(2 * ((count + 255) / 256), 0xBEEF);
+      std::vector<uint16_t> dev(kStatsWordsPerSupergroup * ((count + 255) / 256), 0xBEEF);
       unsigned error = 2;  // any failure before this step
       const DeviceArray<float> d_x(x);
       const DeviceArray<uint16_t> d_stats(dev);
@@ -158,12 +159,37 @@ TEST(CudaStats, PoisonedSuperGroupsStayNonFinite) {
   std::vector<float> x(1000, 1.0f);
   x[300] = std::numeric_limits<float>::quiet_NaN();
   x[600] = INFINITY;
-  std::vector<uint16_t> dev(8);
+  std::vector<uint16_t> dev(4 * kStatsWordsPerSupergroup);
   ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
-  EXPECT_EQ(dev[0], f32_to_bf16_sat(1.0f));
-  EXPECT_TRUE(std::isnan(bf16_to_f32(dev[2])));
-  EXPECT_TRUE(std::isinf(bf16_to_f32(dev[4])));
+  EXPECT_EQ(dev[stat_word(0, kStatMean)], f32_to_bf16_sat(1.0f));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(dev[stat_word(1, kStatMean)])));
+  EXPECT_TRUE(std::isinf(bf16_to_f32(dev[stat_word(2, kStatMean)])));
+  EXPECT_EQ(dev[stat_word(1, kStatAllZero)], 0);  // a NaN is not zero
   expect_same(host_stats(x.data(), DType::kF32, x.size()), dev, "poisoned", x.size(), 0);
+}
+
+// The third word: 1.0 exactly when every value of the super-group is zero (-0 included; a
+// denormal, or one non-zero value among zeros, is not zero), the partial last one too.
+TEST(CudaStats, AllZeroWord) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    std::vector<float> x(5 * 256 + 40, 0.5f);
+    for (size_t i = 256; i < 512; ++i) x[i] = i % 2 ? -0.0f : 0.0f;          // all zero
+    for (size_t i = 512; i < 768; ++i) x[i] = i == 700 ? 1e-40f : 0.0f;      // one denormal
+    for (size_t i = 768; i < 1024; ++i) x[i] = i == 1023 ? -3.0f : 0.0f;     // the last value
+    for (size_t i = 1280; i < x.size(); ++i) x[i] = 0.0f;                    // partial, zero
+    std::vector<uint16_t> x16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16_rne(x[i]);
+    if (dtype == DType::kBF16) ASSERT_NE(x16[700] & 0x7fffu, 0u);  // the denormal survives
+    const void* data = dtype == DType::kF32 ? static_cast<const void*>(x.data()) : x16.data();
+    const std::vector<uint16_t> host = host_stats(data, dtype, x.size());
+    ASSERT_EQ(host.size(), 6 * kStatsWordsPerSupergroup);
+    const uint16_t expected[6] = {0, kBf16One, 0, 0, 0, kBf16One};
+    for (size_t j = 0; j < 6; ++j) EXPECT_EQ(host[stat_word(j, kStatAllZero)], expected[j]) << j;
+    std::vector<uint16_t> dev(host.size(), 0xBEEF);
+    if (dtype == DType::kF32) ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
+    else ASSERT_EQ(device_stats(x16, true, &dev, 0), cudaSuccess) << kernel_fault();
+    expect_same(host, dev, "all-zero word", x.size(), 0);
+  }
 }
 
 }  // namespace
