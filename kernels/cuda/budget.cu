@@ -50,8 +50,8 @@ __global__ void __launch_bounds__(kBudgetThreads)
   if (skip != 0) return;
   const BudgetJob job = *job_in;
   uint64_t* count = tables;
-  uint64_t* centred = tables + (kKeys + 1);  // weighted by the hop profile
-  uint64_t* mean = tables + 2 * (kKeys + 1);
+  uint64_t* hop_centred = tables + (kKeys + 1);  // energies weighted by the hop profile
+  uint64_t* hop_mean = tables + 2 * (kKeys + 1);
   if (t == 0) acc = BudgetAccumulator{};
   bool finite = true;
   for (uint32_t i = 0; i < job.n_parts && finite; ++i) {  // the same trips in every thread
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kBudgetThreads)
     const unsigned long long n_sg = (n_elems + 255) / 256;
     const uint16_t* r = reduced + part->stats_offset;
     // 1.
-    for (uint32_t k = t; k <= kKeys; k += nt) count[k] = centred[k] = mean[k] = 0;
+    for (uint32_t k = t; k <= kKeys; k += nt) count[k] = hop_centred[k] = hop_mean[k] = 0;
     // 2.
     double local_max = 0;
     unsigned long long bad = 0;
@@ -82,8 +82,10 @@ __global__ void __launch_bounds__(kBudgetThreads)
     for (unsigned long long j = t; j < n_sg; j += nt) {
       supergroup_energy(r, j, n_sg, n_elems, job.n_workers, job.hop, &e);
       atomicAdd(as_ull(&count[e.key]), 1ull);
-      atomicAdd(as_ull(&centred[e.key]), static_cast<unsigned long long>(to_fixed_point(e.hop_centred, scale)));
-      atomicAdd(as_ull(&mean[e.key]), static_cast<unsigned long long>(to_fixed_point(e.hop_mean, scale)));
+      atomicAdd(as_ull(&hop_centred[e.key]),
+                static_cast<unsigned long long>(to_fixed_point(e.hop_centred, scale)));
+      atomicAdd(as_ull(&hop_mean[e.key]),
+                static_cast<unsigned long long>(to_fixed_point(e.hop_mean, scale)));
       own_centred += to_fixed_point(e.centred, scale);
       own_mean += to_fixed_point(e.mean, scale);
     }
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(kBudgetThreads)
     // 4. Thread t owns the keys at descending positions [t kRun, (t + 1) kRun).
     const uint32_t begin = t * kRun < kKeys ? t * kRun : kKeys;
     const uint32_t end = begin + kRun < kKeys ? begin + kRun : kKeys;
-    uint64_t* tab[3] = {count, centred, mean};
+    uint64_t* tab[3] = {count, hop_centred, hop_mean};
     unsigned long long run[3] = {0, 0, 0};
     for (uint32_t q = begin; q < end; ++q)
       for (int a = 0; a < 3; ++a) run[a] += tab[a][kKeys - 1 - q];
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kBudgetThreads)
     // 5.
     if (t == 0) terms = PartTerms{};
     __syncthreads();
-    const BudgetSums sums{count, centred, mean, total_centred, total_mean, 1.0 / scale};
+    const BudgetSums sums{count, hop_centred, hop_mean, total_centred, total_mean, 1.0 / scale};
     const int c = static_cast<int>(t);
     if (c == kCandidates || (c < kCandidates && job.auto_budget)) part_term(job, *part, sums, c, &terms);
     __syncthreads();
