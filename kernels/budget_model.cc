@@ -6,8 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 
 #include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_math.h"
 
 namespace dq {
@@ -176,6 +179,17 @@ std::string candidate_spec(int c) {
   char spec[32];
   std::snprintf(spec, sizeof spec, "dynamiq:%g", ladder_bits(c));
   return spec;
+}
+
+bool plan_budget_codec(std::string_view spec, size_t count, int chunks, int n_workers,
+                       DynamiqPlan* plan, bool* fits) {
+  std::string error;
+  const std::unique_ptr<Codec> codec = make_codec(spec, &error);
+  if (!codec || codec->plan(count, chunks, n_workers) != Status::kOk) return false;
+  DynamiqOptions options;
+  if (mx_rounding_error(spec) == 0.0 && !dynamiq_parameters(*codec, &options, plan)) return false;
+  *fits = codec->fits_budget() && chunks_large_enough(count, chunks);
+  return true;
 }
 
 void predict_budget(const std::vector<const StatsSummary*>& parts,

@@ -22,6 +22,20 @@ namespace dq {
 
 // The codec spec of a candidate: "mxfp8", "mxfp6", or a rung's "dynamiq:<bits>".
 std::string candidate_spec(int c);
+// The codec `spec` ("mxfp8", "mxfp6" or a "dynamiq:<bits>") for a codec part of `count` elements
+// cut into `chunks` chunk messages over `n_workers`: a DynamiQ codec's plan (`plan` unused, may be
+// null, for MX) and whether it fits: its codec keeps its budget and every chunk message holds
+// kMinSuperGroupsPerChunk super-groups (codec.h), the rule by which the engine passes a call
+// through (over_budget) whatever its codec. False when the spec names no such codec or it cannot
+// plan this part. The engine (per bucket) and the tools (dynamiq-predict, dq_auto_choose) all
+// decide here, so that they choose alike.
+bool plan_budget_codec(std::string_view spec, size_t count, int chunks, int n_workers,
+                       DynamiqPlan* plan, bool* fits);
+// The same for candidate c (candidate_spec(c)).
+inline bool plan_candidate(int c, size_t count, int chunks, int n_workers, DynamiqPlan* plan,
+                           bool* fits) {
+  return plan_budget_codec(candidate_spec(c), count, chunks, n_workers, plan, fits);
+}
 // The relative rounding error of the MX codec `spec` ("mxfp8", "mxfp6"); 0 for any other codec.
 double mx_rounding_error(std::string_view spec);
 // The hop profile (budget_math.h) of a schedule: its tables, owned, and a view of them.

@@ -113,14 +113,17 @@ __global__ void __launch_bounds__(kBudgetThreads)
     __syncthreads();
     const BudgetSums sums{count, hop_centred, hop_mean, total_centred, total_mean, 1.0 / scale};
     const int c = static_cast<int>(t);
-    if (c == kCandidates || (c < kCandidates && job.auto_budget)) part_term(job, *part, sums, c, &terms);
+    if (c == kCandidates || (c < kCandidates && job.auto_budget))
+      part_term(job, *part, sums, c, &terms);
     __syncthreads();
     if (t == 0) add_part(job, *part, terms, &acc);
     __syncthreads();  // the tables are reused by the next part
   }
   if (t == 0) {
-    if (finite) finish_budget(job, acc, out);
-    else out->state = kBudgetNoPrediction;
+    if (finite)
+      finish_budget(job, acc, out);
+    else
+      out->state = kBudgetNoPrediction;
   }
 }
 

@@ -830,20 +830,17 @@ Status Engine::init_bucket(Bucket& b, const Plan& p) {
   b.job->hop = HopProfile{hop_linear, hop_linear + hop_entries};
   b.job->target = target_;
   b.job->parts = b.part_jobs;
-  std::string error;
   for (size_t i = 0; i < b.parts.size(); ++i) {
     const Bucket::Part& bp = b.parts[i];
     BudgetPartJob* job = new (&b.part_jobs[i]) BudgetPartJob();
     job->count = bp.count;
     job->stats_offset = bp.stats_offset;
     // Every rung's plan of every part, made once: auto's prediction then costs no codec.
-    for (int r = 0; settings_.bits_auto && r < kCandidates; ++r) {
-      const std::unique_ptr<Codec> codec = make_codec(candidate_spec(r), &error);
-      DynamiqOptions options;
-      if (!codec || codec->plan(bp.count, bp.chunks, comm_.nranks) != Status::kOk ||
-          (!candidate_is_mx(r) && !dynamiq_parameters(*codec, &options, &job->rungs[r])))
-        continue;
-      job->fits[r] = codec->fits_budget() && chunks_large_enough(bp.count, bp.chunks) ? 1 : 0;
+    for (int c = 0; settings_.bits_auto && c < kCandidates; ++c) {
+      bool fits = false;
+      if (plan_candidate(c, bp.count, bp.chunks, comm_.nranks,
+                         candidate_is_mx(c) ? nullptr : &job->rungs[c], &fits))
+        job->fits[c] = fits ? 1 : 0;
     }
   }
   if (metrics_) {

@@ -14,6 +14,7 @@
 #include "kernels/bf16.h"
 #include "kernels/budget_model.h"
 #include "kernels/dynamiq_codec.h"
+#include "tools/sim/auto_choice.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
@@ -165,8 +166,10 @@ TEST(BudgetModel, HopProfileMatchesEnumeration) {
       for (int m = 1; m <= n; ++m) {
         double linear = 0, square = 0;
         enumerated_profile(s, m, &linear, &square);
-        EXPECT_NEAR(h.linear[m], linear, 1e-9 * linear) << topo::kind_name(kind) << " n " << n << " m " << m;
-        EXPECT_NEAR(h.square[m], square, 1e-9 * square) << topo::kind_name(kind) << " n " << n << " m " << m;
+        EXPECT_NEAR(h.linear[m], linear, 1e-9 * linear)
+            << topo::kind_name(kind) << " n " << n << " m " << m;
+        EXPECT_NEAR(h.square[m], square, 1e-9 * square)
+            << topo::kind_name(kind) << " n " << n << " m " << m;
       }
     }
 }
@@ -257,6 +260,60 @@ TEST(BudgetModel, FallsBackToMxOnlyWhenNoCheaperRungMeetsTheTarget) {
   EXPECT_EQ(predict(dense, mxfp8, false).rung, kLadderRungs - 1);
 }
 
+// One rule decides which candidates a part may use, for the engine's buckets and the tools'
+// predictions alike (plan_budget_codec): the codec keeps its budget and every chunk message holds
+// kMinSuperGroupsPerChunk super-groups, MX included, since the engine passes a smaller part
+// through whatever its codec. The tools once let MX fit any part.
+TEST(BudgetModel, CandidatesFitByTheEnginesRule) {
+  const int n = 4, chunks = 4;
+  const size_t small = kMinSuperGroupsPerChunk * 256 * chunks - 256;  // one super-group short
+  const size_t large = 4 * kMinSuperGroupsPerChunk * 256 * chunks + 77;
+  for (int c = 0; c < kCandidates; ++c) {
+    for (size_t count : {small, large}) {
+      DynamiqPlan plan;
+      bool fits = count != small;  // the opposite of what is expected
+      ASSERT_TRUE(plan_candidate(c, count, chunks, n, &plan, &fits)) << candidate_spec(c);
+      std::string error;
+      auto codec = make_codec(candidate_spec(c), &error);
+      ASSERT_EQ(codec->plan(count, chunks, n), Status::kOk);
+      EXPECT_EQ(fits, count == large && codec->fits_budget()) << candidate_spec(c) << " " << count;
+      if (candidate_is_mx(c)) continue;
+      DynamiqPlan direct;
+      DynamiqOptions options;
+      ASSERT_TRUE(dynamiq_parameters(*codec, &options, &direct));
+      EXPECT_EQ(plan.count, direct.count);
+      EXPECT_EQ(plan.capacity, direct.capacity);
+      EXPECT_EQ(plan.stride, direct.stride);
+      EXPECT_EQ(std::memcmp(plan.record, direct.record, sizeof plan.record), 0);
+    }
+  }
+  // The large part: the 5-bit rung and both MX formats fit.
+  DynamiqPlan plan;
+  bool fits = false;
+  ASSERT_TRUE(plan_budget_codec("dynamiq:5", large, chunks, n, &plan, &fits));
+  EXPECT_TRUE(fits);
+  ASSERT_TRUE(plan_budget_codec("mxfp6", large, chunks, n, nullptr, &fits));
+  EXPECT_TRUE(fits);
+  EXPECT_FALSE(plan_budget_codec("nonsense:3", large, chunks, n, nullptr, &fits));
+  // dq_auto_choose's and dynamiq-predict's prediction of the small part: no candidate (the
+  // engine passes it through), where MXFP8 used to be chosen.
+  const Case tiny = make_case(n, topo::Kind::kRing, 2.0, 0.0, 11, small);
+  ASSERT_EQ(tiny.sched.n_chunks, chunks);
+  BudgetPrediction p;
+  std::string error;
+  ASSERT_EQ(sim::predict_auto(tiny.rows, tiny.d, tiny.sched,
+                              BudgetTarget{BudgetTarget::Kind::kMxfp8, 0}, &p, &error),
+            Status::kOk)
+      << error;
+  for (int c = 0; c < kCandidates; ++c) EXPECT_EQ(p.vnmse[c], -1.0) << candidate_spec(c);
+  const Case big = make_case(n, topo::Kind::kRing, 2.0, 0.0, 11, large);
+  ASSERT_EQ(sim::predict_auto(big.rows, big.d, big.sched,
+                              BudgetTarget{BudgetTarget::Kind::kMxfp8, 0}, &p, &error),
+            Status::kOk);
+  EXPECT_GE(p.vnmse[kCandidateMxfp8], 0.0);
+  EXPECT_GE(p.vnmse[2], 0.0);  // the 4-bit rung
+}
+
 // Every rank computes from the same bytes: the prediction is identical bit for bit whatever
 // else the process did (a fresh summary, a different order of calls), and the rung follows.
 TEST(BudgetModel, ChoiceIsAPureFunctionOfTheStatistics) {
@@ -320,8 +377,8 @@ void expect_prediction_within_bound(const Case& c, const std::vector<double>& bu
     ASSERT_EQ(sim::simulate_allreduce(*codec, c.sched, c.rows, c.d, sim::SimOptions{}, nullptr, &r),
               Status::kOk);
     const double ratio = predicted / r.vnmse;
-    EXPECT_TRUE(ratio >= 0.6 && ratio <= 1.6) << spec << " " << what << ": predicted " << predicted
-                                              << ", measured " << r.vnmse;
+    EXPECT_TRUE(ratio >= 0.6 && ratio <= 1.6)
+        << spec << " " << what << ": predicted " << predicted << ", measured " << r.vnmse;
   };
   for (double bits : budgets) {
     DynamiqPlan plan;
@@ -340,10 +397,10 @@ TEST(BudgetModel, PredictionWithinBoundOfTheSimulator) {
   for (int n : {4, 8})
     for (topo::Kind topo : {topo::Kind::kRing, topo::Kind::kButterfly})
       for (double spread : {0.0, 1.0})
-        expect_prediction_within_bound(make_case(n, topo, spread, 0.0, 1), {4, 5, 6, 7, 8},
-                                       {"mxfp8", "mxfp6"},
-                                       std::string(topo::kind_name(topo)) + " n=" +
-                                           std::to_string(n) + " spread " + std::to_string(spread));
+        expect_prediction_within_bound(
+            make_case(n, topo, spread, 0.0, 1), {4, 5, 6, 7, 8}, {"mxfp8", "mxfp6"},
+            std::string(topo::kind_name(topo)) + " n=" + std::to_string(n) + " spread " +
+                std::to_string(spread));
 }
 
 // Sparse super-groups, as the word embedding's: each non-zero in 1 or 3 of 16 workers. The hops
@@ -355,10 +412,9 @@ TEST(BudgetModel, PredictionWithinBoundOfTheSimulator) {
 TEST(BudgetModel, SparseSuperGroupsWithinBoundOfTheSimulator) {
   for (int owners : {1, 3})
     for (topo::Kind topo : {topo::Kind::kRing, topo::Kind::kButterfly})
-      expect_prediction_within_bound(make_case(16, topo, 1.0, 0.0, 4, 1 << 17, owners), {4, 5, 6, 8},
-                                     {"mxfp8"},
-                                     std::string(topo::kind_name(topo)) + " owners " +
-                                         std::to_string(owners));
+      expect_prediction_within_bound(
+          make_case(16, topo, 1.0, 0.0, 4, 1 << 17, owners), {4, 5, 6, 8}, {"mxfp8"},
+          std::string(topo::kind_name(topo)) + " owners " + std::to_string(owners));
 }
 
 }  // namespace

@@ -8,8 +8,7 @@
 
 namespace dq::sim {
 
-std::vector<uint16_t> reduced_stats(Codec& codec, const std::vector<const float*>& rows,
-                                    size_t d) {
+std::vector<uint16_t> reduced_stats(Codec& codec, const std::vector<const float*>& rows, size_t d) {
   const size_t words = codec.stats_words();
   std::vector<float> sum(words, 0.0f);
   std::vector<uint16_t> local(words), out(words);
@@ -25,15 +24,10 @@ Status auto_rung_plan(double bits, size_t d, const topo::Schedule& sched, Dynami
                       bool* fits, std::string* error) {
   char spec[32];
   std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
-  std::unique_ptr<Codec> c = make_codec(spec, error);
-  if (!c) return Status::kInvalidArgument;
-  c->plan(d, sched.n_chunks, sched.n_workers);
-  DynamiqOptions o;
-  if (!dynamiq_parameters(*c, &o, plan)) {
-    *error = std::string(spec) + " is not a DynamiQ codec";
-    return Status::kInternal;
+  if (!plan_budget_codec(spec, d, sched.n_chunks, sched.n_workers, plan, fits)) {
+    *error = std::string(spec) + " cannot plan " + std::to_string(d) + " elements";
+    return Status::kInvalidArgument;
   }
-  *fits = c->fits_budget() && chunks_large_enough(d, sched.n_chunks);
   return Status::kOk;
 }
 
@@ -55,13 +49,17 @@ Status predict_auto(const std::vector<const float*>& rows, size_t d, const topo:
 
 Status predict_auto(const StatsSummary& summary, size_t d, const topo::Schedule& sched,
                     const BudgetTarget& target, BudgetPrediction* out, std::string* error) {
+  // One part, planned as the engine plans a bucket's (plan_candidate).
   std::vector<std::vector<DynamiqPlan>> plans(1, std::vector<DynamiqPlan>(kLadderRungs));
-  std::vector<std::vector<bool>> fits(1, std::vector<bool>(kCandidates, true));
-  for (int r = 0; r < kLadderRungs; ++r) {
+  std::vector<std::vector<bool>> fits(1, std::vector<bool>(kCandidates, false));
+  for (int c = 0; c < kCandidates; ++c) {
     bool f = false;
-    const Status st = auto_rung_plan(ladder_bits(r), d, sched, &plans[0][r], &f, error);
-    if (st != Status::kOk) return st;
-    fits[0][r] = f;
+    if (!plan_candidate(c, d, sched.n_chunks, sched.n_workers,
+                        candidate_is_mx(c) ? nullptr : &plans[0][c], &f)) {
+      *error = candidate_spec(c) + " cannot plan " + std::to_string(d) + " elements";
+      return Status::kInternal;
+    }
+    fits[0][c] = f;
   }
   predict_budget({&summary}, plans, fits, target, out);
   return Status::kOk;

@@ -26,6 +26,8 @@ Status auto_rung_plan(double bits, size_t d, const topo::Schedule& sched, Dynami
 
 // auto's prediction for a call of `rows` (d elements each, one per worker of sched): every
 // candidate's predicted vNMSE and the one chosen (candidate_spec(out->rung) names its codec).
+// The candidates are the engine's (plan_budget_codec): for a part too small for every one, each
+// vNMSE is -1 and the rung the last, where the engine passes the call through (over_budget).
 // kInvalidArgument when a statistic is not finite (the engine then keeps the fixed default).
 Status predict_auto(const std::vector<const float*>& rows, size_t d, const topo::Schedule& sched,
                     const BudgetTarget& target, BudgetPrediction* out, std::string* error);
