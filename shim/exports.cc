@@ -190,8 +190,7 @@ DQ_SHIM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
     DQ_REAL_OR_FAIL(comm_abort);
     if (t_below > 0) return real->comm_abort(comm);
     Below below;
-    dq::shim::comm_destroyed(comm);
-    return real->comm_abort(comm);
+    return dq::shim::comm_aborted(comm, [&] { return real->comm_abort(comm); });
   });
 }
 

@@ -30,12 +30,14 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -206,6 +208,22 @@ class CudaGpuDevice final : public Device {
   Status synchronize(EventHandle e) override {
     OnDevice on(ordinal_);
     return cuda_status(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
+  }
+  // Polls: cudaEventSynchronize cannot be bounded, and NVIDIA's NCCL waits for a silent peer
+  // forever. Spins first (the one-call-late wait mostly finds the event complete, or completing
+  // within microseconds), then sleeps 50 us between queries; the loop ends by the deadline.
+  Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
+    if (timeout_ms <= 0) return synchronize(e);
+    OnDevice on(ordinal_);
+    const auto event = static_cast<cudaEvent_t>(e);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (uint64_t query = 0;; ++query) {
+      const cudaError_t r = cudaEventQuery(event);
+      if (r == cudaSuccess) return Status::kOk;
+      if (r != cudaErrorNotReady) return cuda_status(r, "cudaEventQuery");
+      if (std::chrono::steady_clock::now() >= deadline) return Status::kTimeout;
+      if (query >= 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
   bool capturing(StreamHandle s) const override {
     OnDevice on(ordinal_);

@@ -62,6 +62,15 @@ class Device {
   // The host blocks until `e`'s latest record completed. Used by the blocking steps only: the
   // handshake, a plan's agreement, and the one-call-late read of the previous call's words.
   virtual Status synchronize(EventHandle e) = 0;
+  // The same, bounded: kTimeout when `e` has not completed within timeout_ms (> 0). The engine's
+  // host waits on work that involves peers come here with DYNAMIQ_TIMEOUT_MS. The CUDA device
+  // polls, since NVIDIA's NCCL waits for a peer that stopped answering forever; a device whose
+  // peer calls end by their own timeouts (the host device over the CPU NCCL) may wait as
+  // synchronize() does.
+  virtual Status synchronize_for(EventHandle e, int64_t timeout_ms) {
+    (void)timeout_ms;
+    return synchronize(e);
+  }
   // True while `s` (a caller's stream) is being captured into a CUDA graph.
   virtual bool capturing(StreamHandle s) const = 0;
   // True when the codec steps are not the host codec's own code (a CUDA device): the engine then

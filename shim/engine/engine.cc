@@ -1127,6 +1127,31 @@ ncclResult_t Engine::async_error() {
   return word != 0 ? fail_async(word) : ncclSuccess;
 }
 
+ncclResult_t Engine::wait_for_peers(EventHandle e, const char* what) {
+  const Status s = device_->synchronize_for(e, settings_.timeout_ms);
+  if (s == Status::kOk) return ncclSuccess;
+  // Work of this communicator may still be queued behind `e`: nothing of it is read, and every
+  // later call returns the error until the application aborts the communicator (as it does when
+  // NCCL reports a failed peer). kTimeout answers ncclRemoteError, as the CPU NCCL does.
+  if (broken_ == ncclSuccess) {
+    broken_ = engine_failure(s);
+    if (s == Status::kTimeout)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: %s did not complete within DYNAMIQ_TIMEOUT_MS = %lld ms (a peer "
+              "stopped answering?); the communicator returns NCCL error %d (%s) until it is "
+              "aborted",
+              comm_.rank, what, static_cast<long long>(settings_.timeout_ms),
+              static_cast<int>(broken_), ops_.error_string(broken_));
+    else
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: waiting for %s failed (%s); the communicator "
+              "returns NCCL error %d (%s) until it is aborted",
+              comm_.rank, what, status_name(s), static_cast<int>(broken_),
+              ops_.error_string(broken_));
+  }
+  return broken_;
+}
+
 ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
   uint32_t* send = control_;
   uint32_t* recv = control_ + scratch_words();
@@ -1140,9 +1165,11 @@ ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
                       return ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax,
                                             comm, stream);
                     }) != Status::kOk ||
-      device_->record(ev_comm_done_, comm_stream_) != Status::kOk ||
-      device_->synchronize(ev_comm_done_) != Status::kOk)
+      device_->record(ev_comm_done_, comm_stream_) != Status::kOk)
     return ncclSystemError;
+  if (const ncclResult_t r = wait_for_peers(ev_comm_done_, "a blocking control all-reduce");
+      r != ncclSuccess)
+    return r;
   if (const ncclResult_t r = async_error(); r != ncclSuccess) return r;
   std::memcpy(out, recv, static_cast<size_t>(n) * 4);
   return ncclSuccess;
@@ -1190,7 +1217,9 @@ ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
 // call is enqueued.
 ncclResult_t Engine::absorb_previous_call() {
   if (control_pending_) {
-    if (device_->synchronize(ev_control_) != Status::kOk) return ncclSystemError;
+    if (const ncclResult_t r = wait_for_peers(ev_control_, "the previous call's control all-reduce");
+        r != ncclSuccess)
+      return r;
     const bool on = decide_call_switch(control_ + call_recv_word(control_parity_));
     if (on != switch_agreed_)
       DQ_INFO(Subsys::kEngine, "dynamiq: rank %d: the A/B switch turns compression %s", comm_.rank,

@@ -143,6 +143,9 @@ class Engine {
   void retire(std::unique_ptr<Plan> plan);
   // One MAX all-reduce of `n` words through the control block, waited for on the host.
   ncclResult_t blocking_max(const uint32_t* in, uint32_t* out, int n);
+  // A host wait for `e`, recorded after work that involves peers (`what` names it), bounded by
+  // DYNAMIQ_TIMEOUT_MS; a failure or timeout makes the communicator's error sticky.
+  ncclResult_t wait_for_peers(EventHandle e, const char* what);
   ncclResult_t handshake();
   ncclResult_t handshake_without_device(cudaStream_t stream);
   ncclResult_t absorb_previous_call();

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -30,7 +31,10 @@ struct CommEntry {
   bool explicit_on = false;
   std::unique_ptr<engine::Engine> engine;  // made at the first all-reduce
   int cuda_ordinal = -1;                   // >= 0: the engine runs on that CUDA device
-  bool host_engine = false;                // the engine runs on the host device (a CPU NCCL)
+  // NVIDIA's NCCL with the CUDA device: ncclCommAbort calls the real abort before the engine's
+  // teardown (comm_aborted). Read without the entry's lock.
+  std::atomic<bool> abort_before_teardown{false};
+  bool host_engine = false;  // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
 };
@@ -151,6 +155,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
     device = engine::cuda_gpu_device(ordinal, &why);
     if (device != nullptr) {
       e.cuda_ordinal = ordinal;
+      e.abort_before_teardown = true;
       DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d: NVIDIA's NCCL, the %s device",
               e.identity.index, device->name());
     }
@@ -243,19 +248,48 @@ void comm_finalizing(ncclComm_t comm) {
   }
 }
 
+namespace {
+
+// Takes the communicator out of the table: later calls on its handle (or on a new communicator
+// at the same address) find no engine.
+std::shared_ptr<CommEntry> detach_comm(ncclComm_t comm) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.comms.find(comm);
+  if (it == t.comms.end()) return nullptr;
+  std::shared_ptr<CommEntry> e = it->second;
+  t.comms.erase(it);
+  return e;
+}
+
+// The engine's teardown waits for its streams' work, then frees its memory.
+void release_engine(CommEntry& e) {
+  std::lock_guard<std::mutex> lock(e.mutex);
+  e.engine.reset();
+  if (e.metrics) engine::metrics_unregister(e.metrics);
+}
+
+}  // namespace
+
 void comm_destroyed(ncclComm_t comm) {
-  std::shared_ptr<CommEntry> e;
-  {
-    Table& t = table();
-    std::lock_guard<std::mutex> lock(t.mutex);
-    auto it = t.comms.find(comm);
-    if (it == t.comms.end()) return;
-    e = it->second;
-    t.comms.erase(it);
+  if (std::shared_ptr<CommEntry> e = detach_comm(comm)) release_engine(*e);
+}
+
+ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& real_abort) {
+  std::shared_ptr<CommEntry> e = detach_comm(comm);
+  if (e == nullptr) return real_abort();
+  if (e->abort_before_teardown.load()) {
+    // The engine's queued NCCL calls wait for a peer that may never answer: only NCCL's abort
+    // ends them, and the teardown's waits for its streams would otherwise never return. Not under
+    // the entry's lock: a caller's thread may hold it in a (bounded) wait on those streams.
+    const ncclResult_t r = real_abort();
+    release_engine(*e);
+    return r;
   }
-  std::lock_guard<std::mutex> lock(e->mutex);
-  e->engine.reset();
-  if (e->metrics) engine::metrics_unregister(e->metrics);
+  // The CPU NCCL's (and the host device's) threads run this communicator's queued calls: they
+  // finish (their waits end by the CPU NCCL's timeouts) before the abort frees it.
+  release_engine(*e);
+  return real_abort();
 }
 
 void group_started() {

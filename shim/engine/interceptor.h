@@ -1,6 +1,7 @@
 // The shim's logic behind the extern "C" boundary (shim/exports.cc): the real NCCL's entry
 // points, the table of communicators this process created, and the per-call routing decision.
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "common/nccl_api.h"
@@ -39,10 +40,14 @@ struct RealNccl {
 const RealNccl* real_nccl();
 
 // Lifecycle: record identity at creation (name, split color, creation order) and drop the
-// engine before the real destroy/abort.
+// engine before the real destroy (after the real abort on the CUDA device: comm_aborted).
 void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent);
 void comm_finalizing(ncclComm_t comm);
 void comm_destroyed(ncclComm_t comm);
+// ncclCommAbort: on the CUDA device the real abort (`real_abort`) comes before the engine's
+// teardown, which would otherwise wait forever for NCCL work stuck on a dead peer; on the host
+// device after it, as for a destroy.
+ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& real_abort);
 
 // Group depth of the calling thread (ncclGroupStart/End pass through us). Gradient collectives
 // a framework coalesces in a group (Megatron: every bucket) that the engine may compress are held

@@ -11,13 +11,17 @@
 //                on a second stream (the level tables uploaded once, waited for there); then the
 //                error word: a malformed input makes the hop's kernels set it with the host
 //                device's encoding (kCodec, kMalformedPayload), the finish after it writes nothing,
-//                and an enqueue returns without waiting for the device.
+//                and an enqueue returns without waiting for the device; the bounded wait
+//                (synchronize_for) gives up at its bound on a stream held by a host function.
 // Exit 0 pass, 77 skip, other: the failing check.
+#include <cuda_runtime.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/codec.h"
@@ -165,6 +169,24 @@ int steps_check() {
            d->hop(*codec, layout, 0, own, nullptr, 0, static_cast<uint8_t*>(out), key, lane) ==
                Status::kOk,
            "a step after the error");
+  // The bounded wait the engine uses with DYNAMIQ_TIMEOUT_MS: a stream held by a 400 ms host
+  // function stands for a peer that does not answer; synchronize_for gives up at its 50 ms bound,
+  // and finds the event complete once the stream moves on.
+  const cudaHostFn_t hold = [](void*) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  };
+  CHECK_OR(40,
+           cudaLaunchHostFunc(static_cast<cudaStream_t>(s1), hold, nullptr) == cudaSuccess &&
+               d->record(done, s1) == Status::kOk,
+           "a host function on the stream");
+  const auto w0 = std::chrono::steady_clock::now();
+  const Status timed = d->synchronize_for(done, 50);
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+  CHECK_OR(41, timed == Status::kTimeout && waited_ms >= 50 && waited_ms < 390,
+           "synchronize_for(50 ms) on a held stream: %s after %.1f ms", dq::status_name(timed),
+           waited_ms);
+  CHECK_OR(42, d->synchronize_for(done, 10000) == Status::kOk, "synchronize_for after the hold");
   d->destroy_event(done);
   for (void* p : {x, stats, layout, bad, out, finished}) d->release(p, s1);
   d->release(word, s1);

@@ -36,6 +36,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/nccl_api.h"
@@ -180,6 +181,9 @@ class FailingDevice final : public Device {
   bool failing = false;
   bool corrupting = false;
   bool no_streams = false;
+  bool stalled = false;   // synchronize_for: the bound elapses, as on a GPU whose peer hangs
+  int64_t bound_ms = -1;  // the bound the engine last gave synchronize_for
+  int bounded_waits = 0;
   const char* name() const override { return "failing host"; }
   dq::Status alloc(size_t bytes, void** out) override {
     if (failing) return dq::Status::kOutOfMemory;
@@ -203,6 +207,14 @@ class FailingDevice final : public Device {
     return inner_->wait(s, e);
   }
   dq::Status synchronize(dq::engine::EventHandle e) override { return inner_->synchronize(e); }
+  dq::Status synchronize_for(dq::engine::EventHandle e, int64_t timeout_ms) override {
+    bound_ms = timeout_ms;
+    ++bounded_waits;
+    if (!stalled) return inner_->synchronize_for(e, timeout_ms);
+    // What the CUDA device answers when NVIDIA's NCCL never completes a peer's part.
+    std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+    return dq::Status::kTimeout;
+  }
   bool capturing(dq::engine::StreamHandle s) const override { return inner_->capturing(s); }
   dq::Status local_stats(const dq::Codec& c, const dq::ConstTensor& x, uint16_t* st,
                          dq::engine::Lane l) override {
@@ -287,6 +299,60 @@ int scenario_alloc_fail(int n) {
   std::printf(
       "alloc_fail %d ranks: rank 1's failed plan passed through on every rank, then "
       "every rank compressed\n",
+      n);
+  return 0;
+}
+
+// ---- a host wait that outlives DYNAMIQ_TIMEOUT_MS ---------------------------------------------
+// Every rank's device answers the one-call-late wait of call 2 with kTimeout after the bound (as
+// the CUDA device does when a peer stopped answering): that call returns ncclRemoteError after
+// about DYNAMIQ_TIMEOUT_MS, never hangs, and every later call returns the same error at once (the
+// communicator is broken until the application aborts it); the bound given is the setting's.
+int scenario_stalled_wait(int n) {
+  constexpr int64_t kTimeoutMs = 400;
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", "400"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount, 1.0f), out(kCount);
+    for (int call = 0; call < 5; ++call) {
+      device.stalled = call == 2;
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      const int waits = device.bounded_waits;
+      const auto t0 = std::chrono::steady_clock::now();
+      const ncclResult_t r = engine.run(args, &reason);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (call < 2) {
+        CHECK_OR(60, r == ncclSuccess && reason == PassReason::kRerouted, "rank %d call %d: %d, %s",
+                 rank, call, static_cast<int>(r), dq::engine::reason_name(reason));
+        CHECK_OR(61, device.bound_ms == kTimeoutMs,
+                 "rank %d: bound %lld ms, not DYNAMIQ_TIMEOUT_MS", rank,
+                 static_cast<long long>(device.bound_ms));
+      } else if (call == 2) {
+        CHECK_OR(62, r == ncclRemoteError,
+                 "rank %d: the timed-out wait returned %d, not ncclRemoteError", rank,
+                 static_cast<int>(r));
+        CHECK_OR(63, ms >= kTimeoutMs && ms < kTimeoutMs + 5000, "rank %d: returned after %.0f ms",
+                 rank, ms);
+      } else {
+        CHECK_OR(64, r == ncclRemoteError && ms < kTimeoutMs,
+                 "rank %d call %d: %d after %.0f ms, not the sticky ncclRemoteError at once", rank,
+                 call, static_cast<int>(r), ms);
+        CHECK_OR(65, device.bounded_waits == waits, "rank %d call %d: waited again", rank, call);
+      }
+    }
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 1, body, 120), "stalled_wait")) return 1;
+  std::printf(
+      "stalled_wait %d ranks: the timed-out wait returned ncclRemoteError, and so did every "
+      "later call at once\n",
       n);
   return 0;
 }
@@ -769,7 +835,7 @@ int scenario_check(int n) {
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
-                 "usage: engine_multirank audit|alloc_fail|blocks|corrupt|collectives|setup_fail "
+                 "usage: engine_multirank audit|alloc_fail|blocks|corrupt|collectives|setup_fail|stalled_wait "
                  "NRANKS [TOPO]\n");
     return 2;
   }
@@ -786,6 +852,7 @@ int main(int argc, char** argv) {
   if (scenario == "budget") return scenario_budget(n, topo);
   if (scenario == "auto") return scenario_auto(n);
   if (scenario == "check") return scenario_check(n);
+  if (scenario == "stalled_wait") return scenario_stalled_wait(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
