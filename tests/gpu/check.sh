@@ -51,7 +51,7 @@
 # Environment: DQ_GPU_CHECK_BUDGET_S (450), DQ_GPU_DEPS (build-gpu-deps: the carried .deb
 # folder), DQ_GPU_DEPS_FORCE=1 (use the carried packages even where the system has them: to
 # test that path), MESON (default: meson on PATH, else python3 -m mesonbuild.mesonmain, else
-# .venv/bin/meson), JOBS (nproc).
+# .venv/bin/meson; ninja likewise from python3's package), JOBS (nproc).
 set -u
 set -o pipefail
 
@@ -78,15 +78,24 @@ BUILD_OK=0          # set by build
 CONFIGURED=0
 ANY_FAIL=0
 
-# meson: $MESON, else on PATH, else python3's meson package (the GPU image's pip has it), else
-# the .venv of tools/setup.sh.
+# Tools the GPU image may hold off PATH: nvcc and compute-sanitizer in the toolkit's bin folder
+# (meson finds CUDA by nvcc on PATH), meson and ninja only as python3's pip packages (wrappers in
+# $LOGS/bin). MESON: as given, else meson on PATH, else that wrapper, else the .venv of
+# tools/setup.sh.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+mkdir -p "$LOGS/bin"
+if ! command -v meson >/dev/null 2>&1 && python3 -c 'import mesonbuild' >/dev/null 2>&1; then
+  printf '#!/bin/sh\nexec python3 -m mesonbuild.mesonmain "$@"\n' >"$LOGS/bin/meson"
+fi
+if ! command -v ninja >/dev/null 2>&1 && python3 -c 'import ninja' >/dev/null 2>&1; then
+  printf '#!/bin/sh\nexec python3 -m ninja "$@"\n' >"$LOGS/bin/ninja"
+fi
+chmod +x "$LOGS"/bin/* 2>/dev/null
+export PATH="$PATH:$LOGS/bin"
 if [ -z "${MESON:-}" ]; then
-  if command -v meson >/dev/null 2>&1; then MESON=meson
-  elif python3 -c 'import mesonbuild' >/dev/null 2>&1; then
-    MESON="$LOGS/meson"  # a two-line wrapper: the exported functions call "$MESON"
-    printf '#!/bin/sh\nexec python3 -m mesonbuild.mesonmain "$@"\n' >"$MESON" && chmod +x "$MESON"
-  else MESON=$ROOT/.venv/bin/meson
-  fi
+  if command -v meson >/dev/null 2>&1; then MESON=meson; else MESON=$ROOT/.venv/bin/meson; fi
 fi
 
 note() { printf '%s\n' "$*" | tee -a "$OUT/check.log"; }
