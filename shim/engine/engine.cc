@@ -1129,13 +1129,19 @@ ncclResult_t Engine::async_error() {
 
 ncclResult_t Engine::wait_for_peers(EventHandle e, const char* what) {
   const Status s = device_->synchronize_for(e, settings_.timeout_ms);
-  if (s == Status::kOk) return ncclSuccess;
+  const bool aborted = aborted_ != nullptr && aborted_->load(std::memory_order_acquire);
+  if (s == Status::kOk && !aborted) return ncclSuccess;
   // Work of this communicator may still be queued behind `e`: nothing of it is read, and every
   // later call returns the error until the application aborts the communicator (as it does when
   // NCCL reports a failed peer). kTimeout answers ncclRemoteError, as the CPU NCCL does.
   if (broken_ == ncclSuccess) {
-    broken_ = engine_failure(s);
-    if (s == Status::kTimeout)
+    broken_ = aborted ? ncclInvalidUsage : engine_failure(s);
+    if (aborted)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: the communicator was aborted while this call waited for %s; "
+              "it enqueues nothing more and returns NCCL error %d (%s)",
+              comm_.rank, what, static_cast<int>(broken_), ops_.error_string(broken_));
+    else if (s == Status::kTimeout)
       DQ_WARN(Subsys::kEngine,
               "dynamiq: rank %d: %s did not complete within DYNAMIQ_TIMEOUT_MS = %lld ms (a peer "
               "stopped answering?); the communicator returns NCCL error %d (%s) until it is "

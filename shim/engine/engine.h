@@ -3,6 +3,7 @@
 // all-reduce of statistics + control words. Plans (codec sizes, this rank's program, buffers)
 // are made once per (count, dtype) and cached; the per-call path allocates nothing.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -98,6 +99,11 @@ class Engine {
   // The communicator's asynchronous error (ncclCommGetAsyncError semantics): a failure found in
   // data or in an enqueued NCCL call, read lazily from the device's error word. Sticky.
   ncclResult_t async_error();
+
+  // A flag another thread sets when it aborts the communicator: on NVIDIA's NCCL the real abort
+  // comes before the engine's teardown (shim/engine/interceptor.cc), and a call that was waiting
+  // then enqueues nothing more on the aborted communicator. Must outlive the engine.
+  void watch_abort(const std::atomic<bool>* aborted) { aborted_ = aborted; }
 
   // Decision from the call's arguments and this communicator's agreed state alone.
   PassReason screen(const CallArgs& call) const;
@@ -215,7 +221,8 @@ class Engine {
   int control_parity_ = 0;             // which receive buffer the last call wrote
   bool switch_agreed_ = true;          // the A/B switch every rank applies now
   ncclResult_t broken_ = ncclSuccess;  // sticky asynchronous error
-  bool setup_failed_ = false;          // the device could not be set up on this rank
+  const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
+  bool setup_failed_ = false;                   // the device could not be set up on this rank
   // Control file state (rank 0 only).
   int64_t switch_mtime_ns_ = -1;
   bool switch_on_ = true;

@@ -34,6 +34,7 @@ struct CommEntry {
   // NVIDIA's NCCL with the CUDA device: ncclCommAbort calls the real abort before the engine's
   // teardown (comm_aborted). Read without the entry's lock.
   std::atomic<bool> abort_before_teardown{false};
+  std::atomic<bool> aborted{false};  // set before that real abort: the engine watches it
   bool host_engine = false;  // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
@@ -177,6 +178,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
   e.metrics = engine::metrics_register(e.identity.index, e.identity.name, info.rank, info.nranks);
   e.engine = std::make_unique<engine::Engine>(s, config::global_valid(), info, real.ops, device,
                                               e.metrics, opted);
+  e.engine->watch_abort(&e.aborted);
   DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d name '%s' rank %d/%d: %s",
           e.identity.index, e.identity.name.c_str(), info.rank, info.nranks,
           opted ? "opted in" : "not opted in");
@@ -281,7 +283,9 @@ ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& 
   if (e->abort_before_teardown.load()) {
     // The engine's queued NCCL calls wait for a peer that may never answer: only NCCL's abort
     // ends them, and the teardown's waits for its streams would otherwise never return. Not under
-    // the entry's lock: a caller's thread may hold it in a (bounded) wait on those streams.
+    // the entry's lock: a caller's thread may hold it in a (bounded) wait on those streams; the
+    // flag stops that call from enqueuing on the aborted communicator once its wait returns.
+    e->aborted.store(true, std::memory_order_release);
     const ncclResult_t r = real_abort();
     release_engine(*e);
     return r;

@@ -26,6 +26,7 @@
 //               all-reduce of 64 super-groups; the sampled vNMSE is near the measured one and
 //               the predicted one, outputs are the bytes of the same calls without the check,
 //               in place too, and a NaN call's check counts as non-finite
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -350,9 +351,43 @@ int scenario_stalled_wait(int n) {
     return 0;
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "stalled_wait")) return 1;
+  // The communicator aborted by another thread while a call waits (ncclCommAbort on NVIDIA's
+  // NCCL comes before the engine's teardown): once the wait returns, the call enqueues nothing
+  // and returns ncclInvalidUsage, and so does every later call.
+  auto aborted_body = [&](int rank, ncclComm_t* comms) -> int {
+    std::atomic<bool> aborted{false};
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    engine.watch_abort(&aborted);
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount, 1.0f), out(kCount, -1.0f);
+    for (int call = 0; call < 3; ++call) {
+      aborted = call >= 1;
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      const ncclResult_t r = engine.run(args, &reason);
+      if (call == 0) {
+        CHECK_OR(66,
+                 r == ncclSuccess && reason == PassReason::kRerouted && std::fabs(out[0] - n) < 0.5,
+                 "rank %d: call 0: %d, %s, out[0] %g", rank, static_cast<int>(r),
+                 dq::engine::reason_name(reason), out[0]);
+        std::fill(out.begin(), out.end(), -1.0f);
+      } else {
+        CHECK_OR(67, r == ncclInvalidUsage && out[0] == -1.0f,
+                 "rank %d call %d: %d after the abort, out[0] %g", rank, call, static_cast<int>(r),
+                 out[0]);
+      }
+    }
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 1, aborted_body, 120), "aborted while waiting")) return 1;
   std::printf(
       "stalled_wait %d ranks: the timed-out wait returned ncclRemoteError, and so did every "
-      "later call at once\n",
+      "later call at once; a call after an abort enqueued nothing and returned "
+      "ncclInvalidUsage\n",
       n);
   return 0;
 }
