@@ -6,8 +6,8 @@
 // its mean's energy, each weighted by how often it is rounded along the schedule (which depends
 // on how many workers' super-groups are not all zero), summed per BF16 energy key (the codec's
 // width key) as fixed-point integers, then cumulated from the largest key down. Integer sums do
-// not depend on the order of addition, so a kernel's atomics and the host's loop agree exactly. One plan's predicted error is then a
-// bisection over the codec's threshold in which each step is O(1).
+// not depend on the order of addition, so a kernel's atomics and the host's loop agree exactly. One
+// plan's predicted error is then a bisection over the codec's threshold in which each step is O(1).
 #pragma once
 #include <cfloat>
 #include <cstddef>
@@ -56,12 +56,12 @@ DQ_HD constexpr double candidate_mx_error(int c) {
 }
 
 // How one super-group's roundings compound along a schedule, given that m of the n workers'
-// super-groups are not all zero (n less the statistics' summed kStatAllZero word): every node of a chunk's in-tree
-// compresses its partial sum once (the sink's compression feeds the all-gather), but a partial
-// sum that equals one input already rounded is rounded again to the same values (round to
-// nearest is idempotent; stochastic rounding leaves a value on its grid), so a node adds error
-// only when its own values are non-zero or two or more of its children's subtrees are. With the
-// m non-zero workers placed uniformly at random and their deviations independent of equal
+// super-groups are not all zero (n less the statistics' summed kStatAllZero word): every node of a
+// chunk's in-tree compresses its partial sum once (the sink's compression feeds the all-gather),
+// but a partial sum that equals one input already rounded is rounded again to the same values
+// (round to nearest is idempotent; stochastic rounding leaves a value on its grid), so a node adds
+// error only when its own values are non-zero or two or more of its children's subtrees are. With
+// the m non-zero workers placed uniformly at random and their deviations independent of equal
 // energy, a partial sum of X of them holds X/m of the centred energy and (X/m)^2 of the mean's:
 //   linear[m] = sum over nodes of E[X 1{adds error}] / m,
 //   square[m] = sum over nodes of E[X^2 1{adds error}] / m^2,
@@ -292,7 +292,7 @@ DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, WidthCou
 // the plan of each rung and which candidates fit (auto only), the plan the call used.
 struct BudgetPartJob {
   uint64_t count = 0;         // elements of this codec part
-  uint64_t stats_offset = 0;  // into the statistics words (kStatsWordsPerSupergroup per super-group)
+  uint64_t stats_offset = 0;  // into the statistics words (kStatsWordsPerSupergroup per SG)
   DynamiqPlan rungs[kLadderRungs];
   uint8_t fits[kCandidates] = {};
   DynamiqPlan used;  // the call's plan of this part (a DynamiQ call)

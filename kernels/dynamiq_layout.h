@@ -22,7 +22,9 @@ inline constexpr size_t kStatEnergy = 1;   // the worker's sum of squares
 // 1 if every one of the worker's values is zero (a sum of these is exact at 0 for any number of
 // workers: the super-group is dense exactly when it is 0)
 inline constexpr size_t kStatAllZero = 2;
-DQ_HD constexpr size_t stat_word(size_t j, size_t word) { return kStatsWordsPerSupergroup * j + word; }
+DQ_HD constexpr size_t stat_word(size_t j, size_t word) {
+  return kStatsWordsPerSupergroup * j + word;
+}
 // Super-group j is dense when no worker's values are all zero. Only a dense super-group has its
 // mean subtracted: a worker whose values are all zero then adds exact zeros, and re-rounding a
 // partial sum that did not change adds no error (docs/FORMAT.md).

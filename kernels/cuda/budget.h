@@ -23,10 +23,10 @@ constexpr size_t budget_scratch_bytes() { return kBudgetScratchBytes; }
 // super-group) summarised in `scratch` (budget_scratch_bytes() of device memory) and added to the
 // call's sums; then
 // *out (memory the host reads, e.g. mapped) as run_budget_job() writes it: kBudgetPredicted with
-// the prediction, or kBudgetNoPrediction when a statistic is not finite. `job`, the parts and the hop
-// tables it points to: memory the device reads (mapped), unchanged until the kernel completed. `error`:
-// the lane's error word; when non-zero as the kernel starts, nothing is written (nullptr: no
-// word). The kernel raises no flag of its own.
+// the prediction, or kBudgetNoPrediction when a statistic is not finite. `job`, the parts and the
+// hop tables it points to: memory the device reads (mapped), unchanged until the kernel completed.
+// `error`: the lane's error word; when non-zero as the kernel starts, nothing is written (nullptr:
+// no word). The kernel raises no flag of its own.
 cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                           BudgetResult* out, const unsigned* error, cudaStream_t stream);
 

@@ -76,8 +76,8 @@ enum DynamiqError : unsigned {
 };
 
 // The layout of `params` for this call from the all-reduced statistics
-// (kStatsWordsPerSupergroup BF16 words per super-group) into `layout` (params.sections.bytes bytes, 8-byte aligned): the bytes of
-// build_dynamiq_layout(), padding included. One block.
+// (kStatsWordsPerSupergroup BF16 words per super-group) into `layout` (params.sections.bytes bytes,
+// 8-byte aligned): the bytes of build_dynamiq_layout(), padding included. One block.
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error, cudaStream_t stream);
 

@@ -1223,7 +1223,8 @@ ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
 // call is enqueued.
 ncclResult_t Engine::absorb_previous_call() {
   if (control_pending_) {
-    if (const ncclResult_t r = wait_for_peers(ev_control_, "the previous call's control all-reduce");
+    if (const ncclResult_t r =
+            wait_for_peers(ev_control_, "the previous call's control all-reduce");
         r != ncclSuccess)
       return r;
     const bool on = decide_call_switch(control_ + call_recv_word(control_parity_));

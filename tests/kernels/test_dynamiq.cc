@@ -362,7 +362,8 @@ TEST(Budget, CapacityIsFixedBeforeDataAndFitsTheBudget) {
           std::lognormal_distribution<float> spread(0.0f, trial * 3.0f);
           for (size_t j = 0; j < stats.size() / kStatsWordsPerSupergroup; ++j) {
             stats[stat_word(j, kStatMean)] = f32_to_bf16_rne(0.0f);
-            stats[stat_word(j, kStatEnergy)] = f32_to_bf16_rne(trial == 3 ? (j % 2 ? 1e30f : 0.0f) : spread(gen));
+            stats[stat_word(j, kStatEnergy)] =
+                f32_to_bf16_rne(trial == 3 ? (j % 2 ? 1e30f : 0.0f) : spread(gen));
           }
           ASSERT_EQ(c->agree(stats.data(), trial), Status::kOk);
           EXPECT_EQ(c->chunk_capacity(), capacity);
@@ -593,7 +594,9 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
     const uint8_t* rec = out.data() + kChunkHeaderBytes;
     for (size_t i = 0; i < view.n_supergroups; ++i, rec += record_bytes(bits, true)) {
       const uint32_t j = view.order[i];
-      const float mu = supergroup_dense(stats.data(), j) ? bf16_to_f32(stats[stat_word(j, kStatMean)]) / 5.0f : 0.0f;
+      const float mu = supergroup_dense(stats.data(), j)
+                           ? bf16_to_f32(stats[stat_word(j, kStatMean)]) / 5.0f
+                           : 0.0f;
       float v[256], sgmax = 0, gmax[16] = {0};
       for (int k = 0; k < 256; ++k) {
         v[k] = x[j * 256 + k] - mu;

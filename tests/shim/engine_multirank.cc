@@ -870,7 +870,8 @@ int scenario_check(int n) {
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
-                 "usage: engine_multirank audit|alloc_fail|blocks|corrupt|collectives|setup_fail|stalled_wait "
+                 "usage: engine_multirank "
+                 "audit|alloc_fail|blocks|corrupt|collectives|setup_fail|stalled_wait "
                  "NRANKS [TOPO]\n");
     return 2;
   }

@@ -69,8 +69,9 @@ void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>&
   ASSERT_EQ(host.size(), dev.size());
   for (size_t i = 0; i < host.size(); ++i) {
     if (is_nan(host[i]) && is_nan(dev[i])) continue;
-    ASSERT_EQ(host[i], dev[i]) << what << " count " << count << " blocks " << blocks << ": super-group "
-                               << i / kStatsWordsPerSupergroup << " word " << i % kStatsWordsPerSupergroup;
+    ASSERT_EQ(host[i], dev[i]) << what << " count " << count << " blocks " << blocks
+                               << ": super-group " << i / kStatsWordsPerSupergroup << " word "
+                               << i % kStatsWordsPerSupergroup;
   }
 }
 
@@ -186,7 +187,8 @@ TEST(CudaStats, AllZeroWord) {
     const uint16_t expected[6] = {0, kBf16One, 0, 0, 0, kBf16One};
     for (size_t j = 0; j < 6; ++j) EXPECT_EQ(host[stat_word(j, kStatAllZero)], expected[j]) << j;
     std::vector<uint16_t> dev(host.size(), 0xBEEF);
-    if (dtype == DType::kF32) ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
+    if (dtype == DType::kF32)
+      ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
     else ASSERT_EQ(device_stats(x16, true, &dev, 0), cudaSuccess) << kernel_fault();
     expect_same(host, dev, "all-zero word", x.size(), 0);
   }
