@@ -26,9 +26,9 @@ inline constexpr int kLadderRungs = 11;
 DQ_HD constexpr double ladder_bits(int rung) { return 3.0 + 0.5 * rung; }
 // Then the MX formats a call falls back to when no rung that costs fewer bits meets the target.
 // On dense buckets whose super-groups share one scale, DynamiQ needs about 8.6 bits to beat
-// MXFP8's error (docs/RESULTS.md section 17), so "never worse than MXFP8" means sending such a
-// bucket as MXFP8 (8.25 bits). Candidates are ordered by bits, not by index: MXFP6 (6.25) sits
-// between the rungs 6 and 6.5.
+// MXFP8's error (docs/results/budget.md, the MX fallback), so "never worse than MXFP8" means
+// sending such a bucket as MXFP8 (8.25 bits). Candidates are ordered by bits, not by index:
+// MXFP6 (6.25) sits between the rungs 6 and 6.5.
 inline constexpr int kCandidateMxfp6 = kLadderRungs;
 inline constexpr int kCandidateMxfp8 = kLadderRungs + 1;
 inline constexpr int kCandidates = kLadderRungs + 2;

@@ -12,7 +12,8 @@ namespace dq {
 struct DynamiqOptions {
   double budget_bits = 5.0;                 // bits per coordinate, every byte of metadata included
   // Level shape for 2 / 4 / 8 bits. The paper's artifact uses 0.23 / 0.18 / 0.10; on our real
-  // gradients 0.30 (4-bit) and 0.05 (8-bit) gave 13-16% lower vNMSE (docs/RESULTS.md, "eps");
+  // gradients 0.30 (4-bit) and 0.05 (8-bit) gave 13-16% lower vNMSE (docs/results/accuracy.md,
+  // "Choice of eps");
   // the 2-bit levels are {0, 1} whatever eps.
   float eps[3] = {0.23f, 0.30f, 0.05f};
   bool correlated_rounding = true;          // shared permutation across the hops of a coordinate

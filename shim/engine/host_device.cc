@@ -178,7 +178,7 @@ class HostDevice final : public Device {
       // every plan set it ever held. Populated now (MAP_POPULATE): a call never faults a page
       // in mid-hop, and what the plans hold (the held_bytes metric) is what is resident; left
       // to fault in, a plan's untouched slack made RSS less held_bytes swing by 10+ MiB with
-      // the mix of cached plans (docs/RESULTS.md section 13).
+      // the mix of cached plans (docs/results/robustness.md, soak).
       const size_t n = page_round(bytes);
       void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
                      -1, 0);

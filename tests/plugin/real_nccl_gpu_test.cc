@@ -36,7 +36,8 @@ constexpr int kSkip = 77;
 constexpr int kRanks = 2;
 constexpr size_t kCount = 1 << 20;  // floats per rank
 // DynamiQ at the default 5 bits on this smooth data: far below this (about 1e-5 to 1e-4 on
-// Gaussian data at 4 ranks, docs/RESULTS.md); a wrong byte order or a lost hop is far above.
+// Gaussian data at 4 ranks, docs/results/accuracy.md); a wrong byte order or a lost hop is far
+// above.
 constexpr double kMaxVnmse = 1e-3;
 
 struct UniqueId {

@@ -390,7 +390,7 @@ void expect_prediction_within_bound(const Case& c, const std::vector<double>& bu
   for (const std::string& spec : mx) check(spec, s.mx_error(mx_rounding_error(spec)) / s.energy());
 }
 
-// The model against the simulator on fixed seeds (docs/RESULTS.md section 17 has the full
+// The model against the simulator on fixed seeds (docs/results/budget.md has the full
 // validation): predicted / measured within [0.6, 1.6] for each fixed budget 4..8 and for MXFP8
 // and MXFP6, ring and butterfly, 4 and 8 workers, independent deviations.
 TEST(BudgetModel, PredictionWithinBoundOfTheSimulator) {
@@ -404,7 +404,7 @@ TEST(BudgetModel, PredictionWithinBoundOfTheSimulator) {
 }
 
 // Sparse super-groups, as the word embedding's: each non-zero in 1 or 3 of 16 workers. The hops
-// that add zeros round nothing (docs/RESULTS.md section 17: a dense hop profile over-predicted
+// that add zeros round nothing (docs/results/budget.md: a dense hop profile over-predicted
 // such data 2-12x, and before sparse super-groups kept their mean the zero workers' hops shifted
 // the partial sums by -mu and re-rounded them: DynamiQ 5-7 bits measured 1.7-2.2x the
 // one-rounding prediction on the ring); with the all-zero counts the prediction stays within

@@ -6,8 +6,9 @@
 // WARMUP: calls before the resource baseline (default CALLS/10); RSS_LIMIT_PCT: allowed growth
 // after it (default 1) of RSS less the shim's plan cache. The engine keeps 16 plans (LRU by
 // shape), so with random sizes the memory it holds follows the sizes of the 16 latest shapes:
-// raw RSS is bounded but not flat (RESULTS.md section 13). The shim reports what its plans hold
-// (held_bytes in its metrics) and maps their buffers, so RSS less that is what must stay flat.
+// raw RSS is bounded but not flat (docs/results/robustness.md, soak). The shim reports what its
+// plans hold (held_bytes in its metrics) and maps their buffers, so RSS less that is what must
+// stay flat.
 //
 // Every rank draws the same sequence from SEED. Each call picks: a collective (ncclAllReduce 1/2,
 // ncclReduceScatter 1/4, ncclReduce 1/4, random root), a dtype (FP32, BF16), an op (SUM, AVG,
@@ -34,9 +35,10 @@
 // kNetWindow samples against the median of the first kNetWindow, and must stay under
 // RSS_LIMIT_PCT. Medians, not the two end points: one sample moves by a few MiB with what the
 // last call happened to allocate (the first full run's end points moved -1.22% .. +1.05% on
-// four ranks whose malloc in-use bytes grew 0.2%; RESULTS.md section 13), while a leak raises
-// every later sample. The end-point figures are printed too, with the bytes malloc has in use
-// (mallinfo2): flat in-use bytes with a rising RSS is the allocator keeping freed memory.
+// four ranks whose malloc in-use bytes grew 0.2%; docs/results/robustness.md, soak), while a
+// leak raises every later sample. The end-point figures are printed too, with the bytes malloc
+// has in use (mallinfo2): flat in-use bytes with a rising RSS is the allocator keeping freed
+// memory.
 // TRIM=1 (default 0) calls malloc_trim(0) before each of the kNetSamples samples, so they count
 // what the process holds, not the free heap pages glibc keeps: it tells a leak (still grows)
 // from the allocator's retention (flat once trimmed). The judged series is then the trimmed one.
@@ -73,7 +75,7 @@ using dq::test::splitmix;
 using RegisterFn = int (*)(void*, int);
 
 constexpr size_t kMinBytes = 64 * 1024;  // DYNAMIQ_MIN_BYTES for the run
-constexpr double kMaxVnmse = 0.05;       // measured: ~1e-3..2e-2 (see docs/RESULTS.md section 13)
+constexpr double kMaxVnmse = 0.05;       // measured: ~1e-3..2e-2 (docs/results/robustness.md)
 constexpr int kFlipOneIn = 20;
 
 std::string g_dir;

@@ -102,7 +102,7 @@ def test_auto_choose(lib):
     check(0.67 <= predicted / chosen["vnmse"] <= 1.5,
           "prediction %.3e within [0.67, 1.5] of the measured %.3e" % (predicted, chosen["vnmse"]))
     # One scale for the whole tensor (dense, no locality): no rung under 8.25 bits beats MXFP8,
-    # so auto falls back to MXFP8 itself (docs/RESULTS.md section 17).
+    # so auto falls back to MXFP8 itself (docs/results/budget.md, the MX fallback).
     dense = rng.standard_normal((n, d)).astype(np.float32)
     spec, _ = lib.auto_choose("mxfp8", "ring", dense)
     check(spec == "mxfp8", "dense: auto falls back to mxfp8 (%s)" % spec)

@@ -51,8 +51,8 @@ def main():
         check(exact["history"][0]["train_loss"] == dq["history"][0]["train_loss"],
               "step 0's loss precedes any all-reduce, so it is the same for both schemes")
         vn = [h["vnmse"] for h in dq["history"]]
-        # DynamiQ 5-bit on the full real gradient at n = 4: about 1e-3 (docs/RESULTS.md
-        # section 8); a wrong layout, scale or mean gives O(1).
+        # DynamiQ 5-bit on the full real gradient at n = 4: about 1e-3
+        # (docs/results/accuracy.md, real gradients); a wrong layout, scale or mean gives O(1).
         check(all(0 < v < 0.05 for v in vn), "DynamiQ vNMSE per step in (0, 0.05): %s" % vn)
         check(dq["bits_per_coord"] <= 5.0 + 1e-9, "DynamiQ bits/coord %.4f <= 5"
               % dq["bits_per_coord"])

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Formats `dynamiq-sim --bits-breakdown --format jsonl` as Markdown tables (docs/RESULTS.md 18).
+"""Formats `dynamiq-sim --bits-breakdown --format jsonl` as Markdown tables
+(docs/results/budget.md, "Where the bits go").
 
 usage: bits_table.py LABEL=FILE.jsonl [LABEL=FILE.jsonl ...]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the simulator figures of docs/RESULTS.md into docs/results/*.jsonl.
+# Regenerates the simulator figures of docs/results/accuracy.md into docs/results/*.jsonl.
 # Usage: tools/sim/make_tables.sh [build-dir]   (about 5 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
