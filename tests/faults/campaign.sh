@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault campaign (issue 16 section 4): N ranks (2..8, random per run) of fault_worker through
+# The fault campaign: N ranks (2..8, random per run) of fault_worker through
 # the preloaded shim on the CPU NCCL, each rank in its own network namespace, and one fault per
 # run injected at a random call (random rank, random time) of a job that mixes compressed and
 # pass-through all-reduces:

@@ -1,4 +1,4 @@
-// One rank of the fault campaign (issue 16 section 4; tests/faults/campaign.sh starts N of them,
+// One rank of the fault campaign (tests/faults/campaign.sh starts N of them,
 // each in its own network namespace, and injects a fault from outside).
 //
 // Usage: fault_worker DIR CALLS SEED      (RANK and WORLD_SIZE from the environment)

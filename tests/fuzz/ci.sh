@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI leg of issue 16 section 1: builds the fuzzers and runs each for SECONDS (default 60) from
+# The CI's fuzzing leg: builds the fuzzers and runs each for SECONDS (default 60) from
 # the committed corpus, JOBS targets at a time (default 2: one per core of the CI machine; each
 # target is one process). Fails when any target crashes, leaks or trips a sanitizer.
 # Usage: tests/fuzz/ci.sh [SECONDS] [BUILD_DIR]

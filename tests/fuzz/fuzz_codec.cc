@@ -7,7 +7,8 @@
 //    words too);
 //  - runs hop() with 1 to 3 hostile `in` payloads of arbitrary length;
 //  - runs finish() on a hostile payload into an output full of a sentinel; a failing finish must
-//    leave every byte of the output untouched (issue 16: one error, no partial output);
+//    leave every byte of the output untouched (a refused payload gives an
+//    error and no partial output);
 //  - when hop() succeeded, finish() of its own output must succeed (it is a valid payload).
 #include <cmath>
 #include <cstddef>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check of issue 11 part 4: one command that, on a machine with a CUDA device
+# The prepared GPU check: one command that, on a machine with a CUDA device
 # (one H200, 16 cores: under 8 minutes), builds what the checks need and runs them, each step
 # under its own timeout, continuing after a failed step.
 #

@@ -1,5 +1,5 @@
 // The fused-hop kernel's throughput against a device-to-device cudaMemcpy in the same run
-// (issue 11's target: the hop at least 60% of the copy's bandwidth). Not a test: it prints the
+// (the kernels' target: the hop at least 60% of the copy's bandwidth). Not a test: it prints the
 // numbers and fails only on a CUDA error or a kernel's error flag, never on the ratio.
 //
 //   hop_bandwidth [count (default 2^26)] [chunks (default 8)] [iterations (default 20)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_corpus.py's per-worker seeding (issue 14 section 4): worker k's gradient is a function
+"""make_corpus.py's per-worker seeding: worker k's gradient is a function
 of (seed, step, k) alone. Two short runs that differ only in --workers (4 and 8) must dump
 bit-identical rows for workers 0-3 at every dumped step, the later one included (before the fix
 the extra workers' forward passes consumed dropout draws: relative L2 difference 0.70 at step

@@ -1,4 +1,4 @@
-// Soak (issue 16 section 3): N ranks through the preloaded shim on the CPU NCCL, CALLS calls of
+// Soak: N ranks through the preloaded shim on the CPU NCCL, CALLS calls of
 // random shape, checked one by one, with the process's resources sampled after every call.
 //
 // Usage: soak CALLS MAX_BYTES [SEED] [NRANKS] [WARMUP] [RSS_LIMIT_PCT] [TRIM]

@@ -89,7 +89,7 @@ def test_auto_choose(lib):
     d, n = 1 << 17, 4
     # Super-group locality (scales spread over orders of magnitude): auto meets MXFP8's error
     # with a DynamiQ rung that costs fewer bits than MXFP8's 8.25, and that rung's measured
-    # vNMSE is at most MXFP8's (the issue's target, on data where DynamiQ can win).
+    # vNMSE is at most MXFP8's (the budget's target, on data where DynamiQ can win).
     rows = spread_rows(rng, n, d)
     spec, predicted = lib.auto_choose("mxfp8", "ring", rows)
     check(spec.startswith("dynamiq:") and float(spec.split(":")[1]) < 8.25,
