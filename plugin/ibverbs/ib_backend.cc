@@ -59,7 +59,7 @@ constexpr uint8_t kAckTimeout = 18;
 constexpr uint8_t kRetryCount = 7;
 constexpr uint8_t kRnrRetry = 7;  // 7 = retry forever (receives are always posted first anyway)
 
-int64_t MsSince(Clock::time_point t) {
+int64_t ms_since(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
@@ -92,13 +92,13 @@ struct Verbs {
 };
 
 template <typename Fn>
-bool LoadSym(void* lib, const char* name, Fn* out, std::string* why) {
+bool load_sym(void* lib, const char* name, Fn* out, std::string* why) {
   *out = reinterpret_cast<Fn>(dlsym(lib, name));
   if (*out == nullptr) *why = std::string("libibverbs.so.1 lacks ") + name;
   return *out != nullptr;
 }
 
-bool LoadVerbs(Verbs* v, std::string* why) {
+bool load_verbs(Verbs* v, std::string* why) {
   v->lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
   if (v->lib == nullptr) {
     const char* e = dlerror();
@@ -106,25 +106,25 @@ bool LoadVerbs(Verbs* v, std::string* why) {
     return false;
   }
   const bool required =
-      LoadSym(v->lib, "ibv_get_device_list", &v->get_device_list, why) &&
-      LoadSym(v->lib, "ibv_free_device_list", &v->free_device_list, why) &&
-      LoadSym(v->lib, "ibv_get_device_name", &v->get_device_name, why) &&
-      LoadSym(v->lib, "ibv_get_device_guid", &v->get_device_guid, why) &&
-      LoadSym(v->lib, "ibv_open_device", &v->open_device, why) &&
-      LoadSym(v->lib, "ibv_close_device", &v->close_device, why) &&
-      LoadSym(v->lib, "ibv_query_device", &v->query_device, why) &&
-      LoadSym(v->lib, "ibv_query_port", &v->query_port, why) &&
-      LoadSym(v->lib, "ibv_query_gid", &v->query_gid, why) &&
-      LoadSym(v->lib, "ibv_alloc_pd", &v->alloc_pd, why) &&
-      LoadSym(v->lib, "ibv_dealloc_pd", &v->dealloc_pd, why) &&
-      LoadSym(v->lib, "ibv_reg_mr", &v->reg_mr, why) &&
-      LoadSym(v->lib, "ibv_dereg_mr", &v->dereg_mr, why) &&
-      LoadSym(v->lib, "ibv_create_cq", &v->create_cq, why) &&
-      LoadSym(v->lib, "ibv_destroy_cq", &v->destroy_cq, why) &&
-      LoadSym(v->lib, "ibv_create_qp", &v->create_qp, why) &&
-      LoadSym(v->lib, "ibv_destroy_qp", &v->destroy_qp, why) &&
-      LoadSym(v->lib, "ibv_modify_qp", &v->modify_qp, why) &&
-      LoadSym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why);
+      load_sym(v->lib, "ibv_get_device_list", &v->get_device_list, why) &&
+      load_sym(v->lib, "ibv_free_device_list", &v->free_device_list, why) &&
+      load_sym(v->lib, "ibv_get_device_name", &v->get_device_name, why) &&
+      load_sym(v->lib, "ibv_get_device_guid", &v->get_device_guid, why) &&
+      load_sym(v->lib, "ibv_open_device", &v->open_device, why) &&
+      load_sym(v->lib, "ibv_close_device", &v->close_device, why) &&
+      load_sym(v->lib, "ibv_query_device", &v->query_device, why) &&
+      load_sym(v->lib, "ibv_query_port", &v->query_port, why) &&
+      load_sym(v->lib, "ibv_query_gid", &v->query_gid, why) &&
+      load_sym(v->lib, "ibv_alloc_pd", &v->alloc_pd, why) &&
+      load_sym(v->lib, "ibv_dealloc_pd", &v->dealloc_pd, why) &&
+      load_sym(v->lib, "ibv_reg_mr", &v->reg_mr, why) &&
+      load_sym(v->lib, "ibv_dereg_mr", &v->dereg_mr, why) &&
+      load_sym(v->lib, "ibv_create_cq", &v->create_cq, why) &&
+      load_sym(v->lib, "ibv_destroy_cq", &v->destroy_cq, why) &&
+      load_sym(v->lib, "ibv_create_qp", &v->create_qp, why) &&
+      load_sym(v->lib, "ibv_destroy_qp", &v->destroy_qp, why) &&
+      load_sym(v->lib, "ibv_modify_qp", &v->modify_qp, why) &&
+      load_sym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why);
   if (!required) return false;
   // Optional: absent from older libibverbs (then no DMA-BUF).
   v->reg_dmabuf_mr =
@@ -163,7 +163,7 @@ struct IbDevice {
 
 // Whether NVIDIA's peer-memory module is loaded (nvidia-peermem, or the older nv_peer_mem):
 // then ibv_reg_mr accepts CUDA device pointers. *why: what was looked for.
-bool PeerMemoryLoaded(std::string* why) {
+bool peer_memory_loaded(std::string* why) {
   for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
                            "/sys/module/nvidia_peermem/version", "/sys/module/nvidia_peermem"}) {
     if (access(path, F_OK) == 0) {
@@ -178,7 +178,7 @@ bool PeerMemoryLoaded(std::string* why) {
 // Whether the device takes DMA-BUF registrations: a registration of no fd (-1) fails with
 // EOPNOTSUPP / EPROTONOSUPPORT where the device or kernel cannot, with another error (EBADF)
 // where it can. *why: the answer's reason.
-bool DmaBufAccepted(ibv_pd* pd, std::string* why) {
+bool dma_buf_accepted(ibv_pd* pd, std::string* why) {
   if (V().reg_dmabuf_mr == nullptr) {
     *why = "libibverbs has no ibv_reg_dmabuf_mr";
     return false;
@@ -201,7 +201,7 @@ bool DmaBufAccepted(ibv_pd* pd, std::string* why) {
 }
 
 // Per-lane rate of enum ibv_port_attr::active_speed, in Mbps.
-int LaneMbps(uint8_t speed) {
+int lane_mbps(uint8_t speed) {
   switch (speed) {
     case 1:
       return 2500;  // SDR
@@ -226,7 +226,7 @@ int LaneMbps(uint8_t speed) {
 }
 
 // Lanes of enum ibv_port_attr::active_width.
-int Lanes(uint8_t width) {
+int lanes(uint8_t width) {
   switch (width) {
     case 1:
       return 1;
@@ -243,21 +243,21 @@ int Lanes(uint8_t width) {
   }
 }
 
-std::string ReadLine(const std::string& path) {
+std::string read_line(const std::string& path) {
   std::ifstream f(path);
   std::string s;
   if (f) std::getline(f, s);
   return s;
 }
 
-bool Ipv4Mapped(const ibv_gid& g) {
+bool ipv4_mapped(const ibv_gid& g) {
   for (int i = 0; i < 10; ++i) {
     if (g.raw[i] != 0) return false;
   }
   return g.raw[10] == 0xff && g.raw[11] == 0xff;
 }
 
-bool GidZero(const ibv_gid& g) {
+bool gid_zero(const ibv_gid& g) {
   for (uint8_t b : g.raw) {
     if (b != 0) return false;
   }
@@ -266,11 +266,11 @@ bool GidZero(const ibv_gid& g) {
 
 // The RoCE GID this port uses: `wanted` when >= 0, else the first IPv4-mapped RoCE v2 entry
 // (sysfs names each entry's type), else the first IPv4-mapped one of unknown type.
-bool PickRoceGid(ibv_context* ctx, const std::string& dev, int port, int table_len, int wanted,
+bool pick_roce_gid(ibv_context* ctx, const std::string& dev, int port, int table_len, int wanted,
                  int* index, ibv_gid* gid) {
   if (wanted >= 0) {
     if (wanted >= table_len || V().query_gid(ctx, static_cast<uint8_t>(port), wanted, gid) != 0 ||
-        GidZero(*gid)) {
+        gid_zero(*gid)) {
       NET_WARN("%s:%d: GID index %d (DYNAMIQ_NET_IB_GID_INDEX) is empty or out of the table (%d)",
                dev.c_str(), port, wanted, table_len);
       return false;
@@ -282,8 +282,8 @@ bool PickRoceGid(ibv_context* ctx, const std::string& dev, int port, int table_l
   ibv_gid fallback_gid{};
   for (int i = 0; i < table_len; ++i) {
     ibv_gid g{};
-    if (V().query_gid(ctx, static_cast<uint8_t>(port), i, &g) != 0 || !Ipv4Mapped(g)) continue;
-    std::string type = ReadLine("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) +
+    if (V().query_gid(ctx, static_cast<uint8_t>(port), i, &g) != 0 || !ipv4_mapped(g)) continue;
+    std::string type = read_line("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) +
                                 "/gid_attrs/types/" + std::to_string(i));
     if (type.find("v2") != std::string::npos) {
       *index = i;
@@ -302,11 +302,11 @@ bool PickRoceGid(ibv_context* ctx, const std::string& dev, int port, int table_l
 }
 
 // NCCL_IB_HCA-style filter on "dev" and "dev:port".
-bool HcaSelected(const std::string& spec, const std::string& dev, int port) {
+bool hca_selected(const std::string& spec, const std::string& dev, int port) {
   if (spec.empty()) return true;
   const std::string with_port = dev + ":" + std::to_string(port);
   const bool exclude = spec[0] == '^';
-  if (exclude) return IfnameMatches(spec, dev) && IfnameMatches(spec, with_port);
+  if (exclude) return ifname_matches(spec, dev) && ifname_matches(spec, with_port);
   // A port-qualified item must name this port; a bare device name selects every port.
   std::string list = spec[0] == '=' ? spec.substr(1) : spec;
   const bool exact = spec[0] == '=';
@@ -325,10 +325,10 @@ bool HcaSelected(const std::string& spec, const std::string& dev, int port) {
   return false;
 }
 
-Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::string* why) {
+Status discover_ib_devices(const NetEnv& env, std::deque<IbDevice>* out, std::string* why) {
   // Loaded once per process; a failure is remembered with its reason.
   static std::string load_error;
-  static const bool loaded = LoadVerbs(&V(), &load_error);
+  static const bool loaded = load_verbs(&V(), &load_error);
   if (!loaded) {
     *why = load_error;
     return Status::kUnsupported;
@@ -343,7 +343,7 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
   // (probed once per device, with its protection domain).
   const bool gdr_on = env.ib_gdr != "off";
   std::string peer_why;
-  const bool peer_memory = gdr_on && PeerMemoryLoaded(&peer_why);
+  const bool peer_memory = gdr_on && peer_memory_loaded(&peer_why);
   for (int i = 0; i < n; ++i) {
     const std::string name = V().get_device_name(list[i]);
     ibv_context* ctx = V().open_device(list[i]);
@@ -362,7 +362,7 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
     std::string dmabuf_why;
     size_t first = out->size();
     for (int port = 1; port <= attr.phys_port_cnt; ++port) {
-      if (!HcaSelected(env.ib_hca, name, port)) continue;
+      if (!hca_selected(env.ib_hca, name, port)) continue;
       ibv_port_attr pa{};
       if (V().query_port(ctx, static_cast<uint8_t>(port), &pa) != 0) continue;
       if (pa.state != IBV_PORT_ACTIVE) {
@@ -378,13 +378,13 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
       d.mtu = pa.active_mtu;
       d.max_qp = attr.max_qp;
       if (pa.max_msg_sz > 0) d.max_write = std::min<size_t>(kMaxWriteBytes, pa.max_msg_sz);
-      d.speed_mbps = LaneMbps(pa.active_speed) * Lanes(pa.active_width);
+      d.speed_mbps = lane_mbps(pa.active_speed) * lanes(pa.active_width);
       d.guid = be64toh(V().get_device_guid(list[i]));
       char real[PATH_MAX];
       std::string sys = "/sys/class/infiniband/" + name + "/device";
       if (realpath(sys.c_str(), real) != nullptr) d.pci_path = real;
       if (pa.link_layer == IBV_LINK_LAYER_ETHERNET) {
-        if (!PickRoceGid(ctx, name, port, pa.gid_tbl_len, env.ib_gid_index, &d.gid_index, &d.gid)) {
+        if (!pick_roce_gid(ctx, name, port, pa.gid_tbl_len, env.ib_gid_index, &d.gid_index, &d.gid)) {
           NET_INFO(
               "verbs port %s:%d (RoCE) has no usable GID (an IPv4 address on its netdev, or "
               "DYNAMIQ_NET_IB_GID_INDEX); skipped",
@@ -404,7 +404,7 @@ Status DiscoverIbDevices(const NetEnv& env, std::deque<IbDevice>* out, std::stri
       d.ctx = ctx;
       d.pd = pd;
       if (gdr_on) {
-        if (dmabuf < 0) dmabuf = DmaBufAccepted(pd, &dmabuf_why) ? 1 : 0;
+        if (dmabuf < 0) dmabuf = dma_buf_accepted(pd, &dmabuf_why) ? 1 : 0;
         d.gdr = peer_memory;
         d.dmabuf = dmabuf == 1;
         d.flush_all = env.ib_gdr == "flush-all";
@@ -443,7 +443,7 @@ struct IbMr {
 
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-Status RegisterBytes(ibv_pd* pd, void* data, size_t size, ibv_mr** out) {
+Status register_bytes(ibv_pd* pd, void* data, size_t size, ibv_mr** out) {
   *out = V().reg_mr(pd, data, size, kAccess);
   if (*out == nullptr) {
     NET_WARN("ibv_reg_mr of %p+%zu failed: %s", data, size, std::strerror(errno));
@@ -452,7 +452,7 @@ Status RegisterBytes(ibv_pd* pd, void* data, size_t size, ibv_mr** out) {
   return Status::kOk;
 }
 
-Status CheckRegion(void* mhandle, const void* data, size_t size) {
+Status check_region(void* mhandle, const void* data, size_t size) {
   if (mhandle == nullptr) return Status::kOk;
   auto* m = static_cast<IbMr*>(mhandle);
   const char* p = static_cast<const char*>(data);
@@ -473,7 +473,7 @@ Status CheckRegion(void* mhandle, const void* data, size_t size) {
 // What every connection has: its QPs (qps[0] also carries the FIFO and the size records), one
 // CQ for all of them, the side channel, the failure state.
 struct Conn {
-  uint32_t magic = 0;  // first: kSendMagic or kRecvMagic (DevOf reads it)
+  uint32_t magic = 0;  // first: kSendMagic or kRecvMagic (dev_of reads it)
   const IbDevice* dev = nullptr;
   std::string peer;  // for logs: "verbs device <- side channel peer"
   int64_t timeout_ms = 30000;
@@ -496,7 +496,7 @@ struct Conn {
   int sq_used = 0;  // send work requests posted and not yet retired, all QPs
   Clock::time_point last_progress = Clock::now();
 
-  void Fail(const std::string& why, bool warn = true) {  // mu held
+  void fail(const std::string& why, bool warn = true) {  // mu held
     if (failed) return;
     failed = true;
     if (warn) {
@@ -507,36 +507,36 @@ struct Conn {
   }
 
   // Side channel: the peer's kBye (orderly close) or its death (error on the posted receive).
-  void PollSide() {  // mu held
+  void poll_side() {  // mu held
     if (bye_req == nullptr || failed) return;
     int done = 0;
-    Status st = SocketBackend().Test(bye_req, &done, nullptr);
+    Status st = socket_backend().test(bye_req, &done, nullptr);
     if (st != Status::kOk) {
       bye_req = nullptr;
-      Fail("the side channel failed (peer died or closed without notice)");
+      fail("the side channel failed (peer died or closed without notice)");
       return;
     }
     if (!done) return;
     bye_req = nullptr;
-    const char* bad = ibwire::CheckCtl(bye, ibwire::kBye);
+    const char* bad = ibwire::check_ctl(bye, ibwire::kBye);
     if (bad != nullptr) {
       fail_status = Status::kMalformedPayload;
-      Fail(std::string("malformed control message: ") + bad);
+      fail(std::string("malformed control message: ") + bad);
       return;
     }
     peer_closed = true;
   }
 
-  Status PostSideRecv() {
+  Status post_side_recv() {
     void* data = &bye;
     size_t size = sizeof(bye);
     int tag = kSideTag;
-    DQ_CHECK(SocketBackend().Irecv(side_recv, 1, &data, &size, &tag, nullptr, &bye_req));
+    DQ_CHECK(socket_backend().irecv(side_recv, 1, &data, &size, &tag, nullptr, &bye_req));
     if (bye_req == nullptr) return Status::kInternal;
     return Status::kOk;
   }
 
-  void* Alloc(size_t bytes) {
+  void* alloc(size_t bytes) {
     void* p = nullptr;
     if (posix_memalign(&p, 4096, bytes) != 0) return nullptr;
     std::memset(p, 0, bytes);
@@ -546,7 +546,7 @@ struct Conn {
 
   // `nqps` RC QPs on one CQ. remote_access: what the peer's work requests may do to this
   // connection's memory (the flush QP, whose peer is itself, reads).
-  Status MakeQps(uint32_t nqps, int remote_access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE) {
+  Status make_qps(uint32_t nqps, int remote_access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE) {
     cq = V().create_cq(dev->ctx, kCqDepthPerQp * static_cast<int>(nqps), nullptr, nullptr, 0);
     if (cq == nullptr) {
       NET_WARN("ibv_create_cq on %s failed: %s", dev->name.c_str(), std::strerror(errno));
@@ -577,21 +577,21 @@ struct Conn {
         NET_WARN("QP to INIT on %s failed: %s", dev->name.c_str(), std::strerror(errno));
         return Status::kSystemError;
       }
-      psns.push_back(static_cast<uint32_t>(RandomU64() & 0xffffff));
+      psns.push_back(static_cast<uint32_t>(random_u64() & 0xffffff));
     }
     qp = qps[0];
     return Status::kOk;
   }
 
   // Index of the QP of a work completion (wc.qp_num) in qps, or -1.
-  int QpIndex(uint32_t qp_num) const {
+  int qp_index(uint32_t qp_num) const {
     for (size_t i = 0; i < qps.size(); ++i) {
       if (qps[i]->qp_num == qp_num) return static_cast<int>(i);
     }
     return -1;
   }
 
-  void FillCtl(Ctl* c, uint16_t kind) const {
+  void fill_ctl(Ctl* c, uint16_t kind) const {
     std::memset(c, 0, sizeof(*c));
     c->magic = ibwire::kCtlMagic;
     c->version = ibwire::kVersion;
@@ -610,7 +610,7 @@ struct Conn {
   }
 
   // Every QP INIT -> RTR -> RTS towards its peer QP described by `c` (already checked).
-  Status Connect(const Ctl& c, int traffic_class) {
+  Status connect(const Ctl& c, int traffic_class) {
     if (c.link_layer != dev->link_layer) {
       NET_WARN("peer %s uses link layer %u, this port %u", peer.c_str(), c.link_layer,
                dev->link_layer);
@@ -621,11 +621,11 @@ struct Conn {
                c.nqps, qps.size());
       return Status::kMalformedPayload;
     }
-    for (size_t i = 0; i < qps.size(); ++i) DQ_CHECK(ConnectQp(i, c, traffic_class));
+    for (size_t i = 0; i < qps.size(); ++i) DQ_CHECK(connect_qp(i, c, traffic_class));
     return Status::kOk;
   }
 
-  Status ConnectQp(size_t i, const Ctl& c, int traffic_class) {
+  Status connect_qp(size_t i, const Ctl& c, int traffic_class) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = static_cast<ibv_mtu>(std::min<int>(c.mtu, dev->mtu));
@@ -668,10 +668,10 @@ struct Conn {
   }
 
   // Orderly close: kBye to the peer (bounded wait), then the side channel, QP, CQ, regions.
-  void Close() {
+  void close() {
     {
       std::lock_guard<std::mutex> lock(mu);
-      PollSide();
+      poll_side();
     }
     if (side_send != nullptr) {
       Ctl c{};
@@ -680,20 +680,20 @@ struct Conn {
       c.kind = ibwire::kBye;
       void* req = nullptr;
       if (!failed && !peer_closed &&
-          SocketBackend().Isend(side_send, &c, sizeof(c), kSideTag, nullptr, &req) == Status::kOk &&
+          socket_backend().isend(side_send, &c, sizeof(c), kSideTag, nullptr, &req) == Status::kOk &&
           req != nullptr) {
         Clock::time_point t = Clock::now();
         int done = 0;
         // Bounded: a small message on an idle socket; at most 1 s or the timeout.
-        while (!done && MsSince(t) < std::min<int64_t>(timeout_ms, 1000)) {
-          if (SocketBackend().Test(req, &done, nullptr) != Status::kOk) break;
+        while (!done && ms_since(t) < std::min<int64_t>(timeout_ms, 1000)) {
+          if (socket_backend().test(req, &done, nullptr) != Status::kOk) break;
           if (!done) usleep(100);
         }
       }
-      SocketBackend().CloseSend(side_send);
+      socket_backend().close_send(side_send);
       side_send = nullptr;
     }
-    if (side_recv != nullptr) SocketBackend().CloseRecv(side_recv);
+    if (side_recv != nullptr) socket_backend().close_recv(side_recv);
     side_recv = nullptr;
     for (ibv_qp* q : qps) V().destroy_qp(q);
     qps.clear();
@@ -706,7 +706,7 @@ struct Conn {
     blocks.clear();
   }
 
-  std::string WcError(const ibv_wc& wc) const {
+  std::string wc_error(const ibv_wc& wc) const {
     return std::string("work completion error: ") + V().wc_status_str(wc.status) + " (status " +
            std::to_string(wc.status) + ", vendor error " + std::to_string(wc.vendor_err) + ")";
   }
@@ -752,7 +752,7 @@ struct SendComm : Conn {
 
   // Takes slot `pos` if the receiver wrote a new posting there and all of it has landed (its
   // check word matches): false while there is none or it is still arriving.
-  bool TakeNewPosting(uint32_t pos) {
+  bool take_new_posting(uint32_t pos) {
     const auto* src = reinterpret_cast<const volatile uint64_t*>(&fifo[pos]);
     if (src[offsetof(FifoSlot, seq) / 8] == cur_seq[pos]) return false;
     uint64_t w[sizeof(FifoSlot) / 8];
@@ -761,7 +761,7 @@ struct SendComm : Conn {
     FifoSlot copy;
     std::memcpy(&copy, w, sizeof(copy));
     if (copy.seq == 0 || copy.seq == cur_seq[pos]) return false;
-    if (ibwire::SlotCheck(w, ibwire::kSlotCheckedWords) != copy.check) return false;
+    if (ibwire::slot_check(w, ibwire::kSlotCheckedWords) != copy.check) return false;
     snap[pos] = copy;
     cur_seq[pos] = copy.seq;
     used[pos] = 0;
@@ -770,42 +770,42 @@ struct SendComm : Conn {
 
   // Payload bytes per RDMA WRITE: every write is signaled, so the stall bound
   // (DYNAMIQ_NET_TIMEOUT_MS) sees progress within a large message; at most 256 writes a stripe.
-  size_t ChunkBytes(size_t size) const {
+  size_t chunk_bytes(size_t size) const {
     return std::min(dev->max_write, std::max<size_t>(kMinChunkBytes, (size + 255) / 256));
   }
   // How a message of `size` bytes (0 when it does not fit: only its size record travels) is cut:
   // its stripes, and the work requests stripe i takes on QP i (its writes and its immediate).
-  uint32_t Stripes(size_t size) const {
-    return ibwire::StripeCount(size, static_cast<uint32_t>(qps.size()));
+  uint32_t stripes_for(size_t size) const {
+    return ibwire::stripe_count(size, static_cast<uint32_t>(qps.size()));
   }
-  int StripeWorkRequests(size_t size, uint32_t stripes, uint32_t i) const {
+  int stripe_work_requests(size_t size, uint32_t stripes, uint32_t i) const {
     uint64_t off = 0, len = 0;
-    ibwire::StripeRange(size, stripes, i, &off, &len);
-    return static_cast<int>((len + ChunkBytes(len) - 1) / ChunkBytes(len)) + 1;
+    ibwire::stripe_range(size, stripes, i, &off, &len);
+    return static_cast<int>((len + chunk_bytes(len) - 1) / chunk_bytes(len)) + 1;
   }
-  bool Fits(size_t size) const {  // room on every QP the message's stripes take
-    const uint32_t k = Stripes(size);
+  bool fits(size_t size) const {  // room on every QP the message's stripes take
+    const uint32_t k = stripes_for(size);
     for (uint32_t i = 0; i < k; ++i) {
-      if (qp_used[i] + StripeWorkRequests(size, k, i) > kSqDepth) return false;
+      if (qp_used[i] + stripe_work_requests(size, k, i) > kSqDepth) return false;
     }
     return true;
   }
 
   // Posts the payload write(s) and the stripes' immediates for `r` into entry `e` of slot `pos`.
-  Status Post(SendReq* r, uint32_t pos, int e) {
+  Status post(SendReq* r, uint32_t pos, int e) {
     const ibwire::FifoEntry& fe = snap[pos].e[e];
     const bool fits = r->size <= fe.size;
     const size_t payload = fits ? r->size : 0;
     const uint32_t idx = static_cast<uint32_t>(pos * kMaxGroupedRecvs + static_cast<size_t>(e));
     records[idx] = fits ? r->size : (r->size | ibwire::kOversize);
-    const uint32_t stripes = Stripes(payload);
+    const uint32_t stripes = stripes_for(payload);
     std::vector<ibv_send_wr> wrs;
     std::vector<ibv_sge> sges;
     int posted = 0;
     for (uint32_t q = 0; q < stripes; ++q) {
       uint64_t begin = 0, len = 0;
-      ibwire::StripeRange(payload, stripes, q, &begin, &len);
-      const size_t chunk = ChunkBytes(len);
+      ibwire::stripe_range(payload, stripes, q, &begin, &len);
+      const size_t chunk = chunk_bytes(len);
       const size_t chunks = (len + chunk - 1) / chunk;
       wrs.assign(chunks + 1, ibv_send_wr{});
       sges.assign(chunks + 1, ibv_sge{});
@@ -836,14 +836,14 @@ struct SendComm : Conn {
       last.wr_id = reinterpret_cast<uint64_t>(r);
       last.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
       last.send_flags = IBV_SEND_SIGNALED;
-      last.imm_data = htobe32(ibwire::StripeImm(idx, stripes));
+      last.imm_data = htobe32(ibwire::stripe_imm(idx, stripes));
       last.wr.rdma.remote_addr = remote_records + idx * sizeof(uint64_t);
       last.wr.rdma.rkey = remote_records_rkey;
       last.next = nullptr;
       ibv_send_wr* bad = nullptr;
       int rc = ibv_post_send(qps[q], wrs.data(), &bad);
       if (rc != 0) {
-        Fail(std::string("ibv_post_send failed: ") + std::strerror(rc));
+        fail(std::string("ibv_post_send failed: ") + std::strerror(rc));
         return Status::kSystemError;
       }
       qp_used[q] += static_cast<int>(chunks + 1);
@@ -857,16 +857,16 @@ struct SendComm : Conn {
   }
 
   // Completions, matching of waiting sends to posted receives, fault detection.
-  void Progress() {  // mu held
+  void progress() {  // mu held
     if (failed) return;
     ibv_wc wc[16];
     int n = 0;
     while ((n = ibv_poll_cq(cq, 16, wc)) > 0) {  // bounded by the work requests in flight
       for (int i = 0; i < n; ++i) {
-        if (wc[i].status != IBV_WC_SUCCESS) return Fail(WcError(wc[i]));
+        if (wc[i].status != IBV_WC_SUCCESS) return fail(wc_error(wc[i]));
         auto* r = reinterpret_cast<SendReq*>(wc[i].wr_id);
-        const int q = QpIndex(wc[i].qp_num);
-        if (reqs.count(r) == 0 || q < 0) return Fail("completion for an unknown request");
+        const int q = qp_index(wc[i].qp_num);
+        if (reqs.count(r) == 0 || q < 0) return fail("completion for an unknown request");
         --sq_used;
         --qp_used[q];
         last_progress = Clock::now();
@@ -874,7 +874,7 @@ struct SendComm : Conn {
         if (--r->wr_left == 0) r->done = true;
       }
     }
-    if (n < 0) return Fail("ibv_poll_cq failed");
+    if (n < 0) return fail("ibv_poll_cq failed");
     // The receiver reuses a slot only once every entry of it has been received, so a slot whose
     // seq changed is a new posting. Postings are matched strictly in seq (posting) order: the
     // scan below reads the slots one after another while the receiver's writes keep landing, so
@@ -885,12 +885,12 @@ struct SendComm : Conn {
     std::pair<uint64_t, uint32_t> live[kFifoDepth];  // (seq, slot)
     int nlive = 0;
     for (uint32_t pos = 0; pos < kFifoDepth; ++pos) {
-      if (TakeNewPosting(pos)) {
+      if (take_new_posting(pos)) {
         const uint32_t nrecv = snap[pos].n;
         if (nrecv < 1 || nrecv > static_cast<uint32_t>(kMaxGroupedRecvs) ||
             cur_seq[pos] <= frontier) {
           fail_status = Status::kMalformedPayload;
-          return Fail("malformed FIFO slot: posting " + std::to_string(cur_seq[pos]) + " with " +
+          return fail("malformed FIFO slot: posting " + std::to_string(cur_seq[pos]) + " with " +
                       std::to_string(nrecv) + " grouped receives (postings up to " +
                       std::to_string(frontier) + " already taken)");
         }
@@ -913,11 +913,11 @@ struct SendComm : Conn {
         const uint32_t nrecv = snap[pos].n;
         for (uint32_t e = 0; e < nrecv; ++e) {
           if (((used[pos] >> e) & 1u) != 0 || snap[pos].e[e].tag != r->tag) continue;
-          if (!Fits(r->size <= snap[pos].e[e].size ? r->size : 0)) {
+          if (!fits(r->size <= snap[pos].e[e].size ? r->size : 0)) {
             sq_full = true;
             break;
           }
-          if (Post(r, pos, static_cast<int>(e)) != Status::kOk) return;
+          if (post(r, pos, static_cast<int>(e)) != Status::kOk) return;
           used[pos] = static_cast<uint8_t>(used[pos] | (1u << e));
           matched = true;
           break;
@@ -925,11 +925,11 @@ struct SendComm : Conn {
       }
       it = matched ? waiting.erase(it) : it + 1;
     }
-    PollSide();
+    poll_side();
     if (failed) return;
-    if (sq_used > 0 && MsSince(last_progress) > timeout_ms) {
+    if (sq_used > 0 && ms_since(last_progress) > timeout_ms) {
       fail_status = Status::kTimeout;
-      return Fail("no completion for " + std::to_string(timeout_ms) +
+      return fail("no completion for " + std::to_string(timeout_ms) +
                   " ms (DYNAMIQ_NET_TIMEOUT_MS) with " + std::to_string(sq_used) +
                   " work requests in flight");
     }
@@ -938,7 +938,7 @@ struct SendComm : Conn {
     // (success, or an error once the retries to the destroyed peer QP run out) and the stall
     // bound above. A send no posted receive took can never complete.
     if (peer_closed && !waiting.empty()) {
-      Fail("the peer closed the connection with " + std::to_string(waiting.size()) +
+      fail("the peer closed the connection with " + std::to_string(waiting.size()) +
            " sends that no receive of its took");
     }
   }
@@ -981,19 +981,19 @@ struct RecvComm : Conn {
   uint32_t flush_lkey = 0;
   std::unordered_set<FlushReq*> flushes;
 
-  Status MakeFlushQp() {  // mu held
+  Status make_flush_qp() {  // mu held
     auto f = std::make_unique<Conn>();
     f->dev = dev;
     f->peer = dev->name + " (its own flush QP)";
     f->timeout_ms = timeout_ms;
-    DQ_CHECK(f->MakeQps(1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE));
+    DQ_CHECK(f->make_qps(1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE));
     ibwire::Ctl self{};
-    f->FillCtl(&self, ibwire::kConnect);
-    DQ_CHECK(f->Connect(self, -1));
-    void* scratch = f->Alloc(64);
+    f->fill_ctl(&self, ibwire::kConnect);
+    DQ_CHECK(f->connect(self, -1));
+    void* scratch = f->alloc(64);
     ibv_mr* mr = nullptr;
     if (scratch == nullptr) return Status::kOutOfMemory;
-    DQ_CHECK(RegisterBytes(dev->pd, scratch, 64, &mr));
+    DQ_CHECK(register_bytes(dev->pd, scratch, 64, &mr));
     f->mrs.push_back(mr);
     flush_scratch = static_cast<uint32_t*>(scratch);
     flush_lkey = mr->lkey;
@@ -1002,19 +1002,19 @@ struct RecvComm : Conn {
   }
 
   // Polls the flush QP's completions into their requests.
-  Status PollFlushes() {  // mu held
+  Status poll_flushes() {  // mu held
     if (!flush) return Status::kOk;
     ibv_wc wc[16];
     int n = 0;
     while ((n = ibv_poll_cq(flush->cq, 16, wc)) > 0) {  // bounded by the READs in flight
       for (int i = 0; i < n; ++i) {
         if (wc[i].status != IBV_WC_SUCCESS) {
-          Fail("flush: " + WcError(wc[i]));
+          fail("flush: " + wc_error(wc[i]));
           return Status::kSystemError;
         }
         auto* r = reinterpret_cast<FlushReq*>(wc[i].wr_id);
         if (flushes.count(r) == 0) {
-          Fail("flush: a completion names no pending flush");
+          fail("flush: a completion names no pending flush");
           return Status::kInternal;
         }
         r->done = true;
@@ -1022,7 +1022,7 @@ struct RecvComm : Conn {
       }
     }
     if (n < 0) {
-      Fail("flush: ibv_poll_cq failed");
+      fail("flush: ibv_poll_cq failed");
       return Status::kSystemError;
     }
     return Status::kOk;
@@ -1037,7 +1037,7 @@ struct RecvComm : Conn {
   std::unordered_set<RecvReq*> reqs;
 
   ~RecvComm() {
-    if (flush) flush->Close();
+    if (flush) flush->close();
     for (FlushReq* f : flushes) delete f;
     for (RecvReq* r : reqs) {
       for (ibv_mr* m : r->own_mr) {
@@ -1050,7 +1050,7 @@ struct RecvComm : Conn {
   // Posts n zero-length receives on QP q: each takes one WRITE WITH IMM. Every QP keeps
   // kRqDepth posted (one per grouped receive the FIFO can hold; an entry takes at most one per
   // QP), topped up as they complete, so a stripe never meets an empty receive queue.
-  Status PostReceives(size_t q, int n) {
+  Status post_receives(size_t q, int n) {
     ibv_recv_wr rw[16];
     while (n > 0) {
       const int k = std::min(n, 16);
@@ -1062,7 +1062,7 @@ struct RecvComm : Conn {
       ibv_recv_wr* bad = nullptr;
       const int e = ibv_post_recv(qps[q], rw, &bad);
       if (e != 0) {
-        Fail(std::string("posting receives failed: ") + std::strerror(e));
+        fail(std::string("posting receives failed: ") + std::strerror(e));
         return Status::kSystemError;
       }
       n -= k;
@@ -1070,31 +1070,31 @@ struct RecvComm : Conn {
     return Status::kOk;
   }
 
-  void Progress() {  // mu held
+  void progress() {  // mu held
     if (failed) return;
     ibv_wc wc[16];
     int n = 0;
     while ((n = ibv_poll_cq(cq, 16, wc)) > 0) {  // bounded by the work requests in flight
       for (int i = 0; i < n; ++i) {
-        if (wc[i].status != IBV_WC_SUCCESS) return Fail(WcError(wc[i]));
+        if (wc[i].status != IBV_WC_SUCCESS) return fail(wc_error(wc[i]));
         last_progress = Clock::now();
         if (wc[i].wr_id == kWrFifo) {
           --sq_used;
           continue;
         }
-        const int q = QpIndex(wc[i].qp_num);
+        const int q = qp_index(wc[i].qp_num);
         if (wc[i].wr_id != kWrRecv || wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM || q < 0) {
-          return Fail("unexpected completion (opcode " + std::to_string(wc[i].opcode) + ")");
+          return fail("unexpected completion (opcode " + std::to_string(wc[i].opcode) + ")");
         }
-        if (PostReceives(static_cast<size_t>(q), 1) != Status::kOk) return;
+        if (post_receives(static_cast<size_t>(q), 1) != Status::kOk) return;
         const uint32_t imm = be32toh(wc[i].imm_data);
-        const uint32_t idx = ibwire::ImmIndex(imm);
+        const uint32_t idx = ibwire::imm_index(imm);
         const uint32_t slot = idx / kMaxGroupedRecvs;
         const int e = static_cast<int>(idx % kMaxGroupedRecvs);
         RecvReq* r = slot < kFifoDepth ? by_slot[slot] : nullptr;
-        if (r == nullptr || e >= r->n || r->got[e] || ibwire::ImmStripes(imm) > ibwire::kMaxQps) {
+        if (r == nullptr || e >= r->n || r->got[e] || ibwire::imm_stripes(imm) > ibwire::kMaxQps) {
           fail_status = Status::kMalformedPayload;
-          return Fail("immediate " + std::to_string(idx) + " (slot " + std::to_string(slot) +
+          return fail("immediate " + std::to_string(idx) + " (slot " + std::to_string(slot) +
                       ", entry " + std::to_string(e) + ") names no pending receive: " +
                       (r == nullptr ? std::string("the slot is free")
                                     : "posting " + std::to_string(r->seq) + " of " +
@@ -1107,11 +1107,11 @@ struct RecvComm : Conn {
                       " bytes)");
         }
         bool complete = false;
-        const char* refused = r->stripes[e].Take(static_cast<uint32_t>(q), ibwire::ImmStripes(imm),
+        const char* refused = r->stripes[e].take(static_cast<uint32_t>(q), ibwire::imm_stripes(imm),
                                                   static_cast<uint32_t>(qps.size()), &complete);
         if (refused != nullptr) {
           fail_status = Status::kMalformedPayload;
-          return Fail("immediate " + std::to_string(imm) + " on QP " + std::to_string(q) +
+          return fail("immediate " + std::to_string(imm) + " on QP " + std::to_string(q) +
                       " for posting " + std::to_string(r->seq) + ", entry " + std::to_string(e) +
                       ": " + refused);
         }
@@ -1119,7 +1119,7 @@ struct RecvComm : Conn {
         const uint64_t rec = records[idx];
         const uint64_t size = rec & ~ibwire::kOversize;
         if ((rec & ibwire::kOversize) != 0 || size > r->capacity[e]) {
-          return Fail("message with tag " + std::to_string(r->tag[e]) + " carries " +
+          return fail("message with tag " + std::to_string(r->tag[e]) + " carries " +
                       std::to_string(size) + " bytes but the posted receive holds only " +
                       std::to_string(r->capacity[e]));
         }
@@ -1129,16 +1129,16 @@ struct RecvComm : Conn {
         if (--r->remaining == 0) by_slot[slot] = nullptr;
       }
     }
-    if (n < 0) return Fail("ibv_poll_cq failed");
-    PollSide();
+    if (n < 0) return fail("ibv_poll_cq failed");
+    poll_side();
     if (failed) return;
-    if (sq_used > 0 && MsSince(last_progress) > timeout_ms) {
+    if (sq_used > 0 && ms_since(last_progress) > timeout_ms) {
       fail_status = Status::kTimeout;
-      return Fail("no completion of a receive posting for " + std::to_string(timeout_ms) +
+      return fail("no completion of a receive posting for " + std::to_string(timeout_ms) +
                   " ms (DYNAMIQ_NET_TIMEOUT_MS)");
     }
     bool pending = std::any_of(reqs.begin(), reqs.end(), [](RecvReq* r) { return r->remaining; });
-    if (peer_closed && pending) Fail("the peer closed the connection with receives pending");
+    if (peer_closed && pending) fail("the peer closed the connection with receives pending");
   }
 };
 
@@ -1163,8 +1163,8 @@ struct ListenComm {
   std::vector<std::unique_ptr<Pending>> pending;
 
   ~ListenComm() {
-    for (auto& p : pending) p->rc->Close();
-    if (sock_lc != nullptr) SocketBackend().CloseListen(sock_lc);
+    for (auto& p : pending) p->rc->close();
+    if (sock_lc != nullptr) socket_backend().close_listen(sock_lc);
   }
 };
 
@@ -1181,8 +1181,8 @@ struct PendingConnect {
   Clock::time_point start = Clock::now();
 
   ~PendingConnect() {
-    if (reply_lc != nullptr) SocketBackend().CloseListen(reply_lc);
-    if (sc) sc->Close();
+    if (reply_lc != nullptr) socket_backend().close_listen(reply_lc);
+    if (sc) sc->close();
   }
 };
 
@@ -1198,31 +1198,31 @@ PendingConnects& pending_connects() {
 }
 
 // Sends `c` on a socket send comm; *req carries the progress across calls.
-Status SendCtl(void* comm, Ctl* c, void** req, bool* done) {
+Status send_ctl(void* comm, Ctl* c, void** req, bool* done) {
   *done = false;
   if (*req == nullptr) {
-    DQ_CHECK(SocketBackend().Isend(comm, c, sizeof(*c), kSideTag, nullptr, req));
+    DQ_CHECK(socket_backend().isend(comm, c, sizeof(*c), kSideTag, nullptr, req));
     if (*req == nullptr) return Status::kOk;
   }
   int d = 0;
-  DQ_CHECK(SocketBackend().Test(*req, &d, nullptr));
+  DQ_CHECK(socket_backend().test(*req, &d, nullptr));
   if (d) *req = nullptr;
   *done = d != 0;
   return Status::kOk;
 }
 
-Status RecvCtl(void* comm, Ctl* c, void** req, bool* done) {
+Status recv_ctl(void* comm, Ctl* c, void** req, bool* done) {
   *done = false;
   if (*req == nullptr) {
     void* data = c;
     size_t size = sizeof(*c);
     int tag = kSideTag;
-    DQ_CHECK(SocketBackend().Irecv(comm, 1, &data, &size, &tag, nullptr, req));
+    DQ_CHECK(socket_backend().irecv(comm, 1, &data, &size, &tag, nullptr, req));
     if (*req == nullptr) return Status::kOk;
   }
   int d = 0;
   int got = 0;
-  DQ_CHECK(SocketBackend().Test(*req, &d, &got));
+  DQ_CHECK(socket_backend().test(*req, &d, &got));
   if (!d) return Status::kOk;
   *req = nullptr;
   if (got != static_cast<int>(sizeof(*c))) {
@@ -1237,7 +1237,7 @@ Status RecvCtl(void* comm, Ctl* c, void** req, bool* done) {
 
 class IbNet final : public NetBackend {
  public:
-  Status Init() override {
+  Status init() override {
     std::lock_guard<std::mutex> lock(init_mu_);
     // A forked child (the multirank tests, launchers that fork workers) must not use its
     // parent's verbs contexts: it discovers the devices again (the parent's stay with it).
@@ -1245,8 +1245,8 @@ class IbNet final : public NetBackend {
     init_pid_ = getpid();
     devices_.clear();
     why_.clear();
-    NetEnv env = ReadNetEnv();
-    init_status_ = DiscoverIbDevices(env, &devices_, &why_);
+    NetEnv env = read_net_env();
+    init_status_ = discover_ib_devices(env, &devices_, &why_);
     if (init_status_ != Status::kOk) return init_status_;
     for (size_t i = 0; i < devices_.size(); ++i) {
       const IbDevice& d = devices_[i];
@@ -1259,14 +1259,14 @@ class IbNet final : public NetBackend {
 
   const std::string& why() const { return why_; }
 
-  Status Devices(int* ndev) override {
-    DQ_CHECK(Init());
+  Status devices(int* ndev) override {
+    DQ_CHECK(init());
     *ndev = static_cast<int>(devices_.size());
     return Status::kOk;
   }
 
-  Status GetProperties(int dev, dqNetPropertiesV11* props) override {
-    DQ_CHECK(CheckDev(dev));
+  Status get_properties(int dev, dqNetPropertiesV11* props) override {
+    DQ_CHECK(check_dev(dev));
     const IbDevice& d = devices_[static_cast<size_t>(dev)];
     std::memset(props, 0, sizeof(*props));
     props->name = const_cast<char*>(d.name.c_str());
@@ -1291,15 +1291,15 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Listen(const CommContext& ctx, int dev, void* handle, void** listen_comm) override {
+  Status listen(const CommContext& ctx, int dev, void* handle, void** listen_comm) override {
     *listen_comm = nullptr;
-    DQ_CHECK(CheckDev(dev));
+    DQ_CHECK(check_dev(dev));
     auto lc = std::make_unique<ListenComm>();
     lc->dev = &devices_[static_cast<size_t>(dev)];
     lc->ctx = ctx;
-    lc->timeout_ms = ReadNetEnv().timeout_ms;
+    lc->timeout_ms = read_net_env().timeout_ms;
     char sock[NCCL_NET_HANDLE_MAXSIZE] = {};
-    DQ_CHECK(SideListen(ctx, sock, &lc->sock_lc));
+    DQ_CHECK(side_listen(ctx, sock, &lc->sock_lc));
     ibwire::Handle h{};
     std::memcpy(&h.sock, sock, sizeof(h.sock));
     h.sock.nsocks = 1;
@@ -1312,9 +1312,9 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Connect(const CommContext& ctx, int dev, void* handle, void** send_comm) override {
+  Status connect(const CommContext& ctx, int dev, void* handle, void** send_comm) override {
     *send_comm = nullptr;
-    DQ_CHECK(CheckDev(dev));
+    DQ_CHECK(check_dev(dev));
     ibwire::Handle h;
     std::memcpy(&h, handle, sizeof(h));
     if (h.magic != ibwire::kHandleMagic || h.version != ibwire::kVersion) {
@@ -1333,7 +1333,7 @@ class IbNet final : public NetBackend {
       fresh->ctx = ctx;
       h.connect_state = 0;
       std::memcpy(fresh->sock_handle, &h.sock, sizeof(h.sock));
-      Status st = StartConnect(&devices_[static_cast<size_t>(dev)], fresh.get());
+      Status st = start_connect(&devices_[static_cast<size_t>(dev)], fresh.get());
       if (st != Status::kOk) return st;
       pc = fresh.release();
       std::lock_guard<std::mutex> lock(pending_connects().mu);
@@ -1341,8 +1341,8 @@ class IbNet final : public NetBackend {
       h.connect_state = reinterpret_cast<uint64_t>(pc);
       std::memcpy(handle, &h, sizeof(h));
     }
-    Status st = ProgressConnect(pc, send_comm);
-    if (st == Status::kOk && *send_comm == nullptr && MsSince(pc->start) > pc->sc->timeout_ms) {
+    Status st = progress_connect(pc, send_comm);
+    if (st == Status::kOk && *send_comm == nullptr && ms_since(pc->start) > pc->sc->timeout_ms) {
       NET_WARN("verbs connect to %s timed out after %lld ms (DYNAMIQ_NET_TIMEOUT_MS) in stage %d",
                pc->sc->peer.c_str(), static_cast<long long>(pc->sc->timeout_ms), pc->stage);
       st = Status::kTimeout;
@@ -1359,7 +1359,7 @@ class IbNet final : public NetBackend {
     return st;
   }
 
-  Status Accept(void* listen_comm, void** recv_comm) override {
+  Status accept(void* listen_comm, void** recv_comm) override {
     *recv_comm = nullptr;
     auto* lc = static_cast<ListenComm*>(listen_comm);
     if (lc == nullptr || lc->magic != kListenMagic) {
@@ -1368,7 +1368,7 @@ class IbNet final : public NetBackend {
     }
     std::lock_guard<std::mutex> lock(lc->mu);
     void* side_recv = nullptr;
-    DQ_CHECK(SocketBackend().Accept(lc->sock_lc, &side_recv));
+    DQ_CHECK(socket_backend().accept(lc->sock_lc, &side_recv));
     if (side_recv != nullptr) {
       auto p = std::make_unique<ListenComm::Pending>();
       p->rc = std::make_unique<RecvComm>();
@@ -1381,15 +1381,15 @@ class IbNet final : public NetBackend {
     for (size_t i = 0; i < lc->pending.size(); ++i) {
       ListenComm::Pending& p = *lc->pending[i];
       bool ready = false;
-      Status st = ProgressAccept(lc, &p, &ready);
-      if (st == Status::kOk && !ready && MsSince(p.start) > lc->timeout_ms) {
+      Status st = progress_accept(lc, &p, &ready);
+      if (st == Status::kOk && !ready && ms_since(p.start) > lc->timeout_ms) {
         NET_WARN("verbs accept: connection setup with %s timed out after %lld ms in stage %d",
                  p.rc->peer.c_str(), static_cast<long long>(lc->timeout_ms), p.stage);
         st = Status::kTimeout;
       }
       if (st != Status::kOk) {
         // One bad or slow peer does not fail the listener: drop it and go on.
-        p.rc->Close();
+        p.rc->close();
         lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
         --i;
         continue;
@@ -1405,9 +1405,9 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status RegMr(void* comm, void* data, size_t size, int type, void** mhandle) override {
+  Status reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) override {
     *mhandle = nullptr;
-    const IbDevice* dev = DevOf(comm);
+    const IbDevice* dev = dev_of(comm);
     if (dev == nullptr) {
       NET_WARN("regMr: not a verbs comm");
       return Status::kInvalidArgument;
@@ -1422,16 +1422,16 @@ class IbNet final : public NetBackend {
     m->base = static_cast<const char*>(data);
     m->size = size;
     m->type = type;
-    if (size > 0) DQ_CHECK(RegisterBytes(dev->pd, data, size, &m->mr));
+    if (size > 0) DQ_CHECK(register_bytes(dev->pd, data, size, &m->mr));
     *mhandle = m.release();
     return Status::kOk;
   }
 
-  Status RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+  Status reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
                      void** mhandle) override {
     *mhandle = nullptr;
-    if (type == NCCL_PTR_HOST) return RegMr(comm, data, size, type, mhandle);
-    const IbDevice* dev = DevOf(comm);
+    if (type == NCCL_PTR_HOST) return reg_mr(comm, data, size, type, mhandle);
+    const IbDevice* dev = dev_of(comm);
     if (dev == nullptr) {
       NET_WARN("regMrDmaBuf: not a verbs comm");
       return Status::kInvalidArgument;
@@ -1458,11 +1458,11 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles,
+  Status iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles,
                 void** request) override {
     *request = nullptr;
     RecvComm* rc = nullptr;
-    if (Status st = GroupedCall("iflush", recv_comm, n, 0, &rc); st != Status::kOk) return st;
+    if (Status st = grouped_call("iflush", recv_comm, n, 0, &rc); st != Status::kOk) return st;
     // The buffers that need one: received bytes in GPU memory (or any, with flush-all).
     ibv_sge sge[kMaxGroupedRecvs];
     ibv_send_wr wr[kMaxGroupedRecvs];
@@ -1476,7 +1476,7 @@ class IbNet final : public NetBackend {
         return Status::kInvalidArgument;
       }
       if (m->type == NCCL_PTR_HOST && !rc->dev->flush_all) continue;
-      DQ_CHECK(CheckRegion(m, data[i], 1));
+      DQ_CHECK(check_region(m, data[i], 1));
       sge[k] = ibv_sge{0, 1, 0};  // address and key below, when the scratch exists
       wr[k] = ibv_send_wr{};
       wr[k].opcode = IBV_WR_RDMA_READ;
@@ -1487,8 +1487,8 @@ class IbNet final : public NetBackend {
     if (k == 0) return Status::kOk;  // nothing to wait for
     std::lock_guard<std::mutex> lock(rc->mu);
     if (rc->failed) return rc->fail_status;
-    if (!rc->flush) DQ_CHECK(rc->MakeFlushQp());
-    DQ_CHECK(rc->PollFlushes());
+    if (!rc->flush) DQ_CHECK(rc->make_flush_qp());
+    DQ_CHECK(rc->poll_flushes());
     if (rc->flush->sq_used + k > kSqDepth) return Status::kOk;  // NULL: retry later
     auto r = std::make_unique<FlushReq>();
     r->comm = rc;
@@ -1517,7 +1517,7 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status DeregMr(void* /*comm*/, void* mhandle) override {
+  Status dereg_mr(void* /*comm*/, void* mhandle) override {
     auto* m = static_cast<IbMr*>(mhandle);
     if (m == nullptr) return Status::kOk;
     if (m->magic != kMrMagic) {
@@ -1532,7 +1532,7 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
+  Status isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                void** request) override {
     *request = nullptr;
     auto* sc = static_cast<SendComm*>(send_comm);
@@ -1540,13 +1540,13 @@ class IbNet final : public NetBackend {
       NET_WARN("isend: not a verbs send comm");
       return Status::kInvalidArgument;
     }
-    DQ_CHECK(CheckRegion(mhandle, data, size));
+    DQ_CHECK(check_region(mhandle, data, size));
     if (size > INT_MAX || (size > 0 && data == nullptr)) {
       NET_WARN("isend: invalid buffer %p of %zu bytes (at most %d)", data, size, INT_MAX);
       return Status::kInvalidArgument;
     }
     std::lock_guard<std::mutex> lock(sc->mu);
-    sc->Progress();
+    sc->progress();
     if (sc->failed) {
       NET_WARN("isend to %s: the connection has failed", sc->peer.c_str());
       return sc->fail_status;
@@ -1562,32 +1562,32 @@ class IbNet final : public NetBackend {
       if (m != nullptr && m->mr != nullptr) {
         r->lkey = m->mr->lkey;
       } else {
-        DQ_CHECK(RegisterBytes(sc->dev->pd, data, size, &r->own_mr));
+        DQ_CHECK(register_bytes(sc->dev->pd, data, size, &r->own_mr));
         r->lkey = r->own_mr->lkey;
       }
     }
     SendReq* raw = r.release();
     sc->reqs.insert(raw);
     sc->waiting.push_back(raw);
-    sc->Progress();  // match now if the receive is already posted
+    sc->progress();  // match now if the receive is already posted
     *request = raw;
     return Status::kOk;
   }
 
-  Status Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
+  Status irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
                void** mhandles, void** request) override {
     *request = nullptr;
     RecvComm* rc = nullptr;
-    if (Status st = GroupedCall("irecv", recv_comm, n, 1, &rc); st != Status::kOk) return st;
+    if (Status st = grouped_call("irecv", recv_comm, n, 1, &rc); st != Status::kOk) return st;
     for (int i = 0; i < n; ++i) {
-      DQ_CHECK(CheckRegion(mhandles != nullptr ? mhandles[i] : nullptr, data[i], sizes[i]));
+      DQ_CHECK(check_region(mhandles != nullptr ? mhandles[i] : nullptr, data[i], sizes[i]));
       if (sizes[i] > 0 && data[i] == nullptr) {
         NET_WARN("irecv: NULL buffer for %zu bytes", sizes[i]);
         return Status::kInvalidArgument;
       }
     }
     std::lock_guard<std::mutex> lock(rc->mu);
-    rc->Progress();
+    rc->progress();
     if (rc->failed || rc->peer_closed) {
       NET_WARN("irecv from %s: the connection has %s", rc->peer.c_str(),
                rc->failed ? "failed" : "been closed by the peer");
@@ -1617,7 +1617,7 @@ class IbNet final : public NetBackend {
         if (m != nullptr && m->mr != nullptr) {
           rkey = m->mr->rkey;
         } else {
-          Status st = RegisterBytes(rc->dev->pd, data[i], sizes[i], &r->own_mr[i]);
+          Status st = register_bytes(rc->dev->pd, data[i], sizes[i], &r->own_mr[i]);
           if (st != Status::kOk) {
             for (ibv_mr* own : r->own_mr) {
               if (own != nullptr) V().dereg_mr(own);
@@ -1634,8 +1634,8 @@ class IbNet final : public NetBackend {
     }
     s.n = static_cast<uint32_t>(n);
     s.seq = rc->next_seq + 1;
-    s.check = ibwire::SlotCheck(reinterpret_cast<const uint64_t*>(&s), ibwire::kSlotCheckedWords);
-    // The immediates' receive work requests are the QPs' standing pool (PostReceives).
+    s.check = ibwire::slot_check(reinterpret_cast<const uint64_t*>(&s), ibwire::kSlotCheckedWords);
+    // The immediates' receive work requests are the QPs' standing pool (post_receives).
     ibv_sge sge{reinterpret_cast<uint64_t>(&s), sizeof(s), rc->fifo_src_lkey};
     ibv_send_wr w{};
     w.wr_id = kWrFifo;
@@ -1648,7 +1648,7 @@ class IbNet final : public NetBackend {
     ibv_send_wr* bad_s = nullptr;
     const int e = ibv_post_send(rc->qp, &w, &bad_s);
     if (e != 0) {
-      rc->Fail(std::string("posting a receive failed: ") + std::strerror(e));
+      rc->fail(std::string("posting a receive failed: ") + std::strerror(e));
       for (ibv_mr* own : r->own_mr) {
         if (own != nullptr) V().dereg_mr(own);
       }
@@ -1664,7 +1664,7 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Test(void* request, int* done, int* sizes) override {
+  Status test(void* request, int* done, int* sizes) override {
     *done = 0;
     auto* magic = static_cast<uint32_t*>(request);
     if (magic == nullptr) {
@@ -1675,7 +1675,7 @@ class IbNet final : public NetBackend {
       auto* r = static_cast<SendReq*>(request);
       SendComm* sc = r->comm;
       std::lock_guard<std::mutex> lock(sc->mu);
-      if (!r->done) sc->Progress();
+      if (!r->done) sc->progress();
       if (r->done) {
         *done = 1;
         if (sizes != nullptr) sizes[0] = static_cast<int>(r->size);
@@ -1691,7 +1691,7 @@ class IbNet final : public NetBackend {
       auto* r = static_cast<FlushReq*>(request);
       RecvComm* rc = r->comm;
       std::lock_guard<std::mutex> lock(rc->mu);
-      Status st = r->done ? Status::kOk : rc->PollFlushes();
+      Status st = r->done ? Status::kOk : rc->poll_flushes();
       if (r->done) {
         *done = 1;
         if (sizes != nullptr) sizes[0] = 0;
@@ -1700,9 +1700,9 @@ class IbNet final : public NetBackend {
         delete r;
         return Status::kOk;
       }
-      if (st == Status::kOk && MsSince(r->start) > rc->timeout_ms) {
+      if (st == Status::kOk && ms_since(r->start) > rc->timeout_ms) {
         rc->fail_status = Status::kTimeout;
-        rc->Fail("a flush did not complete within " + std::to_string(rc->timeout_ms) +
+        rc->fail("a flush did not complete within " + std::to_string(rc->timeout_ms) +
                  " ms (DYNAMIQ_NET_TIMEOUT_MS)");
         return Status::kTimeout;
       }
@@ -1712,7 +1712,7 @@ class IbNet final : public NetBackend {
       auto* r = static_cast<RecvReq*>(request);
       RecvComm* rc = r->comm;
       std::lock_guard<std::mutex> lock(rc->mu);
-      if (r->remaining > 0) rc->Progress();
+      if (r->remaining > 0) rc->progress();
       if (r->remaining == 0) {
         *done = 1;
         for (int i = 0; sizes != nullptr && i < r->n; ++i) {
@@ -1732,13 +1732,13 @@ class IbNet final : public NetBackend {
     return Status::kInvalidArgument;
   }
 
-  Status CloseSend(void* send_comm) override {
-    return CloseComm(static_cast<SendComm*>(send_comm), kSendMagic,
+  Status close_send(void* send_comm) override {
+    return close_comm(static_cast<SendComm*>(send_comm), kSendMagic,
                      "closeSend: not a verbs send comm");
   }
 
   // `recv_comm` as a verbs receive comm for a call on n grouped buffers (min_n..maxRecvs).
-  static Status GroupedCall(const char* call, void* recv_comm, int n, int min_n, RecvComm** rc) {
+  static Status grouped_call(const char* call, void* recv_comm, int n, int min_n, RecvComm** rc) {
     *rc = static_cast<RecvComm*>(recv_comm);
     if (*rc == nullptr || (*rc)->magic != kRecvMagic) {
       NET_WARN("%s: not a verbs receive comm", call);
@@ -1751,13 +1751,13 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status CloseRecv(void* recv_comm) override {
-    return CloseComm(static_cast<RecvComm*>(recv_comm), kRecvMagic,
+  Status close_recv(void* recv_comm) override {
+    return close_comm(static_cast<RecvComm*>(recv_comm), kRecvMagic,
                      "closeRecv: not a verbs receive comm");
   }
 
-  Status CloseListen(void* listen_comm) override {
-    return CloseComm(static_cast<ListenComm*>(listen_comm), kListenMagic,
+  Status close_listen(void* listen_comm) override {
+    return close_comm(static_cast<ListenComm*>(listen_comm), kListenMagic,
                      "closeListen: not a verbs listen comm");
   }
 
@@ -1765,20 +1765,20 @@ class IbNet final : public NetBackend {
   // One close for the three kinds of comm: NULL is a no-op, a foreign pointer is refused, and the
   // magic is cleared before the delete so a second close of the same pointer is caught.
   template <class Comm>
-  static Status CloseComm(Comm* c, uint32_t magic, const char* foreign) {
+  static Status close_comm(Comm* c, uint32_t magic, const char* foreign) {
     if (c == nullptr) return Status::kOk;
     if (c->magic != magic) {
       NET_WARN("%s", foreign);
       return Status::kInvalidArgument;
     }
-    if constexpr (requires { c->Close(); }) c->Close();
+    if constexpr (requires { c->close(); }) c->close();
     c->magic = 0;
     delete c;
     return Status::kOk;
   }
 
-  Status CheckDev(int dev) {
-    DQ_CHECK(Init());
+  Status check_dev(int dev) {
+    DQ_CHECK(init());
     if (dev < 0 || dev >= static_cast<int>(devices_.size())) {
       NET_WARN("verbs device %d does not exist (%zu devices)", dev, devices_.size());
       return Status::kInvalidArgument;
@@ -1787,7 +1787,7 @@ class IbNet final : public NetBackend {
   }
 
   // Every comm of this backend starts with its magic (ListenComm and Conn).
-  static const IbDevice* DevOf(void* comm) {
+  static const IbDevice* dev_of(void* comm) {
     if (comm == nullptr) return nullptr;
     const uint32_t magic = *static_cast<const uint32_t*>(comm);
     if (magic == kListenMagic) return static_cast<ListenComm*>(comm)->dev;
@@ -1797,42 +1797,42 @@ class IbNet final : public NetBackend {
   }
 
   // The side channel listens on the socket backend's first device.
-  static Status SideListen(const CommContext& ctx, char* handle, void** lc) {
+  static Status side_listen(const CommContext& ctx, char* handle, void** lc) {
     int n = 0;
-    DQ_CHECK(SocketBackend().Devices(&n));
+    DQ_CHECK(socket_backend().devices(&n));
     if (n < 1) {
       NET_WARN("verbs: no socket interface for the side channel (DYNAMIQ_NET_IFNAME)");
       return Status::kUnsupported;
     }
-    return SocketBackend().Listen(ctx, 0, handle, lc);
+    return socket_backend().listen(ctx, 0, handle, lc);
   }
 
   // Regions of a comm: (size, pointer out, lkey/rkey out).
-  static Status AddRegion(Conn* c, size_t bytes, void** ptr, ibv_mr** mr) {
-    *ptr = c->Alloc(bytes);
+  static Status add_region(Conn* c, size_t bytes, void** ptr, ibv_mr** mr) {
+    *ptr = c->alloc(bytes);
     if (*ptr == nullptr) return Status::kOutOfMemory;
-    DQ_CHECK(RegisterBytes(c->dev->pd, *ptr, bytes, mr));
+    DQ_CHECK(register_bytes(c->dev->pd, *ptr, bytes, mr));
     c->mrs.push_back(*mr);
     return Status::kOk;
   }
 
-  Status StartConnect(const IbDevice* dev, PendingConnect* pc) {
+  Status start_connect(const IbDevice* dev, PendingConnect* pc) {
     pc->sc = std::make_unique<SendComm>();
     SendComm* sc = pc->sc.get();
     sc->dev = dev;
-    sc->timeout_ms = ReadNetEnv().timeout_ms;
+    sc->timeout_ms = read_net_env().timeout_ms;
     sc->peer = dev->name + " (connecting)";
-    DQ_CHECK(sc->MakeQps(static_cast<uint32_t>(ReadNetEnv().ib_qps)));
+    DQ_CHECK(sc->make_qps(static_cast<uint32_t>(read_net_env().ib_qps)));
     void* p = nullptr;
     ibv_mr* fifo_mr = nullptr;
-    DQ_CHECK(AddRegion(sc, sizeof(FifoSlot) * kFifoDepth, &p, &fifo_mr));
+    DQ_CHECK(add_region(sc, sizeof(FifoSlot) * kFifoDepth, &p, &fifo_mr));
     sc->fifo = static_cast<FifoSlot*>(p);
     ibv_mr* rec_mr = nullptr;
-    DQ_CHECK(AddRegion(sc, sizeof(uint64_t) * kRqDepth, &p, &rec_mr));
+    DQ_CHECK(add_region(sc, sizeof(uint64_t) * kRqDepth, &p, &rec_mr));
     sc->records = static_cast<uint64_t*>(p);
     sc->records_lkey = rec_mr->lkey;
-    DQ_CHECK(SideListen(pc->ctx, pc->reply_handle, &pc->reply_lc));
-    sc->FillCtl(&pc->out, ibwire::kConnect);
+    DQ_CHECK(side_listen(pc->ctx, pc->reply_handle, &pc->reply_lc));
+    sc->fill_ctl(&pc->out, ibwire::kConnect);
     pc->out.addr = reinterpret_cast<uint64_t>(sc->fifo);
     pc->out.rkey = fifo_mr->rkey;
     wire::Handle reply;
@@ -1842,55 +1842,55 @@ class IbNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status ProgressConnect(PendingConnect* pc, void** send_comm) {
+  Status progress_connect(PendingConnect* pc, void** send_comm) {
     SendComm* sc = pc->sc.get();
     if (pc->stage == 0) {
-      DQ_CHECK(SocketBackend().Connect(pc->ctx, 0, pc->sock_handle, &sc->side_send));
+      DQ_CHECK(socket_backend().connect(pc->ctx, 0, pc->sock_handle, &sc->side_send));
       if (sc->side_send == nullptr) return Status::kOk;
       pc->stage = 1;
     }
     if (pc->stage == 1) {
       bool done = false;
-      DQ_CHECK(SendCtl(sc->side_send, &pc->out, &pc->req, &done));
+      DQ_CHECK(send_ctl(sc->side_send, &pc->out, &pc->req, &done));
       if (!done) return Status::kOk;
       pc->stage = 2;
     }
     if (pc->stage == 2) {
-      DQ_CHECK(SocketBackend().Accept(pc->reply_lc, &sc->side_recv));
+      DQ_CHECK(socket_backend().accept(pc->reply_lc, &sc->side_recv));
       if (sc->side_recv == nullptr) return Status::kOk;
       pc->stage = 3;
     }
     bool done = false;
-    Status st = RecvCtl(sc->side_recv, &pc->in, &pc->req, &done);
+    Status st = recv_ctl(sc->side_recv, &pc->in, &pc->req, &done);
     if (st != Status::kOk) return st;
     if (!done) return Status::kOk;
-    const char* bad = ibwire::CheckCtl(pc->in, ibwire::kAccept);
+    const char* bad = ibwire::check_ctl(pc->in, ibwire::kAccept);
     if (bad != nullptr) {
       NET_WARN("verbs connect: refused the listener's answer: %s", bad);
       return Status::kMalformedPayload;
     }
     sc->remote_records = pc->in.addr;
     sc->remote_records_rkey = pc->in.rkey;
-    DQ_CHECK(sc->Connect(pc->in, pc->ctx.traffic_class));
-    DQ_CHECK(sc->PostSideRecv());
+    DQ_CHECK(sc->connect(pc->in, pc->ctx.traffic_class));
+    DQ_CHECK(sc->post_side_recv());
     sc->peer = sc->dev->name + " -> QP " + std::to_string(pc->in.qpn[0]) +
                (pc->in.nqps > 1 ? " (+" + std::to_string(pc->in.nqps - 1) + " striped)" : "");
     sc->last_progress = Clock::now();
     NET_INFO("verbs connected: %s", sc->peer.c_str());
-    SocketBackend().CloseListen(pc->reply_lc);
+    socket_backend().close_listen(pc->reply_lc);
     pc->reply_lc = nullptr;
     *send_comm = pc->sc.release();
     return Status::kOk;
   }
 
-  Status ProgressAccept(ListenComm* lc, ListenComm::Pending* p, bool* ready) {
+  Status progress_accept(ListenComm* lc, ListenComm::Pending* p, bool* ready) {
     *ready = false;
     RecvComm* rc = p->rc.get();
     if (p->stage == 0) {
       bool done = false;
-      DQ_CHECK(RecvCtl(rc->side_recv, &p->in, &p->req, &done));
+      DQ_CHECK(recv_ctl(rc->side_recv, &p->in, &p->req, &done));
       if (!done) return Status::kOk;
-      const char* bad = ibwire::CheckCtl(p->in, ibwire::kConnect);
+      const char* bad = ibwire::check_ctl(p->in, ibwire::kConnect);
       if (bad != nullptr) {
         NET_WARN("verbs accept: refused a connection: %s", bad);
         return Status::kMalformedPayload;
@@ -1904,33 +1904,33 @@ class IbNet final : public NetBackend {
       }
       reply.connect_state = 0;
       std::memcpy(p->reply, &reply, sizeof(reply));
-      DQ_CHECK(rc->MakeQps(p->in.nqps));  // the connector's count (CheckCtl bounded it)
+      DQ_CHECK(rc->make_qps(p->in.nqps));  // the connector's count (check_ctl bounded it)
       void* ptr = nullptr;
       ibv_mr* src_mr = nullptr;
-      DQ_CHECK(AddRegion(rc, sizeof(FifoSlot) * kFifoDepth, &ptr, &src_mr));
+      DQ_CHECK(add_region(rc, sizeof(FifoSlot) * kFifoDepth, &ptr, &src_mr));
       rc->fifo_src = static_cast<FifoSlot*>(ptr);
       rc->fifo_src_lkey = src_mr->lkey;
       ibv_mr* rec_mr = nullptr;
-      DQ_CHECK(AddRegion(rc, sizeof(uint64_t) * kRqDepth, &ptr, &rec_mr));
+      DQ_CHECK(add_region(rc, sizeof(uint64_t) * kRqDepth, &ptr, &rec_mr));
       rc->records = static_cast<uint64_t*>(ptr);
       rc->remote_fifo = p->in.addr;
       rc->remote_fifo_rkey = p->in.rkey;
-      DQ_CHECK(rc->Connect(p->in, lc->ctx.traffic_class));
-      for (size_t q = 0; q < rc->qps.size(); ++q) DQ_CHECK(rc->PostReceives(q, kRqDepth));
-      rc->FillCtl(&p->out, ibwire::kAccept);
+      DQ_CHECK(rc->connect(p->in, lc->ctx.traffic_class));
+      for (size_t q = 0; q < rc->qps.size(); ++q) DQ_CHECK(rc->post_receives(q, kRqDepth));
+      rc->fill_ctl(&p->out, ibwire::kAccept);
       p->out.addr = reinterpret_cast<uint64_t>(rc->records);
       p->out.rkey = rec_mr->rkey;
       p->stage = 1;
     }
     if (p->stage == 1) {
-      DQ_CHECK(SocketBackend().Connect(lc->ctx, 0, p->reply, &rc->side_send));
+      DQ_CHECK(socket_backend().connect(lc->ctx, 0, p->reply, &rc->side_send));
       if (rc->side_send == nullptr) return Status::kOk;
       p->stage = 2;
     }
     bool done = false;
-    DQ_CHECK(SendCtl(rc->side_send, &p->out, &p->req, &done));
+    DQ_CHECK(send_ctl(rc->side_send, &p->out, &p->req, &done));
     if (!done) return Status::kOk;
-    DQ_CHECK(rc->PostSideRecv());
+    DQ_CHECK(rc->post_side_recv());
     rc->peer = rc->dev->name + " <- QP " + std::to_string(p->in.qpn[0]) +
                (p->in.nqps > 1 ? " (+" + std::to_string(p->in.nqps - 1) + " striped)" : "");
     rc->last_progress = Clock::now();
@@ -1945,20 +1945,20 @@ class IbNet final : public NetBackend {
   std::deque<IbDevice> devices_;  // stable addresses: comms point at their device
 };
 
-IbNet& Ib() {
+IbNet& ib_net() {
   static IbNet* backend = new IbNet;  // never destroyed: comms may outlive statics
   return *backend;
 }
 
 }  // namespace
 
-NetBackend& IbBackend() {
-  return Ib();
+NetBackend& ib_backend() {
+  return ib_net();
 }
 
-bool IbUsable(std::string* why) {
-  if (Ib().Init() == Status::kOk) return true;
-  *why = Ib().why();
+bool ib_usable(std::string* why) {
+  if (ib_net().init() == Status::kOk) return true;
+  *why = ib_net().why();
   return false;
 }
 

@@ -4,11 +4,11 @@
 
 namespace dq::net {
 
-NetBackend& IbBackend() {
-  return SocketBackend();
+NetBackend& ib_backend() {
+  return socket_backend();
 }
 
-bool IbUsable(std::string* why) {
+bool ib_usable(std::string* why) {
   *why = "this build has no ibverbs backend (rdma-core headers were not found at configure time)";
   return false;
 }

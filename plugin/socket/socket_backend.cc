@@ -45,11 +45,11 @@ constexpr uint32_t kMrMagic = 0x4d524e44;
 constexpr size_t kMaxRequestsPerComm = 1024;  // isend/irecv return a NULL request beyond this
 constexpr int kMaxAcceptsPerCall = 64;
 
-int64_t MsSince(Clock::time_point t) {
+int64_t ms_since(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
-void CloseFd(int* fd) {
+void close_fd(int* fd) {
   if (*fd >= 0) close(*fd);
   *fd = -1;
 }
@@ -91,7 +91,7 @@ struct SendComm {
   std::vector<std::deque<SendRequest*>> queues;  // per socket, in seq order
   std::unordered_set<SendRequest*> requests;
 
-  void Fail(const std::string& why) {  // mu held
+  void fail(const std::string& why) {  // mu held
     if (failed) return;
     failed = true;
     NET_WARN("send connection to %s failed: %s", peer.c_str(), why.c_str());
@@ -99,7 +99,7 @@ struct SendComm {
     cv.notify_all();
   }
 
-  void Run(int k) {
+  void run(int k) {
     int fd = fds[static_cast<size_t>(k)];
     // Bounded by stop/failure; each pass sends one message part or waits one slice.
     for (;;) {
@@ -113,22 +113,22 @@ struct SendComm {
         if (failed) return;
         req = queues[static_cast<size_t>(k)].front();
       }
-      const char* body = req->data + req->split.Offset(k);
-      size_t body_len = req->split.Len(k, req->size);
+      const char* body = req->data + req->split.offset(k);
+      size_t body_len = req->split.len(k, req->size);
       int err = 0;
       IoEnd end;
       if (k == 0) {
         wire::MsgHeader h{wire::kMsgMagic, req->tag, req->seq, req->size};
-        end = WriteFull(fd, &h, sizeof(h), body, body_len, stop, timeout_ms, &err);
+        end = write_full(fd, &h, sizeof(h), body, body_len, stop, timeout_ms, &err);
       } else {
         wire::PartHeader h{wire::kPartMagic, static_cast<uint32_t>(k), req->seq,
-                           req->split.Offset(k), body_len};
-        end = WriteFull(fd, &h, sizeof(h), body, body_len, stop, timeout_ms, &err);
+                           req->split.offset(k), body_len};
+        end = write_full(fd, &h, sizeof(h), body, body_len, stop, timeout_ms, &err);
       }
       std::lock_guard<std::mutex> lock(mu);
       if (end != IoEnd::kDone) {
         if (end != IoEnd::kStopped) {
-          Fail(std::string("socket ") + std::to_string(k) + ": " + IoEndName(end) +
+          fail(std::string("socket ") + std::to_string(k) + ": " + io_end_name(end) +
                (err != 0 ? std::string(" (") + std::strerror(err) + ")" : ""));
         }
         return;
@@ -211,7 +211,7 @@ struct RecvComm {
     for (RecvRequest* r : requests) delete r;
   }
 
-  void Fail(const std::string& why, bool warn = true) {  // mu held
+  void fail(const std::string& why, bool warn = true) {  // mu held
     if (failed) return;
     failed = true;
     if (warn) {
@@ -224,19 +224,19 @@ struct RecvComm {
   }
 
   // The peer's bytes failed validation.
-  void Malformed(const std::string& why) {  // mu held
+  void malformed(const std::string& why) {  // mu held
     if (failed) return;
-    Fail("malformed frame: " + why);
+    fail("malformed frame: " + why);
     fail_status = Status::kMalformedPayload;
   }
 
   // The receive `slot` takes message `msg`; copies now if the message is already complete.
-  void Bind(RecvMsg* msg, RecvSlot* slot) {  // mu held; size already checked
+  void bind_message(RecvMsg* msg, RecvSlot* slot) {  // mu held; size already checked
     msg->slot = slot;
-    if (msg->complete) Finish(msg);
+    if (msg->complete) finish(msg);
   }
 
-  void Finish(RecvMsg* msg) {  // mu held; msg complete and bound
+  void finish(RecvMsg* msg) {  // mu held; msg complete and bound
     RecvSlot* slot = msg->slot;
     if (msg->staging != nullptr) {
       if (msg->size > 0) std::memcpy(slot->data, msg->staging, msg->size);
@@ -248,16 +248,16 @@ struct RecvComm {
     delete msg;
   }
 
-  void PartDone(RecvMsg* msg) {  // mu held
+  void part_done(RecvMsg* msg) {  // mu held
     if (--msg->parts_left > 0) return;
     msg->complete = true;
     active.erase(msg->seq);
-    if (msg->slot != nullptr) Finish(msg);
+    if (msg->slot != nullptr) finish(msg);
   }
 
-  bool Oversized(const RecvMsg* msg, const RecvSlot* slot) {  // mu held
+  bool oversized(const RecvMsg* msg, const RecvSlot* slot) {  // mu held
     if (msg->size <= slot->capacity) return false;
-    Fail("message " + std::to_string(msg->seq) + " with tag " + std::to_string(msg->tag) +
+    fail("message " + std::to_string(msg->seq) + " with tag " + std::to_string(msg->tag) +
          " carries " + std::to_string(msg->size) + " bytes but the posted receive holds only " +
          std::to_string(slot->capacity));
     return true;
@@ -265,48 +265,48 @@ struct RecvComm {
 
   // Stream end on socket k: orderly close between messages is not an error unless receives
   // are still waiting; anything else fails the connection.
-  void EndOfStream(int k, IoEnd end, bool mid_message, int err) {
+  void end_of_stream(int k, IoEnd end, bool mid_message, int err) {
     std::lock_guard<std::mutex> lock(mu);
     if (end == IoEnd::kStopped || failed) return;
     if (end == IoEnd::kEof && !mid_message) {
       if (++clean_eofs < static_cast<int>(fds.size())) return;
       bool waiting = !posted.empty() || !active.empty();
-      Fail("peer closed the connection", /*warn=*/waiting);
+      fail("peer closed the connection", /*warn=*/waiting);
       return;
     }
-    Fail(std::string("socket ") + std::to_string(k) + ": " + IoEndName(end) +
+    fail(std::string("socket ") + std::to_string(k) + ": " + io_end_name(end) +
          (mid_message ? " in the middle of a message" : "") +
          (err != 0 ? std::string(" (") + std::strerror(err) + ")" : ""));
   }
 
-  void RunHeaders() {
+  void run_headers() {
     int fd = fds[0];
     // Bounded by stop/failure/end of stream; each pass receives one message header + part 0.
     for (;;) {
       wire::MsgHeader h{};
       bool began = false;
       int err = 0;
-      IoEnd end = ReadFull(fd, &h, sizeof(h), /*idle_ok=*/true, stop, timeout_ms, &began, &err);
-      if (end != IoEnd::kDone) return EndOfStream(0, end, began, err);
+      IoEnd end = read_full(fd, &h, sizeof(h), /*idle_ok=*/true, stop, timeout_ms, &began, &err);
+      if (end != IoEnd::kDone) return end_of_stream(0, end, began, err);
       RecvMsg* msg = nullptr;
       {
         std::lock_guard<std::mutex> lock(mu);
         if (failed) return;
-        switch (wire::CheckMsgHeader(h, next_seq)) {
+        switch (wire::check_msg_header(h, next_seq)) {
           case wire::MsgCheck::kOk:
             break;
           case wire::MsgCheck::kBadMagic:
-            return Malformed("bad message magic");
+            return malformed("bad message magic");
           case wire::MsgCheck::kTooLarge:
-            return Malformed("message size " + std::to_string(h.size) +
+            return malformed("message size " + std::to_string(h.size) +
                              " exceeds the 1 TiB limit");
           case wire::MsgCheck::kBadSeq:
-            return Malformed("sequence " + std::to_string(h.seq) + ", expected " +
+            return malformed("sequence " + std::to_string(h.seq) + ", expected " +
                              std::to_string(next_seq));
         }
         ++next_seq;
         msg = new RecvMsg{
-            h.seq,   h.tag,   h.size,  wire::SplitMessage(h.size, static_cast<int>(fds.size())),
+            h.seq,   h.tag,   h.size,  wire::split_message(h.size, static_cast<int>(fds.size())),
             nullptr, nullptr, nullptr, 0,
             false,   1u};
         msg->parts_left = msg->split.parts;
@@ -315,7 +315,7 @@ struct RecvComm {
         if (it != posted.end()) {
           RecvSlot* slot = *it;
           posted.erase(it);
-          if (Oversized(msg, slot)) {
+          if (oversized(msg, slot)) {
             delete msg;
             return;
           }
@@ -325,7 +325,7 @@ struct RecvComm {
           msg->staging = static_cast<char*>(std::malloc(std::max<size_t>(h.size, 1)));
           if (msg->staging == nullptr) {
             delete msg;
-            return Fail("cannot stage an unexpected message of " + std::to_string(h.size) +
+            return fail("cannot stage an unexpected message of " + std::to_string(h.size) +
                         " bytes: out of memory");
           }
           msg->dest = msg->staging;
@@ -335,28 +335,28 @@ struct RecvComm {
         headers_busy = true;
         cv.notify_all();
       }
-      end = ReadFull(fd, msg->dest, msg->split.Len(0, msg->size), false, stop, timeout_ms, &began,
+      end = read_full(fd, msg->dest, msg->split.len(0, msg->size), false, stop, timeout_ms, &began,
                      &err);
-      if (end != IoEnd::kDone) return EndOfStream(0, end, true, err);
+      if (end != IoEnd::kDone) return end_of_stream(0, end, true, err);
       std::lock_guard<std::mutex> lock(mu);
       headers_busy = false;
-      PartDone(msg);
+      part_done(msg);
     }
   }
 
-  void RunParts(int k) {
+  void run_parts(int k) {
     int fd = fds[static_cast<size_t>(k)];
-    for (;;) {  // bounded like RunHeaders
+    for (;;) {  // bounded like run_headers
       wire::PartHeader h{};
       bool began = false;
       int err = 0;
-      IoEnd end = ReadFull(fd, &h, sizeof(h), /*idle_ok=*/true, stop, timeout_ms, &began, &err);
-      if (end != IoEnd::kDone) return EndOfStream(k, end, began, err);
+      IoEnd end = read_full(fd, &h, sizeof(h), /*idle_ok=*/true, stop, timeout_ms, &began, &err);
+      if (end != IoEnd::kDone) return end_of_stream(k, end, began, err);
       RecvMsg* msg = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu);
-        if (!wire::PartHeaderValid(h, k)) {
-          return Malformed("bad part header on socket " + std::to_string(k));
+        if (!wire::part_header_valid(h, k)) {
+          return malformed("bad part header on socket " + std::to_string(k));
         }
         // The header for this seq comes on socket 0; wait for it, bounded by the timeout.
         Clock::time_point start = Clock::now();
@@ -368,30 +368,30 @@ struct RecvComm {
             break;
           }
           if (h.seq < next_seq) {
-            return Malformed("part for message " + std::to_string(h.seq) +
+            return malformed("part for message " + std::to_string(h.seq) +
                              " which is not in flight");
           }
           if (headers_busy) start = Clock::now();
-          if (MsSince(start) > timeout_ms) {
-            return Fail("timed out waiting for the header of message " + std::to_string(h.seq));
+          if (ms_since(start) > timeout_ms) {
+            return fail("timed out waiting for the header of message " + std::to_string(h.seq));
           }
           cv.wait_for(lock, std::chrono::milliseconds(kPollSliceMs));
         }
         if ((msg->parts_seen >> k) & 1u) {
-          return Malformed("part " + std::to_string(k) + " of message " + std::to_string(h.seq) +
+          return malformed("part " + std::to_string(k) + " of message " + std::to_string(h.seq) +
                            " arrived twice");
         }
-        if (!wire::PartMatches(h, k, msg->split, msg->size, msg->parts_seen)) {
-          return Malformed("part " + std::to_string(k) + " of message " + std::to_string(h.seq) +
+        if (!wire::part_matches(h, k, msg->split, msg->size, msg->parts_seen)) {
+          return malformed("part " + std::to_string(k) + " of message " + std::to_string(h.seq) +
                            " has offset/length " + std::to_string(h.offset) + "/" +
                            std::to_string(h.len));
         }
         msg->parts_seen |= 1u << k;
       }
-      end = ReadFull(fd, msg->dest + h.offset, h.len, false, stop, timeout_ms, &began, &err);
-      if (end != IoEnd::kDone) return EndOfStream(k, end, true, err);
+      end = read_full(fd, msg->dest + h.offset, h.len, false, stop, timeout_ms, &began, &err);
+      if (end != IoEnd::kDone) return end_of_stream(k, end, true, err);
       std::lock_guard<std::mutex> lock(mu);
-      PartDone(msg);
+      part_done(msg);
     }
   }
 };
@@ -420,10 +420,10 @@ struct ListenComm {
   std::vector<PendingGroup> groups;
 
   ~ListenComm() {
-    CloseFd(&fd);
-    for (auto& p : pending) CloseFd(&p.fd);
+    close_fd(&fd);
+    for (auto& p : pending) close_fd(&p.fd);
     for (auto& g : groups) {
-      for (int& f : g.fds) CloseFd(&f);
+      for (int& f : g.fds) close_fd(&f);
     }
   }
 };
@@ -438,7 +438,7 @@ struct PendingConnect {
   int64_t timeout_ms = 30000;
 
   ~PendingConnect() {
-    for (int& f : fds) CloseFd(&f);
+    for (int& f : fds) close_fd(&f);
   }
 };
 
@@ -458,14 +458,14 @@ PendingConnects& pending_connects() {
 
 class SocketNet final : public NetBackend {
  public:
-  Status Init() override {
+  Status init() override {
     std::call_once(once_, [this] {
-      NetEnv env = ReadNetEnv();
-      init_status_ = DiscoverDevices(env.ifname, &devices_);
+      NetEnv env = read_net_env();
+      init_status_ = discover_devices(env.ifname, &devices_);
       if (init_status_ == Status::kOk) {
         for (size_t i = 0; i < devices_.size(); ++i) {
           NET_INFO("device %zu: %s %s, %d Mbps", i, devices_[i].name.c_str(),
-                   AddrToString(reinterpret_cast<const sockaddr*>(&devices_[i].addr)).c_str(),
+                   addr_to_string(reinterpret_cast<const sockaddr*>(&devices_[i].addr)).c_str(),
                    devices_[i].speed_mbps);
         }
       }
@@ -473,14 +473,14 @@ class SocketNet final : public NetBackend {
     return init_status_;
   }
 
-  Status Devices(int* ndev) override {
-    DQ_CHECK(Init());
+  Status devices(int* ndev) override {
+    DQ_CHECK(init());
     *ndev = static_cast<int>(devices_.size());
     return Status::kOk;
   }
 
-  Status GetProperties(int dev, dqNetPropertiesV11* props) override {
-    DQ_CHECK(CheckDev(dev));
+  Status get_properties(int dev, dqNetPropertiesV11* props) override {
+    DQ_CHECK(check_dev(dev));
     const NetDevice& d = devices_[static_cast<size_t>(dev)];
     std::memset(props, 0, sizeof(*props));
     props->name = const_cast<char*>(d.name.c_str());
@@ -504,28 +504,28 @@ class SocketNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Listen(const CommContext& ctx, int dev, void* handle, void** listen_comm) override {
+  Status listen(const CommContext& ctx, int dev, void* handle, void** listen_comm) override {
     *listen_comm = nullptr;
-    DQ_CHECK(CheckDev(dev));
+    DQ_CHECK(check_dev(dev));
     const NetDevice& d = devices_[static_cast<size_t>(dev)];
-    NetEnv env = ReadNetEnv();
+    NetEnv env = read_net_env();
     auto lc = std::make_unique<ListenComm>();
     lc->fd = socket(d.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (lc->fd < 0) return SysFail("socket", d.name);
+    if (lc->fd < 0) return sys_fail("socket", d.name);
     int one = 1;
     setsockopt(lc->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     sockaddr_storage addr = d.addr;
     if (addr.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
     if (addr.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
     if (bind(lc->fd, reinterpret_cast<sockaddr*>(&addr), d.addr_len) != 0) {
-      return SysFail("bind", d.name);
+      return sys_fail("bind", d.name);
     }
-    if (listen(lc->fd, 512) != 0) return SysFail("listen", d.name);
+    if (::listen(lc->fd, 512) != 0) return sys_fail("listen", d.name);
     socklen_t len = sizeof(addr);
     if (getsockname(lc->fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return SysFail("getsockname", d.name);
+      return sys_fail("getsockname", d.name);
     }
-    lc->secret = RandomU64();
+    lc->secret = random_u64();
     lc->comm_id = ctx.comm_id;
     lc->has_comm_id = ctx.has_comm_id;
     lc->timeout_ms = env.timeout_ms;
@@ -549,17 +549,17 @@ class SocketNet final : public NetBackend {
     h.connect_state = 0;
     std::memcpy(handle, &h, sizeof(h));
     NET_INFO("listening on %s (%s), %d sockets per connection",
-             AddrToString(reinterpret_cast<sockaddr*>(&addr)).c_str(), d.name.c_str(), env.nsocks);
+             addr_to_string(reinterpret_cast<sockaddr*>(&addr)).c_str(), d.name.c_str(), env.nsocks);
     *listen_comm = lc.release();
     return Status::kOk;
   }
 
-  Status Connect(const CommContext& ctx, int dev, void* handle, void** send_comm) override {
+  Status connect(const CommContext& ctx, int dev, void* handle, void** send_comm) override {
     *send_comm = nullptr;
-    DQ_CHECK(CheckDev(dev));
+    DQ_CHECK(check_dev(dev));
     wire::Handle h;
     std::memcpy(&h, handle, sizeof(h));
-    if (!wire::HandleValid(h)) {
+    if (!wire::handle_valid(h)) {
       NET_WARN("connect: the handle is not a dynamiq listen handle (magic %#x, version %u)",
                h.magic, h.version);
       return Status::kInvalidArgument;
@@ -571,11 +571,11 @@ class SocketNet final : public NetBackend {
       if (h.connect_state != 0 && it != pending_connects().set.end()) pc = *it;
     }
     if (pc == nullptr) {
-      DQ_CHECK(StartConnect(ctx, h, &pc));
+      DQ_CHECK(start_connect(ctx, h, &pc));
       h.connect_state = reinterpret_cast<uint64_t>(pc);
       std::memcpy(handle, &h, sizeof(h));
     }
-    Status st = ProgressConnect(pc, send_comm);
+    Status st = progress_connect(pc, send_comm);
     if (st != Status::kOk || *send_comm != nullptr) {
       {
         std::lock_guard<std::mutex> lock(pending_connects().mu);
@@ -588,7 +588,7 @@ class SocketNet final : public NetBackend {
     return st;
   }
 
-  Status Accept(void* listen_comm, void** recv_comm) override {
+  Status accept(void* listen_comm, void** recv_comm) override {
     *recv_comm = nullptr;
     auto* lc = static_cast<ListenComm*>(listen_comm);
     if (lc == nullptr || lc->magic != kListenCommMagic) {
@@ -609,11 +609,11 @@ class SocketNet final : public NetBackend {
       }
       PendingSocket p;
       p.fd = fd;
-      p.peer = AddrToString(reinterpret_cast<sockaddr*>(&addr));
+      p.peer = addr_to_string(reinterpret_cast<sockaddr*>(&addr));
       p.start = Clock::now();
       lc->pending.push_back(std::move(p));
     }
-    ProgressHellos(lc);
+    progress_hellos(lc);
     for (size_t gi = 0; gi < lc->groups.size(); ++gi) {
       PendingGroup& g = lc->groups[gi];
       bool complete = std::all_of(g.fds.begin(), g.fds.end(), [](int f) { return f >= 0; });
@@ -621,12 +621,12 @@ class SocketNet final : public NetBackend {
         std::vector<int> fds = g.fds;
         std::string peer = g.peer;
         lc->groups.erase(lc->groups.begin() + static_cast<long>(gi));
-        return MakeRecvComm(std::move(fds), peer, lc->timeout_ms, recv_comm);
+        return make_recv_comm(std::move(fds), peer, lc->timeout_ms, recv_comm);
       }
-      if (MsSince(g.start) > lc->timeout_ms) {
+      if (ms_since(g.start) > lc->timeout_ms) {
         NET_WARN("connection from %s: only some of its %zu sockets arrived within %lld ms; dropped",
                  g.peer.c_str(), g.fds.size(), static_cast<long long>(lc->timeout_ms));
-        for (int& f : g.fds) CloseFd(&f);
+        for (int& f : g.fds) close_fd(&f);
         lc->groups.erase(lc->groups.begin() + static_cast<long>(gi));
         --gi;
       }
@@ -634,7 +634,7 @@ class SocketNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status RegMr(void* comm, void* data, size_t size, int type, void** mhandle) override {
+  Status reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) override {
     *mhandle = nullptr;
     (void)comm;
     if (type != NCCL_PTR_HOST) {
@@ -646,7 +646,7 @@ class SocketNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status DeregMr(void* comm, void* mhandle) override {
+  Status dereg_mr(void* comm, void* mhandle) override {
     (void)comm;
     auto* mr = static_cast<MemoryRegion*>(mhandle);
     if (mr == nullptr) return Status::kOk;
@@ -659,7 +659,7 @@ class SocketNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
+  Status isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                void** request) override {
     *request = nullptr;
     auto* sc = static_cast<SendComm*>(send_comm);
@@ -667,7 +667,7 @@ class SocketNet final : public NetBackend {
       NET_WARN("isend: not a send comm");
       return Status::kInvalidArgument;
     }
-    DQ_CHECK(CheckRegion(mhandle, data, size));
+    DQ_CHECK(check_region(mhandle, data, size));
     if (size > wire::kMaxMessageBytes || (size > 0 && data == nullptr)) {
       NET_WARN("isend: invalid buffer %p of %zu bytes", data, size);
       return Status::kInvalidArgument;
@@ -684,7 +684,7 @@ class SocketNet final : public NetBackend {
     req->tag = tag;
     req->data = static_cast<const char*>(data);
     req->size = size;
-    req->split = wire::SplitMessage(size, static_cast<int>(sc->fds.size()));
+    req->split = wire::split_message(size, static_cast<int>(sc->fds.size()));
     req->parts_left = req->split.parts;
     for (int k = 0; k < req->split.parts; ++k) sc->queues[static_cast<size_t>(k)].push_back(req);
     sc->requests.insert(req);
@@ -693,7 +693,7 @@ class SocketNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
+  Status irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
                void** mhandles, void** request) override {
     *request = nullptr;
     auto* rc = static_cast<RecvComm*>(recv_comm);
@@ -706,7 +706,7 @@ class SocketNet final : public NetBackend {
       return Status::kInvalidArgument;
     }
     for (int i = 0; i < n; ++i) {
-      DQ_CHECK(CheckRegion(mhandles != nullptr ? mhandles[i] : nullptr, data[i], sizes[i]));
+      DQ_CHECK(check_region(mhandles != nullptr ? mhandles[i] : nullptr, data[i], sizes[i]));
       if (sizes[i] > 0 && data[i] == nullptr) {
         NET_WARN("irecv: NULL buffer for %zu bytes", sizes[i]);
         return Status::kInvalidArgument;
@@ -714,7 +714,7 @@ class SocketNet final : public NetBackend {
     }
     std::lock_guard<std::mutex> lock(rc->mu);
     if (rc->requests.size() >= kMaxRequestsPerComm) return Status::kOk;  // NULL: retry later
-    if (rc->failed && !CompletableFromStaging(rc, n, tags)) {
+    if (rc->failed && !completable_from_staging(rc, n, tags)) {
       NET_WARN("irecv from %s: the connection has failed", rc->peer.c_str());
       return rc->fail_status;
     }
@@ -737,18 +737,18 @@ class SocketNet final : public NetBackend {
       }
       RecvMsg* msg = *it;
       rc->unexpected.erase(it);
-      if (rc->Oversized(msg, slot)) {
+      if (rc->oversized(msg, slot)) {
         // The message stays owned here until the comm is closed.
         rc->unexpected.push_front(msg);
         break;
       }
-      rc->Bind(msg, slot);
+      rc->bind_message(msg, slot);
     }
     *request = req;
     return Status::kOk;
   }
 
-  Status Test(void* request, int* done, int* sizes) override {
+  Status test(void* request, int* done, int* sizes) override {
     *done = 0;
     auto* magic = static_cast<uint32_t*>(request);
     if (magic == nullptr) {
@@ -767,7 +767,7 @@ class SocketNet final : public NetBackend {
         delete req;
         return Status::kOk;
       }
-      if (sc->failed) return Status::kSystemError;  // already logged by Fail()
+      if (sc->failed) return Status::kSystemError;  // already logged by fail()
       return Status::kOk;
     }
     if (*magic == kRecvRequestMagic) {
@@ -791,7 +791,7 @@ class SocketNet final : public NetBackend {
     return Status::kInvalidArgument;
   }
 
-  Status CloseSend(void* send_comm) override {
+  Status close_send(void* send_comm) override {
     auto* sc = static_cast<SendComm*>(send_comm);
     if (sc == nullptr) return Status::kOk;
     if (sc->magic != kSendCommMagic) {
@@ -804,14 +804,14 @@ class SocketNet final : public NetBackend {
       sc->cv.notify_all();
     }
     for (auto& t : sc->threads) t.join();
-    for (int& fd : sc->fds) CloseFd(&fd);
+    for (int& fd : sc->fds) close_fd(&fd);
     for (SendRequest* r : sc->requests) delete r;
     sc->magic = 0;
     delete sc;
     return Status::kOk;
   }
 
-  Status CloseRecv(void* recv_comm) override {
+  Status close_recv(void* recv_comm) override {
     auto* rc = static_cast<RecvComm*>(recv_comm);
     if (rc == nullptr) return Status::kOk;
     if (rc->magic != kRecvCommMagic) {
@@ -825,13 +825,13 @@ class SocketNet final : public NetBackend {
       rc->cv.notify_all();
     }
     for (auto& t : rc->threads) t.join();
-    for (int& fd : rc->fds) CloseFd(&fd);
+    for (int& fd : rc->fds) close_fd(&fd);
     rc->magic = 0;
     delete rc;
     return Status::kOk;
   }
 
-  Status CloseListen(void* listen_comm) override {
+  Status close_listen(void* listen_comm) override {
     auto* lc = static_cast<ListenComm*>(listen_comm);
     if (lc == nullptr) return Status::kOk;
     if (lc->magic != kListenCommMagic) {
@@ -844,8 +844,8 @@ class SocketNet final : public NetBackend {
   }
 
  private:
-  Status CheckDev(int dev) {
-    DQ_CHECK(Init());
+  Status check_dev(int dev) {
+    DQ_CHECK(init());
     if (dev < 0 || dev >= static_cast<int>(devices_.size())) {
       NET_WARN("device %d does not exist (%zu devices)", dev, devices_.size());
       return Status::kInvalidArgument;
@@ -853,12 +853,12 @@ class SocketNet final : public NetBackend {
     return Status::kOk;
   }
 
-  static Status SysFail(const char* what, const std::string& dev) {
+  static Status sys_fail(const char* what, const std::string& dev) {
     NET_WARN("%s on %s failed: %s", what, dev.c_str(), std::strerror(errno));
     return Status::kSystemError;
   }
 
-  static Status CheckRegion(void* mhandle, void* data, size_t size) {
+  static Status check_region(void* mhandle, void* data, size_t size) {
     if (mhandle == nullptr) return Status::kOk;
     auto* mr = static_cast<MemoryRegion*>(mhandle);
     const char* p = static_cast<const char*>(data);
@@ -875,7 +875,7 @@ class SocketNet final : public NetBackend {
   }
 
   // After a failure, a receive can still complete if staged, complete messages cover it.
-  static bool CompletableFromStaging(RecvComm* rc, int n, const int* tags) {
+  static bool completable_from_staging(RecvComm* rc, int n, const int* tags) {
     std::vector<const RecvMsg*> used;
     for (int i = 0; i < n; ++i) {
       auto it = std::find_if(rc->unexpected.begin(), rc->unexpected.end(), [&](const RecvMsg* m) {
@@ -887,7 +887,7 @@ class SocketNet final : public NetBackend {
     return true;
   }
 
-  Status StartConnect(const CommContext& ctx, const wire::Handle& h, PendingConnect** out) {
+  Status start_connect(const CommContext& ctx, const wire::Handle& h, PendingConnect** out) {
     auto pc = std::make_unique<PendingConnect>();
     sockaddr_storage addr{};
     socklen_t addr_len = 0;
@@ -904,8 +904,8 @@ class SocketNet final : public NetBackend {
       std::memcpy(&a->sin6_addr, h.addr, 16);
       addr_len = sizeof(sockaddr_in6);
     }
-    pc->peer = AddrToString(reinterpret_cast<sockaddr*>(&addr));
-    pc->timeout_ms = ReadNetEnv().timeout_ms;
+    pc->peer = addr_to_string(reinterpret_cast<sockaddr*>(&addr));
+    pc->timeout_ms = read_net_env().timeout_ms;
     pc->start = Clock::now();
     pc->hello = wire::Hello{wire::kHelloMagic,
                             wire::kVersion,
@@ -915,14 +915,14 @@ class SocketNet final : public NetBackend {
                             0,
                             h.secret,
                             ctx.comm_id,
-                            RandomU64()};
+                            random_u64()};
     for (int k = 0; k < h.nsocks; ++k) {
       int fd = socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) return SysFail("socket", pc->peer);
+      if (fd < 0) return sys_fail("socket", pc->peer);
       pc->fds.push_back(fd);
       pc->connected.push_back(false);
       pc->hello_sent.push_back(0);
-      if (connect(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 && errno != EINPROGRESS) {
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 && errno != EINPROGRESS) {
         NET_WARN("connect to %s failed: %s", pc->peer.c_str(), std::strerror(errno));
         return Status::kSystemError;
       }
@@ -933,13 +933,13 @@ class SocketNet final : public NetBackend {
     return Status::kOk;
   }
 
-  Status ProgressConnect(PendingConnect* pc, void** send_comm) {
+  Status progress_connect(PendingConnect* pc, void** send_comm) {
     bool all_sent = true;
     for (size_t k = 0; k < pc->fds.size(); ++k) {
       int fd = pc->fds[k];
       if (!pc->connected[k]) {
         pollfd p{fd, POLLOUT, 0};
-        if (poll(&p, 1, 0) < 0 && errno != EINTR) return SysFail("poll", pc->peer);
+        if (poll(&p, 1, 0) < 0 && errno != EINTR) return sys_fail("poll", pc->peer);
         if ((p.revents & (POLLOUT | POLLERR | POLLHUP)) == 0) {
           all_sent = false;
           continue;
@@ -968,7 +968,7 @@ class SocketNet final : public NetBackend {
       if (sent < sizeof(hello)) all_sent = false;
     }
     if (!all_sent) {
-      if (MsSince(pc->start) > pc->timeout_ms) {
+      if (ms_since(pc->start) > pc->timeout_ms) {
         NET_WARN("connect to %s timed out after %lld ms (DYNAMIQ_NET_TIMEOUT_MS)", pc->peer.c_str(),
                  static_cast<long long>(pc->timeout_ms));
         return Status::kTimeout;
@@ -979,20 +979,20 @@ class SocketNet final : public NetBackend {
     sc->peer = pc->peer;
     sc->timeout_ms = pc->timeout_ms;
     for (int fd : pc->fds) {
-      if (!ConfigureDataSocket(fd)) return SysFail("configure socket", pc->peer);
+      if (!configure_data_socket(fd)) return sys_fail("configure socket", pc->peer);
     }
     sc->fds = pc->fds;
     pc->fds.clear();  // now owned by the send comm
     sc->queues.resize(sc->fds.size());
     for (size_t k = 0; k < sc->fds.size(); ++k) {
-      sc->threads.emplace_back([c = sc.get(), k] { c->Run(static_cast<int>(k)); });
+      sc->threads.emplace_back([c = sc.get(), k] { c->run(static_cast<int>(k)); });
     }
     NET_INFO("connected to %s with %zu sockets", sc->peer.c_str(), sc->fds.size());
     *send_comm = sc.release();
     return Status::kOk;
   }
 
-  void ProgressHellos(ListenComm* lc) {
+  void progress_hellos(ListenComm* lc) {
     for (size_t i = 0; i < lc->pending.size(); ++i) {
       PendingSocket& p = lc->pending[i];
       bool drop = false;
@@ -1005,26 +1005,26 @@ class SocketNet final : public NetBackend {
       } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         NET_WARN("handshake from %s failed: %s", p.peer.c_str(), std::strerror(errno));
         drop = true;
-      } else if (p.got < sizeof(p.hello) && MsSince(p.start) > lc->timeout_ms) {
+      } else if (p.got < sizeof(p.hello) && ms_since(p.start) > lc->timeout_ms) {
         NET_WARN("handshake from %s timed out after %lld ms", p.peer.c_str(),
                  static_cast<long long>(lc->timeout_ms));
         drop = true;
       } else if (p.got == sizeof(p.hello)) {
-        drop = !AdmitSocket(lc, p);
+        drop = !admit_socket(lc, p);
         if (!drop) p.fd = -1;  // handed to a group
       } else {
         continue;  // still waiting for the rest of the hello
       }
-      CloseFd(&p.fd);
+      close_fd(&p.fd);
       lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
       --i;
     }
   }
 
   // Validates a complete hello; on success the socket joins its connection's group.
-  bool AdmitSocket(ListenComm* lc, const PendingSocket& p) {
+  bool admit_socket(ListenComm* lc, const PendingSocket& p) {
     const wire::Hello& h = p.hello;
-    switch (wire::CheckHello(h, lc->secret, lc->has_comm_id, lc->comm_id)) {
+    switch (wire::check_hello(h, lc->secret, lc->has_comm_id, lc->comm_id)) {
       case wire::HelloCheck::kOk:
         break;
       case wire::HelloCheck::kNotDynamiq:
@@ -1045,7 +1045,7 @@ class SocketNet final : public NetBackend {
                  h.nsocks);
         return false;
     }
-    if (!wire::JoinGroup(&lc->groups, h, p.peer, p.fd)) {
+    if (!wire::join_group(&lc->groups, h, p.peer, p.fd)) {
       NET_WARN("refused connection from %s: inconsistent socket %u of %u", p.peer.c_str(),
                h.sock_index, h.nsocks);
       return false;
@@ -1053,21 +1053,21 @@ class SocketNet final : public NetBackend {
     return true;
   }
 
-  static Status MakeRecvComm(std::vector<int> fds, const std::string& peer, int64_t timeout_ms,
+  static Status make_recv_comm(std::vector<int> fds, const std::string& peer, int64_t timeout_ms,
                              void** recv_comm) {
     for (int fd : fds) {
-      if (!ConfigureDataSocket(fd)) {
-        for (int& f : fds) CloseFd(&f);
-        return SysFail("configure socket", peer);
+      if (!configure_data_socket(fd)) {
+        for (int& f : fds) close_fd(&f);
+        return sys_fail("configure socket", peer);
       }
     }
     auto rc = std::make_unique<RecvComm>();
     rc->peer = peer;
     rc->timeout_ms = timeout_ms;
     rc->fds = std::move(fds);
-    rc->threads.emplace_back([c = rc.get()] { c->RunHeaders(); });
+    rc->threads.emplace_back([c = rc.get()] { c->run_headers(); });
     for (size_t k = 1; k < rc->fds.size(); ++k) {
-      rc->threads.emplace_back([c = rc.get(), k] { c->RunParts(static_cast<int>(k)); });
+      rc->threads.emplace_back([c = rc.get(), k] { c->run_parts(static_cast<int>(k)); });
     }
     NET_INFO("accepted connection from %s with %zu sockets", peer.c_str(), rc->fds.size());
     *recv_comm = rc.release();
@@ -1081,7 +1081,7 @@ class SocketNet final : public NetBackend {
 
 }  // namespace
 
-NetBackend& SocketBackend() {
+NetBackend& socket_backend() {
   static SocketNet* backend = new SocketNet;  // never destroyed: comms may outlive statics
   return *backend;
 }
