@@ -1,5 +1,6 @@
-// Built in place of ib_backend.cc when rdma-core's headers were not found (meson option
-// `ibverbs`): the verbs backend is never usable and the socket backend serves every request.
+// Built in place of the ibverbs backend (ib_*.cc) when rdma-core's headers were not found (meson
+// option `ibverbs`): the verbs backend is never usable and the socket backend serves every
+// request.
 #include "plugin/net_backend.h"
 
 namespace dq::net {

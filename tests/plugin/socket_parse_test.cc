@@ -1,6 +1,6 @@
 // The socket backend's checks of what a peer sends (plugin/socket/socket_parse.h), without
-// sockets. Regression (tests/fuzz/fuzz_net_frames, issue 16): a part sent twice for one message
-// was accepted, so the message completed with another part never written.
+// sockets. Regression found by the libFuzzer target tests/fuzz/fuzz_net_frames: a part sent twice
+// for one message was accepted, so the message completed with another part never written.
 #include <gtest/gtest.h>
 
 #include "plugin/socket/socket_parse.h"
