@@ -36,7 +36,7 @@ class NetBackend {
   // Device memory exported as a DMA-BUF file descriptor (`offset` into it); only where the
   // device's properties advertise NCCL_PTR_DMABUF.
   virtual Status reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint64_t offset,
-                             int fd, void** mhandle);
+                                int fd, void** mhandle);
   virtual Status dereg_mr(void* comm, void* mhandle) = 0;
   virtual Status isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                        void** request) = 0;

@@ -17,8 +17,8 @@ namespace dq::net {
 
 // The defaults of the optional backend calls (the socket backend keeps them): DMA-BUF and flushes
 // exist only for device memory, which a backend without GPUDirect never advertises.
-Status NetBackend::reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint64_t /*offset*/,
-                               int /*fd*/, void** mhandle) {
+Status NetBackend::reg_mr_dma_buf(void* comm, void* data, size_t size, int type,
+                                  uint64_t /*offset*/, int /*fd*/, void** mhandle) {
   if (type == NCCL_PTR_HOST) return reg_mr(comm, data, size, type, mhandle);
   NET_WARN("regMrDmaBuf: DMA-BUF memory (type %d) is not supported by this transport; host "
            "memory only",
@@ -103,7 +103,7 @@ dqNetResult reg_mr(void* comm, void* data, size_t size, int type, void** mhandle
   return Guard("regMr", [&] { return backend().reg_mr(comm, data, size, type, mhandle); });
 }
 dqNetResult reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
-                        void** mhandle) {
+                           void** mhandle) {
   return Guard("regMrDmaBuf", [&] {
     return mhandle ? backend().reg_mr_dma_buf(comm, data, size, type, offset, fd, mhandle)
                    : Status::kInvalidArgument;
@@ -150,12 +150,12 @@ dqNetResult make_vdevice(int* d, dqNetVDeviceProps* props) {
   });
 }
 dqNetResult isend_sized(void* send_comm, void* data, size_t size, int tag, void* mhandle,
-                       void** request) {
+                        void** request) {
   return Guard("isend",
                [&] { return backend().isend(send_comm, data, size, tag, mhandle, request); });
 }
 dqNetResult irecv_sized(void* recv_comm, int n, void** data, const size_t* sizes, int* tags,
-                       void** mhandles, void** request) {
+                        void** mhandles, void** request) {
   return Guard("irecv", [&] {
     if (data == nullptr || sizes == nullptr || tags == nullptr || request == nullptr) {
       return Status::kInvalidArgument;
@@ -166,7 +166,7 @@ dqNetResult irecv_sized(void* recv_comm, int n, void** data, const size_t* sizes
 
 // ---- v11 ----
 dqNetResult init_v11(void** ctx, uint64_t comm_id, dqNetCommConfig* config, dqNetLogger logger,
-                    dqNetProfilerCallback /*profiler*/) {
+                     dqNetProfilerCallback /*profiler*/) {
   return Guard("init", [&] {
     if (logger != nullptr) set_net_logger(logger);
     DQ_CHECK(backend().init());
@@ -185,21 +185,21 @@ dqNetResult get_properties_v11(int dev, dqNetPropertiesV11* props) {
     return props ? backend().get_properties(dev, props) : Status::kInvalidArgument;
   });
 }
-dqNetResult ListenV11(void* ctx, int dev, void* handle, void** listen_comm) {
+dqNetResult listen_v11(void* ctx, int dev, void* handle, void** listen_comm) {
   return Guard("listen",
                [&] { return backend().listen(context_of(ctx), dev, handle, listen_comm); });
 }
 dqNetResult connect_v11(void* ctx, int dev, void* handle, void** send_comm,
-                       dqNetDeviceHandle** /*dev_handle*/) {
+                        dqNetDeviceHandle** /*dev_handle*/) {
   return Guard("connect",
                [&] { return backend().connect(context_of(ctx), dev, handle, send_comm); });
 }
 dqNetResult isend_v11(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
-                     void** request) {
+                      void** request) {
   return isend_sized(c, data, size, tag, mh, request);
 }
 dqNetResult irecv_v11(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
-                     void** /*phandles*/, void** request) {
+                      void** /*phandles*/, void** request) {
   return irecv_sized(c, n, data, sizes, tags, mh, request);
 }
 dqNetResult finalize_v11(void* ctx) {
@@ -259,28 +259,28 @@ dqNetResult get_properties_v8(int dev, dqNetPropertiesV8* out) {
   return dqNetSuccess;
 }
 dqNetResult listen_old(int dev, void* handle, void** listen_comm) {
-  return ListenV11(nullptr, dev, handle, listen_comm);
+  return listen_v11(nullptr, dev, handle, listen_comm);
 }
 dqNetResult connect_v10(int dev, dqNetCommConfig* /*config*/, void* handle, void** send_comm,
-                       dqNetDeviceHandle** dh) {
+                        dqNetDeviceHandle** dh) {
   return connect_v11(nullptr, dev, handle, send_comm, dh);
 }
 dqNetResult connect_old(int dev, void* handle, void** send_comm, dqNetDeviceHandle** dh) {
   return connect_v11(nullptr, dev, handle, send_comm, dh);
 }
 dqNetResult isend_v10(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
-                     void** request) {
+                      void** request) {
   return isend_sized(c, data, size, tag, mh, request);
 }
 dqNetResult irecv_v10(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
-                     void** /*phandles*/, void** request) {
+                      void** /*phandles*/, void** request) {
   return irecv_sized(c, n, data, sizes, tags, mh, request);
 }
 dqNetResult isend_v9(void* c, void* data, size_t size, int tag, void* mh, void** request) {
   return isend_sized(c, data, size, tag, mh, request);
 }
 dqNetResult irecv_v9(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
-                    void** request) {
+                     void** request) {
   return irecv_sized(c, n, data, sizes, tags, mh, request);
 }
 dqNetResult isend_v8(void* c, void* data, int size, int tag, void* mh, void** request) {
@@ -290,7 +290,8 @@ dqNetResult isend_v8(void* c, void* data, int size, int tag, void* mh, void** re
   }
   return isend_sized(c, data, static_cast<size_t>(size), tag, mh, request);
 }
-dqNetResult irecv_v8(void* c, int n, void** data, int* sizes, int* tags, void** mh, void** request) {
+dqNetResult irecv_v8(void* c, int n, void** data, int* sizes, int* tags, void** mh,
+                     void** request) {
   if (n < 1 || n > kMaxGroupedRecvs || sizes == nullptr) {
     NET_WARN("irecv: %d grouped receives (maxRecvs is %d)", n, kMaxGroupedRecvs);
     return dqNetInvalidArgument;
@@ -315,7 +316,7 @@ const dqNetV11& net_table_v11() {
                                  init_v11,
                                  devices,
                                  get_properties_v11,
-                                 ListenV11,
+                                 listen_v11,
                                  connect_v11,
                                  accept,
                                  reg_mr,
@@ -337,26 +338,28 @@ const dqNetV11& net_table_v11() {
 }
 
 const dqNetV10& net_table_v10() {
-  static const dqNetV10 table = {
-      kName,     init_v10,     devices,     get_properties_v10, listen_old, connect_v10, accept,
-      reg_mr,     reg_mr_dma_buf, dereg_mr,     isend_v10,         irecv_v10,  iflush,     test,
-      close_send, close_recv,   close_listen, nullptr,          nullptr,   make_vdevice};
+  static const dqNetV10 table = {kName,          init_v10,    devices,    get_properties_v10,
+                                 listen_old,     connect_v10, accept,     reg_mr,
+                                 reg_mr_dma_buf, dereg_mr,    isend_v10,  irecv_v10,
+                                 iflush,         test,        close_send, close_recv,
+                                 close_listen,   nullptr,     nullptr,    make_vdevice};
   return table;
 }
 
 const dqNetV9& net_table_v9() {
-  static const dqNetV9 table = {
-      kName,     init_v9,      devices,     get_properties_v10, listen_old, connect_old, accept,
-      reg_mr,     reg_mr_dma_buf, dereg_mr,     isend_v9,          irecv_v9,   iflush,     test,
-      close_send, close_recv,   close_listen, nullptr,          nullptr,   make_vdevice};
+  static const dqNetV9 table = {kName,          init_v9,     devices,    get_properties_v10,
+                                listen_old,     connect_old, accept,     reg_mr,
+                                reg_mr_dma_buf, dereg_mr,    isend_v9,   irecv_v9,
+                                iflush,         test,        close_send, close_recv,
+                                close_listen,   nullptr,     nullptr,    make_vdevice};
   return table;
 }
 
 const dqNetV8& net_table_v8() {
   static const dqNetV8 table = {
-      kName,     init_v9,      devices,     get_properties_v8, listen_old, connect_old, accept,
-      reg_mr,     reg_mr_dma_buf, dereg_mr,     isend_v8,         irecv_v8,   iflush,     test,
-      close_send, close_recv,   close_listen, nullptr,         nullptr};
+      kName,      init_v9,        devices,      get_properties_v8, listen_old, connect_old, accept,
+      reg_mr,     reg_mr_dma_buf, dereg_mr,     isend_v8,          irecv_v8,   iflush,      test,
+      close_send, close_recv,     close_listen, nullptr,           nullptr};
   return table;
 }
 

@@ -147,7 +147,7 @@ inline uint32_t stripe_count(uint64_t size, uint32_t nqps) {
 // Bytes [*offset, *offset + *length) of stripe i of k: equal parts, rounded up to 4 KiB pages,
 // the last one shorter. With size >= k * kMinStripeBytes no stripe is empty.
 inline void stripe_range(uint64_t size, uint32_t k, uint32_t i, uint64_t* offset,
-                        uint64_t* length) {
+                         uint64_t* length) {
   uint64_t part = (size + k - 1) / k;
   part = (part + 4095) & ~uint64_t{4095};
   const uint64_t begin = i * part < size ? i * part : size;

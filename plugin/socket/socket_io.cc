@@ -38,7 +38,7 @@ bool configure_data_socket(int fd) {
 }
 
 IoEnd read_full(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bool>& stop,
-               int64_t stall_ms, bool* began, int* err) {
+                int64_t stall_ms, bool* began, int* err) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   Clock::time_point last_progress = Clock::now();
@@ -67,7 +67,7 @@ IoEnd read_full(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<b
 }
 
 IoEnd write_full(int fd, const void* head, size_t head_len, const void* body, size_t body_len,
-                const std::atomic<bool>& stop, int64_t stall_ms, int* err) {
+                 const std::atomic<bool>& stop, int64_t stall_ms, int* err) {
   iovec iov[2];
   iov[0].iov_base = const_cast<void*>(head);
   iov[0].iov_len = head_len;

@@ -27,11 +27,11 @@ bool configure_data_socket(int fd);
 // Reads exactly `len` bytes. While nothing has been read yet and `idle_ok`, waiting is not a
 // stall (an idle connection); *began tells whether any byte arrived.
 IoEnd read_full(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bool>& stop,
-               int64_t stall_ms, bool* began, int* err);
+                int64_t stall_ms, bool* began, int* err);
 
 // Writes `head` then `body` (either may be empty) with MSG_NOSIGNAL.
 IoEnd write_full(int fd, const void* head, size_t head_len, const void* body, size_t body_len,
-                const std::atomic<bool>& stop, int64_t stall_ms, int* err);
+                 const std::atomic<bool>& stop, int64_t stall_ms, int* err);
 
 const char* io_end_name(IoEnd end);
 

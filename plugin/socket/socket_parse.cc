@@ -29,7 +29,7 @@ HelloCheck check_hello(const Hello& h, uint64_t secret, bool has_comm_id, uint64
 }
 
 bool join_group(std::vector<PendingGroup>* groups, const Hello& h, const std::string& peer,
-               int fd) {
+                int fd) {
   PendingGroup* g = nullptr;
   for (auto& cand : *groups) {
     if (cand.nonce == h.nonce) g = &cand;
@@ -56,7 +56,7 @@ bool part_header_valid(const PartHeader& h, int k) {
 }
 
 bool part_matches(const PartHeader& h, int k, const Split& split, uint64_t size,
-                 uint32_t parts_seen) {
+                  uint32_t parts_seen) {
   // A second part k of one message would count twice towards its completion: the message would
   // complete with another part never written (found by tests/fuzz/fuzz_net_frames).
   if (k < 0 || k >= kMaxSocks || (parts_seen >> k) & 1u) return false;

@@ -1,6 +1,7 @@
 // What the socket backend reads from a peer, checked without any I/O: the listen handle a
 // connector is given, the hello that opens each socket, and the frame headers of a connection.
-// socket_backend.cc calls these on the bytes it received; tests/fuzz feeds them arbitrary bytes.
+// socket_connect.cc and socket_threads.cc call these on the bytes they received; tests/fuzz
+// feeds them arbitrary bytes.
 #pragma once
 
 #include <chrono>
@@ -47,6 +48,6 @@ bool part_header_valid(const PartHeader& h, int k);
 // bytes cut over the connection's sockets (so offset + len <= size), and part k has not arrived
 // yet: bit k of `parts_seen` (the parts already read of that message) is clear.
 bool part_matches(const PartHeader& h, int k, const Split& split, uint64_t size,
-                 uint32_t parts_seen);
+                  uint32_t parts_seen);
 
 }  // namespace dq::net::wire

@@ -18,11 +18,11 @@ using dq::net::ibwire::Ctl;
 using dq::net::ibwire::FifoSlot;
 using dq::net::ibwire::kMaxQps;
 using dq::net::ibwire::kMinStripeBytes;
+using dq::net::ibwire::kSlotCheckedWords;
+using dq::net::ibwire::slot_check;
 using dq::net::ibwire::stripe_count;
 using dq::net::ibwire::stripe_range;
 using dq::net::ibwire::StripeTracker;
-using dq::net::ibwire::kSlotCheckedWords;
-using dq::net::ibwire::slot_check;
 constexpr size_t kWords = sizeof(FifoSlot) / 8;
 
 // A posting as the receiver writes it: n receives of one tag at neighbouring addresses.
@@ -58,8 +58,8 @@ TEST(IbWire, EveryPartlyWrittenSlotIsRefused) {
     const uint64_t seq = 1 + rng() % 100000;
     const FifoSlot old_slot = posting(seq, 1 + rng() % 8, rng() & ~0xfffull, 0);
     // The same slot's next posting: often the same tag and count, only the buffer differs.
-    const FifoSlot new_slot = posting(seq + 1 + rng() % 64, trial % 2 ? old_slot.n : 1 + rng() % 8,
-                                      rng() & ~0xfffull, 0);
+    const FifoSlot new_slot =
+        posting(seq + 1 + rng() % 64, trial % 2 ? old_slot.n : 1 + rng() % 8, rng() & ~0xfffull, 0);
     uint64_t o[kWords], w[kWords];
     std::memcpy(o, &old_slot, sizeof(o));
     std::memcpy(w, &new_slot, sizeof(w));
@@ -113,7 +113,8 @@ Ctl good_connect(uint32_t nqps) {
 TEST(IbWire, ControlMessageChecksEveryQueuePair) {
   using dq::net::ibwire::check_ctl;
   using dq::net::ibwire::kConnect;
-  for (uint32_t n = 1; n <= kMaxQps; ++n) EXPECT_EQ(check_ctl(good_connect(n), kConnect), nullptr) << n;
+  for (uint32_t n = 1; n <= kMaxQps; ++n)
+    EXPECT_EQ(check_ctl(good_connect(n), kConnect), nullptr) << n;
   Ctl c = good_connect(0);
   EXPECT_STREQ(check_ctl(c, kConnect), "queue pair count out of range");
   c = good_connect(1);

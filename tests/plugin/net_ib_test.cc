@@ -200,8 +200,7 @@ bool flush_all() {
 }
 
 // One registered 1 MiB message from sc_ to rc_ into `in` (registered as *rmh).
-void transfer(const dqNetV11* net, void* sc, void* rc, std::vector<char>* in, void** rmh,
-              int tag) {
+void transfer(const dqNetV11* net, void* sc, void* rc, std::vector<char>* in, void** rmh, int tag) {
   std::vector<char> out(in->size());
   fill(out, static_cast<uint32_t>(tag));
   void* smh = nullptr;

@@ -46,14 +46,14 @@ void nap() {
 }
 
 // The buffer's memory handle when `reg` (regMr once, as NCCL does), else nullptr.
-void* Register(const dqNetV11* net, bool reg, void* comm, void* data, size_t size) {
+void* register_buffer(const dqNetV11* net, bool reg, void* comm, void* data, size_t size) {
   void* mh = nullptr;
   if (reg && net->regMr(comm, data, size, NCCL_PTR_HOST, &mh) != dqNetSuccess) die("regMr failed");
   return mh;
 }
 
 void run_sender(const dqNetV11* net, void* ctx, char* handle, size_t size, int inflight,
-               double seconds, bool reg, int done_fd) {
+                double seconds, bool reg, int done_fd) {
   void* sc = nullptr;
   Clock::time_point t = Clock::now();
   while (sc == nullptr && seconds_since(t) < 30) {
@@ -61,7 +61,7 @@ void run_sender(const dqNetV11* net, void* ctx, char* handle, size_t size, int i
   }
   if (sc == nullptr) die("connect timed out");
   std::vector<char> buf(size, 'x');
-  void* mh = Register(net, reg, sc, buf.data(), size);
+  void* mh = register_buffer(net, reg, sc, buf.data(), size);
   std::deque<void*> window;
   t = Clock::now();
   // Bounded by `seconds` (plus the time to drain at most `inflight` messages).
@@ -104,7 +104,7 @@ void run_sender(const dqNetV11* net, void* ctx, char* handle, size_t size, int i
 }
 
 double run_receiver(const dqNetV11* net, void* lc, size_t size, int inflight, bool reg,
-                   int done_fd) {
+                    int done_fd) {
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
   while (rc == nullptr && seconds_since(t) < 30) {
@@ -113,7 +113,7 @@ double run_receiver(const dqNetV11* net, void* lc, size_t size, int inflight, bo
   if (rc == nullptr) die("accept timed out");
   std::vector<std::vector<char>> bufs(static_cast<size_t>(inflight), std::vector<char>(size));
   std::vector<void*> mhs;
-  for (auto& b : bufs) mhs.push_back(Register(net, reg, rc, b.data(), size));
+  for (auto& b : bufs) mhs.push_back(register_buffer(net, reg, rc, b.data(), size));
   auto post = [&](int tag, void* data, size_t cap, void* mh) {
     void* req = nullptr;
     int tag_copy = tag;

@@ -102,7 +102,7 @@ inline double seconds_since(Clock::time_point t) {
 
 // Drives connect/accept until both comms exist (NCCL's non-blocking contract).
 inline bool connect_pair(const dqNetV11* net, void* ctx, void* listen_comm, char* handle,
-                        void** send_comm, void** recv_comm, double limit_s = 10) {
+                         void** send_comm, void** recv_comm, double limit_s = 10) {
   *send_comm = nullptr;
   *recv_comm = nullptr;
   Clock::time_point start = Clock::now();
@@ -123,7 +123,7 @@ inline bool connect_pair(const dqNetV11* net, void* ctx, void* listen_comm, char
 
 // Polls test() until done or error; returns the result; *done tells which.
 inline dqNetResult wait_request(const dqNetV11* net, void* request, int* sizes, int* done,
-                               double limit_s = 60) {
+                                double limit_s = 60) {
   Clock::time_point start = Clock::now();
   *done = 0;
   while (seconds_since(start) < limit_s) {

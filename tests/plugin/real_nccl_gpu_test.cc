@@ -68,7 +68,7 @@ void* open_first(std::initializer_list<const char*> names) {
 
 void* open_nccl() {
   return open_first({std::getenv("DYNAMIQ_REAL_NCCL"), "/usr/local/cuda/lib/libnccl.so.2",
-                    "/usr/local/cuda/lib64/libnccl.so.2", "libnccl.so.2"});
+                     "/usr/local/cuda/lib64/libnccl.so.2", "libnccl.so.2"});
 }
 
 void* open_cudart() {
