@@ -16,7 +16,7 @@
 namespace dq::net {
 namespace {
 
-int ReadSpeedMbps(const std::string& ifname) {
+int read_speed_mbps(const std::string& ifname) {
   std::string path = "/sys/class/net/" + ifname + "/speed";
   FILE* f = std::fopen(path.c_str(), "r");
   int speed = -1;
@@ -27,7 +27,7 @@ int ReadSpeedMbps(const std::string& ifname) {
   return speed > 0 ? speed : 10000;  // virtual NICs and loopback report nothing useful
 }
 
-std::string ReadPciPath(const std::string& ifname) {
+std::string read_pci_path(const std::string& ifname) {
   std::string link = "/sys/class/net/" + ifname + "/device";
   char resolved[PATH_MAX];
   if (realpath(link.c_str(), resolved) == nullptr) return {};
@@ -42,7 +42,7 @@ struct Candidate {
 
 }  // namespace
 
-std::string AddrToString(const sockaddr* addr) {
+std::string addr_to_string(const sockaddr* addr) {
   char host[INET6_ADDRSTRLEN] = "?";
   char out[INET6_ADDRSTRLEN + 16];
   if (addr->sa_family == AF_INET) {
@@ -59,7 +59,7 @@ std::string AddrToString(const sockaddr* addr) {
   return out;
 }
 
-Status DiscoverDevices(const std::string& ifname_spec, std::vector<NetDevice>* out) {
+Status discover_devices(const std::string& ifname_spec, std::vector<NetDevice>* out) {
   out->clear();
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) {
@@ -76,7 +76,7 @@ Status DiscoverDevices(const std::string& ifname_spec, std::vector<NetDevice>* o
       if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) continue;
     }
     std::string name = ifa->ifa_name;
-    if (!IfnameMatches(ifname_spec, name)) continue;
+    if (!ifname_matches(ifname_spec, name)) continue;
     Candidate* slot = nullptr;
     for (auto& c : cands) {
       if (c.dev.name == name) slot = &c;
@@ -102,8 +102,8 @@ Status DiscoverDevices(const std::string& ifname_spec, std::vector<NetDevice>* o
   for (auto& c : cands) {
     // Loopback only when asked for by name or when it is all there is.
     if (c.loopback && !spec_given && have_non_loopback) continue;
-    c.dev.speed_mbps = ReadSpeedMbps(c.dev.name);
-    c.dev.pci_path = ReadPciPath(c.dev.name);
+    c.dev.speed_mbps = read_speed_mbps(c.dev.name);
+    c.dev.pci_path = read_pci_path(c.dev.name);
     c.dev.guid = std::hash<std::string>{}(c.dev.name);
     out->push_back(c.dev);
   }

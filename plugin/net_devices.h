@@ -23,9 +23,9 @@ struct NetDevice {
 // Enumerates up interfaces matching `ifname_spec` (NCCL_SOCKET_IFNAME syntax). Loopback is
 // used only when the spec selects it or when no other interface exists. IPv4 is preferred
 // per interface; IPv6 link-local addresses are skipped.
-Status DiscoverDevices(const std::string& ifname_spec, std::vector<NetDevice>* out);
+Status discover_devices(const std::string& ifname_spec, std::vector<NetDevice>* out);
 
 // "a.b.c.d<port>" / "[v6]<port>" for logs.
-std::string AddrToString(const sockaddr* addr);
+std::string addr_to_string(const sockaddr* addr);
 
 }  // namespace dq::net

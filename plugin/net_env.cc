@@ -7,7 +7,7 @@
 
 namespace dq::net {
 
-NetEnv ReadNetEnv() {
+NetEnv read_net_env() {
   const config::Settings s = config::current();
   NetEnv env;
   env.ifname = s.net_ifname;
@@ -21,7 +21,7 @@ NetEnv ReadNetEnv() {
   return env;
 }
 
-bool IfnameMatches(const std::string& spec, const std::string& name) {
+bool ifname_matches(const std::string& spec, const std::string& name) {
   if (spec.empty()) return true;
   std::string_view list = spec;
   bool exclude = false;

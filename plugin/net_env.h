@@ -10,7 +10,7 @@
 
 namespace dq::net {
 
-// Filled by ReadNetEnv(); the defaults are the table's.
+// Filled by read_net_env(); the defaults are the table's.
 struct NetEnv {
   std::string ifname;      // DYNAMIQ_NET_IFNAME, else NCCL_SOCKET_IFNAME; empty: the default choice
   int nsocks = 0;          // DYNAMIQ_NET_NSOCKS
@@ -24,9 +24,9 @@ struct NetEnv {
 
 // The values the environment gives now (config::current(): parsed again only when a variable
 // changed since the last call; tests change them between calls).
-NetEnv ReadNetEnv();
+NetEnv read_net_env();
 
 // NCCL_SOCKET_IFNAME-style matching of one interface name against a spec ("" matches all).
-bool IfnameMatches(const std::string& spec, const std::string& name);
+bool ifname_matches(const std::string& spec, const std::string& name);
 
 }  // namespace dq::net

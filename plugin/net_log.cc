@@ -9,14 +9,14 @@ namespace {
 std::atomic<dqNetLogger> g_logger{nullptr};
 }  // namespace
 
-void SetNetLogger(dqNetLogger logger) {
+void set_net_logger(dqNetLogger logger) {
   g_logger.store(logger);
 }
-dqNetLogger GetNetLogger() {
+dqNetLogger get_net_logger() {
   return g_logger.load();
 }
 
-void NetLog(LogLevel level, const char* file, int line, const char* fmt, ...) {
+void net_log(LogLevel level, const char* file, int line, const char* fmt, ...) {
   dqNetLogger logger = g_logger.load();
   if (level != LogLevel::kWarn && logger == nullptr && !log_enabled(level, Subsys::kNet)) return;
   char text[1024];

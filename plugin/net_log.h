@@ -7,13 +7,13 @@
 namespace dq::net {
 
 // Remembers the logger of the latest init() that passed one (NULL clears it).
-void SetNetLogger(dqNetLogger logger);
-dqNetLogger GetNetLogger();
+void set_net_logger(dqNetLogger logger);
+dqNetLogger get_net_logger();
 
-void NetLog(LogLevel level, const char* file, int line, const char* fmt, ...)
+void net_log(LogLevel level, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 }  // namespace dq::net
 
-#define NET_WARN(...) ::dq::net::NetLog(::dq::LogLevel::kWarn, __FILE__, __LINE__, __VA_ARGS__)
-#define NET_INFO(...) ::dq::net::NetLog(::dq::LogLevel::kInfo, __FILE__, __LINE__, __VA_ARGS__)
+#define NET_WARN(...) ::dq::net::net_log(::dq::LogLevel::kWarn, __FILE__, __LINE__, __VA_ARGS__)
+#define NET_INFO(...) ::dq::net::net_log(::dq::LogLevel::kInfo, __FILE__, __LINE__, __VA_ARGS__)

@@ -17,16 +17,16 @@ namespace dq::net {
 
 // The defaults of the optional backend calls (the socket backend keeps them): DMA-BUF and flushes
 // exist only for device memory, which a backend without GPUDirect never advertises.
-Status NetBackend::RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t /*offset*/,
-                               int /*fd*/, void** mhandle) {
-  if (type == NCCL_PTR_HOST) return RegMr(comm, data, size, type, mhandle);
+Status NetBackend::reg_mr_dma_buf(void* comm, void* data, size_t size, int type,
+                                  uint64_t /*offset*/, int /*fd*/, void** mhandle) {
+  if (type == NCCL_PTR_HOST) return reg_mr(comm, data, size, type, mhandle);
   NET_WARN("regMrDmaBuf: DMA-BUF memory (type %d) is not supported by this transport; host "
            "memory only",
            type);
   return Status::kInvalidArgument;
 }
 
-Status NetBackend::Iflush(void* /*recv_comm*/, int /*n*/, void** /*data*/, const int* /*sizes*/,
+Status NetBackend::iflush(void* /*recv_comm*/, int /*n*/, void** /*data*/, const int* /*sizes*/,
                           void** /*mhandles*/, void** request) {
   *request = nullptr;  // host memory needs no flush: nothing to wait for
   return Status::kOk;
@@ -59,20 +59,20 @@ dqNetResult Guard(const char* what, Fn&& fn) {
   }
 }
 
-NetBackend& Backend() {
+NetBackend& backend() {
   // DYNAMIQ_NET_BACKEND picks the transport once per process. A misconfiguration never breaks a
   // job: `ib` without a usable verbs port warns once and runs on sockets.
   static NetBackend* chosen = [] {
-    NetEnv env = ReadNetEnv();
+    NetEnv env = read_net_env();
     if (env.backend == "socket") {
       NET_INFO("backend socket (DYNAMIQ_NET_BACKEND=socket)");
-      return &SocketBackend();
+      return &socket_backend();
     }
     std::string why;
-    if (IbUsable(&why)) {
+    if (ib_usable(&why)) {
       NET_INFO("backend ib (DYNAMIQ_NET_BACKEND=%s, an active verbs port exists)",
                env.backend.c_str());
-      return &IbBackend();
+      return &ib_backend();
     }
     if (env.backend == "ib") {
       NET_WARN("DYNAMIQ_NET_BACKEND=ib but the verbs backend cannot run: %s; using socket",
@@ -80,65 +80,65 @@ NetBackend& Backend() {
     } else {
       NET_INFO("backend socket (DYNAMIQ_NET_BACKEND=auto: %s)", why.c_str());
     }
-    return &SocketBackend();
+    return &socket_backend();
   }();
   return *chosen;
 }
 
 const CommContext kNoCommContext{};
 
-const CommContext& ContextOf(void* ctx) {
+const CommContext& context_of(void* ctx) {
   return ctx != nullptr ? *static_cast<CommContext*>(ctx) : kNoCommContext;
 }
 
 // ---- shared entry points (same signature in every version) ----
-dqNetResult Devices(int* ndev) {
+dqNetResult devices(int* ndev) {
   return Guard("devices",
-               [&] { return ndev ? Backend().Devices(ndev) : Status::kInvalidArgument; });
+               [&] { return ndev ? backend().devices(ndev) : Status::kInvalidArgument; });
 }
-dqNetResult Accept(void* listen_comm, void** recv_comm, dqNetDeviceHandle** /*dev_handle*/) {
-  return Guard("accept", [&] { return Backend().Accept(listen_comm, recv_comm); });
+dqNetResult accept(void* listen_comm, void** recv_comm, dqNetDeviceHandle** /*dev_handle*/) {
+  return Guard("accept", [&] { return backend().accept(listen_comm, recv_comm); });
 }
-dqNetResult RegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
-  return Guard("regMr", [&] { return Backend().RegMr(comm, data, size, type, mhandle); });
+dqNetResult reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return Guard("regMr", [&] { return backend().reg_mr(comm, data, size, type, mhandle); });
 }
-dqNetResult RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
-                        void** mhandle) {
+dqNetResult reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                           void** mhandle) {
   return Guard("regMrDmaBuf", [&] {
-    return mhandle ? Backend().RegMrDmaBuf(comm, data, size, type, offset, fd, mhandle)
+    return mhandle ? backend().reg_mr_dma_buf(comm, data, size, type, offset, fd, mhandle)
                    : Status::kInvalidArgument;
   });
 }
-dqNetResult DeregMr(void* comm, void* mhandle) {
-  return Guard("deregMr", [&] { return Backend().DeregMr(comm, mhandle); });
+dqNetResult dereg_mr(void* comm, void* mhandle) {
+  return Guard("deregMr", [&] { return backend().dereg_mr(comm, mhandle); });
 }
-dqNetResult Iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
+dqNetResult iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
                    void** request) {
   return Guard("iflush", [&] {
     if (request == nullptr || (n > 0 && (data == nullptr || sizes == nullptr)))
       return Status::kInvalidArgument;
     *request = nullptr;
-    return Backend().Iflush(recv_comm, n, data, sizes, mhandles, request);
+    return backend().iflush(recv_comm, n, data, sizes, mhandles, request);
   });
 }
-dqNetResult Test(void* request, int* done, int* sizes) {
+dqNetResult test(void* request, int* done, int* sizes) {
   return Guard("test", [&] {
-    return done ? Backend().Test(request, done, sizes) : Status::kInvalidArgument;
+    return done ? backend().test(request, done, sizes) : Status::kInvalidArgument;
   });
 }
-dqNetResult CloseSend(void* c) {
-  return Guard("closeSend", [&] { return Backend().CloseSend(c); });
+dqNetResult close_send(void* c) {
+  return Guard("closeSend", [&] { return backend().close_send(c); });
 }
-dqNetResult CloseRecv(void* c) {
-  return Guard("closeRecv", [&] { return Backend().CloseRecv(c); });
+dqNetResult close_recv(void* c) {
+  return Guard("closeRecv", [&] { return backend().close_recv(c); });
 }
-dqNetResult CloseListen(void* c) {
-  return Guard("closeListen", [&] { return Backend().CloseListen(c); });
+dqNetResult close_listen(void* c) {
+  return Guard("closeListen", [&] { return backend().close_listen(c); });
 }
-dqNetResult MakeVDevice(int* d, dqNetVDeviceProps* props) {
+dqNetResult make_vdevice(int* d, dqNetVDeviceProps* props) {
   return Guard("makeVDevice", [&] {
     int ndev = 0;
-    DQ_CHECK(Backend().Devices(&ndev));
+    DQ_CHECK(backend().devices(&ndev));
     if (d == nullptr || props == nullptr || props->ndevs != 1 || props->devs[0] < 0 ||
         props->devs[0] >= ndev) {
       NET_WARN("makeVDevice: only single-device virtual NICs are supported (ndevs=%d)",
@@ -149,27 +149,27 @@ dqNetResult MakeVDevice(int* d, dqNetVDeviceProps* props) {
     return Status::kOk;
   });
 }
-dqNetResult IsendSized(void* send_comm, void* data, size_t size, int tag, void* mhandle,
-                       void** request) {
+dqNetResult isend_sized(void* send_comm, void* data, size_t size, int tag, void* mhandle,
+                        void** request) {
   return Guard("isend",
-               [&] { return Backend().Isend(send_comm, data, size, tag, mhandle, request); });
+               [&] { return backend().isend(send_comm, data, size, tag, mhandle, request); });
 }
-dqNetResult IrecvSized(void* recv_comm, int n, void** data, const size_t* sizes, int* tags,
-                       void** mhandles, void** request) {
+dqNetResult irecv_sized(void* recv_comm, int n, void** data, const size_t* sizes, int* tags,
+                        void** mhandles, void** request) {
   return Guard("irecv", [&] {
     if (data == nullptr || sizes == nullptr || tags == nullptr || request == nullptr) {
       return Status::kInvalidArgument;
     }
-    return Backend().Irecv(recv_comm, n, data, sizes, tags, mhandles, request);
+    return backend().irecv(recv_comm, n, data, sizes, tags, mhandles, request);
   });
 }
 
 // ---- v11 ----
-dqNetResult InitV11(void** ctx, uint64_t comm_id, dqNetCommConfig* config, dqNetLogger logger,
-                    dqNetProfilerCallback /*profiler*/) {
+dqNetResult init_v11(void** ctx, uint64_t comm_id, dqNetCommConfig* config, dqNetLogger logger,
+                     dqNetProfilerCallback /*profiler*/) {
   return Guard("init", [&] {
-    if (logger != nullptr) SetNetLogger(logger);
-    DQ_CHECK(Backend().Init());
+    if (logger != nullptr) set_net_logger(logger);
+    DQ_CHECK(backend().init());
     if (ctx != nullptr) {
       auto* c = new CommContext;
       c->comm_id = comm_id;
@@ -180,47 +180,47 @@ dqNetResult InitV11(void** ctx, uint64_t comm_id, dqNetCommConfig* config, dqNet
     return Status::kOk;
   });
 }
-dqNetResult GetPropertiesV11(int dev, dqNetPropertiesV11* props) {
+dqNetResult get_properties_v11(int dev, dqNetPropertiesV11* props) {
   return Guard("getProperties", [&] {
-    return props ? Backend().GetProperties(dev, props) : Status::kInvalidArgument;
+    return props ? backend().get_properties(dev, props) : Status::kInvalidArgument;
   });
 }
-dqNetResult ListenV11(void* ctx, int dev, void* handle, void** listen_comm) {
+dqNetResult listen_v11(void* ctx, int dev, void* handle, void** listen_comm) {
   return Guard("listen",
-               [&] { return Backend().Listen(ContextOf(ctx), dev, handle, listen_comm); });
+               [&] { return backend().listen(context_of(ctx), dev, handle, listen_comm); });
 }
-dqNetResult ConnectV11(void* ctx, int dev, void* handle, void** send_comm,
-                       dqNetDeviceHandle** /*dev_handle*/) {
+dqNetResult connect_v11(void* ctx, int dev, void* handle, void** send_comm,
+                        dqNetDeviceHandle** /*dev_handle*/) {
   return Guard("connect",
-               [&] { return Backend().Connect(ContextOf(ctx), dev, handle, send_comm); });
+               [&] { return backend().connect(context_of(ctx), dev, handle, send_comm); });
 }
-dqNetResult IsendV11(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
-                     void** request) {
-  return IsendSized(c, data, size, tag, mh, request);
+dqNetResult isend_v11(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
+                      void** request) {
+  return isend_sized(c, data, size, tag, mh, request);
 }
-dqNetResult IrecvV11(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
-                     void** /*phandles*/, void** request) {
-  return IrecvSized(c, n, data, sizes, tags, mh, request);
+dqNetResult irecv_v11(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
+                      void** /*phandles*/, void** request) {
+  return irecv_sized(c, n, data, sizes, tags, mh, request);
 }
-dqNetResult FinalizeV11(void* ctx) {
+dqNetResult finalize_v11(void* ctx) {
   delete static_cast<CommContext*>(ctx);
   return dqNetSuccess;
 }
-dqNetResult SetNetAttrV11(void* /*ctx*/, dqNetAttr* /*attr*/) {
+dqNetResult set_net_attr_v11(void* /*ctx*/, dqNetAttr* /*attr*/) {
   return dqNetSuccess;
 }
 
 // ---- v10 / v9 / v8 adapters ----
-dqNetResult InitV10(dqNetLogger logger, dqNetProfilerCallback profiler) {
-  return InitV11(nullptr, 0, nullptr, logger, profiler);
+dqNetResult init_v10(dqNetLogger logger, dqNetProfilerCallback profiler) {
+  return init_v11(nullptr, 0, nullptr, logger, profiler);
 }
-dqNetResult InitV9(dqNetLogger logger) {
-  return InitV11(nullptr, 0, nullptr, logger, nullptr);
+dqNetResult init_v9(dqNetLogger logger) {
+  return init_v11(nullptr, 0, nullptr, logger, nullptr);
 }
 
-dqNetResult GetPropertiesV10(int dev, dqNetPropertiesV10* out) {
+dqNetResult get_properties_v10(int dev, dqNetPropertiesV10* out) {
   dqNetPropertiesV11 p;
-  dqNetResult r = GetPropertiesV11(dev, out ? &p : nullptr);
+  dqNetResult r = get_properties_v11(dev, out ? &p : nullptr);
   if (r != dqNetSuccess) return r;
   out->name = p.name;
   out->pciPath = p.pciPath;
@@ -240,9 +240,9 @@ dqNetResult GetPropertiesV10(int dev, dqNetPropertiesV10* out) {
   out->maxCollBytes = p.maxCollBytes;
   return dqNetSuccess;
 }
-dqNetResult GetPropertiesV8(int dev, dqNetPropertiesV8* out) {
+dqNetResult get_properties_v8(int dev, dqNetPropertiesV8* out) {
   dqNetPropertiesV11 p;
-  dqNetResult r = GetPropertiesV11(dev, out ? &p : nullptr);
+  dqNetResult r = get_properties_v11(dev, out ? &p : nullptr);
   if (r != dqNetSuccess) return r;
   out->name = p.name;
   out->pciPath = p.pciPath;
@@ -258,39 +258,40 @@ dqNetResult GetPropertiesV8(int dev, dqNetPropertiesV8* out) {
   out->netDeviceVersion = p.netDeviceVersion;
   return dqNetSuccess;
 }
-dqNetResult ListenOld(int dev, void* handle, void** listen_comm) {
-  return ListenV11(nullptr, dev, handle, listen_comm);
+dqNetResult listen_old(int dev, void* handle, void** listen_comm) {
+  return listen_v11(nullptr, dev, handle, listen_comm);
 }
-dqNetResult ConnectV10(int dev, dqNetCommConfig* /*config*/, void* handle, void** send_comm,
-                       dqNetDeviceHandle** dh) {
-  return ConnectV11(nullptr, dev, handle, send_comm, dh);
+dqNetResult connect_v10(int dev, dqNetCommConfig* /*config*/, void* handle, void** send_comm,
+                        dqNetDeviceHandle** dh) {
+  return connect_v11(nullptr, dev, handle, send_comm, dh);
 }
-dqNetResult ConnectOld(int dev, void* handle, void** send_comm, dqNetDeviceHandle** dh) {
-  return ConnectV11(nullptr, dev, handle, send_comm, dh);
+dqNetResult connect_old(int dev, void* handle, void** send_comm, dqNetDeviceHandle** dh) {
+  return connect_v11(nullptr, dev, handle, send_comm, dh);
 }
-dqNetResult IsendV10(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
+dqNetResult isend_v10(void* c, void* data, size_t size, int tag, void* mh, void* /*phandle*/,
+                      void** request) {
+  return isend_sized(c, data, size, tag, mh, request);
+}
+dqNetResult irecv_v10(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
+                      void** /*phandles*/, void** request) {
+  return irecv_sized(c, n, data, sizes, tags, mh, request);
+}
+dqNetResult isend_v9(void* c, void* data, size_t size, int tag, void* mh, void** request) {
+  return isend_sized(c, data, size, tag, mh, request);
+}
+dqNetResult irecv_v9(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
                      void** request) {
-  return IsendSized(c, data, size, tag, mh, request);
+  return irecv_sized(c, n, data, sizes, tags, mh, request);
 }
-dqNetResult IrecvV10(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
-                     void** /*phandles*/, void** request) {
-  return IrecvSized(c, n, data, sizes, tags, mh, request);
-}
-dqNetResult IsendV9(void* c, void* data, size_t size, int tag, void* mh, void** request) {
-  return IsendSized(c, data, size, tag, mh, request);
-}
-dqNetResult IrecvV9(void* c, int n, void** data, size_t* sizes, int* tags, void** mh,
-                    void** request) {
-  return IrecvSized(c, n, data, sizes, tags, mh, request);
-}
-dqNetResult IsendV8(void* c, void* data, int size, int tag, void* mh, void** request) {
+dqNetResult isend_v8(void* c, void* data, int size, int tag, void* mh, void** request) {
   if (size < 0) {
     NET_WARN("isend: negative size %d", size);
     return dqNetInvalidArgument;
   }
-  return IsendSized(c, data, static_cast<size_t>(size), tag, mh, request);
+  return isend_sized(c, data, static_cast<size_t>(size), tag, mh, request);
 }
-dqNetResult IrecvV8(void* c, int n, void** data, int* sizes, int* tags, void** mh, void** request) {
+dqNetResult irecv_v8(void* c, int n, void** data, int* sizes, int* tags, void** mh,
+                     void** request) {
   if (n < 1 || n > kMaxGroupedRecvs || sizes == nullptr) {
     NET_WARN("irecv: %d grouped receives (maxRecvs is %d)", n, kMaxGroupedRecvs);
     return dqNetInvalidArgument;
@@ -303,60 +304,62 @@ dqNetResult IrecvV8(void* c, int n, void** data, int* sizes, int* tags, void** m
     }
     wide[i] = static_cast<size_t>(sizes[i]);
   }
-  return IrecvSized(c, n, data, wide, tags, mh, request);
+  return irecv_sized(c, n, data, wide, tags, mh, request);
 }
 
 constexpr const char* kName = "dynamiq";
 
 }  // namespace
 
-const dqNetV11& NetTableV11() {
+const dqNetV11& net_table_v11() {
   static const dqNetV11 table = {kName,
-                                 InitV11,
-                                 Devices,
-                                 GetPropertiesV11,
-                                 ListenV11,
-                                 ConnectV11,
-                                 Accept,
-                                 RegMr,
-                                 RegMrDmaBuf,
-                                 DeregMr,
-                                 IsendV11,
-                                 IrecvV11,
-                                 Iflush,
-                                 Test,
-                                 CloseSend,
-                                 CloseRecv,
-                                 CloseListen,
+                                 init_v11,
+                                 devices,
+                                 get_properties_v11,
+                                 listen_v11,
+                                 connect_v11,
+                                 accept,
+                                 reg_mr,
+                                 reg_mr_dma_buf,
+                                 dereg_mr,
+                                 isend_v11,
+                                 irecv_v11,
+                                 iflush,
+                                 test,
+                                 close_send,
+                                 close_recv,
+                                 close_listen,
                                  /*getDeviceMr=*/nullptr,
                                  /*irecvConsumed=*/nullptr,
-                                 MakeVDevice,
-                                 FinalizeV11,
-                                 SetNetAttrV11};
+                                 make_vdevice,
+                                 finalize_v11,
+                                 set_net_attr_v11};
   return table;
 }
 
-const dqNetV10& NetTableV10() {
-  static const dqNetV10 table = {
-      kName,     InitV10,     Devices,     GetPropertiesV10, ListenOld, ConnectV10, Accept,
-      RegMr,     RegMrDmaBuf, DeregMr,     IsendV10,         IrecvV10,  Iflush,     Test,
-      CloseSend, CloseRecv,   CloseListen, nullptr,          nullptr,   MakeVDevice};
+const dqNetV10& net_table_v10() {
+  static const dqNetV10 table = {kName,          init_v10,    devices,    get_properties_v10,
+                                 listen_old,     connect_v10, accept,     reg_mr,
+                                 reg_mr_dma_buf, dereg_mr,    isend_v10,  irecv_v10,
+                                 iflush,         test,        close_send, close_recv,
+                                 close_listen,   nullptr,     nullptr,    make_vdevice};
   return table;
 }
 
-const dqNetV9& NetTableV9() {
-  static const dqNetV9 table = {
-      kName,     InitV9,      Devices,     GetPropertiesV10, ListenOld, ConnectOld, Accept,
-      RegMr,     RegMrDmaBuf, DeregMr,     IsendV9,          IrecvV9,   Iflush,     Test,
-      CloseSend, CloseRecv,   CloseListen, nullptr,          nullptr,   MakeVDevice};
+const dqNetV9& net_table_v9() {
+  static const dqNetV9 table = {kName,          init_v9,     devices,    get_properties_v10,
+                                listen_old,     connect_old, accept,     reg_mr,
+                                reg_mr_dma_buf, dereg_mr,    isend_v9,   irecv_v9,
+                                iflush,         test,        close_send, close_recv,
+                                close_listen,   nullptr,     nullptr,    make_vdevice};
   return table;
 }
 
-const dqNetV8& NetTableV8() {
+const dqNetV8& net_table_v8() {
   static const dqNetV8 table = {
-      kName,     InitV9,      Devices,     GetPropertiesV8, ListenOld, ConnectOld, Accept,
-      RegMr,     RegMrDmaBuf, DeregMr,     IsendV8,         IrecvV8,   Iflush,     Test,
-      CloseSend, CloseRecv,   CloseListen, nullptr,         nullptr};
+      kName,      init_v9,        devices,      get_properties_v8, listen_old, connect_old, accept,
+      reg_mr,     reg_mr_dma_buf, dereg_mr,     isend_v8,          irecv_v8,   iflush,      test,
+      close_send, close_recv,     close_listen, nullptr,           nullptr};
   return table;
 }
 

@@ -7,9 +7,9 @@
 
 namespace dq::net {
 
-const dqNetV11& NetTableV11();
-const dqNetV10& NetTableV10();
-const dqNetV9& NetTableV9();
-const dqNetV8& NetTableV8();
+const dqNetV11& net_table_v11();
+const dqNetV10& net_table_v10();
+const dqNetV9& net_table_v9();
+const dqNetV8& net_table_v8();
 
 }  // namespace dq::net

@@ -20,10 +20,10 @@
 //    RDMA WRITE WITH IMMEDIATE of an 8-byte size record into the receiver's record array at
 //    [slot][entry] (RC keeps the two in order);
 //  - a connection has 1..kMaxQps queue pairs (DYNAMIQ_NET_IB_QPS): a message of at least
-//    2 x kMinStripeBytes is cut into StripeCount contiguous stripes, stripe i written on QP i and
+//    2 x kMinStripeBytes is cut into stripe_count contiguous stripes, stripe i written on QP i and
 //    ended there by its own WRITE WITH IMMEDIATE (QP 0's carries the size record, the others are
 //    zero-length), because RC orders the writes of one QP only;
-//  - every immediate is StripeImm(slot * kMaxGroupedRecvs + entry, stripes): the receiver counts
+//  - every immediate is stripe_imm(slot * kMaxGroupedRecvs + entry, stripes): the receiver counts
 //    one per stripe, each from a different QP (StripeTracker), and the entry is complete when all
 //    have arrived; the record gives the size, with kOversize set when the payload did not fit
 //    (then nothing was written).
@@ -70,14 +70,14 @@ struct FifoSlot {
   uint32_t n;                     // grouped receives in this slot, 1..kMaxGroupedRecvs
   uint32_t reserved;              // zero
   uint64_t seq;                   // receive index + 1
-  uint64_t check;                 // SlotCheck of everything above
+  uint64_t check;                 // slot_check of everything above
 };
 static_assert(sizeof(FifoSlot) == 24 * kMaxGroupedRecvs + 24);
 
 // Check word of a slot: every 8-byte word before `check`, each folded in with splitmix64's
 // finalizer, so a slot that mixes two postings' bytes (or a torn word) matches with probability
 // about 2^-64. Plain words in, so the caller can run it on a snapshot.
-inline uint64_t SlotCheck(const uint64_t* words, size_t nwords) {
+inline uint64_t slot_check(const uint64_t* words, size_t nwords) {
   uint64_t h = 0x6479'6e61'6d69'7121ull;  // any constant; "dynamiq!"
   for (size_t i = 0; i < nwords; ++i) {
     uint64_t z = h ^ words[i];
@@ -113,7 +113,7 @@ struct Ctl {
 static_assert(sizeof(Ctl) == 120 + sizeof(wire::Handle));
 
 // Why a Ctl is refused, or nullptr when it is well formed and of kind `want`.
-inline const char* CheckCtl(const Ctl& c, uint16_t want) {
+inline const char* check_ctl(const Ctl& c, uint16_t want) {
   if (c.magic != kCtlMagic || c.version != kVersion) return "not a dynamiq verbs control message";
   if (c.kind != want) return "unexpected control message kind";
   if (want == kBye) return nullptr;
@@ -139,15 +139,15 @@ inline const char* CheckCtl(const Ctl& c, uint16_t want) {
 
 // Stripes of a message of `size` bytes on a connection of `nqps` QPs: one per kMinStripeBytes,
 // at least 1, at most nqps.
-inline uint32_t StripeCount(uint64_t size, uint32_t nqps) {
+inline uint32_t stripe_count(uint64_t size, uint32_t nqps) {
   const uint64_t k = size / kMinStripeBytes;
   return static_cast<uint32_t>(k < 1 ? 1 : (k < nqps ? k : nqps));
 }
 
 // Bytes [*offset, *offset + *length) of stripe i of k: equal parts, rounded up to 4 KiB pages,
 // the last one shorter. With size >= k * kMinStripeBytes no stripe is empty.
-inline void StripeRange(uint64_t size, uint32_t k, uint32_t i, uint64_t* offset,
-                        uint64_t* length) {
+inline void stripe_range(uint64_t size, uint32_t k, uint32_t i, uint64_t* offset,
+                         uint64_t* length) {
   uint64_t part = (size + k - 1) / k;
   part = (part + 4095) & ~uint64_t{4095};
   const uint64_t begin = i * part < size ? i * part : size;
@@ -157,10 +157,10 @@ inline void StripeRange(uint64_t size, uint32_t k, uint32_t i, uint64_t* offset,
 }
 
 // Immediate of every stripe of entry `index` (slot * kMaxGroupedRecvs + entry, < 2^16).
-inline uint32_t StripeImm(uint32_t index, uint32_t stripes) { return index | (stripes << 16); }
+inline uint32_t stripe_imm(uint32_t index, uint32_t stripes) { return index | (stripes << 16); }
 static_assert(kFifoDepth * kMaxGroupedRecvs <= (1u << 16), "entry index must fit 16 bits");
-inline uint32_t ImmIndex(uint32_t imm) { return imm & 0xffff; }
-inline uint32_t ImmStripes(uint32_t imm) { return imm >> 16; }
+inline uint32_t imm_index(uint32_t imm) { return imm & 0xffff; }
+inline uint32_t imm_stripes(uint32_t imm) { return imm >> 16; }
 
 // The receiver's count of one entry's stripes: each arrives once, from its own QP, and all carry
 // the same stripe count.
@@ -170,7 +170,7 @@ struct StripeTracker {
 
   // Takes the stripe that arrived on QP `qp` of a connection of `nqps` QPs, announcing
   // `stripes`. nullptr when taken (*complete: every stripe is in), else why it is refused.
-  const char* Take(uint32_t qp, uint32_t stripes_announced, uint32_t nqps, bool* complete) {
+  const char* take(uint32_t qp, uint32_t stripes_announced, uint32_t nqps, bool* complete) {
     *complete = false;
     if (stripes_announced < 1 || stripes_announced > nqps) return "stripe count out of range";
     if (stripes != 0 && stripes != stripes_announced) return "stripe count differs between stripes";

@@ -17,13 +17,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t MsSince(Clock::time_point t) {
+int64_t ms_since(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
 }  // namespace
 
-bool ConfigureDataSocket(int fd) {
+bool configure_data_socket(int fd) {
   int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) return false;
   if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return false;
@@ -37,8 +37,8 @@ bool ConfigureDataSocket(int fd) {
   return true;
 }
 
-IoEnd ReadFull(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bool>& stop,
-               int64_t stall_ms, bool* began, int* err) {
+IoEnd read_full(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bool>& stop,
+                int64_t stall_ms, bool* began, int* err) {
   char* p = static_cast<char*>(buf);
   size_t got = 0;
   Clock::time_point last_progress = Clock::now();
@@ -57,7 +57,7 @@ IoEnd ReadFull(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bo
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (stop.load()) return IoEnd::kStopped;
-      if ((got > 0 || !idle_ok) && MsSince(last_progress) > stall_ms) return IoEnd::kTimeout;
+      if ((got > 0 || !idle_ok) && ms_since(last_progress) > stall_ms) return IoEnd::kTimeout;
       continue;
     }
     *err = errno;
@@ -66,8 +66,8 @@ IoEnd ReadFull(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bo
   return IoEnd::kDone;
 }
 
-IoEnd WriteFull(int fd, const void* head, size_t head_len, const void* body, size_t body_len,
-                const std::atomic<bool>& stop, int64_t stall_ms, int* err) {
+IoEnd write_full(int fd, const void* head, size_t head_len, const void* body, size_t body_len,
+                 const std::atomic<bool>& stop, int64_t stall_ms, int* err) {
   iovec iov[2];
   iov[0].iov_base = const_cast<void*>(head);
   iov[0].iov_len = head_len;
@@ -99,7 +99,7 @@ IoEnd WriteFull(int fd, const void* head, size_t head_len, const void* body, siz
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       if (stop.load()) return IoEnd::kStopped;
-      if (MsSince(last_progress) > stall_ms) return IoEnd::kTimeout;
+      if (ms_since(last_progress) > stall_ms) return IoEnd::kTimeout;
       continue;
     }
     *err = n < 0 ? errno : EPIPE;
@@ -108,7 +108,7 @@ IoEnd WriteFull(int fd, const void* head, size_t head_len, const void* body, siz
   return IoEnd::kDone;
 }
 
-const char* IoEndName(IoEnd end) {
+const char* io_end_name(IoEnd end) {
   switch (end) {
     case IoEnd::kDone:
       return "done";
@@ -124,7 +124,7 @@ const char* IoEndName(IoEnd end) {
   return "?";
 }
 
-uint64_t RandomU64() {
+uint64_t random_u64() {
   uint64_t v = 0;
   // getrandom on 8 bytes never returns short once the pool is initialised; retry a few times.
   for (int attempt = 0; attempt < 16 && v == 0; ++attempt) {

@@ -22,20 +22,20 @@ enum class IoEnd {
 inline constexpr int kPollSliceMs = 250;
 
 // Blocking mode, TCP_NODELAY, CLOEXEC, send/receive timeouts of one slice.
-bool ConfigureDataSocket(int fd);
+bool configure_data_socket(int fd);
 
 // Reads exactly `len` bytes. While nothing has been read yet and `idle_ok`, waiting is not a
 // stall (an idle connection); *began tells whether any byte arrived.
-IoEnd ReadFull(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bool>& stop,
-               int64_t stall_ms, bool* began, int* err);
+IoEnd read_full(int fd, void* buf, size_t len, bool idle_ok, const std::atomic<bool>& stop,
+                int64_t stall_ms, bool* began, int* err);
 
 // Writes `head` then `body` (either may be empty) with MSG_NOSIGNAL.
-IoEnd WriteFull(int fd, const void* head, size_t head_len, const void* body, size_t body_len,
-                const std::atomic<bool>& stop, int64_t stall_ms, int* err);
+IoEnd write_full(int fd, const void* head, size_t head_len, const void* body, size_t body_len,
+                 const std::atomic<bool>& stop, int64_t stall_ms, int* err);
 
-const char* IoEndName(IoEnd end);
+const char* io_end_name(IoEnd end);
 
 // 64 random bits from the kernel (getrandom); never zero.
-uint64_t RandomU64();
+uint64_t random_u64();
 
 }  // namespace dq::net

@@ -5,7 +5,7 @@
 // handle's secret (and the communicator id where the ABI version provides one). Then:
 //  socket 0 carries, per message in send order, a MsgHeader followed by part 0 of the payload;
 //  socket k > 0 carries, for each message that has a part k, a PartHeader and part k.
-// SplitMessage() decides the parts from the size alone, so both ends agree without asking.
+// split_message() decides the parts from the size alone, so both ends agree without asking.
 #pragma once
 
 #include <algorithm>
@@ -72,14 +72,14 @@ static_assert(sizeof(PartHeader) == 32);
 struct Split {
   int parts;      // >= 1; part k travels on socket k
   size_t stripe;  // bytes per part (the last may be shorter)
-  size_t Offset(int k) const { return static_cast<size_t>(k) * stripe; }
-  size_t Len(int k, size_t size) const {
-    size_t off = Offset(k);
+  size_t offset(int k) const { return static_cast<size_t>(k) * stripe; }
+  size_t len(int k, size_t size) const {
+    size_t off = offset(k);
     return off >= size ? 0 : std::min(stripe, size - off);
   }
 };
 
-inline Split SplitMessage(size_t size, int nsocks) {
+inline Split split_message(size_t size, int nsocks) {
   Split s{1, size};
   if (nsocks > 1 && size >= 2 * kMinStripeBytes) {
     s.parts =

@@ -57,11 +57,11 @@ void handshake(Reader r, uint8_t mode) {
   int next_fd = 100;
   wire::Hello h{};
   while (r.take(&h)) {
-    if (wire::CheckHello(h, kSecret, has_id, kCommId) != wire::HelloCheck::kOk) continue;
+    if (wire::check_hello(h, kSecret, has_id, kCommId) != wire::HelloCheck::kOk) continue;
     check(h.nsocks >= 1 && h.nsocks <= wire::kMaxSocks && h.sock_index < h.nsocks);
     const int fd = next_fd++;
-    if (!wire::JoinGroup(&groups, h, "fuzz", fd)) continue;
-    // Accept(): a complete group becomes a receive connection.
+    if (!wire::join_group(&groups, h, "fuzz", fd)) continue;
+    // accept(): a complete group becomes a receive connection.
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       const auto& g = groups[gi];
       check(!g.fds.empty() && g.fds.size() <= static_cast<size_t>(wire::kMaxSocks));
@@ -96,16 +96,16 @@ void frames(Reader r, int nsocks) {
   while (more != 0 && r.take(&more) && more != 0) {
     wire::MsgHeader h{};
     if (!r.take(&h)) return;
-    if (wire::CheckMsgHeader(h, next_seq) != wire::MsgCheck::kOk) return;  // connection fails
+    if (wire::check_msg_header(h, next_seq) != wire::MsgCheck::kOk) return;  // connection fails
     check(h.size <= wire::kMaxMessageBytes && h.seq == next_seq);
     ++next_seq;
-    Msg m{h.size, wire::SplitMessage(h.size, nsocks), {}};
+    Msg m{h.size, wire::split_message(h.size, nsocks), {}};
     check(m.split.parts >= 1 && m.split.parts <= nsocks);
     // The parts tile the message: part k covers [k * stripe, min(size, (k+1) * stripe)).
     uint64_t covered = 0;
     for (int k = 0; k < m.split.parts; ++k) {
-      check(m.split.Offset(k) == covered || m.split.Len(k, h.size) == 0);
-      covered += m.split.Len(k, h.size);
+      check(m.split.offset(k) == covered || m.split.len(k, h.size) == 0);
+      covered += m.split.len(k, h.size);
     }
     check(covered == h.size);
     m.got.assign(m.split.parts, false);
@@ -120,11 +120,11 @@ void frames(Reader r, int nsocks) {
     const int k = 1 + pick % (nsocks - 1);
     wire::PartHeader h{};
     if (!r.take(&h)) return;
-    if (!wire::PartHeaderValid(h, k)) return;
+    if (!wire::part_header_valid(h, k)) return;
     auto it = active.find(h.seq);
     if (it == active.end()) return;  // not in flight (or waits for a header that never comes)
     Msg& m = it->second;
-    if (!wire::PartMatches(h, k, m.split, m.size, m.seen)) return;
+    if (!wire::part_matches(h, k, m.split, m.size, m.seen)) return;
     m.seen |= 1u << k;
     check(h.offset <= m.size && h.len <= m.size - h.offset);
     check(!m.got[static_cast<size_t>(k)]);  // a part arrives once: the next needs a new seq
@@ -142,7 +142,7 @@ void verbs_control(Reader r, uint8_t which) {
   ibwire::Ctl c{};
   if (!r.take(&c)) return;
   const uint16_t want = kinds[which % 3];
-  if (ibwire::CheckCtl(c, want) != nullptr || want == ibwire::kBye) return;
+  if (ibwire::check_ctl(c, want) != nullptr || want == ibwire::kBye) return;
   check(c.nqps >= 1 && c.nqps <= ibwire::kMaxQps);
   for (uint32_t i = 0; i < ibwire::kMaxQps; ++i) {
     if (i < c.nqps) {
@@ -160,10 +160,10 @@ void verbs_stripes(Reader r, uint32_t nqps) {
   uint32_t imm = 0;
   while (r.take(&qp) && r.take(&imm)) {
     bool complete = false;
-    if (t.Take(qp, ibwire::ImmStripes(imm), nqps, &complete) != nullptr) continue;  // refused
+    if (t.take(qp, ibwire::imm_stripes(imm), nqps, &complete) != nullptr) continue;  // refused
     check(qp < nqps && ((taken >> qp) & 1u) == 0);
     taken |= 1u << qp;
-    const uint32_t stripes = ibwire::ImmStripes(imm);
+    const uint32_t stripes = ibwire::imm_stripes(imm);
     check(complete == (static_cast<uint32_t>(__builtin_popcount(taken)) == stripes));
     if (complete) return;  // the backend marks the entry received: later immediates are refused
   }
@@ -190,7 +190,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     default: {
       wire::Handle h{};
-      if (r.take(&h) && wire::HandleValid(h)) check(h.nsocks >= 1 && h.nsocks <= wire::kMaxSocks);
+      if (r.take(&h) && wire::handle_valid(h)) check(h.nsocks >= 1 && h.nsocks <= wire::kMaxSocks);
       break;
     }
   }

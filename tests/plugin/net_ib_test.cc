@@ -18,7 +18,7 @@ namespace dq::net::testing {
 namespace {
 
 // Active ports from sysfs (the kernel's view, independent of the plugin): "dev:port" list.
-std::vector<std::string> ActiveVerbsPorts() {
+std::vector<std::string> active_verbs_ports() {
   std::vector<std::string> out;
   DIR* d = opendir("/sys/class/infiniband");
   if (d == nullptr) return out;
@@ -37,17 +37,17 @@ std::vector<std::string> ActiveVerbsPorts() {
   return out;
 }
 
-bool HaveVerbs() {
-  return !ActiveVerbsPorts().empty();
+bool have_verbs() {
+  return !active_verbs_ports().empty();
 }
 
 class NetIbTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PluginLib& pl = PluginLib::Get();
+    PluginLib& pl = PluginLib::get();
     ASSERT_NE(pl.lib, nullptr) << pl.error;
     net_ = pl.v11;
-    ASSERT_EQ(net_->init(&ctx_, 0x5151ull, nullptr, &LogCapture::Logger, nullptr), dqNetSuccess);
+    ASSERT_EQ(net_->init(&ctx_, 0x5151ull, nullptr, &LogCapture::logger, nullptr), dqNetSuccess);
   }
   void TearDown() override {
     if (sc_ != nullptr) {
@@ -61,9 +61,9 @@ class NetIbTest : public ::testing::Test {
     }
     EXPECT_EQ(net_->finalize(ctx_), dqNetSuccess);
   }
-  void Connect() {
+  void connect() {
     ASSERT_EQ(net_->listen(ctx_, 0, handle_, &lc_), dqNetSuccess);
-    ASSERT_TRUE(ConnectPair(net_, ctx_, lc_, handle_, &sc_, &rc_));
+    ASSERT_TRUE(connect_pair(net_, ctx_, lc_, handle_, &sc_, &rc_));
   }
   const dqNetV11* net_ = nullptr;
   void* ctx_ = nullptr;
@@ -80,7 +80,7 @@ TEST_F(NetIbTest, ChosenBackendMatchesTheMachine) {
   ASSERT_EQ(net_->getProperties(0, &p), dqNetSuccess);
   ASSERT_NE(p.name, nullptr);
   const std::string name = p.name;
-  if (HaveVerbs()) {
+  if (have_verbs()) {
     std::ifstream dev("/sys/class/infiniband/" + name + "/ports/" + std::to_string(p.port) +
                       "/state");
     EXPECT_TRUE(dev.good()) << name << " port " << p.port << " is not a verbs port";
@@ -91,14 +91,14 @@ TEST_F(NetIbTest, ChosenBackendMatchesTheMachine) {
   } else {
     std::ifstream netdev("/sys/class/net/" + name + "/operstate");
     EXPECT_TRUE(netdev.good()) << name << " is not a network interface (socket fallback)";
-    EXPECT_TRUE(LogCapture::Contains("DYNAMIQ_NET_BACKEND=ib", "using socket"));
+    EXPECT_TRUE(LogCapture::contains("DYNAMIQ_NET_BACKEND=ib", "using socket"));
   }
 }
 
 TEST_F(NetIbTest, FallbackStillMovesData) {
-  Connect();
+  connect();
   std::vector<char> out(300001), in(300001);
-  Fill(out, 17);
+  fill(out, 17);
   void* data = in.data();
   size_t cap = in.size();
   int tag = 3;
@@ -111,9 +111,9 @@ TEST_F(NetIbTest, FallbackStillMovesData) {
   ASSERT_NE(sreq, nullptr);
   int done = 0;
   int size = 0;
-  ASSERT_EQ(WaitRequest(net_, sreq, &size, &done, 20), dqNetSuccess);
+  ASSERT_EQ(wait_request(net_, sreq, &size, &done, 20), dqNetSuccess);
   ASSERT_EQ(done, 1);
-  ASSERT_EQ(WaitRequest(net_, rreq, &size, &done, 20), dqNetSuccess);
+  ASSERT_EQ(wait_request(net_, rreq, &size, &done, 20), dqNetSuccess);
   ASSERT_EQ(done, 1);
   EXPECT_EQ(size, 300001);
   EXPECT_EQ(in, out);
@@ -122,8 +122,8 @@ TEST_F(NetIbTest, FallbackStillMovesData) {
 // Registered buffers (NCCL's path: regMr once, then many requests) over RC QPs, sizes from
 // 0 B to 32 MiB, every receive larger than its message.
 TEST_F(NetIbTest, RegisteredBuffersAllSizes) {
-  if (!HaveVerbs()) GTEST_SKIP() << "no active verbs port";
-  Connect();
+  if (!have_verbs()) GTEST_SKIP() << "no active verbs port";
+  connect();
   const size_t kMax = 32u << 20;
   std::vector<char> out(kMax), in(kMax + 64);
   void* smh = nullptr;
@@ -135,7 +135,7 @@ TEST_F(NetIbTest, RegisteredBuffersAllSizes) {
   // 512 KiB up to the QP count, the last stripe shorter).
   for (size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{(1u << 20) - 1},
                       size_t{1u << 20}, size_t{(3u << 19) + 7}, size_t{(4u << 20) + 3}, kMax}) {
-    Fill(out, static_cast<uint32_t>(size));
+    fill(out, static_cast<uint32_t>(size));
     std::fill(in.begin(), in.end(), 0x5a);
     void* data = in.data();
     size_t cap = size + 64;
@@ -149,12 +149,12 @@ TEST_F(NetIbTest, RegisteredBuffersAllSizes) {
     ASSERT_NE(sreq, nullptr);
     int done = 0;
     int got = -1;
-    ASSERT_EQ(WaitRequest(net_, sreq, &got, &done, 60), dqNetSuccess);
+    ASSERT_EQ(wait_request(net_, sreq, &got, &done, 60), dqNetSuccess);
     ASSERT_EQ(done, 1);
-    ASSERT_EQ(WaitRequest(net_, rreq, &got, &done, 60), dqNetSuccess);
+    ASSERT_EQ(wait_request(net_, rreq, &got, &done, 60), dqNetSuccess);
     ASSERT_EQ(done, 1) << size;
     EXPECT_EQ(got, static_cast<int>(size));
-    EXPECT_TRUE(SameBytes(in.data(), out.data(), size)) << size;
+    EXPECT_TRUE(same_bytes(in.data(), out.data(), size)) << size;
     EXPECT_EQ(in[size], 0x5a) << "wrote past the end for size " << size;
     ++tag;
   }
@@ -165,18 +165,18 @@ TEST_F(NetIbTest, RegisteredBuffersAllSizes) {
 // Every connection has the queue pairs the connecting side asked for (DYNAMIQ_NET_IB_QPS), and
 // both ends say so: "verbs connected: DEV -> QP n (+k striped)".
 TEST_F(NetIbTest, ConnectionsHaveTheQueuePairsAsked) {
-  if (!HaveVerbs()) GTEST_SKIP() << "no active verbs port";
+  if (!have_verbs()) GTEST_SKIP() << "no active verbs port";
   const char* env = std::getenv("DYNAMIQ_NET_IB_QPS");
   const int qps = env != nullptr ? std::atoi(env) : 1;
-  LogCapture::Clear();
-  Connect();
-  EXPECT_EQ(LogCapture::CountInfo("verbs connected:", " -> QP "), 1);
+  LogCapture::clear();
+  connect();
+  EXPECT_EQ(LogCapture::count_info("verbs connected:", " -> QP "), 1);
   if (qps > 1) {
     const std::string striped = "(+" + std::to_string(qps - 1) + " striped)";
-    EXPECT_EQ(LogCapture::CountInfo("verbs connected:", striped), 1) << striped;
-    EXPECT_EQ(LogCapture::CountInfo("<- QP ", striped), 1) << "the accepting side: " << striped;
+    EXPECT_EQ(LogCapture::count_info("verbs connected:", striped), 1) << striped;
+    EXPECT_EQ(LogCapture::count_info("<- QP ", striped), 1) << "the accepting side: " << striped;
   } else {
-    EXPECT_EQ(LogCapture::CountInfo("", "striped"), 0);
+    EXPECT_EQ(LogCapture::count_info("", "striped"), 0);
   }
 }
 
@@ -185,7 +185,7 @@ TEST_F(NetIbTest, ConnectionsHaveTheQueuePairsAsked) {
 // registrations the device cannot take are refused with an error (never a crash), host memory
 // through regMrDmaBuf is an ordinary registration, and a receive into host memory needs no
 // flush (NULL request) unless DYNAMIQ_NET_IB_GDR=flush-all.
-bool PeerMemoryLoaded() {
+bool peer_memory_loaded() {
   for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
                            "/sys/module/nvidia_peermem/version", "/sys/module/nvidia_peermem"}) {
     std::ifstream f(path);
@@ -194,16 +194,15 @@ bool PeerMemoryLoaded() {
   return false;
 }
 
-bool FlushAll() {
+bool flush_all() {
   const char* v = std::getenv("DYNAMIQ_NET_IB_GDR");
   return v != nullptr && std::string(v) == "flush-all";
 }
 
 // One registered 1 MiB message from sc_ to rc_ into `in` (registered as *rmh).
-void Transfer(const dqNetV11* net, void* sc, void* rc, std::vector<char>* in, void** rmh,
-              int tag) {
+void transfer(const dqNetV11* net, void* sc, void* rc, std::vector<char>* in, void** rmh, int tag) {
   std::vector<char> out(in->size());
-  Fill(out, static_cast<uint32_t>(tag));
+  fill(out, static_cast<uint32_t>(tag));
   void* smh = nullptr;
   ASSERT_EQ(net->regMr(sc, out.data(), out.size(), NCCL_PTR_HOST, &smh), dqNetSuccess);
   void* data = in->data();
@@ -218,29 +217,29 @@ void Transfer(const dqNetV11* net, void* sc, void* rc, std::vector<char>* in, vo
   ASSERT_NE(sreq, nullptr);
   int done = 0;
   int got = -1;
-  ASSERT_EQ(WaitRequest(net, sreq, &got, &done, 60), dqNetSuccess);
-  ASSERT_EQ(WaitRequest(net, rreq, &got, &done, 60), dqNetSuccess);
+  ASSERT_EQ(wait_request(net, sreq, &got, &done, 60), dqNetSuccess);
+  ASSERT_EQ(wait_request(net, rreq, &got, &done, 60), dqNetSuccess);
   ASSERT_EQ(done, 1);
   EXPECT_EQ(*in, out);
   EXPECT_EQ(net->deregMr(sc, smh), dqNetSuccess);
 }
 
 TEST_F(NetIbTest, GpuDirectAdvertisedOnlyWhereTheMachineHasIt) {
-  if (!HaveVerbs()) GTEST_SKIP() << "no active verbs port";
+  if (!have_verbs()) GTEST_SKIP() << "no active verbs port";
   dqNetPropertiesV11 p{};
   ASSERT_EQ(net_->getProperties(0, &p), dqNetSuccess);
   EXPECT_NE(p.ptrSupport & NCCL_PTR_HOST, 0);
-  EXPECT_EQ((p.ptrSupport & NCCL_PTR_CUDA) != 0, PeerMemoryLoaded()) << p.ptrSupport;
-  EXPECT_EQ(p.forceFlush, FlushAll() ? 1 : 0);
+  EXPECT_EQ((p.ptrSupport & NCCL_PTR_CUDA) != 0, peer_memory_loaded()) << p.ptrSupport;
+  EXPECT_EQ(p.forceFlush, flush_all() ? 1 : 0);
   std::printf("ptrSupport %d (DMA-BUF %s), forceFlush %d\n", p.ptrSupport,
               (p.ptrSupport & NCCL_PTR_DMABUF) ? "yes" : "no", p.forceFlush);
-  Connect();
+  connect();
   std::vector<char> buf(1 << 20);
   void* mh = nullptr;
   if ((p.ptrSupport & NCCL_PTR_CUDA) == 0) {
     EXPECT_NE(net_->regMr(rc_, buf.data(), buf.size(), NCCL_PTR_CUDA, &mh), dqNetSuccess);
     EXPECT_EQ(mh, nullptr);
-    EXPECT_TRUE(LogCapture::Contains("regMr: memory type", "not supported"));
+    EXPECT_TRUE(LogCapture::contains("regMr: memory type", "not supported"));
   }
   if ((p.ptrSupport & NCCL_PTR_DMABUF) == 0) {
     EXPECT_NE(net_->regMrDmaBuf(rc_, buf.data(), buf.size(), NCCL_PTR_CUDA, 0, 3, &mh),
@@ -251,15 +250,15 @@ TEST_F(NetIbTest, GpuDirectAdvertisedOnlyWhereTheMachineHasIt) {
   ASSERT_EQ(net_->regMrDmaBuf(rc_, buf.data(), buf.size(), NCCL_PTR_HOST, 0, -1, &mh),
             dqNetSuccess);
   ASSERT_NE(mh, nullptr);
-  Transfer(net_, sc_, rc_, &buf, &mh, 7);
+  transfer(net_, sc_, rc_, &buf, &mh, 7);
   void* data = buf.data();
   int size = static_cast<int>(buf.size());
   void* freq = reinterpret_cast<void*>(1);
   ASSERT_EQ(net_->iflush(rc_, 1, &data, &size, &mh, &freq), dqNetSuccess);
-  if (!FlushAll()) EXPECT_EQ(freq, nullptr) << "a host receive needs no flush";
+  if (!flush_all()) EXPECT_EQ(freq, nullptr) << "a host receive needs no flush";
   if (freq != nullptr) {
     int done = 0;
-    ASSERT_EQ(WaitRequest(net_, freq, nullptr, &done, 20), dqNetSuccess);
+    ASSERT_EQ(wait_request(net_, freq, nullptr, &done, 20), dqNetSuccess);
   }
   EXPECT_EQ(net_->deregMr(rc_, mh), dqNetSuccess);
 }
@@ -269,23 +268,23 @@ TEST_F(NetIbTest, GpuDirectAdvertisedOnlyWhereTheMachineHasIt) {
 // READ of each buffer; grouped buffers, repeated flushes, and a buffer outside its registration
 // refused.
 TEST_F(NetIbTest, FlushAllReadsBackEveryReceive) {
-  if (!HaveVerbs()) GTEST_SKIP() << "no active verbs port";
-  if (!FlushAll()) GTEST_SKIP() << "needs DYNAMIQ_NET_IB_GDR=flush-all (rdma_net_ib_flush)";
-  Connect();
+  if (!have_verbs()) GTEST_SKIP() << "no active verbs port";
+  if (!flush_all()) GTEST_SKIP() << "needs DYNAMIQ_NET_IB_GDR=flush-all (rdma_net_ib_flush)";
+  connect();
   std::vector<char> a(1 << 20), b(1 << 20);
   void* mh[2] = {nullptr, nullptr};
   ASSERT_EQ(net_->regMr(rc_, a.data(), a.size(), NCCL_PTR_HOST, &mh[0]), dqNetSuccess);
   ASSERT_EQ(net_->regMr(rc_, b.data(), b.size(), NCCL_PTR_HOST, &mh[1]), dqNetSuccess);
   for (int round = 0; round < 20; ++round) {
-    Transfer(net_, sc_, rc_, &a, &mh[0], 2 * round);
-    Transfer(net_, sc_, rc_, &b, &mh[1], 2 * round + 1);
+    transfer(net_, sc_, rc_, &a, &mh[0], 2 * round);
+    transfer(net_, sc_, rc_, &b, &mh[1], 2 * round + 1);
     void* data[2] = {a.data(), b.data()};
     int sizes[2] = {static_cast<int>(a.size()), round % 2 ? 0 : static_cast<int>(b.size())};
     void* freq = nullptr;
     ASSERT_EQ(net_->iflush(rc_, 2, data, sizes, mh, &freq), dqNetSuccess);
     ASSERT_NE(freq, nullptr) << "round " << round;
     int done = 0;
-    ASSERT_EQ(WaitRequest(net_, freq, nullptr, &done, 20), dqNetSuccess);
+    ASSERT_EQ(wait_request(net_, freq, nullptr, &done, 20), dqNetSuccess);
     ASSERT_EQ(done, 1);
   }
   // Nothing received (sizes 0): nothing to flush.
@@ -313,7 +312,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--require-device") == 0) require = true;
   }
-  if (require && !dq::net::testing::HaveVerbs()) {
+  if (require && !dq::net::testing::have_verbs()) {
     std::printf("SKIP: no active verbs port in /sys/class/infiniband (run it in tests/vm)\n");
     return 77;
   }

@@ -19,107 +19,107 @@ namespace {
 
 using dq::net::testing::Clock;
 using dq::net::testing::PluginLib;
-using dq::net::testing::SecondsSince;
+using dq::net::testing::seconds_since;
 
 constexpr int kDataTag = 0;
 constexpr int kEndTag = 1;
 
-void Die(const char* what) {
+void die(const char* what) {
   std::fprintf(stderr, "net_loopback_bench: %s\n", what);
   std::exit(2);
 }
 
 // One test() call; while nothing completes, nap briefly instead of spinning so that the
 // plugin's I/O threads keep the CPU (the machine may have only a couple of cores).
-bool Poll(const dqNetV11* net, void* req, int* size, bool* failed = nullptr) {
+bool poll_request(const dqNetV11* net, void* req, int* size, bool* failed = nullptr) {
   int done = 0;
   if (net->test(req, &done, size) != dqNetSuccess) {
-    if (failed == nullptr) Die("a request failed");
+    if (failed == nullptr) die("a request failed");
     *failed = true;
     return false;
   }
   return done != 0;
 }
 
-void Nap() {
+void nap() {
   std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 // The buffer's memory handle when `reg` (regMr once, as NCCL does), else nullptr.
-void* Register(const dqNetV11* net, bool reg, void* comm, void* data, size_t size) {
+void* register_buffer(const dqNetV11* net, bool reg, void* comm, void* data, size_t size) {
   void* mh = nullptr;
-  if (reg && net->regMr(comm, data, size, NCCL_PTR_HOST, &mh) != dqNetSuccess) Die("regMr failed");
+  if (reg && net->regMr(comm, data, size, NCCL_PTR_HOST, &mh) != dqNetSuccess) die("regMr failed");
   return mh;
 }
 
-void RunSender(const dqNetV11* net, void* ctx, char* handle, size_t size, int inflight,
-               double seconds, bool reg, int done_fd) {
+void run_sender(const dqNetV11* net, void* ctx, char* handle, size_t size, int inflight,
+                double seconds, bool reg, int done_fd) {
   void* sc = nullptr;
   Clock::time_point t = Clock::now();
-  while (sc == nullptr && SecondsSince(t) < 30) {
-    if (net->connect(ctx, 0, handle, &sc, nullptr) != dqNetSuccess) Die("connect failed");
+  while (sc == nullptr && seconds_since(t) < 30) {
+    if (net->connect(ctx, 0, handle, &sc, nullptr) != dqNetSuccess) die("connect failed");
   }
-  if (sc == nullptr) Die("connect timed out");
+  if (sc == nullptr) die("connect timed out");
   std::vector<char> buf(size, 'x');
-  void* mh = Register(net, reg, sc, buf.data(), size);
+  void* mh = register_buffer(net, reg, sc, buf.data(), size);
   std::deque<void*> window;
   t = Clock::now();
   // Bounded by `seconds` (plus the time to drain at most `inflight` messages).
-  while (SecondsSince(t) < seconds) {
+  while (seconds_since(t) < seconds) {
     while (static_cast<int>(window.size()) < inflight) {
       void* req = nullptr;
       if (net->isend(sc, buf.data(), size, kDataTag, mh, nullptr, &req) != dqNetSuccess) {
-        Die("isend failed");
+        die("isend failed");
       }
       if (req == nullptr) break;
       window.push_back(req);
     }
     if (!window.empty()) {
-      if (Poll(net, window.front(), nullptr)) {
+      if (poll_request(net, window.front(), nullptr)) {
         window.pop_front();
       } else {
-        Nap();
+        nap();
       }
     }
   }
   while (!window.empty()) {
-    if (Poll(net, window.front(), nullptr)) {
+    if (poll_request(net, window.front(), nullptr)) {
       window.pop_front();
     } else {
-      Nap();
+      nap();
     }
   }
   void* end = nullptr;
   while (end == nullptr) {
     if (net->isend(sc, buf.data(), 0, kEndTag, nullptr, nullptr, &end) != dqNetSuccess) {
-      Die("isend failed");
+      die("isend failed");
     }
   }
-  while (!Poll(net, end, nullptr)) Nap();
+  while (!poll_request(net, end, nullptr)) nap();
   // Close only after the receiver has closed: its still-posted receives would fail otherwise.
   char byte = 0;
-  if (read(done_fd, &byte, 1) != 1) Die("receiver vanished");
+  if (read(done_fd, &byte, 1) != 1) die("receiver vanished");
   if (mh != nullptr) net->deregMr(sc, mh);
   net->closeSend(sc);
 }
 
-double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, bool reg,
-                   int done_fd) {
+double run_receiver(const dqNetV11* net, void* lc, size_t size, int inflight, bool reg,
+                    int done_fd) {
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
-  while (rc == nullptr && SecondsSince(t) < 30) {
-    if (net->accept(lc, &rc, nullptr) != dqNetSuccess) Die("accept failed");
+  while (rc == nullptr && seconds_since(t) < 30) {
+    if (net->accept(lc, &rc, nullptr) != dqNetSuccess) die("accept failed");
   }
-  if (rc == nullptr) Die("accept timed out");
+  if (rc == nullptr) die("accept timed out");
   std::vector<std::vector<char>> bufs(static_cast<size_t>(inflight), std::vector<char>(size));
   std::vector<void*> mhs;
-  for (auto& b : bufs) mhs.push_back(Register(net, reg, rc, b.data(), size));
+  for (auto& b : bufs) mhs.push_back(register_buffer(net, reg, rc, b.data(), size));
   auto post = [&](int tag, void* data, size_t cap, void* mh) {
     void* req = nullptr;
     int tag_copy = tag;
     while (req == nullptr) {
       if (net->irecv(rc, 1, &data, &cap, &tag_copy, &mh, nullptr, &req) != dqNetSuccess) {
-        Die("irecv failed");
+        die("irecv failed");
       }
     }
     return req;
@@ -138,9 +138,9 @@ double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, boo
     int got = 0;
     bool failed = false;
     // After the end marker the sender closes; the still-posted receives then fail, by design.
-    if (Poll(net, end_req, nullptr)) break;
-    if (Poll(net, window.front().first, &got, &failed)) {
-      if (static_cast<size_t>(got) != size) Die("short message");
+    if (poll_request(net, end_req, nullptr)) break;
+    if (poll_request(net, window.front().first, &got, &failed)) {
+      if (static_cast<size_t>(got) != size) die("short message");
       last = Clock::now();
       if (completed == 0) first = last;
       ++completed;
@@ -151,16 +151,16 @@ double RunReceiver(const dqNetV11* net, void* lc, size_t size, int inflight, boo
           idx);
       continue;
     }
-    if (failed) Die("a receive failed before the end marker");
-    Nap();
+    if (failed) die("a receive failed before the end marker");
+    nap();
   }
   for (void* mh : mhs) {
     if (mh != nullptr) net->deregMr(rc, mh);
   }
   net->closeRecv(rc);
-  if (write(done_fd, "x", 1) != 1) Die("cannot signal the sender");
+  if (write(done_fd, "x", 1) != 1) die("cannot signal the sender");
   double secs = std::chrono::duration<double>(last - first).count();
-  if (completed < 2 || secs <= 0) Die("too few messages to time");
+  if (completed < 2 || secs <= 0) die("too few messages to time");
   // The first completion starts the clock, so it is not counted.
   return static_cast<double>(completed - 1) * static_cast<double>(size) * 8 / secs / 1e9;
 }
@@ -183,34 +183,34 @@ int main(int argc, char** argv) {
     else if (a == "--register")
       reg = std::atoi(argv[i + 1]) != 0;
     else
-      Die("unknown option (use --size, --inflight, --seconds, --register)");
+      die("unknown option (use --size, --inflight, --seconds, --register)");
   }
   if (size == 0 || inflight < 1 || inflight > NCCL_NET_MAX_REQUESTS || seconds <= 0) {
-    Die("bad arguments");
+    die("bad arguments");
   }
-  PluginLib& pl = PluginLib::Get();
-  if (pl.v11 == nullptr) Die(pl.error.c_str());
+  PluginLib& pl = PluginLib::get();
+  if (pl.v11 == nullptr) die(pl.error.c_str());
   const dqNetV11* net = pl.v11;
   void* ctx = nullptr;
-  if (net->init(&ctx, 7, nullptr, nullptr, nullptr) != dqNetSuccess) Die("init failed");
+  if (net->init(&ctx, 7, nullptr, nullptr, nullptr) != dqNetSuccess) die("init failed");
   char handle[NCCL_NET_HANDLE_MAXSIZE];
   void* lc = nullptr;
-  if (net->listen(ctx, 0, handle, &lc) != dqNetSuccess) Die("listen failed");
+  if (net->listen(ctx, 0, handle, &lc) != dqNetSuccess) die("listen failed");
   std::fflush(stdout);
   int done_pipe[2];
-  if (pipe(done_pipe) != 0) Die("pipe failed");
+  if (pipe(done_pipe) != 0) die("pipe failed");
   pid_t pid = fork();
-  if (pid < 0) Die("fork failed");
+  if (pid < 0) die("fork failed");
   if (pid == 0) {
     close(done_pipe[1]);
-    RunSender(net, ctx, handle, size, inflight, seconds, reg, done_pipe[0]);
+    run_sender(net, ctx, handle, size, inflight, seconds, reg, done_pipe[0]);
     _exit(0);
   }
   close(done_pipe[0]);
-  double gbps = RunReceiver(net, lc, size, inflight, reg, done_pipe[1]);
+  double gbps = run_receiver(net, lc, size, inflight, reg, done_pipe[1]);
   int status = 0;
   waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("sender failed");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("sender failed");
   const char* nsocks = std::getenv("DYNAMIQ_NET_NSOCKS");
   std::printf("dynamiq-net loopback size=%zu inflight=%d nsocks=%s registered=%d gbps=%.3f\n",
               size, inflight, nsocks != nullptr ? nsocks : "default", reg ? 1 : 0, gbps);

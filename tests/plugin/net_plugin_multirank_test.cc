@@ -15,28 +15,28 @@ namespace {
 
 constexpr double kFailBoundS = 5.0;  // survivor must see an error within this
 
-const dqNetV11* Net() {
-  PluginLib& pl = PluginLib::Get();
+const dqNetV11* plugin_net() {
+  PluginLib& pl = PluginLib::get();
   return pl.v11;
 }
 
 // Child-side helpers return 0 on success, a distinct code per failure (no gtest in children).
-int ChildConnect(const char* handle, void** sc) {
-  const dqNetV11* net = Net();
+int child_connect(const char* handle, void** sc) {
+  const dqNetV11* net = plugin_net();
   void* ctx = nullptr;
   if (net->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) return 10;
   char h[NCCL_NET_HANDLE_MAXSIZE];
   std::memcpy(h, handle, sizeof(h));
   *sc = nullptr;
   Clock::time_point t = Clock::now();
-  while (*sc == nullptr && SecondsSince(t) < 10) {
+  while (*sc == nullptr && seconds_since(t) < 10) {
     if (net->connect(ctx, 0, h, sc, nullptr) != dqNetSuccess) return 11;
   }
   return *sc != nullptr ? 0 : 12;
 }
 
-int ChildSendAndWait(void* sc, std::vector<char>& buf, int tag) {
-  const dqNetV11* net = Net();
+int child_send_and_wait(void* sc, std::vector<char>& buf, int tag) {
+  const dqNetV11* net = plugin_net();
   void* req = nullptr;
   for (int i = 0; i < 1000 && req == nullptr; ++i) {
     if (net->isend(sc, buf.data(), buf.size(), tag, nullptr, nullptr, &req) != dqNetSuccess) {
@@ -45,32 +45,32 @@ int ChildSendAndWait(void* sc, std::vector<char>& buf, int tag) {
   }
   if (req == nullptr) return 21;
   int done = 0;
-  if (WaitRequest(net, req, nullptr, &done, 60) != dqNetSuccess || !done) return 22;
+  if (wait_request(net, req, nullptr, &done, 60) != dqNetSuccess || !done) return 22;
   return 0;
 }
 
-void* AcceptOne(void* lc, double limit_s = 10) {
+void* accept_one(void* lc, double limit_s = 10) {
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
-  while (rc == nullptr && SecondsSince(t) < limit_s) {
-    if (Net()->accept(lc, &rc, nullptr) != dqNetSuccess) return nullptr;
+  while (rc == nullptr && seconds_since(t) < limit_s) {
+    if (plugin_net()->accept(lc, &rc, nullptr) != dqNetSuccess) return nullptr;
     if (rc == nullptr) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return rc;
 }
 
-void* PostRecv(void* rc, std::vector<char>& buf, int tag) {
+void* post_recv(void* rc, std::vector<char>& buf, int tag) {
   void* data = buf.data();
   size_t size = buf.size();
   void* req = nullptr;
-  EXPECT_EQ(Net()->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &req), dqNetSuccess);
+  EXPECT_EQ(plugin_net()->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &req), dqNetSuccess);
   return req;
 }
 
-int WaitChild(pid_t pid) {
+int wait_child(pid_t pid) {
   int status = 0;
   Clock::time_point t = Clock::now();
-  while (SecondsSince(t) < 60) {
+  while (seconds_since(t) < 60) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -83,13 +83,13 @@ int WaitChild(pid_t pid) {
 class MultiRank : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_NE(PluginLib::Get().lib, nullptr) << PluginLib::Get().error;
-    ASSERT_EQ(Net()->init(&ctx_, 42, nullptr, &LogCapture::Logger, nullptr), dqNetSuccess);
-    ASSERT_EQ(Net()->listen(ctx_, 0, handle_, &lc_), dqNetSuccess);
+    ASSERT_NE(PluginLib::get().lib, nullptr) << PluginLib::get().error;
+    ASSERT_EQ(plugin_net()->init(&ctx_, 42, nullptr, &LogCapture::logger, nullptr), dqNetSuccess);
+    ASSERT_EQ(plugin_net()->listen(ctx_, 0, handle_, &lc_), dqNetSuccess);
   }
   void TearDown() override {
-    if (lc_ != nullptr) Net()->closeListen(lc_);
-    Net()->finalize(ctx_);
+    if (lc_ != nullptr) plugin_net()->closeListen(lc_);
+    plugin_net()->finalize(ctx_);
   }
   void* ctx_ = nullptr;
   void* lc_ = nullptr;
@@ -104,70 +104,72 @@ TEST_F(MultiRank, TwoProcessesExchangeBothWays) {
   if (pid == 0) {
     close(pipefd[0]);
     void* sc = nullptr;
-    int rc = ChildConnect(handle_, &sc);
+    int rc = child_connect(handle_, &sc);
     if (rc != 0) _exit(rc);
     // Child's own listen for the way back; its handle travels over the pipe.
     void* ctx = nullptr;
     void* lc = nullptr;
     char back[NCCL_NET_HANDLE_MAXSIZE];
-    if (Net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(30);
-    if (Net()->listen(ctx, 0, back, &lc) != dqNetSuccess) _exit(31);
+    if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(30);
+    if (plugin_net()->listen(ctx, 0, back, &lc) != dqNetSuccess) _exit(31);
     if (write(pipefd[1], back, sizeof(back)) != static_cast<ssize_t>(sizeof(back))) _exit(32);
     for (size_t size : {size_t{0}, size_t{1}, size_t{(1u << 20) + 3}, size_t{64u << 20}}) {
       std::vector<char> buf(size);
-      Fill(buf, static_cast<uint32_t>(size) + 1);
-      if ((rc = ChildSendAndWait(sc, buf, static_cast<int>(size % 1000))) != 0) _exit(rc);
+      fill(buf, static_cast<uint32_t>(size) + 1);
+      if ((rc = child_send_and_wait(sc, buf, static_cast<int>(size % 1000))) != 0) _exit(rc);
     }
-    void* rcomm = AcceptOne(lc);
+    void* rcomm = accept_one(lc);
     if (rcomm == nullptr) _exit(33);
     std::vector<char> echo(3u << 20);
-    void* req = PostRecv(rcomm, echo, 77);
+    void* req = post_recv(rcomm, echo, 77);
     int done = 0;
     int got = 0;
-    if (req == nullptr || WaitRequest(Net(), req, &got, &done, 60) != dqNetSuccess || !done) {
+    if (req == nullptr || wait_request(plugin_net(), req, &got, &done, 60) != dqNetSuccess ||
+        !done) {
       _exit(34);
     }
     std::vector<char> expect(3u << 20);
-    Fill(expect, 777);
+    fill(expect, 777);
     if (got != static_cast<int>(expect.size()) || echo != expect) _exit(35);
-    Net()->closeSend(sc);
-    Net()->closeRecv(rcomm);
-    Net()->closeListen(lc);
+    plugin_net()->closeSend(sc);
+    plugin_net()->closeRecv(rcomm);
+    plugin_net()->closeListen(lc);
     _exit(0);
   }
   close(pipefd[1]);
-  void* rc = AcceptOne(lc_);
+  void* rc = accept_one(lc_);
   ASSERT_NE(rc, nullptr);
   for (size_t size : {size_t{0}, size_t{1}, size_t{(1u << 20) + 3}, size_t{64u << 20}}) {
     std::vector<char> in(size + 8, 0x11), expect(size);
-    Fill(expect, static_cast<uint32_t>(size) + 1);
-    void* req = PostRecv(rc, in, static_cast<int>(size % 1000));
+    fill(expect, static_cast<uint32_t>(size) + 1);
+    void* req = post_recv(rc, in, static_cast<int>(size % 1000));
     ASSERT_NE(req, nullptr);
     int done = 0;
     int got = -1;
-    ASSERT_EQ(WaitRequest(Net(), req, &got, &done, 60), dqNetSuccess);
+    ASSERT_EQ(wait_request(plugin_net(), req, &got, &done, 60), dqNetSuccess);
     ASSERT_EQ(done, 1);
     EXPECT_EQ(got, static_cast<int>(size));
-    EXPECT_TRUE(SameBytes(in.data(), expect.data(), size)) << size;
+    EXPECT_TRUE(same_bytes(in.data(), expect.data(), size)) << size;
   }
   char back[NCCL_NET_HANDLE_MAXSIZE];
   ASSERT_EQ(read(pipefd[0], back, sizeof(back)), static_cast<ssize_t>(sizeof(back)));
   close(pipefd[0]);
   void* sc = nullptr;
   Clock::time_point t = Clock::now();
-  while (sc == nullptr && SecondsSince(t) < 10) {
-    ASSERT_EQ(Net()->connect(ctx_, 0, back, &sc, nullptr), dqNetSuccess);
+  while (sc == nullptr && seconds_since(t) < 10) {
+    ASSERT_EQ(plugin_net()->connect(ctx_, 0, back, &sc, nullptr), dqNetSuccess);
   }
   ASSERT_NE(sc, nullptr);
   std::vector<char> out(3u << 20);
-  Fill(out, 777);
+  fill(out, 777);
   void* sreq = nullptr;
-  ASSERT_EQ(Net()->isend(sc, out.data(), out.size(), 77, nullptr, nullptr, &sreq), dqNetSuccess);
+  ASSERT_EQ(plugin_net()->isend(sc, out.data(), out.size(), 77, nullptr, nullptr, &sreq),
+            dqNetSuccess);
   int done = 0;
-  ASSERT_EQ(WaitRequest(Net(), sreq, nullptr, &done, 60), dqNetSuccess);
-  EXPECT_EQ(WaitChild(pid), 0);
-  Net()->closeSend(sc);
-  Net()->closeRecv(rc);
+  ASSERT_EQ(wait_request(plugin_net(), sreq, nullptr, &done, 60), dqNetSuccess);
+  EXPECT_EQ(wait_child(pid), 0);
+  plugin_net()->closeSend(sc);
+  plugin_net()->closeRecv(rc);
 }
 
 TEST_F(MultiRank, KilledSenderFailsPendingReceivesQuickly) {
@@ -175,49 +177,49 @@ TEST_F(MultiRank, KilledSenderFailsPendingReceivesQuickly) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     void* sc = nullptr;
-    int rc = ChildConnect(handle_, &sc);
+    int rc = child_connect(handle_, &sc);
     if (rc != 0) _exit(rc);
     std::vector<char> first(1u << 20, 'a');
-    if ((rc = ChildSendAndWait(sc, first, 1)) != 0) _exit(rc);
+    if ((rc = child_send_and_wait(sc, first, 1)) != 0) _exit(rc);
     // Start a large message and then hang until killed.
     std::vector<char> big(256u << 20, 'b');
     void* req = nullptr;
-    Net()->isend(sc, big.data(), big.size(), 2, nullptr, nullptr, &req);
+    plugin_net()->isend(sc, big.data(), big.size(), 2, nullptr, nullptr, &req);
     pause();
     _exit(0);
   }
-  void* rc = AcceptOne(lc_);
+  void* rc = accept_one(lc_);
   ASSERT_NE(rc, nullptr);
   std::vector<char> first(1u << 20);
-  void* r1 = PostRecv(rc, first, 1);
+  void* r1 = post_recv(rc, first, 1);
   int done = 0;
-  ASSERT_EQ(WaitRequest(Net(), r1, nullptr, &done, 30), dqNetSuccess);
+  ASSERT_EQ(wait_request(plugin_net(), r1, nullptr, &done, 30), dqNetSuccess);
   ASSERT_EQ(done, 1);
   EXPECT_EQ(first, std::vector<char>(1u << 20, 'a'));
   std::vector<char> big(256u << 20);
   std::vector<char> never(100);
-  void* r2 = PostRecv(rc, big, 2);
-  void* r3 = PostRecv(rc, never, 3);  // a tag the peer never sends
+  void* r2 = post_recv(rc, big, 2);
+  void* r3 = post_recv(rc, never, 3);  // a tag the peer never sends
   ASSERT_NE(r2, nullptr);
   ASSERT_NE(r3, nullptr);
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   Clock::time_point t = Clock::now();
   // The big one may or may not have made it; the never-sent one must fail.
-  dqNetResult res2 = WaitRequest(Net(), r2, nullptr, &done, kFailBoundS + 1);
+  dqNetResult res2 = wait_request(plugin_net(), r2, nullptr, &done, kFailBoundS + 1);
   EXPECT_TRUE(res2 != dqNetSuccess || done == 1) << "request neither finished nor failed";
-  dqNetResult res3 = WaitRequest(Net(), r3, nullptr, &done, kFailBoundS + 1);
+  dqNetResult res3 = wait_request(plugin_net(), r3, nullptr, &done, kFailBoundS + 1);
   EXPECT_NE(res3, dqNetSuccess);
   EXPECT_EQ(done, 0);
-  EXPECT_LT(SecondsSince(t), kFailBoundS);
+  EXPECT_LT(seconds_since(t), kFailBoundS);
   // A later receive fails at once.
   void* data = never.data();
   size_t size = never.size();
   int tag = 4;
   void* r4 = nullptr;
-  EXPECT_NE(Net()->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &r4), dqNetSuccess);
-  EXPECT_EQ(WaitChild(pid), 128 + SIGKILL);
-  Net()->closeRecv(rc);
+  EXPECT_NE(plugin_net()->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &r4), dqNetSuccess);
+  EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
+  plugin_net()->closeRecv(rc);
 }
 
 TEST_F(MultiRank, KilledReceiverFailsSenderQuickly) {
@@ -231,15 +233,16 @@ TEST_F(MultiRank, KilledReceiverFailsSenderQuickly) {
     void* ctx = nullptr;
     void* lc = nullptr;
     char h[NCCL_NET_HANDLE_MAXSIZE];
-    if (Net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(40);
-    if (Net()->listen(ctx, 0, h, &lc) != dqNetSuccess) _exit(41);
+    if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(40);
+    if (plugin_net()->listen(ctx, 0, h, &lc) != dqNetSuccess) _exit(41);
     if (write(pipefd[1], h, sizeof(h)) != static_cast<ssize_t>(sizeof(h))) _exit(42);
-    void* rc = AcceptOne(lc);
+    void* rc = accept_one(lc);
     if (rc == nullptr) _exit(43);
     std::vector<char> buf(8u << 20);
-    void* req = PostRecv(rc, buf, 1);
+    void* req = post_recv(rc, buf, 1);
     int done = 0;
-    if (req == nullptr || WaitRequest(Net(), req, nullptr, &done, 60) != dqNetSuccess) _exit(44);
+    if (req == nullptr || wait_request(plugin_net(), req, nullptr, &done, 60) != dqNetSuccess)
+      _exit(44);
     pause();  // receive nothing more; wait to be killed
     _exit(0);
   }
@@ -249,38 +252,39 @@ TEST_F(MultiRank, KilledReceiverFailsSenderQuickly) {
   close(pipefd[0]);
   void* sc = nullptr;
   Clock::time_point t = Clock::now();
-  while (sc == nullptr && SecondsSince(t) < 10) {
-    ASSERT_EQ(Net()->connect(ctx_, 0, h, &sc, nullptr), dqNetSuccess);
+  while (sc == nullptr && seconds_since(t) < 10) {
+    ASSERT_EQ(plugin_net()->connect(ctx_, 0, h, &sc, nullptr), dqNetSuccess);
   }
   ASSERT_NE(sc, nullptr);
   std::vector<char> out(8u << 20, 'z');
   void* req = nullptr;
-  ASSERT_EQ(Net()->isend(sc, out.data(), out.size(), 1, nullptr, nullptr, &req), dqNetSuccess);
+  ASSERT_EQ(plugin_net()->isend(sc, out.data(), out.size(), 1, nullptr, nullptr, &req),
+            dqNetSuccess);
   int done = 0;
-  ASSERT_EQ(WaitRequest(Net(), req, nullptr, &done, 30), dqNetSuccess);
+  ASSERT_EQ(wait_request(plugin_net(), req, nullptr, &done, 30), dqNetSuccess);
   ASSERT_EQ(done, 1);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
-  EXPECT_EQ(WaitChild(pid), 128 + SIGKILL);
+  EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
   // Keep sending: within the bound, isend or test must report the dead peer.
   t = Clock::now();
   bool failed = false;
-  while (!failed && SecondsSince(t) < kFailBoundS) {
+  while (!failed && seconds_since(t) < kFailBoundS) {
     void* r = nullptr;
-    if (Net()->isend(sc, out.data(), out.size(), 2, nullptr, nullptr, &r) != dqNetSuccess) {
+    if (plugin_net()->isend(sc, out.data(), out.size(), 2, nullptr, nullptr, &r) != dqNetSuccess) {
       failed = true;
       break;
     }
     if (r == nullptr) continue;
-    dqNetResult res = WaitRequest(Net(), r, nullptr, &done, kFailBoundS);
+    dqNetResult res = wait_request(plugin_net(), r, nullptr, &done, kFailBoundS);
     failed = res != dqNetSuccess;
   }
   EXPECT_TRUE(failed) << "sending to a killed peer never failed";
-  EXPECT_LT(SecondsSince(t), kFailBoundS);
-  Net()->closeSend(sc);
+  EXPECT_LT(seconds_since(t), kFailBoundS);
+  plugin_net()->closeSend(sc);
 }
 
 TEST_F(MultiRank, ForeignProcessWithForgedHandleIsRefused) {
-  LogCapture::Clear();
+  LogCapture::clear();
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -291,20 +295,20 @@ TEST_F(MultiRank, ForeignProcessWithForgedHandleIsRefused) {
     h.secret = ~h.secret;
     std::memcpy(forged, &h, sizeof(h));
     void* sc = nullptr;
-    int rc = ChildConnect(forged, &sc);
+    int rc = child_connect(forged, &sc);
     if (rc != 0) _exit(rc);
     std::vector<char> evil(4096, 'E');
     void* req = nullptr;
-    Net()->isend(sc, evil.data(), evil.size(), 5, nullptr, nullptr, &req);
+    plugin_net()->isend(sc, evil.data(), evil.size(), 5, nullptr, nullptr, &req);
     std::this_thread::sleep_for(std::chrono::seconds(2));
     _exit(0);
   }
   // Nothing is accepted from the forger.
-  void* rc = AcceptOne(lc_, 1.5);
+  void* rc = accept_one(lc_, 1.5);
   EXPECT_EQ(rc, nullptr);
-  EXPECT_TRUE(LogCapture::Contains("wrong secret", "127.0.0.1"));
-  EXPECT_EQ(WaitChild(pid), 0);
-  if (rc != nullptr) Net()->closeRecv(rc);
+  EXPECT_TRUE(LogCapture::contains("wrong secret", "127.0.0.1"));
+  EXPECT_EQ(wait_child(pid), 0);
+  if (rc != nullptr) plugin_net()->closeRecv(rc);
 }
 
 }  // namespace

@@ -20,11 +20,11 @@ namespace {
 class NetPluginTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PluginLib& pl = PluginLib::Get();
+    PluginLib& pl = PluginLib::get();
     ASSERT_NE(pl.lib, nullptr) << pl.error;
     net_ = pl.v11;
     ASSERT_NE(net_, nullptr);
-    ASSERT_EQ(net_->init(&ctx_, 0x1234abcdull, nullptr, &LogCapture::Logger, nullptr),
+    ASSERT_EQ(net_->init(&ctx_, 0x1234abcdull, nullptr, &LogCapture::logger, nullptr),
               dqNetSuccess);
     ASSERT_EQ(net_->listen(ctx_, 0, handle_, &listen_comm_), dqNetSuccess);
   }
@@ -42,10 +42,10 @@ class NetPluginTest : public ::testing::Test {
       EXPECT_EQ(net_->finalize(ctx_), dqNetSuccess);
     }
   }
-  void Connect() {
-    ASSERT_TRUE(ConnectPair(net_, ctx_, listen_comm_, handle_, &send_comm_, &recv_comm_));
+  void connect() {
+    ASSERT_TRUE(connect_pair(net_, ctx_, listen_comm_, handle_, &send_comm_, &recv_comm_));
   }
-  void* Send(std::vector<char>& buf, int tag) {
+  void* start_send(std::vector<char>& buf, int tag) {
     void* req = nullptr;
     for (int i = 0; i < 1000 && req == nullptr; ++i) {
       EXPECT_EQ(net_->isend(send_comm_, buf.data(), buf.size(), tag, nullptr, nullptr, &req),
@@ -54,7 +54,7 @@ class NetPluginTest : public ::testing::Test {
     EXPECT_NE(req, nullptr);
     return req;
   }
-  void* Recv(std::vector<char>& buf, int tag) {
+  void* start_recv(std::vector<char>& buf, int tag) {
     void* data = buf.data();
     size_t size = buf.size();
     void* req = nullptr;
@@ -62,10 +62,10 @@ class NetPluginTest : public ::testing::Test {
     EXPECT_NE(req, nullptr);
     return req;
   }
-  void Finish(void* req, int expected_size) {
+  void finish(void* req, int expected_size) {
     int done = 0;
     int size = -1;
-    ASSERT_EQ(WaitRequest(net_, req, &size, &done), dqNetSuccess);
+    ASSERT_EQ(wait_request(net_, req, &size, &done), dqNetSuccess);
     ASSERT_EQ(done, 1);
     EXPECT_EQ(size, expected_size);
   }
@@ -79,7 +79,7 @@ class NetPluginTest : public ::testing::Test {
 };
 
 TEST(NetPluginAbi, ExportsEveryVersionAndHidesInternals) {
-  PluginLib& pl = PluginLib::Get();
+  PluginLib& pl = PluginLib::get();
   ASSERT_NE(pl.lib, nullptr) << pl.error;
   ASSERT_NE(pl.v11, nullptr);
   ASSERT_NE(pl.v10, nullptr);
@@ -97,31 +97,31 @@ TEST(NetPluginAbi, ExportsEveryVersionAndHidesInternals) {
 }
 
 TEST(NetPluginEnv, IfnamePrefixMatching) {
-  EXPECT_TRUE(IfnameMatches("", "eth0"));
-  EXPECT_TRUE(IfnameMatches("eth", "eth0"));
-  EXPECT_FALSE(IfnameMatches("eth", "lo"));
-  EXPECT_TRUE(IfnameMatches("ib,lo", "lo"));
-  EXPECT_FALSE(IfnameMatches("^lo,docker", "lo"));
-  EXPECT_TRUE(IfnameMatches("^lo,docker", "eth0"));
-  EXPECT_FALSE(IfnameMatches("=eth", "eth0"));
-  EXPECT_TRUE(IfnameMatches("=eth0", "eth0"));
-  EXPECT_FALSE(IfnameMatches("^=eth0", "eth0"));
+  EXPECT_TRUE(ifname_matches("", "eth0"));
+  EXPECT_TRUE(ifname_matches("eth", "eth0"));
+  EXPECT_FALSE(ifname_matches("eth", "lo"));
+  EXPECT_TRUE(ifname_matches("ib,lo", "lo"));
+  EXPECT_FALSE(ifname_matches("^lo,docker", "lo"));
+  EXPECT_TRUE(ifname_matches("^lo,docker", "eth0"));
+  EXPECT_FALSE(ifname_matches("=eth", "eth0"));
+  EXPECT_TRUE(ifname_matches("=eth0", "eth0"));
+  EXPECT_FALSE(ifname_matches("^=eth0", "eth0"));
 }
 
 TEST(NetPluginEnv, SplitCoversTheMessageExactly) {
   for (size_t size : {size_t{0}, size_t{1}, size_t{131071}, size_t{131072}, size_t{4u << 20},
                       size_t{(256u << 20) + 7}}) {
     for (int nsocks = 1; nsocks <= wire::kMaxSocks; ++nsocks) {
-      wire::Split s = wire::SplitMessage(size, nsocks);
+      wire::Split s = wire::split_message(size, nsocks);
       ASSERT_GE(s.parts, 1);
       ASSERT_LE(s.parts, nsocks);
       size_t covered = 0;
       for (int k = 0; k < s.parts; ++k) {
-        EXPECT_EQ(s.Offset(k), covered);
+        EXPECT_EQ(s.offset(k), covered);
         if (size > 0) {
-          EXPECT_GT(s.Len(k, size), 0u) << size << " " << nsocks << " " << k;
+          EXPECT_GT(s.len(k, size), 0u) << size << " " << nsocks << " " << k;
         }
-        covered += s.Len(k, size);
+        covered += s.len(k, size);
       }
       EXPECT_EQ(covered, size);
     }
@@ -143,7 +143,7 @@ TEST_F(NetPluginTest, DeviceIsLoopbackWithHostProperties) {
   EXPECT_EQ(p.vProps.devs[0], 0);
   EXPECT_EQ(net_->getProperties(1, &p), dqNetInvalidArgument);
 
-  const PluginLib& pl = PluginLib::Get();
+  const PluginLib& pl = PluginLib::get();
   dqNetPropertiesV8 p8{};
   ASSERT_EQ(pl.v8->getProperties(0, &p8), dqNetSuccess);
   EXPECT_STREQ(p8.name, "lo");
@@ -168,8 +168,8 @@ TEST_F(NetPluginTest, HandleFitsAndConnectIsNonBlocking) {
   EXPECT_EQ(rc, nullptr);
   // A blocking accept would wait for a peer that never comes; 5 s tells the two apart even on a
   // loaded 2-core machine (was 0.5 s: a wall-clock figure, not a property).
-  EXPECT_LT(SecondsSince(t), 5.0);
-  Connect();
+  EXPECT_LT(seconds_since(t), 5.0);
+  connect();
   // A second listen draws a different secret.
   void* lc2 = nullptr;
   char handle2[NCCL_NET_HANDLE_MAXSIZE];
@@ -181,106 +181,106 @@ TEST_F(NetPluginTest, HandleFitsAndConnectIsNonBlocking) {
 }
 
 TEST_F(NetPluginTest, MessageSizesFromZeroTo256MiB) {
-  Connect();
+  connect();
   const size_t sizes[] = {0,        1,         7,         4096, 65535, 131075, (1u << 20) + 1,
                           4u << 20, 64u << 20, 256u << 20};
   int tag = 0;
   for (size_t size : sizes) {
     std::vector<char> out(size), in(size + 16, 0x5a);
-    Fill(out, static_cast<uint32_t>(size));
-    void* rreq = Recv(in, tag);
-    void* sreq = Send(out, tag);
-    Finish(sreq, static_cast<int>(size));
-    Finish(rreq, static_cast<int>(size));
-    EXPECT_TRUE(SameBytes(in.data(), out.data(), size)) << size;
+    fill(out, static_cast<uint32_t>(size));
+    void* rreq = start_recv(in, tag);
+    void* sreq = start_send(out, tag);
+    finish(sreq, static_cast<int>(size));
+    finish(rreq, static_cast<int>(size));
+    EXPECT_TRUE(same_bytes(in.data(), out.data(), size)) << size;
     EXPECT_EQ(in[size], 0x5a) << "wrote past the message end for size " << size;
     ++tag;
   }
 }
 
 TEST_F(NetPluginTest, OutOfOrderTagsMatchTheirOwnReceives) {
-  Connect();
+  connect();
   constexpr int kN = 8;
   std::vector<std::vector<char>> out(kN), in(kN);
   std::vector<void*> sreq(kN), rreq(kN);
   // Sends go out in tag order, including some sizes that use several sockets.
   for (int t = 0; t < kN; ++t) {
     out[t].resize(1000 + static_cast<size_t>(t) * 70000);
-    Fill(out[t], 100 + static_cast<uint32_t>(t));
+    fill(out[t], 100 + static_cast<uint32_t>(t));
     in[t].assign(out[t].size(), 0);
-    sreq[t] = Send(out[t], t);
+    sreq[t] = start_send(out[t], t);
   }
   // Let some of them arrive before any receive is posted (staged path).
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  for (int t = kN - 1; t >= 0; --t) rreq[t] = Recv(in[t], t);
+  for (int t = kN - 1; t >= 0; --t) rreq[t] = start_recv(in[t], t);
   for (int t = 0; t < kN; ++t) {
-    Finish(sreq[t], static_cast<int>(out[t].size()));
-    Finish(rreq[t], static_cast<int>(out[t].size()));
+    finish(sreq[t], static_cast<int>(out[t].size()));
+    finish(rreq[t], static_cast<int>(out[t].size()));
     EXPECT_EQ(in[t], out[t]) << "tag " << t;
   }
 }
 
 TEST_F(NetPluginTest, ReceivesPostedFirstInReverseTagOrder) {
-  Connect();
+  connect();
   constexpr int kN = 6;
   std::vector<std::vector<char>> out(kN), in(kN);
   std::vector<void*> sreq(kN), rreq(kN);
   for (int t = kN - 1; t >= 0; --t) {
     out[t].resize(5000 + static_cast<size_t>(t) * 90001);
-    Fill(out[t], 300 + static_cast<uint32_t>(t));
+    fill(out[t], 300 + static_cast<uint32_t>(t));
     in[t].assign(out[t].size(), 0);
-    rreq[t] = Recv(in[t], 20 + t);
+    rreq[t] = start_recv(in[t], 20 + t);
   }
-  for (int t = 0; t < kN; ++t) sreq[t] = Send(out[t], 20 + t);
+  for (int t = 0; t < kN; ++t) sreq[t] = start_send(out[t], 20 + t);
   for (int t = 0; t < kN; ++t) {
-    Finish(sreq[t], static_cast<int>(out[t].size()));
-    Finish(rreq[t], static_cast<int>(out[t].size()));
+    finish(sreq[t], static_cast<int>(out[t].size()));
+    finish(rreq[t], static_cast<int>(out[t].size()));
     EXPECT_EQ(in[t], out[t]) << "tag " << 20 + t;
   }
 }
 
 TEST_F(NetPluginTest, SameTagIsFifo) {
-  Connect();
+  connect();
   std::vector<std::vector<char>> out(5), in(5);
   std::vector<void*> rreq(5), sreq(5);
   for (int i = 0; i < 5; ++i) {
     in[i].assign(300000, 0);
-    rreq[i] = Recv(in[i], 7);
+    rreq[i] = start_recv(in[i], 7);
   }
   for (int i = 0; i < 5; ++i) {
     out[i].resize(300000 - static_cast<size_t>(i));
-    Fill(out[i], 900 + static_cast<uint32_t>(i));
-    sreq[i] = Send(out[i], 7);
+    fill(out[i], 900 + static_cast<uint32_t>(i));
+    sreq[i] = start_send(out[i], 7);
   }
   for (int i = 0; i < 5; ++i) {
-    Finish(sreq[i], static_cast<int>(out[i].size()));
-    Finish(rreq[i], static_cast<int>(out[i].size()));
-    EXPECT_TRUE(SameBytes(in[i].data(), out[i].data(), out[i].size())) << i;
+    finish(sreq[i], static_cast<int>(out[i].size()));
+    finish(rreq[i], static_cast<int>(out[i].size()));
+    EXPECT_TRUE(same_bytes(in[i].data(), out[i].data(), out[i].size())) << i;
   }
 }
 
 TEST_F(NetPluginTest, ManyRequestsInFlight) {
-  Connect();
+  connect();
   constexpr int kN = NCCL_NET_MAX_REQUESTS;
   std::vector<std::vector<char>> out(kN), in(kN);
   std::vector<void*> sreq(kN), rreq(kN);
   for (int i = 0; i < kN; ++i) {
     out[i].resize(static_cast<size_t>(1 + i) * 37001);
-    Fill(out[i], 5000 + static_cast<uint32_t>(i));
+    fill(out[i], 5000 + static_cast<uint32_t>(i));
     in[i].assign(out[i].size(), 0);
-    rreq[i] = Recv(in[i], i % 4);  // tags repeat: FIFO per tag must hold across the window
+    rreq[i] = start_recv(in[i], i % 4);  // tags repeat: FIFO per tag must hold across the window
   }
-  for (int i = 0; i < kN; ++i) sreq[i] = Send(out[i], i % 4);
+  for (int i = 0; i < kN; ++i) sreq[i] = start_send(out[i], i % 4);
   // Complete in reverse order: test() of a later request must not depend on earlier ones.
   for (int i = kN - 1; i >= 0; --i) {
-    Finish(rreq[i], static_cast<int>(out[i].size()));
-    Finish(sreq[i], static_cast<int>(out[i].size()));
+    finish(rreq[i], static_cast<int>(out[i].size()));
+    finish(sreq[i], static_cast<int>(out[i].size()));
     EXPECT_EQ(in[i], out[i]) << i;
   }
 }
 
 TEST_F(NetPluginTest, GroupedReceives) {
-  Connect();
+  connect();
   dqNetPropertiesV11 p{};
   ASSERT_EQ(net_->getProperties(0, &p), dqNetSuccess);
   const int n = p.maxRecvs;
@@ -290,7 +290,7 @@ TEST_F(NetPluginTest, GroupedReceives) {
   std::vector<int> tags(n);
   for (int i = 0; i < n; ++i) {
     out[i].resize(static_cast<size_t>(i) * 50000);  // includes an empty one
-    Fill(out[i], 77 + static_cast<uint32_t>(i));
+    fill(out[i], 77 + static_cast<uint32_t>(i));
     in[i].assign(out[i].size() + 100, 0);
     data[i] = in[i].data();
     caps[i] = in[i].size();
@@ -302,15 +302,15 @@ TEST_F(NetPluginTest, GroupedReceives) {
       dqNetSuccess);
   ASSERT_NE(rreq, nullptr);
   std::vector<void*> sreq(n);
-  for (int i = n - 1; i >= 0; --i) sreq[i] = Send(out[i], 40 + i);  // reverse tag order
-  for (int i = 0; i < n; ++i) Finish(sreq[i], static_cast<int>(out[i].size()));
+  for (int i = n - 1; i >= 0; --i) sreq[i] = start_send(out[i], 40 + i);  // reverse tag order
+  for (int i = 0; i < n; ++i) finish(sreq[i], static_cast<int>(out[i].size()));
   std::vector<int> got(n, -1);
   int done = 0;
-  ASSERT_EQ(WaitRequest(net_, rreq, got.data(), &done), dqNetSuccess);
+  ASSERT_EQ(wait_request(net_, rreq, got.data(), &done), dqNetSuccess);
   ASSERT_EQ(done, 1);
   for (int i = 0; i < n; ++i) {
     EXPECT_EQ(got[i], static_cast<int>(out[i].size())) << i;
-    EXPECT_TRUE(SameBytes(in[i].data(), out[i].data(), out[i].size())) << i;
+    EXPECT_TRUE(same_bytes(in[i].data(), out[i].data(), out[i].size())) << i;
   }
   // More receives than maxRecvs is refused.
   std::vector<void*> d2(n + 1, in[0].data());
@@ -322,22 +322,22 @@ TEST_F(NetPluginTest, GroupedReceives) {
 }
 
 TEST_F(NetPluginTest, MessageLargerThanReceiveIsAnError) {
-  Connect();
-  LogCapture::Clear();
+  connect();
+  LogCapture::clear();
   std::vector<char> out(1000, 1), in(100, 0);
-  void* rreq = Recv(in, 3);
-  void* sreq = Send(out, 3);
-  Finish(sreq, 1000);
+  void* rreq = start_recv(in, 3);
+  void* sreq = start_send(out, 3);
+  finish(sreq, 1000);
   int done = 0;
   int size = 0;
-  EXPECT_NE(WaitRequest(net_, rreq, &size, &done, 10), dqNetSuccess);
+  EXPECT_NE(wait_request(net_, rreq, &size, &done, 10), dqNetSuccess);
   EXPECT_EQ(done, 0);
-  EXPECT_TRUE(LogCapture::Contains("1000 bytes", "holds only 100"));
+  EXPECT_TRUE(LogCapture::contains("1000 bytes", "holds only 100"));
   EXPECT_EQ(in, std::vector<char>(100, 0)) << "no byte may be written into a too-small buffer";
 }
 
 TEST_F(NetPluginTest, RegistrationIsHostOnly) {
-  Connect();
+  connect();
   std::vector<char> buf(4096, 3);
   void* mh = nullptr;
   EXPECT_EQ(net_->regMr(send_comm_, buf.data(), buf.size(), NCCL_PTR_CUDA, &mh),
@@ -354,9 +354,9 @@ TEST_F(NetPluginTest, RegistrationIsHostOnly) {
             dqNetInvalidArgument);
   ASSERT_EQ(net_->isend(send_comm_, buf.data(), buf.size(), 1, mh, nullptr, &req), dqNetSuccess);
   std::vector<char> in(4096);
-  void* rreq = Recv(in, 1);
-  Finish(req, 4096);
-  Finish(rreq, 4096);
+  void* rreq = start_recv(in, 1);
+  finish(req, 4096);
+  finish(rreq, 4096);
   EXPECT_EQ(in, buf);
   EXPECT_EQ(net_->deregMr(send_comm_, mh), dqNetSuccess);
   void* flush_req = reinterpret_cast<void*>(1);
@@ -367,7 +367,7 @@ TEST_F(NetPluginTest, RegistrationIsHostOnly) {
 }
 
 TEST_F(NetPluginTest, WrongSecretIsRefusedAndDeliversNothing) {
-  LogCapture::Clear();
+  LogCapture::clear();
   char forged[NCCL_NET_HANDLE_MAXSIZE];
   std::memcpy(forged, handle_, sizeof(forged));
   wire::Handle h;
@@ -376,7 +376,7 @@ TEST_F(NetPluginTest, WrongSecretIsRefusedAndDeliversNothing) {
   std::memcpy(forged, &h, sizeof(h));
   void* intruder = nullptr;
   Clock::time_point t = Clock::now();
-  while (intruder == nullptr && SecondsSince(t) < 5) {
+  while (intruder == nullptr && seconds_since(t) < 5) {
     ASSERT_EQ(net_->connect(ctx_, 0, forged, &intruder, nullptr), dqNetSuccess);
   }
   ASSERT_NE(intruder, nullptr);  // TCP-level connect succeeds; the handshake is what fails
@@ -386,18 +386,18 @@ TEST_F(NetPluginTest, WrongSecretIsRefusedAndDeliversNothing) {
   // accept never hands out the intruder's connection.
   t = Clock::now();
   void* rc = nullptr;
-  while (SecondsSince(t) < 1.0) {
+  while (seconds_since(t) < 1.0) {
     ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
     ASSERT_EQ(rc, nullptr);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_TRUE(LogCapture::Contains("wrong secret", "127.0.0.1"));
+  EXPECT_TRUE(LogCapture::contains("wrong secret", "127.0.0.1"));
   // The legitimate peer connects and only its data arrives on tag 9.
-  Connect();
+  connect();
   std::vector<char> good(1000, 'G'), in(1000, 0);
-  void* rreq = Recv(in, 9);
-  Finish(Send(good, 9), 1000);
-  Finish(rreq, 1000);
+  void* rreq = start_recv(in, 9);
+  finish(start_send(good, 9), 1000);
+  finish(rreq, 1000);
   EXPECT_EQ(in, good);
   if (evil_req != nullptr) {
     int done = 0;
@@ -407,31 +407,31 @@ TEST_F(NetPluginTest, WrongSecretIsRefusedAndDeliversNothing) {
 }
 
 TEST_F(NetPluginTest, CommunicatorIdMismatchIsRefused) {
-  LogCapture::Clear();
+  LogCapture::clear();
   void* other_ctx = nullptr;
-  ASSERT_EQ(net_->init(&other_ctx, 0x9999ull, nullptr, &LogCapture::Logger, nullptr), dqNetSuccess);
+  ASSERT_EQ(net_->init(&other_ctx, 0x9999ull, nullptr, &LogCapture::logger, nullptr), dqNetSuccess);
   char copy[NCCL_NET_HANDLE_MAXSIZE];
   std::memcpy(copy, handle_, sizeof(copy));
   void* sc = nullptr;
   Clock::time_point t = Clock::now();
-  while (sc == nullptr && SecondsSince(t) < 5) {
+  while (sc == nullptr && seconds_since(t) < 5) {
     ASSERT_EQ(net_->connect(other_ctx, 0, copy, &sc, nullptr), dqNetSuccess);
   }
   ASSERT_NE(sc, nullptr);
   void* rc = nullptr;
   t = Clock::now();
-  while (SecondsSince(t) < 0.5) {
+  while (seconds_since(t) < 0.5) {
     ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
     ASSERT_EQ(rc, nullptr);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_TRUE(LogCapture::Contains("communicator id", "127.0.0.1"));
+  EXPECT_TRUE(LogCapture::contains("communicator id", "127.0.0.1"));
   net_->closeSend(sc);
   net_->finalize(other_ctx);
 }
 
 // A raw client that knows the secret but then speaks garbage: the receive must fail, fast.
-void RawClientSends(const char* handle, const void* frame, size_t len) {
+void raw_client_sends(const char* handle, const void* frame, size_t len) {
   wire::Handle h;
   std::memcpy(&h, handle, sizeof(h));
   for (int k = 0; k < h.nsocks; ++k) {
@@ -468,14 +468,14 @@ TEST_F(NetPluginTest, MalformedFramesFailTheReceive) {
       {{wire::kMsgMagic, 1, 5, 10}, "sequence 5"},
   };
   for (const Case& c : cases) {
-    LogCapture::Clear();
+    LogCapture::clear();
     void* lc = nullptr;
     char handle[NCCL_NET_HANDLE_MAXSIZE];
     ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
-    RawClientSends(handle, &c.header, sizeof(c.header));
+    raw_client_sends(handle, &c.header, sizeof(c.header));
     void* rc = nullptr;
     Clock::time_point t = Clock::now();
-    while (rc == nullptr && SecondsSince(t) < 5) {
+    while (rc == nullptr && seconds_since(t) < 5) {
       ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
     }
     ASSERT_NE(rc, nullptr);
@@ -489,18 +489,18 @@ TEST_F(NetPluginTest, MalformedFramesFailTheReceive) {
       ASSERT_NE(req, nullptr);
       int done = 0;
       t = Clock::now();
-      EXPECT_NE(WaitRequest(net_, req, nullptr, &done, 10), dqNetSuccess) << c.expect;
+      EXPECT_NE(wait_request(net_, req, nullptr, &done, 10), dqNetSuccess) << c.expect;
       EXPECT_EQ(done, 0);
-      EXPECT_LT(SecondsSince(t), 5.0);
+      EXPECT_LT(seconds_since(t), 5.0);
     }
-    EXPECT_TRUE(LogCapture::Contains("malformed frame", c.expect)) << c.expect;
+    EXPECT_TRUE(LogCapture::contains("malformed frame", c.expect)) << c.expect;
     EXPECT_EQ(in, std::vector<char>(64, 0));
     EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
     EXPECT_EQ(net_->closeListen(lc), dqNetSuccess);
   }
 }
 
-double ProcessCpuSeconds() {
+double process_cpu_seconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
@@ -508,7 +508,7 @@ double ProcessCpuSeconds() {
 }
 
 TEST_F(NetPluginTest, IdleConnectionsDoNotBurnCpu) {
-  Connect();
+  connect();
   // Several idle connections with a receive posted: the I/O threads must sleep, not spin.
   std::vector<void*> extra_send, extra_recv;
   for (int i = 0; i < 3; ++i) {
@@ -517,27 +517,27 @@ TEST_F(NetPluginTest, IdleConnectionsDoNotBurnCpu) {
     ASSERT_EQ(net_->listen(ctx_, 0, h, &lc), dqNetSuccess);
     void* sc = nullptr;
     void* rc = nullptr;
-    ASSERT_TRUE(ConnectPair(net_, ctx_, lc, h, &sc, &rc));
+    ASSERT_TRUE(connect_pair(net_, ctx_, lc, h, &sc, &rc));
     extra_send.push_back(sc);
     extra_recv.push_back(rc);
     net_->closeListen(lc);
   }
   std::vector<char> in(100);
-  void* rreq = Recv(in, 1);
-  double cpu0 = ProcessCpuSeconds();
+  void* rreq = start_recv(in, 1);
+  double cpu0 = process_cpu_seconds();
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  double cpu = ProcessCpuSeconds() - cpu0;
+  double cpu = process_cpu_seconds() - cpu0;
   // CPU time (not wall time) is immune to machine load; a spinning thread would use ~2 s.
   EXPECT_LT(cpu, 0.2) << "idle connections used " << cpu << " s of CPU in 2 s";
   std::vector<char> out(100, 'q');
-  Finish(Send(out, 1), 100);
-  Finish(rreq, 100);
+  finish(start_send(out, 1), 100);
+  finish(rreq, 100);
   for (void* sc : extra_send) EXPECT_EQ(net_->closeSend(sc), dqNetSuccess);
   for (void* rc : extra_recv) EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
 }
 
 // Raw socket to the listener of `handle`; sends `hello` (if given) and `bytes`, then stays open.
-int RawConnect(const char* handle) {
+int raw_connect(const char* handle) {
   wire::Handle h;
   std::memcpy(&h, handle, sizeof(h));
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -551,7 +551,7 @@ int RawConnect(const char* handle) {
 
 TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "1000", 1);
-  LogCapture::Clear();
+  LogCapture::clear();
   void* lc = nullptr;
   char handle[NCCL_NET_HANDLE_MAXSIZE];
   ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
@@ -560,7 +560,7 @@ TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   std::memcpy(&h, handle, sizeof(h));
   std::vector<int> fds;
   for (int k = 0; k < h.nsocks; ++k) {
-    int fd = RawConnect(handle);
+    int fd = raw_connect(handle);
     ASSERT_GE(fd, 0);
     fds.push_back(fd);
     wire::Hello hello{
@@ -575,7 +575,7 @@ TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   ASSERT_EQ(send(fds[0], ten, sizeof(ten), 0), static_cast<ssize_t>(sizeof(ten)));
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
-  while (rc == nullptr && SecondsSince(t) < 5) {
+  while (rc == nullptr && seconds_since(t) < 5) {
     ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
   }
   ASSERT_NE(rc, nullptr);
@@ -587,25 +587,25 @@ TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   ASSERT_EQ(net_->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &req), dqNetSuccess);
   int done = 0;
   t = Clock::now();
-  EXPECT_NE(WaitRequest(net_, req, nullptr, &done, 10), dqNetSuccess);
-  double waited = SecondsSince(t);
+  EXPECT_NE(wait_request(net_, req, nullptr, &done, 10), dqNetSuccess);
+  double waited = seconds_since(t);
   EXPECT_GT(waited, 0.5) << "failed before the 1000 ms stall bound";
-  // Without the bound the wait runs to WaitRequest's own 10 s.
+  // Without the bound the wait runs to wait_request's own 10 s.
   EXPECT_LT(waited, 8.0) << "the stall bound was not enforced";
-  EXPECT_TRUE(LogCapture::Contains("stalled", "middle of a message"));
+  EXPECT_TRUE(LogCapture::contains("stalled", "middle of a message"));
   EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
   EXPECT_EQ(net_->closeListen(lc), dqNetSuccess);
   for (int fd : fds) close(fd);
 }
 
 TEST_F(NetPluginTest, InconsistentPartFrameFailsTheReceive) {
-  LogCapture::Clear();
+  LogCapture::clear();
   wire::Handle h;
   std::memcpy(&h, handle_, sizeof(h));
   ASSERT_GE(h.nsocks, 2) << "needs a striped connection (DYNAMIQ_NET_NSOCKS >= 2)";
   std::vector<int> fds;
   for (int k = 0; k < h.nsocks; ++k) {
-    int fd = RawConnect(handle_);
+    int fd = raw_connect(handle_);
     ASSERT_GE(fd, 0);
     fds.push_back(fd);
     wire::Hello hello{
@@ -614,16 +614,16 @@ TEST_F(NetPluginTest, InconsistentPartFrameFailsTheReceive) {
     ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
   }
   const size_t size = 1u << 20;  // striped over every socket
-  wire::Split split = wire::SplitMessage(size, h.nsocks);
+  wire::Split split = wire::split_message(size, h.nsocks);
   ASSERT_GE(split.parts, 2);
   // Socket 1 claims the wrong offset for its part.
-  wire::PartHeader ph{wire::kPartMagic, 1, 0, split.Offset(1) + 4096, split.Len(1, size)};
+  wire::PartHeader ph{wire::kPartMagic, 1, 0, split.offset(1) + 4096, split.len(1, size)};
   ASSERT_EQ(send(fds[1], &ph, sizeof(ph), 0), static_cast<ssize_t>(sizeof(ph)));
   wire::MsgHeader mh{wire::kMsgMagic, 1, 0, size};
   ASSERT_EQ(send(fds[0], &mh, sizeof(mh), 0), static_cast<ssize_t>(sizeof(mh)));
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
-  while (rc == nullptr && SecondsSince(t) < 5) {
+  while (rc == nullptr && seconds_since(t) < 5) {
     ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
   }
   ASSERT_NE(rc, nullptr);
@@ -636,31 +636,31 @@ TEST_F(NetPluginTest, InconsistentPartFrameFailsTheReceive) {
   dqNetResult posted = net_->irecv(rc, 1, &data, &cap, &tag, nullptr, nullptr, &req);
   if (posted == dqNetSuccess) {
     int done = 0;
-    EXPECT_NE(WaitRequest(net_, req, nullptr, &done, 10), dqNetSuccess);
+    EXPECT_NE(wait_request(net_, req, nullptr, &done, 10), dqNetSuccess);
     EXPECT_EQ(done, 0);
   }
-  EXPECT_TRUE(LogCapture::Contains("malformed frame", "offset/length"));
+  EXPECT_TRUE(LogCapture::contains("malformed frame", "offset/length"));
   for (int fd : fds) close(fd);
 }
 
 TEST_F(NetPluginTest, SilentHandshakeIsDroppedAfterTheTimeout) {
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
-  LogCapture::Clear();
+  LogCapture::clear();
   void* lc = nullptr;
   char handle[NCCL_NET_HANDLE_MAXSIZE];
   ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "5000", 1);
-  int fd = RawConnect(handle);  // connects, never says hello
+  int fd = raw_connect(handle);  // connects, never says hello
   ASSERT_GE(fd, 0);
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
-  while (!LogCapture::Contains("handshake", "timed out") && SecondsSince(t) < 5) {
+  while (!LogCapture::contains("handshake", "timed out") && seconds_since(t) < 5) {
     ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
     ASSERT_EQ(rc, nullptr);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_TRUE(LogCapture::Contains("handshake", "timed out"));
-  EXPECT_LT(SecondsSince(t), 4.5);  // inside the 5 s wait above, whatever the load
+  EXPECT_TRUE(LogCapture::contains("handshake", "timed out"));
+  EXPECT_LT(seconds_since(t), 4.5);  // inside the 5 s wait above, whatever the load
   // The listener dropped it: our end sees the close.
   char byte;
   EXPECT_EQ(recv(fd, &byte, 1, 0), 0);
@@ -669,15 +669,15 @@ TEST_F(NetPluginTest, SilentHandshakeIsDroppedAfterTheTimeout) {
 }
 
 TEST_F(NetPluginTest, ClosedSenderFailsPendingReceive) {
-  Connect();
+  connect();
   std::vector<char> in(1000);
-  void* rreq = Recv(in, 1);
+  void* rreq = start_recv(in, 1);
   ASSERT_EQ(net_->closeSend(send_comm_), dqNetSuccess);
   send_comm_ = nullptr;
   int done = 0;
   Clock::time_point t = Clock::now();
-  EXPECT_NE(WaitRequest(net_, rreq, nullptr, &done, 10), dqNetSuccess);
-  EXPECT_LT(SecondsSince(t), 8.0);  // failed, not WaitRequest's own 10 s bound
+  EXPECT_NE(wait_request(net_, rreq, nullptr, &done, 10), dqNetSuccess);
+  EXPECT_LT(seconds_since(t), 8.0);  // failed, not wait_request's own 10 s bound
   // Later receives fail at once.
   void* data = in.data();
   size_t size = in.size();
@@ -687,16 +687,16 @@ TEST_F(NetPluginTest, ClosedSenderFailsPendingReceive) {
 }
 
 TEST_F(NetPluginTest, StagedMessageSurvivesSenderClose) {
-  Connect();
+  connect();
   std::vector<char> out(200000), in(200000);
-  Fill(out, 4242);
-  Finish(Send(out, 11), 200000);
+  fill(out, 4242);
+  finish(start_send(out, 11), 200000);
   ASSERT_EQ(net_->closeSend(send_comm_), dqNetSuccess);
   send_comm_ = nullptr;
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // The message arrived before the close; receiving it afterwards still works.
-  void* rreq = Recv(in, 11);
-  Finish(rreq, 200000);
+  void* rreq = start_recv(in, 11);
+  finish(rreq, 200000);
   EXPECT_EQ(in, out);
 }
 
@@ -706,7 +706,7 @@ TEST_F(NetPluginTest, ConnectToClosedListenerFails) {
   void* sc = nullptr;
   dqNetResult r = dqNetSuccess;
   Clock::time_point t = Clock::now();
-  while (r == dqNetSuccess && sc == nullptr && SecondsSince(t) < 10) {
+  while (r == dqNetSuccess && sc == nullptr && seconds_since(t) < 10) {
     r = net_->connect(ctx_, 0, handle_, &sc, nullptr);
   }
   EXPECT_NE(r, dqNetSuccess);
@@ -714,10 +714,10 @@ TEST_F(NetPluginTest, ConnectToClosedListenerFails) {
 }
 
 TEST(NetPluginAdapters, V8RoundTripWithIntSizes) {
-  const PluginLib& pl = PluginLib::Get();
+  const PluginLib& pl = PluginLib::get();
   ASSERT_NE(pl.v8, nullptr);
   const dqNetV8* n = pl.v8;
-  ASSERT_EQ(n->init(&LogCapture::Logger), dqNetSuccess);
+  ASSERT_EQ(n->init(&LogCapture::logger), dqNetSuccess);
   int ndev = 0;
   ASSERT_EQ(n->devices(&ndev), dqNetSuccess);
   ASSERT_GE(ndev, 1);
@@ -727,7 +727,7 @@ TEST(NetPluginAdapters, V8RoundTripWithIntSizes) {
   void* sc = nullptr;
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
-  while ((sc == nullptr || rc == nullptr) && SecondsSince(t) < 10) {
+  while ((sc == nullptr || rc == nullptr) && seconds_since(t) < 10) {
     if (sc == nullptr) {
       ASSERT_EQ(n->connect(0, handle, &sc, nullptr), dqNetSuccess);
     }
@@ -738,7 +738,7 @@ TEST(NetPluginAdapters, V8RoundTripWithIntSizes) {
   ASSERT_NE(sc, nullptr);
   ASSERT_NE(rc, nullptr);
   std::vector<char> out(300001), in(300001);
-  Fill(out, 8);
+  fill(out, 8);
   void* data = in.data();
   int size = static_cast<int>(in.size());
   int tag = 5;
@@ -751,7 +751,7 @@ TEST(NetPluginAdapters, V8RoundTripWithIntSizes) {
   int done = 0;
   int got = 0;
   t = Clock::now();
-  while (!done && SecondsSince(t) < 10) ASSERT_EQ(n->test(rreq, &done, &got), dqNetSuccess);
+  while (!done && seconds_since(t) < 10) ASSERT_EQ(n->test(rreq, &done, &got), dqNetSuccess);
   EXPECT_EQ(got, 300001);
   EXPECT_EQ(in, out);
   // The v9/v10 tables agree on the shared entries.

@@ -29,7 +29,7 @@ struct PluginLib {
   const dqNetV8* v8 = nullptr;
   std::string error;
 
-  static PluginLib& Get() {
+  static PluginLib& get() {
     static PluginLib* p = [] {
       auto* pl = new PluginLib;
       const char* path = std::getenv("DYNAMIQ_NET_PLUGIN_PATH");
@@ -50,63 +50,63 @@ struct PluginLib {
 
 // Captures what the plugin sends through NCCL's logger.
 struct LogCapture {
-  static std::mutex& Mu() {
+  static std::mutex& mu() {
     static std::mutex mu;
     return mu;
   }
-  static std::vector<std::string>& Warnings() {
+  static std::vector<std::string>& warnings() {
     static std::vector<std::string> w;
     return w;
   }
-  static void Logger(dqNetLogLevel level, unsigned long /*flags*/, const char* /*file*/,
+  static void logger(dqNetLogLevel level, unsigned long /*flags*/, const char* /*file*/,
                      int /*line*/, const char* fmt, ...) {
     char buf[2048];
     va_list args;
     va_start(args, fmt);
     std::vsnprintf(buf, sizeof(buf), fmt, args);
     va_end(args);
-    std::lock_guard<std::mutex> lock(Mu());
-    if (level == dqNetLogWarn) Warnings().push_back(buf);
-    if (level == dqNetLogInfo) Infos().push_back(buf);
+    std::lock_guard<std::mutex> lock(mu());
+    if (level == dqNetLogWarn) warnings().push_back(buf);
+    if (level == dqNetLogInfo) infos().push_back(buf);
   }
-  static std::vector<std::string>& Infos() {
+  static std::vector<std::string>& infos() {
     static std::vector<std::string> i;
     return i;
   }
   // INFO lines containing a, and b ("" matches any).
-  static int CountInfo(const std::string& a, const std::string& b) {
-    std::lock_guard<std::mutex> lock(Mu());
+  static int count_info(const std::string& a, const std::string& b) {
+    std::lock_guard<std::mutex> lock(mu());
     int n = 0;
-    for (const auto& i : Infos()) {
+    for (const auto& i : infos()) {
       n += i.find(a) != std::string::npos && i.find(b) != std::string::npos;
     }
     return n;
   }
-  static bool Contains(const std::string& a, const std::string& b) {
-    std::lock_guard<std::mutex> lock(Mu());
-    for (const auto& w : Warnings()) {
+  static bool contains(const std::string& a, const std::string& b) {
+    std::lock_guard<std::mutex> lock(mu());
+    for (const auto& w : warnings()) {
       if (w.find(a) != std::string::npos && w.find(b) != std::string::npos) return true;
     }
     return false;
   }
-  static void Clear() {
-    std::lock_guard<std::mutex> lock(Mu());
-    Warnings().clear();
-    Infos().clear();
+  static void clear() {
+    std::lock_guard<std::mutex> lock(mu());
+    warnings().clear();
+    infos().clear();
   }
 };
 
-inline double SecondsSince(Clock::time_point t) {
+inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 // Drives connect/accept until both comms exist (NCCL's non-blocking contract).
-inline bool ConnectPair(const dqNetV11* net, void* ctx, void* listen_comm, char* handle,
-                        void** send_comm, void** recv_comm, double limit_s = 10) {
+inline bool connect_pair(const dqNetV11* net, void* ctx, void* listen_comm, char* handle,
+                         void** send_comm, void** recv_comm, double limit_s = 10) {
   *send_comm = nullptr;
   *recv_comm = nullptr;
   Clock::time_point start = Clock::now();
-  while ((*send_comm == nullptr || *recv_comm == nullptr) && SecondsSince(start) < limit_s) {
+  while ((*send_comm == nullptr || *recv_comm == nullptr) && seconds_since(start) < limit_s) {
     dqNetDeviceHandle* dh = nullptr;
     if (*send_comm == nullptr && net->connect(ctx, 0, handle, send_comm, &dh) != dqNetSuccess) {
       return false;
@@ -122,11 +122,11 @@ inline bool ConnectPair(const dqNetV11* net, void* ctx, void* listen_comm, char*
 }
 
 // Polls test() until done or error; returns the result; *done tells which.
-inline dqNetResult WaitRequest(const dqNetV11* net, void* request, int* sizes, int* done,
-                               double limit_s = 60) {
+inline dqNetResult wait_request(const dqNetV11* net, void* request, int* sizes, int* done,
+                                double limit_s = 60) {
   Clock::time_point start = Clock::now();
   *done = 0;
-  while (SecondsSince(start) < limit_s) {
+  while (seconds_since(start) < limit_s) {
     dqNetResult r = net->test(request, done, sizes);
     if (r != dqNetSuccess || *done) return r;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -135,12 +135,12 @@ inline dqNetResult WaitRequest(const dqNetV11* net, void* request, int* sizes, i
 }
 
 // memcmp that accepts empty (possibly NULL) ranges.
-inline bool SameBytes(const void* a, const void* b, size_t n) {
+inline bool same_bytes(const void* a, const void* b, size_t n) {
   return n == 0 || std::memcmp(a, b, n) == 0;
 }
 
 // Byte pattern that depends on a seed and the position (catches swaps and shifts).
-inline void Fill(std::vector<char>& buf, uint32_t seed) {
+inline void fill(std::vector<char>& buf, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (size_t i = 0; i < buf.size(); ++i) {
     x ^= x << 13;

@@ -59,7 +59,7 @@ constexpr int kNcclSum = 0;
 constexpr int kCudaMemcpyHostToDevice = 1;
 constexpr int kCudaMemcpyDeviceToHost = 2;
 
-void* OpenFirst(std::initializer_list<const char*> names) {
+void* open_first(std::initializer_list<const char*> names) {
   for (const char* n : names) {
     if (n == nullptr) continue;
     if (void* lib = dlopen(n, RTLD_NOW | RTLD_GLOBAL)) return lib;
@@ -67,19 +67,19 @@ void* OpenFirst(std::initializer_list<const char*> names) {
   return nullptr;
 }
 
-void* OpenNccl() {
-  return OpenFirst({std::getenv("DYNAMIQ_REAL_NCCL"), "/usr/local/cuda/lib/libnccl.so.2",
-                    "/usr/local/cuda/lib64/libnccl.so.2", "libnccl.so.2"});
+void* open_nccl() {
+  return open_first({std::getenv("DYNAMIQ_REAL_NCCL"), "/usr/local/cuda/lib/libnccl.so.2",
+                     "/usr/local/cuda/lib64/libnccl.so.2", "libnccl.so.2"});
 }
 
-void* OpenCudart() {
-  return OpenFirst(
+void* open_cudart() {
+  return open_first(
       {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so"});
 }
 
 // Runs in a fresh child: CUDA must not be initialised in the parent before fork.
-int ProbeDevice() {
-  void* rt = OpenCudart();
+int probe_device() {
+  void* rt = open_cudart();
   if (rt == nullptr) return kSkip;
   auto count_fn = reinterpret_cast<CudaIntFn>(dlsym(rt, "cudaGetDeviceCount"));
   int count = 0;
@@ -87,15 +87,15 @@ int ProbeDevice() {
   return 0;
 }
 
-int RunRank(int rank, const UniqueId& id, const std::string& log_path) {
+int run_rank(int rank, const UniqueId& id, const std::string& log_path) {
   setenv("NCCL_HOSTID", rank == 0 ? "dynamiq-fake-host-a" : "dynamiq-fake-host-b", 1);
   setenv("NCCL_NET_PLUGIN", "dynamiq", 1);
   setenv("NCCL_NET", "dynamiq", 1);
   setenv("NCCL_DEBUG", "INFO", 1);
   setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
   setenv("NCCL_DEBUG_FILE", log_path.c_str(), 1);
-  void* nccl = OpenNccl();
-  void* rt = OpenCudart();
+  void* nccl = open_nccl();
+  void* rt = open_cudart();
   if (nccl == nullptr || rt == nullptr) return 10;
   // DQ_TEST_VIA_GLOBAL=1: resolve the NCCL calls in the global scope, as a linked program
   // would, so that a preloaded libdynamiq.so intercepts them (the shim test below).
@@ -157,7 +157,7 @@ int RunRank(int rank, const UniqueId& id, const std::string& log_path) {
   return 0;
 }
 
-int WaitBounded(pid_t pid, int seconds) {
+int wait_bounded(pid_t pid, int seconds) {
   auto start = std::chrono::steady_clock::now();
   int status = 0;
   while (std::chrono::steady_clock::now() - start < std::chrono::seconds(seconds)) {
@@ -171,7 +171,7 @@ int WaitBounded(pid_t pid, int seconds) {
   return -1;
 }
 
-std::string Slurp(const std::string& path) {
+std::string slurp(const std::string& path) {
   std::ifstream f(path);
   std::stringstream s;
   s << f.rdbuf();
@@ -181,14 +181,14 @@ std::string Slurp(const std::string& path) {
 }  // namespace
 
 int main() {
-  void* nccl = OpenNccl();
+  void* nccl = open_nccl();
   if (nccl == nullptr) {
     std::printf("SKIP: real libnccl.so.2 not found\n");
     return kSkip;
   }
   pid_t probe = fork();
-  if (probe == 0) _exit(ProbeDevice());
-  if (int r = WaitBounded(probe, 60); r != 0) {
+  if (probe == 0) _exit(probe_device());
+  if (int r = wait_bounded(probe, 60); r != 0) {
     std::printf("SKIP: no CUDA device (probe exit %d)\n", r);
     return kSkip;
   }
@@ -208,19 +208,19 @@ int main() {
   for (int rank = 0; rank < kRanks; ++rank) {
     logs.push_back(std::string(dir) + "/rank" + std::to_string(rank) + ".log");
     pid_t pid = fork();
-    if (pid == 0) _exit(RunRank(rank, id, logs.back()));
+    if (pid == 0) _exit(run_rank(rank, id, logs.back()));
     pids.push_back(pid);
   }
   int failures = 0;
   std::string first_hash;
   for (int rank = 0; rank < kRanks; ++rank) {
-    int r = WaitBounded(pids[static_cast<size_t>(rank)], 180);
-    std::string log = Slurp(logs[static_cast<size_t>(rank)]);
+    int r = wait_bounded(pids[static_cast<size_t>(rank)], 180);
+    std::string log = slurp(logs[static_cast<size_t>(rank)]);
     bool loaded = log.find("dynamiq") != std::string::npos;
     std::printf("rank %d: exit %d, NCCL log mentions dynamiq: %s\n", rank, r,
                 loaded ? "yes" : "no");
     // Both ranks hold the same bytes (exact or compressed: results are identical everywhere).
-    const std::string hash = Slurp(logs[static_cast<size_t>(rank)] + ".hash");
+    const std::string hash = slurp(logs[static_cast<size_t>(rank)] + ".hash");
     if (rank == 0) first_hash = hash;
     const bool same = r != 0 || (!hash.empty() && hash == first_hash);
     if (!same) std::printf("rank %d: its result differs from rank 0's\n", rank);
