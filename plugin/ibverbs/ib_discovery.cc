@@ -73,7 +73,8 @@ int lane_mbps(uint8_t speed) {
       return 50000;  // HDR
     case 128:
       return 100000;  // NDR
-      return 200000;  // XDR
+    // XDR (256) does not fit this 8-bit field: rdma-core reports it only in active_speed_ex,
+    // which this loader does not read, so an XDR port is counted at the default below.
     default:
       return 10000;
   }
