@@ -60,7 +60,7 @@ SCHEMES = {
     "uniform5": ("uniform:5", "ring"),
     "dynamiq5-ring": ("dynamiq:5", "ring"),
     "dynamiq5-butterfly": ("dynamiq:5", "butterfly"),
-    # DYNAMIQ_BITS=auto, DYNAMIQ_TARGET=mxfp8 (issue 14): each step's codec is the one the
+    # DYNAMIQ_BITS=auto, DYNAMIQ_TARGET=mxfp8 (the budget model): each step's codec is the one the
     # budget model chooses from the previous step's all-reduced statistics (C API
     # dq_auto_choose), the first step at the fixed 5 bits, as the engine does per bucket.
     "auto-mxfp8": ("auto:mxfp8", "ring"),
