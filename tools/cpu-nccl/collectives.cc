@@ -12,6 +12,8 @@
 namespace dq::cpunccl {
 namespace {
 
+constexpr int kWindow = 4;  // messages in flight per direction (pipeline depth)
+
 // Memory registrations of one operation; deregistered when it ends.
 class MrSet {
  public:

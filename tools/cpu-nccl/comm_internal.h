@@ -22,7 +22,6 @@ constexpr uint64_t kIdMagic = 0x31434e4350435144ull;     // "DQCPCNC1"
 constexpr uint64_t kHelloMagic = 0x4f4c4c4548435144ull;  // "DQCHELLO"
 constexpr size_t kIdHandleOffset = 16;
 constexpr size_t kIdHandleBytes = kUniqueIdBytes - kIdHandleOffset;  // 112
-constexpr int kWindow = 4;  // messages in flight per direction (pipeline depth)
 
 enum HelloKind : int32_t { kRankToRoot = 1, kRootToRank = 2, kPeer = 3 };
 
