@@ -13,7 +13,7 @@ Two sizes of the same fine-tuning (--trainable):
   full  every parameter of the classifier is trained and all-reduced: the encoder's
         22,565,376 (word-embedding matrix included) and the head's 6,160, flattened in
         the DDP bucket order of make_corpus.py (tools/study/ddp_layout.json). This is the
-        study the issue asks for; it is sized for a 2-core CPU by sequence length, batch,
+        full-model study; it is sized for a 2-core CPU by sequence length, batch,
         steps and the validation subset (see the defaults and docs/RESULTS.md section 8).
   top   the earlier, smaller variant: the embeddings, the bottom --frozen-layers encoder
         layers and the self-attention of the next layer are frozen and their output is
