@@ -193,7 +193,7 @@ TEST(PerfOptions, IncrementSweepAndSingleChoices) {
   EXPECT_EQ(o.ops, std::vector<perf::RedOp>{perf::RedOp::kMin});
 }
 
-// -c: a number is nccl-tests' validation count, a name picks the collective (issue 13); -r is
+// -c: a number is nccl-tests' validation count, a name picks the collective; -r is
 // ncclReduce's root, -1 for every root in turn.
 TEST(PerfOptions, CollectiveAndRoot) {
   perf::PerfOptions o;

@@ -1,4 +1,4 @@
-// dq::sim::bit_breakdown (issue 14 section 2): the parts of one compressed copy add up to the
+// dq::sim::bit_breakdown (--bits-breakdown): the parts of one compressed copy add up to the
 // codec's bits per coordinate (and, with what the budget's rounding leaves, to the budget), and
 // the per-width shares of super-groups and of the squared error each add up to 1.
 #include <gtest/gtest.h>

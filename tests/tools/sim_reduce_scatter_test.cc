@@ -1,4 +1,4 @@
-// dq::sim::simulate_reduce_scatter (issue 13): the reduce-scatter as the engine runs it, one codec
+// dq::sim::simulate_reduce_scatter: the reduce-scatter as the engine runs it, one codec
 // per chunk over the rank block the chunk ends at.
 #include <gtest/gtest.h>
 

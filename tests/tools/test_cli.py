@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The tools' command lines (issue 15 item 5): one parser for every tool, so --help and --version
+"""The tools' command lines: one parser for every tool, so --help and --version
 everywhere, "--opt value" and "--opt=value" both, an unknown option refused by name; JSON that is
 JSON when a number is not finite; the .npy reader refusing a shape it cannot read.
 

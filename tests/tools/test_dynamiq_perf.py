@@ -205,7 +205,7 @@ def case_torchrun_env(a):
     check_footer(prefixed, 3)
 
 
-# ---- reduce-scatter and reduce (issue 13) ---------------------------------------------------
+# ---- reduce-scatter and reduce ---------------------------------------------------------------
 def coll_counts(coll, size, esize, n):
     """nccl-tests' element counts: (send, recv, printed count)."""
     count = size // esize

@@ -69,7 +69,7 @@ with tempfile.TemporaryDirectory() as d:
     r = run("--input", saved, "--workers", "3", "--topo", "butterfly", "--format", "jsonl", "--quiet")
     check(r.returncode == 0 and json.loads(r.stdout)["workers"] == 3, f"saved file: {r.stderr}")
 
-# The reduce-scatter (issue 13): each rank block's vNMSE, bits within the budget, deterministic.
+# The reduce-scatter: each rank block's vNMSE, bits within the budget, deterministic.
 def jsonl(*args):
     r = run(*args, "--format", "jsonl", "--quiet")
     check(r.returncode == 0, f"{args} failed: {r.stderr}")
@@ -116,7 +116,7 @@ r = run("--input", sample, "--collective", "reducescatter", "--per-hop")
 check(r.returncode == 2 and "per-hop" in r.stderr, f"per-hop with reducescatter: {r.stderr}")
 check(all(x.get("collective") == "allreduce" for x in ar.values()), "all-reduce is the default")
 
-# --bits-breakdown (issue 14 section 2): the parts sum to the budget, the shares to 1, the
+# --bits-breakdown: the parts sum to the budget, the shares to 1, the
 # per-width vNMSE parts to the vNMSE; only for DynamiQ on the all-reduce.
 parts = ["values", "group_factors", "units", "statistics", "headers", "padding", "slack",
          "unallocated"]

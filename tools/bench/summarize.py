@@ -5,8 +5,8 @@ usage: summarize.py RESULTS.jsonl SETUP.txt OUT.json OUT.md
 
 Ratios are speed-ups of the DynamiQ 5-bit run (median time per call) over the BF16 pass-through
 and over MXFP8 through the engine, all from the same invocation; the collective (all-reduce or,
-with netns_allreduce.sh -c reducescatter, reduce-scatter) is the same in every run. The issue's
-targets (>= 2.5x and >= 1.5x at 1 Gbit/s) are printed next to them, never assumed.
+with netns_allreduce.sh -c reducescatter, reduce-scatter) is the same in every run. The
+benchmark's targets (>= 2.5x and >= 1.5x at 1 Gbit/s) are printed next to them, never assumed.
 """
 import json
 import sys

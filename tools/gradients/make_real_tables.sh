@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerates docs/results/real_*.jsonl and real_tables.md: vNMSE of every codec on the real
-# gradient corpus (issue 5 part 2). Needs libdynamiq-capi.so (DQ_CAPI_LIB, else
+# gradient corpus (docs/results/real_tables.md). Needs libdynamiq-capi.so (DQ_CAPI_LIB, else
 # <build>/tools/capi) and the corpus:
 #   data/gradients64  python3 tools/gradients/make_corpus.py --workers 64 --steps 0,40,79 \
 #                       --total-steps 80 --out data/gradients64

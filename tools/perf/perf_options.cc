@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include <functional>
 #include <map>
 #include <type_traits>
 
@@ -209,25 +210,143 @@ const char* perf_usage() {
          "Every option takes its value as -x V, -xV, --name V or --name=V.\n";
 }
 
+namespace {
+
+// One of nccl-tests' flags with its long name: "-b 1K", "-b1K", "--minbytes 1K",
+// "--minbytes=1K". The short letter identifies the option in apply_flag (0: long name only).
+struct PerfFlag {
+  char short_name;
+  const char* long_name;
+  bool takes_value;
+};
+
+constexpr PerfFlag kFlags[] = {
+    {'t', "nthreads", true},  {'g', "ngpus", true},        {'b', "minbytes", true},
+    {'e', "maxbytes", true},  {'i', "stepbytes", true},    {'f', "stepfactor", true},
+    {'n', "iters", true},     {'w', "warmup_iters", true}, {'m', "agg_iters", true},
+    {'c', "check", true},     {'o', "op", true},           {'d', "datatype", true},
+    {'a', "average", true},   {'r', "root", true},         {'z', "blocking", true},
+    {'G', "cudagraph", true}, {0, "lossy", false},         {0, "memory", true},
+    {0, "collective", true}};
+
+// The flags without a short letter: --lossy, --collective and --memory.
+Status apply_long_flag(const PerfFlag& flag, const char* value, PerfOptions* out,
+                       const std::function<Status(const char*)>& bad) {
+  if (std::strcmp(flag.long_name, "lossy") == 0) {
+    out->lossy = true;
+  } else if (std::strcmp(flag.long_name, "collective") == 0) {
+    if (!parse_collective(value, &out->collective)) return bad("allreduce, reducescatter or reduce");
+  } else if (std::strcmp(value, "auto") == 0) {
+    out->memory = Memory::kAuto;
+  } else if (std::strcmp(value, "host") == 0) {
+    out->memory = Memory::kHost;
+  } else if (std::strcmp(value, "device") == 0) {
+    out->memory = Memory::kDevice;
+  } else {
+    return bad("auto, host or device");
+  }
+  return Status::kOk;
+}
+
+// Applies one occurrence of a flag; *error names the flag as given by its short letter (or
+// its long name when it has none) and what it expects.
+Status apply_flag(const PerfFlag& flag, const char* value, PerfOptions* out, std::string* error) {
+  const std::string shown =
+      flag.short_name ? std::string("-") + flag.short_name : std::string("--") + flag.long_name;
+  const std::function<Status(const char*)> bad = [&](const char* expected) {
+    *error = "bad value '" + std::string(value) + "' for " + shown + " (expected " + expected + ")";
+    return Status::kInvalidArgument;
+  };
+  int number = 0;
+  switch (flag.short_name) {
+    case 't':
+    case 'g':
+      if (!parse_int(value, 1, 1, &number)) return bad("1: one thread and one GPU per process");
+      break;
+    case 'b':
+      if (!parse_size(value, &out->min_bytes)) return bad("a size such as 8, 1K, 64M");
+      break;
+    case 'e':
+      if (!parse_size(value, &out->max_bytes)) return bad("a size such as 8, 1K, 64M");
+      break;
+    case 'i':
+      if (!parse_size(value, &out->step_bytes)) return bad("a size such as 8, 1K, 64M");
+      break;
+    case 'f':
+      if (!parse_int(value, 1, 1 << 20, &number)) return bad("an integer factor >= 1");
+      out->step_factor = static_cast<uint64_t>(number);
+      break;
+    case 'n':
+      if (!parse_int(value, 1, 1 << 30, &out->iters)) return bad("an integer >= 1");
+      break;
+    case 'w':
+      if (!parse_int(value, 0, 1 << 30, &out->warmup_iters)) return bad("an integer >= 0");
+      break;
+    case 'm':
+      if (!parse_int(value, 1, 1 << 20, &out->agg_iters)) return bad("an integer >= 1");
+      break;
+    case 'c':
+      // nccl-tests' -c is the validation count; a name picks the collective instead.
+      if (!parse_int(value, 0, 1 << 20, &out->check_iters) &&
+          !parse_collective(value, &out->collective))
+        return bad("an integer >= 0 (validation iterations) or allreduce, reducescatter, reduce");
+      break;
+    case 'a':
+      if (!parse_int(value, 0, 3, &number)) return bad("0, 1, 2 or 3");
+      out->average = static_cast<TimeAverage>(number);
+      break;
+    case 'o':
+      if (!parse_ops(value, &out->ops)) return bad("sum, prod, max, min, avg or all");
+      break;
+    case 'd':
+      if (!parse_dtypes(value, &out->dtypes))
+        return bad("int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
+      break;
+    case 'r':
+      if (!parse_int(value, -1, 1 << 24, &out->root)) return bad("a rank >= 0, or -1 for all");
+      break;
+    case 'z':
+      if (!parse_int(value, 0, 1, &number)) return bad("0 or 1");
+      break;
+    case 'G':
+      if (!parse_int(value, 0, 0, &number)) return bad("0: CUDA graphs are not supported");
+      break;
+    default:
+      return apply_long_flag(flag, value, out, bad);
+  }
+  return Status::kOk;
+}
+
+// The size sweep must be ordered, grow, and stay under kMaxSweepSizes sizes.
+Status check_sweep(const PerfOptions& o, std::string* error) {
+  if (o.min_bytes > o.max_bytes) {
+    *error = "-b (" + std::to_string(o.min_bytes) + " B) is larger than -e (" +
+             std::to_string(o.max_bytes) + " B)";
+    return Status::kInvalidArgument;
+  }
+  if (o.step_factor > 1 && o.min_bytes == 0 && o.max_bytes > 0) {
+    *error = "-b 0 with -f > 1 never grows; give -b > 0";
+    return Status::kInvalidArgument;
+  }
+  if (o.step_factor <= 1 && o.step_bytes == 0 && o.max_bytes > o.min_bytes) {
+    *error = "-i 0 with -f 1 never grows; give -i > 0 or -f > 1";
+    return Status::kInvalidArgument;
+  }
+  if (sweep_sizes(o).size() >= kMaxSweepSizes) {
+    *error =
+        "the size sweep has more than " + std::to_string(kMaxSweepSizes) + " sizes; raise -i or -f";
+    return Status::kInvalidArgument;
+  }
+  return Status::kOk;
+}
+
+}  // namespace
+
 Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, std::string* error) {
   *out = PerfOptions{};
-  // nccl-tests' flags, each with its long name: "-b 1K", "-b1K", "--minbytes 1K",
-  // "--minbytes=1K". The short letter identifies the option below (0: long name only).
-  static const struct {
-    char short_name;
-    const char* long_name;
-    bool takes_value;
-  } kFlags[] = {
-      {'t', "nthreads", true},  {'g', "ngpus", true},        {'b', "minbytes", true},
-      {'e', "maxbytes", true},  {'i', "stepbytes", true},    {'f', "stepfactor", true},
-      {'n', "iters", true},     {'w', "warmup_iters", true}, {'m', "agg_iters", true},
-      {'c', "check", true},     {'o', "op", true},           {'d', "datatype", true},
-      {'a', "average", true},   {'r', "root", true},         {'z', "blocking", true},
-      {'G', "cudagraph", true}, {0, "lossy", false},         {0, "memory", true},
-      {0, "collective", true}};
   CLI::App app;
   cli::configure(&app, "dynamiq-perf");
-  std::map<const CLI::Option*, const std::remove_extent_t<decltype(kFlags)>*> flag_of;
+  std::map<const CLI::Option*, const PerfFlag*> flag_of;
   for (const auto& f : kFlags) {
     std::string names = f.short_name ? std::string("-") + f.short_name + ",--" + f.long_name
                                      : std::string("--") + f.long_name;
@@ -247,107 +366,11 @@ Status parse_perf_options(int argc, const char* const* argv, PerfOptions* out, s
   }
   // In command-line order, as nccl-tests: a repeated option's last value wins.
   for (const auto& occurrence : cli::in_order(app)) {
-    const auto* flag = flag_of.at(occurrence.option);
-    const char* value = occurrence.value.c_str();
-    const std::string shown =
-        flag->short_name ? std::string("-") + flag->short_name : std::string("--") + flag->long_name;
-    auto bad = [&](const char* expected) {
-      *error =
-          "bad value '" + std::string(value) + "' for " + shown + " (expected " + expected + ")";
-      return Status::kInvalidArgument;
-    };
-    int number = 0;
-    switch (flag->short_name) {
-      case 't':
-      case 'g':
-        if (!parse_int(value, 1, 1, &number)) return bad("1: one thread and one GPU per process");
-        break;
-      case 'b':
-        if (!parse_size(value, &out->min_bytes)) return bad("a size such as 8, 1K, 64M");
-        break;
-      case 'e':
-        if (!parse_size(value, &out->max_bytes)) return bad("a size such as 8, 1K, 64M");
-        break;
-      case 'i':
-        if (!parse_size(value, &out->step_bytes)) return bad("a size such as 8, 1K, 64M");
-        break;
-      case 'f':
-        if (!parse_int(value, 1, 1 << 20, &number)) return bad("an integer factor >= 1");
-        out->step_factor = static_cast<uint64_t>(number);
-        break;
-      case 'n':
-        if (!parse_int(value, 1, 1 << 30, &out->iters)) return bad("an integer >= 1");
-        break;
-      case 'w':
-        if (!parse_int(value, 0, 1 << 30, &out->warmup_iters)) return bad("an integer >= 0");
-        break;
-      case 'm':
-        if (!parse_int(value, 1, 1 << 20, &out->agg_iters)) return bad("an integer >= 1");
-        break;
-      case 'c':
-        // nccl-tests' -c is the validation count; a name picks the collective instead.
-        if (!parse_int(value, 0, 1 << 20, &out->check_iters) &&
-            !parse_collective(value, &out->collective))
-          return bad(
-              "an integer >= 0 (validation iterations) or allreduce, reducescatter, reduce");
-        break;
-      case 'a':
-        if (!parse_int(value, 0, 3, &number)) return bad("0, 1, 2 or 3");
-        out->average = static_cast<TimeAverage>(number);
-        break;
-      case 'o':
-        if (!parse_ops(value, &out->ops)) return bad("sum, prod, max, min, avg or all");
-        break;
-      case 'd':
-        if (!parse_dtypes(value, &out->dtypes))
-          return bad(
-              "int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
-        break;
-      case 'r':
-        if (!parse_int(value, -1, 1 << 24, &out->root)) return bad("a rank >= 0, or -1 for all");
-        break;
-      case 'z':
-        if (!parse_int(value, 0, 1, &number)) return bad("0 or 1");
-        break;
-      case 'G':
-        if (!parse_int(value, 0, 0, &number)) return bad("0: CUDA graphs are not supported");
-        break;
-      default:
-        if (std::strcmp(flag->long_name, "lossy") == 0) {
-          out->lossy = true;
-        } else if (std::strcmp(flag->long_name, "collective") == 0) {
-          if (!parse_collective(value, &out->collective))
-            return bad("allreduce, reducescatter or reduce");
-        } else if (std::strcmp(value, "auto") == 0) {
-          out->memory = Memory::kAuto;
-        } else if (std::strcmp(value, "host") == 0) {
-          out->memory = Memory::kHost;
-        } else if (std::strcmp(value, "device") == 0) {
-          out->memory = Memory::kDevice;
-        } else {
-          return bad("auto, host or device");
-        }
-    }
+    const Status s =
+        apply_flag(*flag_of.at(occurrence.option), occurrence.value.c_str(), out, error);
+    if (s != Status::kOk) return s;
   }
-  if (out->min_bytes > out->max_bytes) {
-    *error = "-b (" + std::to_string(out->min_bytes) + " B) is larger than -e (" +
-             std::to_string(out->max_bytes) + " B)";
-    return Status::kInvalidArgument;
-  }
-  if (out->step_factor > 1 && out->min_bytes == 0 && out->max_bytes > 0) {
-    *error = "-b 0 with -f > 1 never grows; give -b > 0";
-    return Status::kInvalidArgument;
-  }
-  if (out->step_factor <= 1 && out->step_bytes == 0 && out->max_bytes > out->min_bytes) {
-    *error = "-i 0 with -f 1 never grows; give -i > 0 or -f > 1";
-    return Status::kInvalidArgument;
-  }
-  if (sweep_sizes(*out).size() >= kMaxSweepSizes) {
-    *error =
-        "the size sweep has more than " + std::to_string(kMaxSweepSizes) + " sizes; raise -i or -f";
-    return Status::kInvalidArgument;
-  }
-  return Status::kOk;
+  return check_sweep(*out, error);
 }
 
 std::vector<size_t> sweep_sizes(const PerfOptions& o) {

@@ -1,4 +1,4 @@
-// Where a DynamiQ budget's bits go (issue 14 section 2): one compressed copy of the vector (every
+// Where a DynamiQ budget's bits go (--bits-breakdown): one compressed copy of the vector (every
 // chunk message plus the statistics all-reduce), split by what the bytes carry, read from the
 // plan and the per-call layout the codec built (docs/FORMAT.md); and, per width, the share of the
 // super-groups and of the measured squared error of the decoded all-reduce.

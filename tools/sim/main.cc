@@ -147,15 +147,27 @@ void print_breakdown(const dq::sim::BitBreakdown& b) {
                 energy > 0 ? 100 * b.energy_by_width[w] / energy : 0.0);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Every option of one run (defaults as kUsage says), and the lists parsed from them.
+struct SimArgs {
   std::string input, save, format = "table", topo_list = "ring", codec_list = "dynamiq:5";
   std::string worker_list = "4", collective = "allreduce", columns;
   bool synthetic = false, quiet = false, breakdown = false;
   dq::sim::SyntheticSpec syn;
   dq::sim::SimOptions opt;
   unsigned long long calls = 1, threads = 0;
+  bool scatter = false;  // --collective reducescatter
+  size_t col_begin = 0, col_end = SIZE_MAX;  // --columns B:E
+  std::vector<int> workers;
+  std::vector<dq::topo::Kind> topos;
+  std::vector<std::string> codecs;
+};
+
+// Returned by the steps of main when the run goes on (any other value is the exit code).
+constexpr int kContinue = -1;
+
+// Parses the command line into *a; the options apply in command-line order, so the last of a
+// repeated option wins.
+int parse_command_line(int argc, char** argv, SimArgs* a) {
   CLI::App app;
   dq::cli::configure(&app, "dynamiq-sim");
   CLI::Option* o_synthetic = dq::cli::add_switch(&app, "--synthetic");
@@ -190,204 +202,265 @@ int main(int argc, char** argv) {
     case dq::cli::Parsed::kRun:
       break;
   }
-  // Applied in command-line order: the last of a repeated option wins.
   for (const auto& [o, value] : dq::cli::in_order(app)) {
     const char* v = value.c_str();
     unsigned long long u = 0;
     double d = 0;
-    if (o == o_synthetic) synthetic = true;
-    else if (o == o_per_hop) opt.per_hop = true;
-    else if (o == o_quiet) quiet = true;
-    else if (o == o_breakdown) breakdown = true;
-    else if (o == o_input) input = value;
-    else if (o == o_columns) columns = value;
-    else if (o == o_save) save = value;
-    else if (o == o_workers) worker_list = value;
-    else if (o == o_topo) topo_list = value;
-    else if (o == o_codec) codec_list = value;
-    else if (o == o_format) format = value;
-    else if (o == o_collective) collective = value;
-    else if (o == o_dim) { if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31"); syn.cols = u; }
-    else if (o == o_spread) { if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]"); syn.spread = d; }
-    else if (o == o_shared) { if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]"); syn.shared = d; }
-    else if (o == o_seed) { if (!parse_ulong(v, 0, ~0ull, &u)) return usage_error("--seed must be an unsigned integer"); opt.seed = u; syn.seed = u; }
-    else if (o == o_calls) { if (!parse_ulong(v, 1, 1000, &calls)) return usage_error("--calls must be 1..1000"); }
-    else if (o == o_threads) { if (!parse_ulong(v, 1, 1024, &threads)) return usage_error("--threads must be 1..1024"); }
+    if (o == o_synthetic) a->synthetic = true;
+    else if (o == o_per_hop) a->opt.per_hop = true;
+    else if (o == o_quiet) a->quiet = true;
+    else if (o == o_breakdown) a->breakdown = true;
+    else if (o == o_input) a->input = value;
+    else if (o == o_columns) a->columns = value;
+    else if (o == o_save) a->save = value;
+    else if (o == o_workers) a->worker_list = value;
+    else if (o == o_topo) a->topo_list = value;
+    else if (o == o_codec) a->codec_list = value;
+    else if (o == o_format) a->format = value;
+    else if (o == o_collective) a->collective = value;
+    else if (o == o_dim) { if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31"); a->syn.cols = u; }
+    else if (o == o_spread) { if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]"); a->syn.spread = d; }
+    else if (o == o_shared) { if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]"); a->syn.shared = d; }
+    else if (o == o_seed) { if (!parse_ulong(v, 0, ~0ull, &u)) return usage_error("--seed must be an unsigned integer"); a->opt.seed = u; a->syn.seed = u; }
+    else if (o == o_calls) { if (!parse_ulong(v, 1, 1000, &a->calls)) return usage_error("--calls must be 1..1000"); }
+    else if (o == o_threads) { if (!parse_ulong(v, 1, 1024, &a->threads)) return usage_error("--threads must be 1..1024"); }
     else if (o == o_op) {
-      if (value == "sum") opt.op = dq::ReduceOp::kSum;
-      else if (value == "avg") opt.op = dq::ReduceOp::kAvg;
+      if (value == "sum") a->opt.op = dq::ReduceOp::kSum;
+      else if (value == "avg") a->opt.op = dq::ReduceOp::kAvg;
       else return usage_error("--op must be sum or avg");
     }
   }
-  if (format != "jsonl" && format != "table") return usage_error("--format must be jsonl or table");
-  if (collective != "allreduce" && collective != "reducescatter")
-    return usage_error("--collective must be allreduce or reducescatter");
-  const bool scatter = collective == "reducescatter";
-  if (scatter && opt.per_hop) return usage_error("--per-hop is for --collective allreduce only");
-  if (scatter && breakdown) return usage_error("--bits-breakdown is for --collective allreduce only");
-  if (input.empty() == !synthetic) return usage_error("give exactly one of --input or --synthetic");
-  // --columns B:E (E a number or "end"), the same syntax as dynamiq-predict's.
-  size_t col_begin = 0, col_end = SIZE_MAX;
-  if (!columns.empty() && (synthetic || !dq::sim::parse_column_range(columns, &col_begin, &col_end)))
-    return usage_error("--columns " + columns + ": expected B:E or B:end with B < E, with --input");
+  return kContinue;
+}
 
-  std::vector<int> workers;
-  for (const auto& w : dq::sim::split_list(worker_list)) {
+// Checks the options against each other and parses --columns, --workers, --topo and --codec.
+int check_options(SimArgs* a) {
+  if (a->format != "jsonl" && a->format != "table") return usage_error("--format must be jsonl or table");
+  if (a->collective != "allreduce" && a->collective != "reducescatter")
+    return usage_error("--collective must be allreduce or reducescatter");
+  a->scatter = a->collective == "reducescatter";
+  if (a->scatter && a->opt.per_hop) return usage_error("--per-hop is for --collective allreduce only");
+  if (a->scatter && a->breakdown) return usage_error("--bits-breakdown is for --collective allreduce only");
+  if (a->input.empty() == !a->synthetic) return usage_error("give exactly one of --input or --synthetic");
+  // --columns B:E (E a number or "end"), the same syntax as dynamiq-predict's.
+  if (!a->columns.empty() &&
+      (a->synthetic || !dq::sim::parse_column_range(a->columns, &a->col_begin, &a->col_end)))
+    return usage_error("--columns " + a->columns + ": expected B:E or B:end with B < E, with --input");
+
+  for (const auto& w : dq::sim::split_list(a->worker_list)) {
     unsigned long long u = 0;
     if (!parse_ulong(w.c_str(), 1, 1024, &u)) return usage_error("--workers: '" + w + "' is not in 1..1024");
-    workers.push_back(static_cast<int>(u));
+    a->workers.push_back(static_cast<int>(u));
   }
-  std::vector<dq::topo::Kind> topos;
-  for (const auto& t : dq::sim::split_list(topo_list)) {
+  for (const auto& t : dq::sim::split_list(a->topo_list)) {
     dq::topo::Kind k;
     if (dq::topo::parse_kind(t, &k) != Status::kOk) return usage_error("--topo: unknown topology '" + t + "' (ring, butterfly)");
-    topos.push_back(k);
+    a->topos.push_back(k);
   }
-  std::vector<std::string> codecs = dq::sim::split_list(codec_list);
-  for (const auto& c : codecs) {
+  a->codecs = dq::sim::split_list(a->codec_list);
+  for (const auto& c : a->codecs) {
     std::string err;
     auto codec = dq::make_codec(c, &err);
     if (!codec) return usage_error("--codec: " + err);
     dq::DynamiqOptions dyn;
     dq::DynamiqPlan plan;
-    if (breakdown && !dq::dynamiq_parameters(*codec, &dyn, &plan))
+    if (a->breakdown && !dq::dynamiq_parameters(*codec, &dyn, &plan))
       return usage_error("--bits-breakdown: " + c + " is not a DynamiQ codec");
   }
-  if (workers.empty() || topos.empty() || codecs.empty()) return usage_error("empty --workers, --topo or --codec list");
-  std::unique_ptr<tbb::global_control> limit;
-  if (threads) limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, threads);
+  if (a->workers.empty() || a->topos.empty() || a->codecs.empty()) return usage_error("empty --workers, --topo or --codec list");
+  return kContinue;
+}
 
+// The gradients: --synthetic ones (written and done with --save) or --input's rows.
+int load_gradients(SimArgs* a, dq::sim::Matrix* m) {
   int max_workers = 0;
-  for (int w : workers) max_workers = std::max(max_workers, w);
-  dq::sim::Matrix m;
+  for (int w : a->workers) max_workers = std::max(max_workers, w);
   std::string err;
-  if (synthetic) {
-    syn.rows = save.empty() ? max_workers : std::max<size_t>(max_workers, syn.rows);
+  if (a->synthetic) {
+    dq::sim::SyntheticSpec& syn = a->syn;
+    syn.rows = a->save.empty() ? max_workers : std::max<size_t>(max_workers, syn.rows);
     double gib = static_cast<double>(syn.rows) * syn.cols * 4 / (1 << 30);
     if (gib > 16) return usage_error("synthetic data would need " + std::to_string(gib) + " GiB; lower --dim or --workers");
-    dq::sim::make_synthetic(syn, &m);
-    if (!save.empty()) {
-      if (dq::sim::write_npy(save, m, &err) != Status::kOk) { std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str()); return 1; }
-      std::fprintf(stderr, "dynamiq-sim: wrote %zux%zu to %s\n", m.rows, m.cols, save.c_str());
+    dq::sim::make_synthetic(syn, m);
+    if (!a->save.empty()) {
+      if (dq::sim::write_npy(a->save, *m, &err) != Status::kOk) { std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str()); return 1; }
+      std::fprintf(stderr, "dynamiq-sim: wrote %zux%zu to %s\n", m->rows, m->cols, a->save.c_str());
       return 0;
     }
   } else {
-    if (dq::sim::read_npy_columns(input, max_workers, col_begin, col_end, &m, &err) != Status::kOk) {
+    if (dq::sim::read_npy_columns(a->input, max_workers, a->col_begin, a->col_end, m, &err) != Status::kOk) {
       // A range past the file's columns is the option's fault: name it.
-      if (!columns.empty() && err.find(": columns [") != std::string::npos)
-        std::fprintf(stderr, "dynamiq-sim: --columns %s: %s\n", columns.c_str(), err.c_str());
+      if (!a->columns.empty() && err.find(": columns [") != std::string::npos)
+        std::fprintf(stderr, "dynamiq-sim: --columns %s: %s\n", a->columns.c_str(), err.c_str());
       else
         std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str());
       return 2;
     }
-    if (static_cast<int>(m.rows) < max_workers) {
+    if (static_cast<int>(m->rows) < max_workers) {
       std::fprintf(stderr, "dynamiq-sim: %s has %zu rows but --workers asks for %d; give a file with at least %d rows or fewer workers\n",
-                   input.c_str(), m.rows, max_workers, max_workers);
+                   a->input.c_str(), m->rows, max_workers, max_workers);
       return 2;
     }
   }
+  return kContinue;
+}
 
-  if (format == "table")
-    std::printf("%-34s %-9s %5s %12s %9s %9s %7s\n", "codec", "topo", "n", "vNMSE", "bits/crd", "wire/crd", "sec");
-  const auto start = std::chrono::steady_clock::now();
-  size_t done = 0, total = workers.size() * topos.size() * codecs.size();
-  for (int n : workers)
-    for (auto topo : topos) {
-      // A reduce-scatter needs one chunk ending at every worker: the engine runs a butterfly of
-      // a rank count that is not a power of two on the ring, and so does the simulator.
-      const bool pow2 = (n & (n - 1)) == 0;
-      if (scatter && topo == dq::topo::Kind::kButterfly && !pow2) {
-        if (!quiet)
-          std::fprintf(stderr, "dynamiq-sim: reducescatter n=%d: butterfly runs on the ring, as in the engine\n", n);
-        topo = dq::topo::Kind::kRing;
-      }
-      dq::topo::Schedule sched;
-      if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
-      std::vector<const float*> rows;
-      for (int r = 0; r < n; ++r) rows.push_back(m.row(r));
-      const size_t recvcount = m.cols / static_cast<size_t>(n);
-      if (scatter && recvcount == 0) return usage_error("--collective reducescatter needs d >= workers");
-      const size_t d = scatter ? recvcount * n : m.cols;
-      for (const auto& spec : codecs) {
-        auto codec = dq::make_codec(spec, &err);
-        dq::sim::SimResult sum{}, r{};
-        std::vector<double> hop, blocks;
-        std::vector<float> decoded;
-        dq::sim::BitBreakdown bits;
-        for (unsigned long long call = 0; call < calls; ++call) {
-          dq::sim::SimOptions o = opt;
-          o.call = call;
-          const Status st = scatter ? dq::sim::simulate_reduce_scatter(spec, sched, rows, recvcount, o, nullptr, &r)
-                                    : dq::sim::simulate_allreduce(*codec, sched, rows, m.cols, o,
-                                                                  breakdown ? &decoded : nullptr, &r);
-          if (st != Status::kOk) {
-            std::fprintf(stderr, "dynamiq-sim: %s %s on %s n=%d failed\n", collective.c_str(), spec.c_str(),
-                         dq::topo::kind_name(topo), n);
-            return 1;
-          }
-          if (breakdown) {
-            // The plan and the widths are the same every call (the statistics do not change);
-            // the error is summed over the calls.
-            if ((call == 0 && !dq::sim::bit_breakdown(*codec, &bits, &err)) ||
-                !dq::sim::accumulate_width_error(*codec, rows, n, decoded.data(), opt.op, &bits, &err)) {
-              std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str());
-              return 1;
-            }
-          }
-          sum.vnmse += r.vnmse / calls;
-          sum.seconds += r.seconds;
-          hop.resize(r.hop_error.size());
-          for (size_t k = 0; k < hop.size(); ++k) hop[k] += r.hop_error[k] / calls;
-          blocks.resize(r.block_vnmse.size());
-          for (size_t k = 0; k < blocks.size(); ++k) blocks[k] += r.block_vnmse[k] / calls;
-        }
-        ++done;
-        if (!quiet)
-          std::fprintf(stderr, "[dynamiq-sim %zu/%zu, %.1f s] %s %s n=%d\n", done, total,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                       spec.c_str(), dq::topo::kind_name(topo), n);
-        if (format == "jsonl") {
-          // nlohmann-json, keys in this order. A non-finite number (an input holding infinities
-          // or NaNs) is written as null, never as nan or inf, which are not JSON; "vnmse_finite"
-          // is always there and false then, and a list or other number that is not finite gets
-          // its own "<key>_finite": false.
-          nlohmann::ordered_json row;
-          row["collective"] = collective;
-          row["codec"] = spec;
-          row["topo"] = dq::topo::kind_name(topo);
-          row["workers"] = n;
-          row["d"] = d;
-          dq::cli::put_number(&row, "vnmse", sum.vnmse, /*always_flag=*/true);
-          dq::cli::put_number(&row, "bits_per_coord", r.bits_per_coord);
-          dq::cli::put_number(&row, "wire_bits_per_coord", r.wire_bits_per_coord);
-          row["budget_honest"] = r.budget_honest;
-          row["chunks_large_enough"] = r.chunks_large_enough;
-          row["calls"] = calls;
-          row["seed"] = static_cast<unsigned long long>(opt.seed);
-          dq::cli::put_number(&row, "seconds", sum.seconds);
-          if (scatter) {
-            row["recvcount"] = recvcount;
-            dq::cli::put_numbers(&row, "block_vnmse", blocks);
-          }
-          if (opt.per_hop) dq::cli::put_numbers(&row, "hop_vnmse", hop);
-          if (breakdown) row["bits_breakdown"] = breakdown_json(bits);
-          std::printf("%s\n", row.dump().c_str());
-        } else {
-          std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", spec.c_str(), dq::topo::kind_name(topo), n,
-                      sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, sum.seconds);
-          if (scatter) {
-            double lo = blocks.empty() ? 0 : blocks[0], hi = lo;
-            for (double b : blocks) lo = std::min(lo, b), hi = std::max(hi, b);
-            std::printf("  (reducescatter: block vNMSE %.3e..%.3e)", lo, hi);
-          }
-          if (!r.chunks_large_enough)
-            std::printf("  (< %zu super-groups per chunk: the engine passes this through)",
-                        dq::kMinSuperGroupsPerChunk);
-          std::printf("\n");
-          if (breakdown) print_breakdown(bits);
-        }
-        std::fflush(stdout);
+// One codec x topology x n case: its schedule and rows, and what its calls measured.
+struct Case {
+  std::string spec;
+  dq::topo::Kind topo;
+  int n = 0;
+  size_t recvcount = 0;  // reduce-scatter: elements per rank block
+  size_t d = 0;          // elements reduced per worker
+  dq::sim::SimResult sum{}, last{};  // sum: vNMSE averaged and seconds summed over the calls
+  std::vector<double> hop, blocks;   // averaged over the calls
+  dq::sim::BitBreakdown bits;
+};
+
+// Runs the case's --calls calls (call ids 0..calls-1) and averages their figures into *c.
+int simulate_calls(const SimArgs& a, const dq::topo::Schedule& sched,
+                   const std::vector<const float*>& rows, size_t cols, Case* c) {
+  std::string err;
+  auto codec = dq::make_codec(c->spec, &err);
+  std::vector<float> decoded;
+  dq::sim::SimResult& r = c->last;
+  for (unsigned long long call = 0; call < a.calls; ++call) {
+    dq::sim::SimOptions o = a.opt;
+    o.call = call;
+    const Status st = a.scatter ? dq::sim::simulate_reduce_scatter(c->spec, sched, rows, c->recvcount, o, nullptr, &r)
+                                : dq::sim::simulate_allreduce(*codec, sched, rows, cols, o,
+                                                              a.breakdown ? &decoded : nullptr, &r);
+    if (st != Status::kOk) {
+      std::fprintf(stderr, "dynamiq-sim: %s %s on %s n=%d failed\n", a.collective.c_str(), c->spec.c_str(),
+                   dq::topo::kind_name(c->topo), c->n);
+      return 1;
+    }
+    if (a.breakdown) {
+      // The plan and the widths are the same every call (the statistics do not change);
+      // the error is summed over the calls.
+      if ((call == 0 && !dq::sim::bit_breakdown(*codec, &c->bits, &err)) ||
+          !dq::sim::accumulate_width_error(*codec, rows, c->n, decoded.data(), a.opt.op, &c->bits, &err)) {
+        std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str());
+        return 1;
       }
     }
+    c->sum.vnmse += r.vnmse / a.calls;
+    c->sum.seconds += r.seconds;
+    c->hop.resize(r.hop_error.size());
+    for (size_t k = 0; k < c->hop.size(); ++k) c->hop[k] += r.hop_error[k] / a.calls;
+    c->blocks.resize(r.block_vnmse.size());
+    for (size_t k = 0; k < c->blocks.size(); ++k) c->blocks[k] += r.block_vnmse[k] / a.calls;
+  }
+  return kContinue;
+}
+
+void print_jsonl_row(const SimArgs& a, const Case& c) {
+  const dq::sim::SimResult& r = c.last;
+  // nlohmann-json, keys in this order. A non-finite number (an input holding infinities
+  // or NaNs) is written as null, never as nan or inf, which are not JSON; "vnmse_finite"
+  // is always there and false then, and a list or other number that is not finite gets
+  // its own "<key>_finite": false.
+  nlohmann::ordered_json row;
+  row["collective"] = a.collective;
+  row["codec"] = c.spec;
+  row["topo"] = dq::topo::kind_name(c.topo);
+  row["workers"] = c.n;
+  row["d"] = c.d;
+  dq::cli::put_number(&row, "vnmse", c.sum.vnmse, /*always_flag=*/true);
+  dq::cli::put_number(&row, "bits_per_coord", r.bits_per_coord);
+  dq::cli::put_number(&row, "wire_bits_per_coord", r.wire_bits_per_coord);
+  row["budget_honest"] = r.budget_honest;
+  row["chunks_large_enough"] = r.chunks_large_enough;
+  row["calls"] = a.calls;
+  row["seed"] = static_cast<unsigned long long>(a.opt.seed);
+  dq::cli::put_number(&row, "seconds", c.sum.seconds);
+  if (a.scatter) {
+    row["recvcount"] = c.recvcount;
+    dq::cli::put_numbers(&row, "block_vnmse", c.blocks);
+  }
+  if (a.opt.per_hop) dq::cli::put_numbers(&row, "hop_vnmse", c.hop);
+  if (a.breakdown) row["bits_breakdown"] = breakdown_json(c.bits);
+  std::printf("%s\n", row.dump().c_str());
+}
+
+void print_table_row(const SimArgs& a, const Case& c) {
+  const dq::sim::SimResult& r = c.last;
+  std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", c.spec.c_str(), dq::topo::kind_name(c.topo), c.n,
+              c.sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, c.sum.seconds);
+  if (a.scatter) {
+    double lo = c.blocks.empty() ? 0 : c.blocks[0], hi = lo;
+    for (double b : c.blocks) lo = std::min(lo, b), hi = std::max(hi, b);
+    std::printf("  (reducescatter: block vNMSE %.3e..%.3e)", lo, hi);
+  }
+  if (!r.chunks_large_enough)
+    std::printf("  (< %zu super-groups per chunk: the engine passes this through)",
+                dq::kMinSuperGroupsPerChunk);
+  std::printf("\n");
+  if (a.breakdown) print_breakdown(c.bits);
+}
+
+// Progress on stderr: cases done of all, seconds since the first started.
+struct Progress {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  size_t done = 0, total = 0;
+};
+
+// Every codec on one topology and worker count.
+int run_topology(const SimArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Kind topo,
+                 Progress* progress) {
+  // A reduce-scatter needs one chunk ending at every worker: the engine runs a butterfly of
+  // a rank count that is not a power of two on the ring, and so does the simulator.
+  const bool pow2 = (n & (n - 1)) == 0;
+  if (a.scatter && topo == dq::topo::Kind::kButterfly && !pow2) {
+    if (!a.quiet)
+      std::fprintf(stderr, "dynamiq-sim: reducescatter n=%d: butterfly runs on the ring, as in the engine\n", n);
+    topo = dq::topo::Kind::kRing;
+  }
+  dq::topo::Schedule sched;
+  if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
+  std::vector<const float*> rows;
+  for (int r = 0; r < n; ++r) rows.push_back(m.row(r));
+  const size_t recvcount = m.cols / static_cast<size_t>(n);
+  if (a.scatter && recvcount == 0) return usage_error("--collective reducescatter needs d >= workers");
+  for (const auto& spec : a.codecs) {
+    Case c;
+    c.spec = spec;
+    c.topo = topo;
+    c.n = n;
+    c.recvcount = recvcount;
+    c.d = a.scatter ? recvcount * n : m.cols;
+    if (const int rc = simulate_calls(a, sched, rows, m.cols, &c); rc != kContinue) return rc;
+    ++progress->done;
+    if (!a.quiet)
+      std::fprintf(stderr, "[dynamiq-sim %zu/%zu, %.1f s] %s %s n=%d\n", progress->done, progress->total,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - progress->start).count(),
+                   spec.c_str(), dq::topo::kind_name(topo), n);
+    if (a.format == "jsonl")
+      print_jsonl_row(a, c);
+    else
+      print_table_row(a, c);
+    std::fflush(stdout);
+  }
+  return kContinue;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SimArgs a;
+  if (const int rc = parse_command_line(argc, argv, &a); rc != kContinue) return rc;
+  if (const int rc = check_options(&a); rc != kContinue) return rc;
+  std::unique_ptr<tbb::global_control> limit;
+  if (a.threads) limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, a.threads);
+  dq::sim::Matrix m;
+  if (const int rc = load_gradients(&a, &m); rc != kContinue) return rc;
+
+  if (a.format == "table")
+    std::printf("%-34s %-9s %5s %12s %9s %9s %7s\n", "codec", "topo", "n", "vNMSE", "bits/crd", "wire/crd", "sec");
+  Progress progress;
+  progress.total = a.workers.size() * a.topos.size() * a.codecs.size();
+  for (int n : a.workers)
+    for (auto topo : a.topos)
+      if (const int rc = run_topology(a, m, n, topo, &progress); rc != kContinue) return rc;
   return 0;
 }

@@ -6,7 +6,7 @@ Usage: plot_prediction.py OUT.png LABEL=FILE.jsonl[,FILE.jsonl...] [LABEL=FILES 
 A label may pool several files (comma-separated); a file ending in .xz is read compressed.
 
 Every "fixed" row (DynamiQ at a fixed budget) and "mx" row (MXFP8, MXFP6) of each file is one
-point, log-log, coloured by label; the diagonal and the band [0.67, 1.5] of issue 14's target are
+point, log-log, coloured by label; the diagonal and the band [0.67, 1.5] of the model's target are
 drawn. Prints, per label and over all, the median and 90th percentile of predicted / measured and
 the share of points inside the band. Needs matplotlib (tools/gradients/requirements.txt).
 """

@@ -96,179 +96,232 @@ class BucketMeasurements {
   std::vector<std::pair<std::string, Measured>> done_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The options (defaults as kUsage says) and the lists parsed from them.
+struct PredictArgs {
   std::string input, workers_s = "4", topo_s = "ring", budgets_s = "3,4,5,6,7,8";
   std::string target_s = "mxfp8", columns_s;
   bool synthetic = false;
-  size_t bucket = 262144;
+  size_t bucket = 262144;  // elements per bucket
   dq::sim::SyntheticSpec syn;
+  size_t col_begin = 0, col_end = SIZE_MAX;  // --columns B:E
+  dq::BudgetTarget target;
+  std::vector<int> workers;
+  std::vector<dq::topo::Kind> topos;
+  std::vector<double> budgets;  // bits per coordinate
+  int max_workers = 0;
+};
+
+// Returned by the steps of main when the run goes on (any other value is the exit code).
+constexpr int kContinue = -1;
+
+int parse_command_line(int argc, char** argv, PredictArgs* a) {
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") return std::printf("%s", kUsage), 0;
-    if (a == "--synthetic") {
-      synthetic = true;
+    const std::string o = argv[i];
+    if (o == "-h" || o == "--help") return std::printf("%s", kUsage), 0;
+    if (o == "--synthetic") {
+      a->synthetic = true;
       continue;
     }
-    if (i + 1 >= argc) return fail(a + " needs a value (or is unknown)");
+    if (i + 1 >= argc) return fail(o + " needs a value (or is unknown)");
     const std::string v = argv[++i];
-    if (a == "--input") input = v;
-    else if (a == "--workers") workers_s = v;
-    else if (a == "--topo") topo_s = v;
-    else if (a == "--budgets") budgets_s = v;
-    else if (a == "--target") target_s = v;
-    else if (a == "--columns") columns_s = v;
-    else if (a == "--bucket") bucket = std::strtoull(v.c_str(), nullptr, 10);
-    else if (a == "--dim") syn.cols = std::strtoull(v.c_str(), nullptr, 10);
-    else if (a == "--spread") syn.spread = std::strtod(v.c_str(), nullptr);
-    else if (a == "--shared") syn.shared = std::strtod(v.c_str(), nullptr);
-    else if (a == "--seed") syn.seed = std::strtoull(v.c_str(), nullptr, 10);
-    else return fail("unknown option " + a);
+    if (o == "--input") a->input = v;
+    else if (o == "--workers") a->workers_s = v;
+    else if (o == "--topo") a->topo_s = v;
+    else if (o == "--budgets") a->budgets_s = v;
+    else if (o == "--target") a->target_s = v;
+    else if (o == "--columns") a->columns_s = v;
+    else if (o == "--bucket") a->bucket = std::strtoull(v.c_str(), nullptr, 10);
+    else if (o == "--dim") a->syn.cols = std::strtoull(v.c_str(), nullptr, 10);
+    else if (o == "--spread") a->syn.spread = std::strtod(v.c_str(), nullptr);
+    else if (o == "--shared") a->syn.shared = std::strtod(v.c_str(), nullptr);
+    else if (o == "--seed") a->syn.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else return fail("unknown option " + o);
   }
-  if (input.empty() == !synthetic) return fail("give exactly one of --input or --synthetic");
-  if (bucket < 256) return fail("--bucket must be at least 256");
-  size_t col_begin = 0, col_end = SIZE_MAX;
-  if (!columns_s.empty() &&
-      (synthetic || !dq::sim::parse_column_range(columns_s, &col_begin, &col_end)))
-    return fail("--columns " + columns_s + ": expected B:E or B:end with B < E, with --input");
-  dq::BudgetTarget target;
-  if (!dq::parse_budget_target(target_s, &target))
-    return fail("--target " + target_s + ": expected mxfp8, mxfp6 or vnmse:X");
-  std::vector<int> workers;
-  for (const auto& w : dq::sim::split_list(workers_s)) workers.push_back(std::atoi(w.c_str()));
-  std::vector<dq::topo::Kind> topos;
-  for (const auto& t : dq::sim::split_list(topo_s)) {
+  return kContinue;
+}
+
+// Checks the options and parses --columns, --target and the lists.
+int check_options(PredictArgs* a) {
+  if (a->input.empty() == !a->synthetic) return fail("give exactly one of --input or --synthetic");
+  if (a->bucket < 256) return fail("--bucket must be at least 256");
+  if (!a->columns_s.empty() &&
+      (a->synthetic || !dq::sim::parse_column_range(a->columns_s, &a->col_begin, &a->col_end)))
+    return fail("--columns " + a->columns_s + ": expected B:E or B:end with B < E, with --input");
+  if (!dq::parse_budget_target(a->target_s, &a->target))
+    return fail("--target " + a->target_s + ": expected mxfp8, mxfp6 or vnmse:X");
+  for (const auto& w : dq::sim::split_list(a->workers_s)) a->workers.push_back(std::atoi(w.c_str()));
+  for (const auto& t : dq::sim::split_list(a->topo_s)) {
     dq::topo::Kind k;
     if (dq::topo::parse_kind(t, &k) != Status::kOk) return fail("unknown topology " + t);
-    topos.push_back(k);
+    a->topos.push_back(k);
   }
-  std::vector<double> budgets;
-  for (const auto& b : dq::sim::split_list(budgets_s)) budgets.push_back(std::strtod(b.c_str(), nullptr));
-  int max_workers = 0;
-  for (int w : workers) {
+  for (const auto& b : dq::sim::split_list(a->budgets_s)) a->budgets.push_back(std::strtod(b.c_str(), nullptr));
+  for (int w : a->workers) {
     if (w < 2 || w > 1024) return fail("--workers: each in 2..1024");
-    max_workers = std::max(max_workers, w);
+    a->max_workers = std::max(a->max_workers, w);
   }
+  return kContinue;
+}
 
-  dq::sim::Matrix m;
+int load_gradients(PredictArgs* a, dq::sim::Matrix* m) {
   std::string err;
-  if (synthetic) {
-    syn.rows = static_cast<size_t>(max_workers);
-    dq::sim::make_synthetic(syn, &m);
-  } else if (dq::sim::read_npy_columns(input, max_workers, col_begin, col_end, &m, &err) !=
-                 Status::kOk ||
-             static_cast<int>(m.rows) < max_workers) {
-    return fail(err.empty() ? input + ": fewer rows than --workers" : err);
+  if (a->synthetic) {
+    a->syn.rows = static_cast<size_t>(a->max_workers);
+    dq::sim::make_synthetic(a->syn, m);
+  } else if (dq::sim::read_npy_columns(a->input, a->max_workers, a->col_begin, a->col_end, m,
+                                       &err) != Status::kOk ||
+             static_cast<int>(m->rows) < a->max_workers) {
+    return fail(err.empty() ? a->input + ": fewer rows than --workers" : err);
   }
+  return kContinue;
+}
 
-  std::vector<double> ratio_fixed, ratio_mx;
+// The figures the summary lines are made of, over every bucket, topology and worker count.
+struct Totals {
+  std::vector<double> ratio_fixed, ratio_mx;  // predicted / measured vNMSE
   double auto_bits = 0, auto_err = 0, mx_err = 0, five_err = 0, energy_all = 0, coords = 0;
   double mx_bits = 0;
   size_t auto_buckets = 0, auto_meets = 0;
-  const size_t n_buckets = std::max<size_t>(1, m.cols / bucket);
-  for (int n : workers)
-    for (dq::topo::Kind topo : topos) {
-      dq::topo::Schedule sched;
-      if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
-      const dq::HopTables hop = dq::hop_profile(sched);
-      for (size_t b = 0; b < n_buckets; ++b) {
-        const size_t begin = b * bucket;
-        const size_t d = b + 1 == n_buckets ? m.cols - begin : bucket;
-        std::vector<const float*> rows;
-        for (int r = 0; r < n; ++r) rows.push_back(m.row(r) + begin);
-        // The exact sum's energy, to turn vNMSEs into errors summed over buckets.
-        double energy = 0;
-        for (size_t i = 0; i < d; ++i) {
-          double s = 0;
-          for (const float* r : rows) s += r[i];
-          energy += s * s;
-        }
-        auto base = dq::make_codec("dynamiq:5", &err);
-        base->plan(d, sched.n_chunks, n);
-        const std::vector<uint16_t> stats = dq::sim::reduced_stats(*base, rows, d);
-        dq::StatsSummary summary;
-        if (!summary.load(stats.data(), d, n, hop.view())) continue;
-        const std::vector<const dq::StatsSummary*> parts{&summary};
-        BucketMeasurements measured(sched, rows, d);
-        auto row = [&](const char* kind, const std::string& codec) {
-          nlohmann::ordered_json j;
-          j["kind"] = kind;
-          j["bucket"] = b;
-          j["offset"] = col_begin + begin;
-          j["count"] = d;
-          j["topo"] = dq::topo::kind_name(topo);
-          j["workers"] = n;
-          j["codec"] = codec;
-          return j;
-        };
-        // Measures `spec`, prints its predicted-against-measured row and keeps the ratio.
-        auto compare = [&](const char* kind, const std::string& spec, double pred,
-                           std::vector<double>* ratios, Measured* me) {
-          if (!measured.get(spec, me)) return false;
-          auto j = row(kind, spec);
-          j["predicted"] = pred;
-          j["measured"] = me->vnmse;
-          j["ratio"] = pred / me->vnmse;
-          ratios->push_back(pred / me->vnmse);
-          std::printf("%s\n", j.dump().c_str());
-          return true;
-        };
-        for (double bits : budgets) {
-          dq::DynamiqPlan plan;
-          bool fits = false;
-          if (dq::sim::auto_rung_plan(bits, d, sched, &plan, &fits, &err) != Status::kOk) {
-            std::fprintf(stderr, "dynamiq-predict: %s\n", err.c_str());
-            return 1;
-          }
-          if (!fits) continue;
-          const double pred = dq::predict_vnmse(parts, {&plan}, nullptr);
-          char spec[32];
-          std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
-          Measured me;
-          if (!compare("fixed", spec, pred, &ratio_fixed, &me)) return 1;
-        }
-        Measured mx8, five;
-        for (const char* spec : {"mxfp8", "mxfp6"}) {
-          const double k = dq::mx_rounding_error(spec);
-          const double pred = summary.mx_error(k) / summary.energy();
-          Measured me;
-          if (!compare("mx", spec, pred, &ratio_mx, &me)) return 1;
-          if (std::strcmp(spec, "mxfp8") == 0) mx8 = me;
-        }
-        // auto: the model's choice over every rung and the MX fallbacks, as the engine makes it.
-        dq::BudgetPrediction pred;
-        if (dq::sim::predict_auto(summary, d, sched, target, &pred, &err) != Status::kOk) continue;
-        const std::string spec = dq::candidate_spec(pred.rung);
-        Measured me;
-        if (!measured.get(spec, &me) || !measured.get("dynamiq:5", &five))
-          return 1;
-        // An MX bucket of the engine also all-reduces its statistics every 8th call.
-        if (dq::candidate_is_mx(pred.rung))
-          me.bits += 16.0 * dq::kStatsWordsPerSupergroup / 256.0 / 8.0;
-        auto j = row("auto", spec);
-        j["target"] = dq::budget_target_name(target);
-        j["target_vnmse"] = pred.target;
-        j["predicted"] = pred.vnmse[pred.rung];
-        j["measured"] = me.vnmse;
-        j["bits_per_coord"] = me.bits;
-        j["mxfp8_measured"] = mx8.vnmse;
-        j["mxfp8_bits_per_coord"] = mx8.bits;
-        j["dynamiq5_measured"] = five.vnmse;
-        j["dynamiq5_bits_per_coord"] = five.bits;
-        j["energy"] = energy;
-        std::printf("%s\n", j.dump().c_str());
-        ++auto_buckets;
-        auto_meets += me.vnmse <= mx8.vnmse;
-        auto_bits += me.bits * d;
-        mx_bits += mx8.bits * d;
-        coords += d;
-        auto_err += me.vnmse * energy;
-        mx_err += mx8.vnmse * energy;
-        five_err += five.vnmse * energy;
-        energy_all += energy;
-      }
+};
+
+// One bucket of one topology and worker count: what its rows are and how it was measured.
+struct Bucket {
+  dq::topo::Kind topo;
+  int n = 0;
+  size_t index = 0, offset = 0, count = 0;  // offset: the first column in the input file
+  double energy = 0;                        // of the exact sum
+};
+
+nlohmann::ordered_json bucket_row(const Bucket& bk, const char* kind, const std::string& codec) {
+  nlohmann::ordered_json j;
+  j["kind"] = kind;
+  j["bucket"] = bk.index;
+  j["offset"] = bk.offset;
+  j["count"] = bk.count;
+  j["topo"] = dq::topo::kind_name(bk.topo);
+  j["workers"] = bk.n;
+  j["codec"] = codec;
+  return j;
+}
+
+// Measures `spec`, prints its predicted-against-measured row and keeps the ratio.
+bool compare(BucketMeasurements& measured, const Bucket& bk, const char* kind,
+             const std::string& spec, double pred, std::vector<double>* ratios, Measured* me) {
+  if (!measured.get(spec, me)) return false;
+  auto j = bucket_row(bk, kind, spec);
+  j["predicted"] = pred;
+  j["measured"] = me->vnmse;
+  j["ratio"] = pred / me->vnmse;
+  ratios->push_back(pred / me->vnmse);
+  std::printf("%s\n", j.dump().c_str());
+  return true;
+}
+
+// The "fixed" rows: every --budgets budget whose plan fits the bucket.
+int compare_fixed_budgets(const PredictArgs& a, const dq::topo::Schedule& sched, const Bucket& bk,
+                          const std::vector<const dq::StatsSummary*>& parts,
+                          BucketMeasurements& measured, Totals* t) {
+  std::string err;
+  for (double bits : a.budgets) {
+    dq::DynamiqPlan plan;
+    bool fits = false;
+    if (dq::sim::auto_rung_plan(bits, bk.count, sched, &plan, &fits, &err) != Status::kOk) {
+      std::fprintf(stderr, "dynamiq-predict: %s\n", err.c_str());
+      return 1;
     }
+    if (!fits) continue;
+    const double pred = dq::predict_vnmse(parts, {&plan}, nullptr);
+    char spec[32];
+    std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
+    Measured me;
+    if (!compare(measured, bk, "fixed", spec, pred, &t->ratio_fixed, &me)) return 1;
+  }
+  return kContinue;
+}
+
+// The "mx" rows (MXFP8 and MXFP6); *mx8 receives MXFP8's measurement.
+int compare_mx(const Bucket& bk, const dq::StatsSummary& summary, BucketMeasurements& measured,
+               Measured* mx8, Totals* t) {
+  for (const char* spec : {"mxfp8", "mxfp6"}) {
+    const double k = dq::mx_rounding_error(spec);
+    const double pred = summary.mx_error(k) / summary.energy();
+    Measured me;
+    if (!compare(measured, bk, "mx", spec, pred, &t->ratio_mx, &me)) return 1;
+    if (std::strcmp(spec, "mxfp8") == 0) *mx8 = me;
+  }
+  return kContinue;
+}
+
+// The "auto" row: the model's choice over every rung and the MX fallbacks, as the engine makes
+// it, against MXFP8 and fixed 5 bits.
+int compare_auto(const PredictArgs& a, const dq::topo::Schedule& sched, const Bucket& bk,
+                 const dq::StatsSummary& summary, BucketMeasurements& measured,
+                 const Measured& mx8, Totals* t) {
+  std::string err;
+  dq::BudgetPrediction pred;
+  if (dq::sim::predict_auto(summary, bk.count, sched, a.target, &pred, &err) != Status::kOk)
+    return kContinue;
+  const std::string spec = dq::candidate_spec(pred.rung);
+  Measured me, five;
+  if (!measured.get(spec, &me) || !measured.get("dynamiq:5", &five))
+    return 1;
+  // An MX bucket of the engine also all-reduces its statistics every 8th call.
+  if (dq::candidate_is_mx(pred.rung))
+    me.bits += 16.0 * dq::kStatsWordsPerSupergroup / 256.0 / 8.0;
+  auto j = bucket_row(bk, "auto", spec);
+  j["target"] = dq::budget_target_name(a.target);
+  j["target_vnmse"] = pred.target;
+  j["predicted"] = pred.vnmse[pred.rung];
+  j["measured"] = me.vnmse;
+  j["bits_per_coord"] = me.bits;
+  j["mxfp8_measured"] = mx8.vnmse;
+  j["mxfp8_bits_per_coord"] = mx8.bits;
+  j["dynamiq5_measured"] = five.vnmse;
+  j["dynamiq5_bits_per_coord"] = five.bits;
+  j["energy"] = bk.energy;
+  std::printf("%s\n", j.dump().c_str());
+  const size_t d = bk.count;
+  ++t->auto_buckets;
+  t->auto_meets += me.vnmse <= mx8.vnmse;
+  t->auto_bits += me.bits * d;
+  t->mx_bits += mx8.bits * d;
+  t->coords += d;
+  t->auto_err += me.vnmse * bk.energy;
+  t->mx_err += mx8.vnmse * bk.energy;
+  t->five_err += five.vnmse * bk.energy;
+  t->energy_all += bk.energy;
+  return kContinue;
+}
+
+// Every row of one bucket; a bucket whose statistics give no summary has none.
+int predict_bucket(const PredictArgs& a, const dq::topo::Schedule& sched, const dq::HopTables& hop,
+                   const std::vector<const float*>& rows, Bucket bk, Totals* t) {
+  const size_t d = bk.count;
+  const int n = bk.n;
+  // The exact sum's energy, to turn vNMSEs into errors summed over buckets.
+  double energy = 0;
+  for (size_t i = 0; i < d; ++i) {
+    double s = 0;
+    for (const float* r : rows) s += r[i];
+    energy += s * s;
+  }
+  bk.energy = energy;
+  std::string err;
+  auto base = dq::make_codec("dynamiq:5", &err);
+  base->plan(d, sched.n_chunks, n);
+  const std::vector<uint16_t> stats = dq::sim::reduced_stats(*base, rows, d);
+  dq::StatsSummary summary;
+  if (!summary.load(stats.data(), d, n, hop.view())) return kContinue;
+  const std::vector<const dq::StatsSummary*> parts{&summary};
+  BucketMeasurements measured(sched, rows, d);
+  if (const int rc = compare_fixed_budgets(a, sched, bk, parts, measured, t); rc != kContinue)
+    return rc;
+  Measured mx8;
+  if (const int rc = compare_mx(bk, summary, measured, &mx8, t); rc != kContinue) return rc;
+  return compare_auto(a, sched, bk, summary, measured, mx8, t);
+}
+
+void print_summaries(const PredictArgs& a, const Totals& t) {
   auto summary_row = [&](const char* kind, const std::vector<double>& r) {
     nlohmann::ordered_json j;
     j["summary"] = kind;
@@ -281,18 +334,51 @@ int main(int argc, char** argv) {
     j["within_0.67_1.5"] = r.empty() ? 0.0 : static_cast<double>(within) / r.size();
     std::printf("%s\n", j.dump().c_str());
   };
-  summary_row("fixed", ratio_fixed);
-  summary_row("mx", ratio_mx);
+  summary_row("fixed", t.ratio_fixed);
+  summary_row("mx", t.ratio_mx);
   nlohmann::ordered_json j;
   j["summary"] = "auto";
-  j["target"] = dq::budget_target_name(target);
-  j["buckets"] = auto_buckets;
-  j["buckets_at_most_mxfp8"] = auto_meets;
-  j["bits_per_coord"] = coords > 0 ? auto_bits / coords : 0.0;
-  j["mxfp8_bits_per_coord"] = coords > 0 ? mx_bits / coords : 0.0;
-  j["vnmse"] = energy_all > 0 ? auto_err / energy_all : 0.0;
-  j["mxfp8_vnmse"] = energy_all > 0 ? mx_err / energy_all : 0.0;
-  j["dynamiq5_vnmse"] = energy_all > 0 ? five_err / energy_all : 0.0;
+  j["target"] = dq::budget_target_name(a.target);
+  j["buckets"] = t.auto_buckets;
+  j["buckets_at_most_mxfp8"] = t.auto_meets;
+  j["bits_per_coord"] = t.coords > 0 ? t.auto_bits / t.coords : 0.0;
+  j["mxfp8_bits_per_coord"] = t.coords > 0 ? t.mx_bits / t.coords : 0.0;
+  j["vnmse"] = t.energy_all > 0 ? t.auto_err / t.energy_all : 0.0;
+  j["mxfp8_vnmse"] = t.energy_all > 0 ? t.mx_err / t.energy_all : 0.0;
+  j["dynamiq5_vnmse"] = t.energy_all > 0 ? t.five_err / t.energy_all : 0.0;
   std::printf("%s\n", j.dump().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  PredictArgs a;
+  if (const int rc = parse_command_line(argc, argv, &a); rc != kContinue) return rc;
+  if (const int rc = check_options(&a); rc != kContinue) return rc;
+  dq::sim::Matrix m;
+  if (const int rc = load_gradients(&a, &m); rc != kContinue) return rc;
+
+  Totals totals;
+  const size_t n_buckets = std::max<size_t>(1, m.cols / a.bucket);
+  for (int n : a.workers)
+    for (dq::topo::Kind topo : a.topos) {
+      dq::topo::Schedule sched;
+      if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
+      const dq::HopTables hop = dq::hop_profile(sched);
+      for (size_t b = 0; b < n_buckets; ++b) {
+        Bucket bk;
+        bk.topo = topo;
+        bk.n = n;
+        bk.index = b;
+        const size_t begin = b * a.bucket;
+        bk.offset = a.col_begin + begin;
+        bk.count = b + 1 == n_buckets ? m.cols - begin : a.bucket;
+        std::vector<const float*> rows;
+        for (int r = 0; r < n; ++r) rows.push_back(m.row(r) + begin);
+        if (const int rc = predict_bucket(a, sched, hop, rows, bk, &totals); rc != kContinue)
+          return rc;
+      }
+    }
+  print_summaries(a, totals);
   return 0;
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Aggregates dynamiq-predict's JSON lines over the parts of the real corpus (issue 14).
+"""Aggregates dynamiq-predict's JSON lines over the parts of the real corpus (the budget model's
+check on real gradients).
 
 Usage: predict_real_table.py FILE.jsonl[.xz] ...
 
@@ -12,7 +13,7 @@ two parts' buckets. Prints Markdown:
   squared error over total energy), buckets where auto's measured vNMSE <= MXFP8's, and buckets
   sent as MXFP8 / MXFP6;
 - the same for "all" per step;
-- issue 14's targets: (a) over every bucket of every run, auto <= MXFP8 in >= 95% of buckets
+- the budget model's targets: (a) over every bucket of every run, auto <= MXFP8 in >= 95% of buckets
   and bytes <= 0.85x MXFP8's over all parameters; (b) predicted / measured vNMSE of the fixed
   and mx rows: median, p10, p90 and the share in [0.67, 1.5] (target: 90%), also per part, n,
   codec.

