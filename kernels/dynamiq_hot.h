@@ -494,21 +494,32 @@ class HotCodec final : public DynamiqCodecBase {
     constexpr int kMaxMag = (1 << (kBits - 1)) - 1;
     alignas(16) int32_t r[kSuperGroup];
     alignas(16) float x[kSuperGroup];
-    for (int k = 0; k < kSuperGroup; ++k) {
-      const int g = k / kGroup;
-      const float m = magnitude_ratio(v[k], scale[g]);
-      if constexpr (kBits < 8) {  // few levels: count those at or below m (= level_floor())
-        int floor = 0;
-        float level = t.level[0], inv_gap = t.inv_gap[0];
-        for (int i = 1; i <= kMaxMag; ++i) {
-          const bool at_or_below = t.level[i] <= m;
-          floor += at_or_below ? 1 : 0;
-          level = at_or_below ? t.level[i] : level;
-          inv_gap = at_or_below ? t.inv_gap[i] : inv_gap;
+    if constexpr (kBits < 8) {
+      // Few levels: r = how many of levels 1..L lie at or below m (level_floor()), a count the
+      // compiler vectorises.
+      alignas(16) float m[kSuperGroup];
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+        const float s = scale[g];
+        for (int k = g * kGroup; k < (g + 1) * kGroup; ++k) {
+          // magnitude_ratio(), |v| as a bit mask (a -0 magnitude rounds as +0 does)
+          const float q = f32_from_bits(f32_bits(v[k]) & 0x7fffffffu) / s;
+          m[k] = q < 1.0f ? q : 1.0f;
         }
-        r[k] = floor;
-        x[k] = (m - level) * inv_gap * strata - pi[g];  // round_up_threshold()
-      } else {
+      }
+      for (int k = 0; k < kSuperGroup; ++k) r[k] = 0;
+      for (int i = 1; i <= kMaxMag; ++i) {
+        const float level_i = t.level[i];
+        for (int k = 0; k < kSuperGroup; ++k) r[k] += level_i <= m[k] ? 1 : 0;
+      }
+      for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
+        const float p = pi[g];
+        for (int k = g * kGroup; k < (g + 1) * kGroup; ++k)
+          x[k] = round_up_threshold(t, m[k], r[k], p, strata);
+      }
+    } else {
+      for (int k = 0; k < kSuperGroup; ++k) {
+        const int g = k / kGroup;
+        const float m = magnitude_ratio(v[k], scale[g]);
         r[k] = level_floor(t, m);
         x[k] = round_up_threshold(t, m, r[k], pi[g], strata);
       }
