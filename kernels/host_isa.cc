@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "common/log.h"
+
 namespace dq {
 namespace {
 
@@ -54,6 +56,22 @@ bool parse_host_isa(const char* text, HostIsa* isa) {
       return true;
     }
   return false;
+}
+
+void apply_host_isa_setting(const char* value) {
+  HostIsa isa = HostIsa::kAuto;
+  parse_host_isa(value, &isa);  // anything else was refused by the settings' validation
+  static std::atomic<int> logged{-1};  // the path last logged: one line per change, not per engine
+  if (!select_host_isa(isa)) {
+    if (logged.load() == -1)
+      DQ_WARN(Subsys::kKernel,
+              "dynamiq: DYNAMIQ_HOST_ISA=%s: this CPU lacks it; taking auto's path", value);
+    select_host_isa(HostIsa::kAuto);
+  }
+  const int taken = static_cast<int>(host_isa());
+  if (logged.exchange(taken) != taken)
+    DQ_INFO(Subsys::kKernel, "dynamiq: host codec path: %s (DYNAMIQ_HOST_ISA=%s)",
+            host_isa_name(), value);
 }
 
 }  // namespace dq

@@ -25,6 +25,11 @@ inline const char* host_isa_name() { return host_isa_name(host_isa()); }
 // "scalar" / "avx2" / "auto" -> the enum; false for anything else.
 bool parse_host_isa(const char* text, HostIsa* isa);
 
+// Applies the DYNAMIQ_HOST_ISA setting (its text, validated by config/settings.cc) and logs the
+// path taken (INFO, subsystem KERNEL, once per change of path); a forced path this CPU lacks
+// warns and takes auto's. Each engine calls it when it is made, before it makes a codec.
+void apply_host_isa_setting(const char* value);
+
 // Tests: the AVX2 eight-lane Philox (philox_draw() for blocks block .. block + 7, words[w][i] =
 // word w of block + i). False, writing nothing, where AVX2 is not supported.
 bool philox_draw_x8_avx2(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,

@@ -126,7 +126,8 @@ void BM_decompress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
 
 constexpr dq::HostIsa kScalar = dq::HostIsa::kScalar, kAvx2 = dq::HostIsa::kAvx2;
 
-// Each codec benchmark per path: NAME(function, label, spec) registers label/scalar, label/avx2.
+// Each codec benchmark once per host path: DQ_BENCH_PATHS(function, label, spec, unit) registers
+// label/scalar and label/avx2 (real time; the _CPU form: CPU time).
 #define DQ_BENCH_PATHS(fn, label, spec, unit)                                            \
   BENCHMARK_CAPTURE(fn, label/scalar, spec, kScalar)->Unit(benchmark::unit)->UseRealTime(); \
   BENCHMARK_CAPTURE(fn, label/avx2, spec, kAvx2)->Unit(benchmark::unit)->UseRealTime()
