@@ -49,8 +49,10 @@ inline void pack_supergroup(int bits, const uint8_t* codes, uint8_t* out) {
 template <typename T>
 inline void load_supergroup(const T* x, int valid, float mu, float* v) {
   for (int k = 0; k < valid; ++k) {
-    if constexpr (sizeof(T) == 4) v[k] = x[k] - mu;
-    else v[k] = bf16_to_f32(x[k]) - mu;
+    if constexpr (sizeof(T) == 4)
+      v[k] = x[k] - mu;
+    else
+      v[k] = bf16_to_f32(x[k]) - mu;
   }
 }
 
@@ -65,8 +67,10 @@ inline void supergroup_sums(const T* x, int valid, float* sum, float* sum_sq, bo
     const int end = valid < (g + 1) * kGroup ? valid : (g + 1) * kGroup;
     for (int k = g * kGroup; k < end; ++k) {
       float v;
-      if constexpr (sizeof(T) == 4) v = x[k];
-      else v = bf16_to_f32(x[k]);
+      if constexpr (sizeof(T) == 4)
+        v = x[k];
+      else
+        v = bf16_to_f32(x[k]);
       gs += v;
       gq += v * v;
       nz = nz || v != 0.0f;
@@ -133,7 +137,8 @@ class HotCodec final : public DynamiqCodecBase {
   bool records_valid(const DynamiqLayout& l, const uint8_t* body, uint32_t first,
                      uint32_t last) const override {
     bool ok = true;
-    for (uint32_t i = first; i != last; ++i) ok &= record_valid(l.width[l.order[i]], body + l.offset[i]);
+    for (uint32_t i = first; i != last; ++i)
+      ok &= record_valid(l.width[l.order[i]], body + l.offset[i]);
     return ok;
   }
 
@@ -199,9 +204,12 @@ class HotCodec final : public DynamiqCodecBase {
     int bad = 0;
     for (int i = 0; i < kSuperGroup * bits / 8; ++i) {
       const uint8_t x = codes[i];
-      if (bits == 8) bad |= x == 0xFF;
-      else if (bits == 4) bad |= (x & 0x0F) == 0x0F || (x & 0xF0) == 0xF0;
-      else bad |= (x & (x >> 1) & 0x55) != 0;  // a 2-bit code 3
+      if (bits == 8)
+        bad |= x == 0xFF;
+      else if (bits == 4)
+        bad |= (x & 0x0F) == 0x0F || (x & 0xF0) == 0xF0;
+      else
+        bad |= (x & (x >> 1) & 0x55) != 0;  // a 2-bit code 3
     }
     return bad == 0;
   }
@@ -241,11 +249,14 @@ class HotCodec final : public DynamiqCodecBase {
       for (int g = 0; g < kGroupsPerSuperGroup; ++g) {
         __m256i a, b;
         unpack_group<kBits>(codes, g, &a, &b);
-        bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_cmpgt_epi32(a, max_code), _mm256_cmpgt_epi32(b, max_code)));
+        bad = _mm256_or_si256(
+            bad, _mm256_or_si256(_mm256_cmpgt_epi32(a, max_code), _mm256_cmpgt_epi32(b, max_code)));
         const __m256 s = _mm256_set1_ps(scale[g]);
         float* vg = v + g * kGroup;
-        _mm256_storeu_ps(vg, _mm256_add_ps(_mm256_loadu_ps(vg), _mm256_mul_ps(decode_levels<kLookup>(lv, a), s)));
-        _mm256_storeu_ps(vg + 8, _mm256_add_ps(_mm256_loadu_ps(vg + 8), _mm256_mul_ps(decode_levels<kLookup>(lv, b), s)));
+        _mm256_storeu_ps(vg, _mm256_add_ps(_mm256_loadu_ps(vg),
+                                           _mm256_mul_ps(decode_levels<kLookup>(lv, a), s)));
+        _mm256_storeu_ps(vg + 8, _mm256_add_ps(_mm256_loadu_ps(vg + 8),
+                                               _mm256_mul_ps(decode_levels<kLookup>(lv, b), s)));
       }
       return _mm256_testz_si256(bad, bad) != 0;
     });
@@ -274,9 +285,9 @@ class HotCodec final : public DynamiqCodecBase {
     const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
     if (l.poisoned(j)) {  // the non-finite mean carries the result; keep the record inert
       const int scale_bytes = record_[0] - kSuperGroup * 2 / 8;
-      std::memset(out, 0, scale_bytes);                                  // unit / scales 0
+      std::memset(out, 0, scale_bytes);  // unit / scales 0
       if (opt_.hierarchical_scales) std::memset(out + 2, 1, kGroupsPerSuperGroup);  // factors 1
-      std::memset(out + scale_bytes, 0x55, kSuperGroup * 2 / 8);         // 2-bit code 1 = zero
+      std::memset(out + scale_bytes, 0x55, kSuperGroup * 2 / 8);  // 2-bit code 1 = zero
       return true;
     }
     alignas(32) float v[kSuperGroup];
@@ -304,18 +315,21 @@ class HotCodec final : public DynamiqCodecBase {
     for (int q = 0; q < 4; ++q) {
       uint32_t words[4][8];
 #if DQ_HOST_AVX2
-      const Philox4x8 w = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q);
+      const Philox4x8 w =
+          philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q);
       for (int word = 0; word < 4; ++word)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[word]), w.v[word]);
 #else
       for (int i = 0; i < 8; ++i) {
-        const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q + i);
+        const Philox4 w =
+            philox_draw(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q + i);
         for (int word = 0; word < 4; ++word) words[word][i] = w.v[word];
       }
 #endif
       for (int word = 0; word < 4; ++word)
         for (int p = 0; p < kGroup; ++p)
-          bits[(4 * word + q) * kGroup + p] = static_cast<uint16_t>(words[word][p & 7] >> (16 * (p >> 3)));
+          bits[(4 * word + q) * kGroup + p] =
+              static_cast<uint16_t>(words[word][p & 7] >> (16 * (p >> 3)));
     }
   }
 
@@ -387,16 +401,19 @@ class HotCodec final : public DynamiqCodecBase {
         const __m256 q = _mm256_div_ps(gmax, vunit);
         __m256i f = _mm256_cvttps_epi32(q);
         // ceil: one up where truncation dropped a fraction
-        f = _mm256_sub_epi32(f, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(f), q, _CMP_LT_OQ)));
+        f = _mm256_sub_epi32(
+            f, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(f), q, _CMP_LT_OQ)));
         f = _mm256_max_epi32(f, _mm256_set1_epi32(1));
         const __m256 below = _mm256_cmp_ps(q, _mm256_set1_ps(255.0f), _CMP_LT_OQ);  // false for NaN
         f = _mm256_blendv_epi8(_mm256_set1_epi32(255), f, _mm256_castps_si256(below));
         _mm256_storeu_ps(scale + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(f), vunit));
         factor[h] = f;
       }
-      const __m256i words16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(factor[0], factor[1]), 0xD8);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2),
-                       _mm_packus_epi16(_mm256_castsi256_si128(words16), _mm256_extracti128_si256(words16, 1)));
+      const __m256i words16 =
+          _mm256_permute4x64_epi64(_mm256_packus_epi32(factor[0], factor[1]), 0xD8);
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(out + 2),
+          _mm_packus_epi16(_mm256_castsi256_si128(words16), _mm256_extracti128_si256(words16, 1)));
       return out + 2 + kGroupsPerSuperGroup;
     }
 #endif
@@ -456,15 +473,18 @@ class HotCodec final : public DynamiqCodecBase {
       constexpr Lookup kLookup = decltype(lookup)::value;
       const __m256i low16 = _mm256_set1_epi32(0xffff);
       for (int q = 0; q < 4; ++q) {
-        const Philox4x8 w = philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q);
+        const Philox4x8 w =
+            philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q);
         for (int word = 0; word < 4; ++word) {
           const int g = 4 * word + q;
           const uint64_t e0 = jr * kSuperGroup + g * kGroup;
           const __m256 s = _mm256_set1_ps(scale[g]), p = _mm256_set1_ps(pi[g]);
-          const __m256i a = round_codes<kBits, kLookup>(lv, _mm256_loadu_ps(v + g * kGroup), s,
-                                                        _mm256_and_si256(w.v[word], low16), p, strata_v, key, e0);
+          const __m256i a =
+              round_codes<kBits, kLookup>(lv, _mm256_loadu_ps(v + g * kGroup), s,
+                                          _mm256_and_si256(w.v[word], low16), p, strata_v, key, e0);
           const __m256i b = round_codes<kBits, kLookup>(lv, _mm256_loadu_ps(v + g * kGroup + 8), s,
-                                                        _mm256_srli_epi32(w.v[word], 16), p, strata_v, key, e0 + 8);
+                                                        _mm256_srli_epi32(w.v[word], 16), p,
+                                                        strata_v, key, e0 + 8);
           pack_group<kBits>(a, b, g, codes_out);
         }
       }
@@ -475,9 +495,12 @@ class HotCodec final : public DynamiqCodecBase {
     rounding_bits(jr, key, u16);
     uint8_t codes[kSuperGroup];
     const LevelTable& t = levels_[width_index(bits)];
-    if (bits == 2) round_supergroup<2>(t, jr, v, scale, pi, strata, key, u16, codes);
-    else if (bits == 4) round_supergroup<4>(t, jr, v, scale, pi, strata, key, u16, codes);
-    else round_supergroup<8>(t, jr, v, scale, pi, strata, key, u16, codes);
+    if (bits == 2)
+      round_supergroup<2>(t, jr, v, scale, pi, strata, key, u16, codes);
+    else if (bits == 4)
+      round_supergroup<4>(t, jr, v, scale, pi, strata, key, u16, codes);
+    else
+      round_supergroup<8>(t, jr, v, scale, pi, strata, key, u16, codes);
     pack_supergroup(bits, codes, codes_out);
 #endif
   }
@@ -488,9 +511,9 @@ class HotCodec final : public DynamiqCodecBase {
   // per value): one pass finds each value's floor level and threshold, a second decides up or
   // down from the 16 random bits; the rare ties (2^-16 per value) are settled afterwards.
   template <int kBits>
-  static void round_supergroup(const LevelTable& t, uint64_t jr, const float* v,
-                               const float* scale, const float* pi, float strata,
-                               const RoundingKey& key, const uint16_t* u16, uint8_t* codes) {
+  static void round_supergroup(const LevelTable& t, uint64_t jr, const float* v, const float* scale,
+                               const float* pi, float strata, const RoundingKey& key,
+                               const uint16_t* u16, uint8_t* codes) {
     constexpr int kMaxMag = (1 << (kBits - 1)) - 1;
     alignas(16) int32_t r[kSuperGroup];
     alignas(16) float x[kSuperGroup];
@@ -543,7 +566,9 @@ class HotCodec final : public DynamiqCodecBase {
 #endif
 
   // The level tables' index of a quantized width (2, 4 or 8 bits).
-  static int quantized_index(int bits) { return bits == 2 ? 0 : bits == 4 ? 1 : 2; }
+  static int quantized_index(int bits) {
+    return bits == 2 ? 0 : bits == 4 ? 1 : 2;
+  }
 
 #if DQ_HOST_AVX2
   FastLevels fast_[3];

@@ -35,7 +35,9 @@ bool select_host_isa(HostIsa isa) {
   return true;
 }
 
-HostIsa host_isa() { return selected().load(); }
+HostIsa host_isa() {
+  return selected().load();
+}
 
 const char* host_isa_name(HostIsa isa) {
   switch (isa) {
@@ -60,7 +62,7 @@ bool parse_host_isa(const char* text, HostIsa* isa) {
 
 void apply_host_isa_setting(const char* value) {
   HostIsa isa = HostIsa::kAuto;
-  parse_host_isa(value, &isa);  // anything else was refused by the settings' validation
+  parse_host_isa(value, &isa);         // anything else was refused by the settings' validation
   static std::atomic<int> logged{-1};  // the path last logged: one line per change, not per engine
   if (!select_host_isa(isa)) {
     if (logged.load() == -1)
@@ -70,8 +72,8 @@ void apply_host_isa_setting(const char* value) {
   }
   const int taken = static_cast<int>(host_isa());
   if (logged.exchange(taken) != taken)
-    DQ_INFO(Subsys::kKernel, "dynamiq: host codec path: %s (DYNAMIQ_HOST_ISA=%s)",
-            host_isa_name(), value);
+    DQ_INFO(Subsys::kKernel, "dynamiq: host codec path: %s (DYNAMIQ_HOST_ISA=%s)", host_isa_name(),
+            value);
 }
 
 }  // namespace dq

@@ -20,7 +20,9 @@ bool select_host_isa(HostIsa isa);
 // The path codecs made now take (never kAuto), and its name: "scalar" or "avx2".
 HostIsa host_isa();
 const char* host_isa_name(HostIsa isa);
-inline const char* host_isa_name() { return host_isa_name(host_isa()); }
+inline const char* host_isa_name() {
+  return host_isa_name(host_isa());
+}
 
 // "scalar" / "avx2" / "auto" -> the enum; false for anything else.
 bool parse_host_isa(const char* text, HostIsa* isa);
