@@ -1,10 +1,11 @@
-// The host AVX2 helpers of the DynamiQ hot path (kernels/dynamiq_codec.cc): level lookups,
-// (un)packing of one group of 16 codes, stochastic rounding of 8 values. Each super-group is
+// The host AVX2 helpers of the DynamiQ hot path (kernels/dynamiq_hot.h): eight Philox blocks at
+// once, level lookups, (un)packing of one group of 16 codes, stochastic rounding of 8 values.
+// Included only by kernels/dynamiq_host_avx2.cc, inside its AVX2 target region (every function
+// here is compiled for AVX2, so no other translation unit may include it). Each super-group is
 // processed one group of 16 values (two vectors) at a time, with the same IEEE operations in the
 // same order as the pointwise functions in dynamiq_math.h, so the bytes equal the device's
 // (tests: DeviceMath.HostRecordMatchesPointwiseReference, DeviceMath.FusedHopMatchesPointwiseReference).
 #pragma once
-#if defined(__AVX2__)
 #include <immintrin.h>
 
 #include <cstdint>
@@ -13,8 +14,66 @@
 
 #include "kernels/codec.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/philox.h"
 
 namespace dq::avx2 {
+
+// Host only: eight Philox4x32-10 blocks at once with AVX2, counters {c0 + lane, c1, c2, c3}.
+// Lane i of out[w] is word w of philox4x32_10(c0 + i, c1, c2, c3, k0, k1), bit for bit (test
+// Philox.EightLanesMatchScalar); the device keeps the scalar function, one block per thread.
+struct Philox4x8 {
+  __m256i v[4];
+};
+
+// The low 32-bit halves of a's and b's four 64-bit lanes, a's in lanes 0-1 and 4-5, b's in 2-3
+// and 6-7 (a function, not a lambda: a lambda's function-pointer thunk would not be compiled
+// for AVX2).
+inline __m256i philox_merge_lanes(__m256i a, __m256i b) {
+  return _mm256_castps_si256(
+      _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), _MM_SHUFFLE(2, 0, 2, 0)));
+}
+
+inline Philox4x8 philox4x32_10_x8(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                  uint32_t k0, uint32_t k1) {
+  // Two sets of four blocks, one per 64-bit lane (value in the low half): _mm256_mul_epu32
+  // then yields each full 64-bit product in place, with no even/odd shuffling, and the high
+  // halves left behind are never read (products use the low halves only).
+  const __m256i mul0 = _mm256_set1_epi64x(0xD2511F53u), mul1 = _mm256_set1_epi64x(0xCD9E8D57u);
+  const __m256i base = _mm256_set1_epi64x(c0);
+  __m256i x0[2] = {_mm256_add_epi64(base, _mm256_setr_epi64x(0, 1, 4, 5)),   // blocks 0,1,4,5
+                   _mm256_add_epi64(base, _mm256_setr_epi64x(2, 3, 6, 7))};  // blocks 2,3,6,7
+  __m256i x1[2], x2[2], x3[2];
+  for (int s = 0; s < 2; ++s) {
+    x1[s] = _mm256_set1_epi64x(c1);
+    x2[s] = _mm256_set1_epi64x(c2);
+    x3[s] = _mm256_set1_epi64x(c3);
+  }
+  for (int round = 0; round < 10; ++round) {
+    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
+    for (int s = 0; s < 2; ++s) {
+      const __m256i p0 = _mm256_mul_epu32(x0[s], mul0);  // {lo0, hi0} per lane
+      const __m256i p1 = _mm256_mul_epu32(x2[s], mul1);  // {lo1, hi1}
+      x0[s] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), x1[s]), key0);
+      x1[s] = p1;
+      x2[s] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), x3[s]), key1);
+      x3[s] = p0;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  // Low halves of {0,1,4,5} and {2,3,6,7}: the 32-bit shuffle restores block order 0..7.
+  return Philox4x8{{philox_merge_lanes(x0[0], x0[1]), philox_merge_lanes(x1[0], x1[1]),
+                    philox_merge_lanes(x2[0], x2[1]), philox_merge_lanes(x3[0], x3[1])}};
+}
+
+// philox_draw() for blocks block .. block + 7.
+inline Philox4x8 philox_draw_x8(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
+                                uint32_t block) {
+  return philox4x32_10_x8(block, (hop & 0x00ffffffu) | (stream << 24),
+                          static_cast<uint32_t>(call), static_cast<uint32_t>(call >> 32),
+                          static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
 
 // Host-only lookup tables derived from a LevelTable for the 8-bit widths: the grid cell gives
 // its first level and the next level's value in one 64-bit gather, and the floor gives its
@@ -248,4 +307,3 @@ inline void init_levels_x8(const LevelTable& t, const FastLevels& fast, LevelsX8
 }
 
 }  // namespace dq::avx2
-#endif  // __AVX2__

@@ -13,6 +13,7 @@
 #include "common/splitmix.h"
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/host_isa.h"
 #include "shim/engine/program.h"
 
 namespace dq::engine {
@@ -245,6 +246,7 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
       opted_in_(opted_in),
       kind_(choose_topology(settings.topology, comm.nranks)) {
   parse_budget_target(settings_.target, &target_);  // validated with the settings
+  apply_host_isa_setting(settings_.host_isa.c_str());  // before this engine makes a codec
   if (metrics_) {
     std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
     metrics_->budget.auto_budget = settings_.bits_auto;

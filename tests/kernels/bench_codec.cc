@@ -1,5 +1,7 @@
 // Host codec throughput on one core, in bytes of FP32 input per second, with memcpy of the same
-// bytes measured in the same run as the ceiling. Run: build/tests/kernels/bench_codec
+// bytes measured in the same run as the ceiling, for each host codec path (kernels/host_isa.h:
+// names end in /scalar or /avx2; the AVX2 ones are skipped on a CPU without it).
+// Run: build/tests/kernels/bench_codec
 #include <benchmark/benchmark.h>
 #include <tbb/global_control.h>
 
@@ -9,6 +11,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "kernels/host_isa.h"
 #include "tools/sim/gradients.h"
 
 namespace {
@@ -23,14 +26,17 @@ struct Fixture {
   std::vector<uint8_t> leaf, hop;
   std::vector<float> out;
   size_t count;
-  Fixture(const char* spec, size_t n) : count(n) {
+  Fixture(const char* spec, size_t n, dq::HostIsa isa) : count(n) {
     dq::sim::SyntheticSpec syn;
     syn.rows = 2;
     syn.cols = count;
     syn.spread = 1.0;
     dq::sim::make_synthetic(syn, &data);
     std::string err;
+    const dq::HostIsa before = dq::host_isa();
+    dq::select_host_isa(isa);
     codec = dq::make_codec(spec, &err);
+    dq::select_host_isa(before);
     if (!codec || codec->plan(count, 1, kWorkers) != dq::Status::kOk) std::abort();
     std::vector<uint16_t> stats(codec->stats_words());
     if (!stats.empty()) {
@@ -48,13 +54,21 @@ struct Fixture {
   static dq::RoundingKey key(uint32_t rank) { return {1, 0, rank, 0, 1, rank}; }
 };
 
-Fixture& fixture(const char* spec, size_t count = kCount) {
+Fixture& fixture(const char* spec, dq::HostIsa isa, size_t count = kCount) {
   static std::vector<std::pair<std::string, std::unique_ptr<Fixture>>> cache;
-  const std::string name = std::string(spec) + "@" + std::to_string(count);
+  const std::string name =
+      std::string(spec) + "@" + std::to_string(count) + "@" + dq::host_isa_name(isa);
   for (auto& [s, f] : cache)
     if (s == name) return *f;
-  cache.emplace_back(name, std::make_unique<Fixture>(spec, count));
+  cache.emplace_back(name, std::make_unique<Fixture>(spec, count, isa));
   return *cache.back().second;
+}
+
+// False (the benchmark skipped) where this CPU cannot run the path.
+bool runnable(benchmark::State& state, dq::HostIsa isa) {
+  if (dq::host_isa_supported(isa)) return true;
+  state.SkipWithError("this CPU lacks the instruction set");
+  return false;
 }
 
 void BM_memcpy(benchmark::State& state) {
@@ -67,16 +81,18 @@ void BM_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kCount * 4);
 }
 
-void BM_compress(benchmark::State& state, const char* spec) {
-  Fixture& f = fixture(spec);
+void BM_compress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  if (!runnable(state, isa)) return;
+  Fixture& f = fixture(spec, isa);
   for (auto _ : state)
     if (f.codec->hop(0, f.tensor(0), nullptr, 0, f.hop.data(), Fixture::key(0)) != dq::Status::kOk)
       state.SkipWithError("hop failed");
   state.SetBytesProcessed(state.iterations() * kCount * 4);
 }
 
-void BM_fused_hop(benchmark::State& state, const char* spec) {
-  Fixture& f = fixture(spec);
+void BM_fused_hop(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  if (!runnable(state, isa)) return;
+  Fixture& f = fixture(spec, isa);
   dq::ByteView in{f.leaf.data(), f.leaf.size()};
   for (auto _ : state)
     if (f.codec->hop(0, f.tensor(1), &in, 1, f.hop.data(), Fixture::key(1)) != dq::Status::kOk)
@@ -86,8 +102,9 @@ void BM_fused_hop(benchmark::State& state, const char* spec) {
 
 // The fused hop on 64 Ki values that stay in cache: the arithmetic without the memory stalls
 // (which vary with what else the machine runs), per width when the spec fixes it.
-void BM_fused_hop_in_cache(benchmark::State& state, const char* spec) {
-  Fixture& f = fixture(spec, kSmallCount);
+void BM_fused_hop_in_cache(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  if (!runnable(state, isa)) return;
+  Fixture& f = fixture(spec, isa, kSmallCount);
   dq::ByteView in{f.leaf.data(), f.leaf.size()};
   for (auto _ : state)
     if (f.codec->hop(0, f.tensor(1), &in, 1, f.hop.data(), Fixture::key(1)) != dq::Status::kOk)
@@ -95,8 +112,9 @@ void BM_fused_hop_in_cache(benchmark::State& state, const char* spec) {
   state.SetBytesProcessed(state.iterations() * kSmallCount * 4);
 }
 
-void BM_decompress(benchmark::State& state, const char* spec) {
-  Fixture& f = fixture(spec);
+void BM_decompress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  if (!runnable(state, isa)) return;
+  Fixture& f = fixture(spec, isa);
   for (auto _ : state)
     if (f.codec->finish(0, dq::ByteView{f.leaf.data(), f.leaf.size()}, f.out.data(),
                         dq::DType::kF32, dq::ReduceOp::kSum, 1) != dq::Status::kOk)
@@ -106,20 +124,31 @@ void BM_decompress(benchmark::State& state, const char* spec) {
 
 }  // namespace
 
+constexpr dq::HostIsa kScalar = dq::HostIsa::kScalar, kAvx2 = dq::HostIsa::kAvx2;
+
+// Each codec benchmark once per host path: DQ_BENCH_PATHS(function, label, spec, unit) registers
+// label/scalar and label/avx2 (real time; the _CPU form: CPU time).
+#define DQ_BENCH_PATHS(fn, label, spec, unit)                                            \
+  BENCHMARK_CAPTURE(fn, label/scalar, spec, kScalar)->Unit(benchmark::unit)->UseRealTime(); \
+  BENCHMARK_CAPTURE(fn, label/avx2, spec, kAvx2)->Unit(benchmark::unit)->UseRealTime()
+#define DQ_BENCH_PATHS_CPU(fn, label, spec, unit)                          \
+  BENCHMARK_CAPTURE(fn, label/scalar, spec, kScalar)->Unit(benchmark::unit); \
+  BENCHMARK_CAPTURE(fn, label/avx2, spec, kAvx2)->Unit(benchmark::unit)
+
 BENCHMARK(BM_memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_compress, dynamiq5, "dynamiq:5")->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_fused_hop, dynamiq5, "dynamiq:5")->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_decompress, dynamiq5, "dynamiq:5")->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_fused_hop, mxfp8, "mxfp8")->Unit(benchmark::kMillisecond)->UseRealTime();
+DQ_BENCH_PATHS(BM_compress, dynamiq5, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS(BM_fused_hop, dynamiq5, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS(BM_decompress, dynamiq5, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS(BM_fused_hop, mxfp8, "mxfp8", kMillisecond);
 // The same rates over the thread's CPU time (TBB runs on the calling thread here): on a shared
 // machine, time-slicing inflates real time but not the work one core does per byte.
 BENCHMARK(BM_memcpy)->Name("BM_memcpy_cputime")->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_fused_hop, dynamiq5_cputime, "dynamiq:5")->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_fused_hop_in_cache, dynamiq5, "dynamiq:5")->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width2, "dynamiq:3:widths=fixed")->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width4, "dynamiq:5:widths=fixed")->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width8, "dynamiq:9.5:widths=fixed")->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_fused_hop_in_cache, width16, "dynamiq:17:widths=fixed")->Unit(benchmark::kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop, dynamiq5_cputime, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, dynamiq5, "dynamiq:5", kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width2, "dynamiq:3:widths=fixed", kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width4, "dynamiq:5:widths=fixed", kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width8, "dynamiq:9.5:widths=fixed", kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width16, "dynamiq:17:widths=fixed", kMicrosecond);
 
 int main(int argc, char** argv) {
   // One core: the figure is per-core throughput.

@@ -1,4 +1,5 @@
-// A payload that fails validation leaves the caller's output untouched (issue 16): finish()
+// A payload that fails validation leaves the caller's output untouched (the error contract of
+// docs/ENGINE.md section 4: never a silent wrong result): finish()
 // checks a whole chunk before it writes anything.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Absolute figures for every codec, so that a change to the arithmetic cannot pass because the
-// expected values come from the library's own helpers (issue 16, section 5):
+// expected values come from the library's own helpers (the wire format's regression pins):
 //  - Golden.PayloadsAndDecodeMatchCommitted: for fixed inputs (golden_value(), a formula), the
 //    leaf and fused-hop chunk messages must equal the bytes committed under tests/kernels/golden/,
 //    and finish() of the committed messages must give the committed decoded vectors bit for bit.

@@ -13,6 +13,7 @@
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/host_isa.h"
 #include "kernels/payload.h"
 #include "kernels/philox.h"
 
@@ -83,22 +84,18 @@ TEST(Philox, KnownAnswers) {
 // The host's 8-lane AVX2 Philox must give the scalar (device) function's bits in every lane,
 // including where the 32-bit block counter wraps.
 TEST(Philox, EightLanesMatchScalar) {
-#if defined(__AVX2__)
+  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   const uint32_t firsts[] = {0u, 1u, 0x12345678u, 0xfffffffcu, 0xfffffff9u};
   for (uint32_t first : firsts)
     for (uint64_t seed : {0ull, 1ull, 0x0123456789abcdefull}) {
       const uint64_t call = seed * 3 + first;
-      const Philox4x8 lanes = philox_draw_x8(seed, call, 5, kStreamRounding, first);
       uint32_t got[4][8];
-      for (int w = 0; w < 4; ++w) std::memcpy(got[w], &lanes.v[w], sizeof got[w]);
+      ASSERT_TRUE(philox_draw_x8_avx2(seed, call, 5, kStreamRounding, first, got));
       for (uint32_t i = 0; i < 8; ++i) {
         const Philox4 one = philox_draw(seed, call, 5, kStreamRounding, first + i);
         for (int w = 0; w < 4; ++w) EXPECT_EQ(got[w][i], one.v[w]) << first << " lane " << i << " word " << w;
       }
     }
-#else
-  GTEST_SKIP() << "no AVX2 in this build";
-#endif
 }
 
 // Rounding draws 16 random bits per value and a tie word only where those bits leave the
@@ -719,6 +716,100 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
     }
   }
   EXPECT_GT(ties, 0);
+}
+
+// Every byte a codec produces under one host path: statistics, each worker's leaf payload per
+// chunk, a fused hop of two leaves, and the finished outputs (FP32 and BF16, SUM and AVG).
+std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
+  const HostIsa before = host_isa();
+  EXPECT_TRUE(select_host_isa(isa));
+  auto c = codec(spec);
+  select_host_isa(before);
+  const size_t n = 3 * 4096 + 77;  // a partial last super-group
+  const int workers = 3, chunks = 2;
+  std::vector<std::vector<float>> rows;
+  for (int w = 0; w < workers; ++w) {
+    rows.push_back(gaussian(n, 40 + w, w == 1 ? 1e-3f : 1.0f));
+    for (size_t i = 1000; i < 1256; ++i) rows[w][i] = 0.0f;  // an all-zero super-group
+  }
+  rows[2][5000] = std::numeric_limits<float>::infinity();  // a poisoned super-group
+  std::vector<std::vector<uint16_t>> bf16_rows(workers, std::vector<uint16_t>(n));
+  for (int w = 0; w < workers; ++w)
+    for (size_t i = 0; i < n; ++i) bf16_rows[w][i] = f32_to_bf16_rne(rows[w][i]);
+  auto tensor = [&](int w) {
+    return dtype == DType::kF32 ? ConstTensor{rows[w].data(), dtype, n}
+                                : ConstTensor{bf16_rows[w].data(), dtype, n};
+  };
+  EXPECT_EQ(c->plan(n, chunks, workers), Status::kOk);
+  std::vector<uint8_t> bytes;
+  auto append = [&](const void* p, size_t size) {
+    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + size);
+  };
+  std::vector<float> sum(c->stats_words(), 0.0f);
+  std::vector<uint16_t> local(c->stats_words());
+  for (int w = 0; w < workers; ++w) {
+    EXPECT_EQ(c->local_stats(tensor(w), local.data()), Status::kOk);
+    append(local.data(), 2 * local.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(local[i]);
+  }
+  for (size_t i = 0; i < sum.size(); ++i) local[i] = f32_to_bf16_rne(sum[i]);
+  EXPECT_EQ(c->agree(local.data(), 7), Status::kOk);
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    std::vector<std::vector<uint8_t>> leaves(workers, std::vector<uint8_t>(c->chunk_capacity()));
+    for (uint32_t w = 0; w < 2; ++w) {
+      const RoundingKey key{5, 7, w, w, 3, 0};  // correlated: three strata
+      EXPECT_EQ(c->hop(chunk, tensor(w), nullptr, 0, leaves[w].data(), key), Status::kOk);
+      append(leaves[w].data(), leaves[w].size());
+    }
+    const ByteView in[2] = {{leaves[0].data(), leaves[0].size()}, {leaves[1].data(), leaves[1].size()}};
+    EXPECT_EQ(c->hop(chunk, tensor(2), in, 2, leaves[2].data(), RoundingKey{5, 7, 2, 2, 3, 0}),
+              Status::kOk);
+    append(leaves[2].data(), leaves[2].size());
+    for (DType out_dtype : {DType::kF32, DType::kBF16})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        std::vector<uint8_t> out(n * 4, 0xAB);
+        EXPECT_EQ(c->finish(chunk, {leaves[2].data(), leaves[2].size()}, out.data(), out_dtype, op,
+                            workers),
+                  Status::kOk);
+        append(out.data(), out.size());
+      }
+  }
+  return bytes;
+}
+
+// The scalar and AVX2 paths give the same bytes for every option set, input type and step.
+TEST(HostIsa, EveryPathGivesTheSameBytes) {
+  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
+  for (const char* spec : {"dynamiq:3", "dynamiq:5", "dynamiq:7", "dynamiq:3:widths=fixed",
+                           "dynamiq:5:widths=fixed", "dynamiq:9.5:widths=fixed",
+                           "dynamiq:17:widths=fixed", "dynamiq:5:corr=0",
+                           "dynamiq:5:levels=uniform", "dynamiq:5:scales=flat", "dynamiq:5:mean=0"})
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
+      const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
+      ASSERT_EQ(scalar.size(), avx2.size()) << spec;
+      size_t first = 0;
+      while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
+      EXPECT_EQ(first, scalar.size()) << spec << (dtype == DType::kF32 ? " f32" : " bf16")
+                                      << ": first differing byte";
+    }
+}
+
+// Auto picks the best path this CPU supports; a forced path is kept until changed.
+TEST(HostIsa, AutoPicksTheBestSupportedPath) {
+  const HostIsa before = host_isa();
+  ASSERT_TRUE(select_host_isa(HostIsa::kAuto));
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  EXPECT_EQ(host_isa(), avx2 ? HostIsa::kAvx2 : HostIsa::kScalar);
+  EXPECT_STREQ(host_isa_name(), avx2 ? "avx2" : "scalar");
+  EXPECT_EQ(host_isa_supported(HostIsa::kAvx2), avx2);
+  ASSERT_TRUE(select_host_isa(HostIsa::kScalar));
+  EXPECT_EQ(host_isa(), HostIsa::kScalar);
+  EXPECT_TRUE(select_host_isa(before));
+  HostIsa parsed;
+  EXPECT_TRUE(parse_host_isa("avx2", &parsed));
+  EXPECT_EQ(parsed, HostIsa::kAvx2);
+  EXPECT_FALSE(parse_host_isa("avx512", &parsed));
 }
 
 }  // namespace

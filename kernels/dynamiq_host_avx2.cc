@@ -1,0 +1,59 @@
+// The DynamiQ host codec's hot loops compiled for AVX2 (kernels/dynamiq_hot.h with the
+// intrinsics of kernels/dynamiq_avx2.h), in the portable binary: everything after the target
+// pragma below is compiled for AVX2 (FMA stays off: -ffp-contract=off and no "fma" target, so
+// no multiply-add is contracted), everything included before it for the build's baseline. The
+// codec runs this path only where host_isa_supported(HostIsa::kAvx2) (kernels/host_isa.cc).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+
+#include "kernels/bf16.h"
+#include "kernels/dynamiq_codec_impl.h"
+#include "kernels/host_isa.h"
+#include "kernels/philox.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#endif
+
+#include "kernels/dynamiq_avx2.h"
+
+#define DQ_HOST_ISA_NS host_avx2
+#define DQ_HOST_AVX2 1
+#include "kernels/dynamiq_hot.h"
+
+namespace dq {
+
+std::unique_ptr<DynamiqCodecBase> make_dynamiq_codec_avx2(const DynamiqOptions& options) {
+  return std::make_unique<host_avx2::HotCodec>(options);
+}
+
+namespace {
+void philox_x8_words(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream, uint32_t block,
+                     uint32_t words[4][8]) {
+  const avx2::Philox4x8 w = avx2::philox_draw_x8(seed, call, hop, stream, block);
+  for (int i = 0; i < 4; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[i]), w.v[i]);
+}
+}  // namespace
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+bool philox_draw_x8_avx2(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
+                         uint32_t block, uint32_t words[4][8]) {
+  if (!host_isa_supported(HostIsa::kAvx2)) return false;
+  philox_x8_words(seed, call, hop, stream, block, words);
+  return true;
+}
+
+}  // namespace dq

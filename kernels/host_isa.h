@@ -1,0 +1,40 @@
+// Which instruction set the host codec's hot loops run on. One portable binary carries each
+// path (kernels/dynamiq_host_scalar.cc, kernels/dynamiq_host_avx2.cc: the same source, compiled
+// for baseline x86-64 and for AVX2 without FMA) and picks one per process: the best the CPU
+// supports unless a caller forces one (DYNAMIQ_HOST_ISA, tests, benchmarks). Every path gives
+// the same bytes. Codecs take the path selected when they are made.
+#pragma once
+#include <cstdint>
+
+namespace dq {
+
+enum class HostIsa { kAuto, kScalar, kAvx2 };
+
+// Whether this CPU (and this build) can run `isa`; kAuto and kScalar always can.
+bool host_isa_supported(HostIsa isa);
+
+// Selects the path for codecs made from now on: kAuto picks the best supported one. False, and
+// nothing changes, when `isa` is not supported here.
+bool select_host_isa(HostIsa isa);
+
+// The path codecs made now take (never kAuto), and its name: "scalar" or "avx2".
+HostIsa host_isa();
+const char* host_isa_name(HostIsa isa);
+inline const char* host_isa_name() {
+  return host_isa_name(host_isa());
+}
+
+// "scalar" / "avx2" / "auto" -> the enum; false for anything else.
+bool parse_host_isa(const char* text, HostIsa* isa);
+
+// Applies the DYNAMIQ_HOST_ISA setting (its text, validated by config/settings.cc) and logs the
+// path taken (INFO, subsystem KERNEL, once per change of path); a forced path this CPU lacks
+// warns and takes auto's. Each engine calls it when it is made, before it makes a codec.
+void apply_host_isa_setting(const char* value);
+
+// Tests: the AVX2 eight-lane Philox (philox_draw() for blocks block .. block + 7, words[w][i] =
+// word w of block + i). False, writing nothing, where AVX2 is not supported.
+bool philox_draw_x8_avx2(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
+                         uint32_t block, uint32_t words[4][8]);
+
+}  // namespace dq
