@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "tools/cpu-nccl/comm.h"
-#include "common/cuda_staging.h"
 #include "common/nccl_api.h"
 #include "common/nccl_result.h"
+#include "config/cuda_staging.h"
 
 using dq::Status;
 using dq::Subsys;
