@@ -50,25 +50,13 @@ __device__ __forceinline__ bool poisoned(const LayoutView& l, uint32_t j) {
   return (f32_bits(l.mean[j]) & 0x7f800000u) == 0x7f800000u;
 }
 
-__device__ __forceinline__ uint16_t get16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
-__device__ __forceinline__ uint32_t get32(const uint8_t* p) {
-  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
-
-// check_chunk_header() of payload.cc against this chunk's expected header: n_contrib in
-// [1, max_contrib]; returns n_contrib, or 0 when anything disagrees.
+// This chunk's message header checked against the expected one (kernels/chunk_header.h):
+// returns n_contrib, or 0 when anything disagrees.
 __device__ __forceinline__ int check_header(const uint8_t* h, const LayoutView& l, int chunk,
                                             int max_contrib) {
-  const uint16_t n_contrib = get16(h + 6);
-  const bool ok = get16(h) == kPayloadMagic && h[2] == kPayloadVersion &&
-                  h[3] == static_cast<uint8_t>(CodecId::kDynamiq) &&
-                  get16(h + 4) == static_cast<uint16_t>(chunk) &&
-                  get32(h + 8) == static_cast<uint32_t>(l.header[0]) &&
-                  get32(h + 12) == l.chunk_check[chunk] && n_contrib >= 1 &&
-                  n_contrib <= max_contrib;
-  return ok ? n_contrib : 0;
+  const ChunkHeader expected{CodecId::kDynamiq, static_cast<uint16_t>(chunk), 0,
+                             static_cast<uint32_t>(l.header[0]), l.chunk_check[chunk]};
+  return chunk_header_contributors(h, expected, max_contrib);
 }
 
 // Value k's code in the packed codes of a record at `bits` wide.
