@@ -20,21 +20,17 @@
 #include <vector>
 
 #include "common/status.h"
-#include "config/settings.h"
-#include "config/version.h"
 
 namespace dq {
 namespace {
 
-// ---- configuration (from the settings table) --------------------------------------------------
+// ---- configuration (log_configure) ------------------------------------------------------------
 
 std::atomic<int> g_level{-1};  // -1: not configured yet
 std::atomic<unsigned> g_subsys_mask{kAllSubsys};
 std::atomic<int> g_rank{-1};      // log_set_rank()
 std::atomic<int> g_env_rank{-1};  // the launcher's, read when configured
-std::mutex g_config_mutex;        // configuring
-std::atomic<bool> g_reported{false};
-thread_local bool t_quiet = false;
+std::atomic<void (*)()> g_configurator{nullptr};  // log_set_configurator()
 
 // The output: stderr, or the debug file opened at the first line (g_fd < 0: not open yet).
 // Objects with destructors are never destroyed: destructors of other statics may still log.
@@ -92,16 +88,16 @@ const std::string& host_name() {  // up to the first dot, as NCCL prints it
   return name;
 }
 
-void apply(const config::Settings& s) {
+void apply(const LogConfig& config) {
   {
     std::lock_guard<std::mutex> out(g_out_mutex);
     if (g_fd > 2) close(g_fd);
     g_fd = -1;
-    file_pattern() = s.debug_file;
+    file_pattern() = config.file_pattern;
   }
   g_env_rank.store(rank_from_launcher(), std::memory_order_relaxed);
-  g_subsys_mask.store(s.log_subsys, std::memory_order_relaxed);
-  g_level.store(static_cast<int>(s.log_level), std::memory_order_release);
+  g_subsys_mask.store(config.subsys_mask, std::memory_order_relaxed);
+  g_level.store(static_cast<int>(config.level), std::memory_order_release);
 }
 
 // ---- output -----------------------------------------------------------------------------------
@@ -180,23 +176,11 @@ void emit(LogLevel level, Subsys subsys, const char* file, int line, const char*
   write_all(output_fd(), text.data(), text.size());
 }
 
-// Configures the log from the settings table at the first use in this library, then reports
-// (once per process): the version (INFO), the settings' problems and values (config::report).
+// A line before any log_configure(): the installed configurator configures the log (and may
+// report through it), else the defaults apply.
 void ensure_configured() {
-  std::vector<config::Problem> problems;
-  const config::Settings* s = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_config_mutex);
-    s = &config::global_unreported(&problems);
-    if (g_level.load(std::memory_order_acquire) < 0) apply(*s);
-  }
-  if (g_reported.exchange(true)) return;
-  if (g_level.load(std::memory_order_acquire) >= static_cast<int>(LogLevel::kInfo) &&
-      log_first_in_process("version")) {
-    emit(LogLevel::kInfo, Subsys::kCore, __FILE__, __LINE__,
-         "version " DYNAMIQ_VERSION " (git " DYNAMIQ_GIT_REVISION ")");
-  }
-  config::report(*s, problems);
+  if (void (*configure)() = g_configurator.load(std::memory_order_acquire)) configure();
+  if (g_level.load(std::memory_order_acquire) < 0) apply(LogConfig{});
 }
 
 // ---- once per process -------------------------------------------------------------------------
@@ -268,13 +252,6 @@ bool log_first_in_process(std::string_view key) {
   return claim(key);
 }
 
-LogQuietScope::LogQuietScope() : was_(t_quiet) {
-  t_quiet = true;
-}
-LogQuietScope::~LogQuietScope() {
-  t_quiet = was_;
-}
-
 bool log_parse_level(std::string_view text, LogLevel* out) {
   static constexpr std::pair<const char*, LogLevel> kLevels[] = {{"NONE", LogLevel::kNone},
                                                                  {"WARN", LogLevel::kWarn},
@@ -342,20 +319,24 @@ void log_set_rank(int rank) {
   g_rank.store(rank < 0 ? -1 : rank, std::memory_order_relaxed);
 }
 
-void log_reload_from_env() {
+void log_configure(const LogConfig& config) {
+  apply(config);
+}
+
+void log_version_once(const char* version, const char* git_revision) {
   if (g_level.load(std::memory_order_acquire) < 0) ensure_configured();
-  config::Settings s;
-  std::string error;
-  {
-    LogQuietScope quiet;
-    config::load_from_environment(&s, &error);
-  }
-  std::lock_guard<std::mutex> lock(g_config_mutex);
-  apply(s);
+  if (g_level.load(std::memory_order_acquire) < static_cast<int>(LogLevel::kInfo) ||
+      !log_first_in_process("version"))
+    return;
+  const std::string text = std::string("version ") + version + " (git " + git_revision + ")";
+  emit(LogLevel::kInfo, Subsys::kCore, __FILE__, __LINE__, text.c_str());
+}
+
+void log_set_configurator(void (*configure)()) {
+  g_configurator.store(configure, std::memory_order_release);
 }
 
 bool log_enabled(LogLevel level, Subsys subsys) {
-  if (t_quiet) return false;
   int current = g_level.load(std::memory_order_acquire);
   if (current < 0) {
     ensure_configured();

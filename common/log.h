@@ -1,4 +1,6 @@
-// Logging, NCCL-style. Configured from the settings table (config/settings.def) at the first use:
+// Logging, NCCL-style. Configured through log_configure() by the settings layer
+// (config::configure_log, from the settings table config/settings.def), which the entry points
+// call before their first line; until then WARN to stderr, every subsystem:
 //   DYNAMIQ_DEBUG         NONE | WARN (default) | INFO | TRACE
 //   DYNAMIQ_DEBUG_SUBSYS  ALL (default), or a comma list of CORE,SHIM,ENGINE,KERNEL,NET,ENV;
 //                         a leading ^ selects every subsystem but those listed (NCCL_DEBUG_SUBSYS).
@@ -10,7 +12,8 @@
 // host is the host name up to its first dot, tid the kernel's thread id, rank the one given to
 // log_set_rank(), else the launcher's RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID,
 // else '-'. With DYNAMIQ_DEBUG=INFO the first line of a process gives dynamiq's version and git
-// revision: "... dynamiq INFO CORE version 0.1.0 (git 0a62516)", whatever the subsystems. Each
+// revision: "... dynamiq INFO CORE version 0.1.0 (git 0a62516)", whatever the subsystems (written
+// by config::configure_log). Each
 // line is one write(2): lines of several threads, processes or library copies never interleave
 // within a line.
 #pragma once
@@ -41,9 +44,24 @@ void log_message(LogLevel level, Subsys subsys, const char* file, int line, cons
 // the net plugin and the CPU NCCL show the launcher's rank (RANK, ...) or '-'. rank < 0: unknown.
 void log_set_rank(int rank);
 
-// Re-reads DYNAMIQ_DEBUG, DYNAMIQ_DEBUG_SUBSYS and DYNAMIQ_DEBUG_FILE from the environment
-// (tests change them at run time); the debug file is reopened on the next line.
-void log_reload_from_env();
+// What the log prints and where: DYNAMIQ_DEBUG, DYNAMIQ_DEBUG_SUBSYS and DYNAMIQ_DEBUG_FILE
+// once parsed (the defaults are theirs).
+struct LogConfig {
+  LogLevel level = LogLevel::kWarn;
+  unsigned subsys_mask = kAllSubsys;  // Subsys bits whose INFO and TRACE lines are printed
+  std::string file_pattern;           // empty: stderr; else expanded by log_expand_path
+};
+
+// Applies `config` to every later line of this library copy; the debug file is (re)opened on the
+// next line and the launcher's rank is read again. Callable any number of times (tests change
+// the environment at run time: config::reload_log_from_env).
+void log_configure(const LogConfig& config);
+
+// The function that configures the log when a line comes before any log_configure() (the
+// settings layer installs config::configure_log when its library is loaded, so a line logged
+// before an entry point configured the log still follows DYNAMIQ_DEBUG*). Called without any
+// lock of the log held; it must call log_configure() and may log. Null: the defaults.
+void log_set_configurator(void (*configure)());
 
 // True the first time this process asks with this key, false afterwards: for reports that must
 // appear once per process although the shim, the net plugin and the CPU NCCL each hold a copy of
@@ -53,25 +71,17 @@ void log_reload_from_env();
 // (a sandbox), each copy answers for itself (then once per library instead of once per process).
 bool log_first_in_process(std::string_view key);
 
+// With the level at INFO or TRACE, the first call in the process writes
+// "version <version> (git <git_revision>)" at INFO, subsystem CORE, whatever the subsystems
+// selected (config::configure_log passes config/version.h's values).
+void log_version_once(const char* version, const char* git_revision);
+
 // Parsers of the settings table's logging entries (config/settings.cc validates with them).
 bool log_parse_level(std::string_view text, LogLevel* out);
 bool log_parse_subsys(std::string_view text, unsigned* mask);
 // DYNAMIQ_DEBUG_FILE's pattern with %h, %p, %r and %% replaced; other % sequences stay.
 std::string log_expand_path(std::string_view pattern, std::string_view host, long pid,
                             std::string_view rank);
-
-// While one exists on a thread, that thread logs nothing (the settings loader: its problems are
-// reported once the log is configured, and logging from inside it would recurse).
-class LogQuietScope {
- public:
-  LogQuietScope();
-  ~LogQuietScope();
-  LogQuietScope(const LogQuietScope&) = delete;
-  LogQuietScope& operator=(const LogQuietScope&) = delete;
-
- private:
-  bool was_;
-};
 
 }  // namespace dq
 

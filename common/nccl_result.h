@@ -1,6 +1,6 @@
 // The one mapping from dq::Status to the NCCL result every layer returns: the shim's engine, the
-// net plugin (dqNetResult has NCCL's values) and the CPU NCCL. docs/ENGINE.md section 4 has the
-// table; tests/errors pins it.
+// net plugin (dqNetResult has NCCL's values) and the CPU NCCL. docs/ENGINE.md ("Errors: the device
+// error word") has the table; tests/errors pins it.
 #pragma once
 
 #include "common/nccl_api.h"

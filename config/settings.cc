@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "config/optin.h"
+#include "version.h"  // generated in the build folder (config/meson.build)
 #include "kernels/budget_model.h"
 #include "kernels/codec.h"
 
@@ -463,7 +464,6 @@ struct GlobalState {
 GlobalState& parse_global() {
   static GlobalState& g = *new GlobalState;
   std::call_once(g.once, [] {
-    LogQuietScope quiet;  // reported by the log layer once it is configured from these values
     load_from_environment(&g.settings, nullptr, &g.problems);
     g.valid = true;
     for (const Problem& p : g.problems)
@@ -471,18 +471,45 @@ GlobalState& parse_global() {
   });
   return g;
 }
+
+LogConfig log_config_of(const Settings& s) {
+  LogConfig config;
+  config.level = s.log_level;
+  config.subsys_mask = s.log_subsys;
+  config.file_pattern = s.debug_file;
+  return config;
+}
+
+// Installed when this library copy is loaded: a line logged before any entry point configured
+// the log configures it from the settings first, as configure_log() does.
+const bool kLogConfiguratorInstalled = (log_set_configurator(&configure_log), true);
 }  // namespace
 
-const Settings& global_unreported(std::vector<Problem>* problems) {
+void configure_log() {
+  static std::mutex mutex;
+  static bool configured = false;
   const GlobalState& g = parse_global();
-  if (problems != nullptr) *problems = g.problems;
-  return g.settings;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (configured) return;
+    log_configure(log_config_of(g.settings));
+    configured = true;
+  }
+  log_version_once(DYNAMIQ_VERSION, DYNAMIQ_GIT_REVISION);
+  report(g.settings, g.problems);
+}
+
+void reload_log_from_env() {
+  configure_log();
+  Settings s;
+  std::string error;
+  load_from_environment(&s, &error);
+  log_configure(log_config_of(s));
 }
 
 const Settings& global() {
   const GlobalState& g = parse_global();
-  // The first use of the log configures it from these settings and reports them (common/log.cc).
-  log_enabled(LogLevel::kWarn, Subsys::kEnv);
+  configure_log();  // the first use configures the log from these settings and reports them
   return g.settings;
 }
 
@@ -510,14 +537,12 @@ Settings current() {
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (loaded && now == seen) return cached;
-    {
-      LogQuietScope quiet;
-      load_from_environment(&cached, nullptr, &problems);
-    }
+    load_from_environment(&cached, nullptr, &problems);
     seen = std::move(now);
     loaded = true;
     out = cached;
   }
+  configure_log();
   report(out, problems);
   return out;
 }

@@ -154,8 +154,15 @@ struct Agreed {
   static uint32_t hash(const Settings& s, int i);
 };
 
-// For the logging layer (common/log.cc): the settings global() holds, parsed without logging
-// and without reporting (the log layer reports them once it is configured).
-const Settings& global_unreported(std::vector<Problem>* problems);
+// Configures this library copy's log (common/log.h) from global()'s DYNAMIQ_DEBUG* once, then
+// reports once per process: the version (INFO, subsystem CORE) and global()'s problems and
+// values (report()). The entry points get it through their first global() or current(); the
+// log calls it itself at a line logged before that (log_set_configurator).
+void configure_log();
+
+// Re-reads DYNAMIQ_DEBUG, DYNAMIQ_DEBUG_SUBSYS and DYNAMIQ_DEBUG_FILE from the environment and
+// reconfigures the log (tests change them at run time); the debug file is reopened on the
+// next line.
+void reload_log_from_env();
 
 }  // namespace dq::config

@@ -12,11 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/nccl_types.h"
 #include "common/status.h"
 
 namespace dq {
 
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1 };
+// The codecs take DType::kF32 and DType::kBF16 (common/nccl_types.h).
 enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1 };
 
 inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }

@@ -35,7 +35,8 @@ float energy(const uint16_t* reduced, size_t j) {
 int width_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced, size_t j,
               float theta) {
   if (l.poisoned(j)) return 2;
-  // Equal error saved per extra bit fixes the threshold ratios (METHOD.md section 3).
+  // Equal error saved per extra bit fixes the threshold ratios: 8 -> 4 bits at theta * 257/131072,
+  // 4 -> 2 bits at a further 17/512 of that.
   const float t48 = theta * (257.0f / 131072.0f);
   const float t24 = t48 * (17.0f / 512.0f);
   const float f = energy(reduced, j);

@@ -1,6 +1,7 @@
 // DynamiQ arithmetic shared by the host implementation and the CUDA kernels. Only IEEE basic
 // operations (add, mul, div, compare) and integer ops, no libm and no FMA contraction, so the
-// host is a bit-exact reference for the device. Constants: METHOD.md section 3.
+// host is a bit-exact reference for the device. The record layout the constants size is in
+// docs/FORMAT.md.
 #pragma once
 #include <cstdint>
 
@@ -30,7 +31,8 @@ DQ_HD int record_bytes(int bits, bool hierarchical_scales) {
 }
 
 // Magnitude levels of one width: level[r] = f(eps, r), r = 0..L, plus lookup tables.
-// Built once on the host (kernels/dynamiq_levels.cc) and copied to the device as plain data.
+// Built once per codec on the host (build_level_table in kernels/dynamiq_codec.cc) and copied to
+// the device as plain data.
 struct LevelTable {
   int max_mag;                      // L
   int extra_steps;                  // most levels inside one grid cell (fix-up iterations)

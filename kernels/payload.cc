@@ -6,10 +6,6 @@ namespace dq {
 namespace {
 void put16(uint8_t* p, uint16_t v) { p[0] = v & 0xff; p[1] = v >> 8; }
 void put32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = (v >> (8 * i)) & 0xff; }
-uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t get32(const uint8_t* p) {
-  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
 }  // namespace
 
 void write_chunk_header(uint8_t* out, const ChunkHeader& h) {
@@ -28,24 +24,29 @@ Status check_chunk_header(ByteView in, const ChunkHeader& expected, int max_cont
     DQ_FAIL(Status::kMalformedPayload, "payload truncated: %zu bytes, header needs %zu", in.size,
             kChunkHeaderBytes);
   const uint8_t* p = in.data;
-  if (get16(p) != kPayloadMagic || p[2] != kPayloadVersion)
-    DQ_FAIL(Status::kMalformedPayload, "payload magic/version 0x%04x/%u, expected 0x%04x/%u",
-            get16(p), p[2], kPayloadMagic, kPayloadVersion);
-  ChunkHeader h{static_cast<CodecId>(p[3]), get16(p + 4), get16(p + 6), get32(p + 8),
-                get32(p + 12)};
-  if (h.codec != expected.codec)
-    DQ_FAIL(Status::kMalformedPayload, "payload codec %u, expected %u", static_cast<unsigned>(h.codec),
-            static_cast<unsigned>(expected.codec));
-  if (h.chunk != expected.chunk)
-    DQ_FAIL(Status::kMalformedPayload, "payload chunk %u, expected %u", h.chunk, expected.chunk);
-  if (h.call != expected.call)
-    DQ_FAIL(Status::kMalformedPayload, "payload of call %u, expected call %u", h.call, expected.call);
-  if (h.layout_check != expected.layout_check)
-    DQ_FAIL(Status::kMalformedPayload, "payload layout digest 0x%08x, expected 0x%08x (ranks disagree)",
-            h.layout_check, expected.layout_check);
-  if (h.n_contrib < 1 || h.n_contrib > max_contrib)
-    DQ_FAIL(Status::kMalformedPayload, "payload sums %u workers, must be 1..%d", h.n_contrib,
-            max_contrib);
+  const ChunkHeader h = read_chunk_header(p);
+  switch (chunk_header_mismatch(p, expected, max_contrib)) {
+    case ChunkHeaderMismatch::kNone:
+      break;
+    case ChunkHeaderMismatch::kMagicOrVersion:
+      DQ_FAIL(Status::kMalformedPayload, "payload magic/version 0x%04x/%u, expected 0x%04x/%u",
+              get16(p), p[2], kPayloadMagic, kPayloadVersion);
+    case ChunkHeaderMismatch::kCodec:
+      DQ_FAIL(Status::kMalformedPayload, "payload codec %u, expected %u",
+              static_cast<unsigned>(h.codec), static_cast<unsigned>(expected.codec));
+    case ChunkHeaderMismatch::kChunk:
+      DQ_FAIL(Status::kMalformedPayload, "payload chunk %u, expected %u", h.chunk, expected.chunk);
+    case ChunkHeaderMismatch::kCall:
+      DQ_FAIL(Status::kMalformedPayload, "payload of call %u, expected call %u", h.call,
+              expected.call);
+    case ChunkHeaderMismatch::kLayout:
+      DQ_FAIL(Status::kMalformedPayload,
+              "payload layout digest 0x%08x, expected 0x%08x (ranks disagree)", h.layout_check,
+              expected.layout_check);
+    case ChunkHeaderMismatch::kContributors:
+      DQ_FAIL(Status::kMalformedPayload, "payload sums %u workers, must be 1..%d", h.n_contrib,
+              max_contrib);
+  }
   if (got) *got = h;
   return Status::kOk;
 }

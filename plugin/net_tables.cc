@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "common/abi_guard.h"
 #include "common/nccl_result.h"
 #include "plugin/net_backend.h"
 #include "plugin/net_env.h"
@@ -45,18 +46,21 @@ dqNetResult ToResult(Status s) { return static_cast<dqNetResult>(nccl_result(s))
 
 template <typename Fn>
 dqNetResult Guard(const char* what, Fn&& fn) {
-  try {
-    return ToResult(fn());
-  } catch (const std::bad_alloc&) {
-    NET_WARN("%s: out of memory", what);
-    return dqNetSystemError;
-  } catch (const std::exception& e) {
-    NET_WARN("%s: %s", what, e.what());
-    return dqNetInternalError;
-  } catch (...) {
-    NET_WARN("%s: unknown exception", what);
-    return dqNetInternalError;
-  }
+  return abi_guard([&] { return ToResult(fn()); },
+                   [what](AbiFault fault, const char* exception_text) {
+                     switch (fault) {
+                       case AbiFault::kOutOfMemory:
+                         NET_WARN("%s: out of memory", what);
+                         return dqNetSystemError;
+                       case AbiFault::kException:
+                         NET_WARN("%s: %s", what, exception_text);
+                         return dqNetInternalError;
+                       case AbiFault::kUnknown:
+                         break;
+                     }
+                     NET_WARN("%s: unknown exception", what);
+                     return dqNetInternalError;
+                   });
 }
 
 NetBackend& backend() {

@@ -3,6 +3,7 @@
 // the real NCCL whatever dynamiq does not reroute.
 #include <new>
 
+#include "common/abi_guard.h"
 #include "common/log.h"
 #include "common/nccl_api.h"
 #include "shim/dynamiq.h"
@@ -17,15 +18,14 @@ using dq::shim::real_nccl;
 
 template <class F>
 ncclResult_t guarded(const char* what, F&& body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    DQ_WARN(dq::Subsys::kShim, "dynamiq: %s: out of memory", what);
-    return ncclSystemError;
-  } catch (...) {
+  return dq::abi_guard(body, [what](dq::AbiFault fault, const char*) {
+    if (fault == dq::AbiFault::kOutOfMemory) {
+      DQ_WARN(dq::Subsys::kShim, "dynamiq: %s: out of memory", what);
+      return ncclSystemError;
+    }
     DQ_WARN(dq::Subsys::kShim, "dynamiq: %s: internal error (exception)", what);
     return ncclInternalError;
-  }
+  });
 }
 
 #define DQ_REAL_OR_FAIL(fn)                     \

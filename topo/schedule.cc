@@ -172,7 +172,10 @@ Status make_schedule(Kind kind, int n_workers, Schedule* out) {
   return Status::kOk;
 }
 
-Status validate_schedule(const Schedule& s) {
+namespace {
+
+// Kind, worker and chunk counts, and one tree and one sink in range per chunk.
+Status check_shape(const Schedule& s) {
   if (!valid_kind(s.kind)) {
     DQ_FAIL(Status::kInternal, "schedule: invalid kind %d", static_cast<int>(s.kind));
   }
@@ -193,65 +196,93 @@ Status validate_schedule(const Schedule& s) {
               s.sink_worker[c]);
     }
   }
+  return Status::kOk;
+}
 
-  // Per step: endpoints in range, distinct, no repeated (src,dst) pair, no repeated chunk in one
-  // message. Shared by both phases.
-  std::vector<int64_t> pair_keys;
-  std::vector<int> chunk_stamp(nc, -1);
-  int stamp = 0;
-  auto check_step = [&](const Step& step, const char* phase, int index) -> Status {
+// Per step, in both phases: endpoints in range and distinct, no repeated (src, dst) pair, no
+// repeated chunk in one message.
+class StepChecker {
+ public:
+  StepChecker(int n_workers, int n_chunks)
+      : n_(n_workers), nc_(n_chunks), chunk_stamp_(n_chunks, -1) {}
+
+  Status check(const Step& step, const char* phase, int index) {
     if (step.transfers.empty()) DQ_FAIL(Status::kInternal, "%s step %d is empty", phase, index);
-    pair_keys.clear();
+    pair_keys_.clear();
     for (const Transfer& t : step.transfers) {
-      if (t.src < 0 || t.src >= n || t.dst < 0 || t.dst >= n || t.src == t.dst) {
-        DQ_FAIL(Status::kInternal, "%s step %d: bad transfer %d -> %d", phase, index, t.src, t.dst);
-      }
-      if (t.chunks.empty()) {
-        DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d carries no chunk", phase, index,
-                t.src, t.dst);
-      }
-      ++stamp;
-      for (int c : t.chunks) {
-        if (c < 0 || c >= nc) {
-          DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d names chunk %d of %d", phase,
-                  index, t.src, t.dst, c, nc);
-        }
-        if (chunk_stamp[c] == stamp) {
-          DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d repeats chunk %d", phase, index,
-                  t.src, t.dst, c);
-        }
-        chunk_stamp[c] = stamp;
-      }
-      pair_keys.push_back(static_cast<int64_t>(t.src) * n + t.dst);
+      DQ_CHECK(check_transfer(t, phase, index));
+      pair_keys_.push_back(static_cast<int64_t>(t.src) * n_ + t.dst);
     }
-    std::sort(pair_keys.begin(), pair_keys.end());
-    auto dup = std::adjacent_find(pair_keys.begin(), pair_keys.end());
-    if (dup != pair_keys.end()) {
+    std::sort(pair_keys_.begin(), pair_keys_.end());
+    auto dup = std::adjacent_find(pair_keys_.begin(), pair_keys_.end());
+    if (dup != pair_keys_.end()) {
       DQ_FAIL(Status::kInternal, "%s step %d: pair %lld -> %lld appears twice", phase, index,
-              static_cast<long long>(*dup / n), static_cast<long long>(*dup % n));
+              static_cast<long long>(*dup / n_), static_cast<long long>(*dup % n_));
     }
     return Status::kOk;
-  };
+  }
 
-  // Reduce phase, indexed [chunk * n + worker].
+ private:
+  Status check_transfer(const Transfer& t, const char* phase, int index) {
+    if (t.src < 0 || t.src >= n_ || t.dst < 0 || t.dst >= n_ || t.src == t.dst) {
+      DQ_FAIL(Status::kInternal, "%s step %d: bad transfer %d -> %d", phase, index, t.src, t.dst);
+    }
+    if (t.chunks.empty()) {
+      DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d carries no chunk", phase, index,
+              t.src, t.dst);
+    }
+    ++stamp_;  // one stamp per transfer: a chunk stamped twice repeats within it
+    for (int c : t.chunks) {
+      if (c < 0 || c >= nc_) {
+        DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d names chunk %d of %d", phase,
+                index, t.src, t.dst, c, nc_);
+      }
+      if (chunk_stamp_[c] == stamp_) {
+        DQ_FAIL(Status::kInternal, "%s step %d: transfer %d -> %d repeats chunk %d", phase, index,
+                t.src, t.dst, c);
+      }
+      chunk_stamp_[c] = stamp_;
+    }
+    return Status::kOk;
+  }
+
+  int n_, nc_;
+  std::vector<int64_t> pair_keys_;
+  std::vector<int> chunk_stamp_;
+  int stamp_ = 0;
+};
+
+// What the reduce steps say, per (chunk, worker), indexed [chunk * n_workers + worker].
+struct ReduceEdges {
+  std::vector<int> send_step;   // the step the worker sends the chunk at; -1: never
+  std::vector<int> send_dst;    // to whom; -1: never
+  std::vector<int> recv_count;  // messages of the chunk the worker receives
+  std::vector<int> last_recv;   // the step of the last of them; -1: none
+};
+
+// Every worker but the sink sends each chunk exactly once, after receiving all its inputs.
+Status check_reduce_phase(const Schedule& s, StepChecker* steps, ReduceEdges* e) {
+  const int n = s.n_workers, nc = s.n_chunks;
   const size_t cells = static_cast<size_t>(nc) * n;
-  std::vector<int> send_step(cells, -1), send_dst(cells, -1);
-  std::vector<int> recv_count(cells, 0), last_recv(cells, -1);
+  e->send_step.assign(cells, -1);
+  e->send_dst.assign(cells, -1);
+  e->recv_count.assign(cells, 0);
+  e->last_recv.assign(cells, -1);
   for (int step = 0; step < static_cast<int>(s.reduce.size()); ++step) {
-    DQ_CHECK(check_step(s.reduce[step], "reduce", step));
+    DQ_CHECK(steps->check(s.reduce[step], "reduce", step));
     for (const Transfer& t : s.reduce[step].transfers) {
       for (int c : t.chunks) {
         const size_t from = static_cast<size_t>(c) * n + t.src;
         const size_t to = static_cast<size_t>(c) * n + t.dst;
-        if (send_step[from] != -1) {
+        if (e->send_step[from] != -1) {
           DQ_FAIL(Status::kInternal,
                   "reduce: worker %d compresses chunk %d twice (steps %d and %d)", t.src, c,
-                  send_step[from], step);
+                  e->send_step[from], step);
         }
-        send_step[from] = step;
-        send_dst[from] = t.dst;
-        ++recv_count[to];
-        last_recv[to] = step;
+        e->send_step[from] = step;
+        e->send_dst[from] = t.dst;
+        ++e->recv_count[to];
+        e->last_recv[to] = step;
       }
     }
   }
@@ -259,25 +290,65 @@ Status validate_schedule(const Schedule& s) {
     for (int w = 0; w < n; ++w) {
       const size_t i = static_cast<size_t>(c) * n + w;
       const bool is_sink = w == s.sink_worker[c];
-      if (is_sink && send_step[i] != -1) {
+      if (is_sink && e->send_step[i] != -1) {
         DQ_FAIL(Status::kInternal, "reduce: sink %d of chunk %d sends it at step %d", w, c,
-                send_step[i]);
+                e->send_step[i]);
       }
-      if (!is_sink && send_step[i] == -1) {
+      if (!is_sink && e->send_step[i] == -1) {
         DQ_FAIL(Status::kInternal, "reduce: worker %d never contributes chunk %d", w, c);
       }
       // A payload received at or after the send would be lost; requiring receive < send on every
       // edge also makes the send graph acyclic, hence a tree spanning all workers into the sink.
-      if (!is_sink && last_recv[i] >= send_step[i]) {
+      if (!is_sink && e->last_recv[i] >= e->send_step[i]) {
         DQ_FAIL(Status::kInternal,
                 "reduce: worker %d receives chunk %d at step %d, after sending it at step %d", w, c,
-                last_recv[i], send_step[i]);
+                e->last_recv[i], e->send_step[i]);
       }
     }
   }
+  return Status::kOk;
+}
 
-  // Trees must restate the reduce steps exactly, children in receive order.
-  for (int c = 0; c < nc; ++c) {
+// Node w of chunk c's tree restates its reduce edges: parent, send step, and its children in
+// receive order.
+Status check_tree_node(const Schedule& s, const ReduceEdges& e, int c, int w) {
+  const int n = s.n_workers;
+  const ChunkTree& tree = s.trees[c];
+  const TreeNode& node = tree.nodes[w];
+  const size_t i = static_cast<size_t>(c) * n + w;
+  if (node.worker != w) {
+    DQ_FAIL(Status::kInternal, "tree %d: node %d holds worker %d", c, w, node.worker);
+  }
+  if (node.parent != e.send_dst[i] || node.send_step != e.send_step[i]) {
+    DQ_FAIL(Status::kInternal, "tree %d: node %d has parent %d at step %d, steps say %d at step %d",
+            c, w, node.parent, node.send_step, e.send_dst[i], e.send_step[i]);
+  }
+  if (static_cast<int>(node.children.size()) != e.recv_count[i]) {
+    DQ_FAIL(Status::kInternal, "tree %d: node %d has %zu inputs but receives %d messages", c, w,
+            node.children.size(), e.recv_count[i]);
+  }
+  int prev_step = -1, prev_child = -1;
+  for (int child : node.children) {
+    if (child < 0 || child >= n || tree.nodes[child].parent != w) {
+      DQ_FAIL(Status::kInternal, "tree %d: node %d lists %d, which does not send to it", c, w,
+              child);
+    }
+    // Strictly increasing (step, node): no repeated child can stand in for a missing one.
+    const int child_step = e.send_step[static_cast<size_t>(c) * n + child];
+    if (child_step < prev_step || (child_step == prev_step && child <= prev_child)) {
+      DQ_FAIL(Status::kInternal, "tree %d: node %d inputs out of receive order at child %d", c, w,
+              child);
+    }
+    prev_step = child_step;
+    prev_child = child;
+  }
+  return Status::kOk;
+}
+
+// The trees restate the reduce steps exactly, children in receive order.
+Status check_trees(const Schedule& s, const ReduceEdges& e) {
+  const int n = s.n_workers;
+  for (int c = 0; c < s.n_chunks; ++c) {
     const ChunkTree& tree = s.trees[c];
     if (static_cast<int>(tree.nodes.size()) != n) {
       DQ_FAIL(Status::kInternal, "tree %d: %zu nodes for %d workers", c, tree.nodes.size(), n);
@@ -286,46 +357,20 @@ Status validate_schedule(const Schedule& s) {
       DQ_FAIL(Status::kInternal, "tree %d: sink node %d is not worker %d", c, tree.sink,
               s.sink_worker[c]);
     }
-    for (int w = 0; w < n; ++w) {
-      const TreeNode& node = tree.nodes[w];
-      const size_t i = static_cast<size_t>(c) * n + w;
-      if (node.worker != w) {
-        DQ_FAIL(Status::kInternal, "tree %d: node %d holds worker %d", c, w, node.worker);
-      }
-      if (node.parent != send_dst[i] || node.send_step != send_step[i]) {
-        DQ_FAIL(Status::kInternal,
-                "tree %d: node %d has parent %d at step %d, steps say %d at step %d", c, w,
-                node.parent, node.send_step, send_dst[i], send_step[i]);
-      }
-      if (static_cast<int>(node.children.size()) != recv_count[i]) {
-        DQ_FAIL(Status::kInternal, "tree %d: node %d has %zu inputs but receives %d messages", c, w,
-                node.children.size(), recv_count[i]);
-      }
-      int prev_step = -1, prev_child = -1;
-      for (int child : node.children) {
-        if (child < 0 || child >= n || tree.nodes[child].parent != w) {
-          DQ_FAIL(Status::kInternal, "tree %d: node %d lists %d, which does not send to it", c, w,
-                  child);
-        }
-        // Strictly increasing (step, node): no repeated child can stand in for a missing one.
-        const int child_step = send_step[static_cast<size_t>(c) * n + child];
-        if (child_step < prev_step || (child_step == prev_step && child <= prev_child)) {
-          DQ_FAIL(Status::kInternal, "tree %d: node %d inputs out of receive order at child %d", c,
-                  w, child);
-        }
-        prev_step = child_step;
-        prev_child = child;
-      }
-    }
+    for (int w = 0; w < n; ++w) DQ_CHECK(check_tree_node(s, e, c, w));
   }
+  return Status::kOk;
+}
 
-  // Gather phase: have[c*n+w] = gather step at which w got chunk c's final payload; -1 for the
-  // sink (it has it before gather begins), -2 for not yet.
-  std::vector<int>& have = last_recv;
-  std::fill(have.begin(), have.end(), -2);
-  for (int c = 0; c < nc; ++c) have[static_cast<size_t>(c) * n + s.sink_worker[c]] = -1;
+// Every worker receives every chunk's final payload exactly once, from a worker holding it.
+Status check_gather_phase(const Schedule& s, StepChecker* steps) {
+  const int n = s.n_workers;
+  // have[c * n + w]: the gather step at which w got chunk c's final payload; -1 for the sink (it
+  // has it before gather begins), -2 for not yet.
+  std::vector<int> have(static_cast<size_t>(s.n_chunks) * n, -2);
+  for (int c = 0; c < s.n_chunks; ++c) have[static_cast<size_t>(c) * n + s.sink_worker[c]] = -1;
   for (int step = 0; step < static_cast<int>(s.gather.size()); ++step) {
-    DQ_CHECK(check_step(s.gather[step], "gather", step));
+    DQ_CHECK(steps->check(s.gather[step], "gather", step));
     for (const Transfer& t : s.gather[step].transfers) {
       for (int c : t.chunks) {
         const int src_has = have[static_cast<size_t>(c) * n + t.src];
@@ -343,13 +388,24 @@ Status validate_schedule(const Schedule& s) {
       }
     }
   }
-  for (size_t i = 0; i < cells; ++i) {
+  for (size_t i = 0; i < have.size(); ++i) {
     if (have[i] == -2) {
       DQ_FAIL(Status::kInternal, "gather: worker %d never receives chunk %d's result",
               static_cast<int>(i % n), static_cast<int>(i / n));
     }
   }
   return Status::kOk;
+}
+
+}  // namespace
+
+Status validate_schedule(const Schedule& s) {
+  DQ_CHECK(check_shape(s));
+  StepChecker steps(s.n_workers, s.n_chunks);
+  ReduceEdges edges;
+  DQ_CHECK(check_reduce_phase(s, &steps, &edges));
+  DQ_CHECK(check_trees(s, edges));
+  return check_gather_phase(s, &steps);
 }
 
 void rounding_strata(const ChunkTree& tree, RoundingStrata* out) {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/abi_guard.h"
 #include "kernels/baselines/mx_element.h"
 
 namespace {
@@ -32,24 +33,24 @@ bool mx_kind_from_int(int kind, dq::MxKind* out) {
 
 // Encodes n already scaled FP32 values to element codes (RNE, saturating).
 DQ_CAPI int dq_mx_encode(int kind, const float* in, uint8_t* out, size_t n) {
-  try {
-    dq::MxKind k;
-    if (!mx_kind_from_int(kind, &k) || (n > 0 && (in == nullptr || out == nullptr))) return -1;
-    for (size_t i = 0; i < n; ++i) out[i] = dq::mx_encode_element(k, in[i]);
-    return 0;
-  } catch (...) {
-    return -2;
-  }
+  return dq::abi_guard(
+      [&] {
+        dq::MxKind k;
+        if (!mx_kind_from_int(kind, &k) || (n > 0 && (in == nullptr || out == nullptr))) return -1;
+        for (size_t i = 0; i < n; ++i) out[i] = dq::mx_encode_element(k, in[i]);
+        return 0;
+      },
+      -2);
 }
 
 // Decodes n element codes to FP32.
 DQ_CAPI int dq_mx_decode(int kind, const uint8_t* in, float* out, size_t n) {
-  try {
-    dq::MxKind k;
-    if (!mx_kind_from_int(kind, &k) || (n > 0 && (in == nullptr || out == nullptr))) return -1;
-    for (size_t i = 0; i < n; ++i) out[i] = dq::mx_decode_element(k, in[i]);
-    return 0;
-  } catch (...) {
-    return -2;
-  }
+  return dq::abi_guard(
+      [&] {
+        dq::MxKind k;
+        if (!mx_kind_from_int(kind, &k) || (n > 0 && (in == nullptr || out == nullptr))) return -1;
+        for (size_t i = 0; i < n; ++i) out[i] = dq::mx_decode_element(k, in[i]);
+        return 0;
+      },
+      -2);
 }

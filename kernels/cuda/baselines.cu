@@ -41,26 +41,16 @@ struct ChunkArgs {
 
 constexpr uint16_t kUniformScaleNaN = 0x7FC0;
 
-__device__ __forceinline__ uint16_t get16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
-__device__ __forceinline__ uint32_t get32(const uint8_t* p) {
-  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
 __device__ __forceinline__ uint32_t layout_call(const void* layout) {
   return static_cast<uint32_t>(*static_cast<const uint64_t*>(layout));
 }
 
-// check_chunk_header() of payload.cc against the chunk's expected header: n_contrib in
-// [1, max_contrib]; returns n_contrib, or 0 when anything disagrees.
+// The chunk's message header checked against the expected one (kernels/chunk_header.h):
+// returns n_contrib, or 0 when anything disagrees.
 __device__ __forceinline__ int check_header(const uint8_t* h, CodecId codec, const ChunkArgs& c,
                                             uint32_t call, int max_contrib) {
-  const uint16_t n_contrib = get16(h + 6);
-  const bool ok = get16(h) == kPayloadMagic && h[2] == kPayloadVersion &&
-                  h[3] == static_cast<uint8_t>(codec) && get16(h + 4) == static_cast<uint16_t>(c.chunk) &&
-                  get32(h + 8) == call && get32(h + 12) == c.digest && n_contrib >= 1 &&
-                  n_contrib <= max_contrib;
-  return ok ? n_contrib : 0;
+  const ChunkHeader expected{codec, static_cast<uint16_t>(c.chunk), 0, call, c.digest};
+  return chunk_header_contributors(h, expected, max_contrib);
 }
 
 // UniformKernel::scale_valid: NaN (a non-finite input upstream), or non-negative and finite.

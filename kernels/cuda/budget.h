@@ -1,7 +1,7 @@
-// The error-targeted budget's prediction on the device (DYNAMIQ_BITS=auto, docs/ENGINE.md
-// section 10): kernels/budget_math.h's arithmetic as one kernel, with the bits of the host's
-// run_budget_job() (kernels/budget_model.h), so a GPU chooses the next call's budget from the
-// reduced statistics without the host reading them.
+// The error-targeted budget's prediction on the device (DYNAMIQ_BITS=auto; docs/ENGINE.md, "The
+// budget: a fixed one, or an error target"): kernels/budget_math.h's arithmetic as one kernel,
+// with the bits of the host's run_budget_job() (kernels/budget_model.h), so a GPU chooses the next
+// call's budget from the reduced statistics without the host reading them.
 #pragma once
 #include <cstddef>
 #include <cstdint>

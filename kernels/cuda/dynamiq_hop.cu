@@ -50,25 +50,13 @@ __device__ __forceinline__ bool poisoned(const LayoutView& l, uint32_t j) {
   return (f32_bits(l.mean[j]) & 0x7f800000u) == 0x7f800000u;
 }
 
-__device__ __forceinline__ uint16_t get16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
-__device__ __forceinline__ uint32_t get32(const uint8_t* p) {
-  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
-
-// check_chunk_header() of payload.cc against this chunk's expected header: n_contrib in
-// [1, max_contrib]; returns n_contrib, or 0 when anything disagrees.
+// This chunk's message header checked against the expected one (kernels/chunk_header.h):
+// returns n_contrib, or 0 when anything disagrees.
 __device__ __forceinline__ int check_header(const uint8_t* h, const LayoutView& l, int chunk,
                                             int max_contrib) {
-  const uint16_t n_contrib = get16(h + 6);
-  const bool ok = get16(h) == kPayloadMagic && h[2] == kPayloadVersion &&
-                  h[3] == static_cast<uint8_t>(CodecId::kDynamiq) &&
-                  get16(h + 4) == static_cast<uint16_t>(chunk) &&
-                  get32(h + 8) == static_cast<uint32_t>(l.header[0]) &&
-                  get32(h + 12) == l.chunk_check[chunk] && n_contrib >= 1 &&
-                  n_contrib <= max_contrib;
-  return ok ? n_contrib : 0;
+  const ChunkHeader expected{CodecId::kDynamiq, static_cast<uint16_t>(chunk), 0,
+                             static_cast<uint32_t>(l.header[0]), l.chunk_check[chunk]};
+  return chunk_header_contributors(h, expected, max_contrib);
 }
 
 // Value k's code in the packed codes of a record at `bits` wide.
@@ -119,6 +107,70 @@ __device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint3
          p.capacity;
 }
 
+// The hop's output header (one thread): the inputs' headers checked, their contributors summed
+// with this rank's own.
+__device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk, const HopInputs& in,
+                                                 int n_in, int n_workers, uint8_t* out,
+                                                 unsigned* error) {
+  int contrib = 1;
+  for (int i = 0; i < n_in; ++i) {
+    const int c = check_header(in.p[i], l, chunk, n_workers);
+    if (c == 0) atomicOr(error, kDynamiqBadHeader);
+    contrib += c;
+  }
+  if (contrib > n_workers) atomicOr(error, kDynamiqTooManyWorkers);
+  const uint32_t call = static_cast<uint32_t>(l.header[0]);
+  const uint32_t check = l.chunk_check[chunk];
+  const uint8_t h[kChunkHeaderBytes] = {
+      static_cast<uint8_t>(kPayloadMagic & 0xff), static_cast<uint8_t>(kPayloadMagic >> 8),
+      kPayloadVersion, static_cast<uint8_t>(CodecId::kDynamiq),
+      static_cast<uint8_t>(chunk & 0xff), static_cast<uint8_t>((chunk >> 8) & 0xff),
+      static_cast<uint8_t>(contrib & 0xff), static_cast<uint8_t>((contrib >> 8) & 0xff),
+      static_cast<uint8_t>(call), static_cast<uint8_t>(call >> 8),
+      static_cast<uint8_t>(call >> 16), static_cast<uint8_t>(call >> 24),
+      static_cast<uint8_t>(check), static_cast<uint8_t>(check >> 8),
+      static_cast<uint8_t>(check >> 16), static_cast<uint8_t>(check >> 24)};
+  for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
+}
+
+// The scales of a record at bits < 16 from the group maxima `gmax` (magnitude bit patterns), for
+// value k's group g: writes the record's scale bytes, returns value k's scale and in *codes where
+// the record's codes start.
+__device__ __forceinline__ float write_record_scales(bool hierarchical, const uint32_t* gmax,
+                                                     int k, int g, uint8_t* rec,
+                                                     uint8_t** codes) {
+  if (hierarchical) {
+    uint32_t sgmax = 0;
+    for (int q = 0; q < kGroupsPerSuperGroup; ++q) sgmax = gmax[q] > sgmax ? gmax[q] : sgmax;
+    const uint16_t unit_bits = supergroup_unit_bf16(f32_from_bits(sgmax));
+    const float unit = bf16_to_f32(unit_bits);
+    const uint8_t f = group_factor(f32_from_bits(gmax[g]), unit);
+    if (k == 0) {
+      rec[0] = static_cast<uint8_t>(unit_bits);
+      rec[1] = static_cast<uint8_t>(unit_bits >> 8);
+    }
+    if ((k & (kGroup - 1)) == 0) rec[2 + g] = f;
+    *codes = rec + 2 + kGroupsPerSuperGroup;
+    return static_cast<float>(f) * unit;
+  }
+  const uint16_t sb = f32_to_bf16_up(f32_from_bits(gmax[g]));
+  if ((k & (kGroup - 1)) == 0) {
+    rec[2 * g] = static_cast<uint8_t>(sb);
+    rec[2 * g + 1] = static_cast<uint8_t>(sb >> 8);
+  }
+  *codes = rec + 2 * kGroupsPerSuperGroup;
+  return bf16_to_f32(sb);
+}
+
+// Byte k of the record's codes (k < kSuperGroup * bits / 8): the codes packed LSB first in value
+// order.
+__device__ __forceinline__ uint8_t packed_code_byte(const uint8_t* codes, int bits, int k) {
+  if (bits == 8) return codes[k];
+  if (bits == 4) return static_cast<uint8_t>(codes[2 * k] | (codes[2 * k + 1] << 4));
+  return static_cast<uint8_t>(codes[4 * k] | (codes[4 * k + 1] << 2) | (codes[4 * k + 2] << 4) |
+                              (codes[4 * k + 3] << 6));
+}
+
 }  // namespace
 
 // Before a launch whose kernels raise flags from several blocks: a word already non-zero gains
@@ -147,27 +199,7 @@ __global__ void __launch_bounds__(kHopThreads)
     atomicOr(error, kDynamiqChunkOverCapacity);
 
   // The chunk header (block 0), the padding after the body (all blocks).
-  if (blockIdx.x == 0 && k == 0) {
-    int contrib = 1;
-    for (int i = 0; i < n_in; ++i) {
-      const int c = check_header(in.p[i], l, chunk, p.n_workers);
-      if (c == 0) atomicOr(error, kDynamiqBadHeader);
-      contrib += c;
-    }
-    if (contrib > p.n_workers) atomicOr(error, kDynamiqTooManyWorkers);
-    const uint32_t call = static_cast<uint32_t>(l.header[0]);
-    const uint32_t check = l.chunk_check[chunk];
-    const uint8_t h[kChunkHeaderBytes] = {
-        static_cast<uint8_t>(kPayloadMagic & 0xff), static_cast<uint8_t>(kPayloadMagic >> 8),
-        kPayloadVersion, static_cast<uint8_t>(CodecId::kDynamiq),
-        static_cast<uint8_t>(chunk & 0xff), static_cast<uint8_t>((chunk >> 8) & 0xff),
-        static_cast<uint8_t>(contrib & 0xff), static_cast<uint8_t>((contrib >> 8) & 0xff),
-        static_cast<uint8_t>(call), static_cast<uint8_t>(call >> 8),
-        static_cast<uint8_t>(call >> 16), static_cast<uint8_t>(call >> 24),
-        static_cast<uint8_t>(check), static_cast<uint8_t>(check >> 8),
-        static_cast<uint8_t>(check >> 16), static_cast<uint8_t>(check >> 24)};
-    for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
-  }
+  if (blockIdx.x == 0 && k == 0) write_hop_header(l, chunk, in, n_in, p.n_workers, out, error);
   const unsigned long long body_capacity = p.capacity - kChunkHeaderBytes;
   for (unsigned long long b = content + blockIdx.x * static_cast<unsigned long long>(kHopThreads) + k;
        b < body_capacity; b += static_cast<unsigned long long>(gridDim.x) * kHopThreads)
@@ -245,30 +277,8 @@ __global__ void __launch_bounds__(kHopThreads)
     }
     if ((k & (kGroup - 1)) == 0) s_gmax[g] = a;
     __syncthreads();
-    float scale;
     uint8_t* codes_out;
-    if (d.hierarchical_scales) {
-      uint32_t sgmax = 0;
-      for (int q = 0; q < kGroupsPerSuperGroup; ++q) sgmax = s_gmax[q] > sgmax ? s_gmax[q] : sgmax;
-      const uint16_t unit_bits = supergroup_unit_bf16(f32_from_bits(sgmax));
-      const float unit = bf16_to_f32(unit_bits);
-      const uint8_t f = group_factor(f32_from_bits(s_gmax[g]), unit);
-      scale = static_cast<float>(f) * unit;
-      if (k == 0) {
-        rec[0] = static_cast<uint8_t>(unit_bits);
-        rec[1] = static_cast<uint8_t>(unit_bits >> 8);
-      }
-      if ((k & (kGroup - 1)) == 0) rec[2 + g] = f;
-      codes_out = rec + 2 + kGroupsPerSuperGroup;
-    } else {
-      const uint16_t sb = f32_to_bf16_up(f32_from_bits(s_gmax[g]));
-      scale = bf16_to_f32(sb);
-      if ((k & (kGroup - 1)) == 0) {
-        rec[2 * g] = static_cast<uint8_t>(sb);
-        rec[2 * g + 1] = static_cast<uint8_t>(sb >> 8);
-      }
-      codes_out = rec + 2 * kGroupsPerSuperGroup;
-    }
+    const float scale = write_record_scales(d.hierarchical_scales, s_gmax, k, g, rec, &codes_out);
     // Stochastic rounding on the host's levels.
     const LevelTable& t = levels[width_index(bits)];
     const float m = magnitude_ratio(v, scale);
@@ -278,14 +288,7 @@ __global__ void __launch_bounds__(kHopThreads)
     if (up < 0) up = round_up_tie(x, u16, rounding_tie_uniform(key.seed, key.call, key.rank, jr * kSuperGroup + k));
     s_codes[k] = static_cast<uint8_t>(encode_code(r + up, v < 0.0f, t.max_mag));
     __syncthreads();
-    if (k < kSuperGroup * bits / 8) {  // pack LSB first in value order
-      uint8_t b;
-      if (bits == 8) b = s_codes[k];
-      else if (bits == 4) b = static_cast<uint8_t>(s_codes[2 * k] | (s_codes[2 * k + 1] << 4));
-      else b = static_cast<uint8_t>(s_codes[4 * k] | (s_codes[4 * k + 1] << 2) | (s_codes[4 * k + 2] << 4) |
-                                    (s_codes[4 * k + 3] << 6));
-      codes_out[k] = b;
-    }
+    if (k < kSuperGroup * bits / 8) codes_out[k] = packed_code_byte(s_codes, bits, k);
     __syncthreads();  // shared memory is rewritten by the next super-group
   }
 }

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/cuda_staging.h"
+#include "config/cuda_staging.h"
 #include "config/optin.h"
 #include "config/settings.h"
 #include "shim/engine/cuda_device_gpu.h"
@@ -72,7 +72,7 @@ std::shared_ptr<CommEntry> find(ncclComm_t comm) {
 // when this libdynamiq.so has one and CUDA works here; nullptr (the host device serves it, on
 // host copies of device buffers) otherwise, with the reason in `why` when a device buffer was
 // seen. The buffers are classified through the driver the CPU NCCL stages with
-// (common/cuda_staging.h), which never initialises CUDA: a process that has not used CUDA has no
+// (config/cuda_staging.h), which never initialises CUDA: a process that has not used CUDA has no
 // device buffers and never starts the runtime here.
 engine::Device* cuda_device_for_cpu_nccl(const engine::CallArgs& call, int* ordinal,
                                          std::string* why) {
@@ -338,7 +338,7 @@ size_t eligible_element_bytes(ncclDataType_t dtype) {
 }
 
 // A call on a CPU NCCL communicator (the host device) whose buffers may be CUDA device memory:
-// the CPU NCCL given a CUDA driver (DYNAMIQ_CPU_NCCL_CUDA_DRIVER, common/cuda_staging.h) accepts
+// the CPU NCCL given a CUDA driver (DYNAMIQ_CPU_NCCL_CUDA_DRIVER, config/cuda_staging.h) accepts
 // them, but the host device's steps read and write the caller's buffers directly, and device
 // memory is not host memory. The engine then runs on host copies made in the order of the
 // caller's stream, and the result is copied back after it (the host device has completed the

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/nccl_types.h"
 #include "common/status.h"
 #include "kernels/codec.h"
 #include "topo/schedule.h"
@@ -15,7 +16,7 @@ namespace dq::engine {
 // differ in what follows the sink's final compression: an all-gather of the final payloads
 // (all-reduce), nothing (reduce-scatter: each rank decodes the chunk it sank, which holds its own
 // block), or one step sending every final payload to the root (reduce).
-enum class Collective : uint8_t { kAllReduce = 0, kReduceScatter = 1, kReduce = 2 };
+using Collective = ::dq::Collective;
 const char* collective_name(Collective c);
 
 struct Program {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "config/settings.h"
 #include "kernels/baselines/baselines.h"
 #include "kernels/baselines/mx_element.h"
 #include "kernels/payload.h"
@@ -327,11 +328,11 @@ RoundingKey key_for(uint64_t seed, uint32_t rank, uint32_t n = 4) {
 struct QuietLog {
   QuietLog() {
     setenv("DYNAMIQ_DEBUG", "NONE", 1);
-    log_reload_from_env();
+    config::reload_log_from_env();
   }
   ~QuietLog() {
     unsetenv("DYNAMIQ_DEBUG");
-    log_reload_from_env();
+    config::reload_log_from_env();
   }
 };
 

@@ -1,4 +1,4 @@
-// The CPU NCCL's staging of CUDA device buffers (common/cuda_staging.h), in one
+// The CPU NCCL's staging of CUDA device buffers (config/cuda_staging.h), in one
 // process, by the driver DYNAMIQ_CPU_NCCL_CUDA_DRIVER names (meson registers this program once
 // per case, each with its --gtest_filter):
 // - NoDriver.*: a library that does not exist: unavailable with the reason, host buffers as before;
@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "common/cuda_staging.h"
+#include "config/cuda_staging.h"
 
 namespace cuda = dq::staging;
 using dq::Status;

@@ -1,4 +1,4 @@
-// The CPU NCCL with CUDA device buffers (common/cuda_staging.h): N forked rank
+// The CPU NCCL with CUDA device buffers (config/cuda_staging.h): N forked rank
 // processes, each with its own device buffers, through libnccl.so.2 over the net plugin.
 //
 //   cpu_nccl_device_buffers fake|cuda NRANKS [shim]

@@ -1,5 +1,5 @@
 // A stand-in for libcuda.so.1, for testing the CPU NCCL's staging of device buffers
-// (common/cuda_staging.h) on machines without a GPU. It implements the few driver
+// (config/cuda_staging.h) on machines without a GPU. It implements the few driver
 // functions the staging uses, strictly:
 // - "device memory" is a PROT_NONE mapping: the CPU NCCL touching it directly instead of
 //   through the copies crashes (SIGSEGV), as it would with real device memory;

@@ -576,7 +576,7 @@ int canary_steps_check() {
 int canary_body(int n, int rank, ncclComm_t* comms, const std::string& log_dir) {
   const std::string log = log_dir + "/rank" + std::to_string(rank) + ".log";
   setenv("DYNAMIQ_DEBUG_FILE", log.c_str(), 1);
-  dq::log_reload_from_env();
+  dq::config::reload_log_from_env();
   const std::unique_ptr<dq::engine::Device> good = dq::engine::make_emulated_cuda_device();
   dq::engine::EmulatedCudaFault fault;
   fault.hop_output_byte = kCorruptByte;

@@ -158,7 +158,7 @@ TEST(PerfOptions, NcclTestsDefaults) {
   EXPECT_EQ(o.iters, 20);
   EXPECT_EQ(o.warmup_iters, 5);
   EXPECT_EQ(o.check_iters, 1);
-  EXPECT_EQ(o.dtypes, std::vector<perf::DType>{perf::DType::kFloat});
+  EXPECT_EQ(o.dtypes, std::vector<perf::DType>{perf::DType::kFloat32});
   EXPECT_EQ(o.ops, std::vector<perf::RedOp>{perf::RedOp::kSum});
   EXPECT_FALSE(o.lossy);
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/abi_guard.h"
 #include "tools/capi/dynamiq_capi.h"
 #include "tools/sim/auto_choice.h"
 #include "tools/sim/simulate.h"
@@ -30,15 +31,17 @@ int set_error(char* err, size_t err_len, Status s, const std::string& what) {
 template <typename Body>
 int guarded(char* err, size_t err_len, Body&& body) {
   if (err && err_len > 0) err[0] = '\0';
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return set_error(err, err_len, Status::kOutOfMemory, "out of host memory");
-  } catch (const std::exception& e) {
-    return set_error(err, err_len, Status::kInternal, std::string("exception: ") + e.what());
-  } catch (...) {
+  return dq::abi_guard(body, [err, err_len](dq::AbiFault fault, const char* what) {
+    switch (fault) {
+      case dq::AbiFault::kOutOfMemory:
+        return set_error(err, err_len, Status::kOutOfMemory, "out of host memory");
+      case dq::AbiFault::kException:
+        return set_error(err, err_len, Status::kInternal, std::string("exception: ") + what);
+      case dq::AbiFault::kUnknown:
+        break;
+    }
     return set_error(err, err_len, Status::kInternal, "unknown exception");
-  }
+  });
 }
 
 // The arguments every call of n worker rows takes: validated, the rows as a list, the schedule.

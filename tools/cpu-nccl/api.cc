@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "tools/cpu-nccl/comm.h"
-#include "common/cuda_staging.h"
+#include "common/abi_guard.h"
 #include "common/nccl_api.h"
 #include "common/nccl_result.h"
+#include "config/cuda_staging.h"
 
 using dq::Status;
 using dq::Subsys;
@@ -39,15 +40,14 @@ void set_last_error(const std::string& message) {
 
 template <class F>
 ncclResult_t guarded(F&& body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    set_last_error("cpu-nccl: out of memory");
-    return ncclSystemError;
-  } catch (...) {
+  return dq::abi_guard(body, [](dq::AbiFault fault, const char*) {
+    if (fault == dq::AbiFault::kOutOfMemory) {
+      set_last_error("cpu-nccl: out of memory");
+      return ncclSystemError;
+    }
     set_last_error("cpu-nccl: internal error (exception)");
     return ncclInternalError;
-  }
+  });
 }
 
 ncclResult_t fail_kind_result(FailKind kind) {

@@ -9,17 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/nccl_types.h"
 #include "common/status.h"
 
 namespace dq::cpunccl {
 
-// Values are NCCL's ncclDataType_t / ncclRedOp_t values.
-enum class DType : int {
-  kInt8 = 0, kUint8, kInt32, kUint32, kInt64, kUint64,
-  kFloat16, kFloat32, kFloat64, kBfloat16, kFloat8e4m3, kFloat8e5m2,
-  kCount
-};
-enum class RedOp : int { kSum = 0, kProd, kMax, kMin, kAvg, kCount };
+// Values are NCCL's ncclDataType_t / ncclRedOp_t values (common/nccl_types.h).
+using DType = ::dq::DType;
+using RedOp = ::dq::RedOp;
 
 bool dtype_valid(int dtype);
 bool redop_valid(int op);

@@ -110,11 +110,11 @@ struct FloatFormat {
 
 FloatFormat format_of(DType type) {
   switch (type) {
-    case DType::kHalf:
+    case DType::kFloat16:
       return {11, std::ldexp(1.0, -24)};
     case DType::kBfloat16:
       return {8, std::ldexp(1.0, -133)};
-    case DType::kFloat:
+    case DType::kFloat32:
       return {24, std::ldexp(1.0, -149)};
     default:
       return {53, std::numeric_limits<double>::denorm_min()};
@@ -137,13 +137,13 @@ double float_input(DType type, RedOp op, uint64_t u) {
 
 void store_float(DType type, double value, void* out, size_t i) {
   switch (type) {
-    case DType::kHalf:
+    case DType::kFloat16:
       static_cast<uint16_t*>(out)[i] = float_to_half(static_cast<float>(value));
       break;
     case DType::kBfloat16:
       static_cast<uint16_t*>(out)[i] = float_to_bfloat16(static_cast<float>(value));
       break;
-    case DType::kFloat:
+    case DType::kFloat32:
       static_cast<float*>(out)[i] = static_cast<float>(value);
       break;
     default:
@@ -154,11 +154,11 @@ void store_float(DType type, double value, void* out, size_t i) {
 
 double load_float(DType type, const void* data, size_t i) {
   switch (type) {
-    case DType::kHalf:
+    case DType::kFloat16:
       return half_to_float(static_cast<const uint16_t*>(data)[i]);
     case DType::kBfloat16:
       return bfloat16_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::kFloat:
+    case DType::kFloat32:
       return static_cast<const float*>(data)[i];
     default:
       return static_cast<const double*>(data)[i];

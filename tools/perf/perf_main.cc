@@ -45,14 +45,18 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt64;
     case DType::kUint64:
       return ncclUint64;
-    case DType::kHalf:
+    case DType::kFloat16:
       return ncclFloat16;
-    case DType::kFloat:
+    case DType::kFloat32:
       return ncclFloat32;
-    case DType::kDouble:
+    case DType::kFloat64:
       return ncclFloat64;
     case DType::kBfloat16:
       return ncclBfloat16;
+    case DType::kFloat8e4m3:  // not offered by -d
+    case DType::kFloat8e5m2:
+    case DType::kCount:
+      break;
   }
   return ncclFloat32;
 }
@@ -69,6 +73,8 @@ ncclRedOp_t nccl_op(RedOp op) {
       return ncclMin;
     case RedOp::kAvg:
       return ncclAvg;
+    case RedOp::kCount:
+      break;
   }
   return ncclSum;
 }

@@ -23,8 +23,9 @@ struct NamedDType {
 constexpr NamedDType kDTypes[] = {{DType::kInt8, "int8", 1},     {DType::kUint8, "uint8", 1},
                                   {DType::kInt32, "int32", 4},   {DType::kUint32, "uint32", 4},
                                   {DType::kInt64, "int64", 8},   {DType::kUint64, "uint64", 8},
-                                  {DType::kHalf, "half", 2},     {DType::kFloat, "float", 4},
-                                  {DType::kDouble, "double", 8}, {DType::kBfloat16, "bfloat16", 2}};
+                                  {DType::kFloat16, "half", 2},     {DType::kFloat32, "float", 4},
+                                  {DType::kFloat64, "double", 8},
+                                  {DType::kBfloat16, "bfloat16", 2}};
 
 struct NamedOp {
   RedOp op;
@@ -57,9 +58,9 @@ bool parse_dtypes(const char* text, std::vector<DType>* out) {
     const char* alias;
     DType type;
   } kAliases[] = {
-      {"char", DType::kInt8},    {"int", DType::kInt32},      {"fp16", DType::kHalf},
-      {"float16", DType::kHalf}, {"fp32", DType::kFloat},     {"float32", DType::kFloat},
-      {"fp64", DType::kDouble},  {"float64", DType::kDouble}, {"bf16", DType::kBfloat16}};
+      {"char", DType::kInt8},    {"int", DType::kInt32},      {"fp16", DType::kFloat16},
+      {"float16", DType::kFloat16}, {"fp32", DType::kFloat32},     {"float32", DType::kFloat32},
+      {"fp64", DType::kFloat64},  {"float64", DType::kFloat64}, {"bf16", DType::kBfloat16}};
   for (const auto& d : kDTypes)
     if (std::strcmp(text, d.name) == 0) out->push_back(d.type);
   for (const auto& a : kAliases)
@@ -171,7 +172,8 @@ double bus_factor(Collective c, int num_ranks) {
 }
 
 bool is_floating(DType t) {
-  return t == DType::kHalf || t == DType::kFloat || t == DType::kDouble || t == DType::kBfloat16;
+  return t == DType::kFloat16 || t == DType::kFloat32 || t == DType::kFloat64 ||
+         t == DType::kBfloat16;
 }
 
 bool parse_size(const char* text, size_t* out) {

@@ -8,25 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "common/nccl_types.h"
 #include "common/status.h"
 
 namespace dq::perf {
 
-enum class DType {
-  kInt8,
-  kUint8,
-  kInt32,
-  kUint32,
-  kInt64,
-  kUint64,
-  kHalf,
-  kFloat,
-  kDouble,
-  kBfloat16
-};
-enum class RedOp { kSum, kProd, kMax, kMin, kAvg };
+// Element types kInt8 .. kBfloat16 and operations kSum .. kAvg of common/nccl_types.h.
+using DType = ::dq::DType;
+using RedOp = ::dq::RedOp;
 enum class Memory { kAuto, kHost, kDevice };
-enum class Collective { kAllReduce, kReduceScatter, kReduce };
+using Collective = ::dq::Collective;
 // How the per-rank times are combined into the printed one (nccl-tests -a).
 enum class TimeAverage { kRank0 = 0, kMean = 1, kMin = 2, kMax = 3 };
 
@@ -65,7 +56,7 @@ struct PerfOptions {
   int agg_iters = 1;    // operations per timed group
   int check_iters = 1;  // 0: no validation
   TimeAverage average = TimeAverage::kMean;
-  std::vector<DType> dtypes = {DType::kFloat};
+  std::vector<DType> dtypes = {DType::kFloat32};
   std::vector<RedOp> ops = {RedOp::kSum};
   Memory memory = Memory::kAuto;
   bool lossy = false;  // validate finiteness and cross-rank identity instead of exact values

@@ -1,14 +1,14 @@
 // CUDA device buffers on the CPU NCCL: an operation given device memory runs on host copies of
-// it, made in the order of the caller's stream (issue 11 part 3: several processes share one
-// GPU in tests). The shim's host engine, which serves CPU NCCL communicators, computes on the
-// same host copies (shim/engine/interceptor.cc, run_host_staged). The CUDA driver is loaded with
-// dlopen at first use (libcuda.so.1, or $DYNAMIQ_CPU_NCCL_CUDA_DRIVER), never linked: without it
-// every buffer is host memory, as before, and the only cost per operation is one check of a cached
-// flag.
+// it, made in the order of the caller's stream (so that in tests several processes can share one
+// GPU through the CPU NCCL). The shim's host engine, which serves CPU NCCL communicators, computes
+// on the same host copies (shim/engine/interceptor.cc, run_host_staged). The CUDA driver is loaded
+// with dlopen at first use (libcuda.so.1, or $DYNAMIQ_CPU_NCCL_CUDA_DRIVER), never linked: without
+// it every buffer is host memory, and the only cost per operation is one check of a cached flag.
+// It sits in config/ because the driver's name is a setting (config/settings.def).
 //
 // What is staged: memory the driver reports as CU_MEMORYTYPE_DEVICE (cudaMalloc,
 // cudaMallocAsync, managed memory). Pinned or registered host memory and memory CUDA does not
-// know are used in place, exactly as before (no wait on the stream: the caller synchronises, as
+// know are used in place (no wait on the stream: the caller synchronises, as
 // it always had to with this library). The CPU NCCL never initialises CUDA itself (no cuInit):
 // in a process that has not used CUDA no pointer can be device memory, so host-only programs on
 // a machine with a driver see no CUDA call beyond cuPointerGetAttribute answering "not

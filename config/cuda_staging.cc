@@ -3,7 +3,7 @@
 // at a fixed name (the runtime's soname changes with the toolkit, and a program may link it
 // statically), and it is what shim/engine/cuda_device_gpu.cu looks for too. Streams and
 // contexts of the runtime are the driver's (a cudaStream_t is a CUstream).
-#include "common/cuda_staging.h"
+#include "config/cuda_staging.h"
 
 #include <dlfcn.h>
 
