@@ -39,7 +39,7 @@
 #include "shim/engine/cuda_steps.h"
 
 #if !DQ_CUDA_EMULATED
-#error "shim/engine/cuda_device.cc has only its emulated build so far (issue 11 part 3: nvcc)"
+#error "shim/engine/cuda_device.cc is the emulated CUDA device; nvcc builds cuda_device_gpu.cu"
 #endif
 
 namespace dq::engine {

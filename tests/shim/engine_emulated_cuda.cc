@@ -1,8 +1,7 @@
 // The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
 // kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
-// the same inputs (issue 11 part 2). Usage: engine_emulated_cuda NRANKS [TOPO] | steps |
-// canary_steps | canary NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and
-// canary_body below, issue 11 part 3.)
+// the same inputs. Usage: engine_emulated_cuda NRANKS [TOPO] | steps | canary_steps |
+// canary NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and canary_body below.)
 //
 // Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
 // device, both with the same settings, and runs the same calls on both: all-reduce and

@@ -1,4 +1,4 @@
-// Held-out-style checks (issue 13): the exact NCCL call sequences docs/ENGINE.md section 7 reads
+// Held-out-style checks of the gradient collectives: the exact NCCL call sequences docs/ENGINE.md section 7 reads
 // from the frameworks' sources, issued by 4 forked ranks on the CPU NCCL with libdynamiq.so
 // preloaded and default settings (DYNAMIQ_ENABLE=1 alone). Usage: framework_sequences CASE
 //   fsdp2  PyTorch FSDP2 defaults (`fully_shard`, no mixed precision): per FSDPParamGroup, in

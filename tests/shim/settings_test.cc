@@ -99,7 +99,7 @@ TEST(Settings, InvalidValuesAreNamedAndDisable) {
   }
 }
 
-// DYNAMIQ_BITS=auto and DYNAMIQ_TARGET (issue 14): accepted spellings, their canonical text (what
+// DYNAMIQ_BITS=auto and DYNAMIQ_TARGET (the budget): accepted spellings, their canonical text (what
 // the agreement hashes), and a bad target or auto with a fixed format: one message, compression
 // off.
 TEST(Settings, AutoBudgetAndTarget) {

@@ -890,7 +890,7 @@ bool scenario_metrics(int n) {
   std::printf("metrics: JSON and Prometheus files name every outcome\n");
   return true;
 }
-// ---- reduce-scatter and reduce (issue 13) --------------------------------------------------
+// ---- reduce-scatter and reduce (FSDP, ZeRO, Megatron) ----------------------------------------
 // The schedule the engine runs: DYNAMIQ_TOPO (auto: butterfly for a power of two >= 4, else the
 // ring); a reduce-scatter on a butterfly of a rank count that is not a power of two runs on the
 // ring (it needs one chunk ending at every rank).
