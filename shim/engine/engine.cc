@@ -60,6 +60,10 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
       kind_(choose_topology(settings.topology, comm.nranks)),
       switch_file_(settings.control_file) {
   parse_budget_target(settings_.target, &target_);  // validated with the settings
+  for (int c = 0; c < kCandidates; ++c) {
+    std::string invalid;  // none: the candidates are the budget model's own specs
+    parse_codec_spec(candidate_spec(c), &candidate_specs_[c], &invalid);
+  }
   if (metrics_) {
     std::lock_guard<std::mutex> lock(metrics_->budget_mutex);
     metrics_->budget.auto_budget = settings_.bits_auto;
@@ -227,17 +231,19 @@ Engine::BudgetChoice Engine::choose_budget(const CallArgs& call, DType dtype) {
   BudgetChoice choice;
   choice.bucket = settings_.codec == "dynamiq" ? bucket_for(call, dtype) : nullptr;
   choice.bits = settings_.budget_bits;
-  choice.spec = settings_.codec_spec;
+  choice.spec = settings_.parsed_codec_spec;
   Bucket* bucket = choice.bucket;
   if (bucket == nullptr) return choice;
   if (bucket->stats_pending) read_bucket(*bucket);
   if (settings_.bits_auto && bucket->rung >= 0) {
     choice.bits = candidate_bits(bucket->rung);
     // The settings' own spec at its own budget; another rung of the same codec; or MX.
-    if (candidate_is_mx(bucket->rung))
-      choice.spec = candidate_spec(bucket->rung);
-    else if (choice.bits != settings_.budget_bits)
-      choice.spec = candidate_spec(bucket->rung) + (settings_.correlated ? "" : ":corr=0");
+    if (candidate_is_mx(bucket->rung)) {
+      choice.spec = candidate_specs_[bucket->rung];
+    } else if (choice.bits != settings_.budget_bits) {
+      choice.spec = candidate_specs_[bucket->rung];
+      if (!settings_.correlated) choice.spec.correlated_rounding = false;
+    }
     choice.with_stats =
         !candidate_is_mx(bucket->rung) || bucket->calls_since_stats + 1 >= kMxStatisticsEvery;
   }

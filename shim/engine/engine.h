@@ -80,10 +80,10 @@ struct CanaryResult {
   std::string describe() const;
 };
 
-// Runs the canary of `codec_spec` on `device`'s stream `stream` and waits for it (one blocking
+// Runs the canary of the codec `spec` on `device`'s stream `stream` and waits for it (one blocking
 // wait: a one-time self-test). Device memory is allocated and released here; the device's steps
 // report into a mapped error word of the canary's own, never a communicator's.
-CanaryResult run_canary(Device* device, const std::string& codec_spec, StreamHandle stream,
+CanaryResult run_canary(Device* device, const CodecSpec& spec, StreamHandle stream,
                         uint64_t seed);
 
 class Engine {
@@ -145,11 +145,11 @@ class Engine {
   struct Check;
   Status setup_device();
   void teardown_device();
-  // A plan of `spec` (a codec spec) at `bits` (its budget, the cache key with it).
-  Plan* plan_for(const CallArgs& call, DType dtype, double bits, const std::string& spec,
+  // A plan of the codec `spec` at `bits` (its budget, the cache key with it).
+  Plan* plan_for(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec,
                  Bucket* bucket, ncclResult_t* nccl_failure);
   std::unique_ptr<Plan> build_plan(const CallArgs& call, DType dtype, double bits,
-                                   const std::string& spec, Status* status);
+                                   const CodecSpec& spec, Status* status);
   // build_plan's steps: the blocks and their codec parts; the plan's device memory.
   Status cut_blocks(const CallArgs& call, Plan& p);
   Status allocate_plan(Plan& p);
@@ -196,7 +196,7 @@ class Engine {
   struct BudgetChoice {
     Bucket* bucket = nullptr;
     double bits = 0;
-    std::string spec;
+    CodecSpec spec;
     bool with_stats = true;
   };
   BudgetChoice choose_budget(const CallArgs& call, DType dtype);
@@ -248,6 +248,7 @@ class Engine {
   std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
   std::unique_ptr<Check> check_;                // DYNAMIQ_CHECK_EVERY > 0 only
   BudgetTarget target_;                      // DYNAMIQ_TARGET, parsed
+  CodecSpec candidate_specs_[kCandidates];   // auto's candidates (candidate_spec), parsed once
   // The hop profile of each topology's schedule (kernels/budget_model.h), made once: O(n^2).
   std::vector<std::pair<topo::Kind, HopTables>> hop_tables_;
   // The INFO summary's window: compressed DynamiQ calls since the last summary line.

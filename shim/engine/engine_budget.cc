@@ -191,7 +191,7 @@ void Engine::note_budget(Bucket& b, const Plan& p) {
     if (p.mx_fallback()) ++m.mx_calls;
     if (BucketMetrics* k = bucket_metrics(m, b)) {
       k->budget_bits = p.bits;
-      k->codec = p.mx_fallback() ? p.spec : "dynamiq";
+      k->codec = p.mx_fallback() ? codec_spec_text(p.spec) : "dynamiq";
       ++k->calls;
     }
   }

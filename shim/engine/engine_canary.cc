@@ -243,18 +243,17 @@ std::string CanaryResult::describe() const {
   return line;
 }
 
-CanaryResult run_canary(Device* device, const std::string& codec_spec, StreamHandle stream,
+CanaryResult run_canary(Device* device, const CodecSpec& spec, StreamHandle stream,
                         uint64_t seed) {
   CanaryResult r;
-  std::string error;
-  const std::unique_ptr<Codec> codec = make_codec(codec_spec, &error);
+  const std::unique_ptr<Codec> codec = make_codec(spec);
   // A codec that cannot be made or planned: its plans fail the same way on every rank.
   if (!codec || codec->plan(kCanaryCount, kCanaryChunks, kCanaryWorkers) != Status::kOk) return r;
   const CanaryImage im = lay_out_canary(*codec);
   std::vector<uint8_t> host;
   if (!run_canary_on_host(*codec, im, seed, &host)) {
     DQ_INFO(Subsys::kEngine, "dynamiq: canary: the host codec %s failed on the canary; not run",
-            codec_spec.c_str());
+            codec_spec_text(spec).c_str());
     return r;
   }
   r.host_layout.assign(host.begin() + static_cast<ptrdiff_t>(im.layout_out),

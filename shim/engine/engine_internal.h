@@ -88,7 +88,7 @@ struct Engine::Plan {
   size_t count = 0;
   DType dtype = DType::kF32;
   double bits = 0;   // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
-  std::string spec;  // the codec spec its codecs were made with
+  CodecSpec spec;    // the codec its codecs were made of
   // Auto sends this DynamiQ bucket as an MX format of this relative rounding error; 0: it does
   // not (the plan is of the communicator's own codec).
   double mx_error = 0;

@@ -29,7 +29,6 @@ Status Engine::cut_blocks(const CallArgs& call, Plan& p) {
   block_elems = std::max<size_t>(block_elems, 256);
   const size_t n_blocks = std::max<size_t>(1, span / block_elems);
   const uint64_t padded_span = (span + 255) / 256 * 256;  // keeps key bases multiples of 256
-  std::string error;
   for (size_t b = 0; b < n_blocks; ++b) {
     Plan::Block blk;
     const size_t begin = b * block_elems;
@@ -41,15 +40,16 @@ Status Engine::cut_blocks(const CallArgs& call, Plan& p) {
       part.out_begin = begin;
       part.count = count;
       part.key_base = static_cast<uint64_t>(owner) * padded_span + begin;
-      part.codec = make_codec(p.spec, &error);
+      part.codec = make_codec(p.spec);
       if (!part.codec) {
-        DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: %s", p.spec.c_str(), error.c_str());
+        DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: not in this build",
+                codec_spec_text(p.spec).c_str());
         return Status::kInternal;
       }
       const int part_chunks = scatter ? 1 : n_chunks;
       if (const Status s = part.codec->plan(count, part_chunks, n); s != Status::kOk) return s;
       if (p.mx_fallback()) {
-        part.stats_codec = make_codec(settings_.codec_spec, &error);
+        part.stats_codec = make_codec(settings_.parsed_codec_spec);
         if (!part.stats_codec) return Status::kInternal;
         if (const Status s = part.stats_codec->plan(count, part_chunks, n); s != Status::kOk)
           return s;
@@ -95,7 +95,8 @@ Status Engine::allocate_plan(Plan& p) {
     DQ_INFO(Subsys::kEngine,
             "dynamiq: plan rank %d/%d %s count %zu, %s at %g bits %s: %s, %zu block(s), %d "
             "chunk(s) of %zu B, %d slots (%.1f MB of payload buffers), %zu statistics words",
-            comm_.rank, comm_.nranks, collective_name(p.collective), p.count, p.spec.c_str(),
+            comm_.rank, comm_.nranks, collective_name(p.collective), p.count,
+            codec_spec_text(p.spec).c_str(),
             p.bits, dtype_label(p.dtype), topo::kind_name(kind_for(p.collective)), p.blocks.size(),
             p.program.schedule.n_chunks, p.blocks.front().cap, p.program.slots, arena_mb,
             p.stats_words);
@@ -103,7 +104,7 @@ Status Engine::allocate_plan(Plan& p) {
 }
 
 std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dtype, double bits,
-                                                 const std::string& spec, Status* status) {
+                                                 const CodecSpec& spec, Status* status) {
   auto plan = std::make_unique<Plan>();
   Plan& p = *plan;
   p.collective = call.collective;
@@ -113,7 +114,7 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   p.bits = bits;
   p.spec = spec;
   // An MX candidate of a DynamiQ communicator (auto's fallback) keeps computing the statistics.
-  p.mx_error = settings_.codec == "dynamiq" ? mx_rounding_error(spec) : 0.0;
+  p.mx_error = settings_.codec == "dynamiq" ? mx_rounding_error(codec_spec_text(spec)) : 0.0;
   if ((*status = compile_program(kind_for(call.collective), comm_.nranks, comm_.rank,
                                  static_cast<uint64_t>(settings_.seed), call.collective, call.root,
                                  &p.program)) != Status::kOk)
@@ -146,11 +147,11 @@ void Engine::retire(std::unique_ptr<Plan> plan) {
 CanaryResult Engine::run_canaries() {
   CanaryResult canary;
   if (canary_agreed_ || !device_->needs_canary()) return canary;
-  canary = run_canary(device_, settings_.codec_spec, compute_stream_,
+  canary = run_canary(device_, settings_.parsed_codec_spec, compute_stream_,
                       static_cast<uint64_t>(settings_.seed));
   // Auto may send a bucket as an MX format: those kernels must match the host codec too.
   for (int c = kLadderRungs; settings_.bits_auto && c < kCandidates && !canary.differs; ++c) {
-    CanaryResult mx = run_canary(device_, candidate_spec(c), compute_stream_,
+    CanaryResult mx = run_canary(device_, candidate_specs_[c], compute_stream_,
                                  static_cast<uint64_t>(settings_.seed));
     if (mx.differs) canary = std::move(mx);
   }
@@ -177,7 +178,7 @@ void Engine::settle_canary(const CanaryResult& canary, bool any_failed) {
 }
 
 Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
-                               const std::string& spec, Bucket* bucket,
+                               const CodecSpec& spec, Bucket* bucket,
                                ncclResult_t* nccl_failure) {
   *nccl_failure = ncclSuccess;
   const size_t count = call.count;

@@ -31,6 +31,18 @@
 
 namespace {
 
+// A codec spec the test names as text, parsed (the engine takes CodecSpec values); an invalid
+// one ends the test.
+dq::CodecSpec spec_of(const char* text) {
+  dq::CodecSpec spec;
+  std::string why;
+  if (!dq::parse_codec_spec(text, &spec, &why)) {
+    std::fprintf(stderr, "codec spec %s: %s\n", text, why.c_str());
+    std::exit(2);
+  }
+  return spec;
+}
+
 using dq::Status;
 using dq::engine::CudaBuffer;
 using dq::engine::Device;
@@ -77,7 +89,7 @@ int steps_check() {
   // The host codec's canaries first (they run anywhere): every option set is a valid spec.
   for (const char* spec : specs) {
     const dq::engine::CanaryResult host =
-        dq::engine::run_canary(dq::engine::host_device(), spec, nullptr, 0x5eed);
+        dq::engine::run_canary(dq::engine::host_device(), spec_of(spec), nullptr, 0x5eed);
     CHECK_OR(19, host.ran && !host.differs, "host device, %s: %s", spec,
              host.ran ? host.describe().c_str() : "not run (spec?)");
   }
@@ -94,7 +106,7 @@ int steps_check() {
   int n = 0;
   for (const char* spec : specs) {
     for (dq::engine::StreamHandle s : {s1, s2}) {
-      const dq::engine::CanaryResult r = dq::engine::run_canary(d, spec, s, 0x5eed);
+      const dq::engine::CanaryResult r = dq::engine::run_canary(d, spec_of(spec), s, 0x5eed);
       CHECK_OR(23, r.ran && !r.differs, "%s, %s, stream %d: %s", d->name(), spec, s == s1 ? 1 : 2,
                r.ran ? r.describe().c_str() : "not run");
       ++n;
@@ -102,7 +114,7 @@ int steps_check() {
     std::printf("%s: %s equals the host codec byte for byte (both streams)\n", spec, d->name());
   }
   // A codec without device steps fails its canary (the communicator then passes through).
-  const dq::engine::CanaryResult mx = dq::engine::run_canary(d, "mxfp8", s1, 0x5eed);
+  const dq::engine::CanaryResult mx = dq::engine::run_canary(d, spec_of("mxfp8"), s1, 0x5eed);
   CHECK_OR(24, mx.ran && mx.differs && mx.device_status == Status::kUnsupported,
            "mxfp8 on the CUDA device: %s", mx.describe().c_str());
 

@@ -503,6 +503,18 @@ int steps_check() {
 // hop payload; the host device reports no canary needed; a codec without kernels matches too.
 constexpr int64_t kCorruptByte = 276;
 
+// A codec spec the test names as text, parsed (the engine takes CodecSpec values); an invalid
+// one ends the test.
+dq::CodecSpec spec_of(const char* text) {
+  dq::CodecSpec spec;
+  std::string why;
+  if (!dq::parse_codec_spec(text, &spec, &why)) {
+    std::fprintf(stderr, "codec spec %s: %s\n", text, why.c_str());
+    std::exit(2);
+  }
+  return spec;
+}
+
 int canary_steps_check() {
   const std::unique_ptr<dq::engine::Device> good = dq::engine::make_emulated_cuda_device();
   dq::engine::EmulatedCudaFault fault;
@@ -516,7 +528,7 @@ int canary_steps_check() {
   auto canary = [](dq::engine::Device* d, const char* spec) {
     dq::engine::StreamHandle s = nullptr;
     if (d->create_stream(&s) != dq::Status::kOk) std::exit(51);
-    dq::engine::CanaryResult r = dq::engine::run_canary(d, spec, s, 0x5eed);
+    dq::engine::CanaryResult r = dq::engine::run_canary(d, spec_of(spec), s, 0x5eed);
     d->destroy_stream(s);
     return r;
   };
