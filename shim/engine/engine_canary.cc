@@ -118,8 +118,8 @@ bool run_canary_on_host(const Codec& codec, const CanaryImage& im, uint64_t seed
 
 // The device's steps on `dev` (the image in device memory), fed the host's inputs. Every step is
 // enqueued even after one failed; the first failure is returned.
-Status enqueue_canary_steps(Device* device, const Codec& codec, const CanaryImage& im, uint8_t* dev,
-                            uint64_t seed, Lane lane) {
+Status enqueue_canary_steps(Device* device, const PreparedCodec& codec, const CanaryImage& im,
+                            uint8_t* dev, uint64_t seed, Lane lane) {
   Status s = Status::kOk;
   auto step = [&s](Status enqueued) {
     if (s == Status::kOk) s = enqueued;
@@ -171,7 +171,9 @@ Status run_canary_on_device(Device* device, const Codec& codec, const CanaryImag
       if (s == Status::kOk) s = enqueued;
     };
     step(device->copy(dev, upload.data(), im.bytes, lane));
-    step(enqueue_canary_steps(device, codec, im, dev, seed, lane));
+    // Prepared as a plan prepares its codecs.
+    const std::unique_ptr<PreparedCodec> prepared = device->prepare(codec);
+    step(enqueue_canary_steps(device, *prepared, im, dev, seed, lane));
     step(device->copy(device_image->data(), dev, im.bytes, lane));
     // The one blocking wait of the canary (once per communicator, at its first plan).
     step(device->record(done, stream));
@@ -243,8 +245,7 @@ std::string CanaryResult::describe() const {
   return line;
 }
 
-CanaryResult run_canary(Device* device, const CodecSpec& spec, StreamHandle stream,
-                        uint64_t seed) {
+CanaryResult run_canary(Device* device, const CodecSpec& spec, StreamHandle stream, uint64_t seed) {
   CanaryResult r;
   const std::unique_ptr<Codec> codec = make_codec(spec);
   // A codec that cannot be made or planned: its plans fail the same way on every rank.

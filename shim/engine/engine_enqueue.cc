@@ -27,7 +27,7 @@ Status Engine::enqueue_compute(Plan& p, int block, int stage, const CallArgs& ca
         RoundingKey key = h.key;
         key.call = call_index;
         key.element_base = part.key_base;  // draws keyed by the element, never by the block
-        DQ_CHECK(device_->hop(*part.codec, part.layout, local, own, p.inputs.data(),
+        DQ_CHECK(device_->hop(*part.prepared, part.layout, local, own, p.inputs.data(),
                               static_cast<int>(h.in_slots.size()), slot(h.out_slot), key, lane));
       }
       return Status::kOk;
@@ -46,7 +46,7 @@ Status Engine::enqueue_compute(Plan& p, int block, int stage, const CallArgs& ca
         int local = 0;
         const Plan::Part& part = p.part_of(b, c, &local);
         void* out = static_cast<uint8_t*>(call.recv) + part.out_begin * esize;
-        DQ_CHECK(device_->finish(*part.codec, part.layout, local, ByteView{slot(c), b.cap}, out,
+        DQ_CHECK(device_->finish(*part.prepared, part.layout, local, ByteView{slot(c), b.cap}, out,
                                  p.dtype, op, comm_.nranks, lane));
       }
       return Status::kOk;
@@ -107,8 +107,8 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
       if (part.stats_source().stats_words() > 0 && (with_stats || !part.stats_codec)) {
         const ConstTensor own{static_cast<const uint8_t*>(call.send) + part.in_begin * esize,
                               p.dtype, part.count};
-        DQ_CHECK(device_->local_stats(part.stats_source(), own, p.stats_local + part.stats_offset,
-                                      compute));
+        DQ_CHECK(device_->local_stats(part.stats_source_prepared(), own,
+                                      p.stats_local + part.stats_offset, compute));
       }
   DQ_CHECK(device_->record(ev_stats_, compute_stream_));
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
@@ -120,7 +120,7 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   for (Plan::Block& b : p.blocks)
     for (Plan::Part& part : b.parts)
       DQ_CHECK(device_->build_layout(
-          *part.codec, part.codec->stats_words() ? p.stats_reduced + part.stats_offset : nullptr,
+          *part.prepared, part.codec->stats_words() ? p.stats_reduced + part.stats_offset : nullptr,
           call_index, part.layout, compute));
 
   // Units (stage, block) in stage-major order: codec steps on the compute stream, messages on

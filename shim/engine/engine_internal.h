@@ -67,7 +67,13 @@ struct Engine::Plan {
     // An MX fallback of a DynamiQ bucket (DYNAMIQ_BITS=auto): the DynamiQ codec whose statistics
     // the call still computes, so the bucket can decide again. Null otherwise.
     std::unique_ptr<Codec> stats_codec;
+    // The codecs prepared for the device (Device::prepare), once when the plan is made; declared
+    // after the codecs they refer to, so they go first.
+    std::unique_ptr<PreparedCodec> prepared, stats_prepared;
     const Codec& stats_source() const { return stats_codec ? *stats_codec : *codec; }
+    const PreparedCodec& stats_source_prepared() const {
+      return stats_prepared ? *stats_prepared : *prepared;
+    }
   };
   // A pipeline block: all-reduce and reduce, one part cut into every chunk; reduce-scatter, one
   // part per chunk, each over the block's slice of the rank block that chunk ends at, so each
@@ -87,8 +93,8 @@ struct Engine::Plan {
   int root = 0;
   size_t count = 0;
   DType dtype = DType::kF32;
-  double bits = 0;   // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
-  CodecSpec spec;    // the codec its codecs were made of
+  double bits = 0;  // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
+  CodecSpec spec;   // the codec its codecs were made of
   // Auto sends this DynamiQ bucket as an MX format of this relative rounding error; 0: it does
   // not (the plan is of the communicator's own codec).
   double mx_error = 0;

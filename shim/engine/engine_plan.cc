@@ -48,11 +48,13 @@ Status Engine::cut_blocks(const CallArgs& call, Plan& p) {
       }
       const int part_chunks = scatter ? 1 : n_chunks;
       if (const Status s = part.codec->plan(count, part_chunks, n); s != Status::kOk) return s;
+      part.prepared = device_->prepare(*part.codec);
       if (p.mx_fallback()) {
         part.stats_codec = make_codec(settings_.parsed_codec_spec);
         if (!part.stats_codec) return Status::kInternal;
         if (const Status s = part.stats_codec->plan(count, part_chunks, n); s != Status::kOk)
           return s;
+        part.stats_prepared = device_->prepare(*part.stats_codec);
       }
       // Too few super-groups per chunk message (kernels/codec.h) pass through: over_budget.
       p.fits = p.fits && part.codec->fits_budget() && chunks_large_enough(count, part_chunks);
@@ -96,10 +98,9 @@ Status Engine::allocate_plan(Plan& p) {
             "dynamiq: plan rank %d/%d %s count %zu, %s at %g bits %s: %s, %zu block(s), %d "
             "chunk(s) of %zu B, %d slots (%.1f MB of payload buffers), %zu statistics words",
             comm_.rank, comm_.nranks, collective_name(p.collective), p.count,
-            codec_spec_text(p.spec).c_str(),
-            p.bits, dtype_label(p.dtype), topo::kind_name(kind_for(p.collective)), p.blocks.size(),
-            p.program.schedule.n_chunks, p.blocks.front().cap, p.program.slots, arena_mb,
-            p.stats_words);
+            codec_spec_text(p.spec).c_str(), p.bits, dtype_label(p.dtype),
+            topo::kind_name(kind_for(p.collective)), p.blocks.size(), p.program.schedule.n_chunks,
+            p.blocks.front().cap, p.program.slots, arena_mb, p.stats_words);
   return status;
 }
 
@@ -178,8 +179,7 @@ void Engine::settle_canary(const CanaryResult& canary, bool any_failed) {
 }
 
 Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
-                               const CodecSpec& spec, Bucket* bucket,
-                               ncclResult_t* nccl_failure) {
+                               const CodecSpec& spec, Bucket* bucket, ncclResult_t* nccl_failure) {
   *nccl_failure = ncclSuccess;
   const size_t count = call.count;
   for (auto it = plans_.begin(); it != plans_.end(); ++it)

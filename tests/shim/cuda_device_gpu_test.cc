@@ -152,14 +152,16 @@ int steps_check() {
                   d->copy(finished, sentinel.data(), count * 4, lane) == Status::kOk &&
                   d->record(done, s1) == Status::kOk && d->synchronize(done) == Status::kOk;
   CHECK_OR(33, enqueued, "uploads");
+  const std::unique_ptr<dq::engine::PreparedCodec> prepared = d->prepare(*codec);
   const auto t0 = std::chrono::steady_clock::now();
   enqueued =
-      d->local_stats(*codec, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
-      d->build_layout(*codec, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
+      d->local_stats(*prepared, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
+      d->build_layout(*prepared, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
           Status::kOk &&
-      d->hop(*codec, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) == Status::kOk &&
-      d->finish(*codec, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2, lane) ==
-          Status::kOk;
+      d->hop(*prepared, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) ==
+          Status::kOk &&
+      d->finish(*prepared, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2,
+                lane) == Status::kOk;
   const double enqueue_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK_OR(34, enqueued, "the steps' enqueues failed (host-side checks?)");
@@ -178,7 +180,7 @@ int steps_check() {
            "the finish after a failed hop wrote the output");
   // Once set (seen by the host), a step enqueues nothing and succeeds, as on the host device.
   CHECK_OR(39,
-           d->hop(*codec, layout, 0, own, nullptr, 0, static_cast<uint8_t*>(out), key, lane) ==
+           d->hop(*prepared, layout, 0, own, nullptr, 0, static_cast<uint8_t*>(out), key, lane) ==
                Status::kOk,
            "a step after the error");
   // The bounded wait the engine uses with DYNAMIQ_TIMEOUT_MS: a stream held by a 400 ms host

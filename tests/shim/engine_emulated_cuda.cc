@@ -408,18 +408,19 @@ int steps_check() {
                  l.d->alloc_mapped(4, reinterpret_cast<void**>(&l.error)) == dq::Status::kOk,
              "%s: setup", l.d->name());
     *l.error = 0;
+    const std::unique_ptr<dq::engine::PreparedCodec> prepared = l.d->prepare(*codec);
     // Statistics of every worker, summed as the statistics all-reduce does (BF16 words).
     std::vector<float> sum(words, 0.0f);
     out.stats.assign(words * kWorkers, 0);
     for (int r = 0; r < kWorkers; ++r)
-      l.d->local_stats(*codec, tensor(r), out.stats.data() + r * words, l.lane());
+      l.d->local_stats(*prepared, tensor(r), out.stats.data() + r * words, l.lane());
     l.sync();
     for (int r = 0; r < kWorkers; ++r)
       for (size_t w = 0; w < words; ++w) sum[w] += dq::bf16_to_f32(out.stats[r * words + w]);
     std::vector<uint16_t> reduced(words);
     for (size_t w = 0; w < words; ++w) reduced[w] = dq::f32_to_bf16_sat(sum[w]);
     out.layout.assign((codec->layout_bytes() + 7) / 8, 0x5a5a5a5a5a5a5a5aull);
-    l.d->build_layout(*codec, reduced.data(), 7, out.layout.data(), l.lane());
+    l.d->build_layout(*prepared, reduced.data(), 7, out.layout.data(), l.lane());
     // Leaves of chunk 1 on every worker, then worker 3's fused hop of the other three.
     dq::RoundingKey key;
     key.seed = 11;
@@ -427,17 +428,17 @@ int steps_check() {
     out.leaf.assign(kWorkers, std::vector<uint8_t>(cap, 0xEE));
     for (int r = 0; r < kWorkers - 1; ++r) {
       key.rank = static_cast<uint32_t>(r);
-      l.d->hop(*codec, out.layout.data(), 1, tensor(r), nullptr, 0, out.leaf[r].data(), key,
+      l.d->hop(*prepared, out.layout.data(), 1, tensor(r), nullptr, 0, out.leaf[r].data(), key,
                l.lane());
     }
     const dq::ByteView in[3] = {
         {out.leaf[0].data(), cap}, {out.leaf[1].data(), cap}, {out.leaf[2].data(), cap}};
     out.fused.assign(cap, 0xEE);
     key.rank = 3;
-    l.d->hop(*codec, out.layout.data(), 1, tensor(3), in, 3, out.fused.data(), key, l.lane());
+    l.d->hop(*prepared, out.layout.data(), 1, tensor(3), in, 3, out.fused.data(), key, l.lane());
     out.out.assign(kCount * 4, 0xEE);
-    l.d->finish(*codec, out.layout.data(), 1, dq::ByteView{out.fused.data(), cap}, out.out.data(),
-                dq::DType::kF32, dq::ReduceOp::kAvg, kWorkers, l.lane());
+    l.d->finish(*prepared, out.layout.data(), 1, dq::ByteView{out.fused.data(), cap},
+                out.out.data(), dq::DType::kF32, dq::ReduceOp::kAvg, kWorkers, l.lane());
     l.sync();
     CHECK_OR(32, *l.error == 0, "%s: error word 0x%x on valid inputs", l.d->name(), *l.error);
     // Malformed inputs: a chunk header byte (the magic), every record byte 0xFF (negative scales,
@@ -450,13 +451,13 @@ int steps_check() {
       if (e == 2) bad = out.fused;
       const dq::ByteView v{bad.data(), cap};
       *l.error = 0;
-      l.d->hop(*codec, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key, l.lane());
+      l.d->hop(*prepared, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key, l.lane());
       l.sync();
       out.errors[e] = *l.error;
     }
     // With the word set, a later step does nothing.
     std::vector<uint8_t> skipped(cap, 0xEE);
-    l.d->hop(*codec, out.layout.data(), 1, tensor(3), nullptr, 0, skipped.data(), key, l.lane());
+    l.d->hop(*prepared, out.layout.data(), 1, tensor(3), nullptr, 0, skipped.data(), key, l.lane());
     l.sync();
     out.untouched = skipped == std::vector<uint8_t>(cap, 0xEE);
     // On the caller's stream: at once, with the Status.
@@ -464,7 +465,7 @@ int steps_check() {
     std::vector<uint8_t> bad = out.leaf[0], sink(cap, 0xEE);
     bad[1] ^= 0x40;
     const dq::ByteView v{bad.data(), cap};
-    out.caller = l.d->hop(*codec, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key,
+    out.caller = l.d->hop(*prepared, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key,
                           dq::engine::Lane{nullptr, l.error});
     l.d->destroy_event(l.done);
     l.d->destroy_stream(l.stream);
