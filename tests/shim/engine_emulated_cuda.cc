@@ -374,6 +374,45 @@ struct Lanes {
   }
 };
 
+// Everything one device produced in steps_check, in order.
+struct StepResults {
+  std::vector<uint16_t> stats;
+  std::vector<uint64_t> layout;
+  std::vector<std::vector<uint8_t>> leaf;
+  std::vector<uint8_t> fused, out;
+  uint32_t errors[3] = {0, 0, 0};
+  bool untouched = false;
+  dq::Status caller = dq::Status::kOk;
+};
+
+// The host device's results `h` against the emulated CUDA device's `c` (and what ran as kernels
+// there): 0 when they agree, else the failed check's exit code.
+int compare_step_results(const StepResults& h, const StepResults& c,
+                         const dq::engine::Device* cuda, int workers) {
+  CHECK_OR(33, h.stats == c.stats, "statistics differ");
+  CHECK_OR(34, h.layout == c.layout, "layouts differ");
+  for (int r = 0; r < workers - 1; ++r)
+    CHECK_OR(35, h.leaf[r] == c.leaf[r], "worker %d's leaf message differs", r);
+  CHECK_OR(36, h.fused == c.fused, "the fused hop's message differs");
+  CHECK_OR(37, h.out == c.out, "the finish's output differs");
+  const uint32_t malformed = dq::engine::error_word(
+      dq::engine::ErrorSource::kCodec, static_cast<int>(dq::Status::kMalformedPayload));
+  for (int e = 0; e < 3; ++e)
+    CHECK_OR(38, h.errors[e] == malformed && c.errors[e] == malformed,
+             "malformed input %d: error word 0x%x on the host device, 0x%x on the emulated CUDA "
+             "device, expected 0x%x",
+             e, h.errors[e], c.errors[e], malformed);
+  CHECK_OR(39, h.untouched && c.untouched, "a step ran after the error word was set");
+  CHECK_OR(40, h.caller == dq::Status::kMalformedPayload && c.caller == h.caller,
+           "caller's stream: %s on the host device, %s on the emulated CUDA device",
+           dq::status_name(h.caller), dq::status_name(c.caller));
+  const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda);
+  CHECK_OR(41,
+           n.host_fallbacks == 0 && n.stats == static_cast<uint64_t>(workers) && n.layouts == 1,
+           "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
+  return 0;
+}
+
 int steps_check() {
   const std::unique_ptr<dq::engine::Device> cuda = dq::engine::make_emulated_cuda_device();
   std::string why;
@@ -388,20 +427,11 @@ int steps_check() {
   auto tensor = [&](int r) {
     return dq::ConstTensor{x[r].data(), r == 2 ? dq::DType::kBF16 : dq::DType::kF32, kCount};
   };
-  // Everything one device produces, in order.
-  struct Result {
-    std::vector<uint16_t> stats;
-    std::vector<uint64_t> layout;
-    std::vector<std::vector<uint8_t>> leaf;
-    std::vector<uint8_t> fused, out;
-    uint32_t errors[3] = {0, 0, 0};
-    bool untouched = false;
-    dq::Status caller = dq::Status::kOk;
-  } res[2];
+  StepResults res[2];
   dq::engine::Device* devices[2] = {dq::engine::host_device(), cuda.get()};
   for (int k = 0; k < 2; ++k) {
     Lanes l{devices[k]};
-    Result& out = res[k];
+    StepResults& out = res[k];
     CHECK_OR(31,
              l.d->create_stream(&l.stream) == dq::Status::kOk &&
                  l.d->create_event(&l.done) == dq::Status::kOk &&
@@ -471,27 +501,8 @@ int steps_check() {
     l.d->destroy_stream(l.stream);
     l.d->release(l.error, nullptr);
   }
-  const Result &h = res[0], &c = res[1];
-  CHECK_OR(33, h.stats == c.stats, "statistics differ");
-  CHECK_OR(34, h.layout == c.layout, "layouts differ");
-  for (int r = 0; r < kWorkers - 1; ++r)
-    CHECK_OR(35, h.leaf[r] == c.leaf[r], "worker %d's leaf message differs", r);
-  CHECK_OR(36, h.fused == c.fused, "the fused hop's message differs");
-  CHECK_OR(37, h.out == c.out, "the finish's output differs");
-  const uint32_t malformed = dq::engine::error_word(
-      dq::engine::ErrorSource::kCodec, static_cast<int>(dq::Status::kMalformedPayload));
-  for (int e = 0; e < 3; ++e)
-    CHECK_OR(38, h.errors[e] == malformed && c.errors[e] == malformed,
-             "malformed input %d: error word 0x%x on the host device, 0x%x on the emulated CUDA "
-             "device, expected 0x%x",
-             e, h.errors[e], c.errors[e], malformed);
-  CHECK_OR(39, h.untouched && c.untouched, "a step ran after the error word was set");
-  CHECK_OR(40, h.caller == dq::Status::kMalformedPayload && c.caller == h.caller,
-           "caller's stream: %s on the host device, %s on the emulated CUDA device",
-           dq::status_name(h.caller), dq::status_name(c.caller));
-  const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda.get());
-  CHECK_OR(41, n.host_fallbacks == 0 && n.stats == kWorkers && n.layouts == 1,
-           "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
+  if (const int failed = compare_step_results(res[0], res[1], cuda.get(), kWorkers))
+    return failed;
   std::printf(
       "emulated CUDA device steps: statistics, layout, leaves, fused hop, finish equal the host "
       "device's; malformed inputs set the same error word; later steps skipped\n");

@@ -169,6 +169,32 @@ void write_text(const std::string& path, const std::string& text) {
 // ---- accuracy: rerouted results against the simulator, both dtypes and ops ------------------
 constexpr size_t kCount = 1000003;  // not a multiple of 256: any element count
 
+// The vNMSE of an all-reduce result (`got_bytes`: kCount FP32 or BF16 values) against the exact
+// FP64 sum (avg: the mean) of what every rank contributed (its row, rounded to BF16 for a BF16
+// call); *finite false when the result holds a non-finite value.
+double result_vnmse(const dq::sim::Matrix& rows, int n, bool bf16, bool avg,
+                    const unsigned char* got_bytes, bool* finite) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    double exact = 0;
+    for (int w = 0; w < n; ++w)
+      exact += bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
+    if (avg) exact /= n;
+    float got;
+    if (bf16) {
+      uint16_t b;
+      std::memcpy(&b, got_bytes + i * 2, 2);
+      got = dq::bf16_to_f32(b);
+    } else {
+      std::memcpy(&got, got_bytes + i * 4, 4);
+    }
+    *finite = *finite && std::isfinite(got);
+    num += (got - exact) * (got - exact);
+    den += exact * exact;
+  }
+  return num / den;
+}
+
 bool scenario_accuracy(int n, const std::string& topo, const std::string& block_bytes) {
   dq::sim::SyntheticSpec spec;
   spec.rows = n;
@@ -205,29 +231,11 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
           const bool rerouted = rerouted_delta(comm, &seen);
           const auto* res_bytes = static_cast<const unsigned char*>(dst);
           const bool same = identical_everywhere(comm, dst, kCount * esize);
-          // The error against the exact FP64 sum of what every rank contributed.
-          double num = 0, den = 0;
           bool finite = true;
-          for (size_t i = 0; i < kCount; ++i) {
-            double exact = 0;
-            for (int w = 0; w < n; ++w)
-              exact += bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
-            if (op) exact /= n;
-            float got;
-            if (bf16) {
-              uint16_t b;
-              std::memcpy(&b, res_bytes + i * 2, 2);
-              got = dq::bf16_to_f32(b);
-            } else {
-              std::memcpy(&got, res_bytes + i * 4, 4);
-            }
-            finite = finite && std::isfinite(got);
-            num += (got - exact) * (got - exact);
-            den += exact * exact;
-          }
+          const double vnmse = result_vnmse(rows, n, bf16, op != 0, res_bytes, &finite);
           char line[256];
           std::snprintf(line, sizeof line, "%d %d %d %d %d %d %d %.6e\n", call, dt, op, inplace,
-                        rerouted, same, finite, num / den);
+                        rerouted, same, finite, vnmse);
           report += line;
         }
     write_text(rank_file(rank, "accuracy"), report);
