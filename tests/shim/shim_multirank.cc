@@ -1027,6 +1027,34 @@ void scatter_wire_bytes(size_t recv, size_t esize, int n, uint64_t block_bytes, 
 constexpr size_t kScatterRecv = 50001;  // odd: rank blocks start off super-group boundaries
 constexpr size_t kReduceCount = 300007;
 
+// One rank of scenario_reducescatter's run `tag`: its 8 calls, each result block into a file and
+// a report line (call, rerouted, bytes in, wire bytes); 0, or 10 + the call that failed.
+int reducescatter_calls(const std::string& tag, int rank, ncclComm_t comm,
+                        const dq::sim::Matrix& rows, size_t total, size_t recv) {
+  unsigned long long seen = 0, in0 = 0, wire0 = 0, in1 = 0, wire1 = 0;
+  rerouted_delta(comm, &seen);
+  std::string report;
+  for (int k = 0; k < 8; ++k) {
+    const Variant v = variant(k);
+    const size_t esize = v.bf16 ? 2 : 4;
+    std::vector<unsigned char> in = typed_input(rows, rank, total, v.bf16);
+    std::vector<unsigned char> out(recv * esize, 0xCD);
+    unsigned char* dst = v.in_place ? in.data() + rank * recv * esize : out.data();
+    bytes_fn()(comm, &in0, &wire0);
+    if (ncclReduceScatter(in.data(), dst, recv, v.bf16 ? ncclBfloat16 : ncclFloat32,
+                          v.avg ? ncclAvg : ncclSum, comm, nullptr) != ncclSuccess)
+      return 10 + k;
+    const bool rerouted = rerouted_delta(comm, &seen);
+    bytes_fn()(comm, &in1, &wire1);
+    write_text(rank_file(rank, (tag + "rs" + std::to_string(k) + "_").c_str()),
+               std::string(reinterpret_cast<const char*>(dst), recv * esize));
+    report += std::to_string(k) + " " + std::to_string(rerouted) + " " +
+              std::to_string(in1 - in0) + " " + std::to_string(wire1 - wire0) + "\n";
+  }
+  write_text(rank_file(rank, (tag + "rs_report").c_str()), report);
+  return 0;
+}
+
 // Compressed reduce-scatter: 8 calls (FP32/BF16, SUM/AVG, out of place / in place with recvbuff
 // = sendbuff + rank x recvcount), run twice from fresh processes with the same seed. Every call
 // rerouted; every rank's block within [0.5, 2]x of the simulator's vNMSE for that block and call;
@@ -1045,29 +1073,8 @@ bool scenario_reducescatter(int n, const std::string& topo, const std::string& b
   spec.seed = 11;
   dq::sim::Matrix rows;
   make_rows(spec, &rows);
-  auto body = [&](const std::string& tag, int rank, ncclComm_t comm) -> int {
-    unsigned long long seen = 0, in0 = 0, wire0 = 0, in1 = 0, wire1 = 0;
-    rerouted_delta(comm, &seen);
-    std::string report;
-    for (int k = 0; k < 8; ++k) {
-      const Variant v = variant(k);
-      const size_t esize = v.bf16 ? 2 : 4;
-      std::vector<unsigned char> in = typed_input(rows, rank, total, v.bf16);
-      std::vector<unsigned char> out(recv * esize, 0xCD);
-      unsigned char* dst = v.in_place ? in.data() + rank * recv * esize : out.data();
-      bytes_fn()(comm, &in0, &wire0);
-      if (ncclReduceScatter(in.data(), dst, recv, v.bf16 ? ncclBfloat16 : ncclFloat32,
-                            v.avg ? ncclAvg : ncclSum, comm, nullptr) != ncclSuccess)
-        return 10 + k;
-      const bool rerouted = rerouted_delta(comm, &seen);
-      bytes_fn()(comm, &in1, &wire1);
-      write_text(rank_file(rank, (tag + "rs" + std::to_string(k) + "_").c_str()),
-                 std::string(reinterpret_cast<const char*>(dst), recv * esize));
-      report += std::to_string(k) + " " + std::to_string(rerouted) + " " +
-                std::to_string(in1 - in0) + " " + std::to_string(wire1 - wire0) + "\n";
-    }
-    write_text(rank_file(rank, (tag + "rs_report").c_str()), report);
-    return 0;
+  auto body = [&](const std::string& tag, int rank, ncclComm_t comm) {
+    return reducescatter_calls(tag, rank, comm, rows, total, recv);
   };
   // 64 KiB: every call here is compressed whatever n (the default 1 MiB counts the send buffer).
   const Env env = {{"DYNAMIQ_ENABLE", "1"},
