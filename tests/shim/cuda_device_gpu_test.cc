@@ -78,6 +78,28 @@ int unavailable_check() {
   return 0;
 }
 
+// The bounded wait the engine uses with DYNAMIQ_TIMEOUT_MS: a stream held by a 400 ms host
+// function stands for a peer that does not answer; synchronize_for gives up at its 50 ms bound,
+// and finds the event complete once the stream moves on. 0, or the failed check's exit code.
+int bounded_wait_check(Device* d, dq::engine::StreamHandle s1, dq::engine::EventHandle done) {
+  const cudaHostFn_t hold = [](void*) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  };
+  CHECK_OR(40,
+           cudaLaunchHostFunc(static_cast<cudaStream_t>(s1), hold, nullptr) == cudaSuccess &&
+               d->record(done, s1) == Status::kOk,
+           "a host function on the stream");
+  const auto w0 = std::chrono::steady_clock::now();
+  const Status timed = d->synchronize_for(done, 50);
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+  CHECK_OR(41, timed == Status::kTimeout && waited_ms >= 50 && waited_ms < 390,
+           "synchronize_for(50 ms) on a held stream: %s after %.1f ms", dq::status_name(timed),
+           waited_ms);
+  CHECK_OR(42, d->synchronize_for(done, 10000) == Status::kOk, "synchronize_for after the hold");
+  return 0;
+}
+
 int steps_check() {
   const char* specs[] = {"dynamiq:5",
                          "dynamiq:3",
@@ -183,24 +205,7 @@ int steps_check() {
            d->hop(*prepared, layout, 0, own, nullptr, 0, static_cast<uint8_t*>(out), key, lane) ==
                Status::kOk,
            "a step after the error");
-  // The bounded wait the engine uses with DYNAMIQ_TIMEOUT_MS: a stream held by a 400 ms host
-  // function stands for a peer that does not answer; synchronize_for gives up at its 50 ms bound,
-  // and finds the event complete once the stream moves on.
-  const cudaHostFn_t hold = [](void*) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  };
-  CHECK_OR(40,
-           cudaLaunchHostFunc(static_cast<cudaStream_t>(s1), hold, nullptr) == cudaSuccess &&
-               d->record(done, s1) == Status::kOk,
-           "a host function on the stream");
-  const auto w0 = std::chrono::steady_clock::now();
-  const Status timed = d->synchronize_for(done, 50);
-  const double waited_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
-  CHECK_OR(41, timed == Status::kTimeout && waited_ms >= 50 && waited_ms < 390,
-           "synchronize_for(50 ms) on a held stream: %s after %.1f ms", dq::status_name(timed),
-           waited_ms);
-  CHECK_OR(42, d->synchronize_for(done, 10000) == Status::kOk, "synchronize_for after the hold");
+  if (const int failed = bounded_wait_check(d, s1, done)) return failed;
   d->destroy_event(done);
   for (void* p : {x, stats, layout, bad, out, finished}) d->release(p, s1);
   d->release(word, s1);
