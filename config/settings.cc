@@ -418,6 +418,9 @@ class Loader {
     } else {
       s->codec_spec = s->codec;
     }
+    std::string invalid;  // reported by finish(), which resets the codec
+    if (!parse_codec_spec(s->codec_spec, &s->parsed_codec_spec, &invalid))
+      s->parsed_codec_spec = CodecSpec{};
   }
 
   EnvLookup lookup_;

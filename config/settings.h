@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "kernels/codec.h"
 #include "common/status.h"
 #include "config/bytes.h"
 
@@ -99,7 +100,8 @@ struct Settings {
 
   // Derived by load() from the table's values; these initialisers are what load() derives from
   // the defaults (tests/config checks that Settings{} equals the loaded defaults).
-  std::string codec_spec = "dynamiq:5";  // handed to make_codec (auto: a bucket's first call)
+  std::string codec_spec = "dynamiq:5";  // the codec's text, for logs (auto: a bucket's first call)
+  CodecSpec parsed_codec_spec;           // codec_spec parsed once: what the engine makes codecs of
   double budget_bits = 5.0;              // DYNAMIQ_BITS as a number (auto: the fixed default)
   bool bits_auto = false;                // DYNAMIQ_BITS=auto
   bool allow_f32 = true, allow_bf16 = true;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -155,8 +156,39 @@ class Codec {
   std::vector<uint64_t> owned_layout_;  // 8-byte words: the layout's alignment
 };
 
+// A codec and its parameters as a value. Parsed once from its text (parse_codec_spec: a setting,
+// a command line) and carried as is to make_codec; the text (codec_spec_text) is for the edges
+// only: logs, metrics, tools.
+struct CodecSpec {
+  enum class Family : uint8_t { kDynamiq, kBf16, kMxfp8, kMxfp6E3M2, kMxfp6E2M3, kMxfp4, kUniform };
+  Family family = Family::kDynamiq;
+  // DynamiQ: the budget, bits per coordinate in [3, 32] (metadata included); uniform: its integer
+  // bits per coordinate B in 3..9, scale included; 0 for the other families.
+  double bits = 5.0;
+  // DynamiQ options the text set; each unset one keeps DynamiqOptions' default
+  // (kernels/dynamiq_codec.h). Keys as in the text: corr, levels, scales, widths, mean, w16.
+  std::optional<bool> correlated_rounding;  // corr=1|0
+  std::optional<bool> nonuniform_levels;    // levels=nonuniform|uniform
+  std::optional<bool> hierarchical_scales;  // scales=hier|flat
+  std::optional<bool> variable_widths;      // widths=var|fixed
+  std::optional<bool> mean_subtraction;     // mean=1|0
+  std::optional<bool> allow_width16;        // w16=1|0
+  std::optional<float> eps[3];              // eps2, eps4, eps8: level shape, 0..2
+  bool operator==(const CodecSpec&) const = default;
+};
+
 // Parses a codec spec such as "dynamiq:5", "dynamiq:5:corr=0", "mxfp8", "mxfp6e3m2", "mxfp4",
-// "bf16", "uniform:5". On error returns nullptr and sets *error to a message naming the problem.
+// "bf16", "uniform:5" ("dynamiq" alone: 5 bits; "mxfp6": "mxfp6e3m2"). On error returns false and
+// sets *error to a message naming the problem.
+bool parse_codec_spec(std::string_view text, CodecSpec* out, std::string* error);
+// The spec's canonical text: the family ("mxfp6" for E3M2), its bits (%.17g: the settings' own
+// spelling of DYNAMIQ_BITS), then the options set, in the order of CodecSpec's fields, e.g.
+// "dynamiq:5:corr=0". parse_codec_spec reads it back to the same value.
+std::string codec_spec_text(const CodecSpec& spec);
+
+// The codec of a parsed spec (nullptr only for a family this build lacks).
+std::unique_ptr<Codec> make_codec(const CodecSpec& spec);
+// parse_codec_spec, then make_codec: for tools and tests that hold a spec as text.
 std::unique_ptr<Codec> make_codec(std::string_view spec, std::string* error);
 
 }  // namespace dq

@@ -39,7 +39,7 @@
 #include "shim/engine/cuda_steps.h"
 
 #if !DQ_CUDA_EMULATED
-#error "shim/engine/cuda_device.cc has only its emulated build so far (issue 11 part 3: nvcc)"
+#error "shim/engine/cuda_device.cc is the emulated CUDA device; nvcc builds cuda_device_gpu.cu"
 #endif
 
 namespace dq::engine {
@@ -106,10 +106,17 @@ class CudaDevice final : public Device {
   // ---- steps ------------------------------------------------------------------------------------
   // Each one: the codec's kernels (DynamiQ or a baseline) through cuda_steps.h's launches, which
   // check the arguments as the host codec does; a codec without kernels runs on the host codec.
-  Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
+  // The kernels' arguments and level tables, worked out once per plan part.
+  std::unique_ptr<PreparedCodec> prepare(const Codec& codec) override {
+    auto prepared = std::make_unique<Prepared>(codec);
+    prepared->kernels = kernel_args(codec, &prepared->args);
+    return prepared;
+  }
+
+  Status local_stats(const PreparedCodec& codec, const ConstTensor& x, uint16_t* stats,
                      Lane lane) override {
     cuda_steps::StepParams k;
-    if (!kernel_args(codec, &k))
+    if (!args_of(codec, &k))
       return fallback([&] { return host_->local_stats(codec, x, stats, lane); });
     return run(lane, "statistics", &counts_.stats,
                [k, x, stats](cudaStream_t stream, unsigned* flags) {
@@ -117,10 +124,10 @@ class CudaDevice final : public Device {
                });
   }
 
-  Status build_layout(const Codec& codec, const uint16_t* reduced, uint64_t call, void* layout,
-                      Lane lane) override {
+  Status build_layout(const PreparedCodec& codec, const uint16_t* reduced, uint64_t call,
+                      void* layout, Lane lane) override {
     cuda_steps::StepParams k;
-    if (!kernel_args(codec, &k))
+    if (!args_of(codec, &k))
       return fallback([&] { return host_->build_layout(codec, reduced, call, layout, lane); });
     return run(lane, "layout", &counts_.layouts,
                [k, reduced, call, layout](cudaStream_t stream, unsigned* flags) {
@@ -128,16 +135,16 @@ class CudaDevice final : public Device {
                });
   }
 
-  Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
+  Status hop(const PreparedCodec& codec, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {
     cuda_steps::StepParams k;
-    if (!kernel_args(codec, &k))
+    if (!args_of(codec, &k))
       return fallback(
           [&] { return host_->hop(codec, layout, chunk, own, in, n_in, out, key, lane); });
     std::vector<ByteView> inputs;  // the caller reuses its array
     if (n_in > 0 && in != nullptr) inputs.assign(in, in + n_in);
-    const size_t capacity = codec.chunk_capacity();
+    const size_t capacity = codec.codec().chunk_capacity();
     return run(lane, "hop", &counts_.hops,
                [this, k, layout, chunk, own, inputs = std::move(inputs), n_in, out, key,
                 capacity](cudaStream_t stream, unsigned* flags) -> Status {
@@ -152,10 +159,10 @@ class CudaDevice final : public Device {
                });
   }
 
-  Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
-                DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+  Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in,
+                void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
     cuda_steps::StepParams k;
-    if (!kernel_args(codec, &k))
+    if (!args_of(codec, &k))
       return fallback(
           [&] { return host_->finish(codec, layout, chunk, in, out, dtype, op, n_contrib, lane); });
     return run(lane, "finish", &counts_.finishes,
@@ -178,6 +185,23 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // A codec prepared here: whether kernels serve it, and their arguments.
+  struct Prepared final : PreparedCodec {
+    using PreparedCodec::PreparedCodec;
+    bool kernels = false;
+    cuda_steps::StepParams args;
+  };
+
+  // The kernels' arguments of a prepared codec (worked out now for one another device prepared);
+  // false when no kernels serve it.
+  bool args_of(const PreparedCodec& codec, cuda_steps::StepParams* k) {
+    if (const auto* p = dynamic_cast<const Prepared*>(&codec)) {
+      *k = p->args;
+      return p->kernels;
+    }
+    return kernel_args(codec.codec(), k);
+  }
+
   // The kernels' arguments for `codec`; false when no kernels serve it.
   bool kernel_args(const Codec& codec, cuda_steps::StepParams* k) {
     const cuda_steps::Family family = cuda_steps::step_params(codec, k);

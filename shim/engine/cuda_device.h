@@ -1,12 +1,12 @@
 // The CUDA device: the engine's codec steps as the CUDA kernels of kernels/cuda/ (statistics,
 // layout build, fused hop, finish), enqueued in stream order, with the bytes of the host codec.
 //
-// Only the emulated build exists so far (issue 11 part 2): cuda_device.cc compiled by the host
-// compiler runs the kernels under the CPU emulation of CUDA's execution model
-// (kernels/cuda/EMULATION.md) on host memory, so the whole engine runs them over the CPU NCCL in
-// CI. It is a test-only library (tests/shim/meson.build), never part of the core library or
-// libdynamiq.so. The nvcc build of the same file (cudaStream_t/cudaEvent_t, device memory, the
-// caller's buffers detected as device memory) is part 3.
+// This is the emulated CUDA device: cuda_device.cc compiled by the host compiler runs the kernels
+// under the CPU emulation of CUDA's execution model (kernels/cuda/EMULATION.md) on host memory, so
+// the whole engine runs them over the CPU NCCL in CI. It is test-only (tests/shim/meson.build),
+// never part of the core library or libdynamiq.so. The real CUDA device, which launches the same
+// kernels compiled by nvcc on cudaStream_t/cudaEvent_t and device memory, is
+// shim/engine/cuda_device_gpu.{h,cu}; both share their host side (shim/engine/cuda_steps.h).
 #pragma once
 #include <cstdint>
 #include <memory>

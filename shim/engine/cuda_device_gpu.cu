@@ -271,7 +271,15 @@ class CudaGpuDevice final : public Device {
   }
 
   // ---- codec steps --------------------------------------------------------------------------
-  Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
+  // The kernels' arguments, worked out once per plan part. The level tables are uploaded by the
+  // first step that needs them (stream-ordered, once per option set) and looked up after that.
+  std::unique_ptr<PreparedCodec> prepare(const Codec& codec) override {
+    auto prepared = std::make_unique<Prepared>(codec);
+    prepared->family = cuda_steps::step_params(codec, &prepared->args);
+    return prepared;
+  }
+
+  Status local_stats(const PreparedCodec& codec, const ConstTensor& x, uint16_t* stats,
                      Lane lane) override {
     return step(codec, lane, "statistics",
                 [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
@@ -279,15 +287,15 @@ class CudaGpuDevice final : public Device {
                 });
   }
 
-  Status build_layout(const Codec& codec, const uint16_t* reduced, uint64_t call, void* layout,
-                      Lane lane) override {
+  Status build_layout(const PreparedCodec& codec, const uint16_t* reduced, uint64_t call,
+                      void* layout, Lane lane) override {
     return step(codec, lane, "layout",
                 [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
                   return cuda_steps::launch_layout(k, reduced, call, layout, flags, stream);
                 });
   }
 
-  Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
+  Status hop(const PreparedCodec& codec, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {
     return step(codec, lane, "hop",
@@ -297,8 +305,8 @@ class CudaGpuDevice final : public Device {
                 });
   }
 
-  Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
-                DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+  Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in,
+                void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
     return step(codec, lane, "finish",
                 [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
                   return cuda_steps::launch_finish(k, layout, chunk, in, out, dtype, op, n_contrib,
@@ -307,24 +315,37 @@ class CudaGpuDevice final : public Device {
   }
 
  private:
+  // A codec prepared here: which kernels serve it, and their arguments.
+  struct Prepared final : PreparedCodec {
+    using PreparedCodec::PreparedCodec;
+    cuda_steps::Family family = cuda_steps::Family::kNone;
+    cuda_steps::StepParams args;
+  };
+
   // One codec step on the lane's stream: skipped when the lane's error word is already set (as
   // seen from the host); the kernels' parameters (and DynamiQ's level tables); the arm and fold
   // kernels around `body`'s launches. A failure found on the host is written to the error word
   // here, with the host device's encoding.
   template <class Body>
-  Status step(const Codec& codec, Lane lane, const char* what, Body&& body) {
+  Status step(const PreparedCodec& codec, Lane lane, const char* what, Body&& body) {
     if (error_set(lane.error)) return Status::kOk;
     OnDevice on(ordinal_);
     auto stream = static_cast<cudaStream_t>(lane.stream);
     Status s = Status::kOk;
     cuda_steps::StepParams k;
-    const cuda_steps::Family family = cuda_steps::step_params(codec, &k);
+    cuda_steps::Family family;
+    if (const auto* p = dynamic_cast<const Prepared*>(&codec)) {
+      k = p->args;
+      family = p->family;
+    } else {  // prepared by another device: worked out now
+      family = cuda_steps::step_params(codec.codec(), &k);
+    }
     if (family == cuda_steps::Family::kNone) {
       // No kernels serve this codec: the step fails, so the canary fails and the communicator
       // passes through on every rank.
       s = Status::kUnsupported;
       DQ_WARN(Subsys::kEngine, "cuda device %s: codec %s has no kernel steps on this device", what,
-              codec.name().c_str());
+              codec.codec().name().c_str());
     }
     if (s == Status::kOk && family == cuda_steps::Family::kDynamiq)
       s = levels_for(k.options, stream, &k.levels);

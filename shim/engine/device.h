@@ -40,6 +40,20 @@ struct Lane {
   uint32_t* error = nullptr;  // mapped memory
 };
 
+// A planned codec prepared for one device (Device::prepare), once per plan part: what the
+// device's steps need beyond the codec's own parameters, worked out once instead of at every
+// step (on a CUDA device the kernels' arguments and DynamiQ's level tables). Refers to the codec,
+// which must outlive it.
+class PreparedCodec {
+ public:
+  explicit PreparedCodec(const Codec& codec) : codec_(&codec) {}
+  virtual ~PreparedCodec() = default;
+  const Codec& codec() const { return *codec_; }
+
+ private:
+  const Codec* codec_;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -78,16 +92,24 @@ class Device {
   // (the canary, docs/ENGINE.md section 6). The host device runs the host codec: no canary.
   virtual bool needs_canary() const { return false; }
 
+  // ---- codecs: plan time, never inside a call ------------------------------------------------
+  // `codec` (planned) prepared for this device's steps. The host device needs nothing beyond the
+  // codec; a CUDA device works out its kernels' arguments here. Steps also accept a codec
+  // prepared by another device (they then work those out themselves).
+  virtual std::unique_ptr<PreparedCodec> prepare(const Codec& codec) {
+    return std::make_unique<PreparedCodec>(codec);
+  }
+
   // ---- enqueued steps ---------------------------------------------------------------------------
-  virtual Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
+  virtual Status local_stats(const PreparedCodec& codec, const ConstTensor& x, uint16_t* stats,
                              Lane lane) = 0;
-  virtual Status build_layout(const Codec& codec, const uint16_t* reduced_stats, uint64_t call,
-                              void* layout, Lane lane) = 0;
-  virtual Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
-                     const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
-                     Lane lane) = 0;
-  virtual Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
-                        DType dtype, ReduceOp op, int n_contrib, Lane lane) = 0;
+  virtual Status build_layout(const PreparedCodec& codec, const uint16_t* reduced_stats,
+                              uint64_t call, void* layout, Lane lane) = 0;
+  virtual Status hop(const PreparedCodec& codec, const void* layout, int chunk,
+                     const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
+                     const RoundingKey& key, Lane lane) = 0;
+  virtual Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in,
+                        void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) = 0;
   virtual Status copy(void* dst, const void* src, size_t bytes, Lane lane) = 0;
   // The budget's prediction of a call (DYNAMIQ_BITS=auto and the predicted-vNMSE metrics,
   // docs/ENGINE.md section 10) from its reduced statistics (device memory) into `out` (mapped

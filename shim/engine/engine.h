@@ -4,6 +4,7 @@
 // are made once per (count, dtype) and cached; the per-call path allocates nothing.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "config/settings.h"
 #include "kernels/budget_model.h"
 #include "shim/engine/control.h"
+#include "shim/engine/control_file.h"
 #include "shim/engine/device.h"
 #include "shim/engine/metrics.h"
 #include "shim/engine/nccl_ops.h"
@@ -40,6 +42,19 @@ struct CallArgs {
   bool capturing = false;
 };
 
+// What screens a call apart from the communicator's state, asked once per call
+// (Engine::screen_call) and handed down to every later look at the decision (the interceptor's
+// group, buffer and staging checks, Engine::run): the settings' and the arguments' own verdict,
+// and the device's answer to whether the caller's stream is being captured. The communicator's
+// state (handshake, canary) is applied by Engine::decide, since a handshake inside run() changes
+// it.
+struct Screening {
+  // The first failing of: disabled (settings invalid or DYNAMIQ_ENABLE=0), not opted in, dtype,
+  // op, collective, small. kRerouted when none fails.
+  PassReason arguments = PassReason::kRerouted;
+  bool device_capturing = false;  // Device::capturing of the call's stream
+};
+
 // ---- the canary (docs/ENGINE.md section 6) ----------------------------------------------------
 // A fixed tensor of kCanaryCount FP32 values per worker (kCanaryWorkers workers, kCanaryChunks
 // chunks) through a device's codec steps and through the host codec directly: every worker's
@@ -65,10 +80,10 @@ struct CanaryResult {
   std::string describe() const;
 };
 
-// Runs the canary of `codec_spec` on `device`'s stream `stream` and waits for it (one blocking
+// Runs the canary of the codec `spec` on `device`'s stream `stream` and waits for it (one blocking
 // wait: a one-time self-test). Device memory is allocated and released here; the device's steps
 // report into a mapped error word of the canary's own, never a communicator's.
-CanaryResult run_canary(Device* device, const std::string& codec_spec, StreamHandle stream,
+CanaryResult run_canary(Device* device, const CodecSpec& spec, StreamHandle stream,
                         uint64_t seed);
 
 class Engine {
@@ -94,7 +109,13 @@ class Engine {
   // plan (a MAX of every rank's planning failure). Everything else the host must know (the A/B
   // switch, any rank's device error) travels in the words of each eligible call and is applied
   // one eligible call later (docs/ENGINE.md section 3).
-  ncclResult_t run(const CallArgs& call, PassReason* reason);
+  //
+  // `screening` is screen_call(call), asked once for the call; `call` may since have been marked
+  // in a group or capturing, or point at staged copies of its buffers.
+  ncclResult_t run(const CallArgs& call, const Screening& screening, PassReason* reason);
+  ncclResult_t run(const CallArgs& call, PassReason* reason) {
+    return run(call, screen_call(call), reason);
+  }
 
   // The communicator's asynchronous error (ncclCommGetAsyncError semantics): a failure found in
   // data or in an enqueued NCCL call, read lazily from the device's error word. Sticky.
@@ -105,8 +126,11 @@ class Engine {
   // then enqueues nothing more on the aborted communicator. Must outlive the engine.
   void watch_abort(const std::atomic<bool>* aborted) { aborted_ = aborted; }
 
-  // Decision from the call's arguments and this communicator's agreed state alone.
-  PassReason screen(const CallArgs& call) const;
+  // The part of the decision that does not depend on the communicator's state: ask once per call.
+  Screening screen_call(const CallArgs& call) const;
+  // The decision from the call's arguments (`screening`, and the call's group and capture flags)
+  // and this communicator's agreed state alone, in the order of docs/ENGINE.md section 2.
+  PassReason decide(const CallArgs& call, const Screening& screening) const;
   // Explicit opt-in (dynamiqCommRegister): only before the handshake, so it cannot diverge.
   Status register_opt_in(bool on);
 
@@ -121,11 +145,18 @@ class Engine {
   struct Check;
   Status setup_device();
   void teardown_device();
-  // A plan of `spec` (a codec spec) at `bits` (its budget, the cache key with it).
-  Plan* plan_for(const CallArgs& call, DType dtype, double bits, const std::string& spec,
+  // A plan of the codec `spec` at `bits` (its budget, the cache key with it).
+  Plan* plan_for(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec,
                  Bucket* bucket, ncclResult_t* nccl_failure);
   std::unique_ptr<Plan> build_plan(const CallArgs& call, DType dtype, double bits,
-                                   const std::string& spec, Status* status);
+                                   const CodecSpec& spec, Status* status);
+  // build_plan's steps: the blocks and their codec parts; the plan's device memory.
+  Status cut_blocks(const CallArgs& call, Plan& p);
+  Status allocate_plan(Plan& p);
+  // This rank's canary verdict at the communicator's first plan (not run afterwards, nor on a
+  // device that needs none); then the agreed verdict into canary_.
+  CanaryResult run_canaries();
+  void settle_canary(const CanaryResult& canary, bool any_failed);
   // The budget (docs/ENGINE.md section 10). A bucket is a call shape (collective, root, count,
   // dtype) of a DynamiQ communicator: the same on every rank, and the same across iterations.
   Bucket* bucket_for(const CallArgs& call, DType dtype);
@@ -143,6 +174,8 @@ class Engine {
   // A compressed call of `b` was enqueued with plan `p`: its budget into the metrics, and the
   // INFO summary every DYNAMIQ_SUMMARY_CALLS calls.
   void note_budget(Bucket& b, const Plan& p);
+  // The metrics entry of bucket `b` (its call shape), or null. Caller holds the budget mutex.
+  static BucketMetrics* bucket_metrics(BudgetMetrics& m, const Bucket& b);
   // The schedule a collective runs on: a reduce-scatter needs one chunk ending at every rank, so
   // a butterfly of a rank count that is not a power of two runs it on the ring.
   topo::Kind kind_for(Collective collective) const;
@@ -155,6 +188,23 @@ class Engine {
   ncclResult_t handshake();
   ncclResult_t handshake_without_device(cudaStream_t stream);
   ncclResult_t absorb_previous_call();
+  // run()'s steps, in order.
+  ncclResult_t settle_agreement(const CallArgs& call, const Screening& screening);
+  ncclResult_t pass_switched_off(const CallArgs& call, PassReason* reason);
+  // A call's budget: its bucket (a DynamiQ communicator's), bits and codec spec, and whether it
+  // computes statistics (an MX fallback only every kMxStatisticsEvery calls).
+  struct BudgetChoice {
+    Bucket* bucket = nullptr;
+    double bits = 0;
+    CodecSpec spec;
+    bool with_stats = true;
+  };
+  BudgetChoice choose_budget(const CallArgs& call, DType dtype);
+  Status enqueue_call(Plan& plan, const CallArgs& call, DType dtype, uint64_t call_index,
+                      bool with_stats, Bucket* predict, uint64_t* wire);
+  void account_call(const CallArgs& call, DType dtype, const Plan& plan,
+                    const BudgetChoice& choice, bool predicted, uint64_t call_index,
+                    uint64_t wire, std::chrono::steady_clock::time_point t0);
   // predict: the bucket whose prediction is made from the reduced statistics (its job staged),
   // or null.
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
@@ -198,6 +248,7 @@ class Engine {
   std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
   std::unique_ptr<Check> check_;                // DYNAMIQ_CHECK_EVERY > 0 only
   BudgetTarget target_;                      // DYNAMIQ_TARGET, parsed
+  CodecSpec candidate_specs_[kCandidates];   // auto's candidates (candidate_spec), parsed once
   // The hop profile of each topology's schedule (kernels/budget_model.h), made once: O(n^2).
   std::vector<std::pair<topo::Kind, HopTables>> hop_tables_;
   // The INFO summary's window: compressed DynamiQ calls since the last summary line.
@@ -223,9 +274,7 @@ class Engine {
   ncclResult_t broken_ = ncclSuccess;  // sticky asynchronous error
   const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
   bool setup_failed_ = false;                   // the device could not be set up on this rank
-  // Control file state (rank 0 only).
-  int64_t switch_mtime_ns_ = -1;
-  bool switch_on_ = true;
+  SwitchFile switch_file_;  // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
 };
 
 // Chooses the schedule for `nranks` under DYNAMIQ_TOPO.

@@ -294,27 +294,32 @@ class HostDevice final : public Device {
   }
   bool capturing(StreamHandle) const override { return false; }
 
-  Status local_stats(const Codec& codec, const ConstTensor& x, uint16_t* stats,
+  // The steps run the host codec itself: nothing was prepared beyond it.
+  Status local_stats(const PreparedCodec& prepared, const ConstTensor& x, uint16_t* stats,
                      Lane lane) override {
+    const Codec& codec = prepared.codec();
     return run(lane, [&codec, x, stats] { return codec.local_stats(x, stats); });
   }
-  Status build_layout(const Codec& codec, const uint16_t* reduced, uint64_t call, void* layout,
-                      Lane lane) override {
+  Status build_layout(const PreparedCodec& prepared, const uint16_t* reduced, uint64_t call,
+                      void* layout, Lane lane) override {
+    const Codec& codec = prepared.codec();
     return run(lane, [&codec, reduced, call, layout] {
       return codec.build_layout(reduced, call, layout);
     });
   }
-  Status hop(const Codec& codec, const void* layout, int chunk, const ConstTensor& own,
+  Status hop(const PreparedCodec& prepared, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {
+    const Codec& codec = prepared.codec();
     std::vector<ByteView> inputs(in, in + n_in);  // the caller reuses its array
     return run(lane, [&codec, layout, chunk, own, inputs = std::move(inputs), out, key] {
       return codec.fused_hop(layout, chunk, own, inputs.data(), static_cast<int>(inputs.size()),
                              out, key);
     });
   }
-  Status finish(const Codec& codec, const void* layout, int chunk, ByteView in, void* out,
-                DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+  Status finish(const PreparedCodec& prepared, const void* layout, int chunk, ByteView in,
+                void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+    const Codec& codec = prepared.codec();
     return run(lane, [&codec, layout, chunk, in, out, dtype, op, n_contrib] {
       return codec.decode_finish(layout, chunk, in, out, dtype, op, n_contrib);
     });

@@ -315,8 +315,9 @@ namespace {
 // communicator that the CUDA device serves (its first call gave device buffers): its later calls
 // must give buffers the device can reach. Only calls the engine may compress
 // are classified (or the first one, before the handshake).
-ncclResult_t check_cuda_buffers(CommEntry& e, engine::Engine& eng, const engine::CallArgs& call) {
-  const engine::PassReason r = eng.screen(call);
+ncclResult_t check_cuda_buffers(CommEntry& e, const engine::Engine& eng,
+                                const engine::CallArgs& call, const engine::Screening& screening) {
+  const engine::PassReason r = eng.decide(call, screening);
   if (r != engine::PassReason::kRerouted && r != engine::PassReason::kInGroup) return ncclSuccess;
   for (const void* p : {call.send, static_cast<const void*>(call.recv)}) {
     if (p == nullptr) continue;  // ncclReduce's recv on a non-root rank
@@ -347,12 +348,12 @@ size_t eligible_element_bytes(ncclDataType_t dtype) {
 // does not reroute the call the copies are dropped unwritten, and the call goes to the CPU NCCL
 // with the caller's own pointers (which stages them itself).
 ncclResult_t run_host_staged(CommEntry& e, engine::Engine& eng, const engine::CallArgs& call,
-                             engine::PassReason* reason) {
-  const engine::PassReason screened = eng.screen(call);
+                             const engine::Screening& screening, engine::PassReason* reason) {
+  const engine::PassReason screened = eng.decide(call, screening);
   const size_t esize = eligible_element_bytes(call.dtype);
   if (call.in_group || esize == 0 || !staging::available() ||
       (screened != engine::PassReason::kRerouted && screened != engine::PassReason::kInGroup))
-    return eng.run(call, reason);
+    return eng.run(call, screening, reason);
   size_t recv_count = call.count;
   if (call.collective == engine::Collective::kReduceScatter)
     recv_count = call.count / static_cast<size_t>(std::max(e.identity.size, 1));
@@ -366,11 +367,11 @@ ncclResult_t run_host_staged(CommEntry& e, engine::Engine& eng, const engine::Ca
             e.identity.index, st.error().c_str());
     return ncclUnhandledCudaError;
   }
-  if (!st.active()) return eng.run(call, reason);
+  if (!st.active()) return eng.run(call, screening, reason);
   engine::CallArgs host_call = call;
   host_call.send = st.host(call.send);
   host_call.recv = st.host(call.recv);
-  const ncclResult_t result = eng.run(host_call, reason);
+  const ncclResult_t result = eng.run(host_call, screening, reason);
   if (result != ncclSuccess || *reason != engine::PassReason::kRerouted) return result;
   if (st.end() != Status::kOk) {
     DQ_WARN(Subsys::kShim, "dynamiq: communicator index %d: copying the result back failed: %s",
@@ -391,10 +392,13 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
   {
     std::lock_guard<std::mutex> lock(e->mutex);
     engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, real, call);
+    // Asked once for this call; every check below decides from it.
+    const engine::Screening screening =
+        eng != nullptr ? eng->screen_call(call) : engine::Screening{};
     if (eng != nullptr && t_group_depth > 0) {
       // Inside the caller's group: hold back what the engine may compress once the group ends
       // (a communicator still before its handshake included); everything else joins the group.
-      const engine::PassReason outside = eng->screen(call);
+      const engine::PassReason outside = eng->decide(call, screening);
       if (outside == engine::PassReason::kRerouted ||
           outside == engine::PassReason::kInGroup /* handshake still to come */) {
         t_deferred.push_back(Deferred{call, comm, std::function<ncclResult_t()>(pass)});
@@ -407,10 +411,10 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
       if (real.stream_is_capturing && call.stream &&
           real.stream_is_capturing(call.stream, &capturing) == 0)
         call.capturing = capturing != 0;
-      if (e->cuda_ordinal >= 0) result = check_cuda_buffers(*e, *eng, call);
+      if (e->cuda_ordinal >= 0) result = check_cuda_buffers(*e, *eng, call, screening);
       if (result == ncclSuccess)
-        result =
-            e->host_engine ? run_host_staged(*e, *eng, call, &reason) : eng->run(call, &reason);
+        result = e->host_engine ? run_host_staged(*e, *eng, call, screening, &reason)
+                                : eng->run(call, screening, &reason);
     }
   }
   engine::metrics_tick();

@@ -74,92 +74,105 @@ ProcessLabels process_labels() {
   return l;
 }
 
-std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comms,
-                           const ProcessLabels& labels, bool prometheus) {
-  if (!prometheus) {
-    nlohmann::json doc;
-    doc["job"] = labels.job;
-    doc["host"] = labels.host;
-    doc["pid"] = labels.pid;
-    doc["communicators"] = nlohmann::json::array();
-    for (const auto& c : comms) {
-      nlohmann::json calls = nlohmann::json::object();
-      for (int k = 0; k < kPassReasonCount; ++k)
-        calls[reason_name(static_cast<PassReason>(k))] = c->calls[k].load();
-      nlohmann::json budget;
-      {
-        std::lock_guard<std::mutex> lock(c->budget_mutex);
-        const BudgetMetrics& b = c->budget;
-        nlohmann::json buckets = nlohmann::json::array();
-        for (const BucketMetrics& k : b.buckets)
-          buckets.push_back({{"collective", k.collective},
-                             {"dtype", k.dtype},
-                             {"count", k.count},
-                             {"root", k.root},
-                             {"calls", k.calls},
-                             {"budget_bits", k.budget_bits},
-                             {"codec", k.codec},
-                             {"predicted_vnmse", k.predicted_vnmse}});
-        budget = {{"auto", b.auto_budget},
-                  {"target", b.target},
-                  {"mean_bits", b.budget_calls ? b.bits_sum / b.budget_calls : 0.0},
-                  {"mx_calls", b.mx_calls},
-                  {"widths", {{"2", b.widths[0]}, {"4", b.widths[1]}, {"8", b.widths[2]},
-                              {"16", b.widths[3]}}},
-                  {"predicted_calls", b.predicted_calls},
-                  {"predicted_vnmse_mean",
-                   b.predicted_calls ? b.predicted_vnmse_sum / b.predicted_calls : -1.0},
-                  {"predicted_vnmse_last", b.predicted_vnmse_last},
-                  {"buckets", buckets},
-                  {"check",
-                   {{"calls", b.checked_calls},
-                    {"sampled_vnmse",
-                     b.checked_energy > 0 ? b.checked_sq_error / b.checked_energy : -1.0},
-                    {"sampled_vnmse_last", b.checked_vnmse_last},
-                    {"nonfinite", b.checked_nonfinite},
-                    {"paired_calls", b.paired_calls},
-                    {"paired_predicted_mean",
-                     b.paired_calls ? b.paired_predicted_sum / b.paired_calls : -1.0},
-                    {"paired_sampled_mean",
-                     b.paired_calls ? b.paired_sampled_sum / b.paired_calls : -1.0}}}};
-      }
-      doc["communicators"].push_back({{"index", c->index},
-                                      {"name", c->name},
-                                      {"rank", c->rank},
-                                      {"size", c->size},
-                                      {"destroyed", c->destroyed.load()},
-                                      {"bytes_in", c->bytes_in.load()},
-                                      {"wire_bytes", c->wire_bytes.load()},
-                                      {"seconds", c->nanoseconds.load() * 1e-9},
-                                      {"held_bytes", c->held_bytes.load()},
-                                      {"calls", calls},
-                                      // After held_bytes in key order: tests/soak reads each
-                                      // communicator up to the end of its first nested object.
-                                      {"quantization", budget}});
+namespace {
+
+// The JSON `quantization` object of one communicator: its budget, buckets and sampled check.
+// Caller holds its budget mutex.
+nlohmann::json budget_json(const BudgetMetrics& b) {
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const BucketMetrics& k : b.buckets)
+    buckets.push_back({{"collective", k.collective},
+                       {"dtype", k.dtype},
+                       {"count", k.count},
+                       {"root", k.root},
+                       {"calls", k.calls},
+                       {"budget_bits", k.budget_bits},
+                       {"codec", k.codec},
+                       {"predicted_vnmse", k.predicted_vnmse}});
+  return {{"auto", b.auto_budget},
+          {"target", b.target},
+          {"mean_bits", b.budget_calls ? b.bits_sum / b.budget_calls : 0.0},
+          {"mx_calls", b.mx_calls},
+          {"widths", {{"2", b.widths[0]}, {"4", b.widths[1]}, {"8", b.widths[2]},
+                      {"16", b.widths[3]}}},
+          {"predicted_calls", b.predicted_calls},
+          {"predicted_vnmse_mean",
+           b.predicted_calls ? b.predicted_vnmse_sum / b.predicted_calls : -1.0},
+          {"predicted_vnmse_last", b.predicted_vnmse_last},
+          {"buckets", buckets},
+          {"check",
+           {{"calls", b.checked_calls},
+            {"sampled_vnmse", b.checked_energy > 0 ? b.checked_sq_error / b.checked_energy : -1.0},
+            {"sampled_vnmse_last", b.checked_vnmse_last},
+            {"nonfinite", b.checked_nonfinite},
+            {"paired_calls", b.paired_calls},
+            {"paired_predicted_mean",
+             b.paired_calls ? b.paired_predicted_sum / b.paired_calls : -1.0},
+            {"paired_sampled_mean",
+             b.paired_calls ? b.paired_sampled_sum / b.paired_calls : -1.0}}}};
+}
+
+std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
+                        const ProcessLabels& labels) {
+  nlohmann::json doc;
+  doc["job"] = labels.job;
+  doc["host"] = labels.host;
+  doc["pid"] = labels.pid;
+  doc["communicators"] = nlohmann::json::array();
+  for (const auto& c : comms) {
+    nlohmann::json calls = nlohmann::json::object();
+    for (int k = 0; k < kPassReasonCount; ++k)
+      calls[reason_name(static_cast<PassReason>(k))] = c->calls[k].load();
+    nlohmann::json budget;
+    {
+      std::lock_guard<std::mutex> lock(c->budget_mutex);
+      budget = budget_json(c->budget);
     }
-    // Invalid UTF-8 in a communicator name is replaced, never a throw or an invalid file.
-    return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    doc["communicators"].push_back({{"index", c->index},
+                                    {"name", c->name},
+                                    {"rank", c->rank},
+                                    {"size", c->size},
+                                    {"destroyed", c->destroyed.load()},
+                                    {"bytes_in", c->bytes_in.load()},
+                                    {"wire_bytes", c->wire_bytes.load()},
+                                    {"seconds", c->nanoseconds.load() * 1e-9},
+                                    {"held_bytes", c->held_bytes.load()},
+                                    {"calls", calls},
+                                    // After held_bytes in key order: tests/soak reads each
+                                    // communicator up to the end of its first nested object.
+                                    {"quantization", budget}});
   }
-  // Prometheus text: one label set on every sample (job, host, pid, comm, name, rank), plus the
-  // outcome on the calls counter.
-  auto quote = [](const std::string& v) {
-    std::string o = "\"";
-    for (char ch : v) {
-      if (ch == '\\' || ch == '"') o += '\\';
-      if (ch == '\n') {
-        o += "\\n";
-        continue;
-      }
-      o += ch;
+  // Invalid UTF-8 in a communicator name is replaced, never a throw or an invalid file.
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+// Prometheus text: one label set on every sample (job, host, pid, comm, name, rank), plus the
+// outcome on the calls counter.
+std::string prometheus_quote(const std::string& v) {
+  std::string o = "\"";
+  for (char ch : v) {
+    if (ch == '\\' || ch == '"') o += '\\';
+    if (ch == '\n') {
+      o += "\\n";
+      continue;
     }
-    return o + "\"";
-  };
-  auto label_set = [&](const CommMetrics& c) {
-    return "job=" + quote(labels.job) + ",host=" + quote(labels.host) +
-           ",pid=" + quote(std::to_string(labels.pid)) + ",comm=" + quote(std::to_string(c.index)) +
-           ",name=" + quote(c.name) + ",rank=" + quote(std::to_string(c.rank));
-  };
-  std::string text;
+    o += ch;
+  }
+  return o + "\"";
+}
+
+std::string prometheus_labels(const ProcessLabels& labels, const CommMetrics& c) {
+  auto quote = prometheus_quote;
+  return "job=" + quote(labels.job) + ",host=" + quote(labels.host) +
+         ",pid=" + quote(std::to_string(labels.pid)) + ",comm=" + quote(std::to_string(c.index)) +
+         ",name=" + quote(c.name) + ",rank=" + quote(std::to_string(c.rank));
+}
+
+// The calls by outcome, the byte and time counters, and the held bytes.
+void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& comms,
+                               const ProcessLabels& labels, std::string& text) {
+  auto quote = prometheus_quote;
+  auto label_set = [&](const CommMetrics& c) { return prometheus_labels(labels, c); };
   text +=
       "# HELP dynamiq_calls_total Collective calls seen on a communicator, by outcome "
       "(rerouted = compressed; otherwise why it passed through).\n";
@@ -196,13 +209,18 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
   for (const auto& c : comms)
     text += "dynamiq_held_bytes{" + label_set(*c) + "} " + std::to_string(c->held_bytes.load()) +
             "\n";
-  // The budget (docs/ENGINE.md section 10): widths and predicted vNMSE of the calls whose
-  // statistics were read, and each bucket's latest budget.
-  text +=
-      "# HELP dynamiq_width_supergroups_total Super-groups of compressed DynamiQ calls by width "
-      "(bits), counted one call of their bucket late.\n";
-  text += "# TYPE dynamiq_width_supergroups_total counter\n";
+}
+
+// The budget's samples of every communicator, one string per family (the widths go straight
+// into the text, whose family comes first).
+struct BudgetLines {
   std::string predicted_calls, predicted_sum, predicted_last, bucket_lines, mx_calls, check_lines;
+};
+
+void collect_budget_lines(const std::vector<std::shared_ptr<CommMetrics>>& comms,
+                          const ProcessLabels& labels, std::string& text, BudgetLines& out) {
+  auto quote = prometheus_quote;
+  auto label_set = [&](const CommMetrics& c) { return prometheus_labels(labels, c); };
   for (const auto& c : comms) {
     std::lock_guard<std::mutex> lock(c->budget_mutex);
     const BudgetMetrics& b = c->budget;
@@ -211,10 +229,10 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       text += "dynamiq_width_supergroups_total{" + label_set(*c) + ",width=" + quote(kWidth[w]) +
               "} " + std::to_string(b.widths[w]) + "\n";
     char v[160];
-    predicted_calls += "dynamiq_predicted_calls_total{" + label_set(*c) + "} " +
-                       std::to_string(b.predicted_calls) + "\n";
-    mx_calls += "dynamiq_mx_fallback_calls_total{" + label_set(*c) + "} " +
-                std::to_string(b.mx_calls) + "\n";
+    out.predicted_calls += "dynamiq_predicted_calls_total{" + label_set(*c) + "} " +
+                           std::to_string(b.predicted_calls) + "\n";
+    out.mx_calls += "dynamiq_mx_fallback_calls_total{" + label_set(*c) + "} " +
+                    std::to_string(b.mx_calls) + "\n";
     const std::pair<const char*, double> checks[] = {
         {"calls", static_cast<double>(b.checked_calls)},
         {"sq_error", b.checked_sq_error},
@@ -224,42 +242,25 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
         {"paired_sampled_vnmse_sum", b.paired_sampled_sum}};
     for (const auto& [what, value] : checks) {
       std::snprintf(v, sizeof v, "} %.9g\n", value);
-      check_lines += std::string("dynamiq_check_") + what + "_total{" + label_set(*c) + v;
+      out.check_lines += std::string("dynamiq_check_") + what + "_total{" + label_set(*c) + v;
     }
     std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_sum);
-    predicted_sum += "dynamiq_predicted_vnmse_sum_total{" + label_set(*c) + v;
+    out.predicted_sum += "dynamiq_predicted_vnmse_sum_total{" + label_set(*c) + v;
     std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_last);
-    predicted_last += "dynamiq_predicted_vnmse{" + label_set(*c) + v;
+    out.predicted_last += "dynamiq_predicted_vnmse{" + label_set(*c) + v;
     for (const BucketMetrics& k : b.buckets) {
       std::snprintf(v, sizeof v, "} %.9g\n", k.budget_bits);
-      bucket_lines += "dynamiq_bucket_budget_bits{" + label_set(*c) +
-                      ",collective=" + quote(k.collective) + ",dtype=" + quote(k.dtype) +
-                      ",count=" + quote(std::to_string(k.count)) +
-                      ",root=" + quote(std::to_string(k.root)) + ",codec=" + quote(k.codec) + v;
+      out.bucket_lines += "dynamiq_bucket_budget_bits{" + label_set(*c) +
+                          ",collective=" + quote(k.collective) + ",dtype=" + quote(k.dtype) +
+                          ",count=" + quote(std::to_string(k.count)) +
+                          ",root=" + quote(std::to_string(k.root)) + ",codec=" + quote(k.codec) +
+                          v;
     }
   }
-  text +=
-      "# HELP dynamiq_predicted_calls_total Compressed DynamiQ calls with a predicted vNMSE (from "
-      "their own all-reduced statistics, read one call of their bucket late).\n";
-  text += "# TYPE dynamiq_predicted_calls_total counter\n" + predicted_calls;
-  text +=
-      "# HELP dynamiq_predicted_vnmse_sum_total Sum of the predicted vNMSE of those calls (divide "
-      "by dynamiq_predicted_calls_total for the mean).\n";
-  text += "# TYPE dynamiq_predicted_vnmse_sum_total counter\n" + predicted_sum;
-  text +=
-      "# HELP dynamiq_predicted_vnmse Predicted vNMSE of the latest of those calls (-1: none "
-      "yet).\n";
-  text += "# TYPE dynamiq_predicted_vnmse gauge\n" + predicted_last;
-  text +=
-      "# HELP dynamiq_bucket_budget_bits Budget of the latest compressed call of each bucket "
-      "(call shape), bits per coordinate.\n";
-  text += "# TYPE dynamiq_bucket_budget_bits gauge\n";
-  text += bucket_lines;
-  text +=
-      "# HELP dynamiq_mx_fallback_calls_total Compressed DynamiQ calls that DYNAMIQ_BITS=auto sent "
-      "as MXFP8 or MXFP6 (no rung with fewer bits met the target).\n";
-  text += "# TYPE dynamiq_mx_fallback_calls_total counter\n" + mx_calls;
-  // The sampled check (DYNAMIQ_CHECK_EVERY): one HELP/TYPE per family, samples grouped by it.
+}
+
+// The sampled check (DYNAMIQ_CHECK_EVERY): one HELP/TYPE per family, samples grouped by it.
+void render_check_families(const std::string& check_lines, std::string& text) {
   static const std::pair<const char*, const char*> kCheckHelp[] = {
       {"calls", "Calls whose sampled check was read (an exact all-reduce of 64 super-groups)."},
       {"sq_error", "Summed squared error of the checked samples (against the exact sum)."},
@@ -278,6 +279,50 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
       at = end + 1;
     }
   }
+}
+
+// The budget (docs/ENGINE.md section 10): widths and predicted vNMSE of the calls whose
+// statistics were read, and each bucket's latest budget; then the sampled check.
+void render_prometheus_budget(const std::vector<std::shared_ptr<CommMetrics>>& comms,
+                              const ProcessLabels& labels, std::string& text) {
+  text +=
+      "# HELP dynamiq_width_supergroups_total Super-groups of compressed DynamiQ calls by width "
+      "(bits), counted one call of their bucket late.\n";
+  text += "# TYPE dynamiq_width_supergroups_total counter\n";
+  BudgetLines l;
+  collect_budget_lines(comms, labels, text, l);
+  text +=
+      "# HELP dynamiq_predicted_calls_total Compressed DynamiQ calls with a predicted vNMSE (from "
+      "their own all-reduced statistics, read one call of their bucket late).\n";
+  text += "# TYPE dynamiq_predicted_calls_total counter\n" + l.predicted_calls;
+  text +=
+      "# HELP dynamiq_predicted_vnmse_sum_total Sum of the predicted vNMSE of those calls (divide "
+      "by dynamiq_predicted_calls_total for the mean).\n";
+  text += "# TYPE dynamiq_predicted_vnmse_sum_total counter\n" + l.predicted_sum;
+  text +=
+      "# HELP dynamiq_predicted_vnmse Predicted vNMSE of the latest of those calls (-1: none "
+      "yet).\n";
+  text += "# TYPE dynamiq_predicted_vnmse gauge\n" + l.predicted_last;
+  text +=
+      "# HELP dynamiq_bucket_budget_bits Budget of the latest compressed call of each bucket "
+      "(call shape), bits per coordinate.\n";
+  text += "# TYPE dynamiq_bucket_budget_bits gauge\n";
+  text += l.bucket_lines;
+  text +=
+      "# HELP dynamiq_mx_fallback_calls_total Compressed DynamiQ calls that DYNAMIQ_BITS=auto sent "
+      "as MXFP8 or MXFP6 (no rung with fewer bits met the target).\n";
+  text += "# TYPE dynamiq_mx_fallback_calls_total counter\n" + l.mx_calls;
+  render_check_families(l.check_lines, text);
+}
+
+}  // namespace
+
+std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comms,
+                           const ProcessLabels& labels, bool prometheus) {
+  if (!prometheus) return render_json(comms, labels);
+  std::string text;
+  render_prometheus_traffic(comms, labels, text);
+  render_prometheus_budget(comms, labels, text);
   return text;
 }
 

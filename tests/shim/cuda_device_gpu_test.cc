@@ -31,6 +31,18 @@
 
 namespace {
 
+// A codec spec the test names as text, parsed (the engine takes CodecSpec values); an invalid
+// one ends the test.
+dq::CodecSpec spec_of(const char* text) {
+  dq::CodecSpec spec;
+  std::string why;
+  if (!dq::parse_codec_spec(text, &spec, &why)) {
+    std::fprintf(stderr, "codec spec %s: %s\n", text, why.c_str());
+    std::exit(2);
+  }
+  return spec;
+}
+
 using dq::Status;
 using dq::engine::CudaBuffer;
 using dq::engine::Device;
@@ -66,6 +78,28 @@ int unavailable_check() {
   return 0;
 }
 
+// The bounded wait the engine uses with DYNAMIQ_TIMEOUT_MS: a stream held by a 400 ms host
+// function stands for a peer that does not answer; synchronize_for gives up at its 50 ms bound,
+// and finds the event complete once the stream moves on. 0, or the failed check's exit code.
+int bounded_wait_check(Device* d, dq::engine::StreamHandle s1, dq::engine::EventHandle done) {
+  const cudaHostFn_t hold = [](void*) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  };
+  CHECK_OR(40,
+           cudaLaunchHostFunc(static_cast<cudaStream_t>(s1), hold, nullptr) == cudaSuccess &&
+               d->record(done, s1) == Status::kOk,
+           "a host function on the stream");
+  const auto w0 = std::chrono::steady_clock::now();
+  const Status timed = d->synchronize_for(done, 50);
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+  CHECK_OR(41, timed == Status::kTimeout && waited_ms >= 50 && waited_ms < 390,
+           "synchronize_for(50 ms) on a held stream: %s after %.1f ms", dq::status_name(timed),
+           waited_ms);
+  CHECK_OR(42, d->synchronize_for(done, 10000) == Status::kOk, "synchronize_for after the hold");
+  return 0;
+}
+
 int steps_check() {
   const char* specs[] = {"dynamiq:5",
                          "dynamiq:3",
@@ -77,7 +111,7 @@ int steps_check() {
   // The host codec's canaries first (they run anywhere): every option set is a valid spec.
   for (const char* spec : specs) {
     const dq::engine::CanaryResult host =
-        dq::engine::run_canary(dq::engine::host_device(), spec, nullptr, 0x5eed);
+        dq::engine::run_canary(dq::engine::host_device(), spec_of(spec), nullptr, 0x5eed);
     CHECK_OR(19, host.ran && !host.differs, "host device, %s: %s", spec,
              host.ran ? host.describe().c_str() : "not run (spec?)");
   }
@@ -94,7 +128,7 @@ int steps_check() {
   int n = 0;
   for (const char* spec : specs) {
     for (dq::engine::StreamHandle s : {s1, s2}) {
-      const dq::engine::CanaryResult r = dq::engine::run_canary(d, spec, s, 0x5eed);
+      const dq::engine::CanaryResult r = dq::engine::run_canary(d, spec_of(spec), s, 0x5eed);
       CHECK_OR(23, r.ran && !r.differs, "%s, %s, stream %d: %s", d->name(), spec, s == s1 ? 1 : 2,
                r.ran ? r.describe().c_str() : "not run");
       ++n;
@@ -102,7 +136,7 @@ int steps_check() {
     std::printf("%s: %s equals the host codec byte for byte (both streams)\n", spec, d->name());
   }
   // A codec without device steps fails its canary (the communicator then passes through).
-  const dq::engine::CanaryResult mx = dq::engine::run_canary(d, "mxfp8", s1, 0x5eed);
+  const dq::engine::CanaryResult mx = dq::engine::run_canary(d, spec_of("mxfp8"), s1, 0x5eed);
   CHECK_OR(24, mx.ran && mx.differs && mx.device_status == Status::kUnsupported,
            "mxfp8 on the CUDA device: %s", mx.describe().c_str());
 
@@ -140,14 +174,16 @@ int steps_check() {
                   d->copy(finished, sentinel.data(), count * 4, lane) == Status::kOk &&
                   d->record(done, s1) == Status::kOk && d->synchronize(done) == Status::kOk;
   CHECK_OR(33, enqueued, "uploads");
+  const std::unique_ptr<dq::engine::PreparedCodec> prepared = d->prepare(*codec);
   const auto t0 = std::chrono::steady_clock::now();
   enqueued =
-      d->local_stats(*codec, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
-      d->build_layout(*codec, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
+      d->local_stats(*prepared, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
+      d->build_layout(*prepared, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
           Status::kOk &&
-      d->hop(*codec, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) == Status::kOk &&
-      d->finish(*codec, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2, lane) ==
-          Status::kOk;
+      d->hop(*prepared, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) ==
+          Status::kOk &&
+      d->finish(*prepared, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2,
+                lane) == Status::kOk;
   const double enqueue_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK_OR(34, enqueued, "the steps' enqueues failed (host-side checks?)");
@@ -166,27 +202,10 @@ int steps_check() {
            "the finish after a failed hop wrote the output");
   // Once set (seen by the host), a step enqueues nothing and succeeds, as on the host device.
   CHECK_OR(39,
-           d->hop(*codec, layout, 0, own, nullptr, 0, static_cast<uint8_t*>(out), key, lane) ==
+           d->hop(*prepared, layout, 0, own, nullptr, 0, static_cast<uint8_t*>(out), key, lane) ==
                Status::kOk,
            "a step after the error");
-  // The bounded wait the engine uses with DYNAMIQ_TIMEOUT_MS: a stream held by a 400 ms host
-  // function stands for a peer that does not answer; synchronize_for gives up at its 50 ms bound,
-  // and finds the event complete once the stream moves on.
-  const cudaHostFn_t hold = [](void*) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  };
-  CHECK_OR(40,
-           cudaLaunchHostFunc(static_cast<cudaStream_t>(s1), hold, nullptr) == cudaSuccess &&
-               d->record(done, s1) == Status::kOk,
-           "a host function on the stream");
-  const auto w0 = std::chrono::steady_clock::now();
-  const Status timed = d->synchronize_for(done, 50);
-  const double waited_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
-  CHECK_OR(41, timed == Status::kTimeout && waited_ms >= 50 && waited_ms < 390,
-           "synchronize_for(50 ms) on a held stream: %s after %.1f ms", dq::status_name(timed),
-           waited_ms);
-  CHECK_OR(42, d->synchronize_for(done, 10000) == Status::kOk, "synchronize_for after the hold");
+  if (const int failed = bounded_wait_check(d, s1, done)) return failed;
   d->destroy_event(done);
   for (void* p : {x, stats, layout, bad, out, finished}) d->release(p, s1);
   d->release(word, s1);

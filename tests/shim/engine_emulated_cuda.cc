@@ -1,8 +1,7 @@
 // The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
 // kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
-// the same inputs (issue 11 part 2). Usage: engine_emulated_cuda NRANKS [TOPO] | steps |
-// canary_steps | canary NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and
-// canary_body below, issue 11 part 3.)
+// the same inputs. Usage: engine_emulated_cuda NRANKS [TOPO] | steps | canary_steps |
+// canary NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and canary_body below.)
 //
 // Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
 // device, both with the same settings, and runs the same calls on both: all-reduce and
@@ -375,106 +374,24 @@ struct Lanes {
   }
 };
 
-int steps_check() {
-  const std::unique_ptr<dq::engine::Device> cuda = dq::engine::make_emulated_cuda_device();
-  std::string why;
-  const std::unique_ptr<dq::Codec> codec = dq::make_codec("dynamiq:5", &why);
-  constexpr int kChunks = 4, kWorkers = 4;
-  constexpr size_t kCount = 300 * 256 + 77;
-  CHECK_OR(30, codec && codec->plan(kCount, kChunks, kWorkers) == dq::Status::kOk, "plan: %s",
-           why.c_str());
-  const size_t cap = codec->chunk_capacity(), words = codec->stats_words();
-  std::vector<std::vector<unsigned char>> x(kWorkers);
-  for (int r = 0; r < kWorkers; ++r) x[r] = make_input(r, kCount, r == 2, r == 3);
-  auto tensor = [&](int r) {
-    return dq::ConstTensor{x[r].data(), r == 2 ? dq::DType::kBF16 : dq::DType::kF32, kCount};
-  };
-  // Everything one device produces, in order.
-  struct Result {
-    std::vector<uint16_t> stats;
-    std::vector<uint64_t> layout;
-    std::vector<std::vector<uint8_t>> leaf;
-    std::vector<uint8_t> fused, out;
-    uint32_t errors[3] = {0, 0, 0};
-    bool untouched = false;
-    dq::Status caller = dq::Status::kOk;
-  } res[2];
-  dq::engine::Device* devices[2] = {dq::engine::host_device(), cuda.get()};
-  for (int k = 0; k < 2; ++k) {
-    Lanes l{devices[k]};
-    Result& out = res[k];
-    CHECK_OR(31,
-             l.d->create_stream(&l.stream) == dq::Status::kOk &&
-                 l.d->create_event(&l.done) == dq::Status::kOk &&
-                 l.d->alloc_mapped(4, reinterpret_cast<void**>(&l.error)) == dq::Status::kOk,
-             "%s: setup", l.d->name());
-    *l.error = 0;
-    // Statistics of every worker, summed as the statistics all-reduce does (BF16 words).
-    std::vector<float> sum(words, 0.0f);
-    out.stats.assign(words * kWorkers, 0);
-    for (int r = 0; r < kWorkers; ++r)
-      l.d->local_stats(*codec, tensor(r), out.stats.data() + r * words, l.lane());
-    l.sync();
-    for (int r = 0; r < kWorkers; ++r)
-      for (size_t w = 0; w < words; ++w) sum[w] += dq::bf16_to_f32(out.stats[r * words + w]);
-    std::vector<uint16_t> reduced(words);
-    for (size_t w = 0; w < words; ++w) reduced[w] = dq::f32_to_bf16_sat(sum[w]);
-    out.layout.assign((codec->layout_bytes() + 7) / 8, 0x5a5a5a5a5a5a5a5aull);
-    l.d->build_layout(*codec, reduced.data(), 7, out.layout.data(), l.lane());
-    // Leaves of chunk 1 on every worker, then worker 3's fused hop of the other three.
-    dq::RoundingKey key;
-    key.seed = 11;
-    key.call = 7;
-    out.leaf.assign(kWorkers, std::vector<uint8_t>(cap, 0xEE));
-    for (int r = 0; r < kWorkers - 1; ++r) {
-      key.rank = static_cast<uint32_t>(r);
-      l.d->hop(*codec, out.layout.data(), 1, tensor(r), nullptr, 0, out.leaf[r].data(), key,
-               l.lane());
-    }
-    const dq::ByteView in[3] = {
-        {out.leaf[0].data(), cap}, {out.leaf[1].data(), cap}, {out.leaf[2].data(), cap}};
-    out.fused.assign(cap, 0xEE);
-    key.rank = 3;
-    l.d->hop(*codec, out.layout.data(), 1, tensor(3), in, 3, out.fused.data(), key, l.lane());
-    out.out.assign(kCount * 4, 0xEE);
-    l.d->finish(*codec, out.layout.data(), 1, dq::ByteView{out.fused.data(), cap}, out.out.data(),
-                dq::DType::kF32, dq::ReduceOp::kAvg, kWorkers, l.lane());
-    l.sync();
-    CHECK_OR(32, *l.error == 0, "%s: error word 0x%x on valid inputs", l.d->name(), *l.error);
-    // Malformed inputs: a chunk header byte (the magic), every record byte 0xFF (negative scales,
-    // invalid codes), and a message that sums every worker already (with own: one too many).
-    for (int e = 0; e < 3; ++e) {
-      std::vector<uint8_t> bad = out.leaf[0], sink(cap, 0xEE);
-      if (e == 0) bad[1] ^= 0x40;
-      if (e == 1)
-        std::memset(bad.data() + dq::kChunkHeaderBytes, 0xFF, cap - dq::kChunkHeaderBytes);
-      if (e == 2) bad = out.fused;
-      const dq::ByteView v{bad.data(), cap};
-      *l.error = 0;
-      l.d->hop(*codec, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key, l.lane());
-      l.sync();
-      out.errors[e] = *l.error;
-    }
-    // With the word set, a later step does nothing.
-    std::vector<uint8_t> skipped(cap, 0xEE);
-    l.d->hop(*codec, out.layout.data(), 1, tensor(3), nullptr, 0, skipped.data(), key, l.lane());
-    l.sync();
-    out.untouched = skipped == std::vector<uint8_t>(cap, 0xEE);
-    // On the caller's stream: at once, with the Status.
-    *l.error = 0;
-    std::vector<uint8_t> bad = out.leaf[0], sink(cap, 0xEE);
-    bad[1] ^= 0x40;
-    const dq::ByteView v{bad.data(), cap};
-    out.caller = l.d->hop(*codec, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key,
-                          dq::engine::Lane{nullptr, l.error});
-    l.d->destroy_event(l.done);
-    l.d->destroy_stream(l.stream);
-    l.d->release(l.error, nullptr);
-  }
-  const Result &h = res[0], &c = res[1];
+// Everything one device produced in steps_check, in order.
+struct StepResults {
+  std::vector<uint16_t> stats;
+  std::vector<uint64_t> layout;
+  std::vector<std::vector<uint8_t>> leaf;
+  std::vector<uint8_t> fused, out;
+  uint32_t errors[3] = {0, 0, 0};
+  bool untouched = false;
+  dq::Status caller = dq::Status::kOk;
+};
+
+// The host device's results `h` against the emulated CUDA device's `c` (and what ran as kernels
+// there): 0 when they agree, else the failed check's exit code.
+int compare_step_results(const StepResults& h, const StepResults& c,
+                         const dq::engine::Device* cuda, int workers) {
   CHECK_OR(33, h.stats == c.stats, "statistics differ");
   CHECK_OR(34, h.layout == c.layout, "layouts differ");
-  for (int r = 0; r < kWorkers - 1; ++r)
+  for (int r = 0; r < workers - 1; ++r)
     CHECK_OR(35, h.leaf[r] == c.leaf[r], "worker %d's leaf message differs", r);
   CHECK_OR(36, h.fused == c.fused, "the fused hop's message differs");
   CHECK_OR(37, h.out == c.out, "the finish's output differs");
@@ -489,9 +406,103 @@ int steps_check() {
   CHECK_OR(40, h.caller == dq::Status::kMalformedPayload && c.caller == h.caller,
            "caller's stream: %s on the host device, %s on the emulated CUDA device",
            dq::status_name(h.caller), dq::status_name(c.caller));
-  const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda.get());
-  CHECK_OR(41, n.host_fallbacks == 0 && n.stats == kWorkers && n.layouts == 1,
+  const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda);
+  CHECK_OR(41,
+           n.host_fallbacks == 0 && n.stats == static_cast<uint64_t>(workers) && n.layouts == 1,
            "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
+  return 0;
+}
+
+int steps_check() {
+  const std::unique_ptr<dq::engine::Device> cuda = dq::engine::make_emulated_cuda_device();
+  std::string why;
+  const std::unique_ptr<dq::Codec> codec = dq::make_codec("dynamiq:5", &why);
+  constexpr int kChunks = 4, kWorkers = 4;
+  constexpr size_t kCount = 300 * 256 + 77;
+  CHECK_OR(30, codec && codec->plan(kCount, kChunks, kWorkers) == dq::Status::kOk, "plan: %s",
+           why.c_str());
+  const size_t cap = codec->chunk_capacity(), words = codec->stats_words();
+  std::vector<std::vector<unsigned char>> x(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) x[r] = make_input(r, kCount, r == 2, r == 3);
+  auto tensor = [&](int r) {
+    return dq::ConstTensor{x[r].data(), r == 2 ? dq::DType::kBF16 : dq::DType::kF32, kCount};
+  };
+  StepResults res[2];
+  dq::engine::Device* devices[2] = {dq::engine::host_device(), cuda.get()};
+  for (int k = 0; k < 2; ++k) {
+    Lanes l{devices[k]};
+    StepResults& out = res[k];
+    CHECK_OR(31,
+             l.d->create_stream(&l.stream) == dq::Status::kOk &&
+                 l.d->create_event(&l.done) == dq::Status::kOk &&
+                 l.d->alloc_mapped(4, reinterpret_cast<void**>(&l.error)) == dq::Status::kOk,
+             "%s: setup", l.d->name());
+    *l.error = 0;
+    const std::unique_ptr<dq::engine::PreparedCodec> prepared = l.d->prepare(*codec);
+    // Statistics of every worker, summed as the statistics all-reduce does (BF16 words).
+    std::vector<float> sum(words, 0.0f);
+    out.stats.assign(words * kWorkers, 0);
+    for (int r = 0; r < kWorkers; ++r)
+      l.d->local_stats(*prepared, tensor(r), out.stats.data() + r * words, l.lane());
+    l.sync();
+    for (int r = 0; r < kWorkers; ++r)
+      for (size_t w = 0; w < words; ++w) sum[w] += dq::bf16_to_f32(out.stats[r * words + w]);
+    std::vector<uint16_t> reduced(words);
+    for (size_t w = 0; w < words; ++w) reduced[w] = dq::f32_to_bf16_sat(sum[w]);
+    out.layout.assign((codec->layout_bytes() + 7) / 8, 0x5a5a5a5a5a5a5a5aull);
+    l.d->build_layout(*prepared, reduced.data(), 7, out.layout.data(), l.lane());
+    // Leaves of chunk 1 on every worker, then worker 3's fused hop of the other three.
+    dq::RoundingKey key;
+    key.seed = 11;
+    key.call = 7;
+    out.leaf.assign(kWorkers, std::vector<uint8_t>(cap, 0xEE));
+    for (int r = 0; r < kWorkers - 1; ++r) {
+      key.rank = static_cast<uint32_t>(r);
+      l.d->hop(*prepared, out.layout.data(), 1, tensor(r), nullptr, 0, out.leaf[r].data(), key,
+               l.lane());
+    }
+    const dq::ByteView in[3] = {
+        {out.leaf[0].data(), cap}, {out.leaf[1].data(), cap}, {out.leaf[2].data(), cap}};
+    out.fused.assign(cap, 0xEE);
+    key.rank = 3;
+    l.d->hop(*prepared, out.layout.data(), 1, tensor(3), in, 3, out.fused.data(), key, l.lane());
+    out.out.assign(kCount * 4, 0xEE);
+    l.d->finish(*prepared, out.layout.data(), 1, dq::ByteView{out.fused.data(), cap},
+                out.out.data(), dq::DType::kF32, dq::ReduceOp::kAvg, kWorkers, l.lane());
+    l.sync();
+    CHECK_OR(32, *l.error == 0, "%s: error word 0x%x on valid inputs", l.d->name(), *l.error);
+    // Malformed inputs: a chunk header byte (the magic), every record byte 0xFF (negative scales,
+    // invalid codes), and a message that sums every worker already (with own: one too many).
+    for (int e = 0; e < 3; ++e) {
+      std::vector<uint8_t> bad = out.leaf[0], sink(cap, 0xEE);
+      if (e == 0) bad[1] ^= 0x40;
+      if (e == 1)
+        std::memset(bad.data() + dq::kChunkHeaderBytes, 0xFF, cap - dq::kChunkHeaderBytes);
+      if (e == 2) bad = out.fused;
+      const dq::ByteView v{bad.data(), cap};
+      *l.error = 0;
+      l.d->hop(*prepared, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key, l.lane());
+      l.sync();
+      out.errors[e] = *l.error;
+    }
+    // With the word set, a later step does nothing.
+    std::vector<uint8_t> skipped(cap, 0xEE);
+    l.d->hop(*prepared, out.layout.data(), 1, tensor(3), nullptr, 0, skipped.data(), key, l.lane());
+    l.sync();
+    out.untouched = skipped == std::vector<uint8_t>(cap, 0xEE);
+    // On the caller's stream: at once, with the Status.
+    *l.error = 0;
+    std::vector<uint8_t> bad = out.leaf[0], sink(cap, 0xEE);
+    bad[1] ^= 0x40;
+    const dq::ByteView v{bad.data(), cap};
+    out.caller = l.d->hop(*prepared, out.layout.data(), 1, tensor(3), &v, 1, sink.data(), key,
+                          dq::engine::Lane{nullptr, l.error});
+    l.d->destroy_event(l.done);
+    l.d->destroy_stream(l.stream);
+    l.d->release(l.error, nullptr);
+  }
+  if (const int failed = compare_step_results(res[0], res[1], cuda.get(), kWorkers))
+    return failed;
   std::printf(
       "emulated CUDA device steps: statistics, layout, leaves, fused hop, finish equal the host "
       "device's; malformed inputs set the same error word; later steps skipped\n");
@@ -503,6 +514,18 @@ int steps_check() {
 // width (2, 4, 8, 16); a corrupted fused-hop kernel is found at the byte it corrupts, in the first
 // hop payload; the host device reports no canary needed; a codec without kernels matches too.
 constexpr int64_t kCorruptByte = 276;
+
+// A codec spec the test names as text, parsed (the engine takes CodecSpec values); an invalid
+// one ends the test.
+dq::CodecSpec spec_of(const char* text) {
+  dq::CodecSpec spec;
+  std::string why;
+  if (!dq::parse_codec_spec(text, &spec, &why)) {
+    std::fprintf(stderr, "codec spec %s: %s\n", text, why.c_str());
+    std::exit(2);
+  }
+  return spec;
+}
 
 int canary_steps_check() {
   const std::unique_ptr<dq::engine::Device> good = dq::engine::make_emulated_cuda_device();
@@ -517,7 +540,7 @@ int canary_steps_check() {
   auto canary = [](dq::engine::Device* d, const char* spec) {
     dq::engine::StreamHandle s = nullptr;
     if (d->create_stream(&s) != dq::Status::kOk) std::exit(51);
-    dq::engine::CanaryResult r = dq::engine::run_canary(d, spec, s, 0x5eed);
+    dq::engine::CanaryResult r = dq::engine::run_canary(d, spec_of(spec), s, 0x5eed);
     d->destroy_stream(s);
     return r;
   };

@@ -217,25 +217,29 @@ class FailingDevice final : public Device {
     return dq::Status::kTimeout;
   }
   bool capturing(dq::engine::StreamHandle s) const override { return inner_->capturing(s); }
-  dq::Status local_stats(const dq::Codec& c, const dq::ConstTensor& x, uint16_t* st,
-                         dq::engine::Lane l) override {
+  std::unique_ptr<dq::engine::PreparedCodec> prepare(const dq::Codec& c) override {
+    return inner_->prepare(c);
+  }
+  dq::Status local_stats(const dq::engine::PreparedCodec& c, const dq::ConstTensor& x,
+                         uint16_t* st, dq::engine::Lane l) override {
     return inner_->local_stats(c, x, st, l);
   }
-  dq::Status build_layout(const dq::Codec& c, const uint16_t* r, uint64_t call, void* layout,
-                          dq::engine::Lane l) override {
+  dq::Status build_layout(const dq::engine::PreparedCodec& c, const uint16_t* r, uint64_t call,
+                          void* layout, dq::engine::Lane l) override {
     return inner_->build_layout(c, r, call, layout, l);
   }
-  dq::Status hop(const dq::Codec& c, const void* layout, int chunk, const dq::ConstTensor& own,
-                 const dq::ByteView* in, int n_in, uint8_t* out, const dq::RoundingKey& key,
-                 dq::engine::Lane l) override {
+  dq::Status hop(const dq::engine::PreparedCodec& c, const void* layout, int chunk,
+                 const dq::ConstTensor& own, const dq::ByteView* in, int n_in, uint8_t* out,
+                 const dq::RoundingKey& key, dq::engine::Lane l) override {
     const dq::Status s = inner_->hop(c, layout, chunk, own, in, n_in, out, key, l);
     static const unsigned char kGarbage[16] = {0xde, 0xad, 0xbe, 0xef, 1, 2,  3,  4,
                                                5,    6,    7,    8,    9, 10, 11, 12};
     if (s != dq::Status::kOk || !corrupting) return s;
     return inner_->copy(out, kGarbage, sizeof kGarbage, l);
   }
-  dq::Status finish(const dq::Codec& c, const void* layout, int chunk, dq::ByteView in, void* out,
-                    dq::DType t, dq::ReduceOp op, int n, dq::engine::Lane l) override {
+  dq::Status finish(const dq::engine::PreparedCodec& c, const void* layout, int chunk,
+                    dq::ByteView in, void* out, dq::DType t, dq::ReduceOp op, int n,
+                    dq::engine::Lane l) override {
     return inner_->finish(c, layout, chunk, in, out, t, op, n, l);
   }
   dq::Status copy(void* d, const void* s, size_t b, dq::engine::Lane l) override {

@@ -1,4 +1,4 @@
-// Held-out-style checks (issue 13): the exact NCCL call sequences docs/ENGINE.md section 7 reads
+// Held-out-style checks of the gradient collectives: the exact NCCL call sequences docs/ENGINE.md section 7 reads
 // from the frameworks' sources, issued by 4 forked ranks on the CPU NCCL with libdynamiq.so
 // preloaded and default settings (DYNAMIQ_ENABLE=1 alone). Usage: framework_sequences CASE
 //   fsdp2  PyTorch FSDP2 defaults (`fully_shard`, no mixed precision): per FSDPParamGroup, in
@@ -331,18 +331,16 @@ bool case_fsdp2() {
 }
 
 // ---- DeepSpeed ZeRO-2 -----------------------------------------------------------------------
-bool case_zero2() {
-  const std::vector<Group> groups = model_groups();
-  // The bucket: every gradient, flattened (the model is far below reduce_bucket_size = 5e8
-  // elements, so one bucket per step, reduced at the end of backward), in the order the
-  // gradients become ready (backward: head first).
-  size_t count = 0;
-  for (const Group& g : groups) count += group_numel(g);
-  constexpr int kSteps = 2;
-  std::vector<std::vector<float>> bucket(kSteps * kRanks, std::vector<float>(count));
-  for (int step = 0; step < kSteps; ++step) {
+// ZeRO-2's bucket of each (step, rank), at step * kRanks + rank: every gradient, flattened (the
+// model is far below reduce_bucket_size = 5e8 elements, so one bucket per step, reduced at the
+// end of backward), in the order the gradients become ready (backward: head first). Empty when a
+// committed sample cannot be read.
+std::vector<std::vector<float>> zero2_buckets(const std::vector<Group>& groups, size_t count,
+                                              int steps) {
+  std::vector<std::vector<float>> bucket(steps * kRanks, std::vector<float>(count));
+  for (int step = 0; step < steps; ++step) {
     dq::sim::Matrix sample;  // the two committed steps: 0 and 79
-    if (!load_sample(step == 0 ? "step00000" : "step00079", &sample)) return false;
+    if (!load_sample(step == 0 ? "step00000" : "step00079", &sample)) return {};
     size_t at = 0;
     for (int gi = static_cast<int>(groups.size()) - 1; gi >= 0; --gi) {
       Group g = groups[gi];
@@ -354,6 +352,16 @@ bool case_zero2() {
       at += m.cols;
     }
   }
+  return bucket;
+}
+
+bool case_zero2() {
+  const std::vector<Group> groups = model_groups();
+  size_t count = 0;
+  for (const Group& g : groups) count += group_numel(g);
+  constexpr int kSteps = 2;
+  const std::vector<std::vector<float>> bucket = zero2_buckets(groups, count, kSteps);
+  if (bucket.empty()) return false;
   // What each rank sends: the gradient divided by the data-parallel size, in BF16.
   auto wire_value = [&](int step, int w, size_t i) {
     return dq::f32_to_bf16_rne(bucket[step * kRanks + w][i] / kRanks);

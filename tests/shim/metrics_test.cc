@@ -1,4 +1,5 @@
-// The metrics an operator scrapes (issue 15 item 4): what the file holds and how it is labelled.
+// The metrics an operator scrapes (metrics file, JSON and Prometheus): what the file holds and
+// how it is labelled.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -104,7 +105,7 @@ TEST(Metrics, DestroyedCommunicatorsAndTheExitAreWritten) {
   EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 7);
 }
 
-// The budget (issue 14): per bucket its latest budget, the width histogram and the predicted
+// The budget (DYNAMIQ_BITS, DYNAMIQ_TARGET): per bucket its latest budget, the width histogram and the predicted
 // vNMSE, in both formats.
 TEST(Metrics, BudgetInJsonAndPrometheus) {
   auto c = comm(0, "dp", 3);

@@ -64,6 +64,37 @@ TEST(Settings, ParsesEveryKind) {
   EXPECT_EQ(s.codec_spec, "dynamiq:5:corr=0");
 }
 
+// The codec travels as a CodecSpec parsed once at load; its text is the settings' codec_spec,
+// and every spec the engine makes (auto's candidates, with corr=0 when DYNAMIQ_CORRELATED=0)
+// prints as the text it was parsed from (logs and the metrics' codec label name it).
+TEST(Settings, CodecSpecIsParsedOnceAndPrintsAsItsText) {
+  config::Settings s;
+  std::string error;
+  for (const Map& env : {Map{}, Map{{"DYNAMIQ_CORRELATED", "0"}}, Map{{"DYNAMIQ_CODEC", "mxfp8"}},
+                         Map{{"DYNAMIQ_BITS", "6.5"}}, Map{{"DYNAMIQ_CODEC", "uniform"}}}) {
+    ASSERT_EQ(load(env, &s, &error), Status::kOk) << error;
+    CodecSpec parsed;
+    ASSERT_TRUE(parse_codec_spec(s.codec_spec, &parsed, &error)) << error;
+    EXPECT_TRUE(parsed == s.parsed_codec_spec) << s.codec_spec;
+    EXPECT_EQ(codec_spec_text(s.parsed_codec_spec), s.codec_spec);
+  }
+  for (int c = 0; c < kCandidates; ++c) {
+    CodecSpec spec;
+    ASSERT_TRUE(parse_codec_spec(candidate_spec(c), &spec, &error)) << error;
+    EXPECT_EQ(codec_spec_text(spec), candidate_spec(c));
+    if (candidate_is_mx(c)) continue;
+    CodecSpec uncorrelated;
+    ASSERT_TRUE(parse_codec_spec(candidate_spec(c) + ":corr=0", &uncorrelated, &error));
+    spec.correlated_rounding = false;
+    EXPECT_TRUE(spec == uncorrelated) << candidate_spec(c);
+  }
+  CodecSpec spec;
+  EXPECT_FALSE(parse_codec_spec("dynamiq:5:corr=2", &spec, &error));
+  EXPECT_FALSE(parse_codec_spec("uniform:4.5", &spec, &error));
+  ASSERT_TRUE(parse_codec_spec("dynamiq:7:eps4=0.25:levels=uniform", &spec, &error)) << error;
+  EXPECT_EQ(codec_spec_text(spec), "dynamiq:7:levels=uniform:eps4=0.25");
+}
+
 // Every invalid value: one message naming the variable, the value and what is accepted; the
 // result is disabled (pass-through).
 TEST(Settings, InvalidValuesAreNamedAndDisable) {
@@ -99,7 +130,7 @@ TEST(Settings, InvalidValuesAreNamedAndDisable) {
   }
 }
 
-// DYNAMIQ_BITS=auto and DYNAMIQ_TARGET (issue 14): accepted spellings, their canonical text (what
+// DYNAMIQ_BITS=auto and DYNAMIQ_TARGET (the budget): accepted spellings, their canonical text (what
 // the agreement hashes), and a bad target or auto with a fixed format: one message, compression
 // off.
 TEST(Settings, AutoBudgetAndTarget) {

@@ -169,6 +169,32 @@ void write_text(const std::string& path, const std::string& text) {
 // ---- accuracy: rerouted results against the simulator, both dtypes and ops ------------------
 constexpr size_t kCount = 1000003;  // not a multiple of 256: any element count
 
+// The vNMSE of an all-reduce result (`got_bytes`: kCount FP32 or BF16 values) against the exact
+// FP64 sum (avg: the mean) of what every rank contributed (its row, rounded to BF16 for a BF16
+// call); *finite false when the result holds a non-finite value.
+double result_vnmse(const dq::sim::Matrix& rows, int n, bool bf16, bool avg,
+                    const unsigned char* got_bytes, bool* finite) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    double exact = 0;
+    for (int w = 0; w < n; ++w)
+      exact += bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
+    if (avg) exact /= n;
+    float got;
+    if (bf16) {
+      uint16_t b;
+      std::memcpy(&b, got_bytes + i * 2, 2);
+      got = dq::bf16_to_f32(b);
+    } else {
+      std::memcpy(&got, got_bytes + i * 4, 4);
+    }
+    *finite = *finite && std::isfinite(got);
+    num += (got - exact) * (got - exact);
+    den += exact * exact;
+  }
+  return num / den;
+}
+
 bool scenario_accuracy(int n, const std::string& topo, const std::string& block_bytes) {
   dq::sim::SyntheticSpec spec;
   spec.rows = n;
@@ -205,29 +231,11 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
           const bool rerouted = rerouted_delta(comm, &seen);
           const auto* res_bytes = static_cast<const unsigned char*>(dst);
           const bool same = identical_everywhere(comm, dst, kCount * esize);
-          // The error against the exact FP64 sum of what every rank contributed.
-          double num = 0, den = 0;
           bool finite = true;
-          for (size_t i = 0; i < kCount; ++i) {
-            double exact = 0;
-            for (int w = 0; w < n; ++w)
-              exact += bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
-            if (op) exact /= n;
-            float got;
-            if (bf16) {
-              uint16_t b;
-              std::memcpy(&b, res_bytes + i * 2, 2);
-              got = dq::bf16_to_f32(b);
-            } else {
-              std::memcpy(&got, res_bytes + i * 4, 4);
-            }
-            finite = finite && std::isfinite(got);
-            num += (got - exact) * (got - exact);
-            den += exact * exact;
-          }
+          const double vnmse = result_vnmse(rows, n, bf16, op != 0, res_bytes, &finite);
           char line[256];
           std::snprintf(line, sizeof line, "%d %d %d %d %d %d %d %.6e\n", call, dt, op, inplace,
-                        rerouted, same, finite, num / den);
+                        rerouted, same, finite, vnmse);
           report += line;
         }
     write_text(rank_file(rank, "accuracy"), report);
@@ -890,7 +898,7 @@ bool scenario_metrics(int n) {
   std::printf("metrics: JSON and Prometheus files name every outcome\n");
   return true;
 }
-// ---- reduce-scatter and reduce (issue 13) --------------------------------------------------
+// ---- reduce-scatter and reduce (FSDP, ZeRO, Megatron) ----------------------------------------
 // The schedule the engine runs: DYNAMIQ_TOPO (auto: butterfly for a power of two >= 4, else the
 // ring); a reduce-scatter on a butterfly of a rank count that is not a power of two runs on the
 // ring (it needs one chunk ending at every rank).
@@ -1019,6 +1027,34 @@ void scatter_wire_bytes(size_t recv, size_t esize, int n, uint64_t block_bytes, 
 constexpr size_t kScatterRecv = 50001;  // odd: rank blocks start off super-group boundaries
 constexpr size_t kReduceCount = 300007;
 
+// One rank of scenario_reducescatter's run `tag`: its 8 calls, each result block into a file and
+// a report line (call, rerouted, bytes in, wire bytes); 0, or 10 + the call that failed.
+int reducescatter_calls(const std::string& tag, int rank, ncclComm_t comm,
+                        const dq::sim::Matrix& rows, size_t total, size_t recv) {
+  unsigned long long seen = 0, in0 = 0, wire0 = 0, in1 = 0, wire1 = 0;
+  rerouted_delta(comm, &seen);
+  std::string report;
+  for (int k = 0; k < 8; ++k) {
+    const Variant v = variant(k);
+    const size_t esize = v.bf16 ? 2 : 4;
+    std::vector<unsigned char> in = typed_input(rows, rank, total, v.bf16);
+    std::vector<unsigned char> out(recv * esize, 0xCD);
+    unsigned char* dst = v.in_place ? in.data() + rank * recv * esize : out.data();
+    bytes_fn()(comm, &in0, &wire0);
+    if (ncclReduceScatter(in.data(), dst, recv, v.bf16 ? ncclBfloat16 : ncclFloat32,
+                          v.avg ? ncclAvg : ncclSum, comm, nullptr) != ncclSuccess)
+      return 10 + k;
+    const bool rerouted = rerouted_delta(comm, &seen);
+    bytes_fn()(comm, &in1, &wire1);
+    write_text(rank_file(rank, (tag + "rs" + std::to_string(k) + "_").c_str()),
+               std::string(reinterpret_cast<const char*>(dst), recv * esize));
+    report += std::to_string(k) + " " + std::to_string(rerouted) + " " +
+              std::to_string(in1 - in0) + " " + std::to_string(wire1 - wire0) + "\n";
+  }
+  write_text(rank_file(rank, (tag + "rs_report").c_str()), report);
+  return 0;
+}
+
 // Compressed reduce-scatter: 8 calls (FP32/BF16, SUM/AVG, out of place / in place with recvbuff
 // = sendbuff + rank x recvcount), run twice from fresh processes with the same seed. Every call
 // rerouted; every rank's block within [0.5, 2]x of the simulator's vNMSE for that block and call;
@@ -1037,29 +1073,8 @@ bool scenario_reducescatter(int n, const std::string& topo, const std::string& b
   spec.seed = 11;
   dq::sim::Matrix rows;
   make_rows(spec, &rows);
-  auto body = [&](const std::string& tag, int rank, ncclComm_t comm) -> int {
-    unsigned long long seen = 0, in0 = 0, wire0 = 0, in1 = 0, wire1 = 0;
-    rerouted_delta(comm, &seen);
-    std::string report;
-    for (int k = 0; k < 8; ++k) {
-      const Variant v = variant(k);
-      const size_t esize = v.bf16 ? 2 : 4;
-      std::vector<unsigned char> in = typed_input(rows, rank, total, v.bf16);
-      std::vector<unsigned char> out(recv * esize, 0xCD);
-      unsigned char* dst = v.in_place ? in.data() + rank * recv * esize : out.data();
-      bytes_fn()(comm, &in0, &wire0);
-      if (ncclReduceScatter(in.data(), dst, recv, v.bf16 ? ncclBfloat16 : ncclFloat32,
-                            v.avg ? ncclAvg : ncclSum, comm, nullptr) != ncclSuccess)
-        return 10 + k;
-      const bool rerouted = rerouted_delta(comm, &seen);
-      bytes_fn()(comm, &in1, &wire1);
-      write_text(rank_file(rank, (tag + "rs" + std::to_string(k) + "_").c_str()),
-                 std::string(reinterpret_cast<const char*>(dst), recv * esize));
-      report += std::to_string(k) + " " + std::to_string(rerouted) + " " +
-                std::to_string(in1 - in0) + " " + std::to_string(wire1 - wire0) + "\n";
-    }
-    write_text(rank_file(rank, (tag + "rs_report").c_str()), report);
-    return 0;
+  auto body = [&](const std::string& tag, int rank, ncclComm_t comm) {
+    return reducescatter_calls(tag, rank, comm, rows, total, recv);
   };
   // 64 KiB: every call here is compressed whatever n (the default 1 MiB counts the send buffer).
   const Env env = {{"DYNAMIQ_ENABLE", "1"},

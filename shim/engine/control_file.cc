@@ -1,0 +1,55 @@
+#include "shim/engine/control_file.h"
+
+#include <sys/stat.h>
+
+#include <cctype>
+#include <cstdio>
+
+#include "common/log.h"
+
+namespace dq::engine {
+
+bool parse_switch(const char* text, bool* on) {
+  std::string t(text);
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  size_t b = 0;
+  while (b < t.size() && t[b] == ' ') ++b;
+  t = t.substr(b);
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t.empty() || t == "1" || t == "on" || t == "true") return *on = true, true;
+  if (t == "0" || t == "off" || t == "false") return *on = false, true;
+  return false;
+}
+
+bool SwitchFile::read() {
+  if (path_.empty()) return true;
+  struct stat st;
+  if (::stat(path_.c_str(), &st) != 0) {
+    mtime_ns_ = -1;
+    on_ = true;  // a missing file means on
+    return on_;
+  }
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (mtime == mtime_ns_) return on_;
+  mtime_ns_ = mtime;
+  char text[64] = {0};
+  if (std::FILE* f = std::fopen(path_.c_str(), "r")) {
+    const size_t n = std::fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    std::fclose(f);
+  }
+  bool on = on_;
+  if (!parse_switch(text, &on)) {
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: DYNAMIQ_CONTROL_FILE %s holds '%s'; expected 1/on/true or 0/off/false. "
+            "Keeping compression %s.",
+            path_.c_str(), text, on_ ? "on" : "off");
+    return on_;
+  }
+  if (on != on_)
+    DQ_INFO(Subsys::kEngine, "dynamiq: control file switches compression %s", on ? "on" : "off");
+  on_ = on;
+  return on_;
+}
+
+}  // namespace dq::engine

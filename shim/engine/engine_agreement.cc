@@ -1,0 +1,183 @@
+// Agreement between the ranks and the host's waits: the handshake, the blocking MAX all-reduce of
+// a new plan, the call's control words (read one call late), and the communicator's sticky
+// asynchronous error (docs/ENGINE.md sections 2-4).
+#include <cstring>
+
+#include "shim/engine/engine_internal.h"
+
+namespace dq::engine {
+
+ncclResult_t Engine::fail_async(uint32_t word) {
+  if (broken_ != ncclSuccess) return broken_;
+  if (error_source(word) == ErrorSource::kNccl) {
+    broken_ = static_cast<ncclResult_t>(error_code(word));
+    DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: an enqueued NCCL call failed: %s", comm_.rank,
+            ops_.error_string(broken_));
+  } else {
+    const Status s = static_cast<Status>(error_code(word));
+    broken_ = engine_failure(s);
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d: a codec step failed on the device (%s); the communicator "
+            "reports it as its asynchronous error",
+            comm_.rank, status_name(s));
+  }
+  return broken_;
+}
+
+ncclResult_t Engine::async_error() {
+  if (broken_ != ncclSuccess || control_ == nullptr) return broken_;
+  const uint32_t word = __atomic_load_n(control_ + error_word_index(), __ATOMIC_ACQUIRE);
+  return word != 0 ? fail_async(word) : ncclSuccess;
+}
+
+ncclResult_t Engine::wait_for_peers(EventHandle e, const char* what) {
+  const Status s = device_->synchronize_for(e, settings_.timeout_ms);
+  const bool aborted = aborted_ != nullptr && aborted_->load(std::memory_order_acquire);
+  if (s == Status::kOk && !aborted) return ncclSuccess;
+  // Work of this communicator may still be queued behind `e`: nothing of it is read, and every
+  // later call returns the error until the application aborts the communicator (as it does when
+  // NCCL reports a failed peer). kTimeout answers ncclRemoteError, as the CPU NCCL does.
+  if (broken_ == ncclSuccess) {
+    broken_ = aborted ? ncclInvalidUsage : engine_failure(s);
+    if (aborted)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: the communicator was aborted while this call waited for %s; "
+              "it enqueues nothing more and returns NCCL error %d (%s)",
+              comm_.rank, what, static_cast<int>(broken_), ops_.error_string(broken_));
+    else if (s == Status::kTimeout)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: %s did not complete within DYNAMIQ_TIMEOUT_MS = %lld ms (a peer "
+              "stopped answering?); the communicator returns NCCL error %d (%s) until it is "
+              "aborted",
+              comm_.rank, what, static_cast<long long>(settings_.timeout_ms),
+              static_cast<int>(broken_), ops_.error_string(broken_));
+    else
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: waiting for %s failed (%s); the communicator "
+              "returns NCCL error %d (%s) until it is aborted",
+              comm_.rank, what, status_name(s), static_cast<int>(broken_),
+              ops_.error_string(broken_));
+  }
+  return broken_;
+}
+
+ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
+  uint32_t* send = control_;
+  uint32_t* recv = control_ + scratch_words();
+  std::memcpy(send, in, static_cast<size_t>(n) * 4);
+  const Lane lane{comm_stream_, control_ + error_word_index()};
+  const NcclOps ops = ops_;
+  ncclComm_t comm = comm_.comm;
+  auto stream = static_cast<cudaStream_t>(comm_stream_);
+  if (device_->nccl(lane,
+                    [=] {
+                      return ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax,
+                                            comm, stream);
+                    }) != Status::kOk ||
+      device_->record(ev_comm_done_, comm_stream_) != Status::kOk)
+    return ncclSystemError;
+  if (const ncclResult_t r = wait_for_peers(ev_comm_done_, "a blocking control all-reduce");
+      r != ncclSuccess)
+    return r;
+  if (const ncclResult_t r = async_error(); r != ncclSuccess) return r;
+  std::memcpy(out, recv, static_cast<size_t>(n) * 4);
+  return ncclSuccess;
+}
+
+ncclResult_t Engine::handshake() {
+  LocalControl local{&settings_, settings_valid_, opted_in_, comm_.rank == 0, read_switch(), false};
+  std::vector<uint32_t> words(control_words()), reduced(control_words());
+  pack_control(local, words.data());
+  const ncclResult_t r = blocking_max(words.data(), reduced.data(), control_words());
+  if (r != ncclSuccess) {
+    DQ_WARN(Subsys::kEngine, "dynamiq: handshake all-reduce failed: %s", ops_.error_string(r));
+    return r;
+  }
+  const ControlDecision d = decide_control(reduced.data());
+  if (!d.agreed) {
+    warn_differs(d.differs);
+    state_ = State::kInert;
+  } else {
+    state_ = d.settings_enabled ? State::kAgreed : State::kInert;
+  }
+  switch_agreed_ = d.switch_on;
+  DQ_INFO(Subsys::kEngine, "dynamiq: handshake rank %d/%d: %s", comm_.rank, comm_.nranks,
+          state_ == State::kAgreed ? "compression on" : "pass-through");
+  return ncclSuccess;
+}
+
+// A rank whose device could not be set up still answers its peers' handshake, with invalid
+// settings, so that every rank passes the communicator's calls through (rather than its peers
+// waiting in a handshake it never joins). Host words, through the real NCCL on the caller's
+// stream, waited for as the CPU NCCL does it.
+ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
+  LocalControl local{&settings_, false, opted_in_, comm_.rank == 0, true, false};
+  std::vector<uint32_t> words(control_words()), reduced(control_words());
+  pack_control(local, words.data());
+  const ncclResult_t r = ops_.all_reduce(words.data(), reduced.data(), words.size(), ncclUint32,
+                                         ncclMax, comm_.comm, stream);
+  if (r != ncclSuccess) return r;
+  state_ = State::kInert;
+  return ncclSuccess;
+}
+
+// One call late: the words of the previous eligible call (its A/B switch) and this rank's error
+// word, read after waiting for the previous call's control all-reduce, before anything of this
+// call is enqueued.
+ncclResult_t Engine::absorb_previous_call() {
+  if (control_pending_) {
+    if (const ncclResult_t r =
+            wait_for_peers(ev_control_, "the previous call's control all-reduce");
+        r != ncclSuccess)
+      return r;
+    const bool on = decide_call_switch(control_ + call_recv_word(control_parity_));
+    if (on != switch_agreed_)
+      DQ_INFO(Subsys::kEngine, "dynamiq: rank %d: the A/B switch turns compression %s", comm_.rank,
+              on ? "on" : "off");
+    switch_agreed_ = on;
+    control_pending_ = false;
+    // That control event came after the comm stream waited for an armed check: it is complete.
+    if (check_ && check_->state == Check::State::kArmed) read_check();
+  }
+  return async_error();
+}
+
+Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
+                                    size_t stats_words, Bucket* predict, uint64_t* wire_bytes) {
+  control_parity_ ^= 1;
+  uint32_t* send = control_ + call_send_word();
+  uint32_t* recv = control_ + call_recv_word(control_parity_);
+  const Lane lane{comm_stream_, control_ + error_word_index()};
+  const NcclOps ops = ops_;
+  ncclComm_t comm = comm_.comm;
+  auto stream = static_cast<cudaStream_t>(comm_stream_);
+  // A check enqueued by an earlier call: this control event comes after it, so the host's wait
+  // for this event (or a later one) finds the check's copies complete. No host wait here.
+  const bool arm = check_ && check_->state == Check::State::kEnqueued;
+  if (arm) DQ_CHECK(device_->wait(comm_stream_, check_->done));
+  DQ_CHECK(device_->nccl(lane, [=] {
+    ncclResult_t r = ops.group_start();
+    if (r == ncclSuccess && stats_words > 0)
+      r = ops.all_reduce(stats_local, stats_reduced, stats_words, ncclBfloat16, ncclSum, comm,
+                         stream);
+    if (r == ncclSuccess)
+      r = ops.all_reduce(send, recv, kCallControlWords, ncclUint32, ncclMax, comm, stream);
+    const ncclResult_t end = ops.group_end();
+    return r == ncclSuccess ? end : r;
+  }));
+  // The budget's prediction from the reduced statistics, on the device, before the control
+  // event: the host reads it once it has waited for this event or a later one (the one-call-late
+  // wait). The host never reads the statistics.
+  if (predict != nullptr && stats_words > 0)
+    DQ_CHECK(device_->predict_budget(predict->job, stats_reduced, budget_scratch_, predict->result,
+                                     lane));
+  DQ_CHECK(device_->record(ev_control_, comm_stream_));
+  control_pending_ = true;
+  if (arm) check_->state = Check::State::kArmed;
+  // As a ring all-reduce sends them: 2 (n-1)/n of the words.
+  const size_t n = static_cast<size_t>(comm_.nranks);
+  *wire_bytes += (2 * stats_words * 2 + kCallControlWords * 4) * (n - 1) / n;
+  return Status::kOk;
+}
+
+}  // namespace dq::engine

@@ -1,0 +1,167 @@
+// The engine's private state, shared by its source files (engine.cc and engine_*.cc; the class
+// itself is in engine.h): the plan, the budget's buckets, the sampled check, and where the words
+// of the mapped control block live. Not an interface: nothing outside the engine includes it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/nccl_result.h"
+#include "shim/engine/engine.h"
+
+namespace dq::engine {
+
+inline constexpr size_t kMaxPlans =
+    16;  // distinct (count, dtype) kept: DDP uses a few bucket sizes
+// Buckets whose statistics and budget the engine keeps (DYNAMIQ_BITS=auto). More than plans: a
+// bucket holds only its statistics (4 bytes per 256 elements), and an evicted bucket starts
+// again at the fixed default.
+inline constexpr size_t kMaxBuckets = 64;
+// A bucket that auto sends as an MX format computes and all-reduces its DynamiQ statistics
+// (0.1875 bits per coordinate) only every this many calls, to decide again: 0.023 bits on
+// average over MXFP8's 8.25.
+inline constexpr uint32_t kMxStatisticsEvery = 8;
+
+inline const char* dtype_label(DType d) {
+  return d == DType::kF32 ? "float32" : "bfloat16";
+}
+
+// NCCL result of an engine-side failure that is not NCCL's own: the project's one mapping.
+inline ncclResult_t engine_failure(Status s) {
+  return nccl_result(s);
+}
+
+// The control block: mapped uint32 words the host writes before a call's first enqueue, or reads
+// after waiting for the words' own event (one call late). In order: the scratch of the blocking
+// all-reduces (handshake, plan agreement: send, then receive), the call's control word to send,
+// two receive buffers (alternating calls), and the error word.
+inline int scratch_words() {
+  return control_words();
+}
+inline int call_send_word() {
+  return 2 * scratch_words();
+}
+inline int call_recv_word(int parity) {
+  return call_send_word() + kCallControlWords * (1 + parity);
+}
+inline int error_word_index() {
+  return call_send_word() + 3 * kCallControlWords;
+}
+inline int control_block_words() {
+  return error_word_index() + 1;
+}
+
+// ---- the plan: everything fixed by (count, dtype) --------------------------------------
+struct Engine::Plan {
+  // One codec over a contiguous range of the caller's elements.
+  struct Part {
+    std::unique_ptr<Codec> codec;
+    size_t in_begin = 0;      // first element in the send buffer
+    size_t out_begin = 0;     // where finish() writes element 0, in the recv buffer
+    size_t count = 0;         // elements
+    uint64_t key_base = 0;    // RoundingKey::element_base: unique per element of the call
+    size_t stats_offset = 0;  // into the statistics words
+    void* layout = nullptr;   // the codec's per-call layout (device memory)
+    // An MX fallback of a DynamiQ bucket (DYNAMIQ_BITS=auto): the DynamiQ codec whose statistics
+    // the call still computes, so the bucket can decide again. Null otherwise.
+    std::unique_ptr<Codec> stats_codec;
+    // The codecs prepared for the device (Device::prepare), once when the plan is made; declared
+    // after the codecs they refer to, so they go first.
+    std::unique_ptr<PreparedCodec> prepared, stats_prepared;
+    const Codec& stats_source() const { return stats_codec ? *stats_codec : *codec; }
+    const PreparedCodec& stats_source_prepared() const {
+      return stats_prepared ? *stats_prepared : *prepared;
+    }
+  };
+  // A pipeline block: all-reduce and reduce, one part cut into every chunk; reduce-scatter, one
+  // part per chunk, each over the block's slice of the rank block that chunk ends at, so each
+  // message is budget-exact on its own block.
+  struct Block {
+    std::vector<Part> parts;
+    size_t cap = 0;            // bytes per chunk payload (equal for every part)
+    uint8_t* arena = nullptr;  // slots * cap bytes (device memory)
+  };
+  // The part holding `chunk`, and the chunk's index within that part's codec.
+  Part& part_of(Block& b, int chunk, int* local) {
+    const bool per_chunk = b.parts.size() > 1;
+    *local = per_chunk ? 0 : chunk;
+    return b.parts[per_chunk ? chunk : 0];
+  }
+  Collective collective = Collective::kAllReduce;
+  int root = 0;
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  double bits = 0;  // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
+  CodecSpec spec;   // the codec its codecs were made of
+  // Auto sends this DynamiQ bucket as an MX format of this relative rounding error; 0: it does
+  // not (the plan is of the communicator's own codec).
+  double mx_error = 0;
+  bool mx_fallback() const { return mx_error > 0; }
+  Program program;
+  std::vector<Block> blocks;
+  size_t stats_words = 0;
+  uint16_t* stats_local = nullptr;    // device memory
+  uint16_t* stats_reduced = nullptr;  // device memory
+  bool fits = true;
+  size_t held_bytes = 0;                // bytes allocated for this plan (the held_bytes metric)
+  std::vector<ByteView> inputs;         // scratch for hop inputs
+  std::vector<EventHandle> block_wait;  // scratch: per block, the event its next step waits on
+};
+
+// ---- the budget's buckets (docs/ENGINE.md section 10) --------------------------------------
+struct Engine::Bucket {
+  // Identity: a call shape, the same on every rank (NCCL's contract on the call's arguments).
+  Collective collective = Collective::kAllReduce;
+  int root = 0;
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  struct Part {
+    size_t count = 0;         // elements of this codec part
+    size_t stats_offset = 0;  // into the statistics words
+    int chunks = 1;           // chunks its codec is planned with
+  };
+  std::vector<Part> parts;  // as every plan of this shape cuts it (the budget changes no cut)
+  size_t stats_words = 0;
+  // The prediction of its latest call (Device::predict_budget), in one mapped block: the job
+  // (the parts' geometry; with DYNAMIQ_BITS=auto every rung's plan and which candidates fit; the
+  // plan the call used, written before the call's first enqueue), then the result the device
+  // writes from the call's reduced statistics, read here one call late.
+  void* budget_block = nullptr;
+  BudgetJob* job = nullptr;
+  BudgetPartJob* part_jobs = nullptr;
+  BudgetResult* result = nullptr;
+  bool stats_pending = false;      // the latest call's prediction is still to be read
+  double bits = 0;                 // budget of the latest call
+  uint32_t calls_since_stats = 0;  // calls without statistics since the last with them
+  // DYNAMIQ_BITS=auto: the candidate for the next call (-1: the fixed default, for a first call
+  // or a missing prediction).
+  int rung = -1;
+  uint64_t calls = 0;
+  uint64_t last_call_index = 0;  // call_seq_ of its latest compressed call
+};
+
+// ---- the sampled check (DYNAMIQ_CHECK_EVERY, docs/ENGINE.md section 10) -----------------------
+struct Engine::Check {
+  static constexpr size_t kSuperGroups = 64;                // sampled per checked call
+  static constexpr size_t kBytes = kSuperGroups * 256 * 4;  // FP32 at most
+  enum class State { kNone, kEnqueued, kArmed };
+  State state = State::kNone;
+  void* in = nullptr;          // device: the sampled inputs
+  void* exact = nullptr;       // device: their exact all-reduce
+  void* host_out = nullptr;    // mapped: the call's output at the sampled super-groups
+  void* host_exact = nullptr;  // mapped: the exact all-reduce
+  EventHandle gathered = nullptr, done = nullptr;
+  // The call checked (state != kNone), and what is known of it.
+  uint64_t call_index = 0;
+  size_t groups = 0;
+  DType dtype = DType::kF32;
+  std::vector<size_t> first;  // first element of each sampled super-group
+  bool has_call = false;      // a call was checked (the fields above describe it)
+  double sampled = -1;        // sampled vNMSE, once read
+  double predicted = -1;      // predicted vNMSE, once its bucket read the statistics
+  bool paired = false;        // counted in the paired metrics
+};
+
+}  // namespace dq::engine

@@ -1,0 +1,226 @@
+// Planning: a call shape's schedule, program, codec parts and buffers, made once and cached
+// (docs/ENGINE.md section 3, step 1), and agreed by every rank before first use (section 2).
+#include <algorithm>
+
+#include "shim/engine/engine_internal.h"
+#include "shim/engine/program.h"
+
+namespace dq::engine {
+
+topo::Kind Engine::kind_for(Collective collective) const {
+  const int n = comm_.nranks;
+  const bool pow2 = n > 0 && (n & (n - 1)) == 0;
+  if (collective == Collective::kReduceScatter && kind_ == topo::Kind::kButterfly && !pow2)
+    return topo::Kind::kRing;
+  return kind_;
+}
+
+// Blocks of whole super-groups of each part; the last block takes the remainder (up to twice the
+// size), so no block is so small that it cannot meet the budget. DYNAMIQ_BLOCK_BYTES counts the
+// caller's bytes: a reduce-scatter block spans one slice of every rank block.
+Status Engine::cut_blocks(const CallArgs& call, Plan& p) {
+  const topo::Schedule& sched = p.program.schedule;
+  const int n = comm_.nranks, n_chunks = sched.n_chunks;
+  const bool scatter = call.collective == Collective::kReduceScatter;
+  const size_t esize = dtype_size(p.dtype);
+  const size_t span = scatter ? call.count / n : call.count;  // elements a part is cut from
+  size_t block_elems =
+      static_cast<size_t>(settings_.block_bytes) / esize / (scatter ? n : 1) / 256 * 256;
+  block_elems = std::max<size_t>(block_elems, 256);
+  const size_t n_blocks = std::max<size_t>(1, span / block_elems);
+  const uint64_t padded_span = (span + 255) / 256 * 256;  // keeps key bases multiples of 256
+  for (size_t b = 0; b < n_blocks; ++b) {
+    Plan::Block blk;
+    const size_t begin = b * block_elems;
+    const size_t count = b + 1 == n_blocks ? span - begin : block_elems;
+    for (int part_index = 0; part_index < (scatter ? n_chunks : 1); ++part_index) {
+      Plan::Part part;
+      const int owner = scatter ? sched.sink_worker[part_index] : 0;
+      part.in_begin = static_cast<size_t>(owner) * span + begin;
+      part.out_begin = begin;
+      part.count = count;
+      part.key_base = static_cast<uint64_t>(owner) * padded_span + begin;
+      part.codec = make_codec(p.spec);
+      if (!part.codec) {
+        DQ_WARN(Subsys::kEngine, "dynamiq: codec %s: not in this build",
+                codec_spec_text(p.spec).c_str());
+        return Status::kInternal;
+      }
+      const int part_chunks = scatter ? 1 : n_chunks;
+      if (const Status s = part.codec->plan(count, part_chunks, n); s != Status::kOk) return s;
+      part.prepared = device_->prepare(*part.codec);
+      if (p.mx_fallback()) {
+        part.stats_codec = make_codec(settings_.parsed_codec_spec);
+        if (!part.stats_codec) return Status::kInternal;
+        if (const Status s = part.stats_codec->plan(count, part_chunks, n); s != Status::kOk)
+          return s;
+        part.stats_prepared = device_->prepare(*part.stats_codec);
+      }
+      // Too few super-groups per chunk message (kernels/codec.h) pass through: over_budget.
+      p.fits = p.fits && part.codec->fits_budget() && chunks_large_enough(count, part_chunks);
+      blk.cap = part.codec->chunk_capacity();  // a function of (count, budget): equal for all
+      part.stats_offset = p.stats_words;
+      p.stats_words += part.stats_source().stats_words();
+      blk.parts.push_back(std::move(part));
+    }
+    p.blocks.push_back(std::move(blk));
+  }
+  return Status::kOk;
+}
+
+// The plan's device memory: per block its payload arena and each part's layout, and the two
+// statistics buffers. Stops at the first failure; what was allocated is counted in held_bytes
+// (retire() releases it).
+Status Engine::allocate_plan(Plan& p) {
+  Status status = Status::kOk;
+  auto alloc = [&](size_t bytes, void** out) {
+    if (status != Status::kOk) return;
+    status = device_->alloc(std::max<size_t>(bytes, 1), out);
+    if (status == Status::kOk) p.held_bytes += std::max<size_t>(bytes, 1);
+  };
+  double arena_mb = 0;
+  for (Plan::Block& b : p.blocks) {
+    void* arena = nullptr;
+    alloc(static_cast<size_t>(p.program.slots) * b.cap, &arena);
+    b.arena = static_cast<uint8_t*>(arena);
+    for (Plan::Part& part : b.parts) alloc(part.codec->layout_bytes(), &part.layout);
+    arena_mb += 1e-6 * static_cast<double>(p.program.slots) * b.cap;
+  }
+  void* words = nullptr;
+  alloc(p.stats_words * 2, &words);
+  p.stats_local = static_cast<uint16_t*>(words);
+  words = nullptr;
+  alloc(p.stats_words * 2, &words);
+  p.stats_reduced = static_cast<uint16_t*>(words);
+  if (metrics_) metrics_->held_bytes.fetch_add(static_cast<int64_t>(p.held_bytes));
+  if (status == Status::kOk)
+    DQ_INFO(Subsys::kEngine,
+            "dynamiq: plan rank %d/%d %s count %zu, %s at %g bits %s: %s, %zu block(s), %d "
+            "chunk(s) of %zu B, %d slots (%.1f MB of payload buffers), %zu statistics words",
+            comm_.rank, comm_.nranks, collective_name(p.collective), p.count,
+            codec_spec_text(p.spec).c_str(), p.bits, dtype_label(p.dtype),
+            topo::kind_name(kind_for(p.collective)), p.blocks.size(), p.program.schedule.n_chunks,
+            p.blocks.front().cap, p.program.slots, arena_mb, p.stats_words);
+  return status;
+}
+
+std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dtype, double bits,
+                                                 const CodecSpec& spec, Status* status) {
+  auto plan = std::make_unique<Plan>();
+  Plan& p = *plan;
+  p.collective = call.collective;
+  p.root = call.root;
+  p.count = call.count;
+  p.dtype = dtype;
+  p.bits = bits;
+  p.spec = spec;
+  // An MX candidate of a DynamiQ communicator (auto's fallback) keeps computing the statistics.
+  p.mx_error = settings_.codec == "dynamiq" ? mx_rounding_error(codec_spec_text(spec)) : 0.0;
+  if ((*status = compile_program(kind_for(call.collective), comm_.nranks, comm_.rank,
+                                 static_cast<uint64_t>(settings_.seed), call.collective, call.root,
+                                 &p.program)) != Status::kOk)
+    return plan;
+  if ((*status = cut_blocks(call, p)) != Status::kOk) return plan;
+  p.inputs.resize(p.program.max_inputs + 1);
+  p.block_wait.assign(p.blocks.size(), nullptr);
+  if (!p.fits) return plan;  // passes through: no buffers
+  *status = allocate_plan(p);
+  return plan;
+}
+
+void Engine::retire(std::unique_ptr<Plan> plan) {
+  if (!plan || device_ == nullptr) return;
+  // Stream-ordered: the comm stream waits for the last codec step, then frees.
+  device_->wait(comm_stream_, ev_compute_done_);
+  for (Plan::Block& b : plan->blocks) {
+    device_->release(b.arena, comm_stream_);
+    for (Plan::Part& part : b.parts) device_->release(part.layout, comm_stream_);
+  }
+  device_->release(plan->stats_local, comm_stream_);
+  device_->release(plan->stats_reduced, comm_stream_);
+  if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(plan->held_bytes));
+}
+
+// The canary, at the communicator's first plan (its first call that would be compressed; the same
+// call on every rank): this rank's verdict joins the plan's agreement, so no rank compresses
+// unless every rank's device matched the host codec. It waits for the device once, here; later
+// calls never run it.
+CanaryResult Engine::run_canaries() {
+  CanaryResult canary;
+  if (canary_agreed_ || !device_->needs_canary()) return canary;
+  canary = run_canary(device_, settings_.parsed_codec_spec, compute_stream_,
+                      static_cast<uint64_t>(settings_.seed));
+  // Auto may send a bucket as an MX format: those kernels must match the host codec too.
+  for (int c = kLadderRungs; settings_.bits_auto && c < kCandidates && !canary.differs; ++c) {
+    CanaryResult mx = run_canary(device_, candidate_specs_[c], compute_stream_,
+                                 static_cast<uint64_t>(settings_.seed));
+    if (mx.differs) canary = std::move(mx);
+  }
+  return canary;
+}
+
+// The first agreement's canary verdict (any[1]: some rank's canary failed): the communicator's
+// canary state, and one warning on each rank when it failed.
+void Engine::settle_canary(const CanaryResult& canary, bool any_failed) {
+  canary_agreed_ = true;
+  canary_ = any_failed ? Canary::kFailed : canary.ran ? Canary::kPassed : Canary::kNotRun;
+  if (canary.differs)
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d of %d: canary: %s on the %s device: this communicator passes "
+            "every call through to NCCL (the device's kernels do not reproduce the host codec: "
+            "a driver, compiler or architecture they were not checked on)",
+            comm_.rank, comm_.nranks, canary.describe().c_str(), device_->name());
+  else if (any_failed)
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d of %d: canary: another rank's device does not reproduce the host "
+            "codec (its warning names the first differing byte): this communicator passes "
+            "every call through to NCCL",
+            comm_.rank, comm_.nranks);
+}
+
+Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
+                               const CodecSpec& spec, Bucket* bucket, ncclResult_t* nccl_failure) {
+  *nccl_failure = ncclSuccess;
+  const size_t count = call.count;
+  for (auto it = plans_.begin(); it != plans_.end(); ++it)
+    if ((*it)->count == count && (*it)->dtype == dtype && (*it)->collective == call.collective &&
+        (*it)->root == call.root && (*it)->bits == bits && (*it)->spec == spec) {
+      plans_.splice(plans_.begin(), plans_, it);  // most recently used first
+      return plans_.front().get();
+    }
+  const CanaryResult canary = run_canaries();
+  // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
+  // not send that rank alone down the pass-through path while its peers compress. Word 0: this
+  // rank's planning failure; word 1: its canary failed (0 on a device without one, and after the
+  // first plan).
+  Status status = Status::kOk;
+  std::unique_ptr<Plan> plan = build_plan(call, dtype, bits, spec, &status);
+  // A bucket's first plan also sets the bucket up (its mapped budget block, the prediction's job
+  // and result, may fail to allocate on one rank): agreed with the plan, so no rank alone skips
+  // the prediction.
+  if (status == Status::kOk && bucket != nullptr && bucket->job == nullptr && plan->fits)
+    status = init_bucket(*bucket, *plan);
+  const uint32_t local[2] = {status == Status::kOk ? 0u : 1u, canary.differs ? 1u : 0u};
+  uint32_t any[2] = {0, 0};
+  *nccl_failure = blocking_max(local, any, 2);
+  if (*nccl_failure == ncclSuccess && !canary_agreed_) settle_canary(canary, any[1] != 0);
+  if (*nccl_failure != ncclSuccess || any[0] != 0 || canary_ == Canary::kFailed) {
+    if (*nccl_failure == ncclSuccess && any[0] != 0)
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: a plan for %zu elements could not be made on %s (this rank: "
+              "%s); the call passes through on every rank and the next one retries",
+              comm_.rank, count, local[0] ? "this rank" : "another rank",
+              local[0] ? status_name(status) : "ok");
+    retire(std::move(plan));
+    if (bucket != nullptr) release_bucket(*bucket);
+    return nullptr;
+  }
+  plans_.push_front(std::move(plan));
+  if (plans_.size() > kMaxPlans) {
+    retire(std::move(plans_.back()));
+    plans_.pop_back();
+  }
+  return plans_.front().get();
+}
+
+}  // namespace dq::engine
