@@ -139,25 +139,28 @@ class CorruptingDevice final : public dq::engine::Device {
   }
   Status synchronize(dq::engine::EventHandle e) override { return inner_->synchronize(e); }
   bool capturing(dq::engine::StreamHandle s) const override { return inner_->capturing(s); }
-  Status local_stats(const dq::Codec& c, const dq::ConstTensor& x, uint16_t* st,
+  std::unique_ptr<dq::engine::PreparedCodec> prepare(const dq::Codec& c) override {
+    return inner_->prepare(c);
+  }
+  Status local_stats(const dq::engine::PreparedCodec& c, const dq::ConstTensor& x, uint16_t* st,
                      dq::engine::Lane l) override {
     return inner_->local_stats(c, x, st, l);
   }
-  Status build_layout(const dq::Codec& c, const uint16_t* r, uint64_t call, void* layout,
-                      dq::engine::Lane l) override {
+  Status build_layout(const dq::engine::PreparedCodec& c, const uint16_t* r, uint64_t call,
+                      void* layout, dq::engine::Lane l) override {
     return inner_->build_layout(c, r, call, layout, l);
   }
-  Status hop(const dq::Codec& c, const void* layout, int chunk, const dq::ConstTensor& own,
-             const dq::ByteView* in, int n_in, uint8_t* out, const dq::RoundingKey& key,
-             dq::engine::Lane l) override {
+  Status hop(const dq::engine::PreparedCodec& c, const void* layout, int chunk,
+             const dq::ConstTensor& own, const dq::ByteView* in, int n_in, uint8_t* out,
+             const dq::RoundingKey& key, dq::engine::Lane l) override {
     const Status s = inner_->hop(c, layout, chunk, own, in, n_in, out, key, l);
     static const unsigned char kGarbage[16] = {0xde, 0xad, 0xbe, 0xef, 1, 2,  3,  4,
                                                5,    6,    7,    8,    9, 10, 11, 12};
     if (s != Status::kOk || !corrupting) return s;
     return inner_->copy(out, kGarbage, sizeof kGarbage, l);
   }
-  Status finish(const dq::Codec& c, const void* layout, int chunk, dq::ByteView in, void* out,
-                dq::DType t, dq::ReduceOp op, int n, dq::engine::Lane l) override {
+  Status finish(const dq::engine::PreparedCodec& c, const void* layout, int chunk, dq::ByteView in,
+                void* out, dq::DType t, dq::ReduceOp op, int n, dq::engine::Lane l) override {
     return inner_->finish(c, layout, chunk, in, out, t, op, n, l);
   }
   Status copy(void* d, const void* s, size_t b, dq::engine::Lane l) override {
