@@ -1,4 +1,4 @@
-// One Status -> ncclResult_t mapping (issue 16 section 1, docs/ENGINE.md section 4): the table is
+// One Status -> ncclResult_t mapping (docs/ENGINE.md, "Errors: the device error word"): the table is
 // pinned here, and a malformed payload gives the same code from the engine (a corrupted
 // compressed payload found by the codec) and from the net plugin (a malformed frame).
 #include <arpa/inet.h>

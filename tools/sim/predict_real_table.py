@@ -122,7 +122,7 @@ def main(paths):
 
     everything = auto_summary(autos)
     share = everything["meets"] / everything["buckets"]
-    print("\nIssue 14 (a), every bucket of every run (all parts, steps, n, topologies): "
+    print("\nTarget (a), every bucket of every run (all parts, steps, n, topologies): "
           f"auto <= MXFP8 in {everything['meets']} of {everything['buckets']} buckets "
           f"({100 * share:.1f}%; target >= 95%: {'met' if share >= 0.95 else 'NOT met'}); "
           f"bytes {everything['ratio']:.3f}x MXFP8's (target <= 0.85x: "
@@ -145,7 +145,7 @@ def main(paths):
                   f"= {r['measured'] / r['mxfp8_measured']:.2f} (predicted {r['predicted']:.3g}, "
                   f"target {r['target_vnmse']:.3g})")
 
-    print("\nIssue 14 (b), predicted / measured vNMSE, fixed-budget and MX rows:\n")
+    print("\nTarget (b), predicted / measured vNMSE, fixed-budget and MX rows:\n")
     print(RATIO_HEAD.format("rows"))
     print(ratio_line("all", preds))
     for kind in ("fixed", "mx"):
@@ -173,7 +173,7 @@ def main(paths):
                              [p for p in preds if p["part"] == part and p["codec"] == codec]))
     r = [p["predicted"] / p["measured"] for p in preds if p["measured"] > 0 and p["predicted"] > 0]
     inside = sum(0.67 <= v <= 1.5 for v in r) / len(r)
-    print(f"\nIssue 14 (b): {100 * inside:.1f}% of {len(r)} rows in [0.67, 1.5] (target >= 90%: "
+    print(f"\nTarget (b): {100 * inside:.1f}% of {len(r)} rows in [0.67, 1.5] (target >= 90%: "
           f"{'met' if inside >= 0.9 else 'NOT met'}).")
 
 
