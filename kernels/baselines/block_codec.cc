@@ -85,7 +85,8 @@ Status BlockCodec::run_finish(const TileKernel& k, const void* layout, int chunk
                               void* out, DType out_dtype, ReduceOp op, int n_contrib) const {
   if (!planned_) DQ_FAIL(Status::kInvalidArgument, "%s: finish() before plan()", name().c_str());
   if (layout == nullptr)
-    DQ_FAIL(Status::kInvalidArgument, "%s: finish() without a layout (agree() first)", name().c_str());
+    DQ_FAIL(Status::kInvalidArgument, "%s: finish() without a layout (agree() first)",
+            name().c_str());
   if (chunk < 0 || chunk >= n_chunks_)
     DQ_FAIL(Status::kInvalidArgument, "chunk %d out of range 0..%d", chunk, n_chunks_ - 1);
   if (n_contrib < 1 || n_contrib > n_workers_)
