@@ -1,6 +1,12 @@
 #include "kernels/baselines/block_codec.h"
 
+#include <tbb/blocked_range.h>
+
+#include <atomic>
 #include <limits>
+
+#include "kernels/host_isa.h"
+#include "kernels/parallel.h"
 
 namespace dq::baselines {
 namespace {
@@ -17,6 +23,104 @@ uint64_t fnv1a_words(const uint64_t* words, int n) {
 }
 
 }  // namespace
+
+std::unique_ptr<TileKernel> make_tile_kernel(const TileSpec& spec) {
+  if (host_isa() == HostIsa::kAvx2) return make_tile_kernel_avx2(spec);
+  return make_tile_kernel_scalar(spec);
+}
+
+template <class Body>
+void BlockCodec::for_each_tile(const ChunkSpan& s, Body&& body) const {
+  const size_t tile_blocks = kTileElems / block_elems_;
+  const size_t n_tiles = (s.n_blocks + tile_blocks - 1) / tile_blocks;
+  auto run = [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      size_t b0 = t * tile_blocks;
+      size_t nb = s.n_blocks - b0 < tile_blocks ? s.n_blocks - b0 : tile_blocks;
+      body(b0, nb);
+    }
+  };
+  if (s.end - s.begin > kParallelElems) {
+    dq::parallel_for(tbb::blocked_range<size_t>(0, n_tiles, 8),
+                     [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); });
+  } else {
+    run(0, n_tiles);
+  }
+}
+
+Status BlockCodec::run_hop(const TileKernel& k, const void* layout, int chunk,
+                           const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
+                           const RoundingKey& key) const {
+  DQ_CHECK(check_hop_args(layout, chunk, own, in, n_in, out, key));
+  const uint32_t call = layout_call(layout);
+  const ChunkSpan s = span(chunk);
+  int contrib = 0;
+  DQ_CHECK(check_inputs(call, chunk, s, in, n_in, &contrib));
+  if (contrib + 1 > n_workers_)
+    DQ_FAIL(Status::kMalformedPayload, "inputs of chunk %d sum %d workers; with this one %d > %d",
+            chunk, contrib, contrib + 1, n_workers_);
+  write_chunk_header(out, ChunkHeader{id_, static_cast<uint16_t>(chunk),
+                                      static_cast<uint16_t>(contrib + 1), call, layout_digest(s)});
+  uint8_t* body_out = out + kChunkHeaderBytes;
+  const size_t body_bytes = s.n_blocks * block_bytes_;
+  std::memset(body_out + body_bytes, 0, capacity_ - kChunkHeaderBytes - body_bytes);
+
+  std::atomic<bool> malformed{false};
+  for_each_tile(s, [&](size_t b0, size_t nb) {
+    const size_t e0 = s.begin + b0 * block_elems_;
+    const size_t padded = nb * block_elems_;
+    const size_t valid = (s.end - e0) < padded ? (s.end - e0) : padded;
+    if (!k.hop_tile(own, e0, valid, nb, in, n_in, kChunkHeaderBytes + b0 * block_bytes_, key,
+                    body_out + b0 * block_bytes_))
+      malformed.store(true, std::memory_order_relaxed);
+  });
+  if (malformed.load()) {
+    std::memset(out, 0, capacity_);
+    DQ_FAIL(Status::kMalformedPayload, "chunk %d: an input payload holds invalid codes", chunk);
+  }
+  return Status::kOk;
+}
+
+Status BlockCodec::run_finish(const TileKernel& k, const void* layout, int chunk, ByteView in,
+                              void* out, DType out_dtype, ReduceOp op, int n_contrib) const {
+  if (!planned_) DQ_FAIL(Status::kInvalidArgument, "%s: finish() before plan()", name().c_str());
+  if (layout == nullptr)
+    DQ_FAIL(Status::kInvalidArgument, "%s: finish() without a layout (agree() first)",
+            name().c_str());
+  if (chunk < 0 || chunk >= n_chunks_)
+    DQ_FAIL(Status::kInvalidArgument, "chunk %d out of range 0..%d", chunk, n_chunks_ - 1);
+  if (n_contrib < 1 || n_contrib > n_workers_)
+    DQ_FAIL(Status::kInvalidArgument, "n_contrib %d out of range 1..%d", n_contrib, n_workers_);
+  if (out_dtype != DType::kF32 && out_dtype != DType::kBF16)
+    DQ_FAIL(Status::kInvalidArgument, "unknown output dtype %d", static_cast<int>(out_dtype));
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg)
+    DQ_FAIL(Status::kInvalidArgument, "unknown reduce op %d", static_cast<int>(op));
+  const ChunkSpan s = span(chunk);
+  if (out == nullptr && s.end > s.begin) DQ_FAIL(Status::kInvalidArgument, "finish(): null output");
+  int contrib = 0;
+  DQ_CHECK(check_inputs(layout_call(layout), chunk, s, &in, 1, &contrib));
+  if (contrib != n_contrib)
+    DQ_FAIL(Status::kMalformedPayload, "chunk %d payload sums %d workers, caller expects %d", chunk,
+            contrib, n_contrib);
+  const uint8_t* body = in.data + kChunkHeaderBytes;
+
+  // Validate everything before writing any output, so a bad payload leaves `out` untouched.
+  std::atomic<bool> malformed{false};
+  for_each_tile(s, [&](size_t b0, size_t nb) {
+    if (!k.validate(body + b0 * block_bytes_, nb)) malformed.store(true, std::memory_order_relaxed);
+  });
+  if (malformed.load())
+    DQ_FAIL(Status::kMalformedPayload, "chunk %d: payload holds invalid codes", chunk);
+
+  const float divisor = op == ReduceOp::kAvg ? static_cast<float>(n_contrib) : 1.0f;
+  for_each_tile(s, [&](size_t b0, size_t nb) {
+    const size_t e0 = s.begin + b0 * block_elems_;
+    const size_t padded = nb * block_elems_;
+    const size_t valid = (s.end - e0) < padded ? (s.end - e0) : padded;
+    k.finish_tile(body + b0 * block_bytes_, nb, valid, op, divisor, out, out_dtype, e0);
+  });
+  return Status::kOk;
+}
 
 Status BlockCodec::plan(size_t count, int n_chunks, int n_workers) {
   planned_ = false;

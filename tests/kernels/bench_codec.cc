@@ -149,6 +149,12 @@ DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width2, "dynamiq:3:widths=fixed", kMic
 DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width4, "dynamiq:5:widths=fixed", kMicrosecond);
 DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width8, "dynamiq:9.5:widths=fixed", kMicrosecond);
 DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, width16, "dynamiq:17:widths=fixed", kMicrosecond);
+// The baselines take the same paths (kernels/baselines/baselines_hot.h).
+DQ_BENCH_PATHS_CPU(BM_fused_hop, mxfp8_cputime, "mxfp8", kMillisecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, mxfp8, "mxfp8", kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, mxfp4, "mxfp4", kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, bf16, "bf16", kMicrosecond);
+DQ_BENCH_PATHS_CPU(BM_fused_hop_in_cache, uniform5, "uniform:5", kMicrosecond);
 
 int main(int argc, char** argv) {
   // One core: the figure is per-core throughput.

@@ -795,6 +795,23 @@ TEST(HostIsa, EveryPathGivesTheSameBytes) {
     }
 }
 
+// The baseline codecs take the same path (kernels/baselines/baselines_hot.h) and give the same
+// bytes on each: leaves, the fused hop and every finish, FP32 and BF16 (no statistics).
+TEST(HostIsa, EveryBaselinePathGivesTheSameBytes) {
+  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
+  for (const char* spec : {"bf16", "mxfp8", "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "uniform:3",
+                           "uniform:5", "uniform:9"})
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
+      const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
+      ASSERT_EQ(scalar.size(), avx2.size()) << spec;
+      size_t first = 0;
+      while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
+      EXPECT_EQ(first, scalar.size()) << spec << (dtype == DType::kF32 ? " f32" : " bf16")
+                                      << ": first differing byte";
+    }
+}
+
 // Auto picks the best path this CPU supports; a forced path is kept until changed.
 TEST(HostIsa, AutoPicksTheBestSupportedPath) {
   const HostIsa before = host_isa();
