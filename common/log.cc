@@ -28,8 +28,8 @@ namespace {
 
 std::atomic<int> g_level{-1};  // -1: not configured yet
 std::atomic<unsigned> g_subsys_mask{kAllSubsys};
-std::atomic<int> g_rank{-1};      // log_set_rank()
-std::atomic<int> g_env_rank{-1};  // the launcher's, read when configured
+std::atomic<int> g_rank{-1};                      // log_set_rank()
+std::atomic<int> g_env_rank{-1};                  // the launcher's, read when configured
 std::atomic<void (*)()> g_configurator{nullptr};  // log_set_configurator()
 
 // The output: stderr, or the debug file opened at the first line (g_fd < 0: not open yet).

@@ -39,46 +39,26 @@ typedef struct {
   char internal[DQ_NCCL_UNIQUE_ID_BYTES];
 } ncclUniqueId;
 
-typedef DQ_NCCL_ENUM {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,
-  ncclNumResults = 8
-} ncclResult_t;
+typedef DQ_NCCL_ENUM{
+    ncclSuccess = 0,       ncclUnhandledCudaError = 1, ncclSystemError = 2,
+    ncclInternalError = 3, ncclInvalidArgument = 4,    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,   ncclInProgress = 7,         ncclNumResults = 8} ncclResult_t;
 
-typedef DQ_NCCL_ENUM {
-  ncclInt8 = 0,
-  ncclUint8 = 1,
-  ncclInt32 = 2,
-  ncclUint32 = 3,
-  ncclInt64 = 4,
-  ncclUint64 = 5,
-  ncclFloat16 = 6,
-  ncclFloat32 = 7,
-  ncclFloat64 = 8,
-  ncclBfloat16 = 9,
-  ncclFloat8e4m3 = 10,
-  ncclFloat8e5m2 = 11,
-  ncclNumTypes = 12
-} ncclDataType_t;
+typedef DQ_NCCL_ENUM{ncclInt8 = 0,     ncclUint8 = 1,    ncclInt32 = 2,       ncclUint32 = 3,
+                     ncclInt64 = 4,    ncclUint64 = 5,   ncclFloat16 = 6,     ncclFloat32 = 7,
+                     ncclFloat64 = 8,  ncclBfloat16 = 9, ncclFloat8e4m3 = 10, ncclFloat8e5m2 = 11,
+                     ncclNumTypes = 12} ncclDataType_t;
 
 // Signed 32-bit in NCCL (values above ncclNumOps are user-created operators).
-typedef DQ_NCCL_ENUM {
-  ncclSum = 0,
-  ncclProd = 1,
-  ncclMax = 2,
-  ncclMin = 3,
-  ncclAvg = 4,
-  ncclNumOps = 5,
-  ncclMaxRedOp = 0x7fffffff
-} ncclRedOp_t;
+typedef DQ_NCCL_ENUM{ncclSum = 0,
+                     ncclProd = 1,
+                     ncclMax = 2,
+                     ncclMin = 3,
+                     ncclAvg = 4,
+                     ncclNumOps = 5,
+                     ncclMaxRedOp = 0x7fffffff} ncclRedOp_t;
 
-typedef DQ_NCCL_ENUM { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
+typedef DQ_NCCL_ENUM{ncclScalarDevice = 0, ncclScalarHostImmediate = 1} ncclScalarResidence_t;
 
 // ncclConfig_t of NCCL 2.28 (struct ncclConfig_v22800).
 typedef struct {
@@ -115,8 +95,8 @@ DQ_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nrank
                                                      int n_ids, ncclUniqueId* comm_ids,
                                                      ncclConfig_t* config);
 DQ_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist);
-DQ_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
-                                          ncclComm_t* newcomm, ncclConfig_t* config);
+DQ_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                          ncclConfig_t* config);
 DQ_NCCL_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm);
 DQ_NCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm);
 DQ_NCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm);
@@ -145,8 +125,8 @@ DQ_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDat
 DQ_NCCL_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
                                      int peer, ncclComm_t comm, cudaStream_t stream);
 DQ_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                          ncclDataType_t datatype, ncclRedOp_t op,
-                                          ncclComm_t comm, cudaStream_t stream);
+                                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                          cudaStream_t stream);
 DQ_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                           ncclDataType_t datatype, int root, ncclComm_t comm,
                                           cudaStream_t stream);
@@ -160,8 +140,7 @@ DQ_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, 
                                           cudaStream_t stream);
 DQ_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
                                               size_t recvcount, ncclDataType_t datatype,
-                                              ncclRedOp_t op, ncclComm_t comm,
-                                              cudaStream_t stream);
+                                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 DQ_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                          ncclDataType_t datatype, ncclComm_t comm,
                                          cudaStream_t stream);

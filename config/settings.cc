@@ -10,9 +10,9 @@
 #include <string_view>
 
 #include "config/optin.h"
-#include "version.h"  // generated in the build folder (config/meson.build)
 #include "kernels/budget_model.h"
 #include "kernels/codec.h"
+#include "version.h"  // generated in the build folder (config/meson.build)
 
 namespace dq::config {
 namespace {

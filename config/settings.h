@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "common/log.h"
-#include "kernels/codec.h"
 #include "common/status.h"
 #include "config/bytes.h"
+#include "kernels/codec.h"
 
 namespace dq::config {
 

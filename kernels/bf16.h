@@ -29,7 +29,9 @@ DQ_HD float f32_from_bits(uint32_t u) {
 #endif
 }
 
-DQ_HD float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
+DQ_HD float bf16_to_f32(uint16_t h) {
+  return f32_from_bits(static_cast<uint32_t>(h) << 16);
+}
 
 // Round to nearest, ties to even; NaN stays NaN (quiet), Inf stays Inf.
 DQ_HD uint16_t f32_to_bf16_rne(float f) {

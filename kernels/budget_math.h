@@ -23,7 +23,9 @@ namespace dq {
 // ---- the candidates auto chooses from ---------------------------------------------------------
 // The ladder of budgets: 3, 3.5, ..., 8 bits per coordinate (metadata included, as DYNAMIQ_BITS).
 inline constexpr int kLadderRungs = 11;
-DQ_HD constexpr double ladder_bits(int rung) { return 3.0 + 0.5 * rung; }
+DQ_HD constexpr double ladder_bits(int rung) {
+  return 3.0 + 0.5 * rung;
+}
 // Then the MX formats a call falls back to when no rung that costs fewer bits meets the target.
 // On dense buckets whose super-groups share one scale, DynamiQ needs about 8.6 bits to beat
 // MXFP8's error (docs/results/budget.md, the MX fallback), so "never worse than MXFP8" means
@@ -32,7 +34,9 @@ DQ_HD constexpr double ladder_bits(int rung) { return 3.0 + 0.5 * rung; }
 inline constexpr int kCandidateMxfp6 = kLadderRungs;
 inline constexpr int kCandidateMxfp8 = kLadderRungs + 1;
 inline constexpr int kCandidates = kLadderRungs + 2;
-DQ_HD constexpr bool candidate_is_mx(int c) { return c >= kLadderRungs; }
+DQ_HD constexpr bool candidate_is_mx(int c) {
+  return c >= kLadderRungs;
+}
 // Bits per coordinate of one copy: the rung's budget; MX: 8 or 6 bits per element plus an E8M0
 // exponent per 32.
 DQ_HD constexpr double candidate_bits(int c) {
@@ -52,7 +56,9 @@ inline constexpr double kRoundingErrorWidth16 = 5.5199e-06;
 inline constexpr double kRoundingErrorMxfp8 = 8.6307e-04;  // E4M3
 inline constexpr double kRoundingErrorMxfp6 = 2.9144e-03;  // E3M2 (the codec "mxfp6")
 DQ_HD constexpr double candidate_mx_error(int c) {
-  return c == kCandidateMxfp8 ? kRoundingErrorMxfp8 : c == kCandidateMxfp6 ? kRoundingErrorMxfp6 : 0.0;
+  return c == kCandidateMxfp8   ? kRoundingErrorMxfp8
+         : c == kCandidateMxfp6 ? kRoundingErrorMxfp6
+                                : 0.0;
 }
 
 // How one super-group's roundings compound along a schedule, given that m of the n workers'
@@ -101,9 +107,9 @@ struct BudgetPrediction {
 inline constexpr uint32_t kEnergyKeys = 0x7F80;
 
 struct SupergroupEnergy {
-  uint32_t key = 0;    // BF16 pattern of the summed sum of squares F_j (-0 as 0)
-  double centred = 0;  // the workers' energy about the sum's mean, estimated (see below)
-  double mean = 0;     // the exact sum's mean energy, c_j M_j^2
+  uint32_t key = 0;        // BF16 pattern of the summed sum of squares F_j (-0 as 0)
+  double centred = 0;      // the workers' energy about the sum's mean, estimated (see below)
+  double mean = 0;         // the exact sum's mean energy, c_j M_j^2
   int contributors = 1;    // workers whose super-group is not all zero, 1 .. n_workers
   double hop_centred = 0;  // the energy the hops round with the mean subtracted, weighted by
   double hop_mean = 0;     // the hop profile; and the mean's (rounded only at width 16)
@@ -258,8 +264,10 @@ DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, WidthCou
                              (s.count[c.k8] - s.count[c.k16]) * static_cast<uint64_t>(p.record[2]) +
                              (s.count[c.k4] - s.count[c.k8]) * static_cast<uint64_t>(p.record[1]) +
                              (n_sg - s.count[c.k4]) * static_cast<uint64_t>(p.record[0]);
-      if (bytes <= budget) hi = mid;
-      else lo = mid + 1;
+      if (bytes <= budget)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     cut = width_cut(f32_from_bits(lo), p.allow_width16);
   }
@@ -286,10 +294,11 @@ DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, WidthCou
   return e;
 }
 
-// ---- a call: its parts in order ------------------------------------------------------------------
-// What a call's prediction needs besides the statistics, in memory the device reads (the engine
-// keeps it in mapped memory, written before the call's first enqueue). Per part: its geometry,
-// the plan of each rung and which candidates fit (auto only), the plan the call used.
+// ---- a call: its parts in order
+// ------------------------------------------------------------------ What a call's prediction needs
+// besides the statistics, in memory the device reads (the engine keeps it in mapped memory, written
+// before the call's first enqueue). Per part: its geometry, the plan of each rung and which
+// candidates fit (auto only), the plan the call used.
 struct BudgetPartJob {
   uint64_t count = 0;         // elements of this codec part
   uint64_t stats_offset = 0;  // into the statistics words (kStatsWordsPerSupergroup per SG)
@@ -331,8 +340,10 @@ struct PartTerms {
 DQ_HD void part_term(const BudgetJob& job, const BudgetPartJob& part, const BudgetSums& s, int c,
                      PartTerms* t) {
   if (c < kCandidates) {
-    if (candidate_is_mx(c)) t->error[c] = part_mx_error(s, candidate_mx_error(c));
-    else t->error[c] = part_plan_error(s, part.rungs[c], &t->widths[c]);
+    if (candidate_is_mx(c))
+      t->error[c] = part_mx_error(s, candidate_mx_error(c));
+    else
+      t->error[c] = part_plan_error(s, part.rungs[c], &t->widths[c]);
     return;
   }
   t->energy = part_energy(s);
@@ -340,8 +351,10 @@ DQ_HD void part_term(const BudgetJob& job, const BudgetPartJob& part, const Budg
     const bool mxfp8 = job.target.kind == BudgetTarget::Kind::kMxfp8;
     t->target_error = part_mx_error(s, mxfp8 ? kRoundingErrorMxfp8 : kRoundingErrorMxfp6);
   }
-  if (job.used_mx > 0) t->used_error = part_mx_error(s, job.used_mx);
-  else if (job.used_mx == 0) t->used_error = part_plan_error(s, part.used, &t->used_widths);
+  if (job.used_mx > 0)
+    t->used_error = part_mx_error(s, job.used_mx);
+  else if (job.used_mx == 0)
+    t->used_error = part_plan_error(s, part.used, &t->used_widths);
 }
 
 // Running sums over a call's parts, in part order (the same order on host and device).

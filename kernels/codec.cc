@@ -12,7 +12,9 @@
 
 namespace dq {
 
-Status Codec::local_stats(const ConstTensor&, uint16_t*) const { return Status::kOk; }
+Status Codec::local_stats(const ConstTensor&, uint16_t*) const {
+  return Status::kOk;
+}
 
 Status check_element_base(const RoundingKey& key, size_t count) {
   if (key.element_base % 256 != 0)
@@ -152,12 +154,9 @@ bool parse_codec_spec(std::string_view spec, CodecSpec* out, std::string* error)
     return true;
   }
 #ifdef DQ_HAVE_BASELINES
-  const std::pair<std::string_view, F> fixed[] = {{"bf16", F::kBf16},
-                                                  {"mxfp8", F::kMxfp8},
-                                                  {"mxfp6", F::kMxfp6E3M2},
-                                                  {"mxfp6e3m2", F::kMxfp6E3M2},
-                                                  {"mxfp6e2m3", F::kMxfp6E2M3},
-                                                  {"mxfp4", F::kMxfp4}};
+  const std::pair<std::string_view, F> fixed[] = {
+      {"bf16", F::kBf16},           {"mxfp8", F::kMxfp8},         {"mxfp6", F::kMxfp6E3M2},
+      {"mxfp6e3m2", F::kMxfp6E3M2}, {"mxfp6e2m3", F::kMxfp6E2M3}, {"mxfp4", F::kMxfp4}};
   for (const auto& [name, family] : fixed)
     if (spec == name) {
       c.family = family;
@@ -185,17 +184,23 @@ bool parse_codec_spec(std::string_view spec, CodecSpec* out, std::string* error)
 std::string codec_spec_text(const CodecSpec& spec) {
   using F = CodecSpec::Family;
   switch (spec.family) {
-    case F::kBf16: return "bf16";
-    case F::kMxfp8: return "mxfp8";
-    case F::kMxfp6E3M2: return "mxfp6";
-    case F::kMxfp6E2M3: return "mxfp6e2m3";
-    case F::kMxfp4: return "mxfp4";
-    case F::kUniform: return "uniform:" + format_bits(spec.bits);
-    case F::kDynamiq: break;
+    case F::kBf16:
+      return "bf16";
+    case F::kMxfp8:
+      return "mxfp8";
+    case F::kMxfp6E3M2:
+      return "mxfp6";
+    case F::kMxfp6E2M3:
+      return "mxfp6e2m3";
+    case F::kMxfp4:
+      return "mxfp4";
+    case F::kUniform:
+      return "uniform:" + format_bits(spec.bits);
+    case F::kDynamiq:
+      break;
   }
   std::string text = "dynamiq:" + format_bits(spec.bits);
-  auto flag = [&](const char* key, const std::optional<bool>& v, const char* on,
-                  const char* off) {
+  auto flag = [&](const char* key, const std::optional<bool>& v, const char* on, const char* off) {
     if (v) text += std::string(":") + key + "=" + (*v ? on : off);
   };
   flag("corr", spec.correlated_rounding, "1", "0");
@@ -217,16 +222,24 @@ std::string codec_spec_text(const CodecSpec& spec) {
 std::unique_ptr<Codec> make_codec(const CodecSpec& spec) {
   using F = CodecSpec::Family;
   switch (spec.family) {
-    case F::kDynamiq: return make_dynamiq(spec);
+    case F::kDynamiq:
+      return make_dynamiq(spec);
 #ifdef DQ_HAVE_BASELINES
-    case F::kBf16: return make_bf16_codec();
-    case F::kMxfp8: return make_mx_codec(MxKind::kFp8E4M3);
-    case F::kMxfp6E3M2: return make_mx_codec(MxKind::kFp6E3M2);
-    case F::kMxfp6E2M3: return make_mx_codec(MxKind::kFp6E2M3);
-    case F::kMxfp4: return make_mx_codec(MxKind::kFp4E2M1);
-    case F::kUniform: return make_uniform_codec(static_cast<int>(spec.bits));
+    case F::kBf16:
+      return make_bf16_codec();
+    case F::kMxfp8:
+      return make_mx_codec(MxKind::kFp8E4M3);
+    case F::kMxfp6E3M2:
+      return make_mx_codec(MxKind::kFp6E3M2);
+    case F::kMxfp6E2M3:
+      return make_mx_codec(MxKind::kFp6E2M3);
+    case F::kMxfp4:
+      return make_mx_codec(MxKind::kFp4E2M1);
+    case F::kUniform:
+      return make_uniform_codec(static_cast<int>(spec.bits));
 #endif
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 

@@ -21,7 +21,9 @@ namespace dq {
 // The codecs take DType::kF32 and DType::kBF16 (common/nccl_types.h).
 enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1 };
 
-inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 struct ConstTensor {
   const void* data = nullptr;

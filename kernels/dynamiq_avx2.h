@@ -4,7 +4,8 @@
 // here is compiled for AVX2, so no other translation unit may include it). Each super-group is
 // processed one group of 16 values (two vectors) at a time, with the same IEEE operations in the
 // same order as the pointwise functions in dynamiq_math.h, so the bytes equal the device's
-// (tests: DeviceMath.HostRecordMatchesPointwiseReference, DeviceMath.FusedHopMatchesPointwiseReference).
+// (tests: DeviceMath.HostRecordMatchesPointwiseReference,
+// DeviceMath.FusedHopMatchesPointwiseReference).
 #pragma once
 #include <immintrin.h>
 
@@ -33,8 +34,8 @@ inline __m256i philox_merge_lanes(__m256i a, __m256i b) {
       _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), _MM_SHUFFLE(2, 0, 2, 0)));
 }
 
-inline Philox4x8 philox4x32_10_x8(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
-                                  uint32_t k0, uint32_t k1) {
+inline Philox4x8 philox4x32_10_x8(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                  uint32_t k1) {
   // Two sets of four blocks, one per 64-bit lane (value in the low half): _mm256_mul_epu32
   // then yields each full 64-bit product in place, with no even/odd shuffling, and the high
   // halves left behind are never read (products use the low halves only).
@@ -70,9 +71,9 @@ inline Philox4x8 philox4x32_10_x8(uint32_t c0, uint32_t c1, uint32_t c2, uint32_
 // philox_draw() for blocks block .. block + 7.
 inline Philox4x8 philox_draw_x8(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
                                 uint32_t block) {
-  return philox4x32_10_x8(block, (hop & 0x00ffffffu) | (stream << 24),
-                          static_cast<uint32_t>(call), static_cast<uint32_t>(call >> 32),
-                          static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return philox4x32_10_x8(block, (hop & 0x00ffffffu) | (stream << 24), static_cast<uint32_t>(call),
+                          static_cast<uint32_t>(call >> 32), static_cast<uint32_t>(seed),
+                          static_cast<uint32_t>(seed >> 32));
 }
 
 // Host-only lookup tables derived from a LevelTable for the 8-bit widths: the grid cell gives
@@ -133,10 +134,13 @@ inline void load_quads(const CellQuad* table, __m256i cell, __m256* start, __m25
 // Gathers 8 {a, b} pairs (64-bit entries) at indices idx and splits them into a and b vectors.
 inline void gather_pairs(const void* table, __m256i idx, __m256i* a, __m256i* b) {
   // Lanes 0,1,4,5 then 2,3,6,7, so that the 32-bit shuffles below restore lane order.
-  const __m256i spread = _mm256_permutevar8x32_epi32(idx, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  const __m256i spread =
+      _mm256_permutevar8x32_epi32(idx, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
   const auto* base = static_cast<const long long*>(table);
-  const __m256 lo = _mm256_castsi256_ps(_mm256_i32gather_epi64(base, _mm256_castsi256_si128(spread), 8));
-  const __m256 hi = _mm256_castsi256_ps(_mm256_i32gather_epi64(base, _mm256_extracti128_si256(spread, 1), 8));
+  const __m256 lo =
+      _mm256_castsi256_ps(_mm256_i32gather_epi64(base, _mm256_castsi256_si128(spread), 8));
+  const __m256 hi =
+      _mm256_castsi256_ps(_mm256_i32gather_epi64(base, _mm256_extracti128_si256(spread, 1), 8));
   *a = _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)));
   *b = _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
 }
@@ -161,15 +165,20 @@ inline void unpack_group(const uint8_t* codes, int g, __m256i* a, __m256i* b) {
   } else if constexpr (kBits == 4) {
     uint32_t w[2];
     std::memcpy(w, codes + 8 * g, 8);
-    const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), mask = _mm256_set1_epi32(15);
-    *a = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[0])), shift), mask);
-    *b = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[1])), shift), mask);
+    const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+                  mask = _mm256_set1_epi32(15);
+    *a =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[0])), shift), mask);
+    *b =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[1])), shift), mask);
   } else {
     uint32_t w;
     std::memcpy(&w, codes + 4 * g, 4);
     const __m256i word = _mm256_set1_epi32(static_cast<int>(w)), mask = _mm256_set1_epi32(3);
-    *a = _mm256_and_si256(_mm256_srlv_epi32(word, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), mask);
-    *b = _mm256_and_si256(_mm256_srlv_epi32(word, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)), mask);
+    *a = _mm256_and_si256(_mm256_srlv_epi32(word, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                          mask);
+    *b = _mm256_and_si256(
+        _mm256_srlv_epi32(word, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)), mask);
   }
 }
 
@@ -177,7 +186,8 @@ inline void unpack_group(const uint8_t* codes, int g, __m256i* a, __m256i* b) {
 template <int kBits>
 inline void pack_group(__m256i a, __m256i b, int g, uint8_t* codes) {
   const __m256i words16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-  const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(words16), _mm256_extracti128_si256(words16, 1));
+  const __m128i bytes =
+      _mm_packus_epi16(_mm256_castsi256_si128(words16), _mm256_extracti128_si256(words16, 1));
   if constexpr (kBits == 8) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * g), bytes);
   } else if constexpr (kBits == 4) {  // byte i = c[2i] + 16 c[2i+1]  (<= 238)
@@ -186,7 +196,8 @@ inline void pack_group(__m256i a, __m256i b, int g, uint8_t* codes) {
   } else {  // byte i = c[4i] + 4 c[4i+1] + 16 c[4i+2] + 64 c[4i+3]  (<= 170)
     const __m128i pairs = _mm_maddubs_epi16(bytes, _mm_set1_epi16(0x0401));
     const __m128i quads = _mm_madd_epi16(pairs, _mm_set1_epi32(0x00100001));
-    const __m128i packed = _mm_shuffle_epi8(quads, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m128i packed = _mm_shuffle_epi8(
+        quads, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
     const uint32_t w = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
     std::memcpy(codes + 4 * g, &w, 4);
   }
@@ -237,11 +248,13 @@ inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i u
   if constexpr (kLookup == Lookup::kRegisters) {  // r = number of levels 1..L at or below m
     r = _mm256_setzero_si256();
     for (int i = 1; i <= kMaxMag; ++i)
-      r = _mm256_sub_epi32(r, _mm256_castps_si256(_mm256_cmp_ps(_mm256_set1_ps(lv.t->level[i]), m, _CMP_LE_OQ)));
+      r = _mm256_sub_epi32(
+          r, _mm256_castps_si256(_mm256_cmp_ps(_mm256_set1_ps(lv.t->level[i]), m, _CMP_LE_OQ)));
     level = _mm256_permutevar8x32_ps(lv.level_lo, r);
     inv_gap = _mm256_permutevar8x32_ps(lv.gap_lo, r);
   } else {
-    const __m256i cell = _mm256_cvttps_epi32(_mm256_mul_ps(m, _mm256_set1_ps(static_cast<float>(kLevelGrid))));
+    const __m256i cell =
+        _mm256_cvttps_epi32(_mm256_mul_ps(m, _mm256_set1_ps(static_cast<float>(kLevelGrid))));
     if constexpr (kLookup == Lookup::kOneStep) {
       __m256 start, l0, l1, l2;
       load_quads(lv.fast->quad, cell, &start, &l0, &l1, &l2);
@@ -250,7 +263,8 @@ inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i u
       level = _mm256_blendv_ps(l0, l1, step);
       // inv_gap[r] exactly (build_level_table()); at r = L it gives 1, not 0, but there m = 1 =
       // level[L], so frac = 0 * inv_gap = +0 either way.
-      inv_gap = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_sub_ps(_mm256_blendv_ps(l1, l2, step), level));
+      inv_gap =
+          _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_sub_ps(_mm256_blendv_ps(l1, l2, step), level));
     } else {
       r = _mm256_i32gather_epi32(lv.t->start, cell, 4);
       for (int step = 0; step < lv.t->extra_steps; ++step) {
@@ -269,7 +283,8 @@ inline __m256i round_codes(const LevelsX8& lv, __m256 v, __m256 scale, __m256i u
   const __m256 x = _mm256_sub_ps(_mm256_mul_ps(frac, strata), pi);
   const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(65536.0f));
   const __m256 k = _mm256_cvtepi32_ps(u16);
-  __m256i up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_add_ps(k, _mm256_set1_ps(1.0f)), y, _CMP_LE_OQ));
+  __m256i up =
+      _mm256_castps_si256(_mm256_cmp_ps(_mm256_add_ps(k, _mm256_set1_ps(1.0f)), y, _CMP_LE_OQ));
   const __m256 below = _mm256_cmp_ps(k, y, _CMP_LT_OQ);
   const int tie = _mm256_movemask_ps(_mm256_andnot_ps(_mm256_castsi256_ps(up), below));
   if (__builtin_expect(tie != 0, 0)) up = resolve_ties(up, tie, x, u16, key, e0);
@@ -299,7 +314,9 @@ inline auto with_width(int bits, Lookup lookup, F&& f) {
 inline void init_levels_x8(const LevelTable& t, const FastLevels& fast, LevelsX8* lv) {
   lv->t = &t;
   lv->fast = &fast;
-  lv->lookup = t.max_mag <= 7 ? Lookup::kRegisters : t.extra_steps <= 1 ? Lookup::kOneStep : Lookup::kGeneric;
+  lv->lookup = t.max_mag <= 7       ? Lookup::kRegisters
+               : t.extra_steps <= 1 ? Lookup::kOneStep
+                                    : Lookup::kGeneric;
   lv->level_lo = _mm256_loadu_ps(t.level);
   lv->gap_lo = _mm256_loadu_ps(t.inv_gap);
   lv->decode_lo = _mm256_loadu_ps(t.decode);

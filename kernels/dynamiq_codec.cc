@@ -53,10 +53,10 @@ void build_level_table(int bits, float eps, bool nonuniform, LevelTable* t) {
   }
 }
 
-
 DynamiqCodecBase::DynamiqCodecBase(const DynamiqOptions& o) : opt_(o) {
   const int bits[3] = {2, 4, 8};
-  for (int i = 0; i < 3; ++i) build_level_table(bits[i], o.eps[i], o.nonuniform_levels, &levels_[i]);
+  for (int i = 0; i < 3; ++i)
+    build_level_table(bits[i], o.eps[i], o.nonuniform_levels, &levels_[i]);
   for (int b : {2, 4, 8, 16}) record_[width_index(b)] = record_bytes(b, o.hierarchical_scales);
   plan_.mean_subtraction = o.mean_subtraction;
   plan_.variable_widths = o.variable_widths;
@@ -66,18 +66,18 @@ DynamiqCodecBase::DynamiqCodecBase(const DynamiqOptions& o) : opt_(o) {
 
 std::string DynamiqCodecBase::name() const {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "dynamiq:%g%s%s%s%s%s", opt_.budget_bits,
-                opt_.correlated_rounding ? "" : ":corr=0",
-                opt_.nonuniform_levels ? "" : ":levels=uniform",
-                opt_.hierarchical_scales ? "" : ":scales=flat",
-                opt_.variable_widths ? "" : ":widths=fixed", opt_.mean_subtraction ? "" : ":mean=0");
+  std::snprintf(
+      buf, sizeof buf, "dynamiq:%g%s%s%s%s%s", opt_.budget_bits,
+      opt_.correlated_rounding ? "" : ":corr=0", opt_.nonuniform_levels ? "" : ":levels=uniform",
+      opt_.hierarchical_scales ? "" : ":scales=flat", opt_.variable_widths ? "" : ":widths=fixed",
+      opt_.mean_subtraction ? "" : ":mean=0");
   return buf;
 }
 
 Status DynamiqCodecBase::plan(size_t count, int n_chunks, int n_workers) {
   if (n_chunks < 1 || n_workers < 1 || n_chunks > 65535 || n_workers > 65535)
-    DQ_FAIL(Status::kInvalidArgument, "dynamiq plan: n_chunks=%d n_workers=%d out of range 1..65535",
-            n_chunks, n_workers);
+    DQ_FAIL(Status::kInvalidArgument,
+            "dynamiq plan: n_chunks=%d n_workers=%d out of range 1..65535", n_chunks, n_workers);
   if (count > kMaxElementIndex)
     DQ_FAIL(Status::kInvalidArgument, "dynamiq plan: %zu elements exceed the 2^34 limit", count);
   const size_t n_sg = (count + kSuperGroup - 1) / kSuperGroup;
@@ -124,9 +124,8 @@ Status DynamiqCodecBase::local_stats(const ConstTensor& x, uint16_t* stats) cons
   if (x.count != count_)
     DQ_FAIL(Status::kInvalidArgument, "dynamiq stats: tensor has %zu elements, plan has %zu",
             x.count, count_);
-  dq::parallel_for(tbb::blocked_range<size_t>(0, plan_.n_sg, 256), [&](const auto& range) {
-    stats_range(x, range.begin(), range.end(), stats);
-  });
+  dq::parallel_for(tbb::blocked_range<size_t>(0, plan_.n_sg, 256),
+                   [&](const auto& range) { stats_range(x, range.begin(), range.end(), stats); });
   return Status::kOk;
 }
 
@@ -154,8 +153,8 @@ Status DynamiqCodecBase::fused_hop(const void* layout, int chunk, const ConstTen
     inputs[i] = in[i].data + kChunkHeaderBytes;
   }
   if (contrib > n_workers_)
-    DQ_FAIL(Status::kMalformedPayload, "dynamiq hop: inputs sum %d workers, only %d exist",
-            contrib, n_workers_);
+    DQ_FAIL(Status::kMalformedPayload, "dynamiq hop: inputs sum %d workers, only %d exist", contrib,
+            n_workers_);
   write_chunk_header(out, ChunkHeader{CodecId::kDynamiq, static_cast<uint16_t>(chunk),
                                       static_cast<uint16_t>(contrib),
                                       static_cast<uint32_t>(l.call()), l.chunk_check[chunk]});
@@ -189,22 +188,20 @@ Status DynamiqCodecBase::decode_finish(const void* layout, int chunk, ByteView i
   // Validate the whole chunk before writing anything: a malformed payload leaves the caller's
   // output untouched (one extra read of the compressed bytes, about 1/6 of the output's).
   std::atomic<bool> malformed{false};
-  dq::parallel_for(
-      tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 64),
-      [&](const auto& range) {
-        if (!records_valid(l, body, range.begin(), range.end()))
-          malformed.store(true, std::memory_order_relaxed);
-      });
+  dq::parallel_for(tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 64),
+                   [&](const auto& range) {
+                     if (!records_valid(l, body, range.begin(), range.end()))
+                       malformed.store(true, std::memory_order_relaxed);
+                   });
   if (malformed.load())
     DQ_FAIL(Status::kMalformedPayload,
-            "dynamiq finish: chunk %d holds invalid codes or scales; output left untouched",
-            chunk);
+            "dynamiq finish: chunk %d holds invalid codes or scales; output left untouched", chunk);
   const float contributors = static_cast<float>(n_contrib);
-  dq::parallel_for(
-      tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 16),
-      [&](const auto& range) {
-        finish_range(l, body, range.begin(), range.end(), out, out_dtype, op, contributors);
-      });
+  dq::parallel_for(tbb::blocked_range<uint32_t>(l.chunk_first[chunk], l.chunk_first[chunk + 1], 16),
+                   [&](const auto& range) {
+                     finish_range(l, body, range.begin(), range.end(), out, out_dtype, op,
+                                  contributors);
+                   });
   return Status::kOk;
 }
 
@@ -217,8 +214,10 @@ void DynamiqCodecBase::layout_ranges(const void* layout, int chunk,
   std::sort(sgs.begin(), sgs.end());
   for (uint32_t j : sgs) {
     size_t b = static_cast<size_t>(j) * kSuperGroup, e = std::min(count_, b + kSuperGroup);
-    if (!ranges->empty() && ranges->back().second == b) ranges->back().second = e;
-    else ranges->emplace_back(b, e);
+    if (!ranges->empty() && ranges->back().second == b)
+      ranges->back().second = e;
+    else
+      ranges->emplace_back(b, e);
   }
 }
 

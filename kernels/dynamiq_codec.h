@@ -10,18 +10,18 @@
 namespace dq {
 
 struct DynamiqOptions {
-  double budget_bits = 5.0;                 // bits per coordinate, every byte of metadata included
+  double budget_bits = 5.0;  // bits per coordinate, every byte of metadata included
   // Level shape for 2 / 4 / 8 bits. The paper's artifact uses 0.23 / 0.18 / 0.10; on our real
   // gradients 0.30 (4-bit) and 0.05 (8-bit) gave 13-16% lower vNMSE (docs/results/accuracy.md,
   // "Choice of eps");
   // the 2-bit levels are {0, 1} whatever eps.
   float eps[3] = {0.23f, 0.30f, 0.05f};
-  bool correlated_rounding = true;          // shared permutation across the hops of a coordinate
-  bool nonuniform_levels = true;            // false: evenly spaced levels (ablation)
-  bool hierarchical_scales = true;          // false: one BF16 scale per group of 16 (ablation)
-  bool variable_widths = true;              // false: one width for every super-group (ablation)
+  bool correlated_rounding = true;  // shared permutation across the hops of a coordinate
+  bool nonuniform_levels = true;    // false: evenly spaced levels (ablation)
+  bool hierarchical_scales = true;  // false: one BF16 scale per group of 16 (ablation)
+  bool variable_widths = true;      // false: one width for every super-group (ablation)
   bool mean_subtraction = true;
-  bool allow_width16 = true;                // raw BF16 super-groups where the allocation wants them
+  bool allow_width16 = true;  // raw BF16 super-groups where the allocation wants them
 };
 
 // Builds the level table of one width (host; uses libm once, the table is then plain data).
@@ -32,11 +32,11 @@ std::unique_ptr<Codec> make_dynamiq_codec(const DynamiqOptions& options);
 // Introspection for tests and tools (the codec must be a DynamiQ codec): pointers into a layout
 // built by its build_layout(), or into the one its agree() owns. Null pointers without a layout.
 struct DynamiqLayoutView {
-  const uint8_t* widths;   // per super-group, original order
-  const uint32_t* order;   // super-groups in wire order (by width, descending; stable)
+  const uint8_t* widths;        // per super-group, original order
+  const uint32_t* order;        // super-groups in wire order (by width, descending; stable)
   const uint32_t* chunk_first;  // n_chunks + 1 entries into `order`
   size_t n_supergroups;
-  bool budget_honest;      // the plan's messages fit the budget (false for tiny tensors)
+  bool budget_honest;  // the plan's messages fit the budget (false for tiny tensors)
 };
 DynamiqLayoutView dynamiq_layout(const Codec& codec);
 DynamiqLayoutView dynamiq_layout(const Codec& codec, const void* layout);

@@ -68,11 +68,14 @@ void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* red
     uint32_t lo = 0, hi = 0x7f800000u;
     while (lo < hi) {
       const uint32_t mid = lo + (hi - lo) / 2;
-      if (bytes_for(p, l, reduced, f32_from_bits(mid)) <= budget) hi = mid;
-      else lo = mid + 1;
+      if (bytes_for(p, l, reduced, f32_from_bits(mid)) <= budget)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     const float theta = f32_from_bits(lo);
-    for (size_t j = 0; j < p.n_sg; ++j) l.width[j] = static_cast<uint8_t>(width_for(p, l, reduced, j, theta));
+    for (size_t j = 0; j < p.n_sg; ++j)
+      l.width[j] = static_cast<uint8_t>(width_for(p, l, reduced, j, theta));
     return;
   }
   int fixed = 2;
@@ -93,12 +96,13 @@ void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* red
 void sort_by_width(const DynamiqPlan& p, const LayoutOut& l, uint32_t starts[4]) {
   uint32_t n[4] = {0, 0, 0, 0};
   for (size_t j = 0; j < p.n_sg; ++j) ++n[width_index(l.width[j])];
-  starts[3] = 0;                  // 16
-  starts[2] = n[3];               // 8
-  starts[1] = starts[2] + n[2];   // 4
-  starts[0] = starts[1] + n[1];   // 2
+  starts[3] = 0;                 // 16
+  starts[2] = n[3];              // 8
+  starts[1] = starts[2] + n[2];  // 4
+  starts[0] = starts[1] + n[1];  // 2
   uint32_t next[4] = {starts[0], starts[1], starts[2], starts[3]};
-  for (size_t j = 0; j < p.n_sg; ++j) l.order[next[width_index(l.width[j])]++] = static_cast<uint32_t>(j);
+  for (size_t j = 0; j < p.n_sg; ++j)
+    l.order[next[width_index(l.width[j])]++] = static_cast<uint32_t>(j);
 }
 
 // Cuts the record stream in byte space: chunk c holds the records starting in

@@ -17,8 +17,8 @@ namespace dq {
 // The statistics all-reduce (docs/FORMAT.md, "Statistics"): per super-group j, BF16 words at
 // kStatsWordsPerSupergroup * j + kStat*, summed element-wise over the workers.
 inline constexpr size_t kStatsWordsPerSupergroup = 3;
-inline constexpr size_t kStatMean = 0;     // the worker's mean over the valid elements
-inline constexpr size_t kStatEnergy = 1;   // the worker's sum of squares
+inline constexpr size_t kStatMean = 0;    // the worker's mean over the valid elements
+inline constexpr size_t kStatEnergy = 1;  // the worker's sum of squares
 // 1 if every one of the worker's values is zero (a sum of these is exact at 0 for any number of
 // workers: the super-group is dense exactly when it is 0)
 inline constexpr size_t kStatAllZero = 2;
@@ -34,8 +34,8 @@ DQ_HD constexpr bool supergroup_dense(const uint16_t* reduced_stats, size_t j) {
 
 // Plan parameters the layout build needs; fixed by DynamiqCodec::plan().
 struct DynamiqPlan {
-  size_t count = 0;     // elements
-  size_t n_sg = 0;      // super-groups, ceil(count / 256)
+  size_t count = 0;  // elements
+  size_t n_sg = 0;   // super-groups, ceil(count / 256)
   int n_chunks = 0;
   int n_workers = 0;
   size_t capacity = 0;  // bytes of every chunk message
@@ -122,7 +122,8 @@ using DynamiqLayout = DynamiqLayoutT<const uint8_t>;
 
 // The plan a layout header must name (words 1 and 2).
 constexpr uint64_t dynamiq_plan_shape(int n_chunks, int n_workers) {
-  return static_cast<uint32_t>(n_chunks) | static_cast<uint64_t>(static_cast<uint32_t>(n_workers)) << 32;
+  return static_cast<uint32_t>(n_chunks) | static_cast<uint64_t>(static_cast<uint32_t>(n_workers))
+                                               << 32;
 }
 
 // Builds the layout for `plan` from the all-reduced statistics (kStatsWordsPerSupergroup words)

@@ -19,8 +19,12 @@ constexpr int kLevelGrid = 1024;  // cells of the magnitude -> level lookup grid
 // Width codes: bits per value. 16 = raw BF16 (exact for BF16-representable values).
 enum Width : uint8_t { kW2 = 2, kW4 = 4, kW8 = 8, kW16 = 16 };
 
-DQ_HD int width_index(int bits) { return bits == 2 ? 0 : bits == 4 ? 1 : bits == 8 ? 2 : 3; }
-DQ_HD int max_magnitude(int bits) { return (1 << (bits - 1)) - 1; }  // L: codes -L..L
+DQ_HD int width_index(int bits) {
+  return bits == 2 ? 0 : bits == 4 ? 1 : bits == 8 ? 2 : 3;
+}
+DQ_HD int max_magnitude(int bits) {
+  return (1 << (bits - 1)) - 1;
+}  // L: codes -L..L
 
 // Bytes of one super-group record (docs/FORMAT.md): hierarchical scales = BF16 unit + 16 UINT8
 // group scales; flat scales (ablation) = 16 BF16 group scales.
@@ -34,12 +38,12 @@ DQ_HD int record_bytes(int bits, bool hierarchical_scales) {
 // Built once per codec on the host (build_level_table in kernels/dynamiq_codec.cc) and copied to
 // the device as plain data.
 struct LevelTable {
-  int max_mag;                      // L
-  int extra_steps;                  // most levels inside one grid cell (fix-up iterations)
-  float level[130];                 // level[L+1] = sentinel > 1
-  float inv_gap[129];               // 1 / (level[r+1] - level[r]); 0 at r = L
-  int32_t start[kLevelGrid + 1];    // largest r with level[r] <= cell / kLevelGrid
-  float decode[256];                // signed level of each code 0..2L (offset binary), 0 beyond
+  int max_mag;                    // L
+  int extra_steps;                // most levels inside one grid cell (fix-up iterations)
+  float level[130];               // level[L+1] = sentinel > 1
+  float inv_gap[129];             // 1 / (level[r+1] - level[r]); 0 at r = L
+  int32_t start[kLevelGrid + 1];  // largest r with level[r] <= cell / kLevelGrid
+  float decode[256];              // signed level of each code 0..2L (offset binary), 0 beyond
 };
 
 // Magnitude m in [0, 1] -> lower level index r with level[r] <= m < level[r+1] (r = L at m = 1).
@@ -96,14 +100,16 @@ DQ_HD float magnitude_ratio(float v, float scale) {
 
 // Hierarchical scales. unit = BF16 rounded up of sgmax / 255, so 255 * unit >= sgmax and no
 // value can overflow its level range; group factor g = ceil(gmax / unit) in [1, 255].
-DQ_HD uint16_t supergroup_unit_bf16(float sgmax) { return f32_to_bf16_up(sgmax / 255.0f); }
+DQ_HD uint16_t supergroup_unit_bf16(float sgmax) {
+  return f32_to_bf16_up(sgmax / 255.0f);
+}
 
 DQ_HD uint8_t group_factor(float gmax, float unit) {
-  if (!(unit > 0.0f)) return 1;             // zero super-group (or NaN unit): any factor decodes 0/NaN
+  if (!(unit > 0.0f)) return 1;  // zero super-group (or NaN unit): any factor decodes 0/NaN
   float q = gmax / unit;
-  if (!(q < 255.0f)) return 255;            // also catches Inf/NaN
+  if (!(q < 255.0f)) return 255;  // also catches Inf/NaN
   int g = static_cast<int>(q);
-  if (static_cast<float>(g) < q) ++g;       // ceil without libm
+  if (static_cast<float>(g) < q) ++g;  // ceil without libm
   return static_cast<uint8_t>(g < 1 ? 1 : g);
 }
 
@@ -114,8 +120,12 @@ DQ_HD uint8_t group_factor(float gmax, float unit) {
 DQ_HD uint32_t rounding_block(uint64_t element) {
   return static_cast<uint32_t>((element >> 8) * 32 + ((element >> 4) & 3) * 8 + (element & 7));
 }
-DQ_HD int rounding_word(uint64_t element) { return static_cast<int>((element >> 6) & 3); }
-DQ_HD int rounding_half(uint64_t element) { return static_cast<int>((element >> 3) & 1); }
+DQ_HD int rounding_word(uint64_t element) {
+  return static_cast<int>((element >> 6) & 3);
+}
+DQ_HD int rounding_half(uint64_t element) {
+  return static_cast<int>((element >> 3) & 1);
+}
 
 DQ_HD uint32_t rounding_bits16(uint64_t seed, uint64_t call, uint32_t hop, uint64_t e) {
   const Philox4 w = philox_draw(seed, call, hop, kStreamRounding, rounding_block(e));
@@ -167,8 +177,7 @@ DQ_HD uint32_t shuffle_position(uint32_t key, uint32_t member, uint32_t strata) 
 #endif
   for (int round = 0; round < kShuffleRounds; ++round) {
     const uint32_t round_key = mix32(key + 0x9E3779B9u * static_cast<uint32_t>(round + 1));
-    const uint32_t pivot =
-        static_cast<uint32_t>((static_cast<uint64_t>(round_key) * strata) >> 32);
+    const uint32_t pivot = static_cast<uint32_t>((static_cast<uint64_t>(round_key) * strata) >> 32);
     const uint32_t partner = pivot >= x ? pivot - x : pivot + strata - x;  // (pivot - x) mod n
     const uint32_t hi = x > partner ? x : partner;
     x = (mix32(round_key ^ (hi * 0x27d4eb2fu)) & 1u) ? partner : x;

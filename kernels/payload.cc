@@ -4,8 +4,13 @@
 
 namespace dq {
 namespace {
-void put16(uint8_t* p, uint16_t v) { p[0] = v & 0xff; p[1] = v >> 8; }
-void put32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = (v >> (8 * i)) & 0xff; }
+void put16(uint8_t* p, uint16_t v) {
+  p[0] = v & 0xff;
+  p[1] = v >> 8;
+}
+void put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = (v >> (8 * i)) & 0xff;
+}
 }  // namespace
 
 void write_chunk_header(uint8_t* out, const ChunkHeader& h) {

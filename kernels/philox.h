@@ -5,7 +5,6 @@
 
 #include "kernels/hd.h"
 
-
 namespace dq {
 
 struct Philox4 {
@@ -33,7 +32,10 @@ DQ_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, 
     philox_mulhilo(kMul0, c0, &hi0, &lo0);
     philox_mulhilo(kMul1, c2, &hi1, &lo1);
     uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += kWeyl0;
     k1 += kWeyl1;
   }
@@ -58,7 +60,9 @@ DQ_HD Philox4 philox_draw(uint64_t seed, uint64_t call, uint32_t hop, uint32_t s
 }
 
 // A uniform float in [0, 1) from the top 24 bits of a word (exact in FP32).
-DQ_HD float uniform24(uint32_t word) { return static_cast<float>(word >> 8) * 0x1p-24f; }
+DQ_HD float uniform24(uint32_t word) {
+  return static_cast<float>(word >> 8) * 0x1p-24f;
+}
 
 // The host's eight-lane AVX2 form of philox_draw(): kernels/dynamiq_avx2.h.
 

@@ -21,9 +21,10 @@ namespace dq::net {
 Status NetBackend::reg_mr_dma_buf(void* comm, void* data, size_t size, int type,
                                   uint64_t /*offset*/, int /*fd*/, void** mhandle) {
   if (type == NCCL_PTR_HOST) return reg_mr(comm, data, size, type, mhandle);
-  NET_WARN("regMrDmaBuf: DMA-BUF memory (type %d) is not supported by this transport; host "
-           "memory only",
-           type);
+  NET_WARN(
+      "regMrDmaBuf: DMA-BUF memory (type %d) is not supported by this transport; host "
+      "memory only",
+      type);
   return Status::kInvalidArgument;
 }
 
@@ -42,7 +43,9 @@ static_assert(dqNetSuccess == static_cast<int>(ncclSuccess) &&
               dqNetInvalidUsage == static_cast<int>(ncclInvalidUsage) &&
               dqNetRemoteError == static_cast<int>(ncclRemoteError));
 
-dqNetResult ToResult(Status s) { return static_cast<dqNetResult>(nccl_result(s)); }
+dqNetResult ToResult(Status s) {
+  return static_cast<dqNetResult>(nccl_result(s));
+}
 
 template <typename Fn>
 dqNetResult Guard(const char* what, Fn&& fn) {

@@ -28,7 +28,8 @@ int dynamiqCommBytes(void* comm, unsigned long long* bytes_in, unsigned long lon
  * bits of every call whose statistics were read (one call of its bucket late), `predicted_calls`
  * their count, `predicted_vnmse_mean` and `predicted_vnmse_last` their mean and latest predicted
  * vNMSE (-1 when none yet), `mean_bits` the mean budget of compressed DynamiQ calls in bits per
- * coordinate (0 when none). Any pointer may be NULL. Returns 0, or 4 for an unknown communicator. */
+ * coordinate (0 when none). Any pointer may be NULL. Returns 0, or 4 for an unknown communicator.
+ */
 int dynamiqCommBudget(void* comm, unsigned long long* widths, unsigned long long* predicted_calls,
                       double* predicted_vnmse_mean, double* predicted_vnmse_last,
                       double* mean_bits);

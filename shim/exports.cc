@@ -236,9 +236,8 @@ DQ_SHIM_API int dynamiqCommBytes(void* comm, unsigned long long* bytes_in,
 }
 
 DQ_SHIM_API int dynamiqCommBudget(void* comm, unsigned long long* widths,
-                                  unsigned long long* predicted_calls,
-                                  double* predicted_vnmse_mean, double* predicted_vnmse_last,
-                                  double* mean_bits) {
+                                  unsigned long long* predicted_calls, double* predicted_vnmse_mean,
+                                  double* predicted_vnmse_last, double* mean_bits) {
   return guarded("dynamiqCommBudget", [&] {
     dq::engine::BudgetMetrics b;
     const ncclResult_t res = dq::shim::comm_budget(static_cast<ncclComm_t>(comm), &b);

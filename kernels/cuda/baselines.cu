@@ -61,8 +61,8 @@ __device__ __forceinline__ bool uniform_scale_valid(uint16_t s) {
 // The decoded value at position `pos` of block `blk` (the host kernels' decode()); *bad is set
 // where the block holds content the host's validate() refuses (uniform only).
 template <int F>
-__device__ __forceinline__ float decode_value(const BaselineDeviceParams& d, const uint8_t* blk, int pos,
-                                              bool* bad) {
+__device__ __forceinline__ float decode_value(const BaselineDeviceParams& d, const uint8_t* blk,
+                                              int pos, bool* bad) {
   if (F == kFamilyBf16) return bf16_to_f32(get16(blk));
   if (F == kFamilyMx) {
     const MxKind kind = static_cast<MxKind>(d.variant);
@@ -88,7 +88,7 @@ __device__ __forceinline__ uint8_t pack_byte(uint32_t code, int bits, int width)
   DQ_UNROLL
   for (int t = 0; t < 4; ++t) {
     const uint32_t c = __shfl_sync(kFullMask, code, first + t, width);  // lane first + t mod width
-    acc |= t == 0 ? (c >> shift) : (c << (t * bits - shift));        // shifts of 1 .. 24
+    acc |= t == 0 ? (c >> shift) : (c << (t * bits - shift));           // shifts of 1 .. 24
   }
   return static_cast<uint8_t>(acc);
 }
@@ -141,22 +141,30 @@ __global__ void __launch_bounds__(kBaselineThreads)
   }
   if (blockIdx.x == 0 && k == 0) {
     const uint32_t n = static_cast<uint32_t>(contrib + 1);
-    const uint8_t h[kChunkHeaderBytes] = {
-        static_cast<uint8_t>(kPayloadMagic & 0xff), static_cast<uint8_t>(kPayloadMagic >> 8),
-        kPayloadVersion, static_cast<uint8_t>(d.codec),
-        static_cast<uint8_t>(c.chunk & 0xff), static_cast<uint8_t>((c.chunk >> 8) & 0xff),
-        static_cast<uint8_t>(n & 0xff), static_cast<uint8_t>((n >> 8) & 0xff),
-        static_cast<uint8_t>(call), static_cast<uint8_t>(call >> 8),
-        static_cast<uint8_t>(call >> 16), static_cast<uint8_t>(call >> 24),
-        static_cast<uint8_t>(c.digest), static_cast<uint8_t>(c.digest >> 8),
-        static_cast<uint8_t>(c.digest >> 16), static_cast<uint8_t>(c.digest >> 24)};
+    const uint8_t h[kChunkHeaderBytes] = {static_cast<uint8_t>(kPayloadMagic & 0xff),
+                                          static_cast<uint8_t>(kPayloadMagic >> 8),
+                                          kPayloadVersion,
+                                          static_cast<uint8_t>(d.codec),
+                                          static_cast<uint8_t>(c.chunk & 0xff),
+                                          static_cast<uint8_t>((c.chunk >> 8) & 0xff),
+                                          static_cast<uint8_t>(n & 0xff),
+                                          static_cast<uint8_t>((n >> 8) & 0xff),
+                                          static_cast<uint8_t>(call),
+                                          static_cast<uint8_t>(call >> 8),
+                                          static_cast<uint8_t>(call >> 16),
+                                          static_cast<uint8_t>(call >> 24),
+                                          static_cast<uint8_t>(c.digest),
+                                          static_cast<uint8_t>(c.digest >> 8),
+                                          static_cast<uint8_t>(c.digest >> 16),
+                                          static_cast<uint8_t>(c.digest >> 24)};
     for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
   }
   uint8_t* body = out + kChunkHeaderBytes;
   const unsigned long long body_bytes = c.n_blocks * static_cast<unsigned long long>(d.block_bytes);
   const unsigned long long body_capacity = d.capacity - kChunkHeaderBytes;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * kBaselineThreads;
-  for (unsigned long long b = body_bytes + blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k;
+  for (unsigned long long b =
+           body_bytes + blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k;
        b < body_capacity; b += stride)
     body[b] = 0;
 
@@ -173,11 +181,13 @@ __global__ void __launch_bounds__(kBaselineThreads)
     float v = 0.0f;
     if (real) {
       const unsigned long long e = c.begin + rel;
-      v = own_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(own)[e]) : static_cast<const float*>(own)[e];
+      v = own_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(own)[e])
+                   : static_cast<const float*>(own)[e];
     }
     if (in_block)
       for (int m = 0; m < n_in; ++m) {
-        const uint8_t* src = in.p[m] + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes);
+        const uint8_t* src =
+            in.p[m] + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes);
         const float x = decode_value<F>(d, src, pos, &bad);
         if (real) v += x;
       }
@@ -211,7 +221,8 @@ __global__ void __launch_bounds__(kBaselineThreads)
         scale_bits = f32_to_bf16_up(f32_from_bits(amax));
         const float scale = bf16_to_f32(scale_bits);
         const uint64_t e = key.element_base + c.begin + rel;
-        const Philox4 r = philox_draw(key.seed, key.call, key.rank, kStreamRounding, static_cast<uint32_t>(e / 4));
+        const Philox4 r = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
+                                      static_cast<uint32_t>(e / 4));
         float x = (v / scale) * levels;
         x = x > levels ? levels : (x < -levels ? -levels : x);
         int fl = static_cast<int>(x);
@@ -238,7 +249,8 @@ __global__ void __launch_bounds__(kBaselineThreads)
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_hop_clear_kernel(unsigned long long capacity, uint8_t* out, const unsigned* error) {
   if ((*error & kSkipFlag) != 0 || (*error & kBaselineBadCodes) == 0) return;
-  for (unsigned long long b = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+  for (unsigned long long b =
+           blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
        b < capacity; b += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads)
     out[b] = 0;
 }
@@ -246,18 +258,20 @@ __global__ void __launch_bounds__(kBaselineThreads)
 // The finish's validation pass: the header (its worker count n_contrib), and for uniform every
 // code and scale of the chunk's groups, padding included (UniformKernel::validate()).
 __global__ void __launch_bounds__(kBaselineThreads)
-    baseline_finish_check_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const uint8_t* in,
-                                 int n_contrib, unsigned* error) {
+    baseline_finish_check_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c,
+                                 const uint8_t* in, int n_contrib, unsigned* error) {
   if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the gate set the bit)
   const int k = static_cast<int>(threadIdx.x);
-  if (blockIdx.x == 0 && k == 0 && check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib)
+  if (blockIdx.x == 0 && k == 0 &&
+      check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib)
     atomicOr(error, unsigned{kBaselineBadHeader});
   if (d.codec != CodecId::kUniform) return;
   const unsigned long long n_vals = c.n_blocks * static_cast<unsigned long long>(d.block_elems);
   bool bad = false;
-  for (unsigned long long rel = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k; rel < n_vals;
-       rel += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads) {
-    const uint8_t* blk = in + kChunkHeaderBytes + (rel / 16) * static_cast<unsigned long long>(d.block_bytes);
+  for (unsigned long long rel = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k;
+       rel < n_vals; rel += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads) {
+    const uint8_t* blk =
+        in + kChunkHeaderBytes + (rel / 16) * static_cast<unsigned long long>(d.block_bytes);
     (void)decode_value<kFamilyUniform>(d, blk, static_cast<int>(rel % 16), &bad);
   }
   if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
@@ -265,21 +279,25 @@ __global__ void __launch_bounds__(kBaselineThreads)
 
 template <int F>
 __global__ void __launch_bounds__(kBaselineThreads)
-    baseline_finish_kernel(BaselineDeviceParams d, ChunkArgs c, const uint8_t* in, void* out, int out_bf16,
-                           int avg, int n_contrib, const unsigned* error) {
+    baseline_finish_kernel(BaselineDeviceParams d, ChunkArgs c, const uint8_t* in, void* out,
+                           int out_bf16, int avg, int n_contrib, const unsigned* error) {
   if (*error != 0) return;  // the same in every thread: nothing is written
   const float divisor = static_cast<float>(n_contrib);
   bool bad = false;
-  for (unsigned long long rel = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+  for (unsigned long long rel =
+           blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
        rel < c.n_real; rel += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads) {
     const unsigned long long blk = rel / static_cast<unsigned long long>(d.block_elems);
     const int pos = static_cast<int>(rel % static_cast<unsigned long long>(d.block_elems));
-    float v = decode_value<F>(d, in + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes),
-                              pos, &bad);
+    float v = decode_value<F>(
+        d, in + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes), pos,
+        &bad);
     if (avg) v /= divisor;
     const unsigned long long e = c.begin + rel;
-    if (out_bf16) static_cast<uint16_t*>(out)[e] = f32_to_bf16_rne(v);
-    else static_cast<float*>(out)[e] = v;
+    if (out_bf16)
+      static_cast<uint16_t*>(out)[e] = f32_to_bf16_rne(v);
+    else
+      static_cast<float*>(out)[e] = v;
   }
 }
 
@@ -306,17 +324,21 @@ ChunkArgs chunk_args(const BaselineDeviceParams& d, int chunk) {
       h ^= (w >> (8 * b)) & 0xffu;
       h *= 0x100000001b3ull;
     }
-  return ChunkArgs{begin, end - begin, n_blocks, static_cast<uint32_t>(h) ^ static_cast<uint32_t>(h >> 32), chunk};
+  return ChunkArgs{begin, end - begin, n_blocks,
+                   static_cast<uint32_t>(h) ^ static_cast<uint32_t>(h >> 32), chunk};
 }
 
 unsigned grid_for(unsigned long long work, int max_blocks) {
-  const unsigned long long cap = max_blocks > 0 ? static_cast<unsigned long long>(max_blocks) : 4096;
+  const unsigned long long cap =
+      max_blocks > 0 ? static_cast<unsigned long long>(max_blocks) : 4096;
   const unsigned long long n = work < cap ? work : cap;
   return static_cast<unsigned>(n > 0 ? n : 1);
 }
 
 int family_of(CodecId codec) {
-  return codec == CodecId::kBf16 ? kFamilyBf16 : codec == CodecId::kUniform ? kFamilyUniform : kFamilyMx;
+  return codec == CodecId::kBf16      ? kFamilyBf16
+         : codec == CodecId::kUniform ? kFamilyUniform
+                                      : kFamilyMx;
 }
 
 bool params_ok(const BaselineDeviceParams& d) {
@@ -324,7 +346,8 @@ bool params_ok(const BaselineDeviceParams& d) {
                   d.codec == CodecId::kMxfp6E2M3 || d.codec == CodecId::kMxfp4;
   if (!mx && d.codec != CodecId::kBf16 && d.codec != CodecId::kUniform) return false;
   if (mx && (d.variant > 3 || d.block_elems != 32)) return false;
-  if (d.codec == CodecId::kUniform && (d.block_elems != 16 || d.element_bits < 2 || d.element_bits > 8))
+  if (d.codec == CodecId::kUniform &&
+      (d.block_elems != 16 || d.element_bits < 2 || d.element_bits > 8))
     return false;
   if (d.codec == CodecId::kBf16 && d.block_elems != 1) return false;
   return d.n_chunks >= 1 && d.n_workers >= 1 && d.capacity >= kChunkHeaderBytes;
@@ -335,20 +358,21 @@ bool params_ok(const BaselineDeviceParams& d) {
 cudaError_t launch_baseline_layout(uint64_t call, void* layout, cudaStream_t stream,
                                    const unsigned* error) {
   if (layout == nullptr) return cudaErrorInvalidValue;
-  DQ_LAUNCH(baseline_layout_kernel, dim3(1), dim3(kWarp), 0, stream, call, static_cast<uint64_t*>(layout),
-            error);
+  DQ_LAUNCH(baseline_layout_kernel, dim3(1), dim3(kWarp), 0, stream, call,
+            static_cast<uint64_t*>(layout), error);
   return cudaGetLastError();
 }
 
 cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* layout, int chunk,
-                                const void* own, bool own_bf16, const uint8_t* const* inputs, int n_in,
-                                uint8_t* out, const RoundingKey& key, unsigned* error,
+                                const void* own, bool own_bf16, const uint8_t* const* inputs,
+                                int n_in, uint8_t* out, const RoundingKey& key, unsigned* error,
                                 cudaStream_t stream, int max_blocks) {
   // check_hop_args() and check_element_base() of the host.
   if (!params_ok(params) || layout == nullptr || out == nullptr || error == nullptr || chunk < 0 ||
-      chunk >= params.n_chunks || n_in < 0 || n_in > kMaxBaselineInputs || (n_in > 0 && inputs == nullptr) ||
-      (own == nullptr && params.count > 0) || key.element_base % 256 != 0 ||
-      params.count > kMaxElementIndex || key.element_base > kMaxElementIndex - params.count)
+      chunk >= params.n_chunks || n_in < 0 || n_in > kMaxBaselineInputs ||
+      (n_in > 0 && inputs == nullptr) || (own == nullptr && params.count > 0) ||
+      key.element_base % 256 != 0 || params.count > kMaxElementIndex ||
+      key.element_base > kMaxElementIndex - params.count)
     return cudaErrorInvalidValue;
   HopInputs in{};
   for (int i = 0; i < n_in; ++i) {
@@ -357,7 +381,8 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
   }
   const ChunkArgs c = chunk_args(params, chunk);
   const unsigned long long tiles =
-      (c.n_blocks * static_cast<unsigned long long>(params.block_elems) + kBaselineThreads - 1) / kBaselineThreads;
+      (c.n_blocks * static_cast<unsigned long long>(params.block_elems) + kBaselineThreads - 1) /
+      kBaselineThreads;
   const dim3 grid(grid_for(tiles, max_blocks));
   const int b16 = own_bf16 ? 1 : 0;
   DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
@@ -365,29 +390,32 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
   if (gate != cudaSuccess) return gate;
   switch (family_of(params.codec)) {
     case kFamilyBf16:
-      DQ_LAUNCH(baseline_hop_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params, layout, c,
-                own, b16, in, n_in, out, key, error);
+      DQ_LAUNCH(baseline_hop_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params,
+                layout, c, own, b16, in, n_in, out, key, error);
       break;
     case kFamilyMx:
-      DQ_LAUNCH(baseline_hop_kernel<kFamilyMx>, grid, dim3(kBaselineThreads), 0, stream, params, layout, c, own,
-                b16, in, n_in, out, key, error);
+      DQ_LAUNCH(baseline_hop_kernel<kFamilyMx>, grid, dim3(kBaselineThreads), 0, stream, params,
+                layout, c, own, b16, in, n_in, out, key, error);
       break;
     default: {
-      DQ_LAUNCH(baseline_hop_kernel<kFamilyUniform>, grid, dim3(kBaselineThreads), 0, stream, params, layout, c,
-                own, b16, in, n_in, out, key, error);
+      DQ_LAUNCH(baseline_hop_kernel<kFamilyUniform>, grid, dim3(kBaselineThreads), 0, stream,
+                params, layout, c, own, b16, in, n_in, out, key, error);
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess || n_in == 0) return e;
-      DQ_LAUNCH(baseline_hop_clear_kernel, dim3(grid_for((params.capacity + kBaselineThreads - 1) / kBaselineThreads,
-                                                         max_blocks)),
-                dim3(kBaselineThreads), 0, stream, params.capacity, out, static_cast<const unsigned*>(error));
+      DQ_LAUNCH(
+          baseline_hop_clear_kernel,
+          dim3(grid_for((params.capacity + kBaselineThreads - 1) / kBaselineThreads, max_blocks)),
+          dim3(kBaselineThreads), 0, stream, params.capacity, out,
+          static_cast<const unsigned*>(error));
     }
   }
   return cudaGetLastError();
 }
 
-cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout, int chunk,
-                                   const uint8_t* in, void* out, bool out_bf16, bool avg, int n_contrib,
-                                   unsigned* error, cudaStream_t stream, int max_blocks) {
+cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout,
+                                   int chunk, const uint8_t* in, void* out, bool out_bf16, bool avg,
+                                   int n_contrib, unsigned* error, cudaStream_t stream,
+                                   int max_blocks) {
   // run_finish()'s argument checks.
   if (!params_ok(params) || layout == nullptr || in == nullptr || error == nullptr || chunk < 0 ||
       chunk >= params.n_chunks || n_contrib < 1 || n_contrib > params.n_workers ||
@@ -397,13 +425,14 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
   const int family = family_of(params.codec);
   const unsigned long long vals = c.n_blocks * static_cast<unsigned long long>(params.block_elems);
   // Only uniform has codes to validate; the others check the header alone.
-  const dim3 check_grid(family == kFamilyUniform ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
-                                                 : 1u);
+  const dim3 check_grid(family == kFamilyUniform
+                            ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
+                            : 1u);
   DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
   const cudaError_t gate = cudaGetLastError();
   if (gate != cudaSuccess) return gate;
-  DQ_LAUNCH(baseline_finish_check_kernel, check_grid, dim3(kBaselineThreads), 0, stream, params, layout, c, in,
-            n_contrib, error);
+  DQ_LAUNCH(baseline_finish_check_kernel, check_grid, dim3(kBaselineThreads), 0, stream, params,
+            layout, c, in, n_contrib, error);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 grid(grid_for((c.n_real + kBaselineThreads - 1) / kBaselineThreads, max_blocks));
@@ -411,16 +440,16 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
   const unsigned* err = error;
   switch (family) {
     case kFamilyBf16:
-      DQ_LAUNCH(baseline_finish_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params, c, in, out,
-                b16, av, n_contrib, err);
+      DQ_LAUNCH(baseline_finish_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream,
+                params, c, in, out, b16, av, n_contrib, err);
       break;
     case kFamilyMx:
-      DQ_LAUNCH(baseline_finish_kernel<kFamilyMx>, grid, dim3(kBaselineThreads), 0, stream, params, c, in, out, b16,
-                av, n_contrib, err);
+      DQ_LAUNCH(baseline_finish_kernel<kFamilyMx>, grid, dim3(kBaselineThreads), 0, stream, params,
+                c, in, out, b16, av, n_contrib, err);
       break;
     default:
-      DQ_LAUNCH(baseline_finish_kernel<kFamilyUniform>, grid, dim3(kBaselineThreads), 0, stream, params, c, in,
-                out, b16, av, n_contrib, err);
+      DQ_LAUNCH(baseline_finish_kernel<kFamilyUniform>, grid, dim3(kBaselineThreads), 0, stream,
+                params, c, in, out, b16, av, n_contrib, err);
   }
   return cudaGetLastError();
 }

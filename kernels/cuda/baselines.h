@@ -10,9 +10,9 @@
 // before the launch and reads when the stream is done (BaselineError). What the caller could have
 // checked on the host (arguments, the rounding key's element base) comes back from the launch as
 // cudaErrorInvalidValue, as the host's kInvalidArgument. Input messages must each have
-// chunk_capacity() readable bytes (the host also checks the sizes it is given; here there are none).
-// A word that is already non-zero when a launch starts means the lane failed before: the launch's
-// kernels then write nothing (the word gains kSkipFlag, cuda_compat.h).
+// chunk_capacity() readable bytes (the host also checks the sizes it is given; here there are
+// none). A word that is already non-zero when a launch starts means the lane failed before: the
+// launch's kernels then write nothing (the word gains kSkipFlag, cuda_compat.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -56,11 +56,15 @@ inline bool baseline_device_params(std::string_view name, size_t count, int n_ch
     d.block_elems = 1;
   } else if (name == "mxfp8" || name == "mxfp6e3m2" || name == "mxfp6e2m3" || name == "mxfp4") {
     const bool fp8 = name == "mxfp8", e3m2 = name == "mxfp6e3m2", e2m3 = name == "mxfp6e2m3";
-    d.codec = fp8 ? CodecId::kMxfp8 : e3m2 ? CodecId::kMxfp6E3M2 : e2m3 ? CodecId::kMxfp6E2M3 : CodecId::kMxfp4;
+    d.codec = fp8    ? CodecId::kMxfp8
+              : e3m2 ? CodecId::kMxfp6E3M2
+              : e2m3 ? CodecId::kMxfp6E2M3
+                     : CodecId::kMxfp4;
     d.variant = fp8 ? 0 : e3m2 ? 1 : e2m3 ? 2 : 3;  // MxKind's order
     d.element_bits = fp8 ? 8 : (e3m2 || e2m3) ? 6 : 4;
     d.block_elems = 32;
-  } else if (name.size() == 9 && name.substr(0, 8) == "uniform:" && name[8] >= '3' && name[8] <= '9') {
+  } else if (name.size() == 9 && name.substr(0, 8) == "uniform:" && name[8] >= '3' &&
+             name[8] <= '9') {
     d.codec = CodecId::kUniform;
     d.variant = static_cast<uint32_t>(name[8] - '0');
     d.element_bits = static_cast<int>(d.variant) - 1;
@@ -69,7 +73,7 @@ inline bool baseline_device_params(std::string_view name, size_t count, int n_ch
   } else {
     return false;
   }
-  d.block_bytes = d.codec == CodecId::kBf16 ? 2
+  d.block_bytes = d.codec == CodecId::kBf16      ? 2
                   : d.codec == CodecId::kUniform ? 2 + 2 * d.element_bits
                                                  : 1 + 32 * d.element_bits / 8;
   if (n_chunks < 1 || n_chunks > 65536 || n_workers < 1 || n_workers > 65535 ||
@@ -103,15 +107,16 @@ cudaError_t launch_baseline_layout(uint64_t call, void* layout, cudaStream_t str
 // As on the host: a header error (or too many workers) leaves `out` untouched; invalid codes in
 // an input leave `out` all zero. `max_blocks` caps the grid (0: up to 4096).
 cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* layout, int chunk,
-                                const void* own, bool own_bf16, const uint8_t* const* inputs, int n_in,
-                                uint8_t* out, const RoundingKey& key, unsigned* error,
+                                const void* own, bool own_bf16, const uint8_t* const* inputs,
+                                int n_in, uint8_t* out, const RoundingKey& key, unsigned* error,
                                 cudaStream_t stream, int max_blocks = 0);
 
 // The finish of `chunk`: decodes the chunk message `in` (the sum of n_contrib workers), divides by
 // n_contrib for AVG, and writes this chunk's elements of `out` (the whole tensor, FP32 or BF16). A
 // message whose header or codes are invalid leaves `out` untouched (and sets the error word).
-cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout, int chunk,
-                                   const uint8_t* in, void* out, bool out_bf16, bool avg, int n_contrib,
-                                   unsigned* error, cudaStream_t stream, int max_blocks = 0);
+cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout,
+                                   int chunk, const uint8_t* in, void* out, bool out_bf16, bool avg,
+                                   int n_contrib, unsigned* error, cudaStream_t stream,
+                                   int max_blocks = 0);
 
 }  // namespace dq::cuda

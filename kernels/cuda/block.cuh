@@ -9,15 +9,21 @@ namespace dq::cuda {
 
 struct SumOp {
   template <class T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct MaxOp {
   template <class T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? b : a; }
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a < b ? b : a;
+  }
 };
 struct MinOp {
   template <class T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return b < a ? b : a; }
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return b < a ? b : a;
+  }
 };
 
 // Sum over the Width lanes of each aligned segment in lane order, starting from +0:
@@ -37,7 +43,8 @@ __device__ __forceinline__ float segment_ordered_sum(float v) {
 template <class T, class Op>
 __device__ __forceinline__ T warp_reduce(T v, Op op) {
   DQ_UNROLL
-  for (int offset = kWarp / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1)
+    v = op(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
 

@@ -16,7 +16,9 @@ constexpr int kBudgetThreads = 512;
 
 // Device memory the kernel works in: per key, the count and the two fixed-point energies
 // (kEnergyKeys + 1 entries each), reused part after part.
-constexpr size_t budget_scratch_bytes() { return kBudgetScratchBytes; }
+constexpr size_t budget_scratch_bytes() {
+  return kBudgetScratchBytes;
+}
 
 // Enqueues the prediction of a call on `stream`: for each of job->n_parts parts in order, its
 // statistics at reduced + stats_offset (device memory, kStatsWordsPerSupergroup BF16 words per

@@ -9,7 +9,7 @@
 #define DQ_LAUNCH(kernel, grid, block, shmem, stream, ...) \
   kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
 // The launch's dynamic shared memory as a T*, 16-byte aligned.
-#define DQ_DYNAMIC_SHARED(T, name)                                \
+#define DQ_DYNAMIC_SHARED(T, name)                                    \
   extern __shared__ __align__(16) unsigned char dq_dynamic_shared_[]; \
   T* name = reinterpret_cast<T*>(dq_dynamic_shared_)
 #define DQ_CUDA_EMULATED 0

@@ -31,8 +31,10 @@ DQ_HD MathProbe compute_probe(float x, uint32_t e, const LevelTable& table, uint
                                 static_cast<float>(strata), seed, call, e & 7, e);
   p.bits16 = static_cast<uint16_t>(rounding_bits16(seed, call, e & 7, e));
   // The tie rule (rare in real data) on every element: x within one 2^-16 step of the bits.
-  const float x_tie = (static_cast<float>(p.bits16) + static_cast<float>(e & 255) / 256.0f) * 0x1p-16f;
-  p.tie_up = static_cast<uint16_t>(round_up_tie(x_tie, p.bits16, rounding_tie_uniform(seed, call, e & 7, e)));
+  const float x_tie =
+      (static_cast<float>(p.bits16) + static_cast<float>(e & 255) / 256.0f) * 0x1p-16f;
+  p.tie_up = static_cast<uint16_t>(
+      round_up_tie(x_tie, p.bits16, rounding_tie_uniform(seed, call, e & 7, e)));
   const float mag = x < 0 ? -x : x;
   p.bf16_rne = f32_to_bf16_rne(x);
   p.bf16_up = f32_to_bf16_up(mag);

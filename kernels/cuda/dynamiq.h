@@ -67,19 +67,21 @@ inline void dynamiq_level_tables(const DynamiqOptions& o, LevelTable out[3]) {
 
 // Flags OR-ed into the caller's error word.
 enum DynamiqError : unsigned {
-  kDynamiqBadHeader = 1u,         // an input's chunk header disagrees (host: kMalformedPayload)
-  kDynamiqBadRecord = 2u,         // invalid codes or scales (host: kMalformedPayload)
-  kDynamiqTooManyWorkers = 4u,    // inputs sum more workers than exist (host: kMalformedPayload)
-  kDynamiqChunkOverCapacity = 8u  // a chunk does not fit its message (host: kInternal): raised
-                                  // by the layout, and by the hop (and the finish's check) for a
-                                  // record past the capacity, which they then neither write nor read
+  kDynamiqBadHeader = 1u,       // an input's chunk header disagrees (host: kMalformedPayload)
+  kDynamiqBadRecord = 2u,       // invalid codes or scales (host: kMalformedPayload)
+  kDynamiqTooManyWorkers = 4u,  // inputs sum more workers than exist (host: kMalformedPayload)
+  kDynamiqChunkOverCapacity =
+      8u  // a chunk does not fit its message (host: kInternal): raised
+          // by the layout, and by the hop (and the finish's check) for a
+          // record past the capacity, which they then neither write nor read
 };
 
 // The layout of `params` for this call from the all-reduced statistics
 // (kStatsWordsPerSupergroup BF16 words per super-group) into `layout` (params.sections.bytes bytes,
 // 8-byte aligned): the bytes of build_dynamiq_layout(), padding included. One block.
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
-                                  uint64_t call, void* layout, unsigned* error, cudaStream_t stream);
+                                  uint64_t call, void* layout, unsigned* error,
+                                  cudaStream_t stream);
 
 // The fused hop of `chunk`: out (chunk_capacity() bytes) = compress(own + sum of the n_in input
 // chunk messages `inputs[i]`), keyed by `key`; n_in = 0 is the leaf. `levels`: the three tables

@@ -93,7 +93,8 @@ __device__ __forceinline__ float decode_value(const LevelTable* levels, bool hie
 
 // Checks of the whole record that decode_value() makes per value, for the values it skips:
 // every group's scale and the record's unit (record_valid()).
-__device__ __forceinline__ bool record_scales_bad(bool hierarchical, int bits, const uint8_t* rec, int k) {
+__device__ __forceinline__ bool record_scales_bad(bool hierarchical, int bits, const uint8_t* rec,
+                                                  int k) {
   if (bits == 16 || k >= kGroupsPerSuperGroup) return false;
   if (hierarchical) return (rec[1] & 0x80) != 0 || rec[2 + k] == 0;
   return (rec[2 * k + 1] & 0x80) != 0;
@@ -101,7 +102,8 @@ __device__ __forceinline__ bool record_scales_bad(bool hierarchical, int bits, c
 
 // Whether a record (its offset in the body, `bits` wide) ends past the message's capacity: the
 // layout claims more than the message holds. The same answer in every thread.
-__device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint32_t offset, int bits) {
+__device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint32_t offset,
+                                                     int bits) {
   return kChunkHeaderBytes + static_cast<unsigned long long>(offset) +
              static_cast<unsigned long long>(p.record[width_index(bits)]) >
          p.capacity;
@@ -109,9 +111,9 @@ __device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint3
 
 // The hop's output header (one thread): the inputs' headers checked, their contributors summed
 // with this rank's own.
-__device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk, const HopInputs& in,
-                                                 int n_in, int n_workers, uint8_t* out,
-                                                 unsigned* error) {
+__device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
+                                                 const HopInputs& in, int n_in, int n_workers,
+                                                 uint8_t* out, unsigned* error) {
   int contrib = 1;
   for (int i = 0; i < n_in; ++i) {
     const int c = check_header(in.p[i], l, chunk, n_workers);
@@ -121,24 +123,30 @@ __device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
   if (contrib > n_workers) atomicOr(error, kDynamiqTooManyWorkers);
   const uint32_t call = static_cast<uint32_t>(l.header[0]);
   const uint32_t check = l.chunk_check[chunk];
-  const uint8_t h[kChunkHeaderBytes] = {
-      static_cast<uint8_t>(kPayloadMagic & 0xff), static_cast<uint8_t>(kPayloadMagic >> 8),
-      kPayloadVersion, static_cast<uint8_t>(CodecId::kDynamiq),
-      static_cast<uint8_t>(chunk & 0xff), static_cast<uint8_t>((chunk >> 8) & 0xff),
-      static_cast<uint8_t>(contrib & 0xff), static_cast<uint8_t>((contrib >> 8) & 0xff),
-      static_cast<uint8_t>(call), static_cast<uint8_t>(call >> 8),
-      static_cast<uint8_t>(call >> 16), static_cast<uint8_t>(call >> 24),
-      static_cast<uint8_t>(check), static_cast<uint8_t>(check >> 8),
-      static_cast<uint8_t>(check >> 16), static_cast<uint8_t>(check >> 24)};
+  const uint8_t h[kChunkHeaderBytes] = {static_cast<uint8_t>(kPayloadMagic & 0xff),
+                                        static_cast<uint8_t>(kPayloadMagic >> 8),
+                                        kPayloadVersion,
+                                        static_cast<uint8_t>(CodecId::kDynamiq),
+                                        static_cast<uint8_t>(chunk & 0xff),
+                                        static_cast<uint8_t>((chunk >> 8) & 0xff),
+                                        static_cast<uint8_t>(contrib & 0xff),
+                                        static_cast<uint8_t>((contrib >> 8) & 0xff),
+                                        static_cast<uint8_t>(call),
+                                        static_cast<uint8_t>(call >> 8),
+                                        static_cast<uint8_t>(call >> 16),
+                                        static_cast<uint8_t>(call >> 24),
+                                        static_cast<uint8_t>(check),
+                                        static_cast<uint8_t>(check >> 8),
+                                        static_cast<uint8_t>(check >> 16),
+                                        static_cast<uint8_t>(check >> 24)};
   for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
 }
 
 // The scales of a record at bits < 16 from the group maxima `gmax` (magnitude bit patterns), for
 // value k's group g: writes the record's scale bytes, returns value k's scale and in *codes where
 // the record's codes start.
-__device__ __forceinline__ float write_record_scales(bool hierarchical, const uint32_t* gmax,
-                                                     int k, int g, uint8_t* rec,
-                                                     uint8_t** codes) {
+__device__ __forceinline__ float write_record_scales(bool hierarchical, const uint32_t* gmax, int k,
+                                                     int g, uint8_t* rec, uint8_t** codes) {
   if (hierarchical) {
     uint32_t sgmax = 0;
     for (int q = 0; q < kGroupsPerSuperGroup; ++q) sgmax = gmax[q] > sgmax ? gmax[q] : sgmax;
@@ -180,10 +188,10 @@ __global__ void dynamiq_skip_gate_kernel(unsigned* error) {
 }
 
 __global__ void __launch_bounds__(kHopThreads)
-    dynamiq_hop_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout, int chunk,
-                       const void* own, int own_bf16, HopInputs in, int n_in, uint8_t* out,
-                       RoundingKey key, unsigned* error) {
-  __shared__ uint32_t s_words[32 * 4];   // Philox block b, word w at [4b + w]
+    dynamiq_hop_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
+                       int chunk, const void* own, int own_bf16, HopInputs in, int n_in,
+                       uint8_t* out, RoundingKey key, unsigned* error) {
+  __shared__ uint32_t s_words[32 * 4];  // Philox block b, word w at [4b + w]
   __shared__ float s_pi[kGroupsPerSuperGroup];
   __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
   __shared__ uint8_t s_codes[kSuperGroup];
@@ -201,7 +209,8 @@ __global__ void __launch_bounds__(kHopThreads)
   // The chunk header (block 0), the padding after the body (all blocks).
   if (blockIdx.x == 0 && k == 0) write_hop_header(l, chunk, in, n_in, p.n_workers, out, error);
   const unsigned long long body_capacity = p.capacity - kChunkHeaderBytes;
-  for (unsigned long long b = content + blockIdx.x * static_cast<unsigned long long>(kHopThreads) + k;
+  for (unsigned long long b =
+           content + blockIdx.x * static_cast<unsigned long long>(kHopThreads) + k;
        b < body_capacity; b += static_cast<unsigned long long>(gridDim.x) * kHopThreads)
     body[b] = 0;
 
@@ -222,7 +231,7 @@ __global__ void __launch_bounds__(kHopThreads)
     uint8_t* rec = body + l.offset[i];
     if (poisoned(l, j)) {  // the non-finite mean carries the result: an inert 2-bit record
       const int scale_bytes = p.record[0] - kSuperGroup * 2 / 8;
-      uint8_t b = 0x55;  // 2-bit code 1 = zero
+      uint8_t b = 0x55;                                                    // 2-bit code 1 = zero
       if (k < scale_bytes) b = (d.hierarchical_scales && k >= 2) ? 1 : 0;  // factors 1, unit 0
       if (k < p.record[0]) rec[k] = b;
       continue;  // uniform in the block
@@ -235,15 +244,16 @@ __global__ void __launch_bounds__(kHopThreads)
       for (int v = 0; v < 4; ++v) s_words[4 * k + v] = w.v[v];
     } else if (k < 32 + kGroupsPerSuperGroup) {
       const int group = k - 32;
-      s_pi[group] = corr ? static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class,
-                                                                 jr * kGroupsPerSuperGroup + group,
-                                                                 key.stratum, key.strata))
+      s_pi[group] = corr ? static_cast<float>(correlated_stratum(
+                               key.seed, key.call, key.stratum_class,
+                               jr * kGroupsPerSuperGroup + group, key.stratum, key.strata))
                          : 0.0f;
     }
     // Own value less the mean, then the inputs in order.
     const size_t base = static_cast<size_t>(j) * kSuperGroup;
     const size_t left = p.count - base;
-    const int valid = left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
+    const int valid =
+        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
     const float mu = bits == 16 ? 0.0f : l.mean[j];
     float v = 0.0f;
     if (k < valid) {
@@ -285,7 +295,9 @@ __global__ void __launch_bounds__(kHopThreads)
     const int r = level_floor(t, m);
     const float x = round_up_threshold(t, m, r, s_pi[g], strata);
     int up = round_up_coarse(x, u16);
-    if (up < 0) up = round_up_tie(x, u16, rounding_tie_uniform(key.seed, key.call, key.rank, jr * kSuperGroup + k));
+    if (up < 0)
+      up = round_up_tie(x, u16,
+                        rounding_tie_uniform(key.seed, key.call, key.rank, jr * kSuperGroup + k));
     s_codes[k] = static_cast<uint8_t>(encode_code(r + up, v < 0.0f, t.max_mag));
     __syncthreads();
     if (k < kSuperGroup * bits / 8) codes_out[k] = packed_code_byte(s_codes, bits, k);
@@ -303,7 +315,8 @@ __global__ void __launch_bounds__(kHopThreads)
   if (blockIdx.x == 0 && k == 0 && check_header(in, l, chunk, d.plan.n_workers) != n_contrib)
     atomicOr(error, kDynamiqBadHeader);
   const uint8_t* body = in + kChunkHeaderBytes;
-  for (uint32_t i = l.chunk_first[chunk] + blockIdx.x; i < l.chunk_first[chunk + 1]; i += gridDim.x) {
+  for (uint32_t i = l.chunk_first[chunk] + blockIdx.x; i < l.chunk_first[chunk + 1];
+       i += gridDim.x) {
     const int bits = l.width[l.order[i]];
     if (record_past_capacity(d.plan, l.offset[i], bits)) {  // never read past the message
       if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
@@ -317,20 +330,22 @@ __global__ void __launch_bounds__(kHopThreads)
 }
 
 __global__ void __launch_bounds__(kHopThreads)
-    dynamiq_finish_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout, int chunk,
-                          const uint8_t* in, void* out, int out_bf16, int avg, int n_contrib,
-                          const unsigned* error) {
+    dynamiq_finish_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
+                          int chunk, const uint8_t* in, void* out, int out_bf16, int avg,
+                          int n_contrib, const unsigned* error) {
   if (*error != 0) return;  // the same in every thread: nothing is written
   const int k = static_cast<int>(threadIdx.x);
   const LayoutView l = layout_view(layout, d.sections);
   const uint8_t* body = in + kChunkHeaderBytes;
   const float contributors = static_cast<float>(n_contrib);
-  for (uint32_t i = l.chunk_first[chunk] + blockIdx.x; i < l.chunk_first[chunk + 1]; i += gridDim.x) {
+  for (uint32_t i = l.chunk_first[chunk] + blockIdx.x; i < l.chunk_first[chunk + 1];
+       i += gridDim.x) {
     const uint32_t j = l.order[i];
     const int bits = l.width[j];
     const size_t base = static_cast<size_t>(j) * kSuperGroup;
     const size_t left = d.plan.count - base;
-    const int valid = left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
+    const int valid =
+        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
     if (k >= valid) continue;
     bool bad = false;
     float v = 0.0f;
@@ -338,8 +353,10 @@ __global__ void __launch_bounds__(kHopThreads)
     const float shift = bits == 16 ? 0.0f : contributors * l.mean[j];
     float s = v + shift;
     if (avg) s = s / contributors;
-    if (out_bf16) static_cast<uint16_t*>(out)[base + k] = f32_to_bf16_rne(s);
-    else static_cast<float*>(out)[base + k] = s;
+    if (out_bf16)
+      static_cast<uint16_t*>(out)[base + k] = f32_to_bf16_rne(s);
+    else
+      static_cast<float*>(out)[base + k] = s;
   }
 }
 
@@ -388,8 +405,9 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
             chunk, in, n_contrib, error);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  DQ_LAUNCH(dynamiq_finish_kernel, grid, dim3(kHopThreads), 0, stream, params, levels, layout, chunk,
-            in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, static_cast<const unsigned*>(error));
+  DQ_LAUNCH(dynamiq_finish_kernel, grid, dim3(kHopThreads), 0, stream, params, levels, layout,
+            chunk, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib,
+            static_cast<const unsigned*>(error));
   return cudaGetLastError();
 }
 

@@ -88,8 +88,8 @@ __device__ __forceinline__ unsigned long long wire_offset(const Classes& k, uint
 }
 
 // The chunk holding wire position i < n_sg.
-__device__ __forceinline__ uint32_t chunk_of(const Classes& k, uint32_t i, unsigned long long stride,
-                                             int n_chunks) {
+__device__ __forceinline__ uint32_t chunk_of(const Classes& k, uint32_t i,
+                                             unsigned long long stride, int n_chunks) {
   const unsigned long long c = wire_offset(k, i) / stride;
   const unsigned long long last = static_cast<unsigned long long>(n_chunks - 1);
   return static_cast<uint32_t>(c < last ? c : last);
@@ -152,8 +152,10 @@ __global__ void __launch_bounds__(kLayoutThreads)
         bytes += p.record[width_index(width_for(non_finite(raw_mean(reduced, j, n)),
                                                 energy(reduced, j), theta, p.allow_width16))];
       const unsigned long long total = block_reduce(bytes, SumOp(), scratch);
-      if (total <= budget) hi = mid;
-      else lo = mid + 1;
+      if (total <= budget)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     const float theta = f32_from_bits(lo);
     for (uint32_t j = t; j < n_sg; j += nt) {
@@ -189,7 +191,8 @@ __global__ void __launch_bounds__(kLayoutThreads)
   // 3. Class sizes and first wire positions (widest first).
   Classes k;
   for (int w = 0; w < 4; ++w) {
-    k.size[w] = static_cast<uint32_t>(block_reduce(static_cast<unsigned long long>(count[w]), SumOp(), scratch));
+    k.size[w] = static_cast<uint32_t>(
+        block_reduce(static_cast<unsigned long long>(count[w]), SumOp(), scratch));
     k.record[w] = p.record[w];
   }
   k.start[3] = 0;
@@ -207,14 +210,15 @@ __global__ void __launch_bounds__(kLayoutThreads)
   if (t == 0) {
     l.chunk_first[0] = 0;
     const uint32_t last = n_sg > 0 ? chunk_of(k, n_sg - 1, stride, p.n_chunks) : 0u;
-    for (uint32_t cc = last + 1; cc <= static_cast<uint32_t>(p.n_chunks); ++cc) l.chunk_first[cc] = n_sg;
+    for (uint32_t cc = last + 1; cc <= static_cast<uint32_t>(p.n_chunks); ++cc)
+      l.chunk_first[cc] = n_sg;
   }
   __syncthreads();  // chunk_first and the widths are read by every thread below
 
   // 5. Stable partition by width, record offsets within the chunks, by_index.
   for (uint32_t c = t; c < static_cast<uint32_t>(p.n_chunks); c += nt)
     l.chunk_content[c] = wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
-  uint32_t running[4] = {0, 0, 0, 0};  // class members before this tile
+  uint32_t running[4] = {0, 0, 0, 0};                 // class members before this tile
   for (uint32_t tile = 0; tile < n_sg; tile += nt) {  // the same trips in every thread
     const uint32_t j = tile + t;
     const int w = j < n_sg ? width_index(l.width[j]) : -1;
@@ -223,7 +227,8 @@ __global__ void __launch_bounds__(kLayoutThreads)
     const unsigned long long before = block_exclusive_scan(one, scratch, &tile_total);
     if (w >= 0) {
       uint32_t prefix[4];  // class members before j
-      for (int v = 0; v < 4; ++v) prefix[v] = running[v] + static_cast<uint32_t>((before >> (16 * v)) & 0xffffu);
+      for (int v = 0; v < 4; ++v)
+        prefix[v] = running[v] + static_cast<uint32_t>((before >> (16 * v)) & 0xffffu);
       const uint32_t pos = k.start[w] + prefix[w];
       l.order[pos] = j;
       const uint32_t c = chunk_of(k, pos, stride, p.n_chunks);
@@ -238,13 +243,15 @@ __global__ void __launch_bounds__(kLayoutThreads)
       }
       l.by_index[first + rank] = pos;
     }
-    for (int v = 0; v < 4; ++v) running[v] += static_cast<uint32_t>((tile_total >> (16 * v)) & 0xffffu);
+    for (int v = 0; v < 4; ++v)
+      running[v] += static_cast<uint32_t>((tile_total >> (16 * v)) & 0xffffu);
   }
   __syncthreads();  // order is complete
 
   // 6. Digests, and the capacity check (the host's kInternal).
   for (uint32_t c = t; c < static_cast<uint32_t>(p.n_chunks); c += nt) {
-    if (l.chunk_content[c] + kChunkHeaderBytes > p.capacity) atomicOr(error, kDynamiqChunkOverCapacity);
+    if (l.chunk_content[c] + kChunkHeaderBytes > p.capacity)
+      atomicOr(error, kDynamiqChunkOverCapacity);
     uint32_t h = fnv1a_word(2166136261u, c);
     h = fnv1a_word(h, static_cast<uint32_t>(p.count));
     for (uint32_t i = l.chunk_first[c]; i < l.chunk_first[c + 1]; ++i) {
@@ -256,13 +263,15 @@ __global__ void __launch_bounds__(kLayoutThreads)
 }
 
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
-                                  uint64_t call, void* layout, unsigned* error, cudaStream_t stream) {
+                                  uint64_t call, void* layout, unsigned* error,
+                                  cudaStream_t stream) {
   const DynamiqPlan& p = params.plan;
-  if (layout == nullptr || error == nullptr || p.n_chunks < 1 || (p.n_sg > 0 && reduced_stats == nullptr))
+  if (layout == nullptr || error == nullptr || p.n_chunks < 1 ||
+      (p.n_sg > 0 && reduced_stats == nullptr))
     return cudaErrorInvalidValue;
   DQ_LAUNCH(dynamiq_layout_kernel, dim3(1), dim3(kLayoutThreads), 0, stream, p, params.sections,
-            reduced_stats, static_cast<unsigned long long>(call), static_cast<unsigned char*>(layout),
-            error);
+            reduced_stats, static_cast<unsigned long long>(call),
+            static_cast<unsigned char*>(layout), error);
   return cudaGetLastError();
 }
 

@@ -21,7 +21,7 @@ namespace dq::cuda {
 namespace {
 
 constexpr int kTileSuperGroups = kStatsThreads / kGroupsPerSuperGroup;  // 16
-constexpr int kTileValues = kTileSuperGroups * kSuperGroup;              // 4096
+constexpr int kTileValues = kTileSuperGroups * kSuperGroup;             // 4096
 constexpr int kRowPitch = kGroup + 1;  // one group per row, padded: no bank conflicts
 constexpr int kTileRows = kTileValues / kGroup;
 static_assert(kStatsThreads == kTileRows, "one thread per group of the tile");
@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(kStatsThreads)
     }
     __syncthreads();
     const int g = t % kGroupsPerSuperGroup;
-    const unsigned long long sg = tile_index * kTileSuperGroups + static_cast<unsigned>(t / kGroupsPerSuperGroup);
+    const unsigned long long sg =
+        tile_index * kTileSuperGroups + static_cast<unsigned>(t / kGroupsPerSuperGroup);
     int valid = 0;
     if (sg < n_sg) {
       const unsigned long long left = count - sg * kSuperGroup;

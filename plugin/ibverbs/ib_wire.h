@@ -95,11 +95,11 @@ enum CtlKind : uint16_t { kConnect = 1, kAccept = 2, kBye = 3 };
 struct Ctl {
   uint32_t magic;  // kCtlMagic
   uint16_t version;
-  uint16_t kind;           // CtlKind
-  uint32_t nqps;           // queue pairs, 1..kMaxQps: the connector's choice, echoed by kAccept
-  uint32_t reserved;       // zero
-  uint32_t qpn[kMaxQps];   // 24 bits each; zero past nqps
-  uint32_t psn[kMaxQps];   // 24 bits each; zero past nqps
+  uint16_t kind;          // CtlKind
+  uint32_t nqps;          // queue pairs, 1..kMaxQps: the connector's choice, echoed by kAccept
+  uint32_t reserved;      // zero
+  uint32_t qpn[kMaxQps];  // 24 bits each; zero past nqps
+  uint32_t psn[kMaxQps];  // 24 bits each; zero past nqps
   uint8_t gid[16];
   uint16_t lid;
   uint8_t link_layer;  // IBV_LINK_LAYER_*
@@ -157,10 +157,16 @@ inline void stripe_range(uint64_t size, uint32_t k, uint32_t i, uint64_t* offset
 }
 
 // Immediate of every stripe of entry `index` (slot * kMaxGroupedRecvs + entry, < 2^16).
-inline uint32_t stripe_imm(uint32_t index, uint32_t stripes) { return index | (stripes << 16); }
+inline uint32_t stripe_imm(uint32_t index, uint32_t stripes) {
+  return index | (stripes << 16);
+}
 static_assert(kFifoDepth * kMaxGroupedRecvs <= (1u << 16), "entry index must fit 16 bits");
-inline uint32_t imm_index(uint32_t imm) { return imm & 0xffff; }
-inline uint32_t imm_stripes(uint32_t imm) { return imm >> 16; }
+inline uint32_t imm_index(uint32_t imm) {
+  return imm & 0xffff;
+}
+inline uint32_t imm_stripes(uint32_t imm) {
+  return imm >> 16;
+}
 
 // The receiver's count of one entry's stripes: each arrives once, from its own QP, and all carry
 // the same stripe count.

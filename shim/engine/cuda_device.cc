@@ -146,11 +146,11 @@ class CudaDevice final : public Device {
     if (n_in > 0 && in != nullptr) inputs.assign(in, in + n_in);
     const size_t capacity = codec.codec().chunk_capacity();
     return run(lane, "hop", &counts_.hops,
-               [this, k, layout, chunk, own, inputs = std::move(inputs), n_in, out, key,
-                capacity](cudaStream_t stream, unsigned* flags) -> Status {
-                 DQ_CHECK(cuda_steps::launch_hop(k, layout, chunk, own,
-                                                 n_in > 0 && inputs.empty() ? nullptr : inputs.data(),
-                                                 n_in, out, key, flags, stream));
+               [this, k, layout, chunk, own, inputs = std::move(inputs), n_in, out, key, capacity](
+                   cudaStream_t stream, unsigned* flags) -> Status {
+                 DQ_CHECK(cuda_steps::launch_hop(
+                     k, layout, chunk, own, n_in > 0 && inputs.empty() ? nullptr : inputs.data(),
+                     n_in, out, key, flags, stream));
                  // The test-only corrupted kernel (make_emulated_cuda_device's `fault`).
                  if (n_in > 0 && *flags == 0 && fault_.hop_output_byte >= 0 &&
                      static_cast<uint64_t>(fault_.hop_output_byte) < capacity)
@@ -159,18 +159,18 @@ class CudaDevice final : public Device {
                });
   }
 
-  Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in,
-                void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+  Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in, void* out,
+                DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
     cuda_steps::StepParams k;
     if (!args_of(codec, &k))
       return fallback(
           [&] { return host_->finish(codec, layout, chunk, in, out, dtype, op, n_contrib, lane); });
-    return run(lane, "finish", &counts_.finishes,
-               [k, layout, chunk, in, out, dtype, op, n_contrib](cudaStream_t stream,
-                                                                 unsigned* flags) {
-                 return cuda_steps::launch_finish(k, layout, chunk, in, out, dtype, op, n_contrib,
-                                                  flags, stream);
-               });
+    return run(
+        lane, "finish", &counts_.finishes,
+        [k, layout, chunk, in, out, dtype, op, n_contrib](cudaStream_t stream, unsigned* flags) {
+          return cuda_steps::launch_finish(k, layout, chunk, in, out, dtype, op, n_contrib, flags,
+                                           stream);
+        });
   }
 
   CudaDeviceCounts counts() const {
@@ -208,10 +208,13 @@ class CudaDevice final : public Device {
     if (family == cuda_steps::Family::kNone) return false;
     // Emulated kernels read the host tables in place.
     if (family == cuda_steps::Family::kDynamiq)
-      k->levels = levels_.get(k->options, [](cuda_steps::LevelSet& l) {
-                            l.device = l.table;
-                            return true;
-                          })->device;
+      k->levels = levels_
+                      .get(k->options,
+                           [](cuda_steps::LevelSet& l) {
+                             l.device = l.table;
+                             return true;
+                           })
+                      ->device;
     return true;
   }
 
@@ -260,8 +263,7 @@ class CudaDevice final : public Device {
   std::unordered_set<StreamHandle> streams_;
   cuda_steps::LevelSets levels_;  // stable addresses: kernels hold pointers into it
   struct {
-    std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0},
-        budgets{0};
+    std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0}, budgets{0};
   } counts_;
 };
 

@@ -239,10 +239,11 @@ class CudaGpuDevice final : public Device {
   Status copy(void* dst, const void* src, size_t bytes, Lane lane) override {
     if (error_set(lane.error) || bytes == 0) return Status::kOk;
     OnDevice on(ordinal_);
-    const Status s = cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                                                 static_cast<cudaStream_t>(lane.stream)),
-                                 "cudaMemcpyAsync");
-    if (s != Status::kOk) set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+    const Status s = cuda_status(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(lane.stream)),
+        "cudaMemcpyAsync");
+    if (s != Status::kOk)
+      set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
   }
   // The budget's prediction: one kernel (kernels/cuda/budget.cu), which reads the job and writes
@@ -252,11 +253,11 @@ class CudaGpuDevice final : public Device {
                         BudgetResult* out, Lane lane) override {
     if (error_set(lane.error)) return Status::kOk;
     OnDevice on(ordinal_);
-    const Status s = cuda_status(
-        cuda::launch_budget(job, reduced, scratch, out, lane.error,
-                            static_cast<cudaStream_t>(lane.stream)),
-        "budget kernel");
-    if (s != Status::kOk) set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+    const Status s = cuda_status(cuda::launch_budget(job, reduced, scratch, out, lane.error,
+                                                     static_cast<cudaStream_t>(lane.stream)),
+                                 "budget kernel");
+    if (s != Status::kOk)
+      set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
   }
   // NVIDIA's NCCL orders its calls on the stream they name: issued now, result returned (and,
@@ -305,8 +306,8 @@ class CudaGpuDevice final : public Device {
                 });
   }
 
-  Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in,
-                void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+  Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in, void* out,
+                DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
     return step(codec, lane, "finish",
                 [&](const cuda_steps::StepParams& k, cudaStream_t stream, unsigned* flags) {
                   return cuda_steps::launch_finish(k, layout, chunk, in, out, dtype, op, n_contrib,
@@ -362,7 +363,8 @@ class CudaGpuDevice final : public Device {
                                              cuda_steps::internal_word());
       s = cuda_status(cudaGetLastError(), "fold kernel");
     }
-    if (s != Status::kOk) set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+    if (s != Status::kOk)
+      set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
   }
 
@@ -448,9 +450,10 @@ std::string runtime_reason(cudaError_t e, const char* what) {
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
   char line[320];
-  std::snprintf(line, sizeof line, "%s: %s (%s; runtime %d.%d linked into libdynamiq.so, driver %d.%d)",
-                what, cudaGetErrorName(e), cudaGetErrorString(e), runtime / 1000,
-                runtime % 1000 / 10, driver / 1000, driver % 1000 / 10);
+  std::snprintf(line, sizeof line,
+                "%s: %s (%s; runtime %d.%d linked into libdynamiq.so, driver %d.%d)", what,
+                cudaGetErrorName(e), cudaGetErrorString(e), runtime / 1000, runtime % 1000 / 10,
+                driver / 1000, driver % 1000 / 10);
   return line;
 }
 

@@ -34,8 +34,8 @@ constexpr unsigned kMalformedFlags =
     cuda::kDynamiqBadHeader | cuda::kDynamiqBadRecord | cuda::kDynamiqTooManyWorkers;
 // Every flag of the baselines' kernels is malformed data (the host's kMalformedPayload), and the
 // same bits: one mapping serves both families.
-static_assert((cuda::kBaselineBadHeader | cuda::kBaselineBadCodes | cuda::kBaselineTooManyWorkers) ==
-                  kMalformedFlags,
+static_assert((cuda::kBaselineBadHeader | cuda::kBaselineBadCodes |
+               cuda::kBaselineTooManyWorkers) == kMalformedFlags,
               "the baselines' flags are the malformed-data flags");
 static_assert(cuda::kMaxBaselineInputs == cuda::kMaxHopInputs, "one input limit for both families");
 
@@ -91,10 +91,10 @@ struct PlannedWorkers : Codec {
 enum class Family { kNone, kDynamiq, kBaseline };
 struct StepParams {
   Family family = Family::kNone;
-  DynamiqOptions options;               // kDynamiq: the codec's options (its level tables' key)
-  cuda::DynamiqDeviceParams dynamiq{};  // kDynamiq
+  DynamiqOptions options;                 // kDynamiq: the codec's options (its level tables' key)
+  cuda::DynamiqDeviceParams dynamiq{};    // kDynamiq
   cuda::BaselineDeviceParams baseline{};  // kBaseline
-  const LevelTable* levels = nullptr;   // kDynamiq: the tables the kernels read (the device's)
+  const LevelTable* levels = nullptr;     // kDynamiq: the tables the kernels read (the device's)
 };
 
 // The kernels' parameters for `codec`; Family::kNone when no kernels serve it.
@@ -166,8 +166,7 @@ inline Status check_hop(const DynamiqPlan& p, const void* layout, int chunk, con
             own.count, p.count);
   DQ_CHECK(check_hop_buffers(in, n_in, out));
   if (key.strata < 1 || key.stratum >= key.strata)
-    DQ_FAIL(Status::kInvalidArgument, "cuda device hop: stratum %u of %u", key.stratum,
-            key.strata);
+    DQ_FAIL(Status::kInvalidArgument, "cuda device hop: stratum %u of %u", key.stratum, key.strata);
   DQ_CHECK(check_element_base(key, p.count));
   return check_hop_inputs(p.capacity, chunk, in, n_in, ptrs);
 }
@@ -206,7 +205,8 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
   if (n_contrib < 1 || n_contrib > p.n_workers)
     DQ_FAIL(Status::kInvalidArgument, "cuda device finish: n_contrib %d outside 1..%d", n_contrib,
             p.n_workers);
-  if ((dtype != DType::kF32 && dtype != DType::kBF16) || (op != ReduceOp::kSum && op != ReduceOp::kAvg))
+  if ((dtype != DType::kF32 && dtype != DType::kBF16) ||
+      (op != ReduceOp::kSum && op != ReduceOp::kAvg))
     DQ_FAIL(Status::kInvalidArgument, "cuda device finish: dtype %d, op %d",
             static_cast<int>(dtype), static_cast<int>(op));
   if (out == nullptr && p.count > 0)

@@ -60,7 +60,7 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
       opted_in_(opted_in),
       kind_(choose_topology(settings.topology, comm.nranks)),
       switch_file_(settings.control_file) {
-  parse_budget_target(settings_.target, &target_);  // validated with the settings
+  parse_budget_target(settings_.target, &target_);     // validated with the settings
   apply_host_isa_setting(settings_.host_isa.c_str());  // before this engine makes a codec
   for (int c = 0; c < kCandidates; ++c) {
     std::string invalid;  // none: the candidates are the budget model's own specs
@@ -330,13 +330,13 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
   }
   const uint64_t call_index = call_seq_++;
   // The job of this call's prediction, in mapped memory before the call's first enqueue.
-  Bucket* predict = choice.bucket != nullptr && choice.with_stats &&
-                            stage_budget(*choice.bucket, *plan)
-                        ? choice.bucket
-                        : nullptr;
+  Bucket* predict =
+      choice.bucket != nullptr && choice.with_stats && stage_budget(*choice.bucket, *plan)
+          ? choice.bucket
+          : nullptr;
   uint64_t wire = 0;
-  if (const Status s = enqueue_call(*plan, call, dtype, call_index, choice.with_stats, predict,
-                                    &wire);
+  if (const Status s =
+          enqueue_call(*plan, call, dtype, call_index, choice.with_stats, predict, &wire);
       s != Status::kOk) {
     DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: enqueueing call %llu failed: %s", comm_.rank,
             static_cast<unsigned long long>(call_index), status_name(s));

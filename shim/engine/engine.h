@@ -83,8 +83,7 @@ struct CanaryResult {
 // Runs the canary of the codec `spec` on `device`'s stream `stream` and waits for it (one blocking
 // wait: a one-time self-test). Device memory is allocated and released here; the device's steps
 // report into a mapped error word of the canary's own, never a communicator's.
-CanaryResult run_canary(Device* device, const CodecSpec& spec, StreamHandle stream,
-                        uint64_t seed);
+CanaryResult run_canary(Device* device, const CodecSpec& spec, StreamHandle stream, uint64_t seed);
 
 class Engine {
  public:
@@ -202,16 +201,16 @@ class Engine {
   BudgetChoice choose_budget(const CallArgs& call, DType dtype);
   Status enqueue_call(Plan& plan, const CallArgs& call, DType dtype, uint64_t call_index,
                       bool with_stats, Bucket* predict, uint64_t* wire);
-  void account_call(const CallArgs& call, DType dtype, const Plan& plan,
-                    const BudgetChoice& choice, bool predicted, uint64_t call_index,
-                    uint64_t wire, std::chrono::steady_clock::time_point t0);
+  void account_call(const CallArgs& call, DType dtype, const Plan& plan, const BudgetChoice& choice,
+                    bool predicted, uint64_t call_index, uint64_t wire,
+                    std::chrono::steady_clock::time_point t0);
   // predict: the bucket whose prediction is made from the reduced statistics (its job staged),
   // or null.
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
                               size_t stats_words, Bucket* predict, uint64_t* wire_bytes);
   // with_stats false: an MX fallback call that skips its statistics (kMxStatisticsEvery).
-  Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index,
-                            bool with_stats, Bucket* predict, uint64_t* wire_bytes);
+  Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index, bool with_stats,
+                            Bucket* predict, uint64_t* wire_bytes);
   Status enqueue_compute(Plan& plan, int block, int stage, const CallArgs& call,
                          uint64_t call_index);
   Status enqueue_comm(Plan& plan, int block, int stage, uint64_t* wire_bytes);
@@ -244,11 +243,11 @@ class Engine {
   std::string warned_differs_;
   Canary canary_ = Canary::kNotRun;
   bool canary_agreed_ = false;  // the canary's verdict was agreed (at the first plan made)
-  std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
+  std::list<std::unique_ptr<Plan>> plans_;      // most recently used first
   std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
   std::unique_ptr<Check> check_;                // DYNAMIQ_CHECK_EVERY > 0 only
-  BudgetTarget target_;                      // DYNAMIQ_TARGET, parsed
-  CodecSpec candidate_specs_[kCandidates];   // auto's candidates (candidate_spec), parsed once
+  BudgetTarget target_;                         // DYNAMIQ_TARGET, parsed
+  CodecSpec candidate_specs_[kCandidates];      // auto's candidates (candidate_spec), parsed once
   // The hop profile of each topology's schedule (kernels/budget_model.h), made once: O(n^2).
   std::vector<std::pair<topo::Kind, HopTables>> hop_tables_;
   // The INFO summary's window: compressed DynamiQ calls since the last summary line.
@@ -274,7 +273,7 @@ class Engine {
   ncclResult_t broken_ = ncclSuccess;  // sticky asynchronous error
   const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
   bool setup_failed_ = false;                   // the device could not be set up on this rank
-  SwitchFile switch_file_;  // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
+  SwitchFile switch_file_;                      // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
 };
 
 // Chooses the schedule for `nranks` under DYNAMIQ_TOPO.

@@ -35,7 +35,7 @@ struct CommEntry {
   // teardown (comm_aborted). Read without the entry's lock.
   std::atomic<bool> abort_before_teardown{false};
   std::atomic<bool> aborted{false};  // set before that real abort: the engine watches it
-  bool host_engine = false;  // the engine runs on the host device (a CPU NCCL)
+  bool host_engine = false;          // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
 };

@@ -89,27 +89,25 @@ nlohmann::json budget_json(const BudgetMetrics& b) {
                        {"budget_bits", k.budget_bits},
                        {"codec", k.codec},
                        {"predicted_vnmse", k.predicted_vnmse}});
-  return {{"auto", b.auto_budget},
-          {"target", b.target},
-          {"mean_bits", b.budget_calls ? b.bits_sum / b.budget_calls : 0.0},
-          {"mx_calls", b.mx_calls},
-          {"widths", {{"2", b.widths[0]}, {"4", b.widths[1]}, {"8", b.widths[2]},
-                      {"16", b.widths[3]}}},
-          {"predicted_calls", b.predicted_calls},
-          {"predicted_vnmse_mean",
-           b.predicted_calls ? b.predicted_vnmse_sum / b.predicted_calls : -1.0},
-          {"predicted_vnmse_last", b.predicted_vnmse_last},
-          {"buckets", buckets},
-          {"check",
-           {{"calls", b.checked_calls},
-            {"sampled_vnmse", b.checked_energy > 0 ? b.checked_sq_error / b.checked_energy : -1.0},
-            {"sampled_vnmse_last", b.checked_vnmse_last},
-            {"nonfinite", b.checked_nonfinite},
-            {"paired_calls", b.paired_calls},
-            {"paired_predicted_mean",
-             b.paired_calls ? b.paired_predicted_sum / b.paired_calls : -1.0},
-            {"paired_sampled_mean",
-             b.paired_calls ? b.paired_sampled_sum / b.paired_calls : -1.0}}}};
+  return {
+      {"auto", b.auto_budget},
+      {"target", b.target},
+      {"mean_bits", b.budget_calls ? b.bits_sum / b.budget_calls : 0.0},
+      {"mx_calls", b.mx_calls},
+      {"widths", {{"2", b.widths[0]}, {"4", b.widths[1]}, {"8", b.widths[2]}, {"16", b.widths[3]}}},
+      {"predicted_calls", b.predicted_calls},
+      {"predicted_vnmse_mean",
+       b.predicted_calls ? b.predicted_vnmse_sum / b.predicted_calls : -1.0},
+      {"predicted_vnmse_last", b.predicted_vnmse_last},
+      {"buckets", buckets},
+      {"check",
+       {{"calls", b.checked_calls},
+        {"sampled_vnmse", b.checked_energy > 0 ? b.checked_sq_error / b.checked_energy : -1.0},
+        {"sampled_vnmse_last", b.checked_vnmse_last},
+        {"nonfinite", b.checked_nonfinite},
+        {"paired_calls", b.paired_calls},
+        {"paired_predicted_mean", b.paired_calls ? b.paired_predicted_sum / b.paired_calls : -1.0},
+        {"paired_sampled_mean", b.paired_calls ? b.paired_sampled_sum / b.paired_calls : -1.0}}}};
 }
 
 std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
@@ -207,8 +205,8 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
       "payload arenas, layouts and statistics of up to 16 call shapes).\n";
   text += "# TYPE dynamiq_held_bytes gauge\n";
   for (const auto& c : comms)
-    text += "dynamiq_held_bytes{" + label_set(*c) + "} " + std::to_string(c->held_bytes.load()) +
-            "\n";
+    text +=
+        "dynamiq_held_bytes{" + label_set(*c) + "} " + std::to_string(c->held_bytes.load()) + "\n";
 }
 
 // The budget's samples of every communicator, one string per family (the widths go straight
@@ -253,8 +251,7 @@ void collect_budget_lines(const std::vector<std::shared_ptr<CommMetrics>>& comms
       out.bucket_lines += "dynamiq_bucket_budget_bits{" + label_set(*c) +
                           ",collective=" + quote(k.collective) + ",dtype=" + quote(k.dtype) +
                           ",count=" + quote(std::to_string(k.count)) +
-                          ",root=" + quote(std::to_string(k.root)) + ",codec=" + quote(k.codec) +
-                          v;
+                          ",root=" + quote(std::to_string(k.root)) + ",codec=" + quote(k.codec) + v;
     }
   }
 }
@@ -264,8 +261,9 @@ void render_check_families(const std::string& check_lines, std::string& text) {
   static const std::pair<const char*, const char*> kCheckHelp[] = {
       {"calls", "Calls whose sampled check was read (an exact all-reduce of 64 super-groups)."},
       {"sq_error", "Summed squared error of the checked samples (against the exact sum)."},
-      {"energy", "Summed squared exact values of the checked samples (sq_error / energy: the "
-                 "sampled vNMSE)."},
+      {"energy",
+       "Summed squared exact values of the checked samples (sq_error / energy: the "
+       "sampled vNMSE)."},
       {"paired_calls", "Checked calls whose predicted vNMSE is known too."},
       {"paired_predicted_vnmse_sum", "Sum of the predicted vNMSE of the paired calls."},
       {"paired_sampled_vnmse_sum", "Sum of the sampled vNMSE of the paired calls."}};

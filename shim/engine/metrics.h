@@ -40,14 +40,14 @@ const char* reason_name(PassReason r);
 // late (no extra communication, no host synchronisation), so the latest call of each bucket is
 // not counted yet.
 struct BucketMetrics {
-  std::string collective;        // allreduce, reducescatter, reduce
-  std::string dtype;             // float32, bfloat16
-  uint64_t count = 0;            // elements of the call
-  int root = 0;                  // ncclReduce's root (0 otherwise)
-  uint64_t calls = 0;            // compressed calls of this bucket
-  double budget_bits = 0;        // budget of its latest call, bits per coordinate
+  std::string collective;         // allreduce, reducescatter, reduce
+  std::string dtype;              // float32, bfloat16
+  uint64_t count = 0;             // elements of the call
+  int root = 0;                   // ncclReduce's root (0 otherwise)
+  uint64_t calls = 0;             // compressed calls of this bucket
+  double budget_bits = 0;         // budget of its latest call, bits per coordinate
   std::string codec = "dynamiq";  // codec of its latest call: dynamiq, or auto's mxfp8/mxfp6
-  double predicted_vnmse = -1;   // predicted vNMSE of its latest predicted call; -1: none yet
+  double predicted_vnmse = -1;    // predicted vNMSE of its latest predicted call; -1: none yet
 };
 struct BudgetMetrics {
   bool auto_budget = false;            // DYNAMIQ_BITS=auto

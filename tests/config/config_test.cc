@@ -122,7 +122,8 @@ TEST(Table, InvalidValuesSayWhatHappens) {
        false},
       {"DYNAMIQ_DEBUG_SUBSYS", "SHIM,BOGUS", "DYNAMIQ_DEBUG_SUBSYS=SHIM,BOGUS is not valid", false},
       {"DYNAMIQ_BITS", "2",
-       "DYNAMIQ_BITS=2 is not valid; accepted: 3..16 or auto; compression is OFF: every call passes "
+       "DYNAMIQ_BITS=2 is not valid; accepted: 3..16 or auto; compression is OFF: every call "
+       "passes "
        "through to NCCL",
        true},
       {"DYNAMIQ_TOPO", "torus", "DYNAMIQ_TOPO=torus is not a topology", true},

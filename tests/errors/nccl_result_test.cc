@@ -1,5 +1,5 @@
-// One Status -> ncclResult_t mapping (docs/ENGINE.md, "Errors: the device error word"): the table is
-// pinned here, and a malformed payload gives the same code from the engine (a corrupted
+// One Status -> ncclResult_t mapping (docs/ENGINE.md, "Errors: the device error word"): the table
+// is pinned here, and a malformed payload gives the same code from the engine (a corrupted
 // compressed payload found by the codec) and from the net plugin (a malformed frame).
 #include <arpa/inet.h>
 #include <dlfcn.h>

@@ -25,8 +25,9 @@
 
 namespace {
 
-const char* const kSpecs[] = {"dynamiq:5", "dynamiq:3", "dynamiq:8:corr=0", "mxfp8", "mxfp6e3m2",
-                              "mxfp6e2m3", "mxfp4",     "bf16",             "uniform:5", "uniform:3"};
+const char* const kSpecs[] = {
+    "dynamiq:5", "dynamiq:3", "dynamiq:8:corr=0", "mxfp8",    "mxfp6e3m2", "mxfp6e2m3",
+    "mxfp4",     "bf16",      "uniform:5",        "uniform:3"};
 constexpr int kNumSpecs = sizeof(kSpecs) / sizeof(kSpecs[0]);
 
 struct Shape {
@@ -35,14 +36,14 @@ struct Shape {
   int n_workers;
 };
 // Small shapes keep an execution cheap: partial super-groups, several chunks, 2 to 8 workers.
-const Shape kShapes[] = {{256, 1, 2},  {1000, 1, 3}, {4096, 2, 2},  {4096 + 77, 3, 4},
-                         {2048, 1, 2}, {3000, 2, 3}, {333, 2, 2},   {8192, 4, 8}};
+const Shape kShapes[] = {{256, 1, 2},  {1000, 1, 3}, {4096, 2, 2}, {4096 + 77, 3, 4},
+                         {2048, 1, 2}, {3000, 2, 3}, {333, 2, 2},  {8192, 4, 8}};
 constexpr int kNumShapes = sizeof(kShapes) / sizeof(kShapes[0]);
 
 struct Planned {
   std::unique_ptr<dq::Codec> codec;
-  std::vector<float> x;            // the rank's own tensor
-  std::vector<uint16_t> stats;     // its local statistics (used as the reduced ones)
+  std::vector<float> x;         // the rank's own tensor
+  std::vector<uint16_t> stats;  // its local statistics (used as the reduced ones)
 };
 
 Planned* planned(int spec, int shape) {
@@ -60,8 +61,8 @@ Planned* planned(int spec, int shape) {
   for (size_t i = 0; i < s.count; ++i)
     p.x[i] = static_cast<float>(std::sin(0.01 * i) * (1 + (i / 512) % 7) * 0.01);
   p.stats.resize(p.codec->stats_words());
-  if (p.codec->local_stats(dq::ConstTensor{p.x.data(), dq::DType::kF32, s.count},
-                           p.stats.data()) != dq::Status::kOk)
+  if (p.codec->local_stats(dq::ConstTensor{p.x.data(), dq::DType::kF32, s.count}, p.stats.data()) !=
+      dq::Status::kOk)
     std::abort();
   return &cache.emplace(key, std::move(p)).first->second;
 }
@@ -156,8 +157,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (hop == dq::Status::kOk) {
     // Our own output is a valid payload of n_in + 1 contributions (leaves count one each).
     std::vector<uint8_t> again(out_bytes, 0);
-    const dq::Status own_fin = c.finish(chunk, dq::ByteView{out.data(), out.size()}, again.data(),
-                                        out_t, op, 1);
+    const dq::Status own_fin =
+        c.finish(chunk, dq::ByteView{out.data(), out.size()}, again.data(), out_t, op, 1);
     (void)own_fin;  // n_contrib may not match what the payload carries: only must not crash
   }
   return 0;

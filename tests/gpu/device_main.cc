@@ -20,9 +20,10 @@ int main(int argc, char** argv) {
   }
   int device = 0;
   cudaDeviceProp prop{};
-  if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess)
-    std::printf("CUDA device %d of %d: %s, compute capability %d.%d, %d SMs\n", device, devices, prop.name,
-                prop.major, prop.minor, prop.multiProcessorCount);
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    std::printf("CUDA device %d of %d: %s, compute capability %d.%d, %d SMs\n", device, devices,
+                prop.name, prop.major, prop.minor, prop.multiProcessorCount);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -31,13 +31,14 @@
 
 namespace {
 
-#define CHECK(call)                                                                                      \
-  do {                                                                                                   \
-    const cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                             \
-      std::fprintf(stderr, "FAIL: %s at %s:%d: %s\n", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                      \
-    }                                                                                                    \
+#define CHECK(call)                                                              \
+  do {                                                                           \
+    const cudaError_t e_ = (call);                                               \
+    if (e_ != cudaSuccess) {                                                     \
+      std::fprintf(stderr, "FAIL: %s at %s:%d: %s\n", #call, __FILE__, __LINE__, \
+                   cudaGetErrorString(e_));                                      \
+      std::exit(1);                                                              \
+    }                                                                            \
   } while (0)
 
 // Roughly normal values, one scale per super-group over 2^-20..2^20 (every width occurs).
@@ -55,7 +56,8 @@ std::vector<float> make_values(size_t count, uint64_t seed) {
     for (size_t i = base; i < count && i < base + 256; ++i) {
       const uint64_t r = next();
       const float u = static_cast<float>(r & 0xffff) + static_cast<float>((r >> 16) & 0xffff) +
-                      static_cast<float>((r >> 32) & 0xffff) + static_cast<float>((r >> 48) & 0xffff);
+                      static_cast<float>((r >> 32) & 0xffff) +
+                      static_cast<float>((r >> 48) & 0xffff);
       x[i] = (u / 65536.0f - 2.0f) * 1.7320508f * scale;
     }
   }
@@ -93,7 +95,8 @@ int main(int argc, char** argv) {
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
   if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+    std::printf("SKIP: no CUDA device: %s\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
     return 77;
   }
   if (count == 0 || n_chunks < 1 || iterations < 1) {
@@ -108,7 +111,8 @@ int main(int argc, char** argv) {
   const DynamiqOptions options{};
   auto codec = make_dynamiq_codec(options);
   if (codec->plan(count, n_chunks, 2) != Status::kOk) {
-    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count, n_chunks);
+    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count,
+                 n_chunks);
     return 1;
   }
   const size_t cap = codec->chunk_capacity();
@@ -147,28 +151,30 @@ int main(int argc, char** argv) {
   CHECK(cudaMemcpy(stats.data(), d_stats, stats.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
   for (size_t w = 0; w < stats_words; ++w)
     reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[stats_words + w]));
-  CHECK(cudaMemcpy(d_reduced, reduced.data(), stats_words * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_reduced, reduced.data(), stats_words * sizeof(uint16_t),
+                   cudaMemcpyHostToDevice));
   const uint64_t call = 7;
   CHECK(launch_dynamiq_layout(params, d_reduced, call, d_layout, d_error, nullptr));
   // Worker 1's leaves: the inputs of worker 0's hops.
   for (int c = 0; c < n_chunks; ++c) {
     const RoundingKey key{1, call, 1, 1, 2, 0, 0};
-    CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[1], false, nullptr, 0, leaves + c * cap, key,
-                             d_error, nullptr));
+    CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[1], false, nullptr, 0,
+                             leaves + c * cap, key, d_error, nullptr));
   }
   CHECK(cudaDeviceSynchronize());
 
   Timer timer;
   const double t_copy = timer.seconds_per_round(
-      [&] { CHECK(cudaMemcpyAsync(copy_dst, own[0], bytes, cudaMemcpyDeviceToDevice, nullptr)); }, iterations);
+      [&] { CHECK(cudaMemcpyAsync(copy_dst, own[0], bytes, cudaMemcpyDeviceToDevice, nullptr)); },
+      iterations);
   const double t_stats = timer.seconds_per_round(
       [&] { CHECK(launch_supergroup_stats(own[0], false, count, d_stats, nullptr)); }, iterations);
   const double t_leaf = timer.seconds_per_round(
       [&] {
         const RoundingKey key{1, call, 0, 0, 1, 0, 0};
         for (int c = 0; c < n_chunks; ++c)
-          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, nullptr, 0, out + c * cap, key,
-                                   d_error, nullptr));
+          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, nullptr, 0,
+                                   out + c * cap, key, d_error, nullptr));
       },
       iterations);
   const double t_hop = timer.seconds_per_round(
@@ -176,8 +182,8 @@ int main(int argc, char** argv) {
         const RoundingKey key{1, call, 0, 0, 2, 1, 0};
         for (int c = 0; c < n_chunks; ++c) {
           const uint8_t* in = leaves + c * cap;
-          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, &in, 1, out + c * cap, key,
-                                   d_error, nullptr));
+          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, &in, 1,
+                                   out + c * cap, key, d_error, nullptr));
         }
       },
       iterations);
@@ -186,19 +192,23 @@ int main(int argc, char** argv) {
 
   const double gb = 1e9;
   const double msgs = static_cast<double>(cap) * n_chunks;
-  std::printf("count %zu FP32 (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d iterations\n",
-              count, bytes / 1e6, n_chunks, cap, msgs / 1e6, iterations);
+  std::printf(
+      "count %zu FP32 (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d "
+      "iterations\n",
+      count, bytes / 1e6, n_chunks, cap, msgs / 1e6, iterations);
   std::printf("%-6s %10s %10s %14s %14s\n", "step", "ms", "GB/s", "traffic GB/s", "vs copy");
   auto row = [&](const char* name, double t, double traffic) {
-    std::printf("%-6s %10.3f %10.1f %14.1f %13.1f%%\n", name, t * 1e3, bytes / t / gb, traffic / t / gb,
-                100.0 * t_copy / t);
+    std::printf("%-6s %10.3f %10.1f %14.1f %13.1f%%\n", name, t * 1e3, bytes / t / gb,
+                traffic / t / gb, 100.0 * t_copy / t);
   };
   row("copy", t_copy, 2.0 * bytes);
   row("stats", t_stats, bytes + 4.0 * stats_words / 2);
   row("leaf", t_leaf, bytes + msgs);
   row("hop", t_hop, bytes + 2.0 * msgs);
-  std::printf("RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f hop_GBps=%.1f\n",
-              t_copy / t_hop, t_copy / t_leaf, bytes / t_copy / gb, bytes / t_hop / gb);
+  std::printf(
+      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f "
+      "hop_GBps=%.1f\n",
+      t_copy / t_hop, t_copy / t_leaf, bytes / t_copy / gb, bytes / t_hop / gb);
   if (error != 0) {
     std::printf("FAIL: the kernels raised error flags 0x%x\n", error);
     return 1;

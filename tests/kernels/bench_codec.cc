@@ -16,7 +16,7 @@
 
 namespace {
 
-constexpr size_t kCount = size_t{1} << 24;  // 64 MiB of FP32: beyond the caches
+constexpr size_t kCount = size_t{1} << 24;       // 64 MiB of FP32: beyond the caches
 constexpr size_t kSmallCount = size_t{1} << 16;  // 256 KiB: in cache, the arithmetic alone
 constexpr int kWorkers = 4;
 
@@ -128,12 +128,12 @@ constexpr dq::HostIsa kScalar = dq::HostIsa::kScalar, kAvx2 = dq::HostIsa::kAvx2
 
 // Each codec benchmark once per host path: DQ_BENCH_PATHS(function, label, spec, unit) registers
 // label/scalar and label/avx2 (real time; the _CPU form: CPU time).
-#define DQ_BENCH_PATHS(fn, label, spec, unit)                                            \
-  BENCHMARK_CAPTURE(fn, label/scalar, spec, kScalar)->Unit(benchmark::unit)->UseRealTime(); \
-  BENCHMARK_CAPTURE(fn, label/avx2, spec, kAvx2)->Unit(benchmark::unit)->UseRealTime()
-#define DQ_BENCH_PATHS_CPU(fn, label, spec, unit)                          \
-  BENCHMARK_CAPTURE(fn, label/scalar, spec, kScalar)->Unit(benchmark::unit); \
-  BENCHMARK_CAPTURE(fn, label/avx2, spec, kAvx2)->Unit(benchmark::unit)
+#define DQ_BENCH_PATHS(fn, label, spec, unit)                                                 \
+  BENCHMARK_CAPTURE(fn, label / scalar, spec, kScalar)->Unit(benchmark::unit)->UseRealTime(); \
+  BENCHMARK_CAPTURE(fn, label / avx2, spec, kAvx2)->Unit(benchmark::unit)->UseRealTime()
+#define DQ_BENCH_PATHS_CPU(fn, label, spec, unit)                              \
+  BENCHMARK_CAPTURE(fn, label / scalar, spec, kScalar)->Unit(benchmark::unit); \
+  BENCHMARK_CAPTURE(fn, label / avx2, spec, kAvx2)->Unit(benchmark::unit)
 
 BENCHMARK(BM_memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 DQ_BENCH_PATHS(BM_compress, dynamiq5, "dynamiq:5", kMillisecond);

@@ -22,8 +22,7 @@ TEST(Finish, AMalformedPayloadLeavesTheOutputUntouched) {
   for (size_t i = 0; i < kCount; ++i)
     x[i] = static_cast<float>(std::sin(0.01 * i) * (1 + (i / 4096) % 7));  // several widths
   std::vector<uint16_t> stats(c->stats_words());
-  ASSERT_EQ(c->local_stats(ConstTensor{x.data(), DType::kF32, kCount}, stats.data()),
-            Status::kOk);
+  ASSERT_EQ(c->local_stats(ConstTensor{x.data(), DType::kF32, kCount}, stats.data()), Status::kOk);
   ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
   std::vector<uint8_t> payload(c->chunk_capacity());
   RoundingKey key;

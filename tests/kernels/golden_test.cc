@@ -43,7 +43,9 @@ bool writing() {
   return w != nullptr && *w != '\0' && std::strcmp(w, "0") != 0;
 }
 
-std::string golden_path(const std::string& name) { return std::string(DQ_GOLDEN_DIR) + "/" + name; }
+std::string golden_path(const std::string& name) {
+  return std::string(DQ_GOLDEN_DIR) + "/" + name;
+}
 
 bool read_file(const std::string& path, std::vector<uint8_t>* out) {
   std::ifstream f(path, std::ios::binary);
@@ -78,8 +80,9 @@ std::string compare_bytes(const std::vector<uint8_t>& got, const std::vector<uin
     }
   if (n == 0) return "identical";
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%zu of %zu bytes differ, first at byte %zu (0x%02x, committed 0x%02x)",
-                n, got.size(), first, got[first], want[first]);
+  std::snprintf(buf, sizeof buf,
+                "%zu of %zu bytes differ, first at byte %zu (0x%02x, committed 0x%02x)", n,
+                got.size(), first, got[first], want[first]);
   return buf;
 }
 
@@ -130,7 +133,9 @@ const GoldenCase kCases[] = {
 };
 
 // gtest names a failing case by this instead of its bytes.
-void PrintTo(const GoldenCase& gc, std::ostream* os) { *os << gc.name << " (" << gc.spec << ")"; }
+void PrintTo(const GoldenCase& gc, std::ostream* os) {
+  *os << gc.name << " (" << gc.spec << ")";
+}
 
 constexpr int kChunks = 2;
 constexpr int kWorkers = 2;
@@ -141,7 +146,7 @@ constexpr uint64_t kSeed = 0x5eed;
 // fuses it with its own values (rank 0, n_in = 1); finish() decodes both (SUM, FP32).
 struct GoldenSet {
   std::string meta;
-  std::vector<uint16_t> stats;  // the all-reduced statistics words (DynamiQ)
+  std::vector<uint16_t> stats;                  // the all-reduced statistics words (DynamiQ)
   std::vector<std::vector<uint8_t>> leaf, hop;  // per chunk, chunk_capacity() bytes each
   std::vector<float> decoded_leaf, decoded_hop;
 };
@@ -220,8 +225,9 @@ void produce(const GoldenCase& gc, const std::vector<std::vector<uint8_t>>* leaf
     const std::vector<uint8_t>& fed = leaf_in ? (*leaf_in)[ch] : out->leaf[ch];
     const ByteView in{fed.data(), fed.size()};
     const RoundingKey hop_key{kSeed, kCall, 0, 0, 1, 0};
-    ASSERT_EQ(c->hop(ch, {x[0].data(), DType::kF32, gc.count}, &in, 1, out->hop[ch].data(), hop_key),
-              Status::kOk);
+    ASSERT_EQ(
+        c->hop(ch, {x[0].data(), DType::kF32, gc.count}, &in, 1, out->hop[ch].data(), hop_key),
+        Status::kOk);
   }
   out->decoded_leaf = decode_all(*c, out->leaf, 1);
   out->decoded_hop = decode_all(*c, out->hop, 2);
@@ -254,7 +260,8 @@ TEST_P(Golden, PayloadsAndDecodeMatchCommitted) {
   // The committed files.
   std::vector<uint8_t> meta, stats, dec_leaf, dec_hop;
   std::vector<std::vector<uint8_t>> leaf(kChunks), hop(kChunks);
-  ASSERT_TRUE(read_file(dir + "meta.txt", &meta)) << dir << ": missing (DQ_GOLDEN_WRITE=1 makes it)";
+  ASSERT_TRUE(read_file(dir + "meta.txt", &meta))
+      << dir << ": missing (DQ_GOLDEN_WRITE=1 makes it)";
   for (int ch = 0; ch < kChunks; ++ch) {
     ASSERT_TRUE(read_file(dir + chunk_file("leaf", ch), &leaf[ch]));
     ASSERT_TRUE(read_file(dir + chunk_file("hop", ch), &hop[ch]));
@@ -312,7 +319,8 @@ TEST(GoldenInputs, DynamiqCasesCoverEveryWidth) {
     EXPECT_TRUE(v.budget_honest) << gc.name;
     int seen[17] = {};
     for (size_t j = 0; j < v.n_supergroups; ++j) ++seen[v.widths[j]];
-    std::printf("%s widths: 16 x%d, 8 x%d, 4 x%d, 2 x%d\n", gc.name, seen[16], seen[8], seen[4], seen[2]);
+    std::printf("%s widths: 16 x%d, 8 x%d, 4 x%d, 2 x%d\n", gc.name, seen[16], seen[8], seen[4],
+                seen[2]);
     EXPECT_GT(seen[2], 0) << gc.name;
     EXPECT_GT(seen[4], 0) << gc.name;
     EXPECT_GT(seen[8], 0) << gc.name;
@@ -324,7 +332,8 @@ TEST(GoldenInputs, DynamiqCasesCoverEveryWidth) {
 
 // ---- vNMSE bands -------------------------------------------------------------------------------
 
-const char* kBandSpecs[] = {"dynamiq:5", "mxfp8", "mxfp6", "mxfp6e2m3", "mxfp4", "bf16", "uniform:5"};
+const char* kBandSpecs[] = {"dynamiq:5", "mxfp8", "mxfp6",    "mxfp6e2m3",
+                            "mxfp4",     "bf16",  "uniform:5"};
 constexpr double kBand = 0.15;  // relative half-width of the band around the committed value
 constexpr int kBandWorkers = 4;
 
@@ -354,8 +363,10 @@ float hashed_normal(size_t i, uint32_t stream) {
 // (stream 99).
 float band_value(int w, size_t i) {
   const size_t j = i / 256, g = (i % 256) / 16;
-  const float a = std::ldexp(1.0f, static_cast<int>((11 * j) % 13) - 6 - static_cast<int>((3 * g) % 5));
-  return a * (0.70710678f * hashed_normal(i, 99) + 0.70710678f * hashed_normal(i, static_cast<uint32_t>(w)));
+  const float a =
+      std::ldexp(1.0f, static_cast<int>((11 * j) % 13) - 6 - static_cast<int>((3 * g) % 5));
+  return a * (0.70710678f * hashed_normal(i, 99) +
+              0.70710678f * hashed_normal(i, static_cast<uint32_t>(w)));
 }
 constexpr size_t kBandFormulaCount = 131072;
 
@@ -409,7 +420,8 @@ TEST(GoldenVnmse, WithinBandOfCommitted) {
     f << "# vNMSE through sim::simulate_allreduce, ring of " << kBandWorkers
       << " workers, seed 1, call 0, SUM (tests/kernels/golden_test.cc, GoldenVnmse).\n"
       << "# real_step79: tools/gradients/sample/step00079.npy; formula: band_value().\n"
-      << "# Produced by: DQ_GOLDEN_WRITE=1 <build>/tests/kernels/test_golden --gtest_filter='GoldenVnmse.*'\n"
+      << "# Produced by: DQ_GOLDEN_WRITE=1 <build>/tests/kernels/test_golden "
+         "--gtest_filter='GoldenVnmse.*'\n"
       << "# data spec vnmse\n";
     for (const BandData& d : data)
       for (const char* spec : kBandSpecs) {

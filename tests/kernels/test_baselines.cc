@@ -658,8 +658,9 @@ TEST_P(BaselineTest, ElementBaseKeysDrawsByIndexInTheWholeTensor) {
     const size_t body = block / spec.block_elems * spec.block_bytes;
     const uint8_t* from = all.data() + kChunkHeaderBytes + k * body;
     EXPECT_TRUE(std::equal(from, from + body, m.data() + kChunkHeaderBytes));
-    EXPECT_EQ(ref_encode(spec, x, k * block, (k + 1) * block, key_for(3, 1)),
-              std::vector<uint8_t>(m.data() + kChunkHeaderBytes, m.data() + kChunkHeaderBytes + body));
+    EXPECT_EQ(
+        ref_encode(spec, x, k * block, (k + 1) * block, key_for(3, 1)),
+        std::vector<uint8_t>(m.data() + kChunkHeaderBytes, m.data() + kChunkHeaderBytes + body));
     // The same values again as the next block: other draws.
     key.element_base = (k + 1) * block;
     Msg next(b->chunk_capacity());

@@ -48,8 +48,9 @@ std::vector<float> leaf_roundtrip(Codec& c, const std::vector<float>& x, uint32_
   EXPECT_EQ(c.hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, payload.data(), key),
             Status::kOk);
   std::vector<float> out(x.size(), -12345.0f);
-  EXPECT_EQ(c.finish(0, {payload.data(), payload.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
-            Status::kOk);
+  EXPECT_EQ(
+      c.finish(0, {payload.data(), payload.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+      Status::kOk);
   return out;
 }
 
@@ -73,8 +74,8 @@ TEST(Philox, KnownAnswers) {
   EXPECT_EQ(b.v[1], 0x41c83b0eu);
   EXPECT_EQ(b.v[2], 0xa20bc7c6u);
   EXPECT_EQ(b.v[3], 0x6d5451fdu);
-  Philox4 c = philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u,
-                            0x299f31d0u);
+  Philox4 c =
+      philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
   EXPECT_EQ(c.v[0], 0xd16cfe09u);
   EXPECT_EQ(c.v[1], 0x94fdccebu);
   EXPECT_EQ(c.v[2], 0x5001e420u);
@@ -93,7 +94,8 @@ TEST(Philox, EightLanesMatchScalar) {
       ASSERT_TRUE(philox_draw_x8_avx2(seed, call, 5, kStreamRounding, first, got));
       for (uint32_t i = 0; i < 8; ++i) {
         const Philox4 one = philox_draw(seed, call, 5, kStreamRounding, first + i);
-        for (int w = 0; w < 4; ++w) EXPECT_EQ(got[w][i], one.v[w]) << first << " lane " << i << " word " << w;
+        for (int w = 0; w < 4; ++w)
+          EXPECT_EQ(got[w][i], one.v[w]) << first << " lane " << i << " word " << w;
       }
     }
 }
@@ -117,7 +119,8 @@ TEST(Rounding, SixteenBitUniformsWithTieWordsAreUnbiasedBelowTheirResolution) {
     const double expect = static_cast<double>(x) * n;
     const double sigma = std::sqrt(expect * (1.0 - x));
     EXPECT_NEAR(static_cast<double>(ups), expect, 5.0 * sigma + 1.0) << "x = " << x;
-    EXPECT_NEAR(static_cast<double>(ties), n / 65536.0, 5.0 * std::sqrt(n / 65536.0)) << "x = " << x;
+    EXPECT_NEAR(static_cast<double>(ties), n / 65536.0, 5.0 * std::sqrt(n / 65536.0))
+        << "x = " << x;
   }
   // Certain decisions never consume a tie word.
   EXPECT_EQ(round_up_coarse(1.0f, 65535u), 1);
@@ -144,7 +147,7 @@ TEST(Bf16, StochasticRoundingIsUnbiasedAndExactOnBf16Values) {
   double sum = 0;
   for (uint32_t r = 0; r < 65536; ++r) sum += bf16_to_f32(f32_to_bf16_stochastic(x, r));
   EXPECT_DOUBLE_EQ(sum / 65536, static_cast<double>(x));  // exact over the full random range
-  EXPECT_EQ(f32_to_bf16_stochastic(-x, 0u), 0xbf81);        // magnitude rounds, sign kept
+  EXPECT_EQ(f32_to_bf16_stochastic(-x, 0u), 0xbf81);      // magnitude rounds, sign kept
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16_stochastic(NAN, 7u))));
 }
 
@@ -217,7 +220,8 @@ TEST(CorrelatedRounding, StrataArePermutationsAndPairsAreSpread) {
         seen[s]++;
       }
       for (uint32_t s = 0; s < n; ++s) ASSERT_EQ(seen[s], 1) << "n " << n;
-      uint32_t a = correlated_stratum(1, 0, 0, group, 0, n), b = correlated_stratum(1, 0, 0, group, 1, n);
+      uint32_t a = correlated_stratum(1, 0, 0, group, 0, n),
+               b = correlated_stratum(1, 0, 0, group, 1, n);
       pair_count[(b + n - a) % n]++;
     }
     // A fixed cyclic shift would put every pair at distance 1; the shuffle must not.
@@ -229,7 +233,8 @@ TEST(CorrelatedRounding, StrataArePermutationsAndPairsAreSpread) {
 
 TEST(CorrelatedRounding, CodecSumOfTwoLeavesIsExact) {
   // Values sit exactly halfway between the 2-bit levels 0 and scale (255, an exact scale).
-  for (const char* spec : {"dynamiq:3:widths=fixed:mean=0:corr=1", "dynamiq:3:widths=fixed:mean=0:corr=0"}) {
+  for (const char* spec :
+       {"dynamiq:3:widths=fixed:mean=0:corr=1", "dynamiq:3:widths=fixed:mean=0:corr=0"}) {
     auto c = codec(spec);
     std::vector<float> x(65536, 127.5f);  // large enough for the budget's 2-bit layout
     for (size_t k = 0; k < x.size(); k += 16) x[k] = 255.0f;
@@ -278,7 +283,8 @@ void expect_unbiased(const char* spec, int expected_width) {
     // A rounding with p within 1/trials of 0 or 1 shows no flips, so its sample SE is 0 while
     // its mean is off by up to a few gaps / trials: floor the SE at that resolution.
     double sg_scale = 0;
-    for (size_t i = k / 256 * 256; i < k / 256 * 256 + 256; ++i) sg_scale = std::max(sg_scale, double(std::fabs(x[i])));
+    for (size_t i = k / 256 * 256; i < k / 256 * 256 + 256; ++i)
+      sg_scale = std::max(sg_scale, double(std::fabs(x[i])));
     double z = std::fabs(mean - x[k]) / (se + sg_scale / trials);
     worst = std::max(worst, z);
     outliers += z > 4.0;
@@ -287,9 +293,15 @@ void expect_unbiased(const char* spec, int expected_width) {
   EXPECT_LT(worst, 6.0) << spec;
 }
 
-TEST(Unbiased, TwoBit) { expect_unbiased("dynamiq:3:widths=fixed", 2); }
-TEST(Unbiased, FourBit) { expect_unbiased("dynamiq:5:widths=fixed", 4); }
-TEST(Unbiased, EightBit) { expect_unbiased("dynamiq:9.5:widths=fixed", 8); }
+TEST(Unbiased, TwoBit) {
+  expect_unbiased("dynamiq:3:widths=fixed", 2);
+}
+TEST(Unbiased, FourBit) {
+  expect_unbiased("dynamiq:5:widths=fixed", 4);
+}
+TEST(Unbiased, EightBit) {
+  expect_unbiased("dynamiq:9.5:widths=fixed", 8);
+}
 TEST(Unbiased, EightBitUniformLevelsFlatScales) {
   expect_unbiased("dynamiq:10:widths=fixed:levels=uniform:scales=flat", 8);
 }
@@ -314,10 +326,13 @@ int chained_hop_outliers(bool stratified_chain) {
                                                   : RoundingKey{uint64_t(s), 0, 0, 0, 1, 0};
     const RoundingKey root_key = stratified_chain ? RoundingKey{uint64_t(s), 0, 1, 1, 2, 0}
                                                   : RoundingKey{uint64_t(s), 0, 1, 0, 1, 1};
-    EXPECT_EQ(c->hop(0, {x0.data(), DType::kF32, total}, nullptr, 0, leaf.data(), leaf_key), Status::kOk);
+    EXPECT_EQ(c->hop(0, {x0.data(), DType::kF32, total}, nullptr, 0, leaf.data(), leaf_key),
+              Status::kOk);
     ByteView in{leaf.data(), leaf.size()};
-    EXPECT_EQ(c->hop(0, {x1.data(), DType::kF32, total}, &in, 1, root.data(), root_key), Status::kOk);
-    EXPECT_EQ(c->finish(0, {root.data(), root.size()}, out.data(), DType::kF32, ReduceOp::kSum, 2), Status::kOk);
+    EXPECT_EQ(c->hop(0, {x1.data(), DType::kF32, total}, &in, 1, root.data(), root_key),
+              Status::kOk);
+    EXPECT_EQ(c->finish(0, {root.data(), root.size()}, out.data(), DType::kF32, ReduceOp::kSum, 2),
+              Status::kOk);
     for (size_t k = 0; k < n; ++k) {
       sum[k] += out[k];
       sq[k] += double(out[k]) * out[k];
@@ -331,8 +346,12 @@ int chained_hop_outliers(bool stratified_chain) {
   return outliers;
 }
 
-TEST(Unbiased, ChainedHopsInSeparateClasses) { EXPECT_LE(chained_hop_outliers(false), 2); }
-TEST(Unbiased, StratifyingAChainIsBiased) { EXPECT_GT(chained_hop_outliers(true), 20); }
+TEST(Unbiased, ChainedHopsInSeparateClasses) {
+  EXPECT_LE(chained_hop_outliers(false), 2);
+}
+TEST(Unbiased, StratifyingAChainIsBiased) {
+  EXPECT_GT(chained_hop_outliers(true), 20);
+}
 
 TEST(Budget, CapacityIsFixedBeforeDataAndFitsTheBudget) {
   std::mt19937 gen(3);
@@ -378,11 +397,15 @@ TEST(Budget, BytesProducedEqualBytesPredictedAndNothingBeyond) {
   ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
   for (int chunk = 0; chunk < 3; ++chunk) {
     std::vector<uint8_t> buf(cap + 64, 0xA5);
-    ASSERT_EQ(c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, buf.data(), {1, 0, 0, 0, 1, 0}), Status::kOk);
+    ASSERT_EQ(c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, buf.data(), {1, 0, 0, 0, 1, 0}),
+              Status::kOk);
     for (size_t i = cap; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xA5) << "wrote past capacity";
     std::vector<uint8_t> again(cap, 0x5A);
-    ASSERT_EQ(c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, again.data(), {1, 0, 0, 0, 1, 0}), Status::kOk);
-    ASSERT_EQ(0, std::memcmp(again.data(), buf.data(), cap)) << "every byte up to capacity is defined";
+    ASSERT_EQ(
+        c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, again.data(), {1, 0, 0, 0, 1, 0}),
+        Status::kOk);
+    ASSERT_EQ(0, std::memcmp(again.data(), buf.data(), cap))
+        << "every byte up to capacity is defined";
   }
 }
 
@@ -431,10 +454,14 @@ TEST(Determinism, SameKeySameBytesDifferentSeedDifferentBytes) {
   auto stats = reduce_stats(*c, {x, x});
   ASSERT_EQ(c->agree(stats.data(), 5), Status::kOk);
   std::vector<uint8_t> a(c->chunk_capacity()), b(a.size()), d(a.size()), e(a.size());
-  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, a.data(), {9, 5, 1, 1, 2, 0}), Status::kOk);
-  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, b.data(), {9, 5, 1, 1, 2, 0}), Status::kOk);
-  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, d.data(), {10, 5, 1, 1, 2, 0}), Status::kOk);
-  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, e.data(), {9, 5, 0, 0, 2, 0}), Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, a.data(), {9, 5, 1, 1, 2, 0}),
+            Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, b.data(), {9, 5, 1, 1, 2, 0}),
+            Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, d.data(), {10, 5, 1, 1, 2, 0}),
+            Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, e.data(), {9, 5, 0, 0, 2, 0}),
+            Status::kOk);
   EXPECT_EQ(a, b);
   EXPECT_NE(a, d);
   EXPECT_NE(a, e);  // another hop draws other random bits
@@ -459,7 +486,8 @@ TEST(ElementBase, BlocksAtDifferentBasesDrawDifferently) {
       key.element_base = n;  // the next block of the same tensor
       ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, second.data(), key), Status::kOk);
       EXPECT_EQ(0, std::memcmp(first.data(), second.data(), kChunkHeaderBytes)) << spec;
-      EXPECT_NE(first, second) << spec << " strata " << strata << ": two blocks reused the same draws";
+      EXPECT_NE(first, second) << spec << " strata " << strata
+                               << ": two blocks reused the same draws";
     }
   }
 }
@@ -473,7 +501,8 @@ TEST(ElementBase, BlocksAtDifferentBasesDrawDifferently) {
 TEST(ElementBase, ABlockEncodesLikeItsPartOfTheWholeTensor) {
   const size_t block = 256 * 1024, whole = 2 * block;
   std::vector<std::vector<float>> rows = {gaussian(whole, 51), gaussian(whole, 52)};
-  for (const char* spec : {"dynamiq:5:widths=fixed", "dynamiq:17:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
+  for (const char* spec :
+       {"dynamiq:5:widths=fixed", "dynamiq:17:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
     auto w = codec(spec), b = codec(spec);
     ASSERT_EQ(w->plan(whole, 1, 2), Status::kOk);
     ASSERT_EQ(b->plan(block, 1, 2), Status::kOk);
@@ -490,16 +519,22 @@ TEST(ElementBase, ABlockEncodesLikeItsPartOfTheWholeTensor) {
     std::vector<uint8_t> w_leaf(w->chunk_capacity()), w_out(w_leaf.size());
     std::vector<uint8_t> b_leaf(b->chunk_capacity()), b_out(b_leaf.size());
     RoundingKey leaf{3, 8, 0, 0, 2, 0}, root{3, 8, 1, 1, 2, 0};  // correlated: one class of two
-    ASSERT_EQ(w->hop(0, {rows[0].data(), DType::kF32, whole}, nullptr, 0, w_leaf.data(), leaf), Status::kOk);
+    ASSERT_EQ(w->hop(0, {rows[0].data(), DType::kF32, whole}, nullptr, 0, w_leaf.data(), leaf),
+              Status::kOk);
     const ByteView w_in{w_leaf.data(), w_leaf.size()};
-    ASSERT_EQ(w->hop(0, {rows[1].data(), DType::kF32, whole}, &w_in, 1, w_out.data(), root), Status::kOk);
+    ASSERT_EQ(w->hop(0, {rows[1].data(), DType::kF32, whole}, &w_in, 1, w_out.data(), root),
+              Status::kOk);
     leaf.element_base = root.element_base = block;
-    ASSERT_EQ(b->hop(0, {tails[0].data(), DType::kF32, block}, nullptr, 0, b_leaf.data(), leaf), Status::kOk);
+    ASSERT_EQ(b->hop(0, {tails[0].data(), DType::kF32, block}, nullptr, 0, b_leaf.data(), leaf),
+              Status::kOk);
     const ByteView b_in{b_leaf.data(), b_leaf.size()};
-    ASSERT_EQ(b->hop(0, {tails[1].data(), DType::kF32, block}, &b_in, 1, b_out.data(), root), Status::kOk);
+    ASSERT_EQ(b->hop(0, {tails[1].data(), DType::kF32, block}, &b_in, 1, b_out.data(), root),
+              Status::kOk);
     const size_t body = block / 256 * record;
-    EXPECT_EQ(0, std::memcmp(b_leaf.data() + kChunkHeaderBytes, w_leaf.data() + skip, body)) << spec << " leaf";
-    EXPECT_EQ(0, std::memcmp(b_out.data() + kChunkHeaderBytes, w_out.data() + skip, body)) << spec << " fused hop";
+    EXPECT_EQ(0, std::memcmp(b_leaf.data() + kChunkHeaderBytes, w_leaf.data() + skip, body))
+        << spec << " leaf";
+    EXPECT_EQ(0, std::memcmp(b_out.data() + kChunkHeaderBytes, w_out.data() + skip, body))
+        << spec << " fused hop";
   }
 }
 
@@ -512,9 +547,12 @@ TEST(ElementBase, MustBeAMultipleOf256WithinTheIndexLimit) {
   ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
   std::vector<uint8_t> out(c->chunk_capacity());
   RoundingKey key{1, 0, 0, 0, 1, 0};
-  for (uint64_t base : {uint64_t{16}, uint64_t{255}, kMaxElementIndex - n + 256, kMaxElementIndex}) {
+  for (uint64_t base :
+       {uint64_t{16}, uint64_t{255}, kMaxElementIndex - n + 256, kMaxElementIndex}) {
     key.element_base = base;
-    EXPECT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kInvalidArgument) << base;
+    EXPECT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key),
+              Status::kInvalidArgument)
+        << base;
   }
   key.element_base = kMaxElementIndex - n;  // the last block that fits
   EXPECT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kOk);
@@ -546,13 +584,17 @@ TEST(Layout, CallerOwnedLayoutsAreIndependentOfTheCodec) {
   for (int chunk = 0; chunk < 2; ++chunk) {
     std::vector<uint8_t> own(c->chunk_capacity()), mine(own.size());
     ASSERT_EQ(c->hop(chunk, {x.data(), DType::kF32, n}, nullptr, 0, own.data(), key), Status::kOk);
-    ASSERT_EQ(c->fused_hop(lx.data(), chunk, {x.data(), DType::kF32, n}, nullptr, 0, mine.data(), key), Status::kOk);
+    ASSERT_EQ(
+        c->fused_hop(lx.data(), chunk, {x.data(), DType::kF32, n}, nullptr, 0, mine.data(), key),
+        Status::kOk);
     EXPECT_EQ(own, mine);
     // A payload of one call is not valid under the other call's layout.
     std::vector<float> out(n);
-    EXPECT_EQ(c->decode_finish(ly.data(), chunk, {mine.data(), mine.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+    EXPECT_EQ(c->decode_finish(ly.data(), chunk, {mine.data(), mine.size()}, out.data(),
+                               DType::kF32, ReduceOp::kSum, 1),
               Status::kMalformedPayload);
-    ASSERT_EQ(c->decode_finish(lx.data(), chunk, {mine.data(), mine.size()}, out.data(), DType::kF32, ReduceOp::kSum, 1),
+    ASSERT_EQ(c->decode_finish(lx.data(), chunk, {mine.data(), mine.size()}, out.data(),
+                               DType::kF32, ReduceOp::kSum, 1),
               Status::kOk);
     std::vector<std::pair<size_t, size_t>> a, b;
     c->chunk_ranges(chunk, &a);
@@ -572,7 +614,8 @@ TEST(Layout, CallerOwnedLayoutsAreIndependentOfTheCodec) {
 // Re-encodes a record with only the pointwise __host__ __device__ functions (what one CUDA thread
 // per value computes) and requires the host's vectorised bytes to match exactly.
 TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
-  for (const char* spec : {"dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
+  for (const char* spec :
+       {"dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed", "dynamiq:9.5:widths=fixed"}) {
     auto c = codec(spec);
     const size_t n = 256 * 128;  // budget-sized, so the fixed width follows the budget
     auto x = gaussian(n, 21);
@@ -608,7 +651,8 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
         const uint8_t f = group_factor(gmax[g], unit);
         ASSERT_EQ(rec[2 + g], f);
         const float scale = static_cast<float>(f) * unit;
-        const float pi = static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class, j * 16ull + g, key.stratum, key.strata));
+        const float pi = static_cast<float>(correlated_stratum(
+            key.seed, key.call, key.stratum_class, j * 16ull + g, key.stratum, key.strata));
         const int mag = round_magnitude(t, magnitude_ratio(v[k], scale), pi, 5.0f, key.seed,
                                         key.call, key.rank, j * 256ull + k);
         const uint32_t code = encode_code(mag, v[k] < 0.0f, t.max_mag);
@@ -632,7 +676,8 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
     std::vector<std::vector<float>> rows;
     for (uint32_t r = 0; r < 3; ++r) {
       auto x = gaussian(n, 40 + r);
-      for (size_t k = 0; k < n; ++k) x[k] *= std::pow(10.0f, static_cast<float>((k / 256) % 9) - 4.0f);
+      for (size_t k = 0; k < n; ++k)
+        x[k] *= std::pow(10.0f, static_cast<float>((k / 256) % 9) - 4.0f);
       for (size_t k = 3; k < n; k += 777) x[k] = 0.0f;
       rows.push_back(x);
     }
@@ -642,7 +687,8 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
     auto view = dynamiq_layout(*c);
     std::vector<uint8_t> leaf(c->chunk_capacity()), out(c->chunk_capacity());
     const RoundingKey leaf_key{9, 5, 0, 0, 1, 0}, key{9, 5, 2, 1, 3, 1};
-    ASSERT_EQ(c->hop(0, {rows[0].data(), DType::kF32, n}, nullptr, 0, leaf.data(), leaf_key), Status::kOk);
+    ASSERT_EQ(c->hop(0, {rows[0].data(), DType::kF32, n}, nullptr, 0, leaf.data(), leaf_key),
+              Status::kOk);
     const ByteView in{leaf.data(), leaf.size()};
     ASSERT_EQ(c->hop(0, {rows[2].data(), DType::kF32, n}, &in, 1, out.data(), key), Status::kOk);
     DynamiqOptions defaults;
@@ -683,7 +729,8 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
       const LevelTable& t = tables[width_index(bits)];
       const float unit_in = bf16_to_f32(static_cast<uint16_t>(rec_in[0] | (rec_in[1] << 8)));
       for (int k = 0; k < 256; ++k)
-        v[k] += decode_code(t, unpack_code(rec_in + 18, k, bits), static_cast<float>(rec_in[2 + k / 16]) * unit_in);
+        v[k] += decode_code(t, unpack_code(rec_in + 18, k, bits),
+                            static_cast<float>(rec_in[2 + k / 16]) * unit_in);
       float sgmax = 0, gmax[16] = {0};
       for (int k = 0; k < 256; ++k) {
         gmax[k / 16] = std::max(gmax[k / 16], std::fabs(v[k]));
@@ -698,13 +745,14 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
         ASSERT_EQ(rec[2 + g], f);
         const float scale = static_cast<float>(f) * unit;
         const uint32_t strata = corr ? key.strata : 1;
-        const float pi = static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class,
-                                                               j * 16ull + g, key.stratum, strata));
+        const float pi = static_cast<float>(correlated_stratum(
+            key.seed, key.call, key.stratum_class, j * 16ull + g, key.stratum, strata));
         const float m = magnitude_ratio(v[k], scale);
         const int mag = round_magnitude(t, m, pi, static_cast<float>(strata), key.seed, key.call,
                                         key.rank, j * 256ull + k);
-        ties += round_up_coarse(round_up_threshold(t, m, level_floor(t, m), pi, static_cast<float>(strata)),
-                                rounding_bits16(key.seed, key.call, key.rank, j * 256ull + k)) < 0;
+        ties += round_up_coarse(
+                    round_up_threshold(t, m, level_floor(t, m), pi, static_cast<float>(strata)),
+                    rounding_bits16(key.seed, key.call, key.rank, j * 256ull + k)) < 0;
         ASSERT_EQ(unpack_code(rec + 18, k, bits), encode_code(mag, v[k] < 0.0f, t.max_mag))
             << spec << " sg " << j << " k " << k;
       }
@@ -743,7 +791,8 @@ std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
   EXPECT_EQ(c->plan(n, chunks, workers), Status::kOk);
   std::vector<uint8_t> bytes;
   auto append = [&](const void* p, size_t size) {
-    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + size);
+    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p),
+                 static_cast<const uint8_t*>(p) + size);
   };
   std::vector<float> sum(c->stats_words(), 0.0f);
   std::vector<uint16_t> local(c->stats_words());
@@ -761,7 +810,8 @@ std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
       EXPECT_EQ(c->hop(chunk, tensor(w), nullptr, 0, leaves[w].data(), key), Status::kOk);
       append(leaves[w].data(), leaves[w].size());
     }
-    const ByteView in[2] = {{leaves[0].data(), leaves[0].size()}, {leaves[1].data(), leaves[1].size()}};
+    const ByteView in[2] = {{leaves[0].data(), leaves[0].size()},
+                            {leaves[1].data(), leaves[1].size()}};
     EXPECT_EQ(c->hop(chunk, tensor(2), in, 2, leaves[2].data(), RoundingKey{5, 7, 2, 2, 3, 0}),
               Status::kOk);
     append(leaves[2].data(), leaves[2].size());
@@ -780,18 +830,18 @@ std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
 // The scalar and AVX2 paths give the same bytes for every option set, input type and step.
 TEST(HostIsa, EveryPathGivesTheSameBytes) {
   if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
-  for (const char* spec : {"dynamiq:3", "dynamiq:5", "dynamiq:7", "dynamiq:3:widths=fixed",
-                           "dynamiq:5:widths=fixed", "dynamiq:9.5:widths=fixed",
-                           "dynamiq:17:widths=fixed", "dynamiq:5:corr=0",
-                           "dynamiq:5:levels=uniform", "dynamiq:5:scales=flat", "dynamiq:5:mean=0"})
+  for (const char* spec :
+       {"dynamiq:3", "dynamiq:5", "dynamiq:7", "dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed",
+        "dynamiq:9.5:widths=fixed", "dynamiq:17:widths=fixed", "dynamiq:5:corr=0",
+        "dynamiq:5:levels=uniform", "dynamiq:5:scales=flat", "dynamiq:5:mean=0"})
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
       const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
       ASSERT_EQ(scalar.size(), avx2.size()) << spec;
       size_t first = 0;
       while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
-      EXPECT_EQ(first, scalar.size()) << spec << (dtype == DType::kF32 ? " f32" : " bf16")
-                                      << ": first differing byte";
+      EXPECT_EQ(first, scalar.size())
+          << spec << (dtype == DType::kF32 ? " f32" : " bf16") << ": first differing byte";
     }
 }
 
@@ -799,16 +849,16 @@ TEST(HostIsa, EveryPathGivesTheSameBytes) {
 // bytes on each: leaves, the fused hop and every finish, FP32 and BF16 (no statistics).
 TEST(HostIsa, EveryBaselinePathGivesTheSameBytes) {
   if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
-  for (const char* spec : {"bf16", "mxfp8", "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "uniform:3",
-                           "uniform:5", "uniform:9"})
+  for (const char* spec :
+       {"bf16", "mxfp8", "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "uniform:3", "uniform:5", "uniform:9"})
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
       const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
       ASSERT_EQ(scalar.size(), avx2.size()) << spec;
       size_t first = 0;
       while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
-      EXPECT_EQ(first, scalar.size()) << spec << (dtype == DType::kF32 ? " f32" : " bf16")
-                                      << ": first differing byte";
+      EXPECT_EQ(first, scalar.size())
+          << spec << (dtype == DType::kF32 ? " f32" : " bf16") << ": first differing byte";
     }
 }
 

@@ -24,7 +24,7 @@ struct SimRun {
 };
 
 SimRun run(const char* spec, topo::Kind kind, const std::vector<std::vector<float>>& rows,
-        ReduceOp op = ReduceOp::kSum, uint64_t seed = 1) {
+           ReduceOp op = ReduceOp::kSum, uint64_t seed = 1) {
   std::string err;
   auto c = make_codec(spec, &err);
   EXPECT_TRUE(c) << err;
@@ -54,11 +54,12 @@ std::vector<std::vector<float>> rows_of(int n, size_t d, uint32_t seed, double s
   return rows;
 }
 
-const char* kAllCodecs[] = {"dynamiq:5", "dynamiq:5:corr=0", "bf16", "mxfp8", "mxfp6",
-                            "mxfp6e2m3", "mxfp4", "uniform:5"};
+const char* kAllCodecs[] = {"dynamiq:5", "dynamiq:5:corr=0", "bf16",  "mxfp8",
+                            "mxfp6",     "mxfp6e2m3",        "mxfp4", "uniform:5"};
 
 TEST(Sizes, EveryCodecEveryTopologyAwkwardCounts) {
-  for (size_t d : {size_t{0}, size_t{1}, size_t{255}, size_t{256}, size_t{257}, (size_t{1} << 20) + 3})
+  for (size_t d :
+       {size_t{0}, size_t{1}, size_t{255}, size_t{256}, size_t{257}, (size_t{1} << 20) + 3})
     for (int n : {1, 3, 4})
       for (auto kind : {topo::Kind::kRing, topo::Kind::kButterfly})
         for (const char* spec : kAllCodecs) {
@@ -68,7 +69,9 @@ TEST(Sizes, EveryCodecEveryTopologyAwkwardCounts) {
           ASSERT_EQ(r.out.size(), d);
           for (size_t k = 0; k < d; ++k) ASSERT_TRUE(std::isfinite(r.out[k])) << spec << " d=" << d;
           if (d > 0) {
-            const double bound = std::string(spec) == "mxfp4" ? 0.2 : std::string(spec).find("uniform") == 0 ? 0.2 : 0.05;
+            const double bound = std::string(spec) == "mxfp4"             ? 0.2
+                                 : std::string(spec).find("uniform") == 0 ? 0.2
+                                                                          : 0.05;
             EXPECT_LT(r.result.vnmse, bound) << spec << " d=" << d << " n=" << n;
           }
         }
@@ -178,20 +181,25 @@ TEST(Inputs, Bf16InputMatchesItsFp32Widening) {
   EXPECT_EQ(s32, s16);
   ASSERT_EQ(c->agree(s32.data(), 0), Status::kOk);
   std::vector<uint8_t> a(c->chunk_capacity()), b(a.size());
-  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, a.data(), {1, 0, 0, 0, 1, 0}), Status::kOk);
-  ASSERT_EQ(c->hop(0, {xb.data(), DType::kBF16, n}, nullptr, 0, b.data(), {1, 0, 0, 0, 1, 0}), Status::kOk);
+  ASSERT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, a.data(), {1, 0, 0, 0, 1, 0}),
+            Status::kOk);
+  ASSERT_EQ(c->hop(0, {xb.data(), DType::kBF16, n}, nullptr, 0, b.data(), {1, 0, 0, 0, 1, 0}),
+            Status::kOk);
   EXPECT_EQ(a, b);
   std::vector<uint16_t> out(n);
-  ASSERT_EQ(c->finish(0, {a.data(), a.size()}, out.data(), DType::kBF16, ReduceOp::kSum, 1), Status::kOk);
+  ASSERT_EQ(c->finish(0, {a.data(), a.size()}, out.data(), DType::kBF16, ReduceOp::kSum, 1),
+            Status::kOk);
   std::vector<float> out32(n);
-  ASSERT_EQ(c->finish(0, {a.data(), a.size()}, out32.data(), DType::kF32, ReduceOp::kSum, 1), Status::kOk);
+  ASSERT_EQ(c->finish(0, {a.data(), a.size()}, out32.data(), DType::kF32, ReduceOp::kSum, 1),
+            Status::kOk);
   for (size_t k = 0; k < n; ++k) ASSERT_EQ(out[k], f32_to_bf16_rne(out32[k]));
 }
 
 // A payload from a peer is untrusted: every truncation and corruption is an error, never a
 // read past the bytes given (run under ASan/valgrind to check the "never" half).
 TEST(Malformed, TruncatedAndCorruptedPayloadsAreRejected) {
-  for (const char* spec : {"dynamiq:5", "dynamiq:5:scales=flat", "bf16", "mxfp8", "mxfp4", "uniform:5"}) {
+  for (const char* spec :
+       {"dynamiq:5", "dynamiq:5:scales=flat", "bf16", "mxfp8", "mxfp4", "uniform:5"}) {
     std::string err;
     auto c = make_codec(spec, &err);
     const size_t n = 1000;
@@ -206,16 +214,20 @@ TEST(Malformed, TruncatedAndCorruptedPayloadsAreRejected) {
     ASSERT_EQ(c->agree(stats.empty() ? nullptr : stats.data(), 4), Status::kOk);
     const size_t cap = c->chunk_capacity();
     std::vector<uint8_t> good(cap), out(cap);
-    ASSERT_EQ(c->hop(0, {rows[0].data(), DType::kF32, n}, nullptr, 0, good.data(), {1, 4, 0, 0, 1, 0}), Status::kOk);
+    ASSERT_EQ(
+        c->hop(0, {rows[0].data(), DType::kF32, n}, nullptr, 0, good.data(), {1, 4, 0, 0, 1, 0}),
+        Status::kOk);
     std::vector<float> dec(n);
-    ASSERT_EQ(c->finish(0, {good.data(), cap}, dec.data(), DType::kF32, ReduceOp::kSum, 1), Status::kOk);
+    ASSERT_EQ(c->finish(0, {good.data(), cap}, dec.data(), DType::kF32, ReduceOp::kSum, 1),
+              Status::kOk);
     // Truncation: copy into an exactly-sized heap buffer so an over-read is a real bug. A
     // shortened payload may only be accepted when what is cut is padding: same decode.
     std::vector<float> reference = dec, again(n);
     for (size_t len = 0; len < cap; len += (len < 64 ? 1 : 97)) {
       std::vector<uint8_t> cut(good.begin(), good.begin() + len);
       ByteView in{cut.data(), len};
-      Status hs = c->hop(0, {rows[1].data(), DType::kF32, n}, &in, 1, out.data(), {1, 4, 1, 0, 1, 1});
+      Status hs =
+          c->hop(0, {rows[1].data(), DType::kF32, n}, &in, 1, out.data(), {1, 4, 1, 0, 1, 1});
       Status fs = c->finish(0, in, dec.data(), DType::kF32, ReduceOp::kSum, 1);
       if (len < kChunkHeaderBytes) {
         ASSERT_EQ(hs, Status::kMalformedPayload) << spec << " len " << len;
@@ -234,13 +246,15 @@ TEST(Malformed, TruncatedAndCorruptedPayloadsAreRejected) {
       auto bad = good;
       bad[b] ^= 0x40;
       ByteView in{bad.data(), cap};
-      EXPECT_EQ(c->finish(0, in, dec.data(), DType::kF32, ReduceOp::kSum, 1), Status::kMalformedPayload)
+      EXPECT_EQ(c->finish(0, in, dec.data(), DType::kF32, ReduceOp::kSum, 1),
+                Status::kMalformedPayload)
           << spec << " header byte " << b;
     }
     // Wrong call or chunk: a stale payload from another call is refused.
     ASSERT_EQ(c->agree(stats.empty() ? nullptr : stats.data(), 5), Status::kOk);
     EXPECT_EQ(c->finish(0, {good.data(), cap}, dec.data(), DType::kF32, ReduceOp::kSum, 1),
-              Status::kMalformedPayload) << spec;
+              Status::kMalformedPayload)
+        << spec;
   }
 }
 
@@ -255,18 +269,24 @@ TEST(Malformed, InvalidCodesAndScalesAreRejected) {
   ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
   ASSERT_EQ(dynamiq_layout(*c).widths[0], 8);
   std::vector<uint8_t> good(c->chunk_capacity());
-  ASSERT_EQ(c->hop(0, {rows[0].data(), DType::kF32, n}, nullptr, 0, good.data(), {1, 0, 0, 0, 1, 0}), Status::kOk);
+  ASSERT_EQ(
+      c->hop(0, {rows[0].data(), DType::kF32, n}, nullptr, 0, good.data(), {1, 0, 0, 0, 1, 0}),
+      Status::kOk);
   std::vector<float> dec(n);
   auto bad = good;
   bad[kChunkHeaderBytes + 18 + 5] = 255;  // 8-bit codes stop at 254
-  EXPECT_EQ(c->finish(0, {bad.data(), bad.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 1), Status::kMalformedPayload);
+  EXPECT_EQ(c->finish(0, {bad.data(), bad.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 1),
+            Status::kMalformedPayload);
   bad = good;
   bad[kChunkHeaderBytes + 2 + 3] = 0;  // a group factor of 0 is never written
-  EXPECT_EQ(c->finish(0, {bad.data(), bad.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 1), Status::kMalformedPayload);
+  EXPECT_EQ(c->finish(0, {bad.data(), bad.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 1),
+            Status::kMalformedPayload);
   bad = good;
   bad[kChunkHeaderBytes + 1] |= 0x80;  // negative super-group scale
-  EXPECT_EQ(c->finish(0, {bad.data(), bad.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 1), Status::kMalformedPayload);
-  EXPECT_EQ(c->finish(0, {good.data(), good.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 2), Status::kMalformedPayload)
+  EXPECT_EQ(c->finish(0, {bad.data(), bad.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 1),
+            Status::kMalformedPayload);
+  EXPECT_EQ(c->finish(0, {good.data(), good.size()}, dec.data(), DType::kF32, ReduceOp::kSum, 2),
+            Status::kMalformedPayload)
       << "payload holds 1 worker, caller expects 2";
 }
 

@@ -12,7 +12,8 @@ namespace mine {
 #include "common/nccl_api.h"
 }  // namespace mine
 
-#define SAME_VALUE(name) static_assert(static_cast<int>(mine::name) == static_cast<int>(::name), #name)
+#define SAME_VALUE(name) \
+  static_assert(static_cast<int>(mine::name) == static_cast<int>(::name), #name)
 SAME_VALUE(ncclSuccess);
 SAME_VALUE(ncclUnhandledCudaError);
 SAME_VALUE(ncclSystemError);
@@ -51,8 +52,8 @@ static_assert(DQ_NCCL_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES);
 static_assert(DQ_NCCL_SPLIT_NOCOLOR == NCCL_SPLIT_NOCOLOR);
 static_assert(DQ_NCCL_CONFIG_UNDEF_INT == NCCL_CONFIG_UNDEF_INT);
 
-#define SAME_FIELD(f)                                                                       \
-  static_assert(offsetof(mine::ncclConfig_t, f) == offsetof(::ncclConfig_t, f), #f);         \
+#define SAME_FIELD(f)                                                                \
+  static_assert(offsetof(mine::ncclConfig_t, f) == offsetof(::ncclConfig_t, f), #f); \
   static_assert(sizeof(mine::ncclConfig_t::f) == sizeof(::ncclConfig_t::f), #f " size")
 SAME_FIELD(size);
 SAME_FIELD(magic);

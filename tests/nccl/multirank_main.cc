@@ -44,21 +44,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-#define FAIL_IF(cond, ...)                                             \
-  do {                                                                 \
-    if (cond) {                                                        \
+#define FAIL_IF(cond, ...)                                                   \
+  do {                                                                       \
+    if (cond) {                                                              \
       std::fprintf(stderr, "[rank %d] %s:%d: ", g_rank, __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                               \
-      std::fprintf(stderr, "\n");                                      \
-      return 1;                                                        \
-    }                                                                  \
+      std::fprintf(stderr, __VA_ARGS__);                                     \
+      std::fprintf(stderr, "\n");                                            \
+      return 1;                                                              \
+    }                                                                        \
   } while (0)
 
-#define NCCL_OK(call)                                                          \
-  do {                                                                         \
-    ncclResult_t r_ = (call);                                                  \
-    FAIL_IF(r_ != ncclSuccess, "%s -> %d (%s)", #call, static_cast<int>(r_),   \
-            ncclGetErrorString(r_));                                           \
+#define NCCL_OK(call)                                                        \
+  do {                                                                       \
+    ncclResult_t r_ = (call);                                                \
+    FAIL_IF(r_ != ncclSuccess, "%s -> %d (%s)", #call, static_cast<int>(r_), \
+            ncclGetErrorString(r_));                                         \
   } while (0)
 
 int g_rank = -1;
@@ -91,8 +91,10 @@ int init_comm(int rank, int nranks, ncclComm_t* comm, ncclConfig_t* config = nul
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  if (config) NCCL_OK(ncclCommInitRankConfig(comm, nranks, g_shared->id, rank, config));
-  else NCCL_OK(ncclCommInitRank(comm, nranks, g_shared->id, rank));
+  if (config)
+    NCCL_OK(ncclCommInitRankConfig(comm, nranks, g_shared->id, rank, config));
+  else
+    NCCL_OK(ncclCommInitRank(comm, nranks, g_shared->id, rank));
   int count = -1, me = -1;
   NCCL_OK(ncclCommCount(*comm, &count));
   NCCL_OK(ncclCommUserRank(*comm, &me));
@@ -150,9 +152,12 @@ double narrow_value(const TypeInfo& t, uint32_t bits) {
   const uint32_t m = bits & ((1u << t.man_bits) - 1);
   const bool neg = (bits >> (t.exp_bits + t.man_bits)) & 1;
   double v;
-  if (e == (1u << t.exp_bits) - 1 && (t.has_inf || m == (1u << t.man_bits) - 1)) v = NAN;
-  else if (e == 0) v = std::ldexp(m, 1 - bias - t.man_bits);
-  else v = std::ldexp(1.0 + std::ldexp(m, -t.man_bits), static_cast<int>(e) - bias);
+  if (e == (1u << t.exp_bits) - 1 && (t.has_inf || m == (1u << t.man_bits) - 1))
+    v = NAN;
+  else if (e == 0)
+    v = std::ldexp(m, 1 - bias - t.man_bits);
+  else
+    v = std::ldexp(1.0 + std::ldexp(m, -t.man_bits), static_cast<int>(e) - bias);
   return neg ? -v : v;
 }
 
@@ -177,8 +182,8 @@ uint32_t narrow_nearest(const TypeInfo& t, double x) {
   const NarrowTable& nt = narrow_table(t);
   const uint32_t sign = std::signbit(x) ? 1u << (t.exp_bits + t.man_bits) : 0;
   double a = std::fabs(x);
-  auto it = std::lower_bound(nt.positives.begin(), nt.positives.end(),
-                             std::make_pair(a, uint32_t{0}));
+  auto it =
+      std::lower_bound(nt.positives.begin(), nt.positives.end(), std::make_pair(a, uint32_t{0}));
   if (it == nt.positives.end()) return sign | nt.positives.back().second;  // not used by tests
   if (it->first == a || it == nt.positives.begin()) return sign | it->second;
   auto lo = it - 1;
@@ -192,7 +197,8 @@ uint32_t narrow_nearest(const TypeInfo& t, double x) {
 // result does not depend on the reduction order.
 int64_t test_value(const TypeInfo& t, int op, int rank, size_t i, int seed) {
   const uint64_t h = (i * 2654435761ull + static_cast<uint64_t>(rank) * 40503ull +
-                      static_cast<uint64_t>(seed) * 977ull) >> 3;
+                      static_cast<uint64_t>(seed) * 977ull) >>
+                     3;
   if (op == ncclProd) {
     // Products of up to 8 ranks stay exact: |value| <= 2 (powers of two for the floats).
     static const int64_t kSigned[] = {-2, -1, 1, 2}, kUnsigned[] = {1, 2, 1, 3};
@@ -209,14 +215,45 @@ int64_t test_value(const TypeInfo& t, int op, int rank, size_t i, int seed) {
 void store(const TypeInfo& t, void* buf, size_t i, double v_float, int64_t v_int) {
   char* p = static_cast<char*>(buf) + i * t.size;
   switch (t.type) {
-    case ncclInt8: { int8_t x = static_cast<int8_t>(v_int); std::memcpy(p, &x, 1); break; }
-    case ncclUint8: { uint8_t x = static_cast<uint8_t>(v_int); std::memcpy(p, &x, 1); break; }
-    case ncclInt32: { int32_t x = static_cast<int32_t>(v_int); std::memcpy(p, &x, 4); break; }
-    case ncclUint32: { uint32_t x = static_cast<uint32_t>(v_int); std::memcpy(p, &x, 4); break; }
-    case ncclInt64: { int64_t x = v_int; std::memcpy(p, &x, 8); break; }
-    case ncclUint64: { uint64_t x = static_cast<uint64_t>(v_int); std::memcpy(p, &x, 8); break; }
-    case ncclFloat32: { float x = static_cast<float>(v_float); std::memcpy(p, &x, 4); break; }
-    case ncclFloat64: { std::memcpy(p, &v_float, 8); break; }
+    case ncclInt8: {
+      int8_t x = static_cast<int8_t>(v_int);
+      std::memcpy(p, &x, 1);
+      break;
+    }
+    case ncclUint8: {
+      uint8_t x = static_cast<uint8_t>(v_int);
+      std::memcpy(p, &x, 1);
+      break;
+    }
+    case ncclInt32: {
+      int32_t x = static_cast<int32_t>(v_int);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case ncclUint32: {
+      uint32_t x = static_cast<uint32_t>(v_int);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case ncclInt64: {
+      int64_t x = v_int;
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case ncclUint64: {
+      uint64_t x = static_cast<uint64_t>(v_int);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case ncclFloat32: {
+      float x = static_cast<float>(v_float);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case ncclFloat64: {
+      std::memcpy(p, &v_float, 8);
+      break;
+    }
     default: {
       uint32_t bits = narrow_nearest(t, v_float);
       std::memcpy(p, &bits, t.size);
@@ -231,11 +268,16 @@ void expected_element(const TypeInfo& t, int op, int nranks, size_t i, int seed,
   bool first = true;
   for (int r : ranks) {
     int64_t v = test_value(t, op, r, i, seed);
-    if (first) acc = v;
-    else if (op == ncclSum || op == ncclAvg) acc += v;
-    else if (op == ncclProd) acc *= v;
-    else if (op == ncclMax) acc = std::max(acc, v);
-    else acc = std::min(acc, v);
+    if (first)
+      acc = v;
+    else if (op == ncclSum || op == ncclAvg)
+      acc += v;
+    else if (op == ncclProd)
+      acc *= v;
+    else if (op == ncclMax)
+      acc = std::max(acc, v);
+    else
+      acc = std::min(acc, v);
     first = false;
   }
   (void)nranks;
@@ -244,16 +286,28 @@ void expected_element(const TypeInfo& t, int op, int nranks, size_t i, int seed,
     int64_t wrapped = acc;
     // Wrap to the type first (the sum wraps), then divide for avg.
     switch (t.type) {
-      case ncclInt8: wrapped = static_cast<int8_t>(acc); break;
-      case ncclUint8: wrapped = static_cast<uint8_t>(acc); break;
-      case ncclInt32: wrapped = static_cast<int32_t>(acc); break;
-      case ncclUint32: wrapped = static_cast<uint32_t>(acc); break;
-      default: break;
+      case ncclInt8:
+        wrapped = static_cast<int8_t>(acc);
+        break;
+      case ncclUint8:
+        wrapped = static_cast<uint8_t>(acc);
+        break;
+      case ncclInt32:
+        wrapped = static_cast<int32_t>(acc);
+        break;
+      case ncclUint32:
+        wrapped = static_cast<uint32_t>(acc);
+        break;
+      default:
+        break;
     }
     if (op == ncclAvg) {
-      if (t.type == ncclUint64) wrapped = static_cast<int64_t>(static_cast<uint64_t>(acc) / n);
-      else if (t.type == ncclInt64) wrapped = acc / n;
-      else wrapped = wrapped / n;
+      if (t.type == ncclUint64)
+        wrapped = static_cast<int64_t>(static_cast<uint64_t>(acc) / n);
+      else if (t.type == ncclInt64)
+        wrapped = acc / n;
+      else
+        wrapped = wrapped / n;
     }
     store(t, out, out_index, 0.0, wrapped);
     return;
@@ -322,10 +376,10 @@ int scenario_allreduce(int rank, int nranks) {
           for (size_t i = 0; i < count; ++i)
             expected_element(t, op, nranks, i, seed, want.data(), i, all_ranks(nranks));
           void* out = in_place ? send.data() : recv.data();
-          NCCL_OK(ncclAllReduce(send.data(), out, count, t.type, static_cast<ncclRedOp_t>(op),
-                                comm, nullptr));
-          if (compare(t, out, want.data(), count, in_place ? "allreduce in-place"
-                                                           : "allreduce out-of-place", op, count))
+          NCCL_OK(ncclAllReduce(send.data(), out, count, t.type, static_cast<ncclRedOp_t>(op), comm,
+                                nullptr));
+          if (compare(t, out, want.data(), count,
+                      in_place ? "allreduce in-place" : "allreduce out-of-place", op, count))
             return 1;
           if (!in_place) FAIL_IF(recv[count * t.size] != 0x5a, "wrote past the end of recvbuff");
         }
@@ -376,7 +430,8 @@ int scenario_collectives(int rank, int nranks) {
     for (int in_place = 0; in_place < 2; ++in_place) {
       ++seed;
       std::vector<int32_t> send(count + 1), recv(count * nranks + 1, -3), want(count * nranks + 1);
-      for (int r = 0; r < nranks; ++r) fill_input(ti, ncclSum, r, seed, want.data() + r * count, count);
+      for (int r = 0; r < nranks; ++r)
+        fill_input(ti, ncclSum, r, seed, want.data() + r * count, count);
       fill_input(ti, ncclSum, rank, seed, send.data(), count);
       const int32_t* src = send.data();
       if (in_place) {
@@ -400,8 +455,8 @@ int scenario_collectives(int rank, int nranks) {
             expected_element(*t, op, nranks, rank * count + i, seed, want.data(), i,
                              all_ranks(nranks));
           void* out = in_place ? send.data() + rank * count * t->size : recv.data();
-          NCCL_OK(ncclReduceScatter(send.data(), out, count, t->type,
-                                    static_cast<ncclRedOp_t>(op), comm, nullptr));
+          NCCL_OK(ncclReduceScatter(send.data(), out, count, t->type, static_cast<ncclRedOp_t>(op),
+                                    comm, nullptr));
           if (compare(*t, out, want.data(), count, "reducescatter", op, count)) return 1;
         }
       }
@@ -438,13 +493,15 @@ int scenario_p2p(int rank, int nranks) {
     std::vector<std::vector<int64_t>> out(nranks, std::vector<int64_t>(n)),
         in(nranks, std::vector<int64_t>(n, -1));
     for (int p = 0; p < nranks; ++p)
-      for (size_t i = 0; i < n; ++i) out[p][i] = rank * 1000000 + p * 10000 + static_cast<int64_t>(i);
+      for (size_t i = 0; i < n; ++i)
+        out[p][i] = rank * 1000000 + p * 10000 + static_cast<int64_t>(i);
     NCCL_OK(ncclGroupStart());
     NCCL_OK(ncclGroupStart());  // nested: only the outermost end runs the batch
     for (int p = nranks - 1; p >= 0; --p)
       NCCL_OK(ncclRecv(in[p].data(), n, ncclInt64, p, comm, nullptr));
     NCCL_OK(ncclGroupEnd());
-    for (int p = 0; p < nranks; ++p) NCCL_OK(ncclSend(out[p].data(), n, ncclInt64, p, comm, nullptr));
+    for (int p = 0; p < nranks; ++p)
+      NCCL_OK(ncclSend(out[p].data(), n, ncclInt64, p, comm, nullptr));
     NCCL_OK(ncclGroupEnd());
     for (int p = 0; p < nranks; ++p)
       for (size_t i = 0; i < n; ++i)
@@ -454,8 +511,10 @@ int scenario_p2p(int rank, int nranks) {
   // Outside a group: a blocking pair between ranks 0 and 1.
   if (nranks >= 2 && rank < 2) {
     double v[3] = {rank + 0.5, 2.0, 3.0}, w[3] = {0, 0, 0};
-    if (rank == 0) NCCL_OK(ncclSend(v, 3, ncclFloat64, 1, comm, nullptr));
-    else NCCL_OK(ncclRecv(w, 3, ncclFloat64, 0, comm, nullptr));
+    if (rank == 0)
+      NCCL_OK(ncclSend(v, 3, ncclFloat64, 1, comm, nullptr));
+    else
+      NCCL_OK(ncclRecv(w, 3, ncclFloat64, 0, comm, nullptr));
     if (rank == 1) FAIL_IF(w[0] != 0.5 || w[2] != 3.0, "blocking recv wrong");
   }
   // All-to-all.
@@ -463,7 +522,8 @@ int scenario_p2p(int rank, int nranks) {
     const size_t n = 257;
     std::vector<int32_t> out(n * nranks), in(n * nranks, -1);
     for (int p = 0; p < nranks; ++p)
-      for (size_t i = 0; i < n; ++i) out[p * n + i] = rank * 100000 + p * 1000 + static_cast<int>(i);
+      for (size_t i = 0; i < n; ++i)
+        out[p * n + i] = rank * 100000 + p * 1000 + static_cast<int>(i);
     NCCL_OK(ncclAlltoAll(out.data(), in.data(), n, ncclInt32, comm, nullptr));
     for (int p = 0; p < nranks; ++p)
       for (size_t i = 0; i < n; ++i)
@@ -546,22 +606,34 @@ int scenario_random(int rank, int nranks) {
           double x = dist(gen);
           // The value as stored in the type (what the library sees).
           double stored = x;
-          if (t.narrow) stored = narrow_value(t, narrow_nearest(t, x));
-          else if (type == ncclFloat32) stored = static_cast<float>(x);
+          if (t.narrow)
+            stored = narrow_value(t, narrow_nearest(t, x));
+          else if (type == ncclFloat32)
+            stored = static_cast<float>(x);
           if (r == rank) store(t, buf.data(), i, x, 0);
-          if (op == ncclMax) exact[i] = r == 0 ? stored : std::max(exact[i], stored);
-          else exact[i] += stored;
+          if (op == ncclMax)
+            exact[i] = r == 0 ? stored : std::max(exact[i], stored);
+          else
+            exact[i] += stored;
         }
       }
-      NCCL_OK(ncclAllReduce(buf.data(), buf.data(), count, type, static_cast<ncclRedOp_t>(op),
-                            comm, nullptr));
+      NCCL_OK(ncclAllReduce(buf.data(), buf.data(), count, type, static_cast<ncclRedOp_t>(op), comm,
+                            nullptr));
       const double rel = t.narrow ? (t.man_bits == 7 ? 1.0 / 128 : 1.0 / 1024)
                                   : (type == ncclFloat32 ? 1e-6 : 1e-14);
       for (size_t i = 0; i < count; ++i) {
         double got;
-        if (type == ncclFloat32) { float f; std::memcpy(&f, buf.data() + i * 4, 4); got = f; }
-        else if (type == ncclFloat64) std::memcpy(&got, buf.data() + i * 8, 8);
-        else { uint32_t b = 0; std::memcpy(&b, buf.data() + i * t.size, t.size); got = narrow_value(t, b); }
+        if (type == ncclFloat32) {
+          float f;
+          std::memcpy(&f, buf.data() + i * 4, 4);
+          got = f;
+        } else if (type == ncclFloat64)
+          std::memcpy(&got, buf.data() + i * 8, 8);
+        else {
+          uint32_t b = 0;
+          std::memcpy(&b, buf.data() + i * t.size, t.size);
+          got = narrow_value(t, b);
+        }
         double want = op == ncclAvg ? exact[i] / nranks : exact[i];
         // Each of the n-1 roundings can add half an ulp of a partial sum (|partial| <= 4 n).
         double tol = rel * nranks * 4.0 * (op == ncclAvg ? 1.0 : nranks) + 1e-12;
@@ -584,8 +656,8 @@ int kill_body(int rank, int nranks, int victim, int sig) {
   std::vector<float> buf(1 << 18, 1.0f);
   for (int iter = 0; iter < 100000; ++iter) {
     if (rank == victim && iter == 3) raise(sig);
-    ncclResult_t r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum,
-                                   comm, nullptr);
+    ncclResult_t r =
+        ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
     if (r != ncclSuccess) {
       ncclResult_t async = ncclSuccess;
       NCCL_OK(ncclCommGetAsyncError(comm, &async));
@@ -636,7 +708,10 @@ int scenario_kill(int nranks, int runs, int sig) {
         --remaining;
         if (r == victim) {
           if (sig == SIGKILL) victim_death = Clock::now();
-          if (!WIFSIGNALED(st)) { std::fprintf(stderr, "run %d: victim not killed\n", run); ok = false; }
+          if (!WIFSIGNALED(st)) {
+            std::fprintf(stderr, "run %d: victim not killed\n", run);
+            ok = false;
+          }
         } else {
           if (!WIFEXITED(st) || WEXITSTATUS(st) != 3) {
             std::fprintf(stderr, "run %d: rank %d status %#x (want exit 3)\n", run, r, st);
@@ -671,9 +746,11 @@ int scenario_kill(int nranks, int runs, int sig) {
     }
     if (ok) ++passed;
   }
-  std::printf("%s: %d/%d runs passed with %d ranks (timeout %d ms, slowest survivor %.2f s "
-              "after the victim %s)\n", sig == SIGKILL ? "kill" : "stall", passed, runs, nranks,
-              timeout_ms, worst_s, sig == SIGKILL ? "died" : "stopped");
+  std::printf(
+      "%s: %d/%d runs passed with %d ranks (timeout %d ms, slowest survivor %.2f s "
+      "after the victim %s)\n",
+      sig == SIGKILL ? "kill" : "stall", passed, runs, nranks, timeout_ms, worst_s,
+      sig == SIGKILL ? "died" : "stopped");
   return passed == runs ? 0 : 1;
 }
 
@@ -740,10 +817,11 @@ int scenario_initall(int nranks) {
   for (int r = 0; r < nranks; ++r)
     threads.emplace_back([&, r] {
       float x = static_cast<float>(r), y = 0;
-      results[r] = ncclAllReduce(&x, &y, 1, ncclFloat32, ncclMax, comms[r], nullptr) == ncclSuccess &&
-                           y == static_cast<float>(nranks - 1)
-                       ? 0
-                       : 1;
+      results[r] =
+          ncclAllReduce(&x, &y, 1, ncclFloat32, ncclMax, comms[r], nullptr) == ncclSuccess &&
+                  y == static_cast<float>(nranks - 1)
+              ? 0
+              : 1;
     });
   for (auto& th : threads) th.join();
   for (int r = 0; r < nranks; ++r) FAIL_IF(results[r] != 0, "threaded allreduce rank %d", r);
@@ -763,7 +841,8 @@ int scenario_api() {
   NCCL_OK(ncclMemFree(p));
   // Invalid arguments are reported, not crashed on.
   FAIL_IF(ncclAllReduce(nullptr, nullptr, 1, ncclFloat32, ncclSum, nullptr, nullptr) !=
-              ncclInvalidArgument, "NULL comm accepted");
+              ncclInvalidArgument,
+          "NULL comm accepted");
   FAIL_IF(ncclGroupEnd() != ncclInvalidArgument, "unbalanced ncclGroupEnd accepted");
   // A one-rank comm works and a bad datatype / op is refused.
   ncclComm_t comm;
@@ -772,9 +851,11 @@ int scenario_api() {
   NCCL_OK(ncclAllReduce(a, b, 3, ncclInt32, ncclSum, comm, nullptr));
   FAIL_IF(b[2] != 3, "1-rank allreduce");
   FAIL_IF(ncclAllReduce(a, b, 3, static_cast<ncclDataType_t>(99), ncclSum, comm, nullptr) !=
-              ncclInvalidArgument, "bad dtype accepted");
+              ncclInvalidArgument,
+          "bad dtype accepted");
   FAIL_IF(ncclAllReduce(a, b, 3, ncclInt32, static_cast<ncclRedOp_t>(77), comm, nullptr) !=
-              ncclInvalidArgument, "bad op accepted");
+              ncclInvalidArgument,
+          "bad op accepted");
   ncclResult_t async = ncclInternalError;
   NCCL_OK(ncclCommGetAsyncError(comm, &async));
   FAIL_IF(async != ncclSuccess, "async error on a healthy comm");
@@ -788,8 +869,9 @@ int scenario_api() {
 
 int check_digests(int nranks) {
   for (int r = 1; r < nranks; ++r) {
-    FAIL_IF(g_shared->digest_count[r] != g_shared->digest_count[0] ||
-                g_shared->digest_count[0] == 0, "digest counts differ");
+    FAIL_IF(
+        g_shared->digest_count[r] != g_shared->digest_count[0] || g_shared->digest_count[0] == 0,
+        "digest counts differ");
     for (int s = 0; s < g_shared->digest_count[0]; ++s)
       FAIL_IF(g_shared->digest[r][s] != g_shared->digest[0][s],
               "result %d differs between rank 0 and rank %d", s, r);
@@ -807,18 +889,22 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   const int nranks = std::atoi(argv[2]);
   if (nranks < 1 || nranks > kMaxRanks) return 2;
-  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
+  void* mem =
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return 2;
   g_shared = new (mem) Shared();
   // Small chunks so that modest counts already cross several pipeline chunks.
   setenv("DYNAMIQ_CPU_NCCL_CHUNK_BYTES", "4096", 0);
   setenv("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "30000", 0);
   int rc = 2;
-  if (scenario == "allreduce") rc = run_ranks(nranks, 600, scenario_allreduce);
-  else if (scenario == "collectives") rc = run_ranks(nranks, 600, scenario_collectives);
-  else if (scenario == "p2p") rc = run_ranks(nranks, 300, scenario_p2p);
-  else if (scenario == "split") rc = run_ranks(nranks, 300, scenario_split);
+  if (scenario == "allreduce")
+    rc = run_ranks(nranks, 600, scenario_allreduce);
+  else if (scenario == "collectives")
+    rc = run_ranks(nranks, 600, scenario_collectives);
+  else if (scenario == "p2p")
+    rc = run_ranks(nranks, 300, scenario_p2p);
+  else if (scenario == "split")
+    rc = run_ranks(nranks, 300, scenario_split);
   else if (scenario == "random") {
     rc = run_ranks(nranks, 600, scenario_random);
     if (rc == 0) rc = check_digests(nranks);
@@ -826,13 +912,14 @@ int main(int argc, char** argv) {
     rc = scenario_kill(nranks, argc > 3 ? std::atoi(argv[3]) : 20, SIGKILL);
   } else if (scenario == "stall") {
     rc = scenario_kill(nranks, argc > 3 ? std::atoi(argv[3]) : 3, SIGSTOP);
-  }
-  else if (scenario == "big") {
+  } else if (scenario == "big") {
     size_t mib = argc > 3 ? static_cast<size_t>(std::atol(argv[3])) : 64;
     setenv("DYNAMIQ_CPU_NCCL_CHUNK_BYTES", "1048576", 1);
     rc = run_ranks(nranks, 1800, [mib](int r, int n) { return scenario_big(r, n, mib << 20); });
-  } else if (scenario == "initall") rc = scenario_initall(nranks);
-  else if (scenario == "api") rc = scenario_api();
+  } else if (scenario == "initall")
+    rc = scenario_initall(nranks);
+  else if (scenario == "api")
+    rc = scenario_api();
   std::printf("%s with %d ranks: %s\n", scenario.c_str(), nranks, rc == 0 ? "PASS" : "FAIL");
   return rc;
 }

@@ -29,8 +29,10 @@ TEST(CpuNcclReduce, HalfDecodeMatchesCompilerForEveryPattern) {
     std::memcpy(&h, &bits, 2);
     double want = static_cast<double>(h);
     double got = narrow_to_double(DType::kFloat16, b);
-    if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << b;
-    else EXPECT_EQ(got, want) << b;
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(got)) << b;
+    else
+      EXPECT_EQ(got, want) << b;
   }
 }
 
@@ -46,9 +48,9 @@ TEST(CpuNcclReduce, HalfEncodeRoundsLikeCompiler) {
     if (i % 2) x = -x;
     EXPECT_EQ(narrow_from_double(DType::kFloat16, x), half_bits(static_cast<_Float16>(x))) << x;
   }
-  EXPECT_EQ(narrow_from_double(DType::kFloat16, 1e6), 0x7c00u);            // overflow -> Inf
-  EXPECT_EQ(narrow_from_double(DType::kFloat16, 65519.0), 0x7bffu);         // below the tie
-  EXPECT_EQ(narrow_from_double(DType::kFloat16, 65520.0), 0x7c00u);         // tie -> Inf (even)
+  EXPECT_EQ(narrow_from_double(DType::kFloat16, 1e6), 0x7c00u);              // overflow -> Inf
+  EXPECT_EQ(narrow_from_double(DType::kFloat16, 65519.0), 0x7bffu);          // below the tie
+  EXPECT_EQ(narrow_from_double(DType::kFloat16, 65520.0), 0x7c00u);          // tie -> Inf (even)
   EXPECT_EQ(narrow_from_double(DType::kFloat16, std::ldexp(1.0, -25)), 0u);  // tie -> 0 (even)
   EXPECT_EQ(narrow_from_double(DType::kFloat16, std::ldexp(1.5, -25)), 1u);  // smallest subnormal
 }
@@ -79,20 +81,28 @@ void check_fp8(DType dtype, double max_finite, bool has_inf) {
     double lo = values[i].first, hi = values[i + 1].first;
     for (double t : {0.25, 0.5, 0.75}) {
       double x = lo + (hi - lo) * t;
-      uint32_t want = t < 0.5 ? values[i].second : t > 0.5 ? values[i + 1].second
-                    : ((values[i].second & 1) == 0 ? values[i].second : values[i + 1].second);
+      uint32_t want = t < 0.5 ? values[i].second
+                      : t > 0.5
+                          ? values[i + 1].second
+                          : ((values[i].second & 1) == 0 ? values[i].second : values[i + 1].second);
       EXPECT_EQ(narrow_from_double(dtype, x), want) << x;
       EXPECT_EQ(narrow_from_double(dtype, -x), want | 0x80u) << -x;
     }
     EXPECT_EQ(narrow_from_double(dtype, lo), values[i].second);
   }
   uint32_t overflow = narrow_from_double(dtype, max_finite * 4);
-  if (has_inf) EXPECT_TRUE(std::isinf(narrow_to_double(dtype, overflow)));
-  else EXPECT_TRUE(std::isnan(narrow_to_double(dtype, overflow)));
+  if (has_inf)
+    EXPECT_TRUE(std::isinf(narrow_to_double(dtype, overflow)));
+  else
+    EXPECT_TRUE(std::isnan(narrow_to_double(dtype, overflow)));
 }
 
-TEST(CpuNcclReduce, Fp8E4m3) { check_fp8(DType::kFloat8e4m3, 448.0, false); }
-TEST(CpuNcclReduce, Fp8E5m2) { check_fp8(DType::kFloat8e5m2, 57344.0, true); }
+TEST(CpuNcclReduce, Fp8E4m3) {
+  check_fp8(DType::kFloat8e4m3, 448.0, false);
+}
+TEST(CpuNcclReduce, Fp8E5m2) {
+  check_fp8(DType::kFloat8e5m2, 57344.0, true);
+}
 
 TEST(CpuNcclReduce, IntegerOpsWrapAndAverageTruncates) {
   int8_t a[4] = {100, -100, 7, -7}, b[4] = {100, -100, -3, 3}, o[4];
@@ -119,7 +129,8 @@ TEST(CpuNcclReduce, IntegerOpsWrapAndAverageTruncates) {
 
 TEST(CpuNcclReduce, HalfSumRoundsOncePerStep) {
   // 2048 + 1 is a tie in half (spacing 2 there): ties to even gives 2048; 2050 + 1 -> 2052.
-  uint16_t a[2] = {half_bits(static_cast<_Float16>(2048.0)), half_bits(static_cast<_Float16>(2050.0))};
+  uint16_t a[2] = {half_bits(static_cast<_Float16>(2048.0)),
+                   half_bits(static_cast<_Float16>(2050.0))};
   uint16_t b[2] = {half_bits(static_cast<_Float16>(1.0)), half_bits(static_cast<_Float16>(1.0))};
   uint16_t o[2];
   reduce_elements(DType::kFloat16, RedOp::kSum, a, b, o, 2);
@@ -148,9 +159,12 @@ TEST(CpuNcclReduce, NarrowOpsEqualExactOperationRoundedOnce) {
         std::memcpy(&xa, &a[i * width], width);
         std::memcpy(&xb, &b[i * width], width);
         std::memcpy(&xo, &o[i * width], width);
-        const double da = narrow_to_double(dtype, xa & mask), db = narrow_to_double(dtype, xb & mask);
-        double exact = op == RedOp::kSum ? da + db : op == RedOp::kProd ? da * db
-                     : op == RedOp::kMax ? (da > db ? da : db) : (da < db ? da : db);
+        const double da = narrow_to_double(dtype, xa & mask),
+                     db = narrow_to_double(dtype, xb & mask);
+        double exact = op == RedOp::kSum    ? da + db
+                       : op == RedOp::kProd ? da * db
+                       : op == RedOp::kMax  ? (da > db ? da : db)
+                                            : (da < db ? da : db);
         const double got = narrow_to_double(dtype, xo);
         if (std::isnan(exact)) {
           if (op == RedOp::kSum || op == RedOp::kProd) {

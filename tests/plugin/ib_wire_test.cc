@@ -1,9 +1,9 @@
-// The verbs wire (plugin/ibverbs/ib_wire.h). The FIFO's check word: a sender must never act on a slot whose
-// bytes mix two postings, whatever order the RDMA WRITE's bytes land in (soft-RoCE's kernel
-// memcpy may copy backwards, so the new seq can land before the entries it announces; that was
-// the 4-rank rdma all-reduce's wrong results and stray immediates). The control message's checks,
-// and the striping of a message over a connection's queue pairs: stripes tile the message, and
-// the receiver completes an entry exactly when every stripe has arrived once.
+// The verbs wire (plugin/ibverbs/ib_wire.h). The FIFO's check word: a sender must never act on a
+// slot whose bytes mix two postings, whatever order the RDMA WRITE's bytes land in (soft-RoCE's
+// kernel memcpy may copy backwards, so the new seq can land before the entries it announces; that
+// was the 4-rank rdma all-reduce's wrong results and stray immediates). The control message's
+// checks, and the striping of a message over a connection's queue pairs: stripes tile the message,
+// and the receiver completes an entry exactly when every stripe has arrived once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,7 +66,7 @@ TEST(IbWire, EveryPartlyWrittenSlotIsRefused) {
     for (size_t k = 0; k < kWords; ++k) {
       uint64_t fwd[kWords], bwd[kWords];
       for (size_t i = 0; i < kWords; ++i) {
-        fwd[i] = i < k ? w[i] : o[i];             // first k words landed
+        fwd[i] = i < k ? w[i] : o[i];            // first k words landed
         bwd[i] = i >= kWords - k ? w[i] : o[i];  // last k words landed
       }
       FifoSlot f, b;

@@ -146,9 +146,9 @@ double run_receiver(const dqNetV11* net, void* lc, size_t size, int inflight, bo
       ++completed;
       int idx = window.front().second;
       window.pop_front();
-      window.emplace_back(
-          post(kDataTag, bufs[static_cast<size_t>(idx)].data(), size, mhs[static_cast<size_t>(idx)]),
-          idx);
+      window.emplace_back(post(kDataTag, bufs[static_cast<size_t>(idx)].data(), size,
+                               mhs[static_cast<size_t>(idx)]),
+                          idx);
       continue;
     }
     if (failed) die("a receive failed before the end marker");
@@ -212,8 +212,8 @@ int main(int argc, char** argv) {
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("sender failed");
   const char* nsocks = std::getenv("DYNAMIQ_NET_NSOCKS");
-  std::printf("dynamiq-net loopback size=%zu inflight=%d nsocks=%s registered=%d gbps=%.3f\n",
-              size, inflight, nsocks != nullptr ? nsocks : "default", reg ? 1 : 0, gbps);
+  std::printf("dynamiq-net loopback size=%zu inflight=%d nsocks=%s registered=%d gbps=%.3f\n", size,
+              inflight, nsocks != nullptr ? nsocks : "default", reg ? 1 : 0, gbps);
   net->closeListen(lc);
   return 0;
 }

@@ -176,14 +176,13 @@ int steps_check() {
   CHECK_OR(33, enqueued, "uploads");
   const std::unique_ptr<dq::engine::PreparedCodec> prepared = d->prepare(*codec);
   const auto t0 = std::chrono::steady_clock::now();
-  enqueued =
-      d->local_stats(*prepared, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
-      d->build_layout(*prepared, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
-          Status::kOk &&
-      d->hop(*prepared, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) ==
-          Status::kOk &&
-      d->finish(*prepared, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum, 2,
-                lane) == Status::kOk;
+  enqueued = d->local_stats(*prepared, own, static_cast<uint16_t*>(stats), lane) == Status::kOk &&
+             d->build_layout(*prepared, static_cast<const uint16_t*>(stats), 0, layout, lane) ==
+                 Status::kOk &&
+             d->hop(*prepared, layout, 0, own, in, 1, static_cast<uint8_t*>(out), key, lane) ==
+                 Status::kOk &&
+             d->finish(*prepared, layout, 0, in[0], finished, dq::DType::kF32, dq::ReduceOp::kSum,
+                       2, lane) == Status::kOk;
   const double enqueue_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK_OR(34, enqueued, "the steps' enqueues failed (host-side checks?)");

@@ -156,7 +156,8 @@ int auto_rungs(int n, const std::string& topo, int rank, ncclComm_t* comms,
     if (const int rc = pair.call(in.data(), kCount, k, 70); rc != 0) return rc;
     std::lock_guard<std::mutex> lh(pair.metrics_host->budget_mutex),
         lc(pair.metrics_cuda->budget_mutex);
-    const dq::engine::BudgetMetrics &bh = pair.metrics_host->budget, &bc = pair.metrics_cuda->budget;
+    const dq::engine::BudgetMetrics &bh = pair.metrics_host->budget,
+                                    &bc = pair.metrics_cuda->budget;
     CHECK_OR(73,
              bh.bits_sum == bc.bits_sum && bh.predicted_vnmse_sum == bc.predicted_vnmse_sum &&
                  bh.predicted_vnmse_last == bc.predicted_vnmse_last,
@@ -218,8 +219,8 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
            bh.mx_calls == kCalls - 1 && bc.mx_calls == kCalls - 1 && bh.predicted_calls == 2 &&
                bc.predicted_calls == 2 && bc.buckets.size() == 1 &&
                bh.predicted_vnmse_sum == bc.predicted_vnmse_sum &&
-               after.budgets - before.budgets == 1 &&
-               bc.buckets[0].codec == "mxfp8" && bc.buckets[0].budget_bits == 8.25,
+               after.budgets - before.budgets == 1 && bc.buckets[0].codec == "mxfp8" &&
+               bc.buckets[0].budget_bits == 8.25,
            "rank %d: auto: MX calls host %llu, CUDA %llu; predicted calls %llu, %llu; latest %s "
            "at %g bits",
            rank, static_cast<unsigned long long>(bh.mx_calls),
@@ -232,10 +233,10 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
   // copied from the output only after the last codec step on the device's streams.
   CHECK_OR(66,
            bh.checked_calls == 2 && bc.checked_calls == 2 &&
-               bh.checked_sq_error == bc.checked_sq_error && bh.checked_energy == bc.checked_energy &&
-               bc.checked_sq_error > 0,
-           "rank %d: sampled checks: host %llu (error %.6g), emulated CUDA %llu (error %.6g)",
-           rank, static_cast<unsigned long long>(bh.checked_calls), bh.checked_sq_error,
+               bh.checked_sq_error == bc.checked_sq_error &&
+               bh.checked_energy == bc.checked_energy && bc.checked_sq_error > 0,
+           "rank %d: sampled checks: host %llu (error %.6g), emulated CUDA %llu (error %.6g)", rank,
+           static_cast<unsigned long long>(bh.checked_calls), bh.checked_sq_error,
            static_cast<unsigned long long>(bc.checked_calls), bc.checked_sq_error);
   CHECK_OR(65, after.stats - before.stats == 1 && after.host_fallbacks == before.host_fallbacks,
            "rank %d: auto: %llu statistics kernels in calls 1-9 (expected 1), %llu steps on the "
@@ -263,8 +264,8 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
       {"reduce-scatter BF16 SUM, poisoned", Collective::kReduceScatter, true, false, true,
        "dynamiq"},
       {"reduce-scatter BF16 AVG", Collective::kReduceScatter, true, true, false, "dynamiq"},
-      {"all-reduce FP32 SUM, MXFP8 (baseline kernels)", Collective::kAllReduce, false, false,
-       false, "mxfp8"},
+      {"all-reduce FP32 SUM, MXFP8 (baseline kernels)", Collective::kAllReduce, false, false, false,
+       "mxfp8"},
       {"all-reduce BF16 AVG, uniform (DYNAMIQ_BITS 5: uniform:5, baseline kernels)",
        Collective::kAllReduce, true, true, false, "uniform"},
       {"reduce-scatter FP32 SUM, BF16 codec (baseline kernels)", Collective::kReduceScatter, false,
@@ -332,13 +333,13 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
     CHECK_OR(16,
              (baseline || after.stats > before.stats) && after.layouts > before.layouts &&
                  after.hops > before.hops && after.finishes > before.finishes && fallbacks == 0,
-               "rank %d, %s: steps as kernels: %llu stats, %llu layouts, %llu hops, %llu "
-               "finishes; %llu on the host codec",
-               rank, c.what, static_cast<unsigned long long>(after.stats - before.stats),
-               static_cast<unsigned long long>(after.layouts - before.layouts),
-               static_cast<unsigned long long>(after.hops - before.hops),
-               static_cast<unsigned long long>(after.finishes - before.finishes),
-               static_cast<unsigned long long>(fallbacks));
+             "rank %d, %s: steps as kernels: %llu stats, %llu layouts, %llu hops, %llu "
+             "finishes; %llu on the host codec",
+             rank, c.what, static_cast<unsigned long long>(after.stats - before.stats),
+             static_cast<unsigned long long>(after.layouts - before.layouts),
+             static_cast<unsigned long long>(after.hops - before.hops),
+             static_cast<unsigned long long>(after.finishes - before.finishes),
+             static_cast<unsigned long long>(fallbacks));
     if (rank == 0)
       std::fprintf(stderr, "rank 0: %s: %zu elements, identical bytes (%llu kernel steps)\n",
                    c.what, count, static_cast<unsigned long long>(kernel_steps));
@@ -387,8 +388,8 @@ struct StepResults {
 
 // The host device's results `h` against the emulated CUDA device's `c` (and what ran as kernels
 // there): 0 when they agree, else the failed check's exit code.
-int compare_step_results(const StepResults& h, const StepResults& c,
-                         const dq::engine::Device* cuda, int workers) {
+int compare_step_results(const StepResults& h, const StepResults& c, const dq::engine::Device* cuda,
+                         int workers) {
   CHECK_OR(33, h.stats == c.stats, "statistics differ");
   CHECK_OR(34, h.layout == c.layout, "layouts differ");
   for (int r = 0; r < workers - 1; ++r)
@@ -407,8 +408,7 @@ int compare_step_results(const StepResults& h, const StepResults& c,
            "caller's stream: %s on the host device, %s on the emulated CUDA device",
            dq::status_name(h.caller), dq::status_name(c.caller));
   const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda);
-  CHECK_OR(41,
-           n.host_fallbacks == 0 && n.stats == static_cast<uint64_t>(workers) && n.layouts == 1,
+  CHECK_OR(41, n.host_fallbacks == 0 && n.stats == static_cast<uint64_t>(workers) && n.layouts == 1,
            "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
   return 0;
 }
@@ -501,8 +501,7 @@ int steps_check() {
     l.d->destroy_stream(l.stream);
     l.d->release(l.error, nullptr);
   }
-  if (const int failed = compare_step_results(res[0], res[1], cuda.get(), kWorkers))
-    return failed;
+  if (const int failed = compare_step_results(res[0], res[1], cuda.get(), kWorkers)) return failed;
   std::printf(
       "emulated CUDA device steps: statistics, layout, leaves, fused hop, finish equal the host "
       "device's; malformed inputs set the same error word; later steps skipped\n");

@@ -220,8 +220,8 @@ class FailingDevice final : public Device {
   std::unique_ptr<dq::engine::PreparedCodec> prepare(const dq::Codec& c) override {
     return inner_->prepare(c);
   }
-  dq::Status local_stats(const dq::engine::PreparedCodec& c, const dq::ConstTensor& x,
-                         uint16_t* st, dq::engine::Lane l) override {
+  dq::Status local_stats(const dq::engine::PreparedCodec& c, const dq::ConstTensor& x, uint16_t* st,
+                         dq::engine::Lane l) override {
     return inner_->local_stats(c, x, st, l);
   }
   dq::Status build_layout(const dq::engine::PreparedCodec& c, const uint16_t* r, uint64_t call,
@@ -710,10 +710,11 @@ int scenario_auto(int n) {
           // An MX call carries the statistics every 8th call (the 9th of the bucket here).
           with_stats[s][k] = b.codec == "dynamiq" || k == 8;
           if (dense)
-            CHECK_OR(97, k == 0 ? b.budget_bits == 5.0 && b.codec == "dynamiq"
-                                : b.budget_bits == 8.25 && b.codec == "mxfp8",
-                     "rank %d: dense call %d of bucket %zu: %s at %g bits, not %s", rank, k,
-                     count, b.codec.c_str(), b.budget_bits, k == 0 ? "dynamiq at 5" : "mxfp8");
+            CHECK_OR(97,
+                     k == 0 ? b.budget_bits == 5.0 && b.codec == "dynamiq"
+                            : b.budget_bits == 8.25 && b.codec == "mxfp8",
+                     "rank %d: dense call %d of bucket %zu: %s at %g bits, not %s", rank, k, count,
+                     b.codec.c_str(), b.budget_bits, k == 0 ? "dynamiq at 5" : "mxfp8");
           else if (k == 0 || (s == 0 && k == 3))
             CHECK_OR(91, b.budget_bits == 5.0,
                      "rank %d: %s call %d of bucket %zu took %g bits, not the fixed default 5",
@@ -725,8 +726,9 @@ int scenario_auto(int n) {
             CHECK_OR(93, b.budget_bits == 8.0, "rank %d: vnmse:1e-7 gave %g bits, not 8", rank,
                      b.budget_bits);
           else
-            CHECK_OR(93, b.budget_bits >= 3.0 && b.budget_bits <= 8.0 &&
-                             std::floor(2 * b.budget_bits) == 2 * b.budget_bits,
+            CHECK_OR(93,
+                     b.budget_bits >= 3.0 && b.budget_bits <= 8.0 &&
+                         std::floor(2 * b.budget_bits) == 2 * b.budget_bits,
                      "rank %d: mxfp8 gave %g bits, not a rung of 3, 3.5, ..., 8", rank,
                      b.budget_bits);
           double err = 0, energy = 0;
@@ -774,7 +776,8 @@ int scenario_auto(int n) {
   return 0;
 }
 
-// ---- the sampled check (DYNAMIQ_CHECK_EVERY) ------------------------------------------------------
+// ---- the sampled check (DYNAMIQ_CHECK_EVERY)
+// ------------------------------------------------------
 int scenario_check(int n) {
   constexpr int kCalls = 12;
   constexpr size_t kCount = size_t{1} << 19;  // 2 MiB of FP32: 2,048 super-groups
@@ -788,8 +791,8 @@ int scenario_check(int n) {
                                           {"DYNAMIQ_TOPO", "ring"},
                                           {"DYNAMIQ_CHECK_EVERY", with_check ? "2" : "0"}});
       auto metrics = std::make_shared<dq::engine::CommMetrics>();
-      Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(),
-                    dq::engine::host_device(), metrics, true);
+      Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                    metrics, true);
       for (int k = 0; k < kCalls; ++k) {
         const size_t shift = static_cast<size_t>(k) * 31 * 256;
         std::vector<float> in(kCount), out(kCount);
@@ -797,7 +800,7 @@ int scenario_check(int n) {
         // Call 9 (checked: the odd calls are) holds a NaN in every super-group on rank 2, so
         // every sampled one is non-finite.
         for (size_t i = 0; k == 9 && rank == 2 && i < kCount; i += 256) in[i] = NAN;
-        const bool in_place = k % 4 == 3;               // checked calls in place too
+        const bool in_place = k % 4 == 3;  // checked calls in place too
         CallArgs args;
         args.send = in.data();
         args.recv = in_place ? in.data() : out.data();
@@ -834,8 +837,7 @@ int scenario_check(int n) {
     // The check changes no output byte (its own all-reduce is separate; the rounding keys are
     // the calls').
     for (int k = 0; k < kCalls; ++k)
-      CHECK_OR(112,
-               std::memcmp(outputs[0][k].data(), outputs[1][k].data(), kCount * 4) == 0,
+      CHECK_OR(112, std::memcmp(outputs[0][k].data(), outputs[1][k].data(), kCount * 4) == 0,
                "rank %d: call %d: the output differs with the check on", rank, k);
     std::lock_guard<std::mutex> lock(checked_metrics->budget_mutex);
     const dq::engine::BudgetMetrics& m = checked_metrics->budget;
@@ -851,19 +853,19 @@ int scenario_check(int n) {
              measured);
     // Paired with the prediction of the same calls (the bucket's next call reads it): calls 1,
     // 3, 5, 7 and 11 (call 9's statistics are not finite: no prediction).
-    CHECK_OR(115, m.paired_calls == 5,
-             "rank %d: %llu checked calls paired with their prediction", rank,
-             static_cast<unsigned long long>(m.paired_calls));
+    CHECK_OR(115, m.paired_calls == 5, "rank %d: %llu checked calls paired with their prediction",
+             rank, static_cast<unsigned long long>(m.paired_calls));
     const double ratio = m.paired_sampled_sum / m.paired_predicted_sum;
     CHECK_OR(116, ratio > 0.5 && ratio < 2.0,
              "rank %d: sampled / predicted vNMSE over paired calls %.3g", rank, ratio);
     CHECK_OR(117, same_everywhere(comms[0], fnv(&m.checked_sq_error, 8)),
              "rank %d: the checks differ between ranks", rank);
     if (rank == 0)
-      std::printf("check: %llu checks, sampled vNMSE %.4g, measured %.4g, paired %llu: "
-                  "sampled/predicted %.3f\n",
-                  static_cast<unsigned long long>(m.checked_calls), sampled, measured,
-                  static_cast<unsigned long long>(m.paired_calls), ratio);
+      std::printf(
+          "check: %llu checks, sampled vNMSE %.4g, measured %.4g, paired %llu: "
+          "sampled/predicted %.3f\n",
+          static_cast<unsigned long long>(m.checked_calls), sampled, measured,
+          static_cast<unsigned long long>(m.paired_calls), ratio);
     return 0;
   };
   return all_zero(run_ranks(n, 1, body, 240), "check") ? 0 : 1;

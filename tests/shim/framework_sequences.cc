@@ -1,6 +1,7 @@
-// Held-out-style checks of the gradient collectives: the exact NCCL call sequences docs/ENGINE.md section 7 reads
-// from the frameworks' sources, issued by 4 forked ranks on the CPU NCCL with libdynamiq.so
-// preloaded and default settings (DYNAMIQ_ENABLE=1 alone). Usage: framework_sequences CASE
+// Held-out-style checks of the gradient collectives: the exact NCCL call sequences docs/ENGINE.md
+// section 7 reads from the frameworks' sources, issued by 4 forked ranks on the CPU NCCL with
+// libdynamiq.so preloaded and default settings (DYNAMIQ_ENABLE=1 alone). Usage: framework_sequences
+// CASE
 //   fsdp2  PyTorch FSDP2 defaults (`fully_shard`, no mixed precision): per FSDPParamGroup, in
 //          backward order, one ungrouped out-of-place ncclReduceScatter, FP32, AVG, of the
 //          group's flat buffer: every parameter's gradient with dim 0 padded to a multiple of the
@@ -42,8 +43,8 @@
 namespace {
 
 constexpr int kRanks = 4;
-constexpr uint64_t kSeed = 24301;          // DYNAMIQ_SEED's default
-constexpr double kVnmseBound = 1e-2;  // 5 bits: measured 4e-3 .. 6.4e-3 per group or bucket
+constexpr uint64_t kSeed = 24301;           // DYNAMIQ_SEED's default
+constexpr double kVnmseBound = 1e-2;        // 5 bits: measured 4e-3 .. 6.4e-3 per group or bucket
 constexpr uint64_t kBlockBytes = 16 << 20;  // DYNAMIQ_BLOCK_BYTES's default
 
 using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
@@ -60,8 +61,8 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 void write_file(const std::string& path, const void* data, size_t bytes) {
-  std::ofstream(path, std::ios::binary).write(static_cast<const char*>(data),
-                                              static_cast<std::streamsize>(bytes));
+  std::ofstream(path, std::ios::binary)
+      .write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
 }
 std::string rank_file(int rank, const std::string& what) {
   return g_dir + "/" + what + "." + std::to_string(rank);
@@ -278,8 +279,8 @@ bool case_fsdp2() {
     double num = 0, den = 0, worst_shard = 0;
     for (int r = 0; r < kRanks; ++r) {
       const std::string flag = read_file(rank_file(r, "fsdp2_rerouted" + std::to_string(k)));
-      EXPECT(flag == (eligible ? "1" : "0"), "%s: rank %d %s the reduce-scatter", g.name.c_str(),
-             r, eligible ? "did not compress" : "compressed");
+      EXPECT(flag == (eligible ? "1" : "0"), "%s: rank %d %s the reduce-scatter", g.name.c_str(), r,
+             eligible ? "did not compress" : "compressed");
       const std::string bytes = read_file(rank_file(r, "fsdp2_out" + std::to_string(k)));
       EXPECT(bytes.size() == recv * 4, "%s: rank %d wrote %zu bytes", g.name.c_str(), r,
              bytes.size());
@@ -314,19 +315,19 @@ bool case_fsdp2() {
              num / den);
     char simulated[96] = "";
     if (eligible)
-      std::snprintf(simulated, sizeof simulated, " (simulated %.3e), worst shard %.3e (simulated %.3e)",
-                    sim.vnmse, worst_shard,
+      std::snprintf(simulated, sizeof simulated,
+                    " (simulated %.3e), worst shard %.3e (simulated %.3e)", sim.vnmse, worst_shard,
                     *std::max_element(sim.block_vnmse.begin(), sim.block_vnmse.end()));
-    std::printf("FSDP2 %-30s reduce-scatter %9zu x %d FP32 AVG: %s, vNMSE %.3e%s\n",
-                g.name.c_str(), recv, kRanks,
-                eligible ? "compressed on every rank" : "passed through (< 1 MiB)", num / den,
-                simulated);
+    std::printf("FSDP2 %-30s reduce-scatter %9zu x %d FP32 AVG: %s, vNMSE %.3e%s\n", g.name.c_str(),
+                recv, kRanks, eligible ? "compressed on every rank" : "passed through (< 1 MiB)",
+                num / den, simulated);
     if (eligible) ++call;
     ++k;
   }
-  std::printf("FSDP2: %llu of %zu reduce-scatters compressed, every shard within [0.5, 2]x of "
-              "the simulator, every group below %.0e\n",
-              static_cast<unsigned long long>(call), order.size(), kVnmseBound);
+  std::printf(
+      "FSDP2: %llu of %zu reduce-scatters compressed, every shard within [0.5, 2]x of "
+      "the simulator, every group below %.0e\n",
+      static_cast<unsigned long long>(call), order.size(), kVnmseBound);
   return true;
 }
 
@@ -410,7 +411,8 @@ bool case_zero2() {
     std::vector<float> sent(static_cast<size_t>(kRanks) * count);
     std::vector<const float*> rows;
     for (int w = 0; w < kRanks; ++w) {
-      for (size_t i = 0; i < count; ++i) sent[w * count + i] = dq::bf16_to_f32(wire_value(step, w, i));
+      for (size_t i = 0; i < count; ++i)
+        sent[w * count + i] = dq::bf16_to_f32(wire_value(step, w, i));
       rows.push_back(sent.data() + w * count);
     }
     std::string err;
@@ -427,8 +429,8 @@ bool case_zero2() {
     float partial[kRanks];
     for (int r = 0; r < kRanks; ++r) {
       const std::string flags = read_file(rank_file(r, tag + "_flags"));
-      EXPECT(flags == "10", "step %d rank %d: compressed (bucket, norm) = %s, expected 10", step,
-             r, flags.c_str());
+      EXPECT(flags == "10", "step %d rank %d: compressed (bucket, norm) = %s, expected 10", step, r,
+             flags.c_str());
       EXPECT(read_file(rank_file(r, tag + "_bucket")) == result,
              "step %d: rank %d's reduced bucket differs from rank 0's", step, r);
       const std::string p = read_file(rank_file(r, tag + "_norm"));
@@ -467,10 +469,11 @@ bool case_zero2() {
       EXPECT(std::fabs(total - exact_total) <= 4 * 1.2e-7 * exact_total,
              "step %d rank %d: norm^2 %.9g, exact %.9g", step, r, total, exact_total);
     }
-    std::printf("ZeRO-2 step %d: bucket all-reduce %zu BF16 SUM in place: compressed on every "
-                "rank, identical on every rank, vNMSE %.3e (simulated %.3e; %.3e against the true "
-                "average gradient); norm^2 all-reduce 1 FP32 SUM: passed through, %.6g\n",
-                step, count, vn, sim.vnmse, num_true / den_true, exact_total);
+    std::printf(
+        "ZeRO-2 step %d: bucket all-reduce %zu BF16 SUM in place: compressed on every "
+        "rank, identical on every rank, vNMSE %.3e (simulated %.3e; %.3e against the true "
+        "average gradient); norm^2 all-reduce 1 FP32 SUM: passed through, %.6g\n",
+        step, count, vn, sim.vnmse, num_true / den_true, exact_total);
   }
   return true;
 }

@@ -105,8 +105,8 @@ TEST(Metrics, DestroyedCommunicatorsAndTheExitAreWritten) {
   EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 7);
 }
 
-// The budget (DYNAMIQ_BITS, DYNAMIQ_TARGET): per bucket its latest budget, the width histogram and the predicted
-// vNMSE, in both formats.
+// The budget (DYNAMIQ_BITS, DYNAMIQ_TARGET): per bucket its latest budget, the width histogram and
+// the predicted vNMSE, in both formats.
 TEST(Metrics, BudgetInJsonAndPrometheus) {
   auto c = comm(0, "dp", 3);
   {
@@ -173,7 +173,8 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
         "codec=\"mxfp8\"} 8.25\n",
         "dynamiq_mx_fallback_calls_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\"} 1\n",
-        "# TYPE dynamiq_check_energy_total counter\ndynamiq_check_energy_total{job=\"j\",host=\"h\","
+        "# TYPE dynamiq_check_energy_total "
+        "counter\ndynamiq_check_energy_total{job=\"j\",host=\"h\","
         "pid=\"9\",comm=\"0\",name=\"dp\",rank=\"3\"} 100\n",
         "dynamiq_check_paired_sampled_vnmse_sum_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\","
         "name=\"dp\",rank=\"3\"} 0.01\n",

@@ -165,7 +165,8 @@ TEST(Settings, AutoBudgetAndTarget) {
       {{{"DYNAMIQ_TARGET", "vnmse:0"}}, "DYNAMIQ_TARGET=vnmse:0 is not valid"},
       {{{"DYNAMIQ_TARGET", "vnmse:11"}}, "DYNAMIQ_TARGET=vnmse:11 is not valid"},
       {{{"DYNAMIQ_TARGET", "vnmse:"}}, "DYNAMIQ_TARGET=vnmse: is not valid"},
-      {{{"DYNAMIQ_BITS", "automatic"}}, "DYNAMIQ_BITS=automatic is not valid; accepted: 3..16 or auto"},
+      {{{"DYNAMIQ_BITS", "automatic"}},
+       "DYNAMIQ_BITS=automatic is not valid; accepted: 3..16 or auto"},
       {{{"DYNAMIQ_BITS", "auto"}, {"DYNAMIQ_CODEC", "mxfp8"}},
        "DYNAMIQ_BITS=auto is for DYNAMIQ_CODEC=dynamiq only"},
   };

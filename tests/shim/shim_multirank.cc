@@ -26,8 +26,8 @@
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "kernels/bf16.h"
-#include "kernels/dynamiq_layout.h"
 #include "kernels/codec.h"
+#include "kernels/dynamiq_layout.h"
 #include "tests/common/rank_harness.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -735,8 +735,8 @@ double prom_value(const std::string& text, const std::string& name, const std::s
 // the counts fit the calls made, and every rank reports the same (the statistics, choices and
 // checks are all-reduced, so they are identical by construction).
 bool scenario_budget_api(int n) {
-  using BudgetFn = int (*)(void*, unsigned long long*, unsigned long long*, double*, double*,
-                           double*);
+  using BudgetFn =
+      int (*)(void*, unsigned long long*, unsigned long long*, double*, double*, double*);
   using CheckFn = int (*)(void*, unsigned long long*, unsigned long long*, double*,
                           unsigned long long*, double*, double*);
   using FlushFn = int (*)();
@@ -784,8 +784,10 @@ bool scenario_budget_api(int n) {
   auto codes = run_ranks(
       n,
       [&](int) {
-        return Env{{"DYNAMIQ_ENABLE", "1"},     {"DYNAMIQ_BITS", "auto"},
-                   {"DYNAMIQ_TARGET", "mxfp8"}, {"DYNAMIQ_CHECK_EVERY", "2"},
+        return Env{{"DYNAMIQ_ENABLE", "1"},
+                   {"DYNAMIQ_BITS", "auto"},
+                   {"DYNAMIQ_TARGET", "mxfp8"},
+                   {"DYNAMIQ_CHECK_EVERY", "2"},
                    {"DYNAMIQ_METRICS_FILE", path}};
       },
       body, 300);
@@ -796,10 +798,11 @@ bool scenario_budget_api(int n) {
            read_file(rank_file(r, "budget_api")).c_str(), line0.c_str());
   unsigned long long w[4], predicted, mx, checked, paired;
   double vmean, vlast, bits, sampled, pmean, smean;
-  EXPECT(std::sscanf(line0.c_str(), "%llu %llu %llu %llu %llu %lg %lg %lg %llu %llu %lg %llu %lg %lg",
-                     &w[0], &w[1], &w[2], &w[3], &predicted, &vmean, &vlast, &bits, &mx, &checked,
-                     &sampled, &paired, &pmean, &smean) == 14,
-         "rank 0 wrote %s", line0.c_str());
+  EXPECT(
+      std::sscanf(line0.c_str(), "%llu %llu %llu %llu %llu %lg %lg %lg %llu %llu %lg %llu %lg %lg",
+                  &w[0], &w[1], &w[2], &w[3], &predicted, &vmean, &vlast, &bits, &mx, &checked,
+                  &sampled, &paired, &pmean, &smean) == 14,
+      "rank 0 wrote %s", line0.c_str());
   const std::string prom = read_file(g_dir + "/budget.0.prom");
   // The file prints %.9g: equal within 1e-6 relative (a swapped or stale field is far off).
   bool all_same = true;
@@ -841,9 +844,10 @@ bool scenario_budget_api(int n) {
   EXPECT(mx <= static_cast<unsigned long long>(calls) && (bits == 0) == (mx == calls) &&
              (bits == 0 || (bits >= 3 && bits <= 8)),
          "mean bits %.3f with %llu MX calls of %d", bits, mx, calls);
-  std::printf("budget API: %llu predicted calls (mean vNMSE %.3g), %llu MX, %llu checked (sampled "
-              "%.3g), mean %.2f bits; equal to the metrics file and on every rank\n",
-              predicted, vmean, mx, checked, sampled, bits);
+  std::printf(
+      "budget API: %llu predicted calls (mean vNMSE %.3g), %llu MX, %llu checked (sampled "
+      "%.3g), mean %.2f bits; equal to the metrics file and on every rank\n",
+      predicted, vmean, mx, checked, sampled, bits);
   return true;
 }
 
@@ -1048,8 +1052,8 @@ int reducescatter_calls(const std::string& tag, int rank, ncclComm_t comm,
     bytes_fn()(comm, &in1, &wire1);
     write_text(rank_file(rank, (tag + "rs" + std::to_string(k) + "_").c_str()),
                std::string(reinterpret_cast<const char*>(dst), recv * esize));
-    report += std::to_string(k) + " " + std::to_string(rerouted) + " " +
-              std::to_string(in1 - in0) + " " + std::to_string(wire1 - wire0) + "\n";
+    report += std::to_string(k) + " " + std::to_string(rerouted) + " " + std::to_string(in1 - in0) +
+              " " + std::to_string(wire1 - wire0) + "\n";
   }
   write_text(rank_file(rank, (tag + "rs_report").c_str()), report);
   return 0;

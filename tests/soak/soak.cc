@@ -223,8 +223,10 @@ std::vector<std::string> communicator_objects(const std::string& m) {
   for (p += key.size(); p < m.size(); ++p) {
     const char c = m[p];
     if (in_string) {
-      if (c == '\\') ++p;  // skip the escaped character
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++p;  // skip the escaped character
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '{') {

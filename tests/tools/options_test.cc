@@ -218,12 +218,12 @@ TEST(PerfOptions, CollectiveAndRoot) {
             Status::kOk);
   EXPECT_EQ(o.collective, perf::Collective::kAllReduce);
   EXPECT_EQ(o.check_iters, 0);
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"dynamiq-perf", "-c", "allgather"},
-           {"dynamiq-perf", "-c", "-1"},
-           {"dynamiq-perf", "--collective", "3"},
-           {"dynamiq-perf", "-r", "-2"},
-           {"dynamiq-perf", "-r", "x"}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"dynamiq-perf", "-c", "allgather"},
+                                             {"dynamiq-perf", "-c", "-1"},
+                                             {"dynamiq-perf", "--collective", "3"},
+                                             {"dynamiq-perf", "-r", "-2"},
+                                             {"dynamiq-perf", "-r", "x"}}) {
     EXPECT_EQ(parse_perf(args, &o, &error), Status::kInvalidArgument) << args.back();
     EXPECT_NE(error.find(args.back()), std::string::npos) << error;
   }

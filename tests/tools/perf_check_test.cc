@@ -13,8 +13,8 @@
 namespace dq::perf {
 namespace {
 
-const DType kAllTypes[] = {DType::kInt8,   DType::kUint8,   DType::kInt32, DType::kUint32,
-                           DType::kInt64,  DType::kUint64,  DType::kFloat16,  DType::kFloat32,
+const DType kAllTypes[] = {DType::kInt8,    DType::kUint8,   DType::kInt32,   DType::kUint32,
+                           DType::kInt64,   DType::kUint64,  DType::kFloat16, DType::kFloat32,
                            DType::kFloat64, DType::kBfloat16};
 const RedOp kAllOps[] = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
 

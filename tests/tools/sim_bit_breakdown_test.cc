@@ -45,8 +45,8 @@ Outcome run(const std::string& spec, topo::Kind kind, int n, size_t cols, double
   EXPECT_EQ(simulate_allreduce(*codec, s, rows, cols, SimOptions{}, &decoded, &out.result),
             Status::kOk);
   EXPECT_TRUE(bit_breakdown(*codec, &out.bits, &err)) << err;
-  EXPECT_TRUE(accumulate_width_error(*codec, rows, n, decoded.data(), ReduceOp::kSum, &out.bits,
-                                     &err))
+  EXPECT_TRUE(
+      accumulate_width_error(*codec, rows, n, decoded.data(), ReduceOp::kSum, &out.bits, &err))
       << err;
   out.bits_per_coord = codec->bits_per_coord();
   out.capacity = codec->chunk_capacity();

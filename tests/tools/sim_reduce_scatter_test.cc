@@ -41,8 +41,8 @@ TEST(SimReduceScatter, NeedsOneChunkEndingAtEveryWorker) {
   const Data d = synthetic(3, 3 * 20000);
   SimResult r;
   // The butterfly of 3 workers has 2 chunks: the engine runs such a reduce-scatter on the ring.
-  EXPECT_EQ(simulate_reduce_scatter("dynamiq:5", schedule(topo::Kind::kButterfly, 3), d.rows,
-                                    20000, SimOptions{}, nullptr, &r),
+  EXPECT_EQ(simulate_reduce_scatter("dynamiq:5", schedule(topo::Kind::kButterfly, 3), d.rows, 20000,
+                                    SimOptions{}, nullptr, &r),
             Status::kInvalidArgument);
   EXPECT_EQ(simulate_reduce_scatter("dynamiq:5", schedule(topo::Kind::kRing, 3), d.rows, 20000,
                                     SimOptions{}, nullptr, &r),
@@ -65,37 +65,38 @@ TEST(SimReduceScatter, ErrorComparableToTheAllReduce) {
   for (topo::Kind kind : {topo::Kind::kRing, topo::Kind::kButterfly})
     for (int n : {2, 4, 8})
       for (const size_t recv : {size_t{65536}, size_t{65536 + 777}}) {
-      const Data d = synthetic(n, recv * n, recv % 256 == 0 ? 1.0 : 0.0);
-      const topo::Schedule s = schedule(kind, n);
-      SimOptions opt;
-      opt.seed = 24301;
-      SimResult rs, ar;
-      std::vector<float> out;
-      ASSERT_EQ(simulate_reduce_scatter("dynamiq:5", s, d.rows, recv, opt, &out, &rs), Status::kOk);
-      std::string error;
-      auto codec = make_codec("dynamiq:5", &error);
-      ASSERT_EQ(simulate_allreduce(*codec, s, d.rows, recv * n, opt, nullptr, &ar), Status::kOk);
-      ASSERT_EQ(rs.block_vnmse.size(), static_cast<size_t>(n));
-      EXPECT_TRUE(ar.block_vnmse.empty());
-      EXPECT_GE(rs.vnmse, 0.5 * ar.vnmse) << topo::kind_name(kind) << " n=" << n;
-      EXPECT_LE(rs.vnmse, 2.0 * ar.vnmse) << topo::kind_name(kind) << " n=" << n;
-      double num = 0, den = 0;
-      for (int r = 0; r < n; ++r) {
-        EXPECT_GT(rs.block_vnmse[r], 0.0);
-        EXPECT_LT(rs.block_vnmse[r], 0.05) << "block " << r;
-        // The overall figure is the energy-weighted mean of the blocks'.
-        double e = 0;
-        for (size_t k = r * recv; k < (r + 1) * recv; ++k) {
-          double x = 0;
-          for (int w = 0; w < n; ++w) x += d.rows[w][k];
-          e += x * x;
+        const Data d = synthetic(n, recv * n, recv % 256 == 0 ? 1.0 : 0.0);
+        const topo::Schedule s = schedule(kind, n);
+        SimOptions opt;
+        opt.seed = 24301;
+        SimResult rs, ar;
+        std::vector<float> out;
+        ASSERT_EQ(simulate_reduce_scatter("dynamiq:5", s, d.rows, recv, opt, &out, &rs),
+                  Status::kOk);
+        std::string error;
+        auto codec = make_codec("dynamiq:5", &error);
+        ASSERT_EQ(simulate_allreduce(*codec, s, d.rows, recv * n, opt, nullptr, &ar), Status::kOk);
+        ASSERT_EQ(rs.block_vnmse.size(), static_cast<size_t>(n));
+        EXPECT_TRUE(ar.block_vnmse.empty());
+        EXPECT_GE(rs.vnmse, 0.5 * ar.vnmse) << topo::kind_name(kind) << " n=" << n;
+        EXPECT_LE(rs.vnmse, 2.0 * ar.vnmse) << topo::kind_name(kind) << " n=" << n;
+        double num = 0, den = 0;
+        for (int r = 0; r < n; ++r) {
+          EXPECT_GT(rs.block_vnmse[r], 0.0);
+          EXPECT_LT(rs.block_vnmse[r], 0.05) << "block " << r;
+          // The overall figure is the energy-weighted mean of the blocks'.
+          double e = 0;
+          for (size_t k = r * recv; k < (r + 1) * recv; ++k) {
+            double x = 0;
+            for (int w = 0; w < n; ++w) x += d.rows[w][k];
+            e += x * x;
+          }
+          num += rs.block_vnmse[r] * e;
+          den += e;
         }
-        num += rs.block_vnmse[r] * e;
-        den += e;
-      }
-      EXPECT_NEAR(rs.vnmse, num / den, 1e-9 * rs.vnmse);
-      EXPECT_EQ(out.size(), recv * n);
-      EXPECT_TRUE(rs.budget_honest && rs.chunks_large_enough);
+        EXPECT_NEAR(rs.vnmse, num / den, 1e-9 * rs.vnmse);
+        EXPECT_EQ(out.size(), recv * n);
+        EXPECT_TRUE(rs.budget_honest && rs.chunks_large_enough);
       }
 }
 

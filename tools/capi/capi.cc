@@ -58,14 +58,16 @@ int load_call(const char* topo, int n_workers, const float* const* rows, size_t 
   row_list->assign(rows, rows + n_workers);
   for (int w = 0; w < n_workers; ++w)
     if (!(*row_list)[w])
-      return set_error(err, err_len, Status::kInvalidArgument, "rows[" + std::to_string(w) + "] is NULL");
+      return set_error(err, err_len, Status::kInvalidArgument,
+                       "rows[" + std::to_string(w) + "] is NULL");
   dq::topo::Kind kind;
   if (dq::topo::parse_kind(topo, &kind) != Status::kOk)
     return set_error(err, err_len, Status::kInvalidArgument,
                      std::string("unknown topology '") + topo + "' (ring, butterfly)");
   const Status s = dq::topo::make_schedule(kind, n_workers, schedule);
   if (s != Status::kOk)
-    return set_error(err, err_len, s, "make_schedule failed for " + std::to_string(n_workers) + " workers");
+    return set_error(err, err_len, s,
+                     "make_schedule failed for " + std::to_string(n_workers) + " workers");
   return 0;
 }
 
@@ -74,7 +76,9 @@ std::unique_ptr<tbb::global_control> g_thread_cap;  // guarded by g_threads_mute
 
 }  // namespace
 
-DQ_CAPI_EXPORT int dq_capi_abi_version(void) { return DQ_CAPI_ABI_VERSION; }
+DQ_CAPI_EXPORT int dq_capi_abi_version(void) {
+  return DQ_CAPI_ABI_VERSION;
+}
 
 DQ_CAPI_EXPORT const char* dq_status_name(int code) {
   if (code < 0 || code > static_cast<int>(Status::kUnsupported)) return "unknown status";
@@ -116,10 +120,12 @@ DQ_CAPI_EXPORT int dq_allreduce_sim(const char* codec_spec, const char* topo, in
     opt.op = average ? dq::ReduceOp::kAvg : dq::ReduceOp::kSum;
     dq::sim::SimResult result;
     std::vector<float> decoded;
-    s = dq::sim::simulate_allreduce(*codec, schedule, row_list, d, opt, out ? &decoded : nullptr, &result);
+    s = dq::sim::simulate_allreduce(*codec, schedule, row_list, d, opt, out ? &decoded : nullptr,
+                                    &result);
     if (s != Status::kOk)
-      return set_error(err, err_len, s, std::string("simulate_allreduce(") + codec_spec + ", " + topo +
-                                            ") failed: " + dq::status_name(s) + " (details on stderr)");
+      return set_error(err, err_len, s,
+                       std::string("simulate_allreduce(") + codec_spec + ", " + topo +
+                           ") failed: " + dq::status_name(s) + " (details on stderr)");
     if (out) {
       if (decoded.size() != d)
         return set_error(err, err_len, Status::kInternal, "decoded result has the wrong length");

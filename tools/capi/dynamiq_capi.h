@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or dq_sim_stats changes. */
-#define DQ_CAPI_ABI_VERSION 2  /* 2: dq_auto_choose */
+#define DQ_CAPI_ABI_VERSION 2 /* 2: dq_auto_choose */
 
 typedef struct dq_sim_stats {
   double vnmse;               /* ||result - exact||^2 / ||exact||^2, exact in FP64 */
@@ -37,8 +37,8 @@ int dq_set_max_threads(int threads, char* err, size_t err_len);
  * seed and call key the rounding randomness (use call = training step). On failure err
  * (err_len bytes, may be NULL) receives a message naming what was wrong. */
 int dq_allreduce_sim(const char* codec_spec, const char* topo, int n_workers,
-                     const float* const* rows, size_t d, uint64_t seed, uint64_t call,
-                     int average, float* out, dq_sim_stats* stats, char* err, size_t err_len);
+                     const float* const* rows, size_t d, uint64_t seed, uint64_t call, int average,
+                     float* out, dq_sim_stats* stats, char* err, size_t err_len);
 
 /* The codec DYNAMIQ_BITS=auto with DYNAMIQ_TARGET=target ("mxfp8", "mxfp6", "vnmse:X") chooses
  * for the next call of a bucket whose previous call all-reduced rows[0..n_workers-1] (d floats

@@ -92,11 +92,12 @@ nlohmann::ordered_json json_number(double v) {
 
 void put_number(nlohmann::ordered_json* row, const std::string& key, double v, bool always_flag) {
   (*row)[key] = json_number(v);
-  if (always_flag || !std::isfinite(v)) (*row)[key + "_finite"] = static_cast<bool>(std::isfinite(v));
+  if (always_flag || !std::isfinite(v))
+    (*row)[key + "_finite"] = static_cast<bool>(std::isfinite(v));
 }
 
-void put_numbers(nlohmann::ordered_json* row, const std::string& key,
-                 const std::vector<double>& v, bool always_flag) {
+void put_numbers(nlohmann::ordered_json* row, const std::string& key, const std::vector<double>& v,
+                 bool always_flag) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   bool finite = true;
   for (double x : v) {

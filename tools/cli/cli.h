@@ -54,7 +54,7 @@ nlohmann::ordered_json json_number(double v);
 void put_number(nlohmann::ordered_json* row, const std::string& key, double v,
                 bool always_flag = false);
 // The same for a list: non-finite elements are null, row[key + "_finite"] is false when any is.
-void put_numbers(nlohmann::ordered_json* row, const std::string& key,
-                 const std::vector<double>& v, bool always_flag = false);
+void put_numbers(nlohmann::ordered_json* row, const std::string& key, const std::vector<double>& v,
+                 bool always_flag = false);
 
 }  // namespace dq::cli

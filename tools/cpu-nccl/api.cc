@@ -9,11 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "tools/cpu-nccl/comm.h"
 #include "common/abi_guard.h"
 #include "common/nccl_api.h"
 #include "common/nccl_result.h"
 #include "config/cuda_staging.h"
+#include "tools/cpu-nccl/comm.h"
 
 using dq::Status;
 using dq::Subsys;
@@ -27,8 +27,12 @@ using dq::cpunccl::RedOp;
 
 namespace {
 
-Comm* impl(ncclComm_t comm) { return reinterpret_cast<Comm*>(comm); }
-ncclComm_t handle(Comm* comm) { return reinterpret_cast<ncclComm_t>(comm); }
+Comm* impl(ncclComm_t comm) {
+  return reinterpret_cast<Comm*>(comm);
+}
+ncclComm_t handle(Comm* comm) {
+  return reinterpret_cast<ncclComm_t>(comm);
+}
 
 std::mutex g_last_error_mutex;
 char g_last_error[1024] = "";
@@ -52,13 +56,20 @@ ncclResult_t guarded(F&& body) {
 
 ncclResult_t fail_kind_result(FailKind kind) {
   switch (kind) {
-    case FailKind::kNone: return ncclSuccess;
-    case FailKind::kRemote: return ncclRemoteError;
-    case FailKind::kInvalid: return ncclInvalidArgument;
-    case FailKind::kInternal: return ncclInternalError;
-    case FailKind::kUsage: return ncclInvalidUsage;
-    case FailKind::kCuda: return ncclUnhandledCudaError;
-    default: return ncclSystemError;
+    case FailKind::kNone:
+      return ncclSuccess;
+    case FailKind::kRemote:
+      return ncclRemoteError;
+    case FailKind::kInvalid:
+      return ncclInvalidArgument;
+    case FailKind::kInternal:
+      return ncclInternalError;
+    case FailKind::kUsage:
+      return ncclInvalidUsage;
+    case FailKind::kCuda:
+      return ncclUnhandledCudaError;
+    default:
+      return ncclSystemError;
   }
 }
 
@@ -66,12 +77,18 @@ ncclResult_t fail_kind_result(FailKind kind) {
 // (common/nccl_result.h), kept on the comm so later calls report the same code.
 FailKind fail_kind_of(Status s) {
   switch (dq::nccl_result(s)) {
-    case ncclSuccess: return FailKind::kNone;
-    case ncclRemoteError: return FailKind::kRemote;
-    case ncclInvalidArgument: return FailKind::kInvalid;
-    case ncclInternalError: return FailKind::kInternal;
-    case ncclInvalidUsage: return FailKind::kUsage;
-    default: return FailKind::kSystem;
+    case ncclSuccess:
+      return FailKind::kNone;
+    case ncclRemoteError:
+      return FailKind::kRemote;
+    case ncclInvalidArgument:
+      return FailKind::kInvalid;
+    case ncclInternalError:
+      return FailKind::kInternal;
+    case ncclInvalidUsage:
+      return FailKind::kUsage;
+    default:
+      return FailKind::kSystem;
   }
 }
 
@@ -89,8 +106,8 @@ ncclResult_t record_failure(Comm* comm, Status s, const char* what) {
     return ncclInvalidArgument;
   }
   const FailKind kind = fail_kind_of(s);
-  std::string msg = "cpu-nccl rank " + std::to_string(comm->rank()) + ": " + what + " failed: " +
-                    dq::status_name(s) + " (see WARN lines naming the peer)";
+  std::string msg = "cpu-nccl rank " + std::to_string(comm->rank()) + ": " + what +
+                    " failed: " + dq::status_name(s) + " (see WARN lines naming the peer)";
   comm->fail(kind, msg);
   set_last_error(msg);
   return fail_kind_result(comm->failure());
@@ -122,19 +139,29 @@ ncclResult_t staging_failure(Comm* comm, const dq::staging::Staging& st) {
 }
 
 // The caller buffers a collective reads and writes (sizes per NCCL's signatures), for staging.
-void add_buffers(dq::staging::Staging* st, const CollArgs& a, const Comm& comm,
-                 void* stream) {
+void add_buffers(dq::staging::Staging* st, const CollArgs& a, const Comm& comm, void* stream) {
   const size_t bytes = a.count * dq::cpunccl::dtype_size(a.dtype);
   const size_t all = bytes * static_cast<size_t>(comm.nranks());
   const bool root = a.root == comm.rank();
   size_t send = bytes, recv = bytes;
   switch (a.kind) {
-    case CollKind::kAllReduce: break;
-    case CollKind::kBroadcast: send = root ? bytes : 0; break;  // sendbuff: the root's only
-    case CollKind::kReduce: recv = root ? bytes : 0; break;     // recvbuff: the root's only
-    case CollKind::kAllGather: recv = all; break;
-    case CollKind::kReduceScatter: send = all; break;
-    case CollKind::kAllToAll: send = recv = all; break;
+    case CollKind::kAllReduce:
+      break;
+    case CollKind::kBroadcast:
+      send = root ? bytes : 0;
+      break;  // sendbuff: the root's only
+    case CollKind::kReduce:
+      recv = root ? bytes : 0;
+      break;  // recvbuff: the root's only
+    case CollKind::kAllGather:
+      recv = all;
+      break;
+    case CollKind::kReduceScatter:
+      send = all;
+      break;
+    case CollKind::kAllToAll:
+      send = recv = all;
+      break;
   }
   st->add(a.sendbuff, send, true, false, stream);
   st->add(a.recvbuff, recv, false, true, stream);
@@ -203,9 +230,8 @@ ncclResult_t run_group(std::vector<Task> tasks) {
   std::vector<ncclResult_t> results(comms.size(), ncclSuccess);
   std::vector<std::thread> threads;
   for (size_t i = 0; i < comms.size(); ++i) {
-    threads.emplace_back([&, i] {
-      results[i] = guarded([&] { return run_comm_tasks(comms[i], per_comm[i]); });
-    });
+    threads.emplace_back(
+        [&, i] { results[i] = guarded([&] { return run_comm_tasks(comms[i], per_comm[i]); }); });
   }
   for (auto& th : threads) th.join();
   for (ncclResult_t r : results)
@@ -232,8 +258,7 @@ ncclResult_t check_comm(Comm* comm) {
   return ncclSuccess;
 }
 
-ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op,
-                         cudaStream_t stream) {
+ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op, cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (!dq::cpunccl::dtype_valid(static_cast<int>(args.dtype))) return invalid("datatype");
   if (needs_op && !dq::cpunccl::redop_valid(static_cast<int>(args.op)))
@@ -265,8 +290,8 @@ ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t
   Task t{};
   t.kind = Task::kP2p;
   t.comm = comm;
-  t.p2p = P2pArgs{is_send, peer, buffer,
-                  count * dq::cpunccl::dtype_size(static_cast<DType>(dtype))};
+  t.p2p =
+      P2pArgs{is_send, peer, buffer, count * dq::cpunccl::dtype_size(static_cast<DType>(dtype))};
   t.stream = stream;
   return submit(t);
 }
@@ -274,12 +299,13 @@ ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t
 void apply_config(Comm* comm, const ncclConfig_t* config) {
   if (!config) return;
   if (config->magic != DQ_NCCL_CONFIG_MAGIC) {
-    DQ_WARN(Subsys::kCore, "cpu-nccl: ncclConfig_t not initialised with NCCL_CONFIG_INITIALIZER "
-            "(magic %#x); ignoring it", config->magic);
+    DQ_WARN(Subsys::kCore,
+            "cpu-nccl: ncclConfig_t not initialised with NCCL_CONFIG_INITIALIZER "
+            "(magic %#x); ignoring it",
+            config->magic);
     return;
   }
-  if (config->size >= offsetof(ncclConfig_t, commName) + sizeof(const char*) &&
-      config->commName)
+  if (config->size >= offsetof(ncclConfig_t, commName) + sizeof(const char*) && config->commName)
     comm->set_name(config->commName);
   if (config->blocking != DQ_NCCL_CONFIG_UNDEF_INT) comm->set_blocking(config->blocking);
 }
@@ -445,15 +471,24 @@ ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* /*handle*/) {
 
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+      return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+      return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+      return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+      return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -479,7 +514,9 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t*, void*, ncclDataType_t, ncclS
   return ncclInvalidUsage;
 }
 
-ncclResult_t ncclRedOpDestroy(ncclRedOp_t, ncclComm_t) { return ncclInvalidUsage; }
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t, ncclComm_t) {
+  return ncclInvalidUsage;
+}
 
 ncclResult_t ncclGroupStart(void) {
   ++t_group_depth;
@@ -529,17 +566,16 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   });
 }
 
-ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
-                       ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream) {
   return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
 }
 
-ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
-                        ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
-                        cudaStream_t stream) {
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   return guarded([&] {
-    return submit_coll({CollKind::kReduce, sendbuff, recvbuff, count,
-                        static_cast<DType>(datatype), static_cast<RedOp>(op), root},
+    return submit_coll({CollKind::kReduce, sendbuff, recvbuff, count, static_cast<DType>(datatype),
+                        static_cast<RedOp>(op), root},
                        impl(comm), true, stream);
   });
 }

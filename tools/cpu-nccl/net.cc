@@ -59,20 +59,26 @@ void* open_plugin(std::string* tried) {
 
 Status net_to_status(dqNetResult r) {
   switch (r) {
-    case dqNetSuccess: return Status::kOk;
-    case dqNetInvalidArgument: case dqNetInvalidUsage: return Status::kInvalidArgument;
-    case dqNetInternalError: return Status::kInternal;
+    case dqNetSuccess:
+      return Status::kOk;
+    case dqNetInvalidArgument:
+    case dqNetInvalidUsage:
+      return Status::kInvalidArgument;
+    case dqNetInternalError:
+      return Status::kInternal;
     // A peer's bytes failed validation (or it timed out): maps back to ncclRemoteError.
-    case dqNetRemoteError: return Status::kMalformedPayload;
-    default: return Status::kSystemError;
+    case dqNetRemoteError:
+      return Status::kMalformedPayload;
+    default:
+      return Status::kSystemError;
   }
 }
 
-#define DQ_NET_CALL(call, what)                                                         \
-  do {                                                                                  \
-    dqNetResult r_ = (call);                                                            \
-    if (r_ != dqNetSuccess) DQ_FAIL(net_to_status(r_), "net plugin %s failed (%d)", what, \
-                                    static_cast<int>(r_));                              \
+#define DQ_NET_CALL(call, what)                                                            \
+  do {                                                                                     \
+    dqNetResult r_ = (call);                                                               \
+    if (r_ != dqNetSuccess)                                                                \
+      DQ_FAIL(net_to_status(r_), "net plugin %s failed (%d)", what, static_cast<int>(r_)); \
   } while (0)
 
 }  // namespace
@@ -92,8 +98,8 @@ Status Net::get(Net** net) {
     }
     auto* table = static_cast<const dqNetV11*>(dlsym(lib, kPluginSymbol));
     if (!table || !table->init || !table->listen || !table->connect || !table->accept ||
-        !table->isend || !table->irecv || !table->test || !table->closeSend ||
-        !table->closeRecv || !table->closeListen) {
+        !table->isend || !table->irecv || !table->test || !table->closeSend || !table->closeRecv ||
+        !table->closeListen) {
       DQ_WARN(Subsys::kNet, "cpu-nccl: %s has no usable %s table", tried.c_str(), kPluginSymbol);
       load_status = Status::kSystemError;
       return;

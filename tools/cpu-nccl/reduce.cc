@@ -26,10 +26,14 @@ constexpr NarrowFormat kE5m2{5, 2, true};
 
 NarrowFormat format_of(DType dtype) {
   switch (dtype) {
-    case DType::kFloat16: return kHalf;
-    case DType::kBfloat16: return kBf16;
-    case DType::kFloat8e4m3: return kE4m3;
-    default: return kE5m2;
+    case DType::kFloat16:
+      return kHalf;
+    case DType::kBfloat16:
+      return kBf16;
+    case DType::kFloat8e4m3:
+      return kE4m3;
+    default:
+      return kE5m2;
   }
 }
 
@@ -66,8 +70,8 @@ uint32_t encode(const NarrowFormat& f, double value) {
   if (magnitude == 0.0) return sign << sign_shift;
   const int bias = (1 << (f.exp_bits - 1)) - 1;
   const int min_exp = 1 - bias;  // exponent of the smallest normal
-  const int top_exp_field = f.has_inf ? static_cast<int>(exp_all_ones) - 1
-                                      : static_cast<int>(exp_all_ones);
+  const int top_exp_field =
+      f.has_inf ? static_cast<int>(exp_all_ones) - 1 : static_cast<int>(exp_all_ones);
   const uint32_t top_mantissa = f.has_inf ? (1u << f.man_bits) - 1 : (1u << f.man_bits) - 2;
   const double max_finite = std::ldexp(static_cast<double>(top_mantissa | (1u << f.man_bits)),
                                        top_exp_field - bias - f.man_bits);
@@ -108,10 +112,14 @@ template <class T>
 T apply_int(RedOp op, T a, T b) {
   using U = std::make_unsigned_t<T>;
   switch (op) {
-    case RedOp::kProd: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-    case RedOp::kMax: return a > b ? a : b;
-    case RedOp::kMin: return a < b ? a : b;
-    default: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    case RedOp::kProd:
+      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    case RedOp::kMax:
+      return a > b ? a : b;
+    case RedOp::kMin:
+      return a < b ? a : b;
+    default:
+      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
   }
 }
 
@@ -124,8 +132,10 @@ void reduce_native(RedOp op, const void* incoming, const void* local, void* out,
   switch (op) {
     case RedOp::kProd:
       for (size_t i = 0; i < count; ++i) {
-        if constexpr (std::is_integral_v<T>) o[i] = apply_int<T>(RedOp::kProd, a[i], b[i]);
-        else o[i] = a[i] * b[i];
+        if constexpr (std::is_integral_v<T>)
+          o[i] = apply_int<T>(RedOp::kProd, a[i], b[i]);
+        else
+          o[i] = a[i] * b[i];
       }
       break;
     case RedOp::kMax:
@@ -136,8 +146,10 @@ void reduce_native(RedOp op, const void* incoming, const void* local, void* out,
       break;
     default:
       for (size_t i = 0; i < count; ++i) {
-        if constexpr (std::is_integral_v<T>) o[i] = apply_int<T>(RedOp::kSum, a[i], b[i]);
-        else o[i] = a[i] + b[i];
+        if constexpr (std::is_integral_v<T>)
+          o[i] = apply_int<T>(RedOp::kSum, a[i], b[i]);
+        else
+          o[i] = a[i] + b[i];
       }
       break;
   }
@@ -274,23 +286,35 @@ void average_int(void* data, size_t count, int nranks) {
 
 }  // namespace
 
-bool dtype_valid(int dtype) { return dtype >= 0 && dtype < static_cast<int>(DType::kCount); }
-bool redop_valid(int op) { return op >= 0 && op < static_cast<int>(RedOp::kCount); }
+bool dtype_valid(int dtype) {
+  return dtype >= 0 && dtype < static_cast<int>(DType::kCount);
+}
+bool redop_valid(int op) {
+  return op >= 0 && op < static_cast<int>(RedOp::kCount);
+}
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kInt8: case DType::kUint8: case DType::kFloat8e4m3: case DType::kFloat8e5m2:
+    case DType::kInt8:
+    case DType::kUint8:
+    case DType::kFloat8e4m3:
+    case DType::kFloat8e5m2:
       return 1;
-    case DType::kFloat16: case DType::kBfloat16: return 2;
-    case DType::kInt32: case DType::kUint32: case DType::kFloat32: return 4;
-    default: return 8;
+    case DType::kFloat16:
+    case DType::kBfloat16:
+      return 2;
+    case DType::kInt32:
+    case DType::kUint32:
+    case DType::kFloat32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
 const char* dtype_name(DType dtype) {
-  static const char* const kNames[] = {"int8",    "uint8",   "int32",   "uint32",
-                                       "int64",   "uint64",  "half",    "float",
-                                       "double",  "bfloat16", "fp8e4m3", "fp8e5m2"};
+  static const char* const kNames[] = {"int8", "uint8", "int32",  "uint32",   "int64",   "uint64",
+                                       "half", "float", "double", "bfloat16", "fp8e4m3", "fp8e5m2"};
   return dtype_valid(static_cast<int>(dtype)) ? kNames[static_cast<int>(dtype)] : "?";
 }
 
@@ -302,14 +326,22 @@ const char* redop_name(RedOp op) {
 void reduce_elements(DType dtype, RedOp op, const void* incoming, const void* local, void* out,
                      size_t count) {
   switch (dtype) {
-    case DType::kInt8: return reduce_native<int8_t>(op, incoming, local, out, count);
-    case DType::kUint8: return reduce_native<uint8_t>(op, incoming, local, out, count);
-    case DType::kInt32: return reduce_native<int32_t>(op, incoming, local, out, count);
-    case DType::kUint32: return reduce_native<uint32_t>(op, incoming, local, out, count);
-    case DType::kInt64: return reduce_native<int64_t>(op, incoming, local, out, count);
-    case DType::kUint64: return reduce_native<uint64_t>(op, incoming, local, out, count);
-    case DType::kFloat32: return reduce_native<float>(op, incoming, local, out, count);
-    case DType::kFloat64: return reduce_native<double>(op, incoming, local, out, count);
+    case DType::kInt8:
+      return reduce_native<int8_t>(op, incoming, local, out, count);
+    case DType::kUint8:
+      return reduce_native<uint8_t>(op, incoming, local, out, count);
+    case DType::kInt32:
+      return reduce_native<int32_t>(op, incoming, local, out, count);
+    case DType::kUint32:
+      return reduce_native<uint32_t>(op, incoming, local, out, count);
+    case DType::kInt64:
+      return reduce_native<int64_t>(op, incoming, local, out, count);
+    case DType::kUint64:
+      return reduce_native<uint64_t>(op, incoming, local, out, count);
+    case DType::kFloat32:
+      return reduce_native<float>(op, incoming, local, out, count);
+    case DType::kFloat64:
+      return reduce_native<double>(op, incoming, local, out, count);
     case DType::kFloat16:
       return reduce_16<true>(op, static_cast<const uint16_t*>(incoming),
                              static_cast<const uint16_t*>(local), static_cast<uint16_t*>(out),
@@ -326,12 +358,18 @@ void reduce_elements(DType dtype, RedOp op, const void* incoming, const void* lo
 
 void finish_average(DType dtype, void* data, size_t count, int nranks) {
   switch (dtype) {
-    case DType::kInt8: return average_int<int8_t>(data, count, nranks);
-    case DType::kUint8: return average_int<uint8_t>(data, count, nranks);
-    case DType::kInt32: return average_int<int32_t>(data, count, nranks);
-    case DType::kUint32: return average_int<uint32_t>(data, count, nranks);
-    case DType::kInt64: return average_int<int64_t>(data, count, nranks);
-    case DType::kUint64: return average_int<uint64_t>(data, count, nranks);
+    case DType::kInt8:
+      return average_int<int8_t>(data, count, nranks);
+    case DType::kUint8:
+      return average_int<uint8_t>(data, count, nranks);
+    case DType::kInt32:
+      return average_int<int32_t>(data, count, nranks);
+    case DType::kUint32:
+      return average_int<uint32_t>(data, count, nranks);
+    case DType::kInt64:
+      return average_int<int64_t>(data, count, nranks);
+    case DType::kUint64:
+      return average_int<uint64_t>(data, count, nranks);
     case DType::kFloat32: {
       float* d = static_cast<float*>(data);
       const float n = static_cast<float>(nranks);
@@ -354,7 +392,8 @@ void finish_average(DType dtype, void* data, size_t count, int nranks) {
     case DType::kBfloat16: {
       uint16_t* d = static_cast<uint16_t*>(data);
       for (size_t i = 0; i < count; ++i)
-        d[i] = f32_to_bf16_rne(float_round_to_odd(static_cast<double>(bf16_to_float(d[i])) / nranks));
+        d[i] =
+            f32_to_bf16_rne(float_round_to_odd(static_cast<double>(bf16_to_float(d[i])) / nranks));
       return;
     }
     default: {
@@ -371,7 +410,9 @@ void finish_average(DType dtype, void* data, size_t count, int nranks) {
   }
 }
 
-double narrow_to_double(DType dtype, uint32_t bits) { return decode(format_of(dtype), bits); }
+double narrow_to_double(DType dtype, uint32_t bits) {
+  return decode(format_of(dtype), bits);
+}
 uint32_t narrow_from_double(DType dtype, double value) {
   return encode(format_of(dtype), value);
 }

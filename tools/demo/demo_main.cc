@@ -50,13 +50,15 @@ bool identical(ncclComm_t comm, const void* data, size_t bytes) {
 }
 
 constexpr const char* kUsage =
-    "usage: dynamiq-demo [INPUT.npy [ITERS]]   (N ranks under dynamiq-run, libdynamiq.so preloaded)\n"
+    "usage: dynamiq-demo [INPUT.npy [ITERS]]   (N ranks under dynamiq-run, libdynamiq.so "
+    "preloaded)\n"
     "  INPUT.npy     float32 matrix [n_rows, d]; rank r all-reduces row r mod n_rows\n"
     "                (default tools/gradients/sample/step00079.npy)\n"
     "  ITERS         all-reduces per scheme, the fastest is shown (1..1000000, default 3)\n"
     "  -h, --help    print this help\n"
     "  --version     print the version and exit\n"
-    "e.g. LD_PRELOAD=build/shim/libdynamiq.so DYNAMIQ_ENABLE=1 build/tools/dynamiq-run --cpu-nccl \\\n"
+    "e.g. LD_PRELOAD=build/shim/libdynamiq.so DYNAMIQ_ENABLE=1 build/tools/dynamiq-run --cpu-nccl "
+    "\\\n"
     "       -n 4 -- build/tools/dynamiq-demo tools/gradients/sample/step00079.npy\n";
 
 int usage_error(const std::string& what) {
@@ -179,8 +181,8 @@ int run_scheme(int scheme, ncclComm_t comm, const dq::sim::Matrix& m, int rank, 
 // Rank 0's table: one line per scheme and the wire bytes saved.
 void print_report(const Outcome out[2], int n, size_t d, const char* input) {
   std::printf("dynamiq-demo: %d ranks, %zu values per rank from %s\n", n, d, input);
-  std::printf("%-34s %12s %16s %12s %10s %10s\n", "scheme", "vNMSE", "sent/rank (B)",
-              "bits/value", "ms/call", "identical");
+  std::printf("%-34s %12s %16s %12s %10s %10s\n", "scheme", "vNMSE", "sent/rank (B)", "bits/value",
+              "ms/call", "identical");
   const char* names[2] = {"dynamiq (FP32 in, DYNAMIQ_* set)", "NCCL BF16, uncompressed"};
   for (int s = 0; s < 2; ++s) {
     const Outcome& o = out[s];
@@ -198,8 +200,7 @@ void print_report(const Outcome out[2], int n, size_t d, const char* input) {
 int main(int argc, char** argv) {
   std::string input_arg;
   int iters = 0;
-  if (const int rc = parse_command_line(argc, argv, &input_arg, &iters); rc != kContinue)
-    return rc;
+  if (const int rc = parse_command_line(argc, argv, &input_arg, &iters); rc != kContinue) return rc;
   const char* input = input_arg.c_str();
   dq::rendezvous::JobEnv job;
   if (dq::rendezvous::read_job_env(&job) != dq::Status::kOk) return die(0, "no job environment");

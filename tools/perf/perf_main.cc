@@ -329,8 +329,7 @@ class Bench {
                     coll == Collective::kReduce ? "only the root holds the result"
                                                 : "each rank holds its own block");
       if (options_.check_iters > 0)
-        std::printf("# Result digest        : %016llx\n",
-                    static_cast<unsigned long long>(digest));
+        std::printf("# Result digest        : %016llx\n", static_cast<unsigned long long>(digest));
       std::printf("#\n");
       std::fflush(stdout);
     }
@@ -429,8 +428,8 @@ class Bench {
       for (size_t i = 0; i < counts.recv; ++i) {
         bool same = true;
         for (size_t b = 0; b < esize; ++b)
-          same = same && got[i * esize + b] ==
-                             (in_place ? host_input_[i * esize + b] : kSentinelByte);
+          same =
+              same && got[i * esize + b] == (in_place ? host_input_[i * esize + b] : kSentinelByte);
         if (!same) ++out->wrong, ++out->nonfinite;
       }
       out->hash = hash_bytes(got, recv_bytes);
@@ -468,7 +467,7 @@ class Bench {
     unsigned long long rerouted_before = 0, passed = 0, rerouted_after = 0;
     if (dynamiq_counters()) dynamiq_counters()(comm_, &rerouted_before, &passed);
     double tallies[4] = {0, 0, 0, 0};  // wrong and non-finite (or touched), oop then in-place
-    double errors[2] = {0, 0};                  // vNMSE, max over check iterations
+    double errors[2] = {0, 0};         // vNMSE, max over check iterations
     uint64_t hashes[4] = {0, ~0ull, 0, ~0ull};  // hash and its complement per placement
     for (int c = 0; c < options_.check_iters; ++c) {
       for (int place = 0; place < 2; ++place) {
@@ -494,8 +493,8 @@ class Bench {
       Measured* m = placements[p];
       if (dynamiq_counters()) m->compressed = rerouted_after > rerouted_before ? 1 : 0;
       // Only an all-reduce leaves the same result on every rank.
-      m->identical = options_.collective != Collective::kAllReduce ||
-                     hashes[p * 2] == ~hashes[p * 2 + 1];
+      m->identical =
+          options_.collective != Collective::kAllReduce || hashes[p * 2] == ~hashes[p * 2 + 1];
       m->nonfinite = tallies[p * 2 + 1];
       m->vnmse = errors[p];
       // Lossy results are judged by finiteness and agreement, not by distance from exact.
@@ -534,8 +533,9 @@ class Bench {
                 options_.lossy ? "lossy (finite and identical on all ranks)"
                                : "exact (per-dtype tolerance)");
     if (dynamiq_counters())
-      std::printf("# dynamiq: libdynamiq.so is loaded; rows it compressed (dynamiq = comp) are "
-                  "judged lossy: #wrong counts non-finite and cross-rank differences\n");
+      std::printf(
+          "# dynamiq: libdynamiq.so is loaded; rows it compressed (dynamiq = comp) are "
+          "judged lossy: #wrong counts non-finite and cross-rank differences\n");
     std::printf("#\n# Using devices\n");
     for (int r = 0; r < job_.world_size; ++r) {
       const char* line = reinterpret_cast<const char*>(slots.data()) + kHostSlotBytes * r;
@@ -584,8 +584,7 @@ class Bench {
                                     : std::string("N/A");
       std::snprintf(cell, sizeof cell, "  %7s  %6.2f  %6.2f  %5s",
                     format_time(m->seconds * 1e6).c_str(), alg_bw,
-                    alg_bw * bus_factor(coll, job_.world_size),
-                    wrong.c_str());
+                    alg_bw * bus_factor(coll, job_.world_size), wrong.c_str());
       line += cell;
     }
     for (const Measured* m : {&oop, &ip}) {

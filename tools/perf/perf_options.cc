@@ -20,12 +20,11 @@ struct NamedDType {
   const char* name;
   size_t bytes;
 };
-constexpr NamedDType kDTypes[] = {{DType::kInt8, "int8", 1},     {DType::kUint8, "uint8", 1},
-                                  {DType::kInt32, "int32", 4},   {DType::kUint32, "uint32", 4},
-                                  {DType::kInt64, "int64", 8},   {DType::kUint64, "uint64", 8},
-                                  {DType::kFloat16, "half", 2},     {DType::kFloat32, "float", 4},
-                                  {DType::kFloat64, "double", 8},
-                                  {DType::kBfloat16, "bfloat16", 2}};
+constexpr NamedDType kDTypes[] = {
+    {DType::kInt8, "int8", 1},        {DType::kUint8, "uint8", 1},   {DType::kInt32, "int32", 4},
+    {DType::kUint32, "uint32", 4},    {DType::kInt64, "int64", 8},   {DType::kUint64, "uint64", 8},
+    {DType::kFloat16, "half", 2},     {DType::kFloat32, "float", 4}, {DType::kFloat64, "double", 8},
+    {DType::kBfloat16, "bfloat16", 2}};
 
 struct NamedOp {
   RedOp op;
@@ -58,9 +57,9 @@ bool parse_dtypes(const char* text, std::vector<DType>* out) {
     const char* alias;
     DType type;
   } kAliases[] = {
-      {"char", DType::kInt8},    {"int", DType::kInt32},      {"fp16", DType::kFloat16},
-      {"float16", DType::kFloat16}, {"fp32", DType::kFloat32},     {"float32", DType::kFloat32},
-      {"fp64", DType::kFloat64},  {"float64", DType::kFloat64}, {"bf16", DType::kBfloat16}};
+      {"char", DType::kInt8},       {"int", DType::kInt32},       {"fp16", DType::kFloat16},
+      {"float16", DType::kFloat16}, {"fp32", DType::kFloat32},    {"float32", DType::kFloat32},
+      {"fp64", DType::kFloat64},    {"float64", DType::kFloat64}, {"bf16", DType::kBfloat16}};
   for (const auto& d : kDTypes)
     if (std::strcmp(text, d.name) == 0) out->push_back(d.type);
   for (const auto& a : kAliases)
@@ -151,8 +150,7 @@ CollCounts coll_counts(Collective c, size_t bytes, size_t element_bytes, int num
   return out;
 }
 
-double alg_bandwidth(Collective c, const CollCounts& counts, size_t element_bytes,
-                     double seconds) {
+double alg_bandwidth(Collective c, const CollCounts& counts, size_t element_bytes, double seconds) {
   if (seconds <= 0) return 0;
   const size_t elements = c == Collective::kReduce ? counts.param : counts.send;
   return static_cast<double>(elements * element_bytes) / seconds / 1e9;
@@ -237,7 +235,8 @@ Status apply_long_flag(const PerfFlag& flag, const char* value, PerfOptions* out
   if (std::strcmp(flag.long_name, "lossy") == 0) {
     out->lossy = true;
   } else if (std::strcmp(flag.long_name, "collective") == 0) {
-    if (!parse_collective(value, &out->collective)) return bad("allreduce, reducescatter or reduce");
+    if (!parse_collective(value, &out->collective))
+      return bad("allreduce, reducescatter or reduce");
   } else if (std::strcmp(value, "auto") == 0) {
     out->memory = Memory::kAuto;
   } else if (std::strcmp(value, "host") == 0) {
@@ -302,7 +301,8 @@ Status apply_flag(const PerfFlag& flag, const char* value, PerfOptions* out, std
       break;
     case 'd':
       if (!parse_dtypes(value, &out->dtypes))
-        return bad("int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
+        return bad(
+            "int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 or all");
       break;
     case 'r':
       if (!parse_int(value, -1, 1 << 24, &out->root)) return bad("a rank >= 0, or -1 for all");

@@ -15,8 +15,8 @@ struct LaunchOptions {
   bool cpu_nccl = false;
   bool show_help = false;
   bool show_version = false;  // --version
-  double timeout_s = 0;  // wall-clock limit of the whole job in seconds; 0 = none
-  double grace_s = 5;    // seconds between SIGTERM and SIGKILL when the job is stopped
+  double timeout_s = 0;       // wall-clock limit of the whole job in seconds; 0 = none
+  double grace_s = 5;         // seconds between SIGTERM and SIGKILL when the job is stopped
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR given to every rank
   // Network namespace of each rank: "{rank}" replaced by the rank; a name without '/' is an
   // `ip netns` name (/run/netns/NAME), else a path such as /proc/PID/ns/net. Empty: stay here.

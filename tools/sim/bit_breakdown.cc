@@ -35,7 +35,8 @@ bool bit_breakdown(const Codec& codec, BitBreakdown* out, std::string* error) {
   if (!dynamiq_parameters(codec, &options, &plan))
     return fail(error, "bit breakdown: not a DynamiQ codec");
   const DynamiqLayoutView view = dynamiq_layout(codec);
-  if (plan.n_sg > 0 && (view.widths == nullptr || view.order == nullptr || view.chunk_first == nullptr))
+  if (plan.n_sg > 0 &&
+      (view.widths == nullptr || view.order == nullptr || view.chunk_first == nullptr))
     return fail(error, "bit breakdown: the codec has no layout (agree() not run)");
   BitBreakdown b;
   b.count = plan.count;
@@ -51,8 +52,9 @@ bool bit_breakdown(const Codec& codec, BitBreakdown* out, std::string* error) {
   const int factor_bytes = options.hierarchical_scales ? 1 : 2;  // per group of 16
   for (int i = 0; i < 4; ++i) {
     const int w = kBreakdownWidths[i];
-    const int expect = w == 16 ? 2 * kSuperGroup
-                               : unit_bytes + factor_bytes * kGroupsPerSuperGroup + kSuperGroup * w / 8;
+    const int expect = w == 16
+                           ? 2 * kSuperGroup
+                           : unit_bytes + factor_bytes * kGroupsPerSuperGroup + kSuperGroup * w / 8;
     if (plan.record[i] != expect)
       return fail(error, "bit breakdown: record of %lld bits is %lld bytes, not as FORMAT.md says",
                   w, plan.record[i]);
@@ -60,7 +62,8 @@ bool bit_breakdown(const Codec& codec, BitBreakdown* out, std::string* error) {
 
   for (size_t j = 0; j < plan.n_sg; ++j) {
     const int slot = width_slot(view.widths[j]);
-    if (slot < 0) return fail(error, "bit breakdown: super-group %lld has width %lld", j, view.widths[j]);
+    if (slot < 0)
+      return fail(error, "bit breakdown: super-group %lld has width %lld", j, view.widths[j]);
     const int w = kBreakdownWidths[slot];
     const uint64_t valid = std::min<uint64_t>(kSuperGroup, plan.count - j * kSuperGroup);
     const uint64_t groups = (valid + kGroup - 1) / kGroup;
@@ -93,8 +96,8 @@ bool bit_breakdown(const Codec& codec, BitBreakdown* out, std::string* error) {
   if (b.copy_bits() != copy)
     return fail(error, "bit breakdown: the parts sum to %lld bits, one copy is %lld",
                 static_cast<long long>(b.copy_bits()), static_cast<long long>(copy));
-  if (plan.count > 0 &&
-      std::fabs(b.per_coord(b.copy_bits()) - codec.bits_per_coord()) > 1e-9 * codec.bits_per_coord())
+  if (plan.count > 0 && std::fabs(b.per_coord(b.copy_bits()) - codec.bits_per_coord()) >
+                            1e-9 * codec.bits_per_coord())
     return fail(error, "bit breakdown: bits per coordinate disagree with the codec's");
   b.unallocated = b.budget_bits * static_cast<double>(b.count) - static_cast<double>(copy);
   if (b.budget_honest && b.unallocated < 0)
@@ -113,7 +116,8 @@ bool accumulate_width_error(const Codec& codec, const std::vector<const float*>&
   if (n < 1 || static_cast<int>(rows.size()) < n) return fail(error, "width error: %lld rows", n);
   for (size_t j = 0; j < out->supergroups; ++j) {
     const int slot = width_slot(view.widths[j]);
-    if (slot < 0) return fail(error, "width error: super-group %lld has width %lld", j, view.widths[j]);
+    if (slot < 0)
+      return fail(error, "width error: super-group %lld has width %lld", j, view.widths[j]);
     const size_t end = std::min(out->count, (j + 1) * kSuperGroup);
     double err = 0, energy = 0;
     for (size_t k = j * kSuperGroup; k < end; ++k) {

@@ -16,10 +16,10 @@ namespace dq::sim {
 inline constexpr int kBreakdownWidths[4] = {2, 4, 8, 16};
 
 struct BitBreakdown {
-  size_t count = 0;            // coordinates
+  size_t count = 0;  // coordinates
   size_t supergroups = 0;
   int chunks = 0;
-  double budget_bits = 0;      // the codec's budget, bits per coordinate
+  double budget_bits = 0;  // the codec's budget, bits per coordinate
   // Bits of one compressed copy, by what they carry. Their sum is `copy_bits()`, the codec's
   // bits_per_coord() times count, exactly (checked when built).
   uint64_t values = 0;         // element codes (width 16: the BF16 values) of real elements

@@ -17,7 +17,9 @@ namespace dq::sim {
 namespace {
 
 struct FileCloser {
-  void operator()(FILE* f) const { if (f) std::fclose(f); }
+  void operator()(FILE* f) const {
+    if (f) std::fclose(f);
+  }
 };
 using File = std::unique_ptr<FILE, FileCloser>;
 
@@ -31,7 +33,8 @@ double normal(uint64_t seed, uint32_t stream, uint64_t index) {
 
 // The dimensions of a .npy header's 'shape': (...) tuple, e.g. "(4, 1024)" or "(5,)"; *text is
 // the tuple as written. False when there is no tuple of non-negative integers.
-bool npy_shape(const std::string& header, std::vector<unsigned long long>* dims, std::string* text) {
+bool npy_shape(const std::string& header, std::vector<unsigned long long>* dims,
+               std::string* text) {
   dims->clear();
   size_t open = header.find("'shape':");
   if (open == std::string::npos) return false;
@@ -64,8 +67,8 @@ Status read_npy(const std::string& path, size_t max_rows, Matrix* out, std::stri
   return read_npy_columns(path, max_rows, 0, SIZE_MAX, out, error);
 }
 
-Status read_npy_columns(const std::string& path, size_t max_rows, size_t col_begin,
-                        size_t col_end, Matrix* out, std::string* error) {
+Status read_npy_columns(const std::string& path, size_t max_rows, size_t col_begin, size_t col_end,
+                        Matrix* out, std::string* error) {
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) {
     *error = path + ": cannot open (" + std::strerror(errno) + ")";
@@ -156,8 +159,8 @@ Status read_npy_columns(const std::string& path, size_t max_rows, size_t col_beg
       return Status::kInvalidArgument;
     }
     if (std::fread(out->data.data() + row * out->cols, 4, out->cols, f.get()) != out->cols) {
-      *error = path + ": data shorter than its shape " + std::to_string(r) + "x" +
-               std::to_string(c);
+      *error =
+          path + ": data shorter than its shape " + std::to_string(r) + "x" + std::to_string(c);
       return Status::kInvalidArgument;
     }
   }
@@ -192,7 +195,14 @@ Status write_npy(const std::string& path, const Matrix& m, std::string* error) {
   size_t total = 10 + dict.size() + 1;
   dict.append((64 - total % 64) % 64, ' ');
   dict.push_back('\n');
-  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+  unsigned char pre[10] = {0x93,
+                           'N',
+                           'U',
+                           'M',
+                           'P',
+                           'Y',
+                           1,
+                           0,
                            static_cast<unsigned char>(dict.size() & 0xff),
                            static_cast<unsigned char>(dict.size() >> 8)};
   bool ok = std::fwrite(pre, 1, 10, f.get()) == 10 &&

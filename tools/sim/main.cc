@@ -58,9 +58,12 @@ constexpr const char* kUsage =
     "not finite (an input holding infinities or NaNs) is null, with \"vnmse_finite\": false\n"
     "(always present) or \"<key>_finite\": false beside it.\n";
 
-int usage_error(const std::string& what) { return dq::sim::usage_error("dynamiq-sim", what, kUsage); }
+int usage_error(const std::string& what) {
+  return dq::sim::usage_error("dynamiq-sim", what, kUsage);
+}
 
-bool parse_ulong(const char* s, unsigned long long lo, unsigned long long hi, unsigned long long* v) {
+bool parse_ulong(const char* s, unsigned long long lo, unsigned long long hi,
+                 unsigned long long* v) {
   char* end = nullptr;
   errno = 0;
   unsigned long long x = std::strtoull(s, &end, 10);
@@ -80,28 +83,34 @@ bool parse_double(const char* s, double lo, double hi, double* v) {
 // Shares of the breakdown: the parts per coordinate, and per width the super-groups, the record
 // bits and the squared error (each share of its own total; 0 when the total is 0).
 struct Shares {
-  double parts[8];  // values, group factors, units, statistics, headers, padding, slack, unallocated
+  double
+      parts[8];  // values, group factors, units, statistics, headers, padding, slack, unallocated
   double sg[4], bits[4], error[4];
 };
 
 Shares shares(const dq::sim::BitBreakdown& b) {
   Shares s{};
-  const uint64_t parts[7] = {b.values, b.group_factors, b.units, b.statistics, b.headers, b.padding, b.slack};
+  const uint64_t parts[7] = {b.values,  b.group_factors, b.units, b.statistics,
+                             b.headers, b.padding,       b.slack};
   for (int i = 0; i < 7; ++i) s.parts[i] = b.per_coord(parts[i]);
   s.parts[7] = b.count ? b.unallocated / static_cast<double>(b.count) : 0.0;
   uint64_t record_bits = 0;
   for (int w = 0; w < 4; ++w) record_bits += b.record_bits_by_width[w];
   const double err = b.error_total();
   for (int w = 0; w < 4; ++w) {
-    s.sg[w] = b.supergroups ? static_cast<double>(b.sg_by_width[w]) / static_cast<double>(b.supergroups) : 0.0;
-    s.bits[w] = record_bits ? static_cast<double>(b.record_bits_by_width[w]) / static_cast<double>(record_bits) : 0.0;
+    s.sg[w] = b.supergroups
+                  ? static_cast<double>(b.sg_by_width[w]) / static_cast<double>(b.supergroups)
+                  : 0.0;
+    s.bits[w] = record_bits ? static_cast<double>(b.record_bits_by_width[w]) /
+                                  static_cast<double>(record_bits)
+                            : 0.0;
     s.error[w] = err > 0 ? b.error_by_width[w] / err : 0.0;
   }
   return s;
 }
 
-constexpr const char* kPartNames[8] = {"values", "group_factors", "units", "statistics",
-                                       "headers", "padding", "slack", "unallocated"};
+constexpr const char* kPartNames[8] = {"values",  "group_factors", "units", "statistics",
+                                       "headers", "padding",       "slack", "unallocated"};
 
 nlohmann::ordered_json breakdown_json(const dq::sim::BitBreakdown& b) {
   const Shares s = shares(b);
@@ -155,7 +164,7 @@ struct SimArgs {
   dq::sim::SyntheticSpec syn;
   dq::sim::SimOptions opt;
   unsigned long long calls = 1, threads = 0;
-  bool scatter = false;  // --collective reducescatter
+  bool scatter = false;                      // --collective reducescatter
   size_t col_begin = 0, col_end = SIZE_MAX;  // --columns B:E
   std::vector<int> workers;
   std::vector<dq::topo::Kind> topos;
@@ -206,28 +215,54 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
     const char* v = value.c_str();
     unsigned long long u = 0;
     double d = 0;
-    if (o == o_synthetic) a->synthetic = true;
-    else if (o == o_per_hop) a->opt.per_hop = true;
-    else if (o == o_quiet) a->quiet = true;
-    else if (o == o_breakdown) a->breakdown = true;
-    else if (o == o_input) a->input = value;
-    else if (o == o_columns) a->columns = value;
-    else if (o == o_save) a->save = value;
-    else if (o == o_workers) a->worker_list = value;
-    else if (o == o_topo) a->topo_list = value;
-    else if (o == o_codec) a->codec_list = value;
-    else if (o == o_format) a->format = value;
-    else if (o == o_collective) a->collective = value;
-    else if (o == o_dim) { if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31"); a->syn.cols = u; }
-    else if (o == o_spread) { if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]"); a->syn.spread = d; }
-    else if (o == o_shared) { if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]"); a->syn.shared = d; }
-    else if (o == o_seed) { if (!parse_ulong(v, 0, ~0ull, &u)) return usage_error("--seed must be an unsigned integer"); a->opt.seed = u; a->syn.seed = u; }
-    else if (o == o_calls) { if (!parse_ulong(v, 1, 1000, &a->calls)) return usage_error("--calls must be 1..1000"); }
-    else if (o == o_threads) { if (!parse_ulong(v, 1, 1024, &a->threads)) return usage_error("--threads must be 1..1024"); }
-    else if (o == o_op) {
-      if (value == "sum") a->opt.op = dq::ReduceOp::kSum;
-      else if (value == "avg") a->opt.op = dq::ReduceOp::kAvg;
-      else return usage_error("--op must be sum or avg");
+    if (o == o_synthetic)
+      a->synthetic = true;
+    else if (o == o_per_hop)
+      a->opt.per_hop = true;
+    else if (o == o_quiet)
+      a->quiet = true;
+    else if (o == o_breakdown)
+      a->breakdown = true;
+    else if (o == o_input)
+      a->input = value;
+    else if (o == o_columns)
+      a->columns = value;
+    else if (o == o_save)
+      a->save = value;
+    else if (o == o_workers)
+      a->worker_list = value;
+    else if (o == o_topo)
+      a->topo_list = value;
+    else if (o == o_codec)
+      a->codec_list = value;
+    else if (o == o_format)
+      a->format = value;
+    else if (o == o_collective)
+      a->collective = value;
+    else if (o == o_dim) {
+      if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31");
+      a->syn.cols = u;
+    } else if (o == o_spread) {
+      if (!parse_double(v, 0, 10, &d)) return usage_error("--spread must be in [0, 10]");
+      a->syn.spread = d;
+    } else if (o == o_shared) {
+      if (!parse_double(v, 0, 1, &d)) return usage_error("--shared must be in [0, 1]");
+      a->syn.shared = d;
+    } else if (o == o_seed) {
+      if (!parse_ulong(v, 0, ~0ull, &u)) return usage_error("--seed must be an unsigned integer");
+      a->opt.seed = u;
+      a->syn.seed = u;
+    } else if (o == o_calls) {
+      if (!parse_ulong(v, 1, 1000, &a->calls)) return usage_error("--calls must be 1..1000");
+    } else if (o == o_threads) {
+      if (!parse_ulong(v, 1, 1024, &a->threads)) return usage_error("--threads must be 1..1024");
+    } else if (o == o_op) {
+      if (value == "sum")
+        a->opt.op = dq::ReduceOp::kSum;
+      else if (value == "avg")
+        a->opt.op = dq::ReduceOp::kAvg;
+      else
+        return usage_error("--op must be sum or avg");
     }
   }
   return kContinue;
@@ -235,26 +270,33 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
 
 // Checks the options against each other and parses --columns, --workers, --topo and --codec.
 int check_options(SimArgs* a) {
-  if (a->format != "jsonl" && a->format != "table") return usage_error("--format must be jsonl or table");
+  if (a->format != "jsonl" && a->format != "table")
+    return usage_error("--format must be jsonl or table");
   if (a->collective != "allreduce" && a->collective != "reducescatter")
     return usage_error("--collective must be allreduce or reducescatter");
   a->scatter = a->collective == "reducescatter";
-  if (a->scatter && a->opt.per_hop) return usage_error("--per-hop is for --collective allreduce only");
-  if (a->scatter && a->breakdown) return usage_error("--bits-breakdown is for --collective allreduce only");
-  if (a->input.empty() == !a->synthetic) return usage_error("give exactly one of --input or --synthetic");
+  if (a->scatter && a->opt.per_hop)
+    return usage_error("--per-hop is for --collective allreduce only");
+  if (a->scatter && a->breakdown)
+    return usage_error("--bits-breakdown is for --collective allreduce only");
+  if (a->input.empty() == !a->synthetic)
+    return usage_error("give exactly one of --input or --synthetic");
   // --columns B:E (E a number or "end"), the same syntax as dynamiq-predict's.
   if (!a->columns.empty() &&
       (a->synthetic || !dq::sim::parse_column_range(a->columns, &a->col_begin, &a->col_end)))
-    return usage_error("--columns " + a->columns + ": expected B:E or B:end with B < E, with --input");
+    return usage_error("--columns " + a->columns +
+                       ": expected B:E or B:end with B < E, with --input");
 
   for (const auto& w : dq::sim::split_list(a->worker_list)) {
     unsigned long long u = 0;
-    if (!parse_ulong(w.c_str(), 1, 1024, &u)) return usage_error("--workers: '" + w + "' is not in 1..1024");
+    if (!parse_ulong(w.c_str(), 1, 1024, &u))
+      return usage_error("--workers: '" + w + "' is not in 1..1024");
     a->workers.push_back(static_cast<int>(u));
   }
   for (const auto& t : dq::sim::split_list(a->topo_list)) {
     dq::topo::Kind k;
-    if (dq::topo::parse_kind(t, &k) != Status::kOk) return usage_error("--topo: unknown topology '" + t + "' (ring, butterfly)");
+    if (dq::topo::parse_kind(t, &k) != Status::kOk)
+      return usage_error("--topo: unknown topology '" + t + "' (ring, butterfly)");
     a->topos.push_back(k);
   }
   a->codecs = dq::sim::split_list(a->codec_list);
@@ -267,7 +309,8 @@ int check_options(SimArgs* a) {
     if (a->breakdown && !dq::dynamiq_parameters(*codec, &dyn, &plan))
       return usage_error("--bits-breakdown: " + c + " is not a DynamiQ codec");
   }
-  if (a->workers.empty() || a->topos.empty() || a->codecs.empty()) return usage_error("empty --workers, --topo or --codec list");
+  if (a->workers.empty() || a->topos.empty() || a->codecs.empty())
+    return usage_error("empty --workers, --topo or --codec list");
   return kContinue;
 }
 
@@ -280,15 +323,21 @@ int load_gradients(SimArgs* a, dq::sim::Matrix* m) {
     dq::sim::SyntheticSpec& syn = a->syn;
     syn.rows = a->save.empty() ? max_workers : std::max<size_t>(max_workers, syn.rows);
     double gib = static_cast<double>(syn.rows) * syn.cols * 4 / (1 << 30);
-    if (gib > 16) return usage_error("synthetic data would need " + std::to_string(gib) + " GiB; lower --dim or --workers");
+    if (gib > 16)
+      return usage_error("synthetic data would need " + std::to_string(gib) +
+                         " GiB; lower --dim or --workers");
     dq::sim::make_synthetic(syn, m);
     if (!a->save.empty()) {
-      if (dq::sim::write_npy(a->save, *m, &err) != Status::kOk) { std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str()); return 1; }
+      if (dq::sim::write_npy(a->save, *m, &err) != Status::kOk) {
+        std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str());
+        return 1;
+      }
       std::fprintf(stderr, "dynamiq-sim: wrote %zux%zu to %s\n", m->rows, m->cols, a->save.c_str());
       return 0;
     }
   } else {
-    if (dq::sim::read_npy_columns(a->input, max_workers, a->col_begin, a->col_end, m, &err) != Status::kOk) {
+    if (dq::sim::read_npy_columns(a->input, max_workers, a->col_begin, a->col_end, m, &err) !=
+        Status::kOk) {
       // A range past the file's columns is the option's fault: name it.
       if (!a->columns.empty() && err.find(": columns [") != std::string::npos)
         std::fprintf(stderr, "dynamiq-sim: --columns %s: %s\n", a->columns.c_str(), err.c_str());
@@ -297,7 +346,9 @@ int load_gradients(SimArgs* a, dq::sim::Matrix* m) {
       return 2;
     }
     if (static_cast<int>(m->rows) < max_workers) {
-      std::fprintf(stderr, "dynamiq-sim: %s has %zu rows but --workers asks for %d; give a file with at least %d rows or fewer workers\n",
+      std::fprintf(stderr,
+                   "dynamiq-sim: %s has %zu rows but --workers asks for %d; give a file with at "
+                   "least %d rows or fewer workers\n",
                    a->input.c_str(), m->rows, max_workers, max_workers);
       return 2;
     }
@@ -310,8 +361,8 @@ struct Case {
   std::string spec;
   dq::topo::Kind topo;
   int n = 0;
-  size_t recvcount = 0;  // reduce-scatter: elements per rank block
-  size_t d = 0;          // elements reduced per worker
+  size_t recvcount = 0;              // reduce-scatter: elements per rank block
+  size_t d = 0;                      // elements reduced per worker
   dq::sim::SimResult sum{}, last{};  // sum: vNMSE averaged and seconds summed over the calls
   std::vector<double> hop, blocks;   // averaged over the calls
   dq::sim::BitBreakdown bits;
@@ -327,19 +378,21 @@ int simulate_calls(const SimArgs& a, const dq::topo::Schedule& sched,
   for (unsigned long long call = 0; call < a.calls; ++call) {
     dq::sim::SimOptions o = a.opt;
     o.call = call;
-    const Status st = a.scatter ? dq::sim::simulate_reduce_scatter(c->spec, sched, rows, c->recvcount, o, nullptr, &r)
+    const Status st = a.scatter ? dq::sim::simulate_reduce_scatter(c->spec, sched, rows,
+                                                                   c->recvcount, o, nullptr, &r)
                                 : dq::sim::simulate_allreduce(*codec, sched, rows, cols, o,
                                                               a.breakdown ? &decoded : nullptr, &r);
     if (st != Status::kOk) {
-      std::fprintf(stderr, "dynamiq-sim: %s %s on %s n=%d failed\n", a.collective.c_str(), c->spec.c_str(),
-                   dq::topo::kind_name(c->topo), c->n);
+      std::fprintf(stderr, "dynamiq-sim: %s %s on %s n=%d failed\n", a.collective.c_str(),
+                   c->spec.c_str(), dq::topo::kind_name(c->topo), c->n);
       return 1;
     }
     if (a.breakdown) {
       // The plan and the widths are the same every call (the statistics do not change);
       // the error is summed over the calls.
       if ((call == 0 && !dq::sim::bit_breakdown(*codec, &c->bits, &err)) ||
-          !dq::sim::accumulate_width_error(*codec, rows, c->n, decoded.data(), a.opt.op, &c->bits, &err)) {
+          !dq::sim::accumulate_width_error(*codec, rows, c->n, decoded.data(), a.opt.op, &c->bits,
+                                           &err)) {
         std::fprintf(stderr, "dynamiq-sim: %s\n", err.c_str());
         return 1;
       }
@@ -385,8 +438,9 @@ void print_jsonl_row(const SimArgs& a, const Case& c) {
 
 void print_table_row(const SimArgs& a, const Case& c) {
   const dq::sim::SimResult& r = c.last;
-  std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", c.spec.c_str(), dq::topo::kind_name(c.topo), c.n,
-              c.sum.vnmse, r.bits_per_coord, r.wire_bits_per_coord, c.sum.seconds);
+  std::printf("%-34s %-9s %5d %12.4e %9.4f %9.4f %7.2f", c.spec.c_str(),
+              dq::topo::kind_name(c.topo), c.n, c.sum.vnmse, r.bits_per_coord,
+              r.wire_bits_per_coord, c.sum.seconds);
   if (a.scatter) {
     double lo = c.blocks.empty() ? 0 : c.blocks[0], hi = lo;
     for (double b : c.blocks) lo = std::min(lo, b), hi = std::max(hi, b);
@@ -413,7 +467,9 @@ int run_topology(const SimArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Ki
   const bool pow2 = (n & (n - 1)) == 0;
   if (a.scatter && topo == dq::topo::Kind::kButterfly && !pow2) {
     if (!a.quiet)
-      std::fprintf(stderr, "dynamiq-sim: reducescatter n=%d: butterfly runs on the ring, as in the engine\n", n);
+      std::fprintf(
+          stderr, "dynamiq-sim: reducescatter n=%d: butterfly runs on the ring, as in the engine\n",
+          n);
     topo = dq::topo::Kind::kRing;
   }
   dq::topo::Schedule sched;
@@ -421,7 +477,8 @@ int run_topology(const SimArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Ki
   std::vector<const float*> rows;
   for (int r = 0; r < n; ++r) rows.push_back(m.row(r));
   const size_t recvcount = m.cols / static_cast<size_t>(n);
-  if (a.scatter && recvcount == 0) return usage_error("--collective reducescatter needs d >= workers");
+  if (a.scatter && recvcount == 0)
+    return usage_error("--collective reducescatter needs d >= workers");
   for (const auto& spec : a.codecs) {
     Case c;
     c.spec = spec;
@@ -432,9 +489,10 @@ int run_topology(const SimArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Ki
     if (const int rc = simulate_calls(a, sched, rows, m.cols, &c); rc != kContinue) return rc;
     ++progress->done;
     if (!a.quiet)
-      std::fprintf(stderr, "[dynamiq-sim %zu/%zu, %.1f s] %s %s n=%d\n", progress->done, progress->total,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - progress->start).count(),
-                   spec.c_str(), dq::topo::kind_name(topo), n);
+      std::fprintf(
+          stderr, "[dynamiq-sim %zu/%zu, %.1f s] %s %s n=%d\n", progress->done, progress->total,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - progress->start).count(),
+          spec.c_str(), dq::topo::kind_name(topo), n);
     if (a.format == "jsonl")
       print_jsonl_row(a, c);
     else
@@ -451,12 +509,15 @@ int main(int argc, char** argv) {
   if (const int rc = parse_command_line(argc, argv, &a); rc != kContinue) return rc;
   if (const int rc = check_options(&a); rc != kContinue) return rc;
   std::unique_ptr<tbb::global_control> limit;
-  if (a.threads) limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, a.threads);
+  if (a.threads)
+    limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                  a.threads);
   dq::sim::Matrix m;
   if (const int rc = load_gradients(&a, &m); rc != kContinue) return rc;
 
   if (a.format == "table")
-    std::printf("%-34s %-9s %5s %12s %9s %9s %7s\n", "codec", "topo", "n", "vNMSE", "bits/crd", "wire/crd", "sec");
+    std::printf("%-34s %-9s %5s %12s %9s %9s %7s\n", "codec", "topo", "n", "vNMSE", "bits/crd",
+                "wire/crd", "sec");
   Progress progress;
   progress.total = a.workers.size() * a.topos.size() * a.codecs.size();
   for (int n : a.workers)

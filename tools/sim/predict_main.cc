@@ -10,9 +10,9 @@
 // share of buckets within [0.67, 1.5], and for auto the bits and error over all buckets.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -45,7 +45,9 @@ constexpr const char* kUsage =
     "  --budgets LIST      fixed budgets to check (default 3,4,5,6,7,8)\n"
     "  --target T          auto's target: mxfp8, mxfp6 or vnmse:X (default mxfp8)\n";
 
-int fail(const std::string& what) { return dq::sim::usage_error("dynamiq-predict", what, kUsage); }
+int fail(const std::string& what) {
+  return dq::sim::usage_error("dynamiq-predict", what, kUsage);
+}
 
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return NAN;
@@ -124,18 +126,30 @@ int parse_command_line(int argc, char** argv, PredictArgs* a) {
     }
     if (i + 1 >= argc) return fail(o + " needs a value (or is unknown)");
     const std::string v = argv[++i];
-    if (o == "--input") a->input = v;
-    else if (o == "--workers") a->workers_s = v;
-    else if (o == "--topo") a->topo_s = v;
-    else if (o == "--budgets") a->budgets_s = v;
-    else if (o == "--target") a->target_s = v;
-    else if (o == "--columns") a->columns_s = v;
-    else if (o == "--bucket") a->bucket = std::strtoull(v.c_str(), nullptr, 10);
-    else if (o == "--dim") a->syn.cols = std::strtoull(v.c_str(), nullptr, 10);
-    else if (o == "--spread") a->syn.spread = std::strtod(v.c_str(), nullptr);
-    else if (o == "--shared") a->syn.shared = std::strtod(v.c_str(), nullptr);
-    else if (o == "--seed") a->syn.seed = std::strtoull(v.c_str(), nullptr, 10);
-    else return fail("unknown option " + o);
+    if (o == "--input")
+      a->input = v;
+    else if (o == "--workers")
+      a->workers_s = v;
+    else if (o == "--topo")
+      a->topo_s = v;
+    else if (o == "--budgets")
+      a->budgets_s = v;
+    else if (o == "--target")
+      a->target_s = v;
+    else if (o == "--columns")
+      a->columns_s = v;
+    else if (o == "--bucket")
+      a->bucket = std::strtoull(v.c_str(), nullptr, 10);
+    else if (o == "--dim")
+      a->syn.cols = std::strtoull(v.c_str(), nullptr, 10);
+    else if (o == "--spread")
+      a->syn.spread = std::strtod(v.c_str(), nullptr);
+    else if (o == "--shared")
+      a->syn.shared = std::strtod(v.c_str(), nullptr);
+    else if (o == "--seed")
+      a->syn.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else
+      return fail("unknown option " + o);
   }
   return kContinue;
 }
@@ -149,13 +163,15 @@ int check_options(PredictArgs* a) {
     return fail("--columns " + a->columns_s + ": expected B:E or B:end with B < E, with --input");
   if (!dq::parse_budget_target(a->target_s, &a->target))
     return fail("--target " + a->target_s + ": expected mxfp8, mxfp6 or vnmse:X");
-  for (const auto& w : dq::sim::split_list(a->workers_s)) a->workers.push_back(std::atoi(w.c_str()));
+  for (const auto& w : dq::sim::split_list(a->workers_s))
+    a->workers.push_back(std::atoi(w.c_str()));
   for (const auto& t : dq::sim::split_list(a->topo_s)) {
     dq::topo::Kind k;
     if (dq::topo::parse_kind(t, &k) != Status::kOk) return fail("unknown topology " + t);
     a->topos.push_back(k);
   }
-  for (const auto& b : dq::sim::split_list(a->budgets_s)) a->budgets.push_back(std::strtod(b.c_str(), nullptr));
+  for (const auto& b : dq::sim::split_list(a->budgets_s))
+    a->budgets.push_back(std::strtod(b.c_str(), nullptr));
   for (int w : a->workers) {
     if (w < 2 || w > 1024) return fail("--workers: each in 2..1024");
     a->max_workers = std::max(a->max_workers, w);
@@ -255,19 +271,17 @@ int compare_mx(const Bucket& bk, const dq::StatsSummary& summary, BucketMeasurem
 // The "auto" row: the model's choice over every rung and the MX fallbacks, as the engine makes
 // it, against MXFP8 and fixed 5 bits.
 int compare_auto(const PredictArgs& a, const dq::topo::Schedule& sched, const Bucket& bk,
-                 const dq::StatsSummary& summary, BucketMeasurements& measured,
-                 const Measured& mx8, Totals* t) {
+                 const dq::StatsSummary& summary, BucketMeasurements& measured, const Measured& mx8,
+                 Totals* t) {
   std::string err;
   dq::BudgetPrediction pred;
   if (dq::sim::predict_auto(summary, bk.count, sched, a.target, &pred, &err) != Status::kOk)
     return kContinue;
   const std::string spec = dq::candidate_spec(pred.rung);
   Measured me, five;
-  if (!measured.get(spec, &me) || !measured.get("dynamiq:5", &five))
-    return 1;
+  if (!measured.get(spec, &me) || !measured.get("dynamiq:5", &five)) return 1;
   // An MX bucket of the engine also all-reduces its statistics every 8th call.
-  if (dq::candidate_is_mx(pred.rung))
-    me.bits += 16.0 * dq::kStatsWordsPerSupergroup / 256.0 / 8.0;
+  if (dq::candidate_is_mx(pred.rung)) me.bits += 16.0 * dq::kStatsWordsPerSupergroup / 256.0 / 8.0;
   auto j = bucket_row(bk, "auto", spec);
   j["target"] = dq::budget_target_name(a.target);
   j["target_vnmse"] = pred.target;

@@ -31,8 +31,8 @@ Status agree_on_stats(Codec& codec, const std::vector<const float*>& rows, int n
     std::vector<float> sum(words, 0.0f);
     std::vector<uint16_t> local(words);
     for (int w = 0; w < n; ++w) {
-      const Status s = codec.local_stats(ConstTensor{rows[w] + offset, DType::kF32, count},
-                                         local.data());
+      const Status s =
+          codec.local_stats(ConstTensor{rows[w] + offset, DType::kF32, count}, local.data());
       if (s != Status::kOk) return s;
       for (size_t i = 0; i < words; ++i) sum[i] += bf16_to_f32(local[i]);
     }
@@ -74,14 +74,15 @@ bool run_tree_hops(Codec& codec, int codec_chunk, const topo::ChunkTree& tree,
     in.clear();
     for (int child : tn.children) in.push_back(ByteView{(*payload)[child].data(), cap});
     (*payload)[node].resize(cap);
-    RoundingKey key{opt.seed, opt.call, static_cast<uint32_t>(tn.worker),
+    RoundingKey key{opt.seed,
+                    opt.call,
+                    static_cast<uint32_t>(tn.worker),
                     static_cast<uint32_t>(strata.member[node]),
                     static_cast<uint32_t>(strata.size[node]),
                     static_cast<uint32_t>(strata.klass[node])};
     key.element_base = element_base;
-    if (codec.hop(codec_chunk, ConstTensor{rows[tn.worker] + offset, DType::kF32, count},
-                  in.data(), static_cast<int>(in.size()), (*payload)[node].data(),
-                  key) != Status::kOk)
+    if (codec.hop(codec_chunk, ConstTensor{rows[tn.worker] + offset, DType::kF32, count}, in.data(),
+                  static_cast<int>(in.size()), (*payload)[node].data(), key) != Status::kOk)
       return false;
     if (!after_hop(node)) return false;
     for (int child : tn.children) std::vector<uint8_t>().swap((*payload)[child]);
@@ -103,8 +104,8 @@ double relative_error(double num, double den) {
 bool hop_squared_error(Codec& codec, int c, const topo::ChunkTree& tree, int node,
                        const std::vector<uint8_t>& payload,
                        const std::vector<std::pair<size_t, size_t>>& ranges,
-                       const std::vector<const float*>& rows, size_t d,
-                       std::vector<float>* partial, std::vector<int>* who, double* err) {
+                       const std::vector<const float*>& rows, size_t d, std::vector<float>* partial,
+                       std::vector<int>* who, double* err) {
   who->clear();
   subtree_workers(tree, node, who);
   partial->assign(d, 0.0f);
@@ -123,10 +124,9 @@ bool hop_squared_error(Codec& codec, int c, const topo::ChunkTree& tree, int nod
 }
 
 // The all-reduce's accuracy and traffic figures into *out, from the decoded result.
-void allreduce_figures(Codec& codec, const topo::Schedule& s,
-                       const std::vector<const float*>& rows, size_t d, const SimOptions& opt,
-                       const std::vector<float>& decoded, const std::vector<double>& hop_err,
-                       SimResult* out) {
+void allreduce_figures(Codec& codec, const topo::Schedule& s, const std::vector<const float*>& rows,
+                       size_t d, const SimOptions& opt, const std::vector<float>& decoded,
+                       const std::vector<double>& hop_err, SimResult* out) {
   const int n = s.n_workers;
   // Exact FP64 reference and the error.
   double num = 0, den = 0, den_sum = 0;
@@ -234,7 +234,8 @@ Status check_reduce_scatter_schedule(const topo::Schedule& s, size_t recvcount,
   const int n = s.n_workers;
   if (recvcount == 0) DQ_FAIL(Status::kInvalidArgument, "simulate: reduce-scatter of 0 elements");
   if (opt.per_hop)
-    DQ_FAIL(Status::kInvalidArgument, "simulate: per-hop errors are measured for the all-reduce only");
+    DQ_FAIL(Status::kInvalidArgument,
+            "simulate: per-hop errors are measured for the all-reduce only");
   // Every worker must end exactly one chunk: its own rank block.
   std::vector<int> chunk_of(n, -1);
   for (int c = 0; c < s.n_chunks; ++c) {
@@ -269,8 +270,9 @@ Status plan_reduce_scatter_parts(std::string_view codec_spec, const topo::Schedu
       p.begin = b * block;
       p.count = b + 1 == n_blocks ? recvcount - p.begin : block;
       p.codec = make_codec(codec_spec, &error);
-      if (!p.codec) DQ_FAIL(Status::kInvalidArgument, "simulate: codec %.*s: %s",
-                            static_cast<int>(codec_spec.size()), codec_spec.data(), error.c_str());
+      if (!p.codec)
+        DQ_FAIL(Status::kInvalidArgument, "simulate: codec %.*s: %s",
+                static_cast<int>(codec_spec.size()), codec_spec.data(), error.c_str());
       DQ_CHECK(p.codec->plan(p.count, 1, s.n_workers));
       parts->push_back(std::move(p));
     }

@@ -16,7 +16,8 @@ struct SimOptions {
   uint64_t seed = 1;
   uint64_t call = 0;
   ReduceOp op = ReduceOp::kSum;
-  bool per_hop = false;  // also decode every intermediate payload and measure its error (all-reduce)
+  bool per_hop =
+      false;  // also decode every intermediate payload and measure its error (all-reduce)
   // Reduce-scatter only: elements per pipeline block inside each rank block, as the engine cuts
   // a call (reduce_scatter_block_elems); 0 = the whole rank block is one block.
   size_t block_elems = 0;

@@ -3,10 +3,10 @@
 // checks, shared-memory poisoning and guard pages, and the reports.
 #include "kernels/cuda/emu/emu.h"
 
-#include <boost/context/detail/fcontext.hpp>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <boost/context/detail/fcontext.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -78,9 +78,9 @@ struct Thread {
 };
 
 struct Warp {
-  unsigned exists = 0;   // lanes present in the block
-  unsigned parked = 0;   // lanes waiting in a collective
-  unsigned claimed = 0;  // lanes named by the mask of a pending collective
+  unsigned exists = 0;     // lanes present in the block
+  unsigned parked = 0;     // lanes waiting in a collective
+  unsigned claimed = 0;    // lanes named by the mask of a pending collective
   uint8_t owner[32] = {};  // per claimed lane: a parked lane of the group that claimed it
 };
 
@@ -173,7 +173,8 @@ struct SharedRegion {
 };
 SharedRegion g_shared;
 
-// ---- reporting -----------------------------------------------------------------------------------
+// ---- reporting
+// -----------------------------------------------------------------------------------
 std::string where(const std::source_location& l) {
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s:%u:%u", l.file_name(), static_cast<unsigned>(l.line()),
@@ -189,22 +190,31 @@ bool same_site(const std::source_location& a, const std::source_location& b) {
 std::string who(const Launch& L, int t) {
   const uint3& i = L.threads[t].idx;
   char buf[200];
-  std::snprintf(buf, sizeof buf, "thread %d (threadIdx %u,%u,%u; warp %d lane %d) of block (%u,%u,%u)",
-                t, i.x, i.y, i.z, t / 32, t % 32, detail::g_block_idx.x, detail::g_block_idx.y,
+  std::snprintf(buf, sizeof buf,
+                "thread %d (threadIdx %u,%u,%u; warp %d lane %d) of block (%u,%u,%u)", t, i.x, i.y,
+                i.z, t / 32, t % 32, detail::g_block_idx.x, detail::g_block_idx.y,
                 detail::g_block_idx.z);
   return buf;
 }
 
 const char* op_name(detail::Op op) {
   switch (op) {
-    case detail::Op::kIdx: return "__shfl_sync";
-    case detail::Op::kUp: return "__shfl_up_sync";
-    case detail::Op::kDown: return "__shfl_down_sync";
-    case detail::Op::kXor: return "__shfl_xor_sync";
-    case detail::Op::kBallot: return "__ballot_sync";
-    case detail::Op::kAny: return "__any_sync";
-    case detail::Op::kAll: return "__all_sync";
-    case detail::Op::kSyncWarp: return "__syncwarp";
+    case detail::Op::kIdx:
+      return "__shfl_sync";
+    case detail::Op::kUp:
+      return "__shfl_up_sync";
+    case detail::Op::kDown:
+      return "__shfl_down_sync";
+    case detail::Op::kXor:
+      return "__shfl_xor_sync";
+    case detail::Op::kBallot:
+      return "__ballot_sync";
+    case detail::Op::kAny:
+      return "__any_sync";
+    case detail::Op::kAll:
+      return "__all_sync";
+    case detail::Op::kSyncWarp:
+      return "__syncwarp";
   }
   return "?";
 }
@@ -237,9 +247,10 @@ std::string ranges(const std::vector<int>& ids) {
 
 std::string header(const Launch& L) {
   char buf[600];
-  std::snprintf(buf, sizeof buf, "kernel %s (launched at %s:%d), block (%u,%u,%u) of grid (%u,%u,%u), %d threads: ",
-                L.site.kernel, L.site.file, L.site.line, detail::g_block_idx.x, detail::g_block_idx.y,
-                detail::g_block_idx.z, L.grid.x, L.grid.y, L.grid.z, L.n);
+  std::snprintf(buf, sizeof buf,
+                "kernel %s (launched at %s:%d), block (%u,%u,%u) of grid (%u,%u,%u), %d threads: ",
+                L.site.kernel, L.site.file, L.site.line, detail::g_block_idx.x,
+                detail::g_block_idx.y, detail::g_block_idx.z, L.grid.x, L.grid.y, L.grid.z, L.n);
   return buf;
 }
 
@@ -255,7 +266,8 @@ void record(Launch& L, Fault f, const std::string& what) {
   throw Cancelled{};
 }
 
-// ---- fibers ---------------------------------------------------------------------------------------
+// ---- fibers
+// ---------------------------------------------------------------------------------------
 void push_ready(Launch& L, int t) {
   L.ring[(L.head + L.count) % L.n] = t;
   ++L.count;
@@ -313,11 +325,13 @@ void report_deadlock(Launch& L) {
       exited.push_back(t);
       continue;
     }
-    std::string key = th.state == State::kBarrier ? "__syncthreads() at " + where(th.site)
-                                                  : collective(th);
+    std::string key =
+        th.state == State::kBarrier ? "__syncthreads() at " + where(th.site) : collective(th);
     auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == key; });
-    if (it == groups.end()) groups.push_back({key, {t}});
-    else it->second.push_back(t);
+    if (it == groups.end())
+      groups.push_back({key, {t}});
+    else
+      it->second.push_back(t);
   }
   std::string what = "no thread can run.";
   for (auto& [key, ids] : groups) {
@@ -396,12 +410,12 @@ void write_context(const char* what) {
   if (g_launch && g_launch->current >= 0) {
     const Launch& L = *g_launch;
     const uint3& i = detail::g_thread_idx;
-    len = std::snprintf(buf, sizeof buf,
-                        "dq-emu: %s in kernel %s (launched at %s:%d), thread %d (threadIdx %u,%u,%u; "
-                        "warp %d lane %d) of block (%u,%u,%u)\n",
-                        what, L.site.kernel, L.site.file, L.site.line, L.current, i.x, i.y, i.z,
-                        L.current / 32, L.current % 32, detail::g_block_idx.x,
-                        detail::g_block_idx.y, detail::g_block_idx.z);
+    len = std::snprintf(
+        buf, sizeof buf,
+        "dq-emu: %s in kernel %s (launched at %s:%d), thread %d (threadIdx %u,%u,%u; "
+        "warp %d lane %d) of block (%u,%u,%u)\n",
+        what, L.site.kernel, L.site.file, L.site.line, L.current, i.x, i.y, i.z, L.current / 32,
+        L.current % 32, detail::g_block_idx.x, detail::g_block_idx.y, detail::g_block_idx.z);
   } else {
     len = std::snprintf(buf, sizeof buf, "dq-emu: %s outside an emulated kernel\n", what);
   }
@@ -411,16 +425,20 @@ void write_context(const char* what) {
   }
 }
 
-void on_sanitizer_death() { write_context("sanitizer error"); }
+void on_sanitizer_death() {
+  write_context("sanitizer error");
+}
 
 void on_segv(int sig, siginfo_t* info, void*) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(info->si_addr);
   if (g_shared.is_guard(a)) {
     char what[200];
-    const long off = static_cast<long>(a - reinterpret_cast<uintptr_t>(g_launch ? g_launch->dynamic : nullptr));
-    std::snprintf(what, sizeof what,
-                  "shared memory out of bounds: dynamic shared memory of %zu bytes accessed at offset %ld",
-                  g_launch ? g_launch->dynamic_bytes : 0, off);
+    const long off =
+        static_cast<long>(a - reinterpret_cast<uintptr_t>(g_launch ? g_launch->dynamic : nullptr));
+    std::snprintf(
+        what, sizeof what,
+        "shared memory out of bounds: dynamic shared memory of %zu bytes accessed at offset %ld",
+        g_launch ? g_launch->dynamic_bytes : 0, off);
     write_context(what);
   } else if (g_stacks.is_guard(a)) {
     write_context("fiber stack overflow (kFiberStackBytes per thread)");
@@ -432,7 +450,8 @@ void on_segv(int sig, siginfo_t* info, void*) {
 }
 
 struct SignalScope {
-  struct sigaction old_segv{}, old_bus{};
+  struct sigaction old_segv {
+  }, old_bus{};
   SignalScope() {
     static char* alt = [] {
       const size_t bytes = 64 * 1024;
@@ -447,7 +466,7 @@ struct SignalScope {
       return p;
     }();
     (void)alt;
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_sigaction = &on_segv;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
@@ -471,23 +490,38 @@ cudaError_t finish(Fault f, const std::string& message, cudaError_t code) {
 
 const char* fault_name(Fault f) {
   switch (f) {
-    case Fault::kNone: return "no fault";
-    case Fault::kBadConfig: return "invalid launch configuration";
-    case Fault::kNestedLaunch: return "launch from inside a kernel";
-    case Fault::kDeadlock: return "deadlock";
-    case Fault::kBarrierDivergence: return "divergent __syncthreads";
-    case Fault::kWarpMismatch: return "warp collective mismatch";
-    case Fault::kBadMask: return "invalid warp mask";
-    case Fault::kLaneOutsideMask: return "shuffle reads a lane outside its mask";
-    case Fault::kBadWidth: return "invalid shuffle width";
-    case Fault::kSharedUnderrun: return "shared memory out of bounds";
-    case Fault::kException: return "exception in a kernel";
+    case Fault::kNone:
+      return "no fault";
+    case Fault::kBadConfig:
+      return "invalid launch configuration";
+    case Fault::kNestedLaunch:
+      return "launch from inside a kernel";
+    case Fault::kDeadlock:
+      return "deadlock";
+    case Fault::kBarrierDivergence:
+      return "divergent __syncthreads";
+    case Fault::kWarpMismatch:
+      return "warp collective mismatch";
+    case Fault::kBadMask:
+      return "invalid warp mask";
+    case Fault::kLaneOutsideMask:
+      return "shuffle reads a lane outside its mask";
+    case Fault::kBadWidth:
+      return "invalid shuffle width";
+    case Fault::kSharedUnderrun:
+      return "shared memory out of bounds";
+    case Fault::kException:
+      return "exception in a kernel";
   }
   return "?";
 }
 
-const Report& last_report() { return g_report; }
-const Counters& last_counters() { return g_counters; }
+const Report& last_report() {
+  return g_report;
+}
+const Counters& last_counters() {
+  return g_counters;
+}
 
 namespace detail {
 
@@ -553,7 +587,9 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   return finish(Fault::kNone, "", cudaSuccess);
 }
 
-void* dynamic_shared() { return g_launch ? g_launch->dynamic : nullptr; }
+void* dynamic_shared() {
+  return g_launch ? g_launch->dynamic : nullptr;
+}
 
 void barrier(const std::source_location& loc) {
   Launch& L = *g_launch;
@@ -562,10 +598,10 @@ void barrier(const std::source_location& loc) {
     L.barrier_site = loc;
     L.barrier_first = L.current;
   } else if (!same_site(loc, L.barrier_site)) {
-    fail_in_fiber(Fault::kBarrierDivergence,
-                  who(L, L.current) + " reached __syncthreads() at " + where(loc) + " while " +
-                      who(L, L.barrier_first) + " waits at __syncthreads() at " +
-                      where(L.barrier_site));
+    fail_in_fiber(Fault::kBarrierDivergence, who(L, L.current) + " reached __syncthreads() at " +
+                                                 where(loc) + " while " + who(L, L.barrier_first) +
+                                                 " waits at __syncthreads() at " +
+                                                 where(L.barrier_site));
   }
   if (++L.arrived == L.n) {  // the round is complete: release the others, continue at once
     L.arrived = 0;
@@ -603,7 +639,8 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
   if (mask & ~w.exists) {
     std::snprintf(hex, sizeof hex, "0x%08x", w.exists);
     fail_in_fiber(Fault::kBadMask, who(L, tid) + " calls " + collective(me) +
-                                       " naming lanes absent from the block (present: " + hex + ")");
+                                       " naming lanes absent from the block (present: " + hex +
+                                       ")");
   }
   if (op <= Op::kXor && (width < 1 || width > 32 || (width & (width - 1)) != 0))
     fail_in_fiber(Fault::kBadWidth, who(L, tid) + " calls " + collective(me));
@@ -614,9 +651,9 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
   if (w.claimed & bit) {  // a pending collective names this lane: it must be the same one
     const Thread& o = L.threads[(tid & ~31) + w.owner[lane]];
     if (!matches(o))
-      fail_in_fiber(Fault::kWarpMismatch, who(L, tid) + " calls " + collective(me) + " while lane " +
-                                              std::to_string(w.owner[lane]) + " waits in " +
-                                              collective(o));
+      fail_in_fiber(Fault::kWarpMismatch, who(L, tid) + " calls " + collective(me) +
+                                              " while lane " + std::to_string(w.owner[lane]) +
+                                              " waits in " + collective(o));
   } else if (w.claimed & mask) {  // a new collective overlapping a pending one
     const int other = w.owner[__builtin_ctz(w.claimed & mask)];
     fail_in_fiber(Fault::kWarpMismatch, who(L, tid) + " calls " + collective(me) + " while lane " +
@@ -642,12 +679,20 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
     const int l = __builtin_ctz(m);
     Thread& t = L.threads[base + l];
     switch (op) {
-      case Op::kBallot: t.result = ballot; break;
-      case Op::kAny: t.result = ballot != 0; break;
-      case Op::kAll: t.result = ballot == mask; break;
-      case Op::kSyncWarp: t.result = 0; break;
+      case Op::kBallot:
+        t.result = ballot;
+        break;
+      case Op::kAny:
+        t.result = ballot != 0;
+        break;
+      case Op::kAll:
+        t.result = ballot == mask;
+        break;
+      case Op::kSyncWarp:
+        t.result = 0;
+        break;
       default: {
-        const int seg = (32 - t.width) & 31;               // c[12:8]: the segment's lane bits
+        const int seg = (32 - t.width) & 31;  // c[12:8]: the segment's lane bits
         const int min_lane = l & seg;
         const int max_lane = min_lane | (op == Op::kUp ? 0 : (31 & ~seg));
         const int b = t.param & 31;
@@ -670,9 +715,9 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
           t.result = t.value;
         } else if (!(mask & (1u << j))) {
           std::snprintf(hex, sizeof hex, "%d", j);
-          fail_in_fiber(Fault::kLaneOutsideMask,
-                        who(L, base + l) + " in " + collective(t) + " reads lane " + hex +
-                            ", which is not in the mask");
+          fail_in_fiber(Fault::kLaneOutsideMask, who(L, base + l) + " in " + collective(t) +
+                                                     " reads lane " + hex +
+                                                     ", which is not in the mask");
         } else {
           t.result = L.threads[base + j].value;
         }
@@ -691,21 +736,32 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
 }  // namespace detail
 }  // namespace dq::emu
 
-// ---- the runtime subset ---------------------------------------------------------------------------
+// ---- the runtime subset
+// ---------------------------------------------------------------------------
 cudaError_t cudaGetLastError() {
   const cudaError_t e = dq::emu::g_last_error;
   dq::emu::g_last_error = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError() { return dq::emu::g_last_error; }
-cudaError_t cudaDeviceSynchronize() { return cudaGetLastError(); }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaGetLastError(); }
+cudaError_t cudaPeekAtLastError() {
+  return dq::emu::g_last_error;
+}
+cudaError_t cudaDeviceSynchronize() {
+  return cudaGetLastError();
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaGetLastError();
+}
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorLaunchFailure: return "unspecified launch failure (see dq::emu::last_report())";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure (see dq::emu::last_report())";
   }
   return "unknown error";
 }

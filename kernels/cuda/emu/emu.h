@@ -129,7 +129,8 @@ void* dynamic_shared();
 
 template <class T>
 uint64_t to_bits(T v) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffle of a type over 8 bytes");
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8,
+                "shuffle of a type over 8 bytes");
   uint64_t u = 0;
   std::memcpy(&u, &v, sizeof(T));
   return u;
@@ -166,8 +167,8 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_s
 // ---- launch and dynamic shared memory -----------------------------------------------------------
 // The emulated launch runs the whole grid before it returns and evaluates to a cudaError_t (also
 // left for cudaGetLastError()).
-#define DQ_LAUNCH(kernel, grid, block, shmem, stream, ...)                                      \
-  ::dq::emu::detail::launch(kernel, grid, block, shmem, stream,                                \
+#define DQ_LAUNCH(kernel, grid, block, shmem, stream, ...)                              \
+  ::dq::emu::detail::launch(kernel, grid, block, shmem, stream,                         \
                             ::dq::emu::detail::LaunchSite{#kernel, __FILE__, __LINE__}, \
                             ##__VA_ARGS__)
 // The launch's dynamic shared memory (0xFF before every block; a guard page right after it).
@@ -225,28 +226,48 @@ inline int __all_sync(unsigned mask, int predicate,
 }
 
 // ---- integer and bit intrinsics -----------------------------------------------------------------
-inline int __popc(unsigned int x) { return __builtin_popcount(x); }
-inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __popc(unsigned int x) {
+  return __builtin_popcount(x);
+}
+inline int __popcll(unsigned long long x) {
+  return __builtin_popcountll(x);
+}
+inline int __clz(int x) {
+  return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x));
+}
 inline int __clzll(long long x) {
   return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x));
 }
-inline int __ffs(int x) { return __builtin_ffs(x); }
-inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline int __ffs(int x) {
+  return __builtin_ffs(x);
+}
+inline int __ffsll(long long x) {
+  return __builtin_ffsll(x);
+}
 inline unsigned int __brev(unsigned int x) {
   unsigned int r = 0;
   for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
   return r;
 }
-inline unsigned int __float_as_uint(float f) { return dq::emu::detail::from_bits<unsigned>(dq::emu::detail::to_bits(f)); }
-inline float __uint_as_float(unsigned int u) { return dq::emu::detail::from_bits<float>(u); }
-inline int __float_as_int(float f) { return dq::emu::detail::from_bits<int>(dq::emu::detail::to_bits(f)); }
-inline float __int_as_float(int i) { return dq::emu::detail::from_bits<float>(static_cast<uint32_t>(i)); }
+inline unsigned int __float_as_uint(float f) {
+  return dq::emu::detail::from_bits<unsigned>(dq::emu::detail::to_bits(f));
+}
+inline float __uint_as_float(unsigned int u) {
+  return dq::emu::detail::from_bits<float>(u);
+}
+inline int __float_as_int(float f) {
+  return dq::emu::detail::from_bits<int>(dq::emu::detail::to_bits(f));
+}
+inline float __int_as_float(int i) {
+  return dq::emu::detail::from_bits<float>(static_cast<uint32_t>(i));
+}
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  return *p;
+}
 
 // ---- atomics: the overloads CUDA has, as plain read-modify-write (no fiber switch inside) ------
-#define DQ_EMU_ATOMIC(name, type, expr)      \
+#define DQ_EMU_ATOMIC(name, type, expr)       \
   inline type name(type* address, type val) { \
     type old = *address;                      \
     *address = (expr);                        \
@@ -274,18 +295,18 @@ DQ_EMU_ATOMIC(atomicMin, unsigned long long, old < val ? old : val)
 DQ_EMU_ATOMIC(atomicOr, int, old | val)
 DQ_EMU_ATOMIC(atomicOr, unsigned int, old | val)
 DQ_EMU_ATOMIC(atomicOr, unsigned long long, old | val)
-DQ_EMU_ATOMIC(atomicAnd, int, old & val)
-DQ_EMU_ATOMIC(atomicAnd, unsigned int, old & val)
-DQ_EMU_ATOMIC(atomicAnd, unsigned long long, old & val)
+DQ_EMU_ATOMIC(atomicAnd, int, old& val)
+DQ_EMU_ATOMIC(atomicAnd, unsigned int, old& val)
+DQ_EMU_ATOMIC(atomicAnd, unsigned long long, old& val)
 DQ_EMU_ATOMIC(atomicXor, int, old ^ val)
 DQ_EMU_ATOMIC(atomicXor, unsigned int, old ^ val)
 DQ_EMU_ATOMIC(atomicXor, unsigned long long, old ^ val)
 #undef DQ_EMU_ATOMIC
-#define DQ_EMU_ATOMIC_CAS(type)                                       \
-  inline type atomicCAS(type* address, type compare, type val) {      \
-    type old = *address;                                              \
-    if (old == compare) *address = val;                               \
-    return old;                                                       \
+#define DQ_EMU_ATOMIC_CAS(type)                                  \
+  inline type atomicCAS(type* address, type compare, type val) { \
+    type old = *address;                                         \
+    if (old == compare) *address = val;                          \
+    return old;                                                  \
   }
 DQ_EMU_ATOMIC_CAS(int)
 DQ_EMU_ATOMIC_CAS(unsigned int)

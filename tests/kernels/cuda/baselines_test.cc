@@ -33,11 +33,16 @@
 namespace dq::cuda {
 namespace {
 
-const char* const kSpecs[] = {"bf16", "mxfp8", "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "uniform:3", "uniform:4",
-                              "uniform:5", "uniform:6", "uniform:7", "uniform:8", "uniform:9"};
+const char* const kSpecs[] = {"bf16",      "mxfp8",     "mxfp6e3m2", "mxfp6e2m3",
+                              "mxfp4",     "uniform:3", "uniform:4", "uniform:5",
+                              "uniform:6", "uniform:7", "uniform:8", "uniform:9"};
 
-bool nan32(uint32_t w) { return (w & 0x7fffffffu) > 0x7f800000u; }
-bool nan16(uint16_t w) { return (w & 0x7fffu) > 0x7f80u; }
+bool nan32(uint32_t w) {
+  return (w & 0x7fffffffu) > 0x7f800000u;
+}
+bool nan16(uint16_t w) {
+  return (w & 0x7fffu) > 0x7f80u;
+}
 
 // Per 32 values one regime: zeros, subnormals, values near FLT_MAX (sums overflow), or normal
 // values at a scale in 2^-30..2^30; where `poison`, NaN or +-Inf in some of them.
@@ -50,15 +55,20 @@ std::vector<float> make_values(size_t count, uint32_t seed, bool poison) {
     const uint32_t regime = rng() % 16;
     const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
     for (size_t i = base; i < end; ++i) {
-      if (regime == 0) x[i] = 0.0f;
-      else if (regime == 1) x[i] = std::ldexp(normal(rng), -140);
-      else if (regime == 2) x[i] = (rng() % 4 == 0) ? (rng() % 2 ? FLT_MAX : -FLT_MAX) : normal(rng) * 0x1p125f;
-      else x[i] = normal(rng) * scale;
+      if (regime == 0)
+        x[i] = 0.0f;
+      else if (regime == 1)
+        x[i] = std::ldexp(normal(rng), -140);
+      else if (regime == 2)
+        x[i] = (rng() % 4 == 0) ? (rng() % 2 ? FLT_MAX : -FLT_MAX) : normal(rng) * 0x1p125f;
+      else
+        x[i] = normal(rng) * scale;
     }
     if (poison && rng() % 5 == 0) {
       const uint32_t kind = rng() % 3;
-      x[base + rng() % (end - base)] =
-          kind == 0 ? std::numeric_limits<float>::quiet_NaN() : kind == 1 ? INFINITY : -INFINITY;
+      x[base + rng() % (end - base)] = kind == 0   ? std::numeric_limits<float>::quiet_NaN()
+                                       : kind == 1 ? INFINITY
+                                                   : -INFINITY;
     }
   }
   return x;
@@ -73,23 +83,26 @@ struct Case {
   uint64_t element_base = 0;
   std::unique_ptr<Codec> codec;
   BaselineDeviceParams params;
-  std::vector<std::vector<float>> f32;      // per worker
-  std::vector<std::vector<uint16_t>> b16;   // per worker
+  std::vector<std::vector<float>> f32;     // per worker
+  std::vector<std::vector<uint16_t>> b16;  // per worker
   uint64_t host_layout = 0, dev_layout = 0;
   uint64_t call = 0;
 
   const void* own(int rank) const {
-    return bf16 ? static_cast<const void*>(b16[rank].data()) : static_cast<const void*>(f32[rank].data());
+    return bf16 ? static_cast<const void*>(b16[rank].data())
+                : static_cast<const void*>(f32[rank].data());
   }
-  ConstTensor tensor(int rank) const { return ConstTensor{own(rank), bf16 ? DType::kBF16 : DType::kF32, count}; }
+  ConstTensor tensor(int rank) const {
+    return ConstTensor{own(rank), bf16 ? DType::kBF16 : DType::kF32, count};
+  }
   std::string where() const {
     return spec + " count " + std::to_string(count) + " chunks " + std::to_string(n_chunks) +
            (bf16 ? " bf16" : " fp32") + " base " + std::to_string(element_base);
   }
 };
 
-void make_case(const std::string& spec, size_t count, int n_chunks, bool bf16, uint64_t element_base, uint32_t seed,
-               bool poison, Case* s) {
+void make_case(const std::string& spec, size_t count, int n_chunks, bool bf16,
+               uint64_t element_base, uint32_t seed, bool poison, Case* s) {
   s->spec = spec;
   s->count = count;
   s->n_chunks = n_chunks;
@@ -99,7 +112,8 @@ void make_case(const std::string& spec, size_t count, int n_chunks, bool bf16, u
   s->codec = make_codec(spec, &error);
   ASSERT_NE(s->codec, nullptr) << error;
   ASSERT_EQ(s->codec->plan(count, n_chunks, s->n_workers), Status::kOk);
-  ASSERT_TRUE(baseline_device_params(s->codec->name(), count, n_chunks, s->n_workers, &s->params)) << spec;
+  ASSERT_TRUE(baseline_device_params(s->codec->name(), count, n_chunks, s->n_workers, &s->params))
+      << spec;
   ASSERT_EQ(s->params.capacity, s->codec->chunk_capacity()) << s->where();
   ASSERT_EQ(s->codec->layout_bytes(), 8u);
   s->f32.resize(s->n_workers);
@@ -113,25 +127,29 @@ void make_case(const std::string& spec, size_t count, int n_chunks, bool bf16, u
   s->host_layout = 0x5a5a5a5a5a5a5a5aull;
   s->dev_layout = 0xa5a5a5a5a5a5a5a5ull;
   ASSERT_EQ(s->codec->build_layout(nullptr, s->call, &s->host_layout), Status::kOk);
-  ASSERT_EQ(launch_baseline_layout(s->call, &s->dev_layout, nullptr), cudaSuccess) << emu::last_report().message;
+  ASSERT_EQ(launch_baseline_layout(s->call, &s->dev_layout, nullptr), cudaSuccess)
+      << emu::last_report().message;
   ASSERT_EQ(s->host_layout, s->dev_layout) << s->where();
 }
 
 struct Seen {
-  int nan_words = 0;        // bf16 codec: NaN words in the host's messages
-  int mx_nan_scales = 0;    // MX blocks with the NaN scale
-  int mx_zero_scales = 0;   // MX blocks with scale byte 0 (all zero, or subnormal)
+  int nan_words = 0;       // bf16 codec: NaN words in the host's messages
+  int mx_nan_scales = 0;   // MX blocks with the NaN scale
+  int mx_zero_scales = 0;  // MX blocks with scale byte 0 (all zero, or subnormal)
   int uniform_nan_scales = 0;
 };
 
 void note(const Case& s, int chunk, const std::vector<uint8_t>& m, Seen* seen) {
   const BaselineDeviceParams& p = s.params;
   const uint8_t* body = m.data() + kChunkHeaderBytes;
-  const size_t blocks = (chunk + 1) * p.n_blocks / p.n_chunks - chunk * p.n_blocks / p.n_chunks;  // no padding
+  const size_t blocks =
+      (chunk + 1) * p.n_blocks / p.n_chunks - chunk * p.n_blocks / p.n_chunks;  // no padding
   for (size_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = body + b * p.block_bytes;
-    if (p.codec == CodecId::kBf16) seen->nan_words += nan16(static_cast<uint16_t>(blk[0] | blk[1] << 8));
-    else if (p.codec == CodecId::kUniform) seen->uniform_nan_scales += (blk[0] | blk[1] << 8) == 0x7FC0;
+    if (p.codec == CodecId::kBf16)
+      seen->nan_words += nan16(static_cast<uint16_t>(blk[0] | blk[1] << 8));
+    else if (p.codec == CodecId::kUniform)
+      seen->uniform_nan_scales += (blk[0] | blk[1] << 8) == 0x7FC0;
     else {
       seen->mx_nan_scales += blk[0] == 0xFF;
       seen->mx_zero_scales += blk[0] == 0;
@@ -140,8 +158,9 @@ void note(const Case& s, int chunk, const std::vector<uint8_t>& m, Seen* seen) {
 }
 
 // The host's hop and the device's on the same inputs; the host's message comes back.
-void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::vector<uint8_t>>& inputs,
-                     const RoundingKey& key, std::vector<uint8_t>* message) {
+void expect_same_hop(const Case& s, int chunk, int n_in,
+                     const std::vector<std::vector<uint8_t>>& inputs, const RoundingKey& key,
+                     std::vector<uint8_t>* message) {
   const size_t cap = s.codec->chunk_capacity();
   std::vector<ByteView> views;
   std::vector<const uint8_t*> ptrs;
@@ -150,12 +169,13 @@ void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::
     ptrs.push_back(inputs[i].data());
   }
   std::vector<uint8_t> host(cap, 0xAB), dev(cap, 0xCD);
-  ASSERT_EQ(s.codec->fused_hop(&s.host_layout, chunk, s.tensor(key.rank), views.data(), n_in, host.data(), key),
+  ASSERT_EQ(s.codec->fused_hop(&s.host_layout, chunk, s.tensor(key.rank), views.data(), n_in,
+                               host.data(), key),
             Status::kOk);
   unsigned error = 0;
   const int max_blocks = chunk % 4 == 3 ? 0 : 1 + chunk % 3;
-  ASSERT_EQ(launch_baseline_hop(s.params, &s.dev_layout, chunk, s.own(key.rank), s.bf16, ptrs.data(), n_in,
-                                dev.data(), key, &error, nullptr, max_blocks),
+  ASSERT_EQ(launch_baseline_hop(s.params, &s.dev_layout, chunk, s.own(key.rank), s.bf16,
+                                ptrs.data(), n_in, dev.data(), key, &error, nullptr, max_blocks),
             cudaSuccess)
       << emu::last_report().message;
   EXPECT_EQ(error, 0u) << s.where();
@@ -168,25 +188,27 @@ void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::
           nan16(static_cast<uint16_t>(dev[w] | dev[w + 1] << 8)))
         continue;
     }
-    FAIL() << s.where() << " chunk " << chunk << " n_in " << n_in << ": message byte " << b << " of " << cap
-           << " host " << int(host[b]) << " device " << int(dev[b]);
+    FAIL() << s.where() << " chunk " << chunk << " n_in " << n_in << ": message byte " << b
+           << " of " << cap << " host " << int(host[b]) << " device " << int(dev[b]);
   }
   *message = host;
 }
 
-void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& message, int n_contrib) {
+void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& message,
+                        int n_contrib) {
   for (bool out_bf16 : {false, true})
     for (bool avg : {false, true}) {
       const size_t word = out_bf16 ? 2 : 4;
       const size_t bytes = s.count * word;
       std::vector<uint8_t> host(bytes + 1, 0x77), dev(bytes + 1, 0x77);
-      ASSERT_EQ(s.codec->decode_finish(&s.host_layout, chunk, ByteView{message.data(), message.size()}, host.data(),
-                                       out_bf16 ? DType::kBF16 : DType::kF32, avg ? ReduceOp::kAvg : ReduceOp::kSum,
-                                       n_contrib),
-                Status::kOk);
+      ASSERT_EQ(
+          s.codec->decode_finish(&s.host_layout, chunk, ByteView{message.data(), message.size()},
+                                 host.data(), out_bf16 ? DType::kBF16 : DType::kF32,
+                                 avg ? ReduceOp::kAvg : ReduceOp::kSum, n_contrib),
+          Status::kOk);
       unsigned error = 0;
-      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, chunk, message.data(), dev.data(), out_bf16, avg,
-                                       n_contrib, &error, nullptr, 1 + chunk % 3),
+      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, chunk, message.data(), dev.data(),
+                                       out_bf16, avg, n_contrib, &error, nullptr, 1 + chunk % 3),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, 0u);
@@ -195,11 +217,13 @@ void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& me
         std::memcpy(&h, host.data() + i * word, word);
         std::memcpy(&d, dev.data() + i * word, word);
         if (h == d) continue;
-        if (out_bf16 ? (nan16(static_cast<uint16_t>(h)) && nan16(static_cast<uint16_t>(d))) : (nan32(h) && nan32(d)))
+        if (out_bf16 ? (nan16(static_cast<uint16_t>(h)) && nan16(static_cast<uint16_t>(d)))
+                     : (nan32(h) && nan32(d)))
           continue;
-        FAIL() << "finish " << s.where() << " chunk " << chunk << (out_bf16 ? " to bf16" : " to fp32")
-               << (avg ? " avg" : " sum") << " n_contrib " << n_contrib << ": element " << i << " host 0x" << std::hex
-               << h << " device 0x" << d;
+        FAIL() << "finish " << s.where() << " chunk " << chunk
+               << (out_bf16 ? " to bf16" : " to fp32") << (avg ? " avg" : " sum") << " n_contrib "
+               << n_contrib << ": element " << i << " host 0x" << std::hex << h << " device 0x"
+               << d;
       }
       EXPECT_EQ(host[bytes], 0x77);
       EXPECT_EQ(dev[bytes], 0x77);
@@ -207,8 +231,8 @@ void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& me
 }
 
 // Leaves of workers 1..3 (host), then worker 0's hop over 0..3 of them and the finish of each.
-void run_hops(const std::string& spec, size_t count, int n_chunks, bool bf16, uint64_t element_base, uint32_t seed,
-              Seen* seen) {
+void run_hops(const std::string& spec, size_t count, int n_chunks, bool bf16, uint64_t element_base,
+              uint32_t seed, Seen* seen) {
   Case s;
   make_case(spec, count, n_chunks, bf16, element_base, seed, true, &s);
   if (::testing::Test::HasFatalFailure()) return;
@@ -217,7 +241,8 @@ void run_hops(const std::string& spec, size_t count, int n_chunks, bool bf16, ui
     std::vector<std::vector<uint8_t>> leaves(3, std::vector<uint8_t>(cap));
     for (int r = 1; r <= 3; ++r) {
       const RoundingKey leaf{seed, s.call, static_cast<uint32_t>(r), 0, 1, 0, element_base};
-      ASSERT_EQ(s.codec->fused_hop(&s.host_layout, chunk, s.tensor(r), nullptr, 0, leaves[r - 1].data(), leaf),
+      ASSERT_EQ(s.codec->fused_hop(&s.host_layout, chunk, s.tensor(r), nullptr, 0,
+                                   leaves[r - 1].data(), leaf),
                 Status::kOk);
     }
     for (int n_in = 0; n_in <= 3; ++n_in) {
@@ -234,7 +259,8 @@ void run_hops(const std::string& spec, size_t count, int n_chunks, bool bf16, ui
 
 TEST(CudaBaselines, ParamsAndLayoutMatchTheHostPlan) {
   for (const char* spec : kSpecs)
-    for (size_t count : {size_t{0}, size_t{1}, size_t{31}, size_t{33}, size_t{1000}, size_t{123457}})
+    for (size_t count :
+         {size_t{0}, size_t{1}, size_t{31}, size_t{33}, size_t{1000}, size_t{123457}})
       for (int chunks : {1, 2, 7, 64}) {
         std::unique_ptr<Codec> c = make_codec(spec, nullptr);
         ASSERT_NE(c, nullptr);
@@ -301,34 +327,38 @@ TEST(CudaBaselines, PresetErrorWordWritesNothing) {
     const unsigned preset = kBaselineBadCodes;
     uint64_t layout = 0x3c3c3c3c3c3c3c3cull;
     unsigned error = preset;
-    ASSERT_EQ(launch_baseline_layout(s.call + 1, &layout, nullptr, &error), cudaSuccess) << emu::last_report().message;
+    ASSERT_EQ(launch_baseline_layout(s.call + 1, &layout, nullptr, &error), cudaSuccess)
+        << emu::last_report().message;
     EXPECT_EQ(layout, 0x3c3c3c3c3c3c3c3cull) << spec;
     EXPECT_EQ(error, preset) << spec;
     const size_t cap = s.codec->chunk_capacity();
     const RoundingKey key{seed, s.call, 1, 0, 1, 0, 0};
     std::vector<uint8_t> leaf(cap);
-    ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(1), nullptr, 0, leaf.data(), key), Status::kOk);
+    ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(1), nullptr, 0, leaf.data(), key),
+              Status::kOk);
     const uint8_t* ptr = leaf.data();
     for (int n_in : {0, 1})
       for (int max_blocks : {1, 0}) {
         std::vector<uint8_t> out(cap, 0xCD);
         error = preset;
-        ASSERT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 1, s.own(0), false, &ptr, n_in, out.data(), key,
-                                      &error, nullptr, max_blocks),
+        ASSERT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 1, s.own(0), false, &ptr, n_in,
+                                      out.data(), key, &error, nullptr, max_blocks),
                   cudaSuccess)
             << emu::last_report().message;
         EXPECT_EQ(error, preset | kSkipFlag) << spec << " n_in " << n_in;
-        for (size_t b = 0; b < cap; ++b) ASSERT_EQ(int(out[b]), 0xCD) << spec << " n_in " << n_in << ": hop byte " << b;
+        for (size_t b = 0; b < cap; ++b)
+          ASSERT_EQ(int(out[b]), 0xCD) << spec << " n_in " << n_in << ": hop byte " << b;
       }
     // The finish, with a worker count its check would refuse.
     std::vector<float> out(s.count, 5.0f);
     error = preset;
-    ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false, false, 2, &error,
-                                     nullptr),
+    ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false,
+                                     false, 2, &error, nullptr),
               cudaSuccess)
         << emu::last_report().message;
     EXPECT_EQ(error, preset | kSkipFlag) << spec;
-    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 5.0f) << spec << " finish element " << i;
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_EQ(out[i], 5.0f) << spec << " finish element " << i;
   }
 }
 
@@ -342,29 +372,33 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
     const bool uniform = s.params.codec == CodecId::kUniform;
     const RoundingKey leaf_key{seed, s.call, 1, 0, 1, 0, 0};
     std::vector<uint8_t> leaf(cap), three(cap);
-    ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(1), nullptr, 0, leaf.data(), leaf_key), Status::kOk);
+    ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(1), nullptr, 0, leaf.data(), leaf_key),
+              Status::kOk);
     // A message that sums every worker: one more is too many.
     {
       const ByteView v[3] = {{leaf.data(), cap}, {leaf.data(), cap}, {leaf.data(), cap}};
-      ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(2), v, 3, three.data(), leaf_key), Status::kOk);
+      ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(2), v, 3, three.data(), leaf_key),
+                Status::kOk);
     }
     std::vector<uint8_t> other_call = leaf, other_digest = leaf, bad_code = leaf, bad_scale = leaf;
     other_call[8] ^= 1;
     other_digest[13] ^= 0x10;
-    bad_code[kChunkHeaderBytes + 2 * s.params.block_bytes + (uniform ? 2 : 0)] = 0xFF;  // uniform: code 0 all ones
-    bad_scale[kChunkHeaderBytes + 3 * s.params.block_bytes] = 0x80;                     // uniform: scale -1.0
+    bad_code[kChunkHeaderBytes + 2 * s.params.block_bytes + (uniform ? 2 : 0)] =
+        0xFF;                                                        // uniform: code 0 all ones
+    bad_scale[kChunkHeaderBytes + 3 * s.params.block_bytes] = 0x80;  // uniform: scale -1.0
     bad_scale[kChunkHeaderBytes + 3 * s.params.block_bytes + 1] = 0xBF;
     struct Variant {
       const char* what;
       const std::vector<uint8_t>* msg;
-      unsigned flag;     // the device's flag
-      bool zeroes;       // the host leaves the message all zero (else untouched)
+      unsigned flag;  // the device's flag
+      bool zeroes;    // the host leaves the message all zero (else untouched)
     };
-    const Variant variants[] = {{"another call", &other_call, kBaselineBadHeader, false},
-                                {"another digest", &other_digest, kBaselineBadHeader, false},
-                                {"too many workers", &three, kBaselineTooManyWorkers, false},
-                                {"invalid code", &bad_code, uniform ? kBaselineBadCodes : 0u, uniform},
-                                {"invalid scale", &bad_scale, uniform ? kBaselineBadCodes : 0u, uniform}};
+    const Variant variants[] = {
+        {"another call", &other_call, kBaselineBadHeader, false},
+        {"another digest", &other_digest, kBaselineBadHeader, false},
+        {"too many workers", &three, kBaselineTooManyWorkers, false},
+        {"invalid code", &bad_code, uniform ? kBaselineBadCodes : 0u, uniform},
+        {"invalid scale", &bad_scale, uniform ? kBaselineBadCodes : 0u, uniform}};
     const RoundingKey key{seed, s.call, 0, 0, 1, 0, 0};
     for (const Variant& v : variants) {
       // The hop, with the bad message second of two inputs.
@@ -374,11 +408,12 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
       const ByteView* vp = n_in == 1 ? views + 1 : views;
       const uint8_t* const* pp = n_in == 1 ? ptrs + 1 : ptrs;
       std::vector<uint8_t> host(cap, 0xAB), dev(cap, 0xAB);
-      const Status st = s.codec->fused_hop(&s.host_layout, 1, s.tensor(0), vp, n_in, host.data(), key);
+      const Status st =
+          s.codec->fused_hop(&s.host_layout, 1, s.tensor(0), vp, n_in, host.data(), key);
       EXPECT_EQ(st, v.flag ? Status::kMalformedPayload : Status::kOk) << spec << " " << v.what;
       unsigned error = 0;
-      ASSERT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 1, s.own(0), false, pp, n_in, dev.data(), key, &error,
-                                    nullptr, 2),
+      ASSERT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 1, s.own(0), false, pp, n_in,
+                                    dev.data(), key, &error, nullptr, 2),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, v.flag) << spec << " " << v.what;
@@ -388,19 +423,20 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
       }
       // The finish of the bad message alone; `three` sums 3 workers where 1 is expected.
       std::vector<float> h(s.count, 5.0f), d(s.count, 5.0f);
-      const Status fs = s.codec->decode_finish(&s.host_layout, 1, ByteView{v.msg->data(), cap}, h.data(), DType::kF32,
-                                               ReduceOp::kSum, 1);
+      const Status fs = s.codec->decode_finish(&s.host_layout, 1, ByteView{v.msg->data(), cap},
+                                               h.data(), DType::kF32, ReduceOp::kSum, 1);
       EXPECT_EQ(fs, v.flag ? Status::kMalformedPayload : Status::kOk) << spec << " " << v.what;
       error = 0;
-      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false, false, 1, &error,
-                                       nullptr),
+      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false,
+                                       false, 1, &error, nullptr),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, v.flag == kBaselineTooManyWorkers ? unsigned{kBaselineBadHeader} : v.flag)
           << spec << " " << v.what;
       for (size_t i = 0; i < h.size(); ++i) {
         const bool both_nan = std::isnan(h[i]) && std::isnan(d[i]);
-        ASSERT_TRUE(both_nan || std::memcmp(&h[i], &d[i], 4) == 0) << spec << " " << v.what << " element " << i;
+        ASSERT_TRUE(both_nan || std::memcmp(&h[i], &d[i], 4) == 0)
+            << spec << " " << v.what << " element " << i;
       }
       if (v.flag) {
         EXPECT_EQ(d, std::vector<float>(s.count, 5.0f)) << spec << " " << v.what;
@@ -419,20 +455,23 @@ TEST(CudaBaselines, BadArgumentsAreRefusedLikeTheHost) {
     const RoundingKey key{1, 2, 0, 0, 1, 0, base};
     EXPECT_EQ(s.codec->fused_hop(&s.host_layout, 0, s.tensor(0), nullptr, 0, out.data(), key),
               Status::kInvalidArgument);
-    EXPECT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 0, s.own(0), false, nullptr, 0, out.data(), key, &error,
-                                  nullptr),
+    EXPECT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 0, s.own(0), false, nullptr, 0,
+                                  out.data(), key, &error, nullptr),
               cudaErrorInvalidValue);
   }
   const RoundingKey key{1, 2, 0, 0, 1, 0, 0};
-  EXPECT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 2, s.own(0), false, nullptr, 0, out.data(), key, &error,
-                                nullptr),
+  EXPECT_EQ(launch_baseline_hop(s.params, &s.dev_layout, 2, s.own(0), false, nullptr, 0, out.data(),
+                                key, &error, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_baseline_hop(s.params, nullptr, 0, s.own(0), false, nullptr, 0, out.data(), key, &error, nullptr),
+  EXPECT_EQ(launch_baseline_hop(s.params, nullptr, 0, s.own(0), false, nullptr, 0, out.data(), key,
+                                &error, nullptr),
             cudaErrorInvalidValue);
   std::vector<float> f(s.count);
-  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false, 5, &error, nullptr),
+  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
+                                   5, &error, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false, 0, &error, nullptr),
+  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
+                                   0, &error, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(error, 0u);
 }

@@ -37,11 +37,12 @@ void append_stats(size_t n_sg, int n_workers, double decades, std::mt19937* rng,
     const double scale = std::pow(10.0, decades * normal(*rng) / 2.0);
     const bool zero = (*rng)() % 16 == 0;
     const double mean = zero ? 0.0 : 0.1 * scale * normal(*rng);
-    const double energy = zero ? 0.0 : 256.0 * n_workers * scale * scale * (1.0 + 0.1 * normal(*rng));
+    const double energy =
+        zero ? 0.0 : 256.0 * n_workers * scale * scale * (1.0 + 0.1 * normal(*rng));
     out->push_back(f32_to_bf16_rne(static_cast<float>(mean)));
     out->push_back(f32_to_bf16_rne(static_cast<float>(std::fabs(energy))));
     const uint32_t pick = (*rng)() % 64;
-    const float count = zero ? 0.0f
+    const float count = zero        ? 0.0f
                         : pick == 0 ? std::nanf("")
                         : pick == 1 ? -1.0f
                         : pick == 2 ? static_cast<float>(n_workers + 3)
@@ -90,9 +91,9 @@ Call make_call(const std::vector<size_t>& counts, int n_workers, int chunks, dou
   call.job.n_parts = static_cast<uint32_t>(call.parts.size());
   call.job.n_workers = n_workers;
   topo::Schedule sched;
-  EXPECT_EQ(topo::make_schedule(seed % 2 ? topo::Kind::kRing : topo::Kind::kButterfly, n_workers,
-                                &sched),
-            Status::kOk);
+  EXPECT_EQ(
+      topo::make_schedule(seed % 2 ? topo::Kind::kRing : topo::Kind::kButterfly, n_workers, &sched),
+      Status::kOk);
   call.hop = hop_profile(sched);
   call.job.hop = call.hop.view();
   call.job.parts = call.parts.data();
@@ -101,8 +102,8 @@ Call make_call(const std::vector<size_t>& counts, int n_workers, int chunks, dou
 
 void expect_same(const BudgetResult& host, const BudgetResult& dev, const std::string& what) {
   ASSERT_EQ(host.state, dev.state) << what;
-  EXPECT_EQ(bits(host.used_vnmse), bits(dev.used_vnmse)) << what << ": " << host.used_vnmse
-                                                          << " vs " << dev.used_vnmse;
+  EXPECT_EQ(bits(host.used_vnmse), bits(dev.used_vnmse))
+      << what << ": " << host.used_vnmse << " vs " << dev.used_vnmse;
   for (int w = 0; w < 4; ++w) EXPECT_EQ(host.used_widths.n[w], dev.used_widths.n[w]) << what;
   const BudgetPrediction& h = host.prediction;
   const BudgetPrediction& d = dev.prediction;
@@ -135,7 +136,8 @@ TEST(CudaBudget, MatchesHostBitForBit) {
     for (int n_workers : {2, 16})
       for (double decades : {0.0, 1.5, 6.0})
         for (int t = 0; t < 3; ++t) {
-          Call call = make_call(shape, n_workers, shape.size() > 1 ? 1 : n_workers, decades, seed++);
+          Call call =
+              make_call(shape, n_workers, shape.size() > 1 ? 1 : n_workers, decades, seed++);
           call.job.auto_budget = t != 2 || decades > 1.0;  // some fixed-budget calls
           call.job.target = targets[t];
           call.job.used_mx = seed % 5 == 0 ? kRoundingErrorMxfp8 : 0.0;

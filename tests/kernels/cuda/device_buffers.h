@@ -26,7 +26,9 @@ inline bool reduced_matrix() {
 
 #if DQ_CUDA_EMULATED
 
-inline std::string kernel_fault() { return emu::last_report().message; }
+inline std::string kernel_fault() {
+  return emu::last_report().message;
+}
 
 template <class T>
 class DeviceArray {
@@ -66,7 +68,9 @@ class DeviceArray {
     status_ = cudaMemcpy(ptr_, host, n * sizeof(T), cudaMemcpyHostToDevice);
   }
   explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.data(), host.size()) {}
-  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_), status_(o.status_) { o.ptr_ = nullptr; }
+  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_), status_(o.status_) {
+    o.ptr_ = nullptr;
+  }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
   DeviceArray& operator=(DeviceArray&&) = delete;

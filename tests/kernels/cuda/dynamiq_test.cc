@@ -69,14 +69,15 @@ struct Case {
   std::unique_ptr<Codec> codec;
   DynamiqDeviceParams params;
   LevelTable levels[3];
-  std::vector<std::vector<float>> f32;       // per worker
-  std::vector<std::vector<uint16_t>> bf16;   // per worker
+  std::vector<std::vector<float>> f32;      // per worker
+  std::vector<std::vector<uint16_t>> bf16;  // per worker
   std::vector<uint16_t> reduced;
   std::vector<uint64_t> host_layout, dev_layout;
   uint64_t call = 0;
 
   const void* own(int rank) const {
-    return cfg.bf16 ? static_cast<const void*>(bf16[rank].data()) : static_cast<const void*>(f32[rank].data());
+    return cfg.bf16 ? static_cast<const void*>(bf16[rank].data())
+                    : static_cast<const void*>(f32[rank].data());
   }
   ConstTensor tensor(int rank) const {
     return ConstTensor{own(rank), cfg.bf16 ? DType::kBF16 : DType::kF32, cfg.count};
@@ -85,24 +86,27 @@ struct Case {
 
 // The kernels on device copies of their arguments (under the emulation, the host arrays
 // themselves: tests/kernels/cuda/device_buffers.h); what they write comes back to the host.
-cudaError_t device_layout(const DynamiqDeviceParams& params, const std::vector<uint16_t>& reduced, uint64_t call,
-                          std::vector<uint64_t>* layout, unsigned* error) {
+cudaError_t device_layout(const DynamiqDeviceParams& params, const std::vector<uint16_t>& reduced,
+                          uint64_t call, std::vector<uint64_t>* layout, unsigned* error) {
   const DeviceArray<uint16_t> d_reduced(reduced);
   const DeviceArray<uint64_t> d_layout(*layout);
   const DeviceArray<unsigned> d_error(error, 1);
-  cudaError_t e = launch_dynamiq_layout(params, d_reduced.get(), call, d_layout.get(), d_error.get(), nullptr);
+  cudaError_t e =
+      launch_dynamiq_layout(params, d_reduced.get(), call, d_layout.get(), d_error.get(), nullptr);
   if (e == cudaSuccess) e = d_layout.fetch(*layout);
   return e == cudaSuccess ? d_error.fetch(error) : e;
 }
 
 // The hop of `chunk` with own values of worker key.rank and n_in input messages of
 // chunk_capacity() bytes each, on the device's layout.
-cudaError_t device_hop(const Case& s, int chunk, const uint8_t* const* inputs, int n_in, std::vector<uint8_t>* out,
-                       const RoundingKey& key, unsigned* error, int max_blocks = 0) {
+cudaError_t device_hop(const Case& s, int chunk, const uint8_t* const* inputs, int n_in,
+                       std::vector<uint8_t>* out, const RoundingKey& key, unsigned* error,
+                       int max_blocks = 0) {
   const size_t cap = s.codec->chunk_capacity();
   const DeviceArray<LevelTable> d_levels(s.levels, 3);
   const DeviceArray<uint64_t> d_layout(s.dev_layout);
-  const DeviceArray<uint8_t> d_own(static_cast<const uint8_t*>(s.own(key.rank)), s.cfg.count * (s.cfg.bf16 ? 2 : 4));
+  const DeviceArray<uint8_t> d_own(static_cast<const uint8_t*>(s.own(key.rank)),
+                                   s.cfg.count * (s.cfg.bf16 ? 2 : 4));
   std::vector<DeviceArray<uint8_t>> d_inputs;
   d_inputs.reserve(n_in);
   std::vector<const uint8_t*> ptrs;
@@ -112,23 +116,26 @@ cudaError_t device_hop(const Case& s, int chunk, const uint8_t* const* inputs, i
   }
   const DeviceArray<uint8_t> d_out(*out);
   const DeviceArray<unsigned> d_error(error, 1);
-  cudaError_t e = launch_dynamiq_hop(s.params, d_levels.get(), d_layout.get(), chunk, d_own.get(), s.cfg.bf16,
-                                     ptrs.data(), n_in, d_out.get(), key, d_error.get(), nullptr, max_blocks);
+  cudaError_t e =
+      launch_dynamiq_hop(s.params, d_levels.get(), d_layout.get(), chunk, d_own.get(), s.cfg.bf16,
+                         ptrs.data(), n_in, d_out.get(), key, d_error.get(), nullptr, max_blocks);
   if (e == cudaSuccess) e = d_out.fetch(*out);
   return e == cudaSuccess ? d_error.fetch(error) : e;
 }
 
 // The finish of `chunk` from `message` into `out` (the whole tensor, as many bytes as `out` holds).
 template <class T>
-cudaError_t device_finish(const Case& s, int chunk, const std::vector<uint8_t>& message, std::vector<T>* out,
-                          bool out_bf16, bool avg, int n_contrib, unsigned* error, int max_blocks = 0) {
+cudaError_t device_finish(const Case& s, int chunk, const std::vector<uint8_t>& message,
+                          std::vector<T>* out, bool out_bf16, bool avg, int n_contrib,
+                          unsigned* error, int max_blocks = 0) {
   const DeviceArray<LevelTable> d_levels(s.levels, 3);
   const DeviceArray<uint64_t> d_layout(s.dev_layout);
   const DeviceArray<uint8_t> d_message(message);
   const DeviceArray<T> d_out(*out);
   const DeviceArray<unsigned> d_error(error, 1);
-  cudaError_t e = launch_dynamiq_finish(s.params, d_levels.get(), d_layout.get(), chunk, d_message.get(), d_out.get(),
-                                        out_bf16, avg, n_contrib, d_error.get(), nullptr, max_blocks);
+  cudaError_t e = launch_dynamiq_finish(s.params, d_levels.get(), d_layout.get(), chunk,
+                                        d_message.get(), d_out.get(), out_bf16, avg, n_contrib,
+                                        d_error.get(), nullptr, max_blocks);
   if (e == cudaSuccess) e = d_out.fetch(*out);
   return e == cudaSuccess ? d_error.fetch(error) : e;
 }
@@ -137,7 +144,8 @@ void make_case(const Config& cfg, uint32_t seed, Case* s) {
   s->cfg = cfg;
   s->codec = make_dynamiq_codec(cfg.opt);
   ASSERT_EQ(s->codec->plan(cfg.count, cfg.n_chunks, cfg.n_workers), Status::kOk);
-  s->params = dynamiq_device_params(cfg.count, cfg.n_chunks, cfg.n_workers, s->codec->chunk_capacity(), cfg.opt);
+  s->params = dynamiq_device_params(cfg.count, cfg.n_chunks, cfg.n_workers,
+                                    s->codec->chunk_capacity(), cfg.opt);
   ASSERT_EQ(s->params.sections.bytes, s->codec->layout_bytes());
   dynamiq_level_tables(cfg.opt, s->levels);
   s->f32.resize(cfg.n_workers);
@@ -159,12 +167,17 @@ void make_case(const Config& cfg, uint32_t seed, Case* s) {
   s->dev_layout.assign(words, 0xa5a5a5a5a5a5a5a5ull);
   ASSERT_EQ(s->codec->build_layout(s->reduced.data(), s->call, s->host_layout.data()), Status::kOk);
   unsigned error = 0;
-  ASSERT_EQ(device_layout(s->params, s->reduced, s->call, &s->dev_layout, &error), cudaSuccess) << kernel_fault();
+  ASSERT_EQ(device_layout(s->params, s->reduced, s->call, &s->dev_layout, &error), cudaSuccess)
+      << kernel_fault();
   EXPECT_EQ(error, 0u);
 }
 
-bool nan32(uint32_t w) { return (w & 0x7fffffffu) > 0x7f800000u; }
-bool nan16(uint16_t w) { return (w & 0x7fffu) > 0x7f80u; }
+bool nan32(uint32_t w) {
+  return (w & 0x7fffffffu) > 0x7f800000u;
+}
+bool nan16(uint16_t w) {
+  return (w & 0x7fffu) > 0x7f80u;
+}
 
 // The layouts byte for byte, except that a NaN mean equals any NaN mean: x86 keeps the NaN
 // operand's payload in mu = NaN / n, a GPU returns the canonical NaN (EMULATION.md). Under the
@@ -183,10 +196,11 @@ void expect_same_layout(const Case& s, const char* what) {
       if (nan32(hw) && nan32(dw)) continue;
     }
     FAIL() << what << ": count " << s.cfg.count << " chunks " << s.cfg.n_chunks << " workers "
-           << s.cfg.n_workers << ": layout byte " << b << " host " << int(h[b]) << " device " << int(d[b])
-           << " (sections: content " << sec.chunk_content << " mean " << sec.mean << " order " << sec.order
-           << " offset " << sec.offset << " by_index " << sec.by_index << " chunk_first " << sec.chunk_first
-           << " check " << sec.chunk_check << " width " << sec.width << ")";
+           << s.cfg.n_workers << ": layout byte " << b << " host " << int(h[b]) << " device "
+           << int(d[b]) << " (sections: content " << sec.chunk_content << " mean " << sec.mean
+           << " order " << sec.order << " offset " << sec.offset << " by_index " << sec.by_index
+           << " chunk_first " << sec.chunk_first << " check " << sec.chunk_check << " width "
+           << sec.width << ")";
   }
 }
 
@@ -204,7 +218,8 @@ TEST(CudaDynamiqLayout, MatchesHostByteForByte) {
   no_mean.mean_subtraction = false;
   flat.hierarchical_scales = false;
   const DynamiqOptions options[] = {DynamiqOptions{}, fixed, no16, no_mean, flat};
-  const size_t counts[] = {0, 1, 255, 256, 257, 21 * 256 + 77, 100 * 256 + 1, 517 * 256 + 255, 4097 * 256 + 3};
+  const size_t counts[] = {
+      0, 1, 255, 256, 257, 21 * 256 + 77, 100 * 256 + 1, 517 * 256 + 255, 4097 * 256 + 3};
   const int chunk_counts[] = {1, 2, 3, 8, 64};
   std::set<int> widths;
   int poisoned = 0, runs = 0, honest = 0;
@@ -218,7 +233,8 @@ TEST(CudaDynamiqLayout, MatchesHostByteForByte) {
         for (int workers : {1, 4}) {
           if (workers == 1 && (oi > 0 || count > 600 * 256)) continue;
           Case s;
-          make_case(Config{count, chunks, workers, false, (seed % 2) == 0, options[oi]}, seed++, &s);
+          make_case(Config{count, chunks, workers, false, (seed % 2) == 0, options[oi]}, seed++,
+                    &s);
           if (HasFatalFailure()) return;
           expect_same_layout(s, "layout");
           if (HasFatalFailure()) return;
@@ -243,7 +259,8 @@ TEST(CudaDynamiqLayout, ChunkOverCapacityIsFlagged) {
     DynamiqDeviceParams p = s.params;
     p.plan.capacity = capacity;
     unsigned error = 0;
-    ASSERT_EQ(device_layout(p, s.reduced, s.call, &s.dev_layout, &error), cudaSuccess) << kernel_fault();
+    ASSERT_EQ(device_layout(p, s.reduced, s.call, &s.dev_layout, &error), cudaSuccess)
+        << kernel_fault();
     EXPECT_EQ(error, capacity < most + kChunkHeaderBytes ? unsigned{kDynamiqChunkOverCapacity} : 0u)
         << "capacity " << capacity << ", largest chunk body " << most;
   }
@@ -261,18 +278,20 @@ TEST(CudaDynamiqHop, ChunkOverCapacityIsFlaggedAndNothingIsWrittenPastIt) {
   const uint64_t capacity = l.chunk_content[big] + kChunkHeaderBytes - 1;
   s.params.plan.capacity = capacity;
   unsigned error = 0;
-  ASSERT_EQ(device_layout(s.params, s.reduced, s.call, &s.dev_layout, &error), cudaSuccess) << kernel_fault();
+  ASSERT_EQ(device_layout(s.params, s.reduced, s.call, &s.dev_layout, &error), cudaSuccess)
+      << kernel_fault();
   ASSERT_EQ(error, unsigned{kDynamiqChunkOverCapacity});
   constexpr size_t kGuard = 512;
   for (int max_blocks : {1, 0}) {
     std::vector<uint8_t> out(capacity + kGuard, 0xEE);
     error = 0;  // the hop alone: it must find the overflow itself
     const RoundingKey key{99, s.call, 1, 0, 1, 0, 0};
-    ASSERT_EQ(device_hop(s, big, nullptr, 0, &out, key, &error, max_blocks), cudaSuccess) << kernel_fault();
+    ASSERT_EQ(device_hop(s, big, nullptr, 0, &out, key, &error, max_blocks), cudaSuccess)
+        << kernel_fault();
     EXPECT_EQ(error, unsigned{kDynamiqChunkOverCapacity}) << "max_blocks " << max_blocks;
     for (size_t b = capacity; b < out.size(); ++b)
-      ASSERT_EQ(int(out[b]), 0xEE) << "max_blocks " << max_blocks << ": byte " << b - capacity << " past the "
-                                   << capacity << "-byte message";
+      ASSERT_EQ(int(out[b]), 0xEE) << "max_blocks " << max_blocks << ": byte " << b - capacity
+                                   << " past the " << capacity << "-byte message";
     EXPECT_EQ(out[0], kPayloadMagic & 0xff) << "the header is still written";
   }
 }
@@ -288,9 +307,11 @@ TEST(CudaDynamiqHop, PresetErrorWordWritesNothing) {
   // The layout.
   std::vector<uint64_t> layout(s.dev_layout.size(), 0x3c3c3c3c3c3c3c3cull);
   unsigned error = preset;
-  ASSERT_EQ(device_layout(s.params, s.reduced, s.call, &layout, &error), cudaSuccess) << kernel_fault();
+  ASSERT_EQ(device_layout(s.params, s.reduced, s.call, &layout, &error), cudaSuccess)
+      << kernel_fault();
   EXPECT_EQ(error, preset);
-  for (size_t w = 0; w < layout.size(); ++w) ASSERT_EQ(layout[w], 0x3c3c3c3c3c3c3c3cull) << "layout word " << w;
+  for (size_t w = 0; w < layout.size(); ++w)
+    ASSERT_EQ(layout[w], 0x3c3c3c3c3c3c3c3cull) << "layout word " << w;
   // The hop, leaf and with an input whose header is wrong (it would raise a flag).
   const size_t cap = s.codec->chunk_capacity();
   const RoundingKey key{99, s.call, 1, 0, 1, 0, 0};
@@ -300,23 +321,28 @@ TEST(CudaDynamiqHop, PresetErrorWordWritesNothing) {
     for (int max_blocks : {1, 0}) {
       std::vector<uint8_t> out(cap, 0xCD);
       error = preset;
-      ASSERT_EQ(device_hop(s, 1, &ptr, n_in, &out, key, &error, max_blocks), cudaSuccess) << kernel_fault();
+      ASSERT_EQ(device_hop(s, 1, &ptr, n_in, &out, key, &error, max_blocks), cudaSuccess)
+          << kernel_fault();
       EXPECT_EQ(error, preset | kSkipFlag) << "n_in " << n_in;
-      for (size_t b = 0; b < cap; ++b) ASSERT_EQ(int(out[b]), 0xCD) << "n_in " << n_in << ": hop byte " << b;
+      for (size_t b = 0; b < cap; ++b)
+        ASSERT_EQ(int(out[b]), 0xCD) << "n_in " << n_in << ": hop byte " << b;
     }
   // The finish of a valid message with the wrong worker count (its check would raise a flag).
   std::vector<uint8_t> leaf(cap);
-  ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), 1, s.tensor(1), nullptr, 0, leaf.data(), key), Status::kOk);
+  ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), 1, s.tensor(1), nullptr, 0, leaf.data(), key),
+            Status::kOk);
   std::vector<float> out(s.cfg.count, 5.0f);
   error = preset;
-  ASSERT_EQ(device_finish(s, 1, leaf, &out, false, false, 2, &error), cudaSuccess) << kernel_fault();
+  ASSERT_EQ(device_finish(s, 1, leaf, &out, false, false, 2, &error), cudaSuccess)
+      << kernel_fault();
   EXPECT_EQ(error, preset | kSkipFlag);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 5.0f) << "finish element " << i;
 }
 
 // The host's hop and the device's on the same inputs; returns the message for the next step.
-void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::vector<uint8_t>>& inputs,
-                     const RoundingKey& key, std::vector<uint8_t>* message) {
+void expect_same_hop(const Case& s, int chunk, int n_in,
+                     const std::vector<std::vector<uint8_t>>& inputs, const RoundingKey& key,
+                     std::vector<uint8_t>* message) {
   const size_t cap = s.codec->chunk_capacity();
   std::vector<ByteView> views;
   std::vector<const uint8_t*> ptrs;
@@ -330,28 +356,32 @@ void expect_same_hop(const Case& s, int chunk, int n_in, const std::vector<std::
                                host.data(), key),
             Status::kOk);
   unsigned error = 0;
-  ASSERT_EQ(device_hop(s, chunk, ptrs.data(), n_in, &dev, key, &error, chunk % 4 == 3 ? 0 : 1 + chunk % 3),
+  ASSERT_EQ(device_hop(s, chunk, ptrs.data(), n_in, &dev, key, &error,
+                       chunk % 4 == 3 ? 0 : 1 + chunk % 3),
             cudaSuccess)
       << kernel_fault();
   EXPECT_EQ(error, 0u);
   for (size_t b = 0; b < cap; ++b)
-    ASSERT_EQ(int(host[b]), int(dev[b])) << "count " << s.cfg.count << " chunks " << s.cfg.n_chunks << " chunk "
-                                         << chunk << " n_in " << n_in << (s.cfg.bf16 ? " bf16" : " fp32")
-                                         << ": message byte " << b << " of " << cap;
+    ASSERT_EQ(int(host[b]), int(dev[b]))
+        << "count " << s.cfg.count << " chunks " << s.cfg.n_chunks << " chunk " << chunk << " n_in "
+        << n_in << (s.cfg.bf16 ? " bf16" : " fp32") << ": message byte " << b << " of " << cap;
   *message = host;
 }
 
-void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& message, int n_contrib) {
+void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& message,
+                        int n_contrib) {
   for (bool out_bf16 : {false, true})
     for (bool avg : {false, true}) {
       const size_t bytes = s.cfg.count * (out_bf16 ? 2 : 4);
       std::vector<uint8_t> host(bytes + 1, 0x77), dev(bytes + 1, 0x77);
-      ASSERT_EQ(s.codec->decode_finish(s.host_layout.data(), chunk, ByteView{message.data(), message.size()},
-                                       host.data(), out_bf16 ? DType::kBF16 : DType::kF32,
+      ASSERT_EQ(s.codec->decode_finish(s.host_layout.data(), chunk,
+                                       ByteView{message.data(), message.size()}, host.data(),
+                                       out_bf16 ? DType::kBF16 : DType::kF32,
                                        avg ? ReduceOp::kAvg : ReduceOp::kSum, n_contrib),
                 Status::kOk);
       unsigned error = 0;
-      ASSERT_EQ(device_finish(s, chunk, message, &dev, out_bf16, avg, n_contrib, &error, 2), cudaSuccess)
+      ASSERT_EQ(device_finish(s, chunk, message, &dev, out_bf16, avg, n_contrib, &error, 2),
+                cudaSuccess)
           << kernel_fault();
       EXPECT_EQ(error, 0u);
       const size_t word = out_bf16 ? 2 : 4;
@@ -362,15 +392,17 @@ void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& me
         if (h == d) continue;
         // NaN only as NaN (a poisoned super-group: x86 keeps a payload, a GPU does not).
         if (out_bf16 ? (nan16(h) && nan16(d)) : (nan32(h) && nan32(d))) continue;
-        FAIL() << "finish count " << s.cfg.count << " chunk " << chunk << (out_bf16 ? " bf16" : " fp32")
-               << (avg ? " avg" : " sum") << ": element " << i << " host 0x" << std::hex << h << " device 0x" << d;
+        FAIL() << "finish count " << s.cfg.count << " chunk " << chunk
+               << (out_bf16 ? " bf16" : " fp32") << (avg ? " avg" : " sum") << ": element " << i
+               << " host 0x" << std::hex << h << " device 0x" << d;
       }
       EXPECT_EQ(host[bytes], 0x77);
       EXPECT_EQ(dev[bytes], 0x77);
     }
 }
 
-void run_hops(const Config& cfg, uint32_t seed, const std::vector<int>& n_ins, std::set<int>* widths) {
+void run_hops(const Config& cfg, uint32_t seed, const std::vector<int>& n_ins,
+              std::set<int>* widths) {
   Case s;
   make_case(cfg, seed, &s);
   if (::testing::Test::HasFatalFailure()) return;
@@ -386,13 +418,20 @@ void run_hops(const Config& cfg, uint32_t seed, const std::vector<int>& n_ins, s
     // Leaves of workers 1..3, stratified rounding among the 4 workers of class 0.
     std::vector<std::vector<uint8_t>> leaves(3, std::vector<uint8_t>(cap));
     for (int r = 1; r <= 3; ++r) {
-      const RoundingKey leaf{seed, s.call, static_cast<uint32_t>(r), static_cast<uint32_t>(r), 4, 0, cfg.element_base};
-      ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(r), nullptr, 0, leaves[r - 1].data(), leaf),
+      const RoundingKey leaf{seed, s.call, static_cast<uint32_t>(r), static_cast<uint32_t>(r),
+                             4,    0,      cfg.element_base};
+      ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(r), nullptr, 0,
+                                   leaves[r - 1].data(), leaf),
                 Status::kOk);
     }
     for (int n_in : n_ins) {
-      const RoundingKey key{seed, s.call, 0, static_cast<uint32_t>(n_in % 2), static_cast<uint32_t>(n_in > 0 ? 2 : 1),
-                            static_cast<uint32_t>(n_in), cfg.element_base};
+      const RoundingKey key{seed,
+                            s.call,
+                            0,
+                            static_cast<uint32_t>(n_in % 2),
+                            static_cast<uint32_t>(n_in > 0 ? 2 : 1),
+                            static_cast<uint32_t>(n_in),
+                            cfg.element_base};
       std::vector<uint8_t> message;
       expect_same_hop(s, chunk, n_in, leaves, key, &message);
       if (::testing::Test::HasFatalFailure()) return;
@@ -419,9 +458,11 @@ TEST(CudaDynamiqHop, MatchesHostByteForByte) {
   run_hops(Config{33 * 256 + 1, 2, 4, true, false, flat_plain, 0}, seed++, all, &widths);
   run_hops(Config{19 * 256 + 200, 2, 4, false, true, fixed_no16, 256 * 3}, seed++, all, &widths);
   run_hops(Config{27 * 256 + 31, 2, 4, false, true, uniform_no_mean, 0}, seed++, all, &widths);
-  run_hops(Config{9 * 256 + 5, 8, 4, false, true, DynamiqOptions{}, 0}, seed++, all, &widths);  // whole-record plan
+  run_hops(Config{9 * 256 + 5, 8, 4, false, true, DynamiqOptions{}, 0}, seed++, all,
+           &widths);      // whole-record plan
   if (!reduced_matrix())  // left out under compute-sanitizer
-    run_hops(Config{470 * 256 + 129, 64, 4, true, true, DynamiqOptions{}, 0}, seed++, {0, 2, 3}, &widths);
+    run_hops(Config{470 * 256 + 129, 64, 4, true, true, DynamiqOptions{}, 0}, seed++, {0, 2, 3},
+             &widths);
   EXPECT_EQ(widths, (std::set<int>{2, 4, 8, 16}));
 }
 
@@ -432,7 +473,9 @@ TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {
   const size_t cap = s.codec->chunk_capacity();
   const RoundingKey leaf_key{99, s.call, 1, 0, 1, 0, 0};
   std::vector<uint8_t> leaf(cap);
-  ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(1), nullptr, 0, leaf.data(), leaf_key), Status::kOk);
+  ASSERT_EQ(
+      s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(1), nullptr, 0, leaf.data(), leaf_key),
+      Status::kOk);
   const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
   // A record at width < 16 in chunk 0: set one of its codes to all ones.
   uint32_t victim = UINT32_MAX;
@@ -463,11 +506,12 @@ TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {
     const std::vector<uint8_t>& msg = variant == 0 ? bad : leaf;
     const int n_contrib = variant == 0 ? 1 : 2;
     std::vector<float> h(s.cfg.count, 5.0f), d(s.cfg.count, 5.0f);
-    EXPECT_EQ(s.codec->decode_finish(s.host_layout.data(), 0, ByteView{msg.data(), msg.size()}, h.data(), DType::kF32,
-                                     ReduceOp::kSum, n_contrib),
+    EXPECT_EQ(s.codec->decode_finish(s.host_layout.data(), 0, ByteView{msg.data(), msg.size()},
+                                     h.data(), DType::kF32, ReduceOp::kSum, n_contrib),
               Status::kMalformedPayload);
     error = 0;
-    ASSERT_EQ(device_finish(s, 0, msg, &d, false, false, n_contrib, &error), cudaSuccess) << kernel_fault();
+    ASSERT_EQ(device_finish(s, 0, msg, &d, false, false, n_contrib, &error), cudaSuccess)
+        << kernel_fault();
     EXPECT_EQ(error, variant == 0 ? unsigned{kDynamiqBadRecord} : unsigned{kDynamiqBadHeader});
     EXPECT_EQ(std::memcmp(h.data(), d.data(), 4 * h.size()), 0);
     EXPECT_EQ(d[0], 5.0f);

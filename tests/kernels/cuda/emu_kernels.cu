@@ -25,7 +25,8 @@ __global__ void reduce_scan_kernel(const int* in, int* reduced, int* scanned, in
 
 cudaError_t reduce_and_scan(const int* in, int blocks, int threads, int* reduced, int* scanned,
                             int* totals) {
-  DQ_LAUNCH(reduce_scan_kernel, dim3(blocks), dim3(threads), 0, nullptr, in, reduced, scanned, totals);
+  DQ_LAUNCH(reduce_scan_kernel, dim3(blocks), dim3(threads), 0, nullptr, in, reduced, scanned,
+            totals);
   return cudaGetLastError();
 }
 
@@ -165,8 +166,10 @@ __global__ void atomics_kernel(int* counter, float* fsum, int* max, unsigned* ca
   }
 }
 
-cudaError_t atomics(int blocks, int threads, int* counter, float* fsum, int* max, unsigned* cas_counter) {
-  DQ_LAUNCH(atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, counter, fsum, max, cas_counter);
+cudaError_t atomics(int blocks, int threads, int* counter, float* fsum, int* max,
+                    unsigned* cas_counter) {
+  DQ_LAUNCH(atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, counter, fsum, max,
+            cas_counter);
   return cudaGetLastError();
 }
 

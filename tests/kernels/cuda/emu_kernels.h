@@ -35,7 +35,8 @@ cudaError_t shuffle_lane(unsigned mask, int src, int* out);
 cudaError_t mismatched_collectives(int* out);
 // Every thread of `blocks` x `threads`: atomicAdd(counter, 1), atomicAdd(fsum, 0.5f),
 // atomicMax(max, global id), and increments cas_counter through an atomicCAS loop.
-cudaError_t atomics(int blocks, int threads, int* counter, float* fsum, int* max, unsigned* cas_counter);
+cudaError_t atomics(int blocks, int threads, int* counter, float* fsum, int* max,
+                    unsigned* cas_counter);
 // out[6 * linear id ...]: threadIdx.xyz, blockIdx.xyz for a 3-D block in a 2-D grid; dims[0..5]:
 // blockDim.xyz, gridDim.xyz (written by thread 0 of block 0).
 cudaError_t indices(dim3 grid, dim3 block, unsigned* out, unsigned* dims);

@@ -5,13 +5,13 @@
 // out-of-bounds shared-memory indices.
 #include <gtest/gtest.h>
 
+#include <time.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
-#include <time.h>
 #include <vector>
 
 #include "tests/kernels/cuda/emu_kernels.h"
@@ -29,8 +29,9 @@ TEST(CudaEmu, BlockReduceAndScanMatchSequential) {
     std::vector<int> in(blocks * threads);
     for (int& v : in) v = static_cast<int>(rng() % 2001) - 1000;
     std::vector<int> reduced(3 * blocks), scanned(in.size()), totals(blocks);
-    ASSERT_EQ(reduce_and_scan(in.data(), blocks, threads, reduced.data(), scanned.data(), totals.data()),
-              cudaSuccess)
+    ASSERT_EQ(
+        reduce_and_scan(in.data(), blocks, threads, reduced.data(), scanned.data(), totals.data()),
+        cudaSuccess)
         << last_report().message;
     for (int b = 0; b < blocks; ++b) {
       const int* x = &in[b * threads];
@@ -121,18 +122,20 @@ TEST(CudaEmuDeathTest, StaticSharedIndexOutOfBoundsIsDetected) {
   // callback that names the kernel and thread: the detection itself is what is checked there.
   EXPECT_DEATH(static_shared_index(32, &out), "index 32 out of bounds for type 'int \\[32\\]'");
 #else
-  EXPECT_DEATH(static_shared_index(32, &out),
-               "index 32 out of bounds for type 'int \\[32\\]'(.|\n)*dq-emu: sanitizer error in kernel "
-               "static_index_kernel.*thread 0 ");
+  EXPECT_DEATH(
+      static_shared_index(32, &out),
+      "index 32 out of bounds for type 'int \\[32\\]'(.|\n)*dq-emu: sanitizer error in kernel "
+      "static_index_kernel.*thread 0 ");
 #endif
 #endif
 }
 
 TEST(CudaEmuDeathTest, DynamicSharedIndexOutOfBoundsIsDetected) {
   float out = 0;
-  EXPECT_DEATH(dynamic_shared_index(32, &out),
-               "dq-emu: shared memory out of bounds: dynamic shared memory of 128 bytes accessed at "
-               "offset 128 in kernel dynamic_index_kernel.*thread 0 ");
+  EXPECT_DEATH(
+      dynamic_shared_index(32, &out),
+      "dq-emu: shared memory out of bounds: dynamic shared memory of 128 bytes accessed at "
+      "offset 128 in kernel dynamic_index_kernel.*thread 0 ");
 }
 
 // The PTX shfl.sync rules, written out per mode for the expected values.
@@ -141,10 +144,18 @@ int expect_shuffle(int mode, int t, int width, int b) {
   const int seg_base = lane / width * width;
   int j = lane;
   switch (mode) {
-    case 0: j = seg_base + (b % width); break;
-    case 1: j = lane - b >= seg_base ? lane - b : lane; break;
-    case 2: j = lane + b < seg_base + width ? lane + b : lane; break;
-    case 3: j = (lane ^ b) < seg_base + width ? (lane ^ b) : lane; break;
+    case 0:
+      j = seg_base + (b % width);
+      break;
+    case 1:
+      j = lane - b >= seg_base ? lane - b : lane;
+      break;
+    case 2:
+      j = lane + b < seg_base + width ? lane + b : lane;
+      break;
+    case 3:
+      j = (lane ^ b) < seg_base + width ? (lane ^ b) : lane;
+      break;
   }
   return 100 + warp_base + j;
 }
@@ -159,10 +170,14 @@ TEST(CudaEmu, ShufflesFollowThePtxRules) {
           ASSERT_EQ(shuffles(threads, width, src, delta, xmask, out.data()), cudaSuccess)
               << last_report().message;
           for (int t = 0; t < threads; ++t) {
-            ASSERT_EQ(out[4 * t], expect_shuffle(0, t, width, src)) << width << " " << src << " " << t;
-            ASSERT_EQ(out[4 * t + 1], expect_shuffle(1, t, width, delta)) << width << " " << delta << " " << t;
-            ASSERT_EQ(out[4 * t + 2], expect_shuffle(2, t, width, delta)) << width << " " << delta << " " << t;
-            ASSERT_EQ(out[4 * t + 3], expect_shuffle(3, t, width, xmask)) << width << " " << xmask << " " << t;
+            ASSERT_EQ(out[4 * t], expect_shuffle(0, t, width, src))
+                << width << " " << src << " " << t;
+            ASSERT_EQ(out[4 * t + 1], expect_shuffle(1, t, width, delta))
+                << width << " " << delta << " " << t;
+            ASSERT_EQ(out[4 * t + 2], expect_shuffle(2, t, width, delta))
+                << width << " " << delta << " " << t;
+            ASSERT_EQ(out[4 * t + 3], expect_shuffle(3, t, width, xmask))
+                << width << " " << xmask << " " << t;
           }
         }
   EXPECT_EQ(shuffles(32, 12, 0, 0, 1, out.data()), cudaErrorLaunchFailure);
@@ -193,7 +208,8 @@ TEST(CudaEmu, ReadingALaneOutsideTheMaskIsReported) {
   for (int lane = 0; lane < 16; ++lane) EXPECT_EQ(out[lane], 50);
   EXPECT_EQ(shuffle_lane(0x0000ffffu, 20, out.data()), cudaErrorLaunchFailure);
   EXPECT_EQ(last_report().fault, Fault::kLaneOutsideMask);
-  EXPECT_NE(last_report().message.find("reads lane 20, which is not in the mask"), std::string::npos)
+  EXPECT_NE(last_report().message.find("reads lane 20, which is not in the mask"),
+            std::string::npos)
       << last_report().message;
 }
 
@@ -260,11 +276,14 @@ TEST(CudaEmu, Speed) {
   EXPECT_EQ(barriers, double{blocks} * threads * iterations);
   std::vector<int> out(blocks * threads);
   t0 = cpu_seconds();
-  ASSERT_EQ(shuffle_loop(blocks, threads, iterations, out.data()), cudaSuccess) << last_report().message;
+  ASSERT_EQ(shuffle_loop(blocks, threads, iterations, out.data()), cudaSuccess)
+      << last_report().message;
   const double s2 = cpu_seconds() - t0;
   const double shuffles = static_cast<double>(dq::emu::last_counters().collectives);
-  std::printf("emulator: %.1f M thread-barriers/s, %.1f M lane-shuffles/s of CPU time (%d threads x %d blocks)\n",
-              barriers / s / 1e6, shuffles / s2 / 1e6, threads, blocks);
+  std::printf(
+      "emulator: %.1f M thread-barriers/s, %.1f M lane-shuffles/s of CPU time (%d threads x %d "
+      "blocks)\n",
+      barriers / s / 1e6, shuffles / s2 / 1e6, threads, blocks);
   EXPECT_GT(barriers / s, 2e5);
 }
 

@@ -1,7 +1,7 @@
 // kernels/cuda/stats.cu under the CUDA emulation against the host codec's statistics
-// (DynamiqCodec::local_stats), word for word (a NaN word only as a NaN): FP32 and BF16 inputs, counts that leave a partial
-// last super-group and a partial last tile, zeros, denormals, overflowing squares, NaN / Inf
-// (poisoned super-groups), one block to many blocks.
+// (DynamiqCodec::local_stats), word for word (a NaN word only as a NaN): FP32 and BF16 inputs,
+// counts that leave a partial last super-group and a partial last tile, zeros, denormals,
+// overflowing squares, NaN / Inf (poisoned super-groups), one block to many blocks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,14 +35,29 @@ std::vector<float> make_values(size_t count, uint32_t seed) {
     for (size_t i = base; i < std::min(count, base + 256); ++i) {
       float v = normal(rng) * scale;
       switch (regime) {
-        case 1: v = 0.0f; break;
-        case 2: v = normal(rng) * 1e-39f; break;               // denormals
-        case 3: v = normal(rng) * 1e37f; break;                // sum of squares overflows
-        case 4: v = (rng() % 2) ? 3.0e38f : -3.0e38f; break;    // the sum itself overflows
-        case 5: if (rng() % 64 == 0) v = std::numeric_limits<float>::quiet_NaN(); break;
-        case 6: if (rng() % 64 == 0) v = (rng() % 2) ? INFINITY : -INFINITY; break;
-        case 7: v = (rng() % 2) ? -0.0f : 0.0f; break;
-        default: break;
+        case 1:
+          v = 0.0f;
+          break;
+        case 2:
+          v = normal(rng) * 1e-39f;
+          break;  // denormals
+        case 3:
+          v = normal(rng) * 1e37f;
+          break;  // sum of squares overflows
+        case 4:
+          v = (rng() % 2) ? 3.0e38f : -3.0e38f;
+          break;  // the sum itself overflows
+        case 5:
+          if (rng() % 64 == 0) v = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 6:
+          if (rng() % 64 == 0) v = (rng() % 2) ? INFINITY : -INFINITY;
+          break;
+        case 7:
+          v = (rng() % 2) ? -0.0f : 0.0f;
+          break;
+        default:
+          break;
       }
       x[i] = v;
     }
@@ -58,14 +73,16 @@ std::vector<uint16_t> host_stats(const void* x, DType dtype, size_t count) {
   return stats;
 }
 
-bool is_nan(uint16_t w) { return (w & 0x7fffu) > 0x7f80u; }
+bool is_nan(uint16_t w) {
+  return (w & 0x7fffu) > 0x7f80u;
+}
 
 // Word for word, except that any NaN equals any NaN: which operand's payload and sign a NaN sum
 // carries depends on the order the compiler puts the operands of a commutative add in (x86 keeps
 // the first's), so even two host builds may differ there, and a GPU returns the canonical NaN.
 // Every other word, Inf and -0 included, must be identical.
-void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>& dev, const char* what,
-                 size_t count, int blocks) {
+void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>& dev,
+                 const char* what, size_t count, int blocks) {
   ASSERT_EQ(host.size(), dev.size());
   for (size_t i = 0; i < host.size(); ++i) {
     if (is_nan(host[i]) && is_nan(dev[i])) continue;
@@ -75,15 +92,17 @@ void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>&
   }
 }
 
-const size_t kCounts[] = {0, 1, 2, 15, 16, 17, 255, 256, 257, 511, 4095, 4096, 4097,
-                          3 * 4096 + 1000, 40000};
+const size_t kCounts[] = {
+    0, 1, 2, 15, 16, 17, 255, 256, 257, 511, 4095, 4096, 4097, 3 * 4096 + 1000, 40000};
 
 // The kernel's statistics of x (device copies of x and of the output, as the kernel sees them).
 template <class T>
-cudaError_t device_stats(const std::vector<T>& x, bool bf16, std::vector<uint16_t>* dev, int blocks) {
+cudaError_t device_stats(const std::vector<T>& x, bool bf16, std::vector<uint16_t>* dev,
+                         int blocks) {
   const DeviceArray<T> d_x(x);
   const DeviceArray<uint16_t> d_stats(*dev);
-  const cudaError_t e = launch_supergroup_stats(d_x.get(), bf16, x.size(), d_stats.get(), nullptr, blocks);
+  const cudaError_t e =
+      launch_supergroup_stats(d_x.get(), bf16, x.size(), d_stats.get(), nullptr, blocks);
   return e != cudaSuccess ? e : d_stats.fetch(*dev);
 }
 
@@ -98,17 +117,20 @@ TEST(CudaStats, PresetErrorWordWritesNothing) {
       const DeviceArray<float> d_x(x);
       const DeviceArray<uint16_t> d_stats(dev);
       const DeviceArray<unsigned> d_error(&error, 1);
-      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks, d_error.get()),
+      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks,
+                                        d_error.get()),
                 cudaSuccess)
           << kernel_fault();
       ASSERT_EQ(d_stats.fetch(dev), cudaSuccess);
       ASSERT_EQ(d_error.fetch(&error), cudaSuccess);
       EXPECT_EQ(error, 2u) << "the kernel raises no flags of its own";
-      for (size_t i = 0; i < dev.size(); ++i) ASSERT_EQ(dev[i], 0xBEEF) << "count " << count << " word " << i;
+      for (size_t i = 0; i < dev.size(); ++i)
+        ASSERT_EQ(dev[i], 0xBEEF) << "count " << count << " word " << i;
       // A clear word: the same launch writes every word.
       error = 0;
       const DeviceArray<unsigned> d_clear(&error, 1);
-      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks, d_clear.get()),
+      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks,
+                                        d_clear.get()),
                 cudaSuccess);
       ASSERT_EQ(d_stats.fetch(dev), cudaSuccess);
       expect_same(host_stats(x.data(), DType::kF32, count), dev, "clear word", count, blocks);
@@ -174,10 +196,10 @@ TEST(CudaStats, PoisonedSuperGroupsStayNonFinite) {
 TEST(CudaStats, AllZeroWord) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     std::vector<float> x(5 * 256 + 40, 0.5f);
-    for (size_t i = 256; i < 512; ++i) x[i] = i % 2 ? -0.0f : 0.0f;          // all zero
-    for (size_t i = 512; i < 768; ++i) x[i] = i == 700 ? 1e-40f : 0.0f;      // one denormal
-    for (size_t i = 768; i < 1024; ++i) x[i] = i == 1023 ? -3.0f : 0.0f;     // the last value
-    for (size_t i = 1280; i < x.size(); ++i) x[i] = 0.0f;                    // partial, zero
+    for (size_t i = 256; i < 512; ++i) x[i] = i % 2 ? -0.0f : 0.0f;       // all zero
+    for (size_t i = 512; i < 768; ++i) x[i] = i == 700 ? 1e-40f : 0.0f;   // one denormal
+    for (size_t i = 768; i < 1024; ++i) x[i] = i == 1023 ? -3.0f : 0.0f;  // the last value
+    for (size_t i = 1280; i < x.size(); ++i) x[i] = 0.0f;                 // partial, zero
     std::vector<uint16_t> x16(x.size());
     for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16_rne(x[i]);
     if (dtype == DType::kBF16) ASSERT_NE(x16[700] & 0x7fffu, 0u);  // the denormal survives
@@ -189,7 +211,8 @@ TEST(CudaStats, AllZeroWord) {
     std::vector<uint16_t> dev(host.size(), 0xBEEF);
     if (dtype == DType::kF32)
       ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
-    else ASSERT_EQ(device_stats(x16, true, &dev, 0), cudaSuccess) << kernel_fault();
+    else
+      ASSERT_EQ(device_stats(x16, true, &dev, 0), cudaSuccess) << kernel_fault();
     expect_same(host, dev, "all-zero word", x.size(), 0);
   }
 }

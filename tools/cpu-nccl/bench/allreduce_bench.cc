@@ -72,8 +72,8 @@ int rank_main(const Options& o, int rank, Shared* sh) {
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < o.iters; ++i)
       if (ncclAllReduce(send.data(), recv.data(), count, o.type, ncclSum, comm, nullptr)) return 1;
-    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-                 o.iters;
+    double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / o.iters;
     double algbw = static_cast<double>(count * o.esize) / sec / 1e9;
     double busbw = algbw * 2.0 * (o.nranks - 1) / o.nranks;
     if (rank == 0)
@@ -93,20 +93,39 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     const char* v = argv[i + 1];
-    if (flag == "-n") o.nranks = std::atoi(v);
-    else if (flag == "-b") o.min_bytes = parse_size(v);
-    else if (flag == "-e") o.max_bytes = parse_size(v);
-    else if (flag == "-f") o.factor = std::atoi(v);
-    else if (flag == "-i") o.iters = std::atoi(v);
-    else if (flag == "-w") o.warmup = std::atoi(v);
+    if (flag == "-n")
+      o.nranks = std::atoi(v);
+    else if (flag == "-b")
+      o.min_bytes = parse_size(v);
+    else if (flag == "-e")
+      o.max_bytes = parse_size(v);
+    else if (flag == "-f")
+      o.factor = std::atoi(v);
+    else if (flag == "-i")
+      o.iters = std::atoi(v);
+    else if (flag == "-w")
+      o.warmup = std::atoi(v);
     else if (flag == "-d") {
       o.type_name = v;
-      if (o.type_name == "float") { o.type = ncclFloat32; o.esize = 4; }
-      else if (o.type_name == "bfloat16") { o.type = ncclBfloat16; o.esize = 2; }
-      else if (o.type_name == "half") { o.type = ncclFloat16; o.esize = 2; }
-      else if (o.type_name == "int32") { o.type = ncclInt32; o.esize = 4; }
-      else if (o.type_name == "double") { o.type = ncclFloat64; o.esize = 8; }
-      else { std::fprintf(stderr, "unknown type %s\n", v); return 2; }
+      if (o.type_name == "float") {
+        o.type = ncclFloat32;
+        o.esize = 4;
+      } else if (o.type_name == "bfloat16") {
+        o.type = ncclBfloat16;
+        o.esize = 2;
+      } else if (o.type_name == "half") {
+        o.type = ncclFloat16;
+        o.esize = 2;
+      } else if (o.type_name == "int32") {
+        o.type = ncclInt32;
+        o.esize = 4;
+      } else if (o.type_name == "double") {
+        o.type = ncclFloat64;
+        o.esize = 8;
+      } else {
+        std::fprintf(stderr, "unknown type %s\n", v);
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -117,7 +136,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad options\n");
     return 2;
   }
-  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* mem =
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return 1;
   auto* sh = new (mem) Shared();
   std::vector<pid_t> pids;
