@@ -138,6 +138,13 @@ if [ "$DOWN_ONLY" = 1 ]; then teardown; exit 0; fi
 for tool in ip tc python3 timeout; do
   command -v "$tool" >/dev/null || die "$tool not found"
 done
+# The client needs numpy, which tools/setup.sh installs into the repository's .venv, not into the
+# system python3 (Debian 12's is externally managed): put that environment first when it exists.
+venv_bin=$SCRIPT_DIR/../../.venv/bin
+if [ -x "$venv_bin/python3" ] && ! python3 -c 'import numpy' 2>/dev/null; then
+  PATH=$(cd "$venv_bin" && pwd):$PATH
+fi
+python3 -c 'import numpy' 2>/dev/null || die "python3 has no numpy (run tools/setup.sh)"
 case "$BUILD" in /*) ;; *) BUILD=$(pwd)/$BUILD ;; esac
 RUN=$BUILD/tools/dynamiq-run
 PERF=$BUILD/tools/dynamiq-perf
