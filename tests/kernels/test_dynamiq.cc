@@ -827,6 +827,20 @@ std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
   return bytes;
 }
 
+// Every byte the codec `spec` writes (codec_bytes) is the same on the scalar and the AVX2 path,
+// for FP32 and BF16 input.
+void expect_same_bytes_on_both_paths(const char* spec) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
+    const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
+    ASSERT_EQ(scalar.size(), avx2.size()) << spec;
+    size_t first = 0;
+    while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
+    EXPECT_EQ(first, scalar.size())
+        << spec << (dtype == DType::kF32 ? " f32" : " bf16") << ": first differing byte";
+  }
+}
+
 // The scalar and AVX2 paths give the same bytes for every option set, input type and step.
 TEST(HostIsa, EveryPathGivesTheSameBytes) {
   if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
@@ -834,15 +848,7 @@ TEST(HostIsa, EveryPathGivesTheSameBytes) {
        {"dynamiq:3", "dynamiq:5", "dynamiq:7", "dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed",
         "dynamiq:9.5:widths=fixed", "dynamiq:17:widths=fixed", "dynamiq:5:corr=0",
         "dynamiq:5:levels=uniform", "dynamiq:5:scales=flat", "dynamiq:5:mean=0"})
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
-      const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
-      const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
-      ASSERT_EQ(scalar.size(), avx2.size()) << spec;
-      size_t first = 0;
-      while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
-      EXPECT_EQ(first, scalar.size())
-          << spec << (dtype == DType::kF32 ? " f32" : " bf16") << ": first differing byte";
-    }
+    expect_same_bytes_on_both_paths(spec);
 }
 
 // The baseline codecs take the same path (kernels/baselines/baselines_hot.h) and give the same
@@ -851,15 +857,7 @@ TEST(HostIsa, EveryBaselinePathGivesTheSameBytes) {
   if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
   for (const char* spec :
        {"bf16", "mxfp8", "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "uniform:3", "uniform:5", "uniform:9"})
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
-      const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
-      const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
-      ASSERT_EQ(scalar.size(), avx2.size()) << spec;
-      size_t first = 0;
-      while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
-      EXPECT_EQ(first, scalar.size())
-          << spec << (dtype == DType::kF32 ? " f32" : " bf16") << ": first differing byte";
-    }
+    expect_same_bytes_on_both_paths(spec);
 }
 
 // Auto picks the best path this CPU supports; a forced path is kept until changed.
