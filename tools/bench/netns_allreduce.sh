@@ -27,7 +27,7 @@ usage() {
 usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w WARMUP]
                           [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [-P PREFIX]
                           [-e NAME=VALUE]... [-c allreduce|reducescatter]
-                          [--no-limit] [--keep] [--down]
+                          [--no-limit] [--no-idle-restart] [--keep] [--down]
   -B BUILD    meson build folder (default: build)
   -o OUT      output folder (default: /tmp/dq-netns-bench)
   -r RATE     tc rate of each rank link, each direction (default 1gbit; tc syntax)
@@ -44,6 +44,9 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
   -c COLL     allreduce (default) or reducescatter: the collective every mode runs (the
               client's --collective, dynamiq-perf's -c); SIZE is each rank's send buffer
   --no-limit  no tc shaping (same namespaces): shows whether the CPU or the link limits
+  --no-idle-restart  net.ipv4.tcp_slow_start_after_idle=0 in every rank namespace: a TCP
+              connection idle for one RTO keeps its congestion window instead of starting slow
+              again (shows how much of the spread between invocations is that restart)
   --keep      leave the namespaces up at the end (tear down with: netns_allreduce.sh --down)
   --down      only tear down what an earlier run left
 EOF
@@ -59,6 +62,7 @@ MODES=iperf3,pt-float,pt-bf16,bf16,dynamiq5,mxfp8
 RUN_TIMEOUT=900
 DATA=sample
 LIMIT=1
+IDLE_RESTART=1
 KEEP=0
 DOWN_ONLY=0
 PREFIX=dq-bench
@@ -79,6 +83,7 @@ while [ $# -gt 0 ]; do
     -e) SHIM_EXTRA+=("$2"); shift 2 ;;
     -c) COLLECTIVE=$2; shift 2 ;;
     --no-limit) LIMIT=0; shift ;;
+    --no-idle-restart) IDLE_RESTART=0; shift ;;
     --keep) KEEP=1; shift ;;
     --down) DOWN_ONLY=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -199,6 +204,10 @@ setup() {
     ns=$PREFIX-$r
     ip netns add "$ns" || die "ip netns add $ns failed"
     ip -n "$ns" link set lo up
+    if [ "$IDLE_RESTART" = 0 ]; then
+      ip netns exec "$ns" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0 ||
+        die "cannot set tcp_slow_start_after_idle in $ns"
+    fi
     ip -n "$HUB" link add "dqh$r" type veth peer name "dqr$r" netns "$ns" ||
       die "cannot create veth dqh$r/dqr$r"
     ip -n "$HUB" link set "dqh$r" master "$BRIDGE"
@@ -357,7 +366,7 @@ setup
 say "namespaces up: $(ns_names | tr '\n' ' '); rate ${RATE} per direction per rank link$([ "$LIMIT" = 1 ] || echo ' (NOT LIMITED: --no-limit)')"
 {
   echo "date_utc=$(date -u +%FT%TZ) kernel=$(uname -r) cores=$(nproc) load_start=$(load)"
-  echo "rate=$RATE limit=$LIMIT burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA collective=$COLLECTIVE"
+  echo "rate=$RATE limit=$LIMIT idle_restart=$IDLE_RESTART burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA collective=$COLLECTIVE"
   echo "git=$(git -C "$SRC_ROOT" rev-parse --short HEAD 2>/dev/null) shim_extra=${SHIM_EXTRA[*]}"
   for ((r = 0; r < NRANKS; r++)); do tc -n "$PREFIX-$r" qdisc show dev "dqr$r"; done
 } >"$OUT/setup.txt"
