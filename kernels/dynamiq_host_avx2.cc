@@ -1,8 +1,8 @@
 // The DynamiQ host codec's hot loops compiled for AVX2 (kernels/dynamiq_hot.h with the
-// intrinsics of kernels/dynamiq_avx2.h), in the portable binary: everything after the target
-// pragma below is compiled for AVX2 (FMA stays off: -ffp-contract=off and no "fma" target, so
-// no multiply-add is contracted), everything included before it for the build's baseline. The
-// codec runs this path only where host_isa_supported(HostIsa::kAvx2) (kernels/host_isa.cc).
+// intrinsics of kernels/dynamiq_avx2.h), in the portable binary: everything inside the AVX2 region
+// (kernels/host_avx2_begin.h .. host_avx2_end.h) is compiled for AVX2, everything included before
+// it for the build's baseline. The codec runs this path only where
+// host_isa_supported(HostIsa::kAvx2) (kernels/host_isa.cc).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -16,12 +16,7 @@
 #include "kernels/host_isa.h"
 #include "kernels/philox.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2")
-#endif
+#include "kernels/host_avx2_begin.h"
 
 #include "kernels/dynamiq_avx2.h"
 
@@ -43,11 +38,7 @@ void philox_x8_words(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream
 }
 }  // namespace
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "kernels/host_avx2_end.h"
 
 bool philox_draw_x8_avx2(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
                          uint32_t block, uint32_t words[4][8]) {

@@ -13,21 +13,12 @@
 #include "kernels/bitpack.h"
 #include "kernels/philox.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2")
-#endif
+#include "kernels/host_avx2_begin.h"
 
 #define DQ_HOST_ISA_NS host_avx2
 #include "kernels/baselines/baselines_hot.h"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "kernels/host_avx2_end.h"
 
 namespace dq::baselines {
 

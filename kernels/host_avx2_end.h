@@ -1,0 +1,7 @@
+// Closes the AVX2 region kernels/host_avx2_begin.h opened. No include guard: each include closes
+// one region.
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
