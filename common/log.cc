@@ -19,6 +19,7 @@
 #include <set>
 #include <vector>
 
+#include "common/safe_file.h"
 #include "common/status.h"
 
 namespace dq {
@@ -124,12 +125,14 @@ int output_fd() {
   if (g_fd >= 0 && (g_fd_pid == pid || file_pattern().find("%p") == std::string::npos)) return g_fd;
   if (g_fd > 2) close(g_fd);
   const std::string path = log_expand_path(file_pattern(), host_name(), pid, rank_text());
-  const int trunc = log_first_in_process("debug-file:" + path) ? O_TRUNC : 0;
-  g_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | trunc, 0644);
+  // Never through a symbolic link placed at the name (a shared /tmp): common/safe_file.h.
+  const bool trunc = log_first_in_process("debug-file:" + path);
+  std::string failure;
+  g_fd = open_output_nofollow(path, trunc, /*append=*/true, &failure);
   g_fd_pid = pid;
   if (g_fd < 0) {
-    const std::string why = "cannot open DYNAMIQ_DEBUG_FILE " + path + ": " + std::strerror(errno) +
-                            "; logging to stderr";
+    const std::string why =
+        "cannot open DYNAMIQ_DEBUG_FILE (" + failure + "); it is not written, logging to stderr";
     const std::string msg =
         format_line(LogLevel::kWarn, Subsys::kEnv, __FILE__, __LINE__, why.c_str());
     write_all(STDERR_FILENO, msg.data(), msg.size());

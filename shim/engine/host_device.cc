@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -85,6 +86,11 @@ struct HostEvent {
   void wait_for(uint64_t target) {
     std::unique_lock<std::mutex> lock(m);
     cv.wait(lock, [&] { return completed >= target; });
+  }
+  // False when `target` was not reached by `deadline`.
+  bool wait_until(uint64_t target, std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(m);
+    return cv.wait_until(lock, deadline, [&] { return completed >= target; });
   }
 };
 
@@ -291,6 +297,21 @@ class HostDevice final : public Device {
     release_hold();
     e->wait_for(target);
     return Status::kOk;
+  }
+  // Bounded as on a GPU: a peer that stalls past DYNAMIQ_TIMEOUT_MS fails the engine's wait even
+  // when the CPU NCCL's own timeout (DYNAMIQ_CPU_NCCL_TIMEOUT_MS) is longer. The queued work
+  // stays queued; the engine reads nothing of it and its teardown waits for it.
+  Status synchronize_for(EventHandle handle, int64_t timeout_ms) override {
+    if (timeout_ms <= 0) return synchronize(handle);
+    auto* e = static_cast<HostEvent*>(handle);
+    uint64_t target;
+    {
+      std::lock_guard<std::mutex> lock(e->m);
+      target = e->recorded;
+    }
+    release_hold();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    return e->wait_until(target, deadline) ? Status::kOk : Status::kTimeout;
   }
   bool capturing(StreamHandle) const override { return false; }
 

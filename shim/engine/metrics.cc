@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/safe_file.h"
 #include "config/settings.h"
 
 namespace dq::engine {
@@ -329,24 +330,20 @@ namespace {
 // Caller holds the registry mutex.
 void write_locked(Registry& r) {
   const config::Settings& s = config::global();
-  if (s.metrics_file.empty()) return;
+  if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
   const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;
   const std::string path = expand_path(s.metrics_file, rank);
   const bool prom = path.size() >= 5 && path.compare(path.size() - 5, 5, ".prom") == 0;
-  const std::string tmp = path + ".tmp" + std::to_string(getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) {
-    if (!r.warned) DQ_WARN(Subsys::kShim, "dynamiq: cannot write metrics file %s", tmp.c_str());
-    r.warned = true;
-    return;
-  }
   static const ProcessLabels labels = process_labels();
-  const std::string text = metrics_render(r.comms, labels, prom);
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (!r.warned) DQ_WARN(Subsys::kShim, "dynamiq: cannot write metrics file %s", path.c_str());
+  // A temporary created O_EXCL | O_NOFOLLOW, renamed over the file: never through a symbolic
+  // link placed at either name (a shared /tmp). A failure: one warning, and no further writes.
+  std::string why;
+  if (!write_file_replacing(path, metrics_render(r.comms, labels, prom), &why)) {
+    DQ_WARN(Subsys::kShim,
+            "dynamiq: cannot write the metrics file (%s); it is not written again (compression "
+            "is unaffected)",
+            why.c_str());
     r.warned = true;
-    std::remove(tmp.c_str());
   }
 }
 

@@ -5,7 +5,8 @@
 //               device's byte for byte (both dtypes, both ops, multi-block calls)
 //   alloc_fail  rank 1's first plan allocation fails: every rank passes that call through
 //               (no hang, exact), and the next call is compressed on every rank
-//   blocks      two pipeline blocks holding identical data round differently
+//   blocks      two pipeline blocks holding identical data round differently, so do two calls on
+//               the same input, and so do three reduce-scatter blocks (errors uncorrelated)
 //   collectives reduce-scatter and reduce (every root), FP32/BF16, SUM/AVG, in and out of place:
 //               compressed on every rank, each rank's output near the exact sum, the same
 //               bytes when the same call is repeated on a fresh engine (same seed)
@@ -22,6 +23,9 @@
 //               [0.5, 2] of its measured one; on dense data (one scale everywhere) the MXFP8
 //               target sends the bucket as MXFP8 after its first call, with the statistics
 //               of every 8th call only, and its error is MXFP8's
+//   auto_target DYNAMIQ_BITS=auto with a vNMSE target 1/1.25 of the 4.5-bit budget's predicted
+//               vNMSE on the same input: auto chooses more than 4.5 bits, and the chosen rung's
+//               predicted vNMSE is within the target
 //   check       DYNAMIQ_CHECK_EVERY=2: every other all-reduce is checked against an exact
 //               all-reduce of 64 super-groups; the sampled vNMSE is near the measured one and
 //               the predicted one, outputs are the bytes of the same calls without the check,
@@ -211,7 +215,9 @@ class FailingDevice final : public Device {
   dq::Status synchronize_for(dq::engine::EventHandle e, int64_t timeout_ms) override {
     bound_ms = timeout_ms;
     ++bounded_waits;
-    if (!stalled) return inner_->synchronize_for(e, timeout_ms);
+    // Not stalled: unbounded, so a slow start on a loaded machine never trips the short bound
+    // this test sets (the host device honours it too).
+    if (!stalled) return inner_->synchronize(e);
     // What the CUDA device answers when NVIDIA's NCCL never completes a peer's part.
     std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
     return dq::Status::kTimeout;
@@ -612,33 +618,122 @@ int scenario_not_opted_in(int n) {
   return all_zero(run_ranks(n, 1, body, 60), "not_opted_in") ? 0 : 1;
 }
 
-// ---- rounding draws across blocks ------------------------------------------------------------
-int scenario_blocks(int n) {
+// ---- rounding draws: across blocks, across calls ------------------------------------------
+// Elements of `a` and `b` (n each) that differ.
+size_t count_differing(const float* a, const float* b, size_t n) {
+  size_t differ = 0;
+  for (size_t i = 0; i < n; ++i) differ += a[i] != b[i];
+  return differ;
+}
+
+// Pearson correlation of the errors of two output ranges against the same exact values.
+double error_correlation(const float* a, const float* b, const double* exact, size_t n) {
+  double sa = 0, sb = 0, saa = 0, sbb = 0, sab = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double ea = a[i] - exact[i], eb = b[i] - exact[i];
+    sa += ea;
+    sb += eb;
+    saa += ea * ea;
+    sbb += eb * eb;
+    sab += ea * eb;
+  }
+  const double m = static_cast<double>(n);
+  const double cov = sab / m - (sa / m) * (sb / m);
+  const double va = saa / m - (sa / m) * (sa / m), vb = sbb / m - (sb / m) * (sb / m);
+  return va > 0 && vb > 0 ? cov / std::sqrt(va * vb) : 1.0;
+}
+
+// Two pipeline blocks of one all-reduce holding the same data, then the same input in two
+// consecutive calls: independent draws round almost every element differently somewhere along its
+// hops (draws shared by the blocks, or by the calls, give identical outputs).
+int blocks_and_calls(int n, int rank, ncclComm_t comm) {
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BLOCK_BYTES", "1M"}});
+  Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), dq::engine::host_device(), nullptr,
+                true);
+  constexpr size_t kBlock = (1 << 20) / 4;  // elements per 1 MiB FP32 block
+  std::vector<float> in(2 * kBlock), out(2 * kBlock), again(2 * kBlock);
+  for (size_t i = 0; i < kBlock; ++i) in[i] = in[kBlock + i] = gradient_value(rank, i);
+  CallArgs args;
+  args.send = in.data();
+  args.recv = out.data();
+  args.count = in.size();
+  PassReason reason;
+  CHECK_OR(30, engine.run(args, &reason) == ncclSuccess, "rank %d: error", rank);
+  CHECK_OR(31, reason == PassReason::kRerouted, "rank %d: not compressed (%s)", rank,
+           dq::engine::reason_name(reason));
+  const size_t differ = count_differing(out.data(), out.data() + kBlock, kBlock);
+  CHECK_OR(32, differ > kBlock / 2,
+           "rank %d: only %zu of %zu elements differ between two blocks holding the same data "
+           "(the blocks reuse each other's rounding draws)",
+           rank, differ, kBlock);
+  args.recv = again.data();
+  CHECK_OR(33, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+           "rank %d: the second call failed or passed through (%s)", rank,
+           dq::engine::reason_name(reason));
+  const size_t calls_differ = count_differing(out.data(), again.data(), out.size());
+  CHECK_OR(34, calls_differ > out.size() / 2,
+           "rank %d: only %zu of %zu elements differ between two calls on the same input (the "
+           "calls reuse each other's rounding draws: the call number does not key them)",
+           rank, calls_differ, out.size());
+  if (rank == 0)
+    std::printf(
+        "blocks: %zu of %zu elements differ between identical blocks; calls: %zu of %zu differ "
+        "between two calls on the same input\n",
+        differ, kBlock, calls_differ, out.size());
+  return 0;
+}
+
+// A reduce-scatter of three 1 MiB pipeline blocks (each a 256 KiB slice of every rank block),
+// every block of a rank block holding the same data: each pair of blocks rounds most elements
+// differently, and their errors against the exact sum are uncorrelated.
+int scatter_blocks(int n, int rank, ncclComm_t comm) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BLOCK_BYTES", "1M"}});
+  Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), dq::engine::host_device(), nullptr,
+                true);
+  constexpr int kBlocks = 3;
+  // A block's elements per rank block: how the engine cuts DYNAMIQ_BLOCK_BYTES for n ranks.
+  const size_t slice = (1 << 20) / 4 / static_cast<size_t>(n) / 256 * 256;
+  const size_t span = kBlocks * slice;  // a rank block
+  auto value = [&](int r, int owner, size_t i) { return gradient_value(r + 7 * owner, i); };
+  std::vector<float> in(span * n), out(span);
+  for (int owner = 0; owner < n; ++owner)
+    for (int b = 0; b < kBlocks; ++b)
+      for (size_t i = 0; i < slice; ++i) in[owner * span + b * slice + i] = value(rank, owner, i);
+  std::vector<double> exact(slice);
+  for (size_t i = 0; i < slice; ++i)
+    for (int r = 0; r < n; ++r) exact[i] += value(r, rank, i);
+  CallArgs args;
+  args.collective = dq::engine::Collective::kReduceScatter;
+  args.send = in.data();
+  args.recv = out.data();
+  args.count = in.size();
+  PassReason reason;
+  CHECK_OR(35, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+           "rank %d: the reduce-scatter failed or passed through (%s)", rank,
+           dq::engine::reason_name(reason));
+  for (int a = 0; a < kBlocks; ++a)
+    for (int b = a + 1; b < kBlocks; ++b) {
+      const float* x = out.data() + a * slice;
+      const float* y = out.data() + b * slice;
+      const size_t differ = count_differing(x, y, slice);
+      const double corr = error_correlation(x, y, exact.data(), slice);
+      CHECK_OR(36, differ > slice / 2 && std::fabs(corr) < 0.2,
+               "rank %d: reduce-scatter blocks %d and %d holding the same data: %zu of %zu "
+               "elements differ, error correlation %.3f (the blocks share rounding draws)",
+               rank, a, b, differ, slice, corr);
+      if (rank == 0)
+        std::printf(
+            "reduce-scatter blocks %d and %d: %zu of %zu elements differ, error "
+            "correlation %.4f\n",
+            a, b, differ, slice, corr);
+    }
+  return 0;
+}
+
+int scenario_blocks(int n) {
   auto body = [&](int rank, ncclComm_t* comms) -> int {
-    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
-                  nullptr, true);
-    constexpr size_t kBlock = (1 << 20) / 4;  // elements per 1 MiB FP32 block
-    std::vector<float> in(2 * kBlock), out(2 * kBlock);
-    for (size_t i = 0; i < kBlock; ++i) in[i] = in[kBlock + i] = gradient_value(rank, i);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = in.size();
-    PassReason reason;
-    CHECK_OR(30, engine.run(args, &reason) == ncclSuccess, "rank %d: error", rank);
-    CHECK_OR(31, reason == PassReason::kRerouted, "rank %d: not compressed (%s)", rank,
-             dq::engine::reason_name(reason));
-    size_t differ = 0;
-    for (size_t i = 0; i < kBlock; ++i) differ += out[i] != out[kBlock + i];
-    // Independent draws: almost every element rounds differently somewhere along its hops.
-    CHECK_OR(32, differ > kBlock / 2,
-             "rank %d: only %zu of %zu elements differ between two blocks holding the same data "
-             "(the blocks reuse each other's rounding draws)",
-             rank, differ, kBlock);
-    if (rank == 0)
-      std::printf("blocks: %zu of %zu elements differ between identical blocks\n", differ, kBlock);
-    return 0;
+    if (const int rc = blocks_and_calls(n, rank, comms[0]); rc != 0) return rc;
+    return scatter_blocks(n, rank, comms[0]);
   };
   return all_zero(run_ranks(n, 1, body, 120), "blocks") ? 0 : 1;
 }
@@ -776,6 +871,72 @@ int scenario_auto(int n) {
   return 0;
 }
 
+// ---- auto's choice against its target ----------------------------------------------------------
+// The same input in every call, so every call's statistics, and so every prediction, are the
+// same. The fixed 4.5- and 5-bit budgets' predicted vNMSE (P4.5, P5) set the target T = P4.5 /
+// 1.25: the 4.5-bit rung misses it by 25%, so auto must choose more bits (5 when P5 <= T), and the
+// chosen rung's own predicted vNMSE must be within T. A choice that accepted an error up to 1.5 T
+// takes 4.5 bits.
+double predicted_after_calls(int n, int rank, ncclComm_t comm, const dq::config::Settings& settings,
+                             const std::vector<float>& in, int calls, double* bits) {
+  auto metrics = std::make_shared<dq::engine::CommMetrics>();
+  Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), dq::engine::host_device(), metrics,
+                true);
+  std::vector<float> out(in.size());
+  CallArgs args;
+  args.send = in.data();
+  args.recv = out.data();
+  args.count = in.size();
+  PassReason reason;
+  for (int k = 0; k < calls; ++k) {
+    if (engine.run(args, &reason) != ncclSuccess || reason != PassReason::kRerouted) return -2;
+    std::lock_guard<std::mutex> lock(metrics->budget_mutex);
+    // The budget of the second-to-last call: the one whose prediction the last call read.
+    if (k == calls - 2) *bits = metrics->budget.buckets.at(0).budget_bits;
+  }
+  std::lock_guard<std::mutex> lock(metrics->budget_mutex);
+  return metrics->budget.buckets.at(0).predicted_vnmse;
+}
+
+int scenario_auto_target(int n) {
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    std::vector<float> in(size_t{1} << 19);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = noisy_value(rank, i);
+    auto settings = [](const std::string& bits, const std::string& target) {
+      return settings_for({{"DYNAMIQ_ENABLE", "1"},
+                           {"DYNAMIQ_TOPO", "ring"},
+                           {"DYNAMIQ_BITS", bits},
+                           {"DYNAMIQ_TARGET", target}});
+    };
+    double bits45 = 0, bits5 = 0, chosen = 0;
+    const double p45 =
+        predicted_after_calls(n, rank, comms[0], settings("4.5", "mxfp8"), in, 2, &bits45);
+    const double p5 =
+        predicted_after_calls(n, rank, comms[0], settings("5", "mxfp8"), in, 2, &bits5);
+    CHECK_OR(120, p45 > 0 && p5 > 0 && bits45 == 4.5 && bits5 == 5,
+             "rank %d: fixed budgets: predicted %g at %g bits, %g at %g bits", rank, p45, bits45,
+             p5, bits5);
+    char target[64];
+    std::snprintf(target, sizeof target, "vnmse:%.6e", p45 / 1.25);
+    const double t = std::strtod(target + 6, nullptr);
+    // Call 0 takes the fixed default; call 1 the rung chosen from call 0's statistics; call 2
+    // reads call 1's prediction.
+    const double p =
+        predicted_after_calls(n, rank, comms[0], settings("auto", target), in, 3, &chosen);
+    CHECK_OR(121, chosen > 4.5 && p > 0 && p <= t,
+             "rank %d: target %s (P4.5 / 1.25): auto chose %g bits, whose predicted vNMSE %.4g "
+             "exceeds the target %.4g (P4.5 %.4g, P5 %.4g)",
+             rank, target, chosen, p, t, p45, p5);
+    CHECK_OR(122, p5 > t || chosen == 5,
+             "rank %d: P5 %.4g meets the target %.4g, but auto chose %g bits", rank, p5, t, chosen);
+    if (rank == 0)
+      std::printf("auto_target: P4.5 %.4g, P5 %.4g; target %.4g: chose %g bits, predicted %.4g\n",
+                  p45, p5, t, chosen, p);
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 240), "auto_target") ? 0 : 1;
+}
+
 // ---- the sampled check (DYNAMIQ_CHECK_EVERY)
 // ------------------------------------------------------
 int scenario_check(int n) {
@@ -893,6 +1054,7 @@ int main(int argc, char** argv) {
   if (scenario == "not_opted_in") return scenario_not_opted_in(n);
   if (scenario == "budget") return scenario_budget(n, topo);
   if (scenario == "auto") return scenario_auto(n);
+  if (scenario == "auto_target") return scenario_auto_target(n);
   if (scenario == "check") return scenario_check(n);
   if (scenario == "stalled_wait") return scenario_stalled_wait(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());

@@ -563,24 +563,51 @@ bool scenario_mismatch(int n) {
   return true;
 }
 
-// A NaN in one rank's input: non-finite result on every rank, identical everywhere.
+// A NaN or an Inf in one rank's input, FP32 and BF16, SUM and AVG: non-finite result on every
+// rank, identical everywhere; far-away values stay finite.
 bool scenario_nan(int n) {
   const size_t count = 1 << 20, where = 777777;
   auto body = [&](int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0;
     rerouted_delta(comm, &seen);
-    for (int dt = 0; dt < 2; ++dt) {
-      std::vector<float> in(count), out(count);
-      for (size_t i = 0; i < count; ++i) in[i] = exact_value(rank, i) * 1e-3f;
-      if (rank == n - 1) in[where] = dt ? INFINITY : NAN;
-      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
-          ncclSuccess)
-        return 10;
-      if (!rerouted_delta(comm, &seen)) return 11;
-      if (std::isfinite(out[where])) return 12;
-      if (!identical_everywhere(comm, out.data(), count * 4)) return 13;
-      // Only the poisoned super-group is lost: far-away values stay finite and close.
-      if (!std::isfinite(out[0]) || !std::isfinite(out[count - 1])) return 14;
+    for (int k = 0; k < 8; ++k) {
+      const bool inf = k & 1, avg = k & 2, bf16 = k & 4;
+      const size_t esize = bf16 ? 2 : 4;
+      std::vector<unsigned char> in(count * esize), out(count * esize);
+      auto put = [&](size_t i, float v) {
+        if (bf16) {
+          const uint16_t h = dq::f32_to_bf16_rne(v);
+          std::memcpy(&in[i * 2], &h, 2);
+        } else {
+          std::memcpy(&in[i * 4], &v, 4);
+        }
+      };
+      auto got = [&](size_t i) {
+        float v;
+        if (bf16) {
+          uint16_t h;
+          std::memcpy(&h, &out[i * 2], 2);
+          v = dq::bf16_to_f32(h);
+        } else {
+          std::memcpy(&v, &out[i * 4], 4);
+        }
+        return v;
+      };
+      for (size_t i = 0; i < count; ++i) put(i, exact_value(rank, i) * 1e-3f);
+      if (rank == n - 1) put(where, inf ? INFINITY : NAN);
+      if (ncclAllReduce(in.data(), out.data(), count, bf16 ? ncclBfloat16 : ncclFloat32,
+                        avg ? ncclAvg : ncclSum, comm, nullptr) != ncclSuccess)
+        return 10 + 10 * k;
+      if (!rerouted_delta(comm, &seen)) return 11 + 10 * k;
+      if (std::isfinite(got(where))) {
+        std::fprintf(stderr, "rank %d: %s %s %s: element %zu = %g, finite\n", rank,
+                     bf16 ? "bf16" : "fp32", avg ? "avg" : "sum", inf ? "inf" : "nan", where,
+                     got(where));
+        return 12 + 10 * k;
+      }
+      if (!identical_everywhere(comm, out.data(), out.size())) return 13 + 10 * k;
+      // Only the poisoned super-group is lost: far-away values stay finite.
+      if (!std::isfinite(got(0)) || !std::isfinite(got(count - 1))) return 14 + 10 * k;
     }
     return 0;
   };
@@ -676,6 +703,77 @@ bool scenario_kill(int n, int runs, const std::string& collective = "allreduce")
       "killed rank (%s): all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d "
       "runs; slowest survivor's failing call took %.2f s\n",
       collective.c_str(), runs, runs, slowest);
+  return true;
+}
+
+// A peer stalled past DYNAMIQ_TIMEOUT_MS but well within the CPU NCCL's own timeout: the other
+// ranks' engines give up waiting for the new plan's agreement, a failure the CPU NCCL does not
+// share. Through the shim's ncclCommGetAsyncError (read twice) and a further call, the
+// communicator reports that error every time until the application aborts it; the stalled rank,
+// once it wakes, gets an error too (its peers no longer take part).
+bool scenario_stalled_peer(int n) {
+  constexpr int kTimeoutMs = 1000, kStallMs = 4000, kStalled = 1;
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    const size_t first = 1 << 20, second = (1 << 20) + 4096;  // a new shape: a new plan
+    std::vector<float> in(second, 1.0f), out(second);
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    if (ncclAllReduce(in.data(), out.data(), first, ncclFloat32, ncclSum, comm, nullptr) !=
+            ncclSuccess ||
+        !rerouted_delta(comm, &seen) || out[0] != static_cast<float>(n))
+      return 10;
+    if (rank == kStalled) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kStallMs));
+      const ncclResult_t r =
+          ncclAllReduce(in.data(), out.data(), second, ncclFloat32, ncclSum, comm, nullptr);
+      std::fprintf(stderr, "rank %d: woke, its call returned %s\n", rank, ncclGetErrorString(r));
+      ncclCommAbort(comm);
+      std::fflush(stderr);
+      _exit(r != ncclSuccess ? 0 : 11);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const ncclResult_t r =
+        ncclAllReduce(in.data(), out.data(), second, ncclFloat32, ncclSum, comm, nullptr);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "rank %d: the call returned %s after %.0f ms\n", rank,
+                 ncclGetErrorString(r), ms);
+    // Before the stalled rank woke: the engine's own bound, not the CPU NCCL's.
+    if (r != ncclRemoteError || ms < kTimeoutMs || ms > kStallMs - 500) return 12;
+    auto async_error_is = [&](ncclResult_t want, int read) {
+      ncclResult_t e = ncclSuccess;
+      const ncclResult_t q = ncclCommGetAsyncError(comm, &e);
+      if (q == ncclSuccess && e == want) return true;
+      std::fprintf(stderr, "rank %d: ncclCommGetAsyncError read %d: returned %d, error %d (%s)\n",
+                   rank, read, static_cast<int>(q), static_cast<int>(e), ncclGetErrorString(e));
+      return false;
+    };
+    if (!async_error_is(r, 1) || !async_error_is(r, 2)) return 13;
+    const ncclResult_t again =
+        ncclAllReduce(in.data(), out.data(), first, ncclFloat32, ncclSum, comm, nullptr);
+    if (again != r) {
+      std::fprintf(stderr, "rank %d: the further call returned %s\n", rank,
+                   ncclGetErrorString(again));
+      return 14;
+    }
+    if (!async_error_is(r, 3)) return 15;
+    if (ncclCommAbort(comm) != ncclSuccess) return 16;
+    std::fflush(stderr);
+    _exit(0);
+  };
+  auto codes = run_ranks(
+      n,
+      [&](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"},
+                   {"DYNAMIQ_TIMEOUT_MS", std::to_string(kTimeoutMs)},
+                   {"DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "20000"},
+                   {"DYNAMIQ_NET_TIMEOUT_MS", "20000"}};
+      },
+      body, 90);
+  if (!all_zero(codes, "stalled_peer")) return false;
+  std::printf(
+      "stalled peer: its peers' calls failed with ncclRemoteError after DYNAMIQ_TIMEOUT_MS, "
+      "reported by ncclCommGetAsyncError (three reads) and by a further call until the abort\n");
   return true;
 }
 
@@ -1461,6 +1559,8 @@ int main(int argc, char** argv) {
     ok = scenario_reduce(n, argc > 3 ? argv[3] : "auto");
   } else if (scenario == "collectives_passthrough") {
     ok = scenario_collectives_passthrough(n);
+  } else if (scenario == "stalled_peer") {
+    ok = scenario_stalled_peer(n);
   } else if (scenario == "toggle") {
     ok = scenario_toggle(n);
   } else if (scenario == "metrics") {
