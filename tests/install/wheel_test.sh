@@ -77,8 +77,9 @@ check "the CPU NCCL: lib/dynamiq/cpu-nccl/libnccl.so.2" test -f "$PKG/lib/dynami
 for t in dynamiq-run dynamiq-sim dynamiq-predict; do
   check "console script $t runs (--help)" sh -c "'$D/venv/bin/$t' --help >/dev/null"
 done
-check "python -m dynamiq env exports LD_PRELOAD=<the shim>" \
-  sh -c "'$VPY' -m dynamiq env | grep -qF \"export LD_PRELOAD=$SHIM\""
+# (into a file: grep -q closing the pipe early would fail the writer)
+"$VPY" -m dynamiq env >"$D/env.txt" || fail "python -m dynamiq env exits non-zero"
+check "python -m dynamiq env exports LD_PRELOAD=<the shim>" grep -qF "export LD_PRELOAD=$SHIM" "$D/env.txt"
 
 # The README's main job, through `python -m dynamiq run` (LD_PRELOAD, the plugin's folder, the
 # tools' folder and DYNAMIQ_ENABLE=1 from the package).
