@@ -2,18 +2,22 @@
 # Installs what dynamiq needs on a fresh Debian 12 machine and builds it into ./build.
 # Idempotent: a second run only rebuilds what changed.
 #
-# System packages come from apt (sudo when not root). Python packages (meson, numpy, ml_dtypes)
-# go into a virtual environment, .venv (DYNAMIQ_VENV names another), never into the system
-# Python: Debian 12 marks it externally managed (PEP 668) and has no pip. The environment sees
-# the system's site-packages, so what is installed there already is used, not downloaded again.
+# System packages come from apt (sudo when not root). Python packages (meson, numpy, ml_dtypes,
+# and meson-python, which builds the wheel: `pip install .`, tests/install/wheel_test.sh; it
+# sets the CPU NCCL's RUNPATH in the wheel with patchelf, from apt) go
+# into a virtual environment, .venv (DYNAMIQ_VENV names another), never into the system Python:
+# Debian 12 marks it externally managed (PEP 668) and has no pip. The environment sees the
+# system's site-packages, so what is installed there already is used, not downloaded again.
 # Afterwards .venv/bin/meson and .venv/bin/python3 are the tools to use; the build's tests run
 # with .venv/bin/python3 (set in the native file build/../.venv/dynamiq-native.ini at setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache: Meson compiles through it when installed, so the wheel test's build (build-wheel, at
+# the depth of build: the same relative paths) reuses the objects of this build.
 need_apt=()
 for pkg in g++ pkg-config ninja-build python3-venv libtbb-dev libgtest-dev libbenchmark-dev \
            nlohmann-json3-dev libcli11-dev \
-           libibverbs-dev iperf3 iproute2 libboost-context-dev; do
+           libibverbs-dev iperf3 iproute2 libboost-context-dev patchelf ccache; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
@@ -28,9 +32,9 @@ if [ ! -x "$venv/bin/python3" ]; then
 fi
 venv=$(cd "$venv" && pwd)
 py=$venv/bin/python3
-if ! "$py" -c "import mesonbuild, numpy, ml_dtypes" 2>/dev/null ||
+if ! "$py" -c "import mesonbuild, numpy, ml_dtypes, mesonpy" 2>/dev/null ||
    ! "$py" -c "import sys, mesonbuild.coredata as c; sys.exit(tuple(map(int, c.version.split('.')[:2])) < (1, 1))"; then
-  "$py" -m pip install -q "meson>=1.1" numpy ml_dtypes
+  "$py" -m pip install -q "meson>=1.1" numpy ml_dtypes "meson-python>=0.15"
 fi
 # A meson found only in the system's site-packages has no script in the environment: add one.
 if [ ! -x "$venv/bin/meson" ]; then

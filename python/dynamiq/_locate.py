@@ -33,10 +33,13 @@ def _install_info():
 def installed_prefix():
     """The prefix of the installation this package is part of, or None (source tree, pip).
 
-    Computed from where the package is now, so a staged (DESTDIR) or moved tree works."""
+    Computed from where the package is now, so a staged (DESTDIR) or moved tree works. A wheel
+    keeps lib/, bin/ and share/ inside the package: its prefix is the package folder."""
     info = _install_info()
     if info is None:
         return None
+    if getattr(info, "WHEEL", False):
+        return PACKAGE_DIR
     pydir = pathlib.PurePosixPath(info.PYTHONDIR)
     if pydir.is_absolute():
         return pathlib.Path(info.PREFIX)
@@ -84,12 +87,23 @@ def candidates(kind):
     return [pathlib.Path(os.path.normpath(p)) for p in paths]
 
 
+def _versioned(path):
+    """path, else its SONAME alias (libdynamiq.so.0): a wheel holds no development symlinks."""
+    if path.is_file():
+        return path
+    for alias in sorted(path.parent.glob(path.name + ".[0-9]*")) if path.parent.is_dir() else []:
+        if alias.is_file():
+            return alias
+    return None
+
+
 def find(kind):
     """The first existing path for `kind`; FileNotFoundError naming every path tried."""
     tried = candidates(kind)
     for path in tried:
-        if path.is_file():
-            return path
+        found = _versioned(path)
+        if found is not None:
+            return found
     raise FileNotFoundError(
         "%s not found; tried: %s. Set DYNAMIQ_PREFIX to a dynamiq install prefix or build "
         "directory" % (FILES[kind][0], ", ".join(str(p) for p in tried) or "nothing"))

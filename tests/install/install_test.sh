@@ -53,7 +53,8 @@ I=$(under "$INCLUDEDIR")
 
 for f in "$L/libdynamiq.so" "$L/libnccl-net-dynamiq.so" "$L/libdynamiq-capi.so" \
          "$L/dynamiq/cpu-nccl/libnccl.so.2" "$L/pkgconfig/dynamiq.pc" \
-         "$B/dynamiq-run" "$B/dynamiq-sim" "$I/dynamiq/dynamiq.h" "$I/dynamiq/dynamiq_capi.h" \
+         "$B/dynamiq-run" "$B/dynamiq-sim" "$B/dynamiq-predict" \
+         "$I/dynamiq/dynamiq.h" "$I/dynamiq/dynamiq_capi.h" \
          "$S/dynamiq/gradients/sample/step00079.npy" "$S/doc/dynamiq/LICENSE"; do
   check "installed: ${f#"$D/root"}" test -e "$f"
 done
@@ -61,6 +62,15 @@ if [ -x "$BUILD/tools/dynamiq-perf" ]; then
   for t in dynamiq-perf dynamiq-demo; do check "installed: ${B#"$D/root"}/$t" test -x "$B/$t"; done
 fi
 check "no libnccl.so.2 directly in the libdir (only in dynamiq/cpu-nccl)" test ! -e "$L/libnccl.so.2"
+# Versioned SONAMEs: libdynamiq.so -> libdynamiq.so.MAJOR -> libdynamiq.so.VERSION (the C API
+# library alike); the plugin keeps the one name NCCL dlopens.
+for lib in libdynamiq libdynamiq-capi; do
+  check "$lib.so -> $lib.so.${VERSION%%.*} -> $lib.so.$VERSION, SONAME $lib.so.${VERSION%%.*}" \
+    sh -c "test -L '$L/$lib.so' -a -L '$L/$lib.so.${VERSION%%.*}' -a -f '$L/$lib.so.$VERSION' &&
+           readelf -d '$L/$lib.so' | grep -q 'Library soname: \[$lib.so.${VERSION%%.*}\]'"
+done
+check "the plugin is the plain file libnccl-net-dynamiq.so" \
+  test -f "$L/libnccl-net-dynamiq.so" -a ! -L "$L/libnccl-net-dynamiq.so"
 PYPKG=$(find "$D/root" -path '*/dynamiq/_install.py' -print -quit)
 PYDIR=$(dirname "$(dirname "$PYPKG")")
 check "installed: Python package dynamiq and binding dynamiq_capi.py (${PYDIR#"$D/root"})" \

@@ -189,6 +189,77 @@ class LocateTest(unittest.TestCase):
         self.assertIn("library-path", out.stderr)
 
 
+class WheelLayoutTest(unittest.TestCase):
+    """The layout a wheel installs (pyproject.toml, -Dwheel=true): lib/, bin/ and share/ inside
+    the package, the shim only under its versioned name (a wheel holds no symbolic links)."""
+
+    def make_wheel_tree(self, tmp):
+        site = pathlib.Path(tmp) / "site"
+        pkg = site / "dynamiq"
+        shutil.copytree(REPO / "python" / "dynamiq", pkg,
+                        ignore=shutil.ignore_patterns("*.in", "__pycache__"))
+        (pkg / "_install.py").write_text(
+            'VERSION = "%s"\nPREFIX = "/usr/local"\nLIBDIR = "lib"\nBINDIR = "bin"\n'
+            'DATADIR = "share"\nPKGDATADIR = "share"\nPYTHONDIR = "lib/python3/site-packages"\n'
+            "WHEEL = True\n" % dynamiq.__version__)
+        (pkg / "lib" / "dynamiq" / "cpu-nccl").mkdir(parents=True)
+        (pkg / "bin").mkdir()
+        for name in ("libdynamiq.so.0.1.0", "libnccl-net-dynamiq.so",
+                     "dynamiq/cpu-nccl/libnccl.so.2"):
+            (pkg / "lib" / name).write_bytes(b"")
+        return site, pkg
+
+    def run_module(self, site, tmp, *args, **extra_env):
+        environ = {k: v for k, v in os.environ.items()
+                   if k not in ("DYNAMIQ_PREFIX", "LD_PRELOAD", "DYNAMIQ_ENABLE")}
+        environ.update(PYTHONPATH=str(site), **extra_env)
+        return subprocess.run([sys.executable, "-m", "dynamiq"] + list(args), capture_output=True,
+                              text=True, env=environ, cwd=tmp, timeout=60)
+
+    def test_finds_the_package_libraries(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            site, pkg = self.make_wheel_tree(tmp)
+            out = self.run_module(site, tmp, "library-path")
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.strip(), str(pkg / "lib" / "libdynamiq.so.0.1.0"))
+            out = self.run_module(site, tmp, "library-path", "cpu-nccl")
+            self.assertEqual(out.stdout.strip(),
+                             str(pkg / "lib" / "dynamiq" / "cpu-nccl" / "libnccl.so.2"))
+            out = self.run_module(site, tmp, "data-path")
+            self.assertEqual(out.stdout.strip(), str(pkg / "share"))
+
+    def test_run_sets_the_job_environment(self):
+        show = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+                "('LD_PRELOAD', 'LD_LIBRARY_PATH', 'PATH', 'DYNAMIQ_ENABLE')}))")
+        with tempfile.TemporaryDirectory() as tmp:
+            site, pkg = self.make_wheel_tree(tmp)
+            out = self.run_module(site, tmp, "run", "--", sys.executable, "-c", show,
+                                  LD_PRELOAD="/opt/other.so", LD_LIBRARY_PATH="/opt/lib")
+            self.assertEqual(out.returncode, 0, out.stderr)
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            shim = str(pkg / "lib" / "libdynamiq.so.0.1.0")
+            self.assertEqual(got["LD_PRELOAD"], shim + " /opt/other.so")
+            self.assertEqual(got["LD_LIBRARY_PATH"], str(pkg / "lib") + ":/opt/lib")
+            self.assertEqual(got["PATH"].split(":")[0], str(pkg / "bin"))
+            self.assertEqual(got["DYNAMIQ_ENABLE"], "1")
+            # A value the caller set is kept; so is an already-preloaded shim, once.
+            out = self.run_module(site, tmp, "run", sys.executable, "-c", show,
+                                  DYNAMIQ_ENABLE="0", LD_PRELOAD=shim)
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            self.assertEqual((got["DYNAMIQ_ENABLE"], got["LD_PRELOAD"]), ("0", shim))
+            out = self.run_module(site, tmp, "run")
+            self.assertEqual(out.returncode, 2)
+            out = self.run_module(site, tmp, "run", "--", "/nonexistent/program")
+            self.assertEqual(out.returncode, 127)
+            self.assertIn("cannot run /nonexistent/program", out.stderr)
+
+    def test_version_flag(self):
+        out = subprocess.run([sys.executable, "-m", "dynamiq", "--version"], capture_output=True,
+                             text=True, env=dict(os.environ, PYTHONPATH=str(REPO / "python")),
+                             timeout=60)
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, dynamiq.__version__))
+
+
 class MetricsFileTest(unittest.TestCase):
     def test_path_substitution(self):
         with env(DYNAMIQ_METRICS_FILE="/m/%r-%p.json", RANK="3"):

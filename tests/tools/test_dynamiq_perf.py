@@ -153,6 +153,26 @@ def case_corrupt_rank(a):
 
 def case_torchrun_env(a):
     """No launcher: torchrun's variables only, so the TCP rendezvous on MASTER_PORT+1 is used."""
+    three_ranks_without_launcher(a, "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def case_slurm_env(a):
+    """srun's variables only (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID): three ranks, not three
+    one-rank jobs; and without MASTER_ADDR/MASTER_PORT a refusal naming them, not a 1-rank run."""
+    need_cpu_nccl(a)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DYNAMIQ_RUN_DIR", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env.update(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_LOCALID="1")
+    out = subprocess.run([a.perf, "-b", "4K", "-e", "4K", "-n", "1", "-w", "0"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    check(out.returncode != 0, "SLURM_NTASKS=2 without a rendezvous address ran: %s" % out.stdout)
+    check("SLURM_PROCID says rank 1 of 2" in out.stderr and "MASTER_ADDR" in out.stderr,
+          "no refusal naming the variables: %s" % out.stderr[-600:])
+    three_ranks_without_launcher(a, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+
+
+def three_ranks_without_launcher(a, rank_var, size_var, local_var):
+    """Three dynamiq-perf processes given only a launcher's rank variables and MASTER_ADDR/PORT."""
     need_cpu_nccl(a)
     import socket
     build = os.path.abspath(a.build)
@@ -173,14 +193,15 @@ def case_torchrun_env(a):
             port = candidate
             break
     check(port is not None, "no free pair of adjacent loopback ports in 64 tries")
-    base = {k: v for k, v in os.environ.items() if k != "DYNAMIQ_RUN_DIR"}
-    base.update(LD_LIBRARY_PATH=os.path.join(build, "tools", "cpu-nccl") + ":" +
-                os.path.join(build, "plugin", "abi"), NCCL_NET_PLUGIN="dynamiq",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3",
-                DYNAMIQ_RENDEZVOUS_TIMEOUT="60")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("DYNAMIQ_RUN_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    base.update({"LD_LIBRARY_PATH": os.path.join(build, "tools", "cpu-nccl") + ":" +
+                 os.path.join(build, "plugin", "abi"), "NCCL_NET_PLUGIN": "dynamiq",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), size_var: "3",
+                 "DYNAMIQ_RENDEZVOUS_TIMEOUT": "60"})
     procs = []
     for rank in (2, 1, 0):
-        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+        env = dict(base, **{rank_var: str(rank), local_var: str(rank)})
         procs.append(subprocess.Popen([a.perf, "-b", "4K", "-e", "64K", "-f", "4", "-d", "int32",
                                        "-o", "max", "-n", "2", "-w", "1"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

@@ -29,6 +29,11 @@ done
 shift $((OPTIND - 1))
 jobs=${JOBS:-2}
 
+# The version in meson.build's project() (the shared libraries' file names carry it).
+project_version() {
+  sed -n "s/^ *version: *'\([0-9.]*\)'.*/\1/p" "$repo/meson.build" | head -n 1
+}
+
 # Meson test name -> ninja target(s) it runs.
 targets_of() {
   case $1 in
@@ -38,8 +43,10 @@ targets_of() {
     baselines) echo tests/kernels/test_baselines ;;
     multihop) echo tests/kernels/test_multihop ;;
     engine@program) echo tests/shim/program_test ;;
-    # Forked ranks over the CPU NCCL and its net plugin; the shim tests preload libdynamiq.so.
-    shim_*) echo tests/shim/shim_multirank shim/libdynamiq.so plugin/abi/libnccl-net-dynamiq.so ;;
+    # Forked ranks over the CPU NCCL and its net plugin; the shim tests preload libdynamiq.so
+    # (the versioned file is ninja's target: libdynamiq.so.<project version>).
+    shim_*) echo tests/shim/shim_multirank "shim/libdynamiq.so.$(project_version)" \
+                 plugin/abi/libnccl-net-dynamiq.so ;;
     engine_*) echo tests/shim/engine_multirank plugin/abi/libnccl-net-dynamiq.so ;;
     *) echo "$1" ;;  # assume the test's executable has the test's name
   esac

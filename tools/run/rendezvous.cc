@@ -344,23 +344,57 @@ Status fetch_tcp(const JobEnv& env, const char* key, void* data, size_t size) {
           env.rank, key, env.master_addr.c_str(), env.master_port + 1, env.timeout_s, last_problem);
 }
 
+// The rank variables of the launchers dynamiq-perf and the demo run under, in order: torchrun
+// (and dynamiq-run), SLURM's srun, Open MPI's mpirun, PMI (MPICH, Intel MPI). The first family
+// whose rank and size are both set is used; a job started by any of them is never taken for one
+// rank of one.
+struct RankVariables {
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+};
+constexpr RankVariables kRankVariables[] = {
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+};
+
+// Rank, size and local rank from the first family of kRankVariables that sets any of them.
+Status read_rank_variables(JobEnv* out, const char** family) {
+  for (const RankVariables& v : kRankVariables) {
+    bool has_rank = false, has_world = false, has_local = false;
+    if (!parse_int_env(v.rank, 0, 1 << 24, &out->rank, &has_rank) ||
+        !parse_int_env(v.size, 1, 1 << 24, &out->world_size, &has_world) ||
+        !parse_int_env(v.local_rank, 0, 1 << 24, &out->local_rank, &has_local))
+      DQ_FAIL(Status::kInvalidArgument, "rendezvous: %s, %s or %s is not a valid number", v.rank,
+              v.size, v.local_rank);
+    if (!has_rank && !has_world) continue;
+    if (has_rank != has_world)
+      DQ_FAIL(Status::kInvalidArgument, "rendezvous: %s and %s must be set together", v.rank,
+              v.size);
+    if (out->rank >= out->world_size)
+      DQ_FAIL(Status::kInvalidArgument, "rendezvous: %s %d is not below %s %d", v.rank, out->rank,
+              v.size, out->world_size);
+    if (!has_local) out->local_rank = out->rank;
+    *family = v.rank;
+    return Status::kOk;
+  }
+  out->rank = 0;
+  out->world_size = 1;
+  out->local_rank = 0;
+  return Status::kOk;
+}
+
 }  // namespace
 
 Status read_job_env(JobEnv* out) {
   *out = JobEnv{};
-  bool has_rank = false, has_world = false, has_local = false, has_port = false;
-  if (!parse_int_env("RANK", 0, 1 << 24, &out->rank, &has_rank) ||
-      !parse_int_env("WORLD_SIZE", 1, 1 << 24, &out->world_size, &has_world) ||
-      !parse_int_env("LOCAL_RANK", 0, 1 << 24, &out->local_rank, &has_local) ||
-      !parse_int_env("MASTER_PORT", 1, 65534, &out->master_port, &has_port))
-    DQ_FAIL(Status::kInvalidArgument,
-            "rendezvous: RANK, WORLD_SIZE, LOCAL_RANK or MASTER_PORT is not a valid number");
-  if (has_rank != has_world)
-    DQ_FAIL(Status::kInvalidArgument, "rendezvous: RANK and WORLD_SIZE must be set together");
-  if (out->rank >= out->world_size)
-    DQ_FAIL(Status::kInvalidArgument, "rendezvous: RANK %d is not below WORLD_SIZE %d", out->rank,
-            out->world_size);
-  if (!has_local) out->local_rank = out->rank;
+  const char* family = nullptr;
+  if (Status s = read_rank_variables(out, &family); s != Status::kOk) return s;
+  bool has_port = false;
+  if (!parse_int_env("MASTER_PORT", 1, 65534, &out->master_port, &has_port))
+    DQ_FAIL(Status::kInvalidArgument, "rendezvous: MASTER_PORT is not a valid number");
   if (!has_port) out->master_port = -1;
   // dynamiq's own variables come from the settings table (validated there: an invalid value
   // warns once and keeps the default); MASTER_ADDR is the launcher's (torchrun's).
@@ -368,6 +402,15 @@ Status read_job_env(JobEnv* out) {
   if (!settings.run_dir.empty()) out->run_dir = settings.run_dir;
   if (const char* addr = std::getenv("MASTER_ADDR")) out->master_addr = addr;
   out->timeout_s = settings.rendezvous_timeout_s;
+  // Several ranks need a way to meet: refuse now, naming the variables, rather than wait out the
+  // timeout (or run as independent one-rank jobs).
+  if (out->world_size > 1 && out->run_dir.empty() &&
+      (out->master_addr.empty() || out->master_port < 0))
+    DQ_FAIL(Status::kInvalidArgument,
+            "rendezvous: %s says rank %d of %d, but neither DYNAMIQ_RUN_DIR nor MASTER_ADDR and "
+            "MASTER_PORT are set; under srun or mpirun export MASTER_ADDR (the first node's "
+            "address) and MASTER_PORT (a free port; MASTER_PORT+1 is used too)",
+            family, out->rank, out->world_size);
   return Status::kOk;
 }
 

@@ -22,8 +22,11 @@ struct JobEnv {
   double timeout_s = 120;   // DYNAMIQ_RENDEZVOUS_TIMEOUT (seconds)
 };
 
-// Reads RANK, WORLD_SIZE, LOCAL_RANK, DYNAMIQ_RUN_DIR, MASTER_ADDR, MASTER_PORT and
-// DYNAMIQ_RENDEZVOUS_TIMEOUT. Without RANK and WORLD_SIZE the job is one rank (rank 0 of 1).
+// Reads the rank, size and local rank from torchrun's RANK, WORLD_SIZE, LOCAL_RANK, else SLURM's
+// SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, else Open MPI's or PMI's (the first family set), and
+// DYNAMIQ_RUN_DIR, MASTER_ADDR, MASTER_PORT, DYNAMIQ_RENDEZVOUS_TIMEOUT. None of them set: one
+// rank (rank 0 of 1). Several ranks with neither DYNAMIQ_RUN_DIR nor MASTER_ADDR and MASTER_PORT:
+// kInvalidArgument, with a message saying what to set.
 Status read_job_env(JobEnv* out);
 
 // Rank 0 passes `size` bytes in `data` and publishes them under `key` ([A-Za-z0-9._-], at
