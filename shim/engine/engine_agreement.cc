@@ -101,8 +101,7 @@ ncclResult_t Engine::handshake() {
     state_ = d.settings_enabled ? State::kAgreed : State::kInert;
   }
   switch_agreed_ = d.switch_on;
-  DQ_INFO(Subsys::kEngine, "dynamiq: handshake rank %d/%d: %s", comm_.rank, comm_.nranks,
-          state_ == State::kAgreed ? "compression on" : "pass-through");
+  log_decision(d);
   return ncclSuccess;
 }
 
