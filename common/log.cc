@@ -54,12 +54,6 @@ constexpr SubsysName kSubsysNames[] = {{Subsys::kCore, "CORE"},     {Subsys::kSh
                                        {Subsys::kEngine, "ENGINE"}, {Subsys::kKernel, "KERNEL"},
                                        {Subsys::kNet, "NET"},       {Subsys::kEnv, "ENV"}};
 
-const char* subsys_name(Subsys s) {
-  for (const auto& n : kSubsysNames)
-    if (n.id == s) return n.name;
-  return "?";
-}
-
 bool equal_nocase(std::string_view a, std::string_view b) {
   return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
@@ -168,10 +162,10 @@ std::string format_line(LogLevel level, Subsys, const char* file, int line, cons
     const char* base = std::strrchr(file, '/');
     where = std::string(base ? base + 1 : file) + ":" + std::to_string(line) + " ";
   }
-  const int more = std::snprintf(prefix + n, sizeof prefix - n, "%s:%d:%d [%s] %sdynamiq %s ",
-                                 host_name().c_str(), static_cast<int>(getpid()),
-                                 static_cast<int>(gettid()), device_text().c_str(), where.c_str(),
-                                 level_name);
+  const int more =
+      std::snprintf(prefix + n, sizeof prefix - n, "%s:%d:%d [%s] %sdynamiq %s ",
+                    host_name().c_str(), static_cast<int>(getpid()), static_cast<int>(gettid()),
+                    device_text().c_str(), where.c_str(), level_name);
   n = std::min(n + static_cast<size_t>(std::max(more, 0)), sizeof prefix - 1);
   std::string text(prefix, n);
   text += body;
@@ -262,12 +256,11 @@ bool log_first_in_process(std::string_view key) {
 }
 
 bool log_parse_level(std::string_view text, LogLevel* out) {
-  static constexpr std::pair<const char*, LogLevel> kLevels[] = {
-      {"NONE", LogLevel::kNone},
-      {"VERSION", LogLevel::kVersion},
-      {"WARN", LogLevel::kWarn},
-      {"INFO", LogLevel::kInfo},
-      {"TRACE", LogLevel::kTrace}};
+  static constexpr std::pair<const char*, LogLevel> kLevels[] = {{"NONE", LogLevel::kNone},
+                                                                 {"VERSION", LogLevel::kVersion},
+                                                                 {"WARN", LogLevel::kWarn},
+                                                                 {"INFO", LogLevel::kInfo},
+                                                                 {"TRACE", LogLevel::kTrace}};
   for (const auto& [name, level] : kLevels)
     if (equal_nocase(text, name)) return *out = level, true;
   return false;
@@ -393,7 +386,8 @@ std::string log_runtime_versions() {
   using GetVersion = int (*)(int*);  // cudaError_t / CUresult: 0 is success
   const auto runtime = reinterpret_cast<GetVersion>(loaded_symbol(
       "cudaRuntimeGetVersion", {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}));
-  const auto driver = reinterpret_cast<GetVersion>(loaded_symbol("cuDriverGetVersion", {"libcuda.so.1"}));
+  const auto driver =
+      reinterpret_cast<GetVersion>(loaded_symbol("cuDriverGetVersion", {"libcuda.so.1"}));
   int code = 0;
   out += ", CUDA runtime ";
   out += runtime != nullptr && runtime(&code) == 0 ? cuda_version_text(code) : "not loaded";
@@ -409,8 +403,8 @@ void log_version_once(const char* version, const char* git_revision) {
        level < static_cast<int>(LogLevel::kInfo)) ||
       !log_first_in_process("version"))
     return;
-  const std::string text = std::string("dynamiq ") + version + " (git " + git_revision + "), " +
-                           log_runtime_versions();
+  const std::string text =
+      std::string("dynamiq ") + version + " (git " + git_revision + "), " + log_runtime_versions();
   emit(level == static_cast<int>(LogLevel::kVersion) ? LogLevel::kVersion : LogLevel::kInfo,
        Subsys::kCore, __FILE__, __LINE__, text.c_str());
 }

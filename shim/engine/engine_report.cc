@@ -25,8 +25,8 @@ std::string bytes_text(uint64_t b) {
 }
 
 const char* dtype_text(ncclDataType_t t) {
-  static const char* kNames[] = {"int8",    "uint8",   "int32",    "uint32",
-                                 "int64",   "uint64",  "float16",  "float32",
+  static const char* kNames[] = {"int8",    "uint8",    "int32",      "uint32",
+                                 "int64",   "uint64",   "float16",    "float32",
                                  "float64", "bfloat16", "float8e4m3", "float8e5m2"};
   const int i = static_cast<int>(t);
   return i >= 0 && i < 12 ? kNames[i] : "an unknown type";
@@ -97,9 +97,8 @@ std::string Engine::call_reason_text(PassReason reason, const CallArgs& call) co
       return std::to_string(call.count * esize) + " bytes, below DYNAMIQ_MIN_BYTES = " +
              bytes_text(static_cast<uint64_t>(settings_.min_bytes));
     case PassReason::kCollective:
-      return std::string(collective_name(call.collective)) +
-             " is not in DYNAMIQ_COLLECTIVES (" + settings_.collectives +
-             ") or its root is not a rank";
+      return std::string(collective_name(call.collective)) + " is not in DYNAMIQ_COLLECTIVES (" +
+             settings_.collectives + ") or its root is not a rank";
     case PassReason::kInGroup:
       return "inside the caller's ncclGroupStart/End with members on other communicators, or "
              "before the communicator's handshake";
@@ -143,7 +142,7 @@ void Engine::note_outcome(PassReason reason, const CallArgs& call) {
   const std::string why = call_reason_text(reason, call);
   if (!why.empty())
     DQ_INFO(Subsys::kEngine,
-            "dynamiq: communicator %s: a %s call of %zu elements passed through: %s (the first; "
+            "dynamiq: communicator %s: a call (%s, %zu elements) passed through: %s (the first; "
             "each is counted as outcome=\"%s\" in the metrics)",
             label_.c_str(), collective_name(call.collective), call.count, why.c_str(),
             reason_name(reason));

@@ -3,8 +3,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <string>

@@ -267,20 +267,21 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
 // takes no sample timestamps; a stale file shows as an old value here).
 void render_prometheus_process(const ProcessLabels& labels, std::string& text) {
   auto quote = prometheus_quote;
-  const std::string process =
-      "job_id=" + quote(labels.job) + ",host=" + quote(labels.host) +
-      ",pid=" + quote(std::to_string(labels.pid));
+  const std::string process = "job_id=" + quote(labels.job) + ",host=" + quote(labels.host) +
+                              ",pid=" + quote(std::to_string(labels.pid));
   text +=
       "# HELP dynamiq_build_info The dynamiq build and the NCCL it wraps (always 1).\n"
       "# TYPE dynamiq_build_info gauge\n"
-      "dynamiq_build_info{" + process + ",version=" + quote(labels.version) +
-      ",git=" + quote(labels.revision) + ",nccl=" + quote(labels.nccl) + "} 1\n";
+      "dynamiq_build_info{" +
+      process + ",version=" + quote(labels.version) + ",git=" + quote(labels.revision) +
+      ",nccl=" + quote(labels.nccl) + "} 1\n";
   char v[64];
   std::snprintf(v, sizeof v, "} %.3f\n", update_time(labels));
   text +=
       "# HELP dynamiq_last_update_timestamp_seconds Unix time of this file's write.\n"
       "# TYPE dynamiq_last_update_timestamp_seconds gauge\n"
-      "dynamiq_last_update_timestamp_seconds{" + process + v;
+      "dynamiq_last_update_timestamp_seconds{" +
+      process + v;
 }
 
 // The budget's samples of every communicator, one string per family (the widths go straight

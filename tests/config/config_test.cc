@@ -318,9 +318,9 @@ TEST(Log, VersionLevelPrintsTheBannerAlone) {
   ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
   const std::vector<std::string> lines = lines_of(c.err);
   ASSERT_EQ(lines.size(), 1u) << c.err;
-  EXPECT_TRUE(std::regex_match(lines[0], std::regex(short_host() +
-                                                    ":[0-9]+:[0-9]+ \\[-\\] dynamiq VERSION "
-                                                    "dynamiq [0-9.]+ \\(git .+\\), NCCL .+")))
+  EXPECT_TRUE(std::regex_match(lines[0],
+                               std::regex(short_host() + ":[0-9]+:[0-9]+ \\[-\\] dynamiq VERSION "
+                                                         "dynamiq [0-9.]+ \\(git .+\\), NCCL .+")))
       << lines[0];
   // At WARN, the default: no banner.
   const Child quiet = run_child("lines", {});
@@ -431,14 +431,14 @@ TEST(Log, SettingsThatDifferAtInfoEveryOneAtTrace) {
   EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_ENABLE="), 0) << c.err;
   EXPECT_EQ(count(c.err, "dynamiq setting "), 3) << c.err;
   EXPECT_EQ(count(c.err, "dynamiq settings: 3 of "), 1) << c.err;
-  EXPECT_EQ(count(c.err, "dynamiq INFO dynamiq " + std::string(config::build_version())), 1) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq INFO dynamiq " + std::string(config::build_version())), 1)
+      << c.err;
   const Child t = run_child(
       "settings",
       {{"DYNAMIQ_DEBUG", "TRACE"}, {"DYNAMIQ_DEBUG_SUBSYS", "ENV"}, {"DYNAMIQ_NET_IFNAME", "lo"}});
   ASSERT_TRUE(WIFEXITED(t.status) && WEXITSTATUS(t.status) == 0) << t.err;
   EXPECT_EQ(count(t.err, "dynamiq setting DYNAMIQ_ENABLE=0"), 1) << t.err;
-  EXPECT_EQ(count(t.err, "dynamiq setting "),
-            count(config::describe(config::Settings{}), "\n"))
+  EXPECT_EQ(count(t.err, "dynamiq setting "), count(config::describe(config::Settings{}), "\n"))
       << t.err;
 }
 
@@ -453,8 +453,7 @@ TEST(Table, BadMetricsSettingDisablesMetricsNotCompression) {
   EXPECT_EQ(load(env, &s, &error, &problems), Status::kInvalidArgument);
   ASSERT_EQ(problems.size(), 1u) << error;
   EXPECT_EQ(problems[0].scope, config::Scope::Metrics);
-  EXPECT_NE(error.find("the metrics file is off (compression is not affected)"),
-            std::string::npos)
+  EXPECT_NE(error.find("the metrics file is off (compression is not affected)"), std::string::npos)
       << error;
   EXPECT_TRUE(s.enable);
   EXPECT_EQ(s.metrics_file, "");

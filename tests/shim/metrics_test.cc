@@ -15,6 +15,15 @@
 namespace dq::engine {
 namespace {
 
+// A process's labels: the job, host and pid only.
+ProcessLabels labels_of(const std::string& job, const std::string& host, int pid) {
+  ProcessLabels l;
+  l.job = job;
+  l.host = host;
+  l.pid = pid;
+  return l;
+}
+
 std::shared_ptr<CommMetrics> comm(int index, const std::string& name, uint64_t rerouted) {
   auto c = std::make_shared<CommMetrics>();
   c->index = index;
@@ -59,9 +68,9 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
   // the sampled check's 6 counters.
   EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 * 2 + 2 * 4 + 2 * 4 + 2 + 2 * 6);
   EXPECT_NE(text.find("# TYPE dynamiq_held_bytes gauge"), std::string::npos);
-  for (const char* gauge : {"dynamiq_compression_ratio", "dynamiq_predicted_vnmse",
-                            "dynamiq_sampled_vnmse", "dynamiq_build_info",
-                            "dynamiq_last_update_timestamp_seconds"})
+  for (const char* gauge :
+       {"dynamiq_compression_ratio", "dynamiq_predicted_vnmse", "dynamiq_sampled_vnmse",
+        "dynamiq_build_info", "dynamiq_last_update_timestamp_seconds"})
     EXPECT_NE(text.find(std::string("# TYPE ") + gauge + " gauge\n"), std::string::npos) << gauge;
   for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
                            "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total"}) {
@@ -72,7 +81,8 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
   EXPECT_EQ(text.find("job="), std::string::npos) << text;
   EXPECT_EQ(text.find("instance="), std::string::npos) << text;
   // Two jobs on one node differ in their labels.
-  const std::string other = metrics_render({comm(0, "dp", 5)}, {"job-43", "node7", 1234}, true);
+  const std::string other =
+      metrics_render({comm(0, "dp", 5)}, labels_of("job-43", "node7", 1234), true);
   EXPECT_EQ(other.find("job_id=\"job-42\""), std::string::npos);
 }
 
@@ -81,12 +91,13 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
 TEST(Metrics, CompressionRatioAgainstAnUncompressedRing) {
   auto c = comm(0, "dp", 5);
   c->wire_bytes = 4480;
-  const std::string text = metrics_render({c}, {"j", "h", 9}, true);
+  const std::string text = metrics_render({c}, labels_of("j", "h", 9), true);
   EXPECT_NE(text.find("dynamiq_compression_ratio{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\","
                       "name=\"dp\",rank=\"3\"} 8\n"),
             std::string::npos)
       << text;
-  const nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, {"j", "h", 9}, false));
+  const nlohmann::json doc =
+      nlohmann::json::parse(metrics_render({c}, labels_of("j", "h", 9), false));
   EXPECT_DOUBLE_EQ(doc["communicators"][0]["compression_ratio"].get<double>(), 8.0);
 }
 
@@ -97,18 +108,18 @@ TEST(Metrics, PathPatternsAndAJobNameThatNeverCollides) {
             "/m/55_7.node7.3.99.%.%x.prom");
   EXPECT_EQ(metrics_expand_path("/var/lib/node_exporter/", "111", "n", 2, 1),
             "/var/lib/node_exporter/dynamiq-111-n-2.prom");
-  ProcessLabels no_job{"", "n", 42};
+  const ProcessLabels no_job = labels_of("", "n", 42);
   auto first = comm(0, "dp", 1);
   EXPECT_EQ(metrics_job_name(no_job, {first}), "pid-42");
   auto with_id = comm(1, "tp", 1);
   with_id->comm_id = 0xabcdef;
   EXPECT_EQ(metrics_job_name(no_job, {first, with_id}), "nccl-0000000000abcdef");
-  EXPECT_EQ(metrics_job_name({"slurm-9", "n", 42}, {with_id}), "slurm-9");
+  EXPECT_EQ(metrics_job_name(labels_of("slurm-9", "n", 42), {with_id}), "slurm-9");
 }
 
 TEST(Metrics, JsonIsValidWhateverTheCommunicatorIsCalled) {
   const std::string odd = std::string("q\"b\\s\x01n\n") + "\xff\xfe";  // invalid UTF-8 at the end
-  const std::string text = metrics_render({comm(0, odd, 1)}, {"j", "h", 9}, false);
+  const std::string text = metrics_render({comm(0, odd, 1)}, labels_of("j", "h", 9), false);
   nlohmann::json doc;
   ASSERT_NO_THROW(doc = nlohmann::json::parse(text)) << text;
   EXPECT_EQ(doc["job"], "j");
@@ -197,7 +208,7 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
     k.codec = "mxfp8";
     b.buckets.push_back(k);
   }
-  nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, {"j", "h", 9}, false));
+  nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, labels_of("j", "h", 9), false));
   const nlohmann::json& b = doc["communicators"][0]["quantization"];
   EXPECT_EQ(b["auto"], true);
   EXPECT_EQ(b["target"], "mxfp8");
@@ -214,13 +225,14 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
   EXPECT_DOUBLE_EQ(b["check"]["sampled_vnmse"].get<double>(), 0.005);
   EXPECT_DOUBLE_EQ(b["check"]["paired_predicted_mean"].get<double>(), 0.006);
   EXPECT_DOUBLE_EQ(b["check"]["paired_sampled_mean"].get<double>(), 0.005);
-  const std::string text = metrics_render({c}, {"j", "h", 9}, true);
+  const std::string text = metrics_render({c}, labels_of("j", "h", 9), true);
   for (const char* line :
        {"dynamiq_width_supergroups_total{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\",width=\"8\"} 30\n",
         "dynamiq_predicted_calls_total{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\"} 2\n",
-        "dynamiq_predicted_vnmse{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\",rank=\"3\"} "
+        "dynamiq_predicted_vnmse{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\",rank="
+        "\"3\"} "
         "0.0015\n",
         "dynamiq_bucket_budget_bits{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\",collective=\"allreduce\",dtype=\"float32\",count=\"1048576\",root=\"0\","

@@ -11,12 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
-#include <cmath>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -159,8 +159,7 @@ bool same_decision(int n, const std::string& want, const char* what) {
   for (int r = 0; r < n; ++r) {
     const std::string d = decision(r);
     EXPECT(!d.empty(), "%s: rank %d has no decision line:\n%s", what, r, rank_log(r).c_str());
-    EXPECT(d == first, "%s: rank %d decided '%s', rank 0 '%s'", what, r, d.c_str(),
-           first.c_str());
+    EXPECT(d == first, "%s: rank %d decided '%s', rank 0 '%s'", what, r, d.c_str(), first.c_str());
   }
   EXPECT(first.find(want) != std::string::npos, "%s: the decision '%s' does not say '%s'", what,
          first.c_str(), want.c_str());
@@ -175,7 +174,9 @@ bool scenario_decision() {
     more.push_back({"DYNAMIQ_DEBUG", "INFO"});
     return [more](int) { return more; };
   };
-  auto few_calls = [&](int rank, ncclComm_t comm) { return float_calls(n, rank, comm, 1 << 18, 2); };
+  auto few_calls = [&](int rank, ncclComm_t comm) {
+    return float_calls(n, rank, comm, 1 << 18, 2);
+  };
   if (!all_exited_zero(run_ranks(n, with({{"DYNAMIQ_ENABLE", "0"}}), few_calls), "enable=0") ||
       !same_decision(n, "pass-through: disabled (DYNAMIQ_ENABLE=0)", "DYNAMIQ_ENABLE=0"))
     return false;
@@ -192,19 +193,21 @@ bool scenario_decision() {
   auto many_small = [&](int rank, ncclComm_t comm) {
     return float_calls(n, rank, comm, 1 << 18, 20) || rerouted_calls(comm) != 0;
   };
-  if (!all_exited_zero(run_ranks(n, with({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "1G"}}),
-                                 many_small),
-                       "min_bytes=1G") ||
+  if (!all_exited_zero(
+          run_ranks(n, with({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "1G"}}), many_small),
+          "min_bytes=1G") ||
       !same_decision(n, "calls of at least 1 GiB of float32,bfloat16", "DYNAMIQ_MIN_BYTES=1G"))
     return false;
   for (int r = 0; r < n; ++r) {
     const std::string log = rank_log(r);
-    EXPECT(count(log, "passed through: 1048576 bytes, below DYNAMIQ_MIN_BYTES = 1 GiB (the first; "
-                      "each is counted as outcome=\"small\"") == 1,
+    EXPECT(count(log,
+                 "passed through: 1048576 bytes, below DYNAMIQ_MIN_BYTES = 1 GiB (the first; "
+                 "each is counted as outcome=\"small\"") == 1,
            "rank %d: no single per-call line for the size:\n%s", r, log.c_str());
     EXPECT(count(log, "dynamiq WARN dynamiq: communicator index 0 name 'grads'") == 1 &&
-               count(log, "is opted in, but its first 16 calls all passed through (16 below "
-                          "DYNAMIQ_MIN_BYTES = 1 GiB, 0 of a type") == 1,
+               count(log,
+                     "is opted in, but its first 16 calls all passed through (16 below "
+                     "DYNAMIQ_MIN_BYTES = 1 GiB, 0 of a type") == 1,
            "rank %d: not one warning for 16 small calls:\n%s", r, log.c_str());
   }
   // Defaults: compressed, with the codec and topology; a small call and a MAX call each say why
@@ -368,8 +371,9 @@ bool scenario_nccl_range() {
   };
   auto env = [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_DEBUG", "INFO"}}; };
   if (!all_exited_zero(run_ranks(n, env, body), "nccl_range") ||
-      !same_decision(n, "pass-through: NCCL 2.99.0 is outside the versions this build supports "
-                        "(2.18.0 to 2.28.99)",
+      !same_decision(n,
+                     "pass-through: NCCL 2.99.0 is outside the versions this build supports "
+                     "(2.18.0 to 2.28.99)",
                      "NCCL 2.99.0"))
     return false;
   for (int r = 0; r < n; ++r) {
