@@ -117,6 +117,8 @@ ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
                                          ncclMax, comm_.comm, stream);
   if (r != ncclSuccess) return r;
   state_ = State::kInert;
+  log_decision_without_handshake(
+      "this rank could not set up its device (see its WARN line); every rank passes through");
   return ncclSuccess;
 }
 
