@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <initializer_list>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -31,6 +33,8 @@ std::atomic<int> g_level{-1};  // -1: not configured yet
 std::atomic<unsigned> g_subsys_mask{kAllSubsys};
 std::atomic<int> g_rank{-1};                      // log_set_rank()
 std::atomic<int> g_env_rank{-1};                  // the launcher's, read when configured
+std::atomic<int> g_device{-1};                    // log_set_device()
+thread_local int t_device = -1;                   // LogDeviceScope; < 0: g_device
 std::atomic<void (*)()> g_configurator{nullptr};  // log_set_configurator()
 
 // The output: stderr, or the debug file opened at the first line (g_fd < 0: not open yet).
@@ -51,12 +55,6 @@ constexpr SubsysName kSubsysNames[] = {{Subsys::kCore, "CORE"},     {Subsys::kSh
                                        {Subsys::kEngine, "ENGINE"}, {Subsys::kKernel, "KERNEL"},
                                        {Subsys::kNet, "NET"},       {Subsys::kEnv, "ENV"}};
 
-const char* subsys_name(Subsys s) {
-  for (const auto& n : kSubsysNames)
-    if (n.id == s) return n.name;
-  return "?";
-}
-
 bool equal_nocase(std::string_view a, std::string_view b) {
   return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
 }
@@ -70,6 +68,12 @@ int rank_from_launcher() {
     if (*end == '\0' && r >= 0 && r < (1L << 30)) return static_cast<int>(r);
   }
   return -1;
+}
+
+std::string device_text() {
+  int d = t_device;
+  if (d < 0) d = g_device.load(std::memory_order_relaxed);
+  return d < 0 ? std::string("-") : std::to_string(d);
 }
 
 std::string rank_text() {
@@ -142,9 +146,8 @@ int output_fd() {
   return g_fd;
 }
 
-std::string format_line(LogLevel level, Subsys subsys, const char* file, int line,
-                        const char* body) {
-  char prefix[192];
+std::string format_line(LogLevel level, Subsys, const char* file, int line, const char* body) {
+  char prefix[256];
   size_t n = 0;
   if (level == LogLevel::kWarn) {
     const time_t now = time(nullptr);
@@ -152,22 +155,22 @@ std::string format_line(LogLevel level, Subsys subsys, const char* file, int lin
     localtime_r(&now, &tm_now);
     n = strftime(prefix, sizeof prefix, "[%Y-%m-%d %H:%M:%S] ", &tm_now);
   }
-  const char* level_name = level == LogLevel::kWarn   ? "WARN"
-                           : level == LogLevel::kInfo ? "INFO"
-                                                      : "TRACE";
-  const int more =
-      std::snprintf(prefix + n, sizeof prefix - n, "%s:%d:%d [%s] dynamiq %s %s ",
-                    host_name().c_str(), static_cast<int>(getpid()), static_cast<int>(gettid()),
-                    rank_text().c_str(), level_name, subsys_name(subsys));
-  n = std::min(n + static_cast<size_t>(std::max(more, 0)), sizeof prefix - 1);
-  std::string text(prefix, n);
+  const char* level_name = level == LogLevel::kWarn      ? "WARN"
+                           : level == LogLevel::kInfo    ? "INFO"
+                           : level == LogLevel::kVersion ? "VERSION"
+                                                         : "TRACE";
+  // NCCL's order: host:pid:tid [dev], then file:line on a warning, then the library and level.
+  std::string where;
   if (level == LogLevel::kWarn) {
     const char* base = std::strrchr(file, '/');
-    text += base ? base + 1 : file;
-    text += ':';
-    text += std::to_string(line);
-    text += ' ';
+    where = std::string(base ? base + 1 : file) + ":" + std::to_string(line) + " ";
   }
+  const int more =
+      std::snprintf(prefix + n, sizeof prefix - n, "%s:%d:%d [%s] %sdynamiq %s ",
+                    host_name().c_str(), static_cast<int>(getpid()), static_cast<int>(gettid()),
+                    device_text().c_str(), where.c_str(), level_name);
+  n = std::min(n + static_cast<size_t>(std::max(more, 0)), sizeof prefix - 1);
+  std::string text(prefix, n);
   text += body;
   text += '\n';
   return text;
@@ -257,6 +260,7 @@ bool log_first_in_process(std::string_view key) {
 
 bool log_parse_level(std::string_view text, LogLevel* out) {
   static constexpr std::pair<const char*, LogLevel> kLevels[] = {{"NONE", LogLevel::kNone},
+                                                                 {"VERSION", LogLevel::kVersion},
                                                                  {"WARN", LogLevel::kWarn},
                                                                  {"INFO", LogLevel::kInfo},
                                                                  {"TRACE", LogLevel::kTrace}};
@@ -326,13 +330,86 @@ void log_configure(const LogConfig& config) {
   apply(config);
 }
 
+void log_set_device(int device) {
+  g_device.store(device < 0 ? -1 : device, std::memory_order_relaxed);
+}
+
+LogDeviceScope::LogDeviceScope(int device) : previous_(t_device) {
+  if (device >= 0) t_device = device;
+}
+
+LogDeviceScope::~LogDeviceScope() {
+  t_device = previous_;
+}
+
+namespace {
+
+// A function of a library this process already loaded: the global scope first, then the
+// libraries named (RTLD_NOLOAD: found only when loaded, even privately by a Python extension).
+void* loaded_symbol(const char* name, std::initializer_list<const char*> libraries) {
+  if (void* f = dlsym(RTLD_DEFAULT, name)) return f;
+  for (const char* lib : libraries) {
+    void* handle = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr) continue;
+    void* f = dlsym(handle, name);
+    dlclose(handle);  // drops the reference NOLOAD took; the library stays loaded
+    if (f != nullptr) return f;
+  }
+  return nullptr;
+}
+
+// CUDA's version code 12040 as "12.4".
+std::string cuda_version_text(int code) {
+  return std::to_string(code / 1000) + "." + std::to_string(code % 1000 / 10);
+}
+
+}  // namespace
+
+int log_nccl_version_code() {
+  using GetVersion = int (*)(int*);  // ncclResult_t is an int-sized enum; 0 is ncclSuccess
+  const auto get = reinterpret_cast<GetVersion>(loaded_symbol("ncclGetVersion", {"libnccl.so.2"}));
+  int code = -1;
+  if (get == nullptr || get(&code) != 0) return -1;
+  return code;
+}
+
+std::string log_nccl_version_text(int code) {
+  if (code < 0) return "unknown";
+  // NCCL_VERSION_CODE: major*1000 + minor*100 + patch before 2.9, major*10000 + minor*100 + patch
+  // from 2.9 on.
+  const bool old = code < 20900;
+  const int major = old ? code / 1000 : code / 10000;
+  const int minor = old ? code % 1000 / 100 : code % 10000 / 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+}
+
+std::string log_runtime_versions() {
+  const int nccl = log_nccl_version_code();
+  std::string out = "NCCL " + (nccl < 0 ? std::string("not loaded") : log_nccl_version_text(nccl));
+  using GetVersion = int (*)(int*);  // cudaError_t / CUresult: 0 is success
+  const auto runtime = reinterpret_cast<GetVersion>(loaded_symbol(
+      "cudaRuntimeGetVersion", {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}));
+  const auto driver =
+      reinterpret_cast<GetVersion>(loaded_symbol("cuDriverGetVersion", {"libcuda.so.1"}));
+  int code = 0;
+  out += ", CUDA runtime ";
+  out += runtime != nullptr && runtime(&code) == 0 ? cuda_version_text(code) : "not loaded";
+  out += ", CUDA driver ";
+  out += driver != nullptr && driver(&code) == 0 ? cuda_version_text(code) : "not loaded";
+  return out;
+}
+
 void log_version_once(const char* version, const char* git_revision) {
   if (g_level.load(std::memory_order_acquire) < 0) ensure_configured();
-  if (g_level.load(std::memory_order_acquire) < static_cast<int>(LogLevel::kInfo) ||
+  const int level = g_level.load(std::memory_order_acquire);
+  if ((level != static_cast<int>(LogLevel::kVersion) &&
+       level < static_cast<int>(LogLevel::kInfo)) ||
       !log_first_in_process("version"))
     return;
-  const std::string text = std::string("version ") + version + " (git " + git_revision + ")";
-  emit(LogLevel::kInfo, Subsys::kCore, __FILE__, __LINE__, text.c_str());
+  const std::string text =
+      std::string("dynamiq ") + version + " (git " + git_revision + "), " + log_runtime_versions();
+  emit(level == static_cast<int>(LogLevel::kVersion) ? LogLevel::kVersion : LogLevel::kInfo,
+       Subsys::kCore, __FILE__, __LINE__, text.c_str());
 }
 
 void log_set_configurator(void (*configure)()) {

@@ -1,19 +1,19 @@
 // Logging, NCCL-style. Configured through log_configure() by the settings layer
 // (config::configure_log, from the settings table config/settings.def), which the entry points
 // call before their first line; until then WARN to stderr, every subsystem:
-//   DYNAMIQ_DEBUG         NONE | WARN (default) | INFO | TRACE
+//   DYNAMIQ_DEBUG         NONE | VERSION | WARN (default) | INFO | TRACE (NCCL_DEBUG's levels)
 //   DYNAMIQ_DEBUG_SUBSYS  ALL (default), or a comma list of CORE,SHIM,ENGINE,KERNEL,NET,ENV;
 //                         a leading ^ selects every subsystem but those listed (NCCL_DEBUG_SUBSYS).
 //                         Filters INFO and TRACE lines; warnings are always printed.
 //   DYNAMIQ_DEBUG_FILE    a file instead of stderr; %h host, %p pid, %r rank, %% a percent sign.
-// Lines:
-//   [2026-05-05 06:16:47] host:pid:tid [rank] dynamiq WARN SUBSYS file.cc:123 message
-//   host:pid:tid [rank] dynamiq INFO SUBSYS message
-// host is the host name up to its first dot, tid the kernel's thread id, rank the one given to
-// log_set_rank(), else the launcher's RANK / OMPI_COMM_WORLD_RANK / PMI_RANK / SLURM_PROCID,
-// else '-'. With DYNAMIQ_DEBUG=INFO the first line of a process gives dynamiq's version and git
-// revision: "... dynamiq INFO CORE version 0.1.0 (git 0a62516)", whatever the subsystems (written
-// by config::configure_log). Each
+// Lines, in NCCL's field order (NCCL prints "NCCL" where these print "dynamiq"):
+//   host:pid:tid [dev] dynamiq INFO message
+//   [2026-05-05 06:16:47] host:pid:tid [dev] file.cc:123 dynamiq WARN message
+//   host:pid:tid [dev] dynamiq VERSION message      (DYNAMIQ_DEBUG=VERSION: the banner alone)
+// host is the host name up to its first dot, tid the kernel's thread id, dev the CUDA device the
+// line concerns (log_set_device / LogDeviceScope), '-' where there is none (a host-memory job).
+// The first line of a process at VERSION, INFO or TRACE is the banner: dynamiq's version and git
+// revision and the NCCL and CUDA versions it runs on (written by config::configure_log). Each
 // line is one write(2): lines of several threads, processes or library copies never interleave
 // within a line.
 #pragma once
@@ -23,7 +23,7 @@
 
 namespace dq {
 
-enum class LogLevel : int { kNone = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
+enum class LogLevel : int { kNone = 0, kVersion = 1, kWarn = 2, kInfo = 3, kTrace = 4 };
 enum class Subsys : unsigned {
   kCore = 1,
   kShim = 2,
@@ -38,11 +38,27 @@ bool log_enabled(LogLevel level, Subsys subsys);
 void log_message(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-// The rank shown in every later line of this library's log ([rank]) and, if the debug file is
-// not open yet, in its name (%r). The shim's engine calls it with the process's rank in the first
-// communicator it serves; a process with several communicators keeps that one. Per library copy:
-// the net plugin and the CPU NCCL show the launcher's rank (RANK, ...) or '-'. rank < 0: unknown.
+// The rank in the debug file's name (%r) if it is not open yet. The shim's engine calls it with
+// the process's rank in the first communicator it serves; a process with several communicators
+// keeps that one. Per library copy: the net plugin and the CPU NCCL use the launcher's rank
+// (RANK, ...) or the pid. rank < 0: unknown.
 void log_set_rank(int rank);
+
+// The CUDA device ([dev]) of this library copy's later lines: the shim sets it to the device of
+// the first communicator a CUDA device serves. device < 0: none ('-').
+void log_set_device(int device);
+// The device of the calling thread's lines while it lives (the communicator a call is on), over
+// log_set_device()'s; device < 0 leaves the process-wide one.
+class LogDeviceScope {
+ public:
+  explicit LogDeviceScope(int device);
+  ~LogDeviceScope();
+  LogDeviceScope(const LogDeviceScope&) = delete;
+  LogDeviceScope& operator=(const LogDeviceScope&) = delete;
+
+ private:
+  int previous_;
+};
 
 // What the log prints and where: DYNAMIQ_DEBUG, DYNAMIQ_DEBUG_SUBSYS and DYNAMIQ_DEBUG_FILE
 // once parsed (the defaults are theirs).
@@ -71,10 +87,21 @@ void log_set_configurator(void (*configure)());
 // (a sandbox), each copy answers for itself (then once per library instead of once per process).
 bool log_first_in_process(std::string_view key);
 
-// With the level at INFO or TRACE, the first call in the process writes
-// "version <version> (git <git_revision>)" at INFO, subsystem CORE, whatever the subsystems
-// selected (config::configure_log passes config/version.h's values).
+// With the level at VERSION, INFO or TRACE, the first call in the process writes the banner
+// "dynamiq <version> (git <git_revision>), <log_runtime_versions()>" (level VERSION, or INFO at
+// INFO and TRACE), whatever the subsystems selected (config::configure_log passes
+// config/version.h's values).
 void log_version_once(const char* version, const char* git_revision);
+
+// "NCCL 2.28.9, CUDA runtime 12.4, CUDA driver 12.6": the versions this process runs on, from
+// ncclGetVersion, cudaRuntimeGetVersion and cuDriverGetVersion of the libraries already loaded
+// (none is loaded or initialised here); "not loaded" for a library the process has not loaded.
+std::string log_runtime_versions();
+// ncclGetVersion of the NCCL loaded in this process (code major*10000 + minor*100 + patch), or
+// -1 when none is loaded.
+int log_nccl_version_code();
+// "2.28.9" for 22809 (and the pre-2.9 code 1000*major + 100*minor + patch).
+std::string log_nccl_version_text(int code);
 
 // Parsers of the settings table's logging entries (config/settings.cc validates with them).
 bool log_parse_level(std::string_view text, LogLevel* out);

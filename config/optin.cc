@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <string>
 
 namespace dq::config {
 
@@ -49,28 +50,54 @@ Status parse_opt_in(const std::string& text, OptInRules* out, std::string* error
   return Status::kInvalidArgument;
 }
 
-bool opted_in(const OptInRules& rules, const CommIdentity& comm) {
-  for (const auto& r : rules.rules) {
-    switch (r.term) {
-      case OptInRules::Term::kAll:
-        return true;
-      case OptInRules::Term::kNone:
-        break;
-      case OptInRules::Term::kName:
-        if (!comm.name.empty() && glob_match(r.glob.c_str(), comm.name.c_str())) return true;
-        break;
-      case OptInRules::Term::kSize:
-        if (comm.size == r.value) return true;
-        break;
-      case OptInRules::Term::kIndex:
-        if (comm.index == r.value) return true;
-        break;
-      case OptInRules::Term::kColor:
-        if (comm.color >= 0 && comm.color == r.value) return true;
-        break;
-    }
+namespace {
+
+bool term_matches(const OptInRules::Rule& r, const CommIdentity& comm) {
+  switch (r.term) {
+    case OptInRules::Term::kAll:
+      return true;
+    case OptInRules::Term::kNone:
+      return false;
+    case OptInRules::Term::kName:
+      return !comm.name.empty() && glob_match(r.glob.c_str(), comm.name.c_str());
+    case OptInRules::Term::kSize:
+      return comm.size == r.value;
+    case OptInRules::Term::kIndex:
+      return comm.index == r.value;
+    case OptInRules::Term::kColor:
+      return comm.color >= 0 && comm.color == r.value;
   }
   return false;
+}
+
+std::string term_text(const OptInRules::Rule& r) {
+  switch (r.term) {
+    case OptInRules::Term::kAll:
+      return "all";
+    case OptInRules::Term::kNone:
+      return "none";
+    case OptInRules::Term::kName:
+      return "name=" + r.glob;
+    case OptInRules::Term::kSize:
+      return "size=" + std::to_string(r.value);
+    case OptInRules::Term::kIndex:
+      return "index=" + std::to_string(r.value);
+    case OptInRules::Term::kColor:
+      return "color=" + std::to_string(r.value);
+  }
+  return "?";
+}
+
+}  // namespace
+
+bool opted_in(const OptInRules& rules, const CommIdentity& comm) {
+  return !matching_term(rules, comm).empty();
+}
+
+std::string matching_term(const OptInRules& rules, const CommIdentity& comm) {
+  for (const auto& r : rules.rules)
+    if (term_matches(r, comm)) return term_text(r);
+  return "";
 }
 
 bool glob_match(const char* p, const char* t) {

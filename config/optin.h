@@ -27,6 +27,8 @@ struct OptInRules {
 // "all", "none", "name=grad*,size=8", ...; kInvalidArgument with *error naming the bad term.
 Status parse_opt_in(const std::string& text, OptInRules* out, std::string* error);
 bool opted_in(const OptInRules& rules, const CommIdentity& comm);
+// The term of `rules` that selects `comm` ("name=grad*", "all", ...), or "" when none does.
+std::string matching_term(const OptInRules& rules, const CommIdentity& comm);
 // Shell-style glob: * any run, ? any one character.
 bool glob_match(const char* pattern, const char* text);
 

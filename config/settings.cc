@@ -280,6 +280,8 @@ std::string consequence(const Entry& e) {
     case Scope::Agreed:
     case Scope::Shim:
       return "; compression is OFF: every call passes through to NCCL";
+    case Scope::Metrics:
+      return "; the metrics file is off (compression is not affected)";
     case Scope::Log:
       return "; the log uses the default " + fallback;
     case Scope::Net:
@@ -311,8 +313,10 @@ class Loader {
       set_[i] = true;
     }
     finish(s);
-    for (const Problem& p : problems_)
+    for (const Problem& p : problems_) {
       if (p.scope == Scope::Agreed || p.scope == Scope::Shim) s->enable = false;
+      if (p.scope == Scope::Metrics) s->metrics_file.clear();
+    }
   }
 
   std::vector<Problem>& problems() { return problems_; }
@@ -488,6 +492,14 @@ LogConfig log_config_of(const Settings& s) {
 const bool kLogConfiguratorInstalled = (log_set_configurator(&configure_log), true);
 }  // namespace
 
+const char* build_version() {
+  return DYNAMIQ_VERSION;
+}
+
+const char* build_revision() {
+  return DYNAMIQ_GIT_REVISION;
+}
+
 void configure_log() {
   static std::mutex mutex;
   static bool configured = false;
@@ -554,11 +566,26 @@ void report(const Settings& s, const std::vector<Problem>& problems) {
   for (const Problem& p : problems)
     if (log_first_in_process("warn:" + p.message)) DQ_WARN(Subsys::kEnv, "%s", p.message.c_str());
   if (!log_enabled(LogLevel::kInfo, Subsys::kEnv) || !log_first_in_process("settings")) return;
+  // At INFO the settings that differ from their defaults (what this job changed); every one at
+  // TRACE. One line per setting: log lines have a bounded length.
+  const bool all = log_enabled(LogLevel::kTrace, Subsys::kEnv);
+  int shown = 0;
   for (int i = 0; i < kCount; ++i) {
-    // One line per setting: log lines have a bounded length.
-    DQ_INFO(Subsys::kEnv, "dynamiq setting %s=%s  (default %s)  %s", kTable[i].key,
-            kShow[i](s).c_str(), *kTable[i].fallback ? kTable[i].fallback : "\"\"", kTable[i].doc);
+    const std::string value = kShow[i](s);
+    if (all) {
+      DQ_TRACE(Subsys::kEnv, "dynamiq setting %s=%s  (default %s)  %s", kTable[i].key,
+               value.c_str(), *kTable[i].fallback ? kTable[i].fallback : "\"\"", kTable[i].doc);
+    } else if (value != kShow[i](defaults())) {
+      DQ_INFO(Subsys::kEnv, "dynamiq setting %s=%s  (default %s)", kTable[i].key, value.c_str(),
+              *kTable[i].fallback ? kTable[i].fallback : "\"\"");
+      ++shown;
+    }
   }
+  if (!all)
+    DQ_INFO(Subsys::kEnv,
+            "dynamiq settings: %d of %d differ from their defaults (listed above); "
+            "DYNAMIQ_DEBUG=TRACE lists every one",
+            shown, kCount);
 }
 
 std::string describe(const Settings& s) {

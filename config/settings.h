@@ -26,9 +26,9 @@ namespace dq::config {
 
 enum class Kind { Bool, Int, Bytes, Real, Text };
 // Who reads a setting, and what an invalid value does (settings.def): Agreed and Shim: the
-// shim turns compression off; Log, Net, CpuNccl, Tool (dynamiq-run, dynamiq-perf): the setting
-// keeps its default.
-enum class Scope { Agreed, Shim, Log, Net, CpuNccl, Tool };
+// shim turns compression off; Metrics: the metrics file is off; Log, Net, CpuNccl, Tool
+// (dynamiq-run, dynamiq-perf): the setting keeps its default.
+enum class Scope { Agreed, Shim, Metrics, Log, Net, CpuNccl, Tool };
 
 // Compile-time parsing of the table's default texts, so that the struct below carries them.
 // A default that does not parse stops the build (settings.cc static_asserts each one).
@@ -142,8 +142,8 @@ bool global_valid();
 // problems are logged once per process.
 Settings current();
 
-// Logs problems, each once per process, and (DYNAMIQ_DEBUG=INFO, subsystem ENV) the effective
-// values, once per process.
+// Logs problems, each once per process, and (subsystem ENV) once per process the effective
+// values: at DYNAMIQ_DEBUG=INFO those that differ from their defaults, at TRACE every one.
 void report(const Settings& s, const std::vector<Problem>& problems);
 
 // One line per setting "KEY=value (default ...)", for DYNAMIQ_DEBUG=INFO.
@@ -155,6 +155,10 @@ struct Agreed {
   static const char* key(int i);
   static uint32_t hash(const Settings& s, int i);
 };
+
+// config/version.h's values: the project's version and the git revision it was built from.
+const char* build_version();
+const char* build_revision();
 
 // Configures this library copy's log (common/log.h) from global()'s DYNAMIQ_DEBUG* once, then
 // reports once per process: the version (INFO, subsystem CORE) and global()'s problems and

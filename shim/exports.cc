@@ -109,7 +109,7 @@ DQ_SHIM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniq
     Below below;
     const ncclResult_t r = real->comm_init_rank(comm, nranks, id, rank);
     if ((r == ncclSuccess || r == ncclInProgress) && comm)
-      dq::shim::comm_created(*comm, nullptr, -1, nullptr);
+      dq::shim::comm_created(*comm, nullptr, -1, nullptr, &id);
     return r;
   });
 }
@@ -122,7 +122,7 @@ DQ_SHIM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, nc
     Below below;
     const ncclResult_t r = real->comm_init_rank_config(comm, nranks, id, rank, config);
     if ((r == ncclSuccess || r == ncclInProgress) && comm)
-      dq::shim::comm_created(*comm, config, -1, nullptr);
+      dq::shim::comm_created(*comm, config, -1, nullptr, &id);
     return r;
   });
 }
@@ -135,7 +135,7 @@ DQ_SHIM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, 
     Below below;
     const ncclResult_t r = real->comm_init_rank_scalable(comm, nranks, rank, n_ids, ids, config);
     if ((r == ncclSuccess || r == ncclInProgress) && comm)
-      dq::shim::comm_created(*comm, config, -1, nullptr);
+      dq::shim::comm_created(*comm, config, -1, nullptr, n_ids > 0 ? ids : nullptr);
     return r;
   });
 }

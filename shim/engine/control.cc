@@ -55,7 +55,8 @@ ControlDecision decide_control(const uint32_t* w) {
       if (std::string(key) != "DYNAMIQ_ENABLE") note(key);
     }
   d.agreed = d.differs.empty();
-  d.settings_enabled = w[2] == 1u && w[4] == 1u;  // max == 1 and, being agreed, min too
+  d.all_valid = w[2] == 1u;  // max == 1 and, being agreed, min too
+  d.settings_enabled = w[2] == 1u && w[4] == 1u;
   d.enabled = d.settings_enabled && w[6] == 1u;
   const int tail = 2 * pairs();
   d.switch_on = w[tail] != 1u;  // 0 (no root?) or 2 = on

@@ -23,9 +23,10 @@ struct LocalControl {
 };
 
 struct ControlDecision {
-  bool agreed = false;   // every agreed setting, the opt-in and the protocol match
-  std::string differs;   // when not agreed: what differs (env keys), for the one warning
-  bool enabled = false;  // every rank valid, enabled, opted in
+  bool agreed = false;     // every agreed setting, the opt-in and the protocol match
+  std::string differs;     // when not agreed: what differs (env keys), for the one warning
+  bool enabled = false;    // every rank valid, enabled, opted in
+  bool all_valid = false;  // every rank's environment valid (and its NCCL supported)
   // Every rank valid and enabled (opted in or not): the communicator screens its calls, and a
   // communicator nobody opted in counts them as not_opted_in rather than disabled.
   bool settings_enabled = false;

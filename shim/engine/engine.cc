@@ -286,6 +286,7 @@ void Engine::account_call(const CallArgs& call, DType dtype, const Plan& plan,
            std::chrono::duration<double, std::milli>(t_end - t0).count(),
            static_cast<unsigned long long>(wire));
   count(PassReason::kRerouted);
+  note_outcome(PassReason::kRerouted, call);
   if (Bucket* bucket = choice.bucket) {
     bucket->stats_pending = predicted;
     bucket->calls_since_stats = choice.with_stats ? 0 : bucket->calls_since_stats + 1;
@@ -310,12 +311,17 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
   *reason = decide(call, screening);
   if (*reason != PassReason::kRerouted) {
     count(*reason);
+    note_outcome(*reason, call);
     return ncclSuccess;
   }
   // From here on every rank takes the same branch: the switch was agreed one call ago, plans are
   // agreed when made.
   pack_call_control(comm_.rank == 0, read_switch(), control_ + call_send_word());
-  if (!switch_agreed_) return pass_switched_off(call, reason);
+  if (!switch_agreed_) {
+    const ncclResult_t r = pass_switched_off(call, reason);
+    if (*reason == PassReason::kSwitchOff) note_outcome(*reason, call);
+    return r;
+  }
   const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
   const BudgetChoice choice = choose_budget(call, dtype);
   ncclResult_t nccl_failure;
@@ -326,6 +332,7 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
               : plan == nullptr          ? PassReason::kFailure
                                          : PassReason::kOverBudget;
     count(*reason);
+    note_outcome(*reason, call);
     return ncclSuccess;
   }
   const uint64_t call_index = call_seq_++;

@@ -133,6 +133,18 @@ class Engine {
   // Explicit opt-in (dynamiqCommRegister): only before the handshake, so it cannot diverge.
   Status register_opt_in(bool on);
 
+  // What the decision line (docs/ENGINE.md section 2) names the communicator by: `label` (index,
+  // name, color, rank/size, NCCL's comm pointer and hashes) and what opted it in or out
+  // (`opt_in`: "DYNAMIQ_COMMS term all", "dynamiqCommRegister(comm, 0)", ...).
+  void describe_comm(std::string label, std::string opt_in);
+  // A rank-local reason this rank must not compress (an NCCL version outside the supported
+  // range): it takes part in the handshake as a rank with invalid settings, so every rank of the
+  // communicator passes through. Before the first call.
+  void block_locally(std::string why);
+  // The decision line of a communicator that never handshakes (one rank, no device): logged by
+  // the interceptor when it makes the engine.
+  void log_decision_without_handshake(const std::string& why) const;
+
   // The canary of this communicator: not run (yet, or never: a device that needs none, such as
   // the host device), agreed passed, or agreed failed (on some rank: every call passes through).
   enum class Canary { kNotRun, kPassed, kFailed };
@@ -221,6 +233,15 @@ class Engine {
   bool read_switch();
   // Counts one call under `reason` in this communicator's metrics.
   void count(PassReason reason);
+  // A call of this communicator passed through for `reason` (counted): the reason's first such
+  // call logged at INFO (per communicator), and the first kQuietCalls calls after the handshake
+  // watched: all of them passed through for their size or type gives one WARN. A compressed
+  // call (kRerouted) ends the watch.
+  void note_outcome(PassReason reason, const CallArgs& call);
+  // The decision line, after the handshake's words were read.
+  void log_decision(const ControlDecision& d) const;
+  std::string call_reason_text(PassReason reason, const CallArgs& call) const;
+  std::string compressed_text() const;
   // The sampled check (DYNAMIQ_CHECK_EVERY, docs/ENGINE.md section 10): enqueued around a
   // compressed all-reduce (`gather` before its codec steps, `finish` after), read on the host
   // after the control wait of a later call whose comm stream waited for it; paired with the
@@ -241,6 +262,13 @@ class Engine {
   topo::Kind kind_;
   uint64_t call_seq_ = 0;  // compressed calls so far (identical on every rank): keys the rounding
   std::string warned_differs_;
+  std::string label_ = "?", opt_in_why_;  // describe_comm()
+  std::string local_block_;               // block_locally()
+  uint32_t noted_reasons_ = 0;            // bit per PassReason: its first call was logged
+  // The watch of the first calls after the handshake: calls seen, of them passed for size or
+  // for type; ended (or its warning given).
+  int quiet_seen_ = 0, quiet_small_ = 0, quiet_dtype_ = 0;
+  bool quiet_done_ = false;
   Canary canary_ = Canary::kNotRun;
   bool canary_agreed_ = false;  // the canary's verdict was agreed (at the first plan made)
   std::list<std::unique_ptr<Plan>> plans_;      // most recently used first

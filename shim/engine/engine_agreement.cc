@@ -101,8 +101,7 @@ ncclResult_t Engine::handshake() {
     state_ = d.settings_enabled ? State::kAgreed : State::kInert;
   }
   switch_agreed_ = d.switch_on;
-  DQ_INFO(Subsys::kEngine, "dynamiq: handshake rank %d/%d: %s", comm_.rank, comm_.nranks,
-          state_ == State::kAgreed ? "compression on" : "pass-through");
+  log_decision(d);
   return ncclSuccess;
 }
 
@@ -118,6 +117,8 @@ ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
                                          ncclMax, comm_.comm, stream);
   if (r != ncclSuccess) return r;
   state_ = State::kInert;
+  log_decision_without_handshake(
+      "this rank could not set up its device (see its WARN line); every rank passes through");
   return ncclSuccess;
 }
 

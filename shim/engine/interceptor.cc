@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -37,6 +38,11 @@ struct CommEntry {
   std::atomic<bool> aborted{false};  // set before that real abort: the engine watches it
   bool host_engine = false;          // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
+  ncclComm_t handle = nullptr;
+  // From the unique id of an ncclCommInitRank*: NCCL's commId (what its "Init START/COMPLETE"
+  // INFO lines print) and its internal commHash; the same on every rank of the communicator.
+  bool has_id = false;
+  uint64_t comm_id = 0, comm_hash = 0;
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
 };
 
@@ -88,6 +94,89 @@ engine::Device* cuda_device_for_cpu_nccl(const engine::CallArgs& call, int* ordi
   return engine::cuda_gpu_device(*ordinal, why);
 }
 
+// Whether the communicator opts in, and by what: dynamiqCommRegister, or the DYNAMIQ_COMMS term
+// that selects it, or (not opted in) the rule and the identity none of its terms matches.
+bool opt_in_decision(const CommEntry& e, const config::Settings& s, std::string* why) {
+  if (e.explicit_opt) {
+    *why = std::string("dynamiqCommRegister(comm, ") + (e.explicit_on ? "1" : "0") + ")";
+    return e.explicit_on;
+  }
+  config::OptInRules rules;
+  std::string ignored;
+  const std::string term = config::parse_opt_in(s.comms, &rules, &ignored) == Status::kOk
+                               ? config::matching_term(rules, e.identity)
+                               : "";
+  if (!term.empty()) {
+    *why = "DYNAMIQ_COMMS term " + term;
+    return true;
+  }
+  *why = "DYNAMIQ_COMMS=" + s.comms + " matches none of name '" + e.identity.name + "', size " +
+         std::to_string(e.identity.size) + ", index " + std::to_string(e.identity.index) +
+         ", color " + std::to_string(e.identity.color) +
+         "; dynamiqCommRegister(comm, 1) opts one in";
+  return false;
+}
+
+// "index 0 name 'grad' color -1 rank 1/4 comm 0x... commId 0x... commHash 0x...": what ties the
+// decision line to the application's communicator and to NCCL's own lines.
+std::string comm_label(const CommEntry& e, const engine::CommInfo& info) {
+  char ids[160];
+  if (e.has_id)
+    std::snprintf(ids, sizeof ids, "comm %p commId 0x%llx commHash 0x%llx",
+                  static_cast<void*>(e.handle), static_cast<unsigned long long>(e.comm_id),
+                  static_cast<unsigned long long>(e.comm_hash));
+  else
+    std::snprintf(ids, sizeof ids, "comm %p", static_cast<void*>(e.handle));
+  return "index " + std::to_string(e.identity.index) + " name '" + e.identity.name + "' color " +
+         std::to_string(e.identity.color) + " rank " + std::to_string(info.rank) + "/" +
+         std::to_string(info.nranks) + " " + ids;
+}
+
+// NCCL's two hashes of a unique id (facts of its init.cc): the commId its INFO lines print
+// (hashUniqueId) and comm->commHash (getHash, DJB2a). Both read the id's bytes as signed chars.
+uint64_t nccl_comm_id(const ncclUniqueId& id) {
+  uint64_t h = 0xdeadbeef;
+  for (char c : id.internal) {
+    h ^= h >> 32;
+    h *= 0x8db3db47fa2994adull;
+    h += static_cast<uint64_t>(static_cast<int64_t>(static_cast<signed char>(c)));
+  }
+  return h;
+}
+uint64_t nccl_comm_hash(const ncclUniqueId& id) {
+  uint64_t h = 5381;
+  for (char c : id.internal)
+    h = ((h << 5) + h) ^ static_cast<uint64_t>(static_cast<int64_t>(static_cast<signed char>(c)));
+  return h;
+}
+
+int g_nccl_version = -1;
+std::string& unsupported_text() {
+  static std::string& text = *new std::string;
+  return text;
+}
+
+// The wrapped NCCL's version, once: logged, and checked against the supported range.
+void check_nccl_version() {
+  using GetVersion = ncclResult_t (*)(int*);
+  const auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_NEXT, "ncclGetVersion"));
+  int code = -1;
+  if (get == nullptr || get(&code) != ncclSuccess) code = -1;
+  g_nccl_version = code;
+  const std::string text = log_nccl_version_text(code);
+  DQ_INFO(Subsys::kShim, "dynamiq: wrapping NCCL %s (ncclGetVersion %d); supported %s to %s",
+          text.c_str(), code, log_nccl_version_text(kMinNcclVersion).c_str(),
+          log_nccl_version_text(kMaxNcclVersion).c_str());
+  if (code >= kMinNcclVersion && code <= kMaxNcclVersion) return;
+  unsupported_text() = "NCCL " + text + " is outside the versions this build supports (" +
+                       log_nccl_version_text(kMinNcclVersion) + " to " +
+                       log_nccl_version_text(kMaxNcclVersion) + ")";
+  const bool allowed = config::global().untested_nccl;
+  DQ_WARN(Subsys::kShim, "dynamiq: %s: %s", unsupported_text().c_str(),
+          allowed ? "compressing anyway (DYNAMIQ_UNTESTED_NCCL=1)"
+                  : "every call passes through to NCCL (DYNAMIQ_UNTESTED_NCCL=1 overrides)");
+}
+
 // Creates the engine on first use (rank and size are only certain once init completed); `call`
 // is that first call.
 engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
@@ -102,15 +191,8 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
   static std::once_flag rank_named;
   std::call_once(rank_named, [&] { log_set_rank(info.rank); });
   const config::Settings& s = config::global();
-  bool opted = false;
-  if (e.explicit_opt) {
-    opted = e.explicit_on;
-  } else {
-    config::OptInRules rules;
-    std::string ignored;
-    opted = config::parse_opt_in(s.comms, &rules, &ignored) == Status::kOk &&
-            config::opted_in(rules, e.identity);
-  }
+  std::string opt_in_why;
+  const bool opted = opt_in_decision(e, s, &opt_in_why);
   // Which device serves the communicator, fixed here for its life (docs/ENGINE.md section 2):
   // - dynamiq's CPU NCCL (it exports dqCpuNcclCommName, which NVIDIA's does not): the CUDA device
   //   of the first call's buffers when they are device memory and CUDA works here (several
@@ -161,6 +243,8 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
               e.identity.index, device->name());
     }
   }
+  static std::once_flag device_named;  // the first CUDA device served names the log's [dev]
+  if (e.cuda_ordinal >= 0) std::call_once(device_named, [&] { log_set_device(e.cuda_ordinal); });
   static std::once_flag no_device_note;
   if (device == nullptr && s.enable && info.nranks >= 2)
     std::call_once(no_device_note, [&] {
@@ -175,17 +259,31 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
                 "passes through unchanged",
                 why.c_str());
     });
-  e.metrics = engine::metrics_register(e.identity.index, e.identity.name, info.rank, info.nranks);
+  e.metrics = engine::metrics_register(e.identity.index, e.identity.name, info.rank, info.nranks,
+                                       e.has_id ? e.comm_id : 0);
   e.engine = std::make_unique<engine::Engine>(s, config::global_valid(), info, real.ops, device,
                                               e.metrics, opted);
   e.engine->watch_abort(&e.aborted);
-  DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d name '%s' rank %d/%d: %s",
-          e.identity.index, e.identity.name.c_str(), info.rank, info.nranks,
-          opted ? "opted in" : "not opted in");
+  e.engine->describe_comm(comm_label(e, info), opt_in_why);
+  if (!nccl_unsupported().empty() && !s.untested_nccl) e.engine->block_locally(nccl_unsupported());
+  if (info.nranks < 2)
+    e.engine->log_decision_without_handshake("a 1-rank communicator");
+  else if (device == nullptr)
+    e.engine->log_decision_without_handshake("no device serves it (" + why + ")");
   return e.engine.get();
 }
 
 }  // namespace
+
+int nccl_version() {
+  real_nccl();
+  return g_nccl_version;
+}
+
+const std::string& nccl_unsupported() {
+  real_nccl();
+  return unsupported_text();
+}
 
 const RealNccl* real_nccl() {
   static RealNccl real;
@@ -221,13 +319,21 @@ const RealNccl* real_nccl() {
               "ncclSend, ... not found): link or preload libnccl.so.2 after it");
     // Parse and report the settings once, at the first NCCL call.
     config::global();
+    if (ok) check_nccl_version();
   });
   return ok ? &real : nullptr;
 }
 
-void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent) {
+void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent,
+                  const ncclUniqueId* id) {
   if (comm == nullptr) return;
   auto e = std::make_shared<CommEntry>();
+  e->handle = comm;
+  if (id != nullptr) {
+    e->has_id = true;
+    e->comm_id = nccl_comm_id(*id);
+    e->comm_hash = nccl_comm_hash(*id);
+  }
   // ncclConfig_t grew over releases: read commName only if this caller's struct has it.
   if (config && config->magic == DQ_NCCL_CONFIG_MAGIC &&
       config->size >= offsetof(ncclConfig_t, commName) + sizeof(const char*) && config->commName)
@@ -391,6 +497,7 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
   engine::PassReason reason = engine::PassReason::kDisabled;
   {
     std::lock_guard<std::mutex> lock(e->mutex);
+    const LogDeviceScope device_in_log(e->cuda_ordinal);
     engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, real, call);
     // Asked once for this call; every check below decides from it.
     const engine::Screening screening =

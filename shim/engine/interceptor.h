@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "common/nccl_api.h"
 #include "shim/engine/metrics.h"
@@ -39,9 +40,23 @@ struct RealNccl {
 // Resolves once; nullptr (with one WARN) when the next library is not an NCCL.
 const RealNccl* real_nccl();
 
+// The NCCL versions this build supports (ncclGetVersion codes, major*10000 + minor*100 + patch):
+// every entry point, enum value and ncclConfig_t field the shim uses has the ABI of the NCCL 2.28
+// headers it is built against from 2.18 (ncclCommSplit) on. Outside: one WARN and every
+// communicator passes through, unless DYNAMIQ_UNTESTED_NCCL=1.
+inline constexpr int kMinNcclVersion = 21800;
+inline constexpr int kMaxNcclVersion = 22899;
+// The wrapped NCCL's ncclGetVersion code (-1: none), and "" or why this build does not compress
+// on it; read once, at real_nccl().
+int nccl_version();
+const std::string& nccl_unsupported();
+
 // Lifecycle: record identity at creation (name, split color, creation order) and drop the
 // engine before the real destroy (after the real abort on the CUDA device: comm_aborted).
-void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent);
+// `id`: the unique id it was made from (ncclCommInitRank*), for NCCL's commId and commHash in
+// the decision line; null for a split or ncclCommInitAll.
+void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent,
+                  const ncclUniqueId* id = nullptr);
 void comm_finalizing(ncclComm_t comm);
 void comm_destroyed(ncclComm_t comm);
 // ncclCommAbort: on the CUDA device the real abort (`real_abort`) comes before the engine's

@@ -32,26 +32,6 @@ Registry& registry() {
   return *r;
 }
 
-std::string expand_path(const std::string& pattern, int rank) {
-  std::string out;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] == '%' && i + 1 < pattern.size()) {
-      if (pattern[i + 1] == 'r') {
-        out += std::to_string(rank);
-        ++i;
-        continue;
-      }
-      if (pattern[i + 1] == 'p') {
-        out += std::to_string(getpid());
-        ++i;
-        continue;
-      }
-    }
-    out += pattern[i];
-  }
-  return out;
-}
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -63,19 +43,80 @@ int64_t now_ns() {
 ProcessLabels process_labels() {
   ProcessLabels l;
   // The launcher's job id, where one is set, so that two jobs on one node stay distinct.
+  // torchrun without --rdzv-id (and without --standalone) sets TORCHELASTIC_RUN_ID to "none" in
+  // every job: no job id at all.
   for (const char* key : {"DYNAMIQ_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID",
                           "LSB_JOBID", "JOB_ID"})
-    if (const char* v = std::getenv(key); v != nullptr && *v != '\0') {
+    if (const char* v = std::getenv(key); v != nullptr && *v != '\0' && std::string(v) != "none") {
       l.job = v;
       break;
     }
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) == 0) l.host = host;
   l.pid = static_cast<int>(getpid());
+  l.version = config::build_version();
+  l.revision = config::build_revision();
+  l.nccl = log_nccl_version_text(log_nccl_version_code());
   return l;
 }
 
+std::string metrics_expand_path(const std::string& pattern, const std::string& job,
+                                const std::string& host, int rank, int pid) {
+  const std::string full =
+      !pattern.empty() && pattern.back() == '/' ? pattern + "dynamiq-%j-%h-%r.prom" : pattern;
+  std::string out;
+  for (size_t i = 0; i < full.size(); ++i) {
+    if (full[i] != '%' || i + 1 == full.size()) {
+      out += full[i];
+      continue;
+    }
+    const char k = full[++i];
+    if (k == 'j') {
+      // A job id is the launcher's text: keep it one path component.
+      for (char c : job) out += c == '/' ? '_' : c;
+    } else if (k == 'h') {
+      out += host.substr(0, host.find('.'));
+    } else if (k == 'r') {
+      out += std::to_string(rank);
+    } else if (k == 'p') {
+      out += std::to_string(pid);
+    } else if (k == '%') {
+      out += '%';
+    } else {
+      out += '%';
+      out += k;
+    }
+  }
+  return out;
+}
+
+std::string metrics_job_name(const ProcessLabels& labels,
+                             const std::vector<std::shared_ptr<CommMetrics>>& comms) {
+  if (!labels.job.empty()) return labels.job;
+  for (const auto& c : comms)
+    if (c->comm_id != 0) {
+      char text[32];
+      std::snprintf(text, sizeof text, "nccl-%016llx", static_cast<unsigned long long>(c->comm_id));
+      return text;
+    }
+  return "pid-" + std::to_string(labels.pid);
+}
+
 namespace {
+
+double update_time(const ProcessLabels& labels) {
+  if (labels.now_s > 0) return labels.now_s;
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The bytes an uncompressed ring all-reduce of the compressed calls' buffers sends per rank
+// (2 (n-1)/n of them), over the bytes this rank sent for them; 0 before any.
+double compression_ratio(const CommMetrics& c) {
+  const uint64_t wire = c.wire_bytes.load();
+  if (wire == 0 || c.size < 2) return 0;
+  return 2.0 * (c.size - 1) / c.size * static_cast<double>(c.bytes_in.load()) /
+         static_cast<double>(wire);
+}
 
 // The JSON `quantization` object of one communicator: its budget, buckets and sampled check.
 // Caller holds its budget mutex.
@@ -117,6 +158,8 @@ std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
   doc["job"] = labels.job;
   doc["host"] = labels.host;
   doc["pid"] = labels.pid;
+  doc["build"] = {{"version", labels.version}, {"git", labels.revision}, {"nccl", labels.nccl}};
+  doc["updated_unix_s"] = update_time(labels);
   doc["communicators"] = nlohmann::json::array();
   for (const auto& c : comms) {
     nlohmann::json calls = nlohmann::json::object();
@@ -136,6 +179,7 @@ std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
                                     {"wire_bytes", c->wire_bytes.load()},
                                     {"seconds", c->nanoseconds.load() * 1e-9},
                                     {"held_bytes", c->held_bytes.load()},
+                                    {"compression_ratio", compression_ratio(*c)},
                                     {"calls", calls},
                                     // After held_bytes in key order: tests/soak reads each
                                     // communicator up to the end of its first nested object.
@@ -145,8 +189,9 @@ std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
   return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
-// Prometheus text: one label set on every sample (job, host, pid, comm, name, rank), plus the
-// outcome on the calls counter.
+// Prometheus text: one label set on every sample (job_id, host, pid, comm, name, rank), plus the
+// outcome on the calls counter. Not `job` or `instance`: Prometheus sets those itself when it
+// scrapes the node exporter that reads this file.
 std::string prometheus_quote(const std::string& v) {
   std::string o = "\"";
   for (char ch : v) {
@@ -162,7 +207,7 @@ std::string prometheus_quote(const std::string& v) {
 
 std::string prometheus_labels(const ProcessLabels& labels, const CommMetrics& c) {
   auto quote = prometheus_quote;
-  return "job=" + quote(labels.job) + ",host=" + quote(labels.host) +
+  return "job_id=" + quote(labels.job) + ",host=" + quote(labels.host) +
          ",pid=" + quote(std::to_string(labels.pid)) + ",comm=" + quote(std::to_string(c.index)) +
          ",name=" + quote(c.name) + ",rank=" + quote(std::to_string(c.rank));
 }
@@ -208,12 +253,43 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
   for (const auto& c : comms)
     text +=
         "dynamiq_held_bytes{" + label_set(*c) + "} " + std::to_string(c->held_bytes.load()) + "\n";
+  text +=
+      "# HELP dynamiq_compression_ratio Bytes an uncompressed ring all-reduce of the compressed "
+      "calls' buffers sends per rank (2 (n-1)/n of them) over the bytes this rank sent for them "
+      "(0: none yet).\n# TYPE dynamiq_compression_ratio gauge\n";
+  for (const auto& c : comms) {
+    char v[48];
+    std::snprintf(v, sizeof v, "} %.6g\n", compression_ratio(*c));
+    text += "dynamiq_compression_ratio{" + label_set(*c) + v;
+  }
+}
+
+// The process's own samples: what it runs, and when the file was written (the textfile collector
+// takes no sample timestamps; a stale file shows as an old value here).
+void render_prometheus_process(const ProcessLabels& labels, std::string& text) {
+  auto quote = prometheus_quote;
+  const std::string process = "job_id=" + quote(labels.job) + ",host=" + quote(labels.host) +
+                              ",pid=" + quote(std::to_string(labels.pid));
+  text +=
+      "# HELP dynamiq_build_info The dynamiq build and the NCCL it wraps (always 1).\n"
+      "# TYPE dynamiq_build_info gauge\n"
+      "dynamiq_build_info{" +
+      process + ",version=" + quote(labels.version) + ",git=" + quote(labels.revision) +
+      ",nccl=" + quote(labels.nccl) + "} 1\n";
+  char v[64];
+  std::snprintf(v, sizeof v, "} %.3f\n", update_time(labels));
+  text +=
+      "# HELP dynamiq_last_update_timestamp_seconds Unix time of this file's write.\n"
+      "# TYPE dynamiq_last_update_timestamp_seconds gauge\n"
+      "dynamiq_last_update_timestamp_seconds{" +
+      process + v;
 }
 
 // The budget's samples of every communicator, one string per family (the widths go straight
 // into the text, whose family comes first).
 struct BudgetLines {
-  std::string predicted_calls, predicted_sum, predicted_last, bucket_lines, mx_calls, check_lines;
+  std::string predicted_calls, predicted_sum, predicted_last, sampled_last, bucket_lines, mx_calls,
+      check_lines;
 };
 
 void collect_budget_lines(const std::vector<std::shared_ptr<CommMetrics>>& comms,
@@ -247,6 +323,8 @@ void collect_budget_lines(const std::vector<std::shared_ptr<CommMetrics>>& comms
     out.predicted_sum += "dynamiq_predicted_vnmse_sum_total{" + label_set(*c) + v;
     std::snprintf(v, sizeof v, "} %.9g\n", b.predicted_vnmse_last);
     out.predicted_last += "dynamiq_predicted_vnmse{" + label_set(*c) + v;
+    std::snprintf(v, sizeof v, "} %.9g\n", b.checked_vnmse_last);
+    out.sampled_last += "dynamiq_sampled_vnmse{" + label_set(*c) + v;
     for (const BucketMetrics& k : b.buckets) {
       std::snprintf(v, sizeof v, "} %.9g\n", k.budget_bits);
       out.bucket_lines += "dynamiq_bucket_budget_bits{" + label_set(*c) +
@@ -303,6 +381,10 @@ void render_prometheus_budget(const std::vector<std::shared_ptr<CommMetrics>>& c
       "yet).\n";
   text += "# TYPE dynamiq_predicted_vnmse gauge\n" + l.predicted_last;
   text +=
+      "# HELP dynamiq_sampled_vnmse Sampled vNMSE (DYNAMIQ_CHECK_EVERY: 64 super-groups against "
+      "their exact all-reduce) of the latest checked call (-1: none yet).\n";
+  text += "# TYPE dynamiq_sampled_vnmse gauge\n" + l.sampled_last;
+  text +=
       "# HELP dynamiq_bucket_budget_bits Budget of the latest compressed call of each bucket "
       "(call shape), bits per coordinate.\n";
   text += "# TYPE dynamiq_bucket_budget_bits gauge\n";
@@ -320,6 +402,7 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
                            const ProcessLabels& labels, bool prometheus) {
   if (!prometheus) return render_json(comms, labels);
   std::string text;
+  render_prometheus_process(labels, text);
   render_prometheus_traffic(comms, labels, text);
   render_prometheus_budget(comms, labels, text);
   return text;
@@ -331,12 +414,14 @@ namespace {
 void write_locked(Registry& r) {
   const config::Settings& s = config::global();
   if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
-  const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;
-  const std::string path = expand_path(s.metrics_file, rank);
-  const bool prom = path.size() >= 5 && path.compare(path.size() - 5, 5, ".prom") == 0;
   static const ProcessLabels labels = process_labels();
+  const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;
+  const std::string path = metrics_expand_path(s.metrics_file, metrics_job_name(labels, r.comms),
+                                               labels.host, rank, labels.pid);
+  const bool prom = path.size() >= 5 && path.compare(path.size() - 5, 5, ".prom") == 0;
   // A temporary created O_EXCL | O_NOFOLLOW, renamed over the file: never through a symbolic
-  // link placed at either name (a shared /tmp). A failure: one warning, and no further writes.
+  // link placed at either name (a shared /tmp), and a reader (the textfile collector reads
+  // *.prom only) never sees half a file. A failure: one warning, and no further writes.
   std::string why;
   if (!write_file_replacing(path, metrics_render(r.comms, labels, prom), &why)) {
     DQ_WARN(Subsys::kShim,
@@ -390,8 +475,9 @@ const char* reason_name(PassReason r) {
 }
 
 std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name, int rank,
-                                              int size) {
+                                              int size, uint64_t comm_id) {
   auto m = std::make_shared<CommMetrics>();
+  m->comm_id = comm_id;
   m->index = index;
   m->name = name;
   m->rank = rank;
@@ -403,6 +489,7 @@ std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name
     r.atexit_registered = true;
     std::atexit([] { metrics_flush(); });  // the job's final totals
   }
+  if (!config::global().metrics_file.empty()) metrics_install_signal_write();
   return m;
 }
 

@@ -75,6 +75,7 @@ struct BudgetMetrics {
 struct CommMetrics {
   int index = 0, rank = 0, size = 0;
   std::string name;
+  uint64_t comm_id = 0;  // NCCL's commId of its unique id (0: unknown, a split): names the job
   std::atomic<uint64_t> calls[kPassReasonCount] = {};
   std::atomic<uint64_t> bytes_in{0};     // caller bytes of rerouted calls
   std::atomic<uint64_t> wire_bytes{0};   // bytes this rank sent for rerouted calls (all messages)
@@ -85,27 +86,44 @@ struct CommMetrics {
   BudgetMetrics budget;
 };
 
-// What tells this process's metrics apart from another job's on the same node.
+// What tells this process's metrics apart from another job's on the same node, and what it runs.
 struct ProcessLabels {
-  std::string
-      job;  // DYNAMIQ_JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID, PBS_JOBID, LSB_JOBID, JOB_ID
+  std::string job;  // DYNAMIQ_JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID (not torchrun's "none"),
+                    // PBS_JOBID, LSB_JOBID, JOB_ID; empty when none is set
   std::string host;
   int pid = 0;
+  std::string version, revision, nccl;  // dynamiq_build_info's labels
+  double now_s = 0;                     // the write's Unix time; 0: the clock's
 };
 ProcessLabels process_labels();
-// The metrics file's text: Prometheus exposition format (HELP, TYPE, one label set on every
+// The metrics file's text: Prometheus exposition format as the node exporter's textfile collector
+// reads it (HELP, TYPE, no job or instance label, no sample timestamps; one label set on every
 // sample) or JSON (written by a JSON library).
 std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comms,
                            const ProcessLabels& labels, bool prometheus);
 
+// DYNAMIQ_METRICS_FILE's pattern made a path: a directory (ending in /) gets the file name
+// dynamiq-%j-%h-%r.prom; then %j job, %h host, %r rank, %p pid, %% a percent sign (others stay).
+std::string metrics_expand_path(const std::string& pattern, const std::string& job,
+                                const std::string& host, int rank, int pid);
+// %j: the launcher's job id (labels.job), else "nccl-<commId>" of the first communicator made
+// from a unique id (the same on every rank, new in every job), else "pid-<pid>".
+std::string metrics_job_name(const ProcessLabels& labels,
+                             const std::vector<std::shared_ptr<CommMetrics>>& comms);
+
 // Registers a communicator's counters with the process-wide writer. Unregistering marks them
 // destroyed and writes the file once more; they stay in every later write, and the file is
 // written again at exit (so a job's final totals survive its communicators).
+// The first registration with a metrics file set installs the final write on SIGTERM and SIGINT
+// (metrics_signal.cc).
 std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name, int rank,
-                                              int size);
+                                              int size, uint64_t comm_id = 0);
 void metrics_unregister(const std::shared_ptr<CommMetrics>& m);
 // Rewrites the file if the interval has elapsed (cheap otherwise: one clock read).
 void metrics_tick();
 void metrics_flush();
+// Installs the SIGTERM/SIGINT handlers that write the file once more before the handler that
+// was there before runs (once per process; metrics_signal.cc).
+void metrics_install_signal_write();
 
 }  // namespace dq::engine

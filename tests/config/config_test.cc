@@ -117,8 +117,8 @@ TEST(Table, InvalidValuesSayWhatHappens) {
        false},
       {"DYNAMIQ_CPU_NCCL_CHUNK_BYTES", "32", "DYNAMIQ_CPU_NCCL_CHUNK_BYTES=32 is not valid", false},
       {"DYNAMIQ_DEBUG", "verbose",
-       "DYNAMIQ_DEBUG=verbose is not valid; accepted: NONE|WARN|INFO|TRACE; the log uses the "
-       "default WARN",
+       "DYNAMIQ_DEBUG=verbose is not valid; accepted: NONE|VERSION|WARN|INFO|TRACE; the log uses "
+       "the default WARN",
        false},
       {"DYNAMIQ_DEBUG_SUBSYS", "SHIM,BOGUS", "DYNAMIQ_DEBUG_SUBSYS=SHIM,BOGUS is not valid", false},
       {"DYNAMIQ_BITS", "2",
@@ -265,46 +265,81 @@ std::string short_host() {
   return h.substr(0, h.find('.'));
 }
 
-// Child scenario "lines": a warning, an INFO line, the rank set by the engine, a filtered line.
+// Child scenario "lines": a warning, an INFO line, the device set by the shim, a filtered line.
 int child_lines() {
   DQ_WARN(Subsys::kShim, "hello %d", 1);
   DQ_INFO(Subsys::kNet, "net info");
   DQ_INFO(Subsys::kEngine, "engine info");
-  log_set_rank(7);
-  DQ_INFO(Subsys::kNet, "after rank");
+  log_set_device(7);
+  DQ_INFO(Subsys::kNet, "after device");
+  {
+    const LogDeviceScope scope(3);  // a call on a communicator of device 3
+    DQ_INFO(Subsys::kNet, "in scope");
+  }
+  DQ_INFO(Subsys::kNet, "after scope");
   return 0;
 }
 
+// NCCL's field order: "host:pid:tid [dev] NCCL INFO msg", "host:pid:tid [dev] file:line NCCL WARN
+// msg" (a timestamp first on warnings, as NCCL 2.23 and later print it); no subsystem token.
 TEST(Log, LinesLookLikeNccl) {
   const Child c = run_child(
       "lines", {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "^ENGINE,ENV"}, {"RANK", "5"}});
   ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
   const std::string id = short_host() + ":[0-9]+:[0-9]+ ";
   const std::vector<std::string> lines = lines_of(c.err);
-  ASSERT_EQ(lines.size(), 4u) << c.err;
-  // First use at INFO: the version and git revision, once.
-  EXPECT_TRUE(std::regex_match(lines[0], std::regex(id + "\\[5\\] dynamiq INFO CORE version "
-                                                         "[0-9]+\\.[0-9]+\\.[0-9]+ \\(git .+\\)")))
+  ASSERT_EQ(lines.size(), 6u) << c.err;
+  // First use at INFO: the banner (version, git revision, the NCCL and CUDA it runs on), once.
+  EXPECT_TRUE(std::regex_match(
+      lines[0], std::regex(id + "\\[-\\] dynamiq INFO dynamiq [0-9]+\\.[0-9]+\\.[0-9]+ \\(git "
+                                ".+\\), NCCL [^,]+, CUDA runtime [^,]+, CUDA driver .+")))
       << lines[0];
   EXPECT_TRUE(std::regex_match(
       lines[1], std::regex("\\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\\] " + id +
-                           "\\[5\\] dynamiq WARN SHIM config_test\\.cc:[0-9]+ hello 1")))
+                           "\\[-\\] config_test\\.cc:[0-9]+ dynamiq WARN hello 1")))
       << lines[1];
-  EXPECT_TRUE(std::regex_match(lines[2], std::regex(id + "\\[5\\] dynamiq INFO NET net info")))
+  EXPECT_TRUE(std::regex_match(lines[2], std::regex(id + "\\[-\\] dynamiq INFO net info")))
       << lines[2];
-  // ^ENGINE,ENV: the ENGINE line (and the settings) left out; log_set_rank() replaces the
-  // launcher's rank.
-  EXPECT_TRUE(std::regex_match(lines[3], std::regex(id + "\\[7\\] dynamiq INFO NET after rank")))
+  // ^ENGINE,ENV: the ENGINE line (and the settings) left out; the launcher's RANK is not the
+  // device: log_set_device() and a LogDeviceScope are.
+  EXPECT_TRUE(std::regex_match(lines[3], std::regex(id + "\\[7\\] dynamiq INFO after device")))
       << lines[3];
+  EXPECT_TRUE(std::regex_match(lines[4], std::regex(id + "\\[3\\] dynamiq INFO in scope")))
+      << lines[4];
+  EXPECT_TRUE(std::regex_match(lines[5], std::regex(id + "\\[7\\] dynamiq INFO after scope")))
+      << lines[5];
   // The pid and thread id are this child's.
   EXPECT_EQ(lines[2].substr(0, lines[2].find(' ')), lines[3].substr(0, lines[3].find(' ')));
 }
 
-TEST(Log, AllSelectsEverySubsystemAndNoRankShowsADash) {
+// DYNAMIQ_DEBUG=VERSION (NCCL_DEBUG=VERSION): the banner alone, no warning.
+TEST(Log, VersionLevelPrintsTheBannerAlone) {
+  const Child c = run_child("lines", {{"DYNAMIQ_DEBUG", "VERSION"}});
+  ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+  const std::vector<std::string> lines = lines_of(c.err);
+  ASSERT_EQ(lines.size(), 1u) << c.err;
+  EXPECT_TRUE(std::regex_match(lines[0],
+                               std::regex(short_host() + ":[0-9]+:[0-9]+ \\[-\\] dynamiq VERSION "
+                                                         "dynamiq [0-9.]+ \\(git .+\\), NCCL .+")))
+      << lines[0];
+  // At WARN, the default: no banner.
+  const Child quiet = run_child("lines", {});
+  EXPECT_EQ(count(quiet.err, "(git "), 0) << quiet.err;
+  EXPECT_EQ(count(quiet.err, "hello 1"), 1) << quiet.err;
+}
+
+TEST(Log, NcclVersionCodesAsText) {
+  EXPECT_EQ(log_nccl_version_text(22809), "2.28.9");
+  EXPECT_EQ(log_nccl_version_text(21805), "2.18.5");
+  EXPECT_EQ(log_nccl_version_text(2708), "2.7.8");  // before 2.9: major*1000 + minor*100 + patch
+  EXPECT_EQ(log_nccl_version_text(-1), "unknown");
+}
+
+TEST(Log, AllSelectsEverySubsystemAndNoDeviceShowsADash) {
   const Child c = run_child("lines", {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "ALL"}});
   ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
-  EXPECT_EQ(count(c.err, "[-] dynamiq INFO NET net info"), 1) << c.err;
-  EXPECT_EQ(count(c.err, "[-] dynamiq INFO ENGINE engine info"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "[-] dynamiq INFO net info"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "[-] dynamiq INFO engine info"), 1) << c.err;
   const Child only =
       run_child("lines", {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "NET"}});
   EXPECT_EQ(count(only.err, "net info"), 1) << only.err;
@@ -333,7 +368,7 @@ TEST(Log, DebugFileWithHostPidAndRank) {
       << names[0];
   const std::string path = std::string(dir) + "/" + names[0];
   const std::string text = read_file(path);
-  EXPECT_EQ(count(text, "dynamiq WARN SHIM"), 1) << text;
+  EXPECT_EQ(count(text, "dynamiq WARN hello 1"), 1) << text;
   EXPECT_EQ(count(text, "net info"), 1) << text;
   // Again under the same name: truncated, not appended.
   const std::string fixed = std::string(dir) + "/fixed.log";
@@ -385,14 +420,43 @@ TEST(Log, EachProblemOncePerProcessAcrossLibraryCopies) {
   EXPECT_EQ(count(c.err, " WARN "), 3) << c.err;
 }
 
-TEST(Log, SettingsListedOncePerProcessAtInfo) {
+// At INFO the settings that differ from their defaults, once per process; every one at TRACE.
+TEST(Log, SettingsThatDifferAtInfoEveryOneAtTrace) {
   const Child c = run_child(
       "settings",
       {{"DYNAMIQ_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG_SUBSYS", "ENV"}, {"DYNAMIQ_NET_IFNAME", "lo"}});
   ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
-  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_ENABLE=0"), 1) << c.err;
-  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_NET_IFNAME=lo"), 1) << c.err;
-  EXPECT_EQ(count(c.err, "dynamiq INFO CORE version "), 1) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_NET_IFNAME=lo  (default \"\")\n"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_DEBUG=INFO"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_ENABLE="), 0) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting "), 3) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq settings: 3 of "), 1) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq INFO dynamiq " + std::string(config::build_version())), 1)
+      << c.err;
+  const Child t = run_child(
+      "settings",
+      {{"DYNAMIQ_DEBUG", "TRACE"}, {"DYNAMIQ_DEBUG_SUBSYS", "ENV"}, {"DYNAMIQ_NET_IFNAME", "lo"}});
+  ASSERT_TRUE(WIFEXITED(t.status) && WEXITSTATUS(t.status) == 0) << t.err;
+  EXPECT_EQ(count(t.err, "dynamiq setting DYNAMIQ_ENABLE=0"), 1) << t.err;
+  EXPECT_EQ(count(t.err, "dynamiq setting "), count(config::describe(config::Settings{}), "\n"))
+      << t.err;
+}
+
+// A bad metrics setting turns the metrics file off, never compression.
+TEST(Table, BadMetricsSettingDisablesMetricsNotCompression) {
+  config::Settings s;
+  std::string error;
+  std::vector<config::Problem> problems;
+  Map env{{"DYNAMIQ_ENABLE", "1"},
+          {"DYNAMIQ_METRICS_FILE", "/tmp/m.prom"},
+          {"DYNAMIQ_METRICS_INTERVAL_S", "0"}};
+  EXPECT_EQ(load(env, &s, &error, &problems), Status::kInvalidArgument);
+  ASSERT_EQ(problems.size(), 1u) << error;
+  EXPECT_EQ(problems[0].scope, config::Scope::Metrics);
+  EXPECT_NE(error.find("the metrics file is off (compression is not affected)"), std::string::npos)
+      << error;
+  EXPECT_TRUE(s.enable);
+  EXPECT_EQ(s.metrics_file, "");
 }
 
 TEST(Log, FirstInProcessOncePerKeyAndAgainInAForkedChild) {

@@ -15,6 +15,15 @@
 namespace dq::engine {
 namespace {
 
+// A process's labels: the job, host and pid only.
+ProcessLabels labels_of(const std::string& job, const std::string& host, int pid) {
+  ProcessLabels l;
+  l.job = job;
+  l.host = host;
+  l.pid = pid;
+  return l;
+}
+
 std::shared_ptr<CommMetrics> comm(int index, const std::string& name, uint64_t rerouted) {
   auto c = std::make_shared<CommMetrics>();
   c->index = index;
@@ -29,35 +38,88 @@ std::shared_ptr<CommMetrics> comm(int index, const std::string& name, uint64_t r
 }
 
 TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
-  ProcessLabels labels{"job-42", "node7", 1234};
+  ProcessLabels labels{"job-42", "node7", 1234, "0.1.0", "abc1234", "2.28.9", 1700000000.5};
   const std::string text = metrics_render({comm(0, "dp", 5), comm(1, "tp", 0)}, labels, true);
   int samples = 0;
   std::istringstream lines(text);
   std::string line;
+  const std::string process = R"re(job_id="job-42",host="node7",pid="1234")re";
   const std::regex labelled(
-      R"re(^dynamiq_\w+\{job="job-42",host="node7",pid="1234",comm="[01]",name="(dp|tp)",rank="3"(,outcome="\w+"|,width="\d+"|,collective="\w+",dtype="\w+",count="\d+",root="\d+",codec="\w+")?\} -?[0-9.e+-]+$)re");
+      "^dynamiq_\\w+\\{" + process +
+      R"re(,comm="[01]",name="(dp|tp)",rank="3"(,outcome="\w+"|,width="\d+"|,collective="\w+",dtype="\w+",count="\d+",root="\d+",codec="\w+")?\} -?[0-9.e+-]+$)re");
+  // The process's own samples: what it runs, and when the file was written.
+  const std::regex process_sample(
+      "^(dynamiq_build_info\\{" + process +
+      R"re(,version="0.1.0",git="abc1234",nccl="2.28.9"\} 1|dynamiq_last_update_timestamp_seconds\{)re" +
+      process + R"re(\} 1700000000.500)$)re");
+  int process_samples = 0;
   while (std::getline(lines, line)) {
     if (line.rfind("# ", 0) == 0) continue;
+    if (std::regex_match(line, process_sample)) {
+      ++process_samples;
+      continue;
+    }
     ++samples;
     EXPECT_TRUE(std::regex_match(line, labelled)) << line;
   }
-  // calls, three counters, one gauge; the budget's 4 widths, 3 predicted-vNMSE samples, the MX
-  // fallback counter, the sampled check's 6 counters.
-  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 + 2 * 4 + 2 * 3 + 2 + 2 * 6);
+  EXPECT_EQ(process_samples, 2) << text;
+  // calls, three counters, two gauges (held bytes, compression ratio); the budget's 4 widths, 4
+  // vNMSE samples (predicted: calls, sum, latest; the sampled latest), the MX fallback counter,
+  // the sampled check's 6 counters.
+  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 3 + 2 * 2 + 2 * 4 + 2 * 4 + 2 + 2 * 6);
   EXPECT_NE(text.find("# TYPE dynamiq_held_bytes gauge"), std::string::npos);
+  for (const char* gauge :
+       {"dynamiq_compression_ratio", "dynamiq_predicted_vnmse", "dynamiq_sampled_vnmse",
+        "dynamiq_build_info", "dynamiq_last_update_timestamp_seconds"})
+    EXPECT_NE(text.find(std::string("# TYPE ") + gauge + " gauge\n"), std::string::npos) << gauge;
   for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
                            "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total"}) {
     EXPECT_NE(text.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
     EXPECT_NE(text.find(std::string("# TYPE ") + name + " counter"), std::string::npos) << name;
   }
+  // The textfile collector's conventions: Prometheus sets job and instance itself.
+  EXPECT_EQ(text.find("job="), std::string::npos) << text;
+  EXPECT_EQ(text.find("instance="), std::string::npos) << text;
   // Two jobs on one node differ in their labels.
-  const std::string other = metrics_render({comm(0, "dp", 5)}, {"job-43", "node7", 1234}, true);
-  EXPECT_EQ(other.find("job=\"job-42\""), std::string::npos);
+  const std::string other =
+      metrics_render({comm(0, "dp", 5)}, labels_of("job-43", "node7", 1234), true);
+  EXPECT_EQ(other.find("job_id=\"job-42\""), std::string::npos);
+}
+
+// Bytes an uncompressed ring all-reduce sends per rank (2 (n-1)/n of the buffers) over the bytes
+// sent: 8 ranks, 5 x 4096 bytes in, 4480 bytes sent: 1.75 x 20480 / 4480 = 8.
+TEST(Metrics, CompressionRatioAgainstAnUncompressedRing) {
+  auto c = comm(0, "dp", 5);
+  c->wire_bytes = 4480;
+  const std::string text = metrics_render({c}, labels_of("j", "h", 9), true);
+  EXPECT_NE(text.find("dynamiq_compression_ratio{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\","
+                      "name=\"dp\",rank=\"3\"} 8\n"),
+            std::string::npos)
+      << text;
+  const nlohmann::json doc =
+      nlohmann::json::parse(metrics_render({c}, labels_of("j", "h", 9), false));
+  EXPECT_DOUBLE_EQ(doc["communicators"][0]["compression_ratio"].get<double>(), 8.0);
+}
+
+// File names: %j %h %r %p; a directory gets dynamiq-%j-%h-%r.prom; a job without a launcher id
+// is named by the first communicator's NCCL commId, the same on every rank and new in every job.
+TEST(Metrics, PathPatternsAndAJobNameThatNeverCollides) {
+  EXPECT_EQ(metrics_expand_path("/m/%j.%h.%r.%p.%%.%x.prom", "55/7", "node7.example", 3, 99),
+            "/m/55_7.node7.3.99.%.%x.prom");
+  EXPECT_EQ(metrics_expand_path("/var/lib/node_exporter/", "111", "n", 2, 1),
+            "/var/lib/node_exporter/dynamiq-111-n-2.prom");
+  const ProcessLabels no_job = labels_of("", "n", 42);
+  auto first = comm(0, "dp", 1);
+  EXPECT_EQ(metrics_job_name(no_job, {first}), "pid-42");
+  auto with_id = comm(1, "tp", 1);
+  with_id->comm_id = 0xabcdef;
+  EXPECT_EQ(metrics_job_name(no_job, {first, with_id}), "nccl-0000000000abcdef");
+  EXPECT_EQ(metrics_job_name(labels_of("slurm-9", "n", 42), {with_id}), "slurm-9");
 }
 
 TEST(Metrics, JsonIsValidWhateverTheCommunicatorIsCalled) {
   const std::string odd = std::string("q\"b\\s\x01n\n") + "\xff\xfe";  // invalid UTF-8 at the end
-  const std::string text = metrics_render({comm(0, odd, 1)}, {"j", "h", 9}, false);
+  const std::string text = metrics_render({comm(0, odd, 1)}, labels_of("j", "h", 9), false);
   nlohmann::json doc;
   ASSERT_NO_THROW(doc = nlohmann::json::parse(text)) << text;
   EXPECT_EQ(doc["job"], "j");
@@ -74,6 +136,12 @@ TEST(Metrics, JobIdComesFromTheLaunchersEnvironment) {
   EXPECT_EQ(process_labels().job, "mine");
   unsetenv("DYNAMIQ_JOB_ID");
   unsetenv("SLURM_JOB_ID");
+  // torchrun without --rdzv-id sets "none" in every job: that names no job.
+  setenv("TORCHELASTIC_RUN_ID", "none", 1);
+  EXPECT_EQ(process_labels().job, "");
+  setenv("TORCHELASTIC_RUN_ID", "e1f2", 1);
+  EXPECT_EQ(process_labels().job, "e1f2");
+  unsetenv("TORCHELASTIC_RUN_ID");
   EXPECT_EQ(process_labels().pid, static_cast<int>(getpid()));
 }
 
@@ -140,7 +208,7 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
     k.codec = "mxfp8";
     b.buckets.push_back(k);
   }
-  nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, {"j", "h", 9}, false));
+  nlohmann::json doc = nlohmann::json::parse(metrics_render({c}, labels_of("j", "h", 9), false));
   const nlohmann::json& b = doc["communicators"][0]["quantization"];
   EXPECT_EQ(b["auto"], true);
   EXPECT_EQ(b["target"], "mxfp8");
@@ -157,26 +225,27 @@ TEST(Metrics, BudgetInJsonAndPrometheus) {
   EXPECT_DOUBLE_EQ(b["check"]["sampled_vnmse"].get<double>(), 0.005);
   EXPECT_DOUBLE_EQ(b["check"]["paired_predicted_mean"].get<double>(), 0.006);
   EXPECT_DOUBLE_EQ(b["check"]["paired_sampled_mean"].get<double>(), 0.005);
-  const std::string text = metrics_render({c}, {"j", "h", 9}, true);
+  const std::string text = metrics_render({c}, labels_of("j", "h", 9), true);
   for (const char* line :
-       {"dynamiq_width_supergroups_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+       {"dynamiq_width_supergroups_total{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\",width=\"8\"} 30\n",
-        "dynamiq_predicted_calls_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "dynamiq_predicted_calls_total{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\"} 2\n",
-        "dynamiq_predicted_vnmse{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\",rank=\"3\"} "
+        "dynamiq_predicted_vnmse{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\",rank="
+        "\"3\"} "
         "0.0015\n",
-        "dynamiq_bucket_budget_bits{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "dynamiq_bucket_budget_bits{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\",collective=\"allreduce\",dtype=\"float32\",count=\"1048576\",root=\"0\","
         "codec=\"dynamiq\"} 7.5\n",
-        "dynamiq_bucket_budget_bits{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "dynamiq_bucket_budget_bits{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\",collective=\"allreduce\",dtype=\"float32\",count=\"4096\",root=\"0\","
         "codec=\"mxfp8\"} 8.25\n",
-        "dynamiq_mx_fallback_calls_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
+        "dynamiq_mx_fallback_calls_total{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\",name=\"dp\","
         "rank=\"3\"} 1\n",
         "# TYPE dynamiq_check_energy_total "
-        "counter\ndynamiq_check_energy_total{job=\"j\",host=\"h\","
+        "counter\ndynamiq_check_energy_total{job_id=\"j\",host=\"h\","
         "pid=\"9\",comm=\"0\",name=\"dp\",rank=\"3\"} 100\n",
-        "dynamiq_check_paired_sampled_vnmse_sum_total{job=\"j\",host=\"h\",pid=\"9\",comm=\"0\","
+        "dynamiq_check_paired_sampled_vnmse_sum_total{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"0\","
         "name=\"dp\",rank=\"3\"} 0.01\n",
         "# TYPE dynamiq_predicted_vnmse gauge\n", "# TYPE dynamiq_bucket_budget_bits gauge\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << text;

@@ -186,10 +186,13 @@ void print_report(const Outcome out[2], int n, size_t d, const char* input) {
   const char* names[2] = {"dynamiq (FP32 in, DYNAMIQ_* set)", "NCCL BF16, uncompressed"};
   for (int s = 0; s < 2; ++s) {
     const Outcome& o = out[s];
-    std::printf(
-        "%-34s %12.3e %16.0f %12.2f %10.1f %10s%s\n", names[s], o.vnmse, o.sent_bytes,
-        o.sent_bytes * 8.0 / (2.0 * (n - 1) / n * d), o.seconds * 1e3, o.identical ? "yes" : "NO",
-        s == 0 && !o.compressed ? "   (NOT compressed: DYNAMIQ_ENABLE=1? see WARN lines)" : "");
+    std::printf("%-34s %12.3e %16.0f %12.2f %10.1f %10s%s\n", names[s], o.vnmse, o.sent_bytes,
+                o.sent_bytes * 8.0 / (2.0 * (n - 1) / n * d), o.seconds * 1e3,
+                o.identical ? "yes" : "NO",
+                s == 0 && !o.compressed
+                    ? "   (NOT compressed: DYNAMIQ_DEBUG=INFO prints why, in the line 'dynamiq: "
+                      "communicator index 0 ...: pass-through: <reason>')"
+                    : "");
   }
   std::printf("wire bytes: dynamiq sends %.2fx fewer than BF16\n",
               out[1].sent_bytes / std::max(out[0].sent_bytes, 1.0));

@@ -1,0 +1,128 @@
+// The metrics file's final write when the job is stopped by SIGTERM (torchrun, SLURM) or SIGINT,
+// before the handler that was installed before ours runs (the default one ends the process).
+//
+// A signal handler may only call async-signal-safe functions, and rendering the file allocates,
+// formats and takes the registry's locks. So the handler does no more than write one byte into a
+// pipe and wait (poll, bounded) for one byte back from a writer thread, which blocks in read(2)
+// on that pipe and renders and writes the file as metrics_flush() does. The writer thread has
+// both signals blocked, so they always reach an application thread. Bounded: when the
+// interrupted thread itself holds a lock the writer needs (it was inside a periodic write, or
+// a malloc arena lock the writer contends for), the write cannot finish before the handler
+// returns; after kWriteWaitMs the handler chains on regardless, so a stop is never delayed
+// longer than that. A forked child (a data-loader worker) inherits the handlers but not the
+// thread: there the handler only chains.
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "shim/engine/metrics.h"
+
+namespace dq::engine {
+namespace {
+
+constexpr int kSignals[2] = {SIGTERM, SIGINT};
+constexpr int kWriteWaitMs = 5000;  // the longest a stop waits for the final write
+
+// Plain data read by the handler; written once, before the handlers are installed.
+int g_request[2] = {-1, -1};  // handler -> writer thread
+int g_done[2] = {-1, -1};     // writer thread -> handler (non-blocking read end)
+pid_t g_pid = 0;              // the process that owns the writer thread
+struct sigaction g_previous[2];
+std::atomic<bool> g_busy{false};  // one write per signal in flight (lock-free: signal-safe)
+
+void writer_loop() {
+  for (;;) {
+    char b = 0;
+    const ssize_t n = read(g_request[0], &b, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    metrics_flush();
+    while (write(g_done[1], &b, 1) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+// Runs what was installed before: its handler, or the default action (re-raised: the signal is
+// blocked while this handler runs, so it is delivered, with the default disposition, when the
+// handler returns), or nothing for an ignored signal.
+void chain(int sig, siginfo_t* info, void* context) {
+  const struct sigaction& old = g_previous[sig == SIGTERM ? 0 : 1];
+  if ((old.sa_flags & SA_SIGINFO) != 0) {
+    if (old.sa_sigaction != nullptr) old.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (old.sa_handler == SIG_IGN) return;
+  if (old.sa_handler == SIG_DFL) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    raise(sig);
+    return;
+  }
+  old.sa_handler(sig);
+}
+
+void on_signal(int sig, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  if (getpid() == g_pid && !g_busy.exchange(true)) {
+    char b = 1;
+    // A byte left by a write that finished after an earlier wait gave up.
+    for (int i = 0; i < 64 && read(g_done[0], &b, 1) == 1; ++i) {
+    }
+    if (write(g_request[1], &b, 1) == 1) {
+      pollfd p{g_done[0], POLLIN, 0};
+      if (poll(&p, 1, kWriteWaitMs) == 1) (void)!read(g_done[0], &b, 1);
+    }
+    g_busy.store(false);
+  }
+  chain(sig, info, context);
+  errno = saved_errno;
+}
+
+void install() {
+  if (pipe2(g_request, O_CLOEXEC) != 0) return;
+  if (pipe2(g_done, O_CLOEXEC | O_NONBLOCK) != 0) {
+    close(g_request[0]);
+    close(g_request[1]);
+    return;
+  }
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int sig : kSignals) sigaddset(&block, sig);
+  pthread_sigmask(SIG_BLOCK, &block, &old);
+  std::thread(writer_loop).detach();
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  g_pid = getpid();
+  for (int i = 0; i < 2; ++i) {
+    if (sigaction(kSignals[i], nullptr, &g_previous[i]) != 0) continue;
+    // An ignored signal (nohup) stays ignored: the job is not stopped by it.
+    if ((g_previous[i].sa_flags & SA_SIGINFO) == 0 && g_previous[i].sa_handler == SIG_IGN) continue;
+    struct sigaction sa {};
+    sa.sa_sigaction = on_signal;
+    sigemptyset(&sa.sa_mask);
+    // Whether interrupted system calls restart stays the previous handler's choice.
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | (g_previous[i].sa_flags & SA_RESTART);
+    sigaction(kSignals[i], &sa, nullptr);
+  }
+  DQ_INFO(Subsys::kShim,
+          "dynamiq: the metrics file is written once more on SIGTERM and SIGINT (then the "
+          "handler installed before runs)");
+}
+
+}  // namespace
+
+void metrics_install_signal_write() {
+  static std::once_flag once;
+  std::call_once(once, install);
+}
+
+}  // namespace dq::engine
