@@ -229,6 +229,20 @@ class Engine {
   Status enqueue_check_finish(const CallArgs& call, uint64_t* wire_bytes);
   void read_check();
   void pair_check();
+  // The two-level schedule (engine_hierarchy.cc, engine_two_level.cc; docs/ENGINE.md section
+  // 12): set up at the handshake, then every compressed call of the communicator runs on it.
+  struct Hierarchy;
+  ncclResult_t gather_host_hashes(std::vector<uint64_t>* hashes, bool* all_capable);
+  ncclResult_t setup_hierarchy();
+  void release_hierarchy();
+  ncclResult_t rail_async_error();
+  ncclResult_t ensure_shard(size_t bytes, bool* ok);
+  int hierarchy_nodes() const;
+  ncclResult_t run_two_level(const CallArgs& call, PassReason* reason);
+  Status enqueue_node_reduce(const CallArgs& call, Lane lane);
+  CallArgs rail_call(const CallArgs& call) const;
+  Status enqueue_rail_exact(const CallArgs& rc, Lane lane);
+  Status enqueue_node_gather(const CallArgs& call, Lane lane);
 
   config::Settings settings_;
   bool settings_valid_;
@@ -274,6 +288,7 @@ class Engine {
   const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
   bool setup_failed_ = false;                   // the device could not be set up on this rank
   SwitchFile switch_file_;                      // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
+  std::unique_ptr<Hierarchy> hierarchy_;        // null: the flat schedule
 };
 
 // Chooses the schedule for `nranks` under DYNAMIQ_TOPO.
