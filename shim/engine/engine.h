@@ -230,7 +230,7 @@ class Engine {
   void read_check();
   void pair_check();
   // The two-level schedule (engine_hierarchy.cc, engine_two_level.cc; docs/ENGINE.md section
-  // 12): set up at the handshake, then every compressed call of the communicator runs on it.
+  // 11): set up at the handshake, then every compressed call of the communicator runs on it.
   struct Hierarchy;
   ncclResult_t gather_host_hashes(std::vector<uint64_t>* hashes, bool* all_capable);
   ncclResult_t setup_hierarchy();

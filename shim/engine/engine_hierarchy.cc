@@ -1,4 +1,4 @@
-// The two-level schedule (docs/ENGINE.md section 12): exact inside a node through NCCL, the
+// The two-level schedule (docs/ENGINE.md section 11): exact inside a node through NCCL, the
 // DynamiQ compressed collective of each local rank's shard among the ranks of the same local
 // index on every node (one hop per node), exact again inside the node. Set up at the handshake,
 // identically on every rank; any rank-local failure is agreed, and then every rank runs flat.

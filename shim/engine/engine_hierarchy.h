@@ -1,4 +1,4 @@
-// The two-level schedule's state of one communicator (docs/ENGINE.md section 12): the node map,
+// The two-level schedule's state of one communicator (docs/ENGINE.md section 11): the node map,
 // the node and rail communicators split from the caller's, the engine of the compressed stage
 // over the rail, and the shard buffer. Private to the engine's source files.
 #pragma once

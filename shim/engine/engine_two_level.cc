@@ -1,4 +1,4 @@
-// A call on the two-level schedule (docs/ENGINE.md section 12), in stream order on the engine's
+// A call on the two-level schedule (docs/ENGINE.md section 11), in stream order on the engine's
 // comm stream: the exact step inside the node, the rail engine's compressed collective of this
 // rank's shard, the exact step back inside the node, and the tail the shards leave (fewer
 // elements than ranks per node) exact on the caller's communicator. No host wait of its own.
