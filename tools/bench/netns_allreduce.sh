@@ -112,8 +112,10 @@ for value in "$NODES" "$LOCAL"; do
   [[ "$value" =~ ^[0-9]+$ ]] || { echo "netns_allreduce.sh: '$value' is not a count" >&2; exit 2; }
 done
 if [ "$NODES" -gt 0 ]; then
-  [ "$NODES" -ge 2 ] && [ "$LOCAL" -ge 1 ] && [ $((NODES * LOCAL)) -le 16 ] ||
-    { echo "netns_allreduce.sh: --nodes must be >= 2, --local >= 1, at most 16 ranks" >&2; exit 2; }
+  if [ "$NODES" -lt 2 ] || [ "$LOCAL" -lt 1 ] || [ $((NODES * LOCAL)) -gt 16 ]; then
+    echo "netns_allreduce.sh: --nodes must be >= 2, --local >= 1, at most 16 ranks" >&2
+    exit 2
+  fi
   NRANKS=$((NODES * LOCAL))
 else
   NRANKS=4
@@ -348,6 +350,7 @@ launch() {
   # Fake nodes: NCCL_HOSTID=node<RANK / LOCAL> (dynamiq-run sets RANK; --rank-env knows {rank}
   # only).
   if [ "$NODES" -gt 0 ]; then
+    # shellcheck disable=SC2016  # expanded by the rank's shell, where RANK is set
     set -- /bin/sh -c 'NCCL_HOSTID=node$((RANK / '"$LOCAL"')) exec "$@"' sh "$@"
   fi
   before=$(tx_bytes)
