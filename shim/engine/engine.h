@@ -239,6 +239,9 @@ class Engine {
   ncclResult_t ensure_shard(size_t bytes, bool* ok);
   int hierarchy_nodes() const;
   ncclResult_t run_two_level(const CallArgs& call, PassReason* reason);
+  size_t piece_elements(DType dtype) const;
+  Status enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail);
+  ncclResult_t run_two_level_all_reduce(const CallArgs& call);
   Status enqueue_node_reduce(const CallArgs& call, Lane lane);
   CallArgs rail_call(const CallArgs& call) const;
   Status enqueue_rail_exact(const CallArgs& rc, Lane lane);

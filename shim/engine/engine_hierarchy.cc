@@ -86,23 +86,30 @@ ncclResult_t Engine::setup_hierarchy() {
   }
   auto h = std::make_unique<Hierarchy>();
   h->map = map;
-  // Both splits on every rank, whatever the first returned: a rank that skipped the second would
-  // leave its peers waiting in it.
+  // Every split on every rank, whatever the others returned: a rank that skipped one would leave
+  // its peers waiting in it.
   const ncclResult_t node_split =
       ops_.comm_split(comm_.comm, map.node, map.local_rank, &h->node_comm, nullptr);
   const ncclResult_t rail_split =
       ops_.comm_split(comm_.comm, map.local_rank, map.node, &h->rail_comm, nullptr);
-  const uint32_t local = node_split == ncclSuccess && rail_split == ncclSuccess &&
-                                 h->node_comm != nullptr && h->rail_comm != nullptr
-                             ? 0u
-                             : 1u;
+  const ncclResult_t gather_split =
+      ops_.comm_split(comm_.comm, map.node, map.local_rank, &h->gather_comm, nullptr);
+  const bool streams = device_->create_stream(&h->rail_stream) == Status::kOk &&
+                       device_->create_stream(&h->gather_stream) == Status::kOk &&
+                       device_->create_event(&h->node_done) == Status::kOk &&
+                       device_->create_event(&h->rail_done) == Status::kOk &&
+                       device_->create_event(&h->gather_done) == Status::kOk;
+  const bool split = node_split == ncclSuccess && rail_split == ncclSuccess &&
+                     gather_split == ncclSuccess && h->node_comm != nullptr &&
+                     h->rail_comm != nullptr && h->gather_comm != nullptr;
+  const uint32_t local = split && streams ? 0u : 1u;
   uint32_t any = 0;
   const ncclResult_t agreed = blocking_max(&local, &any, 1);
   hierarchy_ = std::move(h);  // released below, or by the teardown, with its communicators
   if (agreed != ncclSuccess || any != 0) {
     DQ_WARN(Subsys::kEngine,
-            "dynamiq: rank %d/%d: splitting the node and rail communicators failed on %s (%s, "
-            "%s): flat schedule",
+            "dynamiq: rank %d/%d: splitting the node and rail communicators (or making their "
+            "streams) failed on %s (%s, %s): flat schedule",
             comm_.rank, comm_.nranks, local ? "this rank" : "another rank",
             ops_.error_string(node_split), ops_.error_string(rail_split));
     release_hierarchy();
@@ -126,17 +133,24 @@ ncclResult_t Engine::setup_hierarchy() {
 void Engine::release_hierarchy() {
   if (!hierarchy_) return;
   Hierarchy& h = *hierarchy_;
-  h.rail.reset();  // waits for its streams' work
   const bool broken =
       broken_ != ncclSuccess || (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
-  if (device_ != nullptr && comm_stream_ != nullptr) {
-    if (h.shard != nullptr) device_->release(h.shard, comm_stream_);
-    if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(h.shard_bytes));
-    // The node steps queued on the comm stream end before their communicator goes.
-    if (device_->record(ev_comm_done_, comm_stream_) == Status::kOk)
+  if (device_ != nullptr) {
+    // Destroying a stream waits for its work (bounded: every NCCL call in it has a timeout), and
+    // the all-gathers' stream waits for the rail engine's events: both go before that engine.
+    if (comm_stream_ != nullptr && device_->record(ev_comm_done_, comm_stream_) == Status::kOk)
       device_->synchronize_for(ev_comm_done_, settings_.timeout_ms);
+    for (StreamHandle st : {h.rail_stream, h.gather_stream})
+      if (st != nullptr) device_->destroy_stream(st);
   }
-  for (ncclComm_t c : {h.node_comm, h.rail_comm})
+  h.rail.reset();  // waits for its own streams' work
+  if (device_ != nullptr) {
+    for (EventHandle e : {h.node_done, h.rail_done, h.gather_done})
+      if (e != nullptr) device_->destroy_event(e);
+    if (h.shard != nullptr && comm_stream_ != nullptr) device_->release(h.shard, comm_stream_);
+    if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(h.shard_bytes));
+  }
+  for (ncclComm_t c : {h.node_comm, h.rail_comm, h.gather_comm})
     if (c != nullptr) broken ? ops_.comm_abort(c) : ops_.comm_destroy(c);
   hierarchy_.reset();
 }

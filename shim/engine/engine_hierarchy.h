@@ -17,6 +17,10 @@ struct Engine::Hierarchy {
   // every node, ordered by node.
   ncclComm_t node_comm = nullptr;
   ncclComm_t rail_comm = nullptr;
+  // A second node communicator (the same ranks) for the all-reduce's all-gathers, which run on
+  // their own stream while the next piece's reduce-scatter runs on node_comm: two streams never
+  // share one communicator.
+  ncclComm_t gather_comm = nullptr;
   // The compressed stage: a full engine (statistics, budget, schedule over the nodes, fused
   // hops, A/B switch, sampled check, metrics) over the rail communicator.
   std::unique_ptr<Engine> rail;
@@ -24,6 +28,11 @@ struct Engine::Hierarchy {
   // more; the calls on the engine's comm stream use it in turn.
   void* shard = nullptr;
   size_t shard_bytes = 0;
+  // The all-reduce's pipeline (engine_two_level.cc): the node reduce-scatters run on the engine's
+  // comm stream, each piece's rail call on rail_stream, the node all-gathers on gather_stream, so
+  // piece p+1's reduce-scatter and piece p-1's all-gather overlap piece p's rail hops.
+  StreamHandle rail_stream = nullptr, gather_stream = nullptr;
+  EventHandle node_done = nullptr, rail_done = nullptr, gather_done = nullptr;
 };
 
 // This host's identity, as NCCL forms it: NCCL_HOSTID when set (how tests make several nodes on

@@ -2,6 +2,8 @@
 // comm stream: the exact step inside the node, the rail engine's compressed collective of this
 // rank's shard, the exact step back inside the node, and the tail the shards leave (fewer
 // elements than ranks per node) exact on the caller's communicator. No host wait of its own.
+#include <algorithm>
+
 #include "shim/engine/engine_hierarchy.h"
 #include "shim/engine/engine_internal.h"
 
@@ -106,8 +108,8 @@ Status Engine::enqueue_rail_exact(const CallArgs& rc, Lane lane) {
   });
 }
 
-// Step (c): the exact all-gather of the shards inside the node (all-reduce), or the root's node
-// sending its shards to the root (reduce); and the tail, exact on the caller's communicator.
+// Step (c) of a reduce: the root's node sends its shards to the root; and the tail, exact on the
+// caller's communicator. (A reduce-scatter has no step (c).)
 Status Engine::enqueue_node_gather(const CallArgs& call, Lane lane) {
   const Hierarchy& h = *hierarchy_;
   const Shape s = shape_of(call, h.map, comm_.nranks);
@@ -122,13 +124,6 @@ Status Engine::enqueue_node_gather(const CallArgs& call, Lane lane) {
   const size_t shards_end = s.shard * static_cast<size_t>(map.local_size);
   return device_->nccl(lane, [=] {
     ncclResult_t r = ncclSuccess;
-    if (c.collective == Collective::kAllReduce) {
-      r = ops.all_gather(shard, c.recv, s.shard, c.dtype, node, stream);
-      if (r == ncclSuccess && s.tail > 0)
-        r = ops.all_reduce(at(c.send, shards_end, esize), at(c.recv, shards_end, esize), s.tail,
-                           c.dtype, c.op, whole, stream);
-      return r;
-    }
     if (c.collective != Collective::kReduce) return r;
     if (map.node == c.root / map.local_size) {
       const int root_local = c.root % map.local_size;
@@ -154,6 +149,92 @@ int Engine::hierarchy_nodes() const {
   return hierarchy_ ? hierarchy_->map.nodes : 1;
 }
 
+// Elements of this rank's shard per pipeline piece of an all-reduce: DYNAMIQ_BLOCK_BYTES of the
+// caller's buffer spread over the node's ranks, at least 64 super-groups per rail chunk (the
+// budget's floor, kMinSuperGroupsPerChunk), whole super-groups.
+size_t Engine::piece_elements(DType dtype) const {
+  const Hierarchy& h = *hierarchy_;
+  const size_t floor = kMinSuperGroupsPerChunk * 256 * static_cast<size_t>(h.map.nodes);
+  const size_t per_block = static_cast<size_t>(settings_.block_bytes) / dtype_size(dtype) /
+                           static_cast<size_t>(h.map.local_size) / 256 * 256;
+  return std::max(per_block, floor);
+}
+
+// One piece of a pipelined all-reduce: elements [L*first, L*(first+n)) of the caller's buffers,
+// whose shards are elements [first, first+n) of the shard buffer. Its node reduce-scatter on the
+// comm stream, its rail call on the rail stream, its all-gather on the gather stream.
+Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail) {
+  Hierarchy& h = *hierarchy_;
+  const size_t esize = dtype_size(call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16);
+  const size_t local = static_cast<size_t>(h.map.local_size);
+  const NcclOps ops = ops_;
+  const ncclComm_t node = h.node_comm, gather = h.gather_comm;
+  const ncclDataType_t dt = call.dtype;
+  const ncclRedOp_t op = call.op;
+  const uint8_t* send = at(call.send, local * first, esize);
+  uint8_t* recv = at(call.recv, local * first, esize);
+  uint8_t* shard = at(h.shard, first, esize);
+  uint32_t* error = control_ + error_word_index();
+  auto comm = static_cast<cudaStream_t>(comm_stream_);
+  auto gather_stream = static_cast<cudaStream_t>(h.gather_stream);
+  DQ_CHECK(device_->nccl(Lane{comm_stream_, error},
+                         [=] { return ops.reduce_scatter(send, shard, n, dt, op, node, comm); }));
+  DQ_CHECK(device_->record(h.node_done, comm_stream_));
+  DQ_CHECK(device_->wait(h.rail_stream, h.node_done));
+  CallArgs rc = call;
+  rc.send = shard;
+  rc.recv = shard;
+  rc.count = n;
+  rc.stream = static_cast<cudaStream_t>(h.rail_stream);
+  rc.in_group = rc.capturing = false;
+  PassReason rail_reason = PassReason::kRerouted;
+  if ((*rail = h.rail->run(rc, &rail_reason)) != ncclSuccess) return Status::kOk;
+  if (rail_reason != PassReason::kRerouted)
+    DQ_CHECK(enqueue_rail_exact(rc, Lane{h.rail_stream, error}));
+  DQ_CHECK(device_->record(h.rail_done, h.rail_stream));
+  DQ_CHECK(device_->wait(h.gather_stream, h.rail_done));
+  return device_->nccl(Lane{h.gather_stream, error},
+                       [=] { return ops.all_gather(shard, recv, n, dt, gather, gather_stream); });
+}
+
+// The all-reduce in pieces (docs/ENGINE.md section 11), then the tail on the caller's
+// communicator; the caller's stream waits for the comm and gather streams.
+ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call) {
+  Hierarchy& h = *hierarchy_;
+  const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
+  const size_t esize = dtype_size(dtype);
+  const size_t local = static_cast<size_t>(h.map.local_size);
+  const size_t shard = call.count / local, tail = call.count - shard * local;
+  const size_t piece = piece_elements(dtype);
+  const size_t pieces = std::max<size_t>(1, shard / piece);
+  Status st = device_->record(ev_start_, call.stream);
+  if (st == Status::kOk) st = device_->wait(comm_stream_, ev_start_);
+  ncclResult_t rail = ncclSuccess;
+  for (size_t p = 0; p < pieces && st == Status::kOk && rail == ncclSuccess; ++p) {
+    const size_t first = p * piece;
+    st = enqueue_piece(call, first, p + 1 == pieces ? shard - first : piece, &rail);
+  }
+  if (rail != ncclSuccess) {
+    if (broken_ == ncclSuccess) broken_ = rail;
+    return rail;
+  }
+  const NcclOps ops = ops_;
+  const ncclComm_t whole = comm_.comm;
+  auto comm = static_cast<cudaStream_t>(comm_stream_);
+  const CallArgs c = call;
+  const size_t end = shard * local;
+  if (st == Status::kOk && tail > 0)
+    st = device_->nccl(Lane{comm_stream_, control_ + error_word_index()}, [=] {
+      return ops.all_reduce(at(c.send, end, esize), at(c.recv, end, esize), tail, c.dtype, c.op,
+                            whole, comm);
+    });
+  if (st == Status::kOk) st = device_->record(ev_comm_done_, comm_stream_);
+  if (st == Status::kOk) st = device_->record(h.gather_done, h.gather_stream);
+  if (st == Status::kOk) st = device_->wait(call.stream, ev_comm_done_);
+  if (st == Status::kOk) st = device_->wait(call.stream, h.gather_done);
+  return st == Status::kOk ? ncclSuccess : engine_failure(st);
+}
+
 ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
   Hierarchy& h = *hierarchy_;
   const Shape s = shape_of(call, h.map, comm_.nranks);
@@ -169,6 +250,11 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
     *reason = PassReason::kFailure;
     count(*reason);
     return ncclSuccess;
+  }
+  if (call.collective == Collective::kAllReduce) {
+    if (const ncclResult_t r = run_two_level_all_reduce(call); r != ncclSuccess) return r;
+    *reason = PassReason::kRerouted;
+    return async_error();
   }
   const Lane lane{comm_stream_, control_ + error_word_index()};
   Status st = device_->record(ev_start_, call.stream);

@@ -1,9 +1,10 @@
 // The two-level schedule through the preloaded libdynamiq.so on the CPU NCCL, with fake nodes:
 // each rank sets NCCL_HOSTID=node<k> before it creates its communicator, as NCCL's own host hash
 // honours it. Usage: shim_hierarchy SCENARIO [ARGS]
-//   shapes NODES LOCAL   all-reduce, reduce-scatter, reduce and grouped calls, FP32 and BF16,
-//                        SUM and AVG: rerouted, identical on every rank, vNMSE against the
-//                        simulator's (exact node sums, compressed among the nodes)
+//   shapes NODES LOCAL [BLOCK]  all-reduce, reduce-scatter, reduce and grouped calls, FP32 and
+//                        BF16, SUM and AVG: rerouted, identical on every rank, vNMSE against the
+//                        simulator's (exact node sums, compressed among the nodes); BLOCK:
+//                        DYNAMIQ_BLOCK_BYTES (256K: the all-reduce runs as 3 pipelined pieces)
 //   flat                 DYNAMIQ_HIERARCHY=flat on 2 x 2 ranks, one node (auto) and a 3 + 1
 //                        communicator (auto falls back): the same bytes from all three
 //   kill RUNS            2 x 2 ranks, one SIGKILLed inside a call: every survivor fails in time
@@ -306,7 +307,7 @@ bool simulated(const dq::sim::Matrix& rows, int nodes, int local, bool scatter, 
   return s == dq::Status::kOk;
 }
 
-bool scenario_shapes(int nodes, int local) {
+bool scenario_shapes(int nodes, int local, const std::string& block_bytes) {
   const int n = nodes * local;
   dq::sim::SyntheticSpec spec;
   spec.rows = n;
@@ -328,7 +329,11 @@ bool scenario_shapes(int nodes, int local) {
     return 0;
   };
   auto codes = run_ranks(
-      n, [&](int r) { return node_env(r, std::vector<int>(nodes, local), {}); }, body, 600);
+      n,
+      [&](int r) {
+        return node_env(r, std::vector<int>(nodes, local), {{"DYNAMIQ_BLOCK_BYTES", block_bytes}});
+      },
+      body, 600);
   if (!all_zero(codes, "shapes")) return false;
   const std::string r0 = read_file(rank_file(0, "shapes"));
   for (int r = 1; r < n; ++r)
@@ -576,7 +581,7 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   bool ok = false;
   if (scenario == "shapes" && argc >= 4) {
-    ok = scenario_shapes(std::atoi(argv[2]), std::atoi(argv[3]));
+    ok = scenario_shapes(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? argv[4] : "16M");
   } else if (scenario == "flat") {
     ok = scenario_flat();
   } else if (scenario == "kill") {
