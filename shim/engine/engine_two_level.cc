@@ -149,13 +149,15 @@ int Engine::hierarchy_nodes() const {
   return hierarchy_ ? hierarchy_->map.nodes : 1;
 }
 
-// Elements of this rank's shard per pipeline piece of an all-reduce: DYNAMIQ_BLOCK_BYTES of the
-// caller's buffer spread over the node's ranks, at least 64 super-groups per rail chunk (the
-// budget's floor, kMinSuperGroupsPerChunk), whole super-groups.
+// Elements of this rank's shard per pipeline piece of an all-reduce: a quarter of
+// DYNAMIQ_BLOCK_BYTES of the caller's buffer spread over the node's ranks (64 MiB FP32 on 2 x 2
+// ranks at 100 Mbit/s per rail: 0.45 s per call with 4 MiB pieces, 0.57 s with 16 MiB, 0.59 s
+// with 2 MiB; docs/results/speed.md), at least 64 super-groups per rail chunk (the budget's
+// floor, kMinSuperGroupsPerChunk), whole super-groups.
 size_t Engine::piece_elements(DType dtype) const {
   const Hierarchy& h = *hierarchy_;
   const size_t floor = kMinSuperGroupsPerChunk * 256 * static_cast<size_t>(h.map.nodes);
-  const size_t per_block = static_cast<size_t>(settings_.block_bytes) / dtype_size(dtype) /
+  const size_t per_block = static_cast<size_t>(settings_.block_bytes) / 4 / dtype_size(dtype) /
                            static_cast<size_t>(h.map.local_size) / 256 * 256;
   return std::max(per_block, floor);
 }
