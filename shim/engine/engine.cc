@@ -41,7 +41,8 @@ void Engine::warn_differs(const std::string& what) {
 }
 
 void Engine::count(PassReason reason) {
-  if (metrics_) metrics_->calls[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
+  if (metrics_ && counts_calls_)
+    metrics_->calls[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
 }
 
 bool Engine::read_switch() {

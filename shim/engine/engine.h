@@ -240,8 +240,9 @@ class Engine {
   int hierarchy_nodes() const;
   ncclResult_t run_two_level(const CallArgs& call, PassReason* reason);
   size_t piece_elements(DType dtype) const;
-  Status enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail);
-  ncclResult_t run_two_level_all_reduce(const CallArgs& call);
+  Status enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail,
+                       PassReason* rail_reason);
+  ncclResult_t run_two_level_all_reduce(const CallArgs& call, PassReason* reason);
   Status enqueue_node_reduce(const CallArgs& call, Lane lane);
   CallArgs rail_call(const CallArgs& call) const;
   Status enqueue_rail_exact(const CallArgs& rc, Lane lane);
@@ -292,6 +293,9 @@ class Engine {
   bool setup_failed_ = false;                   // the device could not be set up on this rank
   SwitchFile switch_file_;                      // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
   std::unique_ptr<Hierarchy> hierarchy_;        // null: the flat schedule
+  // False in a two-level schedule's rail engine: the caller's call is counted once, by the
+  // engine it was made on, though its pieces are several rail calls.
+  bool counts_calls_ = true;
 };
 
 // Chooses the schedule for `nranks` under DYNAMIQ_TOPO.

@@ -130,6 +130,7 @@ ncclResult_t Engine::setup_hierarchy() {
                                               CommInfo{hierarchy_->rail_comm, map.node, map.nodes},
                                               ops_, device_, metrics_, true);
   if (aborted_ != nullptr) hierarchy_->rail->watch_abort(aborted_);
+  hierarchy_->rail->counts_calls_ = false;
   DQ_INFO(Subsys::kEngine,
           "dynamiq: rank %d/%d: two-level schedule: %d nodes x %d ranks, node %d local rank %d; "
           "the compressed stage runs over %d ranks (%s)",

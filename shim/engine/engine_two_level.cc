@@ -66,7 +66,8 @@ Status Engine::enqueue_node_reduce(const CallArgs& call, Lane lane) {
   });
 }
 
-// Step (b)'s arguments: the rail engine's call on this rank's shard, on the comm stream.
+// Step (b)'s arguments for a reduce-scatter or a reduce (an all-reduce runs in pieces,
+// enqueue_piece): the rail engine's call on this rank's shard, on the comm stream.
 CallArgs Engine::rail_call(const CallArgs& call) const {
   const Hierarchy& h = *hierarchy_;
   const Shape s = shape_of(call, h.map, comm_.nranks);
@@ -77,9 +78,7 @@ CallArgs Engine::rail_call(const CallArgs& call) const {
   r.stream = static_cast<cudaStream_t>(comm_stream_);
   r.in_group = false;
   r.capturing = false;
-  if (call.collective == Collective::kAllReduce) {
-    r.recv = h.shard;
-  } else if (call.collective == Collective::kReduceScatter) {
+  if (call.collective == Collective::kReduceScatter) {
     r.recv = call.recv;
   } else {
     // The root's node holds the sum, shard by shard, on its ranks; the root's own shard lands in
@@ -165,7 +164,8 @@ size_t Engine::piece_elements(DType dtype) const {
 // One piece of a pipelined all-reduce: elements [L*first, L*(first+n)) of the caller's buffers,
 // whose shards are elements [first, first+n) of the shard buffer. Its node reduce-scatter on the
 // comm stream, its rail call on the rail stream, its all-gather on the gather stream.
-Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail) {
+Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail,
+                             PassReason* rail_reason) {
   Hierarchy& h = *hierarchy_;
   const size_t esize = dtype_size(call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16);
   const size_t local = static_cast<size_t>(h.map.local_size);
@@ -189,9 +189,8 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclR
   rc.count = n;
   rc.stream = static_cast<cudaStream_t>(h.rail_stream);
   rc.in_group = rc.capturing = false;
-  PassReason rail_reason = PassReason::kRerouted;
-  if ((*rail = h.rail->run(rc, &rail_reason)) != ncclSuccess) return Status::kOk;
-  if (rail_reason != PassReason::kRerouted)
+  if ((*rail = h.rail->run(rc, rail_reason)) != ncclSuccess) return Status::kOk;
+  if (*rail_reason != PassReason::kRerouted)
     DQ_CHECK(enqueue_rail_exact(rc, Lane{h.rail_stream, error}));
   DQ_CHECK(device_->record(h.rail_done, h.rail_stream));
   DQ_CHECK(device_->wait(h.gather_stream, h.rail_done));
@@ -200,8 +199,9 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclR
 }
 
 // The all-reduce in pieces (docs/ENGINE.md section 11), then the tail on the caller's
-// communicator; the caller's stream waits for the comm and gather streams.
-ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call) {
+// communicator; the caller's stream waits for the comm and gather streams. *reason: rerouted when
+// some piece was compressed, else the first piece's reason.
+ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call, PassReason* reason) {
   Hierarchy& h = *hierarchy_;
   const DType dtype = call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16;
   const size_t esize = dtype_size(dtype);
@@ -214,7 +214,9 @@ ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call) {
   ncclResult_t rail = ncclSuccess;
   for (size_t p = 0; p < pieces && st == Status::kOk && rail == ncclSuccess; ++p) {
     const size_t first = p * piece;
-    st = enqueue_piece(call, first, p + 1 == pieces ? shard - first : piece, &rail);
+    PassReason piece_reason = PassReason::kRerouted;
+    st = enqueue_piece(call, first, p + 1 == pieces ? shard - first : piece, &rail, &piece_reason);
+    if (p == 0 || piece_reason == PassReason::kRerouted) *reason = piece_reason;
   }
   if (rail != ncclSuccess) {
     if (broken_ == ncclSuccess) broken_ = rail;
@@ -253,8 +255,13 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
     count(*reason);
     return ncclSuccess;
   }
+  // The caller's call: exact or compressed, the engine ran it (the interceptor passes nothing
+  // through); counted once, under the rail's reason.
+  PassReason rail_reason = PassReason::kRerouted;
   if (call.collective == Collective::kAllReduce) {
-    if (const ncclResult_t r = run_two_level_all_reduce(call); r != ncclSuccess) return r;
+    if (const ncclResult_t r = run_two_level_all_reduce(call, &rail_reason); r != ncclSuccess)
+      return r;
+    count(rail_reason);
     *reason = PassReason::kRerouted;
     return async_error();
   }
@@ -264,7 +271,6 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
   if (st == Status::kOk) st = enqueue_node_reduce(call, lane);
   if (st != Status::kOk) return engine_failure(st);
   const CallArgs rc = rail_call(call);
-  PassReason rail_reason = PassReason::kRerouted;
   if (const ncclResult_t r = h.rail->run(rc, &rail_reason); r != ncclSuccess) {
     if (broken_ == ncclSuccess) broken_ = r;
     return r;
@@ -274,6 +280,7 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
   if (st == Status::kOk) st = device_->record(ev_comm_done_, comm_stream_);
   if (st == Status::kOk) st = device_->wait(call.stream, ev_comm_done_);
   if (st != Status::kOk) return engine_failure(st);
+  count(rail_reason);
   *reason = PassReason::kRerouted;
   return async_error();
 }
