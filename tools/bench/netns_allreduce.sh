@@ -11,7 +11,8 @@
 # switch) and dqh<r> (switch -> rank), i.e. what a rank's NIC port sees.
 #
 # Runs, in this order, in one invocation (each with a bounded timeout):
-#   iperf3      one TCP stream rank 0 -> rank 1 (the link's reference rate)
+#   iperf3      one TCP stream rank 0 -> rank 1 (with --nodes: the first rank of node 1), the
+#               link's reference rate
 #   pt-float    dynamiq-perf FP32 pass-through (no shim): checks correctness and busbw
 #   pt-bf16     dynamiq-perf BF16 pass-through (no shim)
 #   bf16        allreduce_client.py: the FP32 data converted to BF16, plain NCCL (no shim)
@@ -329,12 +330,13 @@ run_iperf3() {
   ip netns exec "$PREFIX-0" timeout 30 iperf3 -c "$SUBNET.$((peer + 1))" -p 5201 -t 5 -O 1 -J >"$log" 2>&1
   wait "$server" 2>/dev/null
   grep -q '"sum_received"' "$log" || { say "iperf3 failed (see $log)"; return 1; }
-  python3 - "$log" "$OUT/results.jsonl" "$(load)" <<'EOF'
+  python3 - "$log" "$OUT/results.jsonl" "$(load)" "$peer" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 bps = d["end"]["sum_received"]["bits_per_second"]
-rec = {"label": "iperf3", "received_gbit_s": bps / 1e9, "load": sys.argv[3]}
-print(f"iperf3 rank0 -> rank1: {bps / 1e9:.3f} Gbit/s")
+rec = {"label": "iperf3", "received_gbit_s": bps / 1e9, "load": sys.argv[3],
+       "peer_rank": int(sys.argv[4])}
+print(f"iperf3 rank0 -> rank{sys.argv[4]}: {bps / 1e9:.3f} Gbit/s")
 open(sys.argv[2], "a").write(json.dumps(rec) + "\n")
 EOF
 }

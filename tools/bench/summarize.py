@@ -48,7 +48,8 @@ def main():
                "targets": dict(TARGETS)}
     lines = ["```", setup.rstrip(), "```", ""]
     if "iperf3" in by_label:
-        lines.append(f"iperf3 (one TCP stream, rank 0 -> rank 1): "
+        lines.append(f"iperf3 (one TCP stream, rank 0 -> rank "
+                     f"{by_label['iperf3'].get('peer_rank', 1)}): "
                      f"{by_label['iperf3']['received_gbit_s']:.3f} Gbit/s")
         lines.append("")
     perf_rows = [r for r in records if r.get("tool") == "dynamiq-perf" and "busbw_gb_s" in r]
