@@ -7,7 +7,8 @@
 //                        DYNAMIQ_BLOCK_BYTES (256K: the all-reduce runs as 3 pipelined pieces)
 //   flat                 DYNAMIQ_HIERARCHY=flat on 2 x 2 ranks, one node (auto) and a 3 + 1
 //                        communicator (auto falls back): the same bytes from all three
-//   kill RUNS            2 x 2 ranks, one SIGKILLed inside a call: every survivor fails in time
+//   kill[_reducescatter|_reduce] RUNS  2 x 2 ranks, one SIGKILLed inside a call (an all-reduce
+//                        in 2 pieces, a reduce-scatter, a reduce): every survivor fails in time
 //   toggle               2 x 2 ranks: the A/B switch turns the compressed stage off and on
 // Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
 #include <dlfcn.h>
@@ -452,7 +453,8 @@ bool scenario_flat() {
 }
 
 // ---- kill: a rank SIGKILLed inside a two-level call -------------------------------------------
-bool scenario_kill(int runs) {
+// `collective`: allreduce (2 pieces), reducescatter or reduce (root 0).
+bool scenario_kill(int runs, const std::string& collective) {
   const int n = 4, timeout_ms = 3000;
   double slowest = 0;
   for (int run = 0; run < runs; ++run) {
@@ -470,12 +472,22 @@ bool scenario_kill(int runs) {
           }).detach();
         }
         const auto t0 = std::chrono::steady_clock::now();
-        const ncclResult_t r =
-            ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+        ncclResult_t r;
+        if (collective == "reducescatter")
+          r = ncclReduceScatter(in.data(), out.data(), count / n, ncclFloat32, ncclSum, comm,
+                                nullptr);
+        else if (collective == "reduce")
+          r = ncclReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, 0, comm, nullptr);
+        else
+          r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // Before the kill: the exact sum of all ones (nothing to round), where this rank has one.
+        const size_t n_out = collective == "reducescatter"         ? count / n
+                             : collective == "reduce" && rank != 0 ? 0
+                                                                   : count;
         if (r == ncclSuccess && k < 2)
-          for (size_t i = 0; i < count; ++i)
+          for (size_t i = 0; i < n_out; ++i)
             if (out[i] != static_cast<float>(n)) _exit(42);
         if (r != ncclSuccess) {
           write_text(rank_file(rank, "kill"), std::to_string(s));
@@ -507,9 +519,9 @@ bool scenario_kill(int runs) {
     }
   }
   std::printf(
-      "killed rank on 2 x 2: every survivor failed within DYNAMIQ_TIMEOUT_MS + 5 s, %d "
-      "runs; slowest %.2f s\n",
-      runs, slowest);
+      "killed rank on 2 x 2 (%s): every survivor failed within DYNAMIQ_TIMEOUT_MS + 5 s, "
+      "%d runs; slowest %.2f s\n",
+      collective.c_str(), runs, slowest);
   return true;
 }
 
@@ -586,8 +598,9 @@ int main(int argc, char** argv) {
     ok = scenario_shapes(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? argv[4] : "16M");
   } else if (scenario == "flat") {
     ok = scenario_flat();
-  } else if (scenario == "kill") {
-    ok = scenario_kill(argc > 2 ? std::atoi(argv[2]) : 3);
+  } else if (scenario == "kill" || scenario == "kill_reducescatter" || scenario == "kill_reduce") {
+    ok = scenario_kill(argc > 2 ? std::atoi(argv[2]) : 3,
+                       scenario == "kill" ? "allreduce" : scenario.substr(5));
   } else if (scenario == "toggle") {
     ok = scenario_toggle();
   } else {
