@@ -374,6 +374,14 @@ class Loader {
            "DYNAMIQ_TOPO=" + topo_text + " is not a topology; accepted: ring, butterfly, auto");
       kReset[topo](s);
     }
+    const int hierarchy = index_of("DYNAMIQ_HIERARCHY");
+    const std::string hierarchy_text = s->hierarchy;
+    s->hierarchy = lower(s->hierarchy);
+    if (s->hierarchy != "auto" && s->hierarchy != "flat" && s->hierarchy != "node") {
+      fail(hierarchy, "DYNAMIQ_HIERARCHY=" + hierarchy_text +
+                          " is not a hierarchy; accepted: auto, flat, node");
+      kReset[hierarchy](s);
+    }
     if (!parse_dtypes(s->dtypes, s)) {
       fail(index_of("DYNAMIQ_DTYPES"),
            "DYNAMIQ_DTYPES=" + s->dtypes +

@@ -11,7 +11,8 @@
 namespace dq::engine {
 
 // Bump when the wire protocol (control layout, payload format, schedule keys) changes.
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: the handshake's host-hash exchange and communicator splits of the two-level schedule.
+inline constexpr uint32_t kProtocolVersion = 2;
 
 struct LocalControl {
   const config::Settings* settings = nullptr;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/host_isa.h"
+#include "shim/engine/engine_hierarchy.h"
 #include "shim/engine/engine_internal.h"
 
 namespace dq::engine {
@@ -40,7 +41,8 @@ void Engine::warn_differs(const std::string& what) {
 }
 
 void Engine::count(PassReason reason) {
-  if (metrics_) metrics_->calls[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
+  if (metrics_ && counts_calls_)
+    metrics_->calls[static_cast<int>(reason)].fetch_add(1, std::memory_order_relaxed);
 }
 
 bool Engine::read_switch() {
@@ -83,6 +85,7 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
 }
 
 Engine::~Engine() {
+  release_hierarchy();  // the rail engine and the node steps first: they use this engine's streams
   for (auto& b : buckets_) release_bucket(*b);
   buckets_.clear();
   while (!plans_.empty()) {
@@ -314,6 +317,7 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
     note_outcome(*reason, call);
     return ncclSuccess;
   }
+  if (hierarchy_) return run_two_level(call, reason);  // agreed at the handshake
   // From here on every rank takes the same branch: the switch was agreed one call ago, plans are
   // agreed when made.
   pack_call_control(comm_.rank == 0, read_switch(), control_ + call_send_word());

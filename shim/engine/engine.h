@@ -250,6 +250,24 @@ class Engine {
   Status enqueue_check_finish(const CallArgs& call, uint64_t* wire_bytes);
   void read_check();
   void pair_check();
+  // The two-level schedule (engine_hierarchy.cc, engine_two_level.cc; docs/ENGINE.md section
+  // 11): set up at the handshake, then every compressed call of the communicator runs on it.
+  struct Hierarchy;
+  ncclResult_t gather_host_hashes(std::vector<uint64_t>* hashes, bool* all_capable);
+  ncclResult_t setup_hierarchy();
+  void release_hierarchy();
+  ncclResult_t rail_async_error();
+  ncclResult_t ensure_shard(size_t bytes, bool* ok);
+  int hierarchy_nodes() const;
+  ncclResult_t run_two_level(const CallArgs& call, PassReason* reason);
+  size_t piece_elements(DType dtype) const;
+  Status enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail,
+                       PassReason* rail_reason);
+  ncclResult_t run_two_level_all_reduce(const CallArgs& call, PassReason* reason);
+  Status enqueue_node_reduce(const CallArgs& call, Lane lane);
+  CallArgs rail_call(const CallArgs& call) const;
+  Status enqueue_rail_exact(const CallArgs& rc, Lane lane);
+  Status enqueue_node_gather(const CallArgs& call, Lane lane);
 
   config::Settings settings_;
   bool settings_valid_;
@@ -302,6 +320,10 @@ class Engine {
   const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
   bool setup_failed_ = false;                   // the device could not be set up on this rank
   SwitchFile switch_file_;                      // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
+  std::unique_ptr<Hierarchy> hierarchy_;        // null: the flat schedule
+  // False in a two-level schedule's rail engine: the caller's call is counted once, by the
+  // engine it was made on, though its pieces are several rail calls.
+  bool counts_calls_ = true;
 };
 
 // Chooses the schedule for `nranks` under DYNAMIQ_TOPO.

@@ -26,6 +26,7 @@ ncclResult_t Engine::fail_async(uint32_t word) {
 
 ncclResult_t Engine::async_error() {
   if (broken_ != ncclSuccess || control_ == nullptr) return broken_;
+  if (const ncclResult_t r = rail_async_error(); r != ncclSuccess) return broken_ = r;
   const uint32_t word = __atomic_load_n(control_ + error_word_index(), __ATOMIC_ACQUIRE);
   return word != 0 ? fail_async(word) : ncclSuccess;
 }
@@ -101,6 +102,8 @@ ncclResult_t Engine::handshake() {
     state_ = d.settings_enabled ? State::kAgreed : State::kInert;
   }
   switch_agreed_ = d.switch_on;
+  if (state_ == State::kAgreed)
+    if (const ncclResult_t r2 = setup_hierarchy(); r2 != ncclSuccess) return r2;
   log_decision(d);
   return ncclSuccess;
 }

@@ -4,6 +4,7 @@
 // their size or type (docs/ENGINE.md section 2).
 #include <cstdio>
 
+#include "shim/engine/engine_hierarchy.h"
 #include "shim/engine/engine_internal.h"
 
 namespace dq::engine {
@@ -50,7 +51,13 @@ std::string Engine::compressed_text() const {
                                 (settings_.bits_auto ? "auto bits (target " + settings_.target + ")"
                                                      : settings_.bits + " bits per value")
                           : settings_.codec;
-  return "compressed: codec " + codec + ", topology " + topo::kind_name(kind_) + ", blocks of " +
+  // Two-level: the compressed stage's schedule runs over the nodes, one rail per local rank.
+  const std::string topology =
+      hierarchy_ ? std::string(topo::kind_name(kind_)) + " over " +
+                       std::to_string(hierarchy_->map.nodes) + " nodes (two-level, " +
+                       std::to_string(hierarchy_->map.local_size) + " ranks per node)"
+                 : std::string(topo::kind_name(kind_));
+  return "compressed: codec " + codec + ", topology " + topology + ", blocks of " +
          bytes_text(static_cast<uint64_t>(settings_.block_bytes)) + ", calls of at least " +
          bytes_text(static_cast<uint64_t>(settings_.min_bytes)) + " of " + settings_.dtypes +
          " by " + settings_.collectives + " (" + opt_in_why_ + ")";

@@ -310,6 +310,12 @@ const RealNccl* real_nccl() {
     resolve("ncclReduceScatter", &real.reduce_scatter);
     resolve("ncclReduce", &real.reduce);
     resolve("dqCpuNcclCommName", &real.cpu_nccl_comm_name);
+    real.ops.reduce_scatter = real.reduce_scatter;
+    real.ops.reduce = real.reduce;
+    real.ops.comm_split = real.comm_split;
+    real.ops.comm_destroy = real.comm_destroy;
+    real.ops.comm_abort = real.comm_abort;
+    resolve("ncclAllGather", &real.ops.all_gather);
     real.stream_is_capturing =
         reinterpret_cast<int (*)(cudaStream_t, int*)>(dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing"));
     ok = real.ops.complete() && real.comm_count && real.comm_user_rank;

@@ -22,6 +22,12 @@ inline dq::engine::NcclOps cpu_nccl_ops() {
   ops.recv = ncclRecv;
   ops.all_reduce = ncclAllReduce;
   ops.error_string = ncclGetErrorString;
+  ops.reduce_scatter = ncclReduceScatter;
+  ops.all_gather = ncclAllGather;
+  ops.reduce = ncclReduce;
+  ops.comm_split = ncclCommSplit;
+  ops.comm_destroy = ncclCommDestroy;
+  ops.comm_abort = ncclCommAbort;
   return ops;
 }
 

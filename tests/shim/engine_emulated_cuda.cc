@@ -1,7 +1,8 @@
 // The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
 // kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
 // the same inputs. Usage: engine_emulated_cuda NRANKS [TOPO] | steps | canary_steps |
-// canary NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and canary_body below.)
+// canary NRANKS | two_level. Exit 0 pass. (The canary modes: see canary_steps_check and canary_body
+// below.)
 //
 // Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
 // device, both with the same settings, and runs the same calls on both: all-reduce and
@@ -711,6 +712,87 @@ int canary_body(int n, int rank, ncclComm_t* comms, const std::string& log_dir) 
   return 0;
 }
 
+// ---- two_level: the two-level schedule on both devices ------------------------------------------
+// 2 nodes x 2 ranks (NCCL_HOSTID per rank, DYNAMIQ_HIERARCHY=node): an FP32 all-reduce in two
+// pipelined pieces (three engine streams, the rail engine's own), a BF16 AVG reduce-scatter and an
+// FP32 reduce to rank 3, each with odd counts: compressed on both devices, the rail engine's
+// DynamiQ steps as kernels on the emulated one, and the same bytes as on the host device.
+int two_level_body(int rank, ncclComm_t* comms) {
+  const int n = 4;
+  setenv("NCCL_HOSTID", rank < 2 ? "node0" : "node1", 1);  // read at the handshake
+  const std::unique_ptr<dq::engine::Device> cuda = dq::engine::make_emulated_cuda_device();
+  const dq::engine::NcclOps ops = cpu_nccl_ops();
+  struct TwoLevelCase {
+    const char* what;
+    Collective collective;
+    bool bf16, avg;
+    size_t count;  // a reduce-scatter: per rank
+  };
+  // 256 KiB blocks: a piece is 32,768 shard elements (64 super-groups per rail chunk).
+  const TwoLevelCase cases[] = {
+      {"all-reduce FP32 SUM, 2 pieces", Collective::kAllReduce, false, false, 2 * 65536 + 333},
+      {"reduce-scatter BF16 AVG", Collective::kReduceScatter, true, true, 32768 + 77},
+      {"reduce FP32 SUM to rank 3", Collective::kReduce, false, false, 65536 + 333},
+  };
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_HIERARCHY", "node"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_BLOCK_BYTES", "262144"}});
+  const auto m_host = std::make_shared<dq::engine::CommMetrics>();
+  const auto m_cuda = std::make_shared<dq::engine::CommMetrics>();
+  Engine on_host(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), m_host, true);
+  Engine on_cuda(settings, true, {comms[1], rank, n}, ops, cuda.get(), m_cuda, true);
+  for (const TwoLevelCase& c : cases) {
+    const size_t esize = c.bf16 ? 2 : 4;
+    const bool scatter = c.collective == Collective::kReduceScatter;
+    const size_t count = scatter ? c.count * n : c.count;
+    const auto in = make_input(rank, count, c.bf16, false);
+    const size_t out_bytes = (scatter ? c.count : count) * esize;
+    std::vector<unsigned char> out_host(out_bytes, 0xCD), out_cuda(out_bytes, 0xCD);
+    CallArgs args;
+    args.collective = c.collective;
+    args.root = 3;
+    args.send = in.data();
+    args.count = count;
+    args.dtype = c.bf16 ? ncclBfloat16 : ncclFloat32;
+    args.op = c.avg ? ncclAvg : ncclSum;
+    const CudaDeviceCounts before = dq::engine::cuda_device_counts(cuda.get());
+    PassReason rh = PassReason::kRerouted, rc = PassReason::kRerouted;
+    args.recv = out_host.data();
+    CHECK_OR(80, on_host.run(args, &rh) == ncclSuccess, "rank %d, %s: host device call failed",
+             rank, c.what);
+    args.recv = out_cuda.data();
+    CHECK_OR(81, on_cuda.run(args, &rc) == ncclSuccess && on_cuda.async_error() == ncclSuccess,
+             "rank %d, %s: emulated CUDA call failed", rank, c.what);
+    CHECK_OR(82, rh == PassReason::kRerouted && rc == PassReason::kRerouted,
+             "rank %d, %s: not run (host %s, emulated CUDA %s)", rank, c.what,
+             dq::engine::reason_name(rh), dq::engine::reason_name(rc));
+    const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda.get());
+    CHECK_OR(83, after.hops > before.hops && after.host_fallbacks == before.host_fallbacks,
+             "rank %d, %s: the rail engine ran no hop kernel", rank, c.what);
+    for (size_t b = 0; b < out_bytes; ++b)
+      CHECK_OR(84, out_host[b] == out_cuda[b],
+               "rank %d, %s: output byte %zu is 0x%02x on the emulated CUDA device, 0x%02x on the "
+               "host device",
+               rank, c.what, b, out_cuda[b], out_host[b]);
+    if (c.collective == Collective::kAllReduce) {
+      CHECK_OR(85, same_everywhere(comms[0], fnv(out_cuda.data(), out_bytes)),
+               "rank %d, %s: results differ across ranks", rank, c.what);
+      // Two levels: the compressed stage saw this rank's shard, half the call (a flat schedule
+      // would count all of it).
+      const uint64_t shard_bytes = count / 2 * esize;
+      CHECK_OR(86, m_host->bytes_in.load() == shard_bytes && m_cuda->bytes_in.load() == shard_bytes,
+               "rank %d, %s: %llu / %llu bytes compressed, expected the shard's %llu", rank, c.what,
+               static_cast<unsigned long long>(m_host->bytes_in.load()),
+               static_cast<unsigned long long>(m_cuda->bytes_in.load()),
+               static_cast<unsigned long long>(shard_bytes));
+    }
+    if (rank == 0)
+      std::fprintf(stderr, "rank 0: two levels, %s: identical bytes on both devices\n", c.what);
+  }
+  return 0;
+}
+
 int canary_check(int n) {
   char dir[] = "/tmp/dq_canary_XXXXXX";
   CHECK_OR(2, mkdtemp(dir) != nullptr, "mkdtemp");
@@ -754,7 +836,8 @@ int main(int argc, char** argv) {
   if (std::string(argv[1]) == "steps") return steps_check();
   if (std::string(argv[1]) == "canary_steps") return canary_steps_check();
   if (std::string(argv[1]) == "canary") return canary_check(argc > 2 ? std::atoi(argv[2]) : 4);
-  const int n = std::atoi(argv[1]);
+  const bool two_level = std::string(argv[1]) == "two_level";
+  const int n = two_level ? 4 : std::atoi(argv[1]);
   const std::string topo = argc > 2 ? argv[2] : "auto";
   dq::test::RankOptions opt;
   opt.timeout_s = 240;
@@ -763,7 +846,7 @@ int main(int argc, char** argv) {
         ncclComm_t comms[2];
         for (int k = 0; k < 2; ++k)
           if (ncclCommInitRank(&comms[k], n, ids[k], r) != ncclSuccess) return 97;
-        return body(n, topo, r, comms);
+        return two_level ? two_level_body(r, comms) : body(n, topo, r, comms);
       });
   bool ok = true;
   for (size_t r = 0; r < exits.size(); ++r)
@@ -777,6 +860,6 @@ int main(int argc, char** argv) {
     }
   if (!ok) return 1;
   std::printf("emulated CUDA device, %d ranks, %s: every call's bytes equal the host device's\n", n,
-              topo.c_str());
+              two_level ? "two levels (2 x 2)" : topo.c_str());
   return 0;
 }

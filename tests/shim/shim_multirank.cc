@@ -498,6 +498,7 @@ bool scenario_mismatch(int n) {
       {"DYNAMIQ_TARGET", "mxfp6"},
       {"DYNAMIQ_CHECK_EVERY", "5"},
       {"DYNAMIQ_TOPO", "ring"},
+      {"DYNAMIQ_HIERARCHY", "flat"},
       {"DYNAMIQ_MIN_BYTES", "64K"},
       {"DYNAMIQ_DTYPES", "float32"},
       {"DYNAMIQ_COLLECTIVES", "reduce"},

@@ -11,7 +11,8 @@
 # switch) and dqh<r> (switch -> rank), i.e. what a rank's NIC port sees.
 #
 # Runs, in this order, in one invocation (each with a bounded timeout):
-#   iperf3      one TCP stream rank 0 -> rank 1 (the link's reference rate)
+#   iperf3      one TCP stream rank 0 -> rank 1 (with --nodes: the first rank of node 1), the
+#               link's reference rate
 #   pt-float    dynamiq-perf FP32 pass-through (no shim): checks correctness and busbw
 #   pt-bf16     dynamiq-perf BF16 pass-through (no shim)
 #   bf16        allreduce_client.py: the FP32 data converted to BF16, plain NCCL (no shim)
@@ -20,6 +21,15 @@
 #   mxfp8       allreduce_client.py: FP32 through the shim, DYNAMIQ_CODEC=mxfp8
 # and writes OUT/result.json, OUT/result.md and each run's log. -c reducescatter runs every mode's
 # collective as ncclReduceScatter instead (each rank's SIZE is the send buffer).
+#
+# Nodes (--nodes N --local L: N x L ranks): each rank's dqr<r> link is its rail (its own NIC to
+# the switch, shaped as above; address 198.18.0.<r+1>/32), and the ranks of node k also share an
+# unshaped bridge dqn<k> in the hub namespace (each rank's veth dqn<r>, no address). Host routes
+# in each rank namespace send a node-mate's address over dqn<r> and everyone else's over the rail,
+# so node-local traffic never touches a shaped link, and the link counters (dqr*) count the
+# inter-node bytes alone. Each rank gets NCCL_HOSTID=node<k>. A mode name may carry settings
+# after '+': +flat / +node (DYNAMIQ_HIERARCHY), +ring / +butterfly (DYNAMIQ_TOPO), e.g.
+# dynamiq5+flat+ring, dynamiq5+node, engine-bf16+node.
 set -u -o pipefail
 
 usage() {
@@ -27,6 +37,7 @@ usage() {
 usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w WARMUP]
                           [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [-P PREFIX]
                           [-e NAME=VALUE]... [-c allreduce|reducescatter]
+                          [--nodes N --local L]
                           [--no-limit] [--no-idle-restart] [--keep] [--down]
   -B BUILD    meson build folder (default: build)
   -o OUT      output folder (default: /tmp/dq-netns-bench)
@@ -43,6 +54,9 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
               -e DYNAMIQ_TOPO=ring -e DYNAMIQ_BLOCK_BYTES=4M (repeatable)
   -c COLL     allreduce (default) or reducescatter: the collective every mode runs (the
               client's --collective, dynamiq-perf's -c); SIZE is each rank's send buffer
+  --nodes N   N nodes of --local L ranks each (N x L ranks; default: 4 ranks, no nodes): each
+              rank's link is its rail, node-mates reach each other unshaped
+  --local L   ranks per node (with --nodes)
   --no-limit  no tc shaping (same namespaces): shows whether the CPU or the link limits
   --no-idle-restart  net.ipv4.tcp_slow_start_after_idle=0 in every rank namespace: a TCP
               connection idle for one RTO keeps its congestion window instead of starting slow
@@ -68,6 +82,8 @@ DOWN_ONLY=0
 PREFIX=dq-bench
 COLLECTIVE=allreduce
 SHIM_EXTRA=()
+NODES=0
+LOCAL=1
 while [ $# -gt 0 ]; do
   case "$1" in
     -B) BUILD=$2; shift 2 ;;
@@ -82,6 +98,8 @@ while [ $# -gt 0 ]; do
     -P) PREFIX=$2; shift 2 ;;
     -e) SHIM_EXTRA+=("$2"); shift 2 ;;
     -c) COLLECTIVE=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --local) LOCAL=$2; shift 2 ;;
     --no-limit) LIMIT=0; shift ;;
     --no-idle-restart) IDLE_RESTART=0; shift ;;
     --keep) KEEP=1; shift ;;
@@ -91,7 +109,19 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-readonly NRANKS=4
+for value in "$NODES" "$LOCAL"; do
+  [[ "$value" =~ ^[0-9]+$ ]] || { echo "netns_allreduce.sh: '$value' is not a count" >&2; exit 2; }
+done
+if [ "$NODES" -gt 0 ]; then
+  if [ "$NODES" -lt 2 ] || [ "$LOCAL" -lt 1 ] || [ $((NODES * LOCAL)) -gt 16 ]; then
+    echo "netns_allreduce.sh: --nodes must be >= 2, --local >= 1, at most 16 ranks" >&2
+    exit 2
+  fi
+  NRANKS=$((NODES * LOCAL))
+else
+  NRANKS=4
+fi
+readonly NODES LOCAL NRANKS
 case "$COLLECTIVE" in
   allreduce|reducescatter) ;;
   *) echo "netns_allreduce.sh: -c must be allreduce or reducescatter, not '$COLLECTIVE'" >&2; exit 2 ;;
@@ -212,7 +242,11 @@ setup() {
       die "cannot create veth dqh$r/dqr$r"
     ip -n "$HUB" link set "dqh$r" master "$BRIDGE"
     ip -n "$HUB" link set "dqh$r" up
-    ip -n "$ns" addr add "$SUBNET.$((r + 1))/24" dev "dqr$r"
+    if [ "$NODES" -gt 0 ]; then
+      ip -n "$ns" addr add "$SUBNET.$((r + 1))/32" dev "dqr$r"
+    else
+      ip -n "$ns" addr add "$SUBNET.$((r + 1))/24" dev "dqr$r"
+    fi
     ip -n "$ns" link set "dqr$r" up
     if [ "$LIMIT" = 1 ]; then
       tc -n "$ns" qdisc replace dev "dqr$r" root tbf rate "$RATE" burst "$TBF_BURST" \
@@ -221,6 +255,7 @@ setup() {
         latency "$TBF_LATENCY" || die "tc on dqh$r failed"
     fi
   done
+  [ "$NODES" -gt 0 ] && setup_nodes
   # Reachability: every other rank opens a TCP connection to rank 0 (no ping needed; the
   # bridge may need a moment before it forwards).
   ip netns exec "$PREFIX-0" timeout 20 python3 -c '
@@ -241,6 +276,31 @@ sys.exit(1)' "$SUBNET.1" || die "rank $r cannot reach $SUBNET.1"
   wait "$server" || die "rank 0 did not see every rank connect"
 }
 
+# The node bridges and the host routes (--nodes): node-mates over dqn<r>, others over the rail.
+setup_nodes() {
+  local k r s ns dev
+  for ((k = 0; k < NODES; k++)); do
+    ip -n "$HUB" link add "dqn$k" type bridge || die "cannot create bridge dqn$k"
+    ip -n "$HUB" link set "dqn$k" up
+  done
+  for ((r = 0; r < NRANKS; r++)); do
+    ns=$PREFIX-$r
+    ip -n "$HUB" link add "dqm$r" type veth peer name "dqn$r" netns "$ns" ||
+      die "cannot create veth dqm$r/dqn$r"
+    ip -n "$HUB" link set "dqm$r" master "dqn$((r / LOCAL))"
+    ip -n "$HUB" link set "dqm$r" up
+    ip -n "$ns" link set "dqn$r" up
+    # The replies to a node-mate leave by dqn<r> although the address sits on dqr<r>.
+    ip netns exec "$ns" sysctl -qw net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+    for ((s = 0; s < NRANKS; s++)); do
+      [ "$s" = "$r" ] && continue
+      dev=dqr$r
+      [ $((s / LOCAL)) = $((r / LOCAL)) ] && dev=dqn$r
+      ip -n "$ns" route add "$SUBNET.$((s + 1))/32" dev "$dev" || die "route in $ns failed"
+    done
+  done
+}
+
 # Bytes sent by every rank link so far (sum of dqr* tx counters).
 tx_bytes() {
   local r total=0 b
@@ -256,23 +316,27 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 run_iperf3() {
   command -v iperf3 >/dev/null || { say "iperf3 not installed; skipping"; return 0; }
   local log=$OUT/iperf3.log
-  ip netns exec "$PREFIX-1" timeout 60 iperf3 -s -1 -B "$SUBNET.2" -p 5201 >"$OUT/iperf3-server.log" 2>&1 &
+  # Over a shaped link: rank 1, or with nodes the first rank of node 1 (over both rails).
+  local peer=1
+  [ "$NODES" -gt 0 ] && peer=$LOCAL
+  ip netns exec "$PREFIX-$peer" timeout 60 iperf3 -s -1 -B "$SUBNET.$((peer + 1))" -p 5201 >"$OUT/iperf3-server.log" 2>&1 &
   local server=$!
   local i
   for ((i = 0; i < 100; i++)); do  # until the server listens (at most 10 s)
-    ip netns exec "$PREFIX-1" ss -Hltn "sport = :5201" | grep -q . && break
+    ip netns exec "$PREFIX-$peer" ss -Hltn "sport = :5201" | grep -q . && break
     sleep 0.1
   done
   say "iperf3: load $(load)"
-  ip netns exec "$PREFIX-0" timeout 30 iperf3 -c "$SUBNET.2" -p 5201 -t 5 -O 1 -J >"$log" 2>&1
+  ip netns exec "$PREFIX-0" timeout 30 iperf3 -c "$SUBNET.$((peer + 1))" -p 5201 -t 5 -O 1 -J >"$log" 2>&1
   wait "$server" 2>/dev/null
   grep -q '"sum_received"' "$log" || { say "iperf3 failed (see $log)"; return 1; }
-  python3 - "$log" "$OUT/results.jsonl" "$(load)" <<'EOF'
+  python3 - "$log" "$OUT/results.jsonl" "$(load)" "$peer" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 bps = d["end"]["sum_received"]["bits_per_second"]
-rec = {"label": "iperf3", "received_gbit_s": bps / 1e9, "load": sys.argv[3]}
-print(f"iperf3 rank0 -> rank1: {bps / 1e9:.3f} Gbit/s")
+rec = {"label": "iperf3", "received_gbit_s": bps / 1e9, "load": sys.argv[3],
+       "peer_rank": int(sys.argv[4])}
+print(f"iperf3 rank0 -> rank{sys.argv[4]}: {bps / 1e9:.3f} Gbit/s")
 open(sys.argv[2], "a").write(json.dumps(rec) + "\n")
 EOF
 }
@@ -285,6 +349,12 @@ launch() {
   shift
   local log=$OUT/$label.log
   local before after start end rc
+  # Fake nodes: NCCL_HOSTID=node<RANK / LOCAL> (dynamiq-run sets RANK; --rank-env knows {rank}
+  # only).
+  if [ "$NODES" -gt 0 ]; then
+    # shellcheck disable=SC2016  # expanded by the rank's shell, where RANK is set
+    set -- /bin/sh -c 'NCCL_HOSTID=node$((RANK / '"$LOCAL"')) exec "$@"' sh "$@"
+  fi
   before=$(tx_bytes)
   start=$(date +%s.%N)
   say "$label: load $(load); $*"
@@ -366,6 +436,7 @@ setup
 say "namespaces up: $(ns_names | tr '\n' ' '); rate ${RATE} per direction per rank link$([ "$LIMIT" = 1 ] || echo ' (NOT LIMITED: --no-limit)')"
 {
   echo "date_utc=$(date -u +%FT%TZ) kernel=$(uname -r) cores=$(nproc) load_start=$(load)"
+  echo "nodes=$NODES local=$LOCAL ranks=$NRANKS"
   echo "rate=$RATE limit=$LIMIT idle_restart=$IDLE_RESTART burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA collective=$COLLECTIVE"
   echo "git=$(git -C "$SRC_ROOT" rev-parse --short HEAD 2>/dev/null) shim_extra=${SHIM_EXTRA[*]}"
   for ((r = 0; r < NRANKS; r++)); do tc -n "$PREFIX-$r" qdisc show dev "dqr$r"; done
@@ -380,7 +451,7 @@ for mode in "${mode_list[@]}"; do
     pt-bf16) run_perf pt-bf16 bfloat16 || failed=1 ;;
     bf16) run_client bf16 bfloat16 || failed=1 ;;
     fp32) run_client fp32 float || failed=1 ;;
-    dynamiq5|mxfp8|engine-bf16)
+    dynamiq5|mxfp8|engine-bf16|dynamiq5+*|mxfp8+*|engine-bf16+*)
       if [ ! -f "$SHIM" ]; then
         say "$SHIM not built yet; skipping $mode"
         echo "{\"label\": \"$mode\", \"skipped\": \"$SHIM not built\"}" >>"$OUT/results.jsonl"
@@ -388,12 +459,24 @@ for mode in "${mode_list[@]}"; do
       fi
       # The shim is preloaded into the ranks only (a --rank-env), not into the launcher.
       shim=("LD_PRELOAD=$SHIM" DYNAMIQ_ENABLE=1 "DYNAMIQ_METRICS_FILE=$OUT/metrics-$mode-%r.json")
-      case "$mode" in
+      case "${mode%%+*}" in
         dynamiq5) shim+=(DYNAMIQ_CODEC=dynamiq DYNAMIQ_BITS=5) ;;
         mxfp8) shim+=(DYNAMIQ_CODEC=mxfp8) ;;
         engine-bf16) shim+=(DYNAMIQ_CODEC=bf16) ;;
       esac
-      run_client "$mode" float "${shim[@]}" "${SHIM_EXTRA[@]}" || failed=1 ;;
+      # Settings after '+' in the mode's name, after -e (the mode's own win).
+      suffixes=()
+      IFS=+ read -ra suffixes <<<"${mode#"${mode%%+*}"}"
+      extra=()
+      for suffix in "${suffixes[@]}"; do
+        case "$suffix" in
+          '') ;;
+          flat|node) extra+=("DYNAMIQ_HIERARCHY=$suffix") ;;
+          ring|butterfly) extra+=("DYNAMIQ_TOPO=$suffix") ;;
+          *) say "unknown mode suffix '+$suffix' in $mode"; failed=1; continue 2 ;;
+        esac
+      done
+      run_client "$mode" float "${shim[@]}" "${SHIM_EXTRA[@]}" "${extra[@]}" || failed=1 ;;
     *) say "unknown mode '$mode'"; failed=1 ;;
   esac
 done

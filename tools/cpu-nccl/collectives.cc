@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -276,11 +277,15 @@ Status Comm::ring(const CollArgs& a) {
   }
   // Where the running partial sum of segment k lives: the output for all-reduce; for
   // reduce-scatter our own block is the output and the others go to scratch.
-  std::vector<char> scratch;
-  if (a.kind == CollKind::kReduceScatter) scratch.resize(total_count * esize);
+  // With 2 ranks no other block is ever partial (step 0 sends the input, the one receive lands
+  // in our block): no scratch. Never zeroed: every byte read was written by an earlier step.
+  std::unique_ptr<char[]> scratch;
+  const size_t scratch_bytes =
+      a.kind == CollKind::kReduceScatter && n > 2 ? total_count * esize : 0;
+  if (scratch_bytes > 0) scratch.reset(new char[scratch_bytes]);
   auto partial = [&](size_t k) -> char* {
     if (allreduce) return out + seg.offset(k) * esize;
-    return static_cast<int>(k) == r ? out : scratch.data() + seg.offset(k) * esize;
+    return static_cast<int>(k) == r ? out : scratch.get() + seg.offset(k) * esize;
   };
   auto input = [&](size_t k) -> const char* { return in + seg.offset(k) * esize; };
   auto mod = [n](long x) { return static_cast<size_t>(((x % n) + n) % n); };
@@ -346,9 +351,7 @@ Status Comm::ring(const CollArgs& a) {
   };
   if (rs_steps) {
     p.send_buffers.push_back({in, total_count * esize});
-    if (!scratch.empty()) {
-      p.send_buffers.push_back({scratch.data(), scratch.size()});
-    }
+    if (scratch_bytes > 0) p.send_buffers.push_back({scratch.get(), scratch_bytes});
   }
   const size_t out_bytes = (a.kind == CollKind::kReduceScatter ? a.count : total_count) * esize;
   p.send_buffers.push_back({out, out_bytes});

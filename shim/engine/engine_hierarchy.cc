@@ -1,0 +1,192 @@
+// The two-level schedule (docs/ENGINE.md section 11): exact inside a node through NCCL, the
+// DynamiQ compressed collective of each local rank's shard among the ranks of the same local
+// index on every node (one hop per node), exact again inside the node. Set up at the handshake,
+// identically on every rank; any rank-local failure is agreed, and then every rank runs flat.
+#include "shim/engine/engine_hierarchy.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "shim/engine/engine_internal.h"
+
+namespace dq::engine {
+namespace {
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+uint64_t node_host_hash() {
+  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && id[0] != '\0') return fnv1a(id);
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return fnv1a(std::string(host) + boot);
+}
+
+// Every rank's host hash (and whether its NCCL has the calls the two-level schedule needs),
+// gathered with MAX all-reduces of the control scratch: each rank fills its own two words, the
+// others contribute zeros. Several rounds when the words do not fit the scratch.
+ncclResult_t Engine::gather_host_hashes(std::vector<uint64_t>* hashes, bool* all_capable) {
+  const int n = comm_.nranks;
+  std::vector<uint32_t> words(2 * static_cast<size_t>(n) + 1, 0u), reduced(words.size(), 0u);
+  const uint64_t mine = node_host_hash();
+  words[2 * comm_.rank] = static_cast<uint32_t>(mine >> 32);
+  words[2 * comm_.rank + 1] = static_cast<uint32_t>(mine);
+  words.back() = ops_.two_level_capable() ? 0u : 1u;
+  const size_t step = static_cast<size_t>(scratch_words());
+  for (size_t at = 0; at < words.size(); at += step) {
+    const int len = static_cast<int>(std::min(step, words.size() - at));
+    if (const ncclResult_t r = blocking_max(words.data() + at, reduced.data() + at, len);
+        r != ncclSuccess)
+      return r;
+  }
+  hashes->resize(n);
+  for (int r = 0; r < n; ++r)
+    (*hashes)[r] = (static_cast<uint64_t>(reduced[2 * r]) << 32) | reduced[2 * r + 1];
+  *all_capable = reduced.back() == 0u;
+  return ncclSuccess;
+}
+
+// Called at the handshake on every rank of an agreed communicator. Returns an NCCL failure of
+// the agreement itself; every other outcome leaves the flat schedule (hierarchy_ null) or the
+// two-level one, the same on every rank.
+ncclResult_t Engine::setup_hierarchy() {
+  const std::string& mode = settings_.hierarchy;
+  // Two levels need >= 2 nodes and, for auto, a node of >= 2 ranks: >= 4 ranks (2 for node).
+  if (mode == "flat" || comm_.nranks < (mode == "node" ? 2 : 4)) return ncclSuccess;
+  std::vector<uint64_t> hashes;
+  bool capable = false;
+  if (const ncclResult_t r = gather_host_hashes(&hashes, &capable); r != ncclSuccess) return r;
+  const topo::NodeMap map = topo::make_node_map(hashes, comm_.rank);
+  std::string why;
+  if (!capable)
+    why = "some rank's NCCL lacks ncclReduceScatter, ncclAllGather, ncclReduce or ncclCommSplit";
+  else if (!map.uniform)
+    why = map.why;
+  else if (map.nodes < 2)
+    why = "all ranks run on one node";
+  else if (mode == "auto" && map.local_size < 2)
+    why = "every node holds one rank";
+  if (!why.empty()) {
+    DQ_INFO(Subsys::kEngine, "dynamiq: rank %d/%d: flat schedule (DYNAMIQ_HIERARCHY=%s): %s",
+            comm_.rank, comm_.nranks, mode.c_str(), why.c_str());
+    return ncclSuccess;
+  }
+  auto h = std::make_unique<Hierarchy>();
+  h->map = map;
+  // Every split on every rank, whatever the others returned: a rank that skipped one would leave
+  // its peers waiting in it.
+  const ncclResult_t node_split =
+      ops_.comm_split(comm_.comm, map.node, map.local_rank, &h->node_comm, nullptr);
+  const ncclResult_t rail_split =
+      ops_.comm_split(comm_.comm, map.local_rank, map.node, &h->rail_comm, nullptr);
+  const ncclResult_t gather_split =
+      ops_.comm_split(comm_.comm, map.node, map.local_rank, &h->gather_comm, nullptr);
+  const bool streams = device_->create_stream(&h->rail_stream) == Status::kOk &&
+                       device_->create_stream(&h->gather_stream) == Status::kOk &&
+                       device_->create_event(&h->node_done) == Status::kOk &&
+                       device_->create_event(&h->rail_done) == Status::kOk &&
+                       device_->create_event(&h->gather_done) == Status::kOk;
+  const bool split = node_split == ncclSuccess && rail_split == ncclSuccess &&
+                     gather_split == ncclSuccess && h->node_comm != nullptr &&
+                     h->rail_comm != nullptr && h->gather_comm != nullptr;
+  const uint32_t local = split && streams ? 0u : 1u;
+  uint32_t any = 0;
+  const ncclResult_t agreed = blocking_max(&local, &any, 1);
+  hierarchy_ = std::move(h);  // released below, or by the teardown, with its communicators
+  if (agreed != ncclSuccess || any != 0) {
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d/%d: splitting the node and rail communicators (or making their "
+            "streams) failed on %s (%s, %s): flat schedule",
+            comm_.rank, comm_.nranks, local ? "this rank" : "another rank",
+            ops_.error_string(node_split), ops_.error_string(rail_split));
+    release_hierarchy();
+    return agreed;
+  }
+  config::Settings rail_settings = settings_;
+  rail_settings.hierarchy = "flat";
+  rail_settings.min_bytes = 0;  // the caller's call was screened whole
+  // A piece's rail call is serialized with the next piece's (they share the rail engine's plan
+  // buffers), so the rail engine pipelines inside each piece: 4 blocks per piece (a piece is a
+  // quarter of DYNAMIQ_BLOCK_BYTES of the caller's buffer, 1/L of it a shard), each of at least
+  // 64 super-groups of FP32 per rail chunk (the budget's floor), within the setting's range.
+  const int64_t floor_bytes = static_cast<int64_t>(kMinSuperGroupsPerChunk) * 256 * 4 * map.nodes;
+  rail_settings.block_bytes = std::clamp<int64_t>(
+      settings_.block_bytes / (16 * map.local_size), std::max<int64_t>(floor_bytes, 262144),
+      std::max<int64_t>(settings_.block_bytes, floor_bytes));
+  hierarchy_->rail = std::make_unique<Engine>(rail_settings, true,
+                                              CommInfo{hierarchy_->rail_comm, map.node, map.nodes},
+                                              ops_, device_, metrics_, true);
+  if (aborted_ != nullptr) hierarchy_->rail->watch_abort(aborted_);
+  hierarchy_->rail->counts_calls_ = false;
+  DQ_INFO(Subsys::kEngine,
+          "dynamiq: rank %d/%d: two-level schedule: %d nodes x %d ranks, node %d local rank %d; "
+          "the compressed stage runs over %d ranks (%s)",
+          comm_.rank, comm_.nranks, map.nodes, map.local_size, map.node, map.local_rank, map.nodes,
+          topo::kind_name(choose_topology(settings_.topology, map.nodes)));
+  return ncclSuccess;
+}
+
+void Engine::release_hierarchy() {
+  if (!hierarchy_) return;
+  Hierarchy& h = *hierarchy_;
+  const bool broken =
+      broken_ != ncclSuccess || (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
+  if (device_ != nullptr) {
+    // Destroying a stream waits for its work (bounded: every NCCL call in it has a timeout), and
+    // the all-gathers' stream waits for the rail engine's events: both go before that engine.
+    if (comm_stream_ != nullptr && device_->record(ev_comm_done_, comm_stream_) == Status::kOk)
+      device_->synchronize_for(ev_comm_done_, settings_.timeout_ms);
+    for (StreamHandle st : {h.rail_stream, h.gather_stream})
+      if (st != nullptr) device_->destroy_stream(st);
+  }
+  h.rail.reset();  // waits for its own streams' work
+  if (device_ != nullptr) {
+    for (EventHandle e : {h.node_done, h.rail_done, h.gather_done})
+      if (e != nullptr) device_->destroy_event(e);
+    if (h.shard != nullptr && comm_stream_ != nullptr) device_->release(h.shard, comm_stream_);
+    if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(h.shard_bytes));
+  }
+  for (ncclComm_t c : {h.node_comm, h.rail_comm, h.gather_comm})
+    if (c != nullptr) broken ? ops_.comm_abort(c) : ops_.comm_destroy(c);
+  hierarchy_.reset();
+}
+
+ncclResult_t Engine::rail_async_error() {
+  if (!hierarchy_ || !hierarchy_->rail) return ncclSuccess;
+  return hierarchy_->rail->async_error();
+}
+
+// The shard buffer for `bytes`: grown on every rank at the same call (the call shape is the
+// same everywhere) and agreed, so that a failed allocation passes the call through everywhere.
+ncclResult_t Engine::ensure_shard(size_t bytes, bool* ok) {
+  Hierarchy& h = *hierarchy_;
+  *ok = true;
+  if (bytes <= h.shard_bytes) return ncclSuccess;
+  if (h.shard != nullptr) device_->release(h.shard, comm_stream_);
+  if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(h.shard_bytes));
+  h.shard = nullptr;
+  h.shard_bytes = 0;
+  void* p = nullptr;
+  const uint32_t local = device_->alloc(bytes, &p) == Status::kOk ? 0u : 1u;
+  uint32_t any = 0;
+  const ncclResult_t r = blocking_max(&local, &any, 1);
+  if (local == 0u) h.shard = p, h.shard_bytes = bytes;
+  if (metrics_ && local == 0u) metrics_->held_bytes.fetch_add(static_cast<int64_t>(bytes));
+  *ok = r == ncclSuccess && any == 0u;
+  return r;
+}
+
+}  // namespace dq::engine

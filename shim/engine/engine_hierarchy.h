@@ -1,0 +1,42 @@
+// The two-level schedule's state of one communicator (docs/ENGINE.md section 11): the node map,
+// the node and rail communicators split from the caller's, the engine of the compressed stage
+// over the rail, and the shard buffer. Private to the engine's source files.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "shim/engine/engine.h"
+#include "topo/node_map.h"
+
+namespace dq::engine {
+
+struct Engine::Hierarchy {
+  topo::NodeMap map;
+  // Split from the caller's communicator at the handshake (real NCCL: never intercepted):
+  // node: the ranks of this node, ordered by local rank; rail: the ranks of this local rank on
+  // every node, ordered by node.
+  ncclComm_t node_comm = nullptr;
+  ncclComm_t rail_comm = nullptr;
+  // A second node communicator (the same ranks) for the all-reduce's all-gathers, which run on
+  // their own stream while the next piece's reduce-scatter runs on node_comm: two streams never
+  // share one communicator.
+  ncclComm_t gather_comm = nullptr;
+  // The compressed stage: a full engine (statistics, budget, schedule over the nodes, fused
+  // hops, A/B switch, sampled check, metrics) over the rail communicator.
+  std::unique_ptr<Engine> rail;
+  // This rank's shard of a call (device memory): grown, agreed by every rank, when a call needs
+  // more; the calls on the engine's comm stream use it in turn.
+  void* shard = nullptr;
+  size_t shard_bytes = 0;
+  // The all-reduce's pipeline (engine_two_level.cc): the node reduce-scatters run on the engine's
+  // comm stream, each piece's rail call on rail_stream, the node all-gathers on gather_stream, so
+  // piece p+1's reduce-scatter and piece p-1's all-gather overlap piece p's rail hops.
+  StreamHandle rail_stream = nullptr, gather_stream = nullptr;
+  EventHandle node_done = nullptr, rail_done = nullptr, gather_done = nullptr;
+};
+
+// This host's identity, as NCCL forms it: NCCL_HOSTID when set (how tests make several nodes on
+// one machine), else the hostname and the kernel's boot id.
+uint64_t node_host_hash();
+
+}  // namespace dq::engine

@@ -1,0 +1,613 @@
+// The two-level schedule through the preloaded libdynamiq.so on the CPU NCCL, with fake nodes:
+// each rank sets NCCL_HOSTID=node<k> before it creates its communicator, as NCCL's own host hash
+// honours it. Usage: shim_hierarchy SCENARIO [ARGS]
+//   shapes NODES LOCAL [BLOCK]  all-reduce, reduce-scatter, reduce and grouped calls, FP32 and
+//                        BF16, SUM and AVG: rerouted, identical on every rank, vNMSE against the
+//                        simulator's (exact node sums, compressed among the nodes); BLOCK:
+//                        DYNAMIQ_BLOCK_BYTES (256K: the all-reduce runs as 3 pipelined pieces)
+//   flat                 DYNAMIQ_HIERARCHY=flat on 2 x 2 ranks, one node (auto) and a 3 + 1
+//                        communicator (auto falls back): the same bytes from all three
+//   kill[_reducescatter|_reduce] RUNS  2 x 2 ranks, one SIGKILLed inside a call (an all-reduce
+//                        in 2 pieces, a reduce-scatter, a reduce): every survivor fails in time
+//   toggle               2 x 2 ranks: the A/B switch turns the compressed stage off and on
+// Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
+#include <dlfcn.h>
+#include <signal.h>
+#include <tbb/task_arena.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/nccl_api.h"
+#include "kernels/bf16.h"
+#include "kernels/codec.h"
+#include "tests/common/rank_harness.h"
+#include "tools/sim/gradients.h"
+#include "tools/sim/simulate.h"
+#include "topo/schedule.h"
+
+namespace {
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+
+CountersFn counters_fn() {
+  return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+}
+
+std::string g_dir;
+
+bool fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+bool fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::fprintf(stderr, "FAIL: ");
+  std::vfprintf(stderr, fmt, ap);
+  std::fprintf(stderr, "\n");
+  va_end(ap);
+  return false;
+}
+
+#define EXPECT(cond, ...)                  \
+  do {                                     \
+    if (!(cond)) return fail(__VA_ARGS__); \
+  } while (0)
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+std::string rank_file(int r, const char* what) {
+  return g_dir + "/" + what + std::to_string(r);
+}
+std::string rank_log(int r) {
+  return read_file(g_dir + "/rank" + std::to_string(r) + ".log");
+}
+
+// Forks n ranks; rank r applies env(r), creates its communicator and runs body(rank, comm).
+std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
+                           const std::function<int(int, ncclComm_t)>& body, int timeout_s,
+                           std::function<bool(int, const dq::test::RankExit&)> expected = {}) {
+  dq::test::RankOptions opt;
+  opt.timeout_s = timeout_s;
+  opt.expected = std::move(expected);
+  const auto exits = dq::test::run_ranks<ncclUniqueId>(
+      n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* id) {
+        const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
+        if (std::freopen(log.c_str(), "w", stderr) == nullptr) return 98;
+        for (auto& [k, v] : env(r)) setenv(k.c_str(), v.c_str(), 1);
+        ncclComm_t comm = nullptr;
+        if (ncclCommInitRank(&comm, n, *id, r) != ncclSuccess) return 97;
+        const int rc = body(r, comm);
+        std::fflush(stderr);
+        if (rc == 0) ncclCommDestroy(comm);
+        return rc;
+      });
+  std::vector<int> codes;
+  for (const auto& e : exits) codes.push_back(e.code());
+  return codes;
+}
+
+bool all_zero(const std::vector<int>& codes, const char* what) {
+  for (size_t r = 0; r < codes.size(); ++r)
+    if (codes[r] != 0) {
+      std::fprintf(stderr, "--- rank %zu log ---\n%s", r, rank_log(static_cast<int>(r)).c_str());
+      return fail("%s: rank %zu exited with %d", what, r, codes[r]);
+    }
+  return true;
+}
+
+// Rank r's NCCL_HOSTID: `sizes[k]` consecutive ranks on node k.
+Env node_env(int rank, const std::vector<int>& sizes, Env extra) {
+  int node = 0;
+  for (int first = 0; node < static_cast<int>(sizes.size()); first += sizes[node++])
+    if (rank < first + sizes[node]) break;
+  extra.push_back({"NCCL_HOSTID", "node" + std::to_string(node)});
+  extra.push_back({"DYNAMIQ_ENABLE", "1"});
+  extra.push_back({"DYNAMIQ_MIN_BYTES", "64K"});
+  extra.push_back({"DYNAMIQ_DEBUG", "INFO"});
+  extra.push_back({"DYNAMIQ_DEBUG_SUBSYS", "ENGINE"});
+  return extra;
+}
+
+// The `calls` calls just made were counted as rerouted, each exactly once (a pipelined
+// all-reduce is several rail calls, but one call of the application's).
+bool rerouted_delta(ncclComm_t comm, unsigned long long* before, unsigned long long calls = 1) {
+  unsigned long long r = 0, p = 0;
+  counters_fn()(comm, &r, &p);
+  const bool delta = r == *before + calls;
+  *before = r;
+  return delta;
+}
+
+uint64_t fnv(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Identical bytes on every rank: MAX of (h, ~h) gives max and ~min of the per-rank hashes.
+bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes) {
+  const uint64_t h = fnv(data, bytes);
+  uint64_t w[2] = {h, ~h};
+  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
+  return w[0] == ~w[1];
+}
+
+void make_rows(const dq::sim::SyntheticSpec& spec, dq::sim::Matrix* rows) {
+  tbb::task_arena serial(1);
+  serial.execute([&] { dq::sim::make_synthetic(spec, rows); });
+}
+
+// ---- shapes ----------------------------------------------------------------------------------
+constexpr size_t kCount = 196613;  // odd: the shards leave a tail on every node size
+
+enum class Kind { kAllReduce, kReduceScatter, kReduce, kGrouped };
+struct Case {
+  Kind kind;
+  bool bf16, avg;
+  const char* name;
+};
+constexpr Case kCases[] = {
+    {Kind::kAllReduce, false, false, "allreduce f32 sum"},
+    {Kind::kAllReduce, true, true, "allreduce bf16 avg"},
+    {Kind::kReduceScatter, false, false, "reducescatter f32 sum"},
+    {Kind::kReduceScatter, true, true, "reducescatter bf16 avg"},
+    {Kind::kReduce, false, true, "reduce f32 avg"},
+    {Kind::kReduce, true, false, "reduce bf16 sum"},
+    {Kind::kGrouped, false, false, "grouped 2 x allreduce f32 sum"},
+};
+
+// The caller's element i of rank `w` in the call's dtype, as float.
+float input(const dq::sim::Matrix& rows, int w, size_t i, bool bf16) {
+  const float v = rows.row(w)[i];
+  return bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(v)) : v;
+}
+
+std::vector<unsigned char> encode(const dq::sim::Matrix& rows, int w, size_t count, bool bf16) {
+  std::vector<unsigned char> out(count * (bf16 ? 2 : 4));
+  for (size_t i = 0; i < count; ++i) {
+    if (bf16) {
+      const uint16_t b = dq::f32_to_bf16_rne(rows.row(w)[i]);
+      std::memcpy(&out[i * 2], &b, 2);
+    } else {
+      const float v = rows.row(w)[i];
+      std::memcpy(&out[i * 4], &v, 4);
+    }
+  }
+  return out;
+}
+
+float decode(const unsigned char* p, size_t i, bool bf16) {
+  if (bf16) {
+    uint16_t b;
+    std::memcpy(&b, p + i * 2, 2);
+    return dq::bf16_to_f32(b);
+  }
+  float f;
+  std::memcpy(&f, p + i * 4, 4);
+  return f;
+}
+
+// Squared error and energy of `got` (elements [first, first + n) of the result) against the
+// exact sum (avg: mean) of every rank's input.
+void accumulate(const dq::sim::Matrix& rows, int nranks, const Case& c, const unsigned char* got,
+                size_t first, size_t n, double* err) {
+  for (size_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (int w = 0; w < nranks; ++w) exact += input(rows, w, first + i, c.bf16);
+    if (c.avg) exact /= nranks;
+    const double d = decode(got, i, c.bf16) - exact;
+    err[0] += d * d;
+    err[1] += exact * exact;
+    if (!std::isfinite(decode(got, i, c.bf16))) err[2] = 1;
+  }
+}
+
+// One case on this rank: returns 0 and writes "rerouted identical vnmse" to *line.
+int run_case(const dq::sim::Matrix& rows, int n, int rank, ncclComm_t comm, const Case& c,
+             unsigned long long* seen, std::string* line) {
+  const ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
+  const ncclRedOp_t op = c.avg ? ncclAvg : ncclSum;
+  const size_t esize = c.bf16 ? 2 : 4;
+  const size_t count = c.kind == Kind::kReduceScatter ? kCount / n * n : kCount;
+  std::vector<unsigned char> in = encode(rows, rank, count, c.bf16);
+  std::vector<unsigned char> out(count * esize, 0xCD), out2(count * esize, 0xCD);
+  const int root = c.bf16 ? 1 : n - 1;
+  ncclResult_t r = ncclSuccess;
+  double err[3] = {0, 0, 0};
+  bool same = true;
+  if (c.kind == Kind::kAllReduce) {
+    r = ncclAllReduce(in.data(), c.bf16 ? in.data() : out.data(), count, dt, op, comm, nullptr);
+    const unsigned char* got = c.bf16 ? in.data() : out.data();
+    if (r == ncclSuccess) accumulate(rows, n, c, got, 0, count, err);
+    same = r == ncclSuccess && identical_everywhere(comm, got, count * esize);
+  } else if (c.kind == Kind::kReduceScatter) {
+    const size_t rc = count / n;
+    r = ncclReduceScatter(in.data(), out.data(), rc, dt, op, comm, nullptr);
+    if (r == ncclSuccess) accumulate(rows, n, c, out.data(), rank * rc, rc, err);
+  } else if (c.kind == Kind::kReduce) {
+    r = ncclReduce(in.data(), out.data(), count, dt, op, root, comm, nullptr);
+    if (r == ncclSuccess && rank == root) accumulate(rows, n, c, out.data(), 0, count, err);
+  } else {
+    // Two all-reduces held in one group: the second reversed, so the two differ.
+    std::vector<unsigned char> rev(in.size());
+    for (size_t i = 0; i < count; ++i) std::memcpy(&rev[i * 4], &in[(count - 1 - i) * 4], 4);
+    ncclGroupStart();
+    r = ncclAllReduce(in.data(), out.data(), count, dt, op, comm, nullptr);
+    const ncclResult_t r2 = ncclAllReduce(rev.data(), out2.data(), count, dt, op, comm, nullptr);
+    const ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess) r = r2 != ncclSuccess ? r2 : end;
+    if (r == ncclSuccess) accumulate(rows, n, c, out.data(), 0, count, err);
+    same = r == ncclSuccess && identical_everywhere(comm, out.data(), count * esize) &&
+           identical_everywhere(comm, out2.data(), count * esize);
+  }
+  if (r != ncclSuccess) return 10;
+  const bool rerouted = rerouted_delta(comm, seen, c.kind == Kind::kGrouped ? 2 : 1);
+  // Every rank's error and energy summed (the reduce: the root's alone).
+  if (ncclAllReduce(err, err, 3, ncclFloat64, ncclSum, comm, nullptr) != ncclSuccess) return 11;
+  char text[128];
+  std::snprintf(text, sizeof text, "%d %d %d %.6e\n", rerouted ? 1 : 0, same ? 1 : 0,
+                err[2] == 0 ? 1 : 0, err[0] / err[1]);
+  *line = text;
+  return 0;
+}
+
+// The simulator's vNMSE of the two-level shape: each node's exact sum, compressed among the
+// nodes on the schedule the engine picks for that many ranks. The all-reduce's for every
+// collective but the reduce-scatter, which has its own (rail 0's blocks).
+bool simulated(const dq::sim::Matrix& rows, int nodes, int local, bool scatter, double* vnmse) {
+  const dq::topo::Kind kind =
+      (nodes & (nodes - 1)) == 0 && nodes >= 4 ? dq::topo::Kind::kButterfly : dq::topo::Kind::kRing;
+  dq::topo::Schedule sched;
+  if (dq::topo::make_schedule(kind, nodes, &sched) != dq::Status::kOk) return false;
+  const int n = nodes * local;
+  const size_t per_rank = kCount / n;
+  const size_t d = scatter ? per_rank * nodes : kCount;
+  std::vector<float> sums(static_cast<size_t>(nodes) * d);
+  for (int k = 0; k < nodes; ++k)
+    for (size_t i = 0; i < d; ++i) {
+      double s = 0;
+      for (int l = 0; l < local; ++l) {
+        // Rail 0's shard of a reduce-scatter: block 0 of every node's ranks.
+        const size_t src = scatter ? (i / per_rank) * local * per_rank + i % per_rank : i;
+        s += rows.row(k * local + l)[src];
+      }
+      sums[k * d + i] = static_cast<float>(s);
+    }
+  std::vector<const float*> ptrs;
+  for (int k = 0; k < nodes; ++k) ptrs.push_back(sums.data() + k * d);
+  dq::sim::SimOptions opt;
+  opt.seed = 24301;
+  dq::sim::SimResult sim;
+  dq::Status s;
+  if (scatter) {
+    s = dq::sim::simulate_reduce_scatter("dynamiq:5", sched, ptrs, per_rank, opt, nullptr, &sim);
+  } else {
+    std::string err;
+    auto codec = dq::make_codec("dynamiq:5", &err);
+    s = dq::sim::simulate_allreduce(*codec, sched, ptrs, d, opt, nullptr, &sim);
+  }
+  *vnmse = sim.vnmse;
+  return s == dq::Status::kOk;
+}
+
+bool scenario_shapes(int nodes, int local, const std::string& block_bytes) {
+  const int n = nodes * local;
+  dq::sim::SyntheticSpec spec;
+  spec.rows = n;
+  spec.cols = kCount;
+  spec.spread = 1.0;
+  spec.seed = 11;
+  dq::sim::Matrix rows;
+  make_rows(spec, &rows);
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    std::string report;
+    for (const Case& c : kCases) {
+      std::string line;
+      if (const int rc = run_case(rows, n, rank, comm, c, &seen, &line); rc != 0) return rc;
+      report += line;
+    }
+    write_text(rank_file(rank, "shapes"), report);
+    return 0;
+  };
+  auto codes = run_ranks(
+      n,
+      [&](int r) {
+        return node_env(r, std::vector<int>(nodes, local), {{"DYNAMIQ_BLOCK_BYTES", block_bytes}});
+      },
+      body, 600);
+  if (!all_zero(codes, "shapes")) return false;
+  const std::string r0 = read_file(rank_file(0, "shapes"));
+  for (int r = 1; r < n; ++r)
+    EXPECT(read_file(rank_file(r, "shapes")) == r0, "rank %d's report differs from rank 0's", r);
+  for (int r = 0; r < n; ++r)
+    EXPECT(rank_log(r).find("two-level schedule: " + std::to_string(nodes) + " nodes x " +
+                            std::to_string(local)) != std::string::npos,
+           "rank %d did not log the two-level schedule:\n%s", r, rank_log(r).c_str());
+  double sim_all = 0, sim_scatter = 0;
+  EXPECT(simulated(rows, nodes, local, false, &sim_all), "simulating the all-reduce");
+  EXPECT(simulated(rows, nodes, local, true, &sim_scatter), "simulating the reduce-scatter");
+  std::istringstream lines(r0);
+  for (const Case& c : kCases) {
+    int rerouted = 0, same = 0, finite = 0;
+    double vnmse = 0;
+    lines >> rerouted >> same >> finite >> vnmse;
+    EXPECT(lines.good(), "report truncated:\n%s", r0.c_str());
+    const double sim = c.kind == Kind::kReduceScatter ? sim_scatter : sim_all;
+    // A BF16 result adds its own roundings (the node's sum, the output: ~1e-6 of the energy).
+    const double floor = c.bf16 ? 6e-6 : 0.0;
+    std::printf("%d x %d %s: rerouted %d identical %d finite %d vNMSE %.4e (simulated %.4e)\n",
+                nodes, local, c.name, rerouted, same, finite, vnmse, sim);
+    EXPECT(rerouted == 1, "%s was not compressed", c.name);
+    EXPECT(same == 1, "%s: results differ across ranks", c.name);
+    EXPECT(finite == 1, "%s: a non-finite result", c.name);
+    // One call's vNMSE varies by ~20% with the draws; a wrong shard, block or node sum costs
+    // far more than 2x (a missing node's contribution: vNMSE ~ 1/nodes).
+    EXPECT(vnmse <= 2.0 * sim + floor && vnmse >= 0.5 * sim, "%s: vNMSE %.4e vs simulated %.4e",
+           c.name, vnmse, sim);
+  }
+  return true;
+}
+
+// ---- flat: the flat schedule's bytes, whatever made the engine choose it ----------------------
+// Four ranks, three ways to the flat schedule: DYNAMIQ_HIERARCHY=flat on 2 x 2 nodes, auto on one
+// node, auto on a 3 + 1 communicator (its nodes differ in size). Each run's outputs (an FP32
+// all-reduce, a BF16 reduce-scatter, an FP32 reduce) hashed: the three runs agree byte for byte,
+// and a fourth run, auto on 2 x 2, takes the two-level schedule and differs.
+bool scenario_flat() {
+  const int n = 4;
+  dq::sim::SyntheticSpec spec;
+  spec.rows = n;
+  spec.cols = kCount;
+  spec.spread = 1.0;
+  spec.seed = 5;
+  dq::sim::Matrix rows;
+  make_rows(spec, &rows);
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    const size_t rc = kCount / n;
+    std::vector<unsigned char> f32 = encode(rows, rank, kCount, false);
+    std::vector<unsigned char> bf16 = encode(rows, rank, rc * n, true);
+    std::vector<unsigned char> out(kCount * 4, 0), scatter(rc * 2, 0), reduced(kCount * 4, 0);
+    if (ncclAllReduce(f32.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr) !=
+            ncclSuccess ||
+        ncclReduceScatter(bf16.data(), scatter.data(), rc, ncclBfloat16, ncclAvg, comm, nullptr) !=
+            ncclSuccess ||
+        ncclReduce(f32.data(), reduced.data(), kCount, ncclFloat32, ncclSum, 2, comm, nullptr) !=
+            ncclSuccess)
+      return 10;
+    char text[96];
+    std::snprintf(
+        text, sizeof text, "%016llx %016llx %016llx\n",
+        static_cast<unsigned long long>(fnv(out.data(), out.size())),
+        static_cast<unsigned long long>(fnv(scatter.data(), scatter.size())),
+        static_cast<unsigned long long>(rank == 2 ? fnv(reduced.data(), reduced.size()) : 0));
+    write_text(rank_file(rank, "flat"), text);
+    return 0;
+  };
+  struct Run {
+    const char* name;
+    std::vector<int> sizes;
+    const char* hierarchy;
+    const char* log;  // what every rank's log must say
+  };
+  const Run runs[] = {
+      {"flat on 2 x 2", {2, 2}, "flat", nullptr},
+      {"auto on one node",
+       {4},
+       "auto",
+       "flat schedule (DYNAMIQ_HIERARCHY=auto): all ranks run on one node"},
+      {"auto on 3 + 1",
+       {3, 1},
+       "auto",
+       "flat schedule (DYNAMIQ_HIERARCHY=auto): node 0 holds 3 ranks but node 1 holds 1"},
+      {"auto on 2 x 2", {2, 2}, "auto", "two-level schedule: 2 nodes x 2"},
+  };
+  std::vector<std::string> results;
+  for (const Run& run : runs) {
+    auto codes = run_ranks(
+        n,
+        [&](int r) {
+          return node_env(r, run.sizes, {{"DYNAMIQ_HIERARCHY", run.hierarchy}});
+        },
+        body, 300);
+    if (!all_zero(codes, run.name)) return false;
+    std::string all;
+    for (int r = 0; r < n; ++r) {
+      all += read_file(rank_file(r, "flat"));
+      if (run.log != nullptr)
+        EXPECT(rank_log(r).find(run.log) != std::string::npos, "%s: rank %d did not log '%s':\n%s",
+               run.name, r, run.log, rank_log(r).c_str());
+      if (run.log == nullptr || std::string(run.log).find("flat") != std::string::npos)
+        EXPECT(rank_log(r).find("two-level schedule") == std::string::npos,
+               "%s: rank %d runs two levels", run.name, r);
+    }
+    std::printf("%s: output hashes per rank (all-reduce, reduce-scatter, reduce at rank 2):\n%s",
+                run.name, all.c_str());
+    results.push_back(all);
+  }
+  EXPECT(results[1] == results[0], "auto on one node differs from DYNAMIQ_HIERARCHY=flat");
+  EXPECT(results[2] == results[0], "auto on 3 + 1 differs from DYNAMIQ_HIERARCHY=flat");
+  EXPECT(results[3] != results[0], "two levels gave the flat schedule's bytes");
+  return true;
+}
+
+// ---- kill: a rank SIGKILLed inside a two-level call -------------------------------------------
+// `collective`: allreduce (2 pieces), reducescatter or reduce (root 0).
+bool scenario_kill(int runs, const std::string& collective) {
+  const int n = 4, timeout_ms = 3000;
+  double slowest = 0;
+  for (int run = 0; run < runs; ++run) {
+    const int victim = (run * 3 + 1) % n;
+    auto body = [&](int rank, ncclComm_t comm) -> int {
+      const size_t count = 2 << 20;
+      std::vector<float> in(count, 1.0f), out(count);
+      for (int k = 0; k < 6; ++k) {
+        if (rank == victim && k == 2) {
+          const int delay_ms = (run * 13) % 40;
+          if (delay_ms == 0) raise(SIGKILL);
+          std::thread([delay_ms] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+            raise(SIGKILL);
+          }).detach();
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        ncclResult_t r;
+        if (collective == "reducescatter")
+          r = ncclReduceScatter(in.data(), out.data(), count / n, ncclFloat32, ncclSum, comm,
+                                nullptr);
+        else if (collective == "reduce")
+          r = ncclReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, 0, comm, nullptr);
+        else
+          r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // Before the kill: the exact sum of all ones (nothing to round), where this rank has one.
+        const size_t n_out = collective == "reducescatter"         ? count / n
+                             : collective == "reduce" && rank != 0 ? 0
+                                                                   : count;
+        if (r == ncclSuccess && k < 2)
+          for (size_t i = 0; i < n_out; ++i)
+            if (out[i] != static_cast<float>(n)) _exit(42);
+        if (r != ncclSuccess) {
+          write_text(rank_file(rank, "kill"), std::to_string(s));
+          _exit(k >= 2 ? 0 : 40);
+        }
+      }
+      if (rank == victim) pause();
+      return 41;
+    };
+    auto codes = run_ranks(
+        n,
+        [&](int r) {
+          return node_env(r, {2, 2}, {{"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}});
+        },
+        body, 60,
+        [victim](int r, const dq::test::RankExit& e) {
+          return r == victim ? e.signaled(SIGKILL) : e.exited(0);
+        });
+    for (int r = 0; r < n; ++r) {
+      if (r == victim) {
+        EXPECT(codes[r] == -SIGKILL, "run %d: victim %d exited %d", run, r, codes[r]);
+        continue;
+      }
+      EXPECT(codes[r] == 0, "run %d: rank %d exited %d (124 = hang):\n%s", run, r, codes[r],
+             rank_log(r).c_str());
+      const double s = std::atof(read_file(rank_file(r, "kill")).c_str());
+      EXPECT(s <= timeout_ms / 1000.0 + 5.0, "run %d: rank %d took %.2f s", run, r, s);
+      slowest = std::max(slowest, s);
+    }
+  }
+  std::printf(
+      "killed rank on 2 x 2 (%s): every survivor failed within DYNAMIQ_TIMEOUT_MS + 5 s, "
+      "%d runs; slowest %.2f s\n",
+      collective.c_str(), runs, slowest);
+  return true;
+}
+
+// ---- toggle: the A/B switch on the compressed stage -------------------------------------------
+// The first rank of each rail (node 0's ranks) reads the control file; rank 0 writes it before
+// calls 3 and 6, and a small pass-through all-reduce (no switch read) orders that write before
+// every rail's read. Off, the rail's step is exact: the all-ones sum is exact either way, and the
+// rerouted counter shows which calls were compressed.
+bool scenario_toggle() {
+  const int n = 4;
+  const std::string control = g_dir + "/switch";
+  write_text(control, "on\n");
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    std::string pattern;
+    const size_t count = 1 << 20;
+    std::vector<float> in(count), out(count);
+    for (int k = 0; k < 8; ++k) {
+      if (rank == 0 && k == 3) write_text(control, "off\n");
+      if (rank == 0 && k == 6) write_text(control, "1\n");
+      float barrier = 0;
+      if (ncclAllReduce(&barrier, &barrier, 1, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess)
+        return 10;
+      // Integers: any order of additions is exact, compressed (mean subtracted) or not.
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i * 7 + rank * 3) % 5);
+      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return 11;
+      const bool rerouted = rerouted_delta(comm, &seen);
+      if (!rerouted)
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += static_cast<float>((i * 7 + r * 3) % 5);
+          if (out[i] != want) return 12;
+        }
+      pattern += rerouted ? '1' : '0';
+    }
+    write_text(rank_file(rank, "toggle"), pattern);
+    return 0;
+  };
+  auto codes = run_ranks(
+      n,
+      [&](int r) {
+        return node_env(r, {2, 2}, {{"DYNAMIQ_CONTROL_FILE", control}});
+      },
+      body, 300);
+  if (!all_zero(codes, "toggle")) return false;
+  for (int r = 0; r < n; ++r) {
+    const std::string p = read_file(rank_file(r, "toggle"));
+    EXPECT(p == "11110001", "rank %d compressed calls %s, expected 11110001", r, p.c_str());
+  }
+  std::printf("A/B switch on 2 x 2: every rank compressed calls 11110001\n");
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: shim_hierarchy shapes NODES LOCAL | flat | kill RUNS | toggle\n");
+    return 2;
+  }
+  if (counters_fn() == nullptr) {
+    std::printf("SKIP: libdynamiq.so is not preloaded\n");
+    return 77;
+  }
+  char tmpl[] = "/tmp/dq-hierarchy-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return 1;
+  g_dir = tmpl;
+  const std::string scenario = argv[1];
+  bool ok = false;
+  if (scenario == "shapes" && argc >= 4) {
+    ok = scenario_shapes(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? argv[4] : "16M");
+  } else if (scenario == "flat") {
+    ok = scenario_flat();
+  } else if (scenario == "kill" || scenario == "kill_reducescatter" || scenario == "kill_reduce") {
+    ok = scenario_kill(argc > 2 ? std::atoi(argv[2]) : 3,
+                       scenario == "kill" ? "allreduce" : scenario.substr(5));
+  } else if (scenario == "toggle") {
+    ok = scenario_toggle();
+  } else {
+    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  std::printf("%s: %s\n", ok ? "PASS" : "FAIL", scenario.c_str());
+  if (ok) std::system(("rm -rf " + g_dir).c_str());
+  return ok ? 0 : 1;
+}
