@@ -22,7 +22,9 @@
 //   of the baselines) reads the flags word as it starts and writes nothing when it is armed; the
 //   steps' launches are cuda_steps.h's, shared with the emulated device;
 // - level tables: built by the host's builder once per option set and copied to device memory
-//   once (stream-ordered, an event marks the copy; other streams wait for it);
+//   by prepare() (plan time), on the device's own allocation stream; an event marks the copy and
+//   every DynamiQ step's stream waits for it (a no-op once it completed). The PreparedCodec holds
+//   the device tables and the event, so a step makes no allocation and no copy of its own;
 // - nothing here blocks inside a call: no synchronize, no cudaMalloc/cudaFree on the call path
 //   (only the stream-ordered allocator), pageable level tables copied H2D (staged, no device sync).
 #include "shim/engine/cuda_device_gpu.h"
@@ -85,6 +87,21 @@ Status cuda_status(cudaError_t e, const char* what) {
   DQ_FAIL(Status::kSystemError, "cuda device: %s: %s", what, cudaGetErrorString(e));
 }
 
+// The calling thread's stream capture mode set to relaxed for the enclosing scope: plan-time work
+// (an allocation, the level tables' upload on the device's own stream) is then neither refused
+// nor invalidates a graph capture another thread runs in global mode (PyTorch's default), as
+// NCCL does around its own allocations. None of it touches a capturing stream.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // Runs the enclosing scope on device `d`, restoring the thread's device after.
 class OnDevice {
  public:
@@ -124,6 +141,7 @@ class CudaGpuDevice final : public Device {
   // ---- memory -------------------------------------------------------------------------------
   Status alloc(size_t bytes, void** out) override {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;  // plan time: may run while another thread captures
     *out = nullptr;
     if (!pools_) return cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
     // Plan time: waiting for the private stream makes the memory usable on any stream at once.
@@ -132,6 +150,7 @@ class CudaGpuDevice final : public Device {
   }
   Status alloc_mapped(size_t bytes, void** out) override {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
     *out = nullptr;
     DQ_CHECK(cuda_status(cudaHostAlloc(out, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
                          "cudaHostAlloc"));
@@ -272,11 +291,16 @@ class CudaGpuDevice final : public Device {
   }
 
   // ---- codec steps --------------------------------------------------------------------------
-  // The kernels' arguments, worked out once per plan part. The level tables are uploaded by the
-  // first step that needs them (stream-ordered, once per option set) and looked up after that.
+  // The kernels' arguments, worked out once per plan part, and DynamiQ's level tables in device
+  // memory (uploaded once per option set, on the allocation stream; `ready` marks the copy). An
+  // upload that fails leaves `levels` null: every step of the codec then fails (the canary
+  // fails, the communicator passes through).
   std::unique_ptr<PreparedCodec> prepare(const Codec& codec) override {
     auto prepared = std::make_unique<Prepared>(codec);
     prepared->family = cuda_steps::step_params(codec, &prepared->args);
+    if (prepared->family == cuda_steps::Family::kDynamiq)
+      prepared->upload =
+          upload_levels(prepared->args.options, &prepared->args.levels, &prepared->ready);
     return prepared;
   }
 
@@ -320,7 +344,9 @@ class CudaGpuDevice final : public Device {
   struct Prepared final : PreparedCodec {
     using PreparedCodec::PreparedCodec;
     cuda_steps::Family family = cuda_steps::Family::kNone;
-    cuda_steps::StepParams args;
+    cuda_steps::StepParams args;  // kDynamiq: args.levels, the device tables
+    cudaEvent_t ready = nullptr;  // kDynamiq: their upload's event
+    Status upload = Status::kOk;  // kDynamiq: the upload's result
   };
 
   // One codec step on the lane's stream: skipped when the lane's error word is already set (as
@@ -335,21 +361,25 @@ class CudaGpuDevice final : public Device {
     Status s = Status::kOk;
     cuda_steps::StepParams k;
     cuda_steps::Family family;
+    cudaEvent_t ready = nullptr;
     if (const auto* p = dynamic_cast<const Prepared*>(&codec)) {
       k = p->args;
       family = p->family;
-    } else {  // prepared by another device: worked out now
+      ready = p->ready;
+      s = p->upload;
+    } else {  // prepared by another device: worked out now (the tables: once per option set)
       family = cuda_steps::step_params(codec.codec(), &k);
+      if (family == cuda_steps::Family::kDynamiq) s = upload_levels(k.options, &k.levels, &ready);
     }
-    if (family == cuda_steps::Family::kNone) {
+    if (s == Status::kOk && family == cuda_steps::Family::kNone) {
       // No kernels serve this codec: the step fails, so the canary fails and the communicator
       // passes through on every rank.
       s = Status::kUnsupported;
       DQ_WARN(Subsys::kEngine, "cuda device %s: codec %s has no kernel steps on this device", what,
               codec.codec().name().c_str());
     }
-    if (s == Status::kOk && family == cuda_steps::Family::kDynamiq)
-      s = levels_for(k.options, stream, &k.levels);
+    if (s == Status::kOk && ready != nullptr)
+      s = cuda_status(cudaStreamWaitEvent(stream, ready, 0), "level tables");
     unsigned* flags = nullptr;
     if (s == Status::kOk) s = flags_for(lane.stream, stream, &flags);
     if (s == Status::kOk) {
@@ -368,36 +398,43 @@ class CudaGpuDevice final : public Device {
     return s;
   }
 
-  // The level tables of `o` in device memory, copied once per option set; `stream` waits for
-  // the copy (a no-op once it is done).
-  Status levels_for(const DynamiqOptions& o, cudaStream_t stream, const LevelTable** out) {
+  // The level tables of `o` in device memory and the event that marks their upload: copied once
+  // per option set, on the allocation stream (never a caller's, which may be capturing), with
+  // the thread's capture mode relaxed. The host tables stay in `levels_` for the device's life,
+  // so the asynchronous copy may read them after this returns.
+  Status upload_levels(const DynamiqOptions& o, const LevelTable** out, cudaEvent_t* ready) {
+    *out = nullptr;
+    *ready = nullptr;
+    OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
     Status made = Status::kOk;
     cuda_steps::LevelSet* l = levels_.get(o, [&](cuda_steps::LevelSet& set) {
       void* d = nullptr;
-      cudaEvent_t ready = nullptr;
-      made = pools_ ? cuda_status(cudaMallocAsync(&d, sizeof set.table, stream), "cudaMallocAsync")
+      cudaEvent_t done = nullptr;
+      made = pools_ ? cuda_status(cudaMallocAsync(&d, sizeof set.table, alloc_stream_),
+                                  "cudaMallocAsync")
                     : cuda_status(cudaMalloc(&d, sizeof set.table), "cudaMalloc");
       if (made == Status::kOk)
         made = cuda_status(
-            cudaMemcpyAsync(d, set.table, sizeof set.table, cudaMemcpyHostToDevice, stream),
+            cudaMemcpyAsync(d, set.table, sizeof set.table, cudaMemcpyHostToDevice, alloc_stream_),
             "level tables");
       if (made == Status::kOk)
-        made = cuda_status(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event");
-      if (made == Status::kOk) made = cuda_status(cudaEventRecord(ready, stream), "event");
+        made = cuda_status(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+      if (made == Status::kOk) made = cuda_status(cudaEventRecord(done, alloc_stream_), "event");
       if (made != Status::kOk) {
-        if (ready) cudaEventDestroy(ready);
-        if (d != nullptr && pools_) cudaFreeAsync(d, stream);
+        if (done) cudaEventDestroy(done);
+        if (d != nullptr && pools_) cudaFreeAsync(d, alloc_stream_);
         if (d != nullptr && !pools_) cudaFree(d);
         return false;
       }
       set.device = static_cast<const LevelTable*>(d);
-      set.ready = ready;
+      set.ready = done;
       return true;
     });
-    if (l == nullptr) return made;
+    if (l == nullptr) return made != Status::kOk ? made : Status::kSystemError;
     *out = l->device;
-    return cuda_status(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(l->ready), 0),
-                       "level tables");
+    *ready = static_cast<cudaEvent_t>(l->ready);
+    return Status::kOk;
   }
 
   // The stream's flags word (device memory), made on its first flagged step, stream-ordered.
