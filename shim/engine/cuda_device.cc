@@ -31,6 +31,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -65,9 +66,19 @@ class CudaDevice final : public Device {
   bool needs_canary() const override { return true; }
 
   // ---- backend: memory, streams and events are the host device's ----------------------------
-  Status alloc(size_t bytes, void** out) override { return host_->alloc(bytes, out); }
-  Status alloc_mapped(size_t bytes, void** out) override { return host_->alloc_mapped(bytes, out); }
-  void release(void* p, StreamHandle stream) override { host_->release(p, stream); }
+  // Calls CUDA refuses while a graph capture runs (global mode) fail here too, and invalidate it.
+  Status alloc(size_t bytes, void** out) override {
+    if (refused_in_capture("an allocation (cudaMalloc)")) return Status::kSystemError;
+    return host_->alloc(bytes, out);
+  }
+  Status alloc_mapped(size_t bytes, void** out) override {
+    if (refused_in_capture("a mapped allocation (cudaHostAlloc)")) return Status::kSystemError;
+    return host_->alloc_mapped(bytes, out);
+  }
+  void release(void* p, StreamHandle stream) override {
+    refused_in_capture("a release (cudaFree)");  // CUDA refuses it; the memory is freed anyway
+    host_->release(p, stream);
+  }
   Status create_stream(StreamHandle* out) override {
     DQ_CHECK(host_->create_stream(out));
     std::lock_guard<std::mutex> lock(m_);
@@ -83,15 +94,48 @@ class CudaDevice final : public Device {
   }
   Status create_event(EventHandle* out) override { return host_->create_event(out); }
   void destroy_event(EventHandle e) override { host_->destroy_event(e); }
-  Status record(EventHandle e, StreamHandle s) override { return host_->record(e, s); }
-  Status wait(StreamHandle s, EventHandle e) override { return host_->wait(s, e); }
-  Status synchronize(EventHandle e) override { return host_->synchronize(e); }
-  bool capturing(StreamHandle s) const override { return host_->capturing(s); }
+  Status record(EventHandle e, StreamHandle s) override {
+    if (captured(s, "an event record")) return Status::kSystemError;
+    return host_->record(e, s);
+  }
+  Status wait(StreamHandle s, EventHandle e) override {
+    if (captured(s, "an event wait")) return Status::kSystemError;
+    return host_->wait(s, e);
+  }
+  Status synchronize(EventHandle e) override {
+    if (refused_in_capture("cudaEventSynchronize")) return Status::kSystemError;
+    return host_->synchronize(e);
+  }
+  Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
+    if (refused_in_capture("cudaEventQuery")) return Status::kSystemError;
+    return host_->synchronize_for(e, timeout_ms);
+  }
+  bool capturing(StreamHandle s) const override {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    return (capture_.active && capture_.stream == s) || host_->capturing(s);
+  }
   Status copy(void* dst, const void* src, size_t bytes, Lane lane) override {
+    if (captured(lane.stream, "a copy")) return Status::kSystemError;
     return host_->copy(dst, src, bytes, lane);
   }
   Status nccl(Lane lane, std::function<ncclResult_t()> calls) override {
+    if (captured(lane.stream, "an NCCL call")) return Status::kSystemError;
     return host_->nccl(lane, std::move(calls));
+  }
+
+  // ---- graph capture, modelled for the tests (make_emulated_cuda_device's comment) ----------
+  Status begin_capture(StreamHandle s) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (capture_.active) return Status::kInvalidArgument;
+    capture_ = Capture{true, s, {}};
+    return Status::kOk;
+  }
+  Status end_capture(std::string* why) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (!capture_.active) return Status::kInvalidArgument;
+    capture_.active = false;
+    if (why) *why = capture_.invalidated_by;
+    return capture_.invalidated_by.empty() ? Status::kOk : Status::kSystemError;
   }
   size_t budget_scratch_bytes() const override { return cuda::budget_scratch_bytes(); }
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
@@ -225,6 +269,25 @@ class CudaDevice final : public Device {
     return step();
   }
 
+  // Graph capture (global mode): `what`, a call CUDA refuses during any capture, fails and
+  // invalidates the capture. True when refused.
+  bool refused_in_capture(const char* what) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (!capture_.active) return false;
+    if (capture_.invalidated_by.empty()) capture_.invalidated_by = what;
+    return true;
+  }
+  // Work on the capturing stream would be recorded into the application's graph and replayed
+  // with the plan, call number and switch of this call: the engine must enqueue nothing there.
+  // Stricter than CUDA (which would capture it): it fails and invalidates the capture.
+  bool captured(StreamHandle s, const char* what) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (!capture_.active || capture_.stream != s) return false;
+    if (capture_.invalidated_by.empty())
+      capture_.invalidated_by = std::string(what) + " on the capturing stream";
+    return true;
+  }
+
   bool ours(StreamHandle s) {
     std::lock_guard<std::mutex> lock(m_);
     return streams_.count(s) != 0;
@@ -257,6 +320,13 @@ class CudaDevice final : public Device {
     });
   }
 
+  struct Capture {
+    bool active = false;
+    StreamHandle stream = nullptr;
+    std::string invalidated_by;  // the first call that invalidated it; empty: intact
+  };
+  mutable std::mutex capture_m_;
+  Capture capture_;
   Device* host_;
   const EmulatedCudaFault fault_;
   std::mutex m_;
@@ -271,6 +341,16 @@ class CudaDevice final : public Device {
 
 std::unique_ptr<Device> make_emulated_cuda_device(Device* host, EmulatedCudaFault fault) {
   return std::make_unique<CudaDevice>(host ? host : host_device(), fault);
+}
+
+Status emulated_cuda_begin_capture(Device* device, StreamHandle stream) {
+  auto* d = dynamic_cast<CudaDevice*>(device);
+  return d ? d->begin_capture(stream) : Status::kInvalidArgument;
+}
+
+Status emulated_cuda_end_capture(Device* device, std::string* why) {
+  auto* d = dynamic_cast<CudaDevice*>(device);
+  return d ? d->end_capture(why) : Status::kInvalidArgument;
 }
 
 CudaDeviceCounts cuda_device_counts(const Device* device) {

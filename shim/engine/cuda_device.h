@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "shim/engine/device.h"
 
@@ -41,6 +42,16 @@ struct EmulatedCudaFault {
 };
 std::unique_ptr<Device> make_emulated_cuda_device(Device* host = nullptr,
                                                   EmulatedCudaFault fault = {});
+
+// Graph capture on a device from make_emulated_cuda_device(), modelled on CUDA's global capture
+// mode, for the tests: while it runs, capturing(stream) is true, and any call CUDA refuses during
+// a capture (an allocation or release, an event query or synchronisation) fails and invalidates
+// it; so does any work enqueued on the capturing stream (stricter than CUDA, which would record
+// it into the graph: a rerouted call's work must never be replayed). One capture at a time.
+// end: kOk when nothing invalidated the capture, else kSystemError with the first offending call
+// in `why`.
+Status emulated_cuda_begin_capture(Device* device, StreamHandle stream);
+Status emulated_cuda_end_capture(Device* device, std::string* why);
 
 // The counts of a device from make_emulated_cuda_device() (zeros for any other device).
 CudaDeviceCounts cuda_device_counts(const Device* device);

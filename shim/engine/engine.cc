@@ -306,6 +306,15 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
   const auto t0 = std::chrono::steady_clock::now();
   *reason = PassReason::kSingleRank;
   if (broken_ != ncclSuccess) return broken_;
+  // Under graph capture nothing else may happen first: absorbing the previous call queries an
+  // event and reads host words, and a query during a capture is refused by CUDA and invalidates
+  // the capture. A captured call passes through untouched; the previous call is absorbed by the
+  // next call outside capture.
+  if (call.capturing || screening.device_capturing) {
+    *reason = decide(call, screening);
+    count(*reason);
+    return ncclSuccess;
+  }
   if (const ncclResult_t r = settle_agreement(call, screening); r != ncclSuccess) return r;
   *reason = decide(call, screening);
   if (*reason != PassReason::kRerouted) {

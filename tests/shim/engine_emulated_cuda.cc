@@ -1,7 +1,8 @@
 // The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
 // kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
 // the same inputs. Usage: engine_emulated_cuda NRANKS [TOPO] | steps | canary_steps |
-// canary NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and canary_body below.)
+// canary NRANKS | capture NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and
+// canary_body below.)
 //
 // Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
 // device, both with the same settings, and runs the same calls on both: all-reduce and
@@ -745,6 +746,8 @@ int canary_check(int n) {
 
 }  // namespace
 
+int capture_check(int n);  // engine_emulated_cuda_capture.cc
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s NRANKS [TOPO] | steps | canary_steps | canary NRANKS\n",
@@ -754,6 +757,7 @@ int main(int argc, char** argv) {
   if (std::string(argv[1]) == "steps") return steps_check();
   if (std::string(argv[1]) == "canary_steps") return canary_steps_check();
   if (std::string(argv[1]) == "canary") return canary_check(argc > 2 ? std::atoi(argv[2]) : 4);
+  if (std::string(argv[1]) == "capture") return capture_check(argc > 2 ? std::atoi(argv[2]) : 2);
   const int n = std::atoi(argv[1]);
   const std::string topo = argc > 2 ? argv[2] : "auto";
   dq::test::RankOptions opt;
