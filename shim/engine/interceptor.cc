@@ -37,6 +37,10 @@ struct CommEntry {
   std::atomic<bool> aborted{false};  // set before that real abort: the engine watches it
   bool host_engine = false;          // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
+  // The engine's asynchronous error as its last call left it: what ncclCommGetAsyncError answers
+  // while a call holds `mutex` (it may wait up to DYNAMIQ_TIMEOUT_MS for a peer; a watchdog
+  // polling the communicator must not wait with it).
+  std::atomic<int> last_async_error{ncclSuccess};
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
 };
 
@@ -415,6 +419,7 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
       if (result == ncclSuccess)
         result = e->host_engine ? run_host_staged(*e, *eng, call, screening, &reason)
                                 : eng->run(call, screening, &reason);
+      e->last_async_error.store(eng->async_error(), std::memory_order_release);
     }
   }
   engine::metrics_tick();
@@ -536,8 +541,14 @@ ncclResult_t comm_async_error(ncclComm_t comm, ncclResult_t* async_error) {
   const ncclResult_t r = real->comm_get_async_error(comm, async_error);
   if (r != ncclSuccess || *async_error != ncclSuccess) return r;
   if (std::shared_ptr<CommEntry> e = find(comm)) {
-    std::lock_guard<std::mutex> lock(e->mutex);
-    if (e->engine) *async_error = e->engine->async_error();
+    // Never waits for a call in progress: its last known state instead.
+    std::unique_lock<std::mutex> lock(e->mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      *async_error = static_cast<ncclResult_t>(e->last_async_error.load(std::memory_order_acquire));
+    } else if (e->engine) {
+      *async_error = e->engine->async_error();
+      e->last_async_error.store(*async_error, std::memory_order_release);
+    }
   }
   return ncclSuccess;
 }
