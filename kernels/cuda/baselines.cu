@@ -496,4 +496,22 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
   return cudaGetLastError();
 }
 
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_baseline_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_skip_gate_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_layout_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyBf16>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyMx>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyUniform>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_clear_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyBf16>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyMx>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyUniform>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_check_kernel);
+  return e;
+}
+
 }  // namespace dq::cuda

@@ -119,4 +119,7 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
                                    int n_contrib, unsigned* error, cudaStream_t stream,
                                    int max_blocks = 0);
 
+// Loads every kernel of baselines.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
+cudaError_t load_baseline_kernels();
+
 }  // namespace dq::cuda

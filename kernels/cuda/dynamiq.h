@@ -101,4 +101,11 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
                                   bool out_bf16, bool avg, int n_contrib, unsigned* error,
                                   cudaStream_t stream, int max_blocks = 0);
 
+// Loads every kernel of dynamiq_hop.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
+cudaError_t load_dynamiq_hop_kernels();
+
+// Loads every kernel of dynamiq_layout.cu (device set-up; see cudaFuncGetAttributes in
+// EMULATION.md).
+cudaError_t load_dynamiq_layout_kernels();
+
 }  // namespace dq::cuda

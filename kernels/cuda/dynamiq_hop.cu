@@ -411,4 +411,16 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
   return cudaGetLastError();
 }
 
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_dynamiq_hop_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_skip_gate_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_hop_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_finish_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_finish_check_kernel);
+  return e;
+}
+
 }  // namespace dq::cuda

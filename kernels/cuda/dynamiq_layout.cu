@@ -319,4 +319,13 @@ cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint1
   return cudaGetLastError();
 }
 
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_dynamiq_layout_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_layout_kernel);
+  return e;
+}
+
 }  // namespace dq::cuda

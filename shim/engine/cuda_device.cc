@@ -60,7 +60,13 @@ using cuda_steps::step_status;
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(Device* host, EmulatedCudaFault fault) : host_(host), fault_(fault) {}
+  // Loads every kernel, as the real device does at set-up; from then on the emulation refuses a
+  // kernel that was not (dq::emu::require_loaded), so a kernel missing from the set-up list fails
+  // the tests instead of loading mid-call on a GPU.
+  CudaDevice(Device* host, EmulatedCudaFault fault) : host_(host), fault_(fault) {
+    cuda_steps::load_kernels();  // cannot fail in the emulation
+    dq::emu::require_loaded(true);
+  }
   const char* name() const override { return "cuda (emulated)"; }
   // Kernels, not the host codec's code: the engine checks them once per communicator.
   bool needs_canary() const override { return true; }
