@@ -5,10 +5,11 @@
 //
 // Compared with the emulated device (shim/engine/cuda_device.cc), which shares its host side
 // (shim/engine/cuda_steps.h: parameters, argument checks, flags to Status, level tables):
-// - memory: device memory from the stream-ordered allocator (cudaMallocAsync on a private stream,
-//   waited for: allocation is plan time), released with cudaFreeAsync on the given stream; mapped
-//   memory from cudaHostAlloc(mapped), released once the given stream's work is done (teardown
-//   and the canary only, both allowed to block);
+// - memory: device memory from the device's own stream-ordered pool, which every peer GPU may
+//   access (make_pool), allocated on a private stream and waited for (allocation is plan time),
+//   released with cudaFreeAsync on the given stream; mapped memory from cudaHostAlloc(mapped),
+//   released once the given stream's work is done (teardown and the canary only, both allowed
+//   to block, bounded);
 // - streams and events: cudaStream_t (non-blocking) and cudaEvent_t (timing off); a wait refers to
 //   the event's latest record (cudaStreamWaitEvent);
 // - copies: cudaMemcpyAsync on the lane's stream; NCCL calls: issued at once, on the stream the
@@ -25,7 +26,8 @@
 //   by prepare() (plan time), on the device's own allocation stream; an event marks the copy and
 //   every DynamiQ step's stream waits for it (a no-op once it completed). The PreparedCodec holds
 //   the device tables and the event, so a step makes no allocation and no copy of its own;
-// - nothing here blocks inside a call: no synchronize, no cudaMalloc/cudaFree on the call path
+// - every host wait polls an event, bounded by DYNAMIQ_TIMEOUT_MS (NVIDIA's NCCL waits for a
+//   silent peer forever); nothing waits inside a call; no cudaMalloc/cudaFree on the call path
 //   (only the stream-ordered allocator), pageable level tables copied H2D (staged, no device sync).
 #include "shim/engine/cuda_device_gpu.h"
 
@@ -45,6 +47,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "config/settings.h"
 #include "kernels/cuda/budget.h"
 #include "shim/engine/cuda_steps.h"
 
@@ -131,6 +134,13 @@ class CudaGpuDevice final : public Device {
     if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_) != cudaSuccess)
       pools = 0;
     pools_ = pools != 0;
+    if (pools_) DQ_CHECK(make_pool());
+    // Every kernel loaded now, not at its first launch mid-call (cuda_steps::load_kernels).
+    cudaFuncAttributes attr;
+    cudaError_t loaded = cuda_steps::load_kernels();
+    if (loaded == cudaSuccess) loaded = cudaFuncGetAttributes(&attr, arm_flags_kernel);
+    if (loaded == cudaSuccess) loaded = cudaFuncGetAttributes(&attr, fold_flags_kernel);
+    DQ_CHECK(cuda_status(loaded, "loading the kernels"));
     return cuda_status(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking),
                        "the allocation stream");
   }
@@ -145,8 +155,9 @@ class CudaGpuDevice final : public Device {
     *out = nullptr;
     if (!pools_) return cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
     // Plan time: waiting for the private stream makes the memory usable on any stream at once.
-    DQ_CHECK(cuda_status(cudaMallocAsync(out, bytes, alloc_stream_), "cudaMallocAsync"));
-    return cuda_status(cudaStreamSynchronize(alloc_stream_), "cudaMallocAsync");
+    DQ_CHECK(cuda_status(cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_),
+                         "cudaMallocFromPoolAsync"));
+    return drain(alloc_stream_, "an allocation");
   }
   Status alloc_mapped(size_t bytes, void** out) override {
     OnDevice on(ordinal_);
@@ -168,9 +179,9 @@ class CudaGpuDevice final : public Device {
     }
     auto s = static_cast<cudaStream_t>(stream);
     if (mapped) {
-      // Mapped words are released at teardown and by the canary, after their last use.
-      if (s != nullptr) cudaStreamSynchronize(s);
-      cudaFreeHost(p);
+      // Mapped words are released at teardown and by the canary, after their last use: once the
+      // stream's work is done, or never (a warning) when it does not end in time.
+      if (s == nullptr || drain(s, "releasing mapped memory") == Status::kOk) cudaFreeHost(p);
     } else if (pools_ && s != nullptr) {
       cudaFreeAsync(p, s);  // stream-ordered: freed once the stream's work so far completed
     } else {
@@ -195,11 +206,11 @@ class CudaGpuDevice final : public Device {
       auto it = flags_.find(stream);
       if (it != flags_.end()) flags = it->second, flags_.erase(it);
     }
-    if (flags != nullptr) {
-      if (pools_) cudaFreeAsync(flags, s);
-    }
-    cudaStreamSynchronize(s);
-    if (flags != nullptr && !pools_) cudaFree(flags);
+    // cudaStreamDestroy does not wait: the stream's resources go once its work completed. The flags
+    // word is freed in stream order, or (no pools) after a bounded wait, else left allocated.
+    if (flags != nullptr && pools_) cudaFreeAsync(flags, s);
+    if (flags != nullptr && !pools_ && drain(s, "destroying a stream") == Status::kOk)
+      cudaFree(flags);
     cudaStreamDestroy(s);
   }
   Status create_event(EventHandle* out) override {
@@ -224,15 +235,13 @@ class CudaGpuDevice final : public Device {
         cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0),
         "cudaStreamWaitEvent");
   }
-  Status synchronize(EventHandle e) override {
-    OnDevice on(ordinal_);
-    return cuda_status(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
-  }
+  // Bounded too (DYNAMIQ_TIMEOUT_MS): the canary's and the handshake's waits involve NCCL calls.
+  Status synchronize(EventHandle e) override { return synchronize_for(e, timeout_ms_); }
   // Polls: cudaEventSynchronize cannot be bounded, and NVIDIA's NCCL waits for a silent peer
   // forever. Spins first (the one-call-late wait mostly finds the event complete, or completing
   // within microseconds), then sleeps 50 us between queries; the loop ends by the deadline.
   Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
-    if (timeout_ms <= 0) return synchronize(e);
+    if (timeout_ms <= 0) timeout_ms = timeout_ms_;
     OnDevice on(ordinal_);
     const auto event = static_cast<cudaEvent_t>(e);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -411,9 +420,10 @@ class CudaGpuDevice final : public Device {
     cuda_steps::LevelSet* l = levels_.get(o, [&](cuda_steps::LevelSet& set) {
       void* d = nullptr;
       cudaEvent_t done = nullptr;
-      made = pools_ ? cuda_status(cudaMallocAsync(&d, sizeof set.table, alloc_stream_),
-                                  "cudaMallocAsync")
-                    : cuda_status(cudaMalloc(&d, sizeof set.table), "cudaMalloc");
+      made = pools_
+                 ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof set.table, pool_, alloc_stream_),
+                               "cudaMallocAsync")
+                 : cuda_status(cudaMalloc(&d, sizeof set.table), "cudaMalloc");
       if (made == Status::kOk)
         made = cuda_status(
             cudaMemcpyAsync(d, set.table, sizeof set.table, cudaMemcpyHostToDevice, alloc_stream_),
@@ -437,6 +447,52 @@ class CudaGpuDevice final : public Device {
     return Status::kOk;
   }
 
+  // The device's own memory pool (stream-ordered allocations): readable and writable by every
+  // peer GPU that can access this one, since in a single-process multi-GPU job NCCL's P2P
+  // transport writes into a peer's payload buffers directly. The default pool grants no peer
+  // access, and changing it would change the application's allocations too. Memory freed back
+  // to the pool is kept for reuse (the release threshold), as plans come and go.
+  Status make_pool() {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ordinal_;
+    DQ_CHECK(cuda_status(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate"));
+    uint64_t keep = UINT64_MAX;
+    DQ_CHECK(cuda_status(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep),
+                         "cudaMemPoolSetAttribute"));
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    for (int peer = 0; peer < count; ++peer) {
+      int can = 0;
+      if (peer == ordinal_ || cudaDeviceCanAccessPeer(&can, peer, ordinal_) != cudaSuccess || !can)
+        continue;
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = peer;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      DQ_CHECK(cuda_status(cudaMemPoolSetAccess(pool_, &access, 1), "cudaMemPoolSetAccess"));
+    }
+    return Status::kOk;
+  }
+
+  // Waits for the work enqueued on `s` so far, at most DYNAMIQ_TIMEOUT_MS (an event recorded now,
+  // polled); kTimeout with a warning naming `what` when it does not complete.
+  Status drain(cudaStream_t s, const char* what) {
+    cudaEvent_t e = nullptr;
+    Status st =
+        cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    if (st == Status::kOk) st = cuda_status(cudaEventRecord(e, s), "cudaEventRecord");
+    if (st == Status::kOk) st = synchronize_for(e, timeout_ms_);
+    if (e != nullptr) cudaEventDestroy(e);
+    if (st == Status::kTimeout)
+      DQ_WARN(Subsys::kEngine,
+              "cuda device %d: %s: the stream's work did not complete within DYNAMIQ_TIMEOUT_MS "
+              "= %lld ms; its memory is left allocated",
+              ordinal_, what, static_cast<long long>(timeout_ms_));
+    return st;
+  }
+
   // The stream's flags word (device memory), made on its first flagged step, stream-ordered.
   Status flags_for(StreamHandle key, cudaStream_t stream, unsigned** out) {
     std::lock_guard<std::mutex> lock(m_);
@@ -446,15 +502,18 @@ class CudaGpuDevice final : public Device {
       return Status::kOk;
     }
     void* d = nullptr;
-    DQ_CHECK(pools_ ? cuda_status(cudaMallocAsync(&d, sizeof(unsigned), stream), "cudaMallocAsync")
+    DQ_CHECK(pools_ ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof(unsigned), pool_, stream),
+                                  "cudaMallocAsync")
                     : cuda_status(cudaMalloc(&d, sizeof(unsigned)), "cudaMalloc"));
     *out = flags_[key] = static_cast<unsigned*>(d);
     return Status::kOk;
   }
 
   const int ordinal_;
+  const int64_t timeout_ms_ = config::global().timeout_ms;  // every host wait's bound
   char name_[32];
   bool pools_ = false;
+  cudaMemPool_t pool_ = nullptr;  // pools_: the device's own (make_pool)
   cudaStream_t alloc_stream_ = nullptr;
   std::mutex m_;
   std::unordered_set<void*> mapped_;
@@ -525,7 +584,9 @@ Device* cuda_gpu_device(int ordinal, std::string* why) {
   if (it != devices->end()) return it->second;
   auto device = std::make_unique<CudaGpuDevice>(ordinal);
   if (device->init() != Status::kOk) {
-    if (why) *why = "cannot create a stream on device " + std::to_string(ordinal);
+    if (why)
+      *why = "cannot set up device " + std::to_string(ordinal) +
+             " (its kernels' modules, the allocation stream)";
     return nullptr;
   }
   return (*devices)[ordinal] = device.release();
