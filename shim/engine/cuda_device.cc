@@ -202,7 +202,8 @@ class CudaDevice final : public Device {
                      k, layout, chunk, own, n_in > 0 && inputs.empty() ? nullptr : inputs.data(),
                      n_in, out, key, flags, stream));
                  // The test-only corrupted kernel (make_emulated_cuda_device's `fault`).
-                 if (n_in > 0 && *flags == 0 && fault_.hop_output_byte >= 0 &&
+                 const bool hit = fault_.stratified_leaves ? n_in == 0 && key.strata > 1 : n_in > 0;
+                 if (hit && *flags == 0 && fault_.hop_output_byte >= 0 &&
                      static_cast<uint64_t>(fault_.hop_output_byte) < capacity)
                    out[fault_.hop_output_byte] ^= fault_.mask;
                  return Status::kOk;

@@ -39,6 +39,9 @@ struct EmulatedCudaFault {
   // the kernel ran (-1: none; a byte past the chunk's capacity: none).
   int64_t hop_output_byte = -1;
   uint8_t mask = 0x02;
+  // Instead of those hops: every stratified leaf (no input, RoundingKey::strata > 1), a fault only
+  // a canary that runs correlated rounding's stratified path finds.
+  bool stratified_leaves = false;
 };
 std::unique_ptr<Device> make_emulated_cuda_device(Device* host = nullptr,
                                                   EmulatedCudaFault fault = {});

@@ -69,10 +69,13 @@ ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
+  const int64_t timeout_ms = settings_.timeout_ms;
   if (device_->nccl(lane,
                     [=] {
-                      return ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax,
-                                            comm, stream);
+                      return ops.settled(comm,
+                                         ops.all_reduce(send, recv, static_cast<size_t>(n),
+                                                        ncclUint32, ncclMax, comm, stream),
+                                         timeout_ms);
                     }) != Status::kOk ||
       device_->record(ev_comm_done_, comm_stream_) != Status::kOk)
     return ncclSystemError;
@@ -151,6 +154,7 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
+  const int64_t timeout_ms = settings_.timeout_ms;
   // A check enqueued by an earlier call: this control event comes after it, so the host's wait
   // for this event (or a later one) finds the check's copies complete. No host wait here.
   const bool arm = check_ && check_->state == Check::State::kEnqueued;
@@ -162,7 +166,7 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
                          stream);
     if (r == ncclSuccess)
       r = ops.all_reduce(send, recv, kCallControlWords, ncclUint32, ncclMax, comm, stream);
-    const ncclResult_t end = ops.group_end();
+    const ncclResult_t end = ops.settled(comm, ops.group_end(), timeout_ms);
     return r == ncclSuccess ? end : r;
   }));
   // The budget's prediction from the reduced statistics, on the device, before the control

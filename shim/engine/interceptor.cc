@@ -213,6 +213,7 @@ const RealNccl* real_nccl() {
     resolve("ncclCommCount", &real.comm_count);
     resolve("ncclCommUserRank", &real.comm_user_rank);
     resolve("ncclCommGetAsyncError", &real.comm_get_async_error);
+    real.ops.comm_get_async_error = real.comm_get_async_error;  // non-blocking communicators
     resolve("ncclReduceScatter", &real.reduce_scatter);
     resolve("ncclReduce", &real.reduce);
     resolve("dqCpuNcclCommName", &real.cpu_nccl_comm_name);
@@ -435,9 +436,15 @@ ncclResult_t group_end(const RealNccl& real) {
   if (t_group_depth > 0 || t_deferred.empty()) return end;
   std::vector<Deferred> held;
   held.swap(t_deferred);
-  if (end != ncclSuccess) return end;  // the caller aborts; the held calls never ran
   bool one_comm = true;
   for (const Deferred& d : held) one_comm = one_comm && d.comm == held.front().comm;
+  // Non-blocking communicators' group still being issued: complete before the held calls.
+  if (end == ncclInProgress)
+    for (const Deferred& d : held)
+      if (const ncclResult_t settled = real.ops.settled(d.comm, end, config::global().timeout_ms);
+          settled != ncclSuccess)
+        return settled;
+  if (end != ncclSuccess && end != ncclInProgress) return end;  // the held calls never ran
   ncclResult_t result = ncclSuccess;
   if (!one_comm) {
     if ((result = real.ops.group_start()) != ncclSuccess) return result;

@@ -1,8 +1,8 @@
 // The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
 // kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
 // the same inputs. Usage: engine_emulated_cuda NRANKS [TOPO] | steps | canary_steps |
-// canary NRANKS | capture NRANKS. Exit 0 pass. (The canary modes: see canary_steps_check and
-// canary_body below.)
+// canary NRANKS | capture NRANKS | in_progress NRANKS. Exit 0 pass. (The canary modes: see
+// canary_steps_check and canary_body below.)
 //
 // Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
 // device, both with the same settings, and runs the same calls on both: all-reduce and
@@ -585,6 +585,19 @@ int canary_steps_check() {
                corrupt.got == (corrupt.expected ^ fault.mask),
            "corrupted hop kernel: %s",
            corrupt.differs ? corrupt.describe().c_str() : "no difference");
+  // A fault in the stratified (correlated-rounding) leaves alone: the canary's leaves are
+  // stratified, so it is found there.
+  dq::engine::EmulatedCudaFault strat_fault = fault;
+  strat_fault.stratified_leaves = true;
+  const std::unique_ptr<dq::engine::Device> strat =
+      dq::engine::make_emulated_cuda_device(nullptr, strat_fault);
+  const dq::engine::CanaryResult stratified = canary(strat.get(), "dynamiq:5");
+  CHECK_OR(59,
+           stratified.ran && stratified.differs &&
+               stratified.step == "leaf payload of worker 0 (chunk 0)" &&
+               stratified.byte == static_cast<size_t>(kCorruptByte),
+           "corrupted stratified leaves: %s",
+           stratified.differs ? stratified.describe().c_str() : "no difference");
   std::printf("canary: emulated device matches (widths 2/4/8/16: %d/%d/%d/%d super-groups); %s\n",
               widths[2], widths[4], widths[8], widths[16], corrupt.describe().c_str());
   return 0;
@@ -746,7 +759,8 @@ int canary_check(int n) {
 
 }  // namespace
 
-int capture_check(int n);  // engine_emulated_cuda_capture.cc
+int capture_check(int n);      // engine_emulated_cuda_capture.cc
+int in_progress_check(int n);  // engine_emulated_cuda_capture.cc
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -757,6 +771,8 @@ int main(int argc, char** argv) {
   if (std::string(argv[1]) == "steps") return steps_check();
   if (std::string(argv[1]) == "canary_steps") return canary_steps_check();
   if (std::string(argv[1]) == "canary") return canary_check(argc > 2 ? std::atoi(argv[2]) : 4);
+  if (std::string(argv[1]) == "in_progress")
+    return in_progress_check(argc > 2 ? std::atoi(argv[2]) : 2);
   if (std::string(argv[1]) == "capture") return capture_check(argc > 2 ? std::atoi(argv[2]) : 2);
   const int n = std::atoi(argv[1]);
   const std::string topo = argc > 2 ? argv[2] : "auto";

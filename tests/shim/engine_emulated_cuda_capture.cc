@@ -7,6 +7,7 @@
 // replay would run it (the NCCL all-reduce alone), gives the exact sum; and the communicator is
 // healthy after: the eager calls after it are compressed, with no error, and every rank holds
 // the same result.
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -146,23 +147,106 @@ int capture_body(int n, int rank, ncclComm_t comm) {
   return 0;
 }
 
-}  // namespace
+// A non-blocking communicator, modelled over the CPU NCCL: every group end and every all-reduce
+// outside a group answers ncclInProgress (the operation was issued, as the CPU NCCL's return
+// says), and ncclCommGetAsyncError answers ncclInProgress for the next kPolls polls, then
+// ncclSuccess. The engine must take that as NCCL documents it: poll, then go on.
+constexpr int kPolls = 3;
+thread_local int t_group_depth = 0;
+std::atomic<int> g_polls_left{0}, g_in_progress{0}, g_polled{0};
 
-// engine_emulated_cuda capture NRANKS: the sequence above on NRANKS ranks. Exit 0 pass.
-int capture_check(int n) {
+ncclResult_t in_progress(ncclResult_t r) {
+  if (r != ncclSuccess) return r;
+  g_polls_left.store(kPolls);
+  g_in_progress.fetch_add(1);
+  return ncclInProgress;
+}
+ncclResult_t nb_group_start() {
+  ++t_group_depth;
+  return ncclGroupStart();
+}
+ncclResult_t nb_group_end() {
+  --t_group_depth;
+  return in_progress(ncclGroupEnd());
+}
+ncclResult_t nb_all_reduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
+                           ncclComm_t c, cudaStream_t st) {
+  const ncclResult_t res = ncclAllReduce(s, r, n, t, op, c, st);
+  return t_group_depth > 0 ? res : in_progress(res);
+}
+ncclResult_t nb_async_error(ncclComm_t, ncclResult_t* state) {
+  g_polled.fetch_add(1);
+  *state = g_polls_left.fetch_sub(1) > 0 ? ncclInProgress : ncclSuccess;
+  return ncclSuccess;
+}
+
+int in_progress_body(int n, int rank, ncclComm_t comm) {
+  constexpr size_t kCount = 32 * 1024 + 17;
+  const auto settings = dq::test::settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "0"}, {"DYNAMIQ_TIMEOUT_MS", "20000"}});
+  dq::engine::NcclOps ops = dq::test::cpu_nccl_ops();
+  ops.group_start = nb_group_start;
+  ops.group_end = nb_group_end;
+  ops.all_reduce = nb_all_reduce;
+  ops.comm_get_async_error = nb_async_error;
+  const std::unique_ptr<Device> cuda = dq::engine::make_emulated_cuda_device();
+  Engine eng(settings, true, {comm, rank, n}, ops, cuda.get(),
+             std::make_shared<dq::engine::CommMetrics>(), true);
+  dq::engine::StreamHandle stream = nullptr;
+  dq::engine::EventHandle done = nullptr;
+  CHECK_OR(2,
+           cuda->create_stream(&stream) == dq::Status::kOk &&
+               cuda->create_event(&done) == dq::Status::kOk,
+           "rank %d: setup", rank);
+  std::vector<float> out(kCount);
+  for (int k = 0; k < 3; ++k) {
+    if (const int rc = eager_call(eng, cuda.get(), stream, done, integer_input(rank, k, kCount),
+                                  &out, rank, k))
+      return rc;
+    CHECK_OR(8, same_everywhere(comm, fnv(out.data(), kCount * 4)),
+             "rank %d: call %d: results differ across ranks", rank, k);
+  }
+  CHECK_OR(13, g_in_progress.load() > 0 && g_polled.load() >= (kPolls + 1) * g_in_progress.load(),
+           "rank %d: %d answers ncclInProgress, %d polls", rank, g_in_progress.load(),
+           g_polled.load());
+  cuda->destroy_event(done);
+  cuda->destroy_stream(stream);
+  return 0;
+}
+
+int run_check(int n, const char* what, int (*body)(int, int, ncclComm_t)) {
   dq::test::RankOptions opt;
   opt.timeout_s = 120;
   const auto exits = dq::test::run_ranks<ncclUniqueId>(
       n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* ids) {
         ncclComm_t comm;
         if (ncclCommInitRank(&comm, n, ids[0], r) != ncclSuccess) return 97;
-        return capture_body(n, r, comm);
+        return body(n, r, comm);
       });
   for (size_t r = 0; r < exits.size(); ++r)
     if (exits[r].code() != 0) {
-      std::fprintf(stderr, "FAIL: rank %zu exited with %d\n", r, exits[r].code());
+      std::fprintf(stderr, "FAIL: %s: rank %zu exited with %d\n", what, r, exits[r].code());
       return 1;
     }
+  return 0;
+}
+
+}  // namespace
+
+// engine_emulated_cuda in_progress NRANKS: compressed calls over a non-blocking communicator's
+// ncclInProgress answers (above). Exit 0 pass.
+int in_progress_check(int n) {
+  if (run_check(n, "ncclInProgress", in_progress_body) != 0) return 1;
+  std::printf(
+      "non-blocking communicator, %d ranks: ncclInProgress answers polled to completion; calls "
+      "compressed, identical on every rank\n",
+      n);
+  return 0;
+}
+
+// engine_emulated_cuda capture NRANKS: the sequence above on NRANKS ranks. Exit 0 pass.
+int capture_check(int n) {
+  if (run_check(n, "capture", capture_body) != 0) return 1;
   std::printf(
       "capture after warm-up, %d ranks: the captured call passed through exactly with the "
       "capture intact; the calls after it compressed, healthy, identical on every rank\n",
