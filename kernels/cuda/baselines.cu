@@ -108,12 +108,6 @@ __device__ __forceinline__ uint32_t word_of(const Philox4& r, uint64_t i) {
   return j == 0 ? r.v[0] : j == 1 ? r.v[1] : j == 2 ? r.v[2] : r.v[3];
 }
 
-// Before a launch whose kernels raise flags from several blocks: a word already non-zero gains
-// kSkipFlag, which those kernels test at their start (cuda_compat.h).
-__global__ void baseline_skip_gate_kernel(unsigned* error) {
-  if (*error != 0) *error |= kSkipFlag;
-}
-
 // Every thread checks the inputs' headers (a few bytes, the same answer everywhere): a message the
 // host refuses before writing leaves `out` untouched here too. Returns n_contrib of the output,
 // or 0 when the hop writes nothing (block 0 then raises the flags).
@@ -251,8 +245,8 @@ __global__ void __launch_bounds__(kBaselineThreads)
     baseline_hop_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const void* own,
                         int own_bf16, HopInputs in, int n_in, uint8_t* out, RoundingKey key,
                         unsigned* error) {
-  // The lane failed before this step (the gate set the bit): nothing is written. This launch never
-  // raises kSkipFlag, so every thread of the grid decides alike, before any shuffle.
+  // The lane failed before this step (the caller armed the word): nothing is written. This launch
+  // never raises kSkipFlag, so every thread of the grid decides alike, before any shuffle.
   if ((*error & kSkipFlag) != 0) return;
   const uint32_t call = layout_call(layout);
   const int n = hop_contributors(d, c, in, n_in, call, error);
@@ -302,7 +296,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_finish_check_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c,
                                  const uint8_t* in, int n_contrib, unsigned* error) {
-  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the gate set the bit)
+  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the caller armed the word)
   const int k = static_cast<int>(threadIdx.x);
   if (blockIdx.x == 0 && k == 0 &&
       check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib)
@@ -427,9 +421,6 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
       kBaselineThreads;
   const dim3 grid(grid_for(tiles, max_blocks));
   const int b16 = own_bf16 ? 1 : 0;
-  DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
-  const cudaError_t gate = cudaGetLastError();
-  if (gate != cudaSuccess) return gate;
   switch (family_of(params.codec)) {
     case kFamilyBf16:
       DQ_LAUNCH(baseline_hop_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params,
@@ -470,9 +461,6 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
   const dim3 check_grid(family == kFamilyUniform
                             ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
                             : 1u);
-  DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
-  const cudaError_t gate = cudaGetLastError();
-  if (gate != cudaSuccess) return gate;
   DQ_LAUNCH(baseline_finish_check_kernel, check_grid, dim3(kBaselineThreads), 0, stream, params,
             layout, c, in, n_contrib, error);
   const cudaError_t e = cudaGetLastError();
@@ -501,7 +489,6 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
 cudaError_t load_baseline_kernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaSuccess;
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_skip_gate_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_layout_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyBf16>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyMx>);

@@ -232,6 +232,8 @@ class CudaDevice final : public Device {
     c.finishes = counts_.finishes.load();
     c.host_fallbacks = counts_.host_fallbacks.load();
     c.budgets = counts_.budgets.load();
+    c.launches = counts_.launches.load();
+    c.hop_launches = counts_.hop_launches.load();
     return c;
   }
 
@@ -308,12 +310,19 @@ class CudaDevice final : public Device {
   // behind the stream's earlier work; on the caller's it runs at once.
   template <class F>
   Status run(Lane lane, const char* what, std::atomic<uint64_t>* count, F&& body) {
-    auto step = [body = std::forward<F>(body), error = lane.error, what, count]() -> Status {
+    auto step = [this, body = std::forward<F>(body), error = lane.error, what, count]() -> Status {
       if (error_set(error)) return Status::kOk;
-      unsigned flags = 0;
+      unsigned flags = 0;  // armed: the lane's word was not set
+      const uint64_t launched = dq::emu::launches();
       Status s = body(static_cast<cudaStream_t>(nullptr), &flags);  // emulated launches ignore it
       if (s == Status::kOk) s = step_status(cudaSuccess, flags, what);
-      if (s == Status::kOk) count->fetch_add(1, std::memory_order_relaxed);
+      if (s == Status::kOk) {
+        count->fetch_add(1, std::memory_order_relaxed);
+        // Another thread's launches may fall in between: exact where steps run one at a time.
+        const uint64_t n = dq::emu::launches() - launched;
+        counts_.launches.fetch_add(n, std::memory_order_relaxed);
+        if (count == &counts_.hops) counts_.hop_launches.fetch_add(n, std::memory_order_relaxed);
+      }
       if (s != Status::kOk && error)
         set_error(error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
       return s;
@@ -341,6 +350,7 @@ class CudaDevice final : public Device {
   cuda_steps::LevelSets levels_;  // stable addresses: kernels hold pointers into it
   struct {
     std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0}, budgets{0};
+    std::atomic<uint64_t> launches{0}, hop_launches{0};
   } counts_;
 };
 

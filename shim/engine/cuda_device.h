@@ -23,6 +23,8 @@ struct CudaDeviceCounts {
   uint64_t stats = 0, layouts = 0, hops = 0, finishes = 0;  // kernel steps run
   uint64_t host_fallbacks = 0;                              // codec steps run by the host codec
   uint64_t budgets = 0;                                     // budget predictions run as kernels
+  // Kernel launches of the steps counted above (the emulator's count): all, and the hops' alone.
+  uint64_t launches = 0, hop_launches = 0;
 };
 
 // A device whose codec steps are the CUDA kernels run under the emulation, and whose memory,

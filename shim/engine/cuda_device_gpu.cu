@@ -15,13 +15,14 @@
 // - copies: cudaMemcpyAsync on the lane's stream; NCCL calls: issued at once, on the stream the
 //   engine passes in them (the lane's), as NVIDIA's NCCL orders them itself;
 // - codec steps: argument checks on the host at enqueue (a failure is written to the lane's error
-//   word from the host, as the host device does), then the kernels on the lane's stream between
-//   two one-thread kernels: `arm` sets the stream's flags word to kSkipFlag when the lane's error
-//   word is already set (else 0), and `fold` turns the kernels' flags into the error word with the
+//   word from the host, as the host device does), then the kernels on the lane's stream and one
+//   one-thread kernel after them: `fold` turns the kernels' flags into the error word with the
 //   host device's encoding (ErrorSource::kCodec, the Status step_status() gives), first failure
-//   wins (compare-and-swap from 0). Every kernel (statistics, layout, hop, finish, of DynamiQ and
-//   of the baselines) reads the flags word as it starts and writes nothing when it is armed; the
-//   steps' launches are cuda_steps.h's, shared with the emulated device;
+//   wins (compare-and-swap from 0), and arms the stream's flags word for its next step (kSkipFlag
+//   when the lane's error word is set, else 0). `arm` does only the latter, before a step whose
+//   stream was last armed for another lane's word. Every kernel (statistics, layout, hop, finish,
+//   of DynamiQ and of the baselines) reads the flags word as it starts and writes nothing when it
+//   is armed; the steps' launches are cuda_steps.h's, shared with the emulated device;
 // - level tables: built by the host's builder once per option set and copied to device memory
 //   by prepare() (plan time), on the device's own allocation stream; an event marks the copy and
 //   every DynamiQ step's stream waits for it (a no-op once it completed). The PreparedCodec holds
@@ -65,12 +66,17 @@ __global__ void arm_flags_kernel(const uint32_t* error, unsigned* flags) {
   *flags = word != 0 ? kSkipFlag : 0u;
 }
 
-__global__ void fold_flags_kernel(const unsigned* flags, uint32_t* error, unsigned malformed_mask,
+// After a step: its kernels' flags into the lane's error word (first failure wins), then the word
+// armed for the stream's next step, which is on the same lane unless the host arms it anew
+// (arm_flags_kernel): one kernel between two steps, not two.
+__global__ void fold_flags_kernel(unsigned* flags, uint32_t* error, unsigned malformed_mask,
                                   uint32_t malformed, uint32_t internal) {
   const unsigned f = *flags;
-  if (f == 0 || (f & kSkipFlag) != 0 || error == nullptr) return;
-  atomicCAS_system(reinterpret_cast<unsigned*>(error), 0u,
-                   (f & malformed_mask) != 0 ? malformed : internal);
+  if (f != 0 && (f & kSkipFlag) == 0 && error != nullptr)
+    atomicCAS_system(reinterpret_cast<unsigned*>(error), 0u,
+                     (f & malformed_mask) != 0 ? malformed : internal);
+  const uint32_t word = error != nullptr ? *static_cast<const volatile uint32_t*>(error) : 0u;
+  *flags = word != 0 ? kSkipFlag : 0u;
 }
 
 void set_error(uint32_t* error, uint32_t word) {
@@ -176,6 +182,9 @@ class CudaGpuDevice final : public Device {
     {
       std::lock_guard<std::mutex> lock(m_);
       mapped = mapped_.erase(p) != 0;
+      // A later word at the same address is another lane's: its steps arm anew.
+      for (auto& f : flags_)
+        if (f.second.armed_for == p) f.second.armed_for = nullptr;
     }
     auto s = static_cast<cudaStream_t>(stream);
     if (mapped) {
@@ -204,7 +213,7 @@ class CudaGpuDevice final : public Device {
     {
       std::lock_guard<std::mutex> lock(m_);
       auto it = flags_.find(stream);
-      if (it != flags_.end()) flags = it->second, flags_.erase(it);
+      if (it != flags_.end()) flags = it->second.word, flags_.erase(it);
     }
     // cudaStreamDestroy does not wait: the stream's resources go once its work completed. The flags
     // word is freed in stream order, or (no pools) after a bounded wait, else left allocated.
@@ -389,9 +398,12 @@ class CudaGpuDevice final : public Device {
     }
     if (s == Status::kOk && ready != nullptr)
       s = cuda_status(cudaStreamWaitEvent(stream, ready, 0), "level tables");
+    // Launches per step: its kernels and one fold kernel, plus an arm kernel only when the
+    // stream's word was last armed for another lane (or by a step that did not complete).
     unsigned* flags = nullptr;
-    if (s == Status::kOk) s = flags_for(lane.stream, stream, &flags);
-    if (s == Status::kOk) {
+    bool armed = false;
+    if (s == Status::kOk) s = flags_for(lane.stream, stream, lane.error, &flags, &armed);
+    if (s == Status::kOk && !armed) {
       arm_flags_kernel<<<1, 1, 0, stream>>>(lane.error, flags);
       s = cuda_status(cudaGetLastError(), "arm kernel");
     }
@@ -402,6 +414,7 @@ class CudaGpuDevice final : public Device {
                                              cuda_steps::internal_word());
       s = cuda_status(cudaGetLastError(), "fold kernel");
     }
+    set_armed(lane.stream, s == Status::kOk ? lane.error : nullptr);
     if (s != Status::kOk)
       set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
@@ -493,20 +506,30 @@ class CudaGpuDevice final : public Device {
     return st;
   }
 
-  // The stream's flags word (device memory), made on its first flagged step, stream-ordered.
-  Status flags_for(StreamHandle key, cudaStream_t stream, unsigned** out) {
+  // The stream's flags word (device memory), made on its first flagged step, stream-ordered;
+  // *armed: the last fold on the stream armed it for `error` (the lane's word), so the step needs
+  // no arm kernel.
+  Status flags_for(StreamHandle key, cudaStream_t stream, const uint32_t* error, unsigned** out,
+                   bool* armed) {
     std::lock_guard<std::mutex> lock(m_);
     auto it = flags_.find(key);
     if (it != flags_.end()) {
-      *out = it->second;
+      *out = it->second.word;
+      *armed = error != nullptr && it->second.armed_for == error;
       return Status::kOk;
     }
+    *armed = false;
     void* d = nullptr;
     DQ_CHECK(pools_ ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof(unsigned), pool_, stream),
                                   "cudaMallocAsync")
                     : cuda_status(cudaMalloc(&d, sizeof(unsigned)), "cudaMalloc"));
-    *out = flags_[key] = static_cast<unsigned*>(d);
+    flags_[key].word = *out = static_cast<unsigned*>(d);
     return Status::kOk;
+  }
+  void set_armed(StreamHandle key, const uint32_t* error) {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = flags_.find(key);
+    if (it != flags_.end()) it->second.armed_for = error;
   }
 
   const int ordinal_;
@@ -517,7 +540,11 @@ class CudaGpuDevice final : public Device {
   cudaStream_t alloc_stream_ = nullptr;
   std::mutex m_;
   std::unordered_set<void*> mapped_;
-  std::unordered_map<StreamHandle, unsigned*> flags_;
+  struct StreamFlags {
+    unsigned* word = nullptr;
+    const uint32_t* armed_for = nullptr;  // the lane error word the last fold armed it from
+  };
+  std::unordered_map<StreamHandle, StreamFlags> flags_;
   cuda_steps::LevelSets levels_;
 };
 

@@ -411,6 +411,17 @@ int compare_step_results(const StepResults& h, const StepResults& c, const dq::e
   const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda);
   CHECK_OR(41, n.host_fallbacks == 0 && n.stats == static_cast<uint64_t>(workers) && n.layouts == 1,
            "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
+  // Launches: one kernel per statistics, layout and hop step (no gate or clear kernels), two per
+  // finish (its validation pass, then the decode).
+  CHECK_OR(42,
+           n.hop_launches == n.hops &&
+               n.launches == n.stats + n.layouts + n.hops + 2 * n.finishes + n.budgets,
+           "launches: %llu for %llu statistics, %llu layouts, %llu hops (%llu launches), %llu "
+           "finishes",
+           static_cast<unsigned long long>(n.launches), static_cast<unsigned long long>(n.stats),
+           static_cast<unsigned long long>(n.layouts), static_cast<unsigned long long>(n.hops),
+           static_cast<unsigned long long>(n.hop_launches),
+           static_cast<unsigned long long>(n.finishes));
   return 0;
 }
 
