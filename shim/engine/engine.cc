@@ -77,6 +77,7 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
             "compression is off for this communicator",
             comm_.rank, device_->name());
     teardown_device();
+    standby_ = device_;
     device_ = nullptr;
     setup_failed_ = true;
   }
@@ -90,6 +91,7 @@ Engine::~Engine() {
     plans_.pop_back();
   }
   teardown_device();
+  if (standby_words_ != nullptr) standby_->release(standby_words_, nullptr);
 }
 
 Status Engine::setup_device() {

@@ -115,8 +115,7 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
   const bool skip_stats = p.mx_fallback() && !with_stats;
   DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, skip_stats ? 0 : p.stats_words,
-                                skip_stats ? nullptr : predict, wire_bytes));
-  DQ_CHECK(device_->record(ev_reduced_, comm_stream_));
+                                skip_stats ? nullptr : predict, wire_bytes, ev_reduced_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
   for (Plan::Block& b : p.blocks)
     for (Plan::Part& part : b.parts)
