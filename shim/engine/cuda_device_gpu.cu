@@ -134,8 +134,11 @@ class CudaGpuDevice final : public Device {
   explicit CudaGpuDevice(int ordinal) : ordinal_(ordinal) {
     std::snprintf(name_, sizeof name_, "cuda (device %d)", ordinal);
   }
+  // At a communicator's first call, which may be captured (no eager warm-up): relaxed, so the
+  // pool, the kernels' loading and the stream neither fail nor invalidate that capture.
   Status init() {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
     int pools = 0;
     if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_) != cudaSuccess)
       pools = 0;
@@ -201,6 +204,7 @@ class CudaGpuDevice final : public Device {
   // ---- streams and events -------------------------------------------------------------------
   Status create_stream(StreamHandle* out) override {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;  // the engine's set-up, at a call that may be captured
     cudaStream_t s = nullptr;
     DQ_CHECK(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
     *out = s;
