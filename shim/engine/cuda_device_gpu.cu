@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -190,6 +191,7 @@ class CudaGpuDevice final : public Device {
         if (f.second.armed_for == p) f.second.armed_for = nullptr;
     }
     auto s = static_cast<cudaStream_t>(stream);
+    if (s == nullptr && leak_.load()) return;  // a stream's work may still use it (destroy_stream)
     if (mapped) {
       // Mapped words are released at teardown and by the canary, after their last use: once the
       // stream's work is done, or never (a warning) when it does not end in time.
@@ -219,11 +221,14 @@ class CudaGpuDevice final : public Device {
       auto it = flags_.find(stream);
       if (it != flags_.end()) flags = it->second.word, flags_.erase(it);
     }
-    // cudaStreamDestroy does not wait: the stream's resources go once its work completed. The flags
-    // word is freed in stream order, or (no pools) after a bounded wait, else left allocated.
+    // The engine frees its memory after destroying its streams: their work must be done, waited
+    // for at most DYNAMIQ_TIMEOUT_MS. Work that does not end in time (a peer that never answers,
+    // no abort) may still use that memory: from then on this device frees nothing it is asked
+    // to release without a stream (left allocated, one warning).
+    const bool done = drain(s, "destroying a stream") == Status::kOk;
+    if (!done) leak_.store(true);
     if (flags != nullptr && pools_) cudaFreeAsync(flags, s);
-    if (flags != nullptr && !pools_ && drain(s, "destroying a stream") == Status::kOk)
-      cudaFree(flags);
+    if (flags != nullptr && !pools_ && done) cudaFree(flags);
     cudaStreamDestroy(s);
   }
   Status create_event(EventHandle* out) override {
@@ -540,7 +545,8 @@ class CudaGpuDevice final : public Device {
   const int64_t timeout_ms_ = config::global().timeout_ms;  // every host wait's bound
   char name_[32];
   bool pools_ = false;
-  cudaMemPool_t pool_ = nullptr;  // pools_: the device's own (make_pool)
+  std::atomic<bool> leak_{false};  // a stream's work outlived its teardown: free nothing unordered
+  cudaMemPool_t pool_ = nullptr;   // pools_: the device's own (make_pool)
   cudaStream_t alloc_stream_ = nullptr;
   std::mutex m_;
   std::unordered_set<void*> mapped_;
