@@ -42,6 +42,7 @@ struct Driver {
   CUresult (*device_get)(CUdevice*, int) = nullptr;
   CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*get_error_name)(CUresult, const char**) = nullptr;  // optional
+  CUresult (*stream_is_capturing)(CUstream, int*) = nullptr;     // optional
   bool loaded = false;
   std::string why;  // when not loaded
 };
@@ -82,6 +83,8 @@ const Driver& driver() {
     ok = resolve(h, "cuDevicePrimaryCtxRetain", &drv->primary_ctx_retain, &drv->why) && ok;
     drv->get_error_name =
         reinterpret_cast<CUresult (*)(CUresult, const char**)>(dlsym(h, "cuGetErrorName"));
+    drv->stream_is_capturing =
+        reinterpret_cast<CUresult (*)(CUstream, int*)>(dlsym(h, "cuStreamIsCapturing"));
     if (!ok) {
       drv->why += std::string(" (") + lib + "); device buffers cannot be staged, every buffer " +
                   "is host memory";
@@ -205,6 +208,24 @@ Status Staging::begin() {
       return Status::kSystemError;
     }
     regions_.push_back(std::move(r));
+  }
+  // A stream being captured into a CUDA graph: the copies would be captured and never run, and
+  // the synchronisation CUDA refuses (it would invalidate the application's capture). The CPU
+  // NCCL cannot take part in a graph: refused before touching the stream.
+  for (const Region& r : regions_) {
+    int capturing = 0;
+    if (d.stream_is_capturing != nullptr &&
+        in_context(d, r.context,
+                   [&] {
+                     return d.stream_is_capturing(static_cast<CUstream>(r.stream), &capturing);
+                   }) == kCudaSuccess &&
+        capturing != 0) {
+      error_ =
+          "the caller's stream is being captured into a CUDA graph; the CPU NCCL cannot run "
+          "inside a capture";
+      regions_.clear();
+      return Status::kInvalidArgument;
+    }
   }
   // Copies in, each region on its stream: the copy follows the work enqueued there before the
   // call; the synchronisation makes the host copy complete before the operation reads it. A

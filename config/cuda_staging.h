@@ -55,7 +55,8 @@ class Staging {
   void add(const void* p, size_t bytes, bool reads, bool writes, void* stream);
   // Classifies the buffers and copies the device ones in. Overlapping device buffers (in-place
   // operations) share one host copy, so aliasing is kept. kSystemError on a CUDA error (the
-  // message in error()).
+  // message in error()); kInvalidArgument, touching nothing, when a buffer's stream is being
+  // captured into a CUDA graph.
   Status begin();
   // Where the operation finds `p`: p itself unless it lies in a staged region. Null stays null.
   void* host(const void* p) const;

@@ -108,24 +108,12 @@ __device__ __forceinline__ uint32_t word_of(const Philox4& r, uint64_t i) {
   return j == 0 ? r.v[0] : j == 1 ? r.v[1] : j == 2 ? r.v[2] : r.v[3];
 }
 
-// Before a launch whose kernels raise flags from several blocks: a word already non-zero gains
-// kSkipFlag, which those kernels test at their start (cuda_compat.h).
-__global__ void baseline_skip_gate_kernel(unsigned* error) {
-  if (*error != 0) *error |= kSkipFlag;
-}
-
-template <int F>
-__global__ void __launch_bounds__(kBaselineThreads)
-    baseline_hop_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const void* own,
-                        int own_bf16, HopInputs in, int n_in, uint8_t* out, RoundingKey key,
-                        unsigned* error) {
-  // The lane failed before this step (the gate set the bit): nothing is written. This launch never
-  // raises kSkipFlag, so every thread of the grid decides alike, before any shuffle.
-  if ((*error & kSkipFlag) != 0) return;
-  const int k = static_cast<int>(threadIdx.x);
-  const uint32_t call = layout_call(layout);
-  // Every thread checks the headers (a few bytes, the same answer everywhere): a message the host
-  // refuses before writing leaves `out` untouched here too.
+// Every thread checks the inputs' headers (a few bytes, the same answer everywhere): a message the
+// host refuses before writing leaves `out` untouched here too. Returns n_contrib of the output,
+// or 0 when the hop writes nothing (block 0 then raises the flags).
+__device__ __forceinline__ int hop_contributors(const BaselineDeviceParams& d, const ChunkArgs& c,
+                                                const HopInputs& in, int n_in, uint32_t call,
+                                                unsigned* error) {
   int contrib = 0;
   bool bad_header = false;
   for (int m = 0; m < n_in; ++m) {
@@ -133,64 +121,150 @@ __global__ void __launch_bounds__(kBaselineThreads)
     bad_header |= n == 0;
     contrib += n;
   }
-  if (bad_header || contrib + 1 > d.n_workers) {
-    if (blockIdx.x == 0 && k == 0)
-      atomicOr(error, (bad_header ? unsigned{kBaselineBadHeader} : 0u) |
-                          (contrib + 1 > d.n_workers ? unsigned{kBaselineTooManyWorkers} : 0u));
-    return;  // the whole grid: no barrier follows
-  }
-  if (blockIdx.x == 0 && k == 0) {
-    const uint32_t n = static_cast<uint32_t>(contrib + 1);
-    const uint8_t h[kChunkHeaderBytes] = {static_cast<uint8_t>(kPayloadMagic & 0xff),
-                                          static_cast<uint8_t>(kPayloadMagic >> 8),
-                                          kPayloadVersion,
-                                          static_cast<uint8_t>(d.codec),
-                                          static_cast<uint8_t>(c.chunk & 0xff),
-                                          static_cast<uint8_t>((c.chunk >> 8) & 0xff),
-                                          static_cast<uint8_t>(n & 0xff),
-                                          static_cast<uint8_t>((n >> 8) & 0xff),
-                                          static_cast<uint8_t>(call),
-                                          static_cast<uint8_t>(call >> 8),
-                                          static_cast<uint8_t>(call >> 16),
-                                          static_cast<uint8_t>(call >> 24),
-                                          static_cast<uint8_t>(c.digest),
-                                          static_cast<uint8_t>(c.digest >> 8),
-                                          static_cast<uint8_t>(c.digest >> 16),
-                                          static_cast<uint8_t>(c.digest >> 24)};
-    for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
-  }
-  uint8_t* body = out + kChunkHeaderBytes;
+  if (!bad_header && contrib + 1 <= d.n_workers) return contrib + 1;
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    atomicOr(error, (bad_header ? unsigned{kBaselineBadHeader} : 0u) |
+                        (contrib + 1 > d.n_workers ? unsigned{kBaselineTooManyWorkers} : 0u));
+  return 0;
+}
+
+// The output message's header (kernels/chunk_header.h), written by one thread.
+__device__ __forceinline__ void write_hop_header(const BaselineDeviceParams& d, const ChunkArgs& c,
+                                                 uint32_t n, uint32_t call, uint8_t* out) {
+  const uint8_t h[kChunkHeaderBytes] = {static_cast<uint8_t>(kPayloadMagic & 0xff),
+                                        static_cast<uint8_t>(kPayloadMagic >> 8),
+                                        kPayloadVersion,
+                                        static_cast<uint8_t>(d.codec),
+                                        static_cast<uint8_t>(c.chunk & 0xff),
+                                        static_cast<uint8_t>((c.chunk >> 8) & 0xff),
+                                        static_cast<uint8_t>(n & 0xff),
+                                        static_cast<uint8_t>((n >> 8) & 0xff),
+                                        static_cast<uint8_t>(call),
+                                        static_cast<uint8_t>(call >> 8),
+                                        static_cast<uint8_t>(call >> 16),
+                                        static_cast<uint8_t>(call >> 24),
+                                        static_cast<uint8_t>(c.digest),
+                                        static_cast<uint8_t>(c.digest >> 8),
+                                        static_cast<uint8_t>(c.digest >> 16),
+                                        static_cast<uint8_t>(c.digest >> 24)};
+  for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
+}
+
+// The message's bytes past the chunk's blocks, up to its capacity: zero (grid-strided).
+__device__ __forceinline__ void zero_hop_tail(const BaselineDeviceParams& d, const ChunkArgs& c,
+                                              uint8_t* body) {
   const unsigned long long body_bytes = c.n_blocks * static_cast<unsigned long long>(d.block_bytes);
   const unsigned long long body_capacity = d.capacity - kChunkHeaderBytes;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * kBaselineThreads;
-  for (unsigned long long b =
-           body_bytes + blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k;
+  for (unsigned long long b = body_bytes +
+                              blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) +
+                              threadIdx.x;
        b < body_capacity; b += stride)
     body[b] = 0;
+}
+
+// The value at chunk position `rel`: own, plus each input's decoded value in input order (the
+// host's order); padding past the tensor stays 0 but its codes are still checked.
+template <int F>
+__device__ __forceinline__ float hop_sum(const BaselineDeviceParams& d, const ChunkArgs& c,
+                                         const void* own, int own_bf16, const HopInputs& in,
+                                         int n_in, unsigned long long rel, unsigned long long blk,
+                                         int pos, bool* bad) {
+  const bool in_block = rel < c.n_blocks * static_cast<unsigned long long>(d.block_elems);
+  const bool real = rel < c.n_real;
+  float v = 0.0f;
+  if (real) {
+    const unsigned long long e = c.begin + rel;
+    v = own_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(own)[e])
+                 : static_cast<const float*>(own)[e];
+  }
+  if (in_block)
+    for (int m = 0; m < n_in; ++m) {
+      const uint8_t* src =
+          in.p[m] + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes);
+      const float x = decode_value<F>(d, src, pos, bad);
+      if (real) v += x;
+    }
+  return v;
+}
+
+// An MX block's bytes (scale, then packed elements) from its 32 values, one per lane. Every lane
+// of the warp calls it (the shuffles); only lanes `in_block` write.
+__device__ __forceinline__ void encode_mx(const BaselineDeviceParams& d, float v, int pos,
+                                          bool in_block, uint8_t* dst) {
+  const uint32_t amax = segment_max(f32_bits(v) & 0x7fffffffu, d.block_elems);
+  const MxKind kind = static_cast<MxKind>(d.variant);
+  const uint8_t scale = mx_scale_byte(kind, amax);
+  const uint32_t code =
+      scale == kMxScaleNaN ? 0u : mx_encode_element(mx_format(kind), v * mx_inverse_scale(scale));
+  const uint8_t byte = pack_byte(code, d.element_bits, 32);
+  if (in_block) {
+    if (pos == 0) dst[0] = scale;
+    if (pos < 32 * d.element_bits / 8) dst[1 + pos] = byte;
+  }
+}
+
+// A uniform group's bytes (BF16 scale, then packed codes) from its 16 values, one per lane, with
+// the stochastic rounding of element `e` (the caller's whole tensor). Every lane calls it.
+__device__ __forceinline__ void encode_uniform(const BaselineDeviceParams& d,
+                                               const RoundingKey& key, unsigned long long e,
+                                               float v, int pos, bool in_block, uint8_t* dst) {
+  const uint32_t amax = segment_max(f32_bits(v) & 0x7fffffffu, d.block_elems);
+  const float levels = static_cast<float>(d.levels);
+  uint16_t scale_bits;
+  uint32_t code;
+  if (amax >= 0x7f800000u || amax == 0) {
+    scale_bits = amax == 0 ? 0 : kUniformScaleNaN;
+    code = static_cast<uint32_t>(d.levels);
+  } else {
+    scale_bits = f32_to_bf16_up(f32_from_bits(amax));
+    const float scale = bf16_to_f32(scale_bits);
+    const Philox4 r =
+        philox_draw(key.seed, key.call, key.rank, kStreamRounding, static_cast<uint32_t>(e / 4));
+    float x = (v / scale) * levels;
+    x = x > levels ? levels : (x < -levels ? -levels : x);
+    int fl = static_cast<int>(x);
+    fl -= static_cast<float>(fl) > x ? 1 : 0;
+    const float frac = x - static_cast<float>(fl);
+    int q = fl + (uniform24(word_of(r, e)) < frac ? 1 : 0);
+    q = q > d.levels ? d.levels : q;
+    code = static_cast<uint32_t>(q + d.levels);
+  }
+  const uint8_t byte = pack_byte(code, d.element_bits, 16);
+  if (in_block) {
+    if (pos == 0) {
+      dst[0] = static_cast<uint8_t>(scale_bits);
+      dst[1] = static_cast<uint8_t>(scale_bits >> 8);
+    }
+    if (pos < 2 * d.element_bits) dst[2 + pos] = byte;
+  }
+}
+
+template <int F>
+__global__ void __launch_bounds__(kBaselineThreads)
+    baseline_hop_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const void* own,
+                        int own_bf16, HopInputs in, int n_in, uint8_t* out, RoundingKey key,
+                        unsigned* error) {
+  // The lane failed before this step (the caller armed the word): nothing is written. This launch
+  // never raises kSkipFlag, so every thread of the grid decides alike, before any shuffle.
+  if ((*error & kSkipFlag) != 0) return;
+  const uint32_t call = layout_call(layout);
+  const int n = hop_contributors(d, c, in, n_in, call, error);
+  if (n == 0) return;  // the whole grid: no barrier follows
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    write_hop_header(d, c, static_cast<uint32_t>(n), call, out);
+  uint8_t* body = out + kChunkHeaderBytes;
+  zero_hop_tail(d, c, body);
 
   const unsigned long long n_vals = c.n_blocks * static_cast<unsigned long long>(d.block_elems);
-  const float levels = static_cast<float>(d.levels);
   bool bad = false;
   // The same trips in every thread of the block (the shuffles below need the whole warp).
   for (unsigned long long t = blockIdx.x; t * kBaselineThreads < n_vals; t += gridDim.x) {
-    const unsigned long long rel = t * kBaselineThreads + static_cast<unsigned long long>(k);
+    const unsigned long long rel = t * kBaselineThreads + threadIdx.x;
     const bool in_block = rel < n_vals;  // a value of one of the chunk's blocks (maybe padding)
-    const bool real = rel < c.n_real;    // an element of the tensor
     const unsigned long long blk = rel / static_cast<unsigned long long>(d.block_elems);
     const int pos = static_cast<int>(rel % static_cast<unsigned long long>(d.block_elems));
-    float v = 0.0f;
-    if (real) {
-      const unsigned long long e = c.begin + rel;
-      v = own_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(own)[e])
-                   : static_cast<const float*>(own)[e];
-    }
-    if (in_block)
-      for (int m = 0; m < n_in; ++m) {
-        const uint8_t* src =
-            in.p[m] + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes);
-        const float x = decode_value<F>(d, src, pos, &bad);
-        if (real) v += x;
-      }
+    const float v = hop_sum<F>(d, c, own, own_bf16, in, n_in, rel, blk, pos, &bad);
     uint8_t* dst = body + blk * static_cast<unsigned long long>(d.block_bytes);
     if (F == kFamilyBf16) {
       const uint16_t h = f32_to_bf16_rne(v);
@@ -198,48 +272,10 @@ __global__ void __launch_bounds__(kBaselineThreads)
         dst[0] = static_cast<uint8_t>(h);
         dst[1] = static_cast<uint8_t>(h >> 8);
       }
-      continue;
-    }
-    const uint32_t amax = segment_max(f32_bits(v) & 0x7fffffffu, d.block_elems);
-    uint32_t code;
-    if (F == kFamilyMx) {
-      const MxKind kind = static_cast<MxKind>(d.variant);
-      const uint8_t scale = mx_scale_byte(kind, amax);
-      code = scale == kMxScaleNaN ? 0u
-                                  : mx_encode_element(mx_format(kind), v * mx_inverse_scale(scale));
-      const uint8_t byte = pack_byte(code, d.element_bits, 32);
-      if (in_block) {
-        if (pos == 0) dst[0] = scale;
-        if (pos < 32 * d.element_bits / 8) dst[1 + pos] = byte;
-      }
+    } else if (F == kFamilyMx) {
+      encode_mx(d, v, pos, in_block, dst);
     } else {
-      uint16_t scale_bits;
-      if (amax >= 0x7f800000u || amax == 0) {
-        scale_bits = amax == 0 ? 0 : kUniformScaleNaN;
-        code = static_cast<uint32_t>(d.levels);
-      } else {
-        scale_bits = f32_to_bf16_up(f32_from_bits(amax));
-        const float scale = bf16_to_f32(scale_bits);
-        const uint64_t e = key.element_base + c.begin + rel;
-        const Philox4 r = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
-                                      static_cast<uint32_t>(e / 4));
-        float x = (v / scale) * levels;
-        x = x > levels ? levels : (x < -levels ? -levels : x);
-        int fl = static_cast<int>(x);
-        fl -= static_cast<float>(fl) > x ? 1 : 0;
-        const float frac = x - static_cast<float>(fl);
-        int q = fl + (uniform24(word_of(r, e)) < frac ? 1 : 0);
-        q = q > d.levels ? d.levels : q;
-        code = static_cast<uint32_t>(q + d.levels);
-      }
-      const uint8_t byte = pack_byte(code, d.element_bits, 16);
-      if (in_block) {
-        if (pos == 0) {
-          dst[0] = static_cast<uint8_t>(scale_bits);
-          dst[1] = static_cast<uint8_t>(scale_bits >> 8);
-        }
-        if (pos < 2 * d.element_bits) dst[2 + pos] = byte;
-      }
+      encode_uniform(d, key, key.element_base + c.begin + rel, v, pos, in_block, dst);
     }
   }
   if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
@@ -260,7 +296,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_finish_check_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c,
                                  const uint8_t* in, int n_contrib, unsigned* error) {
-  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the gate set the bit)
+  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the caller armed the word)
   const int k = static_cast<int>(threadIdx.x);
   if (blockIdx.x == 0 && k == 0 &&
       check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib)
@@ -385,9 +421,6 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
       kBaselineThreads;
   const dim3 grid(grid_for(tiles, max_blocks));
   const int b16 = own_bf16 ? 1 : 0;
-  DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
-  const cudaError_t gate = cudaGetLastError();
-  if (gate != cudaSuccess) return gate;
   switch (family_of(params.codec)) {
     case kFamilyBf16:
       DQ_LAUNCH(baseline_hop_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream, params,
@@ -428,9 +461,6 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
   const dim3 check_grid(family == kFamilyUniform
                             ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
                             : 1u);
-  DQ_LAUNCH(baseline_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
-  const cudaError_t gate = cudaGetLastError();
-  if (gate != cudaSuccess) return gate;
   DQ_LAUNCH(baseline_finish_check_kernel, check_grid, dim3(kBaselineThreads), 0, stream, params,
             layout, c, in, n_contrib, error);
   const cudaError_t e = cudaGetLastError();
@@ -452,6 +482,23 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
                 params, c, in, out, b16, av, n_contrib, err);
   }
   return cudaGetLastError();
+}
+
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_baseline_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_layout_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyBf16>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyMx>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyUniform>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_clear_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyBf16>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyMx>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyUniform>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_check_kernel);
+  return e;
 }
 
 }  // namespace dq::cuda

@@ -11,8 +11,8 @@
 // checked on the host (arguments, the rounding key's element base) comes back from the launch as
 // cudaErrorInvalidValue, as the host's kInvalidArgument. Input messages must each have
 // chunk_capacity() readable bytes (the host also checks the sizes it is given; here there are
-// none). A word that is already non-zero when a launch starts means the lane failed before: the
-// launch's kernels then write nothing (the word gains kSkipFlag, cuda_compat.h).
+// none). A word that has kSkipFlag when a launch starts (the caller arms it, cuda_compat.h) means
+// the lane failed before: the launch's kernels then write nothing and leave the word as it is.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -118,5 +118,8 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
                                    int chunk, const uint8_t* in, void* out, bool out_bf16, bool avg,
                                    int n_contrib, unsigned* error, cudaStream_t stream,
                                    int max_blocks = 0);
+
+// Loads every kernel of baselines.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
+cudaError_t load_baseline_kernels();
 
 }  // namespace dq::cuda

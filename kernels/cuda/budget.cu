@@ -135,4 +135,13 @@ cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* s
   return cudaGetLastError();
 }
 
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_budget_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, budget_kernel);
+  return e;
+}
+
 }  // namespace dq::cuda

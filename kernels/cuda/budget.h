@@ -32,4 +32,7 @@ constexpr size_t budget_scratch_bytes() {
 cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                           BudgetResult* out, const unsigned* error, cudaStream_t stream);
 
+// Loads every kernel of budget.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
+cudaError_t load_budget_kernels();
+
 }  // namespace dq::cuda

@@ -8,8 +8,8 @@
 // Every launch is asynchronous on `stream`. Errors of the data (what the host returns as
 // kMalformedPayload or kInternal) cannot come back from a launch: the kernels OR flags into a
 // device word the caller zeroes first and reads when the stream is done (DynamiqError).
-// A word that is already non-zero when a launch starts means the lane failed before: the launch's
-// kernels then write nothing (the word gains kSkipFlag, cuda_compat.h).
+// A word that has kSkipFlag when a launch starts (the caller arms it, cuda_compat.h) means the lane
+// failed before: the launch's kernels then write nothing and leave the word as it is.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +26,10 @@ namespace dq::cuda {
 constexpr int kLayoutThreads = 512;  // one block builds the whole layout
 constexpr int kHopThreads = 256;     // one thread per value of a super-group
 constexpr int kMaxHopInputs = 64;    // as the host codec
+// Blocks of kHopThreads an SM must hold at once: 4 x 256 = 1,024 threads, half of an sm_80 or
+// sm_90 SM's 2,048, which caps the fused hop at 64 registers a thread (it needs no spills there;
+// tests/kernels/cuda/check_resource_usage.sh checks both).
+constexpr int kHopMinBlocks = 4;
 
 // What the kernels need of a planned DynamiQ codec, passed to them by value.
 struct DynamiqDeviceParams {
@@ -100,5 +104,12 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
                                   const void* layout, int chunk, const uint8_t* in, void* out,
                                   bool out_bf16, bool avg, int n_contrib, unsigned* error,
                                   cudaStream_t stream, int max_blocks = 0);
+
+// Loads every kernel of dynamiq_hop.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
+cudaError_t load_dynamiq_hop_kernels();
+
+// Loads every kernel of dynamiq_layout.cu (device set-up; see cudaFuncGetAttributes in
+// EMULATION.md).
+cudaError_t load_dynamiq_layout_kernels();
 
 }  // namespace dq::cuda

@@ -181,13 +181,7 @@ __device__ __forceinline__ uint8_t packed_code_byte(const uint8_t* codes, int bi
 
 }  // namespace
 
-// Before a launch whose kernels raise flags from several blocks: a word already non-zero gains
-// kSkipFlag, which those kernels test at their start (cuda_compat.h).
-__global__ void dynamiq_skip_gate_kernel(unsigned* error) {
-  if (*error != 0) *error |= kSkipFlag;
-}
-
-__global__ void __launch_bounds__(kHopThreads)
+__global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
     dynamiq_hop_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
                        int chunk, const void* own, int own_bf16, HopInputs in, int n_in,
                        uint8_t* out, RoundingKey key, unsigned* error) {
@@ -195,8 +189,8 @@ __global__ void __launch_bounds__(kHopThreads)
   __shared__ float s_pi[kGroupsPerSuperGroup];
   __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
   __shared__ uint8_t s_codes[kSuperGroup];
-  // The lane failed before this step (the gate set the bit): nothing is written. This launch never
-  // raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
+  // The lane failed before this step (the caller armed the word): nothing is written. This launch
+  // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
   const int k = static_cast<int>(threadIdx.x);
   const DynamiqPlan& p = d.plan;
@@ -309,7 +303,7 @@ __global__ void __launch_bounds__(kHopThreads)
 __global__ void __launch_bounds__(kHopThreads)
     dynamiq_finish_check_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
                                 int chunk, const uint8_t* in, int n_contrib, unsigned* error) {
-  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the gate set the bit)
+  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the caller armed the word)
   const int k = static_cast<int>(threadIdx.x);
   const LayoutView l = layout_view(layout, d.sections);
   if (blockIdx.x == 0 && k == 0 && check_header(in, l, chunk, d.plan.n_workers) != n_contrib)
@@ -380,9 +374,6 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
     return cudaErrorInvalidValue;
   HopInputs in{};
   for (int i = 0; i < n_in; ++i) in.p[i] = inputs[i];
-  DQ_LAUNCH(dynamiq_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
-  const cudaError_t gate = cudaGetLastError();
-  if (gate != cudaSuccess) return gate;
   // As many blocks as the chunk may hold super-groups (the layout is on the device).
   DQ_LAUNCH(dynamiq_hop_kernel, dim3(grid_for(p.n_sg, max_blocks)), dim3(kHopThreads), 0, stream,
             params, levels, layout, chunk, own, own_bf16 ? 1 : 0, in, n_in, out, key, error);
@@ -398,9 +389,6 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
       chunk >= p.n_chunks || (out == nullptr && p.count > 0))
     return cudaErrorInvalidValue;
   const dim3 grid(grid_for(p.n_sg, max_blocks));
-  DQ_LAUNCH(dynamiq_skip_gate_kernel, dim3(1), dim3(1), 0, stream, error);
-  const cudaError_t gate = cudaGetLastError();
-  if (gate != cudaSuccess) return gate;
   DQ_LAUNCH(dynamiq_finish_check_kernel, grid, dim3(kHopThreads), 0, stream, params, levels, layout,
             chunk, in, n_contrib, error);
   const cudaError_t e = cudaGetLastError();
@@ -409,6 +397,17 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
             chunk, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib,
             static_cast<const unsigned*>(error));
   return cudaGetLastError();
+}
+
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_dynamiq_hop_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_hop_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_finish_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_finish_check_kernel);
+  return e;
 }
 
 }  // namespace dq::cuda

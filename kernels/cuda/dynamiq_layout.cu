@@ -99,29 +99,12 @@ __device__ __forceinline__ uint32_t clamp_u32(uint32_t x, uint32_t lo, uint32_t 
   return x < lo ? lo : x > hi ? hi : x;
 }
 
-}  // namespace
-
-__global__ void __launch_bounds__(kLayoutThreads)
-    dynamiq_layout_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
-                          unsigned long long call, unsigned char* base, unsigned* error) {
-  __shared__ unsigned long long scratch[kWarp + 1];
-  // The lane failed before this step: the layout is left as it is. One block; its only flag is
-  // raised after the last barrier, so every thread reads the word before anything of this launch
-  // can change it: the same decision in the whole block, before any barrier.
-  if (*error != 0) return;
+// 1. Zero the layout (the padding too: the bytes depend on the input alone), then the header and
+// the means. Ends with no barrier: the widths below read only `reduced`.
+__device__ void layout_header_and_means(const DynamiqPlan& p, const DynamiqSections& s,
+                                        const LayoutPtrs& l, const uint16_t* reduced,
+                                        unsigned long long call, unsigned char* base) {
   const uint32_t t = threadIdx.x, nt = blockDim.x;
-  const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
-  const LayoutPtrs l{reinterpret_cast<uint64_t*>(base + s.header),
-                     reinterpret_cast<uint64_t*>(base + s.chunk_content),
-                     reinterpret_cast<float*>(base + s.mean),
-                     reinterpret_cast<uint32_t*>(base + s.order),
-                     reinterpret_cast<uint32_t*>(base + s.offset),
-                     reinterpret_cast<uint32_t*>(base + s.by_index),
-                     reinterpret_cast<uint32_t*>(base + s.chunk_first),
-                     reinterpret_cast<uint32_t*>(base + s.chunk_check),
-                     reinterpret_cast<uint8_t*>(base + s.width)};
-
-  // 1. Zero (the padding too: the bytes depend on the input alone), then header and means.
   uint64_t* words = reinterpret_cast<uint64_t*>(base);
   for (size_t b = t; b < s.bytes / 8; b += nt) words[b] = 0;
   __syncthreads();
@@ -132,63 +115,79 @@ __global__ void __launch_bounds__(kLayoutThreads)
                   static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
   }
   const float n = static_cast<float>(p.n_workers);
-  for (uint32_t j = t; j < n_sg; j += nt) {
+  for (uint32_t j = t; j < static_cast<uint32_t>(p.n_sg); j += nt) {
     const float mu = raw_mean(reduced, j, n);
     const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j);  // host: the same
     l.mean[j] = (subtract || non_finite(mu)) ? mu : 0.0f;
   }
+}
 
-  // 2. Widths.
+// 2a. Variable widths: the smallest threshold (bit pattern, monotone for non-negative floats)
+// whose widths fit the budget; each step a block sum of record bytes (an integer sum: any order
+// gives the host's total). Adds this thread's super-groups per class to `count`.
+__device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l,
+                                       const uint16_t* reduced, unsigned long long* scratch,
+                                       uint32_t count[4]) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
+  const float n = static_cast<float>(p.n_workers);
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
-  uint32_t count[4] = {0, 0, 0, 0};  // this thread's super-groups per class
-  if (p.variable_widths) {
-    // Smallest threshold (bit pattern, monotone for non-negative floats) whose widths fit.
-    uint32_t lo = 0, hi = 0x7f800000u;
-    while (lo < hi) {  // lo and hi are the same in every thread
-      const uint32_t mid = lo + (hi - lo) / 2;
-      const float theta = f32_from_bits(mid);
-      unsigned long long bytes = 0;
-      for (uint32_t j = t; j < n_sg; j += nt)
-        bytes += p.record[width_index(width_for(non_finite(raw_mean(reduced, j, n)),
-                                                energy(reduced, j), theta, p.allow_width16))];
-      const unsigned long long total = block_reduce(bytes, SumOp(), scratch);
-      if (total <= budget)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    const float theta = f32_from_bits(lo);
-    for (uint32_t j = t; j < n_sg; j += nt) {
-      const int w = width_for(non_finite(raw_mean(reduced, j, n)), energy(reduced, j), theta,
-                              p.allow_width16);
-      l.width[j] = static_cast<uint8_t>(w);
-      ++count[width_index(w)];
-    }
-  } else {
-    unsigned long long poisoned = 0;
-    for (uint32_t j = t; j < n_sg; j += nt) poisoned += non_finite(raw_mean(reduced, j, n)) ? 1 : 0;
-    poisoned = block_reduce(poisoned, SumOp(), scratch);
-    int fixed = 2;
-    const int candidates[3] = {16, 8, 4};
-    for (int c = 0; c < 3; ++c) {
-      const int b = candidates[c];
-      if (b == 16 && !p.allow_width16) continue;
-      const unsigned long long need =
-          poisoned * static_cast<unsigned long long>(p.record[0]) +
-          (n_sg - poisoned) * static_cast<unsigned long long>(p.record[width_index(b)]);
-      if (need <= budget) {
-        fixed = b;
-        break;
-      }
-    }
-    for (uint32_t j = t; j < n_sg; j += nt) {
-      const int w = non_finite(raw_mean(reduced, j, n)) ? 2 : fixed;
-      l.width[j] = static_cast<uint8_t>(w);
-      ++count[width_index(w)];
+  uint32_t lo = 0, hi = 0x7f800000u;
+  while (lo < hi) {  // lo and hi are the same in every thread
+    const uint32_t mid = lo + (hi - lo) / 2;
+    const float theta = f32_from_bits(mid);
+    unsigned long long bytes = 0;
+    for (uint32_t j = t; j < n_sg; j += nt)
+      bytes += p.record[width_index(width_for(non_finite(raw_mean(reduced, j, n)),
+                                              energy(reduced, j), theta, p.allow_width16))];
+    const unsigned long long total = block_reduce(bytes, SumOp(), scratch);
+    if (total <= budget)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  const float theta = f32_from_bits(lo);
+  for (uint32_t j = t; j < n_sg; j += nt) {
+    const int w =
+        width_for(non_finite(raw_mean(reduced, j, n)), energy(reduced, j), theta, p.allow_width16);
+    l.width[j] = static_cast<uint8_t>(w);
+    ++count[width_index(w)];
+  }
+}
+
+// 2b. One width for every finite super-group: the widest that fits the budget (poisoned ones are
+// 2 bits).
+__device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
+                                    const uint16_t* reduced, unsigned long long* scratch,
+                                    uint32_t count[4]) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
+  const float n = static_cast<float>(p.n_workers);
+  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
+  unsigned long long poisoned = 0;
+  for (uint32_t j = t; j < n_sg; j += nt) poisoned += non_finite(raw_mean(reduced, j, n)) ? 1 : 0;
+  poisoned = block_reduce(poisoned, SumOp(), scratch);
+  int fixed = 2;
+  const int candidates[3] = {16, 8, 4};
+  for (int c = 0; c < 3; ++c) {
+    const int b = candidates[c];
+    if (b == 16 && !p.allow_width16) continue;
+    const unsigned long long need =
+        poisoned * static_cast<unsigned long long>(p.record[0]) +
+        (n_sg - poisoned) * static_cast<unsigned long long>(p.record[width_index(b)]);
+    if (need <= budget) {
+      fixed = b;
+      break;
     }
   }
+  for (uint32_t j = t; j < n_sg; j += nt) {
+    const int w = non_finite(raw_mean(reduced, j, n)) ? 2 : fixed;
+    l.width[j] = static_cast<uint8_t>(w);
+    ++count[width_index(w)];
+  }
+}
 
-  // 3. Class sizes and first wire positions (widest first).
+// 3. The width classes' sizes (block sums) and first wire positions (widest first).
+__device__ Classes layout_classes(const DynamiqPlan& p, const uint32_t count[4],
+                                  unsigned long long* scratch) {
   Classes k;
   for (int w = 0; w < 4; ++w) {
     k.size[w] = static_cast<uint32_t>(
@@ -199,8 +198,13 @@ __global__ void __launch_bounds__(kLayoutThreads)
   k.start[2] = k.size[3];
   k.start[1] = k.start[2] + k.size[2];
   k.start[0] = k.start[1] + k.size[1];
+  return k;
+}
 
-  // 4. Chunk cuts: chunk c starts at the first wire position i with chunk_of(i) >= c.
+// 4. Chunk cuts: chunk c starts at the first wire position i with chunk_of(i) >= c. Ends with a
+// barrier: chunk_first and the widths are read by every thread after it.
+__device__ void layout_chunk_cuts(const DynamiqPlan& p, const Classes& k, const LayoutPtrs& l) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
   const unsigned long long stride = p.stride;
   for (uint32_t i = t; i < n_sg; i += nt) {
     const uint32_t c = chunk_of(k, i, stride, p.n_chunks);
@@ -213,9 +217,15 @@ __global__ void __launch_bounds__(kLayoutThreads)
     for (uint32_t cc = last + 1; cc <= static_cast<uint32_t>(p.n_chunks); ++cc)
       l.chunk_first[cc] = n_sg;
   }
-  __syncthreads();  // chunk_first and the widths are read by every thread below
+  __syncthreads();
+}
 
-  // 5. Stable partition by width, record offsets within the chunks, by_index.
+// 5. The stable partition by width (order), record offsets within the chunks, by_index, chunk
+// contents. Ends with a barrier: order is complete after it.
+__device__ void layout_partition(const DynamiqPlan& p, const Classes& k, const LayoutPtrs& l,
+                                 unsigned long long* scratch) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
+  const unsigned long long stride = p.stride;
   for (uint32_t c = t; c < static_cast<uint32_t>(p.n_chunks); c += nt)
     l.chunk_content[c] = wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
   uint32_t running[4] = {0, 0, 0, 0};                 // class members before this tile
@@ -246,10 +256,13 @@ __global__ void __launch_bounds__(kLayoutThreads)
     for (int v = 0; v < 4; ++v)
       running[v] += static_cast<uint32_t>((tile_total >> (16 * v)) & 0xffffu);
   }
-  __syncthreads();  // order is complete
+  __syncthreads();
+}
 
-  // 6. Digests, and the capacity check (the host's kInternal).
-  for (uint32_t c = t; c < static_cast<uint32_t>(p.n_chunks); c += nt) {
+// 6. The digests (one thread per chunk, FNV-1a over its records in wire order), and the capacity
+// check (the host's kInternal).
+__device__ void layout_digests(const DynamiqPlan& p, const LayoutPtrs& l, unsigned* error) {
+  for (uint32_t c = threadIdx.x; c < static_cast<uint32_t>(p.n_chunks); c += blockDim.x) {
     if (l.chunk_content[c] + kChunkHeaderBytes > p.capacity)
       atomicOr(error, kDynamiqChunkOverCapacity);
     uint32_t h = fnv1a_word(2166136261u, c);
@@ -260,6 +273,37 @@ __global__ void __launch_bounds__(kLayoutThreads)
     }
     l.chunk_check[c] = h;
   }
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(kLayoutThreads)
+    dynamiq_layout_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
+                          unsigned long long call, unsigned char* base, unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  // The lane failed before this step: the layout is left as it is. One block; its only flag is
+  // raised after the last barrier, so every thread reads the word before anything of this launch
+  // can change it: the same decision in the whole block, before any barrier.
+  if (*error != 0) return;
+  const LayoutPtrs l{reinterpret_cast<uint64_t*>(base + s.header),
+                     reinterpret_cast<uint64_t*>(base + s.chunk_content),
+                     reinterpret_cast<float*>(base + s.mean),
+                     reinterpret_cast<uint32_t*>(base + s.order),
+                     reinterpret_cast<uint32_t*>(base + s.offset),
+                     reinterpret_cast<uint32_t*>(base + s.by_index),
+                     reinterpret_cast<uint32_t*>(base + s.chunk_first),
+                     reinterpret_cast<uint32_t*>(base + s.chunk_check),
+                     reinterpret_cast<uint8_t*>(base + s.width)};
+  layout_header_and_means(p, s, l, reduced, call, base);
+  uint32_t count[4] = {0, 0, 0, 0};  // this thread's super-groups per class
+  if (p.variable_widths)
+    layout_variable_widths(p, l, reduced, scratch, count);
+  else
+    layout_fixed_widths(p, l, reduced, scratch, count);
+  const Classes k = layout_classes(p, count, scratch);
+  layout_chunk_cuts(p, k, l);
+  layout_partition(p, k, l, scratch);
+  layout_digests(p, l, error);
 }
 
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
@@ -273,6 +317,15 @@ cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint1
             reduced_stats, static_cast<unsigned long long>(call),
             static_cast<unsigned char*>(layout), error);
   return cudaGetLastError();
+}
+
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_dynamiq_layout_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_layout_kernel);
+  return e;
 }
 
 }  // namespace dq::cuda

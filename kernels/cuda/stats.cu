@@ -95,4 +95,13 @@ cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint
   return cudaGetLastError();
 }
 
+// Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
+// never first mid-call.
+cudaError_t load_stats_kernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaSuccess;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, supergroup_stats_kernel);
+  return e;
+}
+
 }  // namespace dq::cuda

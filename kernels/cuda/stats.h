@@ -23,4 +23,7 @@ cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint
                                     cudaStream_t stream, int max_blocks = 0,
                                     const unsigned* error = nullptr);
 
+// Loads every kernel of stats.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
+cudaError_t load_stats_kernels();
+
 }  // namespace dq::cuda

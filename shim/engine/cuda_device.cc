@@ -31,6 +31,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -59,15 +60,31 @@ using cuda_steps::step_status;
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(Device* host, EmulatedCudaFault fault) : host_(host), fault_(fault) {}
+  // Loads every kernel, as the real device does at set-up; from then on the emulation refuses a
+  // kernel that was not (dq::emu::require_loaded), so a kernel missing from the set-up list fails
+  // the tests instead of loading mid-call on a GPU.
+  CudaDevice(Device* host, EmulatedCudaFault fault) : host_(host), fault_(fault) {
+    cuda_steps::load_kernels();  // cannot fail in the emulation
+    dq::emu::require_loaded(true);
+  }
   const char* name() const override { return "cuda (emulated)"; }
   // Kernels, not the host codec's code: the engine checks them once per communicator.
   bool needs_canary() const override { return true; }
 
   // ---- backend: memory, streams and events are the host device's ----------------------------
-  Status alloc(size_t bytes, void** out) override { return host_->alloc(bytes, out); }
-  Status alloc_mapped(size_t bytes, void** out) override { return host_->alloc_mapped(bytes, out); }
-  void release(void* p, StreamHandle stream) override { host_->release(p, stream); }
+  // Calls CUDA refuses while a graph capture runs (global mode) fail here too, and invalidate it.
+  Status alloc(size_t bytes, void** out) override {
+    if (refused_in_capture("an allocation (cudaMalloc)")) return Status::kSystemError;
+    return host_->alloc(bytes, out);
+  }
+  Status alloc_mapped(size_t bytes, void** out) override {
+    if (refused_in_capture("a mapped allocation (cudaHostAlloc)")) return Status::kSystemError;
+    return host_->alloc_mapped(bytes, out);
+  }
+  void release(void* p, StreamHandle stream) override {
+    refused_in_capture("a release (cudaFree)");  // CUDA refuses it; the memory is freed anyway
+    host_->release(p, stream);
+  }
   Status create_stream(StreamHandle* out) override {
     DQ_CHECK(host_->create_stream(out));
     std::lock_guard<std::mutex> lock(m_);
@@ -83,15 +100,48 @@ class CudaDevice final : public Device {
   }
   Status create_event(EventHandle* out) override { return host_->create_event(out); }
   void destroy_event(EventHandle e) override { host_->destroy_event(e); }
-  Status record(EventHandle e, StreamHandle s) override { return host_->record(e, s); }
-  Status wait(StreamHandle s, EventHandle e) override { return host_->wait(s, e); }
-  Status synchronize(EventHandle e) override { return host_->synchronize(e); }
-  bool capturing(StreamHandle s) const override { return host_->capturing(s); }
+  Status record(EventHandle e, StreamHandle s) override {
+    if (captured(s, "an event record")) return Status::kSystemError;
+    return host_->record(e, s);
+  }
+  Status wait(StreamHandle s, EventHandle e) override {
+    if (captured(s, "an event wait")) return Status::kSystemError;
+    return host_->wait(s, e);
+  }
+  Status synchronize(EventHandle e) override {
+    if (refused_in_capture("cudaEventSynchronize")) return Status::kSystemError;
+    return host_->synchronize(e);
+  }
+  Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
+    if (refused_in_capture("cudaEventQuery")) return Status::kSystemError;
+    return host_->synchronize_for(e, timeout_ms);
+  }
+  bool capturing(StreamHandle s) const override {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    return (capture_.active && capture_.stream == s) || host_->capturing(s);
+  }
   Status copy(void* dst, const void* src, size_t bytes, Lane lane) override {
+    if (captured(lane.stream, "a copy")) return Status::kSystemError;
     return host_->copy(dst, src, bytes, lane);
   }
   Status nccl(Lane lane, std::function<ncclResult_t()> calls) override {
+    if (captured(lane.stream, "an NCCL call")) return Status::kSystemError;
     return host_->nccl(lane, std::move(calls));
+  }
+
+  // ---- graph capture, modelled for the tests (make_emulated_cuda_device's comment) ----------
+  Status begin_capture(StreamHandle s) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (capture_.active) return Status::kInvalidArgument;
+    capture_ = Capture{true, s, {}};
+    return Status::kOk;
+  }
+  Status end_capture(std::string* why) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (!capture_.active) return Status::kInvalidArgument;
+    capture_.active = false;
+    if (why) *why = capture_.invalidated_by;
+    return capture_.invalidated_by.empty() ? Status::kOk : Status::kSystemError;
   }
   size_t budget_scratch_bytes() const override { return cuda::budget_scratch_bytes(); }
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
@@ -152,7 +202,8 @@ class CudaDevice final : public Device {
                      k, layout, chunk, own, n_in > 0 && inputs.empty() ? nullptr : inputs.data(),
                      n_in, out, key, flags, stream));
                  // The test-only corrupted kernel (make_emulated_cuda_device's `fault`).
-                 if (n_in > 0 && *flags == 0 && fault_.hop_output_byte >= 0 &&
+                 const bool hit = fault_.stratified_leaves ? n_in == 0 && key.strata > 1 : n_in > 0;
+                 if (hit && *flags == 0 && fault_.hop_output_byte >= 0 &&
                      static_cast<uint64_t>(fault_.hop_output_byte) < capacity)
                    out[fault_.hop_output_byte] ^= fault_.mask;
                  return Status::kOk;
@@ -181,6 +232,8 @@ class CudaDevice final : public Device {
     c.finishes = counts_.finishes.load();
     c.host_fallbacks = counts_.host_fallbacks.load();
     c.budgets = counts_.budgets.load();
+    c.launches = counts_.launches.load();
+    c.hop_launches = counts_.hop_launches.load();
     return c;
   }
 
@@ -225,6 +278,25 @@ class CudaDevice final : public Device {
     return step();
   }
 
+  // Graph capture (global mode): `what`, a call CUDA refuses during any capture, fails and
+  // invalidates the capture. True when refused.
+  bool refused_in_capture(const char* what) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (!capture_.active) return false;
+    if (capture_.invalidated_by.empty()) capture_.invalidated_by = what;
+    return true;
+  }
+  // Work on the capturing stream would be recorded into the application's graph and replayed
+  // with the plan, call number and switch of this call: the engine must enqueue nothing there.
+  // Stricter than CUDA (which would capture it): it fails and invalidates the capture.
+  bool captured(StreamHandle s, const char* what) {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (!capture_.active || capture_.stream != s) return false;
+    if (capture_.invalidated_by.empty())
+      capture_.invalidated_by = std::string(what) + " on the capturing stream";
+    return true;
+  }
+
   bool ours(StreamHandle s) {
     std::lock_guard<std::mutex> lock(m_);
     return streams_.count(s) != 0;
@@ -238,12 +310,19 @@ class CudaDevice final : public Device {
   // behind the stream's earlier work; on the caller's it runs at once.
   template <class F>
   Status run(Lane lane, const char* what, std::atomic<uint64_t>* count, F&& body) {
-    auto step = [body = std::forward<F>(body), error = lane.error, what, count]() -> Status {
+    auto step = [this, body = std::forward<F>(body), error = lane.error, what, count]() -> Status {
       if (error_set(error)) return Status::kOk;
-      unsigned flags = 0;
+      unsigned flags = 0;  // armed: the lane's word was not set
+      const uint64_t launched = dq::emu::launches();
       Status s = body(static_cast<cudaStream_t>(nullptr), &flags);  // emulated launches ignore it
       if (s == Status::kOk) s = step_status(cudaSuccess, flags, what);
-      if (s == Status::kOk) count->fetch_add(1, std::memory_order_relaxed);
+      if (s == Status::kOk) {
+        count->fetch_add(1, std::memory_order_relaxed);
+        // Another thread's launches may fall in between: exact where steps run one at a time.
+        const uint64_t n = dq::emu::launches() - launched;
+        counts_.launches.fetch_add(n, std::memory_order_relaxed);
+        if (count == &counts_.hops) counts_.hop_launches.fetch_add(n, std::memory_order_relaxed);
+      }
       if (s != Status::kOk && error)
         set_error(error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
       return s;
@@ -257,6 +336,13 @@ class CudaDevice final : public Device {
     });
   }
 
+  struct Capture {
+    bool active = false;
+    StreamHandle stream = nullptr;
+    std::string invalidated_by;  // the first call that invalidated it; empty: intact
+  };
+  mutable std::mutex capture_m_;
+  Capture capture_;
   Device* host_;
   const EmulatedCudaFault fault_;
   std::mutex m_;
@@ -264,6 +350,7 @@ class CudaDevice final : public Device {
   cuda_steps::LevelSets levels_;  // stable addresses: kernels hold pointers into it
   struct {
     std::atomic<uint64_t> stats{0}, layouts{0}, hops{0}, finishes{0}, host_fallbacks{0}, budgets{0};
+    std::atomic<uint64_t> launches{0}, hop_launches{0};
   } counts_;
 };
 
@@ -271,6 +358,16 @@ class CudaDevice final : public Device {
 
 std::unique_ptr<Device> make_emulated_cuda_device(Device* host, EmulatedCudaFault fault) {
   return std::make_unique<CudaDevice>(host ? host : host_device(), fault);
+}
+
+Status emulated_cuda_begin_capture(Device* device, StreamHandle stream) {
+  auto* d = dynamic_cast<CudaDevice*>(device);
+  return d ? d->begin_capture(stream) : Status::kInvalidArgument;
+}
+
+Status emulated_cuda_end_capture(Device* device, std::string* why) {
+  auto* d = dynamic_cast<CudaDevice*>(device);
+  return d ? d->end_capture(why) : Status::kInvalidArgument;
 }
 
 CudaDeviceCounts cuda_device_counts(const Device* device) {

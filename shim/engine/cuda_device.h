@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "shim/engine/device.h"
 
@@ -22,6 +23,8 @@ struct CudaDeviceCounts {
   uint64_t stats = 0, layouts = 0, hops = 0, finishes = 0;  // kernel steps run
   uint64_t host_fallbacks = 0;                              // codec steps run by the host codec
   uint64_t budgets = 0;                                     // budget predictions run as kernels
+  // Kernel launches of the steps counted above (the emulator's count): all, and the hops' alone.
+  uint64_t launches = 0, hop_launches = 0;
 };
 
 // A device whose codec steps are the CUDA kernels run under the emulation, and whose memory,
@@ -38,9 +41,22 @@ struct EmulatedCudaFault {
   // the kernel ran (-1: none; a byte past the chunk's capacity: none).
   int64_t hop_output_byte = -1;
   uint8_t mask = 0x02;
+  // Instead of those hops: every stratified leaf (no input, RoundingKey::strata > 1), a fault only
+  // a canary that runs correlated rounding's stratified path finds.
+  bool stratified_leaves = false;
 };
 std::unique_ptr<Device> make_emulated_cuda_device(Device* host = nullptr,
                                                   EmulatedCudaFault fault = {});
+
+// Graph capture on a device from make_emulated_cuda_device(), modelled on CUDA's global capture
+// mode, for the tests: while it runs, capturing(stream) is true, and any call CUDA refuses during
+// a capture (an allocation or release, an event query or synchronisation) fails and invalidates
+// it; so does any work enqueued on the capturing stream (stricter than CUDA, which would record
+// it into the graph: a rerouted call's work must never be replayed). One capture at a time.
+// end: kOk when nothing invalidated the capture, else kSystemError with the first offending call
+// in `why`.
+Status emulated_cuda_begin_capture(Device* device, StreamHandle stream);
+Status emulated_cuda_end_capture(Device* device, std::string* why);
 
 // The counts of a device from make_emulated_cuda_device() (zeros for any other device).
 CudaDeviceCounts cuda_device_counts(const Device* device);

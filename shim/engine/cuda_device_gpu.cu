@@ -5,31 +5,37 @@
 //
 // Compared with the emulated device (shim/engine/cuda_device.cc), which shares its host side
 // (shim/engine/cuda_steps.h: parameters, argument checks, flags to Status, level tables):
-// - memory: device memory from the stream-ordered allocator (cudaMallocAsync on a private stream,
-//   waited for: allocation is plan time), released with cudaFreeAsync on the given stream; mapped
-//   memory from cudaHostAlloc(mapped), released once the given stream's work is done (teardown
-//   and the canary only, both allowed to block);
+// - memory: device memory from the device's own stream-ordered pool, which every peer GPU may
+//   access (make_pool), allocated on a private stream and waited for (allocation is plan time),
+//   released with cudaFreeAsync on the given stream; mapped memory from cudaHostAlloc(mapped),
+//   released once the given stream's work is done (teardown and the canary only, both allowed
+//   to block, bounded);
 // - streams and events: cudaStream_t (non-blocking) and cudaEvent_t (timing off); a wait refers to
 //   the event's latest record (cudaStreamWaitEvent);
 // - copies: cudaMemcpyAsync on the lane's stream; NCCL calls: issued at once, on the stream the
 //   engine passes in them (the lane's), as NVIDIA's NCCL orders them itself;
 // - codec steps: argument checks on the host at enqueue (a failure is written to the lane's error
-//   word from the host, as the host device does), then the kernels on the lane's stream between
-//   two one-thread kernels: `arm` sets the stream's flags word to kSkipFlag when the lane's error
-//   word is already set (else 0), and `fold` turns the kernels' flags into the error word with the
+//   word from the host, as the host device does), then the kernels on the lane's stream and one
+//   one-thread kernel after them: `fold` turns the kernels' flags into the error word with the
 //   host device's encoding (ErrorSource::kCodec, the Status step_status() gives), first failure
-//   wins (compare-and-swap from 0). Every kernel (statistics, layout, hop, finish, of DynamiQ and
-//   of the baselines) reads the flags word as it starts and writes nothing when it is armed; the
-//   steps' launches are cuda_steps.h's, shared with the emulated device;
+//   wins (compare-and-swap from 0), and arms the stream's flags word for its next step (kSkipFlag
+//   when the lane's error word is set, else 0). `arm` does only the latter, before a step whose
+//   stream was last armed for another lane's word. Every kernel (statistics, layout, hop, finish,
+//   of DynamiQ and of the baselines) reads the flags word as it starts and writes nothing when it
+//   is armed; the steps' launches are cuda_steps.h's, shared with the emulated device;
 // - level tables: built by the host's builder once per option set and copied to device memory
-//   once (stream-ordered, an event marks the copy; other streams wait for it);
-// - nothing here blocks inside a call: no synchronize, no cudaMalloc/cudaFree on the call path
+//   by prepare() (plan time), on the device's own allocation stream; an event marks the copy and
+//   every DynamiQ step's stream waits for it (a no-op once it completed). The PreparedCodec holds
+//   the device tables and the event, so a step makes no allocation and no copy of its own;
+// - every host wait polls an event, bounded by DYNAMIQ_TIMEOUT_MS (NVIDIA's NCCL waits for a
+//   silent peer forever); nothing waits inside a call; no cudaMalloc/cudaFree on the call path
 //   (only the stream-ordered allocator), pageable level tables copied H2D (staged, no device sync).
 #include "shim/engine/cuda_device_gpu.h"
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +49,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "config/settings.h"
 #include "kernels/cuda/budget.h"
 #include "shim/engine/cuda_steps.h"
 
@@ -60,12 +67,17 @@ __global__ void arm_flags_kernel(const uint32_t* error, unsigned* flags) {
   *flags = word != 0 ? kSkipFlag : 0u;
 }
 
-__global__ void fold_flags_kernel(const unsigned* flags, uint32_t* error, unsigned malformed_mask,
+// After a step: its kernels' flags into the lane's error word (first failure wins), then the word
+// armed for the stream's next step, which is on the same lane unless the host arms it anew
+// (arm_flags_kernel): one kernel between two steps, not two.
+__global__ void fold_flags_kernel(unsigned* flags, uint32_t* error, unsigned malformed_mask,
                                   uint32_t malformed, uint32_t internal) {
   const unsigned f = *flags;
-  if (f == 0 || (f & kSkipFlag) != 0 || error == nullptr) return;
-  atomicCAS_system(reinterpret_cast<unsigned*>(error), 0u,
-                   (f & malformed_mask) != 0 ? malformed : internal);
+  if (f != 0 && (f & kSkipFlag) == 0 && error != nullptr)
+    atomicCAS_system(reinterpret_cast<unsigned*>(error), 0u,
+                     (f & malformed_mask) != 0 ? malformed : internal);
+  const uint32_t word = error != nullptr ? *static_cast<const volatile uint32_t*>(error) : 0u;
+  *flags = word != 0 ? kSkipFlag : 0u;
 }
 
 void set_error(uint32_t* error, uint32_t word) {
@@ -84,6 +96,21 @@ Status cuda_status(cudaError_t e, const char* what) {
     DQ_FAIL(Status::kOutOfMemory, "cuda device: %s: %s", what, cudaGetErrorString(e));
   DQ_FAIL(Status::kSystemError, "cuda device: %s: %s", what, cudaGetErrorString(e));
 }
+
+// The calling thread's stream capture mode set to relaxed for the enclosing scope: plan-time work
+// (an allocation, the level tables' upload on the device's own stream) is then neither refused
+// nor invalidates a graph capture another thread runs in global mode (PyTorch's default), as
+// NCCL does around its own allocations. None of it touches a capturing stream.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
 
 // Runs the enclosing scope on device `d`, restoring the thread's device after.
 class OnDevice {
@@ -108,12 +135,22 @@ class CudaGpuDevice final : public Device {
   explicit CudaGpuDevice(int ordinal) : ordinal_(ordinal) {
     std::snprintf(name_, sizeof name_, "cuda (device %d)", ordinal);
   }
+  // At a communicator's first call, which may be captured (no eager warm-up): relaxed, so the
+  // pool, the kernels' loading and the stream neither fail nor invalidate that capture.
   Status init() {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
     int pools = 0;
     if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_) != cudaSuccess)
       pools = 0;
     pools_ = pools != 0;
+    if (pools_) DQ_CHECK(make_pool());
+    // Every kernel loaded now, not at its first launch mid-call (cuda_steps::load_kernels).
+    cudaFuncAttributes attr;
+    cudaError_t loaded = cuda_steps::load_kernels();
+    if (loaded == cudaSuccess) loaded = cudaFuncGetAttributes(&attr, arm_flags_kernel);
+    if (loaded == cudaSuccess) loaded = cudaFuncGetAttributes(&attr, fold_flags_kernel);
+    DQ_CHECK(cuda_status(loaded, "loading the kernels"));
     return cuda_status(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking),
                        "the allocation stream");
   }
@@ -124,14 +161,17 @@ class CudaGpuDevice final : public Device {
   // ---- memory -------------------------------------------------------------------------------
   Status alloc(size_t bytes, void** out) override {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;  // plan time: may run while another thread captures
     *out = nullptr;
     if (!pools_) return cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
     // Plan time: waiting for the private stream makes the memory usable on any stream at once.
-    DQ_CHECK(cuda_status(cudaMallocAsync(out, bytes, alloc_stream_), "cudaMallocAsync"));
-    return cuda_status(cudaStreamSynchronize(alloc_stream_), "cudaMallocAsync");
+    DQ_CHECK(cuda_status(cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_),
+                         "cudaMallocFromPoolAsync"));
+    return drain(alloc_stream_, "an allocation");
   }
   Status alloc_mapped(size_t bytes, void** out) override {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
     *out = nullptr;
     DQ_CHECK(cuda_status(cudaHostAlloc(out, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
                          "cudaHostAlloc"));
@@ -146,12 +186,16 @@ class CudaGpuDevice final : public Device {
     {
       std::lock_guard<std::mutex> lock(m_);
       mapped = mapped_.erase(p) != 0;
+      // A later word at the same address is another lane's: its steps arm anew.
+      for (auto& f : flags_)
+        if (f.second.armed_for == p) f.second.armed_for = nullptr;
     }
     auto s = static_cast<cudaStream_t>(stream);
+    if (s == nullptr && leak_.load()) return;  // a stream's work may still use it (destroy_stream)
     if (mapped) {
-      // Mapped words are released at teardown and by the canary, after their last use.
-      if (s != nullptr) cudaStreamSynchronize(s);
-      cudaFreeHost(p);
+      // Mapped words are released at teardown and by the canary, after their last use: once the
+      // stream's work is done, or never (a warning) when it does not end in time.
+      if (s == nullptr || drain(s, "releasing mapped memory") == Status::kOk) cudaFreeHost(p);
     } else if (pools_ && s != nullptr) {
       cudaFreeAsync(p, s);  // stream-ordered: freed once the stream's work so far completed
     } else {
@@ -162,6 +206,7 @@ class CudaGpuDevice final : public Device {
   // ---- streams and events -------------------------------------------------------------------
   Status create_stream(StreamHandle* out) override {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;  // the engine's set-up, at a call that may be captured
     cudaStream_t s = nullptr;
     DQ_CHECK(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
     *out = s;
@@ -174,13 +219,16 @@ class CudaGpuDevice final : public Device {
     {
       std::lock_guard<std::mutex> lock(m_);
       auto it = flags_.find(stream);
-      if (it != flags_.end()) flags = it->second, flags_.erase(it);
+      if (it != flags_.end()) flags = it->second.word, flags_.erase(it);
     }
-    if (flags != nullptr) {
-      if (pools_) cudaFreeAsync(flags, s);
-    }
-    cudaStreamSynchronize(s);
-    if (flags != nullptr && !pools_) cudaFree(flags);
+    // The engine frees its memory after destroying its streams: their work must be done, waited
+    // for at most DYNAMIQ_TIMEOUT_MS. Work that does not end in time (a peer that never answers,
+    // no abort) may still use that memory: from then on this device frees nothing it is asked
+    // to release without a stream (left allocated, one warning).
+    const bool done = drain(s, "destroying a stream") == Status::kOk;
+    if (!done) leak_.store(true);
+    if (flags != nullptr && pools_) cudaFreeAsync(flags, s);
+    if (flags != nullptr && !pools_ && done) cudaFree(flags);
     cudaStreamDestroy(s);
   }
   Status create_event(EventHandle* out) override {
@@ -205,15 +253,13 @@ class CudaGpuDevice final : public Device {
         cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0),
         "cudaStreamWaitEvent");
   }
-  Status synchronize(EventHandle e) override {
-    OnDevice on(ordinal_);
-    return cuda_status(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
-  }
+  // Bounded too (DYNAMIQ_TIMEOUT_MS): the canary's and the handshake's waits involve NCCL calls.
+  Status synchronize(EventHandle e) override { return synchronize_for(e, timeout_ms_); }
   // Polls: cudaEventSynchronize cannot be bounded, and NVIDIA's NCCL waits for a silent peer
   // forever. Spins first (the one-call-late wait mostly finds the event complete, or completing
   // within microseconds), then sleeps 50 us between queries; the loop ends by the deadline.
   Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
-    if (timeout_ms <= 0) return synchronize(e);
+    if (timeout_ms <= 0) timeout_ms = timeout_ms_;
     OnDevice on(ordinal_);
     const auto event = static_cast<cudaEvent_t>(e);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -272,11 +318,16 @@ class CudaGpuDevice final : public Device {
   }
 
   // ---- codec steps --------------------------------------------------------------------------
-  // The kernels' arguments, worked out once per plan part. The level tables are uploaded by the
-  // first step that needs them (stream-ordered, once per option set) and looked up after that.
+  // The kernels' arguments, worked out once per plan part, and DynamiQ's level tables in device
+  // memory (uploaded once per option set, on the allocation stream; `ready` marks the copy). An
+  // upload that fails leaves `levels` null: every step of the codec then fails (the canary
+  // fails, the communicator passes through).
   std::unique_ptr<PreparedCodec> prepare(const Codec& codec) override {
     auto prepared = std::make_unique<Prepared>(codec);
     prepared->family = cuda_steps::step_params(codec, &prepared->args);
+    if (prepared->family == cuda_steps::Family::kDynamiq)
+      prepared->upload =
+          upload_levels(prepared->args.options, &prepared->args.levels, &prepared->ready);
     return prepared;
   }
 
@@ -320,7 +371,9 @@ class CudaGpuDevice final : public Device {
   struct Prepared final : PreparedCodec {
     using PreparedCodec::PreparedCodec;
     cuda_steps::Family family = cuda_steps::Family::kNone;
-    cuda_steps::StepParams args;
+    cuda_steps::StepParams args;  // kDynamiq: args.levels, the device tables
+    cudaEvent_t ready = nullptr;  // kDynamiq: their upload's event
+    Status upload = Status::kOk;  // kDynamiq: the upload's result
   };
 
   // One codec step on the lane's stream: skipped when the lane's error word is already set (as
@@ -335,24 +388,31 @@ class CudaGpuDevice final : public Device {
     Status s = Status::kOk;
     cuda_steps::StepParams k;
     cuda_steps::Family family;
+    cudaEvent_t ready = nullptr;
     if (const auto* p = dynamic_cast<const Prepared*>(&codec)) {
       k = p->args;
       family = p->family;
-    } else {  // prepared by another device: worked out now
+      ready = p->ready;
+      s = p->upload;
+    } else {  // prepared by another device: worked out now (the tables: once per option set)
       family = cuda_steps::step_params(codec.codec(), &k);
+      if (family == cuda_steps::Family::kDynamiq) s = upload_levels(k.options, &k.levels, &ready);
     }
-    if (family == cuda_steps::Family::kNone) {
+    if (s == Status::kOk && family == cuda_steps::Family::kNone) {
       // No kernels serve this codec: the step fails, so the canary fails and the communicator
       // passes through on every rank.
       s = Status::kUnsupported;
       DQ_WARN(Subsys::kEngine, "cuda device %s: codec %s has no kernel steps on this device", what,
               codec.codec().name().c_str());
     }
-    if (s == Status::kOk && family == cuda_steps::Family::kDynamiq)
-      s = levels_for(k.options, stream, &k.levels);
+    if (s == Status::kOk && ready != nullptr)
+      s = cuda_status(cudaStreamWaitEvent(stream, ready, 0), "level tables");
+    // Launches per step: its kernels and one fold kernel, plus an arm kernel only when the
+    // stream's word was last armed for another lane (or by a step that did not complete).
     unsigned* flags = nullptr;
-    if (s == Status::kOk) s = flags_for(lane.stream, stream, &flags);
-    if (s == Status::kOk) {
+    bool armed = false;
+    if (s == Status::kOk) s = flags_for(lane.stream, stream, lane.error, &flags, &armed);
+    if (s == Status::kOk && !armed) {
       arm_flags_kernel<<<1, 1, 0, stream>>>(lane.error, flags);
       s = cuda_status(cudaGetLastError(), "arm kernel");
     }
@@ -363,65 +423,138 @@ class CudaGpuDevice final : public Device {
                                              cuda_steps::internal_word());
       s = cuda_status(cudaGetLastError(), "fold kernel");
     }
+    set_armed(lane.stream, s == Status::kOk ? lane.error : nullptr);
     if (s != Status::kOk)
       set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
   }
 
-  // The level tables of `o` in device memory, copied once per option set; `stream` waits for
-  // the copy (a no-op once it is done).
-  Status levels_for(const DynamiqOptions& o, cudaStream_t stream, const LevelTable** out) {
+  // The level tables of `o` in device memory and the event that marks their upload: copied once
+  // per option set, on the allocation stream (never a caller's, which may be capturing), with
+  // the thread's capture mode relaxed. The host tables stay in `levels_` for the device's life,
+  // so the asynchronous copy may read them after this returns.
+  Status upload_levels(const DynamiqOptions& o, const LevelTable** out, cudaEvent_t* ready) {
+    *out = nullptr;
+    *ready = nullptr;
+    OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
     Status made = Status::kOk;
     cuda_steps::LevelSet* l = levels_.get(o, [&](cuda_steps::LevelSet& set) {
       void* d = nullptr;
-      cudaEvent_t ready = nullptr;
-      made = pools_ ? cuda_status(cudaMallocAsync(&d, sizeof set.table, stream), "cudaMallocAsync")
-                    : cuda_status(cudaMalloc(&d, sizeof set.table), "cudaMalloc");
+      cudaEvent_t done = nullptr;
+      made = pools_
+                 ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof set.table, pool_, alloc_stream_),
+                               "cudaMallocAsync")
+                 : cuda_status(cudaMalloc(&d, sizeof set.table), "cudaMalloc");
       if (made == Status::kOk)
         made = cuda_status(
-            cudaMemcpyAsync(d, set.table, sizeof set.table, cudaMemcpyHostToDevice, stream),
+            cudaMemcpyAsync(d, set.table, sizeof set.table, cudaMemcpyHostToDevice, alloc_stream_),
             "level tables");
       if (made == Status::kOk)
-        made = cuda_status(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event");
-      if (made == Status::kOk) made = cuda_status(cudaEventRecord(ready, stream), "event");
+        made = cuda_status(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+      if (made == Status::kOk) made = cuda_status(cudaEventRecord(done, alloc_stream_), "event");
       if (made != Status::kOk) {
-        if (ready) cudaEventDestroy(ready);
-        if (d != nullptr && pools_) cudaFreeAsync(d, stream);
+        if (done) cudaEventDestroy(done);
+        if (d != nullptr && pools_) cudaFreeAsync(d, alloc_stream_);
         if (d != nullptr && !pools_) cudaFree(d);
         return false;
       }
       set.device = static_cast<const LevelTable*>(d);
-      set.ready = ready;
+      set.ready = done;
       return true;
     });
-    if (l == nullptr) return made;
+    if (l == nullptr) return made != Status::kOk ? made : Status::kSystemError;
     *out = l->device;
-    return cuda_status(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(l->ready), 0),
-                       "level tables");
-  }
-
-  // The stream's flags word (device memory), made on its first flagged step, stream-ordered.
-  Status flags_for(StreamHandle key, cudaStream_t stream, unsigned** out) {
-    std::lock_guard<std::mutex> lock(m_);
-    auto it = flags_.find(key);
-    if (it != flags_.end()) {
-      *out = it->second;
-      return Status::kOk;
-    }
-    void* d = nullptr;
-    DQ_CHECK(pools_ ? cuda_status(cudaMallocAsync(&d, sizeof(unsigned), stream), "cudaMallocAsync")
-                    : cuda_status(cudaMalloc(&d, sizeof(unsigned)), "cudaMalloc"));
-    *out = flags_[key] = static_cast<unsigned*>(d);
+    *ready = static_cast<cudaEvent_t>(l->ready);
     return Status::kOk;
   }
 
+  // The device's own memory pool (stream-ordered allocations): readable and writable by every
+  // peer GPU that can access this one, since in a single-process multi-GPU job NCCL's P2P
+  // transport writes into a peer's payload buffers directly. The default pool grants no peer
+  // access, and changing it would change the application's allocations too. Memory freed back
+  // to the pool is kept for reuse (the release threshold), as plans come and go.
+  Status make_pool() {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ordinal_;
+    DQ_CHECK(cuda_status(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate"));
+    uint64_t keep = UINT64_MAX;
+    DQ_CHECK(cuda_status(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep),
+                         "cudaMemPoolSetAttribute"));
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    for (int peer = 0; peer < count; ++peer) {
+      int can = 0;
+      if (peer == ordinal_ || cudaDeviceCanAccessPeer(&can, peer, ordinal_) != cudaSuccess || !can)
+        continue;
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = peer;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      DQ_CHECK(cuda_status(cudaMemPoolSetAccess(pool_, &access, 1), "cudaMemPoolSetAccess"));
+    }
+    return Status::kOk;
+  }
+
+  // Waits for the work enqueued on `s` so far, at most DYNAMIQ_TIMEOUT_MS (an event recorded now,
+  // polled); kTimeout with a warning naming `what` when it does not complete.
+  Status drain(cudaStream_t s, const char* what) {
+    cudaEvent_t e = nullptr;
+    Status st =
+        cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    if (st == Status::kOk) st = cuda_status(cudaEventRecord(e, s), "cudaEventRecord");
+    if (st == Status::kOk) st = synchronize_for(e, timeout_ms_);
+    if (e != nullptr) cudaEventDestroy(e);
+    if (st == Status::kTimeout)
+      DQ_WARN(Subsys::kEngine,
+              "cuda device %d: %s: the stream's work did not complete within DYNAMIQ_TIMEOUT_MS "
+              "= %lld ms; its memory is left allocated",
+              ordinal_, what, static_cast<long long>(timeout_ms_));
+    return st;
+  }
+
+  // The stream's flags word (device memory), made on its first flagged step, stream-ordered;
+  // *armed: the last fold on the stream armed it for `error` (the lane's word), so the step needs
+  // no arm kernel.
+  Status flags_for(StreamHandle key, cudaStream_t stream, const uint32_t* error, unsigned** out,
+                   bool* armed) {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = flags_.find(key);
+    if (it != flags_.end()) {
+      *out = it->second.word;
+      *armed = error != nullptr && it->second.armed_for == error;
+      return Status::kOk;
+    }
+    *armed = false;
+    void* d = nullptr;
+    DQ_CHECK(pools_ ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof(unsigned), pool_, stream),
+                                  "cudaMallocAsync")
+                    : cuda_status(cudaMalloc(&d, sizeof(unsigned)), "cudaMalloc"));
+    flags_[key].word = *out = static_cast<unsigned*>(d);
+    return Status::kOk;
+  }
+  void set_armed(StreamHandle key, const uint32_t* error) {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = flags_.find(key);
+    if (it != flags_.end()) it->second.armed_for = error;
+  }
+
   const int ordinal_;
+  const int64_t timeout_ms_ = config::global().timeout_ms;  // every host wait's bound
   char name_[32];
   bool pools_ = false;
+  std::atomic<bool> leak_{false};  // a stream's work outlived its teardown: free nothing unordered
+  cudaMemPool_t pool_ = nullptr;   // pools_: the device's own (make_pool)
   cudaStream_t alloc_stream_ = nullptr;
   std::mutex m_;
   std::unordered_set<void*> mapped_;
-  std::unordered_map<StreamHandle, unsigned*> flags_;
+  struct StreamFlags {
+    unsigned* word = nullptr;
+    const uint32_t* armed_for = nullptr;  // the lane error word the last fold armed it from
+  };
+  std::unordered_map<StreamHandle, StreamFlags> flags_;
   cuda_steps::LevelSets levels_;
 };
 
@@ -488,7 +621,9 @@ Device* cuda_gpu_device(int ordinal, std::string* why) {
   if (it != devices->end()) return it->second;
   auto device = std::make_unique<CudaGpuDevice>(ordinal);
   if (device->init() != Status::kOk) {
-    if (why) *why = "cannot create a stream on device " + std::to_string(ordinal);
+    if (why)
+      *why = "cannot set up device " + std::to_string(ordinal) +
+             " (its kernels' modules, the allocation stream)";
     return nullptr;
   }
   return (*devices)[ordinal] = device.release();

@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "kernels/cuda/baselines.h"
+#include "kernels/cuda/budget.h"
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/cuda/stats.h"
 #include "kernels/dynamiq_codec.h"
@@ -271,6 +272,19 @@ inline Status launch_finish(const StepParams& k, const void* layout, int chunk, 
                                     n_contrib, flags, stream);
   }
   return step_status(e, 0, "finish");
+}
+
+// ---- set-up: every kernel loaded before the first call ------------------------------------------
+// CUDA's lazy loading would otherwise load a kernel's module at its first launch, mid-call, where
+// it may wait for the device to go idle while NCCL's kernels spin on peers. NCCL loads its own up
+// front; a device does the same with these.
+inline cudaError_t load_kernels() {
+  cudaError_t e = cuda::load_stats_kernels();
+  if (e == cudaSuccess) e = cuda::load_dynamiq_layout_kernels();
+  if (e == cudaSuccess) e = cuda::load_dynamiq_hop_kernels();
+  if (e == cudaSuccess) e = cuda::load_baseline_kernels();
+  if (e == cudaSuccess) e = cuda::load_budget_kernels();
+  return e;
 }
 
 // ---- level tables: built once per option set, by the host's builder ----------------------------

@@ -79,6 +79,7 @@ Engine::Engine(const config::Settings& settings, bool settings_valid, CommInfo c
             "compression is off for this communicator",
             comm_.rank, device_->name());
     teardown_device();
+    standby_ = device_;
     device_ = nullptr;
     setup_failed_ = true;
   }
@@ -93,6 +94,7 @@ Engine::~Engine() {
     plans_.pop_back();
   }
   teardown_device();
+  if (standby_words_ != nullptr) standby_->release(standby_words_, nullptr);
 }
 
 Status Engine::setup_device() {
@@ -310,6 +312,15 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
   const auto t0 = std::chrono::steady_clock::now();
   *reason = PassReason::kSingleRank;
   if (broken_ != ncclSuccess) return broken_;
+  // Under graph capture nothing else may happen first: absorbing the previous call queries an
+  // event and reads host words, and a query during a capture is refused by CUDA and invalidates
+  // the capture. A captured call passes through untouched; the previous call is absorbed by the
+  // next call outside capture.
+  if (call.capturing || screening.device_capturing) {
+    *reason = decide(call, screening);
+    count(*reason);
+    return ncclSuccess;
+  }
   if (const ncclResult_t r = settle_agreement(call, screening); r != ncclSuccess) return r;
   *reason = decide(call, screening);
   if (*reason != PassReason::kRerouted) {

@@ -217,9 +217,11 @@ class Engine {
                     bool predicted, uint64_t call_index, uint64_t wire,
                     std::chrono::steady_clock::time_point t0);
   // predict: the bucket whose prediction is made from the reduced statistics (its job staged),
-  // or null.
+  // or null. reduced: an event recorded once the statistics are reduced, before the prediction
+  // (the layouts wait for it, not for the prediction), or null.
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                              size_t stats_words, Bucket* predict, uint64_t* wire_bytes);
+                              size_t stats_words, Bucket* predict, uint64_t* wire_bytes,
+                              EventHandle reduced = nullptr);
   // with_stats false: an MX fallback call that skips its statistics (kMxStatisticsEvery).
   Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index, bool with_stats,
                             Bucket* predict, uint64_t* wire_bytes);
@@ -319,8 +321,10 @@ class Engine {
   ncclResult_t broken_ = ncclSuccess;  // sticky asynchronous error
   const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
   bool setup_failed_ = false;                   // the device could not be set up on this rank
-  SwitchFile switch_file_;                      // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
-  std::unique_ptr<Hierarchy> hierarchy_;        // null: the flat schedule
+  Device* standby_ = nullptr;             // setup_failed_: that device, for the handshake's words
+  void* standby_words_ = nullptr;         // its mapped memory holding them (kept to the end)
+  SwitchFile switch_file_;                // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
+  std::unique_ptr<Hierarchy> hierarchy_;  // null: the flat schedule
   // False in a two-level schedule's rail engine: the caller's call is counted once, by the
   // engine it was made on, though its pieces are several rail calls.
   bool counts_calls_ = true;

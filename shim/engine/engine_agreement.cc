@@ -70,10 +70,13 @@ ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
+  const int64_t timeout_ms = settings_.timeout_ms;
   if (device_->nccl(lane,
                     [=] {
-                      return ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax,
-                                            comm, stream);
+                      return ops.settled(comm,
+                                         ops.all_reduce(send, recv, static_cast<size_t>(n),
+                                                        ncclUint32, ncclMax, comm, stream),
+                                         timeout_ms);
                     }) != Status::kOk ||
       device_->record(ev_comm_done_, comm_stream_) != Status::kOk)
     return ncclSystemError;
@@ -110,14 +113,29 @@ ncclResult_t Engine::handshake() {
 
 // A rank whose device could not be set up still answers its peers' handshake, with invalid
 // settings, so that every rank passes the communicator's calls through (rather than its peers
-// waiting in a handshake it never joins). Host words, through the real NCCL on the caller's
-// stream, waited for as the CPU NCCL does it.
+// waiting in a handshake it never joins), through the real NCCL on the caller's stream. The words
+// lie in mapped memory of the device whose set-up failed, which NVIDIA's NCCL can read and write
+// (never pageable host memory), kept for the engine's life: the rank never reads the result, so
+// it never waits for it. Without even that memory it cannot take part: the call fails, and its
+// peers' handshake ends at DYNAMIQ_TIMEOUT_MS.
 ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
   LocalControl local{&settings_, false, opted_in_, comm_.rank == 0, true, false};
-  std::vector<uint32_t> words(control_words()), reduced(control_words());
-  pack_control(local, words.data());
-  const ncclResult_t r = ops_.all_reduce(words.data(), reduced.data(), words.size(), ncclUint32,
-                                         ncclMax, comm_.comm, stream);
+  const size_t n = static_cast<size_t>(control_words());
+  if (standby_words_ == nullptr &&
+      (standby_ == nullptr || standby_->alloc_mapped(2 * n * 4, &standby_words_) != Status::kOk)) {
+    standby_words_ = nullptr;
+    state_ = State::kInert;
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d: no device memory for the handshake's words; this rank cannot take "
+            "part, and its peers' handshake fails at DYNAMIQ_TIMEOUT_MS",
+            comm_.rank);
+    return ncclSystemError;
+  }
+  auto* send = static_cast<uint32_t*>(standby_words_);
+  pack_control(local, send);
+  const ncclResult_t r = ops_.settled(
+      comm_.comm, ops_.all_reduce(send, send + n, n, ncclUint32, ncclMax, comm_.comm, stream),
+      settings_.timeout_ms);
   if (r != ncclSuccess) return r;
   state_ = State::kInert;
   log_decision_without_handshake(
@@ -147,7 +165,8 @@ ncclResult_t Engine::absorb_previous_call() {
 }
 
 Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                                    size_t stats_words, Bucket* predict, uint64_t* wire_bytes) {
+                                    size_t stats_words, Bucket* predict, uint64_t* wire_bytes,
+                                    EventHandle reduced) {
   control_parity_ ^= 1;
   uint32_t* send = control_ + call_send_word();
   uint32_t* recv = control_ + call_recv_word(control_parity_);
@@ -155,6 +174,7 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
+  const int64_t timeout_ms = settings_.timeout_ms;
   // A check enqueued by an earlier call: this control event comes after it, so the host's wait
   // for this event (or a later one) finds the check's copies complete. No host wait here.
   const bool arm = check_ && check_->state == Check::State::kEnqueued;
@@ -166,9 +186,11 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
                          stream);
     if (r == ncclSuccess)
       r = ops.all_reduce(send, recv, kCallControlWords, ncclUint32, ncclMax, comm, stream);
-    const ncclResult_t end = ops.group_end();
+    const ncclResult_t end = ops.settled(comm, ops.group_end(), timeout_ms);
     return r == ncclSuccess ? end : r;
   }));
+  // The layouts need the reduced statistics only, not the prediction below: their event first.
+  if (reduced != nullptr) DQ_CHECK(device_->record(reduced, comm_stream_));
   // The budget's prediction from the reduced statistics, on the device, before the control
   // event: the host reads it once it has waited for this event or a later one (the one-call-late
   // wait). The host never reads the statistics.

@@ -65,10 +65,18 @@ CanaryImage lay_out_canary(const Codec& codec) {
   return im;
 }
 
-RoundingKey canary_key(uint64_t seed, int worker) {
+// The rounding key of `worker`'s step. The leaves of one chunk are roundings of equal height (no
+// leaf's output feeds another), stratified as the engine's trees stratify them: correlated
+// rounding's permutation and stratum classes are canaried too. The hop that sums them rounds
+// plainly.
+RoundingKey canary_key(uint64_t seed, int worker, bool leaf) {
   RoundingKey k;
   k.seed = seed;
   k.rank = static_cast<uint32_t>(worker);
+  if (leaf) {
+    k.strata = static_cast<uint32_t>(W - 1);
+    k.stratum = static_cast<uint32_t>(worker);
+  }
   return k;
 }
 
@@ -103,12 +111,12 @@ bool run_canary_on_host(const Codec& codec, const CanaryImage& im, uint64_t seed
   for (int c = 0; ok && c < C; ++c) {
     for (int w = 0; w < W - 1; ++w) {
       host_step(codec.fused_hop(layout, c, im.input(host, w), nullptr, 0, host + im.leaf_out[c][w],
-                                canary_key(seed, w)));
+                                canary_key(seed, w, true)));
       std::memcpy(host + im.leaf_in[c][w], host + im.leaf_out[c][w], cap);
     }
     const ByteView in[2] = {{host + im.leaf_in[c][0], cap}, {host + im.leaf_in[c][1], cap}};
     host_step(codec.fused_hop(layout, c, im.input(host, W - 1), in, 2, host + im.hop_out[c],
-                              canary_key(seed, W - 1)));
+                              canary_key(seed, W - 1, false)));
     std::memcpy(host + im.hop_in[c], host + im.hop_out[c], cap);
     host_step(codec.decode_finish(layout, c, ByteView{host + im.hop_in[c], cap},
                                   host + im.finish_out, DType::kF32, ReduceOp::kSum, W));
@@ -136,10 +144,10 @@ Status enqueue_canary_steps(Device* device, const PreparedCodec& codec, const Ca
   for (int c = 0; c < C; ++c) {
     for (int w = 0; w < W - 1; ++w)
       step(device->hop(codec, layout, c, im.input(dev, w), nullptr, 0, dev + im.leaf_out[c][w],
-                       canary_key(seed, w), lane));
+                       canary_key(seed, w, true), lane));
     const ByteView in[2] = {{dev + im.leaf_in[c][0], cap}, {dev + im.leaf_in[c][1], cap}};
     step(device->hop(codec, layout, c, im.input(dev, W - 1), in, 2, dev + im.hop_out[c],
-                     canary_key(seed, W - 1), lane));
+                     canary_key(seed, W - 1, false), lane));
     step(device->finish(codec, layout, c, ByteView{dev + im.hop_in[c], cap}, dev + im.finish_out,
                         DType::kF32, ReduceOp::kSum, W, lane));
   }

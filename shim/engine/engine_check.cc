@@ -52,8 +52,10 @@ Status Engine::enqueue_check_finish(const CallArgs& call, uint64_t* wire_bytes) 
   void* exact = c.exact;
   const ncclDataType_t dtype = call.dtype;
   const ncclRedOp_t op = call.op;
-  DQ_CHECK(device_->nccl(
-      comm, [=] { return ops.all_reduce(in, exact, elems, dtype, op, nccl, stream); }));
+  const int64_t timeout_ms = settings_.timeout_ms;
+  DQ_CHECK(device_->nccl(comm, [=] {
+    return ops.settled(nccl, ops.all_reduce(in, exact, elems, dtype, op, nccl, stream), timeout_ms);
+  }));
   DQ_CHECK(device_->copy(c.host_exact, c.exact, elems * esize, comm));
   // The output after the call's last codec step (the compute stream is in order).
   for (size_t i = 0; i < c.groups; ++i)

@@ -76,6 +76,7 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
+  const int64_t timeout_ms = settings_.timeout_ms;
   DQ_CHECK(device_->nccl(lane, [=] {
     ncclResult_t r = ops.group_start();
     for (const Message& m : messages) {
@@ -83,7 +84,7 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
       r = m.send ? ops.send(m.buffer, m.bytes, ncclUint8, m.peer, comm, stream)
                  : ops.recv(m.buffer, m.bytes, ncclUint8, m.peer, comm, stream);
     }
-    const ncclResult_t end = ops.group_end();
+    const ncclResult_t end = ops.settled(comm, ops.group_end(), timeout_ms);
     return r == ncclSuccess ? end : r;
   }));
   if (st.kind == Program::StageKind::kGather)
@@ -114,8 +115,7 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
   const bool skip_stats = p.mx_fallback() && !with_stats;
   DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, skip_stats ? 0 : p.stats_words,
-                                skip_stats ? nullptr : predict, wire_bytes));
-  DQ_CHECK(device_->record(ev_reduced_, comm_stream_));
+                                skip_stats ? nullptr : predict, wire_bytes, ev_reduced_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
   for (Plan::Block& b : p.blocks)
     for (Plan::Part& part : b.parts)

@@ -43,6 +43,10 @@ struct CommEntry {
   // INFO lines print) and its internal commHash; the same on every rank of the communicator.
   bool has_id = false;
   uint64_t comm_id = 0, comm_hash = 0;
+  // The engine's asynchronous error as its last call left it: what ncclCommGetAsyncError answers
+  // while a call holds `mutex` (it may wait up to DYNAMIQ_TIMEOUT_MS for a peer; a watchdog
+  // polling the communicator must not wait with it).
+  std::atomic<int> last_async_error{ncclSuccess};
   std::mutex mutex;  // NCCL requires one caller per communicator at a time; this makes sure
 };
 
@@ -307,6 +311,7 @@ const RealNccl* real_nccl() {
     resolve("ncclCommCount", &real.comm_count);
     resolve("ncclCommUserRank", &real.comm_user_rank);
     resolve("ncclCommGetAsyncError", &real.comm_get_async_error);
+    real.ops.comm_get_async_error = real.comm_get_async_error;  // non-blocking communicators
     resolve("ncclReduceScatter", &real.reduce_scatter);
     resolve("ncclReduce", &real.reduce);
     resolve("dqCpuNcclCommName", &real.cpu_nccl_comm_name);
@@ -528,6 +533,7 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
       if (result == ncclSuccess)
         result = e->host_engine ? run_host_staged(*e, *eng, call, screening, &reason)
                                 : eng->run(call, screening, &reason);
+      e->last_async_error.store(eng->async_error(), std::memory_order_release);
     }
   }
   engine::metrics_tick();
@@ -543,9 +549,15 @@ ncclResult_t group_end(const RealNccl& real) {
   if (t_group_depth > 0 || t_deferred.empty()) return end;
   std::vector<Deferred> held;
   held.swap(t_deferred);
-  if (end != ncclSuccess) return end;  // the caller aborts; the held calls never ran
   bool one_comm = true;
   for (const Deferred& d : held) one_comm = one_comm && d.comm == held.front().comm;
+  // Non-blocking communicators' group still being issued: complete before the held calls.
+  if (end == ncclInProgress)
+    for (const Deferred& d : held)
+      if (const ncclResult_t settled = real.ops.settled(d.comm, end, config::global().timeout_ms);
+          settled != ncclSuccess)
+        return settled;
+  if (end != ncclSuccess && end != ncclInProgress) return end;  // the held calls never ran
   ncclResult_t result = ncclSuccess;
   if (!one_comm) {
     if ((result = real.ops.group_start()) != ncclSuccess) return result;
@@ -649,8 +661,14 @@ ncclResult_t comm_async_error(ncclComm_t comm, ncclResult_t* async_error) {
   const ncclResult_t r = real->comm_get_async_error(comm, async_error);
   if (r != ncclSuccess || *async_error != ncclSuccess) return r;
   if (std::shared_ptr<CommEntry> e = find(comm)) {
-    std::lock_guard<std::mutex> lock(e->mutex);
-    if (e->engine) *async_error = e->engine->async_error();
+    // Never waits for a call in progress: its last known state instead.
+    std::unique_lock<std::mutex> lock(e->mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      *async_error = static_cast<ncclResult_t>(e->last_async_error.load(std::memory_order_acquire));
+    } else if (e->engine) {
+      *async_error = e->engine->async_error();
+      e->last_async_error.store(*async_error, std::memory_order_release);
+    }
   }
   return ncclSuccess;
 }

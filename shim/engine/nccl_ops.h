@@ -2,6 +2,10 @@
 // functions (dlsym RTLD_NEXT), tests with the CPU NCCL's. The engine never calls NCCL directly,
 // so its own calls never re-enter the interposer.
 #pragma once
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
 #include "common/nccl_api.h"
 
 namespace dq::engine {
@@ -27,6 +31,25 @@ struct NcclOps {
   ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
   ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
+  // Optional (the CPU NCCL's communicators are all blocking): for settled().
+  ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;
+
+  // `r`, what an NCCL call on `comm` returned, once NCCL has issued it. A non-blocking
+  // communicator answers ncclInProgress while the operation is still being issued, which is not
+  // a failure: as NCCL documents, the caller polls ncclCommGetAsyncError until the state leaves
+  // ncclInProgress, and that state is the result. Bounded by timeout_ms (then ncclInProgress is
+  // returned, a failure to the engine); 20 us between polls after the first thousand.
+  ncclResult_t settled(ncclComm_t comm, ncclResult_t r, int64_t timeout_ms) const {
+    if (r != ncclInProgress || comm_get_async_error == nullptr) return r;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (uint64_t poll = 0;; ++poll) {
+      ncclResult_t state = ncclInProgress;
+      if (const ncclResult_t q = comm_get_async_error(comm, &state); q != ncclSuccess) return q;
+      if (state != ncclInProgress) return state;
+      if (std::chrono::steady_clock::now() >= deadline) return ncclInProgress;
+      if (poll >= 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
 
   bool complete() const {
     return group_start && group_end && send && recv && all_reduce && error_string;

@@ -10,7 +10,8 @@
 //  - leaf: the hop with no input (n_in = 0) of every chunk, i.e. the whole tensor compressed;
 //  - hop:  the hop with one input message (n_in = 1, the other worker's leaf) of every chunk,
 //          the step of a ring all-reduce;
-//  - stats: the statistics kernel over the tensor.
+//  - stats: the statistics kernel over the tensor;
+//  - layout: the layout kernel from the reduced statistics (one block; printed as layout_ms).
 // "GB/s" is tensor bytes (count * 4) per second, so each ratio is the copy's time over the
 // kernel's for the same tensor; "traffic" adds what each moves besides (the copy reads and
 // writes the tensor; a hop reads the tensor and its inputs and writes a chunk_capacity()
@@ -84,13 +85,138 @@ struct Timer {
   }
 };
 
+// The device buffers of the run: both workers' tensors, the statistics, the layout (built from
+// the reduced statistics as the engine would) and worker 1's leaves (the hops' inputs).
+struct Bench {
+  size_t count = 0, cap = 0, stats_words = 0;
+  int n_chunks = 0;
+  uint64_t call = 7;
+  dq::cuda::DynamiqDeviceParams params{};
+  float *own[2] = {}, *copy_dst = nullptr;
+  uint16_t *d_stats = nullptr, *d_reduced = nullptr;
+  dq::LevelTable* d_levels = nullptr;
+  void* d_layout = nullptr;
+  uint8_t *leaves = nullptr, *out = nullptr;
+  unsigned* d_error = nullptr;
+};
+
+void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b) {
+  using namespace dq;
+  using namespace dq::cuda;
+  const size_t bytes = b->count * sizeof(float);
+  LevelTable levels[3];
+  dynamiq_level_tables(options, levels);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(cudaMalloc(&b->own[r], bytes));
+    const std::vector<float> x = make_values(b->count, 1 + r);
+    CHECK(cudaMemcpy(b->own[r], x.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  const size_t words = b->stats_words = codec.stats_words();
+  CHECK(cudaMalloc(&b->copy_dst, bytes));
+  CHECK(cudaMalloc(&b->d_stats, 2 * words * sizeof(uint16_t)));
+  CHECK(cudaMalloc(&b->d_reduced, words * sizeof(uint16_t)));
+  CHECK(cudaMalloc(&b->d_levels, sizeof levels));
+  CHECK(cudaMalloc(&b->d_layout, b->params.sections.bytes));
+  CHECK(cudaMalloc(&b->leaves, b->cap * b->n_chunks));
+  CHECK(cudaMalloc(&b->out, b->cap * b->n_chunks));
+  CHECK(cudaMalloc(&b->d_error, sizeof(unsigned)));
+  CHECK(cudaMemset(b->d_error, 0, sizeof(unsigned)));
+  CHECK(cudaMemcpy(b->d_levels, levels, sizeof levels, cudaMemcpyHostToDevice));
+  // Statistics of both workers on the device, summed on the host as the all-reduce would.
+  for (int r = 0; r < 2; ++r)
+    CHECK(launch_supergroup_stats(b->own[r], false, b->count, b->d_stats + r * words, nullptr));
+  std::vector<uint16_t> stats(2 * words), reduced(words);
+  CHECK(cudaMemcpy(stats.data(), b->d_stats, stats.size() * sizeof(uint16_t),
+                   cudaMemcpyDeviceToHost));
+  for (size_t w = 0; w < words; ++w)
+    reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[words + w]));
+  CHECK(cudaMemcpy(b->d_reduced, reduced.data(), words * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  CHECK(launch_dynamiq_layout(b->params, b->d_reduced, b->call, b->d_layout, b->d_error, nullptr));
+  for (int c = 0; c < b->n_chunks; ++c) {
+    const RoundingKey key{1, b->call, 1, 1, 2, 0, 0};
+    CHECK(launch_dynamiq_hop(b->params, b->d_levels, b->d_layout, c, b->own[1], false, nullptr, 0,
+                             b->leaves + c * b->cap, key, b->d_error, nullptr));
+  }
+  CHECK(cudaDeviceSynchronize());
+}
+
+// Seconds per round of every timed step (the file comment), and the table.
+int measure(const Bench& b, int iterations) {
+  using namespace dq;
+  using namespace dq::cuda;
+  const size_t bytes = b.count * sizeof(float), cap = b.cap;
+  const int n_chunks = b.n_chunks;
+  Timer timer;
+  const double t_copy = timer.seconds_per_round(
+      [&] {
+        CHECK(cudaMemcpyAsync(b.copy_dst, b.own[0], bytes, cudaMemcpyDeviceToDevice, nullptr));
+      },
+      iterations);
+  const double t_stats = timer.seconds_per_round(
+      [&] { CHECK(launch_supergroup_stats(b.own[0], false, b.count, b.d_stats, nullptr)); },
+      iterations);
+  // Each round rebuilds the same layout bytes from the same reduced statistics.
+  const double t_layout = timer.seconds_per_round(
+      [&] {
+        CHECK(launch_dynamiq_layout(b.params, b.d_reduced, b.call, b.d_layout, b.d_error, nullptr));
+      },
+      iterations);
+  const double t_leaf = timer.seconds_per_round(
+      [&] {
+        const RoundingKey key{1, b.call, 0, 0, 1, 0, 0};
+        for (int c = 0; c < n_chunks; ++c)
+          CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false, nullptr, 0,
+                                   b.out + c * cap, key, b.d_error, nullptr));
+      },
+      iterations);
+  const double t_hop = timer.seconds_per_round(
+      [&] {
+        const RoundingKey key{1, b.call, 0, 0, 2, 1, 0};
+        for (int c = 0; c < n_chunks; ++c) {
+          const uint8_t* in = b.leaves + c * cap;
+          CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false, &in, 1,
+                                   b.out + c * cap, key, b.d_error, nullptr));
+        }
+      },
+      iterations);
+  unsigned error = 0;
+  CHECK(cudaMemcpy(&error, b.d_error, sizeof error, cudaMemcpyDeviceToHost));
+
+  const double gb = 1e9;
+  const double msgs = static_cast<double>(cap) * n_chunks;
+  std::printf(
+      "count %zu FP32 (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d "
+      "iterations\n",
+      b.count, bytes / 1e6, n_chunks, cap, msgs / 1e6, iterations);
+  std::printf("%-6s %10s %10s %14s %14s\n", "step", "ms", "GB/s", "traffic GB/s", "vs copy");
+  auto row = [&](const char* name, double t, double traffic) {
+    std::printf("%-6s %10.3f %10.1f %14.1f %13.1f%%\n", name, t * 1e3, bytes / t / gb,
+                traffic / t / gb, 100.0 * t_copy / t);
+  };
+  row("copy", t_copy, 2.0 * bytes);
+  row("stats", t_stats, bytes + 4.0 * b.stats_words / 2);
+  row("layout", t_layout, 2.0 * b.stats_words + static_cast<double>(b.params.sections.bytes));
+  row("leaf", t_leaf, bytes + msgs);
+  row("hop", t_hop, bytes + 2.0 * msgs);
+  std::printf(
+      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f "
+      "hop_GBps=%.1f layout_ms=%.3f\n",
+      t_copy / t_hop, t_copy / t_leaf, bytes / t_copy / gb, bytes / t_hop / gb, t_layout * 1e3);
+  if (error != 0) {
+    std::printf("FAIL: the kernels raised error flags 0x%x\n", error);
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace dq;
   using namespace dq::cuda;
-  const size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (size_t{1} << 26);
-  const int n_chunks = argc > 2 ? std::atoi(argv[2]) : 8;
+  Bench b;
+  b.count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (size_t{1} << 26);
+  b.n_chunks = argc > 2 ? std::atoi(argv[2]) : 8;
   const int iterations = argc > 3 ? std::atoi(argv[3]) : 20;
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
@@ -99,7 +225,7 @@ int main(int argc, char** argv) {
                 e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
     return 77;
   }
-  if (count == 0 || n_chunks < 1 || iterations < 1) {
+  if (b.count == 0 || b.n_chunks < 1 || iterations < 1) {
     std::fprintf(stderr, "usage: %s [count > 0] [chunks >= 1] [iterations >= 1]\n", argv[0]);
     return 2;
   }
@@ -107,111 +233,15 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (compute capability %d.%d, %d SMs)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount);
-
   const DynamiqOptions options{};
   auto codec = make_dynamiq_codec(options);
-  if (codec->plan(count, n_chunks, 2) != Status::kOk) {
-    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count,
-                 n_chunks);
+  if (codec->plan(b.count, b.n_chunks, 2) != Status::kOk) {
+    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", b.count,
+                 b.n_chunks);
     return 1;
   }
-  const size_t cap = codec->chunk_capacity();
-  const DynamiqDeviceParams params = dynamiq_device_params(count, n_chunks, 2, cap, options);
-  LevelTable levels[3];
-  dynamiq_level_tables(options, levels);
-  const size_t bytes = count * sizeof(float);
-  const size_t stats_words = codec->stats_words();
-
-  float *own[2], *copy_dst;
-  uint16_t *d_stats, *d_reduced;
-  LevelTable* d_levels;
-  void* d_layout;
-  uint8_t *leaves, *out;
-  unsigned* d_error;
-  for (int r = 0; r < 2; ++r) {
-    CHECK(cudaMalloc(&own[r], bytes));
-    const std::vector<float> x = make_values(count, 1 + r);
-    CHECK(cudaMemcpy(own[r], x.data(), bytes, cudaMemcpyHostToDevice));
-  }
-  CHECK(cudaMalloc(&copy_dst, bytes));
-  CHECK(cudaMalloc(&d_stats, 2 * stats_words * sizeof(uint16_t)));
-  CHECK(cudaMalloc(&d_reduced, stats_words * sizeof(uint16_t)));
-  CHECK(cudaMalloc(&d_levels, sizeof levels));
-  CHECK(cudaMalloc(&d_layout, params.sections.bytes));
-  CHECK(cudaMalloc(&leaves, cap * n_chunks));
-  CHECK(cudaMalloc(&out, cap * n_chunks));
-  CHECK(cudaMalloc(&d_error, sizeof(unsigned)));
-  CHECK(cudaMemset(d_error, 0, sizeof(unsigned)));
-  CHECK(cudaMemcpy(d_levels, levels, sizeof levels, cudaMemcpyHostToDevice));
-
-  // Statistics of both workers on the device, summed on the host as the all-reduce would.
-  for (int r = 0; r < 2; ++r)
-    CHECK(launch_supergroup_stats(own[r], false, count, d_stats + r * stats_words, nullptr));
-  std::vector<uint16_t> stats(2 * stats_words), reduced(stats_words);
-  CHECK(cudaMemcpy(stats.data(), d_stats, stats.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-  for (size_t w = 0; w < stats_words; ++w)
-    reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[stats_words + w]));
-  CHECK(cudaMemcpy(d_reduced, reduced.data(), stats_words * sizeof(uint16_t),
-                   cudaMemcpyHostToDevice));
-  const uint64_t call = 7;
-  CHECK(launch_dynamiq_layout(params, d_reduced, call, d_layout, d_error, nullptr));
-  // Worker 1's leaves: the inputs of worker 0's hops.
-  for (int c = 0; c < n_chunks; ++c) {
-    const RoundingKey key{1, call, 1, 1, 2, 0, 0};
-    CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[1], false, nullptr, 0,
-                             leaves + c * cap, key, d_error, nullptr));
-  }
-  CHECK(cudaDeviceSynchronize());
-
-  Timer timer;
-  const double t_copy = timer.seconds_per_round(
-      [&] { CHECK(cudaMemcpyAsync(copy_dst, own[0], bytes, cudaMemcpyDeviceToDevice, nullptr)); },
-      iterations);
-  const double t_stats = timer.seconds_per_round(
-      [&] { CHECK(launch_supergroup_stats(own[0], false, count, d_stats, nullptr)); }, iterations);
-  const double t_leaf = timer.seconds_per_round(
-      [&] {
-        const RoundingKey key{1, call, 0, 0, 1, 0, 0};
-        for (int c = 0; c < n_chunks; ++c)
-          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, nullptr, 0,
-                                   out + c * cap, key, d_error, nullptr));
-      },
-      iterations);
-  const double t_hop = timer.seconds_per_round(
-      [&] {
-        const RoundingKey key{1, call, 0, 0, 2, 1, 0};
-        for (int c = 0; c < n_chunks; ++c) {
-          const uint8_t* in = leaves + c * cap;
-          CHECK(launch_dynamiq_hop(params, d_levels, d_layout, c, own[0], false, &in, 1,
-                                   out + c * cap, key, d_error, nullptr));
-        }
-      },
-      iterations);
-  unsigned error = 0;
-  CHECK(cudaMemcpy(&error, d_error, sizeof error, cudaMemcpyDeviceToHost));
-
-  const double gb = 1e9;
-  const double msgs = static_cast<double>(cap) * n_chunks;
-  std::printf(
-      "count %zu FP32 (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d "
-      "iterations\n",
-      count, bytes / 1e6, n_chunks, cap, msgs / 1e6, iterations);
-  std::printf("%-6s %10s %10s %14s %14s\n", "step", "ms", "GB/s", "traffic GB/s", "vs copy");
-  auto row = [&](const char* name, double t, double traffic) {
-    std::printf("%-6s %10.3f %10.1f %14.1f %13.1f%%\n", name, t * 1e3, bytes / t / gb,
-                traffic / t / gb, 100.0 * t_copy / t);
-  };
-  row("copy", t_copy, 2.0 * bytes);
-  row("stats", t_stats, bytes + 4.0 * stats_words / 2);
-  row("leaf", t_leaf, bytes + msgs);
-  row("hop", t_hop, bytes + 2.0 * msgs);
-  std::printf(
-      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f "
-      "hop_GBps=%.1f\n",
-      t_copy / t_hop, t_copy / t_leaf, bytes / t_copy / gb, bytes / t_hop / gb);
-  if (error != 0) {
-    std::printf("FAIL: the kernels raised error flags 0x%x\n", error);
-    return 1;
-  }
-  return 0;
+  b.cap = codec->chunk_capacity();
+  b.params = dynamiq_device_params(b.count, b.n_chunks, 2, b.cap, options);
+  prepare(*codec, options, &b);
+  return measure(b, iterations);
 }

@@ -61,6 +61,8 @@ struct Fake {
   int (*write_async)(void*, const void*, size_t, void*);
   int (*read_now)(void*, const void*, size_t);
   void (*counts)(unsigned long long*);
+  int (*begin_capture)(void*);
+  int (*end_capture)();
 };
 
 Fake fake() {
@@ -75,6 +77,8 @@ Fake fake() {
       reinterpret_cast<int (*)(void*, const void*, size_t, void*)>(dlsym(h, "fakeCudaWriteAsync"));
   f.read_now = reinterpret_cast<int (*)(void*, const void*, size_t)>(dlsym(h, "fakeCudaReadNow"));
   f.counts = reinterpret_cast<void (*)(unsigned long long*)>(dlsym(h, "fakeCudaCounts"));
+  f.begin_capture = reinterpret_cast<int (*)(void*)>(dlsym(h, "fakeCudaBeginCapture"));
+  f.end_capture = reinterpret_cast<int (*)()>(dlsym(h, "fakeCudaEndCapture"));
   return f;
 }
 
@@ -144,6 +148,44 @@ TEST(FakeDriver, InPlaceBuffersShareOneHostCopyAndReadOnlyOnesAreNotWrittenBack)
   EXPECT_EQ(c, 9);
   f.read_now(&c, other, 1);
   EXPECT_EQ(c, 2);
+}
+
+// A buffer on a stream being captured: refused before the stream is touched, so the
+// application's capture stays intact (a synchronisation would invalidate it, as the fake driver
+// shows on its own); a stream not captured is staged as before.
+TEST(FakeDriver, AStreamBeingCapturedIsRefusedAndTheCaptureKept) {
+  Fake f = fake();
+  f.init();
+  void* stream = f.stream_create();
+  auto* d = static_cast<float*>(f.malloc(256 * 4));
+  ASSERT_EQ(f.begin_capture(stream), 0);
+  {
+    cuda::Staging st;
+    st.add(d, 256 * 4, true, true, stream);
+    EXPECT_EQ(st.begin(), Status::kInvalidArgument);
+    EXPECT_NE(st.error().find("captured"), std::string::npos) << st.error();
+    EXPECT_FALSE(st.active());
+  }
+  EXPECT_EQ(f.end_capture(), 0) << "the staging invalidated the capture";
+  // Another stream during the capture: staged as usual, the capture intact.
+  ASSERT_EQ(f.begin_capture(stream), 0);
+  {
+    cuda::Staging st;
+    st.add(d, 256 * 4, true, true, f.stream_create());  // another stream: staged
+    ASSERT_EQ(st.begin(), Status::kOk) << st.error();
+    ASSERT_EQ(st.end(), Status::kOk) << st.error();
+  }
+  EXPECT_EQ(f.end_capture(), 0);
+  // The legacy stream's synchronisation during another stream's capture (global mode): refused,
+  // and the capture is lost (the model; the staging cannot tell that in advance).
+  ASSERT_EQ(f.begin_capture(stream), 0);
+  {
+    cuda::Staging st;
+    st.add(d, 256 * 4, true, true, nullptr);
+    EXPECT_EQ(st.begin(), Status::kSystemError);
+    EXPECT_NE(st.error().find("CAPTURE_UNSUPPORTED"), std::string::npos) << st.error();
+  }
+  EXPECT_EQ(f.end_capture(), 901);  // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
 }
 
 TEST(FakeDriver, ACudaErrorIsReportedNotACrash) {

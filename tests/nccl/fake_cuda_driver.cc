@@ -9,7 +9,12 @@
 // - the copies fail with CUDA_ERROR_INVALID_CONTEXT unless the fake context is current on the
 //   calling thread (the CPU NCCL may run an operation on a thread of its own);
 // - cuPointerGetAttribute answers CUDA_ERROR_NOT_INITIALIZED until fakeCudaInit (as the driver
-//   does before anything called cuInit).
+//   does before anything called cuInit);
+// - graph capture (fakeCudaBeginCapture / fakeCudaEndCapture, one stream at a time, global mode):
+//   cuStreamIsCapturing reports it; a synchronisation of the capturing stream or of the legacy
+//   stream fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, as CUDA
+//   does; copies enqueued on the capturing stream are captured, not run. The end reports
+//   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when anything invalidated it.
 // The test drives it through the fakeCuda* functions (dlopen of the same path).
 #include <sys/mman.h>
 
@@ -25,6 +30,7 @@
 namespace {
 
 constexpr int kSuccess = 0, kInvalidValue = 1, kNotInitialized = 3, kInvalidContext = 201;
+constexpr int kCaptureUnsupported = 900, kCaptureInvalidated = 901;
 constexpr size_t kArenaBytes = size_t{1} << 30;  // reserved, not committed
 
 struct Stream {
@@ -38,6 +44,8 @@ size_t g_used = 0;
 int g_fake_context = 0;  // its address is the context
 Stream g_default_stream;
 thread_local int t_context_depth = 0;
+Stream* g_capturing = nullptr;  // the stream being captured, if any
+bool g_capture_invalidated = false;
 unsigned long long g_counts[4] = {};  // dtoh, htod, syncs, attribute queries
 
 bool in_arena(const void* p) {
@@ -113,6 +121,7 @@ int cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, size_t bytes, void* 
   const char* s = reinterpret_cast<const char*>(src);
   if (!in_arena(s) || !in_arena(s + bytes - 1)) return kInvalidValue;
   ++g_counts[0];
+  if (stream_of(stream) == g_capturing) return kSuccess;  // captured into the graph, not run
   stream_of(stream)->pending.push_back([=] { std::memcpy(dst, s, bytes); });
   return kSuccess;
 }
@@ -123,6 +132,7 @@ int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t bytes, 
   char* d = reinterpret_cast<char*>(dst);
   if (!in_arena(d) || !in_arena(d + bytes - 1)) return kInvalidValue;
   ++g_counts[1];
+  if (stream_of(stream) == g_capturing) return kSuccess;  // captured into the graph, not run
   stream_of(stream)->pending.push_back([=] { std::memcpy(d, src, bytes); });
   return kSuccess;
 }
@@ -131,7 +141,19 @@ int cuStreamSynchronize(void* stream) {
   if (t_context_depth == 0) return kInvalidContext;
   std::lock_guard<std::mutex> lock(g_mutex);
   ++g_counts[2];
-  run_pending(stream_of(stream));
+  Stream* s = stream_of(stream);
+  if (g_capturing != nullptr && (s == g_capturing || s == &g_default_stream)) {
+    g_capture_invalidated = true;
+    return kCaptureUnsupported;
+  }
+  run_pending(s);
+  return kSuccess;
+}
+
+// CU_STREAM_CAPTURE_STATUS_NONE (0) or _ACTIVE (1), or _INVALIDATED (2) once a call broke it.
+int cuStreamIsCapturing(void* stream, int* status) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  *status = stream_of(stream) != g_capturing ? 0 : g_capture_invalidated ? 2 : 1;
   return kSuccess;
 }
 
@@ -160,6 +182,12 @@ int cuGetErrorName(int error, const char** name) {
       return kSuccess;
     case kInvalidContext:
       *name = "CUDA_ERROR_INVALID_CONTEXT";
+      return kSuccess;
+    case kCaptureUnsupported:
+      *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+      return kSuccess;
+    case kCaptureInvalidated:
+      *name = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
       return kSuccess;
     default:
       *name = nullptr;
@@ -215,6 +243,23 @@ int fakeCudaReadNow(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
   open_arena(false);
   return kSuccess;
+}
+
+// Graph capture of `stream` (one at a time): kInvalidValue when one is running already.
+int fakeCudaBeginCapture(void* stream) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_capturing != nullptr) return kInvalidValue;
+  g_capturing = stream_of(stream);
+  g_capture_invalidated = false;
+  return kSuccess;
+}
+
+// Ends it: kSuccess when nothing invalidated it, else CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
+int fakeCudaEndCapture() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_capturing == nullptr) return kInvalidValue;
+  g_capturing = nullptr;
+  return g_capture_invalidated ? kCaptureInvalidated : kSuccess;
 }
 
 // dtoh copies, htod copies, stream synchronisations, pointer attribute queries so far.

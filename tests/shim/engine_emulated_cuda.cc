@@ -1,8 +1,8 @@
 // The whole engine on the emulated CUDA device (shim/engine/cuda_device.h: the CUDA kernels of
 // kernels/cuda/ under the CPU emulation of CUDA) over the CPU NCCL, against the host device on
 // the same inputs. Usage: engine_emulated_cuda NRANKS [TOPO] | steps | canary_steps |
-// canary NRANKS | two_level. Exit 0 pass. (The canary modes: see canary_steps_check and canary_body
-// below.)
+// canary NRANKS | capture NRANKS | in_progress NRANKS | two_level. Exit 0 pass. (The canary
+// modes: see canary_steps_check and canary_body below.)
 //
 // Each rank holds two communicators: one engine on the host device, one on the emulated CUDA
 // device, both with the same settings, and runs the same calls on both: all-reduce and
@@ -411,6 +411,17 @@ int compare_step_results(const StepResults& h, const StepResults& c, const dq::e
   const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda);
   CHECK_OR(41, n.host_fallbacks == 0 && n.stats == static_cast<uint64_t>(workers) && n.layouts == 1,
            "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
+  // Launches: one kernel per statistics, layout and hop step (no gate or clear kernels), two per
+  // finish (its validation pass, then the decode).
+  CHECK_OR(42,
+           n.hop_launches == n.hops &&
+               n.launches == n.stats + n.layouts + n.hops + 2 * n.finishes + n.budgets,
+           "launches: %llu for %llu statistics, %llu layouts, %llu hops (%llu launches), %llu "
+           "finishes",
+           static_cast<unsigned long long>(n.launches), static_cast<unsigned long long>(n.stats),
+           static_cast<unsigned long long>(n.layouts), static_cast<unsigned long long>(n.hops),
+           static_cast<unsigned long long>(n.hop_launches),
+           static_cast<unsigned long long>(n.finishes));
   return 0;
 }
 
@@ -585,6 +596,19 @@ int canary_steps_check() {
                corrupt.got == (corrupt.expected ^ fault.mask),
            "corrupted hop kernel: %s",
            corrupt.differs ? corrupt.describe().c_str() : "no difference");
+  // A fault in the stratified (correlated-rounding) leaves alone: the canary's leaves are
+  // stratified, so it is found there.
+  dq::engine::EmulatedCudaFault strat_fault = fault;
+  strat_fault.stratified_leaves = true;
+  const std::unique_ptr<dq::engine::Device> strat =
+      dq::engine::make_emulated_cuda_device(nullptr, strat_fault);
+  const dq::engine::CanaryResult stratified = canary(strat.get(), "dynamiq:5");
+  CHECK_OR(59,
+           stratified.ran && stratified.differs &&
+               stratified.step == "leaf payload of worker 0 (chunk 0)" &&
+               stratified.byte == static_cast<size_t>(kCorruptByte),
+           "corrupted stratified leaves: %s",
+           stratified.differs ? stratified.describe().c_str() : "no difference");
   std::printf("canary: emulated device matches (widths 2/4/8/16: %d/%d/%d/%d super-groups); %s\n",
               widths[2], widths[4], widths[8], widths[16], corrupt.describe().c_str());
   return 0;
@@ -827,6 +851,9 @@ int canary_check(int n) {
 
 }  // namespace
 
+int capture_check(int n);      // engine_emulated_cuda_capture.cc
+int in_progress_check(int n);  // engine_emulated_cuda_capture.cc
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s NRANKS [TOPO] | steps | canary_steps | canary NRANKS\n",
@@ -836,6 +863,9 @@ int main(int argc, char** argv) {
   if (std::string(argv[1]) == "steps") return steps_check();
   if (std::string(argv[1]) == "canary_steps") return canary_steps_check();
   if (std::string(argv[1]) == "canary") return canary_check(argc > 2 ? std::atoi(argv[2]) : 4);
+  if (std::string(argv[1]) == "in_progress")
+    return in_progress_check(argc > 2 ? std::atoi(argv[2]) : 2);
+  if (std::string(argv[1]) == "capture") return capture_check(argc > 2 ? std::atoi(argv[2]) : 2);
   const bool two_level = std::string(argv[1]) == "two_level";
   const int n = two_level ? 4 : std::atoi(argv[1]);
   const std::string topo = argc > 2 ? argv[2] : "auto";

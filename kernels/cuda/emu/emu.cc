@@ -9,11 +9,13 @@
 #include <boost/context/detail/fcontext.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -114,6 +116,10 @@ std::mutex g_launch_mutex;
 Report g_report;
 Counters g_counters;
 cudaError_t g_last_error = cudaSuccess;
+std::atomic<uint64_t> g_launches{0};
+std::atomic<bool> g_require_loaded{false};
+std::mutex g_loaded_mutex;
+std::set<const void*> g_loaded;  // kernels whose attributes were asked for
 
 // ---- memory: fiber stacks and the dynamic shared region, each with guard pages -----------------
 struct Stacks {
@@ -512,6 +518,8 @@ const char* fault_name(Fault f) {
       return "shared memory out of bounds";
     case Fault::kException:
       return "exception in a kernel";
+    case Fault::kNotLoaded:
+      return "kernel launched before it was loaded";
   }
   return "?";
 }
@@ -522,11 +530,18 @@ const Report& last_report() {
 const Counters& last_counters() {
   return g_counters;
 }
+uint64_t launches() {
+  return g_launches.load();
+}
+void require_loaded(bool on) {
+  g_require_loaded.store(on);
+}
 
 namespace detail {
 
 cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(void*),
-                     void* context, const LaunchSite& site) {
+                     void* context, const LaunchSite& site, const void* kernel) {
+  g_launches.fetch_add(1);
   if (g_launch && g_launch_owner == std::this_thread::get_id()) {
     record(*g_launch, Fault::kNestedLaunch,
            who(*g_launch, g_launch->current) + " launched " + site.kernel);
@@ -543,6 +558,15 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
     std::snprintf(bad, sizeof bad, "grid (%u,%u,%u)", grid.x, grid.y, grid.z);
   else if (dynamic_bytes > kMaxDynamicShared)
     std::snprintf(bad, sizeof bad, "%zu bytes of dynamic shared memory", dynamic_bytes);
+  if (g_require_loaded.load()) {
+    std::lock_guard<std::mutex> loaded(g_loaded_mutex);
+    if (g_loaded.count(kernel) == 0) {
+      const std::string m = std::string("dq-emu: ") + fault_name(Fault::kNotLoaded) + ": kernel " +
+                            site.kernel + " at " + site.file + ":" + std::to_string(site.line);
+      std::fprintf(stderr, "%s\n", m.c_str());
+      return finish(Fault::kNotLoaded, m, cudaErrorLaunchFailure);
+    }
+  }
   if (bad[0]) {
     std::string m = std::string("dq-emu: ") + fault_name(Fault::kBadConfig) + ": kernel " +
                     site.kernel + " launched at " + site.file + ":" + std::to_string(site.line) +
@@ -745,6 +769,13 @@ cudaError_t cudaGetLastError() {
 }
 cudaError_t cudaPeekAtLastError() {
   return dq::emu::g_last_error;
+}
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* kernel) {
+  if (attr == nullptr || kernel == nullptr) return cudaErrorInvalidValue;
+  *attr = cudaFuncAttributes{};
+  std::lock_guard<std::mutex> lock(dq::emu::g_loaded_mutex);
+  dq::emu::g_loaded.insert(kernel);
+  return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
   return cudaGetLastError();

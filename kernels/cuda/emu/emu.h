@@ -73,6 +73,20 @@ cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+// A kernel's attributes. The emulation has none to report (zeros); what it keeps is the call
+// itself: CUDA loads a kernel's module when its attributes are asked for (lazy loading otherwise
+// loads it at the first launch, which can wait for the device to go idle), so a device asks for
+// every kernel's attributes at set-up, and the emulation remembers which kernels were loaded
+// (dq::emu::require_loaded).
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes = 0, constSizeBytes = 0, localSizeBytes = 0;
+  int maxThreadsPerBlock = 1024, numRegs = 0, ptxVersion = 0, binaryVersion = 0;
+};
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* kernel);
+template <class... P>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*kernel)(P...)) {
+  return cudaFuncGetAttributes(attr, reinterpret_cast<const void*>(kernel));
+}
 const char* cudaGetErrorString(cudaError_t error);
 
 namespace dq::emu {
@@ -90,6 +104,7 @@ enum class Fault : uint8_t {
   kBadWidth,           // shuffle width not a power of two in 1..32
   kSharedUnderrun,     // bytes before the dynamic shared buffer were written
   kException,          // a C++ exception left the kernel
+  kNotLoaded,          // require_loaded() is on and the kernel was never loaded
 };
 const char* fault_name(Fault f);
 
@@ -107,6 +122,13 @@ struct Counters {
 };
 const Counters& last_counters();
 
+// Launches started on this process (refused ones included): a test counts a call's launches as
+// the difference.
+uint64_t launches();
+// While on, a launch of a kernel whose attributes were never asked for (cudaFuncGetAttributes)
+// fails with Fault::kNotLoaded: on a GPU its module would load mid-call.
+void require_loaded(bool on);
+
 // Bytes of each fiber's stack (a kernel's locals live there); one guard page below it.
 inline constexpr size_t kFiberStackBytes = 64 * 1024;
 
@@ -121,7 +143,7 @@ struct LaunchSite {
 };
 
 cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*body)(void*),
-                     void* context, const LaunchSite& site);
+                     void* context, const LaunchSite& site, const void* kernel);
 void barrier(const std::source_location& loc);
 uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
                  const std::source_location& loc);
@@ -158,7 +180,8 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_s
     Params mine = ctx->params;
     std::apply(ctx->kernel, mine);
   };
-  return run_grid(grid, block, dynamic_shared_bytes, body, &context, site);
+  return run_grid(grid, block, dynamic_shared_bytes, body, &context, site,
+                  reinterpret_cast<const void*>(kernel));
 }
 
 }  // namespace detail

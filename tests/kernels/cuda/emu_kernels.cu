@@ -226,4 +226,9 @@ cudaError_t configured(int threads, size_t shared) {
   return cudaGetLastError();
 }
 
+cudaError_t load_configured() {
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, configured_kernel);
+}
+
 }  // namespace dq::cuda::selftest

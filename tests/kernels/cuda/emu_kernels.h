@@ -46,5 +46,7 @@ cudaError_t barrier_loop(int blocks, int threads, int iterations);
 cudaError_t shuffle_loop(int blocks, int threads, int iterations, int* out);
 // A launch with `threads` threads and `shared` bytes of dynamic shared memory.
 cudaError_t configured(int threads, size_t shared);
+// Loads configured()'s kernel (cudaFuncGetAttributes).
+cudaError_t load_configured();
 
 }  // namespace dq::cuda::selftest

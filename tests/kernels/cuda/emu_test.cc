@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tests/kernels/cuda/emu_kernels.h"
@@ -21,6 +22,8 @@ namespace {
 
 using dq::emu::Fault;
 using dq::emu::last_report;
+using dq::emu::launches;
+using dq::emu::require_loaded;
 
 TEST(CudaEmu, BlockReduceAndScanMatchSequential) {
   std::mt19937 rng(7);
@@ -257,6 +260,21 @@ TEST(CudaEmu, InvalidConfigurationsAreRefused) {
   EXPECT_EQ(configured(128, 300 * 1024), cudaErrorInvalidConfiguration);
   EXPECT_EQ(configured(1024, 100 * 1024), cudaSuccess);
   EXPECT_EQ(configured(33, 0), cudaSuccess);  // a partial last warp
+}
+
+// A device loads every kernel at set-up; with require_loaded on, a kernel never loaded is refused
+// (on a GPU its module would load at its first launch, mid-call). Launches are counted, refused
+// ones too.
+TEST(CudaEmu, LaunchesOfKernelsNeverLoadedAreRefused) {
+  require_loaded(true);
+  const uint64_t before = launches();
+  EXPECT_EQ(configured(32, 0), cudaErrorLaunchFailure);
+  EXPECT_EQ(last_report().fault, Fault::kNotLoaded);
+  EXPECT_NE(last_report().message.find("configured_kernel"), std::string::npos);
+  ASSERT_EQ(load_configured(), cudaSuccess);
+  EXPECT_EQ(configured(32, 0), cudaSuccess) << last_report().message;
+  require_loaded(false);
+  EXPECT_EQ(launches() - before, 2u);
 }
 
 // Throughput of the emulator, per second of this process's CPU time (the machines are shared, so
