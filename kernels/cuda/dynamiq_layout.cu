@@ -2,7 +2,8 @@
 // (kernels/dynamiq_layout.cc), padding included, from the all-reduced statistics.
 //
 // One block builds it, in phases separated by barriers:
-//  1. zero the buffer; the header and the means (mu_j = BF16 mean / n_workers);
+//  1. zero the buffer; the header, the means (mu_j = BF16 mean / n_workers), the scale exponents
+//     and the width keys' shift (a block max; kernels/dynamiq_range.h);
 //  2. the widths: the host's bisection over the threshold's bit pattern, each step a block sum of
 //     record bytes (an integer sum: any order gives the host's total);
 //  3. the width classes' sizes (block sums), hence each class's first wire position;
@@ -20,6 +21,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
+#include "kernels/dynamiq_range.h"
 
 namespace dq::cuda {
 namespace {
@@ -34,6 +36,7 @@ struct LayoutPtrs {
   uint32_t* chunk_first;
   uint32_t* chunk_check;
   uint8_t* width;
+  int8_t* exponent;
 };
 
 __device__ __forceinline__ uint32_t fnv1a_word(uint32_t h, uint32_t v) {
@@ -48,15 +51,15 @@ __device__ __forceinline__ bool non_finite(float f) {
   return (f32_bits(f) & 0x7f800000u) == 0x7f800000u;
 }
 
-// mu_j before mean subtraction is applied: non-finite marks a poisoned super-group.
+// mu_j before mean subtraction is applied.
 __device__ __forceinline__ float raw_mean(const uint16_t* reduced, size_t j, float n_workers) {
   return bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n_workers;
 }
 
-// The energy key F_j: the summed sum of squares, non-finite clamped to FLT_MAX.
-__device__ __forceinline__ float energy(const uint16_t* reduced, size_t j) {
-  const float f = bf16_to_f32(reduced[stat_word(j, kStatEnergy)]);
-  return (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
+// The energy key of super-group j (kernels/dynamiq_range.h): negative when poisoned.
+__device__ __forceinline__ double key_of(const uint16_t* reduced, uint32_t j, int n_workers) {
+  return energy_key(reduced[stat_word(j, kStatEnergy)],
+                    contributing_workers(reduced[stat_word(j, kStatAllZero)], n_workers), j);
 }
 
 // The host's width_for(): the width of a super-group at threshold offset theta.
@@ -119,7 +122,8 @@ __global__ void __launch_bounds__(kLayoutThreads)
                      reinterpret_cast<uint32_t*>(base + s.by_index),
                      reinterpret_cast<uint32_t*>(base + s.chunk_first),
                      reinterpret_cast<uint32_t*>(base + s.chunk_check),
-                     reinterpret_cast<uint8_t*>(base + s.width)};
+                     reinterpret_cast<uint8_t*>(base + s.width),
+                     reinterpret_cast<int8_t*>(base + s.exponent)};
 
   // 1. Zero (the padding too: the bytes depend on the input alone), then header and means.
   uint64_t* words = reinterpret_cast<uint64_t*>(base);
@@ -131,12 +135,27 @@ __global__ void __launch_bounds__(kLayoutThreads)
     l.header[2] = static_cast<uint32_t>(p.n_chunks) |
                   static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
   }
+  // Means, scale exponents and the width keys' shift: the host's agree_means_and_keys().
   const float n = static_cast<float>(p.n_workers);
+  unsigned long long largest = 0;  // floor(log2 key) + 2048 of the largest key; 0: none
   for (uint32_t j = t; j < n_sg; j += nt) {
     const float mu = raw_mean(reduced, j, n);
-    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j);  // host: the same
-    l.mean[j] = (subtract || non_finite(mu)) ? mu : 0.0f;
+    const double key = key_of(reduced, j, p.n_workers);
+    if (key < 0.0) {
+      l.mean[j] = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
+      continue;
+    }
+    if (key > 0.0) {
+      const unsigned long long e = static_cast<unsigned long long>(floor_log2(key) + 2048);
+      largest = e > largest ? e : largest;
+    }
+    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
+    const int8_t e = scale_exponent(key);
+    l.exponent[j] = e;
+    l.mean[j] = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
   }
+  largest = block_reduce(largest, MaxOp(), scratch);
+  const int shift = width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
 
   // 2. Widths.
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
@@ -148,9 +167,11 @@ __global__ void __launch_bounds__(kLayoutThreads)
       const uint32_t mid = lo + (hi - lo) / 2;
       const float theta = f32_from_bits(mid);
       unsigned long long bytes = 0;
-      for (uint32_t j = t; j < n_sg; j += nt)
-        bytes += p.record[width_index(width_for(non_finite(raw_mean(reduced, j, n)),
-                                                energy(reduced, j), theta, p.allow_width16))];
+      for (uint32_t j = t; j < n_sg; j += nt) {
+        const double key = key_of(reduced, j, p.n_workers);
+        bytes += p.record[width_index(
+            width_for(key < 0.0, width_key(key, shift), theta, p.allow_width16))];
+      }
       const unsigned long long total = block_reduce(bytes, SumOp(), scratch);
       if (total <= budget)
         hi = mid;
@@ -159,14 +180,14 @@ __global__ void __launch_bounds__(kLayoutThreads)
     }
     const float theta = f32_from_bits(lo);
     for (uint32_t j = t; j < n_sg; j += nt) {
-      const int w = width_for(non_finite(raw_mean(reduced, j, n)), energy(reduced, j), theta,
-                              p.allow_width16);
+      const double key = key_of(reduced, j, p.n_workers);
+      const int w = width_for(key < 0.0, width_key(key, shift), theta, p.allow_width16);
       l.width[j] = static_cast<uint8_t>(w);
       ++count[width_index(w)];
     }
   } else {
     unsigned long long poisoned = 0;
-    for (uint32_t j = t; j < n_sg; j += nt) poisoned += non_finite(raw_mean(reduced, j, n)) ? 1 : 0;
+    for (uint32_t j = t; j < n_sg; j += nt) poisoned += key_of(reduced, j, p.n_workers) < 0.0;
     poisoned = block_reduce(poisoned, SumOp(), scratch);
     int fixed = 2;
     const int candidates[3] = {16, 8, 4};
@@ -182,7 +203,7 @@ __global__ void __launch_bounds__(kLayoutThreads)
       }
     }
     for (uint32_t j = t; j < n_sg; j += nt) {
-      const int w = non_finite(raw_mean(reduced, j, n)) ? 2 : fixed;
+      const int w = key_of(reduced, j, p.n_workers) < 0.0 ? 2 : fixed;
       l.width[j] = static_cast<uint8_t>(w);
       ++count[width_index(w)];
     }
@@ -257,6 +278,7 @@ __global__ void __launch_bounds__(kLayoutThreads)
     for (uint32_t i = l.chunk_first[c]; i < l.chunk_first[c + 1]; ++i) {
       const uint32_t j = l.order[i];
       h = fnv1a_word(h, j * 32u + l.width[j] + (non_finite(l.mean[j]) ? 1u : 0u));
+      if (l.exponent[j] != 0) h = fnv1a_word(h, 0x100u | static_cast<uint8_t>(l.exponent[j]));
     }
     l.chunk_check[c] = h;
   }
