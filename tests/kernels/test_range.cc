@@ -8,6 +8,7 @@
 // super-groups keeps the error of its unit-scale counterpart.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <random>
@@ -16,6 +17,8 @@
 
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_math.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
 
@@ -182,6 +185,47 @@ TEST(Range, DynamiqEveryPowerOfTwoScale) {
 TEST(Range, BaselinesEveryPowerOfTwoScale) {
   for (const char* spec : {"bf16", "mxfp8", "mxfp6", "mxfp6e2m3", "mxfp4", "uniform:5"})
     for (bool bf16 : {false, true}) sweep_codec(spec, topo::Kind::kRing, 4, bf16);
+}
+
+// The widths the layout gives the same data at other scales: the split of unit scale (the 8-bit
+// share within a factor of 2, the 2-bit share no larger by more than 2% of the super-groups).
+// Before the width keys' shift, every super-group fell to 2 bits above about 2^56; with keys
+// that saturate instead, all tie at 4 bits.
+std::array<int, 4> width_counts(const Rows& rows) {
+  auto codec = make_codec("dynamiq:5", nullptr);
+  const int n = static_cast<int>(rows.size());
+  EXPECT_EQ(codec->plan(rows[0].size(), n, n), Status::kOk);
+  std::vector<float> sum(codec->stats_words(), 0.0f);
+  for (const auto& r : rows) {
+    std::vector<uint16_t> local(codec->stats_words());
+    EXPECT_EQ(codec->local_stats(ConstTensor{r.data(), DType::kF32, r.size()}, local.data()),
+              Status::kOk);
+    for (size_t w = 0; w < local.size(); ++w) sum[w] += bf16_to_f32(local[w]);
+  }
+  std::vector<uint16_t> reduced(sum.size());
+  for (size_t w = 0; w < sum.size(); ++w) reduced[w] = f32_to_bf16_sat(sum[w]);
+  std::vector<uint64_t> layout(codec->layout_bytes() / 8);
+  EXPECT_EQ(codec->build_layout(reduced.data(), 1, layout.data()), Status::kOk);
+  const DynamiqLayoutView v = dynamiq_layout(*codec, layout.data());
+  std::array<int, 4> c{};
+  for (size_t j = 0; j < v.n_supergroups; ++j) ++c[width_index(v.widths[j])];
+  return c;
+}
+
+TEST(Range, WidthSplitFollowsUnitScale) {
+  for (int n : {4, 16}) {
+    const int n_sg = 1024;  // 8-bit super-groups need a budget's slack of 128 bytes each
+    const Rows base = gaussian(n, 256 * n_sg, 3);
+    const std::array<int, 4> unit = width_counts(base);
+    // Some 8-bit super-groups at unit scale with 4 workers (16 leave no slack for them).
+    if (n == 4) ASSERT_GT(unit[2], 0) << unit[0] << " " << unit[1] << " " << unit[3];
+    for (int e : {-140, -100, -60, 40, 56, 70, 90, 110, 120}) {
+      const std::array<int, 4> c = width_counts(scaled(base, e, false));
+      EXPECT_GE(2 * c[2], unit[2]) << "n=" << n << " 2^" << e << ": 8-bit " << c[2];
+      EXPECT_LE(c[2], 2 * unit[2] + n_sg / 100) << "n=" << n << " 2^" << e << ": 8-bit " << c[2];
+      EXPECT_LE(c[0], unit[0] + n_sg / 50) << "n=" << n << " 2^" << e << ": 2-bit " << c[0];
+    }
+  }
 }
 
 // Super-group scales on a log-scale random walk over 1e-30..1e30 (each worker's values at the
