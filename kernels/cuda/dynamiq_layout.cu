@@ -102,6 +102,34 @@ __device__ __forceinline__ uint32_t clamp_u32(uint32_t x, uint32_t lo, uint32_t 
   return x < lo ? lo : x > hi ? hi : x;
 }
 
+// The host's agree_means_and_keys(): the means and scale exponents of this thread's
+// super-groups, and the width keys' shift (a block max: every thread returns it).
+__device__ int agree_means(const DynamiqPlan& p, const LayoutPtrs& l, const uint16_t* reduced,
+                           unsigned long long* scratch) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x;
+  const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
+  const float n = static_cast<float>(p.n_workers);
+  unsigned long long largest = 0;  // floor(log2 key) + 2048 of the largest key; 0: none
+  for (uint32_t j = t; j < n_sg; j += nt) {
+    const float mu = raw_mean(reduced, j, n);
+    const double key = key_of(reduced, j, p.n_workers);
+    if (key < 0.0) {
+      l.mean[j] = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
+      continue;
+    }
+    if (key > 0.0) {
+      const unsigned long long e = static_cast<unsigned long long>(floor_log2(key) + 2048);
+      largest = e > largest ? e : largest;
+    }
+    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
+    const int8_t e = scale_exponent(key);
+    l.exponent[j] = e;
+    l.mean[j] = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
+  }
+  largest = block_reduce(largest, MaxOp(), scratch);
+  return width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
+}
+
 }  // namespace
 
 __global__ void __launch_bounds__(kLayoutThreads)
@@ -135,27 +163,8 @@ __global__ void __launch_bounds__(kLayoutThreads)
     l.header[2] = static_cast<uint32_t>(p.n_chunks) |
                   static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
   }
-  // Means, scale exponents and the width keys' shift: the host's agree_means_and_keys().
-  const float n = static_cast<float>(p.n_workers);
-  unsigned long long largest = 0;  // floor(log2 key) + 2048 of the largest key; 0: none
-  for (uint32_t j = t; j < n_sg; j += nt) {
-    const float mu = raw_mean(reduced, j, n);
-    const double key = key_of(reduced, j, p.n_workers);
-    if (key < 0.0) {
-      l.mean[j] = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
-      continue;
-    }
-    if (key > 0.0) {
-      const unsigned long long e = static_cast<unsigned long long>(floor_log2(key) + 2048);
-      largest = e > largest ? e : largest;
-    }
-    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
-    const int8_t e = scale_exponent(key);
-    l.exponent[j] = e;
-    l.mean[j] = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
-  }
-  largest = block_reduce(largest, MaxOp(), scratch);
-  const int shift = width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
+  // Means, scale exponents and the width keys' shift.
+  const int shift = agree_means(p, l, reduced, scratch);
 
   // 2. Widths.
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;

@@ -128,11 +128,11 @@ Range classify(const Rows& rows) {
   return Range::kEdge;
 }
 
-// The scales swept: every 9th power of two from the bottom, the top 8 one by one (the finite
+// The scales swept: every 13th power of two from the bottom, the top 10 one by one (the finite
 // edge and the first overflowing scales lie there).
 std::vector<int> sweep() {
   std::vector<int> e;
-  for (int x = -149; x < 118; x += 9) e.push_back(x);
+  for (int x = -149; x < 118; x += 13) e.push_back(x);
   for (int x = 118; x <= 127; ++x) e.push_back(x);
   return e;
 }
@@ -162,7 +162,7 @@ void sweep_codec(const std::string& spec, topo::Kind kind, int n, bool bf16) {
       EXPECT_TRUE(o.any_non_finite) << what << ": an exact sum overflows, the result is finite";
     }
   }
-  EXPECT_GT(finite_cases, 25) << spec;  // the sweep reached both ends of the range
+  EXPECT_GT(finite_cases, 20) << spec;  // the sweep reached both ends of the range
   EXPECT_GT(overflow_cases, 0) << spec;
   // Unit-scale data but one super-group at 3/4 of the largest finite value in every worker: its
   // exact sums overflow, and so must the result there.
