@@ -355,6 +355,36 @@ TEST(BudgetModel, NonFiniteStatisticsGiveNoPrediction) {
   }
 }
 
+// The prediction holds over the whole finite range (kernels/dynamiq_range.h): the same data
+// times 2^e predicts the error of unit scale (within 1.5x) and the same width split (the 8-bit
+// share within a factor of 2). Before, energies above about 2^128 were not finite: no
+// prediction at all; below about 2^-75 they flushed to 0.
+TEST(BudgetModel, PredictionHoldsOverTheWholeRange) {
+  Case c = make_case(4, topo::Kind::kRing, 1.0, 0.5, 3);
+  DynamiqPlan plan;
+  planned(5.0, c, &plan);
+  auto predicted = [&](WidthCounts* w) {
+    StatsSummary s;
+    EXPECT_TRUE(s.load(c.stats.data(), c.d, 4, c.hop.view()));
+    return predict_vnmse({&s}, {&plan}, w);
+  };
+  WidthCounts unit_widths;
+  const double unit = predicted(&unit_widths);
+  ASSERT_GT(unit, 0.0);
+  ASSERT_GT(unit_widths.n[2], 0u);
+  const std::vector<float> original = c.m.data;
+  for (int e : {-130, -100, 60, 100}) {
+    for (size_t i = 0; i < original.size(); ++i) c.m.data[i] = std::ldexp(original[i], e);
+    reduce_stats(&c);
+    WidthCounts w;
+    const double v = predicted(&w);
+    EXPECT_GT(v, unit / 1.5) << "2^" << e;
+    EXPECT_LT(v, unit * 1.5) << "2^" << e;
+    EXPECT_GE(2 * w.n[2], unit_widths.n[2]) << "2^" << e;
+    EXPECT_LE(w.n[2], 2 * unit_widths.n[2]) << "2^" << e;
+  }
+}
+
 TEST(BudgetModel, TargetParsing) {
   BudgetTarget t;
   EXPECT_TRUE(parse_budget_target("MXFP8", &t));
