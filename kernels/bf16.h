@@ -69,4 +69,12 @@ DQ_HD uint16_t f32_to_bf16_stochastic(float f, uint32_t random) {
   return static_cast<uint16_t>((u >> 16) + ((random & 0xffffu) < discarded ? 1u : 0u));
 }
 
+// The uniform baseline's decoded value (q * S) / L (docs/FORMAT.md): q * S is exact, one rounding.
+// Where q * S would overflow (S above 2^100, so within a factor L of FLT_MAX) the same quotient
+// is formed 2^64 lower and scaled back (exact), so a finite result stays finite.
+DQ_HD float uniform_level_value(int q, float scale, float levels) {
+  if (scale > 0x1p100f) return ((static_cast<float>(q) * (scale * 0x1p-64f)) / levels) * 0x1p64f;
+  return (static_cast<float>(q) * scale) / levels;
+}
+
 }  // namespace dq

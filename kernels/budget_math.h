@@ -16,6 +16,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_layout.h"
+#include "kernels/dynamiq_range.h"
 #include "kernels/hd.h"
 
 namespace dq {
@@ -107,7 +108,8 @@ struct BudgetPrediction {
 inline constexpr uint32_t kEnergyKeys = 0x7F80;
 
 struct SupergroupEnergy {
-  uint32_t key = 0;        // BF16 pattern of the summed sum of squares F_j (-0 as 0)
+  uint32_t key = 0;        // BF16 pattern of the width key (the codec's key; -0 as 0)
+  double energy = 0;       // F_j, the summed sum of squares (kernels/dynamiq_range.h)
   double centred = 0;      // the workers' energy about the sum's mean, estimated (see below)
   double mean = 0;         // the exact sum's mean energy, c_j M_j^2
   int contributors = 1;    // workers whose super-group is not all zero, 1 .. n_workers
@@ -116,31 +118,35 @@ struct SupergroupEnergy {
 };
 
 // Super-group j of a part of `count` elements (n_sg super-groups) summed over `n_workers`:
-// false when a statistic is not finite (a poisoned super-group) or F_j is negative.
+// false when the energy is not finite (a poisoned super-group). `shift`: the part's width-key
+// shift (width_key_shift() of the largest floor(log2 energy); 0 for a first pass). A mean whose
+// sum overflowed is not subtracted by the codec: modelled as 0, not dense.
 DQ_HD bool supergroup_energy(const uint16_t* reduced, size_t j, size_t n_sg, size_t count,
-                             int n_workers, const HopProfile& hop, SupergroupEnergy* out) {
-  const float m = bf16_to_f32(reduced[stat_word(j, kStatMean)]);    // sum of the workers' means
-  const float f = bf16_to_f32(reduced[stat_word(j, kStatEnergy)]);  // sum of sums of squares
-  if (!(m - m == 0.0f) || !(f >= 0.0f && f <= FLT_MAX)) return false;
-  out->key = f == 0.0f ? 0u : reduced[stat_word(j, kStatEnergy)];
+                             int n_workers, const HopProfile& hop, int shift,
+                             SupergroupEnergy* out) {
+  const float m = bf16_to_f32(reduced[stat_word(j, kStatMean)]);  // sum of the workers' means
+  const float workers = contributing_workers(reduced[stat_word(j, kStatAllZero)], n_workers);
+  const double f = energy_key(reduced[stat_word(j, kStatEnergy)], workers,
+                              static_cast<uint32_t>(j));  // sum of sums of squares
+  if (f < 0.0) return false;
+  out->energy = f;
+  const uint32_t kb = f32_bits(width_key(f, shift)) >> 16;
+  out->key = kb < kEnergyKeys ? kb : kEnergyKeys - 1;
   // Workers whose values are all zero: a BF16 sum of ones, exact up to 256 workers; a value out
   // of range (a peer's bad word) counts as none: the most roundings.
-  const float zeros = bf16_to_f32(reduced[stat_word(j, kStatAllZero)]);
-  const int all_zero = !(zeros >= 0.0f && zeros <= static_cast<float>(n_workers - 1))
-                           ? 0
-                           : static_cast<int>(zeros + 0.5f);
-  out->contributors = n_workers - all_zero;
+  out->contributors = static_cast<int>(workers);
+  const bool mean_finite = m - m == 0.0f;
   const double c = static_cast<double>(j + 1 == n_sg ? count - 256 * j : 256);
-  const double md = m;
+  const double md = mean_finite ? m : 0.0;
   const double cm2 = c * md * md;
   // The contributors' energy about their own means is F - c sum_i mu_i^2 <= F - c M^2 / k (M the
   // sum of the means, k contributors): the estimate assumes their means agree. The exact sum's
   // mean is M.
-  const double centred = static_cast<double>(f) - cm2 / out->contributors;
+  const double centred = f - cm2 / out->contributors;
   out->centred = centred > 0.0 ? centred : 0.0;
   out->mean = cm2;
   const double linear = hop.linear[out->contributors], square = hop.square[out->contributors];
-  if (supergroup_dense(reduced, j)) {  // the codec subtracts the mean (widths 2, 4, 8)
+  if (supergroup_dense(reduced, j) && mean_finite) {  // the codec subtracts it (widths 2, 4, 8)
     out->hop_centred = out->centred * linear;
     out->hop_mean = out->mean * square;
   } else {  // no mean subtracted: every width rounds the mean's energy too

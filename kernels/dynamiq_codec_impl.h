@@ -14,6 +14,7 @@
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/dynamiq_range.h"
 #include "kernels/payload.h"
 
 namespace dq {

@@ -45,9 +45,19 @@ inline void pack_supergroup(int bits, const uint8_t* codes, uint8_t* out) {
 }
 #endif
 
-// One super-group's values as FP32 (valid of them; the rest of v untouched).
+// One super-group's values as FP32 (valid of them; the rest of v untouched), times `scale`
+// (2^K_j, exact) less the (scaled) mean.
 template <typename T>
-inline void load_supergroup(const T* x, int valid, float mu, float* v) {
+inline void load_supergroup(const T* x, int valid, float scale, float mu, float* v) {
+  if (scale != 1.0f) {  // far from unit scale (kernels/dynamiq_range.h)
+    for (int k = 0; k < valid; ++k) {
+      if constexpr (sizeof(T) == 4)
+        v[k] = x[k] * scale - mu;
+      else
+        v[k] = bf16_to_f32(x[k]) * scale - mu;
+    }
+    return;
+  }
   for (int k = 0; k < valid; ++k) {
     if constexpr (sizeof(T) == 4)
       v[k] = x[k] - mu;
@@ -107,8 +117,20 @@ class HotCodec final : public DynamiqCodecBase {
       else
         supergroup_sums(static_cast<const uint16_t*>(x.data) + base, valid, &sum, &sum_sq,
                         &non_zero);
-      stats[stat_word(j, kStatMean)] = f32_to_bf16_sat(sum / static_cast<float>(valid));
-      stats[stat_word(j, kStatEnergy)] = f32_to_bf16_sat(sum_sq);
+      float mean = sum / static_cast<float>(valid);
+      uint16_t energy_word = f32_to_bf16_sat(sum_sq);
+      if (!energy_in_window(sum_sq)) {  // far from unit scale: dynamiq_range.h
+        if (x.dtype == DType::kF32) {
+          const float* xs = static_cast<const float*>(x.data) + base;
+          wide_statistics([xs](int k) { return xs[k]; }, valid, sum_sq, &mean, &energy_word);
+        } else {
+          const uint16_t* xs = static_cast<const uint16_t*>(x.data) + base;
+          wide_statistics([xs](int k) { return bf16_to_f32(xs[k]); }, valid, sum_sq, &mean,
+                          &energy_word);
+        }
+      }
+      stats[stat_word(j, kStatMean)] = f32_to_bf16_sat(mean);
+      stats[stat_word(j, kStatEnergy)] = energy_word;
       stats[stat_word(j, kStatAllZero)] = non_zero ? 0 : kBf16One;
     }
   }
@@ -158,6 +180,10 @@ class HotCodec final : public DynamiqCodecBase {
         for (int k = 0; k < valid; ++k) v[k] = (v[k] + shift) / contributors;
       } else {
         for (int k = 0; k < valid; ++k) v[k] = v[k] + shift;
+      }
+      if (l.exponent[j] != 0) {  // back from 2^K_j (kernels/dynamiq_range.h)
+        const float back = pow2f(-l.exponent[j]);
+        for (int k = 0; k < valid; ++k) v[k] = v[k] * back;
       }
       if (out_dtype == DType::kF32) {
         std::memcpy(static_cast<float*>(out) + base, v, sizeof(float) * valid);
@@ -292,10 +318,11 @@ class HotCodec final : public DynamiqCodecBase {
     }
     alignas(32) float v[kSuperGroup];
     const float mu = bits == 16 ? 0.0f : l.mean[j];
+    const float scale = pow2f(l.exponent[j]);
     if (own.dtype == DType::kF32)
-      load_supergroup(static_cast<const float*>(own.data) + base, valid, mu, v);
+      load_supergroup(static_cast<const float*>(own.data) + base, valid, scale, mu, v);
     else
-      load_supergroup(static_cast<const uint16_t*>(own.data) + base, valid, mu, v);
+      load_supergroup(static_cast<const uint16_t*>(own.data) + base, valid, scale, mu, v);
     for (int k = valid; k < kSuperGroup; ++k) v[k] = 0.0f;
     bool ok = true;
     for (int i = 0; i < n_in; ++i) ok &= accumulate_record(bits, recs[i], v);

@@ -6,9 +6,12 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/dynamiq_range.h"
 #include "kernels/parallel.h"
 #include "kernels/payload.h"
 
@@ -25,21 +28,15 @@ uint32_t fnv1a(uint32_t h, uint32_t v) {
   return h;
 }
 
-// The energy key F_j: the summed sum of squares, non-finite clamped to FLT_MAX.
-float energy(const uint16_t* reduced, size_t j) {
-  const float f = bf16_to_f32(reduced[stat_word(j, kStatEnergy)]);
-  return (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
-}
-
-// Width of super-group j for threshold offset theta (T816).
-int width_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced, size_t j,
-              float theta) {
+// Width of super-group j for threshold offset theta (T816), from its width key f (the energy
+// key scaled by the call's power of two, kernels/dynamiq_range.h).
+int width_for(const DynamiqPlan& p, const LayoutOut& l, const float* keys, size_t j, float theta) {
   if (l.poisoned(j)) return 2;
   // Equal error saved per extra bit fixes the threshold ratios: 8 -> 4 bits at theta * 257/131072,
   // 4 -> 2 bits at a further 17/512 of that.
   const float t48 = theta * (257.0f / 131072.0f);
   const float t24 = t48 * (17.0f / 512.0f);
-  const float f = energy(reduced, j);
+  const float f = keys[j];
   if (f >= theta && p.allow_width16) return 16;
   if (f >= t48) return 8;
   if (f >= t24) return 4;
@@ -47,20 +44,20 @@ int width_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced,
 }
 
 // Record bytes of all super-groups at threshold offset theta.
-uint64_t bytes_for(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced, float theta) {
+uint64_t bytes_for(const DynamiqPlan& p, const LayoutOut& l, const float* keys, float theta) {
   // One atomic add per range (an integer sum: the same in any order); dq::parallel_for keeps
   // the fork-join order visible to ThreadSanitizer, which tbb::parallel_reduce's joins are not.
   std::atomic<uint64_t> total{0};
   dq::parallel_for(tbb::blocked_range<size_t>(0, p.n_sg, 4096), [&](const auto& range) {
     uint64_t acc = 0;
     for (size_t j = range.begin(); j != range.end(); ++j)
-      acc += p.record[width_index(width_for(p, l, reduced, j, theta))];
+      acc += p.record[width_index(width_for(p, l, keys, j, theta))];
     total.fetch_add(acc, std::memory_order_relaxed);
   });
   return total.load();
 }
 
-void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced) {
+void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const float* keys) {
   const uint64_t budget = static_cast<uint64_t>(p.stride) * p.n_chunks;
   if (p.variable_widths) {
     // Smallest threshold offset (float bit pattern, monotone for non-negative floats) whose
@@ -68,14 +65,14 @@ void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* red
     uint32_t lo = 0, hi = 0x7f800000u;
     while (lo < hi) {
       const uint32_t mid = lo + (hi - lo) / 2;
-      if (bytes_for(p, l, reduced, f32_from_bits(mid)) <= budget)
+      if (bytes_for(p, l, keys, f32_from_bits(mid)) <= budget)
         hi = mid;
       else
         lo = mid + 1;
     }
     const float theta = f32_from_bits(lo);
     for (size_t j = 0; j < p.n_sg; ++j)
-      l.width[j] = static_cast<uint8_t>(width_for(p, l, reduced, j, theta));
+      l.width[j] = static_cast<uint8_t>(width_for(p, l, keys, j, theta));
     return;
   }
   int fixed = 2;
@@ -148,6 +145,37 @@ void index_chunks(const DynamiqPlan& p, const LayoutOut& l, const uint32_t start
   }
 }
 
+// Means, scale exponents and width keys (kernels/dynamiq_range.h). A non-finite energy (a
+// non-finite input) poisons the output: the mean is then non-finite (NaN if the means summed to a
+// finite value). Without mean subtraction, in a super-group some worker has all zero, or where
+// the means' sum overflowed, the mean is 0.
+void agree_means_and_keys(const DynamiqPlan& p, const LayoutOut& l, const uint16_t* reduced,
+                          float* keys) {
+  const float n = static_cast<float>(p.n_workers);
+  std::vector<double> wide(p.n_sg);
+  int largest = INT32_MIN;
+  for (size_t j = 0; j < p.n_sg; ++j) {
+    const float mu = bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n;
+    const double key =
+        energy_key(reduced[stat_word(j, kStatEnergy)],
+                   contributing_workers(reduced[stat_word(j, kStatAllZero)], p.n_workers),
+                   static_cast<uint32_t>(j));
+    wide[j] = key;
+    if (key < 0.0) {
+      l.mean[j] = std::isfinite(mu) ? std::numeric_limits<float>::quiet_NaN() : mu;
+      continue;
+    }
+    if (key > 0.0) largest = std::max(largest, floor_log2(key));
+    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && std::isfinite(mu);
+    const int8_t k = scale_exponent(key);
+    l.exponent[j] = k;
+    // The mean as the hops subtract it: scaled like the values (exact: a power of two).
+    l.mean[j] = subtract ? (k == 0 ? mu : mu * pow2f(k)) : 0.0f;
+  }
+  const int shift = width_key_shift(largest);
+  for (size_t j = 0; j < p.n_sg; ++j) keys[j] = width_key(wide[j], shift);
+}
+
 }  // namespace
 
 Status build_dynamiq_layout(const DynamiqPlan& p, const uint16_t* reduced, uint64_t call,
@@ -162,15 +190,9 @@ Status build_dynamiq_layout(const DynamiqPlan& p, const uint16_t* reduced, uint6
   l.header[0] = call;
   l.header[1] = p.count;
   l.header[2] = dynamiq_plan_shape(p.n_chunks, p.n_workers);
-  const float n = static_cast<float>(p.n_workers);
-  for (size_t j = 0; j < p.n_sg; ++j) {
-    const float mu = bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n;
-    // A non-finite mean poisons the output; without mean subtraction (or in a super-group some
-    // worker has all zero) finite means stay 0.
-    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j);
-    l.mean[j] = (subtract || !std::isfinite(mu)) ? mu : 0.0f;
-  }
-  assign_widths(p, l, reduced);
+  std::vector<float> keys(p.n_sg);
+  agree_means_and_keys(p, l, reduced, keys.data());
+  assign_widths(p, l, keys.data());
   uint32_t starts[4];
   sort_by_width(p, l, starts);
   cut_chunks(p, l);
@@ -184,6 +206,7 @@ Status build_dynamiq_layout(const DynamiqPlan& p, const uint16_t* reduced, uint6
     for (uint32_t i = l.chunk_first[c]; i < l.chunk_first[c + 1]; ++i) {
       const uint32_t j = l.order[i];
       h = fnv1a(h, j * 32u + l.width[j] + (l.poisoned(j) ? 1u : 0u));
+      if (l.exponent[j] != 0) h = fnv1a(h, 0x100u | static_cast<uint8_t>(l.exponent[j]));
     }
     l.chunk_check[c] = h;
   }

@@ -59,6 +59,8 @@ struct DynamiqSections {
   size_t chunk_first;    // u32[n_chunks + 1]: first wire position of chunk c
   size_t chunk_check;    // u32[n_chunks]: layout digest of chunk c (its chunk header)
   size_t width;          // u8[n_sg]: bits of super-group j (2, 4, 8, 16)
+  size_t exponent;       // i8[n_sg]: K_j, super-group j is coded as its values times 2^K_j
+                         //   (0 near unit scale; kernels/dynamiq_range.h)
   size_t bytes;          // total, a multiple of 8
 };
 
@@ -79,6 +81,7 @@ constexpr DynamiqSections dynamiq_sections(size_t n_sg, size_t n_chunks) {
   s.chunk_first = take(4 * (n_chunks + 1));
   s.chunk_check = take(4 * n_chunks);
   s.width = take(n_sg);
+  s.exponent = take(n_sg);
   s.bytes = at;
   return s;
 }
@@ -92,6 +95,7 @@ struct DynamiqLayoutT {
   Ptr<float> mean;
   Ptr<uint32_t> order, offset, by_index, chunk_first, chunk_check;
   Ptr<uint8_t> width;
+  Ptr<int8_t> exponent;
 
   DynamiqLayoutT(Byte* base, const DynamiqSections& s)
       : header(at<uint64_t>(base, s.header)),
@@ -102,7 +106,8 @@ struct DynamiqLayoutT {
         by_index(at<uint32_t>(base, s.by_index)),
         chunk_first(at<uint32_t>(base, s.chunk_first)),
         chunk_check(at<uint32_t>(base, s.chunk_check)),
-        width(at<uint8_t>(base, s.width)) {}
+        width(at<uint8_t>(base, s.width)),
+        exponent(at<int8_t>(base, s.exponent)) {}
 
   uint64_t call() const { return header[0]; }
   // Exponent all ones: the mean is Inf or NaN, so a non-finite input was present.

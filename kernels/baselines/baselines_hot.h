@@ -21,8 +21,8 @@ struct Bf16Kernel {
   }
   bool validate(const uint8_t*, size_t) const { return true; }  // every bit pattern is valid
   void encode(const float* src, size_t n, size_t, const RoundingKey&, uint8_t* dst) const {
-    for (size_t i = 0; i < n; ++i) {
-      const uint16_t h = f32_to_bf16_rne(src[i]);
+    for (size_t i = 0; i < n; ++i) {  // a finite value stays finite (NaN, Inf stay)
+      const uint16_t h = f32_to_bf16_sat(src[i]);
       dst[2 * i] = static_cast<uint8_t>(h);
       dst[2 * i + 1] = static_cast<uint8_t>(h >> 8);
     }
@@ -108,7 +108,7 @@ struct UniformKernel {
       const float scale = bf16_to_f32(static_cast<uint16_t>(src[0] | (src[1] << 8)));
       for (int i = 0; i < static_cast<int>(kBlockElems); ++i) {
         const int q = static_cast<int>(unpack_code(src + 2, i, bits)) - levels;
-        dst[i] = (static_cast<float>(q) * scale) / l;  // q*S exact, one rounding
+        dst[i] = uniform_level_value(q, scale, l);
       }
     }
     return ok;

@@ -73,7 +73,7 @@ __device__ __forceinline__ float decode_value(const BaselineDeviceParams& d, con
   const uint32_t code = unpack_code(blk + 2, pos, d.element_bits);
   *bad |= !uniform_scale_valid(scale_bits) || code == (1u << d.element_bits) - 1u;
   const int q = static_cast<int>(code) - d.levels;
-  return (static_cast<float>(q) * bf16_to_f32(scale_bits)) / static_cast<float>(d.levels);
+  return uniform_level_value(q, bf16_to_f32(scale_bits), static_cast<float>(d.levels));
 }
 
 // Byte `lane % width` of the codes of the `width` lanes of this segment packed LSB first at
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
     const float v = hop_sum<F>(d, c, own, own_bf16, in, n_in, rel, blk, pos, &bad);
     uint8_t* dst = body + blk * static_cast<unsigned long long>(d.block_bytes);
     if (F == kFamilyBf16) {
-      const uint16_t h = f32_to_bf16_rne(v);
+      const uint16_t h = f32_to_bf16_sat(v);  // the host's encode(): finite stays finite
       if (in_block) {
         dst[0] = static_cast<uint8_t>(h);
         dst[1] = static_cast<uint8_t>(h >> 8);

@@ -63,24 +63,30 @@ __global__ void __launch_bounds__(kBudgetThreads)
     for (uint32_t k = t; k <= kKeys; k += nt) count[k] = hop_centred[k] = hop_mean[k] = 0;
     // 2.
     double local_max = 0;
-    unsigned long long bad = 0;
+    unsigned long long bad = 0, largest = 0;  // floor(log2 energy) + 2048; 0: none
     SupergroupEnergy e;
     for (unsigned long long j = t; j < n_sg; j += nt) {
-      if (!supergroup_energy(r, j, n_sg, n_elems, job.n_workers, job.hop, &e)) {
+      if (!supergroup_energy(r, j, n_sg, n_elems, job.n_workers, job.hop, 0, &e)) {
         bad = 1;
         continue;
       }
       const double v = largest_energy(e);
       local_max = local_max < v ? v : local_max;
+      if (e.energy > 0.0) {
+        const unsigned long long l2 = static_cast<unsigned long long>(floor_log2(e.energy) + 2048);
+        largest = largest < l2 ? l2 : largest;
+      }
     }
     const double max_value = block_reduce(local_max, MaxOp(), scratch_d);
+    largest = block_reduce(largest, MaxOp(), scratch);
+    const int shift = width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
     finite = block_reduce(bad, SumOp(), scratch) == 0;  // every thread: the same value
     if (!finite) break;
     // 3. (block_reduce ended with a barrier: the tables are zero)
     const double scale = fixed_point_scale(max_value, n_sg);
     unsigned long long own_centred = 0, own_mean = 0;
     for (unsigned long long j = t; j < n_sg; j += nt) {
-      supergroup_energy(r, j, n_sg, n_elems, job.n_workers, job.hop, &e);
+      supergroup_energy(r, j, n_sg, n_elems, job.n_workers, job.hop, shift, &e);
       atomicAdd(as_ull(&count[e.key]), 1ull);
       atomicAdd(as_ull(&hop_centred[e.key]),
                 static_cast<unsigned long long>(to_fixed_point(e.hop_centred, scale)));

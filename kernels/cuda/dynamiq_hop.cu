@@ -15,6 +15,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
+#include "kernels/dynamiq_range.h"
 
 namespace dq::cuda {
 namespace {
@@ -32,6 +33,7 @@ struct LayoutView {
   const uint32_t* chunk_first;
   const uint32_t* chunk_check;
   const uint8_t* width;
+  const int8_t* exponent;  // K_j: coded as the values times 2^K_j (kernels/dynamiq_range.h)
 };
 
 __device__ __forceinline__ LayoutView layout_view(const void* layout, const DynamiqSections& s) {
@@ -43,7 +45,8 @@ __device__ __forceinline__ LayoutView layout_view(const void* layout, const Dyna
                     reinterpret_cast<const uint32_t*>(b + s.offset),
                     reinterpret_cast<const uint32_t*>(b + s.chunk_first),
                     reinterpret_cast<const uint32_t*>(b + s.chunk_check),
-                    reinterpret_cast<const uint8_t*>(b + s.width)};
+                    reinterpret_cast<const uint8_t*>(b + s.width),
+                    reinterpret_cast<const int8_t*>(b + s.exponent)};
 }
 
 __device__ __forceinline__ bool poisoned(const LayoutView& l, uint32_t j) {
@@ -253,7 +256,8 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
     if (k < valid) {
       const float x = own_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(own)[base + k])
                                : static_cast<const float*>(own)[base + k];
-      v = x - mu;
+      const int8_t e = l.exponent[j];
+      v = e == 0 ? x - mu : x * pow2f(e) - mu;
     }
     bool bad = false;
     for (int m = 0; m < n_in; ++m) {
@@ -347,6 +351,7 @@ __global__ void __launch_bounds__(kHopThreads)
     const float shift = bits == 16 ? 0.0f : contributors * l.mean[j];
     float s = v + shift;
     if (avg) s = s / contributors;
+    if (l.exponent[j] != 0) s = s * pow2f(-l.exponent[j]);  // back from 2^K_j
     if (out_bf16)
       static_cast<uint16_t*>(out)[base + k] = f32_to_bf16_rne(s);
     else

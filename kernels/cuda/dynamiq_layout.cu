@@ -2,7 +2,8 @@
 // (kernels/dynamiq_layout.cc), padding included, from the all-reduced statistics.
 //
 // One block builds it, in phases separated by barriers:
-//  1. zero the buffer; the header and the means (mu_j = BF16 mean / n_workers);
+//  1. zero the buffer; the header, the means (mu_j = BF16 mean / n_workers), the scale exponents
+//     and the width keys' shift (a block max; kernels/dynamiq_range.h);
 //  2. the widths: the host's bisection over the threshold's bit pattern, each step a block sum of
 //     record bytes (an integer sum: any order gives the host's total);
 //  3. the width classes' sizes (block sums), hence each class's first wire position;
@@ -20,6 +21,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
+#include "kernels/dynamiq_range.h"
 
 namespace dq::cuda {
 namespace {
@@ -34,6 +36,7 @@ struct LayoutPtrs {
   uint32_t* chunk_first;
   uint32_t* chunk_check;
   uint8_t* width;
+  int8_t* exponent;
 };
 
 __device__ __forceinline__ uint32_t fnv1a_word(uint32_t h, uint32_t v) {
@@ -48,15 +51,15 @@ __device__ __forceinline__ bool non_finite(float f) {
   return (f32_bits(f) & 0x7f800000u) == 0x7f800000u;
 }
 
-// mu_j before mean subtraction is applied: non-finite marks a poisoned super-group.
+// mu_j before mean subtraction is applied.
 __device__ __forceinline__ float raw_mean(const uint16_t* reduced, size_t j, float n_workers) {
   return bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n_workers;
 }
 
-// The energy key F_j: the summed sum of squares, non-finite clamped to FLT_MAX.
-__device__ __forceinline__ float energy(const uint16_t* reduced, size_t j) {
-  const float f = bf16_to_f32(reduced[stat_word(j, kStatEnergy)]);
-  return (f >= 0.0f && f <= FLT_MAX) ? f : FLT_MAX;
+// The energy key of super-group j (kernels/dynamiq_range.h): negative when poisoned.
+__device__ __forceinline__ double key_of(const uint16_t* reduced, uint32_t j, int n_workers) {
+  return energy_key(reduced[stat_word(j, kStatEnergy)],
+                    contributing_workers(reduced[stat_word(j, kStatAllZero)], n_workers), j);
 }
 
 // The host's width_for(): the width of a super-group at threshold offset theta.
@@ -99,11 +102,40 @@ __device__ __forceinline__ uint32_t clamp_u32(uint32_t x, uint32_t lo, uint32_t 
   return x < lo ? lo : x > hi ? hi : x;
 }
 
-// 1. Zero the layout (the padding too: the bytes depend on the input alone), then the header and
-// the means. Ends with no barrier: the widths below read only `reduced`.
-__device__ void layout_header_and_means(const DynamiqPlan& p, const DynamiqSections& s,
-                                        const LayoutPtrs& l, const uint16_t* reduced,
-                                        unsigned long long call, unsigned char* base) {
+// The host's agree_means_and_keys(): the means and scale exponents of this thread's
+// super-groups, and the width keys' shift (a block max: every thread returns it).
+__device__ int agree_means(const DynamiqPlan& p, const LayoutPtrs& l, const uint16_t* reduced,
+                           unsigned long long* scratch) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x;
+  const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
+  const float n = static_cast<float>(p.n_workers);
+  unsigned long long largest = 0;  // floor(log2 key) + 2048 of the largest key; 0: none
+  for (uint32_t j = t; j < n_sg; j += nt) {
+    const float mu = raw_mean(reduced, j, n);
+    const double key = key_of(reduced, j, p.n_workers);
+    if (key < 0.0) {
+      l.mean[j] = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
+      continue;
+    }
+    if (key > 0.0) {
+      const unsigned long long e = static_cast<unsigned long long>(floor_log2(key) + 2048);
+      largest = e > largest ? e : largest;
+    }
+    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
+    const int8_t e = scale_exponent(key);
+    l.exponent[j] = e;
+    l.mean[j] = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
+  }
+  largest = block_reduce(largest, MaxOp(), scratch);
+  return width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
+}
+
+// 1. Zero the layout (the padding too: the bytes depend on the input alone), then the header, the
+// means and scale exponents; returns the width keys' shift (the same in every thread).
+__device__ int layout_header_and_means(const DynamiqPlan& p, const DynamiqSections& s,
+                                       const LayoutPtrs& l, const uint16_t* reduced,
+                                       unsigned long long call, unsigned char* base,
+                                       unsigned long long* scratch) {
   const uint32_t t = threadIdx.x, nt = blockDim.x;
   uint64_t* words = reinterpret_cast<uint64_t*>(base);
   for (size_t b = t; b < s.bytes / 8; b += nt) words[b] = 0;
@@ -114,31 +146,27 @@ __device__ void layout_header_and_means(const DynamiqPlan& p, const DynamiqSecti
     l.header[2] = static_cast<uint32_t>(p.n_chunks) |
                   static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
   }
-  const float n = static_cast<float>(p.n_workers);
-  for (uint32_t j = t; j < static_cast<uint32_t>(p.n_sg); j += nt) {
-    const float mu = raw_mean(reduced, j, n);
-    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j);  // host: the same
-    l.mean[j] = (subtract || non_finite(mu)) ? mu : 0.0f;
-  }
+  return agree_means(p, l, reduced, scratch);
 }
 
 // 2a. Variable widths: the smallest threshold (bit pattern, monotone for non-negative floats)
 // whose widths fit the budget; each step a block sum of record bytes (an integer sum: any order
 // gives the host's total). Adds this thread's super-groups per class to `count`.
 __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l,
-                                       const uint16_t* reduced, unsigned long long* scratch,
-                                       uint32_t count[4]) {
+                                       const uint16_t* reduced, int shift,
+                                       unsigned long long* scratch, uint32_t count[4]) {
   const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
-  const float n = static_cast<float>(p.n_workers);
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
   uint32_t lo = 0, hi = 0x7f800000u;
   while (lo < hi) {  // lo and hi are the same in every thread
     const uint32_t mid = lo + (hi - lo) / 2;
     const float theta = f32_from_bits(mid);
     unsigned long long bytes = 0;
-    for (uint32_t j = t; j < n_sg; j += nt)
-      bytes += p.record[width_index(width_for(non_finite(raw_mean(reduced, j, n)),
-                                              energy(reduced, j), theta, p.allow_width16))];
+    for (uint32_t j = t; j < n_sg; j += nt) {
+      const double key = key_of(reduced, j, p.n_workers);
+      bytes += p.record[width_index(
+          width_for(key < 0.0, width_key(key, shift), theta, p.allow_width16))];
+    }
     const unsigned long long total = block_reduce(bytes, SumOp(), scratch);
     if (total <= budget)
       hi = mid;
@@ -147,8 +175,8 @@ __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l
   }
   const float theta = f32_from_bits(lo);
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const int w =
-        width_for(non_finite(raw_mean(reduced, j, n)), energy(reduced, j), theta, p.allow_width16);
+    const double key = key_of(reduced, j, p.n_workers);
+    const int w = width_for(key < 0.0, width_key(key, shift), theta, p.allow_width16);
     l.width[j] = static_cast<uint8_t>(w);
     ++count[width_index(w)];
   }
@@ -160,10 +188,9 @@ __device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
                                     const uint16_t* reduced, unsigned long long* scratch,
                                     uint32_t count[4]) {
   const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
-  const float n = static_cast<float>(p.n_workers);
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
   unsigned long long poisoned = 0;
-  for (uint32_t j = t; j < n_sg; j += nt) poisoned += non_finite(raw_mean(reduced, j, n)) ? 1 : 0;
+  for (uint32_t j = t; j < n_sg; j += nt) poisoned += key_of(reduced, j, p.n_workers) < 0.0;
   poisoned = block_reduce(poisoned, SumOp(), scratch);
   int fixed = 2;
   const int candidates[3] = {16, 8, 4};
@@ -179,7 +206,7 @@ __device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
     }
   }
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const int w = non_finite(raw_mean(reduced, j, n)) ? 2 : fixed;
+    const int w = key_of(reduced, j, p.n_workers) < 0.0 ? 2 : fixed;
     l.width[j] = static_cast<uint8_t>(w);
     ++count[width_index(w)];
   }
@@ -270,6 +297,7 @@ __device__ void layout_digests(const DynamiqPlan& p, const LayoutPtrs& l, unsign
     for (uint32_t i = l.chunk_first[c]; i < l.chunk_first[c + 1]; ++i) {
       const uint32_t j = l.order[i];
       h = fnv1a_word(h, j * 32u + l.width[j] + (non_finite(l.mean[j]) ? 1u : 0u));
+      if (l.exponent[j] != 0) h = fnv1a_word(h, 0x100u | static_cast<uint8_t>(l.exponent[j]));
     }
     l.chunk_check[c] = h;
   }
@@ -293,11 +321,12 @@ __global__ void __launch_bounds__(kLayoutThreads)
                      reinterpret_cast<uint32_t*>(base + s.by_index),
                      reinterpret_cast<uint32_t*>(base + s.chunk_first),
                      reinterpret_cast<uint32_t*>(base + s.chunk_check),
-                     reinterpret_cast<uint8_t*>(base + s.width)};
-  layout_header_and_means(p, s, l, reduced, call, base);
+                     reinterpret_cast<uint8_t*>(base + s.width),
+                     reinterpret_cast<int8_t*>(base + s.exponent)};
+  const int shift = layout_header_and_means(p, s, l, reduced, call, base, scratch);
   uint32_t count[4] = {0, 0, 0, 0};  // this thread's super-groups per class
   if (p.variable_widths)
-    layout_variable_widths(p, l, reduced, scratch, count);
+    layout_variable_widths(p, l, reduced, shift, scratch, count);
   else
     layout_fixed_widths(p, l, reduced, scratch, count);
   const Classes k = layout_classes(p, count, scratch);

@@ -16,6 +16,7 @@
 #include "kernels/cuda/block.cuh"
 #include "kernels/dynamiq_layout.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/dynamiq_range.h"
 
 namespace dq::cuda {
 namespace {
@@ -74,8 +75,19 @@ __global__ void __launch_bounds__(kStatsThreads)
     const float sum_sq = segment_ordered_sum<kGroupsPerSuperGroup>(group_sq);
     const float non_zero = segment_ordered_sum<kGroupsPerSuperGroup>(group_non_zero);
     if (g == 0 && sg < n_sg) {
-      stats[stat_word(sg, kStatMean)] = f32_to_bf16_sat(sum / static_cast<float>(valid));
-      stats[stat_word(sg, kStatEnergy)] = f32_to_bf16_sat(sum_sq);
+      float mean = sum / static_cast<float>(valid);
+      uint16_t energy_word = f32_to_bf16_sat(sum_sq);
+      if (!energy_in_window(sum_sq)) {  // far from unit scale (rare): the host's sequential path
+        const unsigned long long at = sg * kSuperGroup;
+        if (bf16)
+          wide_statistics([x16, at](int k) { return bf16_to_f32(x16[at + k]); }, valid, sum_sq,
+                          &mean, &energy_word);
+        else
+          wide_statistics([x32, at](int k) { return x32[at + k]; }, valid, sum_sq, &mean,
+                          &energy_word);
+      }
+      stats[stat_word(sg, kStatMean)] = f32_to_bf16_sat(mean);
+      stats[stat_word(sg, kStatEnergy)] = energy_word;
       stats[stat_word(sg, kStatAllZero)] = non_zero > 0.0f ? 0 : kBf16One;
     }
     __syncthreads();  // the tile is overwritten next

@@ -329,25 +329,59 @@ TEST(BudgetModel, ChoiceIsAPureFunctionOfTheStatistics) {
   EXPECT_EQ(std::memcmp(&p.target, &q.target, sizeof p.target), 0);
 }
 
-// A non-finite statistic (a NaN in some rank's input): no prediction, so the engine uses the
-// fixed default. A non-zero count out of range (a bad peer word) counts as every worker: the
-// prediction of dense data.
+// A non-finite energy (a NaN or Inf in some rank's input): no prediction, so the engine uses the
+// fixed default. A non-finite mean alone is a sum of finite means that overflowed: predicted. A
+// non-zero count out of range (a bad peer word) counts as every worker: the prediction of dense
+// data.
 TEST(BudgetModel, NonFiniteStatisticsGiveNoPrediction) {
   Case c = make_case(4, topo::Kind::kRing, 1.0, 0.0, 2);
   StatsSummary s;
   EXPECT_TRUE(s.load(c.stats.data(), c.d, 4, c.hop.view()));
   const double dense = s.mx_error(kRoundingErrorMxfp8);
   for (uint16_t bad : {uint16_t{0x7fc0}, uint16_t{0x7f80}, uint16_t{0xff80}}) {
-    for (size_t word : {stat_word(3, kStatMean), stat_word(3, kStatEnergy)}) {
-      std::vector<uint16_t> stats = c.stats;
-      stats[word] = bad;
-      EXPECT_FALSE(s.load(stats.data(), c.d, 4, c.hop.view())) << word << " " << bad;
-    }
+    std::vector<uint16_t> stats = c.stats;
+    stats[stat_word(3, kStatEnergy)] = bad;
+    EXPECT_FALSE(s.load(stats.data(), c.d, 4, c.hop.view())) << bad;
+    stats = c.stats;
+    stats[stat_word(3, kStatMean)] = bad;
+    EXPECT_TRUE(s.load(stats.data(), c.d, 4, c.hop.view())) << bad;
+  }
+  for (uint16_t bad : {uint16_t{0x7fc0}, uint16_t{0x7f80}, uint16_t{0xff80}}) {
     std::vector<uint16_t> stats = c.stats;
     stats[stat_word(3, kStatAllZero)] = bad;
     EXPECT_TRUE(s.load(stats.data(), c.d, 4, c.hop.view())) << bad;
     // 4 of 4 contributors already; the mean then counts as rounded in the same total.
     EXPECT_NEAR(s.mx_error(kRoundingErrorMxfp8), dense, 1e-12 * dense) << bad;
+  }
+}
+
+// The prediction holds over the whole finite range (kernels/dynamiq_range.h): the same data
+// times 2^e predicts the error of unit scale (within 1.5x) and the same width split (the 8-bit
+// share within a factor of 2). Before, energies above about 2^128 were not finite: no
+// prediction at all; below about 2^-75 they flushed to 0.
+TEST(BudgetModel, PredictionHoldsOverTheWholeRange) {
+  Case c = make_case(4, topo::Kind::kRing, 1.0, 0.5, 3);
+  DynamiqPlan plan;
+  planned(5.0, c, &plan);
+  auto predicted = [&](WidthCounts* w) {
+    StatsSummary s;
+    EXPECT_TRUE(s.load(c.stats.data(), c.d, 4, c.hop.view()));
+    return predict_vnmse({&s}, {&plan}, w);
+  };
+  WidthCounts unit_widths;
+  const double unit = predicted(&unit_widths);
+  ASSERT_GT(unit, 0.0);
+  ASSERT_GT(unit_widths.n[2], 0u);
+  const std::vector<float> original = c.m.data;
+  for (int e : {-130, -100, 60, 100}) {
+    for (size_t i = 0; i < original.size(); ++i) c.m.data[i] = std::ldexp(original[i], e);
+    reduce_stats(&c);
+    WidthCounts w;
+    const double v = predicted(&w);
+    EXPECT_GT(v, unit / 1.5) << "2^" << e;
+    EXPECT_LT(v, unit * 1.5) << "2^" << e;
+    EXPECT_GE(2 * w.n[2], unit_widths.n[2]) << "2^" << e;
+    EXPECT_LE(w.n[2], 2 * unit_widths.n[2]) << "2^" << e;
   }
 }
 

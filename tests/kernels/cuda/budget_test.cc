@@ -181,12 +181,19 @@ TEST(CudaBudget, NonFiniteStatisticGivesNoPrediction) {
   Call call = make_call({4096, 4096}, 4, 1, 1.0, 99);
   call.job.auto_budget = 1;
   const size_t nan_at = call.parts[1].stats_offset + stat_word(7, kStatMean);
-  call.stats[nan_at] = 0x7fc0;  // a NaN mean in the second part
+  // A non-finite mean alone is a sum of finite means that overflowed (the codec then subtracts
+  // none): still predicted. A non-finite input makes the energy non-finite too.
+  call.stats[nan_at] = 0x7fc0;
   BudgetResult host;
+  run_budget_job(call.job, call.stats.data(), &host);
+  EXPECT_EQ(host.state, kBudgetPredicted);
+  EXPECT_EQ(on_device(call).state, kBudgetPredicted);
+  call.stats[nan_at + (kStatEnergy - kStatMean)] = 0x7fc0;  // a NaN input in the second part
   run_budget_job(call.job, call.stats.data(), &host);
   EXPECT_EQ(host.state, kBudgetNoPrediction);
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
   call.stats[nan_at] = 0x3f80;
+  call.stats[nan_at + (kStatEnergy - kStatMean)] = 0x3f80;
   call.stats[stat_word(3, kStatEnergy)] = 0x7f80;  // an infinite energy in the first part
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
 }

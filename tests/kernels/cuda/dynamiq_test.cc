@@ -42,6 +42,7 @@ struct Config {
   bool poison;
   DynamiqOptions opt;
   uint64_t element_base = 0;
+  int scale_log2 = 0;  // every value times 2^scale_log2 (the whole-range cases)
 };
 
 // Super-group scales spread over 2^-20..2^20, so the allocation uses every width; NaN or Inf
@@ -153,6 +154,7 @@ void make_case(const Config& cfg, uint32_t seed, Case* s) {
   std::vector<float> sum(s->codec->stats_words(), 0.0f);
   for (int r = 0; r < cfg.n_workers; ++r) {
     s->f32[r] = make_values(cfg.count, seed * 31 + r, cfg.poison && r == cfg.n_workers - 1);
+    for (float& v : s->f32[r]) v = std::ldexp(v, cfg.scale_log2);
     s->bf16[r].resize(cfg.count);
     for (size_t i = 0; i < cfg.count; ++i) s->bf16[r][i] = f32_to_bf16_rne(s->f32[r][i]);
     std::vector<uint16_t> local(s->codec->stats_words());
@@ -471,6 +473,29 @@ TEST(CudaDynamiqHop, MatchesHostByteForByte) {
     run_hops(Config{470 * 256 + 129, 64, 4, true, true, DynamiqOptions{}, 0}, seed++, {0, 2, 3},
              &widths);
   EXPECT_EQ(widths, (std::set<int>{2, 4, 8, 16}));
+}
+
+// Far from unit scale (kernels/dynamiq_range.h): compressed energies, a width-key shift, scale
+// exponents K_j != 0, subnormal inputs; every layout, hop and finish byte as the host's.
+TEST(CudaDynamiqHop, MatchesHostAcrossTheRange) {
+  std::set<int> widths;
+  uint32_t seed = 71;
+  const std::vector<int> all{0, 1, 2, 3};
+  for (int scale : {-125, -100, -60, 50, 95})
+    for (bool bf16 : {false, true}) {
+      Config cfg{24 * 256 + 9, 2, 4, bf16, scale == 50, DynamiqOptions{}, 0, scale};
+      Case s;
+      make_case(cfg, seed, &s);
+      if (HasFatalFailure()) return;
+      const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()),
+                            s.params.sections);
+      int scaled = 0;
+      for (size_t j = 0; j < s.params.plan.n_sg; ++j) scaled += l.exponent[j] != 0 ? 1 : 0;
+      if (scale < -60 || scale > 50) EXPECT_GT(scaled, 0) << "scale 2^" << scale;
+      run_hops(cfg, seed++, all, &widths);
+      if (HasFatalFailure()) return;
+    }
+  for (int w : {2, 4, 8}) EXPECT_EQ(widths.count(w), 1u) << w;
 }
 
 TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {
