@@ -21,6 +21,9 @@ struct SimOptions {
   // Reduce-scatter only: elements per pipeline block inside each rank block, as the engine cuts
   // a call (reduce_scatter_block_elems); 0 = the whole rank block is one block.
   size_t block_elems = 0;
+  // All-reduce only: added to every element index of the rounding keys, for a part of a larger
+  // tensor (the shard of a two-level all-reduce, tools/sim/two_level.h); 0 = a whole tensor.
+  uint64_t element_base = 0;
 };
 
 struct SimResult {
@@ -37,6 +40,9 @@ struct SimResult {
   // Reduce-scatter only: per rank r, the vNMSE of rank r's output block against the exact FP64
   // sum (or average) of that block; `vnmse` is then over all blocks together.
   std::vector<double> block_vnmse;
+  // Two-level all-reduce only: what each rank sends inside its node (the exact reduce-scatter
+  // and all-gather in FP32), bits per input coordinate; 0 for a flat schedule.
+  double intra_node_bits_per_coord = 0;
   double seconds = 0;
 };
 
