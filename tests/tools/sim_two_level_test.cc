@@ -189,6 +189,23 @@ TEST(SimTwoLevel, ShardsCoverTheTensorInWholeSuperGroups) {
   EXPECT_LT(r.vnmse, 1e-4);
 }
 
+// Rail blocks: each its own codec and budget inside the shard; one block as large as the shard is
+// the unblocked result, byte for byte; smaller blocks round other values, within the budget.
+TEST(SimTwoLevel, RailBlocksCutEachShard) {
+  const Data d = synthetic(4, 1 << 17);
+  std::vector<float> whole, one, cut;
+  two_level(d, topo::Kind::kRing, 2, 2, SimOptions{}, &whole);
+  SimOptions o;
+  o.block_elems = 1 << 16;  // the shard
+  two_level(d, topo::Kind::kRing, 2, 2, o, &one);
+  EXPECT_EQ(std::memcmp(whole.data(), one.data(), whole.size() * sizeof(float)), 0);
+  o.block_elems = 1 << 14;
+  const SimResult r = two_level(d, topo::Kind::kRing, 2, 2, o, &cut);
+  EXPECT_NE(std::memcmp(whole.data(), cut.data(), whole.size() * sizeof(float)), 0);
+  EXPECT_LE(r.bits_per_coord, 5.0);
+  EXPECT_GT(r.vnmse, 0.0);
+}
+
 TEST(SimTwoLevel, Refusals) {
   const Data d = synthetic(4, 4096);
   SimResult r;

@@ -41,6 +41,9 @@ constexpr const char* kUsage =
     "                        rank order; node: two-level (all-reduce only), the exact FP32 sum\n"
     "                        inside each node, then per shard (1/L of the tensor) the compressed\n"
     "                        all-reduce among the nodes on --topo, then an exact all-gather\n"
+    "  --rail-block-bytes B  node: each shard's compressed all-reduce cut into blocks of B bytes\n"
+    "                        of FP32 (whole super-groups, the last takes the rest), one budget\n"
+    "                        each, as a rail engine's DYNAMIQ_BLOCK_BYTES (default: one block)\n"
     "  --codec LIST          e.g. dynamiq:5,mxfp8,mxfp6,mxfp4,bf16,uniform:5 (default dynamiq:5)\n"
     "  --op sum|avg          reduction (default sum)\n"
     "  --collective C        allreduce (default) or reducescatter: each worker's row of d values\n"
@@ -208,6 +211,7 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
   CLI::Option* o_op = dq::cli::add_value(&app, "--op");
   CLI::Option* o_local = dq::cli::add_value(&app, "--ranks-per-node");
   CLI::Option* o_hierarchy = dq::cli::add_value(&app, "--hierarchy");
+  CLI::Option* o_rail_block = dq::cli::add_value(&app, "--rail-block-bytes");
   std::string error;
   switch (dq::cli::parse(&app, argc, argv, &error)) {
     case dq::cli::Parsed::kHelp:
@@ -251,7 +255,11 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
       a->collective = value;
     else if (o == o_hierarchy)
       a->hierarchy_list = value;
-    else if (o == o_local) {
+    else if (o == o_rail_block) {
+      if (!parse_ulong(v, 1024, 1ull << 40, &u))
+        return usage_error("--rail-block-bytes must be 1024..2^40");
+      a->opt.block_elems = std::max<size_t>(256, u / 4 / 256 * 256);
+    } else if (o == o_local) {
       if (!parse_ulong(v, 1, 1024, &a->ranks_per_node))
         return usage_error("--ranks-per-node must be 1..1024");
     } else if (o == o_dim) {
@@ -321,6 +329,8 @@ int check_options(SimArgs* a) {
   }
   const bool any_node =
       std::find(a->two_level.begin(), a->two_level.end(), true) != a->two_level.end();
+  if (a->scatter && a->opt.block_elems)
+    return usage_error("--rail-block-bytes is for --hierarchy node (all-reduce) only");
   if (any_node && (a->scatter || a->opt.per_hop || a->breakdown))
     return usage_error(
         "--hierarchy node models the all-reduce only (no --collective reducescatter, "

@@ -18,8 +18,9 @@ struct SimOptions {
   ReduceOp op = ReduceOp::kSum;
   bool per_hop =
       false;  // also decode every intermediate payload and measure its error (all-reduce)
-  // Reduce-scatter only: elements per pipeline block inside each rank block, as the engine cuts
-  // a call (reduce_scatter_block_elems); 0 = the whole rank block is one block.
+  // Reduce-scatter: elements per pipeline block inside each rank block, as the engine cuts a call
+  // (reduce_scatter_block_elems); 0 = the whole rank block is one block. Two-level all-reduce
+  // (two_level.h): elements per block of each shard's rail all-reduce; 0 = one per shard.
   size_t block_elems = 0;
   // All-reduce only: added to every element index of the rounding keys, for a part of a larger
   // tensor (the shard of a two-level all-reduce, tools/sim/two_level.h); 0 = a whole tensor.

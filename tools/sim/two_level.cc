@@ -49,6 +49,27 @@ double exact_vnmse(const std::vector<const float*>& rows, int n, size_t d, Reduc
   return v;
 }
 
+// One rail all-reduce: elements [at, at + count) of the node sums over `inter`, SUM, its result
+// into decoded[at ...].
+Status rail_allreduce(std::string_view codec_spec, const topo::Schedule& inter,
+                      const std::vector<std::vector<float>>& sums, size_t at, size_t count,
+                      const SimOptions& opt, std::vector<float>* decoded, SimResult* r) {
+  std::string error;
+  const std::unique_ptr<Codec> codec = make_codec(codec_spec, &error);
+  if (!codec)
+    DQ_FAIL(Status::kInvalidArgument, "simulate: codec %.*s: %s",
+            static_cast<int>(codec_spec.size()), codec_spec.data(), error.c_str());
+  std::vector<const float*> rail;
+  for (const auto& s : sums) rail.push_back(s.data() + at);
+  SimOptions o = opt;
+  o.op = ReduceOp::kSum;  // AVG divides by every rank afterwards, not by the rail's nodes
+  o.element_base = opt.element_base + at;
+  std::vector<float> part;
+  DQ_CHECK(simulate_allreduce(*codec, inter, rail, count, o, &part, r));
+  std::copy(part.begin(), part.end(), decoded->begin() + at);
+  return Status::kOk;
+}
+
 }  // namespace
 
 Status simulate_two_level_allreduce(std::string_view codec_spec, const topo::Schedule& inter,
@@ -80,24 +101,20 @@ Status simulate_two_level_allreduce(std::string_view codec_spec, const topo::Sch
       std::copy(sums[0].begin() + begin, sums[0].begin() + begin + len, decoded.begin() + begin);
       continue;
     }
-    std::string error;
-    const std::unique_ptr<Codec> codec = make_codec(codec_spec, &error);
-    if (!codec)
-      DQ_FAIL(Status::kInvalidArgument, "simulate: codec %.*s: %s",
-              static_cast<int>(codec_spec.size()), codec_spec.data(), error.c_str());
-    std::vector<const float*> rail;
-    for (int g = 0; g < nodes; ++g) rail.push_back(sums[g].data() + begin);
-    SimOptions o = opt;
-    o.op = ReduceOp::kSum;  // AVG divides by every rank below, not by the rail's nodes
-    o.element_base = opt.element_base + begin;
-    SimResult r;
-    std::vector<float> part;
-    DQ_CHECK(simulate_allreduce(*codec, inter, rail, len, o, &part, &r));
-    std::copy(part.begin(), part.end(), decoded.begin() + begin);
-    copy_bits += r.bits_per_coord * static_cast<double>(len);
-    rail_bits += r.wire_bits_per_coord * static_cast<double>(len);
-    out->budget_honest = out->budget_honest && r.budget_honest;
-    out->chunks_large_enough = out->chunks_large_enough && r.chunks_large_enough;
+    // The rail's pipeline blocks inside the shard, each its own codec and budget (whole
+    // super-groups, the last takes the remainder, as the engine cuts a call).
+    const size_t block = opt.block_elems ? opt.block_elems : len;
+    const size_t n_blocks = std::max<size_t>(1, len / block);
+    for (size_t b = 0; b < n_blocks; ++b) {
+      const size_t at = begin + b * block;
+      const size_t count = b + 1 == n_blocks ? begin + len - at : block;
+      SimResult r;
+      DQ_CHECK(rail_allreduce(codec_spec, inter, sums, at, count, opt, &decoded, &r));
+      copy_bits += r.bits_per_coord * static_cast<double>(count);
+      rail_bits += r.wire_bits_per_coord * static_cast<double>(count);
+      out->budget_honest = out->budget_honest && r.budget_honest;
+      out->chunks_large_enough = out->chunks_large_enough && r.chunks_large_enough;
+    }
   }
   if (opt.op == ReduceOp::kAvg)
     for (float& v : decoded) v /= static_cast<float>(n);
