@@ -206,6 +206,24 @@ TEST(SimTwoLevel, RailBlocksCutEachShard) {
   EXPECT_GT(r.vnmse, 0.0);
 }
 
+// Interleaved shards (a what-if): the same values and bits, another cut; with one rank per node
+// there is one shard and nothing to interleave. Every value is decoded in its own place.
+TEST(SimTwoLevel, InterleavedShardsKeepEveryValueInPlace) {
+  const Data d = synthetic(4, 70000);  // 273 whole super-groups and a partial one
+  SimOptions o;
+  o.interleaved_shards = true;
+  std::vector<float> flat_out, one, cut, contiguous;
+  flat(d, topo::Kind::kRing, 4, SimOptions{}, &flat_out);
+  two_level(d, topo::Kind::kRing, 4, 1, o, &one);
+  EXPECT_EQ(std::memcmp(flat_out.data(), one.data(), one.size() * sizeof(float)), 0);
+  const SimResult r = two_level(d, topo::Kind::kRing, 2, 2, o, &cut);
+  const SimResult c = two_level(d, topo::Kind::kRing, 2, 2, SimOptions{}, &contiguous);
+  EXPECT_NE(std::memcmp(cut.data(), contiguous.data(), cut.size() * sizeof(float)), 0);
+  EXPECT_GT(r.vnmse / c.vnmse, 0.7);  // synthetic data: the shards look alike either way
+  EXPECT_LT(r.vnmse / c.vnmse, 1.4);
+  EXPECT_LE(r.bits_per_coord, 5.0);
+}
+
 TEST(SimTwoLevel, Refusals) {
   const Data d = synthetic(4, 4096);
   SimResult r;

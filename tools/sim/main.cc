@@ -44,6 +44,8 @@ constexpr const char* kUsage =
     "  --rail-block-bytes B  node: each shard's compressed all-reduce cut into blocks of B bytes\n"
     "                        of FP32 (whole super-groups, the last takes the rest), one budget\n"
     "                        each, as a rail engine's DYNAMIQ_BLOCK_BYTES (default: one block)\n"
+    "  --shards S            node: contiguous (default, as NCCL's reduce-scatter) or\n"
+    "                        interleaved (a what-if: shard l holds super-groups l, l+L, ...)\n"
     "  --codec LIST          e.g. dynamiq:5,mxfp8,mxfp6,mxfp4,bf16,uniform:5 (default dynamiq:5)\n"
     "  --op sum|avg          reduction (default sum)\n"
     "  --collective C        allreduce (default) or reducescatter: each worker's row of d values\n"
@@ -212,6 +214,7 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
   CLI::Option* o_local = dq::cli::add_value(&app, "--ranks-per-node");
   CLI::Option* o_hierarchy = dq::cli::add_value(&app, "--hierarchy");
   CLI::Option* o_rail_block = dq::cli::add_value(&app, "--rail-block-bytes");
+  CLI::Option* o_shards = dq::cli::add_value(&app, "--shards");
   std::string error;
   switch (dq::cli::parse(&app, argc, argv, &error)) {
     case dq::cli::Parsed::kHelp:
@@ -255,7 +258,11 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
       a->collective = value;
     else if (o == o_hierarchy)
       a->hierarchy_list = value;
-    else if (o == o_rail_block) {
+    else if (o == o_shards) {
+      if (value != "contiguous" && value != "interleaved")
+        return usage_error("--shards must be contiguous or interleaved");
+      a->opt.interleaved_shards = value == "interleaved";
+    } else if (o == o_rail_block) {
       if (!parse_ulong(v, 1024, 1ull << 40, &u))
         return usage_error("--rail-block-bytes must be 1024..2^40");
       a->opt.block_elems = std::max<size_t>(256, u / 4 / 256 * 256);

@@ -25,6 +25,10 @@ struct SimOptions {
   // All-reduce only: added to every element index of the rounding keys, for a part of a larger
   // tensor (the shard of a two-level all-reduce, tools/sim/two_level.h); 0 = a whole tensor.
   uint64_t element_base = 0;
+  // Two-level all-reduce, a what-if: shard l holds whole super-groups l, l + L, l + 2L, ... of
+  // the tensor instead of a contiguous range, so every shard samples the tensor evenly (NCCL's
+  // reduce-scatter gives contiguous shards; the engine would need a permuting copy).
+  bool interleaved_shards = false;
 };
 
 struct SimResult {

@@ -70,6 +70,30 @@ Status rail_allreduce(std::string_view codec_spec, const topo::Schedule& inter,
   return Status::kOk;
 }
 
+// The super-group order of interleaved shards: local rank l's whole super-groups l, l + L, ...
+// in turn; a partial last super-group stays last (a codec's only partial one is its last).
+std::vector<size_t> interleaved_order(size_t d, int local) {
+  const size_t whole = d / 256;
+  std::vector<size_t> order;
+  for (int l = 0; l < local; ++l)
+    for (size_t j = static_cast<size_t>(l); j < whole; j += static_cast<size_t>(local))
+      order.push_back(j);
+  if (whole * 256 < d) order.push_back(whole);
+  return order;
+}
+
+// Moves super-group order[i] of `v` to position i (forward) or back (inverse).
+void permute_supergroups(const std::vector<size_t>& order, bool inverse, std::vector<float>* v) {
+  const size_t d = v->size();
+  std::vector<float> out(d);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const size_t from = (inverse ? i : order[i]) * 256, to = (inverse ? order[i] : i) * 256;
+    const size_t len = std::min<size_t>(256, d - std::max(from, to));
+    std::copy(v->begin() + from, v->begin() + from + len, out.begin() + to);
+  }
+  v->swap(out);
+}
+
 }  // namespace
 
 Status simulate_two_level_allreduce(std::string_view codec_spec, const topo::Schedule& inter,
@@ -88,6 +112,11 @@ Status simulate_two_level_allreduce(std::string_view codec_spec, const topo::Sch
     DQ_FAIL(Status::kInvalidArgument, "simulate: per-hop errors are not modelled for two-level");
   std::vector<std::vector<float>> sums;
   node_sums(rows, d, nodes, local, &sums);
+  const bool interleave = opt.interleaved_shards && local > 1;
+  const std::vector<size_t> order =
+      interleave ? interleaved_order(d, local) : std::vector<size_t>{};
+  if (interleave)
+    for (auto& s : sums) permute_supergroups(order, false, &s);
 
   std::vector<float> decoded(d, 0.0f);
   const size_t shard = two_level_shard_elems(d, local);
@@ -116,6 +145,7 @@ Status simulate_two_level_allreduce(std::string_view codec_spec, const topo::Sch
       out->chunks_large_enough = out->chunks_large_enough && r.chunks_large_enough;
     }
   }
+  if (interleave) permute_supergroups(order, true, &decoded);
   if (opt.op == ReduceOp::kAvg)
     for (float& v : decoded) v /= static_cast<float>(n);
 

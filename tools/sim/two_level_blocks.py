@@ -9,9 +9,10 @@ hierarchies and prints, per worker count, topology and hierarchy, the vNMSE over
 
 usage: two_level_blocks.py SIM STEP.npy [--workers 8,16] [--ranks-per-node 2]
        [--topo ring,butterfly] [--codec dynamiq:5] [--block-bytes 16777216] [--whole]
-       [--rail-block-bytes B]
+       [--rail-block-bytes B] [--shards contiguous|interleaved]
 --whole: the whole vector as one codec (one dynamiq-sim run) instead of the engine's blocks.
---rail-block-bytes: passed to dynamiq-sim: each shard's rail all-reduce cut into blocks of B bytes.
+--rail-block-bytes, --shards: passed to dynamiq-sim (rail blocks of B bytes in each shard; the
+interleaved shards what-if).
 """
 import argparse
 import json
@@ -55,6 +56,7 @@ def main():
     ap.add_argument("--block-bytes", type=int, default=16 << 20)
     ap.add_argument("--whole", action="store_true")
     ap.add_argument("--rail-block-bytes")
+    ap.add_argument("--shards", default="contiguous")
     a = ap.parse_args()
     data = np.load(a.step, mmap_mode="r")
     d = data.shape[1]
@@ -69,7 +71,7 @@ def main():
         r = subprocess.run([a.sim, "--input", a.step, "--columns", f"{begin}:{end}", "--workers",
                             a.workers, "--ranks-per-node", a.ranks_per_node, "--hierarchy",
                             "flat,node", "--topo", a.topo, "--codec", a.codec, "--format",
-                            "jsonl", "--quiet"] +
+                            "jsonl", "--quiet", "--shards", a.shards] +
                            (["--rail-block-bytes", a.rail_block_bytes] if a.rail_block_bytes
                             else []), capture_output=True, text=True, check=True)
         rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
