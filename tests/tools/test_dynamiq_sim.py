@@ -162,11 +162,22 @@ for topo in ("ring", "butterfly"):
           two["intra_node_bits_per_coord"] == 32 and two["bits_per_coord"] <= 5.0,
           f"2 x 2 bits: {two}")
     check(0 < two["vnmse"] < tl[(topo, "flat", 2)]["vnmse"], f"2 x 2 vs flat: {two}")
+# Rail blocks and interleaved shards change the cut, not the budget; both stay deterministic.
+cuts = {args: jsonl("--input", sample, "--workers", "4", "--ranks-per-node", "2", "--hierarchy",
+                    "node", *args)[0] for args in ((), ("--rail-block-bytes", "131072"),
+                                                    ("--shards", "interleaved"))}
+check(len({x["vnmse"] for x in cuts.values()}) == 3, f"cuts give the same result: {cuts}")
+check(all(x["bits_per_coord"] <= 5.0 and 0 < x["vnmse"] < 0.1 for x in cuts.values()),
+      f"cuts: {cuts}")
 for args, what in ((("--workers", "3", "--ranks-per-node", "2", "--hierarchy", "node"), "multiple"),
                    (("--hierarchy", "tree"), "tree"),
                    (("--ranks-per-node", "0"), "--ranks-per-node"),
                    (("--hierarchy", "node", "--collective", "reducescatter"), "all-reduce only"),
-                   (("--hierarchy", "node", "--per-hop"), "all-reduce only")):
+                   (("--hierarchy", "node", "--per-hop"), "all-reduce only"),
+                   (("--shards", "striped"), "--shards"),
+                   (("--rail-block-bytes", "10"), "--rail-block-bytes"),
+                   (("--collective", "reducescatter", "--rail-block-bytes", "65536"),
+                    "--hierarchy node")):
     r = run("--input", sample, *args)
     check(r.returncode == 2 and what in r.stderr, f"{args}: rc {r.returncode} {r.stderr[:200]}")
 
