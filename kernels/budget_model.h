@@ -38,7 +38,12 @@ inline bool plan_candidate(int c, size_t count, int chunks, int n_workers, Dynam
 }
 // The relative rounding error of the MX codec `spec` ("mxfp8", "mxfp6"); 0 for any other codec.
 double mx_rounding_error(std::string_view spec);
-// The hop profile (budget_math.h) of a schedule: its tables, owned, and a view of them.
+// The hop profile (budget_math.h) of a schedule: its tables, owned, and a view of them. The
+// schedule is the compressed stage's: flat, the schedule over every rank; two-level
+// (DYNAMIQ_HIERARCHY=node), the schedule over the nodes that each shard's rail runs, with the
+// node sums' statistics and n_workers = nodes in StatsSummary::load: the exact sums inside a node
+// round nothing (FP32), so the model counts inter-node hops only (tools/sim/two_level.h; held to
+// the simulator by BudgetModel.TwoLevelPredictionWithinBoundOfTheSimulator).
 struct HopTables {
   std::vector<double> linear, square;  // n_workers + 1 entries: m = 0 .. n_workers
   HopProfile view() const { return HopProfile{linear.data(), square.data()}; }

@@ -64,6 +64,31 @@ for bad in ("5:3", "x:10", "10", "0:99999999999"):
     named = "--columns" in r.stderr or "columns [" in r.stderr
     check(r.returncode == 2 and named, f"--columns {bad}: rc {r.returncode} {r.stderr[:200]}")
 
+# The two-level shape. 4 nodes x 1 rank predicts and measures exactly what flat does.
+def strip(rs, *keys):
+    return [{k: v for k, v in x.items() if k not in keys} for x in rs if "kind" in x]
+
+
+flat4 = rows(run("--bucket", str(BUCKET), "--columns", f"0:{2 * BUCKET}"))
+node4 = rows(run("--bucket", str(BUCKET), "--columns", f"0:{2 * BUCKET}", "--hierarchy", "node"))
+check(strip([x for x in flat4 if x.get("kind") != "auto"], "hierarchy") ==
+      strip(node4, "hierarchy"), "4 x 1 two-level rows differ from flat")
+check(all(x["hierarchy"] == "node" for x in node4 if "kind" in x), "hierarchy field")
+# 2 nodes x 2 ranks: per-shard predictions within the model's band, no auto rows (each rail
+# would choose its own rung), and other figures than the flat shape's of the same 4 ranks.
+node22 = rows(run("--bucket", str(BUCKET), "--columns", f"0:{2 * BUCKET}", "--hierarchy",
+                  "flat,node", "--ranks-per-node", "2"))
+two = [x for x in node22 if x.get("hierarchy") == "node"]
+check(len(two) == 2 * 4 and all(x["kind"] in ("fixed", "mx") for x in two), f"rows: {two}")
+check(all(0.67 <= x["ratio"] <= 1.5 for x in two), f"two-level ratios: {two}")
+for x in two:
+    f = [y for y in node22 if y.get("hierarchy") == "flat" and y["kind"] == x["kind"] and
+         y["codec"] == x["codec"] and y["offset"] == x["offset"]]
+    check(len(f) == 1 and f[0]["measured"] != x["measured"] and f[0]["predicted"] != x["predicted"],
+          f"two-level {x} against flat {f}")
+r = run("--ranks-per-node", "3")
+check(r.returncode == 2 and "--ranks-per-node" in r.stderr, f"4 ranks by 3: {r.stderr[:200]}")
+
 for f in failures:
     print("FAIL:", f)
 sys.exit(1 if failures else 0)

@@ -140,6 +140,47 @@ check(r.returncode == 2 and "allreduce only" in r.stderr, f"breakdown of reduces
 r = run("--input", sample, "--bits-breakdown", "--quiet")
 check(r.returncode == 0 and "err share" in r.stdout and "slack" in r.stdout, f"table: {r.stdout}")
 
+# --hierarchy node --ranks-per-node L: the two-level all-reduce (tools/sim/two_level.h).
+tl = {(x["topo"], x["hierarchy"], x["ranks_per_node"]): x for L in ("1", "2", "4") for x in jsonl(
+    "--input", sample, "--workers", "4", "--topo", "ring,butterfly", "--codec", "dynamiq:5",
+    "--hierarchy", "flat,node", "--ranks-per-node", L)}
+for topo in ("ring", "butterfly"):
+    fl, one = tl[(topo, "flat", 1)], tl[(topo, "node", 1)]
+    # 4 nodes x 1 rank is the flat all-reduce: the same vNMSE and bits, to the last digit.
+    check(all(fl[k] == one[k] for k in ("vnmse", "bits_per_coord", "wire_bits_per_coord")),
+          f"4 x 1 is not flat: {fl} {one}")
+    check(one["intra_node_bits_per_coord"] == 0 and "intra_node_bits_per_coord" not in fl,
+          f"intra-node bits: {one}")
+    # 1 node x 4 ranks: nothing is compressed, the FP32 sum.
+    exact = tl[(topo, "node", 4)]
+    check(exact["nodes"] == 1 and exact["vnmse"] < 1e-12 and exact["bits_per_coord"] == 0 and
+          exact["wire_bits_per_coord"] == 0, f"one node: {exact}")
+    # 2 nodes x 2: each rank sends its shard's ring of 2 on its rail: 2 x 1/2 of 5 bits over 2
+    # ranks, 2.5 bits per coordinate (the flat ring of 4: 7.5), and 32 FP32 bits inside the node.
+    two = tl[(topo, "node", 2)]
+    check(two["nodes"] == 2 and abs(two["wire_bits_per_coord"] - 2.5) < 0.01 and
+          two["intra_node_bits_per_coord"] == 32 and two["bits_per_coord"] <= 5.0,
+          f"2 x 2 bits: {two}")
+    check(0 < two["vnmse"] < tl[(topo, "flat", 2)]["vnmse"], f"2 x 2 vs flat: {two}")
+# Rail blocks and interleaved shards change the cut, not the budget; both stay deterministic.
+cuts = {args: jsonl("--input", sample, "--workers", "4", "--ranks-per-node", "2", "--hierarchy",
+                    "node", *args)[0] for args in ((), ("--rail-block-bytes", "131072"),
+                                                    ("--shards", "interleaved"))}
+check(len({x["vnmse"] for x in cuts.values()}) == 3, f"cuts give the same result: {cuts}")
+check(all(x["bits_per_coord"] <= 5.0 and 0 < x["vnmse"] < 0.1 for x in cuts.values()),
+      f"cuts: {cuts}")
+for args, what in ((("--workers", "3", "--ranks-per-node", "2", "--hierarchy", "node"), "multiple"),
+                   (("--hierarchy", "tree"), "tree"),
+                   (("--ranks-per-node", "0"), "--ranks-per-node"),
+                   (("--hierarchy", "node", "--collective", "reducescatter"), "all-reduce only"),
+                   (("--hierarchy", "node", "--per-hop"), "all-reduce only"),
+                   (("--shards", "striped"), "--shards"),
+                   (("--rail-block-bytes", "10"), "--rail-block-bytes"),
+                   (("--collective", "reducescatter", "--rail-block-bytes", "65536"),
+                    "--hierarchy node")):
+    r = run("--input", sample, *args)
+    check(r.returncode == 2 and what in r.stderr, f"{args}: rc {r.returncode} {r.stderr[:200]}")
+
 for f in failures:
     print("FAIL:", f)
 print(f"{len(failures)} failures")

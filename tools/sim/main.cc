@@ -17,6 +17,7 @@
 #include "tools/sim/cli_common.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
+#include "tools/sim/two_level.h"
 
 namespace {
 
@@ -34,6 +35,17 @@ constexpr const char* kUsage =
     "  --save FILE.npy       write the synthetic matrix and exit\n"
     "  --workers N[,N...]    worker counts, 1..1024 (default 4)\n"
     "  --topo LIST           ring,butterfly (default ring)\n"
+    "  --ranks-per-node L    ranks per node, rank r on node r / L (default 1); each --workers\n"
+    "                        count must be a multiple of L\n"
+    "  --hierarchy LIST      flat,node (default flat). flat: the schedule over all ranks in\n"
+    "                        rank order; node: two-level (all-reduce only), the exact FP32 sum\n"
+    "                        inside each node, then per shard (1/L of the tensor) the compressed\n"
+    "                        all-reduce among the nodes on --topo, then an exact all-gather\n"
+    "  --rail-block-bytes B  node: each shard's compressed all-reduce cut into blocks of B bytes\n"
+    "                        of FP32 (whole super-groups, the last takes the rest), one budget\n"
+    "                        each, as a rail engine's DYNAMIQ_BLOCK_BYTES (default: one block)\n"
+    "  --shards S            node: contiguous (default, as NCCL's reduce-scatter) or\n"
+    "                        interleaved (a what-if: shard l holds super-groups l, l+L, ...)\n"
     "  --codec LIST          e.g. dynamiq:5,mxfp8,mxfp6,mxfp4,bf16,uniform:5 (default dynamiq:5)\n"
     "  --op sum|avg          reduction (default sum)\n"
     "  --collective C        allreduce (default) or reducescatter: each worker's row of d values\n"
@@ -159,16 +171,17 @@ void print_breakdown(const dq::sim::BitBreakdown& b) {
 // Every option of one run (defaults as kUsage says), and the lists parsed from them.
 struct SimArgs {
   std::string input, save, format = "table", topo_list = "ring", codec_list = "dynamiq:5";
-  std::string worker_list = "4", collective = "allreduce", columns;
+  std::string worker_list = "4", collective = "allreduce", columns, hierarchy_list = "flat";
   bool synthetic = false, quiet = false, breakdown = false;
   dq::sim::SyntheticSpec syn;
   dq::sim::SimOptions opt;
-  unsigned long long calls = 1, threads = 0;
+  unsigned long long calls = 1, threads = 0, ranks_per_node = 1;
   bool scatter = false;                      // --collective reducescatter
   size_t col_begin = 0, col_end = SIZE_MAX;  // --columns B:E
   std::vector<int> workers;
   std::vector<dq::topo::Kind> topos;
   std::vector<std::string> codecs;
+  std::vector<bool> two_level;  // per --hierarchy item: node (true) or flat
 };
 
 // Returned by the steps of main when the run goes on (any other value is the exit code).
@@ -198,6 +211,10 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
   CLI::Option* o_calls = dq::cli::add_value(&app, "--calls");
   CLI::Option* o_threads = dq::cli::add_value(&app, "--threads");
   CLI::Option* o_op = dq::cli::add_value(&app, "--op");
+  CLI::Option* o_local = dq::cli::add_value(&app, "--ranks-per-node");
+  CLI::Option* o_hierarchy = dq::cli::add_value(&app, "--hierarchy");
+  CLI::Option* o_rail_block = dq::cli::add_value(&app, "--rail-block-bytes");
+  CLI::Option* o_shards = dq::cli::add_value(&app, "--shards");
   std::string error;
   switch (dq::cli::parse(&app, argc, argv, &error)) {
     case dq::cli::Parsed::kHelp:
@@ -239,7 +256,20 @@ int parse_command_line(int argc, char** argv, SimArgs* a) {
       a->format = value;
     else if (o == o_collective)
       a->collective = value;
-    else if (o == o_dim) {
+    else if (o == o_hierarchy)
+      a->hierarchy_list = value;
+    else if (o == o_shards) {
+      if (value != "contiguous" && value != "interleaved")
+        return usage_error("--shards must be contiguous or interleaved");
+      a->opt.interleaved_shards = value == "interleaved";
+    } else if (o == o_rail_block) {
+      if (!parse_ulong(v, 1024, 1ull << 40, &u))
+        return usage_error("--rail-block-bytes must be 1024..2^40");
+      a->opt.block_elems = std::max<size_t>(256, u / 4 / 256 * 256);
+    } else if (o == o_local) {
+      if (!parse_ulong(v, 1, 1024, &a->ranks_per_node))
+        return usage_error("--ranks-per-node must be 1..1024");
+    } else if (o == o_dim) {
       if (!parse_ulong(v, 1, 1ull << 31, &u)) return usage_error("--dim must be 1..2^31");
       a->syn.cols = u;
     } else if (o == o_spread) {
@@ -299,6 +329,24 @@ int check_options(SimArgs* a) {
       return usage_error("--topo: unknown topology '" + t + "' (ring, butterfly)");
     a->topos.push_back(k);
   }
+  for (const auto& h : dq::sim::split_list(a->hierarchy_list)) {
+    if (h != "flat" && h != "node")
+      return usage_error("--hierarchy: unknown hierarchy '" + h + "' (flat, node)");
+    a->two_level.push_back(h == "node");
+  }
+  const bool any_node =
+      std::find(a->two_level.begin(), a->two_level.end(), true) != a->two_level.end();
+  if (a->scatter && a->opt.block_elems)
+    return usage_error("--rail-block-bytes is for --hierarchy node (all-reduce) only");
+  if (any_node && (a->scatter || a->opt.per_hop || a->breakdown))
+    return usage_error(
+        "--hierarchy node models the all-reduce only (no --collective reducescatter, "
+        "--per-hop or --bits-breakdown)");
+  for (int n : a->workers)
+    if (n % static_cast<int>(a->ranks_per_node) != 0)
+      return usage_error("--workers " + std::to_string(n) +
+                         " is not a multiple of --ranks-per-node " +
+                         std::to_string(a->ranks_per_node));
   a->codecs = dq::sim::split_list(a->codec_list);
   for (const auto& c : a->codecs) {
     std::string err;
@@ -309,8 +357,8 @@ int check_options(SimArgs* a) {
     if (a->breakdown && !dq::dynamiq_parameters(*codec, &dyn, &plan))
       return usage_error("--bits-breakdown: " + c + " is not a DynamiQ codec");
   }
-  if (a->workers.empty() || a->topos.empty() || a->codecs.empty())
-    return usage_error("empty --workers, --topo or --codec list");
+  if (a->workers.empty() || a->topos.empty() || a->codecs.empty() || a->two_level.empty())
+    return usage_error("empty --workers, --topo, --codec or --hierarchy list");
   return kContinue;
 }
 
@@ -361,6 +409,8 @@ struct Case {
   std::string spec;
   dq::topo::Kind topo;
   int n = 0;
+  bool two_level = false;            // --hierarchy node: `sched` is over the n / L nodes
+  int local = 1;                     // --ranks-per-node
   size_t recvcount = 0;              // reduce-scatter: elements per rank block
   size_t d = 0;                      // elements reduced per worker
   dq::sim::SimResult sum{}, last{};  // sum: vNMSE averaged and seconds summed over the calls
@@ -378,10 +428,13 @@ int simulate_calls(const SimArgs& a, const dq::topo::Schedule& sched,
   for (unsigned long long call = 0; call < a.calls; ++call) {
     dq::sim::SimOptions o = a.opt;
     o.call = call;
-    const Status st = a.scatter ? dq::sim::simulate_reduce_scatter(c->spec, sched, rows,
-                                                                   c->recvcount, o, nullptr, &r)
-                                : dq::sim::simulate_allreduce(*codec, sched, rows, cols, o,
-                                                              a.breakdown ? &decoded : nullptr, &r);
+    const Status st =
+        c->two_level ? dq::sim::simulate_two_level_allreduce(c->spec, sched, c->local, rows, cols,
+                                                             o, nullptr, &r)
+        : a.scatter
+            ? dq::sim::simulate_reduce_scatter(c->spec, sched, rows, c->recvcount, o, nullptr, &r)
+            : dq::sim::simulate_allreduce(*codec, sched, rows, cols, o,
+                                          a.breakdown ? &decoded : nullptr, &r);
     if (st != Status::kOk) {
       std::fprintf(stderr, "dynamiq-sim: %s %s on %s n=%d failed\n", a.collective.c_str(),
                    c->spec.c_str(), dq::topo::kind_name(c->topo), c->n);
@@ -418,12 +471,17 @@ void print_jsonl_row(const SimArgs& a, const Case& c) {
   row["codec"] = c.spec;
   row["topo"] = dq::topo::kind_name(c.topo);
   row["workers"] = c.n;
+  row["hierarchy"] = c.two_level ? "node" : "flat";
+  row["nodes"] = c.n / c.local;
+  row["ranks_per_node"] = c.local;
   row["d"] = c.d;
   dq::cli::put_number(&row, "vnmse", c.sum.vnmse, /*always_flag=*/true);
   dq::cli::put_number(&row, "bits_per_coord", r.bits_per_coord);
   dq::cli::put_number(&row, "wire_bits_per_coord", r.wire_bits_per_coord);
   row["budget_honest"] = r.budget_honest;
   row["chunks_large_enough"] = r.chunks_large_enough;
+  if (c.two_level)
+    dq::cli::put_number(&row, "intra_node_bits_per_coord", r.intra_node_bits_per_coord);
   row["calls"] = a.calls;
   row["seed"] = static_cast<unsigned long long>(a.opt.seed);
   dq::cli::put_number(&row, "seconds", c.sum.seconds);
@@ -446,6 +504,7 @@ void print_table_row(const SimArgs& a, const Case& c) {
     for (double b : c.blocks) lo = std::min(lo, b), hi = std::max(hi, b);
     std::printf("  (reducescatter: block vNMSE %.3e..%.3e)", lo, hi);
   }
+  if (c.two_level) std::printf("  (two-level: %d nodes x %d)", c.n / c.local, c.local);
   if (!r.chunks_large_enough)
     std::printf("  (< %zu super-groups per chunk: the engine passes this through)",
                 dq::kMinSuperGroupsPerChunk);
@@ -459,9 +518,10 @@ struct Progress {
   size_t done = 0, total = 0;
 };
 
-// Every codec on one topology and worker count.
+// Every codec on one topology, worker count and hierarchy (two_level: the schedule runs over the
+// n / --ranks-per-node nodes).
 int run_topology(const SimArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Kind topo,
-                 Progress* progress) {
+                 bool two_level, Progress* progress) {
   // A reduce-scatter needs one chunk ending at every worker: the engine runs a butterfly of
   // a rank count that is not a power of two on the ring, and so does the simulator.
   const bool pow2 = (n & (n - 1)) == 0;
@@ -472,8 +532,9 @@ int run_topology(const SimArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Ki
           n);
     topo = dq::topo::Kind::kRing;
   }
+  const int local = static_cast<int>(a.ranks_per_node);
   dq::topo::Schedule sched;
-  if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
+  if (dq::topo::make_schedule(topo, two_level ? n / local : n, &sched) != Status::kOk) return 1;
   std::vector<const float*> rows;
   for (int r = 0; r < n; ++r) rows.push_back(m.row(r));
   const size_t recvcount = m.cols / static_cast<size_t>(n);
@@ -484,15 +545,17 @@ int run_topology(const SimArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Ki
     c.spec = spec;
     c.topo = topo;
     c.n = n;
+    c.two_level = two_level;
+    c.local = local;
     c.recvcount = recvcount;
     c.d = a.scatter ? recvcount * n : m.cols;
     if (const int rc = simulate_calls(a, sched, rows, m.cols, &c); rc != kContinue) return rc;
     ++progress->done;
     if (!a.quiet)
       std::fprintf(
-          stderr, "[dynamiq-sim %zu/%zu, %.1f s] %s %s n=%d\n", progress->done, progress->total,
+          stderr, "[dynamiq-sim %zu/%zu, %.1f s] %s %s n=%d%s\n", progress->done, progress->total,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - progress->start).count(),
-          spec.c_str(), dq::topo::kind_name(topo), n);
+          spec.c_str(), dq::topo::kind_name(topo), n, two_level ? " two-level" : "");
     if (a.format == "jsonl")
       print_jsonl_row(a, c);
     else
@@ -519,9 +582,11 @@ int main(int argc, char** argv) {
     std::printf("%-34s %-9s %5s %12s %9s %9s %7s\n", "codec", "topo", "n", "vNMSE", "bits/crd",
                 "wire/crd", "sec");
   Progress progress;
-  progress.total = a.workers.size() * a.topos.size() * a.codecs.size();
+  progress.total = a.workers.size() * a.topos.size() * a.two_level.size() * a.codecs.size();
   for (int n : a.workers)
     for (auto topo : a.topos)
-      if (const int rc = run_topology(a, m, n, topo, &progress); rc != kContinue) return rc;
+      for (bool two_level : a.two_level)
+        if (const int rc = run_topology(a, m, n, topo, two_level, &progress); rc != kContinue)
+          return rc;
   return 0;
 }

@@ -28,6 +28,7 @@
 #include "tools/sim/cli_common.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
+#include "tools/sim/two_level.h"
 
 namespace {
 
@@ -40,6 +41,10 @@ constexpr const char* kUsage =
     "  --dim D --spread S --shared F --seed K   as dynamiq-sim (defaults 1048576, 2, 0.5, 1)\n"
     "  --workers LIST      worker counts (default 4)\n"
     "  --topo LIST         ring,butterfly (default ring)\n"
+    "  --ranks-per-node L  ranks per node (default 1); each --workers count a multiple of L\n"
+    "  --hierarchy LIST    flat,node (default flat); node: the two-level all-reduce (as\n"
+    "                      dynamiq-sim's), predicted per shard from the node sums' statistics\n"
+    "                      over the nodes (fixed and mx rows; auto rows are flat only)\n"
     "  --columns B:E       only columns [B, E) of --input (a part of a corpus; E may be end)\n"
     "  --bucket N          elements per bucket (default 262144; the last takes the rest)\n"
     "  --budgets LIST      fixed budgets to check (default 3,4,5,6,7,8)\n"
@@ -62,15 +67,26 @@ struct Measured {
   double vnmse = 0, bits = 0;
 };
 
-bool measure_uncached(const std::string& spec, const dq::topo::Schedule& sched,
+// The shape a bucket is reduced in: flat (sched over every rank), or two-level (sched over the
+// nodes, `local` ranks per node).
+struct Shape {
+  const dq::topo::Schedule* sched = nullptr;
+  bool two_level = false;
+  int local = 1;
+};
+
+bool measure_uncached(const std::string& spec, const Shape& shape,
                       const std::vector<const float*>& rows, size_t d, Measured* out) {
   std::string err;
   auto codec = dq::make_codec(spec, &err);
   if (!codec) return false;
   dq::sim::SimOptions o;
   dq::sim::SimResult r;
-  if (dq::sim::simulate_allreduce(*codec, sched, rows, d, o, nullptr, &r) != Status::kOk)
-    return false;
+  const Status st =
+      shape.two_level ? dq::sim::simulate_two_level_allreduce(spec, *shape.sched, shape.local, rows,
+                                                              d, o, nullptr, &r)
+                      : dq::sim::simulate_allreduce(*codec, *shape.sched, rows, d, o, nullptr, &r);
+  if (st != Status::kOk) return false;
   out->vnmse = r.vnmse;
   out->bits = r.bits_per_coord;
   return true;
@@ -80,19 +96,18 @@ bool measure_uncached(const std::string& spec, const dq::topo::Schedule& sched,
 // "mxfp8", auto's choice) is simulated once (the simulator is deterministic in its inputs).
 class BucketMeasurements {
  public:
-  BucketMeasurements(const dq::topo::Schedule& sched, const std::vector<const float*>& rows,
-                     size_t d)
-      : sched_(sched), rows_(rows), d_(d) {}
+  BucketMeasurements(const Shape& shape, const std::vector<const float*>& rows, size_t d)
+      : shape_(shape), rows_(rows), d_(d) {}
   bool get(const std::string& spec, Measured* out) {
     for (const auto& [s, m] : done_)
       if (s == spec) return *out = m, true;
-    if (!measure_uncached(spec, sched_, rows_, d_, out)) return false;
+    if (!measure_uncached(spec, shape_, rows_, d_, out)) return false;
     done_.emplace_back(spec, *out);
     return true;
   }
 
  private:
-  const dq::topo::Schedule& sched_;
+  Shape shape_;
   const std::vector<const float*>& rows_;
   size_t d_;
   std::vector<std::pair<std::string, Measured>> done_;
@@ -101,7 +116,8 @@ class BucketMeasurements {
 // The options (defaults as kUsage says) and the lists parsed from them.
 struct PredictArgs {
   std::string input, workers_s = "4", topo_s = "ring", budgets_s = "3,4,5,6,7,8";
-  std::string target_s = "mxfp8", columns_s;
+  std::string target_s = "mxfp8", columns_s, hierarchy_s = "flat";
+  int ranks_per_node = 1;
   bool synthetic = false;
   size_t bucket = 262144;  // elements per bucket
   dq::sim::SyntheticSpec syn;
@@ -110,6 +126,7 @@ struct PredictArgs {
   std::vector<int> workers;
   std::vector<dq::topo::Kind> topos;
   std::vector<double> budgets;  // bits per coordinate
+  std::vector<bool> two_level;  // per --hierarchy item: node (true) or flat
   int max_workers = 0;
 };
 
@@ -138,6 +155,10 @@ int parse_command_line(int argc, char** argv, PredictArgs* a) {
       a->target_s = v;
     else if (o == "--columns")
       a->columns_s = v;
+    else if (o == "--hierarchy")
+      a->hierarchy_s = v;
+    else if (o == "--ranks-per-node")
+      a->ranks_per_node = std::atoi(v.c_str());
     else if (o == "--bucket")
       a->bucket = std::strtoull(v.c_str(), nullptr, 10);
     else if (o == "--dim")
@@ -176,6 +197,18 @@ int check_options(PredictArgs* a) {
     if (w < 2 || w > 1024) return fail("--workers: each in 2..1024");
     a->max_workers = std::max(a->max_workers, w);
   }
+  if (a->ranks_per_node < 1 || a->ranks_per_node > 1024)
+    return fail("--ranks-per-node must be 1..1024");
+  for (const auto& h : dq::sim::split_list(a->hierarchy_s)) {
+    if (h != "flat" && h != "node") return fail("--hierarchy: unknown hierarchy " + h);
+    a->two_level.push_back(h == "node");
+  }
+  if (a->two_level.empty()) return fail("empty --hierarchy list");
+  for (int w : a->workers)
+    if (w % a->ranks_per_node != 0 || w / a->ranks_per_node < 2)
+      return fail("--workers " + std::to_string(w) +
+                  ": need at least 2 nodes of --ranks-per-node " +
+                  std::to_string(a->ranks_per_node));
   return kContinue;
 }
 
@@ -204,6 +237,7 @@ struct Totals {
 struct Bucket {
   dq::topo::Kind topo;
   int n = 0;
+  Shape shape;
   size_t index = 0, offset = 0, count = 0;  // offset: the first column in the input file
   double energy = 0;                        // of the exact sum
 };
@@ -216,6 +250,8 @@ nlohmann::ordered_json bucket_row(const Bucket& bk, const char* kind, const std:
   j["count"] = bk.count;
   j["topo"] = dq::topo::kind_name(bk.topo);
   j["workers"] = bk.n;
+  j["hierarchy"] = bk.shape.two_level ? "node" : "flat";
+  j["ranks_per_node"] = bk.shape.local;
   j["codec"] = codec;
   return j;
 }
@@ -233,20 +269,66 @@ bool compare(BucketMeasurements& measured, const Bucket& bk, const char* kind,
   return true;
 }
 
-// The "fixed" rows: every --budgets budget whose plan fits the bucket.
+// What the model predicts a bucket from: flat, one part (the bucket's statistics over every
+// rank); two-level, one per shard (the node sums' statistics over the nodes, as each rail
+// all-reduces them), each with its element count.
+struct Parts {
+  std::vector<std::unique_ptr<dq::StatsSummary>> owned;
+  std::vector<const dq::StatsSummary*> view;
+  std::vector<size_t> counts;
+};
+
+// Loads one part: the statistics of `rows` (d elements each, one row per worker of sched).
+bool load_part(const dq::topo::Schedule& sched, const dq::HopTables& hop,
+               const std::vector<const float*>& rows, size_t d, Parts* parts) {
+  std::string err;
+  auto base = dq::make_codec("dynamiq:5", &err);
+  base->plan(d, sched.n_chunks, sched.n_workers);
+  const std::vector<uint16_t> stats = dq::sim::reduced_stats(*base, rows, d);
+  auto summary = std::make_unique<dq::StatsSummary>();
+  if (!summary->load(stats.data(), d, sched.n_workers, hop.view())) return false;
+  parts->view.push_back(summary.get());
+  parts->owned.push_back(std::move(summary));
+  parts->counts.push_back(d);
+  return true;
+}
+
+// The bucket's parts; false when a statistic gives no summary.
+bool load_parts(const Bucket& bk, const dq::HopTables& hop, const std::vector<const float*>& rows,
+                Parts* parts) {
+  const dq::topo::Schedule& sched = *bk.shape.sched;
+  if (!bk.shape.two_level) return load_part(sched, hop, rows, bk.count, parts);
+  std::vector<std::vector<float>> sums;
+  dq::sim::node_sums(rows, bk.count, sched.n_workers, bk.shape.local, &sums);
+  const size_t shard = dq::sim::two_level_shard_elems(bk.count, bk.shape.local);
+  for (size_t begin = 0; begin < bk.count; begin += shard) {
+    std::vector<const float*> rail;
+    for (const auto& s : sums) rail.push_back(s.data() + begin);
+    if (!load_part(sched, hop, rail, std::min(shard, bk.count - begin), parts)) return false;
+  }
+  return true;
+}
+
+// The "fixed" rows: every --budgets budget whose plan fits every part of the bucket.
 int compare_fixed_budgets(const PredictArgs& a, const dq::topo::Schedule& sched, const Bucket& bk,
-                          const std::vector<const dq::StatsSummary*>& parts,
-                          BucketMeasurements& measured, Totals* t) {
+                          const Parts& parts, BucketMeasurements& measured, Totals* t) {
   std::string err;
   for (double bits : a.budgets) {
-    dq::DynamiqPlan plan;
-    bool fits = false;
-    if (dq::sim::auto_rung_plan(bits, bk.count, sched, &plan, &fits, &err) != Status::kOk) {
-      std::fprintf(stderr, "dynamiq-predict: %s\n", err.c_str());
-      return 1;
+    std::vector<dq::DynamiqPlan> plans(parts.counts.size());
+    std::vector<const dq::DynamiqPlan*> plan_of;
+    bool fits = true;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      bool f = false;
+      if (dq::sim::auto_rung_plan(bits, parts.counts[i], sched, &plans[i], &f, &err) !=
+          Status::kOk) {
+        std::fprintf(stderr, "dynamiq-predict: %s\n", err.c_str());
+        return 1;
+      }
+      fits = fits && f;
+      plan_of.push_back(&plans[i]);
     }
     if (!fits) continue;
-    const double pred = dq::predict_vnmse(parts, {&plan}, nullptr);
+    const double pred = dq::predict_vnmse(parts.view, plan_of, nullptr);
     char spec[32];
     std::snprintf(spec, sizeof spec, "dynamiq:%g", bits);
     Measured me;
@@ -256,11 +338,10 @@ int compare_fixed_budgets(const PredictArgs& a, const dq::topo::Schedule& sched,
 }
 
 // The "mx" rows (MXFP8 and MXFP6); *mx8 receives MXFP8's measurement.
-int compare_mx(const Bucket& bk, const dq::StatsSummary& summary, BucketMeasurements& measured,
-               Measured* mx8, Totals* t) {
+int compare_mx(const Bucket& bk, const Parts& parts, BucketMeasurements& measured, Measured* mx8,
+               Totals* t) {
   for (const char* spec : {"mxfp8", "mxfp6"}) {
-    const double k = dq::mx_rounding_error(spec);
-    const double pred = summary.mx_error(k) / summary.energy();
+    const double pred = dq::predict_mx_vnmse(parts.view, dq::mx_rounding_error(spec));
     Measured me;
     if (!compare(measured, bk, "mx", spec, pred, &t->ratio_mx, &me)) return 1;
     if (std::strcmp(spec, "mxfp8") == 0) *mx8 = me;
@@ -311,7 +392,6 @@ int compare_auto(const PredictArgs& a, const dq::topo::Schedule& sched, const Bu
 int predict_bucket(const PredictArgs& a, const dq::topo::Schedule& sched, const dq::HopTables& hop,
                    const std::vector<const float*>& rows, Bucket bk, Totals* t) {
   const size_t d = bk.count;
-  const int n = bk.n;
   // The exact sum's energy, to turn vNMSEs into errors summed over buckets.
   double energy = 0;
   for (size_t i = 0; i < d; ++i) {
@@ -320,19 +400,16 @@ int predict_bucket(const PredictArgs& a, const dq::topo::Schedule& sched, const 
     energy += s * s;
   }
   bk.energy = energy;
-  std::string err;
-  auto base = dq::make_codec("dynamiq:5", &err);
-  base->plan(d, sched.n_chunks, n);
-  const std::vector<uint16_t> stats = dq::sim::reduced_stats(*base, rows, d);
-  dq::StatsSummary summary;
-  if (!summary.load(stats.data(), d, n, hop.view())) return kContinue;
-  const std::vector<const dq::StatsSummary*> parts{&summary};
-  BucketMeasurements measured(sched, rows, d);
+  Parts parts;
+  if (!load_parts(bk, hop, rows, &parts)) return kContinue;
+  BucketMeasurements measured(bk.shape, rows, d);
   if (const int rc = compare_fixed_budgets(a, sched, bk, parts, measured, t); rc != kContinue)
     return rc;
   Measured mx8;
-  if (const int rc = compare_mx(bk, summary, measured, &mx8, t); rc != kContinue) return rc;
-  return compare_auto(a, sched, bk, summary, measured, mx8, t);
+  if (const int rc = compare_mx(bk, parts, measured, &mx8, t); rc != kContinue) return rc;
+  // Each rail of a two-level call chooses its own rung, which the simulation does not model.
+  if (bk.shape.two_level) return kContinue;
+  return compare_auto(a, sched, bk, *parts.view[0], measured, mx8, t);
 }
 
 void print_summaries(const PredictArgs& a, const Totals& t) {
@@ -363,6 +440,31 @@ void print_summaries(const PredictArgs& a, const Totals& t) {
   std::printf("%s\n", j.dump().c_str());
 }
 
+// Every bucket of one worker count, topology and hierarchy (two-level: the schedule over the
+// nodes).
+int predict_shape(const PredictArgs& a, const dq::sim::Matrix& m, int n, dq::topo::Kind topo,
+                  bool two_level, Totals* totals) {
+  const size_t n_buckets = std::max<size_t>(1, m.cols / a.bucket);
+  dq::topo::Schedule sched;
+  if (dq::topo::make_schedule(topo, two_level ? n / a.ranks_per_node : n, &sched) != Status::kOk)
+    return 1;
+  const dq::HopTables hop = dq::hop_profile(sched);
+  for (size_t b = 0; b < n_buckets; ++b) {
+    Bucket bk;
+    bk.topo = topo;
+    bk.n = n;
+    bk.shape = Shape{&sched, two_level, a.ranks_per_node};
+    bk.index = b;
+    const size_t begin = b * a.bucket;
+    bk.offset = a.col_begin + begin;
+    bk.count = b + 1 == n_buckets ? m.cols - begin : a.bucket;
+    std::vector<const float*> rows;
+    for (int r = 0; r < n; ++r) rows.push_back(m.row(r) + begin);
+    if (const int rc = predict_bucket(a, sched, hop, rows, bk, totals); rc != kContinue) return rc;
+  }
+  return kContinue;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -373,26 +475,11 @@ int main(int argc, char** argv) {
   if (const int rc = load_gradients(&a, &m); rc != kContinue) return rc;
 
   Totals totals;
-  const size_t n_buckets = std::max<size_t>(1, m.cols / a.bucket);
   for (int n : a.workers)
-    for (dq::topo::Kind topo : a.topos) {
-      dq::topo::Schedule sched;
-      if (dq::topo::make_schedule(topo, n, &sched) != Status::kOk) return 1;
-      const dq::HopTables hop = dq::hop_profile(sched);
-      for (size_t b = 0; b < n_buckets; ++b) {
-        Bucket bk;
-        bk.topo = topo;
-        bk.n = n;
-        bk.index = b;
-        const size_t begin = b * a.bucket;
-        bk.offset = a.col_begin + begin;
-        bk.count = b + 1 == n_buckets ? m.cols - begin : a.bucket;
-        std::vector<const float*> rows;
-        for (int r = 0; r < n; ++r) rows.push_back(m.row(r) + begin);
-        if (const int rc = predict_bucket(a, sched, hop, rows, bk, &totals); rc != kContinue)
+    for (dq::topo::Kind topo : a.topos)
+      for (bool two_level : a.two_level)
+        if (const int rc = predict_shape(a, m, n, topo, two_level, &totals); rc != kContinue)
           return rc;
-      }
-    }
   print_summaries(a, totals);
   return 0;
 }

@@ -192,7 +192,7 @@ Status simulate_allreduce(Codec& codec, const topo::Schedule& s,
       local_err[who.size() - 1] += err;
       return true;
     };
-    if (!run_tree_hops(codec, c, tree, rows, 0, d, opt, 0, &payload, measure_hop) ||
+    if (!run_tree_hops(codec, c, tree, rows, 0, d, opt, opt.element_base, &payload, measure_hop) ||
         codec.finish(c, ByteView{payload[tree.sink].data(), cap}, decoded.data(), DType::kF32,
                      opt.op, n) != Status::kOk) {
       failed.store(1);

@@ -18,9 +18,17 @@ struct SimOptions {
   ReduceOp op = ReduceOp::kSum;
   bool per_hop =
       false;  // also decode every intermediate payload and measure its error (all-reduce)
-  // Reduce-scatter only: elements per pipeline block inside each rank block, as the engine cuts
-  // a call (reduce_scatter_block_elems); 0 = the whole rank block is one block.
+  // Reduce-scatter: elements per pipeline block inside each rank block, as the engine cuts a call
+  // (reduce_scatter_block_elems); 0 = the whole rank block is one block. Two-level all-reduce
+  // (two_level.h): elements per block of each shard's rail all-reduce; 0 = one per shard.
   size_t block_elems = 0;
+  // All-reduce only: added to every element index of the rounding keys, for a part of a larger
+  // tensor (the shard of a two-level all-reduce, tools/sim/two_level.h); 0 = a whole tensor.
+  uint64_t element_base = 0;
+  // Two-level all-reduce, a what-if: shard l holds whole super-groups l, l + L, l + 2L, ... of
+  // the tensor instead of a contiguous range, so every shard samples the tensor evenly (NCCL's
+  // reduce-scatter gives contiguous shards; the engine would need a permuting copy).
+  bool interleaved_shards = false;
 };
 
 struct SimResult {
@@ -37,6 +45,9 @@ struct SimResult {
   // Reduce-scatter only: per rank r, the vNMSE of rank r's output block against the exact FP64
   // sum (or average) of that block; `vnmse` is then over all blocks together.
   std::vector<double> block_vnmse;
+  // Two-level all-reduce only: what each rank sends inside its node (the exact reduce-scatter
+  // and all-gather in FP32), bits per input coordinate; 0 for a flat schedule.
+  double intra_node_bits_per_coord = 0;
   double seconds = 0;
 };
 
