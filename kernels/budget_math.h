@@ -163,37 +163,17 @@ DQ_HD double largest_energy(const SupergroupEnergy& e) {
   return v > e.hop_mean ? v : e.hop_mean;
 }
 
-DQ_HD uint64_t f64_bits(double d) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint64_t>(__double_as_longlong(d));
-#else
-  uint64_t u;
-  std::memcpy(&u, &d, 8);
-  return u;
-#endif
-}
-
-DQ_HD double f64_from_bits(uint64_t u) {
-#if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(u));
-#else
-  double d;
-  std::memcpy(&d, &u, 8);
-  return d;
-#endif
-}
-
 // The fixed-point scale of a part: 2^s, so that n_sg values of at most `max_value` each, times
 // 2^s, sum below 2^63. max_value < 2^(e+1) and n_sg < 2^l give s = 62 - l - e. A super-group
 // below 2^-s of the largest is counted as 0; the relative error of a sum is below n_sg^2 2^-62.
 DQ_HD double fixed_point_scale(double max_value, uint64_t n_sg) {
   if (!(max_value > 0.0)) return 1.0;
-  const int e = static_cast<int>((f64_bits(max_value) >> 52) & 0x7ff) - 1023;
+  const int e = floor_log2(max_value);  // kernels/dynamiq_range.h
   int l = 0;
   while (l < 64 && (n_sg >> l) != 0) ++l;
   int s = 62 - l - e;
   s = s < -1022 ? -1022 : s > 1023 ? 1023 : s;
-  return f64_from_bits(static_cast<uint64_t>(s + 1023) << 52);
+  return pow2d(s);
 }
 
 DQ_HD uint64_t to_fixed_point(double value, double scale) {
