@@ -111,7 +111,8 @@ struct Launch {
 };
 
 Launch* g_launch = nullptr;
-std::thread::id g_launch_owner;
+// This thread's launch in progress: one from here is nested (another thread's launch is not).
+thread_local Launch* t_running = nullptr;
 std::mutex g_launch_mutex;
 Report g_report;
 Counters g_counters;
@@ -542,9 +543,9 @@ namespace detail {
 cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(void*),
                      void* context, const LaunchSite& site, const void* kernel) {
   g_launches.fetch_add(1);
-  if (g_launch && g_launch_owner == std::this_thread::get_id()) {
-    record(*g_launch, Fault::kNestedLaunch,
-           who(*g_launch, g_launch->current) + " launched " + site.kernel);
+  if (t_running != nullptr) {
+    record(*t_running, Fault::kNestedLaunch,
+           who(*t_running, t_running->current) + " launched " + site.kernel);
     throw Cancelled{};
   }
   std::lock_guard<std::mutex> lock(g_launch_mutex);
@@ -592,7 +593,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   L.dynamic = g_shared.prepare(dynamic_bytes);
   SignalScope signals;
   g_launch = &L;
-  g_launch_owner = std::this_thread::get_id();
+  t_running = &L;
   g_block_dim = block;
   g_grid_dim = grid;
   bool ok = true;
@@ -605,6 +606,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
         L.counters.threads += L.n;
       }
   g_launch = nullptr;
+  t_running = nullptr;
   L.current = -1;
   g_counters = L.counters;
   if (!ok) return finish(L.fault, L.message, cudaErrorLaunchFailure);
