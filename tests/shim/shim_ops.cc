@@ -92,6 +92,15 @@ std::vector<dq::test::RankExit> run_ranks(
         config.commName = "grads";
         ncclComm_t comm = nullptr;
         if (ncclCommInitRankConfig(&comm, n, *id, r, &config) != ncclSuccess) return 97;
+        // A library other than the CPU NCCL answering (a fake libnccl.so.2 found first on
+        // LD_LIBRARY_PATH) shows here rather than as a puzzling decision line.
+        int size = 0, rank = -1;
+        if (ncclCommCount(comm, &size) != ncclSuccess || size != n ||
+            ncclCommUserRank(comm, &rank) != ncclSuccess || rank != r) {
+          std::fprintf(stderr, "rank %d: the communicator reports rank %d of %d, not %d of %d\n", r,
+                       rank, size, r, n);
+          return 96;
+        }
         const int rc = body(r, comm);
         std::fflush(stderr);
         if (rc == 0) ncclCommDestroy(comm);
