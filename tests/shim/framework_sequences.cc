@@ -35,6 +35,7 @@
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -68,20 +69,7 @@ std::string rank_file(int rank, const std::string& what) {
   return g_dir + "/" + what + "." + std::to_string(rank);
 }
 
-bool fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-bool fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stderr, "FAIL: ");
-  std::vfprintf(stderr, fmt, ap);
-  std::fprintf(stderr, "\n");
-  va_end(ap);
-  return false;
-}
-#define EXPECT(cond, ...)                  \
-  do {                                     \
-    if (!(cond)) return fail(__VA_ARGS__); \
-  } while (0)
+using dq::test::fail;
 
 // Forks kRanks ranks with DYNAMIQ_ENABLE=1 (and nothing else set by the test); rank r runs
 // body(r, comm) on a fresh communicator, its stderr in g_dir/rank<r>.log. True when every rank

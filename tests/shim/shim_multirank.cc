@@ -28,6 +28,7 @@
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
 #include "kernels/dynamiq_layout.h"
+#include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -50,21 +51,7 @@ BytesFn bytes_fn() {
 
 std::string g_dir;  // per-run scratch directory (rank logs, result files)
 
-bool fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-bool fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stderr, "FAIL: ");
-  std::vfprintf(stderr, fmt, ap);
-  std::fprintf(stderr, "\n");
-  va_end(ap);
-  return false;
-}
-
-#define EXPECT(cond, ...)                  \
-  do {                                     \
-    if (!(cond)) return fail(__VA_ARGS__); \
-  } while (0)
+using dq::test::fail;
 
 // Forks n ranks; rank r applies env(r), creates its communicator and runs body(rank, comm).
 // A rank's stderr goes to g_dir/rank<r>.log. Returns the ranks' exit codes (-signal if killed,

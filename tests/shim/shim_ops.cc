@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/nccl_api.h"
+#include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
 
 namespace {
@@ -34,21 +35,7 @@ using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
 
 std::string g_dir;  // this run's scratch directory: rank logs, metrics files
 
-bool fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-bool fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stderr, "FAIL: ");
-  std::vfprintf(stderr, fmt, ap);
-  std::fprintf(stderr, "\n");
-  va_end(ap);
-  return false;
-}
-
-#define EXPECT(cond, ...)                  \
-  do {                                     \
-    if (!(cond)) return fail(__VA_ARGS__); \
-  } while (0)
+using dq::test::fail;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
