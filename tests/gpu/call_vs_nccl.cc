@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -226,7 +227,7 @@ int main(int argc, char** argv) {
   setenv("DYNAMIQ_DTYPES", "float32", 1);
   setenv("DYNAMIQ_MIN_BYTES", "1M", 1);
   std::string dir;
-  const std::vector<int> codes = run_ranks(argv, nccl, 120, &dir);
+  const std::vector<int> codes = run_ranks(argv, nccl, 100, &dir);
   const int rc = summarise(codes, dir, o);
   if (!dir.empty()) std::filesystem::remove_all(dir);
   std::printf(rc == 0 ? "PASS\n" : "FAIL\n");

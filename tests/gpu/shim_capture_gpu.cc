@@ -197,7 +197,7 @@ int main(int, char** argv) {
     return kSkip;
   }
   std::string dir;
-  const std::vector<int> codes = run_ranks(argv, nccl, 150, &dir);
+  const std::vector<int> codes = run_ranks(argv, nccl, 75, &dir);
   int failures = 0;
   for (int r = 0; r < kRanks; ++r) {
     std::printf("rank %d: exit %d\n", r, codes[r]);
