@@ -4,8 +4,8 @@
 // then an eager call again. Each rank checks:
 //  - the warm-up is compressed (the shim's counters) with its vNMSE against the exact sum bounded;
 //  - under capture the call returns success, leaves the capture active (a refused query or
-//    synchronisation would have invalidated it), ends into a graph and is counted as passed
-//    through;
+//    synchronisation would have invalidated it), ends into a graph and is not compressed (the
+//    shim's counters: passed through, or not counted);
 //  - each replay is NCCL's exact sum of that replay's inputs (small integers: exact in FP32);
 //  - the communicator is healthy afterwards: no asynchronous error, and the next eager call is
 //    compressed again with a bounded vNMSE.
@@ -43,6 +43,7 @@ struct Rank {
   cudaStream_t stream = nullptr;
   float *send = nullptr, *recv = nullptr;
   std::vector<float> host;
+  unsigned long long passed_in_capture = 0;  // how the shim counted the captured call
 };
 
 #define RANK_CHECK(cond, code, ...)           \
@@ -125,7 +126,14 @@ int capture_and_replay(Rank& r) {
   RANK_CHECK(end == cudaSuccess && graph != nullptr, 63, "cudaStreamEndCapture: %s",
              cudaGetErrorString(end));
   RANK_CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, 64, "cudaGraphInstantiate");
-  if (int c = expect_counters(r, 1, 1, "after the capture")) return c;
+  // Not compressed; counted as passed through, or (a shim that hands captured calls to NCCL
+  // before its engine sees them) not counted at all.
+  unsigned long long got_r = 0, got_p = 0;
+  RANK_CHECK(r.nccl.counters(r.comm, &got_r, &got_p) == 0, 40, "dynamiqCommCounters");
+  RANK_CHECK(got_r == 1 && got_p <= 1, 41,
+             "after the capture: %llu compressed, %llu passed through (expected 1, 0 or 1)", got_r,
+             got_p);
+  r.passed_in_capture = got_p;
   for (int round = 1; round <= 2; ++round) {
     if (int c = fill(r, round)) return c;
     RANK_CHECK(cudaGraphLaunch(exec, r.stream) == cudaSuccess, 65, "cudaGraphLaunch %d", round);
@@ -137,7 +145,7 @@ int capture_and_replay(Rank& r) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  return expect_counters(r, 1, 1, "after the replays");
+  return expect_counters(r, 1, r.passed_in_capture, "after the replays");
 }
 
 int healthy(Rank& r, const char* when) {
@@ -170,7 +178,7 @@ int run_rank(int rank) {
   if (int c = eager_compressed(r, 0, 1, 0)) return c;
   if (int c = capture_and_replay(r)) return c;
   if (int c = healthy(r, "after the replays")) return c;
-  if (int c = eager_compressed(r, 3, 2, 1)) return c;
+  if (int c = eager_compressed(r, 3, 2, r.passed_in_capture)) return c;
   if (int c = healthy(r, "after the last eager call")) return c;
   write_result("digest" + std::to_string(rank),
                std::to_string(digest(r.host.data(), kCount * sizeof(float))));
