@@ -264,6 +264,19 @@ deps() {
       break
     fi
   done
+  # The CUDA runtime the nvcc-built programs link (libcudart.so): where the loader's cache
+  # lacks it, the toolkit's folder on the library path (tests that set their own keep it by
+  # prepending, or open the runtime by its full path).
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcudart\.so\.'; then
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+      if ls "$d"/libcudart.so.* >/dev/null 2>&1; then
+        echo "export LD_LIBRARY_PATH='$d'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" >>"$LOGS/deps.env"
+        echo "libcudart: not in the loader's cache; $d on LD_LIBRARY_PATH"
+        break
+      fi
+    done
+  fi
   echo "--- exported:"
   cat "$LOGS/deps.env"
 }
