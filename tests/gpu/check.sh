@@ -501,12 +501,12 @@ targets() {
   if [ -n "$hop" ]; then
     echo "  fused hop / device-to-device copy bandwidth = $hop (target >= 0.60): $(awk -v x="$hop" 'BEGIN { print (x >= 0.60) ? "met" : "NOT met" }')"
   else
-    echo "  fused hop / device-to-device copy bandwidth: not measured (hop_bandwidth did not run)"
+    echo "  fused hop / device-to-device copy bandwidth: not measured (no RESULT line from hop_bandwidth: see its row)"
   fi
   if [ -n "$kern" ]; then
     echo "  codec kernels of one 2-rank call / NCCL BF16 all-reduce at 100 Gbit/s = $kern (target <= 0.10): $(awk -v x="$kern" 'BEGIN { print (x <= 0.10) ? "met" : "NOT met" }')"
   else
-    echo "  codec kernels / NCCL BF16 at 100 Gbit/s: not measured (call_kernels did not run)"
+    echo "  codec kernels / NCCL BF16 at 100 Gbit/s: not measured (no RESULT line from call_kernels: see its row)"
   fi
   local f
   for f in hop_bandwidth call_kernels call_vs_nccl; do
