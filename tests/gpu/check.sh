@@ -24,23 +24,38 @@
 #   cuda_stats_device, cuda_dynamiq_layout_device, cuda_dynamiq_hop_device
 #                    tests/kernels/cuda/{stats,dynamiq}_test.cc on the device: every kernel
 #                    against the host codec byte for byte, the emulated tests' matrix (5-30 s)
-#   hop_bandwidth    the fused hop (and the leaf, and the statistics) against a device-to-device
-#                    cudaMemcpy of the same tensor in the same run; prints GB/s and the ratio
-#                    (target hop >= 60% of the copy); never fails on the ratio (5 s)
-#   other gpu suite tests (real_nccl_with_plugin, shim_passes_gpu_allreduce_through,
-#                    real_nccl_compressed_2ranks, any added later): meson test, one step each
-#                    (10-60 s). real_nccl_compressed_2ranks: the shim's compressed all-reduce on
-#                    the CUDA device over NVIDIA's NCCL, 2 ranks as two fake hosts (NCCL_HOSTID),
-#                    so one GPU serves (one each where there are two)
-#   memcheck_stats, memcheck_dynamiq, racecheck_stats, racecheck_dynamiq
-#                    compute-sanitizer on the kernel tests with DQ_KERNEL_TESTS_REDUCED=1 (the
-#                    largest cases left out); any report fails the step (30-120 s each)
+#   hop_bandwidth    the fused hop (and the leaf, the statistics, the layout) against a
+#                    device-to-device cudaMemcpy of the same tensor in the same run; prints GB/s
+#                    and the ratio (target hop >= 60% of the copy); never fails on it (5 s)
+#   call_kernels     the codec kernels of one 256 MiB FP32 all-reduce as rank 0 of a 2-rank
+#                    ring runs them (statistics, budget, layout, leaf, hop, finish; 16 MiB
+#                    pipeline blocks), each kind alone and as one call, against NCCL's BF16
+#                    all-reduce of the tensor on a 100 Gbit/s link, computed from its bytes
+#                    (target <= 10%); never fails on it (5-20 s)
+#   real_nccl_with_plugin, shim_passes_gpu_allreduce_through, real_nccl_compressed_2ranks,
+#   shim_capture_gpu_2ranks
+#                    NVIDIA's NCCL, 2 ranks as two fake hosts (NCCL_HOSTID) on the one GPU: the
+#                    net plugin; the shim passing a small call through; the shim's compressed
+#                    all-reduce on the CUDA device; PyTorch's warm-up-then-capture sequence (an
+#                    eager compressed call, a captured all-reduce passed through, two exact
+#                    replays, the communicator healthy and compressing afterwards) (10-60 s each)
+#   call_vs_nccl     one whole compressed 256 MiB FP32 call through the preloaded shim against
+#                    NCCL's BF16 all-reduce of the same tensor, same 2 ranks (loopback link);
+#                    prints both times and the bytes each sends (10-30 s)
+#   other gpu suite tests (cuda_device_gpu_steps, shim_4proc_device_buffers, any added later):
+#                    meson test, one step each (10-60 s)
 #   cpu_nccl_4proc_device_buffers  4 processes on the one GPU through the CPU NCCL with
 #                    cuMemAlloc'd buffers staged in stream order: all-reduce FP32/BF16 SUM,
 #                    reduce-scatter, all-gather in place, send/recv, exact (10-30 s); the CPU NCCL
 #                    alone. shim_4proc_device_buffers (among the other gpu suite tests): the
 #                    same buffers compressed by the shim's engine on the CUDA device (canary
 #                    included), its bytes against the host engine's
+#   memcheck_stats, memcheck_dynamiq, racecheck_stats, racecheck_dynamiq
+#                    compute-sanitizer on the kernel tests with DQ_KERNEL_TESTS_REDUCED=1 (the
+#                    largest cases left out); any report fails the step; last, since slowest:
+#                    what the budget leaves (30-90 s each)
+# The summary ends with the targets read from the benchmarks' RESULT lines (hop / copy >= 0.60,
+# codec kernels / 100 Gbit/s BF16 link <= 0.10: met or NOT met) and those lines.
 # A time budget (DQ_GPU_CHECK_BUDGET_S, default 450 s from the start) caps every step's timeout;
 # a step that would start with under 10 s left is skipped with that reason.
 #
@@ -48,10 +63,12 @@
 # timed out; 3 nothing failed but no CUDA device was found (the GPU steps skipped: a machine
 # without a GPU, where only the build is checked); 2 usage.
 #
-# Environment: DYNAMIQ_TIMEOUT_MS (20000 here), DQ_GPU_CHECK_BUDGET_S (450), DQ_GPU_DEPS (build-gpu-deps: the carried .deb
+# Environment: DYNAMIQ_TIMEOUT_MS (10000 here), DQ_GPU_CHECK_BUDGET_S (450), DQ_GPU_DEPS (build-gpu-deps: the carried .deb
 # folder), DQ_GPU_DEPS_FORCE=1 (use the carried packages even where the system has them: to
 # test that path), MESON (default: meson on PATH, else python3 -m mesonbuild.mesonmain, else
 # .venv/bin/meson; ninja likewise from python3's package), JOBS (nproc).
+# The step functions run through `step` (in a child bash, by name): shellcheck cannot see it.
+# shellcheck disable=SC2317
 set -u
 set -o pipefail
 
@@ -71,9 +88,10 @@ mkdir -p "$LOGS/steps" || exit 2
 : >"$OUT/check.log"
 : >"$LOGS/summary.rows"
 JOBS=${JOBS:-$(nproc)}
-# A hung peer ends a step in 20 s rather than the default minute (the engine's waits, the net
-# plugin's and the CPU NCCL's follow it; NVIDIA's NCCL has no timeout of its own).
-export DYNAMIQ_TIMEOUT_MS=${DYNAMIQ_TIMEOUT_MS:-20000}
+# A hung peer ends a step in 10 s rather than the default minute (the engine's waits, the net
+# plugin's and the CPU NCCL's follow it); NVIDIA's NCCL has no timeout of its own, so every step
+# that runs it is bounded by its step timeout and the programs' own bounds on their ranks.
+export DYNAMIQ_TIMEOUT_MS=${DYNAMIQ_TIMEOUT_MS:-10000}
 BUDGET=${DQ_GPU_CHECK_BUDGET_S:-450}
 T0=$(date +%s)
 HAVE_DEVICE=0       # set by gpu_info
@@ -121,7 +139,9 @@ step() {
   note "=== $name (timeout ${limit} s) === $*"
   start=$(date +%s.%N)
   # In a child bash, so that the step may be one of this script's (exported) functions.
-  timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" >"$LOGS/steps/$name.log" 2>&1
+  # DQ_STEP_LIMIT: the step's own bound, for meson_one.
+  DQ_STEP_LIMIT=$limit timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" \
+    >"$LOGS/steps/$name.log" 2>&1
   rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   cat "$LOGS/steps/$name.log" >>"$OUT/check.log"
@@ -244,11 +264,28 @@ deps() {
       break
     fi
   done
+  # The CUDA runtime the nvcc-built programs link (libcudart.so): where the loader's cache
+  # lacks it, the toolkit's folder on the library path (tests that set their own keep it by
+  # prepending, or open the runtime by its full path).
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcudart\.so\.'; then
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+      if ls "$d"/libcudart.so.* >/dev/null 2>&1; then
+        echo "export LD_LIBRARY_PATH='$d'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" >>"$LOGS/deps.env"
+        echo "libcudart: not in the loader's cache; $d on LD_LIBRARY_PATH"
+        break
+      fi
+    done
+  fi
   echo "--- exported:"
   cat "$LOGS/deps.env"
 }
 
 configure() {
+  if ! "$MESON" --version >/dev/null 2>&1; then
+    echo "meson not found: MESON=$MESON (set MESON, or put meson on PATH)"
+    return 1
+  fi
   if [ -f "$BUILD/build.ninja" ]; then
     echo "NOTE: using the configured $BUILD as it is"
     "$MESON" introspect "$BUILD" --buildoptions | python3 -c 'import json,sys; print({o["name"]: o["value"] for o in json.load(sys.stdin) if o["name"] in ("cuda","gpu_archs","buildtype","native")})'
@@ -259,7 +296,8 @@ configure() {
   "$MESON" setup "$BUILD" -Dcuda=enabled -Dbuildtype=release -Dnative=false -Dgpu_werror=false
 }
 
-# Targets: the executables (and depends) of every test in suite gpu, and hop_bandwidth.
+# Targets: the executables (and depends) of every test in suite gpu, and the benchmarks
+# hop_bandwidth, call_kernels and call_vs_nccl.
 gpu_targets() {
   "$MESON" introspect "$BUILD" --tests --targets 2>/dev/null | python3 -c '
 import json, os, sys
@@ -278,7 +316,7 @@ for t in d["tests"]:
         for f in by_id.get(dep, {}).get("filename", []):
             add(f)
 for t in d["targets"]:
-    if t["name"] == "hop_bandwidth":
+    if t["name"] in ("hop_bandwidth", "call_kernels", "call_vs_nccl"):
         for f in t["filename"]:
             add(f)
 print("\n".join(sorted(out)))
@@ -312,10 +350,19 @@ print(last)
 EOF
 }
 
-# One registered test through meson (its env: LD_PRELOAD, plugin paths): 0 OK, 77 SKIP, else 1.
+# One registered test through meson (its env: LD_PRELOAD, plugin paths): 0 OK, 77 SKIP, 124
+# TIMEOUT, else 1. meson's own timeout for the test is scaled to end 10 s inside the step's
+# (DQ_STEP_LIMIT): meson then kills the test's process group (its ranks with it), which the
+# step's `timeout` cannot reach (meson starts each test in a session of its own).
 meson_one() {
-  local name=$1
-  "$MESON" test -C "$BUILD" --no-rebuild --print-errorlogs -v "$name"
+  local name=$1 own mult
+  own=$("$MESON" introspect "$BUILD" --tests | python3 -c '
+import json, sys
+print(next((t["timeout"] for t in json.load(sys.stdin) if t["name"] == sys.argv[1]), 30))' "$name")
+  mult=$(awk -v l="${DQ_STEP_LIMIT:-0}" -v t="$own" \
+    'BEGIN { m = (t > 0 && l > 20) ? (l - 10) / t : 1; printf "%.3f", m }')
+  echo "meson timeout: ${own} s x ${mult}"
+  "$MESON" test -C "$BUILD" --no-rebuild --print-errorlogs -v --timeout-multiplier "$mult" "$name"
   local out res
   out=$(meson_result "$name")
   res=$(echo "$out" | head -n 1)
@@ -323,8 +370,16 @@ meson_one() {
   case $res in
     OK|EXPECTEDFAIL) return 0 ;;
     SKIP) echo "NOTE: $(echo "$out" | sed -n 2p | sed 's/^SKIP:* *//')"; return 77 ;;
+    TIMEOUT) echo "NOTE: meson's timeout ($own s x $mult)"; return 124 ;;
     *) return 1 ;;
   esac
+}
+
+# with_shim COMMAND...: COMMAND with this build's libdynamiq.so preloaded and the net plugin's
+# folder on the library path (as meson's env does for the shim's gpu tests).
+with_shim() {
+  LD_PRELOAD="$BUILD/shim/libdynamiq.so${LD_PRELOAD:+:$LD_PRELOAD}" \
+    LD_LIBRARY_PATH="$BUILD/plugin/abi${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
 }
 
 # compute-sanitizer TOOL on a kernel test executable, the reduced matrix; a report fails.
@@ -337,8 +392,8 @@ sanitize() {
   DQ_KERNEL_TESTS_REDUCED=1 "$SANITIZER" --tool "$tool" --error-exitcode 10 --print-limit 20 "${extra[@]}" \
     "$BUILD/$exe" "$@"
   local rc=$?
-  [ $rc = 10 ] && echo "compute-sanitizer $tool reported errors"
-  return $rc
+  [ "$rc" = 10 ] && echo "compute-sanitizer $tool reported errors"
+  return "$rc"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -351,7 +406,8 @@ if [ -z "$SANITIZER" ]; then
 fi
 
 export ROOT OUT BUILD LOGS JOBS MESON SANITIZER DEPS_PREFIX
-export -f gpu_info use_carried_deps deps configure gpu_targets build meson_result meson_one sanitize
+export -f gpu_info use_carried_deps deps configure gpu_targets build meson_result meson_one \
+  with_shim sanitize
 
 note "tests/gpu/check.sh: out $OUT, build $BUILD, jobs $JOBS, budget ${BUDGET} s"
 step gpu_info 30 gpu_info
@@ -376,61 +432,100 @@ run_test() {  # run_test NAME TIMEOUT: a registered meson test, with the reason 
   step "$1" "$2" meson_one "$1"
 }
 
-run_test gpu_math 60
+run_test gpu_math 30
 for t in cuda_stats_device cuda_dynamiq_layout_device cuda_dynamiq_hop_device; do
-  run_test "$t" 150
+  run_test "$t" 120
 done
-# Right after the kernels' tests, before the multi-process tests can take the budget.
-if [ $BUILD_OK != 1 ]; then
-  skip_step hop_bandwidth "the build failed"
-else
-  step hop_bandwidth 60 "$BUILD/tests/gpu/hop_bandwidth"
-fi
+# Right after the kernels' tests, before the multi-process tests can take the budget: the
+# benchmarks the targets are read from (the summary's "targets" lines).
+bench_step() {  # bench_step NAME TIMEOUT COMMAND...: a benchmark executable of this build
+  if [ $BUILD_OK != 1 ]; then skip_step "$1" "the build failed"; return; fi
+  step "$@"
+}
+bench_step hop_bandwidth 60 "$BUILD/tests/gpu/hop_bandwidth"
+bench_step call_kernels 90 "$BUILD/tests/gpu/call_kernels"
 
+# NVIDIA's NCCL with 2 ranks on the one GPU (two fake hosts): the plugin alone, then through
+# the shim: pass-through, compressed, the CUDA graph capture sequence, then the timing of one
+# compressed call against NCCL's BF16 all-reduce (the shim preloaded by with_shim).
+for t in real_nccl_with_plugin shim_passes_gpu_allreduce_through real_nccl_compressed_2ranks \
+         shim_capture_gpu_2ranks; do
+  run_test "$t" 90
+done
+bench_step call_vs_nccl 120 with_shim "$BUILD/tests/gpu/call_vs_nccl"
 
-# Every other test of suite gpu.
+# Every other test of suite gpu (cuda_device_gpu_steps, shim_4proc_device_buffers, any added
+# later), then 4 processes on the one GPU through the CPU NCCL with device buffers staged in
+# stream order (tests/nccl/device_buffers_main.cc; shim_4proc_device_buffers runs the same with
+# the shim's engine on the CUDA device).
 if [ $BUILD_OK = 1 ]; then
   others=$("$MESON" introspect "$BUILD" --tests | python3 -c '
 import json, sys
 done = {"gpu_math", "cuda_stats_device", "cuda_dynamiq_layout_device", "cuda_dynamiq_hop_device",
-        "cpu_nccl_4proc_device_buffers"}
+        "real_nccl_with_plugin", "shim_passes_gpu_allreduce_through", "real_nccl_compressed_2ranks",
+        "shim_capture_gpu_2ranks", "cpu_nccl_4proc_device_buffers"}
 for t in json.load(sys.stdin):
     if ("gpu" in t["suite"] or any(s.endswith(":gpu") for s in t["suite"])) and t["name"] not in done:
         print(t["name"])')
-  for t in $others; do run_test "$t" 120; done
+  for t in $others; do run_test "$t" 90; done
 else
   skip_step gpu_suite_others "the build failed"
 fi
+run_test cpu_nccl_4proc_device_buffers 90
 
+# Last, as the slowest: compute-sanitizer on the kernel tests (whatever the budget leaves).
 for tool in memcheck racecheck; do
   for t in stats dynamiq; do
     name=${tool}_$t
     if [ $BUILD_OK != 1 ]; then skip_step "$name" "the build failed"
     elif [ -z "$SANITIZER" ]; then skip_step "$name" "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
     elif [ $HAVE_DEVICE != 1 ]; then skip_step "$name" "$NO_DEVICE_REASON"
-    else step "$name" 120 sanitize "$tool" "tests/gpu/test_cuda_${t}_device"
+    else step "$name" 90 sanitize "$tool" "tests/gpu/test_cuda_${t}_device"
     fi
   done
 done
 
-# 4 processes on the one GPU through the CPU NCCL, device buffers staged in stream order
-# (tests/nccl/device_buffers_main.cc; the CPU NCCL alone; shim_4proc_device_buffers, among the
-# gpu suite's others above, runs the same with the shim's engine on the CUDA device).
-run_test cpu_nccl_4proc_device_buffers 180
-
 # ---------------------------------------------------------------------------------------------
+# result_of STEP KEY: the value of KEY=VALUE on the step's RESULT line ("" when none).
+result_of() {
+  grep -h '^RESULT ' "$LOGS/steps/$1.log" 2>/dev/null | tail -n 1 | tr ' ' '\n' |
+    sed -n "s/^$2=//p" | head -n 1
+}
+
+# The GPU path's targets on this device, from the benchmarks' RESULT lines, then those lines.
+targets() {
+  local hop kern
+  hop=$(result_of hop_bandwidth hop_vs_copy)
+  kern=$(result_of call_kernels kernels_vs_link)
+  echo "targets:"
+  if [ -n "$hop" ]; then
+    echo "  fused hop / device-to-device copy bandwidth = $hop (target >= 0.60): $(awk -v x="$hop" 'BEGIN { print (x >= 0.60) ? "met" : "NOT met" }')"
+  else
+    echo "  fused hop / device-to-device copy bandwidth: not measured (no RESULT line from hop_bandwidth: see its row)"
+  fi
+  if [ -n "$kern" ]; then
+    echo "  codec kernels of one 2-rank call / NCCL BF16 all-reduce at 100 Gbit/s = $kern (target <= 0.10): $(awk -v x="$kern" 'BEGIN { print (x <= 0.10) ? "met" : "NOT met" }')"
+  else
+    echo "  codec kernels / NCCL BF16 at 100 Gbit/s: not measured (no RESULT line from call_kernels: see its row)"
+  fi
+  local f
+  for f in hop_bandwidth call_kernels call_vs_nccl; do
+    grep -h '^RESULT ' "$LOGS/steps/$f.log" 2>/dev/null | sed "s/^RESULT /RESULT $f: /"
+  done
+}
+
 total=$(( $(date +%s) - T0 ))
 {
   echo ""
   echo "tests/gpu/check.sh summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), ${total} s in all, budget ${BUDGET} s)"
   printf '%-34s %-8s %8s  %s\n' step result seconds note
   while IFS=$'\t' read -r n s t w; do printf '%-34s %-8s %8s  %s\n' "$n" "$s" "$t" "$w"; done <"$LOGS/summary.rows"
-  grep -h '^RESULT ' "$LOGS/steps/hop_bandwidth.log" 2>/dev/null
+  targets
   printf 'pass %d, fail %d, timeout %d, skip %d\n' \
     "$(grep -c $'\tpass\t' "$LOGS/summary.rows")" "$(grep -c $'\tFAIL\t' "$LOGS/summary.rows")" \
     "$(grep -c $'\tTIMEOUT\t' "$LOGS/summary.rows")" "$(grep -c $'\tskip\t' "$LOGS/summary.rows")"
 } >"$OUT/summary.txt"
-cat "$OUT/summary.txt" | tee -a "$OUT/check.log"
+tee -a "$OUT/check.log" <"$OUT/summary.txt"
 cp "$BUILD/meson-logs/testlog.txt" "$LOGS/steps/meson-testlog.txt" 2>/dev/null
 tar -czf "$OUT/steps.tar.gz" -C "$LOGS" steps summary.rows 2>/dev/null
 

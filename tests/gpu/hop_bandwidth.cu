@@ -29,61 +29,12 @@
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/cuda/stats.h"
 #include "kernels/dynamiq_codec.h"
+#include "tests/gpu/gpu_bench.h"
 
 namespace {
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    const cudaError_t e_ = (call);                                               \
-    if (e_ != cudaSuccess) {                                                     \
-      std::fprintf(stderr, "FAIL: %s at %s:%d: %s\n", #call, __FILE__, __LINE__, \
-                   cudaGetErrorString(e_));                                      \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
-
-// Roughly normal values, one scale per super-group over 2^-20..2^20 (every width occurs).
-std::vector<float> make_values(size_t count, uint64_t seed) {
-  std::vector<float> x(count);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&s] {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  };
-  for (size_t base = 0; base < count; base += 256) {
-    const float scale = std::ldexp(1.0f, static_cast<int>(next() % 40) - 20);
-    for (size_t i = base; i < count && i < base + 256; ++i) {
-      const uint64_t r = next();
-      const float u = static_cast<float>(r & 0xffff) + static_cast<float>((r >> 16) & 0xffff) +
-                      static_cast<float>((r >> 32) & 0xffff) +
-                      static_cast<float>((r >> 48) & 0xffff);
-      x[i] = (u / 65536.0f - 2.0f) * 1.7320508f * scale;
-    }
-  }
-  return x;
-}
-
-struct Timer {
-  cudaEvent_t start, stop;
-  Timer() {
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&stop));
-  }
-  template <class F>
-  double seconds_per_round(F round, int iterations) {
-    round();  // warm-up
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaEventRecord(start));
-    for (int i = 0; i < iterations; ++i) round();
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return ms / 1e3 / iterations;
-  }
-};
+using dq::gpubench::make_values;
+using dq::gpubench::Timer;
 
 // The device buffers of the run: both workers' tensors, the statistics, the layout (built from
 // the reduced statistics as the engine would) and worker 1's leaves (the hops' inputs).
@@ -107,37 +58,41 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
   LevelTable levels[3];
   dynamiq_level_tables(options, levels);
   for (int r = 0; r < 2; ++r) {
-    CHECK(cudaMalloc(&b->own[r], bytes));
+    DQ_BENCH_CHECK(cudaMalloc(&b->own[r], bytes));
     const std::vector<float> x = make_values(b->count, 1 + r);
-    CHECK(cudaMemcpy(b->own[r], x.data(), bytes, cudaMemcpyHostToDevice));
+    DQ_BENCH_CHECK(cudaMemcpy(b->own[r], x.data(), bytes, cudaMemcpyHostToDevice));
   }
   const size_t words = b->stats_words = codec.stats_words();
-  CHECK(cudaMalloc(&b->copy_dst, bytes));
-  CHECK(cudaMalloc(&b->d_stats, 2 * words * sizeof(uint16_t)));
-  CHECK(cudaMalloc(&b->d_reduced, words * sizeof(uint16_t)));
-  CHECK(cudaMalloc(&b->d_levels, sizeof levels));
-  CHECK(cudaMalloc(&b->d_layout, b->params.sections.bytes));
-  CHECK(cudaMalloc(&b->leaves, b->cap * b->n_chunks));
-  CHECK(cudaMalloc(&b->out, b->cap * b->n_chunks));
-  CHECK(cudaMalloc(&b->d_error, sizeof(unsigned)));
-  CHECK(cudaMemset(b->d_error, 0, sizeof(unsigned)));
-  CHECK(cudaMemcpy(b->d_levels, levels, sizeof levels, cudaMemcpyHostToDevice));
+  DQ_BENCH_CHECK(cudaMalloc(&b->copy_dst, bytes));
+  DQ_BENCH_CHECK(cudaMalloc(&b->d_stats, 2 * words * sizeof(uint16_t)));
+  DQ_BENCH_CHECK(cudaMalloc(&b->d_reduced, words * sizeof(uint16_t)));
+  DQ_BENCH_CHECK(cudaMalloc(&b->d_levels, sizeof levels));
+  DQ_BENCH_CHECK(cudaMalloc(&b->d_layout, b->params.sections.bytes));
+  DQ_BENCH_CHECK(cudaMalloc(&b->leaves, b->cap * b->n_chunks));
+  DQ_BENCH_CHECK(cudaMalloc(&b->out, b->cap * b->n_chunks));
+  DQ_BENCH_CHECK(cudaMalloc(&b->d_error, sizeof(unsigned)));
+  DQ_BENCH_CHECK(cudaMemset(b->d_error, 0, sizeof(unsigned)));
+  DQ_BENCH_CHECK(cudaMemcpy(b->d_levels, levels, sizeof levels, cudaMemcpyHostToDevice));
   // Statistics of both workers on the device, summed on the host as the all-reduce would.
   for (int r = 0; r < 2; ++r)
-    CHECK(launch_supergroup_stats(b->own[r], false, b->count, b->d_stats + r * words, nullptr));
+    DQ_BENCH_CHECK(
+        launch_supergroup_stats(b->own[r], false, b->count, b->d_stats + r * words, nullptr));
   std::vector<uint16_t> stats(2 * words), reduced(words);
-  CHECK(cudaMemcpy(stats.data(), b->d_stats, stats.size() * sizeof(uint16_t),
-                   cudaMemcpyDeviceToHost));
+  DQ_BENCH_CHECK(cudaMemcpy(stats.data(), b->d_stats, stats.size() * sizeof(uint16_t),
+                            cudaMemcpyDeviceToHost));
   for (size_t w = 0; w < words; ++w)
     reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[words + w]));
-  CHECK(cudaMemcpy(b->d_reduced, reduced.data(), words * sizeof(uint16_t), cudaMemcpyHostToDevice));
-  CHECK(launch_dynamiq_layout(b->params, b->d_reduced, b->call, b->d_layout, b->d_error, nullptr));
+  DQ_BENCH_CHECK(
+      cudaMemcpy(b->d_reduced, reduced.data(), words * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  DQ_BENCH_CHECK(
+      launch_dynamiq_layout(b->params, b->d_reduced, b->call, b->d_layout, b->d_error, nullptr));
   for (int c = 0; c < b->n_chunks; ++c) {
     const RoundingKey key{1, b->call, 1, 1, 2, 0, 0};
-    CHECK(launch_dynamiq_hop(b->params, b->d_levels, b->d_layout, c, b->own[1], false, nullptr, 0,
-                             b->leaves + c * b->cap, key, b->d_error, nullptr));
+    DQ_BENCH_CHECK(launch_dynamiq_hop(b->params, b->d_levels, b->d_layout, c, b->own[1], false,
+                                      nullptr, 0, b->leaves + c * b->cap, key, b->d_error,
+                                      nullptr));
   }
-  CHECK(cudaDeviceSynchronize());
+  DQ_BENCH_CHECK(cudaDeviceSynchronize());
 }
 
 // Seconds per round of every timed step (the file comment), and the table.
@@ -149,24 +104,28 @@ int measure(const Bench& b, int iterations) {
   Timer timer;
   const double t_copy = timer.seconds_per_round(
       [&] {
-        CHECK(cudaMemcpyAsync(b.copy_dst, b.own[0], bytes, cudaMemcpyDeviceToDevice, nullptr));
+        DQ_BENCH_CHECK(
+            cudaMemcpyAsync(b.copy_dst, b.own[0], bytes, cudaMemcpyDeviceToDevice, nullptr));
       },
       iterations);
   const double t_stats = timer.seconds_per_round(
-      [&] { CHECK(launch_supergroup_stats(b.own[0], false, b.count, b.d_stats, nullptr)); },
+      [&] {
+        DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], false, b.count, b.d_stats, nullptr));
+      },
       iterations);
   // Each round rebuilds the same layout bytes from the same reduced statistics.
   const double t_layout = timer.seconds_per_round(
       [&] {
-        CHECK(launch_dynamiq_layout(b.params, b.d_reduced, b.call, b.d_layout, b.d_error, nullptr));
+        DQ_BENCH_CHECK(
+            launch_dynamiq_layout(b.params, b.d_reduced, b.call, b.d_layout, b.d_error, nullptr));
       },
       iterations);
   const double t_leaf = timer.seconds_per_round(
       [&] {
         const RoundingKey key{1, b.call, 0, 0, 1, 0, 0};
         for (int c = 0; c < n_chunks; ++c)
-          CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false, nullptr, 0,
-                                   b.out + c * cap, key, b.d_error, nullptr));
+          DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false,
+                                            nullptr, 0, b.out + c * cap, key, b.d_error, nullptr));
       },
       iterations);
   const double t_hop = timer.seconds_per_round(
@@ -174,13 +133,13 @@ int measure(const Bench& b, int iterations) {
         const RoundingKey key{1, b.call, 0, 0, 2, 1, 0};
         for (int c = 0; c < n_chunks; ++c) {
           const uint8_t* in = b.leaves + c * cap;
-          CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false, &in, 1,
-                                   b.out + c * cap, key, b.d_error, nullptr));
+          DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false,
+                                            &in, 1, b.out + c * cap, key, b.d_error, nullptr));
         }
       },
       iterations);
   unsigned error = 0;
-  CHECK(cudaMemcpy(&error, b.d_error, sizeof error, cudaMemcpyDeviceToHost));
+  DQ_BENCH_CHECK(cudaMemcpy(&error, b.d_error, sizeof error, cudaMemcpyDeviceToHost));
 
   const double gb = 1e9;
   const double msgs = static_cast<double>(cap) * n_chunks;
@@ -218,21 +177,11 @@ int main(int argc, char** argv) {
   b.count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (size_t{1} << 26);
   b.n_chunks = argc > 2 ? std::atoi(argv[2]) : 8;
   const int iterations = argc > 3 ? std::atoi(argv[3]) : 20;
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device: %s\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
-    return 77;
-  }
   if (b.count == 0 || b.n_chunks < 1 || iterations < 1) {
     std::fprintf(stderr, "usage: %s [count > 0] [chunks >= 1] [iterations >= 1]\n", argv[0]);
     return 2;
   }
-  cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (compute capability %d.%d, %d SMs)\n", prop.name, prop.major, prop.minor,
-              prop.multiProcessorCount);
+  dq::gpubench::require_device();
   const DynamiqOptions options{};
   auto codec = make_dynamiq_codec(options);
   if (codec->plan(b.count, b.n_chunks, 2) != Status::kOk) {
