@@ -33,3 +33,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // a moment earlier.
 constexpr unsigned kSkipFlag = 0x80000000u;
 }  // namespace dq::cuda
+
+// A step's flags word and its fold by the step's own kernels (uses kSkipFlag).
+#include "kernels/cuda/step_fold.h"  // IWYU pragma: export
