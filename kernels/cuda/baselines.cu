@@ -245,6 +245,8 @@ __global__ void __launch_bounds__(kBaselineThreads)
     baseline_hop_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c, const void* own,
                         int own_bf16, HopInputs in, int n_in, uint8_t* out, RoundingKey key,
                         unsigned* error) {
+  // The step's last kernel unless the uniform clear follows (launch_baseline_hop; step_fold.h).
+  const StepFold fold(error, F != kFamilyUniform || n_in == 0);
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any shuffle.
   if ((*error & kSkipFlag) != 0) return;
@@ -284,6 +286,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
 // After a uniform hop: an input with invalid codes leaves the whole message zero (run_hop()).
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_hop_clear_kernel(unsigned long long capacity, uint8_t* out, const unsigned* error) {
+  const StepFold fold(error);  // the step's last kernel (step_fold.h)
   if ((*error & kSkipFlag) != 0 || (*error & kBaselineBadCodes) == 0) return;
   for (unsigned long long b =
            blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
@@ -317,7 +320,8 @@ template <int F>
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_finish_kernel(BaselineDeviceParams d, ChunkArgs c, const uint8_t* in, void* out,
                            int out_bf16, int avg, int n_contrib, const unsigned* error) {
-  if (*error != 0) return;  // the same in every thread: nothing is written
+  const StepFold fold(error);       // the step's last kernel, after the check (step_fold.h)
+  if (step_failed(*error)) return;  // the same in every thread: nothing is written
   const float divisor = static_cast<float>(n_contrib);
   bool bad = false;
   for (unsigned long long rel =
@@ -338,7 +342,8 @@ __global__ void __launch_bounds__(kBaselineThreads)
 }
 
 __global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout, const unsigned* error) {
-  if (error != nullptr && *error != 0) return;  // the lane failed before: the layout stays
+  const StepFold fold(error);                           // the step's only kernel (step_fold.h)
+  if (error != nullptr && step_failed(*error)) return;  // the lane failed before: the layout stays
   if (blockIdx.x == 0 && threadIdx.x == 0) *layout = call;
 }
 

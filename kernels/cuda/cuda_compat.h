@@ -27,9 +27,12 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // In a kernel's error/flags word: the lane had failed before the step, so its kernels write
 // nothing. No kernel raises it for a failure of its own. The caller arms the word as the step
 // starts: 0, or kSkipFlag (with any other bits) when the lane failed before; the devices do it
-// (the emulated one on the host, the real one in the previous step's fold kernel), so a step
-// launches no gate kernel of its own. Kernels that raise flags from several blocks test this bit,
-// never "non-zero": a block must not skip because another block of the same launch raised a flag
-// a moment earlier.
+// (when they make the step's StepWord, and the previous step's last kernel as it folds,
+// step_fold.h), so a step launches no gate kernel of its own. Kernels that raise flags from several
+// blocks test this bit, never "non-zero": a block must not skip because another block of the same
+// launch raised a flag a moment earlier.
 constexpr unsigned kSkipFlag = 0x80000000u;
 }  // namespace dq::cuda
+
+// A step's flags word and its fold by the step's own kernels (uses kSkipFlag).
+#include "kernels/cuda/step_fold.h"  // IWYU pragma: export

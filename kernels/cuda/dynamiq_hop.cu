@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   __shared__ float s_pi[kGroupsPerSuperGroup];
   __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
   __shared__ uint8_t s_codes[kSuperGroup];
+  const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
@@ -331,7 +332,8 @@ __global__ void __launch_bounds__(kHopThreads)
     dynamiq_finish_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
                           int chunk, const uint8_t* in, void* out, int out_bf16, int avg,
                           int n_contrib, const unsigned* error) {
-  if (*error != 0) return;  // the same in every thread: nothing is written
+  const StepFold fold(error);       // the step's last kernel, after the check (step_fold.h)
+  if (step_failed(*error)) return;  // the same in every thread: nothing is written
   const int k = static_cast<int>(threadIdx.x);
   const LayoutView l = layout_view(layout, d.sections);
   const uint8_t* body = in + kChunkHeaderBytes;

@@ -312,7 +312,8 @@ __global__ void __launch_bounds__(kLayoutThreads)
   // The lane failed before this step: the layout is left as it is. One block; its only flag is
   // raised after the last barrier, so every thread reads the word before anything of this launch
   // can change it: the same decision in the whole block, before any barrier.
-  if (*error != 0) return;
+  const StepFold fold(error);  // the step's only kernel (step_fold.h)
+  if (step_failed(*error)) return;
   const LayoutPtrs l{reinterpret_cast<uint64_t*>(base + s.header),
                      reinterpret_cast<uint64_t*>(base + s.chunk_content),
                      reinterpret_cast<float*>(base + s.mean),

@@ -33,9 +33,10 @@ __global__ void __launch_bounds__(kStatsThreads)
     supergroup_stats_kernel(const void* x, int bf16, unsigned long long count, uint16_t* stats,
                             const unsigned* error) {
   __shared__ float tile[kTileRows * kRowPitch];
+  const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step: nothing is written. Every thread of the grid reads the same
   // word, which this kernel never writes, before any barrier: the whole block returns.
-  if (error != nullptr && *error != 0) return;
+  if (error != nullptr && step_failed(*error)) return;
   const int t = static_cast<int>(threadIdx.x);
   const unsigned long long n_sg = (count + kSuperGroup - 1) / kSuperGroup;
   const unsigned long long n_tiles = (n_sg + kTileSuperGroups - 1) / kTileSuperGroups;

@@ -16,14 +16,16 @@
 // Memory, streams, events, copies and NCCL calls are a host device's; a step on one of its streams
 // goes into that stream's ordered queue through Device::nccl (the interface's one "run this in
 // stream order" entry, in the place cudaLaunchHostFunc would have), and runs there on the
-// stream's worker thread: check, launch, read the flags, set the error word. On any other stream
-// (the caller's) it runs at once and returns its Status, as on the host device.
+// stream's worker thread: check, launch (the step's last kernel folds its flags into the error
+// word, as on a GPU), read the folded flags for the Status. On any other stream (the caller's) it
+// runs at once and returns its Status, as on the host device.
 //
 // The real-CUDA device is a separate file (shim/engine/cuda_device_gpu.cu, nvcc): cudaMalloc /
 // cudaHostAlloc(mapped) memory, cudaStream_t and cudaEvent_t, cudaMemcpyAsync copies, NCCL calls
-// issued at once; each kernel step launched onto the lane's stream with a per-stream device flags
-// word, followed by a one-thread kernel that folds the flags into the lane's mapped error word;
-// the level tables copied to device memory once per option set. Its argument checks run at
+// issued at once; each kernel step launched onto the lane's stream with a device StepWord per
+// (stream, lane) whose last kernel folds the flags into the lane's mapped error word (the same
+// kernels and launches as here: a step is its kernels, nothing else); the level tables copied to
+// device memory once per option set. Its argument checks run at
 // enqueue (the same functions as here) and a failure is written to the error word from the host.
 #include "shim/engine/cuda_device.h"
 
@@ -52,6 +54,12 @@ void set_error(uint32_t* error, uint32_t word) {
 }
 bool error_set(const uint32_t* error) {
   return error != nullptr && __atomic_load_n(error, __ATOMIC_ACQUIRE) != 0;
+}
+
+// Held while a step's kernels run, by every emulated device of the process.
+std::mutex& step_mutex() {
+  static std::mutex m;
+  return m;
 }
 
 // ---- steps: common to both builds -------------------------------------------------------------
@@ -146,10 +154,11 @@ class CudaDevice final : public Device {
   size_t budget_scratch_bytes() const override { return cuda::budget_scratch_bytes(); }
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                         BudgetResult* out, Lane lane) override {
+    // The budget kernel reads the lane's error word itself, as on a GPU (it raises no flags).
     return run(lane, "budget", &counts_.budgets,
-               [job, reduced, scratch, out](cudaStream_t stream, unsigned* flags) {
+               [job, reduced, scratch, out, error = lane.error](cudaStream_t stream, unsigned*) {
                  return cuda_steps::step_status(
-                     cuda::launch_budget(job, reduced, scratch, out, flags, stream), 0, "budget");
+                     cuda::launch_budget(job, reduced, scratch, out, error, stream), 0, "budget");
                });
   }
 
@@ -203,7 +212,7 @@ class CudaDevice final : public Device {
                      n_in, out, key, flags, stream));
                  // The test-only corrupted kernel (make_emulated_cuda_device's `fault`).
                  const bool hit = fault_.stratified_leaves ? n_in == 0 && key.strata > 1 : n_in > 0;
-                 if (hit && *flags == 0 && fault_.hop_output_byte >= 0 &&
+                 if (hit && !cuda::step_failed(*flags) && fault_.hop_output_byte >= 0 &&
                      static_cast<uint64_t>(fault_.hop_output_byte) < capacity)
                    out[fault_.hop_output_byte] ^= fault_.mask;
                  return Status::kOk;
@@ -303,8 +312,9 @@ class CudaDevice final : public Device {
   }
 
   // ---- backend: a kernel step in stream order -----------------------------------------------
-  // `body(stream, flags)` checks and launches (flags: the step's word, zero as it starts) and
-  // returns their Status; the kernels' flags then give the step's Status, as the host codec's,
+  // `body(stream, flags)` checks and launches (flags: the step's StepWord, armed as it starts,
+  // folded into the lane's error word by the step's last kernel) and returns their Status; the
+  // flags the kernels folded then give the step's Status, as the host codec's,
   // and a step that succeeds is counted in `count`. Skipped once the lane's error word is set; a
   // failure sets it (ErrorSource::kCodec, as the host device). On a stream of ours it is queued
   // behind the stream's earlier work; on the caller's it runs at once.
@@ -312,14 +322,18 @@ class CudaDevice final : public Device {
   Status run(Lane lane, const char* what, std::atomic<uint64_t>* count, F&& body) {
     auto step = [this, body = std::forward<F>(body), error = lane.error, what, count]() -> Status {
       if (error_set(error)) return Status::kOk;
-      unsigned flags = 0;  // armed: the lane's word was not set
+      // Armed: the lane's word was not set. On the stack: an emulated launch is synchronous.
+      cuda::StepWord word = cuda_steps::step_word(error);
+      // The emulator runs one launch at a time anyway; one step at a time in the process makes
+      // the launch count of each step exact (no other stream's launch falls in between).
+      std::unique_lock<std::mutex> one_step(step_mutex());
       const uint64_t launched = dq::emu::launches();
-      Status s = body(static_cast<cudaStream_t>(nullptr), &flags);  // emulated launches ignore it
-      if (s == Status::kOk) s = step_status(cudaSuccess, flags, what);
+      Status s = body(static_cast<cudaStream_t>(nullptr), &word.flags);  // streams are ignored
+      const uint64_t n = dq::emu::launches() - launched;
+      one_step.unlock();
+      if (s == Status::kOk) s = step_status(cudaSuccess, word.raised, what);
       if (s == Status::kOk) {
         count->fetch_add(1, std::memory_order_relaxed);
-        // Another thread's launches may fall in between: exact where steps run one at a time.
-        const uint64_t n = dq::emu::launches() - launched;
         counts_.launches.fetch_add(n, std::memory_order_relaxed);
         if (count == &counts_.hops) counts_.hop_launches.fetch_add(n, std::memory_order_relaxed);
       }

@@ -15,14 +15,15 @@
 // - copies: cudaMemcpyAsync on the lane's stream; NCCL calls: issued at once, on the stream the
 //   engine passes in them (the lane's), as NVIDIA's NCCL orders them itself;
 // - codec steps: argument checks on the host at enqueue (a failure is written to the lane's error
-//   word from the host, as the host device does), then the kernels on the lane's stream and one
-//   one-thread kernel after them: `fold` turns the kernels' flags into the error word with the
+//   word from the host, as the host device does), then the step's kernels on the lane's stream and
+//   nothing else: they get the flags of a StepWord in device memory, one per (stream, lane)
+//   (kernels/cuda/step_fold.h), which every kernel reads as it starts (armed with kSkipFlag: it
+//   writes nothing). The step's last kernel folds the flags into the lane's error word with the
 //   host device's encoding (ErrorSource::kCodec, the Status step_status() gives), first failure
-//   wins (compare-and-swap from 0), and arms the stream's flags word for its next step (kSkipFlag
-//   when the lane's error word is set, else 0). `arm` does only the latter, before a step whose
-//   stream was last armed for another lane's word. Every kernel (statistics, layout, hop, finish,
-//   of DynamiQ and of the baselines) reads the flags word as it starts and writes nothing when it
-//   is armed; the steps' launches are cuda_steps.h's, shared with the emulated device;
+//   wins, when its whole grid is done, and re-arms the word for the lane's next step. A word is
+//   made at its (stream, lane)'s first step: its image, in pinned memory for the device's life,
+//   copied by cudaMemcpyAsync on that stream (a copy, not a launch). The steps' launches are
+//   cuda_steps.h's, the emulated device's too, so both launch alike;
 // - level tables: built by the host's builder once per option set and copied to device memory
 //   by prepare() (plan time), on the device's own allocation stream; an event marks the copy and
 //   every DynamiQ step's stream waits for it (a no-op once it completed). The PreparedCodec holds
@@ -44,9 +45,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "common/log.h"
 #include "config/settings.h"
@@ -59,26 +60,6 @@
 
 namespace dq::engine {
 namespace {
-
-using cuda::kSkipFlag;  // in a stream's flags word: the lane's error word was set already
-
-__global__ void arm_flags_kernel(const uint32_t* error, unsigned* flags) {
-  const uint32_t word = error != nullptr ? *static_cast<const volatile uint32_t*>(error) : 0u;
-  *flags = word != 0 ? kSkipFlag : 0u;
-}
-
-// After a step: its kernels' flags into the lane's error word (first failure wins), then the word
-// armed for the stream's next step, which is on the same lane unless the host arms it anew
-// (arm_flags_kernel): one kernel between two steps, not two.
-__global__ void fold_flags_kernel(unsigned* flags, uint32_t* error, unsigned malformed_mask,
-                                  uint32_t malformed, uint32_t internal) {
-  const unsigned f = *flags;
-  if (f != 0 && (f & kSkipFlag) == 0 && error != nullptr)
-    atomicCAS_system(reinterpret_cast<unsigned*>(error), 0u,
-                     (f & malformed_mask) != 0 ? malformed : internal);
-  const uint32_t word = error != nullptr ? *static_cast<const volatile uint32_t*>(error) : 0u;
-  *flags = word != 0 ? kSkipFlag : 0u;
-}
 
 void set_error(uint32_t* error, uint32_t word) {
   if (error == nullptr) return;
@@ -146,11 +127,7 @@ class CudaGpuDevice final : public Device {
     pools_ = pools != 0;
     if (pools_) DQ_CHECK(make_pool());
     // Every kernel loaded now, not at its first launch mid-call (cuda_steps::load_kernels).
-    cudaFuncAttributes attr;
-    cudaError_t loaded = cuda_steps::load_kernels();
-    if (loaded == cudaSuccess) loaded = cudaFuncGetAttributes(&attr, arm_flags_kernel);
-    if (loaded == cudaSuccess) loaded = cudaFuncGetAttributes(&attr, fold_flags_kernel);
-    DQ_CHECK(cuda_status(loaded, "loading the kernels"));
+    DQ_CHECK(cuda_status(cuda_steps::load_kernels(), "loading the kernels"));
     return cuda_status(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking),
                        "the allocation stream");
   }
@@ -186,9 +163,15 @@ class CudaGpuDevice final : public Device {
     {
       std::lock_guard<std::mutex> lock(m_);
       mapped = mapped_.erase(p) != 0;
-      // A later word at the same address is another lane's: its steps arm anew.
-      for (auto& f : flags_)
-        if (f.second.armed_for == p) f.second.armed_for = nullptr;
+      // A later word at the same address is another lane's, with StepWords of its own; these
+      // are freed with their stream (their kernels may still be queued).
+      for (auto it = words_.begin(); it != words_.end();)
+        if (it->first.second == p) {
+          retired_.push_back(it->second);
+          it = words_.erase(it);
+        } else {
+          ++it;
+        }
     }
     auto s = static_cast<cudaStream_t>(stream);
     if (s == nullptr && leak_.load()) return;  // a stream's work may still use it (destroy_stream)
@@ -215,11 +198,23 @@ class CudaGpuDevice final : public Device {
   void destroy_stream(StreamHandle stream) override {
     OnDevice on(ordinal_);
     auto s = static_cast<cudaStream_t>(stream);
-    unsigned* flags = nullptr;
+    std::vector<StepSlot> words;  // the stream's StepWords
     {
       std::lock_guard<std::mutex> lock(m_);
-      auto it = flags_.find(stream);
-      if (it != flags_.end()) flags = it->second.word, flags_.erase(it);
+      for (auto it = words_.begin(); it != words_.end();)
+        if (it->first.first == stream) {
+          words.push_back(it->second);
+          it = words_.erase(it);
+        } else {
+          ++it;
+        }
+      for (auto it = retired_.begin(); it != retired_.end();)
+        if (it->stream == stream) {
+          words.push_back(*it);
+          it = retired_.erase(it);
+        } else {
+          ++it;
+        }
     }
     // The engine frees its memory after destroying its streams: their work must be done, waited
     // for at most DYNAMIQ_TIMEOUT_MS. Work that does not end in time (a peer that never answers,
@@ -227,8 +222,11 @@ class CudaGpuDevice final : public Device {
     // to release without a stream (left allocated, one warning).
     const bool done = drain(s, "destroying a stream") == Status::kOk;
     if (!done) leak_.store(true);
-    if (flags != nullptr && pools_) cudaFreeAsync(flags, s);
-    if (flags != nullptr && !pools_ && done) cudaFree(flags);
+    for (const StepSlot& w : words) {
+      if (pools_) cudaFreeAsync(w.device, s);
+      if (!pools_ && done) cudaFree(w.device);
+      if (done) cudaFreeHost(w.image);
+    }
     cudaStreamDestroy(s);
   }
   Status create_event(EventHandle* out) override {
@@ -377,9 +375,10 @@ class CudaGpuDevice final : public Device {
   };
 
   // One codec step on the lane's stream: skipped when the lane's error word is already set (as
-  // seen from the host); the kernels' parameters (and DynamiQ's level tables); the arm and fold
-  // kernels around `body`'s launches. A failure found on the host is written to the error word
-  // here, with the host device's encoding.
+  // seen from the host); the kernels' parameters (and DynamiQ's level tables); `body`'s launches
+  // with the (stream, lane)'s StepWord, which the step's last kernel folds into the error word.
+  // A failure found on the host is written to the error word here, with the host device's
+  // encoding.
   template <class Body>
   Status step(const PreparedCodec& codec, Lane lane, const char* what, Body&& body) {
     if (error_set(lane.error)) return Status::kOk;
@@ -407,23 +406,10 @@ class CudaGpuDevice final : public Device {
     }
     if (s == Status::kOk && ready != nullptr)
       s = cuda_status(cudaStreamWaitEvent(stream, ready, 0), "level tables");
-    // Launches per step: its kernels and one fold kernel, plus an arm kernel only when the
-    // stream's word was last armed for another lane (or by a step that did not complete).
+    // Launches per step: its kernels alone (cuda_steps.h), as on the emulated device.
     unsigned* flags = nullptr;
-    bool armed = false;
-    if (s == Status::kOk) s = flags_for(lane.stream, stream, lane.error, &flags, &armed);
-    if (s == Status::kOk && !armed) {
-      arm_flags_kernel<<<1, 1, 0, stream>>>(lane.error, flags);
-      s = cuda_status(cudaGetLastError(), "arm kernel");
-    }
+    if (s == Status::kOk) s = word_for(lane.stream, stream, lane.error, &flags);
     if (s == Status::kOk) s = body(k, stream, flags);
-    if (s == Status::kOk) {
-      fold_flags_kernel<<<1, 1, 0, stream>>>(flags, lane.error, cuda_steps::kMalformedFlags,
-                                             cuda_steps::malformed_word(),
-                                             cuda_steps::internal_word());
-      s = cuda_status(cudaGetLastError(), "fold kernel");
-    }
-    set_armed(lane.stream, s == Status::kOk ? lane.error : nullptr);
     if (s != Status::kOk)
       set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
@@ -515,30 +501,45 @@ class CudaGpuDevice final : public Device {
     return st;
   }
 
-  // The stream's flags word (device memory), made on its first flagged step, stream-ordered;
-  // *armed: the last fold on the stream armed it for `error` (the lane's word), so the step needs
-  // no arm kernel.
-  Status flags_for(StreamHandle key, cudaStream_t stream, const uint32_t* error, unsigned** out,
-                   bool* armed) {
+  // The flags of the (stream, lane)'s StepWord, made at its first step: device memory,
+  // stream-ordered, filled from a pinned image by a copy on the stream (armed: the host saw the
+  // lane's word clear). The step's last kernel re-arms it for the next step, so it is never
+  // written from the host again; a lane keeps its word on each stream it uses.
+  Status word_for(StreamHandle key, cudaStream_t stream, uint32_t* error, unsigned** out) {
+    RelaxedCapture relaxed;  // the allocations must not disturb another thread's capture
     std::lock_guard<std::mutex> lock(m_);
-    auto it = flags_.find(key);
-    if (it != flags_.end()) {
-      *out = it->second.word;
-      *armed = error != nullptr && it->second.armed_for == error;
+    auto it = words_.find({key, error});
+    if (it != words_.end()) {
+      *out = &it->second.device->flags;
       return Status::kOk;
     }
-    *armed = false;
+    StepSlot w;
+    w.stream = key;
+    void* image = nullptr;
     void* d = nullptr;
-    DQ_CHECK(pools_ ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof(unsigned), pool_, stream),
-                                  "cudaMallocAsync")
-                    : cuda_status(cudaMalloc(&d, sizeof(unsigned)), "cudaMalloc"));
-    flags_[key].word = *out = static_cast<unsigned*>(d);
+    Status s = cuda_status(cudaHostAlloc(&image, sizeof(cuda::StepWord), cudaHostAllocPortable),
+                           "cudaHostAlloc");
+    if (s == Status::kOk)
+      s = pools_ ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof(cuda::StepWord), pool_, stream),
+                               "cudaMallocAsync")
+                 : cuda_status(cudaMalloc(&d, sizeof(cuda::StepWord)), "cudaMalloc");
+    if (s == Status::kOk) {
+      w.image = static_cast<cuda::StepWord*>(image);
+      *w.image = cuda_steps::step_word(error);
+      w.device = static_cast<cuda::StepWord*>(d);
+      s = cuda_status(cudaMemcpyAsync(w.device, w.image, sizeof(cuda::StepWord),
+                                      cudaMemcpyHostToDevice, stream),
+                      "a step word");
+    }
+    if (s != Status::kOk) {  // nothing of it reached the stream but the allocation
+      if (d != nullptr && pools_) cudaFreeAsync(d, stream);
+      if (d != nullptr && !pools_) cudaFree(d);
+      if (image != nullptr) cudaFreeHost(image);
+      return s;
+    }
+    words_[{key, error}] = w;
+    *out = &w.device->flags;
     return Status::kOk;
-  }
-  void set_armed(StreamHandle key, const uint32_t* error) {
-    std::lock_guard<std::mutex> lock(m_);
-    auto it = flags_.find(key);
-    if (it != flags_.end()) it->second.armed_for = error;
   }
 
   const int ordinal_;
@@ -550,11 +551,15 @@ class CudaGpuDevice final : public Device {
   cudaStream_t alloc_stream_ = nullptr;
   std::mutex m_;
   std::unordered_set<void*> mapped_;
-  struct StreamFlags {
-    unsigned* word = nullptr;
-    const uint32_t* armed_for = nullptr;  // the lane error word the last fold armed it from
+  // A StepWord (kernels/cuda/step_fold.h) in device memory and the pinned image it was filled
+  // from, on `stream`.
+  struct StepSlot {
+    StreamHandle stream = nullptr;
+    cuda::StepWord* device = nullptr;
+    cuda::StepWord* image = nullptr;
   };
-  std::unordered_map<StreamHandle, StreamFlags> flags_;
+  std::map<std::pair<StreamHandle, const uint32_t*>, StepSlot> words_;  // by (stream, lane)
+  std::vector<StepSlot> retired_;  // of released lane words, freed with their stream
   cuda_steps::LevelSets levels_;
 };
 

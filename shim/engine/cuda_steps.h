@@ -6,9 +6,9 @@
 //
 // What is here: the kernels' parameters for a planned codec (DynamiQ, or a baseline: bf16, the MX
 // formats, uniform:B), the host codec's argument checks in its order and with its Status, each
-// step's launches (checks, then the kernels of the codec's family, given the stream's flags word),
-// the kernels' flags as a Status (and as the error word the real device's fold kernel writes), and
-// the level tables built once per option set.
+// step's launches (checks, then the kernels of the codec's family, given the step's flags word),
+// the kernels' flags as a Status (and the StepWord through which the step's last kernel folds them
+// into the lane's error word itself), and the level tables built once per option set.
 // Include after nothing special: kernels/cuda/cuda_compat.h picks the CUDA runtime under nvcc and
 // the emulation otherwise.
 #pragma once
@@ -54,6 +54,14 @@ inline uint32_t malformed_word() {
 }
 inline uint32_t internal_word() {
   return error_word(ErrorSource::kCodec, static_cast<int>(Status::kInternal));
+}
+
+// The flags word of a step on a lane whose error word is `error`, armed for its first launch
+// (kernels/cuda/step_fold.h): the step's last kernel folds the flags into `error` with the words
+// above, as step_status() maps them, and re-arms it. Both devices hand the kernels one, so a step
+// launches its kernels and nothing else on either.
+inline cuda::StepWord step_word(uint32_t* error) {
+  return cuda::step_word(error, kMalformedFlags, malformed_word(), internal_word());
 }
 
 // The host codec's Status for a launch's result and the error flags its kernels raised. Call it
@@ -216,10 +224,13 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 }
 
 // ---- each step: the checks, then its kernels on `stream` ---------------------------------------
-// `flags`: the stream's flags word in device memory, zero or kSkipFlag as the step starts (the
-// kernels write nothing when it is non-zero, cuda_compat.h) and the kernels' flags after; the
-// caller reads it (the emulated device, after the launch) or folds it into the error word (the
-// real device, a kernel). The Status returned is the checks' and the launches' only.
+// `flags`: the `flags` of the step's StepWord (step_word() above), armed as the step starts (the
+// kernels write nothing when it has kSkipFlag, cuda_compat.h); the step's last kernel folds the
+// kernels' flags into the lane's error word and adds them to the word's `raised` (which the
+// emulated device reads for the step's Status). The Status returned is the checks' and the
+// launches' only. Launches per step: one per statistics, layout and hop (two for a uniform:B hop
+// with inputs: the hop, then the clear of a message with invalid codes), two per finish (the
+// validation pass, then the decode).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
                            const unsigned* flags, cudaStream_t stream) {

@@ -252,6 +252,85 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
   return 0;
 }
 
+// ---- launches per call: the exact formula ---------------------------------------------------
+// The kernel launches of one compressed DynamiQ call on n ranks, ring or butterfly, with `blocks`
+// pipeline blocks. Per call: one budget kernel (the bucket's prediction from the reduced
+// statistics, made with fixed bits too, for the metrics). Per block: one statistics and one
+// layout kernel per part (an all-reduce's block is one part; a reduce-scatter's is one part per
+// rank's slice, so n), one kernel per hop step (a rank compresses n chunk messages on either
+// topology: the ring's leaf, n - 2 fused hops and the sink's; the butterfly's n/2 + n/4 + ... + 1
+// leaves and fused hops and the sink's), and two per finish (the validation pass, then the
+// decode), of every chunk for an all-reduce, of the rank's own for a reduce-scatter. Nothing
+// else: the step's last kernel folds its flags into the error word (no arm or fold kernels), the
+// same launches as on a GPU (shim/engine/cuda_steps.h).
+uint64_t launches_per_call(int n, int blocks, bool scatter) {
+  const uint64_t hop_steps = static_cast<uint64_t>(n);
+  const uint64_t finishes = scatter ? 1 : static_cast<uint64_t>(n);
+  const uint64_t parts = scatter ? static_cast<uint64_t>(n) : 1;
+  return 1 + static_cast<uint64_t>(blocks) * (2 * parts + hop_steps + 2 * finishes);
+}
+
+// Compressed FP32 calls of 1, 2 and 3 blocks (all-reduce) and 2 blocks (reduce-scatter) on one
+// engine, after a first call (the canary's launches are its own): each call's launches, and its
+// hop launches, exactly the formula's.
+int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
+                   dq::engine::Device* cuda) {
+  const size_t block_bytes = 256 * 1024;
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_TOPO", topo},
+                                      {"DYNAMIQ_CODEC", "dynamiq"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_BLOCK_BYTES", std::to_string(block_bytes)}});
+  Engine engine(settings, true, {comms[1], rank, n}, cpu_nccl_ops(), cuda, nullptr, true);
+  struct Shape {
+    int blocks;
+    bool scatter;
+  };
+  const Shape shapes[] = {{1, false}, {1, false}, {2, false}, {3, false}, {2, true}};
+  for (size_t i = 0; i < std::size(shapes); ++i) {
+    const Shape& s = shapes[i];
+    // A block counts the caller's bytes, a reduce-scatter's one slice per rank.
+    const size_t span = s.blocks * block_bytes / 4 / (s.scatter ? n : 1);
+    const size_t count = s.scatter ? span * n : span;
+    const auto in = make_input(rank, count, false, false);
+    std::vector<float> out(span, 0.0f);
+    CallArgs args;
+    args.collective = s.scatter ? Collective::kReduceScatter : Collective::kAllReduce;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = count;
+    const CudaDeviceCounts before = dq::engine::cuda_device_counts(cuda);
+    PassReason r = PassReason::kRerouted;
+    CHECK_OR(90, engine.run(args, &r) == ncclSuccess && r == PassReason::kRerouted,
+             "rank %d: launch formula call %zu not compressed (%s)", rank, i,
+             dq::engine::reason_name(r));
+    CHECK_OR(91, engine.async_error() == ncclSuccess, "rank %d: call %zu: async error", rank, i);
+    if (i == 0) continue;  // the communicator's first call also runs the canary
+    const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
+    const uint64_t launches = after.launches - before.launches;
+    const uint64_t hops = after.hops - before.hops;
+    const uint64_t hop_launches = after.hop_launches - before.hop_launches;
+    const uint64_t expected = launches_per_call(n, s.blocks, s.scatter);
+    CHECK_OR(92,
+             launches == expected && hops == static_cast<uint64_t>(s.blocks) * n &&
+                 hop_launches == hops && after.budgets - before.budgets == 1,
+             "rank %d, %s, %d ranks, %d blocks, %s: %llu launches (formula %llu): %llu hop steps "
+             "(%llu launches), %llu statistics, %llu layouts, %llu finishes, %llu budgets",
+             rank, topo.c_str(), n, s.blocks, s.scatter ? "reduce-scatter" : "all-reduce",
+             static_cast<unsigned long long>(launches), static_cast<unsigned long long>(expected),
+             static_cast<unsigned long long>(hops), static_cast<unsigned long long>(hop_launches),
+             static_cast<unsigned long long>(after.stats - before.stats),
+             static_cast<unsigned long long>(after.layouts - before.layouts),
+             static_cast<unsigned long long>(after.finishes - before.finishes),
+             static_cast<unsigned long long>(after.budgets - before.budgets));
+    if (rank == 0)
+      std::fprintf(stderr, "rank 0: %s, %d ranks, %d blocks, %s: %llu launches per call\n",
+                   topo.c_str(), n, s.blocks, s.scatter ? "reduce-scatter" : "all-reduce",
+                   static_cast<unsigned long long>(launches));
+  }
+  return 0;
+}
+
 int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
   const std::unique_ptr<dq::engine::Device> cuda = dq::engine::make_emulated_cuda_device();
   const dq::engine::NcclOps ops = cpu_nccl_ops();
@@ -353,6 +432,7 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
                static_cast<unsigned long long>(total.layouts),
                static_cast<unsigned long long>(total.hops),
                static_cast<unsigned long long>(total.finishes), host_s, cuda_s);
+  if (const int rc = launch_formula(n, topo, rank, comms, cuda.get()); rc != 0) return rc;
   if (const int rc = auto_rungs(n, topo, rank, comms, cuda.get()); rc != 0) return rc;
   return auto_fallback(n, topo, rank, comms, cuda.get());
 }

@@ -1,0 +1,96 @@
+// A codec step's flags word and its fold into the lane's error word, done by the step's own
+// kernels, so a step launches nothing besides them (no one-thread arm or fold kernel around it).
+// Included by kernels/cuda/cuda_compat.h; kernels/cuda/EMULATION.md describes the model.
+//
+// The devices hand every launch of a step the `flags` member of a StepWord as its `error` word.
+// The step's kernels read it as they start (kSkipFlag: the lane failed before, write nothing) and
+// OR their flags into it. The step's last kernel holds a StepFold: when its grid is done (the
+// last block to finish, counted in blocks_done), one thread turns the flags into the lane's error
+// word (first failure wins, with the host device's encoding, the words the device put in the
+// StepWord), adds them to `raised`, and arms the word for the step's next launch: kFoldFlag, with
+// kSkipFlag when the lane's error word is set. A plain word (the kernel tests') lacks kFoldFlag:
+// nothing is folded, and its flags stay for the caller to read.
+#pragma once
+#include <cstdint>
+#if DQ_CUDA_EMULATED
+#include <exception>
+#endif
+
+namespace dq::cuda {
+
+// In a flags word: it is a StepWord's `flags`, which the step's last kernel folds. No kernel
+// raises it.
+constexpr unsigned kFoldFlag = 0x40000000u;
+
+// Device memory (the real device) or the stepping thread's stack (the emulated one).
+struct StepWord {
+  unsigned flags;           // the launches' `error` word: kFoldFlag, kSkipFlag, the kernels' flags
+  unsigned blocks_done;     // blocks of the folding launch that finished; 0 between launches
+  unsigned raised;          // every flag folded since the word was made
+  unsigned malformed_mask;  // the flags that mean malformed data
+  uint32_t* error;          // the lane's error word (mapped memory); nullptr: none
+  uint32_t malformed;       // written there for a malformed-data flag
+  uint32_t internal;        // written there for any other flag
+};
+
+// A word armed for a step's first launch, folding into `error`.
+inline StepWord step_word(uint32_t* error, unsigned malformed_mask, uint32_t malformed,
+                          uint32_t internal) {
+  return StepWord{kFoldFlag, 0u, 0u, malformed_mask, error, malformed, internal};
+}
+
+// For a kernel that follows a flag-raising kernel of its step (or raises none itself): write
+// nothing when the lane failed before the step or a flag was raised earlier in it.
+__host__ __device__ inline bool step_failed(unsigned word) {
+  return (word & ~kFoldFlag) != 0;
+}
+
+// Declared first in a step's last kernel (`last`: whether this launch is the step's last, the
+// same in the whole grid); its destructor, at every return of the kernel, folds the word once the
+// whole grid is done. Every return of such a kernel must be taken by the whole block (the
+// destructor has a barrier), as the kernels' rules already require of a return before a barrier.
+class StepFold {
+ public:
+  __device__ explicit StepFold(const unsigned* flags, bool last = true)
+      : word_(const_cast<unsigned*>(flags)), last_(last) {}
+  StepFold(const StepFold&) = delete;
+  StepFold& operator=(const StepFold&) = delete;
+  __device__ ~StepFold() {
+#if DQ_CUDA_EMULATED
+    if (std::uncaught_exceptions() > 0) return;  // the emulator unwinds a faulted launch
+#endif
+    // kFoldFlag never changes during a launch: the whole grid decides alike.
+    if (!last_ || word_ == nullptr || (*word_ & kFoldFlag) == 0) return;
+    __syncthreads();  // this block's writes and flags are done
+    if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) return;
+    StepWord* w = reinterpret_cast<StepWord*>(word_);
+    __threadfence();
+    if (atomicAdd(&w->blocks_done, 1u) + 1u != gridDim.x * gridDim.y * gridDim.z) return;
+    __threadfence();  // every block's flags are visible
+    fold(w);
+  }
+
+ private:
+  __device__ static void fold(StepWord* w) {
+    const unsigned word = *static_cast<volatile unsigned*>(&w->flags);
+    const unsigned f = word & ~(kFoldFlag | kSkipFlag);
+    if (f != 0 && (word & kSkipFlag) == 0 && w->error != nullptr) {
+      const uint32_t e = (f & w->malformed_mask) != 0 ? w->malformed : w->internal;
+#if DQ_CUDA_EMULATED
+      atomicCAS(w->error, 0u, e);
+#else
+      atomicCAS_system(w->error, 0u, e);
+#endif
+    }
+    w->raised |= f;
+    const bool failed =
+        w->error != nullptr && *static_cast<const volatile uint32_t*>(w->error) != 0;
+    w->blocks_done = 0;
+    w->flags = kFoldFlag | (failed ? kSkipFlag : 0u);
+  }
+
+  unsigned* word_;
+  bool last_;
+};
+
+}  // namespace dq::cuda
