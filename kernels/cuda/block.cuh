@@ -3,6 +3,8 @@
 // no cooperative groups. Every function here is a collective: all threads of the block (or all
 // 32 lanes of the warp) must call it at the same place.
 #pragma once
+#include <cstdint>
+
 #include "kernels/cuda/cuda_compat.h"
 
 namespace dq::cuda {
@@ -107,6 +109,28 @@ __device__ __forceinline__ T block_exclusive_scan(T v, T* scratch, T* total) {
   if (total) *total = scratch[kWarp];
   __syncthreads();
   return result;
+}
+
+// Copies n bytes of global memory at src (any alignment) into the shared buffer `stage` (16-byte
+// aligned, at least n + 15 bytes) at src's offset modulo 16: the aligned middle moves in 16-byte
+// vector loads and stores, the unaligned head and tail byte by byte, every byte read once.
+// Returns where the copy starts in `stage`. Every thread of the block calls it with the same
+// arguments; put a barrier between it and any read of the copy.
+__device__ __forceinline__ const uint8_t* block_copy_to_shared(const uint8_t* src, int n,
+                                                               uint4* stage) {
+  const int k = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15u);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(stage) + misalign;
+  int head = (16 - misalign) & 15;
+  if (head > n) head = n;
+  const int vectors = (n - head) / 16;
+  for (int b = k; b < head; b += threads) dst[b] = load_global(src + b);
+  const uint4* from = reinterpret_cast<const uint4*>(src + head);
+  uint4* to = reinterpret_cast<uint4*>(dst + head);
+  for (int v = k; v < vectors; v += threads) to[v] = load_global(from + v);
+  for (int b = head + 16 * vectors + k; b < n; b += threads) dst[b] = load_global(src + b);
+  return dst;
 }
 
 }  // namespace dq::cuda
