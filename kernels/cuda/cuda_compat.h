@@ -14,10 +14,14 @@
   T* name = reinterpret_cast<T*>(dq_dynamic_shared_)
 #define DQ_CUDA_EMULATED 0
 #define DQ_UNROLL _Pragma("unroll")
+#define DQ_NO_UNROLL _Pragma("unroll 1")
+#define DQ_UNROLL_2 _Pragma("unroll 2")
 #else
 #include "kernels/cuda/emu/emu.h"
 #define DQ_CUDA_EMULATED 1
 #define DQ_UNROLL
+#define DQ_NO_UNROLL
+#define DQ_UNROLL_2
 #endif
 
 namespace dq::cuda {

@@ -191,6 +191,8 @@ constexpr int kHopBatch = 8;  // super-groups per round of draws: 8 x 32 Philox 
 constexpr int kHopSupergroupsPerBlock = 16;
 // uint4s of a staged input record: a width-16 record (512 bytes) at any offset modulo 16.
 constexpr int kRecordStage = (2 * kSuperGroup + 15 + 15) / 16;
+// uint4s of a super-group's staged own values: 256 FP32 values at any offset modulo 16.
+constexpr int kOwnStage = (4 * kSuperGroup + 15 + 15) / 16;
 
 // The layout words of a batch's super-groups, read once by threads 0..7.
 struct HopBatch {
@@ -209,6 +211,7 @@ struct HopShared {
   uint32_t* gmax;      // [kGroupsPerSuperGroup]: group maxima (magnitude bit patterns)
   uint8_t* codes;      // [kSuperGroup]: the codes before packing
   uint4* record;       // [2 * kRecordStage]: input records, alternating
+  uint4* own;          // [kHopBatch * kOwnStage]: the batch's own values
   unsigned long long* meta;  // [3]: the chunk's content bytes, first and end wire position
 };
 
@@ -276,10 +279,26 @@ __device__ void hop_setup(const DynamiqDeviceParams& d, const LevelTable* levels
     store_global(body + b, uint8_t{0});
 }
 
-// A batch's layout words (threads 0..7), then its random bits: every thread draws one Philox
-// block (32 a super-group), threads 0..127 one group's stratum each. Ends with a barrier.
-__device__ void hop_batch_draws(const LayoutView& l, uint64_t i0, uint64_t end, uint64_t sg_base,
-                                bool corr, const RoundingKey& key, const HopShared& sh) {
+// Whether batch member s is encoded from the own values: its record fits the message and its
+// mean is finite (hop_supergroup()). The same answer in every thread.
+__device__ __forceinline__ bool member_encoded(const DynamiqPlan& p, const HopBatch& b, int s) {
+  return !record_past_capacity(p, b.offset[s], b.bits[s]) &&
+         (f32_bits(b.mean[s]) & 0x7f800000u) != 0x7f800000u;
+}
+
+// Where batch member s's own values (at `values`) lie in shared memory after hop_batch_load().
+__device__ __forceinline__ const uint8_t* staged_own(const HopShared& sh, int s,
+                                                     const uint8_t* values) {
+  return reinterpret_cast<const uint8_t*>(sh.own + s * kOwnStage) +
+         (reinterpret_cast<uintptr_t>(values) & 15u);
+}
+
+// A batch's layout words (threads 0..7); its random bits: every thread draws one Philox block
+// (32 a super-group), threads 0..127 one group's stratum each; then warp s copies member s's own
+// values to shared memory (the 8 super-groups' loads in flight at once). Ends with a barrier.
+__device__ void hop_batch_load(const DynamiqDeviceParams& d, const LayoutView& l, const void* own,
+                               int own_bf16, uint64_t i0, uint64_t end, uint64_t sg_base, bool corr,
+                               const RoundingKey& key, const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   HopBatch& b = *sh.batch;
   if (k < kHopBatch && i0 + k < end) {
@@ -307,6 +326,15 @@ __device__ void hop_batch_draws(const LayoutView& l, uint64_t i0, uint64_t end, 
                                                             key.stratum, key.strata))
                     : 0.0f;
   }
+  if (i0 + s < end && member_encoded(d.plan, b, s)) {
+    const size_t base = static_cast<size_t>(b.j[s]) * kSuperGroup;
+    const size_t left = d.plan.count - base;
+    const int valid =
+        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
+    const size_t size = own_bf16 ? 2 : 4;
+    group_copy_to_shared(static_cast<const uint8_t*>(own) + base * size,
+                         valid * static_cast<int>(size), sh.own + s * kOwnStage, k % 32, 32);
+  }
   __syncthreads();
 }
 
@@ -324,9 +352,10 @@ __device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_
   const int valid = left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
   float v = 0.0f;
   if (k < valid) {
-    const float x = own_bf16
-                        ? bf16_to_f32(load_global(static_cast<const uint16_t*>(own) + base + k))
-                        : load_global(static_cast<const float*>(own) + base + k);
+    const size_t size = own_bf16 ? 2 : 4;
+    const uint8_t* staged = staged_own(sh, s, static_cast<const uint8_t*>(own) + base * size);
+    const float x = own_bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(staged)[k])
+                             : reinterpret_cast<const float*>(staged)[k];
     const float mu = bits == 16 ? 0.0f : b.mean[s];
     const int8_t e = b.exponent[s];
     v = e == 0 ? x - mu : x * pow2f(e) - mu;
@@ -394,7 +423,8 @@ __device__ void hop_supergroup(const DynamiqDeviceParams& d, const void* own, in
   const DynamiqPlan& p = d.plan;
   const HopBatch& b = *sh.batch;
   const int bits = b.bits[s];
-  // A record the message cannot hold is neither written nor read from the inputs.
+  // A record the message cannot hold is neither written nor read from the inputs (nor were its
+  // own values: member_encoded()).
   if (record_past_capacity(p, b.offset[s], bits)) {
     if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
     return;
@@ -427,11 +457,12 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
   __shared__ uint8_t s_codes[kSuperGroup];
   __shared__ uint4 s_record[2 * kRecordStage];
+  __shared__ uint4 s_own[kHopBatch * kOwnStage];
   __shared__ unsigned long long s_meta[3];
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
-  const HopShared sh{s_levels, s_words, s_pi, &s_batch, s_gmax, s_codes, s_record, s_meta};
+  const HopShared sh{s_levels, s_words, s_pi, &s_batch, s_gmax, s_codes, s_record, s_own, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
   hop_setup(d, levels, l, chunk, in, n_in, out, error, sh);
   const uint64_t first = s_meta[1], last = s_meta[2];
@@ -444,7 +475,7 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
   int stage = 0;
   for (uint64_t i0 = begin; i0 < end; i0 += kHopBatch) {  // the same trips in the block
-    hop_batch_draws(l, i0, end, sg_base, corr, key, sh);
+    hop_batch_load(d, l, own, own_bf16, i0, end, sg_base, corr, key, sh);
     for (int s = 0; s < kHopBatch && i0 + s < end; ++s)
       hop_supergroup(d, own, own_bf16, in, n_in, out + kChunkHeaderBytes, sg_base, strata, key,
                      error, s, &stage, sh);
