@@ -212,6 +212,7 @@ struct HopShared {
   uint8_t* codes;      // [kSuperGroup]: the codes before packing
   uint4* record;       // [2 * kRecordStage]: input records, alternating
   uint4* own;          // [kHopBatch * kOwnStage]: the batch's own values
+  uint4* first_input;  // [kHopBatch * kRecordStage]: the batch's records of input 0
   unsigned long long* meta;  // [3]: the chunk's content bytes, first and end wire position
 };
 
@@ -295,10 +296,12 @@ __device__ __forceinline__ const uint8_t* staged_own(const HopShared& sh, int s,
 
 // A batch's layout words (threads 0..7); its random bits: every thread draws one Philox block
 // (32 a super-group), threads 0..127 one group's stratum each; then warp s copies member s's own
-// values to shared memory (the 8 super-groups' loads in flight at once). Ends with a barrier.
+// values and its record of input 0 to shared memory (the 8 super-groups' loads in flight at
+// once). Ends with a barrier.
 __device__ void hop_batch_load(const DynamiqDeviceParams& d, const LayoutView& l, const void* own,
-                               int own_bf16, uint64_t i0, uint64_t end, uint64_t sg_base, bool corr,
-                               const RoundingKey& key, const HopShared& sh) {
+                               int own_bf16, const uint8_t* input0, uint64_t i0, uint64_t end,
+                               uint64_t sg_base, bool corr, const RoundingKey& key,
+                               const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   HopBatch& b = *sh.batch;
   if (k < kHopBatch && i0 + k < end) {
@@ -334,13 +337,18 @@ __device__ void hop_batch_load(const DynamiqDeviceParams& d, const LayoutView& l
     const size_t size = own_bf16 ? 2 : 4;
     group_copy_to_shared(static_cast<const uint8_t*>(own) + base * size,
                          valid * static_cast<int>(size), sh.own + s * kOwnStage, k % 32, 32);
+    if (input0 != nullptr)
+      group_copy_to_shared(input0 + kChunkHeaderBytes + b.offset[s],
+                           d.plan.record[width_index(b.bits[s])], sh.first_input + s * kRecordStage,
+                           k % 32, 32);
   }
   __syncthreads();
 }
 
 // This thread's value of batch member s: own value less the mean, plus every input's decoded
-// value in input order (the host's order). Each input record is staged in shared memory (one
-// barrier each); *stage counts the stagings, whose buffers alternate.
+// value in input order (the host's order). Input 0's record is in shared memory already
+// (hop_batch_load()); each further input's is staged here (one barrier each); *stage counts
+// those stagings, whose buffers alternate.
 __device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_bf16,
                          const HopInputs& in, int n_in, int s, int* stage, unsigned* error,
                          const HopShared& sh) {
@@ -363,10 +371,16 @@ __device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_
   bool bad = false;
   const int record = d.plan.record[width_index(bits)];
   for (int m = 0; m < n_in; ++m) {
-    const uint8_t* r = block_copy_to_shared(in.p[m] + kChunkHeaderBytes + b.offset[s], record,
-                                            sh.record + (*stage & 1) * kRecordStage);
-    ++*stage;
-    __syncthreads();  // the staged record
+    const uint8_t* src = in.p[m] + kChunkHeaderBytes + b.offset[s];
+    const uint8_t* r;
+    if (m == 0) {
+      r = reinterpret_cast<const uint8_t*>(sh.first_input + s * kRecordStage) +
+          (reinterpret_cast<uintptr_t>(src) & 15u);
+    } else {
+      r = block_copy_to_shared(src, record, sh.record + (*stage & 1) * kRecordStage);
+      ++*stage;
+      __syncthreads();  // the staged record
+    }
     v += decode_value(sh.levels, d.hierarchical_scales, bits, r, k, &bad);
     bad |= record_scales_bad(d.hierarchical_scales, bits, r, k);
   }
@@ -458,11 +472,13 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   __shared__ uint8_t s_codes[kSuperGroup];
   __shared__ uint4 s_record[2 * kRecordStage];
   __shared__ uint4 s_own[kHopBatch * kOwnStage];
+  __shared__ uint4 s_first_input[kHopBatch * kRecordStage];
   __shared__ unsigned long long s_meta[3];
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
-  const HopShared sh{s_levels, s_words, s_pi, &s_batch, s_gmax, s_codes, s_record, s_own, s_meta};
+  const HopShared sh{s_levels, s_words,  s_pi,  &s_batch,      s_gmax,
+                     s_codes,  s_record, s_own, s_first_input, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
   hop_setup(d, levels, l, chunk, in, n_in, out, error, sh);
   const uint64_t first = s_meta[1], last = s_meta[2];
@@ -475,7 +491,8 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
   int stage = 0;
   for (uint64_t i0 = begin; i0 < end; i0 += kHopBatch) {  // the same trips in the block
-    hop_batch_load(d, l, own, own_bf16, i0, end, sg_base, corr, key, sh);
+    hop_batch_load(d, l, own, own_bf16, n_in > 0 ? in.p[0] : nullptr, i0, end, sg_base, corr, key,
+                   sh);
     for (int s = 0; s < kHopBatch && i0 + s < end; ++s)
       hop_supergroup(d, own, own_bf16, in, n_in, out + kChunkHeaderBytes, sg_base, strata, key,
                      error, s, &stage, sh);
