@@ -255,11 +255,11 @@ __device__ void stage_level_tables(const LevelTable* g, LevelTable* t) {
   __syncthreads();
 }
 
-// Block set-up: the chunk's extent (thread 0, into shared memory), the level tables, the output
-// header (block 0) and the padding after the body (all blocks).
-__device__ void hop_setup(const DynamiqDeviceParams& d, const LevelTable* levels,
-                          const LayoutView& l, int chunk, const HopInputs& in, int n_in,
-                          uint8_t* out, unsigned* error, const HopShared& sh) {
+// Block set-up: the chunk's extent (thread 0, into shared memory), the output header (block 0)
+// and the padding after the body (all blocks). Ends with the barrier that publishes sh.meta.
+__device__ void hop_setup(const DynamiqDeviceParams& d, const LayoutView& l, int chunk,
+                          const HopInputs& in, int n_in, uint8_t* out, unsigned* error,
+                          const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   const DynamiqPlan& p = d.plan;
   if (k == 0) {
@@ -271,7 +271,7 @@ __device__ void hop_setup(const DynamiqDeviceParams& d, const LevelTable* levels
       write_hop_header(l, chunk, in, n_in, p.n_workers, out, error);
     }
   }
-  stage_level_tables(levels, sh.levels);  // its barriers publish sh.meta too
+  __syncthreads();
   uint8_t* body = out + kChunkHeaderBytes;
   const unsigned long long body_capacity = p.capacity - kChunkHeaderBytes;
   for (unsigned long long b =
@@ -480,12 +480,13 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   const HopShared sh{s_levels, s_words,  s_pi,  &s_batch,      s_gmax,
                      s_codes,  s_record, s_own, s_first_input, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
-  hop_setup(d, levels, l, chunk, in, n_in, out, error, sh);
+  hop_setup(d, l, chunk, in, n_in, out, error, sh);
   const uint64_t first = s_meta[1], last = s_meta[2];
   const uint64_t n = last > first ? last - first : 0;
   const uint64_t per = ((n + gridDim.x - 1) / gridDim.x + kHopBatch - 1) / kHopBatch * kHopBatch;
   const uint64_t begin = first + blockIdx.x * per;
   const uint64_t end = begin + per < last ? begin + per : last;
+  if (begin < end) stage_level_tables(levels, s_levels);  // a block with no work skips them
   const uint64_t sg_base = key.element_base / kSuperGroup;
   const bool corr = d.correlated_rounding && key.strata > 1;
   const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
@@ -563,10 +564,27 @@ unsigned grid_for(size_t work, int max_blocks) {
   return static_cast<unsigned>(n > 0 ? n : 1);
 }
 
-// Blocks of the fused hop: kHopSupergroupsPerBlock super-groups each for a chunk of an even share.
+// The device's SM count, 0 when it cannot be asked (the query's error is not left behind).
+int multiprocessors() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+// Blocks of the fused hop for a chunk of an even share of the super-groups (where the cuts fall
+// is on the device): kHopSupergroupsPerBlock a block, but at least enough to fill the device
+// (kHopMinBlocks an SM) while each block still gets a whole batch.
 size_t hop_blocks(const DynamiqPlan& p) {
   const size_t per_chunk = (p.n_sg + p.n_chunks - 1) / p.n_chunks;
-  return (per_chunk + kHopSupergroupsPerBlock - 1) / kHopSupergroupsPerBlock;
+  size_t blocks = (per_chunk + kHopSupergroupsPerBlock - 1) / kHopSupergroupsPerBlock;
+  const size_t fill = static_cast<size_t>(multiprocessors()) * kHopMinBlocks;
+  const size_t most = (per_chunk + kHopBatch - 1) / kHopBatch;
+  if (blocks < fill) blocks = fill < most ? fill : most;
+  return blocks;
 }
 }  // namespace
 

@@ -93,6 +93,21 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*kernel)(P...)
   return cudaFuncGetAttributes(attr, reinterpret_cast<const void*>(kernel));
 }
 const char* cudaGetErrorString(cudaError_t error);
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+namespace dq::emu::detail {
+inline std::atomic<int> g_multiprocessors{132};
+}  // namespace dq::emu::detail
+// One emulated device, 0, whose SM count (for launchers that size grids by it) is 132 (an H100's
+// or H200's) unless a test sets another (dq::emu::set_multiprocessors).
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (attr != cudaDevAttrMultiProcessorCount || device != 0) return cudaErrorInvalidValue;
+  *value = dq::emu::detail::g_multiprocessors.load();
+  return cudaSuccess;
+}
 
 namespace dq::emu {
 
@@ -134,6 +149,10 @@ const Counters& last_counters();
 // Launches started on this process (refused ones included): a test counts a call's launches as
 // the difference.
 uint64_t launches();
+// The SM count cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount) reports.
+inline void set_multiprocessors(int n) {
+  detail::g_multiprocessors.store(n);
+}
 // While on, a launch of a kernel whose attributes were never asked for (cudaFuncGetAttributes)
 // fails with Fault::kNotLoaded: on a GPU its module would load mid-call.
 void require_loaded(bool on);
