@@ -7,13 +7,14 @@
 // stages the level tables in shared memory; per batch, every thread draws one of the batch's
 // 256 Philox blocks of rounding bits (rounding_block(): block j*32 + 8*(g % 4) + (k % 8), word
 // g / 4, half (k / 8) % 2) and threads 0..127 one group's stratum of the shared permutation
-// (correlated rounding). Per super-group:
-//  - v = own - mu, plus each input's decoded value in input order (the host's order), each
-//    input record first copied to shared memory (16-byte vector loads where aligned);
+// (correlated rounding), and warp s copies member s's own values and first input record to
+// shared memory (16-byte vector loads where aligned). Per super-group:
+//  - v = own - mu, plus each input's decoded value in input order (the host's order), a further
+//    input's record copied to shared memory first;
 //  - group maxima on the magnitude bits (16-lane shuffles), the super-group maximum over the 16
 //    groups, the unit and group factors (group_factor(), as the host's scalar path);
 //  - each value rounded with round_up_threshold / round_up_coarse / round_up_tie on the host's
-//    level tables; codes packed LSB first from shared memory.
+//    level tables; codes packed LSB first by shuffles within the warp.
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
@@ -174,13 +175,20 @@ __device__ __forceinline__ float write_record_scales(bool hierarchical, const ui
   return bf16_to_f32(sb);
 }
 
-// Byte k of the record's codes (k < kSuperGroup * bits / 8): the codes packed LSB first in value
-// order.
-__device__ __forceinline__ uint8_t packed_code_byte(const uint8_t* codes, int bits, int k) {
-  if (bits == 8) return codes[k];
-  if (bits == 4) return static_cast<uint8_t>(codes[2 * k] | (codes[2 * k + 1] << 4));
-  return static_cast<uint8_t>(codes[4 * k] | (codes[4 * k + 1] << 2) | (codes[4 * k + 2] << 4) |
-                              (codes[4 * k + 3] << 6));
+// The record's codes packed LSB first in value order, from value k's code (every lane of the warp
+// calls it, with the block's one width): lane k writes byte k / (8 / bits) when it holds that
+// byte's first value, gathering the byte's other codes from the next lanes by shuffles.
+__device__ __forceinline__ void store_packed_codes(uint32_t code, int bits, int k, uint8_t* codes) {
+  uint32_t byte = code;
+  if (bits == 4) {
+    byte |= __shfl_down_sync(kFullMask, code, 1) << 4;
+  } else if (bits == 2) {
+    byte |= __shfl_down_sync(kFullMask, code, 1) << 2;
+    byte |= __shfl_down_sync(kFullMask, code, 2) << 4;
+    byte |= __shfl_down_sync(kFullMask, code, 3) << 6;
+  }
+  const int per_byte = 8 / bits;
+  if (k % per_byte == 0) store_global(codes + k / per_byte, static_cast<uint8_t>(byte));
 }
 
 // ---- the fused hop's phases; its shared memory is declared in the kernel and passed by pointer
@@ -208,8 +216,7 @@ struct HopShared {
   uint32_t* words;     // [kHopBatch * 32 * 4]: Philox block b of member s, word w at 4(32s+b)+w
   float* pi;           // [kHopBatch * kGroupsPerSuperGroup]: each group's stratum
   HopBatch* batch;     //
-  uint32_t* gmax;      // [kGroupsPerSuperGroup]: group maxima (magnitude bit patterns)
-  uint8_t* codes;      // [kSuperGroup]: the codes before packing
+  uint32_t* gmax;      // [2 * kGroupsPerSuperGroup]: group maxima (magnitude bit patterns)
   uint4* record;       // [2 * kRecordStage]: input records, alternating
   uint4* own;          // [kHopBatch * kOwnStage]: the batch's own values
   uint4* first_input;  // [kHopBatch * kRecordStage]: the batch's records of input 0
@@ -389,9 +396,13 @@ __device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_
 }
 
 // Batch member s compressed into its record: group maxima, scales, stochastic rounding on the
-// host's levels, the codes packed LSB first. Two barriers at widths below 16.
+// host's levels, the codes packed LSB first. One barrier at widths below 16; *encoded counts
+// those super-groups, whose group maxima alternate between two buffers (a thread may still read
+// one super-group's maxima while another writes the next one's: the barrier between uses of one
+// buffer is the middle super-group's).
 __device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float strata,
-                           const RoundingKey& key, uint8_t* rec, const HopShared& sh) {
+                           const RoundingKey& key, uint8_t* rec, int* encoded,
+                           const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   const int g = k / kGroup;
   const int bits = sh.batch->bits[s];
@@ -410,10 +421,12 @@ __device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float
     const uint32_t o = __shfl_xor_sync(kFullMask, a, off);
     a = o > a ? o : a;
   }
-  if ((k & (kGroup - 1)) == 0) sh.gmax[g] = a;
+  uint32_t* gmax = sh.gmax + (*encoded & 1) * kGroupsPerSuperGroup;
+  ++*encoded;
+  if ((k & (kGroup - 1)) == 0) gmax[g] = a;
   __syncthreads();
   uint8_t* codes_out;
-  const float scale = write_record_scales(hierarchical, sh.gmax, k, g, rec, &codes_out);
+  const float scale = write_record_scales(hierarchical, gmax, k, g, rec, &codes_out);
   const LevelTable& t = sh.levels[width_index(bits)];
   const float m = magnitude_ratio(v, scale);
   const int r = level_floor(t, m);
@@ -422,9 +435,7 @@ __device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float
   if (up < 0)
     up = round_up_tie(x, u16,
                       rounding_tie_uniform(key.seed, key.call, key.rank, jr * kSuperGroup + k));
-  sh.codes[k] = static_cast<uint8_t>(encode_code(r + up, v < 0.0f, t.max_mag));
-  __syncthreads();
-  if (k < kSuperGroup * bits / 8) store_global(codes_out + k, packed_code_byte(sh.codes, bits, k));
+  store_packed_codes(encode_code(r + up, v < 0.0f, t.max_mag), bits, k, codes_out);
 }
 
 // Batch member s: its record checked against the capacity, an inert record for a non-finite
@@ -432,7 +443,7 @@ __device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float
 __device__ void hop_supergroup(const DynamiqDeviceParams& d, const void* own, int own_bf16,
                                const HopInputs& in, int n_in, uint8_t* body, uint64_t sg_base,
                                float strata, const RoundingKey& key, unsigned* error, int s,
-                               int* stage, const HopShared& sh) {
+                               int* stage, int* encoded, const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   const DynamiqPlan& p = d.plan;
   const HopBatch& b = *sh.batch;
@@ -453,7 +464,7 @@ __device__ void hop_supergroup(const DynamiqDeviceParams& d, const void* own, in
     return;
   }
   const float v = hop_sum(d, own, own_bf16, in, n_in, s, stage, error, sh);
-  hop_encode(d.hierarchical_scales, v, s, sg_base + b.j[s], strata, key, rec, sh);
+  hop_encode(d.hierarchical_scales, v, s, sg_base + b.j[s], strata, key, rec, encoded, sh);
 }
 
 }  // namespace
@@ -468,8 +479,7 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   __shared__ uint32_t s_words[kHopBatch * 32 * 4];
   __shared__ float s_pi[kHopBatch * kGroupsPerSuperGroup];
   __shared__ HopBatch s_batch;
-  __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
-  __shared__ uint8_t s_codes[kSuperGroup];
+  __shared__ uint32_t s_gmax[2 * kGroupsPerSuperGroup];
   __shared__ uint4 s_record[2 * kRecordStage];
   __shared__ uint4 s_own[kHopBatch * kOwnStage];
   __shared__ uint4 s_first_input[kHopBatch * kRecordStage];
@@ -477,8 +487,8 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
-  const HopShared sh{s_levels, s_words,  s_pi,  &s_batch,      s_gmax,
-                     s_codes,  s_record, s_own, s_first_input, s_meta};
+  const HopShared sh{s_levels, s_words, s_pi,          &s_batch, s_gmax,
+                     s_record, s_own,   s_first_input, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
   hop_setup(d, l, chunk, in, n_in, out, error, sh);
   const uint64_t first = s_meta[1], last = s_meta[2];
@@ -490,13 +500,13 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   const uint64_t sg_base = key.element_base / kSuperGroup;
   const bool corr = d.correlated_rounding && key.strata > 1;
   const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
-  int stage = 0;
+  int stage = 0, encoded = 0;
   for (uint64_t i0 = begin; i0 < end; i0 += kHopBatch) {  // the same trips in the block
     hop_batch_load(d, l, own, own_bf16, n_in > 0 ? in.p[0] : nullptr, i0, end, sg_base, corr, key,
                    sh);
     for (int s = 0; s < kHopBatch && i0 + s < end; ++s)
       hop_supergroup(d, own, own_bf16, in, n_in, out + kChunkHeaderBytes, sg_base, strata, key,
-                     error, s, &stage, sh);
+                     error, s, &stage, &encoded, sh);
     __syncthreads();  // the batch's shared words are rewritten by the next batch
   }
 }
