@@ -3,6 +3,8 @@
 // no cooperative groups. Every function here is a collective: all threads of the block (or all
 // 32 lanes of the warp) must call it at the same place.
 #pragma once
+#include <cstdint>
+
 #include "kernels/cuda/cuda_compat.h"
 
 namespace dq::cuda {
@@ -107,6 +109,37 @@ __device__ __forceinline__ T block_exclusive_scan(T v, T* scratch, T* total) {
   if (total) *total = scratch[kWarp];
   __syncthreads();
   return result;
+}
+
+// Copies n bytes of global memory at src (any alignment) into the shared buffer `stage` (16-byte
+// aligned, at least n + 15 bytes) at src's offset modulo 16: the aligned middle moves in 16-byte
+// vector loads and stores, the unaligned head and tail byte by byte, every byte read once.
+// Returns where the copy starts in `stage`. The `size` threads ranked 0 .. size-1 (`rank`: this
+// thread's) share the copy and call it with the same arguments; put a barrier between it and
+// any read of the copy.
+__device__ __forceinline__ const uint8_t* group_copy_to_shared(const uint8_t* src, int n,
+                                                               uint4* stage, int rank, int size) {
+  const int misalign = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15u);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(stage) + misalign;
+  int head = (16 - misalign) & 15;
+  if (head > n) head = n;
+  const int vectors = (n - head) / 16;
+  DQ_NO_UNROLL  // the head and tail: at most 15 bytes each
+      for (int b = rank; b < head; b += size) dst[b] = load_global(src + b);
+  const uint4* from = reinterpret_cast<const uint4*>(src + head);
+  uint4* to = reinterpret_cast<uint4*>(dst + head);
+  DQ_UNROLL_2  // two 16-byte loads in flight a thread, no more: registers
+      for (int v = rank; v < vectors; v += size) to[v] = load_global(from + v);
+  DQ_NO_UNROLL
+  for (int b = head + 16 * vectors + rank; b < n; b += size) dst[b] = load_global(src + b);
+  return dst;
+}
+
+// group_copy_to_shared() by the whole (1-D) block.
+__device__ __forceinline__ const uint8_t* block_copy_to_shared(const uint8_t* src, int n,
+                                                               uint4* stage) {
+  return group_copy_to_shared(src, n, stage, static_cast<int>(threadIdx.x),
+                              static_cast<int>(blockDim.x));
 }
 
 }  // namespace dq::cuda

@@ -14,10 +14,14 @@
   T* name = reinterpret_cast<T*>(dq_dynamic_shared_)
 #define DQ_CUDA_EMULATED 0
 #define DQ_UNROLL _Pragma("unroll")
+#define DQ_NO_UNROLL _Pragma("unroll 1")
+#define DQ_UNROLL_2 _Pragma("unroll 2")
 #else
 #include "kernels/cuda/emu/emu.h"
 #define DQ_CUDA_EMULATED 1
 #define DQ_UNROLL
+#define DQ_NO_UNROLL
+#define DQ_UNROLL_2
 #endif
 
 namespace dq::cuda {
@@ -32,6 +36,25 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // blocks test this bit, never "non-zero": a block must not skip because another block of the same
 // launch raised a flag a moment earlier.
 constexpr unsigned kSkipFlag = 0x80000000u;
+
+// Global-memory accesses of the kernels: plain (or, for uint4, 16-byte vector) loads and stores
+// under nvcc; under the emulation they also add their bytes to the launch's traffic
+// (dq::emu::last_counters().global_read / global_written), which tests hold against the least
+// traffic a kernel needs. A T* must be aligned to sizeof(T), as CUDA requires.
+template <class T>
+__device__ __forceinline__ T load_global(const T* p) {
+#if DQ_CUDA_EMULATED
+  ::dq::emu::count_global_read(sizeof(T));
+#endif
+  return *p;
+}
+template <class T>
+__device__ __forceinline__ void store_global(T* p, T v) {
+#if DQ_CUDA_EMULATED
+  ::dq::emu::count_global_written(sizeof(T));
+#endif
+  *p = v;
+}
 }  // namespace dq::cuda
 
 // A step's flags word and its fold by the step's own kernels (uses kSkipFlag).

@@ -2,16 +2,19 @@
 // DynamiqCodec::fused_hop and decode_finish (kernels/dynamiq_codec.cc), following its scalar
 // path (the AVX2 path gives the same bytes; tests/kernels/golden_test.cc).
 //
-// Work split: a block of 256 threads takes one super-group at a time (blocks stride over the
-// chunk's wire positions); thread k owns value k. Per super-group of the hop:
-//  - threads 0..31 draw the 32 Philox blocks of the super-group's rounding bits into shared
-//    memory (rounding_block(): block j*32 + 8*(g % 4) + (k % 8), word g / 4, half (k / 8) % 2),
-//    threads 32..47 the shared permutation's stratum of each group (correlated rounding);
-//  - v = own - mu, plus each input's decoded value in input order (the host's order);
+// Work split: a block of 256 threads takes a contiguous run of the chunk's wire positions, in
+// batches of 8 super-groups; thread k owns value k of the super-group in hand. A block first
+// stages the level tables in shared memory; per batch, every thread draws one of the batch's
+// 256 Philox blocks of rounding bits (rounding_block(): block j*32 + 8*(g % 4) + (k % 8), word
+// g / 4, half (k / 8) % 2) and threads 0..127 one group's stratum of the shared permutation
+// (correlated rounding), and warp s copies member s's own values and first input record to
+// shared memory (16-byte vector loads where aligned). Per super-group:
+//  - v = own - mu, plus each input's decoded value in input order (the host's order), a further
+//    input's record copied to shared memory first;
 //  - group maxima on the magnitude bits (16-lane shuffles), the super-group maximum over the 16
 //    groups, the unit and group factors (group_factor(), as the host's scalar path);
 //  - each value rounded with round_up_threshold / round_up_coarse / round_up_tie on the host's
-//    level tables; codes packed LSB first from shared memory.
+//    level tables; codes packed LSB first by shuffles within the warp.
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
@@ -47,10 +50,6 @@ __device__ __forceinline__ LayoutView layout_view(const void* layout, const Dyna
                     reinterpret_cast<const uint32_t*>(b + s.chunk_check),
                     reinterpret_cast<const uint8_t*>(b + s.width),
                     reinterpret_cast<const int8_t*>(b + s.exponent)};
-}
-
-__device__ __forceinline__ bool poisoned(const LayoutView& l, uint32_t j) {
-  return (f32_bits(l.mean[j]) & 0x7f800000u) == 0x7f800000u;
 }
 
 // This chunk's message header checked against the expected one (kernels/chunk_header.h):
@@ -117,15 +116,18 @@ __device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint3
 __device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
                                                  const HopInputs& in, int n_in, int n_workers,
                                                  uint8_t* out, unsigned* error) {
+  const uint32_t call = static_cast<uint32_t>(load_global(&l.header[0]));
+  const uint32_t check = load_global(&l.chunk_check[chunk]);
+  const ChunkHeader expected{CodecId::kDynamiq, static_cast<uint16_t>(chunk), 0, call, check};
   int contrib = 1;
   for (int i = 0; i < n_in; ++i) {
-    const int c = check_header(in.p[i], l, chunk, n_workers);
+    uint8_t got[kChunkHeaderBytes];
+    for (size_t b = 0; b < kChunkHeaderBytes; ++b) got[b] = load_global(in.p[i] + b);
+    const int c = chunk_header_contributors(got, expected, n_workers);
     if (c == 0) atomicOr(error, kDynamiqBadHeader);
     contrib += c;
   }
   if (contrib > n_workers) atomicOr(error, kDynamiqTooManyWorkers);
-  const uint32_t call = static_cast<uint32_t>(l.header[0]);
-  const uint32_t check = l.chunk_check[chunk];
   const uint8_t h[kChunkHeaderBytes] = {static_cast<uint8_t>(kPayloadMagic & 0xff),
                                         static_cast<uint8_t>(kPayloadMagic >> 8),
                                         kPayloadVersion,
@@ -142,7 +144,7 @@ __device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
                                         static_cast<uint8_t>(check >> 8),
                                         static_cast<uint8_t>(check >> 16),
                                         static_cast<uint8_t>(check >> 24)};
-  for (size_t b = 0; b < kChunkHeaderBytes; ++b) out[b] = h[b];
+  for (size_t b = 0; b < kChunkHeaderBytes; ++b) store_global(out + b, h[b]);
 }
 
 // The scales of a record at bits < 16 from the group maxima `gmax` (magnitude bit patterns), for
@@ -157,150 +159,356 @@ __device__ __forceinline__ float write_record_scales(bool hierarchical, const ui
     const float unit = bf16_to_f32(unit_bits);
     const uint8_t f = group_factor(f32_from_bits(gmax[g]), unit);
     if (k == 0) {
-      rec[0] = static_cast<uint8_t>(unit_bits);
-      rec[1] = static_cast<uint8_t>(unit_bits >> 8);
+      store_global(rec, static_cast<uint8_t>(unit_bits));
+      store_global(rec + 1, static_cast<uint8_t>(unit_bits >> 8));
     }
-    if ((k & (kGroup - 1)) == 0) rec[2 + g] = f;
+    if ((k & (kGroup - 1)) == 0) store_global(rec + 2 + g, f);
     *codes = rec + 2 + kGroupsPerSuperGroup;
     return static_cast<float>(f) * unit;
   }
   const uint16_t sb = f32_to_bf16_up(f32_from_bits(gmax[g]));
   if ((k & (kGroup - 1)) == 0) {
-    rec[2 * g] = static_cast<uint8_t>(sb);
-    rec[2 * g + 1] = static_cast<uint8_t>(sb >> 8);
+    store_global(rec + 2 * g, static_cast<uint8_t>(sb));
+    store_global(rec + 2 * g + 1, static_cast<uint8_t>(sb >> 8));
   }
   *codes = rec + 2 * kGroupsPerSuperGroup;
   return bf16_to_f32(sb);
 }
 
-// Byte k of the record's codes (k < kSuperGroup * bits / 8): the codes packed LSB first in value
-// order.
-__device__ __forceinline__ uint8_t packed_code_byte(const uint8_t* codes, int bits, int k) {
-  if (bits == 8) return codes[k];
-  if (bits == 4) return static_cast<uint8_t>(codes[2 * k] | (codes[2 * k + 1] << 4));
-  return static_cast<uint8_t>(codes[4 * k] | (codes[4 * k + 1] << 2) | (codes[4 * k + 2] << 4) |
-                              (codes[4 * k + 3] << 6));
+// The record's codes packed LSB first in value order, from value k's code (every lane of the warp
+// calls it, with the block's one width): lane k writes byte k / (8 / bits) when it holds that
+// byte's first value, gathering the byte's other codes from the next lanes by shuffles.
+__device__ __forceinline__ void store_packed_codes(uint32_t code, int bits, int k, uint8_t* codes) {
+  uint32_t byte = code;
+  if (bits == 4) {
+    byte |= __shfl_down_sync(kFullMask, code, 1) << 4;
+  } else if (bits == 2) {
+    byte |= __shfl_down_sync(kFullMask, code, 1) << 2;
+    byte |= __shfl_down_sync(kFullMask, code, 2) << 4;
+    byte |= __shfl_down_sync(kFullMask, code, 3) << 6;
+  }
+  const int per_byte = 8 / bits;
+  if (k % per_byte == 0) store_global(codes + k / per_byte, static_cast<uint8_t>(byte));
+}
+
+// ---- the fused hop's phases; its shared memory is declared in the kernel and passed by pointer
+
+constexpr int kHopBatch = 8;  // super-groups per round of draws: 8 x 32 Philox blocks, one a thread
+// Super-groups a block should take at least (the launch's grid): its set-up (the level tables,
+// about 0.6 KB read) stays a few percent of the block's traffic.
+constexpr int kHopSupergroupsPerBlock = 16;
+// uint4s of a staged input record: a width-16 record (512 bytes) at any offset modulo 16.
+constexpr int kRecordStage = (2 * kSuperGroup + 15 + 15) / 16;
+// uint4s of a super-group's staged own values: 256 FP32 values at any offset modulo 16.
+constexpr int kOwnStage = (4 * kSuperGroup + 15 + 15) / 16;
+
+// The layout words of a batch's super-groups, read once by threads 0..7.
+struct HopBatch {
+  uint32_t j[kHopBatch];
+  uint32_t offset[kHopBatch];
+  float mean[kHopBatch];
+  int8_t exponent[kHopBatch];
+  uint8_t bits[kHopBatch];
+};
+
+struct HopShared {
+  LevelTable* levels;  // [3]: the host's tables (stage_level_tables)
+  uint32_t* words;     // [kHopBatch * 32 * 4]: Philox block b of member s, word w at 4(32s+b)+w
+  float* pi;           // [kHopBatch * kGroupsPerSuperGroup]: each group's stratum
+  HopBatch* batch;     //
+  uint32_t* gmax;      // [2 * kGroupsPerSuperGroup]: group maxima (magnitude bit patterns)
+  uint4* record;       // [2 * kRecordStage]: input records, alternating
+  uint4* own;          // [kHopBatch * kOwnStage]: the batch's own values
+  uint4* first_input;  // [kHopBatch * kRecordStage]: the batch's records of input 0
+  unsigned long long* meta;  // [3]: the chunk's content bytes, first and end wire position
+};
+
+// The host's three level tables in shared memory. Only max_mag, extra_steps and level[0..L+1] are
+// read (588 bytes instead of 18.5 KB a block); inv_gap, start and decode are derived from them
+// by build_level_table()'s own arithmetic (IEEE division, the same scan, a sign flip), so they
+// hold the host's bits. Ends with a barrier: the tables are ready when it returns.
+__device__ void stage_level_tables(const LevelTable* g, LevelTable* t) {
+  const int k = static_cast<int>(threadIdx.x);
+  if (k < 3) {
+    t[k].max_mag = load_global(&g[k].max_mag);
+    t[k].extra_steps = load_global(&g[k].extra_steps);
+  }
+  __syncthreads();
+  for (int w = 0; w < 3; ++w)
+    if (k <= t[w].max_mag + 1 && k < 130) t[w].level[k] = load_global(&g[w].level[k]);
+  __syncthreads();
+  constexpr int kCells = (kLevelGrid + 1 + kHopThreads - 1) / kHopThreads;  // cells a thread
+  for (int w = 0; w < 3; ++w) {
+    LevelTable& x = t[w];
+    const int top = x.max_mag;
+    if (k < top) x.inv_gap[k] = 1.0f / (x.level[k + 1] - x.level[k]);
+    if (k == top) x.inv_gap[k] = 0.0f;
+    const int signed_mag = k - top;  // code k (kHopThreads = 256 codes)
+    if (k <= 2 * top) {
+      const float mag = x.level[signed_mag < 0 ? -signed_mag : signed_mag];
+      x.decode[k] = signed_mag < 0 ? -mag : mag;
+    } else {
+      x.decode[k] = 0.0f;
+    }
+    // The scan resumes from the previous cell's answer: the host's answer never decreases with
+    // the cell (each test level[r+1] <= lo that holds for one cell holds for the next).
+    int r = 0;
+    for (int cell = k * kCells; cell < (k + 1) * kCells && cell <= kLevelGrid; ++cell) {
+      const float lo = static_cast<float>(cell) / kLevelGrid;
+      while (r < top && x.level[r + 1] <= lo) ++r;
+      x.start[cell] = r;
+    }
+  }
+  __syncthreads();
+}
+
+// Block set-up: the chunk's extent (thread 0, into shared memory), the output header (block 0)
+// and the padding after the body (all blocks). Ends with the barrier that publishes sh.meta.
+__device__ void hop_setup(const DynamiqDeviceParams& d, const LayoutView& l, int chunk,
+                          const HopInputs& in, int n_in, uint8_t* out, unsigned* error,
+                          const HopShared& sh) {
+  const int k = static_cast<int>(threadIdx.x);
+  const DynamiqPlan& p = d.plan;
+  if (k == 0) {
+    sh.meta[0] = load_global(&l.chunk_content[chunk]);
+    sh.meta[1] = load_global(&l.chunk_first[chunk]);
+    sh.meta[2] = load_global(&l.chunk_first[chunk + 1]);
+    if (blockIdx.x == 0) {
+      if (sh.meta[0] + kChunkHeaderBytes > p.capacity) atomicOr(error, kDynamiqChunkOverCapacity);
+      write_hop_header(l, chunk, in, n_in, p.n_workers, out, error);
+    }
+  }
+  __syncthreads();
+  uint8_t* body = out + kChunkHeaderBytes;
+  const unsigned long long body_capacity = p.capacity - kChunkHeaderBytes;
+  for (unsigned long long b =
+           sh.meta[0] + blockIdx.x * static_cast<unsigned long long>(kHopThreads) + k;
+       b < body_capacity; b += static_cast<unsigned long long>(gridDim.x) * kHopThreads)
+    store_global(body + b, uint8_t{0});
+}
+
+// Whether batch member s is encoded from the own values: its record fits the message and its
+// mean is finite (hop_supergroup()). The same answer in every thread.
+__device__ __forceinline__ bool member_encoded(const DynamiqPlan& p, const HopBatch& b, int s) {
+  return !record_past_capacity(p, b.offset[s], b.bits[s]) &&
+         (f32_bits(b.mean[s]) & 0x7f800000u) != 0x7f800000u;
+}
+
+// Where batch member s's own values (at `values`) lie in shared memory after hop_batch_load().
+__device__ __forceinline__ const uint8_t* staged_own(const HopShared& sh, int s,
+                                                     const uint8_t* values) {
+  return reinterpret_cast<const uint8_t*>(sh.own + s * kOwnStage) +
+         (reinterpret_cast<uintptr_t>(values) & 15u);
+}
+
+// A batch's layout words (threads 0..7); its random bits: every thread draws one Philox block
+// (32 a super-group), threads 0..127 one group's stratum each; then warp s copies member s's own
+// values and its record of input 0 to shared memory (the 8 super-groups' loads in flight at
+// once). Ends with a barrier.
+__device__ void hop_batch_load(const DynamiqDeviceParams& d, const LayoutView& l, const void* own,
+                               int own_bf16, const uint8_t* input0, uint64_t i0, uint64_t end,
+                               uint64_t sg_base, bool corr, const RoundingKey& key,
+                               const HopShared& sh) {
+  const int k = static_cast<int>(threadIdx.x);
+  HopBatch& b = *sh.batch;
+  if (k < kHopBatch && i0 + k < end) {
+    const uint64_t i = i0 + k;
+    const uint32_t j = load_global(&l.order[i]);
+    b.j[k] = j;
+    b.offset[k] = load_global(&l.offset[i]);
+    b.bits[k] = load_global(&l.width[j]);
+    b.mean[k] = load_global(&l.mean[j]);
+    b.exponent[k] = load_global(&l.exponent[j]);
+  }
+  __syncthreads();
+  const int s = k / 32;
+  if (i0 + s < end) {
+    const uint64_t jr = sg_base + b.j[s];
+    const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
+                                  rounding_block(jr * kSuperGroup) + static_cast<uint32_t>(k % 32));
+    for (int v = 0; v < 4; ++v) sh.words[4 * k + v] = w.v[v];
+  }
+  const int member = k / kGroupsPerSuperGroup, group = k % kGroupsPerSuperGroup;
+  if (member < kHopBatch && i0 + member < end) {
+    const uint64_t jr = sg_base + b.j[member];
+    sh.pi[k] = corr ? static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class,
+                                                            jr * kGroupsPerSuperGroup + group,
+                                                            key.stratum, key.strata))
+                    : 0.0f;
+  }
+  if (i0 + s < end && member_encoded(d.plan, b, s)) {
+    const size_t base = static_cast<size_t>(b.j[s]) * kSuperGroup;
+    const size_t left = d.plan.count - base;
+    const int valid =
+        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
+    const size_t size = own_bf16 ? 2 : 4;
+    group_copy_to_shared(static_cast<const uint8_t*>(own) + base * size,
+                         valid * static_cast<int>(size), sh.own + s * kOwnStage, k % 32, 32);
+    if (input0 != nullptr)
+      group_copy_to_shared(input0 + kChunkHeaderBytes + b.offset[s],
+                           d.plan.record[width_index(b.bits[s])], sh.first_input + s * kRecordStage,
+                           k % 32, 32);
+  }
+  __syncthreads();
+}
+
+// This thread's value of batch member s: own value less the mean, plus every input's decoded
+// value in input order (the host's order). Input 0's record is in shared memory already
+// (hop_batch_load()); each further input's is staged here (one barrier each); *stage counts
+// those stagings, whose buffers alternate.
+__device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_bf16,
+                         const HopInputs& in, int n_in, int s, int* stage, unsigned* error,
+                         const HopShared& sh) {
+  const int k = static_cast<int>(threadIdx.x);
+  const HopBatch& b = *sh.batch;
+  const int bits = b.bits[s];
+  const size_t base = static_cast<size_t>(b.j[s]) * kSuperGroup;
+  const size_t left = d.plan.count - base;
+  const int valid = left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
+  float v = 0.0f;
+  if (k < valid) {
+    const size_t size = own_bf16 ? 2 : 4;
+    const uint8_t* staged = staged_own(sh, s, static_cast<const uint8_t*>(own) + base * size);
+    const float x = own_bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(staged)[k])
+                             : reinterpret_cast<const float*>(staged)[k];
+    const float mu = bits == 16 ? 0.0f : b.mean[s];
+    const int8_t e = b.exponent[s];
+    v = e == 0 ? x - mu : x * pow2f(e) - mu;
+  }
+  bool bad = false;
+  const int record = d.plan.record[width_index(bits)];
+  for (int m = 0; m < n_in; ++m) {
+    const uint8_t* src = in.p[m] + kChunkHeaderBytes + b.offset[s];
+    const uint8_t* r;
+    if (m == 0) {
+      r = reinterpret_cast<const uint8_t*>(sh.first_input + s * kRecordStage) +
+          (reinterpret_cast<uintptr_t>(src) & 15u);
+    } else {
+      r = block_copy_to_shared(src, record, sh.record + (*stage & 1) * kRecordStage);
+      ++*stage;
+      __syncthreads();  // the staged record
+    }
+    v += decode_value(sh.levels, d.hierarchical_scales, bits, r, k, &bad);
+    bad |= record_scales_bad(d.hierarchical_scales, bits, r, k);
+  }
+  if (bad) atomicOr(error, kDynamiqBadRecord);
+  return v;
+}
+
+// Batch member s compressed into its record: group maxima, scales, stochastic rounding on the
+// host's levels, the codes packed LSB first. One barrier at widths below 16; *encoded counts
+// those super-groups, whose group maxima alternate between two buffers (a thread may still read
+// one super-group's maxima while another writes the next one's: the barrier between uses of one
+// buffer is the middle super-group's).
+__device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float strata,
+                           const RoundingKey& key, uint8_t* rec, int* encoded,
+                           const HopShared& sh) {
+  const int k = static_cast<int>(threadIdx.x);
+  const int g = k / kGroup;
+  const int bits = sh.batch->bits[s];
+  const uint32_t word = sh.words[4 * (32 * s + ((k >> 4) & 3) * 8 + (k & 7)) + ((k >> 6) & 3)];
+  const uint32_t u16 = (word >> (16 * ((k >> 3) & 1))) & 0xffffu;
+  if (bits == 16) {  // stochastic rounding to BF16 with the value's 16 bits
+    const uint16_t h = f32_to_bf16_stochastic(v, u16);
+    store_global(rec + 2 * k, static_cast<uint8_t>(h));
+    store_global(rec + 2 * k + 1, static_cast<uint8_t>(h >> 8));
+    return;
+  }
+  // Group maxima on the magnitude bit patterns (ordered like the floats, NaN above Inf).
+  uint32_t a = f32_bits(v) & 0x7fffffffu;
+  DQ_UNROLL
+  for (int off = kGroup / 2; off > 0; off >>= 1) {
+    const uint32_t o = __shfl_xor_sync(kFullMask, a, off);
+    a = o > a ? o : a;
+  }
+  uint32_t* gmax = sh.gmax + (*encoded & 1) * kGroupsPerSuperGroup;
+  ++*encoded;
+  if ((k & (kGroup - 1)) == 0) gmax[g] = a;
+  __syncthreads();
+  uint8_t* codes_out;
+  const float scale = write_record_scales(hierarchical, gmax, k, g, rec, &codes_out);
+  const LevelTable& t = sh.levels[width_index(bits)];
+  const float m = magnitude_ratio(v, scale);
+  const int r = level_floor(t, m);
+  const float x = round_up_threshold(t, m, r, sh.pi[kGroupsPerSuperGroup * s + g], strata);
+  int up = round_up_coarse(x, u16);
+  if (up < 0)
+    up = round_up_tie(x, u16,
+                      rounding_tie_uniform(key.seed, key.call, key.rank, jr * kSuperGroup + k));
+  store_packed_codes(encode_code(r + up, v < 0.0f, t.max_mag), bits, k, codes_out);
+}
+
+// Batch member s: its record checked against the capacity, an inert record for a non-finite
+// mean, else the sum and its compression. The same branches in every thread (shared words).
+__device__ void hop_supergroup(const DynamiqDeviceParams& d, const void* own, int own_bf16,
+                               const HopInputs& in, int n_in, uint8_t* body, uint64_t sg_base,
+                               float strata, const RoundingKey& key, unsigned* error, int s,
+                               int* stage, int* encoded, const HopShared& sh) {
+  const int k = static_cast<int>(threadIdx.x);
+  const DynamiqPlan& p = d.plan;
+  const HopBatch& b = *sh.batch;
+  const int bits = b.bits[s];
+  // A record the message cannot hold is neither written nor read from the inputs (nor were its
+  // own values: member_encoded()).
+  if (record_past_capacity(p, b.offset[s], bits)) {
+    if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
+    return;
+  }
+  uint8_t* rec = body + b.offset[s];
+  if ((f32_bits(b.mean[s]) & 0x7f800000u) == 0x7f800000u) {
+    // The non-finite mean carries the result: an inert 2-bit record.
+    const int scale_bytes = p.record[0] - kSuperGroup * 2 / 8;
+    uint8_t byte = 0x55;                                                    // code 1 = zero
+    if (k < scale_bytes) byte = (d.hierarchical_scales && k >= 2) ? 1 : 0;  // factors 1, unit 0
+    if (k < p.record[0]) store_global(rec + k, byte);
+    return;
+  }
+  const float v = hop_sum(d, own, own_bf16, in, n_in, s, stage, error, sh);
+  hop_encode(d.hierarchical_scales, v, s, sg_base + b.j[s], strata, key, rec, encoded, sh);
 }
 
 }  // namespace
 
+// Work split: each block takes a contiguous run of the chunk's wire positions, in batches of
+// kHopBatch super-groups; thread k owns value k of the super-group in hand.
 __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
     dynamiq_hop_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
                        int chunk, const void* own, int own_bf16, HopInputs in, int n_in,
                        uint8_t* out, RoundingKey key, unsigned* error) {
-  __shared__ uint32_t s_words[32 * 4];  // Philox block b, word w at [4b + w]
-  __shared__ float s_pi[kGroupsPerSuperGroup];
-  __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
-  __shared__ uint8_t s_codes[kSuperGroup];
+  __shared__ LevelTable s_levels[3];
+  __shared__ uint32_t s_words[kHopBatch * 32 * 4];
+  __shared__ float s_pi[kHopBatch * kGroupsPerSuperGroup];
+  __shared__ HopBatch s_batch;
+  __shared__ uint32_t s_gmax[2 * kGroupsPerSuperGroup];
+  __shared__ uint4 s_record[2 * kRecordStage];
+  __shared__ uint4 s_own[kHopBatch * kOwnStage];
+  __shared__ uint4 s_first_input[kHopBatch * kRecordStage];
+  __shared__ unsigned long long s_meta[3];
   const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
-  const int k = static_cast<int>(threadIdx.x);
-  const DynamiqPlan& p = d.plan;
+  const HopShared sh{s_levels, s_words, s_pi,          &s_batch, s_gmax,
+                     s_record, s_own,   s_first_input, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
-  uint8_t* body = out + kChunkHeaderBytes;
-  const unsigned long long content = l.chunk_content[chunk];
-  if (blockIdx.x == 0 && k == 0 && content + kChunkHeaderBytes > p.capacity)
-    atomicOr(error, kDynamiqChunkOverCapacity);
-
-  // The chunk header (block 0), the padding after the body (all blocks).
-  if (blockIdx.x == 0 && k == 0) write_hop_header(l, chunk, in, n_in, p.n_workers, out, error);
-  const unsigned long long body_capacity = p.capacity - kChunkHeaderBytes;
-  for (unsigned long long b =
-           content + blockIdx.x * static_cast<unsigned long long>(kHopThreads) + k;
-       b < body_capacity; b += static_cast<unsigned long long>(gridDim.x) * kHopThreads)
-    body[b] = 0;
-
-  const uint32_t first = l.chunk_first[chunk], last = l.chunk_first[chunk + 1];
+  hop_setup(d, l, chunk, in, n_in, out, error, sh);
+  const uint64_t first = s_meta[1], last = s_meta[2];
+  const uint64_t n = last > first ? last - first : 0;
+  const uint64_t per = ((n + gridDim.x - 1) / gridDim.x + kHopBatch - 1) / kHopBatch * kHopBatch;
+  const uint64_t begin = first + blockIdx.x * per;
+  const uint64_t end = begin + per < last ? begin + per : last;
+  if (begin < end) stage_level_tables(levels, s_levels);  // a block with no work skips them
   const uint64_t sg_base = key.element_base / kSuperGroup;
   const bool corr = d.correlated_rounding && key.strata > 1;
   const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
-  const int g = k / kGroup;
-  for (uint32_t i = first + blockIdx.x; i < last; i += gridDim.x) {  // the same trips in the block
-    const uint32_t j = l.order[i];
-    const int bits = l.width[j];
-    // A record the message cannot hold is neither written nor read from the inputs (the same
-    // layout words in every thread: the whole block skips it).
-    if (record_past_capacity(p, l.offset[i], bits)) {
-      if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
-      continue;
-    }
-    uint8_t* rec = body + l.offset[i];
-    if (poisoned(l, j)) {  // the non-finite mean carries the result: an inert 2-bit record
-      const int scale_bytes = p.record[0] - kSuperGroup * 2 / 8;
-      uint8_t b = 0x55;                                                    // 2-bit code 1 = zero
-      if (k < scale_bytes) b = (d.hierarchical_scales && k >= 2) ? 1 : 0;  // factors 1, unit 0
-      if (k < p.record[0]) rec[k] = b;
-      continue;  // uniform in the block
-    }
-    const uint64_t jr = sg_base + j;
-    // Random bits and strata of this super-group.
-    if (k < 32) {
-      const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
-                                    rounding_block(jr * kSuperGroup) + static_cast<uint32_t>(k));
-      for (int v = 0; v < 4; ++v) s_words[4 * k + v] = w.v[v];
-    } else if (k < 32 + kGroupsPerSuperGroup) {
-      const int group = k - 32;
-      s_pi[group] = corr ? static_cast<float>(correlated_stratum(
-                               key.seed, key.call, key.stratum_class,
-                               jr * kGroupsPerSuperGroup + group, key.stratum, key.strata))
-                         : 0.0f;
-    }
-    // Own value less the mean, then the inputs in order.
-    const size_t base = static_cast<size_t>(j) * kSuperGroup;
-    const size_t left = p.count - base;
-    const int valid =
-        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
-    const float mu = bits == 16 ? 0.0f : l.mean[j];
-    float v = 0.0f;
-    if (k < valid) {
-      const float x = own_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(own)[base + k])
-                               : static_cast<const float*>(own)[base + k];
-      const int8_t e = l.exponent[j];
-      v = e == 0 ? x - mu : x * pow2f(e) - mu;
-    }
-    bool bad = false;
-    for (int m = 0; m < n_in; ++m) {
-      const uint8_t* r = in.p[m] + kChunkHeaderBytes + l.offset[i];
-      v += decode_value(levels, d.hierarchical_scales, bits, r, k, &bad);
-      bad |= record_scales_bad(d.hierarchical_scales, bits, r, k);
-    }
-    if (bad) atomicOr(error, kDynamiqBadRecord);
-    __syncthreads();  // s_words, s_pi
-    const uint32_t word = s_words[4 * (((k >> 4) & 3) * 8 + (k & 7)) + ((k >> 6) & 3)];
-    const uint32_t u16 = (word >> (16 * ((k >> 3) & 1))) & 0xffffu;
-    if (bits == 16) {  // stochastic rounding to BF16 with the value's 16 bits
-      const uint16_t h = f32_to_bf16_stochastic(v, u16);
-      rec[2 * k] = static_cast<uint8_t>(h);
-      rec[2 * k + 1] = static_cast<uint8_t>(h >> 8);
-      __syncthreads();  // s_words is rewritten by the next super-group
-      continue;
-    }
-    // Group maxima on the magnitude bit patterns (ordered like the floats, NaN above Inf).
-    uint32_t a = f32_bits(v) & 0x7fffffffu;
-    DQ_UNROLL
-    for (int off = kGroup / 2; off > 0; off >>= 1) {
-      const uint32_t o = __shfl_xor_sync(kFullMask, a, off);
-      a = o > a ? o : a;
-    }
-    if ((k & (kGroup - 1)) == 0) s_gmax[g] = a;
-    __syncthreads();
-    uint8_t* codes_out;
-    const float scale = write_record_scales(d.hierarchical_scales, s_gmax, k, g, rec, &codes_out);
-    // Stochastic rounding on the host's levels.
-    const LevelTable& t = levels[width_index(bits)];
-    const float m = magnitude_ratio(v, scale);
-    const int r = level_floor(t, m);
-    const float x = round_up_threshold(t, m, r, s_pi[g], strata);
-    int up = round_up_coarse(x, u16);
-    if (up < 0)
-      up = round_up_tie(x, u16,
-                        rounding_tie_uniform(key.seed, key.call, key.rank, jr * kSuperGroup + k));
-    s_codes[k] = static_cast<uint8_t>(encode_code(r + up, v < 0.0f, t.max_mag));
-    __syncthreads();
-    if (k < kSuperGroup * bits / 8) codes_out[k] = packed_code_byte(s_codes, bits, k);
-    __syncthreads();  // shared memory is rewritten by the next super-group
+  int stage = 0, encoded = 0;
+  for (uint64_t i0 = begin; i0 < end; i0 += kHopBatch) {  // the same trips in the block
+    hop_batch_load(d, l, own, own_bf16, n_in > 0 ? in.p[0] : nullptr, i0, end, sg_base, corr, key,
+                   sh);
+    for (int s = 0; s < kHopBatch && i0 + s < end; ++s)
+      hop_supergroup(d, own, own_bf16, in, n_in, out + kChunkHeaderBytes, sg_base, strata, key,
+                     error, s, &stage, &encoded, sh);
+    __syncthreads();  // the batch's shared words are rewritten by the next batch
   }
 }
 
@@ -367,6 +575,29 @@ unsigned grid_for(size_t work, int max_blocks) {
   const size_t n = work < cap ? work : cap;
   return static_cast<unsigned>(n > 0 ? n : 1);
 }
+
+// The device's SM count, 0 when it cannot be asked (the query's error is not left behind).
+int multiprocessors() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+// Blocks of the fused hop for a chunk of an even share of the super-groups (where the cuts fall
+// is on the device): kHopSupergroupsPerBlock a block, but at least enough to fill the device
+// (kHopMinBlocks an SM) while each block still gets a whole batch.
+size_t hop_blocks(const DynamiqPlan& p) {
+  const size_t per_chunk = (p.n_sg + p.n_chunks - 1) / p.n_chunks;
+  size_t blocks = (per_chunk + kHopSupergroupsPerBlock - 1) / kHopSupergroupsPerBlock;
+  const size_t fill = static_cast<size_t>(multiprocessors()) * kHopMinBlocks;
+  const size_t most = (per_chunk + kHopBatch - 1) / kHopBatch;
+  if (blocks < fill) blocks = fill < most ? fill : most;
+  return blocks;
+}
 }  // namespace
 
 cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTable* levels,
@@ -381,9 +612,10 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
     return cudaErrorInvalidValue;
   HopInputs in{};
   for (int i = 0; i < n_in; ++i) in.p[i] = inputs[i];
-  // As many blocks as the chunk may hold super-groups (the layout is on the device).
-  DQ_LAUNCH(dynamiq_hop_kernel, dim3(grid_for(p.n_sg, max_blocks)), dim3(kHopThreads), 0, stream,
-            params, levels, layout, chunk, own, own_bf16 ? 1 : 0, in, n_in, out, key, error);
+  // A chunk holds about n_sg / n_chunks super-groups (where the cuts fall is on the device).
+  DQ_LAUNCH(dynamiq_hop_kernel, dim3(grid_for(hop_blocks(p), max_blocks)), dim3(kHopThreads), 0,
+            stream, params, levels, layout, chunk, own, own_bf16 ? 1 : 0, in, n_in, out, key,
+            error);
   return cudaGetLastError();
 }
 

@@ -495,36 +495,6 @@ cudaError_t finish(Fault f, const std::string& message, cudaError_t code) {
 
 }  // namespace
 
-const char* fault_name(Fault f) {
-  switch (f) {
-    case Fault::kNone:
-      return "no fault";
-    case Fault::kBadConfig:
-      return "invalid launch configuration";
-    case Fault::kNestedLaunch:
-      return "launch from inside a kernel";
-    case Fault::kDeadlock:
-      return "deadlock";
-    case Fault::kBarrierDivergence:
-      return "divergent __syncthreads";
-    case Fault::kWarpMismatch:
-      return "warp collective mismatch";
-    case Fault::kBadMask:
-      return "invalid warp mask";
-    case Fault::kLaneOutsideMask:
-      return "shuffle reads a lane outside its mask";
-    case Fault::kBadWidth:
-      return "invalid shuffle width";
-    case Fault::kSharedUnderrun:
-      return "shared memory out of bounds";
-    case Fault::kException:
-      return "exception in a kernel";
-    case Fault::kNotLoaded:
-      return "kernel launched before it was loaded";
-  }
-  return "?";
-}
-
 const Report& last_report() {
   return g_report;
 }
@@ -550,6 +520,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   }
   std::lock_guard<std::mutex> lock(g_launch_mutex);
   g_counters = Counters{};
+  const uint64_t read0 = g_global_read.load(), written0 = g_global_written.load();
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   char bad[300] = "";
   if (threads == 0 || threads > kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64)
@@ -608,6 +579,8 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   g_launch = nullptr;
   t_running = nullptr;
   L.current = -1;
+  L.counters.global_read = g_global_read.load() - read0;
+  L.counters.global_written = g_global_written.load() - written0;
   g_counters = L.counters;
   if (!ok) return finish(L.fault, L.message, cudaErrorLaunchFailure);
   return finish(Fault::kNone, "", cudaSuccess);
@@ -784,17 +757,4 @@ cudaError_t cudaDeviceSynchronize() {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   return cudaGetLastError();
-}
-const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorLaunchFailure:
-      return "unspecified launch failure (see dq::emu::last_report())";
-  }
-  return "unknown error";
 }

@@ -12,6 +12,7 @@
 #if defined(__CUDACC__)
 #error "kernels/cuda/emu/emu.h is the host emulation; under nvcc include cuda_runtime.h"
 #endif
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +37,10 @@
 // ---- built-in types and variables ---------------------------------------------------------------
 struct uint3 {
   unsigned int x, y, z;
+};
+// CUDA's 16-byte vector type (the accessors' widest load).
+struct alignas(16) uint4 {
+  unsigned int x, y, z, w;
 };
 struct dim3 {
   unsigned int x, y, z;
@@ -88,6 +93,21 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*kernel)(P...)
   return cudaFuncGetAttributes(attr, reinterpret_cast<const void*>(kernel));
 }
 const char* cudaGetErrorString(cudaError_t error);
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+namespace dq::emu::detail {
+inline std::atomic<int> g_multiprocessors{132};
+}  // namespace dq::emu::detail
+// One emulated device, 0, whose SM count (for launchers that size grids by it) is 132 (an H100's
+// or H200's) unless a test sets another (dq::emu::set_multiprocessors).
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (attr != cudaDevAttrMultiProcessorCount || device != 0) return cudaErrorInvalidValue;
+  *value = dq::emu::detail::g_multiprocessors.load();
+  return cudaSuccess;
+}
 
 namespace dq::emu {
 
@@ -117,20 +137,41 @@ const Report& last_report();
 
 // Counters of the latest launch: barrier arrivals (thread-barriers), warp-collective arrivals,
 // threads run, blocks run.
+// global_read / global_written: bytes of global memory the kernel read and wrote through the
+// accessors of kernels/cuda/cuda_compat.h (load_global, store_global; bytes as each thread asks
+// for them, so a value two threads read counts twice).
 struct Counters {
   uint64_t barriers = 0, collectives = 0, threads = 0, blocks = 0;
+  uint64_t global_read = 0, global_written = 0;
 };
 const Counters& last_counters();
 
 // Launches started on this process (refused ones included): a test counts a call's launches as
 // the difference.
 uint64_t launches();
+// The SM count cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount) reports.
+inline void set_multiprocessors(int n) {
+  detail::g_multiprocessors.store(n);
+}
 // While on, a launch of a kernel whose attributes were never asked for (cudaFuncGetAttributes)
 // fails with Fault::kNotLoaded: on a GPU its module would load mid-call.
 void require_loaded(bool on);
 
 // Bytes of each fiber's stack (a kernel's locals live there); one guard page below it.
 inline constexpr size_t kFiberStackBytes = 64 * 1024;
+
+namespace detail {
+// Global-memory bytes counted by the accessors since the process started; a launch reports the
+// difference (atomics: blocks may one day run on several OS threads).
+inline std::atomic<uint64_t> g_global_read{0};
+inline std::atomic<uint64_t> g_global_written{0};
+}  // namespace detail
+inline void count_global_read(size_t bytes) {
+  detail::g_global_read.fetch_add(bytes, std::memory_order_relaxed);
+}
+inline void count_global_written(size_t bytes) {
+  detail::g_global_written.fetch_add(bytes, std::memory_order_relaxed);
+}
 
 namespace detail {
 

@@ -3,8 +3,9 @@
 # fails when any kernel but the budget's (once per call, off the hop path: noted) spills
 # registers to local memory, or when a fused hop or finish kernel
 # (256 threads a block) leaves an SM less than half full of threads for lack of registers.
-# Occupancy from registers alone, both architectures alike: 65,536 registers and 2,048 threads
-# an SM, registers allocated per warp in units of 256, at most 32 blocks an SM.
+# Occupancy from registers (both architectures alike: 65,536 registers and 2,048 threads an SM,
+# registers allocated per warp in units of 256) and from shared memory (an SM's 164 KiB on sm_80,
+# 228 KiB on sm_90, plus 1 KiB the runtime reserves a block), whichever allows fewer blocks.
 status=0
 for report in "$@"; do
   awk -v file="$report" -v q="'" '
@@ -32,8 +33,13 @@ for report in "$@"; do
         per_warp = int((regs * 32 + 255) / 256) * 256
         blocks = int(65536 / (per_warp * 8))
         if (blocks > 8) blocks = 8
+        smem = 0
+        if (match($0, /[0-9]+ bytes smem/)) smem = substr($0, RSTART, RLENGTH) + 0
+        sm_bytes = (arch == "sm_90") ? 233472 : 167936
+        by_smem = int(sm_bytes / (smem + 1024))
+        if (by_smem < blocks) blocks = by_smem
         occupancy = blocks * 256 / 2048
-        printf "%s on %s: %d registers, %d blocks of 256 a SM, occupancy %.0f%%\n", kernel, arch, regs, blocks, 100 * occupancy
+        printf "%s on %s: %d registers, %d bytes shared, %d blocks of 256 a SM, occupancy %.0f%%\n", kernel, arch, regs, smem, blocks, 100 * occupancy
         if (occupancy < 0.5) {
           printf "FAIL: %s: %s on %s: occupancy %.0f%% (below 50%%)\n", file, kernel, arch, 100 * occupancy
           bad = 1

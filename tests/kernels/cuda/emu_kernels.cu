@@ -231,4 +231,17 @@ cudaError_t load_configured() {
   return cudaFuncGetAttributes(&a, configured_kernel);
 }
 
+__global__ void copy_through_shared_kernel(const uint8_t* src, int n, uint8_t* dst) {
+  __shared__ uint4 stage[(512 + 15 + 15) / 16];
+  const uint8_t* copy = block_copy_to_shared(src, n, stage);
+  __syncthreads();
+  for (int b = static_cast<int>(threadIdx.x); b < n; b += static_cast<int>(blockDim.x))
+    store_global(dst + b, copy[b]);
+}
+
+cudaError_t copy_through_shared(const uint8_t* src, int n, uint8_t* dst, int threads) {
+  DQ_LAUNCH(copy_through_shared_kernel, dim3(1), dim3(threads), 0, nullptr, src, n, dst);
+  return cudaGetLastError();
+}
+
 }  // namespace dq::cuda::selftest

@@ -48,5 +48,7 @@ cudaError_t shuffle_loop(int blocks, int threads, int iterations, int* out);
 cudaError_t configured(int threads, size_t shared);
 // Loads configured()'s kernel (cudaFuncGetAttributes).
 cudaError_t load_configured();
+// dst[0..n) = src[0..n) (n <= 512), through block_copy_to_shared() and store_global().
+cudaError_t copy_through_shared(const uint8_t* src, int n, uint8_t* dst, int threads);
 
 }  // namespace dq::cuda::selftest

@@ -285,6 +285,28 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// The accessors count every byte once per access, and block_copy_to_shared() reads exactly the n
+// bytes asked for (16-byte vectors in the aligned middle, bytes at the ends) at any alignment.
+TEST(CudaEmu, GlobalTrafficIsCountedAndCopiesReadEachByteOnce) {
+  std::vector<uint8_t> src(600), dst(600);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 37 + 11);
+  // A 16-byte aligned base, so `misalign` is the source's offset modulo 16.
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(src.data()) + 15) & ~uintptr_t{15};
+  for (int threads : {32, 256})
+    for (int misalign = 0; misalign < 16; ++misalign)
+      for (int n : {0, 1, 5, 15, 16, 17, 33, 100, 274, 512}) {
+        const uint8_t* from = reinterpret_cast<const uint8_t*>(base) + misalign;
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        ASSERT_EQ(copy_through_shared(from, n, dst.data(), threads), cudaSuccess)
+            << last_report().message;
+        ASSERT_EQ(std::memcmp(dst.data(), from, n), 0) << "misalign " << misalign << " n " << n;
+        ASSERT_EQ(dst[n], 0xEE);
+        EXPECT_EQ(dq::emu::last_counters().global_read, static_cast<uint64_t>(n))
+            << "misalign " << misalign << " n " << n;
+        EXPECT_EQ(dq::emu::last_counters().global_written, static_cast<uint64_t>(n));
+      }
+}
+
 TEST(CudaEmu, Speed) {
   const int blocks = 4, threads = 256, iterations = 500;
   double t0 = cpu_seconds();

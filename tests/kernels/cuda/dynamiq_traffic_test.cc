@@ -1,0 +1,143 @@
+// The fused DynamiQ hop's global-memory traffic under the CUDA emulation (the accessors of
+// kernels/cuda/cuda_compat.h count every byte a thread reads or writes): at a realistic size
+// (2^20 values, 2 chunks) the hop must move at most 1.25x the least it has to: each input
+// message's header and content, the rank's own values of the chunk's super-groups, and the whole
+// outgoing message (capacity bytes, written once each). FP32 and BF16 own values; the first hop
+// (a leaf, no input) and middle hops (one and two inputs). Each case is also checked against the
+// host codec's bytes, so the counted kernel is a correct one.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/cuda/dynamiq.h"
+#include "kernels/dynamiq_codec.h"
+#include "tests/kernels/cuda/device_buffers.h"
+
+namespace dq::cuda {
+namespace {
+
+constexpr double kMostOverMinimum = 1.25;
+
+struct Traffic {
+  uint64_t read = 0, written = 0;
+};
+
+// The least traffic of the hop of `chunk`: own values of the chunk's super-groups, n_in input
+// messages (header and content), the outgoing message (capacity bytes).
+Traffic least_traffic(const DynamiqLayoutT<const uint8_t>& l, const DynamiqPlan& p, int chunk,
+                      int n_in, size_t value_bytes) {
+  Traffic t;
+  for (uint32_t i = l.chunk_first[chunk]; i < l.chunk_first[chunk + 1]; ++i) {
+    const size_t base = static_cast<size_t>(l.order[i]) * kSuperGroup;
+    const size_t valid = std::min<size_t>(kSuperGroup, p.count - base);
+    if (!l.poisoned(l.order[i])) t.read += valid * value_bytes;
+  }
+  t.read += static_cast<uint64_t>(n_in) * (kChunkHeaderBytes + l.chunk_content[chunk]);
+  t.written = p.capacity;
+  return t;
+}
+
+// Values of a gradient-like spread (super-group scales over 2^-12..2^12), so every width occurs.
+std::vector<float> gradient(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(count);
+  for (size_t base = 0; base < count; base += kSuperGroup) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 24) - 12);
+    for (size_t i = base; i < std::min(count, base + kSuperGroup); ++i) x[i] = normal(rng) * scale;
+  }
+  return x;
+}
+
+void check_traffic(bool bf16) {
+  const size_t count = (size_t{1} << 20) + 77;
+  const int n_chunks = 2, n_workers = 4;
+  const DynamiqOptions opt;
+  const std::unique_ptr<Codec> codec = make_dynamiq_codec(opt);
+  ASSERT_EQ(codec->plan(count, n_chunks, n_workers), Status::kOk);
+  const DynamiqDeviceParams params =
+      dynamiq_device_params(count, n_chunks, n_workers, codec->chunk_capacity(), opt);
+  LevelTable levels[3];
+  dynamiq_level_tables(opt, levels);
+  std::vector<std::vector<float>> f32(n_workers);
+  std::vector<std::vector<uint16_t>> b16(n_workers);
+  std::vector<float> sum(codec->stats_words(), 0.0f);
+  for (int r = 0; r < n_workers; ++r) {
+    f32[r] = gradient(count, 41 + r);
+    b16[r].resize(count);
+    for (size_t i = 0; i < count; ++i) b16[r][i] = f32_to_bf16_rne(f32[r][i]);
+    std::vector<uint16_t> local(codec->stats_words());
+    const ConstTensor t{bf16 ? static_cast<const void*>(b16[r].data()) : f32[r].data(),
+                        bf16 ? DType::kBF16 : DType::kF32, count};
+    ASSERT_EQ(codec->local_stats(t, local.data()), Status::kOk);
+    for (size_t w = 0; w < local.size(); ++w) sum[w] += bf16_to_f32(local[w]);
+  }
+  std::vector<uint16_t> reduced(sum.size());
+  for (size_t w = 0; w < sum.size(); ++w) reduced[w] = f32_to_bf16_sat(sum[w]);
+  std::vector<uint64_t> layout(codec->layout_bytes() / 8);
+  ASSERT_EQ(codec->build_layout(reduced.data(), 99, layout.data()), Status::kOk);
+  const DynamiqLayoutT<const uint8_t> l(reinterpret_cast<const uint8_t*>(layout.data()),
+                                        params.sections);
+  const size_t cap = codec->chunk_capacity();
+  auto own = [&](int r) {
+    return ConstTensor{bf16 ? static_cast<const void*>(b16[r].data()) : f32[r].data(),
+                       bf16 ? DType::kBF16 : DType::kF32, count};
+  };
+  for (int chunk = 0; chunk < n_chunks; ++chunk) {
+    // Leaves of workers 1 and 2: the middle hops' inputs.
+    std::vector<std::vector<uint8_t>> leaves(2, std::vector<uint8_t>(cap));
+    std::vector<ByteView> views;
+    std::vector<const uint8_t*> ptrs;
+    for (int r = 1; r <= 2; ++r) {
+      const RoundingKey key{7, 99, static_cast<uint32_t>(r), 0, 1, 0, 0};
+      ASSERT_EQ(
+          codec->fused_hop(layout.data(), chunk, own(r), nullptr, 0, leaves[r - 1].data(), key),
+          Status::kOk);
+      views.push_back(ByteView{leaves[r - 1].data(), cap});
+      ptrs.push_back(leaves[r - 1].data());
+    }
+    for (int n_in : {0, 1, 2}) {
+      const RoundingKey key{7, 99, 0, 0, 1, 0, 0};
+      std::vector<uint8_t> host(cap, 0xAB), dev(cap, 0xCD);
+      ASSERT_EQ(
+          codec->fused_hop(layout.data(), chunk, own(0), views.data(), n_in, host.data(), key),
+          Status::kOk);
+      unsigned error = 0;
+      ASSERT_EQ(launch_dynamiq_hop(params, levels, layout.data(), chunk, own(0).data, bf16,
+                                   ptrs.data(), n_in, dev.data(), key, &error, nullptr),
+                cudaSuccess)
+          << test::kernel_fault();
+      const emu::Counters c = emu::last_counters();
+      EXPECT_EQ(error, 0u);
+      ASSERT_EQ(host, dev) << "chunk " << chunk << " n_in " << n_in;
+      const Traffic least = least_traffic(l, params.plan, chunk, n_in, bf16 ? 2 : 4);
+      const double ratio = static_cast<double>(c.global_read + c.global_written) /
+                           static_cast<double>(least.read + least.written);
+      std::printf(
+          "%s chunk %d n_in %d: read %llu (least %llu), written %llu (least %llu), "
+          "%llu blocks: %.3fx the least traffic\n",
+          bf16 ? "bf16" : "fp32", chunk, n_in, static_cast<unsigned long long>(c.global_read),
+          static_cast<unsigned long long>(least.read),
+          static_cast<unsigned long long>(c.global_written),
+          static_cast<unsigned long long>(least.written), static_cast<unsigned long long>(c.blocks),
+          ratio);
+      EXPECT_EQ(c.global_written, least.written) << "every message byte written exactly once";
+      EXPECT_GE(c.global_read, least.read);
+      EXPECT_LE(ratio, kMostOverMinimum)
+          << (bf16 ? "bf16" : "fp32") << " chunk " << chunk << " n_in " << n_in;
+    }
+  }
+}
+
+TEST(CudaDynamiqTraffic, Fp32HopWithinAQuarterOfTheLeast) {
+  check_traffic(false);
+}
+TEST(CudaDynamiqTraffic, Bf16HopWithinAQuarterOfTheLeast) {
+  check_traffic(true);
+}
+
+}  // namespace
+}  // namespace dq::cuda
