@@ -114,32 +114,48 @@ __device__ __forceinline__ uint32_t clamp_u32(uint32_t x, uint32_t lo, uint32_t 
   return x < lo ? lo : x > hi ? hi : x;
 }
 
-// The host's agree_means_and_keys(): the means and scale exponents of this thread's
-// super-groups, and the width keys' shift (a block max: every thread returns it).
+// The host's agree_means_and_keys() for super-group j: its mean as the hops subtract it (scaled
+// like its values; non-finite: poisoned) and its scale exponent (0 when poisoned: the host leaves
+// it zeroed). Returns its energy key (negative: poisoned).
+__device__ __forceinline__ double supergroup_mean(const DynamiqPlan& p, const uint16_t* reduced,
+                                                  uint32_t j, float* mean, int8_t* exponent) {
+  const float mu = raw_mean(reduced, j, static_cast<float>(p.n_workers));
+  const double key = key_of(reduced, j, p.n_workers);
+  if (key < 0.0) {
+    *mean = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
+    *exponent = 0;
+    return key;
+  }
+  const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
+  const int8_t e = scale_exponent(key);
+  *exponent = e;
+  *mean = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
+  return key;
+}
+
+// floor(log2 key) + 2048 of a positive key, 0 otherwise (so 0 is "none" in a max).
+__device__ __forceinline__ unsigned long long key_magnitude(double key) {
+  return key > 0.0 ? static_cast<unsigned long long>(floor_log2(key) + 2048) : 0ull;
+}
+
+// The width keys' shift from the largest key_magnitude().
+__device__ __forceinline__ int shift_of(unsigned long long largest) {
+  return width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
+}
+
+// The means and scale exponents of this thread's super-groups, and the width keys' shift (a block
+// max: every thread returns it).
 __device__ int agree_means(const DynamiqPlan& p, const LayoutPtrs& l, const uint16_t* reduced,
                            unsigned long long* scratch) {
   const uint32_t t = threadIdx.x, nt = blockDim.x;
   const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
-  const float n = static_cast<float>(p.n_workers);
-  unsigned long long largest = 0;  // floor(log2 key) + 2048 of the largest key; 0: none
+  unsigned long long largest = 0;  // the largest key_magnitude(); 0: none
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const float mu = raw_mean(reduced, j, n);
-    const double key = key_of(reduced, j, p.n_workers);
-    if (key < 0.0) {
-      l.mean[j] = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
-      continue;
-    }
-    if (key > 0.0) {
-      const unsigned long long e = static_cast<unsigned long long>(floor_log2(key) + 2048);
-      largest = e > largest ? e : largest;
-    }
-    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
-    const int8_t e = scale_exponent(key);
-    l.exponent[j] = e;
-    l.mean[j] = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
+    const double key = supergroup_mean(p, reduced, j, &l.mean[j], &l.exponent[j]);
+    const unsigned long long e = key_magnitude(key);
+    largest = e > largest ? e : largest;
   }
-  largest = block_reduce(largest, MaxOp(), scratch);
-  return width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
+  return shift_of(block_reduce(largest, MaxOp(), scratch));
 }
 
 // 1. Zero the layout (the padding too: the bytes depend on the input alone), then the header, the
@@ -195,28 +211,30 @@ __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l
   }
 }
 
-// 2b. One width for every finite super-group: the widest that fits the budget (poisoned ones are
-// 2 bits).
-__device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
-                                    unsigned long long* scratch, uint32_t count[4]) {
-  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
+// The widest width of {16, 8, 4} whose records fit the budget with `poisoned` super-groups at 2
+// bits and the others at it; 2 if none.
+__device__ int fixed_width(const DynamiqPlan& p, unsigned long long poisoned) {
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
-  unsigned long long poisoned = 0;
-  for (uint32_t j = t; j < n_sg; j += nt) poisoned += l.by_index[j] == kPoisonedKey;
-  poisoned = block_reduce(poisoned, SumOp(), scratch);
-  int fixed = 2;
   const int candidates[3] = {16, 8, 4};
   for (int c = 0; c < 3; ++c) {
     const int b = candidates[c];
     if (b == 16 && !p.allow_width16) continue;
     const unsigned long long need =
         poisoned * static_cast<unsigned long long>(p.record[0]) +
-        (n_sg - poisoned) * static_cast<unsigned long long>(p.record[width_index(b)]);
-    if (need <= budget) {
-      fixed = b;
-      break;
-    }
+        (p.n_sg - poisoned) * static_cast<unsigned long long>(p.record[width_index(b)]);
+    if (need <= budget) return b;
   }
+  return 2;
+}
+
+// 2b. One width for every finite super-group: the widest that fits the budget (poisoned ones are
+// 2 bits).
+__device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
+                                    unsigned long long* scratch, uint32_t count[4]) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
+  unsigned long long poisoned = 0;
+  for (uint32_t j = t; j < n_sg; j += nt) poisoned += l.by_index[j] == kPoisonedKey;
+  const int fixed = fixed_width(p, block_reduce(poisoned, SumOp(), scratch));
   for (uint32_t j = t; j < n_sg; j += nt) {
     const int w = l.by_index[j] == kPoisonedKey ? 2 : fixed;
     l.width[j] = static_cast<uint8_t>(w);
@@ -332,6 +350,8 @@ __device__ void layout_digests(const DynamiqPlan& p, const LayoutPtrs& l, unsign
 
 }  // namespace
 
+#include "kernels/cuda/dynamiq_layout_grid.cuh"
+
 __global__ void __launch_bounds__(kLayoutThreads)
     dynamiq_layout_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
                           unsigned long long call, unsigned char* base, unsigned* error) {
@@ -362,6 +382,26 @@ __global__ void __launch_bounds__(kLayoutThreads)
   layout_digests(p, l, error);
 }
 
+namespace {
+
+// Layouts below this many super-groups stay in one block (their work is bounded by it).
+constexpr unsigned long long kGridMinSupergroups = 4096;
+
+// Whether the layout runs over the grid: large enough, its sections hold the grid path's scratch
+// (mean: 6 words a block and the histograms; offset: the digest chain), its record sizes grow with
+// the width and its histogram weights stay below 2^32.
+bool layout_on_grid(const DynamiqPlan& p) {
+  const unsigned long long n = p.n_sg, blocks = (n + kGridThreads - 1) / kGridThreads;
+  if (n < kGridMinSupergroups || 6 * blocks + 3 * kDigitBins > n ||
+      2 * (blocks + static_cast<unsigned long long>(p.n_chunks) + 1) > n)
+    return false;
+  for (int w = 0; w < 3; ++w)
+    if (p.record[w + 1] <= p.record[w]) return false;
+  return n * static_cast<unsigned long long>(p.record[3] - p.record[0]) < (1ull << 32);
+}
+
+}  // namespace
+
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error,
                                   cudaStream_t stream) {
@@ -369,9 +409,33 @@ cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint1
   if (layout == nullptr || error == nullptr || p.n_chunks < 1 ||
       (p.n_sg > 0 && reduced_stats == nullptr))
     return cudaErrorInvalidValue;
-  DQ_LAUNCH(dynamiq_layout_kernel, dim3(1), dim3(kLayoutThreads), 0, stream, p, params.sections,
-            reduced_stats, static_cast<unsigned long long>(call),
-            static_cast<unsigned char*>(layout), error);
+  unsigned char* base = static_cast<unsigned char*>(layout);
+  const DynamiqSections& s = params.sections;
+  if (!layout_on_grid(p)) {
+    DQ_LAUNCH(dynamiq_layout_kernel, dim3(1), dim3(kLayoutThreads), 0, stream, p, s, reduced_stats,
+              static_cast<unsigned long long>(call), base, error);
+    return cudaGetLastError();
+  }
+  const dim3 grid(static_cast<unsigned>((p.n_sg + kGridThreads - 1) / kGridThreads));
+  const dim3 block(kGridThreads);
+  cudaError_t e = cudaSuccess;
+  DQ_LAUNCH(layout_extent_kernel, grid, block, 0, stream, p, s, reduced_stats, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_breakpoints_kernel, grid, block, 0, stream, p, s, reduced_stats, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  for (int level = 1; level < 3; ++level) {
+    DQ_LAUNCH(layout_digit_kernel, grid, block, 0, stream, p, s, base, error, level);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  DQ_LAUNCH(layout_widths_kernel, grid, block, 0, stream, p, s, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_partition_kernel, grid, block, 0, stream, p, s, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  const dim3 digest_grid(grid.x + static_cast<unsigned>(p.n_chunks));
+  DQ_LAUNCH(layout_digest_kernel, digest_grid, block, 0, stream, p, s, reduced_stats, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_finish_kernel, grid, block, 0, stream, p, s,
+            static_cast<unsigned long long>(call), base, error);
   return cudaGetLastError();
 }
 
@@ -381,6 +445,13 @@ cudaError_t load_dynamiq_layout_kernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaSuccess;
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_layout_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_extent_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_breakpoints_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_digit_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_widths_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_partition_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_digest_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_finish_kernel);
   return e;
 }
 
