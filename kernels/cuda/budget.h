@@ -45,8 +45,8 @@ constexpr size_t budget_scratch_bytes() {
 // the host reads job->n_parts, the parts' counts and offsets here (mapped memory is host memory),
 // to size each part's grid. 1 + 3 n_parts launches.
 // `error`: the lane's error word; when non-zero as a kernel starts, that kernel and (the word only
-// ever gains flags) every later one write nothing (nullptr: no word). The kernels raise no flag of their
-// own.
+// ever gains flags) every later one write nothing (nullptr: no word). The kernels raise no flag of
+// their own.
 cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                           BudgetResult* out, const unsigned* error, cudaStream_t stream);
 

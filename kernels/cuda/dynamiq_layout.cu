@@ -1,7 +1,9 @@
 // DynamiQ's per-call layout on the device: the bytes of build_dynamiq_layout()
 // (kernels/dynamiq_layout.cc), padding included, from the all-reduced statistics.
 //
-// One block builds it, in phases separated by barriers:
+// A layout of fewer than kGridMinSupergroups super-groups (or whose sections cannot hold the grid
+// path's scratch) is built by one block, in phases separated by barriers (larger ones over the
+// whole grid: kernels/cuda/dynamiq_layout_grid.cuh, the same bytes):
 //  1. zero the buffer; the header, the means (mu_j = BF16 mean / n_workers), the scale exponents
 //     and the width keys' shift (a block max; kernels/dynamiq_range.h); the width keys, computed
 //     once and parked in by_index (as float bits) until phase 5 overwrites it;
