@@ -1,6 +1,6 @@
 // The budget's prediction (kernels/cuda/budget.h) over the whole grid: per part, the work that
 // grows with the part's super-groups runs in as many blocks as it has tiles of them, and only the
-// per-key work (a constant: kEnergyKeys keys) runs in one block. Kernels, in stream order:
+// per-candidate terms (a constant) run in one block. Kernels, in stream order:
 //  init (one block):   the call's state in the scratch zeroed, the accumulator cleared, the hop
 //                      tables copied from the job's mapped memory into the scratch (device memory,
 //                      so the blocks below stage them from L2 instead of over the bus);
@@ -13,10 +13,12 @@
 //  sums (grid):        the per-key sums (integer atomics, whose totals do not depend on their
 //                      order) and the part's unweighted energies (a block sum, then one atomic per
 //                      block);
-//  part (one block):   the sums cumulated from the largest key down (each thread a run of keys, a
-//                      block exclusive scan of the runs' totals), one thread per candidate computes
-//                      its term, thread 0 adds the terms to the call's sums in the host's order
-//                      and, after the last part, writes the result (finish_budget).
+//  runs, cumulate (kBudgetKeyRuns blocks): the sums cumulated from the largest key down: each
+//                      block's run of keys totalled, then each key's sum from the runs above its
+//                      own and a block exclusive scan of its run;
+//  part (one block):   one thread per candidate computes its term (a bisection of O(1) steps on
+//                      the cumulated sums), thread 0 adds the terms to the call's sums in the
+//                      host's order and, after the last part, writes the result (finish_budget).
 // Every step is the host's arithmetic on the same values, so the result has the host's bits. The
 // hop tables live in shared memory in the grid kernels (dynamic, 16 (n + 1) bytes).
 #include "kernels/cuda/budget.h"
@@ -29,9 +31,6 @@ namespace {
 constexpr uint32_t kKeys = kEnergyKeys;
 constexpr int kGridThreads = 256;     // threads of a grid kernel's block
 constexpr int kMaxGridBlocks = 1024;  // a grid kernel's blocks at most (grid-stride beyond)
-// Keys per thread in the part kernel: the kKeys keys in runs of equal length (the last threads'
-// runs may be short or empty).
-constexpr uint32_t kRun = (kKeys + kBudgetThreads - 1) / kBudgetThreads;
 
 // The tables are uint64_t (the host's type); CUDA's 64-bit atomics take unsigned long long.
 static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "64-bit atomics");
@@ -187,33 +186,57 @@ __global__ void __launch_bounds__(kGridThreads)
 
 namespace {
 
-// The per-key sums cumulated from the largest key down: thread t owns the keys at descending
-// positions [t kRun, (t + 1) kRun). Ends with a barrier.
-__device__ void cumulate_keys(const Scratch& s, unsigned long long* scratch_u) {
-  const uint32_t t = threadIdx.x;
-  const uint32_t begin = t * kRun < kKeys ? t * kRun : kKeys;
-  const uint32_t end = begin + kRun < kKeys ? begin + kRun : kKeys;
-  uint64_t* tab[3] = {s.count, s.hop_centred, s.hop_mean};
-  unsigned long long run[3] = {0, 0, 0};
-  for (uint32_t q = begin; q < end; ++q)
-    for (int a = 0; a < 3; ++a) run[a] += tab[a][kKeys - 1 - q];
-  for (int a = 0; a < 3; ++a) {
-    unsigned long long above =
-        block_exclusive_scan(run[a], scratch_u, static_cast<unsigned long long*>(nullptr));
-    for (uint32_t q = begin; q < end; ++q) {
-      above += tab[a][kKeys - 1 - q];
-      tab[a][kKeys - 1 - q] = above;
-    }
-  }
-  __syncthreads();
+// The key at descending position q (q = 0: the largest key); 0 past the keys.
+__device__ __forceinline__ unsigned long long key_at(const uint64_t* tab, uint32_t q) {
+  return q < kKeys ? tab[kKeys - 1 - q] : 0ull;
 }
 
 }  // namespace
 
+// The per-key sums cumulated from the largest key down, over kBudgetKeyRuns blocks of
+// kBudgetThreads keys each (descending): first each run's totals,
 __global__ void __launch_bounds__(kBudgetThreads)
+    budget_runs_kernel(void* scratch, const unsigned* error) {
+  __shared__ unsigned long long scratch_u[kWarp + 1];
+  __shared__ unsigned skip;
+  const Scratch s = scratch_of(scratch);
+  if (block_skips(error, s.state, &skip)) return;
+  if (s.state->bad != 0) return;  // written by an earlier kernel: the same in every thread
+  const uint64_t* tab[3] = {s.count, s.hop_centred, s.hop_mean};
+  const uint32_t q = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int a = 0; a < 3; ++a) {
+    const unsigned long long total = block_reduce(key_at(tab[a], q), SumOp(), scratch_u);
+    if (threadIdx.x == 0) s.state->runs[a][blockIdx.x] = total;
+  }
+}
+
+// then each key's sum from the runs above its own and a block scan of its run.
+__global__ void __launch_bounds__(kBudgetThreads)
+    budget_cumulate_kernel(void* scratch, const unsigned* error) {
+  __shared__ unsigned long long scratch_u[kWarp + 1];
+  __shared__ unsigned skip;
+  const Scratch s = scratch_of(scratch);
+  if (block_skips(error, s.state, &skip)) return;
+  if (s.state->bad != 0) return;  // written by an earlier kernel: the same in every thread
+  uint64_t* tab[3] = {s.count, s.hop_centred, s.hop_mean};
+  const uint32_t q = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int a = 0; a < 3; ++a) {
+    unsigned long long above = 0;
+    for (uint32_t r = threadIdx.x; r < blockIdx.x; r += blockDim.x) above += s.state->runs[a][r];
+    above = block_reduce(above, SumOp(), scratch_u);
+    const unsigned long long own = key_at(tab[a], q);
+    const unsigned long long before =
+        block_exclusive_scan(own, scratch_u, static_cast<unsigned long long*>(nullptr));
+    if (q < kKeys) tab[a][kKeys - 1 - q] = above + before + own;
+  }
+}
+
+// One thread per candidate and one for the energy, the target and the plan used.
+constexpr int kPartThreads = (kCandidates + 1 + kWarp - 1) / kWarp * kWarp;
+
+__global__ void __launch_bounds__(kPartThreads)
     budget_part_kernel(const BudgetJob* job_in, PartArgs a, void* scratch, BudgetResult* out,
                        const unsigned* error) {
-  __shared__ unsigned long long scratch_u[kWarp + 1];
   // Raw storage: a __shared__ object cannot have a constructor; thread 0 assigns it.
   __shared__ double terms_raw[(sizeof(PartTerms) + 7) / 8];
   __shared__ unsigned skip;
@@ -231,7 +254,6 @@ __global__ void __launch_bounds__(kBudgetThreads)
     }
     return;
   }
-  cumulate_keys(s, scratch_u);
   if (t == 0) terms = PartTerms{};
   __syncthreads();
   const double scale = fixed_point_scale(f64_of_bits(st.max_bits), a.n_sg);
@@ -275,7 +297,13 @@ cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* s
     DQ_LAUNCH(budget_sums_kernel, dim3(blocks), dim3(kGridThreads), staged_bytes, stream, a,
               job->hop, scratch, error);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    DQ_LAUNCH(budget_part_kernel, dim3(1), dim3(kBudgetThreads), 0, stream, job, a, scratch, out,
+    DQ_LAUNCH(budget_runs_kernel, dim3(kBudgetKeyRuns), dim3(kBudgetThreads), 0, stream, scratch,
+              error);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    DQ_LAUNCH(budget_cumulate_kernel, dim3(kBudgetKeyRuns), dim3(kBudgetThreads), 0, stream,
+              scratch, error);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    DQ_LAUNCH(budget_part_kernel, dim3(1), dim3(kPartThreads), 0, stream, job, a, scratch, out,
               error);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
@@ -290,6 +318,8 @@ cudaError_t load_budget_kernels() {
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, budget_init_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, budget_extent_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, budget_sums_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, budget_runs_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, budget_cumulate_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, budget_part_kernel);
   return e;
 }

@@ -11,19 +11,21 @@
 
 namespace dq::cuda {
 
-// Threads of the per-part kernel's one block (its work is per key, a constant).
+// Threads of the per-key kernels' blocks; their blocks: runs of kBudgetThreads keys.
 constexpr int kBudgetThreads = 512;
+constexpr uint32_t kBudgetKeyRuns = (kEnergyKeys + kBudgetThreads - 1) / kBudgetThreads;
 // Hop-table entries (n_workers + 1) the kernels stage in device and shared memory (2 tables of
 // doubles: 32 KiB of shared memory at most); beyond, they read the job's mapped tables.
 constexpr uint32_t kBudgetStagedWorkers = 2049;
 
 // The call's running state in the scratch, after the per-key tables: one part's extent (the
 // largest energy as its bit pattern, the largest floor(log2 energy) + 2048, the count of
-// non-finite super-groups), its unweighted fixed-point energies, whether the call has ended, and
-// the call's sums over its parts.
+// non-finite super-groups), its unweighted fixed-point energies, its key runs' totals (count and
+// the two energies), whether the call has ended, and the call's sums over its parts.
 struct BudgetScratchState {
   unsigned long long max_bits = 0, largest = 0, bad = 0;
   unsigned long long total_centred = 0, total_mean = 0;
+  unsigned long long runs[3][kBudgetKeyRuns] = {};
   unsigned long long stop = 0;
   BudgetAccumulator acc;
 };
@@ -43,7 +45,7 @@ constexpr size_t budget_scratch_bytes() {
 // the prediction, or kBudgetNoPrediction when a statistic is not finite. `job`, the parts and the
 // hop tables it points to: memory the device reads (mapped), unchanged until the kernels completed;
 // the host reads job->n_parts, the parts' counts and offsets here (mapped memory is host memory),
-// to size each part's grid. 1 + 3 n_parts launches.
+// to size each part's grid. 1 + 5 n_parts launches.
 // `error`: the lane's error word; when non-zero as a kernel starts, that kernel and (the word only
 // ever gains flags) every later one write nothing (nullptr: no word). The kernels raise no flag of
 // their own.

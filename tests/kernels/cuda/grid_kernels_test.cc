@@ -211,7 +211,7 @@ TEST(CudaGridKernels, BudgetOverManyBlocksMatchesHostBitForBit) {
       const uint64_t before = emu::launches();
       ASSERT_EQ(launch_budget(&job, stats.data(), scratch.data(), &dev, nullptr, nullptr),
                 cudaSuccess);
-      EXPECT_EQ(emu::launches() - before, 1 + 3 * parts.size());
+      EXPECT_EQ(emu::launches() - before, 1 + 5 * parts.size());
       const std::string what = "parts " + std::to_string(shape.size()) + " first count " +
                                std::to_string(shape[0]) + " workers " + std::to_string(workers);
       ASSERT_EQ(host.state, kBudgetPredicted) << what;
