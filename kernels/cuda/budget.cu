@@ -193,9 +193,18 @@ __device__ __forceinline__ unsigned long long key_at(const uint64_t* tab, uint32
 
 }  // namespace
 
+// The sum of the kKeysPerThread consecutive keys (descending) of this thread's.
+__device__ __forceinline__ unsigned long long thread_keys(const uint64_t* tab) {
+  const uint32_t q = (blockIdx.x * blockDim.x + threadIdx.x) * kBudgetKeysPerThread;
+  unsigned long long sum = 0;
+  for (uint32_t i = 0; i < kBudgetKeysPerThread; ++i) sum += key_at(tab, q + i);
+  return sum;
+}
+
 // The per-key sums cumulated from the largest key down, over kBudgetKeyRuns blocks of
-// kBudgetThreads keys each (descending): first each run's totals,
-__global__ void __launch_bounds__(kBudgetThreads)
+// kBudgetRunThreads threads of kBudgetKeysPerThread keys each (descending): first each run's
+// totals,
+__global__ void __launch_bounds__(kBudgetRunThreads)
     budget_runs_kernel(void* scratch, const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   __shared__ unsigned skip;
@@ -203,31 +212,32 @@ __global__ void __launch_bounds__(kBudgetThreads)
   if (block_skips(error, s.state, &skip)) return;
   if (s.state->bad != 0) return;  // written by an earlier kernel: the same in every thread
   const uint64_t* tab[3] = {s.count, s.hop_centred, s.hop_mean};
-  const uint32_t q = blockIdx.x * blockDim.x + threadIdx.x;
   for (int a = 0; a < 3; ++a) {
-    const unsigned long long total = block_reduce(key_at(tab[a], q), SumOp(), scratch_u);
+    const unsigned long long total = block_reduce(thread_keys(tab[a]), SumOp(), scratch_u);
     if (threadIdx.x == 0) s.state->runs[a][blockIdx.x] = total;
   }
 }
 
 // then each key's sum from the runs above its own and a block scan of its run.
-__global__ void __launch_bounds__(kBudgetThreads)
+__global__ void __launch_bounds__(kBudgetRunThreads)
     budget_cumulate_kernel(void* scratch, const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   __shared__ unsigned skip;
   const Scratch s = scratch_of(scratch);
   if (block_skips(error, s.state, &skip)) return;
   if (s.state->bad != 0) return;  // written by an earlier kernel: the same in every thread
-  uint64_t* tab[3] = {s.count, s.hop_centred, s.hop_mean};
-  const uint32_t q = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t q = (blockIdx.x * blockDim.x + threadIdx.x) * kBudgetKeysPerThread;
   for (int a = 0; a < 3; ++a) {
+    uint64_t* tab = a == 0 ? s.count : a == 1 ? s.hop_centred : s.hop_mean;
     unsigned long long above = 0;
     for (uint32_t r = threadIdx.x; r < blockIdx.x; r += blockDim.x) above += s.state->runs[a][r];
     above = block_reduce(above, SumOp(), scratch_u);
-    const unsigned long long own = key_at(tab[a], q);
-    const unsigned long long before =
-        block_exclusive_scan(own, scratch_u, static_cast<unsigned long long*>(nullptr));
-    if (q < kKeys) tab[a][kKeys - 1 - q] = above + before + own;
+    unsigned long long at = above + block_exclusive_scan(thread_keys(tab), scratch_u,
+                                                         static_cast<unsigned long long*>(nullptr));
+    for (uint32_t i = 0; i < kBudgetKeysPerThread && q + i < kKeys; ++i) {
+      at += tab[kKeys - 1 - (q + i)];
+      tab[kKeys - 1 - (q + i)] = at;
+    }
   }
 }
 
@@ -288,8 +298,8 @@ cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* s
     PartArgs a{reduced + part.stats_offset, part.count, (part.count + 255) / 256, n_workers, i,
                i + 1 == n_parts ? 1u : 0u};
     const unsigned long long tiles = (a.n_sg + kGridThreads - 1) / kGridThreads;
-    // At least enough blocks to zero the tables in one sweep each.
-    const unsigned long long want = tiles > 32 ? tiles : 32;
+    // At least a few blocks to zero the tables (grid-stride).
+    const unsigned long long want = tiles > 8 ? tiles : 8;
     const unsigned blocks = static_cast<unsigned>(want < kMaxGridBlocks ? want : kMaxGridBlocks);
     DQ_LAUNCH(budget_extent_kernel, dim3(blocks), dim3(kGridThreads), staged_bytes, stream, a,
               job->hop, scratch, error);
@@ -297,10 +307,10 @@ cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* s
     DQ_LAUNCH(budget_sums_kernel, dim3(blocks), dim3(kGridThreads), staged_bytes, stream, a,
               job->hop, scratch, error);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    DQ_LAUNCH(budget_runs_kernel, dim3(kBudgetKeyRuns), dim3(kBudgetThreads), 0, stream, scratch,
+    DQ_LAUNCH(budget_runs_kernel, dim3(kBudgetKeyRuns), dim3(kBudgetRunThreads), 0, stream, scratch,
               error);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    DQ_LAUNCH(budget_cumulate_kernel, dim3(kBudgetKeyRuns), dim3(kBudgetThreads), 0, stream,
+    DQ_LAUNCH(budget_cumulate_kernel, dim3(kBudgetKeyRuns), dim3(kBudgetRunThreads), 0, stream,
               scratch, error);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     DQ_LAUNCH(budget_part_kernel, dim3(1), dim3(kPartThreads), 0, stream, job, a, scratch, out,

@@ -11,9 +11,11 @@
 
 namespace dq::cuda {
 
-// Threads of the per-key kernels' blocks; their blocks: runs of kBudgetThreads keys.
-constexpr int kBudgetThreads = 512;
-constexpr uint32_t kBudgetKeyRuns = (kEnergyKeys + kBudgetThreads - 1) / kBudgetThreads;
+// The per-key kernels: blocks of kBudgetRunThreads threads, kBudgetKeysPerThread consecutive keys
+// a thread, kBudgetKeyRuns blocks.
+constexpr uint32_t kBudgetRunThreads = 256, kBudgetKeysPerThread = 4;
+constexpr uint32_t kBudgetKeyRuns = (kEnergyKeys + kBudgetRunThreads * kBudgetKeysPerThread - 1) /
+                                    (kBudgetRunThreads * kBudgetKeysPerThread);
 // Hop-table entries (n_workers + 1) the kernels stage in device and shared memory (2 tables of
 // doubles: 32 KiB of shared memory at most); beyond, they read the job's mapped tables.
 constexpr uint32_t kBudgetStagedWorkers = 2049;
