@@ -11,8 +11,8 @@
 //                      one 64-bit atomic max / add per block and quantity (a max of non-negative
 //                      doubles is a max of their bit patterns);
 //  sums (grid):        the per-key sums (integer atomics, whose totals do not depend on their
-//                      order) and the part's unweighted energies (a block sum, then one atomic per
-//                      block);
+//                      order; summed per block in a shared-memory table of its keys first) and the
+//                      part's unweighted energies (a block sum, then one atomic per block);
 //  runs, cumulate (kBudgetKeyRuns blocks): the sums cumulated from the largest key down: each
 //                      block's run of keys totalled, then each key's sum from the runs above its
 //                      own and a block exclusive scan of its run;
@@ -62,6 +62,23 @@ __device__ __forceinline__ Scratch scratch_of(void* base) {
       tables, tables + (kKeys + 1), tables + 2 * (kKeys + 1),
       reinterpret_cast<BudgetScratchState*>(bytes + kBudgetScratchBytes),
       reinterpret_cast<double*>(bytes + kBudgetScratchBytes + sizeof(BudgetScratchState))};
+}
+
+// A block's distinct keys of one sweep (at most kGridThreads) in an open-addressing table of twice
+// as many slots, so a probe always ends; kEmptySlot: a free slot.
+constexpr uint32_t kKeySlots = 2 * kGridThreads;
+constexpr uint32_t kEmptySlot = 0xffffffffu;
+static_assert(kKeySlots == 1u << 9, "key_slot's hash takes 9 bits");
+
+// The slot of `key`, claimed if new (linear probing from a multiplicative hash).
+__device__ __forceinline__ uint32_t key_slot(uint32_t* slot_key, uint32_t key) {
+  uint32_t k = (key * 2654435761u) >> 23;  // 9 bits: kKeySlots = 512
+  for (uint32_t probe = 0; probe < kKeySlots; ++probe) {
+    const uint32_t was = atomicCAS(&slot_key[k], kEmptySlot, key);
+    if (was == kEmptySlot || was == key) return k;
+    k = (k + 1) % kKeySlots;
+  }
+  return k;  // never reached: the table is at most half full
 }
 
 // One decision for the whole block: the error word (which another stream's kernels may raise
@@ -149,6 +166,9 @@ __global__ void __launch_bounds__(kGridThreads)
 __global__ void __launch_bounds__(kGridThreads)
     budget_sums_kernel(PartArgs a, HopProfile mapped, void* scratch, const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
+  // The block's per-key sums (count, hop_centred, hop_mean) before the global atomics.
+  __shared__ uint32_t slot_key[kKeySlots];
+  __shared__ unsigned long long slot_sum[3 * kKeySlots];
   __shared__ unsigned skip;
   DQ_DYNAMIC_SHARED(double, staged);
   const Scratch s = scratch_of(scratch);
@@ -164,17 +184,36 @@ __global__ void __launch_bounds__(kGridThreads)
   const unsigned long long first =
       static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const unsigned long long step = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  for (uint32_t k = threadIdx.x; k < kKeySlots; k += blockDim.x) slot_key[k] = kEmptySlot;
+  for (uint32_t k = threadIdx.x; k < 3 * kKeySlots; k += blockDim.x) slot_sum[k] = 0;
   unsigned long long own_centred = 0, own_mean = 0;
   SupergroupEnergy e;
-  for (unsigned long long j = first; j < a.n_sg; j += step) {
-    supergroup_energy(a.reduced, j, a.n_sg, a.n_elems, a.n_workers, hop, shift, &e);
-    atomicAdd(as_ull(&s.count[e.key]), 1ull);
-    atomicAdd(as_ull(&s.hop_centred[e.key]),
-              static_cast<unsigned long long>(to_fixed_point(e.hop_centred, scale)));
-    atomicAdd(as_ull(&s.hop_mean[e.key]),
-              static_cast<unsigned long long>(to_fixed_point(e.hop_mean, scale)));
-    own_centred += to_fixed_point(e.centred, scale);
-    own_mean += to_fixed_point(e.mean, scale);
+  // The same trips in every thread of the block: a sweep of the grid, then the block's keys
+  // flushed (at most blockDim.x distinct keys a sweep).
+  for (unsigned long long at = first - threadIdx.x; at < a.n_sg; at += step) {
+    __syncthreads();  // the slots are empty
+    const unsigned long long j = at + threadIdx.x;
+    if (j < a.n_sg) {
+      supergroup_energy(a.reduced, j, a.n_sg, a.n_elems, a.n_workers, hop, shift, &e);
+      const uint32_t k = key_slot(slot_key, e.key);
+      atomicAdd(&slot_sum[k], 1ull);
+      atomicAdd(&slot_sum[kKeySlots + k],
+                static_cast<unsigned long long>(to_fixed_point(e.hop_centred, scale)));
+      atomicAdd(&slot_sum[2 * kKeySlots + k],
+                static_cast<unsigned long long>(to_fixed_point(e.hop_mean, scale)));
+      own_centred += to_fixed_point(e.centred, scale);
+      own_mean += to_fixed_point(e.mean, scale);
+    }
+    __syncthreads();
+    for (uint32_t k = threadIdx.x; k < kKeySlots; k += blockDim.x) {
+      const uint32_t key = slot_key[k];
+      if (key == kEmptySlot) continue;
+      atomicAdd(as_ull(&s.count[key]), slot_sum[k]);
+      atomicAdd(as_ull(&s.hop_centred[key]), slot_sum[kKeySlots + k]);
+      atomicAdd(as_ull(&s.hop_mean[key]), slot_sum[2 * kKeySlots + k]);
+      slot_key[k] = kEmptySlot;
+      slot_sum[k] = slot_sum[kKeySlots + k] = slot_sum[2 * kKeySlots + k] = 0;
+    }
   }
   own_centred = block_reduce(own_centred, SumOp(), scratch_u);
   own_mean = block_reduce(own_mean, SumOp(), scratch_u);
