@@ -1,11 +1,14 @@
 // DynamiQ's per-call layout on the device: the bytes of build_dynamiq_layout()
 // (kernels/dynamiq_layout.cc), padding included, from the all-reduced statistics.
 //
-// One block builds it, in phases separated by barriers:
+// A layout of fewer than kGridMinSupergroups super-groups (or whose sections cannot hold the grid
+// path's scratch) is built by one block, in phases separated by barriers (larger ones over the
+// whole grid: kernels/cuda/dynamiq_layout_grid.cuh, the same bytes):
 //  1. zero the buffer; the header, the means (mu_j = BF16 mean / n_workers), the scale exponents
-//     and the width keys' shift (a block max; kernels/dynamiq_range.h);
+//     and the width keys' shift (a block max; kernels/dynamiq_range.h); the width keys, computed
+//     once and parked in by_index (as float bits) until phase 5 overwrites it;
 //  2. the widths: the host's bisection over the threshold's bit pattern, each step a block sum of
-//     record bytes (an integer sum: any order gives the host's total);
+//     record bytes (an integer sum: any order gives the host's total) over the parked keys;
 //  3. the width classes' sizes (block sums), hence each class's first wire position;
 //  4. the chunk cuts: in wire order the record sizes are constant within a class, so the byte
 //     offset of wire position i is a closed form, and the chunk of position i is
@@ -15,7 +18,8 @@
 //     fields of one 64-bit word per tile) gives each super-group its rank in its class, so its
 //     wire position; its rank among its chunk's super-groups (by_index) is the sum over the four
 //     classes of its class prefix clamped to the class's range in that chunk;
-//  6. the digests: one thread per chunk, FNV-1a over the chunk's records in wire order.
+//  6. the digests: one warp per chunk, FNV-1a over the chunk's records in wire order (the lanes
+//     load 32 records at once; the chain's arithmetic stays serial).
 #include <cfloat>
 
 #include "kernels/bf16.h"
@@ -98,44 +102,70 @@ __device__ __forceinline__ uint32_t chunk_of(const Classes& k, uint32_t i,
   return static_cast<uint32_t>(c < last ? c : last);
 }
 
+// A parked width key that marks a poisoned super-group (a NaN pattern no width key has).
+constexpr uint32_t kPoisonedKey = 0xffffffffu;
+
+// The width of super-group j at threshold theta from its parked width key.
+__device__ __forceinline__ int parked_width(const LayoutPtrs& l, uint32_t j, float theta,
+                                            bool allow_width16) {
+  const uint32_t key = l.by_index[j];
+  return width_for(key == kPoisonedKey, f32_from_bits(key), theta, allow_width16);
+}
+
 __device__ __forceinline__ uint32_t clamp_u32(uint32_t x, uint32_t lo, uint32_t hi) {
   return x < lo ? lo : x > hi ? hi : x;
 }
 
-// The host's agree_means_and_keys(): the means and scale exponents of this thread's
-// super-groups, and the width keys' shift (a block max: every thread returns it).
+// The host's agree_means_and_keys() for super-group j: its mean as the hops subtract it (scaled
+// like its values; non-finite: poisoned) and its scale exponent (0 when poisoned: the host leaves
+// it zeroed). Returns its energy key (negative: poisoned).
+__device__ __forceinline__ double supergroup_mean(const DynamiqPlan& p, const uint16_t* reduced,
+                                                  uint32_t j, float* mean, int8_t* exponent) {
+  const float mu = raw_mean(reduced, j, static_cast<float>(p.n_workers));
+  const double key = key_of(reduced, j, p.n_workers);
+  if (key < 0.0) {
+    *mean = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
+    *exponent = 0;
+    return key;
+  }
+  const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
+  const int8_t e = scale_exponent(key);
+  *exponent = e;
+  *mean = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
+  return key;
+}
+
+// floor(log2 key) + 2048 of a positive key, 0 otherwise (so 0 is "none" in a max).
+__device__ __forceinline__ unsigned long long key_magnitude(double key) {
+  return key > 0.0 ? static_cast<unsigned long long>(floor_log2(key) + 2048) : 0ull;
+}
+
+// The width keys' shift from the largest key_magnitude().
+__device__ __forceinline__ int shift_of(unsigned long long largest) {
+  return width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
+}
+
+// The means and scale exponents of this thread's super-groups, and the width keys' shift (a block
+// max: every thread returns it).
 __device__ int agree_means(const DynamiqPlan& p, const LayoutPtrs& l, const uint16_t* reduced,
                            unsigned long long* scratch) {
   const uint32_t t = threadIdx.x, nt = blockDim.x;
   const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
-  const float n = static_cast<float>(p.n_workers);
-  unsigned long long largest = 0;  // floor(log2 key) + 2048 of the largest key; 0: none
+  unsigned long long largest = 0;  // the largest key_magnitude(); 0: none
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const float mu = raw_mean(reduced, j, n);
-    const double key = key_of(reduced, j, p.n_workers);
-    if (key < 0.0) {
-      l.mean[j] = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
-      continue;
-    }
-    if (key > 0.0) {
-      const unsigned long long e = static_cast<unsigned long long>(floor_log2(key) + 2048);
-      largest = e > largest ? e : largest;
-    }
-    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
-    const int8_t e = scale_exponent(key);
-    l.exponent[j] = e;
-    l.mean[j] = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
+    const double key = supergroup_mean(p, reduced, j, &l.mean[j], &l.exponent[j]);
+    const unsigned long long e = key_magnitude(key);
+    largest = e > largest ? e : largest;
   }
-  largest = block_reduce(largest, MaxOp(), scratch);
-  return width_key_shift(largest == 0 ? INT32_MIN : static_cast<int>(largest) - 2048);
+  return shift_of(block_reduce(largest, MaxOp(), scratch));
 }
 
 // 1. Zero the layout (the padding too: the bytes depend on the input alone), then the header, the
-// means and scale exponents; returns the width keys' shift (the same in every thread).
-__device__ int layout_header_and_means(const DynamiqPlan& p, const DynamiqSections& s,
-                                       const LayoutPtrs& l, const uint16_t* reduced,
-                                       unsigned long long call, unsigned char* base,
-                                       unsigned long long* scratch) {
+// means and scale exponents, and the width keys parked in by_index.
+__device__ void layout_header_and_means(const DynamiqPlan& p, const DynamiqSections& s,
+                                        const LayoutPtrs& l, const uint16_t* reduced,
+                                        unsigned long long call, unsigned char* base,
+                                        unsigned long long* scratch) {
   const uint32_t t = threadIdx.x, nt = blockDim.x;
   uint64_t* words = reinterpret_cast<uint64_t*>(base);
   for (size_t b = t; b < s.bytes / 8; b += nt) words[b] = 0;
@@ -146,14 +176,19 @@ __device__ int layout_header_and_means(const DynamiqPlan& p, const DynamiqSectio
     l.header[2] = static_cast<uint32_t>(p.n_chunks) |
                   static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
   }
-  return agree_means(p, l, reduced, scratch);
+  const int shift = agree_means(p, l, reduced, scratch);  // every thread: the same
+  // The width keys, computed once (the bisection reads them ~31 times): parked in by_index, which
+  // phase 5 writes only after the widths are final (barriers between).
+  for (uint32_t j = t; j < static_cast<uint32_t>(p.n_sg); j += nt) {
+    const double key = key_of(reduced, j, p.n_workers);
+    l.by_index[j] = key < 0.0 ? kPoisonedKey : f32_bits(width_key(key, shift));
+  }
 }
 
 // 2a. Variable widths: the smallest threshold (bit pattern, monotone for non-negative floats)
 // whose widths fit the budget; each step a block sum of record bytes (an integer sum: any order
 // gives the host's total). Adds this thread's super-groups per class to `count`.
 __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l,
-                                       const uint16_t* reduced, int shift,
                                        unsigned long long* scratch, uint32_t count[4]) {
   const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
@@ -162,11 +197,8 @@ __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l
     const uint32_t mid = lo + (hi - lo) / 2;
     const float theta = f32_from_bits(mid);
     unsigned long long bytes = 0;
-    for (uint32_t j = t; j < n_sg; j += nt) {
-      const double key = key_of(reduced, j, p.n_workers);
-      bytes += p.record[width_index(
-          width_for(key < 0.0, width_key(key, shift), theta, p.allow_width16))];
-    }
+    for (uint32_t j = t; j < n_sg; j += nt)
+      bytes += p.record[width_index(parked_width(l, j, theta, p.allow_width16))];
     const unsigned long long total = block_reduce(bytes, SumOp(), scratch);
     if (total <= budget)
       hi = mid;
@@ -175,38 +207,38 @@ __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l
   }
   const float theta = f32_from_bits(lo);
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const double key = key_of(reduced, j, p.n_workers);
-    const int w = width_for(key < 0.0, width_key(key, shift), theta, p.allow_width16);
+    const int w = parked_width(l, j, theta, p.allow_width16);
     l.width[j] = static_cast<uint8_t>(w);
     ++count[width_index(w)];
   }
 }
 
-// 2b. One width for every finite super-group: the widest that fits the budget (poisoned ones are
-// 2 bits).
-__device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
-                                    const uint16_t* reduced, unsigned long long* scratch,
-                                    uint32_t count[4]) {
-  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
+// The widest width of {16, 8, 4} whose records fit the budget with `poisoned` super-groups at 2
+// bits and the others at it; 2 if none.
+__device__ int fixed_width(const DynamiqPlan& p, unsigned long long poisoned) {
   const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
-  unsigned long long poisoned = 0;
-  for (uint32_t j = t; j < n_sg; j += nt) poisoned += key_of(reduced, j, p.n_workers) < 0.0;
-  poisoned = block_reduce(poisoned, SumOp(), scratch);
-  int fixed = 2;
   const int candidates[3] = {16, 8, 4};
   for (int c = 0; c < 3; ++c) {
     const int b = candidates[c];
     if (b == 16 && !p.allow_width16) continue;
     const unsigned long long need =
         poisoned * static_cast<unsigned long long>(p.record[0]) +
-        (n_sg - poisoned) * static_cast<unsigned long long>(p.record[width_index(b)]);
-    if (need <= budget) {
-      fixed = b;
-      break;
-    }
+        (p.n_sg - poisoned) * static_cast<unsigned long long>(p.record[width_index(b)]);
+    if (need <= budget) return b;
   }
+  return 2;
+}
+
+// 2b. One width for every finite super-group: the widest that fits the budget (poisoned ones are
+// 2 bits).
+__device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
+                                    unsigned long long* scratch, uint32_t count[4]) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
+  unsigned long long poisoned = 0;
+  for (uint32_t j = t; j < n_sg; j += nt) poisoned += l.by_index[j] == kPoisonedKey;
+  const int fixed = fixed_width(p, block_reduce(poisoned, SumOp(), scratch));
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const int w = key_of(reduced, j, p.n_workers) < 0.0 ? 2 : fixed;
+    const int w = l.by_index[j] == kPoisonedKey ? 2 : fixed;
     l.width[j] = static_cast<uint8_t>(w);
     ++count[width_index(w)];
   }
@@ -286,24 +318,41 @@ __device__ void layout_partition(const DynamiqPlan& p, const Classes& k, const L
   __syncthreads();
 }
 
-// 6. The digests (one thread per chunk, FNV-1a over its records in wire order), and the capacity
-// check (the host's kInternal).
+// 6. The digests (FNV-1a over each chunk's records in wire order: a serial chain), and the
+// capacity check (the host's kInternal). One warp per chunk: its lanes load 32 records at a time
+// (order, then width, mean and exponent: independent loads, in parallel) and every lane folds the
+// 32 records' words, taken by shuffles, into the chain; only the arithmetic stays serial.
 __device__ void layout_digests(const DynamiqPlan& p, const LayoutPtrs& l, unsigned* error) {
-  for (uint32_t c = threadIdx.x; c < static_cast<uint32_t>(p.n_chunks); c += blockDim.x) {
-    if (l.chunk_content[c] + kChunkHeaderBytes > p.capacity)
+  const uint32_t lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const uint32_t n_warps = blockDim.x / kWarp, n_chunks = static_cast<uint32_t>(p.n_chunks);
+  for (uint32_t c = warp; c < n_chunks; c += n_warps) {  // the same trips in the whole warp
+    if (lane == 0 && l.chunk_content[c] + kChunkHeaderBytes > p.capacity)
       atomicOr(error, kDynamiqChunkOverCapacity);
     uint32_t h = fnv1a_word(2166136261u, c);
     h = fnv1a_word(h, static_cast<uint32_t>(p.count));
-    for (uint32_t i = l.chunk_first[c]; i < l.chunk_first[c + 1]; ++i) {
-      const uint32_t j = l.order[i];
-      h = fnv1a_word(h, j * 32u + l.width[j] + (non_finite(l.mean[j]) ? 1u : 0u));
-      if (l.exponent[j] != 0) h = fnv1a_word(h, 0x100u | static_cast<uint8_t>(l.exponent[j]));
+    const uint32_t first = l.chunk_first[c], end = l.chunk_first[c + 1];
+    for (uint32_t at = first; at < end; at += kWarp) {
+      uint32_t word = 0, scale_word = 0;  // scale_word: 0 when the exponent is 0 (not hashed)
+      if (at + lane < end) {
+        const uint32_t j = l.order[at + lane];
+        word = j * 32u + l.width[j] + (non_finite(l.mean[j]) ? 1u : 0u);
+        if (l.exponent[j] != 0) scale_word = 0x100u | static_cast<uint8_t>(l.exponent[j]);
+      }
+      const uint32_t n = end - at < static_cast<uint32_t>(kWarp) ? end - at : kWarp;
+      for (uint32_t k = 0; k < n; ++k) {
+        const uint32_t a = __shfl_sync(kFullMask, word, static_cast<int>(k));
+        const uint32_t b = __shfl_sync(kFullMask, scale_word, static_cast<int>(k));
+        h = fnv1a_word(h, a);
+        if (b != 0) h = fnv1a_word(h, b);
+      }
     }
-    l.chunk_check[c] = h;
+    if (lane == 0) l.chunk_check[c] = h;
   }
 }
 
 }  // namespace
+
+#include "kernels/cuda/dynamiq_layout_grid.cuh"
 
 __global__ void __launch_bounds__(kLayoutThreads)
     dynamiq_layout_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
@@ -324,17 +373,37 @@ __global__ void __launch_bounds__(kLayoutThreads)
                      reinterpret_cast<uint32_t*>(base + s.chunk_check),
                      reinterpret_cast<uint8_t*>(base + s.width),
                      reinterpret_cast<int8_t*>(base + s.exponent)};
-  const int shift = layout_header_and_means(p, s, l, reduced, call, base, scratch);
+  layout_header_and_means(p, s, l, reduced, call, base, scratch);
   uint32_t count[4] = {0, 0, 0, 0};  // this thread's super-groups per class
   if (p.variable_widths)
-    layout_variable_widths(p, l, reduced, shift, scratch, count);
+    layout_variable_widths(p, l, scratch, count);
   else
-    layout_fixed_widths(p, l, reduced, scratch, count);
+    layout_fixed_widths(p, l, scratch, count);
   const Classes k = layout_classes(p, count, scratch);
   layout_chunk_cuts(p, k, l);
   layout_partition(p, k, l, scratch);
   layout_digests(p, l, error);
 }
+
+namespace {
+
+// Layouts below this many super-groups stay in one block (their work is bounded by it).
+constexpr unsigned long long kGridMinSupergroups = 4096;
+
+// Whether the layout runs over the grid: large enough, its sections hold the grid path's scratch
+// (mean: 6 words a block and the histograms; offset: the digest chain), its record sizes grow with
+// the width and its histogram weights stay below 2^32.
+bool layout_on_grid(const DynamiqPlan& p) {
+  const unsigned long long n = p.n_sg, blocks = (n + kGridThreads - 1) / kGridThreads;
+  if (n < kGridMinSupergroups || 6 * blocks + 3 * kDigitBins > n ||
+      2 * (blocks + static_cast<unsigned long long>(p.n_chunks) + 1) > n)
+    return false;
+  for (int w = 0; w < 3; ++w)
+    if (p.record[w + 1] <= p.record[w]) return false;
+  return n * static_cast<unsigned long long>(p.record[3] - p.record[0]) < (1ull << 32);
+}
+
+}  // namespace
 
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error,
@@ -343,9 +412,33 @@ cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint1
   if (layout == nullptr || error == nullptr || p.n_chunks < 1 ||
       (p.n_sg > 0 && reduced_stats == nullptr))
     return cudaErrorInvalidValue;
-  DQ_LAUNCH(dynamiq_layout_kernel, dim3(1), dim3(kLayoutThreads), 0, stream, p, params.sections,
-            reduced_stats, static_cast<unsigned long long>(call),
-            static_cast<unsigned char*>(layout), error);
+  unsigned char* base = static_cast<unsigned char*>(layout);
+  const DynamiqSections& s = params.sections;
+  if (!layout_on_grid(p)) {
+    DQ_LAUNCH(dynamiq_layout_kernel, dim3(1), dim3(kLayoutThreads), 0, stream, p, s, reduced_stats,
+              static_cast<unsigned long long>(call), base, error);
+    return cudaGetLastError();
+  }
+  const dim3 grid(static_cast<unsigned>((p.n_sg + kGridThreads - 1) / kGridThreads));
+  const dim3 block(kGridThreads);
+  cudaError_t e = cudaSuccess;
+  DQ_LAUNCH(layout_extent_kernel, grid, block, 0, stream, p, s, reduced_stats, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_breakpoints_kernel, grid, block, 0, stream, p, s, reduced_stats, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  for (int level = 1; level < 3; ++level) {
+    DQ_LAUNCH(layout_digit_kernel, grid, block, 0, stream, p, s, base, error, level);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  DQ_LAUNCH(layout_widths_kernel, grid, block, 0, stream, p, s, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_partition_kernel, grid, block, 0, stream, p, s, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  const dim3 digest_grid(grid.x + static_cast<unsigned>(p.n_chunks));
+  DQ_LAUNCH(layout_digest_kernel, digest_grid, block, 0, stream, p, s, reduced_stats, base, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_finish_kernel, grid, block, 0, stream, p, s,
+            static_cast<unsigned long long>(call), base, error);
   return cudaGetLastError();
 }
 
@@ -355,6 +448,13 @@ cudaError_t load_dynamiq_layout_kernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaSuccess;
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_layout_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_extent_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_breakpoints_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_digit_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_widths_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_partition_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_digest_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_finish_kernel);
   return e;
 }
 

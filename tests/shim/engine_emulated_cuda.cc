@@ -263,11 +263,19 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // decode), of every chunk for an all-reduce, of the rank's own for a reduce-scatter. Nothing
 // else: the step's last kernel folds its flags into the error word (no arm or fold kernels), the
 // same launches as on a GPU (shim/engine/cuda_steps.h).
+// The budget's launches (kernels/cuda/budget.cu): one to set up, then five over the grid for
+// each codec part of the call.
+constexpr uint64_t kBudgetSetupLaunches = 1, kBudgetLaunchesPerPart = 5;
+// A layout of at least kGridMinSupergroups super-groups runs as eight kernels, not one.
+constexpr uint64_t kGridLayoutExtraLaunches = 7;
+
 uint64_t launches_per_call(int n, int blocks, bool scatter) {
   const uint64_t hop_steps = static_cast<uint64_t>(n);
   const uint64_t finishes = scatter ? 1 : static_cast<uint64_t>(n);
   const uint64_t parts = scatter ? static_cast<uint64_t>(n) : 1;
-  return 1 + static_cast<uint64_t>(blocks) * (2 * parts + hop_steps + 2 * finishes);
+  const uint64_t b = static_cast<uint64_t>(blocks);
+  return kBudgetSetupLaunches + kBudgetLaunchesPerPart * b * parts +
+         b * (2 * parts + hop_steps + 2 * finishes);
 }
 
 // Compressed FP32 calls of 1, 2 and 3 blocks (all-reduce) and 2 blocks (reduce-scatter) on one
@@ -328,6 +336,41 @@ int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
                    topo.c_str(), n, s.blocks, s.scatter ? "reduce-scatter" : "all-reduce",
                    static_cast<unsigned long long>(launches));
   }
+  return 0;
+}
+
+// A block large enough that its layout runs over the grid (at least kGridMinSupergroups
+// super-groups, dynamiq_layout.cu), as the default 16 MiB blocks do: the steps' flags words are
+// step words there too, so the grid kernels must neither read kFoldFlag as a failure nor leave
+// the step unfolded. The same bytes as the host device, on every rank.
+int grid_layout_call(int n, const std::string& topo, int rank, ncclComm_t* comms,
+                     dq::engine::Device* cuda) {
+  constexpr size_t kCount = 6500 * 256 + 77;  // FP32: 6.3 MiB, one block, a partial super-group
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_TOPO", topo},
+                                      {"DYNAMIQ_BLOCK_BYTES", "16M"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"}});
+  DevicePair pair(settings, n, rank, comms, cuda);
+  CudaDeviceCounts before;
+  for (int k = 0; k < 2; ++k) {  // the first call also runs the canary: the second is counted
+    before = dq::engine::cuda_device_counts(cuda);
+    const std::vector<unsigned char> in = make_input(rank + 5 * k, kCount, false, false);
+    if (const int rc = pair.call(in.data(), kCount, k, 80); rc != 0) return rc;
+    CHECK_OR(83, same_everywhere(comms[0], fnv(pair.out_cuda.data(), kCount * 4)),
+             "rank %d: grid-layout call %d: results differ across ranks", rank, k);
+  }
+  const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
+  const uint64_t expected = launches_per_call(n, 1, false) + kGridLayoutExtraLaunches;
+  CHECK_OR(84, after.launches - before.launches == expected && after.layouts - before.layouts == 1,
+           "rank %d: the grid-layout call: %llu launches (formula %llu), %llu layouts", rank,
+           static_cast<unsigned long long>(after.launches - before.launches),
+           static_cast<unsigned long long>(expected),
+           static_cast<unsigned long long>(after.layouts - before.layouts));
+  if (rank == 0)
+    std::fprintf(stderr,
+                 "rank 0: %zu elements in one block (layout over the grid): identical "
+                 "bytes on both devices\n",
+                 kCount);
   return 0;
 }
 
@@ -433,6 +476,7 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
                static_cast<unsigned long long>(total.hops),
                static_cast<unsigned long long>(total.finishes), host_s, cuda_s);
   if (const int rc = launch_formula(n, topo, rank, comms, cuda.get()); rc != 0) return rc;
+  if (const int rc = grid_layout_call(n, topo, rank, comms, cuda.get()); rc != 0) return rc;
   if (const int rc = auto_rungs(n, topo, rank, comms, cuda.get()); rc != 0) return rc;
   return auto_fallback(n, topo, rank, comms, cuda.get());
 }

@@ -1,0 +1,537 @@
+// The layout over the whole grid (included by kernels/cuda/dynamiq_layout.cu, whose helpers it
+// uses): the same bytes as the one-block kernel, for layouts large enough that one block would
+// hold up the call. Blocks of kGridThreads threads, one super-group per thread (block b: super-
+// groups [256 b, 256 b + 256)), eight kernels in stream order, no grid-wide barrier:
+//  1. extent:      per block, the largest key magnitude and the poisoned count;
+//  2. breakpoints: the width keys (the shift from every block's maximum) and, per super-group
+//                  and width w in {4, 8, 16}, b_w: how many thresholds theta (bit patterns
+//                  0 .. 0x7f800000) give it at least w bits (the host's width_for() is monotone
+//                  in theta, so those thresholds are 0 .. b_w - 1). The record bytes at theta are
+//                  then n_sg rec2 + sum of (rec4 - rec2) [b4 > theta] + (rec8 - rec4) [b8 > theta]
+//                  + (rec16 - rec8) [b16 > theta] (integers: the host's total), and the host's
+//                  bisection result is the smallest theta whose bytes fit (the bytes never grow
+//                  with theta). A radix select finds it: digits of 11, 11 and 10 bits, each a
+//                  histogram of the breakpoints' weights (shared memory, then one atomic per bin
+//                  and block); the first digit's histogram here;
+//  3-4. digits:    the next digits' histograms, the digits before them picked again in every
+//                  block from the histograms before (a block scan);
+//  5. widths:      theta, each super-group's width from its breakpoints, per block class counts;
+//  6. partition:   each super-group's wire position (its class's start, the blocks before it,
+//                  its rank in its block), order, by_index, chunk_first (closed forms of the
+//                  one-block kernel; a chunk's first position by binary search);
+//  7. digests:     FNV-1a is a chain, but the hash after a run of bytes is T(h) = h P^n + G(h mod
+//                  256) (an xor with a byte changes only the low byte, and the low byte of a
+//                  product depends only on the low bytes): each block takes a segment of 256
+//                  records of one chunk, its 256 threads run the segment from each low byte x
+//                  (T(x), and T(x + 256) - T(x) = 256 P^n), and only the lookup T(h) = T(h mod
+//                  256) + (h / 256) 256 P^n is chained, block to block (a ticket orders the
+//                  segments by when their blocks started, so a block waits only for blocks that
+//                  run); the means and exponents of the segment's super-groups;
+//  8. finish:      the class starts (a block search: widths fall along the wire order), the record
+//                  offsets, chunk contents and the capacity check, the header and the padding.
+// Scratch lives in the layout's own sections until they are written: the per-block values and the
+// histograms in the mean section (written in 7), the breakpoints in order, offset and by_index
+// (written in 6 and 8), the digest chain in the offset section (written in 8).
+
+namespace {
+
+constexpr int kGridThreads = 256;
+constexpr uint32_t kDigitBins = 2048;
+constexpr uint32_t kNoDigit = 0xffffffffu;
+// A digest block's wait for the block before it, in polls: far longer than a block runs; past it
+// the layout is flagged (the host's kInternal) rather than the stream hung.
+constexpr uint32_t kMaxChainPolls = 1u << 26;
+
+// Digit `level` (0: bits 31..21, 1: bits 20..10, 2: bits 9..0) of v, and the bits above it.
+__device__ __forceinline__ uint32_t digit_of(uint32_t v, int level) {
+  return level == 0 ? v >> 21 : level == 1 ? (v >> 10) & 0x7ffu : v & 0x3ffu;
+}
+__device__ __forceinline__ uint32_t above_digit(uint32_t v, int level) {
+  return level == 0 ? 0u : level == 1 ? v >> 21 : v >> 10;
+}
+
+struct GridScratch {
+  uint32_t* largest;          // [blocks] the block's largest key_magnitude()     (mean section)
+  uint32_t* poisoned;         // [blocks] the block's poisoned super-groups       (mean)
+  uint32_t* hist;             // [3][kDigitBins] the digits' histograms            (mean)
+  uint32_t* counts;           // [blocks][4] the block's super-groups per class    (mean)
+  uint32_t* b4;               // [n_sg] breakpoints                                 (order)
+  uint32_t* b8;               //                                                    (offset)
+  uint32_t* b16;              //                                                    (by_index)
+  unsigned long long* chain;  // [segments + 1] digests so far (bit 32: set), then the ticket
+};
+
+__device__ __forceinline__ uint32_t grid_blocks(const DynamiqPlan& p) {
+  return static_cast<uint32_t>((p.n_sg + kGridThreads - 1) / kGridThreads);
+}
+
+__device__ __forceinline__ GridScratch grid_scratch(const DynamiqPlan& p, const LayoutPtrs& l) {
+  const uint32_t blocks = grid_blocks(p);
+  uint32_t* m = reinterpret_cast<uint32_t*>(l.mean);
+  return GridScratch{
+      m,       m + blocks, m + 2 * blocks, m + 2 * blocks + 3 * kDigitBins,
+      l.order, l.offset,   l.by_index,     reinterpret_cast<unsigned long long*>(l.offset)};
+}
+
+__device__ __forceinline__ LayoutPtrs layout_ptrs(const DynamiqSections& s, unsigned char* base) {
+  return LayoutPtrs{reinterpret_cast<uint64_t*>(base + s.header),
+                    reinterpret_cast<uint64_t*>(base + s.chunk_content),
+                    reinterpret_cast<float*>(base + s.mean),
+                    reinterpret_cast<uint32_t*>(base + s.order),
+                    reinterpret_cast<uint32_t*>(base + s.offset),
+                    reinterpret_cast<uint32_t*>(base + s.by_index),
+                    reinterpret_cast<uint32_t*>(base + s.chunk_first),
+                    reinterpret_cast<uint32_t*>(base + s.chunk_check),
+                    reinterpret_cast<uint8_t*>(base + s.width),
+                    reinterpret_cast<int8_t*>(base + s.exponent)};
+}
+
+// Flags that do not stop the sequence: the capacity flag, which this launch sequence raises
+// itself, and a step word's kFoldFlag (step_fold.h), which no kernel raises.
+constexpr unsigned kGridPassFlags = static_cast<unsigned>(kDynamiqChunkOverCapacity) | kFoldFlag;
+
+// One decision per block: the lane failed before this step, or an earlier kernel of it did.
+__device__ __forceinline__ bool grid_block_skips(const unsigned* error, unsigned* flag) {
+  if (threadIdx.x == 0) *flag = (*error & ~kGridPassFlags) != 0u;
+  __syncthreads();
+  return *flag != 0u;
+}
+
+// The thresholds 0 .. result - 1 give the super-group at least w bits.
+__device__ uint32_t breakpoint(bool poisoned, float f, int w, bool allow_width16) {
+  uint32_t lo = 0, hi = 0x7f800001u;
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (width_for(poisoned, f, f32_from_bits(mid), allow_width16) >= w)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Adds super-group j's breakpoints whose digits above `level` are `above` to the block's bins.
+__device__ __forceinline__ void bin_breakpoints(const DynamiqPlan& p, const GridScratch& g,
+                                                uint32_t j, int level, uint32_t above,
+                                                uint32_t* bins) {
+  const uint32_t b[3] = {g.b4[j], g.b8[j], g.b16[j]};
+  for (int w = 0; w < 3; ++w)
+    if (b[w] > 0 && above_digit(b[w], level) == above)
+      atomicAdd(&bins[digit_of(b[w], level)], static_cast<uint32_t>(p.record[w + 1] - p.record[w]));
+}
+
+// The block's bins added to the histogram of `level` (one atomic per non-empty bin). Starts with
+// a barrier.
+__device__ __forceinline__ void publish_bins(const GridScratch& g, int level,
+                                             const uint32_t* bins) {
+  __syncthreads();
+  for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x)
+    if (bins[k] != 0) atomicAdd(&g.hist[level * kDigitBins + k], bins[k]);
+}
+
+// The smallest digit d of histogram h with *fixed + (the weights of the digits above d) <= budget,
+// or kNoDigit; *fixed then gains those weights. `fixed`: the record bytes no later digit changes.
+__device__ uint32_t pick_digit(const uint32_t* h, unsigned long long budget,
+                               unsigned long long* fixed, unsigned long long* scratch) {
+  const uint32_t per = kDigitBins / blockDim.x, first = threadIdx.x * per;
+  unsigned long long own = 0;
+  for (uint32_t i = 0; i < per; ++i) own += h[first + i];
+  unsigned long long total = 0;
+  unsigned long long upto = block_exclusive_scan(own, scratch, &total);
+  unsigned long long own_best = kNoDigit,
+                     own_above = 0;  // the smallest such digit of this thread's
+  for (uint32_t i = 0; i < per; ++i) {
+    upto += h[first + i];
+    if (own_best == kNoDigit && *fixed + (total - upto) <= budget) {
+      own_best = first + i;
+      own_above = total - upto;
+    }
+  }
+  const unsigned long long best = block_reduce(own_best, MinOp(), scratch);
+  if (best == kNoDigit) return kNoDigit;  // the same in every thread
+  // The thread whose digits hold the smallest one adds its weights above.
+  *fixed += block_reduce(own_best == best ? own_above : 0ull, SumOp(), scratch);
+  return static_cast<uint32_t>(best);
+}
+
+// The digits before `level` picked from their histograms: the bits above `level`'s digit, and
+// whether every digit was found (false: no threshold fits; the host's bisection then ends at
+// 0x7f800000). Collective.
+__device__ bool picked_above(const DynamiqPlan& p, const GridScratch& g, int level,
+                             unsigned long long* scratch, uint32_t* above) {
+  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
+  unsigned long long fixed = static_cast<unsigned long long>(p.n_sg) * p.record[0];
+  uint32_t v = 0;
+  for (int d = 0; d < level; ++d) {
+    const uint32_t digit = pick_digit(g.hist + d * kDigitBins, budget, &fixed, scratch);
+    if (digit == kNoDigit) return false;
+    v = (v << (d == 2 ? 10 : 11)) | digit;  // digits of 11, 11 and 10 bits
+  }
+  *above = v;
+  return true;
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(kGridThreads)
+    layout_extent_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
+                         unsigned char* base, unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned skip;
+  if (grid_block_skips(error, &skip)) return;
+  const GridScratch g = grid_scratch(p, layout_ptrs(s, base));
+  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  unsigned long long largest = 0, poisoned = 0;
+  if (j < p.n_sg) {
+    const double key = key_of(reduced, j, p.n_workers);
+    largest = key_magnitude(key);
+    poisoned = key < 0.0 ? 1 : 0;
+  }
+  largest = block_reduce(largest, MaxOp(), scratch);
+  poisoned = block_reduce(poisoned, SumOp(), scratch);
+  if (threadIdx.x == 0) {
+    g.largest[blockIdx.x] = static_cast<uint32_t>(largest);
+    g.poisoned[blockIdx.x] = static_cast<uint32_t>(poisoned);
+  }
+  for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < 3 * kDigitBins;
+       k += gridDim.x * blockDim.x)
+    g.hist[k] = 0;
+}
+
+__global__ void __launch_bounds__(kGridThreads)
+    layout_breakpoints_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
+                              unsigned char* base, unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ uint32_t bins[kDigitBins];
+  __shared__ unsigned skip;
+  if (grid_block_skips(error, &skip)) return;
+  const GridScratch g = grid_scratch(p, layout_ptrs(s, base));
+  unsigned long long largest = 0;
+  for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+    largest = g.largest[b] > largest ? g.largest[b] : largest;
+  const int shift = shift_of(block_reduce(largest, MaxOp(), scratch));
+  for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x) bins[k] = 0;
+  __syncthreads();
+  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  if (j < p.n_sg) {
+    const double key = key_of(reduced, j, p.n_workers);
+    const float f = width_key(key, shift);
+    g.b4[j] = breakpoint(key < 0.0, f, 4, p.allow_width16);
+    g.b8[j] = breakpoint(key < 0.0, f, 8, p.allow_width16);
+    g.b16[j] = breakpoint(key < 0.0, f, 16, p.allow_width16);
+    if (p.variable_widths) bin_breakpoints(p, g, j, 0, 0u, bins);
+  }
+  publish_bins(g, 0, bins);
+}
+
+__global__ void __launch_bounds__(kGridThreads)
+    layout_digit_kernel(DynamiqPlan p, DynamiqSections s, unsigned char* base, unsigned* error,
+                        int level) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ uint32_t bins[kDigitBins];
+  __shared__ unsigned skip;
+  if (grid_block_skips(error, &skip)) return;
+  if (!p.variable_widths) return;  // the same in every block
+  const GridScratch g = grid_scratch(p, layout_ptrs(s, base));
+  uint32_t above = 0;
+  if (!picked_above(p, g, level, scratch, &above)) return;  // the same in every thread
+  for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x) bins[k] = 0;
+  __syncthreads();
+  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  if (j < p.n_sg) bin_breakpoints(p, g, j, level, above, bins);
+  publish_bins(g, level, bins);
+}
+
+__global__ void __launch_bounds__(kGridThreads)
+    layout_widths_kernel(DynamiqPlan p, DynamiqSections s, unsigned char* base, unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned skip;
+  if (grid_block_skips(error, &skip)) return;
+  const LayoutPtrs l = layout_ptrs(s, base);
+  const GridScratch g = grid_scratch(p, l);
+  uint32_t theta = 0x7f800000u;  // variable widths: the threshold's bit pattern
+  int fixed = 2;                 // fixed widths: the width of the finite super-groups
+  if (p.variable_widths) {
+    uint32_t v = 0;
+    if (picked_above(p, g, 3, scratch, &v)) theta = v < theta ? v : theta;
+  } else {
+    unsigned long long poisoned = 0;
+    for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x) poisoned += g.poisoned[b];
+    poisoned = block_reduce(poisoned, SumOp(), scratch);
+    fixed = fixed_width(p, poisoned);
+  }
+  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  unsigned long long one = 0;  // one-hot class count, 16 bits per class
+  if (j < p.n_sg) {
+    int w;
+    if (p.variable_widths)
+      w = theta < g.b16[j] ? 16 : theta < g.b8[j] ? 8 : theta < g.b4[j] ? 4 : 2;
+    else
+      w = g.b4[j] == 0 ? 2 : fixed;  // no threshold gives a poisoned super-group 4 bits
+    l.width[j] = static_cast<uint8_t>(w);
+    one = 1ull << (16 * width_index(w));
+  }
+  one = block_reduce(one, SumOp(), scratch);
+  if (threadIdx.x < 4)
+    g.counts[4 * blockIdx.x + threadIdx.x] =
+        static_cast<uint32_t>((one >> (16 * threadIdx.x)) & 0xffffu);
+}
+
+namespace {
+
+// The first wire position of chunk c (the host's cut_chunks, empty chunks included): the first
+// position whose chunk_of() is at least c, n_sg if none.
+__device__ uint32_t chunk_start(const DynamiqPlan& p, const Classes& k, uint32_t c) {
+  const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
+  if (c == 0) return 0;
+  if (c >= static_cast<uint32_t>(p.n_chunks)) return n_sg;
+  uint32_t lo = 0, hi = n_sg;
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (chunk_of(k, mid, p.stride, p.n_chunks) >= c)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ Classes classes_of(const DynamiqPlan& p, const uint32_t size[4]) {
+  Classes k;
+  for (int w = 0; w < 4; ++w) {
+    k.size[w] = size[w];
+    k.record[w] = p.record[w];
+  }
+  k.start[3] = 0;
+  k.start[2] = k.size[3];
+  k.start[1] = k.start[2] + k.size[2];
+  k.start[0] = k.start[1] + k.size[1];
+  return k;
+}
+
+// Words of the digest chain: one per digest block, then the ticket.
+__device__ __forceinline__ uint32_t chain_words(const DynamiqPlan& p) {
+  return grid_blocks(p) + static_cast<uint32_t>(p.n_chunks) + 1;
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(kGridThreads)
+    layout_partition_kernel(DynamiqPlan p, DynamiqSections s, unsigned char* base,
+                            unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned skip;
+  if (grid_block_skips(error, &skip)) return;
+  const LayoutPtrs l = layout_ptrs(s, base);
+  const GridScratch g = grid_scratch(p, l);
+  // The classes' sizes and this block's class prefix (32-bit halves: sizes are below 2^32).
+  unsigned long long total[2] = {0, 0}, before[2] = {0, 0};
+  for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+    for (int h = 0; h < 2; ++h) {
+      const unsigned long long v =
+          g.counts[4 * b + 2 * h] | static_cast<unsigned long long>(g.counts[4 * b + 2 * h + 1])
+                                        << 32;
+      total[h] += v;
+      if (b < blockIdx.x) before[h] += v;
+    }
+  uint32_t size[4], prefix[4];
+  for (int h = 0; h < 2; ++h) {
+    total[h] = block_reduce(total[h], SumOp(), scratch);
+    before[h] = block_reduce(before[h], SumOp(), scratch);
+    size[2 * h] = static_cast<uint32_t>(total[h]);
+    size[2 * h + 1] = static_cast<uint32_t>(total[h] >> 32);
+    prefix[2 * h] = static_cast<uint32_t>(before[h]);
+    prefix[2 * h + 1] = static_cast<uint32_t>(before[h] >> 32);
+  }
+  const Classes k = classes_of(p, size);
+  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  const int w = j < p.n_sg ? width_index(l.width[j]) : -1;
+  const unsigned long long in_block = block_exclusive_scan(
+      w >= 0 ? 1ull << (16 * w) : 0ull, scratch, static_cast<unsigned long long*>(nullptr));
+  if (w >= 0) {
+    for (int v = 0; v < 4; ++v)
+      prefix[v] += static_cast<uint32_t>((in_block >> (16 * v)) & 0xffffu);  // before j
+    const uint32_t pos = k.start[w] + prefix[w];
+    l.order[pos] = j;
+    const uint32_t c = chunk_of(k, pos, p.stride, p.n_chunks);
+    const uint32_t first = chunk_start(p, k, c), end = chunk_start(p, k, c + 1);
+    uint32_t rank = 0;  // chunk c holds class v's ranks [lo, hi); those before j: [lo, prefix)
+    for (int v = 0; v < 4; ++v) {
+      const uint32_t lo = clamp_u32(first > k.start[v] ? first - k.start[v] : 0u, 0u, k.size[v]);
+      const uint32_t hi = clamp_u32(end > k.start[v] ? end - k.start[v] : 0u, 0u, k.size[v]);
+      rank += clamp_u32(prefix[v], lo, hi) - lo;
+    }
+    l.by_index[first + rank] = pos;
+  }
+  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  for (uint32_t c = at; c <= static_cast<uint32_t>(p.n_chunks); c += step)
+    l.chunk_first[c] = chunk_start(p, k, c);
+  for (uint32_t i = at; i < chain_words(p); i += step) g.chain[i] = 0;
+}
+
+namespace {
+
+// The digest chain's value before segment `seg` (its chunk's earlier segments), waited for.
+__device__ uint32_t chain_before(const GridScratch& g, uint32_t seg, unsigned* error) {
+  const volatile unsigned long long* word = g.chain + seg - 1;
+  const volatile unsigned* flags = error;
+  for (uint32_t poll = 0; poll < kMaxChainPolls; ++poll) {
+    const unsigned long long v = *word;
+    if ((v >> 32) != 0) return static_cast<uint32_t>(v);
+    if ((*flags & ~kGridPassFlags) != 0u) return 0;
+  }
+  atomicOr(error, kDynamiqChunkOverCapacity);  // never seen: a block that never ran
+  return 0;
+}
+
+struct Segment {
+  uint32_t seg, chunk, first, end, last;  // positions [first, end); last: the chunk's last segment
+};
+
+// The segment of this block's ticket; chunk = n_chunks: none (the grid has spare blocks).
+__device__ Segment take_segment(const DynamiqPlan& p, const LayoutPtrs& l, const GridScratch& g) {
+  Segment s{0, static_cast<uint32_t>(p.n_chunks), 0, 0, 0};
+  s.seg = static_cast<uint32_t>(atomicAdd(&g.chain[chain_words(p) - 1], 1ull));
+  uint32_t before = 0;
+  for (uint32_t c = 0; c < static_cast<uint32_t>(p.n_chunks); ++c) {
+    const uint32_t first = l.chunk_first[c], end = l.chunk_first[c + 1];
+    const uint32_t n = end > first ? (end - first + kGridThreads - 1) / kGridThreads : 1u;
+    if (s.seg < before + n) {
+      s.chunk = c;
+      s.first = first + (s.seg - before) * kGridThreads;
+      s.end = s.first + kGridThreads < end ? s.first + kGridThreads : end;
+      s.last = s.end == end ? 1u : 0u;  // an empty chunk: one segment, [first, first)
+      return s;
+    }
+    before += n;
+  }
+  return s;
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(kGridThreads)
+    layout_digest_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
+                         unsigned char* base, unsigned* error) {
+  __shared__ uint32_t words[kGridThreads], scale_words[kGridThreads], table[kGridThreads];
+  __shared__ uint32_t step_raw;  // T(x + 256) - T(x)
+  __shared__ Segment segment;
+  __shared__ unsigned skip;
+  if (grid_block_skips(error, &skip)) return;
+  const LayoutPtrs l = layout_ptrs(s, base);
+  const GridScratch g = grid_scratch(p, l);
+  if (threadIdx.x == 0) segment = take_segment(p, l, g);
+  __syncthreads();
+  const Segment sg = segment;
+  if (sg.chunk >= static_cast<uint32_t>(p.n_chunks)) return;  // the same in every thread
+  const uint32_t t = threadIdx.x, n = sg.end - sg.first;
+  if (t < n) {
+    const uint32_t j = l.order[sg.first + t];
+    float mean;
+    int8_t e;
+    supergroup_mean(p, reduced, j, &mean, &e);
+    l.mean[j] = mean;
+    l.exponent[j] = e;
+    words[t] = j * 32u + l.width[j] + (non_finite(mean) ? 1u : 0u);
+    scale_words[t] = e != 0 ? 0x100u | static_cast<uint8_t>(e) : 0u;  // 0: not hashed
+  }
+  __syncthreads();
+  uint32_t h = t, h_next = t + 256u;  // the segment run from low byte t (and t + 256)
+  for (uint32_t i = 0; i < n; ++i) {
+    h = fnv1a_word(h, words[i]);
+    h_next = fnv1a_word(h_next, words[i]);
+    if (scale_words[i] != 0) {
+      h = fnv1a_word(h, scale_words[i]);
+      h_next = fnv1a_word(h_next, scale_words[i]);
+    }
+  }
+  table[t] = h;
+  if (t == 0) step_raw = h_next - h;
+  __syncthreads();
+  if (t != 0) return;
+  uint32_t in;
+  if (sg.first == l.chunk_first[sg.chunk]) {
+    in = fnv1a_word(2166136261u, sg.chunk);
+    in = fnv1a_word(in, static_cast<uint32_t>(p.count));
+  } else {
+    in = chain_before(g, sg.seg, error);
+  }
+  const uint32_t out = table[in & 0xffu] + (in >> 8) * step_raw;
+  if (sg.last != 0) l.chunk_check[sg.chunk] = out;
+  __threadfence();
+  atomicExch(&g.chain[sg.seg], (1ull << 32) | out);
+}
+
+namespace {
+
+// The first position i in [lo, hi) with pred(i) (pred false then true along the positions), hi if
+// none: each round every thread tests one of blockDim.x evenly spaced positions. Collective.
+template <class Pred>
+__device__ uint32_t block_lower_bound(uint32_t lo, uint32_t hi, Pred pred,
+                                      unsigned long long* scratch) {
+  while (lo < hi) {  // the same in every thread
+    const uint32_t step = (hi - lo + blockDim.x - 1) / blockDim.x;
+    const uint32_t i = lo + threadIdx.x * step;
+    const unsigned long long probe = i < hi && pred(i) ? i : hi;
+    const uint32_t f = static_cast<uint32_t>(block_reduce(probe, MinOp(), scratch));
+    if (step == 1) return f;
+    // The probe before f was false (or f is lo): the answer lies in (f - step, f].
+    lo = f >= lo + step ? f - step + 1 : lo;
+    hi = f;
+  }
+  return hi;
+}
+
+// Writes the zero bytes after a section of `bytes` bytes at `at` (its padding to 8 bytes).
+__device__ __forceinline__ void zero_padding(unsigned char* base, size_t at, size_t bytes) {
+  for (size_t b = at + bytes; b % 8 != 0; ++b) base[b] = 0;
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(kGridThreads)
+    layout_finish_kernel(DynamiqPlan p, DynamiqSections s, unsigned long long call,
+                         unsigned char* base, unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned skip;
+  const StepFold fold(error);  // the sequence's last kernel folds the step (step_fold.h)
+  if (grid_block_skips(error, &skip)) return;
+  const LayoutPtrs l = layout_ptrs(s, base);
+  const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
+  // Widths fall along the wire order: class w starts where the wider ones end.
+  uint32_t start[4], size[4];
+  start[3] = 0;
+  for (int w = 2; w >= 0; --w) {
+    const int wider = w == 2 ? 16 : w == 1 ? 8 : 4;
+    start[w] = block_lower_bound(
+        start[w + 1], n_sg, [&](uint32_t i) { return l.width[l.order[i]] < wider; }, scratch);
+  }
+  for (int w = 3; w >= 0; --w) size[w] = (w == 0 ? n_sg : start[w - 1]) - start[w];
+  const Classes k = classes_of(p, size);
+  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  for (uint32_t i = at; i < n_sg; i += step) {
+    const uint32_t first = l.chunk_first[chunk_of(k, i, p.stride, p.n_chunks)];
+    l.offset[i] = static_cast<uint32_t>(wire_offset(k, i) - wire_offset(k, first));
+  }
+  for (uint32_t c = at; c < static_cast<uint32_t>(p.n_chunks); c += step) {
+    const unsigned long long content =
+        wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
+    l.chunk_content[c] = content;
+    if (content + kChunkHeaderBytes > p.capacity) atomicOr(error, kDynamiqChunkOverCapacity);
+  }
+  if (at == 0) {
+    l.header[0] = call;
+    l.header[1] = p.count;
+    l.header[2] = static_cast<uint32_t>(p.n_chunks) |
+                  static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
+    const size_t n = p.n_sg, chunks = static_cast<size_t>(p.n_chunks);
+    zero_padding(base, s.mean, 4 * n);
+    zero_padding(base, s.order, 4 * n);
+    zero_padding(base, s.offset, 4 * n);
+    zero_padding(base, s.by_index, 4 * n);
+    zero_padding(base, s.chunk_first, 4 * (chunks + 1));
+    zero_padding(base, s.chunk_check, 4 * chunks);
+    zero_padding(base, s.width, n);
+    zero_padding(base, s.exponent, n);
+  }
+}

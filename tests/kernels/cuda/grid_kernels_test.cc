@@ -1,0 +1,264 @@
+// The layout and budget kernels where they spread over several blocks, under the CUDA emulation,
+// against the host byte for byte: layouts on the grid path (sizes just above its threshold, counts
+// that are not multiples of the block's 256 super-groups, one to 64 chunks, every width option,
+// poisoned and all-zero super-groups, a budget nothing fits), budgets of parts that span many
+// blocks (odd counts, one super-group, an exact multiple of the block).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/budget_model.h"
+#include "kernels/codec.h"
+#include "kernels/cuda/budget.h"
+#include "kernels/cuda/dynamiq.h"
+#include "kernels/dynamiq_codec.h"
+#include "kernels/dynamiq_layout.h"
+#include "topo/schedule.h"
+
+namespace dq::cuda {
+namespace {
+
+// Reduced statistics of n_sg super-groups: scales over `decades` orders of magnitude, some all
+// zero, some poisoned (an Inf or NaN energy) where `poison`, zero counts now and then out of range.
+std::vector<uint16_t> make_stats(size_t n_sg, int n_workers, double decades, bool poison,
+                                 uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<uint16_t> out;
+  for (size_t j = 0; j < n_sg; ++j) {
+    const double scale = std::pow(10.0, decades * normal(rng) / 2.0);
+    const bool zero = rng() % 16 == 0;
+    const double mean = zero ? 0.0 : scale * normal(rng);
+    double energy = zero ? 0.0 : 256.0 * n_workers * scale * scale * (1.0 + 0.1 * normal(rng));
+    out.push_back(f32_to_bf16_rne(static_cast<float>(mean)));
+    uint16_t e = f32_to_bf16_rne(static_cast<float>(std::fabs(energy)));
+    if (poison && rng() % 97 == 0) e = rng() % 2 ? 0x7fc0 : 0x7f80;
+    out.push_back(e);
+    const uint32_t pick = rng() % 64;
+    const float count = zero        ? 0.0f
+                        : pick == 0 ? static_cast<float>(n_workers + 3)
+                                    : static_cast<float>(rng() % n_workers);
+    out.push_back(f32_to_bf16_rne(count));
+  }
+  return out;
+}
+
+struct LayoutRun {
+  std::vector<uint64_t> host, dev;
+  uint64_t launches = 0;
+  unsigned error = 0;
+};
+
+LayoutRun run_layout(size_t count, int chunks, int workers, const DynamiqOptions& o,
+                     const std::vector<uint16_t>& stats, size_t capacity_cut = 0) {
+  LayoutRun r;
+  std::unique_ptr<Codec> codec = make_dynamiq_codec(o);
+  EXPECT_EQ(codec->plan(count, chunks, workers), Status::kOk);
+  DynamiqDeviceParams params =
+      dynamiq_device_params(count, chunks, workers, codec->chunk_capacity(), o);
+  params.plan.capacity -= capacity_cut;
+  const size_t words = params.sections.bytes / 8;
+  r.host.assign(words, 0x5a5a5a5a5a5a5a5aull);
+  r.dev.assign(words, 0xa5a5a5a5a5a5a5a5ull);  // garbage: every byte must be written
+  const uint64_t call = 0x123456789ull + count;
+  const Status hs = build_dynamiq_layout(params.plan, stats.data(), call, r.host.data());
+  EXPECT_EQ(hs, capacity_cut == 0 ? Status::kOk : Status::kInternal);
+  const uint64_t before = emu::launches();
+  EXPECT_EQ(launch_dynamiq_layout(params, stats.data(), call, r.dev.data(), &r.error, nullptr),
+            cudaSuccess);
+  r.launches = emu::launches() - before;
+  return r;
+}
+
+// The first differing byte, or -1.
+long first_difference(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+  const auto* x = reinterpret_cast<const unsigned char*>(a.data());
+  const auto* y = reinterpret_cast<const unsigned char*>(b.data());
+  for (size_t i = 0; i < a.size() * 8; ++i)
+    if (x[i] != y[i]) return static_cast<long>(i);
+  return -1;
+}
+
+// Launches of a layout on the grid path (eight kernels) and in one block.
+constexpr uint64_t kGridLaunches = 8, kBlockLaunches = 1;
+
+TEST(CudaGridKernels, LayoutOnTheGridMatchesHostByteForByte) {
+  DynamiqOptions fixed, no16, no_mean, flat, tight;
+  fixed.variable_widths = false;
+  no16.allow_width16 = false;
+  no_mean.mean_subtraction = false;
+  flat.hierarchical_scales = false;
+  tight.budget_bits = 2.5;
+  const DynamiqOptions options[] = {DynamiqOptions{}, fixed, no16, no_mean, flat, tight};
+  // Super-groups: the smallest count on the grid path, odd counts, a multiple of 256, and a count
+  // whose last super-group is partial.
+  const size_t counts[] = {6400 * 256, 6401 * 256 - 17, 7168 * 256, 9999 * 256 + 1};
+  uint32_t seed = 1;
+  int runs = 0;
+  for (size_t oi = 0; oi < std::size(options); ++oi)
+    for (size_t count : counts)
+      for (int chunks : {1, 2, 3, 8, 64}) {
+        if (oi > 0 && chunks != 3 && chunks != 8) continue;  // every option on two chunk counts
+        const int workers = chunks == 1 ? 1 : 4;
+        const size_t n_sg = (count + 255) / 256;
+        const double decades = seed % 3 == 0 ? 0.0 : 4.0;  // one scale, or many widths
+        const std::vector<uint16_t> stats = make_stats(n_sg, workers, decades, seed % 2 == 0, seed);
+        ++seed;
+        const LayoutRun r = run_layout(count, chunks, workers, options[oi], stats);
+        const std::string what = "option " + std::to_string(oi) + " count " +
+                                 std::to_string(count) + " chunks " + std::to_string(chunks);
+        EXPECT_EQ(r.launches, kGridLaunches) << what;
+        EXPECT_EQ(r.error, 0u) << what;
+        EXPECT_EQ(first_difference(r.host, r.dev), -1) << what;
+        ++runs;
+      }
+  EXPECT_GT(runs, 40);
+}
+
+TEST(CudaGridKernels, SmallLayoutStaysInOneBlock) {
+  const size_t count = 4095 * 256;
+  const std::vector<uint16_t> stats = make_stats(4095, 4, 4.0, true, 7);
+  const LayoutRun r = run_layout(count, 4, 4, DynamiqOptions{}, stats);
+  EXPECT_EQ(r.launches, kBlockLaunches);
+  EXPECT_EQ(first_difference(r.host, r.dev), -1);
+}
+
+TEST(CudaGridKernels, LayoutOnTheGridFlagsAChunkOverCapacity) {
+  const size_t count = 8000 * 256;
+  const std::vector<uint16_t> stats = make_stats(8000, 4, 4.0, false, 11);
+  const LayoutRun fits = run_layout(count, 4, 4, DynamiqOptions{}, stats);
+  EXPECT_EQ(fits.error, 0u);
+  // 600 bytes short (the cuts stay): chunk 0, at least one stride long, no longer fits.
+  const LayoutRun over = run_layout(count, 4, 4, DynamiqOptions{}, stats, 600);
+  EXPECT_EQ(over.launches, kGridLaunches);
+  EXPECT_EQ(over.error, unsigned{kDynamiqChunkOverCapacity});
+}
+
+TEST(CudaGridKernels, LayoutOnTheGridWritesNothingAfterAFailure) {
+  const size_t count = 8000 * 256;
+  const std::vector<uint16_t> stats = make_stats(8000, 4, 4.0, false, 12);
+  std::unique_ptr<Codec> codec = make_dynamiq_codec(DynamiqOptions{});
+  ASSERT_EQ(codec->plan(count, 4, 4), Status::kOk);
+  const DynamiqDeviceParams params =
+      dynamiq_device_params(count, 4, 4, codec->chunk_capacity(), DynamiqOptions{});
+  std::vector<uint64_t> dev(params.sections.bytes / 8, 0xa5a5a5a5a5a5a5a5ull);
+  const std::vector<uint64_t> untouched = dev;
+  unsigned error = kSkipFlag | 2u;
+  EXPECT_EQ(launch_dynamiq_layout(params, stats.data(), 1, dev.data(), &error, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(error, kSkipFlag | 2u);
+  EXPECT_EQ(first_difference(dev, untouched), -1);
+}
+
+// As the devices run it: the launches' word is a step word (kFoldFlag armed), which must not read
+// as a failure, and the sequence's last kernel folds it into the lane's error word.
+TEST(CudaGridKernels, LayoutOnTheGridFoldsAStepWord) {
+  const size_t count = 8000 * 256;
+  const std::vector<uint16_t> stats = make_stats(8000, 4, 4.0, false, 13);
+  for (size_t cut : {size_t{0}, size_t{600}}) {
+    std::unique_ptr<Codec> codec = make_dynamiq_codec(DynamiqOptions{});
+    ASSERT_EQ(codec->plan(count, 4, 4), Status::kOk);
+    DynamiqDeviceParams params =
+        dynamiq_device_params(count, 4, 4, codec->chunk_capacity(), DynamiqOptions{});
+    params.plan.capacity -= cut;
+    std::vector<uint64_t> host(params.sections.bytes / 8, 0), dev(host.size(), 0xa5a5a5a5ull);
+    ASSERT_EQ(build_dynamiq_layout(params.plan, stats.data(), 7, host.data()),
+              cut == 0 ? Status::kOk : Status::kInternal);
+    uint32_t lane_error = 0;
+    StepWord word = step_word(&lane_error, kDynamiqChunkOverCapacity, 11u, 22u);
+    const uint64_t before = emu::launches();
+    ASSERT_EQ(launch_dynamiq_layout(params, stats.data(), 7, dev.data(), &word.flags, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(emu::launches() - before, kGridLaunches);
+    EXPECT_EQ(word.blocks_done, 0u);  // folded once, by the last block
+    if (cut == 0) {
+      EXPECT_EQ(lane_error, 0u);
+      EXPECT_EQ(word.raised, 0u);
+      EXPECT_EQ(word.flags, kFoldFlag);  // armed for the next launch
+      EXPECT_EQ(first_difference(host, dev), -1);
+    } else {
+      EXPECT_EQ(lane_error, 11u);  // the malformed-data word, as the mask says
+      EXPECT_EQ(word.raised, unsigned{kDynamiqChunkOverCapacity});
+      EXPECT_EQ(word.flags, kFoldFlag | kSkipFlag);  // the lane failed: later steps skip
+    }
+  }
+}
+
+uint64_t bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+
+DynamiqPlan plan_of(double budget_bits, size_t count, int chunks, int workers) {
+  DynamiqOptions o;
+  o.budget_bits = budget_bits;
+  std::unique_ptr<Codec> c = make_dynamiq_codec(o);
+  EXPECT_EQ(c->plan(count, chunks, workers), Status::kOk);
+  DynamiqOptions got;
+  DynamiqPlan p;
+  EXPECT_TRUE(dynamiq_parameters(*c, &got, &p));
+  return p;
+}
+
+TEST(CudaGridKernels, BudgetOverManyBlocksMatchesHostBitForBit) {
+  // Parts of one super-group, of odd counts spanning several 256-super-group blocks, of an exact
+  // multiple of the block, and one past the 1024-block grid (a grid-stride loop).
+  const std::vector<std::vector<size_t>> shapes = {
+      {200}, {1001 * 256 + 7}, {1024 * 256}, {300000, 1, 65536 * 5 + 3}, {1100 * 256 * 256 + 5}};
+  uint32_t seed = 40;
+  for (const auto& shape : shapes)
+    for (int workers : {3, 8}) {
+      std::vector<BudgetPartJob> parts;
+      std::vector<uint16_t> stats;
+      for (size_t count : shape) {
+        BudgetPartJob part;
+        part.count = count;
+        part.stats_offset = stats.size();
+        for (int r = 0; r < kLadderRungs; ++r)
+          part.rungs[r] = plan_of(ladder_bits(r), count, workers, workers);
+        for (int c = 0; c < kCandidates; ++c) part.fits[c] = 1;
+        part.used = part.rungs[seed % kLadderRungs];
+        const std::vector<uint16_t> s =
+            make_stats((count + 255) / 256, workers, 3.0, false, seed++);
+        stats.insert(stats.end(), s.begin(), s.end());
+        parts.push_back(part);
+      }
+      topo::Schedule sched;
+      ASSERT_EQ(topo::make_schedule(topo::Kind::kRing, workers, &sched), Status::kOk);
+      const HopTables hop = hop_profile(sched);
+      BudgetJob job;
+      job.n_parts = static_cast<uint32_t>(parts.size());
+      job.n_workers = workers;
+      job.auto_budget = 1;
+      job.hop = hop.view();
+      job.parts = parts.data();
+      BudgetResult host, dev;
+      run_budget_job(job, stats.data(), &host);
+      std::vector<unsigned char> scratch(budget_scratch_bytes(), 0xA5);
+      const uint64_t before = emu::launches();
+      ASSERT_EQ(launch_budget(&job, stats.data(), scratch.data(), &dev, nullptr, nullptr),
+                cudaSuccess);
+      EXPECT_EQ(emu::launches() - before, 1 + 5 * parts.size());
+      const std::string what = "parts " + std::to_string(shape.size()) + " first count " +
+                               std::to_string(shape[0]) + " workers " + std::to_string(workers);
+      ASSERT_EQ(host.state, kBudgetPredicted) << what;
+      ASSERT_EQ(dev.state, host.state) << what;
+      EXPECT_EQ(bits(dev.used_vnmse), bits(host.used_vnmse)) << what;
+      EXPECT_EQ(dev.prediction.rung, host.prediction.rung) << what;
+      for (int c = 0; c < kCandidates; ++c) {
+        EXPECT_EQ(bits(dev.prediction.vnmse[c]), bits(host.prediction.vnmse[c])) << what << c;
+        for (int w = 0; w < 4; ++w)
+          EXPECT_EQ(dev.prediction.widths[c].n[w], host.prediction.widths[c].n[w]) << what << c;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace dq::cuda
