@@ -118,14 +118,15 @@ ncclResult_t Engine::setup_hierarchy() {
   config::Settings rail_settings = settings_;
   rail_settings.hierarchy = "flat";
   rail_settings.min_bytes = 0;  // the caller's call was screened whole
-  // A piece's rail call is serialized with the next piece's (they share the rail engine's plan
-  // buffers), so the rail engine pipelines inside each piece: 4 blocks per piece (a piece is a
-  // quarter of DYNAMIQ_BLOCK_BYTES of the caller's buffer, 1/L of it a shard), each of at least
-  // 64 super-groups of FP32 per rail chunk (the budget's floor), within the setting's range.
+  // The rail engine's blocks: the shard of one caller's DYNAMIQ_BLOCK_BYTES block, so that each
+  // rail block has the budget of the share of a block the flat engine would give it (a
+  // reduce-scatter's rail block: one slice of every rank block, as the flat engine cuts it). An
+  // all-reduce piece (piece_elements: the same size in elements, up to twice that for the last
+  // piece) then runs as one rail block. At least 64 super-groups of FP32 per rail chunk (the
+  // budget's floor), as piece_elements.
   const int64_t floor_bytes = static_cast<int64_t>(kMinSuperGroupsPerChunk) * 256 * 4 * map.nodes;
-  rail_settings.block_bytes = std::clamp<int64_t>(
-      settings_.block_bytes / (16 * map.local_size), std::max<int64_t>(floor_bytes, 262144),
-      std::max<int64_t>(settings_.block_bytes, floor_bytes));
+  rail_settings.block_bytes =
+      std::max<int64_t>(settings_.block_bytes / map.local_size, floor_bytes);
   hierarchy_->rail = std::make_unique<Engine>(rail_settings, true,
                                               CommInfo{hierarchy_->rail_comm, map.node, map.nodes},
                                               ops_, device_, metrics_, true);
