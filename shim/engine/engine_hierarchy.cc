@@ -122,8 +122,8 @@ ncclResult_t Engine::setup_hierarchy() {
   // rail block has the budget of the share of a block the flat engine would give it (a
   // reduce-scatter's rail block: one slice of every rank block, as the flat engine cuts it). An
   // all-reduce piece (piece_elements: the same size in elements, up to twice that for the last
-  // piece) then runs as one rail block. At least 64 super-groups of FP32 per rail chunk (the
-  // budget's floor), as piece_elements.
+  // piece) then runs as one rail block, one codec part, in sub-blocks. At least 64 super-groups of
+  // FP32 per rail chunk (the budget's floor), as piece_elements.
   const int64_t floor_bytes = static_cast<int64_t>(kMinSuperGroupsPerChunk) * 256 * 4 * map.nodes;
   rail_settings.block_bytes =
       std::max<int64_t>(settings_.block_bytes / map.local_size, floor_bytes);
@@ -132,6 +132,11 @@ ncclResult_t Engine::setup_hierarchy() {
                                               ops_, device_, metrics_, true);
   if (aborted_ != nullptr) hierarchy_->rail->watch_abort(aborted_);
   hierarchy_->rail->counts_calls_ = false;
+  // A rail call is serialized with the next one (they share the rail engine's plan buffers), so
+  // the rail engine pipelines inside it: up to 16 sub-blocks sharing the block's one codec part
+  // (as many pipeline steps per caller's block as the earlier quarter-block pieces of 4 rail
+  // blocks each gave), at least 64 super-groups per chunk.
+  hierarchy_->rail->sub_blocks_ = kRailSubBlocks;
   DQ_INFO(Subsys::kEngine,
           "dynamiq: rank %d/%d: two-level schedule: %d nodes x %d ranks, node %d local rank %d; "
           "the compressed stage runs over %d ranks (%s)",

@@ -585,12 +585,13 @@ bool scenario_toggle() {
 
 // ---- budget: one budget per shard of each block -----------------------------------------------
 // 2 x 2 ranks, DYNAMIQ_BLOCK_BYTES=1M. The rail engine logs a plan line per call shape it
-// compresses ("plan rank R/2 allreduce count N, ...: K block(s)"): a two-level all-reduce must
-// give it exactly the shard of each of the caller's blocks, each as one rail block (one
-// statistics all-reduce and one width allocation for the whole shard), never smaller pieces with
-// budgets of their own. FP32: 655,360 values = 2 blocks of 262,144 (the last takes the rest), so
-// rail calls of 131,072 and 196,608 values; BF16: 524,288 values per block, so one block and one
-// rail call of 327,680. Compressed, identical on every rank, finite, vNMSE of a 5-bit call.
+// compresses ("plan rank R/2 allreduce count N, ...: ring, K block(s), P codec part(s)"): a
+// two-level all-reduce must give it exactly the shard of each of the caller's blocks, each as one
+// codec part (one statistics all-reduce and one width allocation for the whole shard), never
+// smaller pieces with budgets of their own, and the part's hops in several pipeline blocks. FP32:
+// 655,360 values = 2 blocks of 262,144 (the last takes the rest), so rail calls of 131,072 and
+// 196,608 values; BF16: 524,288 values per block, so one block and one rail call of 327,680.
+// Compressed, identical on every rank, finite, vNMSE of a 5-bit call.
 bool scenario_budget() {
   const int n = 4;
   constexpr size_t kBudgetCount = 655360;
@@ -659,8 +660,14 @@ bool scenario_budget() {
           std::sscanf(line.c_str(), "plan rank %d/%d %31s count %zu", &pr, &pn, coll, &count) == 4,
           "rank %d: unparsed plan line: %s", r, line.c_str());
       EXPECT(pn == 2, "rank %d: a plan over %d ranks, not the rail's 2: %s", r, pn, line.c_str());
-      EXPECT(line.find(", 1 block(s)") != std::string::npos,
-             "rank %d: a rail call cut into several blocks (budgets): %s", r, line.c_str());
+      EXPECT(line.find(", 1 codec part(s)") != std::string::npos,
+             "rank %d: a rail call cut into several codec parts (budgets): %s", r, line.c_str());
+      // Its hops still pipeline: sub-blocks of the one part (at least 64 super-groups per
+      // chunk of 2 nodes: 131,072 values give 4).
+      size_t blocks = 0;
+      EXPECT(std::sscanf(line.c_str() + line.find(": ring, ") + 8, "%zu block(s)", &blocks) == 1 &&
+                 blocks >= 4,
+             "rank %d: a rail call in %zu pipeline block(s): %s", r, blocks, line.c_str());
       plans.emplace_back(line.find("float32") != std::string::npos ? "f32" : "bf16", count);
     }
     std::sort(plans.begin(), plans.end());
