@@ -330,7 +330,8 @@ class Engine {
   // engine it was made on, though its pieces are several rail calls.
   bool counts_calls_ = true;
   // A two-level schedule's rail engine: an all-reduce block runs as up to this many sub-blocks
-  // sharing one codec part (Plan::Block), so one budget spans the block while its hops pipeline.
+  // sharing one codec part (Plan::Block), so one budget spans the block while its hops pipeline
+  // (sub_blocks_for).
   int sub_blocks_ = 1;
 };
 

@@ -133,9 +133,8 @@ ncclResult_t Engine::setup_hierarchy() {
   if (aborted_ != nullptr) hierarchy_->rail->watch_abort(aborted_);
   hierarchy_->rail->counts_calls_ = false;
   // A rail call is serialized with the next one (they share the rail engine's plan buffers), so
-  // the rail engine pipelines inside it: up to 16 sub-blocks sharing the block's one codec part
-  // (as many pipeline steps per caller's block as the earlier quarter-block pieces of 4 rail
-  // blocks each gave), at least 64 super-groups per chunk.
+  // the rail engine pipelines inside it: up to 16 sub-blocks sharing the block's one codec part,
+  // as many as leave 1024 super-groups per chunk (more chunks cost budget: Engine::sub_blocks_for).
   hierarchy_->rail->sub_blocks_ = kRailSubBlocks;
   DQ_INFO(Subsys::kEngine,
           "dynamiq: rank %d/%d: two-level schedule: %d nodes x %d ranks, node %d local rank %d; "

@@ -10,8 +10,8 @@
 //   kill[_reducescatter|_reduce] RUNS  2 x 2 ranks, one SIGKILLed inside a call (an all-reduce
 //                        in 2 pieces, a reduce-scatter, a reduce): every survivor fails in time
 //   toggle               2 x 2 ranks: the A/B switch turns the compressed stage off and on
-//   budget               2 x 2 ranks, 1 MiB blocks: the rail engine plans one call, one block,
-//                        per shard of each of the caller's blocks (one budget each)
+//   budget               2 x 2 ranks, 8 MiB blocks: the rail engine plans one call, one codec
+//                        part, per shard of each of the caller's blocks (one budget each)
 // Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
 #include <dlfcn.h>
 #include <signal.h>
@@ -30,6 +30,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/nccl_api.h"
@@ -584,17 +585,18 @@ bool scenario_toggle() {
 }
 
 // ---- budget: one budget per shard of each block -----------------------------------------------
-// 2 x 2 ranks, DYNAMIQ_BLOCK_BYTES=1M. The rail engine logs a plan line per call shape it
+// 2 x 2 ranks, DYNAMIQ_BLOCK_BYTES=8M. The rail engine logs a plan line per call shape it
 // compresses ("plan rank R/2 allreduce count N, ...: ring, K block(s), P codec part(s)"): a
 // two-level all-reduce must give it exactly the shard of each of the caller's blocks, each as one
 // codec part (one statistics all-reduce and one width allocation for the whole shard), never
-// smaller pieces with budgets of their own, and the part's hops in several pipeline blocks. FP32:
-// 655,360 values = 2 blocks of 262,144 (the last takes the rest), so rail calls of 131,072 and
-// 196,608 values; BF16: 524,288 values per block, so one block and one rail call of 327,680.
-// Compressed, identical on every rank, finite, vNMSE of a 5-bit call.
+// smaller pieces with budgets of their own, and the part's hops in sub-blocks (1024 super-groups
+// per chunk at least). FP32: 5,242,880 values = 2 blocks of 2,097,152 (the last takes the rest),
+// so rail calls of 1,048,576 values (2 sub-blocks) and 1,572,864 (3); BF16: 4,194,304 values per
+// block, so one block and one rail call of 2,621,440 (5). Compressed, identical on every rank,
+// finite, vNMSE of a 5-bit call.
 bool scenario_budget() {
   const int n = 4;
-  constexpr size_t kBudgetCount = 655360;
+  constexpr size_t kBudgetCount = 5242880;
   dq::sim::SyntheticSpec spec;
   spec.rows = n;
   spec.cols = kBudgetCount;
@@ -631,7 +633,7 @@ bool scenario_budget() {
   auto codes = run_ranks(
       n,
       [&](int r) {
-        return node_env(r, {2, 2}, {{"DYNAMIQ_BLOCK_BYTES", "1M"}});
+        return node_env(r, {2, 2}, {{"DYNAMIQ_BLOCK_BYTES", "8M"}});
       },
       body, 300);
   if (!all_zero(codes, "budget")) return false;
@@ -649,7 +651,17 @@ bool scenario_budget() {
     }
     // The rail engine's plans: every all-reduce shape it planned, with its block count.
     const std::string log = rank_log(r);
-    std::vector<std::pair<std::string, size_t>> plans;  // (dtype, count) with 1 block
+    struct RailPlan {
+      std::string dtype;
+      size_t count, blocks;
+      bool operator<(const RailPlan& o) const {
+        return std::tie(dtype, count, blocks) < std::tie(o.dtype, o.count, o.blocks);
+      }
+      bool operator==(const RailPlan& o) const {
+        return dtype == o.dtype && count == o.count && blocks == o.blocks;
+      }
+    };
+    std::vector<RailPlan> plans;
     for (size_t at = log.find("plan rank "); at != std::string::npos;
          at = log.find("plan rank ", at + 1)) {
       const std::string line = log.substr(at, log.find('\n', at) - at);
@@ -662,27 +674,28 @@ bool scenario_budget() {
       EXPECT(pn == 2, "rank %d: a plan over %d ranks, not the rail's 2: %s", r, pn, line.c_str());
       EXPECT(line.find(", 1 codec part(s)") != std::string::npos,
              "rank %d: a rail call cut into several codec parts (budgets): %s", r, line.c_str());
-      // Its hops still pipeline: sub-blocks of the one part (at least 64 super-groups per
-      // chunk of 2 nodes: 131,072 values give 4).
-      size_t blocks = 0;
-      EXPECT(std::sscanf(line.c_str() + line.find(": ring, ") + 8, "%zu block(s)", &blocks) == 1 &&
-                 blocks >= 4,
-             "rank %d: a rail call in %zu pipeline block(s): %s", r, blocks, line.c_str());
-      plans.emplace_back(line.find("float32") != std::string::npos ? "f32" : "bf16", count);
+      // Its hops still pipeline: sub-blocks of the one part.
+      const size_t blocks_at = line.find(" block(s)");
+      EXPECT(blocks_at != std::string::npos && blocks_at > 0, "rank %d: unparsed plan line: %s", r,
+             line.c_str());
+      const size_t blocks =
+          std::strtoul(line.c_str() + line.rfind(' ', blocks_at - 1) + 1, nullptr, 10);
+      plans.push_back({line.find("float32") != std::string::npos ? "f32" : "bf16", count, blocks});
     }
     std::sort(plans.begin(), plans.end());
-    const std::vector<std::pair<std::string, size_t>> want = {
-        {"bf16", 327680}, {"f32", 131072}, {"f32", 196608}};
+    const std::vector<RailPlan> want = {
+        {"bf16", 2621440, 5}, {"f32", 1048576, 2}, {"f32", 1572864, 3}};
     std::string got;
-    for (const auto& [dtype, count] : plans) got += dtype + ":" + std::to_string(count) + " ";
+    for (const RailPlan& p : plans)
+      got += p.dtype + ":" + std::to_string(p.count) + "/" + std::to_string(p.blocks) + " ";
     EXPECT(plans == want,
-           "rank %d: rail plans %s; expected one per shard of each block: bf16:327680 "
-           "f32:131072 f32:196608",
+           "rank %d: rail plans (dtype:count/blocks) %s; expected one per shard of each block: "
+           "bf16:2621440/5 f32:1048576/2 f32:1572864/3",
            r, got.c_str());
   }
   std::printf(
-      "budget on 2 x 2, 1 MiB blocks: one rail call and one budget per shard of each "
-      "block (f32 131072 + 196608, bf16 327680), compressed, identical\n");
+      "budget on 2 x 2, 8 MiB blocks: one rail call and one budget per shard of each block (f32 "
+      "1048576 + 1572864, bf16 2621440), in sub-blocks, compressed, identical\n");
   return true;
 }
 
