@@ -163,6 +163,7 @@ class Engine {
                                    const CodecSpec& spec, Status* status);
   // build_plan's steps: the blocks and their codec parts; the plan's device memory.
   Status cut_blocks(const CallArgs& call, Plan& p);
+  int sub_blocks_for(Collective collective, size_t count, int n_chunks) const;
   Status allocate_plan(Plan& p);
   // This rank's canary verdict at the communicator's first plan (not run afterwards, nor on a
   // device that needs none); then the agreed verdict into canary_.
@@ -328,6 +329,10 @@ class Engine {
   // False in a two-level schedule's rail engine: the caller's call is counted once, by the
   // engine it was made on, though its pieces are several rail calls.
   bool counts_calls_ = true;
+  // A two-level schedule's rail engine: an all-reduce block runs as up to this many sub-blocks
+  // sharing one codec part (Plan::Block), so one budget spans the block while its hops pipeline
+  // (sub_blocks_for).
+  int sub_blocks_ = 1;
 };
 
 // Chooses the schedule for `nranks` under DYNAMIQ_TOPO.

@@ -48,7 +48,7 @@ Status Engine::init_bucket(Bucket& b, const Plan& p) {
       Bucket::Part bp;
       bp.count = part.count;
       bp.stats_offset = part.stats_offset;
-      bp.chunks = blk.parts.size() > 1 ? 1 : p.program.schedule.n_chunks;
+      bp.chunks = part.chunks;
       b.parts.push_back(bp);
     }
   b.stats_words = p.stats_words;

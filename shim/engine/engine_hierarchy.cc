@@ -118,19 +118,24 @@ ncclResult_t Engine::setup_hierarchy() {
   config::Settings rail_settings = settings_;
   rail_settings.hierarchy = "flat";
   rail_settings.min_bytes = 0;  // the caller's call was screened whole
-  // A piece's rail call is serialized with the next piece's (they share the rail engine's plan
-  // buffers), so the rail engine pipelines inside each piece: 4 blocks per piece (a piece is a
-  // quarter of DYNAMIQ_BLOCK_BYTES of the caller's buffer, 1/L of it a shard), each of at least
-  // 64 super-groups of FP32 per rail chunk (the budget's floor), within the setting's range.
+  // The rail engine's blocks: the shard of one caller's DYNAMIQ_BLOCK_BYTES block, so that each
+  // rail block has the budget of the share of a block the flat engine would give it (a
+  // reduce-scatter's rail block: one slice of every rank block, as the flat engine cuts it). An
+  // all-reduce piece (piece_elements: the same size in elements, up to twice that for the last
+  // piece) then runs as one rail block, one codec part, in sub-blocks. At least 64 super-groups of
+  // FP32 per rail chunk (the budget's floor), as piece_elements.
   const int64_t floor_bytes = static_cast<int64_t>(kMinSuperGroupsPerChunk) * 256 * 4 * map.nodes;
-  rail_settings.block_bytes = std::clamp<int64_t>(
-      settings_.block_bytes / (16 * map.local_size), std::max<int64_t>(floor_bytes, 262144),
-      std::max<int64_t>(settings_.block_bytes, floor_bytes));
+  rail_settings.block_bytes =
+      std::max<int64_t>(settings_.block_bytes / map.local_size, floor_bytes);
   hierarchy_->rail = std::make_unique<Engine>(rail_settings, true,
                                               CommInfo{hierarchy_->rail_comm, map.node, map.nodes},
                                               ops_, device_, metrics_, true);
   if (aborted_ != nullptr) hierarchy_->rail->watch_abort(aborted_);
   hierarchy_->rail->counts_calls_ = false;
+  // A rail call is serialized with the next one (they share the rail engine's plan buffers), so
+  // the rail engine pipelines inside it: up to 16 sub-blocks sharing the block's one codec part,
+  // as many as leave 1024 super-groups per chunk (more chunks cost budget: Engine::sub_blocks_for).
+  hierarchy_->rail->sub_blocks_ = kRailSubBlocks;
   DQ_INFO(Subsys::kEngine,
           "dynamiq: rank %d/%d: two-level schedule: %d nodes x %d ranks, node %d local rank %d; "
           "the compressed stage runs over %d ranks (%s)",

@@ -35,6 +35,9 @@ struct Engine::Hierarchy {
   EventHandle node_done = nullptr, rail_done = nullptr, gather_done = nullptr;
 };
 
+// Sub-blocks of a rail engine's all-reduce block (Engine::sub_blocks_).
+inline constexpr int kRailSubBlocks = 16;
+
 // This host's identity, as NCCL forms it: NCCL_HOSTID when set (how tests make several nodes on
 // one machine), else the hostname and the kernel's boot id.
 uint64_t node_host_hash();

@@ -64,6 +64,7 @@ struct Engine::Plan {
     uint64_t key_base = 0;    // RoundingKey::element_base: unique per element of the call
     size_t stats_offset = 0;  // into the statistics words
     void* layout = nullptr;   // the codec's per-call layout (device memory)
+    int chunks = 1;           // chunks its codec is planned with
     // An MX fallback of a DynamiQ bucket (DYNAMIQ_BITS=auto): the DynamiQ codec whose statistics
     // the call still computes, so the bucket can decide again. Null otherwise.
     std::unique_ptr<Codec> stats_codec;
@@ -78,16 +79,23 @@ struct Engine::Plan {
   // A pipeline block: all-reduce and reduce, one part cut into every chunk; reduce-scatter, one
   // part per chunk, each over the block's slice of the rank block that chunk ends at, so each
   // message is budget-exact on its own block.
+  // A block may also share the part of an earlier block (owner >= 0, its own parts empty): an
+  // all-reduce part planned with the schedule's chunks times the sub-blocks (Engine::sub_blocks_),
+  // so sub-block s runs chunks s * n_chunks .. of one codec: one set of statistics and one width
+  // allocation for all of them, while their hops pipeline as blocks do.
   struct Block {
     std::vector<Part> parts;
     size_t cap = 0;            // bytes per chunk payload (equal for every part)
     uint8_t* arena = nullptr;  // slots * cap bytes (device memory)
+    int owner = -1;            // the block whose part this one shares; -1: its own parts
+    int chunk_offset = 0;      // the program's chunk c is the shared part's chunk_offset + c
   };
   // The part holding `chunk`, and the chunk's index within that part's codec.
   Part& part_of(Block& b, int chunk, int* local) {
-    const bool per_chunk = b.parts.size() > 1;
-    *local = per_chunk ? 0 : chunk;
-    return b.parts[per_chunk ? chunk : 0];
+    Block& o = b.owner >= 0 ? blocks[static_cast<size_t>(b.owner)] : b;
+    const bool per_chunk = o.parts.size() > 1;
+    *local = per_chunk ? 0 : b.chunk_offset + chunk;
+    return o.parts[per_chunk ? chunk : 0];
   }
   Collective collective = Collective::kAllReduce;
   int root = 0;

@@ -148,15 +148,18 @@ int Engine::hierarchy_nodes() const {
   return hierarchy_ ? hierarchy_->map.nodes : 1;
 }
 
-// Elements of this rank's shard per pipeline piece of an all-reduce: a quarter of
-// DYNAMIQ_BLOCK_BYTES of the caller's buffer spread over the node's ranks (64 MiB FP32 on 2 x 2
-// ranks at 100 Mbit/s per rail: 0.45 s per call with 4 MiB pieces, 0.57 s with 16 MiB, 0.59 s
-// with 2 MiB; docs/results/speed.md), at least 64 super-groups per rail chunk (the budget's
-// floor, kMinSuperGroupsPerChunk), whole super-groups.
+// Elements of this rank's shard per pipeline piece of an all-reduce: the shard of one
+// DYNAMIQ_BLOCK_BYTES block of the caller's buffer (as the flat engine cuts its blocks; the
+// last piece takes the remainder), whole super-groups, at least 64 super-groups per rail chunk
+// (the budget's floor, kMinSuperGroupsPerChunk). Each piece is one rail call and the rail engine
+// runs it as one block, so the piece's shard gets one budget: the width allocation spans the
+// same share of a block as the flat engine's does. Smaller budget units (a quarter block each)
+// could not move bits from a shard's all-zero super-groups to its dense ones, and lost to flat
+// on the real corpus (docs/results/accuracy.md, section "two-level").
 size_t Engine::piece_elements(DType dtype) const {
   const Hierarchy& h = *hierarchy_;
   const size_t floor = kMinSuperGroupsPerChunk * 256 * static_cast<size_t>(h.map.nodes);
-  const size_t per_block = static_cast<size_t>(settings_.block_bytes) / 4 / dtype_size(dtype) /
+  const size_t per_block = static_cast<size_t>(settings_.block_bytes) / dtype_size(dtype) /
                            static_cast<size_t>(h.map.local_size) / 256 * 256;
   return std::max(per_block, floor);
 }

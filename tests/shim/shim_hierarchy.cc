@@ -10,6 +10,8 @@
 //   kill[_reducescatter|_reduce] RUNS  2 x 2 ranks, one SIGKILLed inside a call (an all-reduce
 //                        in 2 pieces, a reduce-scatter, a reduce): every survivor fails in time
 //   toggle               2 x 2 ranks: the A/B switch turns the compressed stage off and on
+//   budget               2 x 2 ranks, 8 MiB blocks: the rail engine plans one call, one codec
+//                        part, per shard of each of the caller's blocks (one budget each)
 // Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
 #include <dlfcn.h>
 #include <signal.h>
@@ -28,6 +30,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/nccl_api.h"
@@ -500,7 +503,10 @@ bool scenario_kill(int runs, const std::string& collective) {
     auto codes = run_ranks(
         n,
         [&](int r) {
-          return node_env(r, {2, 2}, {{"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}});
+          // 4 MiB blocks: the all-reduce of 2^21 FP32 values runs as 2 pieces (one per block).
+          return node_env(
+              r, {2, 2},
+              {{"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}, {"DYNAMIQ_BLOCK_BYTES", "4M"}});
         },
         body, 60,
         [victim](int r, const dq::test::RankExit& e) {
@@ -578,6 +584,121 @@ bool scenario_toggle() {
   return true;
 }
 
+// ---- budget: one budget per shard of each block -----------------------------------------------
+// 2 x 2 ranks, DYNAMIQ_BLOCK_BYTES=8M. The rail engine logs a plan line per call shape it
+// compresses ("plan rank R/2 allreduce count N, ...: ring, K block(s), P codec part(s)"): a
+// two-level all-reduce must give it exactly the shard of each of the caller's blocks, each as one
+// codec part (one statistics all-reduce and one width allocation for the whole shard), never
+// smaller pieces with budgets of their own, and the part's hops in sub-blocks (1024 super-groups
+// per chunk at least). FP32: 5,242,880 values = 2 blocks of 2,097,152 (the last takes the rest),
+// so rail calls of 1,048,576 values (2 sub-blocks) and 1,572,864 (3); BF16: 4,194,304 values per
+// block, so one block and one rail call of 2,621,440 (5). Compressed, identical on every rank,
+// finite, vNMSE of a 5-bit call.
+bool scenario_budget() {
+  const int n = 4;
+  constexpr size_t kBudgetCount = 5242880;
+  dq::sim::SyntheticSpec spec;
+  spec.rows = n;
+  spec.cols = kBudgetCount;
+  spec.spread = 1.0;
+  spec.seed = 17;
+  dq::sim::Matrix rows;
+  make_rows(spec, &rows);
+  const Case cases[] = {{Kind::kAllReduce, false, false, "allreduce f32 sum"},
+                        {Kind::kAllReduce, true, true, "allreduce bf16 avg"}};
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0;
+    rerouted_delta(comm, &seen);
+    std::string report;
+    for (const Case& c : cases) {
+      const ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
+      std::vector<unsigned char> in = encode(rows, rank, kBudgetCount, c.bf16);
+      std::vector<unsigned char> out(in.size(), 0xCD);
+      if (ncclAllReduce(in.data(), out.data(), kBudgetCount, dt, c.avg ? ncclAvg : ncclSum, comm,
+                        nullptr) != ncclSuccess)
+        return 10;
+      double err[3] = {0, 0, 0};
+      accumulate(rows, n, c, out.data(), 0, kBudgetCount, err);
+      const bool same = identical_everywhere(comm, out.data(), out.size());
+      const bool rerouted = rerouted_delta(comm, &seen);
+      if (ncclAllReduce(err, err, 3, ncclFloat64, ncclSum, comm, nullptr) != ncclSuccess) return 11;
+      char text[96];
+      std::snprintf(text, sizeof text, "%d %d %d %.6e\n", rerouted ? 1 : 0, same ? 1 : 0,
+                    err[2] == 0 ? 1 : 0, err[0] / err[1]);
+      report += text;
+    }
+    write_text(rank_file(rank, "budget"), report);
+    return 0;
+  };
+  auto codes = run_ranks(
+      n,
+      [&](int r) {
+        return node_env(r, {2, 2}, {{"DYNAMIQ_BLOCK_BYTES", "8M"}});
+      },
+      body, 300);
+  if (!all_zero(codes, "budget")) return false;
+  for (int r = 0; r < n; ++r) {
+    const std::string report = read_file(rank_file(r, "budget"));
+    std::istringstream lines(report);
+    for (const Case& c : cases) {
+      int rerouted = 0, same = 0, finite = 0;
+      double vnmse = 0;
+      lines >> rerouted >> same >> finite >> vnmse;
+      EXPECT(lines.good() && rerouted == 1 && same == 1 && finite == 1,
+             "rank %d, %s: rerouted %d identical %d finite %d", r, c.name, rerouted, same, finite);
+      // DynamiQ at 5 bits over 2 nodes: ~1e-3 on this data; a missing shard or block: ~1.
+      EXPECT(vnmse > 0 && vnmse < 2e-2, "rank %d, %s: vNMSE %.4e", r, c.name, vnmse);
+    }
+    // The rail engine's plans: every all-reduce shape it planned, with its block count.
+    const std::string log = rank_log(r);
+    struct RailPlan {
+      std::string dtype;
+      size_t count, blocks;
+      bool operator<(const RailPlan& o) const {
+        return std::tie(dtype, count, blocks) < std::tie(o.dtype, o.count, o.blocks);
+      }
+      bool operator==(const RailPlan& o) const {
+        return dtype == o.dtype && count == o.count && blocks == o.blocks;
+      }
+    };
+    std::vector<RailPlan> plans;
+    for (size_t at = log.find("plan rank "); at != std::string::npos;
+         at = log.find("plan rank ", at + 1)) {
+      const std::string line = log.substr(at, log.find('\n', at) - at);
+      int pr = 0, pn = 0;
+      char coll[32] = {0};
+      size_t count = 0;
+      EXPECT(
+          std::sscanf(line.c_str(), "plan rank %d/%d %31s count %zu", &pr, &pn, coll, &count) == 4,
+          "rank %d: unparsed plan line: %s", r, line.c_str());
+      EXPECT(pn == 2, "rank %d: a plan over %d ranks, not the rail's 2: %s", r, pn, line.c_str());
+      EXPECT(line.find(", 1 codec part(s)") != std::string::npos,
+             "rank %d: a rail call cut into several codec parts (budgets): %s", r, line.c_str());
+      // Its hops still pipeline: sub-blocks of the one part.
+      const size_t blocks_at = line.find(" block(s)");
+      EXPECT(blocks_at != std::string::npos && blocks_at > 0, "rank %d: unparsed plan line: %s", r,
+             line.c_str());
+      const size_t blocks =
+          std::strtoul(line.c_str() + line.rfind(' ', blocks_at - 1) + 1, nullptr, 10);
+      plans.push_back({line.find("float32") != std::string::npos ? "f32" : "bf16", count, blocks});
+    }
+    std::sort(plans.begin(), plans.end());
+    const std::vector<RailPlan> want = {
+        {"bf16", 2621440, 5}, {"f32", 1048576, 2}, {"f32", 1572864, 3}};
+    std::string got;
+    for (const RailPlan& p : plans)
+      got += p.dtype + ":" + std::to_string(p.count) + "/" + std::to_string(p.blocks) + " ";
+    EXPECT(plans == want,
+           "rank %d: rail plans (dtype:count/blocks) %s; expected one per shard of each block: "
+           "bf16:2621440/5 f32:1048576/2 f32:1572864/3",
+           r, got.c_str());
+  }
+  std::printf(
+      "budget on 2 x 2, 8 MiB blocks: one rail call and one budget per shard of each block (f32 "
+      "1048576 + 1572864, bf16 2621440), in sub-blocks, compressed, identical\n");
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -603,6 +724,8 @@ int main(int argc, char** argv) {
                        scenario == "kill" ? "allreduce" : scenario.substr(5));
   } else if (scenario == "toggle") {
     ok = scenario_toggle();
+  } else if (scenario == "budget") {
+    ok = scenario_budget();
   } else {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
