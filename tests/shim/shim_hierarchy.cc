@@ -36,6 +36,7 @@
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
+#include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -52,21 +53,7 @@ CountersFn counters_fn() {
 
 std::string g_dir;
 
-bool fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-bool fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stderr, "FAIL: ");
-  std::vfprintf(stderr, fmt, ap);
-  std::fprintf(stderr, "\n");
-  va_end(ap);
-  return false;
-}
-
-#define EXPECT(cond, ...)                  \
-  do {                                     \
-    if (!(cond)) return fail(__VA_ARGS__); \
-  } while (0)
+using dq::test::fail;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
