@@ -43,6 +43,21 @@ struct LayoutPtrs {
   int8_t* exponent;
 };
 
+// The sections of a layout at `base` (its byte offsets in `s`), for the one-block kernel and the
+// grid's (dynamiq_layout_grid.cuh).
+__device__ __forceinline__ LayoutPtrs layout_ptrs(const DynamiqSections& s, unsigned char* base) {
+  return LayoutPtrs{reinterpret_cast<uint64_t*>(base + s.header),
+                    reinterpret_cast<uint64_t*>(base + s.chunk_content),
+                    reinterpret_cast<float*>(base + s.mean),
+                    reinterpret_cast<uint32_t*>(base + s.order),
+                    reinterpret_cast<uint32_t*>(base + s.offset),
+                    reinterpret_cast<uint32_t*>(base + s.by_index),
+                    reinterpret_cast<uint32_t*>(base + s.chunk_first),
+                    reinterpret_cast<uint32_t*>(base + s.chunk_check),
+                    reinterpret_cast<uint8_t*>(base + s.width),
+                    reinterpret_cast<int8_t*>(base + s.exponent)};
+}
+
 __device__ __forceinline__ uint32_t fnv1a_word(uint32_t h, uint32_t v) {
   for (int i = 0; i < 4; ++i) {
     h ^= (v >> (8 * i)) & 0xffu;
@@ -363,16 +378,7 @@ __global__ void __launch_bounds__(kLayoutThreads)
   // can change it: the same decision in the whole block, before any barrier.
   const StepFold fold(error);  // the step's only kernel (step_fold.h)
   if (step_failed(*error)) return;
-  const LayoutPtrs l{reinterpret_cast<uint64_t*>(base + s.header),
-                     reinterpret_cast<uint64_t*>(base + s.chunk_content),
-                     reinterpret_cast<float*>(base + s.mean),
-                     reinterpret_cast<uint32_t*>(base + s.order),
-                     reinterpret_cast<uint32_t*>(base + s.offset),
-                     reinterpret_cast<uint32_t*>(base + s.by_index),
-                     reinterpret_cast<uint32_t*>(base + s.chunk_first),
-                     reinterpret_cast<uint32_t*>(base + s.chunk_check),
-                     reinterpret_cast<uint8_t*>(base + s.width),
-                     reinterpret_cast<int8_t*>(base + s.exponent)};
+  const LayoutPtrs l = layout_ptrs(s, base);
   layout_header_and_means(p, s, l, reduced, call, base, scratch);
   uint32_t count[4] = {0, 0, 0, 0};  // this thread's super-groups per class
   if (p.variable_widths)

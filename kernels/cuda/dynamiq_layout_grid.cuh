@@ -73,19 +73,6 @@ __device__ __forceinline__ GridScratch grid_scratch(const DynamiqPlan& p, const 
       l.order, l.offset,   l.by_index,     reinterpret_cast<unsigned long long*>(l.offset)};
 }
 
-__device__ __forceinline__ LayoutPtrs layout_ptrs(const DynamiqSections& s, unsigned char* base) {
-  return LayoutPtrs{reinterpret_cast<uint64_t*>(base + s.header),
-                    reinterpret_cast<uint64_t*>(base + s.chunk_content),
-                    reinterpret_cast<float*>(base + s.mean),
-                    reinterpret_cast<uint32_t*>(base + s.order),
-                    reinterpret_cast<uint32_t*>(base + s.offset),
-                    reinterpret_cast<uint32_t*>(base + s.by_index),
-                    reinterpret_cast<uint32_t*>(base + s.chunk_first),
-                    reinterpret_cast<uint32_t*>(base + s.chunk_check),
-                    reinterpret_cast<uint8_t*>(base + s.width),
-                    reinterpret_cast<int8_t*>(base + s.exponent)};
-}
-
 // Flags that do not stop the sequence: the capacity flag, which this launch sequence raises
 // itself, and a step word's kFoldFlag (step_fold.h), which no kernel raises.
 constexpr unsigned kGridPassFlags = static_cast<unsigned>(kDynamiqChunkOverCapacity) | kFoldFlag;
