@@ -210,19 +210,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (const int rank = my_rank(); rank >= 0) return run_rank(rank, o);
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device: %s\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
-    return kSkip;
-  }
   Nccl nccl;
-  std::string why;
-  if (!load_nccl(&nccl, &why)) {
-    std::printf("SKIP: %s\n", why.c_str());
-    return kSkip;
-  }
+  if (!device_and_nccl(&nccl)) return kSkip;
   setenv("DYNAMIQ_ENABLE", "1", 1);
   setenv("DYNAMIQ_DTYPES", "float32", 1);
   setenv("DYNAMIQ_MIN_BYTES", "1M", 1);

@@ -191,19 +191,8 @@ int run_rank(int rank) {
 
 int main(int, char** argv) {
   if (const int rank = my_rank(); rank >= 0) return run_rank(rank);
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device: %s\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
-    return kSkip;
-  }
   Nccl nccl;
-  std::string why;
-  if (!load_nccl(&nccl, &why)) {
-    std::printf("SKIP: %s\n", why.c_str());
-    return kSkip;
-  }
+  if (!device_and_nccl(&nccl)) return kSkip;
   std::string dir;
   const std::vector<int> codes = run_ranks(argv, nccl, 75, &dir);
   int failures = 0;

@@ -6,6 +6,7 @@
 // The parent makes the NCCL unique id with the real NCCL, waits for both ranks within a bound and
 // kills what is left; the ranks leave small result files in a private folder for it to compare.
 #pragma once
+#include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -76,6 +77,24 @@ inline bool load_nccl(Nccl* n, std::string* why) {
   if (!n->get_unique_id || !n->comm_init_rank || !n->all_reduce || !n->comm_destroy ||
       !n->get_async_error) {
     *why = "libnccl.so.2 lacks an entry point these tests call";
+    return false;
+  }
+  return true;
+}
+
+// The parent's check before it starts the ranks: a CUDA device and NVIDIA's NCCL (loaded into
+// *nccl). Without either it prints "SKIP: <why>" and returns false (the program exits kSkip).
+inline bool device_and_nccl(Nccl* nccl) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device: %s\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+    return false;
+  }
+  std::string why;
+  if (!load_nccl(nccl, &why)) {
+    std::printf("SKIP: %s\n", why.c_str());
     return false;
   }
   return true;
