@@ -38,7 +38,7 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
                           [-m MODES] [-t TIMEOUT] [-d sample|synthetic] [-P PREFIX]
                           [-e NAME=VALUE]... [-c allreduce|reducescatter]
                           [--nodes N --local L]
-                          [--no-limit] [--no-idle-restart] [--keep] [--down]
+                          [--no-limit] [--no-idle-restart] [--cc NAME] [--keep] [--down]
   -B BUILD    meson build folder (default: build)
   -o OUT      output folder (default: /tmp/dq-netns-bench)
   -r RATE     tc rate of each rank link, each direction (default 1gbit; tc syntax)
@@ -61,6 +61,8 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
   --no-idle-restart  net.ipv4.tcp_slow_start_after_idle=0 in every rank namespace: a TCP
               connection idle for one RTO keeps its congestion window instead of starting slow
               again (shows how much of the spread between invocations is that restart)
+  --cc NAME   TCP congestion control of every rank namespace (net.ipv4.tcp_congestion_control;
+              default: what a new namespace inherits from the host, recorded in the result)
   --keep      leave the namespaces up at the end (tear down with: netns_allreduce.sh --down)
   --down      only tear down what an earlier run left
 EOF
@@ -77,6 +79,7 @@ RUN_TIMEOUT=900
 DATA=sample
 LIMIT=1
 IDLE_RESTART=1
+TCP_CC=
 KEEP=0
 DOWN_ONLY=0
 PREFIX=dq-bench
@@ -102,6 +105,7 @@ while [ $# -gt 0 ]; do
     --local) LOCAL=$2; shift 2 ;;
     --no-limit) LIMIT=0; shift ;;
     --no-idle-restart) IDLE_RESTART=0; shift ;;
+    --cc) TCP_CC=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --down) DOWN_ONLY=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -238,6 +242,10 @@ setup() {
       ip netns exec "$ns" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0 ||
         die "cannot set tcp_slow_start_after_idle in $ns"
     fi
+    if [ -n "$TCP_CC" ]; then
+      ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC" ||
+        die "cannot set tcp_congestion_control=$TCP_CC in $ns"
+    fi
     ip -n "$HUB" link add "dqh$r" type veth peer name "dqr$r" netns "$ns" ||
       die "cannot create veth dqh$r/dqr$r"
     ip -n "$HUB" link set "dqh$r" master "$BRIDGE"
@@ -311,6 +319,28 @@ tx_bytes() {
   echo "$total"
 }
 
+# TCP segments retransmitted by every rank namespace so far (Tcp RetransSegs of /proc/net/snmp)
+# and packets the shapers dropped (tbf drops of every dqr* and dqh*): what a congestion control
+# that overruns the token bucket costs.
+tcp_retrans() {
+  local r total=0 n
+  for ((r = 0; r < NRANKS; r++)); do
+    n=$(ip netns exec "$PREFIX-$r" awk '/^Tcp: [0-9]/ { print $13 }' /proc/net/snmp)
+    total=$((total + ${n:-0}))
+  done
+  echo "$total"
+}
+tbf_drops() {
+  local r total=0 n
+  for ((r = 0; r < NRANKS; r++)); do
+    for n in $(tc -s -n "$PREFIX-$r" qdisc show dev "dqr$r" | awk '/dropped/ { print $7 }' | tr -d ,) \
+      $(tc -s -n "$HUB" qdisc show dev "dqh$r" | awk '/dropped/ { print $7 }' | tr -d ,); do
+      total=$((total + n))
+    done
+  done
+  echo "$total"
+}
+
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
 run_iperf3() {
@@ -356,6 +386,9 @@ launch() {
     set -- /bin/sh -c 'NCCL_HOSTID=node$((RANK / '"$LOCAL"')) exec "$@"' sh "$@"
   fi
   before=$(tx_bytes)
+  local retrans_before drops_before
+  retrans_before=$(tcp_retrans)
+  drops_before=$(tbf_drops)
   start=$(date +%s.%N)
   say "$label: load $(load); $*"
   # In the background + wait, so that a signal to this script runs its trap at once.
@@ -369,8 +402,10 @@ launch() {
   JOB_PID=
   end=$(date +%s.%N)
   after=$(tx_bytes)
+  LAST_RETRANS=$(($(tcp_retrans) - retrans_before))
+  LAST_DROPS=$(($(tbf_drops) - drops_before))
   LAST_WALL=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.3f", b - a }')
-  echo "# exit $rc, wall $LAST_WALL s, link tx bytes $((after - before)), load after $(load)" >>"$log"
+  echo "# exit $rc, wall $LAST_WALL s, link tx bytes $((after - before)), TCP retransmits $LAST_RETRANS, tbf drops $LAST_DROPS, load after $(load)" >>"$log"
   [ "$rc" = 0 ] || say "$label: exit $rc (see $log)"
   LAST_TX=$((after - before))
   return "$rc"
@@ -411,11 +446,12 @@ run_client() {
     --warmup "$WARMUP" --data "$DATA" --label "$label" --collective "$COLLECTIVE"
   local rc=$?
   python3 - "$OUT/$label.log" "$OUT/results.jsonl" "$label" "$(load)" "$rc" "$LAST_TX" \
-    "$LAST_WALL" "$OUT" <<'EOF'
+    "$LAST_WALL" "$OUT" "$LAST_RETRANS" "$LAST_DROPS" <<'EOF'
 import glob, json, os, sys
-log, out, label, load, rc, tx, wall, folder = sys.argv[1:9]
+log, out, label, load, rc, tx, wall, folder, retrans, drops = sys.argv[1:11]
 rec = {"label": label, "tool": "allreduce_client.py", "exit": int(rc), "load_after": load,
-       "link_tx_bytes": int(tx), "job_wall_s": float(wall)}
+       "link_tx_bytes": int(tx), "job_wall_s": float(wall), "tcp_retrans_segs": int(retrans),
+       "tbf_drops": int(drops)}
 for line in open(log):
     if line.startswith("[0] RESULT "):
         rec.update(json.loads(line[len("[0] RESULT "):]))
@@ -425,7 +461,8 @@ if metrics:
 if "median_s" in rec:
     print(f"{label}: median {rec['median_s']:.3f} s per {rec['collective']} over {rec['iters']} "
           f"(min {rec['min_s']:.3f}, max {rec['max_s']:.3f}), vNMSE {rec['vnmse']}, "
-          f"identical {rec['identical_on_all_ranks']}, link tx {int(tx) / 2**20:.1f} MiB")
+          f"identical {rec['identical_on_all_ranks']}, link tx {int(tx) / 2**20:.1f} MiB, "
+          f"TCP retransmits {retrans}, tbf drops {drops}")
 open(out, "a").write(json.dumps(rec) + "\n")
 EOF
 }
@@ -437,6 +474,7 @@ say "namespaces up: $(ns_names | tr '\n' ' '); rate ${RATE} per direction per ra
 {
   echo "date_utc=$(date -u +%FT%TZ) kernel=$(uname -r) cores=$(nproc) load_start=$(load)"
   echo "nodes=$NODES local=$LOCAL ranks=$NRANKS"
+  echo "tcp_cc=$(ip netns exec "$PREFIX-0" sysctl -n net.ipv4.tcp_congestion_control)"
   echo "rate=$RATE limit=$LIMIT idle_restart=$IDLE_RESTART burst=$TBF_BURST latency=$TBF_LATENCY size=$SIZE iters=$ITERS warmup=$WARMUP data=$DATA collective=$COLLECTIVE"
   echo "git=$(git -C "$SRC_ROOT" rev-parse --short HEAD 2>/dev/null) shim_extra=${SHIM_EXTRA[*]}"
   for ((r = 0; r < NRANKS; r++)); do tc -n "$PREFIX-$r" qdisc show dev "dqr$r"; done
