@@ -61,8 +61,11 @@ usage: netns_allreduce.sh [-B BUILD] [-o OUT] [-r RATE] [-s SIZE] [-k ITERS] [-w
   --no-idle-restart  net.ipv4.tcp_slow_start_after_idle=0 in every rank namespace: a TCP
               connection idle for one RTO keeps its congestion window instead of starting slow
               again (shows how much of the spread between invocations is that restart)
-  --cc NAME   TCP congestion control of every rank namespace (net.ipv4.tcp_congestion_control;
-              default: what a new namespace inherits from the host, recorded in the result)
+  --cc NAME   TCP congestion control of every rank namespace (net.ipv4.tcp_congestion_control)
+              (default reno; 'host' keeps what a new namespace inherits from the host). A
+              loss-based control (reno, like Linux's default cubic) lets the shaper queue; BBR
+              overruns the token bucket after each idle gap, the shaper drops, and calls spread
+              by up to 50% between invocations (docs/results/speed.md). Recorded in the result.
   --keep      leave the namespaces up at the end (tear down with: netns_allreduce.sh --down)
   --down      only tear down what an earlier run left
 EOF
@@ -79,7 +82,8 @@ RUN_TIMEOUT=900
 DATA=sample
 LIMIT=1
 IDLE_RESTART=1
-TCP_CC=
+TCP_CC=reno
+TCP_CC_ASKED=0
 KEEP=0
 DOWN_ONLY=0
 PREFIX=dq-bench
@@ -105,7 +109,7 @@ while [ $# -gt 0 ]; do
     --local) LOCAL=$2; shift 2 ;;
     --no-limit) LIMIT=0; shift ;;
     --no-idle-restart) IDLE_RESTART=0; shift ;;
-    --cc) TCP_CC=$2; shift 2 ;;
+    --cc) TCP_CC=$2; TCP_CC_ASKED=1; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --down) DOWN_ONLY=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -242,9 +246,12 @@ setup() {
       ip netns exec "$ns" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0 ||
         die "cannot set tcp_slow_start_after_idle in $ns"
     fi
-    if [ -n "$TCP_CC" ]; then
-      ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC" ||
-        die "cannot set tcp_congestion_control=$TCP_CC in $ns"
+    # The default is a preference: where a namespace may not pick reno, the host's is kept
+    # (the result records which ran); a control asked for with --cc must be the one that runs.
+    if [ "$TCP_CC" != host ] &&
+      ! ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC" 2>/dev/null; then
+      [ "$TCP_CC_ASKED" = 1 ] && die "cannot set tcp_congestion_control=$TCP_CC in $ns"
+      say "$ns: cannot select TCP $TCP_CC; keeping the host's congestion control"
     fi
     ip -n "$HUB" link add "dqh$r" type veth peer name "dqr$r" netns "$ns" ||
       die "cannot create veth dqh$r/dqr$r"
