@@ -7,35 +7,16 @@
 #include <vector>
 
 #include "kernels/codec.h"
-#include "tools/sim/gradients.h"
+#include "tests/tools/sim_test_data.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
 
 namespace dq::sim {
 namespace {
 
-struct Data {
-  Matrix m;
-  std::vector<const float*> rows;
-};
-
-Data synthetic(int n, size_t cols, double spread = 1.0, uint64_t seed = 7) {
-  Data d;
-  SyntheticSpec spec;
-  spec.rows = static_cast<size_t>(n);
-  spec.cols = cols;
-  spec.spread = spread;
-  spec.seed = seed;
-  make_synthetic(spec, &d.m);
-  for (int r = 0; r < n; ++r) d.rows.push_back(d.m.row(r));
-  return d;
-}
-
-topo::Schedule schedule(topo::Kind kind, int n) {
-  topo::Schedule s;
-  EXPECT_EQ(topo::make_schedule(kind, n, &s), Status::kOk);
-  return s;
-}
+using test_data::Data;
+using test_data::schedule;
+using test_data::synthetic;
 
 TEST(SimReduceScatter, NeedsOneChunkEndingAtEveryWorker) {
   const Data d = synthetic(3, 3 * 20000);

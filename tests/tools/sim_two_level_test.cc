@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/codec.h"
-#include "tools/sim/gradients.h"
+#include "tests/tools/sim_test_data.h"
 #include "tools/sim/simulate.h"
 #include "tools/sim/two_level.h"
 #include "topo/schedule.h"
@@ -19,28 +19,12 @@
 namespace dq::sim {
 namespace {
 
-struct Data {
-  Matrix m;
-  std::vector<const float*> rows;
-};
+using test_data::Data;
+using test_data::schedule;
 
+// Independent deviations: every rank adds its own error-bearing energy.
 Data synthetic(int n, size_t cols, double spread = 1.0, uint64_t seed = 7) {
-  Data d;
-  SyntheticSpec spec;
-  spec.rows = static_cast<size_t>(n);
-  spec.cols = cols;
-  spec.spread = spread;
-  spec.shared = 0.0;  // independent deviations: every rank adds its own error-bearing energy
-  spec.seed = seed;
-  make_synthetic(spec, &d.m);
-  for (int r = 0; r < n; ++r) d.rows.push_back(d.m.row(r));
-  return d;
-}
-
-topo::Schedule schedule(topo::Kind kind, int n) {
-  topo::Schedule s;
-  EXPECT_EQ(topo::make_schedule(kind, n, &s), Status::kOk);
-  return s;
+  return test_data::synthetic(n, cols, spread, seed, 0.0);
 }
 
 SimResult two_level(const Data& d, topo::Kind kind, int nodes, int local, const SimOptions& o,
