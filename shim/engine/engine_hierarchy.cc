@@ -24,6 +24,23 @@ uint64_t fnv1a(const std::string& text) {
   return h;
 }
 
+// NCCL_CONFIG_INITIALIZER's values (every field undefined: NCCL's defaults) with blocking 0. A
+// blocking ncclCommSplit waits for every rank of the parent without a bound; a non-blocking one
+// returns at once, and the engine bounds the wait for its peers by DYNAMIQ_TIMEOUT_MS (settled()).
+ncclConfig_t nonblocking_split_config() {
+  ncclConfig_t c;
+  std::memset(&c, 0, sizeof c);  // the pointers (netName, commName) undefined: null
+  c.size = sizeof c;
+  c.magic = DQ_NCCL_CONFIG_MAGIC;
+  c.version = DQ_NCCL_VERSION_CODE;
+  for (int* field :
+       {&c.cgaClusterSize, &c.minCTAs, &c.maxCTAs, &c.splitShare, &c.trafficClass, &c.collnetEnable,
+        &c.CTAPolicy, &c.shrinkShare, &c.nvlsCTAs, &c.nChannelsPerNetPeer, &c.nvlinkCentricSched})
+    *field = DQ_NCCL_CONFIG_UNDEF_INT;
+  c.blocking = 0;
+  return c;
+}
+
 }  // namespace
 
 uint64_t node_host_hash() {
@@ -87,13 +104,17 @@ ncclResult_t Engine::setup_hierarchy() {
   auto h = std::make_unique<Hierarchy>();
   h->map = map;
   // Every split on every rank, whatever the others returned: a rank that skipped one would leave
-  // its peers waiting in it.
-  const ncclResult_t node_split =
-      ops_.comm_split(comm_.comm, map.node, map.local_rank, &h->node_comm, nullptr);
-  const ncclResult_t rail_split =
-      ops_.comm_split(comm_.comm, map.local_rank, map.node, &h->rail_comm, nullptr);
-  const ncclResult_t gather_split =
-      ops_.comm_split(comm_.comm, map.node, map.local_rank, &h->gather_comm, nullptr);
+  // its peers waiting in it. Each is non-blocking and settled (ncclInProgress polled until it
+  // leaves that state, as NCCL documents) within DYNAMIQ_TIMEOUT_MS: a peer that never reaches
+  // a split costs this rank one timeout, and then every rank runs flat.
+  auto split_settled = [&](int color, int key, ncclComm_t* child) {
+    ncclConfig_t config = nonblocking_split_config();
+    const ncclResult_t r = ops_.comm_split(comm_.comm, color, key, child, &config);
+    return *child != nullptr ? ops_.settled(*child, r, settings_.timeout_ms) : r;
+  };
+  const ncclResult_t node_split = split_settled(map.node, map.local_rank, &h->node_comm);
+  const ncclResult_t rail_split = split_settled(map.local_rank, map.node, &h->rail_comm);
+  const ncclResult_t gather_split = split_settled(map.node, map.local_rank, &h->gather_comm);
   const bool streams = device_->create_stream(&h->rail_stream) == Status::kOk &&
                        device_->create_stream(&h->gather_stream) == Status::kOk &&
                        device_->create_event(&h->node_done) == Status::kOk &&
@@ -107,6 +128,7 @@ ncclResult_t Engine::setup_hierarchy() {
   const ncclResult_t agreed = blocking_max(&local, &any, 1);
   hierarchy_ = std::move(h);  // released below, or by the teardown, with its communicators
   if (agreed != ncclSuccess || any != 0) {
+    hierarchy_->abort_comms = true;  // a peer's split may still be pending on its side
     DQ_WARN(Subsys::kEngine,
             "dynamiq: rank %d/%d: splitting the node and rail communicators (or making their "
             "streams) failed on %s (%s, %s): flat schedule",
@@ -147,8 +169,8 @@ ncclResult_t Engine::setup_hierarchy() {
 void Engine::release_hierarchy() {
   if (!hierarchy_) return;
   Hierarchy& h = *hierarchy_;
-  const bool broken =
-      broken_ != ncclSuccess || (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
+  const bool broken = broken_ != ncclSuccess || h.abort_comms ||
+                      (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
   if (device_ != nullptr) {
     // Destroying a stream waits for its work (bounded: every NCCL call in it has a timeout), and
     // the all-gathers' stream waits for the rail engine's events: both go before that engine.

@@ -21,6 +21,10 @@ struct Engine::Hierarchy {
   // their own stream while the next piece's reduce-scatter runs on node_comm: two streams never
   // share one communicator.
   ncclComm_t gather_comm = nullptr;
+  // Set when some rank's split failed or did not settle within DYNAMIQ_TIMEOUT_MS: the
+  // communicators are then aborted, never destroyed (ncclCommDestroy of one still being made, or
+  // of one whose peer gave up, could wait for it).
+  bool abort_comms = false;
   // The compressed stage: a full engine (statistics, budget, schedule over the nodes, fused
   // hops, A/B switch, sampled check, metrics) over the rail communicator.
   std::unique_ptr<Engine> rail;

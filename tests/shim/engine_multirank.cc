@@ -30,6 +30,10 @@
 //               all-reduce of 64 super-groups; the sampled vNMSE is near the measured one and
 //               the predicted one, outputs are the bytes of the same calls without the check,
 //               in place too, and a NaN call's check counts as non-finite
+//   split_settles  two-level (2 fake nodes): splits that answer ncclInProgress (a non-blocking
+//               parent) and settle after some polls give the two-level schedule; a split that
+//               never settles on rank 1 costs one DYNAMIQ_TIMEOUT_MS, then every rank runs flat
+//               and aborts its node and rail communicators; results exact in both cases
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1032,13 +1036,122 @@ int scenario_check(int n) {
   return all_zero(run_ranks(n, 1, body, 240), "check") ? 0 : 1;
 }
 
+// ---- split_settles -------------------------------------------------------------------------
+// The split answers ncclInProgress (after making the communicator: the CPU NCCL's splits are
+// synchronous) and the child settles after kSplitPolls polls, or, for g_stuck_rank's first split,
+// never. Each rank is its own process: these globals are per rank.
+constexpr int kSplitPolls = 5;
+int g_stuck_rank = -1, g_split_rank = -1;
+std::map<ncclComm_t, int> g_polls_left;  // per child; -1: never settles
+std::atomic<int> g_splits{0}, g_aborts{0}, g_destroys{0}, g_reduce_scatters{0};
+
+ncclResult_t in_progress_split(ncclComm_t parent, int color, int key, ncclComm_t* child,
+                               ncclConfig_t* config) {
+  if (config == nullptr || config->blocking != 0) return ncclInvalidUsage;  // must not block
+  const ncclResult_t r = ncclCommSplit(parent, color, key, child, config);
+  if (r != ncclSuccess) return r;
+  const bool stuck = g_split_rank == g_stuck_rank && g_splits.load() == 0;
+  g_polls_left[*child] = stuck ? -1 : kSplitPolls;
+  g_splits.fetch_add(1);
+  return ncclInProgress;
+}
+ncclResult_t polled_async_error(ncclComm_t comm, ncclResult_t* state) {
+  const auto it = g_polls_left.find(comm);
+  if (it == g_polls_left.end() || it->second == 0) return ncclCommGetAsyncError(comm, state);
+  if (it->second > 0) --it->second;
+  *state = ncclInProgress;
+  return ncclSuccess;
+}
+ncclResult_t counted_abort(ncclComm_t comm) {
+  g_aborts.fetch_add(1);
+  return ncclCommAbort(comm);
+}
+ncclResult_t counted_destroy(ncclComm_t comm) {
+  g_destroys.fetch_add(1);
+  return ncclCommDestroy(comm);
+}
+ncclResult_t counted_reduce_scatter(const void* s, void* r, size_t n, ncclDataType_t t,
+                                    ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
+  g_reduce_scatters.fetch_add(1);
+  return ncclReduceScatter(s, r, n, t, op, c, st);
+}
+
+int split_settles_case(int n, int stuck_rank) {
+  constexpr int64_t kTimeoutMs = 800;
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_HIERARCHY", "node"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_TIMEOUT_MS", std::to_string(kTimeoutMs)}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    const std::string node = "split-node" + std::to_string(rank / 2);
+    setenv("NCCL_HOSTID", node.c_str(), 1);
+    g_stuck_rank = stuck_rank;
+    g_split_rank = rank;
+    dq::engine::NcclOps ops = cpu_nccl_ops();
+    ops.comm_split = in_progress_split;
+    ops.comm_get_async_error = polled_async_error;
+    ops.comm_abort = counted_abort;
+    ops.comm_destroy = counted_destroy;
+    ops.reduce_scatter = counted_reduce_scatter;
+    constexpr size_t kCount = 1 << 18;
+    std::vector<float> in(kCount), out(kCount);
+    for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>((i + rank) % 7);
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
+                    true);
+      for (int call = 0; call < 2; ++call) {
+        CallArgs args;
+        args.send = in.data();
+        args.recv = out.data();
+        args.count = kCount;
+        PassReason reason;
+        const ncclResult_t r = engine.run(args, &reason);
+        CHECK_OR(70, r == ncclSuccess, "rank %d call %d: %d", rank, call, static_cast<int>(r));
+        // Small integers: every schedule's sum is exact or close to it (5 bits); the expected sum
+        // over ranks of (i + r) % 7.
+        double worst = 0;
+        for (size_t i = 0; i < kCount; ++i) {
+          double want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<double>((i + q) % 7);
+          worst = std::max(worst, std::fabs(out[i] - want));
+        }
+        CHECK_OR(71, worst < 3.0, "rank %d call %d: off by %g", rank, call, worst);
+      }
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (stuck_rank < 0) {
+      CHECK_OR(72, g_reduce_scatters.load() > 0 && g_aborts.load() == 0 && g_destroys.load() == 3,
+               "rank %d: settled splits: %d node reduce-scatters (two-level wanted), %d aborts, "
+               "%d destroys (3 wanted)",
+               rank, g_reduce_scatters.load(), g_aborts.load(), g_destroys.load());
+    } else {
+      CHECK_OR(73, g_reduce_scatters.load() == 0 && g_aborts.load() == 3 && g_destroys.load() == 0,
+               "rank %d: a split never settled: %d node reduce-scatters (flat wanted), %d aborts "
+               "(3 wanted), %d destroys",
+               rank, g_reduce_scatters.load(), g_aborts.load(), g_destroys.load());
+      CHECK_OR(74, s < 30.0, "rank %d: %.1f s with one stuck split (timeout %lld ms)", rank, s,
+               static_cast<long long>(kTimeoutMs));
+    }
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), stuck_rank < 0 ? "split_settles" : "split_stuck") ? 0
+                                                                                                : 1;
+}
+
+int scenario_split_settles(int n) {
+  if (const int rc = split_settles_case(n, -1)) return rc;
+  return split_settles_case(n, 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
                  "usage: engine_multirank "
-                 "audit|alloc_fail|blocks|corrupt|collectives|setup_fail|stalled_wait "
+                 "audit|alloc_fail|blocks|corrupt|collectives|setup_fail|stalled_wait|"
+                 "split_settles "
                  "NRANKS [TOPO]\n");
     return 2;
   }
@@ -1057,6 +1170,7 @@ int main(int argc, char** argv) {
   if (scenario == "auto_target") return scenario_auto_target(n);
   if (scenario == "check") return scenario_check(n);
   if (scenario == "stalled_wait") return scenario_stalled_wait(n);
+  if (scenario == "split_settles") return scenario_split_settles(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
