@@ -350,7 +350,7 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
     note_outcome(*reason, call);
     return ncclSuccess;
   }
-  const uint64_t call_index = call_seq_++;
+  const uint64_t call_index = (shared_call_seq_ != nullptr ? *shared_call_seq_ : call_seq_)++;
   // The job of this call's prediction, in mapped memory before the call's first enqueue.
   Bucket* predict =
       choice.bucket != nullptr && choice.with_stats && stage_budget(*choice.bucket, *plan)

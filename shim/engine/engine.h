@@ -264,12 +264,12 @@ class Engine {
   int hierarchy_nodes() const;
   ncclResult_t run_two_level(const CallArgs& call, PassReason* reason);
   size_t piece_elements(DType dtype) const;
-  Status enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail,
+  Status enqueue_piece(const CallArgs& call, size_t first, size_t n, int engine, ncclResult_t* rail,
                        PassReason* rail_reason);
   ncclResult_t run_two_level_all_reduce(const CallArgs& call, PassReason* reason);
   Status enqueue_node_reduce(const CallArgs& call, Lane lane);
   CallArgs rail_call(const CallArgs& call) const;
-  Status enqueue_rail_exact(const CallArgs& rc, Lane lane);
+  Status enqueue_rail_exact(const CallArgs& rc, int engine, Lane lane);
   Status enqueue_node_gather(const CallArgs& call, Lane lane);
 
   config::Settings settings_;
@@ -282,6 +282,13 @@ class Engine {
   State state_ = State::kPending;
   topo::Kind kind_;
   uint64_t call_seq_ = 0;  // compressed calls so far (identical on every rank): keys the rounding
+  // A two-level schedule's rail engines: the counter they share instead (Hierarchy::rail_calls),
+  // so their calls are numbered in the order they are made, as one engine would number them.
+  uint64_t* shared_call_seq_ = nullptr;
+  // A two-level schedule's rail engine: recorded on the compute stream once a compressed call's
+  // layouts are built (its statistics all-reduced, its widths allocated), so the caller's engine
+  // can hold its next node step back until then (enqueue_piece). Owned by the caller's engine.
+  EventHandle layouts_done_ = nullptr;
   std::string warned_differs_;
   std::string label_ = "?", opt_in_why_;  // describe_comm()
   std::string local_block_;               // block_locally()

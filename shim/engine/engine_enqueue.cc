@@ -122,6 +122,7 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
       DQ_CHECK(device_->build_layout(
           *part.prepared, part.codec->stats_words() ? p.stats_reduced + part.stats_offset : nullptr,
           call_index, part.layout, compute));
+  if (layouts_done_ != nullptr) DQ_CHECK(device_->record(layouts_done_, compute_stream_));
 
   // Units (stage, block) in stage-major order: codec steps on the compute stream, messages on
   // the comm stream. A block's step waits for its own previous messages only, so the compute

@@ -113,16 +113,23 @@ ncclResult_t Engine::setup_hierarchy() {
     return *child != nullptr ? ops_.settled(*child, r, settings_.timeout_ms) : r;
   };
   const ncclResult_t node_split = split_settled(map.node, map.local_rank, &h->node_comm);
-  const ncclResult_t rail_split = split_settled(map.local_rank, map.node, &h->rail_comm);
+  ncclResult_t rail_split = ncclSuccess;
+  bool streams = true;
+  for (int e = 0; e < kRailEngines; ++e) {
+    const ncclResult_t r = split_settled(map.local_rank, map.node, &h->rail_comm[e]);
+    if (rail_split == ncclSuccess) rail_split = r;
+    if (h->rail_comm[e] == nullptr && rail_split == ncclSuccess) rail_split = ncclInternalError;
+    streams = streams && device_->create_stream(&h->rail_stream[e]) == Status::kOk &&
+              device_->create_event(&h->rail_done[e]) == Status::kOk &&
+              device_->create_event(&h->layouts_done[e]) == Status::kOk;
+  }
   const ncclResult_t gather_split = split_settled(map.node, map.local_rank, &h->gather_comm);
-  const bool streams = device_->create_stream(&h->rail_stream) == Status::kOk &&
-                       device_->create_stream(&h->gather_stream) == Status::kOk &&
-                       device_->create_event(&h->node_done) == Status::kOk &&
-                       device_->create_event(&h->rail_done) == Status::kOk &&
-                       device_->create_event(&h->gather_done) == Status::kOk;
+  streams = streams && device_->create_stream(&h->gather_stream) == Status::kOk &&
+            device_->create_event(&h->node_done) == Status::kOk &&
+            device_->create_event(&h->gather_done) == Status::kOk;
   const bool split = node_split == ncclSuccess && rail_split == ncclSuccess &&
                      gather_split == ncclSuccess && h->node_comm != nullptr &&
-                     h->rail_comm != nullptr && h->gather_comm != nullptr;
+                     h->gather_comm != nullptr;
   const uint32_t local = split && streams ? 0u : 1u;
   uint32_t any = 0;
   const ncclResult_t agreed = blocking_max(&local, &any, 1);
@@ -149,15 +156,23 @@ ncclResult_t Engine::setup_hierarchy() {
   const int64_t floor_bytes = static_cast<int64_t>(kMinSuperGroupsPerChunk) * 256 * 4 * map.nodes;
   rail_settings.block_bytes =
       std::max<int64_t>(settings_.block_bytes / map.local_size, floor_bytes);
-  hierarchy_->rail = std::make_unique<Engine>(rail_settings, true,
-                                              CommInfo{hierarchy_->rail_comm, map.node, map.nodes},
-                                              ops_, device_, metrics_, true);
-  if (aborted_ != nullptr) hierarchy_->rail->watch_abort(aborted_);
-  hierarchy_->rail->counts_calls_ = false;
-  // A rail call is serialized with the next one (they share the rail engine's plan buffers), so
-  // the rail engine pipelines inside it: up to 16 sub-blocks sharing the block's one codec part,
-  // as many as leave 1024 super-groups per chunk (more chunks cost budget: Engine::sub_blocks_for).
-  hierarchy_->rail->sub_blocks_ = kRailSubBlocks;
+  for (int e = 0; e < kRailEngines; ++e) {
+    auto rail = std::make_unique<Engine>(rail_settings, true,
+                                         CommInfo{hierarchy_->rail_comm[e], map.node, map.nodes},
+                                         ops_, device_, metrics_, true);
+    if (aborted_ != nullptr) rail->watch_abort(aborted_);
+    rail->counts_calls_ = false;
+    // A rail call is serialized with the next one on the same engine (they share its plan
+    // buffers), so the rail engine pipelines inside it: up to 16 sub-blocks sharing the block's
+    // one codec part, as many as leave 1024 super-groups per chunk (more chunks cost budget:
+    // Engine::sub_blocks_for).
+    rail->sub_blocks_ = kRailSubBlocks;
+    // Both engines number their calls from one counter, in the order the pieces are enqueued
+    // (the same on every rank): the rounding keys one rail engine gave.
+    rail->shared_call_seq_ = &hierarchy_->rail_calls;
+    rail->layouts_done_ = hierarchy_->layouts_done[e];
+    hierarchy_->rail[e] = std::move(rail);
+  }
   DQ_INFO(Subsys::kEngine,
           "dynamiq: rank %d/%d: two-level schedule: %d nodes x %d ranks, node %d local rank %d; "
           "the compressed stage runs over %d ranks (%s)",
@@ -176,24 +191,29 @@ void Engine::release_hierarchy() {
     // the all-gathers' stream waits for the rail engine's events: both go before that engine.
     if (comm_stream_ != nullptr && device_->record(ev_comm_done_, comm_stream_) == Status::kOk)
       device_->synchronize_for(ev_comm_done_, settings_.timeout_ms);
-    for (StreamHandle st : {h.rail_stream, h.gather_stream})
+    static_assert(kRailEngines == 2, "the lists below name every rail engine's stream and event");
+    for (StreamHandle st : {h.rail_stream[0], h.rail_stream[1], h.gather_stream})
       if (st != nullptr) device_->destroy_stream(st);
   }
-  h.rail.reset();  // waits for its own streams' work
+  for (std::unique_ptr<Engine>& rail : h.rail) rail.reset();  // waits for its streams' work
   if (device_ != nullptr) {
-    for (EventHandle e : {h.node_done, h.rail_done, h.gather_done})
+    for (EventHandle e : {h.node_done, h.rail_done[0], h.rail_done[1], h.layouts_done[0],
+                          h.layouts_done[1], h.gather_done})
       if (e != nullptr) device_->destroy_event(e);
     if (h.shard != nullptr && comm_stream_ != nullptr) device_->release(h.shard, comm_stream_);
     if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(h.shard_bytes));
   }
-  for (ncclComm_t c : {h.node_comm, h.rail_comm, h.gather_comm})
+  for (ncclComm_t c : {h.node_comm, h.rail_comm[0], h.rail_comm[1], h.gather_comm})
     if (c != nullptr) broken ? ops_.comm_abort(c) : ops_.comm_destroy(c);
   hierarchy_.reset();
 }
 
 ncclResult_t Engine::rail_async_error() {
-  if (!hierarchy_ || !hierarchy_->rail) return ncclSuccess;
-  return hierarchy_->rail->async_error();
+  if (!hierarchy_) return ncclSuccess;
+  for (const std::unique_ptr<Engine>& rail : hierarchy_->rail)
+    if (rail)
+      if (const ncclResult_t r = rail->async_error(); r != ncclSuccess) return r;
+  return ncclSuccess;
 }
 
 // The shard buffer for `bytes`: grown on every rank at the same call (the call shape is the

@@ -10,13 +10,18 @@
 
 namespace dq::engine {
 
+// Rail engines of a two-level communicator (Engine::Hierarchy::rail): two, so that an
+// all-reduce's consecutive pieces overlap.
+inline constexpr int kRailEngines = 2;
+
 struct Engine::Hierarchy {
   topo::NodeMap map;
   // Split from the caller's communicator at the handshake (real NCCL: never intercepted):
   // node: the ranks of this node, ordered by local rank; rail: the ranks of this local rank on
   // every node, ordered by node.
   ncclComm_t node_comm = nullptr;
-  ncclComm_t rail_comm = nullptr;
+  // kRailEngines rail communicators (the same ranks), one per rail engine.
+  ncclComm_t rail_comm[kRailEngines] = {};
   // A second node communicator (the same ranks) for the all-reduce's all-gathers, which run on
   // their own stream while the next piece's reduce-scatter runs on node_comm: two streams never
   // share one communicator.
@@ -25,9 +30,15 @@ struct Engine::Hierarchy {
   // communicators are then aborted, never destroyed (ncclCommDestroy of one still being made, or
   // of one whose peer gave up, could wait for it).
   bool abort_comms = false;
-  // The compressed stage: a full engine (statistics, budget, schedule over the nodes, fused
-  // hops, A/B switch, sampled check, metrics) over the rail communicator.
-  std::unique_ptr<Engine> rail;
+  // The compressed stage: full engines (statistics, budget, schedule over the nodes, fused
+  // hops, A/B switch, sampled check, metrics) over the rail communicators. Rail calls alternate
+  // between them (an all-reduce's piece p on engine p % 2), so one rail call's statistics, their
+  // all-reduce, its budget and first compressions run on one engine's streams while the previous
+  // call's hops still run on the other's: a rail call waits for the one before it on the same
+  // engine only (they share that engine's plan buffers).
+  std::unique_ptr<Engine> rail[kRailEngines];
+  // The rail engines' compressed calls so far (Engine::shared_call_seq_): keys their rounding.
+  uint64_t rail_calls = 0;
   // This rank's shard of a call (device memory): grown, agreed by every rank, when a call needs
   // more; the calls on the engine's comm stream use it in turn.
   void* shard = nullptr;
@@ -35,8 +46,12 @@ struct Engine::Hierarchy {
   // The all-reduce's pipeline (engine_two_level.cc): the node reduce-scatters run on the engine's
   // comm stream, each piece's rail call on rail_stream, the node all-gathers on gather_stream, so
   // piece p+1's reduce-scatter and piece p-1's all-gather overlap piece p's rail hops.
-  StreamHandle rail_stream = nullptr, gather_stream = nullptr;
-  EventHandle node_done = nullptr, rail_done = nullptr, gather_done = nullptr;
+  // One rail stream and one rail-done event per rail engine (an event is recorded on one stream
+  // only).
+  StreamHandle rail_stream[kRailEngines] = {}, gather_stream = nullptr;
+  EventHandle node_done = nullptr, rail_done[kRailEngines] = {}, gather_done = nullptr;
+  // Each rail engine's Engine::layouts_done_.
+  EventHandle layouts_done[kRailEngines] = {};
 };
 
 // Sub-blocks of a rail engine's all-reduce block (Engine::sub_blocks_).

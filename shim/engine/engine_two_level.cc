@@ -93,9 +93,9 @@ CallArgs Engine::rail_call(const CallArgs& call) const {
 
 // Step (b) without compression (the rail engine passed its call through: the A/B switch, a
 // shard too small for the budget): the same collective, exact, on the rail communicator.
-Status Engine::enqueue_rail_exact(const CallArgs& rc, Lane lane) {
+Status Engine::enqueue_rail_exact(const CallArgs& rc, int engine, Lane lane) {
   const NcclOps ops = ops_;
-  const ncclComm_t rail = hierarchy_->rail_comm;
+  const ncclComm_t rail = hierarchy_->rail_comm[engine];
   const size_t nodes = static_cast<size_t>(hierarchy_nodes());
   return device_->nccl(lane, [=] {
     if (rc.collective == Collective::kAllReduce)
@@ -167,8 +167,8 @@ size_t Engine::piece_elements(DType dtype) const {
 // One piece of a pipelined all-reduce: elements [L*first, L*(first+n)) of the caller's buffers,
 // whose shards are elements [first, first+n) of the shard buffer. Its node reduce-scatter on the
 // comm stream, its rail call on the rail stream, its all-gather on the gather stream.
-Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclResult_t* rail,
-                             PassReason* rail_reason) {
+Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, int e,
+                             ncclResult_t* rail, PassReason* rail_reason) {
   Hierarchy& h = *hierarchy_;
   const size_t esize = dtype_size(call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16);
   const size_t local = static_cast<size_t>(h.map.local_size);
@@ -182,21 +182,29 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, ncclR
   uint32_t* error = control_ + error_word_index();
   auto comm = static_cast<cudaStream_t>(comm_stream_);
   auto gather_stream = static_cast<cudaStream_t>(h.gather_stream);
+  // After the first piece, this piece's reduce-scatter waits until the previous piece's rail
+  // call has its layouts (engine e's other, 1 - e): the previous piece's statistics, their
+  // all-reduce and budget, on the path to its first message, do not share the device with it.
+  // The previous piece then sends for much longer than this reduce-scatter takes.
+  if (first > 0) DQ_CHECK(device_->wait(comm_stream_, h.layouts_done[1 - e]));
   DQ_CHECK(device_->nccl(Lane{comm_stream_, error},
                          [=] { return ops.reduce_scatter(send, shard, n, dt, op, node, comm); }));
   DQ_CHECK(device_->record(h.node_done, comm_stream_));
-  DQ_CHECK(device_->wait(h.rail_stream, h.node_done));
+  // The piece's rail call on rail engine e, whose stream waits for its reduce-scatter and for
+  // that engine's previous rail call only: the other engine's call (the previous piece) may
+  // still be sending.
+  DQ_CHECK(device_->wait(h.rail_stream[e], h.node_done));
   CallArgs rc = call;
   rc.send = shard;
   rc.recv = shard;
   rc.count = n;
-  rc.stream = static_cast<cudaStream_t>(h.rail_stream);
+  rc.stream = static_cast<cudaStream_t>(h.rail_stream[e]);
   rc.in_group = rc.capturing = false;
-  if ((*rail = h.rail->run(rc, rail_reason)) != ncclSuccess) return Status::kOk;
+  if ((*rail = h.rail[e]->run(rc, rail_reason)) != ncclSuccess) return Status::kOk;
   if (*rail_reason != PassReason::kRerouted)
-    DQ_CHECK(enqueue_rail_exact(rc, Lane{h.rail_stream, error}));
-  DQ_CHECK(device_->record(h.rail_done, h.rail_stream));
-  DQ_CHECK(device_->wait(h.gather_stream, h.rail_done));
+    DQ_CHECK(enqueue_rail_exact(rc, e, Lane{h.rail_stream[e], error}));
+  DQ_CHECK(device_->record(h.rail_done[e], h.rail_stream[e]));
+  DQ_CHECK(device_->wait(h.gather_stream, h.rail_done[e]));
   return device_->nccl(Lane{h.gather_stream, error},
                        [=] { return ops.all_gather(shard, recv, n, dt, gather, gather_stream); });
 }
@@ -218,7 +226,10 @@ ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call, PassReason* 
   for (size_t p = 0; p < pieces && st == Status::kOk && rail == ncclSuccess; ++p) {
     const size_t first = p * piece;
     PassReason piece_reason = PassReason::kRerouted;
-    st = enqueue_piece(call, first, p + 1 == pieces ? shard - first : piece, &rail, &piece_reason);
+    // Piece p on rail engine p % 2: piece p + 1's statistics, their all-reduce, its budget and
+    // first compressions run while piece p still sends (Hierarchy::rail).
+    st = enqueue_piece(call, first, p + 1 == pieces ? shard - first : piece,
+                       static_cast<int>(p % kRailEngines), &rail, &piece_reason);
     if (p == 0 || piece_reason == PassReason::kRerouted) *reason = piece_reason;
   }
   if (rail != ncclSuccess) {
@@ -274,11 +285,12 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
   if (st == Status::kOk) st = enqueue_node_reduce(call, lane);
   if (st != Status::kOk) return engine_failure(st);
   const CallArgs rc = rail_call(call);
-  if (const ncclResult_t r = h.rail->run(rc, &rail_reason); r != ncclSuccess) {
+  const int e = 0;  // one rail call: rail engine 0
+  if (const ncclResult_t r = h.rail[e]->run(rc, &rail_reason); r != ncclSuccess) {
     if (broken_ == ncclSuccess) broken_ = r;
     return r;
   }
-  if (rail_reason != PassReason::kRerouted) st = enqueue_rail_exact(rc, lane);
+  if (rail_reason != PassReason::kRerouted) st = enqueue_rail_exact(rc, e, lane);
   if (st == Status::kOk) st = enqueue_node_gather(call, lane);
   if (st == Status::kOk) st = device_->record(ev_comm_done_, comm_stream_);
   if (st == Status::kOk) st = device_->wait(call.stream, ev_comm_done_);
