@@ -264,7 +264,7 @@ class Engine {
   int hierarchy_nodes() const;
   ncclResult_t run_two_level(const CallArgs& call, PassReason* reason);
   size_t piece_elements(DType dtype) const;
-  Status enqueue_piece(const CallArgs& call, size_t first, size_t n, int engine, ncclResult_t* rail,
+  Status enqueue_piece(const CallArgs& call, size_t p, size_t first, size_t n, ncclResult_t* rail,
                        PassReason* rail_reason);
   ncclResult_t run_two_level_all_reduce(const CallArgs& call, PassReason* reason);
   Status enqueue_node_reduce(const CallArgs& call, Lane lane);

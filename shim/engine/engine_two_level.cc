@@ -167,9 +167,12 @@ size_t Engine::piece_elements(DType dtype) const {
 // One piece of a pipelined all-reduce: elements [L*first, L*(first+n)) of the caller's buffers,
 // whose shards are elements [first, first+n) of the shard buffer. Its node reduce-scatter on the
 // comm stream, its rail call on the rail stream, its all-gather on the gather stream.
-Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, int e,
+Status Engine::enqueue_piece(const CallArgs& call, size_t p, size_t first, size_t n,
                              ncclResult_t* rail, PassReason* rail_reason) {
   Hierarchy& h = *hierarchy_;
+  // Piece p on rail engine p % 2: piece p + 1's statistics, their all-reduce, its budget and
+  // first compressions run while piece p still sends (Hierarchy::rail).
+  const int e = static_cast<int>(p % kRailEngines);
   const size_t esize = dtype_size(call.dtype == ncclFloat32 ? DType::kF32 : DType::kBF16);
   const size_t local = static_cast<size_t>(h.map.local_size);
   const NcclOps ops = ops_;
@@ -182,11 +185,12 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t first, size_t n, int e
   uint32_t* error = control_ + error_word_index();
   auto comm = static_cast<cudaStream_t>(comm_stream_);
   auto gather_stream = static_cast<cudaStream_t>(h.gather_stream);
-  // After the first piece, this piece's reduce-scatter waits until the previous piece's rail
-  // call has its layouts (engine e's other, 1 - e): the previous piece's statistics, their
-  // all-reduce and budget, on the path to its first message, do not share the device with it.
-  // The previous piece then sends for much longer than this reduce-scatter takes.
-  if (first > 0) DQ_CHECK(device_->wait(comm_stream_, h.layouts_done[1 - e]));
+  // The second piece's reduce-scatter waits until the first piece's rail call has its layouts:
+  // until then nothing is on the rail, and the first piece's statistics, their all-reduce and
+  // budget (its path to its first message) do not share the device with it. Later pieces' do
+  // not wait: a piece's prologue then overlaps the previous piece's messages anyway, and a wait
+  // would tie each rank's reduce-scatter to its node-mates' rails.
+  if (p == 1) DQ_CHECK(device_->wait(comm_stream_, h.layouts_done[0]));
   DQ_CHECK(device_->nccl(Lane{comm_stream_, error},
                          [=] { return ops.reduce_scatter(send, shard, n, dt, op, node, comm); }));
   DQ_CHECK(device_->record(h.node_done, comm_stream_));
@@ -226,10 +230,8 @@ ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call, PassReason* 
   for (size_t p = 0; p < pieces && st == Status::kOk && rail == ncclSuccess; ++p) {
     const size_t first = p * piece;
     PassReason piece_reason = PassReason::kRerouted;
-    // Piece p on rail engine p % 2: piece p + 1's statistics, their all-reduce, its budget and
-    // first compressions run while piece p still sends (Hierarchy::rail).
-    st = enqueue_piece(call, first, p + 1 == pieces ? shard - first : piece,
-                       static_cast<int>(p % kRailEngines), &rail, &piece_reason);
+    st = enqueue_piece(call, p, first, p + 1 == pieces ? shard - first : piece, &rail,
+                       &piece_reason);
     if (p == 0 || piece_reason == PassReason::kRerouted) *reason = piece_reason;
   }
   if (rail != ncclSuccess) {
