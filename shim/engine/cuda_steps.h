@@ -12,6 +12,7 @@
 // Include after nothing special: kernels/cuda/cuda_compat.h picks the CUDA runtime under nvcc and
 // the emulation otherwise.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -229,8 +230,9 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 // kernels' flags into the lane's error word and adds them to the word's `raised` (which the
 // emulated device reads for the step's Status). The Status returned is the checks' and the
 // launches' only. Launches per step: one per statistics, layout and hop (two for a uniform:B hop
-// with inputs: the hop, then the clear of a message with invalid codes), two per finish (the
-// validation pass, then the decode).
+// with inputs: the hop, then the clear of a message with invalid codes), one per DynamiQ finish
+// (validator blocks, then decoder blocks that wait for them: FinishGate, step_fold.h), two per
+// baseline finish (the validation pass, then the decode).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
                            const unsigned* flags, cudaStream_t stream) {
@@ -279,8 +281,10 @@ inline Status launch_finish(const StepParams& k, const void* layout, int chunk, 
                                      flags, stream);
   } else {
     DQ_CHECK(check_finish(k.dynamiq.plan, layout, chunk, in));
+    // `flags` is a StepWord's first member (step_word()): the finish takes its tickets there.
+    static_assert(offsetof(cuda::StepWord, flags) == 0, "flags opens a StepWord");
     e = cuda::launch_dynamiq_finish(k.dynamiq, k.levels, layout, chunk, in.data, out, bf16, avg,
-                                    n_contrib, flags, stream);
+                                    n_contrib, reinterpret_cast<cuda::StepWord*>(flags), stream);
   }
   return step_status(e, 0, "finish");
 }

@@ -133,12 +133,20 @@ cudaError_t device_finish(const Case& s, int chunk, const std::vector<uint8_t>& 
   const DeviceArray<uint64_t> d_layout(s.dev_layout);
   const DeviceArray<uint8_t> d_message(message);
   const DeviceArray<T> d_out(*out);
-  const DeviceArray<unsigned> d_error(error, 1);
+  // A StepWord without kFoldFlag: its flags stay for the caller; the tickets must end at 0.
+  StepWord w{};
+  w.flags = *error;
+  const DeviceArray<StepWord> d_word(&w, 1);
   cudaError_t e = launch_dynamiq_finish(s.params, d_levels.get(), d_layout.get(), chunk,
                                         d_message.get(), d_out.get(), out_bf16, avg, n_contrib,
-                                        d_error.get(), nullptr, max_blocks);
+                                        d_word.get(), nullptr, max_blocks);
   if (e == cudaSuccess) e = d_out.fetch(*out);
-  return e == cudaSuccess ? d_error.fetch(error) : e;
+  if (e == cudaSuccess) e = d_word.fetch(&w);
+  if (e == cudaSuccess && (w.tickets != 0 || w.validated != 0 || w.finished != 0))
+    ADD_FAILURE() << "the finish left its tickets at " << w.tickets << "/" << w.validated << "/"
+                  << w.finished;
+  *error = w.flags;
+  return e;
 }
 
 void make_case(const Config& cfg, uint32_t seed, Case* s) {
