@@ -33,6 +33,21 @@
 namespace dq::cuda {
 namespace {
 
+// launch_baseline_finish with a plain flags word: a StepWord without kFoldFlag around it (its
+// flags stay for the caller); the launch must leave its tickets at 0.
+cudaError_t finish_with_word(const BaselineDeviceParams& p, const void* layout, int chunk,
+                             const uint8_t* in, void* out, bool out_bf16, bool avg, int n_contrib,
+                             unsigned* error, int max_blocks = 0) {
+  StepWord w{};
+  w.flags = *error;
+  const cudaError_t e = launch_baseline_finish(p, layout, chunk, in, out, out_bf16, avg, n_contrib,
+                                               &w, nullptr, max_blocks);
+  *error = w.flags;
+  EXPECT_EQ(w.tickets + w.validated + w.finished, 0u) << "the finish left its tickets set";
+  return e;
+}
+
+
 const char* const kSpecs[] = {"bf16",      "mxfp8",     "mxfp6e3m2", "mxfp6e2m3",
                               "mxfp4",     "uniform:3", "uniform:4", "uniform:5",
                               "uniform:6", "uniform:7", "uniform:8", "uniform:9"};
@@ -207,8 +222,8 @@ void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& me
                                  avg ? ReduceOp::kAvg : ReduceOp::kSum, n_contrib),
           Status::kOk);
       unsigned error = 0;
-      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, chunk, message.data(), dev.data(),
-                                       out_bf16, avg, n_contrib, &error, nullptr, 1 + chunk % 3),
+      ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, chunk, message.data(), dev.data(),
+                                       out_bf16, avg, n_contrib, &error, 1 + chunk % 3),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, 0u);
@@ -353,8 +368,8 @@ TEST(CudaBaselines, PresetErrorWordWritesNothing) {
     // The finish, with a worker count its check would refuse.
     std::vector<float> out(s.count, 5.0f);
     error = preset;
-    ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false,
-                                     false, 2, &error, nullptr),
+    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false,
+                                     false, 2, &error),
               cudaSuccess)
         << emu::last_report().message;
     EXPECT_EQ(error, preset) << spec;
@@ -428,8 +443,8 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
                                                h.data(), DType::kF32, ReduceOp::kSum, 1);
       EXPECT_EQ(fs, v.flag ? Status::kMalformedPayload : Status::kOk) << spec << " " << v.what;
       error = 0;
-      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false,
-                                       false, 1, &error, nullptr),
+      ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false,
+                                       false, 1, &error),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, v.flag == kBaselineTooManyWorkers ? unsigned{kBaselineBadHeader} : v.flag)
@@ -468,11 +483,11 @@ TEST(CudaBaselines, BadArgumentsAreRefusedLikeTheHost) {
                                 &error, nullptr),
             cudaErrorInvalidValue);
   std::vector<float> f(s.count);
-  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
-                                   5, &error, nullptr),
+  EXPECT_EQ(finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
+                                   5, &error),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
-                                   0, &error, nullptr),
+  EXPECT_EQ(finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
+                                   0, &error),
             cudaErrorInvalidValue);
   EXPECT_EQ(error, 0u);
 }
