@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(kBaselineThreads)
     out[b] = 0;
 }
 
-// ---- the finish: one launch (FinishGate, kernels/cuda/step_fold.h) --------------------------------
+// ---- the finish: one launch (FinishGate, kernels/cuda/step_fold.h)
+// --------------------------------
 
 // Uniform's validation of a share of the chunk: every code and scale of its groups, padding
 // included (UniformKernel::validate()).
@@ -309,8 +310,8 @@ __device__ void uniform_finish_validate(const BaselineDeviceParams& d, ChunkArgs
                                         unsigned* error) {
   const unsigned long long n_vals = c.n_blocks * static_cast<unsigned long long>(d.block_elems);
   bool bad = false;
-  for (unsigned long long rel = share * static_cast<unsigned long long>(kBaselineThreads) +
-                                threadIdx.x;
+  for (unsigned long long rel =
+           share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
        rel < n_vals; rel += static_cast<unsigned long long>(shares) * kBaselineThreads) {
     const uint8_t* blk =
         in + kChunkHeaderBytes + (rel / 16) * static_cast<unsigned long long>(d.block_bytes);
@@ -326,8 +327,8 @@ __device__ void baseline_finish_values(const BaselineDeviceParams& d, ChunkArgs 
                                        int n_contrib, unsigned share, unsigned shares) {
   const float divisor = static_cast<float>(n_contrib);
   bool bad = false;
-  for (unsigned long long rel = share * static_cast<unsigned long long>(kBaselineThreads) +
-                                threadIdx.x;
+  for (unsigned long long rel =
+           share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
        rel < c.n_real; rel += static_cast<unsigned long long>(shares) * kBaselineThreads) {
     const unsigned long long blk = rel / static_cast<unsigned long long>(d.block_elems);
     const int pos = static_cast<int>(rel % static_cast<unsigned long long>(d.block_elems));
@@ -507,11 +508,10 @@ cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const voi
       family_of(params.codec) == kFamilyUniform
           ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
           : 0u;
-  const unsigned decoders = grid_for((c.n_real + kBaselineThreads - 1) / kBaselineThreads,
-                                     max_blocks);
+  const unsigned decoders =
+      grid_for((c.n_real + kBaselineThreads - 1) / kBaselineThreads, max_blocks);
   DQ_LAUNCH(baseline_finish_kernel, dim3(validators + decoders), dim3(kBaselineThreads), 0, stream,
-            params, layout, c, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word,
-            validators);
+            params, layout, c, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word, validators);
   return cudaGetLastError();
 }
 

@@ -606,8 +606,8 @@ __device__ void finish_validate_batch(const DynamiqDeviceParams& d, const uint8_
 
 // A decoder's batch (the chunk is valid): each value decoded, the means restored (n_contrib of
 // them), AVG's division, the 2^K_j scaling undone, written once.
-__device__ void finish_decode_batch(const DynamiqDeviceParams& d, const uint8_t* body,
-                                    uint64_t i0, uint64_t end, void* out, int out_bf16, int avg,
+__device__ void finish_decode_batch(const DynamiqDeviceParams& d, const uint8_t* body, uint64_t i0,
+                                    uint64_t end, void* out, int out_bf16, int avg,
                                     float contributors, const FinishShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   const FinishBatch& b = *sh.batch;
@@ -771,9 +771,8 @@ cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const Level
   // As many validators as decoders: a validator reads what a decoder reads but writes nothing,
   // so the validation, which every decoder waits for, takes less than half the launch.
   const unsigned per_role = grid_for(finish_blocks(p), max_blocks);
-  DQ_LAUNCH(dynamiq_finish_kernel, dim3(2 * per_role), dim3(kHopThreads), 0, stream, params,
-            levels, layout, chunk, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word,
-            per_role);
+  DQ_LAUNCH(dynamiq_finish_kernel, dim3(2 * per_role), dim3(kHopThreads), 0, stream, params, levels,
+            layout, chunk, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word, per_role);
   return cudaGetLastError();
 }
 

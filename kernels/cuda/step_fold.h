@@ -128,9 +128,7 @@ class FinishGate {
   __device__ bool validator() const { return ticket_ < validators_; }
   // This block's share: validators 0 .. validators-1, decoders 0 .. grid - validators - 1.
   __device__ unsigned share() const { return validator() ? ticket_ : ticket_ - validators_; }
-  __device__ unsigned shares() const {
-    return validator() ? validators_ : gridDim.x - validators_;
-  }
+  __device__ unsigned shares() const { return validator() ? validators_ : gridDim.x - validators_; }
 
   // A validator, every thread, after its last flag: its share is published.
   __device__ void validated() {

@@ -47,7 +47,6 @@ cudaError_t finish_with_word(const BaselineDeviceParams& p, const void* layout, 
   return e;
 }
 
-
 const char* const kSpecs[] = {"bf16",      "mxfp8",     "mxfp6e3m2", "mxfp6e2m3",
                               "mxfp4",     "uniform:3", "uniform:4", "uniform:5",
                               "uniform:6", "uniform:7", "uniform:8", "uniform:9"};
@@ -223,7 +222,7 @@ void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& me
           Status::kOk);
       unsigned error = 0;
       ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, chunk, message.data(), dev.data(),
-                                       out_bf16, avg, n_contrib, &error, 1 + chunk % 3),
+                                 out_bf16, avg, n_contrib, &error, 1 + chunk % 3),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, 0u);
@@ -368,8 +367,8 @@ TEST(CudaBaselines, PresetErrorWordWritesNothing) {
     // The finish, with a worker count its check would refuse.
     std::vector<float> out(s.count, 5.0f);
     error = preset;
-    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false,
-                                     false, 2, &error),
+    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false, false, 2,
+                               &error),
               cudaSuccess)
         << emu::last_report().message;
     EXPECT_EQ(error, preset) << spec;
@@ -443,8 +442,8 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
                                                h.data(), DType::kF32, ReduceOp::kSum, 1);
       EXPECT_EQ(fs, v.flag ? Status::kMalformedPayload : Status::kOk) << spec << " " << v.what;
       error = 0;
-      ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false,
-                                       false, 1, &error),
+      ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false, false,
+                                 1, &error),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, v.flag == kBaselineTooManyWorkers ? unsigned{kBaselineBadHeader} : v.flag)
@@ -483,12 +482,12 @@ TEST(CudaBaselines, BadArgumentsAreRefusedLikeTheHost) {
                                 &error, nullptr),
             cudaErrorInvalidValue);
   std::vector<float> f(s.count);
-  EXPECT_EQ(finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
-                                   5, &error),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
-                                   0, &error),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false, 5, &error),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false, 0, &error),
+      cudaErrorInvalidValue);
   EXPECT_EQ(error, 0u);
 }
 

@@ -570,20 +570,22 @@ TEST(CudaDynamiqHop, ALateBadRecordLeavesTheFinishOutputUntouched) {
   const RoundingKey key{5, s.call, 1, 0, 1, 0, 0};
   const int chunk = 1;
   std::vector<uint8_t> leaf(cap);
-  ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(1), nullptr, 0, leaf.data(),
-                               key),
-            Status::kOk);
+  ASSERT_EQ(
+      s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(1), nullptr, 0, leaf.data(), key),
+      Status::kOk);
   const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
   // The chunk's last record at width < 16, its last code byte all ones (an invalid code).
   uint32_t victim = UINT32_MAX;
   for (uint32_t i = l.chunk_first[chunk]; i < l.chunk_first[chunk + 1]; ++i)
     if (l.width[l.order[i]] < 16) victim = i;
   ASSERT_NE(victim, UINT32_MAX);
-  ASSERT_GT(victim - l.chunk_first[chunk], (l.chunk_first[chunk + 1] - l.chunk_first[chunk]) * 3 / 4)
+  ASSERT_GT(victim - l.chunk_first[chunk],
+            (l.chunk_first[chunk + 1] - l.chunk_first[chunk]) * 3 / 4)
       << "the bad record is late in the chunk";
   const int bits = l.width[l.order[victim]];
   std::vector<uint8_t> bad = leaf;
-  bad[kChunkHeaderBytes + l.offset[victim] + record_bytes(bits, s.cfg.opt.hierarchical_scales) - 1] = 0xFF;
+  bad[kChunkHeaderBytes + l.offset[victim] + record_bytes(bits, s.cfg.opt.hierarchical_scales) -
+      1] = 0xFF;
   for (int max_blocks : {1, 2, 3, 0}) {
     std::vector<float> h(s.cfg.count, 5.0f), d(s.cfg.count, 5.0f);
     EXPECT_EQ(s.codec->decode_finish(s.host_layout.data(), chunk, ByteView{bad.data(), cap},

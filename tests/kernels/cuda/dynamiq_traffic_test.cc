@@ -45,16 +45,17 @@ Traffic least_traffic(const DynamiqLayoutT<const uint8_t>& l, const DynamiqPlan&
 // validators, then its decoders: kernels/cuda/step_fold.h, FinishGate), so its least is the
 // output and the message once, and what it may read is bounded against the message twice and
 // the output (kMostOverMinimum); the output matches the host's.
-void check_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params, const LevelTable* levels,
-                          const void* layout, const DynamiqLayoutT<const uint8_t>& l, int chunk,
+void check_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
+                          const LevelTable* levels, const void* layout,
+                          const DynamiqLayoutT<const uint8_t>& l, int chunk,
                           const std::vector<uint8_t>& message, int n_contrib, bool bf16) {
   const DynamiqPlan& p = params.plan;
   const size_t value_bytes = bf16 ? 2 : 4;
   std::vector<uint8_t> host(p.count * value_bytes, 0x5A), dev(p.count * value_bytes, 0x5A);
-  ASSERT_EQ(codec.decode_finish(layout, chunk, ByteView{message.data(), message.size()},
-                                host.data(), bf16 ? DType::kBF16 : DType::kF32, ReduceOp::kSum,
-                                n_contrib),
-            Status::kOk);
+  ASSERT_EQ(
+      codec.decode_finish(layout, chunk, ByteView{message.data(), message.size()}, host.data(),
+                          bf16 ? DType::kBF16 : DType::kF32, ReduceOp::kSum, n_contrib),
+      Status::kOk);
   StepWord word{};
   ASSERT_EQ(launch_dynamiq_finish(params, levels, layout, chunk, message.data(), dev.data(), bf16,
                                   false, n_contrib, &word, nullptr),
@@ -65,8 +66,8 @@ void check_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
   ASSERT_EQ(host, dev) << "finish of chunk " << chunk;
   const Traffic least = least_traffic(l, p, chunk, 0, value_bytes);  // the chunk's values
   const uint64_t msg = kChunkHeaderBytes + l.chunk_content[chunk];
-  const double ratio = static_cast<double>(c.global_read + c.global_written) /
-                       static_cast<double>(msg + least.read);
+  const double ratio =
+      static_cast<double>(c.global_read + c.global_written) / static_cast<double>(msg + least.read);
   const double ratio_twice = static_cast<double>(c.global_read + c.global_written) /
                              static_cast<double>(2 * msg + least.read);
   std::printf(
@@ -169,7 +170,8 @@ void check_traffic(bool bf16) {
       EXPECT_GE(c.global_read, least.read);
       EXPECT_LE(ratio, kMostOverMinimum)
           << (bf16 ? "bf16" : "fp32") << " chunk " << chunk << " n_in " << n_in;
-      if (n_in == 2) check_finish_traffic(*codec, params, levels, layout.data(), l, chunk, host, 3, bf16);
+      if (n_in == 2)
+        check_finish_traffic(*codec, params, levels, layout.data(), l, chunk, host, 3, bf16);
     }
   }
 }
