@@ -110,7 +110,8 @@ class StepFold {
 // and wait for nothing, so it always ends (the decoupled look-back argument of single-pass scans).
 // Under the emulator the blocks run one at a time in blockIdx order, which is ticket order: a
 // decoder finds every validator done and never waits. The cost: the chunk's records are read
-// twice, by a validator and by a decoder (on a GPU the second read mostly hits L2).
+// twice, by a validator and by a decoder (on a GPU the second read should mostly hit L2: not
+// measured).
 // Shared words are passed by pointer (kernels/cuda/EMULATION.md: __shared__ in kernels only).
 class FinishGate {
  public:
@@ -132,9 +133,10 @@ class FinishGate {
 
   // A validator, every thread, after its last flag: its share is published.
   __device__ void validated() {
+    __threadfence();  // every thread's flags before the count
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence();  // this block's flags before the count
+      __threadfence();
       atomicAdd(&w_->validated, 1u);
     }
   }
