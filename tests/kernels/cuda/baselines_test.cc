@@ -460,6 +460,55 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
   }
 }
 
+// Uniform's finish in one launch (validator blocks, then decoders behind them): one invalid code
+// in the chunk's last group leaves every element untouched at grids of one, two and many blocks a
+// role, as on the host; the valid message decodes as the host's.
+TEST(CudaBaselines, UniformLateBadCodeLeavesTheFinishOutputUntouched) {
+  Case s;
+  make_case("uniform:5", 40000, 2, false, 0, 77, false, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t cap = s.codec->chunk_capacity();
+  const RoundingKey key{77, s.call, 1, 0, 1, 0, 0};
+  std::vector<uint8_t> leaf(cap);
+  ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(1), nullptr, 0, leaf.data(), key),
+            Status::kOk);
+  // The chunk's last group the host validates: code 0 of it set to all ones.
+  const size_t groups = (cap - kChunkHeaderBytes) / s.params.block_bytes;
+  std::vector<uint8_t> bad;
+  std::vector<float> h(s.count, 5.0f), d(s.count, 5.0f);
+  size_t late = groups;
+  while (late-- > 0) {
+    bad = leaf;
+    bad[kChunkHeaderBytes + late * s.params.block_bytes + 2] = 0xFF;
+    if (s.codec->decode_finish(&s.host_layout, 1, ByteView{bad.data(), cap}, h.data(), DType::kF32,
+                               ReduceOp::kSum, 1) == Status::kMalformedPayload)
+      break;
+  }
+  ASSERT_LT(late, groups);
+  ASSERT_GT(late, groups / 2) << "the bad group is late in the chunk";
+  for (int max_blocks : {1, 2, 0}) {
+    std::fill(d.begin(), d.end(), 5.0f);
+    unsigned error = 0;
+    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, bad.data(), d.data(), false, false, 1,
+                               &error, max_blocks),
+              cudaSuccess)
+        << emu::last_report().message;
+    EXPECT_EQ(error, unsigned{kBaselineBadCodes}) << "max_blocks " << max_blocks;
+    for (size_t i = 0; i < d.size(); ++i)
+      ASSERT_EQ(d[i], 5.0f) << "element " << i << " written, max_blocks " << max_blocks;
+    error = 0;
+    ASSERT_EQ(s.codec->decode_finish(&s.host_layout, 1, ByteView{leaf.data(), cap}, h.data(),
+                                     DType::kF32, ReduceOp::kSum, 1),
+              Status::kOk);
+    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, leaf.data(), d.data(), false, false, 1,
+                               &error, max_blocks),
+              cudaSuccess)
+        << emu::last_report().message;
+    EXPECT_EQ(error, 0u);
+    EXPECT_EQ(std::memcmp(h.data(), d.data(), 4 * h.size()), 0) << "max_blocks " << max_blocks;
+  }
+}
+
 TEST(CudaBaselines, BadArgumentsAreRefusedLikeTheHost) {
   Case s;
   make_case("uniform:5", 600, 2, false, 0, 3, false, &s);
