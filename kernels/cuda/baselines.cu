@@ -300,8 +300,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
     out[b] = 0;
 }
 
-// ---- the finish: one launch (FinishGate, kernels/cuda/step_fold.h)
-// --------------------------------
+// ---- the finish: one launch (FinishGate, kernels/cuda/step_fold.h) -------------------------
 
 // Uniform's validation of a share of the chunk: every code and scale of its groups, padding
 // included (UniformKernel::validate()).

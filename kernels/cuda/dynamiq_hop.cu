@@ -15,6 +15,8 @@
 //    groups, the unit and group factors (group_factor(), as the host's scalar path);
 //  - each value rounded with round_up_threshold / round_up_coarse / round_up_tie on the host's
 //    level tables; codes packed LSB first by shuffles within the warp.
+// The finish is one launch: validator blocks, then decoder blocks that wait for them (FinishGate,
+// kernels/cuda/step_fold.h), records and decode tables staged in shared memory.
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
