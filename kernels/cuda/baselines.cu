@@ -26,6 +26,12 @@ namespace {
 
 enum Family : int { kFamilyBf16 = 0, kFamilyMx = 1, kFamilyUniform = 2 };
 
+DQ_HD int family_of(CodecId codec) {
+  return codec == CodecId::kBf16      ? kFamilyBf16
+         : codec == CodecId::kUniform ? kFamilyUniform
+                                      : kFamilyMx;
+}
+
 struct HopInputs {
   const uint8_t* p[kMaxBaselineInputs];
 };
@@ -294,21 +300,18 @@ __global__ void __launch_bounds__(kBaselineThreads)
     out[b] = 0;
 }
 
-// The finish's validation pass: the header (its worker count n_contrib), and for uniform every
-// code and scale of the chunk's groups, padding included (UniformKernel::validate()).
-__global__ void __launch_bounds__(kBaselineThreads)
-    baseline_finish_check_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c,
-                                 const uint8_t* in, int n_contrib, unsigned* error) {
-  if ((*error & kSkipFlag) != 0) return;  // the lane failed before (the caller armed the word)
-  const int k = static_cast<int>(threadIdx.x);
-  if (blockIdx.x == 0 && k == 0 &&
-      check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib)
-    atomicOr(error, unsigned{kBaselineBadHeader});
-  if (d.codec != CodecId::kUniform) return;
+// ---- the finish: one launch (FinishGate, kernels/cuda/step_fold.h) -------------------------
+
+// Uniform's validation of a share of the chunk: every code and scale of its groups, padding
+// included (UniformKernel::validate()).
+__device__ void uniform_finish_validate(const BaselineDeviceParams& d, ChunkArgs c,
+                                        const uint8_t* in, unsigned share, unsigned shares,
+                                        unsigned* error) {
   const unsigned long long n_vals = c.n_blocks * static_cast<unsigned long long>(d.block_elems);
   bool bad = false;
-  for (unsigned long long rel = blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + k;
-       rel < n_vals; rel += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads) {
+  for (unsigned long long rel =
+           share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+       rel < n_vals; rel += static_cast<unsigned long long>(shares) * kBaselineThreads) {
     const uint8_t* blk =
         in + kChunkHeaderBytes + (rel / 16) * static_cast<unsigned long long>(d.block_bytes);
     (void)decode_value<kFamilyUniform>(d, blk, static_cast<int>(rel % 16), &bad);
@@ -316,17 +319,16 @@ __global__ void __launch_bounds__(kBaselineThreads)
   if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
 }
 
+// A share of the chunk's elements decoded (the message is valid), AVG's division, written once.
 template <int F>
-__global__ void __launch_bounds__(kBaselineThreads)
-    baseline_finish_kernel(BaselineDeviceParams d, ChunkArgs c, const uint8_t* in, void* out,
-                           int out_bf16, int avg, int n_contrib, const unsigned* error) {
-  const StepFold fold(error);       // the step's last kernel, after the check (step_fold.h)
-  if (step_failed(*error)) return;  // the same in every thread: nothing is written
+__device__ void baseline_finish_values(const BaselineDeviceParams& d, ChunkArgs c,
+                                       const uint8_t* in, void* out, int out_bf16, int avg,
+                                       int n_contrib, unsigned share, unsigned shares) {
   const float divisor = static_cast<float>(n_contrib);
   bool bad = false;
   for (unsigned long long rel =
-           blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
-       rel < c.n_real; rel += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads) {
+           share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+       rel < c.n_real; rel += static_cast<unsigned long long>(shares) * kBaselineThreads) {
     const unsigned long long blk = rel / static_cast<unsigned long long>(d.block_elems);
     const int pos = static_cast<int>(rel % static_cast<unsigned long long>(d.block_elems));
     float v = decode_value<F>(
@@ -339,6 +341,51 @@ __global__ void __launch_bounds__(kBaselineThreads)
     else
       static_cast<float*>(out)[e] = v;
   }
+}
+
+// The finish of a chunk in one launch. Every block checks the header (16 bytes: its worker count
+// n_contrib) before it writes, so a bad header stops every block alike. BF16 and MX have nothing
+// else to validate: every block decodes its share. Uniform's codes and scales are validated by
+// tickets 0 .. validators-1 while the other tickets wait for them (FinishGate), then decode their
+// share unless a flag was raised.
+__global__ void __launch_bounds__(kBaselineThreads)
+    baseline_finish_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c,
+                           const uint8_t* in, void* out, int out_bf16, int avg, int n_contrib,
+                           StepWord* word, unsigned validators) {
+  __shared__ unsigned s_word;
+  unsigned* error = &word->flags;
+  const StepFold fold(error);  // the step's only kernel (step_fold.h)
+  // The lane failed before this step: nothing is written. Never raised here: the grid decides
+  // alike, before any barrier or ticket.
+  if ((*error & kSkipFlag) != 0) return;
+  if (threadIdx.x == 0)
+    s_word = check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib ? 1u : 0u;
+  __syncthreads();
+  if (s_word != 0) {  // the same bytes in every block: the whole grid returns here
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(error, unsigned{kBaselineBadHeader});
+    return;
+  }
+  __syncthreads();  // s_word is reused by the gate
+  const int family = family_of(d.codec);
+  if (family == kFamilyBf16) {
+    baseline_finish_values<kFamilyBf16>(d, c, in, out, out_bf16, avg, n_contrib, blockIdx.x,
+                                        gridDim.x);
+    return;
+  }
+  if (family == kFamilyMx) {
+    baseline_finish_values<kFamilyMx>(d, c, in, out, out_bf16, avg, n_contrib, blockIdx.x,
+                                      gridDim.x);
+    return;
+  }
+  FinishGate gate(word, validators, &s_word);
+  if (gate.validator()) {
+    uniform_finish_validate(d, c, in, gate.share(), gate.shares(), error);
+    gate.validated();
+    return;
+  }
+  if (gate.chunk_failed()) return;  // the same in every thread: nothing is written
+  baseline_finish_values<kFamilyUniform>(d, c, in, out, out_bf16, avg, n_contrib, gate.share(),
+                                         gate.shares());
 }
 
 __global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout, const unsigned* error) {
@@ -374,12 +421,6 @@ unsigned grid_for(unsigned long long work, int max_blocks) {
       max_blocks > 0 ? static_cast<unsigned long long>(max_blocks) : 4096;
   const unsigned long long n = work < cap ? work : cap;
   return static_cast<unsigned>(n > 0 ? n : 1);
-}
-
-int family_of(CodecId codec) {
-  return codec == CodecId::kBf16      ? kFamilyBf16
-         : codec == CodecId::kUniform ? kFamilyUniform
-                                      : kFamilyMx;
 }
 
 bool params_ok(const BaselineDeviceParams& d) {
@@ -452,40 +493,24 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
 
 cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout,
                                    int chunk, const uint8_t* in, void* out, bool out_bf16, bool avg,
-                                   int n_contrib, unsigned* error, cudaStream_t stream,
+                                   int n_contrib, StepWord* word, cudaStream_t stream,
                                    int max_blocks) {
   // run_finish()'s argument checks.
-  if (!params_ok(params) || layout == nullptr || in == nullptr || error == nullptr || chunk < 0 ||
+  if (!params_ok(params) || layout == nullptr || in == nullptr || word == nullptr || chunk < 0 ||
       chunk >= params.n_chunks || n_contrib < 1 || n_contrib > params.n_workers ||
       (out == nullptr && params.count > 0))
     return cudaErrorInvalidValue;
   const ChunkArgs c = chunk_args(params, chunk);
-  const int family = family_of(params.codec);
   const unsigned long long vals = c.n_blocks * static_cast<unsigned long long>(params.block_elems);
-  // Only uniform has codes to validate; the others check the header alone.
-  const dim3 check_grid(family == kFamilyUniform
-                            ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
-                            : 1u);
-  DQ_LAUNCH(baseline_finish_check_kernel, check_grid, dim3(kBaselineThreads), 0, stream, params,
-            layout, c, in, n_contrib, error);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  const dim3 grid(grid_for((c.n_real + kBaselineThreads - 1) / kBaselineThreads, max_blocks));
-  const int b16 = out_bf16 ? 1 : 0, av = avg ? 1 : 0;
-  const unsigned* err = error;
-  switch (family) {
-    case kFamilyBf16:
-      DQ_LAUNCH(baseline_finish_kernel<kFamilyBf16>, grid, dim3(kBaselineThreads), 0, stream,
-                params, c, in, out, b16, av, n_contrib, err);
-      break;
-    case kFamilyMx:
-      DQ_LAUNCH(baseline_finish_kernel<kFamilyMx>, grid, dim3(kBaselineThreads), 0, stream, params,
-                c, in, out, b16, av, n_contrib, err);
-      break;
-    default:
-      DQ_LAUNCH(baseline_finish_kernel<kFamilyUniform>, grid, dim3(kBaselineThreads), 0, stream,
-                params, c, in, out, b16, av, n_contrib, err);
-  }
+  // Uniform's validators (one thread a value of the chunk's groups); the others have none.
+  const unsigned validators =
+      family_of(params.codec) == kFamilyUniform
+          ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
+          : 0u;
+  const unsigned decoders =
+      grid_for((c.n_real + kBaselineThreads - 1) / kBaselineThreads, max_blocks);
+  DQ_LAUNCH(baseline_finish_kernel, dim3(validators + decoders), dim3(kBaselineThreads), 0, stream,
+            params, layout, c, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word, validators);
   return cudaGetLastError();
 }
 
@@ -499,10 +524,7 @@ cudaError_t load_baseline_kernels() {
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyMx>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_kernel<kFamilyUniform>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_hop_clear_kernel);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyBf16>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyMx>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel<kFamilyUniform>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_check_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, baseline_finish_kernel);
   return e;
 }
 

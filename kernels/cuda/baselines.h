@@ -113,10 +113,13 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
 
 // The finish of `chunk`: decodes the chunk message `in` (the sum of n_contrib workers), divides by
 // n_contrib for AVG, and writes this chunk's elements of `out` (the whole tensor, FP32 or BF16). A
-// message whose header or codes are invalid leaves `out` untouched (and sets the error word).
+// message whose header or codes are invalid leaves `out` untouched (and sets the error word). One
+// launch (FinishGate, kernels/cuda/step_fold.h): `word` is a StepWord in device memory, its flags
+// the error word (a zeroed word, without kFoldFlag, keeps them for the caller). `max_blocks` caps
+// each of the launch's roles (uniform's validators, the decoders).
 cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout,
                                    int chunk, const uint8_t* in, void* out, bool out_bf16, bool avg,
-                                   int n_contrib, unsigned* error, cudaStream_t stream,
+                                   int n_contrib, StepWord* word, cudaStream_t stream,
                                    int max_blocks = 0);
 
 // Loads every kernel of baselines.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).

@@ -100,10 +100,13 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
 // The finish of `chunk`: decodes the chunk message `in` (the sum of n_contrib workers), restores
 // the means, divides by n_contrib for AVG, and writes this chunk's elements of `out` (the whole
 // tensor, FP32 or BF16). A message whose header or records are invalid leaves `out` untouched
-// (and sets the error word), as on the host.
+// (and sets the error word), as on the host. One launch (FinishGate, kernels/cuda/step_fold.h):
+// `word` is a StepWord in device memory, its flags the error word (a word without kFoldFlag,
+// zeroed, keeps them for the caller); its tickets are 0 as the launch starts and as it ends.
+// `max_blocks` caps each of the launch's two roles.
 cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const LevelTable* levels,
                                   const void* layout, int chunk, const uint8_t* in, void* out,
-                                  bool out_bf16, bool avg, int n_contrib, unsigned* error,
+                                  bool out_bf16, bool avg, int n_contrib, StepWord* word,
                                   cudaStream_t stream, int max_blocks = 0);
 
 // Loads every kernel of dynamiq_hop.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).

@@ -14,6 +14,7 @@
 #include <cstdint>
 #if DQ_CUDA_EMULATED
 #include <exception>
+#include <stdexcept>
 #endif
 
 namespace dq::cuda {
@@ -31,12 +32,17 @@ struct StepWord {
   uint32_t* error;          // the lane's error word (mapped memory); nullptr: none
   uint32_t malformed;       // written there for a malformed-data flag
   uint32_t internal;        // written there for any other flag
+  // A finish's one-launch validation (FinishGate below): blocks that took a ticket, validator
+  // blocks done, blocks done. All 0 between launches (the launch's last block resets them).
+  unsigned tickets;
+  unsigned validated;
+  unsigned finished;
 };
 
 // A word armed for a step's first launch, folding into `error`.
 inline StepWord step_word(uint32_t* error, unsigned malformed_mask, uint32_t malformed,
                           uint32_t internal) {
-  return StepWord{kFoldFlag, 0u, 0u, malformed_mask, error, malformed, internal};
+  return StepWord{kFoldFlag, 0u, 0u, malformed_mask, error, malformed, internal, 0u, 0u, 0u};
 }
 
 // For a kernel that follows a flag-raising kernel of its step (or raises none itself): write
@@ -91,6 +97,92 @@ class StepFold {
 
   unsigned* word_;
   bool last_;
+};
+
+// ---- a finish in one launch: validate the whole chunk, then decode -----------------------------
+// A finish must write nothing when any part of its chunk is invalid (the caller's buffer, often
+// the call's input in place, is left as it was), so every record is validated before any block
+// writes. One launch does both without relying on its blocks being resident at once (NCCL's
+// persistent kernels may hold SMs; a grid barrier could then wait forever): each block takes a
+// ticket as it starts; the first `validators` tickets validate a share of the chunk each and
+// publish it; the others decode, and first wait until every validator has published. A decoder
+// waits only for blocks with lower tickets, which are running or done (they took their ticket)
+// and wait for nothing, so it always ends (the decoupled look-back argument of single-pass scans).
+// Under the emulator the blocks run one at a time in blockIdx order, which is ticket order: a
+// decoder finds every validator done and never waits. The cost: the chunk's records are read
+// twice, by a validator and by a decoder (on a GPU the second read should mostly hit L2: not
+// measured).
+// Shared words are passed by pointer (kernels/cuda/EMULATION.md: __shared__ in kernels only).
+class FinishGate {
+ public:
+  // Every thread of the block; the ticket is taken by thread 0 (one barrier). `s`: a shared word.
+  __device__ FinishGate(StepWord* w, unsigned validators, unsigned* s)
+      : w_(w), validators_(validators), s_(s) {
+    if (threadIdx.x == 0) *s_ = atomicAdd(&w_->tickets, 1u);
+    __syncthreads();
+    ticket_ = *s_;
+    __syncthreads();  // *s_ is reused
+  }
+  FinishGate(const FinishGate&) = delete;
+  FinishGate& operator=(const FinishGate&) = delete;
+
+  __device__ bool validator() const { return ticket_ < validators_; }
+  // This block's share: validators 0 .. validators-1, decoders 0 .. grid - validators - 1.
+  __device__ unsigned share() const { return validator() ? ticket_ : ticket_ - validators_; }
+  __device__ unsigned shares() const { return validator() ? validators_ : gridDim.x - validators_; }
+
+  // A validator, every thread, after its last flag: its share is published.
+  __device__ void validated() {
+    __threadfence();  // every thread's flags before the count
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(&w_->validated, 1u);
+    }
+  }
+
+  // A decoder, every thread: waits until every validator has published; whether a flag was
+  // raised (or the lane had failed), i.e. whether it must write nothing. The same in the block.
+  __device__ bool chunk_failed() {
+    if (threadIdx.x == 0) {
+#if DQ_CUDA_EMULATED
+      // Blocks run in ticket order here: a validator still running would be a broken invariant
+      // (and a wait that never ends).
+      if (*static_cast<volatile unsigned*>(&w_->validated) < validators_)
+        throw std::logic_error("finish: a decoder started before every validator ended");
+#endif
+      while (*static_cast<volatile unsigned*>(&w_->validated) < validators_) {
+      }
+      __threadfence();  // every validator's flags after its count
+      *s_ = *static_cast<volatile unsigned*>(&w_->flags);
+    }
+    __syncthreads();
+    const bool failed = step_failed(*s_);
+    __syncthreads();  // *s_ is reused
+    return failed;
+  }
+
+  // Every thread, once the block is done with the tickets: the launch's last block resets them for
+  // the next launch on this word.
+  __device__ ~FinishGate() {
+#if DQ_CUDA_EMULATED
+    if (std::uncaught_exceptions() > 0) return;  // the emulator unwinds a faulted launch
+#endif
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(&w_->finished, 1u) + 1u != gridDim.x) return;
+    w_->tickets = 0;
+    w_->validated = 0;
+    w_->finished = 0;
+    __threadfence();
+  }
+
+ private:
+  StepWord* w_;
+  unsigned validators_;
+  unsigned* s_;
+  unsigned ticket_ = 0;
 };
 
 }  // namespace dq::cuda

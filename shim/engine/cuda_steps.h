@@ -12,6 +12,7 @@
 // Include after nothing special: kernels/cuda/cuda_compat.h picks the CUDA runtime under nvcc and
 // the emulation otherwise.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -229,8 +230,9 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 // kernels' flags into the lane's error word and adds them to the word's `raised` (which the
 // emulated device reads for the step's Status). The Status returned is the checks' and the
 // launches' only. Launches per step: one per statistics, layout and hop (two for a uniform:B hop
-// with inputs: the hop, then the clear of a message with invalid codes), two per finish (the
-// validation pass, then the decode).
+// with inputs: the hop, then the clear of a message with invalid codes), one per finish
+// (validator blocks, then decoder blocks that wait for them: FinishGate, step_fold.h; a BF16 or
+// MX finish has only its header to check, which every block does).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
                            const unsigned* flags, cudaStream_t stream) {
@@ -272,15 +274,18 @@ inline Status launch_finish(const StepParams& k, const void* layout, int chunk, 
                             void* out, DType dtype, ReduceOp op, int n_contrib, unsigned* flags,
                             cudaStream_t stream) {
   const bool bf16 = dtype == DType::kBF16, avg = op == ReduceOp::kAvg;
+  // `flags` opens a StepWord (step_word()): the finish takes its tickets there.
+  static_assert(offsetof(cuda::StepWord, flags) == 0, "flags opens a StepWord");
+  cuda::StepWord* word = reinterpret_cast<cuda::StepWord*>(flags);
   cudaError_t e;
   if (k.family == Family::kBaseline) {
     DQ_CHECK(check_baseline_finish(k.baseline, layout, chunk, in, out, dtype, op, n_contrib));
     e = cuda::launch_baseline_finish(k.baseline, layout, chunk, in.data, out, bf16, avg, n_contrib,
-                                     flags, stream);
+                                     word, stream);
   } else {
     DQ_CHECK(check_finish(k.dynamiq.plan, layout, chunk, in));
     e = cuda::launch_dynamiq_finish(k.dynamiq, k.levels, layout, chunk, in.data, out, bf16, avg,
-                                    n_contrib, flags, stream);
+                                    n_contrib, word, stream);
   }
   return step_status(e, 0, "finish");
 }

@@ -83,7 +83,7 @@ struct Call {
   float* result = nullptr;
   uint16_t *d_stats = nullptr, *d_reduced = nullptr;
   LevelTable* d_levels = nullptr;
-  unsigned* d_error = nullptr;
+  unsigned* d_error = nullptr;  // the flags of a StepWord (setup)
   void* budget_scratch = nullptr;
   BudgetJob* job = nullptr;  // mapped, with its parts and hop tables
   BudgetResult* budget_out = nullptr;
@@ -178,8 +178,10 @@ void prepare(Call* c) {
   DQ_BENCH_CHECK(cudaMalloc(&c->d_levels, sizeof levels));
   DQ_BENCH_CHECK(cudaMemcpy(c->d_levels, levels, sizeof levels, cudaMemcpyHostToDevice));
   DQ_BENCH_CHECK(cudaMalloc(&c->result, bytes));
-  DQ_BENCH_CHECK(cudaMalloc(&c->d_error, sizeof(unsigned)));
-  DQ_BENCH_CHECK(cudaMemset(c->d_error, 0, sizeof(unsigned)));
+  // A zeroed StepWord (no kFoldFlag: nothing folds); its flags are every kernel's error word,
+  // its tickets the finish's.
+  DQ_BENCH_CHECK(cudaMalloc(&c->d_error, sizeof(StepWord)));
+  DQ_BENCH_CHECK(cudaMemset(c->d_error, 0, sizeof(StepWord)));
   const size_t words = c->stats_words;
   DQ_BENCH_CHECK(cudaMalloc(&c->d_stats, kWorkers * words * sizeof(uint16_t)));
   DQ_BENCH_CHECK(cudaMalloc(&c->d_reduced, words * sizeof(uint16_t)));
@@ -255,8 +257,8 @@ void enqueue(const Call& c, Kind kind) {
     for (const Block& b : c.blocks)
       for (int k = 0; k < kWorkers; ++k)
         DQ_BENCH_CHECK(launch_dynamiq_finish(b.params, c.d_levels, b.layout, k, b.final[k],
-                                             c.result + b.begin, false, false, kWorkers, c.d_error,
-                                             nullptr));
+                                             c.result + b.begin, false, false, kWorkers,
+                                             reinterpret_cast<StepWord*>(c.d_error), nullptr));
 }
 
 // vNMSE of the decoded result against the exact FP32 sum of both inputs.

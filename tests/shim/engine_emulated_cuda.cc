@@ -259,8 +259,9 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // layout kernel per part (an all-reduce's block is one part; a reduce-scatter's is one part per
 // rank's slice, so n), one kernel per hop step (a rank compresses n chunk messages on either
 // topology: the ring's leaf, n - 2 fused hops and the sink's; the butterfly's n/2 + n/4 + ... + 1
-// leaves and fused hops and the sink's), and two per finish (the validation pass, then the
-// decode), of every chunk for an all-reduce, of the rank's own for a reduce-scatter. Nothing
+// leaves and fused hops and the sink's), and one per finish (validator blocks, then decoder
+// blocks behind them: FinishGate, kernels/cuda/step_fold.h), of every chunk for an all-reduce,
+// of the rank's own for a reduce-scatter. Nothing
 // else: the step's last kernel folds its flags into the error word (no arm or fold kernels), the
 // same launches as on a GPU (shim/engine/cuda_steps.h).
 // The budget's launches (kernels/cuda/budget.cu): one to set up, then five over the grid for
@@ -275,7 +276,7 @@ uint64_t launches_per_call(int n, int blocks, bool scatter) {
   const uint64_t parts = scatter ? static_cast<uint64_t>(n) : 1;
   const uint64_t b = static_cast<uint64_t>(blocks);
   return kBudgetSetupLaunches + kBudgetLaunchesPerPart * b * parts +
-         b * (2 * parts + hop_steps + 2 * finishes);
+         b * (2 * parts + hop_steps + finishes);
 }
 
 // Compressed FP32 calls of 1, 2 and 3 blocks (all-reduce) and 2 blocks (reduce-scatter) on one
@@ -535,11 +536,11 @@ int compare_step_results(const StepResults& h, const StepResults& c, const dq::e
   const CudaDeviceCounts n = dq::engine::cuda_device_counts(cuda);
   CHECK_OR(41, n.host_fallbacks == 0 && n.stats == static_cast<uint64_t>(workers) && n.layouts == 1,
            "steps: %llu on the host codec", static_cast<unsigned long long>(n.host_fallbacks));
-  // Launches: one kernel per statistics, layout and hop step (no gate or clear kernels), two per
-  // finish (its validation pass, then the decode).
+  // Launches: one kernel per statistics, layout, hop and finish step (no gate or clear kernels; a
+  // finish validates and decodes in one launch).
   CHECK_OR(42,
            n.hop_launches == n.hops &&
-               n.launches == n.stats + n.layouts + n.hops + 2 * n.finishes + n.budgets,
+               n.launches == n.stats + n.layouts + n.hops + n.finishes + n.budgets,
            "launches: %llu for %llu statistics, %llu layouts, %llu hops (%llu launches), %llu "
            "finishes",
            static_cast<unsigned long long>(n.launches), static_cast<unsigned long long>(n.stats),

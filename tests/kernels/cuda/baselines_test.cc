@@ -33,6 +33,20 @@
 namespace dq::cuda {
 namespace {
 
+// launch_baseline_finish with a plain flags word: a StepWord without kFoldFlag around it (its
+// flags stay for the caller); the launch must leave its tickets at 0.
+cudaError_t finish_with_word(const BaselineDeviceParams& p, const void* layout, int chunk,
+                             const uint8_t* in, void* out, bool out_bf16, bool avg, int n_contrib,
+                             unsigned* error, int max_blocks = 0) {
+  StepWord w{};
+  w.flags = *error;
+  const cudaError_t e = launch_baseline_finish(p, layout, chunk, in, out, out_bf16, avg, n_contrib,
+                                               &w, nullptr, max_blocks);
+  *error = w.flags;
+  EXPECT_EQ(w.tickets + w.validated + w.finished, 0u) << "the finish left its tickets set";
+  return e;
+}
+
 const char* const kSpecs[] = {"bf16",      "mxfp8",     "mxfp6e3m2", "mxfp6e2m3",
                               "mxfp4",     "uniform:3", "uniform:4", "uniform:5",
                               "uniform:6", "uniform:7", "uniform:8", "uniform:9"};
@@ -207,8 +221,8 @@ void expect_same_finish(const Case& s, int chunk, const std::vector<uint8_t>& me
                                  avg ? ReduceOp::kAvg : ReduceOp::kSum, n_contrib),
           Status::kOk);
       unsigned error = 0;
-      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, chunk, message.data(), dev.data(),
-                                       out_bf16, avg, n_contrib, &error, nullptr, 1 + chunk % 3),
+      ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, chunk, message.data(), dev.data(),
+                                 out_bf16, avg, n_contrib, &error, 1 + chunk % 3),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, 0u);
@@ -353,8 +367,8 @@ TEST(CudaBaselines, PresetErrorWordWritesNothing) {
     // The finish, with a worker count its check would refuse.
     std::vector<float> out(s.count, 5.0f);
     error = preset;
-    ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false,
-                                     false, 2, &error, nullptr),
+    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, leaf.data(), out.data(), false, false, 2,
+                               &error),
               cudaSuccess)
         << emu::last_report().message;
     EXPECT_EQ(error, preset) << spec;
@@ -428,8 +442,8 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
                                                h.data(), DType::kF32, ReduceOp::kSum, 1);
       EXPECT_EQ(fs, v.flag ? Status::kMalformedPayload : Status::kOk) << spec << " " << v.what;
       error = 0;
-      ASSERT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false,
-                                       false, 1, &error, nullptr),
+      ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, v.msg->data(), d.data(), false, false,
+                                 1, &error),
                 cudaSuccess)
           << emu::last_report().message;
       EXPECT_EQ(error, v.flag == kBaselineTooManyWorkers ? unsigned{kBaselineBadHeader} : v.flag)
@@ -443,6 +457,55 @@ TEST(CudaBaselines, MalformedInputsAreFlaggedLikeTheHost) {
         EXPECT_EQ(d, std::vector<float>(s.count, 5.0f)) << spec << " " << v.what;
       }
     }
+  }
+}
+
+// Uniform's finish in one launch (validator blocks, then decoders behind them): one invalid code
+// in the chunk's last group leaves every element untouched at grids of one, two and many blocks a
+// role, as on the host; the valid message decodes as the host's.
+TEST(CudaBaselines, UniformLateBadCodeLeavesTheFinishOutputUntouched) {
+  Case s;
+  make_case("uniform:5", 40000, 2, false, 0, 77, false, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t cap = s.codec->chunk_capacity();
+  const RoundingKey key{77, s.call, 1, 0, 1, 0, 0};
+  std::vector<uint8_t> leaf(cap);
+  ASSERT_EQ(s.codec->fused_hop(&s.host_layout, 1, s.tensor(1), nullptr, 0, leaf.data(), key),
+            Status::kOk);
+  // The chunk's last group the host validates: code 0 of it set to all ones.
+  const size_t groups = (cap - kChunkHeaderBytes) / s.params.block_bytes;
+  std::vector<uint8_t> bad;
+  std::vector<float> h(s.count, 5.0f), d(s.count, 5.0f);
+  size_t late = groups;
+  while (late-- > 0) {
+    bad = leaf;
+    bad[kChunkHeaderBytes + late * s.params.block_bytes + 2] = 0xFF;
+    if (s.codec->decode_finish(&s.host_layout, 1, ByteView{bad.data(), cap}, h.data(), DType::kF32,
+                               ReduceOp::kSum, 1) == Status::kMalformedPayload)
+      break;
+  }
+  ASSERT_LT(late, groups);
+  ASSERT_GT(late, groups / 2) << "the bad group is late in the chunk";
+  for (int max_blocks : {1, 2, 0}) {
+    std::fill(d.begin(), d.end(), 5.0f);
+    unsigned error = 0;
+    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, bad.data(), d.data(), false, false, 1,
+                               &error, max_blocks),
+              cudaSuccess)
+        << emu::last_report().message;
+    EXPECT_EQ(error, unsigned{kBaselineBadCodes}) << "max_blocks " << max_blocks;
+    for (size_t i = 0; i < d.size(); ++i)
+      ASSERT_EQ(d[i], 5.0f) << "element " << i << " written, max_blocks " << max_blocks;
+    error = 0;
+    ASSERT_EQ(s.codec->decode_finish(&s.host_layout, 1, ByteView{leaf.data(), cap}, h.data(),
+                                     DType::kF32, ReduceOp::kSum, 1),
+              Status::kOk);
+    ASSERT_EQ(finish_with_word(s.params, &s.dev_layout, 1, leaf.data(), d.data(), false, false, 1,
+                               &error, max_blocks),
+              cudaSuccess)
+        << emu::last_report().message;
+    EXPECT_EQ(error, 0u);
+    EXPECT_EQ(std::memcmp(h.data(), d.data(), 4 * h.size()), 0) << "max_blocks " << max_blocks;
   }
 }
 
@@ -468,12 +531,12 @@ TEST(CudaBaselines, BadArgumentsAreRefusedLikeTheHost) {
                                 &error, nullptr),
             cudaErrorInvalidValue);
   std::vector<float> f(s.count);
-  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
-                                   5, &error, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(launch_baseline_finish(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false,
-                                   0, &error, nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false, 5, &error),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false, 0, &error),
+      cudaErrorInvalidValue);
   EXPECT_EQ(error, 0u);
 }
 

@@ -1,5 +1,6 @@
-// The fused hop's level tables in shared memory (stage_level_tables() in
-// kernels/cuda/dynamiq_hop.cu reads max_mag, extra_steps and the levels, and derives the lookups)
+// The fused hop's and the finish's level tables in shared memory (stage_level_tables() in
+// kernels/cuda/dynamiq_hop.cu reads max_mag, extra_steps and the levels, and derives the lookups
+// and the decode table; the finish's call derives the decode table alone)
 // against the host's build_level_table(), every byte, for the widths' default eps, uniform levels
 // and a spread of eps. This file compiles the kernel file itself (it links instead of
 // dynamiq_hop_emu.cc), so the test kernel below reaches the file's internal functions.
@@ -14,10 +15,11 @@
 
 namespace dq::cuda {
 
-// Stages `host` (three tables) the hop's way and writes the shared copy to `out` word by word.
-__global__ void staged_level_tables_kernel(const LevelTable* host, LevelTable* out) {
+// Stages `host` (three tables) the hop's way (`lookups`; the finish's way without) and writes the
+// shared copy to `out` word by word.
+__global__ void staged_level_tables_kernel(const LevelTable* host, LevelTable* out, int lookups) {
   __shared__ LevelTable s_tables[3];
-  stage_level_tables(host, s_tables);
+  stage_level_tables(host, s_tables, lookups != 0);
   const uint32_t* from = reinterpret_cast<const uint32_t*>(s_tables);
   uint32_t* to = reinterpret_cast<uint32_t*>(out);
   for (size_t w = threadIdx.x; w < sizeof s_tables / 4; w += blockDim.x) to[w] = from[w];
@@ -25,16 +27,18 @@ __global__ void staged_level_tables_kernel(const LevelTable* host, LevelTable* o
 
 namespace {
 
-// The fields the kernels read, compared as bit patterns (the host zeroes what lies beyond L).
-void expect_same_table(const LevelTable& h, const LevelTable& d, const char* what) {
+// The fields the kernels read, compared as bit patterns (the host zeroes what lies beyond L); a
+// decode (`lookups` false: the finish) reads no inv_gap or start.
+void expect_same_table(const LevelTable& h, const LevelTable& d, bool lookups, const char* what) {
   ASSERT_EQ(h.max_mag, d.max_mag) << what;
   ASSERT_EQ(h.extra_steps, d.extra_steps) << what;
   const int top = h.max_mag;
   for (int r = 0; r <= top + 1; ++r)
     ASSERT_EQ(std::memcmp(&h.level[r], &d.level[r], 4), 0) << what << " level " << r;
-  for (int r = 0; r <= top; ++r)
+  for (int r = 0; r <= top && lookups; ++r)
     ASSERT_EQ(std::memcmp(&h.inv_gap[r], &d.inv_gap[r], 4), 0) << what << " inv_gap " << r;
-  for (int c = 0; c <= kLevelGrid; ++c) ASSERT_EQ(h.start[c], d.start[c]) << what << " cell " << c;
+  for (int c = 0; c <= kLevelGrid && lookups; ++c)
+    ASSERT_EQ(h.start[c], d.start[c]) << what << " cell " << c;
   for (int c = 0; c < 256; ++c)
     ASSERT_EQ(std::memcmp(&h.decode[c], &d.decode[c], 4), 0) << what << " code " << c;
 }
@@ -47,23 +51,25 @@ TEST(CudaDynamiqHopTables, StagedTablesMatchTheHostBuilder) {
     cases.push_back(DynamiqOptions{});
     for (float& e : cases.back().eps) e = eps;
   }
-  for (size_t i = 0; i < cases.size(); ++i) {
-    LevelTable host[3], dev[3];
-    dynamiq_level_tables(cases[i], host);
-    std::memset(dev, 0xA5, sizeof dev);
-    const test::DeviceArray<LevelTable> d_host(host, 3);
-    const test::DeviceArray<LevelTable> d_dev(dev, 3);
-    ASSERT_EQ(DQ_LAUNCH(staged_level_tables_kernel, dim3(1), dim3(kHopThreads), 0, nullptr,
-                        d_host.get(), d_dev.get()),
-              cudaSuccess)
-        << test::kernel_fault();
-    ASSERT_EQ(d_dev.fetch(dev), cudaSuccess);
-    for (int w = 0; w < 3; ++w) {
-      const std::string what = "case " + std::to_string(i) + " width " + std::to_string(2 << w);
-      expect_same_table(host[w], dev[w], what.c_str());
-      if (HasFatalFailure()) return;
+  for (size_t i = 0; i < cases.size(); ++i)
+    for (int lookups : {1, 0}) {
+      LevelTable host[3], dev[3];
+      dynamiq_level_tables(cases[i], host);
+      std::memset(dev, 0xA5, sizeof dev);
+      const test::DeviceArray<LevelTable> d_host(host, 3);
+      const test::DeviceArray<LevelTable> d_dev(dev, 3);
+      ASSERT_EQ(DQ_LAUNCH(staged_level_tables_kernel, dim3(1), dim3(kHopThreads), 0, nullptr,
+                          d_host.get(), d_dev.get(), lookups),
+                cudaSuccess)
+          << test::kernel_fault();
+      ASSERT_EQ(d_dev.fetch(dev), cudaSuccess);
+      for (int w = 0; w < 3; ++w) {
+        const std::string what = "case " + std::to_string(i) + " width " + std::to_string(2 << w) +
+                                 (lookups ? "" : " (decode only)");
+        expect_same_table(host[w], dev[w], lookups != 0, what.c_str());
+        if (HasFatalFailure()) return;
+      }
     }
-  }
 }
 
 }  // namespace

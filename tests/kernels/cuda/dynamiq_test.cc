@@ -133,12 +133,20 @@ cudaError_t device_finish(const Case& s, int chunk, const std::vector<uint8_t>& 
   const DeviceArray<uint64_t> d_layout(s.dev_layout);
   const DeviceArray<uint8_t> d_message(message);
   const DeviceArray<T> d_out(*out);
-  const DeviceArray<unsigned> d_error(error, 1);
+  // A StepWord without kFoldFlag: its flags stay for the caller; the tickets must end at 0.
+  StepWord w{};
+  w.flags = *error;
+  const DeviceArray<StepWord> d_word(&w, 1);
   cudaError_t e = launch_dynamiq_finish(s.params, d_levels.get(), d_layout.get(), chunk,
                                         d_message.get(), d_out.get(), out_bf16, avg, n_contrib,
-                                        d_error.get(), nullptr, max_blocks);
+                                        d_word.get(), nullptr, max_blocks);
   if (e == cudaSuccess) e = d_out.fetch(*out);
-  return e == cudaSuccess ? d_error.fetch(error) : e;
+  if (e == cudaSuccess) e = d_word.fetch(&w);
+  if (e == cudaSuccess && (w.tickets != 0 || w.validated != 0 || w.finished != 0))
+    ADD_FAILURE() << "the finish left its tickets at " << w.tickets << "/" << w.validated << "/"
+                  << w.finished;
+  *error = w.flags;
+  return e;
 }
 
 void make_case(const Config& cfg, uint32_t seed, Case* s) {
@@ -547,6 +555,57 @@ TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {
     EXPECT_EQ(error, variant == 0 ? unsigned{kDynamiqBadRecord} : unsigned{kDynamiqBadHeader});
     EXPECT_EQ(std::memcmp(h.data(), d.data(), 4 * h.size()), 0);
     EXPECT_EQ(d[0], 5.0f);
+  }
+}
+
+// One bad record late in a chunk, after most of it would have been decoded: the finish (one
+// launch: validator blocks, then decoder blocks behind them) leaves every element untouched, at
+// grids of one, two and many blocks a role, as the host does; the same message made valid again
+// decodes as the host's.
+TEST(CudaDynamiqHop, ALateBadRecordLeavesTheFinishOutputUntouched) {
+  Case s;
+  make_case(Config{96 * 256 + 40, 2, 4, false, false, DynamiqOptions{}, 0}, 123, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t cap = s.codec->chunk_capacity();
+  const RoundingKey key{5, s.call, 1, 0, 1, 0, 0};
+  const int chunk = 1;
+  std::vector<uint8_t> leaf(cap);
+  ASSERT_EQ(
+      s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(1), nullptr, 0, leaf.data(), key),
+      Status::kOk);
+  const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
+  // The chunk's last record at width < 16, its last code byte all ones (an invalid code).
+  uint32_t victim = UINT32_MAX;
+  for (uint32_t i = l.chunk_first[chunk]; i < l.chunk_first[chunk + 1]; ++i)
+    if (l.width[l.order[i]] < 16) victim = i;
+  ASSERT_NE(victim, UINT32_MAX);
+  ASSERT_GT(victim - l.chunk_first[chunk],
+            (l.chunk_first[chunk + 1] - l.chunk_first[chunk]) * 3 / 4)
+      << "the bad record is late in the chunk";
+  const int bits = l.width[l.order[victim]];
+  std::vector<uint8_t> bad = leaf;
+  bad[kChunkHeaderBytes + l.offset[victim] + record_bytes(bits, s.cfg.opt.hierarchical_scales) -
+      1] = 0xFF;
+  for (int max_blocks : {1, 2, 3, 0}) {
+    std::vector<float> h(s.cfg.count, 5.0f), d(s.cfg.count, 5.0f);
+    EXPECT_EQ(s.codec->decode_finish(s.host_layout.data(), chunk, ByteView{bad.data(), cap},
+                                     h.data(), DType::kF32, ReduceOp::kSum, 1),
+              Status::kMalformedPayload);
+    unsigned error = 0;
+    ASSERT_EQ(device_finish(s, chunk, bad, &d, false, false, 1, &error, max_blocks), cudaSuccess)
+        << kernel_fault();
+    EXPECT_EQ(error, unsigned{kDynamiqBadRecord}) << "max_blocks " << max_blocks;
+    for (size_t i = 0; i < d.size(); ++i)
+      ASSERT_EQ(d[i], 5.0f) << "element " << i << " written, max_blocks " << max_blocks;
+    // The valid message: every element of the chunk as the host decodes it.
+    error = 0;
+    ASSERT_EQ(s.codec->decode_finish(s.host_layout.data(), chunk, ByteView{leaf.data(), cap},
+                                     h.data(), DType::kF32, ReduceOp::kSum, 1),
+              Status::kOk);
+    ASSERT_EQ(device_finish(s, chunk, leaf, &d, false, false, 1, &error, max_blocks), cudaSuccess)
+        << kernel_fault();
+    EXPECT_EQ(error, 0u);
+    EXPECT_EQ(std::memcmp(h.data(), d.data(), 4 * h.size()), 0) << "max_blocks " << max_blocks;
   }
 }
 

@@ -40,6 +40,48 @@ Traffic least_traffic(const DynamiqLayoutT<const uint8_t>& l, const DynamiqPlan&
   return t;
 }
 
+// The finish of `chunk` from `message` (the sum of n_contrib workers) into an output of the
+// values' type: it writes each of the chunk's values once and reads the message twice (its
+// validators, then its decoders: kernels/cuda/step_fold.h, FinishGate), so its least is the
+// output and the message once, and what it may read is bounded against the message twice and
+// the output (kMostOverMinimum); the output matches the host's.
+void check_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
+                          const LevelTable* levels, const void* layout,
+                          const DynamiqLayoutT<const uint8_t>& l, int chunk,
+                          const std::vector<uint8_t>& message, int n_contrib, bool bf16) {
+  const DynamiqPlan& p = params.plan;
+  const size_t value_bytes = bf16 ? 2 : 4;
+  std::vector<uint8_t> host(p.count * value_bytes, 0x5A), dev(p.count * value_bytes, 0x5A);
+  ASSERT_EQ(
+      codec.decode_finish(layout, chunk, ByteView{message.data(), message.size()}, host.data(),
+                          bf16 ? DType::kBF16 : DType::kF32, ReduceOp::kSum, n_contrib),
+      Status::kOk);
+  StepWord word{};
+  ASSERT_EQ(launch_dynamiq_finish(params, levels, layout, chunk, message.data(), dev.data(), bf16,
+                                  false, n_contrib, &word, nullptr),
+            cudaSuccess)
+      << test::kernel_fault();
+  const emu::Counters c = emu::last_counters();
+  EXPECT_EQ(word.flags, 0u);
+  ASSERT_EQ(host, dev) << "finish of chunk " << chunk;
+  const Traffic least = least_traffic(l, p, chunk, 0, value_bytes);  // the chunk's values
+  const uint64_t msg = kChunkHeaderBytes + l.chunk_content[chunk];
+  const double ratio =
+      static_cast<double>(c.global_read + c.global_written) / static_cast<double>(msg + least.read);
+  const double ratio_twice = static_cast<double>(c.global_read + c.global_written) /
+                             static_cast<double>(2 * msg + least.read);
+  std::printf(
+      "%s finish chunk %d: read %llu (message %llu), written %llu (values %llu), %llu blocks: "
+      "%.3fx the least traffic, %.3fx the message twice and the values\n",
+      bf16 ? "bf16" : "fp32", chunk, static_cast<unsigned long long>(c.global_read),
+      static_cast<unsigned long long>(msg), static_cast<unsigned long long>(c.global_written),
+      static_cast<unsigned long long>(least.read), static_cast<unsigned long long>(c.blocks), ratio,
+      ratio_twice);
+  EXPECT_EQ(c.global_written, least.read) << "every value written exactly once";
+  EXPECT_GE(c.global_read, 2 * msg);
+  EXPECT_LE(ratio_twice, kMostOverMinimum) << (bf16 ? "bf16" : "fp32") << " chunk " << chunk;
+}
+
 // Values of a gradient-like spread (super-group scales over 2^-12..2^12), so every width occurs.
 std::vector<float> gradient(size_t count, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -128,6 +170,8 @@ void check_traffic(bool bf16) {
       EXPECT_GE(c.global_read, least.read);
       EXPECT_LE(ratio, kMostOverMinimum)
           << (bf16 ? "bf16" : "fp32") << " chunk " << chunk << " n_in " << n_in;
+      if (n_in == 2)
+        check_finish_traffic(*codec, params, levels, layout.data(), l, chunk, host, 3, bf16);
     }
   }
 }
