@@ -39,7 +39,24 @@ Engine::Bucket* Engine::bucket_for(const CallArgs& call, DType dtype) {
   return buckets_.front().get();
 }
 
+// The budget's device memory grown to hold a call of `n_parts` codec parts (about 0.75 MiB a
+// part, kernels/cuda/budget.h): the old block is released in comm stream order, after the
+// predictions queued into it. Run where init_bucket runs, so a failure is agreed with the plan.
+Status Engine::reserve_budget_scratch(uint32_t n_parts) {
+  const size_t need = device_->budget_scratch_bytes(n_parts);
+  if (need <= budget_scratch_bytes_ || settings_.codec != "dynamiq") return Status::kOk;
+  if (budget_scratch_ != nullptr) device_->release(budget_scratch_, comm_stream_);
+  budget_scratch_ = nullptr;
+  budget_scratch_bytes_ = 0;
+  DQ_CHECK(device_->alloc(need, &budget_scratch_));
+  budget_scratch_bytes_ = need;
+  return Status::kOk;
+}
+
 Status Engine::init_bucket(Bucket& b, const Plan& p) {
+  size_t n_parts = 0;
+  for (const Plan::Block& blk : p.blocks) n_parts += blk.parts.size();
+  DQ_CHECK(reserve_budget_scratch(static_cast<uint32_t>(n_parts)));
   b.parts.clear();
   b.rung = -1;
   b.stats_pending = false;

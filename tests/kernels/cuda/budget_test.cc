@@ -116,11 +116,16 @@ void expect_same(const BudgetResult& host, const BudgetResult& dev, const std::s
 }
 
 BudgetResult on_device(const Call& call, const unsigned* error = nullptr) {
-  std::vector<unsigned char> scratch(budget_scratch_bytes(), 0xA5);  // garbage: must be cleared
+  // Garbage: must be cleared.
+  std::vector<unsigned char> scratch(budget_scratch_bytes(call.job.n_parts), 0xA5);
   BudgetResult out;
   out.state = 77;  // a sentinel no run writes
-  EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), &out, error, nullptr),
+  const uint64_t before = emu::launches();
+  EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), scratch.size(), &out, error,
+                          nullptr),
             cudaSuccess);
+  // A constant per call, however many parts.
+  EXPECT_EQ(emu::launches() - before, kBudgetLaunches);
   return out;
 }
 
@@ -196,6 +201,40 @@ TEST(CudaBudget, NonFiniteStatisticGivesNoPrediction) {
   call.stats[nan_at + (kStatEnergy - kStatMean)] = 0x3f80;
   call.stats[stat_word(3, kStatEnergy)] = 0x7f80;  // an infinite energy in the first part
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
+}
+
+// Every part of a call in the same launches: a reduce-scatter's parts (one a rank and pipeline
+// block: 16 ranks x 3 blocks, the last block shorter), each its own tables and terms, added in
+// part order; bits as the host's. A table shared between two parts, or the terms added in the
+// order the blocks finish, would differ.
+TEST(CudaBudget, ManyPartsInConstantLaunches) {
+  std::vector<size_t> counts;
+  for (int block = 0; block < 3; ++block)
+    for (int rank = 0; rank < 16; ++rank) counts.push_back(block < 2 ? 9000 : 4097);
+  for (double decades : {1.5, 6.0}) {
+    Call call = make_call(counts, 16, 1, decades, decades > 2 ? 31 : 32);
+    call.job.auto_budget = 1;
+    ASSERT_EQ(call.job.n_parts, 48u);
+    BudgetResult host;
+    run_budget_job(call.job, call.stats.data(), &host);
+    ASSERT_EQ(host.state, kBudgetPredicted);
+    expect_same(host, on_device(call), "48 parts, decades " + std::to_string(decades));
+  }
+}
+
+// The scratch is sized from the parts on the host; a smaller one is refused before any launch.
+TEST(CudaBudget, ScratchTooSmallIsRefused) {
+  Call call = make_call({4096, 4096, 300}, 4, 1, 1.0, 7);
+  std::vector<unsigned char> scratch(budget_scratch_bytes(2), 0);
+  BudgetResult out;
+  out.state = 77;
+  const uint64_t before = emu::launches();
+  EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), scratch.size(), &out,
+                          nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(emu::launches(), before);
+  EXPECT_EQ(out.state, 77u);
+  EXPECT_EQ(budget_scratch_bytes(3) - budget_scratch_bytes(2), kBudgetPartBytes);
 }
 
 TEST(CudaBudget, PresetErrorWordWritesNothing) {
