@@ -267,8 +267,8 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // take every codec part of the call at once: a constant per call, however many parts (the
 // reduce-scatter of 4 blocks below has 4 n parts).
 constexpr uint64_t kBudgetLaunchesPerCall = 6;
-// A layout of at least kGridMinSupergroups super-groups runs as eight kernels, not one.
-constexpr uint64_t kGridLayoutExtraLaunches = 7;
+// A layout of at least kGridMinSupergroups super-groups runs as seven kernels, not one.
+constexpr uint64_t kGridLayoutExtraLaunches = 6;
 
 uint64_t launches_per_call(int n, int blocks, bool scatter) {
   const uint64_t hop_steps = static_cast<uint64_t>(n);

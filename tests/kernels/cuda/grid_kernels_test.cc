@@ -85,8 +85,8 @@ long first_difference(const std::vector<uint64_t>& a, const std::vector<uint64_t
   return -1;
 }
 
-// Launches of a layout on the grid path (eight kernels) and in one block.
-constexpr uint64_t kGridLaunches = 8, kBlockLaunches = 1;
+// Launches of a layout on the grid path (seven kernels) and in one block.
+constexpr uint64_t kGridLaunches = 7, kBlockLaunches = 1;
 
 TEST(CudaGridKernels, LayoutOnTheGridMatchesHostByteForByte) {
   DynamiqOptions fixed, no16, no_mean, flat, tight;
