@@ -231,10 +231,10 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 // launches' only. Launches per step: one per statistics, layout and hop (two for a uniform:B hop
 // with inputs: the hop, then the clear of a message with invalid codes), two per finish (the
 // validation pass, then the decode); a layout of at least kGridMinSupergroups super-groups runs
-// over the grid as eight. The budget's prediction (the device's predict_budget, not a step here):
+// over the grid as seven. The budget's prediction (the device's predict_budget, not a step here):
 // six a call, whatever its parts (cuda::kBudgetLaunches). So a DynamiQ call of B pipeline blocks,
 // P codec parts and F finished chunks a block on n ranks launches
-// 6 + B (2P + n + 2F) + 7G (G: its grid layouts).
+// 6 + B (2P + n + 2F) + 6G (G: its grid layouts).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
                            const unsigned* flags, cudaStream_t stream) {
