@@ -1,11 +1,14 @@
-// The budget's prediction (kernels/cuda/budget.h) over the whole grid, every part of the call at
-// once (a part a row of the grid, blockIdx.y), so the launches are a constant per call: the work
-// that grows with a part's super-groups runs in as many blocks as it has tiles of them, and only
-// the per-candidate terms (a constant a part) run in one block a part. Kernels, in stream order:
+// The budget's prediction (kernels/cuda/budget.h) over the whole grid, the parts of a wave (up to
+// kBudgetWaveParts parts, a row of the grid a part, blockIdx.y) at once, so a call of up to that
+// many parts takes a constant number of launches (6) and a larger one 5 more a wave (the waves
+// bound the per-key tables' memory): the work that grows with a part's super-groups runs in as
+// many blocks as it has tiles of them, and only the per-candidate terms (a constant a part) run in
+// one block a part. Kernels, in stream order:
 //  init (one block):   the call's state and every part's state in the scratch zeroed, the parts'
 //                      geometry and the hop tables copied from the job's mapped memory into the
 //                      scratch (device memory, so the blocks below read them from L2 instead of
 //                      over the bus);
+//  then per wave:
 //  extent (grid):      each part's per-key tables zeroed; each super-group's energies
 //                      (budget_math.h), a block max of the largest (fixes the part's fixed-point
 //                      scale) and of the largest floor(log2 energy) (the width-key shift), a block
@@ -18,9 +21,10 @@
 //                      each block's run of keys totalled, then each key's sum from the runs above
 //                      its own and a block exclusive scan of its run;
 //  part (one block a part): one thread per candidate computes its term (a bisection of O(1) steps
-//                      on the cumulated sums) into the scratch; the last part block to finish (a
-//                      ticket after a fence, so no block waits for another) adds every part's terms
-//                      in part order, as the host does, and writes the result (finish_budget).
+//                      on the cumulated sums) into the scratch (every part's terms are kept); the
+//                      call's last part block to finish (a ticket after a fence, so no block waits
+//                      for another) adds every part's terms in part order, as the host does, and
+//                      writes the result (finish_budget).
 // Every step is the host's arithmetic on the same values, so the result has the host's bits. The
 // hop tables live in shared memory in the grid kernels (dynamic, 16 (n + 1) bytes).
 #include "kernels/cuda/budget.h"
@@ -46,7 +50,7 @@ struct Scratch {
   double* hop;  // linear[n + 1], square[n + 1] when staged (n < kBudgetStagedWorkers)
   BudgetPartState* parts;
   PartTerms* terms;
-  uint64_t* tables;  // per part: count, hop_centred, hop_mean (kKeys + 1 entries each)
+  uint64_t* tables;  // per part of a wave: count, hop_centred, hop_mean (kKeys + 1 entries each)
 };
 
 __device__ __forceinline__ Scratch scratch_of(void* base, uint32_t n_parts) {
@@ -60,15 +64,15 @@ __device__ __forceinline__ Scratch scratch_of(void* base, uint32_t n_parts) {
                  reinterpret_cast<uint64_t*>(tables)};
 }
 
-// One part's per-key tables.
+// The per-key tables of the wave's part in row `slot`.
 struct PartTables {
   uint64_t* count;
   uint64_t* hop_centred;  // energies weighted by the hop profile
   uint64_t* hop_mean;
 };
 
-__device__ __forceinline__ PartTables tables_of(const Scratch& s, uint32_t part) {
-  uint64_t* t = s.tables + static_cast<size_t>(part) * 3 * (kKeys + 1);
+__device__ __forceinline__ PartTables tables_of(const Scratch& s, uint32_t slot) {
+  uint64_t* t = s.tables + static_cast<size_t>(slot) * 3 * (kKeys + 1);
   return PartTables{t, t + (kKeys + 1), t + 2 * (kKeys + 1)};
 }
 
@@ -143,14 +147,14 @@ __global__ void __launch_bounds__(kGridThreads)
 
 __global__ void __launch_bounds__(kGridThreads)
     budget_extent_kernel(HopProfile mapped, int n_workers, const uint16_t* reduced, void* scratch,
-                         const unsigned* error) {
+                         uint32_t n_parts, uint32_t first_part, const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   __shared__ double scratch_d[kWarp + 1];
   __shared__ unsigned skip;
   DQ_DYNAMIC_SHARED(double, staged);
   if (block_skips(error, nullptr, &skip)) return;
-  const Scratch s = scratch_of(scratch, gridDim.y);
-  BudgetPartState& ps = s.parts[blockIdx.y];
+  const Scratch s = scratch_of(scratch, n_parts);
+  BudgetPartState& ps = s.parts[first_part + blockIdx.y];
   const PartTables tab = tables_of(s, blockIdx.y);
   const uint32_t t = threadIdx.x;
   const unsigned long long first = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + t;
@@ -188,15 +192,15 @@ __global__ void __launch_bounds__(kGridThreads)
 
 __global__ void __launch_bounds__(kGridThreads)
     budget_sums_kernel(HopProfile mapped, int n_workers, const uint16_t* reduced, void* scratch,
-                       const unsigned* error) {
+                       uint32_t n_parts, uint32_t first_part, const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   // The block's per-key sums (count, hop_centred, hop_mean) before the global atomics.
   __shared__ uint32_t slot_key[kKeySlots];
   __shared__ unsigned long long slot_sum[3 * kKeySlots];
   __shared__ unsigned skip;
   DQ_DYNAMIC_SHARED(double, staged);
-  const Scratch s = scratch_of(scratch, gridDim.y);
-  BudgetPartState& st = s.parts[blockIdx.y];
+  const Scratch s = scratch_of(scratch, n_parts);
+  BudgetPartState& st = s.parts[first_part + blockIdx.y];
   // A part with a statistic that is not finite has no sums (the part kernel ends the call).
   if (block_skips(error, &st, &skip)) return;
   const PartTables tab = tables_of(s, blockIdx.y);
@@ -270,11 +274,12 @@ __device__ __forceinline__ unsigned long long thread_keys(const uint64_t* tab) {
 // of kBudgetRunThreads threads of kBudgetKeysPerThread keys each (descending) a part: first each
 // run's totals,
 __global__ void __launch_bounds__(kBudgetRunThreads)
-    budget_runs_kernel(void* scratch, const unsigned* error) {
+    budget_runs_kernel(void* scratch, uint32_t n_parts, uint32_t first_part,
+                       const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   __shared__ unsigned skip;
-  const Scratch s = scratch_of(scratch, gridDim.y);
-  BudgetPartState& st = s.parts[blockIdx.y];
+  const Scratch s = scratch_of(scratch, n_parts);
+  BudgetPartState& st = s.parts[first_part + blockIdx.y];
   if (block_skips(error, &st, &skip)) return;
   const PartTables p = tables_of(s, blockIdx.y);
   const uint64_t* tab[3] = {p.count, p.hop_centred, p.hop_mean};
@@ -286,11 +291,12 @@ __global__ void __launch_bounds__(kBudgetRunThreads)
 
 // then each key's sum from the runs above its own and a block scan of its run.
 __global__ void __launch_bounds__(kBudgetRunThreads)
-    budget_cumulate_kernel(void* scratch, const unsigned* error) {
+    budget_cumulate_kernel(void* scratch, uint32_t n_parts, uint32_t first_part,
+                           const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   __shared__ unsigned skip;
-  const Scratch s = scratch_of(scratch, gridDim.y);
-  const BudgetPartState& st = s.parts[blockIdx.y];
+  const Scratch s = scratch_of(scratch, n_parts);
+  const BudgetPartState& st = s.parts[first_part + blockIdx.y];
   if (block_skips(error, &st, &skip)) return;
   const PartTables p = tables_of(s, blockIdx.y);
   const uint32_t q = (blockIdx.x * blockDim.x + threadIdx.x) * kBudgetKeysPerThread;
@@ -331,11 +337,11 @@ __device__ void finish_call(const BudgetJob& job, const Scratch& s, uint32_t n_p
 }  // namespace
 
 __global__ void __launch_bounds__(kPartThreads)
-    budget_part_kernel(const BudgetJob* job_in, void* scratch, BudgetResult* out,
-                       const unsigned* error) {
+    budget_part_kernel(const BudgetJob* job_in, void* scratch, uint32_t n_parts,
+                       uint32_t first_part, BudgetResult* out, const unsigned* error) {
   __shared__ unsigned skip;
   if (block_skips(error, nullptr, &skip)) return;
-  const uint32_t n_parts = gridDim.x, i = blockIdx.x;
+  const uint32_t i = first_part + blockIdx.x;
   const Scratch s = scratch_of(scratch, n_parts);
   const BudgetPartState& st = s.parts[i];
   const uint32_t t = threadIdx.x;
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(kPartThreads)
     if (t == 0) terms = PartTerms{};
     __syncthreads();
     const double scale = fixed_point_scale(f64_of_bits(st.max_bits), st.n_sg);
-    const PartTables tab = tables_of(s, i);
+    const PartTables tab = tables_of(s, blockIdx.x);
     const BudgetSums sums{tab.count,        tab.hop_centred, tab.hop_mean,
                           st.total_centred, st.total_mean,   1.0 / scale};
     const int c = static_cast<int>(t);
@@ -353,8 +359,9 @@ __global__ void __launch_bounds__(kPartThreads)
       part_term(job, job.parts[i], sums, c, &terms);
   }
   __syncthreads();
-  // The last part block to get here adds the terms: a ticket taken after this part's terms are
-  // visible to the whole device, so no block ever waits for another (no co-residency needed).
+  // The last part block to get here (of the last wave: earlier waves completed before it started)
+  // adds the terms: a ticket taken after this part's terms are visible to the whole device, so no
+  // block ever waits for another (no co-residency needed).
   if (t == 0) {
     __threadfence();
     const unsigned long long ticket = atomicAdd(&s.call->parts_done, 1ull);
@@ -391,21 +398,26 @@ cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* s
     tiles = part_tiles > tiles ? part_tiles : tiles;
   }
   const unsigned blocks = static_cast<unsigned>(tiles < kMaxGridBlocks ? tiles : kMaxGridBlocks);
-  DQ_LAUNCH(budget_extent_kernel, dim3(blocks, n_parts), dim3(kGridThreads), staged_bytes, stream,
-            job->hop, n_workers, reduced, scratch, error);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  DQ_LAUNCH(budget_sums_kernel, dim3(blocks, n_parts), dim3(kGridThreads), staged_bytes, stream,
-            job->hop, n_workers, reduced, scratch, error);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  DQ_LAUNCH(budget_runs_kernel, dim3(kBudgetKeyRuns, n_parts), dim3(kBudgetRunThreads), 0, stream,
-            scratch, error);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  DQ_LAUNCH(budget_cumulate_kernel, dim3(kBudgetKeyRuns, n_parts), dim3(kBudgetRunThreads), 0,
-            stream, scratch, error);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  DQ_LAUNCH(budget_part_kernel, dim3(n_parts), dim3(kPartThreads), 0, stream, job, scratch, out,
-            error);
-  return cudaGetLastError();
+  // Waves of up to kBudgetWaveParts parts, each wave's tables in the same rows of the scratch.
+  for (uint32_t first = 0; first < n_parts; first += kBudgetWaveParts) {
+    const uint32_t wave = n_parts - first < kBudgetWaveParts ? n_parts - first : kBudgetWaveParts;
+    DQ_LAUNCH(budget_extent_kernel, dim3(blocks, wave), dim3(kGridThreads), staged_bytes, stream,
+              job->hop, n_workers, reduced, scratch, n_parts, first, error);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    DQ_LAUNCH(budget_sums_kernel, dim3(blocks, wave), dim3(kGridThreads), staged_bytes, stream,
+              job->hop, n_workers, reduced, scratch, n_parts, first, error);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    DQ_LAUNCH(budget_runs_kernel, dim3(kBudgetKeyRuns, wave), dim3(kBudgetRunThreads), 0, stream,
+              scratch, n_parts, first, error);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    DQ_LAUNCH(budget_cumulate_kernel, dim3(kBudgetKeyRuns, wave), dim3(kBudgetRunThreads), 0,
+              stream, scratch, n_parts, first, error);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    DQ_LAUNCH(budget_part_kernel, dim3(wave), dim3(kPartThreads), 0, stream, job, scratch, n_parts,
+              first, out, error);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 // Every kernel of this file loaded now (the attributes query loads its module): at device set-up,

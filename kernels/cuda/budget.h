@@ -40,34 +40,44 @@ struct BudgetCallState {
 };
 
 // Device memory the kernels work in, for a call of `n_parts` parts: the call's state and the
-// staged hop tables, then per part its state, its terms and its per-key tables (the count and the
-// two fixed-point energies, kEnergyKeys + 1 entries each: kBudgetScratchBytes, 0.75 MiB), so every
-// part is summarised at once and the launches do not depend on the parts. Multiples of 8 bytes.
+// staged hop tables; per part its state and its terms (1.4 KB); and per-key tables (the count and
+// the two fixed-point energies, kEnergyKeys + 1 entries each: kBudgetScratchBytes, 0.75 MiB) for
+// up to kBudgetWaveParts parts at once. A call of at most that many parts is summarised in one
+// wave, whatever its parts; a larger one in waves of kBudgetWaveParts, so the memory stays
+// bounded (the smallest pipeline blocks, 256 KiB, would otherwise cost 3 GiB of tables for a
+// 1 GiB all-reduce). Multiples of 8 bytes.
+constexpr uint32_t kBudgetWaveParts = 64;
 constexpr size_t kBudgetCallBytes =
     sizeof(BudgetCallState) + 2 * kBudgetStagedWorkers * sizeof(double);
-constexpr size_t kBudgetPartBytes =
-    sizeof(BudgetPartState) + sizeof(PartTerms) + kBudgetScratchBytes;
+constexpr size_t kBudgetPartBytes = sizeof(BudgetPartState) + sizeof(PartTerms);
 static_assert(kBudgetCallBytes % 8 == 0 && kBudgetPartBytes % 8 == 0, "8-byte alignment");
 constexpr size_t budget_scratch_bytes(uint32_t n_parts) {
-  return kBudgetCallBytes + static_cast<size_t>(n_parts) * kBudgetPartBytes;
+  const uint32_t tables = n_parts < kBudgetWaveParts ? n_parts : kBudgetWaveParts;
+  return kBudgetCallBytes + static_cast<size_t>(n_parts) * kBudgetPartBytes +
+         static_cast<size_t>(tables) * kBudgetScratchBytes;
 }
-// The parts one call may have (a grid's y dimension holds one part a row).
-constexpr uint32_t kBudgetMaxParts = 65535;
+// The parts one call may have.
+constexpr uint32_t kBudgetMaxParts = 1u << 24;
 
-// Enqueues the prediction of a call on `stream`: all of job->n_parts parts at once, each from its
-// statistics at reduced + stats_offset (device memory, kStatsWordsPerSupergroup BF16 words per
-// super-group) summarised in `scratch` (`scratch_bytes` of device memory, at least
-// budget_scratch_bytes(job->n_parts): cudaErrorInvalidValue otherwise), the parts' terms added in
-// part order; then *out (memory the host reads, e.g. mapped) as run_budget_job() writes it:
-// kBudgetPredicted with the prediction, or kBudgetNoPrediction when a statistic is not finite.
-// `job`, the parts and the hop tables it points to: memory the device reads (mapped), unchanged
-// until the kernels completed; the host reads job->n_parts and the parts' counts here (mapped
-// memory is host memory), to size the grids. kBudgetLaunches launches, whatever the parts (1 for
-// a job of no part).
+// The launches of a call's prediction: a set-up kernel, then five a wave (6 for up to
+// kBudgetWaveParts parts).
+constexpr uint64_t budget_launches(uint32_t n_parts) {
+  return 1 + 5 * ((static_cast<uint64_t>(n_parts) + kBudgetWaveParts - 1) / kBudgetWaveParts);
+}
+
+// Enqueues the prediction of a call on `stream`: job->n_parts parts, in waves of up to
+// kBudgetWaveParts parts at once, each from its statistics at reduced + stats_offset (device
+// memory, kStatsWordsPerSupergroup BF16 words per super-group) summarised in `scratch`
+// (`scratch_bytes` of device memory, at least budget_scratch_bytes(job->n_parts):
+// cudaErrorInvalidValue otherwise), the parts' terms added in part order; then *out (memory the
+// host reads, e.g. mapped) as run_budget_job() writes it: kBudgetPredicted with the prediction, or
+// kBudgetNoPrediction when a statistic is not finite. `job`, the parts and the hop tables it
+// points to: memory the device reads (mapped), unchanged until the kernels completed; the host
+// reads job->n_parts and the parts' counts here (mapped memory is host memory), to size the grids.
+// budget_launches(job->n_parts) launches.
 // `error`: the lane's error word; when non-zero as a kernel starts, that kernel and (the word only
 // ever gains flags) every later one write nothing (nullptr: no word). The kernels raise no flag of
 // their own.
-constexpr uint64_t kBudgetLaunches = 6;
 cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                           size_t scratch_bytes, BudgetResult* out, const unsigned* error,
                           cudaStream_t stream);

@@ -232,8 +232,9 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 // with inputs: the hop, then the clear of a message with invalid codes), two per finish (the
 // validation pass, then the decode); a layout of at least kGridMinSupergroups super-groups runs
 // over the grid as seven. The budget's prediction (the device's predict_budget, not a step here):
-// six a call, whatever its parts (cuda::kBudgetLaunches). So a DynamiQ call of B pipeline blocks,
-// P codec parts and F finished chunks a block on n ranks launches
+// six a call of up to cuda::kBudgetWaveParts (64) codec parts, whatever their number, five more
+// for each further 64 (cuda::budget_launches). So a DynamiQ call of B pipeline blocks, P codec
+// parts and F finished chunks a block on n ranks (BP <= 64) launches
 // 6 + B (2P + n + 2F) + 6G (G: its grid layouts).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,

@@ -264,8 +264,8 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // else: the step's last kernel folds its flags into the error word (no arm or fold kernels), the
 // same launches as on a GPU (shim/engine/cuda_steps.h).
 // The budget's launches (kernels/cuda/budget.cu): one to set up, then five over the grid that
-// take every codec part of the call at once: a constant per call, however many parts (the
-// reduce-scatter of 4 blocks below has 4 n parts).
+// take every codec part of the call at once: a constant per call up to kBudgetWaveParts (64)
+// parts, however many (the reduce-scatter of 4 blocks below has 4 n parts).
 constexpr uint64_t kBudgetLaunchesPerCall = 6;
 // A layout of at least kGridMinSupergroups super-groups runs as seven kernels, not one.
 constexpr uint64_t kGridLayoutExtraLaunches = 6;
