@@ -20,39 +20,67 @@ constexpr uint32_t kBudgetKeyRuns = (kEnergyKeys + kBudgetRunThreads * kBudgetKe
 // doubles: 32 KiB of shared memory at most); beyond, they read the job's mapped tables.
 constexpr uint32_t kBudgetStagedWorkers = 2049;
 
-// The call's running state in the scratch, after the per-key tables: one part's extent (the
-// largest energy as its bit pattern, the largest floor(log2 energy) + 2048, the count of
-// non-finite super-groups), its unweighted fixed-point energies, its key runs' totals (count and
-// the two energies), whether the call has ended, and the call's sums over its parts.
-struct BudgetScratchState {
+// One part's running state in the scratch: its geometry (copied from the job by the set-up
+// kernel, so the grid kernels read device memory, not the mapped job), its extent (the largest
+// energy as its bit pattern, the largest floor(log2 energy) + 2048, the count of non-finite
+// super-groups), its unweighted fixed-point energies and its key runs' totals (count and the two
+// energies).
+struct BudgetPartState {
+  unsigned long long n_elems = 0, n_sg = 0, stats_offset = 0;
   unsigned long long max_bits = 0, largest = 0, bad = 0;
   unsigned long long total_centred = 0, total_mean = 0;
   unsigned long long runs[3][kBudgetKeyRuns] = {};
-  unsigned long long stop = 0;
+};
+
+// The call's state: how many parts' terms are done (the last part block to finish adds them all,
+// in part order, into `acc`).
+struct BudgetCallState {
+  unsigned long long parts_done = 0;
   BudgetAccumulator acc;
 };
 
-// Device memory the kernels work in: per key, the count and the two fixed-point energies
-// (kEnergyKeys + 1 entries each), reused part after part; the call's state; the staged hop tables.
-constexpr size_t budget_scratch_bytes() {
-  return kBudgetScratchBytes + sizeof(BudgetScratchState) +
-         2 * kBudgetStagedWorkers * sizeof(double);
+// Device memory the kernels work in, for a call of `n_parts` parts: the call's state and the
+// staged hop tables; per part its state and its terms (1.4 KB); and per-key tables (the count and
+// the two fixed-point energies, kEnergyKeys + 1 entries each: kBudgetScratchBytes, 0.75 MiB) for
+// up to kBudgetWaveParts parts at once. A call of at most that many parts is summarised in one
+// wave, whatever its parts; a larger one in waves of kBudgetWaveParts, so the memory stays
+// bounded (the smallest pipeline blocks, 256 KiB, would otherwise cost 3 GiB of tables for a
+// 1 GiB all-reduce). Multiples of 8 bytes.
+constexpr uint32_t kBudgetWaveParts = 64;
+constexpr size_t kBudgetCallBytes =
+    sizeof(BudgetCallState) + 2 * kBudgetStagedWorkers * sizeof(double);
+constexpr size_t kBudgetPartBytes = sizeof(BudgetPartState) + sizeof(PartTerms);
+static_assert(kBudgetCallBytes % 8 == 0 && kBudgetPartBytes % 8 == 0, "8-byte alignment");
+constexpr size_t budget_scratch_bytes(uint32_t n_parts) {
+  const uint32_t tables = n_parts < kBudgetWaveParts ? n_parts : kBudgetWaveParts;
+  return kBudgetCallBytes + static_cast<size_t>(n_parts) * kBudgetPartBytes +
+         static_cast<size_t>(tables) * kBudgetScratchBytes;
+}
+// The parts one call may have.
+constexpr uint32_t kBudgetMaxParts = 1u << 24;
+
+// The launches of a call's prediction: a set-up kernel, then five a wave (6 for up to
+// kBudgetWaveParts parts).
+constexpr uint64_t budget_launches(uint32_t n_parts) {
+  return 1 + 5 * ((static_cast<uint64_t>(n_parts) + kBudgetWaveParts - 1) / kBudgetWaveParts);
 }
 
-// Enqueues the prediction of a call on `stream`: for each of job->n_parts parts in order, its
-// statistics at reduced + stats_offset (device memory, kStatsWordsPerSupergroup BF16 words per
-// super-group) summarised in `scratch` (budget_scratch_bytes() of device memory) and added to the
-// call's sums; then
-// *out (memory the host reads, e.g. mapped) as run_budget_job() writes it: kBudgetPredicted with
-// the prediction, or kBudgetNoPrediction when a statistic is not finite. `job`, the parts and the
-// hop tables it points to: memory the device reads (mapped), unchanged until the kernels completed;
-// the host reads job->n_parts, the parts' counts and offsets here (mapped memory is host memory),
-// to size each part's grid. 1 + 5 n_parts launches.
+// Enqueues the prediction of a call on `stream`: job->n_parts parts, in waves of up to
+// kBudgetWaveParts parts at once, each from its statistics at reduced + stats_offset (device
+// memory, kStatsWordsPerSupergroup BF16 words per super-group) summarised in `scratch`
+// (`scratch_bytes` of device memory, at least budget_scratch_bytes(job->n_parts):
+// cudaErrorInvalidValue otherwise), the parts' terms added in part order; then *out (memory the
+// host reads, e.g. mapped) as run_budget_job() writes it: kBudgetPredicted with the prediction, or
+// kBudgetNoPrediction when a statistic is not finite. `job`, the parts and the hop tables it
+// points to: memory the device reads (mapped), unchanged until the kernels completed; the host
+// reads job->n_parts and the parts' counts here (mapped memory is host memory), to size the grids.
+// budget_launches(job->n_parts) launches.
 // `error`: the lane's error word; when non-zero as a kernel starts, that kernel and (the word only
 // ever gains flags) every later one write nothing (nullptr: no word). The kernels raise no flag of
 // their own.
 cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
-                          BudgetResult* out, const unsigned* error, cudaStream_t stream);
+                          size_t scratch_bytes, BudgetResult* out, const unsigned* error,
+                          cudaStream_t stream);
 
 // Loads every kernel of budget.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
 cudaError_t load_budget_kernels();

@@ -82,7 +82,7 @@ enum DynamiqError : unsigned {
 
 // The layout of `params` for this call from the all-reduced statistics
 // (kStatsWordsPerSupergroup BF16 words per super-group) into `layout` (params.sections.bytes bytes,
-// 8-byte aligned): the bytes of build_dynamiq_layout(), padding included. One block, or eight
+// 8-byte aligned): the bytes of build_dynamiq_layout(), padding included. One block, or seven
 // grid-wide kernels for a large layout (kernels/cuda/dynamiq_layout_grid.cuh).
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error,

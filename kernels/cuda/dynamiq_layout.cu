@@ -402,7 +402,7 @@ constexpr unsigned long long kGridMinSupergroups = 4096;
 bool layout_on_grid(const DynamiqPlan& p) {
   const unsigned long long n = p.n_sg, blocks = (n + kGridThreads - 1) / kGridThreads;
   if (n < kGridMinSupergroups || 6 * blocks + 3 * kDigitBins > n ||
-      2 * (blocks + static_cast<unsigned long long>(p.n_chunks) + 1) > n)
+      2 * (blocks + static_cast<unsigned long long>(p.n_chunks) + 2) > n)
     return false;
   for (int w = 0; w < 3; ++w)
     if (p.record[w + 1] <= p.record[w]) return false;
@@ -441,9 +441,7 @@ cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint1
   DQ_LAUNCH(layout_partition_kernel, grid, block, 0, stream, p, s, base, error);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const dim3 digest_grid(grid.x + static_cast<unsigned>(p.n_chunks));
-  DQ_LAUNCH(layout_digest_kernel, digest_grid, block, 0, stream, p, s, reduced_stats, base, error);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  DQ_LAUNCH(layout_finish_kernel, grid, block, 0, stream, p, s,
+  DQ_LAUNCH(layout_digest_finish_kernel, digest_grid, block, 0, stream, p, s, reduced_stats,
             static_cast<unsigned long long>(call), base, error);
   return cudaGetLastError();
 }
@@ -459,8 +457,7 @@ cudaError_t load_dynamiq_layout_kernels() {
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_digit_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_widths_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_partition_kernel);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_digest_kernel);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_finish_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, layout_digest_finish_kernel);
   return e;
 }
 

@@ -1,7 +1,8 @@
 // The layout over the whole grid (included by kernels/cuda/dynamiq_layout.cu, whose helpers it
 // uses): the same bytes as the one-block kernel, for layouts large enough that one block would
 // hold up the call. Blocks of kGridThreads threads, one super-group per thread (block b: super-
-// groups [256 b, 256 b + 256)), eight kernels in stream order, no grid-wide barrier:
+// groups [256 b, 256 b + 256)), seven kernels in stream order, no grid-wide barrier (no block
+// ever waits for one that may not have started: NCCL's kernels may hold SMs meanwhile):
 //  1. extent:      per block, the largest key magnitude and the poisoned count;
 //  2. breakpoints: the width keys (the shift from every block's maximum) and, per super-group
 //                  and width w in {4, 8, 16}, b_w: how many thresholds theta (bit patterns
@@ -26,12 +27,15 @@
 //                  (T(x), and T(x + 256) - T(x) = 256 P^n), and only the lookup T(h) = T(h mod
 //                  256) + (h / 256) 256 P^n is chained, block to block (a ticket orders the
 //                  segments by when their blocks started, so a block waits only for blocks that
-//                  run); the means and exponents of the segment's super-groups;
-//  8. finish:      the class starts (a block search: widths fall along the wire order), the record
-//                  offsets, chunk contents and the capacity check, the header and the padding.
+//                  run); the means and exponents of the segment's super-groups; then, in the
+//                  same kernel (it needs only the partition's results), the finish: the class
+//                  starts (a block search: widths fall along the wire order), the record offsets,
+//                  chunk contents and the capacity check, the header and the padding; the offsets
+//                  whose words hold the chain are written by the last block done (a ticket).
 // Scratch lives in the layout's own sections until they are written: the per-block values and the
 // histograms in the mean section (written in 7), the breakpoints in order, offset and by_index
-// (written in 6 and 8), the digest chain in the offset section (written in 8).
+// (written in 6 and 7), the digest chain in the offset section (written in 7, its first words
+// last).
 
 namespace {
 
@@ -58,7 +62,7 @@ struct GridScratch {
   uint32_t* b4;               // [n_sg] breakpoints                                 (order)
   uint32_t* b8;               //                                                    (offset)
   uint32_t* b16;              //                                                    (by_index)
-  unsigned long long* chain;  // [segments + 1] digests so far (bit 32: set), then the ticket
+  unsigned long long* chain;  // [segments + 2] digests so far (bit 32: set), then two tickets
 };
 
 __device__ __forceinline__ uint32_t grid_blocks(const DynamiqPlan& p) {
@@ -296,9 +300,10 @@ __device__ __forceinline__ Classes classes_of(const DynamiqPlan& p, const uint32
   return k;
 }
 
-// Words of the digest chain: one per digest block, then the ticket.
+// Words of the digest chain: one per digest block, then the segments' ticket, then the ticket of
+// the blocks done (kernels/cuda/dynamiq_layout.cu's layout_on_grid() checks they fit).
 __device__ __forceinline__ uint32_t chain_words(const DynamiqPlan& p) {
-  return grid_blocks(p) + static_cast<uint32_t>(p.n_chunks) + 1;
+  return grid_blocks(p) + static_cast<uint32_t>(p.n_chunks) + 2;
 }
 
 }  // namespace
@@ -359,7 +364,8 @@ __global__ void __launch_bounds__(kGridThreads)
 namespace {
 
 // The digest chain's value before segment `seg` (its chunk's earlier segments), waited for.
-__device__ uint32_t chain_before(const GridScratch& g, uint32_t seg, unsigned* error) {
+__device__ __forceinline__ uint32_t chain_before(const GridScratch& g, uint32_t seg,
+                                                 unsigned* error) {
   const volatile unsigned long long* word = g.chain + seg - 1;
   const volatile unsigned* flags = error;
   for (uint32_t poll = 0; poll < kMaxChainPolls; ++poll) {
@@ -376,9 +382,10 @@ struct Segment {
 };
 
 // The segment of this block's ticket; chunk = n_chunks: none (the grid has spare blocks).
-__device__ Segment take_segment(const DynamiqPlan& p, const LayoutPtrs& l, const GridScratch& g) {
+__device__ __forceinline__ Segment take_segment(const DynamiqPlan& p, const LayoutPtrs& l,
+                                                const GridScratch& g) {
   Segment s{0, static_cast<uint32_t>(p.n_chunks), 0, 0, 0};
-  s.seg = static_cast<uint32_t>(atomicAdd(&g.chain[chain_words(p) - 1], 1ull));
+  s.seg = static_cast<uint32_t>(atomicAdd(&g.chain[chain_words(p) - 2], 1ull));
   uint32_t before = 0;
   for (uint32_t c = 0; c < static_cast<uint32_t>(p.n_chunks); ++c) {
     const uint32_t first = l.chunk_first[c], end = l.chunk_first[c + 1];
@@ -395,22 +402,13 @@ __device__ Segment take_segment(const DynamiqPlan& p, const LayoutPtrs& l, const
   return s;
 }
 
-}  // namespace
-
-__global__ void __launch_bounds__(kGridThreads)
-    layout_digest_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
-                         unsigned char* base, unsigned* error) {
-  __shared__ uint32_t words[kGridThreads], scale_words[kGridThreads], table[kGridThreads];
-  __shared__ uint32_t step_raw;  // T(x + 256) - T(x)
-  __shared__ Segment segment;
-  __shared__ unsigned skip;
-  if (grid_block_skips(error, &skip)) return;
-  const LayoutPtrs l = layout_ptrs(s, base);
-  const GridScratch g = grid_scratch(p, l);
-  if (threadIdx.x == 0) segment = take_segment(p, l, g);
-  __syncthreads();
-  const Segment sg = segment;
-  if (sg.chunk >= static_cast<uint32_t>(p.n_chunks)) return;  // the same in every thread
+// Segment sg's digest (collective: every thread of the block calls it): the means and exponents
+// of its super-groups, its run of the hash from each low byte, then (thread 0) the chain.
+__device__ __forceinline__ void digest_segment(const DynamiqPlan& p, const LayoutPtrs& l,
+                                               const GridScratch& g, const uint16_t* reduced,
+                                               const Segment& sg, unsigned* error, uint32_t* words,
+                                               uint32_t* scale_words, uint32_t* table,
+                                               uint32_t* step_raw) {
   const uint32_t t = threadIdx.x, n = sg.end - sg.first;
   if (t < n) {
     const uint32_t j = l.order[sg.first + t];
@@ -433,7 +431,7 @@ __global__ void __launch_bounds__(kGridThreads)
     }
   }
   table[t] = h;
-  if (t == 0) step_raw = h_next - h;
+  if (t == 0) *step_raw = h_next - h;
   __syncthreads();
   if (t != 0) return;
   uint32_t in;
@@ -443,11 +441,13 @@ __global__ void __launch_bounds__(kGridThreads)
   } else {
     in = chain_before(g, sg.seg, error);
   }
-  const uint32_t out = table[in & 0xffu] + (in >> 8) * step_raw;
+  const uint32_t out = table[in & 0xffu] + (in >> 8) * *step_raw;
   if (sg.last != 0) l.chunk_check[sg.chunk] = out;
   __threadfence();
   atomicExch(&g.chain[sg.seg], (1ull << 32) | out);
 }
+
+}  // namespace
 
 namespace {
 
@@ -474,18 +474,11 @@ __device__ __forceinline__ void zero_padding(unsigned char* base, size_t at, siz
   for (size_t b = at + bytes; b % 8 != 0; ++b) base[b] = 0;
 }
 
-}  // namespace
-
-__global__ void __launch_bounds__(kGridThreads)
-    layout_finish_kernel(DynamiqPlan p, DynamiqSections s, unsigned long long call,
-                         unsigned char* base, unsigned* error) {
-  __shared__ unsigned long long scratch[kWarp + 1];
-  __shared__ unsigned skip;
-  const StepFold fold(error);  // the sequence's last kernel folds the step (step_fold.h)
-  if (grid_block_skips(error, &skip)) return;
-  const LayoutPtrs l = layout_ptrs(s, base);
+// The classes, from the widths along the wire order: class w starts where the wider ones end.
+// Collective.
+__device__ __forceinline__ Classes wire_classes(const DynamiqPlan& p, const LayoutPtrs& l,
+                                                unsigned long long* scratch) {
   const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
-  // Widths fall along the wire order: class w starts where the wider ones end.
   uint32_t start[4], size[4];
   start[3] = 0;
   for (int w = 2; w >= 0; --w) {
@@ -494,12 +487,27 @@ __global__ void __launch_bounds__(kGridThreads)
         start[w + 1], n_sg, [&](uint32_t i) { return l.width[l.order[i]] < wider; }, scratch);
   }
   for (int w = 3; w >= 0; --w) size[w] = (w == 0 ? n_sg : start[w - 1]) - start[w];
-  const Classes k = classes_of(p, size);
-  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
-  for (uint32_t i = at; i < n_sg; i += step) {
+  return classes_of(p, size);
+}
+
+// Record offsets within their chunks of the wire positions [from, to) this thread takes (`at`,
+// then every `step`-th).
+__device__ __forceinline__ void write_offsets(const DynamiqPlan& p, const LayoutPtrs& l,
+                                              const Classes& k, uint32_t from, uint32_t to,
+                                              uint32_t at, uint32_t step) {
+  for (uint32_t i = from + at; i < to; i += step) {
     const uint32_t first = l.chunk_first[chunk_of(k, i, p.stride, p.n_chunks)];
     l.offset[i] = static_cast<uint32_t>(wire_offset(k, i) - wire_offset(k, first));
   }
+}
+
+// The finish of the layout: chunk contents and the capacity check, the header, the padding (the
+// blocks share them out).
+__device__ __forceinline__ void finish_layout(const DynamiqPlan& p, const DynamiqSections& s,
+                                              const LayoutPtrs& l, const Classes& k,
+                                              unsigned long long call, unsigned char* base,
+                                              unsigned* error) {
+  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
   for (uint32_t c = at; c < static_cast<uint32_t>(p.n_chunks); c += step) {
     const unsigned long long content =
         wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
@@ -521,4 +529,47 @@ __global__ void __launch_bounds__(kGridThreads)
     zero_padding(base, s.width, n);
     zero_padding(base, s.exponent, n);
   }
+}
+
+}  // namespace
+
+// The sequence's last kernel: a segment's digest a block (blocks taking the segments in the order
+// they start, so the chain waits only for blocks that run), then the finish, which needs only the
+// partition's results: every block writes the record offsets of its share of the wire positions,
+// except those whose words still hold the digest chain; the last block done (a ticket after a
+// fence: every chain word has been read by then) writes those. At least 4 blocks an SM: without
+// it ptxas held the kernel to 32 registers on sm_90 and spilled 4 bytes; with it, 38 / 40
+// registers (sm_80 / sm_90), no spill.
+__global__ void __launch_bounds__(kGridThreads, 4)
+    layout_digest_finish_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
+                                unsigned long long call, unsigned char* base, unsigned* error) {
+  __shared__ uint32_t words[kGridThreads], scale_words[kGridThreads], table[kGridThreads];
+  __shared__ uint32_t step_raw;  // T(x + 256) - T(x)
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ Segment segment;
+  __shared__ unsigned skip, last;
+  const StepFold fold(error);  // the sequence's last kernel folds the step (step_fold.h)
+  if (grid_block_skips(error, &skip)) return;
+  const LayoutPtrs l = layout_ptrs(s, base);
+  const GridScratch g = grid_scratch(p, l);
+  if (threadIdx.x == 0) segment = take_segment(p, l, g);
+  __syncthreads();
+  const Segment sg = segment;
+  if (sg.chunk < static_cast<uint32_t>(p.n_chunks))  // the same in every thread
+    digest_segment(p, l, g, reduced, sg, error, words, scale_words, table, &step_raw);
+  const Classes k = wire_classes(p, l, scratch);  // starts with barriers
+  const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
+  const uint32_t chain_end = 2 * chain_words(p);  // offset words the chain holds
+  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  write_offsets(p, l, k, chain_end < n_sg ? chain_end : n_sg, n_sg, at, step);
+  finish_layout(p, s, l, k, call, base, error);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(&g.chain[chain_words(p) - 1], 1ull) + 1 == gridDim.x ? 1u : 0u;
+    if (last != 0) __threadfence();  // every block's chain reads are done
+  }
+  __syncthreads();
+  if (last != 0)
+    write_offsets(p, l, k, 0, chain_end < n_sg ? chain_end : n_sg, threadIdx.x, blockDim.x);
 }

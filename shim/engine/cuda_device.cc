@@ -151,14 +151,18 @@ class CudaDevice final : public Device {
     if (why) *why = capture_.invalidated_by;
     return capture_.invalidated_by.empty() ? Status::kOk : Status::kSystemError;
   }
-  size_t budget_scratch_bytes() const override { return cuda::budget_scratch_bytes(); }
+  size_t budget_scratch_bytes(uint32_t n_parts) const override {
+    return cuda::budget_scratch_bytes(n_parts);
+  }
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
-                        BudgetResult* out, Lane lane) override {
+                        size_t scratch_bytes, BudgetResult* out, Lane lane) override {
     // The budget kernel reads the lane's error word itself, as on a GPU (it raises no flags).
     return run(lane, "budget", &counts_.budgets,
-               [job, reduced, scratch, out, error = lane.error](cudaStream_t stream, unsigned*) {
+               [job, reduced, scratch, scratch_bytes, out, error = lane.error](cudaStream_t stream,
+                                                                               unsigned*) {
                  return cuda_steps::step_status(
-                     cuda::launch_budget(job, reduced, scratch, out, error, stream), 0, "budget");
+                     cuda::launch_budget(job, reduced, scratch, scratch_bytes, out, error, stream),
+                     0, "budget");
                });
   }
 

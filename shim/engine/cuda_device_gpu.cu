@@ -290,16 +290,20 @@ class CudaGpuDevice final : public Device {
       set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;
   }
-  // The budget's prediction: one kernel (kernels/cuda/budget.cu), which reads the job and writes
-  // the result in mapped memory and skips itself when the lane's error word is set.
-  size_t budget_scratch_bytes() const override { return cuda::budget_scratch_bytes(); }
+  // The budget's prediction: kernels/cuda/budget.cu's kernels (a constant number a call), which
+  // reads the job and writes the result in mapped memory and skips itself when the lane's error
+  // word is set.
+  size_t budget_scratch_bytes(uint32_t n_parts) const override {
+    return cuda::budget_scratch_bytes(n_parts);
+  }
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
-                        BudgetResult* out, Lane lane) override {
+                        size_t scratch_bytes, BudgetResult* out, Lane lane) override {
     if (error_set(lane.error)) return Status::kOk;
     OnDevice on(ordinal_);
-    const Status s = cuda_status(cuda::launch_budget(job, reduced, scratch, out, lane.error,
-                                                     static_cast<cudaStream_t>(lane.stream)),
-                                 "budget kernel");
+    const Status s =
+        cuda_status(cuda::launch_budget(job, reduced, scratch, scratch_bytes, out, lane.error,
+                                        static_cast<cudaStream_t>(lane.stream)),
+                    "budget kernel");
     if (s != Status::kOk)
       set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;

@@ -232,7 +232,12 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 // launches' only. Launches per step: one per statistics, layout and hop (two for a uniform:B hop
 // with inputs: the hop, then the clear of a message with invalid codes), one per finish
 // (validator blocks, then decoder blocks that wait for them: FinishGate, step_fold.h; a BF16 or
-// MX finish has only its header to check, which every block does).
+// MX finish has only its header to check, which every block does). A layout of
+// at least kGridMinSupergroups super-groups runs over the grid as seven. The budget's prediction
+// (the device's predict_budget, not a step here): six a call of up to cuda::kBudgetWaveParts (64)
+// codec parts, whatever their number, five more for each further 64 (cuda::budget_launches). So a
+// DynamiQ call of B pipeline blocks, P codec parts and F finished chunks a block on n ranks
+// (BP <= 64) launches 6 + B (2P + n + F) + 6G (G: its grid layouts).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
                            const unsigned* flags, cudaStream_t stream) {

@@ -115,11 +115,12 @@ class Device {
   // docs/ENGINE.md section 10) from its reduced statistics (device memory) into `out` (mapped
   // memory the host reads one call late): run_budget_job() on the host device, the kernel of
   // kernels/cuda/budget.cu on a CUDA device, with the same bits. `job` (mapped) is not written
-  // until the host has waited for this step. `scratch`: budget_scratch_bytes() of device memory.
+  // until the host has waited for this step. `scratch`: `scratch_bytes` of device memory, at
+  // least budget_scratch_bytes(job->n_parts) (a smaller one fails the step).
   virtual Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
-                                BudgetResult* out, Lane lane) = 0;
-  // Device memory predict_budget needs (0: none).
-  virtual size_t budget_scratch_bytes() const { return 0; }
+                                size_t scratch_bytes, BudgetResult* out, Lane lane) = 0;
+  // Device memory predict_budget needs for a call of `n_parts` codec parts (0: none).
+  virtual size_t budget_scratch_bytes(uint32_t /*n_parts*/) const { return 0; }
   // NCCL calls in stream order. On a GPU NCCL's own calls are stream-ordered, so `calls` runs at
   // once and its result is returned; the host device queues it behind the stream's earlier work
   // and reports a failure through the error word.

@@ -107,8 +107,6 @@ Status Engine::setup_device() {
   DQ_CHECK(device_->alloc_mapped(static_cast<size_t>(control_block_words()) * 4, &words));
   control_ = static_cast<uint32_t*>(words);
   std::memset(control_, 0, static_cast<size_t>(control_block_words()) * 4);
-  if (device_->budget_scratch_bytes() > 0 && settings_.codec == "dynamiq")
-    DQ_CHECK(device_->alloc(device_->budget_scratch_bytes(), &budget_scratch_));
   if (settings_.check_every > 0) {
     check_ = std::make_unique<Check>();
     DQ_CHECK(device_->alloc(Check::kBytes, &check_->in));
@@ -136,6 +134,7 @@ void Engine::teardown_device() {
   control_ = nullptr;
   if (budget_scratch_) device_->release(budget_scratch_, nullptr);
   budget_scratch_ = nullptr;
+  budget_scratch_bytes_ = 0;
   if (check_) {
     for (void* p : {check_->in, check_->exact, check_->host_out, check_->host_exact})
       if (p) device_->release(p, nullptr);

@@ -195,8 +195,8 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
   // event: the host reads it once it has waited for this event or a later one (the one-call-late
   // wait). The host never reads the statistics.
   if (predict != nullptr && stats_words > 0)
-    DQ_CHECK(device_->predict_budget(predict->job, stats_reduced, budget_scratch_, predict->result,
-                                     lane));
+    DQ_CHECK(device_->predict_budget(predict->job, stats_reduced, budget_scratch_,
+                                     budget_scratch_bytes_, predict->result, lane));
   DQ_CHECK(device_->record(ev_control_, comm_stream_));
   control_pending_ = true;
   if (arm) check_->state = Check::State::kArmed;

@@ -39,7 +39,26 @@ Engine::Bucket* Engine::bucket_for(const CallArgs& call, DType dtype) {
   return buckets_.front().get();
 }
 
+// The budget's device memory grown to hold a call of `n_parts` codec parts (kernels/cuda/budget.h:
+// 0.75 MiB a part up to a wave of 64, 1.4 KB a part beyond): the new block first, so a failure
+// leaves the old one to the buckets it serves; the old one is then released in comm stream order,
+// after the predictions queued into it. Run where init_bucket runs, so a failure is agreed with
+// the plan.
+Status Engine::reserve_budget_scratch(uint32_t n_parts) {
+  const size_t need = device_->budget_scratch_bytes(n_parts);
+  if (need <= budget_scratch_bytes_ || settings_.codec != "dynamiq") return Status::kOk;
+  void* grown = nullptr;
+  DQ_CHECK(device_->alloc(need, &grown));
+  if (budget_scratch_ != nullptr) device_->release(budget_scratch_, comm_stream_);
+  budget_scratch_ = grown;
+  budget_scratch_bytes_ = need;
+  return Status::kOk;
+}
+
 Status Engine::init_bucket(Bucket& b, const Plan& p) {
+  size_t n_parts = 0;
+  for (const Plan::Block& blk : p.blocks) n_parts += blk.parts.size();
+  DQ_CHECK(reserve_budget_scratch(static_cast<uint32_t>(n_parts)));
   b.parts.clear();
   b.rung = -1;
   b.stats_pending = false;

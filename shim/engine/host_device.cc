@@ -351,8 +351,8 @@ class HostDevice final : public Device {
       return Status::kOk;
     });
   }
-  Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void*, BudgetResult* out,
-                        Lane lane) override {
+  Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void*, size_t,
+                        BudgetResult* out, Lane lane) override {
     return run(lane, [job, reduced, out] {
       run_budget_job(*job, reduced, out);
       return Status::kOk;

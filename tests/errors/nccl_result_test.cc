@@ -166,9 +166,9 @@ class CorruptingDevice final : public dq::engine::Device {
   Status copy(void* d, const void* s, size_t b, dq::engine::Lane l) override {
     return inner_->copy(d, s, b, l);
   }
-  Status predict_budget(const dq::BudgetJob* j, const uint16_t* r, void* scratch,
+  Status predict_budget(const dq::BudgetJob* j, const uint16_t* r, void* scratch, size_t bytes,
                         dq::BudgetResult* out, dq::engine::Lane l) override {
-    return inner_->predict_budget(j, r, scratch, out, l);
+    return inner_->predict_budget(j, r, scratch, bytes, out, l);
   }
   Status nccl(dq::engine::Lane l, std::function<ncclResult_t()> calls) override {
     return inner_->nccl(l, std::move(calls));

@@ -264,23 +264,23 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // of the rank's own for a reduce-scatter. Nothing
 // else: the step's last kernel folds its flags into the error word (no arm or fold kernels), the
 // same launches as on a GPU (shim/engine/cuda_steps.h).
-// The budget's launches (kernels/cuda/budget.cu): one to set up, then five over the grid for
-// each codec part of the call.
-constexpr uint64_t kBudgetSetupLaunches = 1, kBudgetLaunchesPerPart = 5;
-// A layout of at least kGridMinSupergroups super-groups runs as eight kernels, not one.
-constexpr uint64_t kGridLayoutExtraLaunches = 7;
+// The budget's launches (kernels/cuda/budget.cu): one to set up, then five over the grid that
+// take every codec part of the call at once: a constant per call up to kBudgetWaveParts (64)
+// parts, however many (the reduce-scatter of 4 blocks below has 4 n parts).
+constexpr uint64_t kBudgetLaunchesPerCall = 6;
+// A layout of at least kGridMinSupergroups super-groups runs as seven kernels, not one.
+constexpr uint64_t kGridLayoutExtraLaunches = 6;
 
 uint64_t launches_per_call(int n, int blocks, bool scatter) {
   const uint64_t hop_steps = static_cast<uint64_t>(n);
   const uint64_t finishes = scatter ? 1 : static_cast<uint64_t>(n);
   const uint64_t parts = scatter ? static_cast<uint64_t>(n) : 1;
   const uint64_t b = static_cast<uint64_t>(blocks);
-  return kBudgetSetupLaunches + kBudgetLaunchesPerPart * b * parts +
-         b * (2 * parts + hop_steps + finishes);
+  return kBudgetLaunchesPerCall + b * (2 * parts + hop_steps + finishes);
 }
 
-// Compressed FP32 calls of 1, 2 and 3 blocks (all-reduce) and 2 blocks (reduce-scatter) on one
-// engine, after a first call (the canary's launches are its own): each call's launches, and its
+// Compressed FP32 calls of 1, 2 and 3 blocks (all-reduce) and 2 and 4 blocks (reduce-scatter) on
+// one engine, after a first call (the canary's launches are its own): each call's launches, and its
 // hop launches, exactly the formula's.
 int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
                    dq::engine::Device* cuda) {
@@ -295,7 +295,7 @@ int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
     int blocks;
     bool scatter;
   };
-  const Shape shapes[] = {{1, false}, {1, false}, {2, false}, {3, false}, {2, true}};
+  const Shape shapes[] = {{1, false}, {1, false}, {2, false}, {3, false}, {2, true}, {4, true}};
   for (size_t i = 0; i < std::size(shapes); ++i) {
     const Shape& s = shapes[i];
     // A block counts the caller's bytes, a reduce-scatter's one slice per rank.

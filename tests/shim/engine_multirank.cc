@@ -259,9 +259,9 @@ class FailingDevice final : public Device {
   dq::Status copy(void* d, const void* s, size_t b, dq::engine::Lane l) override {
     return inner_->copy(d, s, b, l);
   }
-  dq::Status predict_budget(const dq::BudgetJob* j, const uint16_t* r, void* scratch,
+  dq::Status predict_budget(const dq::BudgetJob* j, const uint16_t* r, void* scratch, size_t bytes,
                             dq::BudgetResult* out, dq::engine::Lane l) override {
-    return inner_->predict_budget(j, r, scratch, out, l);
+    return inner_->predict_budget(j, r, scratch, bytes, out, l);
   }
   dq::Status nccl(dq::engine::Lane l, std::function<ncclResult_t()> calls) override {
     return inner_->nccl(l, std::move(calls));

@@ -116,11 +116,16 @@ void expect_same(const BudgetResult& host, const BudgetResult& dev, const std::s
 }
 
 BudgetResult on_device(const Call& call, const unsigned* error = nullptr) {
-  std::vector<unsigned char> scratch(budget_scratch_bytes(), 0xA5);  // garbage: must be cleared
+  // Garbage: must be cleared.
+  std::vector<unsigned char> scratch(budget_scratch_bytes(call.job.n_parts), 0xA5);
   BudgetResult out;
   out.state = 77;  // a sentinel no run writes
-  EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), &out, error, nullptr),
+  const uint64_t before = emu::launches();
+  EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), scratch.size(), &out, error,
+                          nullptr),
             cudaSuccess);
+  // A constant per call up to a wave of parts (6), five more a wave beyond.
+  EXPECT_EQ(emu::launches() - before, budget_launches(call.job.n_parts));
   return out;
 }
 
@@ -196,6 +201,69 @@ TEST(CudaBudget, NonFiniteStatisticGivesNoPrediction) {
   call.stats[nan_at + (kStatEnergy - kStatMean)] = 0x3f80;
   call.stats[stat_word(3, kStatEnergy)] = 0x7f80;  // an infinite energy in the first part
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
+}
+
+// Every part of a call in the same launches: a reduce-scatter's parts (one a rank and pipeline
+// block: 16 ranks x 3 blocks, the last block shorter), each its own tables and terms, added in
+// part order; bits as the host's. A table shared between two parts, or the terms added in the
+// order the blocks finish, would differ.
+TEST(CudaBudget, ManyPartsInConstantLaunches) {
+  EXPECT_EQ(budget_launches(1), 6u);
+  EXPECT_EQ(budget_launches(48), 6u);
+  EXPECT_EQ(budget_launches(kBudgetWaveParts), 6u);
+  std::vector<size_t> counts;
+  for (int block = 0; block < 3; ++block)
+    for (int rank = 0; rank < 16; ++rank) counts.push_back(block < 2 ? 9000 : 4097);
+  for (double decades : {1.5, 6.0}) {
+    Call call = make_call(counts, 16, 1, decades, decades > 2 ? 31 : 32);
+    call.job.auto_budget = 1;
+    ASSERT_EQ(call.job.n_parts, 48u);
+    BudgetResult host;
+    run_budget_job(call.job, call.stats.data(), &host);
+    ASSERT_EQ(host.state, kBudgetPredicted);
+    expect_same(host, on_device(call), "48 parts, decades " + std::to_string(decades));
+  }
+}
+
+// More parts than a wave: 16 ranks x 9 blocks = 144 parts in three waves (16 launches), every
+// wave's tables in the same rows of the scratch, every part's terms kept to the end; bits as the
+// host's.
+TEST(CudaBudget, PartsBeyondAWaveMatchHost) {
+  std::vector<size_t> counts;
+  for (int block = 0; block < 9; ++block)
+    for (int rank = 0; rank < 16; ++rank) counts.push_back(block < 8 ? 1500 : 333);
+  Call call = make_call(counts, 16, 1, 3.0, 41);
+  call.job.auto_budget = 1;
+  ASSERT_EQ(call.job.n_parts, 144u);
+  EXPECT_EQ(budget_launches(144), 16u);
+  BudgetResult host;
+  run_budget_job(call.job, call.stats.data(), &host);
+  ASSERT_EQ(host.state, kBudgetPredicted);
+  expect_same(host, on_device(call), "144 parts");
+  // A poisoned super-group in the last wave: no prediction, as on the host.
+  call.stats[call.parts[140].stats_offset + stat_word(2, kStatEnergy)] = 0x7fc0;
+  run_budget_job(call.job, call.stats.data(), &host);
+  EXPECT_EQ(host.state, kBudgetNoPrediction);
+  EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
+}
+
+// The scratch is sized from the parts on the host; a smaller one is refused before any launch.
+TEST(CudaBudget, ScratchTooSmallIsRefused) {
+  Call call = make_call({4096, 4096, 300}, 4, 1, 1.0, 7);
+  std::vector<unsigned char> scratch(budget_scratch_bytes(2), 0);
+  BudgetResult out;
+  out.state = 77;
+  const uint64_t before = emu::launches();
+  EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), scratch.size(), &out,
+                          nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(emu::launches(), before);
+  EXPECT_EQ(out.state, 77u);
+  // Tables for a wave of parts at most: beyond, a part costs its state and terms only.
+  EXPECT_EQ(budget_scratch_bytes(3) - budget_scratch_bytes(2),
+            kBudgetPartBytes + kBudgetScratchBytes);
+  EXPECT_EQ(budget_scratch_bytes(kBudgetWaveParts + 1) - budget_scratch_bytes(kBudgetWaveParts),
+            kBudgetPartBytes);
 }
 
 TEST(CudaBudget, PresetErrorWordWritesNothing) {
