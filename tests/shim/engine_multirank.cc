@@ -1040,6 +1040,23 @@ int scenario_check(int n) {
   return all_zero(run_ranks(n, 1, body, 240), "check") ? 0 : 1;
 }
 
+// ---- two-level scenarios (split_settles, rail_overlap) -------------------------------------
+// Rank `rank` on fake node rank / 2 (NCCL_HOSTID: `prefix` and the node number), with small
+// integers as input: value i is (i + rank) % 7, so the exact sum over n ranks is known.
+void join_fake_node(const std::string& prefix, int rank) {
+  setenv("NCCL_HOSTID", (prefix + std::to_string(rank / 2)).c_str(), 1);
+}
+std::vector<float> small_integers(int rank, size_t count) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i + rank) % 7);
+  return v;
+}
+double small_integers_sum(size_t i, int n) {
+  double sum = 0;
+  for (int q = 0; q < n; ++q) sum += static_cast<double>((i + q) % 7);
+  return sum;
+}
+
 // ---- split_settles -------------------------------------------------------------------------
 // The split answers ncclInProgress (after making the communicator: the CPU NCCL's splits are
 // synchronous) and the child settles after kSplitPolls polls, or, for g_stuck_rank's first split,
@@ -1087,8 +1104,7 @@ int split_settles_case(int n, int stuck_rank) {
                                       {"DYNAMIQ_MIN_BYTES", "0"},
                                       {"DYNAMIQ_TIMEOUT_MS", std::to_string(kTimeoutMs)}});
   auto body = [&](int rank, ncclComm_t* comms) -> int {
-    const std::string node = "split-node" + std::to_string(rank / 2);
-    setenv("NCCL_HOSTID", node.c_str(), 1);
+    join_fake_node("split-node", rank);
     g_stuck_rank = stuck_rank;
     g_split_rank = rank;
     dq::engine::NcclOps ops = cpu_nccl_ops();
@@ -1098,8 +1114,8 @@ int split_settles_case(int n, int stuck_rank) {
     ops.comm_destroy = counted_destroy;
     ops.reduce_scatter = counted_reduce_scatter;
     constexpr size_t kCount = 1 << 18;
-    std::vector<float> in(kCount), out(kCount);
-    for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>((i + rank) % 7);
+    const std::vector<float> in = small_integers(rank, kCount);
+    std::vector<float> out(kCount);
     const auto t0 = std::chrono::steady_clock::now();
     {
       Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
@@ -1112,14 +1128,10 @@ int split_settles_case(int n, int stuck_rank) {
         PassReason reason;
         const ncclResult_t r = engine.run(args, &reason);
         CHECK_OR(70, r == ncclSuccess, "rank %d call %d: %d", rank, call, static_cast<int>(r));
-        // Small integers: every schedule's sum is exact or close to it (5 bits); the expected sum
-        // over ranks of (i + r) % 7.
+        // Small integers: every schedule's sum is exact or close to it (5 bits).
         double worst = 0;
-        for (size_t i = 0; i < kCount; ++i) {
-          double want = 0;
-          for (int q = 0; q < n; ++q) want += static_cast<double>((i + q) % 7);
-          worst = std::max(worst, std::fabs(out[i] - want));
-        }
+        for (size_t i = 0; i < kCount; ++i)
+          worst = std::max(worst, std::fabs(out[i] - small_integers_sum(i, n)));
         CHECK_OR(71, worst < 3.0, "rank %d call %d: off by %g", rank, call, worst);
       }
     }
@@ -1197,16 +1209,15 @@ int scenario_rail_overlap(int n) {
                                       {"DYNAMIQ_MIN_BYTES", "0"},
                                       {"DYNAMIQ_BLOCK_BYTES", "256K"}});
   auto body = [&](int rank, ncclComm_t* comms) -> int {
-    const std::string node = "overlap-node" + std::to_string(rank / 2);
-    setenv("NCCL_HOSTID", node.c_str(), 1);
+    join_fake_node("overlap-node", rank);
     dq::engine::NcclOps ops = cpu_nccl_ops();
     ops.comm_split = recorded_split;
     ops.all_reduce = watched_all_reduce;
     ops.send = held_send;
     // 2^18 values: a shard of 2^17 per rank, 4 pieces of 32,768 (256 KiB / 4 B / 2 ranks).
     constexpr size_t kCount = 1 << 18;
-    std::vector<float> in(kCount), out(kCount);
-    for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>((i + rank) % 7);
+    const std::vector<float> in = small_integers(rank, kCount);
+    std::vector<float> out(kCount);
     {
       Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
                     true);
@@ -1222,8 +1233,7 @@ int scenario_rail_overlap(int n) {
       // one rail engine or two, the same bytes), far from garbage (~1).
       double error = 0, energy = 0;
       for (size_t i = 0; i < kCount; ++i) {
-        double want = 0;
-        for (int q = 0; q < n; ++q) want += static_cast<double>((i + q) % 7);
+        const double want = small_integers_sum(i, n);
         error += (out[i] - want) * (out[i] - want);
         energy += want * want;
       }
