@@ -9,7 +9,8 @@
 //
 // Work split: a block of 256 threads takes a tile of 16 super-groups (4096 values): it loads the
 // tile coalesced into shared memory, then thread t sums group t % 16 of super-group t / 16 and a
-// half-warp shuffle sums the 16 group sums in group order. Blocks stride over the tiles.
+// half-warp shuffle sums the 16 group sums in group order. Blocks stride over the tiles; a batch
+// (a call's codec parts in one launch) numbers the tiles of all its jobs in job order.
 #include "kernels/cuda/stats.h"
 
 #include "kernels/bf16.h"
@@ -29,6 +30,80 @@ static_assert(kStatsThreads == kTileRows, "one thread per group of the tile");
 
 }  // namespace
 
+namespace {
+
+// One tile (16 super-groups) of `count` values at `x`: loaded into `tile`, then summed; the
+// whole block, with barriers.
+__device__ void stats_tile(const void* x, bool bf16, unsigned long long count, uint16_t* stats,
+                           unsigned long long tile_index, float* tile) {
+  const int t = static_cast<int>(threadIdx.x);
+  const unsigned long long n_sg = (count + kSuperGroup - 1) / kSuperGroup;
+  const float* x32 = static_cast<const float*>(x);
+  const uint16_t* x16 = static_cast<const uint16_t*>(x);
+  const unsigned long long first = tile_index * kTileValues;
+  DQ_UNROLL
+  for (int k = 0; k < kTileValues / kStatsThreads; ++k) {
+    const int i = k * kStatsThreads + t;
+    const unsigned long long e = first + static_cast<unsigned long long>(i);
+    float v = 0.0f;
+    if (e < count) v = bf16 ? bf16_to_f32(x16[e]) : x32[e];
+    tile[(i / kGroup) * kRowPitch + (i % kGroup)] = v;
+  }
+  __syncthreads();
+  const int g = t % kGroupsPerSuperGroup;
+  const unsigned long long sg =
+      tile_index * kTileSuperGroups + static_cast<unsigned>(t / kGroupsPerSuperGroup);
+  int valid = 0;
+  if (sg < n_sg) {
+    const unsigned long long left = count - sg * kSuperGroup;
+    valid = left < kSuperGroup ? static_cast<int>(left) : kSuperGroup;
+  }
+  int in_group = valid - g * kGroup;
+  in_group = in_group < 0 ? 0 : in_group > kGroup ? kGroup : in_group;
+  const float* row = &tile[t * kRowPitch];  // group g of super-group t / 16 is row t
+  float group_sum = 0.0f, group_sq = 0.0f;
+  float group_non_zero = 0.0f;  // values != 0 in the group (NaN included), at most 16: exact
+  for (int k = 0; k < in_group; ++k) {
+    const float v = row[k];
+    group_sum += v;
+    group_sq += v * v;
+    group_non_zero += v != 0.0f ? 1.0f : 0.0f;
+  }
+  const float sum = segment_ordered_sum<kGroupsPerSuperGroup>(group_sum);
+  const float sum_sq = segment_ordered_sum<kGroupsPerSuperGroup>(group_sq);
+  const float non_zero = segment_ordered_sum<kGroupsPerSuperGroup>(group_non_zero);
+  if (g == 0 && sg < n_sg) {
+    float mean = sum / static_cast<float>(valid);
+    uint16_t energy_word = f32_to_bf16_sat(sum_sq);
+    if (!energy_in_window(sum_sq)) {  // far from unit scale (rare): the host's sequential path
+      const unsigned long long at = sg * kSuperGroup;
+      if (bf16)
+        wide_statistics([x16, at](int k) { return bf16_to_f32(x16[at + k]); }, valid, sum_sq, &mean,
+                        &energy_word);
+      else
+        wide_statistics([x32, at](int k) { return x32[at + k]; }, valid, sum_sq, &mean,
+                        &energy_word);
+    }
+    stats[stat_word(sg, kStatMean)] = f32_to_bf16_sat(mean);
+    stats[stat_word(sg, kStatEnergy)] = energy_word;
+    stats[stat_word(sg, kStatAllZero)] = non_zero > 0.0f ? 0 : kBf16One;
+  }
+  __syncthreads();  // the tile is overwritten next
+}
+
+__host__ __device__ inline unsigned long long tiles_of(unsigned long long count) {
+  const unsigned long long n_sg = (count + kSuperGroup - 1) / kSuperGroup;
+  return (n_sg + kTileSuperGroups - 1) / kTileSuperGroups;
+}
+
+unsigned grid_for(unsigned long long tiles, int max_blocks) {
+  const unsigned long long cap =
+      max_blocks > 0 ? static_cast<unsigned long long>(max_blocks) : 1024;
+  return static_cast<unsigned>(tiles < cap ? tiles : cap);
+}
+
+}  // namespace
+
 __global__ void __launch_bounds__(kStatsThreads)
     supergroup_stats_kernel(const void* x, int bf16, unsigned long long count, uint16_t* stats,
                             const unsigned* error) {
@@ -37,61 +112,32 @@ __global__ void __launch_bounds__(kStatsThreads)
   // The lane failed before this step: nothing is written. Every thread of the grid reads the same
   // word, which this kernel never writes, before any barrier: the whole block returns.
   if (error != nullptr && step_failed(*error)) return;
-  const int t = static_cast<int>(threadIdx.x);
-  const unsigned long long n_sg = (count + kSuperGroup - 1) / kSuperGroup;
-  const unsigned long long n_tiles = (n_sg + kTileSuperGroups - 1) / kTileSuperGroups;
-  const float* x32 = static_cast<const float*>(x);
-  const uint16_t* x16 = static_cast<const uint16_t*>(x);
-  for (unsigned long long tile_index = blockIdx.x; tile_index < n_tiles; tile_index += gridDim.x) {
-    const unsigned long long first = tile_index * kTileValues;
-    DQ_UNROLL
-    for (int k = 0; k < kTileValues / kStatsThreads; ++k) {
-      const int i = k * kStatsThreads + t;
-      const unsigned long long e = first + static_cast<unsigned long long>(i);
-      float v = 0.0f;
-      if (e < count) v = bf16 ? bf16_to_f32(x16[e]) : x32[e];
-      tile[(i / kGroup) * kRowPitch + (i % kGroup)] = v;
+  const unsigned long long n_tiles = tiles_of(count);
+  for (unsigned long long tile_index = blockIdx.x; tile_index < n_tiles; tile_index += gridDim.x)
+    stats_tile(x, bf16 != 0, count, stats, tile_index, tile);
+}
+
+// A batch: the tiles of every job, numbered in job order; a block finds a tile's job by
+// bisection over the jobs' first tiles (a few dozen jobs at most a call: log2 steps, from L2).
+__global__ void __launch_bounds__(kStatsThreads)
+    supergroup_stats_batch_kernel(const StatsJob* jobs, int n_jobs, unsigned long long tiles,
+                                  const void* base, int bf16, const unsigned* error) {
+  __shared__ float tile[kTileRows * kRowPitch];
+  const StepFold fold(error);                           // the step's only kernel (step_fold.h)
+  if (error != nullptr && step_failed(*error)) return;  // as above: the whole block
+  const size_t esize = bf16 ? 2 : 4;
+  for (unsigned long long at = blockIdx.x; at < tiles; at += gridDim.x) {
+    int lo = 0, hi = n_jobs - 1;  // the last job whose first tile is <= at
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (jobs[mid].first_tile <= at)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
-    __syncthreads();
-    const int g = t % kGroupsPerSuperGroup;
-    const unsigned long long sg =
-        tile_index * kTileSuperGroups + static_cast<unsigned>(t / kGroupsPerSuperGroup);
-    int valid = 0;
-    if (sg < n_sg) {
-      const unsigned long long left = count - sg * kSuperGroup;
-      valid = left < kSuperGroup ? static_cast<int>(left) : kSuperGroup;
-    }
-    int in_group = valid - g * kGroup;
-    in_group = in_group < 0 ? 0 : in_group > kGroup ? kGroup : in_group;
-    const float* row = &tile[t * kRowPitch];  // group g of super-group t / 16 is row t
-    float group_sum = 0.0f, group_sq = 0.0f;
-    float group_non_zero = 0.0f;  // values != 0 in the group (NaN included), at most 16: exact
-    for (int k = 0; k < in_group; ++k) {
-      const float v = row[k];
-      group_sum += v;
-      group_sq += v * v;
-      group_non_zero += v != 0.0f ? 1.0f : 0.0f;
-    }
-    const float sum = segment_ordered_sum<kGroupsPerSuperGroup>(group_sum);
-    const float sum_sq = segment_ordered_sum<kGroupsPerSuperGroup>(group_sq);
-    const float non_zero = segment_ordered_sum<kGroupsPerSuperGroup>(group_non_zero);
-    if (g == 0 && sg < n_sg) {
-      float mean = sum / static_cast<float>(valid);
-      uint16_t energy_word = f32_to_bf16_sat(sum_sq);
-      if (!energy_in_window(sum_sq)) {  // far from unit scale (rare): the host's sequential path
-        const unsigned long long at = sg * kSuperGroup;
-        if (bf16)
-          wide_statistics([x16, at](int k) { return bf16_to_f32(x16[at + k]); }, valid, sum_sq,
-                          &mean, &energy_word);
-        else
-          wide_statistics([x32, at](int k) { return x32[at + k]; }, valid, sum_sq, &mean,
-                          &energy_word);
-      }
-      stats[stat_word(sg, kStatMean)] = f32_to_bf16_sat(mean);
-      stats[stat_word(sg, kStatEnergy)] = energy_word;
-      stats[stat_word(sg, kStatAllZero)] = non_zero > 0.0f ? 0 : kBf16One;
-    }
-    __syncthreads();  // the tile is overwritten next
+    const StatsJob job = jobs[lo];
+    const void* x = static_cast<const unsigned char*>(base) + job.offset * esize;
+    stats_tile(x, bf16 != 0, job.count, job.stats, at - job.first_tile, tile);
   }
 }
 
@@ -99,12 +145,29 @@ cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint
                                     cudaStream_t stream, int max_blocks, const unsigned* error) {
   if (count == 0) return cudaSuccess;
   if (x == nullptr || stats == nullptr) return cudaErrorInvalidValue;
-  const size_t n_sg = (count + kSuperGroup - 1) / kSuperGroup;
-  const size_t n_tiles = (n_sg + kTileSuperGroups - 1) / kTileSuperGroups;
-  const size_t cap = max_blocks > 0 ? static_cast<size_t>(max_blocks) : 1024;
-  const unsigned blocks = static_cast<unsigned>(n_tiles < cap ? n_tiles : cap);
-  DQ_LAUNCH(supergroup_stats_kernel, dim3(blocks), dim3(kStatsThreads), 0, stream, x, bf16 ? 1 : 0,
-            static_cast<unsigned long long>(count), stats, error);
+  DQ_LAUNCH(supergroup_stats_kernel, dim3(grid_for(tiles_of(count), max_blocks)),
+            dim3(kStatsThreads), 0, stream, x, bf16 ? 1 : 0, static_cast<unsigned long long>(count),
+            stats, error);
+  return cudaGetLastError();
+}
+
+unsigned long long stats_batch_tiles(StatsJob* jobs, int n_jobs) {
+  unsigned long long tiles = 0;
+  for (int i = 0; i < n_jobs; ++i) {
+    jobs[i].first_tile = tiles;
+    tiles += tiles_of(jobs[i].count);
+  }
+  return tiles;
+}
+
+cudaError_t launch_supergroup_stats_batch(const StatsJob* jobs, int n_jobs,
+                                          unsigned long long tiles, const void* base, bool bf16,
+                                          cudaStream_t stream, int max_blocks,
+                                          const unsigned* error) {
+  if (tiles == 0) return cudaSuccess;
+  if (jobs == nullptr || n_jobs < 1 || base == nullptr) return cudaErrorInvalidValue;
+  DQ_LAUNCH(supergroup_stats_batch_kernel, dim3(grid_for(tiles, max_blocks)), dim3(kStatsThreads),
+            0, stream, jobs, n_jobs, tiles, base, bf16 ? 1 : 0, error);
   return cudaGetLastError();
 }
 
@@ -114,6 +177,7 @@ cudaError_t load_stats_kernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaSuccess;
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, supergroup_stats_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, supergroup_stats_batch_kernel);
   return e;
 }
 

@@ -23,6 +23,28 @@ cudaError_t launch_supergroup_stats(const void* x, bool bf16, size_t count, uint
                                     cudaStream_t stream, int max_blocks = 0,
                                     const unsigned* error = nullptr);
 
+// One codec part of a batch: `count` values from element `offset` of the call's input (the base
+// pointer is the launch's), their statistics at `stats`. `first_tile`: the tiles of 16
+// super-groups of the jobs before it (stats_batch_tiles() fills it).
+struct StatsJob {
+  unsigned long long offset;
+  unsigned long long count;
+  uint16_t* stats;
+  unsigned long long first_tile;
+};
+
+// Fills every job's first_tile in order; returns the batch's tiles (the sum of every job's).
+unsigned long long stats_batch_tiles(StatsJob* jobs, int n_jobs);
+
+// The statistics of every job of a batch in one launch: what launch_supergroup_stats writes for
+// each job's values at base + offset (elements of FP32, or BF16 when `bf16`). `jobs`: the
+// n_jobs jobs in device memory, first_tile filled and increasing; `tiles`: what
+// stats_batch_tiles() returned. `error` as launch_supergroup_stats.
+cudaError_t launch_supergroup_stats_batch(const StatsJob* jobs, int n_jobs,
+                                          unsigned long long tiles, const void* base, bool bf16,
+                                          cudaStream_t stream, int max_blocks = 0,
+                                          const unsigned* error = nullptr);
+
 // Loads every kernel of stats.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
 cudaError_t load_stats_kernels();
 

@@ -202,7 +202,9 @@ TEST(CudaStats, AllZeroWord) {
     for (size_t i = 1280; i < x.size(); ++i) x[i] = 0.0f;                 // partial, zero
     std::vector<uint16_t> x16(x.size());
     for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16_rne(x[i]);
-    if (dtype == DType::kBF16) ASSERT_NE(x16[700] & 0x7fffu, 0u);  // the denormal survives
+    if (dtype == DType::kBF16) {
+      ASSERT_NE(x16[700] & 0x7fffu, 0u);  // the denormal survives
+    }
     const void* data = dtype == DType::kF32 ? static_cast<const void*>(x.data()) : x16.data();
     const std::vector<uint16_t> host = host_stats(data, dtype, x.size());
     ASSERT_EQ(host.size(), 6 * kStatsWordsPerSupergroup);
@@ -215,6 +217,74 @@ TEST(CudaStats, AllZeroWord) {
       ASSERT_EQ(device_stats(x16, true, &dev, 0), cudaSuccess) << kernel_fault();
     expect_same(host, dev, "all-zero word", x.size(), 0);
   }
+}
+
+// A batch: the codec parts of one call (slices of one input at their offsets, empty ones
+// included) in one launch, each part's words exactly the host's statistics of its slice, on one
+// block, a few and many; a lane that failed before writes no word of any part.
+template <class T>
+void expect_batch_matches_host(const std::vector<T>& x, DType dtype) {
+  const bool bf16 = dtype == DType::kBF16;
+  // (offset, count): parts of unequal sizes, an empty one between two others, one at the end.
+  const std::vector<std::pair<size_t, size_t>> cuts = {
+      {0, 4097}, {4097, 0}, {4097, 256}, {4353, 40000}, {44353, 1}, {44354, x.size() - 44354}};
+  std::vector<std::vector<uint16_t>> host;
+  std::vector<StatsJob> jobs;
+  size_t words = 0;
+  for (const auto& [offset, count] : cuts) {
+    host.push_back(host_stats(x.data() + offset, dtype, count));
+    jobs.push_back(StatsJob{offset, count, nullptr, 0});
+    words += host.back().size();
+  }
+  const unsigned long long tiles = stats_batch_tiles(jobs.data(), static_cast<int>(jobs.size()));
+  EXPECT_EQ(jobs[2].first_tile, 2u);  // 4097 values: 17 super-groups, 2 tiles; then none
+  for (int blocks : {1, 3, 0})
+    for (unsigned preset : {0u, 2u}) {
+      std::vector<uint16_t> dev(words, 0xBEEF);
+      const DeviceArray<T> d_x(x);
+      const DeviceArray<uint16_t> d_stats(dev);
+      size_t at = 0;
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        jobs[j].stats = d_stats.get() + at;
+        at += host[j].size();
+      }
+      const DeviceArray<StatsJob> d_jobs(jobs);
+      unsigned error = preset;
+      const DeviceArray<unsigned> d_error(&error, 1);
+#if DQ_CUDA_EMULATED
+      const uint64_t launched = emu::launches();
+#endif
+      ASSERT_EQ(launch_supergroup_stats_batch(d_jobs.get(), static_cast<int>(jobs.size()), tiles,
+                                              d_x.get(), bf16, nullptr, blocks, d_error.get()),
+                cudaSuccess)
+          << kernel_fault();
+#if DQ_CUDA_EMULATED
+      EXPECT_EQ(emu::launches() - launched, 1u) << "every part in one launch";
+#endif
+      ASSERT_EQ(d_stats.fetch(dev), cudaSuccess);
+      ASSERT_EQ(d_error.fetch(&error), cudaSuccess);
+      EXPECT_EQ(error, preset) << "the kernel raises no flags of its own";
+      at = 0;
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        const std::vector<uint16_t> part(dev.begin() + static_cast<long>(at),
+                                         dev.begin() + static_cast<long>(at + host[j].size()));
+        at += host[j].size();
+        if (preset != 0) {
+          for (size_t i = 0; i < part.size(); ++i)
+            ASSERT_EQ(part[i], 0xBEEF) << "part " << j << " word " << i;
+        } else {
+          expect_same(host[j], part, bf16 ? "bf16 batch" : "fp32 batch", cuts[j].second, blocks);
+        }
+      }
+    }
+}
+
+TEST(CudaStats, BatchMatchesHostPartByPart) {
+  const std::vector<float> f = make_values(50000, 17);
+  expect_batch_matches_host(f, DType::kF32);
+  std::vector<uint16_t> x16(f.size());
+  for (size_t i = 0; i < f.size(); ++i) x16[i] = f32_to_bf16_rne(f[i]);
+  expect_batch_matches_host(x16, DType::kBF16);
 }
 
 }  // namespace
