@@ -198,6 +198,36 @@ class CudaDevice final : public Device {
                });
   }
 
+  // The batch kernels' jobs, in a table of the device's memory (here the host's).
+  Status prepare_parts(std::vector<PartSteps> parts, DType dtype,
+                       std::unique_ptr<PreparedParts>* out) override {
+    auto prepared = std::make_unique<PreparedBatch>(std::move(parts), dtype);
+    cuda_steps::plan_part_batch(
+        *prepared,
+        [this](const PreparedCodec& c, cuda_steps::StepParams* k) { return args_of(c, k); },
+        &prepared->batch);
+    const std::vector<unsigned char>& image = prepared->batch.image;
+    if (!image.empty()) {
+      DQ_CHECK(alloc(image.size(), &prepared->device_memory));
+      prepared->device_bytes = image.size();
+      std::memcpy(prepared->device_memory, image.data(), image.size());
+    }
+    *out = std::move(prepared);
+    return Status::kOk;
+  }
+
+  Status parts_stats(const PreparedParts& parts, const void* input, Lane lane) override {
+    const auto* p = dynamic_cast<const PreparedBatch*>(&parts);
+    if (p == nullptr || !p->batch.stats) return Device::parts_stats(parts, input, lane);
+    if (p->batch.stats_jobs.empty()) return Status::kOk;
+    const bool bf16 = parts.dtype() == DType::kBF16;
+    return run(lane, "statistics", &counts_.stats,
+               [p, input, bf16](cudaStream_t stream, unsigned* flags) {
+                 return cuda_steps::launch_part_stats(p->batch, p->device_memory, input, bf16,
+                                                      flags, stream);
+               });
+  }
+
   Status hop(const PreparedCodec& codec, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {
@@ -256,6 +286,11 @@ class CudaDevice final : public Device {
     using PreparedCodec::PreparedCodec;
     bool kernels = false;
     cuda_steps::StepParams args;
+  };
+  // Parts prepared here: their batches, and the batch kernels' table (device_memory).
+  struct PreparedBatch final : PreparedParts {
+    using PreparedParts::PreparedParts;
+    cuda_steps::PartBatch batch;
   };
 
   // The kernels' arguments of a prepared codec (worked out now for one another device prepared);

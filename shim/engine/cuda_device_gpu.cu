@@ -349,6 +349,46 @@ class CudaGpuDevice final : public Device {
                 });
   }
 
+  // The batch kernels' jobs (cuda_steps::PartBatch), their table copied to device memory once,
+  // on the allocation stream (never a caller's, which may be capturing).
+  Status prepare_parts(std::vector<PartSteps> parts, DType dtype,
+                       std::unique_ptr<PreparedParts>* out) override {
+    auto prepared = std::make_unique<PreparedBatch>(std::move(parts), dtype);
+    cuda_steps::plan_part_batch(
+        *prepared,
+        [this](const PreparedCodec& c, cuda_steps::StepParams* k) {
+          if (const auto* p = dynamic_cast<const Prepared*>(&c)) {
+            *k = p->args;
+            return p->family != cuda_steps::Family::kNone && p->upload == Status::kOk;
+          }
+          return false;  // prepared by another device: part by part
+        },
+        &prepared->batch);
+    const std::vector<unsigned char>& image = prepared->batch.image;
+    if (!image.empty()) {
+      DQ_CHECK(alloc(image.size(), &prepared->device_memory));
+      prepared->device_bytes = image.size();
+      OnDevice on(ordinal_);
+      RelaxedCapture relaxed;
+      DQ_CHECK(cuda_status(cudaMemcpyAsync(prepared->device_memory, image.data(), image.size(),
+                                           cudaMemcpyHostToDevice, alloc_stream_),
+                           "the batch table"));
+      DQ_CHECK(drain(alloc_stream_, "the batch table"));
+    }
+    *out = std::move(prepared);
+    return Status::kOk;
+  }
+
+  Status parts_stats(const PreparedParts& parts, const void* input, Lane lane) override {
+    const auto* p = dynamic_cast<const PreparedBatch*>(&parts);
+    if (p == nullptr || !p->batch.stats) return Device::parts_stats(parts, input, lane);
+    if (p->batch.stats_jobs.empty()) return Status::kOk;
+    const bool bf16 = parts.dtype() == DType::kBF16;
+    return kernel_step(lane, [&](cudaStream_t stream, unsigned* flags) {
+      return cuda_steps::launch_part_stats(p->batch, p->device_memory, input, bf16, flags, stream);
+    });
+  }
+
   Status hop(const PreparedCodec& codec, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {
@@ -376,6 +416,11 @@ class CudaGpuDevice final : public Device {
     cuda_steps::StepParams args;  // kDynamiq: args.levels, the device tables
     cudaEvent_t ready = nullptr;  // kDynamiq: their upload's event
     Status upload = Status::kOk;  // kDynamiq: the upload's result
+  };
+  // Parts prepared here: their batches, and the batch kernels' table (device_memory).
+  struct PreparedBatch final : PreparedParts {
+    using PreparedParts::PreparedParts;
+    cuda_steps::PartBatch batch;
   };
 
   // One codec step on the lane's stream: skipped when the lane's error word is already set (as
@@ -410,10 +455,24 @@ class CudaGpuDevice final : public Device {
     }
     if (s == Status::kOk && ready != nullptr)
       s = cuda_status(cudaStreamWaitEvent(stream, ready, 0), "level tables");
-    // Launches per step: its kernels alone (cuda_steps.h), as on the emulated device.
+    if (s != Status::kOk) {
+      set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
+      return s;
+    }
+    return kernel_step(lane, [&](cudaStream_t st, unsigned* flags) { return body(k, st, flags); });
+  }
+
+  // A step's launches, `body(stream, flags)`, with the (stream, lane)'s StepWord: skipped when the
+  // lane's error word is already set; a failure found on the host is written to the error word.
+  // Launches per step: its kernels alone (cuda_steps.h), as on the emulated device.
+  template <class Body>
+  Status kernel_step(Lane lane, Body&& body) {
+    if (error_set(lane.error)) return Status::kOk;
+    OnDevice on(ordinal_);
+    auto stream = static_cast<cudaStream_t>(lane.stream);
     unsigned* flags = nullptr;
-    if (s == Status::kOk) s = word_for(lane.stream, stream, lane.error, &flags);
-    if (s == Status::kOk) s = body(k, stream, flags);
+    Status s = word_for(lane.stream, stream, lane.error, &flags);
+    if (s == Status::kOk) s = body(stream, flags);
     if (s != Status::kOk)
       set_error(lane.error, error_word(ErrorSource::kCodec, static_cast<int>(s)));
     return s;

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/cuda/baselines.h"
@@ -293,6 +294,55 @@ inline Status launch_finish(const StepParams& k, const void* layout, int chunk, 
                                     n_contrib, word, stream);
   }
   return step_status(e, 0, "finish");
+}
+
+// ---- a call's statistics and layouts, each one step over every codec part ---------------------
+// What both devices prepare once a plan (Device::prepare_parts): the batch kernels' jobs, and the
+// image of the table they read, which the device copies to its memory once.
+struct PartBatch {
+  bool stats = false;  // the statistics run as one batch launch (else part by part)
+  std::vector<cuda::StatsJob> stats_jobs;
+  unsigned long long stats_tiles = 0;
+  size_t stats_table = 0;            // where the stats jobs start in the table, bytes
+  std::vector<unsigned char> image;  // the table's bytes, 8-byte aligned sections
+};
+
+// Plans `parts`' batches; `kernels(codec, &k)` gives a prepared codec's kernel parameters and
+// whether kernels serve it. The statistics batch when every part that has statistics is a
+// DynamiQ codec with kernels (the only codec with statistics; any other leaves it part by part).
+template <class Kernels>
+void plan_part_batch(const PreparedParts& parts, Kernels&& kernels, PartBatch* out) {
+  *out = PartBatch{};
+  out->stats = true;
+  for (const PartSteps& part : parts.parts()) {
+    if (part.stats_codec == nullptr) continue;
+    StepParams k;
+    if (!kernels(*part.stats_codec, &k) || k.family != Family::kDynamiq ||
+        k.dynamiq.plan.count != part.count) {
+      out->stats = false;
+      break;
+    }
+    out->stats_jobs.push_back(cuda::StatsJob{part.offset, part.count, part.stats, 0});
+  }
+  if (!out->stats) out->stats_jobs.clear();
+  out->stats_tiles =
+      cuda::stats_batch_tiles(out->stats_jobs.data(), static_cast<int>(out->stats_jobs.size()));
+  out->stats_table = 0;
+  const size_t stats_bytes = out->stats_jobs.size() * sizeof(cuda::StatsJob);
+  out->image.resize(stats_bytes);
+  if (stats_bytes > 0) std::memcpy(out->image.data(), out->stats_jobs.data(), stats_bytes);
+}
+
+// The statistics of every part of `batch` (batch.stats), their values at `input` + each part's
+// offset; `table`: the device copy of batch.image.
+inline Status launch_part_stats(const PartBatch& batch, const void* table, const void* input,
+                                bool bf16, const unsigned* flags, cudaStream_t stream) {
+  const auto* jobs = reinterpret_cast<const cuda::StatsJob*>(
+      static_cast<const unsigned char*>(table) + batch.stats_table);
+  const cudaError_t e =
+      cuda::launch_supergroup_stats_batch(jobs, static_cast<int>(batch.stats_jobs.size()),
+                                          batch.stats_tiles, input, bf16, stream, 0, flags);
+  return step_status(e, 0, "statistics");
 }
 
 // ---- set-up: every kernel loaded before the first call ------------------------------------------

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "common/nccl_api.h"
 #include "common/status.h"
@@ -52,6 +54,36 @@ class PreparedCodec {
 
  private:
   const Codec* codec_;
+};
+
+// One codec part's share of a call's statistics and layouts, fixed when its plan is made.
+struct PartSteps {
+  const PreparedCodec* codec = nullptr;        // builds the layout
+  const PreparedCodec* stats_codec = nullptr;  // computes the statistics; nullptr: none
+  size_t offset = 0;                           // the part's first element in the call's input
+  size_t count = 0;                            // its elements
+  uint16_t* stats = nullptr;                   // its local statistics words (device memory)
+  const uint16_t* reduced = nullptr;  // its reduced statistics (device memory; nullptr: none)
+  void* layout = nullptr;             // its layout (device memory)
+};
+
+// Every part's steps of a plan, prepared for one device (Device::prepare_parts): a CUDA device
+// runs each kind as one step over all the parts. `device_memory` (`device_bytes`): what the device
+// allocated for them (its kernels' tables), nullptr when nothing; the plan's owner releases it
+// with Device::release, stream-ordered, after the plan's last step, like the plan's buffers.
+class PreparedParts {
+ public:
+  PreparedParts(std::vector<PartSteps> parts, DType dtype)
+      : parts_(std::move(parts)), dtype_(dtype) {}
+  virtual ~PreparedParts() = default;
+  const std::vector<PartSteps>& parts() const { return parts_; }
+  DType dtype() const { return dtype_; }
+  void* device_memory = nullptr;
+  size_t device_bytes = 0;
+
+ private:
+  std::vector<PartSteps> parts_;
+  DType dtype_;
 };
 
 class Device {
@@ -111,6 +143,19 @@ class Device {
   virtual Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in,
                         void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) = 0;
   virtual Status copy(void* dst, const void* src, size_t bytes, Lane lane) = 0;
+
+  // ---- a call's statistics and layouts over every codec part --------------------------------
+  // `parts` prepared for parts_stats and parts_layouts (plan time). The host device needs nothing
+  // beyond the list; a CUDA device plans one launch over all the parts where its kernels allow.
+  virtual Status prepare_parts(std::vector<PartSteps> parts, DType dtype,
+                               std::unique_ptr<PreparedParts>* out) {
+    *out = std::make_unique<PreparedParts>(std::move(parts), dtype);
+    return Status::kOk;
+  }
+  // local_stats of every part with a stats_codec, its values at `input` + offset elements.
+  virtual Status parts_stats(const PreparedParts& parts, const void* input, Lane lane);
+  // build_layout of every part, for call number `call`.
+  virtual Status parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane);
   // The budget's prediction of a call (DYNAMIQ_BITS=auto and the predicted-vNMSE metrics,
   // docs/ENGINE.md section 10) from its reduced statistics (device memory) into `out` (mapped
   // memory the host reads one call late): run_budget_job() on the host device, the kernel of

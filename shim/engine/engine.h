@@ -165,6 +165,7 @@ class Engine {
   Status cut_blocks(const CallArgs& call, Plan& p);
   int sub_blocks_for(Collective collective, size_t count, int n_chunks) const;
   Status allocate_plan(Plan& p);
+  Status prepare_part_steps(Plan& p);
   // This rank's canary verdict at the communicator's first plan (not run afterwards, nor on a
   // device that needs none); then the agreed verdict into canary_.
   CanaryResult run_canaries();

@@ -124,22 +124,46 @@ bool run_canary_on_host(const Codec& codec, const CanaryImage& im, uint64_t seed
   return ok;
 }
 
+// The statistics and layout steps as a plan's calls run them (Device::prepare_parts): every
+// worker's statistics as the parts of one list (their inputs at their offsets in the image), so
+// the device's batch kernels are what is compared; the layout of the one codec as another.
+struct CanaryParts {
+  std::unique_ptr<PreparedParts> stats, layout;
+};
+
+Status prepare_canary_parts(Device* device, const PreparedCodec& codec, const CanaryImage& im,
+                            uint8_t* dev, CanaryParts* out) {
+  const bool has_stats = im.stats_words > 0;
+  std::vector<PartSteps> stats;
+  for (int w = 0; w < W && has_stats; ++w) {
+    PartSteps part;
+    part.codec = part.stats_codec = &codec;
+    part.offset = im.x_at[w] / sizeof(float);  // elements of the image, as FP32
+    part.count = kCanaryCount;
+    part.stats = reinterpret_cast<uint16_t*>(dev + im.stats_at[w]);
+    stats.push_back(part);
+  }
+  PartSteps layout;
+  layout.codec = &codec;
+  layout.count = kCanaryCount;
+  layout.reduced = has_stats ? reinterpret_cast<const uint16_t*>(dev + im.reduced_at) : nullptr;
+  layout.layout = dev + im.layout_out;
+  DQ_CHECK(device->prepare_parts(std::move(stats), DType::kF32, &out->stats));
+  return device->prepare_parts({layout}, DType::kF32, &out->layout);
+}
+
 // The device's steps on `dev` (the image in device memory), fed the host's inputs. Every step is
 // enqueued even after one failed; the first failure is returned.
-Status enqueue_canary_steps(Device* device, const PreparedCodec& codec, const CanaryImage& im,
-                            uint8_t* dev, uint64_t seed, Lane lane) {
+Status enqueue_canary_steps(Device* device, const PreparedCodec& codec, const CanaryParts& parts,
+                            const CanaryImage& im, uint8_t* dev, uint64_t seed, Lane lane) {
   Status s = Status::kOk;
   auto step = [&s](Status enqueued) {
     if (s == Status::kOk) s = enqueued;
   };
-  const size_t words = im.stats_words, cap = im.cap;
-  if (words > 0)
-    for (int w = 0; w < W; ++w)
-      step(device->local_stats(codec, im.input(dev, w),
-                               reinterpret_cast<uint16_t*>(dev + im.stats_at[w]), lane));
-  step(device->build_layout(
-      codec, words > 0 ? reinterpret_cast<const uint16_t*>(dev + im.reduced_at) : nullptr, 0,
-      dev + im.layout_out, lane));
+  const size_t cap = im.cap;
+  static_assert(sizeof(float) == 4, "the image's inputs are FP32");
+  step(device->parts_stats(*parts.stats, dev, lane));
+  step(device->parts_layouts(*parts.layout, 0, lane));
   const uint8_t* layout = dev + im.layout_in;
   for (int c = 0; c < C; ++c) {
     for (int w = 0; w < W - 1; ++w)
@@ -181,11 +205,15 @@ Status run_canary_on_device(Device* device, const Codec& codec, const CanaryImag
     step(device->copy(dev, upload.data(), im.bytes, lane));
     // Prepared as a plan prepares its codecs.
     const std::unique_ptr<PreparedCodec> prepared = device->prepare(codec);
-    step(enqueue_canary_steps(device, *prepared, im, dev, seed, lane));
+    CanaryParts parts;
+    step(prepare_canary_parts(device, *prepared, im, dev, &parts));
+    if (s == Status::kOk) step(enqueue_canary_steps(device, *prepared, parts, im, dev, seed, lane));
     step(device->copy(device_image->data(), dev, im.bytes, lane));
     // The one blocking wait of the canary (once per communicator, at its first plan).
     step(device->record(done, stream));
     step(device->synchronize(done));
+    for (const auto* p : {parts.stats.get(), parts.layout.get()})
+      if (p != nullptr) device->release(p->device_memory, stream);
     const uint32_t failed = __atomic_load_n(error_word, __ATOMIC_ACQUIRE);
     if (s == Status::kOk && failed != 0) s = static_cast<Status>(error_code(failed));
   }

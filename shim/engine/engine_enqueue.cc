@@ -99,29 +99,17 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
 Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_index,
                                   bool with_stats, Bucket* predict, uint64_t* wire_bytes) {
   const Lane compute{compute_stream_, control_ + error_word_index()};
-  const size_t esize = dtype_size(p.dtype);
   // Statistics on the compute stream, their all-reduce (with the call's control word) on the
-  // comm stream, then every block's layout from the reduced statistics.
-  // An MX fallback's statistics (its codec needs none) only `with_stats`.
-  for (Plan::Block& b : p.blocks)
-    for (Plan::Part& part : b.parts)
-      if (part.stats_source().stats_words() > 0 && (with_stats || !part.stats_codec)) {
-        const ConstTensor own{static_cast<const uint8_t*>(call.send) + part.in_begin * esize,
-                              p.dtype, part.count};
-        DQ_CHECK(device_->local_stats(part.stats_source_prepared(), own,
-                                      p.stats_local + part.stats_offset, compute));
-      }
+  // comm stream, then every block's layout from the reduced statistics: each one step over all
+  // the parts. An MX fallback's statistics (its codec needs none) only `with_stats`.
+  DQ_CHECK(device_->parts_stats(*p.stats_steps[with_stats ? 1 : 0], call.send, compute));
   DQ_CHECK(device_->record(ev_stats_, compute_stream_));
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
   const bool skip_stats = p.mx_fallback() && !with_stats;
   DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, skip_stats ? 0 : p.stats_words,
                                 skip_stats ? nullptr : predict, wire_bytes, ev_reduced_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
-  for (Plan::Block& b : p.blocks)
-    for (Plan::Part& part : b.parts)
-      DQ_CHECK(device_->build_layout(
-          *part.prepared, part.codec->stats_words() ? p.stats_reduced + part.stats_offset : nullptr,
-          call_index, part.layout, compute));
+  DQ_CHECK(device_->parts_layouts(*p.part_steps, call_index, compute));
   if (layouts_done_ != nullptr) DQ_CHECK(device_->record(layouts_done_, compute_stream_));
 
   // Units (stage, block) in stage-major order: codec steps on the compute stream, messages on

@@ -112,6 +112,12 @@ struct Engine::Plan {
   size_t stats_words = 0;
   uint16_t* stats_local = nullptr;    // device memory
   uint16_t* stats_reduced = nullptr;  // device memory
+  // Every part's statistics and layout steps, prepared for the device (Device::prepare_parts):
+  // a call runs each kind as one step. `stats_steps[with_stats]`: an MX fallback's statistics are
+  // computed only on the calls that want them (its own codec needs none); [0] is then a list
+  // without them, else both are the same object.
+  std::unique_ptr<PreparedParts> part_steps, part_steps_without_stats;
+  const PreparedParts* stats_steps[2] = {nullptr, nullptr};
   bool fits = true;
   size_t held_bytes = 0;                // bytes allocated for this plan (the held_bytes metric)
   std::vector<ByteView> inputs;         // scratch for hop inputs

@@ -121,6 +121,7 @@ Status Engine::allocate_plan(Plan& p) {
   words = nullptr;
   alloc(p.stats_words * 2, &words);
   p.stats_reduced = static_cast<uint16_t*>(words);
+  if (status == Status::kOk) status = prepare_part_steps(p);
   if (metrics_) metrics_->held_bytes.fetch_add(static_cast<int64_t>(p.held_bytes));
   if (status == Status::kOk)
     DQ_INFO(Subsys::kEngine,
@@ -133,6 +134,45 @@ Status Engine::allocate_plan(Plan& p) {
             p.program.schedule.n_chunks, p.blocks.front().cap, p.program.slots, arena_mb,
             p.stats_words);
   return status;
+}
+
+// Every part's statistics and layout steps, prepared for the device once: each kind then runs
+// as one step a call. An MX fallback's parts compute their (DynamiQ) statistics only on the
+// calls that want them, so its plan holds a second list without them.
+Status Engine::prepare_part_steps(Plan& p) {
+  std::vector<PartSteps> steps;
+  bool any_optional_stats = false;
+  for (Plan::Block& b : p.blocks)
+    for (Plan::Part& part : b.parts) {
+      PartSteps s;
+      s.codec = part.prepared.get();
+      if (part.stats_source().stats_words() > 0) {
+        s.stats_codec = &part.stats_source_prepared();
+        any_optional_stats = any_optional_stats || part.stats_codec != nullptr;
+      }
+      s.offset = part.in_begin;
+      s.count = part.count;
+      s.stats = p.stats_local + part.stats_offset;
+      if (part.codec->stats_words() > 0) s.reduced = p.stats_reduced + part.stats_offset;
+      s.layout = part.layout;
+      steps.push_back(s);
+    }
+  std::vector<PartSteps> without_stats;
+  if (any_optional_stats) {
+    without_stats = steps;
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (steps[i].stats_codec != steps[i].codec) without_stats[i].stats_codec = nullptr;
+  }
+  DQ_CHECK(device_->prepare_parts(std::move(steps), p.dtype, &p.part_steps));
+  p.held_bytes += p.part_steps->device_bytes;
+  p.stats_steps[0] = p.stats_steps[1] = p.part_steps.get();
+  if (any_optional_stats) {
+    DQ_CHECK(
+        device_->prepare_parts(std::move(without_stats), p.dtype, &p.part_steps_without_stats));
+    p.held_bytes += p.part_steps_without_stats->device_bytes;
+    p.stats_steps[0] = p.part_steps_without_stats.get();
+  }
+  return Status::kOk;
 }
 
 std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dtype, double bits,
@@ -169,6 +209,8 @@ void Engine::retire(std::unique_ptr<Plan> plan) {
   }
   device_->release(plan->stats_local, comm_stream_);
   device_->release(plan->stats_reduced, comm_stream_);
+  for (auto* steps : {plan->part_steps.get(), plan->part_steps_without_stats.get()})
+    if (steps != nullptr) device_->release(steps->device_memory, comm_stream_);
   if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(plan->held_bytes));
 }
 
