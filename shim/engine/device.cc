@@ -1,6 +1,6 @@
-// The Device interface's steps over every codec part of a call, part by part: what a device
+// The Device interface's steps over several codec parts or chunks, one at a time: what a device
 // without batched kernels (the host device) runs, and what a CUDA device falls back to where its
-// kernels do not serve every part.
+// kernels do not serve them all.
 #include "shim/engine/device.h"
 
 namespace dq::engine {
@@ -19,6 +19,16 @@ Status Device::parts_stats(const PreparedParts& parts, const void* input, Lane l
 Status Device::parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane) {
   for (const PartSteps& part : parts.parts())
     DQ_CHECK(build_layout(*part.codec, part.reduced, call, part.layout, lane));
+  return Status::kOk;
+}
+
+Status Device::finish_chunks(const PreparedCodec& codec, const void* layout, int first_chunk,
+                             int n_chunks, const uint8_t* in, size_t in_stride, size_t in_bytes,
+                             void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) {
+  for (int i = 0; i < n_chunks; ++i)
+    DQ_CHECK(finish(codec, layout, first_chunk + i,
+                    ByteView{in + static_cast<size_t>(i) * in_stride, in_bytes}, out, dtype, op,
+                    n_contrib, lane));
   return Status::kOk;
 }
 

@@ -142,6 +142,13 @@ class Device {
                      const RoundingKey& key, Lane lane) = 0;
   virtual Status finish(const PreparedCodec& codec, const void* layout, int chunk, ByteView in,
                         void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) = 0;
+  // The finish of chunks first_chunk .. first_chunk + n_chunks - 1 of one codec, chunk c's
+  // message at in + (c - first_chunk) * in_stride (each in_bytes long): finish() of each, in
+  // order, as one step (one launch on a CUDA device; then a chunk with an invalid record leaves
+  // every chunk of the step unwritten, where the host stops at it).
+  virtual Status finish_chunks(const PreparedCodec& codec, const void* layout, int first_chunk,
+                               int n_chunks, const uint8_t* in, size_t in_stride, size_t in_bytes,
+                               void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane);
   virtual Status copy(void* dst, const void* src, size_t bytes, Lane lane) = 0;
 
   // ---- a call's statistics and layouts over every codec part --------------------------------

@@ -42,12 +42,24 @@ Status Engine::enqueue_compute(Plan& p, int block, int stage, const CallArgs& ca
       const ReduceOp op = call.op == ncclAvg ? ReduceOp::kAvg : ReduceOp::kSum;
       // finish() writes the chunk's elements at their positions in a tensor of part.count
       // elements starting at out_begin.
-      for (int c : p.program.finish_chunks) {
+      // A run of chunks of one part whose local indices and slots both follow on is one step
+      // (an all-reduce's finish stage: every chunk of the block's part, in order).
+      const std::vector<int>& chunks = p.program.finish_chunks;
+      for (size_t i = 0; i < chunks.size();) {
         int local = 0;
-        const Plan::Part& part = p.part_of(b, c, &local);
+        const Plan::Part& part = p.part_of(b, chunks[i], &local);
+        size_t run = 1;
+        for (int next_local = 0; i + run < chunks.size(); ++run) {
+          const int c = chunks[i + run];
+          if (c != chunks[i] + static_cast<int>(run) || &p.part_of(b, c, &next_local) != &part ||
+              next_local != local + static_cast<int>(run))
+            break;
+        }
         void* out = static_cast<uint8_t*>(call.recv) + part.out_begin * esize;
-        DQ_CHECK(device_->finish(*part.prepared, part.layout, local, ByteView{slot(c), b.cap}, out,
-                                 p.dtype, op, comm_.nranks, lane));
+        DQ_CHECK(device_->finish_chunks(*part.prepared, part.layout, local, static_cast<int>(run),
+                                        slot(chunks[i]), b.cap, b.cap, out, p.dtype, op,
+                                        comm_.nranks, lane));
+        i += run;
       }
       return Status::kOk;
     }
