@@ -228,6 +228,33 @@ class CudaDevice final : public Device {
                });
   }
 
+  Status parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane) override {
+    const auto* p = dynamic_cast<const PreparedBatch*>(&parts);
+    if (p == nullptr || !p->batch.layouts) return Device::parts_layouts(parts, call, lane);
+    if (p->batch.layout.empty()) return Status::kOk;
+    return run(lane, "layout", &counts_.layouts, [p, call](cudaStream_t stream, unsigned* flags) {
+      return cuda_steps::launch_part_layouts(p->batch, p->device_memory, call, flags, stream);
+    });
+  }
+
+  Status finish_chunks(const PreparedCodec& codec, const void* layout, int first_chunk,
+                       int n_chunks, const uint8_t* in, size_t in_stride, size_t in_bytes,
+                       void* out, DType dtype, ReduceOp op, int n_contrib, Lane lane) override {
+    cuda_steps::StepParams k;
+    if (!args_of(codec, &k))
+      return fallback([&] {
+        return host_->finish_chunks(codec, layout, first_chunk, n_chunks, in, in_stride, in_bytes,
+                                    out, dtype, op, n_contrib, lane);
+      });
+    return run(lane, "finish", &counts_.finishes,
+               [k, layout, first_chunk, n_chunks, in, in_stride, in_bytes, out, dtype, op,
+                n_contrib](cudaStream_t stream, unsigned* flags) {
+                 return cuda_steps::launch_finish_chunks(k, layout, first_chunk, n_chunks, in,
+                                                         in_stride, in_bytes, out, dtype, op,
+                                                         n_contrib, flags, stream);
+               });
+  }
+
   Status hop(const PreparedCodec& codec, const void* layout, int chunk, const ConstTensor& own,
              const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key,
              Lane lane) override {

@@ -303,7 +303,11 @@ struct PartBatch {
   bool stats = false;  // the statistics run as one batch launch (else part by part)
   std::vector<cuda::StatsJob> stats_jobs;
   unsigned long long stats_tiles = 0;
-  size_t stats_table = 0;            // where the stats jobs start in the table, bytes
+  size_t stats_table = 0;  // where the stats jobs start in the table, bytes
+  bool layouts = false;    // the layouts run as one step of batch launches (else part by part)
+  std::vector<StepParams> layout_params;  // each part's, in part order
+  std::vector<const uint16_t*> reduced;
+  std::vector<void*> layout;
   std::vector<unsigned char> image;  // the table's bytes, 8-byte aligned sections
 };
 
@@ -325,6 +329,17 @@ void plan_part_batch(const PreparedParts& parts, Kernels&& kernels, PartBatch* o
     out->stats_jobs.push_back(cuda::StatsJob{part.offset, part.count, part.stats, 0});
   }
   if (!out->stats) out->stats_jobs.clear();
+  out->layouts = true;
+  for (const PartSteps& part : parts.parts()) {
+    StepParams k;
+    if (!kernels(*part.codec, &k) || k.family != Family::kDynamiq) {
+      out->layouts = false;
+      break;
+    }
+    out->layout_params.push_back(k);
+    out->reduced.push_back(part.reduced);
+    out->layout.push_back(part.layout);
+  }
   out->stats_tiles =
       cuda::stats_batch_tiles(out->stats_jobs.data(), static_cast<int>(out->stats_jobs.size()));
   out->stats_table = 0;
@@ -343,6 +358,29 @@ inline Status launch_part_stats(const PartBatch& batch, const void* table, const
       cuda::launch_supergroup_stats_batch(jobs, static_cast<int>(batch.stats_jobs.size()),
                                           batch.stats_tiles, input, bf16, stream, 0, flags);
   return step_status(e, 0, "statistics");
+}
+
+// The layouts of every part of `batch` (batch.layouts) for call number `call`.
+inline Status launch_part_layouts(const PartBatch& batch, const void* table, uint64_t call,
+                                  unsigned* flags, cudaStream_t stream) {
+  (void)table;
+  for (size_t i = 0; i < batch.layout_params.size(); ++i)
+    DQ_CHECK(launch_layout(batch.layout_params[i], batch.reduced[i], call, batch.layout[i], flags,
+                           stream));
+  return Status::kOk;
+}
+
+// The finish of chunks first .. first + n - 1, chunk c's message at in + (c - first) * stride
+// (in_bytes each): Device::finish_chunks.
+inline Status launch_finish_chunks(const StepParams& k, const void* layout, int first, int n,
+                                   const uint8_t* in, size_t stride, size_t in_bytes, void* out,
+                                   DType dtype, ReduceOp op, int n_contrib, unsigned* flags,
+                                   cudaStream_t stream) {
+  for (int i = 0; i < n; ++i)
+    DQ_CHECK(launch_finish(k, layout, first + i,
+                           ByteView{in + static_cast<size_t>(i) * stride, in_bytes}, out, dtype, op,
+                           n_contrib, flags, stream));
+  return Status::kOk;
 }
 
 // ---- set-up: every kernel loaded before the first call ------------------------------------------
