@@ -201,11 +201,9 @@ class CudaDevice final : public Device {
   // The batch kernels' jobs, in a table of the device's memory (here the host's).
   Status prepare_parts(std::vector<PartSteps> parts, DType dtype,
                        std::unique_ptr<PreparedParts>* out) override {
-    auto prepared = std::make_unique<PreparedBatch>(std::move(parts), dtype);
-    cuda_steps::plan_part_batch(
-        *prepared,
-        [this](const PreparedCodec& c, cuda_steps::StepParams* k) { return args_of(c, k); },
-        &prepared->batch);
+    auto prepared = cuda_steps::batched_parts(
+        std::move(parts), dtype,
+        [this](const PreparedCodec& c, cuda_steps::StepParams* k) { return args_of(c, k); });
     const std::vector<unsigned char>& image = prepared->batch.image;
     if (!image.empty()) {
       DQ_CHECK(alloc(image.size(), &prepared->device_memory));
@@ -217,9 +215,9 @@ class CudaDevice final : public Device {
   }
 
   Status parts_stats(const PreparedParts& parts, const void* input, Lane lane) override {
-    const auto* p = dynamic_cast<const PreparedBatch*>(&parts);
-    if (p == nullptr || !p->batch.stats) return Device::parts_stats(parts, input, lane);
-    if (p->batch.stats_jobs.empty()) return Status::kOk;
+    bool empty;
+    const auto* p = cuda_steps::stats_batch(parts, &empty);
+    if (p == nullptr) return empty ? Status::kOk : Device::parts_stats(parts, input, lane);
     const bool bf16 = parts.dtype() == DType::kBF16;
     return run(lane, "statistics", &counts_.stats,
                [p, input, bf16](cudaStream_t stream, unsigned* flags) {
@@ -229,9 +227,9 @@ class CudaDevice final : public Device {
   }
 
   Status parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane) override {
-    const auto* p = dynamic_cast<const PreparedBatch*>(&parts);
-    if (p == nullptr || !p->batch.layouts) return Device::parts_layouts(parts, call, lane);
-    if (p->batch.layout.empty()) return Status::kOk;
+    bool empty;
+    const auto* p = cuda_steps::layout_batch(parts, &empty);
+    if (p == nullptr) return empty ? Status::kOk : Device::parts_layouts(parts, call, lane);
     return run(lane, "layout", &counts_.layouts, [p, call](cudaStream_t stream, unsigned* flags) {
       return cuda_steps::launch_part_layouts(p->batch, p->device_memory, call, flags, stream);
     });
@@ -313,11 +311,6 @@ class CudaDevice final : public Device {
     using PreparedCodec::PreparedCodec;
     bool kernels = false;
     cuda_steps::StepParams args;
-  };
-  // Parts prepared here: their batches, and the batch kernels' table (device_memory).
-  struct PreparedBatch final : PreparedParts {
-    using PreparedParts::PreparedParts;
-    cuda_steps::PartBatch batch;
   };
 
   // The kernels' arguments of a prepared codec (worked out now for one another device prepared);

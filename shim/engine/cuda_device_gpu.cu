@@ -353,17 +353,14 @@ class CudaGpuDevice final : public Device {
   // on the allocation stream (never a caller's, which may be capturing).
   Status prepare_parts(std::vector<PartSteps> parts, DType dtype,
                        std::unique_ptr<PreparedParts>* out) override {
-    auto prepared = std::make_unique<PreparedBatch>(std::move(parts), dtype);
-    cuda_steps::plan_part_batch(
-        *prepared,
-        [this](const PreparedCodec& c, cuda_steps::StepParams* k) {
+    auto prepared = cuda_steps::batched_parts(
+        std::move(parts), dtype, [this](const PreparedCodec& c, cuda_steps::StepParams* k) {
           if (const auto* p = dynamic_cast<const Prepared*>(&c)) {
             *k = p->args;
             return p->family != cuda_steps::Family::kNone && p->upload == Status::kOk;
           }
           return false;  // prepared by another device: part by part
-        },
-        &prepared->batch);
+        });
     const std::vector<unsigned char>& image = prepared->batch.image;
     if (!image.empty()) {
       DQ_CHECK(alloc(image.size(), &prepared->device_memory));
@@ -380,9 +377,9 @@ class CudaGpuDevice final : public Device {
   }
 
   Status parts_stats(const PreparedParts& parts, const void* input, Lane lane) override {
-    const auto* p = dynamic_cast<const PreparedBatch*>(&parts);
-    if (p == nullptr || !p->batch.stats) return Device::parts_stats(parts, input, lane);
-    if (p->batch.stats_jobs.empty()) return Status::kOk;
+    bool empty;
+    const auto* p = cuda_steps::stats_batch(parts, &empty);
+    if (p == nullptr) return empty ? Status::kOk : Device::parts_stats(parts, input, lane);
     const bool bf16 = parts.dtype() == DType::kBF16;
     return kernel_step(lane, [&](cudaStream_t stream, unsigned* flags) {
       return cuda_steps::launch_part_stats(p->batch, p->device_memory, input, bf16, flags, stream);
@@ -390,9 +387,9 @@ class CudaGpuDevice final : public Device {
   }
 
   Status parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane) override {
-    const auto* p = dynamic_cast<const PreparedBatch*>(&parts);
-    if (p == nullptr || !p->batch.layouts) return Device::parts_layouts(parts, call, lane);
-    if (p->batch.layout.empty()) return Status::kOk;
+    bool empty;
+    const auto* p = cuda_steps::layout_batch(parts, &empty);
+    if (p == nullptr) return empty ? Status::kOk : Device::parts_layouts(parts, call, lane);
     return kernel_step(lane, [&](cudaStream_t stream, unsigned* flags) {
       return cuda_steps::launch_part_layouts(p->batch, p->device_memory, call, flags, stream);
     });
@@ -436,11 +433,6 @@ class CudaGpuDevice final : public Device {
     cuda_steps::StepParams args;  // kDynamiq: args.levels, the device tables
     cudaEvent_t ready = nullptr;  // kDynamiq: their upload's event
     Status upload = Status::kOk;  // kDynamiq: the upload's result
-  };
-  // Parts prepared here: their batches, and the batch kernels' table (device_memory).
-  struct PreparedBatch final : PreparedParts {
-    using PreparedParts::PreparedParts;
-    cuda_steps::PartBatch batch;
   };
 
   // One codec step on the lane's stream: skipped when the lane's error word is already set (as

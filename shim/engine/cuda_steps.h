@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -346,6 +348,35 @@ void plan_part_batch(const PreparedParts& parts, Kernels&& kernels, PartBatch* o
   const size_t stats_bytes = out->stats_jobs.size() * sizeof(cuda::StatsJob);
   out->image.resize(stats_bytes);
   if (stats_bytes > 0) std::memcpy(out->image.data(), out->stats_jobs.data(), stats_bytes);
+}
+
+// Parts a CUDA device prepared: their batches, and the batch kernels' table in the device's
+// memory (PreparedParts::device_memory, a copy of batch.image).
+struct BatchedParts final : PreparedParts {
+  using PreparedParts::PreparedParts;
+  PartBatch batch;
+};
+
+template <class Kernels>
+std::unique_ptr<BatchedParts> batched_parts(std::vector<PartSteps> parts, DType dtype,
+                                            Kernels&& kernels) {
+  auto prepared = std::make_unique<BatchedParts>(std::move(parts), dtype);
+  plan_part_batch(*prepared, std::forward<Kernels>(kernels), &prepared->batch);
+  return prepared;
+}
+
+// `parts` when a device of ours batched them and their statistics (or layouts) run as one step
+// with something to do; else nullptr: part by part (Device's own loop), or, with an empty batch,
+// nothing (`*empty`).
+inline const BatchedParts* stats_batch(const PreparedParts& parts, bool* empty) {
+  const auto* p = dynamic_cast<const BatchedParts*>(&parts);
+  *empty = p != nullptr && p->batch.stats && p->batch.stats_jobs.empty();
+  return p != nullptr && p->batch.stats && !*empty ? p : nullptr;
+}
+inline const BatchedParts* layout_batch(const PreparedParts& parts, bool* empty) {
+  const auto* p = dynamic_cast<const BatchedParts*>(&parts);
+  *empty = p != nullptr && p->batch.layouts && p->batch.layout.empty();
+  return p != nullptr && p->batch.layouts && !*empty ? p : nullptr;
 }
 
 // The statistics of every part of `batch` (batch.stats), their values at `input` + each part's
