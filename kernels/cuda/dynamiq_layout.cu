@@ -521,8 +521,9 @@ cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_
   if (batch.n_small > 0) {
     DQ_LAUNCH(dynamiq_layout_kernel, dim3(static_cast<unsigned>(batch.n_small)),
               dim3(kLayoutThreads), 0, stream, table, c, error, batch.n_grid == 0);
-    if ((e = cudaGetLastError()) != cudaSuccess || batch.n_grid == 0) return e;
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
+  if (batch.n_grid == 0) return cudaSuccess;
   const LayoutTableJob* jobs = table + batch.n_small;
   const uint32_t n = static_cast<uint32_t>(batch.n_grid);
   const dim3 grid(batch.grid_blocks), block(kGridThreads);
