@@ -1,6 +1,11 @@
 // DynamiQ's per-call layout on the device: the bytes of build_dynamiq_layout()
 // (kernels/dynamiq_layout.cc), padding included, from the all-reduced statistics.
 //
+// The kernels build a batch of layouts (every codec part of a call): one launch of the one-block
+// kernel for every small layout (block b: the table's job b) and one of each grid kernel for every
+// large one (each block finds its layout by a search over the table), 1 + 7 launches at most.
+// The table (LayoutTableJob) is planned on the host and copied to the device by the caller.
+//
 // A layout of fewer than kGridMinSupergroups super-groups (or whose sections cannot hold the grid
 // path's scratch) is built by one block, in phases separated by barriers (larger ones over the
 // whole grid: kernels/cuda/dynamiq_layout_grid.cuh, the same bytes):
