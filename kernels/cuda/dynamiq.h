@@ -86,7 +86,8 @@ enum DynamiqError : unsigned {
 // 8-byte aligned): the bytes of build_dynamiq_layout(), padding included. One block, or seven
 // grid-wide kernels for a large layout (kernels/cuda/dynamiq_layout_grid.cuh): a batch of one
 // (launch_dynamiq_layouts below), its table copied to the device on `stream` for the launches
-// (a stream-ordered allocation, freed after them).
+// (a stream-ordered allocation, freed after them; a copy from pageable memory, which CUDA refuses
+// during a stream capture: a capturing caller plans a batch and copies its table beforehand).
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error,
                                   cudaStream_t stream);
