@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/codec.h"
 #include "kernels/cuda/cuda_compat.h"
@@ -83,10 +84,50 @@ enum DynamiqError : unsigned {
 // The layout of `params` for this call from the all-reduced statistics
 // (kStatsWordsPerSupergroup BF16 words per super-group) into `layout` (params.sections.bytes bytes,
 // 8-byte aligned): the bytes of build_dynamiq_layout(), padding included. One block, or seven
-// grid-wide kernels for a large layout (kernels/cuda/dynamiq_layout_grid.cuh).
+// grid-wide kernels for a large layout (kernels/cuda/dynamiq_layout_grid.cuh): a batch of one
+// (launch_dynamiq_layouts below), its table copied to the device on `stream` for the launches
+// (a stream-ordered allocation, freed after them; a copy from pageable memory, which CUDA refuses
+// during a stream capture: a capturing caller plans a batch and copies its table beforehand).
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error,
                                   cudaStream_t stream);
+
+// Every layout of a call in a constant number of launches, whatever the number of codec parts:
+// one launch of the one-block kernel, a block a small layout, and the grid path's seven kernels
+// once each, their grids every large layout's blocks one after the other (each block finds its
+// layout in a table; every hand-off between blocks stays within its layout's own sections).
+//
+// One layout of a batch: the codec part's kernel parameters, its reduced statistics (device
+// memory; nullptr when n_sg == 0) and its layout buffer (params.sections.bytes, 8-byte aligned).
+struct LayoutJob {
+  DynamiqDeviceParams params;
+  const uint16_t* reduced_stats = nullptr;
+  void* layout = nullptr;
+};
+
+// A batch planned once (host code, at plan time): the launch shapes and the image of the table
+// the kernels read (the caller copies `table` to device memory once and passes that copy to
+// every launch; its pointers are the jobs' device pointers, so a new table for new buffers).
+struct LayoutBatch {
+  int n_small = 0;             // layouts built by one block each (one launch, n_small blocks)
+  int n_grid = 0;              // layouts over the grid (seven launches)
+  unsigned grid_blocks = 0;    // blocks of six of the grid launches: every grid layout's together
+  unsigned digest_blocks = 0;  // blocks of the last grid launch (each layout's + its chunks)
+  std::vector<unsigned char> table;
+};
+
+// Plans `jobs` (host code). False, with a cleared batch, when a job is invalid where
+// launch_dynamiq_layout would answer cudaErrorInvalidValue, or the grids would not fit a launch.
+bool plan_layout_batch(const LayoutJob* jobs, int n_jobs, LayoutBatch* out);
+
+// Every layout of `batch` for call `call`: the bytes of build_dynamiq_layout() of each job.
+// `device_table`: the device copy of batch.table (8-byte aligned). `error`: the step's flags word,
+// as for launch_dynamiq_layout (the batch's last launch folds a StepWord's).
+cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_table,
+                                   uint64_t call, unsigned* error, cudaStream_t stream);
+
+// Launches launch_dynamiq_layouts makes: (any small layout ? 1 : 0) + (any grid layout ? 7 : 0).
+int layout_batch_launches(const LayoutBatch& batch);
 
 // The fused hop of `chunk`: out (chunk_capacity() bytes) = compress(own + sum of the n_in input
 // chunk messages `inputs[i]`), keyed by `key`; n_in = 0 is the leaf. `levels`: the three tables

@@ -1,6 +1,11 @@
 // DynamiQ's per-call layout on the device: the bytes of build_dynamiq_layout()
 // (kernels/dynamiq_layout.cc), padding included, from the all-reduced statistics.
 //
+// The kernels build a batch of layouts (every codec part of a call): one launch of the one-block
+// kernel for every small layout (block b: the table's job b) and one of each grid kernel for every
+// large one (each block finds its layout by a search over the table), 1 + 7 launches at most.
+// The table (LayoutTableJob) is planned on the host and copied to the device by the caller.
+//
 // A layout of fewer than kGridMinSupergroups super-groups (or whose sections cannot hold the grid
 // path's scratch) is built by one block, in phases separated by barriers (larger ones over the
 // whole grid: kernels/cuda/dynamiq_layout_grid.cuh, the same bytes):
@@ -21,6 +26,8 @@
 //  6. the digests: one warp per chunk, FNV-1a over the chunk's records in wire order (the lanes
 //     load 32 records at once; the chain's arithmetic stays serial).
 #include <cfloat>
+#include <cstring>
+#include <vector>
 
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
@@ -365,30 +372,62 @@ __device__ void layout_digests(const DynamiqPlan& p, const LayoutPtrs& l, unsign
   }
 }
 
+// One layout of a batch as the kernels read it from the batch's table (device memory; written by
+// plan_layout_batch() on the host, in this file, so with the same struct layout).
+struct LayoutTableJob {
+  DynamiqPlan plan;
+  DynamiqSections sections;
+  const uint16_t* reduced;
+  unsigned char* base;
+  uint32_t first_block;   // a grid layout's first block in the grid kernels' launches
+  uint32_t first_digest;  // and in the digest kernel's
+};
+
+constexpr uint32_t kJobWords = (sizeof(LayoutTableJob) + 7) / 8;
+static_assert(alignof(LayoutTableJob) <= 8, "a job is staged as 8-byte words");
+
+// `job` copied into the shared words `words` (kJobWords of them): the copy, read through them.
+// Collective (ends with a barrier).
+__device__ __forceinline__ const LayoutTableJob& stage_job(const LayoutTableJob* job,
+                                                           unsigned long long* words) {
+  const unsigned long long* from = reinterpret_cast<const unsigned long long*>(job);
+  for (uint32_t i = threadIdx.x; i < kJobWords; i += blockDim.x) words[i] = from[i];
+  __syncthreads();
+  return *reinterpret_cast<const LayoutTableJob*>(words);
+}
+
 }  // namespace
 
 #include "kernels/cuda/dynamiq_layout_grid.cuh"
 
+// Every small layout of a batch, block b the table's job b. `last`: no grid layout follows, so
+// this launch folds the step's word (step_fold.h).
 __global__ void __launch_bounds__(kLayoutThreads)
-    dynamiq_layout_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
-                          unsigned long long call, unsigned char* base, unsigned* error) {
+    dynamiq_layout_kernel(const LayoutTableJob* jobs, unsigned long long call, unsigned* error,
+                          bool last) {
   __shared__ unsigned long long scratch[kWarp + 1];
-  // The lane failed before this step: the layout is left as it is. One block; its only flag is
-  // raised after the last barrier, so every thread reads the word before anything of this launch
-  // can change it: the same decision in the whole block, before any barrier.
-  const StepFold fold(error);  // the step's only kernel (step_fold.h)
-  if (step_failed(*error)) return;
-  const LayoutPtrs l = layout_ptrs(s, base);
-  layout_header_and_means(p, s, l, reduced, call, base, scratch);
+  __shared__ unsigned long long job_words[kJobWords];
+  __shared__ unsigned skip;
+  const StepFold fold(error, last);
+  // The lane failed before this step: the layout is left as it is. The word is read once a
+  // block, ignoring the capacity flag another block of this launch may raise meanwhile.
+  if (grid_block_skips(error, &skip)) return;
+  // The job in shared memory: its fields are read throughout, and a pointer to global memory held
+  // across the phases' calls cost ptxas spills (8 / 20 bytes on sm_80 / sm_90).
+  const LayoutTableJob& job = stage_job(jobs + blockIdx.x, job_words);
+  const DynamiqPlan& p = job.plan;
+  // The section pointers are made again for each phase from the shared copy (held across the
+  // phases' calls, ptxas spilled them on sm_80).
+  layout_header_and_means(p, job.sections, job_ptrs(job), job.reduced, call, job.base, scratch);
   uint32_t count[4] = {0, 0, 0, 0};  // this thread's super-groups per class
   if (p.variable_widths)
-    layout_variable_widths(p, l, scratch, count);
+    layout_variable_widths(p, job_ptrs(job), scratch, count);
   else
-    layout_fixed_widths(p, l, scratch, count);
+    layout_fixed_widths(p, job_ptrs(job), scratch, count);
   const Classes k = layout_classes(p, count, scratch);
-  layout_chunk_cuts(p, k, l);
-  layout_partition(p, k, l, scratch);
-  layout_digests(p, l, error);
+  layout_chunk_cuts(p, k, job_ptrs(job));
+  layout_partition(p, k, job_ptrs(job), scratch);
+  layout_digests(p, job_ptrs(job), error);
 }
 
 namespace {
@@ -411,39 +450,129 @@ bool layout_on_grid(const DynamiqPlan& p) {
 
 }  // namespace
 
+namespace {
+
+// A job launch_dynamiq_layout would refuse (cudaErrorInvalidValue).
+bool invalid_job(const LayoutJob& j) {
+  const DynamiqPlan& p = j.params.plan;
+  return j.layout == nullptr || p.n_chunks < 1 || (p.n_sg > 0 && j.reduced_stats == nullptr);
+}
+
+LayoutTableJob table_job(const LayoutJob& j) {
+  LayoutTableJob t;
+  t.plan = j.params.plan;
+  t.sections = j.params.sections;
+  t.reduced = j.reduced_stats;
+  t.base = static_cast<unsigned char*>(j.layout);
+  t.first_block = 0;
+  t.first_digest = 0;
+  return t;
+}
+
+// The most blocks a batch's launch may have (grid.x is below 2^31).
+constexpr unsigned long long kMaxBatchBlocks = 0x7fffffffull;
+
+}  // namespace
+
+bool plan_layout_batch(const LayoutJob* jobs, int n_jobs, LayoutBatch* out) {
+  *out = LayoutBatch{};
+  if (n_jobs < 0 || (n_jobs > 0 && jobs == nullptr)) return false;
+  std::vector<LayoutTableJob> small, grid;
+  unsigned long long blocks = 0, digest = 0;
+  for (int i = 0; i < n_jobs; ++i) {
+    if (invalid_job(jobs[i])) return false;
+    LayoutTableJob t = table_job(jobs[i]);
+    if (!layout_on_grid(t.plan)) {
+      small.push_back(t);
+      continue;
+    }
+    t.first_block = static_cast<uint32_t>(blocks);
+    t.first_digest = static_cast<uint32_t>(digest);
+    const unsigned long long b = (t.plan.n_sg + kGridThreads - 1) / kGridThreads;
+    blocks += b;
+    digest += b + static_cast<unsigned long long>(t.plan.n_chunks);
+    if (digest > kMaxBatchBlocks) return false;
+    grid.push_back(t);
+  }
+  if (small.size() > kMaxBatchBlocks) return false;
+  out->n_small = static_cast<int>(small.size());
+  out->n_grid = static_cast<int>(grid.size());
+  out->grid_blocks = static_cast<unsigned>(blocks);
+  out->digest_blocks = static_cast<unsigned>(digest);
+  // The table: the small layouts (block b of the one-block launch: job b), then the grid ones.
+  out->table.resize((small.size() + grid.size()) * sizeof(LayoutTableJob));
+  unsigned char* at = out->table.data();
+  for (const std::vector<LayoutTableJob>* v : {&small, &grid})
+    if (!v->empty()) {
+      std::memcpy(at, v->data(), v->size() * sizeof(LayoutTableJob));
+      at += v->size() * sizeof(LayoutTableJob);
+    }
+  return true;
+}
+
+int layout_batch_launches(const LayoutBatch& batch) {
+  return (batch.n_small > 0 ? 1 : 0) + (batch.n_grid > 0 ? 7 : 0);
+}
+
+cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_table,
+                                   uint64_t call, unsigned* error, cudaStream_t stream) {
+  if (error == nullptr || (batch.n_small + batch.n_grid > 0 && device_table == nullptr) ||
+      batch.table.size() !=
+          static_cast<size_t>(batch.n_small + batch.n_grid) * sizeof(LayoutTableJob))
+    return cudaErrorInvalidValue;
+  const auto* table = static_cast<const LayoutTableJob*>(device_table);
+  const unsigned long long c = call;
+  cudaError_t e = cudaSuccess;
+  if (batch.n_small > 0) {
+    DQ_LAUNCH(dynamiq_layout_kernel, dim3(static_cast<unsigned>(batch.n_small)),
+              dim3(kLayoutThreads), 0, stream, table, c, error, batch.n_grid == 0);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  if (batch.n_grid == 0) return cudaSuccess;
+  const LayoutTableJob* jobs = table + batch.n_small;
+  const uint32_t n = static_cast<uint32_t>(batch.n_grid);
+  const dim3 grid(batch.grid_blocks), block(kGridThreads);
+  DQ_LAUNCH(layout_extent_kernel, grid, block, 0, stream, jobs, n, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_breakpoints_kernel, grid, block, 0, stream, jobs, n, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  for (int level = 1; level < 3; ++level) {
+    DQ_LAUNCH(layout_digit_kernel, grid, block, 0, stream, jobs, n, error, level);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  DQ_LAUNCH(layout_widths_kernel, grid, block, 0, stream, jobs, n, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_partition_kernel, grid, block, 0, stream, jobs, n, error);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DQ_LAUNCH(layout_digest_finish_kernel, dim3(batch.digest_blocks), block, 0, stream, jobs, n, c,
+            error);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error,
                                   cudaStream_t stream) {
-  const DynamiqPlan& p = params.plan;
-  if (layout == nullptr || error == nullptr || p.n_chunks < 1 ||
-      (p.n_sg > 0 && reduced_stats == nullptr))
-    return cudaErrorInvalidValue;
-  unsigned char* base = static_cast<unsigned char*>(layout);
-  const DynamiqSections& s = params.sections;
-  if (!layout_on_grid(p)) {
-    DQ_LAUNCH(dynamiq_layout_kernel, dim3(1), dim3(kLayoutThreads), 0, stream, p, s, reduced_stats,
-              static_cast<unsigned long long>(call), base, error);
-    return cudaGetLastError();
-  }
-  const dim3 grid(static_cast<unsigned>((p.n_sg + kGridThreads - 1) / kGridThreads));
-  const dim3 block(kGridThreads);
-  cudaError_t e = cudaSuccess;
-  DQ_LAUNCH(layout_extent_kernel, grid, block, 0, stream, p, s, reduced_stats, base, error);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  DQ_LAUNCH(layout_breakpoints_kernel, grid, block, 0, stream, p, s, reduced_stats, base, error);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  for (int level = 1; level < 3; ++level) {
-    DQ_LAUNCH(layout_digit_kernel, grid, block, 0, stream, p, s, base, error, level);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  DQ_LAUNCH(layout_widths_kernel, grid, block, 0, stream, p, s, base, error);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  DQ_LAUNCH(layout_partition_kernel, grid, block, 0, stream, p, s, base, error);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  const dim3 digest_grid(grid.x + static_cast<unsigned>(p.n_chunks));
-  DQ_LAUNCH(layout_digest_finish_kernel, digest_grid, block, 0, stream, p, s, reduced_stats,
-            static_cast<unsigned long long>(call), base, error);
-  return cudaGetLastError();
+  LayoutJob job;
+  job.params = params;
+  job.reduced_stats = reduced_stats;
+  job.layout = layout;
+  LayoutBatch batch;
+  if (error == nullptr || !plan_layout_batch(&job, 1, &batch)) return cudaErrorInvalidValue;
+#if DQ_CUDA_EMULATED
+  // Launches run before they return and "device" memory is the host's: the table as it is.
+  return launch_dynamiq_layouts(batch, batch.table.data(), call, error, stream);
+#else
+  // The table in device memory for the launches, stream-ordered: no host wait (the copy from
+  // pageable memory is staged before cudaMemcpyAsync returns).
+  void* table = nullptr;
+  cudaError_t e = cudaMallocAsync(&table, batch.table.size(), stream);
+  if (e != cudaSuccess) return e;
+  e = cudaMemcpyAsync(table, batch.table.data(), batch.table.size(), cudaMemcpyHostToDevice,
+                      stream);
+  if (e == cudaSuccess) e = launch_dynamiq_layouts(batch, table, call, error, stream);
+  const cudaError_t f = cudaFreeAsync(table, stream);
+  return e != cudaSuccess ? e : f;
+#endif
 }
 
 // Every kernel of this file loaded now (the attributes query loads its module): at device set-up,

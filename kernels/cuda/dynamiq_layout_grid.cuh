@@ -32,6 +32,11 @@
 //                  starts (a block search: widths fall along the wire order), the record offsets,
 //                  chunk contents and the capacity check, the header and the padding; the offsets
 //                  whose words hold the chain are written by the last block done (a ticket).
+// A launch builds every grid layout of a batch: its grid is their blocks one after the other
+// (each layout's grid_blocks(), its chunks too in the digest kernel), and each block finds its
+// layout from blockIdx.x in the batch's table (a binary search over the layouts' first blocks).
+// Everything shared between blocks (scratch, tickets, the digest chain) is the layout's own, so a
+// block still waits only for a block of its layout that took an earlier ticket.
 // Scratch lives in the layout's own sections until they are written: the per-block values and the
 // histograms in the mean section (written in 7), the breakpoints in order, offset and by_index
 // (written in 6 and 7), the digest chain in the offset section (written in 7, its first words
@@ -75,6 +80,38 @@ __device__ __forceinline__ GridScratch grid_scratch(const DynamiqPlan& p, const 
   return GridScratch{
       m,       m + blocks, m + 2 * blocks, m + 2 * blocks + 3 * kDigitBins,
       l.order, l.offset,   l.by_index,     reinterpret_cast<unsigned long long*>(l.offset)};
+}
+
+// A block of a batched launch: its layout, its index among that layout's blocks and their number.
+struct GridBlock {
+  const LayoutTableJob* job;
+  uint32_t block, blocks;
+};
+
+// This block's layout among the n_jobs > 0 grid layouts `jobs` (their first blocks ascending):
+// the last whose first block is at or before blockIdx.x. `digest`: the digest kernel's grid.
+// Every thread alike (no barrier).
+__device__ __forceinline__ GridBlock grid_block(const LayoutTableJob* jobs, uint32_t n_jobs,
+                                                bool digest) {
+  const uint32_t b = blockIdx.x;
+  uint32_t lo = 0, hi = n_jobs - 1;
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo + 1) / 2;
+    const uint32_t first = digest ? jobs[mid].first_digest : jobs[mid].first_block;
+    if (first <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const LayoutTableJob* job = jobs + lo;
+  const uint32_t blocks = grid_blocks(job->plan);
+  return digest ? GridBlock{job, b - job->first_digest,
+                            blocks + static_cast<uint32_t>(job->plan.n_chunks)}
+                : GridBlock{job, b - job->first_block, blocks};
+}
+
+__device__ __forceinline__ LayoutPtrs job_ptrs(const LayoutTableJob& job) {
+  return layout_ptrs(job.sections, job.base);
 }
 
 // Flags that do not stop the sequence: the capacity flag, which this launch sequence raises
@@ -165,13 +202,15 @@ __device__ bool picked_above(const DynamiqPlan& p, const GridScratch& g, int lev
 }  // namespace
 
 __global__ void __launch_bounds__(kGridThreads)
-    layout_extent_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
-                         unsigned char* base, unsigned* error) {
+    layout_extent_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const GridScratch g = grid_scratch(p, layout_ptrs(s, base));
-  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const DynamiqPlan& p = gb.job->plan;
+  const uint16_t* reduced = gb.job->reduced;
+  const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
+  const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   unsigned long long largest = 0, poisoned = 0;
   if (j < p.n_sg) {
     const double key = key_of(reduced, j, p.n_workers);
@@ -181,29 +220,31 @@ __global__ void __launch_bounds__(kGridThreads)
   largest = block_reduce(largest, MaxOp(), scratch);
   poisoned = block_reduce(poisoned, SumOp(), scratch);
   if (threadIdx.x == 0) {
-    g.largest[blockIdx.x] = static_cast<uint32_t>(largest);
-    g.poisoned[blockIdx.x] = static_cast<uint32_t>(poisoned);
+    g.largest[gb.block] = static_cast<uint32_t>(largest);
+    g.poisoned[gb.block] = static_cast<uint32_t>(poisoned);
   }
-  for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < 3 * kDigitBins;
-       k += gridDim.x * blockDim.x)
+  for (uint32_t k = gb.block * blockDim.x + threadIdx.x; k < 3 * kDigitBins;
+       k += gb.blocks * blockDim.x)
     g.hist[k] = 0;
 }
 
 __global__ void __launch_bounds__(kGridThreads)
-    layout_breakpoints_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
-                              unsigned char* base, unsigned* error) {
+    layout_breakpoints_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ uint32_t bins[kDigitBins];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const GridScratch g = grid_scratch(p, layout_ptrs(s, base));
+  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const DynamiqPlan& p = gb.job->plan;
+  const uint16_t* reduced = gb.job->reduced;
+  const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
   unsigned long long largest = 0;
-  for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+  for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x)
     largest = g.largest[b] > largest ? g.largest[b] : largest;
   const int shift = shift_of(block_reduce(largest, MaxOp(), scratch));
   for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x) bins[k] = 0;
   __syncthreads();
-  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   if (j < p.n_sg) {
     const double key = key_of(reduced, j, p.n_workers);
     const float f = width_key(key, shift);
@@ -216,29 +257,32 @@ __global__ void __launch_bounds__(kGridThreads)
 }
 
 __global__ void __launch_bounds__(kGridThreads)
-    layout_digit_kernel(DynamiqPlan p, DynamiqSections s, unsigned char* base, unsigned* error,
-                        int level) {
+    layout_digit_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error, int level) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ uint32_t bins[kDigitBins];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  if (!p.variable_widths) return;  // the same in every block
-  const GridScratch g = grid_scratch(p, layout_ptrs(s, base));
+  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const DynamiqPlan& p = gb.job->plan;
+  if (!p.variable_widths) return;  // the same in every block of the layout
+  const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
   uint32_t above = 0;
   if (!picked_above(p, g, level, scratch, &above)) return;  // the same in every thread
   for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x) bins[k] = 0;
   __syncthreads();
-  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   if (j < p.n_sg) bin_breakpoints(p, g, j, level, above, bins);
   publish_bins(g, level, bins);
 }
 
 __global__ void __launch_bounds__(kGridThreads)
-    layout_widths_kernel(DynamiqPlan p, DynamiqSections s, unsigned char* base, unsigned* error) {
+    layout_widths_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const LayoutPtrs l = layout_ptrs(s, base);
+  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const DynamiqPlan& p = gb.job->plan;
+  const LayoutPtrs l = job_ptrs(*gb.job);
   const GridScratch g = grid_scratch(p, l);
   uint32_t theta = 0x7f800000u;  // variable widths: the threshold's bit pattern
   int fixed = 2;                 // fixed widths: the width of the finite super-groups
@@ -247,11 +291,11 @@ __global__ void __launch_bounds__(kGridThreads)
     if (picked_above(p, g, 3, scratch, &v)) theta = v < theta ? v : theta;
   } else {
     unsigned long long poisoned = 0;
-    for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x) poisoned += g.poisoned[b];
+    for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x) poisoned += g.poisoned[b];
     poisoned = block_reduce(poisoned, SumOp(), scratch);
     fixed = fixed_width(p, poisoned);
   }
-  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   unsigned long long one = 0;  // one-hot class count, 16 bits per class
   if (j < p.n_sg) {
     int w;
@@ -264,7 +308,7 @@ __global__ void __launch_bounds__(kGridThreads)
   }
   one = block_reduce(one, SumOp(), scratch);
   if (threadIdx.x < 4)
-    g.counts[4 * blockIdx.x + threadIdx.x] =
+    g.counts[4 * gb.block + threadIdx.x] =
         static_cast<uint32_t>((one >> (16 * threadIdx.x)) & 0xffffu);
 }
 
@@ -309,22 +353,23 @@ __device__ __forceinline__ uint32_t chain_words(const DynamiqPlan& p) {
 }  // namespace
 
 __global__ void __launch_bounds__(kGridThreads)
-    layout_partition_kernel(DynamiqPlan p, DynamiqSections s, unsigned char* base,
-                            unsigned* error) {
+    layout_partition_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const LayoutPtrs l = layout_ptrs(s, base);
+  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const DynamiqPlan& p = gb.job->plan;
+  const LayoutPtrs l = job_ptrs(*gb.job);
   const GridScratch g = grid_scratch(p, l);
   // The classes' sizes and this block's class prefix (32-bit halves: sizes are below 2^32).
   unsigned long long total[2] = {0, 0}, before[2] = {0, 0};
-  for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+  for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x)
     for (int h = 0; h < 2; ++h) {
       const unsigned long long v =
           g.counts[4 * b + 2 * h] | static_cast<unsigned long long>(g.counts[4 * b + 2 * h + 1])
                                         << 32;
       total[h] += v;
-      if (b < blockIdx.x) before[h] += v;
+      if (b < gb.block) before[h] += v;
     }
   uint32_t size[4], prefix[4];
   for (int h = 0; h < 2; ++h) {
@@ -336,7 +381,7 @@ __global__ void __launch_bounds__(kGridThreads)
     prefix[2 * h + 1] = static_cast<uint32_t>(before[h] >> 32);
   }
   const Classes k = classes_of(p, size);
-  const uint32_t j = blockIdx.x * kGridThreads + threadIdx.x;
+  const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   const int w = j < p.n_sg ? width_index(l.width[j]) : -1;
   const unsigned long long in_block = block_exclusive_scan(
       w >= 0 ? 1ull << (16 * w) : 0ull, scratch, static_cast<unsigned long long*>(nullptr));
@@ -355,7 +400,7 @@ __global__ void __launch_bounds__(kGridThreads)
     }
     l.by_index[first + rank] = pos;
   }
-  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  const uint32_t at = gb.block * blockDim.x + threadIdx.x, step = gb.blocks * blockDim.x;
   for (uint32_t c = at; c <= static_cast<uint32_t>(p.n_chunks); c += step)
     l.chunk_first[c] = chunk_start(p, k, c);
   for (uint32_t i = at; i < chain_words(p); i += step) g.chain[i] = 0;
@@ -502,12 +547,11 @@ __device__ __forceinline__ void write_offsets(const DynamiqPlan& p, const Layout
 }
 
 // The finish of the layout: chunk contents and the capacity check, the header, the padding (the
-// blocks share them out).
+// layout's blocks share them out: this thread takes `at`, then every `step`-th).
 __device__ __forceinline__ void finish_layout(const DynamiqPlan& p, const DynamiqSections& s,
                                               const LayoutPtrs& l, const Classes& k,
                                               unsigned long long call, unsigned char* base,
-                                              unsigned* error) {
-  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+                                              unsigned* error, uint32_t at, uint32_t step) {
   for (uint32_t c = at; c < static_cast<uint32_t>(p.n_chunks); c += step) {
     const unsigned long long content =
         wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
@@ -541,8 +585,8 @@ __device__ __forceinline__ void finish_layout(const DynamiqPlan& p, const Dynami
 // it ptxas held the kernel to 32 registers on sm_90 and spilled 4 bytes; with it, 38 / 40
 // registers (sm_80 / sm_90), no spill.
 __global__ void __launch_bounds__(kGridThreads, 4)
-    layout_digest_finish_kernel(DynamiqPlan p, DynamiqSections s, const uint16_t* reduced,
-                                unsigned long long call, unsigned char* base, unsigned* error) {
+    layout_digest_finish_kernel(const LayoutTableJob* jobs, uint32_t n_jobs,
+                                unsigned long long call, unsigned* error) {
   __shared__ uint32_t words[kGridThreads], scale_words[kGridThreads], table[kGridThreads];
   __shared__ uint32_t step_raw;  // T(x + 256) - T(x)
   __shared__ unsigned long long scratch[kWarp + 1];
@@ -550,23 +594,25 @@ __global__ void __launch_bounds__(kGridThreads, 4)
   __shared__ unsigned skip, last;
   const StepFold fold(error);  // the sequence's last kernel folds the step (step_fold.h)
   if (grid_block_skips(error, &skip)) return;
-  const LayoutPtrs l = layout_ptrs(s, base);
+  const GridBlock gb = grid_block(jobs, n_jobs, true);
+  const DynamiqPlan& p = gb.job->plan;
+  const LayoutPtrs l = job_ptrs(*gb.job);
   const GridScratch g = grid_scratch(p, l);
   if (threadIdx.x == 0) segment = take_segment(p, l, g);
   __syncthreads();
   const Segment sg = segment;
   if (sg.chunk < static_cast<uint32_t>(p.n_chunks))  // the same in every thread
-    digest_segment(p, l, g, reduced, sg, error, words, scale_words, table, &step_raw);
+    digest_segment(p, l, g, gb.job->reduced, sg, error, words, scale_words, table, &step_raw);
   const Classes k = wire_classes(p, l, scratch);  // starts with barriers
   const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
   const uint32_t chain_end = 2 * chain_words(p);  // offset words the chain holds
-  const uint32_t at = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  const uint32_t at = gb.block * blockDim.x + threadIdx.x, step = gb.blocks * blockDim.x;
   write_offsets(p, l, k, chain_end < n_sg ? chain_end : n_sg, n_sg, at, step);
-  finish_layout(p, s, l, k, call, base, error);
+  finish_layout(p, gb.job->sections, l, k, call, gb.job->base, error, at, step);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(&g.chain[chain_words(p) - 1], 1ull) + 1 == gridDim.x ? 1u : 0u;
+    last = atomicAdd(&g.chain[chain_words(p) - 1], 1ull) + 1 == gb.blocks ? 1u : 0u;
     if (last != 0) __threadfence();  // every block's chain reads are done
   }
   __syncthreads();

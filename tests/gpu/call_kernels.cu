@@ -17,7 +17,9 @@
 //           its result, the two ranks' statistics summed, is made beforehand);
 //   budget  the budget prediction over every block (DYNAMIQ_BITS=auto: every candidate; its job and
 //           hop tables in mapped host memory, as the engine keeps them);
-//   layout  every block's layout from the reduced statistics;
+//   layout  every block's layout from the reduced statistics (one batch: launch_dynamiq_layouts,
+//           one launch for the small layouts and seven for the grid ones, its table copied to
+//           the device once, as the engine plans it);
 //   leaf    the chunk rank 0 sends (n_in = 0), every block;
 //   hop     rank 0's sink chunk: rank 1's leaf added and compressed again (n_in = 1), every block;
 //   finish  both chunks' final messages decoded into the result tensor, every block.
@@ -84,6 +86,8 @@ struct Call {
   uint16_t *d_stats = nullptr, *d_reduced = nullptr;
   LevelTable* d_levels = nullptr;
   unsigned* d_error = nullptr;  // the flags of a StepWord (setup)
+  LayoutBatch layouts;          // every block's layout (setup)
+  void* d_layout_table = nullptr;
   void* budget_scratch = nullptr;
   BudgetJob* job = nullptr;  // mapped, with its parts and hop tables
   BudgetResult* budget_out = nullptr;
@@ -201,15 +205,26 @@ void prepare(Call* c) {
     reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[words + w]));
   DQ_BENCH_CHECK(
       cudaMemcpy(c->d_reduced, reduced.data(), words * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  std::vector<LayoutJob> jobs;
   for (Block& b : c->blocks) {
     DQ_BENCH_CHECK(cudaMalloc(&b.layout, b.params.sections.bytes));
+    jobs.push_back(LayoutJob{b.params, c->d_reduced + b.stats_off, b.layout});
+  }
+  if (!plan_layout_batch(jobs.data(), static_cast<int>(jobs.size()), &c->layouts)) {
+    std::fprintf(stderr, "FAIL: the layouts' batch could not be planned\n");
+    std::exit(1);
+  }
+  DQ_BENCH_CHECK(cudaMalloc(&c->d_layout_table, c->layouts.table.size()));
+  DQ_BENCH_CHECK(cudaMemcpy(c->d_layout_table, c->layouts.table.data(), c->layouts.table.size(),
+                            cudaMemcpyHostToDevice));
+  DQ_BENCH_CHECK(
+      launch_dynamiq_layouts(c->layouts, c->d_layout_table, c->call, c->d_error, nullptr));
+  for (Block& b : c->blocks) {
     DQ_BENCH_CHECK(cudaMalloc(&b.scratch, 2 * b.cap));
     for (int k = 0; k < kWorkers; ++k) {
       DQ_BENCH_CHECK(cudaMalloc(&b.leaf[k], b.cap));
       DQ_BENCH_CHECK(cudaMalloc(&b.final[k], b.cap));
     }
-    DQ_BENCH_CHECK(launch_dynamiq_layout(b.params, c->d_reduced + b.stats_off, c->call, b.layout,
-                                         c->d_error, nullptr));
     // Rank r leaves chunk 1 - r and is the sink of chunk r.
     for (int r = 0; r < kWorkers; ++r)
       DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, c->d_levels, b.layout, 1 - r, c->own[r] + b.begin,
@@ -239,9 +254,7 @@ void enqueue(const Call& c, Kind kind) {
                                  budget_scratch_bytes(c.job->n_parts), c.budget_out, c.d_error,
                                  nullptr));
   if (all || kind == Kind::kLayout)
-    for (const Block& b : c.blocks)
-      DQ_BENCH_CHECK(launch_dynamiq_layout(b.params, c.d_reduced + b.stats_off, c.call, b.layout,
-                                           c.d_error, nullptr));
+    DQ_BENCH_CHECK(launch_dynamiq_layouts(c.layouts, c.d_layout_table, c.call, c.d_error, nullptr));
   if (all || kind == Kind::kLeaf)
     for (const Block& b : c.blocks)
       DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, c.d_levels, b.layout, 1, c.own[0] + b.begin,

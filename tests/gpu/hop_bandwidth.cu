@@ -11,7 +11,8 @@
 //  - hop:  the hop with one input message (n_in = 1, the other worker's leaf) of every chunk,
 //          the step of a ring all-reduce;
 //  - stats: the statistics kernel over the tensor;
-//  - layout: the layout kernel from the reduced statistics (one block; printed as layout_ms).
+//  - layout: the layout from the reduced statistics (a batch of one: one block, or the grid
+//            path's seven kernels for 2^26 values; printed as layout_ms).
 // "GB/s" is tensor bytes (count * 4) per second, so each ratio is the copy's time over the
 // kernel's for the same tensor; "traffic" adds what each moves besides (the copy reads and
 // writes the tensor; a hop reads the tensor and its inputs and writes a chunk_capacity()
@@ -49,6 +50,8 @@ struct Bench {
   void* d_layout = nullptr;
   uint8_t *leaves = nullptr, *out = nullptr;
   unsigned* d_error = nullptr;
+  dq::cuda::LayoutBatch layout_batch;  // the layout as a batch of one, its table on the device
+  void* d_layout_table = nullptr;
 };
 
 void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b) {
@@ -84,8 +87,16 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
     reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[words + w]));
   DQ_BENCH_CHECK(
       cudaMemcpy(b->d_reduced, reduced.data(), words * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  const LayoutJob job{b->params, b->d_reduced, b->d_layout};
+  if (!plan_layout_batch(&job, 1, &b->layout_batch)) {
+    std::fprintf(stderr, "FAIL: the layout's batch could not be planned\n");
+    std::exit(1);
+  }
+  DQ_BENCH_CHECK(cudaMalloc(&b->d_layout_table, b->layout_batch.table.size()));
+  DQ_BENCH_CHECK(cudaMemcpy(b->d_layout_table, b->layout_batch.table.data(),
+                            b->layout_batch.table.size(), cudaMemcpyHostToDevice));
   DQ_BENCH_CHECK(
-      launch_dynamiq_layout(b->params, b->d_reduced, b->call, b->d_layout, b->d_error, nullptr));
+      launch_dynamiq_layouts(b->layout_batch, b->d_layout_table, b->call, b->d_error, nullptr));
   for (int c = 0; c < b->n_chunks; ++c) {
     const RoundingKey key{1, b->call, 1, 1, 2, 0, 0};
     DQ_BENCH_CHECK(launch_dynamiq_hop(b->params, b->d_levels, b->d_layout, c, b->own[1], false,
@@ -113,11 +124,12 @@ int measure(const Bench& b, int iterations) {
         DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], false, b.count, b.d_stats, nullptr));
       },
       iterations);
-  // Each round rebuilds the same layout bytes from the same reduced statistics.
+  // Each round rebuilds the same layout bytes from the same reduced statistics (its table
+  // planned and copied once, as the engine does).
   const double t_layout = timer.seconds_per_round(
       [&] {
         DQ_BENCH_CHECK(
-            launch_dynamiq_layout(b.params, b.d_reduced, b.call, b.d_layout, b.d_error, nullptr));
+            launch_dynamiq_layouts(b.layout_batch, b.d_layout_table, b.call, b.d_error, nullptr));
       },
       iterations);
   const double t_leaf = timer.seconds_per_round(

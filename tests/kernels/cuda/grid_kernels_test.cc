@@ -19,35 +19,13 @@
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
+#include "tests/kernels/cuda/layout_stats.h"
 #include "topo/schedule.h"
 
 namespace dq::cuda {
 namespace {
 
-// Reduced statistics of n_sg super-groups: scales over `decades` orders of magnitude, some all
-// zero, some poisoned (an Inf or NaN energy) where `poison`, zero counts now and then out of range.
-std::vector<uint16_t> make_stats(size_t n_sg, int n_workers, double decades, bool poison,
-                                 uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<uint16_t> out;
-  for (size_t j = 0; j < n_sg; ++j) {
-    const double scale = std::pow(10.0, decades * normal(rng) / 2.0);
-    const bool zero = rng() % 16 == 0;
-    const double mean = zero ? 0.0 : scale * normal(rng);
-    double energy = zero ? 0.0 : 256.0 * n_workers * scale * scale * (1.0 + 0.1 * normal(rng));
-    out.push_back(f32_to_bf16_rne(static_cast<float>(mean)));
-    uint16_t e = f32_to_bf16_rne(static_cast<float>(std::fabs(energy)));
-    if (poison && rng() % 97 == 0) e = rng() % 2 ? 0x7fc0 : 0x7f80;
-    out.push_back(e);
-    const uint32_t pick = rng() % 64;
-    const float count = zero        ? 0.0f
-                        : pick == 0 ? static_cast<float>(n_workers + 3)
-                                    : static_cast<float>(rng() % n_workers);
-    out.push_back(f32_to_bf16_rne(count));
-  }
-  return out;
-}
+using test::make_stats;
 
 struct LayoutRun {
   std::vector<uint64_t> host, dev;
