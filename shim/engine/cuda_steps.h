@@ -307,9 +307,8 @@ struct PartBatch {
   unsigned long long stats_tiles = 0;
   size_t stats_table = 0;  // where the stats jobs start in the table, bytes
   bool layouts = false;    // the layouts run as one step of batch launches (else part by part)
-  std::vector<StepParams> layout_params;  // each part's, in part order
-  std::vector<const uint16_t*> reduced;
-  std::vector<void*> layout;
+  cuda::LayoutBatch layout_batch;
+  size_t layout_table = 0;           // where the layout batch's table starts in the table, bytes
   std::vector<unsigned char> image;  // the table's bytes, 8-byte aligned sections
 };
 
@@ -331,23 +330,30 @@ void plan_part_batch(const PreparedParts& parts, Kernels&& kernels, PartBatch* o
     out->stats_jobs.push_back(cuda::StatsJob{part.offset, part.count, part.stats, 0});
   }
   if (!out->stats) out->stats_jobs.clear();
-  out->layouts = true;
+  // The layouts batch when every part is a DynamiQ codec with kernels (a baseline's layout is
+  // its header alone: part by part) and the batch plans (else each part's own launch says why).
+  std::vector<cuda::LayoutJob> layout_jobs;
   for (const PartSteps& part : parts.parts()) {
     StepParams k;
     if (!kernels(*part.codec, &k) || k.family != Family::kDynamiq) {
-      out->layouts = false;
+      layout_jobs.clear();
       break;
     }
-    out->layout_params.push_back(k);
-    out->reduced.push_back(part.reduced);
-    out->layout.push_back(part.layout);
+    layout_jobs.push_back(cuda::LayoutJob{k.dynamiq, part.reduced, part.layout});
   }
+  out->layouts = !layout_jobs.empty() &&
+                 cuda::plan_layout_batch(layout_jobs.data(), static_cast<int>(layout_jobs.size()),
+                                         &out->layout_batch);
   out->stats_tiles =
       cuda::stats_batch_tiles(out->stats_jobs.data(), static_cast<int>(out->stats_jobs.size()));
   out->stats_table = 0;
   const size_t stats_bytes = out->stats_jobs.size() * sizeof(cuda::StatsJob);
-  out->image.resize(stats_bytes);
+  out->layout_table = (stats_bytes + 7) / 8 * 8;
+  const std::vector<unsigned char>& layouts = out->layout_batch.table;
+  out->image.assign(out->layout_table + (out->layouts ? layouts.size() : 0), 0);
   if (stats_bytes > 0) std::memcpy(out->image.data(), out->stats_jobs.data(), stats_bytes);
+  if (out->layouts && !layouts.empty())
+    std::memcpy(out->image.data() + out->layout_table, layouts.data(), layouts.size());
 }
 
 // Parts a CUDA device prepared: their batches, and the batch kernels' table in the device's
@@ -375,7 +381,7 @@ inline const BatchedParts* stats_batch(const PreparedParts& parts, bool* empty) 
 }
 inline const BatchedParts* layout_batch(const PreparedParts& parts, bool* empty) {
   const auto* p = dynamic_cast<const BatchedParts*>(&parts);
-  *empty = p != nullptr && p->batch.layouts && p->batch.layout.empty();
+  *empty = false;  // a batch is never planned empty (the parts run part by part then)
   return p != nullptr && p->batch.layouts && !*empty ? p : nullptr;
 }
 
@@ -394,11 +400,10 @@ inline Status launch_part_stats(const PartBatch& batch, const void* table, const
 // The layouts of every part of `batch` (batch.layouts) for call number `call`.
 inline Status launch_part_layouts(const PartBatch& batch, const void* table, uint64_t call,
                                   unsigned* flags, cudaStream_t stream) {
-  (void)table;
-  for (size_t i = 0; i < batch.layout_params.size(); ++i)
-    DQ_CHECK(launch_layout(batch.layout_params[i], batch.reduced[i], call, batch.layout[i], flags,
-                           stream));
-  return Status::kOk;
+  const cudaError_t e = cuda::launch_dynamiq_layouts(
+      batch.layout_batch, static_cast<const unsigned char*>(table) + batch.layout_table, call,
+      flags, stream);
+  return step_status(e, 0, "layout");
 }
 
 // The finish of chunks first .. first + n - 1, chunk c's message at in + (c - first) * stride

@@ -254,12 +254,12 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 
 // ---- launches per call: the exact formula ---------------------------------------------------
 // The kernel launches of one compressed DynamiQ call on n ranks, ring or butterfly, with `blocks`
-// pipeline blocks. Per call: one statistics kernel over every codec part of every block, and
-// the budget's kernels (the bucket's prediction from the reduced statistics, made with fixed bits
-// too, for the metrics). Per block: one layout kernel per part (an all-reduce's block is one
-// part; a reduce-scatter's is one part per rank's slice, so n), one kernel per hop step (a rank
-// compresses n chunk messages on either topology: the ring's leaf, n - 2 fused hops and the sink's;
-// the butterfly's n/2 + n/4 + ... + 1 leaves and fused hops and the sink's), and one per finish
+// pipeline blocks. Per call: one statistics kernel and one layout kernel over every codec part of
+// every block (the layouts here are all below the grid layout's size: one block each, in one
+// launch), and the budget's kernels (the bucket's prediction from the reduced statistics, made
+// with fixed bits too, for the metrics). Per block: one kernel per hop step (a rank compresses n
+// chunk messages on either topology: the ring's leaf, n - 2 fused hops and the sink's; the
+// butterfly's n/2 + n/4 + ... + 1 leaves and fused hops and the sink's), and one per finish
 // (validator blocks, then decoder blocks behind them: FinishGate, kernels/cuda/step_fold.h), of
 // every chunk for an all-reduce, of the rank's own for a reduce-scatter. Nothing else: the step's
 // last kernel folds its flags into the error word (no arm or fold kernels), the same launches as on
@@ -268,15 +268,17 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // kBudgetWaveParts (64) parts, however many (the reduce-scatter of 4 blocks below has 4 n parts).
 constexpr uint64_t kBudgetLaunchesPerCall = 6;
 constexpr uint64_t kStatsLaunchesPerCall = 1;
-// A layout of at least kGridMinSupergroups super-groups runs as seven kernels, not one.
+constexpr uint64_t kLayoutLaunchesPerCall = 1;
+// A call whose layouts are all on the grid (at least ~6,300 super-groups each) launches the grid
+// layout's seven kernels once for all of them, not the one-block kernel.
 constexpr uint64_t kGridLayoutExtraLaunches = 6;
 
 uint64_t launches_per_call(int n, int blocks, bool scatter) {
   const uint64_t hop_steps = static_cast<uint64_t>(n);
   const uint64_t finishes = scatter ? 1 : static_cast<uint64_t>(n);
-  const uint64_t parts = scatter ? static_cast<uint64_t>(n) : 1;
   const uint64_t b = static_cast<uint64_t>(blocks);
-  return kStatsLaunchesPerCall + kBudgetLaunchesPerCall + b * (parts + hop_steps + finishes);
+  return kStatsLaunchesPerCall + kLayoutLaunchesPerCall + kBudgetLaunchesPerCall +
+         b * (hop_steps + finishes);
 }
 
 // Compressed FP32 calls of 1, 2 and 3 blocks (all-reduce) and 2 and 4 blocks (reduce-scatter) on
