@@ -13,6 +13,8 @@
 //    (kernels/cuda/EMULATION.md). MX and uniform messages never carry a NaN payload.
 //  - malformed inputs (another call's header, too many workers, invalid uniform codes and scales):
 //    the same outcome as the host (message untouched, or all zero), the finish's output untouched.
+//  - a finish step: a range of chunks in one launch, as the host's finish of each in turn; one bad
+//    chunk in it leaves every chunk's output untouched.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 // DynamiQ's layout, fused-hop and finish kernels (kernels/cuda/dynamiq_layout.cu,
-// kernels/cuda/dynamiq_hop.cu) under the CUDA emulation against the host codec byte for byte:
+// kernels/cuda/dynamiq_hop.cu, kernels/cuda/dynamiq_finish.cu) under the CUDA emulation against the
+// host codec byte for byte:
 //  - CudaDynamiqLayout: the whole layout buffer (padding included) of build_layout() for counts
 //    from 0 to 4097 super-groups (odd, partial last super-group), 1 to 64 chunks, 1 and 4 workers,
 //    poisoned super-groups, every option the layout reads (fixed widths, no width 16, no mean
@@ -10,6 +11,8 @@
 //    width 16, a non-zero element base; then decode_finish() of each message (1..4 workers)
 //    into FP32 and BF16, SUM and AVG, every output word compared (NaN only as NaN).
 //  - Malformed inputs: both sides flag the same messages; the finish leaves the output untouched.
+//  - A finish step: a range of chunks in one launch, as the host's finish of each in turn; one
+//    bad chunk in it leaves every chunk's output untouched.
 #include <gtest/gtest.h>
 
 #include <algorithm>
