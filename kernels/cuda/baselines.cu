@@ -13,7 +13,8 @@
 //    e % 4 of block e / 4, e the value's index in the caller's whole tensor);
 //  - codes packed LSB first by shuffles (every byte from the up to four codes it holds bits of).
 // Chunk spans and layout digests follow from the plan alone, so the launch functions compute
-// them on the host, as BlockCodec::span and layout_digest do.
+// them on the host, as BlockCodec::span and layout_digest do (the finish of a range of chunks
+// also on the device, for each chunk's header). A finish of several chunks is one launch.
 #include "kernels/baselines/mx_element.h"
 #include "kernels/bf16.h"
 #include "kernels/bitpack.h"
@@ -300,102 +301,9 @@ __global__ void __launch_bounds__(kBaselineThreads)
     out[b] = 0;
 }
 
-// ---- the finish: one launch (FinishGate, kernels/cuda/step_fold.h) -------------------------
-
-// Uniform's validation of a share of the chunk: every code and scale of its groups, padding
-// included (UniformKernel::validate()).
-__device__ void uniform_finish_validate(const BaselineDeviceParams& d, ChunkArgs c,
-                                        const uint8_t* in, unsigned share, unsigned shares,
-                                        unsigned* error) {
-  const unsigned long long n_vals = c.n_blocks * static_cast<unsigned long long>(d.block_elems);
-  bool bad = false;
-  for (unsigned long long rel =
-           share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
-       rel < n_vals; rel += static_cast<unsigned long long>(shares) * kBaselineThreads) {
-    const uint8_t* blk =
-        in + kChunkHeaderBytes + (rel / 16) * static_cast<unsigned long long>(d.block_bytes);
-    (void)decode_value<kFamilyUniform>(d, blk, static_cast<int>(rel % 16), &bad);
-  }
-  if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
-}
-
-// A share of the chunk's elements decoded (the message is valid), AVG's division, written once.
-template <int F>
-__device__ void baseline_finish_values(const BaselineDeviceParams& d, ChunkArgs c,
-                                       const uint8_t* in, void* out, int out_bf16, int avg,
-                                       int n_contrib, unsigned share, unsigned shares) {
-  const float divisor = static_cast<float>(n_contrib);
-  bool bad = false;
-  for (unsigned long long rel =
-           share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
-       rel < c.n_real; rel += static_cast<unsigned long long>(shares) * kBaselineThreads) {
-    const unsigned long long blk = rel / static_cast<unsigned long long>(d.block_elems);
-    const int pos = static_cast<int>(rel % static_cast<unsigned long long>(d.block_elems));
-    float v = decode_value<F>(
-        d, in + kChunkHeaderBytes + blk * static_cast<unsigned long long>(d.block_bytes), pos,
-        &bad);
-    if (avg) v /= divisor;
-    const unsigned long long e = c.begin + rel;
-    if (out_bf16)
-      static_cast<uint16_t*>(out)[e] = f32_to_bf16_rne(v);
-    else
-      static_cast<float*>(out)[e] = v;
-  }
-}
-
-// The finish of a chunk in one launch. Every block checks the header (16 bytes: its worker count
-// n_contrib) before it writes, so a bad header stops every block alike. BF16 and MX have nothing
-// else to validate: every block decodes its share. Uniform's codes and scales are validated by
-// tickets 0 .. validators-1 while the other tickets wait for them (FinishGate), then decode their
-// share unless a flag was raised.
-__global__ void __launch_bounds__(kBaselineThreads)
-    baseline_finish_kernel(BaselineDeviceParams d, const void* layout, ChunkArgs c,
-                           const uint8_t* in, void* out, int out_bf16, int avg, int n_contrib,
-                           StepWord* word, unsigned validators) {
-  __shared__ unsigned s_word;
-  unsigned* error = &word->flags;
-  const StepFold fold(error);  // the step's only kernel (step_fold.h)
-  // The lane failed before this step: nothing is written. Never raised here: the grid decides
-  // alike, before any barrier or ticket.
-  if ((*error & kSkipFlag) != 0) return;
-  if (threadIdx.x == 0)
-    s_word = check_header(in, d.codec, c, layout_call(layout), d.n_workers) != n_contrib ? 1u : 0u;
-  __syncthreads();
-  if (s_word != 0) {  // the same bytes in every block: the whole grid returns here
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(error, unsigned{kBaselineBadHeader});
-    return;
-  }
-  __syncthreads();  // s_word is reused by the gate
-  const int family = family_of(d.codec);
-  if (family == kFamilyBf16) {
-    baseline_finish_values<kFamilyBf16>(d, c, in, out, out_bf16, avg, n_contrib, blockIdx.x,
-                                        gridDim.x);
-    return;
-  }
-  if (family == kFamilyMx) {
-    baseline_finish_values<kFamilyMx>(d, c, in, out, out_bf16, avg, n_contrib, blockIdx.x,
-                                      gridDim.x);
-    return;
-  }
-  FinishGate gate(word, validators, &s_word);
-  if (gate.validator()) {
-    uniform_finish_validate(d, c, in, gate.share(), gate.shares(), error);
-    gate.validated();
-    return;
-  }
-  if (gate.chunk_failed()) return;  // the same in every thread: nothing is written
-  baseline_finish_values<kFamilyUniform>(d, c, in, out, out_bf16, avg, n_contrib, gate.share(),
-                                         gate.shares());
-}
-
-__global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout, const unsigned* error) {
-  const StepFold fold(error);                           // the step's only kernel (step_fold.h)
-  if (error != nullptr && step_failed(*error)) return;  // the lane failed before: the layout stays
-  if (blockIdx.x == 0 && threadIdx.x == 0) *layout = call;
-}
-
-// BlockCodec::span() and layout_digest() (host code).
-ChunkArgs chunk_args(const BaselineDeviceParams& d, int chunk) {
+// BlockCodec::span() and layout_digest(): on the host for a hop, on the device for each chunk of a
+// finish.
+DQ_HD ChunkArgs chunk_args(const BaselineDeviceParams& d, int chunk) {
   const unsigned long long n = static_cast<unsigned long long>(d.n_chunks);
   const unsigned long long ch = static_cast<unsigned long long>(chunk);
   const unsigned long long first = ch * d.n_blocks / n;
@@ -414,6 +322,116 @@ ChunkArgs chunk_args(const BaselineDeviceParams& d, int chunk) {
     }
   return ChunkArgs{begin, end - begin, n_blocks,
                    static_cast<uint32_t>(h) ^ static_cast<uint32_t>(h >> 32), chunk};
+}
+
+// ---- the finish: one launch (FinishGate, kernels/cuda/step_fold.h) -------------------------
+
+// The chunks of a finish: chunk first + m's message at base + m * stride bytes; the range's
+// elements and blocks (contiguous in the tensor: BlockCodec::span() of each chunk in turn).
+struct FinishRange {
+  const uint8_t* base;
+  unsigned long long stride;  // bytes
+  int first;
+  int n;
+  unsigned long long begin;        // the range's first element
+  unsigned long long n_real;       // its elements
+  unsigned long long first_block;  // its first block, of the whole tensor's
+  unsigned long long n_blocks;     // its blocks, the last one possibly partial
+};
+
+// Where block `b` (of the whole tensor's, in the range) lies: in the message of the chunk that
+// holds it, the last chunk c with c * n_blocks / n_chunks <= b (span()'s cut).
+__device__ __forceinline__ const uint8_t* range_block(const BaselineDeviceParams& d,
+                                                      const FinishRange& r, unsigned long long b) {
+  const unsigned long long n = static_cast<unsigned long long>(d.n_chunks);
+  const unsigned long long c = ((b + 1) * n - 1) / d.n_blocks;
+  const unsigned long long first = c * d.n_blocks / n;
+  return r.base + (c - static_cast<unsigned long long>(r.first)) * r.stride + kChunkHeaderBytes +
+         (b - first) * static_cast<unsigned long long>(d.block_bytes);
+}
+
+// A validator's share of the range: the chunks' headers (one thread a header: its worker count
+// n_contrib), and for uniform every code and scale of the range's groups, padding included
+// (UniformKernel::validate()).
+__device__ void baseline_finish_validate(const BaselineDeviceParams& d, const void* layout,
+                                         const FinishRange& r, int n_contrib, unsigned share,
+                                         unsigned shares, unsigned* error) {
+  const unsigned long long step = static_cast<unsigned long long>(shares) * kBaselineThreads;
+  const unsigned long long own =
+      share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+  for (unsigned long long m = own; m < static_cast<unsigned long long>(r.n); m += step) {
+    const ChunkArgs c = chunk_args(d, r.first + static_cast<int>(m));
+    if (check_header(r.base + m * r.stride, d.codec, c, layout_call(layout), d.n_workers) !=
+        n_contrib)
+      atomicOr(error, unsigned{kBaselineBadHeader});
+  }
+  if (family_of(d.codec) != kFamilyUniform) return;
+  const unsigned long long n_vals = r.n_blocks * static_cast<unsigned long long>(d.block_elems);
+  bool bad = false;
+  for (unsigned long long rel = own; rel < n_vals; rel += step) {
+    const uint8_t* blk = range_block(d, r, r.first_block + rel / 16);
+    (void)decode_value<kFamilyUniform>(d, blk, static_cast<int>(rel % 16), &bad);
+  }
+  if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
+}
+
+// A share of the range's elements decoded (every message is valid), AVG's division, written once.
+template <int F>
+__device__ void baseline_finish_values(const BaselineDeviceParams& d, const FinishRange& r,
+                                       void* out, int out_bf16, int avg, int n_contrib,
+                                       unsigned share, unsigned shares) {
+  const float divisor = static_cast<float>(n_contrib);
+  const unsigned long long elems = static_cast<unsigned long long>(d.block_elems);
+  bool bad = false;
+  for (unsigned long long rel =
+           share * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
+       rel < r.n_real; rel += static_cast<unsigned long long>(shares) * kBaselineThreads) {
+    const unsigned long long e = r.begin + rel;
+    float v = decode_value<F>(d, range_block(d, r, e / elems), static_cast<int>(e % elems), &bad);
+    if (avg) v /= divisor;
+    if (out_bf16)
+      static_cast<uint16_t*>(out)[e] = f32_to_bf16_rne(v);
+    else
+      static_cast<float*>(out)[e] = v;
+  }
+}
+
+// The finish of a range of chunks in one launch (FinishGate): tickets 0 .. validators-1 check
+// the chunks' headers and (uniform) their codes and scales; the other tickets wait for them, then
+// decode their share of the range's elements unless a flag was raised.
+__global__ void __launch_bounds__(kBaselineThreads)
+    baseline_finish_kernel(BaselineDeviceParams d, const void* layout, FinishRange r, void* out,
+                           int out_bf16, int avg, int n_contrib, StepWord* word,
+                           unsigned validators) {
+  __shared__ unsigned s_word;
+  unsigned* error = &word->flags;
+  const StepFold fold(error);  // the step's only kernel (step_fold.h)
+  // The lane failed before this step: nothing is written. Never raised here: the grid decides
+  // alike, before any barrier or ticket.
+  if ((*error & kSkipFlag) != 0) return;
+  FinishGate gate(word, validators, &s_word);
+  if (gate.validator()) {
+    baseline_finish_validate(d, layout, r, n_contrib, gate.share(), gate.shares(), error);
+    gate.validated();
+    return;
+  }
+  if (gate.chunk_failed()) return;  // the same in every thread: nothing is written
+  const int family = family_of(d.codec);
+  if (family == kFamilyBf16)
+    baseline_finish_values<kFamilyBf16>(d, r, out, out_bf16, avg, n_contrib, gate.share(),
+                                        gate.shares());
+  else if (family == kFamilyMx)
+    baseline_finish_values<kFamilyMx>(d, r, out, out_bf16, avg, n_contrib, gate.share(),
+                                      gate.shares());
+  else
+    baseline_finish_values<kFamilyUniform>(d, r, out, out_bf16, avg, n_contrib, gate.share(),
+                                           gate.shares());
+}
+
+__global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout, const unsigned* error) {
+  const StepFold fold(error);                           // the step's only kernel (step_fold.h)
+  if (error != nullptr && step_failed(*error)) return;  // the lane failed before: the layout stays
+  if (blockIdx.x == 0 && threadIdx.x == 0) *layout = call;
 }
 
 unsigned grid_for(unsigned long long work, int max_blocks) {
@@ -491,27 +509,52 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
   return cudaGetLastError();
 }
 
+cudaError_t launch_baseline_finishes(const BaselineDeviceParams& params, const void* layout,
+                                     int first_chunk, int n_finish, const uint8_t* in_base,
+                                     size_t in_stride, void* out, bool out_bf16, bool avg,
+                                     int n_contrib, StepWord* word, cudaStream_t stream,
+                                     int max_blocks) {
+  // run_finish()'s argument checks, for each chunk of the range.
+  if (!params_ok(params) || layout == nullptr || in_base == nullptr || word == nullptr ||
+      first_chunk < 0 || n_finish < 1 || n_finish > params.n_chunks - first_chunk ||
+      (n_finish > 1 && in_stride < params.capacity) || n_contrib < 1 ||
+      n_contrib > params.n_workers || (out == nullptr && params.count > 0))
+    return cudaErrorInvalidValue;
+  const ChunkArgs a = chunk_args(params, first_chunk);
+  const ChunkArgs z = chunk_args(params, first_chunk + n_finish - 1);
+  const unsigned long long chunks = static_cast<unsigned long long>(params.n_chunks);
+  const unsigned long long first_block =
+      static_cast<unsigned long long>(first_chunk) * params.n_blocks / chunks;
+  const FinishRange r{
+      in_base,
+      in_stride,
+      first_chunk,
+      n_finish,
+      a.begin,
+      z.begin + z.n_real - a.begin,
+      first_block,
+      static_cast<unsigned long long>(first_chunk + n_finish) * params.n_blocks / chunks -
+          first_block};
+  const unsigned long long vals = r.n_blocks * static_cast<unsigned long long>(params.block_elems);
+  // Validators: uniform's, one thread a value of the range's groups; the others' only check the
+  // headers, one thread a chunk.
+  const unsigned long long checks =
+      family_of(params.codec) == kFamilyUniform ? vals : static_cast<unsigned long long>(n_finish);
+  const unsigned validators =
+      grid_for((checks + kBaselineThreads - 1) / kBaselineThreads, max_blocks);
+  const unsigned decoders =
+      grid_for((r.n_real + kBaselineThreads - 1) / kBaselineThreads, max_blocks);
+  DQ_LAUNCH(baseline_finish_kernel, dim3(validators + decoders), dim3(kBaselineThreads), 0, stream,
+            params, layout, r, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word, validators);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout,
                                    int chunk, const uint8_t* in, void* out, bool out_bf16, bool avg,
                                    int n_contrib, StepWord* word, cudaStream_t stream,
                                    int max_blocks) {
-  // run_finish()'s argument checks.
-  if (!params_ok(params) || layout == nullptr || in == nullptr || word == nullptr || chunk < 0 ||
-      chunk >= params.n_chunks || n_contrib < 1 || n_contrib > params.n_workers ||
-      (out == nullptr && params.count > 0))
-    return cudaErrorInvalidValue;
-  const ChunkArgs c = chunk_args(params, chunk);
-  const unsigned long long vals = c.n_blocks * static_cast<unsigned long long>(params.block_elems);
-  // Uniform's validators (one thread a value of the chunk's groups); the others have none.
-  const unsigned validators =
-      family_of(params.codec) == kFamilyUniform
-          ? grid_for((vals + kBaselineThreads - 1) / kBaselineThreads, max_blocks)
-          : 0u;
-  const unsigned decoders =
-      grid_for((c.n_real + kBaselineThreads - 1) / kBaselineThreads, max_blocks);
-  DQ_LAUNCH(baseline_finish_kernel, dim3(validators + decoders), dim3(kBaselineThreads), 0, stream,
-            params, layout, c, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word, validators);
-  return cudaGetLastError();
+  return launch_baseline_finishes(params, layout, chunk, 1, in, params.capacity, out, out_bf16, avg,
+                                  n_contrib, word, stream, max_blocks);
 }
 
 // Every kernel of this file loaded now (the attributes query loads its module): at device set-up,

@@ -116,11 +116,27 @@ cudaError_t launch_baseline_hop(const BaselineDeviceParams& params, const void* 
 // message whose header or codes are invalid leaves `out` untouched (and sets the error word). One
 // launch (FinishGate, kernels/cuda/step_fold.h): `word` is a StepWord in device memory, its flags
 // the error word (a zeroed word, without kFoldFlag, keeps them for the caller). `max_blocks` caps
-// each of the launch's roles (uniform's validators, the decoders).
+// each of the launch's roles (the validators, the decoders). launch_baseline_finishes() of one
+// chunk.
 cudaError_t launch_baseline_finish(const BaselineDeviceParams& params, const void* layout,
                                    int chunk, const uint8_t* in, void* out, bool out_bf16, bool avg,
                                    int n_contrib, StepWord* word, cudaStream_t stream,
                                    int max_blocks = 0);
+
+// The finish of chunks first_chunk .. first_chunk + n_finish - 1 in one launch: chunk c's message
+// at in_base + (c - first_chunk) * in_stride bytes (each capacity bytes long at least; in_stride
+// >= capacity when n_finish > 1), decoded into `out` as launch_baseline_finish() does, every
+// message the sum of the same n_contrib workers. If any header or code of ANY of these chunks is
+// invalid, no chunk of the launch writes any output: stricter than one chunk at a time (and than
+// the host's decode_finish, per chunk), where the valid chunks would still be written. Validator
+// blocks check the headers (and uniform's codes and scales) of the whole range, the decoder blocks
+// wait for them (FinishGate) and share the range's elements; the word and `max_blocks` as
+// launch_baseline_finish().
+cudaError_t launch_baseline_finishes(const BaselineDeviceParams& params, const void* layout,
+                                     int first_chunk, int n_finish, const uint8_t* in_base,
+                                     size_t in_stride, void* out, bool out_bf16, bool avg,
+                                     int n_contrib, StepWord* word, cudaStream_t stream,
+                                     int max_blocks = 0);
 
 // Loads every kernel of baselines.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
 cudaError_t load_baseline_kernels();

@@ -1,9 +1,10 @@
 // DynamiQ's per-call kernels on device buffers (kernels/cuda/dynamiq_layout.cu,
-// kernels/cuda/dynamiq_hop.cu): the layout build, the fused hop (leaf included) and the finish,
-// with the bytes of the host codec's DynamiqCodec::build_layout, fused_hop and decode_finish
-// (kernels/dynamiq_layout.cc, kernels/dynamiq_codec.cc; byte layout docs/FORMAT.md). The
-// arithmetic is the host's DQ_HD functions of kernels/dynamiq_math.h; where the host has AVX2 code
-// the kernels follow its scalar path, which gives the same bytes (tests/kernels/golden_test.cc).
+// kernels/cuda/dynamiq_hop.cu, kernels/cuda/dynamiq_finish.cu): the layout build, the fused hop
+// (leaf included) and the finish, with the bytes of the host codec's DynamiqCodec::build_layout,
+// fused_hop and decode_finish (kernels/dynamiq_layout.cc, kernels/dynamiq_codec.cc; byte layout
+// docs/FORMAT.md). The arithmetic is the host's DQ_HD functions of kernels/dynamiq_math.h; where
+// the host has AVX2 code the kernels follow its scalar path, which gives the same bytes
+// (tests/kernels/golden_test.cc).
 //
 // Every launch is asynchronous on `stream`. Errors of the data (what the host returns as
 // kMalformedPayload or kInternal) cannot come back from a launch: the kernels OR flags into a
@@ -144,13 +145,31 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
 // (and sets the error word), as on the host. One launch (FinishGate, kernels/cuda/step_fold.h):
 // `word` is a StepWord in device memory, its flags the error word (a word without kFoldFlag,
 // zeroed, keeps them for the caller); its tickets are 0 as the launch starts and as it ends.
-// `max_blocks` caps each of the launch's two roles.
+// `max_blocks` caps each of the launch's two roles. launch_dynamiq_finishes() of one chunk.
 cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const LevelTable* levels,
                                   const void* layout, int chunk, const uint8_t* in, void* out,
                                   bool out_bf16, bool avg, int n_contrib, StepWord* word,
                                   cudaStream_t stream, int max_blocks = 0);
 
-// Loads every kernel of dynamiq_hop.cu (device set-up; see cudaFuncGetAttributes in EMULATION.md).
+// The finish of chunks first_chunk .. first_chunk + n_finish - 1 in one launch: chunk c's message
+// at in_base + (c - first_chunk) * in_stride bytes (each params.plan.capacity bytes long at least;
+// in_stride >= capacity when n_finish > 1), decoded into `out` as launch_dynamiq_finish() does,
+// every message the sum of the same n_contrib workers. If any record or header of ANY of these
+// chunks is invalid, no chunk of the launch writes any output: stricter than one chunk at a time
+// (and than the host's decode_finish, per chunk), where the valid chunks would still be written;
+// the error word does not say which chunk was invalid. The word, tickets and `max_blocks` as
+// launch_dynamiq_finish(); the validators and the decoders each share the range's records evenly.
+cudaError_t launch_dynamiq_finishes(const DynamiqDeviceParams& params, const LevelTable* levels,
+                                    const void* layout, int first_chunk, int n_finish,
+                                    const uint8_t* in_base, size_t in_stride, void* out,
+                                    bool out_bf16, bool avg, int n_contrib, StepWord* word,
+                                    cudaStream_t stream, int max_blocks = 0);
+
+// Loads every kernel of dynamiq_finish.cu (load_dynamiq_hop_kernels() calls it).
+cudaError_t load_dynamiq_finish_kernels();
+
+// Loads every kernel of dynamiq_hop.cu and dynamiq_finish.cu (device set-up; see
+// cudaFuncGetAttributes in EMULATION.md).
 cudaError_t load_dynamiq_hop_kernels();
 
 // Loads every kernel of dynamiq_layout.cu (device set-up; see cudaFuncGetAttributes in

@@ -1,6 +1,6 @@
-// DynamiQ's fused hop (leaf included) and finish on the device: the bytes of the host codec's
-// DynamiqCodec::fused_hop and decode_finish (kernels/dynamiq_codec.cc), following its scalar
-// path (the AVX2 path gives the same bytes; tests/kernels/golden_test.cc).
+// DynamiQ's fused hop (leaf included) on the device: the bytes of the host codec's
+// DynamiqCodec::fused_hop (kernels/dynamiq_codec.cc), following its scalar path (the AVX2 path
+// gives the same bytes; tests/kernels/golden_test.cc).
 //
 // Work split: a block of 256 threads takes a contiguous run of the chunk's wire positions, in
 // batches of 8 super-groups; thread k owns value k of the super-group in hand. A block first
@@ -15,11 +15,11 @@
 //    groups, the unit and group factors (group_factor(), as the host's scalar path);
 //  - each value rounded with round_up_threshold / round_up_coarse / round_up_tie on the host's
 //    level tables; codes packed LSB first by shuffles within the warp.
-// The finish is one launch: validator blocks, then decoder blocks that wait for them (FinishGate,
-// kernels/cuda/step_fold.h), records and decode tables staged in shared memory.
+// The finish is kernels/cuda/dynamiq_finish.cu; what both decode with is dynamiq_record.cuh.
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
+#include "kernels/cuda/dynamiq_record.cuh"
 #include "kernels/dynamiq_range.h"
 
 namespace dq::cuda {
@@ -28,98 +28,6 @@ namespace {
 struct HopInputs {
   const uint8_t* p[kMaxHopInputs];
 };
-
-struct LayoutView {
-  const uint64_t* header;
-  const uint64_t* chunk_content;
-  const float* mean;
-  const uint32_t* order;
-  const uint32_t* offset;
-  const uint32_t* chunk_first;
-  const uint32_t* chunk_check;
-  const uint8_t* width;
-  const int8_t* exponent;  // K_j: coded as the values times 2^K_j (kernels/dynamiq_range.h)
-};
-
-__device__ __forceinline__ LayoutView layout_view(const void* layout, const DynamiqSections& s) {
-  const unsigned char* b = static_cast<const unsigned char*>(layout);
-  return LayoutView{reinterpret_cast<const uint64_t*>(b + s.header),
-                    reinterpret_cast<const uint64_t*>(b + s.chunk_content),
-                    reinterpret_cast<const float*>(b + s.mean),
-                    reinterpret_cast<const uint32_t*>(b + s.order),
-                    reinterpret_cast<const uint32_t*>(b + s.offset),
-                    reinterpret_cast<const uint32_t*>(b + s.chunk_first),
-                    reinterpret_cast<const uint32_t*>(b + s.chunk_check),
-                    reinterpret_cast<const uint8_t*>(b + s.width),
-                    reinterpret_cast<const int8_t*>(b + s.exponent)};
-}
-
-// This chunk's message header checked against the expected one (kernels/chunk_header.h):
-// returns n_contrib, or 0 when anything disagrees.
-__device__ __forceinline__ int check_header(const uint8_t* h, const LayoutView& l, int chunk,
-                                            int max_contrib) {
-  const ChunkHeader expected{CodecId::kDynamiq, static_cast<uint16_t>(chunk), 0,
-                             static_cast<uint32_t>(l.header[0]), l.chunk_check[chunk]};
-  return chunk_header_contributors(h, expected, max_contrib);
-}
-
-// Value k's code in the packed codes of a record at `bits` wide.
-__device__ __forceinline__ uint32_t code_at(const uint8_t* codes, int bits, int k) {
-  if (bits == 8) return codes[k];
-  if (bits == 4) return (codes[k >> 1] >> (4 * (k & 1))) & 15u;
-  return (codes[k >> 2] >> (2 * (k & 3))) & 3u;
-}
-
-// Value k's code in a record at `bits` < 16 wide and, in *scale, its group's scale; *bad is set
-// where the record holds invalid content that this value reads (a negative unit or scale, a zero
-// factor, a code above 2L, L = max_mag). The finish's validation and every decode share it.
-__device__ __forceinline__ uint32_t record_code(bool hierarchical, int bits, const uint8_t* rec,
-                                                int k, int max_mag, float* scale, bool* bad) {
-  const int g = k / kGroup;
-  const uint8_t* codes;
-  if (hierarchical) {
-    const float unit = bf16_to_f32(get16(rec));
-    *bad |= (rec[1] & 0x80) != 0 || rec[2 + g] == 0;
-    *scale = static_cast<float>(rec[2 + g]) * unit;
-    codes = rec + 2 + kGroupsPerSuperGroup;
-  } else {
-    *bad |= (rec[2 * g + 1] & 0x80) != 0;
-    *scale = bf16_to_f32(get16(rec + 2 * g));
-    codes = rec + 2 * kGroupsPerSuperGroup;
-  }
-  const uint32_t code = code_at(codes, bits, k);
-  *bad |= code > static_cast<uint32_t>(2 * max_mag);
-  return code;
-}
-
-// Value k of a record (accumulate_record()'s decoded term) at `bits` wide; *bad as record_code().
-// A width-16 record is always valid.
-__device__ __forceinline__ float decode_value(const LevelTable* levels, bool hierarchical, int bits,
-                                              const uint8_t* rec, int k, bool* bad) {
-  if (bits == 16) return bf16_to_f32(get16(rec + 2 * k));
-  const LevelTable& t = levels[width_index(bits)];
-  float scale;
-  const uint32_t code = record_code(hierarchical, bits, rec, k, t.max_mag, &scale, bad);
-  return decode_code(t, code, scale);
-}
-
-// Checks of the whole record that decode_value() makes per value, for the values it skips:
-// every group's scale and the record's unit (record_valid()).
-__device__ __forceinline__ bool record_scales_bad(bool hierarchical, int bits, const uint8_t* rec,
-                                                  int k) {
-  if (bits == 16 || k >= kGroupsPerSuperGroup) return false;
-  if (hierarchical) return (rec[1] & 0x80) != 0 || rec[2 + k] == 0;
-  return (rec[2 * k + 1] & 0x80) != 0;
-}
-
-// Whether a record (its offset in the body, `bits` wide) ends past the message's capacity: the
-// layout claims more than the message holds. The same answer in every thread.
-__device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint32_t offset,
-                                                     int bits) {
-  return kChunkHeaderBytes + static_cast<unsigned long long>(offset) +
-             static_cast<unsigned long long>(p.record[width_index(bits)]) >
-         p.capacity;
-}
 
 // The hop's output header (one thread): the inputs' headers checked, their contributors summed
 // with this rank's own.
@@ -207,8 +115,6 @@ constexpr int kHopBatch = 8;  // super-groups per round of draws: 8 x 32 Philox 
 // Super-groups a block should take at least (the launch's grid): its set-up (the level tables,
 // about 0.6 KB read) stays a few percent of the block's traffic.
 constexpr int kHopSupergroupsPerBlock = 16;
-// uint4s of a staged input record: a width-16 record (512 bytes) at any offset modulo 16.
-constexpr int kRecordStage = (2 * kSuperGroup + 15 + 15) / 16;
 // uint4s of a super-group's staged own values: 256 FP32 values at any offset modulo 16.
 constexpr int kOwnStage = (4 * kSuperGroup + 15 + 15) / 16;
 
@@ -232,47 +138,6 @@ struct HopShared {
   uint4* first_input;  // [kHopBatch * kRecordStage]: the batch's records of input 0
   unsigned long long* meta;  // [3]: the chunk's content bytes, first and end wire position
 };
-
-// The host's three level tables in shared memory. Only max_mag, extra_steps and level[0..L+1] are
-// read (588 bytes instead of 18.5 KB a block); inv_gap, start and decode are derived from them
-// by build_level_table()'s own arithmetic (IEEE division, the same scan, a sign flip), so they
-// hold the host's bits; `lookups` false (a decode only: the finish) leaves inv_gap and start
-// unset. Ends with a barrier: the tables are ready when it returns.
-__device__ void stage_level_tables(const LevelTable* g, LevelTable* t, bool lookups = true) {
-  const int k = static_cast<int>(threadIdx.x);
-  if (k < 3) {
-    t[k].max_mag = load_global(&g[k].max_mag);
-    t[k].extra_steps = load_global(&g[k].extra_steps);
-  }
-  __syncthreads();
-  for (int w = 0; w < 3; ++w)
-    if (k <= t[w].max_mag + 1 && k < 130) t[w].level[k] = load_global(&g[w].level[k]);
-  __syncthreads();
-  constexpr int kCells = (kLevelGrid + 1 + kHopThreads - 1) / kHopThreads;  // cells a thread
-  for (int w = 0; w < 3; ++w) {
-    LevelTable& x = t[w];
-    const int top = x.max_mag;
-    const int signed_mag = k - top;  // code k (kHopThreads = 256 codes)
-    if (k <= 2 * top) {
-      const float mag = x.level[signed_mag < 0 ? -signed_mag : signed_mag];
-      x.decode[k] = signed_mag < 0 ? -mag : mag;
-    } else {
-      x.decode[k] = 0.0f;
-    }
-    if (!lookups) continue;
-    if (k < top) x.inv_gap[k] = 1.0f / (x.level[k + 1] - x.level[k]);
-    if (k == top) x.inv_gap[k] = 0.0f;
-    // The scan resumes from the previous cell's answer: the host's answer never decreases with
-    // the cell (each test level[r+1] <= lo that holds for one cell holds for the next).
-    int r = 0;
-    for (int cell = k * kCells; cell < (k + 1) * kCells && cell <= kLevelGrid; ++cell) {
-      const float lo = static_cast<float>(cell) / kLevelGrid;
-      while (r < top && x.level[r + 1] <= lo) ++r;
-      x.start[cell] = r;
-    }
-  }
-  __syncthreads();
-}
 
 // Block set-up: the chunk's extent (thread 0, into shared memory), the output header (block 0)
 // and the padding after the body (all blocks). Ends with the barrier that publishes sh.meta.
@@ -524,200 +389,7 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   }
 }
 
-// ---- the finish: one launch, validators then decoders (FinishGate, kernels/cuda/step_fold.h) ----
-
 namespace {
-
-constexpr int kFinishBatch = 8;  // records staged a round: warp s copies member s
-// Super-groups a block should take at least: a decoder's set-up (the level tables, about 0.6 KB
-// read) stays a few percent of its traffic.
-constexpr int kFinishSupergroupsPerBlock = 32;
-
-// The layout words of a batch's records, read once by threads 0..7.
-struct FinishBatch {
-  uint32_t j[kFinishBatch];
-  uint32_t offset[kFinishBatch];
-  float mean[kFinishBatch];
-  int8_t exponent[kFinishBatch];
-  uint8_t bits[kFinishBatch];
-};
-
-struct FinishShared {
-  LevelTable* levels;        // [3] (decoders; stage_level_tables without the lookups)
-  FinishBatch* batch;        //
-  uint4* record;             // [kFinishBatch * kRecordStage]: the batch's records
-  unsigned long long* meta;  // [2]: the chunk's first and end wire position
-};
-
-// A batch's layout words (threads 0..7; the means and exponents for a decoder), then warp s
-// copies member s's record to shared memory unless it ends past the message. Two barriers.
-__device__ void finish_batch_load(const DynamiqDeviceParams& d, const LayoutView& l,
-                                  const uint8_t* body, uint64_t i0, uint64_t end, bool decode,
-                                  const FinishShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  FinishBatch& b = *sh.batch;
-  if (k < kFinishBatch && i0 + k < end) {
-    const uint64_t i = i0 + k;
-    const uint32_t j = load_global(&l.order[i]);
-    b.j[k] = j;
-    b.offset[k] = load_global(&l.offset[i]);
-    b.bits[k] = load_global(&l.width[j]);
-    if (decode) {
-      b.mean[k] = load_global(&l.mean[j]);
-      b.exponent[k] = load_global(&l.exponent[j]);
-    }
-  }
-  __syncthreads();
-  const int s = k / kWarp;
-  if (s < kFinishBatch && i0 + s < end && !record_past_capacity(d.plan, b.offset[s], b.bits[s]))
-    group_copy_to_shared(body + b.offset[s], d.plan.record[width_index(b.bits[s])],
-                         sh.record + s * kRecordStage, k % kWarp, kWarp);
-  __syncthreads();
-}
-
-// Where batch member s's record (at `src`) lies in shared memory after finish_batch_load().
-__device__ __forceinline__ const uint8_t* staged_record(const FinishShared& sh, int s,
-                                                        const uint8_t* src) {
-  return reinterpret_cast<const uint8_t*>(sh.record + s * kRecordStage) +
-         (reinterpret_cast<uintptr_t>(src) & 15u);
-}
-
-// A validator's batch: every value of every record (record_valid(): all 256 codes, every scale),
-// and the capacity. `max_mag`: the three tables' L.
-__device__ void finish_validate_batch(const DynamiqDeviceParams& d, const uint8_t* body,
-                                      uint64_t i0, uint64_t end, const int* max_mag,
-                                      unsigned* error, const FinishShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  const FinishBatch& b = *sh.batch;
-  bool bad = false;
-  for (int s = 0; s < kFinishBatch && i0 + s < end; ++s) {
-    const int bits = b.bits[s];
-    if (record_past_capacity(d.plan, b.offset[s], bits)) {  // never read past the message
-      if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
-      continue;
-    }
-    if (bits == 16) continue;
-    const uint8_t* rec = staged_record(sh, s, body + b.offset[s]);
-    float scale;
-    (void)record_code(d.hierarchical_scales, bits, rec, k, max_mag[width_index(bits)], &scale,
-                      &bad);
-    bad |= record_scales_bad(d.hierarchical_scales, bits, rec, k);
-  }
-  if (bad) atomicOr(error, kDynamiqBadRecord);
-}
-
-// A decoder's batch (the chunk is valid): each value decoded, the means restored (n_contrib of
-// them), AVG's division, the 2^K_j scaling undone, written once.
-__device__ void finish_decode_batch(const DynamiqDeviceParams& d, const uint8_t* body, uint64_t i0,
-                                    uint64_t end, void* out, int out_bf16, int avg,
-                                    float contributors, const FinishShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  const FinishBatch& b = *sh.batch;
-  for (int s = 0; s < kFinishBatch && i0 + s < end; ++s) {
-    const uint32_t j = b.j[s];
-    const int bits = b.bits[s];
-    const size_t base = static_cast<size_t>(j) * kSuperGroup;
-    const size_t left = d.plan.count - base;
-    const int valid =
-        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
-    if (k >= valid) continue;
-    bool bad = false;  // validated: never set
-    float v = 0.0f;
-    v += decode_value(sh.levels, d.hierarchical_scales, bits,
-                      staged_record(sh, s, body + b.offset[s]), k, &bad);
-    const float shift = bits == 16 ? 0.0f : contributors * b.mean[s];
-    float x = v + shift;
-    if (avg) x = x / contributors;
-    if (b.exponent[s] != 0) x = x * pow2f(-b.exponent[s]);  // back from 2^K_j
-    if (out_bf16)
-      store_global(static_cast<uint16_t*>(out) + base + k, f32_to_bf16_rne(x));
-    else
-      store_global(static_cast<float*>(out) + base + k, x);
-  }
-}
-
-}  // namespace
-
-// The finish of a chunk in one launch (FinishGate): tickets 0 .. validators-1 check the header
-// (ticket 0) and their share of the chunk's records; the other tickets wait for them, then
-// decode their share unless a flag was raised. Each takes a contiguous run of wire positions, in
-// batches of kFinishBatch records staged in shared memory.
-__global__ void __launch_bounds__(kHopThreads)
-    dynamiq_finish_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
-                          int chunk, const uint8_t* in, void* out, int out_bf16, int avg,
-                          int n_contrib, StepWord* word, unsigned validators) {
-  __shared__ LevelTable s_levels[3];
-  __shared__ FinishBatch s_batch;
-  __shared__ uint4 s_record[kFinishBatch * kRecordStage];
-  __shared__ unsigned long long s_meta[2];
-  __shared__ unsigned s_gate;
-  __shared__ int s_max_mag[3];
-  unsigned* error = &word->flags;
-  const StepFold fold(error);  // the step's only kernel (step_fold.h)
-  // The lane failed before this step: nothing is written. This launch never raises kSkipFlag, so
-  // every thread of the grid decides alike, before any barrier or ticket.
-  if ((*error & kSkipFlag) != 0) return;
-  FinishGate gate(word, validators, &s_gate);
-  const FinishShared sh{s_levels, &s_batch, s_record, s_meta};
-  const LayoutView l = layout_view(layout, d.sections);
-  const int k = static_cast<int>(threadIdx.x);
-  if (k == 0) {
-    s_meta[0] = load_global(&l.chunk_first[chunk]);
-    s_meta[1] = load_global(&l.chunk_first[chunk + 1]);
-  }
-  if (k < 3) s_max_mag[k] = load_global(&levels[k].max_mag);
-  __syncthreads();
-  const uint64_t first = s_meta[0], last = s_meta[1];
-  const uint64_t n = last > first ? last - first : 0;
-  const uint64_t per =
-      ((n + gate.shares() - 1) / gate.shares() + kFinishBatch - 1) / kFinishBatch * kFinishBatch;
-  const uint64_t begin = first + gate.share() * per;
-  const uint64_t end = begin + per < last ? begin + per : last;
-  const uint8_t* body = in + kChunkHeaderBytes;
-  if (gate.validator()) {
-    if (gate.share() == 0 && k == 0) {
-      uint8_t h[kChunkHeaderBytes];
-      for (size_t b = 0; b < kChunkHeaderBytes; ++b) h[b] = load_global(in + b);
-      if (check_header(h, l, chunk, d.plan.n_workers) != n_contrib)
-        atomicOr(error, kDynamiqBadHeader);
-    }
-    for (uint64_t i0 = begin; i0 < end; i0 += kFinishBatch) {  // the same trips in the block
-      finish_batch_load(d, l, body, i0, end, false, sh);
-      finish_validate_batch(d, body, i0, end, s_max_mag, error, sh);
-      __syncthreads();  // the batch's shared words are rewritten by the next batch
-    }
-    gate.validated();
-    return;
-  }
-  // A decoder: its tables staged while the validators run, then the wait.
-  if (begin < end) stage_level_tables(levels, s_levels, false);
-  if (gate.chunk_failed()) return;  // the same in every thread: nothing is written
-  const float contributors = static_cast<float>(n_contrib);
-  for (uint64_t i0 = begin; i0 < end; i0 += kFinishBatch) {
-    finish_batch_load(d, l, body, i0, end, true, sh);
-    finish_decode_batch(d, body, i0, end, out, out_bf16, avg, contributors, sh);
-    __syncthreads();
-  }
-}
-
-namespace {
-unsigned grid_for(size_t work, int max_blocks) {
-  const size_t cap = max_blocks > 0 ? static_cast<size_t>(max_blocks) : 4096;
-  const size_t n = work < cap ? work : cap;
-  return static_cast<unsigned>(n > 0 ? n : 1);
-}
-
-// The device's SM count, 0 when it cannot be asked (the query's error is not left behind).
-int multiprocessors() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return count;
-}
-
 // Blocks of the fused hop for a chunk of an even share of the super-groups (where the cuts fall
 // is on the device): kHopSupergroupsPerBlock a block, but at least enough to fill the device
 // (kHopMinBlocks an SM) while each block still gets a whole batch.
@@ -726,18 +398,6 @@ size_t hop_blocks(const DynamiqPlan& p) {
   size_t blocks = (per_chunk + kHopSupergroupsPerBlock - 1) / kHopSupergroupsPerBlock;
   const size_t fill = static_cast<size_t>(multiprocessors()) * kHopMinBlocks;
   const size_t most = (per_chunk + kHopBatch - 1) / kHopBatch;
-  if (blocks < fill) blocks = fill < most ? fill : most;
-  return blocks;
-}
-
-// Blocks of each role of the finish (validators, decoders) for a chunk of an even share: as
-// hop_blocks(), at kFinishSupergroupsPerBlock a block and kFinishBatch a batch; half the hop's
-// blocks an SM, since the two roles share the device.
-size_t finish_blocks(const DynamiqPlan& p) {
-  const size_t per_chunk = (p.n_sg + p.n_chunks - 1) / p.n_chunks;
-  size_t blocks = (per_chunk + kFinishSupergroupsPerBlock - 1) / kFinishSupergroupsPerBlock;
-  const size_t fill = static_cast<size_t>(multiprocessors()) * kHopMinBlocks / 2;
-  const size_t most = (per_chunk + kFinishBatch - 1) / kFinishBatch;
   if (blocks < fill) blocks = fill < most ? fill : most;
   return blocks;
 }
@@ -762,29 +422,13 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
   return cudaGetLastError();
 }
 
-cudaError_t launch_dynamiq_finish(const DynamiqDeviceParams& params, const LevelTable* levels,
-                                  const void* layout, int chunk, const uint8_t* in, void* out,
-                                  bool out_bf16, bool avg, int n_contrib, StepWord* word,
-                                  cudaStream_t stream, int max_blocks) {
-  const DynamiqPlan& p = params.plan;
-  if (levels == nullptr || layout == nullptr || in == nullptr || word == nullptr || chunk < 0 ||
-      chunk >= p.n_chunks || (out == nullptr && p.count > 0))
-    return cudaErrorInvalidValue;
-  // As many validators as decoders: a validator reads what a decoder reads but writes nothing,
-  // so the validation, which every decoder waits for, takes less than half the launch.
-  const unsigned per_role = grid_for(finish_blocks(p), max_blocks);
-  DQ_LAUNCH(dynamiq_finish_kernel, dim3(2 * per_role), dim3(kHopThreads), 0, stream, params, levels,
-            layout, chunk, in, out, out_bf16 ? 1 : 0, avg ? 1 : 0, n_contrib, word, per_role);
-  return cudaGetLastError();
-}
-
 // Every kernel of this file loaded now (the attributes query loads its module): at device set-up,
 // never first mid-call.
 cudaError_t load_dynamiq_hop_kernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaSuccess;
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_hop_kernel);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, dynamiq_finish_kernel);
+  if (e == cudaSuccess) e = load_dynamiq_finish_kernels();  // dynamiq_finish.cu
   return e;
 }
 

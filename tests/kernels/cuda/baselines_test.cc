@@ -13,6 +13,8 @@
 //    (kernels/cuda/EMULATION.md). MX and uniform messages never carry a NaN payload.
 //  - malformed inputs (another call's header, too many workers, invalid uniform codes and scales):
 //    the same outcome as the host (message untouched, or all zero), the finish's output untouched.
+//  - a finish step: a range of chunks in one launch, as the host's finish of each in turn; one bad
+//    chunk in it leaves every chunk's output untouched.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -44,6 +46,22 @@ cudaError_t finish_with_word(const BaselineDeviceParams& p, const void* layout, 
                                                &w, nullptr, max_blocks);
   *error = w.flags;
   EXPECT_EQ(w.tickets + w.validated + w.finished, 0u) << "the finish left its tickets set";
+  return e;
+}
+
+// launch_baseline_finishes with a plain flags word, as finish_with_word(); *launches: the kernels
+// it started.
+cudaError_t finishes_with_word(const BaselineDeviceParams& p, const void* layout, int first, int n,
+                               const uint8_t* in, size_t stride, void* out, bool out_bf16, bool avg,
+                               int n_contrib, unsigned* error, int max_blocks, uint64_t* launches) {
+  StepWord w{};
+  w.flags = *error;
+  const uint64_t before = emu::launches();
+  const cudaError_t e = launch_baseline_finishes(p, layout, first, n, in, stride, out, out_bf16,
+                                                 avg, n_contrib, &w, nullptr, max_blocks);
+  *launches = emu::launches() - before;
+  *error = w.flags;
+  EXPECT_EQ(w.tickets + w.validated + w.finished, 0u) << "the finishes left their tickets set";
   return e;
 }
 
@@ -538,6 +556,149 @@ TEST(CudaBaselines, BadArgumentsAreRefusedLikeTheHost) {
       finish_with_word(s.params, &s.dev_layout, 0, out.data(), f.data(), false, false, 0, &error),
       cudaErrorInvalidValue);
   EXPECT_EQ(error, 0u);
+}
+
+// ---- a finish step: a range of chunks in one launch (launch_baseline_finishes) -----------------
+
+// Every chunk's message of a 2-worker sum (worker 0's hop over worker 1's leaf), `stride` bytes
+// apart, as the engine's finish step finds them.
+std::vector<uint8_t> packed_messages(const Case& s, size_t stride) {
+  const size_t cap = s.codec->chunk_capacity();
+  std::vector<uint8_t> packed(stride * (s.n_chunks - 1) + cap, 0xE1);
+  for (int chunk = 0; chunk < s.n_chunks; ++chunk) {
+    std::vector<uint8_t> leaf(cap);
+    const RoundingKey leaf_key{31, s.call, 1, 0, 1, 0, 0};
+    EXPECT_EQ(
+        s.codec->fused_hop(&s.host_layout, chunk, s.tensor(1), nullptr, 0, leaf.data(), leaf_key),
+        Status::kOk);
+    const ByteView in{leaf.data(), cap};
+    const RoundingKey key{31, s.call, 0, 0, 1, 0, 0};
+    EXPECT_EQ(s.codec->fused_hop(&s.host_layout, chunk, s.tensor(0), &in, 1,
+                                 packed.data() + chunk * stride, key),
+              Status::kOk);
+  }
+  return packed;
+}
+
+// The host's decode_finish of chunks first .. first + n - 1 (messages from packed[0] at
+// `stride`), one at a time, into `out`.
+Status host_finishes(const Case& s, int first, int n, const uint8_t* packed, size_t stride,
+                     void* out, bool out_bf16, bool avg, int n_contrib) {
+  for (int c = first; c < first + n; ++c) {
+    const Status st = s.codec->decode_finish(
+        &s.host_layout, c, ByteView{packed + (c - first) * stride, s.codec->chunk_capacity()}, out,
+        out_bf16 ? DType::kBF16 : DType::kF32, avg ? ReduceOp::kAvg : ReduceOp::kSum, n_contrib);
+    if (st != Status::kOk) return st;
+  }
+  return Status::kOk;
+}
+
+// Every baseline, 5 chunks at 20,003 and 100 values (an MX chunk of none): all chunks of a step and
+// ranges starting past chunk 0, one launch each, every output word as the host's decode_finish of
+// each chunk in turn (a NaN as a NaN), the rest untouched, FP32 and BF16, SUM and AVG, messages at
+// a stride of no multiple of 4; the tickets end at 0 (finishes_with_word()).
+TEST(CudaBaselines, AFinishStepDecodesItsChunksInOneLaunch) {
+  const int ranges[][2] = {{0, 5}, {1, 3}, {4, 1}};
+  for (const char* spec : kSpecs)
+    for (size_t count : {size_t{20003}, size_t{100}}) {
+      Case s;
+      make_case(spec, count, 5, false, 0, 17, false, &s);
+      ASSERT_FALSE(HasFatalFailure());
+      const size_t stride = s.codec->chunk_capacity() + 3;
+      const std::vector<uint8_t> all = packed_messages(s, stride);
+      ASSERT_FALSE(HasFailure());
+      for (const auto& r : ranges)
+        for (bool out_bf16 : {false, true})
+          for (bool avg : {false, true})
+            for (int max_blocks : {1, 0}) {
+              const std::string what =
+                  s.where() + " chunks " + std::to_string(r[0]) + ".." +
+                  std::to_string(r[0] + r[1] - 1) + (out_bf16 ? " to bf16" : " to fp32") +
+                  (avg ? " avg" : " sum") + " max_blocks " + std::to_string(max_blocks);
+              const uint8_t* msgs = all.data() + r[0] * stride;
+              const size_t word = out_bf16 ? 2 : 4;
+              std::vector<uint8_t> host(s.count * word + 1, 0x77), dev(s.count * word + 1, 0x77);
+              ASSERT_EQ(host_finishes(s, r[0], r[1], msgs, stride, host.data(), out_bf16, avg, 2),
+                        Status::kOk)
+                  << what;
+              unsigned error = 0;
+              uint64_t launches = 0;
+              ASSERT_EQ(
+                  finishes_with_word(s.params, &s.dev_layout, r[0], r[1], msgs, stride, dev.data(),
+                                     out_bf16, avg, 2, &error, max_blocks, &launches),
+                  cudaSuccess)
+                  << emu::last_report().message;
+              EXPECT_EQ(error, 0u) << what;
+              EXPECT_EQ(launches, 1u) << what;
+              for (size_t i = 0; i <= s.count; ++i) {
+                uint32_t h = 0, d = 0;
+                const size_t w = i < s.count ? word : 1;  // the byte past the output
+                std::memcpy(&h, host.data() + i * word, w);
+                std::memcpy(&d, dev.data() + i * word, w);
+                if (h == d) continue;
+                if (i < s.count &&
+                    (out_bf16 ? (nan16(static_cast<uint16_t>(h)) && nan16(static_cast<uint16_t>(d)))
+                              : (nan32(h) && nan32(d))))
+                  continue;
+                FAIL() << what << ": element " << i << " host 0x" << std::hex << h << " device 0x"
+                       << d;
+              }
+            }
+    }
+}
+
+// A bad header in the LAST chunk of a range (every baseline family), or an invalid uniform code
+// late in it: no chunk of the launch writes anything (stricter than the host, which writes the
+// range's valid chunks before it), the flag is raised, at 1, 2, 3, 7 and the default blocks a
+// role; the tickets end at 0.
+TEST(CudaBaselines, ABadLastChunkLeavesEveryChunkOfTheFinishStepUntouched) {
+  const int ranges[][2] = {{0, 5}, {1, 3}};
+  for (const char* spec : {"bf16", "mxfp8", "uniform:5"})
+    for (int variant = 0; variant < 2; ++variant) {
+      const bool codes = variant == 1;
+      if (codes && std::string(spec) != "uniform:5") continue;
+      Case s;
+      make_case(spec, 40000, 5, false, 0, 19, false, &s);
+      ASSERT_FALSE(HasFatalFailure());
+      const size_t cap = s.codec->chunk_capacity();
+      const size_t stride = cap + 8;
+      const std::vector<uint8_t> all = packed_messages(s, stride);
+      ASSERT_FALSE(HasFailure());
+      for (const auto& r : ranges) {
+        const int last = r[0] + r[1] - 1;
+        std::vector<uint8_t> msgs(all.begin() + r[0] * stride, all.end());
+        uint8_t* last_msg = msgs.data() + (r[1] - 1) * stride;
+        if (codes) {
+          // The last chunk's last whole group: its code 0 all ones (an invalid code).
+          const unsigned long long blocks =
+              (last + 1) * s.params.n_blocks / 5 - last * s.params.n_blocks / 5;
+          last_msg[kChunkHeaderBytes + (blocks - 2) * s.params.block_bytes + 2] |= 0x0F;
+        } else {
+          last_msg[8] ^= 1;  // the header names another call
+        }
+        std::vector<float> h(s.count, 5.0f);
+        ASSERT_EQ(host_finishes(s, r[0], r[1], msgs.data(), stride, h.data(), false, false, 2),
+                  Status::kMalformedPayload)
+            << s.where();
+        for (int max_blocks : {1, 2, 3, 7, 0}) {
+          const std::string what = s.where() + " chunks " + std::to_string(r[0]) + ".." +
+                                   std::to_string(last) + (codes ? " bad code" : " bad header") +
+                                   " max_blocks " + std::to_string(max_blocks);
+          std::vector<float> d(s.count, 5.0f);
+          unsigned error = 0;
+          uint64_t launches = 0;
+          ASSERT_EQ(finishes_with_word(s.params, &s.dev_layout, r[0], r[1], msgs.data(), stride,
+                                       d.data(), false, false, 2, &error, max_blocks, &launches),
+                    cudaSuccess)
+              << emu::last_report().message;
+          EXPECT_EQ(error, codes ? unsigned{kBaselineBadCodes} : unsigned{kBaselineBadHeader})
+              << what;
+          EXPECT_EQ(launches, 1u) << what;
+          for (size_t i = 0; i < d.size(); ++i)
+            ASSERT_EQ(d[i], 5.0f) << what << ": element " << i << " written";
+        }
+      }
+    }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // DynamiQ's layout, fused-hop and finish kernels (kernels/cuda/dynamiq_layout.cu,
-// kernels/cuda/dynamiq_hop.cu) under the CUDA emulation against the host codec byte for byte:
+// kernels/cuda/dynamiq_hop.cu, kernels/cuda/dynamiq_finish.cu) under the CUDA emulation against the
+// host codec byte for byte:
 //  - CudaDynamiqLayout: the whole layout buffer (padding included) of build_layout() for counts
 //    from 0 to 4097 super-groups (odd, partial last super-group), 1 to 64 chunks, 1 and 4 workers,
 //    poisoned super-groups, every option the layout reads (fixed widths, no width 16, no mean
@@ -10,6 +11,8 @@
 //    width 16, a non-zero element base; then decode_finish() of each message (1..4 workers)
 //    into FP32 and BF16, SUM and AVG, every output word compared (NaN only as NaN).
 //  - Malformed inputs: both sides flag the same messages; the finish leaves the output untouched.
+//  - A finish step: a range of chunks in one launch, as the host's finish of each in turn; one
+//    bad chunk in it leaves every chunk's output untouched.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kernels/bf16.h"
@@ -144,6 +148,38 @@ cudaError_t device_finish(const Case& s, int chunk, const std::vector<uint8_t>& 
   if (e == cudaSuccess) e = d_word.fetch(&w);
   if (e == cudaSuccess && (w.tickets != 0 || w.validated != 0 || w.finished != 0))
     ADD_FAILURE() << "the finish left its tickets at " << w.tickets << "/" << w.validated << "/"
+                  << w.finished;
+  *error = w.flags;
+  return e;
+}
+
+// launch_dynamiq_finishes() of chunks first .. first + n - 1, their messages in `messages` at
+// `stride` bytes apart, into `out`; *launches (emulation: the kernels it started; else 1).
+template <class T>
+cudaError_t device_finishes(const Case& s, int first, int n, const std::vector<uint8_t>& messages,
+                            size_t stride, std::vector<T>* out, bool out_bf16, bool avg,
+                            int n_contrib, unsigned* error, int max_blocks, uint64_t* launches) {
+  const DeviceArray<LevelTable> d_levels(s.levels, 3);
+  const DeviceArray<uint64_t> d_layout(s.dev_layout);
+  const DeviceArray<uint8_t> d_messages(messages);
+  const DeviceArray<T> d_out(*out);
+  StepWord w{};
+  w.flags = *error;
+  const DeviceArray<StepWord> d_word(&w, 1);
+  *launches = 1;
+#if DQ_CUDA_EMULATED
+  const uint64_t before = emu::launches();
+#endif
+  cudaError_t e = launch_dynamiq_finishes(s.params, d_levels.get(), d_layout.get(), first, n,
+                                          d_messages.get(), stride, d_out.get(), out_bf16, avg,
+                                          n_contrib, d_word.get(), nullptr, max_blocks);
+#if DQ_CUDA_EMULATED
+  *launches = emu::launches() - before;
+#endif
+  if (e == cudaSuccess) e = d_out.fetch(*out);
+  if (e == cudaSuccess) e = d_word.fetch(&w);
+  if (e == cudaSuccess && (w.tickets != 0 || w.validated != 0 || w.finished != 0))
+    ADD_FAILURE() << "the finishes left their tickets at " << w.tickets << "/" << w.validated << "/"
                   << w.finished;
   *error = w.flags;
   return e;
@@ -607,6 +643,153 @@ TEST(CudaDynamiqHop, ALateBadRecordLeavesTheFinishOutputUntouched) {
     EXPECT_EQ(error, 0u);
     EXPECT_EQ(std::memcmp(h.data(), d.data(), 4 * h.size()), 0) << "max_blocks " << max_blocks;
   }
+}
+
+// ---- a finish step: a range of chunks in one launch (launch_dynamiq_finishes) ------------------
+
+// Every chunk's message of a 2-worker sum (the hop of worker 0 over worker 1's leaf), laid out
+// `stride` bytes apart (the first at offset 0), as the engine's finish step finds them.
+std::vector<uint8_t> packed_messages(const Case& s, size_t stride) {
+  const size_t cap = s.codec->chunk_capacity();
+  std::vector<uint8_t> packed(stride * (s.cfg.n_chunks - 1) + cap, 0xE1);
+  for (int chunk = 0; chunk < s.cfg.n_chunks; ++chunk) {
+    std::vector<uint8_t> leaf(cap);
+    const RoundingKey leaf_key{21, s.call, 1, 1, 2, 0, 0};
+    EXPECT_EQ(s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(1), nullptr, 0, leaf.data(),
+                                 leaf_key),
+              Status::kOk);
+    const ByteView in{leaf.data(), cap};
+    const RoundingKey key{21, s.call, 0, 0, 2, 0, 0};
+    EXPECT_EQ(s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(0), &in, 1,
+                                 packed.data() + chunk * stride, key),
+              Status::kOk);
+  }
+  return packed;
+}
+
+// The host's decode_finish of chunks first .. first + n - 1, one at a time, into `out`.
+Status host_finishes(const Case& s, int first, int n, const std::vector<uint8_t>& packed,
+                     size_t stride, void* out, bool out_bf16, bool avg, int n_contrib) {
+  for (int c = first; c < first + n; ++c) {
+    const Status st = s.codec->decode_finish(
+        s.host_layout.data(), c,
+        ByteView{packed.data() + (c - first) * stride, s.codec->chunk_capacity()}, out,
+        out_bf16 ? DType::kBF16 : DType::kF32, avg ? ReduceOp::kAvg : ReduceOp::kSum, n_contrib);
+    if (st != Status::kOk) return st;
+  }
+  return Status::kOk;
+}
+
+// The messages of chunks first .. first + n - 1 of `all` (at `stride`), alone at `stride`.
+std::vector<uint8_t> range_of(const std::vector<uint8_t>& all, const Case& s, int first, int n,
+                              size_t stride) {
+  const size_t bytes = stride * (n - 1) + s.codec->chunk_capacity();
+  return std::vector<uint8_t>(all.begin() + first * stride, all.begin() + first * stride + bytes);
+}
+
+// All chunks of a step, and ranges that start past chunk 0 (a sub-range, the last chunk alone):
+// one launch each, every output byte as the host's decode_finish of each chunk in turn (elements
+// of chunks outside the range untouched on both), FP32 and BF16, SUM and AVG, messages at a
+// stride that is no multiple of 4 (each message's records at another alignment), at 1, 3 and
+// the default blocks a role; the tickets end at 0 (device_finishes()).
+TEST(CudaDynamiqHop, AFinishStepDecodesItsChunksInOneLaunch) {
+  Case s;
+  make_case(Config{150 * 256 + 77, 5, 4, false, false, DynamiqOptions{}, 0}, 211, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t cap = s.codec->chunk_capacity();
+  const size_t stride = cap + 37;
+  const std::vector<uint8_t> all = packed_messages(s, stride);
+  ASSERT_FALSE(HasFailure());
+  const int ranges[][2] = {{0, 5}, {1, 3}, {4, 1}, {2, 3}};
+  for (const auto& r : ranges)
+    for (bool out_bf16 : {false, true})
+      for (bool avg : {false, true})
+        for (int max_blocks : {1, 3, 0}) {
+          const std::vector<uint8_t> msgs = range_of(all, s, r[0], r[1], stride);
+          const size_t bytes = s.cfg.count * (out_bf16 ? 2 : 4);
+          std::vector<uint8_t> host(bytes + 1, 0x77), dev(bytes + 1, 0x77);
+          ASSERT_EQ(host_finishes(s, r[0], r[1], msgs, stride, host.data(), out_bf16, avg, 2),
+                    Status::kOk);
+          unsigned error = 0;
+          uint64_t launches = 0;
+          ASSERT_EQ(device_finishes(s, r[0], r[1], msgs, stride, &dev, out_bf16, avg, 2, &error,
+                                    max_blocks, &launches),
+                    cudaSuccess)
+              << kernel_fault();
+          const std::string what = "chunks " + std::to_string(r[0]) + ".." +
+                                   std::to_string(r[0] + r[1] - 1) +
+                                   (out_bf16 ? " bf16" : " fp32") + (avg ? " avg" : " sum") +
+                                   " max_blocks " + std::to_string(max_blocks);
+          EXPECT_EQ(error, 0u) << what;
+          EXPECT_EQ(launches, 1u) << what;
+#if DQ_CUDA_EMULATED
+          if (max_blocks > 0) {
+            EXPECT_EQ(emu::last_counters().blocks, 2u * max_blocks) << what;
+          }
+#endif
+          size_t untouched = 0;
+          for (size_t b = 0; b < bytes; ++b) {
+            ASSERT_EQ(int(host[b]), int(dev[b])) << what << ": output byte " << b;
+            untouched += host[b] == 0x77 ? 1 : 0;
+          }
+          EXPECT_EQ(dev[bytes], 0x77) << what;
+          if (r[1] < 5) {
+            EXPECT_GT(untouched, bytes / 10) << what << ": other chunks untouched";
+          }
+        }
+}
+
+// One bad record late in the LAST chunk of a range, or a bad header there: no chunk of the launch
+// writes anything (stricter than the host, which writes the range's valid chunks before it), the
+// flag is raised, at 1, 2, 3, 7 and the default blocks a role; the tickets end at 0.
+TEST(CudaDynamiqHop, ABadLastChunkLeavesEveryChunkOfTheFinishStepUntouched) {
+  Case s;
+  make_case(Config{150 * 256 + 77, 5, 4, false, false, DynamiqOptions{}, 0}, 223, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t cap = s.codec->chunk_capacity();
+  const size_t stride = cap + 8;
+  const std::vector<uint8_t> all = packed_messages(s, stride);
+  ASSERT_FALSE(HasFailure());
+  const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
+  const int ranges[][2] = {{0, 5}, {1, 3}};
+  for (const auto& r : ranges)
+    for (int variant = 0; variant < 2; ++variant) {
+      const int last = r[0] + r[1] - 1;
+      std::vector<uint8_t> msgs = range_of(all, s, r[0], r[1], stride);
+      uint8_t* last_msg = msgs.data() + (r[1] - 1) * stride;
+      if (variant == 0) {
+        // The last chunk's last record at width < 16: its last code byte all ones.
+        uint32_t victim = UINT32_MAX;
+        for (uint32_t i = l.chunk_first[last]; i < l.chunk_first[last + 1]; ++i)
+          if (l.width[l.order[i]] < 16) victim = i;
+        ASSERT_NE(victim, UINT32_MAX);
+        const int bits = l.width[l.order[victim]];
+        last_msg[kChunkHeaderBytes + l.offset[victim] +
+                 record_bytes(bits, s.cfg.opt.hierarchical_scales) - 1] = 0xFF;
+      } else {
+        last_msg[8] ^= 1;  // the header names another call
+      }
+      std::vector<float> h(s.cfg.count, 5.0f);
+      EXPECT_EQ(host_finishes(s, r[0], r[1], msgs, stride, h.data(), false, false, 2),
+                Status::kMalformedPayload);
+      for (int max_blocks : {1, 2, 3, 7, 0}) {
+        const std::string what = "chunks " + std::to_string(r[0]) + ".." + std::to_string(last) +
+                                 (variant == 0 ? " bad record" : " bad header") + " max_blocks " +
+                                 std::to_string(max_blocks);
+        std::vector<float> d(s.cfg.count, 5.0f);
+        unsigned error = 0;
+        uint64_t launches = 0;
+        ASSERT_EQ(device_finishes(s, r[0], r[1], msgs, stride, &d, false, false, 2, &error,
+                                  max_blocks, &launches),
+                  cudaSuccess)
+            << kernel_fault();
+        EXPECT_EQ(error, variant == 0 ? unsigned{kDynamiqBadRecord} : unsigned{kDynamiqBadHeader})
+            << what;
+        EXPECT_EQ(launches, 1u) << what;
+        for (size_t i = 0; i < d.size(); ++i)
+          ASSERT_EQ(d[i], 5.0f) << what << ": element " << i << " written";
+      }
+    }
 }
 
 }  // namespace

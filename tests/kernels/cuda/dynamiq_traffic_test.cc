@@ -4,9 +4,11 @@
 // message's header and content, the rank's own values of the chunk's super-groups, and the whole
 // outgoing message (capacity bytes, written once each). FP32 and BF16 own values; the first hop
 // (a leaf, no input) and middle hops (one and two inputs). Each case is also checked against the
-// host codec's bytes, so the counted kernel is a correct one.
+// host codec's bytes, so the counted kernel is a correct one. The finish of each chunk, and of
+// both chunks in one launch, within 1.25x of its messages read twice and its values written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -82,6 +84,49 @@ void check_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
   EXPECT_LE(ratio_twice, kMostOverMinimum) << (bf16 ? "bf16" : "fp32") << " chunk " << chunk;
 }
 
+// The finish of every chunk in one launch (launch_dynamiq_finishes(), messages `stride` bytes
+// apart in `packed`): the same bound against every message twice and every value, every value
+// written once, the output the host's finish of each chunk in turn.
+void check_range_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
+                                const LevelTable* levels, const void* layout,
+                                const DynamiqLayoutT<const uint8_t>& l,
+                                const std::vector<uint8_t>& packed, size_t stride, int n_contrib,
+                                bool bf16) {
+  const DynamiqPlan& p = params.plan;
+  const size_t value_bytes = bf16 ? 2 : 4;
+  std::vector<uint8_t> host(p.count * value_bytes, 0x5A), dev(p.count * value_bytes, 0x5A);
+  uint64_t msgs = 0, values = 0;
+  for (int chunk = 0; chunk < p.n_chunks; ++chunk) {
+    ASSERT_EQ(codec.decode_finish(layout, chunk, ByteView{packed.data() + chunk * stride, stride},
+                                  host.data(), bf16 ? DType::kBF16 : DType::kF32, ReduceOp::kSum,
+                                  n_contrib),
+              Status::kOk);
+    msgs += kChunkHeaderBytes + l.chunk_content[chunk];
+    values += least_traffic(l, p, chunk, 0, value_bytes).read;
+  }
+  StepWord word{};
+  const uint64_t launches = emu::launches();
+  ASSERT_EQ(launch_dynamiq_finishes(params, levels, layout, 0, p.n_chunks, packed.data(), stride,
+                                    dev.data(), bf16, false, n_contrib, &word, nullptr),
+            cudaSuccess)
+      << test::kernel_fault();
+  const emu::Counters c = emu::last_counters();
+  EXPECT_EQ(emu::launches() - launches, 1u);
+  EXPECT_EQ(word.flags, 0u);
+  ASSERT_EQ(host, dev) << "finish of every chunk";
+  const double ratio_twice = static_cast<double>(c.global_read + c.global_written) /
+                             static_cast<double>(2 * msgs + values);
+  std::printf(
+      "%s finish of chunks 0..%d in one launch: read %llu (messages %llu), written %llu, %llu "
+      "blocks: %.3fx the messages twice and the values\n",
+      bf16 ? "bf16" : "fp32", p.n_chunks - 1, static_cast<unsigned long long>(c.global_read),
+      static_cast<unsigned long long>(msgs), static_cast<unsigned long long>(c.global_written),
+      static_cast<unsigned long long>(c.blocks), ratio_twice);
+  EXPECT_EQ(c.global_written, values) << "every value written exactly once";
+  EXPECT_GE(c.global_read, 2 * msgs);
+  EXPECT_LE(ratio_twice, kMostOverMinimum) << (bf16 ? "bf16" : "fp32");
+}
+
 // Values of a gradient-like spread (super-group scales over 2^-12..2^12), so every width occurs.
 std::vector<float> gradient(size_t count, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -124,6 +169,7 @@ void check_traffic(bool bf16) {
   const DynamiqLayoutT<const uint8_t> l(reinterpret_cast<const uint8_t*>(layout.data()),
                                         params.sections);
   const size_t cap = codec->chunk_capacity();
+  std::vector<uint8_t> finals(cap * n_chunks);  // every chunk's 3-worker message, for the finish
   auto own = [&](int r) {
     return ConstTensor{bf16 ? static_cast<const void*>(b16[r].data()) : f32[r].data(),
                        bf16 ? DType::kBF16 : DType::kF32, count};
@@ -170,10 +216,13 @@ void check_traffic(bool bf16) {
       EXPECT_GE(c.global_read, least.read);
       EXPECT_LE(ratio, kMostOverMinimum)
           << (bf16 ? "bf16" : "fp32") << " chunk " << chunk << " n_in " << n_in;
-      if (n_in == 2)
+      if (n_in == 2) {
         check_finish_traffic(*codec, params, levels, layout.data(), l, chunk, host, 3, bf16);
+        std::copy(host.begin(), host.end(), finals.begin() + chunk * cap);
+      }
     }
   }
+  check_range_finish_traffic(*codec, params, levels, layout.data(), l, finals, cap, 3, bf16);
 }
 
 TEST(CudaDynamiqTraffic, Fp32HopWithinAQuarterOfTheLeast) {
