@@ -232,15 +232,16 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 // kernels write nothing when it has kSkipFlag, cuda_compat.h); the step's last kernel folds the
 // kernels' flags into the lane's error word and adds them to the word's `raised` (which the
 // emulated device reads for the step's Status). The Status returned is the checks' and the
-// launches' only. Launches per step: one per statistics, layout and hop (two for a uniform:B hop
-// with inputs: the hop, then the clear of a message with invalid codes), one per finish
-// (validator blocks, then decoder blocks that wait for them: FinishGate, step_fold.h; a BF16 or
-// MX finish has only its header to check, which every block does). A layout of
-// at least kGridMinSupergroups super-groups runs over the grid as seven. The budget's prediction
-// (the device's predict_budget, not a step here): six a call of up to cuda::kBudgetWaveParts (64)
-// codec parts, whatever their number, five more for each further 64 (cuda::budget_launches). So a
-// DynamiQ call of B pipeline blocks, P codec parts and F finished chunks a block on n ranks
-// (BP <= 64) launches 6 + B (2P + n + F) + 6G (G: its grid layouts).
+// launches' only. Launches per step: one per hop (two for a uniform:B hop with inputs: the hop,
+// then the clear of a message with invalid codes) and one per finish step, whatever its chunks
+// (validator blocks, then decoder blocks that wait for them: FinishGate, step_fold.h). A call's
+// statistics are one step over every codec part (PartBatch: one launch), its layouts another (the
+// one-block kernel once for every layout below the grid size, the seven grid kernels once for
+// every larger one). The budget's prediction (the device's predict_budget, not a step here): six
+// a call of up to cuda::kBudgetWaveParts (64) codec parts, five more for each further 64
+// (cuda::budget_launches). So a DynamiQ call of B pipeline blocks and BP codec parts on n ranks,
+// one finish step a block (an all-reduce's and a reduce-scatter's), launches
+// 1 + L + budget_launches(BP) + B (n + 1): L = 1, 7 or 8 (small layouts, grid ones, both).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
                            const unsigned* flags, cudaStream_t stream) {
@@ -407,16 +408,32 @@ inline Status launch_part_layouts(const PartBatch& batch, const void* table, uin
 }
 
 // The finish of chunks first .. first + n - 1, chunk c's message at in + (c - first) * stride
-// (in_bytes each): Device::finish_chunks.
+// (in_bytes each): Device::finish_chunks, one launch. Each chunk's arguments are checked as the
+// host codec checks them (a chunk outside the codec, a message shorter than its capacity); the
+// kernels' validators then check every record of every chunk before any decoder writes, so a
+// chunk with an invalid record leaves every chunk of the step unwritten.
 inline Status launch_finish_chunks(const StepParams& k, const void* layout, int first, int n,
                                    const uint8_t* in, size_t stride, size_t in_bytes, void* out,
                                    DType dtype, ReduceOp op, int n_contrib, unsigned* flags,
                                    cudaStream_t stream) {
-  for (int i = 0; i < n; ++i)
-    DQ_CHECK(launch_finish(k, layout, first + i,
-                           ByteView{in + static_cast<size_t>(i) * stride, in_bytes}, out, dtype, op,
-                           n_contrib, flags, stream));
-  return Status::kOk;
+  if (n < 1) DQ_FAIL(Status::kInvalidArgument, "cuda device finish: %d chunks", n);
+  const bool bf16 = dtype == DType::kBF16, avg = op == ReduceOp::kAvg;
+  for (int i = 0; i < n; ++i) {
+    const ByteView m{in + static_cast<size_t>(i) * stride, in_bytes};
+    if (k.family == Family::kBaseline)
+      DQ_CHECK(check_baseline_finish(k.baseline, layout, first + i, m, out, dtype, op, n_contrib));
+    else
+      DQ_CHECK(check_finish(k.dynamiq.plan, layout, first + i, m));
+  }
+  static_assert(offsetof(cuda::StepWord, flags) == 0, "flags opens a StepWord");
+  cuda::StepWord* word = reinterpret_cast<cuda::StepWord*>(flags);
+  const cudaError_t e =
+      k.family == Family::kBaseline
+          ? cuda::launch_baseline_finishes(k.baseline, layout, first, n, in, stride, out, bf16, avg,
+                                           n_contrib, word, stream)
+          : cuda::launch_dynamiq_finishes(k.dynamiq, k.levels, layout, first, n, in, stride, out,
+                                          bf16, avg, n_contrib, word, stream);
+  return step_status(e, 0, "finish");
 }
 
 // ---- set-up: every kernel loaded before the first call ------------------------------------------

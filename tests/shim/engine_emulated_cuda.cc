@@ -259,13 +259,14 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // launch), and the budget's kernels (the bucket's prediction from the reduced statistics, made
 // with fixed bits too, for the metrics). Per block: one kernel per hop step (a rank compresses n
 // chunk messages on either topology: the ring's leaf, n - 2 fused hops and the sink's; the
-// butterfly's n/2 + n/4 + ... + 1 leaves and fused hops and the sink's), and one per finish
-// (validator blocks, then decoder blocks behind them: FinishGate, kernels/cuda/step_fold.h), of
-// every chunk for an all-reduce, of the rank's own for a reduce-scatter. Nothing else: the step's
-// last kernel folds its flags into the error word (no arm or fold kernels), the same launches as on
-// a GPU (shim/engine/cuda_steps.h). The budget's launches (kernels/cuda/budget.cu): one to set up,
-// then five over the grid that take every codec part of the call at once: a constant per call up to
-// kBudgetWaveParts (64) parts, however many (the reduce-scatter of 4 blocks below has 4 n parts).
+// butterfly's n/2 + n/4 + ... + 1 leaves and fused hops and the sink's), and one for the finish
+// step (validator blocks, then decoder blocks behind them: FinishGate, kernels/cuda/step_fold.h),
+// of every chunk at once for an all-reduce, of the rank's own for a reduce-scatter. Nothing else:
+// the step's last kernel folds its flags into the error word (no arm or fold kernels), the same
+// launches as on a GPU (shim/engine/cuda_steps.h). The budget's launches (kernels/cuda/budget.cu):
+// one to set up, then five over the grid that take every codec part of the call at once: a constant
+// per call up to kBudgetWaveParts (64) parts, however many (the reduce-scatter of 4 blocks below
+// has 4 n parts).
 constexpr uint64_t kBudgetLaunchesPerCall = 6;
 constexpr uint64_t kStatsLaunchesPerCall = 1;
 constexpr uint64_t kLayoutLaunchesPerCall = 1;
@@ -273,9 +274,9 @@ constexpr uint64_t kLayoutLaunchesPerCall = 1;
 // layout's seven kernels once for all of them, not the one-block kernel.
 constexpr uint64_t kGridLayoutExtraLaunches = 6;
 
-uint64_t launches_per_call(int n, int blocks, bool scatter) {
+uint64_t launches_per_call(int n, int blocks) {
   const uint64_t hop_steps = static_cast<uint64_t>(n);
-  const uint64_t finishes = scatter ? 1 : static_cast<uint64_t>(n);
+  const uint64_t finishes = 1;  // all-reduce and reduce-scatter alike
   const uint64_t b = static_cast<uint64_t>(blocks);
   return kStatsLaunchesPerCall + kLayoutLaunchesPerCall + kBudgetLaunchesPerCall +
          b * (hop_steps + finishes);
@@ -321,7 +322,7 @@ int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
     const uint64_t launches = after.launches - before.launches;
     const uint64_t hops = after.hops - before.hops;
     const uint64_t hop_launches = after.hop_launches - before.hop_launches;
-    const uint64_t expected = launches_per_call(n, s.blocks, s.scatter);
+    const uint64_t expected = launches_per_call(n, s.blocks);
     CHECK_OR(92,
              launches == expected && hops == static_cast<uint64_t>(s.blocks) * n &&
                  hop_launches == hops && after.budgets - before.budgets == 1,
@@ -363,7 +364,7 @@ int grid_layout_call(int n, const std::string& topo, int rank, ncclComm_t* comms
              "rank %d: grid-layout call %d: results differ across ranks", rank, k);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
-  const uint64_t expected = launches_per_call(n, 1, false) + kGridLayoutExtraLaunches;
+  const uint64_t expected = launches_per_call(n, 1) + kGridLayoutExtraLaunches;
   CHECK_OR(84, after.launches - before.launches == expected && after.layouts - before.layouts == 1,
            "rank %d: the grid-layout call: %llu launches (formula %llu), %llu layouts", rank,
            static_cast<unsigned long long>(after.launches - before.launches),
