@@ -5,6 +5,7 @@
 //               device's byte for byte (both dtypes, both ops, multi-block calls)
 //   alloc_fail  rank 1's first plan allocation fails: every rank passes that call through
 //               (no hang, exact), and the next call is compressed on every rank
+//   budget_scratch_fail  the same with only the budget's scratch failing (a CUDA device's)
 //   blocks      two pipeline blocks holding identical data round differently, so do two calls on
 //               the same input, and so do three reduce-scatter blocks (errors uncorrelated)
 //   collectives reduce-scatter and reduce (every root), FP32/BF16, SUM/AVG, in and out of place:
@@ -186,12 +187,18 @@ int scenario_audit(int n, const std::string& topo) {
 }
 
 // ---- allocation failure on one rank -------------------------------------------------------
-// The host device, but alloc fails while `failing` is set, and every hop's output header is
-// overwritten (in stream order) while `corrupting` is set.
+// The host device, but alloc fails while `failing` is set (or, while `failing_scratch` is set,
+// for the budget's scratch alone: the bytes budget_scratch_bytes() asks, when
+// `scratch_bytes_per_part` makes it ask some, as a CUDA device does), and every hop's output
+// header is overwritten (in stream order) while `corrupting` is set.
 class FailingDevice final : public Device {
  public:
   explicit FailingDevice(Device* inner) : inner_(inner) {}
   bool failing = false;
+  bool failing_scratch = false;
+  size_t scratch_bytes_per_part = 0;
+  size_t scratch_asked = 0;  // the bytes of the latest budget_scratch_bytes()
+  int failed_allocs = 0;
   bool corrupting = false;
   bool no_streams = false;
   bool stalled = false;   // synchronize_for: the bound elapses, as on a GPU whose peer hangs
@@ -199,8 +206,17 @@ class FailingDevice final : public Device {
   int bounded_waits = 0;
   const char* name() const override { return "failing host"; }
   dq::Status alloc(size_t bytes, void** out) override {
-    if (failing) return dq::Status::kOutOfMemory;
+    if (failing || (failing_scratch && scratch_asked != 0 && bytes == scratch_asked)) {
+      ++failed_allocs;
+      return dq::Status::kOutOfMemory;
+    }
     return inner_->alloc(bytes, out);
+  }
+  size_t budget_scratch_bytes(uint32_t n_parts) const override {
+    // A distinctive size no other allocation of these tests has (an odd number of bytes).
+    const size_t bytes = scratch_bytes_per_part == 0 ? 0 : scratch_bytes_per_part * n_parts + 1;
+    const_cast<FailingDevice*>(this)->scratch_asked = bytes;
+    return bytes;
   }
   dq::Status alloc_mapped(size_t bytes, void** out) override {
     return inner_->alloc_mapped(bytes, out);
@@ -271,10 +287,13 @@ class FailingDevice final : public Device {
   Device* inner_;
 };
 
-int scenario_alloc_fail(int n) {
+// `budget_scratch`: only the budget's scratch (device memory a bucket's first plan reserves)
+// fails to allocate, not the plan's own buffers: agreed with the plan all the same.
+int scenario_alloc_fail(int n, bool budget_scratch) {
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}});
   auto body = [&](int rank, ncclComm_t* comms) -> int {
     FailingDevice device(dq::engine::host_device());
+    if (budget_scratch) device.scratch_bytes_per_part = 4096;
     Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
     constexpr size_t kCount = 1 << 20;
     std::vector<float> in(kCount), out(kCount);
@@ -282,7 +301,7 @@ int scenario_alloc_fail(int n) {
       in[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48);
     std::string reasons;
     for (int call = 0; call < 2; ++call) {
-      device.failing = rank == 1 && call == 0;
+      (budget_scratch ? device.failing_scratch : device.failing) = rank == 1 && call == 0;
       CallArgs args;
       args.send = in.data();
       args.recv = out.data();
@@ -312,13 +331,16 @@ int scenario_alloc_fail(int n) {
                                dq::engine::reason_name(PassReason::kRerouted) + " ";
     CHECK_OR(24, reasons == expect, "rank %d: outcomes '%s', expected '%s'", rank, reasons.c_str(),
              expect.c_str());
+    // The failure came from the allocation the scenario fails (and from nothing else).
+    CHECK_OR(25, device.failed_allocs == (rank == 1 ? 1 : 0), "rank %d: %d allocations failed",
+             rank, device.failed_allocs);
     return 0;
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "alloc_fail")) return 1;
   std::printf(
-      "alloc_fail %d ranks: rank 1's failed plan passed through on every rank, then "
+      "alloc_fail %d ranks: rank 1's failed %s passed through on every rank, then "
       "every rank compressed\n",
-      n);
+      n, budget_scratch ? "budget scratch" : "plan");
   return 0;
 }
 
@@ -1253,18 +1275,20 @@ int scenario_rail_overlap(int n) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr,
-                 "usage: engine_multirank "
-                 "audit|alloc_fail|blocks|corrupt|collectives|setup_fail|stalled_wait|"
-                 "split_settles|rail_overlap "
-                 "NRANKS [TOPO]\n");
+    std::fprintf(
+        stderr,
+        "usage: engine_multirank "
+        "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|collectives|setup_fail|stalled_wait|"
+        "split_settles|rail_overlap "
+        "NRANKS [TOPO]\n");
     return 2;
   }
   const std::string scenario = argv[1];
   const int n = std::atoi(argv[2]);
   const std::string topo = argc > 3 ? argv[3] : "auto";
   if (scenario == "audit") return scenario_audit(n, topo);
-  if (scenario == "alloc_fail") return scenario_alloc_fail(n);
+  if (scenario == "alloc_fail") return scenario_alloc_fail(n, false);
+  if (scenario == "budget_scratch_fail") return scenario_alloc_fail(n, true);
   if (scenario == "blocks") return scenario_blocks(n);
   if (scenario == "corrupt") return scenario_corrupt(n);
   if (scenario == "collectives") return scenario_collectives(n);
