@@ -361,19 +361,20 @@ class CudaGpuDevice final : public Device {
           }
           return false;  // prepared by another device: part by part
         });
-    const std::vector<unsigned char>& image = prepared->batch.image;
-    if (!image.empty()) {
-      DQ_CHECK(alloc(image.size(), &prepared->device_memory));
-      prepared->device_bytes = image.size();
-      OnDevice on(ordinal_);
-      RelaxedCapture relaxed;
-      DQ_CHECK(cuda_status(cudaMemcpyAsync(prepared->device_memory, image.data(), image.size(),
-                                           cudaMemcpyHostToDevice, alloc_stream_),
-                           "the batch table"));
-      DQ_CHECK(drain(alloc_stream_, "the batch table"));
-    }
+    // Handed out before the copy: memory allocated for a copy that fails is the caller's to
+    // release (with the plan), not lost.
+    cuda_steps::BatchedParts* p = prepared.get();
     *out = std::move(prepared);
-    return Status::kOk;
+    const std::vector<unsigned char>& image = p->batch.image;
+    if (image.empty()) return Status::kOk;
+    DQ_CHECK(alloc(image.size(), &p->device_memory));
+    p->device_bytes = image.size();
+    OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
+    DQ_CHECK(cuda_status(cudaMemcpyAsync(p->device_memory, image.data(), image.size(),
+                                         cudaMemcpyHostToDevice, alloc_stream_),
+                         "the batch table"));
+    return drain(alloc_stream_, "the batch table");
   }
 
   Status parts_stats(const PreparedParts& parts, const void* input, Lane lane) override {

@@ -163,13 +163,16 @@ Status Engine::prepare_part_steps(Plan& p) {
     for (size_t i = 0; i < steps.size(); ++i)
       if (steps[i].stats_codec != steps[i].codec) without_stats[i].stats_codec = nullptr;
   }
-  DQ_CHECK(device_->prepare_parts(std::move(steps), p.dtype, &p.part_steps));
-  p.held_bytes += p.part_steps->device_bytes;
+  // What a failing prepare_parts allocated is counted and retired with the plan all the same.
+  auto prepare = [&](std::vector<PartSteps> list, std::unique_ptr<PreparedParts>* out) {
+    const Status s = device_->prepare_parts(std::move(list), p.dtype, out);
+    if (*out) p.held_bytes += (*out)->device_bytes;
+    return s != Status::kOk || *out ? s : Status::kInternal;
+  };
+  DQ_CHECK(prepare(std::move(steps), &p.part_steps));
   p.stats_steps[0] = p.stats_steps[1] = p.part_steps.get();
   if (any_optional_stats) {
-    DQ_CHECK(
-        device_->prepare_parts(std::move(without_stats), p.dtype, &p.part_steps_without_stats));
-    p.held_bytes += p.part_steps_without_stats->device_bytes;
+    DQ_CHECK(prepare(std::move(without_stats), &p.part_steps_without_stats));
     p.stats_steps[0] = p.part_steps_without_stats.get();
   }
   return Status::kOk;
