@@ -29,13 +29,6 @@ using test::DeviceArray;
 using test::kernel_fault;
 using test::make_stats;
 
-// The emulator counts launches; a real device does not (its check is the emulated run's).
-#if DQ_CUDA_EMULATED
-#define EXPECT_LAUNCHES(made, expected) EXPECT_EQ(made, expected)
-#else
-#define EXPECT_LAUNCHES(made, expected) static_cast<void>(made)
-#endif
-
 // One layout of a test batch: its shape, its statistics, the host's bytes and the device's.
 struct Part {
   size_t count;
@@ -117,16 +110,11 @@ uint64_t run_batch(std::vector<Part>& parts, Word* word, LayoutBatch* batch,
   if constexpr (std::is_same_v<Word, StepWord>)
     word->error = lane_error == nullptr ? nullptr : d_lane.get();  // the fold's, on the device
   const DeviceArray<Word> d_word(word, 1);
-  uint64_t launches = 0;
-#if DQ_CUDA_EMULATED
-  const uint64_t before = emu::launches();
-#endif
+  const uint64_t before = test::launches_so_far();
   cudaError_t e =
       launch_dynamiq_layouts(*batch, d_table.get(), kCall, flags_of(d_word.get()), nullptr);
   EXPECT_EQ(e, cudaSuccess) << kernel_fault();
-#if DQ_CUDA_EMULATED
-  launches = emu::launches() - before;
-#endif
+  const uint64_t launches = test::launches_so_far() - before;
   for (size_t i = 0; i < parts.size() && e == cudaSuccess; ++i)
     e = d_layouts[i].fetch(parts[i].dev);
   if (e == cudaSuccess) e = d_word.fetch(word);
@@ -176,7 +164,7 @@ TEST(CudaLayoutBatch, MixedBatchMatchesHostInEightLaunches) {
   EXPECT_EQ(batch.n_small, 4);
   EXPECT_EQ(batch.n_grid, 5);
   EXPECT_EQ(layout_batch_launches(batch), 8);
-  EXPECT_LAUNCHES(launches, 8u);
+  DQ_EXPECT_LAUNCHES(launches, 8u);
   EXPECT_EQ(word, 0u);
   for (size_t i = 0; i < parts.size(); ++i) {
     EXPECT_EQ(parts[i].host_status, Status::kOk) << what(parts[i], i);
@@ -191,7 +179,7 @@ TEST(CudaLayoutBatch, LaunchesAreOneForSmallSevenForGrid) {
     grid.push_back(make_part(6500 * 256 + 9, 16, 4, flat_scales(), 21));
     unsigned word = 0;
     LayoutBatch batch;
-    EXPECT_LAUNCHES(run_batch(grid, &word, &batch), 7u);
+    DQ_EXPECT_LAUNCHES(run_batch(grid, &word, &batch), 7u);
     EXPECT_EQ(layout_batch_launches(batch), 7);
     EXPECT_EQ(batch.n_small, 0);
     for (size_t i = 0; i < grid.size(); ++i)
@@ -204,7 +192,7 @@ TEST(CudaLayoutBatch, LaunchesAreOneForSmallSevenForGrid) {
                                 i % 2 ? fixed_widths() : DynamiqOptions{}, 30 + i));
     unsigned word = 0;
     LayoutBatch batch;
-    EXPECT_LAUNCHES(run_batch(small, &word, &batch), 1u);
+    DQ_EXPECT_LAUNCHES(run_batch(small, &word, &batch), 1u);
     EXPECT_EQ(layout_batch_launches(batch), 1);
     EXPECT_EQ(batch.n_grid, 0);
     for (size_t i = 0; i < small.size(); ++i)
@@ -214,7 +202,7 @@ TEST(CudaLayoutBatch, LaunchesAreOneForSmallSevenForGrid) {
     std::vector<Part> none;
     unsigned word = 0;
     LayoutBatch batch;
-    EXPECT_LAUNCHES(run_batch(none, &word, &batch), 0u);
+    DQ_EXPECT_LAUNCHES(run_batch(none, &word, &batch), 0u);
     EXPECT_EQ(layout_batch_launches(batch), 0);
   }
 }
@@ -225,7 +213,7 @@ TEST(CudaLayoutBatch, FailedLaneWritesNoLayout) {
   for (const Part& p : parts) untouched.push_back(p.dev);
   unsigned word = kSkipFlag | 2u;
   LayoutBatch batch;
-  EXPECT_LAUNCHES(run_batch(parts, &word, &batch), 8u);
+  DQ_EXPECT_LAUNCHES(run_batch(parts, &word, &batch), 8u);
   EXPECT_EQ(word, kSkipFlag | 2u);
   for (size_t i = 0; i < parts.size(); ++i)
     EXPECT_EQ(first_difference(parts[i].dev, untouched[i]), -1) << what(parts[i], i);
@@ -247,7 +235,7 @@ TEST(CudaLayoutBatch, CapacityFlagReachesTheWordAndStopsNoOtherLayout) {
   std::vector<Part> parts = parts_over_capacity();
   unsigned word = 0;
   LayoutBatch batch;
-  EXPECT_LAUNCHES(run_batch(parts, &word, &batch), 8u);
+  DQ_EXPECT_LAUNCHES(run_batch(parts, &word, &batch), 8u);
   EXPECT_EQ(word, unsigned{kDynamiqChunkOverCapacity});
   for (size_t i = 0; i < parts.size(); ++i) {
     EXPECT_EQ(parts[i].host_status, parts[i].capacity_cut > 0 ? Status::kInternal : Status::kOk)
@@ -260,7 +248,7 @@ TEST(CudaLayoutBatch, CapacityFlagReachesTheWordAndStopsNoOtherLayout) {
   std::vector<Part> small_over = parts_over_capacity();
   small_over[2] = make_part(8000 * 256, 4, 4, DynamiqOptions{}, 42);
   word = 0;
-  EXPECT_LAUNCHES(run_batch(small_over, &word, &batch), 8u);
+  DQ_EXPECT_LAUNCHES(run_batch(small_over, &word, &batch), 8u);
   EXPECT_EQ(word, unsigned{kDynamiqChunkOverCapacity});
   for (size_t i = 1; i < small_over.size(); ++i)
     EXPECT_EQ(first_difference(small_over[i].host, small_over[i].dev), -1)
@@ -281,7 +269,7 @@ TEST(CudaLayoutBatch, BatchFoldsAStepWordOnce) {
     uint32_t lane_error = 0;
     StepWord word = step_word(&lane_error, kDynamiqChunkOverCapacity, 11u, 22u);
     LayoutBatch batch;
-    EXPECT_LAUNCHES(run_batch(parts, &word, &batch, &lane_error), 8u);
+    DQ_EXPECT_LAUNCHES(run_batch(parts, &word, &batch, &lane_error), 8u);
     EXPECT_EQ(word.blocks_done, 0u);  // folded by the last block of the last launch
     EXPECT_EQ(lane_error, over ? 11u : 0u);
     EXPECT_EQ(word.raised, over ? unsigned{kDynamiqChunkOverCapacity} : 0u);
