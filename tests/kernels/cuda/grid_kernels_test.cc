@@ -269,7 +269,7 @@ TEST(CudaGridKernels, BudgetOverManyBlocksMatchesHostBitForBit) {
       job.parts = m_parts.get();
       const MappedArray<BudgetJob> m_job(&job, 1);
       const DeviceArray<uint16_t> d_stats(stats);
-      const std::vector<unsigned char> scratch(budget_scratch_bytes(job.n_parts), 0xA5);
+      std::vector<unsigned char> scratch(budget_scratch_bytes(job.n_parts), 0xA5);
       const DeviceArray<unsigned char> d_scratch(scratch);
       const MappedArray<BudgetResult> m_dev(&dev, 1);
       const uint64_t before = test::launches_so_far();
