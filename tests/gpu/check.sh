@@ -24,6 +24,10 @@
 #   cuda_stats_device, cuda_dynamiq_layout_device, cuda_dynamiq_hop_device
 #                    tests/kernels/cuda/{stats,dynamiq}_test.cc on the device: every kernel
 #                    against the host codec byte for byte, the emulated tests' matrix (5-30 s)
+#   cuda_layout_batch_device, cuda_grid_kernels_device
+#                    tests/kernels/cuda/{layout_batch,grid_kernels}_test.cc on the device: a
+#                    call's layouts in one batch, the grid layout and the budget over many blocks
+#                    (their hand-offs between blocks), byte for byte against the host (2-20 s)
 #   hop_bandwidth    the fused hop (and the leaf, the statistics, the layout) against a
 #                    device-to-device cudaMemcpy of the same tensor in the same run; prints GB/s
 #                    and the ratio (target hop >= 60% of the copy); never fails on it (5 s)
@@ -433,7 +437,8 @@ run_test() {  # run_test NAME TIMEOUT: a registered meson test, with the reason 
 }
 
 run_test gpu_math 30
-for t in cuda_stats_device cuda_dynamiq_layout_device cuda_dynamiq_hop_device; do
+for t in cuda_stats_device cuda_dynamiq_layout_device cuda_dynamiq_hop_device \
+         cuda_layout_batch_device cuda_grid_kernels_device; do
   run_test "$t" 120
 done
 # Right after the kernels' tests, before the multi-process tests can take the budget: the
@@ -462,6 +467,7 @@ if [ $BUILD_OK = 1 ]; then
   others=$("$MESON" introspect "$BUILD" --tests | python3 -c '
 import json, sys
 done = {"gpu_math", "cuda_stats_device", "cuda_dynamiq_layout_device", "cuda_dynamiq_hop_device",
+        "cuda_layout_batch_device", "cuda_grid_kernels_device",
         "real_nccl_with_plugin", "shim_passes_gpu_allreduce_through", "real_nccl_compressed_2ranks",
         "shim_capture_gpu_2ranks", "cpu_nccl_4proc_device_buffers"}
 for t in json.load(sys.stdin):

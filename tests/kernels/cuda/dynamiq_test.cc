@@ -535,7 +535,9 @@ TEST(CudaDynamiqHop, MatchesHostAcrossTheRange) {
                             s.params.sections);
       int scaled = 0;
       for (size_t j = 0; j < s.params.plan.n_sg; ++j) scaled += l.exponent[j] != 0 ? 1 : 0;
-      if (scale < -60 || scale > 50) EXPECT_GT(scaled, 0) << "scale 2^" << scale;
+      if (scale < -60 || scale > 50) {
+        EXPECT_GT(scaled, 0) << "scale 2^" << scale;
+      }
       run_hops(cfg, seed++, all, &widths);
       if (HasFatalFailure()) return;
     }

@@ -1,8 +1,11 @@
-// The layout and budget kernels where they spread over several blocks, under the CUDA emulation,
-// against the host byte for byte: layouts on the grid path (sizes just above its threshold, counts
-// that are not multiples of the block's 256 super-groups, one to 64 chunks, every width option,
-// poisoned and all-zero super-groups, a budget nothing fits), budgets of parts that span many
-// blocks (odd counts, one super-group, an exact multiple of the block).
+// The layout and budget kernels where they spread over several blocks, under the CUDA emulation
+// and, compiled by nvcc (tests/gpu/meson.build), on a real device, against the host byte for byte:
+// layouts on the grid path (sizes just above its threshold, counts that are not multiples of the
+// block's 256 super-groups, one to 64 chunks, every width option, poisoned and all-zero
+// super-groups, a budget nothing fits), budgets of parts that span many blocks (odd counts, one
+// super-group, an exact multiple of the block). Every buffer the kernels touch is device memory, or
+// mapped memory where the host reads it too (tests/kernels/cuda/device_buffers.h); launches are
+// counted by the emulator only.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,13 +22,53 @@
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
+#include "tests/kernels/cuda/device_buffers.h"
 #include "tests/kernels/cuda/layout_stats.h"
 #include "topo/schedule.h"
 
 namespace dq::cuda {
 namespace {
 
+using test::DeviceArray;
+using test::kernel_fault;
 using test::make_stats;
+using test::MappedArray;
+
+// One launch of the layout of `params` on device copies of the statistics, the layout `dev`
+// and the word `*error` (a plain word, or a StepWord's flags; the StepWord's fold then writes
+// a device copy of `*lane_error`), all fetched back. Launches the emulator counted in *launches.
+cudaError_t device_layout(const DynamiqDeviceParams& params, const std::vector<uint16_t>& stats,
+                          uint64_t call, std::vector<uint64_t>* dev, unsigned* error,
+                          uint64_t* launches) {
+  const DeviceArray<uint16_t> d_stats(stats);
+  const DeviceArray<uint64_t> d_dev(*dev);
+  const DeviceArray<unsigned> d_error(error, 1);
+  const uint64_t before = test::launches_so_far();
+  cudaError_t e =
+      launch_dynamiq_layout(params, d_stats.get(), call, d_dev.get(), d_error.get(), nullptr);
+  *launches = test::launches_so_far() - before;
+  if (e == cudaSuccess) e = d_dev.fetch(*dev);
+  return e == cudaSuccess ? d_error.fetch(error) : e;
+}
+cudaError_t device_layout(const DynamiqDeviceParams& params, const std::vector<uint16_t>& stats,
+                          uint64_t call, std::vector<uint64_t>* dev, StepWord* word,
+                          uint32_t* lane_error, uint64_t* launches) {
+  const DeviceArray<uint16_t> d_stats(stats);
+  const DeviceArray<uint64_t> d_dev(*dev);
+  const DeviceArray<uint32_t> d_lane(lane_error, 1);
+  word->error = d_lane.get();  // the fold's, on the device
+  const DeviceArray<StepWord> d_word(word, 1);
+  const uint64_t before = test::launches_so_far();
+  cudaError_t e =
+      launch_dynamiq_layout(params, d_stats.get(), call, d_dev.get(),
+                            d_word.get() == nullptr ? nullptr : &d_word.get()->flags, nullptr);
+  *launches = test::launches_so_far() - before;
+  if (e == cudaSuccess) e = d_dev.fetch(*dev);
+  if (e == cudaSuccess) e = d_word.fetch(word);
+  if (e == cudaSuccess) e = d_lane.fetch(lane_error);
+  word->error = lane_error;
+  return e;
+}
 
 struct LayoutRun {
   std::vector<uint64_t> host, dev;
@@ -47,10 +90,8 @@ LayoutRun run_layout(size_t count, int chunks, int workers, const DynamiqOptions
   const uint64_t call = 0x123456789ull + count;
   const Status hs = build_dynamiq_layout(params.plan, stats.data(), call, r.host.data());
   EXPECT_EQ(hs, capacity_cut == 0 ? Status::kOk : Status::kInternal);
-  const uint64_t before = emu::launches();
-  EXPECT_EQ(launch_dynamiq_layout(params, stats.data(), call, r.dev.data(), &r.error, nullptr),
-            cudaSuccess);
-  r.launches = emu::launches() - before;
+  EXPECT_EQ(device_layout(params, stats, call, &r.dev, &r.error, &r.launches), cudaSuccess)
+      << kernel_fault();
   return r;
 }
 
@@ -91,7 +132,7 @@ TEST(CudaGridKernels, LayoutOnTheGridMatchesHostByteForByte) {
         const LayoutRun r = run_layout(count, chunks, workers, options[oi], stats);
         const std::string what = "option " + std::to_string(oi) + " count " +
                                  std::to_string(count) + " chunks " + std::to_string(chunks);
-        EXPECT_EQ(r.launches, kGridLaunches) << what;
+        DQ_EXPECT_LAUNCHES(r.launches, kGridLaunches) << what;
         EXPECT_EQ(r.error, 0u) << what;
         EXPECT_EQ(first_difference(r.host, r.dev), -1) << what;
         ++runs;
@@ -103,7 +144,7 @@ TEST(CudaGridKernels, SmallLayoutStaysInOneBlock) {
   const size_t count = 4095 * 256;
   const std::vector<uint16_t> stats = make_stats(4095, 4, 4.0, true, 7);
   const LayoutRun r = run_layout(count, 4, 4, DynamiqOptions{}, stats);
-  EXPECT_EQ(r.launches, kBlockLaunches);
+  DQ_EXPECT_LAUNCHES(r.launches, kBlockLaunches);
   EXPECT_EQ(first_difference(r.host, r.dev), -1);
 }
 
@@ -114,7 +155,7 @@ TEST(CudaGridKernels, LayoutOnTheGridFlagsAChunkOverCapacity) {
   EXPECT_EQ(fits.error, 0u);
   // 600 bytes short (the cuts stay): chunk 0, at least one stride long, no longer fits.
   const LayoutRun over = run_layout(count, 4, 4, DynamiqOptions{}, stats, 600);
-  EXPECT_EQ(over.launches, kGridLaunches);
+  DQ_EXPECT_LAUNCHES(over.launches, kGridLaunches);
   EXPECT_EQ(over.error, unsigned{kDynamiqChunkOverCapacity});
 }
 
@@ -128,8 +169,9 @@ TEST(CudaGridKernels, LayoutOnTheGridWritesNothingAfterAFailure) {
   std::vector<uint64_t> dev(params.sections.bytes / 8, 0xa5a5a5a5a5a5a5a5ull);
   const std::vector<uint64_t> untouched = dev;
   unsigned error = kSkipFlag | 2u;
-  EXPECT_EQ(launch_dynamiq_layout(params, stats.data(), 1, dev.data(), &error, nullptr),
-            cudaSuccess);
+  uint64_t launches = 0;
+  EXPECT_EQ(device_layout(params, stats, 1, &dev, &error, &launches), cudaSuccess)
+      << kernel_fault();
   EXPECT_EQ(error, kSkipFlag | 2u);
   EXPECT_EQ(first_difference(dev, untouched), -1);
 }
@@ -150,10 +192,10 @@ TEST(CudaGridKernels, LayoutOnTheGridFoldsAStepWord) {
               cut == 0 ? Status::kOk : Status::kInternal);
     uint32_t lane_error = 0;
     StepWord word = step_word(&lane_error, kDynamiqChunkOverCapacity, 11u, 22u);
-    const uint64_t before = emu::launches();
-    ASSERT_EQ(launch_dynamiq_layout(params, stats.data(), 7, dev.data(), &word.flags, nullptr),
-              cudaSuccess);
-    EXPECT_EQ(emu::launches() - before, kGridLaunches);
+    uint64_t launches = 0;
+    ASSERT_EQ(device_layout(params, stats, 7, &dev, &word, &lane_error, &launches), cudaSuccess)
+        << kernel_fault();
+    DQ_EXPECT_LAUNCHES(launches, kGridLaunches);
     EXPECT_EQ(word.blocks_done, 0u);  // folded once, by the last block
     if (cut == 0) {
       EXPECT_EQ(lane_error, 0u);
@@ -219,12 +261,24 @@ TEST(CudaGridKernels, BudgetOverManyBlocksMatchesHostBitForBit) {
       job.parts = parts.data();
       BudgetResult host, dev;
       run_budget_job(job, stats.data(), &host);
+      // The device's: the job, its parts and hop tables mapped (the host sizes the grids from
+      // them), the statistics and scratch in device memory, the result mapped.
+      const MappedArray<BudgetPartJob> m_parts(parts);
+      const MappedArray<double> m_linear(hop.linear), m_square(hop.square);
+      job.hop = HopProfile{m_linear.get(), m_square.get()};
+      job.parts = m_parts.get();
+      const MappedArray<BudgetJob> m_job(&job, 1);
+      const DeviceArray<uint16_t> d_stats(stats);
       std::vector<unsigned char> scratch(budget_scratch_bytes(job.n_parts), 0xA5);
-      const uint64_t before = emu::launches();
-      ASSERT_EQ(
-          launch_budget(&job, stats.data(), scratch.data(), scratch.size(), &dev, nullptr, nullptr),
-          cudaSuccess);
-      EXPECT_EQ(emu::launches() - before, 6u);  // one wave of parts
+      const DeviceArray<unsigned char> d_scratch(scratch);
+      const MappedArray<BudgetResult> m_dev(&dev, 1);
+      const uint64_t before = test::launches_so_far();
+      ASSERT_EQ(launch_budget(m_job.get(), d_stats.get(), d_scratch.get(), scratch.size(),
+                              m_dev.get(), nullptr, nullptr),
+                cudaSuccess)
+          << kernel_fault();
+      DQ_EXPECT_LAUNCHES(test::launches_so_far() - before, 6u);  // one wave of parts
+      ASSERT_EQ(m_dev.fetch(&dev), cudaSuccess) << kernel_fault();
       const std::string what = "parts " + std::to_string(shape.size()) + " first count " +
                                std::to_string(shape[0]) + " workers " + std::to_string(workers);
       ASSERT_EQ(host.state, kBudgetPredicted) << what;

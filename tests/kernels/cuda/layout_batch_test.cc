@@ -1,25 +1,32 @@
-// Every DynamiQ layout of a call in one batch (launch_dynamiq_layouts), under the CUDA emulation,
-// against the host's build_dynamiq_layout byte for byte: small layouts (one block each, one
+// Every DynamiQ layout of a call in one batch (launch_dynamiq_layouts), under the CUDA emulation
+// and, compiled by nvcc (tests/gpu/meson.build), on a real device, against the host's
+// build_dynamiq_layout byte for byte: small layouts (one block each, one
 // launch) and grid layouts (their blocks concatenated, seven launches) of different sizes, chunk
 // counts and options in one batch; the launch count the engine's formula uses; a lane that failed
 // before the step; a capacity flag raised by one layout, which must reach the word and stop no
-// other layout; a step word folded once, by the batch's last launch.
+// other layout; a step word folded once, by the batch's last launch. Every buffer the kernels
+// touch is device memory (tests/kernels/cuda/device_buffers.h); launches are counted by the
+// emulator only.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/codec.h"
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
+#include "tests/kernels/cuda/device_buffers.h"
 #include "tests/kernels/cuda/layout_stats.h"
 
 namespace dq::cuda {
 namespace {
 
+using test::DeviceArray;
+using test::kernel_fault;
 using test::make_stats;
 
 // One layout of a test batch: its shape, its statistics, the host's bytes and the device's.
@@ -67,20 +74,54 @@ Part make_part(size_t count, int chunks, int workers, const DynamiqOptions& o, u
 
 constexpr uint64_t kCall = 0xfeedf00d1234ull;
 
-// The batch of `parts` (planned, as the engine will, once), launched on `word`, its table as the
-// device copy (the emulator's device memory is the host's). Returns the launches it made.
-uint64_t run_batch(std::vector<Part>& parts, unsigned* word, LayoutBatch* batch) {
+// The launches' error word: a plain word, or a StepWord's flags.
+unsigned* flags_of(unsigned* word) {
+  return word;
+}
+unsigned* flags_of(StepWord* word) {
+  return word == nullptr ? nullptr : &word->flags;
+}
+
+// The batch of `parts` (planned, as the engine will, once, with the device copies of their
+// statistics and layouts), launched on a device copy of `word` with a device copy of its table;
+// the layouts and the word are fetched back into `parts` and `word`. `word`: a plain flags word
+// (unsigned), or a StepWord whose fold writes the lane's error word `*lane_error`. Returns the
+// launches the emulator counted (0 on a real device).
+template <class Word>
+uint64_t run_batch(std::vector<Part>& parts, Word* word, LayoutBatch* batch,
+                   uint32_t* lane_error = nullptr) {
+  std::vector<DeviceArray<uint16_t>> d_stats;
+  std::vector<DeviceArray<uint64_t>> d_layouts;
+  d_stats.reserve(parts.size());
+  d_layouts.reserve(parts.size());
   std::vector<LayoutJob> jobs;
   for (Part& p : parts) {
     p.host_status = build_dynamiq_layout(p.params.plan, p.stats.data(), kCall, p.host.data());
-    jobs.push_back(LayoutJob{p.params, p.stats.empty() ? nullptr : p.stats.data(), p.dev.data()});
+    d_stats.emplace_back(p.stats);
+    d_layouts.emplace_back(p.dev);
+    jobs.push_back(LayoutJob{p.params, p.stats.empty() ? nullptr : d_stats.back().get(),
+                             d_layouts.back().get()});
   }
   EXPECT_TRUE(plan_layout_batch(jobs.data(), static_cast<int>(jobs.size()), batch));
   std::vector<uint64_t> table((batch->table.size() + 7) / 8);  // 8-byte aligned
   if (!batch->table.empty()) std::memcpy(table.data(), batch->table.data(), batch->table.size());
-  const uint64_t before = emu::launches();
-  EXPECT_EQ(launch_dynamiq_layouts(*batch, table.data(), kCall, word, nullptr), cudaSuccess);
-  return emu::launches() - before;
+  const DeviceArray<uint64_t> d_table(table);
+  const DeviceArray<uint32_t> d_lane(lane_error, lane_error == nullptr ? 0 : 1);
+  if constexpr (std::is_same_v<Word, StepWord>)
+    word->error = lane_error == nullptr ? nullptr : d_lane.get();  // the fold's, on the device
+  const DeviceArray<Word> d_word(word, 1);
+  const uint64_t before = test::launches_so_far();
+  cudaError_t e =
+      launch_dynamiq_layouts(*batch, d_table.get(), kCall, flags_of(d_word.get()), nullptr);
+  EXPECT_EQ(e, cudaSuccess) << kernel_fault();
+  const uint64_t launches = test::launches_so_far() - before;
+  for (size_t i = 0; i < parts.size() && e == cudaSuccess; ++i)
+    e = d_layouts[i].fetch(parts[i].dev);
+  if (e == cudaSuccess) e = d_word.fetch(word);
+  if (e == cudaSuccess && lane_error != nullptr) e = d_lane.fetch(lane_error);
+  if constexpr (std::is_same_v<Word, StepWord>) word->error = lane_error;
+  EXPECT_EQ(e, cudaSuccess) << kernel_fault();
+  return launches;
 }
 
 // The first differing byte, or -1.
@@ -123,7 +164,7 @@ TEST(CudaLayoutBatch, MixedBatchMatchesHostInEightLaunches) {
   EXPECT_EQ(batch.n_small, 4);
   EXPECT_EQ(batch.n_grid, 5);
   EXPECT_EQ(layout_batch_launches(batch), 8);
-  EXPECT_EQ(launches, 8u);
+  DQ_EXPECT_LAUNCHES(launches, 8u);
   EXPECT_EQ(word, 0u);
   for (size_t i = 0; i < parts.size(); ++i) {
     EXPECT_EQ(parts[i].host_status, Status::kOk) << what(parts[i], i);
@@ -138,7 +179,7 @@ TEST(CudaLayoutBatch, LaunchesAreOneForSmallSevenForGrid) {
     grid.push_back(make_part(6500 * 256 + 9, 16, 4, flat_scales(), 21));
     unsigned word = 0;
     LayoutBatch batch;
-    EXPECT_EQ(run_batch(grid, &word, &batch), 7u);
+    DQ_EXPECT_LAUNCHES(run_batch(grid, &word, &batch), 7u);
     EXPECT_EQ(layout_batch_launches(batch), 7);
     EXPECT_EQ(batch.n_small, 0);
     for (size_t i = 0; i < grid.size(); ++i)
@@ -151,7 +192,7 @@ TEST(CudaLayoutBatch, LaunchesAreOneForSmallSevenForGrid) {
                                 i % 2 ? fixed_widths() : DynamiqOptions{}, 30 + i));
     unsigned word = 0;
     LayoutBatch batch;
-    EXPECT_EQ(run_batch(small, &word, &batch), 1u);
+    DQ_EXPECT_LAUNCHES(run_batch(small, &word, &batch), 1u);
     EXPECT_EQ(layout_batch_launches(batch), 1);
     EXPECT_EQ(batch.n_grid, 0);
     for (size_t i = 0; i < small.size(); ++i)
@@ -161,7 +202,7 @@ TEST(CudaLayoutBatch, LaunchesAreOneForSmallSevenForGrid) {
     std::vector<Part> none;
     unsigned word = 0;
     LayoutBatch batch;
-    EXPECT_EQ(run_batch(none, &word, &batch), 0u);
+    DQ_EXPECT_LAUNCHES(run_batch(none, &word, &batch), 0u);
     EXPECT_EQ(layout_batch_launches(batch), 0);
   }
 }
@@ -172,7 +213,7 @@ TEST(CudaLayoutBatch, FailedLaneWritesNoLayout) {
   for (const Part& p : parts) untouched.push_back(p.dev);
   unsigned word = kSkipFlag | 2u;
   LayoutBatch batch;
-  EXPECT_EQ(run_batch(parts, &word, &batch), 8u);
+  DQ_EXPECT_LAUNCHES(run_batch(parts, &word, &batch), 8u);
   EXPECT_EQ(word, kSkipFlag | 2u);
   for (size_t i = 0; i < parts.size(); ++i)
     EXPECT_EQ(first_difference(parts[i].dev, untouched[i]), -1) << what(parts[i], i);
@@ -194,7 +235,7 @@ TEST(CudaLayoutBatch, CapacityFlagReachesTheWordAndStopsNoOtherLayout) {
   std::vector<Part> parts = parts_over_capacity();
   unsigned word = 0;
   LayoutBatch batch;
-  EXPECT_EQ(run_batch(parts, &word, &batch), 8u);
+  DQ_EXPECT_LAUNCHES(run_batch(parts, &word, &batch), 8u);
   EXPECT_EQ(word, unsigned{kDynamiqChunkOverCapacity});
   for (size_t i = 0; i < parts.size(); ++i) {
     EXPECT_EQ(parts[i].host_status, parts[i].capacity_cut > 0 ? Status::kInternal : Status::kOk)
@@ -207,7 +248,7 @@ TEST(CudaLayoutBatch, CapacityFlagReachesTheWordAndStopsNoOtherLayout) {
   std::vector<Part> small_over = parts_over_capacity();
   small_over[2] = make_part(8000 * 256, 4, 4, DynamiqOptions{}, 42);
   word = 0;
-  EXPECT_EQ(run_batch(small_over, &word, &batch), 8u);
+  DQ_EXPECT_LAUNCHES(run_batch(small_over, &word, &batch), 8u);
   EXPECT_EQ(word, unsigned{kDynamiqChunkOverCapacity});
   for (size_t i = 1; i < small_over.size(); ++i)
     EXPECT_EQ(first_difference(small_over[i].host, small_over[i].dev), -1)
@@ -228,7 +269,7 @@ TEST(CudaLayoutBatch, BatchFoldsAStepWordOnce) {
     uint32_t lane_error = 0;
     StepWord word = step_word(&lane_error, kDynamiqChunkOverCapacity, 11u, 22u);
     LayoutBatch batch;
-    EXPECT_EQ(run_batch(parts, &word.flags, &batch), 8u);
+    DQ_EXPECT_LAUNCHES(run_batch(parts, &word, &batch, &lane_error), 8u);
     EXPECT_EQ(word.blocks_done, 0u);  // folded by the last block of the last launch
     EXPECT_EQ(lane_error, over ? 11u : 0u);
     EXPECT_EQ(word.raised, over ? unsigned{kDynamiqChunkOverCapacity} : 0u);
