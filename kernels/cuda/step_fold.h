@@ -99,20 +99,20 @@ class StepFold {
   bool last_;
 };
 
-// ---- a finish in one launch: validate the whole chunk, then decode -----------------------------
-// A finish must write nothing when any part of its chunk is invalid (the caller's buffer, often
-// the call's input in place, is left as it was), so every record is validated before any block
-// writes. One launch does both without relying on its blocks being resident at once (NCCL's
-// persistent kernels may hold SMs; a grid barrier could then wait forever): each block takes a
-// ticket as it starts; the first `validators` tickets validate a share of the chunk each and
-// publish it; the others decode, and first wait until every validator has published. A decoder
-// waits only for blocks with lower tickets, which are running or done (they took their ticket)
-// and wait for nothing, so it always ends (the decoupled look-back argument of single-pass scans).
-// Under the emulator the blocks run one at a time in blockIdx order, which is ticket order: a
-// decoder finds every validator done and never waits. The cost: the chunk's records are read
-// twice, by a validator and by a decoder (on a GPU the second read should mostly hit L2: not
-// measured).
-// Shared words are passed by pointer (kernels/cuda/EMULATION.md: __shared__ in kernels only).
+// ---- a finish in one launch: validate its chunks whole, then decode ----------------------------
+// A finish must write nothing when any part of its chunks is invalid (the caller's buffer, often
+// the call's input in place, is left as it was; a launch of several chunks then writes none of
+// them), so every record is validated before any block writes. One launch does both without relying
+// on its blocks being resident at once (NCCL's persistent kernels may hold SMs; a grid barrier
+// could then wait forever): each block takes a ticket as it starts; the first `validators` tickets
+// validate a share of the records each and publish it; the others decode, and first wait until
+// every validator has published. A decoder waits only for blocks with lower tickets, which are
+// running or done (they took their ticket) and wait for nothing, so it always ends (the decoupled
+// look-back argument of single-pass scans). Under the emulator the blocks run one at a time in
+// blockIdx order, which is ticket order: a decoder finds every validator done and never waits. The
+// cost: the chunks' records are read twice, by a validator and by a decoder (on a GPU the second
+// read should mostly hit L2: not measured). Shared words are passed by pointer
+// (kernels/cuda/EMULATION.md: __shared__ in kernels only).
 class FinishGate {
  public:
   // Every thread of the block; the ticket is taken by thread 0 (one barrier). `s`: a shared word.
