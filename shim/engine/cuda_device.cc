@@ -227,9 +227,8 @@ class CudaDevice final : public Device {
   }
 
   Status parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane) override {
-    bool empty;
-    const auto* p = cuda_steps::layout_batch(parts, &empty);
-    if (p == nullptr) return empty ? Status::kOk : Device::parts_layouts(parts, call, lane);
+    const auto* p = cuda_steps::layout_batch(parts);
+    if (p == nullptr) return Device::parts_layouts(parts, call, lane);
     return run(lane, "layout", &counts_.layouts, [p, call](cudaStream_t stream, unsigned* flags) {
       return cuda_steps::launch_part_layouts(p->batch, p->device_memory, call, flags, stream);
     });

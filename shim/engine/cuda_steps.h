@@ -372,18 +372,18 @@ std::unique_ptr<BatchedParts> batched_parts(std::vector<PartSteps> parts, DType 
   return prepared;
 }
 
-// `parts` when a device of ours batched them and their statistics (or layouts) run as one step
-// with something to do; else nullptr: part by part (Device's own loop), or, with an empty batch,
-// nothing (`*empty`).
+// `parts` when a device of ours batched their statistics and one step has something to do; else
+// nullptr: part by part (Device's own loop), or, when no part has statistics, nothing (`*empty`).
 inline const BatchedParts* stats_batch(const PreparedParts& parts, bool* empty) {
   const auto* p = dynamic_cast<const BatchedParts*>(&parts);
   *empty = p != nullptr && p->batch.stats && p->batch.stats_jobs.empty();
   return p != nullptr && p->batch.stats && !*empty ? p : nullptr;
 }
-inline const BatchedParts* layout_batch(const PreparedParts& parts, bool* empty) {
+// `parts` when a device of ours batched their layouts (never an empty batch: no parts plan none,
+// and Device's loop then has nothing to do); else nullptr, part by part.
+inline const BatchedParts* layout_batch(const PreparedParts& parts) {
   const auto* p = dynamic_cast<const BatchedParts*>(&parts);
-  *empty = false;  // a batch is never planned empty (the parts run part by part then)
-  return p != nullptr && p->batch.layouts && !*empty ? p : nullptr;
+  return p != nullptr && p->batch.layouts ? p : nullptr;
 }
 
 // The statistics of every part of `batch` (batch.stats), their values at `input` + each part's
