@@ -306,11 +306,11 @@ struct PartBatch {
   bool stats = false;  // the statistics run as one batch launch (else part by part)
   std::vector<cuda::StatsJob> stats_jobs;
   unsigned long long stats_tiles = 0;
-  size_t stats_table = 0;  // where the stats jobs start in the table, bytes
-  bool layouts = false;    // the layouts run as one step of batch launches (else part by part)
+  bool layouts = false;  // the layouts run as one step of batch launches (else part by part)
   cuda::LayoutBatch layout_batch;
   size_t layout_table = 0;           // where the layout batch's table starts in the table, bytes
-  std::vector<unsigned char> image;  // the table's bytes, 8-byte aligned sections
+  std::vector<unsigned char> image;  // the table's bytes: the stats jobs, then (8-byte aligned)
+                                     // the layout batch's table
 };
 
 // Plans `parts`' batches; `kernels(codec, &k)` gives a prepared codec's kernel parameters and
@@ -347,7 +347,6 @@ void plan_part_batch(const PreparedParts& parts, Kernels&& kernels, PartBatch* o
                                          &out->layout_batch);
   out->stats_tiles =
       cuda::stats_batch_tiles(out->stats_jobs.data(), static_cast<int>(out->stats_jobs.size()));
-  out->stats_table = 0;
   const size_t stats_bytes = out->stats_jobs.size() * sizeof(cuda::StatsJob);
   out->layout_table = (stats_bytes + 7) / 8 * 8;
   const std::vector<unsigned char>& layouts = out->layout_batch.table;
@@ -390,8 +389,7 @@ inline const BatchedParts* layout_batch(const PreparedParts& parts) {
 // offset; `table`: the device copy of batch.image.
 inline Status launch_part_stats(const PartBatch& batch, const void* table, const void* input,
                                 bool bf16, const unsigned* flags, cudaStream_t stream) {
-  const auto* jobs = reinterpret_cast<const cuda::StatsJob*>(
-      static_cast<const unsigned char*>(table) + batch.stats_table);
+  const auto* jobs = static_cast<const cuda::StatsJob*>(table);  // the table opens with them
   const cudaError_t e =
       cuda::launch_supergroup_stats_batch(jobs, static_cast<int>(batch.stats_jobs.size()),
                                           batch.stats_tiles, input, bf16, stream, 0, flags);
