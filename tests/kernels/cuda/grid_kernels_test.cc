@@ -30,6 +30,7 @@ namespace dq::cuda {
 namespace {
 
 using test::DeviceArray;
+using test::first_difference;
 using test::kernel_fault;
 using test::make_stats;
 using test::MappedArray;
@@ -93,15 +94,6 @@ LayoutRun run_layout(size_t count, int chunks, int workers, const DynamiqOptions
   EXPECT_EQ(device_layout(params, stats, call, &r.dev, &r.error, &r.launches), cudaSuccess)
       << kernel_fault();
   return r;
-}
-
-// The first differing byte, or -1.
-long first_difference(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
-  const auto* x = reinterpret_cast<const unsigned char*>(a.data());
-  const auto* y = reinterpret_cast<const unsigned char*>(b.data());
-  for (size_t i = 0; i < a.size() * 8; ++i)
-    if (x[i] != y[i]) return static_cast<long>(i);
-  return -1;
 }
 
 // Launches of a layout on the grid path (seven kernels) and in one block.

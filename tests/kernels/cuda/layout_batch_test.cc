@@ -26,6 +26,7 @@ namespace dq::cuda {
 namespace {
 
 using test::DeviceArray;
+using test::first_difference;
 using test::kernel_fault;
 using test::make_stats;
 
@@ -124,15 +125,6 @@ uint64_t run_batch(std::vector<Part>& parts, Word* word, LayoutBatch* batch,
   return launches;
 }
 
-// The first differing byte, or -1.
-long first_difference(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
-  const auto* x = reinterpret_cast<const unsigned char*>(a.data());
-  const auto* y = reinterpret_cast<const unsigned char*>(b.data());
-  for (size_t i = 0; i < a.size() * 8; ++i)
-    if (x[i] != y[i]) return static_cast<long>(i);
-  return -1;
-}
-
 std::string what(const Part& p, size_t i) {
   return "part " + std::to_string(i) + " count " + std::to_string(p.count) + " chunks " +
          std::to_string(p.chunks);
@@ -172,39 +164,30 @@ TEST(CudaLayoutBatch, MixedBatchMatchesHostInEightLaunches) {
   }
 }
 
+// A batch of `parts` alone: `n_small` one-block and `n_grid` grid layouts in `launches`
+// launches, every layout as the host's.
+void expect_batch(std::vector<Part> parts, int n_small, int n_grid, uint64_t launches) {
+  unsigned word = 0;
+  LayoutBatch batch;
+  DQ_EXPECT_LAUNCHES(run_batch(parts, &word, &batch), launches);
+  EXPECT_EQ(layout_batch_launches(batch), static_cast<int>(launches));
+  EXPECT_EQ(batch.n_small, n_small);
+  EXPECT_EQ(batch.n_grid, n_grid);
+  for (size_t i = 0; i < parts.size(); ++i)
+    EXPECT_EQ(first_difference(parts[i].host, parts[i].dev), -1) << what(parts[i], i);
+}
+
 TEST(CudaLayoutBatch, LaunchesAreOneForSmallSevenForGrid) {
-  {
-    std::vector<Part> grid;
-    grid.push_back(make_part(8000 * 256, 4, 4, DynamiqOptions{}, 20));
-    grid.push_back(make_part(6500 * 256 + 9, 16, 4, flat_scales(), 21));
-    unsigned word = 0;
-    LayoutBatch batch;
-    DQ_EXPECT_LAUNCHES(run_batch(grid, &word, &batch), 7u);
-    EXPECT_EQ(layout_batch_launches(batch), 7);
-    EXPECT_EQ(batch.n_small, 0);
-    for (size_t i = 0; i < grid.size(); ++i)
-      EXPECT_EQ(first_difference(grid[i].host, grid[i].dev), -1) << what(grid[i], i);
-  }
-  {
-    std::vector<Part> small;
-    for (uint32_t i = 0; i < 5; ++i)
-      small.push_back(make_part((300 + 700 * i) * 256 + i, 1 + 7 * static_cast<int>(i), 4,
-                                i % 2 ? fixed_widths() : DynamiqOptions{}, 30 + i));
-    unsigned word = 0;
-    LayoutBatch batch;
-    DQ_EXPECT_LAUNCHES(run_batch(small, &word, &batch), 1u);
-    EXPECT_EQ(layout_batch_launches(batch), 1);
-    EXPECT_EQ(batch.n_grid, 0);
-    for (size_t i = 0; i < small.size(); ++i)
-      EXPECT_EQ(first_difference(small[i].host, small[i].dev), -1) << what(small[i], i);
-  }
-  {
-    std::vector<Part> none;
-    unsigned word = 0;
-    LayoutBatch batch;
-    DQ_EXPECT_LAUNCHES(run_batch(none, &word, &batch), 0u);
-    EXPECT_EQ(layout_batch_launches(batch), 0);
-  }
+  std::vector<Part> grid;
+  grid.push_back(make_part(8000 * 256, 4, 4, DynamiqOptions{}, 20));
+  grid.push_back(make_part(6500 * 256 + 9, 16, 4, flat_scales(), 21));
+  expect_batch(std::move(grid), 0, 2, 7);
+  std::vector<Part> small;
+  for (uint32_t i = 0; i < 5; ++i)
+    small.push_back(make_part((300 + 700 * i) * 256 + i, 1 + 7 * static_cast<int>(i), 4,
+                              i % 2 ? fixed_widths() : DynamiqOptions{}, 30 + i));
+  expect_batch(std::move(small), 5, 0, 1);
+  expect_batch({}, 0, 0, 0);
 }
 
 TEST(CudaLayoutBatch, FailedLaneWritesNoLayout) {

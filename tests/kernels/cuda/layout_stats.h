@@ -1,5 +1,6 @@
-// Reduced statistics for the layout kernels' tests against the host (grid_kernels_test.cc,
-// layout_batch_test.cc): BF16 words as the statistics all-reduce leaves them.
+// What the layout kernels' tests against the host share (grid_kernels_test.cc,
+// layout_batch_test.cc): reduced statistics, BF16 words as the statistics all-reduce leaves them,
+// and the byte comparison of two layouts.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -34,6 +35,15 @@ inline std::vector<uint16_t> make_stats(size_t n_sg, int n_workers, double decad
     out.push_back(f32_to_bf16_rne(count));
   }
   return out;
+}
+
+// The first byte at which two layouts (8-byte words) differ, or -1.
+inline long first_difference(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+  const auto* x = reinterpret_cast<const unsigned char*>(a.data());
+  const auto* y = reinterpret_cast<const unsigned char*>(b.data());
+  for (size_t i = 0; i < a.size() * 8; ++i)
+    if (x[i] != y[i]) return static_cast<long>(i);
+  return -1;
 }
 
 }  // namespace dq::cuda::test
