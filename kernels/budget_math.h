@@ -181,21 +181,32 @@ DQ_HD uint64_t to_fixed_point(double value, double scale) {
 }
 
 // ---- one part's cumulative sums -----------------------------------------------------------------
-// Device memory a kernel predicting on a GPU works in (kernels/cuda/budget.h): per key, the
-// count and the two fixed-point rounded energies.
-inline constexpr size_t kBudgetScratchBytes = 3 * (kEnergyKeys + 1) * sizeof(uint64_t);
+// Per key k in [0, kEnergyKeys], the super-groups whose key is at least k (k = kEnergyKeys: none):
+// their count and their fixed-point centred and mean energies weighted by the hop profile.
+struct KeySums {
+  uint64_t count = 0, hop_centred = 0, hop_mean = 0;
+};
 
-// Index k in [0, kEnergyKeys]: the super-groups whose key is at least k (index kEnergyKeys:
-// none), their count and their fixed-point centred and mean energies weighted by the hop
-// profile (hop_centred, hop_mean); the part's unweighted energies (the vNMSE's denominator);
-// unit = 1 / scale.
+// A part's sums as dense per-key tables (the host's; kernels/cuda/budget.cu keeps only the keys a
+// part has): kEnergyKeys + 1 entries each, cumulated from the largest key down; the part's
+// unweighted energies (the vNMSE's denominator); unit = 1 / scale. The functions below take any
+// type with at_least(k), centred, mean and unit.
 struct BudgetSums {
   const uint64_t* count;
   const uint64_t* hop_centred;
   const uint64_t* hop_mean;
   uint64_t centred, mean;
   double unit;
+  DQ_HD KeySums at_least(uint32_t k) const {
+    return KeySums{count[k], hop_centred[k], hop_mean[k]};
+  }
 };
+
+// The distinct keys a part of `count` elements can have: at most one a super-group, and at most
+// kEnergyKeys (what a device that keeps only the keys present sizes its memory by).
+DQ_HD constexpr uint64_t budget_key_entries(uint64_t count) {
+  return (count + 255) / 256 < kEnergyKeys ? (count + 255) / 256 : kEnergyKeys;
+}
 
 // The first key whose BF16 value is at least t (t >= 0 or +Inf): keys >= it hold F_j >= t.
 DQ_HD uint32_t first_key_at_least(float t) {
@@ -205,15 +216,18 @@ DQ_HD uint32_t first_key_at_least(float t) {
   return k < kEnergyKeys ? k : kEnergyKeys;
 }
 
-DQ_HD double part_energy(const BudgetSums& s) {
+template <class Sums>
+DQ_HD double part_energy(const Sums& s) {
   return static_cast<double>(s.centred) * s.unit + static_cast<double>(s.mean) * s.unit;
 }
 
 // The expected squared error of an MX format of relative rounding error k: no mean subtraction,
 // every hop rounds the partial sum whole.
-DQ_HD double part_mx_error(const BudgetSums& s, double k) {
-  const double centred = static_cast<double>(s.hop_centred[0]) * s.unit;
-  const double mean = static_cast<double>(s.hop_mean[0]) * s.unit;
+template <class Sums>
+DQ_HD double part_mx_error(const Sums& s, double k) {
+  const KeySums all = s.at_least(0);
+  const double centred = static_cast<double>(all.hop_centred) * s.unit;
+  const double mean = static_cast<double>(all.hop_mean) * s.unit;
   return k * (centred + mean);
 }
 
@@ -237,8 +251,9 @@ DQ_HD WidthCut width_cut(float theta, bool allow_width16) {
 // The widths the codec planned as `p` gives the part (build_dynamiq_layout's bisection over the
 // threshold's bit pattern) and the expected squared error of the result (units of the data
 // squared); the widths are added to *widths.
-DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, WidthCounts* widths) {
-  const uint64_t n_sg = s.count[0];
+template <class Sums>
+DQ_HD double part_plan_error(const Sums& s, const DynamiqPlan& p, WidthCounts* widths) {
+  const uint64_t n_sg = s.at_least(0).count;
   WidthCut cut{kEnergyKeys, kEnergyKeys, kEnergyKeys};  // fixed widths: modelled as all 2-bit
   if (p.variable_widths) {
     const uint64_t budget = static_cast<uint64_t>(p.stride) * static_cast<uint64_t>(p.n_chunks);
@@ -246,10 +261,12 @@ DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, WidthCou
     while (lo < hi) {
       const uint32_t mid = lo + (hi - lo) / 2;
       const WidthCut c = width_cut(f32_from_bits(mid), p.allow_width16);
-      const uint64_t bytes = s.count[c.k16] * static_cast<uint64_t>(p.record[3]) +
-                             (s.count[c.k8] - s.count[c.k16]) * static_cast<uint64_t>(p.record[2]) +
-                             (s.count[c.k4] - s.count[c.k8]) * static_cast<uint64_t>(p.record[1]) +
-                             (n_sg - s.count[c.k4]) * static_cast<uint64_t>(p.record[0]);
+      const uint64_t n16 = s.at_least(c.k16).count, n8 = s.at_least(c.k8).count;
+      const uint64_t n4 = s.at_least(c.k4).count;
+      const uint64_t bytes = n16 * static_cast<uint64_t>(p.record[3]) +
+                             (n8 - n16) * static_cast<uint64_t>(p.record[2]) +
+                             (n4 - n8) * static_cast<uint64_t>(p.record[1]) +
+                             (n_sg - n4) * static_cast<uint64_t>(p.record[0]);
       if (bytes <= budget)
         hi = mid;
       else
@@ -257,20 +274,20 @@ DQ_HD double part_plan_error(const BudgetSums& s, const DynamiqPlan& p, WidthCou
     }
     cut = width_cut(f32_from_bits(lo), p.allow_width16);
   }
-  const uint32_t k16 = cut.k16, k8 = cut.k8, k4 = cut.k4;
+  const KeySums s16 = s.at_least(cut.k16), s8 = s.at_least(cut.k8), s4 = s.at_least(cut.k4);
+  const KeySums s0 = s.at_least(0);
   if (widths != nullptr) {
-    widths->n[3] += s.count[k16];
-    widths->n[2] += s.count[k8] - s.count[k16];
-    widths->n[1] += s.count[k4] - s.count[k8];
-    widths->n[0] += n_sg - s.count[k4];
+    widths->n[3] += s16.count;
+    widths->n[2] += s8.count - s16.count;
+    widths->n[1] += s4.count - s8.count;
+    widths->n[0] += n_sg - s4.count;
   }
   const double u = s.unit;
-  const uint64_t* c = s.hop_centred;
-  const double c16 = static_cast<double>(c[k16]) * u;
-  const double m16 = static_cast<double>(s.hop_mean[k16]) * u;
-  const double c8 = static_cast<double>(c[k8] - c[k16]) * u;
-  const double c4 = static_cast<double>(c[k4] - c[k8]) * u;
-  const double c2 = static_cast<double>(c[0] - c[k4]) * u;
+  const double c16 = static_cast<double>(s16.hop_centred) * u;
+  const double m16 = static_cast<double>(s16.hop_mean) * u;
+  const double c8 = static_cast<double>(s8.hop_centred - s16.hop_centred) * u;
+  const double c4 = static_cast<double>(s4.hop_centred - s8.hop_centred) * u;
+  const double c2 = static_cast<double>(s0.hop_centred - s4.hop_centred) * u;
   // Widths 2, 4, 8 round the partial sums less their means (restored exactly); width 16 rounds
   // them whole.
   double e = kRoundingErrorWidth16 * (c16 + m16);
@@ -323,7 +340,8 @@ struct PartTerms {
 
 // Term `c` of a part: candidate c < kCandidates (auto only), or c == kCandidates: the energy, the
 // target's error (auto only) and the error of the plan the call used (job.used_mx < 0: none).
-DQ_HD void part_term(const BudgetJob& job, const BudgetPartJob& part, const BudgetSums& s, int c,
+template <class Sums>
+DQ_HD void part_term(const BudgetJob& job, const BudgetPartJob& part, const Sums& s, int c,
                      PartTerms* t) {
   if (c < kCandidates) {
     if (candidate_is_mx(c))

@@ -151,8 +151,8 @@ class CudaDevice final : public Device {
     if (why) *why = capture_.invalidated_by;
     return capture_.invalidated_by.empty() ? Status::kOk : Status::kSystemError;
   }
-  size_t budget_scratch_bytes(uint32_t n_parts) const override {
-    return cuda::budget_scratch_bytes(n_parts);
+  size_t budget_scratch_bytes(uint32_t n_parts, uint64_t key_entries) const override {
+    return cuda::budget_scratch_bytes(n_parts, key_entries);
   }
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                         size_t scratch_bytes, BudgetResult* out, Lane lane) override {

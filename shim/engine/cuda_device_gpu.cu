@@ -293,8 +293,8 @@ class CudaGpuDevice final : public Device {
   // The budget's prediction: kernels/cuda/budget.cu's kernels (a constant number a call), which
   // reads the job and writes the result in mapped memory and skips itself when the lane's error
   // word is set.
-  size_t budget_scratch_bytes(uint32_t n_parts) const override {
-    return cuda::budget_scratch_bytes(n_parts);
+  size_t budget_scratch_bytes(uint32_t n_parts, uint64_t key_entries) const override {
+    return cuda::budget_scratch_bytes(n_parts, key_entries);
   }
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                         size_t scratch_bytes, BudgetResult* out, Lane lane) override {

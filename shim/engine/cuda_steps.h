@@ -237,11 +237,10 @@ inline Status check_baseline_finish(const cuda::BaselineDeviceParams& p, const v
 // (validator blocks, then decoder blocks that wait for them: FinishGate, step_fold.h). A call's
 // statistics are one step over every codec part (PartBatch: one launch), its layouts another (the
 // one-block kernel once for every layout below the grid size, the seven grid kernels once for
-// every larger one). The budget's prediction (the device's predict_budget, not a step here): six
-// a call of up to cuda::kBudgetWaveParts (64) codec parts, five more for each further 64
-// (cuda::budget_launches). So a DynamiQ call of B pipeline blocks and BP codec parts on n ranks,
-// one finish step a block (an all-reduce's and a reduce-scatter's), launches
-// 1 + L + budget_launches(BP) + B (n + 1): L = 1, 7 or 8 (small layouts, grid ones, both).
+// every larger one). The budget's prediction (the device's predict_budget, not a step here): seven
+// a call, whatever its codec parts (cuda::kBudgetLaunches). So a DynamiQ call of B pipeline blocks
+// on n ranks, one finish step a block (an all-reduce's and a reduce-scatter's), launches
+// 8 + L + B (n + 1): L = 1, 7 or 8 (small layouts, grid ones, both).
 
 inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* stats,
                            const unsigned* flags, cudaStream_t stream) {

@@ -168,11 +168,14 @@ class Device {
   // memory the host reads one call late): run_budget_job() on the host device, the kernel of
   // kernels/cuda/budget.cu on a CUDA device, with the same bits. `job` (mapped) is not written
   // until the host has waited for this step. `scratch`: `scratch_bytes` of device memory, at
-  // least budget_scratch_bytes(job->n_parts) (a smaller one fails the step).
+  // least budget_scratch_bytes() of the job's parts (a smaller one fails the step).
   virtual Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                                 size_t scratch_bytes, BudgetResult* out, Lane lane) = 0;
-  // Device memory predict_budget needs for a call of `n_parts` codec parts (0: none).
-  virtual size_t budget_scratch_bytes(uint32_t /*n_parts*/) const { return 0; }
+  // Device memory predict_budget needs for a call of `n_parts` codec parts whose
+  // budget_key_entries() (kernels/budget_math.h) add up to `key_entries` (0: none).
+  virtual size_t budget_scratch_bytes(uint32_t /*n_parts*/, uint64_t /*key_entries*/) const {
+    return 0;
+  }
   // NCCL calls in stream order. On a GPU NCCL's own calls are stream-ordered, so `calls` runs at
   // once and its result is returned; the host device queues it behind the stream's earlier work
   // and reports a failure through the error word.

@@ -176,7 +176,7 @@ class Engine {
   // Its part geometry and its prediction's job (every rung's plan) and result, in mapped memory;
   // at the bucket's first plan, whose agreement carries a failure here.
   Status init_bucket(Bucket& b, const Plan& p);
-  Status reserve_budget_scratch(uint32_t n_parts);
+  Status reserve_budget_scratch(uint32_t n_parts, uint64_t key_entries);
   void release_bucket(Bucket& b);
   // The plan `p` a call of `b` is about to use, into the job of its prediction; false when the
   // plan's parts are not the bucket's (no prediction for that call).
@@ -324,9 +324,9 @@ class Engine {
               ev_reduced_ = nullptr, ev_comm_done_ = nullptr, ev_compute_done_ = nullptr;
   std::vector<EventHandle> ev_units_;  // two per (stage, block): computed, sent
   uint32_t* control_ = nullptr;        // mapped words, see ControlBlock
-  // Device memory of the budget's kernels (CUDA devices): sized by init_bucket for the bucket with
-  // the most codec parts so far (Device::budget_scratch_bytes), shared by every bucket (the comm
-  // stream runs one prediction at a time).
+  // Device memory of the budget's kernels (CUDA devices): sized by init_bucket for the bucket that
+  // needs the most so far (Device::budget_scratch_bytes: its parts and their super-groups), shared
+  // by every bucket (the comm stream runs one prediction at a time).
   void* budget_scratch_ = nullptr;
   size_t budget_scratch_bytes_ = 0;
   bool control_pending_ = false;       // the last eligible call's words are still to be read

@@ -39,13 +39,13 @@ Engine::Bucket* Engine::bucket_for(const CallArgs& call, DType dtype) {
   return buckets_.front().get();
 }
 
-// The budget's device memory grown to hold a call of `n_parts` codec parts (kernels/cuda/budget.h:
-// 0.75 MiB a part up to a wave of 64, 1.4 KB a part beyond): the new block first, so a failure
-// leaves the old one to the buckets it serves; the old one is then released in comm stream order,
-// after the predictions queued into it. Run where init_bucket runs, so a failure is agreed with
-// the plan.
-Status Engine::reserve_budget_scratch(uint32_t n_parts) {
-  const size_t need = device_->budget_scratch_bytes(n_parts);
+// The budget's device memory grown to hold a call of `n_parts` codec parts with `key_entries` key
+// entries (kernels/cuda/budget.h: 5.5 KB a part and 24 B an entry, at most one a super-group): the
+// new block first, so a failure leaves the old one to the buckets it serves; the old one is then
+// released in comm stream order, after the predictions queued into it. Run where init_bucket
+// runs, so a failure is agreed with the plan.
+Status Engine::reserve_budget_scratch(uint32_t n_parts, uint64_t key_entries) {
+  const size_t need = device_->budget_scratch_bytes(n_parts, key_entries);
   if (need <= budget_scratch_bytes_ || settings_.codec != "dynamiq") return Status::kOk;
   void* grown = nullptr;
   DQ_CHECK(device_->alloc(need, &grown));
@@ -57,8 +57,12 @@ Status Engine::reserve_budget_scratch(uint32_t n_parts) {
 
 Status Engine::init_bucket(Bucket& b, const Plan& p) {
   size_t n_parts = 0;
-  for (const Plan::Block& blk : p.blocks) n_parts += blk.parts.size();
-  DQ_CHECK(reserve_budget_scratch(static_cast<uint32_t>(n_parts)));
+  uint64_t key_entries = 0;
+  for (const Plan::Block& blk : p.blocks) {
+    n_parts += blk.parts.size();
+    for (const Plan::Part& part : blk.parts) key_entries += budget_key_entries(part.count);
+  }
+  DQ_CHECK(reserve_budget_scratch(static_cast<uint32_t>(n_parts), key_entries));
   b.parts.clear();
   b.rung = -1;
   b.stats_pending = false;

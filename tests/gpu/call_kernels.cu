@@ -170,7 +170,7 @@ bool stage_budget_job(Call* c) {
   c->job->parts = parts;
   c->budget_out = mapped<BudgetResult>(1);
   *c->budget_out = BudgetResult{};
-  DQ_BENCH_CHECK(cudaMalloc(&c->budget_scratch, budget_scratch_bytes(c->job->n_parts)));
+  DQ_BENCH_CHECK(cudaMalloc(&c->budget_scratch, budget_scratch_bytes(*c->job)));
   return true;
 }
 
@@ -250,9 +250,8 @@ void enqueue(const Call& c, Kind kind) {
       DQ_BENCH_CHECK(launch_supergroup_stats(c.own[0] + b.begin, false, b.count,
                                              c.d_stats + b.stats_off, nullptr, 0, c.d_error));
   if (all || kind == Kind::kBudget)
-    DQ_BENCH_CHECK(launch_budget(c.job, c.d_reduced, c.budget_scratch,
-                                 budget_scratch_bytes(c.job->n_parts), c.budget_out, c.d_error,
-                                 nullptr));
+    DQ_BENCH_CHECK(launch_budget(c.job, c.d_reduced, c.budget_scratch, budget_scratch_bytes(*c.job),
+                                 c.budget_out, c.d_error, nullptr));
   if (all || kind == Kind::kLayout)
     DQ_BENCH_CHECK(launch_dynamiq_layouts(c.layouts, c.d_layout_table, c.call, c.d_error, nullptr));
   if (all || kind == Kind::kLeaf)

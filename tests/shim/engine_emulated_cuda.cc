@@ -264,10 +264,9 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // of every chunk at once for an all-reduce, of the rank's own for a reduce-scatter. Nothing else:
 // the step's last kernel folds its flags into the error word (no arm or fold kernels), the same
 // launches as on a GPU (shim/engine/cuda_steps.h). The budget's launches (kernels/cuda/budget.cu):
-// one to set up, then five over the grid that take every codec part of the call at once: a constant
-// per call up to kBudgetWaveParts (64) parts, however many (the reduce-scatter of 4 blocks below
-// has 4 n parts).
-constexpr uint64_t kBudgetLaunchesPerCall = 6;
+// one to set up, then six over the grid that take every codec part of the call at once: a constant
+// per call, however many parts (the reduce-scatter of 4 blocks below has 4 n parts).
+constexpr uint64_t kBudgetLaunchesPerCall = 7;
 constexpr uint64_t kStatsLaunchesPerCall = 1;
 constexpr uint64_t kLayoutLaunchesPerCall = 1;
 // A call whose layouts are all on the grid (at least ~6,300 super-groups each) launches the grid

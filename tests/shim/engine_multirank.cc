@@ -212,7 +212,7 @@ class FailingDevice final : public Device {
     }
     return inner_->alloc(bytes, out);
   }
-  size_t budget_scratch_bytes(uint32_t n_parts) const override {
+  size_t budget_scratch_bytes(uint32_t n_parts, uint64_t /*key_entries*/) const override {
     // A distinctive size no other allocation of these tests has (an odd number of bytes).
     const size_t bytes = scratch_bytes_per_part == 0 ? 0 : scratch_bytes_per_part * n_parts + 1;
     const_cast<FailingDevice*>(this)->scratch_asked = bytes;

@@ -117,15 +117,15 @@ void expect_same(const BudgetResult& host, const BudgetResult& dev, const std::s
 
 BudgetResult on_device(const Call& call, const unsigned* error = nullptr) {
   // Garbage: must be cleared.
-  std::vector<unsigned char> scratch(budget_scratch_bytes(call.job.n_parts), 0xA5);
+  std::vector<unsigned char> scratch(budget_scratch_bytes(call.job), 0xA5);
   BudgetResult out;
   out.state = 77;  // a sentinel no run writes
   const uint64_t before = emu::launches();
   EXPECT_EQ(launch_budget(&call.job, call.stats.data(), scratch.data(), scratch.size(), &out, error,
                           nullptr),
             cudaSuccess);
-  // A constant per call up to a wave of parts (6), five more a wave beyond.
-  EXPECT_EQ(emu::launches() - before, budget_launches(call.job.n_parts));
+  // A constant per call, whatever its parts.
+  EXPECT_EQ(emu::launches() - before, kBudgetLaunches);
   return out;
 }
 
@@ -204,13 +204,11 @@ TEST(CudaBudget, NonFiniteStatisticGivesNoPrediction) {
 }
 
 // Every part of a call in the same launches: a reduce-scatter's parts (one a rank and pipeline
-// block: 16 ranks x 3 blocks, the last block shorter), each its own tables and terms, added in
-// part order; bits as the host's. A table shared between two parts, or the terms added in the
-// order the blocks finish, would differ.
+// block: 16 ranks x 3 blocks, the last block shorter), each its own keys and terms, added in part
+// order; bits as the host's. Keys shared between two parts, or the terms added in the order the
+// blocks finish, would differ.
 TEST(CudaBudget, ManyPartsInConstantLaunches) {
-  EXPECT_EQ(budget_launches(1), 6u);
-  EXPECT_EQ(budget_launches(48), 6u);
-  EXPECT_EQ(budget_launches(kBudgetWaveParts), 6u);
+  EXPECT_EQ(kBudgetLaunches, 7u);
   std::vector<size_t> counts;
   for (int block = 0; block < 3; ++block)
     for (int rank = 0; rank < 16; ++rank) counts.push_back(block < 2 ? 9000 : 4097);
@@ -225,32 +223,66 @@ TEST(CudaBudget, ManyPartsInConstantLaunches) {
   }
 }
 
-// More parts than a wave: 16 ranks x 9 blocks = 144 parts in three waves (16 launches), every
-// wave's tables in the same rows of the scratch, every part's terms kept to the end; bits as the
-// host's.
-TEST(CudaBudget, PartsBeyondAWaveMatchHost) {
+// Many more parts than the 64 a dense table each once allowed at once: 16 ranks x 9 blocks = 144
+// parts, then 520 small ones, each in the same 7 launches (on_device counts them), every part's
+// keys and terms kept apart to the end; bits as the host's.
+TEST(CudaBudget, HundredsOfPartsMatchHost) {
   std::vector<size_t> counts;
   for (int block = 0; block < 9; ++block)
     for (int rank = 0; rank < 16; ++rank) counts.push_back(block < 8 ? 1500 : 333);
   Call call = make_call(counts, 16, 1, 3.0, 41);
   call.job.auto_budget = 1;
   ASSERT_EQ(call.job.n_parts, 144u);
-  EXPECT_EQ(budget_launches(144), 16u);
   BudgetResult host;
   run_budget_job(call.job, call.stats.data(), &host);
   ASSERT_EQ(host.state, kBudgetPredicted);
   expect_same(host, on_device(call), "144 parts");
-  // A poisoned super-group in the last wave: no prediction, as on the host.
+  // A poisoned super-group in one of the last parts: no prediction, as on the host.
   call.stats[call.parts[140].stats_offset + stat_word(2, kStatEnergy)] = 0x7fc0;
   run_budget_job(call.job, call.stats.data(), &host);
   EXPECT_EQ(host.state, kBudgetNoPrediction);
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);
+  Call small = make_call(std::vector<size_t>(520, 700), 8, 1, 4.0, 43);
+  small.job.auto_budget = 1;
+  run_budget_job(small.job, small.stats.data(), &host);
+  ASSERT_EQ(host.state, kBudgetPredicted);
+  expect_same(host, on_device(small), "520 parts");
+}
+
+// A part with more distinct keys than a directory group or a run holds, and more super-groups
+// than there are keys (its entries capped at kEnergyKeys): energies spread over many decades, so
+// the ranks cross every group of 128 keys and several runs of 1,024 entries; bits as the host's.
+TEST(CudaBudget, ThousandsOfDistinctKeysMatchHost) {
+  const size_t count = 256 * (static_cast<size_t>(kEnergyKeys) + 1000);
+  EXPECT_EQ(budget_key_entries(count), kEnergyKeys);
+  EXPECT_EQ(budget_key_entries(256 * 100 + 1), 101u);
+  Call call = make_call({count, 4096}, 4, 4, 1.0, 47);
+  call.job.auto_budget = 1;
+  // The first part's energies: BF16 patterns of uniformly random exponents over 200 binades and
+  // random mantissas (each binade has 128 keys).
+  std::mt19937 rng(48);
+  for (size_t j = 0; j < (count + 255) / 256; ++j)
+    call.stats[stat_word(j, kStatEnergy)] =
+        static_cast<uint16_t>((27 + rng() % 200) << 7 | rng() % 128);
+  BudgetResult host;
+  run_budget_job(call.job, call.stats.data(), &host);
+  ASSERT_EQ(host.state, kBudgetPredicted);
+  // The matrix is worth its time only if the part has thousands of keys.
+  size_t distinct = 0;
+  StatsSummary summary;
+  ASSERT_TRUE(summary.load(call.stats.data(), count, 4, call.job.hop));
+  const BudgetSums sums = summary.sums();
+  for (uint32_t k = 0; k < kEnergyKeys; ++k)
+    if (sums.count[k] != sums.count[k + 1]) ++distinct;
+  EXPECT_GT(distinct, 10000u);
+  expect_same(host, on_device(call), "a part of many keys");
 }
 
 // The scratch is sized from the parts on the host; a smaller one is refused before any launch.
 TEST(CudaBudget, ScratchTooSmallIsRefused) {
   Call call = make_call({4096, 4096, 300}, 4, 1, 1.0, 7);
-  std::vector<unsigned char> scratch(budget_scratch_bytes(2), 0);
+  const size_t need = budget_scratch_bytes(call.job);
+  std::vector<unsigned char> scratch(need - 8, 0);
   BudgetResult out;
   out.state = 77;
   const uint64_t before = emu::launches();
@@ -259,11 +291,10 @@ TEST(CudaBudget, ScratchTooSmallIsRefused) {
             cudaErrorInvalidValue);
   EXPECT_EQ(emu::launches(), before);
   EXPECT_EQ(out.state, 77u);
-  // Tables for a wave of parts at most: beyond, a part costs its state and terms only.
-  EXPECT_EQ(budget_scratch_bytes(3) - budget_scratch_bytes(2),
-            kBudgetPartBytes + kBudgetScratchBytes);
-  EXPECT_EQ(budget_scratch_bytes(kBudgetWaveParts + 1) - budget_scratch_bytes(kBudgetWaveParts),
-            kBudgetPartBytes);
+  // A part costs its state, terms and directory, and an entry a super-group (16 + 16 + 2 here).
+  EXPECT_EQ(need, budget_scratch_bytes(3, 34));
+  EXPECT_EQ(budget_scratch_bytes(3, 34) - budget_scratch_bytes(2, 34), kBudgetPartBytes);
+  EXPECT_EQ(budget_scratch_bytes(3, 35) - budget_scratch_bytes(3, 34), kBudgetEntryBytes);
 }
 
 TEST(CudaBudget, PresetErrorWordWritesNothing) {

@@ -261,7 +261,7 @@ TEST(CudaGridKernels, BudgetOverManyBlocksMatchesHostBitForBit) {
       job.parts = m_parts.get();
       const MappedArray<BudgetJob> m_job(&job, 1);
       const DeviceArray<uint16_t> d_stats(stats);
-      std::vector<unsigned char> scratch(budget_scratch_bytes(job.n_parts), 0xA5);
+      std::vector<unsigned char> scratch(budget_scratch_bytes(job), 0xA5);
       const DeviceArray<unsigned char> d_scratch(scratch);
       const MappedArray<BudgetResult> m_dev(&dev, 1);
       const uint64_t before = test::launches_so_far();
@@ -269,7 +269,7 @@ TEST(CudaGridKernels, BudgetOverManyBlocksMatchesHostBitForBit) {
                               m_dev.get(), nullptr, nullptr),
                 cudaSuccess)
           << kernel_fault();
-      DQ_EXPECT_LAUNCHES(test::launches_so_far() - before, 6u);  // one wave of parts
+      DQ_EXPECT_LAUNCHES(test::launches_so_far() - before, kBudgetLaunches);
       ASSERT_EQ(m_dev.fetch(&dev), cudaSuccess) << kernel_fault();
       const std::string what = "parts " + std::to_string(shape.size()) + " first count " +
                                std::to_string(shape[0]) + " workers " + std::to_string(workers);
