@@ -55,6 +55,30 @@ __device__ __forceinline__ void store_global(T* p, T v) {
 #endif
   *p = v;
 }
+// Atomics on global memory, counted as one read and one write of the word.
+#if DQ_CUDA_EMULATED
+#define DQ_COUNT_ATOMIC(T)                 \
+  ::dq::emu::count_global_read(sizeof(T)); \
+  ::dq::emu::count_global_written(sizeof(T))
+#else
+#define DQ_COUNT_ATOMIC(T) (void)0
+#endif
+template <class T>
+__device__ __forceinline__ T atomic_add_global(T* p, T v) {
+  DQ_COUNT_ATOMIC(T);
+  return atomicAdd(p, v);
+}
+template <class T>
+__device__ __forceinline__ T atomic_max_global(T* p, T v) {
+  DQ_COUNT_ATOMIC(T);
+  return atomicMax(p, v);
+}
+template <class T>
+__device__ __forceinline__ T atomic_or_global(T* p, T v) {
+  DQ_COUNT_ATOMIC(T);
+  return atomicOr(p, v);
+}
+#undef DQ_COUNT_ATOMIC
 }  // namespace dq::cuda
 
 // A step's flags word and its fold by the step's own kernels (uses kSkipFlag).

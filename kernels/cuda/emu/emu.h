@@ -172,6 +172,11 @@ inline void count_global_read(size_t bytes) {
 inline void count_global_written(size_t bytes) {
   detail::g_global_written.fetch_add(bytes, std::memory_order_relaxed);
 }
+// The bytes counted since the process started, read plus written: a test takes the difference
+// over a call of several launches.
+inline uint64_t global_bytes_so_far() {
+  return detail::g_global_read.load() + detail::g_global_written.load();
+}
 
 namespace detail {
 
