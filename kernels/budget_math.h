@@ -117,16 +117,18 @@ struct SupergroupEnergy {
   double hop_mean = 0;     // the hop profile; and the mean's (rounded only at width 16)
 };
 
-// Super-group j of a part of `count` elements (n_sg super-groups) summed over `n_workers`:
-// false when the energy is not finite (a poisoned super-group). `shift`: the part's width-key
+// Super-group j of a part of `count` elements (n_sg super-groups) summed over `n_workers`, from
+// its kStatsWordsPerSupergroup statistics words `words` (the part's reduced statistics at
+// stat_word(j, 0); a kernel passes a copy it loaded): false when the energy is not finite (a
+// poisoned super-group). `shift`: the part's width-key
 // shift (width_key_shift() of the largest floor(log2 energy); 0 for a first pass). A mean whose
 // sum overflowed is not subtracted by the codec: modelled as 0, not dense.
-DQ_HD bool supergroup_energy(const uint16_t* reduced, size_t j, size_t n_sg, size_t count,
+DQ_HD bool supergroup_energy(const uint16_t* words, size_t j, size_t n_sg, size_t count,
                              int n_workers, const HopProfile& hop, int shift,
                              SupergroupEnergy* out) {
-  const float m = bf16_to_f32(reduced[stat_word(j, kStatMean)]);  // sum of the workers' means
-  const float workers = contributing_workers(reduced[stat_word(j, kStatAllZero)], n_workers);
-  const double f = energy_key(reduced[stat_word(j, kStatEnergy)], workers,
+  const float m = bf16_to_f32(words[kStatMean]);  // sum of the workers' means
+  const float workers = contributing_workers(words[kStatAllZero], n_workers);
+  const double f = energy_key(words[kStatEnergy], workers,
                               static_cast<uint32_t>(j));  // sum of sums of squares
   if (f < 0.0) return false;
   out->energy = f;
@@ -146,7 +148,7 @@ DQ_HD bool supergroup_energy(const uint16_t* reduced, size_t j, size_t n_sg, siz
   out->centred = centred > 0.0 ? centred : 0.0;
   out->mean = cm2;
   const double linear = hop.linear[out->contributors], square = hop.square[out->contributors];
-  if (supergroup_dense(reduced, j) && mean_finite) {  // the codec subtracts it (widths 2, 4, 8)
+  if (supergroup_dense(words, 0) && mean_finite) {  // the codec subtracts it (widths 2, 4, 8)
     out->hop_centred = out->centred * linear;
     out->hop_mean = out->mean * square;
   } else {  // no mean subtracted: every width rounds the mean's energy too

@@ -100,14 +100,14 @@ __device__ uint32_t rank_groups(const uint32_t* directory, uint32_t* below,
   const uint32_t end = first + per < kKeyGroups ? first + per : kKeyGroups;
   uint32_t own = 0;
   for (uint32_t w = first * kGroupWords; w < end * kGroupWords && w < kBudgetKeyWords; ++w)
-    own += static_cast<uint32_t>(__popc(directory[w]));
+    own += static_cast<uint32_t>(__popc(load_global(directory + w)));
   unsigned long long total = 0;
   uint32_t at = static_cast<uint32_t>(
       block_exclusive_scan(static_cast<unsigned long long>(own), scratch_u, &total));
   for (uint32_t g = first; g < end; ++g) {
     below[g] = at;
     for (uint32_t w = g * kGroupWords; w < (g + 1) * kGroupWords && w < kBudgetKeyWords; ++w)
-      at += static_cast<uint32_t>(__popc(directory[w]));
+      at += static_cast<uint32_t>(__popc(load_global(directory + w)));
   }
   __syncthreads();
   return static_cast<uint32_t>(total);
@@ -119,8 +119,9 @@ __device__ __forceinline__ uint32_t keys_below(const uint32_t* directory, const 
   const uint32_t word = key >> 5;
   uint32_t r = below[word / kGroupWords];
   for (uint32_t w = word / kGroupWords * kGroupWords; w < word; ++w)
-    r += static_cast<uint32_t>(__popc(directory[w]));
-  return r + static_cast<uint32_t>(__popc(directory[word] & ((1u << (key & 31)) - 1u)));
+    r += static_cast<uint32_t>(__popc(load_global(directory + w)));
+  return r +
+         static_cast<uint32_t>(__popc(load_global(directory + word) & ((1u << (key & 31)) - 1u)));
 }
 
 // A part's cumulated sums as the budget's arithmetic reads them (budget_math.h's BudgetSums, for
@@ -137,7 +138,7 @@ struct PartSums {
     const uint32_t lower = keys_below(directory, below, k);
     if (lower >= distinct) return KeySums{};
     const uint64_t* e = entries + 3 * static_cast<size_t>(distinct - 1 - lower);
-    return KeySums{e[0], e[1], e[2]};
+    return KeySums{load_global(e), load_global(e + 1), load_global(e + 2)};
   }
 };
 
@@ -178,7 +179,8 @@ __device__ HopProfile stage_hop(const Scratch& s, const HopProfile& mapped, int 
                                 double* staged) {
   const uint32_t entries = static_cast<uint32_t>(n_workers) + 1;
   if (entries > kBudgetStagedWorkers) return mapped;  // every block takes the same branch
-  for (uint32_t k = threadIdx.x; k < 2 * entries; k += blockDim.x) staged[k] = s.hop[k];
+  for (uint32_t k = threadIdx.x; k < 2 * entries; k += blockDim.x)
+    staged[k] = load_global(s.hop + k);
   __syncthreads();
   return HopProfile{staged, staged + entries};
 }
@@ -190,6 +192,17 @@ struct GridSweep {
 __device__ __forceinline__ GridSweep grid_sweep() {
   return GridSweep{static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x,
                    static_cast<unsigned long long>(gridDim.x) * blockDim.x};
+}
+
+// Super-group j's energies (budget_math.h) from its statistics words, loaded here.
+__device__ __forceinline__ bool energy_of(const uint16_t* stats, unsigned long long j,
+                                          unsigned long long n_sg, unsigned long long n_elems,
+                                          int n_workers, const HopProfile& hop, int shift,
+                                          SupergroupEnergy* e) {
+  uint16_t words[kStatsWordsPerSupergroup];
+  for (size_t w = 0; w < kStatsWordsPerSupergroup; ++w)
+    words[w] = load_global(stats + stat_word(j, w));
+  return supergroup_energy(words, j, n_sg, n_elems, n_workers, hop, shift, e);
 }
 
 // The width-key shift of a part whose extent is known.
@@ -211,8 +224,8 @@ __global__ void __launch_bounds__(kGridThreads)
   const uint32_t entries = static_cast<uint32_t>(job.n_workers) + 1;
   if (entries <= kBudgetStagedWorkers)
     for (uint32_t k = threadIdx.x; k < entries; k += blockDim.x) {
-      s.hop[k] = job.hop.linear[k];
-      s.hop[entries + k] = job.hop.square[k];
+      store_global(s.hop + k, load_global(job.hop.linear + k));
+      store_global(s.hop + entries + k, load_global(job.hop.square + k));
     }
   // The parts' key entries one after another, in part order (the same trips in every thread).
   unsigned long long entries_at = 0;
@@ -228,7 +241,7 @@ __global__ void __launch_bounds__(kGridThreads)
     const unsigned long long own = i < n_parts ? budget_key_entries(st.n_elems) : 0;
     unsigned long long total = 0;
     st.entries_at = entries_at + block_exclusive_scan(own, scratch_u, &total);
-    if (i < n_parts) s.parts[i] = st;
+    if (i < n_parts) store_global(s.parts + i, st);
     entries_at += total;
   }
   if (threadIdx.x == 0) {
@@ -251,16 +264,17 @@ __device__ void extent_of_part(const Scratch& s, uint32_t part, const HopProfile
   const PartKeys keys = keys_of(s, part);
   const GridSweep g = grid_sweep();
   const unsigned long long n_sg = ps.n_sg, n_elems = ps.n_elems;
-  for (unsigned long long k = g.first; k < kBudgetKeyWords; k += g.step) keys.directory[k] = 0;
+  for (unsigned long long k = g.first; k < kBudgetKeyWords; k += g.step)
+    store_global(keys.directory + k, 0u);
   const unsigned long long n_entries = budget_key_entries(n_elems);
   for (unsigned long long q = g.first; q < n_entries; q += g.step)
-    keys.entries[3 * q] = keys.entries[3 * q + 1] = keys.entries[3 * q + 2] = 0;
+    for (int a = 0; a < 3; ++a) store_global(keys.entries + 3 * q + a, uint64_t{0});
   const uint16_t* stats = reduced + ps.stats_offset;
   double local_max = 0;
   unsigned long long bad = 0, largest = 0;  // floor(log2 energy) + 2048; 0: none
   SupergroupEnergy e;
   for (unsigned long long j = g.first; j < n_sg; j += g.step) {
-    if (!supergroup_energy(stats, j, n_sg, n_elems, n_workers, hop, 0, &e)) {
+    if (!energy_of(stats, j, n_sg, n_elems, n_workers, hop, 0, &e)) {
       bad = 1;
       continue;
     }
@@ -276,9 +290,9 @@ __device__ void extent_of_part(const Scratch& s, uint32_t part, const HopProfile
   bad = block_reduce(bad, SumOp(), scratch_u);
   if (threadIdx.x == 0) {
     // Non-negative doubles order as their bit patterns.
-    atomicMax(&ps.max_bits, static_cast<unsigned long long>(f64_bits_of(local_max)));
-    atomicMax(&ps.largest, largest);
-    if (bad != 0) atomicAdd(&ps.bad, bad);
+    atomic_max_global(&ps.max_bits, static_cast<unsigned long long>(f64_bits_of(local_max)));
+    atomic_max_global(&ps.largest, largest);
+    if (bad != 0) atomic_add_global(&ps.bad, bad);
   }
 }
 
@@ -315,12 +329,12 @@ __device__ void mark_keys_of_part(const Scratch& s, uint32_t part, const HopProf
   const GridSweep g = grid_sweep();
   SupergroupEnergy e;
   for (unsigned long long j = g.first; j < n_sg; j += g.step) {
-    supergroup_energy(stats, j, n_sg, n_elems, n_workers, hop, shift, &e);
+    energy_of(stats, j, n_sg, n_elems, n_workers, hop, shift, &e);
     atomicOr(&block_bits[e.key >> 5], 1u << (e.key & 31));
   }
   __syncthreads();
   for (uint32_t w = threadIdx.x; w < kBudgetKeyWords; w += blockDim.x)
-    if (block_bits[w] != 0) atomicOr(&keys.directory[w], block_bits[w]);
+    if (block_bits[w] != 0) atomic_or_global(keys.directory + w, block_bits[w]);
 }
 
 }  // namespace
@@ -374,7 +388,7 @@ __device__ void sums_of_part(const Scratch& s, uint32_t part, const HopProfile& 
     __syncthreads();  // the slots are empty
     const unsigned long long j = at + threadIdx.x;
     if (j < n_sg) {
-      supergroup_energy(stats, j, n_sg, n_elems, n_workers, hop, shift, &e);
+      energy_of(stats, j, n_sg, n_elems, n_workers, hop, shift, &e);
       const uint32_t k = key_slot(sh.slot_key, e.key);
       atomicAdd(&sh.slot_sum[k], 1ull);
       atomicAdd(&sh.slot_sum[kKeySlots + k],
@@ -391,9 +405,9 @@ __device__ void sums_of_part(const Scratch& s, uint32_t part, const HopProfile& 
       // The key's entry: its rank from the largest key down.
       const uint32_t q = distinct - 1 - keys_below(keys.directory, sh.below, key);
       uint64_t* entry = keys.entries + 3 * q;
-      atomicAdd(as_ull(&entry[0]), sh.slot_sum[k]);
-      atomicAdd(as_ull(&entry[1]), sh.slot_sum[kKeySlots + k]);
-      atomicAdd(as_ull(&entry[2]), sh.slot_sum[2 * kKeySlots + k]);
+      atomic_add_global(as_ull(&entry[0]), sh.slot_sum[k]);
+      atomic_add_global(as_ull(&entry[1]), sh.slot_sum[kKeySlots + k]);
+      atomic_add_global(as_ull(&entry[2]), sh.slot_sum[2 * kKeySlots + k]);
       sh.slot_key[k] = kEmptySlot;
       sh.slot_sum[k] = sh.slot_sum[kKeySlots + k] = sh.slot_sum[2 * kKeySlots + k] = 0;
     }
@@ -401,8 +415,8 @@ __device__ void sums_of_part(const Scratch& s, uint32_t part, const HopProfile& 
   own_centred = block_reduce(own_centred, SumOp(), scratch_u);
   own_mean = block_reduce(own_mean, SumOp(), scratch_u);
   if (threadIdx.x == 0) {
-    atomicAdd(&st.total_centred, own_centred);
-    atomicAdd(&st.total_mean, own_mean);
+    atomic_add_global(&st.total_centred, own_centred);
+    atomic_add_global(&st.total_mean, own_mean);
   }
 }
 
@@ -436,7 +450,7 @@ __device__ __forceinline__ unsigned long long thread_entries(const uint64_t* ent
   const uint32_t q = (blockIdx.x * blockDim.x + threadIdx.x) * kBudgetKeysPerThread;
   unsigned long long sum = 0;
   for (uint32_t i = 0; i < kBudgetKeysPerThread && q + i < distinct; ++i)
-    sum += entries[3 * static_cast<size_t>(q + i) + a];
+    sum += load_global(entries + 3 * static_cast<size_t>(q + i) + a);
   return sum;
 }
 
@@ -455,7 +469,7 @@ __device__ void runs_of_part(const Scratch& s, uint32_t part, unsigned long long
   for (int a = 0; a < 3; ++a) {
     const unsigned long long total =
         block_reduce(thread_entries(keys.entries, distinct, a), SumOp(), scratch_u);
-    if (threadIdx.x == 0) st.runs[a][blockIdx.x] = total;
+    if (threadIdx.x == 0) store_global(&st.runs[a][blockIdx.x], total);
   }
 }
 
@@ -468,15 +482,16 @@ __device__ void cumulate_part(const Scratch& s, uint32_t part, unsigned long lon
   const uint32_t q = (blockIdx.x * blockDim.x + threadIdx.x) * kBudgetKeysPerThread;
   for (int a = 0; a < 3; ++a) {
     unsigned long long above = 0;
-    for (uint32_t r = threadIdx.x; r < blockIdx.x; r += blockDim.x) above += st.runs[a][r];
+    for (uint32_t r = threadIdx.x; r < blockIdx.x; r += blockDim.x)
+      above += load_global(&st.runs[a][r]);
     above = block_reduce(above, SumOp(), scratch_u);
     unsigned long long at =
         above + block_exclusive_scan(thread_entries(keys.entries, distinct, a), scratch_u,
                                      static_cast<unsigned long long*>(nullptr));
     for (uint32_t i = 0; i < kBudgetKeysPerThread && q + i < distinct; ++i) {
-      uint64_t& entry = keys.entries[3 * static_cast<size_t>(q + i) + a];
-      at += entry;
-      entry = at;
+      uint64_t* entry = keys.entries + 3 * static_cast<size_t>(q + i) + a;
+      at += load_global(entry);
+      store_global(entry, static_cast<uint64_t>(at));
     }
   }
 }
@@ -565,7 +580,7 @@ __global__ void __launch_bounds__(kPartThreads)
   // visible to the whole device, so no block ever waits for another (no co-residency needed).
   if (t == 0) {
     __threadfence();
-    const unsigned long long ticket = atomicAdd(&s.call->parts_done, 1ull);
+    const unsigned long long ticket = atomic_add_global(&s.call->parts_done, 1ull);
     if (ticket + 1 == n_parts) {
       __threadfence();  // every part's terms are visible
       finish_call(job, s, n_parts, out);

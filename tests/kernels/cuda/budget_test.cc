@@ -297,6 +297,63 @@ TEST(CudaBudget, ScratchTooSmallIsRefused) {
   EXPECT_EQ(budget_scratch_bytes(3, 35) - budget_scratch_bytes(3, 34), kBudgetEntryBytes);
 }
 
+// The bytes of global memory a prediction moves (the emulator's count, kernels/cuda/EMULATION.md,
+// over the seven launches), per the design in kernels/cuda/budget.cu: per super-group its 3
+// statistics words in 3 passes (18 B), and at most one key entry (24 B) zeroed, added to (3
+// atomics, counted as a read and a write each), totalled and cumulated (a read, a read and a
+// write): below 170 B; per block of 256 super-groups the directory ranked (4 KB), a rank per key
+// flushed (up to 4 words) and one atomic OR per directory word set, and the hop tables staged (16
+// B a worker, 3 kernels): below 64 B a super-group at 256 a block; per part its directory zeroed
+// and ranked again (8 KB), its state (1 KB), its runs and its 14 candidate threads' bisections
+// (31 steps of 3 lookups, each up to 4 directory words and an entry: 52 KB): below 128 KB. A dense
+// table of every key per part (0.75 MiB zeroed, then totalled and cumulated) or a pass over the
+// directory per super-group would break these bounds.
+constexpr uint64_t kBytesPerSupergroup = 256;
+constexpr uint64_t kBytesPerPart = 128 * 1024;
+constexpr uint64_t kBytesPerCall = 64 * 1024;
+
+uint64_t call_bytes(const Call& call) {
+  const uint64_t before = emu::global_bytes_so_far();
+  EXPECT_EQ(on_device(call).state, kBudgetPredicted);
+  return emu::global_bytes_so_far() - before;
+}
+
+uint64_t supergroups(const Call& call) {
+  uint64_t n = 0;
+  for (const BudgetPartJob& p : call.parts) n += (p.count + 255) / 256;
+  return n;
+}
+
+TEST(CudaBudget, TrafficGrowsWithSupergroupsNotKeys) {
+  struct Shape {
+    std::vector<size_t> counts;
+    int n_workers;
+  };
+  const Shape shapes[] = {{{4096 * 256}, 8},
+                          {{4 * 4096 * 256}, 8},
+                          {std::vector<size_t>(64, 64 * 256), 8},
+                          {std::vector<size_t>(200, 300), 16}};
+  uint64_t bytes_of[4] = {};
+  for (int i = 0; i < 4; ++i) {
+    Call call = make_call(shapes[i].counts, shapes[i].n_workers, 1, 3.0, 60 + i);
+    call.job.auto_budget = 1;
+    const uint64_t bytes = call_bytes(call), s = supergroups(call), parts = call.parts.size();
+    bytes_of[i] = bytes;
+    std::fprintf(stderr,
+                 "budget traffic: %llu parts, %llu super-groups: %llu bytes (%.1f B a "
+                 "super-group, %.1f KB a part)\n",
+                 static_cast<unsigned long long>(parts), static_cast<unsigned long long>(s),
+                 static_cast<unsigned long long>(bytes), static_cast<double>(bytes) / s,
+                 static_cast<double>(bytes) / parts / 1024);
+    EXPECT_LE(bytes, kBytesPerSupergroup * s + kBytesPerPart * parts + kBytesPerCall)
+        << parts << " parts, " << s << " super-groups";
+  }
+  // Linear in the super-groups: four times the part, at most four times the bytes (the part's
+  // constant is paid once).
+  EXPECT_LE(bytes_of[1], 4 * bytes_of[0]);
+  EXPECT_GE(bytes_of[1], 3 * bytes_of[0]);
+}
+
 TEST(CudaBudget, PresetErrorWordWritesNothing) {
   Call call = make_call({70000}, 4, 4, 1.0, 5);
   call.job.auto_budget = 1;
