@@ -377,20 +377,30 @@ DQ_HD void add_widths(const WidthCounts& from, WidthCounts* to) {
   for (int w = 0; w < 4; ++w) to->n[w] += from.n[w];
 }
 
-DQ_HD void add_part(const BudgetJob& job, const BudgetPartJob& part, const PartTerms& t,
-                    BudgetAccumulator* a) {
-  const bool first = a->parts == 0;
+// A part's terms added to the sums every call has (the energy, the target's error, the used
+// plan's), and, separately, to candidate c's (auto only; `fits`: the part's fits[c], `first`:
+// the call's first part). Each sum is its own over the parts, so a device may add the candidates
+// in parallel, each in part order, and get add_part()'s bits.
+DQ_HD void add_part_common(const BudgetJob& job, const PartTerms& t, BudgetAccumulator* a) {
   ++a->parts;
   a->energy += t.energy;
   a->used_error += t.used_error;
   add_widths(t.used_widths, &a->used_widths);
+  if (job.auto_budget) a->target_error += t.target_error;
+}
+DQ_HD void add_part_candidate(const PartTerms& t, int c, uint8_t fits, bool first,
+                              BudgetAccumulator* a) {
+  a->fits[c] = static_cast<uint8_t>((first || a->fits[c]) && fits);
+  a->error[c] += t.error[c];
+  add_widths(t.widths[c], &a->widths[c]);
+}
+
+DQ_HD void add_part(const BudgetJob& job, const BudgetPartJob& part, const PartTerms& t,
+                    BudgetAccumulator* a) {
+  const bool first = a->parts == 0;
+  add_part_common(job, t, a);
   if (!job.auto_budget) return;
-  a->target_error += t.target_error;
-  for (int c = 0; c < kCandidates; ++c) {
-    a->fits[c] = static_cast<uint8_t>((first || a->fits[c]) && part.fits[c]);
-    a->error[c] += t.error[c];
-    add_widths(t.widths[c], &a->widths[c]);
-  }
+  for (int c = 0; c < kCandidates; ++c) add_part_candidate(t, c, part.fits[c], first, a);
 }
 
 // The call's predicted vNMSE (of the plan used) and, with auto, every candidate's and the choice:

@@ -237,6 +237,7 @@ __global__ void __launch_bounds__(kGridThreads)
       st.n_elems = part.count;
       st.n_sg = (part.count + 255) / 256;
       st.stats_offset = part.stats_offset;
+      for (int c = 0; c < kCandidates; ++c) st.fits[c] = part.fits[c];
     }
     const unsigned long long own = i < n_parts ? budget_key_entries(st.n_elems) : 0;
     unsigned long long total = 0;
@@ -530,19 +531,28 @@ constexpr int kPartThreads = (kCandidates + 1 + kWarp - 1) / kWarp * kWarp;
 
 namespace {
 
-// Run by one thread, after every part's terms are in the scratch: the parts' terms added in part
-// order (the host's), then the result; a part with a statistic that is not finite: no prediction.
+// Run by the whole last part block, after every part's terms are in the scratch: a part with a
+// statistic that is not finite: no prediction; else the parts' terms added in part order (the
+// host's), a thread per sum (the common sums, then each candidate's: add_part()'s bits), then the
+// result.
 __device__ void finish_call(const BudgetJob& job, const Scratch& s, uint32_t n_parts,
-                            BudgetResult* out) {
-  BudgetAccumulator& acc = s.call->acc;  // zeroed by the set-up kernel
-  for (uint32_t i = 0; i < n_parts; ++i) {
-    if (s.parts[i].bad != 0) {
-      out->state = kBudgetNoPrediction;
-      return;
-    }
-    add_part(job, job.parts[i], s.terms[i], &acc);
+                            BudgetResult* out, unsigned long long* scratch_u) {
+  unsigned long long bad = 0;
+  for (uint32_t i = threadIdx.x; i < n_parts; i += blockDim.x) bad += s.parts[i].bad != 0 ? 1 : 0;
+  if (block_reduce(bad, SumOp(), scratch_u) != 0) {
+    if (threadIdx.x == 0) out->state = kBudgetNoPrediction;
+    return;
   }
-  finish_budget(job, acc, out);
+  BudgetAccumulator& acc = s.call->acc;  // zeroed by the set-up kernel
+  const int c = static_cast<int>(threadIdx.x);
+  if (c == kCandidates) {
+    for (uint32_t i = 0; i < n_parts; ++i) add_part_common(job, s.terms[i], &acc);
+  } else if (c < kCandidates && job.auto_budget) {
+    for (uint32_t i = 0; i < n_parts; ++i)
+      add_part_candidate(s.terms[i], c, s.parts[i].fits[c], i == 0, &acc);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) finish_budget(job, acc, out);
 }
 
 }  // namespace
@@ -575,17 +585,16 @@ __global__ void __launch_bounds__(kPartThreads)
     if (c == kCandidates || (c < kCandidates && job.auto_budget))
       part_term(job, job.parts[i], sums, c, &terms);
   }
+  __threadfence();  // each thread's terms, before the ticket
   __syncthreads();
   // The last part block to get here adds the terms: a ticket taken after this part's terms are
   // visible to the whole device, so no block ever waits for another (no co-residency needed).
   if (t == 0) {
-    __threadfence();
-    const unsigned long long ticket = atomic_add_global(&s.call->parts_done, 1ull);
-    if (ticket + 1 == n_parts) {
-      __threadfence();  // every part's terms are visible
-      finish_call(job, s, n_parts, out);
-    }
+    skip = atomic_add_global(&s.call->parts_done, 1ull) + 1 == n_parts ? 0u : 1u;
+    __threadfence();  // with the last ticket: every part's terms are visible
   }
+  __syncthreads();
+  if (skip == 0) finish_call(job, s, n_parts, out, scratch_u);
 }
 
 size_t budget_scratch_bytes(const BudgetJob& job) {

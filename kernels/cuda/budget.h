@@ -22,13 +22,14 @@ constexpr uint32_t kBudgetStagedWorkers = 2049;
 // A part's key directory: one bit per key, set when one of its super-groups has that key.
 constexpr uint32_t kBudgetKeyWords = (kEnergyKeys + 31) / 32;
 
-// One part's running state in the scratch: its geometry (copied from the job by the set-up
-// kernel, so the grid kernels read device memory, not the mapped job) and where its key entries
-// start; its extent (the largest energy as its bit pattern, the largest floor(log2 energy) +
-// 2048, the count of non-finite super-groups); how many distinct keys it has; its unweighted
-// fixed-point energies and its key runs' totals (count and the two energies).
+// One part's running state in the scratch: its geometry and which candidates fit (copied from the
+// job by the set-up kernel, so the grid kernels read device memory, not the mapped job) and where
+// its key entries start; its extent (the largest energy as its bit pattern, the largest floor(log2
+// energy) + 2048, the count of non-finite super-groups); how many distinct keys it has; its
+// unweighted fixed-point energies and its key runs' totals (count and the two energies).
 struct BudgetPartState {
   unsigned long long n_elems = 0, n_sg = 0, stats_offset = 0, entries_at = 0;
+  uint8_t fits[(kCandidates + 7) / 8 * 8] = {};  // the job's, for the call's sum of terms
   unsigned long long max_bits = 0, largest = 0, bad = 0, distinct = 0;
   unsigned long long total_centred = 0, total_mean = 0;
   unsigned long long runs[3][kBudgetKeyRuns] = {};
