@@ -77,15 +77,22 @@ __device__ __forceinline__ bool non_finite(float f) {
   return (f32_bits(f) & 0x7f800000u) == 0x7f800000u;
 }
 
-// mu_j before mean subtraction is applied.
-__device__ __forceinline__ float raw_mean(const uint16_t* reduced, size_t j, float n_workers) {
-  return bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n_workers;
+// Statistics word `word` of super-group j, loaded from global memory (counted: cuda_compat.h).
+__device__ __forceinline__ uint16_t stat_of(const uint16_t* reduced, uint32_t j, size_t word) {
+  return load_global(reduced + stat_word(j, word));
 }
 
-// The energy key of super-group j (kernels/dynamiq_range.h): negative when poisoned.
+// The energy key (kernels/dynamiq_range.h) of super-group j from its loaded statistics words:
+// negative when poisoned.
+__device__ __forceinline__ double key_from(uint16_t energy, uint16_t all_zero, uint32_t j,
+                                           int n_workers) {
+  return energy_key(energy, contributing_workers(all_zero, n_workers), j);
+}
+
+// The energy key of super-group j: its energy and all-zero words loaded (4 bytes).
 __device__ __forceinline__ double key_of(const uint16_t* reduced, uint32_t j, int n_workers) {
-  return energy_key(reduced[stat_word(j, kStatEnergy)],
-                    contributing_workers(reduced[stat_word(j, kStatAllZero)], n_workers), j);
+  return key_from(stat_of(reduced, j, kStatEnergy), stat_of(reduced, j, kStatAllZero), j,
+                  n_workers);
 }
 
 // The host's width_for(): the width of a super-group at threshold offset theta.
@@ -130,7 +137,7 @@ constexpr uint32_t kPoisonedKey = 0xffffffffu;
 // The width of super-group j at threshold theta from its parked width key.
 __device__ __forceinline__ int parked_width(const LayoutPtrs& l, uint32_t j, float theta,
                                             bool allow_width16) {
-  const uint32_t key = l.by_index[j];
+  const uint32_t key = load_global(l.by_index + j);
   return width_for(key == kPoisonedKey, f32_from_bits(key), theta, allow_width16);
 }
 
@@ -138,19 +145,35 @@ __device__ __forceinline__ uint32_t clamp_u32(uint32_t x, uint32_t lo, uint32_t 
   return x < lo ? lo : x > hi ? hi : x;
 }
 
+// The header words (the call, the element count, the chunks and workers): one thread.
+__device__ __forceinline__ void store_header(const DynamiqPlan& p, const LayoutPtrs& l,
+                                             unsigned long long call) {
+  store_global<uint64_t>(l.header, call);
+  store_global<uint64_t>(l.header + 1, p.count);
+  store_global<uint64_t>(l.header + 2, static_cast<uint32_t>(p.n_chunks) |
+                                           static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers))
+                                               << 32);
+}
+
 // The host's agree_means_and_keys() for super-group j: its mean as the hops subtract it (scaled
 // like its values; non-finite: poisoned) and its scale exponent (0 when poisoned: the host leaves
-// it zeroed). Returns its energy key (negative: poisoned).
+// it zeroed). Returns its energy key (negative: poisoned). Its three statistics words are loaded
+// once (6 bytes); `mean` and `exponent` are the caller's registers.
 __device__ __forceinline__ double supergroup_mean(const DynamiqPlan& p, const uint16_t* reduced,
                                                   uint32_t j, float* mean, int8_t* exponent) {
-  const float mu = raw_mean(reduced, j, static_cast<float>(p.n_workers));
-  const double key = key_of(reduced, j, p.n_workers);
+  const uint16_t w[kStatsWordsPerSupergroup] = {stat_of(reduced, j, kStatMean),
+                                                stat_of(reduced, j, kStatEnergy),
+                                                stat_of(reduced, j, kStatAllZero)};
+  const float mu =
+      bf16_to_f32(w[kStatMean]) / static_cast<float>(p.n_workers);  // before subtraction
+  const double key = key_from(w[kStatEnergy], w[kStatAllZero], j, p.n_workers);
   if (key < 0.0) {
     *mean = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
     *exponent = 0;
     return key;
   }
-  const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && !non_finite(mu);
+  // supergroup_dense() of the loaded words (super-group 0 of the array w).
+  const bool subtract = p.mean_subtraction && supergroup_dense(w, 0) && !non_finite(mu);
   const int8_t e = scale_exponent(key);
   *exponent = e;
   *mean = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
@@ -175,7 +198,11 @@ __device__ int agree_means(const DynamiqPlan& p, const LayoutPtrs& l, const uint
   const uint32_t n_sg = static_cast<uint32_t>(p.n_sg);
   unsigned long long largest = 0;  // the largest key_magnitude(); 0: none
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const double key = supergroup_mean(p, reduced, j, &l.mean[j], &l.exponent[j]);
+    float mean;
+    int8_t exponent;
+    const double key = supergroup_mean(p, reduced, j, &mean, &exponent);
+    store_global(l.mean + j, mean);
+    store_global(l.exponent + j, exponent);
     const unsigned long long e = key_magnitude(key);
     largest = e > largest ? e : largest;
   }
@@ -190,20 +217,15 @@ __device__ void layout_header_and_means(const DynamiqPlan& p, const DynamiqSecti
                                         unsigned long long* scratch) {
   const uint32_t t = threadIdx.x, nt = blockDim.x;
   uint64_t* words = reinterpret_cast<uint64_t*>(base);
-  for (size_t b = t; b < s.bytes / 8; b += nt) words[b] = 0;
+  for (size_t b = t; b < s.bytes / 8; b += nt) store_global<uint64_t>(words + b, 0);
   __syncthreads();
-  if (t == 0) {
-    l.header[0] = call;
-    l.header[1] = p.count;
-    l.header[2] = static_cast<uint32_t>(p.n_chunks) |
-                  static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
-  }
+  if (t == 0) store_header(p, l, call);
   const int shift = agree_means(p, l, reduced, scratch);  // every thread: the same
   // The width keys, computed once (the bisection reads them ~31 times): parked in by_index, which
   // phase 5 writes only after the widths are final (barriers between).
   for (uint32_t j = t; j < static_cast<uint32_t>(p.n_sg); j += nt) {
     const double key = key_of(reduced, j, p.n_workers);
-    l.by_index[j] = key < 0.0 ? kPoisonedKey : f32_bits(width_key(key, shift));
+    store_global(l.by_index + j, key < 0.0 ? kPoisonedKey : f32_bits(width_key(key, shift)));
   }
 }
 
@@ -230,7 +252,7 @@ __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l
   const float theta = f32_from_bits(lo);
   for (uint32_t j = t; j < n_sg; j += nt) {
     const int w = parked_width(l, j, theta, p.allow_width16);
-    l.width[j] = static_cast<uint8_t>(w);
+    store_global(l.width + j, static_cast<uint8_t>(w));
     ++count[width_index(w)];
   }
 }
@@ -257,11 +279,11 @@ __device__ void layout_fixed_widths(const DynamiqPlan& p, const LayoutPtrs& l,
                                     unsigned long long* scratch, uint32_t count[4]) {
   const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
   unsigned long long poisoned = 0;
-  for (uint32_t j = t; j < n_sg; j += nt) poisoned += l.by_index[j] == kPoisonedKey;
+  for (uint32_t j = t; j < n_sg; j += nt) poisoned += load_global(l.by_index + j) == kPoisonedKey;
   const int fixed = fixed_width(p, block_reduce(poisoned, SumOp(), scratch));
   for (uint32_t j = t; j < n_sg; j += nt) {
-    const int w = l.by_index[j] == kPoisonedKey ? 2 : fixed;
-    l.width[j] = static_cast<uint8_t>(w);
+    const int w = load_global(l.by_index + j) == kPoisonedKey ? 2 : fixed;
+    store_global(l.width + j, static_cast<uint8_t>(w));
     ++count[width_index(w)];
   }
 }
@@ -290,13 +312,13 @@ __device__ void layout_chunk_cuts(const DynamiqPlan& p, const Classes& k, const 
   for (uint32_t i = t; i < n_sg; i += nt) {
     const uint32_t c = chunk_of(k, i, stride, p.n_chunks);
     const uint32_t before = i == 0 ? 0u : chunk_of(k, i - 1, stride, p.n_chunks);
-    for (uint32_t cc = before + 1; cc <= c; ++cc) l.chunk_first[cc] = i;
+    for (uint32_t cc = before + 1; cc <= c; ++cc) store_global(l.chunk_first + cc, i);
   }
   if (t == 0) {
-    l.chunk_first[0] = 0;
+    store_global(l.chunk_first, 0u);
     const uint32_t last = n_sg > 0 ? chunk_of(k, n_sg - 1, stride, p.n_chunks) : 0u;
     for (uint32_t cc = last + 1; cc <= static_cast<uint32_t>(p.n_chunks); ++cc)
-      l.chunk_first[cc] = n_sg;
+      store_global(l.chunk_first + cc, n_sg);
   }
   __syncthreads();
 }
@@ -308,11 +330,12 @@ __device__ void layout_partition(const DynamiqPlan& p, const Classes& k, const L
   const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
   const unsigned long long stride = p.stride;
   for (uint32_t c = t; c < static_cast<uint32_t>(p.n_chunks); c += nt)
-    l.chunk_content[c] = wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
+    store_global<uint64_t>(l.chunk_content + c, wire_offset(k, load_global(l.chunk_first + c + 1)) -
+                                                    wire_offset(k, load_global(l.chunk_first + c)));
   uint32_t running[4] = {0, 0, 0, 0};                 // class members before this tile
   for (uint32_t tile = 0; tile < n_sg; tile += nt) {  // the same trips in every thread
     const uint32_t j = tile + t;
-    const int w = j < n_sg ? width_index(l.width[j]) : -1;
+    const int w = j < n_sg ? width_index(load_global(l.width + j)) : -1;
     const unsigned long long one = w >= 0 ? 1ull << (16 * w) : 0ull;
     unsigned long long tile_total = 0;
     const unsigned long long before = block_exclusive_scan(one, scratch, &tile_total);
@@ -321,10 +344,12 @@ __device__ void layout_partition(const DynamiqPlan& p, const Classes& k, const L
       for (int v = 0; v < 4; ++v)
         prefix[v] = running[v] + static_cast<uint32_t>((before >> (16 * v)) & 0xffffu);
       const uint32_t pos = k.start[w] + prefix[w];
-      l.order[pos] = j;
+      store_global(l.order + pos, j);
       const uint32_t c = chunk_of(k, pos, stride, p.n_chunks);
-      const uint32_t first = l.chunk_first[c], end = l.chunk_first[c + 1];
-      l.offset[pos] = static_cast<uint32_t>(wire_offset(k, pos) - wire_offset(k, first));
+      const uint32_t first = load_global(l.chunk_first + c),
+                     end = load_global(l.chunk_first + c + 1);
+      store_global(l.offset + pos,
+                   static_cast<uint32_t>(wire_offset(k, pos) - wire_offset(k, first)));
       // Chunk c holds class v's ranks [lo, hi); those before j are [lo, clamp(prefix)).
       uint32_t rank = 0;
       for (int v = 0; v < 4; ++v) {
@@ -332,7 +357,7 @@ __device__ void layout_partition(const DynamiqPlan& p, const Classes& k, const L
         const uint32_t hi = clamp_u32(end > k.start[v] ? end - k.start[v] : 0u, 0u, k.size[v]);
         rank += clamp_u32(prefix[v], lo, hi) - lo;
       }
-      l.by_index[first + rank] = pos;
+      store_global(l.by_index + first + rank, pos);
     }
     for (int v = 0; v < 4; ++v)
       running[v] += static_cast<uint32_t>((tile_total >> (16 * v)) & 0xffffu);
@@ -348,17 +373,18 @@ __device__ void layout_digests(const DynamiqPlan& p, const LayoutPtrs& l, unsign
   const uint32_t lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const uint32_t n_warps = blockDim.x / kWarp, n_chunks = static_cast<uint32_t>(p.n_chunks);
   for (uint32_t c = warp; c < n_chunks; c += n_warps) {  // the same trips in the whole warp
-    if (lane == 0 && l.chunk_content[c] + kChunkHeaderBytes > p.capacity)
-      atomicOr(error, kDynamiqChunkOverCapacity);
+    if (lane == 0 && load_global(l.chunk_content + c) + kChunkHeaderBytes > p.capacity)
+      atomic_or_global(error, static_cast<unsigned>(kDynamiqChunkOverCapacity));
     uint32_t h = fnv1a_word(2166136261u, c);
     h = fnv1a_word(h, static_cast<uint32_t>(p.count));
-    const uint32_t first = l.chunk_first[c], end = l.chunk_first[c + 1];
+    const uint32_t first = load_global(l.chunk_first + c), end = load_global(l.chunk_first + c + 1);
     for (uint32_t at = first; at < end; at += kWarp) {
       uint32_t word = 0, scale_word = 0;  // scale_word: 0 when the exponent is 0 (not hashed)
       if (at + lane < end) {
-        const uint32_t j = l.order[at + lane];
-        word = j * 32u + l.width[j] + (non_finite(l.mean[j]) ? 1u : 0u);
-        if (l.exponent[j] != 0) scale_word = 0x100u | static_cast<uint8_t>(l.exponent[j]);
+        const uint32_t j = load_global(l.order + at + lane);
+        word = j * 32u + load_global(l.width + j) + (non_finite(load_global(l.mean + j)) ? 1u : 0u);
+        const int8_t e = load_global(l.exponent + j);
+        if (e != 0) scale_word = 0x100u | static_cast<uint8_t>(e);
       }
       const uint32_t n = end - at < static_cast<uint32_t>(kWarp) ? end - at : kWarp;
       for (uint32_t k = 0; k < n; ++k) {
@@ -368,7 +394,7 @@ __device__ void layout_digests(const DynamiqPlan& p, const LayoutPtrs& l, unsign
         if (b != 0) h = fnv1a_word(h, b);
       }
     }
-    if (lane == 0) l.chunk_check[c] = h;
+    if (lane == 0) store_global(l.chunk_check + c, h);
   }
 }
 
@@ -391,7 +417,7 @@ static_assert(alignof(LayoutTableJob) <= 8, "a job is staged as 8-byte words");
 __device__ __forceinline__ const LayoutTableJob& stage_job(const LayoutTableJob* job,
                                                            unsigned long long* words) {
   const unsigned long long* from = reinterpret_cast<const unsigned long long*>(job);
-  for (uint32_t i = threadIdx.x; i < kJobWords; i += blockDim.x) words[i] = from[i];
+  for (uint32_t i = threadIdx.x; i < kJobWords; i += blockDim.x) words[i] = load_global(from + i);
   __syncthreads();
   return *reinterpret_cast<const LayoutTableJob*>(words);
 }

@@ -89,21 +89,23 @@ struct GridBlock {
 };
 
 // This block's layout among the n_jobs > 0 grid layouts `jobs` (their first blocks ascending):
-// the last whose first block is at or before blockIdx.x. `digest`: the digest kernel's grid.
-// Every thread alike (no barrier).
+// the last whose first block is at or before blockIdx.x, copied into the shared words
+// `job_words` (kJobWords of them; the result's job points there, so its fields are read from
+// shared memory, not global). `digest`: the digest kernel's grid. Collective (ends with a
+// barrier).
 __device__ __forceinline__ GridBlock grid_block(const LayoutTableJob* jobs, uint32_t n_jobs,
-                                                bool digest) {
+                                                bool digest, unsigned long long* job_words) {
   const uint32_t b = blockIdx.x;
   uint32_t lo = 0, hi = n_jobs - 1;
   while (lo < hi) {
     const uint32_t mid = lo + (hi - lo + 1) / 2;
-    const uint32_t first = digest ? jobs[mid].first_digest : jobs[mid].first_block;
+    const uint32_t first = load_global(digest ? &jobs[mid].first_digest : &jobs[mid].first_block);
     if (first <= b)
       lo = mid;
     else
       hi = mid - 1;
   }
-  const LayoutTableJob* job = jobs + lo;
+  const LayoutTableJob* job = &stage_job(jobs + lo, job_words);
   const uint32_t blocks = grid_blocks(job->plan);
   return digest ? GridBlock{job, b - job->first_digest,
                             blocks + static_cast<uint32_t>(job->plan.n_chunks)}
@@ -120,7 +122,7 @@ constexpr unsigned kGridPassFlags = static_cast<unsigned>(kDynamiqChunkOverCapac
 
 // One decision per block: the lane failed before this step, or an earlier kernel of it did.
 __device__ __forceinline__ bool grid_block_skips(const unsigned* error, unsigned* flag) {
-  if (threadIdx.x == 0) *flag = (*error & ~kGridPassFlags) != 0u;
+  if (threadIdx.x == 0) *flag = (load_global(error) & ~kGridPassFlags) != 0u;
   __syncthreads();
   return *flag != 0u;
 }
@@ -142,7 +144,7 @@ __device__ uint32_t breakpoint(bool poisoned, float f, int w, bool allow_width16
 __device__ __forceinline__ void bin_breakpoints(const DynamiqPlan& p, const GridScratch& g,
                                                 uint32_t j, int level, uint32_t above,
                                                 uint32_t* bins) {
-  const uint32_t b[3] = {g.b4[j], g.b8[j], g.b16[j]};
+  const uint32_t b[3] = {load_global(g.b4 + j), load_global(g.b8 + j), load_global(g.b16 + j)};
   for (int w = 0; w < 3; ++w)
     if (b[w] > 0 && above_digit(b[w], level) == above)
       atomicAdd(&bins[digit_of(b[w], level)], static_cast<uint32_t>(p.record[w + 1] - p.record[w]));
@@ -154,7 +156,7 @@ __device__ __forceinline__ void publish_bins(const GridScratch& g, int level,
                                              const uint32_t* bins) {
   __syncthreads();
   for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x)
-    if (bins[k] != 0) atomicAdd(&g.hist[level * kDigitBins + k], bins[k]);
+    if (bins[k] != 0) atomic_add_global(g.hist + level * kDigitBins + k, bins[k]);
 }
 
 // The smallest digit d of histogram h with *fixed + (the weights of the digits above d) <= budget,
@@ -163,13 +165,13 @@ __device__ uint32_t pick_digit(const uint32_t* h, unsigned long long budget,
                                unsigned long long* fixed, unsigned long long* scratch) {
   const uint32_t per = kDigitBins / blockDim.x, first = threadIdx.x * per;
   unsigned long long own = 0;
-  for (uint32_t i = 0; i < per; ++i) own += h[first + i];
+  for (uint32_t i = 0; i < per; ++i) own += load_global(h + first + i);
   unsigned long long total = 0;
   unsigned long long upto = block_exclusive_scan(own, scratch, &total);
   unsigned long long own_best = kNoDigit,
                      own_above = 0;  // the smallest such digit of this thread's
   for (uint32_t i = 0; i < per; ++i) {
-    upto += h[first + i];
+    upto += load_global(h + first + i);
     if (own_best == kNoDigit && *fixed + (total - upto) <= budget) {
       own_best = first + i;
       own_above = total - upto;
@@ -204,9 +206,10 @@ __device__ bool picked_above(const DynamiqPlan& p, const GridScratch& g, int lev
 __global__ void __launch_bounds__(kGridThreads)
     layout_extent_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned long long job_words[kJobWords];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
   const uint16_t* reduced = gb.job->reduced;
   const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
@@ -220,27 +223,30 @@ __global__ void __launch_bounds__(kGridThreads)
   largest = block_reduce(largest, MaxOp(), scratch);
   poisoned = block_reduce(poisoned, SumOp(), scratch);
   if (threadIdx.x == 0) {
-    g.largest[gb.block] = static_cast<uint32_t>(largest);
-    g.poisoned[gb.block] = static_cast<uint32_t>(poisoned);
+    store_global(g.largest + gb.block, static_cast<uint32_t>(largest));
+    store_global(g.poisoned + gb.block, static_cast<uint32_t>(poisoned));
   }
   for (uint32_t k = gb.block * blockDim.x + threadIdx.x; k < 3 * kDigitBins;
        k += gb.blocks * blockDim.x)
-    g.hist[k] = 0;
+    store_global(g.hist + k, 0u);
 }
 
 __global__ void __launch_bounds__(kGridThreads)
     layout_breakpoints_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ uint32_t bins[kDigitBins];
+  __shared__ unsigned long long job_words[kJobWords];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
   const uint16_t* reduced = gb.job->reduced;
   const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
   unsigned long long largest = 0;
-  for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x)
-    largest = g.largest[b] > largest ? g.largest[b] : largest;
+  for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x) {
+    const unsigned long long v = load_global(g.largest + b);
+    largest = v > largest ? v : largest;
+  }
   const int shift = shift_of(block_reduce(largest, MaxOp(), scratch));
   for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x) bins[k] = 0;
   __syncthreads();
@@ -248,9 +254,9 @@ __global__ void __launch_bounds__(kGridThreads)
   if (j < p.n_sg) {
     const double key = key_of(reduced, j, p.n_workers);
     const float f = width_key(key, shift);
-    g.b4[j] = breakpoint(key < 0.0, f, 4, p.allow_width16);
-    g.b8[j] = breakpoint(key < 0.0, f, 8, p.allow_width16);
-    g.b16[j] = breakpoint(key < 0.0, f, 16, p.allow_width16);
+    store_global(g.b4 + j, breakpoint(key < 0.0, f, 4, p.allow_width16));
+    store_global(g.b8 + j, breakpoint(key < 0.0, f, 8, p.allow_width16));
+    store_global(g.b16 + j, breakpoint(key < 0.0, f, 16, p.allow_width16));
     if (p.variable_widths) bin_breakpoints(p, g, j, 0, 0u, bins);
   }
   publish_bins(g, 0, bins);
@@ -260,9 +266,10 @@ __global__ void __launch_bounds__(kGridThreads)
     layout_digit_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error, int level) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ uint32_t bins[kDigitBins];
+  __shared__ unsigned long long job_words[kJobWords];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
   if (!p.variable_widths) return;  // the same in every block of the layout
   const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
@@ -278,9 +285,10 @@ __global__ void __launch_bounds__(kGridThreads)
 __global__ void __launch_bounds__(kGridThreads)
     layout_widths_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned long long job_words[kJobWords];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
   const LayoutPtrs l = job_ptrs(*gb.job);
   const GridScratch g = grid_scratch(p, l);
@@ -291,7 +299,8 @@ __global__ void __launch_bounds__(kGridThreads)
     if (picked_above(p, g, 3, scratch, &v)) theta = v < theta ? v : theta;
   } else {
     unsigned long long poisoned = 0;
-    for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x) poisoned += g.poisoned[b];
+    for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x)
+      poisoned += load_global(g.poisoned + b);
     poisoned = block_reduce(poisoned, SumOp(), scratch);
     fixed = fixed_width(p, poisoned);
   }
@@ -300,16 +309,19 @@ __global__ void __launch_bounds__(kGridThreads)
   if (j < p.n_sg) {
     int w;
     if (p.variable_widths)
-      w = theta < g.b16[j] ? 16 : theta < g.b8[j] ? 8 : theta < g.b4[j] ? 4 : 2;
+      w = theta < load_global(g.b16 + j)  ? 16
+          : theta < load_global(g.b8 + j) ? 8
+          : theta < load_global(g.b4 + j) ? 4
+                                          : 2;
     else
-      w = g.b4[j] == 0 ? 2 : fixed;  // no threshold gives a poisoned super-group 4 bits
-    l.width[j] = static_cast<uint8_t>(w);
+      w = load_global(g.b4 + j) == 0 ? 2 : fixed;  // no threshold gives a poisoned one 4 bits
+    store_global(l.width + j, static_cast<uint8_t>(w));
     one = 1ull << (16 * width_index(w));
   }
   one = block_reduce(one, SumOp(), scratch);
   if (threadIdx.x < 4)
-    g.counts[4 * gb.block + threadIdx.x] =
-        static_cast<uint32_t>((one >> (16 * threadIdx.x)) & 0xffffu);
+    store_global(g.counts + 4 * gb.block + threadIdx.x,
+                 static_cast<uint32_t>((one >> (16 * threadIdx.x)) & 0xffffu));
 }
 
 namespace {
@@ -355,9 +367,10 @@ __device__ __forceinline__ uint32_t chain_words(const DynamiqPlan& p) {
 __global__ void __launch_bounds__(kGridThreads)
     layout_partition_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned long long job_words[kJobWords];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
-  const GridBlock gb = grid_block(jobs, n_jobs, false);
+  const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
   const LayoutPtrs l = job_ptrs(*gb.job);
   const GridScratch g = grid_scratch(p, l);
@@ -366,8 +379,8 @@ __global__ void __launch_bounds__(kGridThreads)
   for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x)
     for (int h = 0; h < 2; ++h) {
       const unsigned long long v =
-          g.counts[4 * b + 2 * h] | static_cast<unsigned long long>(g.counts[4 * b + 2 * h + 1])
-                                        << 32;
+          load_global(g.counts + 4 * b + 2 * h) |
+          static_cast<unsigned long long>(load_global(g.counts + 4 * b + 2 * h + 1)) << 32;
       total[h] += v;
       if (b < gb.block) before[h] += v;
     }
@@ -382,14 +395,14 @@ __global__ void __launch_bounds__(kGridThreads)
   }
   const Classes k = classes_of(p, size);
   const uint32_t j = gb.block * kGridThreads + threadIdx.x;
-  const int w = j < p.n_sg ? width_index(l.width[j]) : -1;
+  const int w = j < p.n_sg ? width_index(load_global(l.width + j)) : -1;
   const unsigned long long in_block = block_exclusive_scan(
       w >= 0 ? 1ull << (16 * w) : 0ull, scratch, static_cast<unsigned long long*>(nullptr));
   if (w >= 0) {
     for (int v = 0; v < 4; ++v)
       prefix[v] += static_cast<uint32_t>((in_block >> (16 * v)) & 0xffffu);  // before j
     const uint32_t pos = k.start[w] + prefix[w];
-    l.order[pos] = j;
+    store_global(l.order + pos, j);
     const uint32_t c = chunk_of(k, pos, p.stride, p.n_chunks);
     const uint32_t first = chunk_start(p, k, c), end = chunk_start(p, k, c + 1);
     uint32_t rank = 0;  // chunk c holds class v's ranks [lo, hi); those before j: [lo, prefix)
@@ -398,15 +411,25 @@ __global__ void __launch_bounds__(kGridThreads)
       const uint32_t hi = clamp_u32(end > k.start[v] ? end - k.start[v] : 0u, 0u, k.size[v]);
       rank += clamp_u32(prefix[v], lo, hi) - lo;
     }
-    l.by_index[first + rank] = pos;
+    store_global(l.by_index + first + rank, pos);
   }
   const uint32_t at = gb.block * blockDim.x + threadIdx.x, step = gb.blocks * blockDim.x;
   for (uint32_t c = at; c <= static_cast<uint32_t>(p.n_chunks); c += step)
-    l.chunk_first[c] = chunk_start(p, k, c);
-  for (uint32_t i = at; i < chain_words(p); i += step) g.chain[i] = 0;
+    store_global(l.chunk_first + c, chunk_start(p, k, c));
+  for (uint32_t i = at; i < chain_words(p); i += step) store_global(g.chain + i, 0ull);
 }
 
 namespace {
+
+// A load of a word another block writes while this one polls it: volatile (a plain load may be
+// hoisted out of the loop), counted like load_global (kernels/cuda/cuda_compat.h).
+template <class T>
+__device__ __forceinline__ T load_polled(const volatile T* p) {
+#if DQ_CUDA_EMULATED
+  ::dq::emu::count_global_read(sizeof(T));
+#endif
+  return *p;
+}
 
 // The digest chain's value before segment `seg` (its chunk's earlier segments), waited for.
 __device__ __forceinline__ uint32_t chain_before(const GridScratch& g, uint32_t seg,
@@ -414,11 +437,12 @@ __device__ __forceinline__ uint32_t chain_before(const GridScratch& g, uint32_t 
   const volatile unsigned long long* word = g.chain + seg - 1;
   const volatile unsigned* flags = error;
   for (uint32_t poll = 0; poll < kMaxChainPolls; ++poll) {
-    const unsigned long long v = *word;
+    const unsigned long long v = load_polled(word);
     if ((v >> 32) != 0) return static_cast<uint32_t>(v);
-    if ((*flags & ~kGridPassFlags) != 0u) return 0;
+    if ((load_polled(flags) & ~kGridPassFlags) != 0u) return 0;
   }
-  atomicOr(error, kDynamiqChunkOverCapacity);  // never seen: a block that never ran
+  atomic_or_global(error, static_cast<unsigned>(
+                              kDynamiqChunkOverCapacity));  // never seen: a block that never ran
   return 0;
 }
 
@@ -430,10 +454,10 @@ struct Segment {
 __device__ __forceinline__ Segment take_segment(const DynamiqPlan& p, const LayoutPtrs& l,
                                                 const GridScratch& g) {
   Segment s{0, static_cast<uint32_t>(p.n_chunks), 0, 0, 0};
-  s.seg = static_cast<uint32_t>(atomicAdd(&g.chain[chain_words(p) - 2], 1ull));
+  s.seg = static_cast<uint32_t>(atomic_add_global(g.chain + chain_words(p) - 2, 1ull));
   uint32_t before = 0;
   for (uint32_t c = 0; c < static_cast<uint32_t>(p.n_chunks); ++c) {
-    const uint32_t first = l.chunk_first[c], end = l.chunk_first[c + 1];
+    const uint32_t first = load_global(l.chunk_first + c), end = load_global(l.chunk_first + c + 1);
     const uint32_t n = end > first ? (end - first + kGridThreads - 1) / kGridThreads : 1u;
     if (s.seg < before + n) {
       s.chunk = c;
@@ -456,13 +480,13 @@ __device__ __forceinline__ void digest_segment(const DynamiqPlan& p, const Layou
                                                uint32_t* step_raw) {
   const uint32_t t = threadIdx.x, n = sg.end - sg.first;
   if (t < n) {
-    const uint32_t j = l.order[sg.first + t];
+    const uint32_t j = load_global(l.order + sg.first + t);
     float mean;
     int8_t e;
     supergroup_mean(p, reduced, j, &mean, &e);
-    l.mean[j] = mean;
-    l.exponent[j] = e;
-    words[t] = j * 32u + l.width[j] + (non_finite(mean) ? 1u : 0u);
+    store_global(l.mean + j, mean);
+    store_global(l.exponent + j, e);
+    words[t] = j * 32u + load_global(l.width + j) + (non_finite(mean) ? 1u : 0u);
     scale_words[t] = e != 0 ? 0x100u | static_cast<uint8_t>(e) : 0u;  // 0: not hashed
   }
   __syncthreads();
@@ -480,15 +504,19 @@ __device__ __forceinline__ void digest_segment(const DynamiqPlan& p, const Layou
   __syncthreads();
   if (t != 0) return;
   uint32_t in;
-  if (sg.first == l.chunk_first[sg.chunk]) {
+  if (sg.first == load_global(l.chunk_first + sg.chunk)) {
     in = fnv1a_word(2166136261u, sg.chunk);
     in = fnv1a_word(in, static_cast<uint32_t>(p.count));
   } else {
     in = chain_before(g, sg.seg, error);
   }
   const uint32_t out = table[in & 0xffu] + (in >> 8) * *step_raw;
-  if (sg.last != 0) l.chunk_check[sg.chunk] = out;
+  if (sg.last != 0) store_global(l.chunk_check + sg.chunk, out);
   __threadfence();
+#if DQ_CUDA_EMULATED
+  ::dq::emu::count_global_read(8);  // an exchange: one read and one write of the word
+  ::dq::emu::count_global_written(8);
+#endif
   atomicExch(&g.chain[sg.seg], (1ull << 32) | out);
 }
 
@@ -516,7 +544,7 @@ __device__ uint32_t block_lower_bound(uint32_t lo, uint32_t hi, Pred pred,
 
 // Writes the zero bytes after a section of `bytes` bytes at `at` (its padding to 8 bytes).
 __device__ __forceinline__ void zero_padding(unsigned char* base, size_t at, size_t bytes) {
-  for (size_t b = at + bytes; b % 8 != 0; ++b) base[b] = 0;
+  for (size_t b = at + bytes; b % 8 != 0; ++b) store_global<unsigned char>(base + b, 0);
 }
 
 // The classes, from the widths along the wire order: class w starts where the wider ones end.
@@ -529,7 +557,9 @@ __device__ __forceinline__ Classes wire_classes(const DynamiqPlan& p, const Layo
   for (int w = 2; w >= 0; --w) {
     const int wider = w == 2 ? 16 : w == 1 ? 8 : 4;
     start[w] = block_lower_bound(
-        start[w + 1], n_sg, [&](uint32_t i) { return l.width[l.order[i]] < wider; }, scratch);
+        start[w + 1], n_sg,
+        [&](uint32_t i) { return load_global(l.width + load_global(l.order + i)) < wider; },
+        scratch);
   }
   for (int w = 3; w >= 0; --w) size[w] = (w == 0 ? n_sg : start[w - 1]) - start[w];
   return classes_of(p, size);
@@ -541,8 +571,8 @@ __device__ __forceinline__ void write_offsets(const DynamiqPlan& p, const Layout
                                               const Classes& k, uint32_t from, uint32_t to,
                                               uint32_t at, uint32_t step) {
   for (uint32_t i = from + at; i < to; i += step) {
-    const uint32_t first = l.chunk_first[chunk_of(k, i, p.stride, p.n_chunks)];
-    l.offset[i] = static_cast<uint32_t>(wire_offset(k, i) - wire_offset(k, first));
+    const uint32_t first = load_global(l.chunk_first + chunk_of(k, i, p.stride, p.n_chunks));
+    store_global(l.offset + i, static_cast<uint32_t>(wire_offset(k, i) - wire_offset(k, first)));
   }
 }
 
@@ -553,16 +583,14 @@ __device__ __forceinline__ void finish_layout(const DynamiqPlan& p, const Dynami
                                               unsigned long long call, unsigned char* base,
                                               unsigned* error, uint32_t at, uint32_t step) {
   for (uint32_t c = at; c < static_cast<uint32_t>(p.n_chunks); c += step) {
-    const unsigned long long content =
-        wire_offset(k, l.chunk_first[c + 1]) - wire_offset(k, l.chunk_first[c]);
-    l.chunk_content[c] = content;
-    if (content + kChunkHeaderBytes > p.capacity) atomicOr(error, kDynamiqChunkOverCapacity);
+    const unsigned long long content = wire_offset(k, load_global(l.chunk_first + c + 1)) -
+                                       wire_offset(k, load_global(l.chunk_first + c));
+    store_global<uint64_t>(l.chunk_content + c, content);
+    if (content + kChunkHeaderBytes > p.capacity)
+      atomic_or_global(error, static_cast<unsigned>(kDynamiqChunkOverCapacity));
   }
   if (at == 0) {
-    l.header[0] = call;
-    l.header[1] = p.count;
-    l.header[2] = static_cast<uint32_t>(p.n_chunks) |
-                  static_cast<uint64_t>(static_cast<uint32_t>(p.n_workers)) << 32;
+    store_header(p, l, call);
     const size_t n = p.n_sg, chunks = static_cast<size_t>(p.n_chunks);
     zero_padding(base, s.mean, 4 * n);
     zero_padding(base, s.order, 4 * n);
@@ -591,10 +619,11 @@ __global__ void __launch_bounds__(kGridThreads, 4)
   __shared__ uint32_t step_raw;  // T(x + 256) - T(x)
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ Segment segment;
+  __shared__ unsigned long long job_words[kJobWords];
   __shared__ unsigned skip, last;
   const StepFold fold(error);  // the sequence's last kernel folds the step (step_fold.h)
   if (grid_block_skips(error, &skip)) return;
-  const GridBlock gb = grid_block(jobs, n_jobs, true);
+  const GridBlock gb = grid_block(jobs, n_jobs, true, job_words);
   const DynamiqPlan& p = gb.job->plan;
   const LayoutPtrs l = job_ptrs(*gb.job);
   const GridScratch g = grid_scratch(p, l);
@@ -612,7 +641,7 @@ __global__ void __launch_bounds__(kGridThreads, 4)
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(&g.chain[chain_words(p) - 1], 1ull) + 1 == gb.blocks ? 1u : 0u;
+    last = atomic_add_global(g.chain + chain_words(p) - 1, 1ull) + 1 == gb.blocks ? 1u : 0u;
     if (last != 0) __threadfence();  // every block's chain reads are done
   }
   __syncthreads();
