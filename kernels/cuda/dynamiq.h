@@ -122,8 +122,10 @@ struct LayoutBatch {
 bool plan_layout_batch(const LayoutJob* jobs, int n_jobs, LayoutBatch* out);
 
 // Every layout of `batch` for call `call`: the bytes of build_dynamiq_layout() of each job.
-// `device_table`: the device copy of batch.table (8-byte aligned). `error`: the step's flags word,
-// as for launch_dynamiq_layout (the batch's last launch folds a StepWord's).
+// `device_table`: the device copy of batch.table (8-byte aligned; writable: a grid layout's ticket
+// word in it counts the extent kernel's blocks and is back to 0 when the launch ends, so the copy
+// serves every call, one launch on it at a time). `error`: the step's flags word, as for
+// launch_dynamiq_layout (the batch's last launch folds a StepWord's).
 cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_table,
                                    uint64_t call, unsigned* error, cudaStream_t stream);
 

@@ -407,6 +407,11 @@ struct LayoutTableJob {
   unsigned char* base;
   uint32_t first_block;   // a grid layout's first block in the grid kernels' launches
   uint32_t first_digest;  // and in the digest kernel's
+  // The extent kernel's ticket: its blocks of this layout done so far. 0 from the host; the last
+  // block of every launch puts it back to 0 (every block takes it, a failed lane's too), so a table
+  // copied once serves every build. No kernel before the extent kernel could zero a word of the
+  // layout's own sections (they hold the previous build's layout).
+  uint32_t extent_done;
 };
 
 constexpr uint32_t kJobWords = (sizeof(LayoutTableJob) + 7) / 8;
@@ -485,13 +490,14 @@ bool invalid_job(const LayoutJob& j) {
 }
 
 LayoutTableJob table_job(const LayoutJob& j) {
-  LayoutTableJob t;
+  LayoutTableJob t{};
   t.plan = j.params.plan;
   t.sections = j.params.sections;
   t.reduced = j.reduced_stats;
   t.base = static_cast<unsigned char*>(j.layout);
   t.first_block = 0;
   t.first_digest = 0;
+  t.extent_done = 0;
   return t;
 }
 
@@ -556,9 +562,11 @@ cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_
   }
   if (batch.n_grid == 0) return cudaSuccess;
   const LayoutTableJob* jobs = table + batch.n_small;
+  // The extent kernel takes (and returns to 0) each grid job's ticket word in the table.
+  LayoutTableJob* extent_jobs = const_cast<LayoutTableJob*>(jobs);
   const uint32_t n = static_cast<uint32_t>(batch.n_grid);
   const dim3 grid(batch.grid_blocks), block(kGridThreads);
-  DQ_LAUNCH(layout_extent_kernel, grid, block, 0, stream, jobs, n, error);
+  DQ_LAUNCH(layout_extent_kernel, grid, block, 0, stream, extent_jobs, n, error);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   DQ_LAUNCH(layout_breakpoints_kernel, grid, block, 0, stream, jobs, n, error);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;

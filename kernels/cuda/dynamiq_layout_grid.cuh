@@ -3,8 +3,10 @@
 // hold up the call. Blocks of kGridThreads threads, one super-group per thread (block b: super-
 // groups [256 b, 256 b + 256)), seven kernels in stream order, no grid-wide barrier (no block
 // ever waits for one that may not have started: NCCL's kernels may hold SMs meanwhile):
-//  1. extent:      per block, the largest key magnitude and the poisoned count;
-//  2. breakpoints: the width keys (the shift from every block's maximum) and, per super-group
+//  1. extent:      per block, the largest key magnitude and the poisoned count; the last block
+//                  done (a ticket) reduces them to the layout's, so a later block reads one word
+//                  where it would read one a block (O(blocks) bytes a layout, not O(blocks^2));
+//  2. breakpoints: the width keys (the shift from the layout's maximum) and, per super-group
 //                  and width w in {4, 8, 16}, b_w: how many thresholds theta (bit patterns
 //                  0 .. 0x7f800000) give it at least w bits (the host's width_for() is monotone
 //                  in theta, so those thresholds are 0 .. b_w - 1). The record bytes at theta are
@@ -16,7 +18,9 @@
 //                  and block); the first digit's histogram here;
 //  3-4. digits:    the next digits' histograms, the digits before them picked again in every
 //                  block from the histograms before (a block scan);
-//  5. widths:      theta, each super-group's width from its breakpoints, per block class counts;
+//  5. widths:      theta, each super-group's width from its breakpoints, per block class counts,
+//                  which the last block done (a ticket) scans into sums over the blocks up to
+//                  each (blocks / 256 steps of a block scan, in place);
 //  6. partition:   each super-group's wire position (its class's start, the blocks before it,
 //                  its rank in its block), order, by_index, chunk_first (closed forms of the
 //                  one-block kernel; a chunk's first position by binary search);
@@ -36,11 +40,16 @@
 // (each layout's grid_blocks(), its chunks too in the digest kernel), and each block finds its
 // layout from blockIdx.x in the batch's table (a binary search over the layouts' first blocks).
 // Everything shared between blocks (scratch, tickets, the digest chain) is the layout's own, so a
-// block still waits only for a block of its layout that took an earlier ticket.
+// block still waits only for a block of its layout that took an earlier ticket; a ticket's last
+// holder alone carries on, and no block waits for it. The tickets start at 0 in every build: the
+// widths kernel's (a word of the exponent section) and the digest kernel's (the chain's) are
+// zeroed by an earlier kernel of the build; the extent kernel's, which no kernel precedes, is a
+// word of the layout's table entry, 0 from the host and put back to 0 by the launch's last block
+// (every block takes it, a block whose lane failed too).
 // Scratch lives in the layout's own sections until they are written: the per-block values and the
 // histograms in the mean section (written in 7), the breakpoints in order, offset and by_index
-// (written in 6 and 7), the digest chain in the offset section (written in 7, its first words
-// last).
+// (written in 6 and 7), the widths kernel's ticket in the exponent section (written in 7), the
+// digest chain in the offset section (written in 7, its first words last).
 
 namespace {
 
@@ -60,14 +69,18 @@ __device__ __forceinline__ uint32_t above_digit(uint32_t v, int level) {
 }
 
 struct GridScratch {
-  uint32_t* largest;          // [blocks] the block's largest key_magnitude()     (mean section)
-  uint32_t* poisoned;         // [blocks] the block's poisoned super-groups       (mean)
+  uint32_t* largest;          // [blocks] the block's largest key_magnitude(); after the extent
+                              // kernel, word 0: the layout's                      (mean section)
+  uint32_t* poisoned;         // [blocks] the block's poisoned super-groups; after it, word 0:
+                              // the layout's                                      (mean)
   uint32_t* hist;             // [3][kDigitBins] the digits' histograms            (mean)
-  uint32_t* counts;           // [blocks][4] the block's super-groups per class    (mean)
+  uint32_t* counts;           // [blocks][4] the block's super-groups per class; after the widths
+                              // kernel, those of the blocks up to it (inclusive)  (mean)
   uint32_t* b4;               // [n_sg] breakpoints                                 (order)
   uint32_t* b8;               //                                                    (offset)
   uint32_t* b16;              //                                                    (by_index)
   unsigned long long* chain;  // [segments + 2] digests so far (bit 32: set), then two tickets
+  uint32_t* widths_done;      // the widths kernel's ticket (exponent, written in 7)
 };
 
 __device__ __forceinline__ uint32_t grid_blocks(const DynamiqPlan& p) {
@@ -77,15 +90,22 @@ __device__ __forceinline__ uint32_t grid_blocks(const DynamiqPlan& p) {
 __device__ __forceinline__ GridScratch grid_scratch(const DynamiqPlan& p, const LayoutPtrs& l) {
   const uint32_t blocks = grid_blocks(p);
   uint32_t* m = reinterpret_cast<uint32_t*>(l.mean);
-  return GridScratch{
-      m,       m + blocks, m + 2 * blocks, m + 2 * blocks + 3 * kDigitBins,
-      l.order, l.offset,   l.by_index,     reinterpret_cast<unsigned long long*>(l.offset)};
+  return GridScratch{m,
+                     m + blocks,
+                     m + 2 * blocks,
+                     m + 2 * blocks + 3 * kDigitBins,
+                     l.order,
+                     l.offset,
+                     l.by_index,
+                     reinterpret_cast<unsigned long long*>(l.offset),
+                     reinterpret_cast<uint32_t*>(l.exponent)};
 }
 
 // A block of a batched launch: its layout, its index among that layout's blocks and their number.
 struct GridBlock {
   const LayoutTableJob* job;
   uint32_t block, blocks;
+  uint32_t index;  // the layout's among the jobs
 };
 
 // This block's layout among the n_jobs > 0 grid layouts `jobs` (their first blocks ascending):
@@ -108,8 +128,8 @@ __device__ __forceinline__ GridBlock grid_block(const LayoutTableJob* jobs, uint
   const LayoutTableJob* job = &stage_job(jobs + lo, job_words);
   const uint32_t blocks = grid_blocks(job->plan);
   return digest ? GridBlock{job, b - job->first_digest,
-                            blocks + static_cast<uint32_t>(job->plan.n_chunks)}
-                : GridBlock{job, b - job->first_block, blocks};
+                            blocks + static_cast<uint32_t>(job->plan.n_chunks), lo}
+                : GridBlock{job, b - job->first_block, blocks, lo};
 }
 
 __device__ __forceinline__ LayoutPtrs job_ptrs(const LayoutTableJob& job) {
@@ -201,15 +221,68 @@ __device__ bool picked_above(const DynamiqPlan& p, const GridScratch& g, int lev
   return true;
 }
 
-}  // namespace
+// Whether this block is the last of the layout's `blocks` to take the ticket `word` (a ticket taken
+// after a fence: the last holder sees every other block's writes before theirs, and no block
+// waits). `reset`: the last puts the word back to 0. Collective (barriers).
+__device__ __forceinline__ bool last_to_finish(uint32_t* word, uint32_t blocks, bool reset,
+                                               unsigned* last) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *last = atomic_add_global(word, 1u) + 1 == blocks ? 1u : 0u;
+    if (*last != 0) {
+      if (reset) store_global(word, 0u);
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  return *last != 0;
+}
 
-__global__ void __launch_bounds__(kGridThreads)
-    layout_extent_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
-  __shared__ unsigned long long scratch[kWarp + 1];
-  __shared__ unsigned long long job_words[kJobWords];
-  __shared__ unsigned skip;
-  if (grid_block_skips(error, &skip)) return;
-  const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
+// The last extent block's reduction of the blocks' largest keys and poisoned counts into word 0 of
+// each, so a block of the next kernels reads one word, not one a block. Collective.
+__device__ void reduce_extents(const GridScratch& g, uint32_t blocks, unsigned long long* scratch) {
+  unsigned long long largest = 0, poisoned = 0;
+  for (uint32_t b = threadIdx.x; b < blocks; b += blockDim.x) {
+    const unsigned long long v = load_global(g.largest + b);
+    largest = v > largest ? v : largest;
+    poisoned += load_global(g.poisoned + b);
+  }
+  largest = block_reduce(largest, MaxOp(), scratch);  // ends with a barrier: the reads are done
+  poisoned = block_reduce(poisoned, SumOp(), scratch);
+  if (threadIdx.x == 0) {
+    store_global(g.largest, static_cast<uint32_t>(largest));
+    store_global(g.poisoned, static_cast<uint32_t>(poisoned));  // below n_sg < 2^32
+  }
+}
+
+// The last widths block's scan: each block's class counts replaced, in place, by those of the
+// blocks up to it, blockDim.x blocks a step (32-bit halves of two classes a word: the sums are
+// below n_sg < 2^32). Collective.
+__device__ void scan_class_counts(const GridScratch& g, uint32_t blocks,
+                                  unsigned long long* scratch) {
+  unsigned long long carry[2] = {0, 0};
+  for (uint32_t first = 0; first < blocks; first += blockDim.x) {  // the same in every thread
+    const uint32_t b = first + threadIdx.x;
+    for (int h = 0; h < 2; ++h) {
+      uint32_t* at = g.counts + 4 * b + 2 * h;
+      const unsigned long long v =
+          b < blocks ? load_global(at) | static_cast<unsigned long long>(load_global(at + 1)) << 32
+                     : 0ull;
+      unsigned long long step_total = 0;
+      const unsigned long long upto = carry[h] + block_exclusive_scan(v, scratch, &step_total) + v;
+      if (b < blocks) {
+        store_global(at, static_cast<uint32_t>(upto));
+        store_global(at + 1, static_cast<uint32_t>(upto >> 32));
+      }
+      carry[h] += step_total;
+    }
+  }
+}
+
+// Block gb's largest key and poisoned count; the histograms and the widths kernel's ticket
+// zeroed (the layout's blocks share them out). Collective.
+__device__ __forceinline__ void extent_of_block(const GridBlock& gb, unsigned long long* scratch) {
   const DynamiqPlan& p = gb.job->plan;
   const uint16_t* reduced = gb.job->reduced;
   const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
@@ -229,6 +302,23 @@ __global__ void __launch_bounds__(kGridThreads)
   for (uint32_t k = gb.block * blockDim.x + threadIdx.x; k < 3 * kDigitBins;
        k += gb.blocks * blockDim.x)
     store_global(g.hist + k, 0u);
+  if (gb.block == 0 && threadIdx.x == 0) store_global(g.widths_done, 0u);
+}
+
+}  // namespace
+
+// Every block takes the layout's ticket in the table, one whose lane failed too (so the word is
+// back to 0 at every launch's end); the last reduces the blocks' extents.
+__global__ void __launch_bounds__(kGridThreads)
+    layout_extent_kernel(LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
+  __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ unsigned long long job_words[kJobWords];
+  __shared__ unsigned skip, last;
+  const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
+  const bool skips = grid_block_skips(error, &skip);
+  if (!skips) extent_of_block(gb, scratch);
+  if (last_to_finish(&jobs[gb.index].extent_done, gb.blocks, true, &last) && !skips)
+    reduce_extents(grid_scratch(gb.job->plan, job_ptrs(*gb.job)), gb.blocks, scratch);
 }
 
 __global__ void __launch_bounds__(kGridThreads)
@@ -242,11 +332,8 @@ __global__ void __launch_bounds__(kGridThreads)
   const DynamiqPlan& p = gb.job->plan;
   const uint16_t* reduced = gb.job->reduced;
   const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
-  unsigned long long largest = 0;
-  for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x) {
-    const unsigned long long v = load_global(g.largest + b);
-    largest = v > largest ? v : largest;
-  }
+  // The layout's largest key (the extent kernel's last block put it in word 0), to every thread.
+  const unsigned long long largest = threadIdx.x == 0 ? load_global(g.largest) : 0ull;
   const int shift = shift_of(block_reduce(largest, MaxOp(), scratch));
   for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x) bins[k] = 0;
   __syncthreads();
@@ -286,7 +373,7 @@ __global__ void __launch_bounds__(kGridThreads)
     layout_widths_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ unsigned long long job_words[kJobWords];
-  __shared__ unsigned skip;
+  __shared__ unsigned skip, last;
   if (grid_block_skips(error, &skip)) return;
   const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
@@ -298,11 +385,9 @@ __global__ void __launch_bounds__(kGridThreads)
     uint32_t v = 0;
     if (picked_above(p, g, 3, scratch, &v)) theta = v < theta ? v : theta;
   } else {
-    unsigned long long poisoned = 0;
-    for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x)
-      poisoned += load_global(g.poisoned + b);
-    poisoned = block_reduce(poisoned, SumOp(), scratch);
-    fixed = fixed_width(p, poisoned);
+    // The layout's poisoned count (word 0, as the largest key), to every thread.
+    const unsigned long long poisoned = threadIdx.x == 0 ? load_global(g.poisoned) : 0ull;
+    fixed = fixed_width(p, block_reduce(poisoned, SumOp(), scratch));
   }
   const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   unsigned long long one = 0;  // one-hot class count, 16 bits per class
@@ -322,6 +407,10 @@ __global__ void __launch_bounds__(kGridThreads)
   if (threadIdx.x < 4)
     store_global(g.counts + 4 * gb.block + threadIdx.x,
                  static_cast<uint32_t>((one >> (16 * threadIdx.x)) & 0xffffu));
+  // The last block done turns the counts into sums over the blocks up to each (the ticket was
+  // zeroed by the extent kernel; a block that skipped leaves the layout to no later kernel).
+  if (last_to_finish(g.widths_done, gb.blocks, false, &last))
+    scan_class_counts(g, gb.blocks, scratch);
 }
 
 namespace {
@@ -367,6 +456,7 @@ __device__ __forceinline__ uint32_t chain_words(const DynamiqPlan& p) {
 __global__ void __launch_bounds__(kGridThreads)
     layout_partition_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
+  __shared__ uint32_t sums[8];  // the classes' sizes, then the blocks before this one's
   __shared__ unsigned long long job_words[kJobWords];
   __shared__ unsigned skip;
   if (grid_block_skips(error, &skip)) return;
@@ -374,24 +464,17 @@ __global__ void __launch_bounds__(kGridThreads)
   const DynamiqPlan& p = gb.job->plan;
   const LayoutPtrs l = job_ptrs(*gb.job);
   const GridScratch g = grid_scratch(p, l);
-  // The classes' sizes and this block's class prefix (32-bit halves: sizes are below 2^32).
-  unsigned long long total[2] = {0, 0}, before[2] = {0, 0};
-  for (uint32_t b = threadIdx.x; b < gb.blocks; b += blockDim.x)
-    for (int h = 0; h < 2; ++h) {
-      const unsigned long long v =
-          load_global(g.counts + 4 * b + 2 * h) |
-          static_cast<unsigned long long>(load_global(g.counts + 4 * b + 2 * h + 1)) << 32;
-      total[h] += v;
-      if (b < gb.block) before[h] += v;
-    }
+  // The classes' sizes (the last block's sums) and this block's class prefix (the block before's),
+  // eight words read by eight threads.
+  if (threadIdx.x < 8) {
+    const uint32_t v = threadIdx.x & 3u, from = threadIdx.x < 4 ? gb.blocks : gb.block;
+    sums[threadIdx.x] = from > 0 ? load_global(g.counts + 4 * (from - 1) + v) : 0u;
+  }
+  __syncthreads();
   uint32_t size[4], prefix[4];
-  for (int h = 0; h < 2; ++h) {
-    total[h] = block_reduce(total[h], SumOp(), scratch);
-    before[h] = block_reduce(before[h], SumOp(), scratch);
-    size[2 * h] = static_cast<uint32_t>(total[h]);
-    size[2 * h + 1] = static_cast<uint32_t>(total[h] >> 32);
-    prefix[2 * h] = static_cast<uint32_t>(before[h]);
-    prefix[2 * h + 1] = static_cast<uint32_t>(before[h] >> 32);
+  for (int v = 0; v < 4; ++v) {
+    size[v] = sums[v];
+    prefix[v] = sums[4 + v];
   }
   const Classes k = classes_of(p, size);
   const uint32_t j = gb.block * kGridThreads + threadIdx.x;

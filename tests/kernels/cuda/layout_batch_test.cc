@@ -202,6 +202,52 @@ TEST(CudaLayoutBatch, FailedLaneWritesNoLayout) {
     EXPECT_EQ(first_difference(parts[i].dev, untouched[i]), -1) << what(parts[i], i);
 }
 
+// One device copy of the table serves every call, as the engine uses it (copied once, at plan
+// time): the extent kernel's ticket words in it are back to 0 after each launch, a failed lane's
+// included, so the table reads as planned after every launch (a ticket left counting would find
+// no last block again, leaving block 0's largest key and poisoned count where the layout's belong)
+// and a build after a failed one or after a good one is the host's byte for byte.
+TEST(CudaLayoutBatch, OneTableCopyServesEveryCall) {
+  std::vector<Part> parts = mixed_parts();
+  std::vector<DeviceArray<uint16_t>> d_stats;
+  std::vector<DeviceArray<uint64_t>> d_layouts;
+  d_stats.reserve(parts.size());
+  d_layouts.reserve(parts.size());
+  std::vector<LayoutJob> jobs;
+  for (Part& p : parts) {
+    p.host_status = build_dynamiq_layout(p.params.plan, p.stats.data(), kCall, p.host.data());
+    d_stats.emplace_back(p.stats);
+    d_layouts.emplace_back(p.dev);
+    jobs.push_back(LayoutJob{p.params, d_stats.back().get(), d_layouts.back().get()});
+  }
+  LayoutBatch batch;
+  ASSERT_TRUE(plan_layout_batch(jobs.data(), static_cast<int>(jobs.size()), &batch));
+  ASSERT_GT(batch.n_grid, 0);
+  std::vector<uint64_t> table((batch.table.size() + 7) / 8);  // 8-byte aligned
+  std::memcpy(table.data(), batch.table.data(), batch.table.size());
+  const std::vector<uint64_t> planned = table;
+  const DeviceArray<uint64_t> d_table(table);
+  int call = 0;
+  for (const unsigned flags : {kSkipFlag | 2u, 0u, 0u}) {
+    unsigned word = flags;
+    const DeviceArray<unsigned> d_word(&word, 1);
+    ASSERT_EQ(launch_dynamiq_layouts(batch, d_table.get(), kCall, d_word.get(), nullptr),
+              cudaSuccess)
+        << kernel_fault();
+    std::vector<uint64_t> after(table.size());
+    ASSERT_EQ(d_table.fetch(after), cudaSuccess) << kernel_fault();
+    EXPECT_EQ(first_difference(planned, after), -1) << "launch " << call;
+    ASSERT_EQ(d_word.fetch(&word), cudaSuccess) << kernel_fault();
+    EXPECT_EQ(word, flags) << "launch " << call;
+    for (size_t i = 0; i < parts.size() && flags == 0; ++i) {
+      ASSERT_EQ(d_layouts[i].fetch(parts[i].dev), cudaSuccess) << kernel_fault();
+      EXPECT_EQ(first_difference(parts[i].host, parts[i].dev), -1)
+          << what(parts[i], i) << ", launch " << call;
+    }
+    ++call;
+  }
+}
+
 // One small and one grid layout 600 bytes short of capacity (chunk 0, at least one stride long,
 // no longer fits): the flag reaches the word, and every other layout, the later blocks of the
 // one-block launch and the grid launches after it included, is still written whole.
