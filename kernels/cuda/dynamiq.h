@@ -126,8 +126,8 @@ bool plan_layout_batch(const LayoutJob* jobs, int n_jobs, LayoutBatch* out);
 // word in it counts the extent kernel's blocks and is back to 0 when the launch ends, so the copy
 // serves every call, one launch on it at a time). `error`: the step's flags word, as for
 // launch_dynamiq_layout (the batch's last launch folds a StepWord's).
-cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_table,
-                                   uint64_t call, unsigned* error, cudaStream_t stream);
+cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, void* device_table, uint64_t call,
+                                   unsigned* error, cudaStream_t stream);
 
 // Launches launch_dynamiq_layouts makes: (any small layout ? 1 : 0) + (any grid layout ? 7 : 0).
 int layout_batch_launches(const LayoutBatch& batch);

@@ -546,8 +546,8 @@ int layout_batch_launches(const LayoutBatch& batch) {
   return (batch.n_small > 0 ? 1 : 0) + (batch.n_grid > 0 ? 7 : 0);
 }
 
-cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_table,
-                                   uint64_t call, unsigned* error, cudaStream_t stream) {
+cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, void* device_table, uint64_t call,
+                                   unsigned* error, cudaStream_t stream) {
   if (error == nullptr || (batch.n_small + batch.n_grid > 0 && device_table == nullptr) ||
       batch.table.size() !=
           static_cast<size_t>(batch.n_small + batch.n_grid) * sizeof(LayoutTableJob))
@@ -563,7 +563,7 @@ cudaError_t launch_dynamiq_layouts(const LayoutBatch& batch, const void* device_
   if (batch.n_grid == 0) return cudaSuccess;
   const LayoutTableJob* jobs = table + batch.n_small;
   // The extent kernel takes (and returns to 0) each grid job's ticket word in the table.
-  LayoutTableJob* extent_jobs = const_cast<LayoutTableJob*>(jobs);
+  LayoutTableJob* extent_jobs = static_cast<LayoutTableJob*>(device_table) + batch.n_small;
   const uint32_t n = static_cast<uint32_t>(batch.n_grid);
   const dim3 grid(batch.grid_blocks), block(kGridThreads);
   DQ_LAUNCH(layout_extent_kernel, grid, block, 0, stream, extent_jobs, n, error);

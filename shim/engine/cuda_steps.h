@@ -396,11 +396,11 @@ inline Status launch_part_stats(const PartBatch& batch, const void* table, const
 }
 
 // The layouts of every part of `batch` (batch.layouts) for call number `call`.
-inline Status launch_part_layouts(const PartBatch& batch, const void* table, uint64_t call,
+inline Status launch_part_layouts(const PartBatch& batch, void* table, uint64_t call,
                                   unsigned* flags, cudaStream_t stream) {
   const cudaError_t e = cuda::launch_dynamiq_layouts(
-      batch.layout_batch, static_cast<const unsigned char*>(table) + batch.layout_table, call,
-      flags, stream);
+      batch.layout_batch, static_cast<unsigned char*>(table) + batch.layout_table, call, flags,
+      stream);
   return step_status(e, 0, "layout");
 }
 
