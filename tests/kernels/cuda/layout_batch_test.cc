@@ -88,22 +88,30 @@ unsigned* flags_of(StepWord* word) {
 // the layouts and the word are fetched back into `parts` and `word`. `word`: a plain flags word
 // (unsigned), or a StepWord whose fold writes the lane's error word `*lane_error`. Returns the
 // launches the emulator counted (0 on a real device).
+// Every part's host layout built, and device copies of its statistics and layout with the jobs
+// that name them (the arrays are reserved up front: a job points into them).
+struct DeviceParts {
+  std::vector<DeviceArray<uint16_t>> stats;
+  std::vector<DeviceArray<uint64_t>> layouts;
+  std::vector<LayoutJob> jobs;
+  explicit DeviceParts(std::vector<Part>& parts) {
+    stats.reserve(parts.size());
+    layouts.reserve(parts.size());
+    for (Part& p : parts) {
+      p.host_status = build_dynamiq_layout(p.params.plan, p.stats.data(), kCall, p.host.data());
+      stats.emplace_back(p.stats);
+      layouts.emplace_back(p.dev);
+      jobs.push_back(LayoutJob{p.params, p.stats.empty() ? nullptr : stats.back().get(),
+                               layouts.back().get()});
+    }
+  }
+};
+
 template <class Word>
 uint64_t run_batch(std::vector<Part>& parts, Word* word, LayoutBatch* batch,
                    uint32_t* lane_error = nullptr) {
-  std::vector<DeviceArray<uint16_t>> d_stats;
-  std::vector<DeviceArray<uint64_t>> d_layouts;
-  d_stats.reserve(parts.size());
-  d_layouts.reserve(parts.size());
-  std::vector<LayoutJob> jobs;
-  for (Part& p : parts) {
-    p.host_status = build_dynamiq_layout(p.params.plan, p.stats.data(), kCall, p.host.data());
-    d_stats.emplace_back(p.stats);
-    d_layouts.emplace_back(p.dev);
-    jobs.push_back(LayoutJob{p.params, p.stats.empty() ? nullptr : d_stats.back().get(),
-                             d_layouts.back().get()});
-  }
-  EXPECT_TRUE(plan_layout_batch(jobs.data(), static_cast<int>(jobs.size()), batch));
+  const DeviceParts d(parts);
+  EXPECT_TRUE(plan_layout_batch(d.jobs.data(), static_cast<int>(d.jobs.size()), batch));
   std::vector<uint64_t> table((batch->table.size() + 7) / 8);  // 8-byte aligned
   if (!batch->table.empty()) std::memcpy(table.data(), batch->table.data(), batch->table.size());
   const DeviceArray<uint64_t> d_table(table);
@@ -117,7 +125,7 @@ uint64_t run_batch(std::vector<Part>& parts, Word* word, LayoutBatch* batch,
   EXPECT_EQ(e, cudaSuccess) << kernel_fault();
   const uint64_t launches = test::launches_so_far() - before;
   for (size_t i = 0; i < parts.size() && e == cudaSuccess; ++i)
-    e = d_layouts[i].fetch(parts[i].dev);
+    e = d.layouts[i].fetch(parts[i].dev);
   if (e == cudaSuccess) e = d_word.fetch(word);
   if (e == cudaSuccess && lane_error != nullptr) e = d_lane.fetch(lane_error);
   if constexpr (std::is_same_v<Word, StepWord>) word->error = lane_error;
@@ -209,19 +217,9 @@ TEST(CudaLayoutBatch, FailedLaneWritesNoLayout) {
 // and a build after a failed one or after a good one is the host's byte for byte.
 TEST(CudaLayoutBatch, OneTableCopyServesEveryCall) {
   std::vector<Part> parts = mixed_parts();
-  std::vector<DeviceArray<uint16_t>> d_stats;
-  std::vector<DeviceArray<uint64_t>> d_layouts;
-  d_stats.reserve(parts.size());
-  d_layouts.reserve(parts.size());
-  std::vector<LayoutJob> jobs;
-  for (Part& p : parts) {
-    p.host_status = build_dynamiq_layout(p.params.plan, p.stats.data(), kCall, p.host.data());
-    d_stats.emplace_back(p.stats);
-    d_layouts.emplace_back(p.dev);
-    jobs.push_back(LayoutJob{p.params, d_stats.back().get(), d_layouts.back().get()});
-  }
+  const DeviceParts d(parts);
   LayoutBatch batch;
-  ASSERT_TRUE(plan_layout_batch(jobs.data(), static_cast<int>(jobs.size()), &batch));
+  ASSERT_TRUE(plan_layout_batch(d.jobs.data(), static_cast<int>(d.jobs.size()), &batch));
   ASSERT_GT(batch.n_grid, 0);
   std::vector<uint64_t> table((batch.table.size() + 7) / 8);  // 8-byte aligned
   std::memcpy(table.data(), batch.table.data(), batch.table.size());
@@ -240,7 +238,7 @@ TEST(CudaLayoutBatch, OneTableCopyServesEveryCall) {
     ASSERT_EQ(d_word.fetch(&word), cudaSuccess) << kernel_fault();
     EXPECT_EQ(word, flags) << "launch " << call;
     for (size_t i = 0; i < parts.size() && flags == 0; ++i) {
-      ASSERT_EQ(d_layouts[i].fetch(parts[i].dev), cudaSuccess) << kernel_fault();
+      ASSERT_EQ(d.layouts[i].fetch(parts[i].dev), cudaSuccess) << kernel_fault();
       EXPECT_EQ(first_difference(parts[i].host, parts[i].dev), -1)
           << what(parts[i], i) << ", launch " << call;
     }
