@@ -11,8 +11,9 @@
 
 namespace dq::cuda {
 
-// The per-key kernels: blocks of kBudgetRunThreads threads, kBudgetKeysPerThread consecutive keys
-// a thread, kBudgetKeyRuns blocks a part (enough for every key, kEnergyKeys).
+// The kernels over a part's key entries (runs, cumulate): blocks of kBudgetRunThreads threads,
+// kBudgetKeysPerThread consecutive entries a thread, kBudgetKeyRuns blocks a part (enough for one
+// entry per key, kEnergyKeys).
 constexpr uint32_t kBudgetRunThreads = 256, kBudgetKeysPerThread = 4;
 constexpr uint32_t kBudgetKeyRuns = (kEnergyKeys + kBudgetRunThreads * kBudgetKeysPerThread - 1) /
                                     (kBudgetRunThreads * kBudgetKeysPerThread);
