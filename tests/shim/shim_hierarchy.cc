@@ -38,71 +38,15 @@
 #include "kernels/codec.h"
 #include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
+#include "tests/shim/shim_test_util.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
 
 namespace {
 
-using Env = std::vector<std::pair<std::string, std::string>>;
-using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
-
-CountersFn counters_fn() {
-  return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
-}
-
-std::string g_dir;
-
+using namespace dq::shim_test;
 using dq::test::fail;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
-std::string rank_file(int r, const char* what) {
-  return g_dir + "/" + what + std::to_string(r);
-}
-std::string rank_log(int r) {
-  return read_file(g_dir + "/rank" + std::to_string(r) + ".log");
-}
-
-// Forks n ranks; rank r applies env(r), creates its communicator and runs body(rank, comm).
-std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
-                           const std::function<int(int, ncclComm_t)>& body, int timeout_s,
-                           std::function<bool(int, const dq::test::RankExit&)> expected = {}) {
-  dq::test::RankOptions opt;
-  opt.timeout_s = timeout_s;
-  opt.expected = std::move(expected);
-  const auto exits = dq::test::run_ranks<ncclUniqueId>(
-      n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* id) {
-        const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
-        if (std::freopen(log.c_str(), "w", stderr) == nullptr) return 98;
-        for (auto& [k, v] : env(r)) setenv(k.c_str(), v.c_str(), 1);
-        ncclComm_t comm = nullptr;
-        if (ncclCommInitRank(&comm, n, *id, r) != ncclSuccess) return 97;
-        const int rc = body(r, comm);
-        std::fflush(stderr);
-        if (rc == 0) ncclCommDestroy(comm);
-        return rc;
-      });
-  std::vector<int> codes;
-  for (const auto& e : exits) codes.push_back(e.code());
-  return codes;
-}
-
-bool all_zero(const std::vector<int>& codes, const char* what) {
-  for (size_t r = 0; r < codes.size(); ++r)
-    if (codes[r] != 0) {
-      std::fprintf(stderr, "--- rank %zu log ---\n%s", r, rank_log(static_cast<int>(r)).c_str());
-      return fail("%s: rank %zu exited with %d", what, r, codes[r]);
-    }
-  return true;
-}
 
 // Rank r's NCCL_HOSTID: `sizes[k]` consecutive ranks on node k.
 Env node_env(int rank, const std::vector<int>& sizes, Env extra) {
@@ -125,21 +69,6 @@ bool rerouted_delta(ncclComm_t comm, unsigned long long* before, unsigned long l
   const bool delta = r == *before + calls;
   *before = r;
   return delta;
-}
-
-uint64_t fnv(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-// Identical bytes on every rank: MAX of (h, ~h) gives max and ~min of the per-rank hashes.
-bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes) {
-  const uint64_t h = fnv(data, bytes);
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
 }
 
 void make_rows(const dq::sim::SyntheticSpec& spec, dq::sim::Matrix* rows) {
@@ -444,78 +373,23 @@ bool scenario_flat() {
 
 // ---- kill: a rank SIGKILLed inside a two-level call -------------------------------------------
 // `collective`: allreduce (2 pieces), reducescatter or reduce (root 0).
-bool scenario_kill(int runs, const std::string& collective) {
-  const int n = 4, timeout_ms = 3000;
-  double slowest = 0;
-  for (int run = 0; run < runs; ++run) {
-    const int victim = (run * 3 + 1) % n;
-    auto body = [&](int rank, ncclComm_t comm) -> int {
-      const size_t count = 2 << 20;
-      std::vector<float> in(count, 1.0f), out(count);
-      for (int k = 0; k < 6; ++k) {
-        if (rank == victim && k == 2) {
-          const int delay_ms = (run * 13) % 40;
-          if (delay_ms == 0) raise(SIGKILL);
-          std::thread([delay_ms] {
-            std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-            raise(SIGKILL);
-          }).detach();
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        ncclResult_t r;
-        if (collective == "reducescatter")
-          r = ncclReduceScatter(in.data(), out.data(), count / n, ncclFloat32, ncclSum, comm,
-                                nullptr);
-        else if (collective == "reduce")
-          r = ncclReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, 0, comm, nullptr);
-        else
-          r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
-        const double s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        // Before the kill: the exact sum of all ones (nothing to round), where this rank has one.
-        const size_t n_out = collective == "reducescatter"         ? count / n
-                             : collective == "reduce" && rank != 0 ? 0
-                                                                   : count;
-        if (r == ncclSuccess && k < 2)
-          for (size_t i = 0; i < n_out; ++i)
-            if (out[i] != static_cast<float>(n)) _exit(42);
-        if (r != ncclSuccess) {
-          write_text(rank_file(rank, "kill"), std::to_string(s));
-          _exit(k >= 2 ? 0 : 40);
-        }
-      }
-      if (rank == victim) pause();
-      return 41;
-    };
-    auto codes = run_ranks(
-        n,
-        [&](int r) {
-          // 4 MiB blocks: the all-reduce of 2^21 FP32 values runs as 2 pieces (one per block).
-          return node_env(
-              r, {2, 2},
-              {{"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}, {"DYNAMIQ_BLOCK_BYTES", "4M"}});
-        },
-        body, 60,
-        [victim](int r, const dq::test::RankExit& e) {
-          return r == victim ? e.signaled(SIGKILL) : e.exited(0);
-        });
-    for (int r = 0; r < n; ++r) {
-      if (r == victim) {
-        EXPECT(codes[r] == -SIGKILL, "run %d: victim %d exited %d", run, r, codes[r]);
-        continue;
-      }
-      EXPECT(codes[r] == 0, "run %d: rank %d exited %d (124 = hang):\n%s", run, r, codes[r],
-             rank_log(r).c_str());
-      const double s = std::atof(read_file(rank_file(r, "kill")).c_str());
-      EXPECT(s <= timeout_ms / 1000.0 + 5.0, "run %d: rank %d took %.2f s", run, r, s);
-      slowest = std::max(slowest, s);
-    }
-  }
-  std::printf(
-      "killed rank on 2 x 2 (%s): every survivor failed within DYNAMIQ_TIMEOUT_MS + 5 s, "
-      "%d runs; slowest %.2f s\n",
-      collective.c_str(), runs, slowest);
-  return true;
+bool scenario_killed_rank(int runs, const std::string& collective) {
+  KillSpec spec;
+  spec.n = 4;
+  spec.count = 2 << 20;
+  spec.timeout_ms = 3000;
+  spec.victim_step = 3;  // the victim is rank (3 run + 1) % 4: both nodes, both local ranks
+  spec.victim_offset = 1;
+  spec.delay_step_ms = 13;  // 0-39 ms into call 2
+  spec.delay_mod_ms = 40;
+  spec.env = [&](int r) {
+    // 4 MiB blocks: the all-reduce of 2^21 FP32 values runs as 2 pieces (one per block).
+    return node_env(
+        r, {2, 2},
+        {{"DYNAMIQ_TIMEOUT_MS", std::to_string(spec.timeout_ms)}, {"DYNAMIQ_BLOCK_BYTES", "4M"}});
+  };
+  spec.label = "killed rank on 2 x 2";
+  return scenario_kill(spec, runs, collective);
 }
 
 // ---- toggle: the A/B switch on the compressed stage -------------------------------------------
@@ -686,38 +560,25 @@ bool scenario_budget() {
   return true;
 }
 
+// The scenario named `scenario`; argv: [program, scenario, arguments...].
+Outcome run_scenario(const std::string& scenario, int argc, char** argv) {
+  if (scenario == "shapes" && argc >= 4)
+    return outcome(
+        scenario_shapes(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? argv[4] : "16M"));
+  if (scenario == "flat") return outcome(scenario_flat());
+  if (scenario == "kill" || scenario == "kill_reducescatter" || scenario == "kill_reduce")
+    return outcome(scenario_killed_rank(argc > 2 ? std::atoi(argv[2]) : 3,
+                                        scenario == "kill" ? "allreduce" : scenario.substr(5)));
+  if (scenario == "toggle") return outcome(scenario_toggle());
+  if (scenario == "budget") return outcome(scenario_budget());
+  return Outcome::unknown;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: shim_hierarchy shapes NODES LOCAL | flat | kill RUNS | toggle\n");
-    return 2;
-  }
-  if (counters_fn() == nullptr) {
-    std::printf("SKIP: libdynamiq.so is not preloaded\n");
-    return 77;
-  }
-  char tmpl[] = "/tmp/dq-hierarchy-test-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) return 1;
-  g_dir = tmpl;
-  const std::string scenario = argv[1];
-  bool ok = false;
-  if (scenario == "shapes" && argc >= 4) {
-    ok = scenario_shapes(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? argv[4] : "16M");
-  } else if (scenario == "flat") {
-    ok = scenario_flat();
-  } else if (scenario == "kill" || scenario == "kill_reducescatter" || scenario == "kill_reduce") {
-    ok = scenario_kill(argc > 2 ? std::atoi(argv[2]) : 3,
-                       scenario == "kill" ? "allreduce" : scenario.substr(5));
-  } else if (scenario == "toggle") {
-    ok = scenario_toggle();
-  } else if (scenario == "budget") {
-    ok = scenario_budget();
-  } else {
-    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
-    return 2;
-  }
-  std::printf("%s: %s\n", ok ? "PASS" : "FAIL", scenario.c_str());
-  if (ok) std::system(("rm -rf " + g_dir).c_str());
-  return ok ? 0 : 1;
+  return scenario_main(
+      argc, argv, 2, "shim_hierarchy shapes NODES LOCAL | flat | kill RUNS | toggle",
+      "/tmp/dq-hierarchy-test-XXXXXX", "",
+      [&](const std::string& scenario) { return run_scenario(scenario, argc, argv); });
 }

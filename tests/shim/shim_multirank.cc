@@ -30,94 +30,22 @@
 #include "kernels/dynamiq_layout.h"
 #include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
+#include "tests/shim/shim_test_util.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
 
 namespace {
 
-using Env = std::vector<std::pair<std::string, std::string>>;
-using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+using namespace dq::shim_test;
 using BytesFn = int (*)(void*, unsigned long long*, unsigned long long*);
 using RegisterFn = int (*)(void*, int);
-
-CountersFn counters_fn() {
-  return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
-}
 
 BytesFn bytes_fn() {
   return reinterpret_cast<BytesFn>(dlsym(RTLD_DEFAULT, "dynamiqCommBytes"));
 }
 
-std::string g_dir;  // per-run scratch directory (rank logs, result files)
-
 using dq::test::fail;
-
-// Forks n ranks; rank r applies env(r), creates its communicator and runs body(rank, comm).
-// A rank's stderr goes to g_dir/rank<r>.log. Returns the ranks' exit codes (-signal if killed,
-// 124 if hung, 125 if killed after another rank failed). `expected` says which ends pass (empty:
-// exit 0); the first other end kills the remaining ranks.
-std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
-                           const std::function<int(int, ncclComm_t)>& body, int timeout_s,
-                           const char* comm_name = nullptr,
-                           std::function<bool(int, const dq::test::RankExit&)> expected = {}) {
-  dq::test::RankOptions opt;
-  opt.timeout_s = timeout_s;
-  opt.expected = std::move(expected);
-  const auto exits = dq::test::run_ranks<ncclUniqueId>(
-      n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* id) {
-        const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
-        if (std::freopen(log.c_str(), "w", stderr) == nullptr) return 98;
-        for (auto& [k, v] : env(r)) setenv(k.c_str(), v.c_str(), 1);
-        ncclComm_t comm = nullptr;
-        ncclResult_t res;
-        if (comm_name) {
-          ncclConfig_t config;
-          std::memset(&config, 0, sizeof config);
-          config.size = sizeof config;
-          config.magic = DQ_NCCL_CONFIG_MAGIC;
-          config.version = DQ_NCCL_VERSION_CODE;
-          config.blocking = 1;
-          config.commName = comm_name;
-          res = ncclCommInitRankConfig(&comm, n, *id, r, &config);
-        } else {
-          res = ncclCommInitRank(&comm, n, *id, r);
-        }
-        if (res != ncclSuccess) return 97;
-        const int rc = body(r, comm);
-        std::fflush(stderr);
-        if (rc == 0) ncclCommDestroy(comm);
-        return rc;
-      });
-  std::vector<int> codes;
-  for (const auto& e : exits) codes.push_back(e.code());
-  return codes;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int count_occurrences(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
-
-bool all_zero(const std::vector<int>& codes, const char* what) {
-  // Ranks killed because another failed (125) come last: the failure is the one to show.
-  for (const bool cut : {false, true})
-    for (size_t r = 0; r < codes.size(); ++r)
-      if (codes[r] != 0 && (codes[r] == 125) == cut) {
-        std::fprintf(stderr, "--- rank %zu log ---\n%s", r,
-                     read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
-        return fail("%s: rank %zu exited with %d", what, r, codes[r]);
-      }
-  return true;
-}
 
 // The ranks' data, made in the parent before it forks them: on one thread, as TBB's workers
 // would outlive the call (rank_harness.h).
@@ -134,23 +62,6 @@ bool rerouted_delta(ncclComm_t comm, unsigned long long* before) {
   const bool delta = r > *before;
   *before = r;
   return delta;
-}
-
-// Identical bytes on every rank: MAX of (h, ~h) gives max and ~min of the per-rank hashes.
-bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
-}
-
-std::string rank_file(int r, const char* what) {
-  return g_dir + "/" + what + std::to_string(r);
-}
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
 }
 
 // ---- accuracy: rerouted results against the simulator, both dtypes and ops ------------------
@@ -534,7 +445,7 @@ bool scenario_mismatch(int n) {
     if (!all_zero(codes, c.key.c_str())) return false;
     const bool invalid = c.value == "banana";
     for (int r = 0; r < n; ++r) {
-      const std::string log = read_file(g_dir + "/rank" + std::to_string(r) + ".log");
+      const std::string log = rank_log(r);
       const int warnings = count_occurrences(log, "disagree on:");
       EXPECT(warnings == 1, "%s=%s: rank %d printed %d disagreement warnings:\n%s", c.key.c_str(),
              c.value.c_str(), r, warnings, log.c_str());
@@ -611,87 +522,20 @@ bool scenario_nan(int n) {
 // A rank killed mid-job: every other rank gets an error from its collective within the timeout.
 // `collective`: allreduce, reducescatter (4M floats of input, n blocks) or reduce (root 0; the
 // victim runs through every rank, root included).
-bool scenario_kill(int n, int runs, const std::string& collective = "allreduce") {
-  const int timeout_ms = 3000;
-  double slowest = 0;
-  for (int run = 0; run < runs; ++run) {
-    const int victim = run % n;
-    auto body = [&](int rank, ncclComm_t comm) -> int {
-      const size_t count = 4 << 20;
-      std::vector<float> in(count, 1.0f), out(count);
-      for (int k = 0; k < 6; ++k) {
-        // The victim dies inside call 2, at a different point of it in each run (0-45 ms in;
-        // a call takes some tens of ms here), or just before it in run 0.
-        if (rank == victim && k == 2) {
-          const int delay_ms = (run * 9) % 50;
-          if (delay_ms == 0) raise(SIGKILL);
-          std::thread([delay_ms] {
-            std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-            raise(SIGKILL);
-          }).detach();
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        ncclResult_t r;
-        if (collective == "reducescatter")
-          r = ncclReduceScatter(in.data(), out.data(), count / n, ncclFloat32, ncclSum, comm,
-                                nullptr);
-        else if (collective == "reduce")
-          r = ncclReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, 0, comm, nullptr);
-        else
-          r = ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
-        const double s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (r == ncclSuccess && k < 2) {
-          // Before the kill: a correct result (all ones sum to n exactly: mean subtraction
-          // leaves nothing to round), on the elements this rank receives.
-          const size_t n_out = collective == "reducescatter"         ? count / n
-                               : collective == "reduce" && rank != 0 ? 0
-                                                                     : count;
-          for (size_t i = 0; i < n_out; ++i)
-            if (out[i] != static_cast<float>(n)) {
-              std::fprintf(stderr, "rank %d: call %d element %zu = %g, expected %d\n", rank, k, i,
-                           out[i], n);
-              _exit(42);
-            }
-        }
-        if (r != ncclSuccess) {
-          std::fprintf(stderr, "rank %d: call %d failed after %.2f s: %s\n", rank, k, s,
-                       ncclGetErrorString(r));
-          write_text(rank_file(rank, "kill"), std::to_string(s));
-          // Calls before the kill must succeed; the first failure comes with or after it. The
-          // communicator is broken then: exit without destroying it.
-          _exit(k >= 2 ? 0 : 40);
-        }
-      }
-      if (rank == victim) pause();  // killed by its timer thread during or after call 2
-      return 41;                    // calls after the kill must not all succeed
-    };
-    auto codes = run_ranks(
-        n,
-        [&](int) {
-          return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", std::to_string(timeout_ms)}};
-        },
-        body, 60, nullptr,
-        [victim](int r, const dq::test::RankExit& e) {
-          return r == victim ? e.signaled(SIGKILL) : e.exited(0);
-        });
-    for (int r = 0; r < n; ++r) {
-      if (r == victim) {
-        EXPECT(codes[r] == -SIGKILL, "run %d: victim %d exited %d", run, r, codes[r]);
-        continue;
-      }
-      EXPECT(codes[r] == 0, "run %d: rank %d exited %d (124 = hang):\n%s", run, r, codes[r],
-             read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
-      const double s = std::atof(read_file(rank_file(r, "kill")).c_str());
-      EXPECT(s <= timeout_ms / 1000.0 + 5.0, "run %d: rank %d took %.2f s", run, r, s);
-      slowest = std::max(slowest, s);
-    }
-  }
-  std::printf(
-      "killed rank (%s): all survivors returned an error within DYNAMIQ_TIMEOUT_MS + 5 s, %d/%d "
-      "runs; slowest survivor's failing call took %.2f s\n",
-      collective.c_str(), runs, runs, slowest);
-  return true;
+bool scenario_killed_rank(int n, int runs, const std::string& collective = "allreduce") {
+  KillSpec spec;
+  spec.n = n;
+  spec.count = 4 << 20;
+  spec.timeout_ms = 3000;
+  spec.victim_step = 1;  // the victim is rank run % n
+  spec.victim_offset = 0;
+  spec.delay_step_ms = 9;  // 0-45 ms into call 2
+  spec.delay_mod_ms = 50;
+  spec.env = [&](int) {
+    return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", std::to_string(spec.timeout_ms)}};
+  };
+  spec.label = "killed rank";
+  return scenario_kill(spec, runs, collective);
 }
 
 // A peer stalled past DYNAMIQ_TIMEOUT_MS but well within the CPU NCCL's own timeout: the other
@@ -962,7 +806,7 @@ bool scenario_metrics(int n) {
     for (int r = 0; r < n; ++r) {
       // DYNAMIQ_DEBUG=INFO prints the settings that differ from their defaults once, and no
       // other (DYNAMIQ_SEED keeps its default).
-      const std::string log = read_file(g_dir + "/rank" + std::to_string(r) + ".log");
+      const std::string log = rank_log(r);
       EXPECT(count_occurrences(log, "dynamiq setting DYNAMIQ_METRICS_FILE=" + path) == 1 &&
                  count_occurrences(log, "dynamiq setting DYNAMIQ_ENABLE=1") == 1 &&
                  count_occurrences(log, "dynamiq setting DYNAMIQ_SEED=") == 0 &&
@@ -1510,22 +1354,9 @@ bool scenario_collectives_passthrough(int n) {
       "collective alone, the others exact\n");
   return true;
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: shim_multirank SCENARIO NRANKS [TOPO]\n");
-    return 2;
-  }
-  if (counters_fn() == nullptr) {
-    std::printf("SKIP: libdynamiq.so is not preloaded\n");
-    return 77;
-  }
-  char tmpl[] = "/tmp/dq-shim-test-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) return 1;
-  g_dir = tmpl;
-  const std::string scenario = argv[1];
-  const int n = std::atoi(argv[2]);
+// The scenario named `scenario` on n ranks; argv: [program, scenario, n, options...].
+Outcome run_scenario(const std::string& scenario, int n, int argc, char** argv) {
   bool ok = false;
   if (scenario == "accuracy") {
     // Optional 4th argument: DYNAMIQ_BLOCK_BYTES (small blocks exercise the pipeline).
@@ -1539,9 +1370,9 @@ int main(int argc, char** argv) {
   } else if (scenario == "nan") {
     ok = scenario_nan(n);
   } else if (scenario == "kill") {
-    ok = scenario_kill(n, argc > 3 ? std::atoi(argv[3]) : 5);
+    ok = scenario_killed_rank(n, argc > 3 ? std::atoi(argv[3]) : 5);
   } else if (scenario == "kill_reducescatter" || scenario == "kill_reduce") {
-    ok = scenario_kill(n, argc > 3 ? std::atoi(argv[3]) : 5, scenario.substr(5));
+    ok = scenario_killed_rank(n, argc > 3 ? std::atoi(argv[3]) : 5, scenario.substr(5));
   } else if (scenario == "reducescatter") {
     ok = scenario_reducescatter(n, argc > 3 ? argv[3] : "auto", argc > 4 ? argv[4] : "16M");
   } else if (scenario == "reduce") {
@@ -1557,10 +1388,16 @@ int main(int argc, char** argv) {
   } else if (scenario == "budget_api") {
     ok = scenario_budget_api(n);
   } else {
-    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
-    return 2;
+    return Outcome::unknown;
   }
-  std::printf("%s: %s with %d ranks\n", ok ? "PASS" : "FAIL", scenario.c_str(), n);
-  if (ok) std::system(("rm -rf " + g_dir).c_str());
-  return ok ? 0 : 1;
+  return ok ? Outcome::pass : Outcome::fail;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int n = argc > 2 ? std::atoi(argv[2]) : 0;
+  return scenario_main(
+      argc, argv, 3, "shim_multirank SCENARIO NRANKS [TOPO]", "/tmp/dq-shim-test-XXXXXX",
+      " with " + std::to_string(n) + " ranks",
+      [&](const std::string& scenario) { return run_scenario(scenario, n, argc, argv); });
 }

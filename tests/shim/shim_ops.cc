@@ -27,32 +27,19 @@
 #include "common/nccl_api.h"
 #include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
+#include "tests/shim/shim_test_util.h"
 
 namespace {
 
-using Env = std::vector<std::pair<std::string, std::string>>;
-using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
-
-std::string g_dir;  // this run's scratch directory: rank logs, metrics files
-
+using dq::shim_test::count_occurrences;
+using dq::shim_test::CountersFn;
+using dq::shim_test::Env;
+using dq::shim_test::g_dir;
+using dq::shim_test::Outcome;
+using dq::shim_test::outcome;
+using dq::shim_test::rank_log;
+using dq::shim_test::read_file;
 using dq::test::fail;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
-
-std::string rank_log(int r) {
-  return read_file(g_dir + "/rank" + std::to_string(r) + ".log");
-}
 
 // Forks n ranks of a communicator named `name`; rank r applies env(r) before it is created and
 // runs body(rank, comm); stderr into g_dir/rank<r>.log. Returns how each rank ended.
@@ -70,15 +57,8 @@ std::vector<dq::test::RankExit> run_ranks(
                                 "PBS_JOBID", "LSB_JOBID", "JOB_ID"})
           unsetenv(key);
         for (auto& [k, v] : env(r)) setenv(k.c_str(), v.c_str(), 1);
-        ncclConfig_t config;
-        std::memset(&config, 0, sizeof config);
-        config.size = sizeof config;
-        config.magic = DQ_NCCL_CONFIG_MAGIC;
-        config.version = DQ_NCCL_VERSION_CODE;
-        config.blocking = 1;
-        config.commName = "grads";
         ncclComm_t comm = nullptr;
-        if (ncclCommInitRankConfig(&comm, n, *id, r, &config) != ncclSuccess) return 97;
+        if (dq::shim_test::init_comm(&comm, n, *id, r, "grads") != ncclSuccess) return 97;
         // A library other than the CPU NCCL answering (a fake libnccl.so.2 found first on
         // LD_LIBRARY_PATH) shows here rather than as a puzzling decision line.
         int size = 0, rank = -1;
@@ -196,14 +176,15 @@ bool scenario_decision() {
     return false;
   for (int r = 0; r < n; ++r) {
     const std::string log = rank_log(r);
-    EXPECT(count(log,
-                 "passed through: 1048576 bytes, below DYNAMIQ_MIN_BYTES = 1 GiB (the first; "
-                 "each is counted as outcome=\"small\"") == 1,
+    EXPECT(count_occurrences(
+               log,
+               "passed through: 1048576 bytes, below DYNAMIQ_MIN_BYTES = 1 GiB (the first; "
+               "each is counted as outcome=\"small\"") == 1,
            "rank %d: no single per-call line for the size:\n%s", r, log.c_str());
-    EXPECT(count(log, "dynamiq WARN dynamiq: communicator index 0 name 'grads'") == 1 &&
-               count(log,
-                     "is opted in, but its first 16 calls all passed through (16 below "
-                     "DYNAMIQ_MIN_BYTES = 1 GiB, 0 of a type") == 1,
+    EXPECT(count_occurrences(log, "dynamiq WARN dynamiq: communicator index 0 name 'grads'") == 1 &&
+               count_occurrences(log,
+                                 "is opted in, but its first 16 calls all passed through (16 below "
+                                 "DYNAMIQ_MIN_BYTES = 1 GiB, 0 of a type") == 1,
            "rank %d: not one warning for 16 small calls:\n%s", r, log.c_str());
   }
   // Defaults: compressed, with the codec and topology; a small call and a MAX call each say why
@@ -221,10 +202,12 @@ bool scenario_decision() {
     return false;
   for (int r = 0; r < n; ++r) {
     const std::string log = rank_log(r);
-    EXPECT(count(log, "passed through: 4000 bytes, below DYNAMIQ_MIN_BYTES = 1 MiB") == 1 &&
-               count(log, "passed through: reduction 2 is not a sum or an average") == 1 &&
-               count(log, " WARN ") == 0,
-           "rank %d: per-call reasons not logged once each, or a warning:\n%s", r, log.c_str());
+    EXPECT(
+        count_occurrences(log, "passed through: 4000 bytes, below DYNAMIQ_MIN_BYTES = 1 MiB") ==
+                1 &&
+            count_occurrences(log, "passed through: reduction 2 is not a sum or an average") == 1 &&
+            count_occurrences(log, " WARN ") == 0,
+        "rank %d: per-call reasons not logged once each, or a warning:\n%s", r, log.c_str());
   }
   // A mismatch names the setting.
   auto bits = [](int r) {
@@ -287,12 +270,13 @@ bool scenario_jobs() {
     const std::string text = read_file(dir + f);
     EXPECT(std::regex_match(f, std::regex("dynamiq-nccl-[0-9a-f]{16}-[^-]+-[01]\\.prom")),
            "file name %s", f.c_str());
-    const bool a = count(text, "outcome=\"rerouted\"} 3\n") == 1;
-    const bool b = count(text, "outcome=\"rerouted\"} 5\n") == 1;
+    const bool a = count_occurrences(text, "outcome=\"rerouted\"} 3\n") == 1;
+    const bool b = count_occurrences(text, "outcome=\"rerouted\"} 5\n") == 1;
     EXPECT(a != b, "%s holds neither job's counts alone:\n%s", f.c_str(), text.c_str());
     ++per_job[a ? 0 : 1];
-    EXPECT(count(text, "job=") == 0 && count(text, "dynamiq_build_info{") == 1,
-           "%s: a job label, or no build info:\n%s", f.c_str(), text.c_str());
+    EXPECT(
+        count_occurrences(text, "job=") == 0 && count_occurrences(text, "dynamiq_build_info{") == 1,
+        "%s: a job label, or no build info:\n%s", f.c_str(), text.c_str());
   }
   EXPECT(per_job[0] == 2 && per_job[1] == 2, "files per job: %d and %d", per_job[0], per_job[1]);
   // The launcher's job ids, %j in a pattern.
@@ -302,9 +286,11 @@ bool scenario_jobs() {
   for (int r = 0; r < 2; ++r) {
     const std::string a = read_file(g_dir + "/m.111." + std::to_string(r) + ".prom");
     const std::string b = read_file(g_dir + "/m.222." + std::to_string(r) + ".prom");
-    EXPECT(count(a, "outcome=\"rerouted\"} 3\n") == 1 && count(a, "job_id=\"111\"") > 10,
+    EXPECT(count_occurrences(a, "outcome=\"rerouted\"} 3\n") == 1 &&
+               count_occurrences(a, "job_id=\"111\"") > 10,
            "job 111 rank %d:\n%s", r, a.c_str());
-    EXPECT(count(b, "outcome=\"rerouted\"} 5\n") == 1 && count(b, "job_id=\"222\"") > 10,
+    EXPECT(count_occurrences(b, "outcome=\"rerouted\"} 5\n") == 1 &&
+               count_occurrences(b, "job_id=\"222\"") > 10,
            "job 222 rank %d:\n%s", r, b.c_str());
   }
   std::printf("jobs: two concurrent jobs wrote 4 + 4 separate files with their own counts\n");
@@ -350,8 +336,8 @@ bool scenario_sigterm() {
     const bool ok = r == 0 ? exits[r].exited(42) : exits[r].signaled(SIGTERM);
     EXPECT(ok, "rank %d %s:\n%s", r, exits[r].describe().c_str(), rank_log(r).c_str());
     const std::string text = read_file(g_dir + "/final." + std::to_string(r) + ".json");
-    EXPECT(count(text, "\"rerouted\":7,") == 1, "rank %d's file lacks its 7 calls:\n%s", r,
-           text.c_str());
+    EXPECT(count_occurrences(text, "\"rerouted\":7,") == 1, "rank %d's file lacks its 7 calls:\n%s",
+           r, text.c_str());
   }
   EXPECT(access(marker.c_str(), F_OK) == 0, "the application's own SIGTERM handler did not run");
   std::printf("sigterm: both ranks' files hold all %d calls; the application's handler ran\n",
@@ -374,10 +360,12 @@ bool scenario_nccl_range() {
     return false;
   for (int r = 0; r < n; ++r) {
     const std::string log = rank_log(r);
-    EXPECT(count(log, " WARN ") == 1 &&
-               count(log, "dynamiq WARN dynamiq: NCCL 2.99.0 is outside the versions") == 1 &&
-               count(log, "wrapping NCCL 2.99.0 (ncclGetVersion 29900)") == 1 &&
-               count(log, "(git ") == 1 && count(log, "), NCCL 2.99.0, CUDA runtime") == 1,
+    EXPECT(count_occurrences(log, " WARN ") == 1 &&
+               count_occurrences(
+                   log, "dynamiq WARN dynamiq: NCCL 2.99.0 is outside the versions") == 1 &&
+               count_occurrences(log, "wrapping NCCL 2.99.0 (ncclGetVersion 29900)") == 1 &&
+               count_occurrences(log, "(git ") == 1 &&
+               count_occurrences(log, "), NCCL 2.99.0, CUDA runtime") == 1,
            "rank %d: not one warning, or no version lines:\n%s", r, log.c_str());
   }
   // DYNAMIQ_UNTESTED_NCCL=1: compressed regardless (the warning stays).
@@ -391,35 +379,18 @@ bool scenario_nccl_range() {
          same_decision(n, "compressed: ", "NCCL 2.99.0, DYNAMIQ_UNTESTED_NCCL=1");
 }
 
+// The scenario named `scenario`.
+Outcome run_scenario(const std::string& scenario) {
+  if (scenario == "decision") return outcome(scenario_decision());
+  if (scenario == "jobs") return outcome(scenario_jobs());
+  if (scenario == "sigterm") return outcome(scenario_sigterm());
+  if (scenario == "nccl_range") return outcome(scenario_nccl_range());
+  return Outcome::unknown;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: shim_ops decision|jobs|sigterm|nccl_range\n");
-    return 2;
-  }
-  if (dlsym(RTLD_DEFAULT, "dynamiqCommCounters") == nullptr) {
-    std::printf("SKIP: libdynamiq.so is not preloaded\n");
-    return 77;
-  }
-  char tmpl[] = "/tmp/dq-shim-ops-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) return 1;
-  g_dir = tmpl;
-  const std::string scenario = argv[1];
-  bool ok = false;
-  if (scenario == "decision") {
-    ok = scenario_decision();
-  } else if (scenario == "jobs") {
-    ok = scenario_jobs();
-  } else if (scenario == "sigterm") {
-    ok = scenario_sigterm();
-  } else if (scenario == "nccl_range") {
-    ok = scenario_nccl_range();
-  } else {
-    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
-    return 2;
-  }
-  std::printf("%s: %s\n", ok ? "PASS" : "FAIL", scenario.c_str());
-  if (ok) std::system(("rm -rf " + g_dir).c_str());
-  return ok ? 0 : 1;
+  return dq::shim_test::scenario_main(argc, argv, 2, "shim_ops decision|jobs|sigterm|nccl_range",
+                                      "/tmp/dq-shim-ops-XXXXXX", "", run_scenario);
 }

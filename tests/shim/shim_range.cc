@@ -24,15 +24,17 @@
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "tests/common/rank_harness.h"
+#include "tests/shim/shim_test_util.h"
 
 namespace {
 
-using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
-CountersFn counters_fn() {
-  return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
-}
+using dq::shim_test::counters_fn;
+using dq::shim_test::Env;
+using dq::shim_test::identical_everywhere;
+using dq::shim_test::Outcome;
+using dq::shim_test::outcome;
+using dq::shim_test::rank_log;
 
-std::string g_dir;
 constexpr size_t kCount = 1 << 18;  // elements per all-reduce (per rank in a reduce-scatter)
 constexpr double kFloatMax = FLT_MAX;
 
@@ -86,16 +88,6 @@ std::vector<double> exact_sums(const Case& c, int n, size_t total, size_t first,
     for (size_t i = 0; i < count; ++i) sum[i] += x[first + i];
   }
   return sum;
-}
-
-// Identical bytes on every rank: MAX of (h, ~h) gives max and ~min of the per-rank hashes.
-bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
 }
 
 // One collective of case c on this rank; returns 0 or a failure code, *vnmse the error of this
@@ -178,48 +170,31 @@ int rank_body(bool scatter, int rank, int n, ncclComm_t comm) {
   return 0;
 }
 
+// Every case through `what` (allreduce or reducescatter) on n ranks; prints every rank's log.
+Outcome run_range(const std::string& what, int n) {
+  if (what != "allreduce" && what != "reducescatter") return Outcome::unknown;
+  const bool scatter = what == "reducescatter";
+  const auto codes = dq::shim_test::run_ranks(
+      n,
+      [](int) {
+        return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "64K"}};
+      },
+      [&](int r, ncclComm_t comm) { return rank_body(scatter, r, n, comm); }, 600);
+  bool ok = true;
+  for (size_t r = 0; r < codes.size(); ++r) {
+    std::printf("--- rank %zu (exit %d) ---\n%s", r, codes[r],
+                rank_log(static_cast<int>(r)).c_str());
+    ok = ok && codes[r] == 0;
+  }
+  return outcome(ok);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: shim_range allreduce|reducescatter NRANKS\n");
-    return 2;
-  }
-  if (counters_fn() == nullptr) {
-    std::printf("SKIP: libdynamiq.so is not preloaded\n");
-    return 77;
-  }
-  char tmpl[] = "/tmp/dq-shim-range-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) return 1;
-  g_dir = tmpl;
-  const std::string what = argv[1];
-  const int n = std::atoi(argv[2]);
-  if (what != "allreduce" && what != "reducescatter") return 2;
-  const bool scatter = what == "reducescatter";
-  dq::test::RankOptions opt;
-  opt.timeout_s = 600;
-  const auto exits = dq::test::run_ranks<ncclUniqueId>(
-      n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* id) {
-        const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
-        if (std::freopen(log.c_str(), "w", stderr) == nullptr) return 98;
-        setenv("DYNAMIQ_ENABLE", "1", 1);
-        setenv("DYNAMIQ_MIN_BYTES", "64K", 1);
-        ncclComm_t comm = nullptr;
-        if (ncclCommInitRank(&comm, n, *id, r) != ncclSuccess) return 97;
-        const int rc = rank_body(scatter, r, n, comm);
-        std::fflush(stderr);
-        if (rc == 0) ncclCommDestroy(comm);
-        return rc;
-      });
-  bool ok = true;
-  for (size_t r = 0; r < exits.size(); ++r) {
-    std::ifstream f(g_dir + "/rank" + std::to_string(r) + ".log");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::printf("--- rank %zu (exit %d) ---\n%s", r, exits[r].code(), ss.str().c_str());
-    ok = ok && exits[r].code() == 0;
-  }
-  std::printf("%s: %s range with %d ranks\n", ok ? "PASS" : "FAIL", what.c_str(), n);
-  if (ok) std::system(("rm -rf " + g_dir).c_str());
-  return ok ? 0 : 1;
+  const int n = argc > 2 ? std::atoi(argv[2]) : 0;
+  return dq::shim_test::scenario_main(argc, argv, 3, "shim_range allreduce|reducescatter NRANKS",
+                                      "/tmp/dq-shim-range-XXXXXX",
+                                      " range with " + std::to_string(n) + " ranks",
+                                      [n](const std::string& what) { return run_range(what, n); });
 }

@@ -1,0 +1,89 @@
+// Support shared by the shim's multi-process test programs (shim_multirank, shim_hierarchy,
+// shim_range, shim_ops): the per-run scratch directory, forking ranks with their own settings,
+// the killed-rank scenario and the program's main. Each scenario's code exists once, here or in
+// the one program that runs it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/nccl_api.h"
+#include "tests/common/rank_harness.h"
+
+namespace dq::shim_test {
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+
+// The shim's per-communicator counters (rerouted, passed through); null when not preloaded.
+CountersFn counters_fn();
+
+// This run's scratch directory (rank logs, result files), made by scenario_main.
+extern std::string g_dir;
+
+std::string read_file(const std::string& path);
+void write_text(const std::string& path, const std::string& text);
+// How often `what` occurs in `text` (overlapping occurrences count).
+int count_occurrences(const std::string& text, const std::string& what);
+// g_dir/<what><r>: a file rank r writes for the parent.
+std::string rank_file(int r, const char* what);
+// Rank r's stderr, as run_ranks saved it.
+std::string rank_log(int r);
+
+// Creates rank r's communicator of n ranks: blocking and named `comm_name` (ncclConfig_t) when
+// not null, else with ncclCommInitRank.
+ncclResult_t init_comm(ncclComm_t* comm, int n, const ncclUniqueId& id, int r,
+                       const char* comm_name);
+
+// Forks n ranks; rank r sends its stderr to g_dir/rank<r>.log, applies env(r), creates its
+// communicator (named `comm_name` when not null) and runs body(rank, comm). Returns the ranks'
+// exit codes (-signal if killed, 124 if hung, 125 if killed after another rank failed).
+// `expected` says which ends pass (empty: exit 0); the first other end kills the other ranks.
+std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
+                           const std::function<int(int, ncclComm_t)>& body, int timeout_s,
+                           const char* comm_name = nullptr,
+                           std::function<bool(int, const dq::test::RankExit&)> expected = {});
+
+// True when every code is 0; otherwise prints the failing rank's log (a rank that ended because
+// another failed, 125, only when no other failed) and fails naming `what`.
+bool all_zero(const std::vector<int>& codes, const char* what);
+
+// FNV-1a, 64 bits, of `bytes` at `data`.
+uint64_t fnv(const void* data, size_t bytes);
+// True when `bytes` at `data` are the same on every rank of comm (one 2-value MAX all-reduce).
+bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes);
+
+// A rank SIGKILLed inside a collective: every survivor must get an error from a call within
+// DYNAMIQ_TIMEOUT_MS + 5 s, exit without hanging, and every call before the kill must be exact.
+struct KillSpec {
+  int n = 4;               // ranks
+  size_t count = 4 << 20;  // FP32 values per call
+  int timeout_ms = 3000;   // DYNAMIQ_TIMEOUT_MS
+  int victim_step = 1;     // run r kills rank (r * victim_step + victim_offset) % n
+  int victim_offset = 0;
+  int delay_step_ms = 9;  // run r kills (r * delay_step_ms) % delay_mod_ms ms into call 2
+  int delay_mod_ms = 50;
+  std::function<Env(int)> env;  // rank r's settings, DYNAMIQ_TIMEOUT_MS = timeout_ms among them
+  const char* label = "killed rank";  // names the run in the summary line
+};
+// `collective`: allreduce, reducescatter (count / n values per rank) or reduce (root 0).
+bool scenario_kill(const KillSpec& spec, int runs, const std::string& collective);
+
+// How one scenario of a program ended.
+enum class Outcome { pass, fail, unknown };
+inline Outcome outcome(bool pass) {
+  return pass ? Outcome::pass : Outcome::fail;
+}
+
+// A program's main: needs min_argc arguments (else prints usage, exit 2) and the preloaded shim
+// (else exit 77), makes g_dir from dir_template ("/tmp/...-XXXXXX"), runs run(argv[1]) and
+// prints "PASS|FAIL: <scenario><suffix>"; g_dir is removed after a pass. Exit 0 pass, 1 fail,
+// 2 unknown scenario.
+int scenario_main(int argc, char** argv, int min_argc, const char* usage, const char* dir_template,
+                  const std::string& suffix, const std::function<Outcome(const std::string&)>& run);
+
+}  // namespace dq::shim_test
