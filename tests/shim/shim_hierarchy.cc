@@ -71,11 +71,6 @@ bool rerouted_delta(ncclComm_t comm, unsigned long long* before, unsigned long l
   return delta;
 }
 
-void make_rows(const dq::sim::SyntheticSpec& spec, dq::sim::Matrix* rows) {
-  tbb::task_arena serial(1);
-  serial.execute([&] { dq::sim::make_synthetic(spec, rows); });
-}
-
 // ---- shapes ----------------------------------------------------------------------------------
 constexpr size_t kCount = 196613;  // odd: the shards leave a tail on every node size
 
@@ -95,37 +90,6 @@ constexpr Case kCases[] = {
     {Kind::kGrouped, false, false, "grouped 2 x allreduce f32 sum"},
 };
 
-// The caller's element i of rank `w` in the call's dtype, as float.
-float input(const dq::sim::Matrix& rows, int w, size_t i, bool bf16) {
-  const float v = rows.row(w)[i];
-  return bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(v)) : v;
-}
-
-std::vector<unsigned char> encode(const dq::sim::Matrix& rows, int w, size_t count, bool bf16) {
-  std::vector<unsigned char> out(count * (bf16 ? 2 : 4));
-  for (size_t i = 0; i < count; ++i) {
-    if (bf16) {
-      const uint16_t b = dq::f32_to_bf16_rne(rows.row(w)[i]);
-      std::memcpy(&out[i * 2], &b, 2);
-    } else {
-      const float v = rows.row(w)[i];
-      std::memcpy(&out[i * 4], &v, 4);
-    }
-  }
-  return out;
-}
-
-float decode(const unsigned char* p, size_t i, bool bf16) {
-  if (bf16) {
-    uint16_t b;
-    std::memcpy(&b, p + i * 2, 2);
-    return dq::bf16_to_f32(b);
-  }
-  float f;
-  std::memcpy(&f, p + i * 4, 4);
-  return f;
-}
-
 // Squared error and energy of `got` (elements [first, first + n) of the result) against the
 // exact sum (avg: mean) of every rank's input.
 void accumulate(const dq::sim::Matrix& rows, int nranks, const Case& c, const unsigned char* got,
@@ -134,10 +98,10 @@ void accumulate(const dq::sim::Matrix& rows, int nranks, const Case& c, const un
     double exact = 0;
     for (int w = 0; w < nranks; ++w) exact += input(rows, w, first + i, c.bf16);
     if (c.avg) exact /= nranks;
-    const double d = decode(got, i, c.bf16) - exact;
+    const double d = typed_value(got, i, c.bf16) - exact;
     err[0] += d * d;
     err[1] += exact * exact;
-    if (!std::isfinite(decode(got, i, c.bf16))) err[2] = 1;
+    if (!std::isfinite(typed_value(got, i, c.bf16))) err[2] = 1;
   }
 }
 
@@ -148,7 +112,7 @@ int run_case(const dq::sim::Matrix& rows, int n, int rank, ncclComm_t comm, cons
   const ncclRedOp_t op = c.avg ? ncclAvg : ncclSum;
   const size_t esize = c.bf16 ? 2 : 4;
   const size_t count = c.kind == Kind::kReduceScatter ? kCount / n * n : kCount;
-  std::vector<unsigned char> in = encode(rows, rank, count, c.bf16);
+  std::vector<unsigned char> in = typed_input(rows, rank, count, c.bf16);
   std::vector<unsigned char> out(count * esize, 0xCD), out2(count * esize, 0xCD);
   const int root = c.bf16 ? 1 : n - 1;
   ncclResult_t r = ncclSuccess;
@@ -231,13 +195,8 @@ bool simulated(const dq::sim::Matrix& rows, int nodes, int local, bool scatter, 
 
 bool scenario_shapes(int nodes, int local, const std::string& block_bytes) {
   const int n = nodes * local;
-  dq::sim::SyntheticSpec spec;
-  spec.rows = n;
-  spec.cols = kCount;
-  spec.spread = 1.0;
-  spec.seed = 11;
   dq::sim::Matrix rows;
-  make_rows(spec, &rows);
+  make_rows(n, kCount, 11, &rows);
   auto body = [&](int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0;
     rerouted_delta(comm, &seen);
@@ -296,17 +255,12 @@ bool scenario_shapes(int nodes, int local, const std::string& block_bytes) {
 // and a fourth run, auto on 2 x 2, takes the two-level schedule and differs.
 bool scenario_flat() {
   const int n = 4;
-  dq::sim::SyntheticSpec spec;
-  spec.rows = n;
-  spec.cols = kCount;
-  spec.spread = 1.0;
-  spec.seed = 5;
   dq::sim::Matrix rows;
-  make_rows(spec, &rows);
+  make_rows(n, kCount, 5, &rows);
   auto body = [&](int rank, ncclComm_t comm) -> int {
     const size_t rc = kCount / n;
-    std::vector<unsigned char> f32 = encode(rows, rank, kCount, false);
-    std::vector<unsigned char> bf16 = encode(rows, rank, rc * n, true);
+    std::vector<unsigned char> f32 = typed_input(rows, rank, kCount, false);
+    std::vector<unsigned char> bf16 = typed_input(rows, rank, rc * n, true);
     std::vector<unsigned char> out(kCount * 4, 0), scatter(rc * 2, 0), reduced(kCount * 4, 0);
     if (ncclAllReduce(f32.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr) !=
             ncclSuccess ||
@@ -399,50 +353,33 @@ bool scenario_killed_rank(int runs, const std::string& collective) {
 // rerouted counter shows which calls were compressed.
 bool scenario_toggle() {
   const int n = 4;
-  const std::string control = g_dir + "/switch";
-  write_text(control, "on\n");
-  auto body = [&](int rank, ncclComm_t comm) -> int {
-    unsigned long long seen = 0;
-    rerouted_delta(comm, &seen);
-    std::string pattern;
+  ToggleSpec spec;
+  spec.n = n;
+  spec.env = [](int r, const std::string& control) {
+    return node_env(r, {2, 2}, {{"DYNAMIQ_CONTROL_FILE", control}});
+  };
+  spec.call = [n](int rank, ncclComm_t comm, unsigned long long* seen, bool* rerouted) {
     const size_t count = 1 << 20;
     std::vector<float> in(count), out(count);
-    for (int k = 0; k < 8; ++k) {
-      if (rank == 0 && k == 3) write_text(control, "off\n");
-      if (rank == 0 && k == 6) write_text(control, "1\n");
-      float barrier = 0;
-      if (ncclAllReduce(&barrier, &barrier, 1, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess)
-        return 10;
-      // Integers: any order of additions is exact, compressed (mean subtracted) or not.
-      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i * 7 + rank * 3) % 5);
-      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
-          ncclSuccess)
-        return 11;
-      const bool rerouted = rerouted_delta(comm, &seen);
-      if (!rerouted)
-        for (size_t i = 0; i < count; ++i) {
-          float want = 0;
-          for (int r = 0; r < n; ++r) want += static_cast<float>((i * 7 + r * 3) % 5);
-          if (out[i] != want) return 12;
-        }
-      pattern += rerouted ? '1' : '0';
-    }
-    write_text(rank_file(rank, "toggle"), pattern);
+    float barrier = 0;
+    if (ncclAllReduce(&barrier, &barrier, 1, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess)
+      return 10;
+    // Integers: any order of additions is exact, compressed (mean subtracted) or not.
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i * 7 + rank * 3) % 5);
+    if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr) !=
+        ncclSuccess)
+      return 11;
+    *rerouted = rerouted_delta(comm, seen);
+    if (!*rerouted)
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += static_cast<float>((i * 7 + r * 3) % 5);
+        if (out[i] != want) return 12;
+      }
     return 0;
   };
-  auto codes = run_ranks(
-      n,
-      [&](int r) {
-        return node_env(r, {2, 2}, {{"DYNAMIQ_CONTROL_FILE", control}});
-      },
-      body, 300);
-  if (!all_zero(codes, "toggle")) return false;
-  for (int r = 0; r < n; ++r) {
-    const std::string p = read_file(rank_file(r, "toggle"));
-    EXPECT(p == "11110001", "rank %d compressed calls %s, expected 11110001", r, p.c_str());
-  }
-  std::printf("A/B switch on 2 x 2: every rank compressed calls 11110001\n");
-  return true;
+  spec.label = "A/B switch on 2 x 2";
+  return dq::shim_test::scenario_toggle(spec);
 }
 
 // ---- budget: one budget per shard of each block -----------------------------------------------
@@ -458,13 +395,8 @@ bool scenario_toggle() {
 bool scenario_budget() {
   const int n = 4;
   constexpr size_t kBudgetCount = 5242880;
-  dq::sim::SyntheticSpec spec;
-  spec.rows = n;
-  spec.cols = kBudgetCount;
-  spec.spread = 1.0;
-  spec.seed = 17;
   dq::sim::Matrix rows;
-  make_rows(spec, &rows);
+  make_rows(n, kBudgetCount, 17, &rows);
   const Case cases[] = {{Kind::kAllReduce, false, false, "allreduce f32 sum"},
                         {Kind::kAllReduce, true, true, "allreduce bf16 avg"}};
   auto body = [&](int rank, ncclComm_t comm) -> int {
@@ -473,7 +405,7 @@ bool scenario_budget() {
     std::string report;
     for (const Case& c : cases) {
       const ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
-      std::vector<unsigned char> in = encode(rows, rank, kBudgetCount, c.bf16);
+      std::vector<unsigned char> in = typed_input(rows, rank, kBudgetCount, c.bf16);
       std::vector<unsigned char> out(in.size(), 0xCD);
       if (ncclAllReduce(in.data(), out.data(), kBudgetCount, dt, c.avg ? ncclAvg : ncclSum, comm,
                         nullptr) != ncclSuccess)

@@ -47,13 +47,6 @@ BytesFn bytes_fn() {
 
 using dq::test::fail;
 
-// The ranks' data, made in the parent before it forks them: on one thread, as TBB's workers
-// would outlive the call (rank_harness.h).
-void make_rows(const dq::sim::SyntheticSpec& spec, dq::sim::Matrix* rows) {
-  tbb::task_arena serial(1);
-  serial.execute([&] { dq::sim::make_synthetic(spec, rows); });
-}
-
 // Rank-side helpers ---------------------------------------------------------------------------
 
 bool rerouted_delta(ncclComm_t comm, unsigned long long* before) {
@@ -75,17 +68,9 @@ double result_vnmse(const dq::sim::Matrix& rows, int n, bool bf16, bool avg,
   double num = 0, den = 0;
   for (size_t i = 0; i < kCount; ++i) {
     double exact = 0;
-    for (int w = 0; w < n; ++w)
-      exact += bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
+    for (int w = 0; w < n; ++w) exact += input(rows, w, i, bf16);
     if (avg) exact /= n;
-    float got;
-    if (bf16) {
-      uint16_t b;
-      std::memcpy(&b, got_bytes + i * 2, 2);
-      got = dq::bf16_to_f32(b);
-    } else {
-      std::memcpy(&got, got_bytes + i * 4, 4);
-    }
+    const float got = typed_value(got_bytes, i, bf16);
     *finite = *finite && std::isfinite(got);
     num += (got - exact) * (got - exact);
     den += exact * exact;
@@ -94,13 +79,8 @@ double result_vnmse(const dq::sim::Matrix& rows, int n, bool bf16, bool avg,
 }
 
 bool scenario_accuracy(int n, const std::string& topo, const std::string& block_bytes) {
-  dq::sim::SyntheticSpec spec;
-  spec.rows = n;
-  spec.cols = kCount;
-  spec.spread = 1.0;
-  spec.seed = 7;
   dq::sim::Matrix rows;
-  make_rows(spec, &rows);
+  make_rows(n, kCount, 7, &rows);
   auto body = [&](int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0;
     rerouted_delta(comm, &seen);
@@ -111,16 +91,8 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
         for (int inplace = 0; inplace < 2; ++inplace, ++call) {
           const bool bf16 = dt == 1;
           const size_t esize = bf16 ? 2 : 4;
-          std::vector<unsigned char> in(kCount * esize), out(kCount * esize, 0xCD);
-          for (size_t i = 0; i < kCount; ++i) {
-            const float v = rows.row(rank)[i];
-            if (bf16) {
-              const uint16_t b = dq::f32_to_bf16_rne(v);
-              std::memcpy(&in[i * 2], &b, 2);
-            } else {
-              std::memcpy(&in[i * 4], &v, 4);
-            }
-          }
+          std::vector<unsigned char> in = typed_input(rows, rank, kCount, bf16);
+          std::vector<unsigned char> out(kCount * esize, 0xCD);
           void* dst = inplace ? in.data() : out.data();
           const ncclResult_t res =
               ncclAllReduce(in.data(), dst, kCount, bf16 ? ncclBfloat16 : ncclFloat32,
@@ -165,9 +137,7 @@ bool scenario_accuracy(int n, const std::string& topo, const std::string& block_
     std::vector<float> conv(static_cast<size_t>(n) * kCount);
     std::vector<const float*> ptrs;
     for (int w = 0; w < n; ++w) {
-      for (size_t i = 0; i < kCount; ++i)
-        conv[w * kCount + i] =
-            dt ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
+      for (size_t i = 0; i < kCount; ++i) conv[w * kCount + i] = input(rows, w, i, dt);
       ptrs.push_back(conv.data() + w * kCount);
     }
     std::string err;
@@ -611,39 +581,17 @@ bool scenario_stalled_peer(int n) {
 
 // The A/B switch: rank 0's control file flips every rank on the same call.
 bool scenario_toggle(int n) {
-  const std::string control = g_dir + "/switch";
-  write_text(control, "on\n");
-  const int calls = 8;
-  auto body = [&](int rank, ncclComm_t comm) -> int {
-    unsigned long long seen = 0;
-    rerouted_delta(comm, &seen);
-    std::string pattern;
-    for (int k = 0; k < calls; ++k) {
-      if (rank == 0 && k == 3) write_text(control, "off\n");
-      if (rank == 0 && k == 6) write_text(control, "1\n");
-      bool rerouted = false;
-      const int rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, &rerouted, &seen);
-      if (rc != 0 && !(rc == 23 && rerouted)) return 10 + rc;  // exact whenever passed through
-      pattern += rerouted ? '1' : '0';
-    }
-    write_text(rank_file(rank, "toggle"), pattern);
-    return 0;
+  ToggleSpec spec;
+  spec.n = n;
+  spec.env = [](int, const std::string& control) {
+    return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_CONTROL_FILE", control}};
   };
-  auto codes = run_ranks(
-      n,
-      [&](int) {
-        return Env{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_CONTROL_FILE", control}};
-      },
-      body, 300);
-  if (!all_zero(codes, "toggle")) return false;
-  for (int r = 0; r < n; ++r) {
-    const std::string p = read_file(rank_file(r, "toggle"));
-    // Rank 0 reads the file on call 3 (off) and call 6 (on); every rank applies what rank 0 read
-    // one call later (docs/ENGINE.md section 3): calls 4-6 pass through.
-    EXPECT(p == "11110001", "rank %d compressed calls %s, expected 11110001", r, p.c_str());
-  }
-  std::printf("A/B switch: every rank compressed calls 11110001\n");
-  return true;
+  spec.call = [n](int rank, ncclComm_t comm, unsigned long long* seen, bool* rerouted) {
+    const int rc = exact_float_call(n, rank, comm, 1 << 20, ncclSum, rerouted, seen);
+    return rc != 0 && !(rc == 23 && *rerouted) ? 10 + rc : 0;  // exact whenever passed through
+  };
+  spec.label = "A/B switch";
+  return dq::shim_test::scenario_toggle(spec);
 }
 
 // The number on the Prometheus line of metric `name` whose labels contain `label` ("" for
@@ -855,31 +803,13 @@ Variant variant(int k) {
   return Variant{(k & 4) != 0, (k & 2) != 0, (k & 1) != 0};
 }
 
-// Rank r's input in the call's element type (`rows` holds FP32; BF16 rounds to nearest even).
-std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, size_t count,
-                                       bool bf16) {
-  std::vector<unsigned char> out(count * (bf16 ? 2 : 4));
-  for (size_t i = 0; i < count; ++i) {
-    const float v = rows.row(rank)[i];
-    if (bf16) {
-      const uint16_t b = dq::f32_to_bf16_rne(v);
-      std::memcpy(&out[i * 2], &b, 2);
-    } else {
-      std::memcpy(&out[i * 4], &v, 4);
-    }
-  }
-  return out;
-}
-
 // The inputs as the reduction sees them: every rank's row in FP32, BF16-rounded for BF16 calls.
 std::vector<float> seen_rows(const dq::sim::Matrix& rows, int n, size_t count, bool bf16,
                              std::vector<const float*>* ptrs) {
   std::vector<float> conv(static_cast<size_t>(n) * count);
   ptrs->clear();
   for (int w = 0; w < n; ++w) {
-    for (size_t i = 0; i < count; ++i)
-      conv[w * count + i] =
-          bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(rows.row(w)[i])) : rows.row(w)[i];
+    for (size_t i = 0; i < count; ++i) conv[w * count + i] = input(rows, w, i, bf16);
   }
   for (int w = 0; w < n; ++w) ptrs->push_back(conv.data() + w * count);
   return conv;
@@ -1001,13 +931,8 @@ bool scenario_reducescatter(int n, const std::string& topo, const std::string& b
   if (block_bytes.back() == 'K') block <<= 10;
   if (block_bytes.back() == 'M') block <<= 20;
   const size_t recv = kScatterRecv, total = recv * static_cast<size_t>(n);
-  dq::sim::SyntheticSpec spec;
-  spec.rows = n;
-  spec.cols = total;
-  spec.spread = 1.0;
-  spec.seed = 11;
   dq::sim::Matrix rows;
-  make_rows(spec, &rows);
+  make_rows(n, total, 11, &rows);
   auto body = [&](const std::string& tag, int rank, ncclComm_t comm) {
     return reducescatter_calls(tag, rank, comm, rows, total, recv);
   };
@@ -1108,13 +1033,8 @@ bool scenario_reducescatter(int n, const std::string& topo, const std::string& b
 // receive buffer untouched.
 bool scenario_reduce(int n, const std::string& topo) {
   const size_t count = kReduceCount;
-  dq::sim::SyntheticSpec spec;
-  spec.rows = n;
-  spec.cols = count;
-  spec.spread = 1.0;
-  spec.seed = 13;
   dq::sim::Matrix rows;
-  make_rows(spec, &rows);
+  make_rows(n, count, 13, &rows);
   const int roots[2] = {0, n - 1};
   auto body = [&](const std::string& tag, int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0;

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <signal.h>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,7 +14,9 @@
 #include <sstream>
 #include <thread>
 
+#include "kernels/bf16.h"
 #include "tests/common/check.h"
+#include "tools/sim/gradients.h"
 
 namespace dq::shim_test {
 
@@ -203,6 +206,79 @@ bool scenario_kill(const KillSpec& spec, int runs, const std::string& collective
       "slowest survivor's failing call took %.2f s\n",
       spec.label, collective.c_str(), runs, runs, slowest);
   return true;
+}
+
+bool scenario_toggle(const ToggleSpec& spec) {
+  const std::string control = g_dir + "/switch";
+  write_text(control, "on\n");
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    unsigned long long seen = 0, passed = 0;
+    counters_fn()(comm, &seen, &passed);
+    std::string pattern;
+    for (int k = 0; k < 8; ++k) {
+      if (rank == 0 && k == 3) write_text(control, "off\n");
+      if (rank == 0 && k == 6) write_text(control, "1\n");
+      bool rerouted = false;
+      if (const int rc = spec.call(rank, comm, &seen, &rerouted); rc != 0) return rc;
+      pattern += rerouted ? '1' : '0';
+    }
+    write_text(rank_file(rank, "toggle"), pattern);
+    return 0;
+  };
+  auto codes = run_ranks(
+      spec.n, [&](int r) { return spec.env(r, control); }, body, 300);
+  if (!all_zero(codes, "toggle")) return false;
+  for (int r = 0; r < spec.n; ++r) {
+    const std::string p = read_file(rank_file(r, "toggle"));
+    EXPECT(p == "11110001", "rank %d compressed calls %s, expected 11110001", r, p.c_str());
+  }
+  std::printf("%s: every rank compressed calls 11110001\n", spec.label);
+  return true;
+}
+
+void make_rows(const dq::sim::SyntheticSpec& spec, dq::sim::Matrix* rows) {
+  tbb::task_arena serial(1);
+  serial.execute([&] { dq::sim::make_synthetic(spec, rows); });
+}
+
+void make_rows(int n, size_t cols, uint64_t seed, dq::sim::Matrix* rows) {
+  dq::sim::SyntheticSpec spec;
+  spec.rows = static_cast<size_t>(n);
+  spec.cols = cols;
+  spec.spread = 1.0;
+  spec.seed = seed;
+  make_rows(spec, rows);
+}
+
+std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, size_t count,
+                                       bool bf16) {
+  std::vector<unsigned char> out(count * (bf16 ? 2 : 4));
+  for (size_t i = 0; i < count; ++i) {
+    const float v = rows.row(rank)[i];
+    if (bf16) {
+      const uint16_t b = dq::f32_to_bf16_rne(v);
+      std::memcpy(&out[i * 2], &b, 2);
+    } else {
+      std::memcpy(&out[i * 4], &v, 4);
+    }
+  }
+  return out;
+}
+
+float input(const dq::sim::Matrix& rows, int w, size_t i, bool bf16) {
+  const float v = rows.row(w)[i];
+  return bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(v)) : v;
+}
+
+float typed_value(const unsigned char* bytes, size_t i, bool bf16) {
+  if (bf16) {
+    uint16_t b;
+    std::memcpy(&b, bytes + i * 2, 2);
+    return dq::bf16_to_f32(b);
+  }
+  float f;
+  std::memcpy(&f, bytes + i * 4, 4);
+  return f;
 }
 
 int scenario_main(int argc, char** argv, int min_argc, const char* usage, const char* dir_template,

@@ -14,6 +14,11 @@
 #include "common/nccl_api.h"
 #include "tests/common/rank_harness.h"
 
+namespace dq::sim {
+struct Matrix;
+struct SyntheticSpec;
+}  // namespace dq::sim
+
 namespace dq::shim_test {
 
 using Env = std::vector<std::pair<std::string, std::string>>;
@@ -72,6 +77,32 @@ struct KillSpec {
 };
 // `collective`: allreduce, reducescatter (count / n values per rank) or reduce (root 0).
 bool scenario_kill(const KillSpec& spec, int runs, const std::string& collective);
+
+// The A/B switch: rank 0 writes the control file g_dir/switch ("on" first, "off" before call 3,
+// "1" before call 6) and every rank must compress calls 11110001: rank 0 reads the file on
+// calls 3 and 6, every rank applies what it read one call later (docs/ENGINE.md section 3).
+struct ToggleSpec {
+  int n = 4;
+  std::function<Env(int, const std::string&)> env;  // rank r's settings, given the control file
+  // One call of rank `rank`: 0 when its result is right (exact whenever passed through), else
+  // the rank's exit code; *rerouted whether it was compressed, *seen the rerouted counter.
+  std::function<int(int, ncclComm_t, unsigned long long*, bool*)> call;
+  const char* label = "A/B switch";  // names the run in the summary line
+};
+bool scenario_toggle(const ToggleSpec& spec);
+
+// The ranks' data, made in the parent before it forks them: on one thread, as TBB's workers
+// would outlive the call (rank_harness.h).
+void make_rows(const dq::sim::SyntheticSpec& spec, dq::sim::Matrix* rows);
+// make_rows of n rows of `cols` values, spread 1, seed `seed`.
+void make_rows(int n, size_t cols, uint64_t seed, dq::sim::Matrix* rows);
+// Rank r's input in the call's element type (`rows` holds FP32; BF16 rounds to nearest even).
+std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, size_t count,
+                                       bool bf16);
+// Rank w's element i as the reduction sees it: FP32, or rounded to BF16 for a BF16 call.
+float input(const dq::sim::Matrix& rows, int w, size_t i, bool bf16);
+// Element i of a result in the call's element type (FP32 or BF16), as float.
+float typed_value(const unsigned char* bytes, size_t i, bool bf16);
 
 // How one scenario of a program ended.
 enum class Outcome { pass, fail, unknown };
