@@ -31,14 +31,7 @@
 
 namespace {
 
-using dq::shim_test::count_occurrences;
-using dq::shim_test::CountersFn;
-using dq::shim_test::Env;
-using dq::shim_test::g_dir;
-using dq::shim_test::Outcome;
-using dq::shim_test::outcome;
-using dq::shim_test::rank_log;
-using dq::shim_test::read_file;
+using namespace dq::shim_test;
 using dq::test::fail;
 
 // Forks n ranks of a communicator named `name`; rank r applies env(r) before it is created and

@@ -28,12 +28,7 @@
 
 namespace {
 
-using dq::shim_test::counters_fn;
-using dq::shim_test::Env;
-using dq::shim_test::identical_everywhere;
-using dq::shim_test::Outcome;
-using dq::shim_test::outcome;
-using dq::shim_test::rank_log;
+using namespace dq::shim_test;
 
 constexpr size_t kCount = 1 << 18;  // elements per all-reduce (per rank in a reduce-scatter)
 constexpr double kFloatMax = FLT_MAX;
