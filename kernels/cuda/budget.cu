@@ -253,10 +253,31 @@ __global__ void __launch_bounds__(kGridThreads)
 
 namespace {
 
-// The grid kernels' part loop: this block's row, then every gridDim.y-th part, with a barrier
-// between parts (their shared memory is reused).
-#define DQ_FOR_EACH_ROW_PART(part) \
-  for (uint32_t part = blockIdx.y; part < n_parts; part += gridDim.y, __syncthreads())
+// Where a grid kernel's hop tables come from: the job's mapped ones, staged into `staged` (shared
+// memory) when the scratch holds a copy; none for the kernels over key entries.
+struct HopSource {
+  HopProfile mapped;
+  int n_workers = 0;
+  double* staged = nullptr;
+};
+
+// The grid kernels' part loop: fn(s, part, hop) for this block's row's part, then every
+// gridDim.y-th, with a barrier after each (their shared memory is reused); nothing when the
+// lane's error word is set.
+template <class PartFn>
+__device__ __forceinline__ void for_each_row_part(void* scratch, uint32_t n_parts,
+                                                  const unsigned* error, const HopSource& source,
+                                                  unsigned* skip, PartFn fn) {
+  if (block_skips(error, nullptr, skip)) return;
+  const Scratch s = scratch_of(scratch, n_parts);
+  const HopProfile hop = source.staged != nullptr
+                             ? stage_hop(s, source.mapped, source.n_workers, source.staged)
+                             : source.mapped;
+  for (uint32_t part = blockIdx.y; part < n_parts; part += gridDim.y) {
+    fn(s, part, hop);
+    __syncthreads();
+  }
+}
 
 __device__ void extent_of_part(const Scratch& s, uint32_t part, const HopProfile& hop,
                                int n_workers, const uint16_t* reduced,
@@ -306,12 +327,10 @@ __global__ void __launch_bounds__(kGridThreads)
   __shared__ double scratch_d[kWarp + 1];
   __shared__ unsigned skip;
   DQ_DYNAMIC_SHARED(double, staged);
-  if (block_skips(error, nullptr, &skip)) return;
-  const Scratch s = scratch_of(scratch, n_parts);
-  const HopProfile hop = stage_hop(s, mapped, n_workers, staged);
-  DQ_FOR_EACH_ROW_PART(part) {
-    extent_of_part(s, part, hop, n_workers, reduced, scratch_u, scratch_d);
-  }
+  for_each_row_part(scratch, n_parts, error, HopSource{mapped, n_workers, staged}, &skip,
+                    [&](const Scratch& s, uint32_t part, const HopProfile& hop) {
+                      extent_of_part(s, part, hop, n_workers, reduced, scratch_u, scratch_d);
+                    });
 }
 
 namespace {
@@ -347,12 +366,10 @@ __global__ void __launch_bounds__(kGridThreads)
   __shared__ uint32_t block_bits[kBudgetKeyWords];
   __shared__ unsigned skip;
   DQ_DYNAMIC_SHARED(double, staged);
-  if (block_skips(error, nullptr, &skip)) return;
-  const Scratch s = scratch_of(scratch, n_parts);
-  const HopProfile hop = stage_hop(s, mapped, n_workers, staged);
-  DQ_FOR_EACH_ROW_PART(part) {
-    mark_keys_of_part(s, part, hop, n_workers, reduced, block_bits, &skip);
-  }
+  for_each_row_part(scratch, n_parts, error, HopSource{mapped, n_workers, staged}, &skip,
+                    [&](const Scratch& s, uint32_t part, const HopProfile& hop) {
+                      mark_keys_of_part(s, part, hop, n_workers, reduced, block_bits, &skip);
+                    });
 }
 
 namespace {
@@ -434,12 +451,10 @@ __global__ void __launch_bounds__(kGridThreads, kSumsBlocksPerSm)
   __shared__ SumsShared sh;
   __shared__ unsigned skip;
   DQ_DYNAMIC_SHARED(double, staged);
-  if (block_skips(error, nullptr, &skip)) return;
-  const Scratch s = scratch_of(scratch, n_parts);
-  const HopProfile hop = stage_hop(s, mapped, n_workers, staged);
-  DQ_FOR_EACH_ROW_PART(part) {
-    sums_of_part(s, part, hop, n_workers, reduced, sh, scratch_u, &skip);
-  }
+  for_each_row_part(scratch, n_parts, error, HopSource{mapped, n_workers, staged}, &skip,
+                    [&](const Scratch& s, uint32_t part, const HopProfile& hop) {
+                      sums_of_part(s, part, hop, n_workers, reduced, sh, scratch_u, &skip);
+                    });
 }
 
 namespace {
@@ -505,11 +520,10 @@ __global__ void __launch_bounds__(kBudgetRunThreads)
     budget_runs_kernel(void* scratch, uint32_t n_parts, const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   __shared__ unsigned skip;
-  if (block_skips(error, nullptr, &skip)) return;
-  const Scratch s = scratch_of(scratch, n_parts);
-  DQ_FOR_EACH_ROW_PART(part) {
-    runs_of_part(s, part, scratch_u, &skip);
-  }
+  for_each_row_part(scratch, n_parts, error, HopSource{}, &skip,
+                    [&](const Scratch& s, uint32_t part, const HopProfile&) {
+                      runs_of_part(s, part, scratch_u, &skip);
+                    });
 }
 
 // then each entry's sum from the runs above its own and a block scan of its run.
@@ -517,14 +531,11 @@ __global__ void __launch_bounds__(kBudgetRunThreads)
     budget_cumulate_kernel(void* scratch, uint32_t n_parts, const unsigned* error) {
   __shared__ unsigned long long scratch_u[kWarp + 1];
   __shared__ unsigned skip;
-  if (block_skips(error, nullptr, &skip)) return;
-  const Scratch s = scratch_of(scratch, n_parts);
-  DQ_FOR_EACH_ROW_PART(part) {
-    cumulate_part(s, part, scratch_u, &skip);
-  }
+  for_each_row_part(scratch, n_parts, error, HopSource{}, &skip,
+                    [&](const Scratch& s, uint32_t part, const HopProfile&) {
+                      cumulate_part(s, part, scratch_u, &skip);
+                    });
 }
-
-#undef DQ_FOR_EACH_ROW_PART
 
 // One thread per candidate and one for the energy, the target and the plan used.
 constexpr int kPartThreads = (kCandidates + 1 + kWarp - 1) / kWarp * kWarp;
