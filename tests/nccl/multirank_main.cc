@@ -37,6 +37,7 @@
 #define TEST_CONFIG_MAGIC DQ_NCCL_CONFIG_MAGIC
 #endif
 #include "tests/common/rank_harness.h"
+#include "tests/common/test_data.h"
 
 extern "C" const char* dqCpuNcclCommName(ncclComm_t comm);
 
@@ -72,13 +73,6 @@ struct Shared {
   int digest_count[kMaxRanks];
 };
 Shared* g_shared = nullptr;
-
-uint64_t fnv1a(const void* data, size_t bytes) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 int init_comm(int rank, int nranks, ncclComm_t* comm, ncclConfig_t* config = nullptr) {
   if (rank == 0) {
@@ -640,7 +634,7 @@ int scenario_random(int rank, int nranks) {
         FAIL_IF(std::fabs(got - want) > tol, "%s %s element %zu: %g vs exact %g", t.name,
                 kOpNames[op], i, got, want);
       }
-      g_shared->digest[rank][slot++] = fnv1a(buf.data(), buf.size());
+      g_shared->digest[rank][slot++] = dq::test::fnv1a(buf.data(), buf.size());
     }
   }
   g_shared->digest_count[rank] = slot;
@@ -781,7 +775,7 @@ int scenario_big(int rank, int nranks, size_t bytes) {
                             comm, nullptr));
       double s = std::chrono::duration<double>(Clock::now() - start).count();
       if (compare(t, buf.data(), want.data(), count, "big allreduce", op, count)) return 1;
-      g_shared->digest[rank][0] = fnv1a(buf.data(), buf.size());
+      g_shared->digest[rank][0] = dq::test::fnv1a(buf.data(), buf.size());
       if (rank == 0)
         std::printf("allreduce %zu MiB %-8s %-4s on %d ranks: correct (%.3f s)\n", bytes >> 20,
                     t.name, kOpNames[op], nranks, s);

@@ -53,19 +53,7 @@ using dq::engine::PassReason;
 using dq::test::cpu_nccl_ops;
 using dq::test::settings_for;
 
-uint64_t fnv(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 // True when `h` is the same on every rank: MAX of (h, ~h) gives max and ~min.
-bool same_everywhere(ncclComm_t comm, uint64_t h) {
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
-}
 
 // Gradient-like values whose magnitude changes along the tensor (so the widths vary), different
 // on every rank; `poison` puts +Inf at one element.
@@ -208,7 +196,8 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
       in[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * rank + k) +
                                  0.5 * std::sin(0.0011 * static_cast<double>(i)));
     if (const int rc = pair.call(in.data(), kCount, k, 60); rc != 0) return rc;
-    CHECK_OR(63, same_everywhere(comms[0], fnv(pair.out_cuda.data(), kCount * 4)),
+    CHECK_OR(63,
+             dq::test::same_everywhere(comms[0], dq::test::fnv1a(pair.out_cuda.data(), kCount * 4)),
              "rank %d: auto call %d: results differ across ranks", rank, k);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
@@ -359,7 +348,8 @@ int grid_layout_call(int n, const std::string& topo, int rank, ncclComm_t* comms
     before = dq::engine::cuda_device_counts(cuda);
     const std::vector<unsigned char> in = make_input(rank + 5 * k, kCount, false, false);
     if (const int rc = pair.call(in.data(), kCount, k, 80); rc != 0) return rc;
-    CHECK_OR(83, same_everywhere(comms[0], fnv(pair.out_cuda.data(), kCount * 4)),
+    CHECK_OR(83,
+             dq::test::same_everywhere(comms[0], dq::test::fnv1a(pair.out_cuda.data(), kCount * 4)),
              "rank %d: grid-layout call %d: results differ across ranks", rank, k);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
@@ -448,7 +438,7 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
                "0x%02x on the host device",
                rank, c.what, b, b / esize, out_cuda[b], out_host[b]);
     if (!scatter)
-      CHECK_OR(15, same_everywhere(comms[0], fnv(out_cuda.data(), out_bytes)),
+      CHECK_OR(15, dq::test::same_everywhere(comms[0], dq::test::fnv1a(out_cuda.data(), out_bytes)),
                "rank %d, %s: all-reduce results differ across ranks", rank, c.what);
     const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda.get());
     // Every codec runs as kernels now, the baselines too (they have no statistics to compute).
@@ -927,7 +917,7 @@ int two_level_body(int rank, ncclComm_t* comms) {
                "host device",
                rank, c.what, b, out_cuda[b], out_host[b]);
     if (c.collective == Collective::kAllReduce) {
-      CHECK_OR(85, same_everywhere(comms[0], fnv(out_cuda.data(), out_bytes)),
+      CHECK_OR(85, dq::test::same_everywhere(comms[0], dq::test::fnv1a(out_cuda.data(), out_bytes)),
                "rank %d, %s: results differ across ranks", rank, c.what);
       // Two levels: the compressed stage saw this rank's shard, half the call (a flat schedule
       // would count all of it).

@@ -45,19 +45,6 @@ float exact_sum(int n, int k, size_t i) {
   return s;
 }
 
-uint64_t fnv(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-bool same_everywhere(ncclComm_t comm, uint64_t h) {
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
-}
-
 // Runs one eager call on `stream` and waits for it; 0 or an exit code.
 int eager_call(Engine& eng, Device* d, dq::engine::StreamHandle stream,
                dq::engine::EventHandle done, const std::vector<float>& in, std::vector<float>* out,
@@ -132,7 +119,7 @@ int capture_body(int n, int rank, ncclComm_t comm) {
     if (const int rc = eager_call(eng, cuda.get(), stream, done, integer_input(rank, k, kCount),
                                   &out, rank, k))
       return rc;
-    CHECK_OR(8, same_everywhere(comm, fnv(out.data(), kCount * 4)),
+    CHECK_OR(8, dq::test::same_everywhere(comm, dq::test::fnv1a(out.data(), kCount * 4)),
              "rank %d: call %d: results differ across ranks", rank, k);
     double err = 0, norm = 0;
     for (size_t i = 0; i < kCount; ++i) {
@@ -203,7 +190,7 @@ int in_progress_body(int n, int rank, ncclComm_t comm) {
     if (const int rc = eager_call(eng, cuda.get(), stream, done, integer_input(rank, k, kCount),
                                   &out, rank, k))
       return rc;
-    CHECK_OR(8, same_everywhere(comm, fnv(out.data(), kCount * 4)),
+    CHECK_OR(8, dq::test::same_everywhere(comm, dq::test::fnv1a(out.data(), kCount * 4)),
              "rank %d: call %d: results differ across ranks", rank, k);
   }
   CHECK_OR(13, g_in_progress.load() > 0 && g_polled.load() >= (kPolls + 1) * g_in_progress.load(),

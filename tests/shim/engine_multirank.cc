@@ -102,19 +102,7 @@ bool all_zero(const std::vector<int>& codes, const char* what) {
   return ok;
 }
 
-uint64_t fnv(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 // True when `h` is the same on every rank: MAX of (h, ~h) gives max and ~min.
-bool same_everywhere(ncclComm_t comm, uint64_t h) {
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
-}
 
 float gradient_value(int rank, size_t i) {
   // Smooth per-rank data with varied magnitudes, like a gradient bucket.
@@ -168,7 +156,9 @@ int scenario_audit(int n, const std::string& topo) {
         CHECK_OR(13, out_plain == out_checked,
                  "rank %d call %d: the audited device's result differs from the host device's",
                  rank, call);
-        CHECK_OR(14, same_everywhere(comms[0], fnv(out_plain.data(), out_plain.size())),
+        CHECK_OR(14,
+                 dq::test::same_everywhere(comms[0],
+                                           dq::test::fnv1a(out_plain.data(), out_plain.size())),
                  "rank %d call %d: results differ across ranks", rank, call);
       }
     const uint64_t accesses = dq::engine::audited_host_accesses(audited.get());
@@ -325,7 +315,8 @@ int scenario_alloc_fail(int n, bool budget_scratch) {
       reasons += dq::engine::reason_name(reason);
       reasons += ' ';
     }
-    CHECK_OR(23, same_everywhere(comms[0], fnv(reasons.data(), reasons.size())),
+    CHECK_OR(23,
+             dq::test::same_everywhere(comms[0], dq::test::fnv1a(reasons.data(), reasons.size())),
              "rank %d: outcomes differ across ranks (mine: %s)", rank, reasons.c_str());
     const std::string expect = std::string(dq::engine::reason_name(PassReason::kFailure)) + " " +
                                dq::engine::reason_name(PassReason::kRerouted) + " ";
@@ -875,11 +866,13 @@ int scenario_auto(int n) {
                           run, count, k - 1, budgets[budgets.size() - 3], b.predicted_vnmse,
                           measured[s][k - 1]);
           }
-          CHECK_OR(95, same_everywhere(comms[0], fnv(out.data(), count * 4)),
+          CHECK_OR(95, dq::test::same_everywhere(comms[0], dq::test::fnv1a(out.data(), count * 4)),
                    "rank %d: results differ between ranks", rank);
         }
-      CHECK_OR(96, same_everywhere(comms[0], fnv(budgets.data(), budgets.size() * 8)),
-               "rank %d: ranks chose different budgets", rank);
+      CHECK_OR(
+          96,
+          dq::test::same_everywhere(comms[0], dq::test::fnv1a(budgets.data(), budgets.size() * 8)),
+          "rank %d: ranks chose different budgets", rank);
       if (dense) {
         // The fallback is MXFP8's error, below the 5-bit first call's; its statistics calls
         // were 1 in 8 (the counters: 2 buckets x 9 MX calls, 2 x 2 predicted calls).
@@ -1049,7 +1042,7 @@ int scenario_check(int n) {
     const double ratio = m.paired_sampled_sum / m.paired_predicted_sum;
     CHECK_OR(116, ratio > 0.5 && ratio < 2.0,
              "rank %d: sampled / predicted vNMSE over paired calls %.3g", rank, ratio);
-    CHECK_OR(117, same_everywhere(comms[0], fnv(&m.checked_sq_error, 8)),
+    CHECK_OR(117, dq::test::same_everywhere(comms[0], dq::test::fnv1a(&m.checked_sq_error, 8)),
              "rank %d: the checks differ between ranks", rank);
     if (rank == 0)
       std::printf(

@@ -38,6 +38,7 @@
 #include "kernels/codec.h"
 #include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
+#include "tests/common/test_data.h"
 #include "tests/shim/shim_test_util.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -270,11 +271,11 @@ bool scenario_flat() {
             ncclSuccess)
       return 10;
     char text[96];
-    std::snprintf(
-        text, sizeof text, "%016llx %016llx %016llx\n",
-        static_cast<unsigned long long>(fnv(out.data(), out.size())),
-        static_cast<unsigned long long>(fnv(scatter.data(), scatter.size())),
-        static_cast<unsigned long long>(rank == 2 ? fnv(reduced.data(), reduced.size()) : 0));
+    std::snprintf(text, sizeof text, "%016llx %016llx %016llx\n",
+                  static_cast<unsigned long long>(dq::test::fnv1a(out.data(), out.size())),
+                  static_cast<unsigned long long>(dq::test::fnv1a(scatter.data(), scatter.size())),
+                  static_cast<unsigned long long>(
+                      rank == 2 ? dq::test::fnv1a(reduced.data(), reduced.size()) : 0));
     write_text(rank_file(rank, "flat"), text);
     return 0;
   };

@@ -16,6 +16,7 @@
 
 #include "kernels/bf16.h"
 #include "tests/common/check.h"
+#include "tests/common/test_data.h"
 #include "tools/sim/gradients.h"
 
 namespace dq::shim_test {
@@ -101,16 +102,9 @@ bool all_zero(const std::vector<int>& codes, const char* what) {
   return true;
 }
 
-uint64_t fnv(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 // Identical bytes on every rank: MAX of (h, ~h) gives max and ~min of the per-rank hashes.
 bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes) {
-  const uint64_t h = fnv(data, bytes);
+  const uint64_t h = dq::test::fnv1a(data, bytes);
   uint64_t w[2] = {h, ~h};
   if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
   return w[0] == ~w[1];

@@ -57,9 +57,8 @@ std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
 // another failed, 125, only when no other failed) and fails naming `what`.
 bool all_zero(const std::vector<int>& codes, const char* what);
 
-// FNV-1a, 64 bits, of `bytes` at `data`.
-uint64_t fnv(const void* data, size_t bytes);
-// True when `bytes` at `data` are the same on every rank of comm (one 2-value MAX all-reduce).
+// True when `bytes` at `data` (hashed by dq::test::fnv1a) are the same on every rank of comm (one
+// 2-value MAX all-reduce).
 bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes);
 
 // A rank SIGKILLed inside a collective: every survivor must get an error from a call within
