@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#include "kernels/bf16.h"
 
 namespace dq::test {
 
@@ -38,5 +41,28 @@ struct Rng {
   int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
   size_t between(size_t lo, size_t hi) { return lo + next() % (hi - lo + 1); }  // inclusive
 };
+
+// Element i of a buffer of FP32 or BF16 values (bf16), as float; and stored from a float (BF16
+// rounds to nearest even).
+inline float load_element(const void* data, size_t i, bool bf16) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  if (bf16) {
+    uint16_t b;
+    std::memcpy(&b, p + i * 2, 2);
+    return bf16_to_f32(b);
+  }
+  float f;
+  std::memcpy(&f, p + i * 4, 4);
+  return f;
+}
+inline void store_element(void* data, size_t i, bool bf16, float v) {
+  auto* p = static_cast<unsigned char*>(data);
+  if (bf16) {
+    const uint16_t b = f32_to_bf16_rne(v);
+    std::memcpy(p + i * 2, &b, 2);
+  } else {
+    std::memcpy(p + i * 4, &v, 4);
+  }
+}
 
 }  // namespace dq::test

@@ -99,10 +99,10 @@ void accumulate(const dq::sim::Matrix& rows, int nranks, const Case& c, const un
     double exact = 0;
     for (int w = 0; w < nranks; ++w) exact += input(rows, w, first + i, c.bf16);
     if (c.avg) exact /= nranks;
-    const double d = typed_value(got, i, c.bf16) - exact;
+    const double d = dq::test::load_element(got, i, c.bf16) - exact;
     err[0] += d * d;
     err[1] += exact * exact;
-    if (!std::isfinite(typed_value(got, i, c.bf16))) err[2] = 1;
+    if (!std::isfinite(dq::test::load_element(got, i, c.bf16))) err[2] = 1;
   }
 }
 

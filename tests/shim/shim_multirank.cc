@@ -30,6 +30,7 @@
 #include "kernels/dynamiq_layout.h"
 #include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
+#include "tests/common/test_data.h"
 #include "tests/shim/shim_test_util.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -70,7 +71,7 @@ double result_vnmse(const dq::sim::Matrix& rows, int n, bool bf16, bool avg,
     double exact = 0;
     for (int w = 0; w < n; ++w) exact += input(rows, w, i, bf16);
     if (avg) exact /= n;
-    const float got = typed_value(got_bytes, i, bf16);
+    const float got = dq::test::load_element(got_bytes, i, bf16);
     *finite = *finite && std::isfinite(got);
     num += (got - exact) * (got - exact);
     den += exact * exact;
@@ -815,17 +816,6 @@ std::vector<float> seen_rows(const dq::sim::Matrix& rows, int n, size_t count, b
   return conv;
 }
 
-float typed_value(const std::string& bytes, size_t i, bool bf16) {
-  if (bf16) {
-    uint16_t b;
-    std::memcpy(&b, bytes.data() + i * 2, 2);
-    return dq::bf16_to_f32(b);
-  }
-  float f;
-  std::memcpy(&f, bytes.data() + i * 4, 4);
-  return f;
-}
-
 // vNMSE of `count` result values (the call's element type) against the exact FP64 sum (or
 // average) of the inputs `ptrs` at elements offset .. offset + count - 1.
 double block_vnmse(const std::string& bytes, size_t count, bool bf16, bool avg,
@@ -837,7 +827,7 @@ double block_vnmse(const std::string& bytes, size_t count, bool bf16, bool avg,
     double exact = 0;
     for (const float* row : ptrs) exact += row[offset + i];
     if (avg) exact /= static_cast<double>(ptrs.size());
-    const float got = typed_value(bytes, i, bf16);
+    const float got = dq::test::load_element(bytes.data(), i, bf16);
     *finite = *finite && std::isfinite(got);
     num += (got - exact) * (got - exact);
     den += exact * exact;
@@ -852,7 +842,7 @@ size_t same_as_simulator(const std::string& bytes, size_t count, bool bf16, cons
   size_t same = 0;
   for (size_t i = 0; i < count; ++i) {
     const float want = bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(sim[i])) : sim[i];
-    const float got = typed_value(bytes, i, bf16);
+    const float got = dq::test::load_element(bytes.data(), i, bf16);
     same += std::memcmp(&want, &got, 4) == 0 ? 1 : 0;
   }
   return same;

@@ -248,13 +248,7 @@ std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, si
                                        bool bf16) {
   std::vector<unsigned char> out(count * (bf16 ? 2 : 4));
   for (size_t i = 0; i < count; ++i) {
-    const float v = rows.row(rank)[i];
-    if (bf16) {
-      const uint16_t b = dq::f32_to_bf16_rne(v);
-      std::memcpy(&out[i * 2], &b, 2);
-    } else {
-      std::memcpy(&out[i * 4], &v, 4);
-    }
+    dq::test::store_element(out.data(), i, bf16, rows.row(rank)[i]);
   }
   return out;
 }
@@ -262,17 +256,6 @@ std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, si
 float input(const dq::sim::Matrix& rows, int w, size_t i, bool bf16) {
   const float v = rows.row(w)[i];
   return bf16 ? dq::bf16_to_f32(dq::f32_to_bf16_rne(v)) : v;
-}
-
-float typed_value(const unsigned char* bytes, size_t i, bool bf16) {
-  if (bf16) {
-    uint16_t b;
-    std::memcpy(&b, bytes + i * 2, 2);
-    return dq::bf16_to_f32(b);
-  }
-  float f;
-  std::memcpy(&f, bytes + i * 4, 4);
-  return f;
 }
 
 int scenario_main(int argc, char** argv, int min_argc, const char* usage, const char* dir_template,

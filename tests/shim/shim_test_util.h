@@ -100,8 +100,6 @@ std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, si
                                        bool bf16);
 // Rank w's element i as the reduction sees it: FP32, or rounded to BF16 for a BF16 call.
 float input(const dq::sim::Matrix& rows, int w, size_t i, bool bf16);
-// Element i of a result in the call's element type (FP32 or BF16), as float.
-float typed_value(const unsigned char* bytes, size_t i, bool bf16);
 
 // How one scenario of a program ended.
 enum class Outcome { pass, fail, unknown };

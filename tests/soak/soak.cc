@@ -146,26 +146,6 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
-float load(const unsigned char* p, size_t i, bool bf16) {
-  if (bf16) {
-    uint16_t b;
-    std::memcpy(&b, p + i * 2, 2);
-    return dq::bf16_to_f32(b);
-  }
-  float f;
-  std::memcpy(&f, p + i * 4, 4);
-  return f;
-}
-
-void store(unsigned char* p, size_t i, bool bf16, float v) {
-  if (bf16) {
-    const uint16_t b = dq::f32_to_bf16_rne(v);
-    std::memcpy(p + i * 2, &b, 2);
-  } else {
-    std::memcpy(p + i * 4, &v, 4);
-  }
-}
-
 // RSS less the plan cache: kNetSamples samples after warm-up, growth judged on the medians of
 // the first and last kNetWindow of them.
 constexpr int kNetSamples = 200, kNetWindow = 20;
@@ -282,7 +262,8 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
     const size_t recvcount = c.coll == kReduceScatter ? c.count / n : c.count;
     ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
     for (size_t i = 0; i < c.count; ++i)
-      store(send.data(), i, c.bf16, static_cast<float>(dq::test::bell_value(c.key, rank, i)));
+      dq::test::store_element(send.data(), i, c.bf16,
+                              static_cast<float>(dq::test::bell_value(c.key, rank, i)));
     const uint64_t send_hash = c.inplace ? 0 : dq::test::fnv1a(send.data(), c.count * esize);
     // Where the result lands, and which elements of the full vector it holds.
     unsigned char* dst = recv.data();
@@ -354,7 +335,7 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
           want = c.op == ncclMax ? std::max(want, static_cast<double>(v)) : want + v;
         }
         if (c.op == ncclAvg) want /= n;
-        const float got = load(dst, j, c.bf16);
+        const float got = dq::test::load_element(dst, j, c.bf16);
         if (!compressed) {
           if (got != static_cast<float>(want)) {
             bad = 12;
