@@ -54,7 +54,8 @@
 #                    alone. shim_4proc_device_buffers (among the other gpu suite tests): the
 #                    same buffers compressed by the shim's engine on the CUDA device (canary
 #                    included), its bytes against the host engine's
-#   memcheck_stats, memcheck_dynamiq, racecheck_stats, racecheck_dynamiq
+#   memcheck_grid_kernels, racecheck_grid_kernels, memcheck_layout_batch, memcheck_dynamiq,
+#   racecheck_dynamiq, memcheck_stats, racecheck_stats, racecheck_layout_batch
 #                    compute-sanitizer on the kernel tests with DQ_KERNEL_TESTS_REDUCED=1 (the
 #                    largest cases left out); any report fails the step; last, since slowest:
 #                    what the budget leaves (30-90 s each)
@@ -479,16 +480,18 @@ else
 fi
 run_test cpu_nccl_4proc_device_buffers 90
 
-# Last, as the slowest: compute-sanitizer on the kernel tests (whatever the budget leaves).
-for tool in memcheck racecheck; do
-  for t in stats dynamiq; do
-    name=${tool}_$t
-    if [ $BUILD_OK != 1 ]; then skip_step "$name" "the build failed"
-    elif [ -z "$SANITIZER" ]; then skip_step "$name" "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
-    elif [ $HAVE_DEVICE != 1 ]; then skip_step "$name" "$NO_DEVICE_REASON"
-    else step "$name" 90 sanitize "$tool" "tests/gpu/test_cuda_${t}_device"
-    fi
-  done
+# Last, as the slowest: compute-sanitizer on the kernel tests (whatever the budget leaves), the
+# multi-block hand-offs first (grid layout and budget tickets, the digest chain, a call's layouts
+# in one batch: the kernels the emulation runs one block at a time), then the single-block ones.
+for pair in memcheck:grid_kernels racecheck:grid_kernels memcheck:layout_batch memcheck:dynamiq \
+            racecheck:dynamiq memcheck:stats racecheck:stats racecheck:layout_batch; do
+  tool=${pair%%:*} t=${pair#*:}
+  name=${tool}_$t
+  if [ $BUILD_OK != 1 ]; then skip_step "$name" "the build failed"
+  elif [ -z "$SANITIZER" ]; then skip_step "$name" "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+  elif [ $HAVE_DEVICE != 1 ]; then skip_step "$name" "$NO_DEVICE_REASON"
+  else step "$name" 90 sanitize "$tool" "tests/gpu/test_cuda_${t}_device"
+  fi
 done
 
 # ---------------------------------------------------------------------------------------------
