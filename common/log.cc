@@ -21,6 +21,7 @@
 #include <set>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "common/safe_file.h"
 #include "common/status.h"
 
@@ -219,8 +220,7 @@ std::string process_identity() {
 // the process; the descriptor stays open until the process ends) or no socket can be made
 // here; false: another copy bound it first.
 bool claim(std::string_view key) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  const uint64_t h = fnv1a64(key);
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(h));
   const std::string name = "dynamiq." + process_identity() + "." + hash;

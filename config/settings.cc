@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "common/fnv1a.h"
 #include "config/optin.h"
 #include "kernels/budget_model.h"
 #include "kernels/codec.h"
@@ -634,9 +635,7 @@ const char* Agreed::key(int i) {
 uint32_t Agreed::hash(const Settings& s, int i) {
   const int k = agreed_index(i);
   if (k < 0) return 0;
-  uint32_t h = 2166136261u;  // FNV-1a over the canonical value text
-  for (unsigned char c : kShow[k](s)) h = (h ^ c) * 16777619u;
-  return h;
+  return fnv1a32(kShow[k](s));  // over the canonical value text
 }
 
 }  // namespace dq::config

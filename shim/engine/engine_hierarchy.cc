@@ -13,16 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "shim/engine/engine_internal.h"
 
 namespace dq::engine {
 namespace {
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 // NCCL_CONFIG_INITIALIZER's values (every field undefined: NCCL's defaults) with blocking 0. A
 // blocking ncclCommSplit waits for every rank of the parent without a bound; a non-blocking one
@@ -44,12 +39,13 @@ ncclConfig_t nonblocking_split_config() {
 }  // namespace
 
 uint64_t node_host_hash() {
-  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && id[0] != '\0') return fnv1a(id);
+  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && id[0] != '\0')
+    return fnv1a64(id);
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return fnv1a(std::string(host) + boot);
+  return fnv1a64(std::string(host) + boot);
 }
 
 // Every rank's host hash (and whether its NCCL has the calls the two-level schedule needs),

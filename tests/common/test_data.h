@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/fnv1a.h"
 #include "kernels/bf16.h"
 
 namespace dq::test {
@@ -27,10 +28,7 @@ inline int bell_value(uint64_t key, int r, size_t i) {
 
 // FNV-1a over `bytes` bytes: a result's fingerprint, compared across ranks.
 inline uint64_t fnv1a(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return fnv1a64(data, bytes);
 }
 
 // The same sequence on every rank that starts from the same state.

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "common/log.h"
 #include "config/bytes.h"
 #include "config/settings.h"
@@ -44,6 +45,17 @@ Status load(Map env, config::Settings* s, std::string* error,
 
 // The size syntax itself (config::parse_bytes against dynamiq-perf's parse_size, case by case)
 // is tested in tests/tools/options_test.cc, which links the tools; here, the settings use it.
+// The published FNV-1a test vectors: the host hash (ENGINE.md, "FNV-1a 64 of NCCL_HOSTID") and
+// the settings' agreement hashes are what anyone recomputing them from the docs gets.
+TEST(Fnv1a, PublishedVectors) {
+  EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a64("foobar"), 0x85944171f73967e8ull);
+  EXPECT_EQ(fnv1a32("a"), 0xe40c292cu);
+  EXPECT_EQ(fnv1a32("foobar"), 0xbf9cf968u);
+  EXPECT_EQ(fnv1a64("bar", 3, fnv1a64("foo")), fnv1a64("foobar"));  // a hash continues
+}
+
 TEST(Bytes, SettingsUseTheOneSizeSyntax) {
   // The same syntax in the settings: 1MiB was rejected, 1MB accepted.
   config::Settings s;

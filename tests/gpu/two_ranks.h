@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/fnv1a.h"
+
 namespace dq::gputest {
 
 constexpr int kSkip = 77;
@@ -211,10 +213,7 @@ inline std::string read_result(const std::string& dir, const std::string& name) 
 
 // FNV-1a of `n` bytes: equal results on both ranks have equal digests.
 inline unsigned long long digest(const void* p, size_t n) {
-  unsigned long long h = 1469598103934665603ull;
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
+  return fnv1a64(p, n);
 }
 
 }  // namespace dq::gputest

@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/fnv1a.h"
+
 namespace {
 
 constexpr int kSkip = 77;
@@ -128,16 +130,14 @@ int run_rank(int rank, const UniqueId& id, const std::string& log_path) {
   const char* expect_env = std::getenv("DQ_TEST_EXPECT");
   const bool compressed = expect_env != nullptr && std::strcmp(expect_env, "compressed") == 0;
   double err = 0, norm = 0;
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the result's bytes
+  uint64_t hash = dq::kFnv1a64Basis;  // FNV-1a over the result's bytes
   for (size_t i = 0; i < kCount; ++i) {
     const float expect = 3.0f + 2.0f * static_cast<float>(i % 7);  // (1 + x) + (2 + x)
     if (!compressed && host[i] != expect) return 19;
     if (!std::isfinite(host[i])) return 23;
     err += (static_cast<double>(host[i]) - expect) * (static_cast<double>(host[i]) - expect);
     norm += static_cast<double>(expect) * expect;
-    unsigned char b[sizeof(float)];
-    std::memcpy(b, &host[i], sizeof b);
-    for (unsigned char c : b) hash = (hash ^ c) * 1099511628211ull;
+    hash = dq::fnv1a64(&host[i], sizeof(float), hash);
   }
   // Through the shim: its own counters must show what it did with the call. NCCL's log naming
   // "dynamiq" proves only that the plugin loaded.

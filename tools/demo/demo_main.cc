@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "kernels/bf16.h"
 #include "tools/cli/cli.h"
 #include "tools/run/rendezvous.h"
@@ -41,9 +42,7 @@ struct Outcome {
 
 // Identical bytes on every rank: MAX of (h, ~h).
 bool identical(ncclComm_t comm, const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i)
-    h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  const uint64_t h = dq::fnv1a64(data, bytes);
   uint64_t w[2] = {h, ~h};
   ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr);
   return w[0] == ~w[1];
