@@ -182,7 +182,7 @@ DynamiqOptions fixed_widths() {
 }
 
 // A build of S and of 4S super-groups (and 4x the chunks): each within its bound, and the second
-// at most kMostGrowth times the first, everything counted. A linear kernel gives 4.0-4.05 here
+// at most kMostGrowth times the first, everything counted. A linear kernel gives 3.97-4.05 here
 // (the constant terms and the grid's class search, whose second round grows with S / 256 probes;
 // 4.10 from 32,768 fixed-width super-groups, where it is a larger share); a pass of
 // O(S log2 S) bytes would give 4.6-4.8 at these sizes, one of O(S * chunks) up to 16 (less where
