@@ -467,7 +467,8 @@ namespace {
 constexpr unsigned long long kGridMinSupergroups = 4096;
 
 // Whether the layout runs over the grid: large enough, its sections hold the grid path's scratch
-// (mean: 6 words a block and the histograms; offset: the digest chain), its record sizes grow with
+// (mean: 6 words a block and the histograms; offset: the digest chain; exponent: 8 words, its
+// tickets and pick words, within n_sg >= kGridMinSupergroups bytes), its record sizes grow with
 // the width and its histogram weights stay below 2^32.
 bool layout_on_grid(const DynamiqPlan& p) {
   const unsigned long long n = p.n_sg, blocks = (n + kGridThreads - 1) / kGridThreads;

@@ -15,12 +15,16 @@
 //                  bisection result is the smallest theta whose bytes fit (the bytes never grow
 //                  with theta). A radix select finds it: digits of 11, 11 and 10 bits, each a
 //                  histogram of the breakpoints' weights (shared memory, then one atomic per bin
-//                  and block); the first digit's histogram here;
-//  3-4. digits:    the next digits' histograms, the digits before them picked again in every
-//                  block from the histograms before (a block scan);
-//  5. widths:      theta, each super-group's width from its breakpoints, per block class counts,
-//                  which the last block done (a ticket) scans into sums over the blocks up to
-//                  each (blocks / 256 steps of a block scan, in place);
+//                  and block); the first digit's histogram here, from which the last block done
+//                  (a ticket) picks the first digit (a block scan of the 2048 bins) and writes
+//                  the prefix so far (its bits, whether found, the bytes no later digit changes:
+//                  the pick words, 16 bytes);
+//  3-4. digits:    the next digits' histograms, over the breakpoints under the prefix the pick
+//                  words hold (one read a block, not the histograms before); the last block done
+//                  picks the level's digit and writes the longer prefix;
+//  5. widths:      theta (the pick words), each super-group's width from its breakpoints, per
+//                  block class counts, which the last block done (a ticket) scans into sums over
+//                  the blocks up to each (blocks / 256 steps of a block scan, in place);
 //  6. partition:   each super-group's wire position (its class's start, the blocks before it,
 //                  its rank in its block), order, by_index, chunk_first (closed forms of the
 //                  one-block kernel; a chunk's first position by binary search);
@@ -42,14 +46,16 @@
 // Everything shared between blocks (scratch, tickets, the digest chain) is the layout's own, so a
 // block still waits only for a block of its layout that took an earlier ticket; a ticket's last
 // holder alone carries on, and no block waits for it. The tickets start at 0 in every build: the
-// widths kernel's (a word of the exponent section) and the digest kernel's (the chain's) are
-// zeroed by an earlier kernel of the build; the extent kernel's, which no kernel precedes, is a
-// word of the layout's table entry, 0 from the host and put back to 0 by the launch's last block
-// (every block takes it, a block whose lane failed too).
+// histogram kernels' and the widths kernel's (words of the exponent section) and the digest
+// kernel's (the chain's) are zeroed by an earlier kernel of the build; the extent kernel's, which
+// no kernel precedes, is a word of the layout's table entry, 0 from the host and put back to 0 by
+// the launch's last block (every block takes it, a block whose lane failed too).
 // Scratch lives in the layout's own sections until they are written: the per-block values and the
 // histograms in the mean section (written in 7), the breakpoints in order, offset and by_index
-// (written in 6 and 7), the widths kernel's ticket in the exponent section (written in 7), the
-// digest chain in the offset section (written in 7, its first words last).
+// (written in 6 and 7), the tickets of the histogram and widths kernels (words 0-3) and the pick
+// words (4-7: each histogram kernel's last block writes them after every block of its kernel has
+// read them, the widths kernel reads them last) in the exponent section (written in 7), the digest
+// chain in the offset section (written in 7, its first words last).
 
 namespace {
 
@@ -80,7 +86,18 @@ struct GridScratch {
   uint32_t* b8;               //                                                    (offset)
   uint32_t* b16;              //                                                    (by_index)
   unsigned long long* chain;  // [segments + 2] digests so far (bit 32: set), then two tickets
-  uint32_t* widths_done;      // the widths kernel's ticket (exponent, written in 7)
+  uint32_t* hist_done;        // [3] the histogram kernels' tickets (levels 0-2)  (exponent)
+  uint32_t* widths_done;      // the widths kernel's ticket                        (exponent)
+  uint32_t* picked;           // [4] the radix select's prefix so far (Picked)     (exponent)
+};
+
+// The radix select's prefix after the digits picked so far, as the last block of each histogram
+// kernel leaves it in the pick words: the digits' bits, whether every digit was found (0: no
+// threshold fits, and no later digit is picked), the record bytes no later digit changes (two
+// words, low first). A later block reads these 16 bytes, not the histograms before its level.
+struct Picked {
+  uint32_t bits, found;
+  unsigned long long fixed;
 };
 
 __device__ __forceinline__ uint32_t grid_blocks(const DynamiqPlan& p) {
@@ -90,15 +107,11 @@ __device__ __forceinline__ uint32_t grid_blocks(const DynamiqPlan& p) {
 __device__ __forceinline__ GridScratch grid_scratch(const DynamiqPlan& p, const LayoutPtrs& l) {
   const uint32_t blocks = grid_blocks(p);
   uint32_t* m = reinterpret_cast<uint32_t*>(l.mean);
-  return GridScratch{m,
-                     m + blocks,
-                     m + 2 * blocks,
-                     m + 2 * blocks + 3 * kDigitBins,
-                     l.order,
-                     l.offset,
-                     l.by_index,
-                     reinterpret_cast<unsigned long long*>(l.offset),
-                     reinterpret_cast<uint32_t*>(l.exponent)};
+  uint32_t* e = reinterpret_cast<uint32_t*>(l.exponent);  // words 0-2, 3, 4-7 (n_sg >= 4096 bytes)
+  return GridScratch{
+      m,       m + blocks, m + 2 * blocks, m + 2 * blocks + 3 * kDigitBins,
+      l.order, l.offset,   l.by_index,     reinterpret_cast<unsigned long long*>(l.offset),
+      e,       e + 3,      e + 4};
 }
 
 // A block of a batched launch: its layout, its index among that layout's blocks and their number.
@@ -204,23 +217,6 @@ __device__ uint32_t pick_digit(const uint32_t* h, unsigned long long budget,
   return static_cast<uint32_t>(best);
 }
 
-// The digits before `level` picked from their histograms: the bits above `level`'s digit, and
-// whether every digit was found (false: no threshold fits; the host's bisection then ends at
-// 0x7f800000). Collective.
-__device__ bool picked_above(const DynamiqPlan& p, const GridScratch& g, int level,
-                             unsigned long long* scratch, uint32_t* above) {
-  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
-  unsigned long long fixed = static_cast<unsigned long long>(p.n_sg) * p.record[0];
-  uint32_t v = 0;
-  for (int d = 0; d < level; ++d) {
-    const uint32_t digit = pick_digit(g.hist + d * kDigitBins, budget, &fixed, scratch);
-    if (digit == kNoDigit) return false;
-    v = (v << (d == 2 ? 10 : 11)) | digit;  // digits of 11, 11 and 10 bits
-  }
-  *above = v;
-  return true;
-}
-
 // Whether this block is the last of the layout's `blocks` to take the ticket `word` (a ticket taken
 // after a fence: the last holder sees every other block's writes before theirs, and no block
 // waits). `reset`: the last puts the word back to 0. Collective (barriers).
@@ -237,6 +233,35 @@ __device__ __forceinline__ bool last_to_finish(uint32_t* word, uint32_t blocks, 
   }
   __syncthreads();
   return *last != 0;
+}
+
+// The radix select's prefix (the pick words), read by thread 0 into `shared` and returned to every
+// thread. Collective (ends with a barrier).
+__device__ __forceinline__ Picked read_picked(const GridScratch& g, Picked* shared) {
+  if (threadIdx.x == 0) {
+    shared->bits = load_global(g.picked);
+    shared->found = load_global(g.picked + 1);
+    shared->fixed = load_global(g.picked + 2) |
+                    static_cast<unsigned long long>(load_global(g.picked + 3)) << 32;
+  }
+  __syncthreads();
+  return *shared;
+}
+
+// The last block of histogram kernel `level`: the level's digit picked from its histogram after
+// `above` (the prefix of the digits before it, every one found), the new prefix written to the
+// pick words (not found: the host's bisection ends at 0x7f800000, and no later kernel picks).
+// Collective.
+__device__ void pick_level(const DynamiqPlan& p, const GridScratch& g, int level, Picked above,
+                           unsigned long long* scratch) {
+  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
+  const uint32_t digit = pick_digit(g.hist + level * kDigitBins, budget, &above.fixed, scratch);
+  if (threadIdx.x != 0) return;
+  const uint32_t bits = above.bits << (level == 2 ? 10 : 11);  // digits of 11, 11 and 10 bits
+  store_global(g.picked, digit == kNoDigit ? bits : bits | digit);
+  store_global(g.picked + 1, digit == kNoDigit ? 0u : 1u);
+  store_global(g.picked + 2, static_cast<uint32_t>(above.fixed));
+  store_global(g.picked + 3, static_cast<uint32_t>(above.fixed >> 32));
 }
 
 // The last extent block's reduction of the blocks' largest keys and poisoned counts into word 0 of
@@ -280,8 +305,8 @@ __device__ void scan_class_counts(const GridScratch& g, uint32_t blocks,
   }
 }
 
-// Block gb's largest key and poisoned count; the histograms and the widths kernel's ticket
-// zeroed (the layout's blocks share them out). Collective.
+// Block gb's largest key and poisoned count; the histograms and the tickets of the histogram and
+// widths kernels zeroed (the layout's blocks share them out). Collective.
 __device__ __forceinline__ void extent_of_block(const GridBlock& gb, unsigned long long* scratch) {
   const DynamiqPlan& p = gb.job->plan;
   const uint16_t* reduced = gb.job->reduced;
@@ -302,7 +327,7 @@ __device__ __forceinline__ void extent_of_block(const GridBlock& gb, unsigned lo
   for (uint32_t k = gb.block * blockDim.x + threadIdx.x; k < 3 * kDigitBins;
        k += gb.blocks * blockDim.x)
     store_global(g.hist + k, 0u);
-  if (gb.block == 0 && threadIdx.x == 0) store_global(g.widths_done, 0u);
+  if (gb.block == 0 && threadIdx.x < 4) store_global(g.hist_done + threadIdx.x, 0u);  // widths' too
 }
 
 }  // namespace
@@ -326,7 +351,7 @@ __global__ void __launch_bounds__(kGridThreads)
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ uint32_t bins[kDigitBins];
   __shared__ unsigned long long job_words[kJobWords];
-  __shared__ unsigned skip;
+  __shared__ unsigned skip, last;
   if (grid_block_skips(error, &skip)) return;
   const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
@@ -346,7 +371,12 @@ __global__ void __launch_bounds__(kGridThreads)
     store_global(g.b16 + j, breakpoint(key < 0.0, f, 16, p.allow_width16));
     if (p.variable_widths) bin_breakpoints(p, g, j, 0, 0u, bins);
   }
+  if (!p.variable_widths) return;  // the same in every block of the layout
   publish_bins(g, 0, bins);
+  // The last block done picks the first digit (the tickets were zeroed by the extent kernel).
+  if (last_to_finish(g.hist_done, gb.blocks, false, &last))
+    pick_level(p, g, 0, Picked{0u, 1u, static_cast<unsigned long long>(p.n_sg) * p.record[0]},
+               scratch);
 }
 
 __global__ void __launch_bounds__(kGridThreads)
@@ -354,25 +384,31 @@ __global__ void __launch_bounds__(kGridThreads)
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ uint32_t bins[kDigitBins];
   __shared__ unsigned long long job_words[kJobWords];
-  __shared__ unsigned skip;
+  __shared__ Picked picked;
+  __shared__ unsigned skip, last;
   if (grid_block_skips(error, &skip)) return;
   const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
   const DynamiqPlan& p = gb.job->plan;
   if (!p.variable_widths) return;  // the same in every block of the layout
   const GridScratch g = grid_scratch(p, job_ptrs(*gb.job));
-  uint32_t above = 0;
-  if (!picked_above(p, g, level, scratch, &above)) return;  // the same in every thread
+  // The digits before this level, as the previous kernel's last block picked them.
+  const Picked above = read_picked(g, &picked);
+  if (above.found == 0) return;  // the same in every block of the layout
   for (uint32_t k = threadIdx.x; k < kDigitBins; k += blockDim.x) bins[k] = 0;
   __syncthreads();
   const uint32_t j = gb.block * kGridThreads + threadIdx.x;
-  if (j < p.n_sg) bin_breakpoints(p, g, j, level, above, bins);
+  if (j < p.n_sg) bin_breakpoints(p, g, j, level, above.bits, bins);
   publish_bins(g, level, bins);
+  // The last block done picks this level's digit: every block has read the pick words by then.
+  if (last_to_finish(g.hist_done + level, gb.blocks, false, &last))
+    pick_level(p, g, level, above, scratch);
 }
 
 __global__ void __launch_bounds__(kGridThreads)
     layout_widths_kernel(const LayoutTableJob* jobs, uint32_t n_jobs, unsigned* error) {
   __shared__ unsigned long long scratch[kWarp + 1];
   __shared__ unsigned long long job_words[kJobWords];
+  __shared__ Picked picked;
   __shared__ unsigned skip, last;
   if (grid_block_skips(error, &skip)) return;
   const GridBlock gb = grid_block(jobs, n_jobs, false, job_words);
@@ -382,8 +418,9 @@ __global__ void __launch_bounds__(kGridThreads)
   uint32_t theta = 0x7f800000u;  // variable widths: the threshold's bit pattern
   int fixed = 2;                 // fixed widths: the width of the finite super-groups
   if (p.variable_widths) {
-    uint32_t v = 0;
-    if (picked_above(p, g, 3, scratch, &v)) theta = v < theta ? v : theta;
+    // The three digits, as the last digit kernel's last block left them.
+    const Picked all = read_picked(g, &picked);
+    if (all.found != 0) theta = all.bits < theta ? all.bits : theta;
   } else {
     // The layout's poisoned count (word 0, as the largest key), to every thread.
     const unsigned long long poisoned = threadIdx.x == 0 ? load_global(g.poisoned) : 0ull;
@@ -692,9 +729,10 @@ __device__ __forceinline__ void finish_layout(const DynamiqPlan& p, const Dynami
 // they start, so the chain waits only for blocks that run), then the finish, which needs only the
 // partition's results: every block writes the record offsets of its share of the wire positions,
 // except those whose words still hold the digest chain; the last block done (a ticket after a
-// fence: every chain word has been read by then) writes those. At least 4 blocks an SM: without
-// it ptxas held the kernel to 32 registers on sm_90 and spilled 4 bytes; with it, 38 / 40
-// registers (sm_80 / sm_90), no spill.
+// fence: every chain word has been read by then) writes those. At least 4 blocks an SM (at most 64
+// registers a thread): when it was added, ptxas without it held the kernel to 32 registers on
+// sm_90 and spilled 4 bytes; with it ptxas now reports 56 registers on sm_80 and sm_90, no spill
+// (cuda_resource_usage prints the figures).
 __global__ void __launch_bounds__(kGridThreads, 4)
     layout_digest_finish_kernel(const LayoutTableJob* jobs, uint32_t n_jobs,
                                 unsigned long long call, unsigned* error) {

@@ -151,6 +151,37 @@ TEST(CudaGridKernels, LayoutOnTheGridFlagsAChunkOverCapacity) {
   EXPECT_EQ(over.error, unsigned{kDynamiqChunkOverCapacity});
 }
 
+// A budget (stride * chunks) below every super-group's 2-bit record: no threshold fits, so the
+// radix select finds no first digit (its kernel's last block writes that to the pick words, the
+// digit kernels stop, the widths kernel keeps the host's end of the bisection, 0x7f800000): the
+// last chunk over capacity, the bytes the host's. No other layout here takes that path; a widths
+// kernel that ignored the pick words' not-found flag (theta 0) failed only this test.
+TEST(CudaGridKernels, LayoutOnTheGridWhereNoThresholdFits) {
+  const size_t count = 8000 * 256;
+  const std::vector<uint16_t> stats = make_stats(8000, 4, 4.0, false, 14);
+  std::unique_ptr<Codec> codec = make_dynamiq_codec(DynamiqOptions{});
+  ASSERT_EQ(codec->plan(count, 4, 4), Status::kOk);
+  DynamiqDeviceParams params =
+      dynamiq_device_params(count, 4, 4, codec->chunk_capacity(), DynamiqOptions{});
+  DynamiqPlan& p = params.plan;
+  p.stride = p.n_sg * p.record[0] / (2 * static_cast<uint64_t>(p.n_chunks));
+  ASSERT_LT(static_cast<uint64_t>(p.stride) * p.n_chunks, p.n_sg * p.record[0]);
+  std::vector<uint64_t> host(params.sections.bytes / 8, 0), dev(host.size(), 0xa5a5a5a5ull);
+  ASSERT_EQ(build_dynamiq_layout(p, stats.data(), 5, host.data()), Status::kInternal);
+  unsigned error = 0;
+  uint64_t launches = 0;
+  ASSERT_EQ(device_layout(params, stats, 5, &dev, &error, &launches), cudaSuccess)
+      << kernel_fault();
+  DQ_EXPECT_LAUNCHES(launches, kGridLaunches);
+  EXPECT_EQ(error, unsigned{kDynamiqChunkOverCapacity});
+  // The host stops at the chunk over capacity (the last: the others hold one stride each), so
+  // that chunk's check is not its digest there; every other byte is the host's.
+  const size_t last_check = params.sections.chunk_check + 4 * (p.n_chunks - 1);
+  for (std::vector<uint64_t>* v : {&host, &dev})
+    std::memset(reinterpret_cast<unsigned char*>(v->data()) + last_check, 0, 4);
+  EXPECT_EQ(first_difference(host, dev), -1);
+}
+
 TEST(CudaGridKernels, LayoutOnTheGridWritesNothingAfterAFailure) {
   const size_t count = 8000 * 256;
   const std::vector<uint16_t> stats = make_stats(8000, 4, 4.0, false, 12);

@@ -116,10 +116,10 @@ uint64_t search_probes(uint64_t n) {
 //    block's reduction reading them (8); breakpoints: the layout's largest key (4); widths: its
 //    class counts written (16), its ticket (8), the last block's scan reading and writing them
 //    (32), fixed widths the layout's poisoned count (4); partition: the sums of the blocks before
-//    and of all (8 words: 32); variable widths: each of the three
-//    histograms' bins published by one atomic per non-empty bin (at most 768 bins: 3 * 256
-//    breakpoints, 8 bytes each), and the histograms of the digits picked so far read twice each
-//    (1 + 2 + 3 picks of 2048 words: 6 * 2 * 8192);
+//    and of all (8 words: 32); variable widths: each of the three histograms' bins published by
+//    one atomic per non-empty bin (at most 768 bins: 3 * 256 breakpoints, 8 bytes each), the
+//    three histogram kernels' tickets (3 * 8), the pick words (the digits picked so far, 16 bytes)
+//    read by the two digit kernels and the widths kernel (3 * 16), never the histograms;
 //  - per digest block: the job staged, the error word (4), the class search (3 searches,
 //    search_probes(S) probes of order and width, 5 bytes each), its ticket, chain word, the chain
 //    before and its chunk's first cut (16 + 16 + 8 + 4; blocks run in order here, so one poll
@@ -127,20 +127,25 @@ uint64_t search_probes(uint64_t n) {
 //    done (16);
 //  - per chunk: its cut written (4), its content from two cuts (8 + 8), the check (4);
 //  - once: the histograms zeroed (3 * 2048 * 4), the chain zeroed (8 (B + chunks + 2)), the header
-//    and the sections' padding (24 + 8 * 8), the widths ticket zeroed and the extent ticket put
-//    back to 0 (4 + 4), the layout's largest key and poisoned count written (8).
+//    and the sections' padding (24 + 8 * 8), the tickets of the histogram and widths kernels
+//    zeroed and the extent ticket put back to 0 (16 + 4), the layout's largest key and poisoned
+//    count written (8); variable widths: each digit picked once, by its kernel's last block, from
+//    its histogram read twice (3 * 2 * 8192), the pick words written (3 * 16).
 // No term is quadratic in the blocks: a block reading every block's summaries (24 bytes a pair of
-// blocks, 400 MB at 4,096 blocks) breaks the bound at a few blocks.
+// blocks, 400 MB at 4,096 blocks) breaks the bound at a few blocks, and one re-picking the digits
+// before its level from the histograms (6 picks of 8 KiB, twice: 96 KiB a block, over 5 times the
+// histograms' publishing term) breaks it at any size.
 uint64_t grid_bound(const Layout& l) {
   const DynamiqPlan& p = l.params.plan;
   const uint64_t s = p.n_sg, chunks = static_cast<uint64_t>(p.n_chunks);
   const uint64_t blocks = (s + kGridBlock - 1) / kGridBlock, digest = blocks + chunks;
   const uint64_t per_sg = 4 + 16 + 13 + 9 + 16 + 8 + (p.variable_widths ? 36 : 0);
   const uint64_t per_block = 6 * (job_bytes(l) + 4) + (8 + 8 + 8) + 4 + (16 + 8 + 32) + 32 +
-                             (p.variable_widths ? 3 * 768 * 8 + 6 * 2 * 8192 : 4);
+                             (p.variable_widths ? 3 * 768 * 8 + 3 * 8 + 3 * 16 : 4);
   const uint64_t per_digest_block =
       job_bytes(l) + 4 + 3 * search_probes(s) * 5 + 44 + 8 * chunks + 16;
-  const uint64_t once = 3 * 2048 * 4 + 8 * (blocks + chunks + 2) + 24 + 64 + 8 + 8;
+  const uint64_t once = 3 * 2048 * 4 + 8 * (blocks + chunks + 2) + 24 + 64 + 20 + 8 +
+                        (p.variable_widths ? 3 * (2 * 8192 + 16) : 0);
   return per_sg * s + per_block * blocks + per_digest_block * digest + 24 * chunks + once;
 }
 
@@ -177,7 +182,7 @@ DynamiqOptions fixed_widths() {
 }
 
 // A build of S and of 4S super-groups (and 4x the chunks): each within its bound, and the second
-// at most kMostGrowth times the first, everything counted. A linear kernel gives 4.0-4.05 here
+// at most kMostGrowth times the first, everything counted. A linear kernel gives 3.97-4.05 here
 // (the constant terms and the grid's class search, whose second round grows with S / 256 probes;
 // 4.10 from 32,768 fixed-width super-groups, where it is a larger share); a pass of
 // O(S log2 S) bytes would give 4.6-4.8 at these sizes, one of O(S * chunks) up to 16 (less where
