@@ -167,141 +167,186 @@ inline int read_all(int fd, void* buf, size_t bytes, int timeout_s) {
   return 1;
 }
 
-// Runs body(rank) in n forked processes; `shared` bytes made by make_shared in rank 0 reach
-// every rank (through a pipe each) before its body runs.
-inline std::vector<RankExit> run(int n, const RankOptions& opt, size_t shared_bytes,
-                                 const std::function<bool(void*)>& make_shared,
-                                 const std::function<int(int, const void*)>& body) {
-  std::vector<RankExit> out(n);
+// False, after a message naming them, when this process runs threads besides its own: a
+// forked child can inherit a lock one of them holds and hang.
+inline bool single_threaded() {
   const std::vector<std::string> threads = threads_in_this_process();
-  if (static_cast<int>(threads.size()) > kOwnThreads) {
-    std::string names;
-    for (const auto& t : threads) names += " " + t;
-    std::fprintf(stderr,
-                 "rank harness: this process runs %zu threads (%s ) before forking its ranks; a "
-                 "forked child can inherit a lock one of them holds and hang. Start no thread "
-                 "(NCCL, TBB, ...) in the parent before run_ranks.\n",
-                 threads.size(), names.c_str());
-    return out;
-  }
-  const bool share = shared_bytes > 0;
-  std::vector<int> rd(n, -1), wr(n, -1);  // rank r >= 1 reads rd[r]; rank 0 writes wr[r]
-  auto close_fd = [](int* fd) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  };
-  auto close_all = [&] {
+  if (static_cast<int>(threads.size()) <= kOwnThreads) return true;
+  std::string names;
+  for (const auto& t : threads) names += " " + t;
+  std::fprintf(stderr,
+               "rank harness: this process runs %zu threads (%s ) before forking its ranks; a "
+               "forked child can inherit a lock one of them holds and hang. Start no thread "
+               "(NCCL, TBB, ...) in the parent before run_ranks.\n",
+               threads.size(), names.c_str());
+  return false;
+}
+
+inline void close_fd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+// One run of the ranks, as the parent sees it (and each child, just after fork).
+struct Launch {
+  int n = 0;
+  size_t shared_bytes = 0;
+  std::vector<int> rd, wr;  // rank r >= 1 reads rd[r]; rank 0 writes wr[r]
+  std::vector<pid_t> pids;
+  std::vector<RankExit> out;
+  std::chrono::steady_clock::time_point t0;
+
+  void close_all() {
     for (int r = 0; r < n; ++r) close_fd(&rd[r]), close_fd(&wr[r]);
-  };
-  for (int r = 1; share && r < n; ++r) {
+  }
+};
+
+// A pipe from rank 0 to each other rank, for the shared bytes. False (all closed) on failure.
+inline bool open_pipes(Launch* l) {
+  for (int r = 1; r < l->n; ++r) {
     int p[2];
     if (pipe(p) != 0) {
       std::perror("rank harness: pipe");
-      close_all();
-      return out;
+      l->close_all();
+      return false;
     }
-    rd[r] = p[0];
-    wr[r] = p[1];
+    l->rd[r] = p[0];
+    l->wr[r] = p[1];
   }
-  std::fflush(nullptr);  // nothing buffered gets written twice
-  const pid_t parent = getpid();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<pid_t> pids(n, -1);
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("rank harness: fork");
-      break;
-    }
-    if (pid == 0) {
-      // A rank must not outlive a parent killed by the test runner's timeout.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(96);
-      std::vector<char> bytes(shared_bytes);
-      for (int k = 0; k < n; ++k)
-        if (k != r) close_fd(&rd[k]);
-      if (share && r == 0) {
-        const bool made = make_shared(bytes.data());
-        for (int k = 1; k < n; ++k) {
-          if (made) write_all(wr[k], bytes.data(), shared_bytes);
-          close_fd(&wr[k]);  // without the ids, the end of file tells the others
-        }
-        if (!made) {
-          std::fprintf(stderr, "rank 0: cannot make the NCCL unique id\n");
-          _exit(99);
-        }
-      } else if (share) {
-        const int got = read_all(rd[r], bytes.data(), shared_bytes, opt.id_timeout_s);
-        close_fd(&rd[r]);
-        if (got != 1) {
-          std::fprintf(stderr, "rank %d: %s\n", r,
-                       got == 0 ? "rank 0 ended without sharing the NCCL unique id"
-                                : "no NCCL unique id from rank 0 in time");
-          _exit(99);
-        }
-      }
-      int rc = 95;
-      try {  // an exception must not carry the child on into the parent's code
-        rc = body(r, bytes.data());
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: exception: %s\n", r, e.what());
-      } catch (...) {
-        std::fprintf(stderr, "rank %d: exception\n", r);
-      }
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    pids[r] = pid;
-    if (r == 0)
-      for (int k = 1; k < n; ++k) close_fd(&wr[k]);  // rank 0 holds the only write ends
-    else
-      close_fd(&rd[r]);
-  }
-  close_all();
+  return true;
+}
 
-  auto ended = [&](int r, int st) {
-    pids[r] = -1;
-    out[r].how = WIFEXITED(st) ? RankExit::How::kExited : RankExit::How::kSignaled;
-    out[r].status = st;
-    out[r].seconds = since(t0);
-  };
-  auto kill_left = [&](RankExit::How how) {
-    for (int r = 0; r < n; ++r)
-      if (pids[r] > 0) kill(pids[r], SIGKILL);
-    for (int r = 0; r < n; ++r) {
-      int st = 0;
-      if (pids[r] <= 0 || waitpid(pids[r], &st, 0) != pids[r]) continue;
-      ended(r, st);
-      if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) out[r].how = how;  // else it ended first
+// Rank r, in its forked process: the shared bytes (rank 0 makes them and writes them to every
+// other rank; the others read theirs), then body. Never returns.
+[[noreturn]] inline void rank_main(Launch* l, int r, pid_t parent, const RankOptions& opt,
+                                   const std::function<bool(void*)>& make_shared,
+                                   const std::function<int(int, const void*)>& body) {
+  const int n = l->n;
+  const bool share = l->shared_bytes > 0;
+  // A rank must not outlive a parent killed by the test runner's timeout.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(96);
+  std::vector<char> bytes(l->shared_bytes);
+  for (int k = 0; k < n; ++k)
+    if (k != r) close_fd(&l->rd[k]);
+  if (share && r == 0) {
+    const bool made = make_shared(bytes.data());
+    for (int k = 1; k < n; ++k) {
+      if (made) write_all(l->wr[k], bytes.data(), l->shared_bytes);
+      close_fd(&l->wr[k]);  // without the ids, the end of file tells the others
     }
-  };
-  if (pids[n - 1] < 0) {  // a fork failed: the ranks that started cannot meet
-    kill_left(RankExit::How::kNotStarted);
-    return out;
+    if (!made) {
+      std::fprintf(stderr, "rank 0: cannot make the NCCL unique id\n");
+      _exit(99);
+    }
+  } else if (share) {
+    const int got = read_all(l->rd[r], bytes.data(), l->shared_bytes, opt.id_timeout_s);
+    close_fd(&l->rd[r]);
+    if (got != 1) {
+      std::fprintf(stderr, "rank %d: %s\n", r,
+                   got == 0 ? "rank 0 ended without sharing the NCCL unique id"
+                            : "no NCCL unique id from rank 0 in time");
+      _exit(99);
+    }
   }
-  auto ok = [&](int r) { return opt.expected ? opt.expected(r, out[r]) : out[r].exited(0); };
-  const auto deadline = t0 + std::chrono::seconds(opt.timeout_s);
+  int rc = 95;
+  try {  // an exception must not carry the child on into the parent's code
+    rc = body(r, bytes.data());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: exception: %s\n", r, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "rank %d: exception\n", r);
+  }
+  std::fflush(nullptr);
+  _exit(rc);
+}
+
+// Rank r ended with waitpid status st.
+inline void rank_ended(Launch* l, int r, int st) {
+  l->pids[r] = -1;
+  l->out[r].how = WIFEXITED(st) ? RankExit::How::kExited : RankExit::How::kSignaled;
+  l->out[r].status = st;
+  l->out[r].seconds = since(l->t0);
+}
+
+// Kills every rank still running and reaps it; one the kill ended is recorded as `how`.
+inline void kill_left(Launch* l, RankExit::How how) {
+  for (int r = 0; r < l->n; ++r)
+    if (l->pids[r] > 0) kill(l->pids[r], SIGKILL);
+  for (int r = 0; r < l->n; ++r) {
+    int st = 0;
+    if (l->pids[r] <= 0 || waitpid(l->pids[r], &st, 0) != l->pids[r]) continue;
+    rank_ended(l, r, st);
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) l->out[r].how = how;  // else it ended first
+  }
+}
+
+// Polls the ranks until every one ended, one ended in a way opt does not accept (the others are
+// killed), or the deadline passed (all killed).
+inline void wait_ranks(Launch* l, const RankOptions& opt) {
+  const int n = l->n;
+  auto ok = [&](int r) { return opt.expected ? opt.expected(r, l->out[r]) : l->out[r].exited(0); };
+  const auto deadline = l->t0 + std::chrono::seconds(opt.timeout_s);
   for (int left = n; left > 0;) {  // bounded by the deadline
     for (int r = 0; r < n && left > 0; ++r) {
       int st = 0;
-      if (pids[r] < 0 || waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
-      ended(r, st);
+      if (l->pids[r] < 0 || waitpid(l->pids[r], &st, WNOHANG) != l->pids[r]) continue;
+      rank_ended(l, r, st);
       --left;
       if (left > 0 && !ok(r)) {
-        std::fprintf(stderr, "rank %d %s: killing the other ranks\n", r, out[r].describe().c_str());
-        kill_left(RankExit::How::kCut);
+        std::fprintf(stderr, "rank %d %s: killing the other ranks\n", r,
+                     l->out[r].describe().c_str());
+        kill_left(l, RankExit::How::kCut);
         left = 0;
       }
     }
     if (left > 0 && opt.timeout_s > 0 && std::chrono::steady_clock::now() > deadline) {
       std::fprintf(stderr, "ranks still running after %d s: killing them (a hang)\n",
                    opt.timeout_s);
-      kill_left(RankExit::How::kDeadline);
+      kill_left(l, RankExit::How::kDeadline);
       break;
     }
     if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return out;
+}
+
+// Runs body(rank) in n forked processes; `shared` bytes made by make_shared in rank 0 reach
+// every rank (through a pipe each) before its body runs.
+inline std::vector<RankExit> run(int n, const RankOptions& opt, size_t shared_bytes,
+                                 const std::function<bool(void*)>& make_shared,
+                                 const std::function<int(int, const void*)>& body) {
+  Launch l;
+  l.n = n;
+  l.shared_bytes = shared_bytes;
+  l.out.resize(n);
+  if (!single_threaded()) return l.out;
+  l.rd.assign(n, -1);
+  l.wr.assign(n, -1);
+  if (shared_bytes > 0 && !open_pipes(&l)) return l.out;
+  std::fflush(nullptr);  // nothing buffered gets written twice
+  const pid_t parent = getpid();
+  l.t0 = std::chrono::steady_clock::now();
+  l.pids.assign(n, -1);
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("rank harness: fork");
+      break;
+    }
+    if (pid == 0) rank_main(&l, r, parent, opt, make_shared, body);
+    l.pids[r] = pid;
+    if (r == 0)
+      for (int k = 1; k < n; ++k) close_fd(&l.wr[k]);  // rank 0 holds the only write ends
+    else
+      close_fd(&l.rd[r]);
+  }
+  l.close_all();
+  if (l.pids[n - 1] < 0) {  // a fork failed: the ranks that started cannot meet
+    kill_left(&l, RankExit::How::kNotStarted);
+    return l.out;
+  }
+  wait_ranks(&l, opt);
+  return l.out;
 }
 
 }  // namespace detail

@@ -2,6 +2,7 @@
 // the same sequence from the same seed, and sums of the values are exact in FP32 and BF16.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +25,17 @@ inline uint64_t splitmix(uint64_t x) {
 inline int bell_value(uint64_t key, int r, size_t i) {
   const uint64_t h = splitmix(key ^ (static_cast<uint64_t>(r) << 56) ^ i);
   return static_cast<int>((h & 15) + ((h >> 4) & 15) + ((h >> 8) & 15) + ((h >> 12) & 15)) - 30;
+}
+
+// The exact reduction over ranks 0..n-1 of bell_value(key, r, i): their maximum when `max`,
+// else their sum (exact in double, FP32 and BF16 for a few ranks).
+inline double bell_reduced(uint64_t key, int n, size_t i, bool max) {
+  double want = max ? -1e9 : 0;
+  for (int r = 0; r < n; ++r) {
+    const int v = bell_value(key, r, i);
+    want = max ? std::max(want, static_cast<double>(v)) : want + v;
+  }
+  return want;
 }
 
 // FNV-1a over `bytes` bytes: a result's fingerprint, compared across ranks.

@@ -195,6 +195,131 @@ bool share_id(const std::string& dir, int rank, ncclUniqueId* id) {
   return false;
 }
 
+// Opens this rank's event log and progress file in dir (globals: emit and progress write them).
+bool open_outputs(const std::string& dir, int rank) {
+  const std::string log_path = dir + "/rank" + std::to_string(rank) + ".txt";
+  g_log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  const std::string prog_path = dir + "/progress" + std::to_string(rank);
+  g_progress = open(prog_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (g_log < 0 || g_progress < 0) {
+    std::perror("fault_worker: open");
+    return false;
+  }
+  return true;
+}
+
+// The communicator of the job, after the unique id's rendezvous in dir; an exit code on failure.
+int init_comm(const std::string& dir, int rank, int n, ncclComm_t* comm) {
+  ncclUniqueId id{};
+  if (!share_id(dir, rank, &id)) {
+    emit("E initfail %lld\n", now_us());
+    return kNoId;
+  }
+  const ncclResult_t init = ncclCommInitRank(comm, n, id, rank);
+  if (init != ncclSuccess) {
+    std::fprintf(stderr, "rank %d: ncclCommInitRank: %s\n", rank, ncclGetErrorString(init));
+    emit("E initfail %lld\n", now_us());
+    return kInitFail;
+  }
+  emit("S %d %d %d %lld\n", rank, n, static_cast<int>(getpid()), now_us());
+  return kOk;
+}
+
+// Harness self-test (DQF_CORRUPT_RANK/CALL): a pass-through result fails its exact check
+// here; a compressed one stays within the vNMSE bound, so only the campaign's comparison of
+// hashes across ranks can catch it.
+void corrupt(unsigned char* recv, const Call& c) {
+  float f;
+  std::memcpy(&f, recv, 4);
+  f += c.shape == kI32Sum ? 0.0f : 1.0f;
+  if (c.shape == kI32Sum)
+    recv[0] ^= 1;
+  else if (c.shape != kBf16Sum)
+    std::memcpy(recv, &f, 4);
+  else
+    recv[1] ^= 1;
+}
+
+// Checks a call's result on n ranks: exact when passed through, finite and within kMaxVnmse when
+// compressed. Sets *vnmse (0 when passed through) and, when wrong, why.
+bool verify(const Call& c, int n, const unsigned char* recv, bool compressed, double* vnmse,
+            char* why, size_t why_size) {
+  bool ok = true;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < c.count && ok; ++i) {
+    const double want = dq::test::bell_reduced(c.key, n, i, c.op() == ncclMax);
+    const double got = load(recv, i, c);
+    if (!compressed) {
+      // BF16 holds every integer up to 256 exactly; |sum| <= 8 * 30.
+      if (got != want) {
+        ok = false;
+        std::snprintf(why, why_size, "element %zu is %g, exact %g", i, got, want);
+      }
+    } else {
+      if (!std::isfinite(got)) {
+        ok = false;
+        std::snprintf(why, why_size, "element %zu is not finite", i);
+      }
+      num += (got - want) * (got - want);
+      den += want * want;
+    }
+  }
+  *vnmse = compressed ? (den > 0 ? num / den : num) : 0.0;
+  if (ok && compressed && !(*vnmse < kMaxVnmse)) {
+    ok = false;
+    std::snprintf(why, why_size, "vNMSE %.4e over the bound %.2g", *vnmse, kMaxVnmse);
+  }
+  return ok;
+}
+
+// One rank's state through the calls.
+struct Worker {
+  int rank = 0, n = 0;
+  ncclComm_t comm = nullptr;
+  CountersFn counters = nullptr;
+  int corrupt_rank = -1, corrupt_call = -1;
+  std::vector<unsigned char> send, recv;
+};
+
+// Call k: issued, logged and verified. kOk, or the exit code that ends the rank.
+int run_call(Worker& w, int k, const Call& c) {
+  const size_t bytes = c.count * c.esize();
+  for (size_t i = 0; i < c.count; ++i)
+    store(w.send.data(), i, c, dq::test::bell_value(c.key, w.rank, i));
+  std::memset(w.recv.data(), 0xCD, bytes);
+  unsigned long long r0 = 0, p0 = 0, r1 = 0, p1 = 0;
+  w.counters(w.comm, &r0, &p0);
+  progress(k);
+  const long long t0 = now_us();
+  const ncclResult_t res =
+      ncclAllReduce(w.send.data(), w.recv.data(), c.count, c.dtype(), c.op(), w.comm, nullptr);
+  const long long t1 = now_us();
+  w.counters(w.comm, &r1, &p1);
+  const bool compressed = r1 > r0;
+  const char kind = c.eligible() ? 'c' : 'p';
+  if (res != ncclSuccess) {
+    emit("C %d %c %d %lld %lld %d - 0 0\n", k, kind, static_cast<int>(res), t0, t1, compressed);
+    emit("E error %lld\n", now_us());
+    std::fprintf(stderr, "rank %d: call %d (%c) failed after %.3f s: %s\n", w.rank, k, kind,
+                 (t1 - t0) / 1e6, ncclGetErrorString(res));
+    return kCallError;  // the communicator is broken: no ncclCommDestroy
+  }
+  if (w.rank == w.corrupt_rank && k == w.corrupt_call) corrupt(w.recv.data(), c);
+  double vnmse = 0;
+  char why[160] = {0};
+  const bool ok = verify(c, w.n, w.recv.data(), compressed, &vnmse, why, sizeof why);
+  const uint64_t h = dq::test::fnv1a(w.recv.data(), bytes);
+  emit("C %d %c 0 %lld %lld %d %d %016llx %.4e\n", k, kind, t0, t1, compressed, ok ? 1 : 0,
+       static_cast<unsigned long long>(h), vnmse);
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: call %d (%c, %s) returned success with a wrong result: %s\n",
+                 w.rank, k, kind, compressed ? "compressed" : "passed through", why);
+    emit("E wrong %lld\n", now_us());
+    return kWrong;
+  }
+  return kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,8 +328,9 @@ int main(int argc, char** argv) {
                  "usage: fault_worker DIR CALLS SEED   (RANK, WORLD_SIZE in the environment)\n");
     return kUsage;
   }
-  const auto counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
-  if (counters == nullptr) {
+  Worker w;
+  w.counters = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
+  if (w.counters == nullptr) {
     std::printf("SKIP: libdynamiq.so is not preloaded\n");
     return 77;
   }
@@ -214,118 +340,25 @@ int main(int argc, char** argv) {
   const char* rank_s = std::getenv("RANK");
   const char* world_s = std::getenv("WORLD_SIZE");
   if (!rank_s || !world_s || calls < 1) return kUsage;
-  const int rank = std::atoi(rank_s), n = std::atoi(world_s);
-  if (n < 1 || rank < 0 || rank >= n) return kUsage;
-
-  const std::string log_path = dir + "/rank" + std::to_string(rank) + ".txt";
-  g_log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-  const std::string prog_path = dir + "/progress" + std::to_string(rank);
-  g_progress = open(prog_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (g_log < 0 || g_progress < 0) {
-    std::perror("fault_worker: open");
-    return kUsage;
-  }
+  w.rank = std::atoi(rank_s);
+  w.n = std::atoi(world_s);
+  if (w.n < 1 || w.rank < 0 || w.rank >= w.n) return kUsage;
+  if (!open_outputs(dir, w.rank)) return kUsage;
   progress(-1);
-
-  ncclUniqueId id{};
-  if (!share_id(dir, rank, &id)) {
-    emit("E initfail %lld\n", now_us());
-    return kNoId;
-  }
-  ncclComm_t comm = nullptr;
-  const ncclResult_t init = ncclCommInitRank(&comm, n, id, rank);
-  if (init != ncclSuccess) {
-    std::fprintf(stderr, "rank %d: ncclCommInitRank: %s\n", rank, ncclGetErrorString(init));
-    emit("E initfail %lld\n", now_us());
-    return kInitFail;
-  }
-  emit("S %d %d %d %lld\n", rank, n, static_cast<int>(getpid()), now_us());
+  if (const int rc = init_comm(dir, w.rank, w.n, &w.comm); rc != kOk) return rc;
 
   const char* cr = std::getenv("DQF_CORRUPT_RANK");
   const char* cc = std::getenv("DQF_CORRUPT_CALL");
-  const int corrupt_rank = cr ? std::atoi(cr) : -1, corrupt_call = cc ? std::atoi(cc) : -1;
-  const size_t max_bytes = 65536 * static_cast<size_t>(n) * 4;
-  std::vector<unsigned char> send(max_bytes), recv(max_bytes);
+  w.corrupt_rank = cr ? std::atoi(cr) : -1;
+  w.corrupt_call = cc ? std::atoi(cc) : -1;
+  const size_t max_bytes = 65536 * static_cast<size_t>(w.n) * 4;
+  w.send.resize(max_bytes);
+  w.recv.resize(max_bytes);
   Rng rng{seed};
-  for (int k = 0; k < calls; ++k) {
-    const Call c = draw(rng, n);
-    const size_t bytes = c.count * c.esize();
-    for (size_t i = 0; i < c.count; ++i)
-      store(send.data(), i, c, dq::test::bell_value(c.key, rank, i));
-    std::memset(recv.data(), 0xCD, bytes);
-    unsigned long long r0 = 0, p0 = 0, r1 = 0, p1 = 0;
-    counters(comm, &r0, &p0);
-    progress(k);
-    const long long t0 = now_us();
-    const ncclResult_t res =
-        ncclAllReduce(send.data(), recv.data(), c.count, c.dtype(), c.op(), comm, nullptr);
-    const long long t1 = now_us();
-    counters(comm, &r1, &p1);
-    const bool compressed = r1 > r0;
-    const char kind = c.eligible() ? 'c' : 'p';
-    if (res != ncclSuccess) {
-      emit("C %d %c %d %lld %lld %d - 0 0\n", k, kind, static_cast<int>(res), t0, t1, compressed);
-      emit("E error %lld\n", now_us());
-      std::fprintf(stderr, "rank %d: call %d (%c) failed after %.3f s: %s\n", rank, k, kind,
-                   (t1 - t0) / 1e6, ncclGetErrorString(res));
-      return kCallError;  // the communicator is broken: no ncclCommDestroy
-    }
-    if (rank == corrupt_rank && k == corrupt_call) {
-      // Harness self-test (DQF_CORRUPT_RANK/CALL): a pass-through result fails its exact check
-      // here; a compressed one stays within the vNMSE bound, so only the campaign's comparison of
-      // hashes across ranks can catch it.
-      float f;
-      std::memcpy(&f, recv.data(), 4);
-      f += c.shape == kI32Sum ? 0.0f : 1.0f;
-      if (c.shape == kI32Sum)
-        recv[0] ^= 1;
-      else if (c.shape != kBf16Sum)
-        std::memcpy(recv.data(), &f, 4);
-      else
-        recv[1] ^= 1;
-    }
-    bool ok = true;
-    double num = 0, den = 0;
-    char why[160] = {0};
-    for (size_t i = 0; i < c.count && ok; ++i) {
-      double want = c.op() == ncclMax ? -1e9 : 0;
-      for (int r = 0; r < n; ++r) {
-        const int v = dq::test::bell_value(c.key, r, i);
-        want = c.op() == ncclMax ? std::max(want, static_cast<double>(v)) : want + v;
-      }
-      const double got = load(recv.data(), i, c);
-      if (!compressed) {
-        // BF16 holds every integer up to 256 exactly; |sum| <= 8 * 30.
-        if (got != want) {
-          ok = false;
-          std::snprintf(why, sizeof why, "element %zu is %g, exact %g", i, got, want);
-        }
-      } else {
-        if (!std::isfinite(got)) {
-          ok = false;
-          std::snprintf(why, sizeof why, "element %zu is not finite", i);
-        }
-        num += (got - want) * (got - want);
-        den += want * want;
-      }
-    }
-    const double vnmse = compressed ? (den > 0 ? num / den : num) : 0.0;
-    if (ok && compressed && !(vnmse < kMaxVnmse)) {
-      ok = false;
-      std::snprintf(why, sizeof why, "vNMSE %.4e over the bound %.2g", vnmse, kMaxVnmse);
-    }
-    const uint64_t h = dq::test::fnv1a(recv.data(), bytes);
-    emit("C %d %c 0 %lld %lld %d %d %016llx %.4e\n", k, kind, t0, t1, compressed, ok ? 1 : 0,
-         static_cast<unsigned long long>(h), vnmse);
-    if (!ok) {
-      std::fprintf(stderr, "rank %d: call %d (%c, %s) returned success with a wrong result: %s\n",
-                   rank, k, kind, compressed ? "compressed" : "passed through", why);
-      emit("E wrong %lld\n", now_us());
-      return kWrong;
-    }
-  }
+  for (int k = 0; k < calls; ++k)
+    if (const int rc = run_call(w, k, draw(rng, w.n)); rc != kOk) return rc;
   progress(calls);
-  ncclCommDestroy(comm);
+  ncclCommDestroy(w.comm);
   emit("E ok %lld\n", now_us());
   return kOk;
 }

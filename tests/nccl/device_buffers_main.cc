@@ -212,8 +212,8 @@ float from_bf16(uint16_t h) {
   return f;
 }
 
-// The CPU NCCL alone: exact results.
-int exact_checks(int rank, int n, Device& dev, ncclComm_t comm) {
+// The CPU NCCL alone, exact results: the reductions of one odd-sized vector.
+int exact_reductions(int rank, int n, Device& dev, ncclComm_t comm) {
   const cudaStream_t stream = static_cast<cudaStream_t>(dev.stream);
   const size_t count = 262147;  // odd, over one pipeline chunk per segment
   const size_t fbytes = count * sizeof(float);
@@ -267,6 +267,14 @@ int exact_checks(int rank, int n, Device& dev, ncclComm_t comm) {
       CHECK(got[i] == want, "reduce-scatter: element %zu is %g, want %g", i, got[i], want);
     }
   }
+  return 0;
+}
+
+// The CPU NCCL alone, exact results: an in-place gather, point-to-point, a group and a host
+// send buffer.
+int exact_gather_p2p_host(int rank, int n, Device& dev, ncclComm_t comm) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(dev.stream);
+
   // 4. ncclAllGather in place: the send buffer is this rank's slice of the receive buffer.
   {
     const size_t per = 1001, all = per * static_cast<size_t>(n);
@@ -339,6 +347,12 @@ int exact_checks(int rank, int n, Device& dev, ncclComm_t comm) {
     }
   }
   return 0;
+}
+
+// The CPU NCCL alone: exact results.
+int exact_checks(int rank, int n, Device& dev, ncclComm_t comm) {
+  const int rc = exact_reductions(rank, n, dev, comm);
+  return rc != 0 ? rc : exact_gather_p2p_host(rank, n, dev, comm);
 }
 
 // ---- shim mode: libdynamiq.so preloaded, compression on -----------------------------------

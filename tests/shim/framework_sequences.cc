@@ -344,125 +344,140 @@ std::vector<std::vector<float>> zero2_buckets(const std::vector<Group>& groups, 
   return bucket;
 }
 
+constexpr int kZero2Steps = 2;
+
+// What each rank sends: the gradient divided by the data-parallel size, in BF16.
+uint16_t zero2_wire_value(const std::vector<std::vector<float>>& bucket, int step, int w,
+                          size_t i) {
+  return dq::f32_to_bf16_rne(bucket[step * kRanks + w][i] / kRanks);
+}
+
+// One rank of ZeRO-2: per step, the bucket all-reduce and the gradient norm all-reduce on the
+// data-parallel group; its results and which of the two calls were compressed go to files.
+int zero2_rank(int rank, ncclComm_t world, const std::vector<std::vector<float>>& bucket,
+               size_t count) {
+  // The data-parallel group: a communicator of its own over every rank.
+  ncclComm_t dp = nullptr;
+  if (ncclCommSplit(world, 0, rank, &dp, nullptr) != ncclSuccess || dp == nullptr) return 5;
+  for (int step = 0; step < kZero2Steps; ++step) {
+    std::vector<uint16_t> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = zero2_wire_value(bucket, step, rank, i);
+    unsigned long long before = rerouted_so_far(dp);
+    if (ncclAllReduce(buf.data(), buf.data(), count, ncclBfloat16, ncclSum, dp, nullptr) !=
+        ncclSuccess)
+      return 10 + step;
+    const char bucket_flag = rerouted_so_far(dp) > before ? '1' : '0';
+    // Gradient norm: each rank sums the squares over the slice of the bucket it owns
+    // (partition r of W), then one 1-element FP32 SUM all-reduce.
+    const size_t part = (count + kRanks - 1) / kRanks;
+    float norm_sq = 0;
+    for (size_t i = rank * part; i < std::min(count, (rank + 1) * part); ++i) {
+      const float v = dq::bf16_to_f32(buf[i]);
+      norm_sq += v * v;
+    }
+    float total = 0;
+    before = rerouted_so_far(dp);
+    if (ncclAllReduce(&norm_sq, &total, 1, ncclFloat32, ncclSum, dp, nullptr) != ncclSuccess)
+      return 20 + step;
+    const char norm_flag = rerouted_so_far(dp) > before ? '1' : '0';
+    const std::string tag = "zero2_" + std::to_string(step);
+    write_file(rank_file(rank, tag + "_bucket"), buf.data(), count * 2);
+    write_file(rank_file(rank, tag + "_flags"), std::string{bucket_flag, norm_flag}.data(), 2);
+    write_file(rank_file(rank, tag + "_norm"), &norm_sq, 4);
+    write_file(rank_file(rank, tag + "_total"), &total, 4);
+  }
+  ncclCommDestroy(dp);
+  return 0;
+}
+
+// One step of ZeRO-2, from the ranks' files: the bucket compressed and identical on every rank,
+// its vNMSE against the exact sum and the simulator, the norm passed through and exact.
+bool zero2_check_step(int step, const std::vector<std::vector<float>>& bucket, size_t count,
+                      const dq::topo::Schedule& sched) {
+  const std::string tag = "zero2_" + std::to_string(step);
+  std::vector<float> sent(static_cast<size_t>(kRanks) * count);
+  std::vector<const float*> rows;
+  for (int w = 0; w < kRanks; ++w) {
+    for (size_t i = 0; i < count; ++i)
+      sent[w * count + i] = dq::bf16_to_f32(zero2_wire_value(bucket, step, w, i));
+    rows.push_back(sent.data() + w * count);
+  }
+  std::string err;
+  auto codec = dq::make_codec("dynamiq:5", &err);
+  dq::sim::SimOptions opt;
+  opt.seed = kSeed;
+  opt.call = static_cast<uint64_t>(step);  // the bucket is the only compressed call per step
+  dq::sim::SimResult sim;
+  if (dq::sim::simulate_allreduce(*codec, sched, rows, count, opt, nullptr, &sim) !=
+      dq::Status::kOk)
+    return fail("simulate");
+  const std::string result = read_file(rank_file(0, tag + "_bucket"));
+  EXPECT(result.size() == count * 2, "step %d: %zu result bytes", step, result.size());
+  float partial[kRanks];
+  for (int r = 0; r < kRanks; ++r) {
+    const std::string flags = read_file(rank_file(r, tag + "_flags"));
+    EXPECT(flags == "10", "step %d rank %d: compressed (bucket, norm) = %s, expected 10", step, r,
+           flags.c_str());
+    EXPECT(read_file(rank_file(r, tag + "_bucket")) == result,
+           "step %d: rank %d's reduced bucket differs from rank 0's", step, r);
+    const std::string p = read_file(rank_file(r, tag + "_norm"));
+    std::memcpy(&partial[r], p.data(), 4);
+  }
+  // Against the exact sum of what the ranks sent, and against the true average gradient.
+  double num = 0, den = 0, num_true = 0, den_true = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0, truth = 0;
+    for (int w = 0; w < kRanks; ++w) {
+      exact += rows[w][i];
+      truth += bucket[step * kRanks + w][i];
+    }
+    truth /= kRanks;
+    uint16_t b;
+    std::memcpy(&b, result.data() + i * 2, 2);
+    const double got = dq::bf16_to_f32(b);
+    EXPECT(std::isfinite(got), "step %d: element %zu is not finite", step, i);
+    num += (got - exact) * (got - exact);
+    den += exact * exact;
+    num_true += (got - truth) * (got - truth);
+    den_true += truth * truth;
+  }
+  const double vn = num / den;
+  EXPECT(vn < kVnmseBound, "step %d: bucket vNMSE %.3e", step, vn);
+  // A BF16 result adds its own rounding (2^-9 relative, squared ~1e-6 of the energy).
+  EXPECT(vn >= 0.5 * sim.vnmse && vn <= 2.0 * sim.vnmse + 4e-6,
+         "step %d: bucket vNMSE %.4e vs simulated %.4e", step, vn, sim.vnmse);
+  // The norm all-reduce passed through: NCCL's FP32 sum of the four partial sums, the same on
+  // every rank.
+  double exact_total = 0;
+  for (float v : partial) exact_total += v;
+  for (int r = 0; r < kRanks; ++r) {
+    float total;
+    std::memcpy(&total, read_file(rank_file(r, tag + "_total")).data(), 4);
+    EXPECT(std::fabs(total - exact_total) <= 4 * 1.2e-7 * exact_total,
+           "step %d rank %d: norm^2 %.9g, exact %.9g", step, r, total, exact_total);
+  }
+  std::printf(
+      "ZeRO-2 step %d: bucket all-reduce %zu BF16 SUM in place: compressed on every "
+      "rank, identical on every rank, vNMSE %.3e (simulated %.3e; %.3e against the true "
+      "average gradient); norm^2 all-reduce 1 FP32 SUM: passed through, %.6g\n",
+      step, count, vn, sim.vnmse, num_true / den_true, exact_total);
+  return true;
+}
+
 bool case_zero2() {
   const std::vector<Group> groups = model_groups();
   size_t count = 0;
   for (const Group& g : groups) count += group_numel(g);
-  constexpr int kSteps = 2;
-  const std::vector<std::vector<float>> bucket = zero2_buckets(groups, count, kSteps);
+  const std::vector<std::vector<float>> bucket = zero2_buckets(groups, count, kZero2Steps);
   if (bucket.empty()) return false;
-  // What each rank sends: the gradient divided by the data-parallel size, in BF16.
-  auto wire_value = [&](int step, int w, size_t i) {
-    return dq::f32_to_bf16_rne(bucket[step * kRanks + w][i] / kRanks);
-  };
-  auto body = [&](int rank, ncclComm_t world) -> int {
-    // The data-parallel group: a communicator of its own over every rank.
-    ncclComm_t dp = nullptr;
-    if (ncclCommSplit(world, 0, rank, &dp, nullptr) != ncclSuccess || dp == nullptr) return 5;
-    for (int step = 0; step < kSteps; ++step) {
-      std::vector<uint16_t> buf(count);
-      for (size_t i = 0; i < count; ++i) buf[i] = wire_value(step, rank, i);
-      unsigned long long before = rerouted_so_far(dp);
-      if (ncclAllReduce(buf.data(), buf.data(), count, ncclBfloat16, ncclSum, dp, nullptr) !=
-          ncclSuccess)
-        return 10 + step;
-      const char bucket_flag = rerouted_so_far(dp) > before ? '1' : '0';
-      // Gradient norm: each rank sums the squares over the slice of the bucket it owns
-      // (partition r of W), then one 1-element FP32 SUM all-reduce.
-      const size_t part = (count + kRanks - 1) / kRanks;
-      float norm_sq = 0;
-      for (size_t i = rank * part; i < std::min(count, (rank + 1) * part); ++i) {
-        const float v = dq::bf16_to_f32(buf[i]);
-        norm_sq += v * v;
-      }
-      float total = 0;
-      before = rerouted_so_far(dp);
-      if (ncclAllReduce(&norm_sq, &total, 1, ncclFloat32, ncclSum, dp, nullptr) != ncclSuccess)
-        return 20 + step;
-      const char norm_flag = rerouted_so_far(dp) > before ? '1' : '0';
-      const std::string tag = "zero2_" + std::to_string(step);
-      write_file(rank_file(rank, tag + "_bucket"), buf.data(), count * 2);
-      write_file(rank_file(rank, tag + "_flags"), std::string{bucket_flag, norm_flag}.data(), 2);
-      write_file(rank_file(rank, tag + "_norm"), &norm_sq, 4);
-      write_file(rank_file(rank, tag + "_total"), &total, 4);
-    }
-    ncclCommDestroy(dp);
-    return 0;
-  };
+  auto body = [&](int rank, ncclComm_t world) { return zero2_rank(rank, world, bucket, count); };
   if (!run_ranks(body, 600)) return false;
 
   dq::topo::Schedule sched;
   if (dq::topo::make_schedule(dq::topo::Kind::kButterfly, kRanks, &sched) != dq::Status::kOk)
     return fail("schedule");
-  for (int step = 0; step < kSteps; ++step) {
-    const std::string tag = "zero2_" + std::to_string(step);
-    std::vector<float> sent(static_cast<size_t>(kRanks) * count);
-    std::vector<const float*> rows;
-    for (int w = 0; w < kRanks; ++w) {
-      for (size_t i = 0; i < count; ++i)
-        sent[w * count + i] = dq::bf16_to_f32(wire_value(step, w, i));
-      rows.push_back(sent.data() + w * count);
-    }
-    std::string err;
-    auto codec = dq::make_codec("dynamiq:5", &err);
-    dq::sim::SimOptions opt;
-    opt.seed = kSeed;
-    opt.call = static_cast<uint64_t>(step);  // the bucket is the only compressed call per step
-    dq::sim::SimResult sim;
-    if (dq::sim::simulate_allreduce(*codec, sched, rows, count, opt, nullptr, &sim) !=
-        dq::Status::kOk)
-      return fail("simulate");
-    const std::string result = read_file(rank_file(0, tag + "_bucket"));
-    EXPECT(result.size() == count * 2, "step %d: %zu result bytes", step, result.size());
-    float partial[kRanks];
-    for (int r = 0; r < kRanks; ++r) {
-      const std::string flags = read_file(rank_file(r, tag + "_flags"));
-      EXPECT(flags == "10", "step %d rank %d: compressed (bucket, norm) = %s, expected 10", step, r,
-             flags.c_str());
-      EXPECT(read_file(rank_file(r, tag + "_bucket")) == result,
-             "step %d: rank %d's reduced bucket differs from rank 0's", step, r);
-      const std::string p = read_file(rank_file(r, tag + "_norm"));
-      std::memcpy(&partial[r], p.data(), 4);
-    }
-    // Against the exact sum of what the ranks sent, and against the true average gradient.
-    double num = 0, den = 0, num_true = 0, den_true = 0;
-    for (size_t i = 0; i < count; ++i) {
-      double exact = 0, truth = 0;
-      for (int w = 0; w < kRanks; ++w) {
-        exact += rows[w][i];
-        truth += bucket[step * kRanks + w][i];
-      }
-      truth /= kRanks;
-      uint16_t b;
-      std::memcpy(&b, result.data() + i * 2, 2);
-      const double got = dq::bf16_to_f32(b);
-      EXPECT(std::isfinite(got), "step %d: element %zu is not finite", step, i);
-      num += (got - exact) * (got - exact);
-      den += exact * exact;
-      num_true += (got - truth) * (got - truth);
-      den_true += truth * truth;
-    }
-    const double vn = num / den;
-    EXPECT(vn < kVnmseBound, "step %d: bucket vNMSE %.3e", step, vn);
-    // A BF16 result adds its own rounding (2^-9 relative, squared ~1e-6 of the energy).
-    EXPECT(vn >= 0.5 * sim.vnmse && vn <= 2.0 * sim.vnmse + 4e-6,
-           "step %d: bucket vNMSE %.4e vs simulated %.4e", step, vn, sim.vnmse);
-    // The norm all-reduce passed through: NCCL's FP32 sum of the four partial sums, the same on
-    // every rank.
-    double exact_total = 0;
-    for (float v : partial) exact_total += v;
-    for (int r = 0; r < kRanks; ++r) {
-      float total;
-      std::memcpy(&total, read_file(rank_file(r, tag + "_total")).data(), 4);
-      EXPECT(std::fabs(total - exact_total) <= 4 * 1.2e-7 * exact_total,
-             "step %d rank %d: norm^2 %.9g, exact %.9g", step, r, total, exact_total);
-    }
-    std::printf(
-        "ZeRO-2 step %d: bucket all-reduce %zu BF16 SUM in place: compressed on every "
-        "rank, identical on every rank, vNMSE %.3e (simulated %.3e; %.3e against the true "
-        "average gradient); norm^2 all-reduce 1 FP32 SUM: passed through, %.6g\n",
-        step, count, vn, sim.vnmse, num_true / den_true, exact_total);
-  }
+  for (int step = 0; step < kZero2Steps; ++step)
+    if (!zero2_check_step(step, bucket, count, sched)) return false;
   return true;
 }
 

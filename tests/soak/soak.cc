@@ -235,214 +235,256 @@ long held_kib() {
   return any ? static_cast<long>(total / 1024) : -1;
 }
 
-// One rank. Returns 0, or a code naming the failed check (the message is in the rank's log).
-int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_bytes,
-              uint64_t seed, const std::string& control, Stats* st) {
-  auto reg = reinterpret_cast<RegisterFn>(dlsym(RTLD_DEFAULT, "dynamiqCommRegister"));
-  if (!reg) return 2;
-  ncclComm_t off = nullptr;
-  if (ncclCommSplit(comm, 0, rank, &off, nullptr) != ncclSuccess || !off) return 3;
-  if (reg(off, 0) != 0) return 4;
-  // Buffers of the largest call, touched once, reused: the test's own memory stays flat.
-  std::vector<unsigned char> send(max_bytes + 64), recv(max_bytes + 64);
-  std::memset(send.data(), 1, send.size());
-  std::memset(recv.data(), 1, recv.size());
-  Rng rng{seed};
+// The command line (see the usage at the top).
+struct Args {
+  int calls = 0, n = 4, warm = 0;
+  size_t max_bytes = 0;
+  uint64_t seed = 16;
+  double rss_limit = 1.0;
+};
+
+const char* op_name(ncclRedOp_t op) {
+  return op == ncclMax ? "max" : op == ncclSum ? "sum" : "avg";
+}
+
+// One rank's state through the soak.
+struct RankRun {
+  int n = 0, rank = 0;
+  ncclComm_t comm = nullptr;  // opted in
+  ncclComm_t off = nullptr;   // a split of comm, opted out; it also carries the verdicts
+  int calls = 0, warm = 0;
+  size_t max_bytes = 0;
+  std::string control;
+  Stats* st = nullptr;
+  std::vector<unsigned char> send, recv;
   bool file_on = true;     // what the control file says (rank 0 writes it)
   bool applied_on = true;  // the switch the next eligible call applies
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int k = 0; k < calls; ++k) {
-    Call c = draw(rng, n, max_bytes);
-    if (c.flip) {
-      file_on = !file_on;
-      if (rank == 0) write_text(control, file_on ? "on\n" : "off\n");
-      ++st->flips;
-    }
-    const size_t esize = c.bf16 ? 2 : 4;
-    const size_t recvcount = c.coll == kReduceScatter ? c.count / n : c.count;
-    ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
-    for (size_t i = 0; i < c.count; ++i)
-      dq::test::store_element(send.data(), i, c.bf16,
-                              static_cast<float>(dq::test::bell_value(c.key, rank, i)));
-    const uint64_t send_hash = c.inplace ? 0 : dq::test::fnv1a(send.data(), c.count * esize);
-    // Where the result lands, and which elements of the full vector it holds.
-    unsigned char* dst = recv.data();
-    size_t first = 0;  // element offset of the result in the full reduced vector
-    if (c.coll == kReduceScatter) first = static_cast<size_t>(rank) * recvcount;
-    if (c.inplace)
-      dst = send.data() + (c.coll == kReduceScatter ? first * esize : 0);
-    else
-      std::memset(recv.data(), 0xCD, recvcount * esize);
-    const bool eligible = c.opted && c.op != ncclMax && c.count * esize >= kMinBytes;
-    // The switch model (docs/ENGINE.md section 3): an eligible call applies the switch word
-    // agreed on the last eligible call that sent one. A call passed through by the switch sends
-    // its word; a compressed call sends its word; a call whose plan does not fit the bit budget
-    // (too few elements: "over_budget") passes through without sending one.
-    const bool expect_compressed = eligible && applied_on;
-    ncclComm_t use = c.opted ? comm : off;
-    unsigned long long r0 = 0, p0 = 0, r1 = 0, p1 = 0;
-    counters_fn()(use, &r0, &p0);
-    ncclResult_t res;
-    if (c.coll == kAllReduce)
-      res = ncclAllReduce(send.data(), dst, c.count, dt, c.op, use, nullptr);
-    else if (c.coll == kReduceScatter)
-      res = ncclReduceScatter(send.data(), dst, recvcount, dt, c.op, use, nullptr);
-    else
-      res = ncclReduce(send.data(), dst, c.count, dt, c.op, c.root, use, nullptr);
-    counters_fn()(use, &r1, &p1);
-    const bool compressed = r1 > r0;
-    bool over_budget = false;
-    if (eligible && applied_on && !compressed) {
-      over_budget = true;  // checked against the shim's own counters at the end of the run
-      ++st->over_budget;
-      const int slot = c.coll * 2 + (c.bf16 ? 1 : 0);
-      st->max_over[slot] = std::max(st->max_over[slot], c.count);
-    } else if (compressed) {
-      const int slot = c.coll * 2 + (c.bf16 ? 1 : 0);
-      st->min_fit[slot] = std::min(st->min_fit[slot], c.count);
-    }
-    if (eligible && !applied_on) ++st->switch_off;
-    if (eligible && !over_budget) applied_on = file_on;  // rank 0 read the file in this call
-    if (g_trace)
-      std::fprintf(
-          stderr, "call %d: %s %s %s count %zu %s %s flip %d eligible %d expected %d got %d\n", k,
-          coll_name(c.coll), c.bf16 ? "bf16" : "f32",
-          c.op == ncclMax   ? "max"
-          : c.op == ncclSum ? "sum"
-                            : "avg",
-          c.count, c.inplace ? "in-place" : "out-of-place", c.opted ? "opted-in" : "opted-out",
-          c.flip, eligible, expect_compressed, compressed);
-    // The checks.
-    int bad = 0;
-    char why[256] = {0};
-    const bool has_result = c.coll != kReduce || rank == c.root;
-    double num = 0, den = 0;
-    bool finite = true;
-    if (res != ncclSuccess) {
-      bad = 10;
-      std::snprintf(why, sizeof why, "returned %d", static_cast<int>(res));
-    } else if (compressed != expect_compressed && !over_budget) {
-      bad = 11;
-      std::snprintf(why, sizeof why, "compressed %d, expected %d (eligible %d)", compressed,
-                    expect_compressed, eligible);
-    } else if (has_result) {
-      const size_t m = c.coll == kReduceScatter ? recvcount : c.count;
-      for (size_t j = 0; j < m && !bad; ++j) {
-        const size_t i = first + j;
-        double want = c.op == ncclMax ? -1e9 : 0;
-        for (int r = 0; r < n; ++r) {
-          const int v = dq::test::bell_value(c.key, r, i);
-          want = c.op == ncclMax ? std::max(want, static_cast<double>(v)) : want + v;
-        }
-        if (c.op == ncclAvg) want /= n;
-        const float got = dq::test::load_element(dst, j, c.bf16);
-        if (!compressed) {
-          if (got != static_cast<float>(want)) {
-            bad = 12;
-            std::snprintf(why, sizeof why, "pass-through element %zu is %g, exact %g", i,
-                          static_cast<double>(got), want);
-          }
-        } else {
-          finite = finite && std::isfinite(got);
-          num += (got - want) * (got - want);
-          den += want * want;
-        }
-      }
-      if (!bad && compressed) {
-        const double v = den > 0 ? num / den : num;
-        st->max_vnmse = std::max(st->max_vnmse, v);
-        st->sum_vnmse += v;
-        if (!finite || !(v < kMaxVnmse)) {
-          bad = 13;
-          std::snprintf(why, sizeof why, "compressed result: finite %d, vNMSE %.4e (bound %.2g)",
-                        finite, v, kMaxVnmse);
-        }
-      }
-    }
-    if (!bad && !c.inplace && dq::test::fnv1a(send.data(), c.count * esize) != send_hash) {
-      bad = 14;
-      std::snprintf(why, sizeof why, "the input of an out-of-place call changed");
-    }
-    // Every rank's verdict, and the result's identity: MAX of (x, ~x) is (max, ~min).
-    const uint64_t h = c.coll == kAllReduce ? dq::test::fnv1a(dst, c.count * esize) : 0;
-    uint64_t w[6] = {h,
-                     ~h,
-                     static_cast<uint64_t>(compressed),
-                     ~static_cast<uint64_t>(compressed),
-                     static_cast<uint64_t>(bad),
-                     0};
-    if (ncclAllReduce(w, w, 6, ncclUint64, ncclMax, off, nullptr) != ncclSuccess) {
-      std::fprintf(stderr, "call %d: the check all-reduce failed\n", k);
-      return 20;
-    }
-    if (!bad && w[0] != ~w[1]) {
-      bad = 15;
-      std::snprintf(why, sizeof why, "results differ across ranks");
-    }
-    if (!bad && w[2] != ~w[3]) {
-      bad = 16;
-      std::snprintf(why, sizeof why, "compressed on some ranks only");
-    }
-    if (bad || w[4] != 0) {
-      std::fprintf(stderr,
-                   "call %d (%s %s %s %s %s, %zu elements, root %d, comm %s): %s (worst verdict "
-                   "over ranks %llu)\n",
-                   k, coll_name(c.coll), c.bf16 ? "bf16" : "f32",
-                   c.op == ncclMax   ? "max"
-                   : c.op == ncclSum ? "sum"
-                                     : "avg",
-                   c.inplace ? "in-place" : "out-of-place", compressed ? "compressed" : "passed",
-                   c.count, c.root, c.opted ? "opted-in" : "opted-out",
-                   bad ? why : "another rank failed", static_cast<unsigned long long>(w[4]));
-      return bad ? bad : 30;
-    }
-    ++st->calls;
-    compressed ? ++st->compressed : ++st->passed;
-    const Sample s{vmrss_kib(), count_dir("/proc/self/fd"), count_dir("/proc/self/task")};
-    if (k == 0) st->rss_first = s.rss;
-    if (k == warm - 1) {
-      st->held_warm = held_kib();
-      st->rss_warm = vmrss_kib();  // after the flush, which allocates a little too
-      st->heap_warm = static_cast<long>((mallinfo2().uordblks + mallinfo2().hblkhd) / 1024);
-      st->fds_warm = s.fds;
-      st->threads_warm = s.threads;
-    }
-    if (k >= warm) {
-      st->rss_max_after = std::max(st->rss_max_after, s.rss);
-      st->fds_max_after = std::max(st->fds_max_after, s.fds);
-      st->threads_max_after = std::max(st->threads_max_after, s.threads);
-    }
-    st->rss_end = s.rss;
-    if (k == calls - 1) {
-      st->heap_end = static_cast<long>((mallinfo2().uordblks + mallinfo2().hblkhd) / 1024);
-      st->held_end = held_kib();
-      st->rss_end = vmrss_kib();
-    }
-    // Evenly spaced over the calls after warm-up, the last call included.
-    const int after = calls - warm;
-    if (k >= warm && after > 0 &&
-        static_cast<long>(k - warm + 1) * kNetSamples / after !=
-            static_cast<long>(k - warm) * kNetSamples / after) {
-      const long held = held_kib();
-      if (g_trim) malloc_trim(0);
-      if (held >= 0) st->net_samples.push_back(vmrss_kib() - held);
-    }
-    st->fds_end = s.fds;
-    st->threads_end = s.threads;
-    if (rank == 0 && (k + 1) % std::max(1, calls / 10) == 0)
-      std::fprintf(stderr,
-                   "soak: %d/%d calls, RSS %ld KiB, malloc in use %zu KiB, fds %d, threads %d\n",
-                   k + 1, calls, s.rss, (mallinfo2().uordblks + mallinfo2().hblkhd) / 1024, s.fds,
-                   s.threads);
+};
+
+// One call as issued: where its result lands, what the model predicted and what happened.
+struct Issued {
+  Call c;
+  size_t esize = 0, recvcount = 0;
+  size_t first = 0;  // element offset of the result in the full reduced vector
+  unsigned char* dst = nullptr;
+  uint64_t send_hash = 0;
+  bool eligible = false, expect_compressed = false, compressed = false, over_budget = false;
+  ncclResult_t res = ncclSuccess;
+};
+
+// A call's verdict: 0, or the code of the first failed check and why.
+struct Verdict {
+  int bad = 0;
+  char why[256] = {0};
+};
+
+// Call c: the switch flipped first if drawn so, the input written, the collective issued on
+// the communicator drawn, and whether it was compressed read from the shim's counters.
+Issued issue_call(RankRun& w, const Call& c) {
+  Issued x;
+  x.c = c;
+  if (c.flip) {
+    w.file_on = !w.file_on;
+    if (w.rank == 0) write_text(w.control, w.file_on ? "on\n" : "off\n");
+    ++w.st->flips;
   }
-  st->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const auto& ns = st->net_samples;
-  const size_t window = std::min<size_t>(kNetWindow, ns.size());
-  st->net_first = median_of(std::vector<long>(ns.begin(), ns.begin() + static_cast<long>(window)));
-  st->net_last = median_of(std::vector<long>(ns.end() - static_cast<long>(window), ns.end()));
-  // The shim's own reasons for the opted-in communicator (index 0) must match the model: every
-  // inferred over-budget pass-through really was one, and the switch passed through exactly the
-  // calls predicted.
+  x.esize = c.bf16 ? 2 : 4;
+  x.recvcount = c.coll == kReduceScatter ? c.count / w.n : c.count;
+  const ncclDataType_t dt = c.bf16 ? ncclBfloat16 : ncclFloat32;
+  for (size_t i = 0; i < c.count; ++i)
+    dq::test::store_element(w.send.data(), i, c.bf16,
+                            static_cast<float>(dq::test::bell_value(c.key, w.rank, i)));
+  x.send_hash = c.inplace ? 0 : dq::test::fnv1a(w.send.data(), c.count * x.esize);
+  // Where the result lands, and which elements of the full vector it holds.
+  x.dst = w.recv.data();
+  if (c.coll == kReduceScatter) x.first = static_cast<size_t>(w.rank) * x.recvcount;
+  if (c.inplace)
+    x.dst = w.send.data() + (c.coll == kReduceScatter ? x.first * x.esize : 0);
+  else
+    std::memset(w.recv.data(), 0xCD, x.recvcount * x.esize);
+  x.eligible = c.opted && c.op != ncclMax && c.count * x.esize >= kMinBytes;
+  // The switch model (docs/ENGINE.md section 3): an eligible call applies the switch word
+  // agreed on the last eligible call that sent one. A call passed through by the switch sends
+  // its word; a compressed call sends its word; a call whose plan does not fit the bit budget
+  // (too few elements: "over_budget") passes through without sending one.
+  x.expect_compressed = x.eligible && w.applied_on;
+  ncclComm_t use = c.opted ? w.comm : w.off;
+  unsigned long long r0 = 0, p0 = 0, r1 = 0, p1 = 0;
+  counters_fn()(use, &r0, &p0);
+  if (c.coll == kAllReduce)
+    x.res = ncclAllReduce(w.send.data(), x.dst, c.count, dt, c.op, use, nullptr);
+  else if (c.coll == kReduceScatter)
+    x.res = ncclReduceScatter(w.send.data(), x.dst, x.recvcount, dt, c.op, use, nullptr);
+  else
+    x.res = ncclReduce(w.send.data(), x.dst, c.count, dt, c.op, c.root, use, nullptr);
+  counters_fn()(use, &r1, &p1);
+  x.compressed = r1 > r0;
+  return x;
+}
+
+// The model's bookkeeping after call k: over-budget pass-throughs, the switch's, and the
+// switch word the next eligible call applies.
+void account_call(RankRun& w, int k, Issued& x) {
+  const Call& c = x.c;
+  Stats* st = w.st;
+  if (x.eligible && w.applied_on && !x.compressed) {
+    x.over_budget = true;  // checked against the shim's own counters at the end of the run
+    ++st->over_budget;
+    const int slot = c.coll * 2 + (c.bf16 ? 1 : 0);
+    st->max_over[slot] = std::max(st->max_over[slot], c.count);
+  } else if (x.compressed) {
+    const int slot = c.coll * 2 + (c.bf16 ? 1 : 0);
+    st->min_fit[slot] = std::min(st->min_fit[slot], c.count);
+  }
+  if (x.eligible && !w.applied_on) ++st->switch_off;
+  if (x.eligible && !x.over_budget) w.applied_on = w.file_on;  // rank 0 read the file in this call
+  if (g_trace)
+    std::fprintf(stderr,
+                 "call %d: %s %s %s count %zu %s %s flip %d eligible %d expected %d got %d\n", k,
+                 coll_name(c.coll), c.bf16 ? "bf16" : "f32", op_name(c.op), c.count,
+                 c.inplace ? "in-place" : "out-of-place", c.opted ? "opted-in" : "opted-out",
+                 c.flip, x.eligible, x.expect_compressed, x.compressed);
+}
+
+// This rank's checks of a call: its return code, compressed as predicted, its result (exact
+// when passed through, finite and within kMaxVnmse when compressed), the input untouched.
+Verdict check_call(RankRun& w, const Issued& x) {
+  const Call& c = x.c;
+  Verdict v;
+  const bool has_result = c.coll != kReduce || w.rank == c.root;
+  double num = 0, den = 0;
+  bool finite = true;
+  if (x.res != ncclSuccess) {
+    v.bad = 10;
+    std::snprintf(v.why, sizeof v.why, "returned %d", static_cast<int>(x.res));
+  } else if (x.compressed != x.expect_compressed && !x.over_budget) {
+    v.bad = 11;
+    std::snprintf(v.why, sizeof v.why, "compressed %d, expected %d (eligible %d)", x.compressed,
+                  x.expect_compressed, x.eligible);
+  } else if (has_result) {
+    const size_t m = c.coll == kReduceScatter ? x.recvcount : c.count;
+    for (size_t j = 0; j < m && !v.bad; ++j) {
+      const size_t i = x.first + j;
+      double want = dq::test::bell_reduced(c.key, w.n, i, c.op == ncclMax);
+      if (c.op == ncclAvg) want /= w.n;
+      const float got = dq::test::load_element(x.dst, j, c.bf16);
+      if (!x.compressed) {
+        if (got != static_cast<float>(want)) {
+          v.bad = 12;
+          std::snprintf(v.why, sizeof v.why, "pass-through element %zu is %g, exact %g", i,
+                        static_cast<double>(got), want);
+        }
+      } else {
+        finite = finite && std::isfinite(got);
+        num += (got - want) * (got - want);
+        den += want * want;
+      }
+    }
+    if (!v.bad && x.compressed) {
+      const double e = den > 0 ? num / den : num;
+      w.st->max_vnmse = std::max(w.st->max_vnmse, e);
+      w.st->sum_vnmse += e;
+      if (!finite || !(e < kMaxVnmse)) {
+        v.bad = 13;
+        std::snprintf(v.why, sizeof v.why, "compressed result: finite %d, vNMSE %.4e (bound %.2g)",
+                      finite, e, kMaxVnmse);
+      }
+    }
+  }
+  if (!v.bad && !c.inplace && dq::test::fnv1a(w.send.data(), c.count * x.esize) != x.send_hash) {
+    v.bad = 14;
+    std::snprintf(v.why, sizeof v.why, "the input of an out-of-place call changed");
+  }
+  return v;
+}
+
+// Every rank's verdict on call k, and the result's identity across ranks, in one small
+// all-reduce on the opted-out communicator: 0 when every rank passed, else the rank's exit code.
+int agree_on_call(RankRun& w, int k, const Issued& x, Verdict& v) {
+  const Call& c = x.c;
+  // MAX of (x, ~x) is (max, ~min).
+  const uint64_t h = c.coll == kAllReduce ? dq::test::fnv1a(x.dst, c.count * x.esize) : 0;
+  uint64_t words[6] = {h,
+                       ~h,
+                       static_cast<uint64_t>(x.compressed),
+                       ~static_cast<uint64_t>(x.compressed),
+                       static_cast<uint64_t>(v.bad),
+                       0};
+  if (ncclAllReduce(words, words, 6, ncclUint64, ncclMax, w.off, nullptr) != ncclSuccess) {
+    std::fprintf(stderr, "call %d: the check all-reduce failed\n", k);
+    return 20;
+  }
+  if (!v.bad && words[0] != ~words[1]) {
+    v.bad = 15;
+    std::snprintf(v.why, sizeof v.why, "results differ across ranks");
+  }
+  if (!v.bad && words[2] != ~words[3]) {
+    v.bad = 16;
+    std::snprintf(v.why, sizeof v.why, "compressed on some ranks only");
+  }
+  if (v.bad || words[4] != 0) {
+    std::fprintf(stderr,
+                 "call %d (%s %s %s %s %s, %zu elements, root %d, comm %s): %s (worst verdict "
+                 "over ranks %llu)\n",
+                 k, coll_name(c.coll), c.bf16 ? "bf16" : "f32", op_name(c.op),
+                 c.inplace ? "in-place" : "out-of-place", x.compressed ? "compressed" : "passed",
+                 c.count, c.root, c.opted ? "opted-in" : "opted-out",
+                 v.bad ? v.why : "another rank failed", static_cast<unsigned long long>(words[4]));
+    return v.bad ? v.bad : 30;
+  }
+  return 0;
+}
+
+long malloc_in_use_kib() {
+  return static_cast<long>((mallinfo2().uordblks + mallinfo2().hblkhd) / 1024);
+}
+
+// The process's resources after call k: the warm-up baseline, the maxima after it, the end
+// figures, and RSS less the plan cache at kNetSamples evenly spaced calls after warm-up.
+void sample_resources(RankRun& w, int k) {
+  Stats* st = w.st;
+  const int calls = w.calls, warm = w.warm;
+  const Sample s{vmrss_kib(), count_dir("/proc/self/fd"), count_dir("/proc/self/task")};
+  if (k == 0) st->rss_first = s.rss;
+  if (k == warm - 1) {
+    st->held_warm = held_kib();
+    st->rss_warm = vmrss_kib();  // after the flush, which allocates a little too
+    st->heap_warm = malloc_in_use_kib();
+    st->fds_warm = s.fds;
+    st->threads_warm = s.threads;
+  }
+  if (k >= warm) {
+    st->rss_max_after = std::max(st->rss_max_after, s.rss);
+    st->fds_max_after = std::max(st->fds_max_after, s.fds);
+    st->threads_max_after = std::max(st->threads_max_after, s.threads);
+  }
+  st->rss_end = s.rss;
+  if (k == calls - 1) {
+    st->heap_end = malloc_in_use_kib();
+    st->held_end = held_kib();
+    st->rss_end = vmrss_kib();
+  }
+  // Evenly spaced over the calls after warm-up, the last call included.
+  const int after = calls - warm;
+  if (k >= warm && after > 0 &&
+      static_cast<long>(k - warm + 1) * kNetSamples / after !=
+          static_cast<long>(k - warm) * kNetSamples / after) {
+    const long held = held_kib();
+    if (g_trim) malloc_trim(0);
+    if (held >= 0) st->net_samples.push_back(vmrss_kib() - held);
+  }
+  st->fds_end = s.fds;
+  st->threads_end = s.threads;
+  if (w.rank == 0 && (k + 1) % std::max(1, calls / 10) == 0)
+    std::fprintf(stderr,
+                 "soak: %d/%d calls, RSS %ld KiB, malloc in use %ld KiB, fds %d, threads %d\n",
+                 k + 1, calls, s.rss, malloc_in_use_kib(), s.fds, s.threads);
+}
+
+// The shim's own reasons for the opted-in communicator (index 0) must match the model: every
+// inferred over-budget pass-through really was one, and the switch passed through exactly the
+// calls predicted. 0, or the rank's exit code.
+int check_shim_counters(const Stats* st) {
   const std::string m = flushed_metrics();
   if (m.empty()) return 40;
   const char* mpath = std::getenv("DYNAMIQ_METRICS_FILE");
@@ -477,7 +519,45 @@ int rank_body(int n, int rank, ncclComm_t comm, int calls, int warm, size_t max_
                    st->min_fit[slot]);
       return 43;
     }
-  ncclCommDestroy(off);
+  return 0;
+}
+
+// One rank. Returns 0, or a code naming the failed check (the message is in the rank's log).
+int rank_body(int rank, ncclComm_t comm, const Args& a, const std::string& control, Stats* st) {
+  auto reg = reinterpret_cast<RegisterFn>(dlsym(RTLD_DEFAULT, "dynamiqCommRegister"));
+  if (!reg) return 2;
+  RankRun w;
+  w.n = a.n;
+  w.rank = rank;
+  w.comm = comm;
+  w.calls = a.calls;
+  w.warm = a.warm;
+  w.max_bytes = a.max_bytes;
+  w.control = control;
+  w.st = st;
+  if (ncclCommSplit(comm, 0, rank, &w.off, nullptr) != ncclSuccess || !w.off) return 3;
+  if (reg(w.off, 0) != 0) return 4;
+  // Buffers of the largest call, touched once, reused: the test's own memory stays flat.
+  w.send.assign(a.max_bytes + 64, 1);
+  w.recv.assign(a.max_bytes + 64, 1);
+  Rng rng{a.seed};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < a.calls; ++k) {
+    Issued x = issue_call(w, draw(rng, a.n, a.max_bytes));
+    account_call(w, k, x);
+    Verdict v = check_call(w, x);
+    if (const int rc = agree_on_call(w, k, x, v); rc != 0) return rc;
+    ++st->calls;
+    x.compressed ? ++st->compressed : ++st->passed;
+    sample_resources(w, k);
+  }
+  st->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& ns = st->net_samples;
+  const size_t window = std::min<size_t>(kNetWindow, ns.size());
+  st->net_first = median_of(std::vector<long>(ns.begin(), ns.begin() + static_cast<long>(window)));
+  st->net_last = median_of(std::vector<long>(ns.end() - static_cast<long>(window), ns.end()));
+  if (const int rc = check_shim_counters(st); rc != 0) return rc;
+  ncclCommDestroy(w.off);
   return 0;
 }
 
@@ -496,6 +576,106 @@ size_t parse_bytes(const char* s) {
   return static_cast<size_t>(v);
 }
 
+// A rank's statistics as one line of text, for the parent to read back.
+void write_stats(int r, const Stats& st) {
+  char line[512];
+  std::snprintf(
+      line, sizeof line,
+      "%d %d %d %d %.4e %.4e %ld %ld %ld %ld %d %d %d %d %d %d %.1f %d %d %ld %ld %ld %ld "
+      "%ld %ld %zu\n",
+      st.calls, st.compressed, st.passed, st.flips, st.max_vnmse,
+      st.compressed ? st.sum_vnmse / st.compressed : 0.0, st.rss_first, st.rss_warm, st.rss_end,
+      st.rss_max_after, st.fds_warm, st.fds_end, st.fds_max_after, st.threads_warm, st.threads_end,
+      st.threads_max_after, st.seconds, st.over_budget, st.switch_off, st.heap_warm, st.heap_end,
+      st.held_warm, st.held_end, st.net_first, st.net_last, st.net_samples.size());
+  write_text(g_dir + "/stats" + std::to_string(r), line);
+}
+
+// Rank r's statistics line, as write_stats wrote it; false when there is none.
+bool read_stats(int r, Stats* st, double* mean_vnmse, size_t* net_count) {
+  std::istringstream in(read_file(g_dir + "/stats" + std::to_string(r)));
+  in >> st->calls >> st->compressed >> st->passed >> st->flips >> st->max_vnmse >> *mean_vnmse >>
+      st->rss_first >> st->rss_warm >> st->rss_end >> st->rss_max_after >> st->fds_warm >>
+      st->fds_end >> st->fds_max_after >> st->threads_warm >> st->threads_end >>
+      st->threads_max_after >> st->seconds >> st->over_budget >> st->switch_off >> st->heap_warm >>
+      st->heap_end >> st->held_warm >> st->held_end >> st->net_first >> st->net_last >> *net_count;
+  return static_cast<bool>(in);
+}
+
+// Rank r's process: its log, the shim's settings, its communicator, the soak, its statistics.
+int rank_process(int r, const ncclUniqueId& id, const Args& a, const std::string& control) {
+  const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
+  if (std::freopen(log.c_str(), "w", stderr) == nullptr) return 98;
+  setenv("DYNAMIQ_ENABLE", "1", 1);
+  setenv("DYNAMIQ_MIN_BYTES", "64K", 1);
+  setenv("DYNAMIQ_CONTROL_FILE", control.c_str(), 1);
+  setenv("DYNAMIQ_METRICS_FILE", (g_dir + "/metrics" + std::to_string(r) + ".json").c_str(), 1);
+  setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+  ncclComm_t comm = nullptr;
+  // A fixed mmap threshold: the soak's and the CPU NCCL's large per-call buffers go back to
+  // the kernel when freed, so RSS measures what is held, not glibc's high-water heap (the
+  // default threshold rises to the largest block freed, up to 32 MiB). The shim maps its
+  // plan buffers itself whatever this says.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  if (ncclCommInitRank(&comm, a.n, id, r) != ncclSuccess) return 97;
+  Stats st;
+  const int rc = rank_body(r, comm, a, control, &st);
+  write_stats(r, st);
+  std::fflush(stderr);
+  if (rc == 0) ncclCommDestroy(comm);
+  return rc;
+}
+
+// Rank r's figures printed, and judged: every call done, some compressed and some passed,
+// enough samples, RSS less the plan cache flat, no fd or thread growth after warm-up.
+bool judge_rank(int r, const Args& a, const Stats& st, double mean_vnmse, size_t net_count) {
+  bool ok = true;
+  const double growth = 100.0 * (st.rss_end - st.rss_warm) / st.rss_warm;
+  const double growth_max = 100.0 * (st.rss_max_after - st.rss_warm) / st.rss_warm;
+  // What the process holds beyond the shim's plan cache, whose size follows the last 16 call
+  // shapes (reported by the shim itself): a leak anywhere shows here.
+  const long net_warm = st.rss_warm - st.held_warm, net_end = st.rss_end - st.held_end;
+  const double net_points = 100.0 * (net_end - net_warm) / net_warm;
+  const double net_growth =
+      st.net_first > 0 ? 100.0 * (st.net_last - st.net_first) / st.net_first : 100.0;
+  std::printf(
+      "rank %d: %d calls (%d compressed, %d passed through of which %d by the switch and %d over "
+      "budget; %d switch flips) in %.1f s; "
+      "vNMSE max %.3e mean %.3e; RSS KiB first %ld, after warm-up %ld, end %ld (%+.2f%%), "
+      "max after warm-up %ld (%+.2f%%); plan cache KiB %ld -> %ld; RSS less plan cache KiB %ld "
+      "-> %ld "
+      "(%+.2f%%), medians of the first and last %d of %zu samples %ld -> %ld (%+.2f%%); "
+      "malloc in use KiB %ld -> %ld; fds %d -> %d (max %d); threads %d -> %d (max %d)\n",
+      r, st.calls, st.compressed, st.passed, st.switch_off, st.over_budget, st.flips, st.seconds,
+      st.max_vnmse, mean_vnmse, st.rss_first, st.rss_warm, st.rss_end, growth, st.rss_max_after,
+      growth_max, st.held_warm, st.held_end, net_warm, net_end, net_points, kNetWindow, net_count,
+      st.net_first, st.net_last, net_growth, st.heap_warm, st.heap_end, st.fds_warm, st.fds_end,
+      st.fds_max_after, st.threads_warm, st.threads_end, st.threads_max_after);
+  if (st.calls != a.calls || st.compressed == 0 || st.passed == 0) {
+    std::printf("FAIL: rank %d: expected %d calls, some compressed and some passed\n", r, a.calls);
+    ok = false;
+  }
+  if (net_count < 2 * static_cast<size_t>(kNetWindow)) {
+    std::printf("FAIL: rank %d: %zu samples of RSS after warm-up, fewer than %d\n", r, net_count,
+                2 * kNetWindow);
+    ok = false;
+  }
+  if (!(net_growth < a.rss_limit)) {
+    std::printf(
+        "FAIL: rank %d: RSS less the plan cache grew %.2f%% after warm-up (medians of the "
+        "first and last %d samples; limit %g%%)\n",
+        r, net_growth, kNetWindow, a.rss_limit);
+    ok = false;
+  }
+  // Flat means no growth: a leak only ever adds. Fewer threads at the end is TBB's pool or an
+  // engine's stream workers going idle and exiting (a CI run saw 30 -> 24 on one rank).
+  if (st.fds_max_after > st.fds_warm || st.threads_max_after > st.threads_warm) {
+    std::printf("FAIL: rank %d: file descriptors or threads grew after warm-up\n", r);
+    ok = false;
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -507,12 +687,13 @@ int main(int argc, char** argv) {
     std::printf("SKIP: libdynamiq.so is not preloaded\n");
     return 77;
   }
-  const int calls = std::atoi(argv[1]);
-  const size_t max_bytes = std::max<size_t>(2048, parse_bytes(argv[2]));
-  const uint64_t seed = argc > 3 ? std::strtoull(argv[3], nullptr, 0) : 16;
-  const int n = argc > 4 ? std::atoi(argv[4]) : 4;
-  const int warm = std::min(calls, std::max(1, argc > 5 ? std::atoi(argv[5]) : calls / 10));
-  const double rss_limit = argc > 6 ? std::atof(argv[6]) : 1.0;
+  Args a;
+  a.calls = std::atoi(argv[1]);
+  a.max_bytes = std::max<size_t>(2048, parse_bytes(argv[2]));
+  a.seed = argc > 3 ? std::strtoull(argv[3], nullptr, 0) : 16;
+  a.n = argc > 4 ? std::atoi(argv[4]) : 4;
+  a.warm = std::min(a.calls, std::max(1, argc > 5 ? std::atoi(argv[5]) : a.calls / 10));
+  a.rss_limit = argc > 6 ? std::atof(argv[6]) : 1.0;
   g_trim = argc > 7 && std::atoi(argv[7]) != 0;
   char tmpl[] = "/tmp/dq-soak-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return 1;
@@ -521,8 +702,8 @@ int main(int argc, char** argv) {
   const std::string control = g_dir + "/switch";
   write_text(control, "on\n");
   std::printf(
-      "soak: %d ranks, %d calls (warm-up %d), sizes 1 KiB..%zu bytes, seed %llu, scratch %s%s\n", n,
-      calls, warm, max_bytes, static_cast<unsigned long long>(seed), g_dir.c_str(),
+      "soak: %d ranks, %d calls (warm-up %d), sizes 1 KiB..%zu bytes, seed %llu, scratch %s%s\n",
+      a.n, a.calls, a.warm, a.max_bytes, static_cast<unsigned long long>(a.seed), g_dir.c_str(),
       g_trim ? ", RSS samples after malloc_trim(0)" : "");
   std::fflush(stdout);
 
@@ -531,43 +712,10 @@ int main(int argc, char** argv) {
   dq::test::RankOptions opt;
   opt.timeout_s = 0;
   const auto exits = dq::test::run_ranks<ncclUniqueId>(
-      n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* ids) {
-        const ncclUniqueId& id = ids[0];
-        const std::string log = g_dir + "/rank" + std::to_string(r) + ".log";
-        if (std::freopen(log.c_str(), "w", stderr) == nullptr) return 98;
-        setenv("DYNAMIQ_ENABLE", "1", 1);
-        setenv("DYNAMIQ_MIN_BYTES", "64K", 1);
-        setenv("DYNAMIQ_CONTROL_FILE", control.c_str(), 1);
-        setenv("DYNAMIQ_METRICS_FILE", (g_dir + "/metrics" + std::to_string(r) + ".json").c_str(),
-               1);
-        setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
-        ncclComm_t comm = nullptr;
-        // A fixed mmap threshold: the soak's and the CPU NCCL's large per-call buffers go back to
-        // the kernel when freed, so RSS measures what is held, not glibc's high-water heap (the
-        // default threshold rises to the largest block freed, up to 32 MiB). The shim maps its
-        // plan buffers itself whatever this says.
-        mallopt(M_MMAP_THRESHOLD, 256 * 1024);
-        if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) return 97;
-        Stats st;
-        const int rc = rank_body(n, r, comm, calls, warm, max_bytes, seed, control, &st);
-        char line[512];
-        std::snprintf(
-            line, sizeof line,
-            "%d %d %d %d %.4e %.4e %ld %ld %ld %ld %d %d %d %d %d %d %.1f %d %d %ld %ld %ld %ld "
-            "%ld %ld %zu\n",
-            st.calls, st.compressed, st.passed, st.flips, st.max_vnmse,
-            st.compressed ? st.sum_vnmse / st.compressed : 0.0, st.rss_first, st.rss_warm,
-            st.rss_end, st.rss_max_after, st.fds_warm, st.fds_end, st.fds_max_after,
-            st.threads_warm, st.threads_end, st.threads_max_after, st.seconds, st.over_budget,
-            st.switch_off, st.heap_warm, st.heap_end, st.held_warm, st.held_end, st.net_first,
-            st.net_last, st.net_samples.size());
-        write_text(g_dir + "/stats" + std::to_string(r), line);
-        std::fflush(stderr);
-        if (rc == 0) ncclCommDestroy(comm);
-        return rc;
-      });
+      a.n, 1, ncclGetUniqueId, opt,
+      [&](int r, const ncclUniqueId* ids) { return rank_process(r, ids[0], a, control); });
   bool ok = true;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < a.n; ++r) {
     if (exits[r].code() != 0) {
       std::printf("FAIL: rank %d %s; its log:\n%s", r, exits[r].describe().c_str(),
                   read_file(g_dir + "/rank" + std::to_string(r) + ".log").c_str());
@@ -575,63 +723,15 @@ int main(int argc, char** argv) {
     }
   }
   if (!ok) return 1;
-  for (int r = 0; r < n; ++r) {
-    std::istringstream in(read_file(g_dir + "/stats" + std::to_string(r)));
+  for (int r = 0; r < a.n; ++r) {
     Stats st;
     double mean_vnmse;
     size_t net_count = 0;
-    in >> st.calls >> st.compressed >> st.passed >> st.flips >> st.max_vnmse >> mean_vnmse >>
-        st.rss_first >> st.rss_warm >> st.rss_end >> st.rss_max_after >> st.fds_warm >>
-        st.fds_end >> st.fds_max_after >> st.threads_warm >> st.threads_end >>
-        st.threads_max_after >> st.seconds >> st.over_budget >> st.switch_off >> st.heap_warm >>
-        st.heap_end >> st.held_warm >> st.held_end >> st.net_first >> st.net_last >> net_count;
-    if (!in) {
+    if (!read_stats(r, &st, &mean_vnmse, &net_count)) {
       std::printf("FAIL: rank %d wrote no statistics\n", r);
       return 1;
     }
-    const double growth = 100.0 * (st.rss_end - st.rss_warm) / st.rss_warm;
-    const double growth_max = 100.0 * (st.rss_max_after - st.rss_warm) / st.rss_warm;
-    // What the process holds beyond the shim's plan cache, whose size follows the last 16 call
-    // shapes (reported by the shim itself): a leak anywhere shows here.
-    const long net_warm = st.rss_warm - st.held_warm, net_end = st.rss_end - st.held_end;
-    const double net_points = 100.0 * (net_end - net_warm) / net_warm;
-    const double net_growth =
-        st.net_first > 0 ? 100.0 * (st.net_last - st.net_first) / st.net_first : 100.0;
-    std::printf(
-        "rank %d: %d calls (%d compressed, %d passed through of which %d by the switch and %d over "
-        "budget; %d switch flips) in %.1f s; "
-        "vNMSE max %.3e mean %.3e; RSS KiB first %ld, after warm-up %ld, end %ld (%+.2f%%), "
-        "max after warm-up %ld (%+.2f%%); plan cache KiB %ld -> %ld; RSS less plan cache KiB %ld "
-        "-> %ld "
-        "(%+.2f%%), medians of the first and last %d of %zu samples %ld -> %ld (%+.2f%%); "
-        "malloc in use KiB %ld -> %ld; fds %d -> %d (max %d); threads %d -> %d (max %d)\n",
-        r, st.calls, st.compressed, st.passed, st.switch_off, st.over_budget, st.flips, st.seconds,
-        st.max_vnmse, mean_vnmse, st.rss_first, st.rss_warm, st.rss_end, growth, st.rss_max_after,
-        growth_max, st.held_warm, st.held_end, net_warm, net_end, net_points, kNetWindow, net_count,
-        st.net_first, st.net_last, net_growth, st.heap_warm, st.heap_end, st.fds_warm, st.fds_end,
-        st.fds_max_after, st.threads_warm, st.threads_end, st.threads_max_after);
-    if (st.calls != calls || st.compressed == 0 || st.passed == 0) {
-      std::printf("FAIL: rank %d: expected %d calls, some compressed and some passed\n", r, calls);
-      ok = false;
-    }
-    if (net_count < 2 * static_cast<size_t>(kNetWindow)) {
-      std::printf("FAIL: rank %d: %zu samples of RSS after warm-up, fewer than %d\n", r, net_count,
-                  2 * kNetWindow);
-      ok = false;
-    }
-    if (!(net_growth < rss_limit)) {
-      std::printf(
-          "FAIL: rank %d: RSS less the plan cache grew %.2f%% after warm-up (medians of the "
-          "first and last %d samples; limit %g%%)\n",
-          r, net_growth, kNetWindow, rss_limit);
-      ok = false;
-    }
-    // Flat means no growth: a leak only ever adds. Fewer threads at the end is TBB's pool or an
-    // engine's stream workers going idle and exiting (a CI run saw 30 -> 24 on one rank).
-    if (st.fds_max_after > st.fds_warm || st.threads_max_after > st.threads_warm) {
-      std::printf("FAIL: rank %d: file descriptors or threads grew after warm-up\n", r);
-      ok = false;
-    }
+    ok = judge_rank(r, a, st, mean_vnmse, net_count) && ok;
   }
   std::printf(ok ? "PASS\n" : "FAIL\n");
   return ok ? 0 : 1;

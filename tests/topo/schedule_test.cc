@@ -41,23 +41,45 @@ void note(SimResult* r, std::string msg) {
   if (r->errors.size() < 20) r->errors.push_back(std::move(msg));
 }
 
-SimResult simulate(const Schedule& s) {
-  const int n = s.n_workers;
-  const int nc = s.n_chunks;
-  const size_t cells = static_cast<size_t>(nc) * n;
+// One simulated run: the schedule, what it produced so far, and each (chunk, worker)'s state
+// through the reduce phase.
+struct Sim {
+  const Schedule& s;
+  const int n, nc;
+  const size_t cells;
   SimResult r;
-  r.sink.assign(nc, -1);
-  r.compress_count.assign(cells, 0);
-  r.parent.assign(cells, -1);
-  r.send_step.assign(cells, -1);
-  r.received_from.assign(cells, {});
-  r.chunks_sent.assign(n, 0);
-  auto at = [n](int c, int w) { return static_cast<size_t>(c) * n + w; };
-
   // held[c*n+w]: contributors received so far for chunk c; hops: longest path into it.
-  std::vector<std::vector<uint16_t>> held(cells);
-  std::vector<int> hops(cells, 0);
-  std::vector<char> sent(cells, 0);
+  std::vector<std::vector<uint16_t>> held;
+  std::vector<int> hops;
+  std::vector<char> sent;
+
+  explicit Sim(const Schedule& sched)
+      : s(sched),
+        n(sched.n_workers),
+        nc(sched.n_chunks),
+        cells(static_cast<size_t>(nc) * n),
+        held(cells),
+        hops(cells, 0),
+        sent(cells, 0) {
+    r.sink.assign(nc, -1);
+    r.compress_count.assign(cells, 0);
+    r.parent.assign(cells, -1);
+    r.send_step.assign(cells, -1);
+    r.received_from.assign(cells, {});
+    r.chunks_sent.assign(n, 0);
+  }
+  size_t at(int c, int w) const { return static_cast<size_t>(c) * n + w; }
+};
+
+// The reduce steps: payloads travel with the workers whose data they hold.
+void run_reduce(Sim* m) {
+  const Schedule& s = m->s;
+  const int n = m->n, nc = m->nc;
+  SimResult& r = m->r;
+  auto& held = m->held;
+  auto& hops = m->hops;
+  auto& sent = m->sent;
+  auto at = [m](int c, int w) { return m->at(c, w); };
   struct InFlight {
     int src, dst, chunk, hops;
     std::vector<uint16_t> contributors;
@@ -106,7 +128,16 @@ SimResult simulate(const Schedule& s) {
       }
     }
   }
+}
 
+// After the reduce steps: one sink per chunk, whose payload must hold every worker once.
+void check_sinks(Sim* m) {
+  const int n = m->n, nc = m->nc;
+  SimResult& r = m->r;
+  const auto& held = m->held;
+  const auto& hops = m->hops;
+  const auto& sent = m->sent;
+  auto at = [m](int c, int w) { return m->at(c, w); };
   // The sink compresses after its last receive; its payload must hold every worker once.
   std::vector<int> count(n);
   for (int c = 0; c < nc; ++c) {
@@ -134,7 +165,15 @@ SimResult simulate(const Schedule& s) {
       }
     }
   }
+}
 
+// The gather steps: every worker gets every chunk's final payload once, from a holder.
+void run_gather(Sim* m) {
+  const Schedule& s = m->s;
+  const int n = m->n, nc = m->nc;
+  const size_t cells = m->cells;
+  SimResult& r = m->r;
+  auto at = [m](int c, int w) { return m->at(c, w); };
   // Gather: got[c*n+w] = step at which the final payload of c arrived, -1 for the sink.
   std::vector<int> got(cells, -2);
   std::vector<int> receives(cells, 0);
@@ -174,7 +213,14 @@ SimResult simulate(const Schedule& s) {
       note(&r, "worker " + std::to_string(j % n) + " never gets chunk " + std::to_string(j / n));
     }
   }
-  return r;
+}
+
+SimResult simulate(const Schedule& s) {
+  Sim m(s);
+  run_reduce(&m);
+  check_sinks(&m);
+  run_gather(&m);
+  return std::move(m.r);
 }
 
 std::string join(const std::vector<std::string>& v) {
