@@ -19,8 +19,9 @@
 // (DYNAMIQ_CONTROL_FILE); the switch read on an eligible call applies from the next eligible call
 // (docs/ENGINE.md section 3), so every rank predicts which calls are compressed.
 //
-// Data are small integers (a bell-shaped sum of four nibbles, -30..30), so every sum and average
-// is exact in FP32 and BF16 whatever the order of additions. Per call, every rank checks:
+// Data are small integers (a bell-shaped sum of four nibbles, -30..30), so every sum, and every
+// average over a power-of-two number of ranks (NRANKS must be one), is exact in FP32 and BF16
+// whatever the order of additions. Per call, every rank checks:
 //  - compressed exactly when predicted (dynamiqCommCounters), the same on every rank;
 //  - a pass-through result is bit-exact;
 //  - a compressed result is finite with vNMSE (squared error over squared exact result) below
@@ -680,7 +681,8 @@ bool judge_rank(int r, const Args& a, const Stats& st, double mean_vnmse, size_t
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: soak CALLS MAX_BYTES [SEED] [NRANKS]\n");
+    std::fprintf(stderr,
+                 "usage: soak CALLS MAX_BYTES [SEED] [NRANKS] [WARMUP] [RSS_LIMIT_PCT] [TRIM]\n");
     return 2;
   }
   if (counters_fn() == nullptr) {
@@ -692,6 +694,12 @@ int main(int argc, char** argv) {
   a.max_bytes = std::max<size_t>(2048, parse_bytes(argv[2]));
   a.seed = argc > 3 ? std::strtoull(argv[3], nullptr, 0) : 16;
   a.n = argc > 4 ? std::atoi(argv[4]) : 4;
+  if (a.n < 2 || (a.n & (a.n - 1)) != 0) {
+    // An average over 3 ranks is not exact in BF16: the pass-through check would fail on it.
+    std::fprintf(stderr, "soak: NRANKS %s: must be a power of two, at least 2\n",
+                 argc > 4 ? argv[4] : "4");
+    return 2;
+  }
   a.warm = std::min(a.calls, std::max(1, argc > 5 ? std::atoi(argv[5]) : a.calls / 10));
   a.rss_limit = argc > 6 ? std::atof(argv[6]) : 1.0;
   g_trim = argc > 7 && std::atoi(argv[7]) != 0;
