@@ -129,14 +129,14 @@ DQ_HD int rounding_half(uint64_t element) {
 
 DQ_HD uint32_t rounding_bits16(uint64_t seed, uint64_t call, uint32_t hop, uint64_t e) {
   const Philox4 w = philox_draw(seed, call, hop, kStreamRounding, rounding_block(e));
-  return (w.v[rounding_word(e)] >> (16 * rounding_half(e))) & 0xffffu;
+  return (philox_word(w, rounding_word(e)) >> (16 * rounding_half(e))) & 0xffffu;
 }
 
 // The tie word of element e (drawn with probability 2^-16): word e % 4 of block e / 4 of the
 // tie stream.
 DQ_HD float rounding_tie_uniform(uint64_t seed, uint64_t call, uint32_t hop, uint64_t e) {
   const Philox4 w = philox_draw(seed, call, hop, kStreamRoundingTie, static_cast<uint32_t>(e >> 2));
-  return uniform24(w.v[e & 3]);
+  return uniform24(philox_word(w, static_cast<uint32_t>(e)));
 }
 
 // Stochastic rounding of magnitude m of element e: the magnitude code 0..L.
@@ -189,9 +189,9 @@ DQ_HD uint32_t shuffle_position(uint32_t key, uint32_t member, uint32_t strata) 
 // block; the class sits in the hop field, so each class shuffles independently.
 DQ_HD uint32_t permutation_key(uint64_t seed, uint64_t call, uint32_t stratum_class,
                                uint64_t group) {
-  return philox_draw(seed, call, stratum_class, kStreamPermutation,
-                     static_cast<uint32_t>(group >> 2))
-      .v[group & 3];
+  return philox_word(
+      philox_draw(seed, call, stratum_class, kStreamPermutation, static_cast<uint32_t>(group >> 2)),
+      static_cast<uint32_t>(group));
 }
 
 DQ_HD uint32_t correlated_stratum(uint64_t seed, uint64_t call, uint32_t stratum_class,

@@ -11,6 +11,13 @@ struct Philox4 {
   uint32_t v[4];
 };
 
+// Word i & 3 of a draw, chosen by selects: indexing v by a runtime word makes nvcc place the draw
+// in local memory (a stack frame, and a store and a load per draw in the fused hop).
+DQ_HD uint32_t philox_word(const Philox4& w, uint32_t i) {
+  i &= 3;
+  return i == 0 ? w.v[0] : i == 1 ? w.v[1] : i == 2 ? w.v[2] : w.v[3];
+}
+
 DQ_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
   uint64_t p = static_cast<uint64_t>(a) * b;
   *hi = static_cast<uint32_t>(p >> 32);

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The kernels' ptxas reports (nvcc --resource-usage, one file per kernel file, sm_80 and sm_90):
-# fails when any kernel spills registers to local memory, or when a fused hop, finish or DynamiQ
-# layout kernel leaves an SM less than half full of threads for lack of registers (counted in
+# fails when any kernel spills registers to local memory, when the fused hop, the finish or a
+# statistics kernel has a stack frame at all, or when a fused hop, finish or DynamiQ layout kernel
+# leaves an SM less than half full of threads for lack of registers (counted in
 # blocks of 256 threads; the one-block layout's 512 fill an SM alike: registers go by warps).
 # Occupancy from registers (both architectures alike: 65,536 registers and 2,048 threads an SM,
 # registers allocated per warp in units of 256) and from shared memory (an SM's 164 KiB on sm_80,
@@ -10,7 +11,7 @@ status=0
 for report in "$@"; do
   awk -v file="$report" -v q="'" '
     /Compiling entry function/ {
-      split($0, part, q)  # ... function 'KERNEL' for 'ARCH'
+      split($0, part, q)  # ... function QKERNELQ for QARCHQ, Q a single quote
       kernel = part[2]
       if (match(kernel, /[a-z_]+_kernel/)) kernel = substr(kernel, RSTART, RLENGTH)  # the name
       arch = part[4]
@@ -20,6 +21,13 @@ for report in "$@"; do
       loads = $0; sub(/ bytes spill loads.*/, "", loads); sub(/.*stores, /, "", loads)
       if (stores + 0 > 0 || loads + 0 > 0) {
         printf "FAIL: %s: %s on %s spills (%s bytes stored, %s loaded)\n", file, kernel, arch, stores, loads
+        bad = 1
+      }
+      frame = $0; sub(/ bytes stack frame.*/, "", frame); sub(/^[ \t]*/, "", frame)
+      # The per-value kernels: a stack frame there is an array indexed at run time (the words of
+      # a Philox draw, say), a local-memory store and load in the loop over values.
+      if (frame + 0 > 0 && kernel ~ /^(dynamiq_hop|dynamiq_finish|supergroup_stats|supergroup_stats_batch)_kernel$/) {
+        printf "FAIL: %s: %s on %s has a %s-byte stack frame (local memory)\n", file, kernel, arch, frame
         bad = 1
       }
     }
