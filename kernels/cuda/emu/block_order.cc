@@ -53,6 +53,11 @@ bool parse_block_order(const char* text, BlockOrdering* out, std::string* error)
   return false;
 }
 
+std::string block_order_name(const BlockOrdering& ordering) {
+  if (ordering.order == BlockOrder::kShuffle) return "shuffle:" + std::to_string(ordering.seed);
+  return ordering.order == BlockOrder::kReverse ? "reverse" : "index";
+}
+
 void set_block_order(const BlockOrdering& ordering) {
   std::lock_guard<std::mutex> lock(g_order_mutex);
   g_ordering = ordering;

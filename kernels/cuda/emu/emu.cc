@@ -568,17 +568,14 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   BlockOrdering ordering;
   uint64_t order_launch = 0;
   std::string order_error;
-  if (!bad[0] && !launch_block_order(&ordering, &order_launch, &order_error)) {
-    order_error = " (" + order_error + ")";
-  } else if (!bad[0] && ordering.order == BlockOrder::kShuffle &&
-             uint64_t{grid.x} * grid.y * grid.z > kMaxShuffledBlocks) {
-    order_error = " (a shuffled block order takes at most 2^24 blocks)";
-  }
+  if (!bad[0] && launch_block_order(&ordering, &order_launch, &order_error) &&
+      ordering.order == BlockOrder::kShuffle &&
+      uint64_t{grid.x} * grid.y * grid.z > kMaxShuffledBlocks)
+    order_error = "a shuffled block order takes at most 2^24 blocks";
   if (bad[0] || !order_error.empty()) {
-    if (!bad[0]) std::snprintf(bad, sizeof bad, "grid (%u,%u,%u)", grid.x, grid.y, grid.z);
     std::string m = std::string("dq-emu: ") + fault_name(Fault::kBadConfig) + ": kernel " +
                     site.kernel + " launched at " + site.file + ":" + std::to_string(site.line) +
-                    " with " + bad + order_error;
+                    (bad[0] ? std::string(" with ") + bad : ": " + order_error);
     std::fprintf(stderr, "%s\n", m.c_str());
     return finish(Fault::kBadConfig, m, cudaErrorInvalidConfiguration);
   }
@@ -616,6 +613,14 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
 
 void* dynamic_shared() {
   return g_launch ? g_launch->dynamic : nullptr;
+}
+
+void poll_missed(const std::source_location& loc) {
+  fail_in_fiber(Fault::kDeadlock,
+                who(*g_launch, g_launch->current) + " polled at " + where(loc) +
+                    " for a word nothing can write while it polls (one block at a time, a thread "
+                    "until it yields): it waits for a block that has not run (block order " +
+                    block_order_name(block_order()) + ")");
 }
 
 void barrier(const std::source_location& loc) {

@@ -177,6 +177,8 @@ bool parse_block_order(const char* text, BlockOrdering* out, std::string* error)
 // The order of this process's later launches, overriding DQ_EMU_BLOCK_ORDER (read at the first
 // launch otherwise); it restarts every thread's launch numbering for kShuffle at 0.
 void set_block_order(const BlockOrdering& ordering);
+// The DQ_EMU_BLOCK_ORDER text of an order ("index", "reverse", "shuffle:SEED").
+std::string block_order_name(const BlockOrdering& ordering);
 // The order launches use now (the environment's, once a launch has read it).
 BlockOrdering block_order();
 // The blocks' linear numbers (x fastest: x + grid.x (y + grid.y z)) in the order a launch runs
@@ -221,6 +223,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*body)(
 // The order for the next launch on this thread and its number there (since the order was last
 // set); false, with the reason, when DQ_EMU_BLOCK_ORDER holds no order.
 bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* error);
+[[noreturn]] void poll_missed(const std::source_location& loc);
 void barrier(const std::source_location& loc);
 uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
                  const std::source_location& loc);
