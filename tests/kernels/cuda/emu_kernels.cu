@@ -281,7 +281,7 @@ __global__ void chain_kernel(int by_ticket, unsigned max_polls, unsigned* ticket
   if (k > 0) {
     const volatile unsigned* before = done + k - 1;
     unsigned poll = 0;
-    while (*before == 0 && poll < max_polls) ++poll;
+    for (; *before == 0 && poll < max_polls; ++poll) poll_missed();
     if (poll == max_polls) atomicAdd(timeouts, 1u);  // the bounded wait gave up
   }
   __threadfence();

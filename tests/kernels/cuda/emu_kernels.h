@@ -59,6 +59,7 @@ cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* tick
                      unsigned* total);
 // A chain: block k (by_ticket: the k-th to take *ticket; otherwise blockIdx.x) waits, at most
 // max_polls polls, for done[k - 1], then sets done[k]; *timeouts counts the waits that gave up.
+// A poll that misses calls poll_missed() (under the emulation: a kDeadlock fault).
 cudaError_t chain(int blocks, bool by_ticket, unsigned max_polls, unsigned* ticket, unsigned* done,
                   unsigned* timeouts);
 

@@ -405,8 +405,8 @@ TEST(CudaEmuBlockOrderDeathTest, TheEnvironmentSetsTheOrderAndABadValueFailsEver
 
 // The defects the orders exist to expose. A hand-off to "the last block" by ticket is right in
 // every order; one that takes block gridDim.x - 1 for the last is right only when the order makes
-// it so. A chain whose links follow tickets never waits; one that follows blockIdx waits, in
-// reverse, for blocks that have not run, and a bounded wait turns that into a flag, not a hang.
+// it so. A chain whose links follow tickets never waits; one that follows blockIdx waits for a
+// block that has not run, and its first missed poll (poll_missed) is a fault, not a long spin.
 TEST(CudaEmuBlockOrder, HandOffsByIndexFailOutOfIndexOrder) {
   const int n = 16;
   const unsigned want = n * (n + 1) / 2;
@@ -416,40 +416,42 @@ TEST(CudaEmuBlockOrder, HandOffsByIndexFailOutOfIndexOrder) {
                                   {BlockOrder::kShuffle, 2}};
   for (const BlockOrdering& o : orders) {
     OrderScope scope(o);
-    for (bool by_ticket : {true, false}) {
-      // The launch's number is 2 for the index hand-off (after a ticket hand-off and a chain).
-      const std::vector<uint64_t> seq = dq::emu::block_sequence(o, n, by_ticket ? 0 : 2);
+    for (uint64_t launch = 0; launch < 2; ++launch) {  // the launches' numbers since the order
+      const bool by_ticket = launch == 0;
+      const std::vector<uint64_t> seq = dq::emu::block_sequence(o, n, launch);
       std::vector<unsigned> parts(n, 0);
       unsigned ticket = 0, total = 0;
       ASSERT_EQ(hand_off(n, by_ticket, parts.data(), &ticket, &total), cudaSuccess);
-      // By index, block n - 1 sums the parts of the blocks that ran before it and itself.
+      // By index, block n - 1 sums the parts of the blocks that ran before it and its own.
       unsigned by_index = 0;
       for (uint64_t b : seq) {
         by_index += static_cast<unsigned>(b) + 1;
         if (b == n - 1) break;
       }
-      EXPECT_EQ(total, by_ticket ? want : by_index);
+      EXPECT_EQ(total, by_ticket ? want : by_index) << dq::emu::block_order_name(o);
       if (o.order == BlockOrder::kIndex || by_ticket) {
         EXPECT_EQ(total, want);
-      }
-      if (o.order == BlockOrder::kReverse && !by_ticket) {
+      } else if (o.order == BlockOrder::kReverse) {
         EXPECT_EQ(total, unsigned{n});
       }
-      if (by_ticket) {
-        std::vector<unsigned> done(n, 0);
-        unsigned chain_ticket = 0, timeouts = 0;
-        ASSERT_EQ(chain(n, true, 1000, &chain_ticket, done.data(), &timeouts), cudaSuccess);
-        EXPECT_EQ(timeouts, 0u);
-      }
     }
-    std::vector<unsigned> done(n, 0);
-    unsigned unused = 0, timeouts = 0;
-    ASSERT_EQ(chain(n, false, 1000, &unused, done.data(), &timeouts), cudaSuccess);
-    EXPECT_EQ(timeouts, o.order == BlockOrder::kIndex     ? 0u
-                        : o.order == BlockOrder::kReverse ? unsigned{n - 1}
-                                                          : timeouts);
-    if (o.order == BlockOrder::kShuffle) {
-      EXPECT_GT(timeouts, 0u);
+    for (bool by_ticket : {true, false}) {
+      std::vector<unsigned> done(n, 0);
+      unsigned ticket = 0, timeouts = 0;
+      const cudaError_t e = chain(n, by_ticket, 1000, &ticket, done.data(), &timeouts);
+      EXPECT_EQ(timeouts, 0u);
+      std::vector<uint64_t> index(n);
+      std::iota(index.begin(), index.end(), uint64_t{0});
+      if (by_ticket || dq::emu::block_sequence(o, n, 2 + (by_ticket ? 0 : 1)) == index) {
+        EXPECT_EQ(e, cudaSuccess) << last_report().message;
+        continue;
+      }
+      EXPECT_EQ(e, cudaErrorLaunchFailure);
+      EXPECT_EQ(last_report().fault, Fault::kDeadlock);
+      const std::string& m = last_report().message;
+      EXPECT_NE(m.find("polled at"), std::string::npos) << m;
+      EXPECT_NE(m.find("emu_kernels.cu:"), std::string::npos) << m;
+      EXPECT_NE(m.find("block order " + dq::emu::block_order_name(o)), std::string::npos) << m;
     }
   }
 }
