@@ -223,6 +223,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*body)(
 // The order for the next launch on this thread and its number there (since the order was last
 // set); false, with the reason, when DQ_EMU_BLOCK_ORDER holds no order.
 bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* error);
+// The running thread polled a word that is not ready: a fault (dq::cuda::poll_missed()).
 [[noreturn]] void poll_missed(const std::source_location& loc);
 void barrier(const std::source_location& loc);
 uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
