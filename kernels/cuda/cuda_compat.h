@@ -79,6 +79,20 @@ __device__ __forceinline__ T atomic_or_global(T* p, T v) {
   return atomicOr(p, v);
 }
 #undef DQ_COUNT_ATOMIC
+
+// Called by a thread whose poll of a word another block writes found it not ready yet (a wait
+// for a block with a lower ticket). On a GPU nothing: the thread polls again. Under the emulation
+// a fault (kDeadlock, naming the thread, the call site and the block order): blocks run one at a
+// time and a thread runs until it reaches a barrier or a warp collective, so nothing can write
+// the word while it polls; the block it waits for has not run, and a bounded poll would spin to its
+// bound (seconds to minutes of CPU) before it gave up.
+#if DQ_CUDA_EMULATED
+inline void poll_missed(std::source_location loc = std::source_location::current()) {
+  ::dq::emu::detail::poll_missed(loc);
+}
+#else
+__device__ __forceinline__ void poll_missed() {}
+#endif
 }  // namespace dq::cuda
 
 // A step's flags word and its fold by the step's own kernels (uses kSkipFlag).

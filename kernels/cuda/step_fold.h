@@ -14,7 +14,6 @@
 #include <cstdint>
 #if DQ_CUDA_EMULATED
 #include <exception>
-#include <stdexcept>
 #endif
 
 namespace dq::cuda {
@@ -108,11 +107,11 @@ class StepFold {
 // validate a share of the records each and publish it; the others decode, and first wait until
 // every validator has published. A decoder waits only for blocks with lower tickets, which are
 // running or done (they took their ticket) and wait for nothing, so it always ends (the decoupled
-// look-back argument of single-pass scans). Under the emulator the blocks run one at a time in
-// blockIdx order, which is ticket order: a decoder finds every validator done and never waits. The
-// cost: the chunks' records are read twice, by a validator and by a decoder (on a GPU the second
-// read should mostly hit L2: not measured). Shared words are passed by pointer
-// (kernels/cuda/EMULATION.md: __shared__ in kernels only).
+// look-back argument of single-pass scans). Under the emulator the blocks run one at a time, in
+// whatever block order it is set to, and tickets follow the order the blocks start in: a decoder
+// finds every validator done and never waits. The cost: the chunks' records are read twice, by a
+// validator and by a decoder (on a GPU the second read should mostly hit L2: not measured). Shared
+// words are passed by pointer (kernels/cuda/EMULATION.md: __shared__ in kernels only).
 class FinishGate {
  public:
   // Every thread of the block; the ticket is taken by thread 0 (one barrier). `s`: a shared word.
@@ -145,14 +144,9 @@ class FinishGate {
   // raised (or the lane had failed), i.e. whether it must write nothing. The same in the block.
   __device__ bool chunk_failed() {
     if (threadIdx.x == 0) {
-#if DQ_CUDA_EMULATED
-      // Blocks run in ticket order here: a validator still running would be a broken invariant
-      // (and a wait that never ends).
-      if (*static_cast<volatile unsigned*>(&w_->validated) < validators_)
-        throw std::logic_error("finish: a decoder started before every validator ended");
-#endif
-      while (*static_cast<volatile unsigned*>(&w_->validated) < validators_) {
-      }
+      // Under the emulation a block runs whole before the next starts, so every lower ticket is
+      // done: a miss there is a broken invariant and a wait that never ends (a fault).
+      while (*static_cast<volatile unsigned*>(&w_->validated) < validators_) poll_missed();
       __threadfence();  // every validator's flags after its count
       *s_ = *static_cast<volatile unsigned*>(&w_->flags);
     }

@@ -44,6 +44,8 @@ constexpr int kMaxThreads = 1024;
 constexpr size_t kMaxDynamicShared = 227 * 1024;  // sm_90's opt-in limit per block
 constexpr unsigned char kPoison = 0xFF;
 constexpr unsigned char kCanary = 0xA5;  // the bytes before the dynamic shared buffer
+// A shuffled launch holds its order (8 bytes a block); an emulated grid is far smaller.
+constexpr uint64_t kMaxShuffledBlocks = uint64_t{1} << 24;
 
 struct Cancelled {};  // thrown inside a fiber to unwind it; caught at the fiber's entry
 
@@ -509,6 +511,30 @@ void require_loaded(bool on) {
 }
 
 namespace detail {
+namespace {
+
+// Runs the launch's blocks one at a time, in the order `ordering` gives launch number `launch`;
+// false at the first block that faults (its counters included, as in every order).
+bool run_blocks(Launch& L, const BlockOrdering& ordering, uint64_t launch) {
+  const dim3 g = L.grid;
+  const uint64_t blocks = uint64_t{g.x} * g.y * g.z;
+  std::vector<uint64_t> shuffled;
+  if (ordering.order == BlockOrder::kShuffle) shuffled = block_sequence(ordering, blocks, launch);
+  for (uint64_t i = 0; i < blocks; ++i) {
+    const uint64_t b = ordering.order == BlockOrder::kIndex     ? i
+                       : ordering.order == BlockOrder::kReverse ? blocks - 1 - i
+                                                                : shuffled[i];
+    g_block_idx = uint3{static_cast<unsigned>(b % g.x), static_cast<unsigned>(b / g.x % g.y),
+                        static_cast<unsigned>(b / (uint64_t{g.x} * g.y))};
+    const bool ok = run_block(L);
+    ++L.counters.blocks;
+    L.counters.threads += L.n;
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(void*),
                      void* context, const LaunchSite& site, const void* kernel) {
@@ -539,10 +565,17 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
       return finish(Fault::kNotLoaded, m, cudaErrorLaunchFailure);
     }
   }
-  if (bad[0]) {
+  BlockOrdering ordering;
+  uint64_t order_launch = 0;
+  std::string order_error;
+  if (!bad[0] && launch_block_order(&ordering, &order_launch, &order_error) &&
+      ordering.order == BlockOrder::kShuffle &&
+      uint64_t{grid.x} * grid.y * grid.z > kMaxShuffledBlocks)
+    order_error = "a shuffled block order takes at most 2^24 blocks";
+  if (bad[0] || !order_error.empty()) {
     std::string m = std::string("dq-emu: ") + fault_name(Fault::kBadConfig) + ": kernel " +
                     site.kernel + " launched at " + site.file + ":" + std::to_string(site.line) +
-                    " with " + bad;
+                    (bad[0] ? std::string(" with ") + bad : ": " + order_error);
     std::fprintf(stderr, "%s\n", m.c_str());
     return finish(Fault::kBadConfig, m, cudaErrorInvalidConfiguration);
   }
@@ -567,15 +600,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   t_running = &L;
   g_block_dim = block;
   g_grid_dim = grid;
-  bool ok = true;
-  for (unsigned z = 0; z < grid.z && ok; ++z)
-    for (unsigned y = 0; y < grid.y && ok; ++y)
-      for (unsigned x = 0; x < grid.x && ok; ++x) {
-        g_block_idx = uint3{x, y, z};
-        ok = run_block(L);
-        ++L.counters.blocks;
-        L.counters.threads += L.n;
-      }
+  const bool ok = run_blocks(L, ordering, order_launch);
   g_launch = nullptr;
   t_running = nullptr;
   L.current = -1;
@@ -588,6 +613,14 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
 
 void* dynamic_shared() {
   return g_launch ? g_launch->dynamic : nullptr;
+}
+
+void poll_missed(const std::source_location& loc) {
+  fail_in_fiber(Fault::kDeadlock,
+                who(*g_launch, g_launch->current) + " polled at " + where(loc) +
+                    " for a word nothing can write while it polls (one block at a time, a thread "
+                    "until it yields): it waits for a block that has not run (block order " +
+                    block_order_name(block_order()) + ")");
 }
 
 void barrier(const std::source_location& loc) {

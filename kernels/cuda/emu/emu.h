@@ -4,10 +4,11 @@
 // this header otherwise.
 //
 // Model: every CUDA thread is a fiber; the blocks of a grid run one after another on the calling
-// OS thread; a fiber gives up the CPU only at __syncthreads and at warp collectives, so plain
-// memory operations (atomics included) between two of those are never interleaved. Launches are
-// synchronous. What the scheduler checks (divergent barriers, deadlocks, warp masks) ends the
-// launch with cudaErrorLaunchFailure and a report (dq::emu::last_report()).
+// OS thread (in blockIdx order unless set_block_order or DQ_EMU_BLOCK_ORDER picks another); a
+// fiber gives up the CPU only at __syncthreads and at warp collectives, so plain memory operations
+// (atomics included) between two of those are never interleaved. Launches are synchronous. What the
+// scheduler checks (divergent barriers, deadlocks, warp masks) ends the launch with
+// cudaErrorLaunchFailure and a report (dq::emu::last_report()).
 #pragma once
 #if defined(__CUDACC__)
 #error "kernels/cuda/emu/emu.h is the host emulation; under nvcc include cuda_runtime.h"
@@ -21,6 +22,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // ---- qualifiers --------------------------------------------------------------------------------
 #define __global__
@@ -157,6 +159,34 @@ inline void set_multiprocessors(int n) {
 // fails with Fault::kNotLoaded: on a GPU its module would load mid-call.
 void require_loaded(bool on);
 
+// The order in which a launch runs its blocks, one at a time either way (EMULATION.md, "Block
+// order"). A GPU runs a grid's blocks in any order, so kernels that hand work between blocks must
+// not depend on it; kIndex (blockIdx order, x fastest) is the default.
+enum class BlockOrder : uint8_t {
+  kIndex,    // blockIdx order, x fastest
+  kReverse,  // the last block first
+  kShuffle,  // a pseudo-random permutation from the seed and the launch's number (block_sequence)
+};
+struct BlockOrdering {
+  BlockOrder order = BlockOrder::kIndex;
+  uint64_t seed = 0;  // kShuffle only
+};
+// Reads the syntax of DQ_EMU_BLOCK_ORDER: "index", "reverse" or "shuffle:SEED" (SEED decimal, 0 to
+// 2^64 - 1). False, with a message naming `text` in *error, for anything else.
+bool parse_block_order(const char* text, BlockOrdering* out, std::string* error);
+// The order of this process's later launches, overriding DQ_EMU_BLOCK_ORDER (read at the first
+// launch otherwise); it restarts every thread's launch numbering for kShuffle at 0.
+void set_block_order(const BlockOrdering& ordering);
+// The DQ_EMU_BLOCK_ORDER text of an order ("index", "reverse", "shuffle:SEED").
+std::string block_order_name(const BlockOrdering& ordering);
+// The order launches use now (the environment's, once a launch has read it).
+BlockOrdering block_order();
+// The blocks' linear numbers (x fastest: x + grid.x (y + grid.y z)) in the order a launch runs
+// them: launch `launch` of `blocks` blocks under `ordering`. kShuffle: a Fisher-Yates shuffle
+// driven by SplitMix64 (EMULATION.md gives the exact steps, so a failure reproduces from its seed).
+std::vector<uint64_t> block_sequence(const BlockOrdering& ordering, uint64_t blocks,
+                                     uint64_t launch);
+
 // Bytes of each fiber's stack (a kernel's locals live there); one guard page below it.
 inline constexpr size_t kFiberStackBytes = 64 * 1024;
 
@@ -190,6 +220,11 @@ struct LaunchSite {
 
 cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*body)(void*),
                      void* context, const LaunchSite& site, const void* kernel);
+// The order for the next launch on this thread and its number there (since the order was last
+// set); false, with the reason, when DQ_EMU_BLOCK_ORDER holds no order.
+bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* error);
+// The running thread polled a word that is not ready: a fault (dq::cuda::poll_missed()).
+[[noreturn]] void poll_missed(const std::source_location& loc);
 void barrier(const std::source_location& loc);
 uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
                  const std::source_location& loc);

@@ -244,4 +244,55 @@ cudaError_t copy_through_shared(const uint8_t* src, int n, uint8_t* dst, int thr
   return cudaGetLastError();
 }
 
+__global__ void block_order_kernel(unsigned* taken, unsigned* ran) {
+  if (threadIdx.x != 0) return;
+  ran[atomicAdd(taken, 1u)] = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+}
+
+cudaError_t block_order(dim3 grid, unsigned* taken, unsigned* ran) {
+  DQ_LAUNCH(block_order_kernel, grid, dim3(32), 0, nullptr, taken, ran);
+  return cudaGetLastError();
+}
+
+__global__ void hand_off_kernel(int by_ticket, unsigned* parts, unsigned* ticket, unsigned* total) {
+  if (threadIdx.x != 0) return;
+  parts[blockIdx.x] = blockIdx.x + 1;
+  __threadfence();  // this block's part before its ticket
+  const bool last = by_ticket != 0 ? atomicAdd(ticket, 1u) + 1 == gridDim.x
+                                   : blockIdx.x == gridDim.x - 1;  // the defect under test
+  if (!last) return;
+  __threadfence();
+  unsigned sum = 0;
+  for (unsigned b = 0; b < gridDim.x; ++b) sum += *static_cast<volatile unsigned*>(parts + b);
+  *total = sum;
+}
+
+cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* ticket,
+                     unsigned* total) {
+  DQ_LAUNCH(hand_off_kernel, dim3(blocks), dim3(32), 0, nullptr, by_ticket ? 1 : 0, parts, ticket,
+            total);
+  return cudaGetLastError();
+}
+
+__global__ void chain_kernel(int by_ticket, unsigned max_polls, unsigned* ticket, unsigned* done,
+                             unsigned* timeouts) {
+  if (threadIdx.x != 0) return;
+  const unsigned k = by_ticket != 0 ? atomicAdd(ticket, 1u) : blockIdx.x;
+  if (k > 0) {
+    const volatile unsigned* before = done + k - 1;
+    unsigned poll = 0;
+    for (; *before == 0 && poll < max_polls; ++poll) poll_missed();
+    if (poll == max_polls) atomicAdd(timeouts, 1u);  // the bounded wait gave up
+  }
+  __threadfence();
+  *static_cast<volatile unsigned*>(done + k) = 1u;
+}
+
+cudaError_t chain(int blocks, bool by_ticket, unsigned max_polls, unsigned* ticket, unsigned* done,
+                  unsigned* timeouts) {
+  DQ_LAUNCH(chain_kernel, dim3(blocks), dim3(32), 0, nullptr, by_ticket ? 1 : 0, max_polls, ticket,
+            done, timeouts);
+  return cudaGetLastError();
+}
+
 }  // namespace dq::cuda::selftest

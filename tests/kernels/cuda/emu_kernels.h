@@ -50,5 +50,17 @@ cudaError_t configured(int threads, size_t shared);
 cudaError_t load_configured();
 // dst[0..n) = src[0..n) (n <= 512), through block_copy_to_shared() and store_global().
 cudaError_t copy_through_shared(const uint8_t* src, int n, uint8_t* dst, int threads);
+// Thread 0 of every block of `grid` (32 threads a block) writes the block's linear number
+// (x fastest) to ran[*taken] and increments *taken: ran holds the blocks in the order they ran.
+cudaError_t block_order(dim3 grid, unsigned* taken, unsigned* ran);
+// Block b writes parts[b] = b + 1; the block found last (by_ticket: the last to take *ticket;
+// otherwise block blocks - 1, the defect of assuming index order) writes the parts' sum to *total.
+cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* ticket,
+                     unsigned* total);
+// A chain: block k (by_ticket: the k-th to take *ticket; otherwise blockIdx.x) waits, at most
+// max_polls polls, for done[k - 1], then sets done[k]; *timeouts counts the waits that gave up.
+// A poll that misses calls poll_missed() (under the emulation: a kDeadlock fault).
+cudaError_t chain(int blocks, bool by_ticket, unsigned max_polls, unsigned* ticket, unsigned* done,
+                  unsigned* timeouts);
 
 }  // namespace dq::cuda::selftest

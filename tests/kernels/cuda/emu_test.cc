@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <time.h>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -275,6 +277,183 @@ TEST(CudaEmu, LaunchesOfKernelsNeverLoadedAreRefused) {
   EXPECT_EQ(configured(32, 0), cudaSuccess) << last_report().message;
   require_loaded(false);
   EXPECT_EQ(launches() - before, 2u);
+}
+
+// ---- block order: the order in which a launch runs its blocks ---------------------------------
+using dq::emu::BlockOrder;
+using dq::emu::BlockOrdering;
+
+// Restores blockIdx order when a test ends, so later tests of this process run as before.
+struct OrderScope {
+  explicit OrderScope(const BlockOrdering& o) { dq::emu::set_block_order(o); }
+  ~OrderScope() { dq::emu::set_block_order(BlockOrdering{}); }
+};
+
+// The shuffle exactly as EMULATION.md documents it, written again here from the text, so the
+// emulator's generator cannot change without this test noticing (a seed must keep reproducing).
+std::vector<uint64_t> documented_shuffle(uint64_t seed, uint64_t n, uint64_t launch) {
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::vector<uint64_t> p(n);
+  std::iota(p.begin(), p.end(), uint64_t{0});
+  uint64_t state = seed ^ mix(launch);
+  for (uint64_t i = n - 1; i >= 1 && n > 1; --i) {
+    state += 0x9E3779B97F4A7C15ull;
+    std::swap(p[i], p[mix(state) % (i + 1)]);
+  }
+  return p;
+}
+
+// The blocks of one launch in the order they ran (their linear numbers), checked to be every
+// block exactly once.
+std::vector<uint64_t> ran_order(dim3 grid) {
+  const unsigned n = grid.x * grid.y * grid.z;
+  unsigned taken = 0;
+  std::vector<unsigned> ran(n, 0xFFFFFFFFu);
+  EXPECT_EQ(block_order(grid, &taken, ran.data()), cudaSuccess) << last_report().message;
+  EXPECT_EQ(taken, n);
+  EXPECT_EQ(dq::emu::last_counters().blocks, n);
+  std::vector<unsigned> sorted = ran;
+  std::sort(sorted.begin(), sorted.end());
+  for (unsigned b = 0; b < n; ++b) EXPECT_EQ(sorted[b], b) << "every block once";
+  return std::vector<uint64_t>(ran.begin(), ran.end());
+}
+
+TEST(CudaEmuBlockOrder, EveryOrderRunsEveryBlockOnceInItsSequence) {
+  for (const dim3 grid : {dim3(1), dim3(7), dim3(100), dim3(4, 3, 2)}) {
+    const uint64_t n = uint64_t{grid.x} * grid.y * grid.z;
+    std::vector<uint64_t> index(n), reverse(n);
+    std::iota(index.begin(), index.end(), uint64_t{0});
+    std::iota(reverse.rbegin(), reverse.rend(), uint64_t{0});
+    {
+      OrderScope scope(BlockOrdering{BlockOrder::kIndex, 0});
+      EXPECT_EQ(ran_order(grid), index);
+    }
+    {
+      OrderScope scope(BlockOrdering{BlockOrder::kReverse, 0});
+      EXPECT_EQ(ran_order(grid), reverse);
+    }
+    for (uint64_t seed : {1ull, 2ull, 0xFFFFFFFFFFFFFFFFull}) {
+      OrderScope scope(BlockOrdering{BlockOrder::kShuffle, seed});
+      // Setting the order restarts the launch numbering: the launches are 0, 1, 2 here.
+      for (uint64_t launch = 0; launch < 3; ++launch)
+        EXPECT_EQ(ran_order(grid), documented_shuffle(seed, n, launch))
+            << "seed " << seed << " launch " << launch << " of " << n << " blocks";
+    }
+  }
+}
+
+TEST(CudaEmuBlockOrder, ShufflesDependOnTheSeedAndTheLaunch) {
+  const uint64_t n = 100;
+  std::vector<uint64_t> index(n);
+  std::iota(index.begin(), index.end(), uint64_t{0});
+  const BlockOrdering one{BlockOrder::kShuffle, 1}, two{BlockOrder::kShuffle, 2};
+  const std::vector<uint64_t> a = dq::emu::block_sequence(one, n, 0);
+  EXPECT_EQ(a, dq::emu::block_sequence(one, n, 0));  // reproducible
+  EXPECT_NE(a, index);
+  EXPECT_NE(a, dq::emu::block_sequence(two, n, 0));
+  EXPECT_NE(a, dq::emu::block_sequence(one, n, 1));
+  // Two launches of one process run different permutations.
+  OrderScope scope(one);
+  EXPECT_NE(ran_order(dim3(n)), ran_order(dim3(n)));
+}
+
+TEST(CudaEmuBlockOrder, BadOrdersAreRefusedByName) {
+  BlockOrdering o;
+  std::string error;
+  for (const char* bad :
+       {"", "sideways", "Reverse", "index ", "shuffle", "shuffle:", "shuffle:x", "shuffle:-1",
+        "shuffle:+1", "shuffle:1x", "shuffle:18446744073709551616"}) {
+    error.clear();
+    EXPECT_FALSE(dq::emu::parse_block_order(bad, &o, &error)) << bad;
+    EXPECT_NE(error.find(std::string("\"") + bad + "\""), std::string::npos) << error;
+  }
+  ASSERT_TRUE(dq::emu::parse_block_order("shuffle:18446744073709551615", &o, &error));
+  EXPECT_EQ(o.order, BlockOrder::kShuffle);
+  EXPECT_EQ(o.seed, 0xFFFFFFFFFFFFFFFFull);
+  ASSERT_TRUE(dq::emu::parse_block_order("reverse", &o, &error));
+  EXPECT_EQ(o.order, BlockOrder::kReverse);
+}
+
+// DQ_EMU_BLOCK_ORDER is read at a process's first launch, so each case runs in a fresh process
+// (a "threadsafe" death test re-executes the test binary).
+void launch_under_environment(const char* value, bool want_reverse) {
+  setenv("DQ_EMU_BLOCK_ORDER", value, 1);
+  unsigned taken = 0, ran[3] = {9, 9, 9};
+  const cudaError_t e = block_order(dim3(3), &taken, ran);
+  if (!want_reverse) {
+    const std::string& m = last_report().message;
+    const bool named = m.find("DQ_EMU_BLOCK_ORDER") != std::string::npos &&
+                       m.find(std::string("\"") + value + "\"") != std::string::npos;
+    std::exit(e == cudaErrorInvalidConfiguration && last_report().fault == Fault::kBadConfig &&
+                      named && taken == 0
+                  ? 0
+                  : 1);
+  }
+  std::exit(e == cudaSuccess && ran[0] == 2 && ran[1] == 1 && ran[2] == 0 ? 0 : 1);
+}
+
+TEST(CudaEmuBlockOrderDeathTest, TheEnvironmentSetsTheOrderAndABadValueFailsEveryLaunch) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(launch_under_environment("reverse", true), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(launch_under_environment("shuffle:seven", false), testing::ExitedWithCode(0),
+              "DQ_EMU_BLOCK_ORDER");
+}
+
+// The defects the orders exist to expose. A hand-off to "the last block" by ticket is right in
+// every order; one that takes block gridDim.x - 1 for the last is right only when the order makes
+// it so. A chain whose links follow tickets never waits; one that follows blockIdx waits for a
+// block that has not run, and its first missed poll (poll_missed) is a fault, not a long spin.
+TEST(CudaEmuBlockOrder, HandOffsByIndexFailOutOfIndexOrder) {
+  const int n = 16;
+  const unsigned want = n * (n + 1) / 2;
+  const BlockOrdering orders[] = {{BlockOrder::kIndex, 0},
+                                  {BlockOrder::kReverse, 0},
+                                  {BlockOrder::kShuffle, 1},
+                                  {BlockOrder::kShuffle, 2}};
+  for (const BlockOrdering& o : orders) {
+    OrderScope scope(o);
+    for (uint64_t launch = 0; launch < 2; ++launch) {  // the launches' numbers since the order
+      const bool by_ticket = launch == 0;
+      const std::vector<uint64_t> seq = dq::emu::block_sequence(o, n, launch);
+      std::vector<unsigned> parts(n, 0);
+      unsigned ticket = 0, total = 0;
+      ASSERT_EQ(hand_off(n, by_ticket, parts.data(), &ticket, &total), cudaSuccess);
+      // By index, block n - 1 sums the parts of the blocks that ran before it and its own.
+      unsigned by_index = 0;
+      for (uint64_t b : seq) {
+        by_index += static_cast<unsigned>(b) + 1;
+        if (b == n - 1) break;
+      }
+      EXPECT_EQ(total, by_ticket ? want : by_index) << dq::emu::block_order_name(o);
+      if (o.order == BlockOrder::kIndex || by_ticket) {
+        EXPECT_EQ(total, want);
+      } else if (o.order == BlockOrder::kReverse) {
+        EXPECT_EQ(total, unsigned{n});
+      }
+    }
+    for (bool by_ticket : {true, false}) {
+      std::vector<unsigned> done(n, 0);
+      unsigned ticket = 0, timeouts = 0;
+      const cudaError_t e = chain(n, by_ticket, 1000, &ticket, done.data(), &timeouts);
+      EXPECT_EQ(timeouts, 0u);
+      std::vector<uint64_t> index(n);
+      std::iota(index.begin(), index.end(), uint64_t{0});
+      if (by_ticket || dq::emu::block_sequence(o, n, 2 + (by_ticket ? 0 : 1)) == index) {
+        EXPECT_EQ(e, cudaSuccess) << last_report().message;
+        continue;
+      }
+      EXPECT_EQ(e, cudaErrorLaunchFailure);
+      EXPECT_EQ(last_report().fault, Fault::kDeadlock);
+      const std::string& m = last_report().message;
+      EXPECT_NE(m.find("polled at"), std::string::npos) << m;
+      EXPECT_NE(m.find("emu_kernels.cu:"), std::string::npos) << m;
+      EXPECT_NE(m.find("block order " + dq::emu::block_order_name(o)), std::string::npos) << m;
+    }
+  }
 }
 
 // Throughput of the emulator, per second of this process's CPU time (the machines are shared, so

@@ -1,0 +1,117 @@
+// The order in which the emulator runs a launch's blocks (kernels/cuda/EMULATION.md, "Block
+// order"): blockIdx order, reverse, or a seeded shuffle, so that kernels handing work between
+// blocks are tested in orders a GPU could pick.
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+
+#include "kernels/cuda/emu/emu.h"
+
+namespace dq::emu {
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // SplitMix64's increment
+
+uint64_t mix64(uint64_t z) {  // SplitMix64's finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::mutex g_order_mutex;
+BlockOrdering g_ordering;
+bool g_ordering_known = false;  // set, or read from the environment
+std::string g_environment_error;
+// Bumped by set_block_order: a thread's launch numbering restarts when it sees a new generation.
+std::atomic<uint64_t> g_generation{0};
+thread_local uint64_t t_generation = 0;
+thread_local uint64_t t_launches = 0;
+
+}  // namespace
+
+bool parse_block_order(const char* text, BlockOrdering* out, std::string* error) {
+  const std::string s = text ? text : "";
+  if (s == "index" || s == "reverse") {
+    *out = BlockOrdering{s == "index" ? BlockOrder::kIndex : BlockOrder::kReverse, 0};
+    return true;
+  }
+  const std::string prefix = "shuffle:";
+  if (s.rfind(prefix, 0) == 0 && s.size() > prefix.size() && s[prefix.size()] >= '0' &&
+      s[prefix.size()] <= '9') {
+    const char* digits = s.c_str() + prefix.size();
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long seed = std::strtoull(digits, &end, 10);
+    if (errno == 0 && end != digits && *end == '\0') {
+      *out = BlockOrdering{BlockOrder::kShuffle, seed};
+      return true;
+    }
+  }
+  *error = "block order \"" + s +
+           "\" is not one of index, reverse, shuffle:SEED (SEED a decimal number below 2^64)";
+  return false;
+}
+
+std::string block_order_name(const BlockOrdering& ordering) {
+  if (ordering.order == BlockOrder::kShuffle) return "shuffle:" + std::to_string(ordering.seed);
+  return ordering.order == BlockOrder::kReverse ? "reverse" : "index";
+}
+
+void set_block_order(const BlockOrdering& ordering) {
+  std::lock_guard<std::mutex> lock(g_order_mutex);
+  g_ordering = ordering;
+  g_ordering_known = true;
+  g_environment_error.clear();
+  g_generation.fetch_add(1);
+}
+
+BlockOrdering block_order() {
+  std::lock_guard<std::mutex> lock(g_order_mutex);
+  return g_ordering;
+}
+
+std::vector<uint64_t> block_sequence(const BlockOrdering& ordering, uint64_t blocks,
+                                     uint64_t launch) {
+  std::vector<uint64_t> seq(blocks);
+  for (uint64_t i = 0; i < blocks; ++i)
+    seq[i] = ordering.order == BlockOrder::kReverse ? blocks - 1 - i : i;
+  if (ordering.order != BlockOrder::kShuffle) return seq;
+  uint64_t state = ordering.seed ^ mix64(launch);
+  for (uint64_t i = blocks; i-- > 1;) {
+    state += kGolden;
+    const uint64_t j = mix64(state) % (i + 1);  // the modulo's bias is below 2^-40 here
+    std::swap(seq[i], seq[j]);
+  }
+  return seq;
+}
+
+namespace detail {
+
+bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* error) {
+  {
+    std::lock_guard<std::mutex> lock(g_order_mutex);
+    if (!g_ordering_known) {
+      g_ordering_known = true;
+      const char* text = std::getenv("DQ_EMU_BLOCK_ORDER");
+      std::string why;
+      if (text != nullptr && !parse_block_order(text, &g_ordering, &why))
+        g_environment_error = "DQ_EMU_BLOCK_ORDER: " + why;
+    }
+    if (!g_environment_error.empty()) {
+      *error = g_environment_error;
+      return false;
+    }
+    *ordering = g_ordering;
+  }
+  const uint64_t generation = g_generation.load();
+  if (t_generation != generation) {
+    t_generation = generation;
+    t_launches = 0;
+  }
+  *launch = t_launches++;
+  return true;
+}
+
+}  // namespace detail
+}  // namespace dq::emu
