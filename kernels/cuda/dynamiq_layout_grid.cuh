@@ -560,6 +560,7 @@ __device__ __forceinline__ uint32_t chain_before(const GridScratch& g, uint32_t 
     const unsigned long long v = load_polled(word);
     if ((v >> 32) != 0) return static_cast<uint32_t>(v);
     if ((load_polled(flags) & ~kGridPassFlags) != 0u) return 0;
+    poll_missed();  // the emulator: a fault now, not 2^26 polls on a block that cannot run
   }
   atomic_or_global(error, static_cast<unsigned>(
                               kDynamiqChunkOverCapacity));  // never seen: a block that never ran
