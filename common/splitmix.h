@@ -6,11 +6,17 @@
 
 namespace dq {
 
+// The generator's step (2^64 / golden ratio) and its finaliser alone, for a caller that keeps
+// the state itself: splitmix64(x) == splitmix64_finalise(x + kSplitMix64Step).
+constexpr uint64_t kSplitMix64Step = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t splitmix64_finalise(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 constexpr uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+  return splitmix64_finalise(x + kSplitMix64Step);
 }
 
 }  // namespace dq

@@ -6,18 +6,11 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "common/splitmix.h"
 #include "kernels/cuda/emu/emu.h"
 
 namespace dq::emu {
 namespace {
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // SplitMix64's increment
-
-uint64_t mix64(uint64_t z) {  // SplitMix64's finaliser
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 std::mutex g_order_mutex;
 BlockOrdering g_ordering;
@@ -77,10 +70,11 @@ std::vector<uint64_t> block_sequence(const BlockOrdering& ordering, uint64_t blo
   for (uint64_t i = 0; i < blocks; ++i)
     seq[i] = ordering.order == BlockOrder::kReverse ? blocks - 1 - i : i;
   if (ordering.order != BlockOrder::kShuffle) return seq;
-  uint64_t state = ordering.seed ^ mix64(launch);
+  uint64_t state = ordering.seed ^ splitmix64_finalise(launch);
   for (uint64_t i = blocks; i-- > 1;) {
-    state += kGolden;
-    const uint64_t j = mix64(state) % (i + 1);  // the modulo's bias is below 2^-40 here
+    state += kSplitMix64Step;
+    const uint64_t j =
+        splitmix64_finalise(state) % (i + 1);  // the modulo's bias is below 2^-40 here
     std::swap(seq[i], seq[j]);
   }
   return seq;
