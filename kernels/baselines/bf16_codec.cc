@@ -9,21 +9,8 @@ namespace {
 
 class Bf16Codec final : public baselines::BlockCodec {
  public:
-  Bf16Codec()
-      : BlockCodec(CodecId::kBf16, 0, 1, 2),
-        tiles_(baselines::make_tile_kernel(baselines::TileSpec{CodecId::kBf16})) {}
+  Bf16Codec() : BlockCodec(CodecId::kBf16, 0, 1, 2, baselines::TileSpec{CodecId::kBf16}) {}
   std::string name() const override { return "bf16"; }
-  Status fused_hop(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
-                   int n_in, uint8_t* out, const RoundingKey& key) const override {
-    return run_hop(*tiles_, layout, chunk, own, in, n_in, out, key);
-  }
-  Status decode_finish(const void* layout, int chunk, ByteView in, void* out, DType out_dtype,
-                       ReduceOp op, int n_contrib) const override {
-    return run_finish(*tiles_, layout, chunk, in, out, out_dtype, op, n_contrib);
-  }
-
- private:
-  const std::unique_ptr<baselines::TileKernel> tiles_;  // host_isa()'s path when made
 };
 
 }  // namespace

@@ -48,9 +48,10 @@ void BlockCodec::for_each_tile(const ChunkSpan& s, Body&& body) const {
   }
 }
 
-Status BlockCodec::run_hop(const TileKernel& k, const void* layout, int chunk,
-                           const ConstTensor& own, const ByteView* in, int n_in, uint8_t* out,
-                           const RoundingKey& key) const {
+Status BlockCodec::fused_hop(const void* layout, int chunk, const ConstTensor& own,
+                             const ByteView* in, int n_in, uint8_t* out,
+                             const RoundingKey& key) const {
+  const TileKernel& k = *tiles_;
   DQ_CHECK(check_hop_args(layout, chunk, own, in, n_in, out, key));
   const uint32_t call = layout_call(layout);
   const ChunkSpan s = span(chunk);
@@ -81,8 +82,9 @@ Status BlockCodec::run_hop(const TileKernel& k, const void* layout, int chunk,
   return Status::kOk;
 }
 
-Status BlockCodec::run_finish(const TileKernel& k, const void* layout, int chunk, ByteView in,
-                              void* out, DType out_dtype, ReduceOp op, int n_contrib) const {
+Status BlockCodec::decode_finish(const void* layout, int chunk, ByteView in, void* out,
+                                 DType out_dtype, ReduceOp op, int n_contrib) const {
+  const TileKernel& k = *tiles_;
   if (!planned_) DQ_FAIL(Status::kInvalidArgument, "%s: finish() before plan()", name().c_str());
   if (layout == nullptr)
     DQ_FAIL(Status::kInvalidArgument, "%s: finish() without a layout (agree() first)",

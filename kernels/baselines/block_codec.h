@@ -62,11 +62,16 @@ struct ChunkSpan {
   size_t n_blocks = 0;  // blocks of this chunk, the last one possibly partial
 };
 
-// A codec whose payload is a sequence of independent fixed-size blocks after the chunk header.
-// Derived classes provide a Kernel (see run_hop) and call the drivers below.
+// A codec whose payload is a sequence of independent fixed-size blocks after the chunk header:
+// the hop and the finish check arguments and headers here and run the tiles on the TileKernel of
+// the codec's TileSpec (host_isa()'s path when made). A derived class gives its geometry and name.
 class BlockCodec : public Codec {
  public:
   Status plan(size_t count, int n_chunks, int n_workers) override;
+  Status fused_hop(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
+                   int n_in, uint8_t* out, const RoundingKey& key) const final;
+  Status decode_finish(const void* layout, int chunk, ByteView in, void* out, DType out_dtype,
+                       ReduceOp op, int n_contrib) const final;
   size_t layout_bytes() const override { return sizeof(uint64_t); }
   Status build_layout(const uint16_t* reduced_stats_bf16, uint64_t call,
                       void* layout) const override;
@@ -77,8 +82,13 @@ class BlockCodec : public Codec {
  protected:
   // variant distinguishes codecs sharing an id (the uniform bit count); block_elems divides
   // kTileElems.
-  BlockCodec(CodecId id, uint32_t variant, size_t block_elems, size_t block_bytes)
-      : id_(id), variant_(variant), block_elems_(block_elems), block_bytes_(block_bytes) {}
+  BlockCodec(CodecId id, uint32_t variant, size_t block_elems, size_t block_bytes,
+             const TileSpec& tiles)
+      : id_(id),
+        variant_(variant),
+        block_elems_(block_elems),
+        block_bytes_(block_bytes),
+        tiles_(make_tile_kernel(tiles)) {}
 
   ChunkSpan span(int chunk) const;
   uint32_t layout_digest(const ChunkSpan& s) const;
@@ -94,13 +104,6 @@ class BlockCodec : public Codec {
     return static_cast<uint32_t>(call);
   }
 
-  // The drivers: arguments and headers checked here, the tiles by k (block_elems() as given to
-  // the constructor).
-  Status run_hop(const TileKernel& k, const void* layout, int chunk, const ConstTensor& own,
-                 const ByteView* in, int n_in, uint8_t* out, const RoundingKey& key) const;
-  Status run_finish(const TileKernel& k, const void* layout, int chunk, ByteView in, void* out,
-                    DType out_dtype, ReduceOp op, int n_contrib) const;
-
  private:
   template <class Body>
   void for_each_tile(const ChunkSpan& s, Body&& body) const;
@@ -109,6 +112,7 @@ class BlockCodec : public Codec {
   const uint32_t variant_;
   const size_t block_elems_;
   const size_t block_bytes_;
+  const std::unique_ptr<TileKernel> tiles_;
   size_t n_blocks_total_ = 0;
   size_t capacity_ = 0;
   bool planned_ = false;

@@ -32,9 +32,8 @@ class MxCodec final : public baselines::BlockCodec {
  public:
   explicit MxCodec(MxKind kind)
       : BlockCodec(mx_codec_id(kind), static_cast<uint32_t>(kind), kMxBlockElems,
-                   mx_block_bytes(kind)),
-        kind_(kind),
-        tiles_(baselines::make_tile_kernel(baselines::TileSpec{mx_codec_id(kind), kind})) {}
+                   mx_block_bytes(kind), baselines::TileSpec{mx_codec_id(kind), kind}),
+        kind_(kind) {}
   std::string name() const override {
     switch (kind_) {
       case MxKind::kFp8E4M3:
@@ -47,18 +46,9 @@ class MxCodec final : public baselines::BlockCodec {
         return "mxfp4";
     }
   }
-  Status fused_hop(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
-                   int n_in, uint8_t* out, const RoundingKey& key) const override {
-    return run_hop(*tiles_, layout, chunk, own, in, n_in, out, key);
-  }
-  Status decode_finish(const void* layout, int chunk, ByteView in, void* out, DType out_dtype,
-                       ReduceOp op, int n_contrib) const override {
-    return run_finish(*tiles_, layout, chunk, in, out, out_dtype, op, n_contrib);
-  }
 
  private:
   const MxKind kind_;
-  const std::unique_ptr<baselines::TileKernel> tiles_;  // host_isa()'s path when made
 };
 
 }  // namespace

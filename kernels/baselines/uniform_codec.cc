@@ -16,23 +16,13 @@ class UniformCodec final : public baselines::BlockCodec {
  public:
   explicit UniformCodec(int total_bits)
       : BlockCodec(CodecId::kUniform, static_cast<uint32_t>(total_bits), kGroupElems,
-                   2 + 2 * static_cast<size_t>(total_bits - 1)),
-        total_bits_(total_bits),
-        tiles_(baselines::make_tile_kernel(
-            baselines::TileSpec{CodecId::kUniform, MxKind::kFp8E4M3, total_bits - 1})) {}
+                   2 + 2 * static_cast<size_t>(total_bits - 1),
+                   baselines::TileSpec{CodecId::kUniform, MxKind::kFp8E4M3, total_bits - 1}),
+        total_bits_(total_bits) {}
   std::string name() const override { return "uniform:" + std::to_string(total_bits_); }
-  Status fused_hop(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
-                   int n_in, uint8_t* out, const RoundingKey& key) const override {
-    return run_hop(*tiles_, layout, chunk, own, in, n_in, out, key);
-  }
-  Status decode_finish(const void* layout, int chunk, ByteView in, void* out, DType out_dtype,
-                       ReduceOp op, int n_contrib) const override {
-    return run_finish(*tiles_, layout, chunk, in, out, out_dtype, op, n_contrib);
-  }
 
  private:
   const int total_bits_;
-  const std::unique_ptr<baselines::TileKernel> tiles_;  // host_isa()'s path when made
 };
 
 }  // namespace
