@@ -17,7 +17,8 @@
 #   deps             gtest, TBB, nlohmann-json, CLI11: the system's, else the Debian packages carried in
 #                    build-gpu-deps/ (tests/gpu/fetch_deps.sh fetches them where apt works),
 #                    unpacked under BUILD_DIR-sysroot; NVIDIA's NCCL from the CUDA toolkit or pip (1 s)
-#   configure        meson setup BUILD_DIR -Dcuda=enabled -Dgpu_werror=false (20-40 s)
+#   configure        meson setup BUILD_DIR -Dcuda=enabled -Dgpu_werror=false, and -Dgpu_archs=the
+#                    device's SM when it is 80 or 90 (20-40 s)
 #   build            ninja -j$(nproc): the gpu suite's executables and their dependencies,
 #                    hop_bandwidth (60-150 s: the core library and nvcc for sm_80, sm_90 + PTX)
 #   gpu_math         the device's codec arithmetic against the host's, bit for bit (1 s)
@@ -298,7 +299,16 @@ configure() {
   fi
   # gpu_werror=false: this machine's host compiler may warn where CI's (which builds with
   # warnings as errors) does not; a warning must not cost the lease its build.
-  "$MESON" setup "$BUILD" -Dcuda=enabled -Dbuildtype=release -Dnative=false -Dgpu_werror=false
+  # gpu_archs: only this device's SM when it is one of the default's (nvcc then runs ptxas once
+  # a kernel file, not twice); CI compiles and checks both.
+  local archs=() cap
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
+  case "$cap" in
+    80 | 90) archs=("-Dgpu_archs=$cap") && echo "device SM $cap: -Dgpu_archs=$cap" ;;
+    *) echo "device SM '${cap:-unknown}': the default gpu_archs" ;;
+  esac
+  "$MESON" setup "$BUILD" -Dcuda=enabled -Dbuildtype=release -Dnative=false -Dgpu_werror=false \
+    "${archs[@]}"
 }
 
 # Targets: the executables (and depends) of every test in suite gpu, and the benchmarks
