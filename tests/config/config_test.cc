@@ -23,11 +23,13 @@
 #include "config/bytes.h"
 #include "config/settings.h"
 #include "plugin/net_abi.h"
+#include "tests/common/text_file.h"
 
 namespace dq {
 namespace {
 
 using Map = std::map<std::string, std::string>;
+using test::read_file;
 const char* g_plugin_path = nullptr;  // argv[1]: libnccl-net-dynamiq.so
 
 const char* lookup(const char* key, void* ctx) {
@@ -222,13 +224,6 @@ struct Child {
   int status = -1;
   std::string err;  // its stderr
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 std::string g_self;
 

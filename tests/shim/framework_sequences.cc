@@ -37,6 +37,7 @@
 #include "kernels/codec.h"
 #include "tests/common/check.h"
 #include "tests/common/rank_harness.h"
+#include "tests/common/text_file.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
@@ -55,12 +56,6 @@ CountersFn counters_fn() {
 
 std::string g_dir;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 void write_file(const std::string& path, const void* data, size_t bytes) {
   std::ofstream(path, std::ios::binary)
       .write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
@@ -70,6 +65,7 @@ std::string rank_file(int rank, const std::string& what) {
 }
 
 using dq::test::fail;
+using dq::test::read_file;
 
 // Forks kRanks ranks with DYNAMIQ_ENABLE=1 (and nothing else set by the test); rank r runs
 // body(r, comm) on a fresh communicator, its stderr in g_dir/rank<r>.log. True when every rank

@@ -13,6 +13,7 @@
 
 #include "common/nccl_api.h"
 #include "tests/common/rank_harness.h"
+#include "tests/common/text_file.h"
 
 namespace dq::sim {
 struct Matrix;
@@ -30,10 +31,9 @@ CountersFn counters_fn();
 // This run's scratch directory (rank logs, result files), made by scenario_main.
 extern std::string g_dir;
 
-std::string read_file(const std::string& path);
-void write_text(const std::string& path, const std::string& text);
-// How often `what` occurs in `text` (overlapping occurrences count).
-int count_occurrences(const std::string& text, const std::string& what);
+using dq::test::count_occurrences;
+using dq::test::read_file;
+using dq::test::write_text;
 // g_dir/<what><r>: a file rank r writes for the parent.
 std::string rank_file(int r, const char* what);
 // Rank r's stderr, as run_ranks saved it.

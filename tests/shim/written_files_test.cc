@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/safe_file.h"
 #include "shim/engine/metrics.h"
+#include "tests/common/text_file.h"
 
 namespace dq {
 namespace {
@@ -29,18 +30,8 @@ namespace fs = std::filesystem;
 
 const char kPrecious[] = "the target's own content\n";
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int count_of(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
+using test::count_occurrences;
+using test::read_file;
 
 // A fresh directory holding `target` (kPrecious), removed at the end.
 class WrittenFiles : public ::testing::Test {
@@ -73,10 +64,10 @@ class WrittenFiles : public ::testing::Test {
     int status = 0;
     EXPECT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-    return read_text(err);
+    return read_file(err);
   }
   void expect_target_untouched() {
-    EXPECT_EQ(read_text(target_), kPrecious);
+    EXPECT_EQ(read_file(target_), kPrecious);
     EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(target_)));
   }
   // Names in the directory holding ".tmp" (temporaries left behind).
@@ -99,7 +90,7 @@ TEST_F(WrittenFiles, ReplacingNeverWritesThroughALinkAtTheNameOrAtTheOldTemporar
   expect_target_untouched();
   // rename(2) replaced the link at the name with the new file.
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(out)));
-  EXPECT_EQ(read_text(out), "{\"new\": 1}\n");
+  EXPECT_EQ(read_file(out), "{\"new\": 1}\n");
   EXPECT_EQ(temporaries(), 1);  // the pre-placed link only
 }
 
@@ -147,9 +138,9 @@ TEST_F(WrittenFiles, DebugLogDoesNotFollowALinkAtItsName) {
     DQ_WARN(Subsys::kCore, "second line");
   });
   expect_target_untouched();
-  EXPECT_EQ(count_of(err, "symbolic link"), 1) << err;
-  EXPECT_EQ(count_of(err, "first line"), 1) << err;
-  EXPECT_EQ(count_of(err, "second line"), 1) << err;
+  EXPECT_EQ(count_occurrences(err, "symbolic link"), 1) << err;
+  EXPECT_EQ(count_occurrences(err, "first line"), 1) << err;
+  EXPECT_EQ(count_occurrences(err, "second line"), 1) << err;
 }
 
 // DYNAMIQ_METRICS_FILE with links at its name and at the old temporary name: the target stays,
@@ -167,7 +158,7 @@ TEST_F(WrittenFiles, MetricsFileDoesNotWriteThroughLinks) {
   });
   expect_target_untouched();
   ASSERT_TRUE(fs::is_regular_file(fs::symlink_status(path))) << err;
-  const nlohmann::json doc = nlohmann::json::parse(read_text(path));
+  const nlohmann::json doc = nlohmann::json::parse(read_file(path));
   EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 5) << doc.dump();
   EXPECT_EQ(temporaries(), 1) << err;  // the pre-placed link only
 }
@@ -182,8 +173,8 @@ TEST_F(WrittenFiles, MetricsFileThatCannotBeWrittenWarnsOnce) {
     for (int k = 0; k < 3; ++k) engine::metrics_flush();
     engine::metrics_unregister(m);
   });
-  EXPECT_EQ(count_of(err, "metrics file"), 1) << err;
-  EXPECT_EQ(count_of(err, "WARN"), 1) << err;
+  EXPECT_EQ(count_occurrences(err, "metrics file"), 1) << err;
+  EXPECT_EQ(count_occurrences(err, "WARN"), 1) << err;
 }
 
 }  // namespace

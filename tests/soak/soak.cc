@@ -67,12 +67,15 @@
 #include "kernels/bf16.h"
 #include "tests/common/rank_harness.h"
 #include "tests/common/test_data.h"
+#include "tests/common/text_file.h"
 
 namespace {
 
 using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
+using dq::test::read_file;
 using dq::test::Rng;
 using dq::test::splitmix;
+using dq::test::write_text;
 using RegisterFn = int (*)(void*, int);
 
 constexpr size_t kMinBytes = 64 * 1024;  // DYNAMIQ_MIN_BYTES for the run
@@ -143,10 +146,6 @@ struct Sample {
   int fds, threads;
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
-
 // RSS less the plan cache: kNetSamples samples after warm-up, growth judged on the medians of
 // the first and last kNetWindow of them.
 constexpr int kNetSamples = 200, kNetWindow = 20;
@@ -177,10 +176,7 @@ std::string flushed_metrics() {
   auto flush = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "dynamiqMetricsFlush"));
   const char* path = std::getenv("DYNAMIQ_METRICS_FILE");
   if (!flush || !path || flush() != 0) return "";
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_file(path);
 }
 
 // An integer field of a flat JSON object's text, or -1.
@@ -560,13 +556,6 @@ int rank_body(int rank, ncclComm_t comm, const Args& a, const std::string& contr
   if (const int rc = check_shim_counters(st); rc != 0) return rc;
   ncclCommDestroy(w.off);
   return 0;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 size_t parse_bytes(const char* s) {
