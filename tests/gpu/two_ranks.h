@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/fnv1a.h"
+#include "tests/common/text_file.h"
 
 namespace dq::gputest {
 
@@ -205,10 +206,7 @@ inline std::vector<int> run_ranks(char** argv, const Nccl& nccl, int seconds, st
 
 // The parent: what rank's write_result left under NAME ("" when nothing).
 inline std::string read_result(const std::string& dir, const std::string& name) {
-  std::ifstream f(dir + "/" + name);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  return dq::test::read_file(dir + "/" + name);
 }
 
 // FNV-1a of `n` bytes: equal results on both ranks have equal digests.

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/fnv1a.h"
+#include "tests/common/text_file.h"
 
 namespace {
 
@@ -171,13 +172,6 @@ int wait_bounded(pid_t pid, int seconds) {
   return -1;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 int main() {
@@ -215,12 +209,12 @@ int main() {
   std::string first_hash;
   for (int rank = 0; rank < kRanks; ++rank) {
     int r = wait_bounded(pids[static_cast<size_t>(rank)], 180);
-    std::string log = slurp(logs[static_cast<size_t>(rank)]);
+    std::string log = dq::test::read_file(logs[static_cast<size_t>(rank)]);
     bool loaded = log.find("dynamiq") != std::string::npos;
     std::printf("rank %d: exit %d, NCCL log mentions dynamiq: %s\n", rank, r,
                 loaded ? "yes" : "no");
     // Both ranks hold the same bytes (exact or compressed: results are identical everywhere).
-    const std::string hash = slurp(logs[static_cast<size_t>(rank)] + ".hash");
+    const std::string hash = dq::test::read_file(logs[static_cast<size_t>(rank)] + ".hash");
     if (rank == 0) first_hash = hash;
     const bool same = r != 0 || (!hash.empty() && hash == first_hash);
     if (!same) std::printf("rank %d: its result differs from rank 0's\n", rank);
