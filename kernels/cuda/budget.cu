@@ -621,8 +621,19 @@ cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* s
   // The job is mapped memory the host wrote before this call: its geometry is read here, so the
   // grids fit the parts' super-groups and the scratch is known to hold every part's keys.
   const uint32_t n_parts = job->n_parts;
-  if (n_parts > kBudgetMaxParts || scratch_bytes < budget_scratch_bytes(*job))
-    return cudaErrorInvalidValue;
+  if (n_parts > kBudgetMaxParts) return cudaErrorInvalidValue;
+  // One pass over the parts: their key entries (the scratch must hold them) and a row of blocks
+  // a part, as many as the largest part has tiles (parts of a call differ by one block's
+  // remainder at most); at least 4, so the directory (1,020 words) is zeroed in a sweep.
+  uint64_t entries = 0;
+  unsigned long long tiles = 4;
+  for (uint32_t i = 0; i < n_parts; ++i) {
+    entries += budget_key_entries(job->parts[i].count);
+    const unsigned long long n_sg = (job->parts[i].count + 255) / 256;
+    const unsigned long long part_tiles = (n_sg + kGridThreads - 1) / kGridThreads;
+    tiles = part_tiles > tiles ? part_tiles : tiles;
+  }
+  if (scratch_bytes < budget_scratch_bytes(n_parts, entries)) return cudaErrorInvalidValue;
   const int n_workers = job->n_workers;
   const size_t staged_bytes = static_cast<uint32_t>(n_workers) + 1 <= kBudgetStagedWorkers
                                   ? 2 * (static_cast<size_t>(n_workers) + 1) * sizeof(double)
@@ -631,14 +642,6 @@ cudaError_t launch_budget(const BudgetJob* job, const uint16_t* reduced, void* s
             n_parts);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (n_parts == 0) return cudaSuccess;
-  // A row of blocks a part, as many as the largest part has tiles (parts of a call differ by one
-  // block's remainder at most); at least 4, so the directory (1,020 words) is zeroed in a sweep.
-  unsigned long long tiles = 4;
-  for (uint32_t i = 0; i < n_parts; ++i) {
-    const unsigned long long n_sg = (job->parts[i].count + 255) / 256;
-    const unsigned long long part_tiles = (n_sg + kGridThreads - 1) / kGridThreads;
-    tiles = part_tiles > tiles ? part_tiles : tiles;
-  }
   const unsigned blocks = static_cast<unsigned>(tiles < kMaxGridBlocks ? tiles : kMaxGridBlocks);
   const unsigned rows = n_parts < kMaxGridRows ? n_parts : kMaxGridRows;
   DQ_LAUNCH(budget_extent_kernel, dim3(blocks, rows), dim3(kGridThreads), staged_bytes, stream,
