@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/fnv1a.h"
 #include "kernels/bf16.h"
 
 namespace dq::test {
@@ -36,11 +35,6 @@ inline double bell_reduced(uint64_t key, int n, size_t i, bool max) {
     want = max ? std::max(want, static_cast<double>(v)) : want + v;
   }
   return want;
-}
-
-// FNV-1a over `bytes` bytes: a result's fingerprint, compared across ranks.
-inline uint64_t fnv1a(const void* data, size_t bytes) {
-  return fnv1a64(data, bytes);
 }
 
 // The same sequence on every rank that starts from the same state.

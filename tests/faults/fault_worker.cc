@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "tests/common/test_data.h"
@@ -308,7 +309,7 @@ int run_call(Worker& w, int k, const Call& c) {
   double vnmse = 0;
   char why[160] = {0};
   const bool ok = verify(c, w.n, w.recv.data(), compressed, &vnmse, why, sizeof why);
-  const uint64_t h = dq::test::fnv1a(w.recv.data(), bytes);
+  const uint64_t h = dq::fnv1a64(w.recv.data(), bytes);
   emit("C %d %c 0 %lld %lld %d %d %016llx %.4e\n", k, kind, t0, t1, compressed, ok ? 1 : 0,
        static_cast<unsigned long long>(h), vnmse);
   if (!ok) {

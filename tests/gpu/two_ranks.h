@@ -22,7 +22,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/fnv1a.h"
 #include "tests/common/text_file.h"
 
 namespace dq::gputest {
@@ -207,11 +206,6 @@ inline std::vector<int> run_ranks(char** argv, const Nccl& nccl, int seconds, st
 // The parent: what rank's write_result left under NAME ("" when nothing).
 inline std::string read_result(const std::string& dir, const std::string& name) {
   return dq::test::read_file(dir + "/" + name);
-}
-
-// FNV-1a of `n` bytes: equal results on both ranks have equal digests.
-inline unsigned long long digest(const void* p, size_t n) {
-  return fnv1a64(p, n);
 }
 
 }  // namespace dq::gputest

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "common/nccl_api.h"
 #include "tests/common/rank_harness.h"
 #include "tests/common/test_data.h"
@@ -421,7 +422,7 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm, ncclComm_t mixed,
   const double e_host = vnmse(reference, want);
   CHECK(e_host < kMaxVnmse, "fp32 all-reduce on host buffers: vNMSE %.3g over %.3g", e_host,
         kMaxVnmse);
-  CHECK(same_on_every_rank(dq::test::fnv1a(reference.data(), count * 4), n, host, stream),
+  CHECK(same_on_every_rank(dq::fnv1a64(reference.data(), count * 4), n, host, stream),
         "fp32 all-reduce on host buffers: results differ between ranks");
   for (ncclComm_t c : {comm, mixed}) {
     const bool on_host = c == mixed && rank == 0;
@@ -464,7 +465,7 @@ int shim_checks(int rank, int n, Device& dev, ncclComm_t comm, ncclComm_t mixed,
     CHECK(compressed(comm) == 2, "bf16 all-reduce in place: not compressed");
     const double e = vnmse(got, want);
     CHECK(e < kMaxVnmse, "bf16 all-reduce in place: vNMSE %.3g over %.3g", e, kMaxVnmse);
-    CHECK(same_on_every_rank(dq::test::fnv1a(got_bits.data(), count * 2), n, comm, stream),
+    CHECK(same_on_every_rank(dq::fnv1a64(got_bits.data(), count * 2), n, comm, stream),
           "bf16 all-reduce in place: results differ between ranks");
   }
   // 3. FP32 SUM reduce-scatter: this rank's slice.

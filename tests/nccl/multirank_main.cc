@@ -36,6 +36,7 @@
 #define TEST_SPLIT_NOCOLOR DQ_NCCL_SPLIT_NOCOLOR
 #define TEST_CONFIG_MAGIC DQ_NCCL_CONFIG_MAGIC
 #endif
+#include "common/fnv1a.h"
 #include "tests/common/rank_harness.h"
 #include "tests/common/test_data.h"
 
@@ -634,7 +635,7 @@ int scenario_random(int rank, int nranks) {
         FAIL_IF(std::fabs(got - want) > tol, "%s %s element %zu: %g vs exact %g", t.name,
                 kOpNames[op], i, got, want);
       }
-      g_shared->digest[rank][slot++] = dq::test::fnv1a(buf.data(), buf.size());
+      g_shared->digest[rank][slot++] = dq::fnv1a64(buf.data(), buf.size());
     }
   }
   g_shared->digest_count[rank] = slot;
@@ -775,7 +776,7 @@ int scenario_big(int rank, int nranks, size_t bytes) {
                             comm, nullptr));
       double s = std::chrono::duration<double>(Clock::now() - start).count();
       if (compare(t, buf.data(), want.data(), count, "big allreduce", op, count)) return 1;
-      g_shared->digest[rank][0] = dq::test::fnv1a(buf.data(), buf.size());
+      g_shared->digest[rank][0] = dq::fnv1a64(buf.data(), buf.size());
       if (rank == 0)
         std::printf("allreduce %zu MiB %-8s %-4s on %d ranks: correct (%.3f s)\n", bytes >> 20,
                     t.name, kOpNames[op], nranks, s);

@@ -33,6 +33,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
@@ -272,10 +273,10 @@ bool scenario_flat() {
       return 10;
     char text[96];
     std::snprintf(text, sizeof text, "%016llx %016llx %016llx\n",
-                  static_cast<unsigned long long>(dq::test::fnv1a(out.data(), out.size())),
-                  static_cast<unsigned long long>(dq::test::fnv1a(scatter.data(), scatter.size())),
+                  static_cast<unsigned long long>(dq::fnv1a64(out.data(), out.size())),
+                  static_cast<unsigned long long>(dq::fnv1a64(scatter.data(), scatter.size())),
                   static_cast<unsigned long long>(
-                      rank == 2 ? dq::test::fnv1a(reduced.data(), reduced.size()) : 0));
+                      rank == 2 ? dq::fnv1a64(reduced.data(), reduced.size()) : 0));
     write_text(rank_file(rank, "flat"), text);
     return 0;
   };

@@ -57,7 +57,7 @@ std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
 // another failed, 125, only when no other failed) and fails naming `what`.
 bool all_zero(const std::vector<int>& codes, const char* what);
 
-// True when `bytes` at `data` (hashed by dq::test::fnv1a) are the same on every rank of comm (one
+// True when `bytes` at `data` (hashed by dq::fnv1a64) are the same on every rank of comm (one
 // 2-value MAX all-reduce).
 bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes);
 

@@ -63,6 +63,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fnv1a.h"
 #include "common/nccl_api.h"
 #include "kernels/bf16.h"
 #include "tests/common/rank_harness.h"
@@ -291,7 +292,7 @@ Issued issue_call(RankRun& w, const Call& c) {
   for (size_t i = 0; i < c.count; ++i)
     dq::test::store_element(w.send.data(), i, c.bf16,
                             static_cast<float>(dq::test::bell_value(c.key, w.rank, i)));
-  x.send_hash = c.inplace ? 0 : dq::test::fnv1a(w.send.data(), c.count * x.esize);
+  x.send_hash = c.inplace ? 0 : dq::fnv1a64(w.send.data(), c.count * x.esize);
   // Where the result lands, and which elements of the full vector it holds.
   x.dst = w.recv.data();
   if (c.coll == kReduceScatter) x.first = static_cast<size_t>(w.rank) * x.recvcount;
@@ -388,7 +389,7 @@ Verdict check_call(RankRun& w, const Issued& x) {
       }
     }
   }
-  if (!v.bad && !c.inplace && dq::test::fnv1a(w.send.data(), c.count * x.esize) != x.send_hash) {
+  if (!v.bad && !c.inplace && dq::fnv1a64(w.send.data(), c.count * x.esize) != x.send_hash) {
     v.bad = 14;
     std::snprintf(v.why, sizeof v.why, "the input of an out-of-place call changed");
   }
@@ -400,7 +401,7 @@ Verdict check_call(RankRun& w, const Issued& x) {
 int agree_on_call(RankRun& w, int k, const Issued& x, Verdict& v) {
   const Call& c = x.c;
   // MAX of (x, ~x) is (max, ~min).
-  const uint64_t h = c.coll == kAllReduce ? dq::test::fnv1a(x.dst, c.count * x.esize) : 0;
+  const uint64_t h = c.coll == kAllReduce ? dq::fnv1a64(x.dst, c.count * x.esize) : 0;
   uint64_t words[6] = {h,
                        ~h,
                        static_cast<uint64_t>(x.compressed),
