@@ -10,17 +10,10 @@
 #include "config/settings.h"
 #include "shim/engine/engine.h"
 #include "tests/common/check.h"
+#include "tests/common/cross_rank.h"
 #include "tests/common/test_data.h"
 
 namespace dq::test {
-
-// True when the 64-bit hash `h` is the same on every rank of comm: one MAX all-reduce of (h, ~h)
-// gives the largest hash and the complement of the smallest.
-inline bool same_everywhere(ncclComm_t comm, uint64_t h) {
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
-}
 
 // The engine's NCCL entry points, bound to the CPU NCCL this test links.
 inline dq::engine::NcclOps cpu_nccl_ops() {

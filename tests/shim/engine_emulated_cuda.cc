@@ -30,7 +30,6 @@
 #include <string>
 #include <vector>
 
-#include "common/fnv1a.h"
 #include "common/log.h"
 #include "common/nccl_api.h"
 #include "config/settings.h"
@@ -197,7 +196,7 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
       in[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * rank + k) +
                                  0.5 * std::sin(0.0011 * static_cast<double>(i)));
     if (const int rc = pair.call(in.data(), kCount, k, 60); rc != 0) return rc;
-    CHECK_OR(63, dq::test::same_everywhere(comms[0], dq::fnv1a64(pair.out_cuda.data(), kCount * 4)),
+    CHECK_OR(63, dq::test::same_bytes_everywhere(comms[0], pair.out_cuda.data(), kCount * 4),
              "rank %d: auto call %d: results differ across ranks", rank, k);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
@@ -348,7 +347,7 @@ int grid_layout_call(int n, const std::string& topo, int rank, ncclComm_t* comms
     before = dq::engine::cuda_device_counts(cuda);
     const std::vector<unsigned char> in = make_input(rank + 5 * k, kCount, false, false);
     if (const int rc = pair.call(in.data(), kCount, k, 80); rc != 0) return rc;
-    CHECK_OR(83, dq::test::same_everywhere(comms[0], dq::fnv1a64(pair.out_cuda.data(), kCount * 4)),
+    CHECK_OR(83, dq::test::same_bytes_everywhere(comms[0], pair.out_cuda.data(), kCount * 4),
              "rank %d: grid-layout call %d: results differ across ranks", rank, k);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
@@ -437,7 +436,7 @@ int body(int n, const std::string& topo, int rank, ncclComm_t* comms) {
                "0x%02x on the host device",
                rank, c.what, b, b / esize, out_cuda[b], out_host[b]);
     if (!scatter)
-      CHECK_OR(15, dq::test::same_everywhere(comms[0], dq::fnv1a64(out_cuda.data(), out_bytes)),
+      CHECK_OR(15, dq::test::same_bytes_everywhere(comms[0], out_cuda.data(), out_bytes),
                "rank %d, %s: all-reduce results differ across ranks", rank, c.what);
     const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda.get());
     // Every codec runs as kernels now, the baselines too (they have no statistics to compute).
@@ -916,7 +915,7 @@ int two_level_body(int rank, ncclComm_t* comms) {
                "host device",
                rank, c.what, b, out_cuda[b], out_host[b]);
     if (c.collective == Collective::kAllReduce) {
-      CHECK_OR(85, dq::test::same_everywhere(comms[0], dq::fnv1a64(out_cuda.data(), out_bytes)),
+      CHECK_OR(85, dq::test::same_bytes_everywhere(comms[0], out_cuda.data(), out_bytes),
                "rank %d, %s: results differ across ranks", rank, c.what);
       // Two levels: the compressed stage saw this rank's shard, half the call (a flat schedule
       // would count all of it).

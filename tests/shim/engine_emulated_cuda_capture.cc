@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "common/fnv1a.h"
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "shim/engine/cuda_device.h"
@@ -120,7 +119,7 @@ int capture_body(int n, int rank, ncclComm_t comm) {
     if (const int rc = eager_call(eng, cuda.get(), stream, done, integer_input(rank, k, kCount),
                                   &out, rank, k))
       return rc;
-    CHECK_OR(8, dq::test::same_everywhere(comm, dq::fnv1a64(out.data(), kCount * 4)),
+    CHECK_OR(8, dq::test::same_bytes_everywhere(comm, out.data(), kCount * 4),
              "rank %d: call %d: results differ across ranks", rank, k);
     double err = 0, norm = 0;
     for (size_t i = 0; i < kCount; ++i) {
@@ -191,7 +190,7 @@ int in_progress_body(int n, int rank, ncclComm_t comm) {
     if (const int rc = eager_call(eng, cuda.get(), stream, done, integer_input(rank, k, kCount),
                                   &out, rank, k))
       return rc;
-    CHECK_OR(8, dq::test::same_everywhere(comm, dq::fnv1a64(out.data(), kCount * 4)),
+    CHECK_OR(8, dq::test::same_bytes_everywhere(comm, out.data(), kCount * 4),
              "rank %d: call %d: results differ across ranks", rank, k);
   }
   CHECK_OR(13, g_in_progress.load() > 0 && g_polled.load() >= (kPolls + 1) * g_in_progress.load(),

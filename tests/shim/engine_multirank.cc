@@ -53,7 +53,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/fnv1a.h"
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "kernels/bf16.h"
@@ -157,10 +156,8 @@ int scenario_audit(int n, const std::string& topo) {
         CHECK_OR(13, out_plain == out_checked,
                  "rank %d call %d: the audited device's result differs from the host device's",
                  rank, call);
-        CHECK_OR(
-            14,
-            dq::test::same_everywhere(comms[0], dq::fnv1a64(out_plain.data(), out_plain.size())),
-            "rank %d call %d: results differ across ranks", rank, call);
+        CHECK_OR(14, dq::test::same_bytes_everywhere(comms[0], out_plain.data(), out_plain.size()),
+                 "rank %d call %d: results differ across ranks", rank, call);
       }
     const uint64_t accesses = dq::engine::audited_host_accesses(audited.get());
     CHECK_OR(15, accesses == 0,
@@ -316,7 +313,7 @@ int scenario_alloc_fail(int n, bool budget_scratch) {
       reasons += dq::engine::reason_name(reason);
       reasons += ' ';
     }
-    CHECK_OR(23, dq::test::same_everywhere(comms[0], dq::fnv1a64(reasons.data(), reasons.size())),
+    CHECK_OR(23, dq::test::same_bytes_everywhere(comms[0], reasons.data(), reasons.size()),
              "rank %d: outcomes differ across ranks (mine: %s)", rank, reasons.c_str());
     const std::string expect = std::string(dq::engine::reason_name(PassReason::kFailure)) + " " +
                                dq::engine::reason_name(PassReason::kRerouted) + " ";
@@ -866,11 +863,10 @@ int scenario_auto(int n) {
                           run, count, k - 1, budgets[budgets.size() - 3], b.predicted_vnmse,
                           measured[s][k - 1]);
           }
-          CHECK_OR(95, dq::test::same_everywhere(comms[0], dq::fnv1a64(out.data(), count * 4)),
+          CHECK_OR(95, dq::test::same_bytes_everywhere(comms[0], out.data(), count * 4),
                    "rank %d: results differ between ranks", rank);
         }
-      CHECK_OR(96,
-               dq::test::same_everywhere(comms[0], dq::fnv1a64(budgets.data(), budgets.size() * 8)),
+      CHECK_OR(96, dq::test::same_bytes_everywhere(comms[0], budgets.data(), budgets.size() * 8),
                "rank %d: ranks chose different budgets", rank);
       if (dense) {
         // The fallback is MXFP8's error, below the 5-bit first call's; its statistics calls
@@ -1041,7 +1037,7 @@ int scenario_check(int n) {
     const double ratio = m.paired_sampled_sum / m.paired_predicted_sum;
     CHECK_OR(116, ratio > 0.5 && ratio < 2.0,
              "rank %d: sampled / predicted vNMSE over paired calls %.3g", rank, ratio);
-    CHECK_OR(117, dq::test::same_everywhere(comms[0], dq::fnv1a64(&m.checked_sq_error, 8)),
+    CHECK_OR(117, dq::test::same_bytes_everywhere(comms[0], &m.checked_sq_error, 8),
              "rank %d: the checks differ between ranks", rank);
     if (rank == 0)
       std::printf(

@@ -124,7 +124,7 @@ int run_case(const dq::sim::Matrix& rows, int n, int rank, ncclComm_t comm, cons
     r = ncclAllReduce(in.data(), c.bf16 ? in.data() : out.data(), count, dt, op, comm, nullptr);
     const unsigned char* got = c.bf16 ? in.data() : out.data();
     if (r == ncclSuccess) accumulate(rows, n, c, got, 0, count, err);
-    same = r == ncclSuccess && identical_everywhere(comm, got, count * esize);
+    same = r == ncclSuccess && same_bytes_everywhere(comm, got, count * esize);
   } else if (c.kind == Kind::kReduceScatter) {
     const size_t rc = count / n;
     r = ncclReduceScatter(in.data(), out.data(), rc, dt, op, comm, nullptr);
@@ -142,8 +142,8 @@ int run_case(const dq::sim::Matrix& rows, int n, int rank, ncclComm_t comm, cons
     const ncclResult_t end = ncclGroupEnd();
     if (r == ncclSuccess) r = r2 != ncclSuccess ? r2 : end;
     if (r == ncclSuccess) accumulate(rows, n, c, out.data(), 0, count, err);
-    same = r == ncclSuccess && identical_everywhere(comm, out.data(), count * esize) &&
-           identical_everywhere(comm, out2.data(), count * esize);
+    same = r == ncclSuccess && same_bytes_everywhere(comm, out.data(), count * esize) &&
+           same_bytes_everywhere(comm, out2.data(), count * esize);
   }
   if (r != ncclSuccess) return 10;
   const bool rerouted = rerouted_delta(comm, seen, c.kind == Kind::kGrouped ? 2 : 1);
@@ -414,7 +414,7 @@ bool scenario_budget() {
         return 10;
       double err[3] = {0, 0, 0};
       accumulate(rows, n, c, out.data(), 0, kBudgetCount, err);
-      const bool same = identical_everywhere(comm, out.data(), out.size());
+      const bool same = same_bytes_everywhere(comm, out.data(), out.size());
       const bool rerouted = rerouted_delta(comm, &seen);
       if (ncclAllReduce(err, err, 3, ncclFloat64, ncclSum, comm, nullptr) != ncclSuccess) return 11;
       char text[96];

@@ -14,7 +14,6 @@
 #include <sstream>
 #include <thread>
 
-#include "common/fnv1a.h"
 #include "kernels/bf16.h"
 #include "tests/common/check.h"
 #include "tests/common/test_data.h"
@@ -87,13 +86,6 @@ bool all_zero(const std::vector<int>& codes, const char* what) {
 }
 
 // Identical bytes on every rank: MAX of (h, ~h) gives max and ~min of the per-rank hashes.
-bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes) {
-  const uint64_t h = dq::fnv1a64(data, bytes);
-  uint64_t w[2] = {h, ~h};
-  if (ncclAllReduce(w, w, 2, ncclUint64, ncclMax, comm, nullptr) != ncclSuccess) return false;
-  return w[0] == ~w[1];
-}
-
 namespace {
 
 // The victim dies inside call 2, `delay_ms` into it (a call takes some tens of ms here), or just

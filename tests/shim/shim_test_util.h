@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/nccl_api.h"
+#include "tests/common/cross_rank.h"
 #include "tests/common/rank_harness.h"
 #include "tests/common/text_file.h"
 
@@ -57,9 +58,7 @@ std::vector<int> run_ranks(int n, const std::function<Env(int)>& env,
 // another failed, 125, only when no other failed) and fails naming `what`.
 bool all_zero(const std::vector<int>& codes, const char* what);
 
-// True when `bytes` at `data` (hashed by dq::fnv1a64) are the same on every rank of comm (one
-// 2-value MAX all-reduce).
-bool identical_everywhere(ncclComm_t comm, const void* data, size_t bytes);
+using dq::test::same_bytes_everywhere;
 
 // A rank SIGKILLed inside a collective: every survivor must get an error from a call within
 // DYNAMIQ_TIMEOUT_MS + 5 s, exit without hanging, and every call before the kill must be exact.
