@@ -65,32 +65,39 @@ __device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
   for (size_t b = 0; b < kChunkHeaderBytes; ++b) store_global(out + b, h[b]);
 }
 
-// The scales of a record at bits < 16 from the group maxima `gmax` (magnitude bit patterns), for
-// value k's group g: writes the record's scale bytes, returns value k's scale and in *codes where
-// the record's codes start.
-__device__ __forceinline__ float write_record_scales(bool hierarchical, const uint32_t* gmax, int k,
-                                                     int g, uint8_t* rec, uint8_t** codes) {
+// The scales of a record at bits < 16, computed once a super-group by warp 0 (its other warps
+// would repeat the same two IEEE divisions): lane q < 16 takes group q, from the group maxima
+// `gmax` (magnitude bit patterns). Writes the record's scale bytes and group q's scale to
+// scale[q]; every lane of warp 0 calls it (the super-group maximum is a shuffle reduction).
+__device__ __forceinline__ void write_record_scales(bool hierarchical, const uint32_t* gmax,
+                                                    int lane, uint8_t* rec, float* scale) {
+  const int q = lane & (kGroupsPerSuperGroup - 1);
+  const uint32_t group_max = gmax[q];
   if (hierarchical) {
-    uint32_t sgmax = 0;
-    for (int q = 0; q < kGroupsPerSuperGroup; ++q) sgmax = gmax[q] > sgmax ? gmax[q] : sgmax;
+    // Lanes 16..31 mirror lanes 0..15, so the xor shuffles below 16 cover every group.
+    uint32_t sgmax = group_max;
+    DQ_UNROLL
+    for (int off = kGroupsPerSuperGroup / 2; off > 0; off >>= 1) {
+      const uint32_t o = __shfl_xor_sync(kFullMask, sgmax, off);
+      sgmax = o > sgmax ? o : sgmax;
+    }
+    if (lane >= kGroupsPerSuperGroup) return;
     const uint16_t unit_bits = supergroup_unit_bf16(f32_from_bits(sgmax));
     const float unit = bf16_to_f32(unit_bits);
-    const uint8_t f = group_factor(f32_from_bits(gmax[g]), unit);
-    if (k == 0) {
+    const uint8_t f = group_factor(f32_from_bits(group_max), unit);
+    if (lane == 0) {
       store_global(rec, static_cast<uint8_t>(unit_bits));
       store_global(rec + 1, static_cast<uint8_t>(unit_bits >> 8));
     }
-    if ((k & (kGroup - 1)) == 0) store_global(rec + 2 + g, f);
-    *codes = rec + 2 + kGroupsPerSuperGroup;
-    return static_cast<float>(f) * unit;
+    store_global(rec + 2 + q, f);
+    scale[q] = static_cast<float>(f) * unit;
+    return;
   }
-  const uint16_t sb = f32_to_bf16_up(f32_from_bits(gmax[g]));
-  if ((k & (kGroup - 1)) == 0) {
-    store_global(rec + 2 * g, static_cast<uint8_t>(sb));
-    store_global(rec + 2 * g + 1, static_cast<uint8_t>(sb >> 8));
-  }
-  *codes = rec + 2 * kGroupsPerSuperGroup;
-  return bf16_to_f32(sb);
+  if (lane >= kGroupsPerSuperGroup) return;
+  const uint16_t sb = f32_to_bf16_up(f32_from_bits(group_max));
+  store_global(rec + 2 * q, static_cast<uint8_t>(sb));
+  store_global(rec + 2 * q + 1, static_cast<uint8_t>(sb >> 8));
+  scale[q] = bf16_to_f32(sb);
 }
 
 // The record's codes packed LSB first in value order, from value k's code (every lane of the warp
@@ -132,7 +139,8 @@ struct HopShared {
   uint32_t* words;     // [kHopBatch * 32 * 4]: Philox block b of member s, word w at 4(32s+b)+w
   float* pi;           // [kHopBatch * kGroupsPerSuperGroup]: each group's stratum
   HopBatch* batch;     //
-  uint32_t* gmax;      // [2 * kGroupsPerSuperGroup]: group maxima (magnitude bit patterns)
+  uint32_t* gmax;      // [kGroupsPerSuperGroup]: group maxima (magnitude bit patterns)
+  float* scale;        // [kGroupsPerSuperGroup]: each group's scale (write_record_scales)
   uint4* record;       // [2 * kRecordStage]: input records, alternating
   uint4* own;          // [kHopBatch * kOwnStage]: the batch's own values
   uint4* first_input;  // [kHopBatch * kRecordStage]: the batch's records of input 0
@@ -273,13 +281,11 @@ __device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_
 }
 
 // Batch member s compressed into its record: group maxima, scales, stochastic rounding on the
-// host's levels, the codes packed LSB first. One barrier at widths below 16; *encoded counts
-// those super-groups, whose group maxima alternate between two buffers (a thread may still read
-// one super-group's maxima while another writes the next one's: the barrier between uses of one
-// buffer is the middle super-group's).
+// host's levels, the codes packed LSB first. Two barriers at widths below 16: the group maxima
+// written, then the scales (warp 0 alone reads the maxima, and every thread has read the scales
+// before it reaches the next super-group's first barrier, so neither buffer alternates).
 __device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float strata,
-                           const RoundingKey& key, uint8_t* rec, int* encoded,
-                           const HopShared& sh) {
+                           const RoundingKey& key, uint8_t* rec, const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   const int g = k / kGroup;
   const int bits = sh.batch->bits[s];
@@ -298,14 +304,13 @@ __device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float
     const uint32_t o = __shfl_xor_sync(kFullMask, a, off);
     a = o > a ? o : a;
   }
-  uint32_t* gmax = sh.gmax + (*encoded & 1) * kGroupsPerSuperGroup;
-  ++*encoded;
-  if ((k & (kGroup - 1)) == 0) gmax[g] = a;
+  if ((k & (kGroup - 1)) == 0) sh.gmax[g] = a;
   __syncthreads();
-  uint8_t* codes_out;
-  const float scale = write_record_scales(hierarchical, gmax, k, g, rec, &codes_out);
+  if (k < 32) write_record_scales(hierarchical, sh.gmax, k, rec, sh.scale);
+  __syncthreads();
+  uint8_t* codes_out = rec + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
   const LevelTable& t = sh.levels[width_index(bits)];
-  const float m = magnitude_ratio(v, scale);
+  const float m = magnitude_ratio(v, sh.scale[g]);
   const int r = level_floor(t, m);
   const float x = round_up_threshold(t, m, r, sh.pi[kGroupsPerSuperGroup * s + g], strata);
   int up = round_up_coarse(x, u16);
@@ -320,7 +325,7 @@ __device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float
 __device__ void hop_supergroup(const DynamiqDeviceParams& d, const void* own, int own_bf16,
                                const HopInputs& in, int n_in, uint8_t* body, uint64_t sg_base,
                                float strata, const RoundingKey& key, unsigned* error, int s,
-                               int* stage, int* encoded, const HopShared& sh) {
+                               int* stage, const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   const DynamiqPlan& p = d.plan;
   const HopBatch& b = *sh.batch;
@@ -341,7 +346,7 @@ __device__ void hop_supergroup(const DynamiqDeviceParams& d, const void* own, in
     return;
   }
   const float v = hop_sum(d, own, own_bf16, in, n_in, s, stage, error, sh);
-  hop_encode(d.hierarchical_scales, v, s, sg_base + b.j[s], strata, key, rec, encoded, sh);
+  hop_encode(d.hierarchical_scales, v, s, sg_base + b.j[s], strata, key, rec, sh);
 }
 
 }  // namespace
@@ -356,7 +361,8 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   __shared__ uint32_t s_words[kHopBatch * 32 * 4];
   __shared__ float s_pi[kHopBatch * kGroupsPerSuperGroup];
   __shared__ HopBatch s_batch;
-  __shared__ uint32_t s_gmax[2 * kGroupsPerSuperGroup];
+  __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
+  __shared__ float s_scale[kGroupsPerSuperGroup];
   __shared__ uint4 s_record[2 * kRecordStage];
   __shared__ uint4 s_own[kHopBatch * kOwnStage];
   __shared__ uint4 s_first_input[kHopBatch * kRecordStage];
@@ -365,8 +371,8 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
-  const HopShared sh{s_levels, s_words, s_pi,          &s_batch, s_gmax,
-                     s_record, s_own,   s_first_input, s_meta};
+  const HopShared sh{s_levels, s_words,  s_pi,  &s_batch,      s_gmax,
+                     s_scale,  s_record, s_own, s_first_input, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
   hop_setup(d, l, chunk, in, n_in, out, error, sh);
   const uint64_t first = s_meta[1], last = s_meta[2];
@@ -378,13 +384,13 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   const uint64_t sg_base = key.element_base / kSuperGroup;
   const bool corr = d.correlated_rounding && key.strata > 1;
   const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
-  int stage = 0, encoded = 0;
+  int stage = 0;
   for (uint64_t i0 = begin; i0 < end; i0 += kHopBatch) {  // the same trips in the block
     hop_batch_load(d, l, own, own_bf16, n_in > 0 ? in.p[0] : nullptr, i0, end, sg_base, corr, key,
                    sh);
     for (int s = 0; s < kHopBatch && i0 + s < end; ++s)
       hop_supergroup(d, own, own_bf16, in, n_in, out + kChunkHeaderBytes, sg_base, strata, key,
-                     error, s, &stage, &encoded, sh);
+                     error, s, &stage, sh);
     __syncthreads();  // the batch's shared words are rewritten by the next batch
   }
 }
