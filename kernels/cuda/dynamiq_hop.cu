@@ -144,6 +144,7 @@ struct HopShared {
   uint4* record;       // [2 * kRecordStage]: input records, alternating
   uint4* own;          // [kHopBatch * kOwnStage]: the batch's own values
   uint4* first_input;  // [kHopBatch * kRecordStage]: the batch's records of input 0
+  float* first_scale;  // [kHopBatch * kGroupsPerSuperGroup]: those records' group scales
   unsigned long long* meta;  // [3]: the chunk's content bytes, first and end wire position
 };
 
@@ -189,10 +190,11 @@ __device__ __forceinline__ const uint8_t* staged_own(const HopShared& sh, int s,
 // A batch's layout words (threads 0..7); its random bits: every thread draws one Philox block
 // (32 a super-group), threads 0..127 one group's stratum each; then warp s copies member s's own
 // values and its record of input 0 to shared memory (the 8 super-groups' loads in flight at
-// once). Ends with a barrier.
+// once) and lanes 0..15 of warp s that record's group scales (flagging invalid ones). Ends with a
+// barrier.
 __device__ void hop_batch_load(const DynamiqDeviceParams& d, const LayoutView& l, const void* own,
                                int own_bf16, const uint8_t* input0, uint64_t i0, uint64_t end,
-                               uint64_t sg_base, bool corr, const RoundingKey& key,
+                               uint64_t sg_base, bool corr, const RoundingKey& key, unsigned* error,
                                const HopShared& sh) {
   const int k = static_cast<int>(threadIdx.x);
   HopBatch& b = *sh.batch;
@@ -229,10 +231,20 @@ __device__ void hop_batch_load(const DynamiqDeviceParams& d, const LayoutView& l
     const size_t size = own_bf16 ? 2 : 4;
     group_copy_to_shared(static_cast<const uint8_t*>(own) + base * size,
                          valid * static_cast<int>(size), sh.own + s * kOwnStage, k % 32, 32);
-    if (input0 != nullptr)
-      group_copy_to_shared(input0 + kChunkHeaderBytes + b.offset[s],
-                           d.plan.record[width_index(b.bits[s])], sh.first_input + s * kRecordStage,
-                           k % 32, 32);
+    if (input0 != nullptr) {
+      const uint8_t* rec = group_copy_to_shared(input0 + kChunkHeaderBytes + b.offset[s],
+                                                d.plan.record[width_index(b.bits[s])],
+                                                sh.first_input + s * kRecordStage, k % 32, 32);
+      // The record's 16 group scales, once (hop_sum() would decode them at every value).
+      __syncwarp();
+      const int q = k % 32;
+      if (b.bits[s] < 16 && q < kGroupsPerSuperGroup) {
+        bool bad = false;
+        sh.first_scale[kGroupsPerSuperGroup * s + q] =
+            record_group_scale(d.hierarchical_scales, rec, q, &bad);
+        if (bad) atomicOr(error, kDynamiqBadRecord);
+      }
+    }
   }
   __syncthreads();
 }
@@ -264,15 +276,21 @@ __device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_
   const int record = d.plan.record[width_index(bits)];
   for (int m = 0; m < n_in; ++m) {
     const uint8_t* src = in.p[m] + kChunkHeaderBytes + b.offset[s];
-    const uint8_t* r;
-    if (m == 0) {
-      r = reinterpret_cast<const uint8_t*>(sh.first_input + s * kRecordStage) +
-          (reinterpret_cast<uintptr_t>(src) & 15u);
-    } else {
-      r = block_copy_to_shared(src, record, sh.record + (*stage & 1) * kRecordStage);
-      ++*stage;
-      __syncthreads();  // the staged record
+    if (m == 0) {  // staged, its scales decoded and checked (hop_batch_load())
+      const uint8_t* r = reinterpret_cast<const uint8_t*>(sh.first_input + s * kRecordStage) +
+                         (reinterpret_cast<uintptr_t>(src) & 15u);
+      if (bits == 16) {
+        v += decode_value(sh.levels, d.hierarchical_scales, bits, r, k, &bad);
+      } else {
+        const LevelTable& t = sh.levels[width_index(bits)];
+        const uint32_t code = record_code_only(d.hierarchical_scales, bits, r, k, t.max_mag, &bad);
+        v += decode_code(t, code, sh.first_scale[kGroupsPerSuperGroup * s + k / kGroup]);
+      }
+      continue;
     }
+    const uint8_t* r = block_copy_to_shared(src, record, sh.record + (*stage & 1) * kRecordStage);
+    ++*stage;
+    __syncthreads();  // the staged record
     v += decode_value(sh.levels, d.hierarchical_scales, bits, r, k, &bad);
     bad |= record_scales_bad(d.hierarchical_scales, bits, r, k);
   }
@@ -366,13 +384,14 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   __shared__ uint4 s_record[2 * kRecordStage];
   __shared__ uint4 s_own[kHopBatch * kOwnStage];
   __shared__ uint4 s_first_input[kHopBatch * kRecordStage];
+  __shared__ float s_first_scale[kHopBatch * kGroupsPerSuperGroup];
   __shared__ unsigned long long s_meta[3];
   const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
-  const HopShared sh{s_levels, s_words,  s_pi,  &s_batch,      s_gmax,
-                     s_scale,  s_record, s_own, s_first_input, s_meta};
+  const HopShared sh{s_levels, s_words, s_pi,          &s_batch,      s_gmax, s_scale,
+                     s_record, s_own,   s_first_input, s_first_scale, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
   hop_setup(d, l, chunk, in, n_in, out, error, sh);
   const uint64_t first = s_meta[1], last = s_meta[2];
@@ -387,7 +406,7 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   int stage = 0;
   for (uint64_t i0 = begin; i0 < end; i0 += kHopBatch) {  // the same trips in the block
     hop_batch_load(d, l, own, own_bf16, n_in > 0 ? in.p[0] : nullptr, i0, end, sg_base, corr, key,
-                   sh);
+                   error, sh);
     for (int s = 0; s < kHopBatch && i0 + s < end; ++s)
       hop_supergroup(d, own, own_bf16, in, n_in, out + kChunkHeaderBytes, sg_base, strata, key,
                      error, s, &stage, sh);

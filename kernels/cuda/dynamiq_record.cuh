@@ -55,26 +55,35 @@ __device__ __forceinline__ uint32_t code_at(const uint8_t* codes, int bits, int 
   return (codes[k >> 2] >> (2 * (k & 3))) & 3u;
 }
 
-// Value k's code in a record at `bits` < 16 wide and, in *scale, its group's scale; *bad is set
-// where the record holds invalid content that this value reads (a negative unit or scale, a zero
-// factor, a code above 2L, L = max_mag). The finish's validation and every decode share it.
-__device__ __forceinline__ uint32_t record_code(bool hierarchical, int bits, const uint8_t* rec,
-                                                int k, int max_mag, float* scale, bool* bad) {
-  const int g = k / kGroup;
-  const uint8_t* codes;
+// Group g's scale in a record at a width below 16; *bad is set where the scale bytes are invalid
+// (a negative unit or scale, a zero factor: record_valid()).
+__device__ __forceinline__ float record_group_scale(bool hierarchical, const uint8_t* rec, int g,
+                                                    bool* bad) {
   if (hierarchical) {
-    const float unit = bf16_to_f32(get16(rec));
     *bad |= (rec[1] & 0x80) != 0 || rec[2 + g] == 0;
-    *scale = static_cast<float>(rec[2 + g]) * unit;
-    codes = rec + 2 + kGroupsPerSuperGroup;
-  } else {
-    *bad |= (rec[2 * g + 1] & 0x80) != 0;
-    *scale = bf16_to_f32(get16(rec + 2 * g));
-    codes = rec + 2 * kGroupsPerSuperGroup;
+    return static_cast<float>(rec[2 + g]) * bf16_to_f32(get16(rec));
   }
+  *bad |= (rec[2 * g + 1] & 0x80) != 0;
+  return bf16_to_f32(get16(rec + 2 * g));
+}
+
+// Value k's code in a record at `bits` < 16 wide; *bad is set for a code above 2L (L = max_mag).
+__device__ __forceinline__ uint32_t record_code_only(bool hierarchical, int bits,
+                                                     const uint8_t* rec, int k, int max_mag,
+                                                     bool* bad) {
+  const uint8_t* codes = rec + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
   const uint32_t code = code_at(codes, bits, k);
   *bad |= code > static_cast<uint32_t>(2 * max_mag);
   return code;
+}
+
+// Value k's code in a record at `bits` < 16 wide and, in *scale, its group's scale; *bad is set
+// where the record holds invalid content that this value reads (record_group_scale(),
+// record_code_only()). The finish's validation and every decode share it.
+__device__ __forceinline__ uint32_t record_code(bool hierarchical, int bits, const uint8_t* rec,
+                                                int k, int max_mag, float* scale, bool* bad) {
+  *scale = record_group_scale(hierarchical, rec, k / kGroup, bad);
+  return record_code_only(hierarchical, bits, rec, k, max_mag, bad);
 }
 
 // Value k of a record (accumulate_record()'s decoded term) at `bits` wide; *bad as record_code().

@@ -596,6 +596,57 @@ TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {
   }
 }
 
+// Invalid scale bytes in either input of a two-input hop (a zero group factor, a negative unit,
+// a negative flat group scale): the device flags the record as the host does, and both still
+// write the same message. The hop decodes its first input's scales once a record and a further
+// input's at every value, so each input is corrupted in turn.
+TEST(CudaDynamiqHop, ABadScaleInEitherInputIsFlaggedLikeTheHost) {
+  DynamiqOptions flat;
+  flat.hierarchical_scales = false;
+  for (const DynamiqOptions& opt : {DynamiqOptions{}, flat}) {
+    Case s;
+    make_case(Config{24 * 256, 2, 4, false, false, opt, 0}, 7, &s);
+    ASSERT_FALSE(HasFatalFailure());
+    const size_t cap = s.codec->chunk_capacity();
+    std::vector<uint8_t> leaves[2] = {std::vector<uint8_t>(cap), std::vector<uint8_t>(cap)};
+    for (int i = 0; i < 2; ++i)
+      ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(i + 1), nullptr, 0,
+                                   leaves[i].data(), RoundingKey{7, s.call, i + 1, 0, 1, 0, 0}),
+                Status::kOk);
+    const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()),
+                          s.params.sections);
+    uint32_t victim = UINT32_MAX;  // the chunk's last record at a width below 16
+    for (uint32_t i = l.chunk_first[0]; i < l.chunk_first[1]; ++i)
+      if (l.width[l.order[i]] < 16) victim = i;
+    ASSERT_NE(victim, UINT32_MAX);
+    const size_t rec = kChunkHeaderBytes + l.offset[victim];
+    // (byte, value): the unit's sign or group 11's factor; flat: group 11's scale sign.
+    const std::pair<size_t, uint8_t> hier[2] = {{rec + 1, 0x80}, {rec + 2 + 11, 0x00}};
+    const std::pair<size_t, uint8_t> flat_bad[1] = {{rec + 2 * 11 + 1, 0xC0}};
+    const RoundingKey key{7, s.call, 0, 0, 1, 0, 0};
+    const auto check = [&](int input, size_t byte, uint8_t value) {
+      std::vector<uint8_t> in[2] = {leaves[0], leaves[1]};
+      in[input][byte] = value;
+      const ByteView views[2] = {{in[0].data(), cap}, {in[1].data(), cap}};
+      std::vector<uint8_t> host(cap), dev(cap);
+      EXPECT_EQ(
+          s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(0), views, 2, host.data(), key),
+          Status::kMalformedPayload);
+      unsigned error = 0;
+      const uint8_t* ptrs[2] = {in[0].data(), in[1].data()};
+      ASSERT_EQ(device_hop(s, 0, ptrs, 2, &dev, key, &error), cudaSuccess) << kernel_fault();
+      EXPECT_EQ(error, unsigned{kDynamiqBadRecord}) << "input " << input << ", byte " << byte;
+      EXPECT_EQ(host, dev) << "input " << input << ", byte " << byte;
+    };
+    for (int input = 0; input < 2; ++input) {
+      if (opt.hierarchical_scales)
+        for (const auto& [byte, value] : hier) check(input, byte, value);
+      else
+        for (const auto& [byte, value] : flat_bad) check(input, byte, value);
+    }
+  }
+}
+
 // One bad record late in a chunk, after most of it would have been decoded: the finish (one
 // launch: validator blocks, then decoder blocks behind them) leaves every element untouched, at
 // grids of one, two and many blocks a role, as the host does; the same message made valid again
