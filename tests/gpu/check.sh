@@ -505,22 +505,29 @@ for pair in memcheck:grid_kernels racecheck:grid_kernels memcheck:layout_batch m
 done
 
 # ---------------------------------------------------------------------------------------------
-# result_of STEP KEY: the value of KEY=VALUE on the step's RESULT line ("" when none).
+# result_of STEP KEY: the value of KEY=VALUE on the step's last RESULT line that has KEY ("" when
+# none).
 result_of() {
-  grep -h '^RESULT ' "$LOGS/steps/$1.log" 2>/dev/null | tail -n 1 | tr ' ' '\n' |
-    sed -n "s/^$2=//p" | head -n 1
+  grep -h '^RESULT ' "$LOGS/steps/$1.log" 2>/dev/null | tr ' ' '\n' |
+    sed -n "s/^$2=//p" | tail -n 1
 }
 
 # The GPU path's targets on this device, from the benchmarks' RESULT lines, then those lines.
 targets() {
-  local hop kern
+  local hop hop16 kern
   hop=$(result_of hop_bandwidth hop_vs_copy)
+  hop16=$(result_of hop_bandwidth bf16_hop_vs_copy)
   kern=$(result_of call_kernels kernels_vs_link)
   echo "targets:"
   if [ -n "$hop" ]; then
     echo "  fused hop / device-to-device copy bandwidth = $hop (target >= 0.60): $(awk -v x="$hop" 'BEGIN { print (x >= 0.60) ? "met" : "NOT met" }')"
   else
     echo "  fused hop / device-to-device copy bandwidth: not measured (no RESULT line from hop_bandwidth: see its row)"
+  fi
+  if [ -n "$hop16" ]; then
+    echo "  fused hop / device-to-device copy bandwidth, BF16 own values = $hop16 (target >= 0.60): $(awk -v x="$hop16" 'BEGIN { print (x >= 0.60) ? "met" : "NOT met" }')"
+  else
+    echo "  fused hop / copy bandwidth, BF16 own values: not measured (no bf16_ RESULT from hop_bandwidth)"
   fi
   if [ -n "$kern" ]; then
     echo "  codec kernels of one 2-rank call / NCCL BF16 all-reduce at 100 Gbit/s = $kern (target <= 0.10): $(awk -v x="$kern" 'BEGIN { print (x <= 0.10) ? "met" : "NOT met" }')"

@@ -4,19 +4,20 @@
 //
 //   hop_bandwidth [count (default 2^26)] [chunks (default 8)] [iterations (default 20)]
 //
-// Two workers' FP32 tensors of `count` values; statistics and layout on the device; then, timed
-// with CUDA events over `iterations` rounds after one warm-up round:
-//  - copy: cudaMemcpyAsync device to device of the tensor (count * 4 bytes);
+// Two workers' tensors of `count` values, FP32 and then BF16 (the own values a mixed-precision
+// job's gradients have); statistics and layout on the device; then, timed with CUDA events over
+// `iterations` rounds after one warm-up round:
+//  - copy: cudaMemcpyAsync device to device of the tensor (count * 4 or count * 2 bytes);
 //  - leaf: the hop with no input (n_in = 0) of every chunk, i.e. the whole tensor compressed;
 //  - hop:  the hop with one input message (n_in = 1, the other worker's leaf) of every chunk,
 //          the step of a ring all-reduce;
 //  - stats: the statistics kernel over the tensor;
 //  - layout: the layout from the reduced statistics (a batch of one: one block, or the grid
 //            path's seven kernels for 2^26 values; printed as layout_ms).
-// "GB/s" is tensor bytes (count * 4) per second, so each ratio is the copy's time over the
+// "GB/s" is tensor bytes (count * 4 or 2) per second, so each ratio is the copy's time over the
 // kernel's for the same tensor; "traffic" adds what each moves besides (the copy reads and
 // writes the tensor; a hop reads the tensor and its inputs and writes a chunk_capacity()
-// message per chunk). Exit 77 without a device.
+// message per chunk). A RESULT line a type (BF16's keys start bf16_). Exit 77 without a device.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -42,9 +43,10 @@ using dq::gpubench::Timer;
 struct Bench {
   size_t count = 0, cap = 0, stats_words = 0;
   int n_chunks = 0;
+  bool bf16 = false;  // own values: BF16, else FP32
   uint64_t call = 7;
   dq::cuda::DynamiqDeviceParams params{};
-  float *own[2] = {}, *copy_dst = nullptr;
+  void *own[2] = {}, *copy_dst = nullptr;
   uint16_t *d_stats = nullptr, *d_reduced = nullptr;
   dq::LevelTable* d_levels = nullptr;
   void* d_layout = nullptr;
@@ -57,13 +59,19 @@ struct Bench {
 void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b) {
   using namespace dq;
   using namespace dq::cuda;
-  const size_t bytes = b->count * sizeof(float);
+  const size_t bytes = b->count * (b->bf16 ? 2 : 4);
   LevelTable levels[3];
   dynamiq_level_tables(options, levels);
   for (int r = 0; r < 2; ++r) {
     DQ_BENCH_CHECK(cudaMalloc(&b->own[r], bytes));
     const std::vector<float> x = make_values(b->count, 1 + r);
-    DQ_BENCH_CHECK(cudaMemcpy(b->own[r], x.data(), bytes, cudaMemcpyHostToDevice));
+    std::vector<uint16_t> h;
+    if (b->bf16) {
+      h.resize(b->count);
+      for (size_t i = 0; i < b->count; ++i) h[i] = f32_to_bf16_rne(x[i]);
+    }
+    const void* src = b->bf16 ? static_cast<const void*>(h.data()) : x.data();
+    DQ_BENCH_CHECK(cudaMemcpy(b->own[r], src, bytes, cudaMemcpyHostToDevice));
   }
   const size_t words = b->stats_words = codec.stats_words();
   DQ_BENCH_CHECK(cudaMalloc(&b->copy_dst, bytes));
@@ -79,7 +87,7 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
   // Statistics of both workers on the device, summed on the host as the all-reduce would.
   for (int r = 0; r < 2; ++r)
     DQ_BENCH_CHECK(
-        launch_supergroup_stats(b->own[r], false, b->count, b->d_stats + r * words, nullptr));
+        launch_supergroup_stats(b->own[r], b->bf16, b->count, b->d_stats + r * words, nullptr));
   std::vector<uint16_t> stats(2 * words), reduced(words);
   DQ_BENCH_CHECK(cudaMemcpy(stats.data(), b->d_stats, stats.size() * sizeof(uint16_t),
                             cudaMemcpyDeviceToHost));
@@ -99,18 +107,24 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
       launch_dynamiq_layouts(b->layout_batch, b->d_layout_table, b->call, b->d_error, nullptr));
   for (int c = 0; c < b->n_chunks; ++c) {
     const RoundingKey key{1, b->call, 1, 1, 2, 0, 0};
-    DQ_BENCH_CHECK(launch_dynamiq_hop(b->params, b->d_levels, b->d_layout, c, b->own[1], false,
+    DQ_BENCH_CHECK(launch_dynamiq_hop(b->params, b->d_levels, b->d_layout, c, b->own[1], b->bf16,
                                       nullptr, 0, b->leaves + c * b->cap, key, b->d_error,
                                       nullptr));
   }
   DQ_BENCH_CHECK(cudaDeviceSynchronize());
 }
 
+// The copy's time over each hop's: the RESULT line's ratios for one type of own values.
+struct Ratios {
+  double hop = 0, leaf = 0, copy_gbps = 0, hop_gbps = 0, layout_ms = 0;
+  unsigned error = 0;  // the kernels' error flags
+};
+
 // Seconds per round of every timed step (the file comment), and the table.
-int measure(const Bench& b, int iterations) {
+Ratios measure(const Bench& b, int iterations) {
   using namespace dq;
   using namespace dq::cuda;
-  const size_t bytes = b.count * sizeof(float), cap = b.cap;
+  const size_t bytes = b.count * (b.bf16 ? 2 : 4), cap = b.cap;
   const int n_chunks = b.n_chunks;
   Timer timer;
   const double t_copy = timer.seconds_per_round(
@@ -121,7 +135,7 @@ int measure(const Bench& b, int iterations) {
       iterations);
   const double t_stats = timer.seconds_per_round(
       [&] {
-        DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], false, b.count, b.d_stats, nullptr));
+        DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], b.bf16, b.count, b.d_stats, nullptr));
       },
       iterations);
   // Each round rebuilds the same layout bytes from the same reduced statistics (its table
@@ -136,7 +150,7 @@ int measure(const Bench& b, int iterations) {
       [&] {
         const RoundingKey key{1, b.call, 0, 0, 1, 0, 0};
         for (int c = 0; c < n_chunks; ++c)
-          DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false,
+          DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], b.bf16,
                                             nullptr, 0, b.out + c * cap, key, b.d_error, nullptr));
       },
       iterations);
@@ -145,20 +159,20 @@ int measure(const Bench& b, int iterations) {
         const RoundingKey key{1, b.call, 0, 0, 2, 1, 0};
         for (int c = 0; c < n_chunks; ++c) {
           const uint8_t* in = b.leaves + c * cap;
-          DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], false,
+          DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], b.bf16,
                                             &in, 1, b.out + c * cap, key, b.d_error, nullptr));
         }
       },
       iterations);
-  unsigned error = 0;
-  DQ_BENCH_CHECK(cudaMemcpy(&error, b.d_error, sizeof error, cudaMemcpyDeviceToHost));
+  Ratios r;
+  DQ_BENCH_CHECK(cudaMemcpy(&r.error, b.d_error, sizeof r.error, cudaMemcpyDeviceToHost));
 
   const double gb = 1e9;
   const double msgs = static_cast<double>(cap) * n_chunks;
   std::printf(
-      "count %zu FP32 (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d "
+      "count %zu %s (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d "
       "iterations\n",
-      b.count, bytes / 1e6, n_chunks, cap, msgs / 1e6, iterations);
+      b.count, b.bf16 ? "BF16" : "FP32", bytes / 1e6, n_chunks, cap, msgs / 1e6, iterations);
   std::printf("%-6s %10s %10s %14s %14s\n", "step", "ms", "GB/s", "traffic GB/s", "vs copy");
   auto row = [&](const char* name, double t, double traffic) {
     std::printf("%-6s %10.3f %10.1f %14.1f %13.1f%%\n", name, t * 1e3, bytes / t / gb,
@@ -169,40 +183,63 @@ int measure(const Bench& b, int iterations) {
   row("layout", t_layout, 2.0 * b.stats_words + static_cast<double>(b.params.sections.bytes));
   row("leaf", t_leaf, bytes + msgs);
   row("hop", t_hop, bytes + 2.0 * msgs);
-  std::printf(
-      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f "
-      "hop_GBps=%.1f layout_ms=%.3f\n",
-      t_copy / t_hop, t_copy / t_leaf, bytes / t_copy / gb, bytes / t_hop / gb, t_layout * 1e3);
-  if (error != 0) {
-    std::printf("FAIL: the kernels raised error flags 0x%x\n", error);
-    return 1;
-  }
-  return 0;
+  r.hop = t_copy / t_hop;
+  r.leaf = t_copy / t_leaf;
+  r.copy_gbps = bytes / t_copy / gb;
+  r.hop_gbps = bytes / t_hop / gb;
+  r.layout_ms = t_layout * 1e3;
+  return r;
+}
+
+// Both types' benchmarks, one after the other (each frees nothing: the process ends after).
+Ratios run(const dq::Codec& codec, const dq::DynamiqOptions& options, size_t count, int n_chunks,
+           bool bf16, int iterations) {
+  Bench b;
+  b.count = count;
+  b.n_chunks = n_chunks;
+  b.bf16 = bf16;
+  b.cap = codec.chunk_capacity();
+  b.params = dq::cuda::dynamiq_device_params(count, n_chunks, 2, b.cap, options);
+  prepare(codec, options, &b);
+  return measure(b, iterations);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace dq;
-  using namespace dq::cuda;
-  Bench b;
-  b.count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (size_t{1} << 26);
-  b.n_chunks = argc > 2 ? std::atoi(argv[2]) : 8;
+  const size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (size_t{1} << 26);
+  const int n_chunks = argc > 2 ? std::atoi(argv[2]) : 8;
   const int iterations = argc > 3 ? std::atoi(argv[3]) : 20;
-  if (b.count == 0 || b.n_chunks < 1 || iterations < 1) {
+  if (count == 0 || n_chunks < 1 || iterations < 1) {
     std::fprintf(stderr, "usage: %s [count > 0] [chunks >= 1] [iterations >= 1]\n", argv[0]);
     return 2;
   }
   dq::gpubench::require_device();
   const DynamiqOptions options{};
   auto codec = make_dynamiq_codec(options);
-  if (codec->plan(b.count, b.n_chunks, 2) != Status::kOk) {
-    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", b.count,
-                 b.n_chunks);
+  if (codec->plan(count, n_chunks, 2) != Status::kOk) {
+    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count,
+                 n_chunks);
     return 1;
   }
-  b.cap = codec->chunk_capacity();
-  b.params = dynamiq_device_params(b.count, b.n_chunks, 2, b.cap, options);
-  prepare(*codec, options, &b);
-  return measure(b, iterations);
+  // A RESULT line a type, printed as soon as it is measured: a failure in the second keeps the
+  // first's figures.
+  const Ratios f32 = run(*codec, options, count, n_chunks, false, iterations);
+  std::printf(
+      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f "
+      "hop_GBps=%.1f layout_ms=%.3f\n",
+      f32.hop, f32.leaf, f32.copy_gbps, f32.hop_gbps, f32.layout_ms);
+  std::fflush(stdout);
+  const Ratios bf16 = run(*codec, options, count, n_chunks, true, iterations);
+  std::printf(
+      "RESULT bf16_hop_vs_copy=%.3f bf16_leaf_vs_copy=%.3f bf16_copy_GBps=%.1f "
+      "bf16_hop_GBps=%.1f bf16_layout_ms=%.3f\n",
+      bf16.hop, bf16.leaf, bf16.copy_gbps, bf16.hop_gbps, bf16.layout_ms);
+  if ((f32.error | bf16.error) != 0) {
+    std::printf("FAIL: the kernels raised error flags 0x%x (FP32), 0x%x (BF16)\n", f32.error,
+                bf16.error);
+    return 1;
+  }
+  return 0;
 }
