@@ -44,6 +44,7 @@ struct FinishShared {
   LevelTable* levels;        // [3] (decoders; stage_level_tables without the lookups)
   FinishBatch* batch;        //
   uint4* record;             // [kFinishBatch * kRecordStage]: the batch's records
+  float* scale;              // [kFinishBatch * kGroupsPerSuperGroup]: their group scales (decoders)
   unsigned long long* meta;  // [2]: the range's first and end wire position
 };
 
@@ -69,7 +70,9 @@ __device__ __forceinline__ const uint8_t* member_body(const FinishMessages& m, c
 }
 
 // A batch's layout words (threads 0..7; the means and exponents for a decoder), then warp s
-// copies member s's record to shared memory unless it ends past the message. Two barriers.
+// copies member s's record to shared memory unless it ends past the message, and for a decoder
+// decodes its 16 group scales once (lanes 0..15; the validators have checked them). Two
+// barriers.
 __device__ void finish_batch_load(const DynamiqDeviceParams& d, const LayoutView& l,
                                   const FinishMessages& m, uint64_t i0, uint64_t end, bool decode,
                                   const FinishShared& sh) {
@@ -89,9 +92,19 @@ __device__ void finish_batch_load(const DynamiqDeviceParams& d, const LayoutView
   }
   __syncthreads();
   const int s = k / kWarp;
-  if (s < kFinishBatch && i0 + s < end && !record_past_capacity(d.plan, b.offset[s], b.bits[s]))
-    group_copy_to_shared(member_body(m, b, s) + b.offset[s], d.plan.record[width_index(b.bits[s])],
-                         sh.record + s * kRecordStage, k % kWarp, kWarp);
+  if (s < kFinishBatch && i0 + s < end && !record_past_capacity(d.plan, b.offset[s], b.bits[s])) {
+    const uint8_t* rec = group_copy_to_shared(member_body(m, b, s) + b.offset[s],
+                                              d.plan.record[width_index(b.bits[s])],
+                                              sh.record + s * kRecordStage, k % kWarp, kWarp);
+    const int q = k % kWarp;
+    if (decode && b.bits[s] < 16) {
+      __syncwarp();
+      bool bad = false;  // validated: never set
+      if (q < kGroupsPerSuperGroup)
+        sh.scale[kGroupsPerSuperGroup * s + q] =
+            record_group_scale(d.hierarchical_scales, rec, q, &bad);
+    }
+  }
   __syncthreads();
 }
 
@@ -164,8 +177,15 @@ __device__ void finish_decode_batch(const DynamiqDeviceParams& d, const FinishMe
         left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
     if (k >= valid) continue;
     bool bad = false;  // validated: never set
+    const uint8_t* rec = staged_record(sh, m, s);
     float v = 0.0f;
-    v += decode_value(sh.levels, d.hierarchical_scales, bits, staged_record(sh, m, s), k, &bad);
+    if (bits == 16) {
+      v += bf16_to_f32(get16(rec + 2 * k));
+    } else {
+      const LevelTable& t = sh.levels[width_index(bits)];
+      const uint32_t code = record_code_only(d.hierarchical_scales, bits, rec, k, t.max_mag, &bad);
+      v += decode_code(t, code, sh.scale[kGroupsPerSuperGroup * s + k / kGroup]);
+    }
     const float shift = bits == 16 ? 0.0f : contributors * b.mean[s];
     float x = v + shift;
     if (avg) x = x / contributors;
@@ -190,6 +210,7 @@ __global__ void __launch_bounds__(kHopThreads)
   __shared__ LevelTable s_levels[3];
   __shared__ FinishBatch s_batch;
   __shared__ uint4 s_record[kFinishBatch * kRecordStage];
+  __shared__ float s_scale[kFinishBatch * kGroupsPerSuperGroup];
   __shared__ unsigned long long s_meta[2];
   __shared__ unsigned s_gate;
   __shared__ int s_max_mag[3];
@@ -199,7 +220,7 @@ __global__ void __launch_bounds__(kHopThreads)
   // every thread of the grid decides alike, before any barrier or ticket.
   if ((*error & kSkipFlag) != 0) return;
   FinishGate gate(word, validators, &s_gate);
-  const FinishShared sh{s_levels, &s_batch, s_record, s_meta};
+  const FinishShared sh{s_levels, &s_batch, s_record, s_scale, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
   const int k = static_cast<int>(threadIdx.x);
   if (k == 0) {
