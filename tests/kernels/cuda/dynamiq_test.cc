@@ -610,9 +610,10 @@ TEST(CudaDynamiqHop, ABadScaleInEitherInputIsFlaggedLikeTheHost) {
     const size_t cap = s.codec->chunk_capacity();
     std::vector<uint8_t> leaves[2] = {std::vector<uint8_t>(cap), std::vector<uint8_t>(cap)};
     for (int i = 0; i < 2; ++i)
-      ASSERT_EQ(s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(i + 1), nullptr, 0,
-                                   leaves[i].data(), RoundingKey{7, s.call, i + 1, 0, 1, 0, 0}),
-                Status::kOk);
+      ASSERT_EQ(
+          s.codec->fused_hop(s.host_layout.data(), 0, s.tensor(i + 1), nullptr, 0, leaves[i].data(),
+                             RoundingKey{7, s.call, static_cast<uint32_t>(i + 1), 0, 1, 0, 0}),
+          Status::kOk);
     const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()),
                           s.params.sections);
     uint32_t victim = UINT32_MAX;  // the chunk's last record at a width below 16
