@@ -1,6 +1,7 @@
 // The order in which the emulator runs a launch's blocks (kernels/cuda/EMULATION.md, "Block
 // order"): blockIdx order, reverse, or a seeded shuffle, so that kernels handing work between
-// blocks are tested in orders a GPU could pick.
+// blocks are tested in orders a GPU could pick; and the order in which it runs the threads a
+// barrier or a warp collective releases ("Thread order"), so that a missing barrier shows.
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -16,14 +17,16 @@ std::mutex g_order_mutex;
 BlockOrdering g_ordering;
 bool g_ordering_known = false;  // set, or read from the environment
 std::string g_environment_error;
+BlockOrdering g_thread_ordering;
+bool g_thread_ordering_known = false;
+std::string g_thread_environment_error;
 // Bumped by set_block_order: a thread's launch numbering restarts when it sees a new generation.
 std::atomic<uint64_t> g_generation{0};
 thread_local uint64_t t_generation = 0;
 thread_local uint64_t t_launches = 0;
 
-}  // namespace
-
-bool parse_block_order(const char* text, BlockOrdering* out, std::string* error) {
+// "index", "reverse" or "shuffle:SEED"; `what` names the setting in the error.
+bool parse_ordering(const char* text, const char* what, BlockOrdering* out, std::string* error) {
   const std::string s = text ? text : "";
   if (s == "index" || s == "reverse") {
     *out = BlockOrdering{s == "index" ? BlockOrder::kIndex : BlockOrder::kReverse, 0};
@@ -41,9 +44,31 @@ bool parse_block_order(const char* text, BlockOrdering* out, std::string* error)
       return true;
     }
   }
-  *error = "block order \"" + s +
+  *error = std::string(what) + " \"" + s +
            "\" is not one of index, reverse, shuffle:SEED (SEED a decimal number below 2^64)";
   return false;
+}
+
+}  // namespace
+
+bool parse_block_order(const char* text, BlockOrdering* out, std::string* error) {
+  return parse_ordering(text, "block order", out, error);
+}
+
+bool parse_thread_order(const char* text, BlockOrdering* out, std::string* error) {
+  return parse_ordering(text, "thread order", out, error);
+}
+
+void set_thread_order(const BlockOrdering& ordering) {
+  std::lock_guard<std::mutex> lock(g_order_mutex);
+  g_thread_ordering = ordering;
+  g_thread_ordering_known = true;
+  g_thread_environment_error.clear();
+}
+
+BlockOrdering thread_order() {
+  std::lock_guard<std::mutex> lock(g_order_mutex);
+  return g_thread_ordering;
 }
 
 std::string block_order_name(const BlockOrdering& ordering) {
@@ -104,6 +129,23 @@ bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* 
     t_launches = 0;
   }
   *launch = t_launches++;
+  return true;
+}
+
+bool launch_thread_order(BlockOrdering* ordering, std::string* error) {
+  std::lock_guard<std::mutex> lock(g_order_mutex);
+  if (!g_thread_ordering_known) {
+    g_thread_ordering_known = true;
+    const char* text = std::getenv("DQ_EMU_THREAD_ORDER");
+    std::string why;
+    if (text != nullptr && !parse_thread_order(text, &g_thread_ordering, &why))
+      g_thread_environment_error = "DQ_EMU_THREAD_ORDER: " + why;
+  }
+  if (!g_thread_environment_error.empty()) {
+    *error = g_thread_environment_error;
+    return false;
+  }
+  *ordering = g_thread_ordering;
   return true;
 }
 

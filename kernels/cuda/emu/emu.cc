@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+#include "common/splitmix.h"
+
 // Static __shared__ objects live in this section; the linker defines its bounds. Weak: a program
 // whose kernels declare no static shared memory has no such section.
 extern "C" char __start_dq_emu_shared[] __attribute__((weak));
@@ -110,6 +112,9 @@ struct Launch {
   std::string message;
   char* dynamic = nullptr;  // this launch's dynamic shared buffer
   Counters counters;
+  BlockOrdering thread_ordering;  // the order released threads run in (release())
+  uint64_t thread_shuffle = 0;    // kShuffle: the generator's state, stepped each swap
+  std::vector<int> released;      // the threads a barrier or collective releases, in index order
 };
 
 Launch* g_launch = nullptr;
@@ -206,52 +211,14 @@ std::string who(const Launch& L, int t) {
   return buf;
 }
 
-const char* op_name(detail::Op op) {
-  switch (op) {
-    case detail::Op::kIdx:
-      return "__shfl_sync";
-    case detail::Op::kUp:
-      return "__shfl_up_sync";
-    case detail::Op::kDown:
-      return "__shfl_down_sync";
-    case detail::Op::kXor:
-      return "__shfl_xor_sync";
-    case detail::Op::kBallot:
-      return "__ballot_sync";
-    case detail::Op::kAny:
-      return "__any_sync";
-    case detail::Op::kAll:
-      return "__all_sync";
-    case detail::Op::kSyncWarp:
-      return "__syncwarp";
-  }
-  return "?";
-}
-
 std::string collective(const Thread& t) {
   char buf[100];
   if (t.op <= detail::Op::kXor)
-    std::snprintf(buf, sizeof buf, "%s(mask 0x%08x, width %d)", op_name(t.op), t.mask, t.width);
+    std::snprintf(buf, sizeof buf, "%s(mask 0x%08x, width %d)", collective_name(t.op), t.mask,
+                  t.width);
   else
-    std::snprintf(buf, sizeof buf, "%s(mask 0x%08x)", op_name(t.op), t.mask);
+    std::snprintf(buf, sizeof buf, "%s(mask 0x%08x)", collective_name(t.op), t.mask);
   return std::string(buf) + " at " + where(t.site);
-}
-
-// "0-199, 256" from a sorted list of thread ids.
-std::string ranges(const std::vector<int>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size();) {
-    size_t j = i;
-    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
-    if (!s.empty()) s += ", ";
-    s += std::to_string(ids[i]);
-    if (j > i) {
-      s += '-';
-      s += std::to_string(ids[j]);
-    }
-    i = j + 1;
-  }
-  return s;
 }
 
 std::string header(const Launch& L) {
@@ -280,6 +247,25 @@ void record(Launch& L, Fault f, const std::string& what) {
 void push_ready(Launch& L, int t) {
   L.ring[(L.head + L.count) % L.n] = t;
   ++L.count;
+}
+
+// L.released, made ready in the launch's thread order: as listed (index), reversed, or shuffled
+// by Fisher-Yates on SplitMix64 (EMULATION.md, "Thread order").
+void release(Launch& L) {
+  std::vector<int>& r = L.released;
+  if (L.thread_ordering.order == BlockOrder::kReverse) {
+    std::reverse(r.begin(), r.end());
+  } else if (L.thread_ordering.order == BlockOrder::kShuffle) {
+    for (size_t i = r.size(); i-- > 1;) {
+      L.thread_shuffle += kSplitMix64Step;
+      std::swap(r[i], r[splitmix64_finalise(L.thread_shuffle) % (i + 1)]);
+    }
+  }
+  for (int t : r) {
+    L.threads[t].state = State::kReady;
+    push_ready(L, t);
+  }
+  r.clear();
 }
 
 // Back to the scheduler; returns when this fiber is resumed (or unwinds it when the launch is
@@ -349,14 +335,14 @@ void report_deadlock(Launch& L) {
     what += " wait at ";
     what += key;
     what += " [threads ";
-    what += ranges(ids);
+    what += detail::thread_ranges(ids);
     what += "];";
   }
   if (!exited.empty()) {
     what += ' ';
     what += std::to_string(exited.size());
     what += " exited [threads ";
-    what += ranges(exited);
+    what += detail::thread_ranges(exited);
     what += ']';
   } else
     what += " none exited";
@@ -373,16 +359,17 @@ bool run_block(Launch& L) {
     std::memset(g_shared.data(), kCanary, L.dynamic - g_shared.data());
     std::memset(L.dynamic, kPoison, g_shared.end() - L.dynamic);
   }
+  L.head = 0;
+  L.count = 0;
+  L.released.clear();
   for (int t = 0; t < L.n; ++t) {
     Thread& th = L.threads[t];
     th.context = fc::make_fcontext(g_stacks.top(t), kFiberStackBytes, &fiber_entry);
-    th.state = State::kReady;
     th.started = false;
-    L.ring[t] = t;
+    L.released.push_back(t);
   }
+  release(L);  // every thread ready, in the thread order
   for (Warp& w : L.warps) w.parked = w.claimed = 0;
-  L.head = 0;
-  L.count = L.n;
   L.live = L.n;
   L.arrived = 0;
   L.cancelling = false;
@@ -565,10 +552,11 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
       return finish(Fault::kNotLoaded, m, cudaErrorLaunchFailure);
     }
   }
-  BlockOrdering ordering;
+  BlockOrdering ordering, thread_ordering;
   uint64_t order_launch = 0;
   std::string order_error;
   if (!bad[0] && launch_block_order(&ordering, &order_launch, &order_error) &&
+      launch_thread_order(&thread_ordering, &order_error) &&
       ordering.order == BlockOrder::kShuffle &&
       uint64_t{grid.x} * grid.y * grid.z > kMaxShuffledBlocks)
     order_error = "a shuffled block order takes at most 2^24 blocks";
@@ -589,6 +577,9 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   L.n = static_cast<int>(threads);
   L.threads.resize(L.n);
   L.ring.resize(L.n);
+  L.released.reserve(L.n);
+  L.thread_ordering = thread_ordering;
+  L.thread_shuffle = thread_ordering.seed ^ splitmix64_finalise(order_launch);
   L.warps.resize((L.n + 31) / 32);
   for (int t = 0; t < L.n; ++t) {
     L.threads[t].idx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
@@ -635,16 +626,19 @@ void barrier(const std::source_location& loc) {
                                                  " waits at __syncthreads() at " +
                                                  where(L.barrier_site));
   }
-  if (++L.arrived == L.n) {  // the round is complete: release the others, continue at once
+  Thread& me = L.threads[L.current];
+  if (++L.arrived == L.n) {  // the round is complete: release the others
     L.arrived = 0;
+    // Index order: this thread carries on at once, the others after it by index. Otherwise it
+    // takes its turn among them.
+    const bool index = L.thread_ordering.order == BlockOrder::kIndex;
     for (int t = 0; t < L.n; ++t)
-      if (L.threads[t].state == State::kBarrier) {
-        L.threads[t].state = State::kReady;
-        push_ready(L, t);
-      }
+      if (L.threads[t].state == State::kBarrier || (t == L.current && !index))
+        L.released.push_back(t);
+    release(L);
+    if (!index) park();
     return;
   }
-  Thread& me = L.threads[L.current];
   me.state = State::kBarrier;
   me.site = loc;
   park();
@@ -755,13 +749,13 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
         }
       }
     }
-    if (l != lane) {
-      t.state = State::kReady;
-      push_ready(L, base + l);
-    }
+    // Index order: this lane carries on at once, the others after it; otherwise it takes its turn.
+    if (l != lane || L.thread_ordering.order != BlockOrder::kIndex) L.released.push_back(base + l);
   }
   w.parked &= ~mask;
   w.claimed &= ~mask;
+  release(L);
+  if (L.thread_ordering.order != BlockOrder::kIndex) park();
   return me.result;
 }
 

@@ -187,6 +187,17 @@ BlockOrdering block_order();
 std::vector<uint64_t> block_sequence(const BlockOrdering& ordering, uint64_t blocks,
                                      uint64_t launch);
 
+// The order in which the threads a barrier or a warp collective releases run, until each next
+// yields (EMULATION.md, "Thread order"): kIndex (the default) runs them in thread order, the
+// releasing thread first; kReverse the highest thread first; kShuffle a pseudo-random order each
+// release, from the seed and the launch's number. A GPU runs them concurrently, so a kernel that
+// reads what another thread writes without a barrier between gets what the order gives; running
+// its tests in the three orders shows such a race as a changed result. The same syntax as the
+// block order (parse_block_order), read from DQ_EMU_THREAD_ORDER.
+bool parse_thread_order(const char* text, BlockOrdering* out, std::string* error);
+void set_thread_order(const BlockOrdering& ordering);
+BlockOrdering thread_order();
+
 // Bytes of each fiber's stack (a kernel's locals live there); one guard page below it.
 inline constexpr size_t kFiberStackBytes = 64 * 1024;
 
@@ -223,6 +234,13 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*body)(
 // The order for the next launch on this thread and its number there (since the order was last
 // set); false, with the reason, when DQ_EMU_BLOCK_ORDER holds no order.
 bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* error);
+// The thread order for the next launch; false, with the reason, when DQ_EMU_THREAD_ORDER holds no
+// order.
+bool launch_thread_order(BlockOrdering* ordering, std::string* error);
+// The CUDA name of a warp collective ("__shfl_xor_sync").
+const char* collective_name(Op op);
+// "0-199, 256" from a sorted list of thread numbers (the emulator's fault messages).
+std::string thread_ranges(const std::vector<int>& ids);
 // The running thread polled a word that is not ready: a fault (dq::cuda::poll_missed()).
 [[noreturn]] void poll_missed(const std::source_location& loc);
 void barrier(const std::source_location& loc);

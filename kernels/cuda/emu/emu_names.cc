@@ -1,4 +1,8 @@
-// The emulator's names for its faults and for the CUDA error codes it returns.
+// The emulator's names for its faults, its warp collectives, runs of thread numbers and the CUDA
+// error codes it returns.
+#include <string>
+#include <vector>
+
 #include "kernels/cuda/emu/emu.h"
 
 namespace dq::emu {
@@ -33,6 +37,47 @@ const char* fault_name(Fault f) {
   return "?";
 }
 
+namespace detail {
+
+const char* collective_name(Op op) {
+  switch (op) {
+    case Op::kIdx:
+      return "__shfl_sync";
+    case Op::kUp:
+      return "__shfl_up_sync";
+    case Op::kDown:
+      return "__shfl_down_sync";
+    case Op::kXor:
+      return "__shfl_xor_sync";
+    case Op::kBallot:
+      return "__ballot_sync";
+    case Op::kAny:
+      return "__any_sync";
+    case Op::kAll:
+      return "__all_sync";
+    case Op::kSyncWarp:
+      return "__syncwarp";
+  }
+  return "?";
+}
+
+std::string thread_ranges(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(ids[i]);
+    if (j > i) {
+      s += '-';
+      s += std::to_string(ids[j]);
+    }
+    i = j + 1;
+  }
+  return s;
+}
+
+}  // namespace detail
 }  // namespace dq::emu
 
 const char* cudaGetErrorString(cudaError_t error) {

@@ -295,4 +295,34 @@ cudaError_t chain(int blocks, bool by_ticket, unsigned max_polls, unsigned* tick
   return cudaGetLastError();
 }
 
+__global__ void thread_order_kernel(unsigned* taken, unsigned* ran) {
+  const unsigned k = threadIdx.x, n = blockDim.x;
+  ran[atomicAdd(&taken[0], 1u)] = k;  // the launch's first round
+  __syncthreads();
+  ran[n + atomicAdd(&taken[1], 1u)] = k;  // after a barrier
+  __syncwarp();
+  ran[2 * n + atomicAdd(&taken[2], 1u)] = k;  // after each warp's __syncwarp
+}
+
+cudaError_t thread_order(int threads, unsigned* taken, unsigned* ran) {
+  DQ_LAUNCH(thread_order_kernel, dim3(1), dim3(threads), 0, nullptr, taken, ran);
+  return cudaGetLastError();
+}
+
+__global__ void neighbour_race_kernel(int with_barrier, unsigned* out) {
+  __shared__ unsigned s[kMaxRaceThreads];
+  const unsigned k = threadIdx.x, n = blockDim.x;
+  s[k] = k;
+  __syncthreads();
+  s[k] = 100 + k;
+  if (with_barrier != 0) __syncthreads();  // the same in every thread
+  out[k] = s[(k + 1) % n];                 // without the barrier: a race with thread k + 1
+}
+
+cudaError_t neighbour_race(int threads, bool with_barrier, unsigned* out) {
+  if (threads < 1 || threads > kMaxRaceThreads) return cudaErrorInvalidValue;
+  DQ_LAUNCH(neighbour_race_kernel, dim3(1), dim3(threads), 0, nullptr, with_barrier ? 1 : 0, out);
+  return cudaGetLastError();
+}
+
 }  // namespace dq::cuda::selftest

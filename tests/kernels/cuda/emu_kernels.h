@@ -62,5 +62,14 @@ cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* tick
 // A poll that misses calls poll_missed() (under the emulation: a kDeadlock fault).
 cudaError_t chain(int blocks, bool by_ticket, unsigned max_polls, unsigned* ticket, unsigned* done,
                   unsigned* timeouts);
+// Every thread of one block writes its threadIdx.x to ran[*taken[r]] and increments taken[r], in
+// three rounds r: at the launch's start, after a __syncthreads and after a __syncwarp. ran holds
+// 3 x threads entries: the order the threads ran in each round.
+cudaError_t thread_order(int threads, unsigned* taken, unsigned* ran);
+// Thread k writes 100 + k to a shared word, then reads its neighbour k + 1's word (mod threads)
+// into out[k]; with_barrier puts a __syncthreads between the write and the read. Without it, a
+// race: what the neighbour's word holds depends on the order the threads run in.
+inline constexpr int kMaxRaceThreads = 256;
+cudaError_t neighbour_race(int threads, bool with_barrier, unsigned* out);
 
 }  // namespace dq::cuda::selftest

@@ -70,6 +70,7 @@ TEST(CudaEmu, EarlyReturnBeforeBarrierIsADeadlock) {
 }
 
 TEST(CudaEmu, BarriersInBothBranchesAreDivergence) {
+  dq::emu::set_thread_order(dq::emu::BlockOrdering{});  // the threads named run in index order
   EXPECT_EQ(divergent_barrier(64), cudaErrorLaunchFailure);
   EXPECT_EQ(last_report().fault, Fault::kBarrierDivergence);
   const std::string& m = last_report().message;
@@ -219,6 +220,7 @@ TEST(CudaEmu, ReadingALaneOutsideTheMaskIsReported) {
 }
 
 TEST(CudaEmu, MismatchedCollectivesAreReported) {
+  dq::emu::set_thread_order(dq::emu::BlockOrdering{});  // the lanes named run in index order
   std::vector<int> out(32);
   EXPECT_EQ(mismatched_collectives(out.data()), cudaErrorLaunchFailure);
   EXPECT_EQ(last_report().fault, Fault::kWarpMismatch);
@@ -454,6 +456,129 @@ TEST(CudaEmuBlockOrder, HandOffsByIndexFailOutOfIndexOrder) {
       EXPECT_NE(m.find("block order " + dq::emu::block_order_name(o)), std::string::npos) << m;
     }
   }
+}
+
+// ---- thread order: the order in which released threads run -------------------------------------
+
+// Restores the index thread order when a test ends.
+struct ThreadOrderScope {
+  explicit ThreadOrderScope(const BlockOrdering& o) { dq::emu::set_thread_order(o); }
+  ~ThreadOrderScope() { dq::emu::set_thread_order(BlockOrdering{}); }
+};
+
+// The three rounds of thread_order() for `threads` threads, each checked to be every thread once.
+std::vector<std::vector<unsigned>> rounds_run(int threads) {
+  unsigned taken[3] = {0, 0, 0};
+  std::vector<unsigned> ran(3 * threads, 0xFFFFFFFFu);
+  EXPECT_EQ(thread_order(threads, taken, ran.data()), cudaSuccess) << last_report().message;
+  std::vector<std::vector<unsigned>> rounds;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(taken[r], static_cast<unsigned>(threads));
+    rounds.emplace_back(ran.begin() + r * threads, ran.begin() + (r + 1) * threads);
+    std::vector<unsigned> sorted = rounds.back();
+    std::sort(sorted.begin(), sorted.end());
+    for (int t = 0; t < threads; ++t)
+      EXPECT_EQ(sorted[t], static_cast<unsigned>(t)) << "round " << r;
+  }
+  return rounds;
+}
+
+TEST(CudaEmuThreadOrder, ReleasedThreadsRunInTheOrderAsked) {
+  const int n = 64;  // two warps
+  std::vector<unsigned> index(n), reverse(n);
+  std::iota(index.begin(), index.end(), 0u);
+  std::iota(reverse.rbegin(), reverse.rend(), 0u);
+  {
+    ThreadOrderScope scope(BlockOrdering{BlockOrder::kIndex, 0});
+    const auto r = rounds_run(n);
+    EXPECT_EQ(r[0], index);
+    // The thread that completes a barrier or a warp's collective carries on first.
+    std::vector<unsigned> after_barrier = {63};
+    for (unsigned t = 0; t < 63; ++t) after_barrier.push_back(t);
+    EXPECT_EQ(r[1], after_barrier);
+  }
+  {
+    ThreadOrderScope scope(BlockOrdering{BlockOrder::kReverse, 0});
+    const auto r = rounds_run(n);
+    EXPECT_EQ(r[0], reverse);
+    EXPECT_EQ(r[1], reverse);
+    EXPECT_EQ(r[2], reverse);  // warp 1's lanes 63..32 released first, then warp 0's
+  }
+  std::vector<std::vector<unsigned>> shuffles[2];
+  for (uint64_t seed : {1ull, 2ull}) {
+    ThreadOrderScope scope(BlockOrdering{BlockOrder::kShuffle, seed});
+    dq::emu::set_block_order(BlockOrdering{});  // restarts the launch numbering: launch 0 again
+    const auto r = rounds_run(n);
+    for (const auto& round : r) {
+      EXPECT_NE(round, index) << "seed " << seed;
+      EXPECT_NE(round, reverse) << "seed " << seed;
+    }
+    EXPECT_NE(r[0], r[1]) << "each release draws its own order";
+    shuffles[seed - 1] = r;
+    dq::emu::set_block_order(BlockOrdering{});
+    EXPECT_EQ(rounds_run(n), r) << "seed " << seed << " reproduces";
+  }
+  EXPECT_NE(shuffles[0], shuffles[1]);
+}
+
+// The defect the orders exist to expose: a read of another thread's shared word with no barrier
+// after its write. Index order hides it for every reader but the last; reverse order shows it to
+// every reader; with the barrier every order gives the same, right result.
+TEST(CudaEmuThreadOrder, AMissingBarrierChangesTheResultOutOfIndexOrder) {
+  const int n = 64;
+  std::vector<unsigned> right(n);
+  for (int k = 0; k < n; ++k) right[k] = 100 + (k + 1) % n;
+  std::vector<unsigned> by_order[3];
+  const BlockOrdering orders[3] = {
+      {BlockOrder::kIndex, 0}, {BlockOrder::kReverse, 0}, {BlockOrder::kShuffle, 7}};
+  for (int o = 0; o < 3; ++o) {
+    ThreadOrderScope scope(orders[o]);
+    std::vector<unsigned> out(n, 0);
+    ASSERT_EQ(neighbour_race(n, true, out.data()), cudaSuccess) << last_report().message;
+    EXPECT_EQ(out, right) << dq::emu::block_order_name(orders[o]);
+    by_order[o].assign(n, 0);
+    ASSERT_EQ(neighbour_race(n, false, by_order[o].data()), cudaSuccess);
+  }
+  // Index: thread k < 62 reads thread k + 1's word before k + 1 runs (thread 63 ran first).
+  for (int k = 0; k < n - 2; ++k) EXPECT_EQ(by_order[0][k], static_cast<unsigned>(k + 1)) << k;
+  // Reverse: thread k + 1 wrote before thread k reads, for every k but the last.
+  for (int k = 0; k < n - 1; ++k) EXPECT_EQ(by_order[1][k], right[k]) << k;
+  EXPECT_NE(by_order[0], by_order[1]);
+  EXPECT_NE(by_order[2], by_order[0]);
+  EXPECT_NE(by_order[2], by_order[1]);
+}
+
+TEST(CudaEmuThreadOrder, BadOrdersAreRefusedByName) {
+  BlockOrdering o;
+  std::string error;
+  EXPECT_FALSE(dq::emu::parse_thread_order("backwards", &o, &error));
+  EXPECT_NE(error.find("thread order \"backwards\""), std::string::npos) << error;
+  ASSERT_TRUE(dq::emu::parse_thread_order("shuffle:3", &o, &error));
+  EXPECT_EQ(o.order, BlockOrder::kShuffle);
+  EXPECT_EQ(o.seed, 3u);
+}
+
+// DQ_EMU_THREAD_ORDER is read at a process's first launch: each case in a fresh process.
+void thread_order_under_environment(const char* value, bool valid) {
+  setenv("DQ_EMU_THREAD_ORDER", value, 1);
+  unsigned taken[3] = {0, 0, 0}, ran[3 * 32];
+  const cudaError_t e = thread_order(32, taken, ran);
+  if (!valid) {
+    const std::string& m = last_report().message;
+    std::exit(e == cudaErrorInvalidConfiguration && last_report().fault == Fault::kBadConfig &&
+                      m.find("DQ_EMU_THREAD_ORDER") != std::string::npos &&
+                      m.find(std::string("\"") + value + "\"") != std::string::npos && taken[0] == 0
+                  ? 0
+                  : 1);
+  }
+  std::exit(e == cudaSuccess && ran[0] == 31 && ran[31] == 0 ? 0 : 1);
+}
+
+TEST(CudaEmuThreadOrderDeathTest, TheEnvironmentSetsTheOrderAndABadValueFailsEveryLaunch) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(thread_order_under_environment("reverse", true), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(thread_order_under_environment("shuffle:", false), testing::ExitedWithCode(0),
+              "DQ_EMU_THREAD_ORDER");
 }
 
 // Throughput of the emulator, per second of this process's CPU time (the machines are shared, so
