@@ -81,7 +81,9 @@ __device__ __forceinline__ T atomic_or_global(T* p, T v) {
 #undef DQ_COUNT_ATOMIC
 
 // Called by a thread whose poll of a word another block writes found it not ready yet (a wait
-// for a block with a lower ticket). On a GPU nothing: the thread polls again. Under the emulation
+// for a block with a lower ticket). On a GPU a pause of about kPollPauseNs before the next poll,
+// so the waiting blocks do not keep the word's cache line busy while the blocks they wait for
+// update it (words next to it, in a StepWord). Under the emulation
 // a fault (kDeadlock, naming the thread, the call site and the block order): blocks run one at a
 // time and a thread runs until it reaches a barrier or a warp collective, so nothing can write
 // the word while it polls; the block it waits for has not run, and a bounded poll would spin to its
@@ -91,7 +93,10 @@ inline void poll_missed(std::source_location loc = std::source_location::current
   ::dq::emu::detail::poll_missed(loc);
 }
 #else
-__device__ __forceinline__ void poll_missed() {}
+constexpr unsigned kPollPauseNs = 64;  // about a tenth of an L2 round trip's latency and more
+__device__ __forceinline__ void poll_missed() {
+  __nanosleep(kPollPauseNs);
+}
 #endif
 }  // namespace dq::cuda
 

@@ -21,6 +21,13 @@ namespace dq::cuda {
 // In a flags word: it is a StepWord's `flags`, which the step's last kernel folds. No kernel
 // raises it.
 constexpr unsigned kFoldFlag = 0x40000000u;
+// Raised by a block whose bounded wait for another block of its launch ran out (FinishGate). A
+// block waits only for lower tickets, which run to their end, so it is never expected; it turns a
+// broken invariant into a failed step (an internal error) instead of a kernel that never ends.
+constexpr unsigned kWaitGaveUpFlag = 0x20000000u;
+// Polls of a FinishGate wait before kWaitGaveUpFlag: at least 2^24 x kPollPauseNs (about 1 s),
+// seconds with the polls' own latency, against validators that finish in milliseconds.
+constexpr unsigned kMaxGatePolls = 1u << 24;
 
 // Device memory (the real device) or the stepping thread's stack (the emulated one).
 struct StepWord {
@@ -81,6 +88,10 @@ class StepFold {
     const unsigned f = word & ~(kFoldFlag | kSkipFlag);
     if (f != 0 && (word & kSkipFlag) == 0 && w->error != nullptr) {
       const uint32_t e = (f & w->malformed_mask) != 0 ? w->malformed : w->internal;
+      // The host compare-and-swaps the same mapped word for its own failures. Where the platform
+      // lacks host-native atomics (cudaDevAttrHostNativeAtomicSupported 0: PCIe x86 hosts) the
+      // two need not be atomic with each other: both write a non-zero code to a zero word, so the
+      // lane still fails, but the code kept may be the later failure's.
 #if DQ_CUDA_EMULATED
       atomicCAS(w->error, 0u, e);
 #else
@@ -145,8 +156,16 @@ class FinishGate {
   __device__ bool chunk_failed() {
     if (threadIdx.x == 0) {
       // Under the emulation a block runs whole before the next starts, so every lower ticket is
-      // done: a miss there is a broken invariant and a wait that never ends (a fault).
-      while (*static_cast<volatile unsigned*>(&w_->validated) < validators_) poll_missed();
+      // done: a miss there is a broken invariant and a wait that never ends (a fault). On a GPU
+      // the wait is bounded, and running out of it fails the step.
+      for (unsigned poll = 0; *static_cast<volatile unsigned*>(&w_->validated) < validators_;
+           ++poll) {
+        if (poll == kMaxGatePolls) {
+          atomicOr(&w_->flags, kWaitGaveUpFlag);
+          break;
+        }
+        poll_missed();
+      }
       __threadfence();  // every validator's flags after its count
       *s_ = *static_cast<volatile unsigned*>(&w_->flags);
     }
