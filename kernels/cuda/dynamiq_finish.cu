@@ -132,9 +132,8 @@ __device__ void finish_validate_batch(const DynamiqDeviceParams& d, const Finish
     }
     if (bits == 16) continue;
     const uint8_t* rec = staged_record(sh, m, s);
-    float scale;
-    (void)record_code(d.hierarchical_scales, bits, rec, k, max_mag[width_index(bits)], &scale,
-                      &bad);
+    // Each value's code; the scales once a record (threads 0..15, a group each), not per value.
+    (void)record_code_only(d.hierarchical_scales, bits, rec, k, max_mag[width_index(bits)], &bad);
     bad |= record_scales_bad(d.hierarchical_scales, bits, rec, k);
   }
   if (bad) atomicOr(error, kDynamiqBadRecord);

@@ -599,8 +599,9 @@ TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {
 // Invalid scale bytes in either input of a two-input hop (a zero group factor, a negative unit,
 // a negative flat group scale): the device flags the record as the host does, and both still
 // write the same message. The hop decodes its first input's scales once a record and a further
-// input's at every value, so each input is corrupted in turn.
-TEST(CudaDynamiqHop, ABadScaleInEitherInputIsFlaggedLikeTheHost) {
+// input's at every value, so each input is corrupted in turn. The finish of that message alone
+// is refused and writes nothing (its validators check the scales once a record).
+TEST(CudaDynamiqHop, ABadScaleIsFlaggedLikeTheHostByTheHopAndTheFinish) {
   DynamiqOptions flat;
   flat.hierarchical_scales = false;
   for (const DynamiqOptions& opt : {DynamiqOptions{}, flat}) {
@@ -638,6 +639,16 @@ TEST(CudaDynamiqHop, ABadScaleInEitherInputIsFlaggedLikeTheHost) {
       ASSERT_EQ(device_hop(s, 0, ptrs, 2, &dev, key, &error), cudaSuccess) << kernel_fault();
       EXPECT_EQ(error, unsigned{kDynamiqBadRecord}) << "input " << input << ", byte " << byte;
       EXPECT_EQ(host, dev) << "input " << input << ", byte " << byte;
+      // The finish of the corrupted message alone: refused, the output untouched.
+      std::vector<float> h(s.cfg.count, 5.0f), d(s.cfg.count, 5.0f);
+      EXPECT_EQ(s.codec->decode_finish(s.host_layout.data(), 0, views[input], h.data(), DType::kF32,
+                                       ReduceOp::kSum, 1),
+                Status::kMalformedPayload);
+      error = 0;
+      ASSERT_EQ(device_finish(s, 0, in[input], &d, false, false, 1, &error), cudaSuccess)
+          << kernel_fault();
+      EXPECT_EQ(error, unsigned{kDynamiqBadRecord}) << "finish, byte " << byte;
+      EXPECT_EQ(d, h) << "finish, byte " << byte;
     };
     for (int input = 0; input < 2; ++input) {
       if (opt.hierarchical_scales)
