@@ -133,7 +133,7 @@ __device__ void finish_validate_batch(const DynamiqDeviceParams& d, const Finish
     if (bits == 16) continue;
     const uint8_t* rec = staged_record(sh, m, s);
     // Each value's code; the scales once a record (threads 0..15, a group each), not per value.
-    (void)record_code_only(d.hierarchical_scales, bits, rec, k, max_mag[width_index(bits)], &bad);
+    (void)record_code(d.hierarchical_scales, bits, rec, k, max_mag[width_index(bits)], &bad);
     bad |= record_scales_bad(d.hierarchical_scales, bits, rec, k);
   }
   if (bad) atomicOr(error, kDynamiqBadRecord);
@@ -182,7 +182,7 @@ __device__ void finish_decode_batch(const DynamiqDeviceParams& d, const FinishMe
       v += bf16_to_f32(get16(rec + 2 * k));
     } else {
       const LevelTable& t = sh.levels[width_index(bits)];
-      const uint32_t code = record_code_only(d.hierarchical_scales, bits, rec, k, t.max_mag, &bad);
+      const uint32_t code = record_code(d.hierarchical_scales, bits, rec, k, t.max_mag, &bad);
       v += decode_code(t, code, sh.scale[kGroupsPerSuperGroup * s + k / kGroup]);
     }
     const float shift = bits == 16 ? 0.0f : contributors * b.mean[s];

@@ -283,7 +283,7 @@ __device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_
         v += decode_value(sh.levels, d.hierarchical_scales, bits, r, k, &bad);
       } else {
         const LevelTable& t = sh.levels[width_index(bits)];
-        const uint32_t code = record_code_only(d.hierarchical_scales, bits, r, k, t.max_mag, &bad);
+        const uint32_t code = record_code(d.hierarchical_scales, bits, r, k, t.max_mag, &bad);
         v += decode_code(t, code, sh.first_scale[kGroupsPerSuperGroup * s + k / kGroup]);
       }
       continue;

@@ -68,42 +68,33 @@ __device__ __forceinline__ float record_group_scale(bool hierarchical, const uin
 }
 
 // Value k's code in a record at `bits` < 16 wide; *bad is set for a code above 2L (L = max_mag).
-__device__ __forceinline__ uint32_t record_code_only(bool hierarchical, int bits,
-                                                     const uint8_t* rec, int k, int max_mag,
-                                                     bool* bad) {
+__device__ __forceinline__ uint32_t record_code(bool hierarchical, int bits, const uint8_t* rec,
+                                                int k, int max_mag, bool* bad) {
   const uint8_t* codes = rec + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
   const uint32_t code = code_at(codes, bits, k);
   *bad |= code > static_cast<uint32_t>(2 * max_mag);
   return code;
 }
 
-// Value k's code in a record at `bits` < 16 wide and, in *scale, its group's scale; *bad is set
-// where the record holds invalid content that this value reads (record_group_scale(),
-// record_code_only()). The finish's validation and every decode share it.
-__device__ __forceinline__ uint32_t record_code(bool hierarchical, int bits, const uint8_t* rec,
-                                                int k, int max_mag, float* scale, bool* bad) {
-  *scale = record_group_scale(hierarchical, rec, k / kGroup, bad);
-  return record_code_only(hierarchical, bits, rec, k, max_mag, bad);
-}
-
-// Value k of a record (accumulate_record()'s decoded term) at `bits` wide; *bad as record_code().
-// A width-16 record is always valid.
+// Value k of a record (accumulate_record()'s decoded term) at `bits` wide; *bad is set where the
+// record holds invalid content that this value reads (its group's scale, its code). A width-16
+// record is always valid.
 __device__ __forceinline__ float decode_value(const LevelTable* levels, bool hierarchical, int bits,
                                               const uint8_t* rec, int k, bool* bad) {
   if (bits == 16) return bf16_to_f32(get16(rec + 2 * k));
   const LevelTable& t = levels[width_index(bits)];
-  float scale;
-  const uint32_t code = record_code(hierarchical, bits, rec, k, t.max_mag, &scale, bad);
-  return decode_code(t, code, scale);
+  const float scale = record_group_scale(hierarchical, rec, k / kGroup, bad);
+  return decode_code(t, record_code(hierarchical, bits, rec, k, t.max_mag, bad), scale);
 }
 
-// Checks of the whole record that decode_value() makes per value, for the values it skips:
-// every group's scale and the record's unit (record_valid()).
+// The checks of the record's scales for thread k < 16 (group k's scale and the unit), so that a
+// block checks every scale once (record_valid()) whatever values it decodes.
 __device__ __forceinline__ bool record_scales_bad(bool hierarchical, int bits, const uint8_t* rec,
                                                   int k) {
   if (bits == 16 || k >= kGroupsPerSuperGroup) return false;
-  if (hierarchical) return (rec[1] & 0x80) != 0 || rec[2 + k] == 0;
-  return (rec[2 * k + 1] & 0x80) != 0;
+  bool bad = false;
+  (void)record_group_scale(hierarchical, rec, k, &bad);
+  return bad;
 }
 
 // Whether a record (its offset in the body, `bits` wide) ends past the message's capacity: the
