@@ -8,11 +8,13 @@
 // 256 Philox blocks of rounding bits (rounding_block(): block j*32 + 8*(g % 4) + (k % 8), word
 // g / 4, half (k / 8) % 2) and threads 0..127 one group's stratum of the shared permutation
 // (correlated rounding), and warp s copies member s's own values and first input record to
-// shared memory (16-byte vector loads where aligned). Per super-group:
+// shared memory (16-byte vector loads where aligned) and decodes that record's group scales.
+// Per super-group:
 //  - v = own - mu, plus each input's decoded value in input order (the host's order), a further
 //    input's record copied to shared memory first;
-//  - group maxima on the magnitude bits (16-lane shuffles), the super-group maximum over the 16
-//    groups, the unit and group factors (group_factor(), as the host's scalar path);
+//  - group maxima on the magnitude bits (16-lane shuffles); then warp 0 alone, once: the
+//    super-group maximum, the unit and group factors (group_factor(), as the host's scalar path),
+//    published to every thread in shared memory;
 //  - each value rounded with round_up_threshold / round_up_coarse / round_up_tie on the host's
 //    level tables; codes packed LSB first by shuffles within the warp.
 // The finish is kernels/cuda/dynamiq_finish.cu; what both decode with is dynamiq_record.cuh.
