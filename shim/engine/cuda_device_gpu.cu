@@ -7,9 +7,11 @@
 // (shim/engine/cuda_steps.h: parameters, argument checks, flags to Status, level tables):
 // - memory: device memory from the device's own stream-ordered pool, which every peer GPU may
 //   access (make_pool), allocated on a private stream and waited for (allocation is plan time),
-//   released with cudaFreeAsync on the given stream; mapped memory from cudaHostAlloc(mapped),
-//   released once the given stream's work is done (teardown and the canary only, both allowed
-//   to block, bounded);
+//   released with cudaFreeAsync on the given stream (at teardown, on the private stream); mapped
+//   memory from cudaHostAlloc(mapped), never freed: a released block is kept for a later
+//   allocation, once the work its stream had queued is done (reuse_pinned). cudaFree and
+//   cudaFreeHost wait for the whole device, other communicators' NCCL kernels included, which
+//   spin forever when a peer died: a teardown or an abort would hang on them;
 // - streams and events: cudaStream_t (non-blocking) and cudaEvent_t (timing off); a wait refers to
 //   the event's latest record (cudaStreamWaitEvent);
 // - copies: cudaMemcpyAsync on the lane's stream; NCCL calls: issued at once, on the stream the
@@ -29,8 +31,9 @@
 //   every DynamiQ step's stream waits for it (a no-op once it completed). The PreparedCodec holds
 //   the device tables and the event, so a step makes no allocation and no copy of its own;
 // - every host wait polls an event, bounded by DYNAMIQ_TIMEOUT_MS (NVIDIA's NCCL waits for a
-//   silent peer forever); nothing waits inside a call; no cudaMalloc/cudaFree on the call path
-//   (only the stream-ordered allocator), pageable level tables copied H2D (staged, no device sync).
+//   silent peer forever); nothing waits inside a call; no cudaMalloc/cudaFree/cudaFreeHost
+//   anywhere with pools (only the stream-ordered allocator and the parked pinned blocks),
+//   pageable level tables copied H2D (staged, no device sync).
 #include "shim/engine/cuda_device_gpu.h"
 
 #include <cuda_runtime.h>
@@ -45,7 +48,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -142,27 +145,38 @@ class CudaGpuDevice final : public Device {
     *out = nullptr;
     if (!pools_) return cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
     // Plan time: waiting for the private stream makes the memory usable on any stream at once.
-    DQ_CHECK(cuda_status(cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_),
-                         "cudaMallocFromPoolAsync"));
+    cudaError_t e = cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_);
+    if (e == cudaErrorMemoryAllocation) {
+      // The pool keeps what retired plans freed (make_pool); hand it back and try once more.
+      (void)cudaGetLastError();
+      (void)drain(alloc_stream_, "an allocation");  // the frees queued so far, complete
+      cudaMemPoolTrimTo(pool_, 0);
+      e = cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_);
+    }
+    DQ_CHECK(cuda_status(e, "cudaMallocFromPoolAsync"));
     return drain(alloc_stream_, "an allocation");
   }
   Status alloc_mapped(size_t bytes, void** out) override {
     OnDevice on(ordinal_);
     RelaxedCapture relaxed;
-    *out = nullptr;
-    DQ_CHECK(cuda_status(cudaHostAlloc(out, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
-                         "cudaHostAlloc"));
     std::lock_guard<std::mutex> lock(m_);
-    mapped_.insert(*out);
+    DQ_CHECK(pinned(bytes, out));
+    mapped_[*out] = bytes;
     return Status::kOk;
   }
   void release(void* p, StreamHandle stream) override {
     if (p == nullptr) return;
     OnDevice on(ordinal_);
-    bool mapped;
+    RelaxedCapture relaxed;  // an event recorded, a free queued: never another thread's capture
+    auto s = static_cast<cudaStream_t>(stream);
+    size_t mapped_bytes = 0;
     {
       std::lock_guard<std::mutex> lock(m_);
-      mapped = mapped_.erase(p) != 0;
+      const auto m = mapped_.find(p);
+      if (m != mapped_.end()) {
+        mapped_bytes = m->second;
+        mapped_.erase(m);
+      }
       // A later word at the same address is another lane's, with StepWords of its own; these
       // are freed with their stream (their kernels may still be queued).
       for (auto it = words_.begin(); it != words_.end();)
@@ -172,17 +186,18 @@ class CudaGpuDevice final : public Device {
         } else {
           ++it;
         }
+      if (s == nullptr && leak_.load()) return;  // a stream's work may still use it
+      if (mapped_bytes != 0) {
+        park_pinned(p, mapped_bytes, s);  // reused once `s`'s work so far is done
+        return;
+      }
     }
-    auto s = static_cast<cudaStream_t>(stream);
-    if (s == nullptr && leak_.load()) return;  // a stream's work may still use it (destroy_stream)
-    if (mapped) {
-      // Mapped words are released at teardown and by the canary, after their last use: once the
-      // stream's work is done, or never (a warning) when it does not end in time.
-      if (s == nullptr || drain(s, "releasing mapped memory") == Status::kOk) cudaFreeHost(p);
-    } else if (pools_ && s != nullptr) {
-      cudaFreeAsync(p, s);  // stream-ordered: freed once the stream's work so far completed
+    if (pools_) {
+      // Stream-ordered, never a device-wide wait: at teardown on the private stream (the
+      // engine's streams were drained before it releases without one).
+      cudaFreeAsync(p, s != nullptr ? s : alloc_stream_);
     } else {
-      cudaFree(p);  // no stream (teardown): cudaFree waits for the device
+      cudaFree(p);  // no pools (CUDA below 11.2's allocator): cudaFree waits for the device
     }
   }
 
@@ -197,6 +212,7 @@ class CudaGpuDevice final : public Device {
   }
   void destroy_stream(StreamHandle stream) override {
     OnDevice on(ordinal_);
+    RelaxedCapture relaxed;
     auto s = static_cast<cudaStream_t>(stream);
     std::vector<StepSlot> words;  // the stream's StepWords
     {
@@ -225,7 +241,10 @@ class CudaGpuDevice final : public Device {
     for (const StepSlot& w : words) {
       if (pools_) cudaFreeAsync(w.device, s);
       if (!pools_ && done) cudaFree(w.device);
-      if (done) cudaFreeHost(w.image);
+      if (done) {
+        std::lock_guard<std::mutex> lock(m_);
+        park_pinned(w.image, sizeof(cuda::StepWord), nullptr);
+      }
     }
     cudaStreamDestroy(s);
   }
@@ -562,6 +581,7 @@ class CudaGpuDevice final : public Device {
   // Waits for the work enqueued on `s` so far, at most DYNAMIQ_TIMEOUT_MS (an event recorded now,
   // polled); kTimeout with a warning naming `what` when it does not complete.
   Status drain(cudaStream_t s, const char* what) {
+    RelaxedCapture relaxed;
     cudaEvent_t e = nullptr;
     Status st =
         cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
@@ -592,8 +612,7 @@ class CudaGpuDevice final : public Device {
     w.stream = key;
     void* image = nullptr;
     void* d = nullptr;
-    Status s = cuda_status(cudaHostAlloc(&image, sizeof(cuda::StepWord), cudaHostAllocPortable),
-                           "cudaHostAlloc");
+    Status s = pinned(sizeof(cuda::StepWord), &image);
     if (s == Status::kOk)
       s = pools_ ? cuda_status(cudaMallocFromPoolAsync(&d, sizeof(cuda::StepWord), pool_, stream),
                                "cudaMallocAsync")
@@ -609,12 +628,49 @@ class CudaGpuDevice final : public Device {
     if (s != Status::kOk) {  // nothing of it reached the stream but the allocation
       if (d != nullptr && pools_) cudaFreeAsync(d, stream);
       if (d != nullptr && !pools_) cudaFree(d);
-      if (image != nullptr) cudaFreeHost(image);
+      if (image != nullptr) park_pinned(image, sizeof(cuda::StepWord), nullptr);
       return s;
     }
     words_[{key, error}] = w;
     *out = &w.device->flags;
     return Status::kOk;
+  }
+
+  // Pinned, mapped host memory of at least `bytes` (m_ held): a parked block whose stream work
+  // is done, of at most twice the size, else a new one (cudaHostAlloc).
+  Status pinned(size_t bytes, void** out) {
+    *out = nullptr;
+    for (auto it = parked_.begin(); it != parked_.end(); ++it) {
+      if (it->bytes < bytes || it->bytes > 2 * bytes) continue;
+      if (it->after != nullptr) {
+        const cudaError_t q = cudaEventQuery(it->after);
+        if (q != cudaSuccess) {
+          if (q != cudaErrorNotReady) (void)cudaGetLastError();
+          continue;
+        }
+        cudaEventDestroy(it->after);
+      }
+      *out = it->p;
+      parked_.erase(it);
+      return Status::kOk;
+    }
+    return cuda_status(cudaHostAlloc(out, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
+                       "cudaHostAlloc");
+  }
+  // Keeps a released pinned block for pinned() (m_ held), usable once the work `after` has
+  // queued so far is done (nullptr: at once). Never cudaFreeHost (the file's comment). A block
+  // whose event cannot be recorded is left allocated, never reused.
+  void park_pinned(void* p, size_t bytes, cudaStream_t after) {
+    cudaEvent_t e = nullptr;
+    if (after != nullptr) {
+      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(e, after) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e != nullptr) cudaEventDestroy(e);
+        return;
+      }
+    }
+    parked_.push_back(Parked{p, bytes, e});
   }
 
   const int ordinal_;
@@ -625,7 +681,14 @@ class CudaGpuDevice final : public Device {
   cudaMemPool_t pool_ = nullptr;   // pools_: the device's own (make_pool)
   cudaStream_t alloc_stream_ = nullptr;
   std::mutex m_;
-  std::unordered_set<void*> mapped_;
+  std::unordered_map<void*, size_t> mapped_;  // mapped blocks handed out, and their bytes
+  // Released pinned blocks (park_pinned), each usable once its event completed.
+  struct Parked {
+    void* p;
+    size_t bytes;
+    cudaEvent_t after;  // nullptr: at once
+  };
+  std::vector<Parked> parked_;
   // A StepWord (kernels/cuda/step_fold.h) in device memory and the pinned image it was filled
   // from, on `stream`.
   struct StepSlot {
