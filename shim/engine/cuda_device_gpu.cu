@@ -8,10 +8,8 @@
 // - memory: device memory from the device's own stream-ordered pool, which every peer GPU may
 //   access (make_pool), allocated on a private stream and waited for (allocation is plan time),
 //   released with cudaFreeAsync on the given stream (at teardown, on the private stream); mapped
-//   memory from cudaHostAlloc(mapped), never freed: a released block is kept for a later
-//   allocation, once the work its stream had queued is done (reuse_pinned). cudaFree and
-//   cudaFreeHost wait for the whole device, other communicators' NCCL kernels included, which
-//   spin forever when a peer died: a teardown or an abort would hang on them;
+//   memory from cudaHostAlloc(mapped), never freed but parked for reuse (park_pinned): cudaFree
+//   and cudaFreeHost wait for the whole device, other communicators' NCCL kernels too;
 // - streams and events: cudaStream_t (non-blocking) and cudaEvent_t (timing off); a wait refers to
 //   the event's latest record (cudaStreamWaitEvent);
 // - copies: cudaMemcpyAsync on the lane's stream; NCCL calls: issued at once, on the stream the
@@ -146,8 +144,7 @@ class CudaGpuDevice final : public Device {
     if (!pools_) return cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
     // Plan time: waiting for the private stream makes the memory usable on any stream at once.
     cudaError_t e = cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_);
-    if (e == cudaErrorMemoryAllocation) {
-      // The pool keeps what retired plans freed (make_pool); hand it back and try once more.
+    if (e == cudaErrorMemoryAllocation) {  // the pool keeps retired plans' memory: hand it back
       (void)cudaGetLastError();
       (void)drain(alloc_stream_, "an allocation");  // the frees queued so far, complete
       cudaMemPoolTrimTo(pool_, 0);
@@ -657,9 +654,8 @@ class CudaGpuDevice final : public Device {
     return cuda_status(cudaHostAlloc(out, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
                        "cudaHostAlloc");
   }
-  // Keeps a released pinned block for pinned() (m_ held), usable once the work `after` has
-  // queued so far is done (nullptr: at once). Never cudaFreeHost (the file's comment). A block
-  // whose event cannot be recorded is left allocated, never reused.
+  // Keeps a released pinned block for pinned() (m_ held), usable once what `after` has queued
+  // is done (nullptr: at once); left allocated, never reused, when no event can be recorded.
   void park_pinned(void* p, size_t bytes, cudaStream_t after) {
     cudaEvent_t e = nullptr;
     if (after != nullptr) {
