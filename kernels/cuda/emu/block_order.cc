@@ -13,13 +13,18 @@
 namespace dq::emu {
 namespace {
 
+// One order setting: set by a test, or read once from its environment variable (g_order_mutex).
+struct OrderSetting {
+  const char* variable;  // DQ_EMU_..._ORDER
+  const char* what;      // its name in a parse error
+  BlockOrdering ordering;
+  bool known = false;  // set, or read from the environment
+  std::string error;   // the environment's value was no order: every launch fails
+};
+
 std::mutex g_order_mutex;
-BlockOrdering g_ordering;
-bool g_ordering_known = false;  // set, or read from the environment
-std::string g_environment_error;
-BlockOrdering g_thread_ordering;
-bool g_thread_ordering_known = false;
-std::string g_thread_environment_error;
+OrderSetting g_blocks{"DQ_EMU_BLOCK_ORDER", "block order", {}, false, {}};
+OrderSetting g_threads{"DQ_EMU_THREAD_ORDER", "thread order", {}, false, {}};
 // Bumped by set_block_order: a thread's launch numbering restarts when it sees a new generation.
 std::atomic<uint64_t> g_generation{0};
 thread_local uint64_t t_generation = 0;
@@ -49,6 +54,36 @@ bool parse_ordering(const char* text, const char* what, BlockOrdering* out, std:
   return false;
 }
 
+void set_order(OrderSetting* o, const BlockOrdering& ordering) {
+  std::lock_guard<std::mutex> lock(g_order_mutex);
+  o->ordering = ordering;
+  o->known = true;
+  o->error.clear();
+}
+
+BlockOrdering order_of(const OrderSetting& o) {
+  std::lock_guard<std::mutex> lock(g_order_mutex);
+  return o.ordering;
+}
+
+// The order a launch uses (g_order_mutex held): the set one, else the environment's, read once;
+// false, with the reason, when the variable holds no order.
+bool settled_order(OrderSetting* o, BlockOrdering* ordering, std::string* error) {
+  if (!o->known) {
+    o->known = true;
+    const char* text = std::getenv(o->variable);
+    std::string why;
+    if (text != nullptr && !parse_ordering(text, o->what, &o->ordering, &why))
+      o->error = std::string(o->variable) + ": " + why;
+  }
+  if (!o->error.empty()) {
+    *error = o->error;
+    return false;
+  }
+  *ordering = o->ordering;
+  return true;
+}
+
 }  // namespace
 
 bool parse_block_order(const char* text, BlockOrdering* out, std::string* error) {
@@ -60,15 +95,11 @@ bool parse_thread_order(const char* text, BlockOrdering* out, std::string* error
 }
 
 void set_thread_order(const BlockOrdering& ordering) {
-  std::lock_guard<std::mutex> lock(g_order_mutex);
-  g_thread_ordering = ordering;
-  g_thread_ordering_known = true;
-  g_thread_environment_error.clear();
+  set_order(&g_threads, ordering);
 }
 
 BlockOrdering thread_order() {
-  std::lock_guard<std::mutex> lock(g_order_mutex);
-  return g_thread_ordering;
+  return order_of(g_threads);
 }
 
 std::string block_order_name(const BlockOrdering& ordering) {
@@ -77,16 +108,12 @@ std::string block_order_name(const BlockOrdering& ordering) {
 }
 
 void set_block_order(const BlockOrdering& ordering) {
-  std::lock_guard<std::mutex> lock(g_order_mutex);
-  g_ordering = ordering;
-  g_ordering_known = true;
-  g_environment_error.clear();
+  set_order(&g_blocks, ordering);
   g_generation.fetch_add(1);
 }
 
 BlockOrdering block_order() {
-  std::lock_guard<std::mutex> lock(g_order_mutex);
-  return g_ordering;
+  return order_of(g_blocks);
 }
 
 std::vector<uint64_t> block_sequence(const BlockOrdering& ordering, uint64_t blocks,
@@ -110,18 +137,7 @@ namespace detail {
 bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* error) {
   {
     std::lock_guard<std::mutex> lock(g_order_mutex);
-    if (!g_ordering_known) {
-      g_ordering_known = true;
-      const char* text = std::getenv("DQ_EMU_BLOCK_ORDER");
-      std::string why;
-      if (text != nullptr && !parse_block_order(text, &g_ordering, &why))
-        g_environment_error = "DQ_EMU_BLOCK_ORDER: " + why;
-    }
-    if (!g_environment_error.empty()) {
-      *error = g_environment_error;
-      return false;
-    }
-    *ordering = g_ordering;
+    if (!settled_order(&g_blocks, ordering, error)) return false;
   }
   const uint64_t generation = g_generation.load();
   if (t_generation != generation) {
@@ -134,19 +150,7 @@ bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* 
 
 bool launch_thread_order(BlockOrdering* ordering, std::string* error) {
   std::lock_guard<std::mutex> lock(g_order_mutex);
-  if (!g_thread_ordering_known) {
-    g_thread_ordering_known = true;
-    const char* text = std::getenv("DQ_EMU_THREAD_ORDER");
-    std::string why;
-    if (text != nullptr && !parse_thread_order(text, &g_thread_ordering, &why))
-      g_thread_environment_error = "DQ_EMU_THREAD_ORDER: " + why;
-  }
-  if (!g_thread_environment_error.empty()) {
-    *error = g_thread_environment_error;
-    return false;
-  }
-  *ordering = g_thread_ordering;
-  return true;
+  return settled_order(&g_threads, ordering, error);
 }
 
 }  // namespace detail
