@@ -270,7 +270,7 @@ class CudaGpuDevice final : public Device {
   // Bounded too (DYNAMIQ_TIMEOUT_MS): the canary's and the handshake's waits involve NCCL calls.
   Status synchronize(EventHandle e) override { return synchronize_for(e, timeout_ms_); }
   // Polls: cudaEventSynchronize cannot be bounded, and NVIDIA's NCCL waits for a silent peer
-  // forever. Spins first (the one-call-late wait mostly finds the event complete, or completing
+  // forever. Spins first (the control window's wait mostly finds the event complete, or completing
   // within microseconds), then sleeps 50 us between queries; the loop ends by the deadline.
   Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
     if (timeout_ms <= 0) timeout_ms = timeout_ms_;

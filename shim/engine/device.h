@@ -106,7 +106,7 @@ class Device {
   virtual Status record(EventHandle e, StreamHandle s) = 0;
   virtual Status wait(StreamHandle s, EventHandle e) = 0;
   // The host blocks until `e`'s latest record completed. Used by the blocking steps only: the
-  // handshake, a plan's agreement, and the one-call-late read of the previous call's words.
+  // handshake, a plan's agreement, and the read of the words of the call a control window back.
   virtual Status synchronize(EventHandle e) = 0;
   // The same, bounded: kTimeout when `e` has not completed within timeout_ms (> 0). The engine's
   // host waits on work that involves peers come here with DYNAMIQ_TIMEOUT_MS. The CUDA device
@@ -165,8 +165,8 @@ class Device {
   virtual Status parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane);
   // The budget's prediction of a call (DYNAMIQ_BITS=auto and the predicted-vNMSE metrics,
   // docs/ENGINE.md section 10) from its reduced statistics (device memory) into `out` (mapped
-  // memory the host reads one call late): run_budget_job() on the host device, the kernel of
-  // kernels/cuda/budget.cu on a CUDA device, with the same bits. `job` (mapped) is not written
+  // memory the host reads a control window later): run_budget_job() on the host device, the kernel
+  // of kernels/cuda/budget.cu on a CUDA device, with the same bits. `job` (mapped) is not written
   // until the host has waited for this step. `scratch`: `scratch_bytes` of device memory, at
   // least budget_scratch_bytes() of the job's parts (a smaller one fails the step).
   virtual Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,

@@ -100,13 +100,18 @@ Engine::~Engine() {
 Status Engine::setup_device() {
   DQ_CHECK(device_->create_stream(&comm_stream_));
   DQ_CHECK(device_->create_stream(&compute_stream_));
-  for (EventHandle* e :
-       {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_, &ev_compute_done_})
+  for (EventHandle* e : {&ev_start_, &ev_stats_, &ev_reduced_, &ev_comm_done_, &ev_compute_done_})
     DQ_CHECK(device_->create_event(e));
+  for (int slot = 0; slot < control_window(); ++slot) {
+    EventHandle e = nullptr;
+    DQ_CHECK(device_->create_event(&e));
+    ev_controls_.push_back(e);
+  }
+  const size_t control_bytes = static_cast<size_t>(control_block_words(control_window())) * 4;
   void* words = nullptr;
-  DQ_CHECK(device_->alloc_mapped(static_cast<size_t>(control_block_words()) * 4, &words));
+  DQ_CHECK(device_->alloc_mapped(control_bytes, &words));
   control_ = static_cast<uint32_t*>(words);
-  std::memset(control_, 0, static_cast<size_t>(control_block_words()) * 4);
+  std::memset(control_, 0, control_bytes);
   if (settings_.check_every > 0) {
     check_ = std::make_unique<Check>();
     DQ_CHECK(device_->alloc(Check::kBytes, &check_->in));
@@ -125,9 +130,10 @@ void Engine::teardown_device() {
   if (comm_stream_) device_->destroy_stream(comm_stream_);
   if (compute_stream_) device_->destroy_stream(compute_stream_);
   comm_stream_ = compute_stream_ = nullptr;
-  for (EventHandle* e :
-       {&ev_start_, &ev_control_, &ev_stats_, &ev_reduced_, &ev_comm_done_, &ev_compute_done_})
+  for (EventHandle* e : {&ev_start_, &ev_stats_, &ev_reduced_, &ev_comm_done_, &ev_compute_done_})
     if (*e) device_->destroy_event(*e), *e = nullptr;
+  for (EventHandle e : ev_controls_) device_->destroy_event(e);
+  ev_controls_.clear();
   for (EventHandle e : ev_units_) device_->destroy_event(e);
   ev_units_.clear();
   if (control_) device_->release(control_, nullptr);
@@ -199,12 +205,13 @@ PassReason Engine::decide(const CallArgs& call, const Screening& screening) cons
   return PassReason::kRerouted;
 }
 
-// One call late, the previous eligible call's words; and at the communicator's first call outside
-// a group or capture, the handshake (or, on a rank whose device could not be set up, its
-// device-less stand-in).
+// The communicator's asynchronous error (a lazy read, no wait); and at its first call outside a
+// group or capture, the handshake (or, on a rank whose device could not be set up, its
+// device-less stand-in). Nothing here waits for an earlier call: an eligible call does that
+// itself (absorb_window), and only for the call a control window back.
 ncclResult_t Engine::settle_agreement(const CallArgs& call, const Screening& screening) {
   if (comm_.nranks >= 2 && device_ != nullptr) {
-    if (const ncclResult_t r = absorb_previous_call(); r != ncclSuccess) return r;
+    if (const ncclResult_t r = async_error(); r != ncclSuccess) return r;
     if (state_ == State::kPending && !call.in_group && !call.capturing &&
         !screening.device_capturing)
       if (const ncclResult_t r = handshake(); r != ncclSuccess) return r;
@@ -230,9 +237,12 @@ ncclResult_t Engine::pass_switched_off(const CallArgs& call, PassReason* reason)
   return async_error();
 }
 
-// The budget: the fixed one, or auto's choice from this bucket's previous call. Its statistics
-// are complete: absorb_previous_call() waited for the latest control all-reduce, which the comm
-// stream ran after them. Nothing is enqueued between that wait and this read.
+// The budget: the fixed one, or auto's choice from this bucket's latest prediction that is
+// complete, i.e. made by a call whose control all-reduce absorb_window() has waited for (the
+// comm stream ran the prediction before it). Which predictions are complete depends only on the
+// count of eligible calls, so every rank reads the same ones. A prediction still in flight is
+// read by a later call of the bucket; until then the bucket keeps its choice and makes no new
+// one (its job and result are a single buffer).
 Engine::BudgetChoice Engine::choose_budget(const CallArgs& call, DType dtype) {
   BudgetChoice choice;
   choice.bucket = settings_.codec == "dynamiq" ? bucket_for(call, dtype) : nullptr;
@@ -240,7 +250,7 @@ Engine::BudgetChoice Engine::choose_budget(const CallArgs& call, DType dtype) {
   choice.spec = settings_.parsed_codec_spec;
   Bucket* bucket = choice.bucket;
   if (bucket == nullptr) return choice;
-  if (bucket->stats_pending) read_bucket(*bucket);
+  if (bucket->stats_pending && bucket->predicted_seq < control_absorbed_) read_bucket(*bucket);
   if (settings_.bits_auto && bucket->rung >= 0) {
     choice.bits = candidate_bits(bucket->rung);
     // The settings' own spec at its own budget; another rung of the same codec; or MX.
@@ -292,9 +302,12 @@ void Engine::account_call(const CallArgs& call, DType dtype, const Plan& plan,
   count(PassReason::kRerouted);
   note_outcome(PassReason::kRerouted, call);
   if (Bucket* bucket = choice.bucket) {
-    bucket->stats_pending = predicted;
+    if (predicted) {
+      bucket->stats_pending = true;
+      bucket->predicted_seq = control_sent_ - 1;  // this call's control
+      bucket->predicted_call = call_index;
+    }
     bucket->calls_since_stats = choice.with_stats ? 0 : bucket->calls_since_stats + 1;
-    bucket->last_call_index = call_index;
     note_budget(*bucket, plan);
   }
   if (metrics_) {
@@ -311,6 +324,7 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
   const auto t0 = std::chrono::steady_clock::now();
   *reason = PassReason::kSingleRank;
   if (broken_ != ncclSuccess) return broken_;
+  if (aborting()) return stop_for_abort("as the call started");
   // Under graph capture nothing else may happen first: absorbing the previous call queries an
   // event and reads host words, and a query during a capture is refused by CUDA and invalidates
   // the capture. A captured call passes through untouched; the previous call is absorbed by the
@@ -328,9 +342,10 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
     return ncclSuccess;
   }
   if (hierarchy_) return run_two_level(call, reason);  // agreed at the handshake
-  // From here on every rank takes the same branch: the switch was agreed one call ago, plans are
-  // agreed when made.
-  pack_call_control(comm_.rank == 0, read_switch(), control_ + call_send_word());
+  // From here on every rank takes the same branch: the switch was agreed a control window ago,
+  // plans are agreed when made.
+  if (const ncclResult_t r = absorb_window(); r != ncclSuccess) return r;
+  pack_call_control(comm_.rank == 0, read_switch(), call_send_slot());
   if (!switch_agreed_) {
     const ncclResult_t r = pass_switched_off(call, reason);
     if (*reason == PassReason::kSwitchOff) note_outcome(*reason, call);
@@ -351,10 +366,10 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
   }
   const uint64_t call_index = (shared_call_seq_ != nullptr ? *shared_call_seq_ : call_seq_)++;
   // The job of this call's prediction, in mapped memory before the call's first enqueue.
-  Bucket* predict =
-      choice.bucket != nullptr && choice.with_stats && stage_budget(*choice.bucket, *plan)
-          ? choice.bucket
-          : nullptr;
+  Bucket* predict = choice.bucket != nullptr && choice.with_stats &&
+                            !choice.bucket->stats_pending && stage_budget(*choice.bucket, *plan)
+                        ? choice.bucket
+                        : nullptr;
   uint64_t wire = 0;
   if (const Status s =
           enqueue_call(*plan, call, dtype, call_index, choice.with_stats, predict, &wire);

@@ -199,9 +199,16 @@ class Engine {
   // A host wait for `e`, recorded after work that involves peers (`what` names it), bounded by
   // DYNAMIQ_TIMEOUT_MS; a failure or timeout makes the communicator's error sticky.
   ncclResult_t wait_for_peers(EventHandle e, const char* what);
+  // watch_abort()'s flag, and what a call does once it is set.
+  bool aborting() const;
+  ncclResult_t stop_for_abort(const char* when);
   ncclResult_t handshake();
   ncclResult_t handshake_without_device(cudaStream_t stream);
-  ncclResult_t absorb_previous_call();
+  // Before an eligible call sends its control words: the words of the call control_window()
+  // eligible calls back (the slot this call reuses), waited for if still in flight.
+  ncclResult_t absorb_window();
+  int control_window() const { return static_cast<int>(settings_.control_window); }
+  uint32_t* call_send_slot();  // the words the next eligible call sends
   // run()'s steps, in order.
   ncclResult_t settle_agreement(const CallArgs& call, const Screening& screening);
   ncclResult_t pass_switched_off(const CallArgs& call, PassReason* reason);
@@ -318,21 +325,24 @@ class Engine {
 
   // Device state: two engine streams (NCCL calls in order on one, codec steps on the other),
   // events, and the mapped control block (words the host writes before a call's first enqueue
-  // and reads one call late, the error word).
+  // and reads DYNAMIQ_CONTROL_WINDOW eligible calls later, the error word).
   StreamHandle comm_stream_ = nullptr, compute_stream_ = nullptr;
-  EventHandle ev_start_ = nullptr, ev_control_ = nullptr, ev_stats_ = nullptr,
-              ev_reduced_ = nullptr, ev_comm_done_ = nullptr, ev_compute_done_ = nullptr;
-  std::vector<EventHandle> ev_units_;  // two per (stage, block): computed, sent
-  uint32_t* control_ = nullptr;        // mapped words, see ControlBlock
+  EventHandle ev_start_ = nullptr, ev_stats_ = nullptr, ev_reduced_ = nullptr,
+              ev_comm_done_ = nullptr, ev_compute_done_ = nullptr;
+  std::vector<EventHandle> ev_controls_;  // a control window's slots: recorded after its words
+  std::vector<EventHandle> ev_units_;     // two per (stage, block): computed, sent
+  uint32_t* control_ = nullptr;           // mapped words, see ControlBlock
   // Device memory of the budget's kernels (CUDA devices): sized by init_bucket for the bucket that
   // needs the most so far (Device::budget_scratch_bytes: its parts and their super-groups), shared
   // by every bucket (the comm stream runs one prediction at a time).
   void* budget_scratch_ = nullptr;
   size_t budget_scratch_bytes_ = 0;
-  bool control_pending_ = false;       // the last eligible call's words are still to be read
-  int control_parity_ = 0;             // which receive buffer the last call wrote
-  bool switch_agreed_ = true;          // the A/B switch every rank applies now
-  ncclResult_t broken_ = ncclSuccess;  // sticky asynchronous error
+  // Call controls enqueued (the next one's sequence number), and read: every control below
+  // control_absorbed_ is complete and its words were read. The host waits only when
+  // control_window() are in flight.
+  uint64_t control_sent_ = 0, control_absorbed_ = 0;
+  bool switch_agreed_ = true;                   // the A/B switch every rank applies now
+  ncclResult_t broken_ = ncclSuccess;           // sticky asynchronous error
   const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
   bool setup_failed_ = false;                   // the device could not be set up on this rank
   Device* standby_ = nullptr;             // setup_failed_: that device, for the handshake's words

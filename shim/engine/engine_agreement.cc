@@ -1,5 +1,5 @@
 // Agreement between the ranks and the host's waits: the handshake, the blocking MAX all-reduce of
-// a new plan, the call's control words (read one call late), and the communicator's sticky
+// a new plan, the call's control words (read a control window later), and the communicator's sticky
 // asynchronous error (docs/ENGINE.md sections 2-4).
 #include <cstring>
 
@@ -31,21 +31,33 @@ ncclResult_t Engine::async_error() {
   return word != 0 ? fail_async(word) : ncclSuccess;
 }
 
+bool Engine::aborting() const {
+  return aborted_ != nullptr && aborted_->load(std::memory_order_acquire);
+}
+
+// Another thread began aborting the communicator (NVIDIA's NCCL: its real abort comes before the
+// engine's teardown, and frees it): the call in progress enqueues nothing more on it and fails
+// with ncclInvalidUsage, as every later call does; `when` says where the call noticed.
+ncclResult_t Engine::stop_for_abort(const char* when) {
+  if (broken_ != ncclSuccess) return broken_;
+  broken_ = ncclInvalidUsage;
+  DQ_WARN(Subsys::kEngine,
+          "dynamiq: rank %d: the communicator is being aborted (noticed %s): this call enqueues "
+          "nothing more and returns NCCL error %d (%s)",
+          comm_.rank, when, static_cast<int>(broken_), ops_.error_string(broken_));
+  return broken_;
+}
+
 ncclResult_t Engine::wait_for_peers(EventHandle e, const char* what) {
   const Status s = device_->synchronize_for(e, settings_.timeout_ms);
-  const bool aborted = aborted_ != nullptr && aborted_->load(std::memory_order_acquire);
-  if (s == Status::kOk && !aborted) return ncclSuccess;
+  if (aborting()) return stop_for_abort(what);
+  if (s == Status::kOk) return ncclSuccess;
   // Work of this communicator may still be queued behind `e`: nothing of it is read, and every
   // later call returns the error until the application aborts the communicator (as it does when
   // NCCL reports a failed peer). kTimeout answers ncclRemoteError, as the CPU NCCL does.
   if (broken_ == ncclSuccess) {
-    broken_ = aborted ? ncclInvalidUsage : engine_failure(s);
-    if (aborted)
-      DQ_WARN(Subsys::kEngine,
-              "dynamiq: rank %d: the communicator was aborted while this call waited for %s; "
-              "it enqueues nothing more and returns NCCL error %d (%s)",
-              comm_.rank, what, static_cast<int>(broken_), ops_.error_string(broken_));
-    else if (s == Status::kTimeout)
+    broken_ = engine_failure(s);
+    if (s == Status::kTimeout)
       DQ_WARN(Subsys::kEngine,
               "dynamiq: rank %d: %s did not complete within DYNAMIQ_TIMEOUT_MS = %lld ms (a peer "
               "stopped answering?); the communicator returns NCCL error %d (%s) until it is "
@@ -63,8 +75,8 @@ ncclResult_t Engine::wait_for_peers(EventHandle e, const char* what) {
 }
 
 ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
-  uint32_t* send = control_;
-  uint32_t* recv = control_ + scratch_words();
+  uint32_t* send = control_ + scratch_send_word();
+  uint32_t* recv = control_ + scratch_recv_word();
   std::memcpy(send, in, static_cast<size_t>(n) * 4);
   const Lane lane{comm_stream_, control_ + error_word_index()};
   const NcclOps ops = ops_;
@@ -143,23 +155,34 @@ ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
   return ncclSuccess;
 }
 
-// One call late: the words of the previous eligible call (its A/B switch) and this rank's error
-// word, read after waiting for the previous call's control all-reduce, before anything of this
-// call is enqueued.
-ncclResult_t Engine::absorb_previous_call() {
-  if (control_pending_) {
+uint32_t* Engine::call_send_slot() {
+  return control_ + call_send_word(static_cast<int>(control_sent_ % control_window()));
+}
+
+// The control window: eligible call k sends its words in slot k % W (W = DYNAMIQ_CONTROL_WINDOW)
+// and applies the A/B switch that call k - W agreed (the handshake's for k < W). So before it
+// sends, the host reads call k - W's words, waiting for that call's control all-reduce only if it
+// is still in flight: the host runs up to W - 1 compressed calls ahead of the device, and a call
+// whose window is not full never waits. Which words a call reads depends only on k, so every rank
+// takes the same switch; a bucket's prediction (choose_budget) and the sampled check are read
+// once their call's control is absorbed, by the same rule.
+ncclResult_t Engine::absorb_window() {
+  const int window = control_window();
+  while (control_sent_ - control_absorbed_ >= static_cast<uint64_t>(window)) {
+    const int slot = static_cast<int>(control_absorbed_ % static_cast<uint64_t>(window));
     if (const ncclResult_t r =
-            wait_for_peers(ev_control_, "the previous call's control all-reduce");
+            wait_for_peers(ev_controls_[slot], "the control all-reduce a window of calls back");
         r != ncclSuccess)
       return r;
-    const bool on = decide_call_switch(control_ + call_recv_word(control_parity_));
+    const bool on = decide_call_switch(control_ + call_recv_word(slot, window));
     if (on != switch_agreed_)
       DQ_INFO(Subsys::kEngine, "dynamiq: rank %d: the A/B switch turns compression %s", comm_.rank,
               on ? "on" : "off");
     switch_agreed_ = on;
-    control_pending_ = false;
-    // That control event came after the comm stream waited for an armed check: it is complete.
-    if (check_ && check_->state == Check::State::kArmed) read_check();
+    ++control_absorbed_;
+    // That control came after the comm stream waited for an armed check: it is complete.
+    if (check_ && check_->state == Check::State::kArmed && check_->armed_seq < control_absorbed_)
+      read_check();
   }
   return async_error();
 }
@@ -167,9 +190,9 @@ ncclResult_t Engine::absorb_previous_call() {
 Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
                                     size_t stats_words, Bucket* predict, uint64_t* wire_bytes,
                                     EventHandle reduced) {
-  control_parity_ ^= 1;
-  uint32_t* send = control_ + call_send_word();
-  uint32_t* recv = control_ + call_recv_word(control_parity_);
+  const int slot = static_cast<int>(control_sent_ % static_cast<uint64_t>(control_window()));
+  uint32_t* send = control_ + call_send_word(slot);
+  uint32_t* recv = control_ + call_recv_word(slot, control_window());
   const Lane lane{comm_stream_, control_ + error_word_index()};
   const NcclOps ops = ops_;
   ncclComm_t comm = comm_.comm;
@@ -192,14 +215,17 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
   // The layouts need the reduced statistics only, not the prediction below: their event first.
   if (reduced != nullptr) DQ_CHECK(device_->record(reduced, comm_stream_));
   // The budget's prediction from the reduced statistics, on the device, before the control
-  // event: the host reads it once it has waited for this event or a later one (the one-call-late
-  // wait). The host never reads the statistics.
+  // event: the host reads it once it has waited for this event or a later one (absorb_window).
+  // The host never reads the statistics.
   if (predict != nullptr && stats_words > 0)
     DQ_CHECK(device_->predict_budget(predict->job, stats_reduced, budget_scratch_,
                                      budget_scratch_bytes_, predict->result, lane));
-  DQ_CHECK(device_->record(ev_control_, comm_stream_));
-  control_pending_ = true;
-  if (arm) check_->state = Check::State::kArmed;
+  DQ_CHECK(device_->record(ev_controls_[slot], comm_stream_));
+  if (arm) {
+    check_->state = Check::State::kArmed;
+    check_->armed_seq = control_sent_;
+  }
+  ++control_sent_;
   // As a ring all-reduce sends them: 2 (n-1)/n of the words.
   const size_t n = static_cast<size_t>(comm_.nranks);
   *wire_bytes += (2 * stats_words * 2 + kCallControlWords * 4) * (n - 1) / n;

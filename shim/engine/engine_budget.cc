@@ -163,7 +163,8 @@ bool Engine::stage_budget(Bucket& b, const Plan& p) {
 
 void Engine::read_bucket(Bucket& b) {
   b.stats_pending = false;
-  // Complete: the host waited for the control event recorded after the prediction.
+  // Complete: the host waited for the control event recorded after the prediction (its sequence
+  // number is below control_absorbed_).
   const BudgetResult r = *b.result;
   if (r.state != kBudgetPredicted) {
     // A non-finite statistic (a poisoned call), or a step that did not run (a failed lane): no
@@ -183,7 +184,7 @@ void Engine::read_bucket(Bucket& b) {
                budget_target_name(target_).c_str(), prediction.target);
     b.rung = prediction.rung;
   }
-  if (check_ && check_->has_call && check_->call_index == b.last_call_index) {
+  if (check_ && check_->has_call && check_->call_index == b.predicted_call) {
     check_->predicted = vnmse;
     pair_check();  // now, or when the check is read
   }

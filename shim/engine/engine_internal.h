@@ -34,23 +34,31 @@ inline ncclResult_t engine_failure(Status s) {
 }
 
 // The control block: mapped uint32 words the host writes before a call's first enqueue, or reads
-// after waiting for the words' own event (one call late). In order: the scratch of the blocking
-// all-reduces (handshake, plan agreement: send, then receive), the call's control word to send,
-// two receive buffers (alternating calls), and the error word.
+// after waiting for the words' own event. In order: the error word; the scratch of the blocking
+// all-reduces (handshake, plan agreement: send, then receive); then one slot per call of the
+// control window (DYNAMIQ_CONTROL_WINDOW, W): the words eligible call k sends in slot k % W, and
+// the reduced words it receives in slot k % W, both reused by call k + W once the host has read
+// call k's.
+inline int error_word_index() {
+  return 0;
+}
 inline int scratch_words() {
   return control_words();
 }
-inline int call_send_word() {
-  return 2 * scratch_words();
+inline int scratch_send_word() {
+  return 1;
 }
-inline int call_recv_word(int parity) {
-  return call_send_word() + kCallControlWords * (1 + parity);
+inline int scratch_recv_word() {
+  return 1 + scratch_words();
 }
-inline int error_word_index() {
-  return call_send_word() + 3 * kCallControlWords;
+inline int call_send_word(int slot) {
+  return 1 + 2 * scratch_words() + kCallControlWords * slot;
 }
-inline int control_block_words() {
-  return error_word_index() + 1;
+inline int call_recv_word(int slot, int window) {
+  return call_send_word(window) + kCallControlWords * slot;
+}
+inline int control_block_words(int window) {
+  return call_recv_word(window, window);
 }
 
 // ---- the plan: everything fixed by (count, dtype) --------------------------------------
@@ -141,19 +149,20 @@ struct Engine::Bucket {
   // The prediction of its latest call (Device::predict_budget), in one mapped block: the job
   // (the parts' geometry; with DYNAMIQ_BITS=auto every rung's plan and which candidates fit; the
   // plan the call used, written before the call's first enqueue), then the result the device
-  // writes from the call's reduced statistics, read here one call late.
+  // writes from the call's reduced statistics, read here once that call's control is absorbed.
   void* budget_block = nullptr;
   BudgetJob* job = nullptr;
   BudgetPartJob* part_jobs = nullptr;
   BudgetResult* result = nullptr;
-  bool stats_pending = false;      // the latest call's prediction is still to be read
+  bool stats_pending = false;      // the latest prediction is still to be read
+  uint64_t predicted_seq = 0;      // stats_pending: the control sequence number of its call
+  uint64_t predicted_call = 0;     // stats_pending: that call's call_seq_
   double bits = 0;                 // budget of the latest call
   uint32_t calls_since_stats = 0;  // calls without statistics since the last with them
   // DYNAMIQ_BITS=auto: the candidate for the next call (-1: the fixed default, for a first call
   // or a missing prediction).
   int rung = -1;
   uint64_t calls = 0;
-  uint64_t last_call_index = 0;  // call_seq_ of its latest compressed call
 };
 
 // ---- the sampled check (DYNAMIQ_CHECK_EVERY, docs/ENGINE.md section 10) -----------------------
@@ -162,6 +171,7 @@ struct Engine::Check {
   static constexpr size_t kBytes = kSuperGroups * 256 * 4;  // FP32 at most
   enum class State { kNone, kEnqueued, kArmed };
   State state = State::kNone;
+  uint64_t armed_seq = 0;      // kArmed: complete once this control sequence number is
   void* in = nullptr;          // device: the sampled inputs
   void* exact = nullptr;       // device: their exact all-reduce
   void* host_out = nullptr;    // mapped: the call's output at the sampled super-groups

@@ -137,7 +137,8 @@ int auto_rungs(int n, const std::string& topo, int rank, ncclComm_t* comms,
                                       {"DYNAMIQ_BITS", "auto"},
                                       {"DYNAMIQ_TARGET", "vnmse:0.02"},
                                       {"DYNAMIQ_BLOCK_BYTES", "524288"},
-                                      {"DYNAMIQ_MIN_BYTES", "0"}});
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_CONTROL_WINDOW", "1"}});  // each call predicts
   DevicePair pair(settings, n, rank, comms, cuda);
   const CudaDeviceCounts before = dq::engine::cuda_device_counts(cuda);
   for (int k = 0; k < kCalls; ++k) {
@@ -185,7 +186,8 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
                                       {"DYNAMIQ_BITS", "auto"},
                                       {"DYNAMIQ_TARGET", "mxfp8"},
                                       {"DYNAMIQ_CHECK_EVERY", "3"},
-                                      {"DYNAMIQ_MIN_BYTES", "0"}});
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_CONTROL_WINDOW", "1"}});  // read one call late
   DevicePair pair(settings, n, rank, comms, cuda);
   CudaDeviceCounts before;  // after the first call (its canary computes statistics too)
   std::vector<float> in(kCount);
@@ -245,7 +247,8 @@ int auto_fallback(int n, const std::string& topo, int rank, ncclComm_t* comms,
 // pipeline blocks. Per call: one statistics kernel and one layout kernel over every codec part of
 // every block (the layouts here are all below the grid layout's size: one block each, in one
 // launch), and the budget's kernels (the bucket's prediction from the reduced statistics, made
-// with fixed bits too, for the metrics). Per block: one kernel per hop step (a rank compresses n
+// with fixed bits too, for the metrics; none while the bucket's previous prediction is within the
+// control window, unread). Per block: one kernel per hop step (a rank compresses n
 // chunk messages on either topology: the ring's leaf, n - 2 fused hops and the sink's; the
 // butterfly's n/2 + n/4 + ... + 1 leaves and fused hops and the sink's), and one for the finish
 // step (validator blocks, then decoder blocks behind them: FinishGate, kernels/cuda/step_fold.h),
@@ -261,17 +264,18 @@ constexpr uint64_t kLayoutLaunchesPerCall = 1;
 // layout's seven kernels once for all of them, not the one-block kernel.
 constexpr uint64_t kGridLayoutExtraLaunches = 6;
 
-uint64_t launches_per_call(int n, int blocks) {
+uint64_t launches_per_call(int n, int blocks, bool predicts = true) {
   const uint64_t hop_steps = static_cast<uint64_t>(n);
   const uint64_t finishes = 1;  // all-reduce and reduce-scatter alike
   const uint64_t b = static_cast<uint64_t>(blocks);
-  return kStatsLaunchesPerCall + kLayoutLaunchesPerCall + kBudgetLaunchesPerCall +
+  return kStatsLaunchesPerCall + kLayoutLaunchesPerCall + (predicts ? kBudgetLaunchesPerCall : 0) +
          b * (hop_steps + finishes);
 }
 
 // Compressed FP32 calls of 1, 2 and 3 blocks (all-reduce) and 2 and 4 blocks (reduce-scatter) on
-// one engine, after a first call (the canary's launches are its own): each call's launches, and its
-// hop launches, exactly the formula's.
+// one engine, after a first call of another shape (the canary's launches are its own): each call's
+// launches, and its hop launches, exactly the formula's; then the 1-block shape again, within the
+// default control window of its first call: no prediction, so the formula less the budget's.
 int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
                    dq::engine::Device* cuda) {
   const size_t block_bytes = 256 * 1024;
@@ -285,7 +289,13 @@ int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
     int blocks;
     bool scatter;
   };
-  const Shape shapes[] = {{1, false}, {1, false}, {2, false}, {3, false}, {2, true}, {4, true}};
+  const Shape shapes[] = {{5, false}, {1, false}, {2, false}, {3, false},
+                          {2, true},  {4, true},  {1, false}};
+  const size_t repeat = std::size(shapes) - 1;  // shape 1 again, its prediction unread
+  if (settings.control_window < static_cast<int64_t>(std::size(shapes))) {
+    std::fprintf(stderr, "FAIL: the default control window is shorter than this test's calls\n");
+    return 93;
+  }
   for (size_t i = 0; i < std::size(shapes); ++i) {
     const Shape& s = shapes[i];
     // A block counts the caller's bytes, a reduce-scatter's one slice per rank.
@@ -309,10 +319,10 @@ int launch_formula(int n, const std::string& topo, int rank, ncclComm_t* comms,
     const uint64_t launches = after.launches - before.launches;
     const uint64_t hops = after.hops - before.hops;
     const uint64_t hop_launches = after.hop_launches - before.hop_launches;
-    const uint64_t expected = launches_per_call(n, s.blocks);
+    const uint64_t expected = launches_per_call(n, s.blocks, i != repeat);
     CHECK_OR(92,
              launches == expected && hops == static_cast<uint64_t>(s.blocks) * n &&
-                 hop_launches == hops && after.budgets - before.budgets == 1,
+                 hop_launches == hops && after.budgets - before.budgets == (i != repeat ? 1u : 0u),
              "rank %d, %s, %d ranks, %d blocks, %s: %llu launches (formula %llu): %llu hop steps "
              "(%llu launches), %llu statistics, %llu layouts, %llu finishes, %llu budgets",
              rank, topo.c_str(), n, s.blocks, s.scatter ? "reduce-scatter" : "all-reduce",
@@ -351,7 +361,8 @@ int grid_layout_call(int n, const std::string& topo, int rank, ncclComm_t* comms
              "rank %d: grid-layout call %d: results differ across ranks", rank, k);
   }
   const CudaDeviceCounts after = dq::engine::cuda_device_counts(cuda);
-  const uint64_t expected = launches_per_call(n, 1) + kGridLayoutExtraLaunches;
+  // The bucket's second call, within the control window of its first: no prediction.
+  const uint64_t expected = launches_per_call(n, 1, false) + kGridLayoutExtraLaunches;
   CHECK_OR(84, after.launches - before.launches == expected && after.layouts - before.layouts == 1,
            "rank %d: the grid-layout call: %llu launches (formula %llu), %llu layouts", rank,
            static_cast<unsigned long long>(after.launches - before.launches),

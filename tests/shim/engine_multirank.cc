@@ -192,6 +192,9 @@ class FailingDevice final : public Device {
   bool stalled = false;   // synchronize_for: the bound elapses, as on a GPU whose peer hangs
   int64_t bound_ms = -1;  // the bound the engine last gave synchronize_for
   int bounded_waits = 0;
+  std::function<void()> during_bounded_wait;  // run inside each synchronize_for, when set
+  std::function<void()> before_nccl;          // run before each NCCL enqueue, when set
+  int nccl_enqueues = 0;
   const char* name() const override { return "failing host"; }
   dq::Status alloc(size_t bytes, void** out) override {
     if (failing || (failing_scratch && scratch_asked != 0 && bytes == scratch_asked)) {
@@ -227,6 +230,7 @@ class FailingDevice final : public Device {
   dq::Status synchronize_for(dq::engine::EventHandle e, int64_t timeout_ms) override {
     bound_ms = timeout_ms;
     ++bounded_waits;
+    if (during_bounded_wait) during_bounded_wait();
     // Not stalled: unbounded, so a slow start on a loaded machine never trips the short bound
     // this test sets (the host device honours it too).
     if (!stalled) return inner_->synchronize(e);
@@ -268,6 +272,8 @@ class FailingDevice final : public Device {
     return inner_->predict_budget(j, r, scratch, bytes, out, l);
   }
   dq::Status nccl(dq::engine::Lane l, std::function<ncclResult_t()> calls) override {
+    ++nccl_enqueues;
+    if (before_nccl) before_nccl();
     return inner_->nccl(l, std::move(calls));
   }
 
@@ -337,16 +343,20 @@ int scenario_alloc_fail(int n, bool budget_scratch) {
 // the CUDA device does when a peer stopped answering): that call returns ncclRemoteError after
 // about DYNAMIQ_TIMEOUT_MS, never hangs, and every later call returns the same error at once (the
 // communicator is broken until the application aborts it); the bound given is the setting's.
+// The host waits for an eligible call's control all-reduce only when the call a control window
+// later (DYNAMIQ_CONTROL_WINDOW, W) reuses its slot: after the first call (handshake and plan),
+// calls 1..W-1 never wait, and call W waits for call 0's. That wait is the one stalled here.
 int scenario_stalled_wait(int n) {
   constexpr int64_t kTimeoutMs = 400;
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", "400"}});
+  const int window = static_cast<int>(settings.control_window);
   auto body = [&](int rank, ncclComm_t* comms) -> int {
     FailingDevice device(dq::engine::host_device());
     Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
     constexpr size_t kCount = 1 << 20;
     std::vector<float> in(kCount, 1.0f), out(kCount);
-    for (int call = 0; call < 5; ++call) {
-      device.stalled = call == 2;
+    for (int call = 0; call < window + 3; ++call) {
+      device.stalled = call == window;
       CallArgs args;
       args.send = in.data();
       args.recv = out.data();
@@ -357,14 +367,16 @@ int scenario_stalled_wait(int n) {
       const ncclResult_t r = engine.run(args, &reason);
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (call < 2) {
+      if (call < window) {
         CHECK_OR(60, r == ncclSuccess && reason == PassReason::kRerouted, "rank %d call %d: %d, %s",
                  rank, call, static_cast<int>(r), dq::engine::reason_name(reason));
         CHECK_OR(61, device.bound_ms == kTimeoutMs,
                  "rank %d: bound %lld ms, not DYNAMIQ_TIMEOUT_MS", rank,
                  static_cast<long long>(device.bound_ms));
-      } else if (call == 2) {
-        CHECK_OR(62, r == ncclRemoteError,
+        CHECK_OR(68, call == 0 || device.bounded_waits == waits,
+                 "rank %d call %d: waited with its control window not full", rank, call);
+      } else if (call == window) {
+        CHECK_OR(62, r == ncclRemoteError && device.bounded_waits == waits + 1,
                  "rank %d: the timed-out wait returned %d, not ncclRemoteError", rank,
                  static_cast<int>(r));
         CHECK_OR(63, ms >= kTimeoutMs && ms < kTimeoutMs + 5000, "rank %d: returned after %.0f ms",
@@ -379,44 +391,73 @@ int scenario_stalled_wait(int n) {
     return 0;
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "stalled_wait")) return 1;
-  // The communicator aborted by another thread while a call waits (ncclCommAbort on NVIDIA's
-  // NCCL comes before the engine's teardown): once the wait returns, the call enqueues nothing
-  // and returns ncclInvalidUsage, and so does every later call.
+  // The communicator aborted by another thread (ncclCommAbort on NVIDIA's NCCL comes before the
+  // engine's teardown, and frees it): while call W waits; before call 1 starts; while call 1 is
+  // enqueueing (inside its second NCCL enqueue). Once the engine sees it, the call enqueues no
+  // further NCCL call, writes no output and returns ncclInvalidUsage, and so does every later
+  // call, without waiting.
+  enum class Abort { kDuringWait, kBeforeStart, kDuringEnqueue };
   auto aborted_body = [&](int rank, ncclComm_t* comms) -> int {
-    std::atomic<bool> aborted{false};
-    FailingDevice device(dq::engine::host_device());
-    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
-    engine.watch_abort(&aborted);
     constexpr size_t kCount = 1 << 20;
     std::vector<float> in(kCount, 1.0f), out(kCount, -1.0f);
-    for (int call = 0; call < 3; ++call) {
-      aborted = call >= 1;
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
-      PassReason reason;
-      const ncclResult_t r = engine.run(args, &reason);
-      if (call == 0) {
-        CHECK_OR(66,
-                 r == ncclSuccess && reason == PassReason::kRerouted && std::fabs(out[0] - n) < 0.5,
-                 "rank %d: call 0: %d, %s, out[0] %g", rank, static_cast<int>(r),
-                 dq::engine::reason_name(reason), out[0]);
-        std::fill(out.begin(), out.end(), -1.0f);
-      } else {
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    for (const Abort mode : {Abort::kDuringWait, Abort::kBeforeStart}) {
+      std::atomic<bool> aborted{false};
+      FailingDevice device(dq::engine::host_device());
+      Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+      engine.watch_abort(&aborted);
+      const int abort_at = mode == Abort::kDuringWait ? window : 1;
+      for (int call = 0; call < abort_at + 2; ++call) {
+        const int enqueues = device.nccl_enqueues;
+        if (call == abort_at && mode == Abort::kDuringWait)
+          device.during_bounded_wait = [&] { aborted = true; };
+        if (call == abort_at && mode == Abort::kBeforeStart) aborted = true;
+        if (call == abort_at && mode == Abort::kDuringEnqueue)
+          device.before_nccl = [&] {
+            if (device.nccl_enqueues == enqueues + 2) aborted = true;
+          };
+        const int waits = device.bounded_waits;
+        PassReason reason;
+        const ncclResult_t r = engine.run(args, &reason);
+        const char* how = mode == Abort::kDuringWait    ? "during its wait"
+                          : mode == Abort::kBeforeStart ? "before it"
+                                                        : "during its enqueue";
+        if (call < abort_at) {
+          CHECK_OR(
+              66,
+              r == ncclSuccess && reason == PassReason::kRerouted && std::fabs(out[0] - n) < 0.5,
+              "rank %d: call %d: %d, %s, out[0] %g", rank, call, static_cast<int>(r),
+              dq::engine::reason_name(reason), out[0]);
+          std::fill(out.begin(), out.end(), -1.0f);
+          continue;
+        }
         CHECK_OR(67, r == ncclInvalidUsage && out[0] == -1.0f,
-                 "rank %d call %d: %d after the abort, out[0] %g", rank, call, static_cast<int>(r),
-                 out[0]);
+                 "rank %d call %d: %d after the abort (%s), out[0] %g", rank, call,
+                 static_cast<int>(r), how, out[0]);
+        const bool waited = mode == Abort::kDuringWait && call == abort_at;
+        CHECK_OR(69, device.bounded_waits == waits + (waited ? 1 : 0),
+                 "rank %d call %d: %d waits after the abort (%s)", rank, call,
+                 device.bounded_waits - waits, how);
+        // The NCCL enqueues the call made: during its enqueue, the one in progress when the flag
+        // was set and none after; otherwise none at all (a wait comes before any).
+        const int made = device.nccl_enqueues - enqueues;
+        const bool in_progress = mode == Abort::kDuringEnqueue && call == abort_at;
+        CHECK_OR(70, made == (in_progress ? 2 : 0),
+                 "rank %d call %d: %d NCCL enqueues after the abort (%s)", rank, call, made, how);
       }
     }
     return 0;
   };
-  if (!all_zero(run_ranks(n, 1, aborted_body, 120), "aborted while waiting")) return 1;
+  if (!all_zero(run_ranks(n, 1, aborted_body, 120), "aborted")) return 1;
   std::printf(
-      "stalled_wait %d ranks: the timed-out wait returned ncclRemoteError, and so did every "
-      "later call at once; a call after an abort enqueued nothing and returned "
+      "stalled_wait %d ranks: calls 1..%d did not wait, call %d's timed-out wait returned "
+      "ncclRemoteError, and so did every later call at once; once an abort began (during a "
+      "wait, before a call, during its enqueue) no NCCL call was issued and every call returned "
       "ncclInvalidUsage\n",
-      n);
+      n, window - 1, window);
   return 0;
 }
 
@@ -783,10 +824,13 @@ int scenario_auto(int n) {
     const bool dense = std::string(run) == "mxfp8 dense";
     // Dense: long enough for the MX fallback's statistics call (the 9th) and its reading.
     const int kCalls = dense ? kMaxCalls : 5;
+    // A control window of 1: each call reads its bucket's previous prediction (at the default
+    // window a bucket's calls within one window share the oldest: engine_run_ahead).
     const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
                                         {"DYNAMIQ_BITS", "auto"},
                                         {"DYNAMIQ_TARGET", target},
-                                        {"DYNAMIQ_TOPO", "ring"}});
+                                        {"DYNAMIQ_TOPO", "ring"},
+                                        {"DYNAMIQ_CONTROL_WINDOW", "1"}});
     auto body = [&](int rank, ncclComm_t* comms) -> int {
       auto metrics = std::make_shared<dq::engine::CommMetrics>();
       Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
@@ -921,10 +965,12 @@ int scenario_auto_target(int n) {
     std::vector<float> in(size_t{1} << 19);
     for (size_t i = 0; i < in.size(); ++i) in[i] = noisy_value(rank, i);
     auto settings = [](const std::string& bits, const std::string& target) {
+      // A control window of 1: each call reads the previous call's prediction.
       return settings_for({{"DYNAMIQ_ENABLE", "1"},
                            {"DYNAMIQ_TOPO", "ring"},
                            {"DYNAMIQ_BITS", bits},
-                           {"DYNAMIQ_TARGET", target}});
+                           {"DYNAMIQ_TARGET", target},
+                           {"DYNAMIQ_CONTROL_WINDOW", "1"}});
     };
     double bits45 = 0, bits5 = 0, chosen = 0;
     const double p45 =
@@ -966,9 +1012,12 @@ int scenario_check(int n) {
     double measured_sum = 0;
     int measured_calls = 0;
     for (int with_check = 0; with_check < 2; ++with_check) {
+      // A control window of 1: a check is read two calls after its own (armed by the next
+      // call's control, absorbed by the one after).
       const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
                                           {"DYNAMIQ_TOPO", "ring"},
-                                          {"DYNAMIQ_CHECK_EVERY", with_check ? "2" : "0"}});
+                                          {"DYNAMIQ_CHECK_EVERY", with_check ? "2" : "0"},
+                                          {"DYNAMIQ_CONTROL_WINDOW", "1"}});
       auto metrics = std::make_shared<dq::engine::CommMetrics>();
       Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
                     metrics, true);

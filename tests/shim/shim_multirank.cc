@@ -374,7 +374,8 @@ bool scenario_mismatch(int n) {
       {"DYNAMIQ_CORRELATED", "0"},
       {"DYNAMIQ_SEED", "7"},
       {"DYNAMIQ_COMMS", "name=nothing*"},
-      {"DYNAMIQ_BLOCK_BYTES", "4M"}};
+      {"DYNAMIQ_BLOCK_BYTES", "4M"},
+      {"DYNAMIQ_CONTROL_WINDOW", "3"}};
   std::vector<Case> cases;
   for (int i = 0; i < dq::config::Agreed::count(); ++i) {
     const std::string key = dq::config::Agreed::key(i);
@@ -663,11 +664,11 @@ bool scenario_budget_api(int n) {
   auto codes = run_ranks(
       n,
       [&](int) {
-        return Env{{"DYNAMIQ_ENABLE", "1"},
-                   {"DYNAMIQ_BITS", "auto"},
-                   {"DYNAMIQ_TARGET", "mxfp8"},
-                   {"DYNAMIQ_CHECK_EVERY", "2"},
-                   {"DYNAMIQ_METRICS_FILE", path}};
+        // A control window of 1: each call reads its predecessor's prediction and checks are read
+        // two calls after theirs, so 8 calls make figures of each kind.
+        return Env{{"DYNAMIQ_ENABLE", "1"},         {"DYNAMIQ_BITS", "auto"},
+                   {"DYNAMIQ_TARGET", "mxfp8"},     {"DYNAMIQ_CHECK_EVERY", "2"},
+                   {"DYNAMIQ_CONTROL_WINDOW", "1"}, {"DYNAMIQ_METRICS_FILE", path}};
       },
       body, 300);
   if (!all_zero(codes, "budget_api")) return false;

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "config/settings.h"
 #include "kernels/bf16.h"
 #include "tests/common/check.h"
 #include "tests/common/test_data.h"
@@ -181,11 +182,18 @@ bool scenario_kill(const KillSpec& spec, int runs, const std::string& collective
 bool scenario_toggle(const ToggleSpec& spec) {
   const std::string control = g_dir + "/switch";
   write_text(control, "on\n");
+  const int window = static_cast<int>(dq::config::Settings{}.control_window);
+  const int calls = 6 + window + 2;
+  std::string expected;
+  for (int k = 0; k < calls; ++k) {
+    const int read_at = k - window;  // the call whose switch word call k applies
+    expected += read_at >= 3 && read_at < 6 ? '0' : '1';
+  }
   auto body = [&](int rank, ncclComm_t comm) -> int {
     unsigned long long seen = 0, passed = 0;
     counters_fn()(comm, &seen, &passed);
     std::string pattern;
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < calls; ++k) {
       if (rank == 0 && k == 3) write_text(control, "off\n");
       if (rank == 0 && k == 6) write_text(control, "1\n");
       bool rerouted = false;
@@ -200,9 +208,11 @@ bool scenario_toggle(const ToggleSpec& spec) {
   if (!all_zero(codes, "toggle")) return false;
   for (int r = 0; r < spec.n; ++r) {
     const std::string p = read_file(rank_file(r, "toggle"));
-    EXPECT(p == "11110001", "rank %d compressed calls %s, expected 11110001", r, p.c_str());
+    EXPECT(p == expected, "rank %d compressed calls %s, expected %s", r, p.c_str(),
+           expected.c_str());
   }
-  std::printf("%s: every rank compressed calls 11110001\n", spec.label);
+  std::printf("%s: every rank compressed calls %s (control window %d)\n", spec.label,
+              expected.c_str(), window);
   return true;
 }
 

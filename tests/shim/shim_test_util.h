@@ -87,6 +87,9 @@ struct ToggleSpec {
   std::function<int(int, ncclComm_t, unsigned long long*, bool*)> call;
   const char* label = "A/B switch";  // names the run in the summary line
 };
+// Rank 0 turns the file off before call 3 and on before call 6; eligible call k applies what call
+// k - W read (W: the default DYNAMIQ_CONTROL_WINDOW, which `env` must leave unset; for k < W the
+// handshake's state, on). 6 + W + 2 calls, every rank the same pattern.
 bool scenario_toggle(const ToggleSpec& spec);
 
 // The ranks' data, made in the parent before it forks them: on one thread, as TBB's workers

@@ -16,8 +16,9 @@
 // 4/5, or a split of it opted out with dynamiqCommRegister(comm, 0) before its first call), and a
 // size log-uniform in [1 KiB, MAX_BYTES] (DYNAMIQ_MIN_BYTES is 64K, so most calls on the opted-in
 // communicator are eligible). Before a call, with probability 1/20, rank 0 flips the A/B switch
-// (DYNAMIQ_CONTROL_FILE); the switch read on an eligible call applies from the next eligible call
-// (docs/ENGINE.md section 3), so every rank predicts which calls are compressed.
+// (DYNAMIQ_CONTROL_FILE); the switch read on an eligible call applies a control window of
+// eligible calls later (DYNAMIQ_CONTROL_WINDOW, its default here; docs/ENGINE.md section 3), so
+// every rank predicts which calls are compressed.
 //
 // Data are small integers (a bell-shaped sum of four nibbles, -30..30), so every sum, and every
 // average over a power-of-two number of ranks (NRANKS must be one), is exact in FP32 and BF16
@@ -57,6 +58,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -65,6 +67,7 @@
 
 #include "common/fnv1a.h"
 #include "common/nccl_api.h"
+#include "config/settings.h"
 #include "kernels/bf16.h"
 #include "tests/common/rank_harness.h"
 #include "tests/common/test_data.h"
@@ -257,6 +260,10 @@ struct RankRun {
   std::vector<unsigned char> send, recv;
   bool file_on = true;     // what the control file says (rank 0 writes it)
   bool applied_on = true;  // the switch the next eligible call applies
+  // The switch words of the latest eligible calls that sent one, oldest first, at most a window:
+  // the next such call applies the oldest once the window is full (before: the handshake's, on).
+  std::deque<bool> sent;
+  size_t window = static_cast<size_t>(dq::config::Settings{}.control_window);
 };
 
 // One call as issued: where its result lands, what the model predicted and what happened.
@@ -335,7 +342,13 @@ void account_call(RankRun& w, int k, Issued& x) {
     st->min_fit[slot] = std::min(st->min_fit[slot], c.count);
   }
   if (x.eligible && !w.applied_on) ++st->switch_off;
-  if (x.eligible && !x.over_budget) w.applied_on = w.file_on;  // rank 0 read the file in this call
+  if (x.eligible && !x.over_budget) {
+    w.sent.push_back(w.file_on);  // rank 0 read the file in this call
+    if (w.sent.size() == w.window) {
+      w.applied_on = w.sent.front();
+      w.sent.pop_front();
+    }
+  }
   if (g_trace)
     std::fprintf(stderr,
                  "call %d: %s %s %s count %zu %s %s flip %d eligible %d expected %d got %d\n", k,
