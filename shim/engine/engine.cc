@@ -374,6 +374,7 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
   if (const Status s =
           enqueue_call(*plan, call, dtype, call_index, choice.with_stats, predict, &wire);
       s != Status::kOk) {
+    if (aborting()) return stop_for_abort("while enqueueing");
     DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: enqueueing call %llu failed: %s", comm_.rank,
             static_cast<unsigned long long>(call_index), status_name(s));
     return engine_failure(s);

@@ -202,6 +202,8 @@ class Engine {
   // watch_abort()'s flag, and what a call does once it is set.
   bool aborting() const;
   ncclResult_t stop_for_abort(const char* when);
+  // Device::nccl, unless an abort began (then nothing is issued).
+  Status enqueue_nccl(Lane lane, std::function<ncclResult_t()> calls);
   ncclResult_t handshake();
   ncclResult_t handshake_without_device(cudaStream_t stream);
   // Before an eligible call sends its control words: the words of the call control_window()

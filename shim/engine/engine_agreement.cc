@@ -48,6 +48,22 @@ ncclResult_t Engine::stop_for_abort(const char* when) {
   return broken_;
 }
 
+// Every NCCL call of the engine is issued here, so none is issued once an abort began: what is
+// left is the window of the one NCCL call in progress, as for any framework that aborts from a
+// watchdog thread, not the engine's whole sequence of calls. The lane's error word makes the
+// steps already queued behind it skip.
+Status Engine::enqueue_nccl(Lane lane, std::function<ncclResult_t()> calls) {
+  if (!aborting()) return device_->nccl(lane, std::move(calls));
+  if (lane.error != nullptr) {
+    uint32_t expected = 0;
+    __atomic_compare_exchange_n(lane.error, &expected,
+                                error_word(ErrorSource::kNccl, ncclInvalidUsage), false,
+                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  }
+  stop_for_abort("before an NCCL call");
+  return Status::kUnsupported;  // ncclInvalidUsage
+}
+
 ncclResult_t Engine::wait_for_peers(EventHandle e, const char* what) {
   const Status s = device_->synchronize_for(e, settings_.timeout_ms);
   if (aborting()) return stop_for_abort(what);
@@ -83,15 +99,15 @@ ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
   const int64_t timeout_ms = settings_.timeout_ms;
-  if (device_->nccl(lane,
-                    [=] {
-                      return ops.settled(comm,
-                                         ops.all_reduce(send, recv, static_cast<size_t>(n),
-                                                        ncclUint32, ncclMax, comm, stream),
-                                         timeout_ms);
-                    }) != Status::kOk ||
+  if (enqueue_nccl(lane,
+                   [=] {
+                     return ops.settled(comm,
+                                        ops.all_reduce(send, recv, static_cast<size_t>(n),
+                                                       ncclUint32, ncclMax, comm, stream),
+                                        timeout_ms);
+                   }) != Status::kOk ||
       device_->record(ev_comm_done_, comm_stream_) != Status::kOk)
-    return ncclSystemError;
+    return broken_ != ncclSuccess ? broken_ : ncclSystemError;
   if (const ncclResult_t r = wait_for_peers(ev_comm_done_, "a blocking control all-reduce");
       r != ncclSuccess)
     return r;
@@ -202,7 +218,7 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
   // for this event (or a later one) finds the check's copies complete. No host wait here.
   const bool arm = check_ && check_->state == Check::State::kEnqueued;
   if (arm) DQ_CHECK(device_->wait(comm_stream_, check_->done));
-  DQ_CHECK(device_->nccl(lane, [=] {
+  DQ_CHECK(enqueue_nccl(lane, [=] {
     ncclResult_t r = ops.group_start();
     if (r == ncclSuccess && stats_words > 0)
       r = ops.all_reduce(stats_local, stats_reduced, stats_words, ncclBfloat16, ncclSum, comm,

@@ -53,7 +53,7 @@ Status Engine::enqueue_check_finish(const CallArgs& call, uint64_t* wire_bytes) 
   const ncclDataType_t dtype = call.dtype;
   const ncclRedOp_t op = call.op;
   const int64_t timeout_ms = settings_.timeout_ms;
-  DQ_CHECK(device_->nccl(comm, [=] {
+  DQ_CHECK(enqueue_nccl(comm, [=] {
     return ops.settled(nccl, ops.all_reduce(in, exact, elems, dtype, op, nccl, stream), timeout_ms);
   }));
   DQ_CHECK(device_->copy(c.host_exact, c.exact, elems * esize, comm));

@@ -89,7 +89,7 @@ Status Engine::enqueue_comm(Plan& p, int block, int stage, uint64_t* wire_bytes)
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
   const int64_t timeout_ms = settings_.timeout_ms;
-  DQ_CHECK(device_->nccl(lane, [=] {
+  DQ_CHECK(enqueue_nccl(lane, [=] {
     ncclResult_t r = ops.group_start();
     for (const Message& m : messages) {
       if (r != ncclSuccess) break;

@@ -52,7 +52,7 @@ Status Engine::enqueue_node_reduce(const CallArgs& call, Lane lane) {
   void* shard = h.shard;
   const int nodes = h.map.nodes, local = h.map.local_size;
   const CallArgs c = call;
-  return device_->nccl(lane, [=] {
+  return enqueue_nccl(lane, [=] {
     if (c.collective != Collective::kReduceScatter)
       return ops.reduce_scatter(c.send, shard, s.shard, c.dtype, c.op, node, stream);
     for (int k = 0; k < nodes; ++k) {
@@ -97,7 +97,7 @@ Status Engine::enqueue_rail_exact(const CallArgs& rc, int engine, Lane lane) {
   const NcclOps ops = ops_;
   const ncclComm_t rail = hierarchy_->rail_comm[engine];
   const size_t nodes = static_cast<size_t>(hierarchy_nodes());
-  return device_->nccl(lane, [=] {
+  return enqueue_nccl(lane, [=] {
     if (rc.collective == Collective::kAllReduce)
       return ops.all_reduce(rc.send, rc.recv, rc.count, rc.dtype, rc.op, rail, rc.stream);
     if (rc.collective == Collective::kReduceScatter)
@@ -121,7 +121,7 @@ Status Engine::enqueue_node_gather(const CallArgs& call, Lane lane) {
   const bool is_root = comm_.rank == call.root;
   const CallArgs c = call;
   const size_t shards_end = s.shard * static_cast<size_t>(map.local_size);
-  return device_->nccl(lane, [=] {
+  return enqueue_nccl(lane, [=] {
     ncclResult_t r = ncclSuccess;
     if (c.collective != Collective::kReduce) return r;
     if (map.node == c.root / map.local_size) {
@@ -191,8 +191,8 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t p, size_t first, size_
   // not wait: a piece's prologue then overlaps the previous piece's messages anyway, and a wait
   // would tie each rank's reduce-scatter to its node-mates' rails.
   if (p == 1) DQ_CHECK(device_->wait(comm_stream_, h.layouts_done[0]));
-  DQ_CHECK(device_->nccl(Lane{comm_stream_, error},
-                         [=] { return ops.reduce_scatter(send, shard, n, dt, op, node, comm); }));
+  DQ_CHECK(enqueue_nccl(Lane{comm_stream_, error},
+                        [=] { return ops.reduce_scatter(send, shard, n, dt, op, node, comm); }));
   DQ_CHECK(device_->record(h.node_done, comm_stream_));
   // The piece's rail call on rail engine e, whose stream waits for its reduce-scatter and for
   // that engine's previous rail call only: the other engine's call (the previous piece) may
@@ -209,8 +209,8 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t p, size_t first, size_
     DQ_CHECK(enqueue_rail_exact(rc, e, Lane{h.rail_stream[e], error}));
   DQ_CHECK(device_->record(h.rail_done[e], h.rail_stream[e]));
   DQ_CHECK(device_->wait(h.gather_stream, h.rail_done[e]));
-  return device_->nccl(Lane{h.gather_stream, error},
-                       [=] { return ops.all_gather(shard, recv, n, dt, gather, gather_stream); });
+  return enqueue_nccl(Lane{h.gather_stream, error},
+                      [=] { return ops.all_gather(shard, recv, n, dt, gather, gather_stream); });
 }
 
 // The all-reduce in pieces (docs/ENGINE.md section 11), then the tail on the caller's
@@ -244,7 +244,7 @@ ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call, PassReason* 
   const CallArgs c = call;
   const size_t end = shard * local;
   if (st == Status::kOk && tail > 0)
-    st = device_->nccl(Lane{comm_stream_, control_ + error_word_index()}, [=] {
+    st = enqueue_nccl(Lane{comm_stream_, control_ + error_word_index()}, [=] {
       return ops.all_reduce(at(c.send, end, esize), at(c.recv, end, esize), tail, c.dtype, c.op,
                             whole, comm);
     });

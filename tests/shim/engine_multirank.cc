@@ -404,7 +404,7 @@ int scenario_stalled_wait(int n) {
     args.send = in.data();
     args.recv = out.data();
     args.count = kCount;
-    for (const Abort mode : {Abort::kDuringWait, Abort::kBeforeStart}) {
+    for (const Abort mode : {Abort::kDuringWait, Abort::kBeforeStart, Abort::kDuringEnqueue}) {
       std::atomic<bool> aborted{false};
       FailingDevice device(dq::engine::host_device());
       Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
