@@ -53,7 +53,9 @@
 #include "common/log.h"
 #include "config/settings.h"
 #include "kernels/cuda/budget.h"
+#include "shim/engine/cuda_context.h"
 #include "shim/engine/cuda_steps.h"
+#include "shim/engine/scoped_context.h"
 
 #if DQ_CUDA_EMULATED
 #error "shim/engine/cuda_device_gpu.cu is the nvcc build; the emulated device is cuda_device.cc"
@@ -94,23 +96,10 @@ class RelaxedCapture {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
-// Runs the enclosing scope on device `d`, restoring the thread's device after.
-class OnDevice {
- public:
-  explicit OnDevice(int d) {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != d && cudaSetDevice(d) == cudaSuccess)
-      prev_ = cur;
-  }
-  ~OnDevice() {
-    if (prev_ >= 0) cudaSetDevice(prev_);
-  }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
-
- private:
-  int prev_ = -1;
-};
+// Runs the enclosing scope with the device's primary context current, restoring the thread's own
+// context (or none) after: restored by device number instead, a thread with no context would get
+// device 0's primary context, about 0.5 GB on GPU 0 for every rank whose abort ran there.
+using OnDevice = ScopedContext<cuda_context::Ops>;
 
 class CudaGpuDevice final : public Device {
  public:
@@ -120,7 +109,11 @@ class CudaGpuDevice final : public Device {
   // At a communicator's first call, which may be captured (no eager warm-up): relaxed, so the
   // pool, the kernels' loading and the stream neither fail nor invalidate that capture.
   Status init() {
-    OnDevice on(ordinal_);
+    std::string why;
+    primary_ = cuda_context::primary(ordinal_, &why);
+    if (primary_ == nullptr)
+      DQ_FAIL(Status::kSystemError, "cuda device %d: %s", ordinal_, why.c_str());
+    OnDevice on(primary_);
     RelaxedCapture relaxed;
     int pools = 0;
     if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_) != cudaSuccess)
@@ -138,7 +131,7 @@ class CudaGpuDevice final : public Device {
 
   // ---- memory -------------------------------------------------------------------------------
   Status alloc(size_t bytes, void** out) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     RelaxedCapture relaxed;  // plan time: may run while another thread captures
     *out = nullptr;
     if (!pools_) return cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
@@ -154,7 +147,7 @@ class CudaGpuDevice final : public Device {
     return drain(alloc_stream_, "an allocation");
   }
   Status alloc_mapped(size_t bytes, void** out) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     RelaxedCapture relaxed;
     std::lock_guard<std::mutex> lock(m_);
     DQ_CHECK(pinned(bytes, out));
@@ -163,7 +156,7 @@ class CudaGpuDevice final : public Device {
   }
   void release(void* p, StreamHandle stream) override {
     if (p == nullptr) return;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     RelaxedCapture relaxed;  // an event recorded, a free queued: never another thread's capture
     auto s = static_cast<cudaStream_t>(stream);
     size_t mapped_bytes = 0;
@@ -200,7 +193,7 @@ class CudaGpuDevice final : public Device {
 
   // ---- streams and events -------------------------------------------------------------------
   Status create_stream(StreamHandle* out) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     RelaxedCapture relaxed;  // the engine's set-up, at a call that may be captured
     cudaStream_t s = nullptr;
     DQ_CHECK(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
@@ -208,7 +201,7 @@ class CudaGpuDevice final : public Device {
     return Status::kOk;
   }
   void destroy_stream(StreamHandle stream) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     RelaxedCapture relaxed;
     auto s = static_cast<cudaStream_t>(stream);
     std::vector<StepSlot> words;  // the stream's StepWords
@@ -246,23 +239,23 @@ class CudaGpuDevice final : public Device {
     cudaStreamDestroy(s);
   }
   Status create_event(EventHandle* out) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     cudaEvent_t e = nullptr;
     DQ_CHECK(cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
     *out = e;
     return Status::kOk;
   }
   void destroy_event(EventHandle e) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
   Status record(EventHandle e, StreamHandle s) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     return cuda_status(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)),
                        "cudaEventRecord");
   }
   Status wait(StreamHandle s, EventHandle e) override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     return cuda_status(
         cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0),
         "cudaStreamWaitEvent");
@@ -274,7 +267,7 @@ class CudaGpuDevice final : public Device {
   // within microseconds), then sleeps 50 us between queries; the loop ends by the deadline.
   Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
     if (timeout_ms <= 0) timeout_ms = timeout_ms_;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     const auto event = static_cast<cudaEvent_t>(e);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (uint64_t query = 0;; ++query) {
@@ -286,7 +279,7 @@ class CudaGpuDevice final : public Device {
     }
   }
   bool capturing(StreamHandle s) const override {
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &status) != cudaSuccess) {
       cudaGetLastError();
@@ -298,7 +291,7 @@ class CudaGpuDevice final : public Device {
   // ---- copies and NCCL calls ----------------------------------------------------------------
   Status copy(void* dst, const void* src, size_t bytes, Lane lane) override {
     if (error_set(lane.error) || bytes == 0) return Status::kOk;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     const Status s = cuda_status(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(lane.stream)),
         "cudaMemcpyAsync");
@@ -315,7 +308,7 @@ class CudaGpuDevice final : public Device {
   Status predict_budget(const BudgetJob* job, const uint16_t* reduced, void* scratch,
                         size_t scratch_bytes, BudgetResult* out, Lane lane) override {
     if (error_set(lane.error)) return Status::kOk;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     const Status s =
         cuda_status(cuda::launch_budget(job, reduced, scratch, scratch_bytes, out, lane.error,
                                         static_cast<cudaStream_t>(lane.stream)),
@@ -328,7 +321,7 @@ class CudaGpuDevice final : public Device {
   // as on the host device, a failure written to the error word).
   Status nccl(Lane lane, std::function<ncclResult_t()> calls) override {
     if (error_set(lane.error)) return Status::kOk;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     const ncclResult_t r = calls();
     if (r == ncclSuccess) return Status::kOk;
     set_error(lane.error, error_word(ErrorSource::kNccl, r));
@@ -385,7 +378,7 @@ class CudaGpuDevice final : public Device {
     if (image.empty()) return Status::kOk;
     DQ_CHECK(alloc(image.size(), &p->device_memory));
     p->device_bytes = image.size();
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     RelaxedCapture relaxed;
     DQ_CHECK(cuda_status(cudaMemcpyAsync(p->device_memory, image.data(), image.size(),
                                          cudaMemcpyHostToDevice, alloc_stream_),
@@ -459,7 +452,7 @@ class CudaGpuDevice final : public Device {
   template <class Body>
   Status step(const PreparedCodec& codec, Lane lane, const char* what, Body&& body) {
     if (error_set(lane.error)) return Status::kOk;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     auto stream = static_cast<cudaStream_t>(lane.stream);
     Status s = Status::kOk;
     cuda_steps::StepParams k;
@@ -496,7 +489,7 @@ class CudaGpuDevice final : public Device {
   template <class Body>
   Status kernel_step(Lane lane, Body&& body) {
     if (error_set(lane.error)) return Status::kOk;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     auto stream = static_cast<cudaStream_t>(lane.stream);
     unsigned* flags = nullptr;
     Status s = word_for(lane.stream, stream, lane.error, &flags);
@@ -513,7 +506,7 @@ class CudaGpuDevice final : public Device {
   Status upload_levels(const DynamiqOptions& o, const LevelTable** out, cudaEvent_t* ready) {
     *out = nullptr;
     *ready = nullptr;
-    OnDevice on(ordinal_);
+    OnDevice on(primary_);
     RelaxedCapture relaxed;
     Status made = Status::kOk;
     cuda_steps::LevelSet* l = levels_.get(o, [&](cuda_steps::LevelSet& set) {
@@ -670,6 +663,7 @@ class CudaGpuDevice final : public Device {
   }
 
   const int ordinal_;
+  cuda_context::Context primary_ = nullptr;                 // the GPU's primary context (init)
   const int64_t timeout_ms_ = config::global().timeout_ms;  // every host wait's bound
   char name_[32];
   bool pools_ = false;
