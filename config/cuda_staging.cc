@@ -212,20 +212,22 @@ Status Staging::begin() {
   // A stream being captured into a CUDA graph: the copies would be captured and never run, and
   // the synchronisation CUDA refuses (it would invalidate the application's capture). The CPU
   // NCCL cannot take part in a graph: refused before touching the stream.
+  // A query that fails is refused alike: the legacy stream asked while another stream captures
+  // answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and synchronising it would invalidate that capture.
   for (const Region& r : regions_) {
+    if (d.stream_is_capturing == nullptr) break;
     int capturing = 0;
-    if (d.stream_is_capturing != nullptr &&
-        in_context(d, r.context,
-                   [&] {
-                     return d.stream_is_capturing(static_cast<CUstream>(r.stream), &capturing);
-                   }) == kCudaSuccess &&
-        capturing != 0) {
-      error_ =
-          "the caller's stream is being captured into a CUDA graph; the CPU NCCL cannot run "
-          "inside a capture";
-      regions_.clear();
-      return Status::kInvalidArgument;
-    }
+    const CUresult q = in_context(d, r.context, [&] {
+      return d.stream_is_capturing(static_cast<CUstream>(r.stream), &capturing);
+    });
+    if (q == kCudaSuccess && capturing == 0) continue;
+    error_ = q == kCudaSuccess
+                 ? "the caller's stream is being captured into a CUDA graph; the CPU NCCL cannot "
+                   "run inside a capture"
+                 : cuda_error(d, q, "asking whether the caller's stream is being captured") +
+                       " (the legacy stream while another stream captures?): it is not touched";
+    regions_.clear();
+    return Status::kInvalidArgument;
   }
   // Copies in, each region on its stream: the copy follows the work enqueued there before the
   // call; the synchronisation makes the host copy complete before the operation reads it. A

@@ -283,7 +283,7 @@ class CudaGpuDevice final : public Device {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &status) != cudaSuccess) {
       cudaGetLastError();
-      return false;
+      return true;  // cudaErrorStreamCaptureImplicit: the legacy stream, another stream capturing
     }
     return status != cudaStreamCaptureStatusNone;
   }

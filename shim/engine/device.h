@@ -117,7 +117,9 @@ class Device {
     (void)timeout_ms;
     return synchronize(e);
   }
-  // True while `s` (a caller's stream) is being captured into a CUDA graph.
+  // True while `s` (a caller's stream) is being captured into a CUDA graph, and when that cannot be
+  // told (CUDA refuses the question for the legacy stream while another stream captures, whose
+  // capture a synchronisation of that stream would invalidate): the call then passes through.
   virtual bool capturing(StreamHandle s) const = 0;
   // True when the codec steps are not the host codec's own code (a CUDA device): the engine then
   // checks them against the host codec once per communicator, before its first compressed call

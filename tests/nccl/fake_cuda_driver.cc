@@ -30,7 +30,7 @@
 namespace {
 
 constexpr int kSuccess = 0, kInvalidValue = 1, kNotInitialized = 3, kInvalidContext = 201;
-constexpr int kCaptureUnsupported = 900, kCaptureInvalidated = 901;
+constexpr int kCaptureUnsupported = 900, kCaptureInvalidated = 901, kStreamCaptureImplicit = 906;
 constexpr size_t kArenaBytes = size_t{1} << 30;  // reserved, not committed
 
 struct Stream {
@@ -150,9 +150,14 @@ int cuStreamSynchronize(void* stream) {
   return kSuccess;
 }
 
-// CU_STREAM_CAPTURE_STATUS_NONE (0) or _ACTIVE (1), or _INVALIDATED (2) once a call broke it.
+// CU_STREAM_CAPTURE_STATUS_NONE (0) or _ACTIVE (1), or _INVALIDATED (2) once a call broke it. The
+// legacy stream (0 or CU_STREAM_LEGACY) asked while another stream captures (a blocking one, as
+// this driver's are): CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the capture kept, as CUDA answers.
 int cuStreamIsCapturing(void* stream, int* status) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  const bool legacy = reinterpret_cast<uintptr_t>(stream) <= 1;
+  if (legacy && g_capturing != nullptr && g_capturing != &g_default_stream)
+    return kStreamCaptureImplicit;
   *status = stream_of(stream) != g_capturing ? 0 : g_capture_invalidated ? 2 : 1;
   return kSuccess;
 }
