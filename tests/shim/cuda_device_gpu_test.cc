@@ -12,7 +12,8 @@
 //                error word: a malformed input makes the hop's kernels set it with the host
 //                device's encoding (kCodec, kMalformedPayload), the finish after it writes nothing,
 //                and an enqueue returns without waiting for the device; the bounded wait
-//                (synchronize_for) gives up at its bound on a stream held by a host function.
+//                (synchronize_for) gives up at its bound on a stream held by a host function; the
+//                device's calls leave a thread's CUDA context as they found it (none included).
 // Exit 0 pass, 77 skip, other: the failing check.
 #include <cuda_runtime.h>
 
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "kernels/codec.h"
+#include "shim/engine/cuda_context.h"
 #include "shim/engine/cuda_device_gpu.h"
 #include "shim/engine/engine.h"
 #include "tests/common/check.h"
@@ -97,6 +99,40 @@ int bounded_wait_check(Device* d, dq::engine::StreamHandle s1, dq::engine::Event
            "synchronize_for(50 ms) on a held stream: %s after %.1f ms", dq::status_name(timed),
            waited_ms);
   CHECK_OR(42, d->synchronize_for(done, 10000) == Status::kOk, "synchronize_for after the hold");
+  return 0;
+}
+
+// The device's calls leave the calling thread's CUDA context as they found it: none on a fresh
+// thread (restored by device number instead, device 0's primary context would be made current
+// there, and created on GPU 0 if the device is another), and the main thread's own.
+int context_check(Device* d, dq::engine::StreamHandle s) {
+  const dq::engine::cuda_context::Ops ops;
+  auto touch = [&] {
+    dq::engine::EventHandle e = nullptr;
+    const bool ok = d->create_event(&e) == Status::kOk && d->record(e, s) == Status::kOk &&
+                    d->synchronize(e) == Status::kOk;
+    if (e != nullptr) d->destroy_event(e);
+    return ok;
+  };
+  int rc = 0;
+  std::thread fresh([&] {
+    dq::engine::cuda_context::Context c = &rc;
+    if (!ops.current(&c) || c != nullptr)
+      rc = 40;  // a new thread has none
+    else if (!touch())
+      rc = 41;
+    else if (!ops.current(&c) || c != nullptr)
+      rc = 42;
+  });
+  fresh.join();
+  CHECK_OR(rc, rc == 0, "a thread without a CUDA context: %s",
+           rc == 40   ? "had one before any call"
+           : rc == 41 ? "the device's calls failed"
+                      : "has one after the device's calls");
+  dq::engine::cuda_context::Context before = nullptr, after = nullptr;
+  CHECK_OR(43, ops.current(&before) && touch() && ops.current(&after) && before == after,
+           "the main thread's context changed across the device's calls");
+  std::printf("the device's calls leave a thread's CUDA context as it was (none, or its own)\n");
   return 0;
 }
 
@@ -205,6 +241,7 @@ int steps_check() {
                Status::kOk,
            "a step after the error");
   if (const int failed = bounded_wait_check(d, s1, done)) return failed;
+  if (const int failed = context_check(d, s1)) return failed;
   d->destroy_event(done);
   for (void* p : {x, stats, layout, bad, out, finished}) d->release(p, s1);
   d->release(word, s1);
