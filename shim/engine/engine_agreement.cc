@@ -1,6 +1,7 @@
 // Agreement between the ranks and the host's waits: the handshake, the blocking MAX all-reduce of
 // a new plan, the call's control words (read a control window later), and the communicator's sticky
 // asynchronous error (docs/ENGINE.md sections 2-4).
+#include <chrono>
 #include <cstring>
 
 #include "shim/engine/engine_internal.h"
@@ -186,10 +187,16 @@ ncclResult_t Engine::absorb_window() {
   const int window = control_window();
   while (control_sent_ - control_absorbed_ >= static_cast<uint64_t>(window)) {
     const int slot = static_cast<int>(control_absorbed_ % static_cast<uint64_t>(window));
-    if (const ncclResult_t r =
-            wait_for_peers(ev_controls_[slot], "the control all-reduce a window of calls back");
-        r != ncclSuccess)
-      return r;
+    const auto t0 = std::chrono::steady_clock::now();
+    const ncclResult_t r =
+        wait_for_peers(ev_controls_[slot], "the control all-reduce a window of calls back");
+    if (metrics_)
+      metrics_->window_wait_nanoseconds.fetch_add(
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now() - t0)
+                                    .count()),
+          std::memory_order_relaxed);
+    if (r != ncclSuccess) return r;
     const bool on = decide_call_switch(control_ + call_recv_word(slot, window));
     if (on != switch_agreed_)
       DQ_INFO(Subsys::kEngine, "dynamiq: rank %d: the A/B switch turns compression %s", comm_.rank,

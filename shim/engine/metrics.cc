@@ -170,20 +170,22 @@ std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
       std::lock_guard<std::mutex> lock(c->budget_mutex);
       budget = budget_json(c->budget);
     }
-    doc["communicators"].push_back({{"index", c->index},
-                                    {"name", c->name},
-                                    {"rank", c->rank},
-                                    {"size", c->size},
-                                    {"destroyed", c->destroyed.load()},
-                                    {"bytes_in", c->bytes_in.load()},
-                                    {"wire_bytes", c->wire_bytes.load()},
-                                    {"seconds", c->nanoseconds.load() * 1e-9},
-                                    {"held_bytes", c->held_bytes.load()},
-                                    {"compression_ratio", compression_ratio(*c)},
-                                    {"calls", calls},
-                                    // After held_bytes in key order: tests/soak reads each
-                                    // communicator up to the end of its first nested object.
-                                    {"quantization", budget}});
+    doc["communicators"].push_back(
+        {{"index", c->index},
+         {"name", c->name},
+         {"rank", c->rank},
+         {"size", c->size},
+         {"destroyed", c->destroyed.load()},
+         {"bytes_in", c->bytes_in.load()},
+         {"wire_bytes", c->wire_bytes.load()},
+         {"seconds", c->nanoseconds.load() * 1e-9},
+         {"window_wait_seconds", c->window_wait_nanoseconds.load() * 1e-9},
+         {"held_bytes", c->held_bytes.load()},
+         {"compression_ratio", compression_ratio(*c)},
+         {"calls", calls},
+         // After held_bytes in key order: tests/soak reads each
+         // communicator up to the end of its first nested object.
+         {"quantization", budget}});
   }
   // Invalid UTF-8 in a communicator name is replaced, never a throw or an invalid file.
   return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -234,8 +236,11 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
       {"dynamiq_rerouted_bytes_in_total", "Bytes of the caller's buffers in compressed calls."},
       {"dynamiq_rerouted_wire_bytes_total",
        "Bytes this rank sent for compressed calls (every message, statistics included)."},
-      {"dynamiq_rerouted_seconds_total", "Seconds spent inside compressed calls on the host."}};
-  for (int g = 0; g < 3; ++g) {
+      {"dynamiq_rerouted_seconds_total", "Seconds spent inside compressed calls on the host."},
+      {"dynamiq_window_wait_seconds_total",
+       "Seconds compressed calls waited on the host for the call a control window back "
+       "(DYNAMIQ_CONTROL_WINDOW): the device was that many calls behind."}};
+  for (int g = 0; g < 4; ++g) {
     text += std::string("# HELP ") + kCounters[g].name + " " + kCounters[g].help + "\n";
     text += std::string("# TYPE ") + kCounters[g].name + " counter\n";
     for (const auto& c : comms) {
@@ -243,6 +248,7 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
       if (g == 0) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->bytes_in.load());
       if (g == 1) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->wire_bytes.load());
       if (g == 2) std::snprintf(v, sizeof v, "%.9f", c->nanoseconds.load() * 1e-9);
+      if (g == 3) std::snprintf(v, sizeof v, "%.9f", c->window_wait_nanoseconds.load() * 1e-9);
       text += std::string(kCounters[g].name) + "{" + label_set(*c) + "} " + v + "\n";
     }
   }

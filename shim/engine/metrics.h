@@ -80,9 +80,12 @@ struct CommMetrics {
   std::atomic<uint64_t> bytes_in{0};     // caller bytes of rerouted calls
   std::atomic<uint64_t> wire_bytes{0};   // bytes this rank sent for rerouted calls (all messages)
   std::atomic<uint64_t> nanoseconds{0};  // time inside rerouted calls
-  std::atomic<int64_t> held_bytes{0};    // gauge: device/host bytes held by cached plans
-  std::atomic<bool> destroyed{false};    // the communicator is gone; its totals stay
-  mutable std::mutex budget_mutex;       // guards budget (written by the engine per call)
+  // Host time eligible calls spent waiting for the control all-reduce a control window back
+  // (DYNAMIQ_CONTROL_WINDOW): the device was that many compressed calls behind the host.
+  std::atomic<uint64_t> window_wait_nanoseconds{0};
+  std::atomic<int64_t> held_bytes{0};  // gauge: device/host bytes held by cached plans
+  std::atomic<bool> destroyed{false};  // the communicator is gone; its totals stay
+  mutable std::mutex budget_mutex;     // guards budget (written by the engine per call)
   BudgetMetrics budget;
 };
 

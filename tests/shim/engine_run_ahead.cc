@@ -85,6 +85,7 @@ struct Run {
   std::vector<std::vector<float>> out;  // each call's output
   std::vector<double> bits;             // each call's budget, read when it returned
   uint64_t checked = 0;                 // sampled checks read
+  double window_wait_s = 0;             // the window-wait metric at the end
 };
 
 double latest_bits(const dq::engine::CommMetrics& metrics) {
@@ -206,6 +207,7 @@ int gated_run(const dq::config::Settings& settings, int n, int rank, ncclComm_t 
   CHECK_OR(26, held.drain() && engine.async_error() == ncclSuccess,
            "rank %d: the calls did not complete cleanly", rank);
   run->checked = checks_read(*metrics);
+  run->window_wait_s = metrics->window_wait_nanoseconds.load() * 1e-9;
   return 0;
 }
 
@@ -274,13 +276,20 @@ int one_case(const Case& c, int n, int rank, ncclComm_t comm) {
            "rank %d, %s: %llu checks read ahead of the device, %llu on the calling thread", rank,
            c.label, static_cast<unsigned long long>(gated.checked),
            static_cast<unsigned long long>(reference.checked));
+  // The call after the window waited for the gate (kGateMs after it was issued): the metric
+  // shows it. With auto that call waited in its new plan's agreement instead.
+  CHECK_OR(37, c.auto_bits || gated.window_wait_s >= kGateMs * 0.5e-3,
+           "rank %d, %s: window wait %.3f s, but call %d waited for the gate (%d ms)", rank,
+           c.label, gated.window_wait_s, shut + 1, kGateMs);
   if (c.env.count("DYNAMIQ_CHECK_EVERY"))
     CHECK_OR(36, gated.checked > 0, "rank %d, %s: no sampled check was read", rank, c.label);
   if (rank == 0)
     std::printf(
         "%s (window %d): calls 1..%d returned with the stream held, call %d waited for it; %d "
-        "calls byte-identical to the calling thread's and across ranks; %llu checks read\n",
-        c.label, window, shut, shut + 1, calls, static_cast<unsigned long long>(gated.checked));
+        "calls byte-identical to the calling thread's and across ranks; %llu checks read; "
+        "window wait %.3f s\n",
+        c.label, window, shut, shut + 1, calls, static_cast<unsigned long long>(gated.checked),
+        gated.window_wait_s);
   return 0;
 }
 
