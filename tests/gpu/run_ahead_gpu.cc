@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -165,14 +164,5 @@ int main(int, char** argv) {
   if (const int rank = my_rank(); rank >= 0) return run_rank(rank);
   Nccl nccl;
   if (!device_and_nccl(&nccl)) return kSkip;
-  std::string dir;
-  const std::vector<int> codes = run_ranks(argv, nccl, 90, &dir);
-  int failures = 0;
-  for (int r = 0; r < kRanks; ++r) {
-    std::printf("rank %d: exit %d\n", r, codes[r]);
-    if (codes[r] != 0) ++failures;
-  }
-  if (!dir.empty()) std::filesystem::remove_all(dir);
-  std::printf(failures == 0 ? "PASS\n" : "FAIL\n");
-  return failures == 0 ? 0 : 1;
+  return parent_main(argv, nccl, 90, nullptr);
 }

@@ -16,7 +16,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -194,18 +193,9 @@ int main(int, char** argv) {
   if (const int rank = my_rank(); rank >= 0) return run_rank(rank);
   Nccl nccl;
   if (!device_and_nccl(&nccl)) return kSkip;
-  std::string dir;
-  const std::vector<int> codes = run_ranks(argv, nccl, 75, &dir);
-  int failures = 0;
-  for (int r = 0; r < kRanks; ++r) {
-    std::printf("rank %d: exit %d\n", r, codes[r]);
-    if (codes[r] != 0) ++failures;
-  }
-  if (failures == 0 && read_result(dir, "digest0") != read_result(dir, "digest1")) {
+  return parent_main(argv, nccl, 75, [](const std::string& dir) {
+    if (read_result(dir, "digest0") == read_result(dir, "digest1")) return true;
     std::printf("FAIL: the ranks' results after the last call differ\n");
-    ++failures;
-  }
-  if (!dir.empty()) std::filesystem::remove_all(dir);
-  std::printf(failures == 0 ? "PASS\n" : "FAIL\n");
-  return failures == 0 ? 0 : 1;
+    return false;
+  });
 }

@@ -16,7 +16,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -206,6 +208,23 @@ inline std::vector<int> run_ranks(char** argv, const Nccl& nccl, int seconds, st
 // The parent: what rank's write_result left under NAME ("" when nothing).
 inline std::string read_result(const std::string& dir, const std::string& name) {
   return dq::test::read_file(dir + "/" + name);
+}
+
+// The parent of a pass/fail test: both ranks within `seconds`, each exit printed, then `more`
+// (given the results folder; true: pass) when both passed; PASS or FAIL, and the exit code.
+inline int parent_main(char** argv, const Nccl& nccl, int seconds,
+                       const std::function<bool(const std::string&)>& more) {
+  std::string dir;
+  const std::vector<int> codes = run_ranks(argv, nccl, seconds, &dir);
+  int failures = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    std::printf("rank %d: exit %d\n", r, codes[r]);
+    if (codes[r] != 0) ++failures;
+  }
+  if (failures == 0 && more && !more(dir)) ++failures;
+  if (!dir.empty()) std::filesystem::remove_all(dir);
+  std::printf(failures == 0 ? "PASS\n" : "FAIL\n");
+  return failures == 0 ? 0 : 1;
 }
 
 }  // namespace dq::gputest
