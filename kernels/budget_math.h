@@ -322,7 +322,8 @@ struct BudgetJob {
   double used_mx = 0;
   const BudgetPartJob* parts = nullptr;
 };
-// The prediction, written by the device into mapped memory for the host's one-call-late read.
+// The prediction, written by the device into mapped memory; the host reads it once the call's
+// control all-reduce is absorbed (a control window later).
 enum BudgetState : uint32_t { kBudgetPending = 0, kBudgetPredicted = 1, kBudgetNoPrediction = 2 };
 struct BudgetResult {
   uint32_t state = kBudgetPending;

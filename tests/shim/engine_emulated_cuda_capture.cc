@@ -81,7 +81,7 @@ int capture_body(int n, int rank, ncclComm_t comm) {
                cuda->create_event(&done) == dq::Status::kOk,
            "rank %d: setup", rank);
   std::vector<float> out(kCount);
-  for (int k = 0; k < 2; ++k)  // the warm-up: a control all-reduce stays one call late
+  for (int k = 0; k < 2; ++k)  // the warm-up: its control all-reduces stay unread
     if (const int rc = eager_call(eng, cuda.get(), stream, done, integer_input(rank, k, kCount),
                                   &out, rank, k))
       return rc;

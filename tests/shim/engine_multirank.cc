@@ -339,9 +339,9 @@ int scenario_alloc_fail(int n, bool budget_scratch) {
 }
 
 // ---- a host wait that outlives DYNAMIQ_TIMEOUT_MS ---------------------------------------------
-// Every rank's device answers the one-call-late wait of call 2 with kTimeout after the bound (as
-// the CUDA device does when a peer stopped answering): that call returns ncclRemoteError after
-// about DYNAMIQ_TIMEOUT_MS, never hangs, and every later call returns the same error at once (the
+// Every rank's device answers the wait of call W (below) with kTimeout after the bound (as the
+// CUDA device does when a peer stopped answering): that call returns ncclRemoteError after about
+// DYNAMIQ_TIMEOUT_MS, never hangs, and every later call returns the same error at once (the
 // communicator is broken until the application aborts it); the bound given is the setting's.
 // The host waits for an eligible call's control all-reduce only when the call a control window
 // later (DYNAMIQ_CONTROL_WINDOW, W) reuses its slot: after the first call (handshake and plan),

@@ -77,8 +77,8 @@ struct KillSpec {
 bool scenario_kill(const KillSpec& spec, int runs, const std::string& collective);
 
 // The A/B switch: rank 0 writes the control file g_dir/switch ("on" first, "off" before call 3,
-// "1" before call 6) and every rank must compress calls 11110001: rank 0 reads the file on
-// calls 3 and 6, every rank applies what it read one call later (docs/ENGINE.md section 3).
+// "1" before call 6); rank 0 reads the file on every call, and every rank applies what it read a
+// control window of calls later (docs/ENGINE.md section 3).
 struct ToggleSpec {
   int n = 4;
   std::function<Env(int, const std::string&)> env;  // rank r's settings, given the control file
