@@ -60,7 +60,9 @@ std::string Engine::compressed_text() const {
   return "compressed: codec " + codec + ", topology " + topology + ", blocks of " +
          bytes_text(static_cast<uint64_t>(settings_.block_bytes)) + ", calls of at least " +
          bytes_text(static_cast<uint64_t>(settings_.min_bytes)) + " of " + settings_.dtypes +
-         " by " + settings_.collectives + " (" + opt_in_why_ + ")";
+         " by " + settings_.collectives + ", the host up to " +
+         std::to_string(settings_.control_window) + " calls ahead of the device (" + opt_in_why_ +
+         ")";
 }
 
 void Engine::log_decision(const ControlDecision& d) const {
@@ -79,7 +81,8 @@ void Engine::log_decision(const ControlDecision& d) const {
     what = "pass-through: not opted in (" + opt_in_why_ + ")";
   } else if (!d.switch_on) {
     what = "pass-through: the A/B switch (DYNAMIQ_CONTROL_FILE " + settings_.control_file +
-           ") is off; calls compress from the first call after it is switched on";
+           ") is off; calls compress from DYNAMIQ_CONTROL_WINDOW = " +
+           std::to_string(settings_.control_window) + " eligible calls after it is switched on";
   } else {
     what = compressed_text();
   }

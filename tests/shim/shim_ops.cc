@@ -190,7 +190,8 @@ bool scenario_decision() {
       !same_decision(n,
                      "compressed: codec dynamiq at 5 bits per value, topology ring, blocks of 16 "
                      "MiB, calls of at least 1 MiB of float32,bfloat16 by "
-                     "allreduce,reducescatter,reduce (DYNAMIQ_COMMS term all)",
+                     "allreduce,reducescatter,reduce, the host up to 8 calls ahead of the device "
+                     "(DYNAMIQ_COMMS term all)",
                      "defaults"))
     return false;
   for (int r = 0; r < n; ++r) {
