@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <memory>
 #include <string>
@@ -194,6 +195,8 @@ class Engine {
   // a butterfly of a rank count that is not a power of two runs it on the ring.
   topo::Kind kind_for(Collective collective) const;
   void retire(std::unique_ptr<Plan> plan);
+  void remember_evicted(const Plan& p);
+  void note_plan_miss(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec);
   // One MAX all-reduce of `n` words through the control block, waited for on the host.
   ncclResult_t blocking_max(const uint32_t* in, uint32_t* out, int n);
   // A host wait for `e`, recorded after work that involves peers (`what` names it), bounded by
@@ -310,7 +313,18 @@ class Engine {
   bool quiet_done_ = false;
   Canary canary_ = Canary::kNotRun;
   bool canary_agreed_ = false;  // the canary's verdict was agreed (at the first plan made)
-  std::list<std::unique_ptr<Plan>> plans_;      // most recently used first
+  std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
+  // The shapes of recently evicted plans (remember_evicted), and the plans made again for them.
+  struct PlanShape {
+    Collective collective;
+    int root;
+    size_t count;
+    DType dtype;
+    double bits;
+    CodecSpec spec;
+  };
+  std::deque<PlanShape> evicted_;
+  uint64_t replans_ = 0;
   std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
   std::unique_ptr<Check> check_;                // DYNAMIQ_CHECK_EVERY > 0 only
   BudgetTarget target_;                         // DYNAMIQ_TARGET, parsed

@@ -13,8 +13,6 @@
 
 namespace dq::engine {
 
-inline constexpr size_t kMaxPlans =
-    16;  // distinct (count, dtype) kept: DDP uses a few bucket sizes
 // Buckets whose statistics and budget the engine keeps (DYNAMIQ_BITS=auto). More than plans: a
 // bucket holds only its statistics (4 bytes per 256 elements), and an evicted bucket starts
 // again at the fixed default.

@@ -254,6 +254,34 @@ void Engine::settle_canary(const CanaryResult& canary, bool any_failed) {
             comm_.rank, comm_.nranks);
 }
 
+// The shapes of the latest evicted plans (as many as the cache holds), so that a plan made again
+// for one of them counts as a re-plan: the cache is too small for the shapes the job cycles
+// through. Every rank makes and evicts the same plans, so every rank counts alike.
+void Engine::remember_evicted(const Plan& p) {
+  evicted_.push_back({p.collective, p.root, p.count, p.dtype, p.bits, p.spec});
+  while (evicted_.size() > static_cast<size_t>(settings_.plan_cache)) evicted_.pop_front();
+}
+
+void Engine::note_plan_miss(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec) {
+  if (metrics_) metrics_->plans_made.fetch_add(1, std::memory_order_relaxed);
+  const auto again = std::find_if(evicted_.begin(), evicted_.end(), [&](const PlanShape& s) {
+    return s.collective == call.collective && s.root == call.root && s.count == call.count &&
+           s.dtype == dtype && s.bits == bits && s.spec == spec;
+  });
+  if (again == evicted_.end()) return;
+  evicted_.erase(again);
+  ++replans_;
+  if (metrics_) metrics_->replans.fetch_add(1, std::memory_order_relaxed);
+  if (replans_ == static_cast<uint64_t>(settings_.plan_cache))
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: communicator %s: %llu plans were made again after their eviction: the job "
+            "cycles through more call shapes than DYNAMIQ_PLAN_CACHE = %lld holds, and each "
+            "re-plan waits for the device and allocates new buffers; raise DYNAMIQ_PLAN_CACHE "
+            "(every rank alike) to keep them",
+            label_.c_str(), static_cast<unsigned long long>(replans_),
+            static_cast<long long>(settings_.plan_cache));
+}
+
 Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
                                const CodecSpec& spec, Bucket* bucket, ncclResult_t* nccl_failure) {
   *nccl_failure = ncclSuccess;
@@ -264,6 +292,7 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
       plans_.splice(plans_.begin(), plans_, it);  // most recently used first
       return plans_.front().get();
     }
+  note_plan_miss(call, dtype, bits, spec);
   const CanaryResult canary = run_canaries();
   // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
   // not send that rank alone down the pass-through path while its peers compress. Word 0: this
@@ -292,7 +321,8 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
     return nullptr;
   }
   plans_.push_front(std::move(plan));
-  if (plans_.size() > kMaxPlans) {
+  if (plans_.size() > static_cast<size_t>(settings_.plan_cache)) {
+    remember_evicted(*plans_.back());
     retire(std::move(plans_.back()));
     plans_.pop_back();
   }

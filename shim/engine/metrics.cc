@@ -180,6 +180,8 @@ std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
          {"wire_bytes", c->wire_bytes.load()},
          {"seconds", c->nanoseconds.load() * 1e-9},
          {"window_wait_seconds", c->window_wait_nanoseconds.load() * 1e-9},
+         {"plans_made", c->plans_made.load()},
+         {"replans", c->replans.load()},
          {"held_bytes", c->held_bytes.load()},
          {"compression_ratio", compression_ratio(*c)},
          {"calls", calls},
@@ -239,8 +241,13 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
       {"dynamiq_rerouted_seconds_total", "Seconds spent inside compressed calls on the host."},
       {"dynamiq_window_wait_seconds_total",
        "Seconds compressed calls waited on the host for the call a control window back "
-       "(DYNAMIQ_CONTROL_WINDOW): the device was that many calls behind."}};
-  for (int g = 0; g < 4; ++g) {
+       "(DYNAMIQ_CONTROL_WINDOW): the device was that many calls behind."},
+      {"dynamiq_plans_made_total",
+       "Plans made for compressed call shapes (each a host wait for the device and new buffers)."},
+      {"dynamiq_replans_total",
+       "Plans made again for a shape the plan cache had evicted (DYNAMIQ_PLAN_CACHE too small "
+       "for the shapes the job cycles through)."}};
+  for (int g = 0; g < 6; ++g) {
     text += std::string("# HELP ") + kCounters[g].name + " " + kCounters[g].help + "\n";
     text += std::string("# TYPE ") + kCounters[g].name + " counter\n";
     for (const auto& c : comms) {
@@ -249,6 +256,8 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
       if (g == 1) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->wire_bytes.load());
       if (g == 2) std::snprintf(v, sizeof v, "%.9f", c->nanoseconds.load() * 1e-9);
       if (g == 3) std::snprintf(v, sizeof v, "%.9f", c->window_wait_nanoseconds.load() * 1e-9);
+      if (g == 4) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->plans_made.load());
+      if (g == 5) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->replans.load());
       text += std::string(kCounters[g].name) + "{" + label_set(*c) + "} " + v + "\n";
     }
   }

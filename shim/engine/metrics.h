@@ -83,6 +83,9 @@ struct CommMetrics {
   // Host time eligible calls spent waiting for the control all-reduce a control window back
   // (DYNAMIQ_CONTROL_WINDOW): the device was that many compressed calls behind the host.
   std::atomic<uint64_t> window_wait_nanoseconds{0};
+  // Plans made (each a blocking agreement and new buffers), and of them those made again for a
+  // shape the cache had evicted (DYNAMIQ_PLAN_CACHE too small for the job's shapes).
+  std::atomic<uint64_t> plans_made{0}, replans{0};
   std::atomic<int64_t> held_bytes{0};  // gauge: device/host bytes held by cached plans
   std::atomic<bool> destroyed{false};  // the communicator is gone; its totals stay
   mutable std::mutex budget_mutex;     // guards budget (written by the engine per call)

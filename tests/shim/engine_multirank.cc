@@ -15,6 +15,8 @@
 //   budget      exactly DYNAMIQ_MIN_BYTES is compressed, 4 bytes less is not; bytes sent per rank
 //               against the budget
 //   not_opted_in  DYNAMIQ_COMMS=none: calls count as not_opted_in (not disabled)
+//   plan_cache  DYNAMIQ_PLAN_CACHE 2 and 3 with 3 call shapes in turn: every call re-plans, or
+//               only the first round; the metrics count it; the outputs are the same bytes
 //   corrupt     rank 1 corrupts the payloads it sends: the receiver finds it in data (device
 //               error word), and every rank's call fails within the timeout; none succeeds
 //   auto        DYNAMIQ_BITS=auto, two buckets called 5 times each: a bucket's first call takes 5
@@ -677,6 +679,61 @@ int scenario_not_opted_in(int n) {
   return all_zero(run_ranks(n, 1, body, 60), "not_opted_in") ? 0 : 1;
 }
 
+// ---- the plan cache (DYNAMIQ_PLAN_CACHE) ----------------------------------------------------
+// Three call shapes in turn, three rounds: with a cache of 2 every call misses (9 plans made, the
+// last 6 made again after their eviction), with a cache of 3 only the first round makes plans.
+// Re-planning changes no byte: every call's output equals the roomy cache's, on every rank.
+int scenario_plan_cache(int n) {
+  const size_t counts[3] = {size_t{3} << 16, size_t{5} << 16, size_t{7} << 16};
+  constexpr int kRounds = 3;
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    std::vector<std::vector<float>> outputs[2];
+    for (int roomy = 0; roomy < 2; ++roomy) {
+      const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                          {"DYNAMIQ_MIN_BYTES", "0"},
+                                          {"DYNAMIQ_PLAN_CACHE", roomy ? "3" : "2"}});
+      auto metrics = std::make_shared<dq::engine::CommMetrics>();
+      Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
+                    metrics, true);
+      for (int round = 0; round < kRounds; ++round)
+        for (size_t count : counts) {
+          const std::vector<unsigned char> in = make_input(rank + round, count, false);
+          std::vector<float> out(count);
+          CallArgs args;
+          args.send = in.data();
+          args.recv = out.data();
+          args.count = count;
+          PassReason reason;
+          CHECK_OR(130, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+                   "rank %d: cache %s, round %d, %zu elements: not compressed (%s)", rank,
+                   roomy ? "3" : "2", round, count, dq::engine::reason_name(reason));
+          CHECK_OR(131, dq::test::same_bytes_everywhere(comms[0], out.data(), count * 4),
+                   "rank %d: results differ between ranks", rank);
+          outputs[roomy].push_back(std::move(out));
+        }
+      const uint64_t made = metrics->plans_made.load(), again = metrics->replans.load();
+      const uint64_t want_made = roomy ? 3 : 3 * kRounds, want_again = roomy ? 0 : 3 * kRounds - 3;
+      CHECK_OR(132, made == want_made && again == want_again,
+               "rank %d: cache %s: %llu plans made, %llu again (expected %llu and %llu)", rank,
+               roomy ? "3" : "2", static_cast<unsigned long long>(made),
+               static_cast<unsigned long long>(again), static_cast<unsigned long long>(want_made),
+               static_cast<unsigned long long>(want_again));
+    }
+    for (size_t k = 0; k < outputs[0].size(); ++k)
+      CHECK_OR(
+          133,
+          std::memcmp(outputs[0][k].data(), outputs[1][k].data(), outputs[0][k].size() * 4) == 0,
+          "rank %d: call %zu: re-planning changed the output", rank, k);
+    if (rank == 0)
+      std::printf(
+          "plan_cache: 3 shapes x %d rounds: cache 2 made %d plans (%d again), cache 3 made 3; "
+          "outputs identical\n",
+          kRounds, 3 * kRounds, 3 * kRounds - 3);
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "plan_cache") ? 0 : 1;
+}
+
 // ---- rounding draws: across blocks, across calls ------------------------------------------
 // Elements of `a` and `b` (n each) that differ.
 size_t count_differing(const float* a, const float* b, size_t n) {
@@ -1331,6 +1388,7 @@ int main(int argc, char** argv) {
   if (scenario == "collectives") return scenario_collectives(n);
   if (scenario == "setup_fail") return scenario_setup_fail(n);
   if (scenario == "not_opted_in") return scenario_not_opted_in(n);
+  if (scenario == "plan_cache") return scenario_plan_cache(n);
   if (scenario == "budget") return scenario_budget(n, topo);
   if (scenario == "auto") return scenario_auto(n);
   if (scenario == "auto_target") return scenario_auto_target(n);

@@ -35,6 +35,8 @@ std::shared_ptr<CommMetrics> comm(int index, const std::string& name, uint64_t r
   c->bytes_in = 4096 * rerouted;
   c->held_bytes = 1000 + index;
   c->window_wait_nanoseconds = 2500000000ull * (index + 1);
+  c->plans_made = 40 + index;
+  c->replans = 17 + index;
   return c;
 }
 
@@ -64,18 +66,19 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
     EXPECT_TRUE(std::regex_match(line, labelled)) << line;
   }
   EXPECT_EQ(process_samples, 2) << text;
-  // calls, four counters, two gauges (held bytes, compression ratio); the budget's 4 widths, 4
+  // calls, six counters, two gauges (held bytes, compression ratio); the budget's 4 widths, 4
   // vNMSE samples (predicted: calls, sum, latest; the sampled latest), the MX fallback counter,
   // the sampled check's 6 counters.
-  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 4 + 2 * 2 + 2 * 4 + 2 * 4 + 2 + 2 * 6);
+  EXPECT_EQ(samples, 2 * kPassReasonCount + 2 * 6 + 2 * 2 + 2 * 4 + 2 * 4 + 2 + 2 * 6);
   EXPECT_NE(text.find("# TYPE dynamiq_held_bytes gauge"), std::string::npos);
   for (const char* gauge :
        {"dynamiq_compression_ratio", "dynamiq_predicted_vnmse", "dynamiq_sampled_vnmse",
         "dynamiq_build_info", "dynamiq_last_update_timestamp_seconds"})
     EXPECT_NE(text.find(std::string("# TYPE ") + gauge + " gauge\n"), std::string::npos) << gauge;
-  for (const char* name : {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
-                           "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total",
-                           "dynamiq_window_wait_seconds_total"}) {
+  for (const char* name :
+       {"dynamiq_calls_total", "dynamiq_rerouted_bytes_in_total",
+        "dynamiq_rerouted_wire_bytes_total", "dynamiq_rerouted_seconds_total",
+        "dynamiq_window_wait_seconds_total", "dynamiq_plans_made_total", "dynamiq_replans_total"}) {
     EXPECT_NE(text.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
     EXPECT_NE(text.find(std::string("# TYPE ") + name + " counter"), std::string::npos) << name;
   }
@@ -103,7 +106,7 @@ TEST(Metrics, CompressionRatioAgainstAnUncompressedRing) {
   EXPECT_DOUBLE_EQ(doc["communicators"][0]["compression_ratio"].get<double>(), 8.0);
 }
 
-TEST(Metrics, WindowWaitInSecondsInBothFormats) {
+TEST(Metrics, WindowWaitAndPlansInBothFormats) {
   auto c = comm(1, "dp", 5);  // 5 s of waits
   const std::string text = metrics_render({c}, labels_of("j", "h", 9), true);
   EXPECT_NE(text.find("dynamiq_window_wait_seconds_total{job_id=\"j\",host=\"h\",pid=\"9\","
@@ -113,6 +116,12 @@ TEST(Metrics, WindowWaitInSecondsInBothFormats) {
   const nlohmann::json doc =
       nlohmann::json::parse(metrics_render({c}, labels_of("j", "h", 9), false));
   EXPECT_DOUBLE_EQ(doc["communicators"][0]["window_wait_seconds"].get<double>(), 5.0);
+  EXPECT_EQ(doc["communicators"][0]["plans_made"].get<uint64_t>(), 41u);
+  EXPECT_EQ(doc["communicators"][0]["replans"].get<uint64_t>(), 18u);
+  EXPECT_NE(text.find("dynamiq_replans_total{job_id=\"j\",host=\"h\",pid=\"9\",comm=\"1\","
+                      "name=\"dp\",rank=\"3\"} 18\n"),
+            std::string::npos)
+      << text;
 }
 
 // File names: %j %h %r %p; a directory gets dynamiq-%j-%h-%r.prom; a job without a launcher id

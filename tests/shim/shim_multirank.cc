@@ -375,7 +375,8 @@ bool scenario_mismatch(int n) {
       {"DYNAMIQ_SEED", "7"},
       {"DYNAMIQ_COMMS", "name=nothing*"},
       {"DYNAMIQ_BLOCK_BYTES", "4M"},
-      {"DYNAMIQ_CONTROL_WINDOW", "3"}};
+      {"DYNAMIQ_CONTROL_WINDOW", "3"},
+      {"DYNAMIQ_PLAN_CACHE", "5"}};
   std::vector<Case> cases;
   for (int i = 0; i < dq::config::Agreed::count(); ++i) {
     const std::string key = dq::config::Agreed::key(i);
