@@ -179,7 +179,7 @@ uint32_t* Engine::call_send_slot() {
 // The control window: eligible call k sends its words in slot k % W (W = DYNAMIQ_CONTROL_WINDOW)
 // and applies the A/B switch that call k - W agreed (the handshake's for k < W). So before it
 // sends, the host reads call k - W's words, waiting for that call's control all-reduce only if it
-// is still in flight: the host runs up to W - 1 compressed calls ahead of the device, and a call
+// is still in flight: up to W compressed calls are in flight (enqueued, not complete), and a call
 // whose window is not full never waits. Which words a call reads depends only on k, so every rank
 // takes the same switch; a bucket's prediction (choose_budget) and the sampled check are read
 // once their call's control is absorbed, by the same rule.
