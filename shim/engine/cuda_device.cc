@@ -124,6 +124,10 @@ class CudaDevice final : public Device {
     if (refused_in_capture("cudaEventQuery")) return Status::kSystemError;
     return host_->synchronize_for(e, timeout_ms);
   }
+  bool query(EventHandle e) override {
+    if (refused_in_capture("cudaEventQuery")) return false;
+    return host_->query(e);
+  }
   bool capturing(StreamHandle s) const override {
     std::lock_guard<std::mutex> lock(capture_m_);
     return (capture_.active && capture_.stream == s) || host_->capturing(s);

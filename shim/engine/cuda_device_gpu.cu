@@ -262,6 +262,12 @@ class CudaGpuDevice final : public Device {
   }
   // Bounded too (DYNAMIQ_TIMEOUT_MS): the canary's and the handshake's waits involve NCCL calls.
   Status synchronize(EventHandle e) override { return synchronize_for(e, timeout_ms_); }
+  bool query(EventHandle e) override {  // cudaErrorNotReady, or a failure: false either way
+    OnDevice on(primary_);
+    RelaxedCapture relaxed;
+    return cudaEventQuery(static_cast<cudaEvent_t>(e)) == cudaSuccess ||
+           (cudaGetLastError(), false);
+  }
   // Polls: cudaEventSynchronize cannot be bounded, and NVIDIA's NCCL waits for a silent peer
   // forever. Spins first (the control window's wait mostly finds the event complete, or completing
   // within microseconds), then sleeps 50 us between queries; the loop ends by the deadline.

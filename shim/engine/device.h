@@ -117,6 +117,8 @@ class Device {
     (void)timeout_ms;
     return synchronize(e);
   }
+  // True once `e`'s latest record completed (no wait; false on an error too).
+  virtual bool query(EventHandle e) = 0;
   // True while `s` (a caller's stream) is being captured into a CUDA graph, and when that cannot be
   // told (CUDA refuses the question for the legacy stream while another stream captures, whose
   // capture a synchronisation of that stream would invalidate): the call then passes through.

@@ -130,6 +130,10 @@ void Engine::teardown_device() {
   if (comm_stream_) device_->destroy_stream(comm_stream_);
   if (compute_stream_) device_->destroy_stream(compute_stream_);
   comm_stream_ = compute_stream_ = nullptr;
+  // The streams are drained: the retired plans' host objects go.
+  for (RetiredPlan& r : retired_)
+    if (r.done != nullptr) device_->destroy_event(r.done);
+  retired_.clear();
   for (EventHandle* e : {&ev_start_, &ev_stats_, &ev_reduced_, &ev_comm_done_, &ev_compute_done_})
     if (*e) device_->destroy_event(*e), *e = nullptr;
   for (EventHandle e : ev_controls_) device_->destroy_event(e);

@@ -195,6 +195,14 @@ class Engine {
   // a butterfly of a rank count that is not a power of two runs it on the ring.
   topo::Kind kind_for(Collective collective) const;
   void retire(std::unique_ptr<Plan> plan);
+  // Retired plans' host objects (codecs, prepared steps), kept until the engine's streams have
+  // passed `done`: the host device runs queued steps with references to them.
+  struct RetiredPlan {
+    std::unique_ptr<Plan> plan;
+    EventHandle done = nullptr;  // nullptr: kept until the streams are drained at teardown
+  };
+  std::vector<RetiredPlan> retired_;
+  void reap_retired();
   void remember_evicted(const Plan& p);
   void note_plan_miss(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec);
   // One MAX all-reduce of `n` words through the control block, waited for on the host.

@@ -215,6 +215,28 @@ void Engine::retire(std::unique_ptr<Plan> plan) {
   for (auto* steps : {plan->part_steps.get(), plan->part_steps_without_stats.get()})
     if (steps != nullptr) device_->release(steps->device_memory, comm_stream_);
   if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(plan->held_bytes));
+  // The host objects last until the comm stream, which now waits for the compute stream's last
+  // step, has passed this point: a call still in flight (the host runs a control window ahead)
+  // may hold references to them in queued steps.
+  reap_retired();
+  RetiredPlan r{std::move(plan), nullptr};
+  if (device_->create_event(&r.done) != Status::kOk ||
+      device_->record(r.done, comm_stream_) != Status::kOk) {
+    if (r.done != nullptr) device_->destroy_event(r.done);
+    r.done = nullptr;
+  }
+  retired_.push_back(std::move(r));
+}
+
+// Retired plans whose event completed: their host objects go now (no wait).
+void Engine::reap_retired() {
+  auto it = std::remove_if(retired_.begin(), retired_.end(), [&](RetiredPlan& r) {
+    if (r.done == nullptr || !device_->query(r.done)) return false;
+    device_->destroy_event(r.done);
+    r.plan.reset();
+    return true;
+  });
+  retired_.erase(it, retired_.end());
 }
 
 // The canary, at the communicator's first plan (its first call that would be compressed; the same
@@ -254,12 +276,14 @@ void Engine::settle_canary(const CanaryResult& canary, bool any_failed) {
             comm_.rank, comm_.nranks);
 }
 
-// The shapes of the latest evicted plans (as many as the cache holds), so that a plan made again
-// for one of them counts as a re-plan: the cache is too small for the shapes the job cycles
-// through. Every rank makes and evicts the same plans, so every rank counts alike.
+// The shapes of the latest evicted plans (four times as many as the cache holds, at least 64), so
+// that a plan made again for one of them counts as a re-plan: the cache is too small for the
+// shapes the job cycles through. Every rank makes and evicts the same plans, so every rank counts
+// alike.
 void Engine::remember_evicted(const Plan& p) {
   evicted_.push_back({p.collective, p.root, p.count, p.dtype, p.bits, p.spec});
-  while (evicted_.size() > static_cast<size_t>(settings_.plan_cache)) evicted_.pop_front();
+  const size_t keep = std::max<size_t>(64, 4 * static_cast<size_t>(settings_.plan_cache));
+  while (evicted_.size() > keep) evicted_.pop_front();
 }
 
 void Engine::note_plan_miss(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec) {

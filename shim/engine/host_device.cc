@@ -313,6 +313,11 @@ class HostDevice final : public Device {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     return e->wait_until(target, deadline) ? Status::kOk : Status::kTimeout;
   }
+  bool query(EventHandle handle) override {
+    auto* e = static_cast<HostEvent*>(handle);
+    std::lock_guard<std::mutex> lock(e->m);
+    return e->completed >= e->recorded;
+  }
   bool capturing(StreamHandle) const override { return false; }
 
   // The steps run the host codec itself: nothing was prepared beyond it.

@@ -138,6 +138,7 @@ class CorruptingDevice final : public dq::engine::Device {
     return inner_->wait(s, e);
   }
   Status synchronize(dq::engine::EventHandle e) override { return inner_->synchronize(e); }
+  bool query(dq::engine::EventHandle e) override { return inner_->query(e); }
   bool capturing(dq::engine::StreamHandle s) const override { return inner_->capturing(s); }
   std::unique_ptr<dq::engine::PreparedCodec> prepare(const dq::Codec& c) override {
     return inner_->prepare(c);
