@@ -48,14 +48,6 @@
 namespace dq::engine {
 namespace {
 
-void set_error(uint32_t* error, uint32_t word) {
-  uint32_t expected = 0;
-  __atomic_compare_exchange_n(error, &expected, word, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-bool error_set(const uint32_t* error) {
-  return error != nullptr && __atomic_load_n(error, __ATOMIC_ACQUIRE) != 0;
-}
-
 // Held while a step's kernels run, by every emulated device of the process.
 std::mutex& step_mutex() {
   static std::mutex m;

@@ -64,15 +64,6 @@
 namespace dq::engine {
 namespace {
 
-void set_error(uint32_t* error, uint32_t word) {
-  if (error == nullptr) return;
-  uint32_t expected = 0;
-  __atomic_compare_exchange_n(error, &expected, word, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-bool error_set(const uint32_t* error) {
-  return error != nullptr && __atomic_load_n(error, __ATOMIC_ACQUIRE) != 0;
-}
-
 Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::kOk;
   cudaGetLastError();  // clear a sticky-free error so it does not show on the next launch
@@ -262,11 +253,12 @@ class CudaGpuDevice final : public Device {
   }
   // Bounded too (DYNAMIQ_TIMEOUT_MS): the canary's and the handshake's waits involve NCCL calls.
   Status synchronize(EventHandle e) override { return synchronize_for(e, timeout_ms_); }
-  bool query(EventHandle e) override {  // cudaErrorNotReady, or a failure: false either way
+  bool query(EventHandle e) override {
     OnDevice on(primary_);
     RelaxedCapture relaxed;
-    return cudaEventQuery(static_cast<cudaEvent_t>(e)) == cudaSuccess ||
-           (cudaGetLastError(), false);
+    if (cudaEventQuery(static_cast<cudaEvent_t>(e)) == cudaSuccess) return true;
+    cudaGetLastError();  // cudaErrorNotReady, or a failure: not complete either way
+    return false;
   }
   // Polls: cudaEventSynchronize cannot be bounded, and NVIDIA's NCCL waits for a silent peer
   // forever. Spins first (the control window's wait mostly finds the event complete, or completing

@@ -33,6 +33,16 @@ inline ErrorSource error_source(uint32_t word) {
 inline int error_code(uint32_t word) {
   return static_cast<int>(word & 0xffffu);
 }
+// Raises `word` in the error word at `error` unless a failure is there already (first wins);
+// nothing when `error` is null. Host and device steps, and the engine, all raise it this way.
+inline void set_error(uint32_t* error, uint32_t word) {
+  if (error == nullptr) return;
+  uint32_t expected = 0;
+  __atomic_compare_exchange_n(error, &expected, word, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+inline bool error_set(const uint32_t* error) {
+  return error != nullptr && __atomic_load_n(error, __ATOMIC_ACQUIRE) != 0;
+}
 
 // Where an enqueued step runs and where it reports a failure found in data. Once the error word
 // is set, later steps on the engine's streams do nothing (the call is failing; its peers learn it

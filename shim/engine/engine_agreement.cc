@@ -55,12 +55,7 @@ ncclResult_t Engine::stop_for_abort(const char* when) {
 // steps already queued behind it skip.
 Status Engine::enqueue_nccl(Lane lane, std::function<ncclResult_t()> calls) {
   if (!aborting()) return device_->nccl(lane, std::move(calls));
-  if (lane.error != nullptr) {
-    uint32_t expected = 0;
-    __atomic_compare_exchange_n(lane.error, &expected,
-                                error_word(ErrorSource::kNccl, ncclInvalidUsage), false,
-                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-  }
+  set_error(lane.error, error_word(ErrorSource::kNccl, ncclInvalidUsage));
   stop_for_abort("before an NCCL call");
   return Status::kUnsupported;  // ncclInvalidUsage
 }

@@ -153,14 +153,6 @@ class HostStream {
   std::thread worker_;  // last: started once the state above exists
 };
 
-void set_error(uint32_t* error, uint32_t word) {
-  uint32_t expected = 0;
-  __atomic_compare_exchange_n(error, &expected, word, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-bool error_set(const uint32_t* error) {
-  return error != nullptr && __atomic_load_n(error, __ATOMIC_ACQUIRE) != 0;
-}
-
 class HostDevice final : public Device {
  public:
   explicit HostDevice(bool audit) : audit_(audit) {
