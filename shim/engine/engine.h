@@ -153,6 +153,16 @@ class Engine {
 
  private:
   struct Plan;
+  // What a plan is made for, and so found by: a call shape and the budget's codec.
+  struct PlanShape {
+    Collective collective;
+    int root;
+    size_t count;
+    DType dtype;
+    double bits;
+    CodecSpec spec;
+    bool operator==(const PlanShape&) const = default;
+  };
   struct Bucket;
   struct Check;
   Status setup_device();
@@ -201,10 +211,9 @@ class Engine {
     std::unique_ptr<Plan> plan;
     EventHandle done = nullptr;  // nullptr: kept until the streams are drained at teardown
   };
-  std::vector<RetiredPlan> retired_;
   void reap_retired();
   void remember_evicted(const Plan& p);
-  void note_plan_miss(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec);
+  void note_plan_miss(const PlanShape& shape);
   // One MAX all-reduce of `n` words through the control block, waited for on the host.
   ncclResult_t blocking_max(const uint32_t* in, uint32_t* out, int n);
   // A host wait for `e`, recorded after work that involves peers (`what` names it), bounded by
@@ -323,16 +332,9 @@ class Engine {
   bool canary_agreed_ = false;  // the canary's verdict was agreed (at the first plan made)
   std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
   // The shapes of recently evicted plans (remember_evicted), and the plans made again for them.
-  struct PlanShape {
-    Collective collective;
-    int root;
-    size_t count;
-    DType dtype;
-    double bits;
-    CodecSpec spec;
-  };
   std::deque<PlanShape> evicted_;
   uint64_t replans_ = 0;
+  std::vector<RetiredPlan> retired_;            // retire(), reap_retired()
   std::list<std::unique_ptr<Bucket>> buckets_;  // most recently used first
   std::unique_ptr<Check> check_;                // DYNAMIQ_CHECK_EVERY > 0 only
   BudgetTarget target_;                         // DYNAMIQ_TARGET, parsed

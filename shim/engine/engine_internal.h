@@ -109,6 +109,7 @@ struct Engine::Plan {
   DType dtype = DType::kF32;
   double bits = 0;  // the budget its codecs were made with (DYNAMIQ_BITS, or auto's rung)
   CodecSpec spec;   // the codec its codecs were made of
+  PlanShape shape() const { return {collective, root, count, dtype, bits, spec}; }
   // Auto sends this DynamiQ bucket as an MX format of this relative rounding error; 0: it does
   // not (the plan is of the communicator's own codec).
   double mx_error = 0;

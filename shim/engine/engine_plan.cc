@@ -281,17 +281,14 @@ void Engine::settle_canary(const CanaryResult& canary, bool any_failed) {
 // shapes the job cycles through. Every rank makes and evicts the same plans, so every rank counts
 // alike.
 void Engine::remember_evicted(const Plan& p) {
-  evicted_.push_back({p.collective, p.root, p.count, p.dtype, p.bits, p.spec});
+  evicted_.push_back(p.shape());
   const size_t keep = std::max<size_t>(64, 4 * static_cast<size_t>(settings_.plan_cache));
   while (evicted_.size() > keep) evicted_.pop_front();
 }
 
-void Engine::note_plan_miss(const CallArgs& call, DType dtype, double bits, const CodecSpec& spec) {
+void Engine::note_plan_miss(const PlanShape& shape) {
   if (metrics_) metrics_->plans_made.fetch_add(1, std::memory_order_relaxed);
-  const auto again = std::find_if(evicted_.begin(), evicted_.end(), [&](const PlanShape& s) {
-    return s.collective == call.collective && s.root == call.root && s.count == call.count &&
-           s.dtype == dtype && s.bits == bits && s.spec == spec;
-  });
+  const auto again = std::find(evicted_.begin(), evicted_.end(), shape);
   if (again == evicted_.end()) return;
   evicted_.erase(again);
   ++replans_;
@@ -310,13 +307,13 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
                                const CodecSpec& spec, Bucket* bucket, ncclResult_t* nccl_failure) {
   *nccl_failure = ncclSuccess;
   const size_t count = call.count;
+  const PlanShape shape{call.collective, call.root, count, dtype, bits, spec};
   for (auto it = plans_.begin(); it != plans_.end(); ++it)
-    if ((*it)->count == count && (*it)->dtype == dtype && (*it)->collective == call.collective &&
-        (*it)->root == call.root && (*it)->bits == bits && (*it)->spec == spec) {
+    if ((*it)->shape() == shape) {
       plans_.splice(plans_.begin(), plans_, it);  // most recently used first
       return plans_.front().get();
     }
-  note_plan_miss(call, dtype, bits, spec);
+  note_plan_miss(shape);
   const CanaryResult canary = run_canaries();
   // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
   // not send that rank alone down the pass-through path while its peers compress. Word 0: this
