@@ -230,40 +230,49 @@ void render_prometheus_traffic(const std::vector<std::shared_ptr<CommMetrics>>& 
       text += "dynamiq_calls_total{" + label_set(*c) +
               ",outcome=" + quote(reason_name(static_cast<PassReason>(k))) + "} " +
               std::to_string(c->calls[k].load()) + "\n";
+  // Each counter: its name, its help, the member it reads, and whether it counts nanoseconds
+  // (written as seconds) rather than units.
   struct Counter {
     const char* name;
     const char* help;
+    const std::atomic<uint64_t> CommMetrics::*value;
+    bool nanoseconds;
   };
   const Counter kCounters[] = {
-      {"dynamiq_rerouted_bytes_in_total", "Bytes of the caller's buffers in compressed calls."},
+      {"dynamiq_rerouted_bytes_in_total", "Bytes of the caller's buffers in compressed calls.",
+       &CommMetrics::bytes_in, false},
       {"dynamiq_rerouted_wire_bytes_total",
-       "Bytes this rank sent for compressed calls (every message, statistics included)."},
-      {"dynamiq_rerouted_seconds_total", "Seconds spent inside compressed calls on the host."},
+       "Bytes this rank sent for compressed calls (every message, statistics included).",
+       &CommMetrics::wire_bytes, false},
+      {"dynamiq_rerouted_seconds_total", "Seconds spent inside compressed calls on the host.",
+       &CommMetrics::nanoseconds, true},
       {"dynamiq_window_wait_seconds_total",
        "Seconds compressed calls waited on the host for the call a control window back "
-       "(DYNAMIQ_CONTROL_WINDOW): the device was that many calls behind."},
+       "(DYNAMIQ_CONTROL_WINDOW): the device was that many calls behind.",
+       &CommMetrics::window_wait_nanoseconds, true},
       {"dynamiq_plans_made_total",
-       "Plans made for compressed call shapes (each a host wait for the device and new buffers)."},
+       "Plans made for compressed call shapes (each a host wait for the device and new buffers).",
+       &CommMetrics::plans_made, false},
       {"dynamiq_replans_total",
        "Plans made again for a shape the plan cache had evicted (DYNAMIQ_PLAN_CACHE too small "
-       "for the shapes the job cycles through)."}};
-  for (int g = 0; g < 6; ++g) {
-    text += std::string("# HELP ") + kCounters[g].name + " " + kCounters[g].help + "\n";
-    text += std::string("# TYPE ") + kCounters[g].name + " counter\n";
+       "for the shapes the job cycles through).",
+       &CommMetrics::replans, false}};
+  for (const Counter& k : kCounters) {
+    text += std::string("# HELP ") + k.name + " " + k.help + "\n";
+    text += std::string("# TYPE ") + k.name + " counter\n";
     for (const auto& c : comms) {
+      const uint64_t n = ((*c).*k.value).load();
       char v[64];
-      if (g == 0) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->bytes_in.load());
-      if (g == 1) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->wire_bytes.load());
-      if (g == 2) std::snprintf(v, sizeof v, "%.9f", c->nanoseconds.load() * 1e-9);
-      if (g == 3) std::snprintf(v, sizeof v, "%.9f", c->window_wait_nanoseconds.load() * 1e-9);
-      if (g == 4) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->plans_made.load());
-      if (g == 5) std::snprintf(v, sizeof v, "%llu", (unsigned long long)c->replans.load());
-      text += std::string(kCounters[g].name) + "{" + label_set(*c) + "} " + v + "\n";
+      if (k.nanoseconds)
+        std::snprintf(v, sizeof v, "%.9f", static_cast<double>(n) * 1e-9);
+      else
+        std::snprintf(v, sizeof v, "%llu", static_cast<unsigned long long>(n));
+      text += std::string(k.name) + "{" + label_set(*c) + "} " + v + "\n";
     }
   }
   text +=
       "# HELP dynamiq_held_bytes Bytes of buffers the communicator's cached plans hold now (the "
-      "payload arenas, layouts and statistics of up to 16 call shapes).\n";
+      "payload arenas, layouts and statistics of up to DYNAMIQ_PLAN_CACHE call shapes).\n";
   text += "# TYPE dynamiq_held_bytes gauge\n";
   for (const auto& c : comms)
     text +=
