@@ -4,8 +4,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
-
 namespace dq::engine::cuda_context {
 namespace {
 
