@@ -44,6 +44,7 @@ constexpr unsigned kSkipFlag = 0x80000000u;
 template <class T>
 __device__ __forceinline__ T load_global(const T* p) {
 #if DQ_CUDA_EMULATED
+  ::dq::emu::check_global_alignment(p, alignof(T));
   ::dq::emu::count_global_read(sizeof(T));
 #endif
   return *p;
@@ -51,6 +52,7 @@ __device__ __forceinline__ T load_global(const T* p) {
 template <class T>
 __device__ __forceinline__ void store_global(T* p, T v) {
 #if DQ_CUDA_EMULATED
+  ::dq::emu::check_global_alignment(p, alignof(T));
   ::dq::emu::count_global_written(sizeof(T));
 #endif
   *p = v;

@@ -614,6 +614,15 @@ void poll_missed(const std::source_location& loc) {
                     block_order_name(block_order()) + ")");
 }
 
+void misaligned_global(const void* p, size_t align) {
+  char address[32];
+  std::snprintf(address, sizeof address, "%p", p);
+  fail_in_fiber(Fault::kMisaligned, who(*g_launch, g_launch->current) +
+                                        " accessed global memory at " + address +
+                                        ", not a multiple of its type's alignment, " +
+                                        std::to_string(align) + " bytes");
+}
+
 void barrier(const std::source_location& loc) {
   Launch& L = *g_launch;
   ++L.counters.barriers;

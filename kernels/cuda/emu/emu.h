@@ -127,6 +127,7 @@ enum class Fault : uint8_t {
   kSharedUnderrun,     // bytes before the dynamic shared buffer were written
   kException,          // a C++ exception left the kernel
   kNotLoaded,          // require_loaded() is on and the kernel was never loaded
+  kMisaligned,         // a global-memory access of T at an address not a multiple of alignof(T)
 };
 const char* fault_name(Fault f);
 
@@ -212,6 +213,15 @@ inline void count_global_read(size_t bytes) {
 }
 inline void count_global_written(size_t bytes) {
   detail::g_global_written.fetch_add(bytes, std::memory_order_relaxed);
+}
+namespace detail {
+[[noreturn]] void misaligned_global(const void* p, size_t align);
+}  // namespace detail
+// A global access of a type aligned to `align` bytes (16 for uint4) at p, which CUDA refuses
+// unless p is a multiple of align (the kernel fails with cudaErrorMisalignedAddress; x86 lets it
+// pass).
+inline void check_global_alignment(const void* p, size_t align) {
+  if (reinterpret_cast<uintptr_t>(p) % align != 0) detail::misaligned_global(p, align);
 }
 // The bytes counted since the process started, read plus written: a test takes the difference
 // over a call of several launches.

@@ -33,6 +33,8 @@ const char* fault_name(Fault f) {
       return "exception in a kernel";
     case Fault::kNotLoaded:
       return "kernel launched before it was loaded";
+    case Fault::kMisaligned:
+      return "misaligned global-memory access";
   }
   return "?";
 }

@@ -239,6 +239,15 @@ __global__ void copy_through_shared_kernel(const uint8_t* src, int n, uint8_t* d
     store_global(dst + b, copy[b]);
 }
 
+__global__ void vector_load_kernel(const uint8_t* src, uint4* out) {
+  store_global(out, load_global(reinterpret_cast<const uint4*>(src)));
+}
+
+cudaError_t vector_load(const uint8_t* src, uint4* out) {
+  DQ_LAUNCH(vector_load_kernel, dim3(1), dim3(32), 0, nullptr, src, out);
+  return cudaGetLastError();
+}
+
 cudaError_t copy_through_shared(const uint8_t* src, int n, uint8_t* dst, int threads) {
   DQ_LAUNCH(copy_through_shared_kernel, dim3(1), dim3(threads), 0, nullptr, src, n, dst);
   return cudaGetLastError();

@@ -50,6 +50,8 @@ cudaError_t configured(int threads, size_t shared);
 cudaError_t load_configured();
 // dst[0..n) = src[0..n) (n <= 512), through block_copy_to_shared() and store_global().
 cudaError_t copy_through_shared(const uint8_t* src, int n, uint8_t* dst, int threads);
+// One 16-byte vector load from src, stored at out, by each of 32 threads.
+cudaError_t vector_load(const uint8_t* src, uint4* out);
 // Thread 0 of every block of `grid` (32 threads a block) writes the block's linear number
 // (x fastest) to ran[*taken] and increments *taken: ran holds the blocks in the order they ran.
 cudaError_t block_order(dim3 grid, unsigned* taken, unsigned* ran);

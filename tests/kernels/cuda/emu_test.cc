@@ -611,6 +611,25 @@ TEST(CudaEmu, GlobalTrafficIsCountedAndCopiesReadEachByteOnce) {
       }
 }
 
+// CUDA refuses a vector access at an address its size does not divide (x86 would not notice): a
+// kernel that takes a 16-byte path for a pointer it has not checked fails here as on a GPU.
+TEST(CudaEmu, MisalignedVectorLoadsAreRefused) {
+  alignas(16) uint8_t src[64];
+  for (int b = 0; b < 64; ++b) src[b] = static_cast<uint8_t>(b);
+  uint4 out{};
+  for (int misalign : {0, 16, 1, 4, 8, 12})
+    if (misalign % 16 == 0) {
+      ASSERT_EQ(vector_load(src + misalign, &out), cudaSuccess) << last_report().message;
+      EXPECT_EQ(out.x, 0x03020100u + 0x10101010u * static_cast<uint32_t>(misalign / 16));
+    } else {
+      EXPECT_EQ(vector_load(src + misalign, &out), cudaErrorLaunchFailure) << misalign;
+      EXPECT_EQ(last_report().fault, Fault::kMisaligned) << misalign;
+      EXPECT_NE(last_report().message.find("not a multiple of its type's alignment, 16 bytes"),
+                std::string::npos)
+          << last_report().message;
+    }
+}
+
 TEST(CudaEmu, Speed) {
   const int blocks = 4, threads = 256, iterations = 500;
   double t0 = cpu_seconds();
