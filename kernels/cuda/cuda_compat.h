@@ -37,6 +37,24 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // launch raised a flag a moment earlier.
 constexpr unsigned kSkipFlag = 0x80000000u;
 
+// v, as a value the compiler must not assume unchanged from an earlier one. Arithmetic on values
+// fixed for a whole loop (the 20 round keys Philox derives from the seed, say) is then redone
+// where it is used instead of being hoisted out of the loop, where it would hold registers a busy
+// loop must then spill to local memory. No instruction under nvcc; the value itself under the
+// emulator.
+__device__ __forceinline__ uint64_t opaque(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("" : "+l"(v));
+#endif
+  return v;
+}
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("" : "+r"(v));
+#endif
+  return v;
+}
+
 // Global-memory accesses of the kernels: plain (or, for uint4, 16-byte vector) loads and stores
 // under nvcc; under the emulation they also add their bytes to the launch's traffic
 // (dq::emu::last_counters().global_read / global_written), which tests hold against the least

@@ -26,8 +26,10 @@
 namespace dq::cuda {
 
 constexpr int kLayoutThreads = 512;  // one block builds the whole layout
-constexpr int kHopThreads = 256;     // one thread per value of a super-group
-constexpr int kMaxHopInputs = 64;    // as the host codec
+// Threads of a hop or finish block: the hop's 8 warps take a super-group each at a time, the
+// finish's threads a value each.
+constexpr int kHopThreads = 256;
+constexpr int kMaxHopInputs = 64;  // as the host codec
 // Blocks of kHopThreads an SM must hold at once: 4 x 256 = 1,024 threads, half of an sm_80 or
 // sm_90 SM's 2,048, which caps the fused hop at 64 registers a thread (it needs no spills there;
 // tests/kernels/cuda/check_resource_usage.sh checks both).

@@ -2,21 +2,20 @@
 // DynamiqCodec::fused_hop (kernels/dynamiq_codec.cc), following its scalar path (the AVX2 path
 // gives the same bytes; tests/kernels/golden_test.cc).
 //
-// Work split: a block of 256 threads takes a contiguous run of the chunk's wire positions, in
-// batches of 8 super-groups; thread k owns value k of the super-group in hand. A block first
-// stages the level tables in shared memory; per batch, every thread draws one of the batch's
-// 256 Philox blocks of rounding bits (rounding_block(): block j*32 + 8*(g % 4) + (k % 8), word
-// g / 4, half (k / 8) % 2) and threads 0..127 one group's stratum of the shared permutation
-// (correlated rounding), and warp s copies member s's own values and first input record to
-// shared memory (16-byte vector loads where aligned) and decodes that record's group scales.
-// Per super-group:
-//  - v = own - mu, plus each input's decoded value in input order (the host's order), a further
-//    input's record copied to shared memory first;
-//  - group maxima on the magnitude bits (16-lane shuffles); then warp 0 alone, once: the
-//    super-group maximum, the unit and group factors (group_factor(), as the host's scalar path),
-//    published to every thread in shared memory;
+// Work split: a block of 256 threads takes a contiguous run of the chunk's wire positions and
+// stages the level tables in shared memory (the only block barriers); each warp then takes one
+// super-group at a time, lane l holding values 8l .. 8l+7 (half of group l / 2), so that the
+// scales come from shuffles and nothing waits on a block barrier. Per super-group:
+//  - lane q reads the layout words of the warp's q-th next super-group into shared memory, 32 at
+//    a time; every lane draws one of the super-group's 32 Philox blocks of rounding bits and
+//    reads its 8 values' halves from the warp's shared words (rounding_block()); with correlated
+//    rounding, each lane draws one group's stratum, for two super-groups at a time;
+//  - v = own - mu (16-byte vector loads where aligned), plus each input's decoded value in input
+//    order (the host's order), each input's record staged in the warp's shared memory first;
+//  - group maxima on the magnitude bits (one shuffle), the super-group maximum, the unit and the
+//    lane's group factor (group_factor(), as the host's scalar path);
 //  - each value rounded with round_up_threshold / round_up_coarse / round_up_tie on the host's
-//    level tables; codes packed LSB first by shuffles within the warp.
+//    level tables; a lane's 8 codes packed LSB first and stored in the widest aligned stores.
 // The finish is kernels/cuda/dynamiq_finish.cu; what both decode with is dynamiq_record.cuh.
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
@@ -67,102 +66,295 @@ __device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
   for (size_t b = 0; b < kChunkHeaderBytes; ++b) store_global(out + b, h[b]);
 }
 
-// The scales of a record at bits < 16, computed once a super-group by warp 0 (its other warps
-// would repeat the same two IEEE divisions): lane q < 16 takes group q, from the group maxima
-// `gmax` (magnitude bit patterns). Writes the record's scale bytes and group q's scale to
-// scale[q]; every lane of warp 0 calls it (the super-group maximum is a shuffle reduction).
-__device__ __forceinline__ void write_record_scales(bool hierarchical, const uint32_t* gmax,
-                                                    int lane, uint8_t* rec, float* scale) {
-  const int q = lane & (kGroupsPerSuperGroup - 1);
-  const uint32_t group_max = gmax[q];
+// ---- the fused hop, a warp per super-group: lane l holds values 8l .. 8l+7 (group l / 2)
+
+constexpr int kHopWarps = kHopThreads / kWarp;    // super-groups a block has in hand at once
+constexpr int kLaneValues = kSuperGroup / kWarp;  // values a lane holds
+static_assert(kLaneValues == 8 && kGroup == 2 * kLaneValues, "a group is a lane pair");
+// Super-groups a block should take at least (the launch's grid): its set-up (the level tables,
+// about 0.6 KB read, and three block barriers) stays a few percent of the block's traffic.
+constexpr int kHopSupergroupsPerBlock = 16;
+
+// A super-group's layout words.
+struct SgLayout {
+  uint32_t j;       // its index in the tensor (the wire position's super-group)
+  uint32_t offset;  // its record's offset in the message body
+  float mean;
+  int exponent;  // K_j
+  int bits;
+};
+
+__device__ __forceinline__ SgLayout load_sg_layout(const LayoutView& l, uint32_t i) {
+  SgLayout s;
+  s.j = load_global(&l.order[i]);
+  s.offset = load_global(&l.offset[i]);
+  s.bits = load_global(&l.width[s.j]);
+  s.mean = load_global(&l.mean[s.j]);
+  s.exponent = load_global(&l.exponent[s.j]);
+  return s;
+}
+
+// A warp's shared memory. What a lane would otherwise hold for the whole loop (the layout words
+// it read, the strata it drew) is kept here: the encoding needs every register.
+struct HopWarpShared {
+  uint32_t words[kWarp * 4];  // the super-group's 32 Philox blocks of rounding bits: block b at 4b
+  // An input's record, at its offset modulo 16 (add_input()); while encoding, each lane's tie
+  // thresholds (encode_values()).
+  uint4 stage[kRecordStage > 4 * kSuperGroup / 16 ? kRecordStage : 4 * kSuperGroup / 16];
+  SgLayout sg[kWarp];                  // the layout words of the warp's next 32 super-groups
+  float pi[2 * kGroupsPerSuperGroup];  // the strata of the next two super-groups' groups
+  uint32_t first;                      // the wire position of the warp's first super-group
+};
+
+// Where a lane's n bytes (n = 2, 4, 8 or 16) may move in one access each: the widest size of at
+// most 8 bytes that divides both n and the address. Lane l's bytes start at base + l x n, so every
+// lane of the warp gets the same answer.
+__device__ __forceinline__ int lane_access_size(const void* p, int n) {
+  const unsigned a = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p)) | 8u;
+  const int by_address = static_cast<int>(a & (0u - a));  // lowest set bit, at most 8
+  return by_address < n ? by_address : n;
+}
+
+// n bytes at dst (global memory), byte b at bits 8(b % 8) of lo (b < 8) or hi (b >= 8).
+__device__ __forceinline__ void store_lane_bytes(uint8_t* dst, uint64_t lo, uint64_t hi, int n) {
+  const int size = lane_access_size(dst, n);
+  for (int b = 0; b < n; b += size) {
+    const uint64_t w = b < 8 ? lo >> (8 * b) : hi >> (8 * (b - 8));
+    if (size == 8) {
+      store_global(reinterpret_cast<uint64_t*>(dst + b), w);
+    } else if (size == 4) {
+      store_global(reinterpret_cast<uint32_t*>(dst + b), static_cast<uint32_t>(w));
+    } else if (size == 2) {
+      store_global(reinterpret_cast<uint16_t*>(dst + b), static_cast<uint16_t>(w));
+    } else {
+      store_global(dst + b, static_cast<uint8_t>(w));
+    }
+  }
+}
+
+// n bytes at src (shared memory) into *lo and *hi, as store_lane_bytes() lays them out.
+__device__ __forceinline__ void load_lane_bytes(const uint8_t* src, int n, uint64_t* lo,
+                                                uint64_t* hi) {
+  const int size = lane_access_size(src, n);
+  *lo = 0;
+  *hi = 0;
+  for (int b = 0; b < n; b += size) {
+    uint64_t w;
+    if (size == 8) {
+      w = *reinterpret_cast<const uint64_t*>(src + b);
+    } else if (size == 4) {
+      w = *reinterpret_cast<const uint32_t*>(src + b);
+    } else if (size == 2) {
+      w = *reinterpret_cast<const uint16_t*>(src + b);
+    } else {
+      w = src[b];
+    }
+    if (b < 8) {
+      *lo |= w << (8 * b);
+    } else {
+      *hi |= w << (8 * (b - 8));
+    }
+  }
+}
+
+// The lane's own values of super-group j less the mean (0 past the tensor's end): 16-byte vector
+// loads where the lane's values are whole and aligned, element loads otherwise.
+__device__ __forceinline__ void load_own(const DynamiqPlan& p, const void* own, int own_bf16,
+                                         const SgLayout& sg, int lane, float* v) {
+  const size_t first = static_cast<size_t>(sg.j) * kSuperGroup + lane * kLaneValues;
+  const size_t left = first < p.count ? p.count - first : 0;
+  const int valid = left < static_cast<size_t>(kLaneValues) ? static_cast<int>(left) : kLaneValues;
+  float x[kLaneValues];
+  if (own_bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(own) + first;
+    if (valid == kLaneValues && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+      const uint4 w = load_global(reinterpret_cast<const uint4*>(src));
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+      DQ_UNROLL
+      for (int i = 0; i < kLaneValues; ++i)
+        x[i] = f32_from_bits((i % 2 ? words[i / 2] >> 16 : words[i / 2]) << 16);
+    } else {
+      DQ_UNROLL
+      for (int i = 0; i < kLaneValues; ++i)
+        x[i] = i < valid ? bf16_to_f32(load_global(src + i)) : 0.0f;
+    }
+  } else {
+    const float* src = static_cast<const float*>(own) + first;
+    if (valid == kLaneValues && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+      const uint4 a = load_global(reinterpret_cast<const uint4*>(src));
+      const uint4 b = load_global(reinterpret_cast<const uint4*>(src) + 1);
+      const uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      DQ_UNROLL
+      for (int i = 0; i < kLaneValues; ++i) x[i] = f32_from_bits(words[i]);
+    } else {
+      DQ_UNROLL
+      for (int i = 0; i < kLaneValues; ++i) x[i] = i < valid ? load_global(src + i) : 0.0f;
+    }
+  }
+  const float mu = sg.bits == 16 ? 0.0f : sg.mean;
+  const float scale = sg.exponent == 0 ? 1.0f : pow2f(sg.exponent);
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    if (i >= valid) {
+      v[i] = 0.0f;
+    } else {
+      v[i] = sg.exponent == 0 ? x[i] - mu : x[i] * scale - mu;
+    }
+  }
+}
+
+// Input record `src` (in the message body) added to the lane's values, decoded as the host's
+// accumulate_record(): staged in the warp's shared buffer, each lane then reading its group's
+// scale and its 8 codes. Returns whether what the lane read is invalid (its group's scale, a code
+// above 2L), so that the warp checks every byte record_valid() checks.
+__device__ __forceinline__ bool add_input(const DynamiqDeviceParams& d, const LevelTable* levels,
+                                          const uint8_t* src, int bits, int lane, HopWarpShared& ws,
+                                          float* v) {
+  __syncwarp();  // every lane has read the buffer's previous record
+  const uint8_t* r =
+      group_copy_to_shared(src, d.plan.record[width_index(bits)], ws.stage, lane, kWarp);
+  __syncwarp();
+  uint64_t lo, hi;
+  if (bits == 16) {
+    load_lane_bytes(r + 2 * kLaneValues * lane, 2 * kLaneValues, &lo, &hi);
+    DQ_UNROLL
+    for (int i = 0; i < kLaneValues; ++i)
+      v[i] += bf16_to_f32(static_cast<uint16_t>((i < 4 ? lo : hi) >> (16 * (i % 4))));
+    return false;
+  }
+  bool bad = false;
+  const LevelTable& t = levels[width_index(bits)];
+  const float scale = record_group_scale(d.hierarchical_scales, r, lane / 2, &bad);
+  const uint8_t* codes =
+      r + (d.hierarchical_scales ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
+  load_lane_bytes(codes + bits * lane, bits, &lo, &hi);  // 8 codes of `bits` bits: `bits` bytes
+  const uint32_t mask = (1u << bits) - 1u;
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    const uint32_t code = static_cast<uint32_t>(lo >> (bits * i)) & mask;
+    bad |= code > static_cast<uint32_t>(2 * t.max_mag);
+    v[i] += decode_code(t, code, scale);
+  }
+  return bad;
+}
+
+// The record's scales from the lane's values: its group's maximum (the magnitude bit patterns,
+// ordered like the floats, NaN above Inf) and, with hierarchical scales, the super-group's; the
+// scale bytes written by lane 0 (the unit) and the even lanes (their group's). Returns the
+// lane's group scale.
+__device__ __forceinline__ float encode_scales(bool hierarchical, const float* v, int lane,
+                                               uint8_t* rec) {
+  uint32_t a = 0;
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    const uint32_t m = f32_bits(v[i]) & 0x7fffffffu;
+    a = m > a ? m : a;
+  }
+  const uint32_t pair = __shfl_xor_sync(kFullMask, a, 1);
+  const uint32_t group_max = pair > a ? pair : a;
+  const int g = lane / 2;
   if (hierarchical) {
-    // Lanes 16..31 mirror lanes 0..15, so the xor shuffles below 16 cover every group.
     uint32_t sgmax = group_max;
     DQ_UNROLL
-    for (int off = kGroupsPerSuperGroup / 2; off > 0; off >>= 1) {
+    for (int off = 2; off < kWarp; off <<= 1) {
       const uint32_t o = __shfl_xor_sync(kFullMask, sgmax, off);
       sgmax = o > sgmax ? o : sgmax;
     }
-    if (lane >= kGroupsPerSuperGroup) return;
     const uint16_t unit_bits = supergroup_unit_bf16(f32_from_bits(sgmax));
     const float unit = bf16_to_f32(unit_bits);
     const uint8_t f = group_factor(f32_from_bits(group_max), unit);
     if (lane == 0) {
-      store_global(rec, static_cast<uint8_t>(unit_bits));
-      store_global(rec + 1, static_cast<uint8_t>(unit_bits >> 8));
+      store_lane_bytes(rec, unit_bits, 0, 2);
     }
-    store_global(rec + 2 + q, f);
-    scale[q] = static_cast<float>(f) * unit;
+    if (lane % 2 == 0) store_global(rec + 2 + g, f);
+    return static_cast<float>(f) * unit;
+  }
+  const uint16_t sb = f32_to_bf16_up(f32_from_bits(group_max));
+  if (lane % 2 == 0) {
+    store_global(rec + 2 * g, static_cast<uint8_t>(sb));
+    store_global(rec + 2 * g + 1, static_cast<uint8_t>(sb >> 8));
+  }
+  return bf16_to_f32(sb);
+}
+
+// The lane's values stochastically rounded into the record: the super-group's 32 Philox blocks
+// drawn a block a lane and exchanged through shared memory (value k takes half (k / 8) % 2 of
+// word k / 64 of block 8 ((k / 16) % 4) + k % 8: rounding_block()), to BF16 at width 16, else
+// on the host's levels with the lane's group scale and stratum pi, the codes packed LSB first.
+__device__ __forceinline__ void encode_values(const DynamiqDeviceParams& d,
+                                              const LevelTable* levels, const float* v, int bits,
+                                              uint64_t jr, float scale, float pi, float strata,
+                                              const RoundingKey& key, int lane, HopWarpShared& ws,
+                                              uint8_t* rec) {
+  const uint32_t* words = ws.words + 4 * (8 * ((lane / 2) % 4)) + (lane / 8) % 4;
+  const int half = 16 * (lane % 2);
+  uint64_t lo = 0, hi = 0;
+  if (bits == 16) {
+    DQ_UNROLL
+    for (int i = 0; i < kLaneValues; ++i) {
+      const uint32_t u16 = (words[4 * i] >> half) & 0xffffu;
+      const uint64_t h = f32_to_bf16_stochastic(v[i], u16);
+      if (i < 4) {
+        lo |= h << (16 * i);
+      } else {
+        hi |= h << (16 * (i - 4));
+      }
+    }
+    store_lane_bytes(rec + 2 * kLaneValues * lane, lo, hi, 2 * kLaneValues);
     return;
   }
-  if (lane >= kGroupsPerSuperGroup) return;
-  const uint16_t sb = f32_to_bf16_up(f32_from_bits(group_max));
-  store_global(rec + 2 * q, static_cast<uint8_t>(sb));
-  store_global(rec + 2 * q + 1, static_cast<uint8_t>(sb >> 8));
-  scale[q] = bf16_to_f32(sb);
-}
-
-// The record's codes packed LSB first in value order, from value k's code (every lane of the warp
-// calls it, with the block's one width): lane k writes byte k / (8 / bits) when it holds that
-// byte's first value, gathering the byte's other codes from the next lanes by shuffles.
-__device__ __forceinline__ void store_packed_codes(uint32_t code, int bits, int k, uint8_t* codes) {
-  uint32_t byte = code;
-  if (bits == 4) {
-    byte |= __shfl_down_sync(kFullMask, code, 1) << 4;
-  } else if (bits == 2) {
-    byte |= __shfl_down_sync(kFullMask, code, 1) << 2;
-    byte |= __shfl_down_sync(kFullMask, code, 2) << 4;
-    byte |= __shfl_down_sync(kFullMask, code, 3) << 6;
+  const LevelTable& t = levels[width_index(bits)];
+  // A tie (the 16 bits leave the rounding open, probability 2^-16 a value) is settled after the
+  // loop from its threshold x, kept in the warp's stage: one copy of the tie's Philox draw, and
+  // no value held while it runs.
+  float* tie_x = reinterpret_cast<float*>(ws.stage) + kLaneValues * lane;
+  unsigned ties = 0, negative = 0;
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    const uint32_t u16 = (words[4 * i] >> half) & 0xffffu;
+    const float m = magnitude_ratio(v[i], scale);
+    const int r = level_floor(t, m);
+    const float x = round_up_threshold(t, m, r, pi, strata);
+    int up = round_up_coarse(x, u16);
+    if (up < 0) {
+      ties |= 1u << i;
+      tie_x[i] = x;
+      up = 0;
+    }
+    negative |= (v[i] < 0.0f ? 1u : 0u) << i;
+    lo |= static_cast<uint64_t>(encode_code(r + up, v[i] < 0.0f, t.max_mag)) << (bits * i);
   }
-  const int per_byte = 8 / bits;
-  if (k % per_byte == 0) store_global(codes + k / per_byte, static_cast<uint8_t>(byte));
+  DQ_NO_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    if ((ties >> i & 1u) == 0) continue;
+    const uint32_t u16 = (words[4 * i] >> half) & 0xffffu;
+    const uint64_t e = jr * kSuperGroup + static_cast<uint64_t>(kLaneValues * lane + i);
+    if (round_up_tie(tie_x[i], u16,
+                     rounding_tie_uniform(opaque(key.seed), opaque(key.call), key.rank, e)) != 0) {
+      // One level up in magnitude: encode_code() of r + 1, within 0..2L.
+      const uint64_t one = uint64_t{1} << (bits * i);
+      lo = (negative >> i & 1u) != 0 ? lo - one : lo + one;
+    }
+  }
+  uint8_t* codes =
+      rec + (d.hierarchical_scales ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
+  store_lane_bytes(codes + bits * lane, lo, 0, bits);  // 8 codes of `bits` bits: `bits` bytes
 }
 
-// ---- the fused hop's phases; its shared memory is declared in the kernel and passed by pointer
-
-constexpr int kHopBatch = 8;  // super-groups per round of draws: 8 x 32 Philox blocks, one a thread
-// Super-groups a block should take at least (the launch's grid): its set-up (the level tables,
-// about 0.6 KB read) stays a few percent of the block's traffic.
-constexpr int kHopSupergroupsPerBlock = 16;
-// uint4s of a super-group's staged own values: 256 FP32 values at any offset modulo 16.
-constexpr int kOwnStage = (4 * kSuperGroup + 15 + 15) / 16;
-
-// The layout words of a batch's super-groups, read once by threads 0..7.
-struct HopBatch {
-  uint32_t j[kHopBatch];
-  uint32_t offset[kHopBatch];
-  float mean[kHopBatch];
-  int8_t exponent[kHopBatch];
-  uint8_t bits[kHopBatch];
-};
-
-struct HopShared {
-  LevelTable* levels;  // [3]: the host's tables (stage_level_tables)
-  uint32_t* words;     // [kHopBatch * 32 * 4]: Philox block b of member s, word w at 4(32s+b)+w
-  float* pi;           // [kHopBatch * kGroupsPerSuperGroup]: each group's stratum
-  HopBatch* batch;     //
-  uint32_t* gmax;      // [kGroupsPerSuperGroup]: group maxima (magnitude bit patterns)
-  float* scale;        // [kGroupsPerSuperGroup]: each group's scale (write_record_scales)
-  uint4* record;       // [2 * kRecordStage]: input records, alternating
-  uint4* own;          // [kHopBatch * kOwnStage]: the batch's own values
-  uint4* first_input;  // [kHopBatch * kRecordStage]: the batch's records of input 0
-  float* first_scale;  // [kHopBatch * kGroupsPerSuperGroup]: those records' group scales
-  unsigned long long* meta;  // [3]: the chunk's content bytes, first and end wire position
-};
-
-// Block set-up: the chunk's extent (thread 0, into shared memory), the output header (block 0)
-// and the padding after the body (all blocks). Ends with the barrier that publishes sh.meta.
+// Block set-up: the chunk's extent (thread 0, into meta[0..2]: the content bytes, the first and
+// end wire position), the output header (block 0) and the padding after the body (all blocks).
+// Ends with the barrier that publishes meta.
 __device__ void hop_setup(const DynamiqDeviceParams& d, const LayoutView& l, int chunk,
                           const HopInputs& in, int n_in, uint8_t* out, unsigned* error,
-                          const HopShared& sh) {
+                          unsigned long long* meta) {
   const int k = static_cast<int>(threadIdx.x);
   const DynamiqPlan& p = d.plan;
   if (k == 0) {
-    sh.meta[0] = load_global(&l.chunk_content[chunk]);
-    sh.meta[1] = load_global(&l.chunk_first[chunk]);
-    sh.meta[2] = load_global(&l.chunk_first[chunk + 1]);
+    meta[0] = load_global(&l.chunk_content[chunk]);
+    meta[1] = load_global(&l.chunk_first[chunk]);
+    meta[2] = load_global(&l.chunk_first[chunk + 1]);
     if (blockIdx.x == 0) {
-      if (sh.meta[0] + kChunkHeaderBytes > p.capacity) atomicOr(error, kDynamiqChunkOverCapacity);
+      if (meta[0] + kChunkHeaderBytes > p.capacity) atomicOr(error, kDynamiqChunkOverCapacity);
       write_hop_header(l, chunk, in, n_in, p.n_workers, out, error);
     }
   }
@@ -170,261 +362,137 @@ __device__ void hop_setup(const DynamiqDeviceParams& d, const LayoutView& l, int
   uint8_t* body = out + kChunkHeaderBytes;
   const unsigned long long body_capacity = p.capacity - kChunkHeaderBytes;
   for (unsigned long long b =
-           sh.meta[0] + blockIdx.x * static_cast<unsigned long long>(kHopThreads) + k;
+           meta[0] + blockIdx.x * static_cast<unsigned long long>(kHopThreads) + k;
        b < body_capacity; b += static_cast<unsigned long long>(gridDim.x) * kHopThreads)
     store_global(body + b, uint8_t{0});
 }
 
-// Whether batch member s is encoded from the own values: its record fits the message and its
-// mean is finite (hop_supergroup()). The same answer in every thread.
-__device__ __forceinline__ bool member_encoded(const DynamiqPlan& p, const HopBatch& b, int s) {
-  return !record_past_capacity(p, b.offset[s], b.bits[s]) &&
-         (f32_bits(b.mean[s]) & 0x7f800000u) != 0x7f800000u;
-}
-
-// Where batch member s's own values (at `values`) lie in shared memory after hop_batch_load().
-__device__ __forceinline__ const uint8_t* staged_own(const HopShared& sh, int s,
-                                                     const uint8_t* values) {
-  return reinterpret_cast<const uint8_t*>(sh.own + s * kOwnStage) +
-         (reinterpret_cast<uintptr_t>(values) & 15u);
-}
-
-// A batch's layout words (threads 0..7); its random bits: every thread draws one Philox block
-// (32 a super-group), threads 0..127 one group's stratum each; then warp s copies member s's own
-// values and its record of input 0 to shared memory (the 8 super-groups' loads in flight at
-// once) and lanes 0..15 of warp s that record's group scales (flagging invalid ones). Ends with a
-// barrier.
-__device__ void hop_batch_load(const DynamiqDeviceParams& d, const LayoutView& l, const void* own,
-                               int own_bf16, const uint8_t* input0, uint64_t i0, uint64_t end,
-                               uint64_t sg_base, bool corr, const RoundingKey& key, unsigned* error,
-                               const HopShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  HopBatch& b = *sh.batch;
-  if (k < kHopBatch && i0 + k < end) {
-    const uint64_t i = i0 + k;
-    const uint32_t j = load_global(&l.order[i]);
-    b.j[k] = j;
-    b.offset[k] = load_global(&l.offset[i]);
-    b.bits[k] = load_global(&l.width[j]);
-    b.mean[k] = load_global(&l.mean[j]);
-    b.exponent[k] = load_global(&l.exponent[j]);
-  }
-  __syncthreads();
-  const int s = k / 32;
-  if (i0 + s < end) {
-    const uint64_t jr = sg_base + b.j[s];
-    const Philox4 w = philox_draw(key.seed, key.call, key.rank, kStreamRounding,
-                                  rounding_block(jr * kSuperGroup) + static_cast<uint32_t>(k % 32));
-    for (int v = 0; v < 4; ++v) sh.words[4 * k + v] = w.v[v];
-  }
-  const int member = k / kGroupsPerSuperGroup, group = k % kGroupsPerSuperGroup;
-  if (member < kHopBatch && i0 + member < end) {
-    const uint64_t jr = sg_base + b.j[member];
-    sh.pi[k] = corr ? static_cast<float>(correlated_stratum(key.seed, key.call, key.stratum_class,
-                                                            jr * kGroupsPerSuperGroup + group,
-                                                            key.stratum, key.strata))
-                    : 0.0f;
-  }
-  if (i0 + s < end && member_encoded(d.plan, b, s)) {
-    const size_t base = static_cast<size_t>(b.j[s]) * kSuperGroup;
-    const size_t left = d.plan.count - base;
-    const int valid =
-        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
-    const size_t size = own_bf16 ? 2 : 4;
-    group_copy_to_shared(static_cast<const uint8_t*>(own) + base * size,
-                         valid * static_cast<int>(size), sh.own + s * kOwnStage, k % 32, 32);
-    if (input0 != nullptr) {
-      const uint8_t* rec = group_copy_to_shared(input0 + kChunkHeaderBytes + b.offset[s],
-                                                d.plan.record[width_index(b.bits[s])],
-                                                sh.first_input + s * kRecordStage, k % 32, 32);
-      // The record's 16 group scales, once (hop_sum() would decode them at every value).
-      __syncwarp();
-      const int q = k % 32;
-      if (b.bits[s] < 16 && q < kGroupsPerSuperGroup) {
-        bool bad = false;
-        sh.first_scale[kGroupsPerSuperGroup * s + q] =
-            record_group_scale(d.hierarchical_scales, rec, q, &bad);
-        if (bad) atomicOr(error, kDynamiqBadRecord);
-      }
-    }
-  }
-  __syncthreads();
-}
-
-// This thread's value of batch member s: own value less the mean, plus every input's decoded
-// value in input order (the host's order). Input 0's record is in shared memory already
-// (hop_batch_load()); each further input's is staged here (one barrier each); *stage counts
-// those stagings, whose buffers alternate.
-__device__ float hop_sum(const DynamiqDeviceParams& d, const void* own, int own_bf16,
-                         const HopInputs& in, int n_in, int s, int* stage, unsigned* error,
-                         const HopShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  const HopBatch& b = *sh.batch;
-  const int bits = b.bits[s];
-  const size_t base = static_cast<size_t>(b.j[s]) * kSuperGroup;
-  const size_t left = d.plan.count - base;
-  const int valid = left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
-  float v = 0.0f;
-  if (k < valid) {
-    const size_t size = own_bf16 ? 2 : 4;
-    const uint8_t* staged = staged_own(sh, s, static_cast<const uint8_t*>(own) + base * size);
-    const float x = own_bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(staged)[k])
-                             : reinterpret_cast<const float*>(staged)[k];
-    const float mu = bits == 16 ? 0.0f : b.mean[s];
-    const int8_t e = b.exponent[s];
-    v = e == 0 ? x - mu : x * pow2f(e) - mu;
-  }
-  bool bad = false;
-  const int record = d.plan.record[width_index(bits)];
-  for (int m = 0; m < n_in; ++m) {
-    const uint8_t* src = in.p[m] + kChunkHeaderBytes + b.offset[s];
-    if (m == 0) {  // staged, its scales decoded and checked (hop_batch_load())
-      const uint8_t* r = reinterpret_cast<const uint8_t*>(sh.first_input + s * kRecordStage) +
-                         (reinterpret_cast<uintptr_t>(src) & 15u);
-      if (bits == 16) {
-        v += decode_value(sh.levels, d.hierarchical_scales, bits, r, k, &bad);
-      } else {
-        const LevelTable& t = sh.levels[width_index(bits)];
-        const uint32_t code = record_code(d.hierarchical_scales, bits, r, k, t.max_mag, &bad);
-        v += decode_code(t, code, sh.first_scale[kGroupsPerSuperGroup * s + k / kGroup]);
-      }
-      continue;
-    }
-    const uint8_t* r = block_copy_to_shared(src, record, sh.record + (*stage & 1) * kRecordStage);
-    ++*stage;
-    __syncthreads();  // the staged record
-    v += decode_value(sh.levels, d.hierarchical_scales, bits, r, k, &bad);
-    bad |= record_scales_bad(d.hierarchical_scales, bits, r, k);
-  }
-  if (bad) atomicOr(error, kDynamiqBadRecord);
-  return v;
-}
-
-// Batch member s compressed into its record: group maxima, scales, stochastic rounding on the
-// host's levels, the codes packed LSB first. Two barriers at widths below 16: the group maxima
-// written, then the scales (warp 0 alone reads the maxima, and every thread has read the scales
-// before it reaches the next super-group's first barrier, so neither buffer alternates).
-__device__ void hop_encode(bool hierarchical, float v, int s, uint64_t jr, float strata,
-                           const RoundingKey& key, uint8_t* rec, const HopShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  const int g = k / kGroup;
-  const int bits = sh.batch->bits[s];
-  const uint32_t word = sh.words[4 * (32 * s + ((k >> 4) & 3) * 8 + (k & 7)) + ((k >> 6) & 3)];
-  const uint32_t u16 = (word >> (16 * ((k >> 3) & 1))) & 0xffffu;
-  if (bits == 16) {  // stochastic rounding to BF16 with the value's 16 bits
-    const uint16_t h = f32_to_bf16_stochastic(v, u16);
-    store_global(rec + 2 * k, static_cast<uint8_t>(h));
-    store_global(rec + 2 * k + 1, static_cast<uint8_t>(h >> 8));
-    return;
-  }
-  // Group maxima on the magnitude bit patterns (ordered like the floats, NaN above Inf).
-  uint32_t a = f32_bits(v) & 0x7fffffffu;
-  DQ_UNROLL
-  for (int off = kGroup / 2; off > 0; off >>= 1) {
-    const uint32_t o = __shfl_xor_sync(kFullMask, a, off);
-    a = o > a ? o : a;
-  }
-  if ((k & (kGroup - 1)) == 0) sh.gmax[g] = a;
-  __syncthreads();
-  if (k < 32) write_record_scales(hierarchical, sh.gmax, k, rec, sh.scale);
-  __syncthreads();
-  uint8_t* codes_out = rec + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
-  const LevelTable& t = sh.levels[width_index(bits)];
-  const float m = magnitude_ratio(v, sh.scale[g]);
-  const int r = level_floor(t, m);
-  const float x = round_up_threshold(t, m, r, sh.pi[kGroupsPerSuperGroup * s + g], strata);
-  int up = round_up_coarse(x, u16);
-  if (up < 0)
-    up = round_up_tie(x, u16,
-                      rounding_tie_uniform(key.seed, key.call, key.rank, jr * kSuperGroup + k));
-  store_packed_codes(encode_code(r + up, v < 0.0f, t.max_mag), bits, k, codes_out);
-}
-
-// Batch member s: its record checked against the capacity, an inert record for a non-finite
-// mean, else the sum and its compression. The same branches in every thread (shared words).
-__device__ void hop_supergroup(const DynamiqDeviceParams& d, const void* own, int own_bf16,
-                               const HopInputs& in, int n_in, uint8_t* body, uint64_t sg_base,
-                               float strata, const RoundingKey& key, unsigned* error, int s,
-                               int* stage, const HopShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
+// One super-group by one warp: its record checked against the capacity, an inert record for a
+// non-finite mean, else the own values, every input in input order (the host's order) and the
+// compression. `pi`: the lane's group's stratum (0 without correlated rounding). The same
+// branches in every lane.
+__device__ void hop_supergroup(const DynamiqDeviceParams& d, const LevelTable* levels,
+                               const void* own, int own_bf16, const HopInputs& in, int n_in,
+                               uint8_t* body, const SgLayout& sg, uint64_t sg_base, float pi,
+                               float strata, const RoundingKey& key, unsigned* error,
+                               HopWarpShared& ws) {
+  // What derives from the lane is recomputed here (opaque()), never held across the warp's loop.
+  const int lane = static_cast<int>(opaque(threadIdx.x) % kWarp);
   const DynamiqPlan& p = d.plan;
-  const HopBatch& b = *sh.batch;
-  const int bits = b.bits[s];
-  // A record the message cannot hold is neither written nor read from the inputs (nor were its
-  // own values: member_encoded()).
-  if (record_past_capacity(p, b.offset[s], bits)) {
-    if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
+  // A record the message cannot hold is neither written nor read, nor are its own values.
+  if (record_past_capacity(p, sg.offset, sg.bits)) {
+    if (lane == 0) atomicOr(error, kDynamiqChunkOverCapacity);
     return;
   }
-  uint8_t* rec = body + b.offset[s];
-  if ((f32_bits(b.mean[s]) & 0x7f800000u) == 0x7f800000u) {
+  uint8_t* rec = body + sg.offset;
+  if ((f32_bits(sg.mean) & 0x7f800000u) == 0x7f800000u) {
     // The non-finite mean carries the result: an inert 2-bit record.
     const int scale_bytes = p.record[0] - kSuperGroup * 2 / 8;
-    uint8_t byte = 0x55;                                                    // code 1 = zero
-    if (k < scale_bytes) byte = (d.hierarchical_scales && k >= 2) ? 1 : 0;  // factors 1, unit 0
-    if (k < p.record[0]) store_global(rec + k, byte);
+    for (int b = lane; b < p.record[0]; b += kWarp) {
+      uint8_t byte = 0x55;                                                    // code 1 = zero
+      if (b < scale_bytes) byte = (d.hierarchical_scales && b >= 2) ? 1 : 0;  // factors 1, unit 0
+      store_global(rec + b, byte);
+    }
     return;
   }
-  const float v = hop_sum(d, own, own_bf16, in, n_in, s, stage, error, sh);
-  hop_encode(d.hierarchical_scales, v, s, sg_base + b.j[s], strata, key, rec, sh);
+  // The rounding bits first, while no value is held: the draw needs a dozen registers.
+  const Philox4 w =
+      philox_draw(opaque(key.seed), opaque(key.call), key.rank, kStreamRounding,
+                  rounding_block((sg_base + sg.j) * kSuperGroup) + static_cast<uint32_t>(lane));
+  __syncwarp();  // every lane has read the previous super-group's words
+  DQ_UNROLL
+  for (int q = 0; q < 4; ++q) ws.words[4 * lane + q] = w.v[q];
+  // (add_input()'s or encode_values()' barrier publishes them)
+  float v[kLaneValues];
+  load_own(p, own, own_bf16, sg, lane, v);
+  bool bad = false;
+  for (int m = 0; m < n_in; ++m)
+    bad |= add_input(d, levels, in.p[m] + kChunkHeaderBytes + sg.offset, sg.bits, lane, ws, v);
+  if (bad) atomicOr(error, kDynamiqBadRecord);
+  const float scale = sg.bits == 16 ? 0.0f : encode_scales(d.hierarchical_scales, v, lane, rec);
+  __syncwarp();  // the rounding words
+  encode_values(d, levels, v, sg.bits, sg_base + sg.j, scale, pi, strata, key, lane, ws, rec);
+}
+
+// The warp's super-groups of the block's run [begin, end): positions begin + warp + 8t. Lane q
+// reads the layout words of 32 of them at a time; the strata of correlated rounding are drawn two
+// super-groups at a time (lanes 0..15 the first's groups, lanes 16..31 the second's), so that no
+// lane idles through the 12-round shuffle.
+__device__ void hop_warp(const DynamiqDeviceParams& d, const LayoutView& l,
+                         const LevelTable* levels, const void* own, int own_bf16,
+                         const HopInputs& in, int n_in, uint8_t* body, uint32_t begin, uint32_t end,
+                         bool corr, const RoundingKey& key, unsigned* error, HopWarpShared& ws) {
+  const uint32_t warp = static_cast<uint32_t>(threadIdx.x) / kWarp;
+  const uint32_t count = end > begin + warp ? (end - begin - warp + kHopWarps - 1) / kHopWarps : 0;
+  const uint64_t sg_base = key.element_base / kSuperGroup;
+  const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
+  if (threadIdx.x % kWarp == 0) ws.first = begin + warp;  // (the loop's first barrier publishes it)
+  for (uint32_t t0 = 0; t0 < count; t0 += kWarp) {        // the same trips in the warp
+    const int n = count - t0 < static_cast<uint32_t>(kWarp) ? static_cast<int>(count - t0) : kWarp;
+    // The lane and what derives from it are recomputed (opaque()) rather than held in registers
+    // through hop_supergroup(), which needs them all.
+    int lane = static_cast<int>(opaque(threadIdx.x) % kWarp);
+    __syncwarp();  // every lane has read the previous 32 super-groups' words
+    if (lane < n) ws.sg[lane] = load_sg_layout(l, ws.first + kHopWarps * (t0 + lane));
+    for (int q = 0; q < n; q += 2) {
+      lane = static_cast<int>(opaque(threadIdx.x) % kWarp);
+      __syncwarp();  // the layout words written; the previous two super-groups' strata read
+      const int member = q + lane / 16;  // lane l: group l % 16 of super-group q + l / 16
+      if (member < n) {
+        const uint64_t group = (sg_base + ws.sg[member].j) * kGroupsPerSuperGroup + lane % 16;
+        ws.pi[lane] = corr ? static_cast<float>(correlated_stratum(
+                                 opaque(key.seed), opaque(key.call), key.stratum_class, group,
+                                 opaque(key.stratum), opaque(key.strata)))
+                           : 0.0f;
+      }
+      __syncwarp();
+      for (int h = 0; h < 2 && q + h < n; ++h)
+        hop_supergroup(d, levels, own, own_bf16, in, n_in, body, ws.sg[q + h], sg_base,
+                       ws.pi[16 * h + static_cast<int>(opaque(threadIdx.x) % kWarp) / 2], strata,
+                       key, error, ws);
+    }
+  }
 }
 
 }  // namespace
 
-// Work split: each block takes a contiguous run of the chunk's wire positions, in batches of
-// kHopBatch super-groups; thread k owns value k of the super-group in hand.
+// Work split: each block takes a contiguous run of the chunk's wire positions, its warps a
+// super-group each at a time (hop_warp()); a block barrier only in the set-up.
 __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
     dynamiq_hop_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
                        int chunk, const void* own, int own_bf16, HopInputs in, int n_in,
                        uint8_t* out, RoundingKey key, unsigned* error) {
   __shared__ LevelTable s_levels[3];
-  __shared__ uint32_t s_words[kHopBatch * 32 * 4];
-  __shared__ float s_pi[kHopBatch * kGroupsPerSuperGroup];
-  __shared__ HopBatch s_batch;
-  __shared__ uint32_t s_gmax[kGroupsPerSuperGroup];
-  __shared__ float s_scale[kGroupsPerSuperGroup];
-  __shared__ uint4 s_record[2 * kRecordStage];
-  __shared__ uint4 s_own[kHopBatch * kOwnStage];
-  __shared__ uint4 s_first_input[kHopBatch * kRecordStage];
-  __shared__ float s_first_scale[kHopBatch * kGroupsPerSuperGroup];
+  __shared__ HopWarpShared s_warp[kHopWarps];
   __shared__ unsigned long long s_meta[3];
   const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
-  const HopShared sh{s_levels, s_words, s_pi,          &s_batch,      s_gmax, s_scale,
-                     s_record, s_own,   s_first_input, s_first_scale, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
-  hop_setup(d, l, chunk, in, n_in, out, error, sh);
+  hop_setup(d, l, chunk, in, n_in, out, error, s_meta);
+  // Wire positions are 32-bit words of the layout (chunk_first).
   const uint64_t first = s_meta[1], last = s_meta[2];
   const uint64_t n = last > first ? last - first : 0;
-  const uint64_t per = ((n + gridDim.x - 1) / gridDim.x + kHopBatch - 1) / kHopBatch * kHopBatch;
+  const uint64_t per = ((n + gridDim.x - 1) / gridDim.x + kHopWarps - 1) / kHopWarps * kHopWarps;
   const uint64_t begin = first + blockIdx.x * per;
   const uint64_t end = begin + per < last ? begin + per : last;
-  if (begin < end) stage_level_tables(levels, s_levels);  // a block with no work skips them
-  const uint64_t sg_base = key.element_base / kSuperGroup;
-  const bool corr = d.correlated_rounding && key.strata > 1;
-  const float strata = corr ? static_cast<float>(key.strata) : 1.0f;
-  int stage = 0;
-  for (uint64_t i0 = begin; i0 < end; i0 += kHopBatch) {  // the same trips in the block
-    hop_batch_load(d, l, own, own_bf16, n_in > 0 ? in.p[0] : nullptr, i0, end, sg_base, corr, key,
-                   error, sh);
-    for (int s = 0; s < kHopBatch && i0 + s < end; ++s)
-      hop_supergroup(d, own, own_bf16, in, n_in, out + kChunkHeaderBytes, sg_base, strata, key,
-                     error, s, &stage, sh);
-    __syncthreads();  // the batch's shared words are rewritten by the next batch
-  }
+  if (begin >= end) return;  // the whole block alike: no work, no level tables
+  stage_level_tables(levels, s_levels);
+  hop_warp(d, l, s_levels, own, own_bf16, in, n_in, out + kChunkHeaderBytes,
+           static_cast<uint32_t>(begin), static_cast<uint32_t>(end),
+           d.correlated_rounding && key.strata > 1, key, error, s_warp[threadIdx.x / kWarp]);
 }
 
 namespace {
 // Blocks of the fused hop for a chunk of an even share of the super-groups (where the cuts fall
 // is on the device): kHopSupergroupsPerBlock a block, but at least enough to fill the device
-// (kHopMinBlocks an SM) while each block still gets a whole batch.
+// (kHopMinBlocks an SM) while each warp still gets a super-group.
 size_t hop_blocks(const DynamiqPlan& p) {
   const size_t per_chunk = (p.n_sg + p.n_chunks - 1) / p.n_chunks;
   size_t blocks = (per_chunk + kHopSupergroupsPerBlock - 1) / kHopSupergroupsPerBlock;
   const size_t fill = static_cast<size_t>(multiprocessors()) * kHopMinBlocks;
-  const size_t most = (per_chunk + kHopBatch - 1) / kHopBatch;
+  const size_t most = (per_chunk + kHopWarps - 1) / kHopWarps;
   if (blocks < fill) blocks = fill < most ? fill : most;
   return blocks;
 }

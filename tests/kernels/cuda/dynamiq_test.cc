@@ -103,15 +103,18 @@ cudaError_t device_layout(const DynamiqDeviceParams& params, const std::vector<u
 }
 
 // The hop of `chunk` with own values of worker key.rank and n_in input messages of
-// chunk_capacity() bytes each, on the device's layout.
+// chunk_capacity() bytes each, on the device's layout; the own values `own_shift` elements past a
+// 16-byte boundary (a tensor's view at an offset).
 cudaError_t device_hop(const Case& s, int chunk, const uint8_t* const* inputs, int n_in,
                        std::vector<uint8_t>* out, const RoundingKey& key, unsigned* error,
-                       int max_blocks = 0) {
+                       int max_blocks = 0, int own_shift = 0) {
   const size_t cap = s.codec->chunk_capacity();
   const DeviceArray<LevelTable> d_levels(s.levels, 3);
   const DeviceArray<uint64_t> d_layout(s.dev_layout);
-  const DeviceArray<uint8_t> d_own(static_cast<const uint8_t*>(s.own(key.rank)),
-                                   s.cfg.count * (s.cfg.bf16 ? 2 : 4));
+  const size_t size = s.cfg.bf16 ? 2 : 4;
+  std::vector<uint8_t> shifted((s.cfg.count + own_shift) * size);
+  std::memcpy(shifted.data() + own_shift * size, s.own(key.rank), s.cfg.count * size);
+  const DeviceArray<uint8_t> d_own(shifted.data(), shifted.size());
   std::vector<DeviceArray<uint8_t>> d_inputs;
   d_inputs.reserve(n_in);
   std::vector<const uint8_t*> ptrs;
@@ -121,9 +124,9 @@ cudaError_t device_hop(const Case& s, int chunk, const uint8_t* const* inputs, i
   }
   const DeviceArray<uint8_t> d_out(*out);
   const DeviceArray<unsigned> d_error(error, 1);
-  cudaError_t e =
-      launch_dynamiq_hop(s.params, d_levels.get(), d_layout.get(), chunk, d_own.get(), s.cfg.bf16,
-                         ptrs.data(), n_in, d_out.get(), key, d_error.get(), nullptr, max_blocks);
+  cudaError_t e = launch_dynamiq_hop(s.params, d_levels.get(), d_layout.get(), chunk,
+                                     d_own.get() + own_shift * size, s.cfg.bf16, ptrs.data(), n_in,
+                                     d_out.get(), key, d_error.get(), nullptr, max_blocks);
   if (e == cudaSuccess) e = d_out.fetch(*out);
   return e == cudaSuccess ? d_error.fetch(error) : e;
 }
@@ -542,6 +545,43 @@ TEST(CudaDynamiqHop, MatchesHostAcrossTheRange) {
       if (HasFatalFailure()) return;
     }
   for (int w : {2, 4, 8}) EXPECT_EQ(widths.count(w), 1u) << w;
+}
+
+// Own values at any element offset from a 16-byte boundary (a view into a larger tensor): the hop
+// reads them in 16-byte vectors only where a lane's 8 values are aligned, element by element
+// otherwise (the emulator refuses a misaligned vector load, as CUDA does), with the same bytes.
+TEST(CudaDynamiqHop, OwnValuesAtAnyElementOffsetGiveTheHostBytes) {
+  uint32_t seed = 131;
+  for (bool bf16 : {false, true}) {
+    Case s;
+    make_case(Config{13 * 256 + 45, 2, 4, bf16, true, DynamiqOptions{}, 0}, seed++, &s);
+    ASSERT_FALSE(HasFatalFailure());
+    const size_t cap = s.codec->chunk_capacity();
+    const RoundingKey leaf_key{seed, s.call, 1, 1, 4, 1, 0};
+    std::vector<uint8_t> leaf(cap);
+    ASSERT_EQ(
+        s.codec->fused_hop(s.host_layout.data(), 1, s.tensor(2), nullptr, 0, leaf.data(), leaf_key),
+        Status::kOk);
+    const uint8_t* input = leaf.data();
+    const ByteView view{leaf.data(), leaf.size()};
+    for (int n_in : {0, 1}) {
+      const RoundingKey key{seed, s.call, 1, 0, 2, static_cast<uint32_t>(n_in), 0};
+      std::vector<uint8_t> host(cap, 0xAB);
+      ASSERT_EQ(
+          s.codec->fused_hop(s.host_layout.data(), 1, s.tensor(1), &view, n_in, host.data(), key),
+          Status::kOk);
+      for (int shift : {0, 1, 2, 3, 7}) {
+        std::vector<uint8_t> dev(cap, 0xCD);
+        unsigned error = 0;
+        ASSERT_EQ(device_hop(s, 1, &input, n_in, &dev, key, &error, 0, shift), cudaSuccess)
+            << (bf16 ? "bf16" : "fp32") << " shift " << shift << ": " << kernel_fault();
+        EXPECT_EQ(error, 0u);
+        for (size_t b = 0; b < cap; ++b)
+          ASSERT_EQ(int(host[b]), int(dev[b])) << (bf16 ? "bf16" : "fp32") << " n_in " << n_in
+                                               << " shift " << shift << ": byte " << b;
+      }
+    }
+  }
 }
 
 TEST(CudaDynamiqHop, MalformedInputsAreFlaggedLikeTheHost) {

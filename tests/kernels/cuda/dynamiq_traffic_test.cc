@@ -139,6 +139,9 @@ std::vector<float> gradient(size_t count, uint32_t seed) {
   return x;
 }
 
+// The fused hop's block barriers a thread: one for the chunk's extent, three for the level tables.
+constexpr double kHopSetupBarriers = 4.0;
+
 void check_traffic(bool bf16) {
   const size_t count = (size_t{1} << 20) + 77;
   const int n_chunks = 2, n_workers = 4;
@@ -216,6 +219,22 @@ void check_traffic(bool bf16) {
       EXPECT_GE(c.global_read, least.read);
       EXPECT_LE(ratio, kMostOverMinimum)
           << (bf16 ? "bf16" : "fp32") << " chunk " << chunk << " n_in " << n_in;
+      // Block barriers only in the set-up (the extent, the level tables), whatever a block's
+      // share: 8 blocks of a few hundred super-groups each wait at as many as 1,000 blocks do.
+      for (int max_blocks : {0, 8}) {
+        std::vector<uint8_t> again(cap, 0xCD);
+        ASSERT_EQ(
+            launch_dynamiq_hop(params, levels, layout.data(), chunk, own(0).data, bf16, ptrs.data(),
+                               n_in, again.data(), key, &error, nullptr, max_blocks),
+            cudaSuccess)
+            << test::kernel_fault();
+        ASSERT_EQ(host, again) << "chunk " << chunk << " n_in " << n_in << " blocks " << max_blocks;
+        const emu::Counters b = emu::last_counters();
+        const double per_thread = static_cast<double>(b.barriers) / static_cast<double>(b.threads);
+        std::printf("  %llu blocks: %.2f block barriers a thread\n",
+                    static_cast<unsigned long long>(b.blocks), per_thread);
+        EXPECT_LE(per_thread, kHopSetupBarriers) << "blocks " << b.blocks;
+      }
       if (n_in == 2) {
         check_finish_traffic(*codec, params, levels, layout.data(), l, chunk, host, 3, bf16);
         std::copy(host.begin(), host.end(), finals.begin() + chunk * cap);
