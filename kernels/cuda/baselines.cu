@@ -368,9 +368,13 @@ __device__ void baseline_finish_validate(const BaselineDeviceParams& d, const vo
   if (family_of(d.codec) != kFamilyUniform) return;
   const unsigned long long n_vals = r.n_blocks * static_cast<unsigned long long>(d.block_elems);
   bool bad = false;
+  // Each value's code; a group's scale once, by the thread at its first value (decode_value()
+  // would check it, and decode, at every value).
   for (unsigned long long rel = own; rel < n_vals; rel += step) {
     const uint8_t* blk = range_block(d, r, r.first_block + rel / 16);
-    (void)decode_value<kFamilyUniform>(d, blk, static_cast<int>(rel % 16), &bad);
+    const int pos = static_cast<int>(rel % 16);
+    bad |= unpack_code(blk + 2, pos, d.element_bits) == (1u << d.element_bits) - 1u;
+    if (pos == 0) bad |= !uniform_scale_valid(get16(blk));
   }
   if (bad) atomicOr(error, unsigned{kBaselineBadCodes});
 }
