@@ -106,6 +106,13 @@ struct HopWarpShared {
   uint32_t first;                      // the wire position of the warp's first super-group
 };
 
+// The calling thread's lane, recomputed where it is asked (opaque()): the hop's loop would
+// otherwise hold the lane and every index derived from it in registers across a super-group,
+// which needs them all.
+__device__ __forceinline__ int opaque_lane() {
+  return static_cast<int>(opaque(threadIdx.x) % kWarp);
+}
+
 // Where a lane's n bytes (n = 2, 4, 8 or 16) may move in one access each: the widest size of at
 // most 8 bytes that divides both n and the address. Lane l's bytes start at base + l x n, so every
 // lane of the warp gets the same answer.
@@ -270,10 +277,7 @@ __device__ __forceinline__ float encode_scales(bool hierarchical, const float* v
     return static_cast<float>(f) * unit;
   }
   const uint16_t sb = f32_to_bf16_up(f32_from_bits(group_max));
-  if (lane % 2 == 0) {
-    store_global(rec + 2 * g, static_cast<uint8_t>(sb));
-    store_global(rec + 2 * g + 1, static_cast<uint8_t>(sb >> 8));
-  }
+  if (lane % 2 == 0) store_lane_bytes(rec + 2 * g, sb, 0, 2);
   return bf16_to_f32(sb);
 }
 
@@ -376,8 +380,7 @@ __device__ void hop_supergroup(const DynamiqDeviceParams& d, const LevelTable* l
                                uint8_t* body, const SgLayout& sg, uint64_t sg_base, float pi,
                                float strata, const RoundingKey& key, unsigned* error,
                                HopWarpShared& ws) {
-  // What derives from the lane is recomputed here (opaque()), never held across the warp's loop.
-  const int lane = static_cast<int>(opaque(threadIdx.x) % kWarp);
+  const int lane = opaque_lane();
   const DynamiqPlan& p = d.plan;
   // A record the message cannot hold is neither written nor read, nor are its own values.
   if (record_past_capacity(p, sg.offset, sg.bits)) {
@@ -429,13 +432,11 @@ __device__ void hop_warp(const DynamiqDeviceParams& d, const LayoutView& l,
   if (threadIdx.x % kWarp == 0) ws.first = begin + warp;  // (the loop's first barrier publishes it)
   for (uint32_t t0 = 0; t0 < count; t0 += kWarp) {        // the same trips in the warp
     const int n = count - t0 < static_cast<uint32_t>(kWarp) ? static_cast<int>(count - t0) : kWarp;
-    // The lane and what derives from it are recomputed (opaque()) rather than held in registers
-    // through hop_supergroup(), which needs them all.
-    int lane = static_cast<int>(opaque(threadIdx.x) % kWarp);
+    int lane = opaque_lane();
     __syncwarp();  // every lane has read the previous 32 super-groups' words
     if (lane < n) ws.sg[lane] = load_sg_layout(l, ws.first + kHopWarps * (t0 + lane));
     for (int q = 0; q < n; q += 2) {
-      lane = static_cast<int>(opaque(threadIdx.x) % kWarp);
+      lane = opaque_lane();
       __syncwarp();  // the layout words written; the previous two super-groups' strata read
       const int member = q + lane / 16;  // lane l: group l % 16 of super-group q + l / 16
       if (member < n) {
@@ -448,8 +449,7 @@ __device__ void hop_warp(const DynamiqDeviceParams& d, const LayoutView& l,
       __syncwarp();
       for (int h = 0; h < 2 && q + h < n; ++h)
         hop_supergroup(d, levels, own, own_bf16, in, n_in, body, ws.sg[q + h], sg_base,
-                       ws.pi[16 * h + static_cast<int>(opaque(threadIdx.x) % kWarp) / 2], strata,
-                       key, error, ws);
+                       ws.pi[16 * h + opaque_lane() / 2], strata, key, error, ws);
     }
   }
 }
