@@ -7,7 +7,10 @@
 // of chunk_first over the range) when its layout words are read. Validator blocks check every
 // chunk's header and every record of the range; decoder blocks wait for all of them (FinishGate,
 // kernels/cuda/step_fold.h) and then decode, so one invalid chunk keeps every chunk of the
-// launch from writing. Records and decode tables are staged in shared memory.
+// launch from writing. Within a block each warp takes one super-group at a time, lane l reading
+// (validators) or decoding and writing (decoders) values 8l .. 8l+7 (dynamiq_record.cuh), so no
+// block barrier follows the set-up; the warp stages each record in its shared memory, a decoder
+// its block's level tables.
 #include "kernels/bf16.h"
 #include "kernels/cuda/block.cuh"
 #include "kernels/cuda/dynamiq.h"
@@ -17,7 +20,6 @@
 namespace dq::cuda {
 namespace {
 
-constexpr int kFinishBatch = 8;  // records staged a round: warp s copies member s
 // Super-groups a block should take at least: a decoder's set-up (the level tables, about 0.6 KB
 // read) stays a few percent of its traffic.
 constexpr int kFinishSupergroupsPerBlock = 32;
@@ -30,22 +32,20 @@ struct FinishMessages {
   int n;
 };
 
-// The layout words of a batch's records, read once by threads 0..7.
-struct FinishBatch {
-  uint32_t j[kFinishBatch];
-  uint32_t offset[kFinishBatch];
-  uint32_t message[kFinishBatch];  // the record's chunk less the range's first: its message
-  float mean[kFinishBatch];
-  int8_t exponent[kFinishBatch];
-  uint8_t bits[kFinishBatch];
+// A super-group's layout words, as the finish reads them (the mean and K_j for a decoder only).
+struct FinishSg {
+  uint32_t j;        // its index in the tensor
+  uint32_t offset;   // its record's offset in the message body
+  uint32_t message;  // its chunk less the range's first: its message
+  float mean;
+  int8_t exponent;  // K_j
+  uint8_t bits;
 };
 
-struct FinishShared {
-  LevelTable* levels;        // [3] (decoders; stage_level_tables without the lookups)
-  FinishBatch* batch;        //
-  uint4* record;             // [kFinishBatch * kRecordStage]: the batch's records
-  float* scale;              // [kFinishBatch * kGroupsPerSuperGroup]: their group scales (decoders)
-  unsigned long long* meta;  // [2]: the range's first and end wire position
+// A warp's shared memory: the record it reads, and the layout words of its next 32 super-groups.
+struct FinishWarpShared {
+  uint4 stage[kRecordStage];
+  FinishSg sg[kWarp];
 };
 
 // The message (index in the range) holding wire position i of the range: the last chunk c of
@@ -63,136 +63,143 @@ __device__ __forceinline__ uint32_t message_of(const LayoutView& l, const Finish
   return static_cast<uint32_t>(lo - m.first);
 }
 
-// The body (past the header) of batch member s's message.
-__device__ __forceinline__ const uint8_t* member_body(const FinishMessages& m, const FinishBatch& b,
-                                                      int s) {
-  return m.base + b.message[s] * m.stride + kChunkHeaderBytes;
+__device__ __forceinline__ FinishSg load_finish_sg(const LayoutView& l, const FinishMessages& m,
+                                                   uint64_t i, bool decode) {
+  FinishSg s;
+  s.j = load_global(&l.order[i]);
+  s.offset = load_global(&l.offset[i]);
+  s.message = m.n > 1 ? message_of(l, m, i) : 0u;
+  s.bits = load_global(&l.width[s.j]);
+  s.mean = decode ? load_global(&l.mean[s.j]) : 0.0f;
+  s.exponent = decode ? load_global(&l.exponent[s.j]) : int8_t{0};
+  return s;
 }
 
-// A batch's layout words (threads 0..7; the means and exponents for a decoder), then warp s
-// copies member s's record to shared memory unless it ends past the message, and for a decoder
-// decodes its 16 group scales once (lanes 0..15; the validators have checked them). Two
-// barriers.
-__device__ void finish_batch_load(const DynamiqDeviceParams& d, const LayoutView& l,
-                                  const FinishMessages& m, uint64_t i0, uint64_t end, bool decode,
-                                  const FinishShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  FinishBatch& b = *sh.batch;
-  if (k < kFinishBatch && i0 + k < end) {
-    const uint64_t i = i0 + k;
-    const uint32_t j = load_global(&l.order[i]);
-    b.j[k] = j;
-    b.offset[k] = load_global(&l.offset[i]);
-    b.message[k] = m.n > 1 ? message_of(l, m, i) : 0u;
-    b.bits[k] = load_global(&l.width[j]);
-    if (decode) {
-      b.mean[k] = load_global(&l.mean[j]);
-      b.exponent[k] = load_global(&l.exponent[j]);
-    }
+// Where super-group sg's record starts in global memory.
+__device__ __forceinline__ const uint8_t* record_of(const FinishMessages& m, const FinishSg& sg) {
+  return m.base + sg.message * m.stride + kChunkHeaderBytes + sg.offset;
+}
+
+// A validator's super-group: the record inside the message, then every byte record_valid()
+// checks (the lane's group scale, the lane's 8 codes: the warp checks all 256 and every scale).
+// Returns whether the lane found the record invalid.
+__device__ __forceinline__ bool finish_validate_sg(const DynamiqDeviceParams& d,
+                                                   const FinishMessages& m, const FinishSg& sg,
+                                                   const int* max_mag, int lane, unsigned* error,
+                                                   FinishWarpShared& ws) {
+  if (record_past_capacity(d.plan, sg.offset, sg.bits)) {  // never read past the message
+    if (lane == 0) atomicOr(error, kDynamiqChunkOverCapacity);
+    return false;
   }
-  __syncthreads();
-  const int s = k / kWarp;
-  if (s < kFinishBatch && i0 + s < end && !record_past_capacity(d.plan, b.offset[s], b.bits[s])) {
-    const uint8_t* rec = group_copy_to_shared(member_body(m, b, s) + b.offset[s],
-                                              d.plan.record[width_index(b.bits[s])],
-                                              sh.record + s * kRecordStage, k % kWarp, kWarp);
-    const int q = k % kWarp;
-    if (decode && b.bits[s] < 16) {
-      __syncwarp();
-      bool bad = false;  // validated: never set
-      if (q < kGroupsPerSuperGroup)
-        sh.scale[kGroupsPerSuperGroup * s + q] =
-            record_group_scale(d.hierarchical_scales, rec, q, &bad);
-    }
-  }
-  __syncthreads();
-}
-
-// Where batch member s's record lies in shared memory after finish_batch_load().
-__device__ __forceinline__ const uint8_t* staged_record(const FinishShared& sh,
-                                                        const FinishMessages& m, int s) {
-  const uint8_t* src = member_body(m, *sh.batch, s) + sh.batch->offset[s];
-  return reinterpret_cast<const uint8_t*>(sh.record + s * kRecordStage) +
-         (reinterpret_cast<uintptr_t>(src) & 15u);
-}
-
-// A validator's batch: every value of every record (record_valid(): all 256 codes, every scale),
-// and the capacity. `max_mag`: the three tables' L.
-__device__ void finish_validate_batch(const DynamiqDeviceParams& d, const FinishMessages& m,
-                                      uint64_t i0, uint64_t end, const int* max_mag,
-                                      unsigned* error, const FinishShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  const FinishBatch& b = *sh.batch;
+  if (sg.bits == 16) return false;
+  const uint8_t* r =
+      stage_record_warp(record_of(m, sg), d.plan.record[width_index(sg.bits)], ws.stage, lane);
   bool bad = false;
-  for (int s = 0; s < kFinishBatch && i0 + s < end; ++s) {
-    const int bits = b.bits[s];
-    if (record_past_capacity(d.plan, b.offset[s], bits)) {  // never read past the message
-      if (k == 0) atomicOr(error, kDynamiqChunkOverCapacity);
-      continue;
+  (void)record_group_scale(d.hierarchical_scales, r, lane / 2, &bad);
+  const uint8_t* codes =
+      r + (d.hierarchical_scales ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
+  uint64_t lo, hi;
+  load_lane_bytes(codes + sg.bits * lane, sg.bits, &lo, &hi);  // 8 codes: `bits` bytes
+  const uint32_t mask = (1u << sg.bits) - 1u;
+  const uint32_t top = static_cast<uint32_t>(2 * max_mag[width_index(sg.bits)]);
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i)
+    bad |= (static_cast<uint32_t>(lo >> (sg.bits * i)) & mask) > top;
+  return bad;
+}
+
+// The lane's 8 results written (0 < valid <= 8 of them): 16-byte stores where all 8 are there
+// and the address allows, element stores otherwise.
+__device__ __forceinline__ void store_lane_values(void* out, int out_bf16, size_t first,
+                                                  const float* x, int valid) {
+  if (out_bf16) {
+    uint16_t* dst = static_cast<uint16_t*>(out) + first;
+    if (valid == kLaneValues && (reinterpret_cast<uintptr_t>(dst) & 15u) == 0) {
+      uint32_t w[4];
+      DQ_UNROLL
+      for (int i = 0; i < 4; ++i)
+        w[i] = static_cast<uint32_t>(f32_to_bf16_rne(x[2 * i])) |
+               static_cast<uint32_t>(f32_to_bf16_rne(x[2 * i + 1])) << 16;
+      store_global(reinterpret_cast<uint4*>(dst), uint4{w[0], w[1], w[2], w[3]});
+    } else {
+      for (int i = 0; i < valid; ++i) store_global(dst + i, f32_to_bf16_rne(x[i]));
     }
-    if (bits == 16) continue;
-    const uint8_t* rec = staged_record(sh, m, s);
-    // Each value's code; the scales once a record (threads 0..15, a group each), not per value.
-    (void)record_code(d.hierarchical_scales, bits, rec, k, max_mag[width_index(bits)], &bad);
-    bad |= record_scales_bad(d.hierarchical_scales, bits, rec, k);
+    return;
+  }
+  float* dst = static_cast<float*>(out) + first;
+  if (valid == kLaneValues && (reinterpret_cast<uintptr_t>(dst) & 15u) == 0) {
+    uint4* v = reinterpret_cast<uint4*>(dst);
+    store_global(v, uint4{f32_bits(x[0]), f32_bits(x[1]), f32_bits(x[2]), f32_bits(x[3])});
+    store_global(v + 1, uint4{f32_bits(x[4]), f32_bits(x[5]), f32_bits(x[6]), f32_bits(x[7])});
+  } else {
+    for (int i = 0; i < valid; ++i) store_global(dst + i, x[i]);
+  }
+}
+
+// A decoder's super-group (every chunk is valid): the lane's values decoded, the means restored
+// (n_contrib of them), AVG's division, the 2^K_j scaling undone, each written once.
+__device__ __forceinline__ void finish_decode_sg(const DynamiqDeviceParams& d,
+                                                 const LevelTable* levels, const FinishMessages& m,
+                                                 const FinishSg& sg, void* out, int out_bf16,
+                                                 int avg, float contributors, int lane,
+                                                 FinishWarpShared& ws) {
+  if (record_past_capacity(d.plan, sg.offset, sg.bits)) return;  // flagged: never decoded
+  const uint8_t* r =
+      stage_record_warp(record_of(m, sg), d.plan.record[width_index(sg.bits)], ws.stage, lane);
+  float x[kLaneValues] = {};
+  (void)add_record_lane(d.hierarchical_scales, levels, r, sg.bits, lane, x);  // validated
+  const size_t first = static_cast<size_t>(sg.j) * kSuperGroup + lane * kLaneValues;
+  if (first >= d.plan.count) return;
+  const size_t left = d.plan.count - first;
+  const int valid = left < static_cast<size_t>(kLaneValues) ? static_cast<int>(left) : kLaneValues;
+  const float shift = sg.bits == 16 ? 0.0f : contributors * sg.mean;
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    x[i] = x[i] + shift;
+    if (avg) x[i] = x[i] / contributors;
+    if (sg.exponent != 0) x[i] = x[i] * pow2f(-sg.exponent);  // back from 2^K_j
+  }
+  store_lane_values(out, out_bf16, first, x, valid);
+}
+
+// The warp's super-groups of the block's run [begin, end): positions begin + warp + 8t, their
+// layout words read 32 at a time (lane q the q-th), each then validated or decoded by the whole
+// warp. A validator's flags raised before it returns.
+__device__ void finish_warp(const DynamiqDeviceParams& d, const LayoutView& l,
+                            const LevelTable* levels, const FinishMessages& m, uint64_t begin,
+                            uint64_t end, bool decode, const int* max_mag, void* out, int out_bf16,
+                            int avg, float contributors, unsigned* error, FinishWarpShared& ws) {
+  const uint64_t warp = threadIdx.x / kWarp;
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  const uint64_t count = end > begin + warp ? (end - begin - warp + kHopWarps - 1) / kHopWarps : 0;
+  bool bad = false;
+  for (uint64_t t0 = 0; t0 < count; t0 += kWarp) {  // the same trips in the warp
+    const int n = count - t0 < static_cast<uint64_t>(kWarp) ? static_cast<int>(count - t0) : kWarp;
+    __syncwarp();  // every lane has read the previous 32 super-groups' words
+    if (lane < n)
+      ws.sg[lane] = load_finish_sg(l, m, begin + warp + kHopWarps * (t0 + lane), decode);
+    __syncwarp();
+    for (int q = 0; q < n; ++q) {
+      if (decode)
+        finish_decode_sg(d, levels, m, ws.sg[q], out, out_bf16, avg, contributors, lane, ws);
+      else
+        bad |= finish_validate_sg(d, m, ws.sg[q], max_mag, lane, error, ws);
+    }
   }
   if (bad) atomicOr(error, kDynamiqBadRecord);
 }
 
-// A validator block: its share of the range's chunk headers (one thread a header), then its run
-// [begin, end) of wire positions, batch by batch.
-__device__ void finish_validate(const DynamiqDeviceParams& d, const LayoutView& l,
-                                const FinishMessages& m, unsigned share, unsigned shares,
-                                uint64_t begin, uint64_t end, int n_contrib, const int* max_mag,
-                                unsigned* error, const FinishShared& sh) {
+// A validator block's share of the range's chunk headers (one thread a header).
+__device__ void finish_validate_headers(const LayoutView& l, const FinishMessages& m,
+                                        unsigned share, unsigned shares, int n_workers,
+                                        int n_contrib, unsigned* error) {
   for (unsigned c = share * kHopThreads + threadIdx.x; c < static_cast<unsigned>(m.n);
        c += shares * kHopThreads) {
     const uint8_t* in = m.base + c * m.stride;
     uint8_t h[kChunkHeaderBytes];
     for (size_t b = 0; b < kChunkHeaderBytes; ++b) h[b] = load_global(in + b);
-    if (check_header(h, l, m.first + static_cast<int>(c), d.plan.n_workers) != n_contrib)
+    if (check_header(h, l, m.first + static_cast<int>(c), n_workers) != n_contrib)
       atomicOr(error, kDynamiqBadHeader);
-  }
-  for (uint64_t i0 = begin; i0 < end; i0 += kFinishBatch) {  // the same trips in the block
-    finish_batch_load(d, l, m, i0, end, false, sh);
-    finish_validate_batch(d, m, i0, end, max_mag, error, sh);
-    __syncthreads();  // the batch's shared words are rewritten by the next batch
-  }
-}
-
-// A decoder's batch (every chunk is valid): each value decoded, the means restored (n_contrib of
-// them), AVG's division, the 2^K_j scaling undone, written once.
-__device__ void finish_decode_batch(const DynamiqDeviceParams& d, const FinishMessages& m,
-                                    uint64_t i0, uint64_t end, void* out, int out_bf16, int avg,
-                                    float contributors, const FinishShared& sh) {
-  const int k = static_cast<int>(threadIdx.x);
-  const FinishBatch& b = *sh.batch;
-  for (int s = 0; s < kFinishBatch && i0 + s < end; ++s) {
-    const uint32_t j = b.j[s];
-    const int bits = b.bits[s];
-    const size_t base = static_cast<size_t>(j) * kSuperGroup;
-    const size_t left = d.plan.count - base;
-    const int valid =
-        left < static_cast<size_t>(kSuperGroup) ? static_cast<int>(left) : kSuperGroup;
-    if (k >= valid) continue;
-    bool bad = false;  // validated: never set
-    const uint8_t* rec = staged_record(sh, m, s);
-    float v = 0.0f;
-    if (bits == 16) {
-      v += bf16_to_f32(get16(rec + 2 * k));
-    } else {
-      const LevelTable& t = sh.levels[width_index(bits)];
-      const uint32_t code = record_code(d.hierarchical_scales, bits, rec, k, t.max_mag, &bad);
-      v += decode_code(t, code, sh.scale[kGroupsPerSuperGroup * s + k / kGroup]);
-    }
-    const float shift = bits == 16 ? 0.0f : contributors * b.mean[s];
-    float x = v + shift;
-    if (avg) x = x / contributors;
-    if (b.exponent[s] != 0) x = x * pow2f(-b.exponent[s]);  // back from 2^K_j
-    if (out_bf16)
-      store_global(static_cast<uint16_t*>(out) + base + k, f32_to_bf16_rne(x));
-    else
-      store_global(static_cast<float*>(out) + base + k, x);
   }
 }
 
@@ -201,15 +208,14 @@ __device__ void finish_decode_batch(const DynamiqDeviceParams& d, const FinishMe
 // The finish of a range of chunks in one launch (FinishGate): tickets 0 .. validators-1 check
 // their share of the chunks' headers and of the range's records; the other tickets wait for them,
 // then decode their share unless a flag was raised. Each takes a contiguous run of the range's
-// wire positions, in batches of kFinishBatch records staged in shared memory.
+// wire positions, its warps a super-group each at a time (finish_warp()): block barriers only in
+// the set-up and the gate.
 __global__ void __launch_bounds__(kHopThreads)
     dynamiq_finish_kernel(DynamiqDeviceParams d, const LevelTable* levels, const void* layout,
                           FinishMessages m, void* out, int out_bf16, int avg, int n_contrib,
                           StepWord* word, unsigned validators) {
   __shared__ LevelTable s_levels[3];
-  __shared__ FinishBatch s_batch;
-  __shared__ uint4 s_record[kFinishBatch * kRecordStage];
-  __shared__ float s_scale[kFinishBatch * kGroupsPerSuperGroup];
+  __shared__ FinishWarpShared s_warp[kHopWarps];
   __shared__ unsigned long long s_meta[2];
   __shared__ unsigned s_gate;
   __shared__ int s_max_mag[3];
@@ -219,7 +225,6 @@ __global__ void __launch_bounds__(kHopThreads)
   // every thread of the grid decides alike, before any barrier or ticket.
   if ((*error & kSkipFlag) != 0) return;
   FinishGate gate(word, validators, &s_gate);
-  const FinishShared sh{s_levels, &s_batch, s_record, s_scale, s_meta};
   const LayoutView l = layout_view(layout, d.sections);
   const int k = static_cast<int>(threadIdx.x);
   if (k == 0) {
@@ -231,37 +236,34 @@ __global__ void __launch_bounds__(kHopThreads)
   const uint64_t first = s_meta[0], last = s_meta[1];
   const uint64_t n = last > first ? last - first : 0;
   const uint64_t per =
-      ((n + gate.shares() - 1) / gate.shares() + kFinishBatch - 1) / kFinishBatch * kFinishBatch;
+      ((n + gate.shares() - 1) / gate.shares() + kHopWarps - 1) / kHopWarps * kHopWarps;
   const uint64_t begin = first + gate.share() * per;
   const uint64_t end = begin + per < last ? begin + per : last;
+  FinishWarpShared& ws = s_warp[k / kWarp];
   if (gate.validator()) {
-    finish_validate(d, l, m, gate.share(), gate.shares(), begin, end, n_contrib, s_max_mag, error,
-                    sh);
+    finish_validate_headers(l, m, gate.share(), gate.shares(), d.plan.n_workers, n_contrib, error);
+    finish_warp(d, l, nullptr, m, begin, end, false, s_max_mag, nullptr, 0, 0, 0.0f, error, ws);
     gate.validated();
     return;
   }
   // A decoder: its tables staged while the validators run, then the wait.
   if (begin < end) stage_level_tables(levels, s_levels, false);
   if (gate.chunk_failed()) return;  // the same in every thread: nothing is written
-  const float contributors = static_cast<float>(n_contrib);
-  for (uint64_t i0 = begin; i0 < end; i0 += kFinishBatch) {
-    finish_batch_load(d, l, m, i0, end, true, sh);
-    finish_decode_batch(d, m, i0, end, out, out_bf16, avg, contributors, sh);
-    __syncthreads();
-  }
+  finish_warp(d, l, s_levels, m, begin, end, true, s_max_mag, out, out_bf16, avg,
+              static_cast<float>(n_contrib), error, ws);
 }
 
 namespace {
 // Blocks of each role of the finish (validators, decoders) for `n_finish` chunks of an even
 // share: kFinishSupergroupsPerBlock super-groups a block, but at least enough to fill the device
-// at half the hop's blocks an SM (the two roles share it), while each block still gets a whole
-// batch.
+// at half the hop's blocks an SM (the two roles share it), while each warp still gets a
+// super-group.
 size_t finish_blocks(const DynamiqPlan& p, int n_finish) {
   size_t per_range = (p.n_sg + p.n_chunks - 1) / p.n_chunks * static_cast<size_t>(n_finish);
   if (per_range > p.n_sg) per_range = p.n_sg;
   size_t blocks = (per_range + kFinishSupergroupsPerBlock - 1) / kFinishSupergroupsPerBlock;
   const size_t fill = static_cast<size_t>(multiprocessors()) * kHopMinBlocks / 2;
-  const size_t most = (per_range + kFinishBatch - 1) / kFinishBatch;
+  const size_t most = (per_range + kHopWarps - 1) / kHopWarps;
   if (blocks < fill) blocks = fill < most ? fill : most;
   return blocks;
 }

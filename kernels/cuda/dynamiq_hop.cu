@@ -66,11 +66,8 @@ __device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
   for (size_t b = 0; b < kChunkHeaderBytes; ++b) store_global(out + b, h[b]);
 }
 
-// ---- the fused hop, a warp per super-group: lane l holds values 8l .. 8l+7 (group l / 2)
+// ---- the fused hop, a warp per super-group (dynamiq_record.cuh: lane l holds values 8l .. 8l+7)
 
-constexpr int kHopWarps = kHopThreads / kWarp;    // super-groups a block has in hand at once
-constexpr int kLaneValues = kSuperGroup / kWarp;  // values a lane holds
-static_assert(kLaneValues == 8 && kGroup == 2 * kLaneValues, "a group is a lane pair");
 // Super-groups a block should take at least (the launch's grid): its set-up (the level tables,
 // about 0.6 KB read, and three block barriers) stays a few percent of the block's traffic.
 constexpr int kHopSupergroupsPerBlock = 16;
@@ -105,64 +102,6 @@ struct HopWarpShared {
   float pi[2 * kGroupsPerSuperGroup];  // the strata of the next two super-groups' groups
   uint32_t first;                      // the wire position of the warp's first super-group
 };
-
-// The calling thread's lane, recomputed where it is asked (opaque()): the hop's loop would
-// otherwise hold the lane and every index derived from it in registers across a super-group,
-// which needs them all.
-__device__ __forceinline__ int opaque_lane() {
-  return static_cast<int>(opaque(threadIdx.x) % kWarp);
-}
-
-// Where a lane's n bytes (n = 2, 4, 8 or 16) may move in one access each: the widest size of at
-// most 8 bytes that divides both n and the address. Lane l's bytes start at base + l x n, so every
-// lane of the warp gets the same answer.
-__device__ __forceinline__ int lane_access_size(const void* p, int n) {
-  const unsigned a = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p)) | 8u;
-  const int by_address = static_cast<int>(a & (0u - a));  // lowest set bit, at most 8
-  return by_address < n ? by_address : n;
-}
-
-// n bytes at dst (global memory), byte b at bits 8(b % 8) of lo (b < 8) or hi (b >= 8).
-__device__ __forceinline__ void store_lane_bytes(uint8_t* dst, uint64_t lo, uint64_t hi, int n) {
-  const int size = lane_access_size(dst, n);
-  for (int b = 0; b < n; b += size) {
-    const uint64_t w = b < 8 ? lo >> (8 * b) : hi >> (8 * (b - 8));
-    if (size == 8) {
-      store_global(reinterpret_cast<uint64_t*>(dst + b), w);
-    } else if (size == 4) {
-      store_global(reinterpret_cast<uint32_t*>(dst + b), static_cast<uint32_t>(w));
-    } else if (size == 2) {
-      store_global(reinterpret_cast<uint16_t*>(dst + b), static_cast<uint16_t>(w));
-    } else {
-      store_global(dst + b, static_cast<uint8_t>(w));
-    }
-  }
-}
-
-// n bytes at src (shared memory) into *lo and *hi, as store_lane_bytes() lays them out.
-__device__ __forceinline__ void load_lane_bytes(const uint8_t* src, int n, uint64_t* lo,
-                                                uint64_t* hi) {
-  const int size = lane_access_size(src, n);
-  *lo = 0;
-  *hi = 0;
-  for (int b = 0; b < n; b += size) {
-    uint64_t w;
-    if (size == 8) {
-      w = *reinterpret_cast<const uint64_t*>(src + b);
-    } else if (size == 4) {
-      w = *reinterpret_cast<const uint32_t*>(src + b);
-    } else if (size == 2) {
-      w = *reinterpret_cast<const uint16_t*>(src + b);
-    } else {
-      w = src[b];
-    }
-    if (b < 8) {
-      *lo |= w << (8 * b);
-    } else {
-      *hi |= w << (8 * (b - 8));
-    }
-  }
-}
 
 // The lane's own values of super-group j less the mean (0 past the tensor's end): 16-byte vector
 // loads where the lane's values are whole and aligned, element loads otherwise.
@@ -211,38 +150,13 @@ __device__ __forceinline__ void load_own(const DynamiqPlan& p, const void* own, 
 }
 
 // Input record `src` (in the message body) added to the lane's values, decoded as the host's
-// accumulate_record(): staged in the warp's shared buffer, each lane then reading its group's
-// scale and its 8 codes. Returns whether what the lane read is invalid (its group's scale, a code
-// above 2L), so that the warp checks every byte record_valid() checks.
+// accumulate_record(): staged in the warp's shared buffer, then add_record_lane(). Returns whether
+// what the lane read is invalid, so that the warp checks every byte record_valid() checks.
 __device__ __forceinline__ bool add_input(const DynamiqDeviceParams& d, const LevelTable* levels,
                                           const uint8_t* src, int bits, int lane, HopWarpShared& ws,
                                           float* v) {
-  __syncwarp();  // every lane has read the buffer's previous record
-  const uint8_t* r =
-      group_copy_to_shared(src, d.plan.record[width_index(bits)], ws.stage, lane, kWarp);
-  __syncwarp();
-  uint64_t lo, hi;
-  if (bits == 16) {
-    load_lane_bytes(r + 2 * kLaneValues * lane, 2 * kLaneValues, &lo, &hi);
-    DQ_UNROLL
-    for (int i = 0; i < kLaneValues; ++i)
-      v[i] += bf16_to_f32(static_cast<uint16_t>((i < 4 ? lo : hi) >> (16 * (i % 4))));
-    return false;
-  }
-  bool bad = false;
-  const LevelTable& t = levels[width_index(bits)];
-  const float scale = record_group_scale(d.hierarchical_scales, r, lane / 2, &bad);
-  const uint8_t* codes =
-      r + (d.hierarchical_scales ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
-  load_lane_bytes(codes + bits * lane, bits, &lo, &hi);  // 8 codes of `bits` bits: `bits` bytes
-  const uint32_t mask = (1u << bits) - 1u;
-  DQ_UNROLL
-  for (int i = 0; i < kLaneValues; ++i) {
-    const uint32_t code = static_cast<uint32_t>(lo >> (bits * i)) & mask;
-    bad |= code > static_cast<uint32_t>(2 * t.max_mag);
-    v[i] += decode_code(t, code, scale);
-  }
-  return bad;
+  const uint8_t* r = stage_record_warp(src, d.plan.record[width_index(bits)], ws.stage, lane);
+  return add_record_lane(d.hierarchical_scales, levels, r, bits, lane, v);
 }
 
 // The record's scales from the lane's values: its group's maximum (the magnitude bit patterns,

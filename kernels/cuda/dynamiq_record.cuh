@@ -1,13 +1,16 @@
 // What DynamiQ's fused hop (kernels/cuda/dynamiq_hop.cu) and finish
 // (kernels/cuda/dynamiq_finish.cu) share on the device: the layout's sections, a chunk header's
 // check, a record's codes and scales decoded and checked as the host's record_valid() and
-// accumulate_record() do, the level tables staged in shared memory, and the launches' grid sizing.
+// accumulate_record() do, a warp's lanes each holding 8 values of a super-group (a record staged
+// in the warp's shared memory, a lane's bytes moved in the widest accesses its address allows),
+// the level tables staged in shared memory, and the launches' grid sizing.
 // Included by those two files only; every name is internal to the including file.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/bf16.h"
+#include "kernels/cuda/block.cuh"
 #include "kernels/cuda/cuda_compat.h"
 #include "kernels/cuda/dynamiq.h"
 
@@ -48,13 +51,6 @@ __device__ __forceinline__ int check_header(const uint8_t* h, const LayoutView& 
   return chunk_header_contributors(h, expected, max_contrib);
 }
 
-// Value k's code in the packed codes of a record at `bits` wide.
-__device__ __forceinline__ uint32_t code_at(const uint8_t* codes, int bits, int k) {
-  if (bits == 8) return codes[k];
-  if (bits == 4) return (codes[k >> 1] >> (4 * (k & 1))) & 15u;
-  return (codes[k >> 2] >> (2 * (k & 3))) & 3u;
-}
-
 // Group g's scale in a record at a width below 16; *bad is set where the scale bytes are invalid
 // (a negative unit or scale, a zero factor: record_valid()).
 __device__ __forceinline__ float record_group_scale(bool hierarchical, const uint8_t* rec, int g,
@@ -65,36 +61,6 @@ __device__ __forceinline__ float record_group_scale(bool hierarchical, const uin
   }
   *bad |= (rec[2 * g + 1] & 0x80) != 0;
   return bf16_to_f32(get16(rec + 2 * g));
-}
-
-// Value k's code in a record at `bits` < 16 wide; *bad is set for a code above 2L (L = max_mag).
-__device__ __forceinline__ uint32_t record_code(bool hierarchical, int bits, const uint8_t* rec,
-                                                int k, int max_mag, bool* bad) {
-  const uint8_t* codes = rec + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
-  const uint32_t code = code_at(codes, bits, k);
-  *bad |= code > static_cast<uint32_t>(2 * max_mag);
-  return code;
-}
-
-// Value k of a record (accumulate_record()'s decoded term) at `bits` wide; *bad is set where the
-// record holds invalid content that this value reads (its group's scale, its code). A width-16
-// record is always valid.
-__device__ __forceinline__ float decode_value(const LevelTable* levels, bool hierarchical, int bits,
-                                              const uint8_t* rec, int k, bool* bad) {
-  if (bits == 16) return bf16_to_f32(get16(rec + 2 * k));
-  const LevelTable& t = levels[width_index(bits)];
-  const float scale = record_group_scale(hierarchical, rec, k / kGroup, bad);
-  return decode_code(t, record_code(hierarchical, bits, rec, k, t.max_mag, bad), scale);
-}
-
-// The checks of the record's scales for thread k < 16 (group k's scale and the unit), so that a
-// block checks every scale once (record_valid()) whatever values it decodes.
-__device__ __forceinline__ bool record_scales_bad(bool hierarchical, int bits, const uint8_t* rec,
-                                                  int k) {
-  if (bits == 16 || k >= kGroupsPerSuperGroup) return false;
-  bool bad = false;
-  (void)record_group_scale(hierarchical, rec, k, &bad);
-  return bad;
 }
 
 // Whether a record (its offset in the body, `bits` wide) ends past the message's capacity: the
@@ -108,6 +74,110 @@ __device__ __forceinline__ bool record_past_capacity(const DynamiqPlan& p, uint3
 
 // uint4s of a staged record: a width-16 record (512 bytes) at any offset modulo 16.
 constexpr int kRecordStage = (2 * kSuperGroup + 15 + 15) / 16;
+
+// ---- a warp per super-group (the fused hop and the finish): lane l holds values 8l .. 8l+7, half
+// of group l / 2
+
+constexpr int kHopWarps = kHopThreads / kWarp;    // super-groups a block has in hand at once
+constexpr int kLaneValues = kSuperGroup / kWarp;  // values a lane holds
+static_assert(kLaneValues == 8 && kGroup == 2 * kLaneValues, "a group is a lane pair");
+
+// The calling thread's lane, recomputed where it is asked (opaque()): the hop's loop would
+// otherwise hold the lane and every index derived from it in registers across a super-group,
+// which needs them all.
+__device__ __forceinline__ int opaque_lane() {
+  return static_cast<int>(opaque(threadIdx.x) % kWarp);
+}
+
+// Where a lane's n bytes (n = 2, 4, 8 or 16) may move in one access each: the widest size of at
+// most 8 bytes that divides both n and the address. Lane l's bytes start at base + l x n, so every
+// lane of the warp gets the same answer.
+__device__ __forceinline__ int lane_access_size(const void* p, int n) {
+  const unsigned a = static_cast<unsigned>(reinterpret_cast<uintptr_t>(p)) | 8u;
+  const int by_address = static_cast<int>(a & (0u - a));  // lowest set bit, at most 8
+  return by_address < n ? by_address : n;
+}
+
+// n bytes at dst (global memory), byte b at bits 8(b % 8) of lo (b < 8) or hi (b >= 8).
+__device__ __forceinline__ void store_lane_bytes(uint8_t* dst, uint64_t lo, uint64_t hi, int n) {
+  const int size = lane_access_size(dst, n);
+  for (int b = 0; b < n; b += size) {
+    const uint64_t w = b < 8 ? lo >> (8 * b) : hi >> (8 * (b - 8));
+    if (size == 8) {
+      store_global(reinterpret_cast<uint64_t*>(dst + b), w);
+    } else if (size == 4) {
+      store_global(reinterpret_cast<uint32_t*>(dst + b), static_cast<uint32_t>(w));
+    } else if (size == 2) {
+      store_global(reinterpret_cast<uint16_t*>(dst + b), static_cast<uint16_t>(w));
+    } else {
+      store_global(dst + b, static_cast<uint8_t>(w));
+    }
+  }
+}
+
+// n bytes at src (shared memory) into *lo and *hi, as store_lane_bytes() lays them out.
+__device__ __forceinline__ void load_lane_bytes(const uint8_t* src, int n, uint64_t* lo,
+                                                uint64_t* hi) {
+  const int size = lane_access_size(src, n);
+  *lo = 0;
+  *hi = 0;
+  for (int b = 0; b < n; b += size) {
+    uint64_t w;
+    if (size == 8) {
+      w = *reinterpret_cast<const uint64_t*>(src + b);
+    } else if (size == 4) {
+      w = *reinterpret_cast<const uint32_t*>(src + b);
+    } else if (size == 2) {
+      w = *reinterpret_cast<const uint16_t*>(src + b);
+    } else {
+      w = src[b];
+    }
+    if (b < 8) {
+      *lo |= w << (8 * b);
+    } else {
+      *hi |= w << (8 * (b - 8));
+    }
+  }
+}
+
+// The record at `src` (global memory, `n` bytes) copied into the warp's stage; every lane has read
+// the stage's previous record before, and sees the whole record after. Returns where it starts.
+__device__ __forceinline__ const uint8_t* stage_record_warp(const uint8_t* src, int n, uint4* stage,
+                                                            int lane) {
+  __syncwarp();
+  const uint8_t* r = group_copy_to_shared(src, n, stage, lane, kWarp);
+  __syncwarp();
+  return r;
+}
+
+// The lane's 8 values of a staged record `r` at `bits` wide added to v, in value order
+// (accumulate_record()'s terms): BF16 at width 16, else its group's scale and its 8 codes. Returns
+// whether what the lane read is invalid (its group's scale, a code above 2L); a width-16 record is
+// always valid.
+__device__ __forceinline__ bool add_record_lane(bool hierarchical, const LevelTable* levels,
+                                                const uint8_t* r, int bits, int lane, float* v) {
+  uint64_t lo, hi;
+  if (bits == 16) {
+    load_lane_bytes(r + 2 * kLaneValues * lane, 2 * kLaneValues, &lo, &hi);
+    DQ_UNROLL
+    for (int i = 0; i < kLaneValues; ++i)
+      v[i] += bf16_to_f32(static_cast<uint16_t>((i < 4 ? lo : hi) >> (16 * (i % 4))));
+    return false;
+  }
+  bool bad = false;
+  const LevelTable& t = levels[width_index(bits)];
+  const float scale = record_group_scale(hierarchical, r, lane / 2, &bad);
+  const uint8_t* codes = r + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
+  load_lane_bytes(codes + bits * lane, bits, &lo, &hi);  // 8 codes of `bits` bits: `bits` bytes
+  const uint32_t mask = (1u << bits) - 1u;
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    const uint32_t code = static_cast<uint32_t>(lo >> (bits * i)) & mask;
+    bad |= code > static_cast<uint32_t>(2 * t.max_mag);
+    v[i] += decode_code(t, code, scale);
+  }
+  return bad;
+}
 
 // The host's three level tables in shared memory. Only max_mag, extra_steps and level[0..L+1] are
 // read (588 bytes instead of 18.5 KB a block); inv_gap, start and decode are derived from them

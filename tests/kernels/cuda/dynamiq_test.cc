@@ -135,7 +135,7 @@ cudaError_t device_hop(const Case& s, int chunk, const uint8_t* const* inputs, i
 template <class T>
 cudaError_t device_finish(const Case& s, int chunk, const std::vector<uint8_t>& message,
                           std::vector<T>* out, bool out_bf16, bool avg, int n_contrib,
-                          unsigned* error, int max_blocks = 0) {
+                          unsigned* error, int max_blocks = 0, size_t out_shift_bytes = 0) {
   const DeviceArray<LevelTable> d_levels(s.levels, 3);
   const DeviceArray<uint64_t> d_layout(s.dev_layout);
   const DeviceArray<uint8_t> d_message(message);
@@ -144,9 +144,10 @@ cudaError_t device_finish(const Case& s, int chunk, const std::vector<uint8_t>& 
   StepWord w{};
   w.flags = *error;
   const DeviceArray<StepWord> d_word(&w, 1);
-  cudaError_t e = launch_dynamiq_finish(s.params, d_levels.get(), d_layout.get(), chunk,
-                                        d_message.get(), d_out.get(), out_bf16, avg, n_contrib,
-                                        d_word.get(), nullptr, max_blocks);
+  cudaError_t e =
+      launch_dynamiq_finish(s.params, d_levels.get(), d_layout.get(), chunk, d_message.get(),
+                            reinterpret_cast<uint8_t*>(d_out.get()) + out_shift_bytes, out_bf16,
+                            avg, n_contrib, d_word.get(), nullptr, max_blocks);
   if (e == cudaSuccess) e = d_out.fetch(*out);
   if (e == cudaSuccess) e = d_word.fetch(&w);
   if (e == cudaSuccess && (w.tickets != 0 || w.validated != 0 || w.finished != 0))
@@ -579,6 +580,46 @@ TEST(CudaDynamiqHop, OwnValuesAtAnyElementOffsetGiveTheHostBytes) {
         for (size_t b = 0; b < cap; ++b)
           ASSERT_EQ(int(host[b]), int(dev[b])) << (bf16 ? "bf16" : "fp32") << " n_in " << n_in
                                                << " shift " << shift << ": byte " << b;
+      }
+    }
+  }
+}
+
+// The finish's output at any element offset from a 16-byte boundary (a view into a larger
+// tensor): a lane writes its 8 values in 16-byte stores only where they are aligned, element by
+// element otherwise (the emulator refuses a misaligned vector store, as CUDA does), with the
+// host's bytes and nothing written outside the chunk's elements.
+TEST(CudaDynamiqHop, FinishOutputAtAnyElementOffsetGivesTheHostBytes) {
+  Case s;
+  make_case(Config{13 * 256 + 45, 2, 4, false, false, DynamiqOptions{}, 0}, 151, &s);
+  ASSERT_FALSE(HasFatalFailure());
+  const size_t cap = s.codec->chunk_capacity();
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    const RoundingKey key{151, s.call, 1, 0, 1, 0, 0};
+    std::vector<uint8_t> leaf(cap);
+    ASSERT_EQ(
+        s.codec->fused_hop(s.host_layout.data(), chunk, s.tensor(1), nullptr, 0, leaf.data(), key),
+        Status::kOk);
+    for (bool out_bf16 : {false, true}) {
+      const size_t word = out_bf16 ? 2 : 4, bytes = s.cfg.count * word;
+      std::vector<uint8_t> host(bytes, 0x77);
+      ASSERT_EQ(s.codec->decode_finish(s.host_layout.data(), chunk,
+                                       ByteView{leaf.data(), leaf.size()}, host.data(),
+                                       out_bf16 ? DType::kBF16 : DType::kF32, ReduceOp::kSum, 1),
+                Status::kOk);
+      for (int shift : {0, 1, 2, 3, 7}) {
+        std::vector<uint8_t> dev(bytes + 8 * word, 0x77);
+        unsigned error = 0;
+        ASSERT_EQ(device_finish(s, chunk, leaf, &dev, out_bf16, false, 1, &error, 0, shift * word),
+                  cudaSuccess)
+            << (out_bf16 ? "bf16" : "fp32") << " shift " << shift << ": " << kernel_fault();
+        EXPECT_EQ(error, 0u);
+        for (size_t b = 0; b < dev.size(); ++b) {
+          const size_t at = b - shift * word;  // the output's byte b - shift * word
+          const int want = b >= shift * word && at < bytes ? host[at] : 0x77;
+          ASSERT_EQ(want, int(dev[b])) << "chunk " << chunk << (out_bf16 ? " bf16" : " fp32")
+                                       << " shift " << shift << ": byte " << b;
+        }
       }
     }
   }

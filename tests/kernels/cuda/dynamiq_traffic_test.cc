@@ -84,9 +84,15 @@ void check_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
   EXPECT_LE(ratio_twice, kMostOverMinimum) << (bf16 ? "bf16" : "fp32") << " chunk " << chunk;
 }
 
+// The finish's block barriers a thread, a decoder's (a validator has fewer): the range's extent,
+// the ticket (two), the level tables (three), the validators' verdict (two) and the tickets'
+// reset.
+constexpr double kFinishSetupBarriers = 9.0;
+
 // The finish of every chunk in one launch (launch_dynamiq_finishes(), messages `stride` bytes
 // apart in `packed`): the same bound against every message twice and every value, every value
-// written once, the output the host's finish of each chunk in turn.
+// written once, the output the host's finish of each chunk in turn; block barriers only in the
+// set-up, on a grid that fills the device and on 8 blocks.
 void check_range_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
                                 const LevelTable* levels, const void* layout,
                                 const DynamiqLayoutT<const uint8_t>& l,
@@ -125,6 +131,19 @@ void check_range_finish_traffic(const Codec& codec, const DynamiqDeviceParams& p
   EXPECT_EQ(c.global_written, values) << "every value written exactly once";
   EXPECT_GE(c.global_read, 2 * msgs);
   EXPECT_LE(ratio_twice, kMostOverMinimum) << (bf16 ? "bf16" : "fp32");
+  std::vector<uint8_t> few_blocks(p.count * value_bytes, 0x5A);
+  ASSERT_EQ(launch_dynamiq_finishes(params, levels, layout, 0, p.n_chunks, packed.data(), stride,
+                                    few_blocks.data(), bf16, false, n_contrib, &word, nullptr, 4),
+            cudaSuccess)
+      << test::kernel_fault();
+  EXPECT_EQ(word.flags, 0u);
+  ASSERT_EQ(host, few_blocks) << "finish of every chunk on 8 blocks";
+  for (const emu::Counters& b : {c, emu::last_counters()}) {
+    const double per_thread = static_cast<double>(b.barriers) / static_cast<double>(b.threads);
+    std::printf("  %llu blocks: %.2f block barriers a thread\n",
+                static_cast<unsigned long long>(b.blocks), per_thread);
+    EXPECT_LE(per_thread, kFinishSetupBarriers) << "blocks " << b.blocks;
+  }
 }
 
 // Values of a gradient-like spread (super-group scales over 2^-12..2^12), so every width occurs.
