@@ -22,7 +22,8 @@
 //           the device once, as the engine plans it);
 //   leaf    the chunk rank 0 sends (n_in = 0), every block;
 //   hop     rank 0's sink chunk: rank 1's leaf added and compressed again (n_in = 1), every block;
-//   finish  both chunks' final messages decoded into the result tensor, every block.
+//   finish  both chunks' final messages decoded into the result tensor, one launch a block (the
+//           engine's finish step: launch_dynamiq_finishes over the block's chunks).
 // Exit 77 without a device.
 #include <cuda_runtime.h>
 
@@ -73,7 +74,7 @@ struct Block {
   DynamiqDeviceParams params{};
   void* layout = nullptr;
   uint8_t* leaf[kWorkers] = {};   // by chunk: the leaf message of that chunk (its non-sink rank's)
-  uint8_t* final[kWorkers] = {};  // by chunk: its sink's final message
+  uint8_t* final[kWorkers] = {};  // by chunk: its sink's final message, cap bytes apart
   uint8_t* scratch = nullptr;     // rank 0's timed outputs (two messages)
 };
 
@@ -221,9 +222,10 @@ void prepare(Call* c) {
       launch_dynamiq_layouts(c->layouts, c->d_layout_table, c->call, c->d_error, nullptr));
   for (Block& b : c->blocks) {
     DQ_BENCH_CHECK(cudaMalloc(&b.scratch, 2 * b.cap));
+    DQ_BENCH_CHECK(cudaMalloc(&b.final[0], kWorkers * b.cap));
     for (int k = 0; k < kWorkers; ++k) {
       DQ_BENCH_CHECK(cudaMalloc(&b.leaf[k], b.cap));
-      DQ_BENCH_CHECK(cudaMalloc(&b.final[k], b.cap));
+      b.final[k] = b.final[0] + k * b.cap;
     }
     // Rank r leaves chunk 1 - r and is the sink of chunk r.
     for (int r = 0; r < kWorkers; ++r)
@@ -268,10 +270,9 @@ void enqueue(const Call& c, Kind kind) {
     }
   if (all || kind == Kind::kFinish)
     for (const Block& b : c.blocks)
-      for (int k = 0; k < kWorkers; ++k)
-        DQ_BENCH_CHECK(launch_dynamiq_finish(b.params, c.d_levels, b.layout, k, b.final[k],
-                                             c.result + b.begin, false, false, kWorkers,
-                                             reinterpret_cast<StepWord*>(c.d_error), nullptr));
+      DQ_BENCH_CHECK(launch_dynamiq_finishes(
+          b.params, c.d_levels, b.layout, 0, kWorkers, b.final[0], b.cap, c.result + b.begin, false,
+          false, kWorkers, reinterpret_cast<StepWord*>(c.d_error), nullptr));
 }
 
 // vNMSE of the decoded result against the exact FP32 sum of both inputs.
