@@ -29,9 +29,10 @@
 #                    tests/kernels/cuda/{layout_batch,grid_kernels}_test.cc on the device: a
 #                    call's layouts in one batch, the grid layout and the budget over many blocks
 #                    (their hand-offs between blocks), byte for byte against the host (2-20 s)
-#   hop_bandwidth    the fused hop (and the leaf, the statistics, the layout) against a
-#                    device-to-device cudaMemcpy of the same tensor in the same run; prints GB/s
-#                    and the ratio (target hop >= 60% of the copy); never fails on it (5 s)
+#   hop_bandwidth    the fused hop (and the leaf, the finish, the statistics, the layout)
+#                    against a device-to-device cudaMemcpy of the same tensor in the same run;
+#                    prints GB/s and the ratio (target hop >= 60% of the copy); never fails on
+#                    it (5 s)
 #   call_kernels     the codec kernels of one 256 MiB FP32 all-reduce as rank 0 of a 2-rank
 #                    ring runs them (statistics, budget, layout, leaf, hop, finish; 16 MiB
 #                    pipeline blocks), each kind alone and as one call, against NCCL's BF16

@@ -11,13 +11,17 @@
 //  - leaf: the hop with no input (n_in = 0) of every chunk, i.e. the whole tensor compressed;
 //  - hop:  the hop with one input message (n_in = 1, the other worker's leaf) of every chunk,
 //          the step of a ring all-reduce;
+//  - finish: the other worker's leaves (one contributor each) decoded into a tensor of the own
+//          values' type, every chunk in one launch (the engine's finish step);
 //  - stats: the statistics kernel over the tensor;
 //  - layout: the layout from the reduced statistics (a batch of one: one block, or the grid
 //            path's seven kernels for 2^26 values; printed as layout_ms).
 // "GB/s" is tensor bytes (count * 4 or 2) per second, so each ratio is the copy's time over the
 // kernel's for the same tensor; "traffic" adds what each moves besides (the copy reads and
 // writes the tensor; a hop reads the tensor and its inputs and writes a chunk_capacity()
-// message per chunk). A RESULT line a type (BF16's keys start bf16_). Exit 77 without a device.
+// message per chunk; the finish reads each message twice, its validators' and its decoders'
+// pass, and writes the tensor). A RESULT line a type (BF16's keys start bf16_). Exit 77 without a
+// device.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -52,6 +56,7 @@ struct Bench {
   void* d_layout = nullptr;
   uint8_t *leaves = nullptr, *out = nullptr;
   unsigned* d_error = nullptr;
+  dq::cuda::StepWord* d_finish_word = nullptr;  // the finish's flags and tickets
   dq::cuda::LayoutBatch layout_batch;  // the layout as a batch of one, its table on the device
   void* d_layout_table = nullptr;
 };
@@ -83,6 +88,8 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
   DQ_BENCH_CHECK(cudaMalloc(&b->out, b->cap * b->n_chunks));
   DQ_BENCH_CHECK(cudaMalloc(&b->d_error, sizeof(unsigned)));
   DQ_BENCH_CHECK(cudaMemset(b->d_error, 0, sizeof(unsigned)));
+  DQ_BENCH_CHECK(cudaMalloc(&b->d_finish_word, sizeof(dq::cuda::StepWord)));
+  DQ_BENCH_CHECK(cudaMemset(b->d_finish_word, 0, sizeof(dq::cuda::StepWord)));
   DQ_BENCH_CHECK(cudaMemcpy(b->d_levels, levels, sizeof levels, cudaMemcpyHostToDevice));
   // Statistics of both workers on the device, summed on the host as the all-reduce would.
   for (int r = 0; r < 2; ++r)
@@ -116,7 +123,7 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
 
 // The copy's time over each hop's: the RESULT line's ratios for one type of own values.
 struct Ratios {
-  double hop = 0, leaf = 0, copy_gbps = 0, hop_gbps = 0, layout_ms = 0;
+  double hop = 0, leaf = 0, finish = 0, copy_gbps = 0, hop_gbps = 0, layout_ms = 0;
   unsigned error = 0;  // the kernels' error flags
 };
 
@@ -164,8 +171,19 @@ Ratios measure(const Bench& b, int iterations) {
         }
       },
       iterations);
+  const double t_finish = timer.seconds_per_round(
+      [&] {
+        DQ_BENCH_CHECK(launch_dynamiq_finishes(b.params, b.d_levels, b.d_layout, 0, n_chunks,
+                                               b.leaves, cap, b.copy_dst, b.bf16, false, 1,
+                                               b.d_finish_word, nullptr));
+      },
+      iterations);
   Ratios r;
   DQ_BENCH_CHECK(cudaMemcpy(&r.error, b.d_error, sizeof r.error, cudaMemcpyDeviceToHost));
+  StepWord finish_word{};
+  DQ_BENCH_CHECK(
+      cudaMemcpy(&finish_word, b.d_finish_word, sizeof finish_word, cudaMemcpyDeviceToHost));
+  r.error |= finish_word.flags;
 
   const double gb = 1e9;
   const double msgs = static_cast<double>(cap) * n_chunks;
@@ -183,8 +201,10 @@ Ratios measure(const Bench& b, int iterations) {
   row("layout", t_layout, 2.0 * b.stats_words + static_cast<double>(b.params.sections.bytes));
   row("leaf", t_leaf, bytes + msgs);
   row("hop", t_hop, bytes + 2.0 * msgs);
+  row("finish", t_finish, bytes + 2.0 * msgs);
   r.hop = t_copy / t_hop;
   r.leaf = t_copy / t_leaf;
+  r.finish = t_copy / t_finish;
   r.copy_gbps = bytes / t_copy / gb;
   r.hop_gbps = bytes / t_hop / gb;
   r.layout_ms = t_layout * 1e3;
@@ -227,15 +247,15 @@ int main(int argc, char** argv) {
   // first's figures.
   const Ratios f32 = run(*codec, options, count, n_chunks, false, iterations);
   std::printf(
-      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) copy_GBps=%.1f "
-      "hop_GBps=%.1f layout_ms=%.3f\n",
-      f32.hop, f32.leaf, f32.copy_gbps, f32.hop_gbps, f32.layout_ms);
+      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) finish_vs_copy=%.3f "
+      "copy_GBps=%.1f hop_GBps=%.1f layout_ms=%.3f\n",
+      f32.hop, f32.leaf, f32.finish, f32.copy_gbps, f32.hop_gbps, f32.layout_ms);
   std::fflush(stdout);
   const Ratios bf16 = run(*codec, options, count, n_chunks, true, iterations);
   std::printf(
-      "RESULT bf16_hop_vs_copy=%.3f bf16_leaf_vs_copy=%.3f bf16_copy_GBps=%.1f "
-      "bf16_hop_GBps=%.1f bf16_layout_ms=%.3f\n",
-      bf16.hop, bf16.leaf, bf16.copy_gbps, bf16.hop_gbps, bf16.layout_ms);
+      "RESULT bf16_hop_vs_copy=%.3f bf16_leaf_vs_copy=%.3f bf16_finish_vs_copy=%.3f "
+      "bf16_copy_GBps=%.1f bf16_hop_GBps=%.1f bf16_layout_ms=%.3f\n",
+      bf16.hop, bf16.leaf, bf16.finish, bf16.copy_gbps, bf16.hop_gbps, bf16.layout_ms);
   if ((f32.error | bf16.error) != 0) {
     std::printf("FAIL: the kernels raised error flags 0x%x (FP32), 0x%x (BF16)\n", f32.error,
                 bf16.error);
