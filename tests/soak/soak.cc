@@ -395,6 +395,9 @@ Verdict check_call(RankRun& w, const Issued& x) {
       const double e = den > 0 ? num / den : num;
       w.st->max_vnmse = std::max(w.st->max_vnmse, e);
       w.st->sum_vnmse += e;
+      if (g_trace)
+        std::fprintf(stderr, "  %s %s %s count %zu (this rank: %zu): vNMSE %.4e\n",
+                     coll_name(c.coll), c.bf16 ? "bf16" : "f32", op_name(c.op), c.count, m, e);
       if (!finite || !(e < kMaxVnmse)) {
         v.bad = 13;
         std::snprintf(v.why, sizeof v.why, "compressed result: finite %d, vNMSE %.4e (bound %.2g)",
