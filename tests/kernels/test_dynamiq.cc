@@ -447,6 +447,31 @@ TEST(Allocation, LargerEnergyNeverGetsFewerBits) {
   EXPECT_EQ(view.chunk_first[4], view.n_supergroups);
 }
 
+// A plan of one chunk message (each part of a reduce-scatter, a reduce) has no cut in its record
+// stream, so its records may fill the whole message: with the slack of one widest record that
+// cuts need, a part a few super-groups over the floor could not hold every super-group at 4 bits
+// and sent one at 2 (twice the part's vNMSE, the soak's failing reduce-scatter). Equal energies,
+// 64 to 67.5 super-groups at 5 bits: none below 4 bits, and the body within the message.
+TEST(Allocation, ASingleChunkPlanFillsItsWholeMessage) {
+  for (int workers : {2, 4})
+    for (size_t count : {size_t{64 * 256}, size_t{65 * 256}, size_t{65 * 256 + 128},
+                         size_t{66 * 256 + 128}, size_t{67 * 256 + 128}}) {
+      auto c = codec("dynamiq:5");
+      ASSERT_EQ(c->plan(count, 1, workers), Status::kOk);
+      std::vector<uint16_t> stats(c->stats_words(), 0);
+      for (size_t j = 0; j < (count + 255) / 256; ++j)
+        stats[stat_word(j, kStatEnergy)] = f32_to_bf16_rne(100.0f);
+      ASSERT_EQ(c->agree(stats.data(), 0), Status::kOk);
+      const DynamiqLayoutView view = dynamiq_layout(*c);
+      size_t body = 0;
+      for (size_t j = 0; j < view.n_supergroups; ++j) {
+        ASSERT_GE(view.widths[j], 4) << "count " << count << " workers " << workers << " sg " << j;
+        body += record_bytes(view.widths[j], true);
+      }
+      EXPECT_LE(body + kChunkHeaderBytes, c->chunk_capacity()) << "count " << count;
+    }
+}
+
 TEST(Determinism, SameKeySameBytesDifferentSeedDifferentBytes) {
   auto c = codec("dynamiq:5");
   auto x = gaussian(10000, 4);
