@@ -258,7 +258,7 @@ DQ_HD double part_plan_error(const Sums& s, const DynamiqPlan& p, WidthCounts* w
   const uint64_t n_sg = s.at_least(0).count;
   WidthCut cut{kEnergyKeys, kEnergyKeys, kEnergyKeys};  // fixed widths: modelled as all 2-bit
   if (p.variable_widths) {
-    const uint64_t budget = static_cast<uint64_t>(p.stride) * static_cast<uint64_t>(p.n_chunks);
+    const uint64_t budget = dynamiq_record_budget(p);
     uint32_t lo = 0, hi = 0x7f800000u;
     while (lo < hi) {
       const uint32_t mid = lo + (hi - lo) / 2;

@@ -100,7 +100,7 @@ Status DynamiqCodecBase::plan(size_t count, int n_chunks, int n_workers) {
     // give every super-group room for the widest record rather than starving it at 2 bits.
     honest = by_budget >= capacity_for(min_record);
     capacity = honest ? by_budget : capacity_for(max_record);
-    stride = dynamiq_stride(capacity, max_record, n_chunks);
+    stride = dynamiq_stride(capacity, max_record);
   }
   // Record offsets within a chunk are 32-bit layout words.
   if (capacity > UINT32_MAX)

@@ -58,7 +58,7 @@ uint64_t bytes_for(const DynamiqPlan& p, const LayoutOut& l, const float* keys, 
 }
 
 void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const float* keys) {
-  const uint64_t budget = static_cast<uint64_t>(p.stride) * p.n_chunks;
+  const uint64_t budget = dynamiq_record_budget(p);
   if (p.variable_widths) {
     // Smallest threshold offset (float bit pattern, monotone for non-negative floats) whose
     // widths fit: bytes(theta) never increases with theta and bytes(+inf) = all 2-bit fits.

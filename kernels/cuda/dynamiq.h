@@ -56,7 +56,7 @@ inline DynamiqDeviceParams dynamiq_device_params(size_t count, int n_chunks, int
   p.n_workers = n_workers;
   p.capacity = capacity;
   const size_t max_record = static_cast<size_t>(p.record[o.allow_width16 ? 3 : 2]);
-  p.stride = p.n_sg > 0 ? dynamiq_stride(capacity, max_record, n_chunks) : 0;
+  p.stride = p.n_sg > 0 ? dynamiq_stride(capacity, max_record) : 0;
   p.mean_subtraction = o.mean_subtraction;
   p.variable_widths = o.variable_widths;
   p.allow_width16 = o.allow_width16;

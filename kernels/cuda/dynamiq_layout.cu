@@ -235,7 +235,7 @@ __device__ void layout_header_and_means(const DynamiqPlan& p, const DynamiqSecti
 __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l,
                                        unsigned long long* scratch, uint32_t count[4]) {
   const uint32_t t = threadIdx.x, nt = blockDim.x, n_sg = static_cast<uint32_t>(p.n_sg);
-  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
+  const unsigned long long budget = dynamiq_record_budget(p);
   uint32_t lo = 0, hi = 0x7f800000u;
   while (lo < hi) {  // lo and hi are the same in every thread
     const uint32_t mid = lo + (hi - lo) / 2;
@@ -260,7 +260,7 @@ __device__ void layout_variable_widths(const DynamiqPlan& p, const LayoutPtrs& l
 // The widest width of {16, 8, 4} whose records fit the budget with `poisoned` super-groups at 2
 // bits and the others at it; 2 if none.
 __device__ int fixed_width(const DynamiqPlan& p, unsigned long long poisoned) {
-  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
+  const unsigned long long budget = dynamiq_record_budget(p);
   const int candidates[3] = {16, 8, 4};
   for (int c = 0; c < 3; ++c) {
     const int b = candidates[c];

@@ -254,7 +254,7 @@ __device__ __forceinline__ Picked read_picked(const GridScratch& g, Picked* shar
 // Collective.
 __device__ void pick_level(const DynamiqPlan& p, const GridScratch& g, int level, Picked above,
                            unsigned long long* scratch) {
-  const unsigned long long budget = static_cast<unsigned long long>(p.stride) * p.n_chunks;
+  const unsigned long long budget = dynamiq_record_budget(p);
   const uint32_t digit = pick_digit(g.hist + level * kDigitBins, budget, &above.fixed, scratch);
   if (threadIdx.x != 0) return;
   const uint32_t bits = above.bits << (level == 2 ? 10 : 11);  // digits of 11, 11 and 10 bits

@@ -160,7 +160,9 @@ class DynamiqLayout:
             energy.append(f if np.isfinite(f) else FLT_MAX)
         self.energy = energy
         # T816: the smallest non-negative float (bisection over its bit pattern) whose widths fit.
-        budget = self.P * self.stride
+        # Every chunk but the last holds the records starting within its stride; the last may
+        # fill its whole body.
+        budget = (self.P - 1) * self.stride + self.capacity - HEADER_BYTES
         lo, hi = 0, 0x7F800000
         while lo < hi:
             mid = lo + (hi - lo) // 2

@@ -298,21 +298,47 @@ TEST(CudaDynamiqLayout, MatchesHostByteForByte) {
   EXPECT_GT(honest, runs / 3);
 }
 
-// A plan whose chunk messages are too small for the layout: the host's kInternal, a flag here.
-TEST(CudaDynamiqLayout, ChunkOverCapacityIsFlagged) {
+// Plans whose chunk messages hold fewer bytes than every super-group's 2-bit record (the only
+// way a layout of a consistent plan runs over: every chunk but the last holds at most its body,
+// and the widths fit the record budget whenever 2 bits do): the device flags a chunk over
+// capacity exactly where the host's build fails, and writes the host's bytes where it does not.
+TEST(CudaDynamiqLayout, ChunkOverCapacityIsFlaggedWhereTheHostFails) {
   Case s;
   make_case(Config{30 * 256, 2, 4, false, false, DynamiqOptions{}}, 5, &s);
   ASSERT_FALSE(HasFatalFailure());
-  const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
-  const uint64_t most = std::max(l.chunk_content[0], l.chunk_content[1]);
-  for (uint64_t capacity : {most + kChunkHeaderBytes, most + kChunkHeaderBytes - 1}) {
+  const size_t max_record = static_cast<size_t>(s.params.plan.record[3]);
+  // The plan at `capacity` bytes a message, its stride as DynamiqCodec::plan() sets it.
+  auto at = [&](size_t capacity) {
     DynamiqDeviceParams p = s.params;
     p.plan.capacity = capacity;
+    p.plan.stride = dynamiq_stride(capacity, max_record);
+    return p;
+  };
+  std::vector<uint64_t> host(s.host_layout.size(), 0);
+  auto host_fits = [&](size_t capacity) {
+    return build_dynamiq_layout(at(capacity).plan, s.reduced.data(), s.call, host.data()) ==
+           Status::kOk;
+  };
+  // The smallest capacity the host fits (its record budget grows with the capacity), bisected
+  // between a stride of one byte and the planned capacity.
+  size_t lo = kChunkHeaderBytes + max_record, hi = s.params.plan.capacity;
+  ASSERT_FALSE(host_fits(lo));
+  ASSERT_TRUE(host_fits(hi));
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (host_fits(mid) ? hi : lo) = mid;
+  }
+  for (size_t capacity : {s.params.plan.capacity, hi, hi - 1}) {
+    const bool fits = host_fits(capacity);
+    EXPECT_EQ(fits, capacity >= hi);
     unsigned error = 0;
-    ASSERT_EQ(device_layout(p, s.reduced, s.call, &s.dev_layout, &error), cudaSuccess)
+    ASSERT_EQ(device_layout(at(capacity), s.reduced, s.call, &s.dev_layout, &error), cudaSuccess)
         << kernel_fault();
-    EXPECT_EQ(error, capacity < most + kChunkHeaderBytes ? unsigned{kDynamiqChunkOverCapacity} : 0u)
-        << "capacity " << capacity << ", largest chunk body " << most;
+    EXPECT_EQ(error, fits ? 0u : unsigned{kDynamiqChunkOverCapacity}) << "capacity " << capacity;
+    if (fits) {
+      s.host_layout = host;
+      expect_same_layout(s, "fitting capacity");
+    }
   }
 }
 
@@ -326,11 +352,11 @@ TEST(CudaDynamiqHop, ChunkOverCapacityIsFlaggedAndNothingIsWrittenPastIt) {
   const DynamiqLayout l(reinterpret_cast<const uint8_t*>(s.host_layout.data()), s.params.sections);
   const int big = l.chunk_content[0] >= l.chunk_content[1] ? 0 : 1;
   const uint64_t capacity = l.chunk_content[big] + kChunkHeaderBytes - 1;
-  s.params.plan.capacity = capacity;
   unsigned error = 0;
   ASSERT_EQ(device_layout(s.params, s.reduced, s.call, &s.dev_layout, &error), cudaSuccess)
       << kernel_fault();
-  ASSERT_EQ(error, unsigned{kDynamiqChunkOverCapacity});
+  ASSERT_EQ(error, 0u);
+  s.params.plan.capacity = capacity;  // the hop's plan, not the layout's: one byte short
   constexpr size_t kGuard = 512;
   for (int max_blocks : {1, 0}) {
     std::vector<uint8_t> out(capacity + kGuard, 0xEE);

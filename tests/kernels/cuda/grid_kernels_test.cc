@@ -151,7 +151,7 @@ TEST(CudaGridKernels, LayoutOnTheGridFlagsAChunkOverCapacity) {
   EXPECT_EQ(over.error, unsigned{kDynamiqChunkOverCapacity});
 }
 
-// A budget (stride * chunks) below every super-group's 2-bit record: no threshold fits, so the
+// A record budget below every super-group's 2-bit record: no threshold fits, so the
 // radix select finds no first digit (its kernel's last block writes that to the pick words, the
 // digit kernels stop, the widths kernel keeps the host's end of the bisection, 0x7f800000): the
 // last chunk over capacity, the bytes the host's. No other layout here takes that path; a widths
@@ -164,8 +164,10 @@ TEST(CudaGridKernels, LayoutOnTheGridWhereNoThresholdFits) {
   DynamiqDeviceParams params =
       dynamiq_device_params(count, 4, 4, codec->chunk_capacity(), DynamiqOptions{});
   DynamiqPlan& p = params.plan;
+  const size_t cut_slack = p.capacity - kChunkHeaderBytes - p.stride;  // kept as planned
   p.stride = p.n_sg * p.record[0] / (2 * static_cast<uint64_t>(p.n_chunks));
-  ASSERT_LT(static_cast<uint64_t>(p.stride) * p.n_chunks, p.n_sg * p.record[0]);
+  p.capacity = kChunkHeaderBytes + p.stride + cut_slack;
+  ASSERT_LT(dynamiq_record_budget(p), p.n_sg * p.record[0]);
   std::vector<uint64_t> host(params.sections.bytes / 8, 0), dev(host.size(), 0xa5a5a5a5ull);
   ASSERT_EQ(build_dynamiq_layout(p, stats.data(), 5, host.data()), Status::kInternal);
   unsigned error = 0;
