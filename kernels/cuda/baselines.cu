@@ -65,6 +65,12 @@ __device__ __forceinline__ bool uniform_scale_valid(uint16_t s) {
   return (s & 0x7fffu) > 0x7f80u || s < 0x7f80u;
 }
 
+// UniformKernel::group_valid's code test: codes are q + L for q in [-L, L], 0 .. 2^bits - 2, so
+// the all-ones code has no level.
+__device__ __forceinline__ bool uniform_code_valid(uint32_t code, int bits) {
+  return code != (1u << bits) - 1u;
+}
+
 // The decoded value at position `pos` of block `blk` (the host kernels' decode()); *bad is set
 // where the block holds content the host's validate() refuses (uniform only).
 template <int F>
@@ -78,7 +84,7 @@ __device__ __forceinline__ float decode_value(const BaselineDeviceParams& d, con
   }
   const uint16_t scale_bits = get16(blk);
   const uint32_t code = unpack_code(blk + 2, pos, d.element_bits);
-  *bad |= !uniform_scale_valid(scale_bits) || code == (1u << d.element_bits) - 1u;
+  *bad |= !uniform_scale_valid(scale_bits) || !uniform_code_valid(code, d.element_bits);
   const int q = static_cast<int>(code) - d.levels;
   return uniform_level_value(q, bf16_to_f32(scale_bits), static_cast<float>(d.levels));
 }
@@ -373,7 +379,7 @@ __device__ void baseline_finish_validate(const BaselineDeviceParams& d, const vo
   for (unsigned long long rel = own; rel < n_vals; rel += step) {
     const uint8_t* blk = range_block(d, r, r.first_block + rel / 16);
     const int pos = static_cast<int>(rel % 16);
-    bad |= unpack_code(blk + 2, pos, d.element_bits) == (1u << d.element_bits) - 1u;
+    bad |= !uniform_code_valid(unpack_code(blk + 2, pos, d.element_bits), d.element_bits);
     if (pos == 0) bad |= !uniform_scale_valid(get16(blk));
   }
   if (bad) atomicOr(error, unsigned{kBaselineBadCodes});

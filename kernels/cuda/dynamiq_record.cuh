@@ -150,32 +150,45 @@ __device__ __forceinline__ const uint8_t* stage_record_warp(const uint8_t* src, 
   return r;
 }
 
+// The lane's 8 codes of a staged record `r` at `bits` (2, 4 or 8) wide, in value order, and its
+// group's scale. Returns whether what the lane read is invalid: its group's scale, or a code above
+// 2 * max_mag (the table's top signed level).
+__device__ __forceinline__ bool lane_codes(bool hierarchical, const uint8_t* r, int bits,
+                                           int max_mag, int lane, uint32_t codes[kLaneValues],
+                                           float* scale) {
+  bool bad = false;
+  *scale = record_group_scale(hierarchical, r, lane / 2, &bad);
+  const uint8_t* packed = r + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
+  uint64_t lo, hi;
+  load_lane_bytes(packed + bits * lane, bits, &lo, &hi);  // 8 codes of `bits` bits: `bits` bytes
+  const uint32_t mask = (1u << bits) - 1u;
+  DQ_UNROLL
+  for (int i = 0; i < kLaneValues; ++i) {
+    codes[i] = static_cast<uint32_t>(lo >> (bits * i)) & mask;
+    bad |= codes[i] > static_cast<uint32_t>(2 * max_mag);
+  }
+  return bad;
+}
+
 // The lane's 8 values of a staged record `r` at `bits` wide added to v, in value order
 // (accumulate_record()'s terms): BF16 at width 16, else its group's scale and its 8 codes. Returns
-// whether what the lane read is invalid (its group's scale, a code above 2L); a width-16 record is
-// always valid.
+// whether what the lane read is invalid (lane_codes()); a width-16 record is always valid.
 __device__ __forceinline__ bool add_record_lane(bool hierarchical, const LevelTable* levels,
                                                 const uint8_t* r, int bits, int lane, float* v) {
-  uint64_t lo, hi;
   if (bits == 16) {
+    uint64_t lo, hi;
     load_lane_bytes(r + 2 * kLaneValues * lane, 2 * kLaneValues, &lo, &hi);
     DQ_UNROLL
     for (int i = 0; i < kLaneValues; ++i)
       v[i] += bf16_to_f32(static_cast<uint16_t>((i < 4 ? lo : hi) >> (16 * (i % 4))));
     return false;
   }
-  bool bad = false;
   const LevelTable& t = levels[width_index(bits)];
-  const float scale = record_group_scale(hierarchical, r, lane / 2, &bad);
-  const uint8_t* codes = r + (hierarchical ? 2 + kGroupsPerSuperGroup : 2 * kGroupsPerSuperGroup);
-  load_lane_bytes(codes + bits * lane, bits, &lo, &hi);  // 8 codes of `bits` bits: `bits` bytes
-  const uint32_t mask = (1u << bits) - 1u;
+  uint32_t codes[kLaneValues];
+  float scale;
+  const bool bad = lane_codes(hierarchical, r, bits, t.max_mag, lane, codes, &scale);
   DQ_UNROLL
-  for (int i = 0; i < kLaneValues; ++i) {
-    const uint32_t code = static_cast<uint32_t>(lo >> (bits * i)) & mask;
-    bad |= code > static_cast<uint32_t>(2 * t.max_mag);
-    v[i] += decode_code(t, code, scale);
-  }
+  for (int i = 0; i < kLaneValues; ++i) v[i] += decode_code(t, codes[i], scale);
   return bad;
 }
 

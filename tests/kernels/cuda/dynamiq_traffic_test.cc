@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
@@ -84,6 +85,18 @@ void check_finish_traffic(const Codec& codec, const DynamiqDeviceParams& params,
   EXPECT_LE(ratio_twice, kMostOverMinimum) << (bf16 ? "bf16" : "fp32") << " chunk " << chunk;
 }
 
+// Block barriers a thread of each launch in `launches` (one that filled the device, one on a few
+// blocks) printed, and each at most `bound`: barriers only in a kernel's set-up, whatever a block's
+// share of the work.
+void expect_setup_barriers(std::initializer_list<emu::Counters> launches, double bound) {
+  for (const emu::Counters& b : launches) {
+    const double per_thread = static_cast<double>(b.barriers) / static_cast<double>(b.threads);
+    std::printf("  %llu blocks: %.2f block barriers a thread\n",
+                static_cast<unsigned long long>(b.blocks), per_thread);
+    EXPECT_LE(per_thread, bound) << "blocks " << b.blocks;
+  }
+}
+
 // The finish's block barriers a thread, a decoder's (a validator has fewer): the range's extent,
 // the ticket (two), the level tables (three), the validators' verdict (two) and the tickets'
 // reset.
@@ -138,12 +151,7 @@ void check_range_finish_traffic(const Codec& codec, const DynamiqDeviceParams& p
       << test::kernel_fault();
   EXPECT_EQ(word.flags, 0u);
   ASSERT_EQ(host, few_blocks) << "finish of every chunk on 8 blocks";
-  for (const emu::Counters& b : {c, emu::last_counters()}) {
-    const double per_thread = static_cast<double>(b.barriers) / static_cast<double>(b.threads);
-    std::printf("  %llu blocks: %.2f block barriers a thread\n",
-                static_cast<unsigned long long>(b.blocks), per_thread);
-    EXPECT_LE(per_thread, kFinishSetupBarriers) << "blocks " << b.blocks;
-  }
+  expect_setup_barriers({c, emu::last_counters()}, kFinishSetupBarriers);
 }
 
 // Values of a gradient-like spread (super-group scales over 2^-12..2^12), so every width occurs.
@@ -247,12 +255,7 @@ void check_traffic(bool bf16) {
                 cudaSuccess)
           << test::kernel_fault();
       ASSERT_EQ(host, few_blocks) << "chunk " << chunk << " n_in " << n_in << " on 8 blocks";
-      for (const emu::Counters& b : {c, emu::last_counters()}) {
-        const double per_thread = static_cast<double>(b.barriers) / static_cast<double>(b.threads);
-        std::printf("  %llu blocks: %.2f block barriers a thread\n",
-                    static_cast<unsigned long long>(b.blocks), per_thread);
-        EXPECT_LE(per_thread, kHopSetupBarriers) << "blocks " << b.blocks;
-      }
+      expect_setup_barriers({c, emu::last_counters()}, kHopSetupBarriers);
       if (n_in == 2) {
         check_finish_traffic(*codec, params, levels, layout.data(), l, chunk, host, 3, bf16);
         std::copy(host.begin(), host.end(), finals.begin() + chunk * cap);
