@@ -66,11 +66,12 @@ inline constexpr uint64_t kMaxElementIndex = uint64_t{1} << 34;
 Status check_element_base(const RoundingKey& key, size_t count);
 
 // Fewer 256-value super-groups per chunk message than this and the budget's fixed costs (one
-// header, and one widest record of slack per message of a plan of several) push most DynamiQ
-// widths down to 2 bits, although the plan still fits the budget: dynamiq-sim --synthetic
-// --spread 0 at 5 bits, ring, n = 3 and 8 measured vNMSE 0.022 / 0.044 at 64 super-groups per
-// chunk, 0.13 / 0.17 at 32, 0.45 / 0.57 at 16, 1.0 / 1.2 at 8. The engine passes such tensors
-// through; the simulator reports them (SimResult::chunks_large_enough).
+// header per message, one widest record of slack per chunk cut) push most DynamiQ widths down to
+// 2 bits, although the plan still fits the budget: dynamiq-sim --synthetic --spread 0 at 5 bits,
+// ring, n = 3 and 8 measured vNMSE 0.022 / 0.044 at 64 super-groups per chunk (the same as at
+// 72), 0.088 / 0.17 at 32, 0.28 / 0.48 at 16, 0.64 / 1.1 at 8; n = 64, with a cut every message,
+// 0.121 at 64 against 0.115 at 72. The engine passes such tensors through; the simulator reports
+// them (SimResult::chunks_large_enough).
 inline constexpr size_t kMinSuperGroupsPerChunk = 64;
 
 // True when `count` values cut into `n_chunks` chunk messages keep at least
