@@ -218,7 +218,9 @@ TEST(Range, WidthSplitFollowsUnitScale) {
     const Rows base = gaussian(n, 256 * n_sg, 3);
     const std::array<int, 4> unit = width_counts(base);
     // Some 8-bit super-groups at unit scale with 4 workers (16 leave no slack for them).
-    if (n == 4) ASSERT_GT(unit[2], 0) << unit[0] << " " << unit[1] << " " << unit[3];
+    if (n == 4) {
+      ASSERT_GT(unit[2], 0) << unit[0] << " " << unit[1] << " " << unit[3];
+    }
     for (int e : {-140, -100, -60, 40, 56, 70, 90, 110, 120}) {
       const std::array<int, 4> c = width_counts(scaled(base, e, false));
       EXPECT_GE(2 * c[2], unit[2]) << "n=" << n << " 2^" << e << ": 8-bit " << c[2];
