@@ -31,7 +31,10 @@ import pathlib
 import sys
 import time
 
-import numpy as np
+try:  # the measuring modes need numpy; `report` reads JSON alone (and runs in CI without it)
+    import numpy as np
+except ImportError:
+    np = None
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tools" / "capi"))
@@ -250,6 +253,32 @@ def fmt(v):
     return "%.3e" % v if isinstance(v, float) and math.isfinite(v) else str(v)
 
 
+def ratio_summary(vn):
+    """DynamiQ 5 / MXFP8 vNMSE per (step, part, topology) across worker counts: the table
+    accuracy.md's "Larger n" section quotes (whole vectors only; a missing cell is blank)."""
+    whole = [r for r in vn if r["subsample"] <= 1 and r["codec"] in ("dynamiq:5", "mxfp8")]
+    counts = sorted({r["workers"] for r in whole})
+    if len(counts) < 2:
+        return []
+    cell = {(r["corpus"], r["step"], r["part"], r["topo"], r["workers"], r["codec"]): r["vnmse"]
+            for r in whole}
+    out = ["\n#### DQ5 / MXFP8 by worker count (vNMSE ratio; below 1 = DynamiQ better)\n",
+           "| corpus | step | part | topo | " + " | ".join("n = %d" % n for n in counts) + " |",
+           "|---" * (len(counts) + 4) + "|"]
+    for corpus, step in sorted({(r["corpus"], r["step"]) for r in whole}):
+        for part in PARTS:
+            for topo in ("ring", "butterfly"):
+                ratios = []
+                for n in counts:
+                    dq = cell.get((corpus, step, part, topo, n, "dynamiq:5"))
+                    mx = cell.get((corpus, step, part, topo, n, "mxfp8"))
+                    ratios.append("%.2f" % (dq / mx) if dq is not None and mx else "")
+                if any(ratios):
+                    out.append("| %s | %d | %s | %s | %s |" % (corpus, step, part, topo,
+                                                           " | ".join(ratios)))
+    return out
+
+
 def cmd_report(args):
     recs = []
     for path in args.inputs:
@@ -276,6 +305,7 @@ def cmd_report(args):
                     out.append("| %s | %s | %d | " % (part, topo, n) +
                                " | ".join(fmt(row.get(c, "")) for c in codecs) +
                                " | %.2f |" % ratio)
+    out += ratio_summary(vn)
     en = [r for r in recs if r["kind"] == "energy"]
     if en:
         out.append("\n#### Energy held by the top 10% of super-groups\n")
@@ -336,6 +366,8 @@ def main(argv=None):
     if args.mode == "report":
         cmd_report(args)
         return 0
+    if np is None:
+        p.error("mode %s needs numpy (only report runs without it)" % args.mode)
     if args.out is None:
         p.error("--out is required")
     args.steps = [int(s) for s in args.steps.split(",")]
