@@ -10,6 +10,7 @@ usage: real_tables_report_test.py [RECORDS_DIR (default docs/results)]
 """
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,9 +30,11 @@ def report(*paths):
 
 
 def rows_after(text, heading):
-    """The table rows (cells, stripped) of the first table after a heading containing `heading`."""
+    """The table rows (cells, stripped) of the first table after a heading containing `heading`
+    (not followed by a digit: "step 4" is not "step 40")."""
     lines = text.splitlines()
-    at = next((i for i, line in enumerate(lines) if line.startswith("####") and heading in line),
+    pattern = re.compile(re.escape(heading) + r"(?!\d)")
+    at = next((i for i, line in enumerate(lines) if line.startswith("####") and pattern.search(line)),
               None)
     if at is None:
         return []
