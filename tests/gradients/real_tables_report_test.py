@@ -34,8 +34,8 @@ def rows_after(text, heading):
     (not followed by a digit: "step 4" is not "step 40")."""
     lines = text.splitlines()
     pattern = re.compile(re.escape(heading) + r"(?!\d)")
-    at = next((i for i, line in enumerate(lines) if line.startswith("####") and pattern.search(line)),
-              None)
+    at = next((i for i, line in enumerate(lines)
+               if line.startswith("####") and pattern.search(line)), None)
     if at is None:
         return []
     rows = []
@@ -72,14 +72,15 @@ def made_up():
           "(got %d)" % len(summary))
     rest = [r for r in summary if r[2] == "rest"]
     check(rest == [["c", "0", "rest", "ring", "3.00", "0.25", "2.50"]],
-          "rest, ring: the ratios 3.0e-3 / 1.0e-3, 1.0e-3 / 4.0e-3, 2.5e-3 / 1.0e-3 (got %s)" % rest)
+          "rest, ring: the ratios 3.0e-3 / 1.0e-3, 1.0e-3 / 4.0e-3, 2.5e-3 / 1.0e-3 (got %s)"
+          % rest)
     butterfly = [r for r in summary if r[2] == "all"]
     check(butterfly == [["c", "0", "all", "butterfly", "2.00", "", ""]],
           "all, butterfly: blank without MXFP8, the subsampled pair left out (got %s)" % butterfly)
     per_step = rows_after(out, "c, step 0")
     ratios = {(r[0], r[1], r[2]): r[-1] for r in per_step}
-    check(ratios.get(("rest", "ring", "8")) == "0.25",
-          "per-step table: DQ5 / MXFP8 at n = 8 is 0.25 (got %s)" % ratios.get(("rest", "ring", "8")))
+    at_8 = ratios.get(("rest", "ring", "8"))
+    check(at_8 == "0.25", "per-step table: DQ5 / MXFP8 at n = 8 is 0.25 (got %s)" % at_8)
 
 
 def committed(results):
