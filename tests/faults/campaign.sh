@@ -31,7 +31,9 @@
 # DYNAMIQ_TIMEOUT_MS than the limit is computed from (a long one must be reported as hangs);
 # DQF_CORRUPT_RANK=R DQF_CORRUPT_CALL=K make rank R alter its result of call K (must be reported
 # as a wrong result); DQF_FOREIGN_INIT_ONE_IN=N: 1 in N foreign runs strike during the bootstrap
-# (default 4).
+# (default 4); DQF_PAUSE_SELFTEST_MS=T stops every rank and this script for T ms right after the
+# injection, as a machine-wide pause would (the run must be judged as without it, the pause
+# reported); DQF_PAUSE_MS (default 1500): the gap between the wait loop's turns taken for a pause.
 #
 # Topology (as tools/bench/netns_allreduce.sh): a hub namespace PREFIX-hub with a bridge; rank r
 # in PREFIX-r<r> with one veth dqr (198.18.0.<r+1>/24) to h<r> on the bridge; the foreign
@@ -112,6 +114,9 @@ HAVE_NETEM=0
 readonly PREFIX=dqf$$
 readonly HUB=$PREFIX-hub FOREIGN_NS=$PREFIX-x SUBNET=198.18.0 MAXN=8
 readonly LIMIT_MS=$((TIMEOUT_MS + MARGIN_MS))
+readonly PAUSE_US=${DQF_PAUSE_MS:-1500}000  # a gap between the wait loop's turns that is a pause
+# gdb, when installed: the thread stacks of a hung rank are kept in its run folder (stacksR.txt).
+GDB=$(command -v gdb || true)
 HOOKS=
 RANDOM=$SEED
 
@@ -414,9 +419,30 @@ run_one() {
   else
     deadline=$(( $(now_us) + (LIMIT_MS + extra_ms) * 1000 ))
   fi
-  local now left hung=() codes=()
+  # A machine-wide pause (the VM snapshotted or stopped by its host: the guest's kernel logs
+  # "crng reseeded due to virtual machine fork") freezes this loop with the ranks, then shows as
+  # a jump of the clock: every deadline passed at once, and the ranks killed before they ran
+  # again. A turn of this loop sleeps 10 ms, so a gap of more than PAUSE_US between turns is such
+  # a pause: the deadline and the verdict's limit move by it (at most 120 s a run in all), and
+  # the run says so. A hang of the ranks alone never pauses this loop.
+  local now prev left hung=() codes=() paused=0
+  stamp prev
+  if [ -n "${DQF_PAUSE_SELFTEST_MS:-}" ] && [ "$injected" = 1 ]; then  # a pause, simulated
+    for ((r = 0; r < n; r++)); do kill -STOP "${PIDS[$r]}" 2>/dev/null; done
+    sleep "$(printf '%d.%03d' $((DQF_PAUSE_SELFTEST_MS / 1000)) $((DQF_PAUSE_SELFTEST_MS % 1000)))"
+    for ((r = 0; r < n; r++)); do  # the stopped victim stays stopped, as after a real pause
+      [ "$stop_ms" -gt 0 ] && [ "$r" = "$v" ] && continue
+      kill -CONT "${PIDS[$r]}" 2>/dev/null
+    done
+  fi
   for ((i = 0; i < 200000; i++)); do
     stamp now
+    if [ $((now - prev)) -gt "$PAUSE_US" ] && [ "$paused" -lt 120000000 ]; then
+      paused=$((paused + now - prev))
+      deadline=$((deadline + now - prev))
+      echo "machine paused: $(((now - prev) / 1000)) ms between turns at $now us" >>"$RUN_DIR/inject.log"
+    fi
+    prev=$now
     if [ "$stop_ms" -gt 0 ] && [ "$T_CONT" = 0 ] && [ "$now" -ge $((T_INJ + stop_ms * 1000)) ]; then
       kill -CONT "${PIDS[$v]}"
       stamp T_CONT
@@ -436,6 +462,11 @@ run_one() {
     if alive "${PIDS[$r]}"; then
       hung[$r]=1
       kill -CONT "${PIDS[$r]}" 2>/dev/null
+      # A hang's evidence: every thread's stack, before the kill (gdb where present, 30 s at most).
+      if [ -n "$GDB" ]; then
+        timeout 30 "$GDB" -p "${PIDS[$r]}" -batch -nx -ex 'set pagination off' \
+          -ex 'thread apply all bt' >"$RUN_DIR/stacks$r.txt" 2>&1
+      fi
       kill -KILL "${PIDS[$r]}" 2>/dev/null
     fi
     wait "${PIDS[$r]}" 2>/dev/null
@@ -450,7 +481,8 @@ run_one() {
   # The verdict.
   local verdict
   verdict=$(awk -v n="$n" -v kind="$kind" -v victim="$v" -v tinj="$T_INJ" -v tcont="$T_CONT" \
-      -v slowend="$SLOW_END" -v limit="$((LIMIT_MS * 1000))" -v injected="$injected" -v at="$p" '
+      -v slowend="$SLOW_END" -v limit="$((LIMIT_MS * 1000 + paused))" -v injected="$injected" \
+      -v at="$p" '
     FNR == 1 { r = FILENAME; sub(/.*rank/, "", r); sub(/\.txt$/, "", r) }
     $1 == "M" { code[$2] = $3; hung[$2] = $4; next }
     $1 == "C" {
@@ -499,6 +531,7 @@ run_one() {
   printf '%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\n' "$kind" "$idx" "$n" "$v" "$k" "$calls" \
     "$INJ_METHOD" "$verdict" "$wall_ms" >>"$OUT/runs.tsv"
   local outcome=${verdict%%$'\t'*}
+  [ "$paused" -gt 0 ] && say "$kind run $idx: the machine paused $((paused / 1000)) ms; deadline and limit extended by it"
   case "$outcome" in
     completed|error) [ "$KEEP" = 1 ] || rm -rf "$RUN_DIR" ;;
     *) say "$kind run $idx: $outcome ($(echo "$verdict" | cut -f8)); kept $RUN_DIR" ;;
