@@ -63,8 +63,8 @@ DQ_HD constexpr double candidate_mx_error(int c) {
 }
 
 // How one super-group's roundings compound along a schedule, given that m of the n workers'
-// super-groups are not all zero (n less the statistics' summed kStatAllZero word): every node of a
-// chunk's in-tree compresses its partial sum once (the sink's compression feeds the all-gather),
+// super-groups are not all zero (n less the summed all-zero count, dynamiq_layout.h): every node of
+// a chunk's in-tree compresses its partial sum once (the sink's compression feeds the all-gather),
 // but a partial sum that equals one input already rounded is rounded again to the same values
 // (round to nearest is idempotent; stochastic rounding leaves a value on its grid), so a node adds
 // error only when its own values are non-zero or two or more of its children's subtrees are. With
@@ -118,24 +118,24 @@ struct SupergroupEnergy {
 };
 
 // Super-group j of a part of `count` elements (n_sg super-groups) summed over `n_workers`, from
-// its kStatsWordsPerSupergroup statistics words `words` (the part's reduced statistics at
-// stat_word(j, 0); a kernel passes a copy it loaded): false when the energy is not finite (a
-// poisoned super-group). `shift`: the part's width-key
-// shift (width_key_shift() of the largest floor(log2 energy); 0 for a first pass). A mean whose
-// sum overflowed is not subtracted by the codec: modelled as 0, not dense.
-DQ_HD bool supergroup_energy(const uint16_t* words, size_t j, size_t n_sg, size_t count,
+// its statistics words `words` (supergroup_stat_words() of the part's reduced statistics; a kernel
+// passes the words it loaded): false when the energy is not finite (a poisoned super-group).
+// `shift`: the part's width-key shift (width_key_shift() of the largest floor(log2 energy); 0 for
+// a first pass). A mean whose sum overflowed is not subtracted by the codec: modelled as 0, not
+// dense.
+DQ_HD bool supergroup_energy(const SupergroupStatWords& words, size_t j, size_t n_sg, size_t count,
                              int n_workers, const HopProfile& hop, int shift,
                              SupergroupEnergy* out) {
-  const float m = bf16_to_f32(words[kStatMean]);  // sum of the workers' means
-  const float workers = contributing_workers(words[kStatAllZero], n_workers);
-  const double f = energy_key(words[kStatEnergy], workers,
+  const float m = bf16_to_f32(words.mean);  // sum of the workers' means
+  const float workers = contributing_workers(words.all_zero, n_workers);
+  const double f = energy_key(words.energy, workers,
                               static_cast<uint32_t>(j));  // sum of sums of squares
   if (f < 0.0) return false;
   out->energy = f;
   const uint32_t kb = f32_bits(width_key(f, shift)) >> 16;
   out->key = kb < kEnergyKeys ? kb : kEnergyKeys - 1;
-  // Workers whose values are all zero: a BF16 sum of ones, exact up to 256 workers; a value out
-  // of range (a peer's bad word) counts as none: the most roundings.
+  // Workers whose values are all zero: an exact sum (dynamiq_layout.h); a value out of range (a
+  // peer's bad word) counts as none: the most roundings.
   out->contributors = static_cast<int>(workers);
   const bool mean_finite = m - m == 0.0f;
   const double c = static_cast<double>(j + 1 == n_sg ? count - 256 * j : 256);
@@ -148,7 +148,7 @@ DQ_HD bool supergroup_energy(const uint16_t* words, size_t j, size_t n_sg, size_
   out->centred = centred > 0.0 ? centred : 0.0;
   out->mean = cm2;
   const double linear = hop.linear[out->contributors], square = hop.square[out->contributors];
-  if (supergroup_dense(words, 0) && mean_finite) {  // the codec subtracts it (widths 2, 4, 8)
+  if (supergroup_dense(words.all_zero) && mean_finite) {  // the codec subtracts it (widths 2, 4, 8)
     out->hop_centred = out->centred * linear;
     out->hop_mean = out->mean * square;
   } else {  // no mean subtracted: every width rounds the mean's energy too
@@ -306,7 +306,7 @@ DQ_HD double part_plan_error(const Sums& s, const DynamiqPlan& p, WidthCounts* w
 // candidates fit (auto only), the plan the call used.
 struct BudgetPartJob {
   uint64_t count = 0;         // elements of this codec part
-  uint64_t stats_offset = 0;  // into the statistics words (kStatsWordsPerSupergroup per SG)
+  uint64_t stats_offset = 0;  // into the call's statistics words (stats_words() a part)
   DynamiqPlan rungs[kLadderRungs];
   uint8_t fits[kCandidates] = {};
   DynamiqPlan used;  // the call's plan of this part (a DynamiQ call)

@@ -139,7 +139,8 @@ bool StatsSummary::load(const uint16_t* reduced, size_t count, int n_workers,
   int largest = INT32_MIN;  // floor(log2) of the largest energy: the width keys' shift
   SupergroupEnergy e;
   for (size_t j = 0; j < n_sg; ++j) {
-    if (!supergroup_energy(reduced + stat_word(j, 0), j, n_sg, count, n_workers, hop, 0, &e))
+    if (!supergroup_energy(supergroup_stat_words(reduced, n_sg, j, n_workers), j, n_sg, count,
+                           n_workers, hop, 0, &e))
       return false;
     max_value = std::max(max_value, largest_energy(e));
     if (e.energy > 0.0) largest = std::max(largest, floor_log2(e.energy));
@@ -147,7 +148,8 @@ bool StatsSummary::load(const uint16_t* reduced, size_t count, int n_workers,
   const double scale = fixed_point_scale(max_value, n_sg);
   const int shift = width_key_shift(largest);
   for (size_t j = 0; j < n_sg; ++j) {
-    supergroup_energy(reduced + stat_word(j, 0), j, n_sg, count, n_workers, hop, shift, &e);
+    supergroup_energy(supergroup_stat_words(reduced, n_sg, j, n_workers), j, n_sg, count, n_workers,
+                      hop, shift, &e);
     ++count_[e.key];
     hop_centred_[e.key] += to_fixed_point(e.hop_centred, scale);
     hop_mean_[e.key] += to_fixed_point(e.hop_mean, scale);

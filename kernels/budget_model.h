@@ -59,8 +59,8 @@ std::string budget_target_name(const BudgetTarget& t);
 // O(1) steps.
 class StatsSummary {
  public:
-  // reduced: kStatsWordsPerSupergroup BF16 words per super-group of a tensor of `count`
-  // elements summed over `n_workers`, whose schedule has the hop profile `hop` (n_workers + 1
+  // reduced: the stats_words() BF16 statistics words of a tensor of `count` elements summed
+  // over `n_workers`, whose schedule has the hop profile `hop` (n_workers + 1
   // entries). False (no prediction) when a statistic is not finite: a poisoned super-group, or
   // an energy that overflowed.
   bool load(const uint16_t* reduced, size_t count, int n_workers, const HopProfile& hop);

@@ -89,7 +89,7 @@ Status DynamiqCodecBase::plan(size_t count, int n_chunks, int n_workers) {
     // Bytes the budget allows for one compressed copy, minus the statistics (BF16 words).
     const double budget_bytes = std::floor(opt_.budget_bits * static_cast<double>(count) / 8.0);
     const double for_chunks =
-        budget_bytes - 2.0 * static_cast<double>(kStatsWordsPerSupergroup * n_sg);
+        budget_bytes - 2.0 * static_cast<double>(dq::stats_words(n_sg, n_workers));
     const size_t by_budget = for_chunks > 0 ? static_cast<size_t>(for_chunks) / n_chunks : 0;
     // Cuts fall where a record starts: a chunk holds at most stride - 1 + max_record bytes.
     auto capacity_for = [&](size_t record) {
@@ -124,8 +124,13 @@ Status DynamiqCodecBase::local_stats(const ConstTensor& x, uint16_t* stats) cons
   if (x.count != count_)
     DQ_FAIL(Status::kInvalidArgument, "dynamiq stats: tensor has %zu elements, plan has %zu",
             x.count, count_);
-  dq::parallel_for(tbb::blocked_range<size_t>(0, plan_.n_sg, 256),
-                   [&](const auto& range) { stats_range(x, range.begin(), range.end(), stats); });
+  // In tiles of 16 super-groups, so that no two tasks share a word of all-zero counts (a tile
+  // holds whole words: zero_counts_per_word() divides 16).
+  constexpr size_t kTile = 16;
+  const size_t tiles = (plan_.n_sg + kTile - 1) / kTile;
+  dq::parallel_for(tbb::blocked_range<size_t>(0, tiles, 16), [&](const auto& range) {
+    stats_range(x, range.begin() * kTile, std::min(range.end() * kTile, plan_.n_sg), stats);
+  });
   return Status::kOk;
 }
 

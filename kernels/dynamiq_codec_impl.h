@@ -29,7 +29,7 @@ class DynamiqCodecBase : public Codec {
 
   std::string name() const override;
   Status plan(size_t count, int n_chunks, int n_workers) override;
-  size_t stats_words() const override { return kStatsWordsPerSupergroup * plan_.n_sg; }
+  size_t stats_words() const override { return dq::stats_words(plan_.n_sg, plan_.n_workers); }
   Status local_stats(const ConstTensor& x, uint16_t* stats) const override;
   size_t layout_bytes() const override { return sections_.bytes; }
   Status build_layout(const uint16_t* reduced, uint64_t call, void* layout) const override {
@@ -53,7 +53,8 @@ class DynamiqCodecBase : public Codec {
 
  protected:
   // The hot loops, one implementation per host ISA, over super-groups [first, last) (statistics:
-  // in tensor order; the others: wire positions by_index[first .. last)).
+  // in tensor order, `first` a multiple of 16; the others: wire positions by_index[first ..
+  // last)).
   virtual void stats_range(const ConstTensor& x, size_t first, size_t last,
                            uint16_t* stats) const = 0;
   // False when an input record holds invalid content. end: the chunk's last position + 1 (the

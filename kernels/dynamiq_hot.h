@@ -107,6 +107,9 @@ class HotCodec final : public DynamiqCodecBase {
  protected:
   void stats_range(const ConstTensor& x, size_t first, size_t last,
                    uint16_t* stats) const override {
+    const size_t per = static_cast<size_t>(zero_counts_per_word(n_workers_));
+    const size_t n_sg = (count_ + kSuperGroup - 1) / kSuperGroup;
+    unsigned all_zero = 0;  // bit j % per: super-group j's values are all zero
     for (size_t j = first; j != last; ++j) {
       const size_t base = j * kSuperGroup;
       const int valid = static_cast<int>(std::min<size_t>(kSuperGroup, count_ - base));
@@ -131,7 +134,11 @@ class HotCodec final : public DynamiqCodecBase {
       }
       stats[stat_word(j, kStatMean)] = f32_to_bf16_sat(mean);
       stats[stat_word(j, kStatEnergy)] = energy_word;
-      stats[stat_word(j, kStatAllZero)] = non_zero ? 0 : kBf16One;
+      if (!non_zero) all_zero |= 1u << (j % per);
+      if (j % per == per - 1 || j + 1 == n_sg) {  // `first` starts a word (local_stats)
+        stats[zero_count_word(n_sg, j, n_workers_)] = zero_count_word_of(all_zero, n_workers_);
+        all_zero = 0;
+      }
     }
   }
 

@@ -155,18 +155,17 @@ void agree_means_and_keys(const DynamiqPlan& p, const LayoutOut& l, const uint16
   std::vector<double> wide(p.n_sg);
   int largest = INT32_MIN;
   for (size_t j = 0; j < p.n_sg; ++j) {
-    const float mu = bf16_to_f32(reduced[stat_word(j, kStatMean)]) / n;
-    const double key =
-        energy_key(reduced[stat_word(j, kStatEnergy)],
-                   contributing_workers(reduced[stat_word(j, kStatAllZero)], p.n_workers),
-                   static_cast<uint32_t>(j));
+    const SupergroupStatWords w = supergroup_stat_words(reduced, p.n_sg, j, p.n_workers);
+    const float mu = bf16_to_f32(w.mean) / n;
+    const double key = energy_key(w.energy, contributing_workers(w.all_zero, p.n_workers),
+                                  static_cast<uint32_t>(j));
     wide[j] = key;
     if (key < 0.0) {
       l.mean[j] = std::isfinite(mu) ? std::numeric_limits<float>::quiet_NaN() : mu;
       continue;
     }
     if (key > 0.0) largest = std::max(largest, floor_log2(key));
-    const bool subtract = p.mean_subtraction && supergroup_dense(reduced, j) && std::isfinite(mu);
+    const bool subtract = p.mean_subtraction && supergroup_dense(w.all_zero) && std::isfinite(mu);
     const int8_t k = scale_exponent(key);
     l.exponent[j] = k;
     // The mean as the hops subtract it: scaled like the values (exact: a power of two).

@@ -10,27 +10,91 @@
 #include <type_traits>
 
 #include "common/status.h"
+#include "kernels/bf16.h"
 #include "kernels/chunk_header.h"
 #include "kernels/hd.h"
 
 namespace dq {
 
-// The statistics all-reduce (docs/FORMAT.md, "Statistics"): per super-group j, BF16 words at
-// kStatsWordsPerSupergroup * j + kStat*, summed element-wise over the workers.
-inline constexpr size_t kStatsWordsPerSupergroup = 3;
+// The statistics all-reduce (docs/FORMAT.md, "Statistics"): BF16 words summed element-wise over
+// the workers. Per super-group j, its mean and sum of squares at stat_word(j, kStatMean /
+// kStatEnergy); after those 2 n_sg words, the all-zero counts, zero_counts_per_word(n_workers)
+// super-groups to a word (zero_count_word()), each in a digit of zero_count_bits(n_workers) bits.
 inline constexpr size_t kStatMean = 0;    // the worker's mean over the valid elements
 inline constexpr size_t kStatEnergy = 1;  // the worker's sum of squares
-// 1 if every one of the worker's values is zero (a sum of these is exact at 0 for any number of
-// workers: the super-group is dense exactly when it is 0)
-inline constexpr size_t kStatAllZero = 2;
+inline constexpr size_t kStatPairWords = 2;
 DQ_HD constexpr size_t stat_word(size_t j, size_t word) {
-  return kStatsWordsPerSupergroup * j + word;
+  return kStatPairWords * j + word;
 }
-// Super-group j is dense when no worker's values are all zero. Only a dense super-group has its
-// mean subtracted: a worker whose values are all zero then adds exact zeros, and re-rounding a
-// partial sum that did not change adds no error (docs/FORMAT.md).
-DQ_HD constexpr bool supergroup_dense(const uint16_t* reduced_stats, size_t j) {
-  return (reduced_stats[stat_word(j, kStatAllZero)] & 0x7fffu) == 0;  // +0 or -0
+
+// Bits of one all-zero count digit: enough for 0 .. n_workers (a count of workers).
+DQ_HD constexpr int zero_count_bits(int n_workers) {
+  int bits = 1;
+  while (bits < 17 && (1 << bits) <= n_workers) ++bits;
+  return bits;
+}
+// Super-groups whose all-zero counts share one word. A summed word is then an integer of at most
+// 8 bits, exact in BF16 after any order of additions; a power of two, so that a tile of 16
+// super-groups (the CUDA statistics kernel's) writes whole words. From 16 workers on, one word a
+// super-group, the count itself.
+DQ_HD constexpr int zero_counts_per_word(int n_workers) {
+  const int bits = zero_count_bits(n_workers);
+  return bits == 1 ? 8 : bits == 2 ? 4 : bits <= 4 ? 2 : 1;
+}
+// BF16 words of the statistics of n_sg super-groups summed over n_workers.
+DQ_HD constexpr size_t stats_words(size_t n_sg, int n_workers) {
+  const size_t per = static_cast<size_t>(zero_counts_per_word(n_workers));
+  return kStatPairWords * n_sg + (n_sg + per - 1) / per;
+}
+// The word that holds super-group j's all-zero count.
+DQ_HD constexpr size_t zero_count_word(size_t n_sg, size_t j, int n_workers) {
+  return kStatPairWords * n_sg + j / static_cast<size_t>(zero_counts_per_word(n_workers));
+}
+// A worker's count word: bit i of `all_zero` set when super-group i of the word's super-groups
+// has all of its values zero; it counts 1 in that super-group's digit (an integer below 256, so
+// the BF16 pattern is exact).
+DQ_HD uint16_t zero_count_word_of(unsigned all_zero, int n_workers) {
+  const int bits = zero_count_bits(n_workers), per = zero_counts_per_word(n_workers);
+  unsigned value = 0;
+  for (int i = 0; i < per; ++i)
+    if ((all_zero >> i) & 1u) value |= 1u << (bits * i);
+  return static_cast<uint16_t>(f32_bits(static_cast<float>(value)) >> 16);
+}
+// Super-group j's summed all-zero count as one BF16 word (the number of workers whose values are
+// all zero there), from its summed count word `word`. One super-group a word: the word itself.
+// Several: the digit of j, when the word is an integer in [0, 255]; else (a peer's bad word) NaN,
+// which reads as not dense with every worker contributing (contributing_workers()).
+DQ_HD uint16_t summed_all_zero(uint16_t word, size_t j, int n_workers) {
+  const int per = zero_counts_per_word(n_workers);
+  if (per == 1) return word;
+  const float v = bf16_to_f32(word);
+  if (!(v >= 0.0f && v <= 255.0f) || v != static_cast<float>(static_cast<int>(v))) return 0x7fc0u;
+  const int bits = zero_count_bits(n_workers);
+  const unsigned digit =
+      (static_cast<unsigned>(v) >> (bits * static_cast<int>(j % per))) & ((1u << bits) - 1u);
+  return static_cast<uint16_t>(f32_bits(static_cast<float>(digit)) >> 16);
+}
+
+// A super-group's summed statistics as the layout and the budget read them: the mean and energy
+// words and its all-zero count (summed_all_zero()).
+struct SupergroupStatWords {
+  uint16_t mean = 0, energy = 0, all_zero = 0;
+};
+DQ_HD SupergroupStatWords supergroup_stat_words(const uint16_t* reduced, size_t n_sg, size_t j,
+                                                int n_workers) {
+  SupergroupStatWords w;
+  w.mean = reduced[stat_word(j, kStatMean)];
+  w.energy = reduced[stat_word(j, kStatEnergy)];
+  w.all_zero = summed_all_zero(reduced[zero_count_word(n_sg, j, n_workers)], j, n_workers);
+  return w;
+}
+
+// A super-group is dense when no worker's values are all zero (its summed count is +0 or -0: a
+// sum of non-negative integers that holds a 1 is never 0). Only a dense super-group has its mean
+// subtracted: a worker whose values are all zero then adds exact zeros, and re-rounding a partial
+// sum that did not change adds no error (docs/FORMAT.md).
+DQ_HD constexpr bool supergroup_dense(uint16_t summed_all_zero_word) {
+  return (summed_all_zero_word & 0x7fffu) == 0;
 }
 
 // Plan parameters the layout build needs; fixed by DynamiqCodec::plan().
@@ -152,7 +216,7 @@ constexpr uint64_t dynamiq_plan_shape(int n_chunks, int n_workers) {
                                                << 32;
 }
 
-// Builds the layout for `plan` from the all-reduced statistics (kStatsWordsPerSupergroup words)
+// Builds the layout for `plan` from the all-reduced statistics (stats_words() words)
 // into `layout` (dynamiq_sections(plan.n_sg, plan.n_chunks).bytes bytes, 8-byte aligned).
 // Deterministic: identical inputs give identical bytes. Host code (TBB inside).
 Status build_dynamiq_layout(const DynamiqPlan& plan, const uint16_t* reduced_stats_bf16,

@@ -201,9 +201,11 @@ __device__ __forceinline__ bool energy_of(const uint16_t* stats, unsigned long l
                                           unsigned long long n_sg, unsigned long long n_elems,
                                           int n_workers, const HopProfile& hop, int shift,
                                           SupergroupEnergy* e) {
-  uint16_t words[kStatsWordsPerSupergroup];
-  for (size_t w = 0; w < kStatsWordsPerSupergroup; ++w)
-    words[w] = load_global(stats + stat_word(j, w));
+  SupergroupStatWords words;
+  words.mean = load_global(stats + stat_word(j, kStatMean));
+  words.energy = load_global(stats + stat_word(j, kStatEnergy));
+  words.all_zero =
+      summed_all_zero(load_global(stats + zero_count_word(n_sg, j, n_workers)), j, n_workers);
   return supergroup_energy(words, j, n_sg, n_elems, n_workers, hop, shift, e);
 }
 

@@ -70,10 +70,9 @@ constexpr uint32_t kBudgetMaxParts = 1u << 24;
 constexpr uint64_t kBudgetLaunches = 7;
 
 // Enqueues the prediction of a call on `stream`: job->n_parts parts at once, each from its
-// statistics at reduced + stats_offset (device memory, kStatsWordsPerSupergroup BF16 words per
-// super-group) summarised in `scratch` (`scratch_bytes` of device memory, at least
-// budget_scratch_bytes(*job): cudaErrorInvalidValue otherwise), the parts' terms added in part
-// order; then *out (memory the
+// statistics at reduced + stats_offset (device memory, stats_words() BF16 words) summarised in
+// `scratch` (`scratch_bytes` of device memory, at least budget_scratch_bytes(*job):
+// cudaErrorInvalidValue otherwise), the parts' terms added in part order; then *out (memory the
 // host reads, e.g. mapped) as run_budget_job() writes it: kBudgetPredicted with the prediction, or
 // kBudgetNoPrediction when a statistic is not finite. `job`, the parts and the hop tables it
 // points to: memory the device reads (mapped), unchanged until the kernels completed; the host

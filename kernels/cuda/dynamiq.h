@@ -84,13 +84,13 @@ enum DynamiqError : unsigned {
           // record past the capacity, which they then neither write nor read
 };
 
-// The layout of `params` for this call from the all-reduced statistics
-// (kStatsWordsPerSupergroup BF16 words per super-group) into `layout` (params.sections.bytes bytes,
-// 8-byte aligned): the bytes of build_dynamiq_layout(), padding included. One block, or seven
-// grid-wide kernels for a large layout (kernels/cuda/dynamiq_layout_grid.cuh): a batch of one
-// (launch_dynamiq_layouts below), its table copied to the device on `stream` for the launches
-// (a stream-ordered allocation, freed after them; a copy from pageable memory, which CUDA refuses
-// during a stream capture: a capturing caller plans a batch and copies its table beforehand).
+// The layout of `params` for this call from the all-reduced statistics (stats_words() BF16
+// words) into `layout` (params.sections.bytes bytes, 8-byte aligned): the bytes of
+// build_dynamiq_layout(), padding included. One block, or seven grid-wide kernels for a large
+// layout (kernels/cuda/dynamiq_layout_grid.cuh): a batch of one (launch_dynamiq_layouts below), its
+// table copied to the device on `stream` for the launches (a stream-ordered allocation, freed after
+// them; a copy from pageable memory, which CUDA refuses during a stream capture: a capturing caller
+// plans a batch and copies its table beforehand).
 cudaError_t launch_dynamiq_layout(const DynamiqDeviceParams& params, const uint16_t* reduced_stats,
                                   uint64_t call, void* layout, unsigned* error,
                                   cudaStream_t stream);

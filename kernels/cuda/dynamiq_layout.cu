@@ -77,9 +77,15 @@ __device__ __forceinline__ bool non_finite(float f) {
   return (f32_bits(f) & 0x7f800000u) == 0x7f800000u;
 }
 
-// Statistics word `word` of super-group j, loaded from global memory (counted: cuda_compat.h).
+// Statistics word `word` (kStatMean, kStatEnergy) of super-group j, loaded from global memory
+// (counted: cuda_compat.h).
 __device__ __forceinline__ uint16_t stat_of(const uint16_t* reduced, uint32_t j, size_t word) {
   return load_global(reduced + stat_word(j, word));
+}
+// Super-group j's summed all-zero count (summed_all_zero()), its count word loaded.
+__device__ __forceinline__ uint16_t all_zero_of(const uint16_t* reduced, size_t n_sg, uint32_t j,
+                                                int n_workers) {
+  return summed_all_zero(load_global(reduced + zero_count_word(n_sg, j, n_workers)), j, n_workers);
 }
 
 // The energy key (kernels/dynamiq_range.h) of super-group j from its loaded statistics words:
@@ -89,10 +95,12 @@ __device__ __forceinline__ double key_from(uint16_t energy, uint16_t all_zero, u
   return energy_key(energy, contributing_workers(all_zero, n_workers), j);
 }
 
-// The energy key of super-group j: its energy and all-zero words loaded (4 bytes).
-__device__ __forceinline__ double key_of(const uint16_t* reduced, uint32_t j, int n_workers) {
-  return key_from(stat_of(reduced, j, kStatEnergy), stat_of(reduced, j, kStatAllZero), j,
-                  n_workers);
+// The energy key of super-group j of plan `p`: its energy and all-zero count words loaded (4
+// bytes).
+__device__ __forceinline__ double key_of(const DynamiqPlan& p, const uint16_t* reduced,
+                                         uint32_t j) {
+  return key_from(stat_of(reduced, j, kStatEnergy), all_zero_of(reduced, p.n_sg, j, p.n_workers), j,
+                  p.n_workers);
 }
 
 // The host's width_for(): the width of a super-group at threshold offset theta.
@@ -157,23 +165,20 @@ __device__ __forceinline__ void store_header(const DynamiqPlan& p, const LayoutP
 
 // The host's agree_means_and_keys() for super-group j: its mean as the hops subtract it (scaled
 // like its values; non-finite: poisoned) and its scale exponent (0 when poisoned: the host leaves
-// it zeroed). Returns its energy key (negative: poisoned). Its three statistics words are loaded
-// once (6 bytes); `mean` and `exponent` are the caller's registers.
+// it zeroed). Returns its energy key (negative: poisoned). Its statistics words are loaded once
+// (mean, energy and its count word: 6 bytes); `mean` and `exponent` are the caller's registers.
 __device__ __forceinline__ double supergroup_mean(const DynamiqPlan& p, const uint16_t* reduced,
                                                   uint32_t j, float* mean, int8_t* exponent) {
-  const uint16_t w[kStatsWordsPerSupergroup] = {stat_of(reduced, j, kStatMean),
-                                                stat_of(reduced, j, kStatEnergy),
-                                                stat_of(reduced, j, kStatAllZero)};
-  const float mu =
-      bf16_to_f32(w[kStatMean]) / static_cast<float>(p.n_workers);  // before subtraction
-  const double key = key_from(w[kStatEnergy], w[kStatAllZero], j, p.n_workers);
+  const uint16_t mean_word = stat_of(reduced, j, kStatMean);
+  const uint16_t all_zero = all_zero_of(reduced, p.n_sg, j, p.n_workers);
+  const float mu = bf16_to_f32(mean_word) / static_cast<float>(p.n_workers);  // before subtraction
+  const double key = key_from(stat_of(reduced, j, kStatEnergy), all_zero, j, p.n_workers);
   if (key < 0.0) {
     *mean = non_finite(mu) ? mu : f32_from_bits(0x7fc00000u);
     *exponent = 0;
     return key;
   }
-  // supergroup_dense() of the loaded words (super-group 0 of the array w).
-  const bool subtract = p.mean_subtraction && supergroup_dense(w, 0) && !non_finite(mu);
+  const bool subtract = p.mean_subtraction && supergroup_dense(all_zero) && !non_finite(mu);
   const int8_t e = scale_exponent(key);
   *exponent = e;
   *mean = subtract ? (e == 0 ? mu : mu * pow2f(e)) : 0.0f;
@@ -224,7 +229,7 @@ __device__ void layout_header_and_means(const DynamiqPlan& p, const DynamiqSecti
   // The width keys, computed once (the bisection reads them ~31 times): parked in by_index, which
   // phase 5 writes only after the widths are final (barriers between).
   for (uint32_t j = t; j < static_cast<uint32_t>(p.n_sg); j += nt) {
-    const double key = key_of(reduced, j, p.n_workers);
+    const double key = key_of(p, reduced, j);
     store_global(l.by_index + j, key < 0.0 ? kPoisonedKey : f32_bits(width_key(key, shift)));
   }
 }

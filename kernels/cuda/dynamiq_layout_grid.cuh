@@ -314,7 +314,7 @@ __device__ __forceinline__ void extent_of_block(const GridBlock& gb, unsigned lo
   const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   unsigned long long largest = 0, poisoned = 0;
   if (j < p.n_sg) {
-    const double key = key_of(reduced, j, p.n_workers);
+    const double key = key_of(p, reduced, j);
     largest = key_magnitude(key);
     poisoned = key < 0.0 ? 1 : 0;
   }
@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(kGridThreads)
   __syncthreads();
   const uint32_t j = gb.block * kGridThreads + threadIdx.x;
   if (j < p.n_sg) {
-    const double key = key_of(reduced, j, p.n_workers);
+    const double key = key_of(p, reduced, j);
     const float f = width_key(key, shift);
     store_global(g.b4 + j, breakpoint(key < 0.0, f, 4, p.allow_width16));
     store_global(g.b8 + j, breakpoint(key < 0.0, f, 8, p.allow_width16));

@@ -246,8 +246,8 @@ inline Status launch_stats(const StepParams& k, const ConstTensor& x, uint16_t* 
                            const unsigned* flags, cudaStream_t stream) {
   if (k.family == Family::kBaseline) return Status::kOk;  // stats_words() is 0: nothing to do
   DQ_CHECK(check_stats(k.dynamiq.plan, x));
-  const cudaError_t e = cuda::launch_supergroup_stats(x.data, x.dtype == DType::kBF16, x.count,
-                                                      stats, stream, 0, flags);
+  const cudaError_t e = cuda::launch_supergroup_stats(
+      x.data, x.dtype == DType::kBF16, x.count, k.dynamiq.plan.n_workers, stats, stream, 0, flags);
   return step_status(e, 0, "statistics");
 }
 
@@ -305,7 +305,8 @@ struct PartBatch {
   bool stats = false;  // the statistics run as one batch launch (else part by part)
   std::vector<cuda::StatsJob> stats_jobs;
   unsigned long long stats_tiles = 0;
-  bool layouts = false;  // the layouts run as one step of batch launches (else part by part)
+  int stats_workers = 0;  // the workers every part's statistics are summed over
+  bool layouts = false;   // the layouts run as one step of batch launches (else part by part)
   cuda::LayoutBatch layout_batch;
   size_t layout_table = 0;           // where the layout batch's table starts in the table, bytes
   std::vector<unsigned char> image;  // the table's bytes: the stats jobs, then (8-byte aligned)
@@ -314,7 +315,8 @@ struct PartBatch {
 
 // Plans `parts`' batches; `kernels(codec, &k)` gives a prepared codec's kernel parameters and
 // whether kernels serve it. The statistics batch when every part that has statistics is a
-// DynamiQ codec with kernels (the only codec with statistics; any other leaves it part by part).
+// DynamiQ codec with kernels (the only codec with statistics; any other leaves it part by part)
+// summed over the same workers.
 template <class Kernels>
 void plan_part_batch(const PreparedParts& parts, Kernels&& kernels, PartBatch* out) {
   *out = PartBatch{};
@@ -323,10 +325,12 @@ void plan_part_batch(const PreparedParts& parts, Kernels&& kernels, PartBatch* o
     if (part.stats_codec == nullptr) continue;
     StepParams k;
     if (!kernels(*part.stats_codec, &k) || k.family != Family::kDynamiq ||
-        k.dynamiq.plan.count != part.count) {
+        k.dynamiq.plan.count != part.count ||
+        (out->stats_workers != 0 && k.dynamiq.plan.n_workers != out->stats_workers)) {
       out->stats = false;
       break;
     }
+    out->stats_workers = k.dynamiq.plan.n_workers;
     out->stats_jobs.push_back(cuda::StatsJob{part.offset, part.count, part.stats, 0});
   }
   if (!out->stats) out->stats_jobs.clear();
@@ -389,9 +393,9 @@ inline const BatchedParts* layout_batch(const PreparedParts& parts) {
 inline Status launch_part_stats(const PartBatch& batch, const void* table, const void* input,
                                 bool bf16, const unsigned* flags, cudaStream_t stream) {
   const auto* jobs = static_cast<const cuda::StatsJob*>(table);  // the table opens with them
-  const cudaError_t e =
-      cuda::launch_supergroup_stats_batch(jobs, static_cast<int>(batch.stats_jobs.size()),
-                                          batch.stats_tiles, input, bf16, stream, 0, flags);
+  const cudaError_t e = cuda::launch_supergroup_stats_batch(
+      jobs, static_cast<int>(batch.stats_jobs.size()), batch.stats_tiles, input, bf16,
+      batch.stats_workers, stream, 0, flags);
   return step_status(e, 0, "statistics");
 }
 

@@ -195,7 +195,7 @@ void prepare(Call* c) {
     const std::vector<float> x = gpubench::make_values(c->count, 11 + r);
     DQ_BENCH_CHECK(cudaMemcpy(c->own[r], x.data(), bytes, cudaMemcpyHostToDevice));
     for (const Block& b : c->blocks)
-      DQ_BENCH_CHECK(launch_supergroup_stats(c->own[r] + b.begin, false, b.count,
+      DQ_BENCH_CHECK(launch_supergroup_stats(c->own[r] + b.begin, false, b.count, kWorkers,
                                              c->d_stats + r * words + b.stats_off, nullptr));
   }
   // The statistics' all-reduce, on the host: the BF16 sum of both ranks' words.
@@ -249,7 +249,7 @@ void enqueue(const Call& c, Kind kind) {
   const bool all = kind == Kind::kCall;
   if (all || kind == Kind::kStats)
     for (const Block& b : c.blocks)
-      DQ_BENCH_CHECK(launch_supergroup_stats(c.own[0] + b.begin, false, b.count,
+      DQ_BENCH_CHECK(launch_supergroup_stats(c.own[0] + b.begin, false, b.count, kWorkers,
                                              c.d_stats + b.stats_off, nullptr, 0, c.d_error));
   if (all || kind == Kind::kBudget)
     DQ_BENCH_CHECK(launch_budget(c.job, c.d_reduced, c.budget_scratch, budget_scratch_bytes(*c.job),

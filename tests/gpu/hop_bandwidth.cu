@@ -94,7 +94,7 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
   // Statistics of both workers on the device, summed on the host as the all-reduce would.
   for (int r = 0; r < 2; ++r)
     DQ_BENCH_CHECK(
-        launch_supergroup_stats(b->own[r], b->bf16, b->count, b->d_stats + r * words, nullptr));
+        launch_supergroup_stats(b->own[r], b->bf16, b->count, 2, b->d_stats + r * words, nullptr));
   std::vector<uint16_t> stats(2 * words), reduced(words);
   DQ_BENCH_CHECK(cudaMemcpy(stats.data(), b->d_stats, stats.size() * sizeof(uint16_t),
                             cudaMemcpyDeviceToHost));
@@ -142,7 +142,7 @@ Ratios measure(const Bench& b, int iterations) {
       iterations);
   const double t_stats = timer.seconds_per_round(
       [&] {
-        DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], b.bf16, b.count, b.d_stats, nullptr));
+        DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], b.bf16, b.count, 2, b.d_stats, nullptr));
       },
       iterations);
   // Each round rebuilds the same layout bytes from the same reduced statistics (its table

@@ -37,8 +37,39 @@ class Mismatch(Exception):
     pass
 
 
-# Statistics words per super-group (docs/FORMAT.md): mean, sum of squares, all zero.
-STATS_WORDS = 3
+# Statistics (docs/FORMAT.md): per super-group a mean and a sum of squares, then the all-zero
+# counts packed several to a word.
+PAIR_WORDS = 2
+
+
+def count_digit_bits(n):
+    """Bits of one all-zero count: enough for 0 .. n."""
+    bits = 1
+    while (1 << bits) <= n:
+        bits += 1
+    return bits
+
+
+def counts_per_word(n):
+    bits = count_digit_bits(n)
+    return 8 if bits == 1 else 4 if bits == 2 else 2 if bits <= 4 else 1
+
+
+def stats_words(S, n):
+    k = counts_per_word(n)
+    return PAIR_WORDS * S + -(-S // k)
+
+
+def all_zero_count(stats, S, j, n):
+    """Super-group j's summed all-zero count (a float; NaN for a bad word)."""
+    k = counts_per_word(n)
+    v = bf16(stats[PAIR_WORDS * S + j // k])
+    if k == 1:
+        return v
+    if not (0.0 <= v <= 255.0) or v != int(v):
+        return float("nan")
+    bits = count_digit_bits(n)
+    return float((int(v) >> (bits * (j % k))) & ((1 << bits) - 1))
 
 def expect(cond, what):
     if not cond:
@@ -138,7 +169,7 @@ class DynamiqLayout:
         R = {w: record_bytes(w) for w in (2, 4, 8, 16)}
         self.R = R
         r_max = R[16]
-        by_budget = max(0, (math.floor(b * self.count / 8) - 2 * STATS_WORDS * S)) // self.P
+        by_budget = max(0, (math.floor(b * self.count / 8) - 2 * stats_words(S, self.n))) // self.P
         honest_need = HEADER_BYTES + r_max - 1 + max(1, -(-R[2] * S // self.P))
         if by_budget >= honest_need:
             self.capacity = by_budget
@@ -146,13 +177,14 @@ class DynamiqLayout:
             self.capacity = HEADER_BYTES + r_max - 1 + max(1, -(-r_max * S // self.P))
         self.honest = by_budget >= honest_need
         self.stride = self.capacity - HEADER_BYTES - r_max + 1
-        W = STATS_WORDS
-        expect(len(stats) == W * S, f"{len(stats)} statistics words, expected {W * S}")
+        W = PAIR_WORDS
+        expect(len(stats) == stats_words(S, self.n),
+               f"{len(stats)} statistics words, expected {stats_words(S, self.n)}")
         n = F32(self.n)
         raw_mu = [bf16(stats[W * j]) / n for j in range(S)]
         self.poisoned = [not np.isfinite(m) for m in raw_mu]
-        # The mean is subtracted only where no worker's super-group is all zero (word 2 sums to 0).
-        dense = [(int(stats[W * j + 2]) & 0x7FFF) == 0 for j in range(S)]
+        # The mean is subtracted only where no worker's super-group is all zero (its count is 0).
+        dense = [all_zero_count(stats, S, j, self.n) == 0.0 for j in range(S)]
         self.mu = [m if (d or not np.isfinite(m)) else F32(0) for m, d in zip(raw_mu, dense)]
         energy = []
         for j in range(S):

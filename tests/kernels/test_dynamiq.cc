@@ -1,6 +1,7 @@
 // DynamiQ codec tests: each assertion targets a defect that would corrupt or bias a training run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_layout.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/dynamiq_range.h"
 #include "kernels/host_isa.h"
 #include "kernels/payload.h"
 #include "kernels/philox.h"
@@ -376,7 +378,7 @@ TEST(Budget, CapacityIsFixedBeforeDataAndFitsTheBudget) {
         std::vector<uint16_t> stats(c->stats_words());
         for (int trial = 0; trial < 4; ++trial) {
           std::lognormal_distribution<float> spread(0.0f, trial * 3.0f);
-          for (size_t j = 0; j < stats.size() / kStatsWordsPerSupergroup; ++j) {
+          for (size_t j = 0; j < (count + 255) / 256; ++j) {
             stats[stat_word(j, kStatMean)] = f32_to_bf16_rne(0.0f);
             stats[stat_word(j, kStatEnergy)] =
                 f32_to_bf16_rne(trial == 3 ? (j % 2 ? 1e30f : 0.0f) : spread(gen));
@@ -473,6 +475,80 @@ TEST(Allocation, CutSlackIsKeptOncePerCutNotPerMessage) {
       }
 }
 
+// The all-zero counts share words (FORMAT.md): summed as the all-reduce sums them, one BF16
+// rounding an addition, in any order, every super-group's digit is its count of workers with all
+// values zero, exactly, for every worker count; and the statistics take fewer words than three a
+// super-group up to 15 workers. A bad summed word reads as not dense with every worker.
+TEST(Statistics, AllZeroCountsSumExactlyInAnyOrder) {
+  std::mt19937 gen(5);
+  for (int workers : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 40}) {
+    const size_t count = 256 * 37 + 5;  // a partial last super-group; a partial last word
+    const size_t n_sg = (count + 255) / 256;
+    auto c = codec("dynamiq:5");
+    ASSERT_EQ(c->plan(count, 2, workers), Status::kOk);
+    ASSERT_EQ(c->stats_words(), stats_words(n_sg, workers));
+    if (workers < 16) {
+      EXPECT_LT(c->stats_words(), 3 * n_sg);
+    } else {
+      EXPECT_EQ(c->stats_words(), 3 * n_sg);
+    }
+    std::vector<std::vector<uint16_t>> local(static_cast<size_t>(workers));
+    std::vector<int> zeros(n_sg, 0);
+    std::vector<float> x(count);
+    for (int w = 0; w < workers; ++w) {
+      for (size_t j = 0; j < n_sg; ++j) {
+        const bool all_zero = gen() % 3 == 0 || (j == 5 && w < workers - 1);
+        zeros[j] += all_zero ? 1 : 0;
+        for (size_t k = 256 * j; k < std::min(count, 256 * j + 256); ++k)
+          x[k] = all_zero ? (k % 2 ? -0.0f : 0.0f) : (k % 7 == j % 7 ? 1.5f : 0.0f);
+      }
+      local[static_cast<size_t>(w)].resize(c->stats_words());
+      ASSERT_EQ(
+          c->local_stats({x.data(), DType::kF32, count}, local[static_cast<size_t>(w)].data()),
+          Status::kOk);
+    }
+    // Forward, reverse and a pairwise tree, each addition rounded to BF16.
+    auto add = [](uint16_t a, uint16_t b) {
+      return f32_to_bf16_rne(bf16_to_f32(a) + bf16_to_f32(b));
+    };
+    std::vector<std::vector<uint16_t>> sums;
+    for (int order = 0; order < 3; ++order) {
+      std::vector<std::vector<uint16_t>> v = local;
+      if (order == 1) std::reverse(v.begin(), v.end());
+      while (v.size() > 1) {
+        std::vector<std::vector<uint16_t>> next;
+        for (size_t i = 0; i < v.size(); i += order == 2 ? 2 : v.size()) {
+          std::vector<uint16_t> acc = v[i];
+          const size_t end = order == 2 ? std::min(v.size(), i + 2) : v.size();
+          for (size_t k = i + 1; k < end; ++k)
+            for (size_t t = 0; t < acc.size(); ++t) acc[t] = add(acc[t], v[k][t]);
+          next.push_back(acc);
+        }
+        v = next;
+      }
+      sums.push_back(v[0]);
+    }
+    for (const auto& reduced : sums)
+      for (size_t j = 0; j < n_sg; ++j) {
+        const SupergroupStatWords w = supergroup_stat_words(reduced.data(), n_sg, j, workers);
+        ASSERT_EQ(bf16_to_f32(w.all_zero), static_cast<float>(zeros[j]))
+            << workers << " workers, super-group " << j;
+        EXPECT_EQ(supergroup_dense(w.all_zero), zeros[j] == 0);
+        EXPECT_EQ(contributing_workers(w.all_zero, workers),
+                  zeros[j] < workers ? workers - zeros[j] : workers);
+      }
+    if (zero_counts_per_word(workers) > 1) {
+      std::vector<uint16_t> bad = sums[0];
+      for (uint16_t word : {uint16_t{0x3f00}, uint16_t{0x4380}, uint16_t{0x7fc0}}) {  // 0.5, 256
+        bad[zero_count_word(n_sg, 0, workers)] = word;
+        const SupergroupStatWords w = supergroup_stat_words(bad.data(), n_sg, 0, workers);
+        EXPECT_FALSE(supergroup_dense(w.all_zero)) << word;
+        EXPECT_EQ(contributing_workers(w.all_zero, workers), workers) << word;
+      }
+    }
+  }
+}
+
 TEST(Determinism, SameKeySameBytesDifferentSeedDifferentBytes) {
   auto c = codec("dynamiq:5");
   auto x = gaussian(10000, 4);
@@ -536,7 +612,13 @@ TEST(ElementBase, ABlockEncodesLikeItsPartOfTheWholeTensor) {
     for (const auto& r : rows) tails.emplace_back(r.begin() + block, r.end());
     auto w_stats = reduce_stats(*w, rows);
     auto b_stats = reduce_stats(*b, tails);
-    ASSERT_TRUE(std::equal(b_stats.begin(), b_stats.end(), w_stats.begin() + b_stats.size()));
+    // The block's means and energies, then its all-zero count words, are the whole tensor's
+    // second half of each (the block starts a count word).
+    const size_t b_sg = block / 256, w_sg = whole / 256, b_counts = b_stats.size() - 2 * b_sg;
+    ASSERT_TRUE(
+        std::equal(b_stats.begin(), b_stats.begin() + 2 * b_sg, w_stats.begin() + 2 * b_sg));
+    ASSERT_TRUE(std::equal(b_stats.begin() + 2 * b_sg, b_stats.end(),
+                           w_stats.begin() + 2 * w_sg + b_counts));
     ASSERT_EQ(w->agree(w_stats.data(), 8), Status::kOk);
     ASSERT_EQ(b->agree(b_stats.data(), 8), Status::kOk);
     const int bits = dynamiq_layout(*b).widths[0];
@@ -660,7 +742,7 @@ TEST(DeviceMath, HostRecordMatchesPointwiseReference) {
     const uint8_t* rec = out.data() + kChunkHeaderBytes;
     for (size_t i = 0; i < view.n_supergroups; ++i, rec += record_bytes(bits, true)) {
       const uint32_t j = view.order[i];
-      const float mu = supergroup_dense(stats.data(), j)
+      const float mu = supergroup_dense(supergroup_stat_words(stats.data(), n / 256, j, 5).all_zero)
                            ? bf16_to_f32(stats[stat_word(j, kStatMean)]) / 5.0f
                            : 0.0f;
       float v[256], sgmax = 0, gmax[16] = {0};
@@ -734,9 +816,11 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
       const uint8_t* rec_in = leaf.data() + offset;
       const uint8_t* rec = out.data() + offset;
       offset += record_bytes(bits, true);
-      const float mu = bits == 16 || !supergroup_dense(stats.data(), j)
-                           ? 0.0f
-                           : bf16_to_f32(stats[stat_word(j, kStatMean)]) / 3.0f;
+      const float mu =
+          bits == 16 ||
+                  !supergroup_dense(supergroup_stat_words(stats.data(), n / 256 + 1, j, 3).all_zero)
+              ? 0.0f
+              : bf16_to_f32(stats[stat_word(j, kStatMean)]) / 3.0f;
       float v[256];
       for (int k = 0; k < 256; ++k) {
         const size_t e = j * 256ull + k;

@@ -347,9 +347,14 @@ TEST(BudgetModel, NonFiniteStatisticsGiveNoPrediction) {
     stats[stat_word(3, kStatMean)] = bad;
     EXPECT_TRUE(s.load(stats.data(), c.d, 4, c.hop.view())) << bad;
   }
-  for (uint16_t bad : {uint16_t{0x7fc0}, uint16_t{0x7f80}, uint16_t{0xff80}}) {
+  // The packed count word of super-groups 2 and 3 (4 workers: two to a word): non-finite, not an
+  // integer (0.5), or above the 8 bits two counts can sum to (384).
+  const size_t n_sg = (c.d + 255) / 256;
+  ASSERT_EQ(zero_counts_per_word(4), 2);
+  for (uint16_t bad :
+       {uint16_t{0x7fc0}, uint16_t{0x7f80}, uint16_t{0xff80}, uint16_t{0x3f00}, uint16_t{0x43c0}}) {
     std::vector<uint16_t> stats = c.stats;
-    stats[stat_word(3, kStatAllZero)] = bad;
+    stats[zero_count_word(n_sg, 3, 4)] = bad;
     EXPECT_TRUE(s.load(stats.data(), c.d, 4, c.hop.view())) << bad;
     // 4 of 4 contributors already; the mean then counts as rounded in the same total.
     EXPECT_NEAR(s.mx_error(kRoundingErrorMxfp8), dense, 1e-12 * dense) << bad;

@@ -853,19 +853,18 @@ size_t same_as_simulator(const std::string& bytes, size_t count, bool bf16, cons
 // The engine's wire bytes for one compressed reduce-scatter of `recv` elements per rank, as
 // dynamiqCommBytes counts them, and the bound they must stay under. Each pipeline block of
 // the rank block (reduce_scatter_block_elems) has one codec per chunk, planned with
-// plan(C_b, 1 chunk, n): a chunk message of cap_b = floor(5 C_b / 8) - 2 W g_b bytes (g_b =
-// ceil(C_b / 256) super-groups, whose W = kStatsWordsPerSupergroup BF16 statistics words take
-// the rest of the budget), and every rank sends n - 1 of them per block. The statistics
-// all-reduce (every rank block's words, S = n sum_b W g_b) plus one control word are counted as a
-// ring sends them: (4 S + 4)(n-1)/n.
+// plan(C_b, 1 chunk, n): a chunk message of cap_b = floor(5 C_b / 8) - 2 W_b bytes (W_b =
+// stats_words(ceil(C_b / 256), n) BF16 statistics words take the rest of the budget), and every
+// rank sends n - 1 of them per block. The statistics all-reduce (every rank block's words, S = n
+// sum_b W_b) plus one control word are counted as a ring sends them: (4 S + 4)(n-1)/n.
 // So wire = (n-1) sum_b cap_b + floor((4 S + 4)(n-1)/n)
-//        <= (n-1)/n x (n recv) x 5/8 + 2 W (n-1) sum_b g_b + 4:
+//        <= (n-1)/n x (n recv) x 5/8 + 2 (n-1) sum_b W_b + 4:
 // 5 bits per input coordinate on (n-1)/n of the input, plus the statistics.
 void scatter_wire_bytes(size_t recv, size_t esize, int n, uint64_t block_bytes, uint64_t* expected,
                         double* bound) {
   const size_t block = dq::sim::reduce_scatter_block_elems(block_bytes, esize, n);
   const size_t n_blocks = std::max<size_t>(1, recv / block);
-  uint64_t caps = 0, words = 0, groups = 0;
+  uint64_t caps = 0, words = 0;
   for (size_t b = 0; b < n_blocks; ++b) {
     const size_t count = b + 1 == n_blocks ? recv - b * block : block;
     std::string err;
@@ -873,12 +872,11 @@ void scatter_wire_bytes(size_t recv, size_t esize, int n, uint64_t block_bytes, 
     codec->plan(count, 1, n);
     caps += codec->chunk_capacity();
     words += codec->stats_words();
-    groups += (count + 255) / 256;
   }
   const uint64_t nn = static_cast<uint64_t>(n);
   *expected = (nn - 1) * caps + (4 * nn * words + 4) * (nn - 1) / nn;
   *bound = (n - 1.0) / n * static_cast<double>(nn * recv) * 5.0 / 8.0 +
-           2.0 * dq::kStatsWordsPerSupergroup * (n - 1) * static_cast<double>(groups) + 4.0;
+           2.0 * (n - 1) * static_cast<double>(words) + 4.0;
 }
 
 constexpr size_t kScatterRecv = 50001;  // odd: rank blocks start off super-group boundaries

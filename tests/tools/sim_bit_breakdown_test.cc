@@ -22,6 +22,7 @@ struct Outcome {
   SimResult result;
   double bits_per_coord = 0;
   size_t capacity = 0, stats_words = 0;
+  int workers = 0;
 };
 
 // One all-reduce of synthetic gradients, then the breakdown and the per-width error.
@@ -51,6 +52,7 @@ Outcome run(const std::string& spec, topo::Kind kind, int n, size_t cols, double
   out.bits_per_coord = codec->bits_per_coord();
   out.capacity = codec->chunk_capacity();
   out.stats_words = codec->stats_words();
+  out.workers = n;
   return out;
 }
 
@@ -70,7 +72,9 @@ void expect_consistent(const Outcome& r, double budget, const std::string& what)
     // The budget is rounded down to whole bytes, then split into P equal whole-byte messages.
     EXPECT_LT(b.unallocated, 8.0 * (1 + b.chunks));
   }
-  EXPECT_EQ(b.statistics, 16u * kStatsWordsPerSupergroup * b.supergroups);
+  // Two words a super-group, and its all-zero count packed with others' (FORMAT.md).
+  const uint64_t per = static_cast<uint64_t>(zero_counts_per_word(r.workers));
+  EXPECT_EQ(b.statistics, 16u * (2 * b.supergroups + (b.supergroups + per - 1) / per));
   EXPECT_EQ(b.headers, 128u * static_cast<uint64_t>(b.chunks));
   // Shares of super-groups and of the error add up to 1; the error is the simulator's.
   size_t sgs = 0;

@@ -25,7 +25,7 @@ struct BitBreakdown {
   uint64_t values = 0;         // element codes (width 16: the BF16 values) of real elements
   uint64_t group_factors = 0;  // UINT8 group factors (flat scales: the BF16 group scales)
   uint64_t units = 0;          // BF16 super-group units (hierarchical scales only)
-  uint64_t statistics = 0;     // the statistics all-reduce (kStatsWordsPerSupergroup BF16 / SG)
+  uint64_t statistics = 0;     // the statistics all-reduce (stats_words() BF16 words)
   uint64_t headers = 0;        // 16-byte chunk headers
   uint64_t padding = 0;        // record bits that cover no element (a partial last super-group)
   uint64_t slack = 0;          // chunk message capacity after the body, unused

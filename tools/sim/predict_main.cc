@@ -362,7 +362,11 @@ int compare_auto(const PredictArgs& a, const dq::topo::Schedule& sched, const Bu
   Measured me, five;
   if (!measured.get(spec, &me) || !measured.get("dynamiq:5", &five)) return 1;
   // An MX bucket of the engine also all-reduces its statistics every 8th call.
-  if (dq::candidate_is_mx(pred.rung)) me.bits += 16.0 * dq::kStatsWordsPerSupergroup / 256.0 / 8.0;
+  if (dq::candidate_is_mx(pred.rung)) {
+    const size_t n_sg = (bk.count + 255) / 256;
+    me.bits += 16.0 * static_cast<double>(dq::stats_words(n_sg, sched.n_workers)) /
+               static_cast<double>(bk.count) / 8.0;
+  }
   auto j = bucket_row(bk, "auto", spec);
   j["target"] = dq::budget_target_name(a.target);
   j["target_vnmse"] = pred.target;

@@ -66,9 +66,13 @@ SCHEMES = {
     "auto-mxfp8": ("auto:mxfp8", "ring"),
 }
 # Bits per coordinate an MX call of auto adds: the engine all-reduces an MX bucket's statistics
-# (3 BF16 words per 256 values: 3/16 bit per coordinate) every 8th call, to keep its prediction
-# current.
-AUTO_MX_STATS_BITS = 0.1875 / 8
+# every 8th call, to keep its prediction current. The statistics (docs/FORMAT.md): 2 BF16 words
+# per 256 values and the all-zero counts, k super-groups to a word (k = 8, 4, 2, 2 for counts of
+# 1, 2, 3 and 4 bits, else 1).
+def auto_mx_stats_bits(n):
+    k = {1: 8, 2: 4, 3: 2, 4: 2}.get(max(1, n.bit_length()), 1)
+    return (2 + 1 / k) * 16 / 256 / 8
+
 
 # Per-size defaults; an explicit flag overrides them. "full" is sized so that the 42 runs
 # (7 schemes x n = 4, 16 x 3 seeds) take under 60 minutes on an idle 2-core machine.
@@ -432,7 +436,7 @@ class Trainer:
                                           average=True, out=mean)
                 bits, wire = stats["bits_per_coord"], stats["wire_bits_per_coord"]
                 if auto_target:
-                    extra = AUTO_MX_STATS_BITS if step_codec.startswith("mx") else 0.0
+                    extra = auto_mx_stats_bits(n) if step_codec.startswith("mx") else 0.0
                     auto_bits.append(bits + extra)
                     auto_wire.append(wire + extra * 2.0 * (n - 1) / n)
                     auto_codecs[step_codec] = auto_codecs.get(step_codec, 0) + 1

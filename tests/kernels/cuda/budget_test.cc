@@ -15,6 +15,7 @@
 #include "kernels/codec.h"
 #include "kernels/cuda/budget.h"
 #include "kernels/dynamiq_codec.h"
+#include "tests/kernels/cuda/layout_stats.h"
 #include "topo/schedule.h"
 
 namespace dq::cuda {
@@ -29,10 +30,11 @@ uint64_t bits(double d) {
 // Reduced statistics of `n_sg` super-groups as the all-reduce leaves them: summed means, summed
 // sums of squares and all-zero counts (BF16), super-group scales spread over `decades` orders of
 // magnitude, some super-groups all zero, counts anywhere in 1 .. n_workers and now and then out
-// of range (a bad peer word: NaN, negative, above n).
+// of range (a bad peer word).
 void append_stats(size_t n_sg, int n_workers, double decades, std::mt19937* rng,
                   std::vector<uint16_t>* out) {
   std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<unsigned> counts(n_sg);
   for (size_t j = 0; j < n_sg; ++j) {
     const double scale = std::pow(10.0, decades * normal(*rng) / 2.0);
     const bool zero = (*rng)() % 16 == 0;
@@ -41,14 +43,9 @@ void append_stats(size_t n_sg, int n_workers, double decades, std::mt19937* rng,
         zero ? 0.0 : 256.0 * n_workers * scale * scale * (1.0 + 0.1 * normal(*rng));
     out->push_back(f32_to_bf16_rne(static_cast<float>(mean)));
     out->push_back(f32_to_bf16_rne(static_cast<float>(std::fabs(energy))));
-    const uint32_t pick = (*rng)() % 64;
-    const float count = zero        ? 0.0f
-                        : pick == 0 ? std::nanf("")
-                        : pick == 1 ? -1.0f
-                        : pick == 2 ? static_cast<float>(n_workers + 3)
-                                    : static_cast<float>(1 + (*rng)() % n_workers);
-    out->push_back(f32_to_bf16_rne(count));
+    counts[j] = zero ? 0u : 1u + (*rng)() % static_cast<unsigned>(n_workers);
   }
+  test::append_count_words(counts, n_workers, rng, out);
 }
 
 DynamiqPlan plan_of(const char* spec, size_t count, int chunks, int n_workers) {
@@ -238,7 +235,7 @@ TEST(CudaBudget, HundredsOfPartsMatchHost) {
   ASSERT_EQ(host.state, kBudgetPredicted);
   expect_same(host, on_device(call), "144 parts");
   // A poisoned super-group in one of the last parts: no prediction, as on the host.
-  call.stats[call.parts[140].stats_offset + stat_word(2, kStatEnergy)] = 0x7fc0;
+  call.stats[call.parts[140].stats_offset + stat_word(1, kStatEnergy)] = 0x7fc0;  // of 2
   run_budget_job(call.job, call.stats.data(), &host);
   EXPECT_EQ(host.state, kBudgetNoPrediction);
   EXPECT_EQ(on_device(call).state, kBudgetNoPrediction);

@@ -9,8 +9,30 @@
 #include <vector>
 
 #include "kernels/bf16.h"
+#include "kernels/dynamiq_layout.h"
 
 namespace dq::cuda::test {
+
+// Summed all-zero count words (kernels/dynamiq_layout.h) of super-groups whose counts are
+// `counts`, appended to `out`; now and then (about 1 word in 16) a bad one, as a peer's bad word
+// would be: NaN, negative, above n where one count is a word, and where several share it not an
+// integer or above 8 bits.
+inline void append_count_words(const std::vector<unsigned>& counts, int n_workers,
+                               std::mt19937* rng, std::vector<uint16_t>* out) {
+  const int per = zero_counts_per_word(n_workers), bits = zero_count_bits(n_workers);
+  for (size_t first = 0; first < counts.size(); first += static_cast<size_t>(per)) {
+    unsigned value = 0;
+    for (int i = 0; i < per && first + i < counts.size(); ++i)
+      value += counts[first + i] << (bits * i);
+    const uint32_t pick = (*rng)() % 64;
+    const float word = pick == 0   ? std::nanf("")
+                       : pick == 1 ? -1.0f
+                       : pick == 2 ? (per == 1 ? static_cast<float>(n_workers + 3) : 300.0f)
+                       : pick == 3 && per > 1 ? static_cast<float>(value) + 0.5f
+                                              : static_cast<float>(value);
+    out->push_back(f32_to_bf16_rne(word));
+  }
+}
 
 // Reduced statistics of n_sg super-groups: scales over `decades` orders of magnitude, some all
 // zero, some poisoned (an Inf or NaN energy) where `poison`, zero counts now and then out of range.
@@ -19,6 +41,7 @@ inline std::vector<uint16_t> make_stats(size_t n_sg, int n_workers, double decad
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::vector<uint16_t> out;
+  std::vector<unsigned> counts(n_sg);
   for (size_t j = 0; j < n_sg; ++j) {
     const double scale = std::pow(10.0, decades * normal(rng) / 2.0);
     const bool zero = rng() % 16 == 0;
@@ -28,12 +51,9 @@ inline std::vector<uint16_t> make_stats(size_t n_sg, int n_workers, double decad
     uint16_t e = f32_to_bf16_rne(static_cast<float>(std::fabs(energy)));
     if (poison && rng() % 97 == 0) e = rng() % 2 ? 0x7fc0 : 0x7f80;
     out.push_back(e);
-    const uint32_t pick = rng() % 64;
-    const float count = zero        ? 0.0f
-                        : pick == 0 ? static_cast<float>(n_workers + 3)
-                                    : static_cast<float>(rng() % n_workers);
-    out.push_back(f32_to_bf16_rne(count));
+    counts[j] = zero ? 0u : static_cast<unsigned>(rng() % static_cast<unsigned>(n_workers));
   }
+  append_count_words(counts, n_workers, &rng, &out);
   return out;
 }
 

@@ -1,7 +1,8 @@
 // kernels/cuda/stats.cu under the CUDA emulation against the host codec's statistics
 // (DynamiqCodec::local_stats), word for word (a NaN word only as a NaN): FP32 and BF16 inputs,
 // counts that leave a partial last super-group and a partial last tile, zeros, denormals,
-// overflowing squares, NaN / Inf (poisoned super-groups), one block to many blocks.
+// overflowing squares, NaN / Inf (poisoned super-groups), one block to many blocks, and worker
+// counts that pack 8, 4, 2 and 1 all-zero counts a word.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,9 +66,12 @@ std::vector<float> make_values(size_t count, uint32_t seed) {
   return x;
 }
 
-std::vector<uint16_t> host_stats(const void* x, DType dtype, size_t count) {
+// Worker counts whose all-zero counts pack 8, 4, 2, 2 and 1 to a word.
+const int kWorkerCounts[] = {1, 3, 5, 15, 16};
+
+std::vector<uint16_t> host_stats(const void* x, DType dtype, size_t count, int workers = 1) {
   auto codec = make_dynamiq_codec(DynamiqOptions{});
-  EXPECT_EQ(codec->plan(count, 1, 1), Status::kOk);
+  EXPECT_EQ(codec->plan(count, 1, workers), Status::kOk);
   std::vector<uint16_t> stats(codec->stats_words(), 0x1234);
   EXPECT_EQ(codec->local_stats(ConstTensor{x, dtype, count}, stats.data()), Status::kOk);
   return stats;
@@ -82,13 +86,18 @@ bool is_nan(uint16_t w) {
 // the first's), so even two host builds may differ there, and a GPU returns the canonical NaN.
 // Every other word, Inf and -0 included, must be identical.
 void expect_same(const std::vector<uint16_t>& host, const std::vector<uint16_t>& dev,
-                 const char* what, size_t count, int blocks) {
+                 const char* what, size_t count, int blocks, int workers = 1) {
   ASSERT_EQ(host.size(), dev.size());
+  const size_t pairs = kStatPairWords * ((count + 255) / 256);
   for (size_t i = 0; i < host.size(); ++i) {
     if (is_nan(host[i]) && is_nan(dev[i])) continue;
-    ASSERT_EQ(host[i], dev[i]) << what << " count " << count << " blocks " << blocks
-                               << ": super-group " << i / kStatsWordsPerSupergroup << " word "
-                               << i % kStatsWordsPerSupergroup;
+    if (i < pairs)
+      ASSERT_EQ(host[i], dev[i]) << what << " count " << count << " blocks " << blocks
+                                 << " workers " << workers << ": super-group " << i / kStatPairWords
+                                 << " word " << i % kStatPairWords;
+    else
+      ASSERT_EQ(host[i], dev[i]) << what << " count " << count << " blocks " << blocks
+                                 << " workers " << workers << ": all-zero count word " << i - pairs;
   }
 }
 
@@ -97,12 +106,12 @@ const size_t kCounts[] = {
 
 // The kernel's statistics of x (device copies of x and of the output, as the kernel sees them).
 template <class T>
-cudaError_t device_stats(const std::vector<T>& x, bool bf16, std::vector<uint16_t>* dev,
-                         int blocks) {
+cudaError_t device_stats(const std::vector<T>& x, bool bf16, std::vector<uint16_t>* dev, int blocks,
+                         int workers = 1) {
   const DeviceArray<T> d_x(x);
   const DeviceArray<uint16_t> d_stats(*dev);
   const cudaError_t e =
-      launch_supergroup_stats(d_x.get(), bf16, x.size(), d_stats.get(), nullptr, blocks);
+      launch_supergroup_stats(d_x.get(), bf16, x.size(), workers, d_stats.get(), nullptr, blocks);
   return e != cudaSuccess ? e : d_stats.fetch(*dev);
 }
 
@@ -112,12 +121,12 @@ TEST(CudaStats, PresetErrorWordWritesNothing) {
   for (size_t count : {size_t{257}, size_t{40000}})
     for (int blocks : {1, 0}) {
       const std::vector<float> x = make_values(count, 7);
-      std::vector<uint16_t> dev(kStatsWordsPerSupergroup * ((count + 255) / 256), 0xBEEF);
+      std::vector<uint16_t> dev(stats_words((count + 255) / 256, 1), 0xBEEF);
       unsigned error = 2;  // any failure before this step
       const DeviceArray<float> d_x(x);
       const DeviceArray<uint16_t> d_stats(dev);
       const DeviceArray<unsigned> d_error(&error, 1);
-      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks,
+      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, 1, d_stats.get(), nullptr, blocks,
                                         d_error.get()),
                 cudaSuccess)
           << kernel_fault();
@@ -129,7 +138,7 @@ TEST(CudaStats, PresetErrorWordWritesNothing) {
       // A clear word: the same launch writes every word.
       error = 0;
       const DeviceArray<unsigned> d_clear(&error, 1);
-      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, d_stats.get(), nullptr, blocks,
+      ASSERT_EQ(launch_supergroup_stats(d_x.get(), false, count, 1, d_stats.get(), nullptr, blocks,
                                         d_clear.get()),
                 cudaSuccess);
       ASSERT_EQ(d_stats.fetch(dev), cudaSuccess);
@@ -142,10 +151,12 @@ TEST(CudaStats, Fp32MatchesHostByteForByte) {
   for (size_t count : kCounts)
     for (int blocks : {1, 3, 0}) {
       const std::vector<float> x = make_values(count, seed++);
-      const std::vector<uint16_t> host = host_stats(x.data(), DType::kF32, count);
-      std::vector<uint16_t> dev(host.size(), 0xBEEF);
-      ASSERT_EQ(device_stats(x, false, &dev, blocks), cudaSuccess) << kernel_fault();
-      expect_same(host, dev, "fp32", count, blocks);
+      for (int workers : kWorkerCounts) {
+        const std::vector<uint16_t> host = host_stats(x.data(), DType::kF32, count, workers);
+        std::vector<uint16_t> dev(host.size(), 0xBEEF);
+        ASSERT_EQ(device_stats(x, false, &dev, blocks, workers), cudaSuccess) << kernel_fault();
+        expect_same(host, dev, "fp32", count, blocks, workers);
+      }
     }
 }
 
@@ -156,10 +167,12 @@ TEST(CudaStats, Bf16MatchesHostByteForByte) {
       const std::vector<float> f = make_values(count, seed++);
       std::vector<uint16_t> x(count);
       for (size_t i = 0; i < count; ++i) x[i] = f32_to_bf16_rne(f[i]);
-      const std::vector<uint16_t> host = host_stats(x.data(), DType::kBF16, count);
-      std::vector<uint16_t> dev(host.size(), 0xBEEF);
-      ASSERT_EQ(device_stats(x, true, &dev, blocks), cudaSuccess) << kernel_fault();
-      expect_same(host, dev, "bf16", count, blocks);
+      for (int workers : kWorkerCounts) {
+        const std::vector<uint16_t> host = host_stats(x.data(), DType::kBF16, count, workers);
+        std::vector<uint16_t> dev(host.size(), 0xBEEF);
+        ASSERT_EQ(device_stats(x, true, &dev, blocks, workers), cudaSuccess) << kernel_fault();
+        expect_same(host, dev, "bf16", count, blocks, workers);
+      }
     }
 }
 
@@ -182,48 +195,60 @@ TEST(CudaStats, PoisonedSuperGroupsStayNonFinite) {
   std::vector<float> x(1000, 1.0f);
   x[300] = std::numeric_limits<float>::quiet_NaN();
   x[600] = INFINITY;
-  std::vector<uint16_t> dev(4 * kStatsWordsPerSupergroup);
+  std::vector<uint16_t> dev(stats_words(4, 1));
   ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
   EXPECT_EQ(dev[stat_word(0, kStatMean)], f32_to_bf16_sat(1.0f));
   EXPECT_TRUE(std::isnan(bf16_to_f32(dev[stat_word(1, kStatMean)])));
   EXPECT_TRUE(std::isinf(bf16_to_f32(dev[stat_word(2, kStatMean)])));
-  EXPECT_EQ(dev[stat_word(1, kStatAllZero)], 0);  // a NaN is not zero
+  EXPECT_EQ(summed_all_zero(dev[zero_count_word(4, 1, 1)], 1, 1), 0);  // a NaN is not zero
   expect_same(host_stats(x.data(), DType::kF32, x.size()), dev, "poisoned", x.size(), 0);
 }
 
-// The third word: 1.0 exactly when every value of the super-group is zero (-0 included; a
-// denormal, or one non-zero value among zeros, is not zero), the partial last one too.
+// The all-zero count: 1 exactly when every value of the super-group is zero (-0 included; a
+// denormal, or one non-zero value among zeros, is not zero), the partial last one too; in its
+// digit of the packed word, for every packing.
 TEST(CudaStats, AllZeroWord) {
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    std::vector<float> x(5 * 256 + 40, 0.5f);
-    for (size_t i = 256; i < 512; ++i) x[i] = i % 2 ? -0.0f : 0.0f;       // all zero
-    for (size_t i = 512; i < 768; ++i) x[i] = i == 700 ? 1e-40f : 0.0f;   // one denormal
-    for (size_t i = 768; i < 1024; ++i) x[i] = i == 1023 ? -3.0f : 0.0f;  // the last value
-    for (size_t i = 1280; i < x.size(); ++i) x[i] = 0.0f;                 // partial, zero
-    std::vector<uint16_t> x16(x.size());
-    for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16_rne(x[i]);
-    if (dtype == DType::kBF16) {
-      ASSERT_NE(x16[700] & 0x7fffu, 0u);  // the denormal survives
+  for (DType dtype : {DType::kF32, DType::kBF16})
+    for (int workers : kWorkerCounts) {
+      std::vector<float> x(5 * 256 + 40, 0.5f);
+      for (size_t i = 256; i < 512; ++i) x[i] = i % 2 ? -0.0f : 0.0f;       // all zero
+      for (size_t i = 512; i < 768; ++i) x[i] = i == 700 ? 1e-40f : 0.0f;   // one denormal
+      for (size_t i = 768; i < 1024; ++i) x[i] = i == 1023 ? -3.0f : 0.0f;  // the last value
+      for (size_t i = 1280; i < x.size(); ++i) x[i] = 0.0f;                 // partial, zero
+      std::vector<uint16_t> x16(x.size());
+      for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16_rne(x[i]);
+      if (dtype == DType::kBF16) {
+        ASSERT_NE(x16[700] & 0x7fffu, 0u);  // the denormal survives
+      }
+      const void* data = dtype == DType::kF32 ? static_cast<const void*>(x.data()) : x16.data();
+      const std::vector<uint16_t> host = host_stats(data, dtype, x.size(), workers);
+      const int per = zero_counts_per_word(workers);
+      ASSERT_EQ(host.size(), 2 * 6 + (6 + per - 1) / per);
+      const uint16_t expected[6] = {0, kBf16One, 0, 0, 0, kBf16One};
+      for (size_t j = 0; j < 6; ++j)
+        EXPECT_EQ(summed_all_zero(host[zero_count_word(6, j, workers)], j, workers), expected[j])
+            << j << " workers " << workers;
+      // FORMAT.md's packing: the first word holds super-groups 0 .. per - 1, super-group i's
+      // count times 2^(bits i).
+      unsigned word0 = 0;
+      for (int i = 0; i < per && i < 6; ++i)
+        if (expected[i] != 0) word0 += 1u << (zero_count_bits(workers) * i);
+      EXPECT_EQ(host[zero_count_word(6, 0, workers)], f32_to_bf16_rne(static_cast<float>(word0)))
+          << workers;
+      std::vector<uint16_t> dev(host.size(), 0xBEEF);
+      if (dtype == DType::kF32)
+        ASSERT_EQ(device_stats(x, false, &dev, 0, workers), cudaSuccess) << kernel_fault();
+      else
+        ASSERT_EQ(device_stats(x16, true, &dev, 0, workers), cudaSuccess) << kernel_fault();
+      expect_same(host, dev, "all-zero word", x.size(), 0, workers);
     }
-    const void* data = dtype == DType::kF32 ? static_cast<const void*>(x.data()) : x16.data();
-    const std::vector<uint16_t> host = host_stats(data, dtype, x.size());
-    ASSERT_EQ(host.size(), 6 * kStatsWordsPerSupergroup);
-    const uint16_t expected[6] = {0, kBf16One, 0, 0, 0, kBf16One};
-    for (size_t j = 0; j < 6; ++j) EXPECT_EQ(host[stat_word(j, kStatAllZero)], expected[j]) << j;
-    std::vector<uint16_t> dev(host.size(), 0xBEEF);
-    if (dtype == DType::kF32)
-      ASSERT_EQ(device_stats(x, false, &dev, 0), cudaSuccess) << kernel_fault();
-    else
-      ASSERT_EQ(device_stats(x16, true, &dev, 0), cudaSuccess) << kernel_fault();
-    expect_same(host, dev, "all-zero word", x.size(), 0);
-  }
 }
 
 // A batch: the codec parts of one call (slices of one input at their offsets, empty ones
 // included) in one launch, each part's words exactly the host's statistics of its slice, on one
 // block, a few and many; a lane that failed before writes no word of any part.
 template <class T>
-void expect_batch_matches_host(const std::vector<T>& x, DType dtype) {
+void expect_batch_matches_host(const std::vector<T>& x, DType dtype, int workers) {
   const bool bf16 = dtype == DType::kBF16;
   // (offset, count): parts of unequal sizes, an empty one between two others, one at the end.
   const std::vector<std::pair<size_t, size_t>> cuts = {
@@ -232,7 +257,7 @@ void expect_batch_matches_host(const std::vector<T>& x, DType dtype) {
   std::vector<StatsJob> jobs;
   size_t words = 0;
   for (const auto& [offset, count] : cuts) {
-    host.push_back(host_stats(x.data() + offset, dtype, count));
+    host.push_back(host_stats(x.data() + offset, dtype, count, workers));
     jobs.push_back(StatsJob{offset, count, nullptr, 0});
     words += host.back().size();
   }
@@ -254,9 +279,10 @@ void expect_batch_matches_host(const std::vector<T>& x, DType dtype) {
 #if DQ_CUDA_EMULATED
       const uint64_t launched = emu::launches();
 #endif
-      ASSERT_EQ(launch_supergroup_stats_batch(d_jobs.get(), static_cast<int>(jobs.size()), tiles,
-                                              d_x.get(), bf16, nullptr, blocks, d_error.get()),
-                cudaSuccess)
+      ASSERT_EQ(
+          launch_supergroup_stats_batch(d_jobs.get(), static_cast<int>(jobs.size()), tiles,
+                                        d_x.get(), bf16, workers, nullptr, blocks, d_error.get()),
+          cudaSuccess)
           << kernel_fault();
 #if DQ_CUDA_EMULATED
       EXPECT_EQ(emu::launches() - launched, 1u) << "every part in one launch";
@@ -273,7 +299,8 @@ void expect_batch_matches_host(const std::vector<T>& x, DType dtype) {
           for (size_t i = 0; i < part.size(); ++i)
             ASSERT_EQ(part[i], 0xBEEF) << "part " << j << " word " << i;
         } else {
-          expect_same(host[j], part, bf16 ? "bf16 batch" : "fp32 batch", cuts[j].second, blocks);
+          expect_same(host[j], part, bf16 ? "bf16 batch" : "fp32 batch", cuts[j].second, blocks,
+                      workers);
         }
       }
     }
@@ -281,10 +308,12 @@ void expect_batch_matches_host(const std::vector<T>& x, DType dtype) {
 
 TEST(CudaStats, BatchMatchesHostPartByPart) {
   const std::vector<float> f = make_values(50000, 17);
-  expect_batch_matches_host(f, DType::kF32);
   std::vector<uint16_t> x16(f.size());
   for (size_t i = 0; i < f.size(); ++i) x16[i] = f32_to_bf16_rne(f[i]);
-  expect_batch_matches_host(x16, DType::kBF16);
+  for (int workers : {1, 4, 16}) {
+    expect_batch_matches_host(f, DType::kF32, workers);
+    expect_batch_matches_host(x16, DType::kBF16, workers);
+  }
 }
 
 }  // namespace
