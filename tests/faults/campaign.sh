@@ -342,7 +342,7 @@ run_one() {
   PIDS=()
   HELPERS=()
   T_INJ=0 T_CONT=0 SLOW_END=0 INJ_METHOD=$kind
-  local t_start at=- injected=0 extra_ms=8000 stop_ms=0 slow_ms=0
+  local t_start injected=0 extra_ms=8000 stop_ms=0 slow_ms=0
   stamp t_start
   for ((r = 0; r < n; r++)); do start_rank "$RUN_DIR" "$n" "$r" "$calls" "$seed"; done
 
