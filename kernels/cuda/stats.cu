@@ -27,6 +27,9 @@ namespace {
 constexpr int kTileSuperGroups = kStatsThreads / kGroupsPerSuperGroup;  // 16
 constexpr int kTileValues = kTileSuperGroups * kSuperGroup;             // 4096
 constexpr int kRowPitch = kGroup + 1;  // one group per row, padded: no bank conflicts
+// Blocks of 256 threads an SM keeps resident: 4 caps the registers at 64 a thread (half of an
+// sm_80 / sm_90 SM's threads), what the kernels used before the count words were packed.
+constexpr int kStatsMinBlocks = 4;
 constexpr int kTileRows = kTileValues / kGroup;
 static_assert(kStatsThreads == kTileRows, "one thread per group of the tile");
 
@@ -92,14 +95,15 @@ __device__ void stats_tile(const void* x, bool bf16, unsigned long long count, i
   }
   if (g == 0) all_zero[t / kGroupsPerSuperGroup] = sg < n_sg && non_zero == 0.0f ? 1 : 0;
   __syncthreads();  // the flags are read next, and the tile is overwritten after that
-  // The tile's words of all-zero counts (whole words: zero_counts_per_word() divides 16).
-  const int per = zero_counts_per_word(n_workers);
+  // The tile's words of all-zero counts (whole words: zero_counts_per_word() divides 16): thread
+  // t writes the tile's word t, zero_count_word() of its first super-group without a division.
+  const int per = zero_counts_per_word(n_workers), words = kTileSuperGroups / per;
   const unsigned long long first_sg =
       tile_index * kTileSuperGroups + static_cast<unsigned long long>(t) * per;
-  if (t < kTileSuperGroups / per && first_sg < n_sg) {
+  if (t < words && first_sg < n_sg) {
     unsigned flags = 0;
     for (int i = 0; i < per; ++i) flags |= static_cast<unsigned>(all_zero[t * per + i]) << i;
-    stats[zero_count_word(n_sg, first_sg, n_workers)] = zero_count_word_of(flags, n_workers);
+    stats[kStatPairWords * n_sg + tile_index * words + t] = zero_count_word_of(flags, n_workers);
   }
 }
 
@@ -116,7 +120,7 @@ unsigned grid_for(unsigned long long tiles, int max_blocks) {
 
 }  // namespace
 
-__global__ void __launch_bounds__(kStatsThreads)
+__global__ void __launch_bounds__(kStatsThreads, kStatsMinBlocks)
     supergroup_stats_kernel(const void* x, int bf16, unsigned long long count, int n_workers,
                             uint16_t* stats, const unsigned* error) {
   __shared__ float tile[kTileRows * kRowPitch];
@@ -132,7 +136,7 @@ __global__ void __launch_bounds__(kStatsThreads)
 
 // A batch: the tiles of every job, numbered in job order; a block finds a tile's job by
 // bisection over the jobs' first tiles (a few dozen jobs at most a call: log2 steps, from L2).
-__global__ void __launch_bounds__(kStatsThreads)
+__global__ void __launch_bounds__(kStatsThreads, kStatsMinBlocks)
     supergroup_stats_batch_kernel(const StatsJob* jobs, int n_jobs, unsigned long long tiles,
                                   const void* base, int bf16, int n_workers,
                                   const unsigned* error) {

@@ -1,8 +1,8 @@
 #!/bin/sh
 # The kernels' ptxas reports (nvcc --resource-usage, one file per kernel file, sm_80 and sm_90):
 # fails when any kernel spills registers to local memory, when the fused hop, the finish or a
-# statistics kernel has a stack frame at all, or when a fused hop, finish or DynamiQ layout kernel
-# leaves an SM less than half full of threads for lack of registers (counted in
+# statistics kernel has a stack frame at all, or when a fused hop, finish, DynamiQ layout or
+# statistics kernel leaves an SM less than half full of threads for lack of registers (counted in
 # blocks of 256 threads; the one-block layout's 512 fill an SM alike: registers go by warps).
 # Occupancy from registers (both architectures alike: 65,536 registers and 2,048 threads an SM,
 # registers allocated per warp in units of 256) and from shared memory (an SM's 164 KiB on sm_80,
@@ -33,7 +33,7 @@ for report in "$@"; do
     }
     /Used [0-9]+ registers/ {
       regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
-      checked = kernel ~ /(dynamiq_hop|dynamiq_finish|baseline_hop|baseline_finish|dynamiq_layout|layout_[a-z_]+)_kernel/
+      checked = kernel ~ /(dynamiq_hop|dynamiq_finish|baseline_hop|baseline_finish|dynamiq_layout|layout_[a-z_]+|supergroup_stats|supergroup_stats_batch)_kernel/
       if (checked) {
         per_warp = int((regs * 32 + 255) / 256) * 256
         blocks = int(65536 / (per_warp * 8))
@@ -57,5 +57,5 @@ for report in "$@"; do
       exit bad
     }' "$report" || status=1
 done
-[ $status -eq 0 ] && echo "ok: no spills; fused hops, finishes and layouts at >= 50% occupancy on sm_80 and sm_90"
+[ $status -eq 0 ] && echo "ok: no spills; fused hops, finishes, layouts and statistics at >= 50% occupancy on sm_80 and sm_90"
 exit $status
