@@ -33,13 +33,17 @@ DQ_HD constexpr int zero_count_bits(int n_workers) {
   while (bits < 17 && (1 << bits) <= n_workers) ++bits;
   return bits;
 }
-// Super-groups whose all-zero counts share one word. A summed word is then an integer of at most
-// 8 bits, exact in BF16 after any order of additions; a power of two, so that a tile of 16
-// super-groups (the CUDA statistics kernel's) writes whole words. From 16 workers on, one word a
-// super-group, the count itself.
-DQ_HD constexpr int zero_counts_per_word(int n_workers) {
+// Super-groups whose all-zero counts share one word, as a power of two: 2^this. A summed word is
+// then an integer of at most 8 bits, exact in BF16 after any order of additions; a power of two,
+// so that a tile of 16 super-groups (the CUDA statistics kernel's) writes whole words and a word's
+// index is a shift, not a division (the kernels compute it per super-group). From 16 workers on,
+// one word a super-group, the count itself.
+DQ_HD constexpr int zero_counts_per_word_log2(int n_workers) {
   const int bits = zero_count_bits(n_workers);
-  return bits == 1 ? 8 : bits == 2 ? 4 : bits <= 4 ? 2 : 1;
+  return bits == 1 ? 3 : bits == 2 ? 2 : bits <= 4 ? 1 : 0;
+}
+DQ_HD constexpr int zero_counts_per_word(int n_workers) {
+  return 1 << zero_counts_per_word_log2(n_workers);
 }
 // BF16 words of the statistics of n_sg super-groups summed over n_workers.
 DQ_HD constexpr size_t stats_words(size_t n_sg, int n_workers) {
@@ -48,7 +52,7 @@ DQ_HD constexpr size_t stats_words(size_t n_sg, int n_workers) {
 }
 // The word that holds super-group j's all-zero count.
 DQ_HD constexpr size_t zero_count_word(size_t n_sg, size_t j, int n_workers) {
-  return kStatPairWords * n_sg + j / static_cast<size_t>(zero_counts_per_word(n_workers));
+  return kStatPairWords * n_sg + (j >> zero_counts_per_word_log2(n_workers));
 }
 // A worker's count word: bit i of `all_zero` set when super-group i of the word's super-groups
 // has all of its values zero; it counts 1 in that super-group's digit (an integer below 256, so
@@ -71,7 +75,7 @@ DQ_HD uint16_t summed_all_zero(uint16_t word, size_t j, int n_workers) {
   if (!(v >= 0.0f && v <= 255.0f) || v != static_cast<float>(static_cast<int>(v))) return 0x7fc0u;
   const int bits = zero_count_bits(n_workers);
   const unsigned digit =
-      (static_cast<unsigned>(v) >> (bits * static_cast<int>(j % per))) & ((1u << bits) - 1u);
+      (static_cast<unsigned>(v) >> (bits * static_cast<int>(j & (per - 1)))) & ((1u << bits) - 1u);
   return static_cast<uint16_t>(f32_bits(static_cast<float>(digit)) >> 16);
 }
 

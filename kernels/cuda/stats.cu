@@ -96,14 +96,14 @@ __device__ void stats_tile(const void* x, bool bf16, unsigned long long count, i
   if (g == 0) all_zero[t / kGroupsPerSuperGroup] = sg < n_sg && non_zero == 0.0f ? 1 : 0;
   __syncthreads();  // the flags are read next, and the tile is overwritten after that
   // The tile's words of all-zero counts (whole words: zero_counts_per_word() divides 16): thread
-  // t writes the tile's word t, zero_count_word() of its first super-group without a division.
-  const int per = zero_counts_per_word(n_workers), words = kTileSuperGroups / per;
+  // t writes the tile's word t.
+  const int per = zero_counts_per_word(n_workers);
   const unsigned long long first_sg =
       tile_index * kTileSuperGroups + static_cast<unsigned long long>(t) * per;
-  if (t < words && first_sg < n_sg) {
+  if (t < kTileSuperGroups / per && first_sg < n_sg) {
     unsigned flags = 0;
     for (int i = 0; i < per; ++i) flags |= static_cast<unsigned>(all_zero[t * per + i]) << i;
-    stats[kStatPairWords * n_sg + tile_index * words + t] = zero_count_word_of(flags, n_workers);
+    stats[zero_count_word(n_sg, first_sg, n_workers)] = zero_count_word_of(flags, n_workers);
   }
 }
 
