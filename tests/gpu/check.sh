@@ -9,6 +9,8 @@
 #   summary.txt    the table: step, result (pass / FAIL / skip / TIMEOUT), seconds, note
 #   check.log      every step's output in order, under a header naming the step
 #   steps.tar.gz   the same per step (steps/NAME.log) and meson's test logs
+#   profile.txt    Nsight Compute's sections for each profiled launch (profile_kernels)
+#   hop_sass.csv   the hop kernel's SASS, each instruction with its counters (profile_kernels)
 # BUILD_DIR: default build-gpu (gitignored), configured with -Dcuda=enabled when it has no
 # build.ninja yet; an existing configured build dir is used as it is (never re-set up).
 #
@@ -56,11 +58,18 @@
 #                    alone. shim_4proc_device_buffers (among the other gpu suite tests): the
 #                    same buffers compressed by the shim's engine on the CUDA device (canary
 #                    included), its bytes against the host engine's
+#   profile_kernels  Nsight Compute (ncu) on hop_bandwidth's profiled round, 2^25 values in one
+#                    chunk: the hop kernel (leaf and hop, FP32 and BF16) with every section and
+#                    the SASS-level counters, then every kernel of the round (statistics, layout,
+#                    finish) with the throughput sections; a line a launch in the summary, the
+#                    sections in profile.txt, the hop's SASS with its counters in hop_sass.csv;
+#                    a skip where ncu is missing or may not read the counters (30-120 s)
 #   memcheck_grid_kernels, racecheck_grid_kernels, memcheck_layout_batch, memcheck_dynamiq,
 #   racecheck_dynamiq, memcheck_stats, racecheck_stats, racecheck_layout_batch
 #                    compute-sanitizer on the kernel tests with DQ_KERNEL_TESTS_REDUCED=1 (the
 #                    largest cases left out); any report fails the step; last, since slowest:
-#                    what the budget leaves (30-90 s each)
+#                    what the budget leaves (30-90 s each); a skip where compute-sanitizer
+#                    refuses the device (a sandboxed runtime)
 # The summary ends with the targets read from the benchmarks' RESULT lines (hop / copy >= 0.60,
 # codec kernels / 100 Gbit/s BF16 link <= 0.10: met or NOT met) and those lines.
 # A time budget (DQ_GPU_CHECK_BUDGET_S, default 450 s from the start) caps every step's timeout;
@@ -70,7 +79,10 @@
 # timed out; 3 nothing failed but no CUDA device was found (the GPU steps skipped: a machine
 # without a GPU, where only the build is checked); 2 usage.
 #
-# Environment: DYNAMIQ_TIMEOUT_MS (10000 here), DQ_GPU_CHECK_BUDGET_S (450), DQ_GPU_DEPS (build-gpu-deps: the carried .deb
+# Environment: DYNAMIQ_TIMEOUT_MS (10000 here), DQ_GPU_CHECK_BUDGET_S (450), DQ_GPU_PROFILE=0 (no
+# profile_kernels step), DQ_GPU_ONLY (an extended regular expression: only the steps whose whole
+# name it matches run, after the set-up steps; e.g. 'profile_kernels|(mem|race)check_.*' for a
+# second call on the still-warm machine, whose build is then up to date), DQ_GPU_DEPS (build-gpu-deps: the carried .deb
 # folder), DQ_GPU_DEPS_FORCE=1 (use the carried packages even where the system has them: to
 # test that path), MESON (default: meson on PATH, else python3 -m mesonbuild.mesonmain, else
 # .venv/bin/meson; ninja likewise from python3's package), JOBS (nproc).
@@ -135,6 +147,13 @@ step() {
   local name=$1 limit=$2
   shift 2
   local now left start rc status why secs
+  # A rerun of some steps (DQ_GPU_ONLY, e.g. on the still-warm machine): the set-up always runs.
+  case $name in gpu_info | deps | configure | build) ;; *)
+    if [ -n "${DQ_GPU_ONLY:-}" ] && ! [[ $name =~ ^(${DQ_GPU_ONLY})$ ]]; then
+      record "$name" skip 0 "not in DQ_GPU_ONLY"
+      return 0
+    fi ;;
+  esac
   now=$(date +%s)
   left=$((BUDGET - (now - T0)))
   if [ "$left" -lt 10 ]; then
@@ -180,7 +199,7 @@ gpu_info() {
   echo "c++: $(c++ --version 2>/dev/null | head -n 1)"
   echo "meson: $($MESON --version 2>/dev/null) ninja: $(ninja --version 2>/dev/null)"
   echo "nvcc: $( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) | xargs -I{} sh -c '{} --version 2>/dev/null | tail -n 2 | head -n 1')"
-  echo "compute-sanitizer: ${SANITIZER:-not found}"
+  echo "compute-sanitizer: ${SANITIZER:-not found}  ncu: ${NCU:-not found}"
   if ! command -v nvidia-smi >/dev/null 2>&1; then
     echo "SKIP: nvidia-smi not found: no NVIDIA driver on this machine"
     return 77
@@ -405,11 +424,81 @@ sanitize() {
   local extra=()
   [ "$tool" = memcheck ] && extra=(--leak-check full)
   [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+  local out
+  out="$LOGS/sanitize-$tool-$(basename "$exe").out"
   DQ_KERNEL_TESTS_REDUCED=1 "$SANITIZER" --tool "$tool" --error-exitcode 10 --print-limit 20 "${extra[@]}" \
-    "$BUILD/$exe" "$@"
-  local rc=$?
+    "$BUILD/$exe" "$@" 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
   [ "$rc" = 10 ] && echo "compute-sanitizer $tool reported errors"
+  # A runtime that hides the device from the sanitizer (seen on gVisor: "Device not supported",
+  # then error 999 at the first allocation) says nothing of the kernels: a skip, with its words.
+  if [ "$rc" != 0 ] && grep -q 'Device not supported' "$out"; then
+    echo "SKIP: compute-sanitizer refused the device here: $(grep -m 1 'Device not supported' "$out" | sed 's/^=* *//')"
+    return 77
+  fi
   return "$rc"
+}
+
+# Nsight Compute on hop_bandwidth's profiled round (the header's profile_kernels). 2^25 values
+# in one chunk, so that every profiled launch processes all of them (the summary's instructions a
+# value), 2 timed rounds (the profiler attaches to the round after them alone:
+# --profile-from-start off). --clock-control none: the clocks as a job sees them, not ncu's base
+# clocks. Where ncu cannot read the counters (a sandboxed runtime, a driver that refuses them)
+# it writes no report: a skip with ncu's first error.
+PROFILE_VALUES=33554432
+profile_kernels() {
+  local exe="$BUILD/tests/gpu/hop_bandwidth" rep="$LOGS/profile" rc made=0
+  local common=(--profile-from-start off --clock-control none -f)
+  # The step's bound shared: 60% for the full profile of the hop, the rest for the second pass,
+  # so that a slow first pass still leaves a report of the other kernels.
+  local limit=${DQ_STEP_LIMIT:-150}
+  local first=$((limit * 6 / 10)) second=$((limit * 4 / 10 - 5))
+  local hop_labels="dynamiq_hop_kernel=leaf/FP32,hop/FP32,leaf/BF16,hop/BF16"
+  rm -f "$rep"-*.ncu-rep "$LOGS/profile.summary" "$OUT/profile.txt" "$OUT/hop_sass.csv"
+  # The hop kernel: every section, and the SASS with its counters (where time goes inside it).
+  timeout --kill-after=5 "$first" "$NCU" "${common[@]}" --kernel-name regex:dynamiq_hop_kernel \
+    --set full -o "$rep-hop" \
+    "$exe" "$PROFILE_VALUES" 1 2 2>&1 | tee "$LOGS/ncu-hop.out"
+  rc=${PIPESTATUS[0]}
+  if [ -f "$rep-hop.ncu-rep" ]; then
+    made=1
+    "$NCU" --import "$rep-hop.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
+    "$NCU" --import "$rep-hop.ncu-rep" --page raw --csv --print-units base >"$LOGS/hop-raw.csv" 2>&1
+    echo "  the hop kernel, every section (--set full):" >>"$LOGS/profile.summary"
+    python3 "$ROOT/tests/gpu/profile_summary.py" "$LOGS/hop-raw.csv" --values "$PROFILE_VALUES" \
+      --label "$hop_labels" | tee -a "$LOGS/profile.summary"
+    if ! "$NCU" --import "$rep-hop.ncu-rep" --page source --csv --print-source sass \
+      >"$OUT/hop_sass.csv" 2>"$LOGS/ncu-source.err"; then
+      echo "the SASS page could not be printed: $(head -n 1 "$LOGS/ncu-source.err")"
+      rm -f "$OUT/hop_sass.csv"
+    fi
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "the hop's full profile did not end within $first s"
+  elif ! grep -q '==ERROR==' "$LOGS/ncu-hop.out" && [ "$rc" != 0 ]; then
+    echo "hop_bandwidth failed under ncu (exit $rc)"
+    return 1
+  fi
+  # Every kernel of the round, the throughput sections alone (a few passes a launch).
+  timeout --kill-after=5 "$second" "$NCU" "${common[@]}" --section SpeedOfLight \
+    --section Occupancy --section LaunchStats \
+    --section SchedulerStats --section InstructionStats -o "$rep-all" \
+    "$exe" "$PROFILE_VALUES" 1 2 2>&1 | tee "$LOGS/ncu-all.out"
+  if [ -f "$rep-all.ncu-rep" ]; then
+    made=1
+    "$NCU" --import "$rep-all.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
+    "$NCU" --import "$rep-all.ncu-rep" --page raw --csv --print-units base >"$LOGS/all-raw.csv" 2>&1
+    echo "  every kernel of the round, the throughput sections:" >>"$LOGS/profile.summary"
+    python3 "$ROOT/tests/gpu/profile_summary.py" "$LOGS/all-raw.csv" --values "$PROFILE_VALUES" \
+      --label "$hop_labels" --label supergroup_stats_kernel=FP32,BF16 \
+      --label dynamiq_finish_kernel=FP32,BF16 | tee -a "$LOGS/profile.summary"
+  fi
+  if [ "$made" = 0 ]; then
+    local why
+    why=$(grep -h -m 1 '==ERROR==' "$LOGS/ncu-hop.out" "$LOGS/ncu-all.out" | head -n 1)
+    echo "SKIP: Nsight Compute wrote no report: ${why:-neither pass ended within its bound ($first s, $second s)}"
+    return 77
+  fi
+  echo "NOTE: $(grep -c '^profile: ' "$LOGS/profile.summary" 2>/dev/null) launches profiled (profile.txt)"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -421,9 +510,17 @@ if [ -z "$SANITIZER" ]; then
   done
 fi
 
-export ROOT OUT BUILD LOGS JOBS MESON SANITIZER DEPS_PREFIX
+# Nsight Compute: PATH, the toolkit, else the newest of the image's /opt/nvidia/nsight-compute.
+NCU=$(command -v ncu 2>/dev/null)
+if [ -z "$NCU" ]; then
+  for s in /usr/local/cuda/bin/ncu $(ls -d /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | sort -rV); do
+    [ -x "$s" ] && NCU=$s && break
+  done
+fi
+
+export ROOT OUT BUILD LOGS JOBS MESON SANITIZER NCU DEPS_PREFIX PROFILE_VALUES
 export -f gpu_info use_carried_deps deps configure gpu_targets build meson_result meson_one \
-  with_shim sanitize
+  with_shim sanitize profile_kernels
 
 note "tests/gpu/check.sh: out $OUT, build $BUILD, jobs $JOBS, budget ${BUDGET} s"
 step gpu_info 30 gpu_info
@@ -491,6 +588,14 @@ else
 fi
 run_test cpu_nccl_4proc_device_buffers 90
 
+# Where the hop's time goes (Nsight Compute), before the sanitizers take what the budget leaves.
+if [ "${DQ_GPU_PROFILE:-1}" = 0 ]; then skip_step profile_kernels "DQ_GPU_PROFILE=0"
+elif [ $BUILD_OK != 1 ]; then skip_step profile_kernels "the build failed"
+elif [ -z "$NCU" ]; then skip_step profile_kernels "ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
+elif [ $HAVE_DEVICE != 1 ]; then skip_step profile_kernels "$NO_DEVICE_REASON"
+else step profile_kernels 150 profile_kernels
+fi
+
 # Last, as the slowest: compute-sanitizer on the kernel tests (whatever the budget leaves), the
 # multi-block hand-offs first (grid layout and budget tickets, the digest chain, a call's layouts
 # in one batch: the kernels the emulation runs one block at a time), then the single-block ones.
@@ -548,6 +653,10 @@ total=$(( $(date +%s) - T0 ))
   printf '%-34s %-8s %8s  %s\n' step result seconds note
   while IFS=$'\t' read -r n s t w; do printf '%-34s %-8s %8s  %s\n' "$n" "$s" "$t" "$w"; done <"$LOGS/summary.rows"
   targets
+  if [ -s "$LOGS/profile.summary" ]; then
+    echo "profile (Nsight Compute, $PROFILE_VALUES values a launch; profile.txt, hop_sass.csv):"
+    sed 's/^profile: /    /' "$LOGS/profile.summary"
+  fi
   printf 'pass %d, fail %d, timeout %d, skip %d\n' \
     "$(grep -c $'\tpass\t' "$LOGS/summary.rows")" "$(grep -c $'\tFAIL\t' "$LOGS/summary.rows")" \
     "$(grep -c $'\tTIMEOUT\t' "$LOGS/summary.rows")" "$(grep -c $'\tskip\t' "$LOGS/summary.rows")"

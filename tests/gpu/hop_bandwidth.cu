@@ -10,7 +10,9 @@
 //  - copy: cudaMemcpyAsync device to device of the tensor (count * 4 or count * 2 bytes);
 //  - leaf: the hop with no input (n_in = 0) of every chunk, i.e. the whole tensor compressed;
 //  - hop:  the hop with one input message (n_in = 1, the other worker's leaf) of every chunk,
-//          the step of a ring all-reduce;
+//          the step of a ring all-reduce, with correlated rounding over 2 strata;
+//  - hop_s1: the same hop with plain stochastic rounding (strata = 1): the difference from hop
+//          is what the correlated rounding's strata cost (no hardware counters needed);
 //  - finish: the other worker's leaves (one contributor each) decoded into a tensor of the own
 //          values' type, every chunk in one launch (the engine's finish step);
 //  - stats: the statistics kernel over the tensor;
@@ -22,6 +24,12 @@
 // message per chunk; the finish reads each message twice, its validators' and its decoders'
 // pass, and writes the tensor). A RESULT line a type (BF16's keys start bf16_). Exit 77 without a
 // device.
+//
+// After the timed rounds, one more round of each kernel (statistics, layout, leaf and hop of
+// chunk 0, finish) runs between cudaProfilerStart() and cudaProfilerStop(), so that Nsight
+// Compute with --profile-from-start off profiles those launches alone (check.sh's
+// profile_kernels); without a profiler attached the two calls do nothing.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -123,7 +131,7 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
 
 // The copy's time over each hop's: the RESULT line's ratios for one type of own values.
 struct Ratios {
-  double hop = 0, leaf = 0, finish = 0, copy_gbps = 0, hop_gbps = 0, layout_ms = 0;
+  double hop = 0, hop_strata1 = 0, leaf = 0, finish = 0, copy_gbps = 0, hop_gbps = 0, layout_ms = 0;
   unsigned error = 0;  // the kernels' error flags
 };
 
@@ -161,16 +169,17 @@ Ratios measure(const Bench& b, int iterations) {
                                             nullptr, 0, b.out + c * cap, key, b.d_error, nullptr));
       },
       iterations);
-  const double t_hop = timer.seconds_per_round(
-      [&] {
-        const RoundingKey key{1, b.call, 0, 0, 2, 1, 0};
-        for (int c = 0; c < n_chunks; ++c) {
-          const uint8_t* in = b.leaves + c * cap;
-          DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], b.bf16,
-                                            &in, 1, b.out + c * cap, key, b.d_error, nullptr));
-        }
-      },
-      iterations);
+  // A ring step's hop of every chunk, with `strata` correlated roundings (1: plain).
+  auto hops = [&](uint32_t strata) {
+    const RoundingKey key{1, b.call, 0, 0, strata, strata > 1 ? 1u : 0u, 0};
+    for (int c = 0; c < n_chunks; ++c) {
+      const uint8_t* in = b.leaves + c * cap;
+      DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], b.bf16, &in,
+                                        1, b.out + c * cap, key, b.d_error, nullptr));
+    }
+  };
+  const double t_hop = timer.seconds_per_round([&] { hops(2); }, iterations);
+  const double t_hop_s1 = timer.seconds_per_round([&] { hops(1); }, iterations);
   const double t_finish = timer.seconds_per_round(
       [&] {
         DQ_BENCH_CHECK(launch_dynamiq_finishes(b.params, b.d_levels, b.d_layout, 0, n_chunks,
@@ -201,14 +210,40 @@ Ratios measure(const Bench& b, int iterations) {
   row("layout", t_layout, 2.0 * b.stats_words + static_cast<double>(b.params.sections.bytes));
   row("leaf", t_leaf, bytes + msgs);
   row("hop", t_hop, bytes + 2.0 * msgs);
+  row("hop_s1", t_hop_s1, bytes + 2.0 * msgs);
   row("finish", t_finish, bytes + 2.0 * msgs);
   r.hop = t_copy / t_hop;
+  r.hop_strata1 = t_copy / t_hop_s1;
   r.leaf = t_copy / t_leaf;
   r.finish = t_copy / t_finish;
   r.copy_gbps = bytes / t_copy / gb;
   r.hop_gbps = bytes / t_hop / gb;
   r.layout_ms = t_layout * 1e3;
   return r;
+}
+
+// One launch of each kernel the benchmark times, inside the profiler's range (the file comment):
+// the statistics, the layout, chunk 0's leaf and hop (correlated rounding over 2 strata, as
+// timed), and the finish of every chunk (one launch, as the engine's).
+void profiled_round(const Bench& b) {
+  using namespace dq;
+  using namespace dq::cuda;
+  DQ_BENCH_CHECK(cudaDeviceSynchronize());
+  DQ_BENCH_CHECK(cudaProfilerStart());
+  DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], b.bf16, b.count, 2, b.d_stats, nullptr));
+  DQ_BENCH_CHECK(
+      launch_dynamiq_layouts(b.layout_batch, b.d_layout_table, b.call, b.d_error, nullptr));
+  const RoundingKey leaf_key{1, b.call, 0, 0, 1, 0, 0}, hop_key{1, b.call, 0, 0, 2, 1, 0};
+  DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, 0, b.own[0], b.bf16, nullptr,
+                                    0, b.out, leaf_key, b.d_error, nullptr));
+  const uint8_t* in = b.leaves;
+  DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, 0, b.own[0], b.bf16, &in, 1,
+                                    b.out, hop_key, b.d_error, nullptr));
+  DQ_BENCH_CHECK(launch_dynamiq_finishes(b.params, b.d_levels, b.d_layout, 0, b.n_chunks, b.leaves,
+                                         b.cap, b.copy_dst, b.bf16, false, 1, b.d_finish_word,
+                                         nullptr));
+  DQ_BENCH_CHECK(cudaDeviceSynchronize());
+  DQ_BENCH_CHECK(cudaProfilerStop());
 }
 
 // Both types' benchmarks, one after the other (each frees nothing: the process ends after).
@@ -221,7 +256,15 @@ Ratios run(const dq::Codec& codec, const dq::DynamiqOptions& options, size_t cou
   b.cap = codec.chunk_capacity();
   b.params = dq::cuda::dynamiq_device_params(count, n_chunks, 2, b.cap, options);
   prepare(codec, options, &b);
-  return measure(b, iterations);
+  Ratios r = measure(b, iterations);
+  profiled_round(b);
+  unsigned error = 0;
+  dq::cuda::StepWord finish_word{};
+  DQ_BENCH_CHECK(cudaMemcpy(&error, b.d_error, sizeof error, cudaMemcpyDeviceToHost));
+  DQ_BENCH_CHECK(
+      cudaMemcpy(&finish_word, b.d_finish_word, sizeof finish_word, cudaMemcpyDeviceToHost));
+  r.error |= error | finish_word.flags;
+  return r;
 }
 
 }  // namespace
@@ -247,15 +290,16 @@ int main(int argc, char** argv) {
   // first's figures.
   const Ratios f32 = run(*codec, options, count, n_chunks, false, iterations);
   std::printf(
-      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) finish_vs_copy=%.3f "
-      "copy_GBps=%.1f hop_GBps=%.1f layout_ms=%.3f\n",
-      f32.hop, f32.leaf, f32.finish, f32.copy_gbps, f32.hop_gbps, f32.layout_ms);
+      "RESULT hop_vs_copy=%.3f leaf_vs_copy=%.3f (target: hop >= 0.60) hop_strata1_vs_copy=%.3f "
+      "finish_vs_copy=%.3f copy_GBps=%.1f hop_GBps=%.1f layout_ms=%.3f\n",
+      f32.hop, f32.leaf, f32.hop_strata1, f32.finish, f32.copy_gbps, f32.hop_gbps, f32.layout_ms);
   std::fflush(stdout);
   const Ratios bf16 = run(*codec, options, count, n_chunks, true, iterations);
   std::printf(
-      "RESULT bf16_hop_vs_copy=%.3f bf16_leaf_vs_copy=%.3f bf16_finish_vs_copy=%.3f "
-      "bf16_copy_GBps=%.1f bf16_hop_GBps=%.1f bf16_layout_ms=%.3f\n",
-      bf16.hop, bf16.leaf, bf16.finish, bf16.copy_gbps, bf16.hop_gbps, bf16.layout_ms);
+      "RESULT bf16_hop_vs_copy=%.3f bf16_leaf_vs_copy=%.3f bf16_hop_strata1_vs_copy=%.3f "
+      "bf16_finish_vs_copy=%.3f bf16_copy_GBps=%.1f bf16_hop_GBps=%.1f bf16_layout_ms=%.3f\n",
+      bf16.hop, bf16.leaf, bf16.hop_strata1, bf16.finish, bf16.copy_gbps, bf16.hop_gbps,
+      bf16.layout_ms);
   if ((f32.error | bf16.error) != 0) {
     std::printf("FAIL: the kernels raised error flags 0x%x (FP32), 0x%x (BF16)\n", f32.error,
                 bf16.error);
