@@ -82,8 +82,11 @@ def main():
     col = {name: i for i, name in enumerate(header)}
     seen = {}
     for r in launches:
-        # "dq::cuda::dynamiq_hop_kernel(DynamiqDeviceParams, ...)" or the bare name: the name.
-        kernel = r[col["Kernel Name"]].split("(")[0].strip().split("::")[-1]
+        # "void dq::cuda::dynamiq_hop_kernel(DynamiqDeviceParams, ...)" or the bare name: the
+        # name alone.
+        signature = r[col["Kernel Name"]].split("(")[0].split()
+        kernel = signature[-1].split("::")[-1] if signature else ""
+
         k = seen.get(kernel, 0)
         seen[kernel] = k + 1
         own = labels.get(kernel, [])

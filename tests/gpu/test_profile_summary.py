@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""profile_summary.py against a made-up raw page (testdata/ncu_raw.csv): the units row is not a
-launch, launches are named and labelled in order, thousands separators are read, a missing or
-n/a metric prints n/a, and a report with no launch exits 1."""
+"""profile_summary.py against a made-up raw page (testdata/ncu_raw.csv, in the shape ncu prints:
+its own lines first, a header, a units row). The units row is not a launch; a kernel is named
+without its namespace, return type and parameters; launches are labelled in order; thousands
+separators are read; a missing or n/a metric prints n/a; a report with no launch exits 1."""
 import os
 import subprocess
 import sys
