@@ -47,6 +47,10 @@
 #                    all-reduce on the CUDA device; PyTorch's warm-up-then-capture sequence (an
 #                    eager compressed call, a captured all-reduce passed through, two exact
 #                    replays, the communicator healthy and compressing afterwards) (10-60 s each)
+#   torch_ddp_2ranks an unmodified PyTorch job through the preloaded shim (tests/gpu/torch_ddp_smoke.py):
+#                    torch.distributed's NCCL backend, 2 ranks on the one GPU; FP32 and BF16 SUM
+#                    and AVG all-reduces against FP64, DDP training against a twin on a group
+#                    that dynamiq.register() opts out, the counters of both groups (20-60 s)
 #   call_vs_nccl     one whole compressed 256 MiB FP32 call through the preloaded shim against
 #                    NCCL's BF16 all-reduce of the same tensor, same 2 ranks (loopback link);
 #                    prints both times and the bytes each sends (10-30 s)
@@ -566,6 +570,10 @@ for t in real_nccl_with_plugin shim_passes_gpu_allreduce_through real_nccl_compr
          shim_capture_gpu_2ranks; do
   run_test "$t" 90
 done
+# What users run: PyTorch's own NCCL backend and DDP, unmodified, with the shim preloaded (the
+# image's python3 holds torch; a skip with the reason where it does not).
+bench_step torch_ddp_2ranks 150 python3 "$ROOT/tests/gpu/torch_ddp_smoke.py" \
+  --shim "$BUILD/shim/libdynamiq.so" --timeout 130
 bench_step call_vs_nccl 120 with_shim "$BUILD/tests/gpu/call_vs_nccl"
 
 # Every other test of suite gpu (cuda_device_gpu_steps, shim_4proc_device_buffers, any added
