@@ -94,6 +94,9 @@ class Codec {
   // Per-rank statistics contribution (BF16 words, summed element-wise by the statistics
   // all-reduce). 0 for codecs that need none.
   virtual size_t stats_words() const { return 0; }
+  // The last this-many of those words the all-reduce sums as unsigned 8-bit integers, two byte
+  // lanes a word (ncclUint8), not as BF16: DynamiQ's all-zero counts from 16 to 255 workers.
+  virtual size_t stats_byte_sum_words() const { return 0; }
   virtual Status local_stats(const ConstTensor& x, uint16_t* stats_bf16) const;
 
   // Bytes of the per-call layout (widths, order, chunk cuts, digests, the call number): memory the

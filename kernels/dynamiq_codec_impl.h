@@ -30,6 +30,9 @@ class DynamiqCodecBase : public Codec {
   std::string name() const override;
   Status plan(size_t count, int n_chunks, int n_workers) override;
   size_t stats_words() const override { return dq::stats_words(plan_.n_sg, plan_.n_workers); }
+  size_t stats_byte_sum_words() const override {
+    return dq::stats_byte_sum_words(plan_.n_sg, plan_.n_workers);
+  }
   Status local_stats(const ConstTensor& x, uint16_t* stats) const override;
   size_t layout_bytes() const override { return sections_.bytes; }
   Status build_layout(const uint16_t* reduced, uint64_t call, void* layout) const override {

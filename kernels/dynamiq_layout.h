@@ -16,10 +16,14 @@
 
 namespace dq {
 
-// The statistics all-reduce (docs/FORMAT.md, "Statistics"): BF16 words summed element-wise over
-// the workers. Per super-group j, its mean and sum of squares at stat_word(j, kStatMean /
-// kStatEnergy); after those 2 n_sg words, the all-zero counts, zero_counts_per_word(n_workers)
-// super-groups to a word (zero_count_word()), each in a digit of zero_count_bits(n_workers) bits.
+// The statistics all-reduce (docs/FORMAT.md, "Statistics"): words summed element-wise over the
+// workers. Per super-group j, its mean and sum of squares at stat_word(j, kStatMean /
+// kStatEnergy), BF16 words; after those 2 n_sg words, the all-zero counts,
+// zero_counts_per_word(n_workers) super-groups to a word (zero_count_word()), each in a digit of
+// zero_count_bits(n_workers) bits. The count words are BF16 words too, except from 16 to 255
+// workers (zero_counts_are_bytes()): there each count is one byte, summed as an unsigned 8-bit
+// integer (NCCL's ncclUint8), two to a word in memory order, since a digit of 5 to 8 bits would
+// leave a BF16 sum room for one count alone.
 inline constexpr size_t kStatMean = 0;    // the worker's mean over the valid elements
 inline constexpr size_t kStatEnergy = 1;  // the worker's sum of squares
 inline constexpr size_t kStatPairWords = 2;
@@ -27,8 +31,17 @@ DQ_HD constexpr size_t stat_word(size_t j, size_t word) {
   return kStatPairWords * j + word;
 }
 
-// Bits of one all-zero count digit: enough for 0 .. n_workers (a count of workers).
+// From 16 to 255 workers an all-zero count is a byte of its own, summed as an unsigned 8-bit
+// integer: exact for any count up to 255 in any order of additions.
+inline constexpr int kByteCountMinWorkers = 16;
+inline constexpr int kByteCountMaxWorkers = 255;
+DQ_HD constexpr bool zero_counts_are_bytes(int n_workers) {
+  return n_workers >= kByteCountMinWorkers && n_workers <= kByteCountMaxWorkers;
+}
+// Bits of one all-zero count digit: enough for 0 .. n_workers (a count of workers); a byte from
+// 16 to 255 workers.
 DQ_HD constexpr int zero_count_bits(int n_workers) {
+  if (zero_counts_are_bytes(n_workers)) return 8;
   int bits = 1;
   while (bits < 17 && (1 << bits) <= n_workers) ++bits;
   return bits;
@@ -36,11 +49,11 @@ DQ_HD constexpr int zero_count_bits(int n_workers) {
 // Super-groups whose all-zero counts share one word, as a power of two: 2^this. A summed word is
 // then an integer of at most 8 bits, exact in BF16 after any order of additions; a power of two,
 // so that a tile of 16 super-groups (the CUDA statistics kernel's) writes whole words and a word's
-// index is a shift, not a division (the kernels compute it per super-group). From 16 workers on,
-// one word a super-group, the count itself.
+// index is a shift, not a division (the kernels compute it per super-group). Two bytes a word
+// from 16 to 255 workers; from 256 on, one BF16 word a super-group, the count itself.
 DQ_HD constexpr int zero_counts_per_word_log2(int n_workers) {
   const int bits = zero_count_bits(n_workers);
-  return bits == 1 ? 3 : bits == 2 ? 2 : bits <= 4 ? 1 : 0;
+  return bits == 1 ? 3 : bits == 2 ? 2 : bits <= 4 || bits == 8 ? 1 : 0;
 }
 DQ_HD constexpr int zero_counts_per_word(int n_workers) {
   return 1 << zero_counts_per_word_log2(n_workers);
@@ -54,10 +67,26 @@ DQ_HD constexpr size_t stats_words(size_t n_sg, int n_workers) {
 DQ_HD constexpr size_t zero_count_word(size_t n_sg, size_t j, int n_workers) {
   return kStatPairWords * n_sg + (j >> zero_counts_per_word_log2(n_workers));
 }
+// Words at the end of the statistics of n_sg super-groups that the all-reduce sums as unsigned
+// 8-bit integers (two byte lanes a word): the count words from 16 to 255 workers, else none.
+DQ_HD constexpr size_t stats_byte_sum_words(size_t n_sg, int n_workers) {
+  return zero_counts_are_bytes(n_workers) ? stats_words(n_sg, n_workers) - kStatPairWords * n_sg
+                                          : 0;
+}
+// The word two byte lanes make in memory (little-endian, as every CUDA platform): byte 0, the
+// lower address, is the low half.
+DQ_HD constexpr uint16_t byte_lanes_word(unsigned byte0, unsigned byte1) {
+  return static_cast<uint16_t>((byte0 & 0xffu) | ((byte1 & 0xffu) << 8));
+}
+// The all-reduce of two byte-summed words: each lane summed modulo 256, as ncclUint8 does.
+DQ_HD constexpr uint16_t byte_lanes_sum(uint16_t a, uint16_t b) {
+  return byte_lanes_word((a & 0xffu) + (b & 0xffu), (a >> 8) + (b >> 8));
+}
 // A worker's count word: bit i of `all_zero` set when super-group i of the word's super-groups
 // has all of its values zero; it counts 1 in that super-group's digit (an integer below 256, so
-// the BF16 pattern is exact).
+// the BF16 pattern is exact), or in its byte.
 DQ_HD uint16_t zero_count_word_of(unsigned all_zero, int n_workers) {
+  if (zero_counts_are_bytes(n_workers)) return byte_lanes_word(all_zero & 1u, (all_zero >> 1) & 1u);
   const int bits = zero_count_bits(n_workers), per = zero_counts_per_word(n_workers);
   unsigned value = 0;
   for (int i = 0; i < per; ++i)
@@ -66,9 +95,14 @@ DQ_HD uint16_t zero_count_word_of(unsigned all_zero, int n_workers) {
 }
 // Super-group j's summed all-zero count as one BF16 word (the number of workers whose values are
 // all zero there), from its summed count word `word`. One super-group a word: the word itself.
-// Several: the digit of j, when the word is an integer in [0, 255]; else (a peer's bad word) NaN,
-// which reads as not dense with every worker contributing (contributing_workers()).
+// Bytes: the byte of j, any value a count (out of range reads as every worker contributing).
+// Several digits: the digit of j, when the word is an integer in [0, 255]; else (a peer's bad
+// word) NaN, which reads as not dense with every worker contributing (contributing_workers()).
 DQ_HD uint16_t summed_all_zero(uint16_t word, size_t j, int n_workers) {
+  if (zero_counts_are_bytes(n_workers)) {
+    const unsigned count = (j & 1u) != 0 ? static_cast<unsigned>(word >> 8) : word & 0xffu;
+    return static_cast<uint16_t>(f32_bits(static_cast<float>(count)) >> 16);
+  }
   const int per = zero_counts_per_word(n_workers);
   if (per == 1) return word;
   const float v = bf16_to_f32(word);

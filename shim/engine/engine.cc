@@ -232,7 +232,7 @@ ncclResult_t Engine::pass_switched_off(const CallArgs& call, PassReason* reason)
   uint64_t wire = 0;
   Status s = device_->record(ev_start_, call.stream);
   if (s == Status::kOk) s = device_->wait(comm_stream_, ev_start_);
-  if (s == Status::kOk) s = enqueue_call_control(nullptr, nullptr, 0, nullptr, &wire);
+  if (s == Status::kOk) s = enqueue_call_control(nullptr, nullptr, {}, nullptr, &wire);
   if (s == Status::kOk) s = device_->record(ev_comm_done_, comm_stream_);
   if (s == Status::kOk) s = device_->wait(call.stream, ev_comm_done_);
   if (s != Status::kOk) return engine_failure(s);

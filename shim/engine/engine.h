@@ -248,12 +248,19 @@ class Engine {
   void account_call(const CallArgs& call, DType dtype, const Plan& plan, const BudgetChoice& choice,
                     bool predicted, uint64_t call_index, uint64_t wire,
                     std::chrono::steady_clock::time_point t0);
-  // predict: the bucket whose prediction is made from the reduced statistics (its job staged),
-  // or null. reduced: an event recorded once the statistics are reduced, before the prediction
-  // (the layouts wait for it, not for the prediction), or null.
+  // A run of statistics words the all-reduce sums alike: BF16 words, or (bytes) unsigned 8-bit
+  // lanes, two a word (Codec::stats_byte_sum_words()).
+  struct StatsSpan {
+    size_t first = 0, words = 0;
+    bool bytes = false;
+  };
+  // spans: the statistics to all-reduce with the control words, in one NCCL group (none: the
+  // control words alone). predict: the bucket whose prediction is made from the reduced
+  // statistics (its job staged), or null. reduced: an event recorded once the statistics are
+  // reduced, before the prediction (the layouts wait for it, not for the prediction), or null.
   Status enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                              size_t stats_words, Bucket* predict, uint64_t* wire_bytes,
-                              EventHandle reduced = nullptr);
+                              const std::vector<StatsSpan>& spans, Bucket* predict,
+                              uint64_t* wire_bytes, EventHandle reduced = nullptr);
   // with_stats false: an MX fallback call that skips its statistics (kMxStatisticsEvery).
   Status enqueue_compressed(Plan& plan, const CallArgs& call, uint64_t call_index, bool with_stats,
                             Bucket* predict, uint64_t* wire_bytes);

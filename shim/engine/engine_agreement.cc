@@ -206,8 +206,10 @@ ncclResult_t Engine::absorb_window() {
 }
 
 Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats_reduced,
-                                    size_t stats_words, Bucket* predict, uint64_t* wire_bytes,
-                                    EventHandle reduced) {
+                                    const std::vector<StatsSpan>& spans, Bucket* predict,
+                                    uint64_t* wire_bytes, EventHandle reduced) {
+  size_t stats_words = 0;
+  for (const StatsSpan& s : spans) stats_words += s.words;
   const int slot = static_cast<int>(control_sent_ % static_cast<uint64_t>(control_window()));
   uint32_t* send = control_ + call_send_word(slot);
   uint32_t* recv = control_ + call_recv_word(slot, control_window());
@@ -222,9 +224,14 @@ Status Engine::enqueue_call_control(const uint16_t* stats_local, uint16_t* stats
   if (arm) DQ_CHECK(device_->wait(comm_stream_, check_->done));
   DQ_CHECK(enqueue_nccl(lane, [=] {
     ncclResult_t r = ops.group_start();
-    if (r == ncclSuccess && stats_words > 0)
-      r = ops.all_reduce(stats_local, stats_reduced, stats_words, ncclBfloat16, ncclSum, comm,
-                         stream);
+    // One all-reduce a span: BF16 words, or the all-zero counts' bytes as unsigned integers.
+    for (const StatsSpan& s : spans) {
+      if (r != ncclSuccess) break;
+      r = s.bytes ? ops.all_reduce(stats_local + s.first, stats_reduced + s.first, 2 * s.words,
+                                   ncclUint8, ncclSum, comm, stream)
+                  : ops.all_reduce(stats_local + s.first, stats_reduced + s.first, s.words,
+                                   ncclBfloat16, ncclSum, comm, stream);
+    }
     if (r == ncclSuccess)
       r = ops.all_reduce(send, recv, kCallControlWords, ncclUint32, ncclMax, comm, stream);
     const ncclResult_t end = ops.settled(comm, ops.group_end(), timeout_ms);

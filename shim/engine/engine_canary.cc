@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/bf16.h"
+#include "kernels/stats_sum.h"
 #include "shim/engine/engine_internal.h"
 
 namespace dq::engine {
@@ -94,14 +95,13 @@ bool run_canary_on_host(const Codec& codec, const CanaryImage& im, uint64_t seed
   auto host_step = [&ok](Status s) { ok = ok && s == Status::kOk; };
   const size_t words = im.stats_words, cap = im.cap;
   if (words > 0) {
-    std::vector<float> sum(words, 0.0f);
+    StatsSum sum(words, codec.stats_byte_sum_words());
     for (int w = 0; w < W; ++w) {
       auto* stats = reinterpret_cast<uint16_t*>(host + im.stats_at[w]);
       host_step(codec.local_stats(im.input(host, w), stats));
-      for (size_t k = 0; k < words; ++k) sum[k] += bf16_to_f32(stats[k]);
+      sum.add(stats);
     }
-    auto* reduced = reinterpret_cast<uint16_t*>(host + im.reduced_at);
-    for (size_t k = 0; k < words; ++k) reduced[k] = f32_to_bf16_sat(sum[k]);
+    sum.result(reinterpret_cast<uint16_t*>(host + im.reduced_at), true);
   }
   const auto* reduced =
       words > 0 ? reinterpret_cast<const uint16_t*>(host + im.reduced_at) : nullptr;

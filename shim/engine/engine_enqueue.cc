@@ -118,7 +118,9 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   DQ_CHECK(device_->record(ev_stats_, compute_stream_));
   DQ_CHECK(device_->wait(comm_stream_, ev_stats_));
   const bool skip_stats = p.mx_fallback() && !with_stats;
-  DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced, skip_stats ? 0 : p.stats_words,
+  static const std::vector<StatsSpan> kNoStatistics;
+  DQ_CHECK(enqueue_call_control(p.stats_local, p.stats_reduced,
+                                skip_stats ? kNoStatistics : p.stats_spans,
                                 skip_stats ? nullptr : predict, wire_bytes, ev_reduced_));
   DQ_CHECK(device_->wait(compute_stream_, ev_reduced_));
   DQ_CHECK(device_->parts_layouts(*p.part_steps, call_index, compute));

@@ -119,6 +119,9 @@ struct Engine::Plan {
   size_t stats_words = 0;
   uint16_t* stats_local = nullptr;    // device memory
   uint16_t* stats_reduced = nullptr;  // device memory
+  // The statistics words in runs the all-reduce sums alike (BF16, or byte lanes: a DynamiQ
+  // part's all-zero counts from 16 to 255 workers), in order, covering [0, stats_words).
+  std::vector<StatsSpan> stats_spans;
   // Every part's statistics and layout steps, prepared for the device (Device::prepare_parts):
   // a call runs each kind as one step. `stats_steps[with_stats]`: an MX fallback's statistics are
   // computed only on the calls that want them (its own codec needs none); [0] is then a list

@@ -62,7 +62,21 @@ Status Engine::cut_blocks(const CallArgs& call, Plan& p) {
       p.fits = p.fits && part.codec->fits_budget() && chunks_large_enough(count, part_chunks);
       blk.cap = part.codec->chunk_capacity();  // a function of (count, budget): equal for all
       part.stats_offset = p.stats_words;
-      p.stats_words += part.stats_source().stats_words();
+      // Its words in the plan's spans: a run of BF16 words, then its byte-summed count words
+      // (none below 16 workers), each extending the last span where it is of the same kind (one
+      // all-reduce for all of them).
+      auto append = [&p](size_t words, bool bytes) {
+        if (words == 0) return;
+        if (!p.stats_spans.empty() && p.stats_spans.back().bytes == bytes)
+          p.stats_spans.back().words += words;
+        else
+          p.stats_spans.push_back({p.stats_words, words, bytes});
+        p.stats_words += words;
+      };
+      const size_t words = part.stats_source().stats_words();
+      const size_t byte_words = part.stats_source().stats_byte_sum_words();
+      append(words - byte_words, false);
+      append(byte_words, true);
       blk.parts.push_back(std::move(part));
     }
     const size_t cap = blk.cap;

@@ -38,12 +38,19 @@ class Mismatch(Exception):
 
 
 # Statistics (docs/FORMAT.md): per super-group a mean and a sum of squares, then the all-zero
-# counts packed several to a word.
+# counts packed several to a word: digits of a BF16 integer, or from 16 to 255 workers a byte each
+# (summed as unsigned 8-bit integers).
 PAIR_WORDS = 2
 
 
+def counts_are_bytes(n):
+    return 16 <= n <= 255
+
+
 def count_digit_bits(n):
-    """Bits of one all-zero count: enough for 0 .. n."""
+    """Bits of one all-zero count: enough for 0 .. n; a byte from 16 to 255 workers."""
+    if counts_are_bytes(n):
+        return 8
     bits = 1
     while (1 << bits) <= n:
         bits += 1
@@ -52,7 +59,7 @@ def count_digit_bits(n):
 
 def counts_per_word(n):
     bits = count_digit_bits(n)
-    return 8 if bits == 1 else 4 if bits == 2 else 2 if bits <= 4 else 1
+    return 8 if bits == 1 else 4 if bits == 2 else 2 if bits <= 4 or bits == 8 else 1
 
 
 def stats_words(S, n):
@@ -63,7 +70,10 @@ def stats_words(S, n):
 def all_zero_count(stats, S, j, n):
     """Super-group j's summed all-zero count (a float; NaN for a bad word)."""
     k = counts_per_word(n)
-    v = bf16(stats[PAIR_WORDS * S + j // k])
+    word = int(stats[PAIR_WORDS * S + j // k])
+    if counts_are_bytes(n):  # memory order: the even super-group's byte is the low one
+        return float((word >> (8 * (j % 2))) & 0xff)
+    v = bf16(word)
     if k == 1:
         return v
     if not (0.0 <= v <= 255.0) or v != int(v):

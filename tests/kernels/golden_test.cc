@@ -24,6 +24,7 @@
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/stats_sum.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
@@ -205,13 +206,13 @@ void produce(const GoldenCase& gc, const std::vector<std::vector<uint8_t>>* leaf
   const size_t words = c->stats_words();
   out->stats.assign(words, 0);
   if (words > 0) {  // the statistics all-reduce: BF16 words summed in rank order, rounded to BF16
-    std::vector<float> sum(words, 0.0f);
+    StatsSum sum(words, c->stats_byte_sum_words());
     std::vector<uint16_t> local(words);
     for (int w = 0; w < kWorkers; ++w) {
       ASSERT_EQ(c->local_stats({x[w].data(), DType::kF32, gc.count}, local.data()), Status::kOk);
-      for (size_t k = 0; k < words; ++k) sum[k] += bf16_to_f32(local[k]);
+      sum.add(local.data());
     }
-    for (size_t k = 0; k < words; ++k) out->stats[k] = f32_to_bf16_rne(sum[k]);
+    sum.result(out->stats.data(), false);
   }
   ASSERT_EQ(c->agree(words ? out->stats.data() : nullptr, kCall), Status::kOk);
   const size_t cap = c->chunk_capacity();

@@ -18,6 +18,7 @@
 #include "kernels/host_isa.h"
 #include "kernels/payload.h"
 #include "kernels/philox.h"
+#include "kernels/stats_sum.h"
 
 namespace dq {
 namespace {
@@ -31,14 +32,14 @@ std::unique_ptr<Codec> codec(const char* spec) {
 
 // Statistics all-reduce as the engine does it: BF16 words summed over ranks, rounded to BF16.
 std::vector<uint16_t> reduce_stats(Codec& c, const std::vector<std::vector<float>>& rows) {
-  std::vector<float> sum(c.stats_words(), 0.0f);
+  StatsSum sum(c.stats_words(), c.stats_byte_sum_words());
   std::vector<uint16_t> local(c.stats_words());
   for (const auto& r : rows) {
     EXPECT_EQ(c.local_stats({r.data(), DType::kF32, r.size()}, local.data()), Status::kOk);
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(local[i]);
+    sum.add(local.data());
   }
-  std::vector<uint16_t> out(sum.size());
-  for (size_t i = 0; i < sum.size(); ++i) out[i] = f32_to_bf16_rne(sum[i]);
+  std::vector<uint16_t> out(c.stats_words());
+  sum.result(out.data(), false);
   return out;
 }
 
@@ -478,20 +479,24 @@ TEST(Allocation, CutSlackIsKeptOncePerCutNotPerMessage) {
 // The all-zero counts share words (FORMAT.md): summed as the all-reduce sums them, one BF16
 // rounding an addition, in any order, every super-group's digit is its count of workers with all
 // values zero, exactly, for every worker count; and the statistics take fewer words than three a
-// super-group up to 15 workers. A bad summed word reads as not dense with every worker.
+// super-group up to 255 workers (from 16 the counts are bytes, summed as integers). A bad summed
+// BF16 word, or a byte above the worker count, reads as not dense with every worker.
 TEST(Statistics, AllZeroCountsSumExactlyInAnyOrder) {
   std::mt19937 gen(5);
-  for (int workers : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 40}) {
+  for (int workers : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 40, 255, 256}) {
     const size_t count = 256 * 37 + 5;  // a partial last super-group; a partial last word
     const size_t n_sg = (count + 255) / 256;
     auto c = codec("dynamiq:5");
     ASSERT_EQ(c->plan(count, 2, workers), Status::kOk);
     ASSERT_EQ(c->stats_words(), stats_words(n_sg, workers));
-    if (workers < 16) {
+    if (workers <= 255) {
       EXPECT_LT(c->stats_words(), 3 * n_sg);
     } else {
       EXPECT_EQ(c->stats_words(), 3 * n_sg);
     }
+    // The byte-summed words: the count section from 16 to 255 workers, else none.
+    const size_t byte_words = c->stats_byte_sum_words();
+    EXPECT_EQ(byte_words, workers >= 16 && workers <= 255 ? (n_sg + 1) / 2 : 0) << workers;
     std::vector<std::vector<uint16_t>> local(static_cast<size_t>(workers));
     std::vector<int> zeros(n_sg, 0);
     std::vector<float> x(count);
@@ -507,9 +512,12 @@ TEST(Statistics, AllZeroCountsSumExactlyInAnyOrder) {
           c->local_stats({x.data(), DType::kF32, count}, local[static_cast<size_t>(w)].data()),
           Status::kOk);
     }
-    // Forward, reverse and a pairwise tree, each addition rounded to BF16.
-    auto add = [](uint16_t a, uint16_t b) {
-      return f32_to_bf16_rne(bf16_to_f32(a) + bf16_to_f32(b));
+    // Forward, reverse and a pairwise tree, each addition rounded to BF16, or (the last
+    // byte_words words) summed as two unsigned 8-bit lanes, as the all-reduce sums them.
+    const size_t float_words = c->stats_words() - byte_words;
+    auto add = [float_words](uint16_t a, uint16_t b, size_t word) {
+      return word >= float_words ? byte_lanes_sum(a, b)
+                                 : f32_to_bf16_rne(bf16_to_f32(a) + bf16_to_f32(b));
     };
     std::vector<std::vector<uint16_t>> sums;
     for (int order = 0; order < 3; ++order) {
@@ -521,7 +529,7 @@ TEST(Statistics, AllZeroCountsSumExactlyInAnyOrder) {
           std::vector<uint16_t> acc = v[i];
           const size_t end = order == 2 ? std::min(v.size(), i + 2) : v.size();
           for (size_t k = i + 1; k < end; ++k)
-            for (size_t t = 0; t < acc.size(); ++t) acc[t] = add(acc[t], v[k][t]);
+            for (size_t t = 0; t < acc.size(); ++t) acc[t] = add(acc[t], v[k][t], t);
           next.push_back(acc);
         }
         v = next;
@@ -537,7 +545,17 @@ TEST(Statistics, AllZeroCountsSumExactlyInAnyOrder) {
         EXPECT_EQ(contributing_workers(w.all_zero, workers),
                   zeros[j] < workers ? workers - zeros[j] : workers);
       }
-    if (zero_counts_per_word(workers) > 1) {
+    if (byte_words > 0) {
+      // A byte above the worker count (a peer's bad byte) in either lane.
+      std::vector<uint16_t> bad = sums[0];
+      for (size_t j : {size_t{0}, size_t{1}}) {
+        bad[zero_count_word(n_sg, j, workers)] =
+            byte_lanes_word(j == 0 ? 255 : 0, j == 1 ? 255 : 0);
+        const SupergroupStatWords w = supergroup_stat_words(bad.data(), n_sg, j, workers);
+        EXPECT_FALSE(supergroup_dense(w.all_zero)) << j;
+        EXPECT_EQ(contributing_workers(w.all_zero, workers), workers) << j;
+      }
+    } else if (zero_counts_per_word(workers) > 1) {
       std::vector<uint16_t> bad = sums[0];
       for (uint16_t word : {uint16_t{0x3f00}, uint16_t{0x4380}, uint16_t{0x7fc0}}) {  // 0.5, 256
         bad[zero_count_word(n_sg, 0, workers)] = word;

@@ -19,6 +19,7 @@
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/dynamiq_math.h"
+#include "kernels/stats_sum.h"
 #include "tools/sim/simulate.h"
 #include "topo/schedule.h"
 
@@ -195,15 +196,15 @@ std::array<int, 4> width_counts(const Rows& rows) {
   auto codec = make_codec("dynamiq:5", nullptr);
   const int n = static_cast<int>(rows.size());
   EXPECT_EQ(codec->plan(rows[0].size(), n, n), Status::kOk);
-  std::vector<float> sum(codec->stats_words(), 0.0f);
+  StatsSum sum(codec->stats_words(), codec->stats_byte_sum_words());
   for (const auto& r : rows) {
     std::vector<uint16_t> local(codec->stats_words());
     EXPECT_EQ(codec->local_stats(ConstTensor{r.data(), DType::kF32, r.size()}, local.data()),
               Status::kOk);
-    for (size_t w = 0; w < local.size(); ++w) sum[w] += bf16_to_f32(local[w]);
+    sum.add(local.data());
   }
-  std::vector<uint16_t> reduced(sum.size());
-  for (size_t w = 0; w < sum.size(); ++w) reduced[w] = f32_to_bf16_sat(sum[w]);
+  std::vector<uint16_t> reduced(codec->stats_words());
+  sum.result(reduced.data(), true);
   std::vector<uint64_t> layout(codec->layout_bytes() / 8);
   EXPECT_EQ(codec->build_layout(reduced.data(), 1, layout.data()), Status::kOk);
   const DynamiqLayoutView v = dynamiq_layout(*codec, layout.data());

@@ -14,6 +14,7 @@
 #include "kernels/bf16.h"
 #include "kernels/budget_model.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/stats_sum.h"
 #include "tools/sim/auto_choice.h"
 #include "tools/sim/gradients.h"
 #include "tools/sim/simulate.h"
@@ -38,14 +39,14 @@ void reduce_stats(Case* c) {
   auto codec = make_codec("dynamiq:5", &error);
   const int n = c->sched.n_workers;
   EXPECT_EQ(codec->plan(c->d, c->sched.n_chunks, n), Status::kOk);
-  std::vector<float> sum(codec->stats_words(), 0.0f);
+  StatsSum sum(codec->stats_words(), codec->stats_byte_sum_words());
   std::vector<uint16_t> local(codec->stats_words());
   for (const float* row : c->rows) {
     EXPECT_EQ(codec->local_stats(ConstTensor{row, DType::kF32, c->d}, local.data()), Status::kOk);
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(local[i]);
+    sum.add(local.data());
   }
-  c->stats.clear();
-  for (float v : sum) c->stats.push_back(f32_to_bf16_rne(v));
+  c->stats.assign(codec->stats_words(), 0);
+  sum.result(c->stats.data(), false);
 }
 
 // Synthetic gradients of `n` workers (independent deviations: the model's assumption unless

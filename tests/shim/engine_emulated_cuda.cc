@@ -37,6 +37,7 @@
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
 #include "kernels/payload.h"
+#include "kernels/stats_sum.h"
 #include "shim/engine/cuda_device.h"
 #include "shim/engine/engine.h"
 #include "tests/common/engine_test_util.h"
@@ -577,16 +578,15 @@ int steps_check() {
              "%s: setup", l.d->name());
     *l.error = 0;
     const std::unique_ptr<dq::engine::PreparedCodec> prepared = l.d->prepare(*codec);
-    // Statistics of every worker, summed as the statistics all-reduce does (BF16 words).
-    std::vector<float> sum(words, 0.0f);
+    // Statistics of every worker, summed as the statistics all-reduce does (dq::StatsSum).
+    dq::StatsSum sum(words, codec->stats_byte_sum_words());
     out.stats.assign(words * kWorkers, 0);
     for (int r = 0; r < kWorkers; ++r)
       l.d->local_stats(*prepared, tensor(r), out.stats.data() + r * words, l.lane());
     l.sync();
-    for (int r = 0; r < kWorkers; ++r)
-      for (size_t w = 0; w < words; ++w) sum[w] += dq::bf16_to_f32(out.stats[r * words + w]);
+    for (int r = 0; r < kWorkers; ++r) sum.add(out.stats.data() + r * words);
     std::vector<uint16_t> reduced(words);
-    for (size_t w = 0; w < words; ++w) reduced[w] = dq::f32_to_bf16_sat(sum[w]);
+    sum.result(reduced.data(), true);
     out.layout.assign((codec->layout_bytes() + 7) / 8, 0x5a5a5a5a5a5a5a5aull);
     l.d->build_layout(*prepared, reduced.data(), 7, out.layout.data(), l.lane());
     // Leaves of chunk 1 on every worker, then worker 3's fused hop of the other three.

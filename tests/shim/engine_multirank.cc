@@ -37,6 +37,9 @@
 //               parent) and settle after some polls give the two-level schedule; a split that
 //               never settles on rank 1 costs one DYNAMIQ_TIMEOUT_MS, then every rank runs flat
 //               and aborts its node and rail communicators; results exact in both cases
+//   byte_counts from 16 ranks, each part's statistics all-reduced as BF16 words and its all-zero
+//               counts as bytes (ncclUint8) right after them; below, one BF16 all-reduce; the
+//               result near the sum on data whose odd super-groups are one rank's alone
 //   rail_overlap  two-level (2 x 2 fake nodes), an all-reduce in 4 pieces: piece 1's statistics
 //               all-reduce is issued while piece 0's first rail message is held back (the two rail
 //               engines); the call's result near the exact sum
@@ -58,6 +61,7 @@
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "kernels/bf16.h"
+#include "kernels/dynamiq_layout.h"
 #include "shim/engine/engine.h"
 #include "tests/common/engine_test_util.h"
 #include "tests/common/rank_harness.h"
@@ -914,6 +918,100 @@ float noisy_value(int rank, size_t i, bool dense = false) {
   return static_cast<float>(scale * (bell * 1.7 + 0.3 * std::sin(0.01 * static_cast<double>(i))));
 }
 
+// ---- byte_counts: the statistics' all-reduces from 16 ranks -----------------------------------
+// From 16 to 255 ranks DynamiQ's all-zero counts are bytes summed as unsigned 8-bit integers
+// (docs/FORMAT.md): each part's statistics go out as a BF16 all-reduce of its mean and energy
+// words and a ncclUint8 one of its count bytes, right after them in the same buffer; below 16
+// ranks one BF16 all-reduce takes every part's words. Recorded here (the rank's process alone
+// calls it: a forked rank), checked against the parts' geometry; the result must be near the sum
+// on data whose odd super-groups are one rank's alone (the high byte of each count word counts).
+struct LoggedAllReduce {
+  const void* send;
+  size_t count;
+  ncclDataType_t type;
+};
+std::vector<LoggedAllReduce> g_all_reduces;
+ncclResult_t logged_all_reduce(const void* s, void* r, size_t c, ncclDataType_t t, ncclRedOp_t o,
+                               ncclComm_t comm, cudaStream_t st) {
+  g_all_reduces.push_back({s, c, t});
+  return ncclAllReduce(s, r, c, t, o, comm, st);
+}
+
+float one_owner_value(int rank, int n, size_t i) {
+  const size_t j = i / 256;
+  if (j % 2 == 1 && static_cast<size_t>(rank) != (j / 2) % static_cast<size_t>(n)) return 0.0f;
+  return noisy_value(rank, i);
+}
+
+int scenario_byte_counts(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_TOPO", "ring"},
+                                      {"DYNAMIQ_BLOCK_BYTES", "1M"}});
+  // Two pipeline blocks: 262,144 values and the remainder, 1,024 and 1,025 super-groups (at 16
+  // ranks 64 a chunk message, the floor; an odd count leaves the last count word half used).
+  constexpr size_t kCount = 2 * 262144 + 40;
+  const size_t part_counts[2] = {262144, kCount - 262144};
+  const bool bytes = n >= 16 && n <= 255;
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    dq::engine::NcclOps ops = cpu_nccl_ops();
+    ops.all_reduce = logged_all_reduce;
+    std::vector<float> in(kCount), out(kCount);
+    for (size_t i = 0; i < kCount; ++i) in[i] = one_owner_value(rank, n, i);
+    Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
+                  true);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    PassReason reason;
+    g_all_reduces.clear();
+    const ncclResult_t r = engine.run(args, &reason);
+    CHECK_OR(90, r == ncclSuccess && reason == PassReason::kRerouted, "rank %d: %d, reason %d",
+             rank, static_cast<int>(r), static_cast<int>(reason));
+    // The statistics' all-reduces: the BF16 and byte ones of the call's control group.
+    std::vector<LoggedAllReduce> stats;
+    for (const LoggedAllReduce& a : g_all_reduces)
+      if (a.type == ncclBfloat16 || a.type == ncclUint8) stats.push_back(a);
+    size_t words = 0;
+    for (size_t c : part_counts) words += dq::stats_words((c + 255) / 256, n);
+    if (!bytes) {
+      CHECK_OR(91, stats.size() == 1 && stats[0].type == ncclBfloat16 && stats[0].count == words,
+               "rank %d: %zu statistics all-reduces (first of %zu), one BF16 of %zu words wanted",
+               rank, stats.size(), stats.empty() ? size_t{0} : stats[0].count, words);
+    } else {
+      CHECK_OR(92, stats.size() == 4, "rank %d: %zu statistics all-reduces, 4 wanted", rank,
+               stats.size());
+      for (int p = 0; p < 2; ++p) {
+        const size_t n_sg = (part_counts[p] + 255) / 256;
+        const LoggedAllReduce& pairs = stats[2 * p];
+        const LoggedAllReduce& counts = stats[2 * p + 1];
+        CHECK_OR(93, pairs.type == ncclBfloat16 && pairs.count == 2 * n_sg,
+                 "rank %d part %d: BF16 all-reduce of %zu words, %zu wanted", rank, p, pairs.count,
+                 2 * n_sg);
+        CHECK_OR(94,
+                 counts.type == ncclUint8 &&
+                     counts.count == 2 * dq::stats_byte_sum_words(n_sg, n) &&
+                     counts.send == static_cast<const uint16_t*>(pairs.send) + 2 * n_sg,
+                 "rank %d part %d: the count bytes' all-reduce (type %d, %zu elements) is not "
+                 "the %zu bytes (ncclUint8) after the part's BF16 words",
+                 rank, p, static_cast<int>(counts.type), counts.count,
+                 2 * dq::stats_byte_sum_words(n_sg, n));
+      }
+    }
+    double error = 0, energy = 0;
+    for (size_t i = 0; i < kCount; ++i) {
+      double want = 0;
+      for (int w = 0; w < n; ++w) want += one_owner_value(w, n, i);
+      error += (out[i] - want) * (out[i] - want);
+      energy += want * want;
+    }
+    CHECK_OR(95, error < 0.05 * energy, "rank %d: vNMSE %g", rank, error / energy);
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 300), "byte_counts") ? 0 : 1;
+}
+
 int scenario_auto(int n) {
   constexpr int kMaxCalls = 10;
   const size_t sizes[2] = {size_t{1} << 19, size_t{3} << 18};  // 2 MiB and 3 MiB of FP32
@@ -1416,7 +1514,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: engine_multirank "
         "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|collectives|setup_fail|stalled_wait|"
-        "split_settles|rail_overlap "
+        "split_settles|rail_overlap|byte_counts "
         "NRANKS [TOPO]\n");
     return 2;
   }
@@ -1439,6 +1537,7 @@ int main(int argc, char** argv) {
   if (scenario == "stalled_wait") return scenario_stalled_wait(n);
   if (scenario == "split_settles") return scenario_split_settles(n);
   if (scenario == "rail_overlap") return scenario_rail_overlap(n);
+  if (scenario == "byte_counts") return scenario_byte_counts(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }

@@ -12,14 +12,14 @@ failures = []
 
 # The statistics all-reduce (docs/FORMAT.md): 2 BF16 words (mean, sum of squares) per 256
 # values, and the all-zero counts, k super-groups to a word (k = 8, 4, 2, 2 for counts of 1, 2, 3
-# and 4 bits, else 1). At most 3 words a super-group.
+# and 4 bits; 2, a byte each, from 16 to 255 workers; else 1). At most 3 words a super-group.
 STATS_BITS_MAX = 3 * 16 / 256
 
 
 def stats_bits(n):
     """Statistics bits per coordinate for n workers, over whole words of super-groups."""
     bits = max(1, n.bit_length())
-    k = {1: 8, 2: 4, 3: 2, 4: 2}.get(bits, 1)
+    k = 2 if 16 <= n <= 255 else {1: 8, 2: 4, 3: 2, 4: 2}.get(bits, 1)
     return (2 + 1 / k) * 16 / 256
 
 def check(cond, what):

@@ -5,18 +5,19 @@
 
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/stats_sum.h"
 
 namespace dq::sim {
 
 std::vector<uint16_t> reduced_stats(Codec& codec, const std::vector<const float*>& rows, size_t d) {
   const size_t words = codec.stats_words();
-  std::vector<float> sum(words, 0.0f);
+  StatsSum sum(words, codec.stats_byte_sum_words());
   std::vector<uint16_t> local(words), out(words);
   for (const float* r : rows) {
     codec.local_stats(ConstTensor{r, DType::kF32, d}, local.data());
-    for (size_t i = 0; i < words; ++i) sum[i] += bf16_to_f32(local[i]);
+    sum.add(local.data());
   }
-  for (size_t i = 0; i < words; ++i) out[i] = f32_to_bf16_rne(sum[i]);
+  sum.result(out.data(), false);
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/bf16.h"
+#include "kernels/stats_sum.h"
 
 namespace dq::sim {
 namespace {
@@ -22,21 +23,22 @@ void subtree_workers(const topo::ChunkTree& t, int node, std::vector<int>* out) 
 }
 
 // The statistics all-reduce over elements [offset, offset + count) of every row: each rank's
-// BF16 words summed in rank order (FP32), rounded to BF16, then handed to codec.agree.
+// BF16 words summed in rank order (FP32), rounded to BF16 (byte-summed words lane by lane:
+// StatsSum), then handed to codec.agree.
 Status agree_on_stats(Codec& codec, const std::vector<const float*>& rows, int n, size_t offset,
                       size_t count, uint64_t call) {
   const size_t words = codec.stats_words();
   std::vector<uint16_t> reduced(words);
   if (words > 0) {
-    std::vector<float> sum(words, 0.0f);
+    StatsSum sum(words, codec.stats_byte_sum_words());
     std::vector<uint16_t> local(words);
     for (int w = 0; w < n; ++w) {
       const Status s =
           codec.local_stats(ConstTensor{rows[w] + offset, DType::kF32, count}, local.data());
       if (s != Status::kOk) return s;
-      for (size_t i = 0; i < words; ++i) sum[i] += bf16_to_f32(local[i]);
+      sum.add(local.data());
     }
-    for (size_t i = 0; i < words; ++i) reduced[i] = f32_to_bf16_rne(sum[i]);
+    sum.result(reduced.data(), false);
   }
   return codec.agree(words ? reduced.data() : nullptr, call);
 }

@@ -68,9 +68,9 @@ SCHEMES = {
 # Bits per coordinate an MX call of auto adds: the engine all-reduces an MX bucket's statistics
 # every 8th call, to keep its prediction current. The statistics (docs/FORMAT.md): 2 BF16 words
 # per 256 values and the all-zero counts, k super-groups to a word (k = 8, 4, 2, 2 for counts of
-# 1, 2, 3 and 4 bits, else 1).
+# 1, 2, 3 and 4 bits; 2, a byte each, from 16 to 255 workers; else 1).
 def auto_mx_stats_bits(n):
-    k = {1: 8, 2: 4, 3: 2, 4: 2}.get(max(1, n.bit_length()), 1)
+    k = 2 if 16 <= n <= 255 else {1: 8, 2: 4, 3: 2, 4: 2}.get(max(1, n.bit_length()), 1)
     return (2 + 1 / k) * 16 / 256 / 8
 
 

@@ -29,6 +29,7 @@
 #include "kernels/codec.h"
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/stats_sum.h"
 #include "tests/kernels/cuda/device_buffers.h"
 
 namespace dq::cuda {
@@ -199,7 +200,7 @@ void make_case(const Config& cfg, uint32_t seed, Case* s) {
   dynamiq_level_tables(cfg.opt, s->levels);
   s->f32.resize(cfg.n_workers);
   s->bf16.resize(cfg.n_workers);
-  std::vector<float> sum(s->codec->stats_words(), 0.0f);
+  StatsSum sum(s->codec->stats_words(), s->codec->stats_byte_sum_words());
   for (int r = 0; r < cfg.n_workers; ++r) {
     s->f32[r] = make_values(cfg.count, seed * 31 + r, cfg.poison && r == cfg.n_workers - 1);
     for (float& v : s->f32[r]) v = std::ldexp(v, cfg.scale_log2);
@@ -207,10 +208,10 @@ void make_case(const Config& cfg, uint32_t seed, Case* s) {
     for (size_t i = 0; i < cfg.count; ++i) s->bf16[r][i] = f32_to_bf16_rne(s->f32[r][i]);
     std::vector<uint16_t> local(s->codec->stats_words());
     ASSERT_EQ(s->codec->local_stats(s->tensor(r), local.data()), Status::kOk);
-    for (size_t w = 0; w < local.size(); ++w) sum[w] += bf16_to_f32(local[w]);
+    sum.add(local.data());
   }
-  s->reduced.resize(sum.size());
-  for (size_t w = 0; w < sum.size(); ++w) s->reduced[w] = f32_to_bf16_sat(sum[w]);
+  s->reduced.resize(s->codec->stats_words());
+  sum.result(s->reduced.data(), true);
   s->call = 0x100000000ull * seed + 17;
   const size_t words = s->codec->layout_bytes() / 8;
   s->host_layout.assign(words, 0x5a5a5a5a5a5a5a5aull);

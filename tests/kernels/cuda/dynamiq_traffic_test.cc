@@ -17,6 +17,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/stats_sum.h"
 #include "tests/kernels/cuda/device_buffers.h"
 
 namespace dq::cuda {
@@ -181,7 +182,7 @@ void check_traffic(bool bf16) {
   dynamiq_level_tables(opt, levels);
   std::vector<std::vector<float>> f32(n_workers);
   std::vector<std::vector<uint16_t>> b16(n_workers);
-  std::vector<float> sum(codec->stats_words(), 0.0f);
+  StatsSum sum(codec->stats_words(), codec->stats_byte_sum_words());
   for (int r = 0; r < n_workers; ++r) {
     f32[r] = gradient(count, 41 + r);
     b16[r].resize(count);
@@ -190,10 +191,10 @@ void check_traffic(bool bf16) {
     const ConstTensor t{bf16 ? static_cast<const void*>(b16[r].data()) : f32[r].data(),
                         bf16 ? DType::kBF16 : DType::kF32, count};
     ASSERT_EQ(codec->local_stats(t, local.data()), Status::kOk);
-    for (size_t w = 0; w < local.size(); ++w) sum[w] += bf16_to_f32(local[w]);
+    sum.add(local.data());
   }
-  std::vector<uint16_t> reduced(sum.size());
-  for (size_t w = 0; w < sum.size(); ++w) reduced[w] = f32_to_bf16_sat(sum[w]);
+  std::vector<uint16_t> reduced(codec->stats_words());
+  sum.result(reduced.data(), true);
   std::vector<uint64_t> layout(codec->layout_bytes() / 8);
   ASSERT_EQ(codec->build_layout(reduced.data(), 99, layout.data()), Status::kOk);
   const DynamiqLayoutT<const uint8_t> l(reinterpret_cast<const uint8_t*>(layout.data()),

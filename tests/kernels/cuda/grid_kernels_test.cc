@@ -116,7 +116,7 @@ TEST(CudaGridKernels, LayoutOnTheGridMatchesHostByteForByte) {
     for (size_t count : counts)
       for (int chunks : {1, 2, 3, 8, 64}) {
         if (oi > 0 && chunks != 3 && chunks != 8) continue;  // every option on two chunk counts
-        const int workers = chunks == 1 ? 1 : 4;
+        const int workers = chunks == 1 ? 1 : chunks == 8 ? 40 : 4;  // 40: the counts are bytes
         const size_t n_sg = (count + 255) / 256;
         const double decades = seed % 3 == 0 ? 0.0 : 4.0;  // one scale, or many widths
         const std::vector<uint16_t> stats = make_stats(n_sg, workers, decades, seed % 2 == 0, seed);
@@ -259,7 +259,7 @@ TEST(CudaGridKernels, BudgetOverManyBlocksMatchesHostBitForBit) {
       {200}, {1001 * 256 + 7}, {1024 * 256}, {300000, 1, 65536 * 5 + 3}, {1100 * 256 * 256 + 5}};
   uint32_t seed = 40;
   for (const auto& shape : shapes)
-    for (int workers : {3, 8}) {
+    for (int workers : {3, 8, 40}) {
       std::vector<BudgetPartJob> parts;
       std::vector<uint16_t> stats;
       for (size_t count : shape) {

@@ -16,7 +16,7 @@ namespace dq::cuda::test {
 // Summed all-zero count words (kernels/dynamiq_layout.h) of super-groups whose counts are
 // `counts`, appended to `out`; now and then (about 1 word in 16) a bad one, as a peer's bad word
 // would be: NaN, negative, above n where one count is a word, and where several share it not an
-// integer or above 8 bits.
+// integer or above 8 bits; where the counts are bytes, a byte above n.
 inline void append_count_words(const std::vector<unsigned>& counts, int n_workers,
                                std::mt19937* rng, std::vector<uint16_t>* out) {
   const int per = zero_counts_per_word(n_workers), bits = zero_count_bits(n_workers);
@@ -25,6 +25,11 @@ inline void append_count_words(const std::vector<unsigned>& counts, int n_worker
     for (int i = 0; i < per && first + i < counts.size(); ++i)
       value += counts[first + i] << (bits * i);
     const uint32_t pick = (*rng)() % 64;
+    if (zero_counts_are_bytes(n_workers)) {
+      if (pick < 4) value |= pick < 2 ? 0xffu : 0xff00u;  // a byte above n, in either lane
+      out->push_back(static_cast<uint16_t>(value));
+      continue;
+    }
     const float word = pick == 0   ? std::nanf("")
                        : pick == 1 ? -1.0f
                        : pick == 2 ? (per == 1 ? static_cast<float>(n_workers + 3) : 300.0f)

@@ -67,7 +67,7 @@ std::vector<float> make_values(size_t count, uint32_t seed) {
 }
 
 // Worker counts whose all-zero counts pack 8, 4, 2, 2 and 1 to a word.
-const int kWorkerCounts[] = {1, 3, 5, 15, 16};
+const int kWorkerCounts[] = {1, 3, 5, 15, 16, 40, 255, 256};
 
 std::vector<uint16_t> host_stats(const void* x, DType dtype, size_t count, int workers = 1) {
   auto codec = make_dynamiq_codec(DynamiqOptions{});
@@ -229,12 +229,18 @@ TEST(CudaStats, AllZeroWord) {
         EXPECT_EQ(summed_all_zero(host[zero_count_word(6, j, workers)], j, workers), expected[j])
             << j << " workers " << workers;
       // FORMAT.md's packing: the first word holds super-groups 0 .. per - 1, super-group i's
-      // count times 2^(bits i).
+      // count times 2^(bits i): a BF16 integer, or from 16 to 255 workers two bytes in memory
+      // order (super-group 0 in the low byte).
       unsigned word0 = 0;
       for (int i = 0; i < per && i < 6; ++i)
         if (expected[i] != 0) word0 += 1u << (zero_count_bits(workers) * i);
-      EXPECT_EQ(host[zero_count_word(6, 0, workers)], f32_to_bf16_rne(static_cast<float>(word0)))
-          << workers;
+      const uint16_t expected_word0 = zero_counts_are_bytes(workers)
+                                          ? static_cast<uint16_t>(word0)
+                                          : f32_to_bf16_rne(static_cast<float>(word0));
+      EXPECT_EQ(host[zero_count_word(6, 0, workers)], expected_word0) << workers;
+      if (zero_counts_are_bytes(workers)) {
+        EXPECT_EQ(word0, 1u << 8) << "super-group 1 all zero: the high byte";
+      }
       std::vector<uint16_t> dev(host.size(), 0xBEEF);
       if (dtype == DType::kF32)
         ASSERT_EQ(device_stats(x, false, &dev, 0, workers), cudaSuccess) << kernel_fault();
