@@ -450,6 +450,17 @@ sanitize() {
 # clocks. Where ncu cannot read the counters (a sandboxed runtime, a driver that refuses them)
 # it writes no report: a skip with ncu's first error.
 PROFILE_VALUES=33554432
+# profile_report REPORT TITLE LABEL_ARGS...: REPORT.ncu-rep's sections appended to profile.txt,
+# its summary lines (profile_summary.py with LABEL_ARGS) under TITLE to profile.summary.
+profile_report() {
+  local rep=$1 title=$2
+  shift 2
+  "$NCU" --import "$rep.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
+  "$NCU" --import "$rep.ncu-rep" --page raw --csv --print-units base >"$rep-raw.csv" 2>&1
+  echo "  $title:" >>"$LOGS/profile.summary"
+  python3 "$ROOT/tests/gpu/profile_summary.py" "$rep-raw.csv" --values "$PROFILE_VALUES" "$@" |
+    tee -a "$LOGS/profile.summary"
+}
 profile_kernels() {
   local exe="$BUILD/tests/gpu/hop_bandwidth" rep="$LOGS/profile" rc made=0
   local common=(--profile-from-start off --clock-control none -f)
@@ -466,11 +477,7 @@ profile_kernels() {
   rc=${PIPESTATUS[0]}
   if [ -f "$rep-hop.ncu-rep" ]; then
     made=1
-    "$NCU" --import "$rep-hop.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
-    "$NCU" --import "$rep-hop.ncu-rep" --page raw --csv --print-units base >"$LOGS/hop-raw.csv" 2>&1
-    echo "  the hop kernel, every section (--set full):" >>"$LOGS/profile.summary"
-    python3 "$ROOT/tests/gpu/profile_summary.py" "$LOGS/hop-raw.csv" --values "$PROFILE_VALUES" \
-      --label "$hop_labels" | tee -a "$LOGS/profile.summary"
+    profile_report "$rep-hop" "the hop kernel, every section (--set full)" --label "$hop_labels"
     if ! "$NCU" --import "$rep-hop.ncu-rep" --page source --csv --print-source sass \
       >"$OUT/hop_sass.csv" 2>"$LOGS/ncu-source.err"; then
       echo "the SASS page could not be printed: $(head -n 1 "$LOGS/ncu-source.err")"
@@ -489,12 +496,9 @@ profile_kernels() {
     "$exe" "$PROFILE_VALUES" 1 2 2>&1 | tee "$LOGS/ncu-all.out"
   if [ -f "$rep-all.ncu-rep" ]; then
     made=1
-    "$NCU" --import "$rep-all.ncu-rep" --page details >>"$OUT/profile.txt" 2>&1
-    "$NCU" --import "$rep-all.ncu-rep" --page raw --csv --print-units base >"$LOGS/all-raw.csv" 2>&1
-    echo "  every kernel of the round, the throughput sections:" >>"$LOGS/profile.summary"
-    python3 "$ROOT/tests/gpu/profile_summary.py" "$LOGS/all-raw.csv" --values "$PROFILE_VALUES" \
+    profile_report "$rep-all" "every kernel of the round, the throughput sections" \
       --label "$hop_labels" --label supergroup_stats_kernel=FP32,BF16 \
-      --label dynamiq_finish_kernel=FP32,BF16 | tee -a "$LOGS/profile.summary"
+      --label dynamiq_finish_kernel=FP32,BF16
   fi
   if [ "$made" = 0 ]; then
     local why
@@ -524,7 +528,7 @@ fi
 
 export ROOT OUT BUILD LOGS JOBS MESON SANITIZER NCU DEPS_PREFIX PROFILE_VALUES
 export -f gpu_info use_carried_deps deps configure gpu_targets build meson_result meson_one \
-  with_shim sanitize profile_kernels
+  with_shim sanitize profile_report profile_kernels
 
 note "tests/gpu/check.sh: out $OUT, build $BUILD, jobs $JOBS, budget ${BUDGET} s"
 step gpu_info 30 gpu_info

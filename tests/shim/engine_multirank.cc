@@ -77,6 +77,19 @@ using dq::engine::PassReason;
 using dq::test::cpu_nccl_ops;
 using dq::test::settings_for;
 
+// One FP32 SUM all-reduce of `in` into `out` (its size) through a fresh engine on the host
+// device, with `ops`; the engine is gone when it returns.
+ncclResult_t all_reduce_once(const dq::config::Settings& settings, const dq::engine::NcclOps& ops,
+                             ncclComm_t comm, int rank, int n, const std::vector<float>& in,
+                             std::vector<float>* out, PassReason* reason) {
+  Engine engine(settings, true, {comm, rank, n}, ops, dq::engine::host_device(), nullptr, true);
+  CallArgs args;
+  args.send = in.data();
+  args.recv = out->data();
+  args.count = in.size();
+  return engine.run(args, reason);
+}
+
 // Forks n ranks, each with `comms` communicators; returns their exit codes (124: hang, killed;
 // 125: killed after another rank failed).
 std::vector<int> run_ranks(int n, int comms, const std::function<int(int, ncclComm_t*)>& body,
@@ -958,15 +971,9 @@ int scenario_byte_counts(int n) {
     ops.all_reduce = logged_all_reduce;
     std::vector<float> in(kCount), out(kCount);
     for (size_t i = 0; i < kCount; ++i) in[i] = one_owner_value(rank, n, i);
-    Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
-                  true);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
     PassReason reason;
     g_all_reduces.clear();
-    const ncclResult_t r = engine.run(args, &reason);
+    const ncclResult_t r = all_reduce_once(settings, ops, comms[0], rank, n, in, &out, &reason);
     CHECK_OR(90, r == ncclSuccess && reason == PassReason::kRerouted, "rank %d: %d, reason %d",
              rank, static_cast<int>(r), static_cast<int>(reason));
     // The statistics' all-reduces: the BF16 and byte ones of the call's control group.
@@ -1476,14 +1483,8 @@ int scenario_rail_overlap(int n) {
     const std::vector<float> in = small_integers(rank, kCount);
     std::vector<float> out(kCount);
     {
-      Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
-                    true);
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
       PassReason reason;
-      const ncclResult_t r = engine.run(args, &reason);
+      const ncclResult_t r = all_reduce_once(settings, ops, comms[0], rank, n, in, &out, &reason);
       CHECK_OR(80, r == ncclSuccess && reason == PassReason::kRerouted, "rank %d: %d, reason %d",
                rank, static_cast<int>(r), static_cast<int>(reason));
       // 5 bits on small integers in pieces of 128 super-groups: near the sum (vNMSE 0.022 with
