@@ -83,33 +83,35 @@ DQ_HD constexpr uint16_t byte_lanes_sum(uint16_t a, uint16_t b) {
   return byte_lanes_word((a & 0xffu) + (b & 0xffu), (a >> 8) + (b >> 8));
 }
 // A worker's count word: bit i of `all_zero` set when super-group i of the word's super-groups
-// has all of its values zero; it counts 1 in that super-group's digit (an integer below 256, so
-// the BF16 pattern is exact), or in its byte.
+// has all of its values zero; it counts 1 in that super-group's digit. The digits' integer is
+// the word itself where the counts are bytes (8-bit digits: byte_lanes_word()), else its BF16
+// (an integer below 256, so the pattern is exact).
 DQ_HD uint16_t zero_count_word_of(unsigned all_zero, int n_workers) {
-  if (zero_counts_are_bytes(n_workers)) return byte_lanes_word(all_zero & 1u, (all_zero >> 1) & 1u);
   const int bits = zero_count_bits(n_workers), per = zero_counts_per_word(n_workers);
   unsigned value = 0;
   for (int i = 0; i < per; ++i)
     if ((all_zero >> i) & 1u) value |= 1u << (bits * i);
-  return static_cast<uint16_t>(f32_bits(static_cast<float>(value)) >> 16);
+  return zero_counts_are_bytes(n_workers)
+             ? static_cast<uint16_t>(value)
+             : static_cast<uint16_t>(f32_bits(static_cast<float>(value)) >> 16);
 }
 // Super-group j's summed all-zero count as one BF16 word (the number of workers whose values are
 // all zero there), from its summed count word `word`. One super-group a word: the word itself.
-// Bytes: the byte of j, any value a count (out of range reads as every worker contributing).
-// Several digits: the digit of j, when the word is an integer in [0, 255]; else (a peer's bad
-// word) NaN, which reads as not dense with every worker contributing (contributing_workers()).
+// Several: the digit of j of the word's integer: where the counts are bytes the word itself
+// (any byte is a count; out of range it reads as every worker contributing), else its BF16 value
+// when that is an integer in [0, 255], else (a peer's bad word) NaN, which reads as not dense
+// with every worker contributing (contributing_workers()).
 DQ_HD uint16_t summed_all_zero(uint16_t word, size_t j, int n_workers) {
-  if (zero_counts_are_bytes(n_workers)) {
-    const unsigned count = (j & 1u) != 0 ? static_cast<unsigned>(word >> 8) : word & 0xffu;
-    return static_cast<uint16_t>(f32_bits(static_cast<float>(count)) >> 16);
-  }
   const int per = zero_counts_per_word(n_workers);
   if (per == 1) return word;
-  const float v = bf16_to_f32(word);
-  if (!(v >= 0.0f && v <= 255.0f) || v != static_cast<float>(static_cast<int>(v))) return 0x7fc0u;
+  unsigned value = word;
+  if (!zero_counts_are_bytes(n_workers)) {
+    const float v = bf16_to_f32(word);
+    if (!(v >= 0.0f && v <= 255.0f) || v != static_cast<float>(static_cast<int>(v))) return 0x7fc0u;
+    value = static_cast<unsigned>(v);
+  }
   const int bits = zero_count_bits(n_workers);
-  const unsigned digit =
-      (static_cast<unsigned>(v) >> (bits * static_cast<int>(j & (per - 1)))) & ((1u << bits) - 1u);
+  const unsigned digit = (value >> (bits * static_cast<int>(j & (per - 1)))) & ((1u << bits) - 1u);
   return static_cast<uint16_t>(f32_bits(static_cast<float>(digit)) >> 16);
 }
 

@@ -66,7 +66,8 @@ std::vector<float> make_values(size_t count, uint32_t seed) {
   return x;
 }
 
-// Worker counts whose all-zero counts pack 8, 4, 2, 2 and 1 to a word.
+// Worker counts whose all-zero counts pack 8, 4, 2, 2 and 1 to a word, then 2 bytes a word (40,
+// 255) and a BF16 word each again (256).
 const int kWorkerCounts[] = {1, 3, 5, 15, 16, 40, 255, 256};
 
 std::vector<uint16_t> host_stats(const void* x, DType dtype, size_t count, int workers = 1) {
