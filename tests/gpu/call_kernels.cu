@@ -43,6 +43,7 @@
 #include "kernels/cuda/dynamiq.h"
 #include "kernels/cuda/stats.h"
 #include "kernels/dynamiq_codec.h"
+#include "kernels/stats_sum.h"
 #include "tests/gpu/gpu_bench.h"
 #include "topo/schedule.h"
 
@@ -198,12 +199,15 @@ void prepare(Call* c) {
       DQ_BENCH_CHECK(launch_supergroup_stats(c->own[r] + b.begin, false, b.count, kWorkers,
                                              c->d_stats + r * words + b.stats_off, nullptr));
   }
-  // The statistics' all-reduce, on the host: the BF16 sum of both ranks' words.
+  // The statistics' all-reduce, on the host: both ranks' words summed, block by block (StatsSum).
   std::vector<uint16_t> stats(kWorkers * words), reduced(words);
   DQ_BENCH_CHECK(cudaMemcpy(stats.data(), c->d_stats, stats.size() * sizeof(uint16_t),
                             cudaMemcpyDeviceToHost));
-  for (size_t w = 0; w < words; ++w)
-    reduced[w] = f32_to_bf16_sat(bf16_to_f32(stats[w]) + bf16_to_f32(stats[words + w]));
+  for (const Block& b : c->blocks) {
+    StatsSum sum(b.codec->stats_words(), b.codec->stats_byte_sum_words());
+    for (int r = 0; r < kWorkers; ++r) sum.add(stats.data() + r * words + b.stats_off);
+    sum.result(reduced.data() + b.stats_off, true);
+  }
   DQ_BENCH_CHECK(
       cudaMemcpy(c->d_reduced, reduced.data(), words * sizeof(uint16_t), cudaMemcpyHostToDevice));
   std::vector<LayoutJob> jobs;

@@ -77,16 +77,17 @@ def vnmse(got, exact):
 
 def phase_allreduce(torch, dist, rank, device, with_avg, failures):
     x = gradient_like(torch, COUNT, rank, device)
-    for op_name, op in (("SUM", dist.ReduceOp.SUM), ("AVG", getattr(dist.ReduceOp, "AVG", None))):
-        if op is None or (op_name == "AVG" and not with_avg):
-            log(rank, "AVG not checked (not in this torch, or not in gloo)")
-            continue
-        for dtype in (torch.float32, torch.bfloat16):
-            own = x.to(dtype)
-            exact = own.double()
-            dist.all_reduce(exact)  # FP64: passed through, NCCL's exact sum
-            if op_name == "AVG":
-                exact /= dist.get_world_size()
+    ops = [("SUM", dist.ReduceOp.SUM)]
+    if with_avg and getattr(dist.ReduceOp, "AVG", None) is not None:
+        ops.append(("AVG", dist.ReduceOp.AVG))
+    else:
+        log(rank, "AVG not checked (not in this torch, or not in gloo)")
+    for dtype in (torch.float32, torch.bfloat16):
+        own = x.to(dtype)
+        exact_sum = own.double()
+        dist.all_reduce(exact_sum)  # FP64: passed through, NCCL's exact sum; once a dtype
+        for op_name, op in ops:
+            exact = exact_sum / dist.get_world_size() if op_name == "AVG" else exact_sum
             got = own.clone()
             dist.all_reduce(got, op=op)
             e = vnmse(got, exact)
@@ -181,7 +182,7 @@ def rank_main(args):
         try:
             c_default = dynamiq.counters(dist.group.WORLD)
             log(rank, "default group: %s" % json.dumps(c_default))
-            # Phase 1: 4 compressed (SUM, AVG x FP32, BF16), 4 FP64 passed through; DDP: every
+            # Phase 1: 4 compressed (SUM, AVG x FP32, BF16), 2 FP64 passed through; DDP: every
             # step's buckets (at least one a step).
             if c_default["rerouted"] < 4 + args.steps:
                 failures.append("counters: %d all-reduces compressed on the default group, "

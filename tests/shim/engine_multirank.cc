@@ -965,7 +965,7 @@ int scenario_byte_counts(int n) {
   // ranks 64 a chunk message, the floor; an odd count leaves the last count word half used).
   constexpr size_t kCount = 2 * 262144 + 40;
   const size_t part_counts[2] = {262144, kCount - 262144};
-  const bool bytes = n >= 16 && n <= 255;
+  const bool bytes = dq::zero_counts_are_bytes(n);
   auto body = [&](int rank, ncclComm_t* comms) -> int {
     dq::engine::NcclOps ops = cpu_nccl_ops();
     ops.all_reduce = logged_all_reduce;

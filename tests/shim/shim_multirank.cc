@@ -80,10 +80,11 @@ double result_vnmse(const dq::sim::Matrix& rows, int n, bool bf16, bool avg,
 }
 
 // From 16 ranks the statistics' all-zero counts are bytes, summed as unsigned 8-bit integers
-// (docs/FORMAT.md). So that they matter there: every odd super-group (the high byte of its count
-// word) is one worker's alone, all zero on the others. A count misread as zero would subtract
-// the mean on every worker and cost 1.7-2.2x the vNMSE on such data; the mean of 8 calls is held
-// to 1.25x the simulator's.
+// (docs/FORMAT.md). So that both byte lanes carry counts there, every odd super-group (the high
+// byte of its count word) is one worker's alone, all zero on the others. The engine and the
+// simulator read the counts through the same helpers, so this holds the engine to the simulator
+// on such data; it cannot tell how the counts were summed (bytes summed as BF16 passed it,
+// tried by hand): engine_byte_counts (engine_multirank.cc) checks the all-reduces themselves.
 void one_owner_odd_supergroups(int n, dq::sim::Matrix* rows) {
   for (size_t j = 1; j * 256 < rows->cols; j += 2)
     for (int w = 0; w < n; ++w)
