@@ -23,9 +23,12 @@ void build_level_table(int bits, float eps, bool nonuniform, LevelTable* t) {
   t->max_mag = L;
   const double q = 1.0 + 2.0 * static_cast<double>(eps) * eps;
   const double top = std::pow(q, L) - 1.0;
+  // An eps below about 1e-8 makes q round to 1 and top 0, and 0 / 0 would make every level NaN
+  // (and every result of a finite input): such levels are the uniform ones, the limit of
+  // (q^r - 1) / (q^L - 1) as q -> 1.
+  const bool geometric = nonuniform && L > 1 && eps > 0.0f && top > 0.0;
   for (int r = 0; r <= L; ++r) {
-    double f = (nonuniform && L > 1 && eps > 0.0f) ? (std::pow(q, r) - 1.0) / top
-                                                   : static_cast<double>(r) / L;
+    double f = geometric ? (std::pow(q, r) - 1.0) / top : static_cast<double>(r) / L;
     t->level[r] = static_cast<float>(f);
   }
   t->level[L] = 1.0f;

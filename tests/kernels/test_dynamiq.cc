@@ -165,14 +165,28 @@ TEST(Bf16, RoundingModes) {
   EXPECT_EQ(f32_to_bf16_sat(3.4e38f), 0x7f7f);
 }
 
+// Every eps the codec spec accepts ([0, 2], kernels/codec.cc): finite levels from 0 to 1 that
+// never decrease (the device derives its lookup grid by bisection on that: stage_level_tables),
+// strictly increasing up to 0.4, and level_floor() as a linear scan. An eps so small that q
+// rounds to 1 gives the uniform levels, not NaN.
 TEST(Levels, TableIsMonotoneAndLookupMatchesLinearScan) {
   for (int bits : {2, 4, 8})
-    for (float eps : {0.0f, 0.1f, 0.18f, 0.23f, 0.4f}) {
-      LevelTable t;
+    for (float eps : {0.0f, 1e-30f, 1e-12f, 1e-8f, 0.001f, 0.1f, 0.18f, 0.23f, 0.4f, 1.0f, 2.0f}) {
+      LevelTable t, uniform;
       build_level_table(bits, eps, true, &t);
+      build_level_table(bits, eps, false, &uniform);
       ASSERT_EQ(t.level[0], 0.0f);
       ASSERT_EQ(t.level[t.max_mag], 1.0f);
-      for (int r = 0; r < t.max_mag; ++r) ASSERT_LT(t.level[r], t.level[r + 1]);
+      for (int r = 0; r < t.max_mag; ++r) {
+        ASSERT_TRUE(std::isfinite(t.level[r])) << "bits " << bits << " eps " << eps << " r " << r;
+        if (eps <= 0.4f)
+          ASSERT_LT(t.level[r], t.level[r + 1]) << "bits " << bits << " eps " << eps << " r " << r;
+        else
+          ASSERT_LE(t.level[r], t.level[r + 1]) << "bits " << bits << " eps " << eps << " r " << r;
+      }
+      if (eps <= 1e-12f) {
+        for (int r = 0; r <= t.max_mag; ++r) ASSERT_EQ(t.level[r], uniform.level[r]) << r;
+      }
       std::mt19937 gen(bits * 100 + static_cast<int>(eps * 100));
       std::uniform_real_distribution<float> u(0.0f, 1.0f);
       for (int i = 0; i < 20000; ++i) {
@@ -182,6 +196,29 @@ TEST(Levels, TableIsMonotoneAndLookupMatchesLinearScan) {
         ASSERT_EQ(level_floor(t, m), expect) << "bits " << bits << " eps " << eps << " m " << m;
       }
     }
+}
+
+// A codec spec with eps4 = eps8 = 1e-12 (accepted, in [0, 2]) encodes as the uniform levels do,
+// byte for byte (the 2-bit levels are {0, 1} either way), and its sum is finite.
+TEST(Levels, AVanishingEpsEncodesAsUniformLevels) {
+  auto tiny = codec("dynamiq:5:eps4=1e-12:eps8=1e-12");
+  auto uniform = codec("dynamiq:5:levels=uniform");
+  auto x = gaussian(20000, 11), y = gaussian(20000, 12);
+  for (Codec* c : {tiny.get(), uniform.get()}) {
+    ASSERT_EQ(c->plan(x.size(), 1, 2), Status::kOk);
+    auto stats = reduce_stats(*c, {x, y});
+    ASSERT_EQ(c->agree(stats.data(), 5), Status::kOk);
+  }
+  std::vector<uint8_t> a(tiny->chunk_capacity()), b(uniform->chunk_capacity());
+  ASSERT_EQ(a.size(), b.size());
+  const RoundingKey key{9, 5, 1, 1, 2, 0};
+  ASSERT_EQ(tiny->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, a.data(), key),
+            Status::kOk);
+  ASSERT_EQ(uniform->hop(0, {x.data(), DType::kF32, x.size()}, nullptr, 0, b.data(), key),
+            Status::kOk);
+  EXPECT_EQ(a, b);
+  const std::vector<float> back = leaf_roundtrip(*tiny, x, 0, 2, 9);
+  for (size_t i = 0; i < back.size(); ++i) ASSERT_TRUE(std::isfinite(back[i])) << i;
 }
 
 TEST(Levels, NonUniformPutsMoreLevelsNearZero) {
