@@ -221,10 +221,23 @@ __device__ inline void stage_level_tables(const LevelTable* g, LevelTable* t, bo
     if (!lookups) continue;
     if (k < top) x.inv_gap[k] = 1.0f / (x.level[k + 1] - x.level[k]);
     if (k == top) x.inv_gap[k] = 0.0f;
-    // The scan resumes from the previous cell's answer: the host's answer never decreases with
-    // the cell (each test level[r+1] <= lo that holds for one cell holds for the next).
-    int r = 0;
-    for (int cell = k * kCells; cell < (k + 1) * kCells && cell <= kLevelGrid; ++cell) {
+    // The host's scan from r = 0 stops at the number of levels 1..top at or below the cell's
+    // lower edge, since levels never decrease (build_level_table). The thread's first cell's
+    // answer by bisection, the largest r with level[r] <= lo (level[0] = 0), then the scan resumes
+    // from the previous cell's answer. A scan from 0 at the first cell made each warp wait for its
+    // highest lane: 617 passes a block for the default 8-bit levels where this takes 98.
+    const int first = k * kCells;
+    const float first_lo = static_cast<float>(first) / kLevelGrid;
+    int r = 0, above = top;  // the answer lies in [r, above]
+    while (r < above) {
+      const int mid = (r + above + 1) / 2;
+      if (x.level[mid] <= first_lo) {
+        r = mid;
+      } else {
+        above = mid - 1;
+      }
+    }
+    for (int cell = first; cell < (k + 1) * kCells && cell <= kLevelGrid; ++cell) {
       const float lo = static_cast<float>(cell) / kLevelGrid;
       while (r < top && x.level[r + 1] <= lo) ++r;
       x.start[cell] = r;

@@ -47,7 +47,9 @@ TEST(CudaDynamiqHopTables, StagedTablesMatchTheHostBuilder) {
   std::vector<DynamiqOptions> cases(1);
   cases.push_back(DynamiqOptions{});
   cases.back().nonuniform_levels = false;
-  for (float eps : {0.01f, 0.05f, 0.3f, 0.5f, 1.0f}) {
+  // The spec's whole range of eps ([0, 2]): 1e-12 rounds q to 1 (uniform levels); at 2 the
+  // lowest 8-bit levels flush to 0 in FP32, so equal levels meet the bisection.
+  for (float eps : {0.0f, 1e-12f, 0.01f, 0.05f, 0.3f, 0.5f, 1.0f, 2.0f}) {
     cases.push_back(DynamiqOptions{});
     for (float& e : cases.back().eps) e = eps;
   }
