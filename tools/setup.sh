@@ -36,6 +36,13 @@ if ! "$py" -c "import mesonbuild, numpy, ml_dtypes, mesonpy" 2>/dev/null ||
    ! "$py" -c "import sys, mesonbuild.coredata as c; sys.exit(tuple(map(int, c.version.split('.')[:2])) < (1, 1))"; then
   "$py" -m pip install -q "meson>=1.1" numpy ml_dtypes "meson-python>=0.15"
 fi
+# nvdisasm and cuobjdump, PyPI's nvidia-cuda-* wheels (5.5 MB), where nvcc is installed:
+# tools/perf/hop_instructions.sh reads the fused hop's SASS with them (its test skips without).
+if command -v nvcc >/dev/null 2>&1 &&
+   ! compgen -G "$venv/lib/python3*/site-packages/nvidia/cu*/bin/nvdisasm" >/dev/null; then
+  "$py" -m pip install -q nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump ||
+    echo "setup: nvidia-cuda-nvdisasm not installed: the hop_instructions test will skip" >&2
+fi
 # A meson found only in the system's site-packages has no script in the environment: add one.
 if [ ! -x "$venv/bin/meson" ]; then
   printf '#!/bin/sh\nexec "%s" -m mesonbuild.mesonmain "$@"\n' "$py" >"$venv/bin/meson"
