@@ -137,10 +137,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hop_once: the kernel's bytes differ from the host codec's\n");
     return 1;
   }
-  std::printf("hop_once: %zu %s values, %zu super-groups, %d inputs, strata %u, %s widths at %.3g "
-              "bits, %llu blocks of %d threads: the host codec's bytes\n",
-              count, o.bf16 ? "BF16" : "FP32", count / kSuperGroup, o.inputs, o.strata,
-              o.fixed_widths ? "fixed" : "variable", o.bits,
-              static_cast<unsigned long long>(emu::last_counters().blocks), cuda::kHopThreads);
+  std::printf(
+      "hop_once: %zu %s values, %zu super-groups, %d inputs, strata %u, %s widths at %.3g "
+      "bits, %llu blocks of %d threads: the host codec's bytes\n",
+      count, o.bf16 ? "BF16" : "FP32", count / kSuperGroup, o.inputs, o.strata,
+      o.fixed_widths ? "fixed" : "variable", o.bits,
+      static_cast<unsigned long long>(emu::last_counters().blocks), cuda::kHopThreads);
   return 0;
 }
