@@ -46,17 +46,28 @@ struct LevelTable {
   float decode[256];              // signed level of each code 0..2L (offset binary), 0 beyond
 };
 
-// Magnitude m in [0, 1] -> lower level index r with level[r] <= m < level[r+1] (r = L at m = 1).
-DQ_HD int level_floor(const LevelTable& t, float m) {
-  int cell = static_cast<int>(m * static_cast<float>(kLevelGrid));
-  int r = t.start[cell];
-  // One copy of the fix-up on the device: its trip count is read at run time (0 or 1 at the
-  // default levels), so nvcc unrolled it 4 ways with a remainder in each of the fused hop's 8
-  // unrolled values, 1,584 of the hop's 5,096 sm_90 instructions.
+// level_floor()'s fix-up steps after the first, for levels with two or more inside one grid cell
+// (none at the default levels). One copy on the device: the trip count is read at run time, and
+// nvcc unrolled the loop 4 ways with a remainder in each of the fused hop's 8 unrolled values
+// (1,584 of the hop's 5,096 sm_90 instructions).
+DQ_HD int level_floor_further_steps(const LevelTable& t, float m, int r) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll 1
 #endif
-  for (int k = 0; k < t.extra_steps; ++k) r += (t.level[r + 1] <= m) ? 1 : 0;
+  for (int k = 1; k < t.extra_steps; ++k) r += (t.level[r + 1] <= m) ? 1 : 0;
+  return r;
+}
+
+// Magnitude m in [0, 1] -> lower level index r with level[r] <= m < level[r+1] (r = L at m = 1).
+// The grid cell's first level, then extra_steps fix-ups: the first without a loop (the default
+// levels need at most one), where a loop's control cost about as much as the step in the hop.
+DQ_HD int level_floor(const LevelTable& t, float m) {
+  int cell = static_cast<int>(m * static_cast<float>(kLevelGrid));
+  int r = t.start[cell];
+  if (t.extra_steps > 0) {
+    r += (t.level[r + 1] <= m) ? 1 : 0;
+    if (t.extra_steps > 1) r = level_floor_further_steps(t, m, r);
+  }
   return r;
 }
 
