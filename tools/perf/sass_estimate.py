@@ -17,7 +17,9 @@ kernel's own file (`--depth` frames) gets a rate, how many times its code runs a
 PATH=R`, a path prefix such as "396 > 365"; `--other-rate`, default 0, where none matches),
 and the estimate is the sum of hot instructions times their path's rate, in warp instructions a
 unit and thread instructions a value (`--values-per-unit`). What it does not see:
-- a loop nvcc did not unroll runs its body once (the hop's such loops take one trip);
+- a loop nvcc did not unroll runs its body once (the hop's per-super-group ones take one trip,
+  its block set-up's take more, so the set-up is counted low); a `for` line's increment shares
+  its condition's line, so a loop whose body never ran still counts its control;
 - divergence inside a hot path (both sides of a branch taken by different lanes) is counted
   once each side, as the warp issues them;
 - instructions ptxas scheduled under another line's information take that line's heat (code
