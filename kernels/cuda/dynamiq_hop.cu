@@ -72,6 +72,20 @@ __device__ __forceinline__ void write_hop_header(const LayoutView& l, int chunk,
 // about 0.6 KB read, and three block barriers) stays a few percent of the block's traffic.
 constexpr int kHopSupergroupsPerBlock = 16;
 
+// The level tables (bit width_index(w)) of the widths w of wire positions first .. last of a
+// chunk, widest first.
+__device__ __forceinline__ unsigned widths_between(const LayoutView& l, uint32_t first,
+                                                   uint32_t last) {
+  const int widest = load_global(&l.width[load_global(&l.order[first])]);
+  const int narrowest = load_global(&l.width[load_global(&l.order[last])]);
+  unsigned tables = 0;
+  for (int w = 0; w < 3; ++w) {
+    const int bits = 2 << w;
+    if (bits >= narrowest && bits <= widest) tables |= 1u << w;
+  }
+  return tables;
+}
+
 // A super-group's layout words.
 struct SgLayout {
   uint32_t j;       // its index in the tensor (the wire position's super-group)
@@ -379,7 +393,8 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   __shared__ LevelTable s_levels[3];
   __shared__ HopWarpShared s_warp[kHopWarps];
   __shared__ unsigned long long s_meta[3];
-  const StepFold fold(error);  // the step's only kernel (step_fold.h)
+  __shared__ unsigned s_widths;  // the level tables the block reads (stage_level_tables())
+  const StepFold fold(error);    // the step's only kernel (step_fold.h)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
   if ((*error & kSkipFlag) != 0) return;
@@ -392,7 +407,13 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   const uint64_t begin = first + blockIdx.x * per;
   const uint64_t end = begin + per < last ? begin + per : last;
   if (begin >= end) return;  // the whole block alike: no work, no level tables
-  stage_level_tables(levels, s_levels);
+  // Only the level tables of the widths the block's super-groups have: wire order is widest
+  // first, so its first and last positions bound them, and a block of a few dozen super-groups
+  // mostly has one width. The set-up, most of it deriving each table's lookup grid, is then
+  // about a third (a warp's set-up was about as much work as a super-group's encoding).
+  if (threadIdx.x == 0)
+    s_widths = widths_between(l, static_cast<uint32_t>(begin), static_cast<uint32_t>(end - 1));
+  stage_level_tables(levels, s_levels, true, &s_widths);
   hop_warp(d, l, s_levels, own, own_bf16, in, n_in, out + kChunkHeaderBytes,
            static_cast<uint32_t>(begin), static_cast<uint32_t>(end),
            d.correlated_rounding && key.strata > 1, key, error, s_warp[threadIdx.x / kWarp]);

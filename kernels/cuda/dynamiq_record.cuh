@@ -196,19 +196,25 @@ __device__ __forceinline__ bool add_record_lane(bool hierarchical, const LevelTa
 // read (588 bytes instead of 18.5 KB a block); inv_gap, start and decode are derived from them
 // by build_level_table()'s own arithmetic (IEEE division, the same scan, a sign flip), so they
 // hold the host's bits; `lookups` false (a decode only: the finish) leaves inv_gap and start
-// unset. Ends with a barrier: the tables are ready when it returns.
-__device__ inline void stage_level_tables(const LevelTable* g, LevelTable* t, bool lookups = true) {
+// unset. `widths`, when given, is a shared word written before the call: bit w set for each
+// table w (width_index()) the block reads; the others are left unset. Ends with a barrier: the
+// tables are ready when it returns.
+__device__ inline void stage_level_tables(const LevelTable* g, LevelTable* t, bool lookups = true,
+                                          const unsigned* widths = nullptr) {
   const int k = static_cast<int>(threadIdx.x);
   if (k < 3) {
     t[k].max_mag = load_global(&g[k].max_mag);
     t[k].extra_steps = load_global(&g[k].extra_steps);
   }
   __syncthreads();
+  const unsigned staged = widths != nullptr ? *widths : 7u;  // the same in every thread
   for (int w = 0; w < 3; ++w)
-    if (k <= t[w].max_mag + 1 && k < 130) t[w].level[k] = load_global(&g[w].level[k]);
+    if ((staged >> w & 1u) != 0 && k <= t[w].max_mag + 1 && k < 130)
+      t[w].level[k] = load_global(&g[w].level[k]);
   __syncthreads();
   constexpr int kCells = (kLevelGrid + 1 + kHopThreads - 1) / kHopThreads;  // cells a thread
   for (int w = 0; w < 3; ++w) {
+    if ((staged >> w & 1u) == 0) continue;
     LevelTable& x = t[w];
     const int top = x.max_mag;
     const int signed_mag = k - top;  // code k (kHopThreads = 256 codes)

@@ -7,6 +7,7 @@
 // Values: independent N(0, 1) per worker; one chunk, 8 workers; the inputs are other workers'
 // leaves. Prints the super-groups the hop encoded (the estimator's units) and the blocks it ran
 // on; exits 1 when the kernel fails or its bytes differ from the host codec's.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -137,11 +138,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hop_once: the kernel's bytes differ from the host codec's\n");
     return 1;
   }
+  // The level tables the blocks stage (dynamiq_hop.cu: those of the widths from the block's first
+  // to its last wire position), from the launch's grid and the kernel's split of the positions.
+  const uint64_t blocks = emu::last_counters().blocks;
+  const DynamiqLayoutView view = dynamiq_layout(*codec, layout.data());
+  const uint64_t first = view.chunk_first[0], last = view.chunk_first[1];
+  const uint64_t warps = cuda::kHopThreads / 32;  // a block's, kHopWarps
+  const uint64_t per = ((last - first + blocks - 1) / blocks + warps - 1) / warps * warps;
+  uint64_t tables = 0, working = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t begin = first + b * per, end = std::min(begin + per, last);
+    if (begin >= end) continue;
+    const int widest = view.widths[view.order[begin]];
+    const int narrowest = view.widths[view.order[end - 1]];
+    for (int bits : {2, 4, 8}) tables += bits >= narrowest && bits <= widest ? 1 : 0;
+    ++working;
+  }
   std::printf(
       "hop_once: %zu %s values, %zu super-groups, %d inputs, strata %u, %s widths at %.3g "
-      "bits, %llu blocks of %d threads: the host codec's bytes\n",
+      "bits, %llu blocks of %d threads (level tables staged: %.3f a working block): the host "
+      "codec's bytes\n",
       count, o.bf16 ? "BF16" : "FP32", count / kSuperGroup, o.inputs, o.strata,
-      o.fixed_widths ? "fixed" : "variable", o.bits,
-      static_cast<unsigned long long>(emu::last_counters().blocks), cuda::kHopThreads);
+      o.fixed_widths ? "fixed" : "variable", o.bits, static_cast<unsigned long long>(blocks),
+      cuda::kHopThreads,
+      working > 0 ? static_cast<double>(tables) / static_cast<double>(working) : 0.0);
   return 0;
 }
