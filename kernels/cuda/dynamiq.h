@@ -35,6 +35,26 @@ constexpr int kMaxHopInputs = 64;  // as the host codec
 // tests/kernels/cuda/check_resource_usage.sh checks both).
 constexpr int kHopMinBlocks = 4;
 
+// The fused hop's split of a chunk's `positions` wire positions over `blocks` blocks: each block
+// takes this many consecutive positions, a multiple of its warps (kHopThreads / 32), the last
+// block fewer or none.
+DQ_HD uint64_t hop_block_positions(uint64_t positions, uint64_t blocks) {
+  constexpr uint64_t kWarps = kHopThreads / 32;
+  return ((positions + blocks - 1) / blocks + kWarps - 1) / kWarps * kWarps;
+}
+
+// The level tables (bit width_index(w)) a hop block stages for wire positions whose widths run
+// from `widest` down to `narrowest` (wire order is widest first): those of 2, 4 and 8 bits
+// between them.
+DQ_HD unsigned hop_level_tables(int widest, int narrowest) {
+  unsigned tables = 0;
+  for (int w = 0; w < 3; ++w) {
+    const int bits = 2 << w;
+    if (bits >= narrowest && bits <= widest) tables |= 1u << w;
+  }
+  return tables;
+}
+
 // What the kernels need of a planned DynamiQ codec, passed to them by value.
 struct DynamiqDeviceParams {
   DynamiqPlan plan;          // the host's plan (kernels/dynamiq_layout.h)

@@ -76,14 +76,8 @@ constexpr int kHopSupergroupsPerBlock = 16;
 // chunk, widest first.
 __device__ __forceinline__ unsigned widths_between(const LayoutView& l, uint32_t first,
                                                    uint32_t last) {
-  const int widest = load_global(&l.width[load_global(&l.order[first])]);
-  const int narrowest = load_global(&l.width[load_global(&l.order[last])]);
-  unsigned tables = 0;
-  for (int w = 0; w < 3; ++w) {
-    const int bits = 2 << w;
-    if (bits >= narrowest && bits <= widest) tables |= 1u << w;
-  }
-  return tables;
+  return hop_level_tables(load_global(&l.width[load_global(&l.order[first])]),
+                          load_global(&l.width[load_global(&l.order[last])]));
 }
 
 // A super-group's layout words.
@@ -403,7 +397,7 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   // Wire positions are 32-bit words of the layout (chunk_first).
   const uint64_t first = s_meta[1], last = s_meta[2];
   const uint64_t n = last > first ? last - first : 0;
-  const uint64_t per = ((n + gridDim.x - 1) / gridDim.x + kHopWarps - 1) / kHopWarps * kHopWarps;
+  const uint64_t per = hop_block_positions(n, gridDim.x);
   const uint64_t begin = first + blockIdx.x * per;
   const uint64_t end = begin + per < last ? begin + per : last;
   if (begin >= end) return;  // the whole block alike: no work, no level tables

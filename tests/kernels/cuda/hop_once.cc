@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -138,20 +137,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hop_once: the kernel's bytes differ from the host codec's\n");
     return 1;
   }
-  // The level tables the blocks stage (dynamiq_hop.cu: those of the widths from the block's first
-  // to its last wire position), from the launch's grid and the kernel's split of the positions.
+  // The level tables the blocks stage, by the kernel's own split of the positions and choice of
+  // tables (kernels/cuda/dynamiq.h) over the launch's grid.
   const uint64_t blocks = emu::last_counters().blocks;
   const DynamiqLayoutView view = dynamiq_layout(*codec, layout.data());
   const uint64_t first = view.chunk_first[0], last = view.chunk_first[1];
-  const uint64_t warps = cuda::kHopThreads / 32;  // a block's, kHopWarps
-  const uint64_t per = ((last - first + blocks - 1) / blocks + warps - 1) / warps * warps;
+  const uint64_t per = cuda::hop_block_positions(last - first, blocks);
   uint64_t tables = 0, working = 0;
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t begin = first + b * per, end = std::min(begin + per, last);
     if (begin >= end) continue;
-    const int widest = view.widths[view.order[begin]];
-    const int narrowest = view.widths[view.order[end - 1]];
-    for (int bits : {2, 4, 8}) tables += bits >= narrowest && bits <= widest ? 1 : 0;
+    tables += static_cast<uint64_t>(__builtin_popcount(
+        cuda::hop_level_tables(view.widths[view.order[begin]], view.widths[view.order[end - 1]])));
     ++working;
   }
   std::printf(
