@@ -205,9 +205,9 @@ def main(argv):
             fn[0] += r
             fn[1] += 1
     n_hot = sum(1 for h, _ in hot if h)
+    per_value = total * 32 / args.values_per_unit  # a warp instruction is 32 lanes' instructions
     print(f"{args.kernel}: {len(instructions)} instructions, {n_hot} hot; estimated "
-          f"{total:.1f} warp instructions a unit, {total * 32 / args.values_per_unit:.1f} "
-          f"thread instructions a value")
+          f"{total:.1f} warp instructions a unit, {per_value:.1f} thread instructions a value")
     print(f"\n{'static':>6} {'hot':>5} {'rate':>7}  call path in {args.file} (deepest line)")
     for key, (n, h, deepest) in sorted(by_path.items(), key=lambda x: -x[1][1])[:args.rows]:
         src = sources.text(*deepest)[:56] if deepest else ""
@@ -215,7 +215,6 @@ def main(argv):
     print(f"\n{'issued':>8} {'hot':>5}  innermost function (hot instructions times their rate)")
     for key, (w, n) in sorted(by_function.items(), key=lambda x: -x[1][0])[:args.rows]:
         print(f"{w:8.1f} {n:5d}  {key}")
-    per_value = total * 32 / args.values_per_unit
     failed = False
     if args.most_instructions and len(instructions) > args.most_instructions:
         print(f"FAIL: {len(instructions)} instructions, more than {args.most_instructions}")
