@@ -163,6 +163,12 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
                                const RoundingKey& key, unsigned* error, cudaStream_t stream,
                                int max_blocks = 0);
 
+// The blocks launch_dynamiq_hop() gives a chunk of `params`' plan with `max_blocks` (host code;
+// the current device's SM count): 16 super-groups a block, or more blocks where that leaves an SM
+// fewer than kHopMinBlocks, while each warp still gets a super-group; at most max_blocks (0:
+// 4096). Any grid gives the same bytes; tests/gpu/hop_bandwidth.cu times a few.
+unsigned dynamiq_hop_grid(const DynamiqDeviceParams& params, int max_blocks = 0);
+
 // The finish of `chunk`: decodes the chunk message `in` (the sum of n_contrib workers), restores
 // the means, divides by n_contrib for AVG, and writes this chunk's elements of `out` (the whole
 // tensor, FP32 or BF16). A message whose header or records are invalid leaves `out` untouched

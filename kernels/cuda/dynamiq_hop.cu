@@ -427,6 +427,10 @@ size_t hop_blocks(const DynamiqPlan& p) {
 }
 }  // namespace
 
+unsigned dynamiq_hop_grid(const DynamiqDeviceParams& params, int max_blocks) {
+  return grid_for(hop_blocks(params.plan), max_blocks);
+}
+
 cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTable* levels,
                                const void* layout, int chunk, const void* own, bool own_bf16,
                                const uint8_t* const* inputs, int n_in, uint8_t* out,
@@ -440,7 +444,7 @@ cudaError_t launch_dynamiq_hop(const DynamiqDeviceParams& params, const LevelTab
   HopInputs in{};
   for (int i = 0; i < n_in; ++i) in.p[i] = inputs[i];
   // A chunk holds about n_sg / n_chunks super-groups (where the cuts fall is on the device).
-  DQ_LAUNCH(dynamiq_hop_kernel, dim3(grid_for(hop_blocks(p), max_blocks)), dim3(kHopThreads), 0,
+  DQ_LAUNCH(dynamiq_hop_kernel, dim3(dynamiq_hop_grid(params, max_blocks)), dim3(kHopThreads), 0,
             stream, params, levels, layout, chunk, own, own_bf16 ? 1 : 0, in, n_in, out, key,
             error);
   return cudaGetLastError();

@@ -35,6 +35,10 @@
 #                    against a device-to-device cudaMemcpy of the same tensor in the same run;
 #                    prints GB/s and the ratio (target hop >= 60% of the copy); never fails on
 #                    it (5 s)
+#   hop_grids        hop_bandwidth --grids: the FP32 hop on its launch's grid and on 1/2, 1/4 and
+#                    1/8 of it, for an 8-rank ring's step of a 16 MiB pipeline block (one
+#                    super-group a warp) and for the default run's tensor; never fails on the
+#                    ratios (5-15 s)
 #   call_kernels     the codec kernels of one 256 MiB FP32 all-reduce as rank 0 of a 2-rank
 #                    ring runs them (statistics, budget, layout, leaf, hop, finish; 16 MiB
 #                    pipeline blocks), each kind alone and as one call, against NCCL's BF16
@@ -566,6 +570,7 @@ bench_step() {  # bench_step NAME TIMEOUT COMMAND...: a benchmark executable of 
 }
 bench_step hop_bandwidth 60 "$BUILD/tests/gpu/hop_bandwidth"
 bench_step call_kernels 90 "$BUILD/tests/gpu/call_kernels"
+bench_step hop_grids 45 "$BUILD/tests/gpu/hop_bandwidth" --grids
 
 # NVIDIA's NCCL with 2 ranks on the one GPU (two fake hosts): the plugin alone, then through
 # the shim: pass-through, compressed, the CUDA graph capture sequence, then the timing of one
@@ -653,7 +658,7 @@ targets() {
     echo "  codec kernels / NCCL BF16 at 100 Gbit/s: not measured (no RESULT line from call_kernels: see its row)"
   fi
   local f
-  for f in hop_bandwidth call_kernels call_vs_nccl; do
+  for f in hop_bandwidth hop_grids call_kernels call_vs_nccl; do
     grep -h '^RESULT ' "$LOGS/steps/$f.log" 2>/dev/null | sed "s/^RESULT /RESULT $f: /"
   done
 }

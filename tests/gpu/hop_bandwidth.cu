@@ -3,6 +3,7 @@
 // numbers and fails only on a CUDA error or a kernel's error flag, never on the ratio.
 //
 //   hop_bandwidth [count (default 2^26)] [chunks (default 8)] [iterations (default 20)]
+//   hop_bandwidth --grids    (the hop on a few grids: grid_sweep())
 //
 // Two workers' tensors of `count` values, FP32 and then BF16 (the own values a mixed-precision
 // job's gradients have); statistics and layout on the device; then, timed with CUDA events over
@@ -36,6 +37,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/bf16.h"
@@ -131,6 +134,19 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
   DQ_BENCH_CHECK(cudaDeviceSynchronize());
 }
 
+// A ring step's hop of every chunk (one input: worker 1's leaf), with `strata` correlated
+// roundings (1: plain), on a grid of at most max_blocks blocks (0: the launch's own).
+void enqueue_hops(const Bench& b, uint32_t strata, int max_blocks) {
+  using namespace dq;
+  const RoundingKey key{1, b.call, 0, 0, strata, strata > 1 ? 1u : 0u, 0};
+  for (int c = 0; c < b.n_chunks; ++c) {
+    const uint8_t* in = b.leaves + c * b.cap;
+    DQ_BENCH_CHECK(cuda::launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], b.bf16,
+                                            &in, 1, b.out + c * b.cap, key, b.d_error, nullptr,
+                                            max_blocks));
+  }
+}
+
 // The copy's time over each hop's: the RESULT line's ratios for one type of own values.
 struct Ratios {
   double hop = 0, hop_strata1 = 0, leaf = 0, finish = 0, copy_gbps = 0, hop_gbps = 0, layout_ms = 0;
@@ -171,17 +187,8 @@ Ratios measure(const Bench& b, int iterations) {
                                             nullptr, 0, b.out + c * cap, key, b.d_error, nullptr));
       },
       iterations);
-  // A ring step's hop of every chunk, with `strata` correlated roundings (1: plain).
-  auto hops = [&](uint32_t strata) {
-    const RoundingKey key{1, b.call, 0, 0, strata, strata > 1 ? 1u : 0u, 0};
-    for (int c = 0; c < n_chunks; ++c) {
-      const uint8_t* in = b.leaves + c * cap;
-      DQ_BENCH_CHECK(launch_dynamiq_hop(b.params, b.d_levels, b.d_layout, c, b.own[0], b.bf16, &in,
-                                        1, b.out + c * cap, key, b.d_error, nullptr));
-    }
-  };
-  const double t_hop = timer.seconds_per_round([&] { hops(2); }, iterations);
-  const double t_hop_s1 = timer.seconds_per_round([&] { hops(1); }, iterations);
+  const double t_hop = timer.seconds_per_round([&] { enqueue_hops(b, 2, 0); }, iterations);
+  const double t_hop_s1 = timer.seconds_per_round([&] { enqueue_hops(b, 1, 0); }, iterations);
   const double t_finish = timer.seconds_per_round(
       [&] {
         DQ_BENCH_CHECK(launch_dynamiq_finishes(b.params, b.d_levels, b.d_layout, 0, n_chunks,
@@ -265,10 +272,81 @@ Ratios run(const dq::Codec& codec, const dq::DynamiqOptions& options, size_t cou
   return r;
 }
 
+// --grids: the FP32 hop (one input, 2 strata, every chunk) on its own grid and on 1/2, 1/4 and
+// 1/8 of it, against the copy of the tensor. The launch's grid gives a block 16 super-groups, or
+// more blocks where that would leave an SM fewer than 4: from 8 ranks on, a 16 MiB pipeline
+// block's chunk then gives each warp one super-group, and each warp pays the block's set-up (its
+// level table) for it. Whether fewer, fuller blocks are faster is this table. Returns the
+// kernels' error flags.
+unsigned grid_sweep(const dq::DynamiqOptions& options, size_t count, int n_chunks, int iterations) {
+  using namespace dq;
+  auto codec = make_dynamiq_codec(options);
+  if (codec->plan(count, n_chunks, 2) != Status::kOk) {
+    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count,
+                 n_chunks);
+    std::exit(1);
+  }
+  Bench b;
+  b.count = count;
+  b.n_chunks = n_chunks;
+  b.cap = codec->chunk_capacity();
+  b.params = cuda::dynamiq_device_params(count, n_chunks, 2, b.cap, options);
+  prepare(*codec, options, &b);
+  Timer timer;
+  const size_t bytes = count * 4;
+  const double t_copy = timer.seconds_per_round(
+      [&] {
+        DQ_BENCH_CHECK(
+            cudaMemcpyAsync(b.copy_dst, b.own[0], bytes, cudaMemcpyDeviceToDevice, nullptr));
+      },
+      iterations);
+  const unsigned standard = cuda::dynamiq_hop_grid(b.params);
+  const double per_chunk = static_cast<double>((b.params.plan.n_sg + n_chunks - 1) / n_chunks);
+  std::printf("grids: count %zu FP32 (%.1f MB), %d chunks of %.0f super-groups, copy %.3f ms\n",
+              count, bytes / 1e6, n_chunks, per_chunk, t_copy * 1e3);
+  std::printf("%8s %16s %10s %10s\n", "blocks", "sg a warp", "hop ms", "vs copy");
+  std::string blocks_list, ratio_list;
+  unsigned last = 0;
+  for (unsigned divisor : {1u, 2u, 4u, 8u}) {
+    const unsigned blocks = standard / divisor > 0 ? standard / divisor : 1;
+    if (blocks == last) continue;
+    last = blocks;
+    const double t =
+        timer.seconds_per_round([&] { enqueue_hops(b, 2, static_cast<int>(blocks)); }, iterations);
+    const double ratio = t_copy / t;
+    std::printf("%8u %16.2f %10.3f %9.1f%%\n", blocks, per_chunk / (8.0 * blocks), t * 1e3,
+                100.0 * ratio);
+    char item[32];
+    std::snprintf(item, sizeof item, "%s%u", blocks_list.empty() ? "" : ",", blocks);
+    blocks_list += item;
+    std::snprintf(item, sizeof item, "%s%.3f", ratio_list.empty() ? "" : ",", ratio);
+    ratio_list += item;
+  }
+  std::printf("RESULT grid_count=%zu grid_chunks=%d grid_blocks=%s grid_hop_vs_copy=%s\n", count,
+              n_chunks, blocks_list.c_str(), ratio_list.c_str());
+  std::fflush(stdout);
+  unsigned error = 0;
+  DQ_BENCH_CHECK(cudaMemcpy(&error, b.d_error, sizeof error, cudaMemcpyDeviceToHost));
+  return error;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace dq;
+  if (argc > 1 && std::strcmp(argv[1], "--grids") == 0) {
+    // An 8-rank ring's step on a 16 MiB pipeline block (2,048 super-groups a chunk), then the
+    // default run's tensor (32,768 a chunk).
+    dq::gpubench::require_device();
+    const DynamiqOptions options{};
+    unsigned error = grid_sweep(options, size_t{1} << 22, 8, 50);
+    error |= grid_sweep(options, size_t{1} << 26, 8, 10);
+    if (error != 0) {
+      std::printf("FAIL: the kernels raised error flags 0x%x\n", error);
+      return 1;
+    }
+    return 0;
+  }
   const size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (size_t{1} << 26);
   const int n_chunks = argc > 2 ? std::atoi(argv[2]) : 8;
   const int iterations = argc > 3 ? std::atoi(argv[3]) : 20;

@@ -230,6 +230,7 @@ void check_traffic(bool bf16) {
                 cudaSuccess)
           << test::kernel_fault();
       const emu::Counters c = emu::last_counters();
+      EXPECT_EQ(c.blocks, dynamiq_hop_grid(params)) << "the grid the benchmarks report";
       EXPECT_EQ(error, 0u);
       ASSERT_EQ(host, dev) << "chunk " << chunk << " n_in " << n_in;
       const Traffic least = least_traffic(l, params.plan, chunk, n_in, bf16 ? 2 : 4);
@@ -256,6 +257,7 @@ void check_traffic(bool bf16) {
                 cudaSuccess)
           << test::kernel_fault();
       ASSERT_EQ(host, few_blocks) << "chunk " << chunk << " n_in " << n_in << " on 8 blocks";
+      EXPECT_EQ(emu::last_counters().blocks, dynamiq_hop_grid(params, 8));
       expect_setup_barriers({c, emu::last_counters()}, kHopSetupBarriers);
       if (n_in == 2) {
         check_finish_traffic(*codec, params, levels, layout.data(), l, chunk, host, 3, bf16);
@@ -264,6 +266,37 @@ void check_traffic(bool bf16) {
     }
   }
   check_range_finish_traffic(*codec, params, levels, layout.data(), l, finals, cap, 3, bf16);
+}
+
+// The hop's grid rule (dynamiq_hop_grid()): 16 super-groups a block; more blocks where that
+// leaves an SM fewer than 4 (kHopMinBlocks), but never fewer than one super-group a warp (8 a
+// block); max_blocks caps it. The traffic bound above holds for the blocks this rule picks.
+TEST(CudaDynamiqTraffic, TheHopGridFollowsItsRule) {
+  const DynamiqOptions opt;
+  int before = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&before, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Row {
+    size_t supergroups_a_chunk;
+    int multiprocessors, max_blocks;
+    unsigned blocks;
+  };
+  for (const Row& row : {
+           Row{32768, 132, 0, 2048},  // 16 a block fill the device
+           Row{2048, 132, 0, 256},    // an 8-rank step of a 16 MiB block: 8 a block (1 a warp)
+           Row{8192, 132, 0, 528},    // 16 a block would be 512 < 4 x 132: 4 a SM
+           Row{40, 132, 0, 5},        // a warp a super-group at most
+           Row{2048, 8, 0, 128},      // a small device: 16 a block
+           Row{32768, 132, 300, 300}, Row{100000, 132, 0, 4096},  // the launch's cap
+       }) {
+    const int n_chunks = 4;
+    const DynamiqDeviceParams params = dynamiq_device_params(
+        row.supergroups_a_chunk * n_chunks * kSuperGroup, n_chunks, 2, size_t{1} << 30, opt);
+    emu::set_multiprocessors(row.multiprocessors);
+    EXPECT_EQ(dynamiq_hop_grid(params, row.max_blocks), row.blocks)
+        << row.supergroups_a_chunk << " super-groups a chunk, " << row.multiprocessors
+        << " SMs, max_blocks " << row.max_blocks;
+  }
+  emu::set_multiprocessors(before);
 }
 
 TEST(CudaDynamiqTraffic, Fp32HopWithinAQuarterOfTheLeast) {
