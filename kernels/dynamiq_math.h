@@ -61,13 +61,15 @@ DQ_HD int level_floor_further_steps(const LevelTable& t, float m, int r) {
 // Magnitude m in [0, 1] -> lower level index r with level[r] <= m < level[r+1] (r = L at m = 1).
 // The grid cell's first level, then extra_steps fix-ups: the first without a loop (the default
 // levels need at most one), where a loop's control cost about as much as the step in the hop.
+// The first step is taken whatever extra_steps is: with no level inside any cell (extra_steps 0)
+// it adds nothing, since level[r + 1] then lies at or above the cell's upper edge, which m is
+// below (cell = floor(m 2^10), exact), or is the sentinel 2 at r = L; a test of extra_steps there
+// cost the hop a branch a value.
 DQ_HD int level_floor(const LevelTable& t, float m) {
   int cell = static_cast<int>(m * static_cast<float>(kLevelGrid));
   int r = t.start[cell];
-  if (t.extra_steps > 0) {
-    r += (t.level[r + 1] <= m) ? 1 : 0;
-    if (t.extra_steps > 1) r = level_floor_further_steps(t, m, r);
-  }
+  r += (t.level[r + 1] <= m) ? 1 : 0;
+  if (t.extra_steps > 1) r = level_floor_further_steps(t, m, r);
   return r;
 }
 
