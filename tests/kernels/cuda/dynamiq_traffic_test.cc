@@ -281,12 +281,13 @@ TEST(CudaDynamiqTraffic, TheHopGridFollowsItsRule) {
     unsigned blocks;
   };
   for (const Row& row : {
-           Row{32768, 132, 0, 2048},  // 16 a block fill the device
-           Row{2048, 132, 0, 256},    // an 8-rank step of a 16 MiB block: 8 a block (1 a warp)
-           Row{8192, 132, 0, 528},    // 16 a block would be 512 < 4 x 132: 4 a SM
-           Row{40, 132, 0, 5},        // a warp a super-group at most
-           Row{2048, 8, 0, 128},      // a small device: 16 a block
-           Row{32768, 132, 300, 300}, Row{100000, 132, 0, 4096},  // the launch's cap
+           Row{32768, 132, 0, 2048},   // 16 a block fill the device
+           Row{2048, 132, 0, 256},     // an 8-rank step of a 16 MiB block: 8 a block (1 a warp)
+           Row{8192, 132, 0, 528},     // 16 a block would be 512 < 4 x 132: 4 an SM
+           Row{40, 132, 0, 5},         // a warp a super-group at most
+           Row{2048, 8, 0, 128},       // a small device: 16 a block
+           Row{32768, 132, 300, 300},  // the caller's cap
+           Row{100000, 132, 0, 4096},  // the launch's cap
        }) {
     const int n_chunks = 4;
     const DynamiqDeviceParams params = dynamiq_device_params(
