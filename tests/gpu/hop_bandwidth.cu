@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,41 @@ void prepare(const dq::Codec& codec, const dq::DynamiqOptions& options, Bench* b
   DQ_BENCH_CHECK(cudaDeviceSynchronize());
 }
 
+// The host codec planned for `count` values in `n_chunks` chunks of 2 workers; ends the program
+// when it cannot be.
+std::unique_ptr<dq::Codec> planned_codec(const dq::DynamiqOptions& options, size_t count,
+                                         int n_chunks) {
+  auto codec = dq::make_dynamiq_codec(options);
+  if (codec->plan(count, n_chunks, 2) != dq::Status::kOk) {
+    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count,
+                 n_chunks);
+    std::exit(1);
+  }
+  return codec;
+}
+
+// A bench of `codec` (planned for count, n_chunks) with own values of one type, prepared.
+void make_bench(const dq::Codec& codec, const dq::DynamiqOptions& options, size_t count,
+                int n_chunks, bool bf16, Bench* b) {
+  b->count = count;
+  b->n_chunks = n_chunks;
+  b->bf16 = bf16;
+  b->cap = codec.chunk_capacity();
+  b->params = dq::cuda::dynamiq_device_params(count, n_chunks, 2, b->cap, options);
+  prepare(codec, options, b);
+}
+
+// Seconds per round of the device-to-device copy of worker 0's tensor: every ratio's baseline.
+double copy_seconds(const Bench& b, Timer& timer, int iterations) {
+  const size_t bytes = b.count * (b.bf16 ? 2 : 4);
+  return timer.seconds_per_round(
+      [&] {
+        DQ_BENCH_CHECK(
+            cudaMemcpyAsync(b.copy_dst, b.own[0], bytes, cudaMemcpyDeviceToDevice, nullptr));
+      },
+      iterations);
+}
+
 // A ring step's hop of every chunk (one input: worker 1's leaf), with `strata` correlated
 // roundings (1: plain), on a grid of at most max_blocks blocks (0: the launch's own).
 void enqueue_hops(const Bench& b, uint32_t strata, int max_blocks) {
@@ -160,12 +196,7 @@ Ratios measure(const Bench& b, int iterations) {
   const size_t bytes = b.count * (b.bf16 ? 2 : 4), cap = b.cap;
   const int n_chunks = b.n_chunks;
   Timer timer;
-  const double t_copy = timer.seconds_per_round(
-      [&] {
-        DQ_BENCH_CHECK(
-            cudaMemcpyAsync(b.copy_dst, b.own[0], bytes, cudaMemcpyDeviceToDevice, nullptr));
-      },
-      iterations);
+  const double t_copy = copy_seconds(b, timer, iterations);
   const double t_stats = timer.seconds_per_round(
       [&] {
         DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], b.bf16, b.count, 2, b.d_stats, nullptr));
@@ -254,12 +285,7 @@ void profiled_round(const Bench& b) {
 Ratios run(const dq::Codec& codec, const dq::DynamiqOptions& options, size_t count, int n_chunks,
            bool bf16, int iterations) {
   Bench b;
-  b.count = count;
-  b.n_chunks = n_chunks;
-  b.bf16 = bf16;
-  b.cap = codec.chunk_capacity();
-  b.params = dq::cuda::dynamiq_device_params(count, n_chunks, 2, b.cap, options);
-  prepare(codec, options, &b);
+  make_bench(codec, options, count, n_chunks, bf16, &b);
   Ratios r = measure(b, iterations);
   profiled_round(b);
   // Both words only gain bits (the finish's StepWord was zeroed, no kFoldFlag: nothing folds it),
@@ -280,26 +306,12 @@ Ratios run(const dq::Codec& codec, const dq::DynamiqOptions& options, size_t cou
 // kernels' error flags.
 unsigned grid_sweep(const dq::DynamiqOptions& options, size_t count, int n_chunks, int iterations) {
   using namespace dq;
-  auto codec = make_dynamiq_codec(options);
-  if (codec->plan(count, n_chunks, 2) != Status::kOk) {
-    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count,
-                 n_chunks);
-    std::exit(1);
-  }
+  const auto codec = planned_codec(options, count, n_chunks);
   Bench b;
-  b.count = count;
-  b.n_chunks = n_chunks;
-  b.cap = codec->chunk_capacity();
-  b.params = cuda::dynamiq_device_params(count, n_chunks, 2, b.cap, options);
-  prepare(*codec, options, &b);
+  make_bench(*codec, options, count, n_chunks, false, &b);
   Timer timer;
   const size_t bytes = count * 4;
-  const double t_copy = timer.seconds_per_round(
-      [&] {
-        DQ_BENCH_CHECK(
-            cudaMemcpyAsync(b.copy_dst, b.own[0], bytes, cudaMemcpyDeviceToDevice, nullptr));
-      },
-      iterations);
+  const double t_copy = copy_seconds(b, timer, iterations);
   const unsigned standard = cuda::dynamiq_hop_grid(b.params);
   const double per_chunk = static_cast<double>((b.params.plan.n_sg + n_chunks - 1) / n_chunks);
   std::printf("grids: count %zu FP32 (%.1f MB), %d chunks of %.0f super-groups, copy %.3f ms\n",
@@ -356,12 +368,7 @@ int main(int argc, char** argv) {
   }
   dq::gpubench::require_device();
   const DynamiqOptions options{};
-  auto codec = make_dynamiq_codec(options);
-  if (codec->plan(count, n_chunks, 2) != Status::kOk) {
-    std::fprintf(stderr, "FAIL: the host codec cannot plan count %zu over %d chunks\n", count,
-                 n_chunks);
-    return 1;
-  }
+  const auto codec = planned_codec(options, count, n_chunks);
   // A RESULT line a type, printed as soon as it is measured: a failure in the second keeps the
   // first's figures.
   const Ratios f32 = run(*codec, options, count, n_chunks, false, iterations);
