@@ -76,6 +76,53 @@ inline Philox4x8 philox_draw_x8(uint64_t seed, uint64_t call, uint32_t hop, uint
                           static_cast<uint32_t>(seed >> 32));
 }
 
+// mix32() of eight words at once (32-bit multiplies wrap as the scalar's do).
+inline __m256i mix32_x8(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+// One swap-or-not round of shuffle_position() in each lane (x: the lane's position so far).
+inline __m256i shuffle_round_x8(__m256i key, __m256i x, __m256i n, __m256i n64, int round) {
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i round_key = mix32_x8(_mm256_add_epi32(
+      key, _mm256_set1_epi32(static_cast<int>(0x9E3779B9u * static_cast<uint32_t>(round + 1)))));
+  // pivot = the high half of round_key * strata: the even lanes' products, then the odd ones'
+  // (each 64-bit product's high half sits in its odd 32-bit lane).
+  const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(round_key, n64), 32);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(round_key, 32), n64);
+  const __m256i pivot = _mm256_blend_epi32(even, odd, 0xAA);
+  // partner = (pivot - x) mod strata: pivot - x where pivot >= x (unsigned), else + strata
+  const __m256i at_least = _mm256_cmpeq_epi32(_mm256_max_epu32(pivot, x), pivot);
+  const __m256i difference = _mm256_sub_epi32(pivot, x);
+  const __m256i partner = _mm256_blendv_epi8(_mm256_add_epi32(difference, n), difference, at_least);
+  const __m256i hi = _mm256_max_epu32(x, partner);
+  const __m256i bit = _mm256_and_si256(
+      mix32_x8(_mm256_xor_si256(
+          round_key, _mm256_mullo_epi32(hi, _mm256_set1_epi32(static_cast<int>(0x27d4eb2fu))))),
+      one);
+  return _mm256_blendv_epi8(x, partner, _mm256_cmpeq_epi32(bit, one));
+}
+
+// shuffle_position(key[i], member, strata) for the 16 keys of key[0] (lanes 0-7) and key[1]
+// (8-15), into x[0] and x[1]: the same integer operations (test Correlated.LanesMatchScalar).
+// Each round waits on the one before (five dependent multiplies), so two independent vectors are
+// interleaved. The scalar shuffle, 24 mixes a group, took 29% of a correlated leaf's time on one
+// core (tests/kernels/bench_codec, docs/results/host-isa.md).
+inline void shuffle_positions_x16(const __m256i key[2], uint32_t member, uint32_t strata,
+                                  __m256i x[2]) {
+  const __m256i n = _mm256_set1_epi32(static_cast<int>(strata));
+  const __m256i n64 = _mm256_set1_epi64x(strata);  // the multiplier of _mm256_mul_epu32
+  x[0] = x[1] = _mm256_set1_epi32(static_cast<int>(member % strata));
+  for (int round = 0; round < kShuffleRounds; ++round) {
+    x[0] = shuffle_round_x8(key[0], x[0], n, n64, round);
+    x[1] = shuffle_round_x8(key[1], x[1], n, n64, round);
+  }
+}
+
 // Host-only lookup tables derived from a LevelTable for the 8-bit widths: the grid cell gives
 // its first level and the next level's value in one 64-bit gather, and the floor gives its
 // level and reciprocal gap in one more (2 x 8 loads per 8 values instead of 4 x 8).

@@ -36,6 +36,15 @@ void philox_x8_words(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream
   const avx2::Philox4x8 w = avx2::philox_draw_x8(seed, call, hop, stream, block);
   for (int i = 0; i < 4; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[i]), w.v[i]);
 }
+void shuffle_x16_words(const uint32_t keys[16], uint32_t member, uint32_t strata,
+                       uint32_t positions[16]) {
+  const __m256i k[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys)),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + 8))};
+  __m256i x[2];
+  avx2::shuffle_positions_x16(k, member, strata, x);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(positions), x[0]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(positions + 8), x[1]);
+}
 }  // namespace
 
 #include "kernels/host_avx2_end.h"
@@ -44,6 +53,13 @@ bool philox_draw_x8_avx2(uint64_t seed, uint64_t call, uint32_t hop, uint32_t st
                          uint32_t block, uint32_t words[4][8]) {
   if (!host_isa_supported(HostIsa::kAvx2)) return false;
   philox_x8_words(seed, call, hop, stream, block, words);
+  return true;
+}
+
+bool shuffle_positions_x16_avx2(const uint32_t keys[16], uint32_t member, uint32_t strata,
+                                uint32_t positions[16]) {
+  if (!host_isa_supported(HostIsa::kAvx2) || strata == 0) return false;
+  shuffle_x16_words(keys, member, strata, positions);
   return true;
 }
 

@@ -37,4 +37,9 @@ void apply_host_isa_setting(const char* value);
 bool philox_draw_x8_avx2(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream,
                          uint32_t block, uint32_t words[4][8]);
 
+// Tests: the AVX2 swap-or-not shuffle of 16 keys (positions[i] = shuffle_position(keys[i], member,
+// strata)). False, writing nothing, where AVX2 is not supported or strata is 0.
+bool shuffle_positions_x16_avx2(const uint32_t keys[16], uint32_t member, uint32_t strata,
+                                uint32_t positions[16]);
+
 }  // namespace dq

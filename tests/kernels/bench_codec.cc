@@ -52,6 +52,9 @@ struct Fixture {
   dq::ConstTensor tensor(int r) const { return {data.row(r), dq::DType::kF32, count}; }
   // A ring hop: plain rounding (each ring hop is its own stratum class).
   static dq::RoundingKey key(uint32_t rank) { return {1, 0, rank, 0, 1, rank}; }
+  // A butterfly of 4's leaf or an 8's middle hop: correlated rounding over 2 strata (the default
+  // topology at 4 and 8 ranks, topo::rounding_strata()).
+  static dq::RoundingKey correlated_key(uint32_t rank) { return {1, 0, rank, rank % 2, 2, 0}; }
 };
 
 Fixture& fixture(const char* spec, dq::HostIsa isa, size_t count = kCount) {
@@ -90,14 +93,34 @@ void BM_compress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
   state.SetBytesProcessed(state.iterations() * kCount * 4);
 }
 
-void BM_fused_hop(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+void BM_compress_correlated(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  if (!runnable(state, isa)) return;
+  Fixture& f = fixture(spec, isa);
+  for (auto _ : state)
+    if (f.codec->hop(0, f.tensor(0), nullptr, 0, f.hop.data(), Fixture::correlated_key(0)) !=
+        dq::Status::kOk)
+      state.SkipWithError("hop failed");
+  state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
+// One input; `correlated`: the rounding over 2 strata (Fixture::correlated_key) instead of plain.
+void fused_hop(benchmark::State& state, const char* spec, dq::HostIsa isa, bool correlated) {
   if (!runnable(state, isa)) return;
   Fixture& f = fixture(spec, isa);
   dq::ByteView in{f.leaf.data(), f.leaf.size()};
+  const dq::RoundingKey key = correlated ? Fixture::correlated_key(1) : Fixture::key(1);
   for (auto _ : state)
-    if (f.codec->hop(0, f.tensor(1), &in, 1, f.hop.data(), Fixture::key(1)) != dq::Status::kOk)
+    if (f.codec->hop(0, f.tensor(1), &in, 1, f.hop.data(), key) != dq::Status::kOk)
       state.SkipWithError("hop failed");
   state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
+void BM_fused_hop(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  fused_hop(state, spec, isa, false);
+}
+
+void BM_fused_hop_correlated(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  fused_hop(state, spec, isa, true);
 }
 
 // The fused hop on 64 Ki values that stay in cache: the arithmetic without the memory stalls
@@ -139,6 +162,8 @@ BENCHMARK(BM_memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 DQ_BENCH_PATHS(BM_compress, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_decompress, dynamiq5, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS(BM_compress_correlated, dynamiq5, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS(BM_fused_hop_correlated, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop, mxfp8, "mxfp8", kMillisecond);
 // The same rates over the thread's CPU time (TBB runs on the calling thread here): on a shared
 // machine, time-slicing inflates real time but not the work one core does per byte.

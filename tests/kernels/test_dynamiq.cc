@@ -103,6 +103,28 @@ TEST(Philox, EightLanesMatchScalar) {
     }
 }
 
+// The host's AVX2 shuffle (16 groups' permutation positions at once) must give the scalar
+// (device) function's position in every lane: small and large strata (the pivot's high-half
+// multiply at full 32 bits), every member of a small class, members past strata (taken mod).
+TEST(Correlated, LanesMatchScalar) {
+  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(20261206);
+  uint32_t keys[16];
+  for (uint32_t strata : {1u, 2u, 3u, 4u, 7u, 32u, 255u, 1000u, 65537u, 0x80000001u, 0xffffffffu})
+    for (int trial = 0; trial < 64; ++trial) {
+      for (uint32_t& k : keys) k = static_cast<uint32_t>(rng());
+      if (trial == 0)
+        for (uint32_t& k : keys) k = 0xffffffffu - static_cast<uint32_t>(&k - keys);  // wraps
+      const uint32_t member =
+          strata <= 8 && trial < 8 ? static_cast<uint32_t>(trial) : static_cast<uint32_t>(rng());
+      uint32_t got[16];
+      ASSERT_TRUE(shuffle_positions_x16_avx2(keys, member, strata, got));
+      for (int i = 0; i < 16; ++i)
+        ASSERT_EQ(got[i], shuffle_position(keys[i], member, strata))
+            << "strata " << strata << " member " << member << " key " << keys[i] << " lane " << i;
+    }
+}
+
 // Rounding draws 16 random bits per value and a tie word only where those bits leave the
 // decision open, so P(up) must equal x even below the 16-bit resolution: 16 bits alone would
 // give floor(x * 2^16) / 2^16 (0 for the first x here) or the ceiling (4x).
