@@ -123,6 +123,64 @@ inline void shuffle_positions_x16(const __m256i key[2], uint32_t member, uint32_
   }
 }
 
+// Rows r[0..7] of an 8 x 8 matrix (lane j of r[i]: element (i, j)) transposed in place.
+inline void transpose8x8(__m256* r) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// Eight consecutive values as FP32: FP32 as they are, BF16 widened (bf16_to_f32()).
+inline __m256 load8_f32(const float* x) {
+  return _mm256_loadu_ps(x);
+}
+inline __m256 load8_f32(const uint16_t* x) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// Each group's sum and sum of squares, for the eight groups of 16 values at x (lane g: group
+// g), and whether any value differs from 0 (NaN included): lane g adds its group's values one by
+// one in order, as the scalar supergroup_sums() does, so the sums are the same floats. The
+// groups' values are transposed so that one vector holds value k of all eight groups.
+template <typename T>
+inline void group_sums_x8(const T* x, __m256* sum, __m256* sum_sq, __m256* non_zero) {
+  __m256 first[8], second[8];  // values 0-7 and 8-15 of each group, then transposed
+  for (int g = 0; g < 8; ++g) {
+    first[g] = load8_f32(x + kGroup * g);
+    second[g] = load8_f32(x + kGroup * g + 8);
+  }
+  transpose8x8(first);
+  transpose8x8(second);
+  __m256 s = _mm256_setzero_ps(), q = _mm256_setzero_ps(), nz = _mm256_setzero_ps();
+  for (int k = 0; k < kGroup; ++k) {
+    const __m256 v = k < 8 ? first[k] : second[k - 8];
+    s = _mm256_add_ps(s, v);
+    q = _mm256_add_ps(q, _mm256_mul_ps(v, v));
+    nz = _mm256_or_ps(nz, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  }
+  *sum = s;
+  *sum_sq = q;
+  *non_zero = nz;
+}
+
 // Host-only lookup tables derived from a LevelTable for the 8-bit widths: the grid cell gives
 // its first level and the next level's value in one 64-bit gather, and the floor gives its
 // level and reciprocal gap in one more (2 x 8 loads per 8 values instead of 4 x 8).

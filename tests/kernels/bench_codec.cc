@@ -135,6 +135,19 @@ void BM_fused_hop_in_cache(benchmark::State& state, const char* spec, dq::HostIs
   state.SetBytesProcessed(state.iterations() * kSmallCount * 4);
 }
 
+// The super-group statistics of the whole tensor (every rank's first step of a call).
+void BM_local_stats(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  if (!runnable(state, isa)) return;
+  Fixture& f = fixture(spec, isa);
+  std::vector<uint16_t> stats(f.codec->stats_words());
+  for (auto _ : state) {
+    if (f.codec->local_stats(f.tensor(1), stats.data()) != dq::Status::kOk)
+      state.SkipWithError("statistics failed");
+    benchmark::DoNotOptimize(stats.data());
+  }
+  state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
 void BM_decompress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
   if (!runnable(state, isa)) return;
   Fixture& f = fixture(spec, isa);
@@ -162,6 +175,7 @@ BENCHMARK(BM_memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 DQ_BENCH_PATHS(BM_compress, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_decompress, dynamiq5, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS(BM_local_stats, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_compress_correlated, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop_correlated, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop, mxfp8, "mxfp8", kMillisecond);

@@ -1038,6 +1038,68 @@ TEST(HostIsa, EveryPathGivesTheSameBytes) {
     expect_same_bytes_on_both_paths(spec);
 }
 
+// The statistics words of every super-group are the same on both paths (the AVX2 path sums eight
+// groups at a time from transposed values): all +0, all -0 and mixed zeros (the all-zero counts),
+// a NaN, an infinity or a denormal at positions spread over the groups and their halves, values
+// far from unit scale (the wide statistics), values differing in every position, and a partial
+// last super-group; FP32 and BF16, at 2, 8 and 300 workers (each count word's layout).
+TEST(HostIsa, StatisticsAreTheSameOnEveryPath) {
+  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
+  const size_t n = 40 * kSuperGroup + 131;
+  std::vector<float> x = gaussian(n, 77);
+  for (size_t i = 0; i < n; ++i) x[i] *= 1.0f + static_cast<float>(i % 97) * 1e-3f;
+  auto sg = [&](int j) { return x.data() + static_cast<size_t>(j) * kSuperGroup; };
+  std::fill(sg(0), sg(1), 0.0f);
+  std::fill(sg(1), sg(2), -0.0f);
+  std::fill(sg(2), sg(3), 0.0f);
+  sg(2)[137] = -0.0f;
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(), 1e-41f};
+  int j = 3;
+  for (float special : specials)
+    for (int pos : {0, 7, 8, 15, 16 * 5 + 3, 16 * 8 + 9, 255}) {
+      std::fill(sg(j), sg(j + 1), 0.0f);
+      sg(j)[pos] = special;
+      ++j;
+    }
+  for (int k = 0; k < kSuperGroup; ++k) sg(j)[k] *= 1e30f;  // far from unit scale
+  for (int k = 0; k < kSuperGroup; ++k) sg(j + 1)[k] *= 1e-30f;
+  for (int k = 0; k < kSuperGroup; ++k) sg(j + 2)[k] = static_cast<float>(k) * 0.37f - 11.0f;
+  j += 3;
+  // Cancellation: in group g, 2^24 at value a and -2^24 at value b, 1 elsewhere, so the sum
+  // depends on the order of the additions (1 + 2^24 rounds back to 2^24): the group's own order.
+  for (auto [a, b] : {std::pair{0, 8}, {3, 12}, {15, 8}, {1, 6}, {9, 2}}) {
+    for (int k = 0; k < kSuperGroup; ++k) {
+      const int v = k % kGroup, g = k / kGroup;
+      sg(j)[k] = (v == a ? 0x1p24f : v == b ? -0x1p24f : 1.0f) * static_cast<float>(g + 1);
+    }
+    ++j;
+  }
+  ASSERT_LT(j, 40);
+  std::vector<uint16_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = f32_to_bf16_rne(x[i]);
+  for (int workers : {2, 8, 300})
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      std::vector<uint16_t> words[2];
+      int path = 0;
+      for (HostIsa isa : {HostIsa::kScalar, HostIsa::kAvx2}) {
+        const HostIsa before = host_isa();
+        ASSERT_TRUE(select_host_isa(isa));
+        auto c = codec("dynamiq:5");
+        select_host_isa(before);
+        ASSERT_EQ(c->plan(n, 1, workers), Status::kOk);
+        words[path].resize(c->stats_words());
+        const ConstTensor t = dtype == DType::kF32 ? ConstTensor{x.data(), dtype, n}
+                                                   : ConstTensor{b.data(), dtype, n};
+        ASSERT_EQ(c->local_stats(t, words[path].data()), Status::kOk);
+        ++path;
+      }
+      for (size_t w = 0; w < words[0].size(); ++w)
+        ASSERT_EQ(words[0][w], words[1][w]) << "word " << w << ", " << workers << " workers, "
+                                            << (dtype == DType::kF32 ? "FP32" : "BF16");
+    }
+}
+
 // The baseline codecs take the same path (kernels/baselines/baselines_hot.h) and give the same
 // bytes on each: leaves, the fused hop and every finish, FP32 and BF16 (no statistics).
 TEST(HostIsa, EveryBaselinePathGivesTheSameBytes) {
