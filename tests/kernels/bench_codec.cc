@@ -24,6 +24,7 @@ struct Fixture {
   dq::sim::Matrix data;
   std::unique_ptr<dq::Codec> codec;
   std::vector<uint8_t> leaf, hop;
+  std::vector<uint16_t> reduced_stats;  // kWorkers times one worker's (agree()'s input)
   std::vector<float> out;
   size_t count;
   Fixture(const char* spec, size_t n, dq::HostIsa isa) : count(n) {
@@ -38,7 +39,8 @@ struct Fixture {
     codec = dq::make_codec(spec, &err);
     dq::select_host_isa(before);
     if (!codec || codec->plan(count, 1, kWorkers) != dq::Status::kOk) std::abort();
-    std::vector<uint16_t> stats(codec->stats_words());
+    std::vector<uint16_t>& stats = reduced_stats;
+    stats.resize(codec->stats_words());
     if (!stats.empty()) {
       codec->local_stats(tensor(0), stats.data());
       for (auto& w : stats) w = dq::f32_to_bf16_rne(dq::bf16_to_f32(w) * kWorkers);
@@ -148,6 +150,16 @@ void BM_local_stats(benchmark::State& state, const char* spec, dq::HostIsa isa) 
   state.SetBytesProcessed(state.iterations() * kCount * 4);
 }
 
+// The layout from the reduced statistics (widths, wire order, chunk cuts): every rank, every call.
+void BM_layout(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  if (!runnable(state, isa)) return;
+  Fixture& f = fixture(spec, isa);
+  for (auto _ : state)
+    if (f.codec->agree(f.reduced_stats.data(), 0) != dq::Status::kOk)
+      state.SkipWithError("layout failed");
+  state.SetBytesProcessed(state.iterations() * kCount * 4);
+}
+
 void BM_decompress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
   if (!runnable(state, isa)) return;
   Fixture& f = fixture(spec, isa);
@@ -176,6 +188,7 @@ DQ_BENCH_PATHS(BM_compress, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_decompress, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_local_stats, dynamiq5, "dynamiq:5", kMillisecond);
+DQ_BENCH_PATHS(BM_layout, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_compress_correlated, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop_correlated, dynamiq5, "dynamiq:5", kMillisecond);
 DQ_BENCH_PATHS(BM_fused_hop, mxfp8, "mxfp8", kMillisecond);
