@@ -234,7 +234,7 @@ DQ_HD double part_mx_error(const Sums& s, double k) {
 }
 
 // The first keys of the width classes 16, 8 (and wider) and 4 (and wider) at threshold offset
-// theta: build_dynamiq_layout's width_for() on the same float comparisons.
+// theta: build_dynamiq_layout's width_class() on the same float comparisons.
 struct WidthCut {
   uint32_t k16, k8, k4;
 };

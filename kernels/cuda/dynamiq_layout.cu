@@ -103,7 +103,8 @@ __device__ __forceinline__ double key_of(const DynamiqPlan& p, const uint16_t* r
                   p.n_workers);
 }
 
-// The host's width_for(): the width of a super-group at threshold offset theta.
+// The host's width_class() as a width (2 << class): a super-group's width at threshold offset
+// theta.
 __device__ __forceinline__ int width_for(bool poisoned, float f, float theta, bool allow_width16) {
   if (poisoned) return 2;
   const float t48 = theta * (257.0f / 131072.0f);

@@ -8,7 +8,7 @@
 //                  where it would read one a block (O(blocks) bytes a layout, not O(blocks^2));
 //  2. breakpoints: the width keys (the shift from the layout's maximum) and, per super-group
 //                  and width w in {4, 8, 16}, b_w: how many thresholds theta (bit patterns
-//                  0 .. 0x7f800000) give it at least w bits (the host's width_for() is monotone
+//                  0 .. 0x7f800000) give it at least w bits (the host's width_class() is monotone
 //                  in theta, so those thresholds are 0 .. b_w - 1). The record bytes at theta are
 //                  then n_sg rec2 + sum of (rec4 - rec2) [b4 > theta] + (rec8 - rec4) [b8 > theta]
 //                  + (rec16 - rec8) [b16 > theta] (integers: the host's total), and the host's
