@@ -62,6 +62,7 @@ uint32_t fitting_threshold(const DynamiqPlan& p, const LayoutOut& l, const float
   std::vector<uint8_t> upper(p.n_sg), lower(p.n_sg);
   std::vector<uint32_t> open;  // the super-groups whose two widths differ
   uint64_t settled = 0;        // the record bytes of the others
+  open.reserve(p.n_sg);
   for (size_t j = 0; j < p.n_sg; ++j) {
     upper[j] = static_cast<uint8_t>(width_class(p, l, keys, j, f32_from_bits(lo)));
     lower[j] = static_cast<uint8_t>(width_class(p, l, keys, j, f32_from_bits(hi)));
