@@ -86,23 +86,23 @@ void BM_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kCount * 4);
 }
 
-void BM_compress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+// A leaf (no input); `correlated`: the rounding over 2 strata (Fixture::correlated_key).
+void compress(benchmark::State& state, const char* spec, dq::HostIsa isa, bool correlated) {
   if (!runnable(state, isa)) return;
   Fixture& f = fixture(spec, isa);
+  const dq::RoundingKey key = correlated ? Fixture::correlated_key(0) : Fixture::key(0);
   for (auto _ : state)
-    if (f.codec->hop(0, f.tensor(0), nullptr, 0, f.hop.data(), Fixture::key(0)) != dq::Status::kOk)
+    if (f.codec->hop(0, f.tensor(0), nullptr, 0, f.hop.data(), key) != dq::Status::kOk)
       state.SkipWithError("hop failed");
   state.SetBytesProcessed(state.iterations() * kCount * 4);
 }
 
+void BM_compress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
+  compress(state, spec, isa, false);
+}
+
 void BM_compress_correlated(benchmark::State& state, const char* spec, dq::HostIsa isa) {
-  if (!runnable(state, isa)) return;
-  Fixture& f = fixture(spec, isa);
-  for (auto _ : state)
-    if (f.codec->hop(0, f.tensor(0), nullptr, 0, f.hop.data(), Fixture::correlated_key(0)) !=
-        dq::Status::kOk)
-      state.SkipWithError("hop failed");
-  state.SetBytesProcessed(state.iterations() * kCount * 4);
+  compress(state, spec, isa, true);
 }
 
 // One input; `correlated`: the rounding over 2 strata (Fixture::correlated_key) instead of plain.
