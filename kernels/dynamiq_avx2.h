@@ -76,6 +76,11 @@ inline Philox4x8 philox_draw_x8(uint64_t seed, uint64_t call, uint32_t hop, uint
                           static_cast<uint32_t>(seed >> 32));
 }
 
+// The draw's words in memory: words[w][i] = word w of block i.
+inline void store_words(const Philox4x8& draw, uint32_t words[4][8]) {
+  for (int w = 0; w < 4; ++w) _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[w]), draw.v[w]);
+}
+
 // mix32() of eight words at once (32-bit multiplies wrap as the scalar's do).
 inline __m256i mix32_x8(__m256i h) {
   h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
@@ -107,20 +112,25 @@ inline __m256i shuffle_round_x8(__m256i key, __m256i x, __m256i n, __m256i n64, 
   return _mm256_blendv_epi8(x, partner, _mm256_cmpeq_epi32(bit, one));
 }
 
-// shuffle_position(key[i], member, strata) for the 16 keys of key[0] (lanes 0-7) and key[1]
-// (8-15), into x[0] and x[1]: the same integer operations (test Correlated.LanesMatchScalar).
-// Each round waits on the one before (five dependent multiplies), so two independent vectors are
-// interleaved. The scalar shuffle, 24 mixes a group, took 29% of a correlated leaf's time on one
-// core (tests/kernels/bench_codec, docs/results/host-isa.md).
-inline void shuffle_positions_x16(const __m256i key[2], uint32_t member, uint32_t strata,
-                                  __m256i x[2]) {
+// positions[i] = shuffle_position(keys[i], member, strata) for 16 keys, as two vectors of 8: the
+// same integer operations (test Correlated.LanesMatchScalar). Each round waits on the one before
+// (five dependent multiplies), so the two vectors are interleaved. The scalar shuffle, 24 mixes a
+// group, took 29% of a correlated leaf's time on one core (tests/kernels/bench_codec,
+// docs/results/host-isa.md).
+inline void shuffle_positions_x16(const uint32_t keys[16], uint32_t member, uint32_t strata,
+                                  uint32_t positions[16]) {
   const __m256i n = _mm256_set1_epi32(static_cast<int>(strata));
   const __m256i n64 = _mm256_set1_epi64x(strata);  // the multiplier of _mm256_mul_epu32
+  const __m256i key[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys)),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + 8))};
+  __m256i x[2];
   x[0] = x[1] = _mm256_set1_epi32(static_cast<int>(member % strata));
   for (int round = 0; round < kShuffleRounds; ++round) {
     x[0] = shuffle_round_x8(key[0], x[0], n, n64, round);
     x[1] = shuffle_round_x8(key[1], x[1], n, n64, round);
   }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(positions), x[0]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(positions + 8), x[1]);
 }
 
 // Rows r[0..7] of an 8 x 8 matrix (lane j of r[i]: element (i, j)) transposed in place.

@@ -33,17 +33,11 @@ std::unique_ptr<DynamiqCodecBase> make_dynamiq_codec_avx2(const DynamiqOptions& 
 namespace {
 void philox_x8_words(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream, uint32_t block,
                      uint32_t words[4][8]) {
-  const avx2::Philox4x8 w = avx2::philox_draw_x8(seed, call, hop, stream, block);
-  for (int i = 0; i < 4; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[i]), w.v[i]);
+  avx2::store_words(avx2::philox_draw_x8(seed, call, hop, stream, block), words);
 }
 void shuffle_x16_words(const uint32_t keys[16], uint32_t member, uint32_t strata,
                        uint32_t positions[16]) {
-  const __m256i k[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys)),
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + 8))};
-  __m256i x[2];
-  avx2::shuffle_positions_x16(k, member, strata, x);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(positions), x[0]);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(positions + 8), x[1]);
+  avx2::shuffle_positions_x16(keys, member, strata, positions);
 }
 }  // namespace
 

@@ -392,10 +392,8 @@ class HotCodec final : public DynamiqCodecBase {
     for (int q = 0; q < 4; ++q) {
       uint32_t words[4][8];
 #if DQ_HOST_AVX2
-      const Philox4x8 w =
-          philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q);
-      for (int word = 0; word < 4; ++word)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[word]), w.v[word]);
+      store_words(philox_draw_x8(key.seed, key.call, key.rank, kStreamRounding, block0 + 8 * q),
+                  words);
 #else
       for (int i = 0; i < 8; ++i) {
         const Philox4 w =
@@ -510,31 +508,20 @@ class HotCodec final : public DynamiqCodecBase {
       for (int g = 0; g < kGroupsPerSuperGroup; ++g) pi[g] = 0.0f;
       return 1.0f;
     }
+    // permutation_key(): group 4q + i takes word i of block group0 / 4 + q.
+    uint32_t perm_key[kGroupsPerSuperGroup];
     const uint64_t group0 = jr * kGroupsPerSuperGroup;
 #if DQ_HOST_AVX2
-    // permutation_key(): group 4q + i takes word i of block group0 / 4 + q, q < 4 (lanes 0-3 of
-    // an eight-block draw; word i of the lanes 0-3 is keys i, 4 + i, 8 + i, 12 + i).
-    const Philox4x8 w = philox_draw_x8(key.seed, key.call, key.stratum_class, kStreamPermutation,
-                                       static_cast<uint32_t>(group0 >> 2));
-    // Per 128-bit half: words 0 and 1 of blocks 0, 1 (low01) and of blocks 2, 3 (high01).
-    const __m256i low01 = _mm256_unpacklo_epi32(w.v[0], w.v[1]);
-    const __m256i high01 = _mm256_unpackhi_epi32(w.v[0], w.v[1]);
-    const __m256i low23 = _mm256_unpacklo_epi32(w.v[2], w.v[3]);
-    const __m256i high23 = _mm256_unpackhi_epi32(w.v[2], w.v[3]);
-    // 128-bit lane 0 of each now holds blocks 0-3 (lane 1 blocks 4-7, unused).
-    const __m256i b01 = _mm256_permute2x128_si256(_mm256_unpacklo_epi64(low01, low23),
-                                                  _mm256_unpackhi_epi64(low01, low23), 0x20);
-    const __m256i b23 = _mm256_permute2x128_si256(_mm256_unpacklo_epi64(high01, high23),
-                                                  _mm256_unpackhi_epi64(high01, high23), 0x20);
-    const __m256i keys[2] = {b01, b23};
-    alignas(32) uint32_t position[kGroupsPerSuperGroup];
-    __m256i x[2];
-    shuffle_positions_x16(keys, key.stratum, key.strata, x);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(position), x[0]);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(position + 8), x[1]);
+    uint32_t words[4][8];  // blocks group0 / 4 .. + 7 (the first 4 used)
+    store_words(philox_draw_x8(key.seed, key.call, key.stratum_class, kStreamPermutation,
+                               static_cast<uint32_t>(group0 >> 2)),
+                words);
+    for (int q = 0; q < kGroupsPerSuperGroup / 4; ++q)
+      for (int i = 0; i < 4; ++i) perm_key[4 * q + i] = words[i][q];
+    uint32_t position[kGroupsPerSuperGroup];
+    shuffle_positions_x16(perm_key, key.stratum, key.strata, position);
     for (int g = 0; g < kGroupsPerSuperGroup; ++g) pi[g] = static_cast<float>(position[g]);
 #else
-    uint32_t perm_key[kGroupsPerSuperGroup];
     for (int q = 0; q < kGroupsPerSuperGroup / 4; ++q) {
       const Philox4 w = philox_draw(key.seed, key.call, key.stratum_class, kStreamPermutation,
                                     static_cast<uint32_t>((group0 >> 2) + q));
