@@ -223,14 +223,12 @@ class HotCodec final : public DynamiqCodecBase {
       float* y = out_dtype == DType::kF32 ? static_cast<float*>(out) + base : v;
       const bool scaled = l.exponent[j] != 0;
       const float back = scaled ? pow2f(-l.exponent[j]) : 1.0f;
-      if (op == ReduceOp::kAvg && scaled) {
-        for (int k = 0; k < valid; ++k) y[k] = ((v[k] + shift) / contributors) * back;
-      } else if (op == ReduceOp::kAvg) {
-        for (int k = 0; k < valid; ++k) y[k] = (v[k] + shift) / contributors;
-      } else if (scaled) {
-        for (int k = 0; k < valid; ++k) y[k] = (v[k] + shift) * back;
-      } else {
-        for (int k = 0; k < valid; ++k) y[k] = v[k] + shift;
+      const bool average = op == ReduceOp::kAvg;
+      for (int k = 0; k < valid; ++k) {  // (the compiler takes the two tests out of the loop)
+        float r = v[k] + shift;
+        if (average) r = r / contributors;
+        if (scaled) r = r * back;
+        y[k] = r;
       }
       if (out_dtype != DType::kF32) {
         uint16_t* o = static_cast<uint16_t*>(out) + base;
