@@ -46,15 +46,16 @@ int width_class(const DynamiqPlan& p, const LayoutOut& l, const float* keys, siz
   return (f >= t24 ? 1 : 0) + (f >= t48 ? 1 : 0) + (p.allow_width16 && f >= theta ? 1 : 0);
 }
 
-// The smallest threshold offset (float bit pattern, monotone for non-negative floats) at which
-// the records fit the budget: a bisection on [0, +inf], where bytes(theta) never increases with
-// theta and bytes(+inf) = all 2-bit fits. width_class() only falls as theta grows, so a super-group
-// whose widths at the bracket's two ends agree has that width at every theta the bisection still
-// tries: its bytes are counted once and it is not evaluated again. Each step evaluates only the
-// super-groups still open (about 6 passes over all of them in all, where 31 full passes took
-// about a quarter of a leaf's compression time); the bytes at each step, and so the answer, are
-// those of a full pass.
-uint32_t fitting_threshold(const DynamiqPlan& p, const LayoutOut& l, const float* keys,
+// Every super-group's width at the smallest threshold offset (float bit pattern, monotone for
+// non-negative floats) at which the records fit the budget: a bisection on [0, +inf], where
+// bytes(theta) never increases with theta and bytes(+inf) = all 2-bit fits. width_class() only
+// falls as theta grows, so a super-group whose widths at the bracket's two ends agree has that
+// width at every theta the bisection still tries: its bytes are counted once and it is not
+// evaluated again. Each step evaluates only the super-groups still open (about 6 passes over all
+// of them in all, where 31 full passes took about a quarter of a leaf's compression time); the
+// bytes at each step, and so the answer, are those of a full pass. At the end the bracket is one
+// threshold, and each super-group's width at its upper end is its width there.
+void assign_fitting_widths(const DynamiqPlan& p, const LayoutOut& l, const float* keys,
                            uint64_t budget) {
   uint32_t lo = 0, hi = 0x7f800000u;
   // Per super-group: its width class at some theta <= lo (at least its class in the bracket) and
@@ -105,15 +106,13 @@ uint32_t fitting_threshold(const DynamiqPlan& p, const LayoutOut& l, const float
     }
     open.resize(kept);
   }
-  return lo;
+  for (size_t j = 0; j < p.n_sg; ++j) l.width[j] = static_cast<uint8_t>(2 << lower[j]);
 }
 
 void assign_widths(const DynamiqPlan& p, const LayoutOut& l, const float* keys) {
   const uint64_t budget = dynamiq_record_budget(p);
   if (p.variable_widths) {
-    const float theta = f32_from_bits(fitting_threshold(p, l, keys, budget));
-    for (size_t j = 0; j < p.n_sg; ++j)
-      l.width[j] = static_cast<uint8_t>(2 << width_class(p, l, keys, j, theta));
+    assign_fitting_widths(p, l, keys, budget);
     return;
   }
   int fixed = 2;
