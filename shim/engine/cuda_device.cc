@@ -70,6 +70,8 @@ class CudaDevice final : public Device {
   const char* name() const override { return "cuda (emulated)"; }
   // Kernels, not the host codec's code: the engine checks them once per communicator.
   bool needs_canary() const override { return true; }
+  // One launch lays out every part of a call (or one step a part where no batch was prepared).
+  bool batches_layouts() const override { return true; }
 
   // ---- backend: memory, streams and events are the host device's ----------------------------
   // Calls CUDA refuses while a graph capture runs (global mode) fail here too, and invalidate it.

@@ -119,6 +119,8 @@ class CudaGpuDevice final : public Device {
 
   const char* name() const override { return name_; }
   bool needs_canary() const override { return true; }
+  // One launch lays out every part of a call (or one step a part where no batch was prepared).
+  bool batches_layouts() const override { return true; }
 
   // ---- memory -------------------------------------------------------------------------------
   Status alloc(size_t bytes, void** out) override {

@@ -17,8 +17,18 @@ Status Device::parts_stats(const PreparedParts& parts, const void* input, Lane l
 }
 
 Status Device::parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane) {
-  for (const PartSteps& part : parts.parts())
+  return part_layouts(parts, 0, parts.parts().size(), call, lane);
+}
+
+Status Device::part_layouts(const PreparedParts& parts, size_t first, size_t end, uint64_t call,
+                            Lane lane) {
+  if (first > end || end > parts.parts().size())
+    DQ_FAIL(Status::kInternal, "layouts of parts %zu .. %zu of %zu", first, end,
+            parts.parts().size());
+  for (size_t i = first; i < end; ++i) {
+    const PartSteps& part = parts.parts()[i];
     DQ_CHECK(build_layout(*part.codec, part.reduced, call, part.layout, lane));
+  }
   return Status::kOk;
 }
 

@@ -177,6 +177,15 @@ class Device {
   virtual Status parts_stats(const PreparedParts& parts, const void* input, Lane lane);
   // build_layout of every part, for call number `call`.
   virtual Status parts_layouts(const PreparedParts& parts, uint64_t call, Lane lane);
+  // build_layout of parts first .. end - 1 only, each its own step: what parts_layouts runs on a
+  // device without a batched layout kernel.
+  Status part_layouts(const PreparedParts& parts, size_t first, size_t end, uint64_t call,
+                      Lane lane);
+  // True when parts_layouts is one step over every part (a CUDA device's batched kernels), which
+  // the engine then enqueues once, before any hop. False (the host device): each layout is a step
+  // of its own anyway, so the engine enqueues a block's layouts just before the block's first
+  // codec step, and the first block's messages need not wait for every other block's layout.
+  virtual bool batches_layouts() const { return false; }
   // The budget's prediction of a call (DYNAMIQ_BITS=auto and the predicted-vNMSE metrics,
   // docs/ENGINE.md section 10) from its reduced statistics (device memory) into `out` (mapped
   // memory the host reads a control window later): run_budget_job() on the host device, the kernel

@@ -43,6 +43,7 @@
 //   rail_overlap  two-level (2 x 2 fake nodes), an all-reduce in 4 pieces: piece 1's statistics
 //               all-reduce is issued while piece 0's first rail message is held back (the two rail
 //               engines); the call's result near the exact sum
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -215,7 +216,16 @@ class FailingDevice final : public Device {
   std::function<void()> before_nccl;          // run before each NCCL enqueue, when set
   int finish_delay_ms = 0;                    // each finish of chunk 0 queued behind a sleep
   int nccl_enqueues = 0;
+  // batches_layouts() answers this (a CUDA device's true); the engine's order of enqueued
+  // layouts and hops: the layout each names (in enqueue order, which is the compute stream's).
+  bool batched_layouts = false;
+  struct Enqueued {
+    bool layout;  // else a hop
+    const void* layout_memory;
+  };
+  std::vector<Enqueued> enqueued;
   const char* name() const override { return "failing host"; }
+  bool batches_layouts() const override { return batched_layouts; }
   dq::Status alloc(size_t bytes, void** out) override {
     if (failing || (failing_scratch && scratch_asked != 0 && bytes == scratch_asked)) {
       ++failed_allocs;
@@ -269,11 +279,13 @@ class FailingDevice final : public Device {
   }
   dq::Status build_layout(const dq::engine::PreparedCodec& c, const uint16_t* r, uint64_t call,
                           void* layout, dq::engine::Lane l) override {
+    enqueued.push_back({true, layout});
     return inner_->build_layout(c, r, call, layout, l);
   }
   dq::Status hop(const dq::engine::PreparedCodec& c, const void* layout, int chunk,
                  const dq::ConstTensor& own, const dq::ByteView* in, int n_in, uint8_t* out,
                  const dq::RoundingKey& key, dq::engine::Lane l) override {
+    enqueued.push_back({false, layout});
     const dq::Status s = inner_->hop(c, layout, chunk, own, in, n_in, out, key, l);
     static const unsigned char kGarbage[16] = {0xde, 0xad, 0xbe, 0xef, 1, 2,  3,  4,
                                                5,    6,    7,    8,    9, 10, 11, 12};
@@ -610,6 +622,68 @@ int scenario_corrupt(int n) {
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "corrupt")) return 1;
   std::printf("corrupt %d ranks: every rank's call failed, none returned a result\n", n);
+  return 0;
+}
+
+// ---- the layouts' order ---------------------------------------------------------------------
+// Four 1 MiB pipeline blocks, on a device that lays out each part in a step of its own (the host)
+// and on one that batches them (a CUDA device's answer). Batched: every layout before the first
+// hop. Not: each block's layout just before its own first hop, so the first block's messages do
+// not wait for the other blocks' layouts. Either way every hop after its own layout, each layout
+// once a call, and the same bytes.
+int scenario_layout_order(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BLOCK_BYTES", "1M"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    constexpr size_t kCount = 4 * (1 << 20) / 4;
+    std::vector<float> in(kCount);
+    for (size_t i = 0; i < kCount; ++i) in[i] = gradient_value(rank, i);
+    std::vector<float> out[2] = {std::vector<float>(kCount), std::vector<float>(kCount)};
+    for (int batched = 0; batched < 2; ++batched) {
+      FailingDevice device(dq::engine::host_device());
+      device.batched_layouts = batched == 1;
+      Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out[batched].data();
+      args.count = kCount;
+      PassReason reason;
+      CHECK_OR(100, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+               "rank %d: the call failed or passed through (%s)", rank,
+               dq::engine::reason_name(reason));
+      std::vector<const void*> laid_out;  // in order
+      size_t first_hop = device.enqueued.size();
+      for (size_t i = 0; i < device.enqueued.size(); ++i) {
+        const FailingDevice::Enqueued& e = device.enqueued[i];
+        const bool known =
+            std::find(laid_out.begin(), laid_out.end(), e.layout_memory) != laid_out.end();
+        if (e.layout) {
+          CHECK_OR(102, !known, "rank %d: a layout enqueued twice in one call", rank);
+          laid_out.push_back(e.layout_memory);
+        } else {
+          CHECK_OR(103, known, "rank %d: step %zu, a hop, enqueued before its layout", rank, i);
+          first_hop = std::min(first_hop, i);
+        }
+      }
+      CHECK_OR(104, laid_out.size() == 4, "rank %d: %zu layouts, 4 blocks", rank, laid_out.size());
+      // Batched: the layouts are steps 0-3. Not: block 0's layout, then its hops, then block 1's.
+      const bool all_first = first_hop == laid_out.size();
+      CHECK_OR(105, all_first == (batched == 1),
+               "rank %d: %s layouts, yet %s before the first hop (step %zu)", rank,
+               batched ? "batched" : "per-block", all_first ? "all" : "not all", first_hop);
+      if (!batched)
+        for (size_t i = 0, seen = 0; i < device.enqueued.size(); ++i)
+          if (device.enqueued[i].layout) {
+            CHECK_OR(106, i == 0 || !device.enqueued[i - 1].layout,
+                     "rank %d: layouts %zu and %zu enqueued back to back", rank, seen - 1, seen);
+            ++seen;
+          }
+    }
+    CHECK_OR(107, std::memcmp(out[0].data(), out[1].data(), kCount * sizeof(float)) == 0,
+             "rank %d: per-block layouts give other bytes than batched ones", rank);
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 1, body, 120), "layout_order")) return 1;
+  std::printf("layout order %d ranks: batched before every hop, else each before its block's\n", n);
   return 0;
 }
 
@@ -1511,12 +1585,12 @@ int scenario_rail_overlap(int n) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(
-        stderr,
-        "usage: engine_multirank "
-        "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|collectives|setup_fail|stalled_wait|"
-        "split_settles|rail_overlap|byte_counts "
-        "NRANKS [TOPO]\n");
+    std::fprintf(stderr,
+                 "usage: engine_multirank "
+                 "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|layout_order|collectives|"
+                 "setup_fail|stalled_wait|"
+                 "split_settles|rail_overlap|byte_counts "
+                 "NRANKS [TOPO]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -1527,6 +1601,7 @@ int main(int argc, char** argv) {
   if (scenario == "budget_scratch_fail") return scenario_alloc_fail(n, true);
   if (scenario == "blocks") return scenario_blocks(n);
   if (scenario == "corrupt") return scenario_corrupt(n);
+  if (scenario == "layout_order") return scenario_layout_order(n);
   if (scenario == "collectives") return scenario_collectives(n);
   if (scenario == "setup_fail") return scenario_setup_fail(n);
   if (scenario == "not_opted_in") return scenario_not_opted_in(n);
