@@ -235,7 +235,8 @@ bool valid_text(const Entry& e, const std::string& raw) {
     BudgetTarget target;
     return parse_budget_target(raw, &target);
   }
-  if (key == "DYNAMIQ_HOST_ISA") return raw == "auto" || raw == "scalar" || raw == "avx2";
+  if (key == "DYNAMIQ_HOST_ISA")
+    return raw == "auto" || raw == "scalar" || raw == "avx2" || raw == "avx512";
   if (key == "DYNAMIQ_NET_BACKEND") return raw == "socket" || raw == "ib" || raw == "auto";
   if (key == "DYNAMIQ_NET_IB_GDR") return raw == "auto" || raw == "off" || raw == "flush-all";
   if (key == "DYNAMIQ_NET_IB_GID_INDEX") {

@@ -1,7 +1,9 @@
 // The host AVX2 helpers of the DynamiQ hot path (kernels/dynamiq_hot.h): eight Philox blocks at
 // once, level lookups, (un)packing of one group of 16 codes, stochastic rounding of 8 values.
-// Included only by kernels/dynamiq_host_avx2.cc, inside its AVX2 target region (every function
-// here is compiled for AVX2, so no other translation unit may include it). Each super-group is
+// Included only inside a target region (kernels/dynamiq_host_avx2.cc: AVX2;
+// kernels/dynamiq_host_avx512.cc: AVX-512 at 256 bits), in the namespace of that path
+// (DQ_HOST_ISA_NS), so that each translation unit's functions are its own: one linker-merged copy
+// compiled for AVX-512 would fault on a CPU with AVX2 alone. Each super-group is
 // processed one group of 16 values (two vectors) at a time, with the same IEEE operations in the
 // same order as the pointwise functions in dynamiq_math.h, so the bytes equal the device's
 // (tests: DeviceMath.HostRecordMatchesPointwiseReference,
@@ -17,7 +19,11 @@
 #include "kernels/dynamiq_math.h"
 #include "kernels/philox.h"
 
-namespace dq::avx2 {
+#ifndef DQ_HOST_ISA_NS
+#error "define DQ_HOST_ISA_NS (the path's namespace) before including kernels/dynamiq_avx2.h"
+#endif
+
+namespace dq::DQ_HOST_ISA_NS::avx2 {
 
 // Host only: eight Philox4x32-10 blocks at once with AVX2, counters {c0 + lane, c1, c2, c3}.
 // Lane i of out[w] is word w of philox4x32_10(c0 + i, c1, c2, c3, k0, k1), bit for bit (test
@@ -438,4 +444,4 @@ inline void init_levels_x8(const LevelTable& t, const FastLevels& fast, LevelsX8
   lv->decode_hi = _mm256_loadu_ps(t.decode + 8);
 }
 
-}  // namespace dq::avx2
+}  // namespace dq::DQ_HOST_ISA_NS::avx2

@@ -268,7 +268,15 @@ Status DynamiqCodecBase::check_input(const DynamiqLayout& l, int chunk, ByteView
 }
 
 std::unique_ptr<Codec> make_dynamiq_codec(const DynamiqOptions& options) {
-  if (host_isa() == HostIsa::kAvx2) return make_dynamiq_codec_avx2(options);
+  switch (host_isa()) {
+    case HostIsa::kAvx512:
+      return make_dynamiq_codec_avx512(options);
+    case HostIsa::kAvx2:
+      return make_dynamiq_codec_avx2(options);
+    case HostIsa::kScalar:
+    case HostIsa::kAuto:
+      break;
+  }
   return make_dynamiq_codec_scalar(options);
 }
 

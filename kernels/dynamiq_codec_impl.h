@@ -98,8 +98,10 @@ class DynamiqCodecBase : public Codec {
   bool honest_ = true;
 };
 
-// One per compiled path (kernels/dynamiq_host_*.cc); the AVX2 one only where the CPU has AVX2.
+// One per compiled path (kernels/dynamiq_host_*.cc); each other than the scalar one only where
+// the CPU has its instructions (host_isa_supported()).
 std::unique_ptr<DynamiqCodecBase> make_dynamiq_codec_scalar(const DynamiqOptions& options);
 std::unique_ptr<DynamiqCodecBase> make_dynamiq_codec_avx2(const DynamiqOptions& options);
+std::unique_ptr<DynamiqCodecBase> make_dynamiq_codec_avx512(const DynamiqOptions& options);
 
 }  // namespace dq

@@ -18,10 +18,9 @@
 
 #include "kernels/host_avx2_begin.h"
 
-#include "kernels/dynamiq_avx2.h"
-
 #define DQ_HOST_ISA_NS host_avx2
 #define DQ_HOST_AVX2 1
+#include "kernels/dynamiq_avx2.h"
 #include "kernels/dynamiq_hot.h"
 
 namespace dq {
@@ -33,11 +32,12 @@ std::unique_ptr<DynamiqCodecBase> make_dynamiq_codec_avx2(const DynamiqOptions& 
 namespace {
 void philox_x8_words(uint64_t seed, uint64_t call, uint32_t hop, uint32_t stream, uint32_t block,
                      uint32_t words[4][8]) {
-  avx2::store_words(avx2::philox_draw_x8(seed, call, hop, stream, block), words);
+  host_avx2::avx2::store_words(host_avx2::avx2::philox_draw_x8(seed, call, hop, stream, block),
+                               words);
 }
 void shuffle_x16_words(const uint32_t keys[16], uint32_t member, uint32_t strata,
                        uint32_t positions[16]) {
-  avx2::shuffle_positions_x16(keys, member, strata, positions);
+  host_avx2::avx2::shuffle_positions_x16(keys, member, strata, positions);
 }
 }  // namespace
 

@@ -1,10 +1,12 @@
 // The DynamiQ host codec's hot loops (statistics, fused hop, finish), written once and compiled
-// once per host instruction set: kernels/dynamiq_host_scalar.cc (baseline x86-64) and
-// kernels/dynamiq_host_avx2.cc (AVX2, no FMA) include this file inside their own namespace
-// (DQ_HOST_ISA_NS) with DQ_HOST_AVX2 = 0 or 1, after every shared header, so that nothing else
-// is compiled for AVX2 (an inline function of a shared header compiled for AVX2 could be the copy
-// the linker keeps, and fault on a CPU without it). Both paths give the same bytes: the same
-// IEEE operations in the same order as the pointwise functions of dynamiq_math.h.
+// once per host instruction set: kernels/dynamiq_host_scalar.cc (baseline x86-64),
+// kernels/dynamiq_host_avx2.cc (AVX2, no FMA) and kernels/dynamiq_host_avx512.cc (the AVX2 source
+// compiled for AVX-512 at 256 bits) include this file inside their own namespace
+// (DQ_HOST_ISA_NS) with DQ_HOST_AVX2 = 0 or 1 (the AVX2 intrinsics of kernels/dynamiq_avx2.h),
+// after every shared header, so that nothing else is compiled for the wider target (an inline
+// function of a shared header compiled for AVX2 could be the copy the linker keeps, and fault on
+// a CPU without it). Every path gives the same bytes: the same IEEE operations in the same order
+// as the pointwise functions of dynamiq_math.h.
 // Not a stand-alone header: no include guard, no includes.
 
 namespace dq::DQ_HOST_ISA_NS {

@@ -9,7 +9,9 @@ namespace dq {
 namespace {
 
 HostIsa best_supported() {
-  return host_isa_supported(HostIsa::kAvx2) ? HostIsa::kAvx2 : HostIsa::kScalar;
+  for (HostIsa isa : {HostIsa::kAvx512, HostIsa::kAvx2})
+    if (host_isa_supported(isa)) return isa;
+  return HostIsa::kScalar;
 }
 
 // Selected once at start-up (the first codec made), or by select_host_isa().
@@ -21,9 +23,13 @@ std::atomic<HostIsa>& selected() {
 }  // namespace
 
 bool host_isa_supported(HostIsa isa) {
-  if (isa != HostIsa::kAvx2) return true;
+  if (isa == HostIsa::kAuto || isa == HostIsa::kScalar) return true;
 #if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2");
+  if (isa == HostIsa::kAvx2) return __builtin_cpu_supports("avx2");
+  // The four subsets the AVX-512 path's target names (kernels/host_avx512_begin.h).
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq");
 #else
   return false;
 #endif
@@ -45,6 +51,8 @@ const char* host_isa_name(HostIsa isa) {
       return "scalar";
     case HostIsa::kAvx2:
       return "avx2";
+    case HostIsa::kAvx512:
+      return "avx512";
     case HostIsa::kAuto:
       break;
   }
@@ -52,7 +60,7 @@ const char* host_isa_name(HostIsa isa) {
 }
 
 bool parse_host_isa(const char* text, HostIsa* isa) {
-  for (HostIsa candidate : {HostIsa::kAuto, HostIsa::kScalar, HostIsa::kAvx2})
+  for (HostIsa candidate : {HostIsa::kAuto, HostIsa::kScalar, HostIsa::kAvx2, HostIsa::kAvx512})
     if (text != nullptr && std::strcmp(text, host_isa_name(candidate)) == 0) {
       *isa = candidate;
       return true;

@@ -1,6 +1,7 @@
 // Which instruction set the host codec's hot loops run on. One portable binary carries each
-// path (kernels/dynamiq_host_scalar.cc, kernels/dynamiq_host_avx2.cc: the same source, compiled
-// for baseline x86-64 and for AVX2 without FMA) and picks one per process: the best the CPU
+// path (kernels/dynamiq_host_scalar.cc, kernels/dynamiq_host_avx2.cc,
+// kernels/dynamiq_host_avx512.cc: the same source, compiled for baseline x86-64, for AVX2 without
+// FMA, and for AVX-512 F/VL/BW/DQ at 256 bits) and picks one per process: the best the CPU
 // supports unless a caller forces one (DYNAMIQ_HOST_ISA, tests, benchmarks). Every path gives
 // the same bytes. Codecs take the path selected when they are made.
 #pragma once
@@ -8,7 +9,7 @@
 
 namespace dq {
 
-enum class HostIsa { kAuto, kScalar, kAvx2 };
+enum class HostIsa { kAuto, kScalar, kAvx2, kAvx512 };
 
 // Whether this CPU (and this build) can run `isa`; kAuto and kScalar always can.
 bool host_isa_supported(HostIsa isa);
@@ -17,14 +18,14 @@ bool host_isa_supported(HostIsa isa);
 // nothing changes, when `isa` is not supported here.
 bool select_host_isa(HostIsa isa);
 
-// The path codecs made now take (never kAuto), and its name: "scalar" or "avx2".
+// The path codecs made now take (never kAuto), and its name: "scalar", "avx2" or "avx512".
 HostIsa host_isa();
 const char* host_isa_name(HostIsa isa);
 inline const char* host_isa_name() {
   return host_isa_name(host_isa());
 }
 
-// "scalar" / "avx2" / "auto" -> the enum; false for anything else.
+// "scalar" / "avx2" / "avx512" / "auto" -> the enum; false for anything else.
 bool parse_host_isa(const char* text, HostIsa* isa);
 
 // Applies the DYNAMIQ_HOST_ISA setting (its text, validated by config/settings.cc) and logs the

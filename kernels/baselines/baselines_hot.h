@@ -1,10 +1,11 @@
 // The baseline codecs' tile work (decode, add in FP32, encode; validate; finish), written once and
 // compiled once per host instruction set, as the DynamiQ codec's hot loops are
-// (kernels/dynamiq_hot.h): kernels/baselines/baselines_host_scalar.cc (baseline x86-64) and
-// kernels/baselines/baselines_host_avx2.cc (AVX2, no FMA) include this file inside their own
-// namespace (DQ_HOST_ISA_NS), after every shared header, so that only what is defined here is
-// compiled for AVX2. Plain loops the compiler vectorises for each target; both paths give the
-// same bytes: the same IEEE operations in the same order, no contraction.
+// (kernels/dynamiq_hot.h): kernels/baselines/baselines_host_scalar.cc (baseline x86-64),
+// kernels/baselines/baselines_host_avx2.cc (AVX2, no FMA) and
+// kernels/baselines/baselines_host_avx512.cc (AVX-512 at 256 bits) include this file inside their
+// own namespace (DQ_HOST_ISA_NS), after every shared header, so that only what is defined here is
+// compiled for the wider target. Plain loops the compiler vectorises for each target; every path
+// gives the same bytes: the same IEEE operations in the same order, no contraction.
 // Byte layouts: docs/FORMAT.md. Not a stand-alone header: no include guard, no includes.
 
 namespace dq::baselines::DQ_HOST_ISA_NS {

@@ -25,7 +25,15 @@ uint64_t fnv1a_words(const uint64_t* words, int n) {
 }  // namespace
 
 std::unique_ptr<TileKernel> make_tile_kernel(const TileSpec& spec) {
-  if (host_isa() == HostIsa::kAvx2) return make_tile_kernel_avx2(spec);
+  switch (host_isa()) {
+    case HostIsa::kAvx512:
+      return make_tile_kernel_avx512(spec);
+    case HostIsa::kAvx2:
+      return make_tile_kernel_avx2(spec);
+    case HostIsa::kScalar:
+    case HostIsa::kAuto:
+      break;
+  }
   return make_tile_kernel_scalar(spec);
 }
 

@@ -51,9 +51,10 @@ struct TileSpec {
 
 // The kernel of the path host_isa() names now (kernels/host_isa.h).
 std::unique_ptr<TileKernel> make_tile_kernel(const TileSpec& spec);
-// Each path's own (kernels/baselines/baselines_host_{scalar,avx2}.cc).
+// Each path's own (kernels/baselines/baselines_host_{scalar,avx2,avx512}.cc).
 std::unique_ptr<TileKernel> make_tile_kernel_scalar(const TileSpec& spec);
 std::unique_ptr<TileKernel> make_tile_kernel_avx2(const TileSpec& spec);
+std::unique_ptr<TileKernel> make_tile_kernel_avx512(const TileSpec& spec);
 
 struct ChunkSpan {
   size_t begin = 0;  // first element

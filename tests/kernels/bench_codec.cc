@@ -172,16 +172,19 @@ void BM_decompress(benchmark::State& state, const char* spec, dq::HostIsa isa) {
 
 }  // namespace
 
-constexpr dq::HostIsa kScalar = dq::HostIsa::kScalar, kAvx2 = dq::HostIsa::kAvx2;
+constexpr dq::HostIsa kScalar = dq::HostIsa::kScalar, kAvx2 = dq::HostIsa::kAvx2,
+                      kAvx512 = dq::HostIsa::kAvx512;
 
 // Each codec benchmark once per host path: DQ_BENCH_PATHS(function, label, spec, unit) registers
-// label/scalar and label/avx2 (real time; the _CPU form: CPU time).
+// label/scalar, label/avx2 and label/avx512 (real time; the _CPU form: CPU time).
 #define DQ_BENCH_PATHS(fn, label, spec, unit)                                                 \
   BENCHMARK_CAPTURE(fn, label / scalar, spec, kScalar)->Unit(benchmark::unit)->UseRealTime(); \
-  BENCHMARK_CAPTURE(fn, label / avx2, spec, kAvx2)->Unit(benchmark::unit)->UseRealTime()
+  BENCHMARK_CAPTURE(fn, label / avx2, spec, kAvx2)->Unit(benchmark::unit)->UseRealTime();     \
+  BENCHMARK_CAPTURE(fn, label / avx512, spec, kAvx512)->Unit(benchmark::unit)->UseRealTime()
 #define DQ_BENCH_PATHS_CPU(fn, label, spec, unit)                              \
   BENCHMARK_CAPTURE(fn, label / scalar, spec, kScalar)->Unit(benchmark::unit); \
-  BENCHMARK_CAPTURE(fn, label / avx2, spec, kAvx2)->Unit(benchmark::unit)
+  BENCHMARK_CAPTURE(fn, label / avx2, spec, kAvx2)->Unit(benchmark::unit);     \
+  BENCHMARK_CAPTURE(fn, label / avx512, spec, kAvx512)->Unit(benchmark::unit)
 
 BENCHMARK(BM_memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 DQ_BENCH_PATHS(BM_compress, dynamiq5, "dynamiq:5", kMillisecond);

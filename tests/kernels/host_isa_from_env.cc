@@ -1,4 +1,5 @@
-// Linked into the codec tests: DYNAMIQ_HOST_ISA=scalar|avx2|auto (as the engine's setting) forces
+// Linked into the codec tests: DYNAMIQ_HOST_ISA=scalar|avx2|avx512|auto (as the engine's setting)
+// forces
 // the host codec's path before any test runs, so one test binary is run once per path (meson
 // registers each test per ISA; tests/kernels/meson.build). A path this CPU lacks: exit 77 (skip).
 #include <cstdio>
@@ -13,7 +14,7 @@ const bool kForced = [] {
   if (text == nullptr || *text == '\0') return false;
   dq::HostIsa isa;
   if (!dq::parse_host_isa(text, &isa)) {
-    std::fprintf(stderr, "DYNAMIQ_HOST_ISA=%s: expected scalar, avx2 or auto\n", text);
+    std::fprintf(stderr, "DYNAMIQ_HOST_ISA=%s: expected scalar, avx2, avx512 or auto\n", text);
     std::exit(2);
   }
   if (!dq::select_host_isa(isa)) {

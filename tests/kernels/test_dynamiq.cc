@@ -1014,28 +1014,38 @@ std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
   return bytes;
 }
 
-// Every byte the codec `spec` writes (codec_bytes) is the same on the scalar and the AVX2 path,
-// for FP32 and BF16 input.
-void expect_same_bytes_on_both_paths(const char* spec) {
+// The paths other than the scalar one that this CPU runs.
+std::vector<HostIsa> vector_paths() {
+  std::vector<HostIsa> paths;
+  for (HostIsa isa : {HostIsa::kAvx2, HostIsa::kAvx512})
+    if (host_isa_supported(isa)) paths.push_back(isa);
+  return paths;
+}
+
+// Every byte the codec `spec` writes (codec_bytes) is the same on every path this CPU runs as on
+// the scalar one, for FP32 and BF16 input.
+void expect_same_bytes_on_every_path(const char* spec) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     const std::vector<uint8_t> scalar = codec_bytes(HostIsa::kScalar, spec, dtype);
-    const std::vector<uint8_t> avx2 = codec_bytes(HostIsa::kAvx2, spec, dtype);
-    ASSERT_EQ(scalar.size(), avx2.size()) << spec;
-    size_t first = 0;
-    while (first < scalar.size() && scalar[first] == avx2[first]) ++first;
-    EXPECT_EQ(first, scalar.size())
-        << spec << (dtype == DType::kF32 ? " f32" : " bf16") << ": first differing byte";
+    for (HostIsa isa : vector_paths()) {
+      const std::vector<uint8_t> other = codec_bytes(isa, spec, dtype);
+      ASSERT_EQ(scalar.size(), other.size()) << spec << " " << host_isa_name(isa);
+      size_t first = 0;
+      while (first < scalar.size() && scalar[first] == other[first]) ++first;
+      EXPECT_EQ(first, scalar.size()) << spec << (dtype == DType::kF32 ? " f32 " : " bf16 ")
+                                      << host_isa_name(isa) << ": first differing byte";
+    }
   }
 }
 
-// The scalar and AVX2 paths give the same bytes for every option set, input type and step.
+// Every path gives the scalar path's bytes for every option set, input type and step.
 TEST(HostIsa, EveryPathGivesTheSameBytes) {
-  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
+  if (vector_paths().empty()) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
   for (const char* spec :
        {"dynamiq:3", "dynamiq:5", "dynamiq:7", "dynamiq:3:widths=fixed", "dynamiq:5:widths=fixed",
         "dynamiq:9.5:widths=fixed", "dynamiq:17:widths=fixed", "dynamiq:5:corr=0",
         "dynamiq:5:levels=uniform", "dynamiq:5:scales=flat", "dynamiq:5:mean=0"})
-    expect_same_bytes_on_both_paths(spec);
+    expect_same_bytes_on_every_path(spec);
 }
 
 // The statistics words of every super-group are the same on both paths (the AVX2 path sums eight
@@ -1044,7 +1054,7 @@ TEST(HostIsa, EveryPathGivesTheSameBytes) {
 // far from unit scale (the wide statistics), values differing in every position, and a partial
 // last super-group; FP32 and BF16, at 2, 8 and 300 workers (each count word's layout).
 TEST(HostIsa, StatisticsAreTheSameOnEveryPath) {
-  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
+  if (vector_paths().empty()) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
   const size_t n = 40 * kSuperGroup + 131;
   std::vector<float> x = gaussian(n, 77);
   for (size_t i = 0; i < n; ++i) x[i] *= 1.0f + static_cast<float>(i % 97) * 1e-3f;
@@ -1080,9 +1090,11 @@ TEST(HostIsa, StatisticsAreTheSameOnEveryPath) {
   for (size_t i = 0; i < n; ++i) b[i] = f32_to_bf16_rne(x[i]);
   for (int workers : {2, 8, 300})
     for (DType dtype : {DType::kF32, DType::kBF16}) {
-      std::vector<uint16_t> words[2];
-      int path = 0;
-      for (HostIsa isa : {HostIsa::kScalar, HostIsa::kAvx2}) {
+      std::vector<HostIsa> paths = vector_paths();
+      paths.insert(paths.begin(), HostIsa::kScalar);
+      std::vector<std::vector<uint16_t>> words(paths.size());
+      size_t path = 0;
+      for (HostIsa isa : paths) {
         const HostIsa before = host_isa();
         ASSERT_TRUE(select_host_isa(isa));
         auto c = codec("dynamiq:5");
@@ -1094,19 +1106,21 @@ TEST(HostIsa, StatisticsAreTheSameOnEveryPath) {
         ASSERT_EQ(c->local_stats(t, words[path].data()), Status::kOk);
         ++path;
       }
-      for (size_t w = 0; w < words[0].size(); ++w)
-        ASSERT_EQ(words[0][w], words[1][w]) << "word " << w << ", " << workers << " workers, "
-                                            << (dtype == DType::kF32 ? "FP32" : "BF16");
+      for (size_t q = 1; q < paths.size(); ++q)
+        for (size_t w = 0; w < words[0].size(); ++w)
+          ASSERT_EQ(words[0][w], words[q][w])
+              << host_isa_name(paths[q]) << ", word " << w << ", " << workers << " workers, "
+              << (dtype == DType::kF32 ? "FP32" : "BF16");
     }
 }
 
 // The baseline codecs take the same path (kernels/baselines/baselines_hot.h) and give the same
 // bytes on each: leaves, the fused hop and every finish, FP32 and BF16 (no statistics).
 TEST(HostIsa, EveryBaselinePathGivesTheSameBytes) {
-  if (!host_isa_supported(HostIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
+  if (vector_paths().empty()) GTEST_SKIP() << "no AVX2 on this CPU: one path only";
   for (const char* spec :
        {"bf16", "mxfp8", "mxfp6e3m2", "mxfp6e2m3", "mxfp4", "uniform:3", "uniform:5", "uniform:9"})
-    expect_same_bytes_on_both_paths(spec);
+    expect_same_bytes_on_every_path(spec);
 }
 
 // Auto picks the best path this CPU supports; a forced path is kept until changed.
@@ -1114,16 +1128,28 @@ TEST(HostIsa, AutoPicksTheBestSupportedPath) {
   const HostIsa before = host_isa();
   ASSERT_TRUE(select_host_isa(HostIsa::kAuto));
   const bool avx2 = __builtin_cpu_supports("avx2");
-  EXPECT_EQ(host_isa(), avx2 ? HostIsa::kAvx2 : HostIsa::kScalar);
-  EXPECT_STREQ(host_isa_name(), avx2 ? "avx2" : "scalar");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq");
+  const HostIsa best = avx512 ? HostIsa::kAvx512 : avx2 ? HostIsa::kAvx2 : HostIsa::kScalar;
+  EXPECT_EQ(host_isa(), best);
+  EXPECT_STREQ(host_isa_name(), avx512 ? "avx512" : avx2 ? "avx2" : "scalar");
   EXPECT_EQ(host_isa_supported(HostIsa::kAvx2), avx2);
+  EXPECT_EQ(host_isa_supported(HostIsa::kAvx512), avx512);
+  // A path the CPU lacks is refused and changes nothing.
+  if (!avx512) {
+    EXPECT_FALSE(select_host_isa(HostIsa::kAvx512));
+    EXPECT_EQ(host_isa(), best);
+  }
   ASSERT_TRUE(select_host_isa(HostIsa::kScalar));
   EXPECT_EQ(host_isa(), HostIsa::kScalar);
   EXPECT_TRUE(select_host_isa(before));
   HostIsa parsed;
   EXPECT_TRUE(parse_host_isa("avx2", &parsed));
   EXPECT_EQ(parsed, HostIsa::kAvx2);
-  EXPECT_FALSE(parse_host_isa("avx512", &parsed));
+  EXPECT_TRUE(parse_host_isa("avx512", &parsed));
+  EXPECT_EQ(parsed, HostIsa::kAvx512);
+  EXPECT_FALSE(parse_host_isa("avx512f", &parsed));
 }
 
 }  // namespace
