@@ -1,7 +1,7 @@
 // Linked into the codec tests: DYNAMIQ_HOST_ISA=scalar|avx2|avx512|auto (as the engine's setting)
-// forces
-// the host codec's path before any test runs, so one test binary is run once per path (meson
-// registers each test per ISA; tests/kernels/meson.build). A path this CPU lacks: exit 77 (skip).
+// forces the host codec's path before any test runs, so one test binary is run once per path
+// (meson registers each test per ISA; tests/kernels/meson.build). A path this CPU lacks: exit 77
+// (skip).
 #include <cstdio>
 #include <cstdlib>
 

@@ -1048,7 +1048,7 @@ TEST(HostIsa, EveryPathGivesTheSameBytes) {
     expect_same_bytes_on_every_path(spec);
 }
 
-// The statistics words of every super-group are the same on both paths (the AVX2 path sums eight
+// The statistics words of every super-group are the same on every path (the vector paths sum eight
 // groups at a time from transposed values): all +0, all -0 and mixed zeros (the all-zero counts),
 // a NaN, an infinity or a denormal at positions spread over the groups and their halves, values
 // far from unit scale (the wide statistics), values differing in every position, and a partial
