@@ -268,16 +268,8 @@ Status DynamiqCodecBase::check_input(const DynamiqLayout& l, int chunk, ByteView
 }
 
 std::unique_ptr<Codec> make_dynamiq_codec(const DynamiqOptions& options) {
-  switch (host_isa()) {
-    case HostIsa::kAvx512:
-      return make_dynamiq_codec_avx512(options);
-    case HostIsa::kAvx2:
-      return make_dynamiq_codec_avx2(options);
-    case HostIsa::kScalar:
-    case HostIsa::kAuto:
-      break;
-  }
-  return make_dynamiq_codec_scalar(options);
+  return for_host_isa(&make_dynamiq_codec_scalar, &make_dynamiq_codec_avx2,
+                      &make_dynamiq_codec_avx512)(options);
 }
 
 DynamiqLayoutView dynamiq_layout(const Codec& codec, const void* layout) {

@@ -43,4 +43,20 @@ bool philox_draw_x8_avx2(uint64_t seed, uint64_t call, uint32_t hop, uint32_t st
 bool shuffle_positions_x16_avx2(const uint32_t keys[16], uint32_t member, uint32_t strata,
                                 uint32_t positions[16]);
 
+// Of one value per compiled path (a factory, typically), the one of the path host_isa() names
+// now: how each codec family picks its path when it is made.
+template <class T>
+T for_host_isa(T scalar, T avx2, T avx512) {
+  switch (host_isa()) {
+    case HostIsa::kAvx512:
+      return avx512;
+    case HostIsa::kAvx2:
+      return avx2;
+    case HostIsa::kScalar:
+    case HostIsa::kAuto:
+      break;
+  }
+  return scalar;
+}
+
 }  // namespace dq

@@ -25,16 +25,8 @@ uint64_t fnv1a_words(const uint64_t* words, int n) {
 }  // namespace
 
 std::unique_ptr<TileKernel> make_tile_kernel(const TileSpec& spec) {
-  switch (host_isa()) {
-    case HostIsa::kAvx512:
-      return make_tile_kernel_avx512(spec);
-    case HostIsa::kAvx2:
-      return make_tile_kernel_avx2(spec);
-    case HostIsa::kScalar:
-    case HostIsa::kAuto:
-      break;
-  }
-  return make_tile_kernel_scalar(spec);
+  return for_host_isa(&make_tile_kernel_scalar, &make_tile_kernel_avx2,
+                      &make_tile_kernel_avx512)(spec);
 }
 
 template <class Body>
