@@ -133,18 +133,17 @@ Status Engine::enqueue_compressed(Plan& p, const CallArgs& call, uint64_t call_i
   const size_t n_parts = p.part_steps->parts().size();
   const bool layouts_by_block = !device_->batches_layouts() && n_stages > 0;
   size_t laid_out = 0;  // parts whose layout is enqueued
+  // Parts laid_out .. end - 1 (batched: all of them, one step); layouts_done_ once all are.
   auto enqueue_layouts = [&](size_t end) -> Status {
-    DQ_CHECK(device_->part_layouts(*p.part_steps, laid_out, end, call_index, compute));
+    DQ_CHECK(layouts_by_block
+                 ? device_->part_layouts(*p.part_steps, laid_out, end, call_index, compute)
+                 : device_->parts_layouts(*p.part_steps, call_index, compute));
     laid_out = end;
     if (laid_out == n_parts && layouts_done_ != nullptr)
       DQ_CHECK(device_->record(layouts_done_, compute_stream_));
     return Status::kOk;
   };
-  if (!layouts_by_block) {
-    DQ_CHECK(device_->parts_layouts(*p.part_steps, call_index, compute));
-    laid_out = n_parts;
-    if (layouts_done_ != nullptr) DQ_CHECK(device_->record(layouts_done_, compute_stream_));
-  }
+  if (!layouts_by_block) DQ_CHECK(enqueue_layouts(n_parts));
 
   // Units (stage, block) in stage-major order: codec steps on the compute stream, messages on
   // the comm stream. A block's step waits for its own previous messages only, so the compute
