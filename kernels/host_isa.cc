@@ -2,8 +2,11 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <string>
 
 #include "common/log.h"
+#include "kernels/host_path_check.h"
 
 namespace dq {
 namespace {
@@ -14,15 +17,41 @@ HostIsa best_supported() {
   return HostIsa::kScalar;
 }
 
-// Selected once at start-up (the first codec made), or by select_host_isa().
-std::atomic<HostIsa>& selected() {
-  static std::atomic<HostIsa> isa{best_supported()};
-  return isa;
+// The path selected by select_host_isa(), or on first need by host_isa(); kAuto until then. Not a
+// function-local static initialised with best_supported(): a failed start-up check logs, the log's
+// first use reads the settings, and validating DYNAMIQ_CODEC makes a codec, which asks
+// host_isa() again, inside that initialisation.
+std::atomic<HostIsa> g_selected{HostIsa::kAuto};
+
+// ThreadHostIsa's path for this thread; kAuto: none, g_selected applies.
+thread_local HostIsa t_thread_isa = HostIsa::kAuto;
+
+// The start-up check of a vector path (kAvx2 or kAvx512): run once per process on first need, and
+// its failure logged once, after the check (a codec made while logging finds it done).
+bool passes_start_up_check(HostIsa isa) {
+  static std::once_flag once[2];
+  static bool passed[2];
+  static std::string difference[2];
+  static std::atomic<bool> warned[2];
+  const int k = isa == HostIsa::kAvx2 ? 0 : 1;
+  std::call_once(once[k],
+                 [isa, k] { passed[k] = host_path_gives_scalar_bytes(isa, &difference[k]); });
+  if (!passed[k] && !warned[k].exchange(true))
+    DQ_WARN(Subsys::kKernel,
+            "dynamiq: the %s host codec path writes other bytes than the scalar path on this CPU "
+            "(%s): an emulated or faulty CPU; the path is not used",
+            host_isa_name(isa), difference[k].c_str());
+  return passed[k];
 }
 
 }  // namespace
 
 bool host_isa_supported(HostIsa isa) {
+  if (isa == HostIsa::kAuto || isa == HostIsa::kScalar) return true;
+  return host_isa_cpu_has(isa) && passes_start_up_check(isa);
+}
+
+bool host_isa_cpu_has(HostIsa isa) {
   if (isa == HostIsa::kAuto || isa == HostIsa::kScalar) return true;
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == HostIsa::kAvx2) return __builtin_cpu_supports("avx2");
@@ -37,12 +66,25 @@ bool host_isa_supported(HostIsa isa) {
 
 bool select_host_isa(HostIsa isa) {
   if (!host_isa_supported(isa)) return false;
-  selected().store(isa == HostIsa::kAuto ? best_supported() : isa);
+  g_selected.store(isa == HostIsa::kAuto ? best_supported() : isa);
   return true;
 }
 
+ThreadHostIsa::ThreadHostIsa(HostIsa isa) : previous_(t_thread_isa) {
+  t_thread_isa = isa;
+}
+
+ThreadHostIsa::~ThreadHostIsa() {
+  t_thread_isa = previous_;
+}
+
 HostIsa host_isa() {
-  return selected().load();
+  if (t_thread_isa != HostIsa::kAuto) return t_thread_isa;
+  HostIsa isa = g_selected.load();
+  if (isa != HostIsa::kAuto) return isa;
+  const HostIsa best = best_supported();
+  // Another thread's (or a nested) first choice may have landed meanwhile: keep the one stored.
+  return g_selected.compare_exchange_strong(isa, best) ? best : isa;
 }
 
 const char* host_isa_name(HostIsa isa) {
@@ -74,8 +116,9 @@ void apply_host_isa_setting(const char* value) {
   static std::atomic<int> logged{-1};  // the path last logged: one line per change, not per engine
   if (!select_host_isa(isa)) {
     if (logged.load() == -1)
-      DQ_WARN(Subsys::kKernel,
-              "dynamiq: DYNAMIQ_HOST_ISA=%s: this CPU lacks it; taking auto's path", value);
+      DQ_WARN(Subsys::kKernel, "dynamiq: DYNAMIQ_HOST_ISA=%s: %s; taking auto's path", value,
+              host_isa_cpu_has(isa) ? "the path failed its start-up check on this CPU"
+                                    : "this CPU lacks it");
     select_host_isa(HostIsa::kAuto);
   }
   const int taken = static_cast<int>(host_isa());

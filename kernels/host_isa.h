@@ -11,14 +11,35 @@ namespace dq {
 
 enum class HostIsa { kAuto, kScalar, kAvx2, kAvx512 };
 
-// Whether this CPU (and this build) can run `isa`; kAuto and kScalar always can.
+// Whether this CPU has the instructions `isa` needs (and this build carries it); kAuto and
+// kScalar always do.
+bool host_isa_cpu_has(HostIsa isa);
+
+// Whether `isa` may be used: the CPU has it and, for a vector path, the path passed its start-up
+// check (kernels/host_path_check.h: its codecs give the scalar path's bytes on this CPU). The
+// check runs once per path per process, on first need; a failure is logged once (WARN) and the
+// path is never taken.
 bool host_isa_supported(HostIsa isa);
 
 // Selects the path for codecs made from now on: kAuto picks the best supported one. False, and
 // nothing changes, when `isa` is not supported here.
 bool select_host_isa(HostIsa isa);
 
-// The path codecs made now take (never kAuto), and its name: "scalar", "avx2" or "avx512".
+// While it lives, codecs made on the calling thread take `isa` (kAuto: the process's selection
+// again), without changing what other threads get: the start-up check's codecs, one per path.
+class ThreadHostIsa {
+ public:
+  explicit ThreadHostIsa(HostIsa isa);
+  ~ThreadHostIsa();
+  ThreadHostIsa(const ThreadHostIsa&) = delete;
+  ThreadHostIsa& operator=(const ThreadHostIsa&) = delete;
+
+ private:
+  HostIsa previous_;
+};
+
+// The path codecs made now on this thread take (never kAuto), and its name: "scalar", "avx2" or
+// "avx512".
 HostIsa host_isa();
 const char* host_isa_name(HostIsa isa);
 inline const char* host_isa_name() {

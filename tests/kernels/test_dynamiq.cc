@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/bf16.h"
@@ -16,6 +18,7 @@
 #include "kernels/dynamiq_math.h"
 #include "kernels/dynamiq_range.h"
 #include "kernels/host_isa.h"
+#include "kernels/host_path_check.h"
 #include "kernels/payload.h"
 #include "kernels/philox.h"
 #include "kernels/stats_sum.h"
@@ -1123,20 +1126,26 @@ TEST(HostIsa, EveryBaselinePathGivesTheSameBytes) {
     expect_same_bytes_on_every_path(spec);
 }
 
-// Auto picks the best path this CPU supports; a forced path is kept until changed.
+// Auto picks the best path this CPU supports and whose start-up check passes (on a real CPU every
+// path it has: the other HostIsa tests compare their bytes); a forced path is kept until changed.
 TEST(HostIsa, AutoPicksTheBestSupportedPath) {
   const HostIsa before = host_isa();
   ASSERT_TRUE(select_host_isa(HostIsa::kAuto));
-  const bool avx2 = __builtin_cpu_supports("avx2");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq");
+  const bool has_avx2 = __builtin_cpu_supports("avx2");
+  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  EXPECT_EQ(host_isa_cpu_has(HostIsa::kAvx2), has_avx2);
+  EXPECT_EQ(host_isa_cpu_has(HostIsa::kAvx512), has_avx512);
+  std::string difference;
+  const bool avx2 = has_avx2 && host_path_gives_scalar_bytes(HostIsa::kAvx2, &difference);
+  const bool avx512 = has_avx512 && host_path_gives_scalar_bytes(HostIsa::kAvx512, &difference);
   const HostIsa best = avx512 ? HostIsa::kAvx512 : avx2 ? HostIsa::kAvx2 : HostIsa::kScalar;
   EXPECT_EQ(host_isa(), best);
   EXPECT_STREQ(host_isa_name(), avx512 ? "avx512" : avx2 ? "avx2" : "scalar");
   EXPECT_EQ(host_isa_supported(HostIsa::kAvx2), avx2);
   EXPECT_EQ(host_isa_supported(HostIsa::kAvx512), avx512);
-  // A path the CPU lacks is refused and changes nothing.
+  // A path not supported is refused and changes nothing.
   if (!avx512) {
     EXPECT_FALSE(select_host_isa(HostIsa::kAvx512));
     EXPECT_EQ(host_isa(), best);
@@ -1150,6 +1159,109 @@ TEST(HostIsa, AutoPicksTheBestSupportedPath) {
   EXPECT_TRUE(parse_host_isa("avx512", &parsed));
   EXPECT_EQ(parsed, HostIsa::kAvx512);
   EXPECT_FALSE(parse_host_isa("avx512f", &parsed));
+}
+
+// ThreadHostIsa changes the path of codecs made on its own thread only, and only while it lives.
+TEST(HostIsa, ThreadPathStaysOnItsThread) {
+  const HostIsa process = host_isa();
+  {
+    const ThreadHostIsa on_scalar(HostIsa::kScalar);
+    EXPECT_EQ(host_isa(), HostIsa::kScalar);
+    HostIsa elsewhere = HostIsa::kAuto;
+    std::thread([&elsewhere] { elsewhere = host_isa(); }).join();
+    EXPECT_EQ(elsewhere, process);
+  }
+  EXPECT_EQ(host_isa(), process);
+}
+
+// A codec that writes one wrong bit: in the fused hop's output (n_in > 0) or in every FP32
+// finish, for the specs of one family; otherwise the codec it wraps.
+class OneWrongBit final : public Codec {
+ public:
+  enum class Where { kFusedHop, kFinish };
+  OneWrongBit(std::unique_ptr<Codec> inner, Where where)
+      : inner_(std::move(inner)), where_(where) {}
+  std::string name() const override { return inner_->name(); }
+  Status plan(size_t count, int n_chunks, int n_workers) override {
+    count_ = count;
+    n_chunks_ = n_chunks;
+    n_workers_ = n_workers;
+    return inner_->plan(count, n_chunks, n_workers);
+  }
+  size_t stats_words() const override { return inner_->stats_words(); }
+  size_t stats_byte_sum_words() const override { return inner_->stats_byte_sum_words(); }
+  Status local_stats(const ConstTensor& x, uint16_t* words) const override {
+    return inner_->local_stats(x, words);
+  }
+  size_t layout_bytes() const override { return inner_->layout_bytes(); }
+  Status build_layout(const uint16_t* stats, uint64_t call, void* layout) const override {
+    return inner_->build_layout(stats, call, layout);
+  }
+  size_t chunk_capacity() const override { return inner_->chunk_capacity(); }
+  bool fits_budget() const override { return inner_->fits_budget(); }
+  Status fused_hop(const void* layout, int chunk, const ConstTensor& own, const ByteView* in,
+                   int n_in, uint8_t* out, const RoundingKey& key) const override {
+    const Status s = inner_->fused_hop(layout, chunk, own, in, n_in, out, key);
+    if (where_ == Where::kFusedHop && n_in > 0) out[chunk_capacity() / 2] ^= 0x10;
+    return s;
+  }
+  Status decode_finish(const void* layout, int chunk, ByteView in, void* out, DType out_dtype,
+                       ReduceOp op, int n_contrib) const override {
+    const Status s = inner_->decode_finish(layout, chunk, in, out, out_dtype, op, n_contrib);
+    if (where_ == Where::kFinish && out_dtype == DType::kF32) {
+      std::vector<std::pair<size_t, size_t>> ranges;
+      inner_->layout_ranges(layout, chunk, &ranges);
+      if (!ranges.empty()) static_cast<uint8_t*>(out)[4 * ranges[0].first] ^= 0x01;
+    }
+    return s;
+  }
+  void layout_ranges(const void* layout, int chunk,
+                     std::vector<std::pair<size_t, size_t>>* ranges) const override {
+    inner_->layout_ranges(layout, chunk, ranges);
+  }
+
+ private:
+  std::unique_ptr<Codec> inner_;
+  Where where_;
+};
+
+// The start-up check finds one wrong bit in one family's fused hop or finish, names that family,
+// and passes a maker against itself.
+TEST(HostPathCheck, FindsOneWrongBitAndNamesWhere) {
+  auto scalar = [](const char* spec) {
+    const ThreadHostIsa on_scalar(HostIsa::kScalar);
+    std::string error;
+    return make_codec(spec, &error);
+  };
+  std::string difference;
+  EXPECT_TRUE(codec_makers_agree(scalar, scalar, &difference)) << difference;
+  for (const char* family : {"dynamiq", "mxfp8"})
+    for (auto where : {OneWrongBit::Where::kFusedHop, OneWrongBit::Where::kFinish}) {
+      auto faulty = [&](const char* spec) -> std::unique_ptr<Codec> {
+        std::unique_ptr<Codec> c = scalar(spec);
+        if (std::strncmp(spec, family, std::strlen(family)) != 0) return c;
+        return std::make_unique<OneWrongBit>(std::move(c), where);
+      };
+      difference.clear();
+      EXPECT_FALSE(codec_makers_agree(scalar, faulty, &difference)) << family;
+      // The first difference: the wrong byte itself, or a finish refusing a corrupted payload.
+      EXPECT_EQ(difference.rfind(family, 0), 0u) << difference;
+      EXPECT_NE(difference.find(", FP32: "), std::string::npos) << difference;
+    }
+  // A codec missing from one maker is a difference too.
+  auto none = [](const char*) { return std::unique_ptr<Codec>(); };
+  EXPECT_FALSE(codec_makers_agree(scalar, none, &difference));
+  EXPECT_NE(difference.find("made by one maker only"), std::string::npos) << difference;
+}
+
+// Every path this CPU has passes its start-up check (on a real CPU they all write the same bytes).
+TEST(HostPathCheck, EveryPathThisCpuHasPasses) {
+  for (HostIsa isa : {HostIsa::kAvx2, HostIsa::kAvx512}) {
+    if (!host_isa_cpu_has(isa)) continue;
+    std::string difference;
+    EXPECT_TRUE(host_path_gives_scalar_bytes(isa, &difference))
+        << host_isa_name(isa) << ": " << difference;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,188 @@
+#include "kernels/host_path_check.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "kernels/bf16.h"
+
+namespace dq {
+namespace {
+
+// One chunk of eight super-groups and a partial ninth: enough for DynamiQ's budget to give 8 bits
+// to some (split in two chunks, every super-group would get 2 bits and the 8-bit lookups would go
+// unchecked).
+constexpr int kWorkers = 3;
+constexpr int kChunks = 1;
+constexpr size_t kCount = 2048 + 77;
+
+// The specs the check runs: DynamiQ's mixed widths (2, 4 and 8 bits, the one-step 8-bit lookup,
+// three correlated strata), 8 bits everywhere with the generic lookup (eps8 = 0.4: several levels
+// per grid cell), 2 bits everywhere, uniform levels and flat scales; then each baseline family.
+constexpr const char* kSpecs[] = {"dynamiq:5",
+                                  "dynamiq:9.5:widths=fixed:eps8=0.4",
+                                  "dynamiq:3:widths=fixed",
+                                  "dynamiq:5:levels=uniform:scales=flat",
+                                  "bf16",
+                                  "mxfp8",
+                                  "mxfp6e2m3",
+                                  "mxfp4",
+                                  "uniform:5"};
+
+// Worker w's values, super-group j: roughly Gaussian (a sum of four uniforms from a 64-bit mix)
+// times 2^e, e = (7j mod 19) - 9, so that neighbouring super-groups' scales differ by up to 2^18;
+// group 5 of each super-group at 1/64 of the others (hierarchical scales); super-groups 5 and 7
+// offset by -2 and +3 of their scale (mean subtraction); super-group 4 all zeros; worker 1 at a
+// thousandth of the others' scale; in worker 2 an infinity (a poisoned super-group).
+std::vector<float> worker_values(int w) {
+  std::vector<float> x(kCount);
+  uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(w + 1);
+  auto next_unit = [&state] {
+    state += 0x9e3779b97f4a7c15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return static_cast<float>(z >> 40) * 0x1p-24f;  // [0, 1)
+  };
+  for (size_t i = 0; i < kCount; ++i) {
+    const size_t j = i / 256, g = (i % 256) / 16;
+    const float gaussian = next_unit() + next_unit() + next_unit() + next_unit() - 2.0f;
+    const float offset = j == 5 ? -2.0f : j == 7 ? 3.0f : 0.0f;
+    const float group = g == 5 ? 1.0f / 64.0f : 1.0f;
+    const float scale = std::ldexp(w == 1 ? 1e-3f : 1.0f, static_cast<int>((7 * j) % 19) - 9);
+    x[i] = scale * (group * gaussian + offset);
+  }
+  for (size_t i = 1024; i < 1280; ++i) x[i] = 0.0f;
+  if (w == 2) x[2 * 256 + 17] = std::numeric_limits<float>::infinity();
+  return x;
+}
+
+struct Inputs {
+  std::vector<float> f32[kWorkers];
+  std::vector<uint16_t> bf16[kWorkers];
+  Inputs() {
+    for (int w = 0; w < kWorkers; ++w) {
+      f32[w] = worker_values(w);
+      bf16[w].resize(kCount);
+      for (size_t i = 0; i < kCount; ++i) bf16[w][i] = f32_to_bf16_rne(f32[w][i]);
+    }
+  }
+  ConstTensor tensor(int w, DType dtype) const {
+    return dtype == DType::kF32 ? ConstTensor{f32[w].data(), dtype, kCount}
+                                : ConstTensor{bf16[w].data(), dtype, kCount};
+  }
+};
+
+// Every byte one codec writes for the inputs: each worker's statistics, the two leaves and the
+// fused hop of each chunk, and each chunk's finish (FP32 and BF16 out, SUM and AVG). Empty, with
+// *error set, when a step fails (itself a difference when the other path's step succeeded).
+std::vector<uint8_t> codec_bytes(Codec& c, const Inputs& in, DType dtype, std::string* error) {
+  std::vector<uint8_t> bytes;
+  auto append = [&bytes](const void* p, size_t size) {
+    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p),
+                 static_cast<const uint8_t*>(p) + size);
+  };
+  auto failed = [&](const char* step, Status s) {
+    *error = std::string(step) + " failed (status " + std::to_string(static_cast<int>(s)) + ")";
+    return std::vector<uint8_t>{};
+  };
+  Status s = c.plan(kCount, kChunks, kWorkers);
+  if (s != Status::kOk) return failed("plan", s);
+  std::vector<float> sum(c.stats_words(), 0.0f);
+  std::vector<uint16_t> words(c.stats_words());
+  for (int w = 0; w < kWorkers; ++w) {
+    if ((s = c.local_stats(in.tensor(w, dtype), words.data())) != Status::kOk)
+      return failed("statistics", s);
+    append(words.data(), 2 * words.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(words[i]);
+  }
+  for (size_t i = 0; i < sum.size(); ++i) words[i] = f32_to_bf16_rne(sum[i]);
+  if ((s = c.agree(words.empty() ? nullptr : words.data(), 7)) != Status::kOk)
+    return failed("layout", s);
+  std::vector<uint8_t> payload[kWorkers];
+  std::vector<float> out(kCount);
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
+    for (int w = 0; w < kWorkers; ++w) payload[w].assign(c.chunk_capacity(), 0);
+    for (uint32_t w = 0; w < 2; ++w) {
+      const RoundingKey key{5, 7, w, w, 3, 0};  // correlated rounding: three strata
+      if ((s = c.hop(chunk, in.tensor(static_cast<int>(w), dtype), nullptr, 0, payload[w].data(),
+                     key)) != Status::kOk)
+        return failed("leaf", s);
+      append(payload[w].data(), payload[w].size());
+    }
+    const ByteView leaves[2] = {{payload[0].data(), payload[0].size()},
+                                {payload[1].data(), payload[1].size()}};
+    if ((s = c.hop(chunk, in.tensor(2, dtype), leaves, 2, payload[2].data(),
+                   RoundingKey{5, 7, 2, 2, 3, 0})) != Status::kOk)
+      return failed("fused hop", s);
+    append(payload[2].data(), payload[2].size());
+    for (DType out_dtype : {DType::kF32, DType::kBF16})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        std::fill(out.begin(), out.end(), 0.0f);
+        if ((s = c.finish(chunk, {payload[2].data(), payload[2].size()}, out.data(), out_dtype, op,
+                          kWorkers)) != Status::kOk)
+          return failed("finish", s);
+        append(out.data(), out.size() * sizeof(float));
+      }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+bool codec_makers_agree(const CodecMaker& reference, const CodecMaker& candidate,
+                        std::string* difference) {
+  const Inputs in;
+  for (const char* spec : kSpecs) {
+    CodecSpec parsed;
+    std::string error;
+    if (!parse_codec_spec(spec, &parsed, &error)) {  // fails on every CPU: a typo shows at once
+      *difference = std::string(spec) + ": " + error;
+      return false;
+    }
+    std::unique_ptr<Codec> want_codec = reference(spec);
+    std::unique_ptr<Codec> got_codec = candidate(spec);
+    if (want_codec == nullptr && got_codec == nullptr) continue;  // a family this build lacks
+    if (want_codec == nullptr || got_codec == nullptr) {
+      *difference = std::string(spec) + ": made by one maker only";
+      return false;
+    }
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const char* type = dtype == DType::kF32 ? "FP32" : "BF16";
+      std::string want_error, got_error;
+      const std::vector<uint8_t> want = codec_bytes(*want_codec, in, dtype, &want_error);
+      const std::vector<uint8_t> got = codec_bytes(*got_codec, in, dtype, &got_error);
+      if (want_error != got_error) {
+        *difference = std::string(spec) + ", " + type + ": " +
+                      (got_error.empty() ? "the reference's " + want_error : got_error);
+        return false;
+      }
+      size_t first = 0;
+      while (first < want.size() && first < got.size() && want[first] == got[first]) ++first;
+      if (first != want.size() || want.size() != got.size()) {
+        char text[160];
+        std::snprintf(text, sizeof text, "%s, %s: byte %zu of %zu differs", spec, type, first,
+                      want.size());
+        *difference = text;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool host_path_gives_scalar_bytes(HostIsa isa, std::string* difference) {
+  auto maker = [](HostIsa path) {
+    return [path](const char* spec) {
+      const ThreadHostIsa on_path(path);
+      std::string error;
+      return make_codec(spec, &error);
+    };
+  };
+  return codec_makers_agree(maker(HostIsa::kScalar), maker(isa), difference);
+}
+
+}  // namespace dq

@@ -1,0 +1,31 @@
+// The start-up check of the host codec's vector paths. Every path is meant to write the scalar
+// path's bytes, and on real CPUs it does (tests/kernels: HostIsa.*). A CPU that computes an
+// instruction wrongly (an emulator: QEMU 7.2's TCG returns wrong lanes from vpgatherdq, which the
+// AVX2 path's 8-bit lookup uses) would otherwise make a rank's payloads silently differ from what
+// the format defines. So before a vector path is used, codecs built for it and for the scalar
+// path encode, hop and finish one small fixed problem, and the path is used only if every byte
+// agrees.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kernels/codec.h"
+#include "kernels/host_isa.h"
+
+namespace dq {
+
+// Makes a codec of a spec text (nullptr: a family this build lacks, then skipped).
+using CodecMaker = std::function<std::unique_ptr<Codec>(const char* spec)>;
+
+// Whether codecs from `candidate` write every byte codecs from `reference` write: statistics,
+// leaves, a fused hop and every finish, FP32 and BF16 input, for DynamiQ's widths and lookups and
+// each baseline family. On the first difference returns false and names it in *difference.
+bool codec_makers_agree(const CodecMaker& reference, const CodecMaker& candidate,
+                        std::string* difference);
+
+// codec_makers_agree() of the scalar path's codecs and `isa`'s (built on the calling thread with
+// ThreadHostIsa, so the process's selection is untouched). Takes about 10 ms.
+bool host_path_gives_scalar_bytes(HostIsa isa, std::string* difference);
+
+}  // namespace dq
