@@ -146,6 +146,10 @@ struct RecvComm {
   // Socket 0 is inside a message (its own stall bound applies); other sockets waiting for a
   // header do not count that time against their bound.
   bool headers_busy = false;
+  // Socket 0 ended in an orderly close between messages: no header comes any more, so a socket
+  // holding a part whose header has not arrived fails now, not after its wait's stall bound (a
+  // sender killed between writing a part on socket k and the header on socket 0).
+  bool headers_closed = false;
   std::map<uint64_t, RecvMsg*> active;  // header read, parts outstanding
   std::deque<RecvMsg*> unexpected;      // header read, no receive matched yet (seq order)
   std::deque<RecvSlot*> posted;         // receives waiting for a message (posting order)

@@ -118,6 +118,10 @@ bool RecvComm::oversized(const RecvMsg* msg, const RecvSlot* slot) {  // mu held
 void RecvComm::end_of_stream(int k, IoEnd end, bool mid_message, int err) {
   std::lock_guard<std::mutex> lock(mu);
   if (end == IoEnd::kStopped || failed) return;
+  if (end == IoEnd::kEof && !mid_message && k == 0) {
+    headers_closed = true;
+    cv.notify_all();  // parts waiting for a header
+  }
   if (end == IoEnd::kEof && !mid_message) {
     if (++clean_eofs < static_cast<int>(fds.size())) return;
     bool waiting = !posted.empty() || !active.empty();
@@ -218,6 +222,10 @@ void RecvComm::run_parts(int k) {
         }
         if (h.seq < next_seq) {
           return malformed("part for message " + std::to_string(h.seq) + " which is not in flight");
+        }
+        if (headers_closed) {
+          return fail("the peer closed the connection before the header of message " +
+                      std::to_string(h.seq) + ", whose part " + std::to_string(k) + " arrived");
         }
         if (headers_busy) start = Clock::now();
         if (ms_since(start) > timeout_ms) {

@@ -643,6 +643,53 @@ TEST_F(NetPluginTest, InconsistentPartFrameFailsTheReceive) {
   for (int fd : fds) close(fd);
 }
 
+// A sender that dies after writing a part on socket 1 but before the message's header on socket
+// 0 (its writers are separate threads): socket 0 ends cleanly between messages, and the receive
+// must fail at once, not after the 5 s stall bound of the wait for that header.
+TEST_F(NetPluginTest, SenderGoneBeforeTheHeaderFailsQuickly) {
+  LogCapture::clear();
+  wire::Handle h;
+  std::memcpy(&h, handle_, sizeof(h));
+  ASSERT_GE(h.nsocks, 2) << "needs a striped connection (DYNAMIQ_NET_NSOCKS >= 2)";
+  std::vector<int> fds;
+  for (int k = 0; k < h.nsocks; ++k) {
+    int fd = raw_connect(handle_);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    wire::Hello hello{
+        wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
+        0x6161ull};
+    ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+  }
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (rc == nullptr && seconds_since(t) < 5) {
+    ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
+  }
+  ASSERT_NE(rc, nullptr);
+  recv_comm_ = rc;
+  const size_t size = 1u << 20;  // striped over every socket
+  std::vector<char> in(size);
+  void* data = in.data();
+  size_t cap = in.size();
+  int tag = 1;
+  void* req = nullptr;
+  ASSERT_EQ(net_->irecv(rc, 1, &data, &cap, &tag, nullptr, nullptr, &req), dqNetSuccess);
+  ASSERT_NE(req, nullptr);
+  const wire::Split split = wire::split_message(size, h.nsocks);
+  ASSERT_GE(split.parts, 2);
+  const wire::PartHeader ph{wire::kPartMagic, 1, 0, split.offset(1), split.len(1, size)};
+  ASSERT_EQ(send(fds[1], &ph, sizeof(ph), 0), static_cast<ssize_t>(sizeof(ph)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // socket 1's reader has the part
+  t = Clock::now();
+  for (int fd : fds) close(fd);
+  int done = 0;
+  EXPECT_NE(wait_request(net_, req, nullptr, &done, 10), dqNetSuccess);
+  EXPECT_EQ(done, 0);
+  EXPECT_LT(seconds_since(t), 2.5) << "failed by the 5 s stall bound, not by the close";
+  EXPECT_TRUE(LogCapture::contains("closed the connection before the header", "message 0"));
+}
+
 TEST_F(NetPluginTest, SilentHandshakeIsDroppedAfterTheTimeout) {
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
   LogCapture::clear();
