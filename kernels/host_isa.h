@@ -3,7 +3,8 @@
 // kernels/dynamiq_host_avx512.cc: the same source, compiled for baseline x86-64, for AVX2 without
 // FMA, and for AVX-512 F/VL/BW/DQ at 256 bits) and picks one per process: the best the CPU
 // supports unless a caller forces one (DYNAMIQ_HOST_ISA, tests, benchmarks). Every path gives
-// the same bytes. Codecs take the path selected when they are made.
+// the same bytes, and a vector path is used only after a start-up check shows it does on this
+// CPU. Codecs take the path selected when they are made.
 #pragma once
 #include <cstdint>
 

@@ -1,10 +1,10 @@
 // The start-up check of the host codec's vector paths. Every path is meant to write the scalar
 // path's bytes, and on real CPUs it does (tests/kernels: HostIsa.*). A CPU that computes an
-// instruction wrongly (an emulator: QEMU 7.2's TCG returns wrong lanes from vpgatherdq, which the
-// AVX2 path's 8-bit lookup uses) would otherwise make a rank's payloads silently differ from what
-// the format defines. So before a vector path is used, codecs built for it and for the scalar
-// path encode, hop and finish one small fixed problem, and the path is used only if every byte
-// agrees.
+// instruction wrongly would otherwise make a rank's payloads silently differ from what the format
+// defines: QEMU 7.2's emulated CPU reads a gather whose index vector is in register 4 as if it had
+// no index, and the vector paths' level lookups gather (docs/results/host-isa.md). So before a
+// vector path is used, codecs built for it and for the scalar path encode, hop and finish one small
+// fixed problem, and the path is used only if every byte agrees.
 #pragma once
 #include <functional>
 #include <memory>
@@ -25,7 +25,7 @@ bool codec_makers_agree(const CodecMaker& reference, const CodecMaker& candidate
                         std::string* difference);
 
 // codec_makers_agree() of the scalar path's codecs and `isa`'s (built on the calling thread with
-// ThreadHostIsa, so the process's selection is untouched). Takes about 10 ms.
+// ThreadHostIsa, so the process's selection is untouched). About 8 ms on a 2-core VM.
 bool host_path_gives_scalar_bytes(HostIsa isa, std::string* difference);
 
 }  // namespace dq
