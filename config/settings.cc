@@ -13,6 +13,7 @@
 #include "config/optin.h"
 #include "kernels/budget_model.h"
 #include "kernels/codec.h"
+#include "kernels/host_isa.h"
 #include "version.h"  // generated in the build folder (config/meson.build)
 
 namespace dq::config {
@@ -355,7 +356,14 @@ class Loader {
       kReset[codec](s);
     }
     derive_codec_spec(s);
-    if (make_codec(s->codec_spec, &why) == nullptr) {
+    // Made to be validated and dropped, so on the scalar path: making it on auto's would choose
+    // the process's host path here, and a vector path failing its start-up check logs, and the
+    // log's first use reads these settings, inside this parse (a deadlock on its call_once).
+    const bool codec_valid = [&] {
+      const ThreadHostIsa validate_on_scalar(HostIsa::kScalar);
+      return make_codec(s->codec_spec, &why) != nullptr;
+    }();
+    if (!codec_valid) {
       fail(codec, "DYNAMIQ_CODEC=" + s->codec + " with DYNAMIQ_BITS=" + s->bits +
                       " is not a valid codec: " + why);
       kReset[codec](s);

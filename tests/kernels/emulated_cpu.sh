@@ -5,12 +5,15 @@
 # format's bytes: the vector paths' start-up check (kernels/host_path_check.h) must refuse a path
 # that differs from the scalar one. So, under the emulator and with auto's path, the golden
 # payloads must match byte for byte, the fused hop must match its pointwise reference, and the
-# check must still find a planted fault. Where the emulator gets every instruction right, the
-# same assertions hold with the AVX2 path taken.
-# Usage: emulated_cpu.sh TEST_GOLDEN TEST_DYNAMIQ. Exit 77 (skipped) without qemu-x86_64 (Debian:
-# qemu-user) or off x86-64.
+# check must still find a planted fault. And a process that reads the settings first, as the
+# shim does, must not hang: their codec validation once chose the host path inside the settings'
+# parse, whose failed check's warning then waited on that same parse. Where the emulator gets
+# every instruction right, the same assertions hold with the AVX2 path taken.
+# Usage: emulated_cpu.sh TEST_GOLDEN TEST_DYNAMIQ CONFIG_TEST. Exit 77 (skipped) without
+# qemu-x86_64 (Debian: qemu-user) or off x86-64.
 golden=$1
 dynamiq=$2
+config=$3
 if [ "$(uname -m)" != x86_64 ] || ! command -v qemu-x86_64 >/dev/null 2>&1; then
   echo "qemu-x86_64 not found (or not an x86-64 host): skipped"
   exit 77
@@ -40,4 +43,10 @@ if [ "$status" -ne 0 ]; then
   grep -E -A3 'Failure' "$log" | head -n 30
   exit 1
 fi
-echo "the emulated CPU's codec bytes are the format's"
+# The settings read first (config_test's child scenario "settings": the shim's way, three times).
+if ! timeout 60 qemu-x86_64 -cpu max "$config" --child settings >"$log" 2>&1; then
+  echo "reading the settings first under the emulated CPU did not finish (hung or failed):"
+  cat "$log"
+  exit 1
+fi
+echo "the emulated CPU's codec bytes are the format's; the settings read first do not hang"
