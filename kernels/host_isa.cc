@@ -51,6 +51,11 @@ bool host_isa_supported(HostIsa isa) {
   return host_isa_cpu_has(isa) && passes_start_up_check(isa);
 }
 
+bool host_isa_refused(HostIsa isa) {
+  if (isa == HostIsa::kAuto || isa == HostIsa::kScalar) return false;
+  return host_isa_cpu_has(isa) && !passes_start_up_check(isa);
+}
+
 bool host_isa_cpu_has(HostIsa isa) {
   if (isa == HostIsa::kAuto || isa == HostIsa::kScalar) return true;
 #if defined(__x86_64__) || defined(__i386__)

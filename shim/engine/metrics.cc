@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/safe_file.h"
 #include "config/settings.h"
+#include "kernels/host_isa.h"
 
 namespace dq::engine {
 namespace {
@@ -57,7 +58,17 @@ ProcessLabels process_labels() {
   l.version = config::build_version();
   l.revision = config::build_revision();
   l.nccl = log_nccl_version_text(log_nccl_version_code());
+  fill_host_path(&l);
   return l;
+}
+
+void fill_host_path(ProcessLabels* l) {
+  l->host_path = host_isa_name();
+  l->host_paths_refused.clear();
+  for (HostIsa isa : {HostIsa::kAvx2, HostIsa::kAvx512})
+    if (host_isa_refused(isa))
+      l->host_paths_refused +=
+          (l->host_paths_refused.empty() ? "" : ",") + std::string(host_isa_name(isa));
 }
 
 std::string metrics_expand_path(const std::string& pattern, const std::string& job,
@@ -158,7 +169,11 @@ std::string render_json(const std::vector<std::shared_ptr<CommMetrics>>& comms,
   doc["job"] = labels.job;
   doc["host"] = labels.host;
   doc["pid"] = labels.pid;
-  doc["build"] = {{"version", labels.version}, {"git", labels.revision}, {"nccl", labels.nccl}};
+  doc["build"] = {{"version", labels.version},
+                  {"git", labels.revision},
+                  {"nccl", labels.nccl},
+                  {"host_path", labels.host_path},
+                  {"host_paths_refused", labels.host_paths_refused}};
   doc["updated_unix_s"] = update_time(labels);
   doc["communicators"] = nlohmann::json::array();
   for (const auto& c : comms) {
@@ -295,11 +310,13 @@ void render_prometheus_process(const ProcessLabels& labels, std::string& text) {
   const std::string process = "job_id=" + quote(labels.job) + ",host=" + quote(labels.host) +
                               ",pid=" + quote(std::to_string(labels.pid));
   text +=
-      "# HELP dynamiq_build_info The dynamiq build and the NCCL it wraps (always 1).\n"
+      "# HELP dynamiq_build_info The dynamiq build, the NCCL it wraps and the host codec's path "
+      "(always 1).\n"
       "# TYPE dynamiq_build_info gauge\n"
       "dynamiq_build_info{" +
       process + ",version=" + quote(labels.version) + ",git=" + quote(labels.revision) +
-      ",nccl=" + quote(labels.nccl) + "} 1\n";
+      ",nccl=" + quote(labels.nccl) + ",host_path=" + quote(labels.host_path) +
+      ",host_paths_refused=" + quote(labels.host_paths_refused) + "} 1\n";
   char v[64];
   std::snprintf(v, sizeof v, "} %.3f\n", update_time(labels));
   text +=
@@ -438,7 +455,9 @@ namespace {
 void write_locked(Registry& r) {
   const config::Settings& s = config::global();
   if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
-  static const ProcessLabels labels = process_labels();
+  static const ProcessLabels first = process_labels();
+  ProcessLabels labels = first;
+  fill_host_path(&labels);
   const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;
   const std::string path = metrics_expand_path(s.metrics_file, metrics_job_name(labels, r.comms),
                                                labels.host, rank, labels.pid);

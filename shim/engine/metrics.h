@@ -99,9 +99,16 @@ struct ProcessLabels {
   std::string host;
   int pid = 0;
   std::string version, revision, nccl;  // dynamiq_build_info's labels
-  double now_s = 0;                     // the write's Unix time; 0: the clock's
+  // Also dynamiq_build_info's: the host codec's path ("scalar", "avx2", "avx512") and the vector
+  // paths this CPU has that failed their start-up check (comma list; kernels/host_isa.h): a
+  // node whose codec fell back to a slower path shows on a dashboard, not only in its log.
+  std::string host_path, host_paths_refused;
+  double now_s = 0;  // the write's Unix time; 0: the clock's
 };
 ProcessLabels process_labels();
+// Sets host_path and host_paths_refused from the process's selection now: a forced
+// DYNAMIQ_HOST_ISA is applied when an engine is made, which may be after the first write.
+void fill_host_path(ProcessLabels* labels);
 // The metrics file's text: Prometheus exposition format as the node exporter's textfile collector
 // reads it (HELP, TYPE, no job or instance label, no sample timestamps; one label set on every
 // sample) or JSON (written by a JSON library).

@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "kernels/host_isa.h"
 #include "shim/engine/metrics.h"
 
 namespace dq::engine {
@@ -41,7 +42,8 @@ std::shared_ptr<CommMetrics> comm(int index, const std::string& name, uint64_t r
 }
 
 TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
-  ProcessLabels labels{"job-42", "node7", 1234, "0.1.0", "abc1234", "2.28.9", 1700000000.5};
+  ProcessLabels labels{"job-42", "node7",  1234,   "0.1.0",     "abc1234",
+                       "2.28.9", "scalar", "avx2", 1700000000.5};
   const std::string text = metrics_render({comm(0, "dp", 5), comm(1, "tp", 0)}, labels, true);
   int samples = 0;
   std::istringstream lines(text);
@@ -53,7 +55,7 @@ TEST(Metrics, PrometheusHasHelpTypeAndOneLabelSetOnEverySample) {
   // The process's own samples: what it runs, and when the file was written.
   const std::regex process_sample(
       "^(dynamiq_build_info\\{" + process +
-      R"re(,version="0.1.0",git="abc1234",nccl="2.28.9"\} 1|dynamiq_last_update_timestamp_seconds\{)re" +
+      R"re(,version="0.1.0",git="abc1234",nccl="2.28.9",host_path="scalar",host_paths_refused="avx2"\} 1|dynamiq_last_update_timestamp_seconds\{)re" +
       process + R"re(\} 1700000000.500)$)re");
   int process_samples = 0;
   while (std::getline(lines, line)) {
@@ -104,6 +106,30 @@ TEST(Metrics, CompressionRatioAgainstAnUncompressedRing) {
   const nlohmann::json doc =
       nlohmann::json::parse(metrics_render({c}, labels_of("j", "h", 9), false));
   EXPECT_DOUBLE_EQ(doc["communicators"][0]["compression_ratio"].get<double>(), 8.0);
+}
+
+// The host codec's path in both formats: what the process runs now (a path forced after the
+// first write included), and the vector paths this CPU has that failed their start-up check.
+TEST(Metrics, HostPathInBothFormats) {
+  ProcessLabels l = labels_of("j", "h", 9);
+  fill_host_path(&l);
+  EXPECT_EQ(l.host_path, host_isa_name());
+  for (HostIsa isa : {HostIsa::kAvx2, HostIsa::kAvx512})
+    EXPECT_EQ(l.host_paths_refused.find(host_isa_name(isa)) != std::string::npos,
+              host_isa_refused(isa))
+        << host_isa_name(isa);
+  const HostIsa before = host_isa();
+  ASSERT_TRUE(select_host_isa(HostIsa::kScalar));
+  fill_host_path(&l);
+  select_host_isa(before);
+  EXPECT_EQ(l.host_path, "scalar");
+  l.host_paths_refused = "avx2";
+  const std::string text = metrics_render({comm(0, "dp", 5)}, l, true);
+  EXPECT_NE(text.find(",host_path=\"scalar\",host_paths_refused=\"avx2\"} 1\n"), std::string::npos)
+      << text;
+  const nlohmann::json doc = nlohmann::json::parse(metrics_render({comm(0, "dp", 5)}, l, false));
+  EXPECT_EQ(doc["build"]["host_path"], "scalar");
+  EXPECT_EQ(doc["build"]["host_paths_refused"], "avx2");
 }
 
 TEST(Metrics, WindowWaitAndPlansInBothFormats) {
