@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/bf16.h"
+#include "kernels/dynamiq_codec.h"
 
 namespace dq {
 namespace {
@@ -18,17 +19,16 @@ constexpr int kWorkers = 3;
 constexpr int kChunks = 1;
 constexpr size_t kCount = 2048 + 77;
 
-// The specs the check runs: DynamiQ's mixed widths (2, 4 and 8 bits, the one-step 8-bit lookup,
-// three correlated strata), 8 bits everywhere with the generic lookup (eps8 = 0.4: several levels
-// per grid cell), 2 bits everywhere, uniform levels and flat scales; then each baseline family.
-constexpr const char* kSpecs[] = {"dynamiq:5",
-                                  "dynamiq:9.5:widths=fixed:eps8=0.4",
-                                  "dynamiq:3:widths=fixed",
-                                  "dynamiq:5:levels=uniform:scales=flat",
-                                  "bf16",
-                                  "mxfp8",
-                                  "mxfp6e2m3",
-                                  "mxfp4",
+// The specs the check runs, and the widths each gives on this problem (a test pins them,
+// HostPathCheck.ItsProblemReachesEveryWidth): DynamiQ's mixed plan, 2, 4 and 8 bits (the register
+// lookups and the one-step 8-bit one; three correlated strata); 8 bits with the generic lookup
+// (eps8 = 0.4: several levels per grid cell); 7 bits, 8 and 16 (BF16) bits; uniform levels with
+// flat scales, 2 and 8 bits; then each baseline family. The poisoned super-group gets 2 bits in
+// every plan.
+constexpr const char* kSpecs[] = {"dynamiq:5", "dynamiq:9.5:widths=fixed:eps8=0.4",
+                                  "dynamiq:7", "dynamiq:5:levels=uniform:scales=flat:w16=0",
+                                  "bf16",      "mxfp8",
+                                  "mxfp6e2m3", "mxfp4",
                                   "uniform:5"};
 
 // Worker w's values, super-group j: roughly Gaussian (a sum of four uniforms from a 64-bit mix)
@@ -76,32 +76,45 @@ struct Inputs {
   }
 };
 
+void append(std::vector<uint8_t>* bytes, const void* p, size_t size) {
+  bytes->insert(bytes->end(), static_cast<const uint8_t*>(p),
+                static_cast<const uint8_t*>(p) + size);
+}
+
+std::string step_failed(const char* step, Status s) {
+  return std::string(step) + " failed (status " + std::to_string(static_cast<int>(s)) + ")";
+}
+
+// Plans `c` for the inputs and builds its layout from their summed statistics (each worker's
+// statistics words appended to *bytes). On failure returns the step's error text.
+std::string plan_and_agree(Codec& c, const Inputs& in, DType dtype, std::vector<uint8_t>* bytes) {
+  Status s = c.plan(kCount, kChunks, kWorkers);
+  if (s != Status::kOk) return step_failed("plan", s);
+  std::vector<float> sum(c.stats_words(), 0.0f);
+  std::vector<uint16_t> words(c.stats_words());
+  for (int w = 0; w < kWorkers; ++w) {
+    if ((s = c.local_stats(in.tensor(w, dtype), words.data())) != Status::kOk)
+      return step_failed("statistics", s);
+    append(bytes, words.data(), 2 * words.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(words[i]);
+  }
+  for (size_t i = 0; i < sum.size(); ++i) words[i] = f32_to_bf16_rne(sum[i]);
+  if ((s = c.agree(words.empty() ? nullptr : words.data(), 7)) != Status::kOk)
+    return step_failed("layout", s);
+  return "";
+}
+
 // Every byte one codec writes for the inputs: each worker's statistics, the two leaves and the
 // fused hop of each chunk, and each chunk's finish (FP32 and BF16 out, SUM and AVG). Empty, with
 // *error set, when a step fails (itself a difference when the other path's step succeeded).
 std::vector<uint8_t> codec_bytes(Codec& c, const Inputs& in, DType dtype, std::string* error) {
   std::vector<uint8_t> bytes;
-  auto append = [&bytes](const void* p, size_t size) {
-    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p),
-                 static_cast<const uint8_t*>(p) + size);
-  };
   auto failed = [&](const char* step, Status s) {
-    *error = std::string(step) + " failed (status " + std::to_string(static_cast<int>(s)) + ")";
+    *error = step_failed(step, s);
     return std::vector<uint8_t>{};
   };
-  Status s = c.plan(kCount, kChunks, kWorkers);
-  if (s != Status::kOk) return failed("plan", s);
-  std::vector<float> sum(c.stats_words(), 0.0f);
-  std::vector<uint16_t> words(c.stats_words());
-  for (int w = 0; w < kWorkers; ++w) {
-    if ((s = c.local_stats(in.tensor(w, dtype), words.data())) != Status::kOk)
-      return failed("statistics", s);
-    append(words.data(), 2 * words.size());
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(words[i]);
-  }
-  for (size_t i = 0; i < sum.size(); ++i) words[i] = f32_to_bf16_rne(sum[i]);
-  if ((s = c.agree(words.empty() ? nullptr : words.data(), 7)) != Status::kOk)
-    return failed("layout", s);
+  if ((*error = plan_and_agree(c, in, dtype, &bytes)) != "") return {};
+  Status s = Status::kOk;
   std::vector<uint8_t> payload[kWorkers];
   std::vector<float> out(kCount);
   for (int chunk = 0; chunk < kChunks; ++chunk) {
@@ -111,21 +124,21 @@ std::vector<uint8_t> codec_bytes(Codec& c, const Inputs& in, DType dtype, std::s
       if ((s = c.hop(chunk, in.tensor(static_cast<int>(w), dtype), nullptr, 0, payload[w].data(),
                      key)) != Status::kOk)
         return failed("leaf", s);
-      append(payload[w].data(), payload[w].size());
+      append(&bytes, payload[w].data(), payload[w].size());
     }
     const ByteView leaves[2] = {{payload[0].data(), payload[0].size()},
                                 {payload[1].data(), payload[1].size()}};
     if ((s = c.hop(chunk, in.tensor(2, dtype), leaves, 2, payload[2].data(),
                    RoundingKey{5, 7, 2, 2, 3, 0})) != Status::kOk)
       return failed("fused hop", s);
-    append(payload[2].data(), payload[2].size());
+    append(&bytes, payload[2].data(), payload[2].size());
     for (DType out_dtype : {DType::kF32, DType::kBF16})
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
         std::fill(out.begin(), out.end(), 0.0f);
         if ((s = c.finish(chunk, {payload[2].data(), payload[2].size()}, out.data(), out_dtype, op,
                           kWorkers)) != Status::kOk)
           return failed("finish", s);
-        append(out.data(), out.size() * sizeof(float));
+        append(&bytes, out.data(), out.size() * sizeof(float));
       }
   }
   return bytes;
@@ -172,6 +185,17 @@ bool codec_makers_agree(const CodecMaker& reference, const CodecMaker& candidate
     }
   }
   return true;
+}
+
+std::vector<int> host_path_check_widths(const char* spec) {
+  std::string error;
+  std::unique_ptr<Codec> c = make_codec(spec, &error);
+  const Inputs in;
+  std::vector<uint8_t> stats;
+  if (c == nullptr || !plan_and_agree(*c, in, DType::kF32, &stats).empty()) return {};
+  const DynamiqLayoutView layout = dynamiq_layout(*c);
+  if (layout.widths == nullptr) return {};
+  return std::vector<int>(layout.widths, layout.widths + layout.n_supergroups);
 }
 
 bool host_path_gives_scalar_bytes(HostIsa isa, std::string* difference) {

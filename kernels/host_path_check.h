@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/codec.h"
 #include "kernels/host_isa.h"
@@ -23,6 +24,11 @@ using CodecMaker = std::function<std::unique_ptr<Codec>(const char* spec)>;
 // each baseline family. On the first difference returns false and names it in *difference.
 bool codec_makers_agree(const CodecMaker& reference, const CodecMaker& candidate,
                         std::string* difference);
+
+// Tests: the width in bits of each super-group of the check's problem under DynamiQ spec `spec`
+// (FP32 input, the calling thread's path); empty for another family. What shows the check
+// reaches each width's lookup.
+std::vector<int> host_path_check_widths(const char* spec);
 
 // codec_makers_agree() of the scalar path's codecs and `isa`'s (built on the calling thread with
 // ThreadHostIsa, so the process's selection is untouched). About 8 ms on a 2-core VM.

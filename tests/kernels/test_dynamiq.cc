@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -1252,6 +1253,28 @@ TEST(HostPathCheck, FindsOneWrongBitAndNamesWhere) {
   auto none = [](const char*) { return std::unique_ptr<Codec>(); };
   EXPECT_FALSE(codec_makers_agree(scalar, none, &difference));
   EXPECT_NE(difference.find("made by one maker only"), std::string::npos) << difference;
+}
+
+// The check's problem reaches every width's lookup: the widths kernels/host_path_check.cc says
+// each of its DynamiQ specs gives. A budget or plan change that left a width out would leave that
+// width's vector code unchecked (under QEMU the 8-bit lookups are what differ).
+TEST(HostPathCheck, ItsProblemReachesEveryWidth) {
+  auto count = [](const char* spec, int bits) {
+    const std::vector<int> widths = host_path_check_widths(spec);
+    EXPECT_FALSE(widths.empty()) << spec;
+    return std::count(widths.begin(), widths.end(), bits);
+  };
+  EXPECT_GT(count("dynamiq:5", 2), 0);
+  EXPECT_GT(count("dynamiq:5", 4), 0);
+  EXPECT_GT(count("dynamiq:5", 8), 0);
+  // Every super-group but the poisoned one.
+  const std::vector<int> fixed = host_path_check_widths("dynamiq:9.5:widths=fixed:eps8=0.4");
+  EXPECT_EQ(count("dynamiq:9.5:widths=fixed:eps8=0.4", 8) + 1, static_cast<long>(fixed.size()));
+  EXPECT_GT(count("dynamiq:7", 8), 0);
+  EXPECT_GT(count("dynamiq:7", 16), 0);
+  EXPECT_GT(count("dynamiq:5:levels=uniform:scales=flat:w16=0", 2), 0);
+  EXPECT_GT(count("dynamiq:5:levels=uniform:scales=flat:w16=0", 8), 0);
+  EXPECT_TRUE(host_path_check_widths("mxfp8").empty());
 }
 
 // Every path this CPU has passes its start-up check (on a real CPU they all write the same bytes).
