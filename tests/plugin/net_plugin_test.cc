@@ -549,6 +549,35 @@ int raw_connect(const char* handle) {
   return fd;
 }
 
+// Raw sockets to the listener of `handle`, one per socket of its striped connection, each having
+// said hello as socket k with communicator id `comm_id`: what the listener's accept takes as one
+// connection. Empty (nothing left open) when a connect or a hello fails.
+std::vector<int> raw_connection(const char* handle, uint64_t comm_id) {
+  wire::Handle h;
+  std::memcpy(&h, handle, sizeof(h));
+  std::vector<int> fds;
+  for (int k = 0; k < h.nsocks; ++k) {
+    const int fd = raw_connect(handle);
+    if (fd < 0) break;
+    fds.push_back(fd);
+    wire::Hello hello{wire::kHelloMagic,
+                      wire::kVersion,
+                      static_cast<uint16_t>(k),
+                      h.nsocks,
+                      0,
+                      0,
+                      h.secret,
+                      0,
+                      comm_id};
+    if (send(fd, &hello, sizeof(hello), 0) != static_cast<ssize_t>(sizeof(hello))) break;
+  }
+  if (fds.size() != static_cast<size_t>(h.nsocks)) {
+    for (int fd : fds) close(fd);
+    fds.clear();
+  }
+  return fds;
+}
+
 TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "1000", 1);
   LogCapture::clear();
@@ -558,16 +587,8 @@ TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "5000", 1);
   wire::Handle h;
   std::memcpy(&h, handle, sizeof(h));
-  std::vector<int> fds;
-  for (int k = 0; k < h.nsocks; ++k) {
-    int fd = raw_connect(handle);
-    ASSERT_GE(fd, 0);
-    fds.push_back(fd);
-    wire::Hello hello{
-        wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
-        0xabcull};
-    ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
-  }
+  const std::vector<int> fds = raw_connection(handle, 0xabcull);
+  ASSERT_EQ(fds.size(), static_cast<size_t>(h.nsocks));
   // A valid header for 1000 bytes, then only 10 of them, then silence (socket stays open).
   wire::MsgHeader mh{wire::kMsgMagic, 1, 0, 1000};
   char ten[10] = {};
@@ -603,16 +624,8 @@ TEST_F(NetPluginTest, InconsistentPartFrameFailsTheReceive) {
   wire::Handle h;
   std::memcpy(&h, handle_, sizeof(h));
   ASSERT_GE(h.nsocks, 2) << "needs a striped connection (DYNAMIQ_NET_NSOCKS >= 2)";
-  std::vector<int> fds;
-  for (int k = 0; k < h.nsocks; ++k) {
-    int fd = raw_connect(handle_);
-    ASSERT_GE(fd, 0);
-    fds.push_back(fd);
-    wire::Hello hello{
-        wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
-        0x5151ull};
-    ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
-  }
+  const std::vector<int> fds = raw_connection(handle_, 0x5151ull);
+  ASSERT_EQ(fds.size(), static_cast<size_t>(h.nsocks));
   const size_t size = 1u << 20;  // striped over every socket
   wire::Split split = wire::split_message(size, h.nsocks);
   ASSERT_GE(split.parts, 2);
@@ -651,16 +664,8 @@ TEST_F(NetPluginTest, SenderGoneBeforeTheHeaderFailsQuickly) {
   wire::Handle h;
   std::memcpy(&h, handle_, sizeof(h));
   ASSERT_GE(h.nsocks, 2) << "needs a striped connection (DYNAMIQ_NET_NSOCKS >= 2)";
-  std::vector<int> fds;
-  for (int k = 0; k < h.nsocks; ++k) {
-    int fd = raw_connect(handle_);
-    ASSERT_GE(fd, 0);
-    fds.push_back(fd);
-    wire::Hello hello{
-        wire::kHelloMagic, wire::kVersion, static_cast<uint16_t>(k), h.nsocks, 0, 0, h.secret, 0,
-        0x6161ull};
-    ASSERT_EQ(send(fd, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
-  }
+  const std::vector<int> fds = raw_connection(handle_, 0x6161ull);
+  ASSERT_EQ(fds.size(), static_cast<size_t>(h.nsocks));
   void* rc = nullptr;
   Clock::time_point t = Clock::now();
   while (rc == nullptr && seconds_since(t) < 5) {
