@@ -49,16 +49,6 @@ int child_send_and_wait(void* sc, std::vector<char>& buf, int tag) {
   return 0;
 }
 
-void* accept_one(void* lc, double limit_s = 10) {
-  void* rc = nullptr;
-  Clock::time_point t = Clock::now();
-  while (rc == nullptr && seconds_since(t) < limit_s) {
-    if (plugin_net()->accept(lc, &rc, nullptr) != dqNetSuccess) return nullptr;
-    if (rc == nullptr) std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return rc;
-}
-
 void* post_recv(void* rc, std::vector<char>& buf, int tag) {
   void* data = buf.data();
   size_t size = buf.size();
@@ -118,7 +108,7 @@ TEST_F(MultiRank, TwoProcessesExchangeBothWays) {
       fill(buf, static_cast<uint32_t>(size) + 1);
       if ((rc = child_send_and_wait(sc, buf, static_cast<int>(size % 1000))) != 0) _exit(rc);
     }
-    void* rcomm = accept_one(lc);
+    void* rcomm = accept_within(plugin_net(), lc);
     if (rcomm == nullptr) _exit(33);
     std::vector<char> echo(3u << 20);
     void* req = post_recv(rcomm, echo, 77);
@@ -137,7 +127,7 @@ TEST_F(MultiRank, TwoProcessesExchangeBothWays) {
     _exit(0);
   }
   close(pipefd[1]);
-  void* rc = accept_one(lc_);
+  void* rc = accept_within(plugin_net(), lc_);
   ASSERT_NE(rc, nullptr);
   for (size_t size : {size_t{0}, size_t{1}, size_t{(1u << 20) + 3}, size_t{64u << 20}}) {
     std::vector<char> in(size + 8, 0x11), expect(size);
@@ -188,7 +178,7 @@ TEST_F(MultiRank, KilledSenderFailsPendingReceivesQuickly) {
     pause();
     _exit(0);
   }
-  void* rc = accept_one(lc_);
+  void* rc = accept_within(plugin_net(), lc_);
   ASSERT_NE(rc, nullptr);
   std::vector<char> first(1u << 20);
   void* r1 = post_recv(rc, first, 1);
@@ -236,7 +226,7 @@ TEST_F(MultiRank, KilledReceiverFailsSenderQuickly) {
     if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(40);
     if (plugin_net()->listen(ctx, 0, h, &lc) != dqNetSuccess) _exit(41);
     if (write(pipefd[1], h, sizeof(h)) != static_cast<ssize_t>(sizeof(h))) _exit(42);
-    void* rc = accept_one(lc);
+    void* rc = accept_within(plugin_net(), lc);
     if (rc == nullptr) _exit(43);
     std::vector<char> buf(8u << 20);
     void* req = post_recv(rc, buf, 1);
@@ -304,7 +294,7 @@ TEST_F(MultiRank, ForeignProcessWithForgedHandleIsRefused) {
     _exit(0);
   }
   // Nothing is accepted from the forger.
-  void* rc = accept_one(lc_, 1.5);
+  void* rc = accept_within(plugin_net(), lc_, 1.5);
   EXPECT_EQ(rc, nullptr);
   EXPECT_TRUE(LogCapture::contains("wrong secret", "127.0.0.1"));
   EXPECT_EQ(wait_child(pid), 0);

@@ -473,11 +473,7 @@ TEST_F(NetPluginTest, MalformedFramesFailTheReceive) {
     char handle[NCCL_NET_HANDLE_MAXSIZE];
     ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
     raw_client_sends(handle, &c.header, sizeof(c.header));
-    void* rc = nullptr;
-    Clock::time_point t = Clock::now();
-    while (rc == nullptr && seconds_since(t) < 5) {
-      ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
-    }
+    void* rc = accept_within(net_, lc, 5);
     ASSERT_NE(rc, nullptr);
     std::vector<char> in(64, 0);
     void* data = in.data();
@@ -488,7 +484,7 @@ TEST_F(NetPluginTest, MalformedFramesFailTheReceive) {
     if (posted == dqNetSuccess) {
       ASSERT_NE(req, nullptr);
       int done = 0;
-      t = Clock::now();
+      Clock::time_point t = Clock::now();
       EXPECT_NE(wait_request(net_, req, nullptr, &done, 10), dqNetSuccess) << c.expect;
       EXPECT_EQ(done, 0);
       EXPECT_LT(seconds_since(t), 5.0);
@@ -594,11 +590,7 @@ TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   char ten[10] = {};
   ASSERT_EQ(send(fds[0], &mh, sizeof(mh), 0), static_cast<ssize_t>(sizeof(mh)));
   ASSERT_EQ(send(fds[0], ten, sizeof(ten), 0), static_cast<ssize_t>(sizeof(ten)));
-  void* rc = nullptr;
-  Clock::time_point t = Clock::now();
-  while (rc == nullptr && seconds_since(t) < 5) {
-    ASSERT_EQ(net_->accept(lc, &rc, nullptr), dqNetSuccess);
-  }
+  void* rc = accept_within(net_, lc, 5);
   ASSERT_NE(rc, nullptr);
   std::vector<char> in(1000);
   void* data = in.data();
@@ -607,7 +599,7 @@ TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   void* req = nullptr;
   ASSERT_EQ(net_->irecv(rc, 1, &data, &size, &tag, nullptr, nullptr, &req), dqNetSuccess);
   int done = 0;
-  t = Clock::now();
+  Clock::time_point t = Clock::now();
   EXPECT_NE(wait_request(net_, req, nullptr, &done, 10), dqNetSuccess);
   double waited = seconds_since(t);
   EXPECT_GT(waited, 0.5) << "failed before the 1000 ms stall bound";
@@ -634,11 +626,7 @@ TEST_F(NetPluginTest, InconsistentPartFrameFailsTheReceive) {
   ASSERT_EQ(send(fds[1], &ph, sizeof(ph), 0), static_cast<ssize_t>(sizeof(ph)));
   wire::MsgHeader mh{wire::kMsgMagic, 1, 0, size};
   ASSERT_EQ(send(fds[0], &mh, sizeof(mh), 0), static_cast<ssize_t>(sizeof(mh)));
-  void* rc = nullptr;
-  Clock::time_point t = Clock::now();
-  while (rc == nullptr && seconds_since(t) < 5) {
-    ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
-  }
+  void* rc = accept_within(net_, listen_comm_, 5);
   ASSERT_NE(rc, nullptr);
   recv_comm_ = rc;
   std::vector<char> in(size);
@@ -666,11 +654,7 @@ TEST_F(NetPluginTest, SenderGoneBeforeTheHeaderFailsQuickly) {
   ASSERT_GE(h.nsocks, 2) << "needs a striped connection (DYNAMIQ_NET_NSOCKS >= 2)";
   const std::vector<int> fds = raw_connection(handle_, 0x6161ull);
   ASSERT_EQ(fds.size(), static_cast<size_t>(h.nsocks));
-  void* rc = nullptr;
-  Clock::time_point t = Clock::now();
-  while (rc == nullptr && seconds_since(t) < 5) {
-    ASSERT_EQ(net_->accept(listen_comm_, &rc, nullptr), dqNetSuccess);
-  }
+  void* rc = accept_within(net_, listen_comm_, 5);
   ASSERT_NE(rc, nullptr);
   recv_comm_ = rc;
   const size_t size = 1u << 20;  // striped over every socket
@@ -686,7 +670,7 @@ TEST_F(NetPluginTest, SenderGoneBeforeTheHeaderFailsQuickly) {
   const wire::PartHeader ph{wire::kPartMagic, 1, 0, split.offset(1), split.len(1, size)};
   ASSERT_EQ(send(fds[1], &ph, sizeof(ph), 0), static_cast<ssize_t>(sizeof(ph)));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // socket 1's reader has the part
-  t = Clock::now();
+  Clock::time_point t = Clock::now();
   for (int fd : fds) close(fd);
   int done = 0;
   EXPECT_NE(wait_request(net_, req, nullptr, &done, 10), dqNetSuccess);

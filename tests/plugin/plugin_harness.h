@@ -121,6 +121,18 @@ inline bool connect_pair(const dqNetV11* net, void* ctx, void* listen_comm, char
   return *send_comm != nullptr && *recv_comm != nullptr;
 }
 
+// Polls accept() until a receive comm exists (NCCL's non-blocking contract); nullptr when
+// accept fails or limit_s passes first.
+inline void* accept_within(const dqNetV11* net, void* listen_comm, double limit_s = 10) {
+  void* recv_comm = nullptr;
+  Clock::time_point start = Clock::now();
+  while (recv_comm == nullptr && seconds_since(start) < limit_s) {
+    if (net->accept(listen_comm, &recv_comm, nullptr) != dqNetSuccess) return nullptr;
+    if (recv_comm == nullptr) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return recv_comm;
+}
+
 // Polls test() until done or error; returns the result; *done tells which.
 inline dqNetResult wait_request(const dqNetV11* net, void* request, int* sizes, int* done,
                                 double limit_s = 60) {
