@@ -28,14 +28,18 @@ thread_local HostIsa t_thread_isa = HostIsa::kAuto;
 
 // The start-up check of a vector path (kAvx2 or kAvx512): run once per process on first need, and
 // its failure logged once, after the check (a codec made while logging finds it done).
+std::once_flag g_check_once[2];
+std::atomic<bool> g_check_failed[2];  // the check ran and failed (host_isa_refused)
+
 bool passes_start_up_check(HostIsa isa) {
-  static std::once_flag once[2];
   static bool passed[2];
   static std::string difference[2];
   static std::atomic<bool> warned[2];
   const int k = isa == HostIsa::kAvx2 ? 0 : 1;
-  std::call_once(once[k],
-                 [isa, k] { passed[k] = host_path_gives_scalar_bytes(isa, &difference[k]); });
+  std::call_once(g_check_once[k], [isa, k] {
+    passed[k] = host_path_gives_scalar_bytes(isa, &difference[k]);
+    g_check_failed[k].store(!passed[k]);
+  });
   if (!passed[k] && !warned[k].exchange(true))
     DQ_WARN(Subsys::kKernel,
             "dynamiq: the %s host codec path writes other bytes than the scalar path on this CPU "
@@ -53,7 +57,7 @@ bool host_isa_supported(HostIsa isa) {
 
 bool host_isa_refused(HostIsa isa) {
   if (isa == HostIsa::kAuto || isa == HostIsa::kScalar) return false;
-  return host_isa_cpu_has(isa) && !passes_start_up_check(isa);
+  return g_check_failed[isa == HostIsa::kAvx2 ? 0 : 1].load();
 }
 
 bool host_isa_cpu_has(HostIsa isa) {

@@ -22,8 +22,8 @@ bool host_isa_cpu_has(HostIsa isa);
 // path is never taken.
 bool host_isa_supported(HostIsa isa);
 
-// Whether the CPU has `isa` (a vector path) but the path failed its start-up check, so that it is
-// never used. Runs the check where it has not run yet.
+// Whether `isa` (a vector path) failed its start-up check, so that it is never used. Runs no
+// check: a path never needed (AVX2 where AVX-512 passed) was never checked and is not refused.
 bool host_isa_refused(HostIsa isa);
 
 // Selects the path for codecs made from now on: kAuto picks the best supported one. False, and
