@@ -70,9 +70,12 @@ struct Inputs {
       for (size_t i = 0; i < kCount; ++i) bf16[w][i] = f32_to_bf16_rne(f32[w][i]);
     }
   }
-  ConstTensor tensor(int w, DType dtype) const {
-    return dtype == DType::kF32 ? ConstTensor{f32[w].data(), dtype, kCount}
-                                : ConstTensor{bf16[w].data(), dtype, kCount};
+  std::vector<ConstTensor> tensors(DType dtype) const {
+    std::vector<ConstTensor> t;
+    for (int w = 0; w < kWorkers; ++w)
+      t.push_back(dtype == DType::kF32 ? ConstTensor{f32[w].data(), dtype, kCount}
+                                       : ConstTensor{bf16[w].data(), dtype, kCount});
+    return t;
   }
 };
 
@@ -85,16 +88,18 @@ std::string step_failed(const char* step, Status s) {
   return std::string(step) + " failed (status " + std::to_string(static_cast<int>(s)) + ")";
 }
 
-// Plans `c` for the inputs and builds its layout from their summed statistics (each worker's
-// statistics words appended to *bytes). On failure returns the step's error text.
-std::string plan_and_agree(Codec& c, const Inputs& in, DType dtype, std::vector<uint8_t>* bytes) {
-  Status s = c.plan(kCount, kChunks, kWorkers);
+// Plans `c` for the workers' tensors in `chunks` chunks and builds its layout from their summed
+// statistics (each worker's statistics words appended to *bytes). On failure returns the step's
+// error text.
+std::string plan_and_agree(Codec& c, const std::vector<ConstTensor>& workers, int chunks,
+                           std::vector<uint8_t>* bytes) {
+  const size_t count = workers.empty() ? 0 : workers[0].count;
+  Status s = c.plan(count, chunks, static_cast<int>(workers.size()));
   if (s != Status::kOk) return step_failed("plan", s);
   std::vector<float> sum(c.stats_words(), 0.0f);
   std::vector<uint16_t> words(c.stats_words());
-  for (int w = 0; w < kWorkers; ++w) {
-    if ((s = c.local_stats(in.tensor(w, dtype), words.data())) != Status::kOk)
-      return step_failed("statistics", s);
+  for (const ConstTensor& t : workers) {
+    if ((s = c.local_stats(t, words.data())) != Status::kOk) return step_failed("statistics", s);
     append(bytes, words.data(), 2 * words.size());
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(words[i]);
   }
@@ -104,47 +109,49 @@ std::string plan_and_agree(Codec& c, const Inputs& in, DType dtype, std::vector<
   return "";
 }
 
-// Every byte one codec writes for the inputs: each worker's statistics, the two leaves and the
-// fused hop of each chunk, and each chunk's finish (FP32 and BF16 out, SUM and AVG). Empty, with
-// *error set, when a step fails (itself a difference when the other path's step succeeded).
-std::vector<uint8_t> codec_bytes(Codec& c, const Inputs& in, DType dtype, std::string* error) {
+}  // namespace
+
+std::vector<uint8_t> codec_step_bytes(Codec& c, const std::vector<ConstTensor>& workers, int chunks,
+                                      std::string* error) {
   std::vector<uint8_t> bytes;
   auto failed = [&](const char* step, Status s) {
     *error = step_failed(step, s);
     return std::vector<uint8_t>{};
   };
-  if ((*error = plan_and_agree(c, in, dtype, &bytes)) != "") return {};
+  if (workers.size() < 2) {
+    *error = "fewer than two workers";
+    return {};
+  }
+  if ((*error = plan_and_agree(c, workers, chunks, &bytes)) != "") return {};
+  const uint32_t last = static_cast<uint32_t>(workers.size() - 1);
   Status s = Status::kOk;
-  std::vector<uint8_t> payload[kWorkers];
-  std::vector<float> out(kCount);
-  for (int chunk = 0; chunk < kChunks; ++chunk) {
-    for (int w = 0; w < kWorkers; ++w) payload[w].assign(c.chunk_capacity(), 0);
-    for (uint32_t w = 0; w < 2; ++w) {
+  std::vector<std::vector<uint8_t>> payload(workers.size());
+  std::vector<ByteView> leaves(last);
+  std::vector<float> out(workers[0].count);
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    for (uint32_t w = 0; w <= last; ++w) payload[w].assign(c.chunk_capacity(), 0);
+    for (uint32_t w = 0; w < last; ++w) {
       const RoundingKey key{5, 7, w, w, 3, 0};  // correlated rounding: three strata
-      if ((s = c.hop(chunk, in.tensor(static_cast<int>(w), dtype), nullptr, 0, payload[w].data(),
-                     key)) != Status::kOk)
+      if ((s = c.hop(chunk, workers[w], nullptr, 0, payload[w].data(), key)) != Status::kOk)
         return failed("leaf", s);
       append(&bytes, payload[w].data(), payload[w].size());
+      leaves[w] = ByteView{payload[w].data(), payload[w].size()};
     }
-    const ByteView leaves[2] = {{payload[0].data(), payload[0].size()},
-                                {payload[1].data(), payload[1].size()}};
-    if ((s = c.hop(chunk, in.tensor(2, dtype), leaves, 2, payload[2].data(),
-                   RoundingKey{5, 7, 2, 2, 3, 0})) != Status::kOk)
+    if ((s = c.hop(chunk, workers[last], leaves.data(), static_cast<int>(last),
+                   payload[last].data(), RoundingKey{5, 7, last, last, 3, 0})) != Status::kOk)
       return failed("fused hop", s);
-    append(&bytes, payload[2].data(), payload[2].size());
+    append(&bytes, payload[last].data(), payload[last].size());
     for (DType out_dtype : {DType::kF32, DType::kBF16})
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
         std::fill(out.begin(), out.end(), 0.0f);
-        if ((s = c.finish(chunk, {payload[2].data(), payload[2].size()}, out.data(), out_dtype, op,
-                          kWorkers)) != Status::kOk)
+        if ((s = c.finish(chunk, {payload[last].data(), payload[last].size()}, out.data(),
+                          out_dtype, op, static_cast<int>(workers.size()))) != Status::kOk)
           return failed("finish", s);
         append(&bytes, out.data(), out.size() * sizeof(float));
       }
   }
   return bytes;
 }
-
-}  // namespace
 
 bool codec_makers_agree(const CodecMaker& reference, const CodecMaker& candidate,
                         std::string* difference) {
@@ -166,8 +173,10 @@ bool codec_makers_agree(const CodecMaker& reference, const CodecMaker& candidate
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const char* type = dtype == DType::kF32 ? "FP32" : "BF16";
       std::string want_error, got_error;
-      const std::vector<uint8_t> want = codec_bytes(*want_codec, in, dtype, &want_error);
-      const std::vector<uint8_t> got = codec_bytes(*got_codec, in, dtype, &got_error);
+      const std::vector<uint8_t> want =
+          codec_step_bytes(*want_codec, in.tensors(dtype), kChunks, &want_error);
+      const std::vector<uint8_t> got =
+          codec_step_bytes(*got_codec, in.tensors(dtype), kChunks, &got_error);
       if (want_error != got_error) {
         *difference = std::string(spec) + ", " + type + ": " +
                       (got_error.empty() ? "the reference's " + want_error : got_error);
@@ -192,7 +201,8 @@ std::vector<int> host_path_check_widths(const char* spec) {
   std::unique_ptr<Codec> c = make_codec(spec, &error);
   const Inputs in;
   std::vector<uint8_t> stats;
-  if (c == nullptr || !plan_and_agree(*c, in, DType::kF32, &stats).empty()) return {};
+  if (c == nullptr || !plan_and_agree(*c, in.tensors(DType::kF32), kChunks, &stats).empty())
+    return {};
   const DynamiqLayoutView layout = dynamiq_layout(*c);
   if (layout.widths == nullptr) return {};
   return std::vector<int>(layout.widths, layout.widths + layout.n_supergroups);

@@ -19,6 +19,14 @@ namespace dq {
 // Makes a codec of a spec text (nullptr: a family this build lacks, then skipped).
 using CodecMaker = std::function<std::unique_ptr<Codec>(const char* spec)>;
 
+// Every byte codec `c` writes for `workers` (two or more tensors of one type and length): each
+// worker's statistics words, then in each of `chunks` chunks the leaves of every worker but the
+// last, the last worker's fused hop of them all (correlated rounding, three strata) and that hop's
+// finishes (FP32 and BF16 out, SUM and AVG). Empty, with *error naming the step, when a step
+// fails. The start-up check's procedure, and the codec tests' comparison of paths.
+std::vector<uint8_t> codec_step_bytes(Codec& c, const std::vector<ConstTensor>& workers, int chunks,
+                                      std::string* error);
+
 // Whether codecs from `candidate` write every byte codecs from `reference` write: statistics,
 // leaves, a fused hop and every finish, FP32 and BF16 input, for DynamiQ's widths and lookups and
 // each baseline family. On the first difference returns false and names it in *difference.

@@ -34,10 +34,10 @@ struct Fixture {
     syn.spread = 1.0;
     dq::sim::make_synthetic(syn, &data);
     std::string err;
-    const dq::HostIsa before = dq::host_isa();
-    dq::select_host_isa(isa);
-    codec = dq::make_codec(spec, &err);
-    dq::select_host_isa(before);
+    {
+      const dq::ThreadHostIsa on_path(isa);
+      codec = dq::make_codec(spec, &err);
+    }
     if (!codec || codec->plan(count, 1, kWorkers) != dq::Status::kOk) std::abort();
     std::vector<uint16_t>& stats = reduced_stats;
     stats.resize(codec->stats_words());

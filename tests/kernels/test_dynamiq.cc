@@ -957,13 +957,15 @@ TEST(DeviceMath, FusedHopMatchesPointwiseReference) {
   EXPECT_GT(ties, 0);
 }
 
-// Every byte a codec produces under one host path: statistics, each worker's leaf payload per
-// chunk, a fused hop of two leaves, and the finished outputs (FP32 and BF16, SUM and AVG).
+// Every byte a codec produces under one host path (codec_step_bytes(): statistics, the leaves of
+// workers 0 and 1 in each of two chunks, worker 2's fused hop of them, every finish), on values
+// with a partial last super-group, an all-zero one and a poisoned one.
 std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
-  const HostIsa before = host_isa();
-  EXPECT_TRUE(select_host_isa(isa));
-  auto c = codec(spec);
-  select_host_isa(before);
+  std::unique_ptr<Codec> c;
+  {
+    const ThreadHostIsa on_path(isa);
+    c = codec(spec);
+  }
   const size_t n = 3 * 4096 + 77;  // a partial last super-group
   const int workers = 3, chunks = 2;
   std::vector<std::vector<float>> rows;
@@ -973,48 +975,15 @@ std::vector<uint8_t> codec_bytes(HostIsa isa, const char* spec, DType dtype) {
   }
   rows[2][5000] = std::numeric_limits<float>::infinity();  // a poisoned super-group
   std::vector<std::vector<uint16_t>> bf16_rows(workers, std::vector<uint16_t>(n));
-  for (int w = 0; w < workers; ++w)
-    for (size_t i = 0; i < n; ++i) bf16_rows[w][i] = f32_to_bf16_rne(rows[w][i]);
-  auto tensor = [&](int w) {
-    return dtype == DType::kF32 ? ConstTensor{rows[w].data(), dtype, n}
-                                : ConstTensor{bf16_rows[w].data(), dtype, n};
-  };
-  EXPECT_EQ(c->plan(n, chunks, workers), Status::kOk);
-  std::vector<uint8_t> bytes;
-  auto append = [&](const void* p, size_t size) {
-    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p),
-                 static_cast<const uint8_t*>(p) + size);
-  };
-  std::vector<float> sum(c->stats_words(), 0.0f);
-  std::vector<uint16_t> local(c->stats_words());
+  std::vector<ConstTensor> tensors;
   for (int w = 0; w < workers; ++w) {
-    EXPECT_EQ(c->local_stats(tensor(w), local.data()), Status::kOk);
-    append(local.data(), 2 * local.size());
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += bf16_to_f32(local[i]);
+    for (size_t i = 0; i < n; ++i) bf16_rows[w][i] = f32_to_bf16_rne(rows[w][i]);
+    tensors.push_back(dtype == DType::kF32 ? ConstTensor{rows[w].data(), dtype, n}
+                                           : ConstTensor{bf16_rows[w].data(), dtype, n});
   }
-  for (size_t i = 0; i < sum.size(); ++i) local[i] = f32_to_bf16_rne(sum[i]);
-  EXPECT_EQ(c->agree(local.data(), 7), Status::kOk);
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    std::vector<std::vector<uint8_t>> leaves(workers, std::vector<uint8_t>(c->chunk_capacity()));
-    for (uint32_t w = 0; w < 2; ++w) {
-      const RoundingKey key{5, 7, w, w, 3, 0};  // correlated: three strata
-      EXPECT_EQ(c->hop(chunk, tensor(w), nullptr, 0, leaves[w].data(), key), Status::kOk);
-      append(leaves[w].data(), leaves[w].size());
-    }
-    const ByteView in[2] = {{leaves[0].data(), leaves[0].size()},
-                            {leaves[1].data(), leaves[1].size()}};
-    EXPECT_EQ(c->hop(chunk, tensor(2), in, 2, leaves[2].data(), RoundingKey{5, 7, 2, 2, 3, 0}),
-              Status::kOk);
-    append(leaves[2].data(), leaves[2].size());
-    for (DType out_dtype : {DType::kF32, DType::kBF16})
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-        std::vector<uint8_t> out(n * 4, 0xAB);
-        EXPECT_EQ(c->finish(chunk, {leaves[2].data(), leaves[2].size()}, out.data(), out_dtype, op,
-                            workers),
-                  Status::kOk);
-        append(out.data(), out.size());
-      }
-  }
+  std::string error;
+  std::vector<uint8_t> bytes = codec_step_bytes(*c, tensors, chunks, &error);
+  EXPECT_EQ(error, "") << spec << " on " << host_isa_name(isa);
   return bytes;
 }
 
@@ -1099,10 +1068,11 @@ TEST(HostIsa, StatisticsAreTheSameOnEveryPath) {
       std::vector<std::vector<uint16_t>> words(paths.size());
       size_t path = 0;
       for (HostIsa isa : paths) {
-        const HostIsa before = host_isa();
-        ASSERT_TRUE(select_host_isa(isa));
-        auto c = codec("dynamiq:5");
-        select_host_isa(before);
+        std::unique_ptr<Codec> c;
+        {
+          const ThreadHostIsa on_path(isa);
+          c = codec("dynamiq:5");
+        }
         ASSERT_EQ(c->plan(n, 1, workers), Status::kOk);
         words[path].resize(c->stats_words());
         const ConstTensor t = dtype == DType::kF32 ? ConstTensor{x.data(), dtype, n}
