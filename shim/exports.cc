@@ -1,9 +1,11 @@
 // The extern "C" boundary of libdynamiq.so: the interposed NCCL entry points and dynamiq's C
-// API. Each entry catches every exception (none crosses into the application) and forwards to
-// the real NCCL whatever dynamiq does not reroute.
+// API. Each entry catches every exception (none crosses into the application), runs under the
+// format's floating-point environment (the application's is restored on return, whatever it set:
+// common/float_env.h) and forwards to the real NCCL whatever dynamiq does not reroute.
 #include <new>
 
 #include "common/abi_guard.h"
+#include "common/float_env.h"
 #include "common/log.h"
 #include "common/nccl_api.h"
 #include "shim/dynamiq.h"
@@ -18,6 +20,8 @@ using dq::shim::real_nccl;
 
 template <class F>
 ncclResult_t guarded(const char* what, F&& body) {
+  // Threads the engine starts inside inherit this environment too.
+  const dq::DefaultFloatEnvironment float_env;
   return dq::abi_guard(body, [what](dq::AbiFault fault, const char*) {
     if (fault == dq::AbiFault::kOutOfMemory) {
       DQ_WARN(dq::Subsys::kShim, "dynamiq: %s: out of memory", what);

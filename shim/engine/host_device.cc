@@ -24,6 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/float_env.h"
 #include "kernels/budget_model.h"
 #include "shim/engine/device.h"
 
@@ -127,6 +128,9 @@ class HostStream {
 
  private:
   void serve() {
+    // The steps' codec and budget arithmetic under the format's floating-point environment,
+    // whatever this thread inherited from the one that made the stream.
+    const DefaultFloatEnvironment float_env;
     for (;;) {
       std::function<void()> fn;
       {

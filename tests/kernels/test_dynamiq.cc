@@ -1,16 +1,24 @@
 // DynamiQ codec tests: each assertion targets a defect that would corrupt or bias a training run.
 #include <gtest/gtest.h>
 
+#include <tbb/task_arena.h>
+#include <xmmintrin.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/float_env.h"
 #include "kernels/bf16.h"
 #include "kernels/bitpack.h"
 #include "kernels/codec.h"
@@ -20,6 +28,7 @@
 #include "kernels/dynamiq_range.h"
 #include "kernels/host_isa.h"
 #include "kernels/host_path_check.h"
+#include "kernels/parallel.h"
 #include "kernels/payload.h"
 #include "kernels/philox.h"
 #include "kernels/stats_sum.h"
@@ -1133,6 +1142,75 @@ TEST(HostIsa, AutoPicksTheBestSupportedPath) {
 }
 
 // ThreadHostIsa changes the path of codecs made on its own thread only, and only while it lives.
+// The format's floating-point environment (common/float_env.h): set while the guard lives,
+// whatever the thread had (flush-to-zero, denormals-are-zero, rounding toward zero), and the
+// thread's own restored afterwards exactly, so that a flag raised inside does not leak out.
+TEST(FloatEnvironment, GuardSetsTheDefaultAndRestoresTheCallers) {
+  const unsigned before = _mm_getcsr();
+  const unsigned app = 0x1F80u | 0x8040u | 0x6000u;  // FTZ, DAZ, toward zero; no flag set
+  _mm_setcsr(app);
+  EXPECT_FALSE(float_environment_is_default());
+  volatile float zero = 0.0f, tiny = 1e-39f;
+  float inside_product = 0.0f;
+  bool inside_default = false;
+  {
+    const DefaultFloatEnvironment env;
+    inside_default = float_environment_is_default();
+    inside_product = tiny * 1.0f;  // a subnormal: kept, not flushed
+    (void)(1.0f / zero);           // raises divide-by-zero inside
+  }
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(before);
+  EXPECT_TRUE(inside_default);
+  EXPECT_EQ(inside_product, 1e-39f);
+  EXPECT_EQ(after, app) << "the caller's environment, flags included";
+}
+
+// Every task of dq::parallel_for runs under the default environment, also on TBB workers whose
+// arena captured another one from the thread that made it (as an application's thread with
+// torch.set_flush_denormal(True) would). tbb::parallel_for on the same arena, the control, shows
+// that its workers do carry the captured environment.
+TEST(FloatEnvironment, EveryCodecTaskRunsUnderTheDefault) {
+  const unsigned before = _mm_getcsr();
+  _mm_setcsr(0x1F80u | 0x8040u | 0x4000u);  // FTZ, DAZ, upward
+  tbb::task_arena arena(2);
+  arena.initialize();  // captures this thread's environment for its workers
+  _mm_setcsr(before);
+  // Each task notes whether it ran under the default, and on which thread; tasks wait (at most
+  // 2 s) until a second thread has taken one, so that a worker runs some.
+  auto run = [&](bool wrapped, int* tasks_not_default, int* threads) {
+    std::mutex m;
+    std::set<std::thread::id> seen;
+    std::atomic<int> not_default{0};
+    auto body = [&](const tbb::blocked_range<int>& r) {
+      for (int i = r.begin(); i < r.end(); ++i) {
+        if (!float_environment_is_default()) ++not_default;
+        std::unique_lock<std::mutex> lock(m);
+        seen.insert(std::this_thread::get_id());
+        for (int k = 0; k < 200 && seen.size() < 2; ++k) {
+          lock.unlock();
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          lock.lock();
+        }
+      }
+    };
+    arena.execute([&] {
+      if (wrapped)
+        dq::parallel_for(tbb::blocked_range<int>(0, 64, 1), body);
+      else
+        tbb::parallel_for(tbb::blocked_range<int>(0, 64, 1), body);
+    });
+    *tasks_not_default = not_default.load();
+    *threads = static_cast<int>(seen.size());
+  };
+  int not_default = -1, threads = 0;
+  run(true, &not_default, &threads);
+  EXPECT_EQ(not_default, 0) << "tasks of dq::parallel_for not under the default environment";
+  if (threads < 2) GTEST_SKIP() << "no TBB worker took a task: one thread here";
+  run(false, &not_default, &threads);
+  if (threads >= 2) EXPECT_GT(not_default, 0) << "the control: the arena's workers' environment";
+}
+
 TEST(HostIsa, ThreadPathStaysOnItsThread) {
   const HostIsa process = host_isa();
   {

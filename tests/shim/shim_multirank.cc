@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -505,6 +506,88 @@ bool scenario_nan(int n) {
       },
       body, 300);
   return all_zero(codes, "nan");
+}
+
+// ---- float_env: the application's floating-point environment changes nothing ----------------
+// Each rank's thread environment is the application's (MXCSR on x86-64): flush-to-zero and
+// denormals-are-zero (torch.set_flush_denormal(True), a library built with -Ofast), another
+// rounding (fesetround), an unmasked invalid-operation trap (feenableexcept). The same compressed
+// calls, with super-groups near and below FP32's smallest normal and a NaN, run once with every
+// rank at the default environment and once with ranks 1..3 each in one of those: the outputs must
+// be the same bytes as the default run's on every rank, no rank may trap, and each rank's
+// environment must be exactly as it set it after every call, flags included (common/float_env.h).
+// Without the guard, each of the three alone made the ranks' outputs differ from one another on
+// the first call, the trap killed its rank (SIGFPE), and the calls left exception flags set.
+constexpr uint32_t kMxcsrDefault = 0x1F80;
+constexpr uint32_t kMxcsrFtzDaz = kMxcsrDefault | 0x8040;
+constexpr uint32_t kMxcsrUpwardInvalidTraps = (kMxcsrDefault | 0x4000) & ~0x0080u;
+constexpr uint32_t kMxcsrTowardZero = kMxcsrDefault | 0x6000;
+
+bool scenario_float_env(int n) {
+  const size_t count = 1 << 20;
+  // Each rank writes the FNV-1a digest of the job's outputs to its file, in hex.
+  auto job = [&](bool changed) {
+    auto body = [&, changed](int rank, ncclComm_t comm) -> int {
+      const uint32_t changes[] = {kMxcsrFtzDaz, kMxcsrUpwardInvalidTraps, kMxcsrTowardZero};
+      const uint32_t mine = !changed || rank == 0 ? kMxcsrDefault : changes[(rank - 1) % 3];
+      // Scales by super-group: unit, 1e-3, FP32's smallest normals, subnormals only.
+      const float scales[] = {1.0f, 1e-3f, 2e-38f, 3e-40f};
+      uint64_t digest = 1469598103934665603ull;
+      unsigned long long seen = 0;
+      rerouted_delta(comm, &seen);
+      for (int k = 0; k < 4; ++k) {
+        const bool bf16 = k & 1, avg = k & 2;
+        const size_t esize = bf16 ? 2 : 4;
+        std::vector<unsigned char> in(count * esize), out(count * esize);
+        for (size_t i = 0; i < count; ++i) {
+          const float v = i == 123457 && rank == n - 1
+                              ? NAN
+                              : exact_value(rank, i) * scales[(i / 256) % 4] / 16.0f;
+          if (bf16) {
+            const uint16_t h = dq::f32_to_bf16_rne(v);
+            std::memcpy(&in[i * 2], &h, 2);
+          } else {
+            std::memcpy(&in[i * 4], &v, 4);
+          }
+        }
+        _mm_setcsr(mine);
+        const ncclResult_t rc =
+            ncclAllReduce(in.data(), out.data(), count, bf16 ? ncclBfloat16 : ncclFloat32,
+                          avg ? ncclAvg : ncclSum, comm, nullptr);
+        const uint32_t after = _mm_getcsr();
+        _mm_setcsr(kMxcsrDefault);
+        if (rc != ncclSuccess) return 10 + 10 * k;
+        if (after != mine) {
+          std::fprintf(stderr, "rank %d: MXCSR %#x after the call, %#x before\n", rank, after,
+                       mine);
+          return 11 + 10 * k;
+        }
+        if (!rerouted_delta(comm, &seen)) return 12 + 10 * k;
+        if (!same_bytes_everywhere(comm, out.data(), out.size())) return 13 + 10 * k;
+        for (unsigned char b : out) digest = (digest ^ b) * 1099511628211ull;
+      }
+      char hex[32];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+      write_text(rank_file(rank, changed ? "float_env_changed." : "float_env_default."), hex);
+      return 0;
+    };
+    auto enabled = [](int) { return Env{{"DYNAMIQ_ENABLE", "1"}}; };
+    return all_zero(run_ranks(n, enabled, body, 300),
+                    changed ? "float_env, changed environments" : "float_env, default");
+  };
+  if (!job(false) || !job(true)) return false;
+  const std::string want = read_file(rank_file(0, "float_env_default."));
+  for (int r = 0; r < n; ++r) {
+    const std::string got = read_file(rank_file(r, "float_env_changed."));
+    if (want.empty() || got != want)
+      return fail("float_env: rank %d's outputs (digest %s) differ from the default run's (%s)", r,
+                  got.c_str(), want.c_str());
+  }
+  std::printf(
+      "float_env: %d ranks, 4 calls each: the same bytes with ranks in FTZ+DAZ, upward "
+      "rounding with invalid trapping, and rounding toward zero as at the default\n",
+      n);
+  return true;
 }
 
 // A rank killed mid-job: every other rank gets an error from its collective within the timeout.
@@ -1294,6 +1377,8 @@ Outcome run_scenario(const std::string& scenario, int n, int argc, char** argv) 
     ok = scenario_mismatch(n);
   } else if (scenario == "nan") {
     ok = scenario_nan(n);
+  } else if (scenario == "float_env") {
+    ok = scenario_float_env(n);
   } else if (scenario == "kill") {
     ok = scenario_killed_rank(n, argc > 3 ? std::atoi(argv[3]) : 5);
   } else if (scenario == "kill_reducescatter" || scenario == "kill_reduce") {
