@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "common/c_locale.h"
 #include "common/fnv1a.h"
 #include "config/optin.h"
 #include "kernels/budget_model.h"
@@ -92,7 +93,7 @@ bool parse_real(const std::string& s, double* out) {
   if (s.empty()) return false;
   char* end = nullptr;
   errno = 0;
-  const double x = std::strtod(s.c_str(), &end);
+  const double x = strtod_c(s.c_str(), &end);
   if (errno != 0 || *end != '\0' || !std::isfinite(x)) return false;
   *out = x;
   return true;
@@ -149,6 +150,7 @@ bool parse_collectives(const std::string& v, Settings* s) {
 }
 
 std::string format_real(double x) {
+  const CNumericLocale c_numbers;
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", x);
   return buf;

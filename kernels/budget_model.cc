@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 
+#include "common/c_locale.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
@@ -108,7 +109,7 @@ bool parse_budget_target(std::string_view text, BudgetTarget* out) {
         c != '+')
       return false;
   char* end = nullptr;
-  const double v = std::strtod(x.c_str(), &end);
+  const double v = strtod_c(x.c_str(), &end);
   if (end != x.c_str() + x.size() || !(v > 0.0) || v > 10.0) return false;
   *out = BudgetTarget{BudgetTarget::Kind::kVnmse, v};
   return true;
@@ -117,6 +118,7 @@ bool parse_budget_target(std::string_view text, BudgetTarget* out) {
 std::string budget_target_name(const BudgetTarget& t) {
   if (t.kind == BudgetTarget::Kind::kMxfp8) return "mxfp8";
   if (t.kind == BudgetTarget::Kind::kMxfp6) return "mxfp6";
+  const CNumericLocale c_numbers;
   char buf[48];
   std::snprintf(buf, sizeof buf, "vnmse:%.6g", t.vnmse);
   return buf;
@@ -182,6 +184,7 @@ double mx_rounding_error(std::string_view spec) {
 std::string candidate_spec(int c) {
   if (c == kCandidateMxfp8) return "mxfp8";
   if (c == kCandidateMxfp6) return "mxfp6";
+  const CNumericLocale c_numbers;
   char spec[32];
   std::snprintf(spec, sizeof spec, "dynamiq:%g", ladder_bits(c));
   return spec;

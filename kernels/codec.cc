@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/c_locale.h"
 #include "kernels/dynamiq_codec.h"
 #if __has_include("kernels/baselines/baselines.h")
 #include "kernels/baselines/baselines.h"
@@ -46,7 +47,7 @@ namespace {
 bool parse_number(std::string_view text, double lo, double hi, double* out) {
   std::string s(text);
   char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
+  double v = strtod_c(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size() || !(v >= lo && v <= hi)) return false;
   *out = v;
   return true;
@@ -129,6 +130,7 @@ std::unique_ptr<Codec> make_dynamiq(const CodecSpec& spec) {
 }
 
 std::string format_bits(double bits) {
+  const CNumericLocale c_numbers;
   char text[64];
   std::snprintf(text, sizeof text, "%.17g", bits);
   return text;
@@ -213,6 +215,7 @@ std::string codec_spec_text(const CodecSpec& spec) {
   for (int i = 0; i < 3; ++i)
     if (spec.eps[i]) {
       char v[32];
+      const CNumericLocale c_numbers;
       std::snprintf(v, sizeof v, "%.9g", static_cast<double>(*spec.eps[i]));
       text += std::string(":") + kEps[i] + "=" + v;
     }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/c_locale.h"
 #include "kernels/dynamiq_codec_impl.h"
 #include "kernels/dynamiq_layout.h"
 #include "kernels/host_isa.h"
@@ -68,6 +69,7 @@ DynamiqCodecBase::DynamiqCodecBase(const DynamiqOptions& o) : opt_(o) {
 }
 
 std::string DynamiqCodecBase::name() const {
+  const CNumericLocale c_numbers;
   char buf[160];
   std::snprintf(
       buf, sizeof buf, "dynamiq:%g%s%s%s%s%s", opt_.budget_bits,

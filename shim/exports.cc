@@ -5,6 +5,7 @@
 #include <new>
 
 #include "common/abi_guard.h"
+#include "common/c_locale.h"
 #include "common/float_env.h"
 #include "common/log.h"
 #include "common/nccl_api.h"
@@ -20,8 +21,10 @@ using dq::shim::real_nccl;
 
 template <class F>
 ncclResult_t guarded(const char* what, F&& body) {
-  // Threads the engine starts inside inherit this environment too.
+  // Threads the engine starts inside inherit this environment too (not the locale: each of
+  // dynamiq's threads sets its own).
   const dq::DefaultFloatEnvironment float_env;
+  const dq::CNumericLocale c_numbers;
   return dq::abi_guard(body, [what](dq::AbiFault fault, const char*) {
     if (fault == dq::AbiFault::kOutOfMemory) {
       DQ_WARN(dq::Subsys::kShim, "dynamiq: %s: out of memory", what);

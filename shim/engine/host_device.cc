@@ -24,6 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/c_locale.h"
 #include "common/float_env.h"
 #include "kernels/budget_model.h"
 #include "shim/engine/device.h"
@@ -131,6 +132,7 @@ class HostStream {
     // The steps' codec and budget arithmetic under the format's floating-point environment,
     // whatever this thread inherited from the one that made the stream.
     const DefaultFloatEnvironment float_env;
+    const CNumericLocale c_numbers;  // its logs' and the budget's numbers (common/c_locale.h)
     for (;;) {
       std::function<void()> fn;
       {

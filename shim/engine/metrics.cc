@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/c_locale.h"
 #include "common/log.h"
 #include "common/safe_file.h"
 #include "config/settings.h"
@@ -441,6 +442,7 @@ void render_prometheus_budget(const std::vector<std::shared_ptr<CommMetrics>>& c
 
 std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comms,
                            const ProcessLabels& labels, bool prometheus) {
+  const CNumericLocale c_numbers;  // Prometheus' and JSON's numbers: "0.5", never "0,5"
   if (!prometheus) return render_json(comms, labels);
   std::string text;
   render_prometheus_process(labels, text);

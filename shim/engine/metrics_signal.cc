@@ -22,6 +22,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/c_locale.h"
 #include "common/log.h"
 #include "shim/engine/metrics.h"
 
@@ -39,6 +40,7 @@ struct sigaction g_previous[2];
 std::atomic<bool> g_busy{false};  // one write per signal in flight (lock-free: signal-safe)
 
 void writer_loop() {
+  const CNumericLocale c_numbers;  // a thread starts in the application's global locale
   for (;;) {
     char b = 0;
     const ssize_t n = read(g_request[0], &b, 1);

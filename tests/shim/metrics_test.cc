@@ -12,6 +12,7 @@
 
 #include "kernels/host_isa.h"
 #include "shim/engine/metrics.h"
+#include "tests/common/comma_locale.h"
 
 namespace dq::engine {
 namespace {
@@ -110,6 +111,30 @@ TEST(Metrics, CompressionRatioAgainstAnUncompressedRing) {
 
 // The host codec's path in both formats: what the process runs now (a path forced after the
 // first write included), and the vector paths this CPU has that failed their start-up check.
+// The metrics' numbers are C's ("0.5") whatever the locale of the thread that renders them: the
+// final write at exit runs on the application's thread, and Prometheus cannot read "0,5".
+TEST(Metrics, NumbersIgnoreTheThreadsLocale) {
+  if (test::comma_locale() == static_cast<locale_t>(nullptr))
+    GTEST_SKIP() << "localedef could not make de_DE.UTF-8 (apt-get install locales)";
+  auto c = comm(0, "dp", 5);
+  const ProcessLabels l = labels_of("j", "h", 9);
+  // The one sample that differs between two renders: when it was written.
+  const std::regex written("dynamiq_last_update_timestamp_seconds(\\{[^}]*\\})? [^\\n]*");
+  auto render = [&](bool prometheus) {
+    return std::regex_replace(metrics_render({c}, l, prometheus), written, "written");
+  };
+  const std::string c_text = render(true);
+  ASSERT_TRUE(std::regex_search(c_text, std::regex("\\} [0-9]+\\.[0-9]+")))
+      << "no fractional sample to compare:\n"
+      << c_text;
+  const test::InCommaLocale comma;
+  char probe[16];
+  std::snprintf(probe, sizeof probe, "%.1f", 0.5);
+  ASSERT_STREQ(probe, "0,5") << "the thread's locale did not take";
+  EXPECT_EQ(render(true), c_text);
+  EXPECT_NO_THROW((void)nlohmann::json::parse(metrics_render({c}, l, false)));
+}
+
 TEST(Metrics, HostPathInBothFormats) {
   ProcessLabels l = labels_of("j", "h", 9);
   fill_host_path(&l);

@@ -1,13 +1,17 @@
 // Units of config/ (the settings table, opt-in rules) and the engine's control words.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 
 #include "config/optin.h"
 #include "config/settings.h"
+#include "kernels/budget_model.h"
+#include "kernels/codec.h"
 #include "shim/engine/control.h"
 #include "shim/engine/engine.h"
+#include "tests/common/comma_locale.h"
 
 namespace dq {
 namespace {
@@ -67,6 +71,35 @@ TEST(Settings, ParsesEveryKind) {
 // The codec travels as a CodecSpec parsed once at load; its text is the settings' codec_spec,
 // and every spec the engine makes (auto's candidates, with corr=0 when DYNAMIQ_CORRELATED=0)
 // prints as the text it was parsed from (logs and the metrics' codec label name it).
+// On a thread whose locale writes "4,5" (an application's setlocale(LC_ALL, "") on a German
+// host), the settings, codec specs and budget targets still read and print C's numbers: before,
+// DYNAMIQ_BITS=4.5 was refused (compression off) and the start-up check's own specs failed.
+TEST(Settings, NumbersIgnoreTheThreadsLocale) {
+  if (test::comma_locale() == static_cast<locale_t>(nullptr))
+    GTEST_SKIP() << "localedef could not make de_DE.UTF-8 (apt-get install locales)";
+  const test::InCommaLocale comma;
+  char probe[16];
+  std::snprintf(probe, sizeof probe, "%.1f", 4.5);
+  ASSERT_STREQ(probe, "4,5") << "the thread's locale did not take";
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_BITS", "4.5"}}, &s, &error), Status::kOk)
+      << error;
+  EXPECT_DOUBLE_EQ(s.budget_bits, 4.5);
+  EXPECT_EQ(s.bits, "4.5");
+  EXPECT_EQ(s.codec_spec, "dynamiq:4.5");
+  CodecSpec spec;
+  ASSERT_TRUE(parse_codec_spec("dynamiq:9.5:eps8=0.25", &spec, &error)) << error;
+  EXPECT_EQ(codec_spec_text(spec), "dynamiq:9.5:eps8=0.25");
+  BudgetTarget target;
+  ASSERT_TRUE(parse_budget_target("vnmse:0.01", &target));
+  EXPECT_EQ(budget_target_name(target), "vnmse:0.01");
+  for (int c = 0; c < kCandidates; ++c)
+    EXPECT_TRUE(parse_codec_spec(candidate_spec(c), &spec, &error)) << candidate_spec(c);
+  std::snprintf(probe, sizeof probe, "%.1f", 4.5);
+  EXPECT_STREQ(probe, "4,5") << "the thread's own locale, back";
+}
+
 TEST(Settings, CodecSpecIsParsedOnceAndPrintsAsItsText) {
   config::Settings s;
   std::string error;

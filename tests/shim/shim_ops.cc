@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <locale.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -50,6 +51,9 @@ std::vector<dq::test::RankExit> run_ranks(
                                 "PBS_JOBID", "LSB_JOBID", "JOB_ID"})
           unsetenv(key);
         for (auto& [k, v] : env(r)) setenv(k.c_str(), v.c_str(), 1);
+        // DQ_TEST_LOCALE: the application's setlocale(LC_ALL, ...) at its start.
+        if (const char* l = std::getenv("DQ_TEST_LOCALE"); l != nullptr && !setlocale(LC_ALL, l))
+          return 95;
         ncclComm_t comm = nullptr;
         if (dq::shim_test::init_comm(&comm, n, *id, r, "grads") != ncclSuccess) return 97;
         // A library other than the CPU NCCL answering (a fake libnccl.so.2 found first on
@@ -373,18 +377,81 @@ bool scenario_nccl_range() {
          same_decision(n, "compressed: ", "NCCL 2.99.0, DYNAMIQ_UNTESTED_NCCL=1");
 }
 
+// ---- locale: an application whose numbers use a decimal comma ----------------------------------
+// A job whose script called setlocale(LC_ALL, "") on a German host (LC_NUMERIC de_DE: "4,5"). The
+// C library's strtod and printf follow the thread's LC_NUMERIC, so dynamiq's settings, codec
+// specs and budget targets ("4.5", "eps8=0.4", "vnmse:0.01") and its metrics text (Prometheus'
+// format wants "0.5") must not. de_DE is compiled into the run's folder with localedef (LOCPATH),
+// so nothing on the machine changes; skipped where localedef or the locale's source is missing
+// (Debian: the `locales` package).
+Outcome scenario_locale() {
+  const int n = 2;
+  const std::string locales = g_dir + "/locales";
+  const std::string made =
+      "localedef -i de_DE -f UTF-8 " + locales + "/de_DE.UTF-8 >" + g_dir + "/localedef.log 2>&1";
+  if (mkdir(locales.c_str(), 0700) != 0 || std::system(made.c_str()) != 0) {
+    std::printf("SKIP: localedef could not make de_DE.UTF-8 (apt-get install locales): %s\n",
+                read_file(g_dir + "/localedef.log").c_str());
+    return Outcome::skip;
+  }
+  auto env = [&](int) {
+    return Env{{"LOCPATH", locales},    {"DQ_TEST_LOCALE", "de_DE.UTF-8"},
+               {"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_DEBUG", "INFO"},
+               {"DYNAMIQ_BITS", "4.5"}, {"DYNAMIQ_METRICS_FILE", g_dir + "/locale.%r.prom"}};
+  };
+  auto body = [&](int rank, ncclComm_t comm) -> int {
+    if (std::strcmp(localeconv()->decimal_point, ",") != 0) return 30;  // the locale took
+    if (float_calls(n, rank, comm, 1 << 18, 2) != 0) return 31;
+    if (rerouted_calls(comm) != 2) return 32;
+    if (std::strcmp(localeconv()->decimal_point, ",") != 0) return 33;  // and is the caller's
+    const auto flush = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "dynamiqMetricsFlush"));
+    return flush != nullptr && flush() == 0 ? 0 : 34;
+  };
+  if (!all_exited_zero(run_ranks(n, env, body), "locale") ||
+      !same_decision(n, "compressed: codec dynamiq at 4.5 bits per value", "de_DE locale"))
+    return Outcome::fail;
+  // Every sample of the metrics text: a name, optional labels, a C-locale number.
+  const std::regex sample(
+      "[a-zA-Z_:][a-zA-Z0-9_:]*(\\{.*\\})? (-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?|NaN|[-+]Inf)");
+  for (int r = 0; r < n; ++r) {
+    const std::string text = read_file(g_dir + "/locale." + std::to_string(r) + ".prom");
+    std::istringstream lines(text);
+    std::string line;
+    int samples = 0;
+    while (std::getline(lines, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      ++samples;
+      if (!std::regex_match(line, sample))
+        return outcome(fail("rank %d's metrics: a sample not in Prometheus' text format: %s", r,
+                            line.c_str()));
+    }
+    if (samples < 10)
+      return outcome(fail("rank %d's metrics hold %d samples:\n%s", r, samples, text.c_str()));
+    // No warning: before, the start-up check's own specs ("dynamiq:9.5:...") failed to parse and
+    // every vector path was refused as a faulty CPU.
+    if (count_occurrences(rank_log(r), " WARN ") != 0)
+      return outcome(fail("rank %d warned:\n%s", r, rank_log(r).c_str()));
+  }
+  std::printf(
+      "locale: de_DE (decimal comma) on both ranks: 4.5 bits compressed, metrics in C "
+      "numbers, the application's locale unchanged\n");
+  return Outcome::pass;
+}
+
 // The scenario named `scenario`.
 Outcome run_scenario(const std::string& scenario) {
   if (scenario == "decision") return outcome(scenario_decision());
   if (scenario == "jobs") return outcome(scenario_jobs());
   if (scenario == "sigterm") return outcome(scenario_sigterm());
   if (scenario == "nccl_range") return outcome(scenario_nccl_range());
+  if (scenario == "locale") return scenario_locale();
   return Outcome::unknown;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dq::shim_test::scenario_main(argc, argv, 2, "shim_ops decision|jobs|sigterm|nccl_range",
+  return dq::shim_test::scenario_main(argc, argv, 2,
+                                      "shim_ops decision|jobs|sigterm|nccl_range|locale",
                                       "/tmp/dq-shim-ops-XXXXXX", "", run_scenario);
 }

@@ -104,15 +104,15 @@ std::vector<unsigned char> typed_input(const dq::sim::Matrix& rows, int rank, si
 float input(const dq::sim::Matrix& rows, int w, size_t i, bool bf16);
 
 // How one scenario of a program ended.
-enum class Outcome { pass, fail, unknown };
+enum class Outcome { pass, fail, skip, unknown };
 inline Outcome outcome(bool pass) {
   return pass ? Outcome::pass : Outcome::fail;
 }
 
 // A program's main: needs min_argc arguments (else prints usage, exit 2) and the preloaded shim
 // (else exit 77), makes g_dir from dir_template ("/tmp/...-XXXXXX"), runs run(argv[1]) and
-// prints "PASS|FAIL: <scenario><suffix>"; g_dir is removed after a pass. Exit 0 pass, 1 fail,
-// 2 unknown scenario.
+// prints "PASS|FAIL: <scenario><suffix>"; g_dir is removed after a pass or a skip. Exit 0 pass, 1
+// fail, 2 unknown scenario, 77 skip (the scenario printed its "SKIP: reason").
 int scenario_main(int argc, char** argv, int min_argc, const char* usage, const char* dir_template,
                   const std::string& suffix, const std::function<Outcome(const std::string&)>& run);
 

@@ -1,0 +1,26 @@
+// Numbers in dynamiq's text in the C locale's form ("4.5", not "4,5"), whatever the application's
+// locale. The C library's strtod and printf follow the calling thread's LC_NUMERIC: a job whose
+// script called setlocale(LC_ALL, "") on a host with a decimal comma (de_DE, fr_FR, ...) would have
+// DYNAMIQ_BITS=4.5 refused, the start-up check's own codec specs fail to parse (every vector path
+// refused as a faulty CPU), and its metrics written as "0,5", which Prometheus cannot read.
+#pragma once
+#include <locale.h>
+
+namespace dq {
+
+// While it lives, the calling thread uses the C locale (uselocale); its own is restored after.
+class CNumericLocale {
+ public:
+  CNumericLocale();
+  ~CNumericLocale();
+  CNumericLocale(const CNumericLocale&) = delete;
+  CNumericLocale& operator=(const CNumericLocale&) = delete;
+
+ private:
+  locale_t previous_;
+};
+
+// std::strtod in the C locale, on any thread.
+double strtod_c(const char* text, char** end);
+
+}  // namespace dq
