@@ -27,6 +27,12 @@ struct Registry {
   std::atomic<int64_t> next_due_ns{0};
   bool warned = false;
   bool atexit_registered = false;
+  // The process that last registered a communicator. A child forked from it without exec that
+  // exits normally (os.fork() then sys.exit(), a C++ helper process; Python's multiprocessing
+  // workers leave by os._exit) runs the exit handler it inherited on a copy of the registry,
+  // whose mutex another thread may have held at the fork: it must neither write its stale copy
+  // over the parent's file nor wait on that mutex.
+  std::atomic<pid_t> owner{0};
 };
 
 Registry& registry() {
@@ -530,9 +536,12 @@ std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.comms.push_back(m);
+  r.owner.store(getpid());
   if (!r.atexit_registered) {
     r.atexit_registered = true;
-    std::atexit([] { metrics_flush(); });  // the job's final totals
+    std::atexit([] {  // the job's final totals, by the process that holds the communicators
+      if (registry().owner.load() == getpid()) metrics_flush();
+    });
   }
   if (!config::global().metrics_file.empty()) metrics_install_signal_write();
   return m;

@@ -247,6 +247,42 @@ TEST(Metrics, DestroyedCommunicatorsAndTheExitAreWritten) {
   EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 7);
 }
 
+// A child forked without exec that exits normally (os.fork() then sys.exit()) runs the exit
+// handlers it inherited: it must not write its stale copy of the counters over the parent's
+// file (nor take the registry's mutex, which another thread may have held at the fork).
+TEST(Metrics, AForkedChildsExitLeavesTheFileAlone) {
+  const std::string path = "/tmp/dq-metrics-fork-" + std::to_string(getpid()) + ".json";
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DYNAMIQ_METRICS_FILE", path.c_str(), 1);
+    setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+    auto c = metrics_register(0, "dp", 0, 2);
+    c->calls[0] = 7;
+    metrics_flush();
+    const pid_t worker = fork();
+    if (worker == 0) {
+      c->calls[0] = 99;  // the worker's copy
+      std::exit(0);      // runs the inherited exit handler
+    }
+    int status = 0;
+    if (waitpid(worker, &status, 0) != worker || !WIFEXITED(status)) _exit(2);
+    std::ifstream f(path);
+    const nlohmann::json doc = nlohmann::json::parse(f, nullptr, false);
+    if (doc.is_discarded() || doc["communicators"][0]["calls"]["rerouted"] != 7) _exit(3);
+    c->calls[0] = 8;
+    std::exit(0);  // this process's own exit writes its totals
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_NE(WEXITSTATUS(status), 3) << "the worker's exit wrote its copy over the file";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream f(path);
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::remove(path.c_str());
+  EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 8) << "the owner's write at exit";
+}
+
 // The budget (DYNAMIQ_BITS, DYNAMIQ_TARGET): per bucket its latest budget, the width histogram and
 // the predicted vNMSE, in both formats.
 TEST(Metrics, BudgetInJsonAndPrometheus) {
