@@ -6,6 +6,9 @@
 #pragma once
 #include <locale.h>
 
+#include <string>
+#include <string_view>
+
 namespace dq {
 
 // While it lives, the calling thread uses the C locale (uselocale); its own is restored after.
@@ -22,5 +25,14 @@ class CNumericLocale {
 
 // std::strtod in the C locale, on any thread.
 double strtod_c(const char* text, char** end);
+
+// `text` with A-Z made a-z and every other byte kept. std::tolower follows the locale: in
+// tr_TR.UTF-8 it leaves 'I' as it is, so "RING" would read "rIng".
+inline std::string lower_ascii(std::string_view text) {
+  std::string s(text);
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return s;
+}
 
 }  // namespace dq

@@ -65,9 +65,7 @@ constexpr int kNetIfname = index_of("DYNAMIQ_NET_IFNAME");
 static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0 && kNetIfname >= 0);
 
 std::string lower(std::string_view v) {
-  std::string s(v);
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+  return lower_ascii(v);
 }
 
 bool parse_bool(std::string_view v, bool* out) {

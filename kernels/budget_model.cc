@@ -96,8 +96,7 @@ HopTables hop_profile(const topo::Schedule& s) {
 }
 
 bool parse_budget_target(std::string_view text, BudgetTarget* out) {
-  std::string t(text);
-  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string t = lower_ascii(text);
   if (t == "mxfp8") return *out = BudgetTarget{BudgetTarget::Kind::kMxfp8, 0}, true;
   if (t == "mxfp6") return *out = BudgetTarget{BudgetTarget::Kind::kMxfp6, 0}, true;
   if (t.rfind("vnmse:", 0) != 0) return false;

@@ -2,9 +2,9 @@
 
 #include <sys/stat.h>
 
-#include <cctype>
 #include <cstdio>
 
+#include "common/c_locale.h"
 #include "common/log.h"
 
 namespace dq::engine {
@@ -14,8 +14,7 @@ bool parse_switch(const char* text, bool* on) {
   while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
   size_t b = 0;
   while (b < t.size() && t[b] == ' ') ++b;
-  t = t.substr(b);
-  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  t = lower_ascii(t.substr(b));
   if (t.empty() || t == "1" || t == "on" || t == "true") return *on = true, true;
   if (t == "0" || t == "off" || t == "false") return *on = false, true;
   return false;

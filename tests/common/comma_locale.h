@@ -1,38 +1,50 @@
-// A locale whose numbers use a decimal comma (de_DE.UTF-8: "4,5"), for tests of text that must
-// keep C's numbers whatever the application's locale (common/c_locale.h). Compiled once per
-// process with localedef into a folder of its own, found through LOCPATH, so nothing on the
-// machine changes; (locale_t)0 where localedef or the locale's source (Debian: `locales`) is
-// missing, and the test skips.
+// Locales whose text rules differ from C's, for tests of text that must keep C's rules whatever
+// the application's locale (common/c_locale.h): de_DE writes a decimal comma ("4,5"), tr_TR
+// lowercases without touching 'I'. Each is compiled once per process with localedef into a folder
+// of its own, found through LOCPATH, so nothing on the machine changes; (locale_t)0 where
+// localedef or the locale's source (Debian: `locales`) is missing, and the test skips.
 #pragma once
 #include <locale.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <cstdio>
+#include <map>
 #include <string>
 
 namespace dq::test {
 
-inline locale_t comma_locale() {
-  static const locale_t made = [] {
-    char dir[] = "/tmp/dq-comma-locale-XXXXXX";
-    if (mkdtemp(dir) == nullptr) return static_cast<locale_t>(nullptr);
-    const std::string command =
-        std::string("localedef -i de_DE -f UTF-8 ") + dir + "/de_DE.UTF-8 >/dev/null 2>&1";
-    if (std::system(command.c_str()) != 0) return static_cast<locale_t>(nullptr);
-    setenv("LOCPATH", dir, 1);
-    return newlocale(LC_ALL_MASK, "de_DE.UTF-8", static_cast<locale_t>(nullptr));
-  }();
-  return made;
+// The locale `source`.UTF-8 ("de_DE", "tr_TR"), or (locale_t)0.
+inline locale_t compiled_locale(const std::string& source) {
+  static std::map<std::string, locale_t> made;
+  static std::string dir;
+  if (auto it = made.find(source); it != made.end()) return it->second;
+  locale_t& l = made[source];
+  l = static_cast<locale_t>(nullptr);
+  if (dir.empty()) {
+    char tmpl[] = "/tmp/dq-test-locales-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return l;
+    dir = tmpl;
+    setenv("LOCPATH", dir.c_str(), 1);
+  }
+  const std::string name = source + ".UTF-8";
+  const std::string command =
+      "localedef -i " + source + " -f UTF-8 " + dir + "/" + name + " >/dev/null 2>&1";
+  if (std::system(command.c_str()) == 0)
+    l = newlocale(LC_ALL_MASK, name.c_str(), static_cast<locale_t>(nullptr));
+  return l;
 }
 
-// While it lives, the calling thread uses comma_locale() (which must not be null).
-class InCommaLocale {
+inline locale_t comma_locale() {
+  return compiled_locale("de_DE");
+}
+
+// While it lives, the calling thread uses `l` (which must not be null).
+class InLocale {
  public:
-  InCommaLocale() : previous_(uselocale(comma_locale())) {}
-  ~InCommaLocale() { uselocale(previous_); }
-  InCommaLocale(const InCommaLocale&) = delete;
-  InCommaLocale& operator=(const InCommaLocale&) = delete;
+  explicit InLocale(locale_t l) : previous_(uselocale(l)) {}
+  ~InLocale() { uselocale(previous_); }
+  InLocale(const InLocale&) = delete;
+  InLocale& operator=(const InLocale&) = delete;
 
  private:
   locale_t previous_;

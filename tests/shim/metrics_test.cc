@@ -127,7 +127,7 @@ TEST(Metrics, NumbersIgnoreTheThreadsLocale) {
   ASSERT_TRUE(std::regex_search(c_text, std::regex("\\} [0-9]+\\.[0-9]+")))
       << "no fractional sample to compare:\n"
       << c_text;
-  const test::InCommaLocale comma;
+  const test::InLocale comma(test::comma_locale());
   char probe[16];
   std::snprintf(probe, sizeof probe, "%.1f", 0.5);
   ASSERT_STREQ(probe, "0,5") << "the thread's locale did not take";

@@ -1,6 +1,7 @@
 // Units of config/ (the settings table, opt-in rules) and the engine's control words.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -77,7 +78,7 @@ TEST(Settings, ParsesEveryKind) {
 TEST(Settings, NumbersIgnoreTheThreadsLocale) {
   if (test::comma_locale() == static_cast<locale_t>(nullptr))
     GTEST_SKIP() << "localedef could not make de_DE.UTF-8 (apt-get install locales)";
-  const test::InCommaLocale comma;
+  const test::InLocale comma(test::comma_locale());
   char probe[16];
   std::snprintf(probe, sizeof probe, "%.1f", 4.5);
   ASSERT_STREQ(probe, "4,5") << "the thread's locale did not take";
@@ -98,6 +99,26 @@ TEST(Settings, NumbersIgnoreTheThreadsLocale) {
     EXPECT_TRUE(parse_codec_spec(candidate_spec(c), &spec, &error)) << candidate_spec(c);
   std::snprintf(probe, sizeof probe, "%.1f", 4.5);
   EXPECT_STREQ(probe, "4,5") << "the thread's own locale, back";
+}
+
+// Words in any case under a locale whose tolower leaves 'I' alone (tr_TR.UTF-8): "RING" was
+// "rIng" to std::tolower there, an invalid topology.
+TEST(Settings, WordsIgnoreTheThreadsLocale) {
+  const locale_t turkish = test::compiled_locale("tr_TR");
+  if (turkish == static_cast<locale_t>(nullptr))
+    GTEST_SKIP() << "localedef could not make tr_TR.UTF-8 (apt-get install locales)";
+  const test::InLocale in_turkish(turkish);
+  // Through a volatile: GCC assumes std::tolower's result is never upper case (as in the C
+  // locale) and would fold the comparison.
+  volatile int lowered = std::tolower('I');
+  ASSERT_EQ(static_cast<int>(lowered), 'I') << "the thread's locale did not take";
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_TOPO", "RING"}, {"DYNAMIQ_TARGET", "MXFP8"}}, &s, &error), Status::kOk)
+      << error;
+  EXPECT_EQ(s.topology, "ring");
+  BudgetTarget target;
+  EXPECT_TRUE(parse_budget_target("VNMSE:0.01", &target));
 }
 
 TEST(Settings, CodecSpecIsParsedOnceAndPrintsAsItsText) {
