@@ -1,8 +1,9 @@
-// Numbers in dynamiq's text in the C locale's form ("4.5", not "4,5"), whatever the application's
-// locale. The C library's strtod and printf follow the calling thread's LC_NUMERIC: a job whose
-// script called setlocale(LC_ALL, "") on a host with a decimal comma (de_DE, fr_FR, ...) would have
-// DYNAMIQ_BITS=4.5 refused, the start-up check's own codec specs fail to parse (every vector path
-// refused as a faulty CPU), and its metrics written as "0,5", which Prometheus cannot read.
+// dynamiq's text by the C locale's rules, whatever the application's locale: numbers as "4.5",
+// never "4,5", and words lowercased in ASCII. The C library's strtod, printf and tolower follow
+// the calling thread's locale: a job whose script called setlocale(LC_ALL, "") on a host with a
+// decimal comma (de_DE, fr_FR, ...) would have DYNAMIQ_BITS=4.5 refused, the start-up check's own
+// codec specs fail to parse (every vector path refused as a faulty CPU), and its metrics written
+// as "0,5", which Prometheus cannot read; on a Turkish one (tr_TR) "RING" would read "rIng".
 #pragma once
 #include <locale.h>
 
