@@ -1,5 +1,6 @@
 #include "common/c_locale.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 namespace dq {
@@ -19,6 +20,13 @@ CNumericLocale::CNumericLocale()
 
 CNumericLocale::~CNumericLocale() {
   if (previous_ != static_cast<locale_t>(nullptr)) uselocale(previous_);
+}
+
+std::string number_text(double x, int significant) {
+  const CNumericLocale c_numbers;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*g", significant, x);
+  return text;
 }
 
 double strtod_c(const char* text, char** end) {

@@ -27,6 +27,10 @@ class CNumericLocale {
 // std::strtod in the C locale, on any thread.
 double strtod_c(const char* text, char** end);
 
+// `x` as printf's "%.*g" with `significant` digits writes it in the C locale ("4.5"), on any
+// thread: the one way dynamiq writes a number into a setting's, spec's or target's text.
+std::string number_text(double x, int significant);
+
 // `text` with A-Z made a-z and every other byte kept. std::tolower follows the locale: in
 // tr_TR.UTF-8 it leaves 'I' as it is, so "RING" would read "rIng".
 inline std::string lower_ascii(std::string_view text) {

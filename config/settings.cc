@@ -3,7 +3,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -147,13 +146,6 @@ bool parse_collectives(const std::string& v, Settings* s) {
   return true;
 }
 
-std::string format_real(double x) {
-  const CNumericLocale c_numbers;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", x);
-  return buf;
-}
-
 struct Value {
   bool flag = false;
   double number = 0;
@@ -179,7 +171,7 @@ std::string text_of(int64_t f) {
   return std::to_string(f);
 }
 std::string text_of(double f) {
-  return format_real(f);
+  return number_text(f, 17);
 }
 std::string text_of(const std::string& f) {
   return f;
@@ -342,7 +334,7 @@ class Loader {
       s->budget_bits = defaults().budget_bits;
     } else {
       parse_real(s->bits, &s->budget_bits);
-      s->bits = format_real(s->budget_bits);
+      s->bits = number_text(s->budget_bits, 17);
     }
     BudgetTarget parsed_target;
     parse_budget_target(s->target, &parsed_target);  // validated by valid_text()
@@ -435,7 +427,7 @@ class Loader {
 
   static void derive_codec_spec(Settings* s) {
     if (s->codec == "dynamiq" || s->codec == "uniform") {
-      s->codec_spec = s->codec + ":" + format_real(s->budget_bits);
+      s->codec_spec = s->codec + ":" + number_text(s->budget_bits, 17);
       if (s->codec == "dynamiq" && !s->correlated) s->codec_spec += ":corr=0";
     } else {
       s->codec_spec = s->codec;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cfloat>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -117,10 +116,7 @@ bool parse_budget_target(std::string_view text, BudgetTarget* out) {
 std::string budget_target_name(const BudgetTarget& t) {
   if (t.kind == BudgetTarget::Kind::kMxfp8) return "mxfp8";
   if (t.kind == BudgetTarget::Kind::kMxfp6) return "mxfp6";
-  const CNumericLocale c_numbers;
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "vnmse:%.6g", t.vnmse);
-  return buf;
+  return "vnmse:" + number_text(t.vnmse, 6);
 }
 
 bool StatsSummary::load(const uint16_t* reduced, size_t count, int n_workers,
@@ -183,10 +179,7 @@ double mx_rounding_error(std::string_view spec) {
 std::string candidate_spec(int c) {
   if (c == kCandidateMxfp8) return "mxfp8";
   if (c == kCandidateMxfp6) return "mxfp6";
-  const CNumericLocale c_numbers;
-  char spec[32];
-  std::snprintf(spec, sizeof spec, "dynamiq:%g", ladder_bits(c));
-  return spec;
+  return "dynamiq:" + number_text(ladder_bits(c), 6);
 }
 
 bool plan_budget_codec(std::string_view spec, size_t count, int chunks, int n_workers,

@@ -1,6 +1,5 @@
 #include "kernels/codec.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -129,13 +128,6 @@ std::unique_ptr<Codec> make_dynamiq(const CodecSpec& spec) {
   return make_dynamiq_codec(o);
 }
 
-std::string format_bits(double bits) {
-  const CNumericLocale c_numbers;
-  char text[64];
-  std::snprintf(text, sizeof text, "%.17g", bits);
-  return text;
-}
-
 }  // namespace
 
 bool parse_codec_spec(std::string_view spec, CodecSpec* out, std::string* error) {
@@ -197,11 +189,11 @@ std::string codec_spec_text(const CodecSpec& spec) {
     case F::kMxfp4:
       return "mxfp4";
     case F::kUniform:
-      return "uniform:" + format_bits(spec.bits);
+      return "uniform:" + number_text(spec.bits, 17);
     case F::kDynamiq:
       break;
   }
-  std::string text = "dynamiq:" + format_bits(spec.bits);
+  std::string text = "dynamiq:" + number_text(spec.bits, 17);
   auto flag = [&](const char* key, const std::optional<bool>& v, const char* on, const char* off) {
     if (v) text += std::string(":") + key + "=" + (*v ? on : off);
   };
@@ -213,12 +205,8 @@ std::string codec_spec_text(const CodecSpec& spec) {
   flag("w16", spec.allow_width16, "1", "0");
   static const char* kEps[3] = {"eps2", "eps4", "eps8"};
   for (int i = 0; i < 3; ++i)
-    if (spec.eps[i]) {
-      char v[32];
-      const CNumericLocale c_numbers;
-      std::snprintf(v, sizeof v, "%.9g", static_cast<double>(*spec.eps[i]));
-      text += std::string(":") + kEps[i] + "=" + v;
-    }
+    if (spec.eps[i])
+      text += std::string(":") + kEps[i] + "=" + number_text(static_cast<double>(*spec.eps[i]), 9);
   return text;
 }
 

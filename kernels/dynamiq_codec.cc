@@ -69,14 +69,11 @@ DynamiqCodecBase::DynamiqCodecBase(const DynamiqOptions& o) : opt_(o) {
 }
 
 std::string DynamiqCodecBase::name() const {
-  const CNumericLocale c_numbers;
-  char buf[160];
-  std::snprintf(
-      buf, sizeof buf, "dynamiq:%g%s%s%s%s%s", opt_.budget_bits,
-      opt_.correlated_rounding ? "" : ":corr=0", opt_.nonuniform_levels ? "" : ":levels=uniform",
-      opt_.hierarchical_scales ? "" : ":scales=flat", opt_.variable_widths ? "" : ":widths=fixed",
-      opt_.mean_subtraction ? "" : ":mean=0");
-  return buf;
+  return "dynamiq:" + number_text(opt_.budget_bits, 6) +
+         (opt_.correlated_rounding ? "" : ":corr=0") +
+         (opt_.nonuniform_levels ? "" : ":levels=uniform") +
+         (opt_.hierarchical_scales ? "" : ":scales=flat") +
+         (opt_.variable_widths ? "" : ":widths=fixed") + (opt_.mean_subtraction ? "" : ":mean=0");
 }
 
 Status DynamiqCodecBase::plan(size_t count, int n_chunks, int n_workers) {

@@ -1,7 +1,8 @@
 // The extern "C" boundary of libdynamiq.so: the interposed NCCL entry points and dynamiq's C
 // API. Each entry catches every exception (none crosses into the application), runs under the
-// format's floating-point environment (the application's is restored on return, whatever it set:
-// common/float_env.h) and forwards to the real NCCL whatever dynamiq does not reroute.
+// format's floating-point environment and the C locale (the application's are restored on return,
+// whatever it set: common/float_env.h, common/c_locale.h) and forwards to the real NCCL whatever
+// dynamiq does not reroute.
 #include <new>
 
 #include "common/abi_guard.h"

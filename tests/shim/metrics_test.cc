@@ -132,7 +132,7 @@ TEST(Metrics, NumbersIgnoreTheThreadsLocale) {
   std::snprintf(probe, sizeof probe, "%.1f", 0.5);
   ASSERT_STREQ(probe, "0,5") << "the thread's locale did not take";
   EXPECT_EQ(render(true), c_text);
-  EXPECT_NO_THROW((void)nlohmann::json::parse(metrics_render({c}, l, false)));
+  EXPECT_TRUE(nlohmann::json::accept(metrics_render({c}, l, false)));
 }
 
 TEST(Metrics, HostPathInBothFormats) {
