@@ -1141,7 +1141,6 @@ TEST(HostIsa, AutoPicksTheBestSupportedPath) {
   EXPECT_FALSE(parse_host_isa("avx512f", &parsed));
 }
 
-// ThreadHostIsa changes the path of codecs made on its own thread only, and only while it lives.
 // The format's floating-point environment (common/float_env.h): set while the guard lives,
 // whatever the thread had (flush-to-zero, denormals-are-zero, rounding toward zero), and the
 // thread's own restored afterwards exactly, so that a flag raised inside does not leak out.
@@ -1208,9 +1207,12 @@ TEST(FloatEnvironment, EveryCodecTaskRunsUnderTheDefault) {
   EXPECT_EQ(not_default, 0) << "tasks of dq::parallel_for not under the default environment";
   if (threads < 2) GTEST_SKIP() << "no TBB worker took a task: one thread here";
   run(false, &not_default, &threads);
-  if (threads >= 2) EXPECT_GT(not_default, 0) << "the control: the arena's workers' environment";
+  if (threads >= 2) {
+    EXPECT_GT(not_default, 0) << "the control: the arena's workers' environment";
+  }
 }
 
+// ThreadHostIsa changes the path of codecs made on its own thread only, and only while it lives.
 TEST(HostIsa, ThreadPathStaysOnItsThread) {
   const HostIsa process = host_isa();
   {
