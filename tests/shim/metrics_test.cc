@@ -12,7 +12,7 @@
 
 #include "kernels/host_isa.h"
 #include "shim/engine/metrics.h"
-#include "tests/common/comma_locale.h"
+#include "tests/common/locales.h"
 
 namespace dq::engine {
 namespace {
@@ -109,8 +109,6 @@ TEST(Metrics, CompressionRatioAgainstAnUncompressedRing) {
   EXPECT_DOUBLE_EQ(doc["communicators"][0]["compression_ratio"].get<double>(), 8.0);
 }
 
-// The host codec's path in both formats: what the process runs now (a path forced after the
-// first write included), and the vector paths this CPU has that failed their start-up check.
 // The metrics' numbers are C's ("0.5") whatever the locale of the thread that renders them: the
 // final write at exit runs on the application's thread, and Prometheus cannot read "0,5".
 TEST(Metrics, NumbersIgnoreTheThreadsLocale) {
@@ -135,6 +133,8 @@ TEST(Metrics, NumbersIgnoreTheThreadsLocale) {
   EXPECT_TRUE(nlohmann::json::accept(metrics_render({c}, l, false)));
 }
 
+// The host codec's path in both formats: what the process runs now (a path forced after the
+// first write included), and the vector paths this CPU has that failed their start-up check.
 TEST(Metrics, HostPathInBothFormats) {
   ProcessLabels l = labels_of("j", "h", 9);
   fill_host_path(&l);
