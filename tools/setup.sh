@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 # ccache: Meson compiles through it when installed, so the wheel test's build (build-wheel, at
 # the depth of build: the same relative paths) reuses the objects of this build. qemu-user: the
 # codec test on an emulated CPU (tests/kernels/emulated_cpu.sh). locales: the de_DE source the
-# locale tests compile (tests/common/comma_locale.h).
+# locale tests compile (tests/common/locales.h).
 need_apt=()
 for pkg in g++ pkg-config ninja-build python3-venv libtbb-dev libgtest-dev libbenchmark-dev \
            nlohmann-json3-dev libcli11-dev \

@@ -12,7 +12,7 @@
 #include "kernels/codec.h"
 #include "shim/engine/control.h"
 #include "shim/engine/engine.h"
-#include "tests/common/comma_locale.h"
+#include "tests/common/locales.h"
 
 namespace dq {
 namespace {

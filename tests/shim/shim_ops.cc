@@ -27,6 +27,7 @@
 
 #include "common/nccl_api.h"
 #include "tests/common/check.h"
+#include "tests/common/locales.h"
 #include "tests/common/rank_harness.h"
 #include "tests/shim/shim_test_util.h"
 
@@ -387,11 +388,8 @@ bool scenario_nccl_range() {
 Outcome scenario_locale() {
   const int n = 2;
   const std::string locales = g_dir + "/locales";
-  const std::string made =
-      "localedef -i de_DE -f UTF-8 " + locales + "/de_DE.UTF-8 >" + g_dir + "/localedef.log 2>&1";
-  if (mkdir(locales.c_str(), 0700) != 0 || std::system(made.c_str()) != 0) {
-    std::printf("SKIP: localedef could not make de_DE.UTF-8 (apt-get install locales): %s\n",
-                read_file(g_dir + "/localedef.log").c_str());
+  if (!dq::test::compile_locale("de_DE", locales)) {
+    std::printf("SKIP: localedef could not make de_DE.UTF-8 (apt-get install locales)\n");
     return Outcome::skip;
   }
   auto env = [&](int) {
