@@ -5,7 +5,6 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -1176,15 +1175,21 @@ TEST(FloatEnvironment, EveryCodecTaskRunsUnderTheDefault) {
   arena.initialize();  // captures this thread's environment for its workers
   _mm_setcsr(before);
   // Each task notes whether it ran under the default, and on which thread; tasks wait (at most
-  // 2 s) until a second thread has taken one, so that a worker runs some.
+  // 2 s) until a second thread has taken one, so that a worker runs some. Every access to that
+  // record holds `m`, this thread's too: libtbb is not built for ThreadSanitizer, so the lock is
+  // what orders the tasks with this thread there (tbb::parallel_for has no annotations). `m` is
+  // static, constant-initialized: a mutex constructed on this stack is itself a write TSan could
+  // not order with the tasks' locking.
+  static std::mutex m;
   auto run = [&](bool wrapped, int* tasks_not_default, int* threads) {
-    std::mutex m;
     std::set<std::thread::id> seen;
-    std::atomic<int> not_default{0};
+    int not_default = 0;
+    { const std::lock_guard<std::mutex> publish(m); }
     auto body = [&](const tbb::blocked_range<int>& r) {
       for (int i = r.begin(); i < r.end(); ++i) {
-        if (!float_environment_is_default()) ++not_default;
+        const bool is_default = float_environment_is_default();
         std::unique_lock<std::mutex> lock(m);
+        if (!is_default) ++not_default;
         seen.insert(std::this_thread::get_id());
         for (int k = 0; k < 200 && seen.size() < 2; ++k) {
           lock.unlock();
@@ -1199,7 +1204,8 @@ TEST(FloatEnvironment, EveryCodecTaskRunsUnderTheDefault) {
       else
         tbb::parallel_for(tbb::blocked_range<int>(0, 64, 1), body);
     });
-    *tasks_not_default = not_default.load();
+    const std::lock_guard<std::mutex> lock(m);
+    *tasks_not_default = not_default;
     *threads = static_cast<int>(seen.size());
   };
   int not_default = -1, threads = 0;
