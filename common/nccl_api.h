@@ -22,6 +22,12 @@ extern "C" {
 #define DQ_NCCL_SPLIT_NOCOLOR (-1)
 #define DQ_NCCL_CONFIG_UNDEF_INT INT_MIN
 #define DQ_NCCL_UNIQUE_ID_BYTES 128
+// ncclCommShrink's flags (NCCL 2.27+): DEFAULT shrinks a healthy parent; ABORT first ends the
+// parent's operations in flight (a parent with a dead or hung peer).
+#define DQ_NCCL_SHRINK_DEFAULT 0x00
+#define DQ_NCCL_SHRINK_ABORT 0x01
+// ncclCommRevoke's flags (NCCL 2.28+): only the default exists.
+#define DQ_NCCL_REVOKE_DEFAULT 0x00
 
 // In C++ the enums get int as their fixed underlying type (the C ABI is unchanged: NCCL's enums
 // are int-sized). Without it a caller's out-of-range value (a bad dtype, a negative op) is
@@ -97,6 +103,14 @@ DQ_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nrank
 DQ_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist);
 DQ_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                           ncclConfig_t* config);
+// Survivors of a failure make a communicator without the ranks listed (every survivor passes the
+// same list, the listed ranks do not call it); ranks keep their order.
+DQ_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude_ranks, int exclude_count,
+                                           ncclComm_t* newcomm, ncclConfig_t* config,
+                                           int shrink_flags);
+// Ends the operations in flight on `comm` and refuses new ones; afterwards only destroy, abort,
+// split and shrink are valid on it.
+DQ_NCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revoke_flags);
 DQ_NCCL_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm);
 DQ_NCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm);
 DQ_NCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm);

@@ -50,6 +50,9 @@ static_assert(sizeof(mine::ncclRedOp_t) == sizeof(::ncclRedOp_t));
 static_assert(sizeof(mine::ncclUniqueId) == sizeof(::ncclUniqueId));
 static_assert(DQ_NCCL_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES);
 static_assert(DQ_NCCL_SPLIT_NOCOLOR == NCCL_SPLIT_NOCOLOR);
+static_assert(DQ_NCCL_SHRINK_DEFAULT == NCCL_SHRINK_DEFAULT);
+static_assert(DQ_NCCL_SHRINK_ABORT == NCCL_SHRINK_ABORT);
+static_assert(DQ_NCCL_REVOKE_DEFAULT == NCCL_REVOKE_DEFAULT);
 static_assert(DQ_NCCL_CONFIG_UNDEF_INT == NCCL_CONFIG_UNDEF_INT);
 
 #define SAME_FIELD(f)                                                                \

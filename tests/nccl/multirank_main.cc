@@ -2,8 +2,8 @@
 // meet through ncclGetUniqueId / ncclCommInitRank over the real net plugin.
 //
 //   cpu_nccl_multirank <scenario> <nranks> [runs]
-// scenarios: allreduce, collectives, p2p, split, random, big [MiB], kill [runs], stall [runs],
-// initall, api
+// scenarios: allreduce, collectives, p2p, split, shrink, random, big [MiB], kill [runs],
+// stall [runs], initall, api
 // Exit status 0 = pass. Built twice: against our own declarations and, where installed, against
 // the real nccl.h (proving that an unmodified NCCL program runs on this library).
 #include <fcntl.h>
@@ -31,10 +31,14 @@
 #include <nccl.h>
 #define TEST_SPLIT_NOCOLOR NCCL_SPLIT_NOCOLOR
 #define TEST_CONFIG_MAGIC 0xcafebeefu
+#define TEST_SHRINK_DEFAULT NCCL_SHRINK_DEFAULT
+#define TEST_SHRINK_ABORT NCCL_SHRINK_ABORT
 #else
 #include "common/nccl_api.h"
 #define TEST_SPLIT_NOCOLOR DQ_NCCL_SPLIT_NOCOLOR
 #define TEST_CONFIG_MAGIC DQ_NCCL_CONFIG_MAGIC
+#define TEST_SHRINK_DEFAULT DQ_NCCL_SHRINK_DEFAULT
+#define TEST_SHRINK_ABORT DQ_NCCL_SHRINK_ABORT
 #endif
 #include "common/fnv1a.h"
 #include "tests/common/rank_harness.h"
@@ -72,6 +76,7 @@ struct Shared {
   ncclUniqueId id;
   uint64_t digest[kMaxRanks][64];  // per rank: hashes of results that must match across ranks
   int digest_count[kMaxRanks];
+  std::atomic<int> survivors_done;  // shrink: ranks done with the shrunk communicator
 };
 Shared* g_shared = nullptr;
 
@@ -581,6 +586,127 @@ int scenario_split(int rank, int nranks) {
   return 0;
 }
 
+// ncclCommShrink and ncclCommRevoke (NCCL 2.27 / 2.28 fault tolerance), one job per mode; rank
+// `out` = nranks / 2 is the one left out:
+//   healthy  it destroys its communicator and leaves; the others shrink (NCCL_SHRINK_DEFAULT);
+//   dead     it exits right after init without a word; the others' all-reduce fails and they
+//            shrink with NCCL_SHRINK_ABORT, after which the parent refuses work;
+//   hung     it stays alive but never joins the all-reduce; each survivor's other thread revokes
+//            the parent 300 ms in: the all-reduce returns at once (the timeout is 60 s), the
+//            parent reports quiescent and refuses work, and the survivors shrink.
+// The shrunk communicator: n - 1 ranks in parent order, the parent's name, exact reductions.
+enum class ShrinkMode { kHealthy, kDead, kHung };
+
+int check_shrunk(ncclComm_t sub, int rank, int nranks, int out) {
+  FAIL_IF(sub == nullptr, "ncclCommShrink gave NULL");
+  int count = -1, me = -1;
+  NCCL_OK(ncclCommCount(sub, &count));
+  NCCL_OK(ncclCommUserRank(sub, &me));
+  FAIL_IF(count != nranks - 1 || me != rank - (rank > out ? 1 : 0),
+          "shrunk communicator: rank %d of %d, want %d of %d", me, count,
+          rank - (rank > out ? 1 : 0), nranks - 1);
+  FAIL_IF(std::strcmp(dqCpuNcclCommName(sub), "parent-comm") != 0, "shrink lost commName: '%s'",
+          dqCpuNcclCommName(sub));
+  // Several pipeline chunks (4 KiB each here), every element exact.
+  const size_t n = 50021;
+  std::vector<int64_t> v(n), sum(n, -1);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(i) * 7 + rank;
+  NCCL_OK(ncclAllReduce(v.data(), sum.data(), n, ncclInt64, ncclSum, sub, nullptr));
+  int64_t ranks = 0;
+  for (int r = 0; r < nranks; ++r) ranks += r == out ? 0 : r;
+  for (size_t i = 0; i < n; ++i)
+    FAIL_IF(sum[i] != static_cast<int64_t>(i) * 7 * (nranks - 1) + ranks,
+            "shrunk all-reduce element %zu: %lld", i, static_cast<long long>(sum[i]));
+  return 0;
+}
+
+// After a revoke (or NCCL_SHRINK_ABORT): quiescent, and work is refused as invalid usage.
+int check_revoked(ncclComm_t comm) {
+  ncclResult_t async = ncclInternalError;
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  FAIL_IF(async != ncclSuccess, "revoked parent reports %d, want quiescent (0)", async);
+  int32_t one = 1, total = 0;
+  const ncclResult_t r = ncclAllReduce(&one, &total, 1, ncclInt32, ncclSum, comm, nullptr);
+  FAIL_IF(r != ncclInvalidUsage, "all-reduce on a revoked communicator returned %d", r);
+  return 0;
+}
+
+int shrink_body(int rank, int nranks, ShrinkMode mode) {
+  ncclConfig_t config;
+  std::memset(&config, 0, sizeof config);
+  config.size = sizeof config;
+  config.magic = TEST_CONFIG_MAGIC;
+  config.version = 22809;
+  config.blocking = 1;
+  config.commName = "parent-comm";
+  ncclComm_t comm;
+  if (init_comm(rank, nranks, &comm, &config)) return 1;
+  const int out = nranks / 2;
+  if (rank == out) {
+    if (mode == ShrinkMode::kDead) _exit(0);  // no destroy, no goodbye: its sockets just close
+    if (mode == ShrinkMode::kHung) {
+      const auto deadline = Clock::now() + std::chrono::seconds(120);
+      while (g_shared->survivors_done.load() < nranks - 1 && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ncclCommDestroy(comm);
+    return 0;
+  }
+  int excluded[1] = {out};
+  ncclComm_t sub = nullptr;
+  if (mode == ShrinkMode::kHealthy) {
+    NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_DEFAULT));
+  } else if (mode == ShrinkMode::kDead) {
+    std::vector<float> buf(1 << 16, 1.0f);
+    const ncclResult_t r =
+        ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+    FAIL_IF(r == ncclSuccess, "all-reduce without rank %d succeeded", out);
+    NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_ABORT));
+    if (check_revoked(comm)) return 1;
+  } else {
+    std::vector<float> buf(1 << 16, 1.0f);
+    std::atomic<int> result{-1};
+    std::thread op([&] {
+      result =
+          ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const bool finished_early = result.load() != -1;
+    const auto revoked_at = Clock::now();
+    const ncclResult_t revoke = ncclCommRevoke(comm, 0);
+    op.join();
+    const double ended_s = std::chrono::duration<double>(Clock::now() - revoked_at).count();
+    FAIL_IF(finished_early, "all-reduce without rank %d ended before the revoke: %d", out,
+            result.load());
+    FAIL_IF(revoke != ncclSuccess, "ncclCommRevoke -> %d", revoke);
+    FAIL_IF(result.load() == ncclSuccess, "revoked all-reduce succeeded");
+    FAIL_IF(ended_s > 5.0, "revoked all-reduce took %.2f s to end", ended_s);
+    if (check_revoked(comm)) return 1;
+    NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_DEFAULT));
+  }
+  if (check_shrunk(sub, rank, nranks, out)) return 1;
+  NCCL_OK(ncclCommDestroy(sub));
+  g_shared->survivors_done.fetch_add(1);
+  NCCL_OK(ncclCommDestroy(comm));
+  return 0;
+}
+
+int scenario_shrink(int nranks) {
+  setenv("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "60000", 1);  // the hung job must not end by a timeout
+  const std::pair<ShrinkMode, const char*> modes[] = {
+      {ShrinkMode::kHealthy, "healthy"}, {ShrinkMode::kDead, "dead"}, {ShrinkMode::kHung, "hung"}};
+  int failures = 0;
+  for (const auto& [mode, name] : modes) {
+    const auto start = Clock::now();
+    const int rc =
+        run_ranks(nranks, 120, [mode = mode](int r, int n) { return shrink_body(r, n, mode); });
+    std::printf("shrink, rank %d %s: %s in %.2f s\n", nranks / 2, name, rc == 0 ? "pass" : "FAIL",
+                std::chrono::duration<double>(Clock::now() - start).count());
+    failures += rc != 0;
+  }
+  return failures ? 1 : 0;
+}
+
 // Random (non-integer) data: the result must be byte-identical on every rank and close to the
 // exact sum.
 int scenario_random(int rank, int nranks) {
@@ -900,6 +1026,8 @@ int main(int argc, char** argv) {
     rc = run_ranks(nranks, 300, scenario_p2p);
   else if (scenario == "split")
     rc = run_ranks(nranks, 300, scenario_split);
+  else if (scenario == "shrink" && nranks >= 3)
+    rc = scenario_shrink(nranks);
   else if (scenario == "random") {
     rc = run_ranks(nranks, 600, scenario_random);
     if (rc == 0) rc = check_digests(nranks);

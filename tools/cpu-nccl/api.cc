@@ -113,6 +113,14 @@ ncclResult_t record_failure(Comm* comm, Status s, const char* what) {
   return fail_kind_result(comm->failure());
 }
 
+// A call on a revoked communicator (ncclCommRevoke, or the parent of an NCCL_SHRINK_ABORT).
+ncclResult_t revoked_result() {
+  set_last_error(
+      "cpu-nccl: the communicator was revoked (ncclCommRevoke or NCCL_SHRINK_ABORT): only "
+      "ncclCommShrink, ncclCommDestroy and ncclCommAbort remain valid on it");
+  return ncclInvalidUsage;
+}
+
 // ---- groups ----------------------------------------------------------------------------
 struct Task {
   enum Kind { kInit, kColl, kP2p } kind;
@@ -172,6 +180,7 @@ void add_buffers(dq::staging::Staging* st, const CollArgs& a, const Comm& comm, 
 // (cuda_staging.h); host buffers go through unchanged.
 ncclResult_t run_comm_tasks(Comm* comm, const std::vector<const Task*>& tasks) {
   using dq::staging::Staging;
+  const Comm::BusyScope busy(comm);
   std::vector<P2pArgs> p2p;
   for (const Task* t : tasks) {
     if (t->kind != Task::kInit) continue;
@@ -183,6 +192,7 @@ ncclResult_t run_comm_tasks(Comm* comm, const std::vector<const Task*>& tasks) {
     }
   }
   if (comm->failure() != FailKind::kNone) return fail_kind_result(comm->failure());
+  if (comm->revoked()) return revoked_result();
   Staging p2p_staging;
   for (const Task* t : tasks) {
     if (t->kind != Task::kP2p) continue;
@@ -251,6 +261,7 @@ ncclResult_t submit(Task task) {
 
 ncclResult_t check_comm(Comm* comm) {
   if (!comm) return invalid("comm is NULL");
+  if (comm->revoked()) return revoked_result();
   if (comm->failure() != FailKind::kNone) {
     set_last_error(comm->last_error());
     return fail_kind_result(comm->failure());
@@ -415,9 +426,50 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   });
 }
 
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude_ranks, int exclude_count,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrink_flags) {
+  return guarded([&] {
+    if (!newcomm) return invalid("newcomm is NULL");
+    *newcomm = nullptr;
+    Comm* parent = impl(comm);
+    if (!parent) return invalid("comm is NULL");
+    if (exclude_count < 0 || (exclude_count > 0 && !exclude_ranks))
+      return invalid("excludeRanksList is NULL or excludeRanksCount negative");
+    if (shrink_flags != DQ_NCCL_SHRINK_DEFAULT && shrink_flags != DQ_NCCL_SHRINK_ABORT)
+      return invalid("shrinkFlags (NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT)");
+    // A parent that failed (a dead peer) or was revoked may be shrunk: that is what it is for.
+    std::string name = parent->name();
+    if (config && config->magic == DQ_NCCL_CONFIG_MAGIC && config->commName)
+      name = config->commName;
+    const std::vector<int> excluded(exclude_ranks, exclude_ranks + exclude_count);
+    Comm* child = nullptr;
+    const Status s =
+        Comm::shrink(parent, excluded, shrink_flags == DQ_NCCL_SHRINK_ABORT, name, &child);
+    if (s == Status::kInvalidArgument) return invalid("ncclCommShrink (see the WARN line)");
+    if (s != Status::kOk) {
+      set_last_error("cpu-nccl: ncclCommShrink failed (see WARN lines)");
+      return dq::nccl_result(s);
+    }
+    apply_config(child, config);
+    *newcomm = handle(child);
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revoke_flags) {
+  return guarded([&] {
+    if (!comm) return invalid("comm is NULL");
+    if (revoke_flags != DQ_NCCL_REVOKE_DEFAULT) return invalid("revokeFlags (must be 0)");
+    impl(comm)->revoke();
+    return ncclSuccess;
+  });
+}
+
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   // Every operation completes before its call returns: nothing is left to flush.
-  return comm ? ncclSuccess : invalid("comm is NULL");
+  if (!comm) return invalid("comm is NULL");
+  if (impl(comm)->revoked()) return revoked_result();  // NCCL: invalid after a revoke
+  return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
@@ -455,7 +507,12 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm || !async_error) return invalid("comm or asyncError is NULL");
-  *async_error = fail_kind_result(impl(comm)->failure());
+  // Revoked: in progress while operations are still ending, then quiescent (management calls
+  // may follow), as NCCL reports it.
+  if (impl(comm)->revoked())
+    *async_error = impl(comm)->busy() > 0 ? ncclInProgress : ncclSuccess;
+  else
+    *async_error = fail_kind_result(impl(comm)->failure());
   return ncclSuccess;
 }
 

@@ -119,6 +119,8 @@ Status run_pipeline(Comm* comm, Net* net, const std::vector<void*>& send_comms,
   size_t recv_posted = 0, recv_processed = 0;
   IdleClock clock(timeout_ms);
   while (sends_finished < p.sends || recv_processed < p.recvs) {
+    if (comm->revoked())
+      DQ_FAIL(Status::kUnsupported, "cpu-nccl rank %d: communicator revoked mid-operation", rank);
     bool progress = false;
     // Post sends in order.
     while (send_posted < p.sends && send_inflight < kWindow) {
@@ -499,6 +501,8 @@ Status Comm::point_to_point(const std::vector<P2pArgs>& ops) {
   AbortOnError abort_on_error(this, &mrs);
   IdleClock clock(timeout_ms_);
   for (;;) {
+    if (revoked())
+      DQ_FAIL(Status::kUnsupported, "cpu-nccl rank %d: communicator revoked mid-operation", rank_);
     bool all_done = true, progress = false;
     for (auto& s : streams) {
       while (s.next_post < s.items.size() && s.inflight < kWindow) {

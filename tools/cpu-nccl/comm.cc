@@ -56,7 +56,7 @@ Status send_blocking(Net* net, void* comm, void* data, size_t bytes, int timeout
 
 Comm::~Comm() {
   abort_connections();
-  if (listen_comm_) net_->close_listen(listen_comm_);
+  listener_.reset();  // closed here unless a communicator shrunk from this one still uses it
   if (net_ && ctx_) net_->finalize(ctx_);
 }
 
@@ -85,6 +85,62 @@ void Comm::fail(FailKind kind, const std::string& message) {
 std::string Comm::last_error() const {
   std::lock_guard<std::mutex> lock(error_mutex_);
   return last_error_;
+}
+
+constexpr size_t kMaxParked = 4096;  // connections of each kind; more are stray and closed
+
+Comm::Listener::~Listener() {
+  for (const Parked& p : parked_) net->close_recv(p.comm);
+  for (const std::unique_ptr<Incoming>& in : unread_) {
+    net->dereg(in->comm, in->mhandle);
+    net->close_recv(in->comm);
+  }
+  if (comm) net->close_listen(comm);
+}
+
+bool Comm::Listener::park(const Parked& p) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (parked_.size() >= kMaxParked) return false;
+  parked_.push_back(p);
+  return true;
+}
+
+std::vector<Comm::Listener::Parked> Comm::Listener::claim(uint64_t comm_tag) {
+  std::vector<Parked> mine;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < parked_.size();) {
+    if (parked_[i].comm_tag == comm_tag) {
+      mine.push_back(parked_[i]);
+      parked_[i] = parked_.back();
+      parked_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  return mine;
+}
+
+bool Comm::Listener::leave_unread(std::unique_ptr<Incoming>& in) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (unread_.size() >= kMaxParked) return false;
+  unread_.push_back(std::move(in));
+  return true;
+}
+
+std::vector<std::unique_ptr<Incoming>> Comm::Listener::adopt_unread() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::unique_ptr<Incoming>> all;
+  all.swap(unread_);
+  return all;
+}
+
+Status Comm::open_listener(uint64_t net_comm_id, NetHandle* handle) {
+  auto listener = std::make_shared<Listener>();
+  listener->net = net_;
+  listener->net_comm_id = net_comm_id;
+  DQ_CHECK(net_->listen(ctx_, handle, &listener->comm));
+  listener_ = std::move(listener);
+  return Status::kOk;
 }
 
 Status Comm::init_plugin(uint64_t comm_tag) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 namespace dq::cpunccl {
 
 constexpr size_t kUniqueIdBytes = 128;
+struct Incoming;  // comm_internal.h
 
 enum class CollKind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAllToAll };
 
@@ -57,6 +59,13 @@ class Comm {
   // Collective over `parent`: ranks with the same color form *child (ordered by key, then by
   // parent rank); color < 0 gives *child = nullptr.
   static Status split(Comm* parent, int color, int key, const std::string& name, Comm** child);
+  // Not collective over `parent`: only the ranks not in `excluded` call it, each with the same
+  // set, and form *child in parent-rank order. It needs neither the parent's connections nor
+  // the excluded ranks (they may be dead): the survivors connect to each other's listeners, which
+  // the child shares with the parent. `abort_parent` (NCCL_SHRINK_ABORT) revokes the parent
+  // first.
+  static Status shrink(Comm* parent, const std::vector<int>& excluded, bool abort_parent,
+                       const std::string& name, Comm** child);
 
   Status collective(const CollArgs& args);
   // All sends and receives progress together; returns when every one completed.
@@ -64,6 +73,21 @@ class Comm {
 
   // Closes every connection so that peers blocked on us fail fast; idempotent.
   void abort_connections();
+  // ncclCommRevoke: operations in flight end with kUnsupported at their next poll (the
+  // connections are then closed by the thread that ran the operation, never under it), later ones
+  // are refused. Idempotent.
+  void revoke() { revoked_.store(true, std::memory_order_release); }
+  bool revoked() const { return revoked_.load(std::memory_order_acquire); }
+  // Operations running on this communicator now (ncclCommGetAsyncError after a revoke: in
+  // progress until they have ended).
+  int busy() const { return busy_.load(std::memory_order_acquire); }
+  struct BusyScope {
+    explicit BusyScope(Comm* c) : comm(c) { comm->busy_.fetch_add(1); }
+    ~BusyScope() { comm->busy_.fetch_sub(1); }
+    BusyScope(const BusyScope&) = delete;
+    BusyScope& operator=(const BusyScope&) = delete;
+    Comm* comm;
+  };
   // Records the first failure; the comm refuses further work afterwards.
   void fail(FailKind kind, const std::string& message);
 
@@ -79,6 +103,39 @@ class Comm {
  private:
   struct Hello;
   struct MeshBuilder;  // the state and steps of one build_mesh (mesh.cc)
+  // The plugin listen comm peers connect to, closed with the last communicator using it; and the
+  // plugin communicator id its connections are checked against (connecting needs a context with
+  // the same id).
+  // Shared by communicators made by ncclCommShrink, so a hello can arrive at another build than
+  // its own: it is parked here for the build with its tag, and a connection whose hello had not
+  // arrived when its build ended is left to the next build (a bounded number of each).
+  struct Listener {
+    struct Parked {
+      void* comm;  // the accepted receive connection, its hello read
+      uint64_t comm_tag;
+      int rank, nranks;
+    };
+    Net* net = nullptr;
+    void* comm = nullptr;
+    uint64_t net_comm_id = 0;
+    Listener() = default;
+    Listener(const Listener&) = delete;
+    Listener& operator=(const Listener&) = delete;
+    ~Listener();
+    // False when full (the caller closes the connection).
+    bool park(const Parked& p);
+    std::vector<Parked> claim(uint64_t comm_tag);
+    // Takes `in` (its receive still posted) when there is room; false: the caller closes it.
+    bool leave_unread(std::unique_ptr<Incoming>& in);
+    std::vector<std::unique_ptr<Incoming>> adopt_unread();
+
+   private:
+    std::mutex mutex_;
+    std::vector<Parked> parked_;
+    std::vector<std::unique_ptr<Incoming>> unread_;
+  };
+  // Opens this communicator's own listener on ctx_ (made with net_comm_id).
+  Status open_listener(uint64_t net_comm_id, NetHandle* handle);
   Status init_plugin(uint64_t comm_tag);
   // Accepts peers and connects to `handles[p]` for every p != rank until the mesh is complete.
   // With `handles_from_root`, the handles first arrive from the bootstrap root.
@@ -92,16 +149,20 @@ class Comm {
   const int nranks_;
   uint64_t comm_tag_ = 0;
   uint64_t split_count_ = 0;
+  uint64_t shrink_count_ = 0;
   std::string name_;
   int blocking_ = 1;
   int timeout_ms_ = 60000;
   size_t chunk_bytes_ = size_t{1} << 20;
   Net* net_ = nullptr;
   void* ctx_ = nullptr;
-  void* listen_comm_ = nullptr;
-  std::vector<void*> send_comms_;  // by peer rank
+  std::shared_ptr<Listener> listener_;
+  std::vector<NetHandle> peer_handles_;  // every rank's listener address, by rank
+  std::vector<void*> send_comms_;        // by peer rank
   std::vector<void*> recv_comms_;
   std::atomic<FailKind> failure_{FailKind::kNone};
+  std::atomic<bool> revoked_{false};
+  std::atomic<int> busy_{0};
   mutable std::mutex error_mutex_;
   std::string last_error_;
 };

@@ -34,7 +34,7 @@ Status Comm::init(const unsigned char id[kUniqueIdBytes]) {
             "of this library");
   DQ_CHECK(init_plugin(job));
   NetHandle my_handle;
-  DQ_CHECK(net_->listen(ctx_, &my_handle, &listen_comm_));
+  DQ_CHECK(open_listener(job, &my_handle));
   // Register with the root.
   NetHandle root_handle;
   std::memset(root_handle.bytes, 0, sizeof root_handle.bytes);
@@ -60,8 +60,7 @@ Status Comm::init(const unsigned char id[kUniqueIdBytes]) {
   Status s = send_blocking(net_, root_send, &hello, sizeof hello, timeout_ms_,
                            "sending this rank's address to the bootstrap root");
   if (s == Status::kOk) {
-    std::vector<NetHandle> handles;
-    s = build_mesh(&handles, /*handles_from_root=*/true);
+    s = build_mesh(&peer_handles_, /*handles_from_root=*/true);
   }
   net_->close_send(root_send);
   if (s != Status::kOk) DQ_FAIL(s, "cpu-nccl rank %d of %d: bootstrap failed", rank_, nranks_);
@@ -99,7 +98,7 @@ struct Comm::MeshBuilder {
   // Accepts at most one new connection.
   Status accept_connection(bool* progress) {
     void* rc = nullptr;
-    if (const Status s = c.net_->accept(c.listen_comm_, &rc); s != Status::kOk) return s;
+    if (const Status s = c.net_->accept(c.listener_->comm, &rc); s != Status::kOk) return s;
     if (rc) {
       auto in = std::make_unique<Incoming>();
       in->comm = rc;
@@ -167,19 +166,53 @@ struct Comm::MeshBuilder {
       drop(in);
       return;
     }
-    if (valid && h.kind == kPeer && bytes == sizeof(Hello) && h.nranks == c.nranks_ &&
-        h.rank >= 0 && h.rank < c.nranks_ && h.rank != c.rank_ && !c.recv_comms_[h.rank]) {
-      c.recv_comms_[h.rank] = in.comm;
+    if (valid && h.kind == kPeer && bytes == sizeof(Hello) &&
+        take_peer(in.comm, h.rank, h.nranks)) {
       c.net_->dereg(in.comm, in.mhandle);
       in.comm = nullptr;  // owned by recv_comms_ now
-      ++accepted_peers;
       return;
+    }
+    if (bytes == sizeof(Hello) && h.magic == kHelloMagic && h.kind == kPeer &&
+        h.comm_tag != c.comm_tag_) {
+      // A peer's hello for another communicator on this listener, which communicators made by
+      // ncclCommShrink share: a survivor that finished its own set-up earlier may already be
+      // building the shrunk mesh while this rank still builds the parent's. Kept for that build.
+      c.net_->dereg(in.comm, in.mhandle);
+      if (c.listener_->park(Listener::Parked{in.comm, h.comm_tag, h.rank, h.nranks})) {
+        in.comm = nullptr;
+        return;
+      }
+      in.mhandle = nullptr;
     }
     DQ_WARN(Subsys::kNet,
             "cpu-nccl rank %d: rejected an unexpected connection during "
             "bootstrap (kind %d, rank %d)",
             c.rank_, h.kind, h.rank);
     drop(in);
+  }
+
+  // Keeps `comm` as the receive connection from `rank` when it is a peer this mesh still waits
+  // for; false otherwise.
+  bool take_peer(void* comm, int rank, int nranks) {
+    if (nranks != c.nranks_ || rank < 0 || rank >= c.nranks_ || rank == c.rank_ ||
+        c.recv_comms_[rank])
+      return false;
+    c.recv_comms_[rank] = comm;
+    ++accepted_peers;
+    return true;
+  }
+
+  // Takes the hellos for this mesh that another build on the shared listener kept for it.
+  void claim_parked(bool* progress) {
+    for (const Listener::Parked& p : c.listener_->claim(c.comm_tag_)) {
+      *progress = true;
+      if (take_peer(p.comm, p.rank, p.nranks)) continue;
+      DQ_WARN(Subsys::kNet,
+              "cpu-nccl rank %d: rejected an unexpected connection during bootstrap (rank %d of "
+              "%d, kept by an earlier build)",
+              c.rank_, p.rank, p.nranks);
+      c.net_->close_recv(p.comm);
+    }
   }
 
   // One round over the peers not greeted yet: connects, posts this rank's hello, tests it.
@@ -228,8 +261,13 @@ struct Comm::MeshBuilder {
 
   // Closes the connections not kept and releases the hellos' registrations.
   void close_leftovers() {
-    for (auto& in : incoming)
-      if (in->comm) drop(*in);
+    for (auto& in : incoming) {
+      if (!in->comm) continue;
+      // Accepted, its hello not arrived: it may be a survivor's for a shrunk mesh that is built
+      // on this listener next.
+      if (!in->done && c.listener_->leave_unread(in)) continue;
+      drop(*in);
+    }
     for (int p = 0; p < c.nranks_; ++p)
       if (hello_mh[p] && c.send_comms_[p]) c.net_->dereg(c.send_comms_[p], hello_mh[p]);
   }
@@ -250,8 +288,10 @@ Status Comm::build_mesh(std::vector<NetHandle>* handles, bool handles_from_root)
   MeshBuilder mesh(*this, handles, handles_from_root);
   IdleClock clock(timeout_ms_);
   Status status = Status::kOk;
+  mesh.incoming = listener_->adopt_unread();
   while (!mesh.finished()) {
     bool progress = false;
+    mesh.claim_parked(&progress);
     status = mesh.accept_connection(&progress);
     if (status == Status::kOk) status = mesh.receive_messages(&progress);
     if (status == Status::kOk && mesh.have_table) status = mesh.send_hellos(&progress);
@@ -289,7 +329,7 @@ Status Comm::split(Comm* parent, int color, int key, const std::string& name, Co
     fresh->net_ = parent->net_;
     local = fresh->net_->init(mix(tag ^ static_cast<uint64_t>(color)), &fresh->ctx_);
     if (local == Status::kOk)
-      local = fresh->net_->listen(fresh->ctx_, &my_handle, &fresh->listen_comm_);
+      local = fresh->open_listener(mix(tag ^ static_cast<uint64_t>(color)), &my_handle);
     if (local != Status::kOk) mine.color = -2;  // tells the others this rank cannot join
     mine.handle = my_handle;
   }
@@ -311,9 +351,8 @@ Status Comm::split(Comm* parent, int color, int key, const std::string& name, Co
   auto made = std::make_unique<Comm>(new_rank, static_cast<int>(members.size()));
   made->net_ = fresh->net_;
   made->ctx_ = fresh->ctx_;
-  made->listen_comm_ = fresh->listen_comm_;
+  made->listener_ = std::move(fresh->listener_);
   fresh->ctx_ = nullptr;
-  fresh->listen_comm_ = nullptr;
   made->comm_tag_ = mix(tag ^ static_cast<uint64_t>(color));
   made->timeout_ms_ = parent->timeout_ms_;
   made->chunk_bytes_ = parent->chunk_bytes_;
@@ -321,9 +360,58 @@ Status Comm::split(Comm* parent, int color, int key, const std::string& name, Co
   made->blocking_ = parent->blocking_;
   made->send_comms_.assign(made->nranks_, nullptr);
   made->recv_comms_.assign(made->nranks_, nullptr);
-  std::vector<NetHandle> handles(made->nranks_);
-  for (int i = 0; i < made->nranks_; ++i) handles[i] = table[members[i]].handle;
-  DQ_CHECK(made->build_mesh(&handles, /*handles_from_root=*/false));
+  made->peer_handles_.resize(made->nranks_);
+  for (int i = 0; i < made->nranks_; ++i) made->peer_handles_[i] = table[members[i]].handle;
+  DQ_CHECK(made->build_mesh(&made->peer_handles_, /*handles_from_root=*/false));
+  *child = made.release();
+  return Status::kOk;
+}
+
+Status Comm::shrink(Comm* parent, const std::vector<int>& excluded, bool abort_parent,
+                    const std::string& name, Comm** child) {
+  *child = nullptr;
+  if (abort_parent) parent->revoke();
+  std::vector<uint8_t> out(parent->nranks_, 0);
+  for (int r : excluded) {
+    if (r < 0 || r >= parent->nranks_)
+      DQ_FAIL(Status::kInvalidArgument, "cpu-nccl: ncclCommShrink: excluded rank %d of %d", r,
+              parent->nranks_);
+    if (r == parent->rank_)
+      DQ_FAIL(Status::kInvalidArgument,
+              "cpu-nccl: ncclCommShrink: rank %d is in the exclude list (excluded ranks must "
+              "not call it)",
+              r);
+    out[r] = 1;
+  }
+  if (!parent->listener_ || static_cast<int>(parent->peer_handles_.size()) != parent->nranks_)
+    DQ_FAIL(Status::kUnsupported, "cpu-nccl: ncclCommShrink: the parent has no listener");
+  std::vector<int> members;
+  uint64_t tag = mix(parent->comm_tag_ ^ mix(0x5348524e4bull + ++parent->shrink_count_));
+  for (int r = 0; r < parent->nranks_; ++r) {
+    if (out[r]) {
+      tag = mix(tag ^ static_cast<uint64_t>(r));  // the set left out names the child
+    } else {
+      members.push_back(r);
+    }
+  }
+  const int new_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), parent->rank_) - members.begin());
+  auto made = std::make_unique<Comm>(new_rank, static_cast<int>(members.size()));
+  made->net_ = parent->net_;
+  // Connections to the shared listener must come from a context with its plugin comm id.
+  DQ_CHECK(made->net_->init(parent->listener_->net_comm_id, &made->ctx_));
+  made->listener_ = parent->listener_;
+  made->comm_tag_ = tag;
+  made->timeout_ms_ = parent->timeout_ms_;
+  made->chunk_bytes_ = parent->chunk_bytes_;
+  made->name_ = name;
+  made->blocking_ = parent->blocking_;
+  made->send_comms_.assign(made->nranks_, nullptr);
+  made->recv_comms_.assign(made->nranks_, nullptr);
+  made->peer_handles_.resize(made->nranks_);
+  for (int i = 0; i < made->nranks_; ++i)
+    made->peer_handles_[i] = parent->peer_handles_[members[i]];
+  DQ_CHECK(made->build_mesh(&made->peer_handles_, /*handles_from_root=*/false));
   *child = made.release();
   return Status::kOk;
 }
