@@ -173,6 +173,29 @@ DQ_SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nccl
   });
 }
 
+DQ_SHIM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude_ranks, int exclude_count,
+                                        ncclComm_t* newcomm, ncclConfig_t* config,
+                                        int shrink_flags) {
+  return guarded("ncclCommShrink", [&] {
+    DQ_REAL_OR_FAIL(comm_shrink);
+    auto real_shrink = [&] {
+      return real->comm_shrink(comm, exclude_ranks, exclude_count, newcomm, config, shrink_flags);
+    };
+    if (t_below > 0) return real_shrink();
+    Below below;
+    return dq::shim::comm_shrunk(comm, shrink_flags, newcomm, config, real_shrink);
+  });
+}
+
+DQ_SHIM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revoke_flags) {
+  return guarded("ncclCommRevoke", [&] {
+    DQ_REAL_OR_FAIL(comm_revoke);
+    if (t_below > 0) return real->comm_revoke(comm, revoke_flags);
+    Below below;
+    return dq::shim::comm_revoked(comm, [&] { return real->comm_revoke(comm, revoke_flags); });
+  });
+}
+
 DQ_SHIM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   return guarded("ncclCommFinalize", [&] {
     DQ_REAL_OR_FAIL(comm_finalize);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,14 @@ class Engine {
   // comes before the engine's teardown (shim/engine/interceptor.cc), and a call that was waiting
   // then enqueues nothing more on the aborted communicator. Must outlive the engine.
   void watch_abort(const std::atomic<bool>* aborted) { aborted_ = aborted; }
+
+  // ncclCommRevoke, or ncclCommShrink with NCCL_SHRINK_ABORT, on the application's communicator
+  // (whose own operations the real call ends): revokes the node and rail communicators this
+  // engine made, so that their operations in flight end too and the teardown that follows waits
+  // for nothing stuck on a dead peer, and has the teardown abort them. Safe from any thread while
+  // a call runs. With an NCCL before 2.28 (no ncclCommRevoke) only the latter: the teardown's
+  // waits stay bounded by DYNAMIQ_TIMEOUT_MS as before.
+  void revoke_own_communicators();
 
   // The part of the decision that does not depend on the communicator's state: ask once per call.
   Screening screen_call(const CallArgs& call) const;
@@ -382,6 +391,11 @@ class Engine {
   void* standby_words_ = nullptr;         // its mapped memory holding them (kept to the end)
   SwitchFile switch_file_;                // DYNAMIQ_CONTROL_FILE (read by rank 0 only)
   std::unique_ptr<Hierarchy> hierarchy_;  // null: the flat schedule
+  // The communicators the engine made (hierarchy_'s), published for revoke_own_communicators()
+  // on another thread; the mutex keeps a revoke and their destruction apart.
+  std::mutex own_comms_mutex_;
+  std::vector<ncclComm_t> own_comms_;
+  bool own_comms_revoked_ = false;
   // False in a two-level schedule's rail engine: the caller's call is counted once, by the
   // engine it was made on, though its pieces are several rail calls.
   bool counts_calls_ = true;

@@ -130,6 +130,15 @@ ncclResult_t Engine::setup_hierarchy() {
   uint32_t any = 0;
   const ncclResult_t agreed = blocking_max(&local, &any, 1);
   hierarchy_ = std::move(h);  // released below, or by the teardown, with its communicators
+  {
+    std::lock_guard<std::mutex> lock(own_comms_mutex_);
+    for (ncclComm_t c : {hierarchy_->node_comm, hierarchy_->rail_comm[0], hierarchy_->rail_comm[1],
+                         hierarchy_->gather_comm})
+      if (c != nullptr) {
+        own_comms_.push_back(c);
+        if (own_comms_revoked_ && ops_.comm_revoke != nullptr) ops_.comm_revoke(c, 0);
+      }
+  }
   if (agreed != ncclSuccess || any != 0) {
     hierarchy_->abort_comms = true;  // a peer's split may still be pending on its side
     DQ_WARN(Subsys::kEngine,
@@ -177,10 +186,23 @@ ncclResult_t Engine::setup_hierarchy() {
   return ncclSuccess;
 }
 
+void Engine::revoke_own_communicators() {
+  std::lock_guard<std::mutex> lock(own_comms_mutex_);
+  own_comms_revoked_ = true;
+  if (ops_.comm_revoke == nullptr) return;
+  for (ncclComm_t c : own_comms_) ops_.comm_revoke(c, 0);
+}
+
 void Engine::release_hierarchy() {
   if (!hierarchy_) return;
   Hierarchy& h = *hierarchy_;
-  const bool broken = broken_ != ncclSuccess || h.abort_comms ||
+  bool revoked = false;
+  {
+    std::lock_guard<std::mutex> lock(own_comms_mutex_);
+    revoked = own_comms_revoked_;
+    own_comms_.clear();  // destroyed below: no revoke may reach them any more
+  }
+  const bool broken = broken_ != ncclSuccess || h.abort_comms || revoked ||
                       (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
   if (device_ != nullptr) {
     // Destroying a stream waits for its work (bounded: every NCCL call in it has a timeout), and

@@ -35,8 +35,14 @@ struct CommEntry {
   // NVIDIA's NCCL with the CUDA device: ncclCommAbort calls the real abort before the engine's
   // teardown (comm_aborted). Read without the entry's lock.
   std::atomic<bool> abort_before_teardown{false};
-  std::atomic<bool> aborted{false};  // set before that real abort: the engine watches it
-  bool host_engine = false;          // the engine runs on the host device (a CPU NCCL)
+  std::atomic<bool> aborted{false};  // set before that real abort (or a revoke): the engine
+                                     // watches it
+  bool revoked = false;              // ncclCommRevoke or NCCL_SHRINK_ABORT: no engine any more
+  // The engine while it exists, for a revoke on another thread than a call holding `mutex`
+  // (set and cleared under `mutex`; the application does not destroy a communicator it revokes
+  // at the same time).
+  std::atomic<engine::Engine*> live_engine{nullptr};
+  bool host_engine = false;  // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
   ncclComm_t handle = nullptr;
   // From the unique id of an ncclCommInitRank*: NCCL's commId (what its "Init START/COMPLETE"
@@ -268,6 +274,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
   e.engine = std::make_unique<engine::Engine>(s, config::global_valid(), info, real.ops, device,
                                               e.metrics, opted);
   e.engine->watch_abort(&e.aborted);
+  e.live_engine.store(e.engine.get(), std::memory_order_release);
   e.engine->describe_comm(comm_label(e, info), opt_in_why);
   if (!nccl_unsupported().empty() && !s.untested_nccl) e.engine->block_locally(nccl_unsupported());
   if (info.nranks < 2)
@@ -305,6 +312,9 @@ const RealNccl* real_nccl() {
     resolve("ncclCommInitRankScalable", &real.comm_init_rank_scalable);
     resolve("ncclCommInitAll", &real.comm_init_all);
     resolve("ncclCommSplit", &real.comm_split);
+    resolve("ncclCommShrink", &real.comm_shrink);
+    resolve("ncclCommRevoke", &real.comm_revoke);
+    real.ops.comm_revoke = real.comm_revoke;
     resolve("ncclCommFinalize", &real.comm_finalize);
     resolve("ncclCommDestroy", &real.comm_destroy);
     resolve("ncclCommAbort", &real.comm_abort);
@@ -384,8 +394,32 @@ std::shared_ptr<CommEntry> detach_comm(ncclComm_t comm) {
 // The engine's teardown waits for its streams' work, then frees its memory.
 void release_engine(CommEntry& e) {
   std::lock_guard<std::mutex> lock(e.mutex);
+  e.live_engine.store(nullptr, std::memory_order_release);
   e.engine.reset();
   if (e.metrics) engine::metrics_unregister(e.metrics);
+}
+
+// A revoke, or the abort of a shrink's parent: no call enqueues more on the communicator,
+// `real` ends its operations in flight (the engine's too), the engine's own communicators are
+// revoked without waiting for a call that holds the entry (its waits then end), and the engine is
+// torn down. The metrics stay registered until the communicator is destroyed.
+ncclResult_t retire_engine(CommEntry& e, const std::function<ncclResult_t()>& real) {
+  e.aborted.store(true, std::memory_order_release);
+  const ncclResult_t r = real();
+  if (engine::Engine* live = e.live_engine.load(std::memory_order_acquire))
+    live->revoke_own_communicators();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  e.revoked = true;
+  if (e.engine) {
+    e.engine->revoke_own_communicators();  // one made after the load above
+    DQ_INFO(Subsys::kShim,
+            "dynamiq: communicator index %d revoked: its engine is torn down, later calls go to "
+            "NCCL",
+            e.identity.index);
+  }
+  e.live_engine.store(nullptr, std::memory_order_release);
+  e.engine.reset();
+  return r;
 }
 
 }  // namespace
@@ -411,6 +445,43 @@ ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& 
   // finish (their waits end by the CPU NCCL's timeouts) before the abort frees it.
   release_engine(*e);
   return real_abort();
+}
+
+ncclResult_t comm_revoked(ncclComm_t comm, const std::function<ncclResult_t()>& real_revoke) {
+  std::shared_ptr<CommEntry> e = find(comm);
+  if (e == nullptr) return real_revoke();
+  return retire_engine(*e, real_revoke);
+}
+
+ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
+                         const ncclConfig_t* config,
+                         const std::function<ncclResult_t()>& real_shrink) {
+  std::shared_ptr<CommEntry> parent = find(comm);
+  ncclResult_t r;
+  if (parent != nullptr && (shrink_flags & DQ_NCCL_SHRINK_ABORT) != 0)
+    r = retire_engine(*parent, real_shrink);
+  else
+    r = real_shrink();
+  if ((r != ncclSuccess && r != ncclInProgress) || newcomm == nullptr || *newcomm == nullptr)
+    return r;
+  comm_created(*newcomm, config, -1, comm);
+  if (parent == nullptr) return r;
+  std::shared_ptr<CommEntry> child = find(*newcomm);
+  if (child == nullptr) return r;
+  config::CommIdentity inherited;
+  bool explicit_opt, explicit_on;
+  {
+    std::lock_guard<std::mutex> lock(parent->mutex);
+    inherited = parent->identity;
+    explicit_opt = parent->explicit_opt;
+    explicit_on = parent->explicit_on;
+  }
+  std::lock_guard<std::mutex> lock(child->mutex);
+  if (child->identity.name.empty()) child->identity.name = inherited.name;
+  child->identity.color = inherited.color;
+  child->explicit_opt = explicit_opt;
+  child->explicit_on = explicit_on;
+  return r;
 }
 
 void group_started() {
@@ -509,7 +580,7 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
   {
     std::lock_guard<std::mutex> lock(e->mutex);
     const LogDeviceScope device_in_log(e->cuda_ordinal);
-    engine::Engine* eng = e->finalizing ? nullptr : engine_for(*e, comm, real, call);
+    engine::Engine* eng = e->finalizing || e->revoked ? nullptr : engine_for(*e, comm, real, call);
     // Asked once for this call; every check below decides from it.
     const engine::Screening screening =
         eng != nullptr ? eng->screen_call(call) : engine::Screening{};

@@ -21,6 +21,9 @@ struct RealNccl {
                                           ncclConfig_t*) = nullptr;
   ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
   ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
+  // NCCL 2.27+ and 2.28+: null before.
+  ncclResult_t (*comm_shrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int) = nullptr;
+  ncclResult_t (*comm_revoke)(ncclComm_t, int) = nullptr;
   ncclResult_t (*comm_finalize)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
@@ -63,6 +66,18 @@ void comm_destroyed(ncclComm_t comm);
 // teardown, which would otherwise wait forever for NCCL work stuck on a dead peer; on the host
 // device after it, as for a destroy.
 ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& real_abort);
+// ncclCommRevoke: a call in progress on another thread enqueues nothing more, the real revoke
+// ends the communicator's operations in flight (the engine's among them), the engine's own node
+// and rail communicators are revoked too, and the engine is torn down; later calls on the
+// communicator go to the real NCCL, which refuses them. The entry stays (its identity) until the
+// communicator is destroyed or aborted.
+ncclResult_t comm_revoked(ncclComm_t comm, const std::function<ncclResult_t()>& real_revoke);
+// ncclCommShrink: with NCCL_SHRINK_ABORT the parent is first retired as by a revoke (the real
+// shrink ends its operations); the new communicator takes the parent's name, split color and
+// dynamiqCommRegister choice (it stands in for the parent), its own size and creation index.
+ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
+                         const ncclConfig_t* config,
+                         const std::function<ncclResult_t()>& real_shrink);
 
 // Group depth of the calling thread (ncclGroupStart/End pass through us). Gradient collectives
 // a framework coalesces in a group (Megatron: every bucket) that the engine may compress are held

@@ -31,6 +31,9 @@ struct NcclOps {
   ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
   ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
+  // Optional (NCCL 2.28+): revoke_own_communicators() ends the node and rail communicators'
+  // operations in flight with it.
+  ncclResult_t (*comm_revoke)(ncclComm_t, int) = nullptr;
   // Optional (the CPU NCCL's communicators are all blocking): for settled().
   ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;
 

@@ -200,6 +200,6 @@ Outcome run_scenario(const std::string& which) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return scenario_main(argc, argv, 2, "shim_shrink dead|hung|hung_2x2", "/tmp/dq-shim-shrink-XXXXXX",
-                       "", run_scenario);
+  return scenario_main(argc, argv, 2, "shim_shrink dead|hung|hung_2x2",
+                       "/tmp/dq-shim-shrink-XXXXXX", "", run_scenario);
 }
