@@ -87,6 +87,17 @@ typedef struct {
   int nvlinkCentricSched;
 } ncclConfig_t;
 
+// ncclGroupSimulateEnd's answer (NCCL 2.22+): the group's estimated time, in microseconds.
+#define DQ_NCCL_SIM_INFO_MAGIC 0x74685283u
+typedef struct ncclSimInfo_v22200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  float estimatedTime;
+} ncclSimInfo_t;
+#define DQ_NCCL_SIM_INFO_INITIALIZER \
+  { sizeof(ncclSimInfo_t), DQ_NCCL_SIM_INFO_MAGIC, DQ_NCCL_VERSION_CODE, -1.0f }
+
 // Defining DQ_NCCL_API_TYPES_ONLY leaves out the functions (the ABI test includes the types next
 // to the real nccl.h).
 #ifndef DQ_NCCL_API_TYPES_ONLY
@@ -133,6 +144,9 @@ DQ_NCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 DQ_NCCL_EXPORT ncclResult_t ncclGroupStart(void);
 DQ_NCCL_EXPORT ncclResult_t ncclGroupEnd(void);
+// Ends the group as ncclGroupEnd would, without running its operations: *sim_info gets their
+// estimated time.
+DQ_NCCL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* sim_info);
 
 DQ_NCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
                                      int peer, ncclComm_t comm, cudaStream_t stream);

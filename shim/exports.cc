@@ -110,6 +110,15 @@ DQ_SHIM_API ncclResult_t ncclGroupEnd(void) {
   });
 }
 
+DQ_SHIM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* sim_info) {
+  return guarded("ncclGroupSimulateEnd", [&] {
+    DQ_REAL_OR_FAIL(group_simulate_end);
+    if (t_below > 0) return real->group_simulate_end(sim_info);
+    Below below;
+    return dq::shim::group_simulate_end(*real, sim_info);
+  });
+}
+
 DQ_SHIM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   return guarded("ncclCommInitRank", [&] {
     DQ_REAL_OR_FAIL(comm_init_rank);

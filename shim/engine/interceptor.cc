@@ -314,6 +314,7 @@ const RealNccl* real_nccl() {
     resolve("ncclCommSplit", &real.comm_split);
     resolve("ncclCommShrink", &real.comm_shrink);
     resolve("ncclCommRevoke", &real.comm_revoke);
+    resolve("ncclGroupSimulateEnd", &real.group_simulate_end);
     real.ops.comm_revoke = real.comm_revoke;
     resolve("ncclCommFinalize", &real.comm_finalize);
     resolve("ncclCommDestroy", &real.comm_destroy);
@@ -642,6 +643,19 @@ ncclResult_t group_end(const RealNccl& real) {
     result = route(d.call, d.comm, real, d.pass);
   }
   return result;
+}
+
+ncclResult_t group_simulate_end(const RealNccl& real, ncclSimInfo_t* sim_info) {
+  if (t_group_depth > 0) --t_group_depth;
+  ncclResult_t result = ncclSuccess;
+  if (t_group_depth == 0) {
+    std::vector<Deferred> held;
+    held.swap(t_deferred);
+    for (Deferred& d : held)
+      if (const ncclResult_t r = d.pass(); r != ncclSuccess && result == ncclSuccess) result = r;
+  }
+  const ncclResult_t end = real.group_simulate_end(sim_info);  // closes the real group whatever
+  return result != ncclSuccess ? result : end;
 }
 
 namespace {

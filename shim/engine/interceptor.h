@@ -24,6 +24,7 @@ struct RealNccl {
   // NCCL 2.27+ and 2.28+: null before.
   ncclResult_t (*comm_shrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int) = nullptr;
   ncclResult_t (*comm_revoke)(ncclComm_t, int) = nullptr;
+  ncclResult_t (*group_simulate_end)(ncclSimInfo_t*) = nullptr;  // NCCL 2.22+
   ncclResult_t (*comm_finalize)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
@@ -87,6 +88,10 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
 // members must progress together). docs/ENGINE.md section 8.
 void group_started();
 ncclResult_t group_end(const RealNccl& real);
+// ncclGroupSimulateEnd closes the group as ncclGroupEnd does, but nothing in it runs: the calls
+// held back join the real group unchanged (NCCL estimates them as it would run them), and none
+// is left to run at a later group's end.
+ncclResult_t group_simulate_end(const RealNccl& real, ncclSimInfo_t* sim_info);
 
 // The interposed gradient collectives: each reroutes through the engine or forwards to the real
 // NCCL.

@@ -53,6 +53,11 @@ static_assert(DQ_NCCL_SPLIT_NOCOLOR == NCCL_SPLIT_NOCOLOR);
 static_assert(DQ_NCCL_SHRINK_DEFAULT == NCCL_SHRINK_DEFAULT);
 static_assert(DQ_NCCL_SHRINK_ABORT == NCCL_SHRINK_ABORT);
 static_assert(DQ_NCCL_REVOKE_DEFAULT == NCCL_REVOKE_DEFAULT);
+static_assert(sizeof(mine::ncclSimInfo_t) == sizeof(::ncclSimInfo_t));
+static_assert(offsetof(mine::ncclSimInfo_t, magic) == offsetof(::ncclSimInfo_t, magic));
+static_assert(offsetof(mine::ncclSimInfo_t, version) == offsetof(::ncclSimInfo_t, version));
+static_assert(offsetof(mine::ncclSimInfo_t, estimatedTime) ==
+              offsetof(::ncclSimInfo_t, estimatedTime));
 static_assert(DQ_NCCL_CONFIG_UNDEF_INT == NCCL_CONFIG_UNDEF_INT);
 
 #define SAME_FIELD(f)                                                                \
@@ -93,6 +98,12 @@ int main() {
     ++failures;
   }
   if (ours.blocking != DQ_NCCL_CONFIG_UNDEF_INT || ours.commName != nullptr) ++failures;
+  const ::ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  if (sim.magic != DQ_NCCL_SIM_INFO_MAGIC) {
+    std::fprintf(stderr, "ncclSimInfo_t magic %#x differs from ours %#x\n", sim.magic,
+                 DQ_NCCL_SIM_INFO_MAGIC);
+    ++failures;
+  }
   std::printf("ABI matches nccl.h %d.%d.%d: %s\n", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH,
               failures ? "NO" : "yes");
   return failures ? 1 : 0;

@@ -33,12 +33,14 @@
 #define TEST_CONFIG_MAGIC 0xcafebeefu
 #define TEST_SHRINK_DEFAULT NCCL_SHRINK_DEFAULT
 #define TEST_SHRINK_ABORT NCCL_SHRINK_ABORT
+#define TEST_SIM_INFO_INITIALIZER NCCL_SIM_INFO_INITIALIZER
 #else
 #include "common/nccl_api.h"
 #define TEST_SPLIT_NOCOLOR DQ_NCCL_SPLIT_NOCOLOR
 #define TEST_CONFIG_MAGIC DQ_NCCL_CONFIG_MAGIC
 #define TEST_SHRINK_DEFAULT DQ_NCCL_SHRINK_DEFAULT
 #define TEST_SHRINK_ABORT DQ_NCCL_SHRINK_ABORT
+#define TEST_SIM_INFO_INITIALIZER DQ_NCCL_SIM_INFO_INITIALIZER
 #endif
 #include "common/fnv1a.h"
 #include "tests/common/rank_harness.h"
@@ -977,6 +979,21 @@ int scenario_api() {
   FAIL_IF(ncclAllReduce(a, b, 3, ncclInt32, static_cast<ncclRedOp_t>(77), comm, nullptr) !=
               ncclInvalidArgument,
           "bad op accepted");
+  // A simulated group runs nothing, and a bad simInfo is refused.
+  int32_t c[3] = {-1, -1, -1};
+  ncclSimInfo_t sim = TEST_SIM_INFO_INITIALIZER;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, c, 3, ncclInt32, ncclSum, comm, nullptr));
+  NCCL_OK(ncclGroupSimulateEnd(&sim));
+  FAIL_IF(c[0] != -1 || c[2] != -1, "the simulated group's all-reduce ran");
+  FAIL_IF(sim.estimatedTime < 0, "no estimate: %g", sim.estimatedTime);
+  ncclSimInfo_t bad = sim;
+  bad.magic = 0;
+  NCCL_OK(ncclGroupStart());
+  FAIL_IF(ncclGroupSimulateEnd(&bad) != ncclInvalidArgument, "an uninitialised simInfo accepted");
+  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(ncclAllReduce(a, c, 3, ncclInt32, ncclSum, comm, nullptr));
+  FAIL_IF(c[2] != 3, "all-reduce after a simulated group: %d", c[2]);
   ncclResult_t async = ncclInternalError;
   NCCL_OK(ncclCommGetAsyncError(comm, &async));
   FAIL_IF(async != ncclSuccess, "async error on a healthy comm");

@@ -6,6 +6,8 @@
 //   3. an all-reduce, a reduce-scatter and a small all-reduce in one group: the two large ones
 //      compressed, the small one passed through inside the group, exact
 //   4. members on two communicators in one group: every member passes through, exact, no hang
+//   5. a simulated group (ncclGroupSimulateEnd, NCCL's cost estimate): its all-reduce never runs,
+//      not even at a later group's end, and the next call is compressed and complete on return
 #include <dlfcn.h>
 
 #include <cmath>
@@ -152,6 +154,33 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
     CHECK_OR(53, ncclGroupEnd() == ncclSuccess, "group end");
     CHECK_OR(54, rerouted(a) == ra && rerouted(b) == rb, "4: a member was compressed");
     CHECK_OR(55, is_exact(n, x, 0) && is_exact(n, y, 0), "4: not exact");
+  }
+  // 5. A simulated group: NCCL estimates its members and runs none.
+  {
+    constexpr float kUntouched = 12345.0f;
+    auto in = input(rank, kLarge);
+    std::vector<float> simulated(kLarge, kUntouched), out(kLarge, kUntouched);
+    const unsigned long long before = rerouted(a);
+    ncclSimInfo_t info = DQ_NCCL_SIM_INFO_INITIALIZER;
+    CHECK_OR(60, ncclGroupStart() == ncclSuccess, "group start");
+    CHECK_OR(61,
+             ncclAllReduce(in.data(), simulated.data(), kLarge, ncclFloat32, ncclSum, a, nullptr) ==
+                 ncclSuccess,
+             "member");
+    CHECK_OR(62, ncclGroupSimulateEnd(&info) == ncclSuccess, "simulated end");
+    CHECK_OR(63, info.estimatedTime >= 0, "5: no estimate (%g)", info.estimatedTime);
+    CHECK_OR(64,
+             ncclAllReduce(in.data(), out.data(), kLarge, ncclFloat32, ncclSum, a, nullptr) ==
+                 ncclSuccess,
+             "the call after it");
+    CHECK_OR(65, rerouted(a) == before + 1, "5: the call after a simulated group: %llu compressed",
+             rerouted(a) - before);
+    const double err = rel_error(n, out, 0);
+    CHECK_OR(66, err > 0 && err < kMaxError, "5: the call after it: relative error %.3e", err);
+    CHECK_OR(67, ncclGroupStart() == ncclSuccess && ncclGroupEnd() == ncclSuccess, "empty group");
+    for (size_t i = 0; i < kLarge; ++i)
+      CHECK_OR(68, simulated[i] == kUntouched, "5: the simulated all-reduce wrote element %zu", i);
+    CHECK_OR(69, rerouted(a) == before + 1, "5: the simulated all-reduce ran");
   }
   ncclCommDestroy(a);
   ncclCommDestroy(b);

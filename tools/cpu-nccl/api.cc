@@ -590,6 +590,25 @@ ncclResult_t ncclGroupEnd(void) {
   });
 }
 
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* sim_info) {
+  return guarded([&] {
+    if (!sim_info || sim_info->magic != DQ_NCCL_SIM_INFO_MAGIC ||
+        sim_info->size < sizeof(ncclSimInfo_t))
+      return invalid("simInfo not initialised with NCCL_SIM_INFO_INITIALIZER");
+    if (t_group_depth <= 0) return invalid("ncclGroupSimulateEnd without ncclGroupStart");
+    if (--t_group_depth > 0) return ncclSuccess;
+    // The group's operations never run. Communicators created in it are, as at ncclGroupEnd:
+    // the caller holds their handles. No time model: the estimate is 0 us.
+    std::vector<Task> tasks;
+    tasks.swap(t_tasks);
+    std::vector<Task> inits;
+    for (const Task& t : tasks)
+      if (t.kind == Task::kInit) inits.push_back(t);
+    sim_info->estimatedTime = 0.0f;
+    return run_group(std::move(inits));
+  });
+}
+
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
   return guarded([&] {
