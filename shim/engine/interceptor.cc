@@ -432,18 +432,30 @@ void comm_destroyed(ncclComm_t comm) {
 ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& real_abort) {
   std::shared_ptr<CommEntry> e = detach_comm(comm);
   if (e == nullptr) return real_abort();
+  // Not under the entry's lock: a caller's thread may hold it in a (bounded) wait on the
+  // engine's streams; the flag stops that call from enqueuing on the aborted communicator once
+  // its wait returns.
+  e->aborted.store(true, std::memory_order_release);
+  // The engine's own node and rail communicators (two levels) hold operations that may wait for
+  // a peer that never answers: revoked (NCCL 2.28+), they end at once, and the teardown's waits
+  // for the streams return then instead of at DYNAMIQ_TIMEOUT_MS.
+  auto revoke_own = [&] {
+    if (engine::Engine* live = e->live_engine.load(std::memory_order_acquire))
+      live->revoke_own_communicators();
+  };
   if (e->abort_before_teardown.load()) {
-    // The engine's queued NCCL calls wait for a peer that may never answer: only NCCL's abort
-    // ends them, and the teardown's waits for its streams would otherwise never return. Not under
-    // the entry's lock: a caller's thread may hold it in a (bounded) wait on those streams; the
-    // flag stops that call from enqueuing on the aborted communicator once its wait returns.
-    e->aborted.store(true, std::memory_order_release);
+    // The engine's queued NCCL calls on this communicator end only when NCCL aborts it.
     const ncclResult_t r = real_abort();
+    revoke_own();
     release_engine(*e);
     return r;
   }
   // The CPU NCCL's (and the host device's) threads run this communicator's queued calls: they
-  // finish (their waits end by the CPU NCCL's timeouts) before the abort frees it.
+  // finish before the abort frees it. A revoke first ends those waiting on a peer at once, where
+  // they would otherwise wait for the CPU NCCL's timeout.
+  if (const RealNccl* real = real_nccl(); real != nullptr && real->comm_revoke != nullptr)
+    real->comm_revoke(comm, 0);
+  revoke_own();
   release_engine(*e);
   return real_abort();
 }

@@ -65,7 +65,9 @@ void comm_finalizing(ncclComm_t comm);
 void comm_destroyed(ncclComm_t comm);
 // ncclCommAbort: on the CUDA device the real abort (`real_abort`) comes before the engine's
 // teardown, which would otherwise wait forever for NCCL work stuck on a dead peer; on the host
-// device after it, as for a destroy.
+// device after it, as for a destroy, with a revoke of the communicator first (an NCCL that has
+// one) so that the host device's calls stuck on a peer end at once. Either way the engine's own
+// node and rail communicators are revoked before the teardown waits for its streams.
 ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& real_abort);
 // ncclCommRevoke: a call in progress on another thread enqueues nothing more, the real revoke
 // ends the communicator's operations in flight (the engine's among them), the engine's own node

@@ -10,6 +10,9 @@
 //             quiescent, and the survivors shrink (NCCL_SHRINK_DEFAULT).
 //   hung_2x2  as hung, on two fake nodes (NCCL_HOSTID): the stuck operations are on the node and
 //             rail communicators the engine made, which the revoke must reach as well.
+//   abort, abort_2x2  rank 2 hung as above, and each survivor's other thread aborts the
+//             communicator (ncclCommAbort, as a watchdog does) 500 ms into the stuck call: the
+//             abort and the call return within 5 s, not at the 60 s timeouts.
 // Then, on every survivor: the parent refuses work (ncclInvalidUsage), and the shrunk
 // communicator (3 ranks, parent order) carries two all-reduces that dynamiq compressed (its
 // counters), identical on every survivor, vNMSE against the exact sum below 1e-2 (5 bits).
@@ -41,7 +44,7 @@ constexpr int kLost = 2;
 constexpr size_t kCount = size_t{1} << 20;  // FP32 values a call
 constexpr double kVnmseBound = 1e-2;
 
-enum class Mode { kDead, kHung };
+enum class Mode { kDead, kHung, kAbort };
 
 unsigned long long rerouted(ncclComm_t comm) {
   unsigned long long r = 0, p = 0;
@@ -97,8 +100,39 @@ int revoke_stuck_call(int rank, ncclComm_t comm, const std::vector<float>& in) {
   return 0;
 }
 
+// The all-reduce that rank kLost never joins, and ncclCommAbort from another thread 500 ms in.
+// Writes the abort's duration (s) to rank_file(rank, "abort_s"). 0 or an exit code.
+int abort_stuck_call(int rank, ncclComm_t comm, const std::vector<float>& in) {
+  std::vector<float> out(kCount);
+  std::atomic<int> result{-1};
+  std::thread call([&] {
+    result = ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int early = result.load();
+  const auto aborted_at = Clock::now();
+  const ncclResult_t abort = ncclCommAbort(comm);
+  const double abort_s = std::chrono::duration<double>(Clock::now() - aborted_at).count();
+  call.join();
+  const double call_s = std::chrono::duration<double>(Clock::now() - aborted_at).count();
+  std::fprintf(stderr, "test: ncclCommAbort returned %d after %.3f s, the call %d after %.3f s\n",
+               abort, abort_s, result.load(), call_s);
+  write_text(rank_file(rank, "abort_s"), std::to_string(abort_s));
+  if (early == ncclSuccess) return 60;  // it cannot complete without rank kLost
+  if (abort != ncclSuccess) return 61;
+  if (result.load() == ncclSuccess) return 62;
+  if (abort_s > 5.0 || call_s > 5.0) return 63;
+  return 0;
+}
+
 int survivor(int rank, ncclComm_t comm, Mode mode, const dq::sim::Matrix& rows) {
   const std::vector<float> in = row(rows, rank);
+  if (mode == Mode::kAbort) {
+    const int rc = abort_stuck_call(rank, comm, in);
+    write_text(rank_file(rank, "done"), "1");
+    std::fflush(stderr);
+    _exit(rc);  // the communicator is gone: the harness must not destroy it
+  }
   int excluded[1] = {kLost};
   ncclComm_t sub = nullptr;
   if (mode == Mode::kHung) {
@@ -174,6 +208,17 @@ bool scenario(Mode mode, bool two_nodes, const char* label) {
   };
   const auto start = Clock::now();
   if (!all_zero(run_ranks(kRanks, env, body, 300, "grads"), label)) return false;
+  if (mode == Mode::kAbort) {
+    double slowest = 0;
+    for (int r = 0; r < kRanks; ++r)
+      if (r != kLost)
+        slowest = std::max(slowest, std::atof(read_file(rank_file(r, "abort_s")).c_str()));
+    std::printf(
+        "%s: rank %d silent in a compressed call; every survivor's ncclCommAbort from another "
+        "thread returned within %.3f s (the timeouts are 60 s), and its call with an error\n",
+        label, kLost, slowest);
+    return true;
+  }
   double worst = 0;
   int own = 0;
   for (int r = 0; r < kRanks; ++r)
@@ -194,12 +239,14 @@ Outcome run_scenario(const std::string& which) {
   if (which == "dead") return outcome(scenario(Mode::kDead, false, "dead"));
   if (which == "hung") return outcome(scenario(Mode::kHung, false, "hung"));
   if (which == "hung_2x2") return outcome(scenario(Mode::kHung, true, "hung_2x2"));
+  if (which == "abort") return outcome(scenario(Mode::kAbort, false, "abort"));
+  if (which == "abort_2x2") return outcome(scenario(Mode::kAbort, true, "abort_2x2"));
   return Outcome::unknown;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return scenario_main(argc, argv, 2, "shim_shrink dead|hung|hung_2x2",
+  return scenario_main(argc, argv, 2, "shim_shrink dead|hung|hung_2x2|abort|abort_2x2",
                        "/tmp/dq-shim-shrink-XXXXXX", "", run_scenario);
 }
