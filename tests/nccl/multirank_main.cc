@@ -596,7 +596,8 @@ int scenario_split(int rank, int nranks) {
 //   hung     it stays alive but never joins the all-reduce; each survivor's other thread revokes
 //            the parent 300 ms in: the all-reduce returns at once (the timeout is 60 s), the
 //            parent reports quiescent and refuses work, and the survivors shrink.
-// The shrunk communicator: n - 1 ranks in parent order, the parent's name, exact reductions.
+// The shrunk communicator: n - 1 ranks in parent order, the parent's name, exact reductions;
+// from 4 ranks it is shrunk once more (its last rank leaves), over the same shared listener.
 enum class ShrinkMode { kHealthy, kDead, kHung };
 
 int check_shrunk(ncclComm_t sub, int rank, int nranks, int out) {
@@ -687,6 +688,27 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_DEFAULT));
   }
   if (check_shrunk(sub, rank, nranks, out)) return 1;
+  // A second failure: the shrunk communicator's last rank leaves it, the others shrink it again
+  // (over the same shared listener).
+  int sub_rank = -1, sub_count = 0;
+  NCCL_OK(ncclCommUserRank(sub, &sub_rank));
+  NCCL_OK(ncclCommCount(sub, &sub_count));
+  if (sub_count >= 3 && sub_rank != sub_count - 1) {
+    int last[1] = {sub_count - 1};
+    ncclComm_t again = nullptr;
+    NCCL_OK(ncclCommShrink(sub, last, 1, &again, nullptr, TEST_SHRINK_DEFAULT));
+    int count = 0, me = -1;
+    NCCL_OK(ncclCommCount(again, &count));
+    NCCL_OK(ncclCommUserRank(again, &me));
+    FAIL_IF(count != sub_count - 1 || me != sub_rank, "second shrink: rank %d of %d", me, count);
+    int64_t mine = rank, total = 0, want = 0;
+    NCCL_OK(ncclAllReduce(&mine, &total, 1, ncclInt64, ncclSum, again, nullptr));
+    for (int r = 0, kept = 0; r < nranks; ++r)
+      if (r != out && kept++ < sub_count - 1) want += r;
+    FAIL_IF(total != want, "second shrink all-reduce %lld, want %lld",
+            static_cast<long long>(total), static_cast<long long>(want));
+    NCCL_OK(ncclCommDestroy(again));
+  }
   NCCL_OK(ncclCommDestroy(sub));
   g_shared->survivors_done.fetch_add(1);
   NCCL_OK(ncclCommDestroy(comm));
