@@ -38,6 +38,7 @@ struct CommEntry {
   std::atomic<bool> aborted{false};  // set before that real abort (or a revoke): the engine
                                      // watches it
   bool revoked = false;              // ncclCommRevoke or NCCL_SHRINK_ABORT: no engine any more
+  int shrunk_from = -1;              // made by ncclCommShrink: the parent's index
   // The engine while it exists, for a revoke on another thread than a call holding `mutex`
   // (set and cleared under `mutex`; the application does not destroy a communicator it revokes
   // at the same time).
@@ -137,9 +138,11 @@ std::string comm_label(const CommEntry& e, const engine::CommInfo& info) {
                   static_cast<unsigned long long>(e.comm_hash));
   else
     std::snprintf(ids, sizeof ids, "comm %p", static_cast<void*>(e.handle));
-  return "index " + std::to_string(e.identity.index) + " name '" + e.identity.name + "' color " +
-         std::to_string(e.identity.color) + " rank " + std::to_string(info.rank) + "/" +
-         std::to_string(info.nranks) + " " + ids;
+  std::string label = "index " + std::to_string(e.identity.index) + " name '" + e.identity.name +
+                      "' color " + std::to_string(e.identity.color) + " rank " +
+                      std::to_string(info.rank) + "/" + std::to_string(info.nranks) + " " + ids;
+  if (e.shrunk_from >= 0) label += " (shrunk from index " + std::to_string(e.shrunk_from) + ")";
+  return label;
 }
 
 // NCCL's two hashes of a unique id (facts of its init.cc): the commId its INFO lines print
@@ -494,6 +497,7 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
   child->identity.color = inherited.color;
   child->explicit_opt = explicit_opt;
   child->explicit_on = explicit_on;
+  child->shrunk_from = inherited.index;
   return r;
 }
 

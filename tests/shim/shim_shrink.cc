@@ -228,6 +228,11 @@ bool scenario(Mode mode, bool two_nodes, const char* label) {
     }
   if (mode == Mode::kHung && own == 0)
     return fail("%s: no survivor's call was ended by its own revoke", label);
+  // The new communicator's decision line names the one it replaces, for the operator.
+  for (int r = 0; r < kRanks; ++r)
+    if (r != kLost && count_occurrences(rank_log(r), "(shrunk from index 0): compressed") != 1)
+      return fail("%s: rank %d's log has no decision line for the shrunk communicator:\n%s", label,
+                  r, rank_log(r).c_str());
   std::printf(
       "%s: rank %d lost after a compressed call; the 3 survivors shrank and compressed 2 calls "
       "on the new communicator, identical on each (vNMSE at most %.3e); %.1f s\n",
