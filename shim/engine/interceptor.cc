@@ -28,8 +28,15 @@ void resolve(const char* name, F* out) {
 struct CommEntry {
   config::CommIdentity identity;
   bool finalizing = false;
+  // identity.size and the opt-in fields below change after creation under identity_mutex, never
+  // held across a wait: a shrink reads them while a call may hold `mutex` stuck on a peer.
+  std::mutex identity_mutex;
   bool explicit_opt = false;  // dynamiqCommRegister called
   bool explicit_on = false;
+  // Made by ncclCommShrink: its parent's opt-in decision and why, which it keeps (it stands in
+  // for the parent, whose size-based rule, say, no longer matches its own size); "" otherwise.
+  std::string inherited_why;
+  bool inherited_on = false;
   std::unique_ptr<engine::Engine> engine;  // made at the first all-reduce
   int cuda_ordinal = -1;                   // >= 0: the engine runs on that CUDA device
   // NVIDIA's NCCL with the CUDA device: ncclCommAbort calls the real abort before the engine's
@@ -107,24 +114,29 @@ engine::Device* cuda_device_for_cpu_nccl(const engine::CallArgs& call, int* ordi
 
 // Whether the communicator opts in, and by what: dynamiqCommRegister, or the DYNAMIQ_COMMS term
 // that selects it, or (not opted in) the rule and the identity none of its terms matches.
-bool opt_in_decision(const CommEntry& e, const config::Settings& s, std::string* why) {
+// `identity`: e's, or a copy completed by the caller. Under e.identity_mutex.
+bool opt_in_decision(const CommEntry& e, const config::CommIdentity& identity,
+                     const config::Settings& s, std::string* why) {
   if (e.explicit_opt) {
     *why = std::string("dynamiqCommRegister(comm, ") + (e.explicit_on ? "1" : "0") + ")";
     return e.explicit_on;
   }
+  if (!e.inherited_why.empty()) {
+    *why = e.inherited_why;
+    return e.inherited_on;
+  }
   config::OptInRules rules;
   std::string ignored;
   const std::string term = config::parse_opt_in(s.comms, &rules, &ignored) == Status::kOk
-                               ? config::matching_term(rules, e.identity)
+                               ? config::matching_term(rules, identity)
                                : "";
   if (!term.empty()) {
     *why = "DYNAMIQ_COMMS term " + term;
     return true;
   }
-  *why = "DYNAMIQ_COMMS=" + s.comms + " matches none of name '" + e.identity.name + "', size " +
-         std::to_string(e.identity.size) + ", index " + std::to_string(e.identity.index) +
-         ", color " + std::to_string(e.identity.color) +
-         "; dynamiqCommRegister(comm, 1) opts one in";
+  *why = "DYNAMIQ_COMMS=" + s.comms + " matches none of name '" + identity.name + "', size " +
+         std::to_string(identity.size) + ", index " + std::to_string(identity.index) + ", color " +
+         std::to_string(identity.color) + "; dynamiqCommRegister(comm, 1) opts one in";
   return false;
 }
 
@@ -199,13 +211,17 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
   if (real.comm_user_rank(comm, &info.rank) != ncclSuccess ||
       real.comm_count(comm, &info.nranks) != ncclSuccess)
     return nullptr;
-  e.identity.size = info.nranks;
   // The process's rank in the first communicator it serves names it in log lines.
   static std::once_flag rank_named;
   std::call_once(rank_named, [&] { log_set_rank(info.rank); });
   const config::Settings& s = config::global();
   std::string opt_in_why;
-  const bool opted = opt_in_decision(e, s, &opt_in_why);
+  bool opted = false;
+  {
+    std::lock_guard<std::mutex> identity_lock(e.identity_mutex);
+    e.identity.size = info.nranks;
+    opted = opt_in_decision(e, e.identity, s, &opt_in_why);
+  }
   // Which device serves the communicator, fixed here for its life (docs/ENGINE.md section 2):
   // - dynamiq's CPU NCCL (it exports dqCpuNcclCommName, which NVIDIA's does not): the CUDA device
   //   of the first call's buffers when they are device memory and CUDA works here (several
@@ -473,6 +489,21 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
                          const ncclConfig_t* config,
                          const std::function<ncclResult_t()>& real_shrink) {
   std::shared_ptr<CommEntry> parent = find(comm);
+  // The parent's opt-in decision, from its identity as it is now (its size read from NCCL if no
+  // call has yet), before a shrink with NCCL_SHRINK_ABORT retires it.
+  bool parent_on = false;
+  std::string parent_why;
+  int parent_index = -1;
+  if (parent != nullptr) {
+    std::lock_guard<std::mutex> lock(parent->identity_mutex);
+    config::CommIdentity identity = parent->identity;
+    const RealNccl* real = real_nccl();
+    int size = 0;
+    if (identity.size == 0 && real != nullptr && real->comm_count(comm, &size) == ncclSuccess)
+      identity.size = size;
+    parent_on = opt_in_decision(*parent, identity, config::global(), &parent_why);
+    parent_index = identity.index;
+  }
   ncclResult_t r;
   if (parent != nullptr && (shrink_flags & DQ_NCCL_SHRINK_ABORT) != 0)
     r = retire_engine(*parent, real_shrink);
@@ -485,19 +516,17 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
   std::shared_ptr<CommEntry> child = find(*newcomm);
   if (child == nullptr) return r;
   config::CommIdentity inherited;
-  bool explicit_opt, explicit_on;
   {
-    std::lock_guard<std::mutex> lock(parent->mutex);
+    std::lock_guard<std::mutex> lock(parent->identity_mutex);
     inherited = parent->identity;
-    explicit_opt = parent->explicit_opt;
-    explicit_on = parent->explicit_on;
   }
-  std::lock_guard<std::mutex> lock(child->mutex);
+  std::lock_guard<std::mutex> lock(child->identity_mutex);
   if (child->identity.name.empty()) child->identity.name = inherited.name;
   child->identity.color = inherited.color;
-  child->explicit_opt = explicit_opt;
-  child->explicit_on = explicit_on;
-  child->shrunk_from = inherited.index;
+  child->inherited_on = parent_on;
+  child->inherited_why = "as communicator index " + std::to_string(parent_index) +
+                         ", which it replaces: " + parent_why;
+  child->shrunk_from = parent_index;
   return r;
 }
 
@@ -784,11 +813,9 @@ ncclResult_t register_comm(ncclComm_t comm, int enable) {
     return ncclInvalidArgument;
   }
   std::lock_guard<std::mutex> lock(e->mutex);
-  if (e->engine) {
-    if (e->engine->register_opt_in(enable != 0) != Status::kOk) return ncclInvalidUsage;
-    return ncclSuccess;
-  }
-  e->explicit_opt = true;
+  if (e->engine && e->engine->register_opt_in(enable != 0) != Status::kOk) return ncclInvalidUsage;
+  std::lock_guard<std::mutex> identity_lock(e->identity_mutex);
+  e->explicit_opt = true;  // also what a communicator shrunk from this one inherits
   e->explicit_on = enable != 0;
   return ncclSuccess;
 }

@@ -76,8 +76,9 @@ ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& 
 // communicator is destroyed or aborted.
 ncclResult_t comm_revoked(ncclComm_t comm, const std::function<ncclResult_t()>& real_revoke);
 // ncclCommShrink: with NCCL_SHRINK_ABORT the parent is first retired as by a revoke (the real
-// shrink ends its operations); the new communicator takes the parent's name, split color and
-// dynamiqCommRegister choice (it stands in for the parent), its own size and creation index.
+// shrink ends its operations); the new communicator stands in for the parent: it takes the
+// parent's opt-in decision (by DYNAMIQ_COMMS or dynamiqCommRegister: a size= rule would no
+// longer match its size), name and split color; its size and creation index are its own.
 ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
                          const ncclConfig_t* config,
                          const std::function<ncclResult_t()>& real_shrink);

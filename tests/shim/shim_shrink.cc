@@ -1,7 +1,9 @@
 // ncclCommShrink and ncclCommRevoke (NCCL 2.27 / 2.28 fault tolerance: PyTorch's shrink_group,
 // TorchFT-style recovery) through the preloaded libdynamiq.so on the CPU NCCL. Four ranks of a
-// communicator named "grads", opted in by name alone (DYNAMIQ_COMMS=name=grads); rank 2 is the
-// one lost after a first compressed all-reduce. Usage: shim_shrink SCENARIO
+// communicator named "grads", opted in by name (DYNAMIQ_COMMS=name=grads) or, in `dead`, by size
+// (size=4, which the 3-rank communicator a shrink makes does not match: it keeps its parent's
+// decision); rank 2 is the one lost after a first compressed all-reduce. Usage: shim_shrink
+// SCENARIO
 //   dead      rank 2 exits without a word; the survivors' next all-reduce fails and they shrink
 //             with NCCL_SHRINK_ABORT.
 //   hung      rank 2 lives but never joins the next all-reduce; each survivor's other thread
@@ -187,7 +189,7 @@ bool scenario(Mode mode, bool two_nodes, const char* label) {
   make_rows(kRanks, kCount, 4242, &rows);
   auto env = [&](int rank) {
     Env e{{"DYNAMIQ_ENABLE", "1"},
-          {"DYNAMIQ_COMMS", "name=grads"},
+          {"DYNAMIQ_COMMS", mode == Mode::kDead ? "size=4" : "name=grads"},
           {"DYNAMIQ_TIMEOUT_MS", "60000"},
           {"DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "60000"},
           {"DYNAMIQ_DEBUG", "INFO"}};
