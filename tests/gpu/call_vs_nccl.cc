@@ -45,15 +45,7 @@ struct Rank {
   uint16_t *bf16_send = nullptr, *bf16_recv = nullptr;
 };
 
-#define RANK_CHECK(cond, code, ...)           \
-  do {                                        \
-    if (!(cond)) {                            \
-      std::printf("rank %d: FAIL: ", r.rank); \
-      std::printf(__VA_ARGS__);               \
-      std::printf("\n");                      \
-      return code;                            \
-    }                                         \
-  } while (0)
+#define RANK_CHECK(cond, code, ...) DQ_RANK_CHECK(r.rank, cond, code, __VA_ARGS__)
 
 std::vector<float> input_of(int rank, size_t count) {
   return dq::gpubench::make_values(count, 21 + static_cast<uint64_t>(rank));

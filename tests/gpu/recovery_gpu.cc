@@ -55,15 +55,7 @@ struct Rank {
   int (*get_version)(int*) = nullptr;
 };
 
-#define RANK_CHECK(cond, code, ...)           \
-  do {                                        \
-    if (!(cond)) {                            \
-      std::printf("rank %d: FAIL: ", r.rank); \
-      std::printf(__VA_ARGS__);               \
-      std::printf("\n");                      \
-      return code;                            \
-    }                                         \
-  } while (0)
+#define RANK_CHECK(cond, code, ...) DQ_RANK_CHECK(r.rank, cond, code, __VA_ARGS__)
 
 float input(int rank, int round, size_t i) {
   return static_cast<float>((rank + 1) * (round + 1)) + static_cast<float>(i % 7);
@@ -214,12 +206,10 @@ int revoke_and_abort(Rank& r) {
 }
 
 int run_rank(int rank) {
-  setvbuf(stdout, nullptr, _IOLBF, 0);
   Rank r;
   r.rank = rank;
-  std::string why;
-  RANK_CHECK(load_nccl(&r.nccl, &why), 10, "%s", why.c_str());
-  RANK_CHECK(r.nccl.counters != nullptr, 11, "libdynamiq.so is not preloaded (LD_PRELOAD)");
+  NcclId id{};
+  if (const int c = start_rank(rank, &r.nccl, &id, &r.stream)) return c;
   resolve(RTLD_DEFAULT, "ncclGroupStart", &r.group_start);
   resolve(RTLD_DEFAULT, "ncclGroupEnd", &r.group_end);
   resolve(RTLD_DEFAULT, "ncclCommAbort", &r.comm_abort);
@@ -229,15 +219,8 @@ int run_rank(int rank) {
     resolve(RTLD_DEFAULT, "ncclGroupSimulateEnd", &r.group_simulate_end);
   if (dlsym(r.nccl.lib, "ncclCommRevoke") != nullptr)
     resolve(RTLD_DEFAULT, "ncclCommRevoke", &r.comm_revoke);
-  RANK_CHECK(r.group_start && r.group_end && r.comm_abort && r.get_version, 12,
+  RANK_CHECK(r.group_start && r.group_end && r.comm_abort && r.get_version, 15,
              "an NCCL entry point is missing");
-  NcclId id{};
-  RANK_CHECK(my_nccl_id(&id), 13, "no NCCL id from the parent");
-  int devices = 0;
-  RANK_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, 14, "no device");
-  RANK_CHECK(cudaSetDevice(rank % devices) == cudaSuccess, 14, "cudaSetDevice");
-  RANK_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking) == cudaSuccess, 15,
-             "cudaStreamCreateWithFlags");
   RANK_CHECK(cudaMalloc(&r.send, kCount * 4) == cudaSuccess &&
                  cudaMalloc(&r.recv, kCount * 4) == cudaSuccess &&
                  cudaMalloc(&r.simulated, kCount * 4) == cudaSuccess,

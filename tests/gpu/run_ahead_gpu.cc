@@ -49,32 +49,15 @@ void CUDART_CB hold(void* p) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-#define RANK_CHECK(cond, code, ...)         \
-  do {                                      \
-    if (!(cond)) {                          \
-      std::printf("rank %d: FAIL: ", rank); \
-      std::printf(__VA_ARGS__);             \
-      std::printf("\n");                    \
-      return code;                          \
-    }                                       \
-  } while (0)
+#define RANK_CHECK(cond, code, ...) DQ_RANK_CHECK(rank, cond, code, __VA_ARGS__)
 
 int run_rank(int rank) {
-  setvbuf(stdout, nullptr, _IOLBF, 0);
   const int window = static_cast<int>(dq::config::Settings{}.control_window);
   const int calls = window + 2;
   Nccl nccl;
-  std::string why;
-  RANK_CHECK(load_nccl(&nccl, &why), 10, "%s", why.c_str());
-  RANK_CHECK(nccl.counters != nullptr, 11, "libdynamiq.so is not preloaded (LD_PRELOAD)");
   NcclId id{};
-  RANK_CHECK(my_nccl_id(&id), 12, "no NCCL id from the parent");
-  int devices = 0;
-  RANK_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, 13, "no device");
-  RANK_CHECK(cudaSetDevice(rank % devices) == cudaSuccess, 13, "cudaSetDevice");
   cudaStream_t stream = nullptr;
-  RANK_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess, 14,
-             "cudaStreamCreateWithFlags");
+  if (const int c = start_rank(rank, &nccl, &id, &stream)) return c;
   std::vector<float*> send(calls, nullptr), recv(calls, nullptr);
   std::vector<float> host(kCount);
   for (int k = 0; k < calls; ++k) {

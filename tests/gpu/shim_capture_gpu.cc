@@ -46,15 +46,7 @@ struct Rank {
   unsigned long long passed_in_capture = 0;  // how the shim counted the captured call
 };
 
-#define RANK_CHECK(cond, code, ...)           \
-  do {                                        \
-    if (!(cond)) {                            \
-      std::printf("rank %d: FAIL: ", r.rank); \
-      std::printf(__VA_ARGS__);               \
-      std::printf("\n");                      \
-      return code;                            \
-    }                                         \
-  } while (0)
+#define RANK_CHECK(cond, code, ...) DQ_RANK_CHECK(r.rank, cond, code, __VA_ARGS__)
 
 int fill(Rank& r, int round) {
   for (size_t i = 0; i < kCount; ++i) r.host[i] = input(r.rank, round, i);
@@ -156,19 +148,10 @@ int healthy(Rank& r, const char* when) {
 }
 
 int run_rank(int rank) {
-  setvbuf(stdout, nullptr, _IOLBF, 0);
   Rank r;
   r.rank = rank;
-  std::string why;
-  RANK_CHECK(load_nccl(&r.nccl, &why), 10, "%s", why.c_str());
-  RANK_CHECK(r.nccl.counters != nullptr, 11, "libdynamiq.so is not preloaded (LD_PRELOAD)");
   NcclId id{};
-  RANK_CHECK(my_nccl_id(&id), 12, "no NCCL id from the parent");
-  int devices = 0;
-  RANK_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, 13, "no device");
-  RANK_CHECK(cudaSetDevice(rank % devices) == cudaSuccess, 13, "cudaSetDevice");
-  RANK_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking) == cudaSuccess, 14,
-             "cudaStreamCreateWithFlags");
+  if (const int c = start_rank(rank, &r.nccl, &id, &r.stream)) return c;
   RANK_CHECK(cudaMalloc(&r.send, kCount * 4) == cudaSuccess &&
                  cudaMalloc(&r.recv, kCount * 4) == cudaSuccess,
              15, "cudaMalloc");

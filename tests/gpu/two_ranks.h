@@ -31,6 +31,18 @@ namespace dq::gputest {
 constexpr int kSkip = 77;
 constexpr int kRanks = 2;
 
+// In a rank's step: unless `cond`, prints "rank R: FAIL: <message>" and returns `code` (the rank's
+// exit code names the step that broke).
+#define DQ_RANK_CHECK(rank, cond, code, ...)  \
+  do {                                        \
+    if (!(cond)) {                            \
+      std::printf("rank %d: FAIL: ", (rank)); \
+      std::printf(__VA_ARGS__);               \
+      std::printf("\n");                      \
+      return code;                            \
+    }                                         \
+  } while (0)
+
 // NCCL's ABI (nccl.h of 2.x): the unique id, and the enum values these programs pass.
 struct NcclId {
   char bytes[128];
@@ -138,6 +150,24 @@ inline bool my_nccl_id(NcclId* id) {
 inline void write_result(const std::string& name, const std::string& text) {
   const char* dir = std::getenv("DQ_TEST_DIR");
   if (dir != nullptr) std::ofstream(std::string(dir) + "/" + name) << text;
+}
+
+// A rank's first steps through the preloaded shim: line-buffered output, NVIDIA's NCCL loaded
+// into *nccl with the shim in front of it, the parent's id in *id, device rank % devices current
+// and a non-blocking *stream. 0, or the failed step's exit code (10 NCCL, 11 the shim, 12 the
+// id, 13 the device, 14 the stream) after its FAIL line.
+inline int start_rank(int rank, Nccl* nccl, NcclId* id, cudaStream_t* stream) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::string why;
+  DQ_RANK_CHECK(rank, load_nccl(nccl, &why), 10, "%s", why.c_str());
+  DQ_RANK_CHECK(rank, nccl->counters != nullptr, 11, "libdynamiq.so is not preloaded (LD_PRELOAD)");
+  DQ_RANK_CHECK(rank, my_nccl_id(id), 12, "no NCCL id from the parent");
+  int devices = 0;
+  DQ_RANK_CHECK(rank, cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, 13, "no device");
+  DQ_RANK_CHECK(rank, cudaSetDevice(rank % devices) == cudaSuccess, 13, "cudaSetDevice");
+  DQ_RANK_CHECK(rank, cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking) == cudaSuccess, 14,
+                "cudaStreamCreateWithFlags");
+  return 0;
 }
 
 // The environment of rank r: its rank, the id, its own host, loopback, the net transport.

@@ -536,7 +536,8 @@ int scenario_p2p(int rank, int nranks) {
   return 0;
 }
 
-int scenario_split(int rank, int nranks) {
+// A blocking communicator named "parent-comm" (ncclConfig_t), for the split and shrink tests.
+int init_parent_comm(int rank, int nranks, ncclComm_t* comm) {
   ncclConfig_t config;
   std::memset(&config, 0, sizeof config);
   config.size = sizeof config;
@@ -544,8 +545,12 @@ int scenario_split(int rank, int nranks) {
   config.version = 22809;
   config.blocking = 1;
   config.commName = "parent-comm";
+  return init_comm(rank, nranks, comm, &config);
+}
+
+int scenario_split(int rank, int nranks) {
   ncclComm_t comm;
-  if (init_comm(rank, nranks, &comm, &config)) return 1;
+  if (init_parent_comm(rank, nranks, &comm)) return 1;
   FAIL_IF(std::strcmp(dqCpuNcclCommName(comm), "parent-comm") != 0, "commName not kept: '%s'",
           dqCpuNcclCommName(comm));
   // The last rank opts out (when there are 3 or more); the others split by parity with keys
@@ -635,15 +640,8 @@ int check_revoked(ncclComm_t comm) {
 }
 
 int shrink_body(int rank, int nranks, ShrinkMode mode) {
-  ncclConfig_t config;
-  std::memset(&config, 0, sizeof config);
-  config.size = sizeof config;
-  config.magic = TEST_CONFIG_MAGIC;
-  config.version = 22809;
-  config.blocking = 1;
-  config.commName = "parent-comm";
   ncclComm_t comm;
-  if (init_comm(rank, nranks, &comm, &config)) return 1;
+  if (init_parent_comm(rank, nranks, &comm)) return 1;
   const int out = nranks / 2;
   if (rank == out) {
     if (mode == ShrinkMode::kDead) _exit(0);  // no destroy, no goodbye: its sockets just close

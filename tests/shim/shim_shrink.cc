@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,57 +74,63 @@ void wait_for_survivors() {
   }
 }
 
-// The all-reduce that rank kLost never joins, revoked by another thread 500 ms in. The first
-// survivor to revoke ends its own call; the others' may end before their revoke, since the first
-// one's connections close (the CPU NCCL then fails fast). Writes "own" or "peer" (which ended
-// it) to rank_file(rank, "ended"). 0 or an exit code.
-int revoke_stuck_call(int rank, ncclComm_t comm, const std::vector<float>& in) {
+// The all-reduce that rank kLost never joins, on a thread of its own, and `interrupt` (a
+// watchdog's revoke or abort) on this one 500 ms into it.
+struct StuckCall {
+  int early = -1;          // the call's result if it had returned before the interrupt, else -1
+  int result = -1;         // the call's result
+  int interrupted = -1;    // what `interrupt` returned
+  double interrupt_s = 0;  // how long `interrupt` took (s)
+  double ended_s = 0;      // from the interrupt to the call's return (s)
+};
+StuckCall stuck_call(ncclComm_t comm, const std::vector<float>& in,
+                     const std::function<ncclResult_t()>& interrupt) {
   std::vector<float> out(kCount);
   std::atomic<int> result{-1};
   std::thread call([&] {
     result = ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const int early = result.load();
-  const auto revoked_at = Clock::now();
-  const ncclResult_t revoke = ncclCommRevoke(comm, 0);
+  StuckCall s;
+  s.early = result.load();
+  const auto at = Clock::now();
+  s.interrupted = interrupt();
+  s.interrupt_s = std::chrono::duration<double>(Clock::now() - at).count();
   call.join();
-  const double ended_s = std::chrono::duration<double>(Clock::now() - revoked_at).count();
-  std::fprintf(stderr, "test: the stuck all-reduce returned %d, %s\n", result.load(),
-               early != -1 ? "before this rank's revoke"
-                           : (std::to_string(ended_s) + " s after this rank's revoke").c_str());
-  write_text(rank_file(rank, "ended"), early != -1 ? "peer" : "own");
-  if (early == ncclSuccess) return 40;  // it cannot complete without rank kLost
-  if (revoke != ncclSuccess) return 41;
-  if (result.load() == ncclSuccess) return 42;
-  if (early == -1 && ended_s > 5.0) return 43;
+  s.ended_s = std::chrono::duration<double>(Clock::now() - at).count();
+  s.result = result.load();
+  return s;
+}
+
+// The stuck call, revoked. The first survivor to revoke ends its own call; the others' may end
+// before their revoke, since the first one's connections close (the CPU NCCL then fails fast).
+// Writes "own" or "peer" (which ended it) to rank_file(rank, "ended"). 0 or an exit code.
+int revoke_stuck_call(int rank, ncclComm_t comm, const std::vector<float>& in) {
+  const StuckCall s = stuck_call(comm, in, [&] { return ncclCommRevoke(comm, 0); });
+  std::fprintf(stderr, "test: the stuck all-reduce returned %d, %s\n", s.result,
+               s.early != -1 ? "before this rank's revoke"
+                             : (std::to_string(s.ended_s) + " s after this rank's revoke").c_str());
+  write_text(rank_file(rank, "ended"), s.early != -1 ? "peer" : "own");
+  if (s.early == ncclSuccess) return 40;  // it cannot complete without rank kLost
+  if (s.interrupted != ncclSuccess) return 41;
+  if (s.result == ncclSuccess) return 42;
+  if (s.early == -1 && s.ended_s > 5.0) return 43;
   ncclResult_t async = ncclInternalError;
   if (ncclCommGetAsyncError(comm, &async) != ncclSuccess || async != ncclSuccess) return 44;
   return 0;
 }
 
-// The all-reduce that rank kLost never joins, and ncclCommAbort from another thread 500 ms in.
-// Writes the abort's duration (s) to rank_file(rank, "abort_s"). 0 or an exit code.
+// The stuck call, and ncclCommAbort. Writes the abort's duration (s) to
+// rank_file(rank, "abort_s"). 0 or an exit code.
 int abort_stuck_call(int rank, ncclComm_t comm, const std::vector<float>& in) {
-  std::vector<float> out(kCount);
-  std::atomic<int> result{-1};
-  std::thread call([&] {
-    result = ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const int early = result.load();
-  const auto aborted_at = Clock::now();
-  const ncclResult_t abort = ncclCommAbort(comm);
-  const double abort_s = std::chrono::duration<double>(Clock::now() - aborted_at).count();
-  call.join();
-  const double call_s = std::chrono::duration<double>(Clock::now() - aborted_at).count();
+  const StuckCall s = stuck_call(comm, in, [&] { return ncclCommAbort(comm); });
   std::fprintf(stderr, "test: ncclCommAbort returned %d after %.3f s, the call %d after %.3f s\n",
-               abort, abort_s, result.load(), call_s);
-  write_text(rank_file(rank, "abort_s"), std::to_string(abort_s));
-  if (early == ncclSuccess) return 60;  // it cannot complete without rank kLost
-  if (abort != ncclSuccess) return 61;
-  if (result.load() == ncclSuccess) return 62;
-  if (abort_s > 5.0 || call_s > 5.0) return 63;
+               s.interrupted, s.interrupt_s, s.result, s.ended_s);
+  write_text(rank_file(rank, "abort_s"), std::to_string(s.interrupt_s));
+  if (s.early == ncclSuccess) return 60;  // it cannot complete without rank kLost
+  if (s.interrupted != ncclSuccess) return 61;
+  if (s.result == ncclSuccess) return 62;
+  if (s.interrupt_s > 5.0 || s.ended_s > 5.0) return 63;
   return 0;
 }
 

@@ -136,6 +136,10 @@ class Comm {
   };
   // Opens this communicator's own listener on ctx_ (made with net_comm_id).
   Status open_listener(uint64_t net_comm_id, NetHandle* handle);
+  // A split's or a shrink's last step, its rank, size, plugin and listener set: takes the
+  // parent's settings, `comm_tag` and `name`, and connects to every member at `handles` (by rank).
+  Status join_child_mesh(const Comm& parent, uint64_t comm_tag, const std::string& name,
+                         std::vector<NetHandle> handles);
   Status init_plugin(uint64_t comm_tag);
   // Accepts peers and connects to `handles[p]` for every p != rank until the mesh is complete.
   // With `handles_from_root`, the handles first arrive from the bootstrap root.

@@ -353,18 +353,25 @@ Status Comm::split(Comm* parent, int color, int key, const std::string& name, Co
   made->ctx_ = fresh->ctx_;
   made->listener_ = std::move(fresh->listener_);
   fresh->ctx_ = nullptr;
-  made->comm_tag_ = mix(tag ^ static_cast<uint64_t>(color));
-  made->timeout_ms_ = parent->timeout_ms_;
-  made->chunk_bytes_ = parent->chunk_bytes_;
-  made->name_ = name;
-  made->blocking_ = parent->blocking_;
-  made->send_comms_.assign(made->nranks_, nullptr);
-  made->recv_comms_.assign(made->nranks_, nullptr);
-  made->peer_handles_.resize(made->nranks_);
-  for (int i = 0; i < made->nranks_; ++i) made->peer_handles_[i] = table[members[i]].handle;
-  DQ_CHECK(made->build_mesh(&made->peer_handles_, /*handles_from_root=*/false));
+  std::vector<NetHandle> handles(made->nranks_);
+  for (int i = 0; i < made->nranks_; ++i) handles[i] = table[members[i]].handle;
+  DQ_CHECK(made->join_child_mesh(*parent, mix(tag ^ static_cast<uint64_t>(color)), name,
+                                 std::move(handles)));
   *child = made.release();
   return Status::kOk;
+}
+
+Status Comm::join_child_mesh(const Comm& parent, uint64_t comm_tag, const std::string& name,
+                             std::vector<NetHandle> handles) {
+  comm_tag_ = comm_tag;
+  timeout_ms_ = parent.timeout_ms_;
+  chunk_bytes_ = parent.chunk_bytes_;
+  name_ = name;
+  blocking_ = parent.blocking_;
+  send_comms_.assign(nranks_, nullptr);
+  recv_comms_.assign(nranks_, nullptr);
+  peer_handles_ = std::move(handles);
+  return build_mesh(&peer_handles_, /*handles_from_root=*/false);
 }
 
 Status Comm::shrink(Comm* parent, const std::vector<int>& excluded, bool abort_parent,
@@ -401,17 +408,9 @@ Status Comm::shrink(Comm* parent, const std::vector<int>& excluded, bool abort_p
   // Connections to the shared listener must come from a context with its plugin comm id.
   DQ_CHECK(made->net_->init(parent->listener_->net_comm_id, &made->ctx_));
   made->listener_ = parent->listener_;
-  made->comm_tag_ = tag;
-  made->timeout_ms_ = parent->timeout_ms_;
-  made->chunk_bytes_ = parent->chunk_bytes_;
-  made->name_ = name;
-  made->blocking_ = parent->blocking_;
-  made->send_comms_.assign(made->nranks_, nullptr);
-  made->recv_comms_.assign(made->nranks_, nullptr);
-  made->peer_handles_.resize(made->nranks_);
-  for (int i = 0; i < made->nranks_; ++i)
-    made->peer_handles_[i] = parent->peer_handles_[members[i]];
-  DQ_CHECK(made->build_mesh(&made->peer_handles_, /*handles_from_root=*/false));
+  std::vector<NetHandle> handles(made->nranks_);
+  for (int i = 0; i < made->nranks_; ++i) handles[i] = parent->peer_handles_[members[i]];
+  DQ_CHECK(made->join_child_mesh(*parent, tag, name, std::move(handles)));
   *child = made.release();
   return Status::kOk;
 }
