@@ -660,6 +660,15 @@ bool scenario_stalled_peer(int n) {
       return 14;
     }
     if (!async_error_is(r, 3)) return 15;
+    // No abort before every waiting rank has seen its own bound: an abort ends this rank's calls
+    // stuck on the stalled peer at once, closing its connections, and a slower peer's wait would
+    // then fail on the lost connection (ncclSystemError) instead of at its bound.
+    write_text(rank_file(rank, "timed_out"), "1");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (int p = 0; p < n; ++p)
+      while (p != kStalled && read_file(rank_file(p, "timed_out")).empty() &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (ncclCommAbort(comm) != ncclSuccess) return 16;
     std::fflush(stderr);
     _exit(0);
