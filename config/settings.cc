@@ -63,12 +63,8 @@ constexpr int kCpuNcclTimeout = index_of("DYNAMIQ_CPU_NCCL_TIMEOUT_MS");
 constexpr int kNetIfname = index_of("DYNAMIQ_NET_IFNAME");
 static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0 && kNetIfname >= 0);
 
-std::string lower(std::string_view v) {
-  return lower_ascii(v);
-}
-
 bool parse_bool(std::string_view v, bool* out) {
-  const std::string s = lower(v);
+  const std::string s = lower_ascii(v);
   if (s == "1" || s == "true" || s == "on" || s == "yes") return *out = true, true;
   if (s == "0" || s == "false" || s == "off" || s == "no") return *out = false, true;
   return false;
@@ -110,7 +106,7 @@ bool parse_dtypes(const std::string& v, Settings* s) {
   for (int terms = 0; pos <= v.size() && terms < 16; ++terms) {
     const size_t comma = v.find(',', pos);
     const std::string t =
-        lower(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+        lower_ascii(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
     if (t == "float32" || t == "float" || t == "fp32") {
       s->allow_f32 = true;
     } else if (t == "bfloat16" || t == "bf16") {
@@ -130,7 +126,7 @@ bool parse_collectives(const std::string& v, Settings* s) {
   for (int terms = 0; pos <= v.size() && terms < 16; ++terms) {
     const size_t comma = v.find(',', pos);
     const std::string t =
-        lower(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+        lower_ascii(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
     if (t == "allreduce") {
       s->allow_all_reduce = true;
     } else if (t == "reducescatter") {
@@ -222,7 +218,7 @@ bool valid_text(const Entry& e, const std::string& raw) {
   if (key == "DYNAMIQ_BITS") {
     // A budget in bits per value, or auto (canonicalised in finish()).
     double bits = 0;
-    return lower(raw) == "auto" || (parse_real(raw, &bits) && bits >= 3 && bits <= 16);
+    return lower_ascii(raw) == "auto" || (parse_real(raw, &bits) && bits >= 3 && bits <= 16);
   }
   if (key == "DYNAMIQ_TARGET") {
     BudgetTarget target;
@@ -328,7 +324,7 @@ class Loader {
     // DYNAMIQ_BITS (checked by valid_text): its canonical text, "auto" or the shortest decimal,
     // is what the agreement hashes, so 5 and 5.0 agree. auto starts every bucket at the
     // table's fixed default.
-    if (lower(s->bits) == "auto") {
+    if (lower_ascii(s->bits) == "auto") {
       s->bits = "auto";
       s->bits_auto = true;
       s->budget_bits = defaults().budget_bits;
@@ -340,7 +336,7 @@ class Loader {
     parse_budget_target(s->target, &parsed_target);  // validated by valid_text()
     s->target = budget_target_name(parsed_target);
     const std::string codec_text = s->codec;
-    s->codec = lower(s->codec);
+    s->codec = lower_ascii(s->codec);
     if (!valid_codec(s->codec)) {
       fail(codec, "DYNAMIQ_CODEC=" + codec_text +
                       " is not a codec; accepted: dynamiq, uniform, mxfp8, mxfp6, mxfp6e2m3, "
@@ -370,7 +366,7 @@ class Loader {
     }
     const int topo = index_of("DYNAMIQ_TOPO");
     const std::string topo_text = s->topology;
-    s->topology = lower(s->topology);
+    s->topology = lower_ascii(s->topology);
     if (s->topology != "ring" && s->topology != "butterfly" && s->topology != "auto") {
       fail(topo,
            "DYNAMIQ_TOPO=" + topo_text + " is not a topology; accepted: ring, butterfly, auto");
@@ -378,7 +374,7 @@ class Loader {
     }
     const int hierarchy = index_of("DYNAMIQ_HIERARCHY");
     const std::string hierarchy_text = s->hierarchy;
-    s->hierarchy = lower(s->hierarchy);
+    s->hierarchy = lower_ascii(s->hierarchy);
     if (s->hierarchy != "auto" && s->hierarchy != "flat" && s->hierarchy != "node") {
       fail(hierarchy, "DYNAMIQ_HIERARCHY=" + hierarchy_text +
                           " is not a hierarchy; accepted: auto, flat, node");

@@ -132,8 +132,7 @@ ncclResult_t Engine::setup_hierarchy() {
   hierarchy_ = std::move(h);  // released below, or by the teardown, with its communicators
   {
     std::lock_guard<std::mutex> lock(own_comms_mutex_);
-    for (ncclComm_t c : {hierarchy_->node_comm, hierarchy_->rail_comm[0], hierarchy_->rail_comm[1],
-                         hierarchy_->gather_comm})
+    for (ncclComm_t c : hierarchy_->comms())
       if (c != nullptr) {
         own_comms_.push_back(c);
         if (own_comms_revoked_ && ops_.comm_revoke != nullptr) ops_.comm_revoke(c, 0);
@@ -221,7 +220,7 @@ void Engine::release_hierarchy() {
     if (h.shard != nullptr && comm_stream_ != nullptr) device_->release(h.shard, comm_stream_);
     if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(h.shard_bytes));
   }
-  for (ncclComm_t c : {h.node_comm, h.rail_comm[0], h.rail_comm[1], h.gather_comm})
+  for (ncclComm_t c : h.comms())
     if (c != nullptr) broken ? ops_.comm_abort(c) : ops_.comm_destroy(c);
   hierarchy_.reset();
 }

@@ -2,6 +2,7 @@
 // the node and rail communicators split from the caller's, the engine of the compressed stage
 // over the rail, and the shard buffer. Private to the engine's source files.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <memory>
 
@@ -26,6 +27,11 @@ struct Engine::Hierarchy {
   // their own stream while the next piece's reduce-scatter runs on node_comm: two streams never
   // share one communicator.
   ncclComm_t gather_comm = nullptr;
+  // Every communicator above, null where its split gave none.
+  std::array<ncclComm_t, 2 + kRailEngines> comms() const {
+    static_assert(kRailEngines == 2, "the list names every rail communicator");
+    return {node_comm, rail_comm[0], rail_comm[1], gather_comm};
+  }
   // Set when some rank's split failed or did not settle within DYNAMIQ_TIMEOUT_MS: the
   // communicators are then aborted, never destroyed (ncclCommDestroy of one still being made, or
   // of one whose peer gave up, could wait for it).

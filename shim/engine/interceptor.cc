@@ -426,12 +426,12 @@ void release_engine(CommEntry& e) {
 ncclResult_t retire_engine(CommEntry& e, const std::function<ncclResult_t()>& real) {
   e.aborted.store(true, std::memory_order_release);
   const ncclResult_t r = real();
-  if (engine::Engine* live = e.live_engine.load(std::memory_order_acquire))
-    live->revoke_own_communicators();
+  engine::Engine* live = e.live_engine.load(std::memory_order_acquire);
+  if (live != nullptr) live->revoke_own_communicators();
   std::lock_guard<std::mutex> lock(e.mutex);
   e.revoked = true;
   if (e.engine) {
-    e.engine->revoke_own_communicators();  // one made after the load above
+    if (e.engine.get() != live) e.engine->revoke_own_communicators();  // made after the load
     DQ_INFO(Subsys::kShim,
             "dynamiq: communicator index %d revoked: its engine is torn down, later calls go to "
             "NCCL",
@@ -493,16 +493,15 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
   // call has yet), before a shrink with NCCL_SHRINK_ABORT retires it.
   bool parent_on = false;
   std::string parent_why;
-  int parent_index = -1;
+  config::CommIdentity inherited;
   if (parent != nullptr) {
     std::lock_guard<std::mutex> lock(parent->identity_mutex);
-    config::CommIdentity identity = parent->identity;
+    inherited = parent->identity;
     const RealNccl* real = real_nccl();
     int size = 0;
-    if (identity.size == 0 && real != nullptr && real->comm_count(comm, &size) == ncclSuccess)
-      identity.size = size;
-    parent_on = opt_in_decision(*parent, identity, config::global(), &parent_why);
-    parent_index = identity.index;
+    if (inherited.size == 0 && real != nullptr && real->comm_count(comm, &size) == ncclSuccess)
+      inherited.size = size;
+    parent_on = opt_in_decision(*parent, inherited, config::global(), &parent_why);
   }
   ncclResult_t r;
   if (parent != nullptr && (shrink_flags & DQ_NCCL_SHRINK_ABORT) != 0)
@@ -515,18 +514,13 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
   if (parent == nullptr) return r;
   std::shared_ptr<CommEntry> child = find(*newcomm);
   if (child == nullptr) return r;
-  config::CommIdentity inherited;
-  {
-    std::lock_guard<std::mutex> lock(parent->identity_mutex);
-    inherited = parent->identity;
-  }
   std::lock_guard<std::mutex> lock(child->identity_mutex);
   if (child->identity.name.empty()) child->identity.name = inherited.name;
   child->identity.color = inherited.color;
   child->inherited_on = parent_on;
-  child->inherited_why = "as communicator index " + std::to_string(parent_index) +
+  child->inherited_why = "as communicator index " + std::to_string(inherited.index) +
                          ", which it replaces: " + parent_why;
-  child->shrunk_from = parent_index;
+  child->shrunk_from = inherited.index;
   return r;
 }
 

@@ -307,6 +307,21 @@ ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t
   return submit(t);
 }
 
+// The config's commName, or null: none set, or a struct not made by NCCL_CONFIG_INITIALIZER or
+// too old to have the field.
+const char* config_comm_name(const ncclConfig_t* config) {
+  if (!config || config->magic != DQ_NCCL_CONFIG_MAGIC ||
+      config->size < offsetof(ncclConfig_t, commName) + sizeof(const char*))
+    return nullptr;
+  return config->commName;
+}
+
+// A split's or shrink's name: the config's commName, else the parent's.
+std::string child_name(const Comm& parent, const ncclConfig_t* config) {
+  const char* name = config_comm_name(config);
+  return name != nullptr ? name : parent.name();
+}
+
 void apply_config(Comm* comm, const ncclConfig_t* config) {
   if (!config) return;
   if (config->magic != DQ_NCCL_CONFIG_MAGIC) {
@@ -316,8 +331,7 @@ void apply_config(Comm* comm, const ncclConfig_t* config) {
             config->magic);
     return;
   }
-  if (config->size >= offsetof(ncclConfig_t, commName) + sizeof(const char*) && config->commName)
-    comm->set_name(config->commName);
+  if (const char* name = config_comm_name(config)) comm->set_name(name);
   if (config->blocking != DQ_NCCL_CONFIG_UNDEF_INT) comm->set_blocking(config->blocking);
 }
 
@@ -415,11 +429,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     Comm* parent = impl(comm);
     if (ncclResult_t r = check_comm(parent); r != ncclSuccess) return r;
     if (color < 0 && color != DQ_NCCL_SPLIT_NOCOLOR) return invalid("negative color");
-    std::string name = parent->name();
-    if (config && config->magic == DQ_NCCL_CONFIG_MAGIC && config->commName)
-      name = config->commName;
     Comm* child = nullptr;
-    Status s = Comm::split(parent, color, key, name, &child);
+    Status s = Comm::split(parent, color, key, child_name(*parent, config), &child);
     if (s != Status::kOk) return record_failure(parent, s, "ncclCommSplit");
     *newcomm = handle(child);
     return ncclSuccess;
@@ -438,13 +449,10 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude_ranks, int exclude_cou
     if (shrink_flags != DQ_NCCL_SHRINK_DEFAULT && shrink_flags != DQ_NCCL_SHRINK_ABORT)
       return invalid("shrinkFlags (NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT)");
     // A parent that failed (a dead peer) or was revoked may be shrunk: that is what it is for.
-    std::string name = parent->name();
-    if (config && config->magic == DQ_NCCL_CONFIG_MAGIC && config->commName)
-      name = config->commName;
     const std::vector<int> excluded(exclude_ranks, exclude_ranks + exclude_count);
     Comm* child = nullptr;
-    const Status s =
-        Comm::shrink(parent, excluded, shrink_flags == DQ_NCCL_SHRINK_ABORT, name, &child);
+    const Status s = Comm::shrink(parent, excluded, shrink_flags == DQ_NCCL_SHRINK_ABORT,
+                                  child_name(*parent, config), &child);
     if (s == Status::kInvalidArgument) return invalid("ncclCommShrink (see the WARN line)");
     if (s != Status::kOk) {
       set_last_error("cpu-nccl: ncclCommShrink failed (see WARN lines)");

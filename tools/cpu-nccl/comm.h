@@ -103,12 +103,12 @@ class Comm {
  private:
   struct Hello;
   struct MeshBuilder;  // the state and steps of one build_mesh (mesh.cc)
-  // The plugin listen comm peers connect to, closed with the last communicator using it; and the
-  // plugin communicator id its connections are checked against (connecting needs a context with
-  // the same id).
-  // Shared by communicators made by ncclCommShrink, so a hello can arrive at another build than
-  // its own: it is parked here for the build with its tag, and a connection whose hello had not
-  // arrived when its build ended is left to the next build (a bounded number of each).
+  // The plugin listen comm peers connect to and the plugin communicator id its connections are
+  // checked against (connecting needs a context with the same id). Communicators made by
+  // ncclCommShrink share their parent's, and it is closed with the last one using it; so a hello
+  // can reach another build than its own: it is parked here for the build with its tag, and a
+  // connection whose hello had not arrived when its build ended is left to the next build (a
+  // bounded number of each).
   struct Listener {
     struct Parked {
       void* comm;  // the accepted receive connection, its hello read

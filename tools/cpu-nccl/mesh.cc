@@ -311,6 +311,7 @@ Status Comm::build_mesh(std::vector<NetHandle>* handles, bool handles_from_root)
 Status Comm::split(Comm* parent, int color, int key, const std::string& name, Comm** child) {
   *child = nullptr;
   const uint64_t tag = mix(parent->comm_tag_ ^ mix(++parent->split_count_));
+  const uint64_t child_tag = mix(tag ^ static_cast<uint64_t>(color));  // also its plugin comm id
   std::unique_ptr<Comm> fresh;
   NetHandle my_handle{};
   // Every parent rank takes part in the exchange, even with color < 0.
@@ -327,9 +328,8 @@ Status Comm::split(Comm* parent, int color, int key, const std::string& name, Co
     // Rank and size are known only after the exchange; build with placeholders, fix below.
     fresh = std::make_unique<Comm>(0, 1);
     fresh->net_ = parent->net_;
-    local = fresh->net_->init(mix(tag ^ static_cast<uint64_t>(color)), &fresh->ctx_);
-    if (local == Status::kOk)
-      local = fresh->open_listener(mix(tag ^ static_cast<uint64_t>(color)), &my_handle);
+    local = fresh->net_->init(child_tag, &fresh->ctx_);
+    if (local == Status::kOk) local = fresh->open_listener(child_tag, &my_handle);
     if (local != Status::kOk) mine.color = -2;  // tells the others this rank cannot join
     mine.handle = my_handle;
   }
@@ -355,8 +355,7 @@ Status Comm::split(Comm* parent, int color, int key, const std::string& name, Co
   fresh->ctx_ = nullptr;
   std::vector<NetHandle> handles(made->nranks_);
   for (int i = 0; i < made->nranks_; ++i) handles[i] = table[members[i]].handle;
-  DQ_CHECK(made->join_child_mesh(*parent, mix(tag ^ static_cast<uint64_t>(color)), name,
-                                 std::move(handles)));
+  DQ_CHECK(made->join_child_mesh(*parent, child_tag, name, std::move(handles)));
   *child = made.release();
   return Status::kOk;
 }
@@ -377,7 +376,6 @@ Status Comm::join_child_mesh(const Comm& parent, uint64_t comm_tag, const std::s
 Status Comm::shrink(Comm* parent, const std::vector<int>& excluded, bool abort_parent,
                     const std::string& name, Comm** child) {
   *child = nullptr;
-  if (abort_parent) parent->revoke();
   std::vector<uint8_t> out(parent->nranks_, 0);
   for (int r : excluded) {
     if (r < 0 || r >= parent->nranks_)
@@ -392,6 +390,7 @@ Status Comm::shrink(Comm* parent, const std::vector<int>& excluded, bool abort_p
   }
   if (!parent->listener_ || static_cast<int>(parent->peer_handles_.size()) != parent->nranks_)
     DQ_FAIL(Status::kUnsupported, "cpu-nccl: ncclCommShrink: the parent has no listener");
+  if (abort_parent) parent->revoke();  // once the arguments are known good
   std::vector<int> members;
   uint64_t tag = mix(parent->comm_tag_ ^ mix(0x5348524e4bull + ++parent->shrink_count_));
   for (int r = 0; r < parent->nranks_; ++r) {
