@@ -144,8 +144,5 @@ int run_rank(int rank) {
 }  // namespace
 
 int main(int, char** argv) {
-  if (const int rank = my_rank(); rank >= 0) return run_rank(rank);
-  Nccl nccl;
-  if (!device_and_nccl(&nccl)) return kSkip;
-  return parent_main(argv, nccl, 90, nullptr);
+  return two_ranks_main(argv, run_rank, 90);
 }

@@ -173,10 +173,7 @@ int run_rank(int rank) {
 }  // namespace
 
 int main(int, char** argv) {
-  if (const int rank = my_rank(); rank >= 0) return run_rank(rank);
-  Nccl nccl;
-  if (!device_and_nccl(&nccl)) return kSkip;
-  return parent_main(argv, nccl, 75, [](const std::string& dir) {
+  return two_ranks_main(argv, run_rank, 75, [](const std::string& dir) {
     if (read_result(dir, "digest0") == read_result(dir, "digest1")) return true;
     std::printf("FAIL: the ranks' results after the last call differ\n");
     return false;

@@ -257,4 +257,14 @@ inline int parent_main(char** argv, const Nccl& nccl, int seconds,
   return failures == 0 ? 0 : 1;
 }
 
+// A pass/fail program's main: in a rank (started by run_ranks), run_rank(rank); in the parent,
+// kSkip without a device or NVIDIA's NCCL, else parent_main.
+inline int two_ranks_main(char** argv, int (*run_rank)(int), int seconds,
+                          const std::function<bool(const std::string&)>& more = nullptr) {
+  if (const int rank = my_rank(); rank >= 0) return run_rank(rank);
+  Nccl nccl;
+  if (!device_and_nccl(&nccl)) return kSkip;
+  return parent_main(argv, nccl, seconds, more);
+}
+
 }  // namespace dq::gputest

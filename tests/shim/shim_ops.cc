@@ -82,8 +82,6 @@ bool all_exited_zero(const std::vector<dq::test::RankExit>& exits, const char* w
   return true;
 }
 
-unsigned long long rerouted_calls(ncclComm_t comm);
-
 // `calls` FP32 all-reduces of `count` values; 0 when each sum that passed through is exact (the
 // compressed ones' accuracy is shim_multirank's).
 int float_calls(int n, int rank, ncclComm_t comm, size_t count, int calls,
@@ -102,13 +100,6 @@ int float_calls(int n, int rank, ncclComm_t comm, size_t count, int calls,
     }
   }
   return 0;
-}
-
-unsigned long long rerouted_calls(ncclComm_t comm) {
-  const auto fn = reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
-  unsigned long long rerouted = 0, passed = 0;
-  if (fn == nullptr || fn(comm, &rerouted, &passed) != 0) return ~0ull;
-  return rerouted;
 }
 
 // The decision line of rank r's log (the text after "rank r/n comm 0x... "), "" if there is not

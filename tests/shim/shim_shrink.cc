@@ -49,12 +49,6 @@ constexpr double kVnmseBound = 1e-2;
 
 enum class Mode { kDead, kHung, kAbort };
 
-unsigned long long rerouted(ncclComm_t comm) {
-  unsigned long long r = 0, p = 0;
-  if (counters_fn() == nullptr || counters_fn()(comm, &r, &p) != 0) return ~0ull;
-  return r;
-}
-
 // Rank `rank`'s row, FP32.
 std::vector<float> row(const dq::sim::Matrix& rows, int rank) {
   std::vector<float> v(kCount);
@@ -167,11 +161,11 @@ int survivor(int rank, ncclComm_t comm, Mode mode, const dq::sim::Matrix& rows) 
   if (count != kRanks - 1 || me != rank - (rank > kLost ? 1 : 0)) return 53;
   std::vector<float> out(kCount);
   for (int call = 0; call < 2; ++call) {
-    const unsigned long long before = rerouted(sub);
+    const unsigned long long before = rerouted_calls(sub);
     if (ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, sub, nullptr) !=
         ncclSuccess)
       return 54;
-    if (rerouted(sub) != before + 1) return 55;  // compressed, as its parent was
+    if (rerouted_calls(sub) != before + 1) return 55;  // compressed, as its parent was
     if (!same_bytes_everywhere(sub, out.data(), kCount * sizeof(float))) return 56;
   }
   double err = 0, energy = 0;
@@ -209,7 +203,7 @@ bool scenario(Mode mode, bool two_nodes, const char* label) {
     if (ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr) !=
         ncclSuccess)
       return 30;
-    if (rerouted(comm) != 1) return 31;
+    if (rerouted_calls(comm) != 1) return 31;
     if (rank != kLost) return survivor(rank, comm, mode, rows);
     if (mode == Mode::kDead) _exit(0);  // no destroy, no word: its connections just close
     wait_for_survivors();

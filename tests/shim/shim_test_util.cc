@@ -30,6 +30,13 @@ CountersFn counters_fn() {
   return reinterpret_cast<CountersFn>(dlsym(RTLD_DEFAULT, "dynamiqCommCounters"));
 }
 
+unsigned long long rerouted_calls(ncclComm_t comm) {
+  const CountersFn fn = counters_fn();
+  unsigned long long rerouted = 0, passed = 0;
+  if (fn == nullptr || fn(comm, &rerouted, &passed) != 0) return ~0ull;
+  return rerouted;
+}
+
 std::string rank_file(int r, const char* what) {
   return g_dir + "/" + what + std::to_string(r);
 }

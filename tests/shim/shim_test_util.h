@@ -28,6 +28,8 @@ using CountersFn = int (*)(void*, unsigned long long*, unsigned long long*);
 
 // The shim's per-communicator counters (rerouted, passed through); null when not preloaded.
 CountersFn counters_fn();
+// The calls the shim compressed on `comm` so far; ~0 when it cannot say.
+unsigned long long rerouted_calls(ncclComm_t comm);
 
 // This run's scratch directory (rank logs, result files), made by scenario_main.
 extern std::string g_dir;
