@@ -121,6 +121,8 @@ class CudaGpuDevice final : public Device {
   bool needs_canary() const override { return true; }
   // One launch lays out every part of a call (or one step a part where no batch was prepared).
   bool batches_layouts() const override { return true; }
+  // NCCL's calls are issued at enqueue (nccl() below): an abort ends their kernels.
+  bool abort_ends_queued_nccl_work() const override { return true; }
 
   // ---- memory -------------------------------------------------------------------------------
   Status alloc(size_t bytes, void** out) override {

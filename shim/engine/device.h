@@ -203,6 +203,12 @@ class Device {
   // once and its result is returned; the host device queues it behind the stream's earlier work
   // and reports a failure through the error word.
   virtual Status nccl(Lane lane, std::function<ncclResult_t()> calls) = 0;
+  // True when NCCL's abort of a communicator ends the work this device holds queued on it, so
+  // that an abort may come before the wait for that work. On a GPU every NCCL call was issued at
+  // enqueue, only NCCL's kernels remain, and ncclCommAbort makes them exit. False on the host
+  // device: its streams' threads make NCCL's calls when they reach them, and an abort (which
+  // frees the communicator) must not race them; there only a revoke ends them early.
+  virtual bool abort_ends_queued_nccl_work() const { return false; }
 };
 
 // The process-wide host device: host memory, the CPU NCCL. Streams are ordered work queues, each

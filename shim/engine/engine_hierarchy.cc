@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -203,6 +204,17 @@ void Engine::release_hierarchy() {
   }
   const bool broken = broken_ != ncclSuccess || h.abort_comms || revoked ||
                       (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
+  // Broken, the communicators' queued operations may wait for a peer that never answers. Where
+  // an abort ends them (a GPU), they are aborted before the waits for the streams below, which
+  // then return at once: an NCCL before 2.28 has no revoke to end them, and each wait would
+  // otherwise run to DYNAMIQ_TIMEOUT_MS (the streams, then each rail engine's, one after
+  // another). Elsewhere (the host device, whose threads make those NCCL calls) they are aborted
+  // after the waits, as before.
+  std::array<ncclComm_t, 2 + kRailEngines> comms = h.comms();
+  if (broken && device_ != nullptr && device_->abort_ends_queued_nccl_work()) {
+    for (ncclComm_t& c : comms)
+      if (c != nullptr) ops_.comm_abort(c), c = nullptr;
+  }
   if (device_ != nullptr) {
     // Destroying a stream waits for its work (bounded: every NCCL call in it has a timeout), and
     // the all-gathers' stream waits for the rail engine's events: both go before that engine.
@@ -220,7 +232,7 @@ void Engine::release_hierarchy() {
     if (h.shard != nullptr && comm_stream_ != nullptr) device_->release(h.shard, comm_stream_);
     if (metrics_) metrics_->held_bytes.fetch_sub(static_cast<int64_t>(h.shard_bytes));
   }
-  for (ncclComm_t c : h.comms())
+  for (ncclComm_t c : comms)
     if (c != nullptr) broken ? ops_.comm_abort(c) : ops_.comm_destroy(c);
   hierarchy_.reset();
 }

@@ -39,8 +39,9 @@ struct CommEntry {
   bool inherited_on = false;
   std::unique_ptr<engine::Engine> engine;  // made at the first all-reduce
   int cuda_ordinal = -1;                   // >= 0: the engine runs on that CUDA device
-  // NVIDIA's NCCL with the CUDA device: ncclCommAbort calls the real abort before the engine's
-  // teardown (comm_aborted). Read without the entry's lock.
+  // The engine's device says an abort ends its queued NCCL work (the CUDA device): ncclCommAbort
+  // calls the real abort before the engine's teardown (comm_aborted). Read without the entry's
+  // lock.
   std::atomic<bool> abort_before_teardown{false};
   std::atomic<bool> aborted{false};  // set before that real abort (or a revoke): the engine
                                      // watches it
@@ -267,7 +268,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
     device = engine::cuda_gpu_device(ordinal, &why);
     if (device != nullptr) {
       e.cuda_ordinal = ordinal;
-      e.abort_before_teardown = true;
+      e.abort_before_teardown = device->abort_ends_queued_nccl_work();
       DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d: NVIDIA's NCCL, the %s device",
               e.identity.index, device->name());
     }

@@ -43,6 +43,10 @@
 //   rail_overlap  two-level (2 x 2 fake nodes), an all-reduce in 4 pieces: piece 1's statistics
 //               all-reduce is issued while piece 0's first rail message is held back (the two rail
 //               engines); the call's result near the exact sum
+//   teardown_order  two-level (2 x 2 fake nodes), no ncclCommRevoke: an aborted engine on a device
+//               whose aborts end its queued NCCL work (a GPU's answer) aborts its four split
+//               communicators before any wait; on the host device's answer only after the rail
+//               engines' waits; a healthy one destroys them
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -226,6 +230,11 @@ class FailingDevice final : public Device {
   std::vector<Enqueued> enqueued;
   const char* name() const override { return "failing host"; }
   bool batches_layouts() const override { return batched_layouts; }
+  // abort_ends_queued_nccl_work() answers this (a CUDA device's true).
+  bool aborts_end_work = false;
+  bool abort_ends_queued_nccl_work() const override { return aborts_end_work; }
+  // Called with "wait" at each stream destroy and bounded wait, when set.
+  std::function<void(const char*)> on_wait;
   dq::Status alloc(size_t bytes, void** out) override {
     if (failing || (failing_scratch && scratch_asked != 0 && bytes == scratch_asked)) {
       ++failed_allocs;
@@ -247,7 +256,10 @@ class FailingDevice final : public Device {
     if (no_streams) return dq::Status::kSystemError;
     return inner_->create_stream(s);
   }
-  void destroy_stream(dq::engine::StreamHandle s) override { inner_->destroy_stream(s); }
+  void destroy_stream(dq::engine::StreamHandle s) override {
+    if (on_wait) on_wait("wait");  // destroying a stream waits for its work
+    inner_->destroy_stream(s);
+  }
   dq::Status create_event(dq::engine::EventHandle* e) override { return inner_->create_event(e); }
   void destroy_event(dq::engine::EventHandle e) override { inner_->destroy_event(e); }
   dq::Status record(dq::engine::EventHandle e, dq::engine::StreamHandle s) override {
@@ -261,6 +273,7 @@ class FailingDevice final : public Device {
   dq::Status synchronize_for(dq::engine::EventHandle e, int64_t timeout_ms) override {
     bound_ms = timeout_ms;
     ++bounded_waits;
+    if (on_wait) on_wait("wait");
     if (during_bounded_wait) during_bounded_wait();
     // Not stalled: unbounded, so a slow start on a loaded machine never trips the short bound
     // this test sets (the host device honours it too).
@@ -1581,6 +1594,106 @@ int scenario_rail_overlap(int n) {
   return all_zero(run_ranks(n, 1, body, 120), "rail_overlap") ? 0 : 1;
 }
 
+// ---- teardown_order ------------------------------------------------------------------------
+// A two-level engine's teardown once it is broken (marked aborted, as the shim's ncclCommAbort
+// marks it), after one compressed call on two fake nodes of two ranks. Each rank logs, in order,
+// the device's waits (each bounded wait and each stream destroy, which waits for the stream's
+// work) and the aborts and destroys of the four communicators the engine split. Cases:
+//   - the device's abort_ends_queued_nccl_work() true (a GPU's answer), aborted: all four are
+//     aborted before the first wait, so that operations stuck on a silent peer (which an NCCL
+//     before 2.28 cannot revoke) end at once instead of each wait running to
+//     DYNAMIQ_TIMEOUT_MS;
+//   - false (the host device, whose threads make those NCCL calls and must not race an abort),
+//     aborted: aborted all the same, but only after the rail engines' waits;
+//   - true, not aborted: destroyed, never aborted.
+std::vector<std::string> g_teardown_log;
+ncclResult_t logged_abort(ncclComm_t comm) {
+  if (std::find(g_made.begin(), g_made.end(), comm) != g_made.end())
+    g_teardown_log.push_back("abort");
+  return ncclCommAbort(comm);
+}
+ncclResult_t logged_destroy(ncclComm_t comm) {
+  if (std::find(g_made.begin(), g_made.end(), comm) != g_made.end())
+    g_teardown_log.push_back("destroy");
+  return ncclCommDestroy(comm);
+}
+
+int teardown_order_case(int n, int rank, ncclComm_t comm, bool aborts_end_work, bool aborted) {
+  const auto settings = settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_HIERARCHY", "node"}, {"DYNAMIQ_MIN_BYTES", "0"}});
+  dq::engine::NcclOps ops = cpu_nccl_ops();
+  ops.comm_split = recorded_split;
+  ops.comm_abort = logged_abort;
+  ops.comm_destroy = logged_destroy;
+  ops.comm_revoke = nullptr;  // an NCCL before 2.28
+  g_made.clear();
+  g_teardown_log.clear();
+  FailingDevice device(dq::engine::host_device());
+  device.aborts_end_work = aborts_end_work;
+  std::atomic<bool> abort_flag{false};
+  constexpr size_t kCount = 1 << 18;
+  const std::vector<float> in = small_integers(rank, kCount);
+  std::vector<float> out(kCount);
+  {
+    Engine engine(settings, true, {comm, rank, n}, ops, &device, nullptr, true);
+    engine.watch_abort(&abort_flag);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    PassReason reason;
+    const ncclResult_t r = engine.run(args, &reason);
+    CHECK_OR(90, r == ncclSuccess && reason == PassReason::kRerouted, "rank %d: %d, reason %s",
+             rank, static_cast<int>(r), dq::engine::reason_name(reason));
+    double worst = 0;
+    for (size_t i = 0; i < kCount; ++i)
+      worst = std::max(worst, std::fabs(out[i] - small_integers_sum(i, n)));
+    CHECK_OR(91, worst < 3.0, "rank %d: off by %g", rank, worst);
+    CHECK_OR(92, g_made.size() == 4, "rank %d: %zu split communicators, 4 wanted", rank,
+             g_made.size());
+    abort_flag = aborted;
+    device.on_wait = [](const char* what) { g_teardown_log.push_back(what); };
+  }
+  std::string order;
+  for (const std::string& e : g_teardown_log) order += e + " ";
+  const auto count = [&](const char* what) {
+    return std::count(g_teardown_log.begin(), g_teardown_log.end(), what);
+  };
+  const auto first = [&](const char* what) {
+    return std::find(g_teardown_log.begin(), g_teardown_log.end(), what) - g_teardown_log.begin();
+  };
+  const auto last = [&](const char* what) {
+    const auto it = std::find(g_teardown_log.rbegin(), g_teardown_log.rend(), what);
+    return static_cast<long>(g_teardown_log.rend() - it) - 1;  // -1: none
+  };
+  if (!aborted) {
+    CHECK_OR(93, count("destroy") == 4 && count("abort") == 0,
+             "rank %d: a healthy teardown must destroy the four communicators: %s", rank,
+             order.c_str());
+  } else if (aborts_end_work) {
+    CHECK_OR(94, count("abort") == 4 && count("destroy") == 0 && last("abort") < first("wait"),
+             "rank %d: aborted, on a device whose aborts end its work, the four communicators "
+             "must be aborted before any wait: %s",
+             rank, order.c_str());
+  } else {
+    CHECK_OR(95, count("abort") == 4 && count("destroy") == 0 && first("wait") < first("abort"),
+             "rank %d: aborted, on the host device, the communicators must be aborted after the "
+             "rail engines' waits: %s",
+             rank, order.c_str());
+  }
+  return 0;
+}
+
+int scenario_teardown_order(int n) {
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    join_fake_node("teardown-node", rank);
+    if (const int rc = teardown_order_case(n, rank, comms[0], true, true)) return rc;
+    if (const int rc = teardown_order_case(n, rank, comms[0], false, true)) return rc;
+    return teardown_order_case(n, rank, comms[0], true, false);
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "teardown_order") ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1589,7 +1702,7 @@ int main(int argc, char** argv) {
                  "usage: engine_multirank "
                  "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|layout_order|collectives|"
                  "setup_fail|stalled_wait|"
-                 "split_settles|rail_overlap|byte_counts "
+                 "split_settles|rail_overlap|teardown_order|byte_counts "
                  "NRANKS [TOPO]\n");
     return 2;
   }
@@ -1613,6 +1726,7 @@ int main(int argc, char** argv) {
   if (scenario == "stalled_wait") return scenario_stalled_wait(n);
   if (scenario == "split_settles") return scenario_split_settles(n);
   if (scenario == "rail_overlap") return scenario_rail_overlap(n);
+  if (scenario == "teardown_order") return scenario_teardown_order(n);
   if (scenario == "byte_counts") return scenario_byte_counts(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
