@@ -9,11 +9,40 @@
 #include <algorithm>
 #include <cerrno>
 #include <fstream>
+#include <mutex>
 
 #include "plugin/ibverbs/ib_internal.h"
 
 namespace dq::net::ib {
 namespace {
+
+// Fork support, asked for once per process before any verbs resource exists (ibv_fork_init
+// refuses once memory is registered). Jobs fork after NCCL's set-up (PyTorch's DataLoader
+// workers, under Linux's default fork start method). On a kernel without RDMA copy-on-fork
+// (before 5.13) a registered page the parent writes after a fork is copied for the parent while
+// the adapter keeps the old one, now the child's: received bytes no longer reach the parent.
+// ibv_fork_init has registered pages left out of forked children instead, as NCCL's own IB
+// transport asks. Not asked where the kernel copies registered pages itself. False: asked for
+// and refused (*what says why).
+bool ask_fork_support(std::string* what) {
+  if (verbs().is_fork_initialized != nullptr &&
+      verbs().is_fork_initialized() == IBV_FORK_UNNEEDED) {
+    *what = "not needed (the kernel copies registered pages at fork)";
+    return true;
+  }
+  if (verbs().fork_init == nullptr) {
+    *what = "not available (libibverbs has no ibv_fork_init): do not fork after NCCL's set-up";
+    return false;
+  }
+  const int r = verbs().fork_init();  // 0, or an errno value
+  if (r != 0) {
+    *what = std::string("ibv_fork_init failed (") + std::strerror(r) +
+            "): a process that forks after NCCL's set-up may lose received bytes";
+    return false;
+  }
+  *what = "enabled (registered pages are left out of forked children)";
+  return true;
+}
 
 // Whether NVIDIA's peer-memory module is loaded (nvidia-peermem, or the older nv_peer_mem):
 // then ibv_reg_mr accepts CUDA device pointers. *why: what was looked for.
@@ -250,6 +279,16 @@ Status discover_ib_devices(const NetEnv& env, std::deque<IbDevice>* out, std::st
     *why = load_error;
     return Status::kUnsupported;
   }
+  static std::string fork_support;
+  static const bool fork_ok = ask_fork_support(&fork_support);
+  static std::once_flag fork_logged;
+  std::call_once(fork_logged, [] {
+    if (fork_ok) {
+      NET_INFO("verbs fork support: %s", fork_support.c_str());
+    } else {
+      NET_WARN("verbs fork support: %s", fork_support.c_str());
+    }
+  });
   int n = 0;
   ibv_device** list = verbs().get_device_list(&n);
   if (list == nullptr) {

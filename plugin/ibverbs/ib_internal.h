@@ -12,6 +12,7 @@
 
 #include <infiniband/verbs.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -151,10 +152,14 @@ struct Conn {
   // Posts the receive of the peer's kBye on side_recv (poll_side watches it).
   Status post_side_recv();
 
-  // `bytes` zeroed, page-aligned bytes freed by close() (blocks).
+  // `bytes` zeroed, page-aligned bytes freed by close() (blocks). Whole pages: with fork support
+  // (ib_discovery.cc) a registered page is left out of forked children, so it must hold nothing
+  // else of the process's.
   void* alloc(size_t bytes) {
+    const long page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    bytes = (bytes + page - 1) / page * page;
     void* p = nullptr;
-    if (posix_memalign(&p, 4096, bytes) != 0) return nullptr;
+    if (posix_memalign(&p, static_cast<size_t>(page), bytes) != 0) return nullptr;
     std::memset(p, 0, bytes);
     blocks.push_back(p);
     return p;

@@ -32,6 +32,10 @@ struct Verbs {
   int (*destroy_qp)(ibv_qp*) = nullptr;
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int) = nullptr;
   const char* (*wc_status_str)(ibv_wc_status) = nullptr;
+  // Optional (rdma-core 35 and later for the second): fork support, asked for before any
+  // verbs resource exists (ib_discovery.cc).
+  int (*fork_init)() = nullptr;
+  ibv_fork_status (*is_fork_initialized)() = nullptr;
   // Optional (rdma-core 34 and later): device memory exported as a DMA-BUF.
   ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
                            int access) = nullptr;

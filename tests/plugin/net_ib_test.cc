@@ -6,11 +6,13 @@
 // `--require-device`: exit 77 (skipped) with the reason when no active verbs port exists.
 #include <dirent.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tests/plugin/plugin_harness.h"
 
@@ -88,6 +90,11 @@ TEST_F(NetIbTest, ChosenBackendMatchesTheMachine) {
     EXPECT_EQ(p.ptrSupport, NCCL_PTR_HOST);
     EXPECT_GT(p.speed, 0);
     EXPECT_GT(p.maxComms, 0);
+    // One line says what rdma-core answered about fork support (printed: the guest's answer).
+    EXPECT_EQ(LogCapture::count_info("verbs fork support", ""), 1);
+    std::lock_guard<std::mutex> lock(LogCapture::mu());
+    for (const std::string& line : LogCapture::infos())
+      if (line.find("verbs fork support") != std::string::npos) std::printf("%s\n", line.c_str());
   } else {
     std::ifstream netdev("/sys/class/net/" + name + "/operstate");
     EXPECT_TRUE(netdev.good()) << name << " is not a network interface (socket fallback)";
@@ -255,7 +262,9 @@ TEST_F(NetIbTest, GpuDirectAdvertisedOnlyWhereTheMachineHasIt) {
   int size = static_cast<int>(buf.size());
   void* freq = reinterpret_cast<void*>(1);
   ASSERT_EQ(net_->iflush(rc_, 1, &data, &size, &mh, &freq), dqNetSuccess);
-  if (!flush_all()) EXPECT_EQ(freq, nullptr) << "a host receive needs no flush";
+  if (!flush_all()) {
+    EXPECT_EQ(freq, nullptr) << "a host receive needs no flush";
+  }
   if (freq != nullptr) {
     int done = 0;
     ASSERT_EQ(wait_request(net_, freq, nullptr, &done, 20), dqNetSuccess);
@@ -304,6 +313,26 @@ TEST_F(NetIbTest, FlushAllReadsBackEveryReceive) {
   EXPECT_EQ(net_->deregMr(rc_, mh[1]), dqNetSuccess);
 }
 
+// Run by net_ib_fork_support over a recording libibverbs (tests/plugin/fake_ibverbs; its log is
+// DQ_FAKE_VERBS_LOG) that answers as a kernel without RDMA copy-on-fork: the plugin asks whether
+// fork support is needed, asks for it once, and only then makes any other verbs call (an
+// ibv_fork_init after a registration is refused); its INFO line says so. Skipped elsewhere.
+TEST_F(NetIbTest, AsksForForkSupportBeforeAnyOtherVerbsCall) {
+  const char* path = std::getenv("DQ_FAKE_VERBS_LOG");
+  if (path == nullptr) GTEST_SKIP() << "run by the test net_ib_fork_support";
+  std::ifstream log(path);
+  ASSERT_TRUE(log.good()) << "the recording libibverbs wrote no log at " << path
+                          << ": the plugin did not load it";
+  std::vector<std::string> calls;
+  for (std::string line; std::getline(log, line);) calls.push_back(line);
+  ASSERT_GE(calls.size(), 3u);
+  EXPECT_EQ(calls[0], "ibv_is_fork_initialized");
+  EXPECT_EQ(calls[1], "ibv_fork_init");
+  EXPECT_EQ(calls[2], "ibv_get_device_list");
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "ibv_fork_init"), 1);
+  EXPECT_EQ(LogCapture::count_info("verbs fork support", "enabled"), 1);
+}
+
 }  // namespace
 }  // namespace dq::net::testing
 
@@ -316,6 +345,8 @@ int main(int argc, char** argv) {
     std::printf("SKIP: no active verbs port in /sys/class/infiniband (run it in tests/vm)\n");
     return 77;
   }
+  // The recording libibverbs appends: start from an empty log.
+  if (const char* log = std::getenv("DQ_FAKE_VERBS_LOG")) std::remove(log);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
