@@ -1407,6 +1407,21 @@ double small_integers_sum(size_t i, int n) {
   for (int q = 0; q < n; ++q) sum += static_cast<double>((i + q) % 7);
   return sum;
 }
+// One FP32 SUM all-reduce of this rank's small integers `in` through `engine` into `out` (their
+// size); *worst: the largest distance of an output from the exact sum over n ranks.
+ncclResult_t all_reduce_small_integers(Engine& engine, const std::vector<float>& in,
+                                       std::vector<float>* out, int n, PassReason* reason,
+                                       double* worst) {
+  CallArgs args;
+  args.send = in.data();
+  args.recv = out->data();
+  args.count = in.size();
+  const ncclResult_t r = engine.run(args, reason);
+  *worst = 0;
+  for (size_t i = 0; i < in.size(); ++i)
+    *worst = std::max(*worst, std::fabs((*out)[i] - small_integers_sum(i, n)));
+  return r;
+}
 
 // ---- split_settles -------------------------------------------------------------------------
 // The split answers ncclInProgress (after making the communicator: the CPU NCCL's splits are
@@ -1472,17 +1487,11 @@ int split_settles_case(int n, int stuck_rank) {
       Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
                     true);
       for (int call = 0; call < 2; ++call) {
-        CallArgs args;
-        args.send = in.data();
-        args.recv = out.data();
-        args.count = kCount;
         PassReason reason;
-        const ncclResult_t r = engine.run(args, &reason);
+        double worst = 0;
+        const ncclResult_t r = all_reduce_small_integers(engine, in, &out, n, &reason, &worst);
         CHECK_OR(70, r == ncclSuccess, "rank %d call %d: %d", rank, call, static_cast<int>(r));
         // Small integers: every schedule's sum is exact or close to it (5 bits).
-        double worst = 0;
-        for (size_t i = 0; i < kCount; ++i)
-          worst = std::max(worst, std::fabs(out[i] - small_integers_sum(i, n)));
         CHECK_OR(71, worst < 3.0, "rank %d call %d: off by %g", rank, call, worst);
       }
     }
@@ -1637,17 +1646,11 @@ int teardown_order_case(int n, int rank, ncclComm_t comm, bool aborts_end_work, 
   {
     Engine engine(settings, true, {comm, rank, n}, ops, &device, nullptr, true);
     engine.watch_abort(&abort_flag);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
     PassReason reason;
-    const ncclResult_t r = engine.run(args, &reason);
+    double worst = 0;
+    const ncclResult_t r = all_reduce_small_integers(engine, in, &out, n, &reason, &worst);
     CHECK_OR(90, r == ncclSuccess && reason == PassReason::kRerouted, "rank %d: %d, reason %s",
              rank, static_cast<int>(r), dq::engine::reason_name(reason));
-    double worst = 0;
-    for (size_t i = 0; i < kCount; ++i)
-      worst = std::max(worst, std::fabs(out[i] - small_integers_sum(i, n)));
     CHECK_OR(91, worst < 3.0, "rank %d: off by %g", rank, worst);
     CHECK_OR(92, g_made.size() == 4, "rank %d: %zu split communicators, 4 wanted", rank,
              g_made.size());
