@@ -60,8 +60,31 @@ constexpr int index_of(std::string_view key) {
 constexpr int kTimeout = index_of("DYNAMIQ_TIMEOUT_MS");
 constexpr int kNetTimeout = index_of("DYNAMIQ_NET_TIMEOUT_MS");
 constexpr int kCpuNcclTimeout = index_of("DYNAMIQ_CPU_NCCL_TIMEOUT_MS");
-constexpr int kNetIfname = index_of("DYNAMIQ_NET_IFNAME");
-static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0 && kNetIfname >= 0);
+static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0);
+
+// Settings that take NCCL's variable of the same meaning while they are unset themselves: the
+// net plugin replaces NCCL's own socket and IB transports, and a job's NCCL_* settings for those
+// (its interfaces, HCAs, RoCE GID and traffic class) must still hold. NCCL's value is checked as
+// the setting's own would be.
+struct NcclEquivalent {
+  const char* key;
+  const char* nccl;
+};
+constexpr NcclEquivalent kNcclEquivalents[] = {
+    {"DYNAMIQ_NET_IFNAME", "NCCL_SOCKET_IFNAME"},
+    {"DYNAMIQ_NET_IB_HCA", "NCCL_IB_HCA"},
+    {"DYNAMIQ_NET_IB_GID_INDEX", "NCCL_IB_GID_INDEX"},
+    {"DYNAMIQ_NET_IB_TC", "NCCL_IB_TC"},
+    {"DYNAMIQ_NET_IB_SL", "NCCL_IB_SL"},
+    {"DYNAMIQ_NET_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
+    {"DYNAMIQ_NET_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"},
+};
+constexpr bool equivalents_named() {
+  for (const NcclEquivalent& q : kNcclEquivalents)
+    if (index_of(q.key) < 0) return false;
+  return true;
+}
+static_assert(equivalents_named(), "every NCCL equivalent names a setting of the table");
 
 bool parse_bool(std::string_view v, bool* out) {
   const std::string s = lower_ascii(v);
@@ -293,11 +316,19 @@ class Loader {
     *s = defaults();
     for (int i = 0; i < kCount; ++i) {
       const Entry& e = kTable[i];
-      const char* raw = lookup_(e.key, ctx_);
-      if (raw == nullptr || *raw == '\0') continue;
+      const char* source = e.key;
+      const char* raw = lookup_(source, ctx_);
+      if (raw == nullptr || *raw == '\0') {
+        source = nccl_equivalent(e.key);
+        raw = source != nullptr ? lookup_(source, ctx_) : nullptr;
+        if (raw == nullptr || *raw == '\0') continue;
+      }
       Value v;
       if (!parse(e, raw, &v)) {
-        fail(i, std::string(e.key) + "=" + raw + " is not valid; accepted: " + e.accepted);
+        const std::string read_for =
+            source == e.key ? "" : std::string(" (read for ") + e.key + ", which is unset)";
+        fail(i,
+             std::string(source) + "=" + raw + read_for + " is not valid; accepted: " + e.accepted);
         continue;
       }
       kStore[i](s, v);
@@ -405,14 +436,9 @@ class Loader {
     log_parse_level(s->debug, &s->log_level);
     log_parse_subsys(s->debug_subsys, &s->log_subsys);
     // DYNAMIQ_TIMEOUT_MS, when set, bounds the plugin's and the CPU NCCL's waits too, unless
-    // their own variables are set; NCCL_SOCKET_IFNAME picks the plugin's interfaces unless
-    // DYNAMIQ_NET_IFNAME does.
+    // their own variables are set.
     if (set_[kTimeout] && !set_[kNetTimeout]) s->net_timeout_ms = s->timeout_ms;
     if (set_[kTimeout] && !set_[kCpuNcclTimeout]) s->cpu_nccl_timeout_ms = s->timeout_ms;
-    if (!set_[kNetIfname]) {
-      const char* nccl = lookup_("NCCL_SOCKET_IFNAME", ctx_);
-      if (nccl != nullptr) s->net_ifname = nccl;
-    }
   }
 
   static void reset_bits(Settings* s) {
@@ -498,6 +524,12 @@ LogConfig log_config_of(const Settings& s) {
 const bool kLogConfiguratorInstalled = (log_set_configurator(&configure_log), true);
 }  // namespace
 
+const char* nccl_equivalent(const char* key) {
+  for (const NcclEquivalent& q : kNcclEquivalents)
+    if (std::strcmp(q.key, key) == 0) return q.nccl;
+  return nullptr;
+}
+
 const char* build_version() {
   return DYNAMIQ_VERSION;
 }
@@ -551,8 +583,12 @@ Settings current() {
     now += v != nullptr ? v : "";
     now += '\0';
   }
-  const char* nccl = std::getenv("NCCL_SOCKET_IFNAME");
-  now += nccl != nullptr ? nccl : "-";
+  for (const NcclEquivalent& q : kNcclEquivalents) {
+    const char* v = std::getenv(q.nccl);
+    now += v != nullptr ? '=' : '-';
+    now += v != nullptr ? v : "";
+    now += '\0';
+  }
   std::vector<Problem> problems;
   Settings out;
   {

@@ -115,6 +115,10 @@ struct Settings {
 // Where a value comes from: the environment in production, a map in tests.
 using EnvLookup = const char* (*)(const char* key, void* ctx);
 
+// The NCCL variable a setting takes while it is unset itself (NCCL_SOCKET_IFNAME for
+// DYNAMIQ_NET_IFNAME, NCCL_IB_TC for DYNAMIQ_NET_IB_TC, ...), or nullptr.
+const char* nccl_equivalent(const char* key);
+
 // One invalid value, or an invalid combination. message names the variable, the value, what is
 // accepted and what happens instead (compression off, or the default used).
 struct Problem {

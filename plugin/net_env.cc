@@ -18,6 +18,10 @@ NetEnv read_net_env() {
   env.ib_gid_index = std::stoi(s.net_ib_gid_index);  // validated: -1 or 0..255
   env.ib_gdr = s.net_ib_gdr;
   env.ib_qps = static_cast<int>(s.net_ib_qps);
+  env.ib_tc = static_cast<int>(s.net_ib_tc);
+  env.ib_sl = static_cast<int>(s.net_ib_sl);
+  env.ib_timeout = static_cast<int>(s.net_ib_timeout);
+  env.ib_retry_cnt = static_cast<int>(s.net_ib_retry_cnt);
   return env;
 }
 

@@ -20,6 +20,13 @@ struct NetEnv {
   int ib_gid_index = -1;   // DYNAMIQ_NET_IB_GID_INDEX; -1: the first IPv4-mapped RoCE v2 GID
   std::string ib_gdr;      // DYNAMIQ_NET_IB_GDR: auto, off or flush-all
   int ib_qps = 1;          // DYNAMIQ_NET_IB_QPS: queue pairs per verbs connection, 1..8
+  // The queue pairs' attributes (DYNAMIQ_NET_IB_TC, _SL, _TIMEOUT, _RETRY_CNT, or NCCL's
+  // NCCL_IB_* of the same names): traffic class, service level, acknowledgement timeout
+  // exponent (4.096 us x 2^value), retries.
+  int ib_tc = 0;
+  int ib_sl = 0;
+  int ib_timeout = 18;
+  int ib_retry_cnt = 7;
 };
 
 // The values the environment gives now (config::current(): parsed again only when a variable

@@ -167,13 +167,15 @@ Status Conn::connect_qp(size_t i, const Ctl& c, int traffic_class) {
   a.max_dest_rd_atomic = 1;
   a.min_rnr_timer = kRnrTimer;
   a.ah_attr.port_num = static_cast<uint8_t>(dev->port);
+  a.ah_attr.sl = dev->service_level;
   if (dev->link_layer == IBV_LINK_LAYER_ETHERNET) {
     a.ah_attr.is_global = 1;
     std::memcpy(a.ah_attr.grh.dgid.raw, c.gid, 16);
     a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev->gid_index);
     a.ah_attr.grh.hop_limit = 255;
+    // The communicator's own class (ncclConfig_t trafficClass) first, as NCCL's transport does.
     a.ah_attr.grh.traffic_class =
-        traffic_class >= 0 ? static_cast<uint8_t>(traffic_class) : uint8_t{0};
+        traffic_class >= 0 ? static_cast<uint8_t>(traffic_class) : dev->traffic_class;
   } else {
     a.ah_attr.is_global = 0;
     a.ah_attr.dlid = c.lid;
@@ -188,8 +190,8 @@ Status Conn::connect_qp(size_t i, const Ctl& c, int traffic_class) {
   std::memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_RTS;
   a.sq_psn = psns[i];
-  a.timeout = kAckTimeout;
-  a.retry_cnt = kRetryCount;
+  a.timeout = dev->ack_timeout;
+  a.retry_cnt = dev->retry_count;
   a.rnr_retry = kRnrRetry;
   a.max_rd_atomic = 1;
   if (verbs().modify_qp(qps[i], &a,
@@ -199,6 +201,24 @@ Status Conn::connect_qp(size_t i, const Ctl& c, int traffic_class) {
     return Status::kSystemError;
   }
   return Status::kOk;
+}
+
+// The first queue pair's attributes as the driver holds them (queried back, not what was
+// asked): what an operator checks against the fabric's lossless class and timeouts.
+std::string Conn::qp_attributes() const {
+  ibv_qp_attr a{};
+  ibv_qp_init_attr init{};
+  if (qps.empty() ||
+      verbs().query_qp(qps[0], &a, IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init) != 0)
+    return std::string("attributes unknown: ibv_query_qp failed: ") + std::strerror(errno);
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "traffic class %u, service level %u, ack timeout %u (%.2f s a try), retries %u",
+                static_cast<unsigned>(a.ah_attr.grh.traffic_class),
+                static_cast<unsigned>(a.ah_attr.sl), static_cast<unsigned>(a.timeout),
+                4.096e-6 * static_cast<double>(uint64_t{1} << (a.timeout & 31u)),
+                static_cast<unsigned>(a.retry_cnt));
+  return text;
 }
 
 void Conn::close() {
@@ -415,7 +435,7 @@ Status IbNet::progress_connect(PendingConnect* pc, void** send_comm) {
   sc->peer = sc->dev->name + " -> QP " + std::to_string(pc->in.qpn[0]) +
              (pc->in.nqps > 1 ? " (+" + std::to_string(pc->in.nqps - 1) + " striped)" : "");
   sc->last_progress = Clock::now();
-  NET_INFO("verbs connected: %s", sc->peer.c_str());
+  NET_INFO("verbs connected: %s; %s", sc->peer.c_str(), sc->qp_attributes().c_str());
   socket_backend().close_listen(pc->reply_lc);
   pc->reply_lc = nullptr;
   *send_comm = pc->sc.release();

@@ -230,6 +230,10 @@ bool describe_port(const NetEnv& env, ibv_device* device, ibv_context* ctx, cons
   if (pa.max_msg_sz > 0) d->max_write = std::min<size_t>(kMaxWriteBytes, pa.max_msg_sz);
   d->speed_mbps = lane_mbps(pa.active_speed) * lanes(pa.active_width);
   d->guid = be64toh(verbs().get_device_guid(device));
+  d->traffic_class = static_cast<uint8_t>(env.ib_tc);  // ranges checked by the settings
+  d->service_level = static_cast<uint8_t>(env.ib_sl);
+  d->ack_timeout = static_cast<uint8_t>(env.ib_timeout);
+  d->retry_count = static_cast<uint8_t>(env.ib_retry_cnt);
   char real[PATH_MAX];
   std::string sys = "/sys/class/infiniband/" + name + "/device";
   if (realpath(sys.c_str(), real) != nullptr) d->pci_path = real;

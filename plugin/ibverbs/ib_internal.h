@@ -55,10 +55,9 @@ constexpr uint64_t kWrFifo = 1;              // wr_id of the receiver's FIFO wri
 constexpr uint64_t kWrRecv = 2;              // wr_id of receive work requests
 constexpr int kSideTag = 0;                  // tag of every side-channel message
 constexpr uint8_t kRnrTimer = 12;            // 0.64 ms (IB spec table)
-// Local ACK timeout 4.096 us * 2^18 = 1.07 s, 7 retries: a peer QP that is not yet ready to
-// receive (still finishing its connect) gets about 7 s before the transfer fails.
-constexpr uint8_t kAckTimeout = 18;
-constexpr uint8_t kRetryCount = 7;
+// The local ACK timeout and retries are settings (IbDevice): by default 4.096 us * 2^18 = 1.07 s
+// and 7 retries, NCCL's defaults, so a peer QP that is not yet ready to receive (still finishing
+// its connect) gets about 7 s before the transfer fails.
 constexpr uint8_t kRnrRetry = 7;  // 7 = retry forever (receives are always posted first anyway)
 
 // ---------------------------------------------------------------- devices
@@ -83,6 +82,12 @@ struct IbDevice {
   bool gdr = false;
   bool dmabuf = false;
   bool flush_all = false;
+  // The queue pairs' attributes (NetEnv: DYNAMIQ_NET_IB_TC etc., else NCCL_IB_TC etc.). A
+  // communicator's own traffic class (ncclConfig_t) takes precedence over traffic_class.
+  uint8_t traffic_class = 0;
+  uint8_t service_level = 0;
+  uint8_t ack_timeout = 18;  // 4.096 us x 2^ack_timeout a try
+  uint8_t retry_count = 7;
 };
 
 // Loads libibverbs (once per process) and appends every active port that DYNAMIQ_NET_IB_HCA
@@ -186,6 +191,8 @@ struct Conn {
 
   // QP i to RTR towards the peer's QP i, then to RTS.
   Status connect_qp(size_t i, const Ctl& c, int traffic_class);
+  // The first queue pair's traffic class, service level, timeout and retries, queried back.
+  std::string qp_attributes() const;
 
   // Orderly close: kBye to the peer (bounded wait), then the side channel, QP, CQ, regions.
   void close();

@@ -40,6 +40,7 @@ bool load_verbs(Verbs* v, std::string* why) {
                         load_sym(v->lib, "ibv_create_qp", &v->create_qp, why) &&
                         load_sym(v->lib, "ibv_destroy_qp", &v->destroy_qp, why) &&
                         load_sym(v->lib, "ibv_modify_qp", &v->modify_qp, why) &&
+                        load_sym(v->lib, "ibv_query_qp", &v->query_qp, why) &&
                         load_sym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why);
   if (!required) return false;
   // Optional: absent from older libibverbs (then no DMA-BUF, no fork support asked for).

@@ -31,6 +31,7 @@ struct Verbs {
   ibv_qp* (*create_qp)(ibv_pd*, ibv_qp_init_attr*) = nullptr;
   int (*destroy_qp)(ibv_qp*) = nullptr;
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int) = nullptr;
+  int (*query_qp)(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) = nullptr;
   const char* (*wc_status_str)(ibv_wc_status) = nullptr;
   // Optional (rdma-core 35 and later for the second): fork support, asked for before any
   // verbs resource exists (ib_discovery.cc).

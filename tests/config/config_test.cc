@@ -182,6 +182,61 @@ TEST(Table, TimeoutAndInterfaceFallbacks) {
   EXPECT_EQ(s.net_ifname, "lo");
 }
 
+// A job's NCCL_IB_* settings hold for the verbs backend that replaces NCCL's IB transport: each
+// is taken while dynamiq's own variable is unset, checked as that one would be, and dynamiq's
+// wins where both are set.
+TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "1"},
+                  {"NCCL_IB_HCA", "=mlx5_0:1,mlx5_3"},
+                  {"NCCL_IB_GID_INDEX", "3"},
+                  {"NCCL_IB_TC", "106"},
+                  {"NCCL_IB_SL", "5"},
+                  {"NCCL_IB_TIMEOUT", "22"},
+                  {"NCCL_IB_RETRY_CNT", "4"}},
+                 &s, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(s.net_ib_hca, "=mlx5_0:1,mlx5_3");
+  EXPECT_EQ(s.net_ib_gid_index, "3");
+  EXPECT_EQ(s.net_ib_tc, 106);
+  EXPECT_EQ(s.net_ib_sl, 5);
+  EXPECT_EQ(s.net_ib_timeout, 22);
+  EXPECT_EQ(s.net_ib_retry_cnt, 4);
+  EXPECT_TRUE(s.enable);
+  ASSERT_EQ(load({{"NCCL_IB_TC", "106"},
+                  {"DYNAMIQ_NET_IB_TC", "0"},
+                  {"NCCL_IB_HCA", "mlx5_0"},
+                  {"DYNAMIQ_NET_IB_HCA", "mlx5_1"}},
+                 &s, &error),
+            Status::kOk);
+  EXPECT_EQ(s.net_ib_tc, 0);
+  EXPECT_EQ(s.net_ib_hca, "mlx5_1");
+  // Unset, and NCCL's unset too: the table's defaults (NCCL's own defaults for the queue pairs).
+  ASSERT_EQ(load({}, &s, &error), Status::kOk);
+  EXPECT_EQ(s.net_ib_tc, 0);
+  EXPECT_EQ(s.net_ib_sl, 0);
+  EXPECT_EQ(s.net_ib_timeout, 18);
+  EXPECT_EQ(s.net_ib_retry_cnt, 7);
+  // An invalid NCCL value is named as such, the default stays, and compression is not affected
+  // (a net plugin setting).
+  std::vector<config::Problem> problems;
+  EXPECT_EQ(load({{"DYNAMIQ_ENABLE", "1"}, {"NCCL_IB_TC", "256"}, {"NCCL_IB_TIMEOUT", "0"}}, &s,
+                 &error, &problems),
+            Status::kInvalidArgument);
+  EXPECT_EQ(s.net_ib_tc, 0);
+  EXPECT_EQ(s.net_ib_timeout, 18);
+  EXPECT_TRUE(s.enable);
+  ASSERT_EQ(problems.size(), 2u) << error;
+  EXPECT_NE(problems[0].message.find("NCCL_IB_TC=256 (read for DYNAMIQ_NET_IB_TC, which is unset) "
+                                     "is not valid; accepted: 0..255"),
+            std::string::npos)
+      << problems[0].message;
+  EXPECT_NE(problems[1].message.find("NCCL_IB_TIMEOUT=0"), std::string::npos)
+      << problems[1].message;
+}
+
 // ---- the log's parsers ----------------------------------------------------------------------
 
 TEST(Log, SubsystemsAsNcclDefinesThem) {

@@ -2,11 +2,11 @@
 // environment values.
 //
 // Input: lines (split at '\n'). Each line's first byte picks one of the table's variables (or
-// NCCL_SOCKET_IFNAME), the rest is its value, as an EnvLookup returns it. config::load parses
-// and validates them all; then the opt-in rules of the last line's value (and of the loaded
-// DYNAMIQ_COMMS) are parsed and matched against a communicator whose identity comes from the
-// first bytes. Invariants: load() succeeds exactly when it reported no problem; an invalid
-// setting leaves its default; opt-in rules that parse give the same answer twice.
+// an NCCL variable one falls back on), the rest is its value, as an EnvLookup returns it.
+// config::load parses and validates them all; then the opt-in rules of the last line's value
+// (and of the loaded DYNAMIQ_COMMS) are parsed and matched against a communicator whose identity
+// comes from the first bytes. Invariants: load() succeeds exactly when it reported no problem;
+// an invalid setting leaves its default; opt-in rules that parse give the same answer twice.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -24,7 +24,9 @@ std::vector<std::string> keys() {
 #define DQ_SETTING(field, kind, key, fallback, lo, hi, scope, accepted, doc) k.push_back(key);
 #include "config/settings.def"
 #undef DQ_SETTING
-  k.push_back("NCCL_SOCKET_IFNAME");
+  const size_t table = k.size();
+  for (size_t i = 0; i < table; ++i)  // the NCCL variables settings fall back on
+    if (const char* nccl = dq::config::nccl_equivalent(k[i].c_str())) k.push_back(nccl);
   return k;
 }
 

@@ -313,6 +313,43 @@ TEST_F(NetIbTest, FlushAllReadsBackEveryReceive) {
   EXPECT_EQ(net_->deregMr(rc_, mh[1]), dqNetSuccess);
 }
 
+// The queue pairs' attributes as the driver holds them (the connect's INFO line, queried back
+// from the driver): DQ_EXPECT_QP_ATTRS, "TC,SL,TIMEOUT,RETRIES", is what the test's environment
+// set (DYNAMIQ_NET_IB_* or NCCL_IB_*, or neither: the defaults); SL "*" is not checked (RoCE
+// maps priority from the traffic class, and rxe does not keep a service level). Skipped without
+// a verbs port or without DQ_EXPECT_QP_ATTRS.
+TEST_F(NetIbTest, QueuePairsHaveTheConfiguredAttributes) {
+  if (!have_verbs()) GTEST_SKIP() << "no active verbs port";
+  const char* want = std::getenv("DQ_EXPECT_QP_ATTRS");
+  if (want == nullptr) GTEST_SKIP() << "DQ_EXPECT_QP_ATTRS (TC,SL,TIMEOUT,RETRIES) is unset";
+  unsigned tc = 0, timeout = 0, retries = 0;
+  char sl[8] = {};
+  ASSERT_EQ(std::sscanf(want, "%u,%7[0-9*],%u,%u", &tc, sl, &timeout, &retries), 4) << want;
+  // What the connect's line must hold, each piece as the plugin writes it.
+  std::vector<std::string> pieces = {"; traffic class " + std::to_string(tc) + ",",
+                                     " ack timeout " + std::to_string(timeout) + " (",
+                                     " retries " + std::to_string(retries)};
+  if (std::strcmp(sl, "*") != 0) pieces.push_back(" service level " + std::string(sl) + ",");
+  LogCapture::clear();
+  connect();
+  std::vector<char> buf(4096);
+  void* mh = nullptr;
+  ASSERT_EQ(net_->regMr(rc_, buf.data(), buf.size(), NCCL_PTR_HOST, &mh), dqNetSuccess);
+  transfer(net_, sc_, rc_, &buf, &mh, 9);
+  EXPECT_EQ(net_->deregMr(rc_, mh), dqNetSuccess);
+  int matching = 0;
+  std::lock_guard<std::mutex> lock(LogCapture::mu());
+  for (const std::string& line : LogCapture::infos()) {
+    if (line.find("verbs connected:") == std::string::npos) continue;
+    std::printf("%s\n", line.c_str());
+    bool all = true;
+    for (const std::string& p : pieces) all = all && line.find(p) != std::string::npos;
+    matching += all;
+  }
+  EXPECT_EQ(matching, 1) << "no connect line with traffic class " << tc << ", service level " << sl
+                         << ", ack timeout " << timeout << ", retries " << retries;
+}
+
 // Run by net_ib_fork_support over a recording libibverbs (tests/plugin/fake_ibverbs; its log is
 // DQ_FAKE_VERBS_LOG) that answers as a kernel without RDMA copy-on-fork: the plugin asks whether
 // fork support is needed, asks for it once, and only then makes any other verbs call (an

@@ -110,6 +110,10 @@ FAKE_VERBS_API int ibv_modify_qp(void*, void*, int) {
   record("ibv_modify_qp");
   return -1;
 }
+FAKE_VERBS_API int ibv_query_qp(void*, void*, int, void*) {
+  record("ibv_query_qp");
+  return -1;
+}
 FAKE_VERBS_API const char* ibv_wc_status_str(int) {
   record("ibv_wc_status_str");
   return "fake";
