@@ -155,8 +155,10 @@ bool pick_roce_gid(ibv_context* ctx, const std::string& dev, int port, int table
   if (wanted >= 0) {
     if (wanted >= table_len ||
         verbs().query_gid(ctx, static_cast<uint8_t>(port), wanted, gid) != 0 || gid_zero(*gid)) {
-      NET_WARN("%s:%d: GID index %d (DYNAMIQ_NET_IB_GID_INDEX) is empty or out of the table (%d)",
-               dev.c_str(), port, wanted, table_len);
+      NET_WARN(
+          "%s:%d: GID index %d (DYNAMIQ_NET_IB_GID_INDEX, else NCCL_IB_GID_INDEX) is empty or out "
+          "of the table (%d)",
+          dev.c_str(), port, wanted, table_len);
       return false;
     }
     *index = wanted;

@@ -194,7 +194,8 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
                   {"NCCL_IB_TC", "106"},
                   {"NCCL_IB_SL", "5"},
                   {"NCCL_IB_TIMEOUT", "22"},
-                  {"NCCL_IB_RETRY_CNT", "4"}},
+                  {"NCCL_IB_RETRY_CNT", "4"},
+                  {"NCCL_IB_QPS_PER_CONNECTION", "2"}},
                  &s, &error),
             Status::kOk)
       << error;
@@ -204,6 +205,7 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
   EXPECT_EQ(s.net_ib_sl, 5);
   EXPECT_EQ(s.net_ib_timeout, 22);
   EXPECT_EQ(s.net_ib_retry_cnt, 4);
+  EXPECT_EQ(s.net_ib_qps, 2);
   EXPECT_TRUE(s.enable);
   ASSERT_EQ(load({{"NCCL_IB_TC", "106"},
                   {"DYNAMIQ_NET_IB_TC", "0"},
