@@ -79,6 +79,7 @@ constexpr NcclEquivalent kNcclEquivalents[] = {
     {"DYNAMIQ_NET_IB_TIMEOUT", "NCCL_IB_TIMEOUT"},
     {"DYNAMIQ_NET_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"},
     {"DYNAMIQ_NET_IB_QPS", "NCCL_IB_QPS_PER_CONNECTION"},
+    {"DYNAMIQ_NET_IB_PCI_RELAXED_ORDERING", "NCCL_IB_PCI_RELAXED_ORDERING"},
 };
 constexpr bool equivalents_named() {
   for (const NcclEquivalent& q : kNcclEquivalents)

@@ -22,6 +22,7 @@ NetEnv read_net_env() {
   env.ib_sl = static_cast<int>(s.net_ib_sl);
   env.ib_timeout = static_cast<int>(s.net_ib_timeout);
   env.ib_retry_cnt = static_cast<int>(s.net_ib_retry_cnt);
+  env.ib_relaxed_ordering = static_cast<int>(s.net_ib_pci_relaxed_ordering);
   return env;
 }
 

@@ -27,6 +27,7 @@ struct NetEnv {
   int ib_sl = 0;
   int ib_timeout = 18;
   int ib_retry_cnt = 7;
+  int ib_relaxed_ordering = 2;  // DYNAMIQ_NET_IB_PCI_RELAXED_ORDERING: 0 off, 1 on, 2 auto
 };
 
 // The values the environment gives now (config::current(): parsed again only when a variable

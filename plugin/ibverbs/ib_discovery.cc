@@ -288,12 +288,13 @@ Status discover_ib_devices(const NetEnv& env, std::deque<IbDevice>* out, std::st
   static std::string fork_support;
   static const bool fork_ok = ask_fork_support(&fork_support);
   static std::once_flag fork_logged;
-  std::call_once(fork_logged, [] {
+  std::call_once(fork_logged, [&] {
     if (fork_ok) {
       NET_INFO("verbs fork support: %s", fork_support.c_str());
     } else {
       NET_WARN("verbs fork support: %s", fork_support.c_str());
     }
+    set_relaxed_ordering(env.ib_relaxed_ordering);
   });
   int n = 0;
   ibv_device** list = verbs().get_device_list(&n);

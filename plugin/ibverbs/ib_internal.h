@@ -109,8 +109,16 @@ static_assert(std::is_standard_layout_v<IbMr>, "check_region reads an IbMr as it
 // What the peer's work requests and the local ones may do to a registered region.
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-// Registers `size` bytes at `data` with protection domain `pd` (logged on failure).
+// Registers `size` bytes at `data` with protection domain `pd` (logged on failure), with
+// relaxed ordering where it is on.
 Status register_bytes(ibv_pd* pd, void* data, size_t size, ibv_mr** out);
+
+// Relaxed ordering of the process's registrations, decided once at discovery from
+// DYNAMIQ_NET_IB_PCI_RELAXED_ORDERING (0 off, 1 on, 2 where taken) and libibverbs; logged. In
+// mode 2 the first registration the device refuses with it turns it off, and is made without.
+void set_relaxed_ordering(int mode);
+// The access flags a registration adds: IBV_ACCESS_RELAXED_ORDERING, or 0.
+int relaxed_ordering_access();
 
 // ---------------------------------------------------------------- one endpoint (QP + CQ)
 

@@ -44,6 +44,7 @@ bool load_verbs(Verbs* v, std::string* why) {
                         load_sym(v->lib, "ibv_wc_status_str", &v->wc_status_str, why);
   if (!required) return false;
   // Optional: absent from older libibverbs (then no DMA-BUF, no fork support asked for).
+  v->reg_mr_iova2 = reinterpret_cast<decltype(v->reg_mr_iova2)>(dlsym(v->lib, "ibv_reg_mr_iova2"));
   v->fork_init = reinterpret_cast<decltype(v->fork_init)>(dlsym(v->lib, "ibv_fork_init"));
   v->is_fork_initialized =
       reinterpret_cast<decltype(v->is_fork_initialized)>(dlsym(v->lib, "ibv_is_fork_initialized"));

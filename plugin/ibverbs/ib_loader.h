@@ -37,6 +37,9 @@ struct Verbs {
   // verbs resource exists (ib_discovery.cc).
   int (*fork_init)() = nullptr;
   ibv_fork_status (*is_fork_initialized)() = nullptr;
+  // Optional (rdma-core 28 and later): a registration with optional access flags (relaxed
+  // ordering), which ibv_reg_mr's exported symbol does not take.
+  ibv_mr* (*reg_mr_iova2)(ibv_pd*, void*, size_t, uint64_t iova, unsigned access) = nullptr;
   // Optional (rdma-core 34 and later): device memory exported as a DMA-BUF.
   ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
                            int access) = nullptr;

@@ -1,13 +1,54 @@
 // Memory registration of the ibverbs backend: host memory, GPU memory through the peer-memory
 // module or as a DMA-BUF (GPUDirect RDMA), and the flush that makes received bytes in GPU memory
 // visible to the GPU (iflush: RDMA READs on a queue pair connected to itself).
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 
 #include "plugin/ibverbs/ib_internal.h"
 
 namespace dq::net::ib {
+namespace {
+
+std::atomic<int> g_relaxed_mode{0};    // DYNAMIQ_NET_IB_PCI_RELAXED_ORDERING, as set at discovery
+std::atomic<int> g_relaxed_access{0};  // IBV_ACCESS_RELAXED_ORDERING while on, else 0
+
+}  // namespace
+
+void set_relaxed_ordering(int mode) {
+  g_relaxed_mode = mode;
+  const bool available = verbs().reg_mr_iova2 != nullptr;
+  g_relaxed_access = mode != 0 && available ? IBV_ACCESS_RELAXED_ORDERING : 0;
+  if (mode == 1 && !available) {
+    NET_WARN(
+        "verbs relaxed ordering: asked for (DYNAMIQ_NET_IB_PCI_RELAXED_ORDERING=1, or "
+        "NCCL_IB_PCI_RELAXED_ORDERING) but libibverbs has no ibv_reg_mr_iova2: off");
+  } else {
+    NET_INFO("verbs relaxed ordering: %s (mode %d%s)", g_relaxed_access != 0 ? "on" : "off", mode,
+             mode != 0 && !available ? ": libibverbs has no ibv_reg_mr_iova2" : "");
+  }
+}
+
+int relaxed_ordering_access() {
+  return g_relaxed_access.load(std::memory_order_relaxed);
+}
 
 Status register_bytes(ibv_pd* pd, void* data, size_t size, ibv_mr** out) {
+  const int relaxed = relaxed_ordering_access();
+  if (relaxed != 0) {
+    *out = verbs().reg_mr_iova2(pd, data, size, reinterpret_cast<uintptr_t>(data),
+                                static_cast<unsigned>(kAccess | relaxed));
+    if (*out != nullptr) return Status::kOk;
+    if (g_relaxed_mode.load() == 1) {
+      NET_WARN("ibv_reg_mr_iova2 of %p+%zu with relaxed ordering failed: %s", data, size,
+               std::strerror(errno));
+      return Status::kSystemError;
+    }
+    // Where taken only: the device refused it; this and every later registration go without.
+    if (g_relaxed_access.exchange(0) != 0)
+      NET_INFO("verbs relaxed ordering: a registration with it failed (%s): off from now on",
+               std::strerror(errno));
+  }
   *out = verbs().reg_mr(pd, data, size, kAccess);
   if (*out == nullptr) {
     NET_WARN("ibv_reg_mr of %p+%zu failed: %s", data, size, std::strerror(errno));
@@ -104,8 +145,17 @@ Status IbNet::reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint
   m->region.size = size;
   m->type = type;
   if (size > 0) {
-    m->mr =
-        verbs().reg_dmabuf_mr(dev->pd, offset, size, reinterpret_cast<uint64_t>(data), fd, kAccess);
+    const auto iova = reinterpret_cast<uint64_t>(data);
+    const int relaxed = relaxed_ordering_access();
+    m->mr = verbs().reg_dmabuf_mr(dev->pd, offset, size, iova, fd, kAccess | relaxed);
+    if (m->mr == nullptr && relaxed != 0 && g_relaxed_mode.load() == 2) {
+      if (g_relaxed_access.exchange(0) != 0)
+        NET_INFO(
+            "verbs relaxed ordering: a DMA-BUF registration with it failed (%s): off from now "
+            "on",
+            std::strerror(errno));
+      m->mr = verbs().reg_dmabuf_mr(dev->pd, offset, size, iova, fd, kAccess);
+    }
     if (m->mr == nullptr) {
       NET_WARN("ibv_reg_dmabuf_mr of %p+%zu (fd %d, offset %llu) failed: %s", data, size, fd,
                static_cast<unsigned long long>(offset), std::strerror(errno));

@@ -195,7 +195,8 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
                   {"NCCL_IB_SL", "5"},
                   {"NCCL_IB_TIMEOUT", "22"},
                   {"NCCL_IB_RETRY_CNT", "4"},
-                  {"NCCL_IB_QPS_PER_CONNECTION", "2"}},
+                  {"NCCL_IB_QPS_PER_CONNECTION", "2"},
+                  {"NCCL_IB_PCI_RELAXED_ORDERING", "0"}},
                  &s, &error),
             Status::kOk)
       << error;
@@ -206,6 +207,7 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
   EXPECT_EQ(s.net_ib_timeout, 22);
   EXPECT_EQ(s.net_ib_retry_cnt, 4);
   EXPECT_EQ(s.net_ib_qps, 2);
+  EXPECT_EQ(s.net_ib_pci_relaxed_ordering, 0);
   EXPECT_TRUE(s.enable);
   ASSERT_EQ(load({{"NCCL_IB_TC", "106"},
                   {"DYNAMIQ_NET_IB_TC", "0"},
@@ -221,6 +223,7 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
   EXPECT_EQ(s.net_ib_sl, 0);
   EXPECT_EQ(s.net_ib_timeout, 18);
   EXPECT_EQ(s.net_ib_retry_cnt, 7);
+  EXPECT_EQ(s.net_ib_pci_relaxed_ordering, 2);
   // An invalid NCCL value is named as such, the default stays, and compression is not affected
   // (a net plugin setting).
   std::vector<config::Problem> problems;

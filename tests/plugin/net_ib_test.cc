@@ -90,11 +90,18 @@ TEST_F(NetIbTest, ChosenBackendMatchesTheMachine) {
     EXPECT_EQ(p.ptrSupport, NCCL_PTR_HOST);
     EXPECT_GT(p.speed, 0);
     EXPECT_GT(p.maxComms, 0);
-    // One line says what rdma-core answered about fork support (printed: the guest's answer).
+    // One line says what rdma-core answered about fork support (printed: the guest's answer);
+    // one says whether registrations use relaxed ordering, as DQ_EXPECT_RELAXED_ORDERING ("on"
+    // or "off") says the test's environment asked, when set.
     EXPECT_EQ(LogCapture::count_info("verbs fork support", ""), 1);
+    if (const char* relaxed = std::getenv("DQ_EXPECT_RELAXED_ORDERING")) {
+      EXPECT_EQ(LogCapture::count_info("verbs relaxed ordering: " + std::string(relaxed), ""), 1);
+    }
     std::lock_guard<std::mutex> lock(LogCapture::mu());
     for (const std::string& line : LogCapture::infos())
-      if (line.find("verbs fork support") != std::string::npos) std::printf("%s\n", line.c_str());
+      if (line.find("verbs fork support") != std::string::npos ||
+          line.find("verbs relaxed ordering") != std::string::npos)
+        std::printf("%s\n", line.c_str());
   } else {
     std::ifstream netdev("/sys/class/net/" + name + "/operstate");
     EXPECT_TRUE(netdev.good()) << name << " is not a network interface (socket fallback)";
