@@ -526,6 +526,14 @@ LogConfig log_config_of(const Settings& s) {
 const bool kLogConfiguratorInstalled = (log_set_configurator(&configure_log), true);
 }  // namespace
 
+bool set_in_environment(const char* key) {
+  for (const char* k : {key, nccl_equivalent(key)}) {
+    const char* v = k != nullptr ? std::getenv(k) : nullptr;
+    if (v != nullptr && *v != '\0') return true;
+  }
+  return false;
+}
+
 const char* nccl_equivalent(const char* key) {
   for (const NcclEquivalent& q : kNcclEquivalents)
     if (std::strcmp(q.key, key) == 0) return q.nccl;

@@ -142,9 +142,13 @@ const Settings& global();
 bool global_valid();
 
 // The settings as the environment says now, for the net plugin and the CPU NCCL: parsed again
-// only when a variable of the table (or NCCL_SOCKET_IFNAME) changed since the last call; new
-// problems are logged once per process.
+// only when a variable of the table (or an NCCL variable one falls back on) changed since the
+// last call; new problems are logged once per process.
 Settings current();
+
+// Whether the environment sets `key` (a table variable), or the NCCL variable it falls back on,
+// to a non-empty value now: a default the user did not choose may deserve a word.
+bool set_in_environment(const char* key);
 
 // Logs problems, each once per process, and (subsystem ENV) once per process the effective
 // values: at DYNAMIQ_DEBUG=INFO those that differ from their defaults, at TRACE every one.

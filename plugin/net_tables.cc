@@ -2,7 +2,10 @@
 // result code and no exception crosses it. Older versions adapt their argument types to v11.
 #include "plugin/net_tables.h"
 
+#include <dirent.h>
+
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -10,6 +13,7 @@
 
 #include "common/abi_guard.h"
 #include "common/nccl_result.h"
+#include "config/settings.h"
 #include "plugin/net_backend.h"
 #include "plugin/net_env.h"
 #include "plugin/net_log.h"
@@ -66,13 +70,57 @@ dqNetResult Guard(const char* what, Fn&& fn) {
                    });
 }
 
+namespace {
+
+// The first active verbs port the kernel lists ("dev:port"), from sysfs alone (libibverbs is not
+// loaded for it); empty if none. At most 64 devices and 4 ports each are looked at.
+std::string first_active_verbs_port() {
+  DIR* d = opendir("/sys/class/infiniband");
+  if (d == nullptr) return "";
+  std::string found;
+  int devices = 0;
+  while (found.empty() && devices++ < 64) {
+    const dirent* e = readdir(d);
+    if (e == nullptr) break;
+    if (e->d_name[0] == '.') continue;
+    for (int port = 1; port <= 4 && found.empty(); ++port) {
+      const std::string path = std::string("/sys/class/infiniband/") + e->d_name + "/ports/" +
+                               std::to_string(port) + "/state";
+      char state[64] = {};
+      if (FILE* f = std::fopen(path.c_str(), "r")) {
+        if (std::fgets(state, sizeof state, f) != nullptr &&
+            std::strstr(state, "ACTIVE") != nullptr)
+          found = std::string(e->d_name) + ":" + std::to_string(port);
+        std::fclose(f);
+      }
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+}  // namespace
+
 NetBackend& backend() {
   // DYNAMIQ_NET_BACKEND picks the transport once per process. A misconfiguration never breaks a
   // job: `ib` without a usable verbs port warns once and runs on sockets.
   static NetBackend* chosen = [] {
     NetEnv env = read_net_env();
     if (env.backend == "socket") {
-      NET_INFO("backend socket (DYNAMIQ_NET_BACKEND=socket)");
+      // The default, on a machine with an RDMA fabric: the job that loaded this plugin in place
+      // of NCCL's own transports would otherwise move its inter-node bytes over TCP unawares.
+      const std::string port = config::set_in_environment("DYNAMIQ_NET_BACKEND")
+                                   ? std::string()
+                                   : first_active_verbs_port();
+      if (!port.empty()) {
+        NET_WARN(
+            "backend socket (DYNAMIQ_NET_BACKEND unset: the default) although verbs port %s is "
+            "active: the traffic goes over TCP; DYNAMIQ_NET_BACKEND=auto uses the verbs ports "
+            "(=socket keeps TCP without this warning)",
+            port.c_str());
+      } else {
+        NET_INFO("backend socket (DYNAMIQ_NET_BACKEND=socket)");
+      }
       return &socket_backend();
     }
     std::string why;

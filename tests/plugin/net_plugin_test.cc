@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -126,6 +128,24 @@ TEST(NetPluginEnv, SplitCoversTheMessageExactly) {
       EXPECT_EQ(covered, size);
     }
   }
+}
+
+// The first test of the binary: the backend is chosen at the first init. With
+// DYNAMIQ_NET_BACKEND unset (socket, the default) on a machine with an active verbs port, one
+// warning names the port and DYNAMIQ_NET_BACKEND=auto; none elsewhere. DQ_EXPECT_SOCKET_WARNING=1
+// says the machine has one (rdma_socket_default, in the guest); unset, none is expected.
+TEST_F(NetPluginTest, DefaultSocketBackendSpeaksUpBesideAnActiveVerbsPort) {
+  const char* expect = std::getenv("DQ_EXPECT_SOCKET_WARNING");
+  const int wanted = expect != nullptr && std::string(expect) == "1" ? 1 : 0;
+  int found = 0;
+  std::lock_guard<std::mutex> lock(LogCapture::mu());
+  for (const std::string& w : LogCapture::warnings()) {
+    if (w.find("although verbs port") == std::string::npos) continue;
+    ++found;
+    std::printf("%s\n", w.c_str());
+    EXPECT_NE(w.find("DYNAMIQ_NET_BACKEND=auto"), std::string::npos) << w;
+  }
+  EXPECT_EQ(found, wanted);
 }
 
 TEST_F(NetPluginTest, DeviceIsLoopbackWithHostProperties) {
