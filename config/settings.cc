@@ -72,6 +72,7 @@ struct NcclEquivalent {
 };
 constexpr NcclEquivalent kNcclEquivalents[] = {
     {"DYNAMIQ_NET_IFNAME", "NCCL_SOCKET_IFNAME"},
+    {"DYNAMIQ_NET_IB_DISABLE", "NCCL_IB_DISABLE"},
     {"DYNAMIQ_NET_IB_HCA", "NCCL_IB_HCA"},
     {"DYNAMIQ_NET_IB_GID_INDEX", "NCCL_IB_GID_INDEX"},
     {"DYNAMIQ_NET_IB_TC", "NCCL_IB_TC"},

@@ -14,6 +14,7 @@ NetEnv read_net_env() {
   env.nsocks = static_cast<int>(s.net_nsocks);
   env.timeout_ms = s.net_timeout_ms;
   env.backend = s.net_backend;
+  env.ib_disable = s.net_ib_disable;
   env.ib_hca = s.net_ib_hca;
   env.ib_gid_index = std::stoi(s.net_ib_gid_index);  // validated: -1 or 0..255
   env.ib_gdr = s.net_ib_gdr;

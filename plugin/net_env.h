@@ -16,10 +16,11 @@ struct NetEnv {
   int nsocks = 0;          // DYNAMIQ_NET_NSOCKS
   int64_t timeout_ms = 0;  // DYNAMIQ_NET_TIMEOUT_MS, else DYNAMIQ_TIMEOUT_MS
   std::string backend;     // DYNAMIQ_NET_BACKEND: socket, ib or auto
-  std::string ib_hca;      // DYNAMIQ_NET_IB_HCA; empty: every active verbs port
-  int ib_gid_index = -1;   // DYNAMIQ_NET_IB_GID_INDEX; -1: the first IPv4-mapped RoCE v2 GID
-  std::string ib_gdr;      // DYNAMIQ_NET_IB_GDR: auto, off or flush-all
-  int ib_qps = 1;          // DYNAMIQ_NET_IB_QPS: queue pairs per verbs connection, 1..8
+  bool ib_disable = false;  // DYNAMIQ_NET_IB_DISABLE (or NCCL_IB_DISABLE): auto never picks ib
+  std::string ib_hca;       // DYNAMIQ_NET_IB_HCA; empty: every active verbs port
+  int ib_gid_index = -1;    // DYNAMIQ_NET_IB_GID_INDEX; -1: the first IPv4-mapped RoCE v2 GID
+  std::string ib_gdr;       // DYNAMIQ_NET_IB_GDR: auto, off or flush-all
+  int ib_qps = 1;           // DYNAMIQ_NET_IB_QPS: queue pairs per verbs connection, 1..8
   // The queue pairs' attributes (DYNAMIQ_NET_IB_TC, _SL, _TIMEOUT, _RETRY_CNT, or NCCL's
   // NCCL_IB_* of the same names): traffic class, service level, acknowledgement timeout
   // exponent (4.096 us x 2^value), retries.

@@ -108,8 +108,9 @@ NetBackend& backend() {
     NetEnv env = read_net_env();
     if (env.backend == "socket") {
       // The default, on a machine with an RDMA fabric: the job that loaded this plugin in place
-      // of NCCL's own transports would otherwise move its inter-node bytes over TCP unawares.
-      const std::string port = config::set_in_environment("DYNAMIQ_NET_BACKEND")
+      // of NCCL's own transports would otherwise move its inter-node bytes over TCP unawares
+      // (unless it turned verbs off, as NCCL_IB_DISABLE=1 does for NCCL's own).
+      const std::string port = config::set_in_environment("DYNAMIQ_NET_BACKEND") || env.ib_disable
                                    ? std::string()
                                    : first_active_verbs_port();
       if (!port.empty()) {
@@ -124,6 +125,12 @@ NetBackend& backend() {
       return &socket_backend();
     }
     std::string why;
+    if (env.backend == "auto" && env.ib_disable) {
+      NET_INFO(
+          "backend socket (DYNAMIQ_NET_BACKEND=auto, verbs turned off by "
+          "DYNAMIQ_NET_IB_DISABLE or NCCL_IB_DISABLE)");
+      return &socket_backend();
+    }
     if (ib_usable(&why)) {
       NET_INFO("backend ib (DYNAMIQ_NET_BACKEND=%s, an active verbs port exists)",
                env.backend.c_str());

@@ -196,7 +196,8 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
                   {"NCCL_IB_TIMEOUT", "22"},
                   {"NCCL_IB_RETRY_CNT", "4"},
                   {"NCCL_IB_QPS_PER_CONNECTION", "2"},
-                  {"NCCL_IB_PCI_RELAXED_ORDERING", "0"}},
+                  {"NCCL_IB_PCI_RELAXED_ORDERING", "0"},
+                  {"NCCL_IB_DISABLE", "1"}},
                  &s, &error),
             Status::kOk)
       << error;
@@ -208,6 +209,7 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
   EXPECT_EQ(s.net_ib_retry_cnt, 4);
   EXPECT_EQ(s.net_ib_qps, 2);
   EXPECT_EQ(s.net_ib_pci_relaxed_ordering, 0);
+  EXPECT_TRUE(s.net_ib_disable);
   EXPECT_TRUE(s.enable);
   ASSERT_EQ(load({{"NCCL_IB_TC", "106"},
                   {"DYNAMIQ_NET_IB_TC", "0"},

@@ -132,11 +132,16 @@ TEST(NetPluginEnv, SplitCoversTheMessageExactly) {
 
 // The first test of the binary: the backend is chosen at the first init. With
 // DYNAMIQ_NET_BACKEND unset (socket, the default) on a machine with an active verbs port, one
-// warning names the port and DYNAMIQ_NET_BACKEND=auto; none elsewhere. DQ_EXPECT_SOCKET_WARNING=1
-// says the machine has one (rdma_socket_default, in the guest); unset, none is expected.
+// warning names the port and DYNAMIQ_NET_BACKEND=auto; none elsewhere, nor where verbs are turned
+// off (NCCL_IB_DISABLE=1). DQ_EXPECT_SOCKET_WARNING=1 says the machine has one and the test's
+// environment leaves it on (rdma_socket_default, in the guest); unset, none is expected.
+// DQ_EXPECT_BACKEND_LINE, when set, is a piece of the INFO line that names the backend chosen.
 TEST_F(NetPluginTest, DefaultSocketBackendSpeaksUpBesideAnActiveVerbsPort) {
   const char* expect = std::getenv("DQ_EXPECT_SOCKET_WARNING");
   const int wanted = expect != nullptr && std::string(expect) == "1" ? 1 : 0;
+  if (const char* line = std::getenv("DQ_EXPECT_BACKEND_LINE")) {
+    EXPECT_EQ(LogCapture::count_info(line, ""), 1) << line;
+  }
   int found = 0;
   std::lock_guard<std::mutex> lock(LogCapture::mu());
   for (const std::string& w : LogCapture::warnings()) {
