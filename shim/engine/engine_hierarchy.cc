@@ -204,16 +204,24 @@ void Engine::release_hierarchy() {
   }
   const bool broken = broken_ != ncclSuccess || h.abort_comms || revoked ||
                       (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
-  // Broken, the communicators' queued operations may wait for a peer that never answers. Where
-  // an abort ends them (a GPU), they are aborted before the waits for the streams below, which
-  // then return at once: an NCCL before 2.28 has no revoke to end them, and each wait would
-  // otherwise run to DYNAMIQ_TIMEOUT_MS (the streams, then each rail engine's, one after
-  // another). Elsewhere (the host device, whose threads make those NCCL calls) they are aborted
-  // after the waits, as before.
+  // Broken after the communicators carried work, their queued operations may wait for a peer
+  // that never answers, and each wait for the streams below would run to DYNAMIQ_TIMEOUT_MS (the
+  // streams, then each rail engine's, one after another). So they are ended first: revoked where
+  // NCCL can (2.28+; the operations end, the streams drain, and the abort below frees them);
+  // without a revoke, aborted where that ends the device's queued work (a GPU: every NCCL call
+  // was issued at enqueue, only NCCL's kernels remain). The host device's threads make its NCCL
+  // calls, which an abort must not race: there, without a revoke, the waits run their course.
+  // (A split that failed at set-up left no work, and a peer's split may still be pending.)
   std::array<ncclComm_t, 2 + kRailEngines> comms = h.comms();
-  if (broken && device_ != nullptr && device_->abort_ends_queued_nccl_work()) {
-    for (ncclComm_t& c : comms)
-      if (c != nullptr) ops_.comm_abort(c), c = nullptr;
+  if (broken && !h.abort_comms) {
+    if (ops_.comm_revoke != nullptr) {
+      if (!revoked)
+        for (ncclComm_t c : comms)
+          if (c != nullptr) ops_.comm_revoke(c, 0);
+    } else if (device_ != nullptr && device_->abort_ends_queued_nccl_work()) {
+      for (ncclComm_t& c : comms)
+        if (c != nullptr) ops_.comm_abort(c), c = nullptr;
+    }
   }
   if (device_ != nullptr) {
     // Destroying a stream waits for its work (bounded: every NCCL call in it has a timeout), and

@@ -43,10 +43,11 @@
 //   rail_overlap  two-level (2 x 2 fake nodes), an all-reduce in 4 pieces: piece 1's statistics
 //               all-reduce is issued while piece 0's first rail message is held back (the two rail
 //               engines); the call's result near the exact sum
-//   teardown_order  two-level (2 x 2 fake nodes), no ncclCommRevoke: an aborted engine on a device
-//               whose aborts end its queued NCCL work (a GPU's answer) aborts its four split
-//               communicators before any wait; on the host device's answer only after the rail
-//               engines' waits; a healthy one destroys them
+//   teardown_order  two-level (2 x 2 fake nodes): without ncclCommRevoke an aborted engine on a
+//               device whose aborts end its queued NCCL work (a GPU's answer) aborts its four
+//               split communicators before any wait, on the host device's answer only after the
+//               rail engines' waits; with one it revokes them before any wait on either; a
+//               healthy one destroys them
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1607,19 +1608,26 @@ int scenario_rail_overlap(int n) {
 // A two-level engine's teardown once it is broken (marked aborted, as the shim's ncclCommAbort
 // marks it), after one compressed call on two fake nodes of two ranks. Each rank logs, in order,
 // the device's waits (each bounded wait and each stream destroy, which waits for the stream's
-// work) and the aborts and destroys of the four communicators the engine split. Cases:
+// work) and the revokes, aborts and destroys of the four communicators the engine split, so that
+// operations stuck on a silent peer end before the waits instead of each wait running to
+// DYNAMIQ_TIMEOUT_MS. Cases, without ncclCommRevoke (an NCCL before 2.28):
 //   - the device's abort_ends_queued_nccl_work() true (a GPU's answer), aborted: all four are
-//     aborted before the first wait, so that operations stuck on a silent peer (which an NCCL
-//     before 2.28 cannot revoke) end at once instead of each wait running to
-//     DYNAMIQ_TIMEOUT_MS;
+//     aborted before the first wait;
 //   - false (the host device, whose threads make those NCCL calls and must not race an abort),
 //     aborted: aborted all the same, but only after the rail engines' waits;
-//   - true, not aborted: destroyed, never aborted.
+//   - true, not aborted: destroyed, never aborted;
+// and with ncclCommRevoke, aborted, for either answer: all four revoked before the first wait
+// (their operations end and the streams drain), aborted after the rail engines' waits.
 std::vector<std::string> g_teardown_log;
 ncclResult_t logged_abort(ncclComm_t comm) {
   if (std::find(g_made.begin(), g_made.end(), comm) != g_made.end())
     g_teardown_log.push_back("abort");
   return ncclCommAbort(comm);
+}
+ncclResult_t logged_revoke(ncclComm_t comm, int flags) {
+  if (std::find(g_made.begin(), g_made.end(), comm) != g_made.end())
+    g_teardown_log.push_back("revoke");
+  return ncclCommRevoke(comm, flags);
 }
 ncclResult_t logged_destroy(ncclComm_t comm) {
   if (std::find(g_made.begin(), g_made.end(), comm) != g_made.end())
@@ -1627,14 +1635,15 @@ ncclResult_t logged_destroy(ncclComm_t comm) {
   return ncclCommDestroy(comm);
 }
 
-int teardown_order_case(int n, int rank, ncclComm_t comm, bool aborts_end_work, bool aborted) {
+int teardown_order_case(int n, int rank, ncclComm_t comm, bool aborts_end_work, bool aborted,
+                        bool with_revoke) {
   const auto settings = settings_for(
       {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_HIERARCHY", "node"}, {"DYNAMIQ_MIN_BYTES", "0"}});
   dq::engine::NcclOps ops = cpu_nccl_ops();
   ops.comm_split = recorded_split;
   ops.comm_abort = logged_abort;
   ops.comm_destroy = logged_destroy;
-  ops.comm_revoke = nullptr;  // an NCCL before 2.28
+  ops.comm_revoke = with_revoke ? logged_revoke : nullptr;  // without: an NCCL before 2.28
   g_made.clear();
   g_teardown_log.clear();
   FailingDevice device(dq::engine::host_device());
@@ -1669,7 +1678,14 @@ int teardown_order_case(int n, int rank, ncclComm_t comm, bool aborts_end_work, 
     const auto it = std::find(g_teardown_log.rbegin(), g_teardown_log.rend(), what);
     return static_cast<long>(g_teardown_log.rend() - it) - 1;  // -1: none
   };
-  if (!aborted) {
+  if (with_revoke) {
+    CHECK_OR(96,
+             count("revoke") == 4 && count("abort") == 4 && count("destroy") == 0 &&
+                 last("revoke") < first("wait") && first("wait") < first("abort"),
+             "rank %d: aborted, with a revoke, the four communicators must be revoked before any "
+             "wait and aborted after the rail engines' waits: %s",
+             rank, order.c_str());
+  } else if (!aborted) {
     CHECK_OR(93, count("destroy") == 4 && count("abort") == 0,
              "rank %d: a healthy teardown must destroy the four communicators: %s", rank,
              order.c_str());
@@ -1690,9 +1706,11 @@ int teardown_order_case(int n, int rank, ncclComm_t comm, bool aborts_end_work, 
 int scenario_teardown_order(int n) {
   auto body = [&](int rank, ncclComm_t* comms) -> int {
     join_fake_node("teardown-node", rank);
-    if (const int rc = teardown_order_case(n, rank, comms[0], true, true)) return rc;
-    if (const int rc = teardown_order_case(n, rank, comms[0], false, true)) return rc;
-    return teardown_order_case(n, rank, comms[0], true, false);
+    if (const int rc = teardown_order_case(n, rank, comms[0], true, true, false)) return rc;
+    if (const int rc = teardown_order_case(n, rank, comms[0], false, true, false)) return rc;
+    if (const int rc = teardown_order_case(n, rank, comms[0], true, false, false)) return rc;
+    if (const int rc = teardown_order_case(n, rank, comms[0], true, true, true)) return rc;
+    return teardown_order_case(n, rank, comms[0], false, true, true);
   };
   return all_zero(run_ranks(n, 1, body, 120), "teardown_order") ? 0 : 1;
 }
