@@ -1,6 +1,7 @@
 #include "plugin/net_devices.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 
 #include "plugin/net_env.h"
@@ -41,6 +43,33 @@ struct Candidate {
 };
 
 }  // namespace
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  if (f) std::getline(f, s);
+  return s;
+}
+
+std::string first_active_verbs_port() {
+  DIR* d = opendir("/sys/class/infiniband");
+  if (d == nullptr) return "";
+  std::string found;
+  int devices = 0;
+  while (found.empty() && devices++ < 64) {
+    const dirent* e = readdir(d);
+    if (e == nullptr) break;
+    if (e->d_name[0] == '.') continue;
+    for (int port = 1; port <= 4 && found.empty(); ++port) {
+      const std::string state = read_first_line(std::string("/sys/class/infiniband/") + e->d_name +
+                                                "/ports/" + std::to_string(port) + "/state");
+      if (state.find("ACTIVE") != std::string::npos)
+        found = std::string(e->d_name) + ":" + std::to_string(port);
+    }
+  }
+  closedir(d);
+  return found;
+}
 
 std::string addr_to_string(const sockaddr* addr) {
   char host[INET6_ADDRSTRLEN] = "?";

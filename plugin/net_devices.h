@@ -28,4 +28,11 @@ Status discover_devices(const std::string& ifname_spec, std::vector<NetDevice>* 
 // "a.b.c.d<port>" / "[v6]<port>" for logs.
 std::string addr_to_string(const sockaddr* addr);
 
+// The first line of a (sysfs) file, without its newline; empty if it cannot be read.
+std::string read_first_line(const std::string& path);
+
+// The first active verbs port the kernel lists ("dev:port"), from sysfs alone (libibverbs is not
+// loaded for it); empty if none. At most 64 devices and 4 ports each are looked at.
+std::string first_active_verbs_port();
+
 }  // namespace dq::net

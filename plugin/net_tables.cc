@@ -2,10 +2,7 @@
 // result code and no exception crosses it. Older versions adapt their argument types to v11.
 #include "plugin/net_tables.h"
 
-#include <dirent.h>
-
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -15,6 +12,7 @@
 #include "common/nccl_result.h"
 #include "config/settings.h"
 #include "plugin/net_backend.h"
+#include "plugin/net_devices.h"
 #include "plugin/net_env.h"
 #include "plugin/net_log.h"
 
@@ -69,37 +67,6 @@ dqNetResult Guard(const char* what, Fn&& fn) {
                      return dqNetInternalError;
                    });
 }
-
-namespace {
-
-// The first active verbs port the kernel lists ("dev:port"), from sysfs alone (libibverbs is not
-// loaded for it); empty if none. At most 64 devices and 4 ports each are looked at.
-std::string first_active_verbs_port() {
-  DIR* d = opendir("/sys/class/infiniband");
-  if (d == nullptr) return "";
-  std::string found;
-  int devices = 0;
-  while (found.empty() && devices++ < 64) {
-    const dirent* e = readdir(d);
-    if (e == nullptr) break;
-    if (e->d_name[0] == '.') continue;
-    for (int port = 1; port <= 4 && found.empty(); ++port) {
-      const std::string path = std::string("/sys/class/infiniband/") + e->d_name + "/ports/" +
-                               std::to_string(port) + "/state";
-      char state[64] = {};
-      if (FILE* f = std::fopen(path.c_str(), "r")) {
-        if (std::fgets(state, sizeof state, f) != nullptr &&
-            std::strstr(state, "ACTIVE") != nullptr)
-          found = std::string(e->d_name) + ":" + std::to_string(port);
-        std::fclose(f);
-      }
-    }
-  }
-  closedir(d);
-  return found;
-}
-
-}  // namespace
 
 NetBackend& backend() {
   // DYNAMIQ_NET_BACKEND picks the transport once per process. A misconfiguration never breaks a

@@ -8,10 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
-#include <mutex>
 
 #include "plugin/ibverbs/ib_internal.h"
+#include "plugin/net_devices.h"
 
 namespace dq::net::ib {
 namespace {
@@ -127,13 +126,6 @@ int lanes(uint8_t width) {
   }
 }
 
-std::string read_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  if (f) std::getline(f, s);
-  return s;
-}
-
 bool ipv4_mapped(const ibv_gid& g) {
   for (int i = 0; i < 10; ++i) {
     if (g.raw[i] != 0) return false;
@@ -169,8 +161,9 @@ bool pick_roce_gid(ibv_context* ctx, const std::string& dev, int port, int table
   for (int i = 0; i < table_len; ++i) {
     ibv_gid g{};
     if (verbs().query_gid(ctx, static_cast<uint8_t>(port), i, &g) != 0 || !ipv4_mapped(g)) continue;
-    std::string type = read_line("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) +
-                                 "/gid_attrs/types/" + std::to_string(i));
+    std::string type =
+        read_first_line("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) +
+                        "/gid_attrs/types/" + std::to_string(i));
     if (type.find("v2") != std::string::npos) {
       *index = i;
       *gid = g;
@@ -285,17 +278,18 @@ Status discover_ib_devices(const NetEnv& env, std::deque<IbDevice>* out, std::st
     *why = load_error;
     return Status::kUnsupported;
   }
-  static std::string fork_support;
-  static const bool fork_ok = ask_fork_support(&fork_support);
-  static std::once_flag fork_logged;
-  std::call_once(fork_logged, [&] {
-    if (fork_ok) {
+  // Once per process, before any other verbs call: fork support, then relaxed ordering.
+  static const bool prepared = [&] {
+    std::string fork_support;
+    if (ask_fork_support(&fork_support)) {
       NET_INFO("verbs fork support: %s", fork_support.c_str());
     } else {
       NET_WARN("verbs fork support: %s", fork_support.c_str());
     }
     set_relaxed_ordering(env.ib_relaxed_ordering);
-  });
+    return true;
+  }();
+  (void)prepared;
   int n = 0;
   ibv_device** list = verbs().get_device_list(&n);
   if (list == nullptr) {

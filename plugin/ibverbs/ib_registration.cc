@@ -33,21 +33,32 @@ int relaxed_ordering_access() {
   return g_relaxed_access.load(std::memory_order_relaxed);
 }
 
+namespace {
+
+// A registration with relaxed ordering failed (errno set): true where it is on only where taken
+// (mode 2), which turns it off for this and every later registration (one INFO line), to be
+// made again without; false in mode 1, where the failure stands.
+bool retry_without_relaxed_ordering(const char* what) {
+  if (g_relaxed_mode.load() != 2) return false;
+  if (g_relaxed_access.exchange(0) != 0)
+    NET_INFO("verbs relaxed ordering: %s with it failed (%s): off from now on", what,
+             std::strerror(errno));
+  return true;
+}
+
+}  // namespace
+
 Status register_bytes(ibv_pd* pd, void* data, size_t size, ibv_mr** out) {
   const int relaxed = relaxed_ordering_access();
   if (relaxed != 0) {
     *out = verbs().reg_mr_iova2(pd, data, size, reinterpret_cast<uintptr_t>(data),
                                 static_cast<unsigned>(kAccess | relaxed));
     if (*out != nullptr) return Status::kOk;
-    if (g_relaxed_mode.load() == 1) {
+    if (!retry_without_relaxed_ordering("a registration")) {
       NET_WARN("ibv_reg_mr_iova2 of %p+%zu with relaxed ordering failed: %s", data, size,
                std::strerror(errno));
       return Status::kSystemError;
     }
-    // Where taken only: the device refused it; this and every later registration go without.
-    if (g_relaxed_access.exchange(0) != 0)
-      NET_INFO("verbs relaxed ordering: a registration with it failed (%s): off from now on",
-               std::strerror(errno));
   }
   *out = verbs().reg_mr(pd, data, size, kAccess);
   if (*out == nullptr) {
@@ -148,14 +159,9 @@ Status IbNet::reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint
     const auto iova = reinterpret_cast<uint64_t>(data);
     const int relaxed = relaxed_ordering_access();
     m->mr = verbs().reg_dmabuf_mr(dev->pd, offset, size, iova, fd, kAccess | relaxed);
-    if (m->mr == nullptr && relaxed != 0 && g_relaxed_mode.load() == 2) {
-      if (g_relaxed_access.exchange(0) != 0)
-        NET_INFO(
-            "verbs relaxed ordering: a DMA-BUF registration with it failed (%s): off from now "
-            "on",
-            std::strerror(errno));
+    if (m->mr == nullptr && relaxed != 0 &&
+        retry_without_relaxed_ordering("a DMA-BUF registration"))
       m->mr = verbs().reg_dmabuf_mr(dev->pd, offset, size, iova, fd, kAccess);
-    }
     if (m->mr == nullptr) {
       NET_WARN("ibv_reg_dmabuf_mr of %p+%zu (fd %d, offset %llu) failed: %s", data, size, fd,
                static_cast<unsigned long long>(offset), std::strerror(errno));
