@@ -588,18 +588,14 @@ Settings current() {
   static std::string& seen = *new std::string;  // the raw values `cached` was parsed from
   static Settings& cached = *new Settings;
   std::string now;
-  for (const Entry& e : kTable) {
-    const char* v = std::getenv(e.key);
+  const auto add = [&now](const char* key) {
+    const char* v = std::getenv(key);
     now += v != nullptr ? '=' : '-';
     now += v != nullptr ? v : "";
     now += '\0';
-  }
-  for (const NcclEquivalent& q : kNcclEquivalents) {
-    const char* v = std::getenv(q.nccl);
-    now += v != nullptr ? '=' : '-';
-    now += v != nullptr ? v : "";
-    now += '\0';
-  }
+  };
+  for (const Entry& e : kTable) add(e.key);
+  for (const NcclEquivalent& q : kNcclEquivalents) add(q.nccl);
   std::vector<Problem> problems;
   Settings out;
   {
