@@ -131,9 +131,9 @@ class Engine {
   // (whose own operations the real call ends): revokes the node and rail communicators this
   // engine made, so that their operations in flight end too and the teardown that follows waits
   // for nothing stuck on a dead peer, and has the teardown abort them. Safe from any thread while
-  // a call runs. With an NCCL before 2.28 (no ncclCommRevoke) only the latter: on a device
-  // whose aborts end its queued NCCL work (a GPU) the teardown aborts them before its waits,
-  // elsewhere its waits stay bounded by DYNAMIQ_TIMEOUT_MS.
+  // a call runs; a second call does nothing. With an NCCL before 2.28 (no ncclCommRevoke) only the
+  // latter: on a device whose aborts end its queued NCCL work (a GPU) the teardown aborts them
+  // before its waits, elsewhere its waits stay bounded by DYNAMIQ_TIMEOUT_MS.
   void revoke_own_communicators();
 
   // The part of the decision that does not depend on the communicator's state: ask once per call.

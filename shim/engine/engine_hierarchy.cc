@@ -188,6 +188,8 @@ ncclResult_t Engine::setup_hierarchy() {
 
 void Engine::revoke_own_communicators() {
   std::lock_guard<std::mutex> lock(own_comms_mutex_);
+  // Once: those published since were revoked as they were published.
+  if (own_comms_revoked_) return;
   own_comms_revoked_ = true;
   if (ops_.comm_revoke == nullptr) return;
   for (ncclComm_t c : own_comms_) ops_.comm_revoke(c, 0);
@@ -200,7 +202,6 @@ void Engine::release_hierarchy() {
   {
     std::lock_guard<std::mutex> lock(own_comms_mutex_);
     revoked = own_comms_revoked_;
-    own_comms_.clear();  // destroyed below: no revoke may reach them any more
   }
   const bool broken = broken_ != ncclSuccess || h.abort_comms || revoked ||
                       (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
@@ -215,13 +216,15 @@ void Engine::release_hierarchy() {
   std::array<ncclComm_t, 2 + kRailEngines> comms = h.comms();
   if (broken && !h.abort_comms) {
     if (ops_.comm_revoke != nullptr) {
-      if (!revoked)
-        for (ncclComm_t c : comms)
-          if (c != nullptr) ops_.comm_revoke(c, 0);
+      revoke_own_communicators();  // the same four, published at set-up; none if revoked already
     } else if (device_ != nullptr && device_->abort_ends_queued_nccl_work()) {
       for (ncclComm_t& c : comms)
         if (c != nullptr) ops_.comm_abort(c), c = nullptr;
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(own_comms_mutex_);
+    own_comms_.clear();  // destroyed below: no revoke may reach them any more
   }
   if (device_ != nullptr) {
     // Destroying a stream waits for its work (bounded: every NCCL call in it has a timeout), and
