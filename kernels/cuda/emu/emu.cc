@@ -36,6 +36,33 @@ extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const voi
 extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old,
                                                 size_t* size_old) __attribute__((weak));
 
+// ThreadSanitizer (the TSan build): every emulated thread is a TSan fiber, switched without
+// synchronisation, and only what orders memory on a GPU orders it here (ThreadSanitizer in
+// EMULATION.md). This file itself is not instrumented (its meson.build): the scheduler's own state
+// passes between fibers that TSan would otherwise see as unordered threads, so the build says so
+// (-DDQ_EMU_TSAN=1: without -fsanitize=thread here the compiler cannot tell).
+#ifndef DQ_EMU_TSAN
+#if defined(__SANITIZE_THREAD__)
+#define DQ_EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DQ_EMU_TSAN 1
+#endif
+#endif
+#ifndef DQ_EMU_TSAN
+#define DQ_EMU_TSAN 0
+#endif
+#endif
+#if DQ_EMU_TSAN
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+#endif
+
 namespace dq::emu {
 namespace {
 
@@ -67,6 +94,46 @@ void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
     __sanitizer_finish_switch_fiber(fake_save, bottom_old, size_old);
 }
 
+// TSan's view (no-ops in other builds). Each thread slot has one TSan fiber for the process's
+// life, as it has one stack. A switch carries no ordering (flag 1, no_sync): an emulated thread
+// gives up the CPU only at a barrier or a warp collective, and switching with synchronisation
+// would order every access before a switch before every access after it, hiding every race. The
+// orderings are given explicitly, each a release by the threads before and an acquire by those
+// after, on a byte that names it: a block's start after the scheduler prepared it (poisoned
+// shared memory, the caller's buffers), the block's end before the scheduler goes on, every
+// __syncthreads among the block's threads and every __syncwarp among its mask's lanes. Blocks are
+// ordered one after another (static shared memory is reused), so races between blocks do not show.
+#if DQ_EMU_TSAN
+constexpr unsigned kTsanNoSync = 1;  // __tsan_switch_to_fiber_no_sync
+struct TsanFibers {
+  std::vector<void*> fibers;
+  void* scheduler = nullptr;  // the launching OS thread's own, while a launch runs
+  char block_start = 0, block_end = 0;
+  void* of(int t) {
+    while (static_cast<int>(fibers.size()) <= t) fibers.push_back(__tsan_create_fiber(0));
+    return fibers[t];
+  }
+};
+TsanFibers g_tsan;
+void tsan_to_thread(int t) {
+  __tsan_switch_to_fiber(g_tsan.of(t), kTsanNoSync);
+}
+void tsan_to_scheduler() {
+  __tsan_switch_to_fiber(g_tsan.scheduler, kTsanNoSync);
+}
+void tsan_release(void* a) {
+  __tsan_release(a);
+}
+void tsan_acquire(void* a) {
+  __tsan_acquire(a);
+}
+#else
+void tsan_to_thread(int) {}
+void tsan_to_scheduler() {}
+void tsan_release(void*) {}
+void tsan_acquire(void*) {}
+#endif
+
 enum class State : uint8_t { kReady, kBarrier, kWarp, kExited };
 
 struct Thread {
@@ -81,6 +148,7 @@ struct Thread {
   unsigned mask = 0;
   int param = 0, width = 32;
   uint64_t value = 0, result = 0;
+  char warp_sync = 0;  // TSan: a __syncwarp whose group this lane claimed orders memory here
 };
 
 struct Warp {
@@ -105,6 +173,8 @@ struct Launch {
   int live = 0;
   fc::fcontext_t scheduler = nullptr;
   int arrived = 0;  // barrier arrivals in the current round
+  uint64_t barrier_round = 0;
+  char barrier_sync[2] = {0, 0};  // TSan: __syncthreads rounds alternate between the two
   std::source_location barrier_site;
   int barrier_first = -1;
   bool cancelling = false;
@@ -274,6 +344,7 @@ void park() {
   Launch& L = *g_launch;
   Thread& me = L.threads[L.current];
   asan_leave(&me.asan_fake, g_asan.scheduler_bottom, g_asan.scheduler_size);
+  tsan_to_scheduler();
   fc::transfer_t back = fc::jump_fcontext(L.scheduler, nullptr);
   asan_arrive(L.threads[L.current].asan_fake, &g_asan.scheduler_bottom, &g_asan.scheduler_size);
   L.scheduler = back.fctx;
@@ -284,6 +355,9 @@ void fiber_entry(fc::transfer_t from) {
   asan_arrive(nullptr, &g_asan.scheduler_bottom, &g_asan.scheduler_size);
   Launch& L = *g_launch;
   L.scheduler = from.fctx;
+#if DQ_EMU_TSAN
+  tsan_acquire(&g_tsan.block_start);
+#endif
   try {
     L.body(L.context);
   } catch (const Cancelled&) {
@@ -294,7 +368,11 @@ void fiber_entry(fc::transfer_t from) {
   }
   L.threads[L.current].state = State::kExited;
   --L.live;
+#if DQ_EMU_TSAN
+  tsan_release(&g_tsan.block_end);
+#endif
   asan_leave(nullptr, g_asan.scheduler_bottom, g_asan.scheduler_size);  // this fiber is done
+  tsan_to_scheduler();
   fc::jump_fcontext(L.scheduler, nullptr);
   std::abort();  // an exited fiber is never resumed
 }
@@ -305,6 +383,7 @@ void resume(Launch& L, int t) {
   detail::g_thread_idx = th.idx;
   th.started = true;
   asan_leave(&g_asan.scheduler_fake, g_stacks.top(t) - kFiberStackBytes, kFiberStackBytes);
+  tsan_to_thread(t);
   fc::transfer_t back = fc::jump_fcontext(th.context, nullptr);
   asan_arrive(g_asan.scheduler_fake, nullptr, nullptr);
   th.context = back.fctx;
@@ -370,6 +449,9 @@ bool run_block(Launch& L) {
   }
   release(L);  // every thread ready, in the thread order
   for (Warp& w : L.warps) w.parked = w.claimed = 0;
+#if DQ_EMU_TSAN
+  tsan_release(&g_tsan.block_start);  // what the scheduler and the caller wrote before the block
+#endif
   L.live = L.n;
   L.arrived = 0;
   L.cancelling = false;
@@ -385,8 +467,11 @@ bool run_block(Launch& L) {
     L.cancelling = true;
     for (int t = 0; t < L.n; ++t)
       if (L.threads[t].started && L.threads[t].state != State::kExited) resume(L, t);
-    return false;
   }
+#if DQ_EMU_TSAN
+  tsan_acquire(&g_tsan.block_end);  // the next block, the caller: after every thread of this one
+#endif
+  if (L.fault != Fault::kNone) return false;
   if (L.dynamic) {
     for (const char* p = g_shared.data(); p < L.dynamic; ++p)
       if (static_cast<unsigned char>(*p) != kCanary) {
@@ -589,6 +674,9 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   SignalScope signals;
   g_launch = &L;
   t_running = &L;
+#if DQ_EMU_TSAN
+  g_tsan.scheduler = __tsan_get_current_fiber();
+#endif
   g_block_dim = block;
   g_grid_dim = grid;
   const bool ok = run_blocks(L, ordering, order_launch);
@@ -636,8 +724,13 @@ void barrier(const std::source_location& loc) {
                                                  where(L.barrier_site));
   }
   Thread& me = L.threads[L.current];
+  // A round's threads release into its byte and acquire it when the round completes; the next
+  // round's releases go into the other byte, so no thread acquires a later round's.
+  char* const round_sync = &L.barrier_sync[L.barrier_round & 1];
+  tsan_release(round_sync);
   if (++L.arrived == L.n) {  // the round is complete: release the others
     L.arrived = 0;
+    ++L.barrier_round;
     // Index order: this thread carries on at once, the others after it by index. Otherwise it
     // takes its turn among them.
     const bool index = L.thread_ordering.order == BlockOrder::kIndex;
@@ -646,11 +739,13 @@ void barrier(const std::source_location& loc) {
         L.released.push_back(t);
     release(L);
     if (!index) park();
+    tsan_acquire(round_sync);
     return;
   }
   me.state = State::kBarrier;
   me.site = loc;
   park();
+  tsan_acquire(round_sync);
 }
 
 uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
@@ -698,10 +793,16 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
     w.claimed |= mask;
     for (unsigned m = mask; m; m &= m - 1) w.owner[__builtin_ctz(m)] = static_cast<uint8_t>(lane);
   }
+  // TSan: a __syncwarp orders its lanes' memory, through the byte of the lane that claimed the
+  // group; shuffles and votes exchange values but order no memory, as on a GPU.
+  char* const warp_sync =
+      op == Op::kSyncWarp ? &L.threads[(tid & ~31) + w.owner[lane]].warp_sync : nullptr;
+  if (warp_sync) tsan_release(warp_sync);
   w.parked |= bit;
   if ((w.parked & mask) != mask) {
     me.state = State::kWarp;
     park();
+    if (warp_sync) tsan_acquire(warp_sync);
     return me.result;
   }
   // Every lane of the mask is here: compute each lane's result by the PTX shfl/vote rules.
@@ -765,6 +866,7 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
   w.claimed &= ~mask;
   release(L);
   if (L.thread_ordering.order != BlockOrder::kIndex) park();
+  if (warp_sync) tsan_acquire(warp_sync);
   return me.result;
 }
 

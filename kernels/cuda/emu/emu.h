@@ -398,12 +398,17 @@ inline T __ldg(const T* p) {
   return *p;
 }
 
-// ---- atomics: the overloads CUDA has, as plain read-modify-write (no fiber switch inside) ------
-#define DQ_EMU_ATOMIC(name, type, expr)       \
-  inline type name(type* address, type val) { \
-    type old = *address;                      \
-    *address = (expr);                        \
-    return old;                               \
+// ---- atomics: the overloads CUDA has, as a read and a write with no fiber switch between --------
+// Both are atomic accesses (relaxed, as CUDA's atomics): ThreadSanitizer then takes two threads'
+// atomics on one word for what they are, not for a race, and still reports a plain access that
+// no barrier orders against them.
+#define DQ_EMU_ATOMIC(name, type, expr)               \
+  inline type name(type* address, type val) {         \
+    type old;                                         \
+    __atomic_load(address, &old, __ATOMIC_RELAXED);   \
+    type next = (expr);                               \
+    __atomic_store(address, &next, __ATOMIC_RELAXED); \
+    return old;                                       \
   }
 DQ_EMU_ATOMIC(atomicAdd, int, old + val)
 DQ_EMU_ATOMIC(atomicAdd, unsigned int, old + val)
@@ -434,11 +439,12 @@ DQ_EMU_ATOMIC(atomicXor, int, old ^ val)
 DQ_EMU_ATOMIC(atomicXor, unsigned int, old ^ val)
 DQ_EMU_ATOMIC(atomicXor, unsigned long long, old ^ val)
 #undef DQ_EMU_ATOMIC
-#define DQ_EMU_ATOMIC_CAS(type)                                  \
-  inline type atomicCAS(type* address, type compare, type val) { \
-    type old = *address;                                         \
-    if (old == compare) *address = val;                          \
-    return old;                                                  \
+#define DQ_EMU_ATOMIC_CAS(type)                                          \
+  inline type atomicCAS(type* address, type compare, type val) {         \
+    type old;                                                            \
+    __atomic_load(address, &old, __ATOMIC_RELAXED);                      \
+    if (old == compare) __atomic_store(address, &val, __ATOMIC_RELAXED); \
+    return old;                                                          \
   }
 DQ_EMU_ATOMIC_CAS(int)
 DQ_EMU_ATOMIC_CAS(unsigned int)

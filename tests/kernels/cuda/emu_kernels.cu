@@ -158,7 +158,9 @@ __global__ void atomics_kernel(int* counter, float* fsum, int* max, unsigned* ca
   atomicAdd(counter, 1);
   atomicAdd(fsum, 0.5f);
   atomicMax(max, id);
-  unsigned seen = *cas_counter;
+  // Not a plain read of the word first: other threads' atomics race with it (ThreadSanitizer
+  // reports it); the first CAS returns what the word holds.
+  unsigned seen = 0;
   for (;;) {
     const unsigned before = atomicCAS(cas_counter, seen, seen + 1u);
     if (before == seen) break;
@@ -239,8 +241,11 @@ __global__ void copy_through_shared_kernel(const uint8_t* src, int n, uint8_t* d
     store_global(dst + b, copy[b]);
 }
 
+// Every thread loads (each is checked for alignment); one stores, since 32 stores of one word are a
+// race even when they store the same value.
 __global__ void vector_load_kernel(const uint8_t* src, uint4* out) {
-  store_global(out, load_global(reinterpret_cast<const uint4*>(src)));
+  const uint4 v = load_global(reinterpret_cast<const uint4*>(src));
+  if (threadIdx.x == 0) store_global(out, v);
 }
 
 cudaError_t vector_load(const uint8_t* src, uint4* out) {
@@ -331,6 +336,23 @@ __global__ void neighbour_race_kernel(int with_barrier, unsigned* out) {
 cudaError_t neighbour_race(int threads, bool with_barrier, unsigned* out) {
   if (threads < 1 || threads > kMaxRaceThreads) return cudaErrorInvalidValue;
   DQ_LAUNCH(neighbour_race_kernel, dim3(1), dim3(threads), 0, nullptr, with_barrier ? 1 : 0, out);
+  return cudaGetLastError();
+}
+
+// Each lane writes its shared word, then reads its neighbour's: ordered by a __syncwarp
+// (ordering 1), or not (0), or only by a shuffle, which exchanges a value and orders no memory (2).
+__global__ void warp_neighbour_kernel(int ordering, unsigned* out) {
+  __shared__ unsigned s[kWarp];
+  const unsigned lane = threadIdx.x;
+  s[lane] = 100 + lane;
+  unsigned partner = lane ^ 1u;
+  if (ordering == 1) __syncwarp();
+  if (ordering == 2) partner = __shfl_xor_sync(kFullMask, lane, 1);
+  out[lane] = s[(lane + 1) % kWarp] + (partner ^ lane ^ 1u);  // (partner ^ lane ^ 1) is 0
+}
+
+cudaError_t warp_neighbour(int ordering, unsigned* out) {
+  DQ_LAUNCH(warp_neighbour_kernel, dim3(1), dim3(kWarp), 0, nullptr, ordering, out);
   return cudaGetLastError();
 }
 

@@ -73,5 +73,8 @@ cudaError_t thread_order(int threads, unsigned* taken, unsigned* ran);
 // race: what the neighbour's word holds depends on the order the threads run in.
 inline constexpr int kMaxRaceThreads = 256;
 cudaError_t neighbour_race(int threads, bool with_barrier, unsigned* out);
+// A warp's lanes read their neighbour's shared word after writing their own: ordering 0 nothing
+// between, 1 a __syncwarp, 2 only a shuffle.
+cudaError_t warp_neighbour(int ordering, unsigned* out);
 
 }  // namespace dq::cuda::selftest

@@ -123,9 +123,10 @@ TEST(CudaEmuDeathTest, StaticSharedIndexOutOfBoundsIsDetected) {
   GTEST_SKIP() << "this build has no -fsanitize=bounds-strict for the emulated tests";
 #else
   int out = 0;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // The ASan + UBSan CI leg aborts at the report (abort_on_error=1) without running the death
-  // callback that names the kernel and thread: the detection itself is what is checked there.
+  // callback that names the kernel and thread, and TSan's runtime never calls it: the detection
+  // itself is what is checked there.
   EXPECT_DEATH(static_shared_index(32, &out), "index 32 out of bounds for type 'int \\[32\\]'");
 #else
   EXPECT_DEATH(
@@ -525,6 +526,10 @@ TEST(CudaEmuThreadOrder, ReleasedThreadsRunInTheOrderAsked) {
 // after its write. Index order hides it for every reader but the last; reverse order shows it to
 // every reader; with the barrier every order gives the same, right result.
 TEST(CudaEmuThreadOrder, AMissingBarrierChangesTheResultOutOfIndexOrder) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "its launches race on purpose; in this build CudaEmuRaceDeathTest checks that "
+                  "ThreadSanitizer reports them";
+#endif
   const int n = 64;
   std::vector<unsigned> right(n);
   for (int k = 0; k < n; ++k) right[k] = 100 + (k + 1) % n;
@@ -546,6 +551,45 @@ TEST(CudaEmuThreadOrder, AMissingBarrierChangesTheResultOutOfIndexOrder) {
   EXPECT_NE(by_order[0], by_order[1]);
   EXPECT_NE(by_order[2], by_order[0]);
   EXPECT_NE(by_order[2], by_order[1]);
+}
+
+// ThreadSanitizer's view of the emulated threads (EMULATION.md, "ThreadSanitizer"): in the TSan
+// build every thread is a fiber and only a __syncthreads, a __syncwarp and a block's start and end
+// order memory, so an access no barrier orders is a reported race whatever order the threads ran
+// in. Elsewhere nothing detects races: the racy launches are skipped.
+TEST(CudaEmuRace, AccessesOrderedByABarrierAreNotReported) {
+  std::vector<unsigned> out(64, 0), right(64);
+  for (int k = 0; k < 64; ++k) right[k] = 100 + (k + 1) % 64;
+  ASSERT_EQ(neighbour_race(64, true, out.data()), cudaSuccess) << last_report().message;
+  EXPECT_EQ(out, right);
+  std::vector<unsigned> lanes(32, 0), right_lanes(32);
+  for (int k = 0; k < 32; ++k) right_lanes[k] = 100 + (k + 1) % 32;
+  ASSERT_EQ(warp_neighbour(1, lanes.data()), cudaSuccess) << last_report().message;
+  EXPECT_EQ(lanes, right_lanes);
+}
+
+TEST(CudaEmuRaceDeathTest, AnUnorderedAccessIsReportedInTheTsanBuild) {
+#if !defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "races are detected in the ThreadSanitizer build only";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // 66: TSan's exit status after a report (at the report with halt_on_error=1, else at exit).
+  std::vector<unsigned> out(64, 0);
+  EXPECT_EXIT(
+      {
+        neighbour_race(64, false, out.data());
+        std::exit(0);
+      },
+      testing::ExitedWithCode(66), "ThreadSanitizer: data race(.|\n)*neighbour_race_kernel");
+  for (int ordering : {0, 2})
+    EXPECT_EXIT(
+        {
+          warp_neighbour(ordering, out.data());
+          std::exit(0);
+        },
+        testing::ExitedWithCode(66), "ThreadSanitizer: data race(.|\n)*warp_neighbour_kernel")
+        << "ordering " << ordering;
+#endif
 }
 
 TEST(CudaEmuThreadOrder, BadOrdersAreRefusedByName) {
