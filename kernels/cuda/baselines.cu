@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
   const StepFold fold(error, F != kFamilyUniform || n_in == 0);
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any shuffle.
-  if ((*error & kSkipFlag) != 0) return;
+  if ((load_relaxed(error) & kSkipFlag) != 0) return;
   const uint32_t call = layout_call(layout);
   const int n = hop_contributors(d, c, in, n_in, call, error);
   if (n == 0) return;  // the whole grid: no barrier follows
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
 __global__ void __launch_bounds__(kBaselineThreads)
     baseline_hop_clear_kernel(unsigned long long capacity, uint8_t* out, const unsigned* error) {
   const StepFold fold(error);  // the step's last kernel (step_fold.h)
-  if ((*error & kSkipFlag) != 0 || (*error & kBaselineBadCodes) == 0) return;
+  if ((load_relaxed(error) & (kSkipFlag | kBaselineBadCodes)) != kBaselineBadCodes) return;
   for (unsigned long long b =
            blockIdx.x * static_cast<unsigned long long>(kBaselineThreads) + threadIdx.x;
        b < capacity; b += static_cast<unsigned long long>(gridDim.x) * kBaselineThreads)
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(kBaselineThreads)
   const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step: nothing is written. Never raised here: the grid decides
   // alike, before any barrier or ticket.
-  if ((*error & kSkipFlag) != 0) return;
+  if ((load_relaxed(error) & kSkipFlag) != 0) return;
   FinishGate gate(word, validators, &s_word);
   if (gate.validator()) {
     baseline_finish_validate(d, layout, r, n_contrib, gate.share(), gate.shares(), error);
@@ -439,8 +439,9 @@ __global__ void __launch_bounds__(kBaselineThreads)
 }
 
 __global__ void baseline_layout_kernel(uint64_t call, uint64_t* layout, const unsigned* error) {
-  const StepFold fold(error);                           // the step's only kernel (step_fold.h)
-  if (error != nullptr && step_failed(*error)) return;  // the lane failed before: the layout stays
+  const StepFold fold(error);  // the step's only kernel (step_fold.h)
+  // The lane failed before: the layout stays.
+  if (error != nullptr && step_failed(load_relaxed(error))) return;
   if (blockIdx.x == 0 && threadIdx.x == 0) *layout = call;
 }
 

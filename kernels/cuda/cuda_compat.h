@@ -75,6 +75,19 @@ __device__ __forceinline__ void store_global(T* p, T v) {
 #endif
   *p = v;
 }
+// A word other threads of the launch may update with atomics (a step's flags word), read as a
+// relaxed atomic load. A plain read of it races with their atomics in CUDA's memory model even
+// where the bits tested never change during the launch, and ThreadSanitizer (the emulator's TSan
+// build) reports it. Under nvcc a volatile load, which PTX gives relaxed semantics at system scope
+// (sm_70 on). Not counted in the traffic: a kernel reads it once a thread, as it starts.
+template <class T>
+__device__ __forceinline__ T load_relaxed(const T* p) {
+#if DQ_CUDA_EMULATED
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+  return *static_cast<const volatile T*>(p);
+#endif
+}
 // Atomics on global memory, counted as one read and one write of the word.
 #if DQ_CUDA_EMULATED
 #define DQ_COUNT_ATOMIC(T)                 \

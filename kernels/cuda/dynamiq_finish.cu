@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kHopThreads)
   const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step: nothing is written. This launch never raises kSkipFlag, so
   // every thread of the grid decides alike, before any barrier or ticket.
-  if ((*error & kSkipFlag) != 0) return;
+  if ((load_relaxed(error) & kSkipFlag) != 0) return;
   FinishGate gate(word, validators, &s_gate);
   const LayoutView l = layout_view(layout, d.sections);
   const int k = static_cast<int>(threadIdx.x);

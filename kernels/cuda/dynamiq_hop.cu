@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kHopThreads, kHopMinBlocks)
   const StepFold fold(error);    // the step's only kernel (step_fold.h)
   // The lane failed before this step (the caller armed the word): nothing is written. This launch
   // never raises kSkipFlag, so every thread of the grid decides alike, before any barrier.
-  if ((*error & kSkipFlag) != 0) return;
+  if ((load_relaxed(error) & kSkipFlag) != 0) return;
   const LayoutView l = layout_view(layout, d.sections);
   hop_setup(d, l, chunk, in, n_in, out, error, s_meta);
   // Wire positions are 32-bit words of the layout (chunk_first).

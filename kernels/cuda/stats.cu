@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kStatsThreads, kStatsMinBlocks)
   const StepFold fold(error);  // the step's only kernel (step_fold.h)
   // The lane failed before this step: nothing is written. Every thread of the grid reads the same
   // word, which this kernel never writes, before any barrier: the whole block returns.
-  if (error != nullptr && step_failed(*error)) return;
+  if (error != nullptr && step_failed(load_relaxed(error))) return;
   const unsigned long long n_tiles = tiles_of(count);
   for (unsigned long long tile_index = blockIdx.x; tile_index < n_tiles; tile_index += gridDim.x)
     stats_tile(x, bf16 != 0, count, n_workers, stats, tile_index, tile, all_zero);
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(kStatsThreads, kStatsMinBlocks)
                                   const unsigned* error) {
   __shared__ float tile[kTileRows * kRowPitch];
   __shared__ unsigned char all_zero[kTileSuperGroups];
-  const StepFold fold(error);                           // the step's only kernel (step_fold.h)
-  if (error != nullptr && step_failed(*error)) return;  // as above: the whole block
+  const StepFold fold(error);  // the step's only kernel (step_fold.h)
+  if (error != nullptr && step_failed(load_relaxed(error))) return;  // as above: the whole block
   const size_t esize = bf16 ? 2 : 4;
   for (unsigned long long at = blockIdx.x; at < tiles; at += gridDim.x) {
     int lo = 0, hi = n_jobs - 1;  // the last job whose first tile is <= at

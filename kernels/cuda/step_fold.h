@@ -72,7 +72,7 @@ class StepFold {
     if (std::uncaught_exceptions() > 0) return;  // the emulator unwinds a faulted launch
 #endif
     // kFoldFlag never changes during a launch: the whole grid decides alike.
-    if (!last_ || word_ == nullptr || (*word_ & kFoldFlag) == 0) return;
+    if (!last_ || word_ == nullptr || (load_relaxed(word_) & kFoldFlag) == 0) return;
     __syncthreads();  // this block's writes and flags are done
     if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) return;
     StepWord* w = reinterpret_cast<StepWord*>(word_);
