@@ -78,11 +78,12 @@ struct HostEvent {
   uint64_t recorded = 0;   // records enqueued (host side)
   uint64_t completed = 0;  // records the stream has reached
 
+  // Notifies with the lock held: a waiter that sees `completed` reach its target may return and
+  // destroy the event (destroy_event() after a wait) at once, so nothing here may touch it after
+  // the unlock. A notify after the unlock used a condition variable that was already freed.
   void complete(uint64_t target) {
-    {
-      std::lock_guard<std::mutex> lock(m);
-      if (target > completed) completed = target;
-    }
+    std::lock_guard<std::mutex> lock(m);
+    if (target > completed) completed = target;
     cv.notify_all();
   }
   void wait_for(uint64_t target) {
