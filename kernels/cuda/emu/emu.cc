@@ -54,13 +54,7 @@ extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const voi
 #endif
 #endif
 #if DQ_EMU_TSAN
-extern "C" {
-void* __tsan_get_current_fiber(void);
-void* __tsan_create_fiber(unsigned flags);
-void __tsan_switch_to_fiber(void* fiber, unsigned flags);
-void __tsan_acquire(void* addr);
-void __tsan_release(void* addr);
-}
+#include <sanitizer/tsan_interface.h>
 #endif
 
 namespace dq::emu {
@@ -95,7 +89,7 @@ void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
 }
 
 // TSan's view (no-ops in other builds). Each thread slot has one TSan fiber for the process's
-// life, as it has one stack. A switch carries no ordering (flag 1, no_sync): an emulated thread
+// life, as it has one stack. A switch carries no ordering (no_sync): an emulated thread
 // gives up the CPU only at a barrier or a warp collective, and switching with synchronisation
 // would order every access before a switch before every access after it, hiding every race. The
 // orderings are given explicitly, each a release by the threads before and an acquire by those
@@ -104,7 +98,6 @@ void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
 // __syncthreads among the block's threads and every __syncwarp among its mask's lanes. Blocks are
 // ordered one after another (static shared memory is reused), so races between blocks do not show.
 #if DQ_EMU_TSAN
-constexpr unsigned kTsanNoSync = 1;  // __tsan_switch_to_fiber_no_sync
 struct TsanFibers {
   std::vector<void*> fibers;
   void* scheduler = nullptr;  // the launching OS thread's own, while a launch runs
@@ -116,10 +109,10 @@ struct TsanFibers {
 };
 TsanFibers g_tsan;
 void tsan_to_thread(int t) {
-  __tsan_switch_to_fiber(g_tsan.of(t), kTsanNoSync);
+  __tsan_switch_to_fiber(g_tsan.of(t), __tsan_switch_to_fiber_no_sync);
 }
 void tsan_to_scheduler() {
-  __tsan_switch_to_fiber(g_tsan.scheduler, kTsanNoSync);
+  __tsan_switch_to_fiber(g_tsan.scheduler, __tsan_switch_to_fiber_no_sync);
 }
 void tsan_release(void* a) {
   __tsan_release(a);
