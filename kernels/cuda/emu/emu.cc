@@ -97,17 +97,23 @@ void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
 // shared memory, the caller's buffers), the block's end before the scheduler goes on, every
 // __syncthreads among the block's threads and every __syncwarp among its mask's lanes. Blocks are
 // ordered one after another (static shared memory is reused), so races between blocks do not show.
+struct BlockSync {
+  char start = 0, end = 0;  // the bytes a block's start and end order memory on (TSan)
+};
+BlockSync g_block_sync;
 #if DQ_EMU_TSAN
 struct TsanFibers {
   std::vector<void*> fibers;
   void* scheduler = nullptr;  // the launching OS thread's own, while a launch runs
-  char block_start = 0, block_end = 0;
   void* of(int t) {
     while (static_cast<int>(fibers.size()) <= t) fibers.push_back(__tsan_create_fiber(0));
     return fibers[t];
   }
 };
 TsanFibers g_tsan;
+void tsan_enter_launch() {
+  g_tsan.scheduler = __tsan_get_current_fiber();
+}
 void tsan_to_thread(int t) {
   __tsan_switch_to_fiber(g_tsan.of(t), __tsan_switch_to_fiber_no_sync);
 }
@@ -121,6 +127,7 @@ void tsan_acquire(void* a) {
   __tsan_acquire(a);
 }
 #else
+void tsan_enter_launch() {}
 void tsan_to_thread(int) {}
 void tsan_to_scheduler() {}
 void tsan_release(void*) {}
@@ -348,9 +355,7 @@ void fiber_entry(fc::transfer_t from) {
   asan_arrive(nullptr, &g_asan.scheduler_bottom, &g_asan.scheduler_size);
   Launch& L = *g_launch;
   L.scheduler = from.fctx;
-#if DQ_EMU_TSAN
-  tsan_acquire(&g_tsan.block_start);
-#endif
+  tsan_acquire(&g_block_sync.start);
   try {
     L.body(L.context);
   } catch (const Cancelled&) {
@@ -361,9 +366,7 @@ void fiber_entry(fc::transfer_t from) {
   }
   L.threads[L.current].state = State::kExited;
   --L.live;
-#if DQ_EMU_TSAN
-  tsan_release(&g_tsan.block_end);
-#endif
+  tsan_release(&g_block_sync.end);
   asan_leave(nullptr, g_asan.scheduler_bottom, g_asan.scheduler_size);  // this fiber is done
   tsan_to_scheduler();
   fc::jump_fcontext(L.scheduler, nullptr);
@@ -442,9 +445,7 @@ bool run_block(Launch& L) {
   }
   release(L);  // every thread ready, in the thread order
   for (Warp& w : L.warps) w.parked = w.claimed = 0;
-#if DQ_EMU_TSAN
-  tsan_release(&g_tsan.block_start);  // what the scheduler and the caller wrote before the block
-#endif
+  tsan_release(&g_block_sync.start);  // what the scheduler and the caller wrote before the block
   L.live = L.n;
   L.arrived = 0;
   L.cancelling = false;
@@ -461,9 +462,7 @@ bool run_block(Launch& L) {
     for (int t = 0; t < L.n; ++t)
       if (L.threads[t].started && L.threads[t].state != State::kExited) resume(L, t);
   }
-#if DQ_EMU_TSAN
-  tsan_acquire(&g_tsan.block_end);  // the next block, the caller: after every thread of this one
-#endif
+  tsan_acquire(&g_block_sync.end);  // the next block, the caller: after every thread of this one
   if (L.fault != Fault::kNone) return false;
   if (L.dynamic) {
     for (const char* p = g_shared.data(); p < L.dynamic; ++p)
@@ -667,9 +666,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   SignalScope signals;
   g_launch = &L;
   t_running = &L;
-#if DQ_EMU_TSAN
-  g_tsan.scheduler = __tsan_get_current_fiber();
-#endif
+  tsan_enter_launch();
   g_block_dim = block;
   g_grid_dim = grid;
   const bool ok = run_blocks(L, ordering, order_launch);
