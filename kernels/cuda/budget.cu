@@ -165,10 +165,9 @@ __device__ __forceinline__ uint32_t key_slot(uint32_t* slot_key, uint32_t key) {
 __device__ __forceinline__ bool block_skips(const unsigned* error, const BudgetPartState* part,
                                             unsigned* shared_flag) {
   if (threadIdx.x == 0)
-    *shared_flag = (error != nullptr && *static_cast<const volatile unsigned*>(error) != 0) ||
-                           (part != nullptr && part->bad != 0)
-                       ? 1u
-                       : 0u;
+    *shared_flag =
+        (error != nullptr && load_relaxed(error) != 0) || (part != nullptr && part->bad != 0) ? 1u
+                                                                                              : 0u;
   __syncthreads();
   const bool skips = *shared_flag != 0;
   __syncthreads();

@@ -75,11 +75,13 @@ __device__ __forceinline__ void store_global(T* p, T v) {
 #endif
   *p = v;
 }
-// A word other threads of the launch may update with atomics (a step's flags word), read as a
-// relaxed atomic load. A plain read of it races with their atomics in CUDA's memory model even
-// where the bits tested never change during the launch, and ThreadSanitizer (the emulator's TSan
-// build) reports it. Under nvcc a volatile load, which PTX gives relaxed semantics at system scope
-// (sm_70 on). Not counted in the traffic: a kernel reads it once a thread, as it starts.
+// A word other threads, blocks or the host may change while the kernel runs (a step's flags
+// word, a ticket count, the lane's error word), read as a relaxed atomic load. A plain read of it
+// races with their writes in CUDA's memory model even where the bits tested never change during
+// the launch (ThreadSanitizer, the emulator's TSan build, reports it), and a poll's plain load may
+// be hoisted out of its loop. Under nvcc a volatile load, which PTX gives relaxed semantics at
+// system scope (sm_70 on). Not counted in the traffic (load_polled() in the grid layout counts
+// its polls).
 template <class T>
 __device__ __forceinline__ T load_relaxed(const T* p) {
 #if DQ_CUDA_EMULATED

@@ -541,21 +541,21 @@ __global__ void __launch_bounds__(kGridThreads)
 
 namespace {
 
-// A load of a word another block writes while this one polls it: volatile (a plain load may be
-// hoisted out of the loop), counted like load_global (kernels/cuda/cuda_compat.h).
+// A load of a word another block writes while this one polls it: load_relaxed() (a plain load
+// may be hoisted out of the loop), counted like load_global (kernels/cuda/cuda_compat.h).
 template <class T>
-__device__ __forceinline__ T load_polled(const volatile T* p) {
+__device__ __forceinline__ T load_polled(const T* p) {
 #if DQ_CUDA_EMULATED
   ::dq::emu::count_global_read(sizeof(T));
 #endif
-  return *p;
+  return load_relaxed(p);
 }
 
 // The digest chain's value before segment `seg` (its chunk's earlier segments), waited for.
 __device__ __forceinline__ uint32_t chain_before(const GridScratch& g, uint32_t seg,
                                                  unsigned* error) {
-  const volatile unsigned long long* word = g.chain + seg - 1;
-  const volatile unsigned* flags = error;
+  const unsigned long long* word = g.chain + seg - 1;
+  const unsigned* flags = error;
   for (uint32_t poll = 0; poll < kMaxChainPolls; ++poll) {
     const unsigned long long v = load_polled(word);
     if ((v >> 32) != 0) return static_cast<uint32_t>(v);

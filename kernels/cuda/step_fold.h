@@ -84,7 +84,7 @@ class StepFold {
 
  private:
   __device__ static void fold(StepWord* w) {
-    const unsigned word = *static_cast<volatile unsigned*>(&w->flags);
+    const unsigned word = load_relaxed(&w->flags);
     const unsigned f = word & ~(kFoldFlag | kSkipFlag);
     if (f != 0 && (word & kSkipFlag) == 0 && w->error != nullptr) {
       const uint32_t e = (f & w->malformed_mask) != 0 ? w->malformed : w->internal;
@@ -99,8 +99,7 @@ class StepFold {
 #endif
     }
     w->raised |= f;
-    const bool failed =
-        w->error != nullptr && *static_cast<const volatile uint32_t*>(w->error) != 0;
+    const bool failed = w->error != nullptr && load_relaxed(w->error) != 0;
     w->blocks_done = 0;
     w->flags = kFoldFlag | (failed ? kSkipFlag : 0u);
   }
@@ -158,8 +157,7 @@ class FinishGate {
       // Under the emulation a block runs whole before the next starts, so every lower ticket is
       // done: a miss there is a broken invariant and a wait that never ends (a fault). On a GPU
       // the wait is bounded, and running out of it fails the step.
-      for (unsigned poll = 0; *static_cast<volatile unsigned*>(&w_->validated) < validators_;
-           ++poll) {
+      for (unsigned poll = 0; load_relaxed(&w_->validated) < validators_; ++poll) {
         if (poll == kMaxGatePolls) {
           atomicOr(&w_->flags, kWaitGaveUpFlag);
           break;
@@ -167,7 +165,7 @@ class FinishGate {
         poll_missed();
       }
       __threadfence();  // every validator's flags after its count
-      *s_ = *static_cast<volatile unsigned*>(&w_->flags);
+      *s_ = load_relaxed(&w_->flags);
     }
     __syncthreads();
     const bool failed = step_failed(*s_);
