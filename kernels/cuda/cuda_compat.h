@@ -80,8 +80,7 @@ __device__ __forceinline__ void store_global(T* p, T v) {
 // races with their writes in CUDA's memory model even where the bits tested never change during
 // the launch (ThreadSanitizer, the emulator's TSan build, reports it), and a poll's plain load may
 // be hoisted out of its loop. Under nvcc a volatile load, which PTX gives relaxed semantics at
-// system scope (sm_70 on). Not counted in the traffic (load_polled() in the grid layout counts
-// its polls).
+// system scope (sm_70 on). Not counted in the traffic (load_global_relaxed() below is).
 template <class T>
 __device__ __forceinline__ T load_relaxed(const T* p) {
 #if DQ_CUDA_EMULATED
@@ -89,6 +88,16 @@ __device__ __forceinline__ T load_relaxed(const T* p) {
 #else
   return *static_cast<const volatile T*>(p);
 #endif
+}
+// load_relaxed(), counted in the traffic like load_global(): a word of a kernel's own data that
+// other blocks update atomically while it runs (a ticket, the error word), or that it polls.
+template <class T>
+__device__ __forceinline__ T load_global_relaxed(const T* p) {
+#if DQ_CUDA_EMULATED
+  ::dq::emu::check_global_alignment(p, alignof(T));
+  ::dq::emu::count_global_read(sizeof(T));
+#endif
+  return load_relaxed(p);
 }
 // Atomics on global memory, counted as one read and one write of the word.
 #if DQ_CUDA_EMULATED

@@ -26,6 +26,7 @@
 //  6. the digests: one warp per chunk, FNV-1a over the chunk's records in wire order (the lanes
 //     load 32 records at once; the chain's arithmetic stays serial).
 #include <cfloat>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -428,7 +429,11 @@ static_assert(alignof(LayoutTableJob) <= 8, "a job is staged as 8-byte words");
 __device__ __forceinline__ const LayoutTableJob& stage_job(const LayoutTableJob* job,
                                                            unsigned long long* words) {
   const unsigned long long* from = reinterpret_cast<const unsigned long long*>(job);
-  for (uint32_t i = threadIdx.x; i < kJobWords; i += blockDim.x) words[i] = load_global(from + i);
+  // The word that holds the ticket, which other blocks take atomically meanwhile: read as a
+  // relaxed load (a plain one races with them; the copy's ticket is never used).
+  constexpr uint32_t kTicketWord = offsetof(LayoutTableJob, extent_done) / 8;
+  for (uint32_t i = threadIdx.x; i < kJobWords; i += blockDim.x)
+    words[i] = i == kTicketWord ? load_global_relaxed(from + i) : load_global(from + i);
   __syncthreads();
   return *reinterpret_cast<const LayoutTableJob*>(words);
 }

@@ -155,7 +155,7 @@ constexpr unsigned kGridPassFlags = static_cast<unsigned>(kDynamiqChunkOverCapac
 
 // One decision per block: the lane failed before this step, or an earlier kernel of it did.
 __device__ __forceinline__ bool grid_block_skips(const unsigned* error, unsigned* flag) {
-  if (threadIdx.x == 0) *flag = (load_global(error) & ~kGridPassFlags) != 0u;
+  if (threadIdx.x == 0) *flag = (load_global_relaxed(error) & ~kGridPassFlags) != 0u;
   __syncthreads();
   return *flag != 0u;
 }
@@ -541,25 +541,15 @@ __global__ void __launch_bounds__(kGridThreads)
 
 namespace {
 
-// A load of a word another block writes while this one polls it: load_relaxed() (a plain load
-// may be hoisted out of the loop), counted like load_global (kernels/cuda/cuda_compat.h).
-template <class T>
-__device__ __forceinline__ T load_polled(const T* p) {
-#if DQ_CUDA_EMULATED
-  ::dq::emu::count_global_read(sizeof(T));
-#endif
-  return load_relaxed(p);
-}
-
 // The digest chain's value before segment `seg` (its chunk's earlier segments), waited for.
 __device__ __forceinline__ uint32_t chain_before(const GridScratch& g, uint32_t seg,
                                                  unsigned* error) {
   const unsigned long long* word = g.chain + seg - 1;
   const unsigned* flags = error;
   for (uint32_t poll = 0; poll < kMaxChainPolls; ++poll) {
-    const unsigned long long v = load_polled(word);
+    const unsigned long long v = load_global_relaxed(word);
     if ((v >> 32) != 0) return static_cast<uint32_t>(v);
-    if ((load_polled(flags) & ~kGridPassFlags) != 0u) return 0;
+    if ((load_global_relaxed(flags) & ~kGridPassFlags) != 0u) return 0;
     poll_missed();  // the emulator: a fault now, not 2^26 polls on a block that cannot run
   }
   atomic_or_global(error, static_cast<unsigned>(
