@@ -183,6 +183,10 @@ class FinishGate {
     if (threadIdx.x != 0) return;
     __threadfence();
     if (atomicAdd(&w_->finished, 1u) + 1u != gridDim.x) return;
+    // Every other block's tickets and counts before the reset (each fenced before its count): a
+    // plain write unordered with their atomics is a data race, and the reset could then be
+    // ordered before one of them and leave a ticket count for the next launch.
+    __threadfence();
     w_->tickets = 0;
     w_->validated = 0;
     w_->finished = 0;
