@@ -84,6 +84,7 @@ __device__ __forceinline__ void store_global(T* p, T v) {
 template <class T>
 __device__ __forceinline__ T load_relaxed(const T* p) {
 #if DQ_CUDA_EMULATED
+  DQ_EMU_NOTE_ATOMIC_READ(p);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 #else
   return *static_cast<const volatile T*>(p);
@@ -98,6 +99,16 @@ __device__ __forceinline__ T load_global_relaxed(const T* p) {
   ::dq::emu::count_global_read(sizeof(T));
 #endif
   return load_relaxed(p);
+}
+// Its write: a word another block polls (a volatile store under nvcc, relaxed at system scope).
+template <class T>
+__device__ __forceinline__ void store_relaxed(T* p, T v) {
+#if DQ_CUDA_EMULATED
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+  DQ_EMU_NOTE_ATOMIC_WRITE(p);
+#else
+  *static_cast<volatile T*>(p) = v;
+#endif
 }
 // Atomics on global memory, counted as one read and one write of the word.
 #if DQ_CUDA_EMULATED

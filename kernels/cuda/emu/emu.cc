@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -64,6 +65,9 @@ namespace fc = boost::context::detail;
 
 constexpr size_t kPage = 4096;
 constexpr int kMaxThreads = 1024;
+// TSan build: the distinct words a thread may read atomically between two fences (its next fence
+// acquires each); more is a fault, not a silently missed ordering.
+constexpr int kMaxAtomicReads = 256;
 constexpr size_t kMaxDynamicShared = 227 * 1024;  // sm_90's opt-in limit per block
 constexpr unsigned char kPoison = 0xFF;
 constexpr unsigned char kCanary = 0xA5;  // the bytes before the dynamic shared buffer
@@ -88,24 +92,43 @@ void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
     __sanitizer_finish_switch_fiber(fake_save, bottom_old, size_old);
 }
 
-// TSan's view (no-ops in other builds). Each thread slot has one TSan fiber for the process's
-// life, as it has one stack. A switch carries no ordering (no_sync): an emulated thread
-// gives up the CPU only at a barrier or a warp collective, and switching with synchronisation
-// would order every access before a switch before every access after it, hiding every race. The
-// orderings are given explicitly, each a release by the threads before and an acquire by those
-// after, on a byte that names it: a block's start after the scheduler prepared it (poisoned
-// shared memory, the caller's buffers), the block's end before the scheduler goes on, every
-// __syncthreads among the block's threads and every __syncwarp among its mask's lanes. Blocks are
-// ordered one after another (static shared memory is reused), so races between blocks do not show.
-struct BlockSync {
-  char start = 0, end = 0;  // the bytes a block's start and end order memory on (TSan)
+// TSan's view (no-ops in other builds). A switch carries no ordering (no_sync): an emulated
+// thread gives up the CPU only at a barrier or a warp collective, and switching with
+// synchronisation would order every access before a switch before every access after it, hiding
+// every race. The orderings are given explicitly, each a release by the threads before and an
+// acquire by those after, on a byte that names it: the launch's start (the caller's buffers, and
+// each block's fresh shared memory), every __syncthreads among a block's threads and every
+// __syncwarp among its mask's lanes, a __threadfence with the atomics around it (below), and the
+// launch's end, where the caller acquires every thread's exit.
+//
+// Between blocks nothing else orders memory, as on a GPU, so a race between two blocks shows:
+// - The fibers come in kTsanFiberSets sets, one slot a thread in each, created once for the
+//   process (as the stacks); the k-th block a launch runs uses set k mod kTsanFiberSets, so blocks
+//   run one after another are different TSan threads. A fiber's program order still orders the
+//   blocks that share its set, kTsanFiberSets apart in the run.
+// - A block's barrier and warp bytes are a fresh allocation (freeing it frees TSan's clocks on
+//   them), so no block acquires another's barrier rounds.
+// - Shared memory is new to each block: TSan forgets the static section's accesses through its
+//   Java heap interface (the section is that "heap", allocated afresh before every block; the
+//   interface resets shadow memory and nothing else), and the dynamic region's through a fresh
+//   mapping of its pages (TSan's mmap interceptor resets them). A race report on shared memory
+//   then names the region a "heap block" allocated in the emulator's run_block().
+constexpr int kTsanFiberSets = 2;
+struct LaunchSync {
+  char start = 0, end = 0;  // the bytes a launch's start and end order memory on (TSan)
 };
-BlockSync g_block_sync;
+LaunchSync g_launch_sync;
 #if DQ_EMU_TSAN
+extern "C" void __tsan_java_init(unsigned long heap_begin, unsigned long heap_size);
+extern "C" void __tsan_java_alloc(unsigned long ptr, unsigned long size);
+extern "C" void __tsan_java_free(unsigned long ptr, unsigned long size);
 struct TsanFibers {
-  std::vector<void*> fibers;
+  std::vector<void*> sets[kTsanFiberSets];
+  int set = 0;                // the running block's
   void* scheduler = nullptr;  // the launching OS thread's own, while a launch runs
+  bool java_heap = false;     // the static shared section registered as TSan's Java heap
   void* of(int t) {
+    std::vector<void*>& fibers = sets[set];
     while (static_cast<int>(fibers.size()) <= t) fibers.push_back(__tsan_create_fiber(0));
     return fibers[t];
   }
@@ -113,6 +136,13 @@ struct TsanFibers {
 TsanFibers g_tsan;
 void tsan_enter_launch() {
   g_tsan.scheduler = __tsan_get_current_fiber();
+}
+void tsan_enter_block(uint64_t position) {
+  g_tsan.set = static_cast<int>(position % kTsanFiberSets);
+}
+// Thread t's stack: one a fiber, since TSan sees a fiber's stack accesses too.
+int stack_slot(int t) {
+  return t * kTsanFiberSets + g_tsan.set;
 }
 void tsan_to_thread(int t) {
   __tsan_switch_to_fiber(g_tsan.of(t), __tsan_switch_to_fiber_no_sync);
@@ -126,12 +156,29 @@ void tsan_release(void* a) {
 void tsan_acquire(void* a) {
   __tsan_acquire(a);
 }
+// [begin, end) rounded out to TSan's 8-byte shadow cells.
+void tsan_forget_static_shared(char* begin, char* end) {
+  const unsigned long b = reinterpret_cast<unsigned long>(begin) & ~7ul;
+  const unsigned long e = (reinterpret_cast<unsigned long>(end) + 7) & ~7ul;
+  if (!g_tsan.java_heap) {
+    __tsan_java_init(b, e - b);
+    g_tsan.java_heap = true;
+  } else {
+    __tsan_java_free(b, e - b);
+  }
+  __tsan_java_alloc(b, e - b);
+}
 #else
 void tsan_enter_launch() {}
+void tsan_enter_block(uint64_t) {}
+int stack_slot(int t) {
+  return t;
+}
 void tsan_to_thread(int) {}
 void tsan_to_scheduler() {}
 void tsan_release(void*) {}
 void tsan_acquire(void*) {}
+void tsan_forget_static_shared(char*, char*) {}
 #endif
 
 enum class State : uint8_t { kReady, kBarrier, kWarp, kExited };
@@ -148,7 +195,15 @@ struct Thread {
   unsigned mask = 0;
   int param = 0, width = 32;
   uint64_t value = 0, result = 0;
-  char warp_sync = 0;  // TSan: a __syncwarp whose group this lane claimed orders memory here
+  // TSan, a __threadfence with the atomics around it: the words this thread read atomically since
+  // its last fence (acquired at the next), and whether it has fenced (its atomic writes release).
+  // A fixed array: emu.cc is not instrumented, and a std::vector's member functions could be the
+  // instrumented copies the kernels' files also instantiate.
+#if DQ_EMU_TSAN
+  const void* atomic_reads[kMaxAtomicReads] = {};
+#endif
+  int n_atomic_reads = 0;
+  bool fenced = false;
 };
 
 struct Warp {
@@ -174,7 +229,9 @@ struct Launch {
   fc::fcontext_t scheduler = nullptr;
   int arrived = 0;  // barrier arrivals in the current round
   uint64_t barrier_round = 0;
-  char barrier_sync[2] = {0, 0};  // TSan: __syncthreads rounds alternate between the two
+  // TSan, fresh for each block: [0, 2) __syncthreads rounds alternate between the two; [2, 2 + n)
+  // a __syncwarp whose group lane t claimed orders memory on byte 2 + t.
+  std::unique_ptr<char[]> block_sync;
   std::source_location barrier_site;
   int barrier_first = -1;
   bool cancelling = false;
@@ -246,6 +303,15 @@ struct SharedRegion {
       mprotect(end(), kPage, PROT_NONE);
     }
     return end() - ((bytes + 15) / 16) * 16;
+  }
+  // The data pages mapped afresh (zeros): the TSan build's way to make ThreadSanitizer forget the
+  // previous block's accesses to them.
+  void renew() {
+    if (mmap(data(), data_pages * kPage, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+      std::perror("dq-emu: shared memory mmap");
+      std::abort();
+    }
   }
   bool is_guard(uintptr_t a) const {
     if (!base) return false;
@@ -355,7 +421,7 @@ void fiber_entry(fc::transfer_t from) {
   asan_arrive(nullptr, &g_asan.scheduler_bottom, &g_asan.scheduler_size);
   Launch& L = *g_launch;
   L.scheduler = from.fctx;
-  tsan_acquire(&g_block_sync.start);
+  tsan_acquire(&g_launch_sync.start);
   try {
     L.body(L.context);
   } catch (const Cancelled&) {
@@ -366,7 +432,7 @@ void fiber_entry(fc::transfer_t from) {
   }
   L.threads[L.current].state = State::kExited;
   --L.live;
-  tsan_release(&g_block_sync.end);
+  tsan_release(&g_launch_sync.end);
   asan_leave(nullptr, g_asan.scheduler_bottom, g_asan.scheduler_size);  // this fiber is done
   tsan_to_scheduler();
   fc::jump_fcontext(L.scheduler, nullptr);
@@ -378,7 +444,8 @@ void resume(Launch& L, int t) {
   L.current = t;
   detail::g_thread_idx = th.idx;
   th.started = true;
-  asan_leave(&g_asan.scheduler_fake, g_stacks.top(t) - kFiberStackBytes, kFiberStackBytes);
+  asan_leave(&g_asan.scheduler_fake, g_stacks.top(stack_slot(t)) - kFiberStackBytes,
+             kFiberStackBytes);
   tsan_to_thread(t);
   fc::transfer_t back = fc::jump_fcontext(th.context, nullptr);
   asan_arrive(g_asan.scheduler_fake, nullptr, nullptr);
@@ -426,11 +493,15 @@ void report_deadlock(Launch& L) {
 
 // Runs one block to completion (or to its first fault); returns false on a fault.
 bool run_block(Launch& L) {
+  tsan_enter_block(L.counters.blocks);  // its fibers and their stacks
   char* const shared_begin = __start_dq_emu_shared;
   char* const shared_end = __stop_dq_emu_shared;
-  if (shared_begin && shared_end > shared_begin)
+  if (shared_begin && shared_end > shared_begin) {
+    tsan_forget_static_shared(shared_begin, shared_end);  // before the poison, which TSan sees
     std::memset(shared_begin, kPoison, static_cast<size_t>(shared_end - shared_begin));
+  }
   if (L.dynamic) {
+    if (DQ_EMU_TSAN) g_shared.renew();
     std::memset(g_shared.data(), kCanary, L.dynamic - g_shared.data());
     std::memset(L.dynamic, kPoison, g_shared.end() - L.dynamic);
   }
@@ -439,13 +510,18 @@ bool run_block(Launch& L) {
   L.released.clear();
   for (int t = 0; t < L.n; ++t) {
     Thread& th = L.threads[t];
-    th.context = fc::make_fcontext(g_stacks.top(t), kFiberStackBytes, &fiber_entry);
+    th.context = fc::make_fcontext(g_stacks.top(stack_slot(t)), kFiberStackBytes, &fiber_entry);
     th.started = false;
+    th.n_atomic_reads = 0;
+    th.fenced = false;
     L.released.push_back(t);
   }
   release(L);  // every thread ready, in the thread order
   for (Warp& w : L.warps) w.parked = w.claimed = 0;
-  tsan_release(&g_block_sync.start);  // what the scheduler and the caller wrote before the block
+  L.block_sync.reset(new char[2 + L.n]());
+  // What the caller wrote before the launch, and this block's fresh shared memory. The scheduler
+  // acquires nothing from a block before the launch ends, so this orders no block after another.
+  tsan_release(&g_launch_sync.start);
   L.live = L.n;
   L.arrived = 0;
   L.cancelling = false;
@@ -462,7 +538,7 @@ bool run_block(Launch& L) {
     for (int t = 0; t < L.n; ++t)
       if (L.threads[t].started && L.threads[t].state != State::kExited) resume(L, t);
   }
-  tsan_acquire(&g_block_sync.end);  // the next block, the caller: after every thread of this one
+  L.block_sync.reset();  // TSan forgets the block's barrier clocks with the bytes
   if (L.fault != Fault::kNone) return false;
   if (L.dynamic) {
     for (const char* p = g_shared.data(); p < L.dynamic; ++p)
@@ -670,6 +746,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   g_block_dim = block;
   g_grid_dim = grid;
   const bool ok = run_blocks(L, ordering, order_launch);
+  tsan_acquire(&g_launch_sync.end);  // the caller: after every thread of every block
   g_launch = nullptr;
   t_running = nullptr;
   L.current = -1;
@@ -682,6 +759,43 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
 
 void* dynamic_shared() {
   return g_launch ? g_launch->dynamic : nullptr;
+}
+
+// The TSan build's __threadfence() with the atomics around it (emu.h). The running thread's
+// state; nothing outside a launch.
+namespace {
+Thread* running_thread() {
+  Launch* L = t_running;
+  return L != nullptr && L->current >= 0 ? &L->threads[L->current] : nullptr;
+}
+}  // namespace
+void note_atomic_read(const void* p) {
+#if DQ_EMU_TSAN
+  Thread* me = running_thread();
+  if (me == nullptr) return;
+  const void** const reads = me->atomic_reads;
+  if (std::find(reads, reads + me->n_atomic_reads, p) != reads + me->n_atomic_reads) return;
+  if (me->n_atomic_reads == kMaxAtomicReads)
+    fail_in_fiber(Fault::kTsanLimit, who(*t_running, t_running->current) + " read over " +
+                                         std::to_string(kMaxAtomicReads) +
+                                         " words atomically between two __threadfence() calls");
+  reads[me->n_atomic_reads++] = p;
+#else
+  (void)p;
+#endif
+}
+void note_atomic_write(void* p) {
+  Thread* me = running_thread();
+  if (me != nullptr && me->fenced) tsan_release(p);
+}
+void thread_fence() {
+  Thread* me = running_thread();
+  if (me == nullptr) return;
+#if DQ_EMU_TSAN
+  for (int i = 0; i < me->n_atomic_reads; ++i) tsan_acquire(const_cast<void*>(me->atomic_reads[i]));
+#endif
+  me->n_atomic_reads = 0;
+  me->fenced = true;
 }
 
 void poll_missed(const std::source_location& loc) {
@@ -716,7 +830,7 @@ void barrier(const std::source_location& loc) {
   Thread& me = L.threads[L.current];
   // A round's threads release into its byte and acquire it when the round completes; the next
   // round's releases go into the other byte, so no thread acquires a later round's.
-  char* const round_sync = &L.barrier_sync[L.barrier_round & 1];
+  char* const round_sync = &L.block_sync[L.barrier_round & 1];
   tsan_release(round_sync);
   if (++L.arrived == L.n) {  // the round is complete: release the others
     L.arrived = 0;
@@ -786,7 +900,7 @@ uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
   // TSan: a __syncwarp orders its lanes' memory, through the byte of the lane that claimed the
   // group; shuffles and votes exchange values but order no memory, as on a GPU.
   char* const warp_sync =
-      op == Op::kSyncWarp ? &L.threads[(tid & ~31) + w.owner[lane]].warp_sync : nullptr;
+      op == Op::kSyncWarp ? &L.block_sync[2 + (tid & ~31) + w.owner[lane]] : nullptr;
   if (warp_sync) tsan_release(warp_sync);
   w.parked |= bit;
   if ((w.parked & mask) != mask) {

@@ -36,6 +36,27 @@
 // before every block. Only in non-template, non-inline kernels (EMULATION.md, rules).
 #define __shared__ static __attribute__((section("dq_emu_shared")))
 
+// A kernel built with ThreadSanitizer (the TSan build's kernels and tests; the emulator itself is
+// built without it and says so with DQ_EMU_TSAN): its atomics and fences tell the emulator what
+// they order (EMULATION.md, "ThreadSanitizer").
+#if defined(__SANITIZE_THREAD__)
+#define DQ_EMU_TSAN_KERNELS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DQ_EMU_TSAN_KERNELS 1
+#endif
+#endif
+#ifndef DQ_EMU_TSAN_KERNELS
+#define DQ_EMU_TSAN_KERNELS 0
+#endif
+#if DQ_EMU_TSAN_KERNELS
+#define DQ_EMU_NOTE_ATOMIC_READ(p) ::dq::emu::detail::note_atomic_read(p)
+#define DQ_EMU_NOTE_ATOMIC_WRITE(p) ::dq::emu::detail::note_atomic_write(p)
+#else
+#define DQ_EMU_NOTE_ATOMIC_READ(p) (void)0
+#define DQ_EMU_NOTE_ATOMIC_WRITE(p) (void)0
+#endif
+
 // ---- built-in types and variables ---------------------------------------------------------------
 struct uint3 {
   unsigned int x, y, z;
@@ -128,6 +149,7 @@ enum class Fault : uint8_t {
   kException,          // a C++ exception left the kernel
   kNotLoaded,          // require_loaded() is on and the kernel was never loaded
   kMisaligned,         // a global-memory access of T at an address not a multiple of alignof(T)
+  kTsanLimit,          // TSan build: over kMaxAtomicReads words read atomically between fences
 };
 const char* fault_name(Fault f);
 
@@ -257,6 +279,13 @@ void barrier(const std::source_location& loc);
 uint64_t warp_op(Op op, unsigned mask, uint64_t value, int param, int width,
                  const std::source_location& loc);
 void* dynamic_shared();
+// The TSan build's memory order between blocks (EMULATION.md, "ThreadSanitizer"): a thread's
+// atomic read of p (acquired at its next __threadfence), its atomic write of p (a release when it
+// has fenced before; called right after the store, which a release before it would not cover in
+// TSan's clocks), and its __threadfence. Called from the kernels in that build only.
+void note_atomic_read(const void* p);
+void note_atomic_write(void* p);
+void thread_fence();
 
 template <class T>
 uint64_t to_bits(T v) {
@@ -314,7 +343,14 @@ inline void __syncwarp(unsigned mask = 0xffffffffu,
                        std::source_location loc = std::source_location::current()) {
   dq::emu::detail::warp_op(dq::emu::detail::Op::kSyncWarp, mask, 0, 0, 32, loc);
 }
-inline void __threadfence() {}
+// Only in the TSan build does a fence do anything here (blocks run one at a time): there it
+// orders this thread's writes before its later atomic writes, and its earlier atomic reads before
+// its later accesses, as CUDA's memory model has a fence with relaxed atomics around it.
+inline void __threadfence() {
+#if DQ_EMU_TSAN_KERNELS
+  dq::emu::detail::thread_fence();
+#endif
+}
 inline void __threadfence_block() {}
 
 template <class T>
@@ -405,9 +441,11 @@ inline T __ldg(const T* p) {
 #define DQ_EMU_ATOMIC(name, type, expr)               \
   inline type name(type* address, type val) {         \
     type old;                                         \
+    DQ_EMU_NOTE_ATOMIC_READ(address);                 \
     __atomic_load(address, &old, __ATOMIC_RELAXED);   \
     type next = (expr);                               \
     __atomic_store(address, &next, __ATOMIC_RELAXED); \
+    DQ_EMU_NOTE_ATOMIC_WRITE(address);                \
     return old;                                       \
   }
 DQ_EMU_ATOMIC(atomicAdd, int, old + val)
@@ -439,12 +477,16 @@ DQ_EMU_ATOMIC(atomicXor, int, old ^ val)
 DQ_EMU_ATOMIC(atomicXor, unsigned int, old ^ val)
 DQ_EMU_ATOMIC(atomicXor, unsigned long long, old ^ val)
 #undef DQ_EMU_ATOMIC
-#define DQ_EMU_ATOMIC_CAS(type)                                          \
-  inline type atomicCAS(type* address, type compare, type val) {         \
-    type old;                                                            \
-    __atomic_load(address, &old, __ATOMIC_RELAXED);                      \
-    if (old == compare) __atomic_store(address, &val, __ATOMIC_RELAXED); \
-    return old;                                                          \
+#define DQ_EMU_ATOMIC_CAS(type)                                  \
+  inline type atomicCAS(type* address, type compare, type val) { \
+    type old;                                                    \
+    DQ_EMU_NOTE_ATOMIC_READ(address);                            \
+    __atomic_load(address, &old, __ATOMIC_RELAXED);              \
+    if (old == compare) {                                        \
+      __atomic_store(address, &val, __ATOMIC_RELAXED);           \
+      DQ_EMU_NOTE_ATOMIC_WRITE(address);                         \
+    }                                                            \
+    return old;                                                  \
   }
 DQ_EMU_ATOMIC_CAS(int)
 DQ_EMU_ATOMIC_CAS(unsigned int)

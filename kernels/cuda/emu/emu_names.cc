@@ -35,6 +35,8 @@ const char* fault_name(Fault f) {
       return "kernel launched before it was loaded";
     case Fault::kMisaligned:
       return "misaligned global-memory access";
+    case Fault::kTsanLimit:
+      return "too many atomic reads between fences for the TSan build";
   }
   return "?";
 }

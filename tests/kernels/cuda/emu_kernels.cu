@@ -68,8 +68,9 @@ cudaError_t partial_warp_shuffle(int threads, int lanes, int* out) {
 __global__ void read_unwritten_kernel(uint32_t* out_static, uint32_t* out_dynamic) {
   __shared__ uint32_t never_written[1024];
   DQ_DYNAMIC_SHARED(uint32_t, dynamic_words);
-  out_static[threadIdx.x] = never_written[threadIdx.x];
-  out_dynamic[threadIdx.x] = dynamic_words[threadIdx.x];
+  const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;  // each block its own words
+  out_static[k] = never_written[threadIdx.x];
+  out_dynamic[k] = dynamic_words[threadIdx.x];
 }
 
 cudaError_t read_unwritten_shared(int threads, uint32_t* out_static, uint32_t* out_dynamic) {
@@ -268,23 +269,24 @@ cudaError_t block_order(dim3 grid, unsigned* taken, unsigned* ran) {
   return cudaGetLastError();
 }
 
-__global__ void hand_off_kernel(int by_ticket, unsigned* parts, unsigned* ticket, unsigned* total) {
+__global__ void hand_off_kernel(int by_ticket, int fences, unsigned* parts, unsigned* ticket,
+                                unsigned* total) {
   if (threadIdx.x != 0) return;
   parts[blockIdx.x] = blockIdx.x + 1;
-  __threadfence();  // this block's part before its ticket
+  if (fences & 1) __threadfence();  // this block's part before its ticket
   const bool last = by_ticket != 0 ? atomicAdd(ticket, 1u) + 1 == gridDim.x
                                    : blockIdx.x == gridDim.x - 1;  // the defect under test
   if (!last) return;
-  __threadfence();
+  if (fences & 2) __threadfence();  // the ticket before the others' parts
   unsigned sum = 0;
-  for (unsigned b = 0; b < gridDim.x; ++b) sum += *static_cast<volatile unsigned*>(parts + b);
+  for (unsigned b = 0; b < gridDim.x; ++b) sum += parts[b];
   *total = sum;
 }
 
-cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* ticket,
-                     unsigned* total) {
-  DQ_LAUNCH(hand_off_kernel, dim3(blocks), dim3(32), 0, nullptr, by_ticket ? 1 : 0, parts, ticket,
-            total);
+cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* ticket, unsigned* total,
+                     int fences) {
+  DQ_LAUNCH(hand_off_kernel, dim3(blocks), dim3(32), 0, nullptr, by_ticket ? 1 : 0, fences, parts,
+            ticket, total);
   return cudaGetLastError();
 }
 
@@ -293,13 +295,25 @@ __global__ void chain_kernel(int by_ticket, unsigned max_polls, unsigned* ticket
   if (threadIdx.x != 0) return;
   const unsigned k = by_ticket != 0 ? atomicAdd(ticket, 1u) : blockIdx.x;
   if (k > 0) {
-    const volatile unsigned* before = done + k - 1;
     unsigned poll = 0;
-    for (; *before == 0 && poll < max_polls; ++poll) poll_missed();
+    for (; load_relaxed(done + k - 1) == 0 && poll < max_polls; ++poll) poll_missed();
     if (poll == max_polls) atomicAdd(timeouts, 1u);  // the bounded wait gave up
   }
   __threadfence();
-  *static_cast<volatile unsigned*>(done + k) = 1u;
+  store_relaxed(done + k, 1u);
+}
+
+// Thread 0 reads words[0 .. n) with relaxed atomic loads, no fence between, and writes their sum.
+__global__ void relaxed_reads_kernel(const unsigned* words, int n, unsigned* sum) {
+  if (threadIdx.x != 0) return;
+  unsigned s = 0;
+  for (int i = 0; i < n; ++i) s += load_relaxed(words + i);
+  *sum = s;
+}
+
+cudaError_t relaxed_reads(const unsigned* words, int n, unsigned* sum) {
+  DQ_LAUNCH(relaxed_reads_kernel, dim3(1), dim3(32), 0, nullptr, words, n, sum);
+  return cudaGetLastError();
 }
 
 cudaError_t chain(int blocks, bool by_ticket, unsigned max_polls, unsigned* ticket, unsigned* done,

@@ -17,7 +17,8 @@ cudaError_t early_return(int threads, int arrive);
 cudaError_t divergent_barrier(int threads);
 // Lanes < `lanes` of every warp call a full-mask __shfl_sync; the others exit.
 cudaError_t partial_warp_shuffle(int threads, int lanes, int* out);
-// out_static[t] / out_dynamic[t]: bits of static / dynamic shared memory never written.
+// out_static[b * threads + t] / out_dynamic[...]: bits of static / dynamic shared memory never
+// written, in thread t of block b (two blocks).
 cudaError_t read_unwritten_shared(int threads, uint32_t* out_static, uint32_t* out_dynamic);
 // Reads static shared int[32] at `index` (a bounds error when index >= 32).
 cudaError_t static_shared_index(int index, int* out);
@@ -57,8 +58,12 @@ cudaError_t vector_load(const uint8_t* src, uint4* out);
 cudaError_t block_order(dim3 grid, unsigned* taken, unsigned* ran);
 // Block b writes parts[b] = b + 1; the block found last (by_ticket: the last to take *ticket;
 // otherwise block blocks - 1, the defect of assuming index order) writes the parts' sum to *total.
-cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* ticket,
-                     unsigned* total);
+// `fences`: bit 0 a __threadfence between a block's part and its ticket, bit 1 one between the
+// last ticket and the sum (both are needed; the others are the defect of a missing fence).
+cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* ticket, unsigned* total,
+                     int fences = 3);
+// Thread 0 sums words[0 .. n) read by load_relaxed() with no fence between, into *sum.
+cudaError_t relaxed_reads(const unsigned* words, int n, unsigned* sum);
 // A chain: block k (by_ticket: the k-th to take *ticket; otherwise blockIdx.x) waits, at most
 // max_polls polls, for done[k - 1], then sets done[k]; *timeouts counts the waits that gave up.
 // A poll that misses calls poll_missed() (under the emulation: a kDeadlock fault).
