@@ -43,6 +43,9 @@
 #include "tests/common/engine_test_util.h"
 #include "tests/common/rank_harness.h"
 
+// Returns `code`, the communicators destroyed when it is 0 (below).
+int destroy_if_passed(int code, ncclComm_t* comms, int n_comms);
+
 namespace {
 
 using dq::engine::CallArgs;
@@ -953,7 +956,7 @@ int canary_check(int n) {
         ncclComm_t comms[3];
         for (int k = 0; k < 3; ++k)
           if (ncclCommInitRank(&comms[k], n, ids[k], r) != ncclSuccess) return 97;
-        return canary_body(n, r, comms, dir);
+        return destroy_if_passed(canary_body(n, r, comms, dir), comms, 3);
       });
   bool ok = true;
   for (size_t r = 0; r < exits.size(); ++r) {
@@ -976,6 +979,15 @@ int canary_check(int n) {
 }
 
 }  // namespace
+
+// A passing rank destroys its communicators before it exits, so their connections' threads are
+// joined (ThreadSanitizer reports a finished thread never joined as a leak, once it has finished
+// by the time the process exits); a failing one exits with its code at once. Returns `code`.
+int destroy_if_passed(int code, ncclComm_t* comms, int n_comms) {
+  if (code == 0)
+    for (int k = 0; k < n_comms; ++k) ncclCommDestroy(comms[k]);
+  return code;
+}
 
 int capture_check(int n);      // engine_emulated_cuda_capture.cc
 int in_progress_check(int n);  // engine_emulated_cuda_capture.cc
@@ -1002,13 +1014,8 @@ int main(int argc, char** argv) {
         ncclComm_t comms[2];
         for (int k = 0; k < 2; ++k)
           if (ncclCommInitRank(&comms[k], n, ids[k], r) != ncclSuccess) return 97;
-        const int code = two_level ? two_level_body(r, comms) : body(n, topo, r, comms);
-        // A passing rank destroys its communicators before it exits, so their connections'
-        // threads are joined (ThreadSanitizer reports a finished thread never joined as a leak);
-        // a failing one exits with its code at once.
-        if (code == 0)
-          for (ncclComm_t c : comms) ncclCommDestroy(c);
-        return code;
+        return destroy_if_passed(two_level ? two_level_body(r, comms) : body(n, topo, r, comms),
+                                 comms, 2);
       });
   bool ok = true;
   for (size_t r = 0; r < exits.size(); ++r)

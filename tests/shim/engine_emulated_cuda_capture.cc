@@ -24,6 +24,9 @@
 #include "tests/common/engine_test_util.h"
 #include "tests/common/rank_harness.h"
 
+// Returns `code`, the communicators destroyed when it is 0 (engine_emulated_cuda.cc).
+int destroy_if_passed(int code, ncclComm_t* comms, int n_comms);
+
 namespace {
 
 using dq::engine::CallArgs;
@@ -208,7 +211,7 @@ int run_check(int n, const char* what, int (*body)(int, int, ncclComm_t)) {
       n, 1, ncclGetUniqueId, opt, [&](int r, const ncclUniqueId* ids) {
         ncclComm_t comm;
         if (ncclCommInitRank(&comm, n, ids[0], r) != ncclSuccess) return 97;
-        return body(n, r, comm);
+        return destroy_if_passed(body(n, r, comm), &comm, 1);
       });
   for (size_t r = 0; r < exits.size(); ++r)
     if (exits[r].code() != 0) {
