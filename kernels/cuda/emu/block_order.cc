@@ -9,6 +9,7 @@
 
 #include "common/splitmix.h"
 #include "kernels/cuda/emu/emu.h"
+#include "kernels/cuda/emu/quiet_lock.h"
 
 namespace dq::emu {
 namespace {
@@ -55,14 +56,14 @@ bool parse_ordering(const char* text, const char* what, BlockOrdering* out, std:
 }
 
 void set_order(OrderSetting* o, const BlockOrdering& ordering) {
-  std::lock_guard<std::mutex> lock(g_order_mutex);
+  detail::QuietLock lock(g_order_mutex);
   o->ordering = ordering;
   o->known = true;
   o->error.clear();
 }
 
 BlockOrdering order_of(const OrderSetting& o) {
-  std::lock_guard<std::mutex> lock(g_order_mutex);
+  detail::QuietLock lock(g_order_mutex);
   return o.ordering;
 }
 
@@ -136,7 +137,7 @@ namespace detail {
 
 bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* error) {
   {
-    std::lock_guard<std::mutex> lock(g_order_mutex);
+    detail::QuietLock lock(g_order_mutex);
     if (!settled_order(&g_blocks, ordering, error)) return false;
   }
   const uint64_t generation = g_generation.load();
@@ -149,7 +150,7 @@ bool launch_block_order(BlockOrdering* ordering, uint64_t* launch, std::string* 
 }
 
 bool launch_thread_order(BlockOrdering* ordering, std::string* error) {
-  std::lock_guard<std::mutex> lock(g_order_mutex);
+  detail::QuietLock lock(g_order_mutex);
   return settled_order(&g_threads, ordering, error);
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/splitmix.h"
+#include "kernels/cuda/emu/quiet_lock.h"
 
 // Static __shared__ objects live in this section; the linker defines its bounds. Weak: a program
 // whose kernels declare no static shared memory has no such section.
@@ -101,11 +102,16 @@ void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
 // __syncwarp among its mask's lanes, a __threadfence with the atomics around it (below), and the
 // launch's end, where the caller acquires every thread's exit.
 //
-// Between blocks nothing else orders memory, as on a GPU, so a race between two blocks shows:
-// - The fibers come in kTsanFiberSets sets, one slot a thread in each, created once for the
-//   process (as the stacks); the k-th block a launch runs uses set k mod kTsanFiberSets, so blocks
-//   run one after another are different TSan threads. A fiber's program order still orders the
-//   blocks that share its set, kTsanFiberSets apart in the run.
+// Between blocks, and between launches from different host threads (the emulated device's
+// streams), nothing else orders memory, as on a GPU, so a race between two blocks or two streams'
+// kernels shows:
+// - The fibers come in kTsanFiberSets sets, one slot a thread in each, created once for each host
+//   thread that launches (as the stacks); the k-th block a launch runs uses set k mod
+//   kTsanFiberSets, so blocks run one after another are different TSan threads. A fiber's program
+//   order still orders the blocks that share its set, kTsanFiberSets apart in the run, and the
+//   launches of one host thread (one stream's, ordered on a GPU too).
+// - A launch's start and end bytes are its own, and the lock that runs one launch at a time is
+//   hidden from TSan: a launch is ordered after another thread's only by what the threads order.
 // - A block's barrier and warp bytes are a fresh allocation (freeing it frees TSan's clocks on
 //   them), so no block acquires another's barrier rounds.
 // - Shared memory is new to each block: TSan forgets the static section's accesses through its
@@ -114,26 +120,27 @@ void asan_arrive(void* fake_save, const void** bottom_old, size_t* size_old) {
 //   mapping of its pages (TSan's mmap interceptor resets them). A race report on shared memory
 //   then names the region a "heap block" allocated in the emulator's run_block().
 constexpr int kTsanFiberSets = 2;
-struct LaunchSync {
-  char start = 0, end = 0;  // the bytes a launch's start and end order memory on (TSan)
-};
-LaunchSync g_launch_sync;
 #if DQ_EMU_TSAN
 extern "C" void __tsan_java_init(unsigned long heap_begin, unsigned long heap_size);
 extern "C" void __tsan_java_alloc(unsigned long ptr, unsigned long size);
 extern "C" void __tsan_java_free(unsigned long ptr, unsigned long size);
+// One host thread's fibers, destroyed when it exits (their TSan threads end with them).
 struct TsanFibers {
   std::vector<void*> sets[kTsanFiberSets];
   int set = 0;                // the running block's
   void* scheduler = nullptr;  // the launching OS thread's own, while a launch runs
-  bool java_heap = false;     // the static shared section registered as TSan's Java heap
   void* of(int t) {
     std::vector<void*>& fibers = sets[set];
     while (static_cast<int>(fibers.size()) <= t) fibers.push_back(__tsan_create_fiber(0));
     return fibers[t];
   }
+  ~TsanFibers() {
+    for (std::vector<void*>& fibers : sets)
+      for (void* f : fibers) __tsan_destroy_fiber(f);
+  }
 };
-TsanFibers g_tsan;
+thread_local TsanFibers g_tsan;
+bool g_java_heap = false;  // the static shared section registered as TSan's Java heap (launch lock)
 void tsan_enter_launch() {
   g_tsan.scheduler = __tsan_get_current_fiber();
 }
@@ -160,9 +167,9 @@ void tsan_acquire(void* a) {
 void tsan_forget_static_shared(char* begin, char* end) {
   const unsigned long b = reinterpret_cast<unsigned long>(begin) & ~7ul;
   const unsigned long e = (reinterpret_cast<unsigned long>(end) + 7) & ~7ul;
-  if (!g_tsan.java_heap) {
+  if (!g_java_heap) {
     __tsan_java_init(b, e - b);
-    g_tsan.java_heap = true;
+    g_java_heap = true;
   } else {
     __tsan_java_free(b, e - b);
   }
@@ -229,6 +236,9 @@ struct Launch {
   fc::fcontext_t scheduler = nullptr;
   int arrived = 0;  // barrier arrivals in the current round
   uint64_t barrier_round = 0;
+  // TSan, this launch's own: [0] its start (released by the scheduler before each block, acquired
+  // by each thread), [1] its end (released by each thread, acquired by the caller).
+  std::unique_ptr<char[]> launch_sync{new char[2]()};
   // TSan, fresh for each block: [0, 2) __syncthreads rounds alternate between the two; [2, 2 + n)
   // a __syncwarp whose group lane t claimed orders memory on byte 2 + t.
   std::unique_ptr<char[]> block_sync;
@@ -247,7 +257,7 @@ struct Launch {
 Launch* g_launch = nullptr;
 // This thread's launch in progress: one from here is nested (another thread's launch is not).
 thread_local Launch* t_running = nullptr;
-std::mutex g_launch_mutex;
+std::mutex g_launch_mutex;  // one launch at a time (taken through QuietLock)
 Report g_report;
 Counters g_counters;
 cudaError_t g_last_error = cudaSuccess;
@@ -272,6 +282,11 @@ struct Stacks {
     }
     return bases[i] + kPage + kFiberStackBytes;
   }
+#if DQ_EMU_TSAN
+  ~Stacks() {  // a host thread's, at its exit
+    for (char* b : bases) munmap(b, kFiberStackBytes + kPage);
+  }
+#endif
   bool is_guard(uintptr_t a) const {
     for (char* b : bases)
       if (a >= reinterpret_cast<uintptr_t>(b) && a < reinterpret_cast<uintptr_t>(b) + kPage)
@@ -279,7 +294,11 @@ struct Stacks {
     return false;
   }
 };
+#if DQ_EMU_TSAN
+thread_local Stacks g_stacks;  // each host thread's fibers their own stacks (TSan sees them)
+#else
 Stacks g_stacks;
+#endif
 
 // [guard page][data pages][guard page]; the buffer ends where the second guard starts.
 struct SharedRegion {
@@ -421,7 +440,7 @@ void fiber_entry(fc::transfer_t from) {
   asan_arrive(nullptr, &g_asan.scheduler_bottom, &g_asan.scheduler_size);
   Launch& L = *g_launch;
   L.scheduler = from.fctx;
-  tsan_acquire(&g_launch_sync.start);
+  tsan_acquire(&L.launch_sync[0]);
   try {
     L.body(L.context);
   } catch (const Cancelled&) {
@@ -432,7 +451,7 @@ void fiber_entry(fc::transfer_t from) {
   }
   L.threads[L.current].state = State::kExited;
   --L.live;
-  tsan_release(&g_launch_sync.end);
+  tsan_release(&L.launch_sync[1]);
   asan_leave(nullptr, g_asan.scheduler_bottom, g_asan.scheduler_size);  // this fiber is done
   tsan_to_scheduler();
   fc::jump_fcontext(L.scheduler, nullptr);
@@ -521,7 +540,7 @@ bool run_block(Launch& L) {
   L.block_sync.reset(new char[2 + L.n]());
   // What the caller wrote before the launch, and this block's fresh shared memory. The scheduler
   // acquires nothing from a block before the launch ends, so this orders no block after another.
-  tsan_release(&g_launch_sync.start);
+  tsan_release(&L.launch_sync[0]);
   L.live = L.n;
   L.arrived = 0;
   L.cancelling = false;
@@ -684,7 +703,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
            who(*t_running, t_running->current) + " launched " + site.kernel);
     throw Cancelled{};
   }
-  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  detail::QuietLock lock(g_launch_mutex);
   g_counters = Counters{};
   const uint64_t read0 = g_global_read.load(), written0 = g_global_written.load();
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
@@ -746,7 +765,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, size_t dynamic_bytes, void (*body)(v
   g_block_dim = block;
   g_grid_dim = grid;
   const bool ok = run_blocks(L, ordering, order_launch);
-  tsan_acquire(&g_launch_sync.end);  // the caller: after every thread of every block
+  tsan_acquire(&L.launch_sync[1]);  // the caller: after every thread of every block
   g_launch = nullptr;
   t_running = nullptr;
   L.current = -1;

@@ -303,6 +303,16 @@ __global__ void chain_kernel(int by_ticket, unsigned max_polls, unsigned* ticket
   store_relaxed(done + k, 1u);
 }
 
+// words[k] = value for k < n, one thread a word (one block).
+__global__ void fill_words_kernel(unsigned* words, int n, unsigned value) {
+  if (static_cast<int>(threadIdx.x) < n) words[threadIdx.x] = value;
+}
+
+cudaError_t fill_words(unsigned* words, int n, unsigned value) {
+  DQ_LAUNCH(fill_words_kernel, dim3(1), dim3(kMaxRaceThreads), 0, nullptr, words, n, value);
+  return cudaGetLastError();
+}
+
 // Thread 0 reads words[0 .. n) with relaxed atomic loads, no fence between, and writes their sum.
 __global__ void relaxed_reads_kernel(const unsigned* words, int n, unsigned* sum) {
   if (threadIdx.x != 0) return;

@@ -62,6 +62,8 @@ cudaError_t block_order(dim3 grid, unsigned* taken, unsigned* ran);
 // last ticket and the sum (both are needed; the others are the defect of a missing fence).
 cudaError_t hand_off(int blocks, bool by_ticket, unsigned* parts, unsigned* ticket, unsigned* total,
                      int fences = 3);
+// words[k] = value for k < n (n at most kMaxRaceThreads): plain stores, one thread a word.
+cudaError_t fill_words(unsigned* words, int n, unsigned value);
 // Thread 0 sums words[0 .. n) read by load_relaxed() with no fence between, into *sum.
 cudaError_t relaxed_reads(const unsigned* words, int n, unsigned* sum);
 // A chain: block k (by_ticket: the k-th to take *ticket; otherwise blockIdx.x) waits, at most

@@ -7,6 +7,7 @@
 
 #include <time.h>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/kernels/cuda/emu_kernels.h"
@@ -618,6 +620,39 @@ TEST(CudaEmuRace, OverTheAtomicReadsAFenceCanHoldIsAFaultInTheTsanBuild) {
 #endif
 }
 
+// Two launches from two host threads, as two streams' kernels are launched by the emulated
+// device's stream threads: the second starts after the first returned, seen through a flag that
+// either orders memory (release / acquire: an event between the streams) or does not (relaxed:
+// no event). Both fill the same 64 words; returns them.
+std::vector<unsigned> fill_from_two_threads(bool ordered) {
+  std::vector<unsigned> words(64, 0);
+  std::atomic<int> stage{0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto wait_for = [&](int value, std::memory_order order) {
+    while (stage.load(order) < value && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+  };
+  // The first thread outlives the second launch, as a stream's worker does: TSan reuses a
+  // finished thread's number, and would take the first launch's accesses for the second's own.
+  std::thread first([&] {
+    EXPECT_EQ(fill_words(words.data(), 64, 7), cudaSuccess);
+    stage.store(1, ordered ? std::memory_order_release : std::memory_order_relaxed);
+    wait_for(2, std::memory_order_relaxed);
+  });
+  wait_for(1, ordered ? std::memory_order_acquire : std::memory_order_relaxed);
+  EXPECT_EQ(fill_words(words.data(), 64, 9), cudaSuccess);
+  stage.store(2, std::memory_order_relaxed);
+  first.join();
+  return words;
+}
+
+// On a GPU two streams' kernels run at once unless an event orders them; the emulator runs one
+// launch at a time, but in the TSan build orders two host threads' launches only by what the
+// threads themselves order.
+TEST(CudaEmuRace, LaunchesOrderedBetweenHostThreadsAreNotReported) {
+  EXPECT_EQ(fill_from_two_threads(true), std::vector<unsigned>(64, 9u));
+}
+
 TEST(CudaEmuRaceDeathTest, AnUnorderedAccessIsReportedInTheTsanBuild) {
 #if !defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "races are detected in the ThreadSanitizer build only";
@@ -655,6 +690,13 @@ TEST(CudaEmuRaceDeathTest, AnUnorderedAccessIsReportedInTheTsanBuild) {
         },
         testing::ExitedWithCode(66), "ThreadSanitizer: data race(.|\n)*hand_off_kernel")
         << "by ticket " << h.by_ticket << ", fences " << h.fences;
+  // Two host threads' launches (two streams' kernels) with nothing ordering them.
+  EXPECT_EXIT(
+      {
+        fill_from_two_threads(false);
+        std::exit(0);
+      },
+      testing::ExitedWithCode(66), "ThreadSanitizer: data race(.|\n)*fill_words_kernel");
 #endif
 }
 
