@@ -15,7 +15,9 @@ namespace dq::emu::detail {
 
 class QuietLock {
  public:
-  explicit QuietLock(std::mutex& m) : m_(m) { quietly([this] { m_.lock(); }); }
+  explicit QuietLock(std::mutex& m) : m_(m) {
+    quietly([this] { m_.lock(); });
+  }
   ~QuietLock() {
     quietly([this] { m_.unlock(); });
   }
