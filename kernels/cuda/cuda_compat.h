@@ -60,11 +60,17 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
 // (dq::emu::last_counters().global_read / global_written), which tests hold against the least
 // traffic a kernel needs. A T* must be aligned to sizeof(T), as CUDA requires.
 template <class T>
-__device__ __forceinline__ T load_global(const T* p) {
+__device__ __forceinline__ void count_global_load(const T* p) {  // the loads' emulator side
 #if DQ_CUDA_EMULATED
   ::dq::emu::check_global_alignment(p, alignof(T));
   ::dq::emu::count_global_read(sizeof(T));
+#else
+  (void)p;
 #endif
+}
+template <class T>
+__device__ __forceinline__ T load_global(const T* p) {
+  count_global_load(p);
   return *p;
 }
 template <class T>
@@ -94,10 +100,7 @@ __device__ __forceinline__ T load_relaxed(const T* p) {
 // other blocks update atomically while it runs (a ticket, the error word), or that it polls.
 template <class T>
 __device__ __forceinline__ T load_global_relaxed(const T* p) {
-#if DQ_CUDA_EMULATED
-  ::dq::emu::check_global_alignment(p, alignof(T));
-  ::dq::emu::count_global_read(sizeof(T));
-#endif
+  count_global_load(p);
   return load_relaxed(p);
 }
 // Its write: a word another block polls (a volatile store under nvcc, relaxed at system scope).
