@@ -1,7 +1,8 @@
 // Logging, NCCL-style. Configured through log_configure() by the settings layer
 // (config::configure_log, from the settings table config/settings.def), which the entry points
 // call before their first line; until then WARN to stderr, every subsystem:
-//   DYNAMIQ_DEBUG         NONE | VERSION | WARN (default) | INFO | TRACE (NCCL_DEBUG's levels)
+//   DYNAMIQ_DEBUG         NONE | VERSION | WARN (default) | INFO | TRACE (NCCL_DEBUG's levels;
+//                         unset, NCCL_DEBUG=INFO or TRACE raises it, never lowers it)
 //   DYNAMIQ_DEBUG_SUBSYS  ALL (default), or a comma list of CORE,SHIM,ENGINE,KERNEL,NET,ENV;
 //                         a leading ^ selects every subsystem but those listed (NCCL_DEBUG_SUBSYS).
 //                         Filters INFO and TRACE lines; warnings are always printed.

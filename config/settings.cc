@@ -1,5 +1,6 @@
 #include "config/settings.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -60,17 +61,39 @@ constexpr int index_of(std::string_view key) {
 constexpr int kTimeout = index_of("DYNAMIQ_TIMEOUT_MS");
 constexpr int kNetTimeout = index_of("DYNAMIQ_NET_TIMEOUT_MS");
 constexpr int kCpuNcclTimeout = index_of("DYNAMIQ_CPU_NCCL_TIMEOUT_MS");
-static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0);
+constexpr int kNetNsocks = index_of("DYNAMIQ_NET_NSOCKS");
+static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0 && kNetNsocks >= 0);
+
+// NCCL's sockets per connection are NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (NCCL accepts
+// 1..16 threads and at most 64 sockets in all); the plugin takes their product, up to its own
+// bound, while DYNAMIQ_NET_NSOCKS is unset.
+constexpr const char* kNcclSocketThreads = "NCCL_SOCKET_NTHREADS";
+constexpr const char* kNcclSocketsPerThread = "NCCL_NSOCKS_PERTHREAD";
+
+// NCCL_DEBUG's levels that ask for more than dynamiq's default: INFO, and TRACE (NCCL's ABORT,
+// between them, adds an abort on NCCL's own warnings, not asked of dynamiq: INFO). VERSION, WARN,
+// NONE and words NCCL does not know (NCCL ignores those) leave dynamiq's default, so the one
+// message that says why compression is off is never hidden by a setting made for NCCL.
+const char* debug_level_from_nccl(std::string_view nccl_value) {
+  const std::string v = lower_ascii(nccl_value);
+  if (v == "info" || v == "abort") return "INFO";
+  if (v == "trace") return "TRACE";
+  return nullptr;
+}
 
 // Settings that take NCCL's variable of the same meaning while they are unset themselves: the
 // net plugin replaces NCCL's own socket and IB transports, and a job's NCCL_* settings for those
-// (its interfaces, HCAs, RoCE GID and traffic class) must still hold. NCCL's value is checked as
-// the setting's own would be.
+// (its interfaces, HCAs, RoCE GID and traffic class) must still hold; a job run with
+// NCCL_DEBUG=INFO to find a fault expects dynamiq's lines too. NCCL's value is checked as the
+// setting's own would be, after `translate` where NCCL's words differ (nullptr from it: NCCL's
+// value does not apply, as if unset).
 struct NcclEquivalent {
   const char* key;
   const char* nccl;
+  const char* (*translate)(std::string_view nccl_value) = nullptr;
 };
 constexpr NcclEquivalent kNcclEquivalents[] = {
+    {"DYNAMIQ_DEBUG", "NCCL_DEBUG", &debug_level_from_nccl},
     {"DYNAMIQ_NET_IFNAME", "NCCL_SOCKET_IFNAME"},
     {"DYNAMIQ_NET_IB_DISABLE", "NCCL_IB_DISABLE"},
     {"DYNAMIQ_NET_IB_HCA", "NCCL_IB_HCA"},
@@ -88,6 +111,25 @@ constexpr bool equivalents_named() {
   return true;
 }
 static_assert(equivalents_named(), "every NCCL equivalent names a setting of the table");
+
+const NcclEquivalent* equivalent_of(const char* key) {
+  for (const NcclEquivalent& q : kNcclEquivalents)
+    if (std::strcmp(q.key, key) == 0) return &q;
+  return nullptr;
+}
+
+// The value `key` takes from its NCCL equivalent (translated), with *source set to the NCCL
+// variable; nullptr where there is none, it is unset or empty, or its value does not apply.
+const char* nccl_value(const char* key, EnvLookup lookup, void* ctx, const char** source) {
+  const NcclEquivalent* q = equivalent_of(key);
+  if (q == nullptr) return nullptr;
+  const char* raw = lookup(q->nccl, ctx);
+  if (raw == nullptr || *raw == '\0') return nullptr;
+  if (q->translate != nullptr) raw = q->translate(raw);
+  if (raw == nullptr) return nullptr;
+  *source = q->nccl;
+  return raw;
+}
 
 bool parse_bool(std::string_view v, bool* out) {
   const std::string s = lower_ascii(v);
@@ -322,9 +364,8 @@ class Loader {
       const char* source = e.key;
       const char* raw = lookup_(source, ctx_);
       if (raw == nullptr || *raw == '\0') {
-        source = nccl_equivalent(e.key);
-        raw = source != nullptr ? lookup_(source, ctx_) : nullptr;
-        if (raw == nullptr || *raw == '\0') continue;
+        raw = nccl_value(e.key, lookup_, ctx_, &source);
+        if (raw == nullptr) continue;
       }
       Value v;
       if (!parse(e, raw, &v)) {
@@ -442,6 +483,32 @@ class Loader {
     // their own variables are set.
     if (set_[kTimeout] && !set_[kNetTimeout]) s->net_timeout_ms = s->timeout_ms;
     if (set_[kTimeout] && !set_[kCpuNcclTimeout]) s->cpu_nccl_timeout_ms = s->timeout_ms;
+    if (!set_[kNetNsocks]) nsocks_from_nccl(s);
+  }
+
+  // DYNAMIQ_NET_NSOCKS from NCCL's two socket variables (an unset one counts 1, as NCCL's
+  // default outside the clouds it detects). The plugin gives each socket an I/O thread of its
+  // own, so more than its bound of 8 buys nothing on one connection: the product is capped there.
+  void nsocks_from_nccl(Settings* s) {
+    const auto read = [&](const char* name, double hi, double* out) {
+      *out = 1;
+      const char* raw = lookup_(name, ctx_);
+      if (raw == nullptr || *raw == '\0') return false;
+      if (!parse_int(raw, out) || *out < 1 || *out > hi) {
+        fail(kNetNsocks, std::string(name) + "=" + raw +
+                             " (read for DYNAMIQ_NET_NSOCKS, which is unset) is not valid; "
+                             "accepted: 1.." +
+                             number_text(hi, 17));
+        *out = 0;
+      }
+      return true;
+    };
+    double threads = 1, per_thread = 1;
+    const bool threads_set = read(kNcclSocketThreads, 16, &threads);
+    const bool per_thread_set = read(kNcclSocketsPerThread, 64, &per_thread);
+    if (!threads_set && !per_thread_set) return;
+    if (threads == 0 || per_thread == 0) return;  // reported: the default stays
+    s->net_nsocks = static_cast<int>(std::min(threads * per_thread, kTable[kNetNsocks].hi));
   }
 
   static void reset_bits(Settings* s) {
@@ -528,17 +595,17 @@ const bool kLogConfiguratorInstalled = (log_set_configurator(&configure_log), tr
 }  // namespace
 
 bool set_in_environment(const char* key) {
-  for (const char* k : {key, nccl_equivalent(key)}) {
-    const char* v = k != nullptr ? std::getenv(k) : nullptr;
-    if (v != nullptr && *v != '\0') return true;
-  }
-  return false;
+  const char* own = std::getenv(key);
+  if (own != nullptr && *own != '\0') return true;
+  const char* source = nullptr;
+  return nccl_value(
+             key, [](const char* k, void*) -> const char* { return std::getenv(k); }, nullptr,
+             &source) != nullptr;
 }
 
 const char* nccl_equivalent(const char* key) {
-  for (const NcclEquivalent& q : kNcclEquivalents)
-    if (std::strcmp(q.key, key) == 0) return q.nccl;
-  return nullptr;
+  const NcclEquivalent* q = equivalent_of(key);
+  return q != nullptr ? q->nccl : nullptr;
 }
 
 const char* build_version() {
@@ -596,6 +663,8 @@ Settings current() {
   };
   for (const Entry& e : kTable) add(e.key);
   for (const NcclEquivalent& q : kNcclEquivalents) add(q.nccl);
+  add(kNcclSocketThreads);
+  add(kNcclSocketsPerThread);
   std::vector<Problem> problems;
   Settings out;
   {

@@ -244,6 +244,75 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
       << problems[1].message;
 }
 
+// NCCL_DEBUG raises dynamiq's log level while DYNAMIQ_DEBUG is unset (a job debugged with
+// NCCL_DEBUG=INFO sees dynamiq's lines too), and never lowers it: the warning that says why
+// compression is off stays visible under NCCL_DEBUG=VERSION or a word NCCL ignores.
+TEST(Table, NcclDebugRaisesTheLogLevelOnly) {
+  struct Case {
+    const char* nccl;
+    LogLevel expect;
+  };
+  const Case cases[] = {
+      {"INFO", LogLevel::kInfo},   {"info", LogLevel::kInfo},    {"ABORT", LogLevel::kInfo},
+      {"TRACE", LogLevel::kTrace}, {"WARN", LogLevel::kWarn},    {"VERSION", LogLevel::kWarn},
+      {"NONE", LogLevel::kWarn},   {"verbose", LogLevel::kWarn}, {"", LogLevel::kWarn}};
+  for (const Case& c : cases) {
+    config::Settings s;
+    std::string error;
+    ASSERT_EQ(load({{"NCCL_DEBUG", c.nccl}}, &s, &error), Status::kOk) << c.nccl << ": " << error;
+    EXPECT_EQ(s.log_level, c.expect) << "NCCL_DEBUG=" << c.nccl;
+  }
+  // dynamiq's own variable wins either way.
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"NCCL_DEBUG", "INFO"}, {"DYNAMIQ_DEBUG", "VERSION"}}, &s, &error), Status::kOk);
+  EXPECT_EQ(s.log_level, LogLevel::kVersion);
+  ASSERT_EQ(load({{"NCCL_DEBUG", "VERSION"}, {"DYNAMIQ_DEBUG", "TRACE"}}, &s, &error), Status::kOk);
+  EXPECT_EQ(s.log_level, LogLevel::kTrace);
+  // The subsystems are not NCCL's (INIT, COLL, ...): NCCL_DEBUG_SUBSYS does not filter them.
+  ASSERT_EQ(load({{"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "COLL"}}, &s, &error), Status::kOk);
+  EXPECT_EQ(s.log_subsys, config::Settings{}.log_subsys);
+}
+
+// The plugin replaces NCCL's socket transport, whose sockets per connection are
+// NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD: their product holds while DYNAMIQ_NET_NSOCKS is
+// unset, capped at the plugin's 8; an invalid one is named and the default stays.
+TEST(Table, NcclSocketCountsCarryOverToThePlugin) {
+  struct Case {
+    std::map<std::string, std::string> env;
+    int expect;
+  };
+  const Case cases[] = {
+      {{}, 2},
+      {{{"NCCL_SOCKET_NTHREADS", "2"}, {"NCCL_NSOCKS_PERTHREAD", "2"}}, 4},
+      {{{"NCCL_NSOCKS_PERTHREAD", "3"}}, 3},
+      {{{"NCCL_SOCKET_NTHREADS", "1"}}, 1},
+      {{{"NCCL_SOCKET_NTHREADS", "4"}, {"NCCL_NSOCKS_PERTHREAD", "4"}}, 8},
+      {{{"NCCL_SOCKET_NTHREADS", "4"}, {"DYNAMIQ_NET_NSOCKS", "3"}}, 3},
+  };
+  for (const Case& c : cases) {
+    config::Settings s;
+    std::string error;
+    ASSERT_EQ(load(c.env, &s, &error), Status::kOk) << error;
+    EXPECT_EQ(s.net_nsocks, c.expect) << c.expect;
+  }
+  config::Settings s;
+  std::string error;
+  std::vector<config::Problem> problems;
+  EXPECT_EQ(
+      load(
+          {{"DYNAMIQ_ENABLE", "1"}, {"NCCL_SOCKET_NTHREADS", "17"}, {"NCCL_NSOCKS_PERTHREAD", "4"}},
+          &s, &error, &problems),
+      Status::kInvalidArgument);
+  EXPECT_EQ(s.net_nsocks, 2);
+  EXPECT_TRUE(s.enable);
+  ASSERT_EQ(problems.size(), 1u) << error;
+  EXPECT_NE(problems[0].message.find("NCCL_SOCKET_NTHREADS=17 (read for DYNAMIQ_NET_NSOCKS, which "
+                                     "is unset) is not valid; accepted: 1..16"),
+            std::string::npos)
+      << problems[0].message;
+}
+
 // ---- the log's parsers ----------------------------------------------------------------------
 
 TEST(Log, SubsystemsAsNcclDefinesThem) {

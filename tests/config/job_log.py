@@ -9,6 +9,8 @@ job_log.py --run DYNAMIQ_RUN --perf DYNAMIQ_PERF --shim LIBDYNAMIQ
   2. DYNAMIQ_DEBUG=INFO DYNAMIQ_DEBUG_SUBSYS=ENV DYNAMIQ_DEBUG_FILE=DIR/dq.%h.%p.%r.log: one file
      per rank, named with host, pid and rank, holding the version once and every setting once;
      nothing of the log on the terminal. dynamiq-perf -b 1MiB -e 1MB: one size syntax.
+  3. NCCL_DEBUG=INFO with DYNAMIQ_DEBUG unset: dynamiq's INFO lines too (the banner, the shim's
+     NCCL), on each rank; NCCL_DEBUG=VERSION: none, the default WARN.
 Exit 0 pass, 1 fail."""
 import argparse
 import glob
@@ -31,7 +33,8 @@ def fail(msg):
 def run(a, extra_env, perf_args):
     env = dict(os.environ, LD_PRELOAD=a.shim, DYNAMIQ_ENABLE="1", DYNAMIQ_NET_IFNAME="lo",
                **extra_env)
-    for key in ("DYNAMIQ_DEBUG", "DYNAMIQ_DEBUG_SUBSYS", "DYNAMIQ_DEBUG_FILE"):
+    for key in ("DYNAMIQ_DEBUG", "DYNAMIQ_DEBUG_SUBSYS", "DYNAMIQ_DEBUG_FILE", "NCCL_DEBUG",
+                "NCCL_DEBUG_SUBSYS"):
         if key not in extra_env:
             env.pop(key, None)
     cmd = [a.run, "--cpu-nccl", "-n", "2", "--timeout", "300", "--", a.perf] + perf_args
@@ -93,6 +96,20 @@ def main():
         if not re.search(r"^\[0\]\s+1048576\s", out, re.M):
             fail("dynamiq-perf -b 1MiB -e 1MB did not run the 1 MiB size:\n" + out[-2000:])
     print(f"PASS: one log file per rank, the version and all {len(entries)} settings once each")
+
+    # 3. NCCL_DEBUG raises dynamiq's level while DYNAMIQ_DEBUG is unset, and never lowers it.
+    perf = ["-b", "1M", "-e", "1M", "-n", "1", "-w", "0"]
+    out = run(a, {"NCCL_DEBUG": "INFO"}, perf)
+    for rank in ("0", "1"):
+        for what in (r"dynamiq INFO dynamiq \d+\.\d+\.\d+ \(git ",
+                     r"dynamiq INFO dynamiq: wrapping NCCL "):
+            if not re.search(r"^\[" + rank + r"\].* " + what, out, re.M):
+                fail(f"NCCL_DEBUG=INFO: rank {rank} has no line matching {what!r}:\n"
+                     + out[-3000:])
+    out = run(a, {"NCCL_DEBUG": "VERSION"}, perf)
+    if "dynamiq INFO" in out or "dynamiq VERSION" in out:
+        fail("NCCL_DEBUG=VERSION changed dynamiq's level:\n" + out[-3000:])
+    print("PASS: NCCL_DEBUG=INFO shows dynamiq's INFO lines on every rank; VERSION leaves WARN")
 
 
 if __name__ == "__main__":
