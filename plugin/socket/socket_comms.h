@@ -25,6 +25,7 @@
 #include "plugin/net_backend_common.h"
 #include "plugin/net_devices.h"
 #include "plugin/net_log.h"
+#include "plugin/socket/socket_fork.h"
 #include "plugin/socket/socket_io.h"
 #include "plugin/socket/socket_parse.h"
 #include "plugin/socket/socket_wire.h"
@@ -43,10 +44,9 @@ constexpr int kMaxAcceptsPerCall = 64;
 // A memory handle of this backend: the registered bytes only (sockets need no registration).
 using MemoryRegion = RegisteredRegion;
 
-// Closes *fd when open and marks it closed (-1).
+// Closes *fd when open and marks it closed (-1); every socket of the plugin (socket_fork.h).
 inline void close_fd(int* fd) {
-  if (*fd >= 0) close(*fd);
-  *fd = -1;
+  close_socket(fd);
 }
 
 // ---------------------------------------------------------------- send side

@@ -32,7 +32,7 @@ Status SocketNet::listen(const CommContext& ctx, int dev, void* handle, void** l
   const NetDevice& d = devices_[static_cast<size_t>(dev)];
   NetEnv env = read_net_env();
   auto lc = std::make_unique<ListenComm>();
-  lc->fd = socket(d.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  lc->fd = open_socket(d.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (lc->fd < 0) return sys_fail("socket", d.name);
   int one = 1;
   setsockopt(lc->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -105,8 +105,8 @@ Status SocketNet::accept(void* listen_comm, void** recv_comm) {
   for (int i = 0; i < kMaxAcceptsPerCall; ++i) {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
-    int fd =
-        accept4(lc->fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept_socket(lc->fd, reinterpret_cast<sockaddr*>(&addr), &len,
+                           SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -174,7 +174,7 @@ Status SocketNet::start_connect(const CommContext& ctx, const wire::Handle& h, P
                           ctx.comm_id,
                           random_u64()};
   for (int k = 0; k < h.nsocks; ++k) {
-    int fd = socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = open_socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return sys_fail("socket", pc->peer);
     pc->fds.push_back(fd);
     pc->connected.push_back(false);

@@ -1,7 +1,11 @@
 // Two real processes over loopback through the exported ABI: data exchange both ways, a peer
-// killed with SIGKILL (the survivor's requests must fail within a bounded time), and a foreign
-// process holding a forged handle.
+// killed with SIGKILL (the survivor's requests must fail within a bounded time), also while a
+// child it forked lives on, and a foreign process holding a forged handle.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -271,6 +275,91 @@ TEST_F(MultiRank, KilledReceiverFailsSenderQuickly) {
   EXPECT_TRUE(failed) << "sending to a killed peer never failed";
   EXPECT_LT(seconds_since(t), kFailBoundS);
   plugin_net()->closeSend(sc);
+}
+
+// A raw TCP connect to the listener a handle names: true if it is accepted (by the kernel).
+bool tcp_listener_answers(const char* handle) {
+  wire::Handle h;
+  std::memcpy(&h, handle, sizeof(h));
+  if (h.family != AF_INET) return false;  // the tests listen on loopback, IPv4
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = h.port_be;
+  std::memcpy(&addr.sin_addr, h.addr, 4);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool answered = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return answered;
+}
+
+// A rank that forked a worker after set-up (PyTorch's DataLoader workers) and then crashed: the
+// worker, still alive, must not keep the rank's connections or its listening socket open, or the
+// peers see no end of stream and wait for a timeout (the worker here would live 30 s).
+TEST_F(MultiRank, KilledSenderWithALiveForkedWorkerFailsQuickly) {
+  // The worker becomes our child when its parent dies, so that we reap it.
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(pipefd[0]);
+    void* sc = nullptr;
+    int rc = child_connect(handle_, &sc);
+    if (rc != 0) _exit(rc);
+    void* ctx = nullptr;
+    void* lc = nullptr;
+    char h[NCCL_NET_HANDLE_MAXSIZE];
+    if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(50);
+    if (plugin_net()->listen(ctx, 0, h, &lc) != dqNetSuccess) _exit(51);
+    std::vector<char> first(1u << 20, 'a');
+    if ((rc = child_send_and_wait(sc, first, 1)) != 0) _exit(rc);
+    const pid_t worker = fork();
+    if (worker < 0) _exit(52);
+    if (worker == 0) {
+      for (int i = 0; i < 300; ++i) usleep(100 * 1000);  // 30 s at most
+      _exit(0);
+    }
+    if (write(pipefd[1], &worker, sizeof(worker)) != static_cast<ssize_t>(sizeof(worker)) ||
+        write(pipefd[1], h, sizeof(h)) != static_cast<ssize_t>(sizeof(h)))
+      _exit(53);
+    pause();
+    _exit(0);
+  }
+  close(pipefd[1]);
+  void* rc = accept_within(plugin_net(), lc_);
+  ASSERT_NE(rc, nullptr);
+  std::vector<char> first(1u << 20);
+  void* r1 = post_recv(rc, first, 1);
+  int done = 0;
+  ASSERT_EQ(wait_request(plugin_net(), r1, nullptr, &done, 30), dqNetSuccess);
+  ASSERT_EQ(done, 1);
+  pid_t worker = -1;
+  char child_handle[NCCL_NET_HANDLE_MAXSIZE];
+  ASSERT_EQ(read(pipefd[0], &worker, sizeof(worker)), static_cast<ssize_t>(sizeof(worker)));
+  ASSERT_EQ(read(pipefd[0], child_handle, sizeof(child_handle)),
+            static_cast<ssize_t>(sizeof(child_handle)));
+  close(pipefd[0]);
+  EXPECT_TRUE(tcp_listener_answers(child_handle));
+  std::vector<char> never(100);
+  void* r2 = post_recv(rc, never, 2);  // a tag the peer never sends
+  ASSERT_NE(r2, nullptr);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  const Clock::time_point t = Clock::now();
+  EXPECT_NE(wait_request(plugin_net(), r2, nullptr, &done, kFailBoundS + 1), dqNetSuccess);
+  const double failed_after_s = seconds_since(t);
+  EXPECT_LT(failed_after_s, kFailBoundS);
+  EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
+  EXPECT_EQ(kill(worker, 0), 0) << "the worker was not alive: the case was not tested";
+  EXPECT_FALSE(tcp_listener_answers(child_handle))
+      << "a connect to the dead rank's listener was accepted while its worker lived";
+  std::printf("receive failed %.3f s after the rank was killed, its worker alive\n",
+              failed_after_s);
+  kill(worker, SIGKILL);
+  EXPECT_EQ(wait_child(worker), 128 + SIGKILL);
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+  plugin_net()->closeRecv(rc);
 }
 
 TEST_F(MultiRank, ForeignProcessWithForgedHandleIsRefused) {
