@@ -39,6 +39,14 @@ int child_connect(const char* handle, void** sc) {
   return *sc != nullptr ? 0 : 12;
 }
 
+// A listener of the child's own, its handle in `handle` (to travel over a pipe).
+int child_listen(char* handle, void** lc) {
+  void* ctx = nullptr;
+  if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) return 30;
+  if (plugin_net()->listen(ctx, 0, handle, lc) != dqNetSuccess) return 31;
+  return 0;
+}
+
 int child_send_and_wait(void* sc, std::vector<char>& buf, int tag) {
   const dqNetV11* net = plugin_net();
   void* req = nullptr;
@@ -101,11 +109,9 @@ TEST_F(MultiRank, TwoProcessesExchangeBothWays) {
     int rc = child_connect(handle_, &sc);
     if (rc != 0) _exit(rc);
     // Child's own listen for the way back; its handle travels over the pipe.
-    void* ctx = nullptr;
     void* lc = nullptr;
     char back[NCCL_NET_HANDLE_MAXSIZE];
-    if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(30);
-    if (plugin_net()->listen(ctx, 0, back, &lc) != dqNetSuccess) _exit(31);
+    if ((rc = child_listen(back, &lc)) != 0) _exit(rc);
     if (write(pipefd[1], back, sizeof(back)) != static_cast<ssize_t>(sizeof(back))) _exit(32);
     for (size_t size : {size_t{0}, size_t{1}, size_t{(1u << 20) + 3}, size_t{64u << 20}}) {
       std::vector<char> buf(size);
@@ -224,11 +230,9 @@ TEST_F(MultiRank, KilledReceiverFailsSenderQuickly) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     close(pipefd[0]);
-    void* ctx = nullptr;
     void* lc = nullptr;
     char h[NCCL_NET_HANDLE_MAXSIZE];
-    if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(40);
-    if (plugin_net()->listen(ctx, 0, h, &lc) != dqNetSuccess) _exit(41);
+    if (const int rc = child_listen(h, &lc); rc != 0) _exit(rc);
     if (write(pipefd[1], h, sizeof(h)) != static_cast<ssize_t>(sizeof(h))) _exit(42);
     void* rc = accept_within(plugin_net(), lc);
     if (rc == nullptr) _exit(43);
@@ -308,11 +312,9 @@ TEST_F(MultiRank, KilledSenderWithALiveForkedWorkerFailsQuickly) {
     void* sc = nullptr;
     int rc = child_connect(handle_, &sc);
     if (rc != 0) _exit(rc);
-    void* ctx = nullptr;
     void* lc = nullptr;
     char h[NCCL_NET_HANDLE_MAXSIZE];
-    if (plugin_net()->init(&ctx, 42, nullptr, nullptr, nullptr) != dqNetSuccess) _exit(50);
-    if (plugin_net()->listen(ctx, 0, h, &lc) != dqNetSuccess) _exit(51);
+    if ((rc = child_listen(h, &lc)) != 0) _exit(rc);
     std::vector<char> first(1u << 20, 'a');
     if ((rc = child_send_and_wait(sc, first, 1)) != 0) _exit(rc);
     const pid_t worker = fork();
