@@ -136,8 +136,9 @@ int output_fd() {
   g_fd = open_output_nofollow(path, trunc, /*append=*/true, &failure);
   g_fd_pid = pid;
   if (g_fd < 0) {
-    const std::string why =
-        "cannot open DYNAMIQ_DEBUG_FILE (" + failure + "); it is not written, logging to stderr";
+    const std::string why = "cannot open the debug file " + path +
+                            " (DYNAMIQ_DEBUG_FILE, or NCCL_DEBUG_FILE's name " +
+                            "and .dynamiq): " + failure + "; logging to stderr";
     const std::string msg =
         format_line(LogLevel::kWarn, Subsys::kEnv, __FILE__, __LINE__, why.c_str());
     write_all(STDERR_FILENO, msg.data(), msg.size());

@@ -6,7 +6,8 @@
 //   DYNAMIQ_DEBUG_SUBSYS  ALL (default), or a comma list of CORE,SHIM,ENGINE,KERNEL,NET,ENV;
 //                         a leading ^ selects every subsystem but those listed (NCCL_DEBUG_SUBSYS).
 //                         Filters INFO and TRACE lines; warnings are always printed.
-//   DYNAMIQ_DEBUG_FILE    a file instead of stderr; %h host, %p pid, %r rank, %% a percent sign.
+//   DYNAMIQ_DEBUG_FILE    a file instead of stderr; %h host, %p pid, %r rank, %% a percent sign
+//                         (unset, where NCCL_DEBUG set the level: NCCL_DEBUG_FILE + ".dynamiq").
 // Lines, in NCCL's field order (NCCL prints "NCCL" where these print "dynamiq"):
 //   host:pid:tid [dev] dynamiq INFO message
 //   [2026-05-05 06:16:47] host:pid:tid [dev] file.cc:123 dynamiq WARN message

@@ -69,6 +69,10 @@ static_assert(kTimeout >= 0 && kNetTimeout >= 0 && kCpuNcclTimeout >= 0 && kNetN
 // bound, while DYNAMIQ_NET_NSOCKS is unset.
 constexpr const char* kNcclSocketThreads = "NCCL_SOCKET_NTHREADS";
 constexpr const char* kNcclSocketsPerThread = "NCCL_NSOCKS_PERTHREAD";
+constexpr int kDebug = index_of("DYNAMIQ_DEBUG");
+constexpr int kDebugFile = index_of("DYNAMIQ_DEBUG_FILE");
+static_assert(kDebug >= 0 && kDebugFile >= 0);
+constexpr const char* kNcclDebugFile = "NCCL_DEBUG_FILE";
 
 // NCCL_DEBUG's levels that ask for more than dynamiq's default: INFO, and TRACE (NCCL's ABORT,
 // between them, adds an abort on NCCL's own warnings, not asked of dynamiq: INFO). VERSION, WARN,
@@ -366,6 +370,7 @@ class Loader {
       if (raw == nullptr || *raw == '\0') {
         raw = nccl_value(e.key, lookup_, ctx_, &source);
         if (raw == nullptr) continue;
+        from_nccl_[i] = true;
       }
       Value v;
       if (!parse(e, raw, &v)) {
@@ -484,6 +489,14 @@ class Loader {
     if (set_[kTimeout] && !set_[kNetTimeout]) s->net_timeout_ms = s->timeout_ms;
     if (set_[kTimeout] && !set_[kCpuNcclTimeout]) s->cpu_nccl_timeout_ms = s->timeout_ms;
     if (!set_[kNetNsocks]) nsocks_from_nccl(s);
+    // Where NCCL_DEBUG raised the level and NCCL_DEBUG_FILE sends NCCL's log to a file, dynamiq's
+    // lines go beside it (the same name and ".dynamiq") instead of onto the job's terminal. Not
+    // into NCCL's file: NCCL truncates it when it opens it, whoever wrote first.
+    if (from_nccl_[kDebug] && !set_[kDebugFile]) {
+      const char* nccl_file = lookup_(kNcclDebugFile, ctx_);
+      if (nccl_file != nullptr && *nccl_file != '\0')
+        s->debug_file = std::string(nccl_file) + ".dynamiq";
+    }
   }
 
   // DYNAMIQ_NET_NSOCKS from NCCL's two socket variables (an unset one counts 1, as NCCL's
@@ -532,6 +545,7 @@ class Loader {
   EnvLookup lookup_;
   void* ctx_;
   bool set_[kCount] = {};
+  bool from_nccl_[kCount] = {};  // set from the NCCL equivalent, dynamiq's own variable unset
   std::vector<Problem> problems_;
 };
 
@@ -665,6 +679,7 @@ Settings current() {
   for (const NcclEquivalent& q : kNcclEquivalents) add(q.nccl);
   add(kNcclSocketThreads);
   add(kNcclSocketsPerThread);
+  add(kNcclDebugFile);
   std::vector<Problem> problems;
   Settings out;
   {

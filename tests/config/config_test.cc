@@ -274,6 +274,32 @@ TEST(Table, NcclDebugRaisesTheLogLevelOnly) {
   EXPECT_EQ(s.log_subsys, config::Settings{}.log_subsys);
 }
 
+// Where NCCL_DEBUG raised the level and NCCL's log goes to a file, dynamiq's goes beside it, not
+// onto the terminal; its own DYNAMIQ_DEBUG or DYNAMIQ_DEBUG_FILE keep their meaning.
+TEST(Table, NcclDebugFileTakesDynamiqsLinesBesideIt) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_FILE", "/logs/nccl.%h.%p"}}, &s, &error),
+            Status::kOk);
+  EXPECT_EQ(s.debug_file, "/logs/nccl.%h.%p.dynamiq");
+  ASSERT_EQ(load({{"NCCL_DEBUG", "INFO"},
+                  {"NCCL_DEBUG_FILE", "/logs/nccl.%h.%p"},
+                  {"DYNAMIQ_DEBUG_FILE", "/mine/dq.%p"}},
+                 &s, &error),
+            Status::kOk);
+  EXPECT_EQ(s.debug_file, "/mine/dq.%p");
+  // The level is dynamiq's own, or NCCL's did not raise it: the file is NCCL's business only.
+  ASSERT_EQ(load({{"DYNAMIQ_DEBUG", "INFO"},
+                  {"NCCL_DEBUG", "INFO"},
+                  {"NCCL_DEBUG_FILE", "/logs/nccl.%h.%p"}},
+                 &s, &error),
+            Status::kOk);
+  EXPECT_EQ(s.debug_file, "");
+  ASSERT_EQ(load({{"NCCL_DEBUG", "WARN"}, {"NCCL_DEBUG_FILE", "/logs/nccl.%h.%p"}}, &s, &error),
+            Status::kOk);
+  EXPECT_EQ(s.debug_file, "");
+}
+
 // The plugin replaces NCCL's socket transport, whose sockets per connection are
 // NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD: their product holds while DYNAMIQ_NET_NSOCKS is
 // unset, capped at the plugin's 8; an invalid one is named and the default stays.

@@ -10,7 +10,8 @@ job_log.py --run DYNAMIQ_RUN --perf DYNAMIQ_PERF --shim LIBDYNAMIQ
      per rank, named with host, pid and rank, holding the version once and every setting once;
      nothing of the log on the terminal. dynamiq-perf -b 1MiB -e 1MB: one size syntax.
   3. NCCL_DEBUG=INFO with DYNAMIQ_DEBUG unset: dynamiq's INFO lines too (the banner, the shim's
-     NCCL), on each rank; NCCL_DEBUG=VERSION: none, the default WARN.
+     NCCL), on each rank; NCCL_DEBUG=VERSION: none, the default WARN. With NCCL_DEBUG_FILE too:
+     those lines in NCCL's file name and .dynamiq, one per rank, none on the terminal.
 Exit 0 pass, 1 fail."""
 import argparse
 import glob
@@ -34,7 +35,7 @@ def run(a, extra_env, perf_args):
     env = dict(os.environ, LD_PRELOAD=a.shim, DYNAMIQ_ENABLE="1", DYNAMIQ_NET_IFNAME="lo",
                **extra_env)
     for key in ("DYNAMIQ_DEBUG", "DYNAMIQ_DEBUG_SUBSYS", "DYNAMIQ_DEBUG_FILE", "NCCL_DEBUG",
-                "NCCL_DEBUG_SUBSYS"):
+                "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"):
         if key not in extra_env:
             env.pop(key, None)
     cmd = [a.run, "--cpu-nccl", "-n", "2", "--timeout", "300", "--", a.perf] + perf_args
@@ -110,6 +111,20 @@ def main():
     if "dynamiq INFO" in out or "dynamiq VERSION" in out:
         fail("NCCL_DEBUG=VERSION changed dynamiq's level:\n" + out[-3000:])
     print("PASS: NCCL_DEBUG=INFO shows dynamiq's INFO lines on every rank; VERSION leaves WARN")
+    with tempfile.TemporaryDirectory() as d:
+        out = run(a, {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": os.path.join(d, "nccl.%h.%p")},
+                  perf)
+        if "dynamiq INFO" in out or "dynamiq WARN" in out:
+            fail("log lines on the terminal although NCCL_DEBUG_FILE is set:\n" + out[-3000:])
+        names = sorted(os.listdir(d))
+        pattern = re.compile(r"nccl\." + re.escape(host) + r"\.\d+\.dynamiq$")
+        if len(names) != 2 or not all(pattern.match(n) for n in names):
+            fail(f"files {names}, expected nccl.{host}.PID.dynamiq for each of the 2 ranks")
+        for n in names:
+            text = open(os.path.join(d, n)).read()
+            if not re.search(r"dynamiq INFO dynamiq: wrapping NCCL ", text):
+                fail(f"{n} lacks the shim's INFO line:\n{text[:3000]}")
+    print("PASS: with NCCL_DEBUG_FILE, dynamiq's lines in NCCL's name and .dynamiq, per rank")
 
 
 if __name__ == "__main__":
