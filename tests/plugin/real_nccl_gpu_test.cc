@@ -221,6 +221,9 @@ int main() {
     if (r != 0 || !loaded || !same) {
       ++failures;
       std::printf("---- %s ----\n%s\n", logs[static_cast<size_t>(rank)].c_str(), log.c_str());
+      // dynamiq's own lines (the shim's), beside NCCL's file since NCCL_DEBUG=INFO set the level.
+      const std::string ours = logs[static_cast<size_t>(rank)] + ".dynamiq";
+      std::printf("---- %s ----\n%s\n", ours.c_str(), dq::test::read_file(ours).c_str());
     }
   }
   std::printf(failures == 0 ? "PASS\n" : "FAIL\n");
