@@ -38,6 +38,7 @@ constexpr Entry kTable[] = {
 };
 #undef DQ_SETTING
 constexpr int kCount = static_cast<int>(sizeof kTable / sizeof kTable[0]);
+static_assert(kCount <= 64, "Settings::from_nccl has a bit for each entry");
 
 // Every default of the table parses and lies in its range (else the build stops here).
 template <Kind K>
@@ -133,6 +134,15 @@ const char* nccl_value(const char* key, EnvLookup lookup, void* ctx, const char*
   if (raw == nullptr) return nullptr;
   *source = q->nccl;
   return raw;
+}
+
+// What an entry takes from NCCL while it is unset itself, for the settings' INFO lines ("" for
+// an entry that takes nothing).
+const char* nccl_source_name(int i) {
+  if (i == kNetNsocks) return "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD";
+  if (i == kDebugFile) return "NCCL_DEBUG_FILE + .dynamiq";
+  const NcclEquivalent* q = equivalent_of(kTable[i].key);
+  return q != nullptr ? q->nccl : "";
 }
 
 bool parse_bool(std::string_view v, bool* out) {
@@ -382,6 +392,7 @@ class Loader {
       }
       kStore[i](s, v);
       set_[i] = true;
+      if (from_nccl_[i]) s->from_nccl |= uint64_t{1} << i;
     }
     finish(s);
     for (const Problem& p : problems_) {
@@ -494,8 +505,10 @@ class Loader {
     // into NCCL's file: NCCL truncates it when it opens it, whoever wrote first.
     if (from_nccl_[kDebug] && !set_[kDebugFile]) {
       const char* nccl_file = lookup_(kNcclDebugFile, ctx_);
-      if (nccl_file != nullptr && *nccl_file != '\0')
+      if (nccl_file != nullptr && *nccl_file != '\0') {
         s->debug_file = std::string(nccl_file) + ".dynamiq";
+        s->from_nccl |= uint64_t{1} << kDebugFile;
+      }
     }
   }
 
@@ -522,6 +535,7 @@ class Loader {
     if (!threads_set && !per_thread_set) return;
     if (threads == 0 || per_thread == 0) return;  // reported: the default stays
     s->net_nsocks = static_cast<int>(std::min(threads * per_thread, kTable[kNetNsocks].hi));
+    s->from_nccl |= uint64_t{1} << kNetNsocks;
   }
 
   static void reset_bits(Settings* s) {
@@ -709,8 +723,10 @@ void report(const Settings& s, const std::vector<Problem>& problems) {
       DQ_TRACE(Subsys::kEnv, "dynamiq setting %s=%s  (default %s)  %s", kTable[i].key,
                value.c_str(), *kTable[i].fallback ? kTable[i].fallback : "\"\"", kTable[i].doc);
     } else if (value != kShow[i](defaults())) {
-      DQ_INFO(Subsys::kEnv, "dynamiq setting %s=%s  (default %s)", kTable[i].key, value.c_str(),
-              *kTable[i].fallback ? kTable[i].fallback : "\"\"");
+      DQ_INFO(Subsys::kEnv, "dynamiq setting %s=%s  (default %s)%s%s", kTable[i].key, value.c_str(),
+              *kTable[i].fallback ? kTable[i].fallback : "\"\"",
+              (s.from_nccl >> i & 1) != 0 ? "  from " : "",
+              (s.from_nccl >> i & 1) != 0 ? nccl_source_name(i) : "");
       ++shown;
     }
   }

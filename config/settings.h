@@ -101,9 +101,10 @@ struct Settings {
   // Derived by load() from the table's values; these initialisers are what load() derives from
   // the defaults (tests/config checks that Settings{} equals the loaded defaults).
   std::string codec_spec = "dynamiq:5";  // the codec's text, for logs (auto: a bucket's first call)
-  CodecSpec parsed_codec_spec;           // codec_spec parsed once: what the engine makes codecs of
-  double budget_bits = 5.0;              // DYNAMIQ_BITS as a number (auto: the fixed default)
-  bool bits_auto = false;                // DYNAMIQ_BITS=auto
+  uint64_t from_nccl = 0;       // bit i: table entry i took NCCL's variable's value, its own unset
+  CodecSpec parsed_codec_spec;  // codec_spec parsed once: what the engine makes codecs of
+  double budget_bits = 5.0;     // DYNAMIQ_BITS as a number (auto: the fixed default)
+  bool bits_auto = false;       // DYNAMIQ_BITS=auto
   bool allow_f32 = true, allow_bf16 = true;
   bool allow_all_reduce = true, allow_reduce_scatter = true, allow_reduce = true;
   LogLevel log_level = LogLevel::kWarn;

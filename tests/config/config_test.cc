@@ -606,6 +606,31 @@ TEST(Log, SettingsThatDifferAtInfoEveryOneAtTrace) {
       << t.err;
 }
 
+// A setting that took NCCL's variable says so on its INFO line: a job's NCCL_* settings now
+// change dynamiq's, and the log must show which did.
+TEST(Log, SettingsTakenFromNcclNameTheirSource) {
+  const Child c = run_child("settings", {{"NCCL_DEBUG", "INFO"},
+                                         {"DYNAMIQ_DEBUG_SUBSYS", "ENV"},
+                                         {"NCCL_IB_TC", "106"},
+                                         {"NCCL_NSOCKS_PERTHREAD", "4"}});
+  ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_DEBUG=INFO  (default WARN)  from NCCL_DEBUG\n"),
+            1)
+      << c.err;
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_NET_IB_TC=106  (default 0)  from NCCL_IB_TC\n"),
+            1)
+      << c.err;
+  EXPECT_EQ(count(c.err,
+                  "dynamiq setting DYNAMIQ_NET_NSOCKS=4  (default 2)  from "
+                  "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD\n"),
+            1)
+      << c.err;
+  // dynamiq's own (DYNAMIQ_DEBUG_SUBSYS, and DYNAMIQ_NET_IFNAME from the test's environment)
+  // name no source.
+  EXPECT_EQ(count(c.err, "dynamiq setting DYNAMIQ_DEBUG_SUBSYS=ENV  (default ALL)\n"), 1) << c.err;
+  EXPECT_EQ(count(c.err, "  from "), 3) << c.err;
+}
+
 // A bad metrics setting turns the metrics file off, never compression.
 TEST(Table, BadMetricsSettingDisablesMetricsNotCompression) {
   config::Settings s;
