@@ -94,10 +94,4 @@ void close_socket(int* fd) {
   *fd = -1;
 }
 
-int sockets_held() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return static_cast<int>(r.fds.size());
-}
-
 }  // namespace dq::net::sock

@@ -30,7 +30,4 @@ int accept_socket(int listen_fd, sockaddr* addr, socklen_t* len, int flags);
 // marks it closed (-1); a descriptor the plugin does not hold is left alone.
 void close_socket(int* fd);
 
-// How many sockets the plugin holds now (for tests).
-int sockets_held();
-
 }  // namespace dq::net::sock
