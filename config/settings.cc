@@ -380,19 +380,15 @@ class Loader {
       if (raw == nullptr || *raw == '\0') {
         raw = nccl_value(e.key, lookup_, ctx_, &source);
         if (raw == nullptr) continue;
-        from_nccl_[i] = true;
       }
       Value v;
       if (!parse(e, raw, &v)) {
-        const std::string read_for =
-            source == e.key ? "" : std::string(" (read for ") + e.key + ", which is unset)";
-        fail(i,
-             std::string(source) + "=" + raw + read_for + " is not valid; accepted: " + e.accepted);
+        fail_invalid(i, source, raw, e.accepted);
         continue;
       }
       kStore[i](s, v);
       set_[i] = true;
-      if (from_nccl_[i]) s->from_nccl |= uint64_t{1} << i;
+      if (source != e.key) s->from_nccl |= uint64_t{1} << i;
     }
     finish(s);
     for (const Problem& p : problems_) {
@@ -406,6 +402,16 @@ class Loader {
  private:
   void fail(int i, const std::string& what) {
     problems_.push_back({kTable[i].scope, what + consequence(kTable[i])});
+  }
+
+  // `source`=`raw` does not parse for entry i; `source` is the entry's own variable or an NCCL
+  // variable it was read from.
+  void fail_invalid(int i, const char* source, const char* raw, const std::string& accepted) {
+    const std::string read_for =
+        std::strcmp(source, kTable[i].key) == 0
+            ? ""
+            : std::string(" (read for ") + kTable[i].key + ", which is unset)";
+    fail(i, std::string(source) + "=" + raw + read_for + " is not valid; accepted: " + accepted);
   }
 
   // Cross-field checks, derived values and fallbacks; an invalid value goes back to its default.
@@ -503,7 +509,7 @@ class Loader {
     // Where NCCL_DEBUG raised the level and NCCL_DEBUG_FILE sends NCCL's log to a file, dynamiq's
     // lines go beside it (the same name and ".dynamiq") instead of onto the job's terminal. Not
     // into NCCL's file: NCCL truncates it when it opens it, whoever wrote first.
-    if (from_nccl_[kDebug] && !set_[kDebugFile]) {
+    if ((s->from_nccl >> kDebug & 1) != 0 && !set_[kDebugFile]) {
       const char* nccl_file = lookup_(kNcclDebugFile, ctx_);
       if (nccl_file != nullptr && *nccl_file != '\0') {
         s->debug_file = std::string(nccl_file) + ".dynamiq";
@@ -516,25 +522,21 @@ class Loader {
   // default outside the clouds it detects). The plugin gives each socket an I/O thread of its
   // own, so more than its bound of 8 buys nothing on one connection: the product is capped there.
   void nsocks_from_nccl(Settings* s) {
-    const auto read = [&](const char* name, double hi, double* out) {
-      *out = 1;
+    // The variable's value; 0 where it is unset, -1 where it is invalid (reported).
+    const auto read = [&](const char* name, double hi) {
       const char* raw = lookup_(name, ctx_);
-      if (raw == nullptr || *raw == '\0') return false;
-      if (!parse_int(raw, out) || *out < 1 || *out > hi) {
-        fail(kNetNsocks, std::string(name) + "=" + raw +
-                             " (read for DYNAMIQ_NET_NSOCKS, which is unset) is not valid; "
-                             "accepted: 1.." +
-                             number_text(hi, 17));
-        *out = 0;
-      }
-      return true;
+      if (raw == nullptr || *raw == '\0') return 0.0;
+      double v = 0;
+      if (parse_int(raw, &v) && v >= 1 && v <= hi) return v;
+      fail_invalid(kNetNsocks, name, raw, "1.." + number_text(hi, 17));
+      return -1.0;
     };
-    double threads = 1, per_thread = 1;
-    const bool threads_set = read(kNcclSocketThreads, 16, &threads);
-    const bool per_thread_set = read(kNcclSocketsPerThread, 64, &per_thread);
-    if (!threads_set && !per_thread_set) return;
-    if (threads == 0 || per_thread == 0) return;  // reported: the default stays
-    s->net_nsocks = static_cast<int>(std::min(threads * per_thread, kTable[kNetNsocks].hi));
+    const double threads = read(kNcclSocketThreads, 16);
+    const double per_thread = read(kNcclSocketsPerThread, 64);
+    if (threads < 0 || per_thread < 0) return;  // reported: the default stays
+    if (threads == 0 && per_thread == 0) return;
+    s->net_nsocks = static_cast<int>(
+        std::min(std::max(threads, 1.0) * std::max(per_thread, 1.0), kTable[kNetNsocks].hi));
     s->from_nccl |= uint64_t{1} << kNetNsocks;
   }
 
@@ -559,7 +561,6 @@ class Loader {
   EnvLookup lookup_;
   void* ctx_;
   bool set_[kCount] = {};
-  bool from_nccl_[kCount] = {};  // set from the NCCL equivalent, dynamiq's own variable unset
   std::vector<Problem> problems_;
 };
 
@@ -623,12 +624,10 @@ const bool kLogConfiguratorInstalled = (log_set_configurator(&configure_log), tr
 }  // namespace
 
 bool set_in_environment(const char* key) {
-  const char* own = std::getenv(key);
+  const char* own = from_environment(key, nullptr);
   if (own != nullptr && *own != '\0') return true;
   const char* source = nullptr;
-  return nccl_value(
-             key, [](const char* k, void*) -> const char* { return std::getenv(k); }, nullptr,
-             &source) != nullptr;
+  return nccl_value(key, from_environment, nullptr, &source) != nullptr;
 }
 
 const char* nccl_equivalent(const char* key) {
