@@ -198,7 +198,7 @@ Status SocketNet::close_send(void* send_comm) {
                         sc->cv.notify_all();
                       }
                       for (auto& t : sc->threads) t.join();
-                      for (int& fd : sc->fds) close_fd(&fd);
+                      for (int& fd : sc->fds) close_socket(&fd);
                       for (SendRequest* r : sc->requests) delete r;
                     });
 }
@@ -213,7 +213,7 @@ Status SocketNet::close_recv(void* recv_comm) {
                         rc->cv.notify_all();
                       }
                       for (auto& t : rc->threads) t.join();
-                      for (int& fd : rc->fds) close_fd(&fd);
+                      for (int& fd : rc->fds) close_socket(&fd);
                     });
 }
 

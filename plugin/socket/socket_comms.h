@@ -44,11 +44,6 @@ constexpr int kMaxAcceptsPerCall = 64;
 // A memory handle of this backend: the registered bytes only (sockets need no registration).
 using MemoryRegion = RegisteredRegion;
 
-// Closes *fd when open and marks it closed (-1); every socket of the plugin (socket_fork.h).
-inline void close_fd(int* fd) {
-  close_socket(fd);
-}
-
 // ---------------------------------------------------------------- send side
 
 struct SendComm;
@@ -211,10 +206,10 @@ struct ListenComm {
   std::vector<PendingGroup> groups;
 
   ~ListenComm() {
-    close_fd(&fd);
-    for (auto& p : pending) close_fd(&p.fd);
+    close_socket(&fd);
+    for (auto& p : pending) close_socket(&p.fd);
     for (auto& g : groups) {
-      for (int& f : g.fds) close_fd(&f);
+      for (int& f : g.fds) close_socket(&f);
     }
   }
 };
@@ -229,7 +224,7 @@ struct PendingConnect {
   int64_t timeout_ms = 30000;
 
   ~PendingConnect() {
-    for (int& f : fds) close_fd(&f);
+    for (int& f : fds) close_socket(&f);
   }
 };
 

@@ -132,7 +132,7 @@ Status SocketNet::accept(void* listen_comm, void** recv_comm) {
     if (ms_since(g.start) > lc->timeout_ms) {
       NET_WARN("connection from %s: only some of its %zu sockets arrived within %lld ms; dropped",
                g.peer.c_str(), g.fds.size(), static_cast<long long>(lc->timeout_ms));
-      for (int& f : g.fds) close_fd(&f);
+      for (int& f : g.fds) close_socket(&f);
       lc->groups.erase(lc->groups.begin() + static_cast<long>(gi));
       --gi;
     }
@@ -269,7 +269,7 @@ void SocketNet::progress_hellos(ListenComm* lc) {
     } else {
       continue;  // still waiting for the rest of the hello
     }
-    close_fd(&p.fd);
+    close_socket(&p.fd);
     lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
     --i;
   }
@@ -310,7 +310,7 @@ Status SocketNet::make_recv_comm(std::vector<int> fds, const std::string& peer, 
                                  void** recv_comm) {
   for (int fd : fds) {
     if (!configure_data_socket(fd)) {
-      for (int& f : fds) close_fd(&f);
+      for (int& f : fds) close_socket(&f);
       return sys_fail("configure socket", peer);
     }
   }
