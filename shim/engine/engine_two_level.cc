@@ -1,7 +1,9 @@
 // A call on the two-level schedule (docs/ENGINE.md section 11), in stream order on the engine's
 // comm stream: the exact step inside the node, the rail engine's compressed collective of this
 // rank's shard, the exact step back inside the node, and the tail the shards leave (fewer
-// elements than ranks per node) exact on the caller's communicator. No host wait of its own.
+// elements than ranks per node) exact on the caller's communicator. No host wait of its own but
+// NCCL's issue: the split communicators are non-blocking (engine_hierarchy.cc), so each call on
+// one is settled (NcclOps::settled) before the next is issued, as NCCL requires.
 #include <algorithm>
 
 #include "shim/engine/engine_hierarchy.h"
@@ -52,14 +54,19 @@ Status Engine::enqueue_node_reduce(const CallArgs& call, Lane lane) {
   void* shard = h.shard;
   const int nodes = h.map.nodes, local = h.map.local_size;
   const CallArgs c = call;
+  const int64_t timeout_ms = settings_.timeout_ms;
   return enqueue_nccl(lane, [=] {
     if (c.collective != Collective::kReduceScatter)
-      return ops.reduce_scatter(c.send, shard, s.shard, c.dtype, c.op, node, stream);
+      return ops.settled(node,
+                         ops.reduce_scatter(c.send, shard, s.shard, c.dtype, c.op, node, stream),
+                         timeout_ms);
     for (int k = 0; k < nodes; ++k) {
       const size_t first = static_cast<size_t>(k) * static_cast<size_t>(local) * s.per_rank;
       const ncclResult_t r =
-          ops.reduce_scatter(at(c.send, first, esize), at(shard, k * s.per_rank, esize), s.per_rank,
-                             c.dtype, c.op, node, stream);
+          ops.settled(node,
+                      ops.reduce_scatter(at(c.send, first, esize), at(shard, k * s.per_rank, esize),
+                                         s.per_rank, c.dtype, c.op, node, stream),
+                      timeout_ms);
       if (r != ncclSuccess) return r;
     }
     return ncclSuccess;
@@ -97,13 +104,16 @@ Status Engine::enqueue_rail_exact(const CallArgs& rc, int engine, Lane lane) {
   const NcclOps ops = ops_;
   const ncclComm_t rail = hierarchy_->rail_comm[engine];
   const size_t nodes = static_cast<size_t>(hierarchy_nodes());
+  const int64_t timeout_ms = settings_.timeout_ms;
   return enqueue_nccl(lane, [=] {
+    ncclResult_t r;
     if (rc.collective == Collective::kAllReduce)
-      return ops.all_reduce(rc.send, rc.recv, rc.count, rc.dtype, rc.op, rail, rc.stream);
-    if (rc.collective == Collective::kReduceScatter)
-      return ops.reduce_scatter(rc.send, rc.recv, rc.count / nodes, rc.dtype, rc.op, rail,
-                                rc.stream);
-    return ops.reduce(rc.send, rc.recv, rc.count, rc.dtype, rc.op, rc.root, rail, rc.stream);
+      r = ops.all_reduce(rc.send, rc.recv, rc.count, rc.dtype, rc.op, rail, rc.stream);
+    else if (rc.collective == Collective::kReduceScatter)
+      r = ops.reduce_scatter(rc.send, rc.recv, rc.count / nodes, rc.dtype, rc.op, rail, rc.stream);
+    else
+      r = ops.reduce(rc.send, rc.recv, rc.count, rc.dtype, rc.op, rc.root, rail, rc.stream);
+    return ops.settled(rail, r, timeout_ms);
   });
 }
 
@@ -121,6 +131,7 @@ Status Engine::enqueue_node_gather(const CallArgs& call, Lane lane) {
   const bool is_root = comm_.rank == call.root;
   const CallArgs c = call;
   const size_t shards_end = s.shard * static_cast<size_t>(map.local_size);
+  const int64_t timeout_ms = settings_.timeout_ms;
   return enqueue_nccl(lane, [=] {
     ncclResult_t r = ncclSuccess;
     if (c.collective != Collective::kReduce) return r;
@@ -134,12 +145,14 @@ Status Engine::enqueue_node_gather(const CallArgs& call, Lane lane) {
         else if (!is_root && l == root_local)
           r = ops.send(shard, s.shard, c.dtype, l, node, stream);
       }
-      const ncclResult_t end = ops.group_end();
+      const ncclResult_t end = ops.settled(node, ops.group_end(), timeout_ms);
       if (r == ncclSuccess) r = end;
     }
     if (r == ncclSuccess && s.tail > 0)
-      r = ops.reduce(at(c.send, shards_end, esize), at(c.recv, shards_end, esize), s.tail, c.dtype,
-                     c.op, c.root, whole, stream);
+      r = ops.settled(whole,
+                      ops.reduce(at(c.send, shards_end, esize), at(c.recv, shards_end, esize),
+                                 s.tail, c.dtype, c.op, c.root, whole, stream),
+                      timeout_ms);
     return r;
   });
 }
@@ -185,14 +198,16 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t p, size_t first, size_
   uint32_t* error = control_ + error_word_index();
   auto comm = static_cast<cudaStream_t>(comm_stream_);
   auto gather_stream = static_cast<cudaStream_t>(h.gather_stream);
+  const int64_t timeout_ms = settings_.timeout_ms;
   // The second piece's reduce-scatter waits until the first piece's rail call has its layouts:
   // until then nothing is on the rail, and the first piece's statistics, their all-reduce and
   // budget (its path to its first message) do not share the device with it. Later pieces' do
   // not wait: a piece's prologue then overlaps the previous piece's messages anyway, and a wait
   // would tie each rank's reduce-scatter to its node-mates' rails.
   if (p == 1) DQ_CHECK(device_->wait(comm_stream_, h.layouts_done[0]));
-  DQ_CHECK(enqueue_nccl(Lane{comm_stream_, error},
-                        [=] { return ops.reduce_scatter(send, shard, n, dt, op, node, comm); }));
+  DQ_CHECK(enqueue_nccl(Lane{comm_stream_, error}, [=] {
+    return ops.settled(node, ops.reduce_scatter(send, shard, n, dt, op, node, comm), timeout_ms);
+  }));
   DQ_CHECK(device_->record(h.node_done, comm_stream_));
   // The piece's rail call on rail engine e, whose stream waits for its reduce-scatter and for
   // that engine's previous rail call only: the other engine's call (the previous piece) may
@@ -209,8 +224,10 @@ Status Engine::enqueue_piece(const CallArgs& call, size_t p, size_t first, size_
     DQ_CHECK(enqueue_rail_exact(rc, e, Lane{h.rail_stream[e], error}));
   DQ_CHECK(device_->record(h.rail_done[e], h.rail_stream[e]));
   DQ_CHECK(device_->wait(h.gather_stream, h.rail_done[e]));
-  return enqueue_nccl(Lane{h.gather_stream, error},
-                      [=] { return ops.all_gather(shard, recv, n, dt, gather, gather_stream); });
+  return enqueue_nccl(Lane{h.gather_stream, error}, [=] {
+    return ops.settled(gather, ops.all_gather(shard, recv, n, dt, gather, gather_stream),
+                       timeout_ms);
+  });
 }
 
 // The all-reduce in pieces (docs/ENGINE.md section 11), then the tail on the caller's
@@ -243,10 +260,13 @@ ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call, PassReason* 
   auto comm = static_cast<cudaStream_t>(comm_stream_);
   const CallArgs c = call;
   const size_t end = shard * local;
+  const int64_t timeout_ms = settings_.timeout_ms;
   if (st == Status::kOk && tail > 0)
     st = enqueue_nccl(Lane{comm_stream_, control_ + error_word_index()}, [=] {
-      return ops.all_reduce(at(c.send, end, esize), at(c.recv, end, esize), tail, c.dtype, c.op,
-                            whole, comm);
+      return ops.settled(whole,
+                         ops.all_reduce(at(c.send, end, esize), at(c.recv, end, esize), tail,
+                                        c.dtype, c.op, whole, comm),
+                         timeout_ms);
     });
   if (st == Status::kOk) st = device_->record(ev_comm_done_, comm_stream_);
   if (st == Status::kOk) st = device_->record(h.gather_done, h.gather_stream);
