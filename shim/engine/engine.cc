@@ -194,13 +194,17 @@ Screening Engine::screen_call(const CallArgs& call) const {
 
 PassReason Engine::decide(const CallArgs& call, const Screening& screening) const {
   if (comm_.nranks < 2) return PassReason::kSingleRank;
-  if (device_ == nullptr) return PassReason::kNoDevice;
+  const bool capturing = call.capturing || screening.device_capturing;
+  // Not agreed yet: the handshake only runs outside a group and outside capture. A rank whose
+  // device could not be set up still owes its peers the handshake's stand-in, so inside a group
+  // it too holds the call back to the group's end (as its peers do) rather than send it into the
+  // group, where it would meet their handshake.
+  const bool pending = state_ == State::kPending && (device_ != nullptr || setup_failed_);
+  if (device_ == nullptr && !pending) return PassReason::kNoDevice;
   if (state_ == State::kInert)
     return warned_differs_.empty() ? PassReason::kDisabled : PassReason::kSettingsDiffer;
   if (canary_ == Canary::kFailed) return PassReason::kCanaryFailed;
-  const bool capturing = call.capturing || screening.device_capturing;
-  // Not agreed yet: the handshake only runs outside a group and outside capture.
-  if (state_ == State::kPending) return capturing ? PassReason::kCapturing : PassReason::kInGroup;
+  if (pending) return capturing ? PassReason::kCapturing : PassReason::kInGroup;
   if (screening.arguments != PassReason::kRerouted) return screening.arguments;
   if (call.in_group) return PassReason::kInGroup;
   // A captured graph would freeze the plan, the call number that keys the rounding and the A/B

@@ -11,7 +11,8 @@
 //   collectives reduce-scatter and reduce (every root), FP32/BF16, SUM/AVG, in and out of place:
 //               compressed on every rank, each rank's output near the exact sum, the same
 //               bytes when the same call is repeated on a fresh engine (same seed)
-//   setup_fail  rank 1's device cannot create streams: every rank passes through, no hang
+//   setup_fail  rank 1's device cannot create streams: every rank passes through, no hang; a
+//               first call inside a group is held back to the group's end on every rank
 //   budget      exactly DYNAMIQ_MIN_BYTES is compressed, 4 bytes less is not; bytes sent per rank
 //               against the budget
 //   not_opted_in  DYNAMIQ_COMMS=none: calls count as not_opted_in (not disabled)
@@ -719,6 +720,15 @@ int scenario_setup_fail(int n) {
       args.send = in.data();
       args.recv = out.data();
       args.count = kCount;
+      if (call == 0) {
+        // Inside a caller's group, before the handshake, the interceptor holds a call back to the
+        // group's end when the engine answers kInGroup, and runs it through the engine there (as
+        // below). Every rank must hold it, rank 1 included: sent into the group, its all-reduce
+        // would meet its peers' handshake.
+        const PassReason grouped = engine.decide(args, engine.screen_call(args));
+        CHECK_OR(64, grouped == PassReason::kInGroup, "rank %d: a grouped first call: %s", rank,
+                 dq::engine::reason_name(grouped));
+      }
       PassReason reason;
       CHECK_OR(60, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
       CHECK_OR(61, reason != PassReason::kRerouted, "rank %d call %d: compressed", rank, call);
