@@ -233,8 +233,12 @@ class CudaGpuDevice final : public Device {
     }
     cudaStreamDestroy(s);
   }
+  // Relaxed capture mode in these and in synchronize_for: another thread of the job may capture a
+  // graph in global mode (PyTorch's default) meanwhile, and CUDA then refuses a query or an event
+  // call made in this thread's default mode, invalidating that thread's capture.
   Status create_event(EventHandle* out) override {
     OnDevice on(primary_);
+    RelaxedCapture relaxed;
     cudaEvent_t e = nullptr;
     DQ_CHECK(cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
     *out = e;
@@ -242,6 +246,7 @@ class CudaGpuDevice final : public Device {
   }
   void destroy_event(EventHandle e) override {
     OnDevice on(primary_);
+    RelaxedCapture relaxed;
     cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
   Status record(EventHandle e, StreamHandle s) override {
@@ -270,6 +275,7 @@ class CudaGpuDevice final : public Device {
   Status synchronize_for(EventHandle e, int64_t timeout_ms) override {
     if (timeout_ms <= 0) timeout_ms = timeout_ms_;
     OnDevice on(primary_);
+    RelaxedCapture relaxed;
     const auto event = static_cast<cudaEvent_t>(e);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (uint64_t query = 0;; ++query) {

@@ -13,10 +13,13 @@
 //                device's encoding (kCodec, kMalformedPayload), the finish after it writes nothing,
 //                and an enqueue returns without waiting for the device; the bounded wait
 //                (synchronize_for) gives up at its bound on a stream held by a host function; the
-//                device's calls leave a thread's CUDA context as they found it (none included).
+//                device's calls leave a thread's CUDA context as they found it (none included);
+//                its event calls and bounded waits work while another thread captures a graph in
+//                global mode, and leave that capture intact.
 // Exit 0 pass, 77 skip, other: the failing check.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +102,51 @@ int bounded_wait_check(Device* d, dq::engine::StreamHandle s1, dq::engine::Event
            "synchronize_for(50 ms) on a held stream: %s after %.1f ms", dq::status_name(timed),
            waited_ms);
   CHECK_OR(42, d->synchronize_for(done, 10000) == Status::kOk, "synchronize_for after the hold");
+  return 0;
+}
+
+// Another thread captures a graph in global mode (PyTorch's default) while the engine's thread
+// makes events, waits (synchronize_for, query) and records: CUDA refuses a query made in a
+// thread's default mode during such a capture, failing the wait and invalidating the capture. The
+// device's calls must work and the capture must end with its graph.
+int capture_elsewhere_check(Device* d, dq::engine::StreamHandle s1) {
+  cudaStream_t captured = nullptr;
+  CHECK_OR(50, cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking) == cudaSuccess,
+           "a stream to capture");
+  std::atomic<int> phase{0};  // 1: capturing, 2: the device's calls are done
+  cudaError_t begin = cudaErrorUnknown, end = cudaErrorUnknown;
+  cudaGraph_t graph = nullptr;
+  std::thread capturer([&] {
+    begin = cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal);
+    phase.store(1);
+    for (int i = 0; i < 100000 && phase.load() != 2; ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));  // at most 10 s
+    end = cudaStreamEndCapture(captured, &graph);
+  });
+  for (int i = 0; i < 100000 && phase.load() != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  dq::engine::EventHandle e = nullptr;
+  const bool made = d->create_event(&e) == Status::kOk;
+  const bool recorded = made && d->record(e, s1) == Status::kOk;
+  const Status waited = recorded ? d->synchronize_for(e, 5000) : Status::kInternal;
+  const bool queried = recorded && d->query(e);
+  if (made) d->destroy_event(e);
+  phase.store(2);
+  capturer.join();
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(captured);
+  (void)cudaGetLastError();
+  CHECK_OR(51, begin == cudaSuccess, "cudaStreamBeginCapture: %s", cudaGetErrorName(begin));
+  CHECK_OR(52, made && recorded && waited == Status::kOk && queried,
+           "the device's event calls during another thread's capture: made %d recorded %d, "
+           "synchronize_for %s, query %d",
+           made, recorded, dq::status_name(waited), queried);
+  CHECK_OR(53, end == cudaSuccess && graph != nullptr,
+           "the other thread's capture ended with %s (invalidated by the device's calls)",
+           cudaGetErrorName(end));
+  std::printf(
+      "the device's waits during another thread's global-mode capture: fine, the capture "
+      "intact\n");
   return 0;
 }
 
@@ -242,6 +290,7 @@ int steps_check() {
            "a step after the error");
   if (const int failed = bounded_wait_check(d, s1, done)) return failed;
   if (const int failed = context_check(d, s1)) return failed;
+  if (const int failed = capture_elsewhere_check(d, s1)) return failed;
   d->destroy_event(done);
   for (void* p : {x, stats, layout, bad, out, finished}) d->release(p, s1);
   d->release(word, s1);
