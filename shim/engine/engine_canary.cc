@@ -180,7 +180,9 @@ Status enqueue_canary_steps(Device* device, const PreparedCodec& codec, const Ca
 
 // The device: the same steps from the same inputs (`host` with its outputs zeroed), on `stream`,
 // waited for once; the device's image into `device_image`. A step that fails reports into an
-// error word of the canary's own.
+// error word of the canary's own. The image travels through mapped memory both ways: a copy
+// between device memory and pageable memory may wait for the stream on a GPU, and a canary kernel
+// that never ends would then hold this thread past the bounded wait below.
 Status run_canary_on_device(Device* device, const Codec& codec, const CanaryImage& im,
                             const std::vector<uint8_t>& host, StreamHandle stream, uint64_t seed,
                             std::vector<uint8_t>* device_image) {
@@ -190,9 +192,11 @@ Status run_canary_on_device(Device* device, const Codec& codec, const CanaryImag
   device_image->assign(im.bytes, 0);
   void* base = nullptr;
   void* word = nullptr;
+  void* staging = nullptr;
   EventHandle done = nullptr;
   Status s = device->alloc(im.bytes, &base);
   if (s == Status::kOk) s = device->alloc_mapped(4, &word);
+  if (s == Status::kOk) s = device->alloc_mapped(im.bytes, &staging);
   if (s == Status::kOk) s = device->create_event(&done);
   if (s == Status::kOk) {
     auto* error_word = static_cast<uint32_t*>(word);
@@ -202,22 +206,25 @@ Status run_canary_on_device(Device* device, const Codec& codec, const CanaryImag
     auto step = [&s](Status enqueued) {
       if (s == Status::kOk) s = enqueued;
     };
-    step(device->copy(dev, upload.data(), im.bytes, lane));
+    std::memcpy(staging, upload.data(), im.bytes);
+    step(device->copy(dev, staging, im.bytes, lane));
     // Prepared as a plan prepares its codecs.
     const std::unique_ptr<PreparedCodec> prepared = device->prepare(codec);
     CanaryParts parts;
     step(prepare_canary_parts(device, *prepared, im, dev, &parts));
     if (s == Status::kOk) step(enqueue_canary_steps(device, *prepared, parts, im, dev, seed, lane));
-    step(device->copy(device_image->data(), dev, im.bytes, lane));
+    step(device->copy(staging, dev, im.bytes, lane));
     // The one blocking wait of the canary (once per communicator, at its first plan).
     step(device->record(done, stream));
     step(device->synchronize(done));
+    if (s == Status::kOk) std::memcpy(device_image->data(), staging, im.bytes);
     for (const auto* p : {parts.stats.get(), parts.layout.get()})
       if (p != nullptr) device->release(p->device_memory, stream);
     const uint32_t failed = __atomic_load_n(error_word, __ATOMIC_ACQUIRE);
     if (s == Status::kOk && failed != 0) s = static_cast<Status>(error_code(failed));
   }
   if (done) device->destroy_event(done);
+  if (staging) device->release(staging, stream);
   if (word) device->release(word, stream);
   if (base) device->release(base, stream);
   return s;
