@@ -121,6 +121,29 @@ ncclResult_t revoked_result() {
   return ncclInvalidUsage;
 }
 
+// ---- the non-blocking model (tests) --------------------------------------------------------
+// Operations here finish before the call returns. With DYNAMIQ_CPU_NCCL_IN_PROGRESS_POLLS=K
+// (1..1000) a non-blocking communicator (ncclConfig_t blocking 0) still answers as NVIDIA's NCCL
+// may: each ungrouped call and each group end that ran operations on it returns ncclInProgress,
+// ncclCommGetAsyncError then answers ncclInProgress K times, and a call on it before that is
+// refused (ncclInvalidUsage), as NCCL refuses a call while the previous one is being issued.
+// Unset (or invalid): non-blocking communicators answer as blocking ones.
+int in_progress_polls() {
+  static const int polls = [] {
+    const char* v = std::getenv("DYNAMIQ_CPU_NCCL_IN_PROGRESS_POLLS");
+    const int k = v != nullptr ? std::atoi(v) : 0;
+    return k >= 1 && k <= 1000 ? k : 0;
+  }();
+  return polls;
+}
+
+ncclResult_t busy_result() {
+  set_last_error(
+      "cpu-nccl: a call on a non-blocking communicator whose previous operation is still being "
+      "issued (poll ncclCommGetAsyncError until it leaves ncclInProgress)");
+  return ncclInvalidUsage;
+}
+
 // ---- groups ----------------------------------------------------------------------------
 struct Task {
   enum Kind { kInit, kColl, kP2p } kind;
@@ -234,7 +257,19 @@ ncclResult_t run_group(std::vector<Task> tasks) {
     per_comm[i].push_back(&t);
   }
   if (comms.empty()) return ncclSuccess;
-  if (comms.size() == 1) return run_comm_tasks(comms[0], per_comm[0]);
+  // The non-blocking model: a success still being issued on the non-blocking communicators that
+  // ran operations (not only their own initialisation).
+  auto answer = [&](ncclResult_t r) {
+    if (r != ncclSuccess || in_progress_polls() == 0) return r;
+    bool in_progress = false;
+    for (const Task& t : tasks)
+      if (t.kind != Task::kInit && t.comm->blocking() == 0) {
+        t.comm->polls_left.store(in_progress_polls());
+        in_progress = true;
+      }
+    return in_progress ? ncclInProgress : r;
+  };
+  if (comms.size() == 1) return answer(run_comm_tasks(comms[0], per_comm[0]));
   // Several comms in one group (one thread driving several ranks): each progresses in its own
   // thread so that they can wait on each other.
   std::vector<ncclResult_t> results(comms.size(), ncclSuccess);
@@ -246,7 +281,7 @@ ncclResult_t run_group(std::vector<Task> tasks) {
   for (auto& th : threads) th.join();
   for (ncclResult_t r : results)
     if (r != ncclSuccess) return r;
-  return ncclSuccess;
+  return answer(ncclSuccess);
 }
 
 // Queues the task inside a group, runs it at once otherwise.
@@ -262,6 +297,7 @@ ncclResult_t submit(Task task) {
 ncclResult_t check_comm(Comm* comm) {
   if (!comm) return invalid("comm is NULL");
   if (comm->revoked()) return revoked_result();
+  if (comm->polls_left.load() > 0) return busy_result();
   if (comm->failure() != FailKind::kNone) {
     set_last_error(comm->last_error());
     return fail_kind_result(comm->failure());
@@ -515,6 +551,11 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm || !async_error) return invalid("comm or asyncError is NULL");
+  for (int left = impl(comm)->polls_left.load(); left > 0;)
+    if (impl(comm)->polls_left.compare_exchange_weak(left, left - 1)) {
+      *async_error = ncclInProgress;
+      return ncclSuccess;
+    }
   // Revoked: in progress while operations are still ending, then quiescent (management calls
   // may follow), as NCCL reports it.
   if (impl(comm)->revoked())

@@ -98,6 +98,10 @@ class Comm {
   const std::string& name() const { return name_; }
   void set_name(const std::string& name) { name_ = name; }
   void set_blocking(int blocking) { blocking_ = blocking; }
+  int blocking() const { return blocking_; }
+  // The non-blocking model's state (api.cc, in_progress_polls()): polls of ncclCommGetAsyncError
+  // still to answer ncclInProgress; calls are refused until they are spent.
+  std::atomic<int> polls_left{0};
   int timeout_ms() const { return timeout_ms_; }
 
  private:
