@@ -678,11 +678,18 @@ ncclResult_t group_end(const RealNccl& real) {
     const ncclResult_t again = real.ops.group_end();
     return result == ncclSuccess ? again : result;
   }
+  // Each held call settled before the next: on a non-blocking communicator a call the engine
+  // passes through may answer ncclInProgress, which is no failure, and NCCL refuses the next call
+  // until it has settled. (Taken as one, it left the later held calls never issued, their
+  // buffers unreduced, while the caller's polls found the communicator healthy.)
+  const int64_t timeout_ms = config::global().timeout_ms;
   for (Deferred& d : held) {
     if (result != ncclSuccess) break;
-    result = route(d.call, d.comm, real, d.pass);
+    result = real.ops.settled(d.comm, route(d.call, d.comm, real, d.pass), timeout_ms);
   }
-  return result;
+  // The caller's group was still being issued: the caller polls its communicators, as NCCL
+  // documents (those of the held calls have settled).
+  return result == ncclSuccess && end == ncclInProgress ? ncclInProgress : result;
 }
 
 ncclResult_t group_simulate_end(const RealNccl& real, ncclSimInfo_t* sim_info) {

@@ -8,8 +8,14 @@
 //   4. members on two communicators in one group: every member passes through, exact, no hang
 //   5. a simulated group (ncclGroupSimulateEnd, NCCL's cost estimate): its all-reduce never runs,
 //      not even at a later group's end, and the next call is compressed and complete on return
+//   6. a non-blocking communicator (the CPU NCCL's model: each operation answers ncclInProgress,
+//      settled after polls): its first group, an INT32 all-reduce and a large FP32 one, both held
+//      for the handshake; the first passes through (ncclInProgress), the second must still run,
+//      compressed, and the caller's polls then find every result in place
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -68,11 +74,37 @@ constexpr size_t kLarge = 1 << 20;  // 4 MiB FP32: above DYNAMIQ_MIN_BYTES
 constexpr double kMaxError = 0.1;
 constexpr size_t kSmall = 1000;  // below it
 
+// Polls `comm` until its state leaves ncclInProgress, as NCCL documents for non-blocking
+// communicators (at most 10 s): the state reached.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
+  for (int poll = 0; r == ncclInProgress && poll < 100000; ++poll) {
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclSystemError;
+    if (r == ncclInProgress) usleep(100);
+  }
+  return r;
+}
+
+// Case 6's communicator: non-blocking, every other field NCCL's default.
+ncclResult_t init_nonblocking(ncclComm_t* comm, int n, const ncclUniqueId& id, int rank) {
+  ncclConfig_t c;
+  std::memset(&c, 0, sizeof c);
+  c.size = sizeof c;
+  c.magic = DQ_NCCL_CONFIG_MAGIC;
+  c.version = DQ_NCCL_VERSION_CODE;
+  for (int* field :
+       {&c.cgaClusterSize, &c.minCTAs, &c.maxCTAs, &c.splitShare, &c.trafficClass, &c.collnetEnable,
+        &c.CTAPolicy, &c.shrinkShare, &c.nvlsCTAs, &c.nChannelsPerNetPeer, &c.nvlinkCentricSched})
+    *field = DQ_NCCL_CONFIG_UNDEF_INT;
+  c.blocking = 0;
+  return settle(*comm, ncclCommInitRankConfig(comm, n, id, rank, &c));
+}
+
 int rank_body(int n, int rank, const ncclUniqueId* ids) {
-  ncclComm_t a = nullptr, b = nullptr, fresh = nullptr;
+  ncclComm_t a = nullptr, b = nullptr, fresh = nullptr, nonblocking = nullptr;
   CHECK_OR(90, ncclCommInitRank(&a, n, ids[0], rank) == ncclSuccess, "init a");
   CHECK_OR(91, ncclCommInitRank(&b, n, ids[1], rank) == ncclSuccess, "init b");
   CHECK_OR(92, ncclCommInitRank(&fresh, n, ids[2], rank) == ncclSuccess, "init fresh");
+  CHECK_OR(93, init_nonblocking(&nonblocking, n, ids[3], rank) == ncclSuccess, "init nonblocking");
   // Outside any group first, so communicator a has its handshake behind it.
   {
     auto in = input(rank, kLarge);
@@ -182,9 +214,37 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
       CHECK_OR(68, simulated[i] == kUntouched, "5: the simulated all-reduce wrote element %zu", i);
     CHECK_OR(69, rerouted(a) == before + 1, "5: the simulated all-reduce ran");
   }
+  // 6. A non-blocking communicator's first group.
+  {
+    std::vector<int32_t> counts(kSmall);
+    for (size_t i = 0; i < kSmall; ++i) counts[i] = static_cast<int32_t>(i) + rank;
+    auto grads = input(rank, kLarge);
+    CHECK_OR(70, ncclGroupStart() == ncclSuccess, "group start");
+    CHECK_OR(71,
+             ncclAllReduce(counts.data(), counts.data(), kSmall, ncclInt32, ncclSum, nonblocking,
+                           nullptr) == ncclSuccess,
+             "member int32");
+    CHECK_OR(72,
+             ncclAllReduce(grads.data(), grads.data(), kLarge, ncclFloat32, ncclSum, nonblocking,
+                           nullptr) == ncclSuccess,
+             "member fp32");
+    const ncclResult_t end = settle(nonblocking, ncclGroupEnd());
+    CHECK_OR(73, end == ncclSuccess, "6: group end settled to %s", ncclGetErrorString(end));
+    for (size_t i = 0; i < kSmall; ++i)
+      CHECK_OR(74, counts[i] == static_cast<int32_t>(n * i + n * (n - 1) / 2),
+               "6: the int32 member's element %zu is %d", i, counts[i]);
+    const double err = rel_error(n, grads, 0);
+    CHECK_OR(75, err > 0 && err < kMaxError,
+             "6: the fp32 member after an in-progress pass-through: relative error %.3e (never "
+             "issued?)",
+             err);
+    CHECK_OR(76, rerouted(nonblocking) == 1, "6: %llu compressed calls, 1 expected",
+             rerouted(nonblocking));
+  }
   ncclCommDestroy(a);
   ncclCommDestroy(b);
   ncclCommDestroy(fresh);
+  ncclCommDestroy(nonblocking);
   return 0;
 }
 
@@ -197,10 +257,12 @@ int main(int argc, char** argv) {
   }
   const int n = argc > 1 ? std::atoi(argv[1]) : 4;
   setenv("DYNAMIQ_ENABLE", "1", 1);
+  // Case 6: the CPU NCCL answers for non-blocking communicators as NVIDIA's may.
+  setenv("DYNAMIQ_CPU_NCCL_IN_PROGRESS_POLLS", "3", 1);
   dq::test::RankOptions opt;
   opt.timeout_s = 240;
   const auto exits = dq::test::run_ranks<ncclUniqueId>(
-      n, 3, ncclGetUniqueId, opt,
+      n, 4, ncclGetUniqueId, opt,
       [n](int r, const ncclUniqueId* ids) { return rank_body(n, r, ids); });
   int failed = 0;
   for (int r = 0; r < n; ++r)
@@ -208,6 +270,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "FAIL: rank %d %s\n", r, exits[r].describe().c_str());
       failed = 1;
     }
-  if (!failed) std::printf("groups %d ranks: all four cases pass\n", n);
+  if (!failed) std::printf("groups %d ranks: all six cases pass\n", n);
   return failed;
 }
