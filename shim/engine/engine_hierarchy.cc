@@ -258,6 +258,8 @@ ncclResult_t Engine::rail_async_error() {
 
 // The shard buffer for `bytes`: grown on every rank at the same call (the call shape is the
 // same everywhere) and agreed, so that a failed allocation passes the call through everywhere.
+// Kept only where every rank has it: the size decides whether the next call grows it again, with
+// an agreement all ranks must join, so every rank's size stays the same.
 ncclResult_t Engine::ensure_shard(size_t bytes, bool* ok) {
   Hierarchy& h = *hierarchy_;
   *ok = true;
@@ -270,9 +272,13 @@ ncclResult_t Engine::ensure_shard(size_t bytes, bool* ok) {
   const uint32_t local = device_->alloc(bytes, &p) == Status::kOk ? 0u : 1u;
   uint32_t any = 0;
   const ncclResult_t r = blocking_max(&local, &any, 1);
-  if (local == 0u) h.shard = p, h.shard_bytes = bytes;
-  if (metrics_ && local == 0u) metrics_->held_bytes.fetch_add(static_cast<int64_t>(bytes));
   *ok = r == ncclSuccess && any == 0u;
+  if (*ok) {
+    h.shard = p, h.shard_bytes = bytes;
+    if (metrics_) metrics_->held_bytes.fetch_add(static_cast<int64_t>(bytes));
+  } else if (p != nullptr) {
+    device_->release(p, comm_stream_);
+  }
   return r;
 }
 

@@ -49,6 +49,8 @@
 //               split communicators before any wait, on the host device's answer only after the
 //               rail engines' waits; with one it revokes them before any wait on either; a
 //               healthy one destroys them
+//   shard_alloc_fail  two-level (2 x 2 fake nodes): rank 1's shard allocation fails at the first
+//               call: every rank passes it through, and every rank compresses the next one
 //   two_level_in_progress  two-level (2 x 2 fake nodes), every communicator non-blocking (each
 //               call and group end answers ncclInProgress; a call before it settles is refused):
 //               all-reduce with a tail, reduce-scatter and reduce compressed and near the sum
@@ -240,7 +242,14 @@ class FailingDevice final : public Device {
   bool abort_ends_queued_nccl_work() const override { return aborts_end_work; }
   // Called with "wait" at each stream destroy and bounded wait, when set.
   std::function<void(const char*)> on_wait;
+  size_t fail_bytes = 0;  // allocations of exactly this size fail while fail_times > 0
+  int fail_times = 0;
   dq::Status alloc(size_t bytes, void** out) override {
+    if (fail_times > 0 && bytes == fail_bytes) {
+      --fail_times;
+      ++failed_allocs;
+      return dq::Status::kOutOfMemory;
+    }
     if (failing || (failing_scratch && scratch_asked != 0 && bytes == scratch_asked)) {
       ++failed_allocs;
       return dq::Status::kOutOfMemory;
@@ -1538,6 +1547,41 @@ int scenario_split_settles(int n) {
   return split_settles_case(n, 1);
 }
 
+// ---- shard_alloc_fail ----------------------------------------------------------------------
+// Two-level (2 x 2 fake nodes): the shard buffer's allocation fails on rank 1 alone at the first
+// call. Every rank passes that call through, and the next call of the same shape grows the shard
+// again on every rank (none kept the buffer the others lack): compressed, near the sum.
+int scenario_shard_alloc_fail(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_HIERARCHY", "node"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_TIMEOUT_MS", "3000"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    join_fake_node("shard-node", rank);
+    constexpr size_t kCount = (1 << 18) + 6;  // FP32: a shard of 2^19 + 12 bytes on 2 local ranks
+    FailingDevice device(dq::engine::host_device());
+    device.fail_bytes = kCount / 2 * 4;
+    device.fail_times = rank == 1 ? 1 : 0;
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    const std::vector<float> in = small_integers(rank, kCount);
+    std::vector<float> out(kCount);
+    for (int call = 0; call < 2; ++call) {
+      PassReason reason;
+      double worst = 0;
+      const ncclResult_t r = all_reduce_small_integers(engine, in, &out, n, &reason, &worst);
+      CHECK_OR(100, r == ncclSuccess, "rank %d call %d: %s", rank, call, ncclGetErrorString(r));
+      const PassReason expect = call == 0 ? PassReason::kFailure : PassReason::kRerouted;
+      CHECK_OR(101, reason == expect, "rank %d call %d: %s, %s expected", rank, call,
+               dq::engine::reason_name(reason), dq::engine::reason_name(expect));
+      if (call == 1) CHECK_OR(102, worst < 3.0, "rank %d: off by %g", rank, worst);
+    }
+    CHECK_OR(103, device.failed_allocs == (rank == 1 ? 1 : 0), "rank %d: %d allocations failed",
+             rank, device.failed_allocs);
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "shard_alloc_fail") ? 0 : 1;
+}
+
 // ---- rail_overlap --------------------------------------------------------------------------
 // The first rail message group of the first rail communicator (piece 0's) holds back until a
 // BF16 all-reduce (a statistics all-reduce) is issued on the second rail communicator (piece
@@ -1892,7 +1936,8 @@ int main(int argc, char** argv) {
                  "usage: engine_multirank "
                  "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|layout_order|collectives|"
                  "setup_fail|stalled_wait|"
-                 "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress "
+                 "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress|"
+                 "shard_alloc_fail "
                  "NRANKS [TOPO]\n");
     return 2;
   }
@@ -1919,6 +1964,7 @@ int main(int argc, char** argv) {
   if (scenario == "teardown_order") return scenario_teardown_order(n);
   if (scenario == "byte_counts") return scenario_byte_counts(n);
   if (scenario == "two_level_in_progress") return scenario_two_level_in_progress(n);
+  if (scenario == "shard_alloc_fail") return scenario_shard_alloc_fail(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
