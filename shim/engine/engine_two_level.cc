@@ -283,6 +283,12 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
     count(*reason);
     return ncclSuccess;
   }
+  // The shard stays the previous all-reduce's until its all-gathers (and the rail calls they
+  // wait for) are done. The comm stream, where this call writes the shard first and where a
+  // grown shard's old buffer is freed, waits for them: one caller stream orders the calls
+  // already, but calls from two streams, or that free, would not be.
+  if (const Status st = device_->wait(comm_stream_, h.gather_done); st != Status::kOk)
+    return engine_failure(st);
   bool ok = false;
   const size_t esize = call.dtype == ncclFloat32 ? 4 : 2;
   if (const ncclResult_t r = ensure_shard(s.shard * esize, &ok); r != ncclSuccess) return r;
