@@ -325,7 +325,18 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
   for (auto it = plans_.begin(); it != plans_.end(); ++it)
     if ((*it)->shape() == shape) {
       plans_.splice(plans_.begin(), plans_, it);  // most recently used first
-      return plans_.front().get();
+      Plan* cached = plans_.front().get();
+      // A bucket let go since its plan was made (evicted from the bucket cache) is set up again
+      // with the cached plan, agreed as with a new one: otherwise nothing would set it up, and
+      // its calls would stay at the default budget without a prediction.
+      if (bucket != nullptr && bucket->job == nullptr && cached->fits) {
+        const uint32_t local = init_bucket(*bucket, *cached) == Status::kOk ? 0u : 1u;
+        uint32_t any = 0;
+        *nccl_failure = blocking_max(&local, &any, 1);
+        if (*nccl_failure != ncclSuccess) return nullptr;
+        if (any != 0) release_bucket(*bucket);  // no prediction this call; the next one retries
+      }
+      return cached;
     }
   note_plan_miss(shape);
   const CanaryResult canary = run_canaries();
@@ -337,7 +348,9 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
   std::unique_ptr<Plan> plan = build_plan(call, dtype, bits, spec, &status);
   // A bucket's first plan also sets the bucket up (its mapped budget block, the prediction's job
   // and result, may fail to allocate on one rank): agreed with the plan, so no rank alone skips
-  // the prediction.
+  // the prediction. A failed plan releases only a bucket it set up: one set up before keeps its
+  // predictions (its plans at other budgets stay cached and would not set it up again).
+  const bool bucket_set_up_before = bucket != nullptr && bucket->job != nullptr;
   if (status == Status::kOk && bucket != nullptr && bucket->job == nullptr && plan->fits)
     status = init_bucket(*bucket, *plan);
   const uint32_t local[2] = {status == Status::kOk ? 0u : 1u, canary.differs ? 1u : 0u};
@@ -352,7 +365,7 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
               comm_.rank, count, local[0] ? "this rank" : "another rank",
               local[0] ? status_name(status) : "ok");
     retire(std::move(plan));
-    if (bucket != nullptr) release_bucket(*bucket);
+    if (bucket != nullptr && !bucket_set_up_before) release_bucket(*bucket);
     return nullptr;
   }
   plans_.push_front(std::move(plan));

@@ -49,6 +49,8 @@
 //               split communicators before any wait, on the host device's answer only after the
 //               rail engines' waits; with one it revokes them before any wait on either; a
 //               healthy one destroys them
+//   auto_plan_fail  DYNAMIQ_BITS=auto: a new rung's plan fails on rank 1; every rank passes the
+//               call through, and the bucket's later calls still follow its predictions
 //   shard_alloc_fail  two-level (2 x 2 fake nodes): rank 1's shard allocation fails at the first
 //               call: every rank passes it through, and every rank compresses the next one
 //   two_level_in_progress  two-level (2 x 2 fake nodes), every communicator non-blocking (each
@@ -1547,6 +1549,50 @@ int scenario_split_settles(int n) {
   return split_settles_case(n, 1);
 }
 
+// ---- auto_plan_fail ------------------------------------------------------------------------
+// DYNAMIQ_BITS=auto with a loose target (3 bits once predicted), a control window of 1: the
+// bucket's first call plans 5 bits and sets the bucket up; at the second, the 3-bit plan's
+// allocation fails on rank 1, and every rank passes that call through. The bucket must stay set
+// up (its 5-bit plan is cached, so nothing would set it up again): a later call takes 3 bits.
+int scenario_auto_plan_fail(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_BITS", "auto"},
+                                      {"DYNAMIQ_TARGET", "vnmse:1"},
+                                      {"DYNAMIQ_TOPO", "ring"},
+                                      {"DYNAMIQ_CONTROL_WINDOW", "1"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    auto metrics = std::make_shared<dq::engine::CommMetrics>();
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, metrics, true);
+    constexpr size_t kCount = size_t{1} << 19;
+    std::string bits;
+    for (int k = 0; k < 5; ++k) {
+      std::vector<float> in(kCount), out(kCount);
+      for (size_t i = 0; i < kCount; ++i) in[i] = noisy_value(rank, i + 31 * 256 * k, false);
+      device.failing = rank == 1 && k == 1;
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      CHECK_OR(110, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, k);
+      const PassReason expect = k == 1 ? PassReason::kFailure : PassReason::kRerouted;
+      CHECK_OR(111, reason == expect, "rank %d call %d: %s, %s expected", rank, k,
+               dq::engine::reason_name(reason), dq::engine::reason_name(expect));
+      if (reason != PassReason::kRerouted) continue;
+      std::lock_guard<std::mutex> lock(metrics->budget_mutex);
+      for (const auto& b : metrics->budget.buckets)
+        if (b.count == kCount) bits += std::to_string(static_cast<int>(b.budget_bits));
+    }
+    // Call 0 at the default 5 bits; after the failed plan, the bucket's predictions again.
+    CHECK_OR(112, bits.size() == 4 && bits[0] == '5' && bits.back() == '3',
+             "rank %d: the compressed calls' bits %s: 5 first, 3 at the end expected", rank,
+             bits.c_str());
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "auto_plan_fail") ? 0 : 1;
+}
+
 // ---- shard_alloc_fail ----------------------------------------------------------------------
 // Two-level (2 x 2 fake nodes): the shard buffer's allocation fails on rank 1 alone at the first
 // call. Every rank passes that call through, and the next call of the same shape grows the shard
@@ -1937,7 +1983,7 @@ int main(int argc, char** argv) {
                  "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|layout_order|collectives|"
                  "setup_fail|stalled_wait|"
                  "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress|"
-                 "shard_alloc_fail "
+                 "shard_alloc_fail|auto_plan_fail "
                  "NRANKS [TOPO]\n");
     return 2;
   }
@@ -1965,6 +2011,7 @@ int main(int argc, char** argv) {
   if (scenario == "byte_counts") return scenario_byte_counts(n);
   if (scenario == "two_level_in_progress") return scenario_two_level_in_progress(n);
   if (scenario == "shard_alloc_fail") return scenario_shard_alloc_fail(n);
+  if (scenario == "auto_plan_fail") return scenario_auto_plan_fail(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
