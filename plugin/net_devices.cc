@@ -36,12 +36,6 @@ std::string read_pci_path(const std::string& ifname) {
   return resolved;
 }
 
-struct Candidate {
-  NetDevice dev;
-  bool loopback = false;
-  bool ipv4 = false;
-};
-
 }  // namespace
 
 std::string read_first_line(const std::string& path) {
@@ -88,6 +82,45 @@ std::string addr_to_string(const sockaddr* addr) {
   return out;
 }
 
+std::vector<NetDevice> select_interfaces(const std::string& ifname_spec,
+                                         const std::vector<InterfaceAddress>& addrs) {
+  std::vector<NetDevice> found;  // one per interface, in first-seen order
+  std::vector<bool> has_ipv4;
+  for (const InterfaceAddress& a : addrs) {
+    const int family = a.addr.ss_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    if (family == AF_INET6) {
+      const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&a.addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) continue;
+    }
+    size_t i = 0;
+    while (i < found.size() && found[i].name != a.name) ++i;
+    if (i < found.size() && (has_ipv4[i] || family == AF_INET6)) continue;  // keep IPv4 first
+    if (i == found.size()) {
+      found.emplace_back();
+      has_ipv4.push_back(false);
+    }
+    found[i].name = a.name;
+    has_ipv4[i] = family == AF_INET;
+    const size_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memset(&found[i].addr, 0, sizeof(found[i].addr));
+    std::memcpy(&found[i].addr, &a.addr, len);
+    found[i].addr_len = static_cast<socklen_t>(len);
+  }
+  // An explicit spec is taken as given; without one, the first of NCCL's choices that has an
+  // interface (its socket transport's order, in its own NCCL_SOCKET_IFNAME syntax).
+  std::vector<std::string> choices = {ifname_spec};
+  if (ifname_spec.empty()) choices = {"ib", "^docker,lo", "docker", "lo"};
+  std::vector<NetDevice> out;
+  for (const std::string& spec : choices) {
+    for (const NetDevice& d : found) {
+      if (ifname_matches(spec, d.name)) out.push_back(d);
+    }
+    if (!out.empty()) break;
+  }
+  return out;
+}
+
 Status discover_devices(const std::string& ifname_spec, std::vector<NetDevice>* out) {
   out->clear();
   ifaddrs* list = nullptr;
@@ -95,46 +128,24 @@ Status discover_devices(const std::string& ifname_spec, std::vector<NetDevice>* 
     DQ_WARN(Subsys::kNet, "getifaddrs failed: %s", std::strerror(errno));
     return Status::kSystemError;
   }
-  std::vector<Candidate> cands;  // one per interface, in first-seen order
+  std::vector<InterfaceAddress> addrs;
   for (ifaddrs* ifa = list; ifa != nullptr; ifa = ifa->ifa_next) {
     if (ifa->ifa_addr == nullptr || (ifa->ifa_flags & IFF_UP) == 0) continue;
-    int family = ifa->ifa_addr->sa_family;
+    const int family = ifa->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
-    if (family == AF_INET6) {
-      const auto* a6 = reinterpret_cast<const sockaddr_in6*>(ifa->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) continue;
-    }
-    std::string name = ifa->ifa_name;
-    if (!ifname_matches(ifname_spec, name)) continue;
-    Candidate* slot = nullptr;
-    for (auto& c : cands) {
-      if (c.dev.name == name) slot = &c;
-    }
-    if (slot != nullptr && (slot->ipv4 || family == AF_INET6)) continue;  // keep IPv4 first
-    if (slot == nullptr) {
-      cands.emplace_back();
-      slot = &cands.back();
-    }
-    slot->dev.name = name;
-    slot->loopback = (ifa->ifa_flags & IFF_LOOPBACK) != 0;
-    slot->ipv4 = family == AF_INET;
-    size_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    std::memset(&slot->dev.addr, 0, sizeof(slot->dev.addr));
-    std::memcpy(&slot->dev.addr, ifa->ifa_addr, len);
-    slot->dev.addr_len = static_cast<socklen_t>(len);
+    InterfaceAddress a;
+    a.name = ifa->ifa_name;
+    std::memcpy(&a.addr, ifa->ifa_addr,
+                family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+    addrs.push_back(std::move(a));
   }
   freeifaddrs(list);
 
-  bool spec_given = !ifname_spec.empty();
-  bool have_non_loopback = false;
-  for (const auto& c : cands) have_non_loopback |= !c.loopback;
-  for (auto& c : cands) {
-    // Loopback only when asked for by name or when it is all there is.
-    if (c.loopback && !spec_given && have_non_loopback) continue;
-    c.dev.speed_mbps = read_speed_mbps(c.dev.name);
-    c.dev.pci_path = read_pci_path(c.dev.name);
-    c.dev.guid = std::hash<std::string>{}(c.dev.name);
-    out->push_back(c.dev);
+  *out = select_interfaces(ifname_spec, addrs);
+  for (NetDevice& d : *out) {
+    d.speed_mbps = read_speed_mbps(d.name);
+    d.pci_path = read_pci_path(d.name);
+    d.guid = std::hash<std::string>{}(d.name);
   }
   if (out->empty()) {
     DQ_WARN(Subsys::kNet, "no usable network interface (DYNAMIQ_NET_IFNAME=\"%s\")",

@@ -20,9 +20,21 @@ struct NetDevice {
   uint64_t guid = 0;       // stable per interface name
 };
 
-// Enumerates up interfaces matching `ifname_spec` (NCCL_SOCKET_IFNAME syntax). Loopback is
-// used only when the spec selects it or when no other interface exists. IPv4 is preferred
-// per interface; IPv6 link-local addresses are skipped.
+// One address of an up interface, as getifaddrs lists it (IPv4 or IPv6 in ss_family).
+struct InterfaceAddress {
+  std::string name;
+  sockaddr_storage addr{};
+};
+
+// The interfaces to use among `addrs`, in first-seen order, each with one address: IPv4 where
+// it has one; IPv6 link-local addresses are skipped. With `ifname_spec` (NCCL_SOCKET_IFNAME
+// syntax) every interface it matches. Without, NCCL's own default: the interfaces named ib*;
+// where there is none, all but docker* and lo*; else docker*; else lo*. A Docker bridge has the
+// same address on every host, so a peer given it connects to its own bridge.
+std::vector<NetDevice> select_interfaces(const std::string& ifname_spec,
+                                         const std::vector<InterfaceAddress>& addrs);
+
+// The up interfaces select_interfaces() picks, with their speed, PCI path and GUID.
 Status discover_devices(const std::string& ifname_spec, std::vector<NetDevice>* out);
 
 // "a.b.c.d<port>" / "[v6]<port>" for logs.

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "plugin/net_devices.h"
 #include "plugin/net_env.h"
 #include "plugin/socket/socket_wire.h"
 #include "tests/plugin/plugin_harness.h"
@@ -108,6 +109,69 @@ TEST(NetPluginEnv, IfnamePrefixMatching) {
   EXPECT_FALSE(ifname_matches("=eth", "eth0"));
   EXPECT_TRUE(ifname_matches("=eth0", "eth0"));
   EXPECT_FALSE(ifname_matches("^=eth0", "eth0"));
+}
+
+// An interface list as getifaddrs could give it: each entry "name a.b.c.d" (IPv4) or
+// "name v6-address".
+std::vector<InterfaceAddress> interfaces(const std::vector<std::string>& entries) {
+  std::vector<InterfaceAddress> out;
+  for (const std::string& e : entries) {
+    InterfaceAddress a;
+    a.name = e.substr(0, e.find(' '));
+    const std::string addr = e.substr(e.find(' ') + 1);
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&a.addr);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.addr);
+    if (inet_pton(AF_INET, addr.c_str(), &v4->sin_addr) == 1) {
+      v4->sin_family = AF_INET;
+    } else {
+      EXPECT_EQ(inet_pton(AF_INET6, addr.c_str(), &v6->sin6_addr), 1) << addr;
+      v6->sin6_family = AF_INET6;
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
+// The names select_interfaces() picks, with each one's address, space-separated.
+std::string selected(const std::string& spec, const std::vector<std::string>& entries) {
+  std::string out;
+  for (const NetDevice& d : select_interfaces(spec, interfaces(entries))) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (d.addr.ss_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&d.addr)->sin_addr, host,
+                sizeof(host));
+    } else {
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&d.addr)->sin6_addr, host,
+                sizeof(host));
+    }
+    out += (out.empty() ? "" : " ") + d.name + "=" + host;
+  }
+  return out;
+}
+
+TEST(NetPluginEnv, DefaultInterfacesFollowNcclOrder) {
+  // Unset: a Docker bridge (the same address on every host) and loopback are left out while
+  // there is another interface; ib* first, as NCCL's socket transport chooses.
+  EXPECT_EQ(selected("", {"lo 127.0.0.1", "docker0 172.17.0.1", "eth0 10.0.0.5"}), "eth0=10.0.0.5");
+  EXPECT_EQ(selected("", {"lo 127.0.0.1", "docker0 172.17.0.1"}), "docker0=172.17.0.1");
+  EXPECT_EQ(selected("", {"ib0 192.168.1.5", "eth0 10.0.0.5", "docker0 172.17.0.1"}),
+            "ib0=192.168.1.5");
+  EXPECT_EQ(selected("", {"lo 127.0.0.1"}), "lo=127.0.0.1");
+  EXPECT_EQ(selected("", {"docker0 172.17.0.1", "eth0 10.0.0.5", "eth1 10.1.0.5", "lo ::1"}),
+            "eth0=10.0.0.5 eth1=10.1.0.5");
+  EXPECT_EQ(selected("", {}), "");
+  // One device per interface: IPv4 preferred, IPv6 link-local never.
+  EXPECT_EQ(selected("", {"eth0 fe80::1", "eth0 2001:db8::5", "eth0 10.0.0.5", "eth1 fe80::2"}),
+            "eth0=10.0.0.5");
+  EXPECT_EQ(selected("", {"eth0 2001:db8::5"}), "eth0=2001:db8::5");
+  // Given explicitly (DYNAMIQ_NET_IFNAME or NCCL_SOCKET_IFNAME), the spec alone decides.
+  const std::vector<std::string> docker_host = {"lo 127.0.0.1", "docker0 172.17.0.1",
+                                                "eth0 10.0.0.5"};
+  EXPECT_EQ(selected("lo", docker_host), "lo=127.0.0.1");
+  EXPECT_EQ(selected("docker", docker_host), "docker0=172.17.0.1");
+  EXPECT_EQ(selected("^eth", docker_host), "lo=127.0.0.1 docker0=172.17.0.1");
+  EXPECT_EQ(selected("=eth0,lo", docker_host), "lo=127.0.0.1 eth0=10.0.0.5");
+  EXPECT_EQ(selected("ib", docker_host), "");
 }
 
 TEST(NetPluginEnv, SplitCoversTheMessageExactly) {
