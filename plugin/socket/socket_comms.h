@@ -228,6 +228,11 @@ struct PendingConnect {
   }
 };
 
+// For tests: after `starts_before_failure` more I/O thread starts, the next one fails as
+// std::thread fails at the process's thread or pids limit (std::system_error, EAGAIN), once;
+// -1: none fails (the default).
+void fail_thread_start_for_testing(int starts_before_failure);
+
 // ---------------------------------------------------------------- the backend
 
 class SocketNet final : public NetBackend {

@@ -9,8 +9,10 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <system_error>
 
 #include "plugin/net_env.h"
 #include "plugin/socket/socket_comms.h"
@@ -24,7 +26,38 @@ PendingConnects& pending_connects() {
   return *registry;
 }
 
+// Thread starts left before one fails (fail_thread_start_for_testing); -1: none fails.
+std::atomic<int> g_thread_starts_before_failure{-1};
+
+// Starts one I/O thread per socket of comm `c`, body(c, k) for socket k. False, logged with the
+// peer and the errno, where one cannot start: std::thread throws std::system_error (EAGAIN at
+// the process's thread or pids limit). The threads that did start are in c->threads then, for
+// the caller to stop and join with the close of the comm, which also closes its sockets.
+template <class Comm, class Body>
+bool start_io_threads(Comm* c, Body body) {
+  for (size_t k = 0; k < c->fds.size(); ++k) {
+    try {
+      int left = g_thread_starts_before_failure.load();
+      while (left >= 0 && !g_thread_starts_before_failure.compare_exchange_weak(left, left - 1)) {
+      }
+      if (left == 0) throw std::system_error(EAGAIN, std::generic_category(), "injected by a test");
+      c->threads.emplace_back([c, k, body] { body(c, static_cast<int>(k)); });
+    } catch (const std::system_error& e) {
+      NET_WARN(
+          "connection with %s: its I/O thread %zu of %zu could not start: %s (errno %d; the "
+          "process's thread or pids limit?); closed",
+          c->peer.c_str(), k + 1, c->fds.size(), e.what(), e.code().value());
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+void fail_thread_start_for_testing(int starts_before_failure) {
+  g_thread_starts_before_failure.store(starts_before_failure);
+}
 
 Status SocketNet::listen(const CommContext& ctx, int dev, void* handle, void** listen_comm) {
   *listen_comm = nullptr;
@@ -238,8 +271,9 @@ Status SocketNet::progress_connect(PendingConnect* pc, void** send_comm) {
   sc->fds = pc->fds;
   pc->fds.clear();  // now owned by the send comm
   sc->queues.resize(sc->fds.size());
-  for (size_t k = 0; k < sc->fds.size(); ++k) {
-    sc->threads.emplace_back([c = sc.get(), k] { c->run(static_cast<int>(k)); });
+  if (!start_io_threads(sc.get(), [](SendComm* c, int k) { c->run(k); })) {
+    close_send(sc.release());  // stops and joins the threads started, closes the sockets
+    return Status::kSystemError;
   }
   NET_INFO("connected to %s with %zu sockets", sc->peer.c_str(), sc->fds.size());
   *send_comm = sc.release();
@@ -318,9 +352,17 @@ Status SocketNet::make_recv_comm(std::vector<int> fds, const std::string& peer, 
   rc->peer = peer;
   rc->timeout_ms = timeout_ms;
   rc->fds = std::move(fds);
-  rc->threads.emplace_back([c = rc.get()] { c->run_headers(); });
-  for (size_t k = 1; k < rc->fds.size(); ++k) {
-    rc->threads.emplace_back([c = rc.get(), k] { c->run_parts(static_cast<int>(k)); });
+  auto body = [](RecvComm* c, int k) {
+    if (k == 0) {
+      c->run_headers();
+    } else {
+      c->run_parts(k);
+    }
+  };
+  if (!start_io_threads(rc.get(), body)) {
+    // Stops and joins the threads started, closes the sockets.
+    socket_backend().close_recv(rc.release());
+    return Status::kSystemError;
   }
   NET_INFO("accepted connection from %s with %zu sockets", peer.c_str(), rc->fds.size());
   *recv_comm = rc.release();
