@@ -297,11 +297,15 @@ struct RecvReq {
 // An iflush: RDMA READs of one byte from each received buffer into a scratch word, on a QP
 // connected to itself. A READ completes only after the HCA's earlier writes to that memory are
 // visible to the reader, so for GPU memory it orders the received bytes before the GPU's use.
+// Its READs wait for room in the flush QP's send queue where it is full: the request exists
+// either way, since NCCL takes a NULL one as already flushed.
 struct FlushReq {
   uint32_t magic = kFlushReqMagic;
   RecvComm* comm = nullptr;
   bool done = false;
   int wrs = 0;  // send queue entries its READs hold until the signalled last one completes
+  uint64_t addr[kMaxGroupedRecvs] = {};  // the one-byte READs: source address and key each
+  uint32_t rkey[kMaxGroupedRecvs] = {};
   Clock::time_point start = Clock::now();
 };
 
@@ -312,6 +316,7 @@ struct RecvComm : Conn {
   uint32_t* flush_scratch = nullptr;
   uint32_t flush_lkey = 0;
   std::unordered_set<FlushReq*> flushes;
+  std::deque<FlushReq*> unposted_flushes;  // in iflush order, waiting for send queue room
 
   FifoSlot* fifo_src = nullptr;  // local copy of each slot, source of the FIFO writes
   uint32_t fifo_src_lkey = 0;
@@ -326,7 +331,8 @@ struct RecvComm : Conn {
 
   // The flush QP and its registered scratch word (ib_registration.cc). mu held.
   Status make_flush_qp();
-  // Polls the flush QP's completions into their requests. mu held.
+  // Polls the flush QP's completions into their requests, then posts the READs of the
+  // unposted flushes, in order, while the send queue has room for them. mu held.
   Status poll_flushes();
 
   // Posts n zero-length receives on QP q: each takes one WRITE WITH IMM. Every QP keeps

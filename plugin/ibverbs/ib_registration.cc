@@ -111,6 +111,35 @@ Status RecvComm::poll_flushes() {  // mu held
     fail("flush: ibv_poll_cq failed");
     return Status::kSystemError;
   }
+  // Bounded by the flushes waiting; each posts its READs whole or stops the loop.
+  while (!failed && !unposted_flushes.empty() &&
+         flush->sq_used + unposted_flushes.front()->wrs <= kSqDepth) {
+    FlushReq* r = unposted_flushes.front();
+    ibv_sge sge[kMaxGroupedRecvs];
+    ibv_send_wr wr[kMaxGroupedRecvs];
+    for (int j = 0; j < r->wrs; ++j) {
+      sge[j] = ibv_sge{reinterpret_cast<uint64_t>(flush_scratch), 1, flush_lkey};
+      wr[j] = ibv_send_wr{};
+      wr[j].opcode = IBV_WR_RDMA_READ;
+      wr[j].wr.rdma.remote_addr = r->addr[j];
+      wr[j].wr.rdma.rkey = r->rkey[j];
+      wr[j].sg_list = &sge[j];
+      wr[j].num_sge = 1;
+      wr[j].next = j + 1 < r->wrs ? &wr[j + 1] : nullptr;
+      // Only the last is signalled: READs on one QP complete in order.
+      wr[j].send_flags = j + 1 == r->wrs ? IBV_SEND_SIGNALED : 0;
+      wr[j].wr_id = j + 1 == r->wrs ? reinterpret_cast<uint64_t>(r) : 0;
+    }
+    ibv_send_wr* bad = nullptr;
+    const int e = ibv_post_send(flush->qp, wr, &bad);
+    if (e != 0) {
+      fail(std::string("flush: ibv_post_send failed: ") + std::strerror(e));
+      return Status::kSystemError;
+    }
+    // Unsignalled READs still take send queue entries until the signalled one completes.
+    flush->sq_used += r->wrs;
+    unposted_flushes.pop_front();
+  }
   return Status::kOk;
 }
 
@@ -178,8 +207,8 @@ Status IbNet::iflush(void* recv_comm, int n, void** data, const int* sizes, void
   RecvComm* rc = nullptr;
   if (Status st = grouped_call("iflush", recv_comm, n, 0, &rc); st != Status::kOk) return st;
   // The buffers that need one: received bytes in GPU memory (or any, with flush-all).
-  ibv_sge sge[kMaxGroupedRecvs];
-  ibv_send_wr wr[kMaxGroupedRecvs];
+  auto r = std::make_unique<FlushReq>();
+  r->comm = rc;
   int k = 0;
   for (int i = 0; i < n; ++i) {
     auto* m = mhandles != nullptr ? static_cast<IbMr*>(mhandles[i]) : nullptr;
@@ -191,42 +220,21 @@ Status IbNet::iflush(void* recv_comm, int n, void** data, const int* sizes, void
     }
     if (m->type == NCCL_PTR_HOST && !rc->dev->flush_all) continue;
     DQ_CHECK(check_region(m, kMrMagic, data[i], 1));
-    sge[k] = ibv_sge{0, 1, 0};  // address and key below, when the scratch exists
-    wr[k] = ibv_send_wr{};
-    wr[k].opcode = IBV_WR_RDMA_READ;
-    wr[k].wr.rdma.remote_addr = reinterpret_cast<uint64_t>(data[i]);
-    wr[k].wr.rdma.rkey = m->mr->rkey;
+    r->addr[k] = reinterpret_cast<uint64_t>(data[i]);
+    r->rkey[k] = m->mr->rkey;
     ++k;
   }
   if (k == 0) return Status::kOk;  // nothing to wait for
+  r->wrs = k;
   std::lock_guard<std::mutex> lock(rc->mu);
   if (rc->failed) return rc->fail_status;
   if (!rc->flush) DQ_CHECK(rc->make_flush_qp());
-  DQ_CHECK(rc->poll_flushes());
-  if (rc->flush->sq_used + k > kSqDepth) return Status::kOk;  // NULL: retry later
-  auto r = std::make_unique<FlushReq>();
-  r->comm = rc;
-  for (int j = 0; j < k; ++j) {
-    sge[j].addr = reinterpret_cast<uint64_t>(rc->flush_scratch);
-    sge[j].lkey = rc->flush_lkey;
-    wr[j].sg_list = &sge[j];
-    wr[j].num_sge = 1;
-    wr[j].next = j + 1 < k ? &wr[j + 1] : nullptr;
-    // Only the last is signalled: READs on one QP complete in order.
-    wr[j].send_flags = j + 1 == k ? IBV_SEND_SIGNALED : 0;
-    wr[j].wr_id = j + 1 == k ? reinterpret_cast<uint64_t>(r.get()) : 0;
-  }
-  ibv_send_wr* bad = nullptr;
-  const int e = ibv_post_send(rc->flush->qp, wr, &bad);
-  if (e != 0) {
-    NET_WARN("iflush: ibv_post_send failed: %s", std::strerror(e));
-    return Status::kSystemError;
-  }
-  // Unsignalled READs still take send queue entries until the signalled one completes.
-  r->wrs = k;
-  rc->flush->sq_used += k;
+  // Never NULL from here on: with the send queue full the READs are posted by a later
+  // poll_flushes (iflush or test), once earlier flushes have completed.
   FlushReq* raw = r.release();
   rc->flushes.insert(raw);
+  rc->unposted_flushes.push_back(raw);
+  DQ_CHECK(rc->poll_flushes());
   *request = raw;
   return Status::kOk;
 }

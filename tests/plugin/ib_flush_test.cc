@@ -1,0 +1,213 @@
+// The verbs backend's iflush when the flush queue pair's send queue is full, over fake verbs in
+// this process: a device context whose post_send and poll_cq (inline in <infiniband/verbs.h>,
+// called through the context) hold the READs until the test lets them complete, and a verbs
+// table (ib_loader.h) whose queue pairs, completion queues and registrations are plain objects.
+// NCCL takes a NULL flush request as already flushed and lets the GPU read the received bytes,
+// so every flush that is needed must return a request, and each must complete.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <deque>
+#include <set>
+#include <vector>
+
+#include "plugin/ibverbs/ib_internal.h"
+
+namespace dq::net::ib {
+namespace {
+
+// What the fake device does with the flush READs: a send queue of kSqDepth entries that holds
+// posted work requests until executed, then retires them as its completions are polled.
+struct FakeDevice {
+  struct Posted {
+    uint64_t wr_id = 0;
+    bool signalled = false;
+  };
+  ibv_context ctx{};
+  ibv_pd pd{};
+  std::deque<Posted> queue;           // posted, not yet retired (oldest first)
+  size_t executed = 0;                // of them, the first `executed` are done on the "wire"
+  int reads_posted = 0;               // READs accepted, all time
+  int refused_posts = 0;              // posts beyond the send queue's depth (the plugin must never)
+  int bad_reads = 0;                  // work requests that are not 1-byte RDMA READs
+  std::set<uint64_t> signalled_done;  // wr_ids whose completion was polled
+  std::set<uint64_t> read_addrs;
+};
+FakeDevice* g_fake = nullptr;
+
+int fake_post_send(ibv_qp*, ibv_send_wr* wr, ibv_send_wr** bad) {
+  int n = 0;
+  for (const ibv_send_wr* w = wr; w != nullptr; w = w->next) ++n;
+  if (g_fake->queue.size() + static_cast<size_t>(n) > static_cast<size_t>(kSqDepth)) {
+    ++g_fake->refused_posts;
+    *bad = wr;
+    return ENOMEM;
+  }
+  for (const ibv_send_wr* w = wr; w != nullptr; w = w->next) {
+    if (w->opcode != IBV_WR_RDMA_READ || w->num_sge != 1 || w->sg_list[0].length != 1)
+      ++g_fake->bad_reads;
+    g_fake->read_addrs.insert(w->wr.rdma.remote_addr);
+    g_fake->queue.push_back({w->wr_id, (w->send_flags & IBV_SEND_SIGNALED) != 0});
+    ++g_fake->reads_posted;
+  }
+  return 0;
+}
+
+int fake_poll_cq(ibv_cq*, int num, ibv_wc* wc) {
+  int n = 0;
+  // Bounded by the executed work requests.
+  while (n < num && g_fake->executed > 0) {
+    const FakeDevice::Posted p = g_fake->queue.front();
+    g_fake->queue.pop_front();
+    --g_fake->executed;
+    if (!p.signalled) continue;  // retired with the signalled one after it
+    wc[n] = ibv_wc{};
+    wc[n].wr_id = p.wr_id;
+    wc[n].status = IBV_WC_SUCCESS;
+    wc[n].opcode = IBV_WC_RDMA_READ;
+    g_fake->signalled_done.insert(p.wr_id);
+    ++n;
+  }
+  return n;
+}
+
+uint32_t g_next_num = 1;
+ibv_cq* fake_create_cq(ibv_context* ctx, int, void*, ibv_comp_channel*, int) {
+  auto* cq = new ibv_cq{};
+  cq->context = ctx;
+  return cq;
+}
+int fake_destroy_cq(ibv_cq* cq) {
+  delete cq;
+  return 0;
+}
+ibv_qp* fake_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  auto* qp = new ibv_qp{};
+  qp->context = pd->context;
+  qp->pd = pd;
+  qp->send_cq = attr->send_cq;
+  qp->qp_num = g_next_num++;
+  return qp;
+}
+int fake_destroy_qp(ibv_qp* qp) {
+  delete qp;
+  return 0;
+}
+int fake_modify_qp(ibv_qp*, ibv_qp_attr*, int) {
+  return 0;
+}
+ibv_mr* fake_reg_mr(ibv_pd* pd, void* addr, size_t length, int) {
+  auto* mr = new ibv_mr{};
+  mr->pd = pd;
+  mr->addr = addr;
+  mr->length = length;
+  mr->lkey = mr->rkey = g_next_num++;
+  return mr;
+}
+int fake_dereg_mr(ibv_mr* mr) {
+  delete mr;
+  return 0;
+}
+const char* fake_wc_status_str(ibv_wc_status) {
+  return "fake status";
+}
+
+class IbFlushTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    g_fake = &fake_;
+    fake_.ctx.ops.post_send = fake_post_send;
+    fake_.ctx.ops.poll_cq = fake_poll_cq;
+    fake_.pd.context = &fake_.ctx;
+    Verbs& v = verbs();
+    v.create_cq = fake_create_cq;
+    v.destroy_cq = fake_destroy_cq;
+    v.create_qp = fake_create_qp;
+    v.destroy_qp = fake_destroy_qp;
+    v.modify_qp = fake_modify_qp;
+    v.reg_mr = fake_reg_mr;
+    v.dereg_mr = fake_dereg_mr;
+    v.wc_status_str = fake_wc_status_str;
+    dev_.name = "fake0";
+    dev_.link_layer = IBV_LINK_LAYER_ETHERNET;
+    dev_.ctx = &fake_.ctx;
+    dev_.pd = &fake_.pd;
+    dev_.flush_all = true;  // host buffers are flushed too: no GPU needed
+    rc_ = new RecvComm;
+    rc_->dev = &dev_;
+    rc_->peer = "fake peer";
+    rc_->timeout_ms = 60000;
+    for (int i = 0; i < kMaxGroupedRecvs; ++i) {
+      data_[i] = buffers_[i];
+      sizes_[i] = sizeof(buffers_[i]);
+      ASSERT_EQ(net_.reg_mr(rc_, buffers_[i], sizeof(buffers_[i]), NCCL_PTR_HOST, &mhandles_[i]),
+                Status::kOk);
+    }
+  }
+  void TearDown() override {
+    for (void* m : mhandles_) EXPECT_EQ(net_.dereg_mr(rc_, m), Status::kOk);
+    EXPECT_EQ(net_.close_recv(rc_), Status::kOk);
+    g_fake = nullptr;
+  }
+
+  FakeDevice fake_;
+  IbDevice dev_;
+  IbNet net_;
+  RecvComm* rc_ = nullptr;
+  char buffers_[kMaxGroupedRecvs][64] = {};
+  void* data_[kMaxGroupedRecvs] = {};
+  int sizes_[kMaxGroupedRecvs] = {};
+  void* mhandles_[kMaxGroupedRecvs] = {};
+};
+
+TEST_F(IbFlushTest, FullSendQueueStillGivesARequestThatCompletes) {
+  // Grouped flushes of kMaxGroupedRecvs READs each, none completing: the send queue holds
+  // kSqDepth / kMaxGroupedRecvs of them; the rest must wait inside their requests.
+  constexpr int kFlushes = kSqDepth / kMaxGroupedRecvs + 8;
+  std::vector<void*> pending;
+  for (int i = 0; i < kFlushes; ++i) {
+    void* req = nullptr;
+    ASSERT_EQ(net_.iflush(rc_, kMaxGroupedRecvs, data_, sizes_, mhandles_, &req), Status::kOk);
+    ASSERT_NE(req, nullptr) << "flush " << i << " of " << kFlushes
+                            << " returned NULL (taken as flushed) with " << fake_.reads_posted
+                            << " READs posted";
+    pending.push_back(req);
+  }
+  EXPECT_EQ(fake_.reads_posted, kSqDepth);  // the queue is full, and no more was posted
+  int done = 0;
+  ASSERT_EQ(net_.test(pending.back(), &done, nullptr), Status::kOk);
+  EXPECT_EQ(done, 0);  // its READs are not even posted: it cannot be done
+
+  // The device executes what was posted; test() retires it and posts the waiting READs.
+  for (int round = 0; round < 100 && !pending.empty(); ++round) {
+    fake_.executed = fake_.queue.size();
+    for (size_t i = 0; i < pending.size(); ++i) {
+      void* req = pending[i];
+      done = 0;
+      ASSERT_EQ(net_.test(req, &done, nullptr), Status::kOk);
+      if (!done) continue;
+      // Done only once its own signalled READ (the last of its READs) has completed.
+      EXPECT_EQ(fake_.signalled_done.count(reinterpret_cast<uint64_t>(req)), 1u);
+      pending.erase(pending.begin() + static_cast<long>(i));
+      --i;
+    }
+  }
+  EXPECT_TRUE(pending.empty()) << pending.size() << " flushes never completed";
+  EXPECT_EQ(fake_.reads_posted, kFlushes * kMaxGroupedRecvs);
+  EXPECT_EQ(fake_.refused_posts, 0);
+  EXPECT_EQ(fake_.bad_reads, 0);
+  EXPECT_EQ(fake_.read_addrs.size(), static_cast<size_t>(kMaxGroupedRecvs));
+}
+
+TEST_F(IbFlushTest, NothingToFlushGivesNull) {
+  // Empty receives need no flush: NULL is right there.
+  int zero[kMaxGroupedRecvs] = {};
+  void* req = this;
+  ASSERT_EQ(net_.iflush(rc_, kMaxGroupedRecvs, data_, zero, mhandles_, &req), Status::kOk);
+  EXPECT_EQ(req, nullptr);
+  EXPECT_EQ(fake_.reads_posted, 0);
+}
+
+}  // namespace
+}  // namespace dq::net::ib
