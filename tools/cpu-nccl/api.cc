@@ -13,6 +13,7 @@
 #include "common/nccl_api.h"
 #include "common/nccl_result.h"
 #include "config/cuda_staging.h"
+#include "config/settings.h"
 #include "tools/cpu-nccl/comm.h"
 
 using dq::Status;
@@ -127,13 +128,9 @@ ncclResult_t revoked_result() {
 // may: each ungrouped call and each group end that ran operations on it returns ncclInProgress,
 // ncclCommGetAsyncError then answers ncclInProgress K times, and a call on it before that is
 // refused (ncclInvalidUsage), as NCCL refuses a call while the previous one is being issued.
-// Unset (or invalid): non-blocking communicators answer as blocking ones.
+// 0: non-blocking communicators answer as blocking ones. Read once: it is asked at every group.
 int in_progress_polls() {
-  static const int polls = [] {
-    const char* v = std::getenv("DYNAMIQ_CPU_NCCL_IN_PROGRESS_POLLS");
-    const int k = v != nullptr ? std::atoi(v) : 0;
-    return k >= 1 && k <= 1000 ? k : 0;
-  }();
+  static const int polls = static_cast<int>(dq::config::current().cpu_nccl_in_progress_polls);
   return polls;
 }
 
