@@ -239,7 +239,7 @@ ncclResult_t Engine::pass_switched_off(const CallArgs& call, PassReason* reason)
   if (s == Status::kOk) s = enqueue_call_control(nullptr, nullptr, {}, nullptr, &wire);
   if (s == Status::kOk) s = device_->record(ev_comm_done_, comm_stream_);
   if (s == Status::kOk) s = device_->wait(call.stream, ev_comm_done_);
-  if (s != Status::kOk) return engine_failure(s);
+  if (s != Status::kOk) return fail_call(s);
   *reason = PassReason::kSwitchOff;
   count(*reason);
   return async_error();
@@ -385,7 +385,7 @@ ncclResult_t Engine::run(const CallArgs& call, const Screening& screening, PassR
     if (aborting()) return stop_for_abort("while enqueueing");
     DQ_WARN(Subsys::kEngine, "dynamiq: rank %d: enqueueing call %llu failed: %s", comm_.rank,
             static_cast<unsigned long long>(call_index), status_name(s));
-    return engine_failure(s);
+    return fail_call(s);
   }
   // A lazy read after the last enqueue: on the host device the call is complete, so a failure in
   // it is reported now; on a GPU it shows here or on a later call.

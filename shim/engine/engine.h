@@ -279,6 +279,10 @@ class Engine {
   Status enqueue_comm(Plan& plan, int block, int stage, uint64_t* wire_bytes);
   Status ensure_events(size_t n);
   ncclResult_t fail_async(uint32_t word);
+  // A call that failed on this rank after it began: its peers go on with theirs, so this
+  // communicator's NCCL calls no longer pair up across the ranks. The failure is the
+  // communicator's from now on (every later call and its asynchronous error), as NCCL's own are.
+  ncclResult_t fail_call(Status s);
   void warn_differs(const std::string& what);
   // The A/B switch as rank 0 reads it (control file); always on for other ranks.
   bool read_switch();

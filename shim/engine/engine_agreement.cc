@@ -25,6 +25,16 @@ ncclResult_t Engine::fail_async(uint32_t word) {
   return broken_;
 }
 
+ncclResult_t Engine::fail_call(Status s) {
+  if (broken_ != ncclSuccess) return broken_;
+  broken_ = engine_failure(s);
+  DQ_WARN(Subsys::kEngine,
+          "dynamiq: rank %d: a call failed part-way on this rank (%s); the communicator reports "
+          "NCCL error %d (%s) from now on",
+          comm_.rank, status_name(s), static_cast<int>(broken_), ops_.error_string(broken_));
+  return broken_;
+}
+
 ncclResult_t Engine::async_error() {
   if (broken_ != ncclSuccess || control_ == nullptr) return broken_;
   if (const ncclResult_t r = rail_async_error(); r != ncclSuccess) return broken_ = r;

@@ -272,7 +272,7 @@ ncclResult_t Engine::run_two_level_all_reduce(const CallArgs& call, PassReason* 
   if (st == Status::kOk) st = device_->record(h.gather_done, h.gather_stream);
   if (st == Status::kOk) st = device_->wait(call.stream, ev_comm_done_);
   if (st == Status::kOk) st = device_->wait(call.stream, h.gather_done);
-  return st == Status::kOk ? ncclSuccess : engine_failure(st);
+  return st == Status::kOk ? ncclSuccess : fail_call(st);
 }
 
 ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
@@ -288,7 +288,7 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
   // grown shard's old buffer is freed, waits for them: one caller stream orders the calls
   // already, but calls from two streams, or that free, would not be.
   if (const Status st = device_->wait(comm_stream_, h.gather_done); st != Status::kOk)
-    return engine_failure(st);
+    return fail_call(st);
   bool ok = false;
   const size_t esize = call.dtype == ncclFloat32 ? 4 : 2;
   if (const ncclResult_t r = ensure_shard(s.shard * esize, &ok); r != ncclSuccess) return r;
@@ -311,7 +311,7 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
   Status st = device_->record(ev_start_, call.stream);
   if (st == Status::kOk) st = device_->wait(comm_stream_, ev_start_);
   if (st == Status::kOk) st = enqueue_node_reduce(call, lane);
-  if (st != Status::kOk) return engine_failure(st);
+  if (st != Status::kOk) return fail_call(st);
   const CallArgs rc = rail_call(call);
   const int e = 0;  // one rail call: rail engine 0
   if (const ncclResult_t r = h.rail[e]->run(rc, &rail_reason); r != ncclSuccess) {
@@ -322,7 +322,7 @@ ncclResult_t Engine::run_two_level(const CallArgs& call, PassReason* reason) {
   if (st == Status::kOk) st = enqueue_node_gather(call, lane);
   if (st == Status::kOk) st = device_->record(ev_comm_done_, comm_stream_);
   if (st == Status::kOk) st = device_->wait(call.stream, ev_comm_done_);
-  if (st != Status::kOk) return engine_failure(st);
+  if (st != Status::kOk) return fail_call(st);
   count(rail_reason);
   *reason = PassReason::kRerouted;
   return async_error();

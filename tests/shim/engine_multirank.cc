@@ -49,6 +49,8 @@
 //               split communicators before any wait, on the host device's answer only after the
 //               rail engines' waits; with one it revokes them before any wait on either; a
 //               healthy one destroys them
+//   enqueue_fail  rank 1's device fails part-way through a compressed call: that call fails, and
+//               every later one on rank 1 fails at once with the same error, issuing nothing
 //   auto_plan_fail  DYNAMIQ_BITS=auto: a new rung's plan fails on rank 1; every rank passes the
 //               call through, and the bucket's later calls still follow its predictions
 //   shard_alloc_fail  two-level (2 x 2 fake nodes): rank 1's shard allocation fails at the first
@@ -278,7 +280,9 @@ class FailingDevice final : public Device {
   }
   dq::Status create_event(dq::engine::EventHandle* e) override { return inner_->create_event(e); }
   void destroy_event(dq::engine::EventHandle e) override { inner_->destroy_event(e); }
+  bool failing_records = false;  // record() fails (as a CUDA event record may)
   dq::Status record(dq::engine::EventHandle e, dq::engine::StreamHandle s) override {
+    if (failing_records) return dq::Status::kSystemError;
     return inner_->record(e, s);
   }
   dq::Status wait(dq::engine::StreamHandle s, dq::engine::EventHandle e) override {
@@ -1549,6 +1553,48 @@ int scenario_split_settles(int n) {
   return split_settles_case(n, 1);
 }
 
+// ---- enqueue_fail --------------------------------------------------------------------------
+// Rank 1's device fails an event record part-way through a compressed call, after some of the
+// call's NCCL calls were issued. That call fails there, and so does every later call on that
+// rank, at once and without issuing anything: its NCCL calls would pair with its peers' calls of
+// the failed one. The peers' call fails at the timeout (rank 1's messages never come).
+int scenario_enqueue_fail(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", "3000"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    // The buffers outlive the engine: the failed call's steps queued before the failure still
+    // run on the device's streams (as a GPU's do), until the engine's teardown drains them.
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount);
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    PassReason reason;
+    // The handshake and the plan's agreement first: a compressed call on every rank.
+    CHECK_OR(120, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+             "rank %d: the first call", rank);
+    int issued = 0;
+    if (rank == 1)
+      device.before_nccl = [&] {
+        if (++issued == 2) device.failing_records = true;
+      };
+    const ncclResult_t failed = engine.run(args, &reason);
+    if (rank != 1) return 0;  // failed at the timeout, or not: either way no hang
+    CHECK_OR(121, failed != ncclSuccess, "rank 1: the call whose record failed succeeded");
+    device.failing_records = false;
+    const int before = device.nccl_enqueues;
+    const ncclResult_t next = engine.run(args, &reason);
+    CHECK_OR(122, next == failed && device.nccl_enqueues == before,
+             "rank 1: the call after the failed one: %s, %d NCCL calls issued (%s and none "
+             "expected)",
+             ncclGetErrorString(next), device.nccl_enqueues - before, ncclGetErrorString(failed));
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "enqueue_fail") ? 0 : 1;
+}
+
 // ---- auto_plan_fail ------------------------------------------------------------------------
 // DYNAMIQ_BITS=auto with a loose target (3 bits once predicted), a control window of 1: the
 // bucket's first call plans 5 bits and sets the bucket up; at the second, the 3-bit plan's
@@ -1983,7 +2029,7 @@ int main(int argc, char** argv) {
                  "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|layout_order|collectives|"
                  "setup_fail|stalled_wait|"
                  "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress|"
-                 "shard_alloc_fail|auto_plan_fail "
+                 "shard_alloc_fail|auto_plan_fail|enqueue_fail "
                  "NRANKS [TOPO]\n");
     return 2;
   }
@@ -2012,6 +2058,7 @@ int main(int argc, char** argv) {
   if (scenario == "two_level_in_progress") return scenario_two_level_in_progress(n);
   if (scenario == "shard_alloc_fail") return scenario_shard_alloc_fail(n);
   if (scenario == "auto_plan_fail") return scenario_auto_plan_fail(n);
+  if (scenario == "enqueue_fail") return scenario_enqueue_fail(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
