@@ -117,6 +117,14 @@ class CudaGpuDevice final : public Device {
                        "the allocation stream");
   }
 
+  // After a failed init(): kept only to hand out mapped memory for the handshake's stand-in
+  // (cuda_gpu_device()'s `standby`); every stream fails, so an engine given it takes the set-up
+  // failure's path.
+  void make_standby() {
+    standby_ = true;
+    std::snprintf(name_, sizeof name_, "cuda (device %d, not set up)", ordinal_);
+  }
+
   const char* name() const override { return name_; }
   bool needs_canary() const override { return true; }
   // One launch lays out every part of a call (or one step a part where no batch was prepared).
@@ -188,6 +196,7 @@ class CudaGpuDevice final : public Device {
 
   // ---- streams and events -------------------------------------------------------------------
   Status create_stream(StreamHandle* out) override {
+    if (standby_) return Status::kUnsupported;
     OnDevice on(primary_);
     RelaxedCapture relaxed;  // the engine's set-up, at a call that may be captured
     cudaStream_t s = nullptr;
@@ -671,6 +680,7 @@ class CudaGpuDevice final : public Device {
   }
 
   const int ordinal_;
+  bool standby_ = false;                                    // make_standby()
   cuda_context::Context primary_ = nullptr;                 // the GPU's primary context (init)
   const int64_t timeout_ms_ = config::global().timeout_ms;  // every host wait's bound
   char name_[32];
@@ -733,9 +743,11 @@ std::string runtime_reason(cudaError_t e, const char* what) {
 
 }  // namespace
 
-Device* cuda_gpu_device(int ordinal, std::string* why) {
+Device* cuda_gpu_device(int ordinal, std::string* why, Device** standby) {
   static std::mutex* m = new std::mutex;
-  static auto* devices = new std::map<int, CudaGpuDevice*>;  // never destroyed (atexit NCCL calls)
+  static auto* devices = new std::map<int, CudaGpuDevice*>;   // never destroyed (atexit NCCL calls)
+  static auto* standbys = new std::map<int, CudaGpuDevice*>;  // likewise
+  if (standby) *standby = nullptr;
   std::string reason;
   std::lock_guard<std::mutex> lock(*m);
   if (!driver_present(&reason)) {
@@ -765,6 +777,13 @@ Device* cuda_gpu_device(int ordinal, std::string* why) {
     if (why)
       *why = "cannot set up device " + std::to_string(ordinal) +
              " (its kernels' modules, the allocation stream)";
+    // The next communicator tries init() again; one standby a device serves them all meanwhile.
+    CudaGpuDevice*& kept = (*standbys)[ordinal];
+    if (kept == nullptr) {
+      device->make_standby();
+      kept = device.release();
+    }
+    if (standby) *standby = kept;
     return nullptr;
   }
   return (*devices)[ordinal] = device.release();

@@ -22,7 +22,13 @@ namespace dq::engine {
 // The process-wide CUDA device for device ordinal `ordinal` (-1: the calling thread's current
 // device), made at first use; nullptr when CUDA cannot be used in this process, with `why` saying
 // why (e.g. "no CUDA driver (libcuda.so.1): ..."). Never throws, never aborts.
-Device* cuda_gpu_device(int ordinal, std::string* why) __attribute__((weak));
+// Where a driver and the device are there but the device could not be set up (its kernels'
+// modules, a pool or a stream failed, e.g. short of GPU memory), `standby` receives a device that
+// only hands out mapped memory and fails every stream: an engine given it takes the set-up
+// failure's path and still answers its peers' handshake, so that this rank's failure, which its
+// peers do not share, cannot leave them in a handshake it never joins.
+Device* cuda_gpu_device(int ordinal, std::string* why, Device** standby = nullptr)
+    __attribute__((weak));
 
 // How the CUDA device can reach a buffer the caller passed.
 enum class CudaBuffer {

@@ -265,12 +265,19 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
     static const auto cu_device = reinterpret_cast<CuDevice>(dlsym(RTLD_NEXT, "ncclCommCuDevice"));
     int ordinal = -1;
     if (cu_device == nullptr || cu_device(comm, &ordinal) != ncclSuccess) ordinal = -1;
-    device = engine::cuda_gpu_device(ordinal, &why);
+    engine::Device* standby = nullptr;
+    device = engine::cuda_gpu_device(ordinal, &why, &standby);
     if (device != nullptr) {
       e.cuda_ordinal = ordinal;
       e.abort_before_teardown = device->abort_ends_queued_nccl_work();
       DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d: NVIDIA's NCCL, the %s device",
               e.identity.index, device->name());
+    } else if (standby != nullptr) {
+      // This rank alone may have failed (its peers' devices set up): its engine fails its own
+      // set-up on the standby and answers their handshake, so every rank passes through alike.
+      DQ_INFO(Subsys::kShim, "dynamiq: communicator index %d: NVIDIA's NCCL, %s: the standby",
+              e.identity.index, why.c_str());
+      device = standby;
     }
   }
   static std::once_flag device_named;  // the first CUDA device served names the log's [dev]
