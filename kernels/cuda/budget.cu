@@ -385,6 +385,24 @@ struct SumsShared {
   uint32_t below[kKeyGroups];
 };
 
+// Without an opt-in (cudaFuncAttributeMaxDynamicSharedMemorySize) a block's static and dynamic
+// shared memory together may not pass 48 KiB. The kernels that stage the hop tables (dynamic, up
+// to 2 kBudgetStagedWorkers doubles) stay under it with their static arrays, or their launches
+// would fail from about 2,000 ranks on; 64 bytes left for the alignment between the arrays.
+constexpr size_t kMostStagedBytes = 2 * size_t{kBudgetStagedWorkers} * sizeof(double);
+constexpr size_t kSharedWithoutOptIn = 48 * 1024 - 64;
+static_assert(sizeof(unsigned long long) * (kWarp + 1) + sizeof(SumsShared) + sizeof(unsigned) +
+                      kMostStagedBytes <=
+                  kSharedWithoutOptIn,
+              "budget_sums_kernel: static and staged shared memory over 48 KiB");
+static_assert((sizeof(unsigned long long) + sizeof(double)) * (kWarp + 1) + sizeof(unsigned) +
+                      kMostStagedBytes <=
+                  kSharedWithoutOptIn,
+              "budget_extent_kernel: static and staged shared memory over 48 KiB");
+static_assert(sizeof(uint32_t) * kBudgetKeyWords + sizeof(unsigned) + kMostStagedBytes <=
+                  kSharedWithoutOptIn,
+              "budget_keys_kernel: static and staged shared memory over 48 KiB");
+
 __device__ void sums_of_part(const Scratch& s, uint32_t part, const HopProfile& hop, int n_workers,
                              const uint16_t* reduced, SumsShared& sh, unsigned long long* scratch_u,
                              unsigned* skip) {
