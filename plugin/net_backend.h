@@ -55,6 +55,11 @@ class NetBackend {
 
 // The socket backend (plugin/socket/).
 NetBackend& socket_backend();
+// Whether the peer still holds its end of socket send comm `send_comm`: kOk while every socket
+// is up, kSystemError (the comm fails, logged) once the peer closed or reset one or it failed.
+// Never blocks. A send comm's sockets carry nothing back, so any byte, end of stream or error
+// read on one says so. The verbs backend watches its side channel with it.
+Status socket_send_peer_alive(void* send_comm);
 
 // The ibverbs backend (plugin/ibverbs/); usable only when ib_usable() says so.
 NetBackend& ib_backend();

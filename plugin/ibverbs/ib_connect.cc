@@ -298,10 +298,26 @@ Status IbNet::connect(const CommContext& ctx, int dev, void* handle, void** send
   };
   auto progress = [this](PendingConnect* pc, void** out) {
     Status st = progress_connect(pc, out);
-    if (st == Status::kOk && *out == nullptr && ms_since(pc->start) > pc->sc->timeout_ms) {
+    if (st != Status::kOk || *out != nullptr || ms_since(pc->start) <= pc->sc->timeout_ms) {
+      return st;
+    }
+    // Stages 0 and 1 wait on the network and the peer's kernel only (its listen backlog takes
+    // the side channel and kConnect before the peer calls accept): bounded. Stages 2 and 3 wait
+    // for the peer's NCCL to call accept, which may come minutes later (NCCL's lazy connection,
+    // a long first iteration, compilation): no bound while the side channel is up, which
+    // progress_connect checks on every call; a hung peer is left to the job's watchdog, as
+    // NCCL's own IB transport leaves it.
+    if (pc->stage < 2) {
       NET_WARN("verbs connect to %s timed out after %lld ms (DYNAMIQ_NET_TIMEOUT_MS) in stage %d",
                pc->sc->peer.c_str(), static_cast<long long>(pc->sc->timeout_ms), pc->stage);
-      st = Status::kTimeout;
+      return Status::kTimeout;
+    }
+    if (!pc->wait_logged) {
+      pc->wait_logged = true;
+      NET_INFO(
+          "verbs connect to %s: no answer after %lld ms; waiting for the peer to accept "
+          "while its side channel is up",
+          pc->sc->peer.c_str(), static_cast<long long>(pc->sc->timeout_ms));
     }
     return st;
   };
@@ -416,13 +432,13 @@ Status IbNet::progress_connect(PendingConnect* pc, void** send_comm) {
   }
   if (pc->stage == 2) {
     DQ_CHECK(socket_backend().accept(pc->reply_lc, &sc->side_recv));
-    if (sc->side_recv == nullptr) return Status::kOk;
+    if (sc->side_recv == nullptr) return peer_alive(pc);
     pc->stage = 3;
   }
   bool done = false;
   Status st = recv_ctl(sc->side_recv, &pc->in, &pc->req, &done);
   if (st != Status::kOk) return st;
-  if (!done) return Status::kOk;
+  if (!done) return peer_alive(pc);
   const char* bad = ibwire::check_ctl(pc->in, ibwire::kAccept);
   if (bad != nullptr) {
     NET_WARN("verbs connect: refused the listener's answer: %s", bad);
@@ -440,6 +456,16 @@ Status IbNet::progress_connect(PendingConnect* pc, void** send_comm) {
   pc->reply_lc = nullptr;
   *send_comm = pc->sc.release();
   return Status::kOk;
+}
+
+Status IbNet::peer_alive(PendingConnect* pc) {
+  if (socket_send_peer_alive(pc->sc->side_send) == Status::kOk) return Status::kOk;
+  pc->sc->peer_closed = true;  // no kBye into a side channel that has ended
+  NET_WARN(
+      "verbs connect to %s failed in stage %d: the peer closed or reset the side channel "
+      "before answering (it died, or refused the handle)",
+      pc->sc->peer.c_str(), pc->stage);
+  return Status::kSystemError;
 }
 
 Status IbNet::progress_accept(ListenComm* lc, ListenComm::Pending* p, bool* ready) {

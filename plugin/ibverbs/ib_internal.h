@@ -386,6 +386,7 @@ struct PendingConnect {
   void* req = nullptr;
   int stage = 0;  // 0: connecting, 1: sending kConnect, 2: accepting the reply, 3: receiving it
   Clock::time_point start = Clock::now();
+  bool wait_logged = false;  // the INFO line that the peer has not answered yet was logged
 
   ~PendingConnect() {
     if (reply_lc != nullptr) socket_backend().close_listen(reply_lc);
@@ -400,6 +401,8 @@ class IbNet final : public NetBackend {
   Status init() override;
   // Why init() failed (libibverbs, a device, an active port, an address missing).
   const std::string& why() const { return why_; }
+  // For tests over fake verbs in the process: `d` is this process's only device, no discovery.
+  void use_device_for_testing(const IbDevice& d);
   Status devices(int* ndev) override;
   Status get_properties(int dev, dqNetPropertiesV11* props) override;
   Status listen(const CommContext& ctx, int dev, void* handle, void** listen_comm) override;
@@ -432,6 +435,9 @@ class IbNet final : public NetBackend {
   static Status add_region(Conn* c, size_t bytes, void** ptr, ibv_mr** mr);
   Status start_connect(const IbDevice* dev, PendingConnect* pc);
   Status progress_connect(PendingConnect* pc, void** send_comm);
+  // While a connect waits for the peer's answer: kOk while the side channel's send direction is
+  // up, an error (logged) once the peer closed or reset it.
+  static Status peer_alive(PendingConnect* pc);
   Status progress_accept(ListenComm* lc, ListenComm::Pending* p, bool* ready);
 
   std::mutex init_mu_;

@@ -3,6 +3,9 @@
 // is posted is staged in host memory and copied when the receive is posted. The backend's types:
 // socket_comms.h, which lists the files its calls live in. This file: init and properties,
 // registration, isend/irecv/test, the close calls and the backend's instance.
+#include <errno.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -241,6 +244,25 @@ bool SocketNet::completable_from_staging(RecvComm* rc, int n, const int* tags) {
 }
 
 }  // namespace sock
+
+Status socket_send_peer_alive(void* send_comm) {
+  auto* sc = static_cast<sock::SendComm*>(send_comm);
+  if (sc == nullptr || sc->magic != sock::kSendCommMagic) {
+    NET_WARN("socket_send_peer_alive: not a send comm");
+    return Status::kInvalidArgument;
+  }
+  std::lock_guard<std::mutex> lock(sc->mu);
+  for (size_t k = 0; k < sc->fds.size() && !sc->failed; ++k) {
+    char byte = 0;
+    const ssize_t n = recv(sc->fds[k], &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    const std::string why = n == 0  ? "the peer closed the connection"
+                            : n > 0 ? "the peer sent bytes on a send connection"
+                                    : std::string("socket error: ") + std::strerror(errno);
+    sc->fail("socket " + std::to_string(k) + ": " + why);
+  }
+  return sc->failed ? Status::kSystemError : Status::kOk;
+}
 
 NetBackend& socket_backend() {
   static sock::SocketNet* backend =
