@@ -24,13 +24,14 @@ bool SwitchFile::read() {
   if (path_.empty()) return true;
   struct stat st;
   if (::stat(path_.c_str(), &st) != 0) {
-    mtime_ns_ = -1;
+    stamp_ = Stamp{};
     on_ = true;  // a missing file means on
     return on_;
   }
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  if (mtime == mtime_ns_) return on_;
-  mtime_ns_ = mtime;
+  const Stamp now{static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                  static_cast<int64_t>(st.st_size), static_cast<uint64_t>(st.st_ino)};
+  if (now == stamp_) return on_;
+  stamp_ = now;
   char text[64] = {0};
   if (std::FILE* f = std::fopen(path_.c_str(), "r")) {
     const size_t n = std::fread(text, 1, sizeof text - 1, f);

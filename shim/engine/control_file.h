@@ -15,13 +15,23 @@ class SwitchFile {
  public:
   explicit SwitchFile(std::string path) : path_(std::move(path)) {}
   // The switch now: on when no file is configured or the file is missing; the file is read again
-  // only when its modification time changed. A file that does not parse keeps the previous state
-  // (one warning per change).
+  // only when it changed (its modification time, size or inode). A file that does not parse keeps
+  // the previous state (one warning per change).
   bool read();
 
  private:
+  // What says the file changed. The modification time alone misses a write within the clock
+  // tick of its truncation (`echo 0 > file` truncates, then writes; on a kernel with coarse file
+  // timestamps both may carry one time): read between the two, the empty text meant on and the
+  // write was never read. The size tells them apart, the inode a file replaced by a rename.
+  struct Stamp {
+    int64_t mtime_ns = -1;  // ns since the epoch; -1: no file
+    int64_t size = -1;      // bytes
+    uint64_t inode = 0;
+    bool operator==(const Stamp&) const = default;
+  };
   std::string path_;
-  int64_t mtime_ns_ = -1;  // modification time of the text last read, ns since the epoch
+  Stamp stamp_;  // of the text last read
   bool on_ = true;
 };
 

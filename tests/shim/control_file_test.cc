@@ -1,0 +1,81 @@
+// The A/B switch file (shim/engine/control_file.h): its text, and when rank 0 reads it again.
+#include "shim/engine/control_file.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace dq::engine {
+namespace {
+
+TEST(SwitchText, OnOffAndNothingElse) {
+  for (const char* text : {"", "1", "on", " ON\n", "true\r\n"}) {
+    bool on = false;
+    EXPECT_TRUE(parse_switch(text, &on)) << text;
+    EXPECT_TRUE(on) << text;
+  }
+  for (const char* text : {"0", "off", "False\n", "  0  "}) {
+    bool on = true;
+    EXPECT_TRUE(parse_switch(text, &on)) << text;
+    EXPECT_FALSE(on) << text;
+  }
+  bool on = true;
+  EXPECT_FALSE(parse_switch("2", &on));
+  EXPECT_FALSE(parse_switch("of", &on));
+}
+
+class SwitchFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/dq-switch-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    path_ = dir_ + "/switch";
+  }
+  void TearDown() override {
+    std::remove(path_.c_str());
+    rmdir(dir_.c_str());
+  }
+  // Writes `text` (truncating) and sets the file's modification time to `mtime` (s).
+  void write(const char* text, time_t mtime) {
+    std::FILE* f = std::fopen(path_.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text, f);
+    std::fclose(f);
+    const timespec times[2] = {{mtime, 0}, {mtime, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, path_.c_str(), times, 0), 0);
+  }
+  std::string dir_, path_;
+};
+
+TEST_F(SwitchFileTest, FollowsTheFile) {
+  SwitchFile sw(path_);
+  EXPECT_TRUE(sw.read());  // missing: on
+  write("0\n", 1000);
+  EXPECT_FALSE(sw.read());
+  write("on", 1001);
+  EXPECT_TRUE(sw.read());
+  write("nonsense", 1002);
+  EXPECT_TRUE(sw.read());  // kept
+  std::remove(path_.c_str());
+  EXPECT_TRUE(sw.read());
+}
+
+// `echo 0 > file` truncates, then writes. Read between the two within one tick of a coarse file
+// clock, the file is empty (on) and its modification time does not change with the write: the
+// write must still be read.
+TEST_F(SwitchFileTest, AWriteInTheTickOfItsTruncationIsRead) {
+  SwitchFile sw(path_);
+  write("", 2000);
+  EXPECT_TRUE(sw.read());
+  write("0\n", 2000);  // the same modification time
+  EXPECT_FALSE(sw.read());
+}
+
+}  // namespace
+}  // namespace dq::engine
