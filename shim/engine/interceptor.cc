@@ -479,8 +479,11 @@ ncclResult_t comm_aborted(ncclComm_t comm, const std::function<ncclResult_t()>& 
   }
   // The CPU NCCL's (and the host device's) threads run this communicator's queued calls: they
   // finish before the abort frees it. A revoke first ends those waiting on a peer at once, where
-  // they would otherwise wait for the CPU NCCL's timeout.
-  if (const RealNccl* real = real_nccl(); real != nullptr && real->comm_revoke != nullptr)
+  // they would otherwise wait for the CPU NCCL's timeout. Only there (dqCpuNcclCommName tells
+  // it): on NVIDIA's NCCL a communicator without a device has no calls of the engine queued, and
+  // the application asked for an abort, not a revoke (which can wait for its kernels).
+  if (const RealNccl* real = real_nccl();
+      real != nullptr && real->cpu_nccl_comm_name != nullptr && real->comm_revoke != nullptr)
     real->comm_revoke(comm, 0);
   revoke_own();
   release_engine(*e);
