@@ -87,6 +87,20 @@ typedef struct {
   int nvlinkCentricSched;
 } ncclConfig_t;
 
+// NCCL_CONFIG_INITIALIZER's values: the header, and every other field undefined (NCCL's default).
+#define DQ_NCCL_CONFIG_INITIALIZER                                                              \
+  {                                                                                             \
+    sizeof(ncclConfig_t), DQ_NCCL_CONFIG_MAGIC, DQ_NCCL_VERSION_CODE,                           \
+        DQ_NCCL_CONFIG_UNDEF_INT /* blocking */, DQ_NCCL_CONFIG_UNDEF_INT /* cgaCluster */,     \
+        DQ_NCCL_CONFIG_UNDEF_INT /* minCTAs */, DQ_NCCL_CONFIG_UNDEF_INT /* maxCTAs */,         \
+        NULL /* netName */, DQ_NCCL_CONFIG_UNDEF_INT /* splitShare */,                          \
+        DQ_NCCL_CONFIG_UNDEF_INT /* trafficClass */, NULL /* commName */,                       \
+        DQ_NCCL_CONFIG_UNDEF_INT /* collnetEnable */, DQ_NCCL_CONFIG_UNDEF_INT /* CTAPolicy */, \
+        DQ_NCCL_CONFIG_UNDEF_INT /* shrinkShare */, DQ_NCCL_CONFIG_UNDEF_INT /* nvlsCTAs */,    \
+        DQ_NCCL_CONFIG_UNDEF_INT /* nChannelsPerNetPeer */,                                     \
+        DQ_NCCL_CONFIG_UNDEF_INT /* nvlinkCentricSched */                                       \
+  }
+
 // ncclGroupSimulateEnd's answer (NCCL 2.22+): the group's estimated time, in microseconds.
 #define DQ_NCCL_SIM_INFO_MAGIC 0x74685283u
 typedef struct ncclSimInfo_v22200 {

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -24,15 +23,7 @@ namespace {
 // blocking ncclCommSplit waits for every rank of the parent without a bound; a non-blocking one
 // returns at once, and the engine bounds the wait for its peers by DYNAMIQ_TIMEOUT_MS (settled()).
 ncclConfig_t nonblocking_split_config() {
-  ncclConfig_t c;
-  std::memset(&c, 0, sizeof c);  // the pointers (netName, commName) undefined: null
-  c.size = sizeof c;
-  c.magic = DQ_NCCL_CONFIG_MAGIC;
-  c.version = DQ_NCCL_VERSION_CODE;
-  for (int* field :
-       {&c.cgaClusterSize, &c.minCTAs, &c.maxCTAs, &c.splitShare, &c.trafficClass, &c.collnetEnable,
-        &c.CTAPolicy, &c.shrinkShare, &c.nvlsCTAs, &c.nChannelsPerNetPeer, &c.nvlinkCentricSched})
-    *field = DQ_NCCL_CONFIG_UNDEF_INT;
+  ncclConfig_t c = DQ_NCCL_CONFIG_INITIALIZER;
   c.blocking = 0;
   return c;
 }

@@ -1,6 +1,6 @@
 // Our NCCL declarations (common/nccl_api.h) against the real nccl.h: every enum value,
-// the ncclConfig_t layout and NCCL_CONFIG_INITIALIZER's magic/version. Compiled only where the
-// real header (and cuda_runtime.h, which it includes) is installed.
+// the ncclConfig_t layout, NCCL_CONFIG_INITIALIZER's magic/version and our copy of it. Compiled
+// only where the real header (and cuda_runtime.h, which it includes) is installed.
 #include <nccl.h>
 
 #include <cstddef>
@@ -98,6 +98,13 @@ int main() {
     ++failures;
   }
   if (ours.blocking != DQ_NCCL_CONFIG_UNDEF_INT || ours.commName != nullptr) ++failures;
+  // DQ_NCCL_CONFIG_INITIALIZER: the real initializer's every field but the version's patch.
+  mine::ncclConfig_t init = DQ_NCCL_CONFIG_INITIALIZER;
+  init.version = ours.version;
+  if (std::memcmp(&init, &ours, sizeof init) != 0) {
+    std::fprintf(stderr, "DQ_NCCL_CONFIG_INITIALIZER differs from NCCL_CONFIG_INITIALIZER\n");
+    ++failures;
+  }
   const ::ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   if (sim.magic != DQ_NCCL_SIM_INFO_MAGIC) {
     std::fprintf(stderr, "ncclSimInfo_t magic %#x differs from ours %#x\n", sim.magic,

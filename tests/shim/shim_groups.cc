@@ -15,7 +15,6 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -86,15 +85,7 @@ ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
 
 // Case 6's communicator: non-blocking, every other field NCCL's default.
 ncclResult_t init_nonblocking(ncclComm_t* comm, int n, const ncclUniqueId& id, int rank) {
-  ncclConfig_t c;
-  std::memset(&c, 0, sizeof c);
-  c.size = sizeof c;
-  c.magic = DQ_NCCL_CONFIG_MAGIC;
-  c.version = DQ_NCCL_VERSION_CODE;
-  for (int* field :
-       {&c.cgaClusterSize, &c.minCTAs, &c.maxCTAs, &c.splitShare, &c.trafficClass, &c.collnetEnable,
-        &c.CTAPolicy, &c.shrinkShare, &c.nvlsCTAs, &c.nChannelsPerNetPeer, &c.nvlinkCentricSched})
-    *field = DQ_NCCL_CONFIG_UNDEF_INT;
+  ncclConfig_t c = DQ_NCCL_CONFIG_INITIALIZER;
   c.blocking = 0;
   return settle(*comm, ncclCommInitRankConfig(comm, n, id, rank, &c));
 }
