@@ -1,8 +1,8 @@
 // The verbs backend's connect while its peer has not called accept yet, over fake verbs in this
-// process (queue pairs, completion queues and registrations are plain objects) and the real
-// socket side channel on loopback. With NCCL's lazy connection a peer may call accept minutes
-// after the connect started (a pipeline stage still in its first iteration, a compilation): the
-// connect must wait for it while the peer lives, and fail soon once the peer is gone.
+// process (plain objects: fake_verbs_objects.h) and the real socket side channel on loopback.
+// With NCCL's lazy connection a peer may call accept minutes after the connect started (a pipeline
+// stage still in its first iteration, a compilation): the connect must wait for it while the peer
+// lives, and fail soon once the peer is gone.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -13,56 +13,11 @@
 #include <cstring>
 
 #include "plugin/ibverbs/ib_internal.h"
+#include "tests/plugin/fake_verbs_objects.h"
 
 namespace dq::net::ib {
 namespace {
 
-uint32_t g_next_num = 1;
-
-ibv_cq* fake_create_cq(ibv_context* ctx, int, void*, ibv_comp_channel*, int) {
-  auto* cq = new ibv_cq{};
-  cq->context = ctx;
-  return cq;
-}
-int fake_destroy_cq(ibv_cq* cq) {
-  delete cq;
-  return 0;
-}
-ibv_qp* fake_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
-  auto* qp = new ibv_qp{};
-  qp->context = pd->context;
-  qp->pd = pd;
-  qp->send_cq = attr->send_cq;
-  qp->recv_cq = attr->recv_cq;
-  qp->qp_num = g_next_num++;
-  return qp;
-}
-int fake_destroy_qp(ibv_qp* qp) {
-  delete qp;
-  return 0;
-}
-int fake_modify_qp(ibv_qp*, ibv_qp_attr*, int) {
-  return 0;
-}
-int fake_query_qp(ibv_qp*, ibv_qp_attr* attr, int, ibv_qp_init_attr*) {
-  *attr = ibv_qp_attr{};
-  return 0;
-}
-ibv_mr* fake_reg_mr(ibv_pd* pd, void* addr, size_t length, int) {
-  auto* mr = new ibv_mr{};
-  mr->pd = pd;
-  mr->addr = addr;
-  mr->length = length;
-  mr->lkey = mr->rkey = g_next_num++;
-  return mr;
-}
-int fake_dereg_mr(ibv_mr* mr) {
-  delete mr;
-  return 0;
-}
-const char* fake_wc_status_str(ibv_wc_status) {
-  return "fake status";
-}
 int fake_post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) {
   return 0;
 }
@@ -76,22 +31,7 @@ class IbConnectTest : public ::testing::Test {
     setenv("DYNAMIQ_NET_IFNAME", "lo", 1);  // the side channel stays on loopback
     ctx_.ops.post_recv = fake_post_recv;
     ctx_.ops.poll_cq = fake_poll_cq;
-    pd_.context = &ctx_;
-    Verbs& v = verbs();
-    v.create_cq = fake_create_cq;
-    v.destroy_cq = fake_destroy_cq;
-    v.create_qp = fake_create_qp;
-    v.destroy_qp = fake_destroy_qp;
-    v.modify_qp = fake_modify_qp;
-    v.query_qp = fake_query_qp;
-    v.reg_mr = fake_reg_mr;
-    v.dereg_mr = fake_dereg_mr;
-    v.wc_status_str = fake_wc_status_str;
-    dev_.name = "fake0";
-    dev_.link_layer = IBV_LINK_LAYER_ETHERNET;
-    dev_.mtu = IBV_MTU_1024;
-    dev_.ctx = &ctx_;
-    dev_.pd = &pd_;
+    fake_verbs::install(&ctx_, &pd_, &dev_);
     net_.use_device_for_testing(dev_);
   }
 

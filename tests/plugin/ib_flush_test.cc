@@ -1,7 +1,7 @@
 // The verbs backend's iflush when the flush queue pair's send queue is full, over fake verbs in
 // this process: a device context whose post_send and poll_cq (inline in <infiniband/verbs.h>,
-// called through the context) hold the READs until the test lets them complete, and a verbs
-// table (ib_loader.h) whose queue pairs, completion queues and registrations are plain objects.
+// called through the context) hold the READs until the test lets them complete, and plain-object
+// verbs for the rest (fake_verbs_objects.h).
 // NCCL takes a NULL flush request as already flushed and lets the GPU read the received bytes,
 // so every flush that is needed must return a request, and each must complete.
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "plugin/ibverbs/ib_internal.h"
+#include "tests/plugin/fake_verbs_objects.h"
 
 namespace dq::net::ib {
 namespace {
@@ -72,67 +73,13 @@ int fake_poll_cq(ibv_cq*, int num, ibv_wc* wc) {
   return n;
 }
 
-uint32_t g_next_num = 1;
-ibv_cq* fake_create_cq(ibv_context* ctx, int, void*, ibv_comp_channel*, int) {
-  auto* cq = new ibv_cq{};
-  cq->context = ctx;
-  return cq;
-}
-int fake_destroy_cq(ibv_cq* cq) {
-  delete cq;
-  return 0;
-}
-ibv_qp* fake_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
-  auto* qp = new ibv_qp{};
-  qp->context = pd->context;
-  qp->pd = pd;
-  qp->send_cq = attr->send_cq;
-  qp->qp_num = g_next_num++;
-  return qp;
-}
-int fake_destroy_qp(ibv_qp* qp) {
-  delete qp;
-  return 0;
-}
-int fake_modify_qp(ibv_qp*, ibv_qp_attr*, int) {
-  return 0;
-}
-ibv_mr* fake_reg_mr(ibv_pd* pd, void* addr, size_t length, int) {
-  auto* mr = new ibv_mr{};
-  mr->pd = pd;
-  mr->addr = addr;
-  mr->length = length;
-  mr->lkey = mr->rkey = g_next_num++;
-  return mr;
-}
-int fake_dereg_mr(ibv_mr* mr) {
-  delete mr;
-  return 0;
-}
-const char* fake_wc_status_str(ibv_wc_status) {
-  return "fake status";
-}
-
 class IbFlushTest : public ::testing::Test {
  protected:
   void SetUp() override {
     g_fake = &fake_;
     fake_.ctx.ops.post_send = fake_post_send;
     fake_.ctx.ops.poll_cq = fake_poll_cq;
-    fake_.pd.context = &fake_.ctx;
-    Verbs& v = verbs();
-    v.create_cq = fake_create_cq;
-    v.destroy_cq = fake_destroy_cq;
-    v.create_qp = fake_create_qp;
-    v.destroy_qp = fake_destroy_qp;
-    v.modify_qp = fake_modify_qp;
-    v.reg_mr = fake_reg_mr;
-    v.dereg_mr = fake_dereg_mr;
-    v.wc_status_str = fake_wc_status_str;
-    dev_.name = "fake0";
-    dev_.link_layer = IBV_LINK_LAYER_ETHERNET;
-    dev_.ctx = &fake_.ctx;
-    dev_.pd = &fake_.pd;
+    fake_verbs::install(&fake_.ctx, &fake_.pd, &dev_);
     dev_.flush_all = true;  // host buffers are flushed too: no GPU needed
     rc_ = new RecvComm;
     rc_->dev = &dev_;
