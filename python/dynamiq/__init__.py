@@ -14,6 +14,7 @@ given a torch ProcessGroup (or None for the default group) do.
 import ctypes
 import json
 import os
+import sys
 
 from . import _locate
 
@@ -80,43 +81,79 @@ def _default_group():
     return dist.group.WORLD
 
 
+def _outside_group(group):
+    """Whether `group` is what torch.distributed.new_group() returns on a rank outside the new
+    group (GroupMember.NON_GROUP_MEMBER, an int sentinel), asked only where torch is loaded."""
+    dist = sys.modules.get("torch.distributed")
+    sentinel = getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None)
+    if sentinel is None or isinstance(group, bool):
+        return False
+    return group is sentinel or (isinstance(group, int) and isinstance(sentinel, int)
+                                 and group == sentinel)
+
+
 def comm_handle(group):
     """The raw ncclComm_t of `group` as an int.
 
     group: a torch.distributed ProcessGroup using NCCL (its NCCL backend's `_comm_ptr()`, for
-    the current CUDA device), a backend object with `_comm_ptr()`, an int or ctypes.c_void_p
-    holding the handle, or None for torch.distributed's default group.
+    the group's bound CUDA device where it has one, else the current one), a backend object with
+    `_comm_ptr()`, an int or ctypes.c_void_p holding the handle, or None for torch.distributed's
+    default group.
     """
     if group is None:
         group = _default_group()
+    if _outside_group(group):
+        raise ValueError("this rank is not a member of the group (torch.distributed's "
+                         "NON_GROUP_MEMBER): it has no communicator")
     if isinstance(group, bool):
         raise TypeError("a communicator handle cannot be a bool")
+    device = None  # where torch looks the communicator up, for the messages
     if isinstance(group, int):
         ptr = group
     elif isinstance(group, ctypes.c_void_p):
         ptr = group.value or 0
     else:
         getter = getattr(group, "_comm_ptr", None)
+        bound = None
         if getter is None and hasattr(group, "_get_backend"):
             import torch  # a torch ProcessGroup: torch is necessarily importable here
 
             backend = group._get_backend(torch.device("cuda"))
+            # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the NCCL backend (wrapped_pg holds it).
+            for _ in range(4):
+                if getattr(backend, "_comm_ptr", None) is not None:
+                    break
+                backend = getattr(backend, "wrapped_pg", backend)
             getter = getattr(backend, "_comm_ptr", None)
             if getter is None:
                 raise TypeError(
                     "the CUDA backend of this process group (%s) exposes no _comm_ptr(): not an "
                     "NCCL group, or a PyTorch too old to expose its communicator"
                     % type(backend).__name__)
+            # _comm_ptr() looks the communicator up on the current CUDA device; a group bound to
+            # its device (init_process_group(device_id=...)) names the right one.
+            bound = getattr(group, "bound_device_id", None)
+            device = bound if bound is not None else "cuda:%d" % torch.cuda.current_device()
         if getter is None:
             raise TypeError("cannot get an NCCL communicator from %r: expected a "
                             "torch.distributed ProcessGroup, an object with _comm_ptr(), or an "
                             "int handle" % (group,))
-        ptr = int(getter() if callable(getter) else getter)
+        if bound is not None and callable(getter):
+            import torch
+
+            with torch.cuda.device(bound):
+                ptr = int(getter())
+        else:
+            ptr = int(getter() if callable(getter) else getter)
+    if ptr < 0:
+        raise ValueError("a communicator handle is an address, not %d" % ptr)
     if ptr == 0:
         raise RuntimeError(
-            "the NCCL communicator does not exist yet (PyTorch creates it at the group's first "
-            "collective on the current CUDA device); create it with a collective that is not "
-            "an all-reduce, e.g. a broadcast, then register before the first all-reduce")
+            "the NCCL communicator does not exist yet on %s (PyTorch creates it at the group's "
+            "first collective on that device, and looks it up on the current CUDA device: call "
+            "torch.cuda.set_device(local_rank) first); create it with a collective that is not "
+            "an all-reduce, e.g. a broadcast, then register before the first all-reduce"
+            % (device or "this device"))
     return ptr
 
 
@@ -125,10 +162,14 @@ def register(group=None, enable=True):
     DYNAMIQ_COMMS, through the C API dynamiqCommRegister(comm, enable).
 
     Call it on every rank of the group, after the communicator exists and before its first
-    all-reduce. group: see comm_handle(). Returns the handle. Raises RuntimeError when
-    libdynamiq.so is not preloaded, DynamiqError (code 4) for a communicator the shim did not
-    see created, DynamiqError (code 5) after the communicator's first all-reduce.
+    all-reduce. group: see comm_handle(). Returns the handle; None on a rank outside the group
+    (what torch.distributed.new_group() returned there), where there is nothing to register.
+    Raises RuntimeError when libdynamiq.so is not preloaded, DynamiqError (code 4) for a
+    communicator the shim did not see created, DynamiqError (code 5) after the communicator's
+    first all-reduce.
     """
+    if group is not None and _outside_group(group):
+        return None
     ptr = comm_handle(group)
     rc = _shim().dynamiqCommRegister(ctypes.c_void_p(ptr), 1 if enable else 0)
     if rc == _NCCL_INVALID_ARGUMENT:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import unittest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -69,6 +70,46 @@ class TorchLikeGroup:
         return Backend(0x1234)
 
 
+@contextlib.contextmanager
+def fake_torch(current=0):
+    """A stand-in torch in sys.modules for the paths of comm_handle() that import it: devices
+    as strings, a current CUDA device that torch.cuda.device() switches, and
+    torch.distributed.GroupMember.NON_GROUP_MEMBER (-100, as torch's)."""
+    torch = types.ModuleType("torch")
+    cuda = types.SimpleNamespace(now=current)
+    cuda.current_device = lambda: cuda.now
+
+    @contextlib.contextmanager
+    def device(d):
+        before, cuda.now = cuda.now, int(str(d).split(":")[1])
+        try:
+            yield
+        finally:
+            cuda.now = before
+
+    cuda.device = device
+    torch.cuda = cuda
+    torch.device = str
+    dist = types.ModuleType("torch.distributed")
+    dist.GroupMember = types.SimpleNamespace(NON_GROUP_MEMBER=-100)
+    torch.distributed = dist
+    sys.modules["torch"], sys.modules["torch.distributed"] = torch, dist
+    try:
+        yield torch
+    finally:
+        del sys.modules["torch"], sys.modules["torch.distributed"]
+
+
+class PerDeviceBackend:
+    """NCCL's backend as torch's: _comm_ptr() answers for the current CUDA device only."""
+
+    def __init__(self, torch, ptrs):
+        self.torch, self.ptrs = torch, ptrs
+
+    def _comm_ptr(self):
+        return self.ptrs.get(self.torch.cuda.current_device(), 0)
+
+
 class ImportTest(unittest.TestCase):
     def test_no_torch(self):
         self.assertNotIn("torch", sys.modules)
@@ -104,6 +145,51 @@ class HandleTest(unittest.TestCase):
             dynamiq.comm_handle(TorchLikeGroup())
         with self.assertRaises(ImportError):
             dynamiq.comm_handle(None)
+
+    def test_a_rank_outside_the_group(self):
+        # new_group() returns torch's NON_GROUP_MEMBER on the ranks it leaves out: register()
+        # is then nothing to do (called on every rank, as its documentation asks), and
+        # comm_handle() says why there is no communicator, not "unknown to dynamiq".
+        with fake_torch():
+            self.assertIsNone(dynamiq.register(-100))
+            with self.assertRaisesRegex(ValueError, "not a member"):
+                dynamiq.comm_handle(-100)
+        with self.assertRaisesRegex(ValueError, "an address"):
+            dynamiq.comm_handle(-100)
+
+    def test_wrapped_backend(self):
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL: the group's CUDA backend wraps NCCL's (wrapped_pg).
+        class Wrapper:
+            wrapped_pg = Backend(0x1234)
+
+        class Group:
+            def _get_backend(self, device):
+                return Wrapper()
+
+        with fake_torch():
+            self.assertEqual(dynamiq.comm_handle(Group()), 0x1234)
+
+    def test_bound_device_names_the_communicator(self):
+        # torch looks the communicator up on the current CUDA device; a group bound to device 3
+        # (init_process_group(device_id=...)) has its communicator there while the current
+        # device is still 0.
+        with fake_torch(current=0) as torch:
+            backend = PerDeviceBackend(torch, {3: 0x3000})
+
+            class Bound:
+                bound_device_id = "cuda:3"
+
+                def _get_backend(self, device):
+                    return backend
+
+            class Unbound:
+                def _get_backend(self, device):
+                    return backend
+
+            self.assertEqual(dynamiq.comm_handle(Bound()), 0x3000)
+            self.assertEqual(torch.cuda.current_device(), 0)  # restored
+            with self.assertRaisesRegex(RuntimeError, "does not exist yet on cuda:0"):
+                dynamiq.comm_handle(Unbound())
 
     def test_register_without_shim(self):
         with self.assertRaisesRegex(RuntimeError, "LD_PRELOAD"):

@@ -35,18 +35,18 @@ class CapiError(RuntimeError):
 
 
 def default_library_path():
-    """DQ_CAPI_LIB, else the usual build folders of this checkout, else where the `dynamiq`
+    """DQ_CAPI_LIB, else this checkout's build folder, else where the `dynamiq`
     package finds it (DYNAMIQ_PREFIX, or the installation both were installed into)."""
     env = os.environ.get("DQ_CAPI_LIB")
     if env:
         return pathlib.Path(env)
     here = pathlib.Path(__file__).resolve()
-    if len(here.parents) > 2:
-        root = here.parents[2]
-        for build in (root / "build", pathlib.Path("/tmp/build-study")):
-            candidate = build / "tools" / "capi" / "libdynamiq-capi.so"
-            if candidate.exists():
-                return candidate
+    # A checkout's own build folder only: never a shared folder such as /tmp, where another user's
+    # library would be loaded into this process.
+    if len(here.parents) > 2 and (here.parents[2] / "meson.build").exists():
+        candidate = here.parents[2] / "build" / "tools" / "capi" / "libdynamiq-capi.so"
+        if candidate.exists():
+            return candidate
     try:
         import dynamiq
     except ImportError:
