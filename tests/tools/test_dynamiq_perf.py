@@ -171,8 +171,26 @@ def case_slurm_env(a):
     three_ranks_without_launcher(a, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
 
 
-def three_ranks_without_launcher(a, rank_var, size_var, local_var):
-    """Three dynamiq-perf processes given only a launcher's rank variables and MASTER_ADDR/PORT."""
+def case_mpirun_in_slurm_env(a):
+    """mpirun inside a Slurm allocation: Open MPI's rank variables beside the batch step's
+    inherited SLURM_PROCID=0 and SLURM_NTASKS=1, which must not make every process rank 0 of 1."""
+    three_ranks_without_launcher(a, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "OMPI_COMM_WORLD_LOCAL_RANK",
+                                 inherited={"SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+                                            "SLURM_LOCALID": "0"})
+
+
+def case_master_addr_loopback_on_rank0(a):
+    """MASTER_ADDR resolving on rank 0's host to another address than the one the other ranks
+    reach (Debian maps the host name to 127.0.1.1): rank 0's rendezvous still serves them."""
+    three_ranks_without_launcher(a, "RANK", "WORLD_SIZE", "LOCAL_RANK", rank0_addr="127.0.1.1")
+
+
+def three_ranks_without_launcher(a, rank_var, size_var, local_var, inherited=None,
+                                 rank0_addr=None):
+    """Three dynamiq-perf processes given only a launcher's rank variables and MASTER_ADDR/PORT
+    (and `inherited`, variables of an outer launcher every process sees alike; `rank0_addr`, the
+    MASTER_ADDR rank 0 sees, where not the others' 127.0.0.1)."""
     need_cpu_nccl(a)
     import socket
     build = os.path.abspath(a.build)
@@ -199,9 +217,12 @@ def three_ranks_without_launcher(a, rank_var, size_var, local_var):
                  os.path.join(build, "plugin", "abi"), "NCCL_NET_PLUGIN": "dynamiq",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), size_var: "3",
                  "DYNAMIQ_RENDEZVOUS_TIMEOUT": "60"})
+    base.update(inherited or {})
     procs = []
     for rank in (2, 1, 0):
         env = dict(base, **{rank_var: str(rank), local_var: str(rank)})
+        if rank == 0 and rank0_addr:
+            env["MASTER_ADDR"] = rank0_addr
         procs.append(subprocess.Popen([a.perf, "-b", "4K", "-e", "64K", "-f", "4", "-d", "int32",
                                        "-o", "max", "-n", "2", "-w", "1"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

@@ -253,6 +253,13 @@ Status publish_tcp(const JobEnv& env, const char* key, const void* data, size_t 
   sockaddr_storage addr{};
   socklen_t len = 0;
   DQ_CHECK(resolve(env, &addr, &len));
+  // Every address of the host, on the port: MASTER_ADDR may resolve on rank 0's own host to a
+  // loopback address (Debian's /etc/hosts maps the host name to 127.0.1.1) while the other
+  // ranks reach it by its network address. torch's TCPStore listens the same way.
+  if (addr.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&addr)->sin_addr.s_addr = htonl(INADDR_ANY);
+  else if (addr.ss_family == AF_INET6)
+    reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr = in6addr_any;
   Socket listener(socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (listener.fd() < 0) DQ_FAIL(Status::kSystemError, "rendezvous: socket: %s", strerror(errno));
   int one = 1;
@@ -345,9 +352,10 @@ Status fetch_tcp(const JobEnv& env, const char* key, void* data, size_t size) {
 }
 
 // The rank variables of the launchers dynamiq-perf and the demo run under, in order: torchrun
-// (and dynamiq-run), SLURM's srun, Open MPI's mpirun, PMI (MPICH, Intel MPI). The first family
+// (and dynamiq-run), Open MPI's mpirun, PMI (MPICH, Intel MPI), SLURM's srun. The first family
 // whose rank and size are both set is used; a job started by any of them is never taken for one
-// rank of one.
+// rank of one. The innermost launcher first: mpirun inside a Slurm allocation (an sbatch script)
+// hands its processes the batch step's SLURM_PROCID (0) and SLURM_NTASKS beside its own ranks.
 struct RankVariables {
   const char* rank;
   const char* size;
@@ -355,9 +363,9 @@ struct RankVariables {
 };
 constexpr RankVariables kRankVariables[] = {
     {"RANK", "WORLD_SIZE", "LOCAL_RANK"},
-    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
     {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
 // Rank, size and local rank from the first family of kRankVariables that sets any of them.
