@@ -463,7 +463,9 @@ namespace {
 void write_locked(Registry& r) {
   const config::Settings& s = config::global();
   if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
-  static const ProcessLabels first = process_labels();
+  // Never destroyed: the write at exit (an atexit handler registered before this first write)
+  // runs after the static objects made since are destroyed.
+  static const ProcessLabels& first = *new ProcessLabels(process_labels());
   ProcessLabels labels = first;
   fill_host_path(&labels);
   const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;

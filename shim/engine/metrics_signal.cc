@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cerrno>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "common/c_locale.h"
@@ -55,12 +56,11 @@ void writer_loop() {
 // Runs what was installed before: its handler, or the default action (re-raised: the signal is
 // blocked while this handler runs, so it is delivered, with the default disposition, when the
 // handler returns), or nothing for an ignored signal.
+// SIG_DFL and SIG_IGN are read whatever the flags: the kernel keeps SA_SIGINFO beside them for
+// a program that set them through a reused struct sigaction, and that struct's handler field is
+// then 0 or 1, not a function.
 void chain(int sig, siginfo_t* info, void* context) {
   const struct sigaction& old = g_previous[sig == SIGTERM ? 0 : 1];
-  if ((old.sa_flags & SA_SIGINFO) != 0) {
-    if (old.sa_sigaction != nullptr) old.sa_sigaction(sig, info, context);
-    return;
-  }
   if (old.sa_handler == SIG_IGN) return;
   if (old.sa_handler == SIG_DFL) {
     struct sigaction dfl {};
@@ -68,6 +68,10 @@ void chain(int sig, siginfo_t* info, void* context) {
     sigemptyset(&dfl.sa_mask);
     sigaction(sig, &dfl, nullptr);
     raise(sig);
+    return;
+  }
+  if ((old.sa_flags & SA_SIGINFO) != 0) {
+    old.sa_sigaction(sig, info, context);
     return;
   }
   old.sa_handler(sig);
@@ -101,13 +105,26 @@ void install() {
   sigemptyset(&block);
   for (int sig : kSignals) sigaddset(&block, sig);
   pthread_sigmask(SIG_BLOCK, &block, &old);
-  std::thread(writer_loop).detach();
+  bool started = true;
+  try {
+    std::thread(writer_loop).detach();
+  } catch (const std::system_error& e) {  // EAGAIN: a thread or pids limit
+    started = false;
+    DQ_WARN(Subsys::kShim,
+            "dynamiq: no thread for the metrics file's write on SIGTERM and SIGINT (%s): the file "
+            "holds the last periodic write when the job is stopped",
+            e.what());
+  }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (!started) {
+    for (int fd : {g_request[0], g_request[1], g_done[0], g_done[1]}) close(fd);
+    return;
+  }
   g_pid = getpid();
   for (int i = 0; i < 2; ++i) {
     if (sigaction(kSignals[i], nullptr, &g_previous[i]) != 0) continue;
     // An ignored signal (nohup) stays ignored: the job is not stopped by it.
-    if ((g_previous[i].sa_flags & SA_SIGINFO) == 0 && g_previous[i].sa_handler == SIG_IGN) continue;
+    if (g_previous[i].sa_handler == SIG_IGN) continue;
     struct sigaction sa {};
     sa.sa_sigaction = on_signal;
     sigemptyset(&sa.sa_mask);

@@ -1,6 +1,7 @@
 // The metrics an operator scrapes (metrics file, JSON and Prometheus): what the file holds and
 // how it is labelled.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -245,6 +246,63 @@ TEST(Metrics, DestroyedCommunicatorsAndTheExitAreWritten) {
   EXPECT_EQ(doc["communicators"][0]["destroyed"], true);
   EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 11);
   EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 7);
+}
+
+// The write at exit with a job id longer than a string's inline buffer (16 bytes): the labels the
+// first write read are still intact when the exit handler runs, so the file at the pattern's
+// name (%j) gets the final totals.
+TEST(Metrics, TheExitWriteKeepsLongLabels) {
+  const std::string dir = "/tmp/dq-metrics-labels-" + std::to_string(getpid());
+  const std::string job = "3f2b9c1e-long-elastic-run-id-0123456789abcdef";
+  const std::string path = dir + "-" + job + ".json";
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DYNAMIQ_METRICS_FILE", (dir + "-%j.json").c_str(), 1);
+    setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+    setenv("DYNAMIQ_JOB_ID", job.c_str(), 1);
+    auto gone = metrics_register(0, "gone", 0, 2);
+    metrics_unregister(gone);  // the first write: the labels are read now
+    auto alive = metrics_register(1, "alive", 0, 2);
+    alive->calls[0] = 5;  // only the write at exit carries it
+    std::exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::remove(path.c_str());
+  ASSERT_EQ(doc["communicators"].size(), 2u) << doc.dump();
+  EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 5);
+  EXPECT_EQ(doc["job"], job) << doc.dump();
+}
+
+// The handler installed before ours, as SIG_DFL or SIG_IGN through a struct sigaction that kept
+// SA_SIGINFO (the kernel keeps the flag): SIGTERM still ends the process, and an ignored one is
+// still ignored (the handler field is then 0 or 1, never a function to call).
+TEST(Metrics, SignalsChainToADefaultOrIgnoreSetWithSiginfo) {
+  for (const bool ignored : {false, true}) {
+    const pid_t child = fork();
+    if (child == 0) {
+      struct sigaction sa {};
+      sa.sa_handler = ignored ? SIG_IGN : SIG_DFL;
+      sa.sa_flags = SA_SIGINFO;
+      sigemptyset(&sa.sa_mask);
+      sigaction(SIGTERM, &sa, nullptr);
+      setenv("DYNAMIQ_METRICS_FILE", "/dev/null/never", 1);
+      metrics_install_signal_write();
+      raise(SIGTERM);
+      _exit(ignored ? 0 : 3);  // reached only when the signal did not end the process
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (ignored) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    } else {
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
+    }
+  }
 }
 
 // A child forked without exec that exits normally (os.fork() then sys.exit()) runs the exit
