@@ -1,6 +1,8 @@
 // The guard at every extern "C" boundary (the shim, the net plugin, the CPU NCCL, the C APIs):
 // no C++ exception crosses into a caller that cannot catch it; it becomes a result code.
 #pragma once
+#include <cxxabi.h>
+
 #include <exception>
 #include <new>
 #include <type_traits>
@@ -28,6 +30,10 @@ auto abi_guard(Body&& body, OnFault&& on_fault) -> decltype(body()) {
   };
   try {
     return body();
+  } catch (abi::__forced_unwind&) {
+    // pthread_cancel or pthread_exit unwinding the thread through us: not an error to turn into
+    // a result code, and one not rethrown aborts the process.
+    throw;
   } catch (const std::bad_alloc& e) {
     return fail(AbiFault::kOutOfMemory, e.what());
   } catch (const std::exception& e) {

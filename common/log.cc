@@ -56,8 +56,15 @@ constexpr SubsysName kSubsysNames[] = {{Subsys::kCore, "CORE"},     {Subsys::kSh
                                        {Subsys::kEngine, "ENGINE"}, {Subsys::kKernel, "KERNEL"},
                                        {Subsys::kNet, "NET"},       {Subsys::kEnv, "ENV"}};
 
+// ASCII only: strncasecmp follows the thread's locale, where Turkish's 'I' is not 'i' (a copy of
+// this code outside the shim's C-locale guard, in the plugin or the CPU NCCL, read "info" wrong).
 bool equal_nocase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && strncasecmp(a.data(), b.data(), a.size()) == 0;
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
 }
 
 int rank_from_launcher() {

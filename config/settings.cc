@@ -152,13 +152,15 @@ bool parse_bool(std::string_view v, bool* out) {
   return false;
 }
 
-// Int: decimal or 0x hex, no sign.
+// Int: decimal or 0x hex, no sign. A leading 0 is decimal (strtoull's base 0 would read "0123"
+// as octal 83 and refuse "08").
 bool parse_int(const std::string& s, double* out) {
   if (s.empty() || s[0] == '-' || s[0] == '+' || std::isspace(static_cast<unsigned char>(s[0])))
     return false;
+  const bool hex = s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
   errno = 0;
   char* end = nullptr;
-  const unsigned long long x = std::strtoull(s.c_str(), &end, 0);
+  const unsigned long long x = std::strtoull(s.c_str(), &end, hex ? 16 : 10);
   if (errno != 0 || end == s.c_str() || *end != '\0') return false;
   *out = static_cast<double>(x);
   return true;

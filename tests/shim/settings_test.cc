@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "common/log.h"
 #include "config/optin.h"
 #include "config/settings.h"
 #include "kernels/budget_model.h"
@@ -119,6 +120,26 @@ TEST(Settings, WordsIgnoreTheThreadsLocale) {
   EXPECT_EQ(s.topology, "ring");
   BudgetTarget target;
   EXPECT_TRUE(parse_budget_target("VNMSE:0.01", &target));
+  // The log's level and subsystem words too: copies of the log outside the shim's C-locale
+  // guard (the net plugin, the CPU NCCL) read them in the application's locale.
+  LogLevel level = LogLevel::kNone;
+  EXPECT_TRUE(log_parse_level("info", &level));
+  EXPECT_EQ(level, LogLevel::kInfo);
+  EXPECT_TRUE(log_parse_level("Version", &level));
+  EXPECT_EQ(level, LogLevel::kVersion);
+}
+
+// Integers are decimal or 0x hex: a leading zero is not octal.
+TEST(Settings, LeadingZerosAreDecimal) {
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_SEED", "0123"}, {"DYNAMIQ_CONTROL_WINDOW", "08"}}, &s, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(s.seed, 123);
+  EXPECT_EQ(s.control_window, 8);
+  ASSERT_EQ(load({{"DYNAMIQ_SEED", "0x10"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.seed, 16);
 }
 
 TEST(Settings, CodecSpecIsParsedOnceAndPrintsAsItsText) {
