@@ -151,6 +151,7 @@ Status DynamiqCodecBase::fused_hop(const void* layout, int chunk, const ConstTen
     DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: stratum %u of %u", key.stratum, key.strata);
   DQ_CHECK(check_element_base(key, count_));
   const DynamiqLayout l = view(layout);
+  DQ_CHECK(check_chunk_records(l, chunk));
   int contrib = 1;
   const uint8_t* inputs[kMaxFusedInputs];
   for (int i = 0; i < n_in; ++i) {
@@ -186,6 +187,7 @@ Status DynamiqCodecBase::decode_finish(const void* layout, int chunk, ByteView i
   DQ_CHECK(check_chunk_arg(chunk));
   DQ_CHECK(check_layout(layout));
   const DynamiqLayout l = view(layout);
+  DQ_CHECK(check_chunk_records(l, chunk));
   ChunkHeader h;
   DQ_CHECK(check_input(l, chunk, in, &h));
   if (h.n_contrib != n_contrib)
@@ -246,6 +248,26 @@ Status DynamiqCodecBase::check_layout(const void* layout) const {
   if (l.header[1] != count_ || l.header[2] != dynamiq_plan_shape(n_chunks_, n_workers_))
     DQ_FAIL(Status::kInvalidArgument, "dynamiq: layout built for another plan (%llu elements)",
             static_cast<unsigned long long>(l.header[1]));
+  return Status::kOk;
+}
+
+Status DynamiqCodecBase::check_chunk_records(const DynamiqLayout& l, int chunk) const {
+  const uint64_t content = l.chunk_content[chunk];
+  if (content + kChunkHeaderBytes > plan_.capacity)
+    DQ_FAIL(Status::kInvalidArgument,
+            "dynamiq: the layout's chunk %d holds %llu bytes, a message %zu: a layout of another "
+            "budget",
+            chunk, static_cast<unsigned long long>(content), plan_.capacity);
+  for (uint32_t i = l.chunk_first[chunk]; i < l.chunk_first[chunk + 1]; ++i) {
+    const uint64_t end = static_cast<uint64_t>(l.offset[i]) +
+                         static_cast<uint64_t>(plan_.record[width_index(l.width[l.order[i]])]);
+    if (end > content)
+      DQ_FAIL(Status::kInvalidArgument,
+              "dynamiq: the layout's record %u of chunk %d ends at byte %llu of %llu: a layout of "
+              "another record format",
+              i, chunk, static_cast<unsigned long long>(end),
+              static_cast<unsigned long long>(content));
+  }
   return Status::kOk;
 }
 

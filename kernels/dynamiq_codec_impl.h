@@ -92,6 +92,10 @@ class DynamiqCodecBase : public Codec {
   Status check_layout(const void* layout) const;
   Status check_chunk_arg(int chunk) const;
   Status check_input(const DynamiqLayout& l, int chunk, ByteView in, ChunkHeader* h) const;
+  // The chunk's records, at this codec's record sizes, inside the chunk's content, and the content
+  // inside a message: a layout of the same plan shape but another budget or record format
+  // (check_layout cannot tell them apart) is refused before anything is written past a message.
+  Status check_chunk_records(const DynamiqLayout& l, int chunk) const;
 
   DynamiqPlan plan_;            // sizes fixed by plan(); what the layout build needs
   DynamiqSections sections_{};  // where each layout section lies, from (n_sg, n_chunks)

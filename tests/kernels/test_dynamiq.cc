@@ -755,6 +755,38 @@ TEST(ElementBase, MustBeAMultipleOf256WithinTheIndexLimit) {
   EXPECT_EQ(c->hop(0, {x.data(), DType::kF32, n}, nullptr, 0, out.data(), key), Status::kOk);
 }
 
+// A layout of the same plan shape (elements, chunks, workers) built by a codec of another budget
+// or record format passes the layout's own header check, but its chunks and records do not fit
+// this codec's messages: the hop and the finish refuse it and write nothing past the message.
+TEST(Layout, ALayoutOfAnotherBudgetIsRefused) {
+  const size_t n = size_t{1} << 18;
+  auto x = gaussian(n, 21);
+  for (const char* other : {"dynamiq:8", "dynamiq:5:scales=flat"}) {
+    auto wide = codec(other), narrow = codec("dynamiq:3");
+    ASSERT_EQ(wide->plan(n, 2, 2), Status::kOk);
+    ASSERT_EQ(narrow->plan(n, 2, 2), Status::kOk);
+    auto stats = reduce_stats(*wide, {x, x});
+    std::vector<uint64_t> layout(wide->layout_bytes() / 8 + 1);
+    ASSERT_EQ(wide->build_layout(stats.data(), 3, layout.data()), Status::kOk);
+    const size_t cap = narrow->chunk_capacity();
+    std::vector<uint8_t> out(cap + 4096, 0xA5);
+    const RoundingKey key{2, 3, 0, 0, 1, 0};
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      EXPECT_EQ(narrow->fused_hop(layout.data(), chunk, {x.data(), DType::kF32, n}, nullptr, 0,
+                                  out.data(), key),
+                Status::kInvalidArgument)
+          << other << " chunk " << chunk;
+      std::vector<float> y(n);
+      EXPECT_EQ(narrow->decode_finish(layout.data(), chunk, {out.data(), cap}, y.data(),
+                                      DType::kF32, ReduceOp::kSum, 1),
+                Status::kInvalidArgument)
+          << other << " chunk " << chunk;
+    }
+    for (size_t b = cap; b < out.size(); ++b)
+      ASSERT_EQ(out[b], 0xA5) << other << ": byte " << b - cap << " past the message written";
+  }
+}
+
 // The layout lives in memory the caller owns: a layout built into a caller's buffer works like the
 // codec's own, hops and finishes of one call need nothing else, and one codec serves two calls'
 // layouts side by side.
