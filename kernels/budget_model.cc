@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "common/c_locale.h"
+#include "common/float_env.h"
 #include "kernels/bf16.h"
 #include "kernels/codec.h"
 #include "kernels/dynamiq_codec.h"
@@ -230,6 +231,8 @@ double predict_vnmse(const std::vector<const StatsSummary*>& parts,
 }
 
 void run_budget_job(const BudgetJob& job, const uint16_t* reduced, BudgetResult* out) {
+  // In the format's environment whatever the caller's: every rank must choose the same budget.
+  const DefaultFloatEnvironment float_env;
   // One summary per thread, reused: its tables are 0.75 MB.
   static thread_local StatsSummary summary;
   BudgetAccumulator acc;

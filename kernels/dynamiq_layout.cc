@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/float_env.h"
 #include "kernels/bf16.h"
 #include "kernels/dynamiq_math.h"
 #include "kernels/dynamiq_range.h"
@@ -219,6 +220,10 @@ void agree_means_and_keys(const DynamiqPlan& p, const LayoutOut& l, const uint16
 
 Status build_dynamiq_layout(const DynamiqPlan& p, const uint16_t* reduced, uint64_t call,
                             void* layout) {
+  // The serial arithmetic here (the means, the range keys) in the format's environment: its
+  // parallel tasks set it themselves, but a caller with flush-to-zero would flush subnormal means
+  // and write other layout bytes than its peers.
+  const DefaultFloatEnvironment float_env;
   if (layout == nullptr) DQ_FAIL(Status::kInvalidArgument, "dynamiq layout: no buffer");
   if (p.n_chunks < 1) DQ_FAIL(Status::kInvalidArgument, "dynamiq layout: codec not planned");
   if (p.n_sg > 0 && reduced == nullptr)
