@@ -126,6 +126,11 @@ Status DynamiqCodecBase::local_stats(const ConstTensor& x, uint16_t* stats) cons
   if (x.count != count_)
     DQ_FAIL(Status::kInvalidArgument, "dynamiq stats: tensor has %zu elements, plan has %zu",
             x.count, count_);
+  if (x.dtype != DType::kF32 && x.dtype != DType::kBF16)
+    DQ_FAIL(Status::kInvalidArgument, "dynamiq stats: dtype %d is neither FP32 nor BF16",
+            static_cast<int>(x.dtype));
+  if ((x.data == nullptr && count_ > 0) || (stats == nullptr && plan_.n_sg > 0))
+    DQ_FAIL(Status::kInvalidArgument, "dynamiq stats: no tensor or no statistics buffer");
   // In tiles of 16 super-groups, so that no two tasks share a word of all-zero counts (a tile
   // holds whole words: zero_counts_per_word() divides 16).
   constexpr size_t kTile = 16;
@@ -144,6 +149,9 @@ Status DynamiqCodecBase::fused_hop(const void* layout, int chunk, const ConstTen
   if (own.count != count_ || (own.data == nullptr && count_ > 0))
     DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: own tensor has %zu elements, plan has %zu",
             own.count, count_);
+  if (own.dtype != DType::kF32 && own.dtype != DType::kBF16)
+    DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: dtype %d is neither FP32 nor BF16",
+            static_cast<int>(own.dtype));
   if (n_in < 0 || n_in > kMaxFusedInputs || (n_in > 0 && in == nullptr))
     DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: %d inputs, at most %d", n_in, kMaxFusedInputs);
   if (out == nullptr) DQ_FAIL(Status::kInvalidArgument, "dynamiq hop: no output buffer");
@@ -188,6 +196,13 @@ Status DynamiqCodecBase::decode_finish(const void* layout, int chunk, ByteView i
   DQ_CHECK(check_layout(layout));
   const DynamiqLayout l = view(layout);
   DQ_CHECK(check_chunk_records(l, chunk));
+  if (out == nullptr && count_ > 0) DQ_FAIL(Status::kInvalidArgument, "dynamiq finish: no output");
+  if (out_dtype != DType::kF32 && out_dtype != DType::kBF16)
+    DQ_FAIL(Status::kInvalidArgument, "dynamiq finish: output dtype %d is neither FP32 nor BF16",
+            static_cast<int>(out_dtype));
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg)
+    DQ_FAIL(Status::kInvalidArgument, "dynamiq finish: reduction %d is neither SUM nor AVG",
+            static_cast<int>(op));
   ChunkHeader h;
   DQ_CHECK(check_input(l, chunk, in, &h));
   if (h.n_contrib != n_contrib)

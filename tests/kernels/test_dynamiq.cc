@@ -787,6 +787,42 @@ TEST(Layout, ALayoutOfAnotherBudgetIsRefused) {
   }
 }
 
+// Values the codec cannot read or write are refused, as the block codecs refuse them, rather
+// than read as BF16 (FP16 input) or written as BF16 bits (FP16 output).
+TEST(Layout, TypesOtherThanFp32AndBf16AreRefused) {
+  const size_t n = 256 * 8;
+  auto x = gaussian(n, 5);
+  auto c = codec("dynamiq:5");
+  ASSERT_EQ(c->plan(n, 1, 1), Status::kOk);
+  std::vector<uint16_t> stats(c->stats_words());
+  EXPECT_EQ(c->local_stats({x.data(), DType::kFloat16, n}, stats.data()), Status::kInvalidArgument);
+  EXPECT_EQ(c->local_stats({x.data(), DType::kF32, n}, nullptr), Status::kInvalidArgument);
+  ASSERT_EQ(c->local_stats({x.data(), DType::kF32, n}, stats.data()), Status::kOk);
+  std::vector<uint64_t> layout(c->layout_bytes() / 8 + 1);
+  ASSERT_EQ(c->build_layout(stats.data(), 1, layout.data()), Status::kOk);
+  std::vector<uint8_t> msg(c->chunk_capacity());
+  const RoundingKey key{1, 1, 0, 0, 1, 0};
+  EXPECT_EQ(
+      c->fused_hop(layout.data(), 0, {x.data(), DType::kFloat16, n}, nullptr, 0, msg.data(), key),
+      Status::kInvalidArgument);
+  ASSERT_EQ(c->fused_hop(layout.data(), 0, {x.data(), DType::kF32, n}, nullptr, 0, msg.data(), key),
+            Status::kOk);
+  std::vector<float> y(n, 7.0f);
+  EXPECT_EQ(c->decode_finish(layout.data(), 0, {msg.data(), msg.size()}, y.data(), DType::kFloat16,
+                             ReduceOp::kSum, 1),
+            Status::kInvalidArgument);
+  EXPECT_EQ(c->decode_finish(layout.data(), 0, {msg.data(), msg.size()}, y.data(), DType::kF32,
+                             static_cast<ReduceOp>(2), 1),
+            Status::kInvalidArgument);
+  EXPECT_EQ(c->decode_finish(layout.data(), 0, {msg.data(), msg.size()}, nullptr, DType::kF32,
+                             ReduceOp::kSum, 1),
+            Status::kInvalidArgument);
+  EXPECT_EQ(y[0], 7.0f);  // nothing written by the refused calls
+  EXPECT_EQ(c->decode_finish(layout.data(), 0, {msg.data(), msg.size()}, y.data(), DType::kF32,
+                             ReduceOp::kSum, 1),
+            Status::kOk);
+}
+
 // The layout lives in memory the caller owns: a layout built into a caller's buffer works like the
 // codec's own, hops and finishes of one call need nothing else, and one codec serves two calls'
 // layouts side by side.
@@ -1194,6 +1230,27 @@ TEST(FloatEnvironment, GuardSetsTheDefaultAndRestoresTheCallers) {
   EXPECT_TRUE(inside_default);
   EXPECT_EQ(inside_product, 1e-39f);
   EXPECT_EQ(after, app) << "the caller's environment, flags included";
+}
+
+// A layout built by a caller whose thread flushes subnormals (torch.set_flush_denormal(True))
+// has the bytes of one built under the format's environment: its serial arithmetic (the means,
+// the range keys) runs under the default too, so ranks with different environments agree.
+TEST(FloatEnvironment, ALayoutIsTheSameUnderFlushToZero) {
+  const size_t n = 256 * 64;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i)  // subnormal scale, a mean that is not zero
+    x[i] = std::ldexp(1.0f + static_cast<float>(i % 7) / 8.0f, -127 - static_cast<int>(i % 7));
+  auto c = codec("dynamiq:5");
+  ASSERT_EQ(c->plan(n, 2, 1), Status::kOk);
+  const auto stats = reduce_stats(*c, {x});
+  std::vector<uint64_t> plain(c->layout_bytes() / 8 + 1), flushed(plain.size());
+  ASSERT_EQ(c->build_layout(stats.data(), 1, plain.data()), Status::kOk);
+  const unsigned before = _mm_getcsr();
+  _mm_setcsr(before | 0x8040u);  // FTZ, DAZ
+  const Status built = c->build_layout(stats.data(), 1, flushed.data());
+  _mm_setcsr(before);
+  ASSERT_EQ(built, Status::kOk);
+  EXPECT_EQ(0, std::memcmp(plain.data(), flushed.data(), c->layout_bytes()));
 }
 
 // Every task of dq::parallel_for runs under the default environment, also on TBB workers whose
