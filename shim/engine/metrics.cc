@@ -33,6 +33,10 @@ struct Registry {
   // whose mutex another thread may have held at the fork: it must neither write its stale copy
   // over the parent's file nor wait on that mutex.
   std::atomic<pid_t> owner{0};
+  // The file the last write went to. The name can change while the job runs (%j falls back to
+  // the pid until a communicator made from a unique id registers, when it becomes nccl-<commId>):
+  // the file left behind is removed, or it would stay with stale counters under the same labels.
+  std::string last_path;
 };
 
 Registry& registry() {
@@ -482,7 +486,10 @@ void write_locked(Registry& r) {
             "is unaffected)",
             why.c_str());
     r.warned = true;
+    return;
   }
+  if (!r.last_path.empty() && r.last_path != path) ::unlink(r.last_path.c_str());
+  r.last_path = path;
 }
 
 }  // namespace

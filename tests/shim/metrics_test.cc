@@ -278,6 +278,36 @@ TEST(Metrics, TheExitWriteKeepsLongLabels) {
   EXPECT_EQ(doc["job"], job) << doc.dump();
 }
 
+// The file's name moves once the job is known (%j: the pid until a communicator made from a unique
+// id registers, as a split subgroup's first call before the world's): the file written under
+// the earlier name is removed, not left with stale counters under the same labels.
+TEST(Metrics, AMovedFileLeavesNoStaleCopy) {
+  const std::string dir = "/tmp/dq-metrics-move-" + std::to_string(getpid()) + "-";
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DYNAMIQ_METRICS_FILE", (dir + "%j.json").c_str(), 1);
+    setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+    for (const char* key : {"DYNAMIQ_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID",
+                            "LSB_JOBID", "JOB_ID"})
+      unsetenv(key);
+    auto split = metrics_register(0, "split", 0, 2);  // made by a split: no unique id
+    metrics_flush();
+    const std::string first = dir + "pid-" + std::to_string(getpid()) + ".json";
+    if (access(first.c_str(), F_OK) != 0) _exit(2);
+    auto world = metrics_register(1, "world", 0, 2, 0xabcdef);
+    metrics_flush();
+    const bool moved = access((dir + "nccl-0000000000abcdef.json").c_str(), F_OK) == 0;
+    const bool stale = access(first.c_str(), F_OK) == 0;
+    std::remove((dir + "nccl-0000000000abcdef.json").c_str());
+    std::remove(first.c_str());
+    _exit(!moved ? 3 : stale ? 4 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << " (2: no first file, 3: not moved, 4: the first left behind)";
+}
+
 // The handler installed before ours, as SIG_DFL or SIG_IGN through a struct sigaction that kept
 // SA_SIGINFO (the kernel keeps the flag): SIGTERM still ends the process, and an ignored one is
 // still ignored (the handler field is then 0 or 1, never a function to call).
