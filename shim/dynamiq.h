@@ -4,6 +4,8 @@
 #ifndef DYNAMIQ_SHIM_DYNAMIQ_H_
 #define DYNAMIQ_SHIM_DYNAMIQ_H_
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -47,6 +49,11 @@ int dynamiqCommCheck(void* comm, unsigned long long* mx_calls, unsigned long lon
 
 /* Rewrites DYNAMIQ_METRICS_FILE now. Returns 0. */
 int dynamiqMetricsFlush(void);
+
+/* The metrics file the shim writes (DYNAMIQ_METRICS_FILE expanded: %j, %h, %r, %p, a directory's
+   file name) into `path`, NUL-terminated. Returns 0; ncclInvalidArgument (4), with "" in a
+   non-empty buffer, when no metrics file is configured or `bytes` cannot hold the path. */
+int dynamiqMetricsPath(char* path, size_t bytes);
 
 #ifdef __cplusplus
 }

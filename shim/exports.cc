@@ -3,7 +3,9 @@
 // format's floating-point environment and the C locale (the application's are restored on return,
 // whatever it set: common/float_env.h, common/c_locale.h) and forwards to the real NCCL whatever
 // dynamiq does not reroute.
+#include <cstring>
 #include <new>
+#include <string>
 
 #include "common/abi_guard.h"
 #include "common/c_locale.h"
@@ -318,6 +320,19 @@ DQ_SHIM_API int dynamiqCommCheck(void* comm, unsigned long long* mx_calls,
 DQ_SHIM_API int dynamiqMetricsFlush(void) {
   return guarded("dynamiqMetricsFlush", [&] {
     dq::engine::metrics_flush();
+    return ncclSuccess;
+  });
+}
+
+DQ_SHIM_API int dynamiqMetricsPath(char* path, size_t bytes) {
+  return guarded("dynamiqMetricsPath", [&] {
+    if (path == nullptr || bytes == 0) return ncclInvalidArgument;
+    const std::string now = dq::engine::metrics_path_now();
+    if (now.empty() || now.size() + 1 > bytes) {
+      path[0] = '\0';
+      return ncclInvalidArgument;
+    }
+    std::memcpy(path, now.c_str(), now.size() + 1);
     return ncclSuccess;
   });
 }

@@ -70,7 +70,27 @@ def _shim():
         fn.restype = ctypes.c_int
     lib.dynamiqMetricsFlush.argtypes = []
     lib.dynamiqMetricsFlush.restype = ctypes.c_int
+    path_fn = getattr(lib, "dynamiqMetricsPath", None)  # absent from older libdynamiq.so
+    if path_fn is not None:
+        path_fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        path_fn.restype = ctypes.c_int
     return lib
+
+
+def _shim_metrics_path():
+    """The metrics file the preloaded shim writes, as it expands DYNAMIQ_METRICS_FILE (%j, %h,
+    %r, %p, a directory's file name); None without the shim or without a configured file."""
+    try:
+        lib = _shim()
+    except RuntimeError:
+        return None
+    fn = getattr(lib, "dynamiqMetricsPath", None)
+    if fn is None:
+        return None
+    buf = ctypes.create_string_buffer(4096)
+    if fn(buf, len(buf)) != 0:
+        return None
+    return os.fsdecode(buf.value)
 
 
 def _default_group():
@@ -212,10 +232,11 @@ def counters(group=None, metrics_file=None, rank=None):
     compressed and passed through to NCCL, caller bytes of the compressed calls and the bytes
     this rank sent for them.
 
-    Without `group`: the metrics file of this process (`metrics_file`, else
-    DYNAMIQ_METRICS_FILE, see metrics_path()), rewritten first through dynamiqMetricsFlush()
-    when the shim is loaded, parsed as JSON and returned as the shim wrote it. Prometheus
-    files (.prom) are refused with ValueError: use a JSON name.
+    Without `group`: the metrics file of this process, parsed as JSON and returned as the shim
+    wrote it: `metrics_file` if given, else the file the preloaded shim writes (its own expansion
+    of DYNAMIQ_METRICS_FILE, rewritten first through dynamiqMetricsFlush()), else
+    metrics_path(). Prometheus files (.prom, a directory pattern's) are refused with ValueError:
+    use a JSON name.
     """
     if group is not None:
         lib = _shim()
@@ -231,11 +252,15 @@ def counters(group=None, metrics_file=None, rank=None):
             raise DynamiqError(rc, "dynamiqCommBytes returned %d" % rc)
         out.update(bytes_in=a.value, wire_bytes=b.value)
         return out
-    path = metrics_path(metrics_file, rank)
+    path = None
+    if metrics_file is None and rank is None:
+        path = _shim_metrics_path()
+    if path is None:
+        path = metrics_path(metrics_file, rank)
     if path is None:
         raise RuntimeError("no metrics file: pass a communicator, or set DYNAMIQ_METRICS_FILE "
                            "(a .json name) in the job's environment")
-    if path.endswith(".prom"):
+    if path.endswith("/") or path.endswith(".prom"):
         raise ValueError("%s is Prometheus text; counters() reads the JSON form (a metrics file "
                          "name not ending in .prom)" % path)
     try:

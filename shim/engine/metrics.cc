@@ -463,18 +463,29 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
 
 namespace {
 
+// The labels the first write read. Never destroyed: the write at exit (an atexit handler
+// registered before this first write) runs after the static objects made since are destroyed.
+const ProcessLabels& first_labels() {
+  static const ProcessLabels& first = *new ProcessLabels(process_labels());
+  return first;
+}
+
+// The metrics file's path for the next write (caller holds the registry mutex).
+std::string path_locked(const Registry& r, const ProcessLabels& labels) {
+  const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;
+  return metrics_expand_path(config::global().metrics_file, metrics_job_name(labels, r.comms),
+                             labels.host, rank, labels.pid);
+}
+
 // Caller holds the registry mutex.
 void write_locked(Registry& r) {
   const config::Settings& s = config::global();
   if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
   // Never destroyed: the write at exit (an atexit handler registered before this first write)
   // runs after the static objects made since are destroyed.
-  static const ProcessLabels& first = *new ProcessLabels(process_labels());
-  ProcessLabels labels = first;
+  ProcessLabels labels = first_labels();
   fill_host_path(&labels);
-  const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;
-  const std::string path = metrics_expand_path(s.metrics_file, metrics_job_name(labels, r.comms),
-                                               labels.host, rank, labels.pid);
+  const std::string path = path_locked(r, labels);
   const bool prom = path.size() >= 5 && path.compare(path.size() - 5, 5, ".prom") == 0;
   // A temporary created O_EXCL | O_NOFOLLOW, renamed over the file: never through a symbolic
   // link placed at either name (a shared /tmp), and a reader (the textfile collector reads
@@ -581,6 +592,13 @@ void metrics_flush() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   write_locked(r);
+}
+
+std::string metrics_path_now() {
+  if (config::global().metrics_file.empty()) return "";
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return path_locked(r, first_labels());
 }
 
 }  // namespace dq::engine

@@ -135,6 +135,9 @@ void metrics_unregister(const std::shared_ptr<CommMetrics>& m);
 // Rewrites the file if the interval has elapsed (cheap otherwise: one clock read).
 void metrics_tick();
 void metrics_flush();
+// The metrics file the next write goes to (DYNAMIQ_METRICS_FILE expanded as the writes expand it:
+// %j, %h, %r, %p, a directory's name); "" when none is configured.
+std::string metrics_path_now();
 // Installs the SIGTERM/SIGINT handlers that write the file once more before the handler that
 // was there before runs (once per process; metrics_signal.cc).
 void metrics_install_signal_write();

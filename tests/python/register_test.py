@@ -153,6 +153,10 @@ def main():
         m = dynamiq.counters()
         check(isinstance(m, dict) and str(os.getpid()) in str(m),
               "counters() reads this process's metrics file (JSON naming its pid)")
+        # The name as the shim expands it (%j, %h: the test's pattern has both), not a guess.
+        shim_path = dynamiq._shim_metrics_path()
+        check(shim_path is not None and os.path.exists(shim_path) and "%" not in shim_path,
+              "dynamiqMetricsPath names the file the shim wrote: %s" % shim_path)
 
     check(api.ncclCommDestroy(opted) == 0 and api.ncclCommDestroy(other) == 0, "ncclCommDestroy")
     print("%d check(s) failed" % len(FAILURES) if FAILURES else "all checks passed", flush=True)
