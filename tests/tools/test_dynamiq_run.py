@@ -164,6 +164,21 @@ def case_fail_fast(a):
     check("SIGKILL" in proc.stderr, f"no SIGKILL notice: {proc.stderr!r}")
 
 
+def case_leftovers(a):
+    """Every rank exits 0, one leaving a process behind that holds its output open: the launcher
+    exits soon with 0, and the leftover process is gone with the job."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = (f'if [ "$RANK" = 1 ]; then sleep 60 & echo $! > {tmp}/left; fi; exit 0')
+        proc, took = launch(a.run, ["-n", "2", "--grace", "1", "--", "sh", "-c", script])
+        check(proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}")
+        check(took < 10, f"took {took:.1f} s (the leftover sleeps 60 s)")
+        left = int(open(os.path.join(tmp, "left")).read())
+        deadline = time.monotonic() + 2
+        while alive(left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check(not alive(left), "the process a rank left behind outlived the launcher")
+
+
 def case_timeout(a):
     proc, took = launch(a.run, ["-n", "3", "--timeout", "1", "--", "sleep", "30"])
     check(proc.returncode == 124, f"exit {proc.returncode}")

@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -528,6 +529,26 @@ class Launcher {
       if (r.pid > 0) kill(-r.pid, sig);  // the group: the rank and anything it started
   }
 
+  // Processes a rank left in its group after it exited (a worker it started and did not wait
+  // for; a rank's death signal reaches its own children only): they end with the job, as they
+  // would when it is stopped, SIGTERM and then, after the grace period, SIGKILL. Bounded by the
+  // grace period and the polls of kDrainMs slices.
+  void end_leftovers() {
+    auto any_left = [&] {
+      for (const auto& r : ranks_)
+        if (r.pid > 0 && kill(-r.pid, 0) == 0) return true;
+      return false;
+    };
+    if (!any_left()) return;
+    say("processes the ranks started are still running after the ranks exited; stopping them");
+    signal_all(SIGTERM);
+    const auto until =
+        Clock::now() + std::chrono::milliseconds(static_cast<long>(options_.grace_s * 1000));
+    while (any_left() && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (any_left()) signal_all(SIGKILL);
+  }
+
   void begin_stop() {
     if (stopping_) return;
     stopping_ = true;
@@ -644,6 +665,7 @@ class Launcher {
       }
     }
     for (auto& f : forwarders_) f.close_and_flush();
+    if (all_reaped()) end_leftovers();
     if (!all_reaped()) {
       // Only after poll() failed: make sure nothing outlives the launcher, then collect.
       signal_all(SIGKILL);
