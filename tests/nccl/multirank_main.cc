@@ -601,9 +601,12 @@ int scenario_split(int rank, int nranks) {
 //   hung     it stays alive but never joins the all-reduce; each survivor's other thread revokes
 //            the parent 300 ms in: the all-reduce returns at once (the timeout is 60 s), the
 //            parent reports quiescent and refuses work, and the survivors shrink.
+//   abort    as hung, but the survivors' other thread aborts the communicator (PyTorch's
+//            watchdog does so) instead of revoking it: the all-reduce returns an error, the abort
+//            returns once it has, and the freed communicator is not used after (no shrink).
 // The shrunk communicator: n - 1 ranks in parent order, the parent's name, exact reductions;
 // from 4 ranks it is shrunk once more (its last rank leaves), over the same shared listener.
-enum class ShrinkMode { kHealthy, kDead, kHung };
+enum class ShrinkMode { kHealthy, kDead, kHung, kAbort };
 
 int check_shrunk(ncclComm_t sub, int rank, int nranks, int out) {
   FAIL_IF(sub == nullptr, "ncclCommShrink gave NULL");
@@ -645,7 +648,7 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
   const int out = nranks / 2;
   if (rank == out) {
     if (mode == ShrinkMode::kDead) _exit(0);  // no destroy, no goodbye: its sockets just close
-    if (mode == ShrinkMode::kHung) {
+    if (mode == ShrinkMode::kHung || mode == ShrinkMode::kAbort) {
       const auto deadline = Clock::now() + std::chrono::seconds(120);
       while (g_shared->survivors_done.load() < nranks - 1 && Clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -664,6 +667,28 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     FAIL_IF(r == ncclSuccess, "all-reduce without rank %d succeeded", out);
     NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_ABORT));
     if (check_revoked(comm)) return 1;
+  } else if (mode == ShrinkMode::kAbort) {
+    std::vector<float> buf(1 << 16, 1.0f);
+    std::atomic<int> result{-1};
+    std::thread op([&] {
+      result =
+          ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const bool finished_early = result.load() != -1;
+    const auto aborted_at = Clock::now();
+    const ncclResult_t abort = ncclCommAbort(comm);
+    const double abort_s = std::chrono::duration<double>(Clock::now() - aborted_at).count();
+    const bool ended = result.load() != -1;  // the abort returned only once the call had
+    op.join();
+    FAIL_IF(finished_early, "all-reduce without rank %d ended before the abort: %d", out,
+            result.load());
+    FAIL_IF(abort != ncclSuccess, "ncclCommAbort -> %d", abort);
+    FAIL_IF(!ended, "ncclCommAbort returned while the all-reduce was still running");
+    FAIL_IF(result.load() == ncclSuccess, "aborted all-reduce succeeded");
+    FAIL_IF(abort_s > 5.0, "ncclCommAbort took %.2f s", abort_s);
+    g_shared->survivors_done.fetch_add(1);
+    return 0;
   } else {
     std::vector<float> buf(1 << 16, 1.0f);
     std::atomic<int> result{-1};
@@ -715,8 +740,10 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
 
 int scenario_shrink(int nranks) {
   setenv("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "60000", 1);  // the hung job must not end by a timeout
-  const std::pair<ShrinkMode, const char*> modes[] = {
-      {ShrinkMode::kHealthy, "healthy"}, {ShrinkMode::kDead, "dead"}, {ShrinkMode::kHung, "hung"}};
+  const std::pair<ShrinkMode, const char*> modes[] = {{ShrinkMode::kHealthy, "healthy"},
+                                                      {ShrinkMode::kDead, "dead"},
+                                                      {ShrinkMode::kHung, "hung"},
+                                                      {ShrinkMode::kAbort, "hung, aborted"}};
   int failures = 0;
   for (const auto& [mode, name] : modes) {
     const auto start = Clock::now();

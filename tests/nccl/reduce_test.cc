@@ -127,6 +127,23 @@ TEST(CpuNcclReduce, IntegerOpsWrapAndAverageTruncates) {
   EXPECT_EQ(r[1], 10u);
 }
 
+// AVG of 8-bit integers over more ranks than the type holds: divided by the rank count itself,
+// not by it narrowed to the type (negative for int8 from 129, 0 at 256: SIGFPE).
+TEST(CpuNcclReduce, IntegerAverageOverManyRanks) {
+  int8_t s8[2] = {100, -100};
+  finish_average(DType::kInt8, s8, 2, 200);
+  EXPECT_EQ(s8[0], 0);
+  EXPECT_EQ(s8[1], 0);
+  uint8_t u8[2] = {255, 200};
+  finish_average(DType::kUint8, u8, 1, 256);
+  EXPECT_EQ(u8[0], 0);
+  finish_average(DType::kUint8, u8 + 1, 1, 100);
+  EXPECT_EQ(u8[1], 2);
+  uint8_t w[1] = {200};
+  finish_average(DType::kUint8, w, 1, 300);
+  EXPECT_EQ(w[0], 0);
+}
+
 TEST(CpuNcclReduce, HalfSumRoundsOncePerStep) {
   // 2048 + 1 is a tie in half (spacing 2 there): ties to even gives 2048; 2050 + 1 -> 2052.
   uint16_t a[2] = {half_bits(static_cast<_Float16>(2048.0)),

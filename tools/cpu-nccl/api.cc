@@ -1,5 +1,6 @@
 // The extern "C" boundary of the CPU NCCL: argument checks, group semantics, error mapping.
 // No exception leaves this file; every entry point runs inside guarded().
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -513,17 +514,39 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+// Whether no operation runs on `c` any more. Another thread may still be inside one (a watchdog
+// aborts while the application's thread waits in a collective, as on a GPU, where that thread
+// has long returned): revoked, it ends at once, and `c` is freed only after it has. Bounded by
+// the CPU NCCL's timeout and a second; past that, false: `c` is left allocated rather than freed
+// under that thread.
+bool quiesce(Comm* c) {
+  if (c->busy() == 0) return true;
+  c->revoke();
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(c->timeout_ms()) + 1000);
+  while (c->busy() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (c->busy() == 0) return true;
+  DQ_WARN(Subsys::kCore,
+          "cpu-nccl rank %d: an operation on the communicator did not end within %d ms of its "
+          "revoke; the communicator is left allocated",
+          c->rank(), c->timeout_ms() + 1000);
+  return false;
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return guarded([&] {
-    delete impl(comm);
+    if (Comm* c = impl(comm); c != nullptr && quiesce(c)) delete c;
     return ncclSuccess;
   });
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return guarded([&] {
-    if (Comm* c = impl(comm)) c->abort_connections();
-    delete impl(comm);
+    Comm* c = impl(comm);
+    if (c == nullptr || !quiesce(c)) return ncclSuccess;
+    c->abort_connections();
+    delete c;
     return ncclSuccess;
   });
 }

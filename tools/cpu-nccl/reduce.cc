@@ -277,11 +277,14 @@ void reduce_fp8(DType dtype, RedOp op, const uint8_t* a, const uint8_t* b, uint8
   }
 }
 
+// Divided in 64 bits: the rank count narrowed to an 8-bit type would be negative (int8 from 129
+// ranks), zero (256: SIGFPE) or another number.
 template <class T>
 void average_int(void* data, size_t count, int nranks) {
+  using Wide = std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>;
   T* d = static_cast<T*>(data);
-  const T n = static_cast<T>(nranks);
-  for (size_t i = 0; i < count; ++i) d[i] = static_cast<T>(d[i] / n);
+  const Wide n = static_cast<Wide>(nranks);
+  for (size_t i = 0; i < count; ++i) d[i] = static_cast<T>(static_cast<Wide>(d[i]) / n);
 }
 
 }  // namespace
