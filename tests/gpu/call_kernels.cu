@@ -24,7 +24,8 @@
 //   hop     rank 0's sink chunk: rank 1's leaf added and compressed again (n_in = 1), every block;
 //   finish  both chunks' final messages decoded into the result tensor, one launch a block (the
 //           engine's finish step: launch_dynamiq_finishes over the block's chunks).
-// Exit 77 without a device.
+// The call is timed first and its RESULT line (kernels_vs_link) printed at once, then each kind
+// alone as it is measured; the table and the full RESULT line come last. Exit 77 without a device.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -298,13 +299,24 @@ int measure(const Call& c, int iterations) {
   gpubench::Timer timer;
   const char* names[] = {"stats", "budget", "layout", "leaf", "hop", "finish", "call"};
   double t[7] = {};
-  for (int k = 0; k < 7; ++k)
+  const double link_bytes = 2.0 * (kWorkers - 1) / kWorkers * static_cast<double>(c.count) * 2;
+  const double t_link = link_bytes * 8 / kLinkBitsPerSecond;
+  // The whole call first, its RESULT line printed and flushed at once, then each kind alone,
+  // each printed as it is measured: a kind that fails (which exits) or the step's timeout keeps
+  // the target's figure and the kinds measured before it.
+  const int order[7] = {6, 0, 1, 2, 3, 4, 5};
+  for (int k : order) {
     t[k] = timer.seconds_per_round([&] { enqueue(c, static_cast<Kind>(k)); }, iterations);
+    if (k == 6)
+      std::printf("RESULT kernels_vs_link=%.4f call_kernels_ms=%.3f link_ms_100gbit=%.3f\n",
+                  t[6] / t_link, t[6] * 1e3, t_link * 1e3);
+    else
+      std::printf("measured %s: %.3f ms\n", names[k], t[k] * 1e3);
+    std::fflush(stdout);
+  }
   unsigned error = 0;
   DQ_BENCH_CHECK(cudaMemcpy(&error, c.d_error, sizeof error, cudaMemcpyDeviceToHost));
   const double vnmse = result_vnmse(c);
-  const double link_bytes = 2.0 * (kWorkers - 1) / kWorkers * static_cast<double>(c.count) * 2;
-  const double t_link = link_bytes * 8 / kLinkBitsPerSecond;
   std::printf("count %zu FP32 (%.1f MiB), %zu block(s), 2 ranks (ring), %d iterations\n", c.count,
               c.count * 4 / 1048576.0, c.blocks.size(), iterations);
   std::printf("%-7s %10s %12s\n", "kernels", "ms", "launches");

@@ -23,8 +23,9 @@
 // kernel's for the same tensor; "traffic" adds what each moves besides (the copy reads and
 // writes the tensor; a hop reads the tensor and its inputs and writes a chunk_capacity()
 // message per chunk; the finish reads each message twice, its validators' and its decoders'
-// pass, and writes the tensor). A RESULT line a type (BF16's keys start bf16_). Exit 77 without a
-// device.
+// pass, and writes the tensor). Each type first times the copy and the hop and prints their
+// RESULT line (hop_vs_copy, copy_GBps, hop_GBps) at once, then the rest and a full RESULT line
+// repeating them (BF16's keys start bf16_). Exit 77 without a device.
 //
 // After the timed rounds, one more round of each kernel (statistics, layout, leaf and hop of
 // chunk 0, finish) runs between cudaProfilerStart() and cudaProfilerStop(), so that Nsight
@@ -196,7 +197,15 @@ Ratios measure(const Bench& b, int iterations) {
   const size_t bytes = b.count * (b.bf16 ? 2 : 4), cap = b.cap;
   const int n_chunks = b.n_chunks;
   Timer timer;
+  const double gb = 1e9;
+  // The copy and the hop first, their RESULT line printed and flushed at once: the ratio the
+  // target is read from survives a later kernel's failure (which exits) or the step's timeout.
   const double t_copy = copy_seconds(b, timer, iterations);
+  const double t_hop = timer.seconds_per_round([&] { enqueue_hops(b, 2, 0); }, iterations);
+  const char* prefix = b.bf16 ? "bf16_" : "";
+  std::printf("RESULT %shop_vs_copy=%.3f %scopy_GBps=%.1f %shop_GBps=%.1f\n", prefix,
+              t_copy / t_hop, prefix, bytes / t_copy / gb, prefix, bytes / t_hop / gb);
+  std::fflush(stdout);
   const double t_stats = timer.seconds_per_round(
       [&] {
         DQ_BENCH_CHECK(launch_supergroup_stats(b.own[0], b.bf16, b.count, 2, b.d_stats, nullptr));
@@ -218,7 +227,6 @@ Ratios measure(const Bench& b, int iterations) {
                                             nullptr, 0, b.out + c * cap, key, b.d_error, nullptr));
       },
       iterations);
-  const double t_hop = timer.seconds_per_round([&] { enqueue_hops(b, 2, 0); }, iterations);
   const double t_hop_s1 = timer.seconds_per_round([&] { enqueue_hops(b, 1, 0); }, iterations);
   const double t_finish = timer.seconds_per_round(
       [&] {
@@ -229,7 +237,6 @@ Ratios measure(const Bench& b, int iterations) {
       iterations);
   Ratios r;  // its error flags: run() reads them once every kernel has run
 
-  const double gb = 1e9;
   const double msgs = static_cast<double>(cap) * n_chunks;
   std::printf(
       "count %zu %s (%.1f MB), %d chunks of capacity %zu bytes (%.1f MB of messages), %d "
