@@ -108,6 +108,10 @@ inline bool device_and_nccl(Nccl* nccl) {
                 e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
     return false;
   }
+  // Loopback before NCCL is loaded: the parent's ncclGetUniqueId picks the bootstrap's interface
+  // here, and one the ranks (loopback) cannot reach would leave them waiting until the bound.
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  setenv("DYNAMIQ_NET_IFNAME", "lo", 0);
   std::string why;
   if (!load_nccl(nccl, &why)) {
     std::printf("SKIP: %s\n", why.c_str());
