@@ -667,29 +667,10 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     FAIL_IF(r == ncclSuccess, "all-reduce without rank %d succeeded", out);
     NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_ABORT));
     if (check_revoked(comm)) return 1;
-  } else if (mode == ShrinkMode::kAbort) {
-    std::vector<float> buf(1 << 16, 1.0f);
-    std::atomic<int> result{-1};
-    std::thread op([&] {
-      result =
-          ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const bool finished_early = result.load() != -1;
-    const auto aborted_at = Clock::now();
-    const ncclResult_t abort = ncclCommAbort(comm);
-    const double abort_s = std::chrono::duration<double>(Clock::now() - aborted_at).count();
-    const bool ended = result.load() != -1;  // the abort returned only once the call had
-    op.join();
-    FAIL_IF(finished_early, "all-reduce without rank %d ended before the abort: %d", out,
-            result.load());
-    FAIL_IF(abort != ncclSuccess, "ncclCommAbort -> %d", abort);
-    FAIL_IF(!ended, "ncclCommAbort returned while the all-reduce was still running");
-    FAIL_IF(result.load() == ncclSuccess, "aborted all-reduce succeeded");
-    FAIL_IF(abort_s > 5.0, "ncclCommAbort took %.2f s", abort_s);
-    g_shared->survivors_done.fetch_add(1);
-    return 0;
   } else {
+    // Hung: another thread revokes (or aborts) the communicator while the all-reduce waits.
+    const bool aborting = mode == ShrinkMode::kAbort;
+    const char* what = aborting ? "ncclCommAbort" : "ncclCommRevoke";
     std::vector<float> buf(1 << 16, 1.0f);
     std::atomic<int> result{-1};
     std::thread op([&] {
@@ -698,15 +679,21 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const bool finished_early = result.load() != -1;
-    const auto revoked_at = Clock::now();
-    const ncclResult_t revoke = ncclCommRevoke(comm, 0);
+    const auto at = Clock::now();
+    const ncclResult_t r = aborting ? ncclCommAbort(comm) : ncclCommRevoke(comm, 0);
+    const bool ended_first = result.load() != -1;  // an abort returns once the call has ended
     op.join();
-    const double ended_s = std::chrono::duration<double>(Clock::now() - revoked_at).count();
-    FAIL_IF(finished_early, "all-reduce without rank %d ended before the revoke: %d", out,
+    const double ended_s = std::chrono::duration<double>(Clock::now() - at).count();
+    FAIL_IF(finished_early, "all-reduce without rank %d ended before the %s: %d", out, what,
             result.load());
-    FAIL_IF(revoke != ncclSuccess, "ncclCommRevoke -> %d", revoke);
-    FAIL_IF(result.load() == ncclSuccess, "revoked all-reduce succeeded");
-    FAIL_IF(ended_s > 5.0, "revoked all-reduce took %.2f s to end", ended_s);
+    FAIL_IF(r != ncclSuccess, "%s -> %d", what, r);
+    FAIL_IF(aborting && !ended_first, "ncclCommAbort returned while the all-reduce still ran");
+    FAIL_IF(result.load() == ncclSuccess, "the all-reduce succeeded after %s", what);
+    FAIL_IF(ended_s > 5.0, "the all-reduce took %.2f s to end after %s", ended_s, what);
+    if (aborting) {  // the communicator is freed: no shrink
+      g_shared->survivors_done.fetch_add(1);
+      return 0;
+    }
     if (check_revoked(comm)) return 1;
     NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_DEFAULT));
   }
