@@ -489,6 +489,24 @@ int scenario_p2p(int rank, int nranks) {
         FAIL_IF(in[i] != static_cast<uint8_t>(prev * 31 + i * 7), "ring p2p byte %zu wrong", i);
     }
   }
+  // A call refused inside a group (a peer out of range) drops the whole group, as NCCL does: its
+  // end returns that error on every rank alike, no operation of it ran, and the communicator
+  // still works. Run, the valid exchange would have written `in`.
+  {
+    const size_t n = 1000;
+    std::vector<uint8_t> out(n, static_cast<uint8_t>(rank + 1)), in(n, 0);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(out.data(), n, ncclUint8, next, comm, nullptr));
+    NCCL_OK(ncclRecv(in.data(), n, ncclUint8, prev, comm, nullptr));
+    const ncclResult_t bad = ncclSend(out.data(), n, ncclUint8, nranks + 5, comm, nullptr);
+    const ncclResult_t end = ncclGroupEnd();
+    FAIL_IF(bad != ncclInvalidArgument, "a send to peer %d returned %d", nranks + 5, bad);
+    FAIL_IF(end != ncclInvalidArgument, "the group with a refused call ended with %d", end);
+    for (size_t i = 0; i < n; ++i) FAIL_IF(in[i] != 0, "the dropped group's receive ran");
+    int32_t one = 1, total = 0;
+    NCCL_OK(ncclAllReduce(&one, &total, 1, ncclInt32, ncclSum, comm, nullptr));
+    FAIL_IF(total != nranks, "all-reduce after a dropped group: %d", total);
+  }
   // Every pair at once, receives posted in reverse order, plus one message to self.
   {
     const size_t n = 4099;

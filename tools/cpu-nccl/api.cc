@@ -154,6 +154,15 @@ struct Task {
 
 thread_local int t_group_depth = 0;
 thread_local std::vector<Task> t_tasks;
+// The first call refused inside the open group: NCCL then drops the group's operations and its
+// end returns that error (ncclGroupErrCheck), so no peer's operation is left unmatched on one
+// rank while the others' run.
+thread_local ncclResult_t t_group_error = ncclSuccess;
+
+ncclResult_t noted_in_group(ncclResult_t r) {
+  if (r != ncclSuccess && t_group_depth > 0 && t_group_error == ncclSuccess) t_group_error = r;
+  return r;
+}
 
 // Runs one comm's share of a group: init first, then all point-to-point together, then the
 // collectives in the order they were issued.
@@ -303,7 +312,8 @@ ncclResult_t check_comm(Comm* comm) {
   return ncclSuccess;
 }
 
-ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op, cudaStream_t stream) {
+ncclResult_t checked_submit_coll(const CollArgs& args, Comm* comm, bool needs_op,
+                                 cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (!dq::cpunccl::dtype_valid(static_cast<int>(args.dtype))) return invalid("datatype");
   if (needs_op && !dq::cpunccl::redop_valid(static_cast<int>(args.op)))
@@ -326,8 +336,8 @@ ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op, cudaSt
   return submit(t);
 }
 
-ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t dtype, int peer,
-                        Comm* comm, cudaStream_t stream) {
+ncclResult_t checked_submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t dtype,
+                                int peer, Comm* comm, cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
   if (!dq::cpunccl::dtype_valid(dtype)) return invalid("datatype");
   if (peer < 0 || peer >= comm->nranks()) return invalid("peer out of range");
@@ -339,6 +349,15 @@ ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t
       P2pArgs{is_send, peer, buffer, count * dq::cpunccl::dtype_size(static_cast<DType>(dtype))};
   t.stream = stream;
   return submit(t);
+}
+
+ncclResult_t submit_coll(const CollArgs& args, Comm* comm, bool needs_op, cudaStream_t stream) {
+  return noted_in_group(checked_submit_coll(args, comm, needs_op, stream));
+}
+
+ncclResult_t submit_p2p(bool is_send, void* buffer, size_t count, ncclDataType_t dtype, int peer,
+                        Comm* comm, cudaStream_t stream) {
+  return noted_in_group(checked_submit_p2p(is_send, buffer, count, dtype, peer, comm, stream));
 }
 
 // The config's commName, or null: none set, or a struct not made by NCCL_CONFIG_INITIALIZER or
@@ -655,6 +674,15 @@ ncclResult_t ncclGroupEnd(void) {
     if (--t_group_depth > 0) return ncclSuccess;
     std::vector<Task> tasks;
     tasks.swap(t_tasks);
+    if (const ncclResult_t refused = t_group_error; refused != ncclSuccess) {
+      // The group's operations are dropped; communicators created in it are still made.
+      t_group_error = ncclSuccess;
+      std::vector<Task> inits;
+      for (const Task& t : tasks)
+        if (t.kind == Task::kInit) inits.push_back(t);
+      (void)run_group(std::move(inits));
+      return refused;
+    }
     return run_group(std::move(tasks));
   });
 }
@@ -666,6 +694,7 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* sim_info) {
       return invalid("simInfo not initialised with NCCL_SIM_INFO_INITIALIZER");
     if (t_group_depth <= 0) return invalid("ncclGroupSimulateEnd without ncclGroupStart");
     if (--t_group_depth > 0) return ncclSuccess;
+    t_group_error = ncclSuccess;
     // The group's operations never run. Communicators created in it are, as at ncclGroupEnd:
     // the caller holds their handles. No time model: the estimate is 0 us.
     std::vector<Task> tasks;
