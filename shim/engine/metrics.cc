@@ -481,8 +481,6 @@ std::string path_locked(const Registry& r, const ProcessLabels& labels) {
 void write_locked(Registry& r) {
   const config::Settings& s = config::global();
   if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
-  // Never destroyed: the write at exit (an atexit handler registered before this first write)
-  // runs after the static objects made since are destroyed.
   ProcessLabels labels = first_labels();
   fill_host_path(&labels);
   const std::string path = path_locked(r, labels);
