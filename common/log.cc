@@ -247,6 +247,10 @@ bool claim(std::string_view key) {
 
 }  // namespace
 
+int launcher_rank() {
+  return rank_from_launcher();
+}
+
 bool log_first_in_process(std::string_view key) {
   static std::mutex mutex;
   static auto& seen = *new std::set<std::string, std::less<>>;  // this copy's keys, this pid

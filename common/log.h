@@ -46,6 +46,10 @@ void log_message(LogLevel level, Subsys subsys, const char* file, int line, cons
 // (RANK, ...) or the pid. rank < 0: unknown.
 void log_set_rank(int rank);
 
+// The process's rank in its job as its launcher set it: RANK (torchrun), OMPI_COMM_WORLD_RANK,
+// PMI_RANK or SLURM_PROCID, the first that is a decimal in [0, 2^30); -1 when none is.
+int launcher_rank();
+
 // The CUDA device ([dev]) of this library copy's later lines: the shim sets it to the device of
 // the first communicator a CUDA device serves. device < 0: none ('-').
 void log_set_device(int device);

@@ -66,6 +66,7 @@ ProcessLabels process_labels() {
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) == 0) l.host = host;
   l.pid = static_cast<int>(getpid());
+  l.launcher_rank = launcher_rank();
   l.version = config::build_version();
   l.revision = config::build_revision();
   l.nccl = log_nccl_version_text(log_nccl_version_code());
@@ -110,6 +111,15 @@ std::string metrics_expand_path(const std::string& pattern, const std::string& j
     }
   }
   return out;
+}
+
+int metrics_file_rank(const ProcessLabels& labels,
+                      const std::vector<std::shared_ptr<CommMetrics>>& comms) {
+  if (labels.launcher_rank >= 0) return labels.launcher_rank;
+  const CommMetrics* largest = nullptr;
+  for (const auto& c : comms)
+    if (largest == nullptr || c->size > largest->size) largest = c.get();
+  return largest != nullptr ? largest->rank : labels.pid;
 }
 
 std::string metrics_job_name(const ProcessLabels& labels,
@@ -472,9 +482,8 @@ const ProcessLabels& first_labels() {
 
 // The metrics file's path for the next write (caller holds the registry mutex).
 std::string path_locked(const Registry& r, const ProcessLabels& labels) {
-  const int rank = r.comms.empty() ? 0 : r.comms.front()->rank;
   return metrics_expand_path(config::global().metrics_file, metrics_job_name(labels, r.comms),
-                             labels.host, rank, labels.pid);
+                             labels.host, metrics_file_rank(labels, r.comms), labels.pid);
 }
 
 // Caller holds the registry mutex.

@@ -103,7 +103,9 @@ struct ProcessLabels {
   // paths this CPU has that failed their start-up check (comma list; kernels/host_isa.h): a
   // node whose codec fell back to a slower path shows on a dashboard, not only in its log.
   std::string host_path, host_paths_refused;
-  double now_s = 0;  // the write's Unix time; 0: the clock's
+  double now_s = 0;        // the write's Unix time; 0: the clock's
+  int launcher_rank = -1;  // the process's rank in the job (launcher_rank(), common/log.h); -1
+                           // where the launcher set none
 };
 ProcessLabels process_labels();
 // Sets host_path and host_paths_refused from the process's selection now: a forced
@@ -119,6 +121,15 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
 // dynamiq-%j-%h-%r.prom; then %j job, %h host, %r rank, %p pid, %% a percent sign (others stay).
 std::string metrics_expand_path(const std::string& pattern, const std::string& job,
                                 const std::string& host, int rank, int pid);
+// The rank in the file's name (%r), unique among the job's processes: the launcher's
+// (labels.launcher_rank), else the process's rank in the largest communicator registered (the
+// first of that size: a job's world communicator where it has one), else the pid (a write before
+// any communicator, as dynamiq.counters(): a name no other process takes, since the write that
+// renames the file removes the one before). Not the rank in the first communicator: with tensor or
+// pipeline parallelism that may be a data-parallel group's, the same in every process of a node,
+// which would then all write one file.
+int metrics_file_rank(const ProcessLabels& labels,
+                      const std::vector<std::shared_ptr<CommMetrics>>& comms);
 // %j: the launcher's job id (labels.job), else "nccl-<commId>" of the first communicator made
 // from a unique id (the same on every rank, new in every job), else "pid-<pid>".
 std::string metrics_job_name(const ProcessLabels& labels,

@@ -192,6 +192,50 @@ TEST(Metrics, PathPatternsAndAJobNameThatNeverCollides) {
   EXPECT_EQ(metrics_job_name(labels_of("slurm-9", "n", 42), {with_id}), "slurm-9");
 }
 
+// %r is unique among the job's processes: with tensor parallelism the first communicator can be a
+// data-parallel group's, whose rank (here 1) every process of a node shares; the launcher's rank,
+// else the rank in the largest communicator (the world's), names the file.
+TEST(Metrics, FileRankIsTheProcessRankInTheJob) {
+  auto dp = comm(0, "dp", 1), world = comm(1, "world", 1), tp = comm(2, "tp", 1);
+  dp->rank = 1;
+  dp->size = 2;
+  world->rank = 9;
+  world->size = 16;
+  tp->rank = 1;
+  tp->size = 16;  // as large as the world: the first of that size names the file
+  ProcessLabels labels = labels_of("j", "n", 42);
+  EXPECT_EQ(metrics_file_rank(labels, {}), 42);  // before any communicator: the pid
+  EXPECT_EQ(metrics_file_rank(labels, {dp}), 1);
+  EXPECT_EQ(metrics_file_rank(labels, {dp, world, tp}), 9);
+  labels.launcher_rank = 12;
+  EXPECT_EQ(metrics_file_rank(labels, {dp, world, tp}), 12);
+  EXPECT_EQ(metrics_file_rank(labels, {}), 12);
+  // The launcher's variables, the first that is a rank: RANK over OMPI_COMM_WORLD_RANK.
+  for (const char* key : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+    unsetenv(key);
+  EXPECT_EQ(process_labels().launcher_rank, -1);
+  setenv("SLURM_PROCID", "5", 1);
+  EXPECT_EQ(process_labels().launcher_rank, 5);
+  setenv("RANK", "x", 1);  // not a rank: the next variable set
+  EXPECT_EQ(process_labels().launcher_rank, 5);
+  setenv("OMPI_COMM_WORLD_RANK", "7", 1);
+  EXPECT_EQ(process_labels().launcher_rank, 7);
+  setenv("RANK", "3", 1);
+  EXPECT_EQ(process_labels().launcher_rank, 3);
+  for (const char* key : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) unsetenv(key);
+  // The file's name as the writes take it: a data-parallel group registered first, then the world.
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DYNAMIQ_METRICS_FILE", "/tmp/dq-metrics-rank-%r.json", 1);
+    auto first = metrics_register(0, "dp", 1, 2);
+    auto all = metrics_register(1, "world", 9, 16);
+    std::_Exit(metrics_path_now() == "/tmp/dq-metrics-rank-9.json" ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the file is not named by rank 9";
+}
+
 TEST(Metrics, JsonIsValidWhateverTheCommunicatorIsCalled) {
   const std::string odd = std::string("q\"b\\s\x01n\n") + "\xff\xfe";  // invalid UTF-8 at the end
   const std::string text = metrics_render({comm(0, odd, 1)}, labels_of("j", "h", 9), false);
