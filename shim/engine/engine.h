@@ -199,6 +199,9 @@ class Engine {
   Status init_bucket(Bucket& b, const Plan& p);
   Status reserve_budget_scratch(uint32_t n_parts, uint64_t key_entries);
   void release_bucket(Bucket& b);
+  // A plan at the bucket's rung failed on some rank (a bucket set up before): the default next,
+  // and that rung avoided for a while (Bucket::avoid_rung).
+  void avoid_failed_rung(Bucket& b);
   // The plan `p` a call of `b` is about to use, into the job of its prediction; false when the
   // plan's parts are not the bucket's (no prediction for that call).
   bool stage_budget(Bucket& b, const Plan& p);

@@ -164,6 +164,12 @@ struct Engine::Bucket {
   // DYNAMIQ_BITS=auto: the candidate for the next call (-1: the fixed default, for a first call
   // or a missing prediction).
   int rung = -1;
+  // A rung whose plan could not be made (agreed on every rank): the predictions that choose it
+  // take the default instead for the next `avoid_calls` of them, a count that doubles (to 64) at
+  // each failure of that rung, so that a plan that always fails costs a pass-through now and then,
+  // not every other call, while one that failed once is tried again soon.
+  int avoid_rung = -1;
+  uint32_t avoid_calls = 0, avoid_next = 1;
   uint64_t calls = 0;
 };
 

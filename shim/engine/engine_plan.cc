@@ -366,6 +366,7 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
               local[0] ? status_name(status) : "ok");
     retire(std::move(plan));
     if (bucket != nullptr && !bucket_set_up_before) release_bucket(*bucket);
+    if (bucket != nullptr && bucket_set_up_before) avoid_failed_rung(*bucket);
     return nullptr;
   }
   plans_.push_front(std::move(plan));

@@ -53,6 +53,8 @@
 //               every later one on rank 1 fails at once with the same error, issuing nothing
 //   auto_plan_fail  DYNAMIQ_BITS=auto: a new rung's plan fails on rank 1; every rank passes the
 //               call through, and the bucket's later calls still follow its predictions
+//   auto_plan_fail_always  the same, rank 1 failing every new plan: the bucket's default plan
+//               carries its calls, the failed rung tried again at growing intervals
 //   shard_alloc_fail  two-level (2 x 2 fake nodes): rank 1's shard allocation fails at the first
 //               call: every rank passes it through, and every rank compresses the next one
 //   two_level_in_progress  two-level (2 x 2 fake nodes), every communicator non-blocking (each
@@ -1639,6 +1641,47 @@ int scenario_auto_plan_fail(int n) {
   return all_zero(run_ranks(n, 1, body, 120), "auto_plan_fail") ? 0 : 1;
 }
 
+// ---- auto_plan_fail_always -----------------------------------------------------------------
+// As auto_plan_fail, but rank 1 can make no new plan from call 1 on (lasting memory pressure): the
+// bucket keeps its cached default plan, so its calls are compressed at 5 bits between the tries of
+// the predicted rung, which come at growing intervals (without that, every call after the first
+// passed through, for good: the failed rung stayed the bucket's choice and nothing predicted
+// again).
+int scenario_auto_plan_fail_always(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_BITS", "auto"},
+                                      {"DYNAMIQ_TARGET", "vnmse:1"},
+                                      {"DYNAMIQ_TOPO", "ring"},
+                                      {"DYNAMIQ_CONTROL_WINDOW", "1"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    constexpr size_t kCount = size_t{1} << 19;
+    constexpr int kCalls = 16;
+    std::string reasons;  // R rerouted, F failure
+    for (int k = 0; k < kCalls; ++k) {
+      std::vector<float> in(kCount), out(kCount);
+      for (size_t i = 0; i < kCount; ++i) in[i] = noisy_value(rank, i + 31 * 256 * k, false);
+      device.failing = rank == 1 && k >= 1;
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      CHECK_OR(120, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, k);
+      CHECK_OR(121, reason == PassReason::kRerouted || reason == PassReason::kFailure,
+               "rank %d call %d: %s", rank, k, dq::engine::reason_name(reason));
+      reasons += reason == PassReason::kRerouted ? 'R' : 'F';
+    }
+    const long failures = std::count(reasons.begin(), reasons.end(), 'F');
+    // The rung is tried again (more than one failure), at growing intervals (at most 4 in 16).
+    CHECK_OR(122, reasons[0] == 'R' && reasons[1] == 'F' && failures >= 2 && failures <= 4,
+             "rank %d: calls %s (R compressed, F a failed plan)", rank, reasons.c_str());
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "auto_plan_fail_always") ? 0 : 1;
+}
+
 // ---- shard_alloc_fail ----------------------------------------------------------------------
 // Two-level (2 x 2 fake nodes): the shard buffer's allocation fails on rank 1 alone at the first
 // call. Every rank passes that call through, and the next call of the same shape grows the shard
@@ -2058,6 +2101,7 @@ int main(int argc, char** argv) {
   if (scenario == "two_level_in_progress") return scenario_two_level_in_progress(n);
   if (scenario == "shard_alloc_fail") return scenario_shard_alloc_fail(n);
   if (scenario == "auto_plan_fail") return scenario_auto_plan_fail(n);
+  if (scenario == "auto_plan_fail_always") return scenario_auto_plan_fail_always(n);
   if (scenario == "enqueue_fail") return scenario_enqueue_fail(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
