@@ -40,8 +40,11 @@ struct NcclOps {
   // `r`, what an NCCL call on `comm` returned, once NCCL has issued it. A non-blocking
   // communicator answers ncclInProgress while the operation is still being issued, which is not
   // a failure: as NCCL documents, the caller polls ncclCommGetAsyncError until the state leaves
-  // ncclInProgress, and that state is the result. Bounded by timeout_ms (then ncclInProgress is
-  // returned, a failure to the engine); 20 us between polls after the first thousand.
+  // ncclInProgress, and that state is the result. Bounded by timeout_ms, then ncclRemoteError (a
+  // peer that never joined, as every other wait of the engine for its peers reports it): never
+  // ncclInProgress, which stored as a communicator's error, or returned from a group's end whose
+  // held calls were not all issued, would have the application poll for good. 20 us between polls
+  // after the first thousand.
   ncclResult_t settled(ncclComm_t comm, ncclResult_t r, int64_t timeout_ms) const {
     if (r != ncclInProgress || comm_get_async_error == nullptr) return r;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -49,7 +52,7 @@ struct NcclOps {
       ncclResult_t state = ncclInProgress;
       if (const ncclResult_t q = comm_get_async_error(comm, &state); q != ncclSuccess) return q;
       if (state != ncclInProgress) return state;
-      if (std::chrono::steady_clock::now() >= deadline) return ncclInProgress;
+      if (std::chrono::steady_clock::now() >= deadline) return ncclRemoteError;
       if (poll >= 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
