@@ -27,6 +27,13 @@ ncclResult_t Engine::fail_async(uint32_t word) {
 
 ncclResult_t Engine::fail_call(Status s) {
   if (broken_ != ncclSuccess) return broken_;
+  // A step that failed where it was enqueued (a CUDA device issues NCCL's calls inline) left its
+  // cause in the error word: NCCL's own code (ncclRemoteError for a dead peer) over the Status
+  // that reported it.
+  if (control_ != nullptr)
+    if (const uint32_t word = __atomic_load_n(control_ + error_word_index(), __ATOMIC_ACQUIRE);
+        word != 0)
+      return fail_async(word);
   broken_ = engine_failure(s);
   DQ_WARN(Subsys::kEngine,
           "dynamiq: rank %d: a call failed part-way on this rank (%s); the communicator reports "

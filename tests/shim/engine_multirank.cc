@@ -51,6 +51,8 @@
 //               healthy one destroys them
 //   enqueue_fail  rank 1's device fails part-way through a compressed call: that call fails, and
 //               every later one on rank 1 fails at once with the same error, issuing nothing
+//   nccl_code_kept  every rank's device reports NCCL's ncclRemoteError for a call it issued inline:
+//               that call and the next return it (not ncclSystemError)
 //   auto_plan_fail  DYNAMIQ_BITS=auto: a new rung's plan fails on rank 1; every rank passes the
 //               call through, and the bucket's later calls still follow its predictions
 //   auto_plan_fail_always  the same, rank 1 failing every new plan: the bucket's default plan
@@ -346,9 +348,18 @@ class FailingDevice final : public Device {
                             dq::BudgetResult* out, dq::engine::Lane l) override {
     return inner_->predict_budget(j, r, scratch, bytes, out, l);
   }
+  // Set: the next NCCL enqueue fails as a CUDA device's does when NCCL refuses a call it issues
+  // inline (a peer found dead): the code in the lane's error word, kSystemError returned.
+  ncclResult_t inline_nccl_failure = ncclSuccess;
   dq::Status nccl(dq::engine::Lane l, std::function<ncclResult_t()> calls) override {
     ++nccl_enqueues;
     if (before_nccl) before_nccl();
+    if (inline_nccl_failure != ncclSuccess) {
+      dq::engine::set_error(
+          l.error, dq::engine::error_word(dq::engine::ErrorSource::kNccl, inline_nccl_failure));
+      inline_nccl_failure = ncclSuccess;
+      return dq::Status::kSystemError;
+    }
     return inner_->nccl(l, std::move(calls));
   }
 
@@ -1597,6 +1608,37 @@ int scenario_enqueue_fail(int n) {
   return all_zero(run_ranks(n, 1, body, 120), "enqueue_fail") ? 0 : 1;
 }
 
+// ---- nccl_code_kept ------------------------------------------------------------------------
+// Every rank's device reports, part-way through a compressed call, that NCCL refused a call it
+// issued with ncclRemoteError (as a CUDA device does, which issues NCCL's calls inline): that call
+// and every later one on the communicator return NCCL's own code, not the ncclSystemError the
+// device's Status maps to (which a watchdog reading ncclCommGetAsyncError would take for a local
+// fault).
+int scenario_nccl_code_kept(int n) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", "3000"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount);
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    PassReason reason;
+    CHECK_OR(130, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+             "rank %d: the first call", rank);
+    device.inline_nccl_failure = ncclRemoteError;
+    const ncclResult_t failed = engine.run(args, &reason);
+    const ncclResult_t next = engine.run(args, &reason);
+    CHECK_OR(131, failed == ncclRemoteError && next == ncclRemoteError,
+             "rank %d: the failed call returned %s, the next %s (NCCL's ncclRemoteError expected)",
+             rank, ncclGetErrorString(failed), ncclGetErrorString(next));
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "nccl_code_kept") ? 0 : 1;
+}
+
 // ---- auto_plan_fail ------------------------------------------------------------------------
 // DYNAMIQ_BITS=auto with a loose target (3 bits once predicted), a control window of 1: the
 // bucket's first call plans 5 bits and sets the bucket up; at the second, the 3-bit plan's
@@ -2103,6 +2145,7 @@ int main(int argc, char** argv) {
   if (scenario == "auto_plan_fail") return scenario_auto_plan_fail(n);
   if (scenario == "auto_plan_fail_always") return scenario_auto_plan_fail_always(n);
   if (scenario == "enqueue_fail") return scenario_enqueue_fail(n);
+  if (scenario == "nccl_code_kept") return scenario_nccl_code_kept(n);
   std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
   return 2;
 }
