@@ -88,6 +88,12 @@ class CudaDevice final : public Device {
     host_->release(p, stream);
   }
   Status create_stream(StreamHandle* out) override {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (fault_.streams_before_failure >= 0 && streams_made_ >= fault_.streams_before_failure)
+        return Status::kSystemError;
+      ++streams_made_;
+    }
     DQ_CHECK(host_->create_stream(out));
     std::lock_guard<std::mutex> lock(m_);
     streams_.insert(*out);
@@ -415,6 +421,7 @@ class CudaDevice final : public Device {
   Capture capture_;
   Device* host_;
   const EmulatedCudaFault fault_;
+  int streams_made_ = 0;  // guarded by m_
   std::mutex m_;
   std::unordered_set<StreamHandle> streams_;
   cuda_steps::LevelSets levels_;  // stable addresses: kernels hold pointers into it

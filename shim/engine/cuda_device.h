@@ -44,6 +44,9 @@ struct EmulatedCudaFault {
   // Instead of those hops: every stratified leaf (no input, RoundingKey::strata > 1), a fault only
   // a canary that runs correlated rounding's stratified path finds.
   bool stratified_leaves = false;
+  // Streams the device creates before every later create_stream fails (-1: none fails): an
+  // engine whose device cannot be set up, while the caller's own streams exist.
+  int streams_before_failure = -1;
 };
 std::unique_ptr<Device> make_emulated_cuda_device(Device* host = nullptr,
                                                   EmulatedCudaFault fault = {});

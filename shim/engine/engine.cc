@@ -165,8 +165,12 @@ Status Engine::ensure_events(size_t n) {
 
 Screening Engine::screen_call(const CallArgs& call) const {
   Screening s;
-  if (comm_.nranks < 2 || device_ == nullptr) return s;  // decided by those alone
-  s.device_capturing = device_->capturing(call.stream);
+  if (comm_.nranks < 2) return s;  // decided by that alone
+  // A rank whose device could not be set up asks its standby: until the handshake its peers pass
+  // captured calls through (and skip the handshake), so it must know a capture as they do.
+  if (Device* d = device_ != nullptr ? device_ : standby_; d != nullptr)
+    s.device_capturing = d->capturing(call.stream);
+  if (device_ == nullptr) return s;  // decided by the rest of decide() alone
   s.arguments = [&] {
     if (!settings_valid_ || !settings_.enable) return PassReason::kDisabled;
     if (!opted_in_) return PassReason::kNotOptedIn;
@@ -225,7 +229,7 @@ ncclResult_t Engine::settle_agreement(const CallArgs& call, const Screening& scr
       if (const ncclResult_t r = handshake(); r != ncclSuccess) return r;
   }
   if (comm_.nranks >= 2 && setup_failed_ && state_ == State::kPending && !call.in_group &&
-      !call.capturing)
+      !call.capturing && !screening.device_capturing)
     if (const ncclResult_t r = handshake_without_device(call.stream); r != ncclSuccess) return r;
   return ncclSuccess;
 }

@@ -137,6 +137,72 @@ int capture_body(int n, int rank, ncclComm_t comm) {
   return 0;
 }
 
+// Rank 1's device cannot be set up (its streams fail after the caller's own): its engine keeps
+// the device as a standby for the handshake it owes its peers. Captured calls, inside a group and
+// outside one, must pass through on every rank alike (kCapturing), the standby rank's included:
+// that rank neither holds a grouped call back (its peers send theirs into the group) nor runs the
+// handshake on the capturing stream (its peers skip it under capture: it would wait for them, and
+// CUDA refuses the handshake's allocation during a capture). After the capture the handshake runs
+// outside it, and every call passes through exactly.
+int standby_capture_body(int n, int rank, ncclComm_t comm) {
+  constexpr size_t kCount = 16 * 1024 + 5;
+  const auto settings = dq::test::settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "0"}, {"DYNAMIQ_TIMEOUT_MS", "20000"}});
+  dq::engine::EmulatedCudaFault fault;
+  if (rank == 1) fault.streams_before_failure = 1;  // the caller's stream below, then none
+  const std::unique_ptr<Device> cuda = dq::engine::make_emulated_cuda_device(nullptr, fault);
+  dq::engine::StreamHandle stream = nullptr;
+  CHECK_OR(2, cuda->create_stream(&stream) == dq::Status::kOk, "rank %d: the caller's stream",
+           rank);
+  Engine eng(settings, true, {comm, rank, n}, dq::test::cpu_nccl_ops(), cuda.get(),
+             std::make_shared<dq::engine::CommMetrics>(), true);
+  std::vector<float> out(kCount);
+  const std::vector<float> in = integer_input(rank, 0, kCount);
+  CHECK_OR(3, dq::engine::emulated_cuda_begin_capture(cuda.get(), stream) == dq::Status::kOk,
+           "rank %d: begin capture", rank);
+  for (const bool in_group : {true, false}) {
+    CallArgs call;
+    call.send = in.data();
+    call.recv = out.data();
+    call.count = kCount;
+    call.stream = static_cast<cudaStream_t>(stream);
+    call.in_group = in_group;
+    PassReason reason = PassReason::kRerouted;
+    const ncclResult_t r = eng.run(call, &reason);
+    CHECK_OR(4, r == ncclSuccess && reason == PassReason::kCapturing,
+             "rank %d: captured call %s a group: NCCL result %d, reason %s (capturing expected on "
+             "every rank)",
+             rank, in_group ? "inside" : "outside", static_cast<int>(r),
+             dq::engine::reason_name(reason));
+  }
+  std::string why;
+  CHECK_OR(5, dq::engine::emulated_cuda_end_capture(cuda.get(), &why) == dq::Status::kOk,
+           "rank %d: the engine invalidated the capture: %s", rank, why.c_str());
+  // After the capture: the handshake (rank 1's stand-in), then each call passes through exactly.
+  for (int k = 1; k < 3; ++k) {
+    const std::vector<float> eager = integer_input(rank, k, kCount);
+    CallArgs call;
+    call.send = eager.data();
+    call.recv = out.data();
+    call.count = kCount;
+    call.stream = static_cast<cudaStream_t>(stream);
+    PassReason reason = PassReason::kRerouted;
+    const ncclResult_t r = eng.run(call, &reason);
+    CHECK_OR(6, r == ncclSuccess && reason != PassReason::kRerouted,
+             "rank %d: eager call %d: NCCL result %d, reason %s (a pass-through expected)", rank, k,
+             static_cast<int>(r), dq::engine::reason_name(reason));
+    CHECK_OR(7,
+             ncclAllReduce(eager.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr) ==
+                 ncclSuccess,
+             "rank %d: eager call %d: the pass-through", rank, k);
+    for (size_t i = 0; i < kCount; ++i)
+      CHECK_OR(8, out[i] == exact_sum(n, k, i), "rank %d: call %d: element %zu is %g, not %g", rank,
+               k, i, static_cast<double>(out[i]), static_cast<double>(exact_sum(n, k, i)));
+  }
+  cuda->destroy_stream(stream);
+  return 0;
+}
+
 // A non-blocking communicator, modelled over the CPU NCCL: every group end and every all-reduce
 // outside a group answers ncclInProgress (the operation was issued, as the CPU NCCL's return
 // says), and ncclCommGetAsyncError answers ncclInProgress for the next kPolls polls, then
@@ -230,6 +296,18 @@ int in_progress_check(int n) {
   std::printf(
       "non-blocking communicator, %d ranks: ncclInProgress answers polled to completion; calls "
       "compressed, identical on every rank\n",
+      n);
+  return 0;
+}
+
+// engine_emulated_cuda standby_capture NRANKS: captured calls with rank 1's device not set up
+// (standby_capture_body). Exit 0 pass.
+int standby_capture_check(int n) {
+  if (run_check(n, "standby capture", standby_capture_body) != 0) return 1;
+  std::printf(
+      "capture with rank 1's device not set up, %d ranks: every rank passed the captured calls "
+      "through, in a group and outside, the capture intact; the handshake after it, the calls "
+      "exact\n",
       n);
   return 0;
 }
