@@ -108,9 +108,11 @@ std::vector<NetDevice> select_interfaces(const std::string& ifname_spec,
     found[i].addr_len = static_cast<socklen_t>(len);
   }
   // An explicit spec is taken as given; without one, the first of NCCL's choices that has an
-  // interface (its socket transport's order, in its own NCCL_SOCKET_IFNAME syntax).
+  // interface (its socket transport's order, in its own NCCL_SOCKET_IFNAME syntax): a libvirt
+  // bridge (virbr0, 192.168.122.1 on every such host) is never taken, as a Docker bridge is only
+  // when nothing else but loopback is there.
   std::vector<std::string> choices = {ifname_spec};
-  if (ifname_spec.empty()) choices = {"ib", "^docker,lo", "docker", "lo"};
+  if (ifname_spec.empty()) choices = {"ib", "^docker,lo,virbr", "docker", "lo"};
   std::vector<NetDevice> out;
   for (const std::string& spec : choices) {
     for (const NetDevice& d : found) {

@@ -160,6 +160,10 @@ TEST(NetPluginEnv, DefaultInterfacesFollowNcclOrder) {
   EXPECT_EQ(selected("", {"docker0 172.17.0.1", "eth0 10.0.0.5", "eth1 10.1.0.5", "lo ::1"}),
             "eth0=10.0.0.5 eth1=10.1.0.5");
   EXPECT_EQ(selected("", {}), "");
+  // A libvirt bridge has the same address on every host, as Docker's: never taken.
+  EXPECT_EQ(selected("", {"virbr0 192.168.122.1", "eth0 10.0.0.5", "lo 127.0.0.1"}),
+            "eth0=10.0.0.5");
+  EXPECT_EQ(selected("", {"virbr0 192.168.122.1", "lo 127.0.0.1"}), "lo=127.0.0.1");
   // One device per interface: IPv4 preferred, IPv6 link-local never.
   EXPECT_EQ(selected("", {"eth0 fe80::1", "eth0 2001:db8::5", "eth0 10.0.0.5", "eth1 fe80::2"}),
             "eth0=10.0.0.5");
