@@ -229,9 +229,10 @@ struct PendingConnect {
 };
 
 // For tests: after `starts_before_failure` more I/O thread starts, the next one fails as
-// std::thread fails at the process's thread or pids limit (std::system_error, EAGAIN), once;
+// std::thread fails at the process's thread or pids limit (std::system_error, EAGAIN), or with
+// `out_of_memory` as it fails without memory for the thread's state (std::bad_alloc), once;
 // -1: none fails (the default).
-void fail_thread_start_for_testing(int starts_before_failure);
+void fail_thread_start_for_testing(int starts_before_failure, bool out_of_memory = false);
 
 // ---------------------------------------------------------------- the backend
 

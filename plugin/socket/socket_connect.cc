@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <system_error>
 
 #include "plugin/net_env.h"
@@ -28,11 +29,14 @@ PendingConnects& pending_connects() {
 
 // Thread starts left before one fails (fail_thread_start_for_testing); -1: none fails.
 std::atomic<int> g_thread_starts_before_failure{-1};
+std::atomic<bool> g_thread_start_out_of_memory{false};
 
 // Starts one I/O thread per socket of comm `c`, body(c, k) for socket k. False, logged with the
-// peer and the errno, where one cannot start: std::thread throws std::system_error (EAGAIN at
-// the process's thread or pids limit). The threads that did start are in c->threads then, for
-// the caller to stop and join with the close of the comm, which also closes its sockets.
+// peer and the cause, where one cannot start: std::thread throws std::system_error (EAGAIN at
+// the process's thread or pids limit), and it or the vector's growth std::bad_alloc. Any
+// exception past here would destroy the comm with joinable threads: std::terminate. The threads
+// that did start are in c->threads then, for the caller to stop and join with the close of the
+// comm, which also closes its sockets.
 template <class Comm, class Body>
 bool start_io_threads(Comm* c, Body body) {
   for (size_t k = 0; k < c->fds.size(); ++k) {
@@ -40,6 +44,7 @@ bool start_io_threads(Comm* c, Body body) {
       int left = g_thread_starts_before_failure.load();
       while (left >= 0 && !g_thread_starts_before_failure.compare_exchange_weak(left, left - 1)) {
       }
+      if (left == 0 && g_thread_start_out_of_memory.load()) throw std::bad_alloc();
       if (left == 0) throw std::system_error(EAGAIN, std::generic_category(), "injected by a test");
       c->threads.emplace_back([c, k, body] { body(c, static_cast<int>(k)); });
     } catch (const std::system_error& e) {
@@ -48,6 +53,10 @@ bool start_io_threads(Comm* c, Body body) {
           "process's thread or pids limit?); closed",
           c->peer.c_str(), k + 1, c->fds.size(), e.what(), e.code().value());
       return false;
+    } catch (const std::exception& e) {
+      NET_WARN("connection with %s: its I/O thread %zu of %zu could not start: %s; closed",
+               c->peer.c_str(), k + 1, c->fds.size(), e.what());
+      return false;
     }
   }
   return true;
@@ -55,7 +64,8 @@ bool start_io_threads(Comm* c, Body body) {
 
 }  // namespace
 
-void fail_thread_start_for_testing(int starts_before_failure) {
+void fail_thread_start_for_testing(int starts_before_failure, bool out_of_memory) {
+  g_thread_start_out_of_memory.store(out_of_memory);
   g_thread_starts_before_failure.store(starts_before_failure);
 }
 

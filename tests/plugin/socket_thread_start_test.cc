@@ -86,6 +86,18 @@ TEST_F(SocketThreadStartTest, ConnectFailsCleanlyWhenAThreadCannotStart) {
   EXPECT_EQ(open_fds(), fds_before_);  // the connection's sockets were closed
 }
 
+// Without memory for the thread's state std::thread throws std::bad_alloc, not std::system_error:
+// the same clean failure (uncaught, it destroyed the comm with a joinable thread: terminate).
+TEST_F(SocketThreadStartTest, ConnectFailsCleanlyWithoutMemoryForAThread) {
+  fail_thread_start_for_testing(1, true);
+  void* send_comm = nullptr;
+  EXPECT_EQ(connect(&send_comm), Status::kSystemError);
+  EXPECT_EQ(send_comm, nullptr);
+  EXPECT_EQ(live_threads(), threads_before_);
+  EXPECT_EQ(net_.close_listen(listen_comm_), Status::kOk);
+  EXPECT_EQ(open_fds(), fds_before_);
+}
+
 TEST_F(SocketThreadStartTest, AcceptFailsCleanlyWhenAThreadCannotStart) {
   void* send_comm = nullptr;
   ASSERT_EQ(connect(&send_comm), Status::kOk);
