@@ -166,6 +166,20 @@ bool parse_int(const std::string& s, double* out) {
   return true;
 }
 
+// An integer as NCCL reads its own variables (strtoll, base 0): a leading 0 is octal ("0140" is
+// 96, "08" is refused), 0x hex; the whole text, no sign (no setting read from NCCL takes one).
+// What NCCL_IB_TC=0140 means to NCCL's own transport, it means to the plugin.
+bool parse_int_as_nccl(const std::string& s, double* out) {
+  if (s.empty() || s[0] == '-' || s[0] == '+' || std::isspace(static_cast<unsigned char>(s[0])))
+    return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(s.c_str(), &end, 0);
+  if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+  *out = static_cast<double>(x);
+  return true;
+}
+
 bool parse_real(const std::string& s, double* out) {
   if (s.empty()) return false;
   char* end = nullptr;
@@ -325,12 +339,14 @@ bool valid_text(const Entry& e, const std::string& raw) {
 }
 
 // Parses one raw value for entry e; false if it is not acceptable.
-bool parse(const Entry& e, const std::string& raw, Value* v) {
+// `nccl_syntax`: raw is an NCCL variable's value (an Int as NCCL reads it).
+bool parse(const Entry& e, const std::string& raw, Value* v, bool nccl_syntax) {
   switch (e.kind) {
     case Kind::Bool:
       return parse_bool(raw, &v->flag);
     case Kind::Int:
-      if (!parse_int(raw, &v->number)) return false;
+      if (!(nccl_syntax ? parse_int_as_nccl(raw, &v->number) : parse_int(raw, &v->number)))
+        return false;
       return v->number >= e.lo && v->number <= e.hi;
     case Kind::Bytes: {
       uint64_t bytes = 0;
@@ -384,7 +400,7 @@ class Loader {
         if (raw == nullptr) continue;
       }
       Value v;
-      if (!parse(e, raw, &v)) {
+      if (!parse(e, raw, &v, source != e.key)) {
         fail_invalid(i, source, raw, e.accepted);
         continue;
       }
@@ -529,7 +545,7 @@ class Loader {
       const char* raw = lookup_(name, ctx_);
       if (raw == nullptr || *raw == '\0') return 0.0;
       double v = 0;
-      if (parse_int(raw, &v) && v >= 1 && v <= hi) return v;
+      if (parse_int_as_nccl(raw, &v) && v >= 1 && v <= hi) return v;
       fail_invalid(kNetNsocks, name, raw, "1.." + number_text(hi, 17));
       return -1.0;
     };

@@ -242,6 +242,31 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
       << problems[0].message;
   EXPECT_NE(problems[1].message.find("NCCL_IB_TIMEOUT=0"), std::string::npos)
       << problems[1].message;
+  // NCCL's own syntax for its variables (strtoll, base 0): a leading 0 is octal, and what NCCL's
+  // IB transport takes for 96 the verbs backend takes for 96, not 140; dynamiq's own variables
+  // stay decimal.
+  ASSERT_EQ(
+      load({{"NCCL_IB_TC", "0140"}, {"NCCL_IB_TIMEOUT", "010"}, {"NCCL_IB_SL", "0x3"}}, &s, &error),
+      Status::kOk)
+      << error;
+  EXPECT_EQ(s.net_ib_tc, 96);
+  EXPECT_EQ(s.net_ib_timeout, 8);
+  EXPECT_EQ(s.net_ib_sl, 3);
+  ASSERT_EQ(load({{"DYNAMIQ_NET_IB_TC", "0140"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.net_ib_tc, 140);
+  problems.clear();
+  EXPECT_EQ(load({{"NCCL_IB_RETRY_CNT", "08"}}, &s, &error, &problems), Status::kInvalidArgument);
+  EXPECT_EQ(s.net_ib_retry_cnt, 7);  // not octal: refused, as NCCL refuses it
+  ASSERT_EQ(problems.size(), 1u) << error;
+  EXPECT_NE(problems[0].message.find("NCCL_IB_RETRY_CNT=08"), std::string::npos)
+      << problems[0].message;
+  // NCCL's socket counts read the same way ("08" is no octal number: refused, the default kept).
+  problems.clear();
+  EXPECT_EQ(load({{"NCCL_NSOCKS_PERTHREAD", "08"}}, &s, &error, &problems),
+            Status::kInvalidArgument);
+  EXPECT_EQ(s.net_nsocks, 2);
+  ASSERT_EQ(load({{"NCCL_NSOCKS_PERTHREAD", "03"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.net_nsocks, 3);
 }
 
 // NCCL_DEBUG raises dynamiq's log level while DYNAMIQ_DEBUG is unset (a job debugged with
