@@ -622,9 +622,12 @@ int scenario_split(int rank, int nranks) {
 //   abort    as hung, but the survivors' other thread aborts the communicator (PyTorch's
 //            watchdog does so) instead of revoking it: the all-reduce returns an error, the abort
 //            returns once it has, and the freed communicator is not used after (no shrink).
+//   split    as abort, but what waits for the missing rank is an ncclCommSplit of the parent: it
+//            returns an error, and the abort frees the parent only after the split has left it
+//            (the ASan leg reports a use after free otherwise).
 // The shrunk communicator: n - 1 ranks in parent order, the parent's name, exact reductions;
 // from 4 ranks it is shrunk once more (its last rank leaves), over the same shared listener.
-enum class ShrinkMode { kHealthy, kDead, kHung, kAbort };
+enum class ShrinkMode { kHealthy, kDead, kHung, kAbort, kSplitAborted };
 
 int check_shrunk(ncclComm_t sub, int rank, int nranks, int out) {
   FAIL_IF(sub == nullptr, "ncclCommShrink gave NULL");
@@ -666,7 +669,8 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
   const int out = nranks / 2;
   if (rank == out) {
     if (mode == ShrinkMode::kDead) _exit(0);  // no destroy, no goodbye: its sockets just close
-    if (mode == ShrinkMode::kHung || mode == ShrinkMode::kAbort) {
+    if (mode == ShrinkMode::kHung || mode == ShrinkMode::kAbort ||
+        mode == ShrinkMode::kSplitAborted) {
       const auto deadline = Clock::now() + std::chrono::seconds(120);
       while (g_shared->survivors_done.load() < nranks - 1 && Clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -686,14 +690,18 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_ABORT));
     if (check_revoked(comm)) return 1;
   } else {
-    // Hung: another thread revokes (or aborts) the communicator while the all-reduce waits.
-    const bool aborting = mode == ShrinkMode::kAbort;
+    // Hung: another thread revokes (or aborts) the communicator while the all-reduce (or the
+    // split) waits.
+    const bool aborting = mode != ShrinkMode::kHung;
     const char* what = aborting ? "ncclCommAbort" : "ncclCommRevoke";
     std::vector<float> buf(1 << 16, 1.0f);
     std::atomic<int> result{-1};
+    ncclComm_t child = nullptr;
     std::thread op([&] {
-      result =
-          ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+      result = mode == ShrinkMode::kSplitAborted
+                   ? ncclCommSplit(comm, 0, rank, &child, nullptr)
+                   : ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm,
+                                   nullptr);
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const bool finished_early = result.load() != -1;
@@ -701,14 +709,15 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     const ncclResult_t r = aborting ? ncclCommAbort(comm) : ncclCommRevoke(comm, 0);
     op.join();
     const double ended_s = std::chrono::duration<double>(Clock::now() - at).count();
-    FAIL_IF(finished_early, "all-reduce without rank %d ended before the %s: %d", out, what,
+    FAIL_IF(finished_early, "the call without rank %d ended before the %s: %d", out, what,
             result.load());
     FAIL_IF(r != ncclSuccess, "%s -> %d", what, r);
+    FAIL_IF(child != nullptr, "the split without rank %d gave a communicator", out);
     // Ended as revoked, or by a peer's connection closed by that peer's own abort; never on a
     // communicator freed under it (an abort frees it only after the call has left it: the ASan
     // leg reports a use after free otherwise).
-    FAIL_IF(result.load() == ncclSuccess, "the all-reduce succeeded after %s", what);
-    FAIL_IF(ended_s > 5.0, "the all-reduce took %.2f s to end after %s", ended_s, what);
+    FAIL_IF(result.load() == ncclSuccess, "the call succeeded after %s", what);
+    FAIL_IF(ended_s > 5.0, "the call took %.2f s to end after %s", ended_s, what);
     if (aborting) {  // the communicator is freed: no shrink
       g_shared->survivors_done.fetch_add(1);
       return 0;
@@ -746,10 +755,12 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
 
 int scenario_shrink(int nranks) {
   setenv("DYNAMIQ_CPU_NCCL_TIMEOUT_MS", "60000", 1);  // the hung job must not end by a timeout
-  const std::pair<ShrinkMode, const char*> modes[] = {{ShrinkMode::kHealthy, "healthy"},
-                                                      {ShrinkMode::kDead, "dead"},
-                                                      {ShrinkMode::kHung, "hung"},
-                                                      {ShrinkMode::kAbort, "hung, aborted"}};
+  const std::pair<ShrinkMode, const char*> modes[] = {
+      {ShrinkMode::kHealthy, "healthy"},
+      {ShrinkMode::kDead, "dead"},
+      {ShrinkMode::kHung, "hung"},
+      {ShrinkMode::kAbort, "hung, aborted"},
+      {ShrinkMode::kSplitAborted, "hung in a split, aborted"}};
   int failures = 0;
   for (const auto& [mode, name] : modes) {
     const auto start = Clock::now();

@@ -264,6 +264,10 @@ ncclResult_t run_group(std::vector<Task> tasks) {
     per_comm[i].push_back(&t);
   }
   if (comms.empty()) return ncclSuccess;
+  // Busy until the answer below has read them too: an abort from another thread waits for that
+  // (quiesce()), not only for the operations.
+  std::vector<std::unique_ptr<Comm::BusyScope>> busy;
+  for (Comm* c : comms) busy.push_back(std::make_unique<Comm::BusyScope>(c));
   // The non-blocking model: a success still being issued on the non-blocking communicators that
   // ran operations (not only their own initialisation).
   auto answer = [&](ncclResult_t r) {
@@ -482,6 +486,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     Comm* parent = impl(comm);
     if (ncclResult_t r = check_comm(parent); r != ncclSuccess) return r;
     if (color < 0 && color != DQ_NCCL_SPLIT_NOCOLOR) return invalid("negative color");
+    // The split runs collectives on the parent: an abort from another thread (a watchdog's, while
+    // a peer never joins) revokes them and frees the parent only after this has left it.
+    const Comm::BusyScope busy(parent);
     Comm* child = nullptr;
     Status s = Comm::split(parent, color, key, child_name(*parent, config), &child);
     if (s != Status::kOk) return record_failure(parent, s, "ncclCommSplit");
@@ -503,6 +510,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude_ranks, int exclude_cou
       return invalid("shrinkFlags (NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT)");
     // A parent that failed (a dead peer) or was revoked may be shrunk: that is what it is for.
     const std::vector<int> excluded(exclude_ranks, exclude_ranks + exclude_count);
+    const Comm::BusyScope busy(parent);  // as ncclCommSplit's
     Comm* child = nullptr;
     const Status s = Comm::shrink(parent, excluded, shrink_flags == DQ_NCCL_SHRINK_ABORT,
                                   child_name(*parent, config), &child);
