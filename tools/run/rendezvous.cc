@@ -368,6 +368,28 @@ constexpr RankVariables kRankVariables[] = {
     {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
+// The local rank where `family` sets none (Slurm's PMI-2 plugin sets PMI_RANK and PMI_SIZE but not
+// MPI_LOCALRANKID): a later family's, where that family gives the process the same rank (the
+// same job step: srun --mpi=pmi2 sets SLURM_PROCID and SLURM_LOCALID beside them); else the rank
+// itself (one node).
+int local_rank_elsewhere(const RankVariables& family, int rank) {
+  bool after = false;
+  for (const RankVariables& v : kRankVariables) {
+    if (&v == &family) {
+      after = true;
+      continue;
+    }
+    if (!after) continue;
+    int other_rank = -1, local = -1;
+    bool has_rank = false, has_local = false;
+    if (parse_int_env(v.rank, 0, 1 << 24, &other_rank, &has_rank) && has_rank &&
+        other_rank == rank && parse_int_env(v.local_rank, 0, 1 << 24, &local, &has_local) &&
+        has_local)
+      return local;
+  }
+  return rank;
+}
+
 // Rank, size and local rank from the first family of kRankVariables that sets any of them.
 Status read_rank_variables(JobEnv* out, const char** family) {
   for (const RankVariables& v : kRankVariables) {
@@ -384,7 +406,7 @@ Status read_rank_variables(JobEnv* out, const char** family) {
     if (out->rank >= out->world_size)
       DQ_FAIL(Status::kInvalidArgument, "rendezvous: %s %d is not below %s %d", v.rank, out->rank,
               v.size, out->world_size);
-    if (!has_local) out->local_rank = out->rank;
+    if (!has_local) out->local_rank = local_rank_elsewhere(v, out->rank);
     *family = v.rank;
     return Status::kOk;
   }
