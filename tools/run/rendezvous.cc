@@ -255,10 +255,14 @@ Status publish_tcp(const JobEnv& env, const char* key, const void* data, size_t 
   DQ_CHECK(resolve(env, &addr, &len));
   // Every address of the host, on the port: MASTER_ADDR may resolve on rank 0's own host to a
   // loopback address (Debian's /etc/hosts maps the host name to 127.0.1.1) while the other
-  // ranks reach it by its network address. torch's TCPStore listens the same way.
-  if (addr.ss_family == AF_INET)
+  // ranks reach it by its network address. torch's TCPStore listens the same way. Not where
+  // MASTER_ADDR is loopback itself (a job on one host, every test): nothing outside the host
+  // can reach the unique id then, nor hold the rendezvous up with connections of its own.
+  const std::string& m = env.master_addr;
+  const bool loopback_only = m == "127.0.0.1" || m == "::1" || m == "localhost";
+  if (!loopback_only && addr.ss_family == AF_INET)
     reinterpret_cast<sockaddr_in*>(&addr)->sin_addr.s_addr = htonl(INADDR_ANY);
-  else if (addr.ss_family == AF_INET6)
+  else if (!loopback_only && addr.ss_family == AF_INET6)
     reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr = in6addr_any;
   Socket listener(socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (listener.fd() < 0) DQ_FAIL(Status::kSystemError, "rendezvous: socket: %s", strerror(errno));

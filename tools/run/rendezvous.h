@@ -22,8 +22,9 @@ struct JobEnv {
   double timeout_s = 120;   // DYNAMIQ_RENDEZVOUS_TIMEOUT (seconds)
 };
 
-// Reads the rank, size and local rank from torchrun's RANK, WORLD_SIZE, LOCAL_RANK, else SLURM's
-// SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, else Open MPI's or PMI's (the first family set), and
+// Reads the rank, size and local rank from torchrun's RANK, WORLD_SIZE, LOCAL_RANK, else Open
+// MPI's, else PMI's, else SLURM's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (the first family
+// set; a local rank its family lacks from a later family of the same task's rank), and
 // DYNAMIQ_RUN_DIR, MASTER_ADDR, MASTER_PORT, DYNAMIQ_RENDEZVOUS_TIMEOUT. None of them set: one
 // rank (rank 0 of 1). Several ranks with neither DYNAMIQ_RUN_DIR nor MASTER_ADDR and MASTER_PORT:
 // kInvalidArgument, with a message saying what to set.
