@@ -492,6 +492,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     Comm* child = nullptr;
     Status s = Comm::split(parent, color, key, child_name(*parent, config), &child);
     if (s != Status::kOk) return record_failure(parent, s, "ncclCommSplit");
+    // The config's settings over the parent's, as NCCL's: a non-blocking split of a blocking
+    // parent (the engine's node and rail communicators) is non-blocking.
+    if (child != nullptr) apply_config(child, config);
     *newcomm = handle(child);
     return ncclSuccess;
   });
