@@ -179,6 +179,21 @@ def case_leftovers(a):
         check(not alive(left), "the process a rank left behind outlived the launcher")
 
 
+def case_leftovers_as_init(a):
+    """The same with the launcher as its own PID namespace's init (a container without --init),
+    where a leftover process it stops becomes its child: the launcher reaps it, so the job ends as
+    soon as it has stopped, not after the whole grace period with a needless SIGKILL."""
+    if subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode:
+        print("SKIP: unshare -pf (a PID namespace) is not permitted here")
+        sys.exit(77)
+    script = 'if [ "$RANK" = 1 ]; then sleep 60 & fi; exit 0'
+    proc, took = launch("unshare", ["-pf", "--mount-proc", a.run, "-n", "2", "--grace", "5", "--",
+                                    "sh", "-c", script])
+    check(proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}")
+    check(took < 4, f"took {took:.1f} s: the stopped leftover, a zombie child of the launcher, "
+          f"was waited for until the 5 s grace ran out")
+
+
 def case_timeout(a):
     proc, took = launch(a.run, ["-n", "3", "--timeout", "1", "--", "sleep", "30"])
     check(proc.returncode == 124, f"exit {proc.returncode}")

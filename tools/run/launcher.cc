@@ -535,6 +535,11 @@ class Launcher {
   // grace period and the polls of kDrainMs slices.
   void end_leftovers() {
     auto any_left = [&] {
+      // A launcher that is its PID namespace's init (a container without --init) or a subreaper
+      // inherits the leftovers it stops: reaped here, or as zombies they stay in their group and
+      // the wait runs out the grace period. Every rank is reaped by now: nothing else is ours.
+      while (waitpid(-1, nullptr, WNOHANG) > 0) {
+      }
       for (const auto& r : ranks_)
         if (r.pid > 0 && kill(-r.pid, 0) == 0) return true;
       return false;
