@@ -1954,8 +1954,8 @@ int scenario_teardown_order(int n) {
 // communicator (the caller's and the four the engine splits, which it always makes non-blocking):
 // a call outside a group, and a group's end, answer ncclInProgress once their work is issued, and
 // each communicator they used stays in progress for kNbPolls polls of ncclCommGetAsyncError; a
-// call on a communicator still in progress is refused (ncclInvalidUsage), as NCCL refuses it. The
-// host device issues NCCL calls from its stream threads, hence the lock. Each rank is its own
+// call on a communicator still in progress is refused (ncclInvalidArgument), as NCCL refuses it.
+// The host device issues NCCL calls from its stream threads, hence the lock. Each rank is its own
 // process.
 constexpr int kNbPolls = 2;
 std::mutex g_nb_mutex;
@@ -1974,7 +1974,7 @@ ncclResult_t nb_call(ncclComm_t comm, const std::function<ncclResult_t()>& call)
     std::lock_guard<std::mutex> lock(g_nb_mutex);
     if (g_nb_polls_left[comm] > 0) {
       g_nb_refused.fetch_add(1);
-      return ncclInvalidUsage;
+      return ncclInvalidArgument;
     }
   }
   const ncclResult_t r = call();

@@ -128,7 +128,8 @@ ncclResult_t revoked_result() {
 // (1..1000) a non-blocking communicator (ncclConfig_t blocking 0) still answers as NVIDIA's NCCL
 // may: each ungrouped call and each group end that ran operations on it returns ncclInProgress,
 // ncclCommGetAsyncError then answers ncclInProgress K times, and a call on it before that is
-// refused (ncclInvalidUsage), as NCCL refuses a call while the previous one is being issued.
+// refused with ncclInvalidArgument, as NCCL's ncclCommEnsureReady refuses a call while the
+// previous one is being issued.
 // 0: non-blocking communicators answer as blocking ones. Read once: it is asked at every group.
 int in_progress_polls() {
   static const int polls = static_cast<int>(dq::config::current().cpu_nccl_in_progress_polls);
@@ -139,7 +140,7 @@ ncclResult_t busy_result() {
   set_last_error(
       "cpu-nccl: a call on a non-blocking communicator whose previous operation is still being "
       "issued (poll ncclCommGetAsyncError until it leaves ncclInProgress)");
-  return ncclInvalidUsage;
+  return ncclInvalidArgument;
 }
 
 // ---- groups ----------------------------------------------------------------------------
