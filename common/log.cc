@@ -67,14 +67,28 @@ bool equal_nocase(std::string_view a, std::string_view b) {
   return true;
 }
 
-int rank_from_launcher() {
-  for (const char* key : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    const char* v = std::getenv(key);
-    if (v == nullptr || *v < '0' || *v > '9') continue;
-    char* end = nullptr;
-    const long r = std::strtol(v, &end, 10);
-    if (*end == '\0' && r >= 0 && r < (1L << 30)) return static_cast<int>(r);
+// A launcher's variable: a decimal in [0, 2^30), else -1.
+int launcher_number(const char* key) {
+  const char* v = std::getenv(key);
+  if (v == nullptr || *v < '0' || *v > '9') return -1;
+  char* end = nullptr;
+  const long r = std::strtol(v, &end, 10);
+  return *end == '\0' && r >= 0 && r < (1L << 30) ? static_cast<int>(r) : -1;
+}
+
+// The first launcher family whose rank is set: its rank, and its size (-1 where unset).
+int rank_from_launcher(int* size = nullptr) {
+  constexpr const char* kFamilies[][2] = {{"RANK", "WORLD_SIZE"},
+                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                          {"PMI_RANK", "PMI_SIZE"},
+                                          {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (const auto& family : kFamilies) {
+    const int r = launcher_number(family[0]);
+    if (r < 0) continue;
+    if (size != nullptr) *size = launcher_number(family[1]);
+    return r;
   }
+  if (size != nullptr) *size = -1;
   return -1;
 }
 
@@ -247,8 +261,8 @@ bool claim(std::string_view key) {
 
 }  // namespace
 
-int launcher_rank() {
-  return rank_from_launcher();
+int launcher_rank(int* size) {
+  return rank_from_launcher(size);
 }
 
 bool log_first_in_process(std::string_view key) {

@@ -47,8 +47,9 @@ void log_message(LogLevel level, Subsys subsys, const char* file, int line, cons
 void log_set_rank(int rank);
 
 // The process's rank in its job as its launcher set it: RANK (torchrun), OMPI_COMM_WORLD_RANK,
-// PMI_RANK or SLURM_PROCID, the first that is a decimal in [0, 2^30); -1 when none is.
-int launcher_rank();
+// PMI_RANK or SLURM_PROCID, the first that is a decimal in [0, 2^30); -1 when none is. `size`:
+// that launcher's job size (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS), -1 unset.
+int launcher_rank(int* size = nullptr);
 
 // The CUDA device ([dev]) of this library copy's later lines: the shim sets it to the device of
 // the first communicator a CUDA device serves. device < 0: none ('-').

@@ -203,16 +203,28 @@ def register(group=None, enable=True):
     return ptr
 
 
+def _launcher_rank():
+    """The launcher's rank of this process, as the shim reads it: RANK, OMPI_COMM_WORLD_RANK,
+    PMI_RANK or SLURM_PROCID, the first that is a decimal; None without one."""
+    for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        value = os.environ.get(key, "")
+        if value.isdigit() and value.isascii() and int(value) < 2 ** 30:
+            return int(value)
+    return None
+
+
 def metrics_path(pattern=None, rank=None):
-    """The metrics file of this process: `pattern` (default DYNAMIQ_METRICS_FILE) with %p
-    replaced by the pid and %r by `rank` (default: the RANK environment variable, else 0). The
-    shim writes %r as the rank of the process's first communicator, which is RANK under
-    torchrun and dynamiq-run."""
+    """The metrics file of a process: `pattern` (default DYNAMIQ_METRICS_FILE) with %p replaced by
+    this process's pid and %r by `rank` (default: the launcher's rank, RANK, OMPI_COMM_WORLD_RANK,
+    PMI_RANK or SLURM_PROCID, else 0). The shim writes %r as that launcher's rank too (unless a
+    communicator is larger than the launcher's job: then the rank in the largest communicator),
+    so for another process pass its rank."""
     pattern = pattern if pattern is not None else os.environ.get("DYNAMIQ_METRICS_FILE", "")
     if not pattern:
         return None
     if rank is None:
-        rank = int(os.environ.get("RANK", "0") or 0)
+        launcher = _launcher_rank()
+        rank = launcher if launcher is not None else 0
     out, i = [], 0
     while i < len(pattern):
         if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in "rp":

@@ -66,7 +66,7 @@ ProcessLabels process_labels() {
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) == 0) l.host = host;
   l.pid = static_cast<int>(getpid());
-  l.launcher_rank = launcher_rank();
+  l.launcher_rank = launcher_rank(&l.launcher_size);
   l.version = config::build_version();
   l.revision = config::build_revision();
   l.nccl = log_nccl_version_text(log_nccl_version_code());
@@ -115,10 +115,15 @@ std::string metrics_expand_path(const std::string& pattern, const std::string& j
 
 int metrics_file_rank(const ProcessLabels& labels,
                       const std::vector<std::shared_ptr<CommMetrics>>& comms) {
-  if (labels.launcher_rank >= 0) return labels.launcher_rank;
   const CommMetrics* largest = nullptr;
   for (const auto& c : comms)
     if (largest == nullptr || c->size > largest->size) largest = c.get();
+  // A communicator larger than the launcher's job: the processes were started below it (srun
+  // with one task a node, then torch.multiprocessing.spawn of a worker a GPU), and share its rank.
+  const bool launcher_job =
+      labels.launcher_rank >= 0 &&
+      (largest == nullptr || labels.launcher_size < 0 || largest->size <= labels.launcher_size);
+  if (launcher_job) return labels.launcher_rank;
   return largest != nullptr ? largest->rank : labels.pid;
 }
 

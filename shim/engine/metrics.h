@@ -106,6 +106,7 @@ struct ProcessLabels {
   double now_s = 0;        // the write's Unix time; 0: the clock's
   int launcher_rank = -1;  // the process's rank in the job (launcher_rank(), common/log.h); -1
                            // where the launcher set none
+  int launcher_size = -1;  // that launcher's job size; -1 unset
 };
 ProcessLabels process_labels();
 // Sets host_path and host_paths_refused from the process's selection now: a forced
@@ -122,12 +123,13 @@ std::string metrics_render(const std::vector<std::shared_ptr<CommMetrics>>& comm
 std::string metrics_expand_path(const std::string& pattern, const std::string& job,
                                 const std::string& host, int rank, int pid);
 // The rank in the file's name (%r), unique among the job's processes: the launcher's
-// (labels.launcher_rank), else the process's rank in the largest communicator registered (the
-// first of that size: a job's world communicator where it has one), else the pid (a write before
-// any communicator, as dynamiq.counters(): a name no other process takes, since the write that
-// renames the file removes the one before). Not the rank in the first communicator: with tensor or
-// pipeline parallelism that may be a data-parallel group's, the same in every process of a node,
-// which would then all write one file.
+// (labels.launcher_rank) unless a communicator is larger than the launcher's job (processes it did
+// not start: each a worker one of its tasks spawned), else the process's rank in the largest
+// communicator registered (the first of that size: a job's world communicator where it has one),
+// else the pid (a write before any communicator, as dynamiq.counters(): a name no other process
+// takes, since the write that renames the file removes the one before). Not the rank in the first
+// communicator: with tensor or pipeline parallelism that may be a data-parallel group's, the same
+// in every process of a node, which would then all write one file.
 int metrics_file_rank(const ProcessLabels& labels,
                       const std::vector<std::shared_ptr<CommMetrics>>& comms);
 // %j: the launcher's job id (labels.job), else "nccl-<commId>" of the first communicator made

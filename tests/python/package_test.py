@@ -351,6 +351,13 @@ class MetricsFileTest(unittest.TestCase):
         with env(DYNAMIQ_METRICS_FILE="/m/%r-%p.json", RANK="3"):
             self.assertEqual(dynamiq.metrics_path(), "/m/3-%d.json" % os.getpid())
             self.assertEqual(dynamiq.metrics_path(rank=5), "/m/5-%d.json" % os.getpid())
+        # Under mpirun or srun without RANK: the launcher's rank, as the shim names the file.
+        with env(DYNAMIQ_METRICS_FILE="/m/%r.json", RANK=None, OMPI_COMM_WORLD_RANK="4",
+                 PMI_RANK=None, SLURM_PROCID=None):
+            self.assertEqual(dynamiq.metrics_path(), "/m/4.json")
+        with env(DYNAMIQ_METRICS_FILE="/m/%r.json", RANK=None, OMPI_COMM_WORLD_RANK=None,
+                 PMI_RANK=None, SLURM_PROCID="6"):
+            self.assertEqual(dynamiq.metrics_path(), "/m/6.json")
         with env(DYNAMIQ_METRICS_FILE=None):
             self.assertIsNone(dynamiq.metrics_path())
 

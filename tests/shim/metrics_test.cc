@@ -210,19 +210,31 @@ TEST(Metrics, FileRankIsTheProcessRankInTheJob) {
   labels.launcher_rank = 12;
   EXPECT_EQ(metrics_file_rank(labels, {dp, world, tp}), 12);
   EXPECT_EQ(metrics_file_rank(labels, {}), 12);
+  labels.launcher_size = 16;  // a job of 16 launched processes: its rank
+  EXPECT_EQ(metrics_file_rank(labels, {dp, world, tp}), 12);
+  // A launcher's job of 2 tasks whose processes spawned workers into a 16-rank world (srun with
+  // a task a node, then torch.multiprocessing.spawn): every worker of a task has the task's rank,
+  // so the world's names the file.
+  labels.launcher_rank = 0;
+  labels.launcher_size = 2;
+  EXPECT_EQ(metrics_file_rank(labels, {dp, world, tp}), 9);
+  EXPECT_EQ(metrics_file_rank(labels, {}), 0);  // no communicator yet: the launcher's
   // The launcher's variables, the first that is a rank: RANK over OMPI_COMM_WORLD_RANK.
   for (const char* key : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
     unsetenv(key);
   EXPECT_EQ(process_labels().launcher_rank, -1);
   setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_NTASKS", "8", 1);
   EXPECT_EQ(process_labels().launcher_rank, 5);
+  EXPECT_EQ(process_labels().launcher_size, 8);
   setenv("RANK", "x", 1);  // not a rank: the next variable set
   EXPECT_EQ(process_labels().launcher_rank, 5);
   setenv("OMPI_COMM_WORLD_RANK", "7", 1);
   EXPECT_EQ(process_labels().launcher_rank, 7);
   setenv("RANK", "3", 1);
   EXPECT_EQ(process_labels().launcher_rank, 3);
-  for (const char* key : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) unsetenv(key);
+  for (const char* key : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "SLURM_NTASKS"})
+    unsetenv(key);
   // The file's name as the writes take it: a data-parallel group registered first, then the world.
   const pid_t child = fork();
   if (child == 0) {
