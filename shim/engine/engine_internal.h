@@ -166,8 +166,10 @@ struct Engine::Bucket {
   int rung = -1;
   // A rung whose plan could not be made (agreed on every rank): the predictions that choose it
   // take the default instead for the next `avoid_calls` of them, a count that doubles (to 64) at
-  // each failure of that rung, so that a plan that always fails costs a pass-through now and then,
-  // not every other call, while one that failed once is tried again soon.
+  // each failure of that rung in the bucket's life, so that a plan that always fails costs a
+  // pass-through now and then, not every other call, while one that failed once is tried again
+  // at the next prediction but one. (Once made, a rung's plan stays cached: it fails again only
+  // after the plan cache evicted it.)
   int avoid_rung = -1;
   uint32_t avoid_calls = 0, avoid_next = 1;
   uint64_t calls = 0;
