@@ -687,6 +687,11 @@ int shrink_body(int rank, int nranks, ShrinkMode mode) {
     const ncclResult_t r =
         ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
     FAIL_IF(r == ncclSuccess, "all-reduce without rank %d succeeded", out);
+    // NCCL's ncclCommEnsureReady: a communicator with an asynchronous error answers it, not its
+    // size.
+    int size = 0;
+    FAIL_IF(ncclCommCount(comm, &size) == ncclSuccess, "ncclCommCount of the failed parent: %d",
+            size);
     NCCL_OK(ncclCommShrink(comm, excluded, 1, &sub, nullptr, TEST_SHRINK_ABORT));
     if (check_revoked(comm)) return 1;
   } else {
@@ -1066,6 +1071,36 @@ int scenario_api() {
   FAIL_IF(dev != 0, "cuDevice");
   NCCL_OK(ncclCommFinalize(comm));
   NCCL_OK(ncclCommDestroy(comm));
+  // A non-blocking communicator (main sets DYNAMIQ_CPU_NCCL_IN_PROGRESS_POLLS=2 for this job): its
+  // all-reduce answers ncclInProgress, and until a poll finds it done, ncclCommCount, UserRank
+  // and CuDevice are refused with ncclInvalidArgument, as NCCL's ncclCommEnsureReady refuses
+  // them (a caller that reads the communicator's size then, as the shim does at each
+  // reduce-scatter, must not rely on an answer NVIDIA's NCCL would not give).
+  ncclConfig_t config;
+  std::memset(&config, 0, sizeof config);
+  config.size = sizeof config;
+  config.magic = TEST_CONFIG_MAGIC;
+  config.version = 22809;
+  config.blocking = 0;
+  ncclComm_t nb;
+  g_shared->id_ready.store(0);
+  if (init_comm(0, 1, &nb, &config)) return 1;
+  FAIL_IF(ncclAllReduce(a, b, 3, ncclInt32, ncclSum, nb, nullptr) != ncclInProgress,
+          "a non-blocking all-reduce did not answer ncclInProgress");
+  int count = -1, me = -1;
+  FAIL_IF(ncclCommCount(nb, &count) != ncclInvalidArgument, "ncclCommCount answered in progress");
+  FAIL_IF(ncclCommUserRank(nb, &me) != ncclInvalidArgument,
+          "ncclCommUserRank answered in progress");
+  FAIL_IF(ncclCommCuDevice(nb, &dev) != ncclInvalidArgument,
+          "ncclCommCuDevice answered in progress");
+  ncclResult_t state = ncclInProgress;
+  for (int poll = 0; poll < 100 && state == ncclInProgress; ++poll)
+    NCCL_OK(ncclCommGetAsyncError(nb, &state));
+  FAIL_IF(state != ncclSuccess, "the all-reduce never settled: %d", state);
+  NCCL_OK(ncclCommCount(nb, &count));
+  NCCL_OK(ncclCommUserRank(nb, &me));
+  FAIL_IF(count != 1 || me != 0, "the settled communicator: rank %d of %d", me, count);
+  NCCL_OK(ncclCommDestroy(nb));
   return 0;
 }
 
@@ -1122,8 +1157,10 @@ int main(int argc, char** argv) {
     rc = run_ranks(nranks, 1800, [mib](int r, int n) { return scenario_big(r, n, mib << 20); });
   } else if (scenario == "initall")
     rc = scenario_initall(nranks);
-  else if (scenario == "api")
+  else if (scenario == "api") {
+    setenv("DYNAMIQ_CPU_NCCL_IN_PROGRESS_POLLS", "2", 1);  // its non-blocking communicator
     rc = scenario_api();
+  }
   std::printf("%s with %d ranks: %s\n", scenario.c_str(), nranks, rc == 0 ? "PASS" : "FAIL");
   return rc;
 }

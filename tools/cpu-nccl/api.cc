@@ -317,6 +317,21 @@ ncclResult_t check_comm(Comm* comm) {
   return ncclSuccess;
 }
 
+// What NCCL's ncclCommEnsureReady answers before ncclCommCount, ncclCommUserRank and
+// ncclCommCuDevice read the communicator: its asynchronous error where it has one, and
+// ncclInvalidArgument while its previous operation is still being issued (the non-blocking
+// model); a revoked one that is quiescent answers. Nothing is consumed: unlike a poll of
+// ncclCommGetAsyncError, a refused query does not bring the operation's end closer.
+ncclResult_t ensure_ready(Comm* comm) {
+  if (comm->polls_left.load() > 0) return busy_result();
+  if (comm->revoked()) return comm->busy() > 0 ? busy_result() : ncclSuccess;
+  if (comm->failure() != FailKind::kNone) {
+    set_last_error(comm->last_error());
+    return fail_kind_result(comm->failure());
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t checked_submit_coll(const CollArgs& args, Comm* comm, bool needs_op,
                                  cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm); r != ncclSuccess) return r;
@@ -584,18 +599,21 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (!comm || !count) return invalid("comm or count is NULL");
+  if (const ncclResult_t r = ensure_ready(impl(comm)); r != ncclSuccess) return r;
   *count = impl(comm)->nranks();
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   if (!comm || !device) return invalid("comm or device is NULL");
+  if (const ncclResult_t r = ensure_ready(impl(comm)); r != ncclSuccess) return r;
   *device = 0;
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   if (!comm || !rank) return invalid("comm or rank is NULL");
+  if (const ncclResult_t r = ensure_ready(impl(comm)); r != ncclSuccess) return r;
   *rank = impl(comm)->rank();
   return ncclSuccess;
 }
