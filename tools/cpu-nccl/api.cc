@@ -317,19 +317,26 @@ ncclResult_t check_comm(Comm* comm) {
   return ncclSuccess;
 }
 
+// The communicator's asynchronous state, as ncclCommGetAsyncError reports it: ncclInProgress while
+// a non-blocking operation is still being issued (`poll`: this look is one of the K polls that
+// end it, as a call of ncclCommGetAsyncError is), a revoked one in progress while operations are
+// still ending and then quiescent (management calls may follow), else its failure, if any.
+ncclResult_t async_state(Comm* comm, bool poll) {
+  for (int left = comm->polls_left.load(); left > 0;)
+    if (!poll || comm->polls_left.compare_exchange_weak(left, left - 1)) return ncclInProgress;
+  if (comm->revoked()) return comm->busy() > 0 ? ncclInProgress : ncclSuccess;
+  return fail_kind_result(comm->failure());
+}
+
 // What NCCL's ncclCommEnsureReady answers before ncclCommCount, ncclCommUserRank and
-// ncclCommCuDevice read the communicator: its asynchronous error where it has one, and
-// ncclInvalidArgument while its previous operation is still being issued (the non-blocking
-// model); a revoked one that is quiescent answers. Nothing is consumed: unlike a poll of
-// ncclCommGetAsyncError, a refused query does not bring the operation's end closer.
+// ncclCommCuDevice read the communicator: ncclInvalidArgument while it is in progress, else its
+// asynchronous error, if any. Not a poll: a refused query does not bring an operation's end
+// closer.
 ncclResult_t ensure_ready(Comm* comm) {
-  if (comm->polls_left.load() > 0) return busy_result();
-  if (comm->revoked()) return comm->busy() > 0 ? busy_result() : ncclSuccess;
-  if (comm->failure() != FailKind::kNone) {
-    set_last_error(comm->last_error());
-    return fail_kind_result(comm->failure());
-  }
-  return ncclSuccess;
+  const ncclResult_t state = async_state(comm, false);
+  if (state == ncclInProgress) return busy_result();
+  if (state != ncclSuccess) set_last_error(comm->last_error());
+  return state;
 }
 
 ncclResult_t checked_submit_coll(const CollArgs& args, Comm* comm, bool needs_op,
@@ -620,17 +627,7 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm || !async_error) return invalid("comm or asyncError is NULL");
-  for (int left = impl(comm)->polls_left.load(); left > 0;)
-    if (impl(comm)->polls_left.compare_exchange_weak(left, left - 1)) {
-      *async_error = ncclInProgress;
-      return ncclSuccess;
-    }
-  // Revoked: in progress while operations are still ending, then quiescent (management calls
-  // may follow), as NCCL reports it.
-  if (impl(comm)->revoked())
-    *async_error = impl(comm)->busy() > 0 ? ncclInProgress : ncclSuccess;
-  else
-    *async_error = fail_kind_result(impl(comm)->failure());
+  *async_error = async_state(impl(comm), true);
   return ncclSuccess;
 }
 
