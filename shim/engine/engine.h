@@ -282,6 +282,8 @@ class Engine {
   Status enqueue_comm(Plan& plan, int block, int stage, uint64_t* wire_bytes);
   Status ensure_events(size_t n);
   ncclResult_t fail_async(uint32_t word);
+  // The lanes' error word as it is now (0: no step failed; also 0 without control words).
+  uint32_t error_word_now() const;
   // A call that failed on this rank after it began: its peers go on with theirs, so this
   // communicator's NCCL calls no longer pair up across the ranks. The failure is the
   // communicator's from now on (every later call and its asynchronous error), as NCCL's own are.

@@ -30,10 +30,7 @@ ncclResult_t Engine::fail_call(Status s) {
   // A step that failed where it was enqueued (a CUDA device issues NCCL's calls inline) left its
   // cause in the error word: NCCL's own code (ncclRemoteError for a dead peer) over the Status
   // that reported it.
-  if (control_ != nullptr)
-    if (const uint32_t word = __atomic_load_n(control_ + error_word_index(), __ATOMIC_ACQUIRE);
-        word != 0)
-      return fail_async(word);
+  if (const uint32_t word = error_word_now(); word != 0) return fail_async(word);
   broken_ = engine_failure(s);
   DQ_WARN(Subsys::kEngine,
           "dynamiq: rank %d: a call failed part-way on this rank (%s); the communicator reports "
@@ -45,8 +42,13 @@ ncclResult_t Engine::fail_call(Status s) {
 ncclResult_t Engine::async_error() {
   if (broken_ != ncclSuccess || control_ == nullptr) return broken_;
   if (const ncclResult_t r = rail_async_error(); r != ncclSuccess) return broken_ = r;
-  const uint32_t word = __atomic_load_n(control_ + error_word_index(), __ATOMIC_ACQUIRE);
+  const uint32_t word = error_word_now();
   return word != 0 ? fail_async(word) : ncclSuccess;
+}
+
+uint32_t Engine::error_word_now() const {
+  return control_ != nullptr ? __atomic_load_n(control_ + error_word_index(), __ATOMIC_ACQUIRE)
+                             : 0u;
 }
 
 bool Engine::aborting() const {
