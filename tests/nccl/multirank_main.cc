@@ -555,14 +555,20 @@ int scenario_p2p(int rank, int nranks) {
 }
 
 // A blocking communicator named "parent-comm" (ncclConfig_t), for the split and shrink tests.
-int init_parent_comm(int rank, int nranks, ncclComm_t* comm) {
+// A config with its header, `blocking` and `name` (nullptr: none) set, every other field 0.
+ncclConfig_t test_config(int blocking, const char* name) {
   ncclConfig_t config;
   std::memset(&config, 0, sizeof config);
   config.size = sizeof config;
   config.magic = TEST_CONFIG_MAGIC;
   config.version = 22809;
-  config.blocking = 1;
-  config.commName = "parent-comm";
+  config.blocking = blocking;
+  config.commName = name;
+  return config;
+}
+
+int init_parent_comm(int rank, int nranks, ncclComm_t* comm) {
+  ncclConfig_t config = test_config(1, "parent-comm");
   return init_comm(rank, nranks, comm, &config);
 }
 
@@ -1076,12 +1082,7 @@ int scenario_api() {
   // and CuDevice are refused with ncclInvalidArgument, as NCCL's ncclCommEnsureReady refuses
   // them (a caller that reads the communicator's size then, as the shim does at each
   // reduce-scatter, must not rely on an answer NVIDIA's NCCL would not give).
-  ncclConfig_t config;
-  std::memset(&config, 0, sizeof config);
-  config.size = sizeof config;
-  config.magic = TEST_CONFIG_MAGIC;
-  config.version = 22809;
-  config.blocking = 0;
+  ncclConfig_t config = test_config(0, nullptr);
   ncclComm_t nb;
   g_shared->id_ready.store(0);
   if (init_comm(0, 1, &nb, &config)) return 1;
