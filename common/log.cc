@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/fnv1a.h"
+#include "common/launcher_env.h"
 #include "common/safe_file.h"
 #include "common/status.h"
 
@@ -78,14 +79,10 @@ int launcher_number(const char* key) {
 
 // The first launcher family whose rank is set: its rank, and its size (-1 where unset).
 int rank_from_launcher(int* size = nullptr) {
-  constexpr const char* kFamilies[][2] = {{"RANK", "WORLD_SIZE"},
-                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                          {"PMI_RANK", "PMI_SIZE"},
-                                          {"SLURM_PROCID", "SLURM_NTASKS"}};
-  for (const auto& family : kFamilies) {
-    const int r = launcher_number(family[0]);
+  for (const LauncherVariables& family : kLauncherVariables) {
+    const int r = launcher_number(family.rank);
     if (r < 0) continue;
-    if (size != nullptr) *size = launcher_number(family[1]);
+    if (size != nullptr) *size = launcher_number(family.size);
     return r;
   }
   if (size != nullptr) *size = -1;

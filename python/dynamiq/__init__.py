@@ -205,7 +205,8 @@ def register(group=None, enable=True):
 
 def _launcher_rank():
     """The launcher's rank of this process, as the shim reads it: RANK, OMPI_COMM_WORLD_RANK,
-    PMI_RANK or SLURM_PROCID, the first that is a decimal; None without one."""
+    PMI_RANK or SLURM_PROCID, the first that is a decimal (common/launcher_env.h's order); None
+    without one."""
     for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
         value = os.environ.get(key, "")
         if value.isdigit() and value.isascii() and int(value) < 2 ** 30:

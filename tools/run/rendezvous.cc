@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/launcher_env.h"
 #include "config/settings.h"
 
 namespace dq::rendezvous {
@@ -355,30 +356,13 @@ Status fetch_tcp(const JobEnv& env, const char* key, void* data, size_t size) {
           env.rank, key, env.master_addr.c_str(), env.master_port + 1, env.timeout_s, last_problem);
 }
 
-// The rank variables of the launchers dynamiq-perf and the demo run under, in order: torchrun
-// (and dynamiq-run), Open MPI's mpirun, PMI (MPICH, Intel MPI), SLURM's srun. The first family
-// whose rank and size are both set is used; a job started by any of them is never taken for one
-// rank of one. The innermost launcher first: mpirun inside a Slurm allocation (an sbatch script)
-// hands its processes the batch step's SLURM_PROCID (0) and SLURM_NTASKS beside its own ranks.
-struct RankVariables {
-  const char* rank;
-  const char* size;
-  const char* local_rank;
-};
-constexpr RankVariables kRankVariables[] = {
-    {"RANK", "WORLD_SIZE", "LOCAL_RANK"},
-    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
-};
-
 // The local rank where `family` sets none (Slurm's PMI-2 plugin sets PMI_RANK and PMI_SIZE but not
 // MPI_LOCALRANKID): a later family's, where that family gives the process the same rank (the
 // same job step: srun --mpi=pmi2 sets SLURM_PROCID and SLURM_LOCALID beside them); else the rank
 // itself (one node).
-int local_rank_elsewhere(const RankVariables& family, int rank) {
+int local_rank_elsewhere(const LauncherVariables& family, int rank) {
   bool after = false;
-  for (const RankVariables& v : kRankVariables) {
+  for (const LauncherVariables& v : kLauncherVariables) {
     if (&v == &family) {
       after = true;
       continue;
@@ -394,9 +378,11 @@ int local_rank_elsewhere(const RankVariables& family, int rank) {
   return rank;
 }
 
-// Rank, size and local rank from the first family of kRankVariables that sets any of them.
+// Rank, size and local rank from the first family of kLauncherVariables (common/launcher_env.h,
+// the launchers dynamiq-perf and the demo run under) that sets any of them; its rank and size must
+// both be set, so that a job started by any launcher is never taken for one rank of one.
 Status read_rank_variables(JobEnv* out, const char** family) {
-  for (const RankVariables& v : kRankVariables) {
+  for (const LauncherVariables& v : kLauncherVariables) {
     bool has_rank = false, has_world = false, has_local = false;
     if (!parse_int_env(v.rank, 0, 1 << 24, &out->rank, &has_rank) ||
         !parse_int_env(v.size, 1, 1 << 24, &out->world_size, &has_world) ||
