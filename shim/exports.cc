@@ -165,8 +165,10 @@ DQ_SHIM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int*
     if (t_below > 0) return real->comm_init_all(comms, ndev, devlist);
     Below below;
     const ncclResult_t r = real->comm_init_all(comms, ndev, devlist);
+    const uint64_t clique = dq::shim::init_all_clique();
     if (r == ncclSuccess && comms)
-      for (int i = 0; i < ndev; ++i) dq::shim::comm_created(comms[i], nullptr, -1, nullptr);
+      for (int i = 0; i < ndev; ++i)
+        dq::shim::comm_created(comms[i], nullptr, -1, nullptr, nullptr, clique);
     return r;
   });
 }
@@ -177,9 +179,10 @@ DQ_SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nccl
     DQ_REAL_OR_FAIL(comm_split);
     if (t_below > 0) return real->comm_split(comm, color, key, newcomm, config);
     Below below;
+    const uint64_t clique = dq::shim::split_clique(comm, color);
     const ncclResult_t r = real->comm_split(comm, color, key, newcomm, config);
     if ((r == ncclSuccess || r == ncclInProgress) && newcomm && *newcomm)
-      dq::shim::comm_created(*newcomm, config, color < 0 ? -1 : color, comm);
+      dq::shim::comm_created(*newcomm, config, color < 0 ? -1 : color, comm, nullptr, clique);
     return r;
   });
 }

@@ -5,13 +5,21 @@
 //   2. the first call of a fresh communicator in a group: the handshake runs at the group's end
 //   3. an all-reduce, a reduce-scatter and a small all-reduce in one group: the two large ones
 //      compressed, the small one passed through inside the group, exact
-//   4. members on two communicators in one group: every member passes through, exact, no hang
+//   4. members on two communicators in one group: each compressed through its own engine
 //   5. a simulated group (ncclGroupSimulateEnd, NCCL's cost estimate): its all-reduce never runs,
 //      not even at a later group's end, and the next call is compressed and complete on return
 //   6. a non-blocking communicator (the CPU NCCL's model: each operation answers ncclInProgress,
 //      settled after polls): its first group, an INT32 all-reduce and a large FP32 one, both held
 //      for the handshake; the first passes through (ncclInProgress), the second must still run,
 //      compressed, and the caller's polls then find every result in place
+//   7. (3 ranks or more) a group on the world and on a split whose last rank is alone: the split's
+//      call is not held on that rank (one rank reduces nothing), so its group holds the world's
+//      call alone while the others hold two communicators' calls; the world's must be compressed
+//      on every rank (a rule of "more than one communicator in the group" passed it through on
+//      all but the last, which compressed it: the two waited for each other)
+//   8. one thread driving both ranks of a process-local communicator (ncclCommInitAll), and of its
+//      split (made by one thread a rank), in one group: every member passes through, exact, no
+//      hang (run one after another, the first rank's call would wait for the second's)
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -20,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "common/nccl_api.h"
@@ -161,7 +170,7 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
     CHECK_OR(47, e_ar > 0 && e_ar < kMaxError && e_rs > 0 && e_rs < kMaxError,
              "3: relative errors %.3e (all-reduce) %.3e (reduce-scatter)", e_ar, e_rs);
   }
-  // 4. Members on two communicators: both pass through, exactly.
+  // 4. Members on two communicators (one rank of each here): each compressed by its own engine.
   {
     auto x = input(rank, kLarge), y = input(rank, kLarge);
     const unsigned long long ra = rerouted(a), rb = rerouted(b);
@@ -175,8 +184,12 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
         ncclAllReduce(y.data(), y.data(), kLarge, ncclFloat32, ncclSum, b, nullptr) == ncclSuccess,
         "member b");
     CHECK_OR(53, ncclGroupEnd() == ncclSuccess, "group end");
-    CHECK_OR(54, rerouted(a) == ra && rerouted(b) == rb, "4: a member was compressed");
-    CHECK_OR(55, is_exact(n, x, 0) && is_exact(n, y, 0), "4: not exact");
+    CHECK_OR(54, rerouted(a) == ra + 1 && rerouted(b) == rb + 1,
+             "4: %llu and %llu of the two members compressed, 1 and 1 expected", rerouted(a) - ra,
+             rerouted(b) - rb);
+    const double ex = rel_error(n, x, 0), ey = rel_error(n, y, 0);
+    CHECK_OR(55, ex > 0 && ex < kMaxError && ey > 0 && ey < kMaxError,
+             "4: relative errors %.3e and %.3e", ex, ey);
   }
   // 5. A simulated group: NCCL estimates its members and runs none.
   {
@@ -232,6 +245,95 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
     CHECK_OR(76, rerouted(nonblocking) == 1, "6: %llu compressed calls, 1 expected",
              rerouted(nonblocking));
   }
+  // 7. The world and a split that leaves the last rank alone, in one group.
+  if (n >= 3) {
+    ncclComm_t part = nullptr;
+    const bool alone = rank == n - 1;
+    CHECK_OR(80, ncclCommSplit(a, alone ? 1 : 0, rank, &part, nullptr) == ncclSuccess, "split");
+    auto x = input(rank, kLarge), y = input(rank, kLarge);
+    const unsigned long long ra = rerouted(a);
+    CHECK_OR(81, ncclGroupStart() == ncclSuccess, "group start");
+    CHECK_OR(
+        82,
+        ncclAllReduce(x.data(), x.data(), kLarge, ncclFloat32, ncclSum, a, nullptr) == ncclSuccess,
+        "member on the world");
+    CHECK_OR(83,
+             ncclAllReduce(y.data(), y.data(), kLarge, ncclFloat32, ncclSum, part, nullptr) ==
+                 ncclSuccess,
+             "member on the split");
+    CHECK_OR(84, ncclGroupEnd() == ncclSuccess, "group end");
+    CHECK_OR(85, rerouted(a) == ra + 1, "7: the world's member: %llu compressed, 1 expected",
+             rerouted(a) - ra);
+    const double ex = rel_error(n, x, 0);
+    CHECK_OR(86, ex > 0 && ex < kMaxError, "7: the world's member: relative error %.3e", ex);
+    if (alone) {
+      for (size_t i = 0; i < kLarge; ++i)
+        CHECK_OR(87, y[i] == value(rank, i), "7: the lone rank's split member, element %zu", i);
+    } else {
+      CHECK_OR(88, rerouted(part) == 1, "7: the split's member: %llu compressed, 1 expected",
+               rerouted(part));
+      const double ey = rel_error(n - 1, y, 0);  // ranks 0 .. n - 2
+      CHECK_OR(89, ey > 0 && ey < kMaxError, "7: the split's member: relative error %.3e", ey);
+    }
+    ncclCommDestroy(part);
+  }
+  // 8. Both ranks of a process-local communicator, and of its split, driven by this thread.
+  {
+    constexpr int kLocal = 2;
+    ncclComm_t local[kLocal] = {}, halves[kLocal] = {};
+    CHECK_OR(100, ncclCommInitAll(local, kLocal, nullptr) == ncclSuccess, "init all");
+    ncclResult_t split_result[kLocal] = {ncclInternalError, ncclInternalError};
+    {
+      std::vector<std::thread> splitters;  // a split is collective: one thread a rank
+      for (int r = 0; r < kLocal; ++r)
+        splitters.emplace_back(
+            [&, r] { split_result[r] = ncclCommSplit(local[r], 0, r, &halves[r], nullptr); });
+      for (auto& t : splitters) t.join();
+    }
+    CHECK_OR(101, split_result[0] == ncclSuccess && split_result[1] == ncclSuccess, "local split");
+    for (ncclComm_t* comms : {local, halves}) {
+      std::vector<std::vector<float>> bufs;
+      for (int r = 0; r < kLocal; ++r) bufs.push_back(input(r, kLarge));
+      CHECK_OR(102, ncclGroupStart() == ncclSuccess, "group start");
+      for (int r = 0; r < kLocal; ++r)
+        CHECK_OR(103,
+                 ncclAllReduce(bufs[r].data(), bufs[r].data(), kLarge, ncclFloat32, ncclSum,
+                               comms[r], nullptr) == ncclSuccess,
+                 "local member %d", r);
+      CHECK_OR(104, ncclGroupEnd() == ncclSuccess, "group end");
+      for (int r = 0; r < kLocal; ++r) {
+        CHECK_OR(105, rerouted(comms[r]) == 0, "8: %s member %d compressed",
+                 comms == local ? "a local" : "a split's", r);
+        CHECK_OR(106, is_exact(kLocal, bufs[r], 0), "8: %s member %d not exact",
+                 comms == local ? "a local" : "a split's", r);
+      }
+    }
+    // The same communicators are compressed when each rank has a thread of its own (so what
+    // passed the group's members through was the rule, not the communicators' opt-in).
+    {
+      std::vector<std::vector<float>> bufs;
+      for (int r = 0; r < kLocal; ++r) bufs.push_back(input(r, kLarge));
+      ncclResult_t results[kLocal] = {ncclInternalError, ncclInternalError};
+      std::vector<std::thread> callers;
+      for (int r = 0; r < kLocal; ++r)
+        callers.emplace_back([&, r] {
+          results[r] = ncclAllReduce(bufs[r].data(), bufs[r].data(), kLarge, ncclFloat32, ncclSum,
+                                     local[r], nullptr);
+        });
+      for (auto& t : callers) t.join();
+      for (int r = 0; r < kLocal; ++r) {
+        CHECK_OR(107, results[r] == ncclSuccess && rerouted(local[r]) == 1,
+                 "8: local rank %d on a thread of its own: %s, %llu compressed (1 expected)", r,
+                 ncclGetErrorString(results[r]), rerouted(local[r]));
+        const double err = rel_error(kLocal, bufs[r], 0);
+        CHECK_OR(108, err > 0 && err < kMaxError, "8: local rank %d: relative error %.3e", r, err);
+      }
+    }
+    for (int r = 0; r < kLocal; ++r) {
+      ncclCommDestroy(halves[r]);
+      ncclCommDestroy(local[r]);
+    }
+  }
   ncclCommDestroy(a);
   ncclCommDestroy(b);
   ncclCommDestroy(fresh);
@@ -261,6 +363,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "FAIL: rank %d %s\n", r, exits[r].describe().c_str());
       failed = 1;
     }
-  if (!failed) std::printf("groups %d ranks: all six cases pass\n", n);
+  if (!failed) std::printf("groups %d ranks: all cases pass\n", n);
   return failed;
 }
