@@ -114,15 +114,15 @@ ncclResult_t Engine::blocking_max(const uint32_t* in, uint32_t* out, int n) {
   ncclComm_t comm = comm_.comm;
   auto stream = static_cast<cudaStream_t>(comm_stream_);
   const int64_t timeout_ms = settings_.timeout_ms;
-  if (enqueue_nccl(lane,
-                   [=] {
-                     return ops.settled(comm,
-                                        ops.all_reduce(send, recv, static_cast<size_t>(n),
-                                                       ncclUint32, ncclMax, comm, stream),
-                                        timeout_ms);
-                   }) != Status::kOk ||
-      device_->record(ev_comm_done_, comm_stream_) != Status::kOk)
-    return broken_ != ncclSuccess ? broken_ : ncclSystemError;
+  Status s = enqueue_nccl(lane, [=] {
+    return ops.settled(
+        comm, ops.all_reduce(send, recv, static_cast<size_t>(n), ncclUint32, ncclMax, comm, stream),
+        timeout_ms);
+  });
+  if (s == Status::kOk) s = device_->record(ev_comm_done_, comm_stream_);
+  // As any call's failure: sticky, and NCCL's own code where a device that issues NCCL's calls
+  // inline left it in the error word (ncclRemoteError for a dead peer, not ncclSystemError).
+  if (s != Status::kOk) return fail_call(s);
   if (const ncclResult_t r = wait_for_peers(ev_comm_done_, "a blocking control all-reduce");
       r != ncclSuccess)
     return r;

@@ -51,8 +51,9 @@
 //               healthy one destroys them
 //   enqueue_fail  rank 1's device fails part-way through a compressed call: that call fails, and
 //               every later one on rank 1 fails at once with the same error, issuing nothing
-//   nccl_code_kept  every rank's device reports NCCL's ncclRemoteError for a call it issued inline:
-//               that call and the next return it (not ncclSystemError)
+//   nccl_code_kept  every rank's device reports NCCL's ncclRemoteError for a call it issued inline
+//               (a cached plan's call, the handshake, a new plan's agreement): that call, the next
+//               and the asynchronous error are it (not ncclSystemError)
 //   auto_plan_fail  DYNAMIQ_BITS=auto: a new rung's plan fails on rank 1; every rank passes the
 //               call through, and the bucket's later calls still follow its predictions
 //   auto_plan_fail_always  the same, rank 1 failing every new plan: the bucket's default plan
@@ -1609,34 +1610,48 @@ int scenario_enqueue_fail(int n) {
 }
 
 // ---- nccl_code_kept ------------------------------------------------------------------------
-// Every rank's device reports, part-way through a compressed call, that NCCL refused a call it
-// issued with ncclRemoteError (as a CUDA device does, which issues NCCL's calls inline): that call
-// and every later one on the communicator return NCCL's own code, not the ncclSystemError the
+// Every rank's device reports that NCCL refused a call it issued with ncclRemoteError (as a CUDA
+// device does, which issues NCCL's calls inline): that call and every later one on the
+// communicator, and its asynchronous error, are NCCL's own code, not the ncclSystemError the
 // device's Status maps to (which a watchdog reading ncclCommGetAsyncError would take for a local
-// fault).
+// fault). At three places, a communicator each: a compressed call of a cached plan; the
+// handshake (the first call); a new plan's agreement (the first call of a new size).
 int scenario_nccl_code_kept(int n) {
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", "3000"}});
+  enum Where { kCachedPlan, kHandshake, kNewPlan, kPlaces };
+  const char* const names[kPlaces] = {"a cached plan's call", "the handshake",
+                                      "a new plan's agreement"};
   auto body = [&](int rank, ncclComm_t* comms) -> int {
     constexpr size_t kCount = 1 << 20;
     std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount);
-    FailingDevice device(dq::engine::host_device());
-    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
-    PassReason reason;
-    CHECK_OR(130, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
-             "rank %d: the first call", rank);
-    device.inline_nccl_failure = ncclRemoteError;
-    const ncclResult_t failed = engine.run(args, &reason);
-    const ncclResult_t next = engine.run(args, &reason);
-    CHECK_OR(131, failed == ncclRemoteError && next == ncclRemoteError,
-             "rank %d: the failed call returned %s, the next %s (NCCL's ncclRemoteError expected)",
-             rank, ncclGetErrorString(failed), ncclGetErrorString(next));
+    for (int where = 0; where < kPlaces; ++where) {
+      FailingDevice device(dq::engine::host_device());
+      Engine engine(settings, true, {comms[where], rank, n}, cpu_nccl_ops(), &device, nullptr,
+                    true);
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = kCount;
+      PassReason reason;
+      if (where != kHandshake) {
+        CHECK_OR(130, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+                 "rank %d: the first call", rank);
+        if (where == kNewPlan) args.count = kCount / 2;
+      }
+      device.inline_nccl_failure = ncclRemoteError;
+      const ncclResult_t failed = engine.run(args, &reason);
+      const ncclResult_t next = engine.run(args, &reason);
+      const ncclResult_t async = engine.async_error();
+      CHECK_OR(131,
+               failed == ncclRemoteError && next == ncclRemoteError && async == ncclRemoteError,
+               "rank %d, at %s: the failed call returned %s, the next %s, the asynchronous error "
+               "%s (NCCL's ncclRemoteError expected)",
+               rank, names[where], ncclGetErrorString(failed), ncclGetErrorString(next),
+               ncclGetErrorString(async));
+    }
     return 0;
   };
-  return all_zero(run_ranks(n, 1, body, 120), "nccl_code_kept") ? 0 : 1;
+  return all_zero(run_ranks(n, kPlaces, body, 120), "nccl_code_kept") ? 0 : 1;
 }
 
 // ---- auto_plan_fail ------------------------------------------------------------------------
