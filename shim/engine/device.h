@@ -215,6 +215,11 @@ class Device {
 // with a worker thread; any other stream handle (the caller's) is the calling thread itself.
 Device* host_device();
 
+// Test only: the host device's next `starts` streams start their threads, and every later one
+// fails to as at a thread limit (std::system_error, which create_stream turns into
+// kSystemError); -1, the default, fails none.
+void host_stream_starts_before_failure(int starts);
+
 // A host device that records every host read or write of its memory made between an enqueue
 // and the next blocking wait (audit mode: queued work is held back until that wait, and the
 // memory is protected meanwhile). For tests.

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -97,9 +98,12 @@ struct HostEvent {
   }
 };
 
+// Test only: host streams whose threads start before the next one fails to (-1: none fails).
+std::atomic<int> g_stream_starts_before_failure{-1};
+
 class HostStream {
  public:
-  HostStream() : worker_([this] { serve(); }) {}
+  HostStream() : worker_(start()) {}
   ~HostStream() {
     {
       std::lock_guard<std::mutex> lock(m_);
@@ -158,6 +162,19 @@ class HostStream {
   std::deque<std::function<void()>> queue_;
   bool stop_ = false, busy_ = false, held_ = false;
   std::thread worker_;  // last: started once the state above exists
+
+  // The worker, or what std::thread throws when it cannot start one (std::system_error at a
+  // thread limit), thrown before worker_ exists so that the members above are released.
+  std::thread start() {
+    int left = g_stream_starts_before_failure.load(std::memory_order_relaxed);
+    while (left >= 0 && !g_stream_starts_before_failure.compare_exchange_weak(
+                            left, left - 1, std::memory_order_relaxed)) {
+    }
+    if (left == 0)
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                              "a host stream's thread (test fault)");
+    return std::thread([this] { serve(); });
+  }
 };
 
 class HostDevice final : public Device {
@@ -230,7 +247,16 @@ class HostDevice final : public Device {
   }
 
   Status create_stream(StreamHandle* out) override {
-    auto* s = new HostStream;
+    HostStream* s = nullptr;
+    try {
+      s = new HostStream;
+    } catch (const std::exception& e) {
+      // No thread to start (a process's thread or pid limit), or no memory: the engine's set-up
+      // fails as for any device, and every rank passes through; thrown on, it left the engine
+      // half made on this rank while its peers waited in the handshake.
+      DQ_WARN(Subsys::kEngine, "dynamiq: the host device could not make a stream: %s", e.what());
+      return Status::kSystemError;
+    }
     if (audit_) s->set_held(armed_);
     std::lock_guard<std::mutex> lock(streams_m_);
     streams_.insert(s);
@@ -471,6 +497,10 @@ class HostDevice final : public Device {
 };
 
 }  // namespace
+
+void host_stream_starts_before_failure(int starts) {
+  g_stream_starts_before_failure.store(starts, std::memory_order_relaxed);
+}
 
 Device* host_device() {
   static HostDevice* device = new HostDevice(false);  // never destroyed: used from atexit paths

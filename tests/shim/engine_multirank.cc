@@ -736,42 +736,57 @@ int scenario_layout_order(int n) {
 
 // ---- a device that cannot be set up on one rank
 // ---------------------------------------------------
+int setup_fail_body(const dq::config::Settings& settings, int n, int rank, ncclComm_t comm,
+                    bool thread_fault) {
+  FailingDevice device(dq::engine::host_device());
+  device.no_streams = rank == 1 && !thread_fault;
+  if (rank == 1 && thread_fault) dq::engine::host_stream_starts_before_failure(0);
+  Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+  dq::engine::host_stream_starts_before_failure(-1);
+  constexpr size_t kCount = 1 << 20;
+  std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount, 0.0f);
+  for (int call = 0; call < 2; ++call) {
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    if (call == 0) {
+      // Inside a caller's group, before the handshake, the interceptor holds a call back to the
+      // group's end when the engine answers kInGroup, and runs it through the engine there (as
+      // below). Every rank must hold it, rank 1 included: sent into the group, its all-reduce
+      // would meet its peers' handshake.
+      const PassReason grouped = engine.decide(args, engine.screen_call(args));
+      CHECK_OR(64, grouped == PassReason::kInGroup, "rank %d: a grouped first call: %s", rank,
+               dq::engine::reason_name(grouped));
+    }
+    PassReason reason;
+    CHECK_OR(60, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
+    CHECK_OR(61, reason != PassReason::kRerouted, "rank %d call %d: compressed", rank, call);
+    CHECK_OR(62,
+             ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comm, nullptr) ==
+                 ncclSuccess,
+             "rank %d call %d: pass-through failed", rank, call);
+    CHECK_OR(63, out[0] == static_cast<float>(n * (n + 1) / 2) && out[kCount - 1] == out[0],
+             "rank %d call %d: pass-through result %g", rank, call, out[0]);
+  }
+  return 0;
+}
+
+// Twice, a communicator each: the device refuses streams; the host device's stream threads fail
+// to start (std::system_error, as at a thread limit).
 int scenario_setup_fail(int n) {
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}});
   auto body = [&](int rank, ncclComm_t* comms) -> int {
-    FailingDevice device(dq::engine::host_device());
-    device.no_streams = rank == 1;
-    Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
-    constexpr size_t kCount = 1 << 20;
-    std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount, 0.0f);
-    for (int call = 0; call < 2; ++call) {
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
-      if (call == 0) {
-        // Inside a caller's group, before the handshake, the interceptor holds a call back to the
-        // group's end when the engine answers kInGroup, and runs it through the engine there (as
-        // below). Every rank must hold it, rank 1 included: sent into the group, its all-reduce
-        // would meet its peers' handshake.
-        const PassReason grouped = engine.decide(args, engine.screen_call(args));
-        CHECK_OR(64, grouped == PassReason::kInGroup, "rank %d: a grouped first call: %s", rank,
-                 dq::engine::reason_name(grouped));
-      }
-      PassReason reason;
-      CHECK_OR(60, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
-      CHECK_OR(61, reason != PassReason::kRerouted, "rank %d call %d: compressed", rank, call);
-      CHECK_OR(62,
-               ncclAllReduce(in.data(), out.data(), kCount, ncclFloat32, ncclSum, comms[0],
-                             nullptr) == ncclSuccess,
-               "rank %d call %d: pass-through failed", rank, call);
-      CHECK_OR(63, out[0] == static_cast<float>(n * (n + 1) / 2) && out[kCount - 1] == out[0],
-               "rank %d call %d: pass-through result %g", rank, call, out[0]);
-    }
+    for (int thread_fault = 0; thread_fault < 2; ++thread_fault)
+      if (const int rc = setup_fail_body(settings, n, rank, comms[thread_fault], thread_fault))
+        return rc;
     return 0;
   };
-  if (!all_zero(run_ranks(n, 1, body, 120), "setup_fail")) return 1;
-  std::printf("setup_fail %d ranks: rank 1 without streams; every rank passed through, exact\n", n);
+  if (!all_zero(run_ranks(n, 2, body, 120), "setup_fail")) return 1;
+  std::printf(
+      "setup_fail %d ranks: rank 1 without streams, then without stream threads; every rank "
+      "passed through, exact\n",
+      n);
   return 0;
 }
 
