@@ -166,16 +166,15 @@ bool parse_int(const std::string& s, double* out) {
   return true;
 }
 
-// An integer as NCCL reads its own variables (strtoll, base 0): a leading 0 is octal ("0140" is
-// 96, "08" is refused), 0x hex; the whole text, no sign (no setting read from NCCL takes one).
-// What NCCL_IB_TC=0140 means to NCCL's own transport, it means to the plugin.
+// An integer as NCCL reads its own variables (ncclLoadParam: strtoll, base 0, refused only where
+// it sets errno): a leading 0 is octal ("0140" is 96), 0x hex, leading blanks and a sign are
+// taken, and the number ends at the first character that cannot continue it ("08" is 0, "96 " is
+// 96, a text without digits 0). What NCCL_IB_TC=0140 means to NCCL's own transport, it means to
+// the plugin; the entry's range is checked after.
 bool parse_int_as_nccl(const std::string& s, double* out) {
-  if (s.empty() || s[0] == '-' || s[0] == '+' || std::isspace(static_cast<unsigned char>(s[0])))
-    return false;
   errno = 0;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(s.c_str(), &end, 0);
-  if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+  const long long x = std::strtoll(s.c_str(), nullptr, 0);
+  if (errno != 0) return false;
   *out = static_cast<double>(x);
   return true;
 }
@@ -339,7 +338,7 @@ bool valid_text(const Entry& e, const std::string& raw) {
 }
 
 // Parses one raw value for entry e; false if it is not acceptable.
-// `nccl_syntax`: raw is an NCCL variable's value (an Int as NCCL reads it).
+// `nccl_syntax`: raw is an NCCL variable's value (an integer as NCCL reads it).
 bool parse(const Entry& e, const std::string& raw, Value* v, bool nccl_syntax) {
   switch (e.kind) {
     case Kind::Bool:
@@ -359,7 +358,13 @@ bool parse(const Entry& e, const std::string& raw, Value* v, bool nccl_syntax) {
       return v->number >= e.lo && v->number <= e.hi;
     case Kind::Text:
       v->text = raw;
-      return valid_text(e, raw);
+      if (nccl_syntax && std::string_view(e.key) == "DYNAMIQ_NET_IB_GID_INDEX") {
+        // NCCL_IB_GID_INDEX is one of NCCL's integers: "010" is index 8 to NCCL's transport.
+        double index = 0;
+        if (!parse_int_as_nccl(raw, &index)) return false;
+        v->text = std::to_string(static_cast<long long>(index));
+      }
+      return valid_text(e, v->text);
   }
   return false;
 }

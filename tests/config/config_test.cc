@@ -254,13 +254,34 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
   EXPECT_EQ(s.net_ib_sl, 3);
   ASSERT_EQ(load({{"DYNAMIQ_NET_IB_TC", "0140"}}, &s, &error), Status::kOk) << error;
   EXPECT_EQ(s.net_ib_tc, 140);
+  // NCCL takes the longest number the text begins with, and refuses nothing else: "08" is 0
+  // (octal, ended by the 8), "96 " is 96. NCCL_IB_GID_INDEX too, though the setting is text.
+  ASSERT_EQ(load({{"NCCL_IB_RETRY_CNT", "08"},
+                  {"NCCL_IB_TC", "96 "},
+                  {"NCCL_IB_SL", " +5"},
+                  {"NCCL_IB_GID_INDEX", "010"}},
+                 &s, &error),
+            Status::kOk)
+      << error;
+  EXPECT_EQ(s.net_ib_retry_cnt, 0);
+  EXPECT_EQ(s.net_ib_tc, 96);
+  EXPECT_EQ(s.net_ib_sl, 5);
+  EXPECT_EQ(s.net_ib_gid_index, "8");
+  ASSERT_EQ(load({{"NCCL_IB_GID_INDEX", "0x3"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.net_ib_gid_index, "3");
+  ASSERT_EQ(load({{"NCCL_IB_GID_INDEX", "-1"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.net_ib_gid_index, "-1");
+  // Its own variable stays decimal, and a number NCCL reads outside the range is refused.
+  ASSERT_EQ(load({{"DYNAMIQ_NET_IB_GID_INDEX", "010"}}, &s, &error), Status::kOk) << error;
+  EXPECT_EQ(s.net_ib_gid_index, "010");
   problems.clear();
-  EXPECT_EQ(load({{"NCCL_IB_RETRY_CNT", "08"}}, &s, &error, &problems), Status::kInvalidArgument);
-  EXPECT_EQ(s.net_ib_retry_cnt, 7);  // not octal: refused, as NCCL refuses it
+  EXPECT_EQ(load({{"NCCL_IB_GID_INDEX", "0400"}}, &s, &error, &problems),
+            Status::kInvalidArgument);  // 256
+  EXPECT_EQ(s.net_ib_gid_index, "-1");
   ASSERT_EQ(problems.size(), 1u) << error;
-  EXPECT_NE(problems[0].message.find("NCCL_IB_RETRY_CNT=08"), std::string::npos)
+  EXPECT_NE(problems[0].message.find("NCCL_IB_GID_INDEX=0400"), std::string::npos)
       << problems[0].message;
-  // NCCL's socket counts read the same way ("08" is no octal number: refused, the default kept).
+  // NCCL's socket counts read the same way ("08" is 0, below the range: the default kept).
   problems.clear();
   EXPECT_EQ(load({{"NCCL_NSOCKS_PERTHREAD", "08"}}, &s, &error, &problems),
             Status::kInvalidArgument);
