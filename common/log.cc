@@ -34,7 +34,9 @@ namespace {
 std::atomic<int> g_level{-1};  // -1: not configured yet
 std::atomic<unsigned> g_subsys_mask{kAllSubsys};
 std::atomic<int> g_rank{-1};                      // log_set_rank()
+std::atomic<int> g_rank_size{-1};                 // log_set_rank()
 std::atomic<int> g_env_rank{-1};                  // the launcher's, read when configured
+std::atomic<int> g_env_size{-1};                  // the launcher's job size, read with it
 std::atomic<int> g_device{-1};                    // log_set_device()
 thread_local int t_device = -1;                   // LogDeviceScope; < 0: g_device
 std::atomic<void (*)()> g_configurator{nullptr};  // log_set_configurator()
@@ -101,6 +103,19 @@ std::string rank_text() {
   return r < 0 ? std::string("-") : std::to_string(r);
 }
 
+// The debug file's %r: the launcher's rank while its job covers the communicator the shim named
+// (under tensor or pipeline parallelism that communicator's rank is shared by processes of a node,
+// which would truncate each other's file), else the communicator's rank; "-" (the pid) without
+// either.
+std::string file_rank_text() {
+  const int env = g_env_rank.load(std::memory_order_relaxed);
+  const int env_size = g_env_size.load(std::memory_order_relaxed);
+  const int comm = g_rank.load(std::memory_order_relaxed);
+  const int comm_size = g_rank_size.load(std::memory_order_relaxed);
+  if (env >= 0 && (comm < 0 || env_size < 0 || comm_size <= env_size)) return std::to_string(env);
+  return comm < 0 ? std::string("-") : std::to_string(comm);
+}
+
 const std::string& host_name() {  // up to the first dot, as NCCL prints it
   static const std::string& name = *new std::string([] {
     char buf[256] = {};
@@ -119,7 +134,9 @@ void apply(const LogConfig& config) {
     g_fd = -1;
     file_pattern() = config.file_pattern;
   }
-  g_env_rank.store(rank_from_launcher(), std::memory_order_relaxed);
+  int env_size = -1;
+  g_env_rank.store(rank_from_launcher(&env_size), std::memory_order_relaxed);
+  g_env_size.store(env_size, std::memory_order_relaxed);
   g_subsys_mask.store(config.subsys_mask, std::memory_order_relaxed);
   g_level.store(static_cast<int>(config.level), std::memory_order_release);
 }
@@ -147,7 +164,7 @@ int output_fd() {
   const pid_t pid = getpid();
   if (g_fd >= 0 && (g_fd_pid == pid || file_pattern().find("%p") == std::string::npos)) return g_fd;
   if (g_fd > 2) close(g_fd);
-  const std::string path = log_expand_path(file_pattern(), host_name(), pid, rank_text());
+  const std::string path = log_expand_path(file_pattern(), host_name(), pid, file_rank_text());
   // Never through a symbolic link placed at the name (a shared /tmp): common/safe_file.h.
   const bool trunc = log_first_in_process("debug-file:" + path);
   std::string failure;
@@ -345,7 +362,8 @@ std::string log_expand_path(std::string_view pattern, std::string_view host, lon
   return out;
 }
 
-void log_set_rank(int rank) {
+void log_set_rank(int rank, int size) {
+  g_rank_size.store(rank < 0 || size < 0 ? -1 : size, std::memory_order_relaxed);
   g_rank.store(rank < 0 ? -1 : rank, std::memory_order_relaxed);
 }
 

@@ -40,11 +40,13 @@ bool log_enabled(LogLevel level, Subsys subsys);
 void log_message(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-// The rank in the debug file's name (%r) if it is not open yet. The shim's engine calls it with
-// the process's rank in the first communicator it serves; a process with several communicators
-// keeps that one. Per library copy: the net plugin and the CPU NCCL use the launcher's rank
-// (RANK, ...) or the pid. rank < 0: unknown.
-void log_set_rank(int rank);
+// The process's rank in the first communicator the shim serves, and that communicator's size:
+// the rank of log lines. The debug file's name (%r), if it is not open yet, takes the launcher's
+// rank (RANK, ...) while the launcher's job covers that communicator, as the metrics file's does
+// (a larger communicator means processes started below the launcher, sharing its rank), else this
+// rank, else the pid. Per library copy: the net plugin and the CPU NCCL never call it. rank < 0:
+// unknown; size < 0: unknown.
+void log_set_rank(int rank, int size = -1);
 
 // The process's rank in its job as its launcher set it: RANK (torchrun), OMPI_COMM_WORLD_RANK,
 // PMI_RANK or SLURM_PROCID, the first that is a decimal in [0, 2^30); -1 when none is. `size`:

@@ -216,9 +216,10 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
   if (real.comm_user_rank(comm, &info.rank) != ncclSuccess ||
       real.comm_count(comm, &info.nranks) != ncclSuccess)
     return nullptr;
-  // The process's rank in the first communicator it serves names it in log lines.
+  // The process's rank in the first communicator it serves names it in log lines (and, with its
+  // size, decides the debug file's %r).
   static std::once_flag rank_named;
-  std::call_once(rank_named, [&] { log_set_rank(info.rank); });
+  std::call_once(rank_named, [&] { log_set_rank(info.rank, info.nranks); });
   const config::Settings& s = config::global();
   std::string opt_in_why;
   bool opted = false;

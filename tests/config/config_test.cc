@@ -490,6 +490,16 @@ int child_lines() {
   return 0;
 }
 
+// Child scenario "ranked": the shim's first communicator (DQ_TEST_COMM_RANK of
+// DQ_TEST_COMM_SIZE) named before the first line, which opens the debug file.
+int child_ranked() {
+  const char* rank = std::getenv("DQ_TEST_COMM_RANK");
+  const char* size = std::getenv("DQ_TEST_COMM_SIZE");
+  if (rank != nullptr && size != nullptr) log_set_rank(std::atoi(rank), std::atoi(size));
+  DQ_WARN(Subsys::kShim, "ranked line");
+  return 0;
+}
+
 // NCCL's field order: "host:pid:tid [dev] NCCL INFO msg", "host:pid:tid [dev] file:line NCCL WARN
 // msg" (a timestamp first on warnings, as NCCL 2.23 and later print it); no subsystem token.
 TEST(Log, LinesLookLikeNccl) {
@@ -593,6 +603,42 @@ TEST(Log, DebugFileWithHostPidAndRank) {
   EXPECT_EQ(count(fresh, "hello 1"), 1) << fresh;
   unlink(fixed.c_str());
   unlink(path.c_str());
+  rmdir(dir);
+}
+
+// The debug file's %r, as the metrics file's: the launcher's rank while its job covers the
+// shim's communicator (a data-parallel group's rank is shared by the processes of a node under
+// tensor parallelism, and each would truncate the other's file), the communicator's rank where
+// the processes were started below the launcher (one task a node, a worker a GPU), the pid
+// without either.
+TEST(Log, DebugFileRankFollowsTheLauncherWhileItCoversTheJob) {
+  char dir[] = "/tmp/dq-config-test-dir-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string pattern = std::string(dir) + "/dq.%r.log";
+  struct Case {
+    Map env;
+    std::string name;
+  };
+  const Case cases[] = {
+      {{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"DQ_TEST_COMM_RANK", "1"}, {"DQ_TEST_COMM_SIZE", "4"}},
+       "dq.5.log"},
+      {{{"SLURM_PROCID", "1"},
+        {"SLURM_NTASKS", "2"},
+        {"DQ_TEST_COMM_RANK", "6"},
+        {"DQ_TEST_COMM_SIZE", "8"}},
+       "dq.6.log"},
+      {{{"DQ_TEST_COMM_RANK", "3"}, {"DQ_TEST_COMM_SIZE", "4"}}, "dq.3.log"},
+      {{{"RANK", "2"}}, "dq.2.log"},
+  };
+  for (const Case& k : cases) {
+    Map env = k.env;
+    env["DYNAMIQ_DEBUG_FILE"] = pattern;
+    const Child c = run_child("ranked", env);
+    ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) << c.err;
+    const std::string path = std::string(dir) + "/" + k.name;
+    EXPECT_EQ(count(read_file(path), "ranked line"), 1) << k.name;
+    unlink(path.c_str());
+  }
   rmdir(dir);
 }
 
@@ -713,6 +759,7 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "--child") {
     const std::string name = argv[2];
     if (name == "lines") return dq::child_lines();
+    if (name == "ranked") return dq::child_ranked();
     if (name == "settings") return dq::child_settings(argc > 3 ? argv[3] : nullptr);
     return 2;
   }
