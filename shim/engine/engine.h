@@ -200,7 +200,7 @@ class Engine {
   Status reserve_budget_scratch(uint32_t n_parts, uint64_t key_entries);
   void release_bucket(Bucket& b);
   // A plan at the bucket's rung failed on some rank (a bucket set up before): the default next,
-  // and that rung avoided for a while (Bucket::avoid_rung).
+  // and that rung avoided for a while (Bucket::backoff).
   void avoid_failed_rung(Bucket& b);
   // The plan `p` a call of `b` is about to use, into the job of its prediction; false when the
   // plan's parts are not the bucket's (no prediction for that call).

@@ -145,11 +145,7 @@ void Engine::release_bucket(Bucket& b) {
 }
 
 void Engine::avoid_failed_rung(Bucket& b) {
-  if (b.rung >= 0) {
-    b.avoid_next = b.rung == b.avoid_rung ? std::min<uint32_t>(2 * b.avoid_next, 64) : 1;
-    b.avoid_rung = b.rung;
-    b.avoid_calls = b.avoid_next;
-  }
+  b.backoff.failed(b.rung);
   b.rung = -1;  // the next call takes the default, whose plan the bucket's first call made
 }
 
@@ -192,10 +188,7 @@ void Engine::read_bucket(Bucket& b) {
                candidate_spec(prediction.rung).c_str(), prediction.vnmse[prediction.rung],
                budget_target_name(target_).c_str(), prediction.target);
     b.rung = prediction.rung;
-    if (b.rung >= 0 && b.rung == b.avoid_rung && b.avoid_calls > 0) {
-      --b.avoid_calls;
-      b.rung = -1;
-    }
+    if (!b.backoff.take(b.rung)) b.rung = -1;
   }
   if (check_ && check_->has_call && check_->call_index == b.predicted_call) {
     check_->predicted = vnmse;

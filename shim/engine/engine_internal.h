@@ -10,6 +10,7 @@
 
 #include "common/nccl_result.h"
 #include "shim/engine/engine.h"
+#include "shim/engine/rung_backoff.h"
 
 namespace dq::engine {
 
@@ -164,14 +165,8 @@ struct Engine::Bucket {
   // DYNAMIQ_BITS=auto: the candidate for the next call (-1: the fixed default, for a first call
   // or a missing prediction).
   int rung = -1;
-  // A rung whose plan could not be made (agreed on every rank): the predictions that choose it
-  // take the default instead for the next `avoid_calls` of them, a count that doubles (to 64) at
-  // each failure of that rung in the bucket's life, so that a plan that always fails costs a
-  // pass-through now and then, not every other call, while one that failed once is tried again
-  // at the next prediction but one. (Once made, a rung's plan stays cached: it fails again only
-  // after the plan cache evicted it.)
-  int avoid_rung = -1;
-  uint32_t avoid_calls = 0, avoid_next = 1;
+  // Rungs whose plan could not be made, avoided for a while (rung_backoff.h).
+  RungBackoff<kCandidates> backoff;
   uint64_t calls = 0;
 };
 

@@ -369,6 +369,7 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
     if (bucket != nullptr && bucket_set_up_before) avoid_failed_rung(*bucket);
     return nullptr;
   }
+  if (bucket != nullptr) bucket->backoff.made(bucket->rung);
   plans_.push_front(std::move(plan));
   if (plans_.size() > static_cast<size_t>(settings_.plan_cache)) {
     remember_evicted(*plans_.back());
