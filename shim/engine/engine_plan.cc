@@ -212,7 +212,11 @@ std::unique_ptr<Engine::Plan> Engine::build_plan(const CallArgs& call, DType dty
   p.inputs.resize(p.program.max_inputs + 1);
   p.block_wait.assign(p.blocks.size(), nullptr);
   if (!p.fits) return plan;  // passes through: no buffers
-  *status = allocate_plan(p);
+  if ((*status = allocate_plan(p)) != Status::kOk) return plan;
+  // The events its calls record between the streams, made now, so that a failure to make one is
+  // agreed with the plan: made at the call, after its control all-reduce was enqueued, it failed
+  // the call on one rank while its peers' messages waited for that rank's.
+  *status = ensure_events(2 * p.program.stages.size() * p.blocks.size());
   return plan;
 }
 

@@ -6,6 +6,8 @@
 //   alloc_fail  rank 1's first plan allocation fails: every rank passes that call through
 //               (no hang, exact), and the next call is compressed on every rank
 //   budget_scratch_fail  the same with only the budget's scratch failing (a CUDA device's)
+//   event_fail  the same with only the events between its streams failing (made with the plan,
+//               not at the call, after its control all-reduce was enqueued)
 //   blocks      two pipeline blocks holding identical data round differently, so do two calls on
 //               the same input, and so do three reduce-scatter blocks (errors uncorrelated)
 //   collectives reduce-scatter and reduce (every root), FP32/BF16, SUM/AVG, in and out of place:
@@ -283,7 +285,15 @@ class FailingDevice final : public Device {
     if (on_wait) on_wait("wait");  // destroying a stream waits for its work
     inner_->destroy_stream(s);
   }
-  dq::Status create_event(dq::engine::EventHandle* e) override { return inner_->create_event(e); }
+  bool failing_events = false;  // create_event() fails (as cudaEventCreate may)
+  int failed_events = 0;
+  dq::Status create_event(dq::engine::EventHandle* e) override {
+    if (failing_events) {
+      ++failed_events;
+      return dq::Status::kSystemError;
+    }
+    return inner_->create_event(e);
+  }
   void destroy_event(dq::engine::EventHandle e) override { inner_->destroy_event(e); }
   bool failing_records = false;  // record() fails (as a CUDA event record may)
   dq::Status record(dq::engine::EventHandle e, dq::engine::StreamHandle s) override {
@@ -368,9 +378,12 @@ class FailingDevice final : public Device {
   Device* inner_;
 };
 
-// `budget_scratch`: only the budget's scratch (device memory a bucket's first plan reserves)
-// fails to allocate, not the plan's own buffers: agreed with the plan all the same.
-int scenario_alloc_fail(int n, bool budget_scratch) {
+// What fails on rank 1 at its first plan: the plan's buffers; only the budget's scratch (device
+// memory a bucket's first plan reserves); only the events its calls record between the streams.
+// Each is agreed with the plan all the same.
+enum class PlanFault { kBuffers, kBudgetScratch, kEvents };
+int scenario_alloc_fail(int n, PlanFault fault) {
+  const bool budget_scratch = fault == PlanFault::kBudgetScratch;
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}});
   auto body = [&](int rank, ncclComm_t* comms) -> int {
     FailingDevice device(dq::engine::host_device());
@@ -382,7 +395,9 @@ int scenario_alloc_fail(int n, bool budget_scratch) {
       in[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48);
     std::string reasons;
     for (int call = 0; call < 2; ++call) {
-      (budget_scratch ? device.failing_scratch : device.failing) = rank == 1 && call == 0;
+      (fault == PlanFault::kEvents ? device.failing_events
+       : budget_scratch            ? device.failing_scratch
+                                   : device.failing) = rank == 1 && call == 0;
       CallArgs args;
       args.send = in.data();
       args.recv = out.data();
@@ -412,16 +427,22 @@ int scenario_alloc_fail(int n, bool budget_scratch) {
                                dq::engine::reason_name(PassReason::kRerouted) + " ";
     CHECK_OR(24, reasons == expect, "rank %d: outcomes '%s', expected '%s'", rank, reasons.c_str(),
              expect.c_str());
-    // The failure came from the allocation the scenario fails (and from nothing else).
-    CHECK_OR(25, device.failed_allocs == (rank == 1 ? 1 : 0), "rank %d: %d allocations failed",
-             rank, device.failed_allocs);
+    // The failure came from what the scenario fails (and from nothing else).
+    // (Events: the failed plan's retirement asks for one more.)
+    const int failed = fault == PlanFault::kEvents ? device.failed_events : device.failed_allocs;
+    CHECK_OR(25,
+             rank == 1 ? failed == 1 || (failed >= 1 && fault == PlanFault::kEvents) : failed == 0,
+             "rank %d: %d allocations or events failed", rank, failed);
     return 0;
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "alloc_fail")) return 1;
   std::printf(
       "alloc_fail %d ranks: rank 1's failed %s passed through on every rank, then "
       "every rank compressed\n",
-      n, budget_scratch ? "budget scratch" : "plan");
+      n,
+      fault == PlanFault::kEvents ? "events"
+      : budget_scratch            ? "budget scratch"
+                                  : "plan");
   return 0;
 }
 
@@ -2139,21 +2160,23 @@ int scenario_two_level_in_progress(int n) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr,
-                 "usage: engine_multirank "
-                 "audit|alloc_fail|budget_scratch_fail|blocks|corrupt|layout_order|collectives|"
-                 "setup_fail|stalled_wait|"
-                 "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress|"
-                 "shard_alloc_fail|auto_plan_fail|enqueue_fail "
-                 "NRANKS [TOPO]\n");
+    std::fprintf(
+        stderr,
+        "usage: engine_multirank "
+        "audit|alloc_fail|budget_scratch_fail|event_fail|blocks|corrupt|layout_order|collectives|"
+        "setup_fail|stalled_wait|"
+        "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress|"
+        "shard_alloc_fail|auto_plan_fail|enqueue_fail "
+        "NRANKS [TOPO]\n");
     return 2;
   }
   const std::string scenario = argv[1];
   const int n = std::atoi(argv[2]);
   const std::string topo = argc > 3 ? argv[3] : "auto";
   if (scenario == "audit") return scenario_audit(n, topo);
-  if (scenario == "alloc_fail") return scenario_alloc_fail(n, false);
-  if (scenario == "budget_scratch_fail") return scenario_alloc_fail(n, true);
+  if (scenario == "alloc_fail") return scenario_alloc_fail(n, PlanFault::kBuffers);
+  if (scenario == "budget_scratch_fail") return scenario_alloc_fail(n, PlanFault::kBudgetScratch);
+  if (scenario == "event_fail") return scenario_alloc_fail(n, PlanFault::kEvents);
   if (scenario == "blocks") return scenario_blocks(n);
   if (scenario == "corrupt") return scenario_corrupt(n);
   if (scenario == "layout_order") return scenario_layout_order(n);
