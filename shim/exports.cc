@@ -103,12 +103,22 @@ DQ_SHIM_API ncclResult_t ncclGroupStart(void) {
   });
 }
 
+// A thread the shim starts to run a group's members of one communicator runs them as an entry
+// point runs its body (guarded: exceptions caught, the format's floating-point environment, the
+// C locale), and its calls into NCCL go straight through.
+ncclResult_t in_shim_thread(const std::function<ncclResult_t()>& body) {
+  return guarded("ncclGroupEnd (a communicator's members)", [&] {
+    Below below;
+    return body();
+  });
+}
+
 DQ_SHIM_API ncclResult_t ncclGroupEnd(void) {
   return guarded("ncclGroupEnd", [&] {
     DQ_REAL_OR_FAIL(ops.group_end);
     if (t_below > 0) return real->ops.group_end();
     Below below;
-    return dq::shim::group_end(*real);
+    return dq::shim::group_end(*real, &in_shim_thread);
   });
 }
 
@@ -165,10 +175,8 @@ DQ_SHIM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int*
     if (t_below > 0) return real->comm_init_all(comms, ndev, devlist);
     Below below;
     const ncclResult_t r = real->comm_init_all(comms, ndev, devlist);
-    const uint64_t clique = dq::shim::init_all_clique();
     if (r == ncclSuccess && comms)
-      for (int i = 0; i < ndev; ++i)
-        dq::shim::comm_created(comms[i], nullptr, -1, nullptr, nullptr, clique);
+      for (int i = 0; i < ndev; ++i) dq::shim::comm_created(comms[i], nullptr, -1, nullptr);
     return r;
   });
 }
@@ -179,10 +187,9 @@ DQ_SHIM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nccl
     DQ_REAL_OR_FAIL(comm_split);
     if (t_below > 0) return real->comm_split(comm, color, key, newcomm, config);
     Below below;
-    const uint64_t clique = dq::shim::split_clique(comm, color);
     const ncclResult_t r = real->comm_split(comm, color, key, newcomm, config);
     if ((r == ncclSuccess || r == ncclInProgress) && newcomm && *newcomm)
-      dq::shim::comm_created(*newcomm, config, color < 0 ? -1 : color, comm, nullptr, clique);
+      dq::shim::comm_created(*newcomm, config, color < 0 ? -1 : color, comm);
     return r;
   });
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -58,10 +59,6 @@ struct CommEntry {
   // INFO lines print) and its internal commHash; the same on every rank of the communicator.
   bool has_id = false;
   uint64_t comm_id = 0, comm_hash = 0;
-  // Which communicator this is a rank of: equal for every rank of it in this process (the unique
-  // id's hash, one ncclCommInitAll's tag, or derived from the parent's for a split or shrink).
-  uint64_t clique = 0;
-  uint64_t splits = 0;  // splits and shrinks of this communicator so far (under identity_mutex)
   // The engine's asynchronous error as its last call left it: what ncclCommGetAsyncError answers
   // while a call holds `mutex` (it may wait up to DYNAMIQ_TIMEOUT_MS for a peer; a watchdog
   // polling the communicator must not wait with it).
@@ -378,41 +375,8 @@ const RealNccl* real_nccl() {
   return ok ? &real : nullptr;
 }
 
-namespace {
-
-uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// A tag no communicator of this process has yet (the id hashes and derived tags are
-// pseudo-random 64-bit values; a collision would only pass one group's members through).
-uint64_t fresh_clique() {
-  static std::atomic<uint64_t> next{0};
-  return mix64(0x6a09e667f3bcc909ull + next.fetch_add(1, std::memory_order_relaxed));
-}
-
-uint64_t derived_clique(ncclComm_t parent, int kind) {
-  std::shared_ptr<CommEntry> p = find(parent);
-  if (p == nullptr) return fresh_clique();
-  std::lock_guard<std::mutex> lock(p->identity_mutex);
-  const uint64_t k = p->splits++;
-  return mix64(p->clique ^ mix64(k * 0x100000001ull + static_cast<uint32_t>(kind)));
-}
-
-}  // namespace
-
-uint64_t init_all_clique() {
-  return fresh_clique();
-}
-
-uint64_t split_clique(ncclComm_t parent, int color) {
-  return derived_clique(parent, color < 0 ? -1 : color);
-}
-
 void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent,
-                  const ncclUniqueId* id, uint64_t clique) {
+                  const ncclUniqueId* id) {
   if (comm == nullptr) return;
   auto e = std::make_shared<CommEntry>();
   e->handle = comm;
@@ -421,7 +385,6 @@ void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclCo
     e->comm_id = nccl_comm_id(*id);
     e->comm_hash = nccl_comm_hash(*id);
   }
-  e->clique = clique != 0 ? clique : id != nullptr ? mix64(e->comm_hash) : fresh_clique();
   // ncclConfig_t grew over releases: read commName only if this caller's struct has it.
   if (config && config->magic == DQ_NCCL_CONFIG_MAGIC &&
       config->size >= offsetof(ncclConfig_t, commName) + sizeof(const char*) && config->commName)
@@ -553,7 +516,6 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
       inherited.size = size;
     parent_on = opt_in_decision(*parent, inherited, config::global(), &parent_why);
   }
-  const uint64_t clique = derived_clique(comm, -2);  // -2: no split's color
   ncclResult_t r;
   if (parent != nullptr && (shrink_flags & DQ_NCCL_SHRINK_ABORT) != 0)
     r = retire_engine(*parent, real_shrink);
@@ -561,7 +523,7 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
     r = real_shrink();
   if ((r != ncclSuccess && r != ncclInProgress) || newcomm == nullptr || *newcomm == nullptr)
     return r;
-  comm_created(*newcomm, config, -1, comm, nullptr, clique);
+  comm_created(*newcomm, config, -1, comm);
   if (parent == nullptr) return r;
   std::shared_ptr<CommEntry> child = find(*newcomm);
   if (child == nullptr) return r;
@@ -705,30 +667,31 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
 
 }  // namespace
 
-ncclResult_t group_end(const RealNccl& real) {
+namespace {
+
+// One communicator's held members, in the order they were issued: each settled before the next
+// (on a non-blocking communicator a member the engine passes through may answer ncclInProgress,
+// which is no failure, and NCCL refuses the next call until it has settled; taken as one, it left
+// the later members never issued, their buffers unreduced, while the caller's polls found the
+// communicator healthy). The first error ends them.
+ncclResult_t run_members(const RealNccl& real, std::vector<Deferred*>& members) {
+  const int64_t timeout_ms = config::global().timeout_ms;
+  for (Deferred* d : members)
+    if (const ncclResult_t r =
+            real.ops.settled(d->comm, route(d->call, d->comm, real, d->pass), timeout_ms);
+        r != ncclSuccess)
+      return r;
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t group_end(const RealNccl& real, ShimThreadBody in_shim_thread) {
   if (t_group_depth > 0) --t_group_depth;  // the group is closed even when NCCL reports an error
   const ncclResult_t end = real.ops.group_end();
   if (t_group_depth > 0 || t_deferred.empty()) return end;
   std::vector<Deferred> held;
   held.swap(t_deferred);
-  // A member whose communicator has another rank in this group (one thread driving several GPUs
-  // of it) goes to a real group of its own with every such member: run one after another, the
-  // first would wait for a peer this thread has not reached. The rule reads only the
-  // communicator's own ranks, so all of them take it alike; which other communicators a rank's
-  // group holds is its own (a split whose call is not held there, a size one rank of it lacks),
-  // and a rule of "more than one communicator" sent a member to NCCL on some ranks and through
-  // the engine on the others, which then waited for each other until the timeout.
-  std::unordered_map<uint64_t, std::vector<ncclComm_t>> ranks_of;
-  std::vector<uint64_t> clique_of(held.size(), 0);
-  for (size_t i = 0; i < held.size(); ++i) {
-    const std::shared_ptr<CommEntry> e = find(held[i].comm);
-    if (e == nullptr) continue;  // destroyed since: route() passes it through
-    clique_of[i] = e->clique;
-    std::vector<ncclComm_t>& comms = ranks_of[e->clique];
-    if (std::find(comms.begin(), comms.end(), held[i].comm) == comms.end())
-      comms.push_back(held[i].comm);
-  }
-  auto together = [&](size_t i) { return clique_of[i] != 0 && ranks_of[clique_of[i]].size() > 1; };
   // Non-blocking communicators' group still being issued: complete before the held calls.
   if (end == ncclInProgress)
     for (const Deferred& d : held)
@@ -736,30 +699,48 @@ ncclResult_t group_end(const RealNccl& real) {
           settled != ncclSuccess)
         return settled;
   if (end != ncclSuccess && end != ncclInProgress) return end;  // the held calls never ran
-  ncclResult_t result = ncclSuccess;
-  bool in_progress = end == ncclInProgress;
-  bool any_together = false;
-  for (size_t i = 0; i < held.size(); ++i) any_together = any_together || together(i);
-  if (any_together) {
-    if ((result = real.ops.group_start()) != ncclSuccess) return result;
-    for (size_t i = 0; i < held.size(); ++i)
-      if (result == ncclSuccess && together(i)) result = held[i].pass();
-    const ncclResult_t again = real.ops.group_end();
-    if (result == ncclSuccess) result = again == ncclInProgress ? ncclSuccess : again;
-    in_progress = in_progress || again == ncclInProgress;
+  // By communicator, each in issue order.
+  std::vector<std::vector<Deferred*>> by_comm;
+  for (Deferred& d : held) {
+    auto it = std::find_if(by_comm.begin(), by_comm.end(),
+                           [&](const std::vector<Deferred*>& m) { return m[0]->comm == d.comm; });
+    if (it == by_comm.end())
+      by_comm.push_back({&d});
+    else
+      it->push_back(&d);
   }
-  // Each held call settled before the next: on a non-blocking communicator a call the engine
-  // passes through may answer ncclInProgress, which is no failure, and NCCL refuses the next call
-  // until it has settled. (Taken as one, it left the later held calls never issued, their
-  // buffers unreduced, while the caller's polls found the communicator healthy.)
-  const int64_t timeout_ms = config::global().timeout_ms;
-  for (size_t i = 0; i < held.size() && result == ncclSuccess; ++i)
-    if (!together(i))
-      result = real.ops.settled(held[i].comm, route(held[i].call, held[i].comm, real, held[i].pass),
-                                timeout_ms);
-  // The caller's group (or the second one) was still being issued: the caller polls its
-  // communicators, as NCCL documents (those of the calls run here have settled).
-  return result == ncclSuccess && in_progress ? ncclInProgress : result;
+  // Several communicators: each on a thread of its own, this one running the first. Run one
+  // after another, a member's blocking step (a handshake, a new plan's agreement, a call on the
+  // host device) would wait for a peer that this thread drives through a later communicator (one
+  // thread driving several GPUs), or that reaches the communicators in another order (NCCL lets a
+  // group's members come in any order); and a rule that sent such groups to NCCL unchanged
+  // depended on what else each rank's group held, which differs between the ranks of one
+  // communicator (a split leaving one rank alone: its one-rank call is not held), so one rank
+  // compressed what its peers passed to NCCL.
+  std::vector<ncclResult_t> results(by_comm.size(), ncclSuccess);
+  std::vector<std::thread> threads;
+  std::vector<size_t> inline_later;  // communicators whose thread did not start
+  for (size_t k = 1; k < by_comm.size(); ++k) {
+    try {
+      threads.emplace_back(
+          [&, k] { results[k] = in_shim_thread([&] { return run_members(real, by_comm[k]); }); });
+    } catch (const std::exception& e) {
+      DQ_WARN(Subsys::kShim,
+              "dynamiq: a thread for a group's members could not start (%s): they run after the "
+              "others, and may wait for their peers until DYNAMIQ_TIMEOUT_MS",
+              e.what());
+      inline_later.push_back(k);
+    }
+  }
+  results[0] = run_members(real, by_comm[0]);
+  for (std::thread& t : threads) t.join();
+  for (size_t k : inline_later) results[k] = run_members(real, by_comm[k]);
+  ncclResult_t result = ncclSuccess;
+  for (ncclResult_t r : results)
+    if (result == ncclSuccess) result = r;
+  // The caller's group was still being issued: the caller polls its communicators, as NCCL
+  // documents (those of the held calls have settled).
+  return result == ncclSuccess && end == ncclInProgress ? ncclInProgress : result;
 }
 
 ncclResult_t group_simulate_end(const RealNccl& real, ncclSimInfo_t* sim_info) {

@@ -1,7 +1,6 @@
 // The shim's logic behind the extern "C" boundary (shim/exports.cc): the real NCCL's entry
 // points, the table of communicators this process created, and the per-call routing decision.
 #pragma once
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -59,18 +58,9 @@ const std::string& nccl_unsupported();
 // Lifecycle: record identity at creation (name, split color, creation order) and drop the
 // engine before the real destroy (after the real abort on the CUDA device: comm_aborted).
 // `id`: the unique id it was made from (ncclCommInitRank*), for NCCL's commId and commHash in
-// the decision line; null for a split or ncclCommInitAll. `clique`: which communicator this is a
-// rank of, equal for every rank of it in this process (split_clique(), init_all_clique(); 0: the
-// id's hash, or a tag no other communicator has), so that a group can tell when one thread drives
-// several ranks of one communicator.
+// the decision line; null for a split or ncclCommInitAll.
 void comm_created(ncclComm_t comm, const ncclConfig_t* config, int color, ncclComm_t parent,
-                  const ncclUniqueId* id = nullptr, uint64_t clique = 0);
-// The clique of the communicators ncclCommInitAll makes together, one call's.
-uint64_t init_all_clique();
-// The clique of what a split of `parent` with `color` makes: called once for every split of
-// `parent`, before it, on every rank, whatever the color (NCCL's splits are collective, so the
-// k-th split of one rank is the k-th of all).
-uint64_t split_clique(ncclComm_t parent, int color);
+                  const ncclUniqueId* id = nullptr);
 void comm_finalizing(ncclComm_t comm);
 void comm_destroyed(ncclComm_t comm);
 // ncclCommAbort: on the CUDA device the real abort (`real_abort`) comes before the engine's
@@ -95,13 +85,18 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
 
 // Group depth of the calling thread (ncclGroupStart/End pass through us). Gradient collectives
 // a framework coalesces in a group (Megatron: every bucket) that the engine may compress are held
-// back and run, in order, when the outermost group ends, after the real ncclGroupEnd: group
-// members are independent by NCCL's contract. Members on two or more ranks of one communicator
-// (one thread driving several GPUs, which must progress together) are issued unchanged in a
-// second real group instead: a rule of the communicator's own, never of what else a rank's group
-// holds, which its peers cannot see. docs/ENGINE.md section 8.
+// back and run when the outermost group ends, after the real ncclGroupEnd: group members are
+// independent by NCCL's contract. Each communicator's members run in the order they were issued;
+// those of different communicators at the same time, one thread a communicator (a member's
+// handshake or agreement waits for its peers, which may be driven by this same thread through
+// another communicator, or reach the communicators in another order). The decision is each
+// communicator's own, never what else a rank's group holds, which its peers cannot see.
+// `in_shim_thread` runs a body on such a thread as the entry points run theirs (exceptions
+// caught, the format's floating-point environment, calls into NCCL not intercepted again).
+// docs/ENGINE.md section 8.
 void group_started();
-ncclResult_t group_end(const RealNccl& real);
+using ShimThreadBody = ncclResult_t (*)(const std::function<ncclResult_t()>& body);
+ncclResult_t group_end(const RealNccl& real, ShimThreadBody in_shim_thread);
 // ncclGroupSimulateEnd closes the group as ncclGroupEnd does, but nothing in it runs: the calls
 // held back join the real group unchanged (NCCL estimates them as it would run them), and none
 // is left to run at a later group's end.

@@ -18,8 +18,11 @@
 //      on every rank (a rule of "more than one communicator in the group" passed it through on
 //      all but the last, which compressed it: the two waited for each other)
 //   8. one thread driving both ranks of a process-local communicator (ncclCommInitAll), and of its
-//      split (made by one thread a rank), in one group: every member passes through, exact, no
-//      hang (run one after another, the first rank's call would wait for the second's)
+//      split (made by one thread a rank), in one group: every member compressed, no hang (run one
+//      after another, the first rank's handshake would wait for the second's)
+//   9. members on two communicators issued in one order on even ranks and the other on odd ones
+//      (NCCL lets a group's members come in any order), each communicator's first call of a new
+//      size (a blocking agreement): both compressed, no hang
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -302,14 +305,14 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
                  "local member %d", r);
       CHECK_OR(104, ncclGroupEnd() == ncclSuccess, "group end");
       for (int r = 0; r < kLocal; ++r) {
-        CHECK_OR(105, rerouted(comms[r]) == 0, "8: %s member %d compressed",
-                 comms == local ? "a local" : "a split's", r);
-        CHECK_OR(106, is_exact(kLocal, bufs[r], 0), "8: %s member %d not exact",
-                 comms == local ? "a local" : "a split's", r);
+        CHECK_OR(105, rerouted(comms[r]) == 1, "8: %s member %d: %llu compressed, 1 expected",
+                 comms == local ? "a local" : "a split's", r, rerouted(comms[r]));
+        const double err = rel_error(kLocal, bufs[r], 0);
+        CHECK_OR(106, err > 0 && err < kMaxError, "8: %s member %d: relative error %.3e",
+                 comms == local ? "a local" : "a split's", r, err);
       }
     }
-    // The same communicators are compressed when each rank has a thread of its own (so what
-    // passed the group's members through was the rule, not the communicators' opt-in).
+    // And from a thread a rank, outside a group.
     {
       std::vector<std::vector<float>> bufs;
       for (int r = 0; r < kLocal; ++r) bufs.push_back(input(r, kLarge));
@@ -322,8 +325,8 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
         });
       for (auto& t : callers) t.join();
       for (int r = 0; r < kLocal; ++r) {
-        CHECK_OR(107, results[r] == ncclSuccess && rerouted(local[r]) == 1,
-                 "8: local rank %d on a thread of its own: %s, %llu compressed (1 expected)", r,
+        CHECK_OR(107, results[r] == ncclSuccess && rerouted(local[r]) == 2,
+                 "8: local rank %d on a thread of its own: %s, %llu compressed (2 expected)", r,
                  ncclGetErrorString(results[r]), rerouted(local[r]));
         const double err = rel_error(kLocal, bufs[r], 0);
         CHECK_OR(108, err > 0 && err < kMaxError, "8: local rank %d: relative error %.3e", r, err);
@@ -333,6 +336,27 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
       ncclCommDestroy(halves[r]);
       ncclCommDestroy(local[r]);
     }
+  }
+  // 9. Two communicators' members in either order, each a new size for its communicator.
+  {
+    constexpr size_t kCount = kLarge / 2;
+    auto x = input(rank, kCount), y = input(rank, kCount);
+    const unsigned long long ra = rerouted(a), rb = rerouted(b);
+    CHECK_OR(110, ncclGroupStart() == ncclSuccess, "group start");
+    for (int k = 0; k < 2; ++k) {
+      const bool first_a = (k == 0) == (rank % 2 == 0);
+      CHECK_OR(111,
+               ncclAllReduce(first_a ? x.data() : y.data(), first_a ? x.data() : y.data(), kCount,
+                             ncclFloat32, ncclSum, first_a ? a : b, nullptr) == ncclSuccess,
+               "member %d", k);
+    }
+    CHECK_OR(112, ncclGroupEnd() == ncclSuccess, "9: group end");
+    CHECK_OR(113, rerouted(a) == ra + 1 && rerouted(b) == rb + 1,
+             "9: %llu and %llu of the two members compressed, 1 and 1 expected", rerouted(a) - ra,
+             rerouted(b) - rb);
+    const double ex = rel_error(n, x, 0), ey = rel_error(n, y, 0);
+    CHECK_OR(114, ex > 0 && ex < kMaxError && ey > 0 && ey < kMaxError,
+             "9: relative errors %.3e and %.3e", ex, ey);
   }
   ncclCommDestroy(a);
   ncclCommDestroy(b);
