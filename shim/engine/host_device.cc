@@ -167,10 +167,10 @@ class HostStream {
   // thread limit), thrown before worker_ exists so that the members above are released.
   std::thread start() {
     int left = g_stream_starts_before_failure.load(std::memory_order_relaxed);
-    while (left >= 0 && !g_stream_starts_before_failure.compare_exchange_weak(
-                            left, left - 1, std::memory_order_relaxed)) {
+    while (left > 0 && !g_stream_starts_before_failure.compare_exchange_weak(
+                           left, left - 1, std::memory_order_relaxed)) {
     }
-    if (left == 0)
+    if (left == 0)  // and every later one, until the fault is reset
       throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
                               "a host stream's thread (test fault)");
     return std::thread([this] { serve(); });
