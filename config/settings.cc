@@ -342,6 +342,12 @@ bool valid_text(const Entry& e, const std::string& raw) {
 bool parse(const Entry& e, const std::string& raw, Value* v, bool nccl_syntax) {
   switch (e.kind) {
     case Kind::Bool:
+      if (nccl_syntax) {  // NCCL_IB_DISABLE: one of NCCL's integers, any but 0 true ("2", "01")
+        double x = 0;
+        if (!parse_int_as_nccl(raw, &x)) return false;
+        v->flag = x != 0;
+        return true;
+      }
       return parse_bool(raw, &v->flag);
     case Kind::Int:
       if (!(nccl_syntax ? parse_int_as_nccl(raw, &v->number) : parse_int(raw, &v->number)))

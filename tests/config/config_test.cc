@@ -271,6 +271,13 @@ TEST(Table, NcclIbSettingsCarryOverToTheVerbsBackend) {
   EXPECT_EQ(s.net_ib_gid_index, "3");
   ASSERT_EQ(load({{"NCCL_IB_GID_INDEX", "-1"}}, &s, &error), Status::kOk) << error;
   EXPECT_EQ(s.net_ib_gid_index, "-1");
+  // NCCL_IB_DISABLE is an integer to NCCL too: any value but 0 turns its IB transport off.
+  for (const char* off : {"2", "01", "1 "}) {
+    ASSERT_EQ(load({{"NCCL_IB_DISABLE", off}}, &s, &error), Status::kOk) << off << ": " << error;
+    EXPECT_TRUE(s.net_ib_disable) << off;
+  }
+  ASSERT_EQ(load({{"NCCL_IB_DISABLE", "0x0"}}, &s, &error), Status::kOk) << error;
+  EXPECT_FALSE(s.net_ib_disable);
   // Its own variable stays decimal, and a number NCCL reads outside the range is refused.
   ASSERT_EQ(load({{"DYNAMIQ_NET_IB_GID_INDEX", "010"}}, &s, &error), Status::kOk) << error;
   EXPECT_EQ(s.net_ib_gid_index, "010");
