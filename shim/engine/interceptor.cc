@@ -624,9 +624,33 @@ ncclResult_t run_host_staged(CommEntry& e, engine::Engine& eng, const engine::Ca
 
 // Runs `call` through the communicator's engine; forwards it with `pass` unless the engine
 // rerouted it or failed.
+// A communicator the shim did not see made, at its first call: registered then, as any other
+// (its handshake agrees its opt-in with its peers). NVIDIA's NCCL writes a split's or shrink's
+// handle only when the split completes: at the outermost group end for one made inside a group
+// (one thread driving several GPUs must split so), later, from NCCL's thread, for one of a
+// non-blocking communicator. The shim's split saw a null handle and registered nothing, so the
+// child passed every call through, silently, on the ranks that split that way. It has no split
+// color or name here: a DYNAMIQ_COMMS rule by color or name does not match it. nullptr where NCCL
+// does not know `comm` either.
+std::shared_ptr<CommEntry> adopt(ncclComm_t comm, const RealNccl& real) {
+  int size = 0;
+  if (comm == nullptr || real.comm_count == nullptr || real.comm_count(comm, &size) != ncclSuccess)
+    return nullptr;
+  comm_created(comm, nullptr, -1, nullptr);
+  std::shared_ptr<CommEntry> e = find(comm);
+  if (e != nullptr)
+    DQ_INFO(Subsys::kShim,
+            "dynamiq: communicator %p (%d ranks) first seen at a call, registered now as index %d "
+            "(a split made inside a group or of a non-blocking communicator, whose handle NCCL "
+            "writes after the split returns); it has no split color or name",
+            static_cast<void*>(comm), size, e->identity.index);
+  return e;
+}
+
 template <class Pass>
 ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real, Pass&& pass) {
   std::shared_ptr<CommEntry> e = find(comm);
+  if (e == nullptr) e = adopt(comm, real);
   if (e == nullptr) return pass();
   ncclResult_t result = ncclSuccess;
   engine::PassReason reason = engine::PassReason::kDisabled;

@@ -23,6 +23,9 @@
 //   9. members on two communicators issued in one order on even ranks and the other on odd ones
 //      (NCCL lets a group's members come in any order), each communicator's first call of a new
 //      size (a blocking agreement): both compressed, no hang
+//  10. a split the shim did not see made (NVIDIA's NCCL writes the handle of a split made inside a
+//      group, or of a non-blocking communicator, after the split returns; here NCCL's own
+//      ncclCommSplit is called past the shim): registered at its first call, and compressed
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -357,6 +360,27 @@ int rank_body(int n, int rank, const ncclUniqueId* ids) {
     const double ex = rel_error(n, x, 0), ey = rel_error(n, y, 0);
     CHECK_OR(114, ex > 0 && ex < kMaxError && ey > 0 && ey < kMaxError,
              "9: relative errors %.3e and %.3e", ex, ey);
+  }
+  // 10. A split the shim did not see made.
+  {
+    using SplitFn = ncclResult_t (*)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+    void* nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+    CHECK_OR(120, nccl != nullptr, "libnccl.so.2 is not loaded: %s", dlerror());
+    auto nccl_split = reinterpret_cast<SplitFn>(dlsym(nccl, "ncclCommSplit"));
+    CHECK_OR(121, nccl_split != nullptr, "NCCL's ncclCommSplit: %s", dlerror());
+    ncclComm_t unseen = nullptr;
+    CHECK_OR(122, nccl_split(a, 0, rank, &unseen, nullptr) == ncclSuccess && unseen != nullptr,
+             "NCCL's own split");
+    auto x = input(rank, kLarge);
+    CHECK_OR(123,
+             ncclAllReduce(x.data(), x.data(), kLarge, ncclFloat32, ncclSum, unseen, nullptr) ==
+                 ncclSuccess,
+             "10: the call");
+    CHECK_OR(124, rerouted(unseen) == 1, "10: %llu compressed, 1 expected", rerouted(unseen));
+    const double err = rel_error(n, x, 0);
+    CHECK_OR(125, err > 0 && err < kMaxError, "10: relative error %.3e", err);
+    ncclCommDestroy(unseen);
+    dlclose(nccl);
   }
   ncclCommDestroy(a);
   ncclCommDestroy(b);
