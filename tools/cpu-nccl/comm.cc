@@ -149,8 +149,8 @@ Status Comm::init_plugin(uint64_t comm_tag) {
   timeout_ms_ = static_cast<int>(settings.cpu_nccl_timeout_ms);
   chunk_bytes_ = static_cast<size_t>(settings.cpu_nccl_chunk_bytes);
   DQ_CHECK(Net::get(&net_));
-  chunk_bytes_ = std::min(chunk_bytes_, net_->max_message_bytes());
   DQ_CHECK(net_->init(comm_tag, &ctx_));
+  chunk_bytes_ = std::min(chunk_bytes_, net_->max_message_bytes());  // known once init asked
   send_comms_.assign(nranks_, nullptr);
   recv_comms_.assign(nranks_, nullptr);
   return Status::kOk;

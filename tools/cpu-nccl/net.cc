@@ -127,7 +127,7 @@ Status Net::init(uint64_t comm_id, void** ctx) {
       DQ_FAIL(Status::kUnsupported, "net plugin device 0 does not support host memory");
     size_t limit = size_t{1} << 30;  // `test` reports sizes as int: stay well below INT_MAX
     if (props.maxP2pBytes > 0 && props.maxP2pBytes < limit) limit = props.maxP2pBytes;
-    max_message_bytes_ = limit;
+    max_message_bytes_.store(limit, std::memory_order_relaxed);
   }
   return Status::kOk;
 }

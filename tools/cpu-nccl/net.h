@@ -5,6 +5,8 @@
 // the library path, then ../../plugin/abi/libnccl-net-dynamiq.so next to this library's own
 // build folder (found with dladdr).
 #pragma once
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -42,12 +44,14 @@ class Net {
 
   const char* name() const { return table_->name ? table_->name : "?"; }
   // Bytes the plugin accepts per message (maxP2pBytes, capped to what `test` can report).
-  size_t max_message_bytes() const { return max_message_bytes_; }
+  size_t max_message_bytes() const { return max_message_bytes_.load(std::memory_order_relaxed); }
 
  private:
   explicit Net(const dqNetV11* table) : table_(table) {}
   const dqNetV11* table_;
-  size_t max_message_bytes_ = size_t{1} << 30;
+  // Set by every communicator's init (the same value), read by others made at the same time on
+  // other threads (ncclCommInitAll, a thread a rank).
+  std::atomic<size_t> max_message_bytes_{size_t{1} << 30};
 };
 
 }  // namespace dq::cpunccl
