@@ -103,22 +103,12 @@ DQ_SHIM_API ncclResult_t ncclGroupStart(void) {
   });
 }
 
-// A thread the shim starts to run a group's members of one communicator runs them as an entry
-// point runs its body (guarded: exceptions caught, the format's floating-point environment, the
-// C locale), and its calls into NCCL go straight through.
-ncclResult_t in_shim_thread(const std::function<ncclResult_t()>& body) {
-  return guarded("ncclGroupEnd (a communicator's members)", [&] {
-    Below below;
-    return body();
-  });
-}
-
 DQ_SHIM_API ncclResult_t ncclGroupEnd(void) {
   return guarded("ncclGroupEnd", [&] {
     DQ_REAL_OR_FAIL(ops.group_end);
     if (t_below > 0) return real->ops.group_end();
     Below below;
-    return dq::shim::group_end(*real, &in_shim_thread);
+    return dq::shim::group_end(*real);
   });
 }
 

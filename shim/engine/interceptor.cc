@@ -8,7 +8,6 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -86,6 +85,23 @@ struct Deferred {
   std::function<ncclResult_t()> pass;  // the real NCCL call
 };
 thread_local std::vector<Deferred> t_deferred;
+// The communicators of every collective the shim saw in the calling thread's open group, held
+// back or not. A group on more than one communicator passes its held calls to NCCL unchanged (in
+// one real group, which orders them on the GPU as NCCL orders any group): run one after another
+// they could wait for each other (one thread driving several GPUs; members issued in other
+// orders on other ranks; GPU work of several communicators enqueued in different orders). Which
+// of its calls a rank holds back depends on other communicators' eligibility (a one-rank split
+// holds nothing; a size, dtype or opt-in of its own), which its peers in this communicator cannot
+// see: counted by held calls alone, one rank compressed what its peers passed to NCCL. Every call
+// is seen on every rank of its communicator, so the ranks agree whenever their groups are made
+// of the same calls.
+thread_local std::vector<ncclComm_t> t_group_comms;
+
+void note_group_comm(ncclComm_t comm) {
+  if (t_group_depth > 0 &&
+      std::find(t_group_comms.begin(), t_group_comms.end(), comm) == t_group_comms.end())
+    t_group_comms.push_back(comm);
+}
 
 std::shared_ptr<CommEntry> find(ncclComm_t comm) {
   Table& t = table();
@@ -649,6 +665,7 @@ std::shared_ptr<CommEntry> adopt(ncclComm_t comm, const RealNccl& real) {
 
 template <class Pass>
 ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real, Pass&& pass) {
+  note_group_comm(comm);
   std::shared_ptr<CommEntry> e = find(comm);
   if (e == nullptr) e = adopt(comm, real);
   if (e == nullptr) return pass();
@@ -691,29 +708,15 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
 
 }  // namespace
 
-namespace {
-
-// One communicator's held members, in the order they were issued: each settled before the next
-// (on a non-blocking communicator a member the engine passes through may answer ncclInProgress,
-// which is no failure, and NCCL refuses the next call until it has settled; taken as one, it left
-// the later members never issued, their buffers unreduced, while the caller's polls found the
-// communicator healthy). The first error ends them.
-ncclResult_t run_members(const RealNccl& real, std::vector<Deferred*>& members) {
-  const int64_t timeout_ms = config::global().timeout_ms;
-  for (Deferred* d : members)
-    if (const ncclResult_t r =
-            real.ops.settled(d->comm, route(d->call, d->comm, real, d->pass), timeout_ms);
-        r != ncclSuccess)
-      return r;
-  return ncclSuccess;
-}
-
-}  // namespace
-
-ncclResult_t group_end(const RealNccl& real, ShimThreadBody in_shim_thread) {
+ncclResult_t group_end(const RealNccl& real) {
   if (t_group_depth > 0) --t_group_depth;  // the group is closed even when NCCL reports an error
   const ncclResult_t end = real.ops.group_end();
-  if (t_group_depth > 0 || t_deferred.empty()) return end;
+  if (t_group_depth > 0) return end;
+  // Whether the group held calls on more than one communicator: every collective the shim saw in
+  // it counts, held back or not (see t_group_comms).
+  const bool one_comm = t_group_comms.size() <= 1;
+  t_group_comms.clear();
+  if (t_deferred.empty()) return end;
   std::vector<Deferred> held;
   held.swap(t_deferred);
   // Non-blocking communicators' group still being issued: complete before the held calls.
@@ -723,45 +726,23 @@ ncclResult_t group_end(const RealNccl& real, ShimThreadBody in_shim_thread) {
           settled != ncclSuccess)
         return settled;
   if (end != ncclSuccess && end != ncclInProgress) return end;  // the held calls never ran
-  // By communicator, each in issue order.
-  std::vector<std::vector<Deferred*>> by_comm;
-  for (Deferred& d : held) {
-    auto it = std::find_if(by_comm.begin(), by_comm.end(),
-                           [&](const std::vector<Deferred*>& m) { return m[0]->comm == d.comm; });
-    if (it == by_comm.end())
-      by_comm.push_back({&d});
-    else
-      it->push_back(&d);
-  }
-  // Several communicators: each on a thread of its own, this one running the first. Run one
-  // after another, a member's blocking step (a handshake, a new plan's agreement, a call on the
-  // host device) would wait for a peer that this thread drives through a later communicator (one
-  // thread driving several GPUs), or that reaches the communicators in another order (NCCL lets a
-  // group's members come in any order); and a rule that sent such groups to NCCL unchanged
-  // depended on what else each rank's group held, which differs between the ranks of one
-  // communicator (a split leaving one rank alone: its one-rank call is not held), so one rank
-  // compressed what its peers passed to NCCL.
-  std::vector<ncclResult_t> results(by_comm.size(), ncclSuccess);
-  std::vector<std::thread> threads;
-  std::vector<size_t> inline_later;  // communicators whose thread did not start
-  for (size_t k = 1; k < by_comm.size(); ++k) {
-    try {
-      threads.emplace_back(
-          [&, k] { results[k] = in_shim_thread([&] { return run_members(real, by_comm[k]); }); });
-    } catch (const std::exception& e) {
-      DQ_WARN(Subsys::kShim,
-              "dynamiq: a thread for a group's members could not start (%s): they run after the "
-              "others, and may wait for their peers until DYNAMIQ_TIMEOUT_MS",
-              e.what());
-      inline_later.push_back(k);
-    }
-  }
-  results[0] = run_members(real, by_comm[0]);
-  for (std::thread& t : threads) t.join();
-  for (size_t k : inline_later) results[k] = run_members(real, by_comm[k]);
   ncclResult_t result = ncclSuccess;
-  for (ncclResult_t r : results)
-    if (result == ncclSuccess) result = r;
+  if (!one_comm) {
+    if ((result = real.ops.group_start()) != ncclSuccess) return result;
+    for (Deferred& d : held)
+      if (result == ncclSuccess) result = d.pass();
+    const ncclResult_t again = real.ops.group_end();
+    return result == ncclSuccess ? again : result;
+  }
+  // Each held call settled before the next: on a non-blocking communicator a call the engine
+  // passes through may answer ncclInProgress, which is no failure, and NCCL refuses the next call
+  // until it has settled. (Taken as one, it left the later held calls never issued, their
+  // buffers unreduced, while the caller's polls found the communicator healthy.)
+  const int64_t timeout_ms = config::global().timeout_ms;
+  for (Deferred& d : held) {
+    if (result != ncclSuccess) break;
+    result = real.ops.settled(d.comm, route(d.call, d.comm, real, d.pass), timeout_ms);
+  }
   // The caller's group was still being issued: the caller polls its communicators, as NCCL
   // documents (those of the held calls have settled).
   return result == ncclSuccess && end == ncclInProgress ? ncclInProgress : result;
@@ -771,6 +752,7 @@ ncclResult_t group_simulate_end(const RealNccl& real, ncclSimInfo_t* sim_info) {
   if (t_group_depth > 0) --t_group_depth;
   ncclResult_t result = ncclSuccess;
   if (t_group_depth == 0) {
+    t_group_comms.clear();
     std::vector<Deferred> held;
     held.swap(t_deferred);
     for (Deferred& d : held)

@@ -85,18 +85,12 @@ ncclResult_t comm_shrunk(ncclComm_t comm, int shrink_flags, ncclComm_t* newcomm,
 
 // Group depth of the calling thread (ncclGroupStart/End pass through us). Gradient collectives
 // a framework coalesces in a group (Megatron: every bucket) that the engine may compress are held
-// back and run when the outermost group ends, after the real ncclGroupEnd: group members are
-// independent by NCCL's contract. Each communicator's members run in the order they were issued;
-// those of different communicators at the same time, one thread a communicator (a member's
-// handshake or agreement waits for its peers, which may be driven by this same thread through
-// another communicator, or reach the communicators in another order). The decision is each
-// communicator's own, never what else a rank's group holds, which its peers cannot see.
-// `in_shim_thread` runs a body on such a thread as the entry points run theirs (exceptions
-// caught, the format's floating-point environment, calls into NCCL not intercepted again).
+// back and run, in order, when the outermost group ends, after the real ncclGroupEnd: group
+// members are independent by NCCL's contract. A group whose calls (held back or not) are on more
+// than one communicator has its held calls issued unchanged in a second real group instead.
 // docs/ENGINE.md section 8.
 void group_started();
-using ShimThreadBody = ncclResult_t (*)(const std::function<ncclResult_t()>& body);
-ncclResult_t group_end(const RealNccl& real, ShimThreadBody in_shim_thread);
+ncclResult_t group_end(const RealNccl& real);
 // ncclGroupSimulateEnd closes the group as ncclGroupEnd does, but nothing in it runs: the calls
 // held back join the real group unchanged (NCCL estimates them as it would run them), and none
 // is left to run at a later group's end.
