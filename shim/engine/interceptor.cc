@@ -638,8 +638,6 @@ ncclResult_t run_host_staged(CommEntry& e, engine::Engine& eng, const engine::Ca
   return ncclSuccess;
 }
 
-// Runs `call` through the communicator's engine; forwards it with `pass` unless the engine
-// rerouted it or failed.
 // A communicator the shim did not see made, at its first call: registered then, as any other
 // (its handshake agrees its opt-in with its peers). NVIDIA's NCCL writes a split's or shrink's
 // handle only when the split completes: at the outermost group end for one made inside a group
@@ -663,6 +661,8 @@ std::shared_ptr<CommEntry> adopt(ncclComm_t comm, const RealNccl& real) {
   return e;
 }
 
+// Runs `call` through the communicator's engine; forwards it with `pass` unless the engine
+// rerouted it or failed.
 template <class Pass>
 ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real, Pass&& pass) {
   note_group_comm(comm);
