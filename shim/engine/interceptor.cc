@@ -795,6 +795,7 @@ ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, nccl
   const RealNccl* real = real_nccl();
   if (real == nullptr || real->reduce_scatter == nullptr) return ncclSystemError;
   auto pass = [=] { return real->reduce_scatter(send, recv, recvcount, dtype, op, comm, stream); };
+  note_group_comm(comm);  // counted in the caller's group even where it goes straight to NCCL
   int nranks = 0;
   if (real->comm_count(comm, &nranks) != ncclSuccess || nranks < 1) return pass();
   const size_t count = recvcount * static_cast<size_t>(nranks);  // the engine counts the input
