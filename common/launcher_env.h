@@ -20,4 +20,16 @@ inline constexpr LauncherVariables kLauncherVariables[] = {
     {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
+// The rank a per-process file is named by (the debug and metrics files' %r): the launcher's while
+// its job covers the communicator the other rank is taken from (`comm_size` ranks), else the rank
+// in that communicator; -1 (name it by the pid) without either. A communicator larger than the
+// launcher's job means the processes were started below the launcher (srun with one task a node,
+// then torch.multiprocessing.spawn of a worker a GPU) and share its rank; one no larger (tensor
+// or pipeline parallelism's data-parallel group) means its rank is shared by a node's processes.
+inline int file_name_rank(int launcher_rank, int launcher_size, int comm_rank, int comm_size) {
+  if (launcher_rank >= 0 && (comm_rank < 0 || launcher_size < 0 || comm_size <= launcher_size))
+    return launcher_rank;
+  return comm_rank < 0 ? -1 : comm_rank;
+}
+
 }  // namespace dq

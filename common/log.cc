@@ -103,17 +103,13 @@ std::string rank_text() {
   return r < 0 ? std::string("-") : std::to_string(r);
 }
 
-// The debug file's %r: the launcher's rank while its job covers the communicator the shim named
-// (under tensor or pipeline parallelism that communicator's rank is shared by processes of a node,
-// which would truncate each other's file), else the communicator's rank; "-" (the pid) without
-// either.
+// The debug file's %r, by the metrics file's rule (file_name_rank) over the communicator the shim
+// named; "-" (the pid) without a rank.
 std::string file_rank_text() {
-  const int env = g_env_rank.load(std::memory_order_relaxed);
-  const int env_size = g_env_size.load(std::memory_order_relaxed);
-  const int comm = g_rank.load(std::memory_order_relaxed);
-  const int comm_size = g_rank_size.load(std::memory_order_relaxed);
-  if (env >= 0 && (comm < 0 || env_size < 0 || comm_size <= env_size)) return std::to_string(env);
-  return comm < 0 ? std::string("-") : std::to_string(comm);
+  const int r = file_name_rank(
+      g_env_rank.load(std::memory_order_relaxed), g_env_size.load(std::memory_order_relaxed),
+      g_rank.load(std::memory_order_relaxed), g_rank_size.load(std::memory_order_relaxed));
+  return r < 0 ? std::string("-") : std::to_string(r);
 }
 
 const std::string& host_name() {  // up to the first dot, as NCCL prints it

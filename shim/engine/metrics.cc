@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/c_locale.h"
+#include "common/launcher_env.h"
 #include "common/log.h"
 #include "common/safe_file.h"
 #include "config/settings.h"
@@ -118,13 +119,10 @@ int metrics_file_rank(const ProcessLabels& labels,
   const CommMetrics* largest = nullptr;
   for (const auto& c : comms)
     if (largest == nullptr || c->size > largest->size) largest = c.get();
-  // A communicator larger than the launcher's job: the processes were started below it (srun
-  // with one task a node, then torch.multiprocessing.spawn of a worker a GPU), and share its rank.
-  const bool launcher_job =
-      labels.launcher_rank >= 0 &&
-      (largest == nullptr || labels.launcher_size < 0 || largest->size <= labels.launcher_size);
-  if (launcher_job) return labels.launcher_rank;
-  return largest != nullptr ? largest->rank : labels.pid;
+  const int r = file_name_rank(labels.launcher_rank, labels.launcher_size,
+                               largest != nullptr ? largest->rank : -1,
+                               largest != nullptr ? largest->size : -1);
+  return r >= 0 ? r : labels.pid;
 }
 
 std::string metrics_job_name(const ProcessLabels& labels,
