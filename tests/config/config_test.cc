@@ -84,7 +84,7 @@ TEST(Table, StructDefaultsAreTheLoadedDefaults) {
   EXPECT_EQ(plain.codec, "dynamiq");
   EXPECT_EQ(plain.min_bytes, 1 << 20);
   EXPECT_EQ(plain.block_bytes, 16 << 20);
-  EXPECT_EQ(plain.timeout_ms, 60000);
+  EXPECT_EQ(plain.timeout_ms, 1800000);
   EXPECT_EQ(plain.seed, 24301);
   EXPECT_DOUBLE_EQ(plain.metrics_interval_s, 10);
   EXPECT_EQ(plain.net_nsocks, 2);
