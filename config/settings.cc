@@ -8,6 +8,9 @@
 #include <cstring>
 #include <mutex>
 #include <string_view>
+#include <vector>
+
+#include <unistd.h>  // environ
 
 #include "common/c_locale.h"
 #include "common/fnv1a.h"
@@ -396,9 +399,53 @@ std::string consequence(const Entry& e) {
   return "";
 }
 
+// Edits (insert, delete, replace a character) from a to b: how close a misspelled name is.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// DYNAMIQ_ variables of the project's own scripts, never read by the libraries: the setup's
+// virtual environment, the benchmarks' plugin path and real NCCL, CI's and the test guests'
+// switches. Named without the prefix, as the rest of the name.
+constexpr std::string_view kPrefix = "DYNAMIQ_";
+constexpr std::string_view kScriptNames[] = {"VENV", "NET_PLUGIN_PATH", "REAL_NCCL"};
+constexpr std::string_view kScriptPrefixes[] = {"CI_", "VM_", "PERFTEST_"};
+
+bool names_a_script_variable(std::string_view rest) {
+  for (std::string_view n : kScriptNames)
+    if (rest == n) return true;
+  for (std::string_view p : kScriptPrefixes)
+    if (rest.substr(0, p.size()) == p) return true;
+  return false;
+}
+
+// The table's name nearest to `name` when it is close enough to be a misspelling of it
+// (DYNAMIQ_CODECS, DYNAMIQ_ENABLED, DYNAMIQ_TIMEOUT), else empty.
+std::string nearest_setting(std::string_view name) {
+  std::string_view best;
+  size_t best_distance = 4;  // at most 3 edits
+  for (const Entry& e : kTable) {
+    const size_t d = edit_distance(name, e.key);
+    if (d < best_distance) best_distance = d, best = e.key;
+  }
+  return std::string(best);
+}
+
 class Loader {
  public:
-  Loader(EnvLookup lookup, void* ctx) : lookup_(lookup), ctx_(ctx) {}
+  Loader(EnvLookup lookup, void* ctx, const std::vector<std::string>* names)
+      : lookup_(lookup), ctx_(ctx), names_(names) {}
 
   void run(Settings* s) {
     *s = defaults();
@@ -420,6 +467,7 @@ class Loader {
       if (source != e.key) s->from_nccl |= uint64_t{1} << i;
     }
     finish(s);
+    check_names();
     for (const Problem& p : problems_) {
       if (p.scope == Scope::Agreed || p.scope == Scope::Shim) s->enable = false;
       if (p.scope == Scope::Metrics) s->metrics_file.clear();
@@ -431,6 +479,25 @@ class Loader {
  private:
   void fail(int i, const std::string& what) {
     problems_.push_back({kTable[i].scope, what + consequence(kTable[i])});
+  }
+
+  // A DYNAMIQ_ variable the table does not hold is a setting the user believes is in force (a
+  // misspelling, or a name of another release): compression is turned off and the name said,
+  // rather than the job run as if the variable were not set.
+  void check_names() {
+    if (names_ == nullptr) return;
+    for (const std::string& name : *names_) {
+      const std::string_view n = name;
+      if (n.substr(0, kPrefix.size()) != kPrefix || index_of(n) >= 0 ||
+          names_a_script_variable(n.substr(kPrefix.size())))
+        continue;
+      const std::string near = nearest_setting(n);
+      problems_.push_back(
+          {Scope::Shim, name + " is set but is not a dynamiq setting" +
+                            (near.empty() ? std::string(" (the README's Settings table lists them)")
+                                          : " (did you mean " + near + "?)") +
+                            "; compression is OFF: every call passes through to NCCL"});
+    }
   }
 
   // `source`=`raw` does not parse for entry i; `source` is the entry's own variable or an NCCL
@@ -589,6 +656,7 @@ class Loader {
 
   EnvLookup lookup_;
   void* ctx_;
+  const std::vector<std::string>* names_;  // every variable set, where known
   bool set_[kCount] = {};
   std::vector<Problem> problems_;
 };
@@ -600,8 +668,8 @@ const char* from_environment(const char* key, void*) {
 }  // namespace
 
 Status load(EnvLookup lookup, void* ctx, Settings* out, std::string* error,
-            std::vector<Problem>* problems) {
-  Loader loader(lookup, ctx);
+            std::vector<Problem>* problems, const std::vector<std::string>* names) {
+  Loader loader(lookup, ctx, names);
   loader.run(out);
   if (error != nullptr) {
     error->clear();
@@ -616,7 +684,13 @@ Status load(EnvLookup lookup, void* ctx, Settings* out, std::string* error,
 }
 
 Status load_from_environment(Settings* out, std::string* error, std::vector<Problem>* problems) {
-  return load(from_environment, nullptr, out, error, problems);
+  std::vector<std::string> names;
+  for (char** v = environ; v != nullptr && *v != nullptr; ++v) {
+    const char* eq = std::strchr(*v, '=');
+    if (std::strncmp(*v, kPrefix.data(), kPrefix.size()) == 0)
+      names.emplace_back(*v, eq != nullptr ? static_cast<size_t>(eq - *v) : std::strlen(*v));
+  }
+  return load(from_environment, nullptr, out, error, problems, &names);
 }
 
 namespace {

@@ -131,8 +131,12 @@ struct Problem {
 // any was Agreed or Shim, enable is false (the shim passes everything through). Returns
 // kInvalidArgument when anything was invalid, with every message in *problems (if given) and
 // joined by newlines in *error.
+// `names`, where given, are the variables set (all of them, or those starting DYNAMIQ_): one of
+// the DYNAMIQ_ ones that the table does not hold (a misspelling) is a problem that turns
+// compression off.
 Status load(EnvLookup lookup, void* ctx, Settings* out, std::string* error,
-            std::vector<Problem>* problems = nullptr);
+            std::vector<Problem>* problems = nullptr,
+            const std::vector<std::string>* names = nullptr);
 Status load_from_environment(Settings* out, std::string* error,
                              std::vector<Problem>* problems = nullptr);
 

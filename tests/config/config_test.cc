@@ -38,9 +38,12 @@ const char* lookup(const char* key, void* ctx) {
   return it == m->end() ? nullptr : it->second.c_str();
 }
 
+// Every variable of `env` is also named as set, as the environment's scan names them.
 Status load(Map env, config::Settings* s, std::string* error,
             std::vector<config::Problem>* problems = nullptr) {
-  return config::load(lookup, &env, s, error, problems);
+  std::vector<std::string> names;
+  for (const auto& [key, value] : env) names.push_back(key);
+  return config::load(lookup, &env, s, error, problems, &names);
 }
 
 // ---- one size syntax ------------------------------------------------------------------------
@@ -160,6 +163,47 @@ TEST(Table, InvalidValuesSayWhatHappens) {
     expect.net_nsocks = std::string(c.key) == "DYNAMIQ_NET_NSOCKS" ? 2 : 4;
     EXPECT_TRUE(s == expect) << c.key << "\n" << config::describe(s);
   }
+}
+
+// A DYNAMIQ_ variable that is no setting (a misspelling, another release's name) turns
+// compression off and says so, with the setting it is nearest to; the project's own scripts'
+// variables and non-DYNAMIQ_ names are not settings and pass.
+TEST(Table, UnknownNamesTurnCompressionOff) {
+  config::Settings s;
+  std::string error;
+  std::vector<config::Problem> problems;
+  EXPECT_EQ(load({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_CODECS", "mxfp8"}}, &s, &error, &problems),
+            Status::kInvalidArgument);
+  EXPECT_FALSE(s.enable);
+  EXPECT_EQ(s.codec, "dynamiq");
+  ASSERT_EQ(problems.size(), 1u) << error;
+  EXPECT_NE(error.find("DYNAMIQ_CODECS is set but is not a dynamiq setting (did you mean "
+                       "DYNAMIQ_CODEC?); compression is OFF"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(load({{"DYNAMIQ_ENABLED", "1"}}, &s, &error), Status::kInvalidArgument);
+  EXPECT_NE(error.find("(did you mean DYNAMIQ_ENABLE?)"), std::string::npos) << error;
+  EXPECT_FALSE(s.enable);
+  EXPECT_EQ(load({{"DYNAMIQ_SOMETHING_ELSE_ENTIRELY", "1"}}, &s, &error), Status::kInvalidArgument);
+  EXPECT_NE(error.find("DYNAMIQ_SOMETHING_ELSE_ENTIRELY is set but is not a dynamiq setting "
+                       "(the README's Settings table lists them)"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(load({{"DYNAMIQ_ENABLE", "1"},
+                  {"DYNAMIQ_CI_LEGS", "0"},
+                  {"DYNAMIQ_VM_KEEP", "1"},
+                  {"DYNAMIQ_PERFTEST_DEV", "rxe0"},
+                  {"DYNAMIQ_VENV", "/opt/venv"},
+                  {"DYNAMIQ_REAL_NCCL", "/usr/lib/libnccl.so.2"},
+                  {"DYNAMIQ_NET_PLUGIN_PATH", "/opt/plugin.so"},
+                  {"DYNAMIQ_CODEC", "mxfp8"},
+                  {"NCCL_DEBUG", "WARN"},
+                  {"DYNAMIQ", "1"}},
+                 &s, &error),
+            Status::kOk)
+      << error;
+  EXPECT_TRUE(s.enable);
+  EXPECT_EQ(s.codec, "mxfp8");
 }
 
 TEST(Table, TimeoutAndInterfaceFallbacks) {
