@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "kernels/codec.h"
 #include "kernels/host_isa.h"
 #include "shim/engine/engine_hierarchy.h"
 #include "shim/engine/engine_internal.h"
@@ -191,6 +192,11 @@ Screening Engine::screen_call(const CallArgs& call) const {
     if (!allowed) return PassReason::kCollective;
     if (call.count * esize < static_cast<size_t>(settings_.min_bytes) || call.count == 0)
       return PassReason::kSmall;
+    // Each rank's part of a reduce-scatter is keyed from a multiple of 256 (its span padded),
+    // so the keys reach up to 256 a rank past the count: every draw must stay below
+    // kMaxElementIndex, or each hop would refuse its block and fail the call on every rank.
+    if (call.count + uint64_t{256} * static_cast<uint64_t>(comm_.nranks) > kMaxElementIndex)
+      return PassReason::kLarge;
     return PassReason::kRerouted;
   }();
   return s;

@@ -4,6 +4,7 @@
 // their size or type (docs/ENGINE.md section 2).
 #include <cstdio>
 
+#include "kernels/codec.h"
 #include "shim/engine/engine_hierarchy.h"
 #include "shim/engine/engine_internal.h"
 
@@ -122,6 +123,9 @@ std::string Engine::call_reason_text(PassReason reason, const CallArgs& call) co
       return "a rank could not run the compressed path (see the WARN lines)";
     case PassReason::kCanaryFailed:
       return "the device's canary differed from the host codec (see the WARN lines)";
+    case PassReason::kLarge:
+      return std::to_string(call.count) + " elements, more than the " +
+             std::to_string(kMaxElementIndex) + " the codec's rounding keys index";
     default:
       return "";  // communicator-wide reasons: the decision line says them
   }

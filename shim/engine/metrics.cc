@@ -549,6 +549,8 @@ const char* reason_name(PassReason r) {
       return "collective";
     case PassReason::kCanaryFailed:
       return "canary_failed";
+    case PassReason::kLarge:
+      return "large";
     case PassReason::kCount:
       break;
   }

@@ -29,6 +29,7 @@ enum class PassReason : uint8_t {
   kFailure,         // some rank could not run the compressed path for this call
   kCollective,      // a collective DYNAMIQ_COLLECTIVES excludes (or an invalid root)
   kCanaryFailed,    // the device's canary differed from the host codec on some rank
+  kLarge,           // more elements than the codec's rounding keys index (kMaxElementIndex)
   kCount
 };
 inline constexpr int kPassReasonCount = static_cast<int>(PassReason::kCount);

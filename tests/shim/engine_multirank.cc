@@ -84,6 +84,7 @@
 #include "common/nccl_api.h"
 #include "config/settings.h"
 #include "kernels/bf16.h"
+#include "kernels/codec.h"
 #include "kernels/dynamiq_layout.h"
 #include "shim/engine/engine.h"
 #include "tests/common/engine_test_util.h"
@@ -622,8 +623,36 @@ int one_collective(int n, int rank, ncclComm_t comm, dq::engine::Collective coll
   return 0;
 }
 
+// The codec's rounding keys index at most kMaxElementIndex elements, and a reduce-scatter's
+// rank parts are keyed from multiples of 256: a call whose keys would reach past it passes
+// through as `large` on every rank (each hop would refuse its block and fail the call), one
+// element fewer is compressed. Screening only: no buffer is touched.
+int screen_large(int n, int rank, ncclComm_t comm) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "0"}});
+  Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), dq::engine::host_device(), nullptr,
+                true);
+  const uint64_t most = dq::kMaxElementIndex - uint64_t{256} * static_cast<uint64_t>(n);
+  for (const auto c : {dq::engine::Collective::kAllReduce, dq::engine::Collective::kReduceScatter,
+                       dq::engine::Collective::kReduce}) {
+    CallArgs args;
+    args.collective = c;
+    args.count = most;
+    const PassReason fits = engine.screen_call(args).arguments;
+    CHECK_OR(54, fits == PassReason::kRerouted, "rank %d, %s of %llu elements: %s", rank,
+             dq::engine::collective_name(c), static_cast<unsigned long long>(args.count),
+             dq::engine::reason_name(fits));
+    args.count = most + 1;
+    const PassReason over = engine.screen_call(args).arguments;
+    CHECK_OR(55, over == PassReason::kLarge, "rank %d, %s of %llu elements: %s", rank,
+             dq::engine::collective_name(c), static_cast<unsigned long long>(args.count),
+             dq::engine::reason_name(over));
+  }
+  return 0;
+}
+
 int scenario_collectives(int n) {
   auto body = [&](int rank, ncclComm_t* comms) -> int {
+    if (const int rc = screen_large(n, rank, comms[0]); rc != 0) return rc;
     constexpr size_t kRecv = 300001;  // odd: rank blocks start off super-group boundaries
     int k = 0;
     for (int scatter = 1; scatter >= 0; --scatter)
