@@ -342,6 +342,12 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
       }
       return cached;
     }
+  auto failed = std::find_if(failed_shapes_.begin(), failed_shapes_.end(),
+                             [&](const FailedShape& f) { return f.shape == shape; });
+  if (failed != failed_shapes_.end() && failed->skip > 0) {
+    --failed->skip;  // every rank counts the same calls of the shape: no agreement needed
+    return nullptr;
+  }
   note_plan_miss(shape);
   const CanaryResult canary = run_canaries();
   // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
@@ -362,18 +368,38 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
   *nccl_failure = blocking_max(local, any, 2);
   if (*nccl_failure == ncclSuccess && !canary_agreed_) settle_canary(canary, any[1] != 0);
   if (*nccl_failure != ncclSuccess || any[0] != 0 || canary_ == Canary::kFailed) {
-    if (*nccl_failure == ncclSuccess && any[0] != 0)
+    // A rung of a bucket set up before has its own backoff (avoid_failed_rung): the next
+    // predictions take the bucket's default instead, so the shape is not held back twice.
+    const bool rung_backoff = bucket != nullptr && bucket_set_up_before;
+    if (*nccl_failure == ncclSuccess && any[0] != 0 && rung_backoff)
       DQ_WARN(Subsys::kEngine,
               "dynamiq: rank %d: a plan for %zu elements could not be made on %s (this rank: "
-              "%s); the call passes through on every rank and the next one retries",
+              "%s); the call passes through on every rank, and the bucket avoids this budget "
+              "for a while",
               comm_.rank, count, local[0] ? "this rank" : "another rank",
               local[0] ? status_name(status) : "ok");
+    if (*nccl_failure == ncclSuccess && any[0] != 0 && !rung_backoff) {
+      if (failed == failed_shapes_.end()) {
+        failed_shapes_.push_front(FailedShape{shape});
+        if (failed_shapes_.size() > kFailedShapesKept) failed_shapes_.pop_back();
+        failed = failed_shapes_.begin();
+      }
+      failed->next = failed->next == 0 ? 1 : std::min(2 * failed->next, kMostSkipped);
+      failed->skip = failed->next;
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: a plan for %zu elements could not be made on %s (this rank: "
+              "%s); the call and the next %u of its shape pass through on every rank, then one "
+              "retries",
+              comm_.rank, count, local[0] ? "this rank" : "another rank",
+              local[0] ? status_name(status) : "ok", failed->skip);
+    }
     retire(std::move(plan));
     if (bucket != nullptr && !bucket_set_up_before) release_bucket(*bucket);
     if (bucket != nullptr && bucket_set_up_before) avoid_failed_rung(*bucket);
     return nullptr;
   }
   if (bucket != nullptr) bucket->backoff.made(bucket->rung);
+  if (failed != failed_shapes_.end()) failed_shapes_.erase(failed);
   plans_.push_front(std::move(plan));
   if (plans_.size() > static_cast<size_t>(settings_.plan_cache)) {
     remember_evicted(*plans_.back());

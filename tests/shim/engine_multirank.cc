@@ -395,10 +395,13 @@ int scenario_alloc_fail(int n, PlanFault fault) {
     for (size_t i = 0; i < kCount; ++i)
       in[i] = static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 97) - 48);
     std::string reasons;
-    for (int call = 0; call < 2; ++call) {
+    // Rank 1 would fail calls 0 and 1; after the agreed failure of call 0 the next call of the
+    // shape passes through without an attempt (its plan is not tried again at once), so call 1
+    // fails nothing and call 2 retries and compresses.
+    for (int call = 0; call < 3; ++call) {
       (fault == PlanFault::kEvents ? device.failing_events
        : budget_scratch            ? device.failing_scratch
-                                   : device.failing) = rank == 1 && call == 0;
+                                   : device.failing) = rank == 1 && call <= 1;
       CallArgs args;
       args.send = in.data();
       args.recv = out.data();
@@ -424,8 +427,9 @@ int scenario_alloc_fail(int n, PlanFault fault) {
     }
     CHECK_OR(23, dq::test::same_bytes_everywhere(comms[0], reasons.data(), reasons.size()),
              "rank %d: outcomes differ across ranks (mine: %s)", rank, reasons.c_str());
-    const std::string expect = std::string(dq::engine::reason_name(PassReason::kFailure)) + " " +
-                               dq::engine::reason_name(PassReason::kRerouted) + " ";
+    const std::string failure = dq::engine::reason_name(PassReason::kFailure);
+    const std::string expect =
+        failure + " " + failure + " " + dq::engine::reason_name(PassReason::kRerouted) + " ";
     CHECK_OR(24, reasons == expect, "rank %d: outcomes '%s', expected '%s'", rank, reasons.c_str(),
              expect.c_str());
     // The failure came from what the scenario fails (and from nothing else).
@@ -438,8 +442,8 @@ int scenario_alloc_fail(int n, PlanFault fault) {
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "alloc_fail")) return 1;
   std::printf(
-      "alloc_fail %d ranks: rank 1's failed %s passed through on every rank, then "
-      "every rank compressed\n",
+      "alloc_fail %d ranks: rank 1's failed %s passed through on every rank, the next call "
+      "without an attempt, then every rank compressed\n",
       n,
       fault == PlanFault::kEvents ? "events"
       : budget_scratch            ? "budget scratch"
