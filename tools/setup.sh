@@ -12,6 +12,13 @@
 # with .venv/bin/python3 (set in the native file build/../.venv/dynamiq-native.ini at setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# NVIDIA's toolkit packages install nvcc in /usr/local/cuda/bin, off PATH: Meson finds CUDA by
+# nvcc on PATH, and a build without it has no CUDA device (every call of a job on NVIDIA's NCCL
+# would pass through).
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+  echo "setup: nvcc found in /usr/local/cuda/bin (not on PATH): the build uses it" >&2
+fi
 # ccache: Meson compiles through it when installed, so the wheel test's build (build-wheel, at
 # the depth of build: the same relative paths) reuses the objects of this build. qemu-user: the
 # codec test on an emulated CPU (tests/kernels/emulated_cpu.sh). locales: the de_DE source the

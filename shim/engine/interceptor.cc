@@ -302,6 +302,8 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
   if (e.cuda_ordinal >= 0) std::call_once(device_named, [&] { log_set_device(e.cuda_ordinal); });
   static std::once_flag no_device_note;
   if (device == nullptr && s.enable && info.nranks >= 2)
+    // A warning either way: compression was asked for (DYNAMIQ_ENABLE=1) and none will run. A
+    // build without CUDA is most often one whose nvcc was off PATH at its setup.
     std::call_once(no_device_note, [&] {
       if (engine::cuda_gpu_linked())
         DQ_WARN(Subsys::kShim,
@@ -309,9 +311,10 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
                 "is unavailable (%s): every call passes through unchanged",
                 why.c_str());
       else
-        DQ_INFO(Subsys::kShim,
+        DQ_WARN(Subsys::kShim,
                 "dynamiq: the NCCL in this process is not dynamiq's CPU NCCL and %s: every call "
-                "passes through unchanged",
+                "passes through unchanged (rebuild with nvcc on PATH: tools/setup.sh looks in "
+                "/usr/local/cuda/bin)",
                 why.c_str());
     });
   e.metrics = engine::metrics_register(e.identity.index, e.identity.name, info.rank, info.nranks,
