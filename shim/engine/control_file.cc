@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "common/c_locale.h"
 #include "common/log.h"
@@ -33,10 +35,21 @@ bool SwitchFile::read() {
   if (now == stamp_) return on_;
   stamp_ = now;
   char text[64] = {0};
+  // A file that is there but cannot be read (its mode, a folder at the path) says nothing: the
+  // switch keeps its state, as for a value it cannot parse, rather than read as empty (on).
+  bool readable = false;
   if (std::FILE* f = std::fopen(path_.c_str(), "r")) {
     const size_t n = std::fread(text, 1, sizeof text - 1, f);
     text[n] = '\0';
+    readable = std::ferror(f) == 0;
     std::fclose(f);
+  }
+  if (!readable) {
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: DYNAMIQ_CONTROL_FILE %s exists but cannot be read (%s). Keeping "
+            "compression %s.",
+            path_.c_str(), std::strerror(errno), on_ ? "on" : "off");
+    return on_;
   }
   bool on = on_;
   if (!parse_switch(text, &on)) {

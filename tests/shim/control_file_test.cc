@@ -69,6 +69,20 @@ TEST_F(SwitchFileTest, FollowsTheFile) {
 // `echo 0 > file` truncates, then writes. Read between the two within one tick of a coarse file
 // clock, the file is empty (on) and its modification time does not change with the write: the
 // write must still be read.
+// A file at the path that cannot be read (a folder here; a mode the job's user cannot read
+// elsewhere) keeps the switch as it was: read as empty, it would turn compression on.
+TEST_F(SwitchFileTest, AnUnreadableFileKeepsTheState) {
+  SwitchFile sw(path_);
+  write("0\n", 1000);
+  EXPECT_FALSE(sw.read());
+  ASSERT_EQ(std::remove(path_.c_str()), 0);
+  ASSERT_EQ(mkdir(path_.c_str(), 0700), 0);
+  EXPECT_FALSE(sw.read());
+  EXPECT_FALSE(sw.read());
+  ASSERT_EQ(rmdir(path_.c_str()), 0);
+  EXPECT_TRUE(sw.read());  // missing: on
+}
+
 TEST_F(SwitchFileTest, AWriteInTheTickOfItsTruncationIsRead) {
   SwitchFile sw(path_);
   write("", 2000);
