@@ -47,7 +47,14 @@ ControlDecision decide_control(const uint32_t* w) {
   if (!pair_equal(w + 0)) note("dynamiq version (protocol)");
   if (!pair_equal(w + 2)) note("validity of the DYNAMIQ_* environment");
   if (!pair_equal(w + 4)) note("DYNAMIQ_ENABLE");
-  if (!pair_equal(w + 6)) note("communicator opt-in (DYNAMIQ_COMMS or dynamiqCommRegister)");
+  // With the same DYNAMIQ_COMMS everywhere an index= or color= term can still match on some
+  // ranks only: a rank that made other communicators first (or none, where a split left it out)
+  // counts indexes differently, and a split NCCL completed late has no color.
+  if (!pair_equal(w + 6))
+    note(
+        "communicator opt-in (DYNAMIQ_COMMS or dynamiqCommRegister; with the same DYNAMIQ_COMMS "
+        "on every rank, an index= or color= term that matches on some ranks only: select it by "
+        "size= or name=, or with dynamiqCommRegister)");
   for (int i = 0; i < config::Agreed::count(); ++i)
     if (!pair_equal(w + 2 * (kFixedPairs + i))) {
       const char* key = config::Agreed::key(i);
