@@ -557,6 +557,13 @@ class Loader {
       reset_bits(s);
       derive_codec_spec(s);
     }
+    // The target steers only auto's choice of budget: with a fixed budget it would be ignored
+    // while the user believes the error is held to it.
+    if (const int target = index_of("DYNAMIQ_TARGET"); set_[target] && !s->bits_auto) {
+      fail(target, "DYNAMIQ_TARGET=" + s->target + " is used only with DYNAMIQ_BITS=auto (here " +
+                       "DYNAMIQ_BITS=" + s->bits + ", a fixed budget)");
+      kReset[target](s);
+    }
     const int topo = index_of("DYNAMIQ_TOPO");
     const std::string topo_text = s->topology;
     s->topology = lower_ascii(s->topology);

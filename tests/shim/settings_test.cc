@@ -115,7 +115,9 @@ TEST(Settings, WordsIgnoreTheThreadsLocale) {
   ASSERT_EQ(static_cast<int>(lowered), 'I') << "the thread's locale did not take";
   config::Settings s;
   std::string error;
-  ASSERT_EQ(load({{"DYNAMIQ_TOPO", "RING"}, {"DYNAMIQ_TARGET", "MXFP8"}}, &s, &error), Status::kOk)
+  ASSERT_EQ(load({{"DYNAMIQ_TOPO", "RING"}, {"DYNAMIQ_BITS", "AUTO"}, {"DYNAMIQ_TARGET", "MXFP8"}},
+                 &s, &error),
+            Status::kOk)
       << error;
   EXPECT_EQ(s.topology, "ring");
   BudgetTarget target;
@@ -206,8 +208,8 @@ TEST(Settings, InvalidValuesAreNamedAndDisable) {
 }
 
 // DYNAMIQ_BITS=auto and DYNAMIQ_TARGET (the budget): accepted spellings, their canonical text (what
-// the agreement hashes), and a bad target or auto with a fixed format: one message, compression
-// off.
+// the agreement hashes), and a bad target, auto with a fixed format or a target with a fixed
+// budget (which it would not steer): one message, compression off.
 TEST(Settings, AutoBudgetAndTarget) {
   config::Settings s;
   std::string error;
@@ -219,9 +221,10 @@ TEST(Settings, AutoBudgetAndTarget) {
   EXPECT_DOUBLE_EQ(s.budget_bits, 5.0);  // a bucket's first call
   EXPECT_EQ(s.codec_spec, "dynamiq:5");
   EXPECT_EQ(s.target, "vnmse:0.001");
-  ASSERT_EQ(load({{"DYNAMIQ_BITS", "5.0"}, {"DYNAMIQ_TARGET", "mxfp6"}}, &s, &error), Status::kOk);
+  ASSERT_EQ(load({{"DYNAMIQ_BITS", "5.0"}}, &s, &error), Status::kOk);
   EXPECT_FALSE(s.bits_auto);
   EXPECT_EQ(s.bits, "5");  // 5.0 and 5 agree
+  ASSERT_EQ(load({{"DYNAMIQ_BITS", "auto"}, {"DYNAMIQ_TARGET", "MxFp6"}}, &s, &error), Status::kOk);
   EXPECT_EQ(s.target, "mxfp6");
   config::Settings fixed, automatic;
   ASSERT_EQ(load({}, &fixed, &error), Status::kOk);
@@ -244,6 +247,10 @@ TEST(Settings, AutoBudgetAndTarget) {
        "DYNAMIQ_BITS=automatic is not valid; accepted: 3..16 or auto"},
       {{{"DYNAMIQ_BITS", "auto"}, {"DYNAMIQ_CODEC", "mxfp8"}},
        "DYNAMIQ_BITS=auto is for DYNAMIQ_CODEC=dynamiq only"},
+      {{{"DYNAMIQ_BITS", "5"}, {"DYNAMIQ_TARGET", "vnmse:0.01"}},
+       "DYNAMIQ_TARGET=vnmse:0.01 is used only with DYNAMIQ_BITS=auto (here DYNAMIQ_BITS=5, a "
+       "fixed budget); compression is OFF"},
+      {{{"DYNAMIQ_TARGET", "mxfp8"}}, "DYNAMIQ_TARGET=mxfp8 is used only with DYNAMIQ_BITS=auto"},
   };
   for (Case& c : cases) {
     c.env.emplace("DYNAMIQ_ENABLE", "1");
