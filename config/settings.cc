@@ -417,9 +417,10 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 // DYNAMIQ_ variables of the project's own scripts, never read by the libraries: the setup's
 // virtual environment, the benchmarks' plugin path and real NCCL, CI's and the test guests'
-// switches. Named without the prefix, as the rest of the name.
+// switches (DYNAMIQ_VM marks a command run inside a test guest). Named without the prefix, as the
+// rest of the name.
 constexpr std::string_view kPrefix = "DYNAMIQ_";
-constexpr std::string_view kScriptNames[] = {"VENV", "NET_PLUGIN_PATH", "REAL_NCCL"};
+constexpr std::string_view kScriptNames[] = {"VENV", "NET_PLUGIN_PATH", "REAL_NCCL", "VM"};
 constexpr std::string_view kScriptPrefixes[] = {"CI_", "VM_", "PERFTEST_"};
 
 bool names_a_script_variable(std::string_view rest) {

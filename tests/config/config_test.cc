@@ -192,6 +192,7 @@ TEST(Table, UnknownNamesTurnCompressionOff) {
   EXPECT_EQ(load({{"DYNAMIQ_ENABLE", "1"},
                   {"DYNAMIQ_CI_LEGS", "0"},
                   {"DYNAMIQ_VM_KEEP", "1"},
+                  {"DYNAMIQ_VM", "1"},
                   {"DYNAMIQ_PERFTEST_DEV", "rxe0"},
                   {"DYNAMIQ_VENV", "/opt/venv"},
                   {"DYNAMIQ_REAL_NCCL", "/usr/lib/libnccl.so.2"},
