@@ -1,6 +1,7 @@
 // Agreement between the ranks and the host's waits: the handshake, the blocking MAX all-reduce of
 // a new plan, the call's control words (read a control window later), and the communicator's sticky
 // asynchronous error (docs/ENGINE.md sections 2-4).
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -79,10 +80,44 @@ Status Engine::enqueue_nccl(Lane lane, std::function<ncclResult_t()> calls) {
   return Status::kUnsupported;  // ncclInvalidUsage
 }
 
+// The wait is cut into slices of at most kPeerPollMs: between them NCCL's own verdict on the
+// communicator is asked. NVIDIA's NCCL reports a peer it found dead (a closed connection, an
+// exhausted retry) through ncclCommGetAsyncError while its kernels keep waiting, and a
+// communicator's first call (the handshake) or a new size's plan waits inside the caller's NCCL
+// call, where no framework watchdog has a work item to time out: without the question such a
+// wait would last DYNAMIQ_TIMEOUT_MS (30 min) for a peer NCCL already knew was gone.
 ncclResult_t Engine::wait_for_peers(EventHandle e, const char* what) {
-  const Status s = device_->synchronize_for(e, settings_.timeout_ms);
+  constexpr int64_t kPeerPollMs = 1000;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(settings_.timeout_ms);
+  Status s = Status::kTimeout;
+  ncclResult_t reported = ncclSuccess;  // NCCL's asynchronous error, once it has one
+  for (int64_t left = settings_.timeout_ms;;) {
+    s = device_->synchronize_for(e, std::max<int64_t>(1, std::min(left, kPeerPollMs)));
+    if (s != Status::kTimeout || aborting() || left <= kPeerPollMs) break;
+    ncclResult_t state = ncclSuccess;
+    if (ops_.comm_get_async_error != nullptr &&
+        ops_.comm_get_async_error(comm_.comm, &state) == ncclSuccess && state != ncclSuccess &&
+        state != ncclInProgress) {
+      reported = state;
+      break;
+    }
+    left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now())
+               .count();
+  }
   if (aborting()) return stop_for_abort(what);
   if (s == Status::kOk) return ncclSuccess;
+  if (reported != ncclSuccess) {
+    if (broken_ == ncclSuccess) {
+      broken_ = reported;
+      DQ_WARN(Subsys::kEngine,
+              "dynamiq: rank %d: NCCL reports this communicator failed (%s) while it waited for "
+              "%s; the communicator returns that error until it is aborted",
+              comm_.rank, ops_.error_string(reported), what);
+    }
+    return broken_;
+  }
   // Work of this communicator may still be queued behind `e`: nothing of it is read, and every
   // later call returns the error until the application aborts the communicator (as it does when
   // NCCL reports a failed peer). kTimeout answers ncclRemoteError, as the CPU NCCL does.

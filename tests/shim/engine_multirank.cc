@@ -451,6 +451,18 @@ int scenario_alloc_fail(int n, PlanFault fault) {
   return 0;
 }
 
+// NCCL's verdict on the communicator, as the engine asks it while it waits: NCCL's own, or
+// ncclRemoteError once set (NVIDIA's NCCL reports a peer it found dead while its kernels keep
+// waiting).
+std::atomic<bool> g_nccl_reports_failure{false};
+ncclResult_t async_error_reporting(ncclComm_t comm, ncclResult_t* state) {
+  if (g_nccl_reports_failure.load()) {
+    *state = ncclRemoteError;
+    return ncclSuccess;
+  }
+  return ncclCommGetAsyncError(comm, state);
+}
+
 // ---- a host wait that outlives DYNAMIQ_TIMEOUT_MS ---------------------------------------------
 // Every rank's device answers the wait of call W (below) with kTimeout after the bound (as the
 // CUDA device does when a peer stopped answering): that call returns ncclRemoteError after about
@@ -504,6 +516,41 @@ int scenario_stalled_wait(int n) {
     return 0;
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "stalled_wait")) return 1;
+  // The same stalled wait under a long bound (20 s) while NCCL reports the communicator failed:
+  // the wait asks NCCL between slices of a second, so it ends within about one with NCCL's error
+  // (sticky), not at the bound.
+  auto reported_body = [&](int rank, ncclComm_t* comms) -> int {
+    const auto long_bound =
+        settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TIMEOUT_MS", "20000"}});
+    FailingDevice device(dq::engine::host_device());
+    dq::engine::NcclOps ops = cpu_nccl_ops();
+    ops.comm_get_async_error = async_error_reporting;
+    Engine engine(long_bound, true, {comms[0], rank, n}, ops, &device, nullptr, true);
+    constexpr size_t kCount = 1 << 20;
+    std::vector<float> in(kCount, 1.0f), out(kCount);
+    CallArgs args;
+    args.send = in.data();
+    args.recv = out.data();
+    args.count = kCount;
+    PassReason reason;
+    for (int call = 0; call < window; ++call)
+      CHECK_OR(56, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
+               "rank %d call %d: failed before the stall", rank, call);
+    device.stalled = true;
+    g_nccl_reports_failure.store(true);
+    const auto t0 = std::chrono::steady_clock::now();
+    const ncclResult_t r = engine.run(args, &reason);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    CHECK_OR(57, r == ncclRemoteError && ms < 5000,
+             "rank %d: the stalled wait returned %d after %.0f ms (NCCL reported the "
+             "communicator failed; the bound is 20 s)",
+             rank, static_cast<int>(r), ms);
+    CHECK_OR(58, engine.run(args, &reason) == ncclRemoteError, "rank %d: the error is not sticky",
+             rank);
+    return 0;
+  };
+  if (!all_zero(run_ranks(n, 1, reported_body, 120), "stalled_wait reported")) return 1;
   // The communicator aborted by another thread (ncclCommAbort on NVIDIA's NCCL comes before the
   // engine's teardown, and frees it): while call W waits; before call 1 starts; while call 1 is
   // enqueueing (inside its second NCCL enqueue). Once the engine sees it, the call enqueues no
