@@ -368,9 +368,11 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
   *nccl_failure = blocking_max(local, any, 2);
   if (*nccl_failure == ncclSuccess && !canary_agreed_) settle_canary(canary, any[1] != 0);
   if (*nccl_failure != ncclSuccess || any[0] != 0 || canary_ == Canary::kFailed) {
-    // A rung of a bucket set up before has its own backoff (avoid_failed_rung): the next
-    // predictions take the bucket's default instead, so the shape is not held back twice.
-    const bool rung_backoff = bucket != nullptr && bucket_set_up_before;
+    // A rung auto chose for a bucket set up before has its own backoff (avoid_failed_rung): the
+    // next predictions take the bucket's default instead, so the shape is not held back twice.
+    // The default itself (rung -1: a fixed DYNAMIQ_BITS, or auto's fallback) has nothing to
+    // fall back on: its shape backs off here.
+    const bool rung_backoff = bucket != nullptr && bucket_set_up_before && bucket->rung >= 0;
     if (*nccl_failure == ncclSuccess && any[0] != 0 && rung_backoff)
       DQ_WARN(Subsys::kEngine,
               "dynamiq: rank %d: a plan for %zu elements could not be made on %s (this rank: "

@@ -441,6 +441,43 @@ int scenario_alloc_fail(int n, PlanFault fault) {
     return 0;
   };
   if (!all_zero(run_ranks(n, 1, body, 120), "alloc_fail")) return 1;
+  // A shape whose bucket was set up before (its first plan made, then evicted by another shape
+  // with one plan cached) backs off the same way: the default budget has no rung to avoid.
+  auto evicted_body = [&](int rank, ncclComm_t* comms) -> int {
+    const auto one_plan = settings_for({{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_PLAN_CACHE", "1"}});
+    FailingDevice device(dq::engine::host_device());
+    Engine engine(one_plan, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
+    constexpr size_t kA = 1 << 20, kB = 3 << 18;
+    std::vector<float> in(kA, 1.0f), out(kA);
+    std::string reasons;
+    // A, B (evicts A's plan), then A three times with rank 1's allocations failing twice.
+    const size_t counts[] = {kA, kB, kA, kA, kA};
+    for (int call = 0; call < 5; ++call) {
+      device.failing = rank == 1 && (call == 2 || call == 3);
+      CallArgs args;
+      args.send = in.data();
+      args.recv = out.data();
+      args.count = counts[call];
+      PassReason reason;
+      CHECK_OR(26, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
+      if (reason != PassReason::kRerouted)
+        CHECK_OR(27,
+                 ncclAllReduce(in.data(), out.data(), counts[call], ncclFloat32, ncclSum, comms[0],
+                               nullptr) == ncclSuccess,
+                 "rank %d call %d: pass-through failed", rank, call);
+      reasons += dq::engine::reason_name(reason);
+      reasons += ' ';
+    }
+    const std::string r = dq::engine::reason_name(PassReason::kRerouted);
+    const std::string f = dq::engine::reason_name(PassReason::kFailure);
+    const std::string expect = r + " " + r + " " + f + " " + f + " " + r + " ";
+    CHECK_OR(28, reasons == expect && device.failed_allocs == (rank == 1 ? 1 : 0),
+             "rank %d: outcomes '%s' with %d failed allocations, expected '%s' with %d", rank,
+             reasons.c_str(), device.failed_allocs, expect.c_str(), rank == 1 ? 1 : 0);
+    return 0;
+  };
+  if (fault == PlanFault::kBuffers && !all_zero(run_ranks(n, 1, evicted_body, 120), "alloc_fail"))
+    return 1;
   std::printf(
       "alloc_fail %d ranks: rank 1's failed %s passed through on every rank, the next call "
       "without an attempt, then every rank compressed\n",
