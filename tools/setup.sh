@@ -69,5 +69,16 @@ if [ ! -f build/build.ninja ]; then
     echo "tools/setup.sh: meson setup failed (full log: build/meson-logs/meson-log.txt)" >&2
     exit 1
   fi
+elif command -v nvcc >/dev/null 2>&1 &&
+     ! "$py" -c "import json, sys; sys.exit('cuda' not in json.load(open(sys.argv[1]))['host'])" \
+         build/meson-info/intro-compilers.json 2>/dev/null; then
+  # A build configured before nvcc could be found (off PATH, or installed since) has no CUDA
+  # device: Meson finds the language only at configuration.
+  echo "setup: build/ has no CUDA but nvcc is found now: reconfiguring it" >&2
+  if ! log=$("$venv/bin/meson" setup --reconfigure build --native-file "$native" 2>&1); then
+    printf '%s\n' "$log" >&2
+    echo "tools/setup.sh: meson setup --reconfigure failed" >&2
+    exit 1
+  fi
 fi
 "$venv/bin/meson" compile -C build
