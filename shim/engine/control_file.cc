@@ -31,7 +31,8 @@ bool SwitchFile::read() {
     return on_;
   }
   const Stamp now{static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
-                  static_cast<int64_t>(st.st_size), static_cast<uint64_t>(st.st_ino)};
+                  static_cast<int64_t>(st.st_size), static_cast<uint64_t>(st.st_ino),
+                  static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
   if (now == stamp_) return on_;
   stamp_ = now;
   char text[64] = {0};

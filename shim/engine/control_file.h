@@ -28,6 +28,7 @@ class SwitchFile {
     int64_t mtime_ns = -1;  // ns since the epoch; -1: no file
     int64_t size = -1;      // bytes
     uint64_t inode = 0;
+    int64_t ctime_ns = -1;  // status change (a chmod too), ns since the epoch
     bool operator==(const Stamp&) const = default;
   };
   std::string path_;

@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace dq::engine {
 namespace {
@@ -66,9 +68,6 @@ TEST_F(SwitchFileTest, FollowsTheFile) {
   EXPECT_TRUE(sw.read());
 }
 
-// `echo 0 > file` truncates, then writes. Read between the two within one tick of a coarse file
-// clock, the file is empty (on) and its modification time does not change with the write: the
-// write must still be read.
 // A file at the path that cannot be read (a folder here; a mode the job's user cannot read
 // elsewhere) keeps the switch as it was: read as empty, it would turn compression on.
 TEST_F(SwitchFileTest, AnUnreadableFileKeepsTheState) {
@@ -83,6 +82,21 @@ TEST_F(SwitchFileTest, AnUnreadableFileKeepsTheState) {
   EXPECT_TRUE(sw.read());  // missing: on
 }
 
+// A change that leaves the size, the modification time and the inode as they were (a chmod that
+// makes an unreadable file readable again; here a rewrite of the same length with its time set
+// back) changes the status time: the file is read again.
+TEST_F(SwitchFileTest, AChangeSeenOnlyInTheStatusTimeIsRead) {
+  SwitchFile sw(path_);
+  write("0\n", 3000);
+  EXPECT_FALSE(sw.read());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a later status time
+  write("1\n", 3000);
+  EXPECT_TRUE(sw.read());
+}
+
+// `echo 0 > file` truncates, then writes. Read between the two within one tick of a coarse file
+// clock, the file is empty (on) and its modification time does not change with the write: the
+// write must still be read.
 TEST_F(SwitchFileTest, AWriteInTheTickOfItsTruncationIsRead) {
   SwitchFile sw(path_);
   write("", 2000);
