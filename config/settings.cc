@@ -480,6 +480,7 @@ class Loader {
  private:
   void fail(int i, const std::string& what) {
     problems_.push_back({kTable[i].scope, what + consequence(kTable[i])});
+    failed_[i] = true;
   }
 
   // A DYNAMIQ_ variable the table does not hold is a setting the user believes is in force (a
@@ -559,8 +560,11 @@ class Loader {
       derive_codec_spec(s);
     }
     // The target steers only auto's choice of budget: with a fixed budget it would be ignored
-    // while the user believes the error is held to it.
-    if (const int target = index_of("DYNAMIQ_TARGET"); set_[target] && !s->bits_auto) {
+    // while the user believes the error is held to it. Not where DYNAMIQ_BITS or the codec was
+    // refused already (auto with a fixed format, an invalid budget): that message says it, and
+    // the budget here is a reset, not the user's.
+    if (const int target = index_of("DYNAMIQ_TARGET");
+        set_[target] && !s->bits_auto && !failed_[bits] && !failed_[codec]) {
       fail(target, "DYNAMIQ_TARGET=" + s->target + " is used only with DYNAMIQ_BITS=auto (here " +
                        "DYNAMIQ_BITS=" + s->bits + ", a fixed budget)");
       kReset[target](s);
@@ -666,6 +670,7 @@ class Loader {
   void* ctx_;
   const std::vector<std::string>* names_;  // every variable set, where known
   bool set_[kCount] = {};
+  bool failed_[kCount] = {};  // a problem was reported for the entry
   std::vector<Problem> problems_;
 };
 

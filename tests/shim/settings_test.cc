@@ -251,6 +251,11 @@ TEST(Settings, AutoBudgetAndTarget) {
        "DYNAMIQ_TARGET=vnmse:0.01 is used only with DYNAMIQ_BITS=auto (here DYNAMIQ_BITS=5, a "
        "fixed budget); compression is OFF"},
       {{{"DYNAMIQ_TARGET", "mxfp8"}}, "DYNAMIQ_TARGET=mxfp8 is used only with DYNAMIQ_BITS=auto"},
+      // One message where DYNAMIQ_BITS was refused first, not a second about the reset budget.
+      {{{"DYNAMIQ_BITS", "auto"}, {"DYNAMIQ_CODEC", "mxfp8"}, {"DYNAMIQ_TARGET", "mxfp6"}},
+       "DYNAMIQ_BITS=auto is for DYNAMIQ_CODEC=dynamiq only"},
+      {{{"DYNAMIQ_BITS", "automatic"}, {"DYNAMIQ_TARGET", "mxfp6"}},
+       "DYNAMIQ_BITS=automatic is not valid"},
   };
   for (Case& c : cases) {
     c.env.emplace("DYNAMIQ_ENABLE", "1");
