@@ -427,6 +427,9 @@ bool scenario_mismatch(int n) {
     };
     auto env = [&](int rank) {
       Env e{{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_TOPO", "butterfly"}};
+      // A target steers only auto's budget (with a fixed one it is refused, as invalid): every
+      // rank takes auto so that the target alone differs.
+      if (c.key == "DYNAMIQ_TARGET") e.push_back({"DYNAMIQ_BITS", "auto"});
       if (rank == odd) e.push_back({c.key, c.value});
       return e;
     };
