@@ -24,30 +24,44 @@ const char* plugin_path() {
   return path != nullptr ? path : "libnccl-net-dynamiq.so";
 }
 
-// Loads the plugin, connects a pair over loopback and leaves both ends (and the listener) open,
-// as NCCL leaves a connection it abandoned. False with a message when a step fails.
-bool load_and_leave_a_connection(void** lib) {
-  *lib = dlopen(plugin_path(), RTLD_NOW | RTLD_LOCAL);
-  if (*lib == nullptr) return std::fprintf(stderr, "dlopen: %s\n", dlerror()), false;
-  const auto* net = static_cast<const dqNetV11*>(dlsym(*lib, "ncclNetPlugin_v11"));
-  if (net == nullptr) return std::fprintf(stderr, "no ncclNetPlugin_v11\n"), false;
+// A connection left open, as NCCL leaves one it abandoned, and what closes it at the end (the
+// test's own clean-up, so that LeakSanitizer sees nothing left).
+struct LeftOpen {
+  const dqNetV11* net = nullptr;
   void* ctx = nullptr;
-  if (net->init(&ctx, 0x5eedull, nullptr, &LogCapture::logger, nullptr) != dqNetSuccess)
-    return std::fprintf(stderr, "init failed\n"), false;
-  char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
   void* listen_comm = nullptr;
-  if (net->listen(ctx, 0, handle, &listen_comm) != dqNetSuccess)
-    return std::fprintf(stderr, "listen failed\n"), false;
   void* send_comm = nullptr;
   void* recv_comm = nullptr;
-  if (!connect_pair(net, ctx, listen_comm, handle, &send_comm, &recv_comm))
+  void close() const {
+    if (send_comm != nullptr) net->closeSend(send_comm);
+    if (recv_comm != nullptr) net->closeRecv(recv_comm);
+    if (listen_comm != nullptr) net->closeListen(listen_comm);
+    if (ctx != nullptr) net->finalize(ctx);
+  }
+};
+
+// Loads the plugin, connects a pair over loopback and leaves both ends (and the listener) open.
+// False with a message when a step fails.
+bool load_and_leave_a_connection(void** lib, LeftOpen* open) {
+  *lib = dlopen(plugin_path(), RTLD_NOW | RTLD_LOCAL);
+  if (*lib == nullptr) return std::fprintf(stderr, "dlopen: %s\n", dlerror()), false;
+  open->net = static_cast<const dqNetV11*>(dlsym(*lib, "ncclNetPlugin_v11"));
+  const dqNetV11* net = open->net;
+  if (net == nullptr) return std::fprintf(stderr, "no ncclNetPlugin_v11\n"), false;
+  if (net->init(&open->ctx, 0x5eedull, nullptr, &LogCapture::logger, nullptr) != dqNetSuccess)
+    return std::fprintf(stderr, "init failed\n"), false;
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  if (net->listen(open->ctx, 0, handle, &open->listen_comm) != dqNetSuccess)
+    return std::fprintf(stderr, "listen failed\n"), false;
+  if (!connect_pair(net, open->ctx, open->listen_comm, handle, &open->send_comm, &open->recv_comm))
     return std::fprintf(stderr, "connect failed\n"), false;
   return true;
 }
 
 int run() {
   void* lib = nullptr;
-  if (!load_and_leave_a_connection(&lib)) return 1;
+  LeftOpen first, second;
+  if (!load_and_leave_a_connection(&lib, &first)) return 1;
   if (dlclose(lib) != 0) return std::fprintf(stderr, "dlclose: %s\n", dlerror()), 1;
   void* still = dlopen(plugin_path(), RTLD_NOW | RTLD_NOLOAD);
   if (still == nullptr) {
@@ -59,7 +73,10 @@ int run() {
   dlclose(still);                                        // the check's own reference
   std::this_thread::sleep_for(std::chrono::seconds(1));  // the I/O threads wake every 250 ms
   void* again = nullptr;
-  if (!load_and_leave_a_connection(&again)) return 1;
+  if (!load_and_leave_a_connection(&again, &second)) return 1;
+  // The first load's connection is still served by the mapped library: both close cleanly.
+  first.close();
+  second.close();
   std::puts("the plugin stayed mapped after its last dlclose and connected again after a reload");
   return 0;
 }
