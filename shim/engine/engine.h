@@ -21,6 +21,7 @@
 #include "shim/engine/metrics.h"
 #include "shim/engine/nccl_ops.h"
 #include "shim/engine/program.h"
+#include "shim/engine/rung_backoff.h"
 #include "topo/schedule.h"
 
 namespace dq::engine {
@@ -359,15 +360,14 @@ class Engine {
   std::list<std::unique_ptr<Plan>> plans_;  // most recently used first
   // The shapes of recently evicted plans (remember_evicted), and the plans made again for them.
   std::deque<PlanShape> evicted_;
-  // Shapes whose plan could not be made (agreed on every rank): the next `skip` calls of the
-  // shape pass through without another attempt, `next` doubling to kMostSkipped at each failure
-  // of the shape, so a plan that always fails (device memory short, more ranks than a schedule
-  // holds) costs an attempt, its blocking agreement and its warning now and then, not each call.
+  // Shapes whose plan could not be made (agreed on every rank): the calls of the shape its
+  // back-off skips pass through without another attempt (rung_backoff.h), so a plan that always
+  // fails (device memory short, more ranks than a schedule holds) costs an attempt, its blocking
+  // agreement and its warning now and then, not each call.
   struct FailedShape {
     PlanShape shape;
-    uint32_t next = 0, skip = 0;
+    Backoff backoff;
   };
-  static constexpr uint32_t kMostSkipped = 64;  // calls of the shape
   static constexpr size_t kFailedShapesKept = 16;
   std::deque<FailedShape> failed_shapes_;  // most recently failed first
   uint64_t replans_ = 0;

@@ -344,10 +344,8 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
     }
   auto failed = std::find_if(failed_shapes_.begin(), failed_shapes_.end(),
                              [&](const FailedShape& f) { return f.shape == shape; });
-  if (failed != failed_shapes_.end() && failed->skip > 0) {
-    --failed->skip;  // every rank counts the same calls of the shape: no agreement needed
-    return nullptr;
-  }
+  // Every rank counts the same calls of the shape: no agreement needed.
+  if (failed != failed_shapes_.end() && !failed->backoff.take()) return nullptr;
   note_plan_miss(shape);
   const CanaryResult canary = run_canaries();
   // A new plan is agreed before any rank uses it: a failure on one rank (an allocation) must
@@ -382,18 +380,17 @@ Engine::Plan* Engine::plan_for(const CallArgs& call, DType dtype, double bits,
               local[0] ? status_name(status) : "ok");
     if (*nccl_failure == ncclSuccess && any[0] != 0 && !rung_backoff) {
       if (failed == failed_shapes_.end()) {
-        failed_shapes_.push_front(FailedShape{shape});
+        failed_shapes_.push_front(FailedShape{shape, Backoff{}});
         if (failed_shapes_.size() > kFailedShapesKept) failed_shapes_.pop_back();
         failed = failed_shapes_.begin();
       }
-      failed->next = failed->next == 0 ? 1 : std::min(2 * failed->next, kMostSkipped);
-      failed->skip = failed->next;
+      failed->backoff.failed();
       DQ_WARN(Subsys::kEngine,
               "dynamiq: rank %d: a plan for %zu elements could not be made on %s (this rank: "
               "%s); the call and the next %u of its shape pass through on every rank, then one "
               "retries",
               comm_.rank, count, local[0] ? "this rank" : "another rank",
-              local[0] ? status_name(status) : "ok", failed->skip);
+              local[0] ? status_name(status) : "ok", failed->backoff.skips_left());
     }
     retire(std::move(plan));
     if (bucket != nullptr && !bucket_set_up_before) release_bucket(*bucket);

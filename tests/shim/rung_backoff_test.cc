@@ -1,5 +1,6 @@
-// The back-off of a bucket's failed rungs (shim/engine/rung_backoff.h): which predictions of a
-// rung take the default instead, per rung, and a made plan starting the count again.
+// The back-off after failed plans (shim/engine/rung_backoff.h): which predictions of a bucket's
+// rung take the default instead, per rung, a call shape's one count, and a made plan starting the
+// count again.
 #include "shim/engine/rung_backoff.h"
 
 #include <gtest/gtest.h>
@@ -61,6 +62,26 @@ TEST(RungBackoff, NoRungIsAlwaysTaken) {
   b.failed(4);   // out of range: ignored
   EXPECT_TRUE(b.take(-1));
   EXPECT_TRUE(b.take(4));
+}
+
+// One count alone, as the engine keeps for a call shape whose default plan failed: the skips it
+// reports, which the warning names, and a made plan starting again.
+TEST(Backoff, OneCountDoublesReportsItsSkipsAndStartsAgain) {
+  Backoff b;
+  std::string tries;
+  for (int i = 0; i < 12; ++i) tries += b.take() ? 'T' : 'd';
+  EXPECT_EQ(tries, std::string(12, 'T'));
+  b.failed();
+  EXPECT_EQ(b.skips_left(), 1u);
+  b.failed();
+  EXPECT_EQ(b.skips_left(), 2u);
+  EXPECT_FALSE(b.take());
+  EXPECT_EQ(b.skips_left(), 1u);
+  EXPECT_FALSE(b.take());
+  EXPECT_TRUE(b.take());
+  b.made();
+  b.failed();
+  EXPECT_EQ(b.skips_left(), 1u);
 }
 
 }  // namespace
