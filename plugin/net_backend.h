@@ -60,6 +60,11 @@ NetBackend& socket_backend();
 // Never blocks. A send comm's sockets carry nothing back, so any byte, end of stream or error
 // read on one says so. The verbs backend watches its side channel with it.
 Status socket_send_peer_alive(void* send_comm);
+// Drops the socket connect in progress that `handle` (a socket listen handle a connect call was
+// given) names, closing its sockets, and zeroes its connect_state; nothing where it names none
+// (not started, or already made or failed). For the verbs backend, whose set-up can give up on
+// a side-channel connect that NCCL never calls again.
+void socket_forget_connect(void* handle);
 
 // The ibverbs backend (plugin/ibverbs/); usable only when ib_usable() says so.
 NetBackend& ib_backend();

@@ -243,11 +243,16 @@ void Conn::close() {
         if (!done) usleep(100);
       }
     }
-    socket_backend().close_send(side_send);
-    side_send = nullptr;
   }
+  release();
+}
+
+void Conn::release() {
+  if (side_send != nullptr) socket_backend().close_send(side_send);
+  side_send = nullptr;
   if (side_recv != nullptr) socket_backend().close_recv(side_recv);
   side_recv = nullptr;
+  bye_req = nullptr;  // freed with side_recv
   for (ibv_qp* q : qps) verbs().destroy_qp(q);
   qps.clear();
   qp = nullptr;
@@ -356,8 +361,7 @@ Status IbNet::accept(void* listen_comm, void** recv_comm) {
       st = Status::kTimeout;
     }
     if (st != Status::kOk) {
-      // One bad or slow peer does not fail the listener: drop it and go on.
-      p.rc->close();
+      // One bad or slow peer does not fail the listener: drop it (~Pending) and go on.
       lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
       --i;
       continue;

@@ -195,7 +195,6 @@ void SendComm::progress() {  // mu held
 }
 
 RecvComm::~RecvComm() {
-  if (flush) flush->close();
   for (FlushReq* f : flushes) delete f;
   for (RecvReq* r : reqs) {
     for (ibv_mr* m : r->own_mr) {

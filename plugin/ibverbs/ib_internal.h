@@ -202,8 +202,12 @@ struct Conn {
   // The first queue pair's traffic class, service level, timeout and retries, queried back.
   std::string qp_attributes() const;
 
-  // Orderly close: kBye to the peer (bounded wait), then the side channel, QP, CQ, regions.
+  // Orderly close: kBye to the peer (bounded wait), then release().
   void close();
+  // The side channel, QPs, CQ and regions released, without a word to the peer. Idempotent.
+  void release();
+  // A connection dropped on an error path (a set-up that failed half way) leaks nothing.
+  ~Conn() { release(); }
 
   // A failed work completion in words, for fail().
   std::string wc_error(const ibv_wc& wc) const;
@@ -363,11 +367,18 @@ struct ListenComm {
     char reply[NCCL_NET_HANDLE_MAXSIZE] = {};
     int stage = 0;  // 0: receiving kConnect, 1: connecting back, 2: sending kAccept
     Clock::time_point start = Clock::now();
+
+    // A set-up dropped (failed, timed out, or its listener closed): its connect back, which no
+    // later accept call would resume, and its connection closed.
+    ~Pending() {
+      if (stage == 1) socket_forget_connect(reply);
+      if (rc) rc->close();
+    }
   };
   std::vector<std::unique_ptr<Pending>> pending;
 
   ~ListenComm() {
-    for (auto& p : pending) p->rc->close();
+    pending.clear();
     if (sock_lc != nullptr) socket_backend().close_listen(sock_lc);
   }
 };
@@ -388,7 +399,10 @@ struct PendingConnect {
   Clock::time_point start = Clock::now();
   bool wait_logged = false;  // the INFO line that the peer has not answered yet was logged
 
+  // A connect dropped (failed or timed out): in stage 0 its side-channel connect, which no
+  // later connect call would resume, then this end's listener and the connection.
   ~PendingConnect() {
+    if (stage == 0) socket_forget_connect(sock_handle);
     if (reply_lc != nullptr) socket_backend().close_listen(reply_lc);
     if (sc) sc->close();
   }

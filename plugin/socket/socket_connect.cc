@@ -137,6 +137,25 @@ Status SocketNet::connect(const CommContext& ctx, int dev, void* handle, void** 
   return st;
 }
 
+}  // namespace dq::net::sock
+
+namespace dq::net {
+
+void socket_forget_connect(void* handle) {
+  wire::Handle h;
+  std::memcpy(&h, handle, sizeof(h));
+  auto* pc = static_cast<sock::PendingConnect*>(sock::pending_connects().find(h.connect_state));
+  if (pc == nullptr) return;
+  sock::pending_connects().remove(pc);
+  delete pc;  // closes its sockets
+  h.connect_state = 0;
+  std::memcpy(handle, &h, sizeof(h));
+}
+
+}  // namespace dq::net
+
+namespace dq::net::sock {
+
 Status SocketNet::accept(void* listen_comm, void** recv_comm) {
   *recv_comm = nullptr;
   auto* lc = static_cast<ListenComm*>(listen_comm);

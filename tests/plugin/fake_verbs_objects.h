@@ -4,6 +4,8 @@
 // context and protection domain the test owns. The context's inline operations (post_send,
 // post_recv, poll_cq: <infiniband/verbs.h> calls them through the context) are each test's own.
 #pragma once
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 
 #include "plugin/ibverbs/ib_internal.h"
@@ -16,16 +18,35 @@ inline uint32_t next_number() {
   return n++;
 }
 
+// The objects made and not yet destroyed, for the tests that a failed set-up leaks nothing.
+struct Live {
+  std::atomic<int> cqs{0}, qps{0}, mrs{0};
+};
+inline Live& live() {
+  static Live l;
+  return l;
+}
+
+// Registrations that succeed before the rest fail as ibv_reg_mr fails (NULL, errno ENOMEM); -1
+// (the default): none fails.
+inline std::atomic<int>& registrations_before_failure() {
+  static std::atomic<int> n{-1};
+  return n;
+}
+
 inline ibv_cq* create_cq(ibv_context* ctx, int, void*, ibv_comp_channel*, int) {
+  ++live().cqs;
   auto* cq = new ibv_cq{};
   cq->context = ctx;
   return cq;
 }
 inline int destroy_cq(ibv_cq* cq) {
+  --live().cqs;
   delete cq;
   return 0;
 }
 inline ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  ++live().qps;
   auto* qp = new ibv_qp{};
   qp->context = pd->context;
   qp->pd = pd;
@@ -35,6 +56,7 @@ inline ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   return qp;
 }
 inline int destroy_qp(ibv_qp* qp) {
+  --live().qps;
   delete qp;
   return 0;
 }
@@ -46,6 +68,12 @@ inline int query_qp(ibv_qp*, ibv_qp_attr* attr, int, ibv_qp_init_attr*) {
   return 0;
 }
 inline ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, int) {
+  if (registrations_before_failure().load() == 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  if (registrations_before_failure().load() > 0) --registrations_before_failure();
+  ++live().mrs;
   auto* mr = new ibv_mr{};
   mr->pd = pd;
   mr->addr = addr;
@@ -54,6 +82,7 @@ inline ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, int) {
   return mr;
 }
 inline int dereg_mr(ibv_mr* mr) {
+  --live().mrs;
   delete mr;
   return 0;
 }

@@ -2,13 +2,19 @@
 // process (plain objects: fake_verbs_objects.h) and the real socket side channel on loopback.
 // With NCCL's lazy connection a peer may call accept minutes after the connect started (a pipeline
 // stage still in its first iteration, a compilation): the connect must wait for it while the peer
-// lives, and fail soon once the peer is gone.
+// lives, and fail soon once the peer is gone. A set-up that gives up while its side channel's own
+// socket connect is still in progress leaves nothing open.
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -24,6 +30,40 @@ int fake_post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) {
 int fake_poll_cq(ibv_cq*, int, ibv_wc*) {
   return 0;
 }
+
+// This process's open file descriptors.
+int open_fds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (readdir(d) != nullptr) ++n;  // bounded by the directory's entries
+  closedir(d);
+  return n;
+}
+
+// A loopback listener whose accept queue is full (backlog 0, one connection never accepted):
+// Linux drops further SYNs, so a connect to it stays in progress.
+struct FullListener {
+  int fd = -1, held = -1;
+  uint16_t port_be = 0;
+  FullListener() {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 0) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return;
+    port_be = a.sin_port;
+    held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (held >= 0 && connect(held, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) port_be = 0;
+  }
+  ~FullListener() {
+    if (held >= 0) close(held);
+    if (fd >= 0) close(fd);
+  }
+};
 
 class IbConnectTest : public ::testing::Test {
  protected:
@@ -125,6 +165,88 @@ TEST_F(IbConnectTest, PeerThatDiesBeforeAcceptingFailsTheConnectSoon) {
                              << " ms after its peer died";
   EXPECT_EQ(sc, nullptr);
   EXPECT_LT(ms_since(t), 2000);
+}
+
+TEST_F(IbConnectTest, ConnectTimingOutInItsSideChannelConnectLeavesNoSocketOpen) {
+  setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
+  FullListener full;
+  ASSERT_NE(full.port_be, 0);
+  void* lc = nullptr;
+  ASSERT_EQ(net_.listen(CommContext{}, 0, handle_, &lc), Status::kOk);
+  ibwire::Handle h;
+  std::memcpy(&h, handle_, sizeof(h));
+  ASSERT_EQ(h.sock.family, AF_INET);
+  h.sock.port_be = full.port_be;  // the side channel's connect never completes
+  std::memcpy(handle_, &h, sizeof(h));
+  const int before = open_fds();
+  void* sc = nullptr;
+  ASSERT_EQ(net_.connect(CommContext{}, 0, handle_, &sc), Status::kOk);
+  ASSERT_EQ(stage(), 0);
+  // The verbs set-up's bound passes first (its start precedes its socket connect's): the order
+  // that left the socket connect behind.
+  std::memcpy(&h, handle_, sizeof(h));
+  reinterpret_cast<PendingConnect*>(h.connect_state)->start -= std::chrono::seconds(10);
+  EXPECT_EQ(net_.connect(CommContext{}, 0, handle_, &sc), Status::kTimeout);
+  EXPECT_EQ(sc, nullptr);
+  EXPECT_EQ(stage(), -1);
+  EXPECT_EQ(open_fds(), before) << "a socket of the abandoned set-up is still open";
+  EXPECT_EQ(net_.close_listen(lc), Status::kOk);
+}
+
+TEST_F(IbConnectTest, AcceptTimingOutInItsConnectBackLeavesNoSocketOpen) {
+  setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
+  FullListener full;
+  ASSERT_NE(full.port_be, 0);
+  void* lc = nullptr;
+  ASSERT_EQ(net_.listen(CommContext{}, 0, handle_, &lc), Status::kOk);
+  // A connector's kConnect whose reply handle names the full listener: the acceptor's connect
+  // back never completes.
+  Conn connector;
+  connector.dev = &dev_;
+  ASSERT_EQ(connector.make_qps(1), Status::kOk);
+  Ctl c{};
+  connector.fill_ctl(&c, ibwire::kConnect);
+  c.addr = reinterpret_cast<uint64_t>(&c);
+  char reply[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* reply_lc = nullptr;
+  ASSERT_EQ(socket_backend().listen(CommContext{}, 0, reply, &reply_lc), Status::kOk);
+  wire::Handle rh;
+  std::memcpy(&rh, reply, sizeof(rh));
+  rh.port_be = full.port_be;
+  rh.nsocks = 1;
+  std::memcpy(c.reply_handle, &rh, sizeof(rh));
+  ibwire::Handle h;
+  std::memcpy(&h, handle_, sizeof(h));
+  void* side = nullptr;
+  const Clock::time_point t = Clock::now();
+  while (side == nullptr && ms_since(t) < 5000) {
+    ASSERT_EQ(socket_backend().connect(CommContext{}, 0, &h.sock, &side), Status::kOk);
+  }
+  ASSERT_NE(side, nullptr);
+  void* req = nullptr;
+  ASSERT_EQ(socket_backend().isend(side, &c, sizeof(c), kSideTag, nullptr, &req), Status::kOk);
+  ASSERT_NE(req, nullptr);
+  for (int done = 0; done == 0 && ms_since(t) < 5000;)
+    ASSERT_EQ(socket_backend().test(req, &done, nullptr), Status::kOk);
+  const int before = open_fds();
+  auto* listener = static_cast<ListenComm*>(lc);
+  void* rc = nullptr;
+  while ((listener->pending.empty() || listener->pending[0]->stage != 1) && ms_since(t) < 5000) {
+    ASSERT_EQ(net_.accept(lc, &rc), Status::kOk);
+    ASSERT_EQ(rc, nullptr);
+    usleep(1000);
+  }
+  ASSERT_EQ(listener->pending.size(), 1u);
+  ASSERT_EQ(listener->pending[0]->stage, 1) << "the acceptor should be connecting back";
+  // The set-up's bound passes before its connect back's own (which starts later).
+  listener->pending[0]->start -= std::chrono::seconds(10);
+  ASSERT_EQ(net_.accept(lc, &rc), Status::kOk);  // one slow peer does not fail the listener
+  EXPECT_EQ(rc, nullptr);
+  EXPECT_TRUE(listener->pending.empty());
+  EXPECT_EQ(open_fds(), before) << "a socket of the abandoned set-up is still open";
+  EXPECT_EQ(socket_backend().close_send(side), Status::kOk);
+  EXPECT_EQ(socket_backend().close_listen(reply_lc), Status::kOk);
+  EXPECT_EQ(net_.close_listen(lc), Status::kOk);
 }
 
 }  // namespace

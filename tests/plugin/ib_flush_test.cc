@@ -156,5 +156,58 @@ TEST_F(IbFlushTest, NothingToFlushGivesNull) {
   EXPECT_EQ(fake_.reads_posted, 0);
 }
 
+TEST_F(IbFlushTest, FlushQueuePairThatCannotBeMadeLeaksNothingAndIsMadeLater) {
+  // The flush QP's scratch word cannot be registered (its QP and CQ are made by then): the flush
+  // fails, and what its set-up made is gone; the next flush makes it.
+  const int qps = fake_verbs::live().qps, cqs = fake_verbs::live().cqs;
+  const int mrs = fake_verbs::live().mrs;
+  fake_verbs::registrations_before_failure() = 0;
+  void* req = nullptr;
+  EXPECT_NE(net_.iflush(rc_, 1, data_, sizes_, mhandles_, &req), Status::kOk);
+  fake_verbs::registrations_before_failure() = -1;
+  EXPECT_EQ(req, nullptr);
+  EXPECT_EQ(fake_verbs::live().qps, qps) << "the failed flush QP's queue pair leaked";
+  EXPECT_EQ(fake_verbs::live().cqs, cqs) << "its completion queue leaked";
+  EXPECT_EQ(fake_verbs::live().mrs, mrs);
+  ASSERT_EQ(net_.iflush(rc_, 1, data_, sizes_, mhandles_, &req), Status::kOk);
+  ASSERT_NE(req, nullptr);
+  EXPECT_EQ(fake_verbs::live().qps, qps + 1);  // the flush QP, until the comm closes
+  fake_.executed = fake_.queue.size();
+  int done = 0;
+  for (int i = 0; i < 100 && done == 0; ++i) ASSERT_EQ(net_.test(req, &done, nullptr), Status::kOk);
+  EXPECT_EQ(done, 1);
+}
+
+// Every verbs object a receive comm made, its flush QP's included, is gone once it closes.
+TEST(IbFlushClose, ClosingTheCommDestroysItsFlushQueuePair) {
+  FakeDevice fake;
+  g_fake = &fake;
+  fake.ctx.ops.post_send = fake_post_send;
+  fake.ctx.ops.poll_cq = fake_poll_cq;
+  IbDevice dev;
+  fake_verbs::install(&fake.ctx, &fake.pd, &dev);
+  dev.flush_all = true;
+  IbNet net;
+  const int qps = fake_verbs::live().qps, cqs = fake_verbs::live().cqs;
+  const int mrs = fake_verbs::live().mrs;
+  auto* rc = new RecvComm;
+  rc->dev = &dev;
+  rc->peer = "fake peer";
+  char buffer[64] = {};
+  void* data = buffer;
+  int size = sizeof(buffer);
+  void* mhandle = nullptr;
+  ASSERT_EQ(net.reg_mr(rc, buffer, sizeof(buffer), NCCL_PTR_HOST, &mhandle), Status::kOk);
+  void* req = nullptr;
+  ASSERT_EQ(net.iflush(rc, 1, &data, &size, &mhandle, &req), Status::kOk);
+  EXPECT_GT(fake_verbs::live().qps, qps);
+  EXPECT_EQ(net.dereg_mr(rc, mhandle), Status::kOk);
+  EXPECT_EQ(net.close_recv(rc), Status::kOk);
+  EXPECT_EQ(fake_verbs::live().qps, qps);
+  EXPECT_EQ(fake_verbs::live().cqs, cqs);
+  EXPECT_EQ(fake_verbs::live().mrs, mrs);
+  g_fake = nullptr;
+}
+
 }  // namespace
 }  // namespace dq::net::ib
