@@ -33,6 +33,16 @@ inline dq::engine::NcclOps cpu_nccl_ops() {
   return ops;
 }
 
+// A call of `count` elements from `send` into `recv`; the rest as CallArgs has it (an FP32 SUM
+// all-reduce on the default stream, outside a group).
+inline dq::engine::CallArgs call_of(const void* send, void* recv, size_t count) {
+  dq::engine::CallArgs args;
+  args.send = send;
+  args.recv = recv;
+  args.count = count;
+  return args;
+}
+
 // Settings parsed from `env` alone (not the process environment); exits 2 on an invalid value.
 inline dq::config::Settings settings_for(const std::map<std::string, std::string>& env) {
   dq::config::Settings s;

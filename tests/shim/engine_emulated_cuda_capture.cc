@@ -52,10 +52,7 @@ float exact_sum(int n, int k, size_t i) {
 int eager_call(Engine& eng, Device* d, dq::engine::StreamHandle stream,
                dq::engine::EventHandle done, const std::vector<float>& in, std::vector<float>* out,
                int rank, int k) {
-  CallArgs call;
-  call.send = in.data();
-  call.recv = out->data();
-  call.count = in.size();
+  CallArgs call = dq::test::call_of(in.data(), out->data(), in.size());
   call.stream = static_cast<cudaStream_t>(stream);
   PassReason reason = PassReason::kDisabled;
   const ncclResult_t r = eng.run(call, &reason);
@@ -93,10 +90,7 @@ int capture_body(int n, int rank, ncclComm_t comm) {
   const std::vector<float> in = integer_input(rank, 2, kCount);
   CHECK_OR(3, dq::engine::emulated_cuda_begin_capture(cuda.get(), stream) == dq::Status::kOk,
            "rank %d: begin capture", rank);
-  CallArgs call;
-  call.send = in.data();
-  call.recv = out.data();
-  call.count = kCount;
+  CallArgs call = dq::test::call_of(in.data(), out.data(), kCount);
   call.stream = static_cast<cudaStream_t>(stream);
   PassReason reason = PassReason::kRerouted;
   const ncclResult_t r = eng.run(call, &reason);
@@ -161,10 +155,7 @@ int standby_capture_body(int n, int rank, ncclComm_t comm) {
   CHECK_OR(3, dq::engine::emulated_cuda_begin_capture(cuda.get(), stream) == dq::Status::kOk,
            "rank %d: begin capture", rank);
   for (const bool in_group : {true, false}) {
-    CallArgs call;
-    call.send = in.data();
-    call.recv = out.data();
-    call.count = kCount;
+    CallArgs call = dq::test::call_of(in.data(), out.data(), kCount);
     call.stream = static_cast<cudaStream_t>(stream);
     call.in_group = in_group;
     PassReason reason = PassReason::kRerouted;
@@ -181,10 +172,7 @@ int standby_capture_body(int n, int rank, ncclComm_t comm) {
   // After the capture: the handshake (rank 1's stand-in), then each call passes through exactly.
   for (int k = 1; k < 3; ++k) {
     const std::vector<float> eager = integer_input(rank, k, kCount);
-    CallArgs call;
-    call.send = eager.data();
-    call.recv = out.data();
-    call.count = kCount;
+    CallArgs call = dq::test::call_of(eager.data(), out.data(), kCount);
     call.stream = static_cast<cudaStream_t>(stream);
     PassReason reason = PassReason::kRerouted;
     const ncclResult_t r = eng.run(call, &reason);

@@ -98,6 +98,7 @@ using dq::engine::Device;
 using dq::engine::Engine;
 using dq::engine::PassReason;
 
+using dq::test::call_of;
 using dq::test::cpu_nccl_ops;
 using dq::test::settings_for;
 
@@ -107,10 +108,7 @@ ncclResult_t all_reduce_once(const dq::config::Settings& settings, const dq::eng
                              ncclComm_t comm, int rank, int n, const std::vector<float>& in,
                              std::vector<float>* out, PassReason* reason) {
   Engine engine(settings, true, {comm, rank, n}, ops, dq::engine::host_device(), nullptr, true);
-  CallArgs args;
-  args.send = in.data();
-  args.recv = out->data();
-  args.count = in.size();
+  CallArgs args = call_of(in.data(), out->data(), in.size());
   return engine.run(args, reason);
 }
 
@@ -402,10 +400,7 @@ int scenario_alloc_fail(int n, PlanFault fault) {
       (fault == PlanFault::kEvents ? device.failing_events
        : budget_scratch            ? device.failing_scratch
                                    : device.failing) = rank == 1 && call <= 1;
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
+      CallArgs args = call_of(in.data(), out.data(), kCount);
       PassReason reason;
       CHECK_OR(20, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
       if (reason != PassReason::kRerouted) {
@@ -454,10 +449,7 @@ int scenario_alloc_fail(int n, PlanFault fault) {
     const size_t counts[] = {kA, kB, kA, kA, kA};
     for (int call = 0; call < 5; ++call) {
       device.failing = rank == 1 && (call == 2 || call == 3);
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = counts[call];
+      CallArgs args = call_of(in.data(), out.data(), counts[call]);
       PassReason reason;
       CHECK_OR(26, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, call);
       if (reason != PassReason::kRerouted)
@@ -519,10 +511,7 @@ int scenario_stalled_wait(int n) {
     std::vector<float> in(kCount, 1.0f), out(kCount);
     for (int call = 0; call < window + 3; ++call) {
       device.stalled = call == window;
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
+      CallArgs args = call_of(in.data(), out.data(), kCount);
       PassReason reason;
       const int waits = device.bounded_waits;
       const auto t0 = std::chrono::steady_clock::now();
@@ -565,10 +554,7 @@ int scenario_stalled_wait(int n) {
     Engine engine(long_bound, true, {comms[0], rank, n}, ops, &device, nullptr, true);
     constexpr size_t kCount = 1 << 20;
     std::vector<float> in(kCount, 1.0f), out(kCount);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
+    CallArgs args = call_of(in.data(), out.data(), kCount);
     PassReason reason;
     for (int call = 0; call < window; ++call)
       CHECK_OR(56, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
@@ -597,10 +583,7 @@ int scenario_stalled_wait(int n) {
   auto aborted_body = [&](int rank, ncclComm_t* comms) -> int {
     constexpr size_t kCount = 1 << 20;
     std::vector<float> in(kCount, 1.0f), out(kCount, -1.0f);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
+    CallArgs args = call_of(in.data(), out.data(), kCount);
     for (const Abort mode : {Abort::kDuringWait, Abort::kBeforeStart, Abort::kDuringEnqueue}) {
       std::atomic<bool> aborted{false};
       FailingDevice device(dq::engine::host_device());
@@ -783,10 +766,7 @@ int scenario_corrupt(int n) {
     constexpr size_t kCount = 1 << 20;
     std::vector<float> in(kCount), out(kCount, 0.0f);
     for (size_t i = 0; i < kCount; ++i) in[i] = gradient_value(rank, i);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
+    CallArgs args = call_of(in.data(), out.data(), kCount);
     PassReason reason;
     // One clean call first: the engine works on this data.
     CHECK_OR(40, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
@@ -827,10 +807,7 @@ int scenario_layout_order(int n) {
       FailingDevice device(dq::engine::host_device());
       device.batched_layouts = batched == 1;
       Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out[batched].data();
-      args.count = kCount;
+      CallArgs args = call_of(in.data(), out[batched].data(), kCount);
       PassReason reason;
       CHECK_OR(100, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
                "rank %d: the call failed or passed through (%s)", rank,
@@ -884,10 +861,7 @@ int setup_fail_body(const dq::config::Settings& settings, int n, int rank, ncclC
   constexpr size_t kCount = 1 << 20;
   std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount, 0.0f);
   for (int call = 0; call < 2; ++call) {
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
+    CallArgs args = call_of(in.data(), out.data(), kCount);
     if (call == 0) {
       // Inside a caller's group, before the handshake, the interceptor holds a call back to the
       // group's end when the engine answers kInGroup, and runs it through the engine there (as
@@ -975,10 +949,7 @@ int scenario_not_opted_in(int n) {
     Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), dq::engine::host_device(),
                   nullptr, false);
     std::vector<float> in(1 << 20, 1.0f), out(1 << 20);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = in.size();
+    CallArgs args = call_of(in.data(), out.data(), in.size());
     PassReason reason;
     CHECK_OR(70, engine.run(args, &reason) == ncclSuccess, "rank %d: error", rank);
     CHECK_OR(71, reason == PassReason::kNotOptedIn, "rank %d: counted as %s, not not_opted_in",
@@ -1023,10 +994,7 @@ int scenario_plan_cache(int n) {
         for (size_t count : counts) {
           inputs.push_back(make_input(rank + round, count, false));
           std::vector<float> out(count);
-          CallArgs args;
-          args.send = inputs.back().data();
-          args.recv = out.data();
-          args.count = count;
+          CallArgs args = call_of(inputs.back().data(), out.data(), count);
           args.stream = static_cast<cudaStream_t>(stream);
           PassReason reason;
           CHECK_OR(130, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
@@ -1112,10 +1080,7 @@ int blocks_and_calls(int n, int rank, ncclComm_t comm) {
   constexpr size_t kBlock = (1 << 20) / 4;  // elements per 1 MiB FP32 block
   std::vector<float> in(2 * kBlock), out(2 * kBlock), again(2 * kBlock);
   for (size_t i = 0; i < kBlock; ++i) in[i] = in[kBlock + i] = gradient_value(rank, i);
-  CallArgs args;
-  args.send = in.data();
-  args.recv = out.data();
-  args.count = in.size();
+  CallArgs args = call_of(in.data(), out.data(), in.size());
   PassReason reason;
   CHECK_OR(30, engine.run(args, &reason) == ncclSuccess, "rank %d: error", rank);
   CHECK_OR(31, reason == PassReason::kRerouted, "rank %d: not compressed (%s)", rank,
@@ -1342,10 +1307,7 @@ int scenario_auto(int n) {
           // Rank 1 holds a NaN: no prediction next (not in the dense run, which counts calls).
           const bool poisoned = s == 0 && k == 2 && !dense;
           if (poisoned && rank == 1) in[100] = NAN;
-          CallArgs args;
-          args.send = in.data();
-          args.recv = out.data();
-          args.count = count;
+          CallArgs args = call_of(in.data(), out.data(), count);
           PassReason reason;
           CHECK_OR(90, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
                    "rank %d: call %d of %zu elements not compressed (%s)", rank, k, count,
@@ -1433,10 +1395,7 @@ double predicted_after_calls(int n, int rank, ncclComm_t comm, const dq::config:
   Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), dq::engine::host_device(), metrics,
                 true);
   std::vector<float> out(in.size());
-  CallArgs args;
-  args.send = in.data();
-  args.recv = out.data();
-  args.count = in.size();
+  CallArgs args = call_of(in.data(), out.data(), in.size());
   PassReason reason;
   for (int k = 0; k < calls; ++k) {
     if (engine.run(args, &reason) != ncclSuccess || reason != PassReason::kRerouted) return -2;
@@ -1517,10 +1476,7 @@ int scenario_check(int n) {
         // every sampled one is non-finite.
         for (size_t i = 0; k == 9 && rank == 2 && i < kCount; i += 256) in[i] = NAN;
         const bool in_place = k % 4 == 3;  // checked calls in place too
-        CallArgs args;
-        args.send = in.data();
-        args.recv = in_place ? in.data() : out.data();
-        args.count = kCount;
+        CallArgs args = call_of(in.data(), in_place ? in.data() : out.data(), kCount);
         PassReason reason;
         CHECK_OR(110, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
                  "rank %d: check %d call %d not compressed (%s)", rank, with_check, k,
@@ -1541,10 +1497,7 @@ int scenario_check(int n) {
       }
       // Two more calls so the last check (call 11) is read: armed by one, read by the next.
       std::vector<float> in(kCount, 1.0f), out(kCount);
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
+      CallArgs args = call_of(in.data(), out.data(), kCount);
       PassReason reason;
       for (int k = 0; k < 2; ++k)
         CHECK_OR(111, engine.run(args, &reason) == ncclSuccess, "rank %d: tail call", rank);
@@ -1608,10 +1561,7 @@ double small_integers_sum(size_t i, int n) {
 ncclResult_t all_reduce_small_integers(Engine& engine, const std::vector<float>& in,
                                        std::vector<float>* out, int n, PassReason* reason,
                                        double* worst) {
-  CallArgs args;
-  args.send = in.data();
-  args.recv = out->data();
-  args.count = in.size();
+  CallArgs args = call_of(in.data(), out->data(), in.size());
   const ncclResult_t r = engine.run(args, reason);
   *worst = 0;
   for (size_t i = 0; i < in.size(); ++i)
@@ -1734,10 +1684,7 @@ int scenario_enqueue_fail(int n) {
     std::vector<float> in(kCount, static_cast<float>(rank + 1)), out(kCount);
     FailingDevice device(dq::engine::host_device());
     Engine engine(settings, true, {comms[0], rank, n}, cpu_nccl_ops(), &device, nullptr, true);
-    CallArgs args;
-    args.send = in.data();
-    args.recv = out.data();
-    args.count = kCount;
+    CallArgs args = call_of(in.data(), out.data(), kCount);
     PassReason reason;
     // The handshake and the plan's agreement first: a compressed call on every rank.
     CHECK_OR(120, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
@@ -1781,10 +1728,7 @@ int scenario_nccl_code_kept(int n) {
       FailingDevice device(dq::engine::host_device());
       Engine engine(settings, true, {comms[where], rank, n}, cpu_nccl_ops(), &device, nullptr,
                     true);
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
+      CallArgs args = call_of(in.data(), out.data(), kCount);
       PassReason reason;
       if (where != kHandshake) {
         CHECK_OR(130, engine.run(args, &reason) == ncclSuccess && reason == PassReason::kRerouted,
@@ -1828,10 +1772,7 @@ int scenario_auto_plan_fail(int n) {
       std::vector<float> in(kCount), out(kCount);
       for (size_t i = 0; i < kCount; ++i) in[i] = noisy_value(rank, i + 31 * 256 * k, false);
       device.failing = rank == 1 && k == 1;
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
+      CallArgs args = call_of(in.data(), out.data(), kCount);
       PassReason reason;
       CHECK_OR(110, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, k);
       const PassReason expect = k == 1 ? PassReason::kFailure : PassReason::kRerouted;
@@ -1873,10 +1814,7 @@ int scenario_auto_plan_fail_always(int n) {
       std::vector<float> in(kCount), out(kCount);
       for (size_t i = 0; i < kCount; ++i) in[i] = noisy_value(rank, i + 31 * 256 * k, false);
       device.failing = rank == 1 && k >= 1;
-      CallArgs args;
-      args.send = in.data();
-      args.recv = out.data();
-      args.count = kCount;
+      CallArgs args = call_of(in.data(), out.data(), kCount);
       PassReason reason;
       CHECK_OR(120, engine.run(args, &reason) == ncclSuccess, "rank %d call %d: error", rank, k);
       CHECK_OR(121, reason == PassReason::kRerouted || reason == PassReason::kFailure,

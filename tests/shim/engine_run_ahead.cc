@@ -102,10 +102,7 @@ uint64_t checks_read(const dq::engine::CommMetrics& metrics) {
 
 int call_engine(Engine& engine, const std::vector<float>& in, std::vector<float>* out,
                 cudaStream_t stream, int rank, int k) {
-  CallArgs args;
-  args.send = in.data();
-  args.recv = out->data();
-  args.count = kCount;
+  CallArgs args = dq::test::call_of(in.data(), out->data(), kCount);
   args.stream = stream;
   PassReason reason;
   const ncclResult_t r = engine.run(args, &reason);
