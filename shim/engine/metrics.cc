@@ -27,6 +27,7 @@ struct Registry {
   std::vector<std::shared_ptr<CommMetrics>> comms;
   std::atomic<int64_t> next_due_ns{0};
   bool warned = false;
+  bool render_failed = false;  // a write threw: said once
   bool atexit_registered = false;
   // The process that last registered a communicator. A child forked from it without exec that
   // exits normally (os.fork() then sys.exit(), a C++ helper process; Python's multiprocessing
@@ -490,7 +491,7 @@ std::string path_locked(const Registry& r, const ProcessLabels& labels) {
 }
 
 // Caller holds the registry mutex.
-void write_locked(Registry& r) {
+void write_unguarded(Registry& r) {
   const config::Settings& s = config::global();
   if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
   ProcessLabels labels = first_labels();
@@ -511,6 +512,26 @@ void write_locked(Registry& r) {
   }
   if (!r.last_path.empty() && r.last_path != path) ::unlink(r.last_path.c_str());
   r.last_path = path;
+}
+
+// A write runs inside the job's NCCL calls (a passed-through one before it is handed to NCCL, a
+// communicator's destroy before NCCL's): whatever it throws (std::bad_alloc rendering the file
+// with memory short) ends here, or that rank would skip the NCCL call its peers wait in. The write
+// is skipped, said once; the next one tries again.
+void write_locked(Registry& r) {
+  try {
+    write_unguarded(r);
+  } catch (...) {
+    if (!r.render_failed) {
+      r.render_failed = true;
+      try {  // the log line may need memory too
+        DQ_WARN(Subsys::kShim,
+                "dynamiq: the metrics file could not be rendered (out of memory?); this write is "
+                "skipped (compression is unaffected)");
+      } catch (...) {
+      }
+    }
+  }
 }
 
 }  // namespace

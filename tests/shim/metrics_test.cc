@@ -2,6 +2,7 @@
 // how it is labelled.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -308,6 +309,44 @@ TEST(Metrics, DestroyedCommunicatorsAndTheExitAreWritten) {
   EXPECT_EQ(doc["communicators"][0]["calls"]["rerouted"], 11);
   EXPECT_EQ(doc["communicators"][1]["calls"]["rerouted"], 7);
   EXPECT_EQ(doc["job"], job) << doc.dump();
+}
+
+// Virtual memory this process maps now, in bytes (VmSize), or 0.
+size_t mapped_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))  // bounded by the file
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  return 0;
+}
+
+// A write inside a call, with memory short: the render throws std::bad_alloc. The write is
+// skipped and the caller goes on (the interceptor hands the call to NCCL next; an exception would
+// skip it on this rank while its peers wait in it).
+TEST(Metrics, AWriteWithoutMemoryIsSkippedAndThrowsNothing) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers map their shadow memory beyond any address-space limit";
+#else
+  const pid_t child = fork();
+  if (child == 0) {
+    const std::string path = "/tmp/dq-metrics-oom-" + std::to_string(getpid()) + ".json";
+    setenv("DYNAMIQ_METRICS_FILE", path.c_str(), 1);
+    setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+    // A 64 MiB name: the rendered file needs more than the 16 MiB of address space left.
+    auto m = metrics_register(0, std::string(64u << 20, 'x'), 0, 2);
+    const size_t now = mapped_bytes();
+    if (now == 0) _exit(2);
+    const rlimit limit{now + (16u << 20), now + (16u << 20)};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    metrics_flush();  // threw std::bad_alloc out of here: the child ends with SIGABRT
+    std::remove(path.c_str());
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << " (a signal: the write threw; 2, 3: the limit was not set)";
+#endif
 }
 
 // The file's name moves once the job is known (%j: the pid until a communicator made from a unique
