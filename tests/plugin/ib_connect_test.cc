@@ -96,6 +96,14 @@ class IbConnectTest : public ::testing::Test {
     }
   }
 
+  // A verbs listener on handle_ (*lc) and full_ up, with a 300 ms DYNAMIQ_NET_TIMEOUT_MS.
+  void listen_beside_a_full_listener(void** lc) {
+    setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
+    ASSERT_NE(full_.port_be, 0);
+    ASSERT_EQ(net_.listen(CommContext{}, 0, handle_, lc), Status::kOk);
+  }
+
+  FullListener full_;
   ibv_context ctx_{};
   ibv_pd pd_{};
   IbDevice dev_;
@@ -168,15 +176,12 @@ TEST_F(IbConnectTest, PeerThatDiesBeforeAcceptingFailsTheConnectSoon) {
 }
 
 TEST_F(IbConnectTest, ConnectTimingOutInItsSideChannelConnectLeavesNoSocketOpen) {
-  setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
-  FullListener full;
-  ASSERT_NE(full.port_be, 0);
   void* lc = nullptr;
-  ASSERT_EQ(net_.listen(CommContext{}, 0, handle_, &lc), Status::kOk);
+  ASSERT_NO_FATAL_FAILURE(listen_beside_a_full_listener(&lc));
   ibwire::Handle h;
   std::memcpy(&h, handle_, sizeof(h));
   ASSERT_EQ(h.sock.family, AF_INET);
-  h.sock.port_be = full.port_be;  // the side channel's connect never completes
+  h.sock.port_be = full_.port_be;  // the side channel's connect never completes
   std::memcpy(handle_, &h, sizeof(h));
   const int before = open_fds();
   void* sc = nullptr;
@@ -194,11 +199,8 @@ TEST_F(IbConnectTest, ConnectTimingOutInItsSideChannelConnectLeavesNoSocketOpen)
 }
 
 TEST_F(IbConnectTest, AcceptTimingOutInItsConnectBackLeavesNoSocketOpen) {
-  setenv("DYNAMIQ_NET_TIMEOUT_MS", "300", 1);
-  FullListener full;
-  ASSERT_NE(full.port_be, 0);
   void* lc = nullptr;
-  ASSERT_EQ(net_.listen(CommContext{}, 0, handle_, &lc), Status::kOk);
+  ASSERT_NO_FATAL_FAILURE(listen_beside_a_full_listener(&lc));
   // A connector's kConnect whose reply handle names the full listener: the acceptor's connect
   // back never completes.
   Conn connector;
@@ -212,7 +214,7 @@ TEST_F(IbConnectTest, AcceptTimingOutInItsConnectBackLeavesNoSocketOpen) {
   ASSERT_EQ(socket_backend().listen(CommContext{}, 0, reply, &reply_lc), Status::kOk);
   wire::Handle rh;
   std::memcpy(&rh, reply, sizeof(rh));
-  rh.port_be = full.port_be;
+  rh.port_be = full_.port_be;
   rh.nsocks = 1;
   std::memcpy(c.reply_handle, &rh, sizeof(rh));
   ibwire::Handle h;
