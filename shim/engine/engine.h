@@ -45,6 +45,13 @@ struct CallArgs {
   bool capturing = false;
 };
 
+// Whether `call` uses the caller's receive buffer on rank `rank`: every collective does but
+// ncclReduce on a rank other than its root, where NCCL ignores it (NULL or any pointer), and so
+// does the engine (only the root finishes a reduce).
+inline bool uses_recv_buffer(const CallArgs& call, int rank) {
+  return call.collective != Collective::kReduce || rank == call.root;
+}
+
 // What screens a call apart from the communicator's state, asked once per call
 // (Engine::screen_call) and handed down to every later look at the decision (the interceptor's
 // group, buffer and staging checks, Engine::run): the settings' and the arguments' own verdict,
@@ -142,6 +149,8 @@ class Engine {
   // The decision from the call's arguments (`screening`, and the call's group and capture flags)
   // and this communicator's agreed state alone, in the order of docs/ENGINE.md section 2.
   PassReason decide(const CallArgs& call, const Screening& screening) const;
+  // This rank in the communicator.
+  int rank() const { return comm_.rank; }
   // Explicit opt-in (dynamiqCommRegister): only before the handshake, so it cannot diverge.
   Status register_opt_in(bool on);
 

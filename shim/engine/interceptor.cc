@@ -579,8 +579,9 @@ ncclResult_t check_cuda_buffers(CommEntry& e, const engine::Engine& eng,
                                 const engine::CallArgs& call, const engine::Screening& screening) {
   const engine::PassReason r = eng.decide(call, screening);
   if (r != engine::PassReason::kRerouted && r != engine::PassReason::kInGroup) return ncclSuccess;
-  for (const void* p : {call.send, static_cast<const void*>(call.recv)}) {
-    if (p == nullptr) continue;  // ncclReduce's recv on a non-root rank
+  const void* recv = engine::uses_recv_buffer(call, eng.rank()) ? call.recv : nullptr;
+  for (const void* p : {call.send, recv}) {
+    if (p == nullptr) continue;
     std::string why;
     const engine::CudaBuffer kind = engine::cuda_gpu_classify(p, e.cuda_ordinal, &why);
     if (kind == engine::CudaBuffer::kDevice || kind == engine::CudaBuffer::kPageable) continue;
@@ -619,9 +620,11 @@ ncclResult_t run_host_staged(CommEntry& e, engine::Engine& eng, const engine::Ca
     recv_count = call.count / static_cast<size_t>(std::max(e.identity.size, 1));
   staging::Staging st;
   st.add(call.send, call.count * esize, /*reads=*/true, /*writes=*/false, call.stream);
-  // Copied in as well (the staging copies in every region): a reduce writes only the root's
-  // buffer, and what goes back to the other ranks' buffers is then their own bytes.
-  st.add(call.recv, recv_count * esize, /*reads=*/false, /*writes=*/true, call.stream);
+  // Copied in as well (the staging copies in every region): what goes back is then the caller's
+  // own bytes wherever the engine wrote none. Not a reduce's on a rank other than the root, which
+  // NCCL ignores (it may be NULL or point anywhere) and the engine never writes.
+  if (engine::uses_recv_buffer(call, eng.rank()))
+    st.add(call.recv, recv_count * esize, /*reads=*/false, /*writes=*/true, call.stream);
   if (st.begin() != Status::kOk) {
     DQ_WARN(Subsys::kShim, "dynamiq: communicator index %d: staging device buffers failed: %s",
             e.identity.index, st.error().c_str());

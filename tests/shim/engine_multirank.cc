@@ -668,6 +668,12 @@ int one_collective(int n, int rank, ncclComm_t comm, dq::engine::Collective coll
   if (engine.run(args, &reason) != ncclSuccess) return 50;
   if (reason != PassReason::kRerouted) return 51;
   const bool receives = scatter || rank == root;
+  // A reduce leaves a non-root rank's receive buffer alone, as NCCL does (which also lets that
+  // buffer be NULL or unusable: dq::engine::uses_recv_buffer).
+  if (!receives && !in_place)
+    for (unsigned char b : out)
+      if (b != 0xCD) return 56;
+  if (receives != dq::engine::uses_recv_buffer(args, rank)) return 57;
   const size_t first = scatter ? rank * recvcount : 0, n_out = scatter ? recvcount : count;
   const auto* got = static_cast<const unsigned char*>(args.recv);
   double num = 0, den = 0;
