@@ -346,7 +346,7 @@ Status IbNet::accept(void* listen_comm, void** recv_comm) {
     auto p = std::make_unique<ListenComm::Pending>();
     p->rc = std::make_unique<RecvComm>();
     p->rc->dev = lc->dev;
-    p->rc->timeout_ms = lc->timeout_ms;
+    p->rc->set_timeouts(lc->timeout_ms);
     p->rc->side_recv = side_recv;
     p->rc->peer = lc->dev->name + " (side channel accepted)";
     lc->pending.push_back(std::move(p));
@@ -399,7 +399,7 @@ Status IbNet::start_connect(const IbDevice* dev, PendingConnect* pc) {
   pc->sc = std::make_unique<SendComm>();
   SendComm* sc = pc->sc.get();
   sc->dev = dev;
-  sc->timeout_ms = read_net_env().timeout_ms;
+  sc->set_timeouts(read_net_env().timeout_ms);
   sc->peer = dev->name + " (connecting)";
   DQ_CHECK(sc->make_qps(static_cast<uint32_t>(read_net_env().ib_qps)));
   void* p = nullptr;

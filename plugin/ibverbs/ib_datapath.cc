@@ -178,11 +178,11 @@ void SendComm::progress() {  // mu held
   }
   poll_side();
   if (failed) return;
-  if (sq_used > 0 && ms_since(last_progress) > timeout_ms) {
+  if (sq_used > 0 && ms_since(last_progress) > stall_ms) {
     fail_status = Status::kTimeout;
-    return fail("no completion for " + std::to_string(timeout_ms) +
-                " ms (DYNAMIQ_NET_TIMEOUT_MS) with " + std::to_string(sq_used) +
-                " work requests in flight");
+    return fail("no completion for " + std::to_string(stall_ms) +
+                " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries) with " +
+                std::to_string(sq_used) + " work requests in flight");
   }
   // kBye travels on TCP, the ACKs of our last writes on the QP: a receiver that got every
   // message and closed may overtake them, so writes in flight are left to their completions
@@ -286,10 +286,10 @@ void RecvComm::progress() {  // mu held
   if (n < 0) return fail("ibv_poll_cq failed");
   poll_side();
   if (failed) return;
-  if (sq_used > 0 && ms_since(last_progress) > timeout_ms) {
+  if (sq_used > 0 && ms_since(last_progress) > stall_ms) {
     fail_status = Status::kTimeout;
-    return fail("no completion of a receive posting for " + std::to_string(timeout_ms) +
-                " ms (DYNAMIQ_NET_TIMEOUT_MS)");
+    return fail("no completion of a receive posting for " + std::to_string(stall_ms) +
+                " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries)");
   }
   bool pending = std::any_of(reqs.begin(), reqs.end(), [](RecvReq* r) { return r->remaining; });
   if (peer_closed && pending) fail("the peer closed the connection with receives pending");
@@ -457,10 +457,10 @@ Status IbNet::test(void* request, int* done, int* sizes) {
       delete r;
       return Status::kOk;
     }
-    if (st == Status::kOk && ms_since(r->start) > rc->timeout_ms) {
+    if (st == Status::kOk && ms_since(r->start) > rc->stall_ms) {
       rc->fail_status = Status::kTimeout;
-      rc->fail("a flush did not complete within " + std::to_string(rc->timeout_ms) +
-               " ms (DYNAMIQ_NET_TIMEOUT_MS)");
+      rc->fail("a flush did not complete within " + std::to_string(rc->stall_ms) +
+               " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries)");
       return Status::kTimeout;
     }
     return rc->failed ? rc->fail_status : st;

@@ -14,6 +14,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -122,13 +124,25 @@ int relaxed_ordering_access();
 
 // ---------------------------------------------------------------- one endpoint (QP + CQ)
 
+// The data path's stall bound (ms) for queue pairs that retry `retry_count` times with a local
+// ACK timeout of 4.096 us x 2^ack_timeout: DYNAMIQ_NET_TIMEOUT_MS, or longer where the HCA may
+// still be retransmitting then. The IB specification lets a try last up to 4x its nominal time;
+// a job's NCCL_IB_TIMEOUT=23 makes one try 34 s, past the 30 s default, and a lost packet the
+// HCA would have resent must not fail the connection.
+inline int64_t stall_bound_ms(int64_t net_timeout_ms, int ack_timeout, int retry_count) {
+  const double try_ms = 4.096e-3 * std::ldexp(1.0, ack_timeout);
+  const auto retries_ms = static_cast<int64_t>(std::ceil(4.0 * (retry_count + 1) * try_ms));
+  return std::max(net_timeout_ms, retries_ms);
+}
+
 // What every connection has: its QPs (qps[0] also carries the FIFO and the size records), one
 // CQ for all of them, the side channel, the failure state.
 struct Conn {
   uint32_t magic = 0;  // first: kSendMagic or kRecvMagic (dev_of reads it)
   const IbDevice* dev = nullptr;
-  std::string peer;  // for logs: "verbs device <- side channel peer"
-  int64_t timeout_ms = 30000;
+  std::string peer;            // for logs: "verbs device <- side channel peer"
+  int64_t timeout_ms = 30000;  // DYNAMIQ_NET_TIMEOUT_MS: the set-up's network steps
+  int64_t stall_ms = 30000;    // a transfer without progress (stall_bound_ms())
   ibv_cq* cq = nullptr;
   ibv_qp* qp = nullptr;               // qps[0]
   std::vector<ibv_qp*> qps;           // 1..kMaxQps
@@ -157,6 +171,12 @@ struct Conn {
     } else {
       NET_INFO("verbs connection with %s ended: %s", peer.c_str(), why.c_str());
     }
+  }
+
+  // timeout_ms and stall_ms from DYNAMIQ_NET_TIMEOUT_MS and the device's retry settings.
+  void set_timeouts(int64_t net_timeout_ms) {
+    timeout_ms = net_timeout_ms;
+    stall_ms = stall_bound_ms(net_timeout_ms, dev->ack_timeout, dev->retry_count);
   }
 
   // Side channel: the peer's kBye (orderly close) or its death (error on the posted receive).

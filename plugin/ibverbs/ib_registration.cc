@@ -72,7 +72,7 @@ Status RecvComm::make_flush_qp() {  // mu held
   auto f = std::make_unique<Conn>();
   f->dev = dev;
   f->peer = dev->name + " (its own flush QP)";
-  f->timeout_ms = timeout_ms;
+  f->set_timeouts(timeout_ms);
   DQ_CHECK(f->make_qps(1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE));
   ibwire::Ctl self{};
   f->fill_ctl(&self, ibwire::kConnect);

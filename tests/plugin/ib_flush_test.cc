@@ -178,6 +178,30 @@ TEST_F(IbFlushTest, FlushQueuePairThatCannotBeMadeLeaksNothingAndIsMadeLater) {
   EXPECT_EQ(done, 1);
 }
 
+// A flush's READs outstanding past DYNAMIQ_NET_TIMEOUT_MS: still waited for while the queue
+// pairs' own retries may take longer (a lost packet the HCA resends), failed once past those.
+TEST_F(IbFlushTest, AStallIsBoundedByTheQueuePairsRetriesAsWell) {
+  EXPECT_EQ(stall_bound_ms(30000, 14, 7), 30000);    // 8 tries of 67 ms: the setting holds
+  EXPECT_EQ(stall_bound_ms(30000, 18, 7), 34360);    // 8 tries of 1.07 s, up to 4x each
+  EXPECT_EQ(stall_bound_ms(30000, 23, 7), 1099512);  // NCCL_IB_TIMEOUT=23: 34.4 s a try
+  EXPECT_EQ(stall_bound_ms(10, 1, 0), 10);
+  rc_->set_timeouts(10);  // DYNAMIQ_NET_TIMEOUT_MS=10, the device's 18 and 7 retries
+  EXPECT_EQ(rc_->stall_ms, 34360);
+  void* req = nullptr;
+  ASSERT_EQ(net_.iflush(rc_, 1, data_, sizes_, mhandles_, &req), Status::kOk);
+  ASSERT_NE(req, nullptr);
+  usleep(50 * 1000);
+  int done = 0;
+  EXPECT_EQ(net_.test(req, &done, nullptr), Status::kOk) << "failed past 10 ms, within the retries";
+  EXPECT_EQ(done, 0);
+  dev_.ack_timeout = 1;  // 8 us a try: the 10 ms bound holds
+  dev_.retry_count = 0;
+  rc_->set_timeouts(10);
+  usleep(20 * 1000);
+  EXPECT_EQ(net_.test(req, &done, nullptr), Status::kTimeout);
+  fake_.executed = fake_.queue.size();  // the READs end, so the comm closes cleanly
+}
+
 // Every verbs object a receive comm made, its flush QP's included, is gone once it closes.
 TEST(IbFlushClose, ClosingTheCommDestroysItsFlushQueuePair) {
   FakeDevice fake;
