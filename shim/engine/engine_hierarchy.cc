@@ -19,9 +19,9 @@
 namespace dq::engine {
 namespace {
 
-// NCCL_CONFIG_INITIALIZER's values (every field undefined: NCCL's defaults) with blocking 0. A
-// blocking ncclCommSplit waits for every rank of the parent without a bound; a non-blocking one
-// returns at once, and the engine bounds the wait for its peers by DYNAMIQ_TIMEOUT_MS (settled()).
+// NCCL_CONFIG_INITIALIZER's values (every field undefined: NCCL's defaults) with blocking 0: the
+// children are non-blocking communicators (their calls are settled()). Whether the split itself
+// blocks follows the parent in NVIDIA's NCCL, not this config (setup_hierarchy()).
 ncclConfig_t nonblocking_split_config() {
   ncclConfig_t c = DQ_NCCL_CONFIG_INITIALIZER;
   c.blocking = 0;
@@ -92,12 +92,32 @@ ncclResult_t Engine::setup_hierarchy() {
   auto h = std::make_unique<Hierarchy>();
   h->map = map;
   // Every split on every rank, whatever the others returned: a rank that skipped one would leave
-  // its peers waiting in it. Each is non-blocking and settled (ncclInProgress polled until it
-  // leaves that state, as NCCL documents) within DYNAMIQ_TIMEOUT_MS: a peer that never reaches
-  // a split costs this rank one timeout, and then every rank runs flat.
+  // its peers waiting in it. In NVIDIA's NCCL whether a split blocks follows the parent, and the
+  // child's handle is written only once the child is made:
+  // - a blocking parent (the frameworks' default): the split returns once every rank of the
+  //   parent took part, without a bound, as NCCL's own splits; every rank took part in the
+  //   handshake just before, so only a peer that hangs between the two can hold it;
+  // - a non-blocking parent: ncclInProgress with the handle still NULL; the parent's
+  //   ncclCommGetAsyncError is polled until it leaves that state (as NCCL documents for a
+  //   non-blocking communicator's operations), within DYNAMIQ_TIMEOUT_MS, and the handle is then
+  //   written. Still in progress at the bound, NCCL may write it later: the Hierarchy that holds
+  //   it is then never freed (`split_pending`);
+  // - a child made but still initialising (the CPU NCCL's non-blocking splits): the child is
+  //   polled likewise.
+  // A peer that never reaches a split costs this rank one timeout, and then every rank runs
+  // flat. No split is issued once an abort of the communicator began (its parent may be freed).
+  bool split_pending = false;
   auto split_settled = [&](int color, int key, ncclComm_t* child) {
+    if (aborting()) return stop_for_abort("before splitting the node and rail communicators");
     ncclConfig_t config = nonblocking_split_config();
-    const ncclResult_t r = ops_.comm_split(comm_.comm, color, key, child, &config);
+    ncclResult_t r = ops_.comm_split(comm_.comm, color, key, child, &config);
+    if (r == ncclInProgress && *child == nullptr) {
+      r = ops_.settled(comm_.comm, r, settings_.timeout_ms);
+      if (*child == nullptr) {
+        split_pending = split_pending || r != ncclSuccess;
+        return r == ncclSuccess ? ncclInternalError : r;  // done, yet no communicator
+      }
+    }
     return *child != nullptr ? ops_.settled(*child, r, settings_.timeout_ms) : r;
   };
   const ncclResult_t node_split = split_settled(map.node, map.local_rank, &h->node_comm);
@@ -132,6 +152,7 @@ ncclResult_t Engine::setup_hierarchy() {
   }
   if (agreed != ncclSuccess || any != 0) {
     hierarchy_->abort_comms = true;  // a peer's split may still be pending on its side
+    hierarchy_->split_pending = split_pending;
     DQ_WARN(Subsys::kEngine,
             "dynamiq: rank %d/%d: splitting the node and rail communicators (or making their "
             "streams) failed on %s (%s, %s): flat schedule",
@@ -236,6 +257,16 @@ void Engine::release_hierarchy() {
   }
   for (ncclComm_t c : comms)
     if (c != nullptr) broken ? ops_.comm_abort(c) : ops_.comm_destroy(c);
+  if (h.split_pending) {
+    // NCCL may still write a child's handle into it (setup_hierarchy()): left allocated, a few
+    // hundred bytes once on a job whose peer never joined a split.
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d/%d: a split of the node and rail communicators was still in "
+            "progress after DYNAMIQ_TIMEOUT_MS = %lld ms; NCCL finishes or abandons it",
+            comm_.rank, comm_.nranks, static_cast<long long>(settings_.timeout_ms));
+    (void)hierarchy_.release();
+    return;
+  }
   hierarchy_.reset();
 }
 

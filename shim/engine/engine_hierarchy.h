@@ -36,6 +36,9 @@ struct Engine::Hierarchy {
   // communicators are then aborted, never destroyed (ncclCommDestroy of one still being made, or
   // of one whose peer gave up, could wait for it).
   bool abort_comms = false;
+  // A split was still in progress at its bound: NCCL may write a handle into this struct later,
+  // so it is never freed (release_hierarchy()).
+  bool split_pending = false;
   // The compressed stage: full engines (statistics, budget, schedule over the nodes, fused
   // hops, A/B switch, sampled check, metrics) over the rail communicators. Rail calls alternate
   // between them (an all-reduce's piece p on engine p % 2), so one rail call's statistics, their

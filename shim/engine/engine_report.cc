@@ -54,8 +54,9 @@ std::string Engine::compressed_text() const {
                           : settings_.codec;
   // Two-level: the compressed stage's schedule runs over the nodes, one rail per local rank.
   const std::string topology =
-      hierarchy_ ? std::string(topo::kind_name(kind_)) + " over " +
-                       std::to_string(hierarchy_->map.nodes) + " nodes (two-level, " +
+      hierarchy_ ? std::string(topo::kind_name(
+                       choose_topology(settings_.topology, hierarchy_->map.nodes))) +
+                       " over " + std::to_string(hierarchy_->map.nodes) + " nodes (two-level, " +
                        std::to_string(hierarchy_->map.local_size) + " ranks per node)"
                  : std::string(topo::kind_name(kind_));
   return "compressed: codec " + codec + ", topology " + topology + ", blocks of " +

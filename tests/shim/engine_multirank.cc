@@ -37,9 +37,11 @@
 //               the predicted one, outputs are the bytes of the same calls without the check,
 //               in place too, and a NaN call's check counts as non-finite
 //   split_settles  two-level (2 fake nodes): splits that answer ncclInProgress (a non-blocking
-//               parent) and settle after some polls give the two-level schedule; a split that
-//               never settles on rank 1 costs one DYNAMIQ_TIMEOUT_MS, then every rank runs flat
-//               and aborts its node and rail communicators; results exact in both cases
+//               parent) and settle after some polls give the two-level schedule, both where the
+//               child's handle comes at once and is polled (the CPU NCCL's way) and where it is
+//               written only once the parent's polls report the split done (NVIDIA's); a split
+//               that never settles on rank 1 costs one DYNAMIQ_TIMEOUT_MS, then every rank runs
+//               flat and aborts its node and rail communicators; results exact in every case
 //   byte_counts from 16 ranks, each part's statistics all-reduced as BF16 words and its all-zero
 //               counts as bytes (ncclUint8) right after them; below, one BF16 all-reduce; the
 //               result near the sum on data whose odd super-groups are one rank's alone
@@ -1601,6 +1603,38 @@ ncclResult_t polled_async_error(ncclComm_t comm, ncclResult_t* state) {
   *state = ncclInProgress;
   return ncclSuccess;
 }
+// NVIDIA's NCCL under a non-blocking parent: the split answers ncclInProgress with the handle
+// still NULL (whatever the child's config says) and writes it once the split is done, which the
+// parent's ncclCommGetAsyncError reports: here after kSplitPolls polls of the parent.
+struct ParentSplit {
+  ncclComm_t* handle;
+  ncclComm_t made;
+  int polls_left;
+};
+std::map<ncclComm_t, ParentSplit> g_parent_splits;  // per parent: its split in progress
+ncclResult_t parent_settled_split(ncclComm_t parent, int color, int key, ncclComm_t* child,
+                                  ncclConfig_t* config) {
+  if (g_parent_splits.count(parent) != 0) return ncclInvalidArgument;  // one at a time
+  ncclComm_t made = nullptr;
+  const ncclResult_t r = ncclCommSplit(parent, color, key, &made, config);
+  if (r != ncclSuccess) return r;
+  *child = nullptr;
+  g_parent_splits[parent] = ParentSplit{child, made, kSplitPolls};
+  g_splits.fetch_add(1);
+  return ncclInProgress;
+}
+ncclResult_t parent_polled_async_error(ncclComm_t comm, ncclResult_t* state) {
+  const auto it = g_parent_splits.find(comm);
+  if (it == g_parent_splits.end()) return ncclCommGetAsyncError(comm, state);
+  if (it->second.polls_left-- > 0) {
+    *state = ncclInProgress;
+    return ncclSuccess;
+  }
+  *it->second.handle = it->second.made;
+  g_parent_splits.erase(it);
+  return ncclCommGetAsyncError(comm, state);
+}
+
 ncclResult_t counted_abort(ncclComm_t comm) {
   g_aborts.fetch_add(1);
   return ncclCommAbort(comm);
@@ -1615,7 +1649,7 @@ ncclResult_t counted_reduce_scatter(const void* s, void* r, size_t n, ncclDataTy
   return ncclReduceScatter(s, r, n, t, op, c, st);
 }
 
-int split_settles_case(int n, int stuck_rank) {
+int split_settles_case(int n, int stuck_rank, bool handle_when_done = false) {
   constexpr int64_t kTimeoutMs = 800;
   const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
                                       {"DYNAMIQ_HIERARCHY", "node"},
@@ -1626,8 +1660,8 @@ int split_settles_case(int n, int stuck_rank) {
     g_stuck_rank = stuck_rank;
     g_split_rank = rank;
     dq::engine::NcclOps ops = cpu_nccl_ops();
-    ops.comm_split = in_progress_split;
-    ops.comm_get_async_error = polled_async_error;
+    ops.comm_split = handle_when_done ? parent_settled_split : in_progress_split;
+    ops.comm_get_async_error = handle_when_done ? parent_polled_async_error : polled_async_error;
     ops.comm_abort = counted_abort;
     ops.comm_destroy = counted_destroy;
     ops.reduce_scatter = counted_reduce_scatter;
@@ -1671,8 +1705,45 @@ int split_settles_case(int n, int stuck_rank) {
                                                                                                 : 1;
 }
 
+// An abort of the communicator (its watchdog's ncclCommAbort) begins while the first split is
+// in NCCL: no further split is issued on the parent, which the abort may free; the call fails.
+std::atomic<bool> g_split_abort{false};
+ncclResult_t aborting_split(ncclComm_t parent, int color, int key, ncclComm_t* child,
+                            ncclConfig_t* config) {
+  g_splits.fetch_add(1);
+  g_split_abort = true;
+  return ncclCommSplit(parent, color, key, child, config);
+}
+
+int split_abort_case(int n) {
+  const auto settings = settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_HIERARCHY", "node"}, {"DYNAMIQ_MIN_BYTES", "0"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    join_fake_node("split-abort-node", rank);
+    dq::engine::NcclOps ops = cpu_nccl_ops();
+    ops.comm_split = aborting_split;
+    ops.comm_abort = counted_abort;
+    const std::vector<float> in = small_integers(rank, 1 << 16);
+    std::vector<float> out(in.size());
+    Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
+                  true);
+    engine.watch_abort(&g_split_abort);
+    PassReason reason;
+    double worst = 0;
+    const ncclResult_t r = all_reduce_small_integers(engine, in, &out, n, &reason, &worst);
+    CHECK_OR(75, r != ncclSuccess, "rank %d: the call succeeded while its communicator aborted",
+             rank);
+    CHECK_OR(76, g_splits.load() == 1, "rank %d: %d splits issued, 1 wanted (an abort began in it)",
+             rank, g_splits.load());
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "split_abort") ? 0 : 1;
+}
+
 int scenario_split_settles(int n) {
+  if (const int rc = split_abort_case(n)) return rc;
   if (const int rc = split_settles_case(n, -1)) return rc;
+  if (const int rc = split_settles_case(n, -1, /*handle_when_done=*/true)) return rc;
   return split_settles_case(n, 1);
 }
 
