@@ -56,13 +56,64 @@ Status SocketNet::reg_mr(void* comm, void* data, size_t size, int type, void** m
   return Status::kOk;
 }
 
+namespace {
+
+bool overlaps(const char* data, size_t size, const MemoryRegion& mr) {
+  return size > 0 && data < mr.base + mr.size && mr.base < data + size;
+}
+
+// Stops a comm's I/O threads and joins them; its close then finds none. mu not held.
+template <class Comm>
+void stop_io_threads(Comm* c) {
+  c->stop.store(true);
+  for (int fd : c->fds) shutdown(fd, SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->cv.notify_all();
+  }
+  for (auto& t : c->threads) t.join();
+  c->threads.clear();
+}
+
+}  // namespace
+
+// NCCL's teardown of a connection deregisters its buffers and frees them before it closes the
+// connection (its proxy's free: deregMr, the host buffers' free, then closeRecv / closeSend).
+// After an abort a transfer into or out of them may still be under way on this comm's I/O
+// threads, which would then write into freed memory (a crash, or corruption of whatever the
+// memory holds next) or send it. So deregistering a region that an unfinished request uses
+// fails the comm and stops its threads first. A region no request in flight uses (a healthy
+// job's deregistration) changes nothing.
 Status SocketNet::dereg_mr(void* comm, void* mhandle) {
-  (void)comm;
   auto* mr = static_cast<MemoryRegion*>(mhandle);
   if (mr == nullptr) return Status::kOk;
   if (mr->magic != kMrMagic) {
     NET_WARN("deregMr: not a memory handle of this plugin");
     return Status::kInvalidArgument;
+  }
+  const uint32_t comm_magic = comm != nullptr ? *static_cast<const uint32_t*>(comm) : 0;
+  if (comm_magic == kRecvCommMagic) {
+    auto* rc = static_cast<RecvComm*>(comm);
+    bool in_use = false;
+    {
+      std::lock_guard<std::mutex> lock(rc->mu);
+      for (const RecvRequest* r : rc->requests)
+        for (int i = 0; i < r->n; ++i)
+          in_use = in_use ||
+                   (!r->slots[i].done && overlaps(r->slots[i].data, r->slots[i].capacity, *mr));
+      if (in_use) rc->fail("a buffer of a receive in progress was deregistered (an abort?)");
+    }
+    if (in_use) stop_io_threads(rc);
+  } else if (comm_magic == kSendCommMagic) {
+    auto* sc = static_cast<SendComm*>(comm);
+    bool in_use = false;
+    {
+      std::lock_guard<std::mutex> lock(sc->mu);
+      for (const SendRequest* r : sc->requests)
+        in_use = in_use || (!r->done && overlaps(r->data, r->size, *mr));
+      if (in_use) sc->fail("a buffer of a send in progress was deregistered (an abort?)");
+    }
+    if (in_use) stop_io_threads(sc);
   }
   mr->magic = 0;
   delete mr;

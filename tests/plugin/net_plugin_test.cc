@@ -2,6 +2,7 @@
 // over loopback (the test environment sets DYNAMIQ_NET_IFNAME=lo).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -665,6 +666,60 @@ std::vector<int> raw_connection(const char* handle, uint64_t comm_id) {
     fds.clear();
   }
   return fds;
+}
+
+// NCCL's teardown after an abort deregisters a connection's buffers and frees them before it
+// closes the connection, while a live peer may still be sending: no byte may land in the freed
+// memory (here: pages mapped again at the same address, holding a pattern).
+TEST_F(NetPluginTest, DeregisteringABufferMidReceiveStopsWritesIntoIt) {
+  setenv("DYNAMIQ_NET_NSOCKS", "1", 1);  // the whole message on one socket, after its header
+  void* lc = nullptr;
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  ASSERT_EQ(net_->listen(ctx_, 0, handle, &lc), dqNetSuccess);
+  unsetenv("DYNAMIQ_NET_NSOCKS");
+  const std::vector<int> fds = raw_connection(handle, 0xdeadull);
+  ASSERT_EQ(fds.size(), 1u);
+  void* rc = accept_within(net_, lc, 5);
+  ASSERT_NE(rc, nullptr);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto* buf = static_cast<char*>(
+      mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(buf, MAP_FAILED);
+  void* mh = nullptr;
+  ASSERT_EQ(net_->regMr(rc, buf, 2 * page, NCCL_PTR_HOST, &mh), dqNetSuccess);
+  void* data = buf;
+  size_t size = 2 * page;
+  int tag = 1;
+  void* req = nullptr;
+  ASSERT_EQ(net_->irecv(rc, 1, &data, &size, &tag, &mh, nullptr, &req), dqNetSuccess);
+  ASSERT_NE(req, nullptr);
+  // The header and the first page: the receive is bound to the buffer and in progress.
+  const wire::MsgHeader header{wire::kMsgMagic, 1, 0, 2 * page};
+  const std::vector<char> payload(page, '\x11');
+  ASSERT_EQ(send(fds[0], &header, sizeof(header), 0), static_cast<ssize_t>(sizeof(header)));
+  ASSERT_EQ(send(fds[0], payload.data(), page, 0), static_cast<ssize_t>(page));
+  int done = 0;
+  for (int i = 0; i < 200 && buf[page - 1] != '\x11'; ++i) {  // bounded: 2 s
+    ASSERT_EQ(net_->test(req, &done, nullptr), dqNetSuccess);
+    usleep(10 * 1000);
+  }
+  ASSERT_EQ(buf[page - 1], '\x11') << "the first page never arrived";
+  // NCCL's order: deregMr, then the buffer's free (here: other pages at the same address).
+  ASSERT_EQ(net_->deregMr(rc, mh), dqNetSuccess);
+  ASSERT_EQ(munmap(buf, 2 * page), 0);
+  ASSERT_EQ(
+      mmap(buf, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+      buf);
+  std::memset(buf, 0x5a, 2 * page);
+  (void)send(fds[0], payload.data(), page, MSG_NOSIGNAL);  // the peer sends the rest
+  usleep(300 * 1000);
+  EXPECT_EQ(std::count(buf, buf + 2 * page, '\x5a'), static_cast<long>(2 * page))
+      << "the connection wrote into memory deregistered and freed";
+  EXPECT_NE(net_->test(req, &done, nullptr), dqNetSuccess);  // the receive failed
+  EXPECT_EQ(net_->closeRecv(rc), dqNetSuccess);
+  EXPECT_EQ(net_->closeListen(lc), dqNetSuccess);
+  for (int fd : fds) close(fd);
+  munmap(buf, 2 * page);
 }
 
 TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
