@@ -439,18 +439,29 @@ Status IbNet::progress_connect(PendingConnect* pc, void** send_comm) {
     if (sc->side_recv == nullptr) return peer_alive(pc);
     pc->stage = 3;
   }
-  bool done = false;
-  Status st = recv_ctl(sc->side_recv, &pc->in, &pc->req, &done);
-  if (st != Status::kOk) return st;
-  if (!done) return peer_alive(pc);
-  const char* bad = ibwire::check_ctl(pc->in, ibwire::kAccept);
-  if (bad != nullptr) {
-    NET_WARN("verbs connect: refused the listener's answer: %s", bad);
-    return Status::kMalformedPayload;
+  if (pc->stage == 3) {
+    bool done = false;
+    Status st = recv_ctl(sc->side_recv, &pc->in, &pc->req, &done);
+    if (st != Status::kOk) return st;
+    if (!done) return peer_alive(pc);
+    const char* bad = ibwire::check_ctl(pc->in, ibwire::kAccept);
+    if (bad != nullptr) {
+      NET_WARN("verbs connect: refused the listener's answer: %s", bad);
+      return Status::kMalformedPayload;
+    }
+    sc->remote_records = pc->in.addr;
+    sc->remote_records_rkey = pc->in.rkey;
+    DQ_CHECK(sc->connect(pc->in, pc->ctx.traffic_class));
+    // The QPs are in RTS: the acceptor may now write into them (its accept waits for this).
+    std::memset(&pc->out, 0, sizeof(pc->out));
+    pc->out.magic = ibwire::kCtlMagic;
+    pc->out.version = ibwire::kVersion;
+    pc->out.kind = ibwire::kReady;
+    pc->stage = 4;
   }
-  sc->remote_records = pc->in.addr;
-  sc->remote_records_rkey = pc->in.rkey;
-  DQ_CHECK(sc->connect(pc->in, pc->ctx.traffic_class));
+  bool sent = false;
+  DQ_CHECK(send_ctl(sc->side_send, &pc->out, &pc->req, &sent));
+  if (!sent) return Status::kOk;
   DQ_CHECK(sc->post_side_recv());
   sc->peer = sc->dev->name + " -> QP " + std::to_string(pc->in.qpn[0]) +
              (pc->in.nqps > 1 ? " (+" + std::to_string(pc->in.nqps - 1) + " striped)" : "");
@@ -516,9 +527,21 @@ Status IbNet::progress_accept(ListenComm* lc, ListenComm::Pending* p, bool* read
     if (rc->side_send == nullptr) return Status::kOk;
     p->stage = 2;
   }
+  if (p->stage == 2) {
+    bool done = false;
+    DQ_CHECK(send_ctl(rc->side_send, &p->out, &p->req, &done));
+    if (!done) return Status::kOk;
+    p->stage = 3;
+  }
+  // The connector's kReady: its QPs are in RTS, so this end's first FIFO write reaches them.
   bool done = false;
-  DQ_CHECK(send_ctl(rc->side_send, &p->out, &p->req, &done));
+  DQ_CHECK(recv_ctl(rc->side_recv, &p->ready, &p->req, &done));
   if (!done) return Status::kOk;
+  const char* bad = ibwire::check_ctl(p->ready, ibwire::kReady);
+  if (bad != nullptr) {
+    NET_WARN("verbs accept: refused the connector's ready message: %s", bad);
+    return Status::kMalformedPayload;
+  }
   DQ_CHECK(rc->post_side_recv());
   rc->peer = rc->dev->name + " <- QP " + std::to_string(p->in.qpn[0]) +
              (p->in.nqps > 1 ? " (+" + std::to_string(p->in.nqps - 1) + " striped)" : "");

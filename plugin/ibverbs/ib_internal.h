@@ -385,7 +385,9 @@ struct ListenComm {
     Ctl out{};
     void* req = nullptr;  // side-channel request in progress
     char reply[NCCL_NET_HANDLE_MAXSIZE] = {};
-    int stage = 0;  // 0: receiving kConnect, 1: connecting back, 2: sending kAccept
+    Ctl ready{};
+    // 0: receiving kConnect, 1: connecting back, 2: sending kAccept, 3: receiving kReady
+    int stage = 0;
     Clock::time_point start = Clock::now();
 
     // A set-up dropped (failed, timed out, or its listener closed): its connect back, which no
@@ -415,7 +417,8 @@ struct PendingConnect {
   Ctl out{};
   Ctl in{};
   void* req = nullptr;
-  int stage = 0;  // 0: connecting, 1: sending kConnect, 2: accepting the reply, 3: receiving it
+  // 0: connecting, 1: sending kConnect, 2: accepting the reply, 3: receiving it, 4: sending kReady
+  int stage = 0;
   Clock::time_point start = Clock::now();
   bool wait_logged = false;  // the INFO line that the peer has not answered yet was logged
 

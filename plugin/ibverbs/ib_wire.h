@@ -4,9 +4,13 @@
 // Connection setup travels over the socket backend (its authenticated handshake, comm id check
 // and framing): the connector opens a one-socket connection to the listener and sends a Ctl of
 // kind kConnect that carries its QP, its address, its FIFO and the handle of a reply listener;
-// the acceptor connects back to that reply listener and answers with kAccept. Both directions
-// stay open for the life of the connection: each end keeps a receive posted on the side channel,
-// so a dead peer (TCP reset or close) fails the connection, and an orderly close sends kBye.
+// the acceptor connects back to that reply listener and answers with kAccept; the connector moves
+// its QPs to RTS and answers kReady, and only then is the acceptor's connection made (the
+// acceptor's first FIFO write must not meet a QP still in INIT, which drops it silently until
+// the write's ACK timeout resends it: a second or more on the connection's first use). Both
+// directions stay open for the life of the connection: each end keeps a receive posted on the side
+// channel, so a dead peer (TCP reset or close) fails the connection, and an orderly close sends
+// kBye.
 //
 // Data path (the receiver drives it, so large messages need no copy):
 //  - the sender owns a FIFO of kFifoDepth slots in registered, remote-writable memory;
@@ -39,7 +43,8 @@ namespace dq::net::ibwire {
 
 inline constexpr uint32_t kHandleMagic = 0x49514e44;  // "DNQI"
 inline constexpr uint32_t kCtlMagic = 0x43514e44;     // "DNQC"
-inline constexpr uint16_t kVersion = 3;  // 2: FifoSlot::check; 3: several QPs per connection
+// 2: FifoSlot::check; 3: several QPs per connection; 4: kReady
+inline constexpr uint16_t kVersion = 4;
 // Receives in flight per connection; at least NCCL_NET_MAX_REQUESTS (32).
 inline constexpr uint32_t kFifoDepth = 64;
 inline constexpr uint64_t kOversize = 1ull << 63;  // size record flag: the payload did not fit
@@ -90,7 +95,7 @@ inline uint64_t slot_check(const uint64_t* words, size_t nwords) {
 inline constexpr size_t kSlotCheckedWords = offsetof(FifoSlot, check) / sizeof(uint64_t);
 static_assert(offsetof(FifoSlot, check) % sizeof(uint64_t) == 0);
 
-enum CtlKind : uint16_t { kConnect = 1, kAccept = 2, kBye = 3 };
+enum CtlKind : uint16_t { kConnect = 1, kAccept = 2, kBye = 3, kReady = 4 };
 
 struct Ctl {
   uint32_t magic;  // kCtlMagic
@@ -116,7 +121,7 @@ static_assert(sizeof(Ctl) == 120 + sizeof(wire::Handle));
 inline const char* check_ctl(const Ctl& c, uint16_t want) {
   if (c.magic != kCtlMagic || c.version != kVersion) return "not a dynamiq verbs control message";
   if (c.kind != want) return "unexpected control message kind";
-  if (want == kBye) return nullptr;
+  if (want == kBye || want == kReady) return nullptr;
   if (c.nqps < 1 || c.nqps > kMaxQps) return "queue pair count out of range";
   if (c.reserved != 0) return "reserved field not zero";
   for (uint32_t i = 0; i < kMaxQps; ++i) {

@@ -53,6 +53,7 @@ inline ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   qp->send_cq = attr->send_cq;
   qp->recv_cq = attr->recv_cq;
   qp->qp_num = next_number();
+  qp->state = IBV_QPS_RESET;
   return qp;
 }
 inline int destroy_qp(ibv_qp* qp) {
@@ -60,7 +61,8 @@ inline int destroy_qp(ibv_qp* qp) {
   delete qp;
   return 0;
 }
-inline int modify_qp(ibv_qp*, ibv_qp_attr*, int) {
+inline int modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  if ((mask & IBV_QP_STATE) != 0) qp->state = attr->qp_state;  // RESET -> INIT -> RTR -> RTS
   return 0;
 }
 inline int query_qp(ibv_qp*, ibv_qp_attr* attr, int, ibv_qp_init_attr*) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "plugin/ibverbs/ib_internal.h"
 #include "tests/plugin/fake_verbs_objects.h"
@@ -132,6 +133,51 @@ TEST_F(IbConnectTest, AcceptLaterThanTheTimeoutStillConnects) {
   }
   EXPECT_NE(sc, nullptr);
   EXPECT_NE(rc, nullptr);
+  EXPECT_EQ(net_.close_send(sc), Status::kOk);
+  EXPECT_EQ(net_.close_recv(rc), Status::kOk);
+  EXPECT_EQ(net_.close_listen(lc), Status::kOk);
+}
+
+// The acceptor's connection is made only once the connector's queue pairs are in RTS: its first
+// FIFO write into a QP still in INIT would be dropped and resent only after the ACK timeout.
+TEST_F(IbConnectTest, AcceptReturnsOnlyOnceTheConnectorsQueuePairsAreReady) {
+  setenv("DYNAMIQ_NET_TIMEOUT_MS", "60000", 1);  // the set-up's bound is not what is tested
+  void* lc = nullptr;
+  ASSERT_EQ(net_.listen(CommContext{}, 0, handle_, &lc), Status::kOk);
+  void* sc = nullptr;
+  void* rc = nullptr;
+  Clock::time_point t = Clock::now();
+  while (stage() < 2 && ms_since(t) < 5000) {
+    ASSERT_EQ(net_.connect(CommContext{}, 0, handle_, &sc), Status::kOk);
+    usleep(1000);
+  }
+  ASSERT_EQ(stage(), 2) << "the connect should be waiting for the acceptor's answer";
+  ibwire::Handle h;
+  std::memcpy(&h, handle_, sizeof(h));
+  const auto* pending = reinterpret_cast<const PendingConnect*>(h.connect_state);
+  const std::vector<ibv_qp*> connector_qps = pending->sc->qps;
+  // The acceptor alone is called for a while (the connector's next connect call comes later):
+  // it must not finish meanwhile.
+  t = Clock::now();
+  while (rc == nullptr && ms_since(t) < 300) {
+    ASSERT_EQ(net_.accept(lc, &rc), Status::kOk);
+    usleep(1000);
+  }
+  EXPECT_EQ(rc, nullptr) << "accept returned before the connector's queue pairs were ready";
+  t = Clock::now();
+  while ((sc == nullptr || rc == nullptr) && ms_since(t) < 5000) {
+    if (sc == nullptr) ASSERT_EQ(net_.connect(CommContext{}, 0, handle_, &sc), Status::kOk);
+    if (rc == nullptr) {
+      ASSERT_EQ(net_.accept(lc, &rc), Status::kOk);
+      if (rc != nullptr)
+        for (const ibv_qp* q : connector_qps)
+          EXPECT_EQ(q->state, IBV_QPS_RTS) << "the acceptor's connection was made first";
+    }
+    usleep(1000);
+  }
+  ASSERT_NE(sc, nullptr);
+  ASSERT_NE(rc, nullptr);
+  for (const ibv_qp* q : static_cast<RecvComm*>(rc)->qps) EXPECT_EQ(q->state, IBV_QPS_RTS);
   EXPECT_EQ(net_.close_send(sc), Status::kOk);
   EXPECT_EQ(net_.close_recv(rc), Status::kOk);
   EXPECT_EQ(net_.close_listen(lc), Status::kOk);
