@@ -722,6 +722,83 @@ TEST_F(NetPluginTest, DeregisteringABufferMidReceiveStopsWritesIntoIt) {
   munmap(buf, 2 * page);
 }
 
+// The same on the send side: a send blocked by a peer that reads nothing yet, its buffer
+// deregistered and freed (pages mapped again with a pattern), then the peer reads: no byte of the
+// new pages may reach it.
+TEST_F(NetPluginTest, DeregisteringABufferMidSendStopsReadsFromIt) {
+  const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(lfd, 0);
+  const int small = 4096;  // the peer's receive buffer: the send blocks early
+  ASSERT_EQ(setsockopt(lfd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t alen = sizeof(a);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(lfd, 1), 0);
+  ASSERT_EQ(getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen), 0);
+  wire::Handle h{};
+  h.magic = wire::kHandleMagic;
+  h.version = wire::kVersion;
+  h.family = AF_INET;
+  h.port_be = a.sin_port;
+  h.nsocks = 1;
+  std::memcpy(h.addr, &a.sin_addr, 4);
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  std::memcpy(handle, &h, sizeof(h));
+  void* sc = nullptr;
+  for (int i = 0; i < 500 && sc == nullptr; ++i) {  // bounded: 5 s
+    ASSERT_EQ(net_->connect(ctx_, 0, handle, &sc, nullptr), dqNetSuccess);
+    if (sc == nullptr) usleep(10 * 1000);
+  }
+  ASSERT_NE(sc, nullptr);
+  const int peer = accept(lfd, nullptr, nullptr);
+  ASSERT_GE(peer, 0);
+  wire::Hello hello{};
+  ASSERT_EQ(recv(peer, &hello, sizeof(hello), MSG_WAITALL), static_cast<ssize_t>(sizeof(hello)));
+  constexpr size_t kBytes = 32u << 20;
+  auto* buf = static_cast<char*>(
+      mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(buf, MAP_FAILED);
+  std::memset(buf, 0x11, kBytes);
+  void* mh = nullptr;
+  ASSERT_EQ(net_->regMr(sc, buf, kBytes, NCCL_PTR_HOST, &mh), dqNetSuccess);
+  void* req = nullptr;
+  ASSERT_EQ(net_->isend(sc, buf, kBytes, 1, mh, nullptr, &req), dqNetSuccess);
+  ASSERT_NE(req, nullptr);
+  usleep(200 * 1000);  // the writer fills the socket buffers and waits
+  int done = 0;
+  ASSERT_EQ(net_->test(req, &done, nullptr), dqNetSuccess);
+  ASSERT_EQ(done, 0) << "the send should still be blocked by the peer";
+  ASSERT_EQ(net_->deregMr(sc, mh), dqNetSuccess);
+  ASSERT_EQ(munmap(buf, kBytes), 0);
+  ASSERT_EQ(
+      mmap(buf, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+      buf);
+  std::memset(buf, 0x5a, kBytes);
+  // The peer reads what comes for 500 ms; after the header, only the old pages' 0x11 may appear.
+  size_t got = 0, pattern = 0;
+  std::vector<char> chunk(1 << 16);
+  const Clock::time_point t = Clock::now();
+  while (seconds_since(t) < 0.5) {
+    const ssize_t n = recv(peer, chunk.data(), chunk.size(), MSG_DONTWAIT);
+    if (n == 0) break;  // the sender shut its socket down
+    if (n < 0) {
+      usleep(1000);
+      continue;
+    }
+    for (ssize_t i = 0; i < n; ++i, ++got)
+      if (got >= sizeof(wire::MsgHeader) && chunk[static_cast<size_t>(i)] == 0x5a) ++pattern;
+  }
+  EXPECT_EQ(pattern, 0u) << "the connection sent bytes of memory deregistered and freed (" << got
+                         << " bytes read)";
+  EXPECT_NE(net_->test(req, &done, nullptr), dqNetSuccess);  // the send failed
+  EXPECT_EQ(net_->closeSend(sc), dqNetSuccess);
+  close(peer);
+  close(lfd);
+  munmap(buf, kBytes);
+}
+
 TEST_F(NetPluginTest, StalledPeerMidMessageFailsAfterTheTimeout) {
   setenv("DYNAMIQ_NET_TIMEOUT_MS", "1000", 1);
   LogCapture::clear();
