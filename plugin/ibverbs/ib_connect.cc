@@ -216,7 +216,7 @@ std::string Conn::qp_attributes() const {
                 "traffic class %u, service level %u, ack timeout %u (%.2f s a try), retries %u",
                 static_cast<unsigned>(a.ah_attr.grh.traffic_class),
                 static_cast<unsigned>(a.ah_attr.sl), static_cast<unsigned>(a.timeout),
-                4.096e-6 * static_cast<double>(uint64_t{1} << (a.timeout & 31u)),
+                ack_try_ms(static_cast<int>(a.timeout & 31u)) / 1000.0,
                 static_cast<unsigned>(a.retry_cnt));
   return text;
 }
@@ -227,10 +227,7 @@ void Conn::close() {
     poll_side();
   }
   if (side_send != nullptr) {
-    Ctl c{};
-    c.magic = ibwire::kCtlMagic;
-    c.version = ibwire::kVersion;
-    c.kind = ibwire::kBye;
+    Ctl c = ibwire::bare_ctl(ibwire::kBye);
     void* req = nullptr;
     if (!failed && !peer_closed &&
         socket_backend().isend(side_send, &c, sizeof(c), kSideTag, nullptr, &req) == Status::kOk &&
@@ -453,10 +450,7 @@ Status IbNet::progress_connect(PendingConnect* pc, void** send_comm) {
     sc->remote_records_rkey = pc->in.rkey;
     DQ_CHECK(sc->connect(pc->in, pc->ctx.traffic_class));
     // The QPs are in RTS: the acceptor may now write into them (its accept waits for this).
-    std::memset(&pc->out, 0, sizeof(pc->out));
-    pc->out.magic = ibwire::kCtlMagic;
-    pc->out.version = ibwire::kVersion;
-    pc->out.kind = ibwire::kReady;
+    pc->out = ibwire::bare_ctl(ibwire::kReady);
     pc->stage = 4;
   }
   bool sent = false;

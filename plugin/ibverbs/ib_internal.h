@@ -124,14 +124,19 @@ int relaxed_ordering_access();
 
 // ---------------------------------------------------------------- one endpoint (QP + CQ)
 
+// One try's nominal local ACK timeout: 4.096 us x 2^ack_timeout, in ms.
+inline double ack_try_ms(int ack_timeout) {
+  return 4.096e-3 * std::ldexp(1.0, ack_timeout);
+}
+
 // The data path's stall bound (ms) for queue pairs that retry `retry_count` times with a local
-// ACK timeout of 4.096 us x 2^ack_timeout: DYNAMIQ_NET_TIMEOUT_MS, or longer where the HCA may
+// ACK timeout of ack_try_ms(ack_timeout): DYNAMIQ_NET_TIMEOUT_MS, or longer where the HCA may
 // still be retransmitting then. The IB specification lets a try last up to 4x its nominal time;
 // a job's NCCL_IB_TIMEOUT=23 makes one try 34 s, past the 30 s default, and a lost packet the
 // HCA would have resent must not fail the connection.
 inline int64_t stall_bound_ms(int64_t net_timeout_ms, int ack_timeout, int retry_count) {
-  const double try_ms = 4.096e-3 * std::ldexp(1.0, ack_timeout);
-  const auto retries_ms = static_cast<int64_t>(std::ceil(4.0 * (retry_count + 1) * try_ms));
+  const auto retries_ms =
+      static_cast<int64_t>(std::ceil(4.0 * (retry_count + 1) * ack_try_ms(ack_timeout)));
   return std::max(net_timeout_ms, retries_ms);
 }
 

@@ -118,6 +118,15 @@ struct Ctl {
 static_assert(sizeof(Ctl) == 120 + sizeof(wire::Handle));
 
 // Why a Ctl is refused, or nullptr when it is well formed and of kind `want`.
+// A control message that carries its kind alone (kBye, kReady).
+inline Ctl bare_ctl(CtlKind kind) {
+  Ctl c{};
+  c.magic = kCtlMagic;
+  c.version = kVersion;
+  c.kind = kind;
+  return c;
+}
+
 inline const char* check_ctl(const Ctl& c, uint16_t want) {
   if (c.magic != kCtlMagic || c.version != kVersion) return "not a dynamiq verbs control message";
   if (c.kind != want) return "unexpected control message kind";

@@ -75,6 +75,19 @@ void stop_io_threads(Comm* c) {
   c->threads.clear();
 }
 
+// Where `in_use()` (asked under the comm's lock) says a request in flight uses the region being
+// deregistered: the comm fails with `why` and its threads stop before the caller frees it.
+template <class Comm, class InUse>
+void stop_if_in_use(Comm* c, InUse in_use, const char* why) {
+  bool used = false;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    used = in_use();
+    if (used) c->fail(why);
+  }
+  if (used) stop_io_threads(c);
+}
+
 }  // namespace
 
 // NCCL's teardown of a connection deregisters its buffers and frees them before it closes the
@@ -94,26 +107,26 @@ Status SocketNet::dereg_mr(void* comm, void* mhandle) {
   const uint32_t comm_magic = comm != nullptr ? *static_cast<const uint32_t*>(comm) : 0;
   if (comm_magic == kRecvCommMagic) {
     auto* rc = static_cast<RecvComm*>(comm);
-    bool in_use = false;
-    {
-      std::lock_guard<std::mutex> lock(rc->mu);
-      for (const RecvRequest* r : rc->requests)
-        for (int i = 0; i < r->n; ++i)
-          in_use = in_use ||
-                   (!r->slots[i].done && overlaps(r->slots[i].data, r->slots[i].capacity, *mr));
-      if (in_use) rc->fail("a buffer of a receive in progress was deregistered (an abort?)");
-    }
-    if (in_use) stop_io_threads(rc);
+    stop_if_in_use(
+        rc,
+        [&] {
+          for (const RecvRequest* r : rc->requests)
+            for (int i = 0; i < r->n; ++i)
+              if (!r->slots[i].done && overlaps(r->slots[i].data, r->slots[i].capacity, *mr))
+                return true;
+          return false;
+        },
+        "a buffer of a receive in progress was deregistered (an abort?)");
   } else if (comm_magic == kSendCommMagic) {
     auto* sc = static_cast<SendComm*>(comm);
-    bool in_use = false;
-    {
-      std::lock_guard<std::mutex> lock(sc->mu);
-      for (const SendRequest* r : sc->requests)
-        in_use = in_use || (!r->done && overlaps(r->data, r->size, *mr));
-      if (in_use) sc->fail("a buffer of a send in progress was deregistered (an abort?)");
-    }
-    if (in_use) stop_io_threads(sc);
+    stop_if_in_use(
+        sc,
+        [&] {
+          return std::any_of(sc->requests.begin(), sc->requests.end(), [&](const SendRequest* r) {
+            return !r->done && overlaps(r->data, r->size, *mr);
+          });
+        },
+        "a buffer of a send in progress was deregistered (an abort?)");
   }
   mr->magic = 0;
   delete mr;
@@ -260,13 +273,7 @@ Status SocketNet::close_send(void* send_comm) {
 Status SocketNet::close_recv(void* recv_comm) {
   return close_comm(static_cast<RecvComm*>(recv_comm), kRecvCommMagic,
                     "closeRecv: not a receive comm", [](RecvComm* rc) {
-                      rc->stop.store(true);
-                      for (int fd : rc->fds) shutdown(fd, SHUT_RDWR);
-                      {
-                        std::lock_guard<std::mutex> lock(rc->mu);
-                        rc->cv.notify_all();
-                      }
-                      for (auto& t : rc->threads) t.join();
+                      stop_io_threads(rc);
                       for (int& fd : rc->fds) close_socket(&fd);
                     });
 }
