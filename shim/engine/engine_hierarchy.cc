@@ -101,12 +101,11 @@ ncclResult_t Engine::setup_hierarchy() {
   //   ncclCommGetAsyncError is polled until it leaves that state (as NCCL documents for a
   //   non-blocking communicator's operations), within DYNAMIQ_TIMEOUT_MS, and the handle is then
   //   written. Still in progress at the bound, NCCL may write it later: the Hierarchy that holds
-  //   it is then never freed (`split_pending`);
+  //   it is then never freed (Hierarchy::split_pending);
   // - a child made but still initialising (the CPU NCCL's non-blocking splits): the child is
   //   polled likewise.
   // A peer that never reaches a split costs this rank one timeout, and then every rank runs
   // flat. No split is issued once an abort of the communicator began (its parent may be freed).
-  bool split_pending = false;
   auto split_settled = [&](int color, int key, ncclComm_t* child) {
     if (aborting()) return stop_for_abort("before splitting the node and rail communicators");
     ncclConfig_t config = nonblocking_split_config();
@@ -114,7 +113,7 @@ ncclResult_t Engine::setup_hierarchy() {
     if (r == ncclInProgress && *child == nullptr) {
       r = ops_.settled(comm_.comm, r, settings_.timeout_ms);
       if (*child == nullptr) {
-        split_pending = split_pending || r != ncclSuccess;
+        if (r != ncclSuccess) h->split_pending = true;
         return r == ncclSuccess ? ncclInternalError : r;  // done, yet no communicator
       }
     }
@@ -152,7 +151,6 @@ ncclResult_t Engine::setup_hierarchy() {
   }
   if (agreed != ncclSuccess || any != 0) {
     hierarchy_->abort_comms = true;  // a peer's split may still be pending on its side
-    hierarchy_->split_pending = split_pending;
     DQ_WARN(Subsys::kEngine,
             "dynamiq: rank %d/%d: splitting the node and rail communicators (or making their "
             "streams) failed on %s (%s, %s): flat schedule",

@@ -166,12 +166,16 @@ TEST_F(IbConnectTest, AcceptReturnsOnlyOnceTheConnectorsQueuePairsAreReady) {
   EXPECT_EQ(rc, nullptr) << "accept returned before the connector's queue pairs were ready";
   t = Clock::now();
   while ((sc == nullptr || rc == nullptr) && ms_since(t) < 5000) {
-    if (sc == nullptr) ASSERT_EQ(net_.connect(CommContext{}, 0, handle_, &sc), Status::kOk);
+    if (sc == nullptr) {
+      ASSERT_EQ(net_.connect(CommContext{}, 0, handle_, &sc), Status::kOk);
+    }
     if (rc == nullptr) {
       ASSERT_EQ(net_.accept(lc, &rc), Status::kOk);
-      if (rc != nullptr)
-        for (const ibv_qp* q : connector_qps)
+      if (rc != nullptr) {
+        for (const ibv_qp* q : connector_qps) {
           EXPECT_EQ(q->state, IBV_QPS_RTS) << "the acceptor's connection was made first";
+        }
+      }
     }
     usleep(1000);
   }
