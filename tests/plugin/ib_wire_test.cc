@@ -158,8 +158,12 @@ TEST(IbWire, StripesTileTheMessage) {
         uint64_t off = 0, len = 0;
         stripe_range(size, k, i, &off, &len);
         EXPECT_EQ(off, next) << "stripe " << i << " of " << size;
-        if (size > 0) EXPECT_GT(len, 0u) << "stripe " << i << " of " << size << " is empty";
-        if (i + 1 < k) EXPECT_EQ(off % 4096, 0u);
+        if (size > 0) {
+          EXPECT_GT(len, 0u) << "stripe " << i << " of " << size << " is empty";
+        }
+        if (i + 1 < k) {
+          EXPECT_EQ(off % 4096, 0u);
+        }
         next = off + len;
       }
       EXPECT_EQ(next, size) << size << " on " << nqps;
