@@ -156,6 +156,32 @@ void socket_forget_connect(void* handle) {
 
 namespace dq::net::sock {
 
+namespace {
+
+// accept(2) errors that belong to one incoming connection rather than to the listener. Besides
+// EINTR and ECONNABORTED, Linux passes a new TCP connection's pending network error to accept()
+// (its manual names these); treating them as failures would fail the whole communicator's set-up
+// over one peer's dropped attempt. The caller's loop is bounded (kMaxAcceptsPerCall).
+bool is_failed_connection_error(int e) {
+  switch (e) {
+    case EINTR:
+    case ECONNABORTED:
+    case ENETDOWN:
+    case EPROTO:
+    case ENOPROTOOPT:
+    case EHOSTDOWN:
+    case ENONET:
+    case EHOSTUNREACH:
+    case EOPNOTSUPP:
+    case ENETUNREACH:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 Status SocketNet::accept(void* listen_comm, void** recv_comm) {
   *recv_comm = nullptr;
   auto* lc = static_cast<ListenComm*>(listen_comm);
@@ -170,7 +196,8 @@ Status SocketNet::accept(void* listen_comm, void** recv_comm) {
     int fd = accept_socket(lc->fd, reinterpret_cast<sockaddr*>(&addr), &len,
                            SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // The connection failed before it was taken, not the listener: the next one may be fine.
+      if (is_failed_connection_error(errno)) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       NET_WARN("accept failed: %s", std::strerror(errno));
       return Status::kSystemError;

@@ -1,17 +1,40 @@
-// The socket backend where a connection's I/O thread cannot start (std::thread throws
-// std::system_error, EAGAIN, at the process's thread or pids limit): connect and accept return an
-// error, the threads already started are joined and the connection's sockets closed. The failure
-// is injected (fail_thread_start_for_testing); the environment sets DYNAMIQ_NET_IFNAME=lo and
-// DYNAMIQ_NET_NSOCKS=3, so the second of three threads fails after the first started.
+// The socket backend's set-up under injected failures.
+// - A connection's I/O thread cannot start (std::thread throws std::system_error, EAGAIN, at the
+//   process's thread or pids limit): connect and accept return an error, the threads already
+//   started are joined and the connection's sockets closed. Injected with
+//   fail_thread_start_for_testing; the environment sets DYNAMIQ_NET_IFNAME=lo and
+//   DYNAMIQ_NET_NSOCKS=3, so the second of three threads fails after the first started.
+// - accept(2) reports an incoming connection's own failure (Linux passes a new connection's
+//   pending network error to accept): the listener goes on. Injected by this program's accept4,
+//   which the backend's call resolves to before libc's.
 #include <dirent.h>
+#include <errno.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "plugin/net_backend.h"
 #include "plugin/socket/socket_comms.h"
+
+namespace {
+// accept4 calls still to fail, and the errno they fail with.
+std::atomic<int> g_failing_accepts{0};
+std::atomic<int> g_accept_errno{0};
+}  // namespace
+
+extern "C" int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+  if (g_failing_accepts.load() > 0 && g_failing_accepts.fetch_sub(1) > 0) {
+    errno = g_accept_errno.load();
+    return -1;
+  }
+  return static_cast<int>(syscall(SYS_accept4, fd, addr, len, flags));
+}
 
 namespace dq::net::sock {
 namespace {
@@ -124,6 +147,47 @@ TEST_F(SocketThreadStartTest, ConnectionsStillWorkAfterwards) {
   ASSERT_NE(recv_comm, nullptr);
   EXPECT_EQ(net_.close_send(send_comm), Status::kOk);
   EXPECT_EQ(net_.close_recv(recv_comm), Status::kOk);
+  EXPECT_EQ(net_.close_listen(listen_comm_), Status::kOk);
+  EXPECT_EQ(live_threads(), threads_before_);
+  EXPECT_EQ(open_fds(), fds_before_);
+}
+
+// Each error accept(2)'s manual lists as a new connection's pending network error, and the two
+// that say the connection was aborted or the call interrupted: the next accept takes the
+// connection that is waiting (before, each failed the accept and so the communicator's set-up).
+TEST_F(SocketThreadStartTest, AcceptGoesOnAfterAConnectionsOwnFailure) {
+  for (const int e : {EINTR, ECONNABORTED, ENETDOWN, EPROTO, ENOPROTOOPT, EHOSTDOWN, ENONET,
+                      EHOSTUNREACH, EOPNOTSUPP, ENETUNREACH}) {
+    void* send_comm = nullptr;
+    ASSERT_EQ(connect(&send_comm), Status::kOk);
+    g_accept_errno = e;
+    g_failing_accepts = 2;
+    void* recv_comm = nullptr;
+    EXPECT_EQ(accept(&recv_comm), Status::kOk) << std::strerror(e);
+    EXPECT_NE(recv_comm, nullptr) << std::strerror(e);
+    EXPECT_EQ(g_failing_accepts.load(), 0) << "the injected failures were not reached";
+    EXPECT_EQ(net_.close_send(send_comm), Status::kOk);
+    if (recv_comm != nullptr) {
+      EXPECT_EQ(net_.close_recv(recv_comm), Status::kOk);
+    }
+  }
+  EXPECT_EQ(net_.close_listen(listen_comm_), Status::kOk);
+  EXPECT_EQ(live_threads(), threads_before_);
+  EXPECT_EQ(open_fds(), fds_before_);
+}
+
+// An error of the listener itself (out of descriptors) still fails the accept, with nothing left
+// open once the listener is closed.
+TEST_F(SocketThreadStartTest, AcceptReportsTheListenersOwnFailure) {
+  void* send_comm = nullptr;
+  ASSERT_EQ(connect(&send_comm), Status::kOk);
+  g_accept_errno = EMFILE;
+  g_failing_accepts = 1;
+  void* recv_comm = nullptr;
+  EXPECT_EQ(accept(&recv_comm), Status::kSystemError);
+  EXPECT_EQ(recv_comm, nullptr);
+  g_failing_accepts = 0;
+  EXPECT_EQ(net_.close_send(send_comm), Status::kOk);
   EXPECT_EQ(net_.close_listen(listen_comm_), Status::kOk);
   EXPECT_EQ(live_threads(), threads_before_);
   EXPECT_EQ(open_fds(), fds_before_);
