@@ -72,8 +72,7 @@ void Conn::poll_side() {  // mu held
   bye_req = nullptr;
   const char* bad = ibwire::check_ctl(bye, ibwire::kBye);
   if (bad != nullptr) {
-    fail_status = Status::kMalformedPayload;
-    fail(std::string("malformed control message: ") + bad);
+    fail(Status::kMalformedPayload, std::string("malformed control message: ") + bad);
     return;
   }
   peer_closed = true;

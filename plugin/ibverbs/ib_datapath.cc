@@ -140,10 +140,10 @@ void SendComm::progress() {  // mu held
       const uint32_t nrecv = snap[pos].n;
       if (nrecv < 1 || nrecv > static_cast<uint32_t>(kMaxGroupedRecvs) ||
           cur_seq[pos] <= frontier) {
-        fail_status = Status::kMalformedPayload;
-        return fail("malformed FIFO slot: posting " + std::to_string(cur_seq[pos]) + " with " +
-                    std::to_string(nrecv) + " grouped receives (postings up to " +
-                    std::to_string(frontier) + " already taken)");
+        return fail(Status::kMalformedPayload,
+                    "malformed FIFO slot: posting " + std::to_string(cur_seq[pos]) + " with " +
+                        std::to_string(nrecv) + " grouped receives (postings up to " +
+                        std::to_string(frontier) + " already taken)");
       }
     }
     if (cur_seq[pos] == 0) continue;
@@ -179,10 +179,10 @@ void SendComm::progress() {  // mu held
   poll_side();
   if (failed) return;
   if (sq_used > 0 && ms_since(last_progress) > stall_ms) {
-    fail_status = Status::kTimeout;
-    return fail("no completion for " + std::to_string(stall_ms) +
-                " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries) with " +
-                std::to_string(sq_used) + " work requests in flight");
+    return fail(Status::kTimeout,
+                "no completion for " + std::to_string(stall_ms) +
+                    " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries) with " +
+                    std::to_string(sq_used) + " work requests in flight");
   }
   // kBye travels on TCP, the ACKs of our last writes on the QP: a receiver that got every
   // message and closed may overtake them, so writes in flight are left to their completions
@@ -247,27 +247,27 @@ void RecvComm::progress() {  // mu held
       const int e = static_cast<int>(idx % kMaxGroupedRecvs);
       RecvReq* r = slot < kFifoDepth ? by_slot[slot] : nullptr;
       if (r == nullptr || e >= r->n || r->got[e] || ibwire::imm_stripes(imm) > ibwire::kMaxQps) {
-        fail_status = Status::kMalformedPayload;
-        return fail("immediate " + std::to_string(idx) + " (slot " + std::to_string(slot) +
-                    ", entry " + std::to_string(e) + ") names no pending receive: " +
-                    (r == nullptr ? std::string("the slot is free")
-                                  : "posting " + std::to_string(r->seq) + " of " +
-                                        std::to_string(r->n) + " entries, entry " +
-                                        (e >= r->n   ? "out of range"
-                                         : r->got[e] ? "already received"
-                                                     : "stripe count out of range")) +
-                    " (next posting " + std::to_string(next_seq) + ", local QP " +
-                    std::to_string(wc[i].qp_num) + ", " + std::to_string(wc[i].byte_len) +
-                    " bytes)");
+        return fail(Status::kMalformedPayload,
+                    "immediate " + std::to_string(idx) + " (slot " + std::to_string(slot) +
+                        ", entry " + std::to_string(e) + ") names no pending receive: " +
+                        (r == nullptr ? std::string("the slot is free")
+                                      : "posting " + std::to_string(r->seq) + " of " +
+                                            std::to_string(r->n) + " entries, entry " +
+                                            (e >= r->n   ? "out of range"
+                                             : r->got[e] ? "already received"
+                                                         : "stripe count out of range")) +
+                        " (next posting " + std::to_string(next_seq) + ", local QP " +
+                        std::to_string(wc[i].qp_num) + ", " + std::to_string(wc[i].byte_len) +
+                        " bytes)");
       }
       bool complete = false;
       const char* refused = r->stripes[e].take(static_cast<uint32_t>(q), ibwire::imm_stripes(imm),
                                                static_cast<uint32_t>(qps.size()), &complete);
       if (refused != nullptr) {
-        fail_status = Status::kMalformedPayload;
-        return fail("immediate " + std::to_string(imm) + " on QP " + std::to_string(q) +
-                    " for posting " + std::to_string(r->seq) + ", entry " + std::to_string(e) +
-                    ": " + refused);
+        return fail(Status::kMalformedPayload, "immediate " + std::to_string(imm) + " on QP " +
+                                                   std::to_string(q) + " for posting " +
+                                                   std::to_string(r->seq) + ", entry " +
+                                                   std::to_string(e) + ": " + refused);
       }
       if (!complete) continue;  // the size record came with QP 0's stripe
       const uint64_t rec = records[idx];
@@ -287,9 +287,9 @@ void RecvComm::progress() {  // mu held
   poll_side();
   if (failed) return;
   if (sq_used > 0 && ms_since(last_progress) > stall_ms) {
-    fail_status = Status::kTimeout;
-    return fail("no completion of a receive posting for " + std::to_string(stall_ms) +
-                " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries)");
+    return fail(Status::kTimeout,
+                "no completion of a receive posting for " + std::to_string(stall_ms) +
+                    " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries)");
   }
   bool pending = std::any_of(reqs.begin(), reqs.end(), [](RecvReq* r) { return r->remaining; });
   if (peer_closed && pending) fail("the peer closed the connection with receives pending");
@@ -458,10 +458,10 @@ Status IbNet::test(void* request, int* done, int* sizes) {
       return Status::kOk;
     }
     if (st == Status::kOk && ms_since(r->start) > rc->stall_ms) {
-      rc->fail_status = Status::kTimeout;
-      rc->fail("a flush did not complete within " + std::to_string(rc->stall_ms) +
-               " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries)");
-      return Status::kTimeout;
+      rc->fail(Status::kTimeout,
+               "a flush did not complete within " + std::to_string(rc->stall_ms) +
+                   " ms (DYNAMIQ_NET_TIMEOUT_MS, or the queue pairs' own retries)");
+      return rc->fail_status;
     }
     return rc->failed ? rc->fail_status : st;
   }

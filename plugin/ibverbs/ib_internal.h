@@ -167,7 +167,15 @@ struct Conn {
   int sq_used = 0;  // send work requests posted and not yet retired, all QPs
   Clock::time_point last_progress = Clock::now();
 
-  // Marks the connection failed (the first failure only is logged). mu held.
+  // Marks the connection failed with `status`, what every later call on it returns: the first
+  // failure's status and message stand (a timeout after a malformed message still reports the
+  // message). mu held.
+  void fail(Status status, const std::string& why) {
+    if (failed) return;
+    fail_status = status;
+    fail(why);
+  }
+  // The same with the default status, kSystemError (the first failure only is logged). mu held.
   void fail(const std::string& why, bool warn = true) {
     if (failed) return;
     failed = true;

@@ -202,6 +202,27 @@ TEST_F(IbFlushTest, AStallIsBoundedByTheQueuePairsRetriesAsWell) {
   fake_.executed = fake_.queue.size();  // the READs end, so the comm closes cleanly
 }
 
+// A comm that failed keeps its first failure's status: a flush that then outlives the stall bound
+// reports that failure (a peer's malformed message, NCCL's remote error), not a timeout of its own.
+TEST_F(IbFlushTest, AFlushOnAFailedCommReportsTheFirstFailure) {
+  void* req = nullptr;
+  ASSERT_EQ(net_.iflush(rc_, 1, data_, sizes_, mhandles_, &req), Status::kOk);
+  ASSERT_NE(req, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(rc_->mu);
+    rc_->fail(Status::kMalformedPayload, "a malformed message (injected)");
+  }
+  int done = 0;
+  EXPECT_EQ(net_.test(req, &done, nullptr), Status::kMalformedPayload);
+  dev_.ack_timeout = 1;  // 8 us a try: the stall bound is the 1 ms setting
+  dev_.retry_count = 0;
+  rc_->set_timeouts(1);
+  usleep(10 * 1000);
+  EXPECT_EQ(net_.test(req, &done, nullptr), Status::kMalformedPayload);
+  EXPECT_EQ(done, 0);
+  fake_.executed = fake_.queue.size();  // the READs end, so the comm closes cleanly
+}
+
 // Every verbs object a receive comm made, its flush QP's included, is gone once it closes.
 TEST(IbFlushClose, ClosingTheCommDestroysItsFlushQueuePair) {
   FakeDevice fake;
