@@ -35,15 +35,19 @@ int relaxed_ordering_access() {
 
 namespace {
 
-// A registration with relaxed ordering failed (errno set): true where it is on only where taken
-// (mode 2), which turns it off for this and every later registration (one INFO line), to be
-// made again without; false in mode 1, where the failure stands.
-bool retry_without_relaxed_ordering(const char* what) {
-  if (g_relaxed_mode.load() != 2) return false;
+// Mode 2 takes relaxed ordering only where the device takes it: a registration that failed with
+// it is made again without, and only where that succeeds was the failure relaxed ordering's, which
+// is then off for every later registration (one INFO line). A region that fails both ways (a bad
+// address, memory short) says nothing about relaxed ordering, which stays on. Mode 1 never
+// retries: the failure stands.
+bool may_retry_without_relaxed_ordering() {
+  return g_relaxed_mode.load() == 2;
+}
+void relaxed_ordering_refused(const char* what, int relaxed_errno) {
   if (g_relaxed_access.exchange(0) != 0)
-    NET_INFO("verbs relaxed ordering: %s with it failed (%s): off from now on", what,
-             std::strerror(errno));
-  return true;
+    NET_INFO(
+        "verbs relaxed ordering: %s failed with it and succeeded without (%s): off from now on",
+        what, std::strerror(relaxed_errno));
 }
 
 }  // namespace
@@ -54,17 +58,19 @@ Status register_bytes(ibv_pd* pd, void* data, size_t size, ibv_mr** out) {
     *out = verbs().reg_mr_iova2(pd, data, size, reinterpret_cast<uintptr_t>(data),
                                 static_cast<unsigned>(kAccess | relaxed));
     if (*out != nullptr) return Status::kOk;
-    if (!retry_without_relaxed_ordering("a registration")) {
+    if (!may_retry_without_relaxed_ordering()) {
       NET_WARN("ibv_reg_mr_iova2 of %p+%zu with relaxed ordering failed: %s", data, size,
                std::strerror(errno));
       return Status::kSystemError;
     }
   }
+  const int relaxed_errno = errno;
   *out = verbs().reg_mr(pd, data, size, kAccess);
   if (*out == nullptr) {
     NET_WARN("ibv_reg_mr of %p+%zu failed: %s", data, size, std::strerror(errno));
     return Status::kSystemError;
   }
+  if (relaxed != 0) relaxed_ordering_refused("a registration", relaxed_errno);
   return Status::kOk;
 }
 
@@ -188,9 +194,11 @@ Status IbNet::reg_mr_dma_buf(void* comm, void* data, size_t size, int type, uint
     const auto iova = reinterpret_cast<uint64_t>(data);
     const int relaxed = relaxed_ordering_access();
     m->mr = verbs().reg_dmabuf_mr(dev->pd, offset, size, iova, fd, kAccess | relaxed);
-    if (m->mr == nullptr && relaxed != 0 &&
-        retry_without_relaxed_ordering("a DMA-BUF registration"))
+    if (m->mr == nullptr && relaxed != 0 && may_retry_without_relaxed_ordering()) {
+      const int relaxed_errno = errno;
       m->mr = verbs().reg_dmabuf_mr(dev->pd, offset, size, iova, fd, kAccess);
+      if (m->mr != nullptr) relaxed_ordering_refused("a DMA-BUF registration", relaxed_errno);
+    }
     if (m->mr == nullptr) {
       NET_WARN("ibv_reg_dmabuf_mr of %p+%zu (fd %d, offset %llu) failed: %s", data, size, fd,
                static_cast<unsigned long long>(offset), std::strerror(errno));
