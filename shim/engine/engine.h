@@ -133,7 +133,10 @@ class Engine {
   // A flag another thread sets when it aborts the communicator: on NVIDIA's NCCL the real abort
   // comes before the engine's teardown (shim/engine/interceptor.cc), and a call that was waiting
   // then enqueues nothing more on the aborted communicator. Must outlive the engine.
-  void watch_abort(const std::atomic<bool>* aborted) { aborted_ = aborted; }
+  void watch_abort(const std::atomic<bool>* aborted) {
+    aborted_ = aborted;
+    ops_.abort_flag = aborted;  // settled()'s polls stop at it too
+  }
 
   // ncclCommRevoke, or ncclCommShrink with NCCL_SHRINK_ABORT, on the application's communicator
   // (whose own operations the real call ends): revokes the node and rail communicators this

@@ -2,6 +2,7 @@
 // functions (dlsym RTLD_NEXT), tests with the CPU NCCL's. The engine never calls NCCL directly,
 // so its own calls never re-enter the interposer.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <thread>
@@ -36,6 +37,9 @@ struct NcclOps {
   ncclResult_t (*comm_revoke)(ncclComm_t, int) = nullptr;
   // Optional (the CPU NCCL's communicators are all blocking): for settled().
   ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;
+  // Set once another thread began aborting the communicator (Engine::watch_abort): settled()
+  // then stops polling it, since NVIDIA's abort frees it. Null: never (the shim's own table).
+  const std::atomic<bool>* abort_flag = nullptr;
 
   // `r`, what an NCCL call on `comm` returned, once NCCL has issued it. A non-blocking
   // communicator answers ncclInProgress while the operation is still being issued, which is not
@@ -44,11 +48,16 @@ struct NcclOps {
   // peer that never joined, as every other wait of the engine for its peers reports it): never
   // ncclInProgress, which stored as a communicator's error, or returned from a group's end whose
   // held calls were not all issued, would have the application poll for good. 20 us between polls
-  // after the first thousand.
+  // after the first thousand. An abort begun on another thread ends the polling with
+  // ncclInvalidUsage (what the engine's calls return once it aborts): the communicator's memory
+  // may be gone, and the wait would otherwise last until timeout_ms, the aborting thread's
+  // teardown waiting with it.
   ncclResult_t settled(ncclComm_t comm, ncclResult_t r, int64_t timeout_ms) const {
     if (r != ncclInProgress || comm_get_async_error == nullptr) return r;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (uint64_t poll = 0;; ++poll) {
+      if (abort_flag != nullptr && abort_flag->load(std::memory_order_acquire))
+        return ncclInvalidUsage;
       ncclResult_t state = ncclInProgress;
       if (const ncclResult_t q = comm_get_async_error(comm, &state); q != ncclSuccess) return q;
       if (state != ncclInProgress) return state;

@@ -1,6 +1,7 @@
 // NcclOps::settled(): how the engine and the shim wait for a non-blocking communicator's call.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 
 #include "shim/engine/nccl_ops.h"
@@ -66,6 +67,32 @@ TEST(NcclOpsSettled, AStuckCallFailsAfterTheTimeout) {
   EXPECT_EQ(r, ncclRemoteError);
   EXPECT_GE(waited_ms, 50.0);
   EXPECT_LT(waited_ms, 10000.0);  // bounded (a loose limit: a loaded machine)
+}
+
+// An abort begun on another thread while a call is polled: the polling stops at the next poll
+// (NVIDIA's abort frees the communicator being asked), with the engine's abort result, instead of
+// going on until the timeout with the aborting thread's teardown waiting for it.
+std::atomic<bool> aborted{false};
+int abort_at_poll = 0;
+ncclResult_t fake_async_error_then_abort(ncclComm_t comm, ncclResult_t* state) {
+  if (polls + 1 == abort_at_poll) aborted = true;  // another thread's abort, during this poll
+  return fake_async_error(comm, state);
+}
+
+TEST(NcclOpsSettled, AnAbortEndsThePolling) {
+  NcclOps ops = ops_polling(1 << 30, ncclSuccess);
+  ops.comm_get_async_error = fake_async_error_then_abort;
+  ops.abort_flag = &aborted;
+  abort_at_poll = 10;
+  EXPECT_EQ(ops.settled(nullptr, ncclInProgress, 600000), ncclInvalidUsage);
+  EXPECT_EQ(polls, 10);  // none after the abort began
+  // Already aborted: the communicator is not asked at all.
+  polls = 0;
+  EXPECT_EQ(ops.settled(nullptr, ncclInProgress, 600000), ncclInvalidUsage);
+  EXPECT_EQ(polls, 0);
+  // A call that did not need polling is answered as NCCL answered it.
+  EXPECT_EQ(ops.settled(nullptr, ncclSuccess, 600000), ncclSuccess);
+  aborted = false;
 }
 
 }  // namespace
