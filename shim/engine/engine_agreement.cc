@@ -199,6 +199,9 @@ ncclResult_t Engine::handshake() {
 ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
   LocalControl local{&settings_, false, opted_in_, comm_.rank == 0, true, false};
   const size_t n = static_cast<size_t>(control_words());
+  // Either failure is sticky, as every failure of the handshake: its peers' handshake failed or
+  // took this rank's words, so a later stand-in, or a later pass-through, would meet their next
+  // collective instead (another size and type: a hang or a corrupted sum).
   if (standby_words_ == nullptr &&
       (standby_ == nullptr || standby_->alloc_mapped(2 * n * 4, &standby_words_) != Status::kOk)) {
     standby_words_ = nullptr;
@@ -207,14 +210,21 @@ ncclResult_t Engine::handshake_without_device(cudaStream_t stream) {
             "dynamiq: rank %d: no device memory for the handshake's words; this rank cannot take "
             "part, and its peers' handshake fails at DYNAMIQ_TIMEOUT_MS",
             comm_.rank);
-    return ncclSystemError;
+    return broken_ = ncclSystemError;
   }
   auto* send = static_cast<uint32_t*>(standby_words_);
   pack_control(local, send);
   const ncclResult_t r = ops_.settled(
       comm_.comm, ops_.all_reduce(send, send + n, n, ncclUint32, ncclMax, comm_.comm, stream),
       settings_.timeout_ms);
-  if (r != ncclSuccess) return r;
+  if (r != ncclSuccess) {
+    state_ = State::kInert;
+    DQ_WARN(Subsys::kEngine,
+            "dynamiq: rank %d: the handshake's all-reduce failed (NCCL error %d, %s); this "
+            "communicator's calls fail from now on",
+            comm_.rank, static_cast<int>(r), ops_.error_string(r));
+    return broken_ = r;
+  }
   state_ = State::kInert;
   log_decision_without_handshake(
       "this rank could not set up its device (see its WARN line); every rank passes through");

@@ -992,6 +992,7 @@ int destroy_if_passed(int code, ncclComm_t* comms, int n_comms) {
 int capture_check(int n);          // engine_emulated_cuda_capture.cc
 int in_progress_check(int n);      // engine_emulated_cuda_capture.cc
 int standby_capture_check(int n);  // engine_emulated_cuda_capture.cc
+int standby_failure_check(int n);  // engine_emulated_cuda_capture.cc
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -1007,6 +1008,8 @@ int main(int argc, char** argv) {
   if (std::string(argv[1]) == "capture") return capture_check(argc > 2 ? std::atoi(argv[2]) : 2);
   if (std::string(argv[1]) == "standby_capture")
     return standby_capture_check(argc > 2 ? std::atoi(argv[2]) : 4);
+  if (std::string(argv[1]) == "standby_failure")
+    return standby_failure_check(argc > 2 ? std::atoi(argv[2]) : 4);
   const bool two_level = std::string(argv[1]) == "two_level";
   const int n = two_level ? 4 : std::atoi(argv[1]);
   const std::string topo = argc > 2 ? argv[2] : "auto";

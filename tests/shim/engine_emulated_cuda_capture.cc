@@ -191,6 +191,58 @@ int standby_capture_body(int n, int rank, ncclComm_t comm) {
   return 0;
 }
 
+// Rank 1's device cannot be set up, and NCCL reports its stand-in handshake (the MAX all-reduce
+// of its control words on the standby's memory) failed after issuing it, as a non-blocking
+// communicator's call that never settled does. Its peers' handshakes complete with it and they
+// pass through from then on. Rank 1 must not run the stand-in again at its next call: that
+// all-reduce would meet its peers' next collective instead (another size and type: a hang or a
+// corrupted sum). Its failure is sticky, as every other failure of the handshake.
+std::atomic<int> g_standby_all_reduces{0};
+ncclResult_t failing_all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  const ncclResult_t r = ncclAllReduce(send, recv, count, dtype, op, comm, stream);
+  return ++g_standby_all_reduces == 1 && r == ncclSuccess ? ncclSystemError : r;
+}
+
+int standby_failure_body(int n, int rank, ncclComm_t comm) {
+  constexpr size_t kCount = 16 * 1024 + 5;
+  const auto settings = dq::test::settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_MIN_BYTES", "0"}, {"DYNAMIQ_TIMEOUT_MS", "20000"}});
+  dq::engine::EmulatedCudaFault fault;
+  dq::engine::NcclOps ops = dq::test::cpu_nccl_ops();
+  if (rank == 1) {
+    fault.streams_before_failure = 1;  // the caller's stream below, then none
+    ops.all_reduce = failing_all_reduce;
+  }
+  const std::unique_ptr<Device> cuda = dq::engine::make_emulated_cuda_device(nullptr, fault);
+  dq::engine::StreamHandle stream = nullptr;
+  CHECK_OR(2, cuda->create_stream(&stream) == dq::Status::kOk, "rank %d: the caller's stream",
+           rank);
+  Engine eng(settings, true, {comm, rank, n}, ops, cuda.get(),
+             std::make_shared<dq::engine::CommMetrics>(), true);
+  std::vector<float> out(kCount);
+  const std::vector<float> in = integer_input(rank, 0, kCount);
+  for (int k = 0; k < (rank == 1 ? 2 : 1); ++k) {
+    CallArgs call = dq::test::call_of(in.data(), out.data(), kCount);
+    call.stream = static_cast<cudaStream_t>(stream);
+    PassReason reason = PassReason::kRerouted;
+    const ncclResult_t r = eng.run(call, &reason);
+    if (rank == 1) {
+      CHECK_OR(3, r != ncclSuccess, "rank 1: call %d succeeded after its handshake failed", k);
+      CHECK_OR(4, g_standby_all_reduces.load() == 1,
+               "rank 1: call %d: %d stand-in handshakes issued (1 expected: a second meets its "
+               "peers' next collective)",
+               k, g_standby_all_reduces.load());
+    } else {
+      CHECK_OR(5, r == ncclSuccess && reason != PassReason::kRerouted,
+               "rank %d: NCCL result %d, reason %s (a pass-through expected)", rank,
+               static_cast<int>(r), dq::engine::reason_name(reason));
+    }
+  }
+  cuda->destroy_stream(stream);
+  return 0;
+}
+
 // A non-blocking communicator, modelled over the CPU NCCL: every group end and every all-reduce
 // outside a group answers ncclInProgress (the operation was issued, as the CPU NCCL's return
 // says), and ncclCommGetAsyncError answers ncclInProgress for the next kPolls polls, then
@@ -296,6 +348,17 @@ int standby_capture_check(int n) {
       "capture with rank 1's device not set up, %d ranks: every rank passed the captured calls "
       "through, in a group and outside, the capture intact; the handshake after it, the calls "
       "exact\n",
+      n);
+  return 0;
+}
+
+// engine_emulated_cuda standby_failure NRANKS: rank 1's stand-in handshake reported failed
+// (standby_failure_body). Exit 0 pass.
+int standby_failure_check(int n) {
+  if (run_check(n, "standby failure", standby_failure_body) != 0) return 1;
+  std::printf(
+      "rank 1's device not set up and its stand-in handshake reported failed, %d ranks: its peers "
+      "passed through, rank 1 failed its next call without a second stand-in\n",
       n);
   return 0;
 }
