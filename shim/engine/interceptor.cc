@@ -1,6 +1,7 @@
 #include "shim/engine/interceptor.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,9 +21,49 @@
 namespace dq::shim {
 namespace {
 
+// The loaded object, other than this library, that defines ncclAllReduce: where a process loaded
+// NCCL into a local scope only (a Python extension opened RTLD_LOCAL that needs libnccl.so.2, or
+// that links NCCL in statically and exports it), which dlsym(RTLD_NEXT) does not search. The
+// application's calls still reach this library (a preloaded library comes first in every
+// scope). Its handle stays open: NCCL must outlive the pointers taken from it. Null where none.
+void* nccl_in_a_local_scope() {
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&nccl_in_a_local_scope), &self) == 0) return nullptr;
+  std::vector<std::string> paths;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name != nullptr && info->dlpi_name[0] != '\0')
+          static_cast<std::vector<std::string>*>(out)->emplace_back(info->dlpi_name);
+        return 0;
+      },
+      &paths);
+  for (const std::string& path : paths) {  // bounded by the loaded objects
+    void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr) continue;
+    Dl_info where{};
+    void* f = dlsym(handle, "ncclAllReduce");
+    if (f != nullptr && dladdr(f, &where) != 0 && where.dli_fbase != self.dli_fbase) {
+      DQ_INFO(Subsys::kShim, "dynamiq: NCCL found outside the global scope, in %s",
+              where.dli_fname);
+      return handle;
+    }
+    dlclose(handle);
+  }
+  return nullptr;
+}
+
+// A function of the real NCCL: the next library after ours (dlsym RTLD_NEXT), or, where NCCL is
+// in no library after ours, the object nccl_in_a_local_scope() finds. Decided once, by
+// ncclAllReduce, for every name.
+void* real_symbol(const char* name) {
+  static void* const local =
+      dlsym(RTLD_NEXT, "ncclAllReduce") != nullptr ? nullptr : nccl_in_a_local_scope();
+  return local != nullptr ? dlsym(local, name) : dlsym(RTLD_NEXT, name);
+}
+
 template <class F>
 void resolve(const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+  *out = reinterpret_cast<F>(real_symbol(name));
 }
 
 struct CommEntry {
@@ -202,7 +243,7 @@ std::string& unsupported_text() {
 // The wrapped NCCL's version, once: logged, and checked against the supported range.
 void check_nccl_version() {
   using GetVersion = ncclResult_t (*)(int*);
-  const auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_NEXT, "ncclGetVersion"));
+  const auto get = reinterpret_cast<GetVersion>(real_symbol("ncclGetVersion"));
   int code = -1;
   if (get == nullptr || get(&code) != ncclSuccess) code = -1;
   g_nccl_version = code;
@@ -280,7 +321,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
     why = "this build of libdynamiq.so has no CUDA device (built without CUDA)";
   } else {
     using CuDevice = ncclResult_t (*)(ncclComm_t, int*);
-    static const auto cu_device = reinterpret_cast<CuDevice>(dlsym(RTLD_NEXT, "ncclCommCuDevice"));
+    static const auto cu_device = reinterpret_cast<CuDevice>(real_symbol("ncclCommCuDevice"));
     int ordinal = -1;
     if (cu_device == nullptr || cu_device(comm, &ordinal) != ncclSuccess) ordinal = -1;
     engine::Device* standby = nullptr;

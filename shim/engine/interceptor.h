@@ -11,7 +11,8 @@
 
 namespace dq::shim {
 
-// The real NCCL's functions, resolved once with dlsym(RTLD_NEXT) (the next library after ours).
+// The real NCCL's functions, resolved once: the next library after ours (dlsym RTLD_NEXT), or the
+// loaded object that defines them where NCCL is only in a local scope (interceptor.cc).
 struct RealNccl {
   engine::NcclOps ops;
   ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
