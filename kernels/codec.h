@@ -80,6 +80,20 @@ inline bool chunks_large_enough(size_t count, int n_chunks) {
   return n_chunks > 0 && count / 256 >= kMinSuperGroupsPerChunk * static_cast<size_t>(n_chunks);
 }
 
+// Elements of one pipeline block (DYNAMIQ_BLOCK_BYTES): whole super-groups of `block_bytes` of
+// the caller's elements, over `slices` (a reduce-scatter's block spans one slice of every rank
+// block: n), and at least what its `n_chunks` chunk messages need to compress
+// (chunks_large_enough), so that no setting or rank count makes every block, and so the whole
+// call, pass through. The engine cuts its blocks with it, the simulator predicts them with it.
+inline size_t pipeline_block_elems(uint64_t block_bytes, size_t element_bytes, int slices,
+                                   int n_chunks) {
+  const size_t floor =
+      kMinSuperGroupsPerChunk * 256 * static_cast<size_t>(n_chunks > 1 ? n_chunks : 1);
+  if (element_bytes == 0 || slices < 1) return floor;
+  const uint64_t elems = block_bytes / element_bytes / static_cast<uint64_t>(slices) / 256 * 256;
+  return elems > floor ? static_cast<size_t>(elems) : floor;
+}
+
 class Codec {
  public:
   virtual ~Codec() = default;

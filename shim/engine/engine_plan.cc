@@ -15,8 +15,9 @@ topo::Kind Engine::kind_for(Collective collective) const {
   return kind_;
 }
 
-// Blocks of whole super-groups of each part; the last block takes the remainder (up to twice the
-// size), so no block is so small that it cannot meet the budget. DYNAMIQ_BLOCK_BYTES counts the
+// Blocks of whole super-groups of each part (pipeline_block_elems: at least what their chunk
+// messages need to compress, a ring's n chunks for an all-reduce, one for a reduce-scatter's
+// part); the last block takes the remainder (up to twice the size). DYNAMIQ_BLOCK_BYTES counts the
 // caller's bytes: a reduce-scatter block spans one slice of every rank block.
 Status Engine::cut_blocks(const CallArgs& call, Plan& p) {
   const topo::Schedule& sched = p.program.schedule;
@@ -24,9 +25,8 @@ Status Engine::cut_blocks(const CallArgs& call, Plan& p) {
   const bool scatter = call.collective == Collective::kReduceScatter;
   const size_t esize = dtype_size(p.dtype);
   const size_t span = scatter ? call.count / n : call.count;  // elements a part is cut from
-  size_t block_elems =
-      static_cast<size_t>(settings_.block_bytes) / esize / (scatter ? n : 1) / 256 * 256;
-  block_elems = std::max<size_t>(block_elems, 256);
+  const size_t block_elems = pipeline_block_elems(static_cast<uint64_t>(settings_.block_bytes),
+                                                  esize, scatter ? n : 1, scatter ? 1 : n_chunks);
   const size_t n_blocks = std::max<size_t>(1, span / block_elems);
   const uint64_t padded_span = (span + 255) / 256 * 256;  // keeps key bases multiples of 256
   for (size_t b = 0; b < n_blocks; ++b) {

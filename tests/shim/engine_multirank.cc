@@ -1170,6 +1170,57 @@ int scenario_blocks(int n) {
   return all_zero(run_ranks(n, 1, body, 120), "blocks") ? 0 : 1;
 }
 
+// ---- block_floor: blocks no smaller than their chunk messages' floor ---------------------------
+// The smallest DYNAMIQ_BLOCK_BYTES (256 KiB) on a ring of n >= 5 ranks: 65,536 FP32 values a
+// block, under the 64 super-groups of each of n chunk messages a plan needs to compress
+// (chunks_large_enough), and a reduce-scatter's slice of 65,536 / n values under one message's 64.
+// Cut at the setting, every block, and so every such call, passed through (kOverBudget) however
+// large; the blocks are raised to the floor, and the calls compress.
+int block_floor_body(int n, int rank, ncclComm_t comm) {
+  const auto settings = settings_for({{"DYNAMIQ_ENABLE", "1"},
+                                      {"DYNAMIQ_TOPO", "ring"},
+                                      {"DYNAMIQ_MIN_BYTES", "0"},
+                                      {"DYNAMIQ_BLOCK_BYTES", "256K"}});
+  Engine engine(settings, true, {comm, rank, n}, cpu_nccl_ops(), dq::engine::host_device(), nullptr,
+                true);
+  // Ranks' values that do not cancel in the sum (gradient_value's phases spread over 6 ranks do).
+  auto value = [](int r, size_t i) { return gradient_value(0, i) * (1.0f + 0.25f * r); };
+  for (const bool scatter : {false, true}) {
+    const size_t span = 4 * 65536;  // an all-reduce's values, a reduce-scatter's rank block
+    const size_t count = scatter ? span * static_cast<size_t>(n) : span;
+    std::vector<float> in(count), out(span);
+    for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+    CallArgs args = call_of(in.data(), out.data(), count);
+    if (scatter) args.collective = dq::engine::Collective::kReduceScatter;
+    PassReason reason = PassReason::kRerouted;
+    CHECK_OR(40, engine.run(args, &reason) == ncclSuccess, "rank %d: %s failed", rank,
+             scatter ? "the reduce-scatter" : "the all-reduce");
+    CHECK_OR(41, reason == PassReason::kRerouted,
+             "rank %d: the %s of %zu values at 256 KiB blocks on %d ranks passed through (%s)",
+             rank, scatter ? "reduce-scatter" : "all-reduce", count, n,
+             dq::engine::reason_name(reason));
+    double error = 0, energy = 0;
+    const size_t first = scatter ? static_cast<size_t>(rank) * span : 0;
+    for (size_t i = 0; i < span; ++i) {
+      double exact = 0;
+      for (int r = 0; r < n; ++r) exact += value(r, first + i);
+      error += (out[i] - exact) * (out[i] - exact);
+      energy += exact * exact;
+    }
+    CHECK_OR(42, error <= 0.05 * energy, "rank %d: %s vNMSE %.3g", rank,
+             scatter ? "reduce-scatter" : "all-reduce", error / energy);
+    if (rank == 0)
+      std::printf("%s of %zu values, 256 KiB blocks, ring of %d: compressed, vNMSE %.3g\n",
+                  scatter ? "reduce-scatter" : "all-reduce", count, n, error / energy);
+  }
+  return 0;
+}
+
+int scenario_block_floor(int n) {
+  auto body = [&](int rank, ncclComm_t* comms) { return block_floor_body(n, rank, comms[0]); };
+  return all_zero(run_ranks(n, 1, body, 120), "block_floor") ? 0 : 1;
+}
+
 // ---- DYNAMIQ_BITS=auto (docs/ENGINE.md section 10) ----------------------------------------------
 // Gradient-like data for the budget model: per rank, independent bell-shaped deviations (a sum
 // of four uniforms) around a small common part, with super-group scales spread over 2^0..2^8
@@ -2292,14 +2343,14 @@ int scenario_two_level_in_progress(int n) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(
-        stderr,
-        "usage: engine_multirank "
-        "audit|alloc_fail|budget_scratch_fail|event_fail|blocks|corrupt|layout_order|collectives|"
-        "setup_fail|stalled_wait|"
-        "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress|"
-        "shard_alloc_fail|auto_plan_fail|enqueue_fail "
-        "NRANKS [TOPO]\n");
+    std::fprintf(stderr,
+                 "usage: engine_multirank "
+                 "audit|alloc_fail|budget_scratch_fail|event_fail|blocks|block_floor|corrupt|"
+                 "layout_order|collectives|"
+                 "setup_fail|stalled_wait|"
+                 "split_settles|rail_overlap|teardown_order|byte_counts|two_level_in_progress|"
+                 "shard_alloc_fail|auto_plan_fail|enqueue_fail "
+                 "NRANKS [TOPO]\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -2310,6 +2361,7 @@ int main(int argc, char** argv) {
   if (scenario == "budget_scratch_fail") return scenario_alloc_fail(n, PlanFault::kBudgetScratch);
   if (scenario == "event_fail") return scenario_alloc_fail(n, PlanFault::kEvents);
   if (scenario == "blocks") return scenario_blocks(n);
+  if (scenario == "block_floor") return scenario_block_floor(n);
   if (scenario == "corrupt") return scenario_corrupt(n);
   if (scenario == "layout_order") return scenario_layout_order(n);
   if (scenario == "collectives") return scenario_collectives(n);

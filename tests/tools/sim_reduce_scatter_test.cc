@@ -145,7 +145,7 @@ TEST(SimReduceScatter, AverageIsTheSumOverN) {
 TEST(SimReduceScatter, PipelineBlocks) {
   EXPECT_EQ(reduce_scatter_block_elems(16u << 20, 4, 4), 1u << 20);
   EXPECT_EQ(reduce_scatter_block_elems(256u << 10, 2, 8), 16384u);
-  EXPECT_EQ(reduce_scatter_block_elems(1000, 4, 8), 256u);
+  EXPECT_EQ(reduce_scatter_block_elems(1000, 4, 8), 16384u);  // one chunk's floor: 64 super-groups
   EXPECT_EQ(reduce_scatter_block_elems(3u << 20, 4, 3), 262144u);
   const int n = 4;
   const size_t recv = 4 * 16384 + 1000;

@@ -214,9 +214,7 @@ Status simulate_allreduce(Codec& codec, const topo::Schedule& s,
 }
 
 size_t reduce_scatter_block_elems(uint64_t block_bytes, size_t element_bytes, int n_workers) {
-  if (element_bytes == 0 || n_workers < 1) return 256;
-  const uint64_t elems = block_bytes / element_bytes / static_cast<uint64_t>(n_workers) / 256 * 256;
-  return std::max<size_t>(static_cast<size_t>(elems), 256);
+  return pipeline_block_elems(block_bytes, element_bytes, n_workers, 1);
 }
 
 namespace {

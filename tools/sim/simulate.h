@@ -74,7 +74,8 @@ Status simulate_reduce_scatter(std::string_view codec_spec, const topo::Schedule
                                const SimOptions& opt, std::vector<float>* result, SimResult* out);
 
 // The engine's pipeline blocks of a reduce-scatter (DYNAMIQ_BLOCK_BYTES counts the caller's
-// bytes, and a block spans one slice of every rank block): elements per block in a rank block.
+// bytes, and a block spans one slice of every rank block): elements per block in a rank block
+// (pipeline_block_elems, kernels/codec.h: at least one chunk message's floor).
 size_t reduce_scatter_block_elems(uint64_t block_bytes, size_t element_bytes, int n_workers);
 
 }  // namespace dq::sim
