@@ -94,6 +94,9 @@ struct CommEntry {
   std::atomic<engine::Engine*> live_engine{nullptr};
   bool host_engine = false;  // the engine runs on the host device (a CPU NCCL)
   std::shared_ptr<engine::CommMetrics> metrics;
+  // `metrics` for readers that must not wait for a call holding `mutex` (the counters' C API, a
+  // monitoring thread's): set once, after `metrics`, which keeps it alive for the entry's life.
+  std::atomic<engine::CommMetrics*> metrics_view{nullptr};
   ncclComm_t handle = nullptr;
   // From the unique id of an ncclCommInitRank*: NCCL's commId (what its "Init START/COMPLETE"
   // INFO lines print) and its internal commHash; the same on every rank of the communicator.
@@ -360,6 +363,7 @@ engine::Engine* engine_for(CommEntry& e, ncclComm_t comm, const RealNccl& real,
     });
   e.metrics = engine::metrics_register(e.identity.index, e.identity.name, info.rank, info.nranks,
                                        e.has_id ? e.comm_id : 0);
+  e.metrics_view.store(e.metrics.get(), std::memory_order_release);
   e.engine = std::make_unique<engine::Engine>(s, config::global_valid(), info, real.ops, device,
                                               e.metrics, opted);
   e.engine->watch_abort(&e.aborted);
@@ -861,34 +865,36 @@ ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t d
                [=] { return real->reduce(send, recv, count, dtype, op, root, comm, stream); });
 }
 
+// The counters' C API: atomics and the budget's own short lock, never the entry's `mutex`, which a
+// call holds through its waits (up to DYNAMIQ_TIMEOUT_MS): a monitoring thread never waits for one.
 ncclResult_t comm_counters(ncclComm_t comm, uint64_t* rerouted, uint64_t* passed) {
   std::shared_ptr<CommEntry> e = find(comm);
   if (e == nullptr) return ncclInvalidArgument;
-  std::lock_guard<std::mutex> lock(e->mutex);
   *rerouted = *passed = 0;
-  if (e->metrics == nullptr) return ncclSuccess;
+  const engine::CommMetrics* m = e->metrics_view.load(std::memory_order_acquire);
+  if (m == nullptr) return ncclSuccess;
   for (int k = 0; k < engine::kPassReasonCount; ++k)
-    (k == 0 ? *rerouted : *passed) += e->metrics->calls[k].load();
+    (k == 0 ? *rerouted : *passed) += m->calls[k].load();
   return ncclSuccess;
 }
 
 ncclResult_t comm_bytes(ncclComm_t comm, uint64_t* bytes_in, uint64_t* wire_bytes) {
   std::shared_ptr<CommEntry> e = find(comm);
   if (e == nullptr) return ncclInvalidArgument;
-  std::lock_guard<std::mutex> lock(e->mutex);
-  *bytes_in = e->metrics ? e->metrics->bytes_in.load() : 0;
-  *wire_bytes = e->metrics ? e->metrics->wire_bytes.load() : 0;
+  const engine::CommMetrics* m = e->metrics_view.load(std::memory_order_acquire);
+  *bytes_in = m != nullptr ? m->bytes_in.load() : 0;
+  *wire_bytes = m != nullptr ? m->wire_bytes.load() : 0;
   return ncclSuccess;
 }
 
 ncclResult_t comm_budget(ncclComm_t comm, engine::BudgetMetrics* out) {
   std::shared_ptr<CommEntry> e = find(comm);
   if (e == nullptr) return ncclInvalidArgument;
-  std::lock_guard<std::mutex> lock(e->mutex);
   *out = engine::BudgetMetrics{};
-  if (e->metrics == nullptr) return ncclSuccess;
-  std::lock_guard<std::mutex> budget_lock(e->metrics->budget_mutex);
-  *out = e->metrics->budget;
+  engine::CommMetrics* m = e->metrics_view.load(std::memory_order_acquire);
+  if (m == nullptr) return ncclSuccess;
+  std::lock_guard<std::mutex> budget_lock(m->budget_mutex);
+  *out = m->budget;
   return ncclSuccess;
 }
 

@@ -14,11 +14,15 @@
 //             rail communicators the engine made, which the revoke must reach as well.
 //   abort, abort_2x2  rank 2 hung as above, and each survivor's other thread aborts the
 //             communicator (ncclCommAbort, as a watchdog does) 500 ms into the stuck call: the
-//             abort and the call return within 5 s, not at the 60 s timeouts.
+//             abort and the call return within 5 s, not at the 60 s timeouts; before the
+//             abort, the counters' C API (dynamiqCommCounters, -Bytes, -Check) answers within
+//             2 s though the call holds the communicator.
 // Then, on every survivor: the parent refuses work (ncclInvalidUsage), and the shrunk
 // communicator (3 ranks, parent order) carries two all-reduces that dynamiq compressed (its
 // counters), identical on every survivor, vNMSE against the exact sum below 1e-2 (5 bits).
 // Exit 0 pass, 1 fail, 77 skip (shim not preloaded).
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -116,8 +120,26 @@ int revoke_stuck_call(int rank, ncclComm_t comm, const std::vector<float>& in) {
 
 // The stuck call, and ncclCommAbort. Writes the abort's duration (s) to
 // rank_file(rank, "abort_s"). 0 or an exit code.
+// Before the abort, as a monitoring thread would: the counters' C API answers at once while the
+// call holds the communicator through its wait (it waited for the call, up to DYNAMIQ_TIMEOUT_MS).
 int abort_stuck_call(int rank, ncclComm_t comm, const std::vector<float>& in) {
-  const StuckCall s = stuck_call(comm, in, [&] { return ncclCommAbort(comm); });
+  double counters_s = -1;
+  unsigned long long bytes_in = 0, wire = 0, checked = 0;
+  const StuckCall s = stuck_call(comm, in, [&] {
+    using Bytes = int (*)(void*, unsigned long long*, unsigned long long*);
+    using Check = int (*)(void*, unsigned long long*, unsigned long long*, double*,
+                          unsigned long long*, double*, double*);
+    const auto bytes = reinterpret_cast<Bytes>(dlsym(RTLD_DEFAULT, "dynamiqCommBytes"));
+    const auto check = reinterpret_cast<Check>(dlsym(RTLD_DEFAULT, "dynamiqCommCheck"));
+    const auto at = Clock::now();
+    (void)rerouted_calls(comm);
+    if (bytes != nullptr) bytes(comm, &bytes_in, &wire);
+    if (check != nullptr) check(comm, nullptr, &checked, nullptr, nullptr, nullptr, nullptr);
+    counters_s = std::chrono::duration<double>(Clock::now() - at).count();
+    return ncclCommAbort(comm);
+  });
+  std::fprintf(stderr, "test: the counters answered in %.3f s during the stuck call\n", counters_s);
+  if (counters_s > 2.0) return 64;
   std::fprintf(stderr, "test: ncclCommAbort returned %d after %.3f s, the call %d after %.3f s\n",
                s.interrupted, s.interrupt_s, s.result, s.ended_s);
   write_text(rank_file(rank, "abort_s"), std::to_string(s.interrupt_s));
