@@ -38,6 +38,7 @@ std::atomic<int> g_rank_size{-1};                 // log_set_rank()
 std::atomic<int> g_env_rank{-1};                  // the launcher's, read when configured
 std::atomic<int> g_env_size{-1};                  // the launcher's job size, read with it
 std::atomic<int> g_device{-1};                    // log_set_device()
+thread_local char t_last_warning[1024] = "";      // log_last_warning()
 thread_local int t_device = -1;                   // LogDeviceScope; < 0: g_device
 std::atomic<void (*)()> g_configurator{nullptr};  // log_set_configurator()
 
@@ -95,12 +96,6 @@ std::string device_text() {
   int d = t_device;
   if (d < 0) d = g_device.load(std::memory_order_relaxed);
   return d < 0 ? std::string("-") : std::to_string(d);
-}
-
-std::string rank_text() {
-  int r = g_rank.load(std::memory_order_relaxed);
-  if (r < 0) r = g_env_rank.load(std::memory_order_relaxed);
-  return r < 0 ? std::string("-") : std::to_string(r);
 }
 
 // The debug file's %r, by the metrics file's rule (file_name_rank) over the communicator the shim
@@ -465,13 +460,24 @@ bool log_enabled(LogLevel level, Subsys subsys) {
 }
 
 void log_message(LogLevel level, Subsys subsys, const char* file, int line, const char* fmt, ...) {
-  if (!log_enabled(level, subsys)) return;
-  char body[1024];
+  const bool warning = level == LogLevel::kWarn;
+  if (!warning && !log_enabled(level, subsys)) return;
+  char body[sizeof t_last_warning];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(body, sizeof body, fmt, ap);
   va_end(ap);
+  if (warning) std::memcpy(t_last_warning, body, sizeof body);
+  if (warning && !log_enabled(level, subsys)) return;
   emit(level, subsys, file, line, body);
+}
+
+std::string log_last_warning() {
+  return t_last_warning;
+}
+
+void log_clear_last_warning() {
+  t_last_warning[0] = '\0';
 }
 
 const char* status_name(Status s) {
