@@ -112,6 +112,12 @@ int log_nccl_version_code();
 // "2.28.9" for 22809 (and the pre-2.9 code 1000*major + 100*minor + patch).
 std::string log_nccl_version_text(int code);
 
+// This thread's last warning (its text, without the line's prefix; "" when none since the last
+// clear), whether or not DYNAMIQ_DEBUG let it out: what the shim hands ncclGetLastError after a
+// call that failed in dynamiq.
+std::string log_last_warning();
+void log_clear_last_warning();
+
 // Parsers of the settings table's logging entries (config/settings.cc validates with them).
 bool log_parse_level(std::string_view text, LogLevel* out);
 bool log_parse_subsys(std::string_view text, unsigned* mask);

@@ -248,6 +248,14 @@ DQ_SHIM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* as
   });
 }
 
+DQ_SHIM_API const char* ncclGetLastError(ncclComm_t comm) {
+  try {
+    return dq::shim::last_error(comm);
+  } catch (...) {  // a mutex that failed to lock: nothing to say rather than an exception
+    return "";
+  }
+}
+
 DQ_SHIM_API int dynamiqCommRegister(void* comm, int enable) {
   return guarded("dynamiqCommRegister", [&] {
     if (real_nccl() == nullptr) return ncclSystemError;

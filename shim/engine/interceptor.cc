@@ -415,6 +415,7 @@ const RealNccl* real_nccl() {
     resolve("ncclCommCount", &real.comm_count);
     resolve("ncclCommUserRank", &real.comm_user_rank);
     resolve("ncclCommGetAsyncError", &real.comm_get_async_error);
+    resolve("ncclGetLastError", &real.get_last_error);
     real.ops.comm_get_async_error = real.comm_get_async_error;  // non-blocking communicators
     resolve("ncclReduceScatter", &real.reduce_scatter);
     resolve("ncclReduce", &real.reduce);
@@ -712,6 +713,29 @@ std::shared_ptr<CommEntry> adopt(ncclComm_t comm, const RealNccl& real) {
   return e;
 }
 
+// The text last_error() gives while g_own_error holds: the warning of the last call that failed
+// in dynamiq, as "dynamiq: ...". One for the process, as NCCL's own.
+std::mutex g_last_error_mutex;
+bool g_own_error = false;
+char g_last_error[1100] = "";
+
+// A call failed in dynamiq: its warning on this thread, when it gave one (a sticky error returned
+// again keeps the first call's).
+void note_own_error() {
+  const std::string warning = log_last_warning();
+  if (warning.empty()) return;
+  std::lock_guard<std::mutex> lock(g_last_error_mutex);
+  std::snprintf(g_last_error, sizeof g_last_error, "dynamiq: %s", warning.c_str());
+  g_own_error = true;
+}
+
+// A call NCCL itself failed: its last error is the newer one.
+void note_nccl_error(ncclResult_t r) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  std::lock_guard<std::mutex> lock(g_last_error_mutex);
+  g_own_error = false;
+}
+
 // Runs `call` through the communicator's engine; forwards it with `pass` unless the engine
 // rerouted it or failed.
 template <class Pass>
@@ -741,6 +765,7 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
       call.in_group = true;
     }
     if (eng != nullptr) {
+      log_clear_last_warning();
       int capturing = 0;
       if (real.stream_is_capturing && call.stream &&
           real.stream_is_capturing(call.stream, &capturing) == 0)
@@ -753,8 +778,11 @@ ncclResult_t route(engine::CallArgs call, ncclComm_t comm, const RealNccl& real,
     }
   }
   engine::metrics_tick();
+  if (result != ncclSuccess) note_own_error();
   if (result != ncclSuccess || reason == engine::PassReason::kRerouted) return result;
-  return pass();
+  const ncclResult_t passed = pass();
+  note_nccl_error(passed);
+  return passed;
 }
 
 }  // namespace
@@ -914,6 +942,15 @@ ncclResult_t comm_async_error(ncclComm_t comm, ncclResult_t* async_error) {
     }
   }
   return ncclSuccess;
+}
+
+const char* last_error(ncclComm_t comm) {
+  {
+    std::lock_guard<std::mutex> lock(g_last_error_mutex);
+    if (g_own_error) return g_last_error;
+  }
+  const RealNccl* real = real_nccl();
+  return real != nullptr && real->get_last_error != nullptr ? real->get_last_error(comm) : "";
 }
 
 ncclResult_t register_comm(ncclComm_t comm, int enable) {

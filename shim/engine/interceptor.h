@@ -30,6 +30,7 @@ struct RealNccl {
   ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
   ncclResult_t (*comm_count)(const ncclComm_t, int*) = nullptr;
+  const char* (*get_last_error)(ncclComm_t) = nullptr;  // NCCL 2.13+
   ncclResult_t (*comm_user_rank)(const ncclComm_t, int*) = nullptr;
   ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = nullptr;
   ncclResult_t (*reduce_scatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
@@ -109,6 +110,12 @@ ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t d
 // ncclCommGetAsyncError: the real NCCL's answer, or else the engine's asynchronous error (a
 // failure found by an enqueued step; docs/ENGINE.md section 4).
 ncclResult_t comm_async_error(ncclComm_t comm, ncclResult_t* async_error);
+
+// ncclGetLastError: after a call that failed in dynamiq (an engine's error, not NCCL's), that
+// failure's warning ("dynamiq: ..."), until a call passed to NCCL fails; otherwise NCCL's own
+// text. Frameworks put it in their exception (PyTorch: "Last error:"), where NCCL's would
+// describe an older, unrelated failure or nothing.
+const char* last_error(ncclComm_t comm);
 
 // dynamiqCommRegister: explicit opt-in (1) or opt-out (0) before the first all-reduce.
 ncclResult_t register_comm(ncclComm_t comm, int enable);

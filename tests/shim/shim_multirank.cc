@@ -615,7 +615,8 @@ bool scenario_killed_rank(int n, int runs, const std::string& collective = "allr
 // A peer stalled past DYNAMIQ_TIMEOUT_MS but well within the CPU NCCL's own timeout: the other
 // ranks' engines give up waiting for the new plan's agreement, a failure the CPU NCCL does not
 // share. Through the shim's ncclCommGetAsyncError (read twice) and a further call, the
-// communicator reports that error every time until the application aborts it; the stalled rank,
+// communicator reports that error every time until the application aborts it, and
+// ncclGetLastError gives the engine's warning; the stalled rank,
 // once it wakes, gets an error too (its peers no longer take part).
 bool scenario_stalled_peer(int n) {
   constexpr int kTimeoutMs = 1000, kStallMs = 4000, kStalled = 1;
@@ -655,6 +656,13 @@ bool scenario_stalled_peer(int n) {
       return false;
     };
     if (!async_error_is(r, 1) || !async_error_is(r, 2)) return 13;
+    // What a framework puts in its exception ("Last error:"): the engine's reason, not NCCL's
+    // text of its own last failure (none: the CPU NCCL's calls all succeeded).
+    const std::string last = ncclGetLastError(comm);
+    if (last.rfind("dynamiq: ", 0) != 0 || last.find("rank") == std::string::npos) {
+      std::fprintf(stderr, "rank %d: ncclGetLastError gave '%s'\n", rank, last.c_str());
+      return 17;
+    }
     const ncclResult_t again =
         ncclAllReduce(in.data(), out.data(), first, ncclFloat32, ncclSum, comm, nullptr);
     if (again != r) {
