@@ -183,7 +183,11 @@ ncclResult_t Engine::handshake() {
     state_ = d.settings_enabled ? State::kAgreed : State::kInert;
   }
   switch_agreed_ = d.switch_on;
-  if (state_ == State::kAgreed)
+  // Only a communicator every rank opted in gets the two-level schedule's communicators (4
+  // splits, streams, rail engines): one nobody opted in (a pipeline group DYNAMIQ_COMMS leaves
+  // out) passes every call through and would never use them. d.enabled is agreed, so every rank
+  // splits or none.
+  if (state_ == State::kAgreed && d.enabled)
     if (const ncclResult_t r2 = setup_hierarchy(); r2 != ncclSuccess) return r2;
   log_decision(d);
   return ncclSuccess;

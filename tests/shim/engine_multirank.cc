@@ -1791,7 +1791,43 @@ int split_abort_case(int n) {
   return all_zero(run_ranks(n, 1, body, 120), "split_abort") ? 0 : 1;
 }
 
+// A communicator nobody opted in (DYNAMIQ_COMMS excluding it, as for a pipeline group) on two
+// fake nodes: it passes every call through, and makes none of the two-level schedule's node and
+// rail communicators (4 splits, their streams and rail engines) it would never use.
+ncclResult_t counted_split(ncclComm_t parent, int color, int key, ncclComm_t* child,
+                           ncclConfig_t* config) {
+  g_splits.fetch_add(1);
+  return ncclCommSplit(parent, color, key, child, config);
+}
+int not_opted_in_case(int n) {
+  const auto settings = settings_for(
+      {{"DYNAMIQ_ENABLE", "1"}, {"DYNAMIQ_HIERARCHY", "node"}, {"DYNAMIQ_MIN_BYTES", "0"}});
+  auto body = [&](int rank, ncclComm_t* comms) -> int {
+    join_fake_node("not-opted-in-node", rank);
+    dq::engine::NcclOps ops = cpu_nccl_ops();
+    ops.comm_split = counted_split;
+    const std::vector<float> in = small_integers(rank, 1 << 16);
+    std::vector<float> out(in.size());
+    Engine engine(settings, true, {comms[0], rank, n}, ops, dq::engine::host_device(), nullptr,
+                  /*opted_in=*/false);
+    for (int call = 0; call < 2; ++call) {
+      PassReason reason = PassReason::kRerouted;
+      CallArgs args = call_of(in.data(), out.data(), in.size());
+      CHECK_OR(77, engine.run(args, &reason) == ncclSuccess, "rank %d: call %d failed", rank, call);
+      CHECK_OR(78, reason == PassReason::kNotOptedIn, "rank %d: call %d: reason %s", rank, call,
+               dq::engine::reason_name(reason));
+    }
+    CHECK_OR(79, g_splits.load() == 0,
+             "rank %d: %d splits for a communicator nobody opted in (the two-level schedule's "
+             "communicators, never used)",
+             rank, g_splits.load());
+    return 0;
+  };
+  return all_zero(run_ranks(n, 1, body, 120), "not_opted_in two-level") ? 0 : 1;
+}
+
 int scenario_split_settles(int n) {
+  if (const int rc = not_opted_in_case(n)) return rc;
   if (const int rc = split_abort_case(n)) return rc;
   if (const int rc = split_settles_case(n, -1)) return rc;
   if (const int rc = split_settles_case(n, -1, /*handle_when_done=*/true)) return rc;
