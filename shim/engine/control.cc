@@ -3,11 +3,11 @@
 namespace dq::engine {
 namespace {
 
-// Layout: [version pair][valid pair][enable pair][opt-in pair][agreed setting pairs...]
+// Layout: [version pair][valid pair][enable pair][opt-in pair][kAgreedSlots setting pairs]
 //         [switch][failure]
 constexpr int kFixedPairs = 4;
-int pairs() {
-  return kFixedPairs + config::Agreed::count();
+constexpr int pairs() {
+  return kFixedPairs + kAgreedSlots;
 }
 
 void put_pair(uint32_t v, uint32_t* w) {
@@ -21,7 +21,7 @@ bool pair_equal(const uint32_t* w) {
 }  // namespace
 
 int control_words() {
-  return 2 * pairs() + 2;
+  return 2 * pairs() + 2;  // Agreed::count() <= kAgreedSlots: Control.HandshakeSizeIsFixed
 }
 
 void pack_control(const LocalControl& local, uint32_t* words) {
@@ -30,8 +30,9 @@ void pack_control(const LocalControl& local, uint32_t* words) {
   put_pair(local.settings_valid ? 1u : 0u, words + 2);
   put_pair(s.enable ? 1u : 0u, words + 4);
   put_pair(local.opted_in ? 1u : 0u, words + 6);
-  for (int i = 0; i < config::Agreed::count(); ++i)
-    put_pair(config::Agreed::hash(s, i), words + 2 * (kFixedPairs + i));
+  for (int i = 0; i < kAgreedSlots; ++i)
+    put_pair(i < config::Agreed::count() ? config::Agreed::hash(s, i) : 0u,
+             words + 2 * (kFixedPairs + i));
   const int tail = 2 * pairs();
   // Rank 0 contributes 1 + state; everyone else 0, so the MAX is rank 0's value.
   words[tail] = local.is_root ? (local.switch_on ? 2u : 1u) : 0u;

@@ -12,7 +12,14 @@ namespace dq::engine {
 
 // Bump when the wire protocol (control layout, payload format, schedule keys) changes.
 // 2: the handshake's host-hash exchange and communicator splits of the two-level schedule.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: the handshake's fixed size (kAgreedSlots).
+inline constexpr uint32_t kProtocolVersion = 3;
+
+// Pairs the handshake holds for agreed settings, whatever the build's count of them: the
+// handshake's size (control_words()) must be the same in every build, or ranks of two builds
+// would all-reduce different counts before the version pair could tell them apart (NCCL does not
+// compare counts: a hang or mixed words). Never change it; unused pairs are (0, ~0).
+inline constexpr int kAgreedSlots = 48;
 
 struct LocalControl {
   const config::Settings* settings = nullptr;

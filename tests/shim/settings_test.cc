@@ -340,6 +340,36 @@ std::vector<uint32_t> reduce_max(const std::vector<engine::LocalControl>& ranks)
   return out;
 }
 
+// The handshake's size is part of the wire: the same in every build, or two builds' ranks would
+// all-reduce different counts before the version pair could tell them apart. 106 words: 4 fixed
+// pairs, kAgreedSlots = 48 setting pairs, the switch and the failure word.
+TEST(Control, HandshakeSizeIsFixed) {
+  EXPECT_EQ(engine::control_words(), 106);
+  EXPECT_LE(config::Agreed::count(), engine::kAgreedSlots) << "settings.def outgrew the slots";
+  // A build with one agreed setting more (its pair in this build's first unused slot) and its own
+  // protocol version: same size, and the difference is named, not a hang.
+  config::Settings s;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_ENABLE", "1"}}, &s, &error), Status::kOk);
+  const engine::LocalControl local{&s, true, true, true, true, false};
+  std::vector<uint32_t> ours(engine::control_words()), theirs(engine::control_words());
+  engine::pack_control(local, ours.data());
+  engine::pack_control(local, theirs.data());
+  const int unused = 2 * (4 + config::Agreed::count());
+  EXPECT_EQ(ours[unused], 0u);
+  EXPECT_EQ(ours[unused + 1], ~0u);
+  theirs[0] = engine::kProtocolVersion + 1;
+  theirs[1] = ~theirs[0];
+  theirs[unused] = 0x1234u;
+  theirs[unused + 1] = ~0x1234u;
+  std::vector<uint32_t> reduced(ours.size());
+  for (size_t i = 0; i < ours.size(); ++i) reduced[i] = std::max(ours[i], theirs[i]);
+  const engine::ControlDecision d = engine::decide_control(reduced.data());
+  EXPECT_FALSE(d.agreed);
+  EXPECT_NE(d.differs.find("dynamiq version"), std::string::npos) << d.differs;
+  EXPECT_FALSE(d.compress());
+}
+
 TEST(Control, AgreementSwitchAndFailure) {
   config::Settings s, other;
   std::string error;
