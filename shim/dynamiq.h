@@ -47,7 +47,8 @@ int dynamiqCommCheck(void* comm, unsigned long long* mx_calls, unsigned long lon
                      double* sampled_vnmse, unsigned long long* paired_calls,
                      double* paired_predicted_mean, double* paired_sampled_mean);
 
-/* Rewrites DYNAMIQ_METRICS_FILE now. Returns 0. */
+/* Rewrites DYNAMIQ_METRICS_FILE now. Returns 0 (also when no file is configured), or 2
+ * (ncclSystemError) when it could not be written (a warning says why). */
 int dynamiqMetricsFlush(void);
 
 /* The metrics file the shim writes (DYNAMIQ_METRICS_FILE expanded: %j, %h, %r, %p, a directory's

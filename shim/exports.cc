@@ -326,10 +326,8 @@ DQ_SHIM_API int dynamiqCommCheck(void* comm, unsigned long long* mx_calls,
 }
 
 DQ_SHIM_API int dynamiqMetricsFlush(void) {
-  return guarded("dynamiqMetricsFlush", [&] {
-    dq::engine::metrics_flush();
-    return ncclSuccess;
-  });
+  return guarded("dynamiqMetricsFlush",
+                 [&] { return dq::engine::metrics_flush() ? ncclSuccess : ncclSystemError; });
 }
 
 DQ_SHIM_API int dynamiqMetricsPath(char* path, size_t bytes) {

@@ -277,8 +277,13 @@ def counters(group=None, metrics_file=None, rank=None):
         raise ValueError("%s is Prometheus text; counters() reads the JSON form (a metrics file "
                          "name not ending in .prom)" % path)
     try:
-        _shim().dynamiqMetricsFlush()
+        lib = _shim()
     except RuntimeError:
-        pass  # no shim in this process: read what a shim process wrote
+        lib = None  # no shim in this process: read what a shim process wrote
+    if lib is not None:
+        rc = lib.dynamiqMetricsFlush()
+        if rc != 0:
+            raise DynamiqError(rc, "dynamiqMetricsFlush returned %d: %s could not be written now "
+                                   "(the shim's warning says why)" % (rc, path))
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -26,7 +26,7 @@ struct Registry {
   // counters never go back), in registration order.
   std::vector<std::shared_ptr<CommMetrics>> comms;
   std::atomic<int64_t> next_due_ns{0};
-  bool warned = false;
+  bool failing = false;        // the last write failed (said once a streak of failures)
   bool render_failed = false;  // a write threw: said once
   bool atexit_registered = false;
   // The process that last registered a communicator. A child forked from it without exec that
@@ -490,37 +490,43 @@ std::string path_locked(const Registry& r, const ProcessLabels& labels) {
                              labels.host, metrics_file_rank(labels, r.comms), labels.pid);
 }
 
-// Caller holds the registry mutex.
-void write_unguarded(Registry& r) {
+// Caller holds the registry mutex. False when the write failed: said once, and tried again at
+// every later write (a folder made after the job started, a full disk that was cleared).
+bool write_unguarded(Registry& r) {
   const config::Settings& s = config::global();
-  if (s.metrics_file.empty() || r.warned) return;  // r.warned: writing it failed once
+  if (s.metrics_file.empty()) return true;
   ProcessLabels labels = first_labels();
   fill_host_path(&labels);
   const std::string path = path_locked(r, labels);
   const bool prom = path.size() >= 5 && path.compare(path.size() - 5, 5, ".prom") == 0;
   // A temporary created O_EXCL | O_NOFOLLOW, renamed over the file: never through a symbolic
   // link placed at either name (a shared /tmp), and a reader (the textfile collector reads
-  // *.prom only) never sees half a file. A failure: one warning, and no further writes.
+  // *.prom only) never sees half a file.
   std::string why;
   if (!write_file_replacing(path, metrics_render(r.comms, labels, prom), &why)) {
-    DQ_WARN(Subsys::kShim,
-            "dynamiq: cannot write the metrics file (%s); it is not written again (compression "
-            "is unaffected)",
-            why.c_str());
-    r.warned = true;
-    return;
+    if (!r.failing)
+      DQ_WARN(Subsys::kShim,
+              "dynamiq: cannot write the metrics file (%s); tried again at each later write, "
+              "said again only after one succeeds (compression is unaffected)",
+              why.c_str());
+    r.failing = true;
+    return false;
   }
+  if (r.failing)
+    DQ_WARN(Subsys::kShim, "dynamiq: the metrics file %s is written again", path.c_str());
+  r.failing = false;
   if (!r.last_path.empty() && r.last_path != path) ::unlink(r.last_path.c_str());
   r.last_path = path;
+  return true;
 }
 
 // A write runs inside the job's NCCL calls (a passed-through one before it is handed to NCCL, a
 // communicator's destroy before NCCL's): whatever it throws (std::bad_alloc rendering the file
 // with memory short) ends here, or that rank would skip the NCCL call its peers wait in. The write
-// is skipped, said once; the next one tries again.
-void write_locked(Registry& r) {
+// is skipped, said once; the next one tries again. False when the file was not written.
+bool write_locked(Registry& r) {
   try {
-    write_unguarded(r);
+    return write_unguarded(r);
   } catch (...) {
     if (!r.render_failed) {
       r.render_failed = true;
@@ -531,6 +537,7 @@ void write_locked(Registry& r) {
       } catch (...) {
       }
     }
+    return false;
   }
 }
 
@@ -621,10 +628,10 @@ void metrics_tick() {
   write_locked(r);
 }
 
-void metrics_flush() {
+bool metrics_flush() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  write_locked(r);
+  return write_locked(r);
 }
 
 std::string metrics_path_now() {

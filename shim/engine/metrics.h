@@ -148,7 +148,8 @@ std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name
 void metrics_unregister(const std::shared_ptr<CommMetrics>& m);
 // Rewrites the file if the interval has elapsed (cheap otherwise: one clock read).
 void metrics_tick();
-void metrics_flush();
+// Rewrites the file now: false when it could not be written (a warning said why).
+bool metrics_flush();
 // The metrics file the next write goes to (DYNAMIQ_METRICS_FILE expanded as the writes expand it:
 // %j, %h, %r, %p, a directory's name); "" when none is configured.
 std::string metrics_path_now();

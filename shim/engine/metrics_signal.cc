@@ -9,16 +9,19 @@
 // interrupted thread itself holds a lock the writer needs (it was inside a periodic write, or
 // a malloc arena lock the writer contends for), the write cannot finish before the handler
 // returns; after kWriteWaitMs the handler chains on regardless, so a stop is never delayed
-// longer than that. A forked child (a data-loader worker) inherits the handlers but not the
-// thread: there the handler only chains.
+// longer than that. Another signal's handler interrupting the wait does not end it, and a second
+// SIGTERM on another thread waits for the write in flight before chaining. A forked child (a
+// data-loader worker) inherits the handlers but not the thread: there the handler only chains.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -38,7 +41,8 @@ int g_request[2] = {-1, -1};  // handler -> writer thread
 int g_done[2] = {-1, -1};     // writer thread -> handler (non-blocking read end)
 pid_t g_pid = 0;              // the process that owns the writer thread
 struct sigaction g_previous[2];
-std::atomic<bool> g_busy{false};  // one write per signal in flight (lock-free: signal-safe)
+std::atomic<bool> g_busy{false};         // one write per signal in flight (lock-free: signal-safe)
+std::atomic<pid_t> g_waiting_thread{0};  // the thread whose handler waits for that write
 
 void writer_loop() {
   const CNumericLocale c_numbers;  // a thread starts in the application's global locale
@@ -77,18 +81,54 @@ void chain(int sig, siginfo_t* info, void* context) {
   old.sa_handler(sig);
 }
 
+// CLOCK_MONOTONIC in milliseconds (clock_gettime is async-signal-safe).
+int64_t monotonic_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
+
+// Waits for the writer's byte until `deadline_ms`. Another signal's handler on this thread ends
+// poll(2) with EINTR, never restarted whatever SA_RESTART says (a data loader's SIGCHLD as its
+// workers die of the same SIGTERM): the wait goes on to the same deadline.
+void wait_for_write(int64_t deadline_ms) {
+  for (;;) {  // bounded by the deadline
+    const int64_t left = deadline_ms - monotonic_ms();
+    if (left <= 0) return;
+    pollfd p{g_done[0], POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(left));
+    if (r == 1) {
+      char b = 0;
+      (void)!read(g_done[0], &b, 1);
+      return;
+    }
+    if (r == 0 || errno != EINTR) return;
+  }
+}
+
 void on_signal(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
-  if (getpid() == g_pid && !g_busy.exchange(true)) {
-    char b = 1;
-    // A byte left by a write that finished after an earlier wait gave up.
-    for (int i = 0; i < 64 && read(g_done[0], &b, 1) == 1; ++i) {
+  if (getpid() == g_pid) {
+    const int64_t deadline_ms = monotonic_ms() + kWriteWaitMs;
+    if (!g_busy.exchange(true)) {
+      g_waiting_thread.store(gettid());
+      char b = 1;
+      // A byte left by a write that finished after an earlier wait gave up.
+      for (int i = 0; i < 64 && read(g_done[0], &b, 1) == 1; ++i) {
+      }
+      if (write(g_request[1], &b, 1) == 1) wait_for_write(deadline_ms);
+      g_waiting_thread.store(0);
+      g_busy.store(false);
+    } else if (g_waiting_thread.load() != gettid()) {
+      // Another thread's signal started the write (the launcher's SIGTERM and the scheduler's,
+      // each to a thread of its own): chaining now would end the process (the default action)
+      // mid-write. Wait for it, within the same bound. A signal nested on the waiting thread
+      // itself cannot wait for it: it chains at once.
+      while (g_busy.load() && monotonic_ms() < deadline_ms) {  // bounded by the deadline
+        timespec one_ms{0, 1000000};
+        nanosleep(&one_ms, nullptr);
+      }
     }
-    if (write(g_request[1], &b, 1) == 1) {
-      pollfd p{g_done[0], POLLIN, 0};
-      if (poll(&p, 1, kWriteWaitMs) == 1) (void)!read(g_done[0], &b, 1);
-    }
-    g_busy.store(false);
   }
   chain(sig, info, context);
   errno = saved_errno;

@@ -1,16 +1,22 @@
 // The metrics an operator scrapes (metrics file, JSON and Prometheus): what the file holds and
 // how it is labelled.
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "kernels/host_isa.h"
 #include "shim/engine/metrics.h"
@@ -403,6 +409,81 @@ TEST(Metrics, SignalsChainToADefaultOrIgnoreSetWithSiginfo) {
     } else {
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
     }
+  }
+}
+
+// A write that fails (the metrics folder made only after the job started) is tried again at the
+// next write, and said so: before, the first failure stopped every later write for the rest of
+// the job, and dynamiqMetricsFlush still returned 0.
+TEST(Metrics, AFailedWriteIsTriedAgain) {
+  const std::string dir = "/tmp/dq-metrics-later-" + std::to_string(getpid());
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DYNAMIQ_METRICS_FILE", (dir + "/m.json").c_str(), 1);
+    setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+    auto c = metrics_register(0, "dp", 0, 2);
+    if (metrics_flush()) _exit(2);  // no folder yet: the write must report its failure
+    if (mkdir(dir.c_str(), 0700) != 0) _exit(3);
+    const bool written = metrics_flush() && access((dir + "/m.json").c_str(), F_OK) == 0;
+    std::remove((dir + "/m.json").c_str());
+    rmdir(dir.c_str());
+    _exit(written ? 0 : 4);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << " (2: a failed write reported success, 4: not written again)";
+}
+
+// The stop's final write outlives what else happens during it. The write is held 1.5 s (a thread
+// holds the communicator's budget lock, which rendering takes). Then either a SIGUSR1 handler
+// interrupts the SIGTERM handler's wait on the same thread (a data loader's SIGCHLD as its workers
+// die of the same stop: poll(2) ends with EINTR), or a second SIGTERM arrives on another thread
+// (the launcher's and the scheduler's). The application's own SIGTERM handler, chained after
+// ours, must find the file written; before, the first case chained at the interruption and the
+// second at once.
+std::string g_final_path;
+void application_sigterm(int) {
+  _exit(access(g_final_path.c_str(), F_OK) == 0 ? 0 : 4);
+}
+void ignore_usr1(int) {}
+
+TEST(Metrics, TheFinalWriteOutlivesAnInterruptionAndASecondSignal) {
+  for (const bool second_sigterm : {false, true}) {
+    g_final_path = "/tmp/dq-metrics-final-" + std::to_string(getpid()) + ".json";
+    std::remove(g_final_path.c_str());
+    const pid_t child = fork();
+    if (child == 0) {
+      setenv("DYNAMIQ_METRICS_FILE", g_final_path.c_str(), 1);
+      setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+      signal(SIGUSR1, ignore_usr1);
+      signal(SIGTERM, application_sigterm);  // before ours (the first register installs it)
+      auto m = metrics_register(0, "dp", 0, 2);
+      metrics_install_signal_write();
+      std::atomic<bool> held{false};
+      std::thread holder([&] {
+        std::lock_guard<std::mutex> lock(m->budget_mutex);
+        held = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      });
+      while (!held) std::this_thread::yield();  // bounded: the holder takes the lock at once
+      const pthread_t main_thread = pthread_self();
+      std::thread poker([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        if (second_sigterm)
+          raise(SIGTERM);  // this thread's own: the main thread's handler is waiting
+        else
+          pthread_kill(main_thread, SIGUSR1);
+      });
+      raise(SIGTERM);
+      _exit(5);  // not reached: the application's handler exits
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (second_sigterm ? "a second SIGTERM on another thread" : "an interrupted wait")
+        << ": status " << status << " (4: chained before the final write)";
+    std::remove(g_final_path.c_str());
   }
 }
 
