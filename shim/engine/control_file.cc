@@ -26,10 +26,27 @@ bool SwitchFile::read() {
   if (path_.empty()) return true;
   struct stat st;
   if (::stat(path_.c_str(), &st) != 0) {
+    // Only a file that is not there means on. Any other failure (a folder on the path the job
+    // cannot search, NFS's ESTALE or EIO) says nothing of the switch, which keeps its state, as
+    // for a file that cannot be read: an "off" arm of an A/B test must not compress because
+    // its file server stalled.
+    if (errno != ENOENT && errno != ENOTDIR) {
+      const int error = errno;
+      if (error != stat_error_)
+        DQ_WARN(Subsys::kEngine,
+                "dynamiq: DYNAMIQ_CONTROL_FILE %s cannot be examined (%s). Keeping compression "
+                "%s.",
+                path_.c_str(), std::strerror(error), on_ ? "on" : "off");
+      stat_error_ = error;
+      stamp_ = Stamp{};  // read again once it can be examined
+      return on_;
+    }
+    stat_error_ = 0;
     stamp_ = Stamp{};
     on_ = true;  // a missing file means on
     return on_;
   }
+  stat_error_ = 0;
   const Stamp now{static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
                   static_cast<int64_t>(st.st_size), static_cast<uint64_t>(st.st_ino),
                   static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};

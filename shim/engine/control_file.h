@@ -32,7 +32,8 @@ class SwitchFile {
     bool operator==(const Stamp&) const = default;
   };
   std::string path_;
-  Stamp stamp_;  // of the text last read
+  Stamp stamp_;         // of the text last read
+  int stat_error_ = 0;  // the errno of a stat(2) failure said once (0: none)
   bool on_ = true;
 };
 

@@ -82,6 +82,21 @@ TEST_F(SwitchFileTest, AnUnreadableFileKeepsTheState) {
   EXPECT_TRUE(sw.read());  // missing: on
 }
 
+// A path that cannot be examined (a loop of symbolic links here; a folder the job cannot search,
+// an NFS server's ESTALE or EIO elsewhere) says nothing of the switch: it keeps its state, where
+// it used to read as missing, which means on. A missing file still means on.
+TEST_F(SwitchFileTest, APathThatCannotBeExaminedKeepsTheState) {
+  SwitchFile sw(path_);
+  write("0\n", 1000);
+  EXPECT_FALSE(sw.read());
+  ASSERT_EQ(std::remove(path_.c_str()), 0);
+  ASSERT_EQ(symlink(path_.c_str(), path_.c_str()), 0);  // stat: ELOOP
+  EXPECT_FALSE(sw.read());
+  EXPECT_FALSE(sw.read());
+  ASSERT_EQ(std::remove(path_.c_str()), 0);
+  EXPECT_TRUE(sw.read());  // missing: on
+}
+
 // A change that leaves the size, the modification time and the inode as they were (a chmod that
 // makes an unreadable file readable again; here a rewrite of the same length with its time set
 // back) changes the status time: the file is read again.
