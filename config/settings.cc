@@ -200,46 +200,38 @@ bool valid_codec(const std::string& v) {
   return false;
 }
 
-bool parse_dtypes(const std::string& v, Settings* s) {
-  s->allow_f32 = s->allow_bf16 = false;
-  size_t pos = 0;
-  for (int terms = 0; pos <= v.size() && terms < 16; ++terms) {
+// Hands each comma-separated term of `v` (lowercased; empty terms skipped) to `take`, which
+// returns false for a term it does not know: then false. Every term is read, however many
+// (bounded by v's length: each term ends at a later comma or at the end).
+template <class Take>
+bool for_each_term(const std::string& v, Take take) {
+  for (size_t pos = 0;;) {
     const size_t comma = v.find(',', pos);
     const std::string t =
         lower_ascii(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
-    if (t == "float32" || t == "float" || t == "fp32") {
-      s->allow_f32 = true;
-    } else if (t == "bfloat16" || t == "bf16") {
-      s->allow_bf16 = true;
-    } else if (!t.empty()) {
-      return false;
-    }
-    if (comma == std::string::npos) break;
+    if (!t.empty() && !take(t)) return false;
+    if (comma == std::string::npos) return true;
     pos = comma + 1;
   }
-  return true;
+}
+
+bool parse_dtypes(const std::string& v, Settings* s) {
+  s->allow_f32 = s->allow_bf16 = false;
+  return for_each_term(v, [s](const std::string& t) {
+    if (t == "float32" || t == "float" || t == "fp32") return s->allow_f32 = true;
+    if (t == "bfloat16" || t == "bf16") return s->allow_bf16 = true;
+    return false;
+  });
 }
 
 bool parse_collectives(const std::string& v, Settings* s) {
   s->allow_all_reduce = s->allow_reduce_scatter = s->allow_reduce = false;
-  size_t pos = 0;
-  for (int terms = 0; pos <= v.size() && terms < 16; ++terms) {
-    const size_t comma = v.find(',', pos);
-    const std::string t =
-        lower_ascii(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
-    if (t == "allreduce") {
-      s->allow_all_reduce = true;
-    } else if (t == "reducescatter") {
-      s->allow_reduce_scatter = true;
-    } else if (t == "reduce") {
-      s->allow_reduce = true;
-    } else if (!t.empty()) {
-      return false;
-    }
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return true;
+  return for_each_term(v, [s](const std::string& t) {
+    if (t == "allreduce") return s->allow_all_reduce = true;
+    if (t == "reducescatter") return s->allow_reduce_scatter = true;
+    if (t == "reduce") return s->allow_reduce = true;
+    return false;
+  });
 }
 
 struct Value {

@@ -191,6 +191,12 @@ TEST(Settings, InvalidValuesAreNamedAndDisable) {
        "DYNAMIQ_TOPO=torus is not a topology; accepted: ring, butterfly, auto"},
       {"DYNAMIQ_CODEC", "zip", "DYNAMIQ_CODEC=zip is not a codec"},
       {"DYNAMIQ_DTYPES", "float32,int8", "DYNAMIQ_DTYPES=float32,int8 is not a comma list"},
+      // Every term is read, the 17th and later included (they were not).
+      {"DYNAMIQ_DTYPES",
+       "fp32,fp32,fp32,fp32,fp32,fp32,fp32,fp32,fp32,fp32,fp32,fp32,fp32,fp32,"
+       "fp32,fp32,fp32,bogus",
+       "is not a comma list"},
+      {"DYNAMIQ_COLLECTIVES", "allreduce,,,,,,,,,,,,,,,,,bogus", "is not"},
       {"DYNAMIQ_COMMS", "rank=3", "DYNAMIQ_COMMS=rank=3: unknown term 'rank=3'"},
       {"DYNAMIQ_COMMS", "size=x",
        "DYNAMIQ_COMMS=size=x: term 'size=x' needs a non-negative integer"},
