@@ -541,6 +541,14 @@ bool write_locked(Registry& r) {
   }
 }
 
+// A child forked without exec (a data-loader worker) holds a stale copy of its parent's counters
+// and, when another thread held the registry's mutex at the fork, a mutex it can never take: it
+// writes nothing, and takes no lock, whatever it calls. Its parent (the owner) writes the file.
+bool forked_copy(const Registry& r) {
+  const pid_t owner = r.owner.load();
+  return owner != 0 && owner != getpid();
+}
+
 }  // namespace
 
 const char* reason_name(PassReason r) {
@@ -599,8 +607,8 @@ std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name
   r.owner.store(getpid());
   if (!r.atexit_registered) {
     r.atexit_registered = true;
-    std::atexit([] {  // the job's final totals, by the process that holds the communicators
-      if (registry().owner.load() == getpid()) metrics_flush();
+    std::atexit([] {    // the job's final totals, by the process that holds the communicators
+      metrics_flush();  // nothing in a forked copy (forked_copy)
     });
   }
   if (!config::global().metrics_file.empty()) metrics_install_signal_write();
@@ -609,6 +617,7 @@ std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name
 
 void metrics_unregister(const std::shared_ptr<CommMetrics>& m) {
   Registry& r = registry();
+  if (forked_copy(r)) return;
   std::lock_guard<std::mutex> lock(r.mutex);
   m->destroyed.store(true);  // kept: its totals are part of the job's
   write_locked(r);
@@ -617,7 +626,7 @@ void metrics_unregister(const std::shared_ptr<CommMetrics>& m) {
 void metrics_tick() {
   Registry& r = registry();
   const int64_t now = now_ns();
-  if (now < r.next_due_ns.load(std::memory_order_relaxed)) return;
+  if (now < r.next_due_ns.load(std::memory_order_relaxed) || forked_copy(r)) return;
   const config::Settings& s = config::global();
   if (s.metrics_file.empty()) {
     r.next_due_ns.store(INT64_MAX);
@@ -630,6 +639,7 @@ void metrics_tick() {
 
 bool metrics_flush() {
   Registry& r = registry();
+  if (forked_copy(r)) return true;  // nothing of this process's to write
   std::lock_guard<std::mutex> lock(r.mutex);
   return write_locked(r);
 }

@@ -488,8 +488,9 @@ TEST(Metrics, TheFinalWriteOutlivesAnInterruptionAndASecondSignal) {
 }
 
 // A child forked without exec that exits normally (os.fork() then sys.exit()) runs the exit
-// handlers it inherited: it must not write its stale copy of the counters over the parent's
-// file (nor take the registry's mutex, which another thread may have held at the fork).
+// handlers it inherited, and may flush or make NCCL calls first: it must not write its stale copy
+// of the counters over the parent's file (nor take the registry's mutex, which another thread
+// may have held at the fork).
 TEST(Metrics, AForkedChildsExitLeavesTheFileAlone) {
   const std::string path = "/tmp/dq-metrics-fork-" + std::to_string(getpid()) + ".json";
   const pid_t child = fork();
@@ -502,6 +503,8 @@ TEST(Metrics, AForkedChildsExitLeavesTheFileAlone) {
     const pid_t worker = fork();
     if (worker == 0) {
       c->calls[0] = 99;  // the worker's copy
+      metrics_flush();   // dynamiqMetricsFlush, dynamiq.counters() in a worker
+      metrics_tick();    // an NCCL call through the shim in a worker
       std::exit(0);      // runs the inherited exit handler
     }
     int status = 0;
