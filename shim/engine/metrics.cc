@@ -632,8 +632,10 @@ void metrics_tick() {
     r.next_due_ns.store(INT64_MAX);
     return;
   }
-  std::lock_guard<std::mutex> lock(r.mutex);
   r.next_due_ns.store(now + static_cast<int64_t>(s.metrics_interval_s * 1e9));
+  // On the writer thread where there is one: this thread is inside an NCCL call.
+  if (metrics_request_write()) return;
+  std::lock_guard<std::mutex> lock(r.mutex);
   write_locked(r);
 }
 

@@ -146,7 +146,8 @@ std::string metrics_job_name(const ProcessLabels& labels,
 std::shared_ptr<CommMetrics> metrics_register(int index, const std::string& name, int rank,
                                               int size, uint64_t comm_id = 0);
 void metrics_unregister(const std::shared_ptr<CommMetrics>& m);
-// Rewrites the file if the interval has elapsed (cheap otherwise: one clock read).
+// Rewrites the file if the interval has elapsed (cheap otherwise: one clock read), on the writer
+// thread where there is one (metrics_request_write): never a wait on the file system here.
 void metrics_tick();
 // Rewrites the file now: false when it could not be written (a warning said why).
 bool metrics_flush();
@@ -156,5 +157,8 @@ std::string metrics_path_now();
 // Installs the SIGTERM/SIGINT handlers that write the file once more before the handler that
 // was there before runs (once per process; metrics_signal.cc).
 void metrics_install_signal_write();
+// Hands a write to that handler's writer thread, which makes it soon: false where there is no
+// such thread (none could start, none is needed, a forked child), and the caller writes itself.
+bool metrics_request_write();
 
 }  // namespace dq::engine

@@ -10,7 +10,11 @@
 // a malloc arena lock the writer contends for), the write cannot finish before the handler
 // returns; after kWriteWaitMs the handler chains on regardless, so a stop is never delayed
 // longer than that. Another signal's handler interrupting the wait does not end it, and a second
-// SIGTERM on another thread waits for the write in flight before chaining. A forked child (a
+// SIGTERM on another thread waits for the write in flight before chaining.
+//
+// The same thread makes the periodic writes (metrics_request_write), so a training thread never
+// waits on the file system inside an NCCL call (a stalled NFS or Lustre mount would stall that
+// rank in the collective its peers wait in). A forked child (a
 // data-loader worker) inherits the handlers but not the thread: there the handler only chains.
 #include <fcntl.h>
 #include <poll.h>
@@ -44,6 +48,12 @@ struct sigaction g_previous[2];
 std::atomic<bool> g_busy{false};         // one write per signal in flight (lock-free: signal-safe)
 std::atomic<pid_t> g_waiting_thread{0};  // the thread whose handler waits for that write
 
+// What a request byte asks of the writer thread: the handler's write, answered with a byte on
+// g_done, or a periodic write (metrics_request_write), answered with nothing.
+constexpr char kSignalWrite = 1;
+constexpr char kPeriodicWrite = 2;
+std::atomic<bool> g_periodic_queued{false};  // a periodic request not yet taken by the thread
+
 void writer_loop() {
   const CNumericLocale c_numbers;  // a thread starts in the application's global locale
   for (;;) {
@@ -51,6 +61,11 @@ void writer_loop() {
     const ssize_t n = read(g_request[0], &b, 1);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
+    if (b == kPeriodicWrite) {
+      g_periodic_queued.store(false);  // a tick during this write queues the next one
+      metrics_flush();
+      continue;
+    }
     metrics_flush();
     while (write(g_done[1], &b, 1) < 0 && errno == EINTR) {
     }
@@ -112,7 +127,7 @@ void on_signal(int sig, siginfo_t* info, void* context) {
     const int64_t deadline_ms = monotonic_ms() + kWriteWaitMs;
     if (!g_busy.exchange(true)) {
       g_waiting_thread.store(gettid());
-      char b = 1;
+      char b = kSignalWrite;
       // A byte left by a write that finished after an earlier wait gave up.
       for (int i = 0; i < 64 && read(g_done[0], &b, 1) == 1; ++i) {
       }
@@ -182,6 +197,19 @@ void install() {
 void metrics_install_signal_write() {
   static std::once_flag once;
   std::call_once(once, install);
+}
+
+bool metrics_request_write() {
+  if (g_pid == 0 || getpid() != g_pid) return false;  // no writer thread in this process
+  if (g_periodic_queued.exchange(true)) return true;  // one is queued: it writes this state too
+  const char b = kPeriodicWrite;
+  // The request pipe holds 64 KiB and at most one periodic byte waits in it: never blocks.
+  for (int i = 0; i < 8; ++i) {  // bounded: EINTR retries
+    if (write(g_request[1], &b, 1) == 1) return true;
+    if (errno != EINTR) break;
+  }
+  g_periodic_queued.store(false);
+  return false;
 }
 
 }  // namespace dq::engine

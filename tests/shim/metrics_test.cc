@@ -412,6 +412,44 @@ TEST(Metrics, SignalsChainToADefaultOrIgnoreSetWithSiginfo) {
   }
 }
 
+// A periodic write runs on the writer thread: the call that is due (a training thread inside an
+// NCCL call) does not wait for it. The write is held 3 s (a thread holds the communicator's budget
+// lock, which rendering takes, as a stalled file system would hold it); the tick returns at once
+// and the file appears once the hold ends. Before, the tick wrote, and waited, itself.
+TEST(Metrics, APeriodicWriteDoesNotHoldTheCall) {
+  const std::string path = "/tmp/dq-metrics-periodic-" + std::to_string(getpid()) + ".json";
+  std::remove(path.c_str());
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DYNAMIQ_METRICS_FILE", path.c_str(), 1);
+    setenv("DYNAMIQ_METRICS_INTERVAL_S", "86400", 1);
+    auto m = metrics_register(0, "dp", 0, 2);  // installs the writer thread
+    std::atomic<bool> held{false};
+    std::thread holder([&] {
+      std::lock_guard<std::mutex> lock(m->budget_mutex);
+      held = true;
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+    });
+    while (!held) std::this_thread::yield();  // bounded: the holder takes the lock at once
+    const auto t0 = std::chrono::steady_clock::now();
+    metrics_tick();  // the first is due at once
+    const double tick_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    holder.join();
+    bool written = false;
+    for (int i = 0; i < 1000 && !written; ++i) {  // up to 10 s for the writer thread
+      written = access(path.c_str(), F_OK) == 0;
+      if (!written) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::remove(path.c_str());
+    _exit(tick_s > 1.5 ? 2 : !written ? 3 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << " (2: the tick waited for the write, 3: never written)";
+}
+
 // A write that fails (the metrics folder made only after the job started) is tried again at the
 // next write, and said so: before, the first failure stopped every later write for the rest of
 // the job, and dynamiqMetricsFlush still returned 0.
