@@ -504,15 +504,16 @@ TEST(Metrics, TheFinalWriteOutlivesAnInterruptionAndASecondSignal) {
         held = true;
         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       });
+      holder.detach();  // the process ends in a signal handler: no thread is joined
       while (!held) std::this_thread::yield();  // bounded: the holder takes the lock at once
       const pthread_t main_thread = pthread_self();
-      std::thread poker([&] {
+      std::thread([second_sigterm, main_thread] {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         if (second_sigterm)
           raise(SIGTERM);  // this thread's own: the main thread's handler is waiting
         else
           pthread_kill(main_thread, SIGUSR1);
-      });
+      }).detach();
       raise(SIGTERM);
       _exit(5);  // not reached: the application's handler exits
     }
