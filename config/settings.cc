@@ -224,6 +224,22 @@ bool parse_dtypes(const std::string& v, Settings* s) {
   });
 }
 
+// The canonical texts of the parsed lists, what the agreement hashes: "bf16,fp32" and
+// "float32,bfloat16" select the same calls, so they must agree.
+std::string dtypes_text(const Settings& s) {
+  std::string t = s.allow_f32 ? "float32" : "";
+  if (s.allow_bf16) t += t.empty() ? "bfloat16" : ",bfloat16";
+  return t;
+}
+std::string collectives_text(const Settings& s) {
+  std::string t;
+  for (const auto& [on, name] :
+       {std::pair{s.allow_all_reduce, "allreduce"},
+        std::pair{s.allow_reduce_scatter, "reducescatter"}, std::pair{s.allow_reduce, "reduce"}})
+    if (on) t += (t.empty() ? "" : ",") + std::string(name);
+  return t;
+}
+
 bool parse_collectives(const std::string& v, Settings* s) {
   s->allow_all_reduce = s->allow_reduce_scatter = s->allow_reduce = false;
   return for_each_term(v, [s](const std::string& t) {
@@ -584,6 +600,7 @@ class Loader {
       kReset[index_of("DYNAMIQ_DTYPES")](s);
       parse_dtypes(s->dtypes, s);
     }
+    s->dtypes = dtypes_text(*s);
     if (!parse_collectives(s->collectives, s)) {
       fail(index_of("DYNAMIQ_COLLECTIVES"),
            "DYNAMIQ_COLLECTIVES=" + s->collectives +
@@ -591,6 +608,7 @@ class Loader {
       kReset[index_of("DYNAMIQ_COLLECTIVES")](s);
       parse_collectives(s->collectives, s);
     }
+    s->collectives = collectives_text(*s);
     OptInRules rules;
     if (parse_opt_in(s->comms, &rules, &why) != Status::kOk) {
       fail(index_of("DYNAMIQ_COMMS"),

@@ -316,6 +316,35 @@ TEST(Settings, AgreedHashesSeeEveryAgreedSettingAndIgnoreLocalOnes) {
   for (int i = 0; i < n; ++i) EXPECT_EQ(config::Agreed::hash(a, i), config::Agreed::hash(b, i));
 }
 
+// Spellings that select the same calls agree: the agreement hashes the lists' canonical text, so
+// an alias or another order on some ranks does not switch the communicator off as a disagreement.
+TEST(Settings, EquivalentListsAgree) {
+  const std::pair<const char*, const char*> same[] = {
+      {"bf16,FP32", "float32,bfloat16"}, {"float", "fp32,float32"}, {",bf16,", "bfloat16"}};
+  for (const auto& [one, other] : same) {
+    config::Settings a, b;
+    std::string error;
+    ASSERT_EQ(load({{"DYNAMIQ_DTYPES", one}}, &a, &error), Status::kOk) << error;
+    ASSERT_EQ(load({{"DYNAMIQ_DTYPES", other}}, &b, &error), Status::kOk) << error;
+    for (int i = 0; i < config::Agreed::count(); ++i)
+      EXPECT_EQ(config::Agreed::hash(a, i), config::Agreed::hash(b, i))
+          << one << " / " << other << ": " << config::Agreed::key(i);
+  }
+  config::Settings a, b;
+  std::string error;
+  ASSERT_EQ(load({{"DYNAMIQ_COLLECTIVES", "reduce,AllReduce"}}, &a, &error), Status::kOk);
+  ASSERT_EQ(load({{"DYNAMIQ_COLLECTIVES", "allreduce,reduce,reduce"}}, &b, &error), Status::kOk);
+  for (int i = 0; i < config::Agreed::count(); ++i)
+    EXPECT_EQ(config::Agreed::hash(a, i), config::Agreed::hash(b, i)) << config::Agreed::key(i);
+  // Different selections still differ.
+  ASSERT_EQ(load({{"DYNAMIQ_DTYPES", "bf16"}}, &a, &error), Status::kOk);
+  ASSERT_EQ(load({{"DYNAMIQ_DTYPES", "fp32"}}, &b, &error), Status::kOk);
+  int differing = 0;
+  for (int i = 0; i < config::Agreed::count(); ++i)
+    differing += config::Agreed::hash(a, i) != config::Agreed::hash(b, i);
+  EXPECT_EQ(differing, 1);
+}
+
 TEST(OptIn, RulesMatchNameSizeIndexColor) {
   config::OptInRules rules;
   std::string error;
