@@ -43,7 +43,9 @@ constexpr int kWriteWaitMs = 5000;  // the longest a stop waits for the final wr
 // Plain data read by the handler; written once, before the handlers are installed.
 int g_request[2] = {-1, -1};  // handler -> writer thread
 int g_done[2] = {-1, -1};     // writer thread -> handler (non-blocking read end)
-pid_t g_pid = 0;              // the process that owns the writer thread
+// The process that owns the writer thread, 0 before it runs: read by the handler and by any
+// thread's periodic request (lock-free: signal-safe).
+std::atomic<pid_t> g_pid{0};
 struct sigaction g_previous[2];
 std::atomic<bool> g_busy{false};         // one write per signal in flight (lock-free: signal-safe)
 std::atomic<pid_t> g_waiting_thread{0};  // the thread whose handler waits for that write
@@ -123,7 +125,7 @@ void wait_for_write(int64_t deadline_ms) {
 
 void on_signal(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
-  if (getpid() == g_pid) {
+  if (getpid() == g_pid.load()) {
     const int64_t deadline_ms = monotonic_ms() + kWriteWaitMs;
     if (!g_busy.exchange(true)) {
       g_waiting_thread.store(gettid());
@@ -175,7 +177,7 @@ void install() {
     for (int fd : {g_request[0], g_request[1], g_done[0], g_done[1]}) close(fd);
     return;
   }
-  g_pid = getpid();
+  g_pid.store(getpid());
   for (int i = 0; i < 2; ++i) {
     if (sigaction(kSignals[i], nullptr, &g_previous[i]) != 0) continue;
     // An ignored signal (nohup) stays ignored: the job is not stopped by it.
@@ -200,7 +202,8 @@ void metrics_install_signal_write() {
 }
 
 bool metrics_request_write() {
-  if (g_pid == 0 || getpid() != g_pid) return false;  // no writer thread in this process
+  const pid_t owner = g_pid.load();
+  if (owner == 0 || getpid() != owner) return false;  // no writer thread in this process
   if (g_periodic_queued.exchange(true)) return true;  // one is queued: it writes this state too
   const char b = kPeriodicWrite;
   // The request pipe holds 64 KiB and at most one periodic byte waits in it: never blocks.
