@@ -3,7 +3,10 @@
 // extension module. The application's NCCL calls still reach the preloaded shim, whose lookup of
 // the real NCCL must find it there (dlsym RTLD_NEXT does not search a local scope: every call
 // failed with ncclSystemError). Two forked ranks; exit 0 pass.
-// Usage: nccl_local_scope PATH_OF_THE_USER_LIBRARY
+// Usage: nccl_local_scope PATH_OF_THE_USER_LIBRARY PATH_OF_THE_CPU_NCCL
+// The CPU NCCL is opened first, by its path and RTLD_LOCAL: the user library's libnccl.so.2 is then
+// that one (the loader matches the soname of a loaded library), whatever LD_LIBRARY_PATH holds
+// (the test folder's own libnccl.so.2 is a do-nothing NCCL for a benchmark).
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,16 +16,25 @@
 #include "common/nccl_api.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s PATH_OF_THE_USER_LIBRARY\n", argv[0]);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s PATH_OF_THE_USER_LIBRARY PATH_OF_THE_CPU_NCCL\n", argv[0]);
     return 2;
+  }
+  if (dlopen(argv[2], RTLD_NOW | RTLD_LOCAL) == nullptr) {
+    std::fprintf(stderr, "FAIL: dlopen %s: %s\n", argv[2], dlerror());
+    return 1;
   }
   void* user = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (user == nullptr) {
     std::fprintf(stderr, "FAIL: dlopen %s: %s\n", argv[1], dlerror());
     return 1;
   }
-  // The premise: the CPU NCCL (only it defines dqCpuNcclCommName) is loaded, but not globally.
+  // The premise: the CPU NCCL (only it defines dqCpuNcclCommName) is the user library's NCCL, and
+  // it is not in the global scope.
+  if (dlsym(user, "dqCpuNcclCommName") == nullptr) {
+    std::fprintf(stderr, "FAIL: the user library's NCCL is not the CPU NCCL\n");
+    return 1;
+  }
   if (dlsym(RTLD_DEFAULT, "dqCpuNcclCommName") != nullptr) {
     std::fprintf(stderr, "FAIL: NCCL is in the global scope: the case is not tested\n");
     return 1;
