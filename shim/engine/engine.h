@@ -133,10 +133,9 @@ class Engine {
   // A flag another thread sets when it aborts the communicator: on NVIDIA's NCCL the real abort
   // comes before the engine's teardown (shim/engine/interceptor.cc), and a call that was waiting
   // then enqueues nothing more on the aborted communicator. Must outlive the engine.
-  void watch_abort(const std::atomic<bool>* aborted) {
-    aborted_ = aborted;
-    ops_.abort_flag = aborted;  // settled()'s polls stop at it too
-  }
+  // Kept in the NCCL table, whose settled() polls stop at it too (and whose copies the rail
+  // engines get).
+  void watch_abort(const std::atomic<bool>* aborted) { ops_.abort_flag = aborted; }
 
   // ncclCommRevoke, or ncclCommShrink with NCCL_SHRINK_ABORT, on the application's communicator
   // (whose own operations the real call ends): revokes the node and rail communicators this
@@ -416,10 +415,9 @@ class Engine {
   // control_absorbed_ is complete and its words were read. The host waits only when
   // control_window() are in flight.
   uint64_t control_sent_ = 0, control_absorbed_ = 0;
-  bool switch_agreed_ = true;                   // the A/B switch every rank applies now
-  ncclResult_t broken_ = ncclSuccess;           // sticky asynchronous error
-  const std::atomic<bool>* aborted_ = nullptr;  // watch_abort()
-  bool setup_failed_ = false;                   // the device could not be set up on this rank
+  bool switch_agreed_ = true;             // the A/B switch every rank applies now
+  ncclResult_t broken_ = ncclSuccess;     // sticky asynchronous error
+  bool setup_failed_ = false;             // the device could not be set up on this rank
   Device* standby_ = nullptr;             // setup_failed_: that device, for the handshake's words
   void* standby_words_ = nullptr;         // its mapped memory holding them (kept to the end)
   SwitchFile switch_file_;                // DYNAMIQ_CONTROL_FILE (read by rank 0 only)

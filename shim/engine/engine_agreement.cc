@@ -53,7 +53,7 @@ uint32_t Engine::error_word_now() const {
 }
 
 bool Engine::aborting() const {
-  return aborted_ != nullptr && aborted_->load(std::memory_order_acquire);
+  return ops_.abort_flag != nullptr && ops_.abort_flag->load(std::memory_order_acquire);
 }
 
 // Another thread began aborting the communicator (NVIDIA's NCCL: its real abort comes before the

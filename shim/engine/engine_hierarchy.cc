@@ -174,8 +174,7 @@ ncclResult_t Engine::setup_hierarchy() {
   for (int e = 0; e < kRailEngines; ++e) {
     auto rail = std::make_unique<Engine>(rail_settings, true,
                                          CommInfo{hierarchy_->rail_comm[e], map.node, map.nodes},
-                                         ops_, device_, metrics_, true);
-    if (aborted_ != nullptr) rail->watch_abort(aborted_);
+                                         ops_, device_, metrics_, true);  // with the abort flag
     rail->counts_calls_ = false;
     // A rail call is serialized with the next one on the same engine (they share its plan
     // buffers), so the rail engine pipelines inside it: up to 16 sub-blocks sharing the block's
@@ -213,8 +212,7 @@ void Engine::release_hierarchy() {
     std::lock_guard<std::mutex> lock(own_comms_mutex_);
     revoked = own_comms_revoked_;
   }
-  const bool broken = broken_ != ncclSuccess || h.abort_comms || revoked ||
-                      (aborted_ != nullptr && aborted_->load(std::memory_order_acquire));
+  const bool broken = broken_ != ncclSuccess || h.abort_comms || revoked || aborting();
   // Broken after the communicators carried work, their queued operations may wait for a peer
   // that never answers, and each wait for the streams below would run to DYNAMIQ_TIMEOUT_MS (the
   // streams, then each rail engine's, one after another). So they are ended first: revoked where
