@@ -14,8 +14,10 @@
 //
 // The same thread makes the periodic writes (metrics_request_write), so a training thread never
 // waits on the file system inside an NCCL call (a stalled NFS or Lustre mount would stall that
-// rank in the collective its peers wait in). A forked child (a
-// data-loader worker) inherits the handlers but not the thread: there the handler only chains.
+// rank in the collective its peers wait in).
+//
+// A forked child (a data-loader worker) inherits the handlers but not the thread: there the
+// handler only chains.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
